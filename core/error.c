@@ -1,0 +1,7 @@
+/* SPDX-License-Identifier: MIT
+ *
+ * core/error.c: the core error domain.
+ */
+#include "core/error.h"
+
+G_DEFINE_QUARK (stow - core - error - quark, stow_core_error)

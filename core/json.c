@@ -1,0 +1,360 @@
+/* SPDX-License-Identifier: MIT
+ *
+ * core/json.c: bounded JSON input, typed getters with named members, and
+ * atomic output.
+ */
+#include "core/json.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <math.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "core/error.h"
+
+JsonNode *
+stow_json_parse_data (const char *data, gssize len, const char *name,
+                      GError **error)
+{
+  g_autoptr (JsonParser) parser = json_parser_new_immutable ();
+  g_autoptr (GError) local = NULL;
+  g_return_val_if_fail (data != NULL, NULL);
+  if (len < 0)
+    len = (gssize)strlen (data);
+  if (len == 0)
+    {
+      g_set_error (error, STOW_CORE_ERROR, STOW_CORE_ERROR_JSON,
+                   "%s: empty input, expected JSON", name);
+      return NULL;
+    }
+  if (!json_parser_load_from_data (parser, data, len, &local))
+    {
+      /* json-glib says "<data>:LINE:COL: Parse error: ..."; name the file. */
+      const char *msg = local->message;
+      if (g_str_has_prefix (msg, "<data>"))
+        msg += strlen ("<data>");
+      g_set_error (error, STOW_CORE_ERROR, STOW_CORE_ERROR_JSON, "%s%s%s", name,
+                   msg[0] == ':' ? "" : ": ", msg);
+      return NULL;
+    }
+  JsonNode *root = json_parser_get_root (parser);
+  if (root == NULL)
+    {
+      g_set_error (error, STOW_CORE_ERROR, STOW_CORE_ERROR_JSON,
+                   "%s: empty input, expected JSON", name);
+      return NULL;
+    }
+  return json_node_copy (root);
+}
+
+JsonNode *
+stow_json_parse_file (const char *path, gsize max_bytes, GError **error)
+{
+  struct stat st;
+  g_autofree char *data = NULL;
+  gsize got = 0;
+  int fd;
+
+  g_return_val_if_fail (path != NULL, NULL);
+  fd = open (path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0)
+    {
+      int e = errno;
+      g_set_error (error, STOW_CORE_ERROR, STOW_CORE_ERROR_IO, "%s: %s", path,
+                   g_strerror (e));
+      return NULL;
+    }
+  if (fstat (fd, &st) != 0 || !S_ISREG (st.st_mode))
+    {
+      close (fd);
+      g_set_error (error, STOW_CORE_ERROR, STOW_CORE_ERROR_IO,
+                   "%s: not a regular file", path);
+      return NULL;
+    }
+  if ((guint64)st.st_size > max_bytes)
+    {
+      close (fd);
+      g_set_error (error, STOW_CORE_ERROR, STOW_CORE_ERROR_TOO_LARGE,
+                   "%s: file is %" G_GUINT64_FORMAT
+                   " bytes, over the limit of %" G_GSIZE_FORMAT " bytes",
+                   path, (guint64)st.st_size, max_bytes);
+      return NULL;
+    }
+  /* Read at most max_bytes + 1 so a file that grows meanwhile is caught. */
+  data = g_malloc ((gsize)st.st_size + 2);
+  while (got <= (gsize)st.st_size)
+    {
+      ssize_t n = read (fd, data + got, (gsize)st.st_size + 1 - got);
+      if (n < 0 && errno == EINTR)
+        continue;
+      if (n < 0)
+        {
+          int e = errno;
+          close (fd);
+          g_set_error (error, STOW_CORE_ERROR, STOW_CORE_ERROR_IO, "%s: %s",
+                       path, g_strerror (e));
+          return NULL;
+        }
+      if (n == 0)
+        break;
+      got += (gsize)n;
+    }
+  close (fd);
+  if (got > max_bytes)
+    {
+      g_set_error (error, STOW_CORE_ERROR, STOW_CORE_ERROR_TOO_LARGE,
+                   "%s: file is over the limit of %" G_GSIZE_FORMAT " bytes",
+                   path, max_bytes);
+      return NULL;
+    }
+  data[got] = '\0';
+  return stow_json_parse_data (data, (gssize)got, path, error);
+}
+
+JsonObject *
+stow_json_root_object (JsonNode *root, const char *name, GError **error)
+{
+  if (root == NULL || !JSON_NODE_HOLDS_OBJECT (root))
+    {
+      g_autofree char *desc = root ? stow_json_describe (root) : NULL;
+      g_set_error (error, STOW_CORE_ERROR, STOW_CORE_ERROR_JSON,
+                   "%s: expected a JSON object at the top, got %s", name,
+                   desc ? desc : "nothing");
+      return NULL;
+    }
+  return json_node_get_object (root);
+}
+
+gboolean
+stow_json_has (JsonObject *obj, const char *member)
+{
+  JsonNode *n = json_object_get_member (obj, member);
+  return n != NULL && !JSON_NODE_HOLDS_NULL (n);
+}
+
+char *
+stow_json_describe (JsonNode *node)
+{
+  switch (json_node_get_node_type (node))
+    {
+    case JSON_NODE_OBJECT:
+      return g_strdup ("an object");
+    case JSON_NODE_ARRAY:
+      return g_strdup ("an array");
+    case JSON_NODE_NULL:
+      return g_strdup ("null");
+    case JSON_NODE_VALUE:
+      break;
+    }
+  GType t = json_node_get_value_type (node);
+  if (t == G_TYPE_STRING)
+    {
+      const char *s = json_node_get_string (node);
+      g_autofree char *esc = g_strescape (s, NULL);
+      if (strlen (esc) > 40)
+        return g_strdup_printf ("string \"%.40s...\"", esc);
+      return g_strdup_printf ("string \"%s\"", esc);
+    }
+  if (t == G_TYPE_BOOLEAN)
+    return g_strdup_printf ("boolean %s",
+                            json_node_get_boolean (node) ? "true" : "false");
+  if (t == G_TYPE_INT64)
+    return g_strdup_printf ("number %" G_GINT64_FORMAT,
+                            json_node_get_int (node));
+  if (t == G_TYPE_DOUBLE)
+    return g_strdup_printf ("number %g", json_node_get_double (node));
+  return g_strdup ("a value");
+}
+
+/* Looks up a member: FALSE with an error when required and absent, FALSE
+ * without an error when optional and absent, TRUE with *node otherwise. */
+static gboolean
+lookup (JsonObject *obj, const char *where, const char *member,
+        gboolean required, JsonNode **node, GError **error)
+{
+  JsonNode *n = json_object_get_member (obj, member);
+  if (n == NULL || JSON_NODE_HOLDS_NULL (n))
+    {
+      if (required)
+        g_set_error (error, STOW_CORE_ERROR, STOW_CORE_ERROR_MISSING,
+                     "%s: %s: required field is missing", where, member);
+      *node = NULL;
+      return FALSE;
+    }
+  *node = n;
+  return TRUE;
+}
+
+static gboolean
+wrong_type (JsonNode *n, const char *where, const char *member,
+            const char *expected, GError **error)
+{
+  g_autofree char *desc = stow_json_describe (n);
+  g_set_error (error, STOW_CORE_ERROR, STOW_CORE_ERROR_JSON,
+               "%s: %s: expected %s, got %s", where, member, expected, desc);
+  return FALSE;
+}
+
+static gboolean
+holds_number (JsonNode *n)
+{
+  if (!JSON_NODE_HOLDS_VALUE (n))
+    return FALSE;
+  GType t = json_node_get_value_type (n);
+  return t == G_TYPE_INT64 || t == G_TYPE_DOUBLE;
+}
+
+gboolean
+stow_json_get_i64 (JsonObject *obj, const char *where, const char *member,
+                   gboolean required, gint64 *out, GError **error)
+{
+  JsonNode *n;
+  if (!lookup (obj, where, member, required, &n, error))
+    return !required;
+  if (!holds_number (n))
+    return wrong_type (n, where, member, "an integer", error);
+  if (json_node_get_value_type (n) == G_TYPE_DOUBLE)
+    {
+      double d = json_node_get_double (n);
+      /* 2^63 itself does not fit a gint64. */
+      if (!isfinite (d) || floor (d) != d || d < -9223372036854775808.0
+          || d >= 9223372036854775808.0)
+        return wrong_type (n, where, member, "an integer", error);
+      *out = (gint64)d;
+      return TRUE;
+    }
+  *out = json_node_get_int (n);
+  return TRUE;
+}
+
+gboolean
+stow_json_get_u64 (JsonObject *obj, const char *where, const char *member,
+                   gboolean required, guint64 *out, GError **error)
+{
+  JsonNode *n;
+  gint64 v;
+  if (!lookup (obj, where, member, required, &n, error))
+    return !required;
+  if (!holds_number (n))
+    return wrong_type (n, where, member, "a non-negative integer", error);
+  if (json_node_get_value_type (n) == G_TYPE_DOUBLE)
+    {
+      double d = json_node_get_double (n);
+      if (!isfinite (d) || floor (d) != d || d < 0.0
+          || d >= 18446744073709551616.0)
+        return wrong_type (n, where, member, "a non-negative integer", error);
+      *out = (guint64)d;
+      return TRUE;
+    }
+  v = json_node_get_int (n);
+  if (v < 0)
+    return wrong_type (n, where, member, "a non-negative integer", error);
+  *out = (guint64)v;
+  return TRUE;
+}
+
+gboolean
+stow_json_get_double (JsonObject *obj, const char *where, const char *member,
+                      gboolean required, double *out, GError **error)
+{
+  JsonNode *n;
+  if (!lookup (obj, where, member, required, &n, error))
+    return !required;
+  if (!holds_number (n))
+    return wrong_type (n, where, member, "a number", error);
+  *out = json_node_get_double (n);
+  if (!isfinite (*out))
+    return wrong_type (n, where, member, "a finite number", error);
+  return TRUE;
+}
+
+gboolean
+stow_json_get_bool (JsonObject *obj, const char *where, const char *member,
+                    gboolean required, gboolean *out, GError **error)
+{
+  JsonNode *n;
+  if (!lookup (obj, where, member, required, &n, error))
+    return !required;
+  if (!JSON_NODE_HOLDS_VALUE (n)
+      || json_node_get_value_type (n) != G_TYPE_BOOLEAN)
+    return wrong_type (n, where, member, "true or false", error);
+  *out = json_node_get_boolean (n);
+  return TRUE;
+}
+
+gboolean
+stow_json_get_string (JsonObject *obj, const char *where, const char *member,
+                      gboolean required, const char **out, GError **error)
+{
+  JsonNode *n;
+  if (!lookup (obj, where, member, required, &n, error))
+    return !required;
+  if (!JSON_NODE_HOLDS_VALUE (n)
+      || json_node_get_value_type (n) != G_TYPE_STRING)
+    return wrong_type (n, where, member, "a string", error);
+  *out = json_node_get_string (n);
+  return TRUE;
+}
+
+gboolean
+stow_json_get_object (JsonObject *obj, const char *where, const char *member,
+                      gboolean required, JsonObject **out, GError **error)
+{
+  JsonNode *n;
+  if (!lookup (obj, where, member, required, &n, error))
+    return !required;
+  if (!JSON_NODE_HOLDS_OBJECT (n))
+    return wrong_type (n, where, member, "an object", error);
+  *out = json_node_get_object (n);
+  return TRUE;
+}
+
+gboolean
+stow_json_get_array (JsonObject *obj, const char *where, const char *member,
+                     gboolean required, JsonArray **out, GError **error)
+{
+  JsonNode *n;
+  if (!lookup (obj, where, member, required, &n, error))
+    return !required;
+  if (!JSON_NODE_HOLDS_ARRAY (n))
+    return wrong_type (n, where, member, "an array", error);
+  *out = json_node_get_array (n);
+  return TRUE;
+}
+
+char *
+stow_json_to_string (JsonNode *node, gboolean pretty)
+{
+  g_autoptr (JsonGenerator) gen = json_generator_new ();
+  json_generator_set_root (gen, node);
+  json_generator_set_pretty (gen, pretty);
+  json_generator_set_indent (gen, 2);
+  char *s = json_generator_to_data (gen, NULL);
+  if (pretty)
+    {
+      char *t = g_strconcat (s, "\n", NULL);
+      g_free (s);
+      return t;
+    }
+  return s;
+}
+
+gboolean
+stow_file_write_atomic (const char *path, const char *data, gssize len,
+                        GError **error)
+{
+  g_autoptr (GError) local = NULL;
+  g_return_val_if_fail (path != NULL && data != NULL, FALSE);
+  /* GLib writes a temporary beside the target, fsyncs it and renames it;
+   * on failure it removes the temporary and leaves the target as it was. */
+  if (!g_file_set_contents_full (path, data, len,
+                                 G_FILE_SET_CONTENTS_CONSISTENT, 0644, &local))
+    {
+      g_set_error (error, STOW_CORE_ERROR, STOW_CORE_ERROR_IO, "%s",
+                   local->message);
+      return FALSE;
+    }
+  return TRUE;
+}

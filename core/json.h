@@ -1,0 +1,76 @@
+/* SPDX-License-Identifier: MIT
+ *
+ * core/json.h: reading and writing JSON through json-glib.  Inputs are read
+ * with a size limit and parse errors name the file, line and column; typed
+ * getters name the member on a wrong type ("config.json: hidden_size:
+ * expected an integer, got string \"4k\"").  JSON null counts as absent, as
+ * HuggingFace configs use it for "not set".
+ */
+#pragma once
+
+#include <glib.h>
+#include <json-glib/json-glib.h>
+
+G_BEGIN_DECLS
+
+/* Default limit for JSON inputs (configs, cluster files, plans). */
+#define STOW_JSON_MAX_BYTES ((gsize)16 * 1024 * 1024)
+
+/* Reads and parses @path; fails with STOW_CORE_ERROR_IO, _TOO_LARGE (file
+ * over @max_bytes) or _JSON ("path:LINE:COL: message").  Returns a new node. */
+JsonNode *stow_json_parse_file (const char *path, gsize max_bytes,
+                                GError **error);
+/* Parses @len bytes (-1: NUL-terminated) of @data; @name stands in for the
+ * file name in messages. */
+JsonNode *stow_json_parse_data (const char *data, gssize len, const char *name,
+                                GError **error);
+/* The root as an object, or STOW_CORE_ERROR_JSON naming @name. */
+JsonObject *stow_json_root_object (JsonNode *root, const char *name,
+                                   GError **error);
+
+/* TRUE when @member is present and not null. */
+gboolean stow_json_has (JsonObject *obj, const char *member);
+
+/* Typed getters.  @where names the object in messages (a file name, or
+ * "cluster.json: nodes[2]").  When the member is absent or null: with
+ * @required an error (STOW_CORE_ERROR_MISSING), otherwise TRUE with *out
+ * untouched, so callers pre-set defaults.  A wrong type or a value out of
+ * range is STOW_CORE_ERROR_JSON.  Integers accept integral doubles (4096.0). */
+gboolean stow_json_get_u64 (JsonObject *obj, const char *where,
+                            const char *member, gboolean required, guint64 *out,
+                            GError **error);
+gboolean stow_json_get_i64 (JsonObject *obj, const char *where,
+                            const char *member, gboolean required, gint64 *out,
+                            GError **error);
+gboolean stow_json_get_double (JsonObject *obj, const char *where,
+                               const char *member, gboolean required,
+                               double *out, GError **error);
+gboolean stow_json_get_bool (JsonObject *obj, const char *where,
+                             const char *member, gboolean required,
+                             gboolean *out, GError **error);
+/* *out is borrowed from @obj. */
+gboolean stow_json_get_string (JsonObject *obj, const char *where,
+                               const char *member, gboolean required,
+                               const char **out, GError **error);
+gboolean stow_json_get_object (JsonObject *obj, const char *where,
+                               const char *member, gboolean required,
+                               JsonObject **out, GError **error);
+gboolean stow_json_get_array (JsonObject *obj, const char *where,
+                              const char *member, gboolean required,
+                              JsonArray **out, GError **error);
+
+/* A short description of a value for messages: "string \"4k\"", "number
+ * 3.5", "an object", "null". */
+char *stow_json_describe (JsonNode *node);
+
+/* Serialises @node; pretty output is indented by two spaces and ends with a
+ * newline. */
+char *stow_json_to_string (JsonNode *node, gboolean pretty);
+
+/* Writes @len bytes (-1: NUL-terminated) to @path atomically: a temporary
+ * file in the same directory, fsync, then rename; on error nothing is left
+ * behind and an existing file is untouched (STOW_CORE_ERROR_IO). */
+gboolean stow_file_write_atomic (const char *path, const char *data, gssize len,
+                                 GError **error);
+
+G_END_DECLS

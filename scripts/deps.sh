@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: MIT
+#
+# Installs the Debian packages stowage needs, and only those that are missing:
+# each is checked with dpkg-query first, so a re-run costs a fraction of a
+# second.  Works as root or through sudo.
+set -euo pipefail
+
+packages=(
+  gcc libc6-dev pkg-config meson ninja-build python3
+  libglib2.0-dev libjson-glib-dev libhwloc-dev libxxhash-dev
+  liburing-dev libcairo2-dev
+)
+# Optional tools the test setups and benchmarks use when present.
+if [ "${STOW_DEPS_EXTRA:-}" = 1 ]; then
+  packages+=(valgrind fio)
+fi
+
+missing=()
+for p in "${packages[@]}"; do
+  status=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)
+  case "$status" in
+    *"install ok installed"*) ;;
+    *) missing+=("$p") ;;
+  esac
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+echo "deps: installing ${missing[*]}" >&2
+sudo=()
+if [ "$(id -u)" -ne 0 ]; then
+  if command -v sudo >/dev/null 2>&1; then
+    sudo=(sudo)
+  else
+    echo "deps: need root or sudo to install: ${missing[*]}" >&2
+    exit 2
+  fi
+fi
+export DEBIAN_FRONTEND=noninteractive
+"${sudo[@]}" apt-get update -qq
+"${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

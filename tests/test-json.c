@@ -1,0 +1,309 @@
+/* SPDX-License-Identifier: MIT
+ *
+ * tests/test-json.c: bounded JSON input with positioned errors, typed
+ * getters naming the member, atomic output.
+ */
+#include <glib/gstdio.h>
+#include <string.h>
+
+#include "core/error.h"
+#include "core/json.h"
+
+typedef struct
+{
+  char *dir;
+} Fixture;
+
+static void
+fixture_setup (Fixture *f, gconstpointer data)
+{
+  g_autoptr (GError) error = NULL;
+  f->dir = g_dir_make_tmp ("stow-json-XXXXXX", &error);
+  g_assert_no_error (error);
+}
+
+static void
+fixture_teardown (Fixture *f, gconstpointer data)
+{
+  g_autoptr (GDir) d = g_dir_open (f->dir, 0, NULL);
+  const char *name;
+  while (d && (name = g_dir_read_name (d)) != NULL)
+    {
+      g_autofree char *p = g_build_filename (f->dir, name, NULL);
+      g_unlink (p);
+    }
+  g_rmdir (f->dir);
+  g_free (f->dir);
+}
+
+static char *
+write_file (Fixture *f, const char *name, const char *text)
+{
+  char *path = g_build_filename (f->dir, name, NULL);
+  g_assert_true (g_file_set_contents (path, text, -1, NULL));
+  return path;
+}
+
+static void
+test_parse_ok (Fixture *f, gconstpointer data)
+{
+  g_autoptr (GError) error = NULL;
+  g_autofree char *path
+      = write_file (f, "ok.json", "{\"hidden_size\": 4096, \"x\": null}");
+  g_autoptr (JsonNode) root
+      = stow_json_parse_file (path, STOW_JSON_MAX_BYTES, &error);
+  g_assert_no_error (error);
+  JsonObject *o = stow_json_root_object (root, path, &error);
+  g_assert_no_error (error);
+  g_assert_true (stow_json_has (o, "hidden_size"));
+  g_assert_false (stow_json_has (o, "x")); /* null is absent */
+  g_assert_false (stow_json_has (o, "y"));
+}
+
+static void
+test_parse_errors (Fixture *f, gconstpointer data)
+{
+  static const struct
+  {
+    const char *name, *text, *fragment;
+    int code;
+  } cases[] = {
+    { "empty.json", "", "empty", STOW_CORE_ERROR_JSON },
+    { "blank.json", "   \n", "", STOW_CORE_ERROR_JSON },
+    { "notjson.json", "hidden_size = 4096\n", ":1:", STOW_CORE_ERROR_JSON },
+    { "truncated.json", "{\n  \"a\": 1,\n  \"b\": [1, 2",
+      ":3:", STOW_CORE_ERROR_JSON },
+    { "trailing.json", "{\"a\": 1}\n}", ":2:", STOW_CORE_ERROR_JSON },
+  };
+  for (gsize i = 0; i < G_N_ELEMENTS (cases); i++)
+    {
+      g_autoptr (GError) error = NULL;
+      g_autofree char *path = write_file (f, cases[i].name, cases[i].text);
+      g_autoptr (JsonNode) root
+          = stow_json_parse_file (path, STOW_JSON_MAX_BYTES, &error);
+      g_test_message ("%s: %s", cases[i].name,
+                      error ? error->message : "(no error)");
+      g_assert_null (root);
+      g_assert_error (error, STOW_CORE_ERROR, cases[i].code);
+      g_assert_true (g_str_has_prefix (error->message, path));
+      g_assert_nonnull (strstr (error->message, cases[i].fragment));
+    }
+
+  g_autoptr (GError) error = NULL;
+  g_autofree char *missing = g_build_filename (f->dir, "missing.json", NULL);
+  g_assert_null (stow_json_parse_file (missing, STOW_JSON_MAX_BYTES, &error));
+  g_assert_error (error, STOW_CORE_ERROR, STOW_CORE_ERROR_IO);
+  g_assert_true (g_str_has_prefix (error->message, missing));
+  g_clear_error (&error);
+
+  g_assert_null (stow_json_parse_file (f->dir, STOW_JSON_MAX_BYTES, &error));
+  g_assert_error (error, STOW_CORE_ERROR, STOW_CORE_ERROR_IO);
+  g_clear_error (&error);
+
+  /* Over the limit: refused before reading, with the size in the message. */
+  g_autofree char *big = write_file (f, "big.json", "[1, 2, 3, 4, 5, 6]");
+  g_assert_null (stow_json_parse_file (big, 8, &error));
+  g_assert_error (error, STOW_CORE_ERROR, STOW_CORE_ERROR_TOO_LARGE);
+  g_assert_nonnull (strstr (error->message, "18 bytes"));
+  g_clear_error (&error);
+
+  g_autofree char *arr = write_file (f, "array.json", "[1]");
+  g_autoptr (JsonNode) root
+      = stow_json_parse_file (arr, STOW_JSON_MAX_BYTES, &error);
+  g_assert_no_error (error);
+  g_assert_null (stow_json_root_object (root, arr, &error));
+  g_assert_error (error, STOW_CORE_ERROR, STOW_CORE_ERROR_JSON);
+  g_assert_nonnull (strstr (error->message, "an array"));
+}
+
+static JsonObject *
+parse_object (const char *text, JsonNode **root)
+{
+  g_autoptr (GError) error = NULL;
+  *root = stow_json_parse_data (text, -1, "t.json", &error);
+  g_assert_no_error (error);
+  return json_node_get_object (*root);
+}
+
+static void
+test_getters (void)
+{
+  g_autoptr (JsonNode) root = NULL;
+  JsonObject *o = parse_object (
+      "{\"u\": 4096, \"ud\": 4096.0, \"neg\": -1, \"frac\": 1.5,"
+      " \"s\": \"4k\", \"b\": true, \"n\": null, \"o\": {}, \"a\": [],"
+      " \"huge\": 1e300, \"i\": -7, \"d\": 0.25}",
+      &root);
+  g_autoptr (GError) error = NULL;
+  guint64 u = 0;
+  gint64 i = 0;
+  double d = 0;
+  gboolean b = FALSE;
+  const char *s = NULL;
+  JsonObject *obj = NULL;
+  JsonArray *arr = NULL;
+
+  g_assert_true (stow_json_get_u64 (o, "t.json", "u", TRUE, &u, &error));
+  g_assert_cmpuint (u, ==, 4096);
+  g_assert_true (stow_json_get_u64 (o, "t.json", "ud", TRUE, &u, &error));
+  g_assert_cmpuint (u, ==, 4096);
+  g_assert_true (stow_json_get_i64 (o, "t.json", "i", TRUE, &i, &error));
+  g_assert_cmpint (i, ==, -7);
+  g_assert_true (stow_json_get_double (o, "t.json", "d", TRUE, &d, &error));
+  g_assert_cmpfloat (d, ==, 0.25);
+  g_assert_true (stow_json_get_double (o, "t.json", "u", TRUE, &d, &error));
+  g_assert_cmpfloat (d, ==, 4096.0);
+  g_assert_true (stow_json_get_bool (o, "t.json", "b", TRUE, &b, &error));
+  g_assert_true (b);
+  g_assert_true (stow_json_get_string (o, "t.json", "s", TRUE, &s, &error));
+  g_assert_cmpstr (s, ==, "4k");
+  g_assert_true (stow_json_get_object (o, "t.json", "o", TRUE, &obj, &error));
+  g_assert_nonnull (obj);
+  g_assert_true (stow_json_get_array (o, "t.json", "a", TRUE, &arr, &error));
+  g_assert_nonnull (arr);
+  g_assert_no_error (error);
+
+  /* Optional and absent (or null): TRUE, value untouched. */
+  u = 77;
+  g_assert_true (stow_json_get_u64 (o, "t.json", "n", FALSE, &u, &error));
+  g_assert_true (stow_json_get_u64 (o, "t.json", "zz", FALSE, &u, &error));
+  g_assert_cmpuint (u, ==, 77);
+  g_assert_no_error (error);
+
+  static const struct
+  {
+    const char *member;
+    int kind; /* 0 u64, 1 i64, 2 double, 3 bool, 4 string, 5 obj, 6 array */
+    int code;
+    const char *fragment;
+  } bad[] = {
+    { "neg", 0, STOW_CORE_ERROR_JSON, "got number -1" },
+    { "frac", 0, STOW_CORE_ERROR_JSON, "got number 1.5" },
+    { "s", 0, STOW_CORE_ERROR_JSON, "got string \"4k\"" },
+    { "huge", 0, STOW_CORE_ERROR_JSON, "non-negative integer" },
+    { "huge", 1, STOW_CORE_ERROR_JSON, "an integer" },
+    { "frac", 1, STOW_CORE_ERROR_JSON, "an integer" },
+    { "missing", 0, STOW_CORE_ERROR_MISSING, "required" },
+    { "n", 1, STOW_CORE_ERROR_MISSING, "required" },
+    { "s", 2, STOW_CORE_ERROR_JSON, "a number" },
+    { "u", 3, STOW_CORE_ERROR_JSON, "true or false" },
+    { "u", 4, STOW_CORE_ERROR_JSON, "a string" },
+    { "a", 5, STOW_CORE_ERROR_JSON, "got an array" },
+    { "o", 6, STOW_CORE_ERROR_JSON, "got an object" },
+  };
+  for (gsize k = 0; k < G_N_ELEMENTS (bad); k++)
+    {
+      g_autoptr (GError) e = NULL;
+      gboolean ok = TRUE;
+      switch (bad[k].kind)
+        {
+        case 0:
+          ok = stow_json_get_u64 (o, "t.json", bad[k].member, TRUE, &u, &e);
+          break;
+        case 1:
+          ok = stow_json_get_i64 (o, "t.json", bad[k].member, TRUE, &i, &e);
+          break;
+        case 2:
+          ok = stow_json_get_double (o, "t.json", bad[k].member, TRUE, &d, &e);
+          break;
+        case 3:
+          ok = stow_json_get_bool (o, "t.json", bad[k].member, TRUE, &b, &e);
+          break;
+        case 4:
+          ok = stow_json_get_string (o, "t.json", bad[k].member, TRUE, &s, &e);
+          break;
+        case 5:
+          ok = stow_json_get_object (o, "t.json", bad[k].member, TRUE, &obj,
+                                     &e);
+          break;
+        default:
+          ok = stow_json_get_array (o, "t.json", bad[k].member, TRUE, &arr, &e);
+          break;
+        }
+      g_test_message ("%s: %s", bad[k].member, e ? e->message : "no error");
+      g_assert_false (ok);
+      g_assert_error (e, STOW_CORE_ERROR, bad[k].code);
+      g_autofree char *prefix = g_strdup_printf ("t.json: %s: ", bad[k].member);
+      g_assert_true (g_str_has_prefix (e->message, prefix));
+      g_assert_nonnull (strstr (e->message, bad[k].fragment));
+    }
+}
+
+static void
+test_atomic_write (Fixture *f, gconstpointer data)
+{
+  g_autoptr (GError) error = NULL;
+  g_autofree char *path = g_build_filename (f->dir, "out.json", NULL);
+  g_autofree char *contents = NULL;
+  g_assert_true (stow_file_write_atomic (path, "{\"a\": 1}\n", -1, &error));
+  g_assert_no_error (error);
+  g_assert_true (stow_file_write_atomic (path, "{\"a\": 2}\n", -1, &error));
+  g_assert_true (g_file_get_contents (path, &contents, NULL, NULL));
+  g_assert_cmpstr (contents, ==, "{\"a\": 2}\n");
+
+  /* A directory that does not exist: an error, and nothing written. */
+  g_autofree char *bad
+      = g_build_filename (f->dir, "no", "such", "x.json", NULL);
+  g_assert_false (stow_file_write_atomic (bad, "x", -1, &error));
+  g_assert_error (error, STOW_CORE_ERROR, STOW_CORE_ERROR_IO);
+  g_assert_false (g_file_test (bad, G_FILE_TEST_EXISTS));
+
+  /* Only out.json is in the directory: no temporaries left behind. */
+  g_autoptr (GDir) d = g_dir_open (f->dir, 0, NULL);
+  int n = 0;
+  while (g_dir_read_name (d))
+    n++;
+  g_assert_cmpint (n, ==, 1);
+}
+
+static void
+test_to_string (void)
+{
+  g_autoptr (JsonNode) root = NULL;
+  parse_object ("{\"a\": [1, 2], \"b\": \"x\"}", &root);
+  g_autofree char *compact = stow_json_to_string (root, FALSE);
+  g_assert_cmpstr (compact, ==, "{\"a\":[1,2],\"b\":\"x\"}");
+  g_autofree char *pretty = stow_json_to_string (root, TRUE);
+  g_assert_true (g_str_has_suffix (pretty, "}\n"));
+  g_autoptr (JsonNode) again = stow_json_parse_data (pretty, -1, "p", NULL);
+  g_assert_true (json_node_equal (root, again));
+}
+
+/* Random byte strings never crash the parser and always come back with a
+ * message naming the input. */
+static void
+test_random_bytes (void)
+{
+  static const char alphabet[] = "{}[]\":,0123456789.eE-+ truefalsn\\\n\x01";
+  GRand *r = g_rand_new_with_seed (7);
+  for (int i = 0; i < 20000; i++)
+    {
+      char text[40];
+      int n = g_rand_int_range (r, 1, (int)sizeof text);
+      for (int j = 0; j < n; j++)
+        text[j] = alphabet[g_rand_int_range (r, 0, sizeof alphabet - 1)];
+      text[n] = '\0';
+      g_autoptr (GError) error = NULL;
+      g_autoptr (JsonNode) node
+          = stow_json_parse_data (text, n, "fuzz", &error);
+      if (node == NULL)
+        g_assert_true (g_str_has_prefix (error->message, "fuzz"));
+    }
+  g_rand_free (r);
+}
+
+int
+main (int argc, char **argv)
+{
+  g_test_init (&argc, &argv, NULL);
+  g_test_add ("/json/parse/ok", Fixture, NULL, fixture_setup, test_parse_ok,
+              fixture_teardown);
+  g_test_add ("/json/parse/errors", Fixture, NULL, fixture_setup,
+              test_parse_errors, fixture_teardown);
+  g_test_add_func ("/json/getters", test_getters);
+  g_test_add ("/json/atomic-write", Fixture, NULL, fixture_setup,
+              test_atomic_write, fixture_teardown);
+  g_test_add_func ("/json/to-string", test_to_string);
+  g_test_add_func ("/json/random-bytes", test_random_bytes);
+  return g_test_run ();
+}

@@ -1,0 +1,29 @@
+/* SPDX-License-Identifier: MIT
+ *
+ * tests/testutil.h: helpers for integration tests that run the stowage
+ * binary (its path comes from $STOWAGE, set by tests/meson.build).
+ */
+#pragma once
+
+#include <glib.h>
+
+G_BEGIN_DECLS
+
+typedef struct
+{
+  int status; /* exit code, or -1 if the process did not exit normally */
+  char *out;
+  char *err;
+} StowRun;
+
+void stow_run_clear (StowRun *run);
+G_DEFINE_AUTO_CLEANUP_CLEAR_FUNC (StowRun, stow_run_clear)
+
+/* Runs "$STOWAGE ARGS..." (NULL-terminated) and captures its output. */
+void stow_run (StowRun *run, const char *first_arg, ...) G_GNUC_NULL_TERMINATED;
+void stow_runv (StowRun *run, const char *const *args);
+
+/* Counts the lines of @text. */
+guint stow_count_lines (const char *text);
+
+G_END_DECLS
