@@ -1,0 +1,96 @@
+/* SPDX-License-Identifier: MIT
+ *
+ * hw/hw.h: the hardware a plan runs on: GPUs, nodes (host RAM, CPU memory
+ * bandwidth, NVMe drives, network) and clusters of identical nodes.  Built
+ * from the catalog (hw/catalog/), from a spec such as "8xA100-80GB" or
+ * "4x8xH200", from a cluster.json, or from the local machine.
+ * Units: bytes, FLOP/s, bytes/s, seconds.
+ */
+#pragma once
+
+#include <glib.h>
+#include <json-glib/json-glib.h>
+
+G_BEGIN_DECLS
+
+#define STOW_HW_ERROR (stow_hw_error_quark ())
+GQuark stow_hw_error_quark (void);
+
+typedef enum
+{
+  STOW_HW_ERROR_NOT_FOUND, /* unknown GPU or preset name */
+  STOW_HW_ERROR_INVALID,   /* malformed spec or cluster file */
+} StowHwError;
+
+typedef struct
+{
+  char *name;               /* canonical: "A100-80GB", "H100-SXM" */
+  char **aliases;           /* NULL-terminated */
+  char *vendor;             /* "nvidia", "amd" */
+  guint64 marketing_bytes;  /* the "80GB" on the box, as bytes (80e9) */
+  guint64 total_bytes;      /* what torch's total_memory reports */
+  double bf16_flops;        /* dense tensor-core FLOP/s; 0 = unsupported */
+  double fp16_flops;
+  double fp32_flops;        /* non-tensor fp32 */
+  double tf32_flops;
+  double fp8_flops;
+  double hbm_bw;            /* bytes/s */
+  double nvlink_bw;         /* per GPU, per direction, bytes/s; 0 = none */
+  guint nvlink_domain;      /* GPUs per NVLink domain (8 on HGX); 1 = none */
+  guint pcie_gen;
+  double pcie_bw;           /* practical pinned host<->device, per direction */
+} StowGpu;
+
+typedef struct
+{
+  char *path;               /* mount point or directory, NULL in presets */
+  guint64 capacity_bytes;
+  double read_bw;           /* bytes/s, sequential at large blocks */
+  double write_bw;
+} StowNvme;
+
+typedef struct
+{
+  char *name;               /* preset name ("dgx-a100") or "custom" */
+  StowGpu gpu;              /* every GPU of a node is this kind */
+  guint gpus_per_node;
+  guint64 host_ram_bytes;
+  double host_mem_bw;       /* bytes/s, STREAM-triad class, whole node */
+  guint cpu_cores;          /* physical cores per node */
+  guint numa_nodes;
+  StowNvme *nvme;           /* n_nvme drives */
+  guint n_nvme;
+  double net_bw_per_gpu;    /* inter-node, per GPU, per direction, bytes/s */
+  double net_latency_s;
+} StowNode;
+
+typedef struct _StowCluster StowCluster;
+struct _StowCluster
+{
+  gint ref_count;
+  char *spec;               /* what the user typed, for messages */
+  StowNode node;
+  guint n_nodes;
+  guint n_gpus;             /* n_nodes * node.gpus_per_node */
+};
+
+/* The GPU catalog.  Lookup is case-insensitive over names and aliases;
+ * unknown names fail with a did-you-mean hint. */
+const StowGpu *stow_gpu_lookup (const char *name, GError **error);
+const StowGpu *const *stow_gpu_catalog (gsize *n);
+
+/* "8xA100-80GB" (one node of the GPU's default preset when it fits, else
+ * nodes of the preset's size), "64xH100-SXM", "4x8xH200" (nodes x GPUs per
+ * node), "A100-80GB" (one GPU), "local" (this machine). */
+StowCluster *stow_cluster_new_from_spec (const char *spec, GError **error);
+/* A cluster.json: a preset or a GPU plus overrides (host RAM, NVMe paths
+ * and bandwidth, network); every field named in errors. */
+StowCluster *stow_cluster_new_from_file (const char *path, GError **error);
+StowCluster *stow_cluster_new_from_json (JsonObject *obj, const char *where,
+                                         GError **error);
+
+StowCluster *stow_cluster_ref (StowCluster *cluster);
+void stow_cluster_unref (StowCluster *cluster);
+G_DEFINE_AUTOPTR_CLEANUP_FUNC (StowCluster, stow_cluster_unref)
+
+G_END_DECLS
