@@ -17,6 +17,9 @@ static int cmd_version (int argc, char **argv);
 static const StowCommand commands[] = {
   { "help", "Show help for a command", cmd_help },
   { "version", "Print the version and the features built in", cmd_version },
+  { "models", "List the built-in model catalog", stow_cmd_models },
+  { "model", "Show one model: exact parameter counts, per layer and role",
+    stow_cmd_model },
 };
 
 const StowCommand *

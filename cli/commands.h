@@ -7,4 +7,7 @@
 
 G_BEGIN_DECLS
 
+int stow_cmd_models (int argc, char **argv);
+int stow_cmd_model (int argc, char **argv);
+
 G_END_DECLS

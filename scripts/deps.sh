@@ -8,7 +8,7 @@ set -euo pipefail
 
 packages=(
   gcc libc6-dev pkg-config meson ninja-build python3
-  libglib2.0-dev libjson-glib-dev libhwloc-dev libxxhash-dev
+  libglib2.0-dev libglib2.0-dev-bin libjson-glib-dev libhwloc-dev libxxhash-dev
   liburing-dev libcairo2-dev
 )
 # Optional tools the test setups and benchmarks use when present.

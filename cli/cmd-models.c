@@ -1,0 +1,356 @@
+/* SPDX-License-Identifier: MIT
+ *
+ * cli/cmd-models.c: "stowage models" (the built-in catalog as a table or
+ * JSON) and "stowage model NAME|PATH" (one model's exact counts: total,
+ * active per token, by role, per layer at 16 bits, largest module, and
+ * optionally the tensor inventory).
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "cli/commands.h"
+#include "core/json.h"
+#include "core/units.h"
+#include "models/model.h"
+
+static void
+print_json (JsonBuilder *b)
+{
+  g_autoptr (JsonNode) root = json_builder_get_root (b);
+  g_autofree char *text = stow_json_to_string (root, TRUE);
+  fputs (text, stdout);
+}
+
+static void
+add_u64 (JsonBuilder *b, const char *key, guint64 v)
+{
+  json_builder_set_member_name (b, key);
+  /* JSON integers are signed 64-bit in json-glib; counts stay far below. */
+  json_builder_add_int_value (b, (gint64)v);
+}
+
+static void
+add_str (JsonBuilder *b, const char *key, const char *v)
+{
+  json_builder_set_member_name (b, key);
+  if (v)
+    json_builder_add_string_value (b, v);
+  else
+    json_builder_add_null_value (b);
+}
+
+/* The fields both commands share. */
+static void
+add_summary (JsonBuilder *b, const StowModel *m)
+{
+  add_str (b, "name", m->name);
+  add_str (b, "family", m->family);
+  add_u64 (b, "params", m->params);
+  add_u64 (b, "active_params", m->active_params);
+  add_u64 (b, "layers", m->n_layers);
+  add_u64 (b, "hidden", m->hidden);
+  add_u64 (b, "heads", m->n_heads);
+  add_u64 (b, "kv_heads", m->n_kv_heads);
+  add_u64 (b, "vocab", m->vocab);
+}
+
+static void
+add_aliases (JsonBuilder *b, const StowModel *m)
+{
+  json_builder_set_member_name (b, "aliases");
+  json_builder_begin_array (b);
+  for (char **a = m->aliases; a && *a; a++)
+    json_builder_add_string_value (b, *a);
+  json_builder_end_array (b);
+}
+
+int
+stow_cmd_models (int argc, char **argv)
+{
+  gboolean opt_json = FALSE;
+  const GOptionEntry entries[] = {
+    { "json", 0, 0, G_OPTION_ARG_NONE, &opt_json, "Print JSON", NULL },
+    { NULL },
+  };
+  g_autoptr (GOptionContext) ctx = stow_cli_context_new (
+      "models", NULL,
+      "List the built-in model catalog: name, family, exact parameter "
+      "count, layers, hidden size, heads / kv heads and vocabulary.");
+  g_option_context_add_main_entries (ctx, entries, NULL);
+  if (!stow_cli_parse (ctx, "models", &argc, &argv))
+    return STOW_EXIT_FAILURE;
+  if (argc > 1)
+    return stow_cli_failf ("see 'stowage models --help'",
+                           "models: unexpected argument \"%s\"", argv[1]);
+
+  gsize n;
+  const char *const *names = stow_model_catalog_names (&n);
+  g_autoptr (GPtrArray) models
+      = g_ptr_array_new_with_free_func ((GDestroyNotify)stow_model_unref);
+  for (gsize i = 0; i < n; i++)
+    {
+      g_autoptr (GError) error = NULL;
+      StowModel *m = stow_model_lookup (names[i], &error);
+      if (m == NULL)
+        return stow_cli_fail (error, NULL);
+      g_ptr_array_add (models, m);
+    }
+
+  if (opt_json)
+    {
+      g_autoptr (JsonBuilder) b = json_builder_new ();
+      json_builder_begin_object (b);
+      json_builder_set_member_name (b, "models");
+      json_builder_begin_array (b);
+      for (guint i = 0; i < models->len; i++)
+        {
+          const StowModel *m = g_ptr_array_index (models, i);
+          json_builder_begin_object (b);
+          add_summary (b, m);
+          add_aliases (b, m);
+          json_builder_end_object (b);
+        }
+      json_builder_end_array (b);
+      json_builder_end_object (b);
+      print_json (b);
+      return STOW_EXIT_OK;
+    }
+
+  printf ("%-20s %-12s %18s %6s %7s %9s %7s\n", "NAME", "FAMILY", "PARAMS",
+          "LAYERS", "HIDDEN", "HEADS/KV", "VOCAB");
+  for (guint i = 0; i < models->len; i++)
+    {
+      const StowModel *m = g_ptr_array_index (models, i);
+      char params[STOW_FORMAT_BUF], heads[48];
+      g_snprintf (heads, sizeof heads,
+                  "%" G_GUINT64_FORMAT "/%" G_GUINT64_FORMAT, m->n_heads,
+                  m->n_kv_heads);
+      printf ("%-20s %-12s %18s %6" G_GUINT64_FORMAT " %7" G_GUINT64_FORMAT
+              " %9s %7" G_GUINT64_FORMAT "\n",
+              m->name, m->family,
+              stow_format_grouped_into (params, sizeof params, m->params),
+              m->n_layers, m->hidden, heads, m->vocab);
+    }
+  return STOW_EXIT_OK;
+}
+
+/* Bytes of @params at 16 bits, with an IEC unit. */
+static const char *
+bytes16 (char *buf, gsize size, guint64 params)
+{
+  /* params * 2 cannot overflow: importers reject params * 20 overflowing. */
+  return stow_format_bytes_into (buf, size, params * 2);
+}
+
+static void
+print_text (const StowModel *m, gboolean tensors)
+{
+  char g[STOW_FORMAT_BUF], by[STOW_FORMAT_BUF];
+  g_autofree char *shortp = stow_format_count_short (m->params);
+
+  printf ("%s (%s)\n", m->name, m->family);
+  if (m->aliases && m->aliases[0])
+    {
+      g_autofree char *al = g_strjoinv (", ", m->aliases);
+      printf ("  aliases:     %s\n", al);
+    }
+  printf ("  source:      %s\n", m->source);
+  if (m->reference)
+    printf ("  reference:   %s\n", m->reference);
+  printf ("  shape:       %" G_GUINT64_FORMAT " layers", m->n_layers);
+  if (m->n_encoder_layers)
+    printf (" (%" G_GUINT64_FORMAT " encoder + %" G_GUINT64_FORMAT " decoder)",
+            m->n_encoder_layers, m->n_layers - m->n_encoder_layers);
+  printf (", hidden %" G_GUINT64_FORMAT ", %" G_GUINT64_FORMAT
+          " heads / %" G_GUINT64_FORMAT " kv heads of %" G_GUINT64_FORMAT
+          ", ffn %" G_GUINT64_FORMAT ", vocab %" G_GUINT64_FORMAT "\n",
+          m->hidden, m->n_heads, m->n_kv_heads, m->head_dim, m->ffn, m->vocab);
+  if (m->n_experts)
+    printf ("  experts:     %" G_GUINT64_FORMAT
+            " routed (top %" G_GUINT64_FORMAT ") + %" G_GUINT64_FORMAT
+            " shared\n",
+            m->n_experts, m->experts_per_token, m->n_shared_experts);
+  printf ("  parameters:  %s (%s)\n",
+          stow_format_grouped_into (g, sizeof g, m->params), shortp);
+  if (m->active_params != m->params)
+    {
+      g_autofree char *s = stow_format_count_short (m->active_params);
+      printf ("  active:      %s (%s) per token\n",
+              stow_format_grouped_into (g, sizeof g, m->active_params), s);
+    }
+  printf ("  at 16 bits:  %s\n", bytes16 (by, sizeof by, m->params));
+
+  printf ("\n  by role:\n");
+  for (int r = 0; r < STOW_N_ROLES; r++)
+    {
+      if (m->by_role[r] == 0)
+        continue;
+      printf ("    %-10s %18s  %12s  %5.1f%%\n", stow_tensor_role_name (r),
+              stow_format_grouped_into (g, sizeof g, m->by_role[r]),
+              bytes16 (by, sizeof by, m->by_role[r]),
+              100.0 * (double)m->by_role[r] / (double)m->params);
+    }
+
+  /* Runs of identical layers print as one line. */
+  printf ("\n  per layer (16-bit):\n");
+  for (guint64 i = 0; i < m->n_layers;)
+    {
+      guint64 j = i + 1;
+      const StowLayerInfo *li = &m->layers[i];
+      while (j < m->n_layers && m->layers[j].params == li->params
+             && m->layers[j].active_params == li->active_params
+             && m->layers[j].is_moe == li->is_moe
+             && m->layers[j].is_decoder == li->is_decoder)
+        j++;
+      char range[48];
+      if (j - i == 1)
+        g_snprintf (range, sizeof range, "layer %" G_GUINT64_FORMAT, i);
+      else
+        g_snprintf (range, sizeof range,
+                    "layers %" G_GUINT64_FORMAT "-%" G_GUINT64_FORMAT, i,
+                    j - 1);
+      printf ("    %-16s %18s params  %12s each", range,
+              stow_format_grouped_into (g, sizeof g, li->params),
+              bytes16 (by, sizeof by, li->params));
+      if (li->is_moe)
+        printf ("  (MoE, %s active)",
+                stow_format_grouped_into (g, sizeof g, li->active_params));
+      if (m->n_encoder_layers)
+        printf ("  %s", li->is_decoder ? "decoder" : "encoder");
+      printf ("\n");
+      i = j;
+    }
+  printf ("\n  largest module: %s, %s params (%s at 16 bits)\n",
+          m->largest_module ? m->largest_module : "-",
+          stow_format_grouped_into (g, sizeof g, m->largest_module_params),
+          bytes16 (by, sizeof by, m->largest_module_params));
+  printf ("  tensors:     %u\n", m->tensors->len);
+
+  if (tensors)
+    {
+      printf ("\n  %-64s %-24s %s\n", "TENSOR", "SHAPE", "ROLE");
+      for (guint i = 0; i < m->tensors->len; i++)
+        {
+          const StowTensor *t = g_ptr_array_index (m->tensors, i);
+          char shape[64];
+          if (t->n_dims == 1)
+            g_snprintf (shape, sizeof shape, "[%" G_GUINT64_FORMAT "]",
+                        t->shape[0]);
+          else
+            g_snprintf (shape, sizeof shape,
+                        "[%" G_GUINT64_FORMAT ", %" G_GUINT64_FORMAT "]",
+                        t->shape[0], t->shape[1]);
+          printf ("  %-64s %-24s %s%s\n", t->name, shape,
+                  stow_tensor_role_name (t->role), t->tied ? " (tied)" : "");
+        }
+    }
+}
+
+static void
+print_model_json (const StowModel *m, gboolean tensors)
+{
+  g_autoptr (JsonBuilder) b = json_builder_new ();
+  json_builder_begin_object (b);
+  add_summary (b, m);
+  add_u64 (b, "largest_module_params", m->largest_module_params);
+  add_str (b, "largest_module", m->largest_module);
+  json_builder_set_member_name (b, "by_role");
+  json_builder_begin_object (b);
+  for (int r = 0; r < STOW_N_ROLES; r++)
+    add_u64 (b, stow_tensor_role_name (r), m->by_role[r]);
+  json_builder_end_object (b);
+  add_aliases (b, m);
+  add_str (b, "source", m->source);
+  add_str (b, "reference", m->reference);
+  add_u64 (b, "head_dim", m->head_dim);
+  add_u64 (b, "ffn", m->ffn);
+  add_u64 (b, "encoder_layers", m->n_encoder_layers);
+  add_u64 (b, "experts", m->n_experts);
+  add_u64 (b, "experts_per_token", m->experts_per_token);
+  add_u64 (b, "shared_experts", m->n_shared_experts);
+  add_u64 (b, "embedding_params", m->embedding_params);
+  add_u64 (b, "head_params", m->head_params);
+  json_builder_set_member_name (b, "tied_embeddings");
+  json_builder_add_boolean_value (b, m->tied_embeddings);
+  add_str (b, "norm", m->norm == STOW_NORM_LAYERNORM ? "layernorm" : "rmsnorm");
+  json_builder_set_member_name (b, "per_layer");
+  json_builder_begin_array (b);
+  for (guint64 i = 0; i < m->n_layers; i++)
+    {
+      const StowLayerInfo *li = &m->layers[i];
+      json_builder_begin_object (b);
+      add_u64 (b, "params", li->params);
+      add_u64 (b, "active_params", li->active_params);
+      add_u64 (b, "bytes_16bit", li->params * 2);
+      json_builder_set_member_name (b, "moe");
+      json_builder_add_boolean_value (b, li->is_moe);
+      json_builder_set_member_name (b, "decoder");
+      json_builder_add_boolean_value (b, li->is_decoder);
+      json_builder_end_object (b);
+    }
+  json_builder_end_array (b);
+  add_u64 (b, "n_tensors", m->tensors->len);
+  if (tensors)
+    {
+      json_builder_set_member_name (b, "tensors");
+      json_builder_begin_array (b);
+      for (guint i = 0; i < m->tensors->len; i++)
+        {
+          const StowTensor *t = g_ptr_array_index (m->tensors, i);
+          json_builder_begin_object (b);
+          add_str (b, "name", t->name);
+          json_builder_set_member_name (b, "shape");
+          json_builder_begin_array (b);
+          for (guint d = 0; d < t->n_dims; d++)
+            json_builder_add_int_value (b, (gint64)t->shape[d]);
+          json_builder_end_array (b);
+          add_str (b, "role", stow_tensor_role_name (t->role));
+          json_builder_set_member_name (b, "layer");
+          json_builder_add_int_value (b, t->layer);
+          json_builder_set_member_name (b, "tied");
+          json_builder_add_boolean_value (b, t->tied);
+          json_builder_end_object (b);
+        }
+      json_builder_end_array (b);
+    }
+  json_builder_end_object (b);
+  print_json (b);
+}
+
+int
+stow_cmd_model (int argc, char **argv)
+{
+  gboolean opt_json = FALSE, opt_tensors = FALSE;
+  const GOptionEntry entries[] = {
+    { "json", 0, 0, G_OPTION_ARG_NONE, &opt_json, "Print JSON", NULL },
+    { "tensors", 't', 0, G_OPTION_ARG_NONE, &opt_tensors,
+      "Also list every tensor (checkpoint name, shape, role)", NULL },
+    { NULL },
+  };
+  g_autoptr (GOptionContext) ctx = stow_cli_context_new (
+      "model", "NAME|PATH",
+      "Show one model from the catalog (see 'stowage models') or from a "
+      "HuggingFace config.json (or a folder holding one): the exact "
+      "parameter count, active parameters per token, the breakdown by "
+      "role, the size of each layer at 16 bits and the largest module.");
+  g_option_context_add_main_entries (ctx, entries, NULL);
+  if (!stow_cli_parse (ctx, "model", &argc, &argv))
+    return STOW_EXIT_FAILURE;
+  if (argc < 2)
+    return stow_cli_failf ("see 'stowage models' for the catalog",
+                           "model: expected a model name or a config.json");
+  if (argc > 2)
+    return stow_cli_failf ("see 'stowage model --help'",
+                           "model: unexpected argument \"%s\"", argv[2]);
+
+  g_autoptr (GError) error = NULL;
+  g_autoptr (StowModel) m = stow_model_lookup (argv[1], &error);
+  if (m == NULL)
+    return stow_cli_fail (error, NULL);
+  if (opt_json)
+    print_model_json (m, opt_tensors);
+  else
+    print_text (m, opt_tensors);
+  return STOW_EXIT_OK;
+}

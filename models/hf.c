@@ -1,0 +1,1003 @@
+/* SPDX-License-Identifier: MIT
+ *
+ * models/hf.c: HuggingFace config.json -> tensor inventory, one importer per
+ * model_type.  Field names, defaults and tensor names follow the
+ * transformers configuration and modeling code of each family (see
+ * /work/shared/reference/ecosystem.md section 1.1 for the field table and
+ * 1.2 for the count formulas the inventories reproduce).  Only shapes are
+ * produced here; model.c turns them into counts.
+ */
+#include "models/model-private.h"
+
+#include <string.h>
+
+#include "core/json.h"
+
+#define E_INVALID(error, ...)                                                  \
+  (g_set_error (error, STOW_MODEL_ERROR, STOW_MODEL_ERROR_INVALID,             \
+                __VA_ARGS__),                                                  \
+   FALSE)
+
+/* Reads the first present member of @names (a config may use a family's
+ * legacy spelling, e.g. bloom's n_embed for hidden_size).  Missing and
+ * @required: an error naming names[0].  @positive rejects 0. */
+static gboolean
+get_u64 (JsonObject *o, const char *where, const char *const *names,
+         gboolean required, gboolean positive, guint64 *out, GError **error)
+{
+  for (guint i = 0; names[i] != NULL; i++)
+    {
+      if (!stow_json_has (o, names[i]))
+        continue;
+      if (!stow_json_get_u64 (o, where, names[i], TRUE, out, error))
+        return FALSE;
+      /* Bounding every size keeps each shape expression (3h, (a+2k)d, ...)
+       * inside 64 bits; tensor sizes and sums are checked separately. */
+      if (*out > STOW_MODEL_MAX_DIM)
+        return E_INVALID (error,
+                          "%s: %s (%" G_GUINT64_FORMAT
+                          ") is absurd: sizes above %u are not supported",
+                          where, names[i], *out, STOW_MODEL_MAX_DIM);
+      if (positive && *out == 0)
+        return E_INVALID (error, "%s: %s must be positive, got 0", where,
+                          names[i]);
+      return TRUE;
+    }
+  if (required)
+    return stow_json_get_u64 (o, where, names[0], TRUE, out, error);
+  return TRUE;
+}
+
+#define NAMES(...) ((const char *const[]){ __VA_ARGS__, NULL })
+#define REQ(o, b, out, ...)                                                    \
+  get_u64 (o, (b)->where, NAMES (__VA_ARGS__), TRUE, TRUE, out, error)
+#define OPT(o, b, out, ...)                                                    \
+  get_u64 (o, (b)->where, NAMES (__VA_ARGS__), FALSE, TRUE, out, error)
+
+static gboolean
+get_bool (JsonObject *o, const char *where, const char *name, gboolean *out,
+          GError **error)
+{
+  return stow_json_get_bool (o, where, name, FALSE, out, error);
+}
+
+static gboolean
+check_layers (StowModelBuilder *b, const char *field, guint64 n, GError **error)
+{
+  if (n > STOW_MODEL_MAX_LAYERS)
+    return E_INVALID (error,
+                      "%s: %s (%" G_GUINT64_FORMAT
+                      ") is absurd: at most %d layers are supported",
+                      b->where, field, n, STOW_MODEL_MAX_LAYERS);
+  return TRUE;
+}
+
+static gboolean
+check_experts (StowModelBuilder *b, const char *field, guint64 experts,
+               guint64 moe_layers, GError **error)
+{
+  if (experts > STOW_MODEL_MAX_EXPERTS
+      || experts * moe_layers > STOW_MODEL_MAX_EXPERT_LAYERS)
+    return E_INVALID (error,
+                      "%s: %s (%" G_GUINT64_FORMAT
+                      ") is absurd: at most %u experts over all layers",
+                      b->where, field, experts, STOW_MODEL_MAX_EXPERT_LAYERS);
+  return TRUE;
+}
+
+/* Head arithmetic shared by the decoder families.  Without an explicit head
+ * dimension the heads must split the hidden size evenly; grouped-query
+ * attention needs whole groups. */
+static gboolean
+check_heads (StowModelBuilder *b, guint64 hidden, const char *hidden_field,
+             guint64 heads, const char *heads_field, guint64 kv,
+             const char *kv_field, gboolean explicit_head_dim, GError **error)
+{
+  if (!explicit_head_dim && hidden % heads != 0)
+    return E_INVALID (error,
+                      "%s: %s (%" G_GUINT64_FORMAT
+                      ") must divide %s (%" G_GUINT64_FORMAT ")",
+                      b->where, heads_field, heads, hidden_field, hidden);
+  if (kv > heads || heads % kv != 0)
+    return E_INVALID (error,
+                      "%s: %s (%" G_GUINT64_FORMAT
+                      ") must divide %s (%" G_GUINT64_FORMAT ")",
+                      b->where, kv_field, kv, heads_field, heads);
+  return TRUE;
+}
+
+/* Ties the output projection to the token embedding when @tied (stored,
+ * but shares storage: HF num_parameters() counts it once). */
+static void
+add_lm_head (StowModelBuilder *b, const char *name, guint64 vocab,
+             guint64 width, gboolean tied)
+{
+  stow_model_add_tensor (b, STOW_ROLE_HEAD, -1, tied, 2, vocab, width, "%s",
+                         name);
+}
+
+/* A LayerNorm (weight and bias) or RMSNorm (weight) named @prefix. */
+static void
+add_norm (StowModelBuilder *b, gint layer, guint64 n, const char *prefix)
+{
+  stow_model_add_tensor (b, STOW_ROLE_NORM, layer, FALSE, 1, n, 0, "%s.weight",
+                         prefix);
+  if (b->model->norm == STOW_NORM_LAYERNORM)
+    stow_model_add_tensor (b, STOW_ROLE_NORM, layer, FALSE, 1, n, 0, "%s.bias",
+                           prefix);
+}
+
+/* A linear layer out x in, with an optional bias. */
+static void
+add_linear (StowModelBuilder *b, StowTensorRole role, gint layer, guint64 out,
+            guint64 in, gboolean bias, const char *prefix)
+{
+  stow_model_add_tensor (b, role, layer, FALSE, 2, out, in, "%s.weight",
+                         prefix);
+  if (bias)
+    stow_model_add_tensor (
+        b, role == STOW_ROLE_ROUTER ? STOW_ROLE_ROUTER : STOW_ROLE_BIAS, layer,
+        FALSE, 1, out, 0, "%s.bias", prefix);
+}
+
+/* GPT-2's Conv1D stores weights as in x out. */
+static void
+add_conv1d (StowModelBuilder *b, StowTensorRole role, gint layer, guint64 in,
+            guint64 out, const char *prefix)
+{
+  stow_model_add_tensor (b, role, layer, FALSE, 2, in, out, "%s.weight",
+                         prefix);
+  stow_model_add_tensor (b, STOW_ROLE_BIAS, layer, FALSE, 1, out, 0, "%s.bias",
+                         prefix);
+}
+
+/* Shape products needed to validate before building (a*d and friends);
+ * an overflow here is reported like any other. */
+static gboolean
+mul_checked (StowModelBuilder *b, guint64 x, guint64 y, guint64 *out,
+             const char *what, GError **error)
+{
+  if (!g_uint64_checked_mul (out, x, y))
+    return E_INVALID (error, "%s: sizes are absurd: %s overflows 64-bit counts",
+                      b->where, what);
+  return TRUE;
+}
+
+/* ---- llama, mistral, mixtral, qwen2, gemma, gemma2, phi3 ---------------- */
+
+static gboolean
+import_llama_like (StowModelBuilder *b, JsonObject *o, const char *type,
+                   GError **error)
+{
+  StowModel *m = b->model;
+  guint64 h = 0, L = 0, a = 0, k = 0, d = 0, f = 0, V = 0, qd;
+  gboolean explicit_d = stow_json_has (o, "head_dim");
+  gboolean is_gemma = g_str_equal (type, "gemma");
+  gboolean is_gemma2 = g_str_equal (type, "gemma2");
+  gboolean is_phi3 = g_str_equal (type, "phi3");
+  gboolean is_qwen2 = g_str_equal (type, "qwen2");
+  gboolean is_mixtral = g_str_equal (type, "mixtral");
+  /* gemma and gemma2 tie by default; the others default to untied. */
+  gboolean tied = is_gemma || is_gemma2;
+  gboolean attn_bias = FALSE, mlp_bias = FALSE;
+
+  if (!REQ (o, b, &h, "hidden_size") || !REQ (o, b, &L, "num_hidden_layers")
+      || !REQ (o, b, &a, "num_attention_heads")
+      || !REQ (o, b, &f, "intermediate_size") || !REQ (o, b, &V, "vocab_size"))
+    return FALSE;
+  k = a;
+  if (!OPT (o, b, &k, "num_key_value_heads") || !OPT (o, b, &d, "head_dim")
+      || !get_bool (o, b->where, "tie_word_embeddings", &tied, error)
+      || !get_bool (o, b->where, "attention_bias", &attn_bias, error)
+      || !get_bool (o, b->where, "mlp_bias", &mlp_bias, error))
+    return FALSE;
+  if (!check_layers (b, "num_hidden_layers", L, error)
+      || !check_heads (b, h, "hidden_size", a, "num_attention_heads", k,
+                       "num_key_value_heads", explicit_d, error))
+    return FALSE;
+  if (!explicit_d)
+    d = h / a;
+  if (!mul_checked (b, a, d, &qd, "num_attention_heads x head_dim", error))
+    return FALSE;
+
+  m->hidden = h;
+  m->n_layers = L;
+  m->n_heads = a;
+  m->n_kv_heads = k;
+  m->head_dim = d;
+  m->ffn = f;
+  m->vocab = V;
+  m->gated_mlp = TRUE;
+  m->linear_bias = attn_bias || mlp_bias;
+  m->tied_embeddings = tied;
+  m->norm = STOW_NORM_RMSNORM;
+
+  if (is_mixtral)
+    {
+      guint64 E = 0, topk = 0;
+      if (!REQ (o, b, &E, "num_local_experts")
+          || !REQ (o, b, &topk, "num_experts_per_tok")
+          || !check_experts (b, "num_local_experts", E, L, error))
+        return FALSE;
+      if (topk > E)
+        return E_INVALID (error,
+                          "%s: num_experts_per_tok (%" G_GUINT64_FORMAT
+                          ") exceeds num_local_experts (%" G_GUINT64_FORMAT ")",
+                          b->where, topk, E);
+      m->n_experts = E;
+      m->experts_per_token = topk;
+      m->moe_ffn = f;
+    }
+
+  /* The qwen2 q/k/v biases are built into the modeling code (no config
+   * flag); llama's attention_bias puts biases on all four projections. */
+  gboolean qkv_bias = is_qwen2 || attn_bias;
+  stow_model_add_tensor (b, STOW_ROLE_EMBEDDING, -1, FALSE, 2, V, h,
+                         "model.embed_tokens.weight");
+  for (guint64 i = 0; i < L; i++)
+    {
+      gint l = (gint)i;
+      char p[96];
+      g_snprintf (p, sizeof p, "model.layers.%d", l);
+      stow_model_add_tensor (b, STOW_ROLE_NORM, l, FALSE, 1, h, 0,
+                             "%s.input_layernorm.weight", p);
+      if (is_phi3)
+        {
+          /* Fused q, k, v: the same count as three projections. */
+          stow_model_add_tensor (b, STOW_ROLE_ATTENTION, l, FALSE, 2,
+                                 (a + 2 * k) * d, h,
+                                 "%s.self_attn.qkv_proj.weight", p);
+        }
+      else
+        {
+          char q[128];
+          g_snprintf (q, sizeof q, "%s.self_attn.q_proj", p);
+          add_linear (b, STOW_ROLE_ATTENTION, l, a * d, h, qkv_bias, q);
+          g_snprintf (q, sizeof q, "%s.self_attn.k_proj", p);
+          add_linear (b, STOW_ROLE_ATTENTION, l, k * d, h, qkv_bias, q);
+          g_snprintf (q, sizeof q, "%s.self_attn.v_proj", p);
+          add_linear (b, STOW_ROLE_ATTENTION, l, k * d, h, qkv_bias, q);
+        }
+      {
+        char q[128];
+        g_snprintf (q, sizeof q, "%s.self_attn.o_proj", p);
+        add_linear (b, STOW_ROLE_ATTENTION, l, h, a * d, attn_bias, q);
+      }
+      stow_model_add_tensor (b, STOW_ROLE_NORM, l, FALSE, 1, h, 0,
+                             "%s.post_attention_layernorm.weight", p);
+      if (is_gemma2)
+        {
+          /* Gemma-2 norms both sides of each block: four per layer. */
+          stow_model_add_tensor (b, STOW_ROLE_NORM, l, FALSE, 1, h, 0,
+                                 "%s.pre_feedforward_layernorm.weight", p);
+          stow_model_add_tensor (b, STOW_ROLE_NORM, l, FALSE, 1, h, 0,
+                                 "%s.post_feedforward_layernorm.weight", p);
+        }
+      if (is_mixtral)
+        {
+          stow_model_add_tensor (b, STOW_ROLE_ROUTER, l, FALSE, 2, m->n_experts,
+                                 h, "%s.block_sparse_moe.gate.weight", p);
+          for (guint64 e = 0; e < m->n_experts; e++)
+            {
+#define EXPERT_W "%s.block_sparse_moe.experts.%u.w%d.weight"
+              stow_model_add_tensor (b, STOW_ROLE_EXPERT, l, FALSE, 2, f, h,
+                                     EXPERT_W, p, (guint)e, 1);
+              stow_model_add_tensor (b, STOW_ROLE_EXPERT, l, FALSE, 2, h, f,
+                                     EXPERT_W, p, (guint)e, 2);
+              stow_model_add_tensor (b, STOW_ROLE_EXPERT, l, FALSE, 2, f, h,
+                                     EXPERT_W, p, (guint)e, 3);
+#undef EXPERT_W
+            }
+        }
+      else if (is_phi3)
+        {
+          stow_model_add_tensor (b, STOW_ROLE_MLP, l, FALSE, 2, 2 * f, h,
+                                 "%s.mlp.gate_up_proj.weight", p);
+          stow_model_add_tensor (b, STOW_ROLE_MLP, l, FALSE, 2, h, f,
+                                 "%s.mlp.down_proj.weight", p);
+        }
+      else
+        {
+          char q[128];
+          g_snprintf (q, sizeof q, "%s.mlp.gate_proj", p);
+          add_linear (b, STOW_ROLE_MLP, l, f, h, mlp_bias, q);
+          g_snprintf (q, sizeof q, "%s.mlp.up_proj", p);
+          add_linear (b, STOW_ROLE_MLP, l, f, h, mlp_bias, q);
+          g_snprintf (q, sizeof q, "%s.mlp.down_proj", p);
+          add_linear (b, STOW_ROLE_MLP, l, h, f, mlp_bias, q);
+        }
+    }
+  stow_model_add_tensor (b, STOW_ROLE_NORM, -1, FALSE, 1, h, 0,
+                         "model.norm.weight");
+  add_lm_head (b, "lm_head.weight", V, h, tied);
+  return TRUE;
+}
+
+/* ---- gpt2 (also GPT-3 and the Megatron GPT shapes) ---------------------- */
+
+static gboolean
+import_gpt2 (StowModelBuilder *b, JsonObject *o, GError **error)
+{
+  StowModel *m = b->model;
+  guint64 h = 0, L = 0, a = 0, V = 0, P = 0, f = 0;
+
+  if (!REQ (o, b, &h, "n_embd") || !REQ (o, b, &L, "n_layer")
+      || !REQ (o, b, &a, "n_head") || !REQ (o, b, &V, "vocab_size")
+      || !REQ (o, b, &P, "n_positions", "n_ctx"))
+    return FALSE;
+  if (!mul_checked (b, 4, h, &f, "4 x n_embd", error)
+      || !OPT (o, b, &f, "n_inner"))
+    return FALSE;
+  if (!check_layers (b, "n_layer", L, error)
+      || !check_heads (b, h, "n_embd", a, "n_head", a, "n_head", FALSE, error))
+    return FALSE;
+
+  m->hidden = h;
+  m->n_layers = L;
+  m->n_heads = m->n_kv_heads = a;
+  m->head_dim = h / a;
+  m->ffn = f;
+  m->vocab = V;
+  m->max_positions = P;
+  m->linear_bias = TRUE;
+  m->tied_embeddings = TRUE;
+  m->norm = STOW_NORM_LAYERNORM;
+
+  /* Names as GPT2LMHeadModel saves them ("transformer." prefix; the
+   * original hub files omit it). */
+  stow_model_add_tensor (b, STOW_ROLE_EMBEDDING, -1, FALSE, 2, V, h,
+                         "transformer.wte.weight");
+  stow_model_add_tensor (b, STOW_ROLE_EMBEDDING, -1, FALSE, 2, P, h,
+                         "transformer.wpe.weight");
+  for (guint64 i = 0; i < L; i++)
+    {
+      gint l = (gint)i;
+      char p[96], q[128];
+      g_snprintf (p, sizeof p, "transformer.h.%d", l);
+      g_snprintf (q, sizeof q, "%s.ln_1", p);
+      add_norm (b, l, h, q);
+      g_snprintf (q, sizeof q, "%s.attn.c_attn", p);
+      add_conv1d (b, STOW_ROLE_ATTENTION, l, h, 3 * h, q);
+      g_snprintf (q, sizeof q, "%s.attn.c_proj", p);
+      add_conv1d (b, STOW_ROLE_ATTENTION, l, h, h, q);
+      g_snprintf (q, sizeof q, "%s.ln_2", p);
+      add_norm (b, l, h, q);
+      g_snprintf (q, sizeof q, "%s.mlp.c_fc", p);
+      add_conv1d (b, STOW_ROLE_MLP, l, h, f, q);
+      g_snprintf (q, sizeof q, "%s.mlp.c_proj", p);
+      add_conv1d (b, STOW_ROLE_MLP, l, f, h, q);
+    }
+  add_norm (b, -1, h, "transformer.ln_f");
+  add_lm_head (b, "lm_head.weight", V, h, TRUE);
+  return TRUE;
+}
+
+/* ---- gpt_neox (Pythia, GPT-NeoX-20B) ------------------------------------ */
+
+static gboolean
+import_gpt_neox (StowModelBuilder *b, JsonObject *o, GError **error)
+{
+  StowModel *m = b->model;
+  guint64 h = 0, L = 0, a = 0, V = 0, f = 0;
+  gboolean tied = FALSE;
+
+  if (!REQ (o, b, &h, "hidden_size") || !REQ (o, b, &L, "num_hidden_layers")
+      || !REQ (o, b, &a, "num_attention_heads")
+      || !REQ (o, b, &f, "intermediate_size") || !REQ (o, b, &V, "vocab_size")
+      || !get_bool (o, b->where, "tie_word_embeddings", &tied, error))
+    return FALSE;
+  if (!check_layers (b, "num_hidden_layers", L, error)
+      || !check_heads (b, h, "hidden_size", a, "num_attention_heads", a,
+                       "num_attention_heads", FALSE, error))
+    return FALSE;
+
+  m->hidden = h;
+  m->n_layers = L;
+  m->n_heads = m->n_kv_heads = a;
+  m->head_dim = h / a;
+  m->ffn = f;
+  m->vocab = V;
+  m->linear_bias = TRUE;
+  m->tied_embeddings = tied;
+  m->norm = STOW_NORM_LAYERNORM;
+
+  stow_model_add_tensor (b, STOW_ROLE_EMBEDDING, -1, FALSE, 2, V, h,
+                         "gpt_neox.embed_in.weight");
+  for (guint64 i = 0; i < L; i++)
+    {
+      gint l = (gint)i;
+      char p[96], q[128];
+      g_snprintf (p, sizeof p, "gpt_neox.layers.%d", l);
+      g_snprintf (q, sizeof q, "%s.input_layernorm", p);
+      add_norm (b, l, h, q);
+      g_snprintf (q, sizeof q, "%s.post_attention_layernorm", p);
+      add_norm (b, l, h, q);
+      g_snprintf (q, sizeof q, "%s.attention.query_key_value", p);
+      add_linear (b, STOW_ROLE_ATTENTION, l, 3 * h, h, TRUE, q);
+      g_snprintf (q, sizeof q, "%s.attention.dense", p);
+      add_linear (b, STOW_ROLE_ATTENTION, l, h, h, TRUE, q);
+      g_snprintf (q, sizeof q, "%s.mlp.dense_h_to_4h", p);
+      add_linear (b, STOW_ROLE_MLP, l, f, h, TRUE, q);
+      g_snprintf (q, sizeof q, "%s.mlp.dense_4h_to_h", p);
+      add_linear (b, STOW_ROLE_MLP, l, h, f, TRUE, q);
+    }
+  add_norm (b, -1, h, "gpt_neox.final_layer_norm");
+  /* embed_out has no bias. */
+  add_lm_head (b, "embed_out.weight", V, h, tied);
+  return TRUE;
+}
+
+/* ---- falcon ------------------------------------------------------------- */
+
+static gboolean
+import_falcon (StowModelBuilder *b, JsonObject *o, const char *type,
+               GError **error)
+{
+  StowModel *m = b->model;
+  guint64 h = 0, L = 0, a = 0, V = 0, f = 0, k = 0, n_ln = 0;
+  /* Legacy RefinedWeb (40B-style) configs imply the new architecture. */
+  gboolean new_arch = g_str_equal (type, "RefinedWeb");
+  gboolean multi_query = TRUE, parallel_attn = TRUE, bias = FALSE;
+  gboolean tied = TRUE;
+
+  if (!REQ (o, b, &h, "hidden_size", "n_embed")
+      || !REQ (o, b, &L, "num_hidden_layers", "n_layer")
+      || !REQ (o, b, &a, "num_attention_heads", "n_head")
+      || !REQ (o, b, &V, "vocab_size")
+      || !get_bool (o, b->where, "new_decoder_architecture", &new_arch, error)
+      || !get_bool (o, b->where, "multi_query", &multi_query, error)
+      || !get_bool (o, b->where, "parallel_attn", &parallel_attn, error)
+      || !get_bool (o, b->where, "bias", &bias, error)
+      || !get_bool (o, b->where, "tie_word_embeddings", &tied, error))
+    return FALSE;
+  if (!mul_checked (b, 4, h, &f, "4 x hidden_size", error)
+      || !OPT (o, b, &f, "ffn_hidden_size"))
+    return FALSE;
+  /* Three ways to count kv heads (FalconAttention): the new decoder
+   * architecture reads num_kv_heads, multi-query has one, else one per
+   * query head. */
+  if (new_arch)
+    {
+      k = a;
+      if (!OPT (o, b, &k, "num_kv_heads", "n_head_kv"))
+        return FALSE;
+    }
+  else
+    k = multi_query ? 1 : a;
+  if (!check_layers (b, "num_hidden_layers", L, error)
+      || !check_heads (b, h, "hidden_size", a, "num_attention_heads", k,
+                       "num_kv_heads", FALSE, error))
+    return FALSE;
+  n_ln = new_arch ? 2 : 1;
+  if (new_arch && !OPT (o, b, &n_ln, "num_ln_in_parallel_attn"))
+    return FALSE;
+
+  m->hidden = h;
+  m->n_layers = L;
+  m->n_heads = a;
+  m->n_kv_heads = k;
+  m->head_dim = h / a;
+  m->ffn = f;
+  m->vocab = V;
+  m->linear_bias = bias;
+  m->tied_embeddings = tied;
+  m->norm = STOW_NORM_LAYERNORM;
+
+  guint64 d = h / a;
+  stow_model_add_tensor (b, STOW_ROLE_EMBEDDING, -1, FALSE, 2, V, h,
+                         "transformer.word_embeddings.weight");
+  for (guint64 i = 0; i < L; i++)
+    {
+      gint l = (gint)i;
+      char p[96], q[128];
+      g_snprintf (p, sizeof p, "transformer.h.%d", l);
+      if (new_arch && n_ln == 2)
+        {
+          g_snprintf (q, sizeof q, "%s.ln_attn", p);
+          add_norm (b, l, h, q);
+          g_snprintf (q, sizeof q, "%s.ln_mlp", p);
+          add_norm (b, l, h, q);
+        }
+      else
+        {
+          g_snprintf (q, sizeof q, "%s.input_layernorm", p);
+          add_norm (b, l, h, q);
+        }
+      g_snprintf (q, sizeof q, "%s.self_attention.query_key_value", p);
+      add_linear (b, STOW_ROLE_ATTENTION, l, (a + 2 * k) * d, h, bias, q);
+      g_snprintf (q, sizeof q, "%s.self_attention.dense", p);
+      add_linear (b, STOW_ROLE_ATTENTION, l, h, h, bias, q);
+      if (!new_arch && !parallel_attn)
+        {
+          g_snprintf (q, sizeof q, "%s.post_attention_layernorm", p);
+          add_norm (b, l, h, q);
+        }
+      g_snprintf (q, sizeof q, "%s.mlp.dense_h_to_4h", p);
+      add_linear (b, STOW_ROLE_MLP, l, f, h, bias, q);
+      g_snprintf (q, sizeof q, "%s.mlp.dense_4h_to_h", p);
+      add_linear (b, STOW_ROLE_MLP, l, h, f, bias, q);
+    }
+  add_norm (b, -1, h, "transformer.ln_f");
+  add_lm_head (b, "lm_head.weight", V, h, tied);
+  return TRUE;
+}
+
+/* ---- bloom -------------------------------------------------------------- */
+
+static gboolean
+import_bloom (StowModelBuilder *b, JsonObject *o, GError **error)
+{
+  StowModel *m = b->model;
+  guint64 h = 0, L = 0, a = 0, V = 0;
+
+  if (!REQ (o, b, &h, "hidden_size", "n_embed")
+      || !REQ (o, b, &L, "n_layer", "num_hidden_layers")
+      || !REQ (o, b, &a, "n_head", "num_attention_heads")
+      || !REQ (o, b, &V, "vocab_size"))
+    return FALSE;
+  if (!check_layers (b, "n_layer", L, error)
+      || !check_heads (b, h, "hidden_size", a, "n_head", a, "n_head", FALSE,
+                       error))
+    return FALSE;
+
+  m->hidden = h;
+  m->n_layers = L;
+  m->n_heads = m->n_kv_heads = a;
+  m->head_dim = h / a;
+  m->ffn = 4 * h; /* fixed in BloomMLP */
+  m->vocab = V;
+  m->linear_bias = TRUE;
+  m->tied_embeddings = TRUE;
+  m->norm = STOW_NORM_LAYERNORM;
+
+  stow_model_add_tensor (b, STOW_ROLE_EMBEDDING, -1, FALSE, 2, V, h,
+                         "transformer.word_embeddings.weight");
+  add_norm (b, -1, h, "transformer.word_embeddings_layernorm");
+  for (guint64 i = 0; i < L; i++)
+    {
+      gint l = (gint)i;
+      char p[96], q[128];
+      g_snprintf (p, sizeof p, "transformer.h.%d", l);
+      g_snprintf (q, sizeof q, "%s.input_layernorm", p);
+      add_norm (b, l, h, q);
+      g_snprintf (q, sizeof q, "%s.self_attention.query_key_value", p);
+      add_linear (b, STOW_ROLE_ATTENTION, l, 3 * h, h, TRUE, q);
+      g_snprintf (q, sizeof q, "%s.self_attention.dense", p);
+      add_linear (b, STOW_ROLE_ATTENTION, l, h, h, TRUE, q);
+      g_snprintf (q, sizeof q, "%s.post_attention_layernorm", p);
+      add_norm (b, l, h, q);
+      g_snprintf (q, sizeof q, "%s.mlp.dense_h_to_4h", p);
+      add_linear (b, STOW_ROLE_MLP, l, 4 * h, h, TRUE, q);
+      g_snprintf (q, sizeof q, "%s.mlp.dense_4h_to_h", p);
+      add_linear (b, STOW_ROLE_MLP, l, h, 4 * h, TRUE, q);
+    }
+  add_norm (b, -1, h, "transformer.ln_f");
+  add_lm_head (b, "lm_head.weight", V, h, TRUE);
+  return TRUE;
+}
+
+/* ---- opt ---------------------------------------------------------------- */
+
+static gboolean
+import_opt (StowModelBuilder *b, JsonObject *o, GError **error)
+{
+  StowModel *m = b->model;
+  guint64 h = 0, L = 0, a = 0, V = 0, P = 0, f = 0, p = 0;
+  gboolean ln_before = TRUE, remove_final = FALSE, bias = TRUE, tied = TRUE;
+
+  if (!REQ (o, b, &h, "hidden_size") || !REQ (o, b, &L, "num_hidden_layers")
+      || !REQ (o, b, &a, "num_attention_heads") || !REQ (o, b, &f, "ffn_dim")
+      || !REQ (o, b, &V, "vocab_size")
+      || !REQ (o, b, &P, "max_position_embeddings"))
+    return FALSE;
+  p = h;
+  if (!OPT (o, b, &p, "word_embed_proj_dim")
+      || !get_bool (o, b->where, "do_layer_norm_before", &ln_before, error)
+      || !get_bool (o, b->where, "_remove_final_layer_norm", &remove_final,
+                    error)
+      || !get_bool (o, b->where, "enable_bias", &bias, error)
+      || !get_bool (o, b->where, "tie_word_embeddings", &tied, error))
+    return FALSE;
+  if (!check_layers (b, "num_hidden_layers", L, error)
+      || !check_heads (b, h, "hidden_size", a, "num_attention_heads", a,
+                       "num_attention_heads", FALSE, error))
+    return FALSE;
+  if (P > G_MAXUINT64 - 2)
+    return E_INVALID (error, "%s: max_position_embeddings is absurd", b->where);
+
+  m->hidden = h;
+  m->n_layers = L;
+  m->n_heads = m->n_kv_heads = a;
+  m->head_dim = h / a;
+  m->ffn = f;
+  m->vocab = V;
+  m->max_positions = P;
+  m->linear_bias = bias;
+  m->tied_embeddings = tied;
+  m->norm = STOW_NORM_LAYERNORM;
+
+  stow_model_add_tensor (b, STOW_ROLE_EMBEDDING, -1, FALSE, 2, V, p,
+                         "model.decoder.embed_tokens.weight");
+  /* OPTLearnedPositionalEmbedding keeps 2 extra rows (a fairseq offset). */
+  stow_model_add_tensor (b, STOW_ROLE_EMBEDDING, -1, FALSE, 2, P + 2, h,
+                         "model.decoder.embed_positions.weight");
+  /* The final LayerNorm exists only with pre-LN (opt-350m is post-LN). */
+  if (ln_before && !remove_final)
+    add_norm (b, -1, h, "model.decoder.final_layer_norm");
+  if (p != h)
+    {
+      stow_model_add_tensor (b, STOW_ROLE_EMBEDDING, -1, FALSE, 2, p, h,
+                             "model.decoder.project_out.weight");
+      stow_model_add_tensor (b, STOW_ROLE_EMBEDDING, -1, FALSE, 2, h, p,
+                             "model.decoder.project_in.weight");
+    }
+  for (guint64 i = 0; i < L; i++)
+    {
+      gint l = (gint)i;
+      char pre[96], q[128];
+      g_snprintf (pre, sizeof pre, "model.decoder.layers.%d", l);
+      g_snprintf (q, sizeof q, "%s.self_attn.k_proj", pre);
+      add_linear (b, STOW_ROLE_ATTENTION, l, h, h, bias, q);
+      g_snprintf (q, sizeof q, "%s.self_attn.v_proj", pre);
+      add_linear (b, STOW_ROLE_ATTENTION, l, h, h, bias, q);
+      g_snprintf (q, sizeof q, "%s.self_attn.q_proj", pre);
+      add_linear (b, STOW_ROLE_ATTENTION, l, h, h, bias, q);
+      g_snprintf (q, sizeof q, "%s.self_attn.out_proj", pre);
+      add_linear (b, STOW_ROLE_ATTENTION, l, h, h, bias, q);
+      g_snprintf (q, sizeof q, "%s.self_attn_layer_norm", pre);
+      add_norm (b, l, h, q);
+      g_snprintf (q, sizeof q, "%s.fc1", pre);
+      add_linear (b, STOW_ROLE_MLP, l, f, h, bias, q);
+      g_snprintf (q, sizeof q, "%s.fc2", pre);
+      add_linear (b, STOW_ROLE_MLP, l, h, f, bias, q);
+      g_snprintf (q, sizeof q, "%s.final_layer_norm", pre);
+      add_norm (b, l, h, q);
+    }
+  add_lm_head (b, "lm_head.weight", V, p, tied);
+  return TRUE;
+}
+
+/* ---- t5 ----------------------------------------------------------------- */
+
+static void
+add_t5_attention (StowModelBuilder *b, gint l, guint64 d, guint64 inner,
+                  const char *prefix)
+{
+  stow_model_add_tensor (b, STOW_ROLE_ATTENTION, l, FALSE, 2, inner, d,
+                         "%s.q.weight", prefix);
+  stow_model_add_tensor (b, STOW_ROLE_ATTENTION, l, FALSE, 2, inner, d,
+                         "%s.k.weight", prefix);
+  stow_model_add_tensor (b, STOW_ROLE_ATTENTION, l, FALSE, 2, inner, d,
+                         "%s.v.weight", prefix);
+  stow_model_add_tensor (b, STOW_ROLE_ATTENTION, l, FALSE, 2, d, inner,
+                         "%s.o.weight", prefix);
+}
+
+static void
+add_t5_ff (StowModelBuilder *b, gint l, guint64 d, guint64 ff, gboolean gated,
+           const char *prefix)
+{
+  if (gated)
+    {
+      stow_model_add_tensor (b, STOW_ROLE_MLP, l, FALSE, 2, ff, d,
+                             "%s.DenseReluDense.wi_0.weight", prefix);
+      stow_model_add_tensor (b, STOW_ROLE_MLP, l, FALSE, 2, ff, d,
+                             "%s.DenseReluDense.wi_1.weight", prefix);
+    }
+  else
+    stow_model_add_tensor (b, STOW_ROLE_MLP, l, FALSE, 2, ff, d,
+                           "%s.DenseReluDense.wi.weight", prefix);
+  stow_model_add_tensor (b, STOW_ROLE_MLP, l, FALSE, 2, d, ff,
+                         "%s.DenseReluDense.wo.weight", prefix);
+  stow_model_add_tensor (b, STOW_ROLE_NORM, l, FALSE, 1, d, 0,
+                         "%s.layer_norm.weight", prefix);
+}
+
+static gboolean
+import_t5 (StowModelBuilder *b, JsonObject *o, GError **error)
+{
+  StowModel *m = b->model;
+  guint64 d = 0, dkv = 64, a = 0, ff = 0, V = 0, Le = 0, Ld = 0, B = 32, inner;
+  const char *proj = "relu";
+  gboolean tied = TRUE;
+
+  if (!REQ (o, b, &d, "d_model") || !OPT (o, b, &dkv, "d_kv")
+      || !REQ (o, b, &a, "num_heads") || !REQ (o, b, &ff, "d_ff")
+      || !REQ (o, b, &V, "vocab_size") || !REQ (o, b, &Le, "num_layers"))
+    return FALSE;
+  Ld = Le;
+  if (!OPT (o, b, &Ld, "num_decoder_layers")
+      || !OPT (o, b, &B, "relative_attention_num_buckets")
+      || !stow_json_get_string (o, b->where, "feed_forward_proj", FALSE, &proj,
+                                error)
+      || !get_bool (o, b->where, "tie_word_embeddings", &tied, error))
+    return FALSE;
+  if (!check_layers (b, "num_layers", Le, error)
+      || !check_layers (b, "num_decoder_layers", Ld, error)
+      || !check_layers (b, "num_layers + num_decoder_layers", Le + Ld, error))
+    return FALSE;
+  /* T5 heads need not divide d_model: the inner width is heads x d_kv. */
+  if (!mul_checked (b, a, dkv, &inner, "num_heads x d_kv", error))
+    return FALSE;
+  /* "gated-gelu" (v1.1, flan-T5) has two input projections (GeGLU). */
+  gboolean gated = g_str_has_prefix (proj, "gated-");
+
+  m->hidden = d;
+  m->n_layers = Le + Ld;
+  m->n_encoder_layers = Le;
+  m->n_heads = m->n_kv_heads = a;
+  m->head_dim = dkv;
+  m->ffn = ff;
+  m->vocab = V;
+  m->gated_mlp = gated;
+  m->tied_embeddings = tied;
+  m->norm = STOW_NORM_RMSNORM;
+
+  stow_model_add_tensor (b, STOW_ROLE_EMBEDDING, -1, FALSE, 2, V, d,
+                         "shared.weight");
+  stow_model_add_tensor (b, STOW_ROLE_EMBEDDING, -1, TRUE, 2, V, d,
+                         "encoder.embed_tokens.weight");
+  for (guint64 i = 0; i < Le; i++)
+    {
+      gint l = (gint)i;
+      char p[96], q[128];
+      g_snprintf (p, sizeof p, "encoder.block.%d.layer", l);
+      g_snprintf (q, sizeof q, "%s.0.SelfAttention", p);
+      add_t5_attention (b, l, d, inner, q);
+      /* Relative position buckets: one table per stack, in block 0. */
+      if (i == 0)
+        stow_model_add_tensor (b, STOW_ROLE_EMBEDDING, l, FALSE, 2, B, a,
+                               "%s.relative_attention_bias.weight", q);
+      stow_model_add_tensor (b, STOW_ROLE_NORM, l, FALSE, 1, d, 0,
+                             "%s.0.layer_norm.weight", p);
+      g_snprintf (q, sizeof q, "%s.1", p);
+      add_t5_ff (b, l, d, ff, gated, q);
+    }
+  stow_model_add_tensor (b, STOW_ROLE_NORM, -1, FALSE, 1, d, 0,
+                         "encoder.final_layer_norm.weight");
+  stow_model_add_tensor (b, STOW_ROLE_EMBEDDING, -1, TRUE, 2, V, d,
+                         "decoder.embed_tokens.weight");
+  for (guint64 i = 0; i < Ld; i++)
+    {
+      gint l = (gint)(Le + i);
+      char p[96], q[128];
+      g_snprintf (p, sizeof p, "decoder.block.%u.layer", (guint)i);
+      g_snprintf (q, sizeof q, "%s.0.SelfAttention", p);
+      add_t5_attention (b, l, d, inner, q);
+      if (i == 0)
+        stow_model_add_tensor (b, STOW_ROLE_EMBEDDING, l, FALSE, 2, B, a,
+                               "%s.relative_attention_bias.weight", q);
+      stow_model_add_tensor (b, STOW_ROLE_NORM, l, FALSE, 1, d, 0,
+                             "%s.0.layer_norm.weight", p);
+      g_snprintf (q, sizeof q, "%s.1.EncDecAttention", p);
+      add_t5_attention (b, l, d, inner, q);
+      stow_model_add_tensor (b, STOW_ROLE_NORM, l, FALSE, 1, d, 0,
+                             "%s.1.layer_norm.weight", p);
+      g_snprintf (q, sizeof q, "%s.2", p);
+      add_t5_ff (b, l, d, ff, gated, q);
+    }
+  stow_model_add_tensor (b, STOW_ROLE_NORM, -1, FALSE, 1, d, 0,
+                         "decoder.final_layer_norm.weight");
+  add_lm_head (b, "lm_head.weight", V, d, tied);
+  return TRUE;
+}
+
+/* ---- deepseek_v2 / deepseek_v3 (MLA + MoE) ----------------------------- */
+
+static gboolean
+import_deepseek (StowModelBuilder *b, JsonObject *o, const char *type,
+                 GError **error)
+{
+  StowModel *m = b->model;
+  guint64 h = 0, L = 0, a = 0, f = 0, V = 0, k = 0;
+  guint64 E = 0, topk = 0, shared = 0, moe_f = 0, first_dense = 0, freq = 1;
+  guint64 rq = 0, rkv = 0, nope = 0, rope = 0, vd = 0, qh, kvb, ov;
+  const char *topk_method = NULL;
+  gboolean tied = FALSE;
+
+  if (!REQ (o, b, &h, "hidden_size") || !REQ (o, b, &L, "num_hidden_layers")
+      || !REQ (o, b, &a, "num_attention_heads")
+      || !REQ (o, b, &f, "intermediate_size") || !REQ (o, b, &V, "vocab_size")
+      || !REQ (o, b, &rkv, "kv_lora_rank")
+      || !REQ (o, b, &nope, "qk_nope_head_dim")
+      || !REQ (o, b, &rope, "qk_rope_head_dim")
+      || !REQ (o, b, &vd, "v_head_dim"))
+    return FALSE;
+  k = a;
+  /* q_lora_rank null (V2-Lite) means a plain q_proj. */
+  if (!OPT (o, b, &k, "num_key_value_heads") || !OPT (o, b, &rq, "q_lora_rank")
+      || !OPT (o, b, &E, "n_routed_experts", "num_local_experts")
+      || !get_bool (o, b->where, "tie_word_embeddings", &tied, error)
+      || !stow_json_get_string (o, b->where, "topk_method", FALSE, &topk_method,
+                                error))
+    return FALSE;
+  if (!check_layers (b, "num_hidden_layers", L, error)
+      || !check_heads (b, h, "hidden_size", a, "num_attention_heads", k,
+                       "num_key_value_heads", TRUE, error))
+    return FALSE;
+  if (E > 0)
+    {
+      if (!REQ (o, b, &topk, "num_experts_per_tok")
+          || !REQ (o, b, &moe_f, "moe_intermediate_size")
+          || !get_u64 (o, b->where, NAMES ("n_shared_experts"), FALSE, FALSE,
+                       &shared, error)
+          || !get_u64 (o, b->where, NAMES ("first_k_dense_replace"), FALSE,
+                       FALSE, &first_dense, error)
+          || !OPT (o, b, &freq, "moe_layer_freq")
+          || !check_experts (b, "n_routed_experts", E, L, error))
+        return FALSE;
+      if (topk > E)
+        return E_INVALID (error,
+                          "%s: num_experts_per_tok (%" G_GUINT64_FORMAT
+                          ") exceeds n_routed_experts (%" G_GUINT64_FORMAT ")",
+                          b->where, topk, E);
+      if (shared > STOW_MODEL_MAX_EXPERTS)
+        return check_experts (b, "n_shared_experts", shared, 1, error);
+    }
+  if (!mul_checked (b, a, nope + rope, &qh, "heads x q head dim", error)
+      || !mul_checked (b, a, nope + vd, &kvb, "heads x kv head dim", error)
+      || !mul_checked (b, a, vd, &ov, "heads x v_head_dim", error)
+      || !mul_checked (b, shared, moe_f, &shared, "shared expert width", error))
+    return FALSE;
+
+  m->hidden = h;
+  m->n_layers = L;
+  m->n_heads = a;
+  m->n_kv_heads = k;
+  m->head_dim = nope + rope;
+  m->ffn = f;
+  m->vocab = V;
+  m->gated_mlp = TRUE;
+  m->tied_embeddings = tied;
+  m->norm = STOW_NORM_RMSNORM;
+  m->n_experts = E;
+  m->experts_per_token = topk;
+  m->n_shared_experts = moe_f ? shared / moe_f : 0;
+  m->moe_ffn = moe_f;
+  m->first_dense_layers = E ? MIN (first_dense, L) : L;
+  m->q_lora_rank = rq;
+  m->kv_lora_rank = rkv;
+  m->qk_nope_head_dim = nope;
+  m->qk_rope_head_dim = rope;
+  m->v_head_dim = vd;
+  /* V3's aux-loss-free routing keeps a per-expert score correction in the
+   * checkpoint (gate.e_score_correction_bias); it is in the published
+   * 671,026,419,200. */
+  gboolean score_bias
+      = (topk_method && g_str_equal (topk_method, "noaux_tc"))
+        || (topk_method == NULL && g_str_equal (type, "deepseek_v3"));
+
+  stow_model_add_tensor (b, STOW_ROLE_EMBEDDING, -1, FALSE, 2, V, h,
+                         "model.embed_tokens.weight");
+  for (guint64 i = 0; i < L; i++)
+    {
+      gint l = (gint)i;
+      char p[96];
+      gboolean moe = E > 0 && i >= first_dense && i % freq == 0;
+      g_snprintf (p, sizeof p, "model.layers.%d", l);
+      if (rq > 0)
+        {
+          stow_model_add_tensor (b, STOW_ROLE_ATTENTION, l, FALSE, 2, rq, h,
+                                 "%s.self_attn.q_a_proj.weight", p);
+          stow_model_add_tensor (b, STOW_ROLE_NORM, l, FALSE, 1, rq, 0,
+                                 "%s.self_attn.q_a_layernorm.weight", p);
+          stow_model_add_tensor (b, STOW_ROLE_ATTENTION, l, FALSE, 2, qh, rq,
+                                 "%s.self_attn.q_b_proj.weight", p);
+        }
+      else
+        stow_model_add_tensor (b, STOW_ROLE_ATTENTION, l, FALSE, 2, qh, h,
+                               "%s.self_attn.q_proj.weight", p);
+      stow_model_add_tensor (b, STOW_ROLE_ATTENTION, l, FALSE, 2, rkv + rope, h,
+                             "%s.self_attn.kv_a_proj_with_mqa.weight", p);
+      stow_model_add_tensor (b, STOW_ROLE_NORM, l, FALSE, 1, rkv, 0,
+                             "%s.self_attn.kv_a_layernorm.weight", p);
+      stow_model_add_tensor (b, STOW_ROLE_ATTENTION, l, FALSE, 2, kvb, rkv,
+                             "%s.self_attn.kv_b_proj.weight", p);
+      stow_model_add_tensor (b, STOW_ROLE_ATTENTION, l, FALSE, 2, h, ov,
+                             "%s.self_attn.o_proj.weight", p);
+      if (!moe)
+        {
+          stow_model_add_tensor (b, STOW_ROLE_MLP, l, FALSE, 2, f, h,
+                                 "%s.mlp.gate_proj.weight", p);
+          stow_model_add_tensor (b, STOW_ROLE_MLP, l, FALSE, 2, f, h,
+                                 "%s.mlp.up_proj.weight", p);
+          stow_model_add_tensor (b, STOW_ROLE_MLP, l, FALSE, 2, h, f,
+                                 "%s.mlp.down_proj.weight", p);
+        }
+      else
+        {
+          for (guint64 e = 0; e < E; e++)
+            {
+              stow_model_add_tensor (b, STOW_ROLE_EXPERT, l, FALSE, 2, moe_f, h,
+                                     "%s.mlp.experts.%u.gate_proj.weight", p,
+                                     (guint)e);
+              stow_model_add_tensor (b, STOW_ROLE_EXPERT, l, FALSE, 2, moe_f, h,
+                                     "%s.mlp.experts.%u.up_proj.weight", p,
+                                     (guint)e);
+              stow_model_add_tensor (b, STOW_ROLE_EXPERT, l, FALSE, 2, h, moe_f,
+                                     "%s.mlp.experts.%u.down_proj.weight", p,
+                                     (guint)e);
+            }
+          stow_model_add_tensor (b, STOW_ROLE_ROUTER, l, FALSE, 2, E, h,
+                                 "%s.mlp.gate.weight", p);
+          if (score_bias)
+            stow_model_add_tensor (b, STOW_ROLE_ROUTER, l, FALSE, 1, E, 0,
+                                   "%s.mlp.gate.e_score_correction_bias", p);
+          /* Shared experts are one MLP of width n_shared x moe_f. */
+          if (shared > 0)
+            {
+              stow_model_add_tensor (b, STOW_ROLE_MLP, l, FALSE, 2, shared, h,
+                                     "%s.mlp.shared_experts.gate_proj.weight",
+                                     p);
+              stow_model_add_tensor (b, STOW_ROLE_MLP, l, FALSE, 2, shared, h,
+                                     "%s.mlp.shared_experts.up_proj.weight", p);
+              stow_model_add_tensor (b, STOW_ROLE_MLP, l, FALSE, 2, h, shared,
+                                     "%s.mlp.shared_experts.down_proj.weight",
+                                     p);
+            }
+        }
+      stow_model_add_tensor (b, STOW_ROLE_NORM, l, FALSE, 1, h, 0,
+                             "%s.input_layernorm.weight", p);
+      stow_model_add_tensor (b, STOW_ROLE_NORM, l, FALSE, 1, h, 0,
+                             "%s.post_attention_layernorm.weight", p);
+    }
+  stow_model_add_tensor (b, STOW_ROLE_NORM, -1, FALSE, 1, h, 0,
+                         "model.norm.weight");
+  add_lm_head (b, "lm_head.weight", V, h, tied);
+  return TRUE;
+}
+
+/* ---- dispatch ----------------------------------------------------------- */
+
+static const char *const llama_like[]
+    = { "llama", "mistral", "mixtral", "qwen2", "gemma", "gemma2", "phi3" };
+
+gboolean
+stow_model_import (StowModelBuilder *b, JsonObject *o, const char *type,
+                   GError **error)
+{
+  for (guint i = 0; i < G_N_ELEMENTS (llama_like); i++)
+    if (g_str_equal (type, llama_like[i]))
+      return import_llama_like (b, o, type, error);
+  if (g_str_equal (type, "gpt2"))
+    return import_gpt2 (b, o, error);
+  if (g_str_equal (type, "gpt_neox"))
+    return import_gpt_neox (b, o, error);
+  if (g_str_equal (type, "falcon") || g_str_equal (type, "RefinedWeb")
+      || g_str_equal (type, "RefinedWebModel"))
+    return import_falcon (b, o, type, error);
+  if (g_str_equal (type, "bloom"))
+    return import_bloom (b, o, error);
+  if (g_str_equal (type, "opt"))
+    return import_opt (b, o, error);
+  if (g_str_equal (type, "t5"))
+    return import_t5 (b, o, error);
+  if (g_str_equal (type, "deepseek_v2") || g_str_equal (type, "deepseek_v3"))
+    return import_deepseek (b, o, type, error);
+
+  /* Many newer decoders are llama with a new name; count them as llama
+   * when they carry llama's fields, and say so. */
+  static const char *const fields[]
+      = { "hidden_size", "num_hidden_layers", "num_attention_heads",
+          "intermediate_size", "vocab_size" };
+  for (guint i = 0; i < G_N_ELEMENTS (fields); i++)
+    if (!stow_json_has (o, fields[i]))
+      {
+        g_autofree char *esc = g_strescape (type, NULL);
+        g_set_error (error, STOW_MODEL_ERROR, STOW_MODEL_ERROR_UNSUPPORTED,
+                     "%s: model_type \"%.60s\" is not supported (and has no "
+                     "%s for a llama-like import); supported: llama, "
+                     "mistral, mixtral, qwen2, gemma, gemma2, phi3, gpt2, "
+                     "gpt_neox, falcon, bloom, opt, t5, deepseek_v2, "
+                     "deepseek_v3",
+                     b->where, esc, fields[i]);
+        return FALSE;
+      }
+  {
+    g_autofree char *esc = g_strescape (type, NULL);
+    g_warning ("%s: model_type \"%.60s\" is not known; counting it as a "
+               "llama-style decoder from its standard fields",
+               b->where, esc);
+  }
+  return import_llama_like (b, o, "llama", error);
+}
