@@ -993,6 +993,21 @@ stow_model_import (StowModelBuilder *b, JsonObject *o, const char *type,
                      b->where, esc, fields[i]);
         return FALSE;
       }
+  /* A llama-like import would drop the experts of an unknown MoE. */
+  static const char *const moe_fields[]
+      = { "num_experts", "num_local_experts", "n_routed_experts",
+          "moe_intermediate_size" };
+  for (guint i = 0; i < G_N_ELEMENTS (moe_fields); i++)
+    if (stow_json_has (o, moe_fields[i]))
+      {
+        g_autofree char *esc = g_strescape (type, NULL);
+        g_set_error (error, STOW_MODEL_ERROR, STOW_MODEL_ERROR_UNSUPPORTED,
+                     "%s: model_type \"%.60s\" is not supported: it has "
+                     "mixture-of-experts fields (%s) that a llama-like import "
+                     "would not count",
+                     b->where, esc, moe_fields[i]);
+        return FALSE;
+      }
   {
     g_autofree char *esc = g_strescape (type, NULL);
     g_warning ("%s: model_type \"%.60s\" is not known; counting it as a "

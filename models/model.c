@@ -12,7 +12,11 @@
 #include "core/error.h"
 #include "core/json.h"
 
-G_DEFINE_QUARK (stow - model - error - quark, stow_model_error)
+GQuark
+stow_model_error_quark (void)
+{
+  return g_quark_from_static_string ("stow-model-error-quark");
+}
 
 static const char *const role_names[STOW_N_ROLES] = {
   [STOW_ROLE_EMBEDDING] = "embedding",
@@ -148,7 +152,6 @@ stow_model_finish (StowModelBuilder *b, GError **error)
   expert_sum = g_new0 (guint64, m->n_layers);
   memset (m->by_role, 0, sizeof m->by_role);
   m->params = m->embedding_params = m->head_params = 0;
-  m->n_positions_params = 0;
 
   for (guint i = 0; i < m->tensors->len; i++)
     {

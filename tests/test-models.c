@@ -580,6 +580,15 @@ test_quirks (void)
   g_assert_cmpuint (unknown->params, ==, untied->params);
   g_assert_cmpstr (unknown->family, ==, "newllama");
 
+  /* An unknown MoE is refused rather than counted without its experts. */
+  g_autoptr (StowModel) moe = from_text (
+      "{\"model_type\": \"qwen2_moe\", \"num_experts\": 60, " LLAMA_TINY "}",
+      &error);
+  g_assert_null (moe);
+  g_assert_error (error, STOW_MODEL_ERROR, STOW_MODEL_ERROR_UNSUPPORTED);
+  g_assert_nonnull (strstr (error->message, "num_experts"));
+  g_clear_error (&error);
+
   /* Without them: a clear error. */
   g_autoptr (StowModel) none = from_text (
       "{\"model_type\": \"mamba\", \"d_model\": 768, \"n_layer\": 24}", &error);
