@@ -5,6 +5,10 @@
  */
 #pragma once
 
+#include <glib.h>
+
 G_BEGIN_DECLS
+
+int stow_cmd_bench (int argc, char **argv);
 
 G_END_DECLS
