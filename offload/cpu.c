@@ -55,13 +55,14 @@ stow_isa_supported (StowIsa isa)
     case STOW_ISA_SCALAR:
       return TRUE;
     case STOW_ISA_AVX2:
-      return __builtin_cpu_supports ("avx2") && __builtin_cpu_supports ("fma")
-             && __builtin_cpu_supports ("f16c");
+      return __builtin_cpu_supports ("avx2") != 0
+             && __builtin_cpu_supports ("fma") != 0
+             && __builtin_cpu_supports ("f16c") != 0;
     case STOW_ISA_AVX512:
-      return __builtin_cpu_supports ("avx512f");
+      return __builtin_cpu_supports ("avx512f") != 0;
     case STOW_ISA_AVX512_BF16:
-      return __builtin_cpu_supports ("avx512f")
-             && __builtin_cpu_supports ("avx512bf16");
+      return __builtin_cpu_supports ("avx512f") != 0
+             && __builtin_cpu_supports ("avx512bf16") != 0;
     default:
       return FALSE;
     }
