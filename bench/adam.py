@@ -163,7 +163,9 @@ def main():
         "reps_per_run": args.reps,
         "torch_version": torch_version, "torch_fused": fused_note,
         "torch_parallel_info": torch_parallel,
-        "commands": {k: " ".join(shlex.quote(c) for c in v)
+        "commands": {k: " ".join(shlex.quote(os.path.relpath(c, ROOT)
+                                             if c == args.stowage else c)
+                                 for c in v)
                      for k, v in cmds.items()},
         "isa": raw["adam_bf16"][0]["isa"],
         "threads_bound": raw["adam_bf16"][0].get("threads_bound"),
@@ -219,13 +221,14 @@ def markdown(res, variants):
     L = []
     L.append("# CPU Adam vs STREAM triad vs PyTorch AdamW\n")
     L.append("Date: %s. %d threads (%s bound to cores by hwloc), %d parameters "
-             "(out of cache: %d MiB of fp32 master weights), ISA %s. "
+             "(out of cache: %d MiB of Adam state and gradients, 16 B per "
+             "parameter), ISA %s. "
              "%d runs of the whole set, interleaved; each number is the "
              "fastest of %d timed steps after one warm-up step within a run; "
              "best and worst run are shown because the machine is shared "
              "with other jobs (load average at start: %s).\n"
              % (res["date"], res["threads"], res["threads_bound"],
-                res["params"], res["params"] * 4 // 2**20, res["isa"],
+                res["params"], res["params"] * 16 // 2**20, res["isa"],
                 res["runs"], res["reps_per_run"],
                 res["machine"]["loadavg_at_start"]))
     L.append("## Results\n")
