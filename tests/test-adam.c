@@ -756,12 +756,63 @@ test_isa_detection (void)
   g_assert_false (stow_isa_from_name ("sse9", &isa));
 }
 
+static void
+count_job (gpointer data, guint index, guint n_threads)
+{
+  gint *hits = data;
+  g_assert_cmpuint (index, <, n_threads);
+  g_atomic_int_inc (&hits[index]);
+}
+
+/* Every worker runs every job exactly once, job after job; the static
+ * partition covers all blocks without overlap. */
+static void
+test_pool (void)
+{
+  g_autoptr (GError) error = NULL;
+  g_autoptr (StowCpuPool) pool = stow_cpu_pool_new (7, TRUE, &error);
+  g_assert_no_error (error);
+  g_assert_cmpuint (stow_cpu_pool_n_threads (pool), ==, 7);
+  g_assert_cmpuint (stow_cpu_pool_n_bound (pool), <=, 7);
+  gint hits[7] = { 0 };
+  for (int r = 0; r < 100; r++)
+    stow_cpu_pool_run (pool, count_job, hits);
+  for (int i = 0; i < 7; i++)
+    g_assert_cmpint (hits[i], ==, 100);
+
+  const guint64 blocks[] = { 0, 1, 5, 7, 1000003 };
+  for (gsize b = 0; b < G_N_ELEMENTS (blocks); b++)
+    for (guint t = 1; t <= 9; t++)
+      {
+        guint64 next = 0;
+        for (guint i = 0; i < t; i++)
+          {
+            guint64 lo, hi;
+            stow_cpu_partition (blocks[b], i, t, &lo, &hi);
+            g_assert_cmpuint (lo, ==, next);
+            g_assert_cmpuint (hi, >=, lo);
+            next = hi;
+          }
+        g_assert_cmpuint (next, ==, blocks[b]);
+      }
+
+  /* An empty tensor is a no-op, not an error. */
+  g_autoptr (StowAdam) adam = stow_adam_new (2, STOW_ISA_AUTO, NULL);
+  StowAdamConfig c;
+  stow_adam_config_init (&c);
+  StowAdamStep s = { .step = 1, .loss_scale = 1, .clip_coef = 1 };
+  StowAdamTensor t = { .grad_type = STOW_FLOAT_BF16 };
+  g_assert_true (stow_adam_step (adam, &c, &s, &t, &error));
+  g_assert_no_error (error);
+}
+
 int
 main (int argc, char **argv)
 {
   g_test_init (&argc, &argv, NULL);
   g_test_add_func ("/adam/conversions", test_conversions);
   g_test_add_func ("/adam/isa-detection", test_isa_detection);
+  g_test_add_func ("/adam/pool", test_pool);
   for (int isa = STOW_ISA_SCALAR; isa < STOW_ISA_N; isa++)
     {
       g_autofree char *p1
