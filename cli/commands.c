@@ -15,6 +15,8 @@ static int cmd_help (int argc, char **argv);
 static int cmd_version (int argc, char **argv);
 
 static const StowCommand commands[] = {
+  { "bench", "Benchmark the offload engine against the machine's limits",
+    stow_cmd_bench },
   { "help", "Show help for a command", cmd_help },
   { "version", "Print the version and the features built in", cmd_version },
   { "models", "List the built-in model catalog", stow_cmd_models },

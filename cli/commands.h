@@ -5,9 +5,12 @@
  */
 #pragma once
 
+#include <glib.h>
+
 G_BEGIN_DECLS
 
 int stow_cmd_models (int argc, char **argv);
 int stow_cmd_model (int argc, char **argv);
+int stow_cmd_bench (int argc, char **argv);
 
 G_END_DECLS
