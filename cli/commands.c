@@ -17,6 +17,9 @@ static int cmd_version (int argc, char **argv);
 static const StowCommand commands[] = {
   { "help", "Show help for a command", cmd_help },
   { "version", "Print the version and the features built in", cmd_version },
+  { "hw", "Describe this machine: CPUs, memory, GPUs, drives", stow_cmd_hw },
+  { "gpus", "List the GPU catalog and node presets; resolve --gpus specs",
+    stow_cmd_gpus },
 };
 
 const StowCommand *

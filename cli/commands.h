@@ -5,6 +5,11 @@
  */
 #pragma once
 
+#include <glib.h>
+
 G_BEGIN_DECLS
+
+int stow_cmd_hw (int argc, char **argv);   /* cli/cmd-hw.c */
+int stow_cmd_gpus (int argc, char **argv); /* cli/cmd-hw.c */
 
 G_END_DECLS
