@@ -249,6 +249,12 @@ int
 main (int argc, char **argv)
 {
   g_test_init (&argc, &argv, NULL);
+  /* Under the sanitizers: hwloc's PCI plugin (libpciaccess) leaks a few
+   * allocations and is dlclose()d before LeakSanitizer reports, so the
+   * report names no module and no suppression can match it.  Leave that
+   * plugin out there; the unit tests cover PCI parsing through XML. */
+  if (g_getenv ("ASAN_OPTIONS"))
+    g_setenv ("HWLOC_PLUGINS_BLACKLIST", "hwloc_pci", TRUE);
   g_test_add_func ("/cli/hw/text", test_hw_text);
   g_test_add_func ("/cli/hw/json", test_hw_json);
   g_test_add_func ("/cli/hw/nvme-path", test_hw_nvme_path);
