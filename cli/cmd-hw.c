@@ -118,8 +118,24 @@ stow_cmd_hw (int argc, char **argv)
 {
   gboolean json = FALSE;
   g_autofree char *nvme_path = NULL, *topology = NULL, *synthetic = NULL;
-  g_autofree char *sysfs = NULL;
+  g_autofree char *sysfs = NULL, *save = NULL, *probe_size = NULL;
+  gboolean probe = FALSE;
+  int threads = 0, repeats = 10;
   const GOptionEntry entries[] = {
+    { "probe", 0, 0, G_OPTION_ARG_NONE, &probe,
+      "Measure host memory bandwidth (STREAM-style triad on every thread)",
+      NULL },
+    { "save", 0, 0, G_OPTION_ARG_FILENAME, &save,
+      "With --probe: write the profile JSON that cluster files can use",
+      "FILE" },
+    { "threads", 0, 0, G_OPTION_ARG_INT, &threads,
+      "With --probe: threads to use (default: one per PU)", "N" },
+    { "probe-size", 0, 0, G_OPTION_ARG_STRING, &probe_size,
+      "With --probe: bytes per array (default: 4x the last-level caches, "
+      "at least 64 MiB)",
+      "SIZE" },
+    { "repeats", 0, G_OPTION_FLAG_HIDDEN, G_OPTION_ARG_INT, &repeats,
+      "With --probe: passes, the best counts (default 10)", "N" },
     { "json", 0, 0, G_OPTION_ARG_NONE, &json, "Print JSON", NULL },
     { "nvme-path", 0, 0, G_OPTION_ARG_FILENAME, &nvme_path,
       "Report the free space and filesystem of DIR", "DIR" },
@@ -146,6 +162,25 @@ stow_cmd_hw (int argc, char **argv)
   if (topology && synthetic)
     return stow_cli_failf (NULL, "hw: --topology and --synthetic exclude "
                                  "each other");
+  if ((save || threads || probe_size) && !probe)
+    return stow_cli_failf ("add --probe", "hw: --save, --threads and "
+                                          "--probe-size go with --probe");
+  if (probe && (topology || synthetic))
+    return stow_cli_failf (NULL, "hw: --probe measures this machine; it "
+                                 "does not go with --topology/--synthetic");
+  if (threads < 0 || threads > 4096)
+    return stow_cli_failf (NULL, "hw: --threads: expected 1 to 4096, got %d",
+                           threads);
+  if (repeats < 1 || repeats > 1000)
+    return stow_cli_failf (NULL, "hw: --repeats: expected 1 to 1000, got %d",
+                           repeats);
+  guint64 array_bytes = 0;
+  if (probe_size)
+    {
+      g_autoptr (GError) perr = NULL;
+      if (!stow_parse_size (probe_size, &array_bytes, &perr))
+        return stow_cli_failf (NULL, "hw: --probe-size: %s", perr->message);
+    }
 
   g_autoptr (GError) error = NULL;
   g_autoptr (StowMachine) m = NULL;
@@ -168,10 +203,56 @@ stow_cmd_hw (int argc, char **argv)
   if (m == NULL)
     return stow_cli_fail (error, NULL);
 
+  StowMemProbe result = { 0 };
+  if (probe)
+    {
+      guint n = threads > 0 ? (guint)threads : MAX (1u, m->pus);
+      if (array_bytes == 0)
+        array_bytes = stow_probe_default_array_bytes (m);
+      if (!stow_probe_host_memory (n, array_bytes, (guint)repeats, &result,
+                                   &error))
+        return stow_cli_fail (error, NULL);
+    }
+  if (save)
+    {
+      g_autoptr (JsonNode) profile = stow_probe_profile_to_json (m, &result);
+      g_autofree char *text = stow_json_to_string (profile, TRUE);
+      if (!stow_file_write_atomic (save, text, -1, &error))
+        return stow_cli_fail (error, NULL);
+    }
+
   if (json)
-    print_json (stow_machine_to_json (m));
+    {
+      JsonNode *node = stow_machine_to_json (m);
+      if (probe)
+        {
+          JsonObject *o = json_node_get_object (node);
+          JsonObject *p = json_object_new ();
+          json_object_set_double_member (p, "mem_bw_triad", result.triad_bw);
+          json_object_set_int_member (p, "threads", result.threads);
+          json_object_set_int_member (p, "array_bytes",
+                                      (gint64)result.array_bytes);
+          json_object_set_int_member (p, "repeats", result.repeats);
+          json_object_set_double_member (p, "best_s", result.best_s);
+          json_object_set_object_member (o, "probe", p);
+        }
+      print_json (node);
+    }
   else
-    print_machine (m);
+    {
+      print_machine (m);
+      if (probe)
+        {
+          char b[STOW_FORMAT_BUF];
+          printf ("Probe: host memory triad %.2f GB/s (%u threads, 3 x %s, "
+                  "best of %u)\n",
+                  result.triad_bw / 1e9, result.threads,
+                  stow_format_bytes_into (b, sizeof b, result.array_bytes),
+                  result.repeats);
+        }
+      if (save)
+        printf ("Profile written to %s\n", save);
+    }
   return STOW_EXIT_OK;
 }
 

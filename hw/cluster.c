@@ -812,6 +812,81 @@ out:
   return c;
 }
 
+/* A probe profile given as the cluster: one node of its GPUs, their
+ * catalog preset for what was not measured. */
+static StowCluster *
+cluster_from_profile (JsonObject *obj, const char *path, GError **error)
+{
+  JsonArray *gpus = NULL;
+  if (!stow_json_get_array (obj, path, "gpus", FALSE, &gpus, error))
+    return NULL;
+  guint n = gpus ? json_array_get_length (gpus) : 0;
+  if (n == 0)
+    {
+      g_set_error (error, STOW_HW_ERROR, STOW_HW_ERROR_NOT_FOUND,
+                   "%s: gpus: the profile lists no GPU; name it as "
+                   "\"profile\" in a cluster.json with a \"preset\" or a "
+                   "\"gpu\"",
+                   path);
+      return NULL;
+    }
+  const StowGpu *kind = NULL;
+  guint64 total = 0;
+  for (guint i = 0; i < n; i++)
+    {
+      g_autofree char *w = g_strdup_printf ("%s: gpus[%u]", path, i);
+      JsonNode *e = json_array_get_element (gpus, i);
+      if (!JSON_NODE_HOLDS_OBJECT (e))
+        {
+          g_autofree char *desc = describe (e);
+          g_set_error (error, STOW_HW_ERROR, STOW_HW_ERROR_INVALID,
+                       "%s: expected an object, got %s", w, desc);
+          return NULL;
+        }
+      JsonObject *o = json_node_get_object (e);
+      GError *local = NULL;
+      const char *name = get_str (o, w, "catalog", &local);
+      if (local)
+        {
+          g_propagate_error (error, local);
+          return NULL;
+        }
+      const StowGpu *g = name ? stow_gpu_lookup (name, &local) : NULL;
+      if (g == NULL)
+        {
+          g_set_error (
+              error, STOW_HW_ERROR, STOW_HW_ERROR_NOT_FOUND, "%s: catalog: %s",
+              w, local ? local->message : "the GPU is not in the catalog");
+          g_clear_error (&local);
+          return NULL;
+        }
+      if (kind && g != kind)
+        {
+          g_set_error (error, STOW_HW_ERROR, STOW_HW_ERROR_INVALID,
+                       "%s: catalog: %s differs from %s; plans need "
+                       "identical GPUs",
+                       w, g->name, kind->name);
+          return NULL;
+        }
+      kind = g;
+      if (!get_size (o, w, "total_bytes", &total, error))
+        return NULL;
+    }
+  StowNode node = { 0 };
+  default_node (kind, &node);
+  g_free (node.name);
+  node.name = g_strdup ("profile");
+  node.gpus_per_node = n;
+  node.gpu.nvlink_domain = MAX (1u, MIN (node.gpu.nvlink_domain, n));
+  if (total)
+    node.gpu.total_bytes = total;
+  StowCluster *c = NULL;
+  if (stow_node_apply_profile (&node, path, error))
+    c = stow_cluster_new (&node, 1, path);
+  stow_node_clear (&node);
+  return c;
+}
+
 StowCluster *
 stow_cluster_new_from_json (JsonObject *obj, const char *where, GError **error)
 {
@@ -831,6 +906,12 @@ stow_cluster_new_from_file (const char *path, GError **error)
   JsonObject *obj = stow_json_root_object (root, path, error);
   if (obj == NULL)
     return NULL;
+  const char *format = NULL;
+  if (stow_json_has (obj, "format")
+      && stow_json_get_string (obj, path, "format", FALSE, &format, NULL)
+      && format && strcmp (format, "stowage-hw-profile") == 0)
+    return cluster_from_profile (obj, path, error);
+
   /* A relative profile path is relative to the cluster file. */
   g_autofree char *dir = g_path_get_dirname (path);
   return cluster_from_json (obj, path, dir, error);

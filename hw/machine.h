@@ -127,6 +127,33 @@ void stow_path_info_free (StowPathInfo *info);
 StowCluster *stow_cluster_new_from_machine (const StowMachine *machine,
                                             GError **error);
 
+/* Host memory bandwidth, STREAM-style: a[i] = b[i] + 3 c[i] over three
+ * arrays of @array_bytes, split over @threads threads (each first-touches
+ * its slice), best of @repeats passes, 24 bytes counted per element as
+ * STREAM does.  Results are checked; errors are STOW_HW_ERROR_INVALID. */
+typedef struct
+{
+  double triad_bw; /* bytes/s, best pass */
+  guint threads;
+  guint64 array_bytes; /* per array */
+  guint repeats;
+  double best_s;  /* the fastest pass */
+  double total_s; /* the whole probe, first touch included */
+} StowMemProbe;
+
+gboolean stow_probe_host_memory (guint threads, guint64 array_bytes,
+                                 guint repeats, StowMemProbe *out,
+                                 GError **error);
+/* 4x the last-level caches (STREAM's rule), at least 64 MiB, at most a
+ * 48th of RAM per array. */
+guint64 stow_probe_default_array_bytes (const StowMachine *machine);
+/* The profile `stowage hw --probe --save FILE` writes ("format":
+ * "stowage-hw-profile"): host.mem_bw_triad, cores, sockets, numa_nodes,
+ * ram_bytes, and the GPUs found.  Read by stow_node_apply_profile and by
+ * stow_cluster_new_from_file. */
+JsonNode *stow_probe_profile_to_json (const StowMachine *machine,
+                                      const StowMemProbe *probe);
+
 JsonNode *stow_machine_to_json (const StowMachine *machine);
 void stow_machine_free (StowMachine *machine);
 

@@ -245,6 +245,54 @@ test_gpus_local (void)
   check_error (args, "--gpus \"local\": this machine has no GPU to plan for");
 }
 
+/* --probe measures, --save writes a profile a cluster file can name. */
+static void
+test_hw_probe (void)
+{
+  g_autofree char *dir = g_dir_make_tmp ("stow-cli-probe-XXXXXX", NULL);
+  g_autofree char *prof = g_build_filename (dir, "profile.json", NULL);
+  g_autofree char *clus = g_build_filename (dir, "cluster.json", NULL);
+  g_auto (StowRun) r = { 0 };
+  stow_run (&r, "hw", "--probe", "--probe-size", "16MiB", "--save", prof, NULL);
+  g_assert_cmpint (r.status, ==, 0);
+  g_assert_nonnull (strstr (r.out, "Probe: host memory triad "));
+  g_assert_nonnull (strstr (r.out, "Profile written to "));
+
+  g_autofree char *text = NULL;
+  g_assert_true (g_file_get_contents (prof, &text, NULL, NULL));
+  g_autoptr (JsonParser) p = NULL;
+  JsonObject *o = parse_object (text, &p);
+  g_assert_cmpstr (json_object_get_string_member (o, "format"), ==,
+                   "stowage-hw-profile");
+  JsonObject *host = json_object_get_object_member (o, "host");
+  double bw = json_object_get_double_member (host, "mem_bw_triad");
+  g_assert_cmpfloat (bw, >, 1e8);
+  g_assert_cmpint (json_object_get_int_member (host, "threads"), ==,
+                   g_get_num_processors ());
+
+  g_assert_true (g_file_set_contents (
+      clus, "{ \"preset\": \"workstation\", \"profile\": \"profile.json\" }",
+      -1, NULL));
+  g_auto (StowRun) c = { 0 };
+  stow_run (&c, "gpus", "--json", "--cluster", clus, NULL);
+  g_assert_cmpint (c.status, ==, 0);
+  g_autoptr (JsonParser) cp = NULL;
+  JsonObject *co = parse_object (c.out, &cp);
+  JsonObject *node = json_object_get_object_member (co, "node");
+  g_assert_cmpfloat (json_object_get_double_member (node, "host_mem_bw"), ==,
+                     bw);
+  g_assert_cmpstr (json_object_get_string_member (node, "profile"), ==, prof);
+
+  g_unlink (prof);
+  g_unlink (clus);
+  g_rmdir (dir);
+
+  const char *nosave[] = { "hw", "--save", "x.json", NULL };
+  check_error (nosave, "go with --probe");
+  const char *badsize[] = { "hw", "--probe", "--probe-size", "lots", NULL };
+  check_error (badsize, "--probe-size");
+}
+
 int
 main (int argc, char **argv)
 {
@@ -259,6 +307,7 @@ main (int argc, char **argv)
   g_test_add_func ("/cli/hw/json", test_hw_json);
   g_test_add_func ("/cli/hw/nvme-path", test_hw_nvme_path);
   g_test_add_func ("/cli/hw/injected", test_hw_injected);
+  g_test_add_func ("/cli/hw/probe", test_hw_probe);
   g_test_add_func ("/cli/gpus/list", test_gpus_list);
   g_test_add_func ("/cli/gpus/spec", test_gpus_spec);
   g_test_add_func ("/cli/gpus/cluster-file", test_gpus_cluster_file);

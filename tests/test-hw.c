@@ -9,6 +9,7 @@
 
 #include <glib/gstdio.h>
 
+#include "core/json.h"
 #include "hw/hw.h"
 #include "hw/machine.h"
 
@@ -691,6 +692,88 @@ test_cuda_real (void)
     }
 }
 
+/* ---- probe and profiles ------------------------------------------------- */
+
+static void
+test_probe (void)
+{
+  StowMemProbe p;
+  g_autoptr (GError) error = NULL;
+  /* Small arrays keep the test fast; the result is checked by the probe
+   * itself (every element must be 7) and must be a physical number. */
+  g_assert_true (stow_probe_host_memory (2, 8 << 20, 3, &p, &error));
+  g_assert_no_error (error);
+  g_assert_cmpuint (p.threads, ==, 2);
+  g_assert_cmpuint (p.array_bytes, ==, 8 << 20);
+  g_assert_cmpfloat (p.best_s, >, 0);
+  g_assert_cmpfloat (p.triad_bw, ==, 3.0 * (8 << 20) / p.best_s);
+  g_assert_cmpfloat (p.triad_bw, >, 1e8);
+  g_assert_cmpfloat (p.triad_bw, <, 1e13);
+
+  g_assert_false (stow_probe_host_memory (4, 1024, 1, &p, &error));
+  g_assert_error (error, STOW_HW_ERROR, STOW_HW_ERROR_INVALID);
+
+  g_autoptr (StowMachine) m = stow_machine_new_from_synthetic (
+      "pack:1 [numa(memory=68719476736)] l3:1(size=33554432) core:4 pu:2",
+      NULL);
+  /* 4x a 32 MiB L3 (STREAM's rule). */
+  g_assert_cmpuint (stow_probe_default_array_bytes (m), ==, 128 << 20);
+}
+
+static void
+test_profile_roundtrip (void)
+{
+  g_autoptr (GError) error = NULL;
+  g_autoptr (StowMachine) m
+      = stow_machine_new_from_synthetic ("pack:2 numa:1 core:6 pu:2", &error);
+  g_assert_no_error (error);
+  StowMemProbe p = { .triad_bw = 123.5e9,
+                     .threads = 24,
+                     .array_bytes = 1 << 28,
+                     .repeats = 10,
+                     .best_s = 0.01 };
+  g_autoptr (JsonNode) j = stow_probe_profile_to_json (m, &p);
+  g_autofree char *text = stow_json_to_string (j, TRUE);
+  g_autofree char *dir = g_dir_make_tmp ("stow-profile-XXXXXX", NULL);
+  g_autofree char *prof = g_build_filename (dir, "p.json", NULL);
+  g_autofree char *clus = g_build_filename (dir, "c.json", NULL);
+  g_assert_true (g_file_set_contents (prof, text, -1, NULL));
+  g_assert_true (g_file_set_contents (
+      clus, "{ \"gpu\": \"A100\", \"profile\": \"p.json\" }", -1, NULL));
+  g_autoptr (StowCluster) c = stow_cluster_new_from_file (clus, &error);
+  g_assert_no_error (error);
+  g_assert_cmpfloat (c->node.host_mem_bw, ==, 123.5e9);
+  g_assert_cmpuint (c->node.cpu_cores, ==, 12);
+  g_assert_cmpuint (c->node.sockets, ==, 2);
+  g_assert_cmpuint (c->node.numa_nodes, ==, 2);
+  g_assert_cmpstr (c->node.gpu.name, ==, "A100-80GB");
+
+  /* The profile alone as a cluster: it lists no GPU. */
+  g_autoptr (StowCluster) none = stow_cluster_new_from_file (prof, &error);
+  g_assert_null (none);
+  g_assert_error (error, STOW_HW_ERROR, STOW_HW_ERROR_NOT_FOUND);
+  g_assert_true (g_str_has_prefix (error->message, prof));
+  g_assert_nonnull (strstr (error->message, "lists no GPU"));
+  g_unlink (prof);
+  g_unlink (clus);
+  g_rmdir (dir);
+
+  /* A saved profile of an 8-GPU server is a cluster by itself. */
+  g_autoptr (StowCluster) h = file_ok ("profile-8xh100.json");
+  g_assert_cmpuint (h->n_gpus, ==, 8);
+  g_assert_cmpstr (h->node.gpu.name, ==, "H100-SXM");
+  g_assert_cmpuint (h->node.gpu.total_bytes, ==, 81086 * MiB);
+  g_assert_cmpfloat (h->node.host_mem_bw, ==, 421e9);
+  g_assert_cmpuint (h->node.cpu_cores, ==, 112);
+  g_assert_cmpfloat (h->node.net_bw_per_gpu, ==, 50e9); /* from dgx-h100 */
+
+  /* The cluster file names the profile, the profile names its field. */
+  file_bad ("bad-with-profile.json",
+            ": profile: " /* the profile's own path follows */);
+  file_bad ("bad-with-profile.json", "bad-profile-bandwidth.json: host: "
+                                     "mem_bw_triad: expected a bandwidth");
+}
+
 int
 main (int argc, char **argv)
 {
@@ -711,5 +794,7 @@ main (int argc, char **argv)
   g_test_add_func ("/hw/machine/path", test_path_info);
   g_test_add_func ("/hw/machine/cuda-missing", test_cuda_missing);
   g_test_add_func ("/hw/machine/cuda-real", test_cuda_real);
+  g_test_add_func ("/hw/probe/triad", test_probe);
+  g_test_add_func ("/hw/probe/profile", test_profile_roundtrip);
   return g_test_run ();
 }
