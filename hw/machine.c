@@ -303,9 +303,6 @@ StowMachine *
 stow_machine_new_from_xml (const char *path, GError **error)
 {
   g_return_val_if_fail (path != NULL, NULL);
-  /* hwloc prints its own XML diagnostics unless told not to; we report
-   * one line ourselves. */
-  g_setenv ("HWLOC_XML_VERBOSE", "0", FALSE);
   if (!g_file_test (path, G_FILE_TEST_IS_REGULAR))
     {
       g_set_error (error, STOW_HW_ERROR, STOW_HW_ERROR_INVALID,
@@ -319,7 +316,6 @@ StowMachine *
 stow_machine_new_from_synthetic (const char *description, GError **error)
 {
   g_return_val_if_fail (description != NULL, NULL);
-  g_setenv ("HWLOC_SYNTHETIC_VERBOSE", "0", FALSE);
   return from_source (hwloc_topology_set_synthetic, "synthetic topology",
                       description, error);
 }

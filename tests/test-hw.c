@@ -427,6 +427,74 @@ test_file_errors (void)
   file_bad ("does-not-exist.json", "does-not-exist.json");
 }
 
+/* Mutated cluster files: a byte replaced, removed or a value swapped for
+ * another JSON value.  Never a crash; every failure names the file. */
+static void
+test_file_fuzz (void)
+{
+  static const char *const values[]
+      = { "-1",         "0",   "1e400",   "\"\"", "\"2TiB\"",
+          "[]",         "{}",  "null",    "true", "18446744073709551616",
+          "\"-5GB/s\"", "3.5", "\"h100\"" };
+  g_autofree char *path = fixture ("dgx-h100-overrides.json");
+  g_autofree char *orig = NULL;
+  gsize len;
+  g_assert_true (g_file_get_contents (path, &orig, &len, NULL));
+  GRand *rand = g_rand_new_with_seed (7);
+  for (int i = 0; i < 1500; i++)
+    {
+      GString *s = g_string_new (orig);
+      int kind = g_rand_int_range (rand, 0, 3);
+      gsize at = (gsize)g_rand_int_range (rand, 0, (gint32)s->len);
+      if (kind == 0)
+        s->str[at] = (char)g_rand_int_range (rand, 32, 127);
+      else if (kind == 1)
+        g_string_erase (s, (gssize)at, 1);
+      else
+        {
+          /* Replace the value after a colon. */
+          const char *colon = strchr (s->str + at, ':');
+          if (colon)
+            {
+              gsize from = (gsize)(colon - s->str) + 1, to = from;
+              while (to < s->len && s->str[to] != ',' && s->str[to] != '}'
+                     && s->str[to] != '\n')
+                to++;
+              g_string_erase (s, (gssize)from, (gssize)(to - from));
+              g_string_insert (
+                  s, (gssize)from,
+                  values[g_rand_int_range (rand, 0, G_N_ELEMENTS (values))]);
+            }
+        }
+      GError *error = NULL;
+      JsonNode *root
+          = stow_json_parse_data (s->str, (gssize)s->len, "fuzz.json", &error);
+      JsonObject *obj
+          = root ? stow_json_root_object (root, "fuzz.json", &error) : NULL;
+      StowCluster *c
+          = obj ? stow_cluster_new_from_json (obj, "fuzz.json", &error) : NULL;
+      if (c)
+        {
+          g_assert_no_error (error);
+          g_assert_cmpuint (c->n_gpus, >, 0);
+          stow_cluster_unref (c);
+        }
+      else
+        {
+          g_assert_nonnull (error);
+          if (!g_str_has_prefix (error->message, "fuzz.json"))
+            g_error ("message does not name the file: %s", error->message);
+          if (g_test_verbose ())
+            g_test_message ("%s", error->message);
+          g_error_free (error);
+        }
+      if (root)
+        json_node_unref (root);
+      g_string_free (s, TRUE);
+    }
+  g_rand_free (rand);
+}
+
 /* ---- discovery on injected topologies ----------------------------------- */
 
 static void
@@ -787,6 +855,7 @@ main (int argc, char **argv)
   g_test_add_func ("/hw/spec/fuzz", test_spec_fuzz);
   g_test_add_func ("/hw/file/valid", test_file_valid);
   g_test_add_func ("/hw/file/errors", test_file_errors);
+  g_test_add_func ("/hw/file/fuzz", test_file_fuzz);
   g_test_add_func ("/hw/machine/synthetic", test_synthetic);
   g_test_add_func ("/hw/machine/xml", test_xml);
   g_test_add_func ("/hw/machine/xml-malformed", test_xml_malformed);
