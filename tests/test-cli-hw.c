@@ -293,6 +293,40 @@ test_hw_probe (void)
   check_error (badsize, "--probe-size");
 }
 
+/* With a (stand-in) CUDA driver: its GPUs are listed and "--gpus local"
+ * plans for them. */
+static void
+test_hw_fake_cuda (void)
+{
+  const char *lib = g_getenv ("STOW_FAKE_CUDA");
+  if (lib == NULL)
+    {
+      g_test_skip ("STOW_FAKE_CUDA is not set (run through meson test)");
+      return;
+    }
+  g_setenv ("STOW_CUDA_LIBRARY", lib, TRUE);
+  g_setenv ("STOW_FAKE_CUDA_DEVICES", "2", TRUE);
+  g_auto (StowRun) r = { 0 };
+  stow_run (&r, "hw", NULL);
+  g_assert_cmpint (r.status, ==, 0);
+  g_assert_nonnull (strstr (r.out, "GPUs: 2 (CUDA driver 12.4)"));
+  g_assert_nonnull (strstr (r.out, "NVIDIA H100 80GB HBM3"));
+
+  g_auto (StowRun) l = { 0 };
+  stow_run (&l, "gpus", "--gpus", "local", NULL);
+  g_assert_cmpint (l.status, ==, 0);
+  g_assert_true (g_str_has_prefix (
+      l.out, "Cluster \"local\": 1 node x 2 GPUs = 2 H100-SXM\n"));
+
+  g_setenv ("STOW_FAKE_CUDA_DEVICES", "0", TRUE);
+  g_auto (StowRun) n = { 0 };
+  stow_run (&n, "hw", NULL);
+  g_assert_cmpint (n.status, ==, 0);
+  g_assert_nonnull (strstr (n.out, "no CUDA-capable device is detected"));
+  g_unsetenv ("STOW_CUDA_LIBRARY");
+  g_unsetenv ("STOW_FAKE_CUDA_DEVICES");
+}
+
 int
 main (int argc, char **argv)
 {
@@ -308,6 +342,7 @@ main (int argc, char **argv)
   g_test_add_func ("/cli/hw/nvme-path", test_hw_nvme_path);
   g_test_add_func ("/cli/hw/injected", test_hw_injected);
   g_test_add_func ("/cli/hw/probe", test_hw_probe);
+  g_test_add_func ("/cli/hw/fake-cuda", test_hw_fake_cuda);
   g_test_add_func ("/cli/gpus/list", test_gpus_list);
   g_test_add_func ("/cli/gpus/spec", test_gpus_spec);
   g_test_add_func ("/cli/gpus/cluster-file", test_gpus_cluster_file);

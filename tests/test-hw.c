@@ -727,6 +727,61 @@ test_cuda_missing (void)
   g_assert_nonnull (strstr (reason, "not a CUDA driver"));
 }
 
+/* The dlopen path against tests/test-hw-fakecuda.c: two "H100s" at the
+ * PCI addresses of the XML's first socket get that socket's NUMA node and
+ * link from the topology. */
+static void
+test_cuda_fake (void)
+{
+  const char *lib = g_getenv ("STOW_FAKE_CUDA");
+  if (lib == NULL)
+    {
+      g_test_skip ("STOW_FAKE_CUDA is not set (run through meson test)");
+      return;
+    }
+  g_autofree char *path = g_test_build_filename (
+      G_TEST_DIST, "data", "topology", "dgx-h100-like.xml", NULL);
+  g_autoptr (GError) error = NULL;
+  g_autoptr (StowMachine) m = stow_machine_new_from_xml (path, &error);
+  g_assert_no_error (error);
+  g_autofree char *reason = NULL;
+  g_setenv ("STOW_FAKE_CUDA_DEVICES", "2", TRUE);
+  g_assert_true (stow_machine_add_cuda (m, lib, &reason));
+  g_assert_null (reason);
+  g_assert_cmpstr (m->cuda_driver, ==, "12.4");
+  g_assert_null (m->gpu_status);
+  /* CUDA's list replaces hwloc's NVIDIA devices. */
+  g_assert_cmpuint (m->gpus->len, ==, 2);
+  for (guint i = 0; i < 2; i++)
+    {
+      StowLocalGpu *g = &g_array_index (m->gpus, StowLocalGpu, i);
+      g_assert_cmpuint (g->index, ==, i);
+      g_assert_cmpstr (g->source, ==, "cuda");
+      g_assert_cmpstr (g->name, ==, "NVIDIA H100 80GB HBM3");
+      g_assert_true (g->catalog == gpu ("H100-SXM"));
+      g_assert_cmpuint (g->total_bytes, ==, 81090 * MiB);
+      g_assert_cmpuint (g->cc_major, ==, 9);
+      g_assert_cmpint (g->numa_node, ==, 0);
+      g_assert_cmpfloat_with_epsilon (g->link_bw, 63.015385e9, 1e4);
+    }
+  g_assert_cmpstr (g_array_index (m->gpus, StowLocalGpu, 1).pci_busid, ==,
+                   "0000:1a:00.0");
+
+  g_autoptr (StowCluster) c = stow_cluster_new_from_machine (m, &error);
+  g_assert_no_error (error);
+  g_assert_cmpuint (c->n_gpus, ==, 2);
+  g_assert_cmpuint (c->node.gpu.nvlink_domain, ==, 2);
+
+  /* No device: the driver's own words come back as the reason. */
+  g_setenv ("STOW_FAKE_CUDA_DEVICES", "0", TRUE);
+  g_autoptr (StowMachine) m2 = stow_machine_new_from_xml (path, &error);
+  g_assert_false (stow_machine_add_cuda (m2, lib, &reason));
+  g_assert_cmpstr (reason, ==,
+                   "no CUDA-capable device is detected (CUDA error 100)");
+  g_assert_cmpuint (m2->gpus->len, ==, 8);
+  g_unsetenv ("STOW_FAKE_CUDA_DEVICES");
+}
+
 /* On a machine with a GPU and its driver: what CUDA says must match the
  * catalog's torch total within 1%; skipped elsewhere. */
 static void
@@ -862,6 +917,7 @@ main (int argc, char **argv)
   g_test_add_func ("/hw/machine/block-devices", test_block_devices);
   g_test_add_func ("/hw/machine/path", test_path_info);
   g_test_add_func ("/hw/machine/cuda-missing", test_cuda_missing);
+  g_test_add_func ("/hw/machine/cuda-fake", test_cuda_fake);
   g_test_add_func ("/hw/machine/cuda-real", test_cuda_real);
   g_test_add_func ("/hw/probe/triad", test_probe);
   g_test_add_func ("/hw/probe/profile", test_profile_roundtrip);
