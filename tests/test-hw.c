@@ -663,7 +663,7 @@ test_block_devices (void)
 
   g_autoptr (GError) error = NULL;
   g_autoptr (StowMachine) m
-      = stow_machine_new_from_synthetic ("pack:1 core:2 pu:1", &error);
+      = stow_machine_new_from_synthetic ("pack:1 numa:1 core:2 pu:2", &error);
   g_assert_no_error (error);
   g_assert_true (stow_machine_scan_block_devices (m, root, &error));
   g_assert_no_error (error);
@@ -715,7 +715,7 @@ test_cuda_missing (void)
 {
   g_autoptr (GError) error = NULL;
   g_autoptr (StowMachine) m
-      = stow_machine_new_from_synthetic ("pack:1 core:2 pu:1", &error);
+      = stow_machine_new_from_synthetic ("pack:1 numa:1 core:2 pu:2", &error);
   g_autofree char *reason = NULL;
   g_assert_false (
       stow_machine_add_cuda (m, "/nonexistent/libcuda.so.1", &reason));
@@ -789,7 +789,7 @@ test_cuda_real (void)
 {
   g_autoptr (GError) error = NULL;
   g_autoptr (StowMachine) m
-      = stow_machine_new_from_synthetic ("pack:1 core:1 pu:1", &error);
+      = stow_machine_new_from_synthetic ("pack:1 numa:1 core:2 pu:2", &error);
   g_autofree char *reason = NULL;
   if (!stow_machine_add_cuda (m, NULL, &reason))
     {
