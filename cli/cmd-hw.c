@@ -244,9 +244,10 @@ stow_cmd_hw (int argc, char **argv)
       if (probe)
         {
           char b[STOW_FORMAT_BUF];
-          printf ("Probe: host memory triad %.2f GB/s (%u threads, 3 x %s, "
+          printf ("Probe: host memory triad %.2f GB/s (%u thread%s, 3 x %s, "
                   "best of %u)\n",
                   result.triad_bw / 1e9, result.threads,
+                  result.threads == 1 ? "" : "s",
                   stow_format_bytes_into (b, sizeof b, result.array_bytes),
                   result.repeats);
         }
