@@ -15,13 +15,16 @@ static int cmd_help (int argc, char **argv);
 static int cmd_version (int argc, char **argv);
 
 static const StowCommand commands[] = {
+  { "models", "List the built-in model catalog", stow_cmd_models },
+  { "model", "Show one model: exact parameter counts, per layer and role",
+    stow_cmd_model },
+  { "gpus", "List the GPU catalog and node presets; resolve --gpus specs",
+    stow_cmd_gpus },
+  { "hw", "Describe this machine: CPUs, memory, GPUs, drives", stow_cmd_hw },
   { "bench", "Benchmark the offload engine against the machine's limits",
     stow_cmd_bench },
   { "help", "Show help for a command", cmd_help },
   { "version", "Print the version and the features built in", cmd_version },
-  { "models", "List the built-in model catalog", stow_cmd_models },
-  { "model", "Show one model: exact parameter counts, per layer and role",
-    stow_cmd_model },
 };
 
 const StowCommand *

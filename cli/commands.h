@@ -12,5 +12,7 @@ G_BEGIN_DECLS
 int stow_cmd_models (int argc, char **argv);
 int stow_cmd_model (int argc, char **argv);
 int stow_cmd_bench (int argc, char **argv);
+int stow_cmd_hw (int argc, char **argv);   /* cli/cmd-hw.c */
+int stow_cmd_gpus (int argc, char **argv); /* cli/cmd-hw.c */
 
 G_END_DECLS

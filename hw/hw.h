@@ -39,6 +39,10 @@ typedef struct
   guint nvlink_domain;      /* GPUs per NVLink domain (8 on HGX); 1 = none */
   guint pcie_gen;
   double pcie_bw;           /* practical pinned host<->device, per direction */
+  /* Added beside the planner's contract: */
+  char *description;        /* "NVIDIA H100 SXM5 80GB (HBM3)" */
+  char *preset;             /* the node preset a bare spec uses ("dgx-h100") */
+  guint64 smi_bytes;        /* nvidia-smi memory.total; 0 = not published */
 } StowGpu;
 
 typedef struct
@@ -62,6 +66,11 @@ typedef struct
   guint n_nvme;
   double net_bw_per_gpu;    /* inter-node, per GPU, per direction, bytes/s */
   double net_latency_s;
+  /* Added beside the planner's contract: */
+  char *description;        /* one line for tables */
+  guint sockets;
+  char *net_kind;           /* "8x 400 Gb/s NDR InfiniBand" */
+  char *profile;            /* the probe profile the host numbers came from */
 } StowNode;
 
 typedef struct _StowCluster StowCluster;
@@ -79,7 +88,11 @@ struct _StowCluster
 const StowGpu *stow_gpu_lookup (const char *name, GError **error);
 const StowGpu *const *stow_gpu_catalog (gsize *n);
 
-/* "8xA100-80GB" (one node of the GPU's default preset when it fits, else
+/* Messages begin with `--gpus "SPEC": ` since that is the option these
+ * specs are typed into; STOW_HW_ERROR_INVALID for malformed specs,
+ * _NOT_FOUND for unknown GPUs (with a did-you-mean hint) and for "local"
+ * on a machine with no GPU.
+ * "8xA100-80GB" (one node of the GPU's default preset when it fits, else
  * nodes of the preset's size), "64xH100-SXM", "4x8xH200" (nodes x GPUs per
  * node), "A100-80GB" (one GPU), "local" (this machine). */
 StowCluster *stow_cluster_new_from_spec (const char *spec, GError **error);
@@ -88,6 +101,34 @@ StowCluster *stow_cluster_new_from_spec (const char *spec, GError **error);
 StowCluster *stow_cluster_new_from_file (const char *path, GError **error);
 StowCluster *stow_cluster_new_from_json (JsonObject *obj, const char *where,
                                          GError **error);
+
+/* Node presets (hw/catalog/nodes/): "dgx-a100", "dgx-h100", "hgx-h200",
+ * "dgx-b200", "pcie-8gpu", "workstation".  Case-insensitive, with a
+ * did-you-mean hint (STOW_HW_ERROR_NOT_FOUND). */
+const StowNode *stow_node_preset_lookup (const char *name, GError **error);
+const StowNode *const *stow_node_presets (gsize *n);
+
+/* Deep copies and clears of the value types (every string is owned). */
+void stow_gpu_copy (const StowGpu *src, StowGpu *dst);
+void stow_gpu_clear (StowGpu *gpu);
+void stow_node_copy (const StowNode *src, StowNode *dst);
+void stow_node_clear (StowNode *node);
+
+/* A cluster of @n_nodes copies of @node (copied).  @spec is kept for
+ * messages (NULL: the node's name). */
+StowCluster *stow_cluster_new (const StowNode *node, guint n_nodes,
+                               const char *spec);
+
+/* JSON views (raw bytes, bytes/s, FLOP/s, seconds). */
+JsonNode *stow_gpu_to_json (const StowGpu *gpu);
+JsonNode *stow_node_to_json (const StowNode *node);
+JsonNode *stow_cluster_to_json (const StowCluster *cluster);
+
+/* Reads a probe profile written by `stowage hw --probe --save FILE` (see
+ * hw/machine.h) into @node: measured host memory bandwidth, cores, RAM.
+ * Errors name the file and the field. */
+gboolean stow_node_apply_profile (StowNode *node, const char *path,
+                                  GError **error);
 
 StowCluster *stow_cluster_ref (StowCluster *cluster);
 void stow_cluster_unref (StowCluster *cluster);

@@ -1,0 +1,402 @@
+/* SPDX-License-Identifier: MIT
+ *
+ * cli/cmd-hw.c: `stowage hw` (this machine: CPUs, memory, GPUs, drives, the
+ * NVMe path) and `stowage gpus` (the catalog, or what a --gpus spec or a
+ * --cluster file resolves to).  Text for people, --json for programs.
+ */
+#include <stdio.h>
+
+#include "cli/cli.h"
+#include "cli/commands.h"
+#include "core/json.h"
+#include "core/units.h"
+#include "hw/hw.h"
+#include "hw/machine.h"
+
+static void
+print_json (JsonNode *node)
+{
+  g_autofree char *s = stow_json_to_string (node, TRUE);
+  fputs (s, stdout);
+  json_node_unref (node);
+}
+
+static void
+print_machine (const StowMachine *m)
+{
+  char b1[STOW_FORMAT_BUF], b2[STOW_FORMAT_BUF];
+
+  printf ("Machine: %s\n", m->hostname ? m->hostname : "(injected topology)");
+  printf ("  CPU:    %s\n", m->cpu_model ? m->cpu_model : "unknown model");
+  printf ("  Layout: %u socket%s, %u NUMA node%s, %u core%s, %u PU%s\n",
+          m->sockets, m->sockets == 1 ? "" : "s", m->numa_nodes,
+          m->numa_nodes == 1 ? "" : "s", m->cores, m->cores == 1 ? "" : "s",
+          m->pus, m->pus == 1 ? "" : "s");
+  printf ("  RAM:    %s\n",
+          stow_format_bytes_into (b1, sizeof b1, m->ram_bytes));
+  for (guint i = 0; i < m->numa->len; i++)
+    {
+      StowNumaInfo *n = &g_array_index (m->numa, StowNumaInfo, i);
+      printf ("  NUMA node %u: %s, %u cores, %u PUs\n", n->os_index,
+              stow_format_bytes_into (b1, sizeof b1, n->local_bytes), n->cores,
+              n->pus);
+    }
+  if (m->caches->len)
+    {
+      printf ("  Caches:");
+      for (guint i = 0; i < m->caches->len; i++)
+        {
+          StowCacheInfo *c = &g_array_index (m->caches, StowCacheInfo, i);
+          const char *kind = g_str_equal (c->type, "data")          ? "d"
+                             : g_str_equal (c->type, "instruction") ? "i"
+                                                                    : "";
+          printf ("%s L%u%s %s x%u", i ? "," : "", c->level, kind,
+                  stow_format_bytes_into (b1, sizeof b1, c->size_bytes),
+                  c->count);
+        }
+      printf ("\n");
+    }
+
+  if (m->gpus->len == 0)
+    printf ("GPUs: none (%s)\n", m->gpu_status ? m->gpu_status : "unknown");
+  else
+    {
+      printf ("GPUs: %u%s%s%s\n", m->gpus->len,
+              m->cuda_driver ? " (CUDA driver " : "",
+              m->cuda_driver ? m->cuda_driver : "", m->cuda_driver ? ")" : "");
+      if (m->gpu_status)
+        printf ("  note: %s\n", m->gpu_status);
+      printf ("  %-3s %-28s %-15s %12s %5s %-12s %s\n", "#", "NAME", "CATALOG",
+              "MEMORY", "NUMA", "PCI", "LINK");
+      for (guint i = 0; i < m->gpus->len; i++)
+        {
+          StowLocalGpu *g = &g_array_index (m->gpus, StowLocalGpu, i);
+          g_autofree char *numa = g->numa_node >= 0
+                                      ? g_strdup_printf ("%d", g->numa_node)
+                                      : g_strdup ("?");
+          g_autofree char *link = NULL;
+          if (g->pcie_gen && g->pcie_width)
+            link = g_strdup_printf ("Gen%u x%u", g->pcie_gen, g->pcie_width);
+          else if (g->link_bw > 0)
+            link = g_strdup_printf ("%.1f GB/s", g->link_bw / 1e9);
+          else
+            link = g_strdup ("?");
+          printf ("  %-3u %-28s %-15s %12s %5s %-12s %s\n", g->index,
+                  g->name ? g->name : "?",
+                  g->catalog ? g->catalog->name : "(not in catalog)",
+                  g->total_bytes
+                      ? stow_format_bytes_into (b1, sizeof b1, g->total_bytes)
+                      : "?",
+                  numa, g->pci_busid ? g->pci_busid : "?", link);
+        }
+    }
+
+  if (m->blocks->len)
+    {
+      printf ("Block devices:\n");
+      for (guint i = 0; i < m->blocks->len; i++)
+        {
+          StowBlockDevice *d = &g_array_index (m->blocks, StowBlockDevice, i);
+          printf ("  %-12s %12s  %-10s %s\n", d->name,
+                  stow_format_bytes_into (b1, sizeof b1, d->size_bytes),
+                  d->rotational ? "rotational" : "solid",
+                  d->model ? d->model : "");
+        }
+    }
+  if (m->path)
+    printf ("NVMe path: %s: %s free of %s, %s on %s (mounted at %s)\n",
+            m->path->path,
+            stow_format_bytes_into (b1, sizeof b1, m->path->free_bytes),
+            stow_format_bytes_into (b2, sizeof b2, m->path->total_bytes),
+            m->path->fs_type ? m->path->fs_type : "?",
+            m->path->source ? m->path->source : "?",
+            m->path->mount_point ? m->path->mount_point : "?");
+}
+
+int
+stow_cmd_hw (int argc, char **argv)
+{
+  gboolean json = FALSE;
+  g_autofree char *nvme_path = NULL, *topology = NULL, *synthetic = NULL;
+  g_autofree char *sysfs = NULL, *save = NULL, *probe_size = NULL;
+  gboolean probe = FALSE;
+  int threads = 0, repeats = 10;
+  const GOptionEntry entries[] = {
+    { "probe", 0, 0, G_OPTION_ARG_NONE, &probe,
+      "Measure host memory bandwidth (STREAM-style triad on every thread)",
+      NULL },
+    { "save", 0, 0, G_OPTION_ARG_FILENAME, &save,
+      "With --probe: write the profile JSON that cluster files can use",
+      "FILE" },
+    { "threads", 0, 0, G_OPTION_ARG_INT, &threads,
+      "With --probe: threads to use (default: one per PU)", "N" },
+    { "probe-size", 0, 0, G_OPTION_ARG_STRING, &probe_size,
+      "With --probe: bytes per array (default: 4x the last-level caches, "
+      "at least 64 MiB)",
+      "SIZE" },
+    { "repeats", 0, G_OPTION_FLAG_HIDDEN, G_OPTION_ARG_INT, &repeats,
+      "With --probe: passes, the best counts (default 10)", "N" },
+    { "json", 0, 0, G_OPTION_ARG_NONE, &json, "Print JSON", NULL },
+    { "nvme-path", 0, 0, G_OPTION_ARG_FILENAME, &nvme_path,
+      "Report the free space and filesystem of DIR", "DIR" },
+    { "topology", 0, 0, G_OPTION_ARG_FILENAME, &topology,
+      "Describe the machine in an hwloc XML file instead of this one", "FILE" },
+    { "synthetic", 0, 0, G_OPTION_ARG_STRING, &synthetic,
+      "Describe a synthetic hwloc topology (\"pack:2 numa:2 core:8 pu:2\")",
+      "DESC" },
+    { "sysfs", 0, G_OPTION_FLAG_HIDDEN, G_OPTION_ARG_FILENAME, &sysfs,
+      "Read block devices from this sysfs tree (tests)", "DIR" },
+    { NULL },
+  };
+  g_autoptr (GOptionContext) ctx = stow_cli_context_new (
+      "hw", NULL,
+      "Describe this machine: sockets, NUMA nodes, cores, caches and RAM "
+      "(hwloc), CUDA GPUs with their NUMA node and PCIe link, block devices, "
+      "and the free space of --nvme-path.  No GPU is a normal answer.");
+  g_option_context_add_main_entries (ctx, entries, NULL);
+  if (!stow_cli_parse (ctx, "hw", &argc, &argv))
+    return STOW_EXIT_FAILURE;
+  if (argc > 1)
+    return stow_cli_failf ("see 'stowage hw --help'",
+                           "hw: unexpected argument \"%s\"", argv[1]);
+  if (topology && synthetic)
+    return stow_cli_failf (NULL, "hw: --topology and --synthetic exclude "
+                                 "each other");
+  if ((save || threads || probe_size) && !probe)
+    return stow_cli_failf ("add --probe", "hw: --save, --threads and "
+                                          "--probe-size go with --probe");
+  if (probe && (topology || synthetic))
+    return stow_cli_failf (NULL, "hw: --probe measures this machine; it "
+                                 "does not go with --topology/--synthetic");
+  if (threads < 0 || threads > 4096)
+    return stow_cli_failf (NULL, "hw: --threads: expected 1 to 4096, got %d",
+                           threads);
+  if (repeats < 1 || repeats > 1000)
+    return stow_cli_failf (NULL, "hw: --repeats: expected 1 to 1000, got %d",
+                           repeats);
+  guint64 array_bytes = 0;
+  if (probe_size)
+    {
+      g_autoptr (GError) perr = NULL;
+      if (!stow_parse_size (probe_size, &array_bytes, &perr))
+        return stow_cli_failf (NULL, "hw: --probe-size: %s", perr->message);
+    }
+
+  g_autoptr (GError) error = NULL;
+  g_autoptr (StowMachine) m = NULL;
+  if (topology || synthetic)
+    {
+      m = topology ? stow_machine_new_from_xml (topology, &error)
+                   : stow_machine_new_from_synthetic (synthetic, &error);
+      if (m && nvme_path
+          && (m->path = stow_path_info_new (nvme_path, &error)) == NULL)
+        g_clear_pointer (&m, stow_machine_free);
+      if (m && sysfs && !stow_machine_scan_block_devices (m, sysfs, &error))
+        g_clear_pointer (&m, stow_machine_free);
+    }
+  else
+    {
+      StowDiscoverOptions opts
+          = { .nvme_path = nvme_path, .sysfs_root = sysfs };
+      m = stow_machine_discover (&opts, &error);
+    }
+  if (m == NULL)
+    return stow_cli_fail (error, NULL);
+
+  StowMemProbe result = { 0 };
+  if (probe)
+    {
+      guint n = threads > 0 ? (guint)threads : MAX (1u, m->pus);
+      if (array_bytes == 0)
+        array_bytes = stow_probe_default_array_bytes (m);
+      if (!stow_probe_host_memory (n, array_bytes, (guint)repeats, &result,
+                                   &error))
+        return stow_cli_fail (error, NULL);
+    }
+  if (save)
+    {
+      g_autoptr (JsonNode) profile = stow_probe_profile_to_json (m, &result);
+      g_autofree char *text = stow_json_to_string (profile, TRUE);
+      if (!stow_file_write_atomic (save, text, -1, &error))
+        return stow_cli_fail (error, NULL);
+    }
+
+  if (json)
+    {
+      JsonNode *node = stow_machine_to_json (m);
+      if (probe)
+        {
+          JsonObject *o = json_node_get_object (node);
+          JsonObject *p = json_object_new ();
+          json_object_set_double_member (p, "mem_bw_triad", result.triad_bw);
+          json_object_set_int_member (p, "threads", result.threads);
+          json_object_set_int_member (p, "array_bytes",
+                                      (gint64)result.array_bytes);
+          json_object_set_int_member (p, "repeats", result.repeats);
+          json_object_set_double_member (p, "best_s", result.best_s);
+          json_object_set_object_member (o, "probe", p);
+        }
+      print_json (node);
+    }
+  else
+    {
+      print_machine (m);
+      if (probe)
+        {
+          char b[STOW_FORMAT_BUF];
+          printf ("Probe: host memory triad %.2f GB/s (%u thread%s, 3 x %s, "
+                  "best of %u)\n",
+                  result.triad_bw / 1e9, result.threads,
+                  result.threads == 1 ? "" : "s",
+                  stow_format_bytes_into (b, sizeof b, result.array_bytes),
+                  result.repeats);
+        }
+      if (save)
+        printf ("Profile written to %s\n", save);
+    }
+  return STOW_EXIT_OK;
+}
+
+static void
+print_cluster (const StowCluster *c)
+{
+  char b1[STOW_FORMAT_BUF], b2[STOW_FORMAT_BUF];
+  const StowNode *n = &c->node;
+  printf ("Cluster \"%s\": %u node%s x %u GPU%s = %u %s\n", c->spec, c->n_nodes,
+          c->n_nodes == 1 ? "" : "s", n->gpus_per_node,
+          n->gpus_per_node == 1 ? "" : "s", c->n_gpus, n->gpu.name);
+  printf ("  Node: %s%s%s%s\n", n->name, n->description ? " (" : "",
+          n->description ? n->description : "", n->description ? ")" : "");
+  printf ("  GPU: %s, %s usable (torch total_memory), bf16 %.1f TFLOP/s, "
+          "HBM %.0f GB/s\n",
+          n->gpu.name,
+          stow_format_bytes_into (b1, sizeof b1, n->gpu.total_bytes),
+          n->gpu.bf16_flops / 1e12, n->gpu.hbm_bw / 1e9);
+  printf ("  GPU link: %.1f GB/s per direction, domain of %u; PCIe Gen%u "
+          "%.0f GB/s pinned\n",
+          n->gpu.nvlink_bw / 1e9, n->gpu.nvlink_domain, n->gpu.pcie_gen,
+          n->gpu.pcie_bw / 1e9);
+  printf ("  Host: %s RAM, %.0f GB/s memory, %u cores, %u NUMA node%s%s%s\n",
+          stow_format_bytes_into (b1, sizeof b1, n->host_ram_bytes),
+          n->host_mem_bw / 1e9, n->cpu_cores, n->numa_nodes,
+          n->numa_nodes == 1 ? "" : "s", n->profile ? ", measured in " : "",
+          n->profile ? n->profile : "");
+  for (guint i = 0; i < n->n_nvme; i++)
+    printf ("  NVMe %u: %s%s%s, read %.1f GB/s, write %.1f GB/s\n", i,
+            stow_format_bytes_into (b2, sizeof b2, n->nvme[i].capacity_bytes),
+            n->nvme[i].path ? " at " : "",
+            n->nvme[i].path ? n->nvme[i].path : "", n->nvme[i].read_bw / 1e9,
+            n->nvme[i].write_bw / 1e9);
+  printf ("  Network: %.2f GB/s per GPU per direction, %.1f us%s%s\n",
+          n->net_bw_per_gpu / 1e9, n->net_latency_s * 1e6,
+          n->net_kind ? "; " : "", n->net_kind ? n->net_kind : "");
+}
+
+int
+stow_cmd_gpus (int argc, char **argv)
+{
+  gboolean json = FALSE;
+  g_autofree char *spec = NULL, *cluster_file = NULL;
+  const GOptionEntry entries[] = {
+    { "json", 0, 0, G_OPTION_ARG_NONE, &json, "Print JSON", NULL },
+    { "gpus", 0, 0, G_OPTION_ARG_STRING, &spec,
+      "Show what a spec resolves to: 8xA100-80GB, 64xH100-SXM, 4x8xH200, "
+      "local",
+      "SPEC" },
+    { "cluster", 0, 0, G_OPTION_ARG_FILENAME, &cluster_file,
+      "Show what a cluster.json resolves to", "FILE" },
+    { NULL },
+  };
+  g_autoptr (GOptionContext) ctx = stow_cli_context_new (
+      "gpus", NULL,
+      "List the GPU catalog and the node presets (memory is what torch's "
+      "total_memory reports; TFLOP/s are dense), or resolve a --gpus spec "
+      "or a --cluster file.");
+  g_option_context_add_main_entries (ctx, entries, NULL);
+  if (!stow_cli_parse (ctx, "gpus", &argc, &argv))
+    return STOW_EXIT_FAILURE;
+  if (argc > 1)
+    return stow_cli_failf ("see 'stowage gpus --help'",
+                           "gpus: unexpected argument \"%s\"", argv[1]);
+  if (spec && cluster_file)
+    return stow_cli_failf (NULL, "gpus: --gpus and --cluster exclude each "
+                                 "other");
+
+  if (spec || cluster_file)
+    {
+      g_autoptr (GError) error = NULL;
+      g_autoptr (StowCluster) c
+          = spec ? stow_cluster_new_from_spec (spec, &error)
+                 : stow_cluster_new_from_file (cluster_file, &error);
+      if (c == NULL)
+        return stow_cli_fail (
+            error,
+            g_error_matches (error, STOW_HW_ERROR, STOW_HW_ERROR_NOT_FOUND)
+                    && spec && g_ascii_strcasecmp (spec, "local") != 0
+                ? "see 'stowage gpus' for the names"
+                : NULL);
+      if (json)
+        print_json (stow_cluster_to_json (c));
+      else
+        print_cluster (c);
+      return STOW_EXIT_OK;
+    }
+
+  gsize n_gpus, n_nodes;
+  const StowGpu *const *gpus = stow_gpu_catalog (&n_gpus);
+  const StowNode *const *nodes = stow_node_presets (&n_nodes);
+  if (json)
+    {
+      g_autoptr (JsonBuilder) b = json_builder_new ();
+      json_builder_begin_object (b);
+      json_builder_set_member_name (b, "gpus");
+      json_builder_begin_array (b);
+      for (gsize i = 0; i < n_gpus; i++)
+        json_builder_add_value (b, stow_gpu_to_json (gpus[i]));
+      json_builder_end_array (b);
+      json_builder_set_member_name (b, "nodes");
+      json_builder_begin_array (b);
+      for (gsize i = 0; i < n_nodes; i++)
+        json_builder_add_value (b, stow_node_to_json (nodes[i]));
+      json_builder_end_array (b);
+      json_builder_end_object (b);
+      print_json (json_builder_get_root (b));
+      return STOW_EXIT_OK;
+    }
+
+  printf ("%-15s %11s %9s %9s %9s %10s %10s %-6s %s\n", "GPU", "MEMORY",
+          "BF16 TF", "FP8 TF", "FP32 TF", "HBM GB/s", "LINK GB/s", "PCIE",
+          "PRESET");
+  for (gsize i = 0; i < n_gpus; i++)
+    {
+      const StowGpu *g = gpus[i];
+      g_autofree char *mem = stow_format_bytes (g->total_bytes);
+      g_autofree char *pcie = g_strdup_printf ("Gen%u", g->pcie_gen);
+      printf ("%-15s %11s %9.1f %9.1f %9.1f %10.0f %10.1f %-6s %s\n", g->name,
+              mem, g->bf16_flops / 1e12, g->fp8_flops / 1e12,
+              g->fp32_flops / 1e12, g->hbm_bw / 1e9, g->nvlink_bw / 1e9, pcie,
+              g->preset);
+    }
+  printf ("\nMEMORY is torch's total_memory; TF are dense; LINK is NVLink "
+          "(or bridge/fabric) per direction.\n\n");
+  printf ("%-12s %-10s %5s %10s %9s %6s %-20s %s\n", "PRESET", "GPU", "GPUS",
+          "HOST RAM", "MEM GB/s", "CORES", "NVME", "NETWORK/GPU");
+  for (gsize i = 0; i < n_nodes; i++)
+    {
+      const StowNode *n = nodes[i];
+      g_autofree char *ram = stow_format_bytes (n->host_ram_bytes);
+      g_autofree char *nvme = NULL;
+      if (n->n_nvme)
+        {
+          char cap[STOW_FORMAT_BUF];
+          nvme = g_strdup_printf (
+              "%ux %s", n->n_nvme,
+              stow_format_bytes_into (cap, sizeof cap,
+                                      n->nvme[0].capacity_bytes));
+        }
+      printf ("%-12s %-10s %5u %10s %9.0f %6u %-20s %.1f Gb/s\n", n->name,
+              n->gpu.name, n->gpus_per_node, ram, n->host_mem_bw / 1e9,
+              n->cpu_cores, nvme ? nvme : "none", n->net_bw_per_gpu * 8 / 1e9);
+    }
+  return STOW_EXIT_OK;
+}
