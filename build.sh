@@ -2,7 +2,8 @@
 # SPDX-License-Identifier: MIT
 #
 # stowage's set-up in one command (see README, "Quick start"):
-#   ./build.sh          install missing Debian packages, build, run the main job
+#   ./build.sh          install missing Debian packages, build, and answer
+#                       "stowage fit llama-65b --gpus 8xA100-80GB"
 #   ./build.sh test     the same set-up, then every test suite
 #   ./build.sh asan     build with AddressSanitizer+UBSan in build-asan/, run tests
 #   ./build.sh valgrind run the tests under valgrind
@@ -35,10 +36,8 @@ case "$what" in
   run)
     configure "$build"
     exe="$build/cli/stowage"
-    echo "\$ stowage --version"
-    "$exe" --version
-    echo "\$ stowage --help"
-    "$exe" --help
+    echo "\$ stowage fit llama-65b --gpus 8xA100-80GB"
+    "$exe" fit llama-65b --gpus 8xA100-80GB
     ;;
   test)
     configure "$build"

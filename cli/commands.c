@@ -15,6 +15,10 @@ static int cmd_help (int argc, char **argv);
 static int cmd_version (int argc, char **argv);
 
 static const StowCommand commands[] = {
+  { "fit", "Does a model train on these GPUs, and with which layout?",
+    stow_cmd_fit },
+  { "mem", "One layout's memory per GPU, host and NVMe, term by term",
+    stow_cmd_mem },
   { "models", "List the built-in model catalog", stow_cmd_models },
   { "model", "Show one model: exact parameter counts, per layer and role",
     stow_cmd_model },

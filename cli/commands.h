@@ -14,5 +14,7 @@ int stow_cmd_model (int argc, char **argv);
 int stow_cmd_bench (int argc, char **argv);
 int stow_cmd_hw (int argc, char **argv);   /* cli/cmd-hw.c */
 int stow_cmd_gpus (int argc, char **argv); /* cli/cmd-hw.c */
+int stow_cmd_mem (int argc, char **argv);   /* cli/cmd-mem.c */
+int stow_cmd_fit (int argc, char **argv);   /* cli/cmd-mem.c */
 
 G_END_DECLS

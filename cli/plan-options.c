@@ -1,0 +1,398 @@
+/* SPDX-License-Identifier: MIT
+ *
+ * cli/plan-options.c: parsing the planner's flags.
+ */
+#include "cli/plan-options.h"
+
+#include <string.h>
+
+#include "core/error.h"
+#include "core/units.h"
+
+#define STR(name, var, desc, arg)                                              \
+  {                                                                            \
+    name, 0, 0, G_OPTION_ARG_STRING, &po->var, desc, arg                       \
+  }
+
+void
+stow_plan_options_add (GOptionContext *ctx, StowPlanOptions *po)
+{
+  const GOptionEntry entries[] = {
+    STR ("gpus", gpus, "GPUs: 8xA100-80GB, 64xH100-SXM, 4x8xH200, local",
+         "SPEC"),
+    STR ("cluster", cluster, "A cluster.json instead of --gpus", "FILE"),
+    STR ("dp", dp, "Data-parallel degree (default: the GPUs left)", "N"),
+    STR ("tp", tp, "Tensor-parallel degree", "N"),
+    STR ("pp", pp, "Pipeline stages", "N"),
+    STR ("vpp", vpp, "Virtual stages per pipeline rank (interleaving)", "N"),
+    STR ("cp", cp, "Context-parallel degree", "N"),
+    STR ("ep", ep, "Expert-parallel degree", "N"),
+    { "sp", 0, 0, G_OPTION_ARG_NONE, &po->sp,
+      "Sequence parallelism (default with --tp > 1)", NULL },
+    { "no-sp", 0, 0, G_OPTION_ARG_NONE, &po->no_sp, "No sequence parallelism",
+      NULL },
+    STR ("zero", zero, "ZeRO stage 0-3 or FULL_SHARD, SHARD_GRAD_OP, ...",
+         "STAGE"),
+    STR ("offload-optimizer", offload_optimizer, "none, cpu or nvme", "WHERE"),
+    STR ("offload-params", offload_params, "none, cpu or nvme (ZeRO 3)",
+         "WHERE"),
+    STR ("offload-activations", offload_activations,
+         "none or cpu (checkpoints)", "WHERE"),
+    STR ("recompute", recompute, "none, selective, full or full:K", "MODE"),
+    STR ("micro-batch", micro_batch, "Sequences per micro-batch", "N"),
+    STR ("global-batch", global_batch, "Sequences per optimizer step", "N"),
+    STR ("grad-accum", grad_accum, "Micro-batches per step per replica", "N"),
+    STR ("seq", seq, "Sequence length in tokens (2048, 4k, 128k)", "TOKENS"),
+    STR ("precision", precision, "fp32, fp16, bf16 (default) or fp8", "P"),
+    STR ("optimizer", optimizer, "adamw, adamw-8bit, sgd, adafactor, lion",
+         "OPT"),
+    STR ("finetune", finetune, "full, lora or qlora", "MODE"),
+    STR ("lora-rank", lora_rank, "LoRA rank (default 8)", "R"),
+    STR ("engine", engine, "stowage, pytorch, deepspeed, megatron, fsdp",
+         "ENGINE"),
+    STR ("schedule", schedule, "1f1b, interleaved or gpipe", "S"),
+    { "no-flash", 0, 0, G_OPTION_ARG_NONE, &po->no_flash,
+      "Attention without flash/SDPA kernels (s^2 scores kept)", NULL },
+    { "chunked-loss", 0, 0, G_OPTION_ARG_NONE, &po->chunked_loss,
+      "Cross-entropy in chunks (no full fp32 logits)", NULL },
+    { "dropout", 0, 0, G_OPTION_ARG_NONE, &po->dropout,
+      "Keep dropout masks (1 byte per element)", NULL },
+    STR ("convention", convention,
+         "stowage (default), zero-paper, "
+         "deepspeed-estimator, deepspeed-estimator-docs, megatron-theoretical",
+         "NAME"),
+    STR ("params", params,
+         "Parameter count standing in for a model under a "
+         "peer convention (7.5B)",
+         "N"),
+    STR ("largest-layer", largest_layer, "DeepSpeed's largest layer (ZeRO-3)",
+         "N"),
+    STR ("zero-init", zero_init, "DeepSpeed estimator: 0 or 1 (default 1)",
+         "0|1"),
+    STR ("context-memory", context, "CUDA context per GPU (default 512MiB)",
+         "SIZE"),
+    STR ("fragmentation", fragmentation,
+         "Allocator slack as a fraction of the peak (default 0.05)", "F"),
+    STR ("nccl-reserve", nccl, "NCCL buffers per communicator (256MiB)",
+         "SIZE"),
+    STR ("safety-margin", margin, "Keep this much of each GPU free (0)",
+         "SIZE"),
+    { "json", 0, 0, G_OPTION_ARG_NONE, &po->json, "JSON output", NULL },
+    { "explain", 0, 0, G_OPTION_ARG_NONE, &po->explain,
+      "Show the formula behind every term and every stage", NULL },
+    { NULL },
+  };
+  /* GLib copies the entries; their targets live in @po. */
+  g_option_context_add_main_entries (ctx, entries, NULL);
+}
+
+static gboolean
+parse_degree (const char *flag, const char *v, guint *out, StowPins *pins,
+              StowPins pin, GError **error)
+{
+  guint64 n;
+  if (v == NULL)
+    return TRUE;
+  if (!g_ascii_string_to_unsigned (v, 10, 1, 1 << 20, &n, NULL))
+    {
+      g_set_error (error, STOW_PLAN_ERROR, STOW_PLAN_ERROR_PARSE,
+                   "%s \"%s\": expected a whole number from 1 to %u", flag, v,
+                   1 << 20);
+      return FALSE;
+    }
+  *out = (guint)n;
+  *pins |= pin;
+  return TRUE;
+}
+
+static gboolean
+parse_count_flag (const char *flag, const char *v, gboolean tokens,
+                  guint64 *out, GError **error)
+{
+  g_autoptr (GError) local = NULL;
+  if (v == NULL)
+    return TRUE;
+  gboolean ok = tokens ? stow_parse_tokens (v, out, &local)
+                       : stow_parse_count (v, out, &local);
+  if (!ok || *out == 0)
+    {
+      g_set_error (error, STOW_PLAN_ERROR, STOW_PLAN_ERROR_PARSE, "%s: %s",
+                   flag, local ? local->message : "must be at least 1");
+      return FALSE;
+    }
+  return TRUE;
+}
+
+static gboolean
+parse_size_flag (const char *flag, const char *v, guint64 *out, GError **error)
+{
+  g_autoptr (GError) local = NULL;
+  if (v == NULL)
+    return TRUE;
+  if (!stow_parse_size (v, out, &local))
+    {
+      g_set_error (error, STOW_PLAN_ERROR, STOW_PLAN_ERROR_PARSE, "%s: %s",
+                   flag, local->message);
+      return FALSE;
+    }
+  return TRUE;
+}
+
+gboolean
+stow_plan_options_resolve (StowPlanOptions *po, const char *model_arg,
+                           GError **error)
+{
+  StowLayout *l = &po->layout;
+  StowTraining *t = &po->training;
+  StowMemOptions *o = &po->mem;
+
+  stow_training_init (t);
+  stow_layout_init (l);
+  stow_mem_options_init (o);
+  po->pins = 0;
+
+  if (po->convention
+      && !stow_convention_parse (po->convention, "--convention", &o->convention,
+                                 error))
+    return FALSE;
+  if (!parse_count_flag ("--params", po->params, FALSE, &o->params_override,
+                         error)
+      || !parse_count_flag ("--largest-layer", po->largest_layer, FALSE,
+                            &o->largest_layer_override, error))
+    return FALSE;
+  if (po->zero_init)
+    {
+      if (strcmp (po->zero_init, "0") != 0 && strcmp (po->zero_init, "1") != 0)
+        {
+          g_set_error (error, STOW_PLAN_ERROR, STOW_PLAN_ERROR_PARSE,
+                       "--zero-init \"%s\": expected 0 or 1", po->zero_init);
+          return FALSE;
+        }
+      o->zero_init = po->zero_init[0] == '1';
+    }
+  if (!parse_size_flag ("--context-memory", po->context, &o->cuda_context_bytes,
+                        error)
+      || !parse_size_flag ("--nccl-reserve", po->nccl, &o->nccl_bytes_per_group,
+                           error)
+      || !parse_size_flag ("--safety-margin", po->margin,
+                           &o->safety_margin_bytes, error))
+    return FALSE;
+  if (po->fragmentation)
+    {
+      char *end = NULL;
+      double f = g_ascii_strtod (po->fragmentation, &end);
+      if (end == po->fragmentation || *end != '\0' || !(f >= 0 && f <= 1))
+        {
+          g_set_error (error, STOW_PLAN_ERROR, STOW_PLAN_ERROR_PARSE,
+                       "--fragmentation \"%s\": expected a fraction from 0 "
+                       "to 1",
+                       po->fragmentation);
+          return FALSE;
+        }
+      o->fragmentation = f;
+    }
+
+  /* The model: a catalog name or a config.json; --params alone only
+   * under a peer convention. */
+  if (model_arg != NULL)
+    {
+      po->model = stow_model_lookup (model_arg, error);
+      if (po->model == NULL)
+        return FALSE;
+    }
+  else if (o->params_override == 0 || o->convention == STOW_CONVENTION_STOWAGE)
+    {
+      g_set_error (error, STOW_PLAN_ERROR, STOW_PLAN_ERROR_INVALID,
+                   "no model given: name one from 'stowage models' or a "
+                   "config.json (--params N stands in only under a peer "
+                   "--convention)");
+      return FALSE;
+    }
+
+  if (po->gpus && po->cluster)
+    {
+      g_set_error (error, STOW_PLAN_ERROR, STOW_PLAN_ERROR_INVALID,
+                   "--gpus and --cluster both given; use one");
+      return FALSE;
+    }
+  if (po->gpus)
+    po->cluster_obj = stow_cluster_new_from_spec (po->gpus, error);
+  else if (po->cluster)
+    po->cluster_obj = stow_cluster_new_from_file (po->cluster, error);
+  else
+    {
+      g_set_error (error, STOW_PLAN_ERROR, STOW_PLAN_ERROR_INVALID,
+                   "no GPUs given: add --gpus SPEC (e.g. --gpus 8xA100-80GB) "
+                   "or --cluster FILE");
+      return FALSE;
+    }
+  if (po->cluster_obj == NULL)
+    return FALSE;
+
+  if (!parse_degree ("--dp", po->dp, &l->dp, &po->pins, STOW_PIN_DP, error)
+      || !parse_degree ("--tp", po->tp, &l->tp, &po->pins, STOW_PIN_TP, error)
+      || !parse_degree ("--pp", po->pp, &l->pp, &po->pins, STOW_PIN_PP, error)
+      || !parse_degree ("--vpp", po->vpp, &l->vpp, &po->pins, STOW_PIN_VPP,
+                        error)
+      || !parse_degree ("--cp", po->cp, &l->cp, &po->pins, STOW_PIN_CP, error)
+      || !parse_degree ("--ep", po->ep, &l->ep, &po->pins, STOW_PIN_EP, error))
+    return FALSE;
+  if (po->sp && po->no_sp)
+    {
+      g_set_error (error, STOW_PLAN_ERROR, STOW_PLAN_ERROR_INVALID,
+                   "--sp and --no-sp both given");
+      return FALSE;
+    }
+  if (po->sp || po->no_sp)
+    l->sp = po->sp, po->pins |= STOW_PIN_SP;
+  if (po->zero)
+    {
+      if (!stow_zero_parse (po->zero, "--zero", &l->zero, &l->hybrid_shard,
+                            error))
+        return FALSE;
+      po->pins |= STOW_PIN_ZERO;
+    }
+  if (po->offload_optimizer)
+    {
+      if (!stow_offload_parse (po->offload_optimizer, "--offload-optimizer",
+                               &l->offload_optimizer, error))
+        return FALSE;
+      po->pins |= STOW_PIN_OFFLOAD_OPTIMIZER;
+    }
+  if (po->offload_params)
+    {
+      if (!stow_offload_parse (po->offload_params, "--offload-params",
+                               &l->offload_params, error))
+        return FALSE;
+      po->pins |= STOW_PIN_OFFLOAD_PARAMS;
+    }
+  if (po->offload_activations)
+    {
+      StowOffload a;
+      if (!stow_offload_parse (po->offload_activations, "--offload-activations",
+                               &a, error))
+        return FALSE;
+      if (a == STOW_OFFLOAD_NVME)
+        {
+          g_set_error (error, STOW_PLAN_ERROR, STOW_PLAN_ERROR_INVALID,
+                       "--offload-activations nvme: activation checkpoints "
+                       "go to cpu only");
+          return FALSE;
+        }
+      l->offload_activations = a == STOW_OFFLOAD_CPU;
+      po->pins |= STOW_PIN_OFFLOAD_ACTIVATIONS;
+    }
+  if (po->recompute)
+    {
+      if (!stow_recompute_parse (po->recompute, "--recompute", &l->recompute,
+                                 &l->recompute_layers, error))
+        return FALSE;
+      po->pins |= STOW_PIN_RECOMPUTE;
+    }
+  if (po->micro_batch)
+    {
+      if (!parse_count_flag ("--micro-batch", po->micro_batch, FALSE,
+                             &l->micro_batch, error))
+        return FALSE;
+      po->pins |= STOW_PIN_MICRO_BATCH;
+    }
+  if (!parse_count_flag ("--global-batch", po->global_batch, FALSE,
+                         &t->global_batch, error)
+      || !parse_count_flag ("--grad-accum", po->grad_accum, FALSE,
+                            &l->grad_accum, error)
+      || !parse_count_flag ("--seq", po->seq, TRUE, &t->seq_len, error)
+      || !parse_count_flag ("--lora-rank", po->lora_rank, FALSE, &t->lora_rank,
+                            error))
+    return FALSE;
+  if (po->precision
+      && !stow_precision_parse (po->precision, "--precision", &t->precision,
+                                error))
+    return FALSE;
+  if (po->optimizer
+      && !stow_optimizer_parse (po->optimizer, "--optimizer", &t->optimizer,
+                                error))
+    return FALSE;
+  if (po->finetune
+      && !stow_finetune_parse (po->finetune, "--finetune", &t->finetune, error))
+    return FALSE;
+  if (po->engine
+      && !stow_engine_parse (po->engine, "--engine", &l->engine, error))
+    return FALSE;
+  if (po->schedule)
+    {
+      if (!stow_schedule_parse (po->schedule, "--schedule", &l->schedule,
+                                error))
+        return FALSE;
+      po->pins |= STOW_PIN_SCHEDULE;
+    }
+  t->flash_attention = !po->no_flash;
+  t->chunked_loss = po->chunked_loss;
+  t->dropout = po->dropout;
+  return TRUE;
+}
+
+void
+stow_plan_options_default_layout (StowPlanOptions *po)
+{
+  StowLayout *l = &po->layout;
+  const StowCluster *c = po->cluster_obj;
+  if (!(po->pins & STOW_PIN_DP))
+    {
+      guint64 mp = (guint64)l->tp * l->pp * l->cp;
+      l->dp = mp && c->n_gpus % mp == 0 ? (guint)(c->n_gpus / mp) : 1;
+    }
+  if (!(po->pins & STOW_PIN_SP))
+    l->sp = l->tp > 1;
+  if (!(po->pins & STOW_PIN_SCHEDULE) && l->vpp > 1)
+    l->schedule = STOW_SCHEDULE_INTERLEAVED;
+  if (po->training.global_batch && po->grad_accum == NULL)
+    {
+      guint64 per = l->micro_batch * l->dp;
+      if (per && po->training.global_batch % per == 0)
+        l->grad_accum = po->training.global_batch / per;
+    }
+  else if (po->grad_accum == NULL)
+    l->grad_accum = l->pp; /* enough micro-batches to fill the pipeline */
+}
+
+void
+stow_plan_options_clear (StowPlanOptions *po)
+{
+  char **strings[] = {
+    &po->gpus,
+    &po->cluster,
+    &po->dp,
+    &po->tp,
+    &po->pp,
+    &po->vpp,
+    &po->cp,
+    &po->ep,
+    &po->zero,
+    &po->offload_optimizer,
+    &po->offload_params,
+    &po->offload_activations,
+    &po->recompute,
+    &po->micro_batch,
+    &po->global_batch,
+    &po->grad_accum,
+    &po->seq,
+    &po->precision,
+    &po->optimizer,
+    &po->finetune,
+    &po->lora_rank,
+    &po->engine,
+    &po->schedule,
+    &po->convention,
+    &po->params,
+    &po->largest_layer,
+    &po->zero_init,
+    &po->context,
+    &po->fragmentation,
+    &po->nccl,
+    &po->margin,
+  };
+  for (gsize i = 0; i < G_N_ELEMENTS (strings); i++)
+    g_clear_pointer (strings[i], g_free);
+  g_clear_pointer (&po->model, stow_model_unref);
+  g_clear_pointer (&po->cluster_obj, stow_cluster_unref);
+}

@@ -1,0 +1,49 @@
+/* SPDX-License-Identifier: MIT
+ *
+ * cli/plan-options.h: the model, cluster, training and layout flags shared
+ * by `mem`, `fit` and `plan`, and their conversion into planner types with
+ * errors that name the flag and the value.
+ */
+#pragma once
+
+#include <glib.h>
+
+#include "hw/hw.h"
+#include "models/model.h"
+#include "planner/memory.h"
+#include "planner/search.h"
+
+G_BEGIN_DECLS
+
+typedef struct
+{
+  /* raw option strings (NULL when not given) */
+  char *gpus, *cluster;
+  char *dp, *tp, *pp, *vpp, *cp, *ep, *zero, *offload_optimizer,
+      *offload_params, *offload_activations, *recompute, *micro_batch,
+      *global_batch, *grad_accum, *seq, *precision, *optimizer, *finetune,
+      *lora_rank, *engine, *schedule, *convention, *params, *largest_layer,
+      *zero_init, *context, *fragmentation, *nccl, *margin;
+  gboolean sp, no_sp, no_flash, chunked_loss, dropout, json, explain;
+
+  /* results */
+  StowModel *model; /* NULL only under --params */
+  StowCluster *cluster_obj;
+  StowTraining training;
+  StowLayout layout;
+  StowPins pins;
+  StowMemOptions mem;
+} StowPlanOptions;
+
+/* Adds the flags to @ctx (one group). */
+void stow_plan_options_add (GOptionContext *ctx, StowPlanOptions *po);
+/* Resolves the model (argument @model_arg, may be NULL under --params),
+ * the cluster and every flag; on error returns FALSE with @error naming
+ * the flag. */
+gboolean stow_plan_options_resolve (StowPlanOptions *po, const char *model_arg,
+                                    GError **error);
+/* Fills the dimensions the user left out (dp fills the GPUs). */
+void stow_plan_options_default_layout (StowPlanOptions *po);
+void stow_plan_options_clear (StowPlanOptions *po);
+
+G_END_DECLS

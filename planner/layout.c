@@ -1,0 +1,408 @@
+/* SPDX-License-Identifier: MIT
+ *
+ * planner/layout.c: names, parsing and validation of training settings and
+ * layouts.
+ */
+#include "planner/layout.h"
+
+#include <string.h>
+
+#include "core/strutil.h"
+
+G_DEFINE_QUARK (stow - plan - error - quark, stow_plan_error)
+
+void
+stow_training_init (StowTraining *t)
+{
+  memset (t, 0, sizeof *t);
+  t->seq_len = 2048;
+  t->global_batch = 0; /* 0: one micro-batch per data-parallel replica */
+  t->precision = STOW_PRECISION_BF16;
+  t->optimizer = STOW_OPTIMIZER_ADAMW;
+  t->finetune = STOW_FINETUNE_FULL;
+  t->lora_rank = 8;
+  t->flash_attention = TRUE;
+}
+
+void
+stow_layout_init (StowLayout *l)
+{
+  memset (l, 0, sizeof *l);
+  l->dp = l->tp = l->pp = l->vpp = l->cp = l->ep = 1;
+  l->micro_batch = 1;
+  l->grad_accum = 1;
+  l->schedule = STOW_SCHEDULE_1F1B;
+  l->engine = STOW_ENGINE_STOWAGE;
+}
+
+typedef struct
+{
+  const char *name;
+  int value;
+} NameValue;
+
+static const NameValue precision_names[] = {
+  { "fp32", STOW_PRECISION_FP32 },       { "fp16", STOW_PRECISION_FP16 },
+  { "bf16", STOW_PRECISION_BF16 },       { "fp8", STOW_PRECISION_FP8 },
+  { "float32", STOW_PRECISION_FP32 },    { "fp16-mixed", STOW_PRECISION_FP16 },
+  { "bf16-mixed", STOW_PRECISION_BF16 }, { "16-mixed", STOW_PRECISION_FP16 },
+};
+static const NameValue optimizer_names[] = {
+  { "adamw", STOW_OPTIMIZER_ADAMW },
+  { "adamw-8bit", STOW_OPTIMIZER_ADAMW_8BIT },
+  { "sgd", STOW_OPTIMIZER_SGD },
+  { "adafactor", STOW_OPTIMIZER_ADAFACTOR },
+  { "lion", STOW_OPTIMIZER_LION },
+  { "adam", STOW_OPTIMIZER_ADAMW },
+  { "adamw8bit", STOW_OPTIMIZER_ADAMW_8BIT },
+  { "adam8bit", STOW_OPTIMIZER_ADAMW_8BIT },
+};
+static const NameValue finetune_names[] = {
+  { "full", STOW_FINETUNE_FULL },
+  { "lora", STOW_FINETUNE_LORA },
+  { "qlora", STOW_FINETUNE_QLORA },
+};
+static const NameValue offload_names[] = {
+  { "none", STOW_OFFLOAD_NONE },
+  { "cpu", STOW_OFFLOAD_CPU },
+  { "nvme", STOW_OFFLOAD_NVME },
+};
+static const NameValue recompute_names[] = {
+  { "none", STOW_RECOMPUTE_NONE },
+  { "selective", STOW_RECOMPUTE_SELECTIVE },
+  { "full", STOW_RECOMPUTE_FULL },
+};
+static const NameValue schedule_names[] = {
+  { "1f1b", STOW_SCHEDULE_1F1B },
+  { "interleaved", STOW_SCHEDULE_INTERLEAVED },
+  { "gpipe", STOW_SCHEDULE_GPIPE },
+  { "interleaved-1f1b", STOW_SCHEDULE_INTERLEAVED },
+};
+static const NameValue engine_names[] = {
+  { "stowage", STOW_ENGINE_STOWAGE },     { "pytorch", STOW_ENGINE_PYTORCH },
+  { "deepspeed", STOW_ENGINE_DEEPSPEED }, { "megatron", STOW_ENGINE_MEGATRON },
+  { "fsdp", STOW_ENGINE_FSDP },
+};
+
+/* The first entries of each table, up to the first synonym, are the
+ * canonical names, in enum order. */
+static const char *
+value_name (const NameValue *t, gsize n, int v)
+{
+  for (gsize i = 0; i < n; i++)
+    if (t[i].value == v)
+      return t[i].name;
+  return "?";
+}
+
+static gboolean
+parse_name (const NameValue *t, gsize n, const char *s, const char *field,
+            int *out, GError **error)
+{
+  g_autoptr (GPtrArray) names = g_ptr_array_new ();
+  g_autoptr (GString) list = g_string_new (NULL);
+  for (gsize i = 0; s != NULL && i < n; i++)
+    if (g_ascii_strcasecmp (s, t[i].name) == 0)
+      {
+        *out = t[i].value;
+        return TRUE;
+      }
+  for (gsize i = 0; i < n; i++)
+    {
+      g_ptr_array_add (names, (gpointer)t[i].name);
+      gboolean canonical = TRUE;
+      for (gsize j = 0; j < i; j++)
+        if (t[j].value == t[i].value)
+          canonical = FALSE;
+      if (canonical)
+        g_string_append_printf (list, "%s%s", list->len ? ", " : "", t[i].name);
+    }
+  const char *near
+      = s ? stow_suggest (s, (const char *const *)names->pdata, names->len)
+          : NULL;
+  g_set_error (error, STOW_PLAN_ERROR, STOW_PLAN_ERROR_PARSE,
+               "%s \"%s\": not one of %s%s%s%s", field, s ? s : "", list->str,
+               near ? " (did you mean " : "", near ? near : "",
+               near ? "?)" : "");
+  return FALSE;
+}
+
+#define NAME_FUNCS(lower, Type, table)                                         \
+  const char *stow_##lower##_name (Type v)                                     \
+  {                                                                            \
+    return value_name (table, G_N_ELEMENTS (table), (int)v);                   \
+  }                                                                            \
+  gboolean stow_##lower##_parse (const char *s, const char *field, Type *out,  \
+                                 GError **error)                               \
+  {                                                                            \
+    int v;                                                                     \
+    if (!parse_name (table, G_N_ELEMENTS (table), s, field, &v, error))        \
+      return FALSE;                                                            \
+    *out = (Type)v;                                                            \
+    return TRUE;                                                               \
+  }
+
+NAME_FUNCS (precision, StowPrecision, precision_names)
+NAME_FUNCS (optimizer, StowOptimizer, optimizer_names)
+NAME_FUNCS (finetune, StowFinetune, finetune_names)
+NAME_FUNCS (offload, StowOffload, offload_names)
+NAME_FUNCS (schedule, StowSchedule, schedule_names)
+NAME_FUNCS (engine, StowEngine, engine_names)
+
+const char *
+stow_recompute_name (StowRecompute v)
+{
+  return value_name (recompute_names, G_N_ELEMENTS (recompute_names), (int)v);
+}
+
+/* "none", "selective", "full", or "full:K" (the first K layers of each
+ * stage). */
+gboolean
+stow_recompute_parse (const char *s, const char *field, StowRecompute *out,
+                      guint *layers, GError **error)
+{
+  int v;
+  const char *colon = s ? strchr (s, ':') : NULL;
+  if (colon != NULL)
+    {
+      g_autofree char *head = g_strndup (s, (gsize)(colon - s));
+      guint64 k = 0;
+      if (g_ascii_strcasecmp (head, "full") != 0
+          || !g_ascii_string_to_unsigned (colon + 1, 10, 1, G_MAXUINT, &k,
+                                          NULL))
+        {
+          g_set_error (error, STOW_PLAN_ERROR, STOW_PLAN_ERROR_PARSE,
+                       "%s \"%s\": expected none, selective, full or full:K "
+                       "(K layers per stage, K >= 1)",
+                       field, s);
+          return FALSE;
+        }
+      *out = STOW_RECOMPUTE_FULL;
+      *layers = (guint)k;
+      return TRUE;
+    }
+  if (!parse_name (recompute_names, G_N_ELEMENTS (recompute_names), s, field,
+                   &v, error))
+    return FALSE;
+  *out = (StowRecompute)v;
+  *layers = 0;
+  return TRUE;
+}
+
+gboolean
+stow_zero_parse (const char *s, const char *field, guint *stage,
+                 gboolean *hybrid, GError **error)
+{
+  static const struct
+  {
+    const char *name;
+    guint stage;
+    gboolean hybrid;
+  } names[] = {
+    { "0", 0, FALSE },          { "1", 1, FALSE },
+    { "2", 2, FALSE },          { "3", 3, FALSE },
+    { "NO_SHARD", 0, FALSE },   { "SHARD_GRAD_OP", 2, FALSE },
+    { "FULL_SHARD", 3, FALSE }, { "HYBRID_SHARD", 3, TRUE },
+  };
+  for (gsize i = 0; s != NULL && i < G_N_ELEMENTS (names); i++)
+    if (g_ascii_strcasecmp (s, names[i].name) == 0)
+      {
+        *stage = names[i].stage;
+        *hybrid = names[i].hybrid;
+        return TRUE;
+      }
+  g_set_error (error, STOW_PLAN_ERROR, STOW_PLAN_ERROR_PARSE,
+               "%s \"%s\": expected 0, 1, 2, 3 or an FSDP strategy "
+               "(NO_SHARD, SHARD_GRAD_OP, FULL_SHARD, HYBRID_SHARD)",
+               field, s ? s : "");
+  return FALSE;
+}
+
+static gboolean invalid (GError **error, const char *format, ...)
+    G_GNUC_PRINTF (2, 3);
+
+static gboolean
+invalid (GError **error, const char *format, ...)
+{
+  va_list ap;
+  va_start (ap, format);
+  g_autofree char *msg = g_strdup_vprintf (format, ap);
+  va_end (ap);
+  g_set_error_literal (error, STOW_PLAN_ERROR, STOW_PLAN_ERROR_INVALID, msg);
+  return FALSE;
+}
+
+gboolean
+stow_layout_validate (const StowLayout *l, const StowTraining *t,
+                      const StowModel *m, const StowCluster *c, GError **error)
+{
+  g_return_val_if_fail (l && t && m && c, FALSE);
+  static const struct
+  {
+    const char *flag;
+    gsize offset;
+  } degrees[] = {
+    { "--dp", G_STRUCT_OFFSET (StowLayout, dp) },
+    { "--tp", G_STRUCT_OFFSET (StowLayout, tp) },
+    { "--pp", G_STRUCT_OFFSET (StowLayout, pp) },
+    { "--vpp", G_STRUCT_OFFSET (StowLayout, vpp) },
+    { "--cp", G_STRUCT_OFFSET (StowLayout, cp) },
+    { "--ep", G_STRUCT_OFFSET (StowLayout, ep) },
+  };
+  for (gsize i = 0; i < G_N_ELEMENTS (degrees); i++)
+    if (G_STRUCT_MEMBER (guint, l, degrees[i].offset) == 0)
+      return invalid (error, "%s must be at least 1", degrees[i].flag);
+
+  if (m->n_heads % l->tp != 0)
+    return invalid (
+        error, "--tp %u does not divide num_attention_heads %" G_GUINT64_FORMAT,
+        l->tp, m->n_heads);
+  if (m->n_kv_heads % l->tp != 0 && l->tp % m->n_kv_heads != 0)
+    return invalid (error,
+                    "--tp %u and num_key_value_heads %" G_GUINT64_FORMAT
+                    " do not divide one another",
+                    l->tp, m->n_kv_heads);
+  guint64 world = (guint64)l->dp * l->tp * l->pp * l->cp;
+  if (world != c->n_gpus)
+    return invalid (error,
+                    "--dp %u x --tp %u x --pp %u x --cp %u = %" G_GUINT64_FORMAT
+                    " GPUs, but the cluster \"%s\" has %u",
+                    l->dp, l->tp, l->pp, l->cp, world, c->spec, c->n_gpus);
+  if (l->tp > 1 && c->node.gpus_per_node % l->tp != 0)
+    return invalid (error, "--tp %u does not divide the %u GPUs of a node",
+                    l->tp, c->node.gpus_per_node);
+  if (l->pp > m->n_layers)
+    return invalid (
+        error, "--pp %u is more than the model's %" G_GUINT64_FORMAT " layers",
+        l->pp, m->n_layers);
+  if (l->vpp > 1)
+    {
+      if (l->pp == 1)
+        return invalid (error, "--vpp %u needs --pp > 1", l->vpp);
+      if (m->n_layers % ((guint64)l->pp * l->vpp) != 0)
+        return invalid (error,
+                        "--pp %u x --vpp %u does not divide the model's "
+                        "%" G_GUINT64_FORMAT " layers",
+                        l->pp, l->vpp, m->n_layers);
+    }
+  if (l->sp && l->tp == 1)
+    return invalid (error, "--sp needs --tp > 1");
+  if (t->seq_len == 0)
+    return invalid (error, "--seq must be at least 1");
+  if (t->seq_len % l->cp != 0)
+    return invalid (error, "--cp %u does not divide --seq %" G_GUINT64_FORMAT,
+                    l->cp, t->seq_len);
+  if (l->ep > 1)
+    {
+      if (m->n_experts == 0)
+        return invalid (error,
+                        "--ep %u needs a mixture-of-experts model; "
+                        "%s has no experts",
+                        l->ep, m->name);
+      if (m->n_experts % l->ep != 0)
+        return invalid (
+            error, "--ep %u does not divide the %" G_GUINT64_FORMAT " experts",
+            l->ep, m->n_experts);
+      if ((guint64)l->dp * l->cp % l->ep != 0)
+        return invalid (error,
+                        "--ep %u must divide --dp x --cp (%u); experts are "
+                        "sharded across data-parallel ranks",
+                        l->ep, l->dp * l->cp);
+    }
+  if (l->zero > 3)
+    return invalid (error, "--zero %u: the stages are 0, 1, 2 and 3", l->zero);
+  if (l->micro_batch == 0)
+    return invalid (error, "--micro-batch must be at least 1");
+  if (l->grad_accum == 0)
+    return invalid (error, "gradient accumulation must be at least 1");
+  if (t->global_batch != 0
+      && t->global_batch != l->micro_batch * l->grad_accum * l->dp)
+    return invalid (error,
+                    "--global-batch %" G_GUINT64_FORMAT
+                    " is not --micro-batch %" G_GUINT64_FORMAT " x "
+                    "accumulation %" G_GUINT64_FORMAT " x --dp %u",
+                    t->global_batch, l->micro_batch, l->grad_accum, l->dp);
+  if (l->offload_params != STOW_OFFLOAD_NONE && l->zero != 3)
+    return invalid (error,
+                    "--offload-params %s needs --zero 3 (parameters "
+                    "are offloaded shard by shard)",
+                    stow_offload_name (l->offload_params));
+  if (l->recompute == STOW_RECOMPUTE_FULL && l->recompute_layers > 0
+      && l->recompute_layers > (m->n_layers + l->pp - 1) / l->pp)
+    return invalid (error,
+                    "--recompute full:%u is more than the %" G_GUINT64_FORMAT
+                    " layers of a stage",
+                    l->recompute_layers, (m->n_layers + l->pp - 1) / l->pp);
+  if (l->offload_activations && l->recompute != STOW_RECOMPUTE_FULL)
+    return invalid (error, "--offload-activations cpu moves activation "
+                           "checkpoints, so it needs --recompute full");
+  if (l->schedule == STOW_SCHEDULE_INTERLEAVED && l->vpp < 2)
+    return invalid (error, "--schedule interleaved needs --vpp >= 2");
+  if (l->vpp > 1 && l->schedule != STOW_SCHEDULE_INTERLEAVED)
+    return invalid (error, "--vpp %u needs --schedule interleaved", l->vpp);
+  if (l->pp > 1 && l->grad_accum < l->pp && l->schedule != STOW_SCHEDULE_GPIPE)
+    g_debug ("pp %u with only %" G_GUINT64_FORMAT
+             " micro-batches per step: the pipeline never fills",
+             l->pp, l->grad_accum);
+
+  switch (l->engine)
+    {
+    case STOW_ENGINE_MEGATRON:
+      if (l->offload_optimizer == STOW_OFFLOAD_NVME
+          || l->offload_params != STOW_OFFLOAD_NONE)
+        return invalid (error, "--engine megatron cannot offload to NVMe or "
+                               "offload parameters");
+      if (l->zero > 1)
+        return invalid (error,
+                        "--engine megatron shards optimizer states "
+                        "only (--zero 0 or 1, the distributed optimizer)");
+      break;
+    case STOW_ENGINE_DEEPSPEED:
+      if (l->offload_optimizer != STOW_OFFLOAD_NONE && l->zero == 0)
+        return invalid (error, "--engine deepspeed offloads the optimizer "
+                               "from ZeRO stage 1 up (--zero 1, 2 or 3)");
+      if (l->cp > 1)
+        return invalid (error, "--engine deepspeed has no context "
+                               "parallelism (--cp 1)");
+      break;
+    case STOW_ENGINE_FSDP:
+      if (l->zero == 1)
+        return invalid (error, "--engine fsdp has no ZeRO-1 strategy "
+                               "(NO_SHARD, SHARD_GRAD_OP, FULL_SHARD)");
+      if (l->offload_optimizer == STOW_OFFLOAD_NVME
+          || l->offload_params == STOW_OFFLOAD_NVME)
+        return invalid (error, "--engine fsdp cannot offload to NVMe");
+      break;
+    case STOW_ENGINE_PYTORCH:
+      if (c->n_gpus != 1)
+        return invalid (error,
+                        "--engine pytorch runs on one GPU; the "
+                        "cluster has %u",
+                        c->n_gpus);
+      if (l->zero != 0 || l->offload_optimizer != STOW_OFFLOAD_NONE
+          || l->offload_params != STOW_OFFLOAD_NONE)
+        return invalid (error, "--engine pytorch has no ZeRO or offload");
+      break;
+    case STOW_ENGINE_STOWAGE:
+      break;
+    }
+  return TRUE;
+}
+
+void
+stow_layout_stage_layers (const StowLayout *layout, guint64 n_layers,
+                          guint64 *counts)
+{
+  guint pp = layout->pp;
+  guint64 base = n_layers / pp, extra = n_layers % pp;
+  /* The first stage holds the embedding and the most in-flight
+   * micro-batches, the last the logits: give the remainder to the middle. */
+  for (guint i = 0; i < pp; i++)
+    counts[i] = base;
+  for (guint i = 0; extra > 0; i++)
+    {
+      guint s = pp > 2 ? 1 + (i % (pp - 2)) : i % pp;
+      counts[s]++;
+      extra--;
+    }
+}

@@ -1,0 +1,174 @@
+/* SPDX-License-Identifier: MIT
+ *
+ * planner/layout.h: what is being trained (StowTraining) and how it is laid
+ * out on the cluster (StowLayout): parallel degrees, ZeRO stage, offload,
+ * recomputation, micro-batching and the engine that will run it.  Plain
+ * value types with names for every enum value (used by the CLI, JSON and
+ * plan files) and a validator that names the offending field.
+ */
+#pragma once
+
+#include <glib.h>
+
+#include "hw/hw.h"
+#include "models/model.h"
+
+G_BEGIN_DECLS
+
+#define STOW_PLAN_ERROR (stow_plan_error_quark ())
+GQuark stow_plan_error_quark (void);
+
+typedef enum
+{
+  STOW_PLAN_ERROR_INVALID, /* a layout or setting that cannot work */
+  STOW_PLAN_ERROR_PARSE,   /* a value that is not one of the names */
+} StowPlanError;
+
+typedef enum
+{
+  STOW_PRECISION_FP32,
+  STOW_PRECISION_FP16, /* fp16 compute, fp32 master weights */
+  STOW_PRECISION_BF16, /* bf16 compute, fp32 master weights */
+  STOW_PRECISION_FP8,  /* fp8 GEMMs, bf16 weights, fp32 master weights */
+} StowPrecision;
+
+typedef enum
+{
+  STOW_OPTIMIZER_ADAMW,
+  STOW_OPTIMIZER_ADAMW_8BIT,
+  STOW_OPTIMIZER_SGD, /* with momentum */
+  STOW_OPTIMIZER_ADAFACTOR,
+  STOW_OPTIMIZER_LION,
+} StowOptimizer;
+
+typedef enum
+{
+  STOW_FINETUNE_FULL,
+  STOW_FINETUNE_LORA,
+  STOW_FINETUNE_QLORA, /* 4-bit NF4 base, double quantisation */
+} StowFinetune;
+
+typedef enum
+{
+  STOW_OFFLOAD_NONE,
+  STOW_OFFLOAD_CPU,
+  STOW_OFFLOAD_NVME,
+} StowOffload;
+
+typedef enum
+{
+  STOW_RECOMPUTE_NONE,
+  STOW_RECOMPUTE_SELECTIVE, /* core attention only (Korthikanti et al.) */
+  STOW_RECOMPUTE_FULL,      /* every layer, or the first k of each stage */
+} StowRecompute;
+
+typedef enum
+{
+  STOW_SCHEDULE_1F1B,
+  STOW_SCHEDULE_INTERLEAVED, /* interleaved 1F1B with vpp model chunks */
+  STOW_SCHEDULE_GPIPE,
+} StowSchedule;
+
+typedef enum
+{
+  STOW_ENGINE_STOWAGE,
+  STOW_ENGINE_PYTORCH, /* plain PyTorch + caching allocator, one device */
+  STOW_ENGINE_DEEPSPEED,
+  STOW_ENGINE_MEGATRON,
+  STOW_ENGINE_FSDP,
+} StowEngine;
+
+typedef struct
+{
+  guint64 seq_len;      /* tokens per sequence */
+  guint64 global_batch; /* sequences per optimizer step */
+  StowPrecision precision;
+  StowOptimizer optimizer;
+  StowFinetune finetune;
+  guint64 lora_rank;
+  guint lora_targets; /* bit set of StowLoraTarget; 0 = q and v */
+  gboolean flash_attention;
+  gboolean chunked_loss; /* cross-entropy in chunks: no full fp32 logits */
+  gboolean dropout;      /* dropout masks are kept (1 byte per element) */
+} StowTraining;
+
+typedef enum
+{
+  STOW_LORA_Q = 1 << 0,
+  STOW_LORA_K = 1 << 1,
+  STOW_LORA_V = 1 << 2,
+  STOW_LORA_O = 1 << 3,
+  STOW_LORA_GATE = 1 << 4,
+  STOW_LORA_UP = 1 << 5,
+  STOW_LORA_DOWN = 1 << 6,
+  STOW_LORA_ALL = 0x7f,
+} StowLoraTarget;
+
+typedef struct
+{
+  guint dp, tp, pp, vpp, cp, ep; /* vpp = 1 without interleaving */
+  gboolean sp;                   /* sequence parallel (needs tp > 1) */
+  guint zero;                    /* 0..3 */
+  gboolean hybrid_shard;         /* HSDP: shard inside a node only */
+  StowOffload offload_optimizer;
+  StowOffload offload_params;
+  gboolean offload_activations; /* checkpoints to pinned host memory */
+  StowRecompute recompute;
+  guint recompute_layers; /* FULL: first k layers per stage; 0=all */
+  guint64 micro_batch;
+  guint64 grad_accum; /* micro-batches per step per replica */
+  StowSchedule schedule;
+  StowEngine engine;
+} StowLayout;
+
+void stow_training_init (StowTraining *t);
+void stow_layout_init (StowLayout *l);
+
+/* Names used on the command line, in JSON and in plan files. */
+const char *stow_precision_name (StowPrecision v);
+const char *stow_optimizer_name (StowOptimizer v);
+const char *stow_finetune_name (StowFinetune v);
+const char *stow_offload_name (StowOffload v);
+const char *stow_recompute_name (StowRecompute v);
+const char *stow_schedule_name (StowSchedule v);
+const char *stow_engine_name (StowEngine v);
+
+/* Parse a name (case-insensitive; accepts the usual synonyms, e.g. "adam"
+ * for AdamW, "bf16-mixed", FSDP's "FULL_SHARD" for ZeRO 3).  @field names
+ * the option in the error ("--optimizer"). */
+gboolean stow_precision_parse (const char *s, const char *field,
+                               StowPrecision *out, GError **error);
+gboolean stow_optimizer_parse (const char *s, const char *field,
+                               StowOptimizer *out, GError **error);
+gboolean stow_finetune_parse (const char *s, const char *field,
+                              StowFinetune *out, GError **error);
+gboolean stow_offload_parse (const char *s, const char *field, StowOffload *out,
+                             GError **error);
+gboolean stow_recompute_parse (const char *s, const char *field,
+                               StowRecompute *out, guint *layers,
+                               GError **error);
+gboolean stow_schedule_parse (const char *s, const char *field,
+                              StowSchedule *out, GError **error);
+gboolean stow_engine_parse (const char *s, const char *field, StowEngine *out,
+                            GError **error);
+/* "0".."3" or an FSDP strategy name (NO_SHARD, SHARD_GRAD_OP, FULL_SHARD,
+ * HYBRID_SHARD); sets *hybrid for HYBRID_SHARD. */
+gboolean stow_zero_parse (const char *s, const char *field, guint *stage,
+                          gboolean *hybrid, GError **error);
+
+/* Checks that @layout can run @model on @cluster: degrees multiply to the
+ * GPU count, tp divides heads and kv heads, pp divides layers, ep divides
+ * experts, cp divides the sequence, the batch divides into micro-batches,
+ * offload combinations are legal for the engine.  The message names the
+ * field and the values ("--tp 3 does not divide num_attention_heads 64"). */
+gboolean stow_layout_validate (const StowLayout *layout,
+                               const StowTraining *training,
+                               const StowModel *model,
+                               const StowCluster *cluster, GError **error);
+
+/* Number of layers on each pipeline stage (@counts has layout->pp entries),
+ * as even as possible with the remainder on the middle stages. */
+void stow_layout_stage_layers (const StowLayout *layout, guint64 n_layers,
+                               guint64 *counts);
+
+G_END_DECLS

@@ -1,0 +1,999 @@
+/* SPDX-License-Identifier: MIT
+ *
+ * planner/memory.c: stowage's own memory model.  Per pipeline stage it
+ * counts the parameters one GPU holds (tensor, pipeline and expert
+ * sharding), charges model states by engine, precision, optimizer and ZeRO
+ * stage, moves what is offloaded to host or NVMe, adds activations for the
+ * micro-batches in flight, then the engine's buffers, the CUDA context,
+ * library workspaces, NCCL and the allocator's slack.  Peer conventions live
+ * in planner/conventions.c.  The sources of every default are in
+ * docs/memory-model.md.
+ */
+#include "planner/memory.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <string.h>
+
+#include "core/units.h"
+#include "planner/memory-private.h"
+
+#define MiB ((guint64)1 << 20)
+#define GiB ((guint64)1 << 30)
+
+void
+stow_mem_options_init (StowMemOptions *o)
+{
+  memset (o, 0, sizeof *o);
+  o->convention = STOW_CONVENTION_STOWAGE;
+  o->zero_init = 1;
+  /* CUDA >= 11.7 lazy module loading: 250-500 MiB per process
+   * (pytorch#86509 measured 287 MB lazy, 667 MB eager). */
+  o->cuda_context_bytes = 512 * MiB;
+  /* cuBLAS/cuBLASLt workspaces outside the caching allocator's view. */
+  o->workspace_bytes = 64 * MiB;
+  /* NCCL channel buffers per communicator; users report up to several
+   * GiB across groups (verl#5979); a configurable reserve. */
+  o->nccl_bytes_per_group = 256 * MiB;
+  /* 5% of the peak: vllm compressed-tensors' margin after a measured
+   * 1.83 GiB reserved-but-unallocated at 78 GiB in use. */
+  o->fragmentation = 0.05;
+  o->safety_margin_bytes = 0;
+  /* A PyTorch rank's own resident memory (CUDA, NCCL, Python). */
+  o->host_process_bytes = 2 * GiB;
+  o->vocab_multiple = 128; /* Megatron --make-vocab-size-divisible-by */
+  o->swap_shard_params = (guint64)1 << 26;
+}
+
+const char *
+stow_tier_name (StowTier tier)
+{
+  static const char *const names[]
+      = { "device", "pinned_host", "host", "nvme" };
+  g_return_val_if_fail (tier < STOW_N_TIERS, "?");
+  return names[tier];
+}
+
+static const struct
+{
+  const char *name;
+  StowConvention value;
+} convention_names[] = {
+  { "stowage", STOW_CONVENTION_STOWAGE },
+  { "zero-paper", STOW_CONVENTION_ZERO_PAPER },
+  { "deepspeed-estimator", STOW_CONVENTION_DEEPSPEED_ESTIMATOR },
+  { "deepspeed-estimator-docs", STOW_CONVENTION_DEEPSPEED_ESTIMATOR_DOCS },
+  { "megatron-theoretical", STOW_CONVENTION_MEGATRON_THEORETICAL },
+};
+
+const char *
+stow_convention_name (StowConvention c)
+{
+  for (gsize i = 0; i < G_N_ELEMENTS (convention_names); i++)
+    if (convention_names[i].value == c)
+      return convention_names[i].name;
+  return "?";
+}
+
+gboolean
+stow_convention_parse (const char *s, const char *field, StowConvention *out,
+                       GError **error)
+{
+  for (gsize i = 0; s && i < G_N_ELEMENTS (convention_names); i++)
+    if (g_ascii_strcasecmp (s, convention_names[i].name) == 0)
+      {
+        *out = convention_names[i].value;
+        return TRUE;
+      }
+  g_set_error (error, STOW_PLAN_ERROR, STOW_PLAN_ERROR_PARSE,
+               "%s \"%s\": expected stowage, zero-paper, deepspeed-estimator, "
+               "deepspeed-estimator-docs or megatron-theoretical",
+               field, s ? s : "");
+  return FALSE;
+}
+
+/* ---- terms ------------------------------------------------------------- */
+
+static void
+clear_term (gpointer p)
+{
+  g_free (((StowMemTerm *)p)->formula);
+}
+
+GArray *
+stow_mem_terms_new (void)
+{
+  GArray *a = g_array_new (FALSE, TRUE, sizeof (StowMemTerm));
+  g_array_set_clear_func (a, clear_term);
+  return a;
+}
+
+void
+stow_mem_add (GArray *terms, const char *name, guint64 bytes, StowTier tier,
+              const char *format, ...)
+{
+  StowMemTerm t = { name, bytes, NULL, tier };
+  va_list ap;
+  if (bytes == 0)
+    return;
+  va_start (ap, format);
+  t.formula = g_strdup_vprintf (format, ap);
+  va_end (ap);
+  g_array_append_val (terms, t);
+}
+
+guint64
+stow_mem_sum (GArray *terms, int tier)
+{
+  guint64 s = 0;
+  for (guint i = 0; i < terms->len; i++)
+    {
+      StowMemTerm *t = &g_array_index (terms, StowMemTerm, i);
+      if (tier < 0 || (int)t->tier == tier)
+        s += t->bytes;
+    }
+  return s;
+}
+
+/* Bytes = count x per-element bytes (fractional), rounded to nearest. */
+guint64
+stow_bytes (guint64 count, double bytes_per)
+{
+  double v = (double)count * bytes_per;
+  if (v >= 1.8e19)
+    return G_MAXUINT64 / 4; /* saturate far beyond any real cluster */
+  return (guint64)llround (v);
+}
+
+StowMemory *
+stow_memory_alloc (guint n_stages)
+{
+  StowMemory *mem = g_new0 (StowMemory, 1);
+  mem->n_stages = n_stages;
+  mem->stages = g_new0 (StowStageMemory, n_stages);
+  for (guint i = 0; i < n_stages; i++)
+    {
+      mem->stages[i].stage = i;
+      mem->stages[i].terms = stow_mem_terms_new ();
+    }
+  mem->host_terms = stow_mem_terms_new ();
+  mem->nvme_terms = stow_mem_terms_new ();
+  return mem;
+}
+
+void
+stow_memory_free (StowMemory *mem)
+{
+  if (mem == NULL)
+    return;
+  for (guint i = 0; i < mem->n_stages; i++)
+    g_array_unref (mem->stages[i].terms);
+  g_free (mem->stages);
+  g_array_unref (mem->host_terms);
+  g_array_unref (mem->nvme_terms);
+  g_free (mem);
+}
+
+/* Totals from the terms: the property tests check they always add up. */
+void
+stow_memory_finish (StowMemory *mem, const StowCluster *c,
+                    const StowMemOptions *o)
+{
+  guint64 cap = c ? c->node.gpu.total_bytes : 0;
+  mem->capacity_bytes
+      = cap > o->safety_margin_bytes ? cap - o->safety_margin_bytes : 0;
+  mem->peak_stage = 0;
+  for (guint i = 0; i < mem->n_stages; i++)
+    {
+      StowStageMemory *s = &mem->stages[i];
+      s->total_bytes = stow_mem_sum (s->terms, STOW_TIER_DEVICE);
+      if (s->allocated_bytes == 0 || s->allocated_bytes > s->total_bytes)
+        s->allocated_bytes = s->total_bytes;
+      if (s->reserved_bytes == 0 || s->reserved_bytes > s->total_bytes)
+        s->reserved_bytes = s->total_bytes;
+      if (s->total_bytes > mem->stages[mem->peak_stage].total_bytes)
+        mem->peak_stage = i;
+    }
+  StowStageMemory *peak = &mem->stages[mem->peak_stage];
+  mem->allocated_peak_bytes = peak->allocated_bytes;
+  mem->reserved_bytes = peak->reserved_bytes;
+  mem->total_bytes = peak->total_bytes;
+  mem->host_pinned_bytes = stow_mem_sum (mem->host_terms, STOW_TIER_PINNED);
+  mem->host_pageable_bytes = stow_mem_sum (mem->host_terms, STOW_TIER_HOST);
+  mem->host_total_bytes = mem->host_pinned_bytes + mem->host_pageable_bytes;
+  mem->nvme_bytes = stow_mem_sum (mem->nvme_terms, -1);
+  if (c)
+    {
+      mem->host_capacity_bytes = c->node.host_ram_bytes;
+      for (guint i = 0; i < c->node.n_nvme; i++)
+        mem->nvme_capacity_bytes += c->node.nvme[i].capacity_bytes;
+    }
+  mem->fits_device = mem->total_bytes <= mem->capacity_bytes;
+  mem->fits_host = mem->host_capacity_bytes == 0
+                   || mem->host_total_bytes <= mem->host_capacity_bytes;
+  mem->fits_nvme
+      = mem->nvme_bytes == 0 || mem->nvme_bytes <= mem->nvme_capacity_bytes;
+  mem->fits = mem->fits_device && mem->fits_host && mem->fits_nvme;
+}
+
+/* ---- activations --------------------------------------------------------- */
+
+/* Bytes one GPU keeps for backward for one layer and one micro-batch, when
+ * nothing is recomputed.  Korthikanti et al. 2022 count 34 sbh + 5 a s^2 b
+ * for a GPT layer (11 sbh attention, 19 sbh MLP, 4 sbh two LayerNorm
+ * inputs); here each saved tensor is counted from the model's own shapes so
+ * GQA (fewer K/V heads), gated MLPs (gate, up and their product: 6 s b f),
+ * explicit head_dim and flash attention (no s^2 term, an fp32 logsumexp)
+ * come out right.  Tensor parallelism splits what is inside the attention
+ * and MLP blocks; sequence parallelism also splits the LayerNorm inputs,
+ * the linear inputs and the dropout masks (Table 2).  Context parallelism
+ * splits the sequence. */
+static void
+layer_activation_parts (const StowModel *m, const StowTraining *t,
+                        const StowLayout *l, gboolean moe, guint64 *block,
+                        guint64 *core)
+{
+  double s = (double)t->seq_len / l->cp;
+  double b = (double)l->micro_batch;
+  double h = (double)m->hidden;
+  double a = (double)m->n_heads;
+  double k = (double)m->n_kv_heads;
+  double dq = (double)m->head_dim, dv = (double)m->head_dim;
+  double tp = (double)l->tp;
+  double rep = l->sp ? tp : 1.0; /* divisor of the replicated parts */
+  double drop = t->dropout ? 1.0 : 0.0;
+  double f, mlp_inner;
+
+  if (m->qk_nope_head_dim + m->qk_rope_head_dim > 0)
+    {
+      /* DeepSeek MLA: q and k heads of nope+rope, v heads of v_head_dim,
+       * all a heads after the latent up-projection. */
+      dq = (double)(m->qk_nope_head_dim + m->qk_rope_head_dim);
+      dv = (double)m->v_head_dim;
+      k = a;
+    }
+  if (moe && m->n_experts > 0)
+    {
+      /* Each token visits top-k experts: the permuted inputs and the expert
+       * MLPs' tensors are top-k times those of one MLP of width moe_ffn
+       * (mixtral: ffn), plus the shared experts as a dense MLP. */
+      double fe = (double)(m->moe_ffn ? m->moe_ffn : m->ffn);
+      double per = m->gated_mlp ? 6.0 * fe : 4.0 * fe;
+      mlp_inner = (double)m->experts_per_token * (2.0 * h + per)
+                  + (double)m->n_shared_experts * per
+                  + 4.0 * (double)m->n_experts; /* fp32 router logits */
+      f = fe;
+    }
+  else
+    {
+      f = (double)m->ffn;
+      mlp_inner = m->gated_mlp ? 6.0 * f : 4.0 * f;
+    }
+  (void)f;
+
+  /* Replicated under plain TP: two norm inputs (2+2), the QKV and MLP
+   * input (2+2), two dropout masks. */
+  double replicated = (4.0 + 4.0 + 2.0 * drop) * h;
+  /* Split by TP: Q, K, V (2 bytes each element), the attention output
+   * feeding o_proj, and the MLP's inner tensors. */
+  double split = 2.0 * (a * dq + k * dq + k * dv) + 2.0 * a * dv + mlp_inner;
+  double sb = s * b;
+  *block = (guint64)llround (sb * (replicated / rep + split / tp));
+
+  if (t->flash_attention)
+    *core = (guint64)llround (4.0 * sb * a / tp); /* fp32 logsumexp */
+  else
+    /* scores, softmax output (2 B each) and the dropout mask (1 B) */
+    *core = (guint64)llround ((4.0 + drop) * a * s * s * b / tp);
+}
+
+guint64
+stow_memory_layer_activations (const StowModel *m, const StowTraining *t,
+                               const StowLayout *l)
+{
+  guint64 block, core;
+  layer_activation_parts (m, t, l, FALSE, &block, &core);
+  if (l->recompute == STOW_RECOMPUTE_SELECTIVE && !t->flash_attention)
+    core = 0;
+  return block + core;
+}
+
+/* ---- the stowage model ----------------------------------------------- */
+
+typedef struct
+{
+  double w;      /* low-precision weights used by compute */
+  double g;      /* gradients as produced by backward */
+  double master; /* fp32 master weights (0 when training in fp32) */
+  double opt;    /* optimizer states */
+} Bpp;
+
+static double
+optimizer_bytes (const StowModel *m, StowOptimizer opt)
+{
+  switch (opt)
+    {
+    case STOW_OPTIMIZER_ADAMW:
+      return 8.0; /* fp32 exp_avg and exp_avg_sq */
+    case STOW_OPTIMIZER_ADAMW_8BIT:
+      return 2.0; /* bitsandbytes: two 8-bit states (+ block scales) */
+    case STOW_OPTIMIZER_SGD:
+      return 4.0; /* fp32 momentum */
+    case STOW_OPTIMIZER_LION:
+      return 4.0; /* fp32 momentum only */
+    case STOW_OPTIMIZER_ADAFACTOR:
+      /* Factored second moment: 4 (rows + cols) bytes per h x f matrix,
+       * i.e. 4/f + 4/h per parameter; no first moment by default. */
+      return 4.0 / (double)MAX (m->hidden, 1) + 4.0 / (double)MAX (m->ffn, 1);
+    }
+  return 8.0;
+}
+
+static Bpp
+full_bpp (const StowModel *m, const StowTraining *t)
+{
+  Bpp b = { 2, 2, 4, optimizer_bytes (m, t->optimizer) };
+  if (t->precision == STOW_PRECISION_FP32)
+    b.w = 4, b.g = 4, b.master = 0;
+  else if (t->precision == STOW_PRECISION_FP8)
+    b.w = 3; /* bf16 weights plus their fp8 copy for the GEMMs */
+  return b;
+}
+
+/* LoRA adapter parameters of one layer on one TP rank: r (in + out) per
+ * targeted matrix. */
+static guint64
+lora_layer_params (const StowModel *m, const StowTraining *t, guint tp)
+{
+  guint targets
+      = t->lora_targets ? t->lora_targets : (STOW_LORA_Q | STOW_LORA_V);
+  guint64 h = m->hidden, qd = m->n_heads * m->head_dim,
+          kd = m->n_kv_heads * m->head_dim, f = m->ffn, sum = 0;
+  if (targets & STOW_LORA_Q)
+    sum += h + qd;
+  if (targets & STOW_LORA_K)
+    sum += h + kd;
+  if (targets & STOW_LORA_V)
+    sum += h + kd;
+  if (targets & STOW_LORA_O)
+    sum += qd + h;
+  if (m->gated_mlp && (targets & STOW_LORA_GATE))
+    sum += h + f;
+  if (targets & STOW_LORA_UP)
+    sum += h + f;
+  if (targets & STOW_LORA_DOWN)
+    sum += f + h;
+  return t->lora_rank * sum / tp;
+}
+
+/* Parameters one GPU of a stage holds, before ZeRO sharding. */
+typedef struct
+{
+  guint64 layers;    /* transformer layers on the stage */
+  guint64 params;    /* all parameters on the GPU */
+  guint64 linear;    /* of which in linear layers (QLoRA quantises these) */
+  guint64 max_layer; /* largest layer on the GPU (streaming slots) */
+  guint64 trainable; /* LoRA adapters, or = params */
+  gboolean first, last;
+} StageParams;
+
+static guint64
+padded_vocab (const StowModel *m, const StowLayout *l, const StowMemOptions *o)
+{
+  if (l->engine != STOW_ENGINE_MEGATRON || o->vocab_multiple == 0)
+    return m->vocab;
+  guint64 mult = o->vocab_multiple * l->tp;
+  return (m->vocab + mult - 1) / mult * mult;
+}
+
+static StageParams
+stage_params (const StowModel *m, const StowTraining *t, const StowLayout *l,
+              const StowMemOptions *o, guint stage, guint64 first_layer,
+              guint64 n_layers)
+{
+  StageParams p = { 0 };
+  guint64 n_moe = 0;
+  for (guint64 i = 0; i < m->n_layers; i++)
+    n_moe += m->layers[i].is_moe ? 1 : 0;
+  guint64 expert_per_layer = n_moe ? m->by_role[STOW_ROLE_EXPERT] / n_moe : 0;
+  guint64 norm_per_layer = m->by_role[STOW_ROLE_NORM] / MAX (m->n_layers, 1);
+
+  p.layers = n_layers;
+  p.first = stage == 0;
+  p.last = stage + 1 == l->pp;
+  for (guint64 i = first_layer; i < first_layer + n_layers; i++)
+    {
+      const StowLayerInfo *li = &m->layers[i];
+      guint64 experts = li->is_moe ? expert_per_layer : 0;
+      guint64 norms = MIN (norm_per_layer, li->params - experts);
+      guint64 shardable = li->params - experts - norms;
+      guint64 on_gpu
+          = shardable / l->tp + norms + experts / ((guint64)l->ep * l->tp);
+      p.params += on_gpu;
+      p.linear += on_gpu - norms;
+      p.max_layer = MAX (p.max_layer, on_gpu);
+    }
+  guint64 emb = m->embedding_params;
+  if (l->engine == STOW_ENGINE_MEGATRON)
+    emb += (padded_vocab (m, l, o) - m->vocab) * m->hidden;
+  if (p.first)
+    p.params += emb / l->tp;
+  if (p.last)
+    {
+      if (m->head_params)
+        p.params += (m->head_params
+                     + (padded_vocab (m, l, o) - m->vocab) * m->hidden)
+                    / l->tp;
+      else if (l->pp > 1)
+        /* Tied: the last stage keeps its own copy of the word embedding
+         * for the output layer and all-reduces its gradient with stage 0. */
+        p.params += padded_vocab (m, l, o) * m->hidden / l->tp;
+    }
+  p.trainable = p.params;
+  if (t->finetune != STOW_FINETUNE_FULL)
+    p.trainable = n_layers * lora_layer_params (m, t, l->tp);
+  return p;
+}
+
+/* Data-parallel ranks that ZeRO shards over. */
+static guint64
+shard_degree (const StowLayout *l, const StowCluster *c)
+{
+  guint64 dp = (guint64)l->dp * l->cp;
+  if (l->hybrid_shard)
+    {
+      guint64 per_node = MAX (1, c->node.gpus_per_node / (l->tp * l->cp));
+      return MIN (dp, per_node) * l->cp;
+    }
+  return dp;
+}
+
+/* " / 16 ZeRO shards" or "", for formulas. */
+static const char *
+shards (char *buf, gsize size, guint64 d)
+{
+  if (d <= 1)
+    return "";
+  g_snprintf (buf, size, " / %" G_GUINT64_FORMAT " ZeRO shards", d);
+  return buf;
+}
+
+static guint64
+div_ceil (guint64 a, guint64 b)
+{
+  return (a + b - 1) / b;
+}
+
+typedef struct
+{
+  const StowModel *m;
+  const StowCluster *c;
+  const StowTraining *t;
+  const StowLayout *l;
+  const StowMemOptions *o;
+  guint64 n; /* shard degree */
+  /* per-GPU host and NVMe bytes, summed over the worst stage */
+  GArray *host;
+  GArray *nvme;
+} Model;
+
+/* Model states of one stage: weights, gradients, master weights and
+ * optimizer states on the device, or offloaded. */
+static void
+model_states (Model *ms, const StageParams *p, GArray *dev,
+              gboolean charge_host)
+{
+  const StowLayout *l = ms->l;
+  const StowTraining *t = ms->t;
+  Bpp b = full_bpp (ms->m, t);
+  guint64 n = ms->n;
+  guint64 N = p->params, T = p->trainable;
+  gboolean lora = t->finetune != STOW_FINETUNE_FULL;
+  guint z = l->zero;
+  guint64 wdiv = z >= 3 ? n : 1, gdiv = z >= 2 ? n : 1, odiv = z >= 1 ? n : 1;
+  gboolean off_opt = l->offload_optimizer != STOW_OFFLOAD_NONE;
+  gboolean off_par = l->offload_params != STOW_OFFLOAD_NONE;
+  GArray *host = charge_host ? ms->host : NULL;
+  GArray *nvme = charge_host ? ms->nvme : NULL;
+  char sbuf[48];
+
+  /* Weights. */
+  if (lora)
+    {
+      double wb = t->finetune == STOW_FINETUNE_QLORA
+                      /* NF4: 4 bits + an 8-bit absmax per 64 weights + an
+                       * fp32 scale per 256 blocks (double quantisation) */
+                      ? 0.5 + 1.0 / 64.0 + 4.0 / (64.0 * 256.0)
+                      : b.w;
+      guint64 linear = p->linear;
+      stow_mem_add (dev, "parameters", stow_bytes (linear, wb) / wdiv,
+                    STOW_TIER_DEVICE,
+                    "%.4g B x %" G_GUINT64_FORMAT " frozen linear params%s", wb,
+                    linear, shards (sbuf, sizeof sbuf, wdiv));
+      stow_mem_add (dev, "parameters (non-linear)",
+                    stow_bytes (N - linear, 2.0) / wdiv, STOW_TIER_DEVICE,
+                    "2 B x %" G_GUINT64_FORMAT
+                    " embedding and norm params (bf16, frozen)",
+                    N - linear);
+      /* Adapters train in fp32 (PEFT's default under autocast): weights,
+       * gradients and optimizer states all in fp32, no separate master. */
+      stow_mem_add (dev, "lora adapters", T * 4 / wdiv, STOW_TIER_DEVICE,
+                    "4 B x %" G_GUINT64_FORMAT
+                    " adapter params (rank %" G_GUINT64_FORMAT ")",
+                    T, t->lora_rank);
+      stow_mem_add (dev, "gradients", T * 4 / gdiv, STOW_TIER_DEVICE,
+                    "4 B x %" G_GUINT64_FORMAT " adapter params", T);
+      stow_mem_add (dev, "optimizer states", stow_bytes (T, b.opt) / odiv,
+                    STOW_TIER_DEVICE,
+                    "%.4g B x %" G_GUINT64_FORMAT " adapter params (%s)", b.opt,
+                    T, stow_optimizer_name (t->optimizer));
+      return;
+    }
+
+  switch (l->engine)
+    {
+    case STOW_ENGINE_FSDP:
+      /* FSDP mixed precision keeps the sharded parameters in fp32 (they
+       * are the master copy) and reduces gradients into fp32 shards. */
+      if (t->precision != STOW_PRECISION_FP32)
+        b.w = 4, b.g = 4, b.master = 0;
+      break;
+    case STOW_ENGINE_MEGATRON:
+      b.g = 4; /* fp32 main-grad buffer, full size even with dist-opt */
+      gdiv = 1;
+      break;
+    case STOW_ENGINE_PYTORCH:
+      /* Trainer-style autocast: fp32 parameters and gradients, the bf16
+       * copies autocast makes are charged with the activations. */
+      if (t->precision != STOW_PRECISION_FP32)
+        b.w = 4, b.g = 4, b.master = 0;
+      break;
+    case STOW_ENGINE_DEEPSPEED:
+      /* DeepSpeed upcasts gradients into an fp32 partition before the
+       * step (stage_1_and_2.py; PR #5099 counts 4 B). */
+      break;
+    case STOW_ENGINE_STOWAGE:
+      break;
+    }
+
+  /* Weights on the device.  Offloaded parameters keep no resident copy:
+   * the working set they are gathered into is the engine's buffer. */
+  if (off_par)
+    {
+      guint64 shard = stow_bytes (div_ceil (N, n), b.w);
+      if (l->offload_params == STOW_OFFLOAD_CPU)
+        {
+          if (host)
+            stow_mem_add (host, "offloaded parameters", shard, STOW_TIER_PINNED,
+                          "%.4g B x %" G_GUINT64_FORMAT
+                          " params / %" G_GUINT64_FORMAT " ZeRO shards",
+                          b.w, N, n);
+        }
+      else
+        {
+          if (nvme)
+            stow_mem_add (nvme, "offloaded parameters", shard, STOW_TIER_NVME,
+                          "%.4g B x %" G_GUINT64_FORMAT
+                          " params / %" G_GUINT64_FORMAT " ZeRO shards",
+                          b.w, N, n);
+          if (host)
+            stow_mem_add (host, "parameter staging buffers",
+                          4 * stow_bytes (p->max_layer, b.w), STOW_TIER_PINNED,
+                          "4 x the largest layer's %.4g B x %" G_GUINT64_FORMAT
+                          " params",
+                          b.w, p->max_layer);
+        }
+    }
+  else
+    stow_mem_add (dev, "parameters", stow_bytes (div_ceil (N, wdiv), b.w),
+                  STOW_TIER_DEVICE, "%.4g B x %" G_GUINT64_FORMAT " params%s",
+                  b.w, N, shards (sbuf, sizeof sbuf, wdiv));
+
+  /* Gradients on the device.  A layer's full gradients exist before they
+   * are reduce-scattered (ZeRO >= 2) or copied to the host (offload): two
+   * layer slots, one being produced and one in flight.  DeepSpeed uses its
+   * reduce buckets instead (charged with the engine's buffers). */
+  guint64 slots = MIN (2, MAX (p->layers, 1)) * stow_bytes (p->max_layer, b.g);
+  gboolean bucketed = l->engine == STOW_ENGINE_DEEPSPEED;
+  if (off_opt || off_par)
+    {
+      if (!bucketed)
+        stow_mem_add (dev, "gradient slots", slots, STOW_TIER_DEVICE,
+                      "%" G_GUINT64_FORMAT
+                      " layers x %.4g B x %" G_GUINT64_FORMAT
+                      " params of the largest layer",
+                      MIN (2, MAX (p->layers, 1)), b.g, p->max_layer);
+    }
+  else
+    {
+      stow_mem_add (dev, "gradients", stow_bytes (div_ceil (N, gdiv), b.g),
+                    STOW_TIER_DEVICE, "%.4g B x %" G_GUINT64_FORMAT " params%s",
+                    b.g, N, shards (sbuf, sizeof sbuf, gdiv));
+      if (gdiv > 1 && !bucketed)
+        stow_mem_add (dev, "gradient slots", slots, STOW_TIER_DEVICE,
+                      "%" G_GUINT64_FORMAT
+                      " layers x %.4g B x %" G_GUINT64_FORMAT
+                      " params before reduce-scatter",
+                      MIN (2, MAX (p->layers, 1)), b.g, p->max_layer);
+    }
+  if (l->engine == STOW_ENGINE_DEEPSPEED && t->precision != STOW_PRECISION_FP32
+      && !off_opt)
+    stow_mem_add (dev, "fp32 gradient partition", div_ceil (N, odiv) * 4,
+                  STOW_TIER_DEVICE,
+                  "4 B x %" G_GUINT64_FORMAT " params / %" G_GUINT64_FORMAT
+                  " (DeepSpeed upcasts gradients before the step)",
+                  N, odiv);
+
+  /* Master weights and optimizer states. */
+  if (!off_opt)
+    {
+      stow_mem_add (dev, "master weights",
+                    stow_bytes (div_ceil (N, odiv), b.master), STOW_TIER_DEVICE,
+                    "4 B x %" G_GUINT64_FORMAT " params%s", N,
+                    shards (sbuf, sizeof sbuf, odiv));
+      stow_mem_add (dev, "optimizer states",
+                    stow_bytes (div_ceil (N, odiv), b.opt), STOW_TIER_DEVICE,
+                    "%.4g B x %" G_GUINT64_FORMAT " params%s (%s)", b.opt, N,
+                    shards (sbuf, sizeof sbuf, odiv),
+                    stow_optimizer_name (t->optimizer));
+    }
+  else
+    {
+      guint64 shard = div_ceil (N, n);
+      /* The CPU optimizer reads the gradients from host memory: bf16 for
+       * stowage's CPU Adam, fp32 for DeepSpeed's. */
+      double gb = l->engine == STOW_ENGINE_DEEPSPEED ? 4.0 : b.g;
+      StowTier tier = l->engine == STOW_ENGINE_DEEPSPEED ? STOW_TIER_HOST
+                                                         : STOW_TIER_PINNED;
+      if (host)
+        stow_mem_add (host, "offloaded gradients", stow_bytes (shard, gb), tier,
+                      "%.4g B x %" G_GUINT64_FORMAT
+                      " params / %" G_GUINT64_FORMAT " ZeRO shards",
+                      gb, N, n);
+      if (l->offload_optimizer == STOW_OFFLOAD_CPU)
+        {
+          if (host)
+            stow_mem_add (host, "master weights and optimizer states",
+                          stow_bytes (shard, b.master + b.opt), tier,
+                          "%.4g B x %" G_GUINT64_FORMAT
+                          " params / %" G_GUINT64_FORMAT " ZeRO shards",
+                          b.master + b.opt, N, n);
+        }
+      else
+        {
+          if (nvme)
+            stow_mem_add (nvme, "master weights and optimizer states",
+                          stow_bytes (shard, b.master + b.opt), STOW_TIER_NVME,
+                          "%.4g B x %" G_GUINT64_FORMAT
+                          " params / %" G_GUINT64_FORMAT " ZeRO shards",
+                          b.master + b.opt, N, n);
+          /* Three swap buffers: read i+1, update i, write i-1. */
+          guint64 sp = MIN (shard, ms->o->swap_shard_params);
+          if (l->engine == STOW_ENGINE_DEEPSPEED)
+            sp = MIN (shard, (guint64)1000000000); /* sub_group_size */
+          guint64 nbuf = l->engine == STOW_ENGINE_DEEPSPEED ? 4 : 3;
+          if (host)
+            stow_mem_add (
+                host, "optimizer swap buffers",
+                nbuf * stow_bytes (sp, b.master + b.opt), STOW_TIER_PINNED,
+                "%" G_GUINT64_FORMAT " buffers x %.4g B x %" G_GUINT64_FORMAT
+                " params per shard",
+                nbuf, b.master + b.opt, sp);
+        }
+    }
+}
+
+/* Micro-batches whose activations a stage holds at its peak. */
+static double
+in_flight (const StowLayout *l, guint stage)
+{
+  guint64 m = l->grad_accum, p = l->pp, v = l->vpp;
+  switch (l->schedule)
+    {
+    case STOW_SCHEDULE_GPIPE:
+      return (double)m; /* all forwards before any backward */
+    case STOW_SCHEDULE_INTERLEAVED:
+      {
+        /* Megatron's interleaved warm-up: 2 (p - i - 1) + (v - 1) p model
+         * chunks, plus one in the steady state; a chunk is 1/v of the
+         * stage's layers.  Stage 0 gets p (1 + (p - 1) / (p v)), the
+         * factor in Korthikanti et al. */
+        guint64 chunks = 2 * (p - stage - 1) + (v - 1) * p + 1;
+        chunks = MIN (chunks, m * v);
+        return (double)chunks / (double)v;
+      }
+    case STOW_SCHEDULE_1F1B:
+      break;
+    }
+  return (double)MIN (m, p - stage); /* 1F1B: stage i holds p - i */
+}
+
+static void
+activations (Model *ms, const StageParams *p, guint stage, GArray *dev,
+             gboolean charge_host)
+{
+  const StowModel *m = ms->m;
+  const StowTraining *t = ms->t;
+  const StowLayout *l = ms->l;
+  guint64 dense_block, dense_core, moe_block, moe_core;
+  layer_activation_parts (m, t, l, FALSE, &dense_block, &dense_core);
+  layer_activation_parts (m, t, l, TRUE, &moe_block, &moe_core);
+  gboolean any_moe = m->n_experts > 0;
+  guint64 block = any_moe ? MAX (dense_block, moe_block) : dense_block;
+  guint64 core = dense_core;
+  if (l->recompute == STOW_RECOMPUTE_SELECTIVE && !t->flash_attention)
+    core = 0;
+  guint64 full = block + core;
+  double mb = in_flight (l, stage);
+  double s_local = (double)t->seq_len / l->cp;
+  guint64 sbh
+      = (guint64)llround (s_local * (double)l->micro_batch * (double)m->hidden);
+  /* Full recompute keeps each layer's input (2 sbh; split by TP under
+   * sequence parallelism). */
+  guint64 ckpt = 2 * sbh / (l->sp ? l->tp : 1);
+  guint64 n_full_recompute = 0;
+  if (l->recompute == STOW_RECOMPUTE_FULL)
+    n_full_recompute = l->recompute_layers
+                           ? MIN (l->recompute_layers, p->layers)
+                           : p->layers;
+  guint64 n_stored = p->layers - n_full_recompute;
+
+  if (n_stored > 0)
+    stow_mem_add (
+        dev, "activations", (guint64)llround ((double)(full * n_stored) * mb),
+        STOW_TIER_DEVICE,
+        "%.4g micro-batches in flight x %" G_GUINT64_FORMAT
+        " layers x %" G_GUINT64_FORMAT " B per layer (%s%s%s)",
+        mb, n_stored, full,
+        t->flash_attention ? "flash attention" : "s^2 scores",
+        l->recompute == STOW_RECOMPUTE_SELECTIVE ? ", selective recompute" : "",
+        l->sp ? ", sequence parallel" : "");
+  if (n_full_recompute > 0)
+    {
+      guint64 bytes = (guint64)llround ((double)(ckpt * n_full_recompute) * mb);
+      if (l->offload_activations)
+        {
+          /* Checkpoints go to pinned host memory; the device keeps two
+           * layers' worth (the one in use and the next prefetched). */
+          stow_mem_add (dev, "activation checkpoints", MIN (2 * ckpt, bytes),
+                        STOW_TIER_DEVICE,
+                        "2 layers x %" G_GUINT64_FORMAT " B (rest offloaded)",
+                        ckpt);
+          if (charge_host)
+            stow_mem_add (ms->host, "activation checkpoints", bytes,
+                          STOW_TIER_PINNED,
+                          "%.4g micro-batches x %" G_GUINT64_FORMAT
+                          " layers x %" G_GUINT64_FORMAT " B",
+                          mb, n_full_recompute, ckpt);
+        }
+      else
+        stow_mem_add (dev, "activation checkpoints", bytes, STOW_TIER_DEVICE,
+                      "%.4g micro-batches in flight x %" G_GUINT64_FORMAT
+                      " layers x 2 s b h = %" G_GUINT64_FORMAT " B",
+                      mb, n_full_recompute, ckpt);
+      /* The rebuilt layer's input is its checkpoint, already counted. */
+      stow_mem_add (
+          dev, "recomputed layer", full - MIN (ckpt, full), STOW_TIER_DEVICE,
+          "one layer's activations rebuilt during backward: %" G_GUINT64_FORMAT
+          " B less its checkpoint",
+          full);
+    }
+  /* Backward of a layer holds the gradients of its activations while the
+   * saved ones are still alive: about one layer's worth. */
+  stow_mem_add (dev, "backward working set", block, STOW_TIER_DEVICE,
+                "gradients of one layer's activations: %" G_GUINT64_FORMAT " B",
+                block);
+
+  if (p->first)
+    {
+      /* int64 token ids and the embedding output for each micro-batch in
+       * flight (Megatron's 8 s b p and s b h p terms). */
+      guint64 ids = (guint64)llround (8.0 * s_local * l->micro_batch * mb);
+      stow_mem_add (
+          dev, "input ids and embeddings",
+          ids + (guint64)llround (2.0 * (double)sbh * mb / (l->sp ? l->tp : 1)),
+          STOW_TIER_DEVICE, "%.4g micro-batches x (8 s b + 2 s b h)", mb);
+    }
+  if (p->last)
+    {
+      /* Logits for one micro-batch: bf16 output (2 B), the fp32 upcast for
+       * the cross-entropy (4 B) and its gradient (4 B); chunked loss keeps
+       * the fp32 part to one chunk of eight. */
+      guint64 sbv = (guint64)llround (s_local * (double)l->micro_batch
+                                      * (double)m->vocab / l->tp);
+      double per = t->chunked_loss ? 2.0 + 8.0 / 8.0 : 10.0;
+      stow_mem_add (dev, "logits and loss", stow_bytes (sbv, per),
+                    STOW_TIER_DEVICE,
+                    "%.4g B x s b V / tp = %" G_GUINT64_FORMAT " elements%s",
+                    per, sbv, t->chunked_loss ? " (chunked loss)" : "");
+    }
+  if (l->engine == STOW_ENGINE_PYTORCH && t->precision != STOW_PRECISION_FP32
+      && t->finetune == STOW_FINETUNE_FULL)
+    stow_mem_add (
+        dev, "autocast weight copies", 2 * p->params, STOW_TIER_DEVICE,
+        "2 B x %" G_GUINT64_FORMAT " params: bf16 casts saved for backward",
+        p->params);
+}
+
+/* Communication buckets and gathered parameters: the engine's buffers. */
+static void
+engine_buffers (Model *ms, const StageParams *p, GArray *dev)
+{
+  const StowLayout *l = ms->l;
+  const StowModel *m = ms->m;
+  guint64 N = p->params;
+  gboolean multi = ms->n > 1;
+  Bpp b = full_bpp (m, ms->t);
+  guint64 slots = MIN (2, MAX (p->layers, 1));
+
+  switch (l->engine)
+    {
+    case STOW_ENGINE_DEEPSPEED:
+      {
+        /* reduce_bucket_size and stage3_prefetch_bucket_size in elements
+         * (DeepSpeed zero/config.py defaults), never more than the model;
+         * two reduce buckets when overlap_comm is on (stage 3). */
+        guint64 reduce = MIN ((guint64)500000000, N);
+        guint64 nreduce = l->zero >= 3 ? 2 : 1;
+        if (l->zero >= 1)
+          stow_mem_add (
+              dev, "reduce buckets", nreduce * reduce * 2, STOW_TIER_DEVICE,
+              "%" G_GUINT64_FORMAT " x reduce_bucket_size %" G_GUINT64_FORMAT
+              " elements x 2 B",
+              nreduce, reduce);
+        if (l->zero >= 3)
+          {
+            guint64 prefetch = MIN ((guint64)50000000, N);
+            guint64 ll = m->largest_module_params / l->tp;
+            stow_mem_add (dev, "gathered parameters", 2 * (2 * ll + prefetch),
+                          STOW_TIER_DEVICE,
+                          "2 B x (2 x largest module %" G_GUINT64_FORMAT
+                          " + prefetch bucket %" G_GUINT64_FORMAT ")",
+                          ll, prefetch);
+          }
+        break;
+      }
+    case STOW_ENGINE_FSDP:
+    case STOW_ENGINE_STOWAGE:
+      if (l->zero >= 3)
+        /* The layer in use and the one prefetched, gathered (or, with
+         * parameter offload, streamed) in compute precision. */
+        stow_mem_add (
+            dev, "gathered parameters",
+            slots * stow_bytes (p->max_layer, MIN (b.w, 2.0)), STOW_TIER_DEVICE,
+            "%" G_GUINT64_FORMAT " layers x %.4g B x %" G_GUINT64_FORMAT
+            " params (in use and prefetched)",
+            slots, MIN (b.w, 2.0), p->max_layer);
+      else if (l->engine == STOW_ENGINE_FSDP && l->zero == 2)
+        stow_mem_add (dev, "unsharded parameters", 2 * N, STOW_TIER_DEVICE,
+                      "2 B x %" G_GUINT64_FORMAT
+                      " params kept between forward and backward",
+                      N);
+      if (l->zero < 2 && multi)
+        stow_mem_add (dev, "gradient buckets", 2 * 25 * MiB, STOW_TIER_DEVICE,
+                      "2 x bucket_cap_mb 25 MiB");
+      break;
+    case STOW_ENGINE_MEGATRON:
+      /* The fp32 main-grad buffer is the bucket; nothing more. */
+      break;
+    case STOW_ENGINE_PYTORCH:
+      break;
+    }
+}
+
+static guint
+communicators (const StowLayout *l)
+{
+  return (l->dp > 1) + (l->tp > 1) + (l->pp > 1) + (l->cp > 1) + (l->ep > 1);
+}
+
+static void
+overheads (Model *ms, StowStageMemory *s)
+{
+  const StowMemOptions *o = ms->o;
+  guint64 allocated = stow_mem_sum (s->terms, STOW_TIER_DEVICE);
+  guint64 frag = stow_bytes (allocated, o->fragmentation);
+  s->allocated_bytes = allocated;
+  s->reserved_bytes = allocated + frag;
+  stow_mem_add (s->terms, "allocator fragmentation", frag, STOW_TIER_DEVICE,
+                "%.3g x %" G_GUINT64_FORMAT " B allocated "
+                "(reserved but unallocated)",
+                o->fragmentation, allocated);
+  stow_mem_add (s->terms, "cuda context", o->cuda_context_bytes,
+                STOW_TIER_DEVICE, "per process (lazy module loading)");
+  stow_mem_add (s->terms, "library workspaces", o->workspace_bytes,
+                STOW_TIER_DEVICE, "cuBLAS / cuBLASLt");
+  guint groups = communicators (ms->l);
+  stow_mem_add (s->terms, "nccl buffers",
+                (guint64)groups * o->nccl_bytes_per_group, STOW_TIER_DEVICE,
+                "%u communicators x %" G_GUINT64_FORMAT " B", groups,
+                o->nccl_bytes_per_group);
+}
+
+static StowMemory *
+estimate_stowage (const StowModel *m, const StowCluster *c,
+                  const StowTraining *t, const StowLayout *l,
+                  const StowMemOptions *o)
+{
+  StowMemory *mem = stow_memory_alloc (l->pp);
+  g_autofree guint64 *counts = g_new0 (guint64, l->pp);
+  guint64 first = 0, worst = 0;
+  guint worst_stage = 0;
+  Model ms = { m, c, t, l, o, shard_degree (l, c), NULL, NULL };
+
+  stow_layout_stage_layers (l, m->n_layers, counts);
+  /* Host and NVMe are charged per GPU for the stage holding the most
+   * parameters, then multiplied by the GPUs of a node. */
+  for (guint s = 0; s < l->pp; s++)
+    {
+      StageParams p = stage_params (m, t, l, o, s, first, counts[s]);
+      if (p.params > worst)
+        worst = p.params, worst_stage = s;
+      first += counts[s];
+    }
+  first = 0;
+  g_autoptr (GArray) host = stow_mem_terms_new ();
+  g_autoptr (GArray) nvme = stow_mem_terms_new ();
+  for (guint s = 0; s < l->pp; s++)
+    {
+      StowStageMemory *st = &mem->stages[s];
+      StageParams p = stage_params (m, t, l, o, s, first, counts[s]);
+      gboolean charge = s == worst_stage;
+      ms.host = host;
+      ms.nvme = nvme;
+      st->layers = counts[s];
+      st->params = p.params;
+      model_states (&ms, &p, st->terms, charge);
+      activations (&ms, &p, s, st->terms, charge);
+      engine_buffers (&ms, &p, st->terms);
+      overheads (&ms, st);
+      first += counts[s];
+    }
+
+  /* Per node: each of its GPUs' host and NVMe terms, plus each rank's
+   * process. */
+  guint g = c->node.gpus_per_node ? c->node.gpus_per_node : 1;
+  for (guint i = 0; i < host->len; i++)
+    {
+      StowMemTerm *h = &g_array_index (host, StowMemTerm, i);
+      stow_mem_add (mem->host_terms, h->name, h->bytes * g, h->tier,
+                    "%u GPUs x (%s)", g, h->formula);
+    }
+  stow_mem_add (mem->host_terms, "framework processes",
+                o->host_process_bytes * g, STOW_TIER_HOST,
+                "%u ranks x %" G_GUINT64_FORMAT " B", g, o->host_process_bytes);
+  for (guint i = 0; i < nvme->len; i++)
+    {
+      StowMemTerm *n = &g_array_index (nvme, StowMemTerm, i);
+      stow_mem_add (mem->nvme_terms, n->name, n->bytes * g, n->tier,
+                    "%u GPUs x (%s)", g, n->formula);
+    }
+  stow_memory_finish (mem, c, o);
+  return mem;
+}
+
+StowMemory *
+stow_memory_estimate (const StowModel *m, const StowCluster *c,
+                      const StowTraining *t, const StowLayout *l,
+                      const StowMemOptions *o, GError **error)
+{
+  StowMemOptions defaults;
+  g_return_val_if_fail (c != NULL && t != NULL && l != NULL, NULL);
+  if (o == NULL)
+    {
+      stow_mem_options_init (&defaults);
+      o = &defaults;
+    }
+  if (o->convention != STOW_CONVENTION_STOWAGE)
+    return stow_memory_estimate_convention (m, c, t, l, o, error);
+  if (m == NULL)
+    {
+      g_set_error (error, STOW_PLAN_ERROR, STOW_PLAN_ERROR_INVALID,
+                   "--params stands in for a model only under a peer "
+                   "--convention; stowage's own model needs the architecture");
+      return NULL;
+    }
+  if (!stow_layout_validate (l, t, m, c, error))
+    return NULL;
+  return estimate_stowage (m, c, t, l, o);
+}

@@ -1,0 +1,124 @@
+/* SPDX-License-Identifier: MIT
+ *
+ * planner/memory.h: every byte of a training layout, per GPU for each
+ * pipeline stage, per host and per node's NVMe, as a list of named terms
+ * with the formula that produced each.  A pure closed-form model: no I/O,
+ * no allocation beyond the result, microseconds per layout.  Conventions
+ * reproduce peers' published estimators digit for digit.
+ */
+#pragma once
+
+#include <glib.h>
+
+#include "hw/hw.h"
+#include "models/model.h"
+#include "planner/layout.h"
+
+G_BEGIN_DECLS
+
+typedef enum
+{
+  STOW_TIER_DEVICE,
+  STOW_TIER_PINNED, /* page-locked host memory */
+  STOW_TIER_HOST,   /* pageable host memory */
+  STOW_TIER_NVME,
+  STOW_N_TIERS
+} StowTier;
+
+const char *stow_tier_name (StowTier tier);
+
+typedef enum
+{
+  STOW_CONVENTION_STOWAGE,
+  STOW_CONVENTION_ZERO_PAPER,               /* Rajbhandari et al. 2020, §5 */
+  STOW_CONVENTION_DEEPSPEED_ESTIMATOR,      /* estimate_zero{2,3}_..., code */
+  STOW_CONVENTION_DEEPSPEED_ESTIMATOR_DOCS, /* the formula memory.rst prints */
+  STOW_CONVENTION_MEGATRON_THEORETICAL,     /* theoretical_memory_usage.py */
+} StowConvention;
+
+const char *stow_convention_name (StowConvention c);
+gboolean stow_convention_parse (const char *s, const char *field,
+                                StowConvention *out, GError **error);
+
+/* Overheads and switches, each with a documented default (see
+ * docs/memory-model.md for the sources). */
+typedef struct
+{
+  StowConvention convention;
+  gint zero_init;                 /* deepspeed-estimator: 0 or 1 (1) */
+  guint64 params_override;        /* --params: stands in for the model */
+  guint64 largest_layer_override; /* --largest-layer */
+  guint64 cuda_context_bytes;     /* per GPU process */
+  guint64 workspace_bytes;        /* cuBLAS/cuBLASLt workspaces */
+  guint64 nccl_bytes_per_group;   /* per communicator of size > 1 */
+  double fragmentation;           /* allocator slack, fraction of peak */
+  guint64 safety_margin_bytes;    /* subtracted from the GPU's capacity */
+  guint64 host_process_bytes;     /* per rank: the framework's own RSS */
+  guint64 vocab_multiple;         /* megatron: pad V to this x tp; 0 none */
+  guint64 swap_shard_params;      /* optimizer swap shard, parameters */
+} StowMemOptions;
+
+void stow_mem_options_init (StowMemOptions *o);
+
+typedef struct
+{
+  const char *name; /* static: "parameters", "gradients", ... */
+  guint64 bytes;
+  char *formula; /* how the bytes came about, with the numbers */
+  StowTier tier;
+} StowMemTerm;
+
+typedef struct
+{
+  guint stage;
+  guint64 layers;          /* transformer layers on this stage */
+  guint64 params;          /* parameters on one GPU of it, before ZeRO */
+  GArray *terms;           /* StowMemTerm, device tier */
+  guint64 allocated_bytes; /* tensors: max_memory_allocated */
+  guint64 reserved_bytes;  /* + allocator slack: max_memory_reserved */
+  guint64 total_bytes;     /* + context, workspaces, NCCL: nvidia-smi */
+} StowStageMemory;
+
+typedef struct
+{
+  StowConvention convention;
+  StowStageMemory *stages;
+  guint n_stages;
+  guint peak_stage; /* the stage with the largest total */
+  /* Device numbers are the peak stage's. */
+  guint64 allocated_peak_bytes;
+  guint64 reserved_bytes;
+  guint64 total_bytes;
+  guint64 capacity_bytes; /* usable: GPU total minus the margin */
+  /* Per host (node). */
+  GArray *host_terms; /* StowMemTerm, pinned or host tier */
+  guint64 host_pinned_bytes;
+  guint64 host_pageable_bytes;
+  guint64 host_total_bytes;
+  guint64 host_capacity_bytes;
+  /* Per node's NVMe drives together. */
+  GArray *nvme_terms;
+  guint64 nvme_bytes;
+  guint64 nvme_capacity_bytes;
+  gboolean fits_device, fits_host, fits_nvme, fits;
+} StowMemory;
+
+/* Estimates @layout.  @model may be NULL only under a peer convention with
+ * options->params_override set.  Fails with STOW_PLAN_ERROR_INVALID for a
+ * layout that cannot run (see stow_layout_validate) or a convention that
+ * does not cover it (e.g. ZeRO-1 under deepspeed-estimator). */
+StowMemory *
+stow_memory_estimate (const StowModel *model, const StowCluster *cluster,
+                      const StowTraining *training, const StowLayout *layout,
+                      const StowMemOptions *options, GError **error);
+void stow_memory_free (StowMemory *mem);
+G_DEFINE_AUTOPTR_CLEANUP_FUNC (StowMemory, stow_memory_free)
+
+/* The per-layer activation bytes of one micro-batch (Korthikanti et al.
+ * 2022, Table 2, generalised to GQA, gated MLPs and flash attention), for
+ * one GPU of a layout: exposed for tests and the time model. */
+guint64 stow_memory_layer_activations (const StowModel *model,
+                                       const StowTraining *training,
+                                       const StowLayout *layout);
+
+G_END_DECLS

@@ -1,0 +1,65 @@
+/* SPDX-License-Identifier: MIT
+ *
+ * planner/search.h: enumerate layouts for a model on a cluster, keep those
+ * that fit, and order them.  Fields of the layout that the caller pins are
+ * not searched.  Until the time model lands (planner/cost.c) the order is a
+ * preference that stands in for speed: no offload before offload, less
+ * recomputation, less model parallelism, larger micro-batches, then the
+ * most headroom.
+ */
+#pragma once
+
+#include "planner/memory.h"
+
+G_BEGIN_DECLS
+
+/* Which fields of a StowLayout the user fixed. */
+typedef enum
+{
+  STOW_PIN_DP = 1 << 0,
+  STOW_PIN_TP = 1 << 1,
+  STOW_PIN_PP = 1 << 2,
+  STOW_PIN_VPP = 1 << 3,
+  STOW_PIN_CP = 1 << 4,
+  STOW_PIN_EP = 1 << 5,
+  STOW_PIN_SP = 1 << 6,
+  STOW_PIN_ZERO = 1 << 7,
+  STOW_PIN_OFFLOAD_OPTIMIZER = 1 << 8,
+  STOW_PIN_OFFLOAD_PARAMS = 1 << 9,
+  STOW_PIN_OFFLOAD_ACTIVATIONS = 1 << 10,
+  STOW_PIN_RECOMPUTE = 1 << 11,
+  STOW_PIN_MICRO_BATCH = 1 << 12,
+  STOW_PIN_SCHEDULE = 1 << 13,
+} StowPins;
+
+typedef struct
+{
+  StowLayout layout;
+  guint64 total_bytes; /* peak stage, device */
+  guint64 host_bytes;
+  guint64 nvme_bytes;
+  gint64 headroom_bytes; /* capacity - total */
+  double score;          /* lower is better */
+} StowCandidate;
+
+typedef struct
+{
+  GArray *fits;            /* StowCandidate, best first */
+  StowCandidate best_miss; /* the layout closest to fitting */
+  gboolean have_miss;
+  guint64 evaluated;
+  guint64 invalid; /* rejected by divisibility and legality */
+  guint64 out_of_memory;
+  guint64 host_or_nvme; /* fit the GPU but not host RAM or NVMe */
+} StowSearch;
+
+/* Searches the layouts of @base that are not pinned in @pins.  @base
+ * carries the pinned values and the engine. */
+StowSearch *stow_search_run (const StowModel *model, const StowCluster *cluster,
+                             const StowTraining *training,
+                             const StowLayout *base, StowPins pins,
+                             const StowMemOptions *options, guint max_keep);
+void stow_search_free (StowSearch *search);
+G_DEFINE_AUTOPTR_CLEANUP_FUNC (StowSearch, stow_search_free)
+
+G_END_DECLS

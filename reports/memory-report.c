@@ -1,0 +1,330 @@
+/* SPDX-License-Identifier: MIT
+ *
+ * reports/memory-report.c: text and JSON for one layout's memory.
+ */
+#include "reports/memory-report.h"
+
+#include "core/units.h"
+
+char *
+stow_layout_describe (const StowLayout *l)
+{
+  GString *s = g_string_new (NULL);
+  g_string_append_printf (s, "dp %u, tp %u, pp %u", l->dp, l->tp, l->pp);
+  if (l->vpp > 1)
+    g_string_append_printf (s, " (vpp %u)", l->vpp);
+  if (l->cp > 1)
+    g_string_append_printf (s, ", cp %u", l->cp);
+  if (l->ep > 1)
+    g_string_append_printf (s, ", ep %u", l->ep);
+  if (l->sp)
+    g_string_append (s, ", sp");
+  g_string_append_printf (s, ", ZeRO %u%s", l->zero,
+                          l->hybrid_shard ? " (hybrid)" : "");
+  if (l->offload_optimizer != STOW_OFFLOAD_NONE)
+    g_string_append_printf (s, ", optimizer on %s",
+                            stow_offload_name (l->offload_optimizer));
+  if (l->offload_params != STOW_OFFLOAD_NONE)
+    g_string_append_printf (s, ", params on %s",
+                            stow_offload_name (l->offload_params));
+  if (l->offload_activations)
+    g_string_append (s, ", checkpoints on cpu");
+  if (l->recompute == STOW_RECOMPUTE_FULL && l->recompute_layers)
+    g_string_append_printf (s, ", recompute full:%u", l->recompute_layers);
+  else if (l->recompute != STOW_RECOMPUTE_NONE)
+    g_string_append_printf (s, ", recompute %s",
+                            stow_recompute_name (l->recompute));
+  g_string_append_printf (
+      s, ", micro-batch %" G_GUINT64_FORMAT " x %" G_GUINT64_FORMAT,
+      l->micro_batch, l->grad_accum);
+  if (l->pp > 1)
+    g_string_append_printf (s, ", %s", stow_schedule_name (l->schedule));
+  g_string_append_printf (s, ", %s", stow_engine_name (l->engine));
+  return g_string_free (s, FALSE);
+}
+
+static void
+set_u64 (JsonBuilder *b, const char *k, guint64 v)
+{
+  json_builder_set_member_name (b, k);
+  json_builder_add_int_value (b, (gint64)MIN (v, (guint64)G_MAXINT64));
+}
+
+static void
+set_str (JsonBuilder *b, const char *k, const char *v)
+{
+  json_builder_set_member_name (b, k);
+  json_builder_add_string_value (b, v);
+}
+
+static void
+set_bool (JsonBuilder *b, const char *k, gboolean v)
+{
+  json_builder_set_member_name (b, k);
+  json_builder_add_boolean_value (b, v);
+}
+
+JsonNode *
+stow_layout_to_json (const StowLayout *l, const StowTraining *t)
+{
+  g_autoptr (JsonBuilder) b = json_builder_new ();
+  json_builder_begin_object (b);
+  set_u64 (b, "dp", l->dp);
+  set_u64 (b, "tp", l->tp);
+  set_u64 (b, "pp", l->pp);
+  set_u64 (b, "vpp", l->vpp);
+  set_u64 (b, "cp", l->cp);
+  set_u64 (b, "ep", l->ep);
+  set_bool (b, "sp", l->sp);
+  set_u64 (b, "zero", l->zero);
+  set_bool (b, "hybrid_shard", l->hybrid_shard);
+  set_str (b, "offload_optimizer", stow_offload_name (l->offload_optimizer));
+  set_str (b, "offload_params", stow_offload_name (l->offload_params));
+  set_str (b, "offload_activations", l->offload_activations ? "cpu" : "none");
+  set_str (b, "recompute", stow_recompute_name (l->recompute));
+  set_u64 (b, "recompute_layers", l->recompute_layers);
+  set_u64 (b, "micro_batch", l->micro_batch);
+  set_u64 (b, "grad_accum", l->grad_accum);
+  set_u64 (b, "global_batch", l->micro_batch * l->grad_accum * l->dp);
+  set_str (b, "schedule", stow_schedule_name (l->schedule));
+  set_str (b, "engine", stow_engine_name (l->engine));
+  if (t != NULL)
+    {
+      set_u64 (b, "seq_len", t->seq_len);
+      set_str (b, "precision", stow_precision_name (t->precision));
+      set_str (b, "optimizer", stow_optimizer_name (t->optimizer));
+      set_str (b, "finetune", stow_finetune_name (t->finetune));
+      if (t->finetune != STOW_FINETUNE_FULL)
+        set_u64 (b, "lora_rank", t->lora_rank);
+      set_bool (b, "flash_attention", t->flash_attention);
+      set_bool (b, "chunked_loss", t->chunked_loss);
+    }
+  json_builder_end_object (b);
+  return json_builder_get_root (b);
+}
+
+static void
+add_terms (JsonBuilder *b, GArray *terms)
+{
+  json_builder_set_member_name (b, "terms");
+  json_builder_begin_array (b);
+  for (guint i = 0; i < terms->len; i++)
+    {
+      StowMemTerm *t = &g_array_index (terms, StowMemTerm, i);
+      json_builder_begin_object (b);
+      json_builder_set_member_name (b, "name");
+      json_builder_add_string_value (b, t->name);
+      json_builder_set_member_name (b, "bytes");
+      json_builder_add_int_value (b, (gint64)t->bytes);
+      json_builder_set_member_name (b, "tier");
+      json_builder_add_string_value (b, stow_tier_name (t->tier));
+      json_builder_set_member_name (b, "formula");
+      json_builder_add_string_value (b, t->formula);
+      json_builder_end_object (b);
+    }
+  json_builder_end_array (b);
+}
+
+JsonNode *
+stow_memory_report_json (const StowMemoryReport *r)
+{
+  const StowMemory *mem = r->memory;
+  g_autoptr (JsonBuilder) b = json_builder_new ();
+  json_builder_begin_object (b);
+  set_u64 (b, "version", STOW_JSON_VERSION);
+  json_builder_set_member_name (b, "fits");
+  json_builder_add_boolean_value (b, mem->fits);
+  json_builder_set_member_name (b, "convention");
+  json_builder_add_string_value (b, stow_convention_name (mem->convention));
+  if (r->model)
+    {
+      json_builder_set_member_name (b, "model");
+      json_builder_begin_object (b);
+      json_builder_set_member_name (b, "name");
+      json_builder_add_string_value (b, r->model->name);
+      set_u64 (b, "params", r->model->params);
+      json_builder_end_object (b);
+    }
+  json_builder_set_member_name (b, "cluster");
+  json_builder_begin_object (b);
+  json_builder_set_member_name (b, "spec");
+  json_builder_add_string_value (b, r->cluster->spec);
+  json_builder_set_member_name (b, "gpu");
+  json_builder_add_string_value (b, r->cluster->node.gpu.name);
+  set_u64 (b, "nodes", r->cluster->n_nodes);
+  set_u64 (b, "gpus_per_node", r->cluster->node.gpus_per_node);
+  json_builder_end_object (b);
+  json_builder_set_member_name (b, "layout");
+  json_builder_add_value (b, stow_layout_to_json (r->layout, r->training));
+
+  json_builder_set_member_name (b, "device");
+  json_builder_begin_object (b);
+  set_u64 (b, "allocated_peak_bytes", mem->allocated_peak_bytes);
+  set_u64 (b, "reserved_bytes", mem->reserved_bytes);
+  set_u64 (b, "total_bytes", mem->total_bytes);
+  set_u64 (b, "capacity_bytes", mem->capacity_bytes);
+  set_u64 (b, "peak_stage", mem->peak_stage);
+  json_builder_set_member_name (b, "stages");
+  json_builder_begin_array (b);
+  for (guint i = 0; i < mem->n_stages; i++)
+    {
+      const StowStageMemory *s = &mem->stages[i];
+      json_builder_begin_object (b);
+      set_u64 (b, "stage", s->stage);
+      set_u64 (b, "layers", s->layers);
+      set_u64 (b, "params", s->params);
+      set_u64 (b, "allocated_bytes", s->allocated_bytes);
+      set_u64 (b, "reserved_bytes", s->reserved_bytes);
+      set_u64 (b, "total_bytes", s->total_bytes);
+      add_terms (b, s->terms);
+      json_builder_end_object (b);
+    }
+  json_builder_end_array (b);
+  json_builder_end_object (b);
+
+  json_builder_set_member_name (b, "host");
+  json_builder_begin_object (b);
+  set_u64 (b, "pinned_bytes", mem->host_pinned_bytes);
+  set_u64 (b, "pageable_bytes", mem->host_pageable_bytes);
+  set_u64 (b, "total_bytes", mem->host_total_bytes);
+  set_u64 (b, "capacity_bytes", mem->host_capacity_bytes);
+  add_terms (b, mem->host_terms);
+  json_builder_end_object (b);
+
+  json_builder_set_member_name (b, "nvme");
+  json_builder_begin_object (b);
+  set_u64 (b, "bytes", mem->nvme_bytes);
+  set_u64 (b, "capacity_bytes", mem->nvme_capacity_bytes);
+  add_terms (b, mem->nvme_terms);
+  json_builder_end_object (b);
+
+  json_builder_end_object (b);
+  return json_builder_get_root (b);
+}
+
+static void
+table (GString *out, const char *title, GArray *terms, gboolean explain)
+{
+  g_string_append_printf (out, "%-38s %10s\n", title, "GiB");
+  for (guint i = 0; i < terms->len; i++)
+    {
+      StowMemTerm *t = &g_array_index (terms, StowMemTerm, i);
+      g_autofree char *gib = stow_format_gib (t->bytes);
+      g_string_append_printf (out, "  %-36s %10s", t->name, gib);
+      if (explain)
+        g_string_append_printf (out, "   %s", t->formula);
+      g_string_append_c (out, '\n');
+    }
+}
+
+static void
+line (GString *out, const char *label, guint64 bytes, const char *note)
+{
+  g_autofree char *gib = stow_format_gib (bytes);
+  g_string_append_printf (out, "  %-36s %10s%s%s\n", label, gib,
+                          note ? "   " : "", note ? note : "");
+}
+
+void
+stow_memory_report_text (GString *out, const StowMemoryReport *r,
+                         gboolean explain)
+{
+  const StowMemory *mem = r->memory;
+  const StowCluster *c = r->cluster;
+  g_autofree char *layout = stow_layout_describe (r->layout);
+  char buf[STOW_FORMAT_BUF];
+
+  if (r->model)
+    g_string_append_printf (
+        out, "model:   %s (%s, %s params)\n", r->model->name, r->model->family,
+        stow_format_grouped_into (buf, sizeof buf, r->model->params));
+  g_string_append_printf (out, "cluster: %s: %u node%s x %u %s\n", c->spec,
+                          c->n_nodes, c->n_nodes == 1 ? "" : "s",
+                          c->node.gpus_per_node, c->node.gpu.name);
+  g_string_append_printf (out, "layout:  %s\n", layout);
+  g_string_append_printf (
+      out, "train:   seq %" G_GUINT64_FORMAT ", %s, %s%s%s\n",
+      r->training->seq_len, stow_precision_name (r->training->precision),
+      stow_optimizer_name (r->training->optimizer),
+      r->training->finetune != STOW_FINETUNE_FULL ? ", " : "",
+      r->training->finetune != STOW_FINETUNE_FULL
+          ? stow_finetune_name (r->training->finetune)
+          : "");
+  if (mem->convention != STOW_CONVENTION_STOWAGE)
+    g_string_append_printf (out, "convention: %s (the peer's own formula)\n",
+                            stow_convention_name (mem->convention));
+  g_string_append_c (out, '\n');
+
+  if (mem->n_stages > 1)
+    {
+      g_string_append_printf (out, "%-38s %10s\n", "Per GPU by pipeline stage",
+                              "GiB");
+      for (guint i = 0; i < mem->n_stages; i++)
+        {
+          char label[64];
+          g_snprintf (label, sizeof label,
+                      "stage %u (%" G_GUINT64_FORMAT " layers)", i,
+                      mem->stages[i].layers);
+          line (out, label, mem->stages[i].total_bytes,
+                i == mem->peak_stage ? "<- peak" : NULL);
+        }
+      g_string_append_c (out, '\n');
+    }
+  for (guint i = 0; i < mem->n_stages; i++)
+    {
+      if (i != mem->peak_stage && !explain)
+        continue;
+      char title[64];
+      if (mem->n_stages > 1)
+        g_snprintf (title, sizeof title, "Per GPU, stage %u", i);
+      else
+        g_snprintf (title, sizeof title, "Per GPU");
+      table (out, title, mem->stages[i].terms, explain);
+      g_string_append_c (out, '\n');
+    }
+  if (mem->convention == STOW_CONVENTION_STOWAGE)
+    {
+      line (out, "allocated peak", mem->allocated_peak_bytes,
+            "max_memory_allocated");
+      line (out, "reserved", mem->reserved_bytes, "max_memory_reserved");
+    }
+  line (out, "total", mem->total_bytes,
+        mem->convention == STOW_CONVENTION_STOWAGE ? "nvidia-smi" : NULL);
+  g_autofree char *cap = stow_format_gib (mem->capacity_bytes);
+  gint64 head = (gint64)mem->capacity_bytes - (gint64)mem->total_bytes;
+  g_autofree char *headroom
+      = stow_format_bytes ((guint64)(head < 0 ? -head : head));
+  g_string_append_printf (out, "  %-36s %10s   %s %s\n", "usable on the GPU",
+                          cap, head >= 0 ? "headroom" : "over by", headroom);
+  g_string_append_c (out, '\n');
+
+  if (mem->host_terms->len > 0)
+    {
+      table (out, "Host RAM per node", mem->host_terms, explain);
+      line (out, "total", mem->host_total_bytes, NULL);
+      if (mem->host_capacity_bytes)
+        line (out, "installed", mem->host_capacity_bytes, NULL);
+      g_string_append_c (out, '\n');
+    }
+  if (mem->nvme_terms->len > 0)
+    {
+      table (out, "NVMe per node", mem->nvme_terms, explain);
+      line (out, "total", mem->nvme_bytes, NULL);
+      line (out, "capacity", mem->nvme_capacity_bytes, NULL);
+      g_string_append_c (out, '\n');
+    }
+  if (mem->fits)
+    g_string_append (out, "FITS\n");
+  else
+    {
+      g_string_append (out, "DOES NOT FIT:");
+      if (!mem->fits_device)
+        g_string_append (out, " GPU memory");
+      if (!mem->fits_host)
+        g_string_append (out, " host RAM");
+      if (!mem->fits_nvme)
+        g_string_append (out, " NVMe");
+      g_string_append_c (out, '\n');
+    }
+  g_string_append (out, "(GiB = 2^30 bytes)\n");
+}

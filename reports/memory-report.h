@@ -1,0 +1,38 @@
+/* SPDX-License-Identifier: MIT
+ *
+ * reports/memory-report.h: a memory breakdown as text (IEC units, a table
+ * per tier, formulas with --explain) or as JSON (raw integer bytes; the
+ * schema is in docs/json.md).
+ */
+#pragma once
+
+#include <json-glib/json-glib.h>
+
+#include "planner/memory.h"
+#include "planner/search.h"
+
+G_BEGIN_DECLS
+
+#define STOW_JSON_VERSION 1
+
+typedef struct
+{
+  const StowModel *model; /* may be NULL under --params */
+  const StowCluster *cluster;
+  const StowTraining *training;
+  const StowLayout *layout;
+  const StowMemOptions *options;
+  const StowMemory *memory;
+} StowMemoryReport;
+
+JsonNode *stow_layout_to_json (const StowLayout *layout,
+                               const StowTraining *training);
+JsonNode *stow_memory_report_json (const StowMemoryReport *r);
+/* Appends the text report; @explain adds every term's formula and every
+ * pipeline stage's breakdown. */
+void stow_memory_report_text (GString *out, const StowMemoryReport *r,
+                              gboolean explain);
+/* One line: "dp 8 tp 1 pp 1 zero 3 ..." */
+char *stow_layout_describe (const StowLayout *layout);
+
+G_END_DECLS

@@ -1,0 +1,656 @@
+/* SPDX-License-Identifier: MIT
+ *
+ * tests/test-memory.c: the memory model against published numbers (the
+ * ZeRO paper's Table 1, DeepSpeed's estimator outputs, Megatron's worked
+ * LLaMA-65B example, Korthikanti et al. Table 2 and Figure 1), then
+ * properties over random layouts.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "core/json.h"
+#include "core/units.h"
+#include "hw/hw.h"
+#include "models/model.h"
+#include "planner/memory.h"
+
+#define GiB 1073741824.0
+
+static StowModel *
+model_from_json (const char *json)
+{
+  g_autoptr (GError) error = NULL;
+  g_autoptr (JsonNode) root = stow_json_parse_data (json, -1, "test", &error);
+  g_assert_no_error (error);
+  StowModel *m
+      = stow_model_new_from_json (json_node_get_object (root), "test", &error);
+  g_assert_no_error (error);
+  g_assert_nonnull (m);
+  return m;
+}
+
+static StowModel *
+llama_65b (void)
+{
+  return model_from_json (
+      "{\"model_type\": \"llama\", \"hidden_size\": 8192,"
+      " \"num_hidden_layers\": 80, \"num_attention_heads\": 64,"
+      " \"num_key_value_heads\": 64, \"intermediate_size\": 22016,"
+      " \"vocab_size\": 32000, \"rms_norm_eps\": 1e-5,"
+      " \"tie_word_embeddings\": false}");
+}
+
+/* A GPT of Korthikanti et al. / Narayanan et al.: 4h MLP, learned
+ * positions, V = 51,200. */
+static StowModel *
+gpt (guint64 h, guint64 layers, guint64 heads)
+{
+  g_autofree char *json = g_strdup_printf (
+      "{\"model_type\": \"gpt2\", \"n_embd\": %" G_GUINT64_FORMAT
+      ", \"n_layer\": %" G_GUINT64_FORMAT ", \"n_head\": %" G_GUINT64_FORMAT
+      ", \"vocab_size\": 51200, \"n_positions\": 2048}",
+      h, layers, heads);
+  return model_from_json (json);
+}
+
+static StowCluster *
+cluster (const char *spec)
+{
+  g_autoptr (GError) error = NULL;
+  StowCluster *c = stow_cluster_new_from_spec (spec, &error);
+  g_assert_no_error (error);
+  return c;
+}
+
+static StowMemory *
+estimate (const StowModel *m, const StowCluster *c, const StowTraining *t,
+          const StowLayout *l, const StowMemOptions *o)
+{
+  g_autoptr (GError) error = NULL;
+  StowMemory *mem = stow_memory_estimate (m, c, t, l, o, &error);
+  g_assert_no_error (error);
+  g_assert_nonnull (mem);
+  return mem;
+}
+
+/* Compares @bytes / @unit printed with as many decimals as @expected has
+ * (the published figure), so "22.99" matches 22.987... exactly as the
+ * source printed it. */
+static void
+assert_printed (double bytes, double unit, const char *expected)
+{
+  const char *dot = strchr (expected, '.');
+  int decimals = dot ? (int)strlen (dot + 1) : 0;
+  g_autofree char *got = g_strdup_printf ("%.*f", decimals, bytes / unit);
+  g_test_message ("expected %s, got %s (%.6f)", expected, got, bytes / unit);
+  g_assert_cmpstr (got, ==, expected);
+}
+
+static guint64
+term_bytes (GArray *terms, const char *name)
+{
+  for (guint i = 0; i < terms->len; i++)
+    {
+      StowMemTerm *t = &g_array_index (terms, StowMemTerm, i);
+      if (strcmp (t->name, name) == 0)
+        return t->bytes;
+    }
+  return 0;
+}
+
+/* ---- ZeRO paper, Table 1 (GB = 1e9 bytes) ------------------------------ */
+
+static void
+test_zero_paper_table1 (void)
+{
+  static const struct
+  {
+    const char *params;
+    guint nd;
+    const char *cells[3];
+  } rows[] = {
+    { "7.5B", 1, { "120", "120", "120" } },
+    { "7.5B", 4, { "52.5", "41.25", "30" } },
+    { "7.5B", 16, { "35.6", "21.6", "7.5" } },
+    { "7.5B", 64, { "31.4", "16.6", "1.88" } },
+    { "7.5B", 256, { "30.4", "15.4", "0.47" } },
+    { "7.5B", 1024, { "30.1", "15.1", "0.12" } },
+    { "128B", 1, { "2048", "2048", "2048" } },
+    { "128B", 4, { "896", "704", "512" } },
+    { "128B", 16, { "608", "368", "128" } },
+    { "128B", 64, { "536", "284", "32" } },
+    { "128B", 256, { "518", "263", "8" } },
+    { "128B", 1024, { "513.5", "257.75", "2" } },
+    { "1T", 1, { "16000", "16000", "16000" } },
+    { "1T", 4, { "7000", "5500", "4000" } },
+    { "1T", 16, { "4750", "2875", "1000" } },
+    { "1T", 64, { "4187.5", "2218.75", "250" } },
+    { "1T", 256, { "4046.9", "2054.7", "62.5" } },
+    { "1T", 1024, { "4011.7", "2013.7", "15.6" } },
+  };
+  for (gsize i = 0; i < G_N_ELEMENTS (rows); i++)
+    for (guint z = 1; z <= 3; z++)
+      {
+        g_autofree char *spec = g_strdup_printf ("%uxV100-32GB", rows[i].nd);
+        g_autoptr (StowCluster) c = cluster (spec);
+        StowTraining t;
+        StowLayout l;
+        StowMemOptions o;
+        stow_training_init (&t);
+        stow_layout_init (&l);
+        stow_mem_options_init (&o);
+        o.convention = STOW_CONVENTION_ZERO_PAPER;
+        g_assert_true (
+            stow_parse_count (rows[i].params, &o.params_override, NULL));
+        l.dp = rows[i].nd;
+        l.zero = z;
+        g_autoptr (StowMemory) mem = estimate (NULL, c, &t, &l, &o);
+        assert_printed ((double)mem->total_bytes, 1e9, rows[i].cells[z - 1]);
+      }
+}
+
+/* ---- DeepSpeed's estimators (planner.md §1.1) ---------------------------- */
+
+typedef struct
+{
+  guint zero;
+  StowOffload params, optimizer;
+  int zero_init;
+  const char *cpu_gib, *gpu_gib;
+} DsRow;
+
+static void
+check_deepspeed (StowConvention conv, const char *params, const char *ll,
+                 const char *spec, const DsRow *rows, gsize n)
+{
+  g_autoptr (StowCluster) c = cluster (spec);
+  for (gsize i = 0; i < n; i++)
+    {
+      StowTraining t;
+      StowLayout l;
+      StowMemOptions o;
+      stow_training_init (&t);
+      stow_layout_init (&l);
+      stow_mem_options_init (&o);
+      o.convention = conv;
+      g_assert_true (stow_parse_count (params, &o.params_override, NULL));
+      g_assert_true (stow_parse_count (ll, &o.largest_layer_override, NULL));
+      o.zero_init = rows[i].zero_init;
+      l.dp = c->n_gpus;
+      l.zero = rows[i].zero;
+      l.offload_params = rows[i].params;
+      l.offload_optimizer = rows[i].optimizer;
+      g_autoptr (StowMemory) mem = estimate (NULL, c, &t, &l, &o);
+      g_test_message ("row %" G_GSIZE_FORMAT, i);
+      assert_printed ((double)mem->total_bytes, GiB, rows[i].gpu_gib);
+      assert_printed ((double)mem->host_total_bytes, GiB, rows[i].cpu_gib);
+    }
+}
+
+static void
+test_deepspeed_t5_3b (void)
+{
+  const StowOffload C = STOW_OFFLOAD_CPU, N = STOW_OFFLOAD_NONE;
+  /* docs/code-docs/source/memory.rst, t5-3b on 1 node x 8 GPUs. */
+  const DsRow z3[] = {
+    { 3, C, C, 1, "71.69", "0.12" },  { 3, C, C, 0, "127.45", "0.12" },
+    { 3, N, C, 1, "63.72", "0.78" },  { 3, N, C, 0, "127.45", "0.78" },
+    { 3, N, N, 1, "1.43", "6.09" },   { 3, N, N, 0, "127.45", "6.09" },
+    { 2, N, C, 1, "127.45", "5.31" }, { 2, N, N, 1, "127.45", "11.28" },
+  };
+  check_deepspeed (STOW_CONVENTION_DEEPSPEED_ESTIMATOR, "2851M", "32M",
+                   "8xA100-80GB", z3, G_N_ELEMENTS (z3));
+  /* The docs still print the pre-#5099 ZeRO-2 formula. */
+  const DsRow docs[] = {
+    { 2, N, C, 1, "127.45", "5.31" },
+    { 2, N, N, 1, "127.45", "15.93" },
+  };
+  check_deepspeed (STOW_CONVENTION_DEEPSPEED_ESTIMATOR_DOCS, "2851M", "32M",
+                   "8xA100-80GB", docs, G_N_ELEMENTS (docs));
+}
+
+static void
+test_deepspeed_llama_65b (void)
+{
+  const StowOffload C = STOW_OFFLOAD_CPU, N = STOW_OFFLOAD_NONE;
+  const DsRow one[] = {
+    { 3, C, C, 1, "1641.65", "0.98" },  { 3, N, C, 1, "1459.25", "16.18" },
+    { 3, N, N, 1, "11.72", "137.78" },  { 2, N, C, 1, "2918.5", "121.6" },
+    { 2, N, N, 1, "2918.5", "258.41" },
+  };
+  check_deepspeed (STOW_CONVENTION_DEEPSPEED_ESTIMATOR, "65285660672",
+                   "262144000", "8xA100-80GB", one, G_N_ELEMENTS (one));
+  const DsRow eight[] = {
+    { 3, C, C, 1, "205.21", "0.98" },  { 3, N, C, 1, "182.41", "2.88" },
+    { 3, N, N, 1, "11.72", "18.08" },  { 2, N, C, 1, "23347.97", "121.6" },
+    { 2, N, N, 1, "2918.5", "138.7" },
+  };
+  check_deepspeed (STOW_CONVENTION_DEEPSPEED_ESTIMATOR, "65285660672",
+                   "262144000", "8x8xA100-80GB", eight, G_N_ELEMENTS (eight));
+
+  /* The largest layer comes from the model when --largest-layer is not
+   * given: LLaMA-65B's embed_tokens, 262,144,000. */
+  g_autoptr (StowModel) m = llama_65b ();
+  g_assert_cmpuint (m->largest_module_params, ==, 262144000);
+}
+
+static void
+test_deepspeed_uncovered (void)
+{
+  g_autoptr (StowCluster) c = cluster ("8xA100-80GB");
+  StowTraining t;
+  StowLayout l;
+  StowMemOptions o;
+  stow_training_init (&t);
+  stow_layout_init (&l);
+  stow_mem_options_init (&o);
+  o.convention = STOW_CONVENTION_DEEPSPEED_ESTIMATOR;
+  o.params_override = 1000000000;
+  l.dp = 8;
+  l.zero = 1;
+  g_autoptr (GError) error = NULL;
+  g_assert_null (stow_memory_estimate (NULL, c, &t, &l, &o, &error));
+  g_assert_error (error, STOW_PLAN_ERROR, STOW_PLAN_ERROR_INVALID);
+  g_assert_nonnull (strstr (error->message, "ZeRO-1"));
+}
+
+/* ---- Megatron's theoretical memory, worked LLaMA-65B example ------------ */
+
+static void
+test_megatron_llama_65b (void)
+{
+  g_autoptr (StowModel) m = llama_65b ();
+  g_autoptr (StowCluster) c = cluster ("8x8xA100-80GB");
+  StowTraining t;
+  StowLayout l;
+  StowMemOptions o;
+  stow_training_init (&t);
+  stow_layout_init (&l);
+  stow_mem_options_init (&o);
+  o.convention = STOW_CONVENTION_MEGATRON_THEORETICAL;
+  t.seq_len = 2048;
+  l.tp = 8, l.pp = 4, l.dp = 2, l.sp = TRUE, l.zero = 1;
+  l.recompute = STOW_RECOMPUTE_SELECTIVE;
+  l.micro_batch = 1, l.grad_accum = 4;
+  g_autoptr (StowMemory) mem = estimate (m, c, &t, &l, &o);
+  GArray *terms = mem->stages[0].terms;
+  /* 2.057B params x 12 B = 22.99 GiB; activations 4.50 GiB (57.5 MiB per
+   * layer per GPU). */
+  assert_printed ((double)term_bytes (terms, "weights and optimizer states"),
+                  GiB, "22.99");
+  assert_printed ((double)term_bytes (terms, "activations"), GiB, "4.50");
+  g_assert_cmpuint (mem->stages[0].params / 1000000, ==, 2056);
+}
+
+/* ---- Korthikanti et al. 2022 -------------------------------------------- */
+
+typedef struct
+{
+  guint64 h, layers, heads, tp, pp, vpp, gpus, batch, mbs;
+  const char *fig1_none, *fig1_sp_sel;
+} KorthikantiRow;
+
+/* Table 3 configurations; Figure 1's activation GiB per GPU. */
+static const KorthikantiRow korthikanti[] = {
+  { 6144, 48, 64, 8, 1, 1, 8, 4, 4, "59.25", "9.56" },
+  { 12288, 96, 96, 8, 8, 3, 64, 64, 1, "66.84", "12.35" },
+  { 20480, 105, 128, 8, 35, 3, 280, 280, 1, "114.02", "23.08" },
+  { 25600, 128, 160, 8, 64, 1, 512, 512, 1, "131.25", "26.56" },
+};
+
+static void
+korthikanti_setup (const KorthikantiRow *r, StowTraining *t, StowLayout *l,
+                   StowMemOptions *o)
+{
+  stow_training_init (t);
+  stow_layout_init (l);
+  stow_mem_options_init (o);
+  t->seq_len = 2048;
+  t->flash_attention = FALSE; /* the paper predates it */
+  t->dropout = TRUE;
+  t->global_batch = r->batch;
+  l->tp = r->tp, l->pp = r->pp, l->vpp = r->vpp;
+  l->dp = (guint)(r->gpus / (r->tp * r->pp));
+  l->micro_batch = r->mbs;
+  l->grad_accum = r->batch / (r->mbs * l->dp);
+  l->schedule = r->vpp > 1 ? STOW_SCHEDULE_INTERLEAVED : STOW_SCHEDULE_1F1B;
+  l->engine = STOW_ENGINE_MEGATRON;
+}
+
+/* Table 2: per-layer bytes from the paper's closed forms, against the
+ * tensor-by-tensor count. */
+static void
+test_korthikanti_table2 (void)
+{
+  for (gsize i = 0; i < G_N_ELEMENTS (korthikanti); i++)
+    {
+      const KorthikantiRow *r = &korthikanti[i];
+      g_autoptr (StowModel) m = gpt (r->h, r->layers, r->heads);
+      StowTraining t;
+      StowLayout l;
+      StowMemOptions o;
+      korthikanti_setup (r, &t, &l, &o);
+      double s = 2048, b = (double)r->mbs, h = (double)r->h,
+             a = (double)r->heads, tp = (double)r->tp;
+      double sbh = s * b * h;
+      struct
+      {
+        guint tp;
+        gboolean sp;
+        StowRecompute rc;
+        double expected;
+      } cases[] = {
+        { 1, FALSE, STOW_RECOMPUTE_NONE, sbh * (34 + 5 * a * s / h) },
+        { (guint)tp, FALSE, STOW_RECOMPUTE_NONE,
+          sbh * (10 + 24 / tp + 5 * a * s / (h * tp)) },
+        { (guint)tp, TRUE, STOW_RECOMPUTE_NONE,
+          sbh * (34 / tp + 5 * a * s / (h * tp)) },
+        { (guint)tp, FALSE, STOW_RECOMPUTE_SELECTIVE, sbh * (10 + 24 / tp) },
+        { (guint)tp, TRUE, STOW_RECOMPUTE_SELECTIVE, sbh * 34 / tp },
+      };
+      for (gsize k = 0; k < G_N_ELEMENTS (cases); k++)
+        {
+          l.tp = cases[k].tp;
+          l.sp = cases[k].sp;
+          l.recompute = cases[k].rc;
+          guint64 got = stow_memory_layer_activations (m, &t, &l);
+          g_test_message ("model %" G_GSIZE_FORMAT " case %" G_GSIZE_FORMAT
+                          ": %" G_GUINT64_FORMAT " vs %.1f",
+                          i, k, got, cases[k].expected);
+          g_assert_cmpfloat (fabs ((double)got - cases[k].expected), <=, 1.0);
+        }
+    }
+}
+
+/* Figure 1: the first stage's activations for all four models, TP only and
+ * SP + selective recomputation, including the interleaving penalty. */
+static void
+test_korthikanti_figure1 (void)
+{
+  for (gsize i = 0; i < G_N_ELEMENTS (korthikanti); i++)
+    {
+      const KorthikantiRow *r = &korthikanti[i];
+      g_autoptr (StowModel) m = gpt (r->h, r->layers, r->heads);
+      g_autofree char *spec
+          = g_strdup_printf ("%" G_GUINT64_FORMAT "x8xA100-80GB", r->gpus / 8);
+      g_autoptr (StowCluster) c = cluster (spec);
+      StowTraining t;
+      StowLayout l;
+      StowMemOptions o;
+      korthikanti_setup (r, &t, &l, &o);
+      g_autoptr (StowMemory) none = estimate (m, c, &t, &l, &o);
+      assert_printed ((double)term_bytes (none->stages[0].terms, "activations"),
+                      GiB, r->fig1_none);
+      l.sp = TRUE;
+      l.recompute = STOW_RECOMPUTE_SELECTIVE;
+      g_autoptr (StowMemory) sel = estimate (m, c, &t, &l, &o);
+      assert_printed ((double)term_bytes (sel->stages[0].terms, "activations"),
+                      GiB, r->fig1_sp_sel);
+    }
+}
+
+/* ---- properties -----------------------------------------------------------
+ */
+
+static const char *const property_models[] = {
+  "{\"model_type\": \"llama\", \"hidden_size\": 4096, \"num_hidden_layers\": "
+  "32,"
+  " \"num_attention_heads\": 32, \"num_key_value_heads\": 8,"
+  " \"intermediate_size\": 14336, \"vocab_size\": 128256}",
+  "{\"model_type\": \"mixtral\", \"hidden_size\": 4096, \"num_hidden_layers\": "
+  "32,"
+  " \"num_attention_heads\": 32, \"num_key_value_heads\": 8,"
+  " \"intermediate_size\": 14336, \"vocab_size\": 32000,"
+  " \"num_local_experts\": 8, \"num_experts_per_tok\": 2}",
+  "{\"model_type\": \"gpt2\", \"n_embd\": 1600, \"n_layer\": 48,"
+  " \"n_head\": 25, \"vocab_size\": 50257, \"n_positions\": 1024}",
+};
+
+static guint
+pick (GRand *r, const guint *choices, gsize n)
+{
+  return choices[g_rand_int_range (r, 0, (gint32)n)];
+}
+
+/* A random valid layout of @m on @c, or FALSE after a few tries. */
+static gboolean
+random_layout (GRand *r, const StowModel *m, const StowCluster *c,
+               StowTraining *t, StowLayout *l)
+{
+  static const guint degrees[] = { 1, 1, 2, 4, 8 };
+  for (int attempt = 0; attempt < 50; attempt++)
+    {
+      stow_training_init (t);
+      stow_layout_init (l);
+      t->seq_len = pick (r, (const guint[]){ 512, 2048, 4096 }, 3);
+      t->flash_attention = g_rand_boolean (r);
+      t->precision = (StowPrecision)g_rand_int_range (r, 0, 4);
+      t->optimizer = (StowOptimizer)g_rand_int_range (r, 0, 5);
+      l->tp = pick (r, degrees, G_N_ELEMENTS (degrees));
+      l->pp = pick (r, degrees, G_N_ELEMENTS (degrees));
+      l->ep = m->n_experts ? pick (r, degrees, 4) : 1;
+      if (c->n_gpus % (l->tp * l->pp) != 0)
+        continue;
+      l->dp = c->n_gpus / (l->tp * l->pp);
+      l->sp = l->tp > 1 && g_rand_boolean (r);
+      l->zero = g_rand_int_range (r, 0, 4);
+      l->engine = (StowEngine)g_rand_int_range (r, 0, 5);
+      l->offload_optimizer = (StowOffload)g_rand_int_range (r, 0, 3);
+      l->offload_params = l->zero == 3 ? (StowOffload)g_rand_int_range (r, 0, 3)
+                                       : STOW_OFFLOAD_NONE;
+      l->recompute = (StowRecompute)g_rand_int_range (r, 0, 3);
+      l->micro_batch = pick (r, (const guint[]){ 1, 2, 4 }, 3);
+      l->grad_accum = pick (r, (const guint[]){ 1, 4, 16 }, 3);
+      if (stow_layout_validate (l, t, m, c, NULL))
+        return TRUE;
+    }
+  return FALSE;
+}
+
+static guint64
+sum_terms (GArray *terms)
+{
+  guint64 s = 0;
+  for (guint i = 0; i < terms->len; i++)
+    s += g_array_index (terms, StowMemTerm, i).bytes;
+  return s;
+}
+
+static guint64
+sum_named (GArray *terms, const char *const *names)
+{
+  guint64 s = 0;
+  for (gsize i = 0; names[i]; i++)
+    s += term_bytes (terms, names[i]);
+  return s;
+}
+
+static const char *const model_state_terms[] = {
+  "parameters",
+  "gradients",
+  "master weights",
+  "optimizer states",
+  "fp32 gradient partition",
+  NULL,
+};
+static const char *const activation_terms[] = {
+  "activations",
+  "activation checkpoints",
+  "recomputed layer",
+  NULL,
+};
+
+static void
+test_properties (void)
+{
+  GRand *r = g_rand_new_with_seed (1122);
+  static const char *const specs[]
+      = { "8xA100-80GB", "16xH100-SXM", "4x8xA100-80GB" };
+  guint checked = 0;
+  for (int iter = 0; iter < 600; iter++)
+    {
+      g_autoptr (StowModel) m = model_from_json (
+          property_models[iter % G_N_ELEMENTS (property_models)]);
+      g_autoptr (StowCluster) c = cluster (specs[iter % G_N_ELEMENTS (specs)]);
+      StowTraining t;
+      StowLayout l;
+      StowMemOptions o;
+      stow_mem_options_init (&o);
+      if (!random_layout (r, m, c, &t, &l))
+        continue;
+      g_autoptr (StowMemory) mem = estimate (m, c, &t, &l, &o);
+      checked++;
+
+      /* The terms add up to the totals. */
+      for (guint s = 0; s < mem->n_stages; s++)
+        {
+          g_assert_cmpuint (sum_terms (mem->stages[s].terms), ==,
+                            mem->stages[s].total_bytes);
+          g_assert_cmpuint (mem->stages[s].allocated_bytes, <=,
+                            mem->stages[s].reserved_bytes);
+          g_assert_cmpuint (mem->stages[s].reserved_bytes, <=,
+                            mem->stages[s].total_bytes);
+        }
+      g_assert_cmpuint (sum_terms (mem->host_terms), ==, mem->host_total_bytes);
+      g_assert_cmpuint (sum_terms (mem->nvme_terms), ==, mem->nvme_bytes);
+
+      /* Offloading never raises device bytes. */
+      if (l.offload_optimizer != STOW_OFFLOAD_NONE
+          || l.offload_params != STOW_OFFLOAD_NONE)
+        {
+          StowLayout k = l;
+          k.offload_optimizer = STOW_OFFLOAD_NONE;
+          k.offload_params = STOW_OFFLOAD_NONE;
+          g_autoptr (StowMemory) kept = estimate (m, c, &t, &k, &o);
+          for (guint s = 0; s < mem->n_stages; s++)
+            g_assert_cmpuint (mem->stages[s].total_bytes, <=,
+                              kept->stages[s].total_bytes);
+        }
+
+      /* Recomputation never raises activation bytes. */
+      if (l.recompute != STOW_RECOMPUTE_NONE)
+        {
+          StowLayout k = l;
+          k.recompute = STOW_RECOMPUTE_NONE;
+          k.offload_activations = FALSE;
+          g_autoptr (StowMemory) kept = estimate (m, c, &t, &k, &o);
+          for (guint s = 0; s < mem->n_stages; s++)
+            g_assert_cmpuint (
+                sum_named (mem->stages[s].terms, activation_terms), <=,
+                sum_named (kept->stages[s].terms, activation_terms));
+        }
+
+      /* Under ZeRO-3, more data-parallel GPUs never raise per-GPU model
+       * states. */
+      if (l.zero == 3)
+        {
+          g_autofree char *spec2
+              = g_strdup_printf ("%ux%u%s%s", c->n_nodes * 2,
+                                 c->node.gpus_per_node, "x", c->node.gpu.name);
+          g_autoptr (StowCluster) c2 = cluster (spec2);
+          StowLayout k = l;
+          k.dp = l.dp * 2;
+          g_autoptr (StowMemory) more = estimate (m, c2, &t, &k, &o);
+          for (guint s = 0; s < mem->n_stages; s++)
+            g_assert_cmpuint (
+                sum_named (more->stages[s].terms, model_state_terms), <=,
+                sum_named (mem->stages[s].terms, model_state_terms));
+        }
+    }
+  g_assert_cmpuint (checked, >=, 300);
+  g_rand_free (r);
+}
+
+/* 10T parameters on 100,000 GPUs: no 64-bit overflow anywhere. */
+static void
+test_no_overflow (void)
+{
+  g_autoptr (StowModel) m = model_from_json (
+      "{\"model_type\": \"llama\", \"hidden_size\": 65536,"
+      " \"num_hidden_layers\": 192, \"num_attention_heads\": 512,"
+      " \"intermediate_size\": 262144, \"vocab_size\": 256000}");
+  g_assert_cmpuint (m->params, >, 9000000000000ull);
+  g_autoptr (StowCluster) c = cluster ("12500x8xH100-SXM");
+  g_assert_cmpuint (c->n_gpus, ==, 100000);
+  StowTraining t;
+  StowLayout l;
+  StowMemOptions o;
+  stow_training_init (&t);
+  stow_layout_init (&l);
+  stow_mem_options_init (&o);
+  t.seq_len = 131072;
+  static const guint zs[] = { 0, 3 };
+  for (gsize i = 0; i < G_N_ELEMENTS (zs); i++)
+    {
+      l.tp = 8, l.pp = 4, l.dp = 100000 / 32, l.sp = TRUE, l.zero = zs[i];
+      l.micro_batch = 64, l.grad_accum = 64;
+      l.offload_optimizer = STOW_OFFLOAD_NVME;
+      g_autoptr (StowMemory) mem = estimate (m, c, &t, &l, &o);
+      for (guint s = 0; s < mem->n_stages; s++)
+        {
+          GArray *terms = mem->stages[s].terms;
+          guint64 sum = 0;
+          for (guint k = 0; k < terms->len; k++)
+            {
+              guint64 b = g_array_index (terms, StowMemTerm, k).bytes;
+              g_assert_cmpuint (b, <, (guint64)1 << 62);
+              sum += b;
+            }
+          g_assert_cmpuint (sum, ==, mem->stages[s].total_bytes);
+        }
+      g_assert_cmpuint (mem->nvme_bytes, <, (guint64)1 << 62);
+      g_assert_cmpuint (mem->host_total_bytes, <, (guint64)1 << 62);
+    }
+}
+
+static void
+test_validation_errors (void)
+{
+  g_autoptr (StowModel) m = llama_65b ();
+  static const struct
+  {
+    const char *spec;
+    guint dp, tp, pp;
+    const char *fragment;
+  } bad[] = {
+    { "8xA100-80GB", 8, 3, 1,
+      "--tp 3 does not divide "
+      "num_attention_heads 64" },
+    { "8xA100-80GB", 1, 8, 3, "--dp 1 x --tp 8 x --pp 3" },
+    { "1x6xA100-80GB", 2, 3, 1,
+      "--tp 3 does not divide "
+      "num_attention_heads 64" },
+  };
+  for (gsize i = 0; i < G_N_ELEMENTS (bad); i++)
+    {
+      g_autoptr (StowCluster) c = cluster (bad[i].spec);
+      StowTraining t;
+      StowLayout l;
+      stow_training_init (&t);
+      stow_layout_init (&l);
+      l.dp = bad[i].dp, l.tp = bad[i].tp, l.pp = bad[i].pp;
+      g_autoptr (GError) error = NULL;
+      g_assert_null (stow_memory_estimate (m, c, &t, &l, NULL, &error));
+      g_assert_error (error, STOW_PLAN_ERROR, STOW_PLAN_ERROR_INVALID);
+      g_test_message ("%s", error->message);
+      if (bad[i].fragment)
+        g_assert_nonnull (strstr (error->message, bad[i].fragment));
+    }
+}
+
+int
+main (int argc, char **argv)
+{
+  g_test_init (&argc, &argv, NULL);
+  g_test_add_func ("/memory/zero-paper/table1", test_zero_paper_table1);
+  g_test_add_func ("/memory/deepspeed/t5-3b", test_deepspeed_t5_3b);
+  g_test_add_func ("/memory/deepspeed/llama-65b", test_deepspeed_llama_65b);
+  g_test_add_func ("/memory/deepspeed/uncovered", test_deepspeed_uncovered);
+  g_test_add_func ("/memory/megatron/llama-65b", test_megatron_llama_65b);
+  g_test_add_func ("/memory/korthikanti/table2", test_korthikanti_table2);
+  g_test_add_func ("/memory/korthikanti/figure1", test_korthikanti_figure1);
+  g_test_add_func ("/memory/properties", test_properties);
+  g_test_add_func ("/memory/no-overflow", test_no_overflow);
+  g_test_add_func ("/memory/validation", test_validation_errors);
+  return g_test_run ();
+}
