@@ -947,6 +947,73 @@ import_deepseek (StowModelBuilder *b, JsonObject *o, const char *type,
   return TRUE;
 }
 
+/* ---- bert (encoder only) ------------------------------------------------- */
+
+/* BertModel as the BertFor* heads save it ("bert." prefix): word, position
+ * and token-type embeddings with a LayerNorm, post-norm layers with biases
+ * everywhere, and the pooler.  No language-model head: the classification
+ * heads are a few thousand parameters and the MLM head is tied. */
+static gboolean
+import_bert (StowModelBuilder *b, JsonObject *o, GError **error)
+{
+  StowModel *m = b->model;
+  guint64 h = 0, L = 0, a = 0, V = 0, f = 0, P = 512, T = 2;
+
+  if (!REQ (o, b, &h, "hidden_size") || !REQ (o, b, &L, "num_hidden_layers")
+      || !REQ (o, b, &a, "num_attention_heads")
+      || !REQ (o, b, &f, "intermediate_size") || !REQ (o, b, &V, "vocab_size")
+      || !OPT (o, b, &P, "max_position_embeddings")
+      || !OPT (o, b, &T, "type_vocab_size"))
+    return FALSE;
+  if (!check_layers (b, "num_hidden_layers", L, error)
+      || !check_heads (b, h, "hidden_size", a, "num_attention_heads", a,
+                       "num_attention_heads", FALSE, error))
+    return FALSE;
+
+  m->hidden = h;
+  m->n_layers = L;
+  m->n_heads = m->n_kv_heads = a;
+  m->head_dim = h / a;
+  m->ffn = f;
+  m->vocab = V;
+  m->max_positions = P;
+  m->linear_bias = TRUE;
+  m->no_lm_head = TRUE;
+  m->norm = STOW_NORM_LAYERNORM;
+
+  stow_model_add_tensor (b, STOW_ROLE_EMBEDDING, -1, FALSE, 2, V, h,
+                         "bert.embeddings.word_embeddings.weight");
+  stow_model_add_tensor (b, STOW_ROLE_EMBEDDING, -1, FALSE, 2, P, h,
+                         "bert.embeddings.position_embeddings.weight");
+  stow_model_add_tensor (b, STOW_ROLE_EMBEDDING, -1, FALSE, 2, T, h,
+                         "bert.embeddings.token_type_embeddings.weight");
+  add_norm (b, -1, h, "bert.embeddings.LayerNorm");
+  for (guint64 i = 0; i < L; i++)
+    {
+      gint l = (gint)i;
+      char p[96], q[160];
+      static const char *const qkv[] = { "query", "key", "value" };
+      g_snprintf (p, sizeof p, "bert.encoder.layer.%d", l);
+      for (guint k = 0; k < 3; k++)
+        {
+          g_snprintf (q, sizeof q, "%s.attention.self.%s", p, qkv[k]);
+          add_linear (b, STOW_ROLE_ATTENTION, l, h, h, TRUE, q);
+        }
+      g_snprintf (q, sizeof q, "%s.attention.output.dense", p);
+      add_linear (b, STOW_ROLE_ATTENTION, l, h, h, TRUE, q);
+      g_snprintf (q, sizeof q, "%s.attention.output.LayerNorm", p);
+      add_norm (b, l, h, q);
+      g_snprintf (q, sizeof q, "%s.intermediate.dense", p);
+      add_linear (b, STOW_ROLE_MLP, l, f, h, TRUE, q);
+      g_snprintf (q, sizeof q, "%s.output.dense", p);
+      add_linear (b, STOW_ROLE_MLP, l, h, f, TRUE, q);
+      g_snprintf (q, sizeof q, "%s.output.LayerNorm", p);
+      add_norm (b, l, h, q);
+    }
+  add_linear (b, STOW_ROLE_HEAD, -1, h, h, TRUE, "bert.pooler.dense");
+  return TRUE;
+}
+
 /* ---- dispatch ----------------------------------------------------------- */
 
 static const char *const llama_like[]
@@ -972,6 +1039,8 @@ stow_model_import (StowModelBuilder *b, JsonObject *o, const char *type,
     return import_opt (b, o, error);
   if (g_str_equal (type, "t5"))
     return import_t5 (b, o, error);
+  if (g_str_equal (type, "bert"))
+    return import_bert (b, o, error);
   if (g_str_equal (type, "deepseek_v2") || g_str_equal (type, "deepseek_v3"))
     return import_deepseek (b, o, type, error);
 
@@ -988,7 +1057,7 @@ stow_model_import (StowModelBuilder *b, JsonObject *o, const char *type,
                      "%s: model_type \"%.60s\" is not supported (and has no "
                      "%s for a llama-like import); supported: llama, "
                      "mistral, mixtral, qwen2, gemma, gemma2, phi3, gpt2, "
-                     "gpt_neox, falcon, bloom, opt, t5, deepseek_v2, "
+                     "gpt_neox, falcon, bloom, opt, t5, bert, deepseek_v2, "
                      "deepseek_v3",
                      b->where, esc, fields[i]);
         return FALSE;

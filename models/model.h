@@ -87,6 +87,7 @@ struct _StowModel
   gboolean gated_mlp;      /* SwiGLU / GeGLU: 3 matrices instead of 2 */
   gboolean linear_bias;    /* biases on linears (gpt2, bloom, opt, ...) */
   gboolean tied_embeddings;
+  gboolean no_lm_head;     /* encoders (BERT): no vocabulary logits */
   StowNormKind norm;
 
   /* Mixture of experts (0 when dense). */

@@ -228,6 +228,14 @@ stow_memory_finish (StowMemory *mem, const StowCluster *c,
  * and MLP blocks; sequence parallelism also splits the LayerNorm inputs,
  * the linear inputs and the dropout masks (Table 2).  Context parallelism
  * splits the sequence. */
+/* Bytes of one activation element: training in fp32 keeps fp32
+ * activations; mixed precision and fp8 GEMMs keep 16-bit ones. */
+static double
+activation_bytes (const StowTraining *t)
+{
+  return t->precision == STOW_PRECISION_FP32 ? 4.0 : 2.0;
+}
+
 static void
 layer_activation_parts (const StowModel *m, const StowTraining *t,
                         const StowLayout *l, gboolean moe, guint64 *block,
@@ -242,7 +250,8 @@ layer_activation_parts (const StowModel *m, const StowTraining *t,
   double tp = (double)l->tp;
   double rep = l->sp ? tp : 1.0; /* divisor of the replicated parts */
   double drop = t->dropout ? 1.0 : 0.0;
-  double f, mlp_inner;
+  double e = activation_bytes (t);
+  double mlp_inner;
 
   if (m->qk_nope_head_dim + m->qk_rope_head_dim > 0)
     {
@@ -258,33 +267,32 @@ layer_activation_parts (const StowModel *m, const StowTraining *t,
        * MLPs' tensors are top-k times those of one MLP of width moe_ffn
        * (mixtral: ffn), plus the shared experts as a dense MLP. */
       double fe = (double)(m->moe_ffn ? m->moe_ffn : m->ffn);
-      double per = m->gated_mlp ? 6.0 * fe : 4.0 * fe;
-      mlp_inner = (double)m->experts_per_token * (2.0 * h + per)
+      double per = (m->gated_mlp ? 3.0 : 2.0) * e * fe;
+      mlp_inner = (double)m->experts_per_token * (e * h + per)
                   + (double)m->n_shared_experts * per
                   + 4.0 * (double)m->n_experts; /* fp32 router logits */
-      f = fe;
     }
   else
     {
-      f = (double)m->ffn;
-      mlp_inner = m->gated_mlp ? 6.0 * f : 4.0 * f;
+      double f = (double)m->ffn;
+      mlp_inner = (m->gated_mlp ? 3.0 : 2.0) * e * f;
     }
-  (void)f;
 
-  /* Replicated under plain TP: two norm inputs (2+2), the QKV and MLP
-   * input (2+2), two dropout masks. */
-  double replicated = (4.0 + 4.0 + 2.0 * drop) * h;
-  /* Split by TP: Q, K, V (2 bytes each element), the attention output
-   * feeding o_proj, and the MLP's inner tensors. */
-  double split = 2.0 * (a * dq + k * dq + k * dv) + 2.0 * a * dv + mlp_inner;
+  /* Replicated under plain TP: two norm inputs, the QKV and MLP inputs,
+   * two dropout masks (1 byte each). */
+  double replicated = (4.0 * e + 2.0 * drop) * h;
+  /* Split by TP: Q, K, V, the attention output feeding o_proj, and the
+   * MLP's inner tensors. */
+  double split = e * (a * dq + k * dq + k * dv) + e * a * dv + mlp_inner;
   double sb = s * b;
   *block = (guint64)llround (sb * (replicated / rep + split / tp));
 
   if (t->flash_attention)
     *core = (guint64)llround (4.0 * sb * a / tp); /* fp32 logsumexp */
   else
-    /* scores, softmax output (2 B each) and the dropout mask (1 B) */
-    *core = (guint64)llround ((4.0 + drop) * a * s * s * b / tp);
+    /* The softmax output, and with dropout its mask (1 B) and output:
+     * 5 a s^2 b at 16 bits in Korthikanti et al. */
+    *core = (guint64)llround ((e + drop * (1.0 + e)) * a * s * s * b / tp);
 }
 
 guint64
@@ -728,9 +736,10 @@ activations (Model *ms, const StageParams *p, guint stage, GArray *dev,
   double s_local = (double)t->seq_len / l->cp;
   guint64 sbh
       = (guint64)llround (s_local * (double)l->micro_batch * (double)m->hidden);
-  /* Full recompute keeps each layer's input (2 sbh; split by TP under
-   * sequence parallelism). */
-  guint64 ckpt = 2 * sbh / (l->sp ? l->tp : 1);
+  /* Full recompute keeps each layer's input (s b h elements; split by TP
+   * under sequence parallelism). */
+  double e = activation_bytes (t);
+  guint64 ckpt = (guint64)llround (e * (double)sbh) / (l->sp ? l->tp : 1);
   guint64 n_full_recompute = 0;
   if (l->recompute == STOW_RECOMPUTE_FULL)
     n_full_recompute = l->recompute_layers
@@ -769,7 +778,7 @@ activations (Model *ms, const StageParams *p, guint stage, GArray *dev,
       else
         stow_mem_add (dev, "activation checkpoints", bytes, STOW_TIER_DEVICE,
                       "%.4g micro-batches in flight x %" G_GUINT64_FORMAT
-                      " layers x 2 s b h = %" G_GUINT64_FORMAT " B",
+                      " layers x s b h elements = %" G_GUINT64_FORMAT " B",
                       mb, n_full_recompute, ckpt);
       /* The rebuilt layer's input is its checkpoint, already counted. */
       stow_mem_add (
@@ -791,17 +800,17 @@ activations (Model *ms, const StageParams *p, guint stage, GArray *dev,
       guint64 ids = (guint64)llround (8.0 * s_local * l->micro_batch * mb);
       stow_mem_add (
           dev, "input ids and embeddings",
-          ids + (guint64)llround (2.0 * (double)sbh * mb / (l->sp ? l->tp : 1)),
-          STOW_TIER_DEVICE, "%.4g micro-batches x (8 s b + 2 s b h)", mb);
+          ids + (guint64)llround (e * (double)sbh * mb / (l->sp ? l->tp : 1)),
+          STOW_TIER_DEVICE, "%.4g micro-batches x (8 s b + %.0f s b h)", mb, e);
     }
-  if (p->last)
+  if (p->last && !m->no_lm_head)
     {
       /* Logits for one micro-batch: bf16 output (2 B), the fp32 upcast for
        * the cross-entropy (4 B) and its gradient (4 B); chunked loss keeps
        * the fp32 part to one chunk of eight. */
       guint64 sbv = (guint64)llround (s_local * (double)l->micro_batch
                                       * (double)m->vocab / l->tp);
-      double per = t->chunked_loss ? 2.0 + 8.0 / 8.0 : 10.0;
+      double per = (t->chunked_loss ? 1.0 : 8.0) + e;
       stow_mem_add (dev, "logits and loss", stow_bytes (sbv, per),
                     STOW_TIER_DEVICE,
                     "%.4g B x s b V / tp = %" G_GUINT64_FORMAT " elements%s",

@@ -53,6 +53,10 @@ static const Published published[] = {
   { "gemma-7b", 8537680896ull, 0, "pub" },
   { "phi-3-mini", 3821079552ull, 0, "pub" },
   { "phi-3-medium", 13960238080ull, 0, "calc" }, /* no published count */
+  /* BertModel (no task head) as HF counts it: the figures bert-base's and
+   * bert-large's model cards round to 110M and 336M. */
+  { "bert-base-uncased", 109482240ull, 0, "pub" },
+  { "bert-large-uncased", 335141888ull, 0, "pub" },
   { "gpt2", 124439808ull, 0, "pub" },
   { "gpt2-medium", 354823168ull, 0, "pub" },
   { "gpt2-large", 774030080ull, 0, "pub" },
