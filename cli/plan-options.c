@@ -77,6 +77,11 @@ stow_plan_options_add (GOptionContext *ctx, StowPlanOptions *po)
          "SIZE"),
     STR ("safety-margin", margin, "Keep this much of each GPU free (0)",
          "SIZE"),
+    STR ("reduce-bucket", reduce_bucket,
+         "DeepSpeed reduce_bucket_size in elements (5e8)", "N"),
+    { "overlap-comm", 0, 0, G_OPTION_ARG_NONE, &po->overlap_comm,
+      "DeepSpeed overlap_comm: two reduce buckets (default: stage 3 only)",
+      NULL },
     { "json", 0, 0, G_OPTION_ARG_NONE, &po->json, "JSON output", NULL },
     { "explain", 0, 0, G_OPTION_ARG_NONE, &po->explain,
       "Show the formula behind every term and every stage", NULL },
@@ -170,6 +175,11 @@ stow_plan_options_resolve (StowPlanOptions *po, const char *model_arg,
         }
       o->zero_init = po->zero_init[0] == '1';
     }
+  if (!parse_count_flag ("--reduce-bucket", po->reduce_bucket, FALSE,
+                         &o->reduce_bucket_elements, error))
+    return FALSE;
+  if (po->overlap_comm)
+    o->overlap_comm = 1;
   if (!parse_size_flag ("--context-memory", po->context, &o->cuda_context_bytes,
                         error)
       || !parse_size_flag ("--nccl-reserve", po->nccl, &o->nccl_bytes_per_group,

@@ -23,8 +23,9 @@ typedef struct
       *offload_params, *offload_activations, *recompute, *micro_batch,
       *global_batch, *grad_accum, *seq, *precision, *optimizer, *finetune,
       *lora_rank, *engine, *schedule, *convention, *params, *largest_layer,
-      *zero_init, *context, *fragmentation, *nccl, *margin;
-  gboolean sp, no_sp, no_flash, chunked_loss, dropout, json, explain;
+      *zero_init, *context, *fragmentation, *nccl, *margin, *reduce_bucket;
+  gboolean sp, no_sp, no_flash, chunked_loss, dropout, json, explain,
+      overlap_comm;
 
   /* results */
   StowModel *model; /* NULL only under --params */

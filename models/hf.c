@@ -730,6 +730,7 @@ import_t5 (StowModelBuilder *b, JsonObject *o, GError **error)
   m->ffn = ff;
   m->vocab = V;
   m->gated_mlp = gated;
+  m->ffn_dropout = TRUE; /* T5DenseActDense: wi, act, dropout, wo */
   m->tied_embeddings = tied;
   m->norm = STOW_NORM_RMSNORM;
 

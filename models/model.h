@@ -47,54 +47,56 @@ typedef enum
 
 typedef struct
 {
-  char *name;         /* HF checkpoint name: "model.layers.3.mlp.up_proj.weight" */
-  guint64 shape[4];   /* row-major, as stored in the checkpoint */
+  char *name; /* HF checkpoint name: "model.layers.3.mlp.up_proj.weight" */
+  guint64 shape[4]; /* row-major, as stored in the checkpoint */
   guint n_dims;
   guint64 numel;
   StowTensorRole role;
-  gint layer;         /* index in the layer stack, -1 outside it */
-  gboolean tied;      /* shares storage with an earlier tensor: not counted */
+  gint layer;    /* index in the layer stack, -1 outside it */
+  gboolean tied; /* shares storage with an earlier tensor: not counted */
 } StowTensor;
 
 /* Per-layer summary for the planner (pipeline splits, streaming). */
 typedef struct
 {
-  guint64 params;     /* all parameters of the layer */
+  guint64 params;        /* all parameters of the layer */
   guint64 active_params; /* per token: routed experts counted top-k times */
-  gboolean is_moe;    /* routed experts in this layer */
-  gboolean is_decoder; /* T5: FALSE for encoder layers */
+  gboolean is_moe;       /* routed experts in this layer */
+  gboolean is_decoder;   /* T5: FALSE for encoder layers */
 } StowLayerInfo;
 
 typedef struct _StowModel StowModel;
 struct _StowModel
 {
   gint ref_count;
-  char *name;        /* catalog short name, or the file's directory name */
-  char *family;      /* HF model_type: "llama", "gpt2", "t5", ... */
-  char **aliases;    /* NULL-terminated, may be empty */
-  char *source;      /* "catalog" or the config.json path */
+  char *name;     /* catalog short name, or the file's directory name */
+  char *family;   /* HF model_type: "llama", "gpt2", "t5", ... */
+  char **aliases; /* NULL-terminated, may be empty */
+  char *source;   /* "catalog" or the config.json path */
 
   /* Shape.  For T5, n_layers = encoder + decoder layers. */
-  guint64 hidden;          /* h */
-  guint64 n_layers;        /* L (the layer stack the planner splits) */
+  guint64 hidden;           /* h */
+  guint64 n_layers;         /* L (the layer stack the planner splits) */
   guint64 n_encoder_layers; /* T5 only, else 0 */
-  guint64 n_heads;         /* a */
-  guint64 n_kv_heads;      /* k (GQA / MQA); = a for MHA */
-  guint64 head_dim;        /* d (explicit head_dim, d_kv, or h/a) */
-  guint64 ffn;             /* dense MLP width f (per expert for mixtral) */
-  guint64 vocab;           /* V */
-  guint64 max_positions;   /* learned positions; 0 for RoPE / ALiBi */
-  gboolean gated_mlp;      /* SwiGLU / GeGLU: 3 matrices instead of 2 */
-  gboolean linear_bias;    /* biases on linears (gpt2, bloom, opt, ...) */
+  guint64 n_heads;          /* a */
+  guint64 n_kv_heads;       /* k (GQA / MQA); = a for MHA */
+  guint64 head_dim;         /* d (explicit head_dim, d_kv, or h/a) */
+  guint64 ffn;              /* dense MLP width f (per expert for mixtral) */
+  guint64 vocab;            /* V */
+  guint64 max_positions;    /* learned positions; 0 for RoPE / ALiBi */
+  gboolean gated_mlp;       /* SwiGLU / GeGLU: 3 matrices instead of 2 */
+  gboolean linear_bias;     /* biases on linears (gpt2, bloom, opt, ...) */
   gboolean tied_embeddings;
-  gboolean no_lm_head;     /* encoders (BERT): no vocabulary logits */
+  gboolean no_lm_head;  /* encoders (BERT): no vocabulary logits */
+  gboolean ffn_dropout; /* dropout inside the MLP, after the activation
+                           (T5's DenseReluDense) */
   StowNormKind norm;
 
   /* Mixture of experts (0 when dense). */
-  guint64 n_experts;          /* routed experts per MoE layer */
-  guint64 experts_per_token;  /* top-k */
+  guint64 n_experts;         /* routed experts per MoE layer */
+  guint64 experts_per_token; /* top-k */
   guint64 n_shared_experts;
-  guint64 moe_ffn;            /* expert width (deepseek moe_intermediate_size) */
+  guint64 moe_ffn; /* expert width (deepseek moe_intermediate_size) */
   guint64 first_dense_layers; /* deepseek first_k_dense_replace */
 
   /* Multi-head latent attention (deepseek); 0 when absent. */
@@ -102,19 +104,19 @@ struct _StowModel
       v_head_dim;
 
   /* Counts.  Tied tensors are counted once, as HF num_parameters() does. */
-  guint64 params;          /* total */
-  guint64 active_params;   /* per token (MoE); = params when dense */
-  guint64 embedding_params; /* input-side embedding tables */
-  guint64 head_params;     /* untied lm_head, 0 when tied */
+  guint64 params;                /* total */
+  guint64 active_params;         /* per token (MoE); = params when dense */
+  guint64 embedding_params;      /* input-side embedding tables */
+  guint64 head_params;           /* untied lm_head, 0 when tied */
   guint64 largest_module_params; /* DeepSpeed's "largest layer": the
                                     largest leaf module's own parameters */
   guint64 by_role[STOW_N_ROLES];
-  StowLayerInfo *layers;   /* n_layers entries */
-  GPtrArray *tensors;      /* StowTensor *, checkpoint order */
+  StowLayerInfo *layers; /* n_layers entries */
+  GPtrArray *tensors;    /* StowTensor *, checkpoint order */
 
   /* Added by the models room (beyond the planner's contract). */
-  char *largest_module;    /* that module's name: "model.embed_tokens" */
-  char *reference;         /* catalog: where its configuration comes from */
+  char *largest_module; /* that module's name: "model.embed_tokens" */
+  char *reference;      /* catalog: where its configuration comes from */
 };
 
 /* From a parsed config.json object; @where names it in errors. */

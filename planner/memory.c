@@ -43,6 +43,8 @@ stow_mem_options_init (StowMemOptions *o)
   o->host_process_bytes = 2 * GiB;
   o->vocab_multiple = 128; /* Megatron --make-vocab-size-divisible-by */
   o->swap_shard_params = (guint64)1 << 26;
+  o->reduce_bucket_elements = 500000000; /* DeepSpeed zero/config.py */
+  o->overlap_comm = -1;
 }
 
 const char *
@@ -236,9 +238,27 @@ activation_bytes (const StowTraining *t)
   return t->precision == STOW_PRECISION_FP32 ? 4.0 : 2.0;
 }
 
+typedef enum
+{
+  LAYER_DENSE,
+  LAYER_MOE,
+  LAYER_CROSS, /* encoder-decoder: a decoder layer with cross-attention */
+  N_LAYER_KINDS
+} LayerKind;
+
+static LayerKind
+layer_kind (const StowModel *m, guint64 i)
+{
+  if (m->layers[i].is_moe)
+    return LAYER_MOE;
+  if (m->n_encoder_layers > 0 && m->layers[i].is_decoder)
+    return LAYER_CROSS;
+  return LAYER_DENSE;
+}
+
 static void
 layer_activation_parts (const StowModel *m, const StowTraining *t,
-                        const StowLayout *l, gboolean moe, guint64 *block,
+                        const StowLayout *l, LayerKind kind, guint64 *block,
                         guint64 *core)
 {
   double s = (double)t->seq_len / l->cp;
@@ -261,7 +281,7 @@ layer_activation_parts (const StowModel *m, const StowTraining *t,
       dv = (double)m->v_head_dim;
       k = a;
     }
-  if (moe && m->n_experts > 0)
+  if (kind == LAYER_MOE && m->n_experts > 0)
     {
       /* Each token visits top-k experts: the permuted inputs and the expert
        * MLPs' tensors are top-k times those of one MLP of width moe_ffn
@@ -284,15 +304,28 @@ layer_activation_parts (const StowModel *m, const StowTraining *t,
   /* Split by TP: Q, K, V, the attention output feeding o_proj, and the
    * MLP's inner tensors. */
   double split = e * (a * dq + k * dq + k * dv) + e * a * dv + mlp_inner;
+  if (m->ffn_dropout && drop > 0)
+    split += (double)m->ffn; /* T5: the mask of the dropout inside the MLP */
+  double scores = 1.0;
+  if (kind == LAYER_CROSS)
+    {
+      /* Cross-attention: its norm input and query input (replicated), its
+       * Q, the K and V projected from the encoder output, its output and
+       * dropout mask, and a second set of attention scores. */
+      replicated += (2.0 * e + drop) * h;
+      split += e * (a * dq + k * dq + k * dv) + e * a * dv;
+      scores = 2.0;
+    }
   double sb = s * b;
   *block = (guint64)llround (sb * (replicated / rep + split / tp));
 
   if (t->flash_attention)
-    *core = (guint64)llround (4.0 * sb * a / tp); /* fp32 logsumexp */
+    *core = (guint64)llround (scores * 4.0 * sb * a / tp); /* fp32 lse */
   else
     /* The softmax output, and with dropout its mask (1 B) and output:
      * 5 a s^2 b at 16 bits in Korthikanti et al. */
-    *core = (guint64)llround ((e + drop * (1.0 + e)) * a * s * s * b / tp);
+    *core = (guint64)llround (scores * (e + drop * (1.0 + e)) * a * s * s * b
+                              / tp);
 }
 
 guint64
@@ -300,7 +333,7 @@ stow_memory_layer_activations (const StowModel *m, const StowTraining *t,
                                const StowLayout *l)
 {
   guint64 block, core;
-  layer_activation_parts (m, t, l, FALSE, &block, &core);
+  layer_activation_parts (m, t, l, LAYER_DENSE, &block, &core);
   if (l->recompute == STOW_RECOMPUTE_SELECTIVE && !t->flash_attention)
     core = 0;
   return block + core;
@@ -377,11 +410,12 @@ lora_layer_params (const StowModel *m, const StowTraining *t, guint tp)
 /* Parameters one GPU of a stage holds, before ZeRO sharding. */
 typedef struct
 {
-  guint64 layers;    /* transformer layers on the stage */
-  guint64 params;    /* all parameters on the GPU */
-  guint64 linear;    /* of which in linear layers (QLoRA quantises these) */
-  guint64 max_layer; /* largest layer on the GPU (streaming slots) */
-  guint64 trainable; /* LoRA adapters, or = params */
+  guint64 first_layer; /* index of the stage's first layer */
+  guint64 layers;      /* transformer layers on the stage */
+  guint64 params;      /* all parameters on the GPU */
+  guint64 linear;      /* of which in linear layers (QLoRA quantises these) */
+  guint64 max_layer;   /* largest layer on the GPU (streaming slots) */
+  guint64 trainable;   /* LoRA adapters, or = params */
   gboolean first, last;
 } StageParams;
 
@@ -406,6 +440,7 @@ stage_params (const StowModel *m, const StowTraining *t, const StowLayout *l,
   guint64 expert_per_layer = n_moe ? m->by_role[STOW_ROLE_EXPERT] / n_moe : 0;
   guint64 norm_per_layer = m->by_role[STOW_ROLE_NORM] / MAX (m->n_layers, 1);
 
+  p.first_layer = first_layer;
   p.layers = n_layers;
   p.first = stage == 0;
   p.last = stage + 1 == l->pp;
@@ -723,15 +758,18 @@ activations (Model *ms, const StageParams *p, guint stage, GArray *dev,
   const StowModel *m = ms->m;
   const StowTraining *t = ms->t;
   const StowLayout *l = ms->l;
-  guint64 dense_block, dense_core, moe_block, moe_core;
-  layer_activation_parts (m, t, l, FALSE, &dense_block, &dense_core);
-  layer_activation_parts (m, t, l, TRUE, &moe_block, &moe_core);
-  gboolean any_moe = m->n_experts > 0;
-  guint64 block = any_moe ? MAX (dense_block, moe_block) : dense_block;
-  guint64 core = dense_core;
-  if (l->recompute == STOW_RECOMPUTE_SELECTIVE && !t->flash_attention)
-    core = 0;
-  guint64 full = block + core;
+  /* Per-layer activations by kind (dense, MoE, decoder with
+   * cross-attention); the stage sums its own layers. */
+  guint64 kind_bytes[N_LAYER_KINDS], kind_block[N_LAYER_KINDS];
+  for (int k = 0; k < N_LAYER_KINDS; k++)
+    {
+      guint64 block, core;
+      layer_activation_parts (m, t, l, (LayerKind)k, &block, &core);
+      if (l->recompute == STOW_RECOMPUTE_SELECTIVE && !t->flash_attention)
+        core = 0;
+      kind_block[k] = block;
+      kind_bytes[k] = block + core;
+    }
   double mb = in_flight (l, stage);
   double s_local = (double)t->seq_len / l->cp;
   guint64 sbh
@@ -746,14 +784,25 @@ activations (Model *ms, const StageParams *p, guint stage, GArray *dev,
                            ? MIN (l->recompute_layers, p->layers)
                            : p->layers;
   guint64 n_stored = p->layers - n_full_recompute;
+  /* The first n_full_recompute layers of the stage are recomputed, the
+   * rest stored; the largest layer sets the rebuilt and working sets. */
+  guint64 stored_bytes = 0, full = 0, block = 0;
+  for (guint64 i = p->first_layer; i < p->first_layer + p->layers; i++)
+    {
+      LayerKind k = layer_kind (m, i);
+      if (i >= p->first_layer + n_full_recompute)
+        stored_bytes += kind_bytes[k];
+      full = MAX (full, kind_bytes[k]);
+      block = MAX (block, kind_block[k]);
+    }
 
   if (n_stored > 0)
     stow_mem_add (
-        dev, "activations", (guint64)llround ((double)(full * n_stored) * mb),
+        dev, "activations", (guint64)llround ((double)stored_bytes * mb),
         STOW_TIER_DEVICE,
         "%.4g micro-batches in flight x %" G_GUINT64_FORMAT
-        " layers x %" G_GUINT64_FORMAT " B per layer (%s%s%s)",
-        mb, n_stored, full,
+        " layers, %" G_GUINT64_FORMAT " B per micro-batch (%s%s%s)",
+        mb, n_stored, stored_bytes,
         t->flash_attention ? "flash attention" : "s^2 scores",
         l->recompute == STOW_RECOMPUTE_SELECTIVE ? ", selective recompute" : "",
         l->sp ? ", sequence parallel" : "");
@@ -842,8 +891,12 @@ engine_buffers (Model *ms, const StageParams *p, GArray *dev)
         /* reduce_bucket_size and stage3_prefetch_bucket_size in elements
          * (DeepSpeed zero/config.py defaults), never more than the model;
          * two reduce buckets when overlap_comm is on (stage 3). */
-        guint64 reduce = MIN ((guint64)500000000, N);
-        guint64 nreduce = l->zero >= 3 ? 2 : 1;
+        guint64 reduce = MIN (ms->o->reduce_bucket_elements, N);
+        gboolean overlap
+            = ms->o->overlap_comm < 0 ? l->zero >= 3 : ms->o->overlap_comm;
+        /* contiguous_gradients keeps one bucket, two with overlap_comm
+         * (double buffering, stage_1_and_2.py). */
+        guint64 nreduce = overlap ? 2 : 1;
         if (l->zero >= 1)
           stow_mem_add (
               dev, "reduce buckets", nreduce * reduce * 2, STOW_TIER_DEVICE,

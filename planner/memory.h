@@ -56,6 +56,9 @@ typedef struct
   guint64 host_process_bytes;     /* per rank: the framework's own RSS */
   guint64 vocab_multiple;         /* megatron: pad V to this x tp; 0 none */
   guint64 swap_shard_params;      /* optimizer swap shard, parameters */
+  guint64 reduce_bucket_elements; /* deepspeed reduce_bucket_size (5e8) */
+  gint overlap_comm;              /* deepspeed: -1 default (on at stage 3
+                                     only), 0 off, 1 on: two buckets */
 } StowMemOptions;
 
 void stow_mem_options_init (StowMemOptions *o);
