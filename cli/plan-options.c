@@ -43,7 +43,10 @@ stow_plan_options_add (GOptionContext *ctx, StowPlanOptions *po)
     STR ("global-batch", global_batch, "Sequences per optimizer step", "N"),
     STR ("grad-accum", grad_accum, "Micro-batches per step per replica", "N"),
     STR ("seq", seq, "Sequence length in tokens (2048, 4k, 128k)", "TOKENS"),
-    STR ("precision", precision, "fp32, fp16, bf16 (default) or fp8", "P"),
+    STR ("precision", precision,
+         "fp32, fp16, bf16 (default; fp32 master weights), fp8 or bf16-pure "
+         "(no master copy, bf16 optimizer states)",
+         "P"),
     STR ("optimizer", optimizer, "adamw, adamw-8bit, sgd, adafactor, lion",
          "OPT"),
     STR ("finetune", finetune, "full, lora or qlora", "MODE"),
@@ -79,6 +82,12 @@ stow_plan_options_add (GOptionContext *ctx, StowPlanOptions *po)
          "SIZE"),
     STR ("reduce-bucket", reduce_bucket,
          "DeepSpeed reduce_bucket_size in elements (5e8)", "N"),
+    { "optimizer-in-backward", 0, 0, G_OPTION_ARG_NONE, &po->opt_in_bwd,
+      "Step each parameter as its gradient arrives (torchtune)", NULL },
+    STR ("free-grads", free_grads,
+         "Gradients freed between steps: 1 (PyTorch >= 2.0; default for "
+         "pytorch and fsdp) or 0",
+         "0|1"),
     { "overlap-comm", 0, 0, G_OPTION_ARG_NONE, &po->overlap_comm,
       "DeepSpeed overlap_comm: two reduce buckets (default: stage 3 only)",
       NULL },
@@ -180,6 +189,17 @@ stow_plan_options_resolve (StowPlanOptions *po, const char *model_arg,
     return FALSE;
   if (po->overlap_comm)
     o->overlap_comm = 1;
+  if (po->free_grads)
+    {
+      if (strcmp (po->free_grads, "0") != 0
+          && strcmp (po->free_grads, "1") != 0)
+        {
+          g_set_error (error, STOW_PLAN_ERROR, STOW_PLAN_ERROR_PARSE,
+                       "--free-grads \"%s\": expected 0 or 1", po->free_grads);
+          return FALSE;
+        }
+      o->free_grads = po->free_grads[0] == '1';
+    }
   if (!parse_size_flag ("--context-memory", po->context, &o->cuda_context_bytes,
                         error)
       || !parse_size_flag ("--nccl-reserve", po->nccl, &o->nccl_bytes_per_group,
@@ -338,6 +358,7 @@ stow_plan_options_resolve (StowPlanOptions *po, const char *model_arg,
   t->flash_attention = !po->no_flash;
   t->chunked_loss = po->chunked_loss;
   t->dropout = po->dropout;
+  t->optimizer_in_backward = po->opt_in_bwd;
   return TRUE;
 }
 
@@ -400,6 +421,8 @@ stow_plan_options_clear (StowPlanOptions *po)
     &po->fragmentation,
     &po->nccl,
     &po->margin,
+    &po->reduce_bucket,
+    &po->free_grads,
   };
   for (gsize i = 0; i < G_N_ELEMENTS (strings); i++)
     g_clear_pointer (strings[i], g_free);

@@ -23,9 +23,10 @@ typedef struct
       *offload_params, *offload_activations, *recompute, *micro_batch,
       *global_batch, *grad_accum, *seq, *precision, *optimizer, *finetune,
       *lora_rank, *engine, *schedule, *convention, *params, *largest_layer,
-      *zero_init, *context, *fragmentation, *nccl, *margin, *reduce_bucket;
+      *zero_init, *context, *fragmentation, *nccl, *margin, *reduce_bucket,
+      *free_grads;
   gboolean sp, no_sp, no_flash, chunked_loss, dropout, json, explain,
-      overlap_comm;
+      overlap_comm, opt_in_bwd;
 
   /* results */
   StowModel *model; /* NULL only under --params */

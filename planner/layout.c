@@ -42,10 +42,16 @@ typedef struct
 } NameValue;
 
 static const NameValue precision_names[] = {
-  { "fp32", STOW_PRECISION_FP32 },       { "fp16", STOW_PRECISION_FP16 },
-  { "bf16", STOW_PRECISION_BF16 },       { "fp8", STOW_PRECISION_FP8 },
-  { "float32", STOW_PRECISION_FP32 },    { "fp16-mixed", STOW_PRECISION_FP16 },
-  { "bf16-mixed", STOW_PRECISION_BF16 }, { "16-mixed", STOW_PRECISION_FP16 },
+  { "fp32", STOW_PRECISION_FP32 },
+  { "fp16", STOW_PRECISION_FP16 },
+  { "bf16", STOW_PRECISION_BF16 },
+  { "fp8", STOW_PRECISION_FP8 },
+  { "float32", STOW_PRECISION_FP32 },
+  { "fp16-mixed", STOW_PRECISION_FP16 },
+  { "bf16-mixed", STOW_PRECISION_BF16 },
+  { "16-mixed", STOW_PRECISION_FP16 },
+  { "bf16-pure", STOW_PRECISION_BF16_PURE },
+  { "pure-bf16", STOW_PRECISION_BF16_PURE },
 };
 static const NameValue optimizer_names[] = {
   { "adamw", STOW_OPTIMIZER_ADAMW },
@@ -322,6 +328,12 @@ stow_layout_validate (const StowLayout *l, const StowTraining *t,
                     " is not --micro-batch %" G_GUINT64_FORMAT " x "
                     "accumulation %" G_GUINT64_FORMAT " x --dp %u",
                     t->global_batch, l->micro_batch, l->grad_accum, l->dp);
+  if (t->optimizer_in_backward
+      && (l->grad_accum > 1 || l->zero > 0
+          || l->offload_optimizer != STOW_OFFLOAD_NONE))
+    return invalid (error, "--optimizer-in-backward steps each parameter "
+                           "during backward: it needs one micro-batch per "
+                           "step and no ZeRO sharding or optimizer offload");
   if (l->offload_params != STOW_OFFLOAD_NONE && l->zero != 3)
     return invalid (error,
                     "--offload-params %s needs --zero 3 (parameters "

@@ -27,9 +27,11 @@ typedef enum
 typedef enum
 {
   STOW_PRECISION_FP32,
-  STOW_PRECISION_FP16, /* fp16 compute, fp32 master weights */
-  STOW_PRECISION_BF16, /* bf16 compute, fp32 master weights */
-  STOW_PRECISION_FP8,  /* fp8 GEMMs, bf16 weights, fp32 master weights */
+  STOW_PRECISION_FP16,      /* fp16 compute, fp32 master weights */
+  STOW_PRECISION_BF16,      /* bf16 compute, fp32 master weights */
+  STOW_PRECISION_FP8,       /* fp8 GEMMs, bf16 weights, fp32 master weights */
+  STOW_PRECISION_BF16_PURE, /* bf16 weights and optimizer states, no master
+                               copy (torchtune's default) */
 } StowPrecision;
 
 typedef enum
@@ -90,6 +92,8 @@ typedef struct
   gboolean flash_attention;
   gboolean chunked_loss; /* cross-entropy in chunks: no full fp32 logits */
   gboolean dropout;      /* dropout masks are kept (1 byte per element) */
+  gboolean optimizer_in_backward; /* each parameter steps as its gradient
+                                     arrives; gradients never all live */
 } StowTraining;
 
 typedef enum

@@ -45,6 +45,7 @@ stow_mem_options_init (StowMemOptions *o)
   o->swap_shard_params = (guint64)1 << 26;
   o->reduce_bucket_elements = 500000000; /* DeepSpeed zero/config.py */
   o->overlap_comm = -1;
+  o->free_grads = -1;
 }
 
 const char *
@@ -378,6 +379,14 @@ full_bpp (const StowModel *m, const StowTraining *t)
     b.w = 4, b.g = 4, b.master = 0;
   else if (t->precision == STOW_PRECISION_FP8)
     b.w = 3; /* bf16 weights plus their fp8 copy for the GEMMs */
+  else if (t->precision == STOW_PRECISION_BF16_PURE)
+    {
+      /* Optimizer states take the parameters' dtype (torch.optim): fp32
+       * moments become bf16; 8-bit states stay 8-bit. */
+      b.master = 0;
+      if (t->optimizer != STOW_OPTIMIZER_ADAMW_8BIT)
+        b.opt /= 2;
+    }
   return b;
 }
 
@@ -578,7 +587,8 @@ model_states (Model *ms, const StageParams *p, GArray *dev,
     case STOW_ENGINE_FSDP:
       /* FSDP mixed precision keeps the sharded parameters in fp32 (they
        * are the master copy) and reduces gradients into fp32 shards. */
-      if (t->precision != STOW_PRECISION_FP32)
+      if (t->precision != STOW_PRECISION_FP32
+          && t->precision != STOW_PRECISION_BF16_PURE)
         b.w = 4, b.g = 4, b.master = 0;
       break;
     case STOW_ENGINE_MEGATRON:
@@ -588,7 +598,8 @@ model_states (Model *ms, const StageParams *p, GArray *dev,
     case STOW_ENGINE_PYTORCH:
       /* Trainer-style autocast: fp32 parameters and gradients, the bf16
        * copies autocast makes are charged with the activations. */
-      if (t->precision != STOW_PRECISION_FP32)
+      if (t->precision != STOW_PRECISION_FP32
+          && t->precision != STOW_PRECISION_BF16_PURE)
         b.w = 4, b.g = 4, b.master = 0;
       break;
     case STOW_ENGINE_DEEPSPEED:
@@ -646,6 +657,16 @@ model_states (Model *ms, const StageParams *p, GArray *dev,
                       " layers x %.4g B x %" G_GUINT64_FORMAT
                       " params of the largest layer",
                       MIN (2, MAX (p->layers, 1)), b.g, p->max_layer);
+    }
+  else if (t->optimizer_in_backward)
+    {
+      /* Each parameter is stepped and its gradient freed as soon as it is
+       * produced: one tensor's gradient at a time, the largest module's. */
+      guint64 ll = MIN (N, ms->m->largest_module_params / l->tp);
+      stow_mem_add (dev, "gradients", stow_bytes (ll, b.g), STOW_TIER_DEVICE,
+                    "%.4g B x %" G_GUINT64_FORMAT
+                    " params of the largest module (optimizer in backward)",
+                    b.g, ll);
     }
   else
     {
@@ -866,11 +887,66 @@ activations (Model *ms, const StageParams *p, guint stage, GArray *dev,
                     per, sbv, t->chunked_loss ? " (chunked loss)" : "");
     }
   if (l->engine == STOW_ENGINE_PYTORCH && t->precision != STOW_PRECISION_FP32
+      && t->precision != STOW_PRECISION_BF16_PURE
       && t->finetune == STOW_FINETUNE_FULL)
     stow_mem_add (
         dev, "autocast weight copies", 2 * p->params, STOW_TIER_DEVICE,
         "2 B x %" G_GUINT64_FORMAT " params: bf16 casts saved for backward",
         p->params);
+}
+
+/* Gradients freed between steps (zero_grad(set_to_none=True), PyTorch's
+ * default since 2.0): with one micro-batch per step, backward frees each
+ * layer's activations as it creates that layer's gradients, so the peak
+ * holds max(A, G) of the two, not A + G.  The "gradients" term keeps only
+ * what G adds beyond the activations it replaces. */
+static void
+free_gradients (Model *ms, GArray *dev)
+{
+  static const char *const act_names[] = {
+    "activations",     "activation checkpoints",   "recomputed layer",
+    "logits and loss", "input ids and embeddings", "autocast weight copies"
+  };
+  static const char *const grad_names[] = { "gradients", "gradient slots" };
+  const StowLayout *l = ms->l;
+  gboolean enabled = ms->o->free_grads >= 0
+                         ? ms->o->free_grads
+                         : (l->engine == STOW_ENGINE_PYTORCH
+                            || l->engine == STOW_ENGINE_FSDP);
+  if (!enabled || l->grad_accum > 1 || ms->t->optimizer_in_backward)
+    return;
+  guint64 acts = 0, grads = 0;
+  for (guint i = 0; i < dev->len; i++)
+    {
+      StowMemTerm *t = &g_array_index (dev, StowMemTerm, i);
+      for (gsize k = 0; k < G_N_ELEMENTS (act_names); k++)
+        if (g_str_equal (t->name, act_names[k]))
+          acts += t->bytes;
+      for (gsize k = 0; k < G_N_ELEMENTS (grad_names); k++)
+        if (g_str_equal (t->name, grad_names[k]))
+          grads += t->bytes;
+    }
+  /* Take the activations' share off the gradient terms, in order. */
+  guint64 cut = MIN (acts, grads);
+  for (guint i = 0; i < dev->len && grads > 0; i++)
+    {
+      StowMemTerm *t = &g_array_index (dev, StowMemTerm, i);
+      gboolean is_grad = FALSE;
+      for (gsize k = 0; k < G_N_ELEMENTS (grad_names); k++)
+        is_grad |= g_str_equal (t->name, grad_names[k]);
+      if (!is_grad)
+        continue;
+      guint64 take = MIN (cut, t->bytes);
+      char *formula = g_strdup_printf (
+          "%s; freed between steps, so backward trades them for "
+          "activations: max(A, G) - A with G = %" G_GUINT64_FORMAT
+          " B, A = %" G_GUINT64_FORMAT " B",
+          t->formula, grads, acts);
+      g_free (t->formula);
+      t->formula = formula;
+      t->bytes -= take;
+      cut -= take;
+    }
 }
 
 /* Communication buckets and gathered parameters: the engine's buffers. */
@@ -1007,6 +1083,7 @@ estimate_stowage (const StowModel *m, const StowCluster *c,
       st->params = p.params;
       model_states (&ms, &p, st->terms, charge);
       activations (&ms, &p, s, st->terms, charge);
+      free_gradients (&ms, st->terms);
       engine_buffers (&ms, &p, st->terms);
       overheads (&ms, st);
       first += counts[s];

@@ -59,6 +59,9 @@ typedef struct
   guint64 reduce_bucket_elements; /* deepspeed reduce_bucket_size (5e8) */
   gint overlap_comm;              /* deepspeed: -1 default (on at stage 3
                                      only), 0 off, 1 on: two buckets */
+  gint free_grads;                /* gradients freed between steps
+                                     (zero_grad(set_to_none=True)): -1 auto,
+                                     on for the pytorch and fsdp engines */
 } StowMemOptions;
 
 void stow_mem_options_init (StowMemOptions *o);

@@ -98,6 +98,7 @@ stow_layout_to_json (const StowLayout *l, const StowTraining *t)
         set_u64 (b, "lora_rank", t->lora_rank);
       set_bool (b, "flash_attention", t->flash_attention);
       set_bool (b, "chunked_loss", t->chunked_loss);
+      set_bool (b, "optimizer_in_backward", t->optimizer_in_backward);
     }
   json_builder_end_object (b);
   return json_builder_get_root (b);
