@@ -65,6 +65,37 @@ stow_cmd_mem (int argc, char **argv)
   return rc;
 }
 
+/* Searches @cluster for @training; when something fits, records it as an
+ * alternative of @kind ("more_gpus", "larger_gpu", "finetune") with the
+ * label shown to the user and in JSON under @key.  TRUE if it fits. */
+static gboolean
+try_alternative (StowPlanOptions *po, const StowCluster *cluster,
+                 const StowTraining *training, StowPins pins, const char *kind,
+                 const char *key, const char *value, const char *label,
+                 JsonBuilder *jb, GString *text)
+{
+  StowLayout base = po->layout;
+  g_autoptr (StowSearch) s = stow_search_run (po->model, cluster, training,
+                                              &base, pins, &po->mem, 1);
+  if (s->fits->len == 0)
+    return FALSE;
+  StowCandidate *cand = &g_array_index (s->fits, StowCandidate, 0);
+  g_autofree char *d = stow_layout_describe (&cand->layout);
+  g_autofree char *tot = stow_format_bytes (cand->total_bytes);
+  g_string_append_printf (text, "  - %s: %s (%s per GPU)\n", label, d, tot);
+  json_builder_begin_object (jb);
+  json_builder_set_member_name (jb, "kind");
+  json_builder_add_string_value (jb, kind);
+  json_builder_set_member_name (jb, key);
+  json_builder_add_string_value (jb, value);
+  json_builder_set_member_name (jb, "total_bytes");
+  json_builder_add_int_value (jb, (gint64)cand->total_bytes);
+  json_builder_set_member_name (jb, "layout");
+  json_builder_add_value (jb, stow_layout_to_json (&cand->layout, training));
+  json_builder_end_object (jb);
+  return TRUE;
+}
+
 /* What would make it fit: more GPUs of this kind, a larger GPU, LoRA or
  * QLoRA.  Each alternative is a full search on the changed setup. */
 static void
@@ -74,38 +105,17 @@ alternatives (StowPlanOptions *po, JsonBuilder *jb, GString *text)
   const StowGpu *gpu = &c->node.gpu;
 
   /* More GPUs: double until it fits, up to 65,536, in nodes of the
-   * GPU's preset (the spec "NxGPU" picks them). */
+   * GPU's preset (the spec "NxGPU" picks them); dp takes the new GPUs. */
   for (guint64 n = (guint64)c->n_gpus * 2; n <= 65536; n *= 2)
     {
       g_autofree char *spec
           = g_strdup_printf ("%" G_GUINT64_FORMAT "x%s", n, gpu->name);
       g_autoptr (StowCluster) bigger = stow_cluster_new_from_spec (spec, NULL);
-      if (bigger == NULL)
-        continue;
-      StowLayout base = po->layout;
-      g_autoptr (StowSearch) s
-          = stow_search_run (po->model, bigger, &po->training, &base,
-                             po->pins & ~(StowPins)STOW_PIN_DP, &po->mem, 1);
-      if (s->fits->len > 0)
-        {
-          StowCandidate *cand = &g_array_index (s->fits, StowCandidate, 0);
-          g_autofree char *d = stow_layout_describe (&cand->layout);
-          g_autofree char *tot = stow_format_bytes (cand->total_bytes);
-          g_string_append_printf (text, "  - %s: %s (%s per GPU)\n", spec, d,
-                                  tot);
-          json_builder_begin_object (jb);
-          json_builder_set_member_name (jb, "kind");
-          json_builder_add_string_value (jb, "more_gpus");
-          json_builder_set_member_name (jb, "gpus");
-          json_builder_add_string_value (jb, spec);
-          json_builder_set_member_name (jb, "total_bytes");
-          json_builder_add_int_value (jb, (gint64)cand->total_bytes);
-          json_builder_set_member_name (jb, "layout");
-          json_builder_add_value (
-              jb, stow_layout_to_json (&cand->layout, &po->training));
-          json_builder_end_object (jb);
-          break;
-        }
+      if (bigger != NULL
+          && try_alternative (po, bigger, &po->training,
+                              po->pins & ~(StowPins)STOW_PIN_DP, "more_gpus",
+                              "gpus", spec, spec, jb, text))
+        break;
     }
 
   /* A larger GPU, same count. */
@@ -118,28 +128,9 @@ alternatives (StowPlanOptions *po, JsonBuilder *jb, GString *text)
       g_autofree char *spec
           = g_strdup_printf ("%ux%s", c->n_gpus, cat[i]->name);
       g_autoptr (StowCluster) other = stow_cluster_new_from_spec (spec, NULL);
-      if (other == NULL)
-        continue;
-      StowLayout base = po->layout;
-      g_autoptr (StowSearch) s = stow_search_run (
-          po->model, other, &po->training, &base, po->pins, &po->mem, 1);
-      if (s->fits->len == 0)
-        continue;
-      StowCandidate *cand = &g_array_index (s->fits, StowCandidate, 0);
-      g_autofree char *d = stow_layout_describe (&cand->layout);
-      g_autofree char *tot = stow_format_bytes (cand->total_bytes);
-      g_string_append_printf (text, "  - %s: %s (%s per GPU)\n", spec, d, tot);
-      json_builder_begin_object (jb);
-      json_builder_set_member_name (jb, "kind");
-      json_builder_add_string_value (jb, "larger_gpu");
-      json_builder_set_member_name (jb, "gpus");
-      json_builder_add_string_value (jb, spec);
-      json_builder_set_member_name (jb, "total_bytes");
-      json_builder_add_int_value (jb, (gint64)cand->total_bytes);
-      json_builder_set_member_name (jb, "layout");
-      json_builder_add_value (
-          jb, stow_layout_to_json (&cand->layout, &po->training));
-      json_builder_end_object (jb);
+      if (other != NULL)
+        try_alternative (po, other, &po->training, po->pins, "larger_gpu",
+                         "gpus", spec, spec, jb, text);
     }
 
   /* LoRA, then QLoRA, on the same GPUs. */
@@ -151,29 +142,12 @@ alternatives (StowPlanOptions *po, JsonBuilder *jb, GString *text)
     {
       StowTraining t = po->training;
       t.finetune = modes[i];
-      StowLayout base = po->layout;
-      g_autoptr (StowSearch) s
-          = stow_search_run (po->model, c, &t, &base, po->pins, &po->mem, 1);
-      if (s->fits->len == 0)
-        continue;
-      StowCandidate *cand = &g_array_index (s->fits, StowCandidate, 0);
-      g_autofree char *d = stow_layout_describe (&cand->layout);
-      g_autofree char *tot = stow_format_bytes (cand->total_bytes);
-      g_string_append_printf (
-          text,
-          "  - --finetune %s (rank %" G_GUINT64_FORMAT "): %s (%s per GPU)\n",
-          stow_finetune_name (modes[i]), t.lora_rank, d, tot);
-      json_builder_begin_object (jb);
-      json_builder_set_member_name (jb, "kind");
-      json_builder_add_string_value (jb, "finetune");
-      json_builder_set_member_name (jb, "finetune");
-      json_builder_add_string_value (jb, stow_finetune_name (modes[i]));
-      json_builder_set_member_name (jb, "total_bytes");
-      json_builder_add_int_value (jb, (gint64)cand->total_bytes);
-      json_builder_set_member_name (jb, "layout");
-      json_builder_add_value (jb, stow_layout_to_json (&cand->layout, &t));
-      json_builder_end_object (jb);
-      break;
+      const char *name = stow_finetune_name (modes[i]);
+      g_autofree char *label = g_strdup_printf (
+          "--finetune %s (rank %" G_GUINT64_FORMAT ")", name, t.lora_rank);
+      if (try_alternative (po, c, &t, po->pins, "finetune", "finetune", name,
+                           label, jb, text))
+        break;
     }
 }
 

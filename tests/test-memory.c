@@ -62,6 +62,15 @@ cluster (const char *spec)
   return c;
 }
 
+/* stowage's defaults for a training run, a layout and the options. */
+static void
+defaults (StowTraining *t, StowLayout *l, StowMemOptions *o)
+{
+  stow_training_init (t);
+  stow_layout_init (l);
+  stow_mem_options_init (o);
+}
+
 static StowMemory *
 estimate (const StowModel *m, const StowCluster *c, const StowTraining *t,
           const StowLayout *l, const StowMemOptions *o)
@@ -136,9 +145,7 @@ test_zero_paper_table1 (void)
         StowTraining t;
         StowLayout l;
         StowMemOptions o;
-        stow_training_init (&t);
-        stow_layout_init (&l);
-        stow_mem_options_init (&o);
+        defaults (&t, &l, &o);
         o.convention = STOW_CONVENTION_ZERO_PAPER;
         g_assert_true (
             stow_parse_count (rows[i].params, &o.params_override, NULL));
@@ -169,9 +176,7 @@ check_deepspeed (StowConvention conv, const char *params, const char *ll,
       StowTraining t;
       StowLayout l;
       StowMemOptions o;
-      stow_training_init (&t);
-      stow_layout_init (&l);
-      stow_mem_options_init (&o);
+      defaults (&t, &l, &o);
       o.convention = conv;
       g_assert_true (stow_parse_count (params, &o.params_override, NULL));
       g_assert_true (stow_parse_count (ll, &o.largest_layer_override, NULL));
@@ -241,9 +246,7 @@ test_deepspeed_uncovered (void)
   StowTraining t;
   StowLayout l;
   StowMemOptions o;
-  stow_training_init (&t);
-  stow_layout_init (&l);
-  stow_mem_options_init (&o);
+  defaults (&t, &l, &o);
   o.convention = STOW_CONVENTION_DEEPSPEED_ESTIMATOR;
   o.params_override = 1000000000;
   l.dp = 8;
@@ -264,9 +267,7 @@ test_megatron_llama_65b (void)
   StowTraining t;
   StowLayout l;
   StowMemOptions o;
-  stow_training_init (&t);
-  stow_layout_init (&l);
-  stow_mem_options_init (&o);
+  defaults (&t, &l, &o);
   o.convention = STOW_CONVENTION_MEGATRON_THEORETICAL;
   t.seq_len = 2048;
   l.tp = 8, l.pp = 4, l.dp = 2, l.sp = TRUE, l.zero = 1;
@@ -415,9 +416,7 @@ test_calibration_bert_large (void)
   StowTraining t;
   StowLayout l;
   StowMemOptions o;
-  stow_training_init (&t);
-  stow_layout_init (&l);
-  stow_mem_options_init (&o);
+  defaults (&t, &l, &o);
   t.precision = STOW_PRECISION_FP32;
   t.seq_len = 512;
   t.flash_attention = FALSE;
@@ -509,9 +508,7 @@ test_seed_t5_3b_labels (void)
         StowTraining t;
         StowLayout l;
         StowMemOptions o;
-        stow_training_init (&t);
-        stow_layout_init (&l);
-        stow_mem_options_init (&o);
+        defaults (&t, &l, &o);
         t.precision = STOW_PRECISION_FP16;
         t.seq_len = seq;
         t.flash_attention = FALSE;
@@ -737,9 +734,7 @@ test_no_overflow (void)
   StowTraining t;
   StowLayout l;
   StowMemOptions o;
-  stow_training_init (&t);
-  stow_layout_init (&l);
-  stow_mem_options_init (&o);
+  defaults (&t, &l, &o);
   t.seq_len = 131072;
   static const guint zs[] = { 0, 3 };
   for (gsize i = 0; i < G_N_ELEMENTS (zs); i++)
