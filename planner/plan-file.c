@@ -56,7 +56,11 @@ stow_plan_schedule_init (StowPlanSchedule *s, const StowModel *model,
 
   gboolean opt_nvme = l->offload_optimizer == STOW_OFFLOAD_NVME;
   gboolean par_nvme = l->offload_params == STOW_OFFLOAD_NVME;
-  s->optimizer_swap_buffers = opt_nvme ? OPT_SWAP_BUFFERS : 0;
+  /* The memory model's swap buffers: DeepSpeed keeps buffer_count 4,
+   * stowage's pipeline three (read i+1, update i, write i-1). */
+  s->optimizer_swap_buffers
+      = opt_nvme ? (l->engine == STOW_ENGINE_DEEPSPEED ? OPT_SWAP_BUFFERS : 3)
+                 : 0;
   s->param_swap_buffers = par_nvme ? PARAM_SWAP_BUFFERS : 0;
   /* DeepSpeed needs a buffer to hold the largest parameter. */
   s->param_buffer_elems
