@@ -190,7 +190,9 @@ stow_emit_deepspeed (const StowPlanFile *p, GError **error)
       if (nvme)
         {
           json_object_set_string_member (o, "nvme_path", nvme_path (p));
-          set_int (o, "buffer_count", s->optimizer_swap_buffers);
+          /* DeepSpeed needs at least 4 (Adam's states); stowage's own
+           * pipeline plans 3. */
+          set_int (o, "buffer_count", MAX (s->optimizer_swap_buffers, 4u));
         }
       /* The memory model counts DeepSpeed's CPU optimizer states as
        * pageable memory (its default), swap buffers as pinned. */
@@ -686,6 +688,17 @@ stow_emit_accelerate (const StowPlanFile *p, GError **error)
       label = "accelerate (distributed_type MEGATRON_LM)";
       if (!megatron_check (p, label, error))
         return NULL;
+      /* megatron_lm_config has tp, pp and micro-batches only. */
+      if (l->vpp > 1 || l->cp > 1 || l->ep > 1)
+        {
+          unsupported (error, label,
+                       "megatron_lm_config has no setting for %s; use "
+                       "--emit megatron",
+                       l->vpp > 1  ? "virtual pipeline stages (vpp)"
+                       : l->cp > 1 ? "context parallelism"
+                                   : "expert parallelism");
+          return NULL;
+        }
       break;
     case STOW_ENGINE_DEEPSPEED:
       type = "DEEPSPEED";
