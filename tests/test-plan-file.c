@@ -282,7 +282,8 @@ mutate_members (JsonNode *root, JsonNode *node, guint *tried)
   g_autoptr (GList) names = json_object_get_members (o);
   for (GList *l = names; l; l = l->next)
     {
-      const char *name = l->data;
+      /* Removing the member frees its name. */
+      g_autofree char *name = g_strdup (l->data);
       JsonNode *saved = json_node_copy (json_object_get_member (o, name));
       for (gsize v = 0; v < G_N_ELEMENTS (values); v++)
         {
