@@ -346,6 +346,55 @@ test_fuzz (void)
   g_rand_free (rand);
 }
 
+/* A model from a config.json is embedded: the plan reloads after the file
+ * is gone, with the same name, count and memory. */
+static void
+test_embedded_config (void)
+{
+  g_autoptr (GError) error = NULL;
+  g_autofree char *src = g_test_build_filename (G_TEST_DIST, "data", "hf",
+                                                "llama-3-70b.json", NULL);
+  g_autofree char *text = NULL;
+  g_assert_true (g_file_get_contents (src, &text, NULL, &error));
+  g_autofree char *dir = g_dir_make_tmp ("stow-plan-XXXXXX", &error);
+  g_assert_no_error (error);
+  g_autofree char *cfg = g_build_filename (dir, "config.json", NULL);
+  g_autofree char *path = g_build_filename (dir, "plan.json", NULL);
+  g_assert_true (g_file_set_contents (cfg, text, -1, &error));
+
+  g_autoptr (StowModel) model = stow_model_new_from_file (cfg, &error);
+  g_assert_no_error (error);
+  g_autoptr (StowCluster) cluster
+      = stow_cluster_new_from_spec ("8xH100-SXM", &error);
+  g_assert_no_error (error);
+  StowTraining t;
+  StowLayout l;
+  StowMemOptions o;
+  stow_training_init (&t);
+  stow_layout_init (&l);
+  stow_mem_options_init (&o);
+  l.dp = 8, l.zero = 2;
+  g_autoptr (StowMemory) mem
+      = stow_memory_estimate (model, cluster, &t, &l, &o, &error);
+  g_assert_no_error (error);
+  g_autoptr (StowPlanFile) p
+      = stow_plan_file_new (model, cluster, &t, &l, &o, mem, NULL);
+  g_assert_true (stow_plan_file_write (p, mem, path, &error));
+  g_unlink (cfg);
+
+  g_autoptr (StowPlanFile) q = stow_plan_file_read (path, &error);
+  g_assert_no_error (error);
+  g_assert_cmpstr (q->model->name, ==, model->name);
+  g_assert_cmpuint (q->model->params, ==, model->params);
+  g_autoptr (StowMemory) m2 = stow_memory_estimate (
+      q->model, q->cluster, &q->training, &q->layout, &q->mem_options, &error);
+  g_assert_no_error (error);
+  g_assert_cmpuint (m2->total_bytes, ==, mem->total_bytes);
+  g_assert_cmpuint (m2->host_total_bytes, ==, mem->host_total_bytes);
+  g_unlink (path);
+  g_rmdir (dir);
+}
+
 int
 main (int argc, char **argv)
 {
@@ -357,6 +406,7 @@ main (int argc, char **argv)
       g_test_add_data_func (path, &cases[i], test_round_trip);
     }
   g_test_add_func ("/plan-file/schedule", test_schedule);
+  g_test_add_func ("/plan-file/embedded-config", test_embedded_config);
   g_test_add_func ("/plan-file/errors", test_errors);
   g_test_add_func ("/plan-file/fuzz", test_fuzz);
   return g_test_run ();
