@@ -225,6 +225,9 @@ stow_report_options_finish (StowReportOptions *ro, StowPlanOptions *po,
           break;
         case STOW_FORMAT_JSON:
           {
+            if (report->search && JSON_NODE_HOLDS_OBJECT (json))
+              json_object_set_member (json_node_get_object (json), "candidates",
+                                      stow_report_candidates_json (report, 8));
             g_autofree char *j = stow_json_to_string (json, TRUE);
             g_string_append (s, j);
             break;

@@ -50,6 +50,41 @@ stow_report_n_candidates (const StowReport *r, guint max)
   return r->search ? MIN (r->search->fits->len, max) : 0;
 }
 
+JsonNode *
+stow_report_candidates_json (const StowReport *r, guint max)
+{
+  g_autoptr (JsonBuilder) b = json_builder_new ();
+  guint n = stow_report_n_candidates (r, max);
+  json_builder_begin_array (b);
+  for (guint i = 0; i < n; i++)
+    {
+      const StowCandidate *c
+          = &g_array_index (r->search->fits, StowCandidate, i);
+      json_builder_begin_object (b);
+      json_builder_set_member_name (b, "rank");
+      json_builder_add_int_value (b, i + 1);
+      json_builder_set_member_name (b, "layout");
+      json_builder_add_value (
+          b, stow_layout_to_json (&c->layout, r->mem.training));
+      json_builder_set_member_name (b, "total_bytes");
+      json_builder_add_int_value (b, (gint64)c->total_bytes);
+      json_builder_set_member_name (b, "host_bytes");
+      json_builder_add_int_value (b, (gint64)c->host_bytes);
+      json_builder_set_member_name (b, "nvme_bytes");
+      json_builder_add_int_value (b, (gint64)c->nvme_bytes);
+      json_builder_set_member_name (b, "headroom_bytes");
+      json_builder_add_int_value (b, c->headroom_bytes);
+      if (r->throughput && i < r->n_throughput)
+        {
+          json_builder_set_member_name (b, "tokens_per_s");
+          json_builder_add_double_value (b, r->throughput[i]);
+        }
+      json_builder_end_object (b);
+    }
+  json_builder_end_array (b);
+  return json_builder_get_root (b);
+}
+
 /* ---- CSV ---- */
 
 static void

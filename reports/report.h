@@ -49,7 +49,12 @@ void stow_report_md (GString *out, const StowReport *r);
  * access).  Without cairo the charts are replaced by a note. */
 void stow_report_html (GString *out, const StowReport *r);
 
-/* Up to @max candidates' descriptions, for tables and charts. */
+/* How many of the search's fitting layouts the tables and charts show:
+ * at most @max. */
 guint stow_report_n_candidates (const StowReport *r, guint max);
+/* The top @max candidates as a JSON array: {"rank", "layout",
+ * "total_bytes", "host_bytes", "nvme_bytes", "headroom_bytes"} plus
+ * "tokens_per_s" when throughput is known. */
+JsonNode *stow_report_candidates_json (const StowReport *r, guint max);
 
 G_END_DECLS
