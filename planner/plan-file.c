@@ -471,13 +471,28 @@ get_uint (JsonObject *o, const char *where, const char *member, guint lo,
 }
 
 /* A name parsed by one of layout.h's parsers; @parse's own message already
- * names the field we pass as "where: member". */
-typedef gboolean (*NameParser) (const char *s, const char *field, int *out,
+ * names the field we pass as "where: member".  The parsers are wrapped to
+ * one signature (calling them through a cast pointer would be undefined). */
+typedef gboolean (*NameParser) (const char *s, const char *field, void *out,
                                 GError **error);
+
+#define WRAP(fn, T)                                                            \
+  static gboolean fn##_any (const char *s, const char *field, void *out,       \
+                            GError **error)                                    \
+  {                                                                            \
+    return fn (s, field, (T *)out, error);                                     \
+  }
+WRAP (stow_precision_parse, StowPrecision)
+WRAP (stow_optimizer_parse, StowOptimizer)
+WRAP (stow_finetune_parse, StowFinetune)
+WRAP (stow_offload_parse, StowOffload)
+WRAP (stow_schedule_parse, StowSchedule)
+WRAP (stow_engine_parse, StowEngine)
+WRAP (stow_convention_parse, StowConvention)
 
 static gboolean
 get_name (JsonObject *o, const char *where, const char *member,
-          NameParser parse, int *out, GError **error)
+          NameParser parse, void *out, GError **error)
 {
   const char *s = NULL;
   if (!stow_json_get_string (o, where, member, TRUE, &s, error))
@@ -486,8 +501,7 @@ get_name (JsonObject *o, const char *where, const char *member,
   return parse (s, field, out, error);
 }
 
-#define NAME(o, w, m, fn, out, err)                                            \
-  get_name (o, w, m, (NameParser)fn, (int *)(out), err)
+#define NAME(o, w, m, fn, out, err) get_name (o, w, m, fn##_any, out, err)
 
 static const char *const top_fields[]
     = { "format",   "version", "model",          "cluster",
@@ -659,11 +673,12 @@ read_training (StowPlanFile *p, JsonObject *root, const char *name,
 }
 
 static gboolean
-parse_activations (const char *s, const char *field, int *out, GError **error)
+parse_activations_any (const char *s, const char *field, void *out,
+                       GError **error)
 {
   if (g_ascii_strcasecmp (s, "none") == 0 || g_ascii_strcasecmp (s, "cpu") == 0)
     {
-      *out = g_ascii_strcasecmp (s, "cpu") == 0;
+      *(gboolean *)out = g_ascii_strcasecmp (s, "cpu") == 0;
       return TRUE;
     }
   g_set_error (error, STOW_PLAN_ERROR, STOW_PLAN_ERROR_PARSE,
@@ -672,8 +687,8 @@ parse_activations (const char *s, const char *field, int *out, GError **error)
 }
 
 static gboolean
-parse_recompute_mode (const char *s, const char *field, int *out,
-                      GError **error)
+parse_recompute_mode_any (const char *s, const char *field, void *out,
+                          GError **error)
 {
   guint layers = 0;
   StowRecompute r;
@@ -687,7 +702,7 @@ parse_recompute_mode (const char *s, const char *field, int *out,
     }
   if (!stow_recompute_parse (s, field, &r, &layers, error))
     return FALSE;
-  *out = (int)r;
+  *(StowRecompute *)out = r;
   return TRUE;
 }
 
@@ -698,7 +713,7 @@ read_layout (StowPlanFile *p, JsonObject *root, const char *name,
   g_autofree char *w = g_strdup_printf ("%s: layout", name);
   StowLayout *l = &p->layout;
   JsonObject *o = NULL;
-  int act = 0;
+  gboolean act = FALSE;
   guint64 rl = 0;
   stow_layout_init (l);
   if (!stow_json_get_object (root, name, "layout", TRUE, &o, error)

@@ -671,7 +671,7 @@ stow_emit_accelerate (const StowPlanFile *p, GError **error)
   const StowLayout *l = &p->layout;
   const StowCluster *c = p->cluster;
   const char *type;
-  const char *label;
+  const char *label = "accelerate";
 
   /* The engine the plan was made for picks the backend; stowage's own
    * plans go to DeepSpeed when they shard or offload. */
@@ -682,6 +682,9 @@ stow_emit_accelerate (const StowPlanFile *p, GError **error)
       label = "accelerate (distributed_type FSDP)";
       if (!fsdp_check (p, label, error))
         return NULL;
+      /* NO_SHARD is plain data parallelism: accelerate's DDP. */
+      if (l->zero == 0)
+        type = c->n_gpus > 1 ? "MULTI_GPU" : "NO";
       break;
     case STOW_ENGINE_MEGATRON:
       type = "MEGATRON_LM";
@@ -718,6 +721,16 @@ stow_emit_accelerate (const StowPlanFile *p, GError **error)
             return NULL;
         }
       break;
+    }
+
+  if (strcmp (type, "DEEPSPEED") == 0 && l->pp > 1)
+    {
+      unsupported (error, label,
+                   "accelerate's DeepSpeed integration has no pipeline "
+                   "stages (pp %u); use --emit deepspeed with a "
+                   "PipelineModule",
+                   l->pp);
+      return NULL;
     }
 
   GString *s = g_string_new (NULL);

@@ -259,6 +259,56 @@ check_fsdp (const StowPlanFile *p, guint *ok, guint *refused)
 }
 
 static void
+check_accelerate (const StowPlanFile *p, guint *ok, guint *refused)
+{
+  const StowLayout *l = &p->layout;
+  g_autoptr (GError) error = NULL;
+  g_autofree char *y = stow_emit_accelerate (p, &error);
+  if (y == NULL)
+    {
+      g_assert_error (error, STOW_EMIT_ERROR, STOW_EMIT_ERROR_UNSUPPORTED);
+      g_assert_true (g_str_has_prefix (error->message, "--emit accelerate"));
+      (*refused)++;
+      return;
+    }
+  (*ok)++;
+  g_autofree char *np
+      = g_strdup_printf ("\nnum_processes: %u\n", p->cluster->n_gpus);
+  g_assert_nonnull (strstr (y, np));
+  if (strstr (y, "distributed_type: DEEPSPEED\n"))
+    {
+      g_autofree char *z = g_strdup_printf ("  zero_stage: %u\n", l->zero);
+      g_autofree char *ga = g_strdup_printf (
+          "  gradient_accumulation_steps: %" G_GUINT64_FORMAT "\n",
+          l->grad_accum);
+      g_autofree char *oo
+          = g_strdup_printf ("  offload_optimizer_device: %s\n",
+                             stow_offload_name (l->offload_optimizer));
+      g_assert_nonnull (strstr (y, z));
+      g_assert_nonnull (strstr (y, ga));
+      g_assert_nonnull (strstr (y, oo));
+      g_assert_cmpuint (l->pp, ==, 1);
+    }
+  else if (strstr (y, "distributed_type: FSDP\n"))
+    g_assert_nonnull (strstr (y, l->zero == 3
+                                     ? "fsdp_reshard_after_forward: true"
+                                     : "fsdp_reshard_after_forward: false"));
+  else if (strstr (y, "distributed_type: MEGATRON_LM\n"))
+    {
+      g_autofree char *tp
+          = g_strdup_printf ("  megatron_lm_tp_degree: %u\n", l->tp);
+      g_autofree char *pp
+          = g_strdup_printf ("  megatron_lm_pp_degree: %u\n", l->pp);
+      g_assert_nonnull (strstr (y, tp));
+      g_assert_nonnull (strstr (y, pp));
+    }
+  else
+    /* DDP or one process: nothing sharded, offloaded or split. */
+    g_assert_true (l->zero == 0 && l->offload_optimizer == STOW_OFFLOAD_NONE
+                   && l->tp * l->pp * l->cp * l->ep == 1);
+}
+
+static void
 over_search (CheckFn check, const char *what)
 {
   guint ok = 0, refused = 0;
@@ -308,6 +358,12 @@ static void
 test_megatron_property (void)
 {
   over_search (check_megatron, "megatron");
+}
+
+static void
+test_accelerate_property (void)
+{
+  over_search (check_accelerate, "accelerate");
 }
 
 static void
@@ -441,6 +497,7 @@ main (int argc, char **argv)
   g_test_add_func ("/reports/deepspeed-agrees", test_deepspeed_property);
   g_test_add_func ("/reports/megatron-agrees", test_megatron_property);
   g_test_add_func ("/reports/fsdp-agrees", test_fsdp_property);
+  g_test_add_func ("/reports/accelerate-agrees", test_accelerate_property);
   g_test_add_func ("/reports/refusals", test_refusals);
   g_test_add_func ("/reports/csv-md-html", test_csv_md);
   return g_test_run ();
