@@ -146,6 +146,9 @@ stow_report_options_load_plan (StowReportOptions *ro, StowPlanOptions *po,
   po->layout = plan->layout;
   po->mem = plan->mem_options;
   po->pins = (StowPins)((STOW_PIN_SCHEDULE << 1) - 1);
+  ro->plan_device_bytes = plan->predicted_device_bytes;
+  ro->plan_host_bytes = plan->predicted_host_bytes;
+  ro->plan_nvme_bytes = plan->predicted_nvme_bytes;
   return TRUE;
 }
 
@@ -153,23 +156,20 @@ void
 stow_report_options_check_plan (const StowReportOptions *ro,
                                 const StowMemory *mem)
 {
-  if (ro->plan == NULL)
+  if (ro->plan == NULL || ro->plan_device_bytes == 0)
     return;
-  g_autoptr (StowPlanFile) plan = stow_plan_file_read (ro->plan, NULL);
-  if (plan == NULL || plan->predicted_device_bytes == 0)
-    return;
-  if (plan->predicted_device_bytes != mem->total_bytes
-      || plan->predicted_host_bytes != mem->host_total_bytes
-      || plan->predicted_nvme_bytes != mem->nvme_bytes)
+  if (ro->plan_device_bytes != mem->total_bytes
+      || ro->plan_host_bytes != mem->host_total_bytes
+      || ro->plan_nvme_bytes != mem->nvme_bytes)
     fprintf (stderr,
              "stowage: warning: %s predicted %" G_GUINT64_FORMAT
              " B per GPU, %" G_GUINT64_FORMAT " B host, %" G_GUINT64_FORMAT
              " B NVMe; this stowage computes %" G_GUINT64_FORMAT
              ", %" G_GUINT64_FORMAT ", %" G_GUINT64_FORMAT
              " (the memory model changed since the plan was written)\n",
-             ro->plan, plan->predicted_device_bytes, plan->predicted_host_bytes,
-             plan->predicted_nvme_bytes, mem->total_bytes,
-             mem->host_total_bytes, mem->nvme_bytes);
+             ro->plan, ro->plan_device_bytes, ro->plan_host_bytes,
+             ro->plan_nvme_bytes, mem->total_bytes, mem->host_total_bytes,
+             mem->nvme_bytes);
 }
 
 static gboolean

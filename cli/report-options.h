@@ -19,6 +19,8 @@ typedef struct
   StowFormat format_v;
   gboolean have_emit;
   StowEmitKind emit_v;
+  /* From --plan: what the file predicted (0 when it says nothing). */
+  guint64 plan_device_bytes, plan_host_bytes, plan_nvme_bytes;
 } StowReportOptions;
 
 void stow_report_options_add (GOptionContext *ctx, StowReportOptions *ro);

@@ -194,6 +194,19 @@ test_plan_round_trip (gconstpointer data)
       g_assert_cmpstr (xs, ==, ys);
       g_assert_cmpstr (xs, ==, zs);
     }
+  /* A plan whose predicted numbers differ from this build's warns. */
+  g_autofree char *text = NULL;
+  g_assert_true (g_file_get_contents (plan, &text, NULL, NULL));
+  const char *key = "\"device_total_bytes\" : ";
+  char *at = strstr (text, key);
+  g_assert_nonnull (at);
+  at[strlen (key)] = at[strlen (key)] == '9' ? '8' : '9';
+  g_assert_true (g_file_set_contents (plan, text, -1, NULL));
+  g_auto (StowRun) warn = { 0 };
+  stow_run (&warn, "mem", "--plan", plan, NULL);
+  g_assert_cmpint (warn.status, ==, 0);
+  g_assert_nonnull (strstr (warn.err, "memory model changed"));
+
   /* A flag beside --plan is refused, not ignored. */
   g_auto (StowRun) mixed = { 0 };
   stow_run (&mixed, "mem", "--plan", plan, "--tp", "2", NULL);
@@ -238,8 +251,8 @@ test_output_errors (void)
   /* fit emits nothing for a layout that does not fit. */
   g_auto (StowRun) nf = { 0 };
   stow_run (&nf, "fit", "llama-65b", "--gpus", "1xA100-80GB",
-            "--offload-optimizer", "none", "--offload-params", "none",
-            "--emit", "deepspeed", NULL);
+            "--offload-optimizer", "none", "--offload-params", "none", "--emit",
+            "deepspeed", NULL);
   g_assert_cmpint (nf.status, ==, 1);
   g_assert_cmpstr (nf.out, ==, "");
 }
