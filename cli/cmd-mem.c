@@ -9,20 +9,13 @@
 #include "cli/cli.h"
 #include "cli/commands.h"
 #include "cli/plan-options.h"
+#include "cli/report-options.h"
 #include "core/json.h"
 #include "core/units.h"
 #include "reports/memory-report.h"
 
 static int
-print_json (JsonNode *node)
-{
-  g_autofree char *s = stow_json_to_string (node, TRUE);
-  fputs (s, stdout);
-  return STOW_EXIT_OK;
-}
-
-static int
-run_mem (StowPlanOptions *po, int argc, char **argv)
+run_mem (StowPlanOptions *po, StowReportOptions *ro, int argc, char **argv)
 {
   g_autoptr (GError) error = NULL;
   g_autoptr (GOptionContext) ctx = stow_cli_context_new (
@@ -31,37 +24,44 @@ run_mem (StowPlanOptions *po, int argc, char **argv)
       "per node's NVMe, term by term.  Dimensions left out are filled in: "
       "dp takes the GPUs left.");
   stow_plan_options_add (ctx, po);
+  stow_report_options_add (ctx, ro);
   if (!stow_cli_parse (ctx, "mem", &argc, &argv))
     return STOW_EXIT_FAILURE;
   if (argc > 2)
     return stow_cli_failf ("see 'stowage mem --help'",
                            "mem: unexpected argument \"%s\"", argv[2]);
-  if (!stow_plan_options_resolve (po, argc > 1 ? argv[1] : NULL, &error))
+  if (ro->plan != NULL
+          ? !stow_report_options_load_plan (ro, po, argc > 1 ? argv[1] : NULL,
+                                            &error)
+          : !stow_plan_options_resolve (po, argc > 1 ? argv[1] : NULL, &error))
     return stow_cli_fail (error, NULL);
-  stow_plan_options_default_layout (po);
+  if (ro->plan == NULL)
+    stow_plan_options_default_layout (po);
+  if (!stow_report_options_resolve (ro, po, &error))
+    return stow_cli_fail (error, NULL);
   g_autoptr (StowMemory) mem = stow_memory_estimate (
       po->model, po->cluster_obj, &po->training, &po->layout, &po->mem, &error);
   if (mem == NULL)
     return stow_cli_fail (error, NULL);
+  stow_report_options_check_plan (ro, mem);
   StowMemoryReport r = { po->model,   po->cluster_obj, &po->training,
                          &po->layout, &po->mem,        mem };
-  if (po->json)
-    {
-      g_autoptr (JsonNode) node = stow_memory_report_json (&r);
-      return print_json (node);
-    }
+  StowReport report = { .mem = r, .command = "mem", .fits = mem->fits };
+  g_autoptr (JsonNode) node = stow_memory_report_json (&r);
   g_autoptr (GString) s = g_string_new (NULL);
   stow_memory_report_text (s, &r, po->explain);
-  fputs (s->str, stdout);
-  return STOW_EXIT_OK;
+  return stow_report_options_finish (ro, po, &report, s->str, node,
+                                     STOW_EXIT_OK);
 }
 
 int
 stow_cmd_mem (int argc, char **argv)
 {
   StowPlanOptions po = { 0 };
-  int rc = run_mem (&po, argc, argv);
+  StowReportOptions ro = { 0 };
+  int rc = run_mem (&po, &ro, argc, argv);
   stow_plan_options_clear (&po);
+  stow_report_options_clear (&ro);
   return rc;
 }
 
@@ -152,7 +152,7 @@ alternatives (StowPlanOptions *po, JsonBuilder *jb, GString *text)
 }
 
 static int
-run_fit (StowPlanOptions *po, int argc, char **argv)
+run_fit (StowPlanOptions *po, StowReportOptions *ro, int argc, char **argv)
 {
   g_autoptr (GError) error = NULL;
   g_autoptr (GOptionContext) ctx = stow_cli_context_new (
@@ -162,12 +162,18 @@ run_fit (StowPlanOptions *po, int argc, char **argv)
       "flags leave open and shows the best that fits, term by term.  Exit "
       "status: 0 it fits, 1 it does not, 2 bad input.");
   stow_plan_options_add (ctx, po);
+  stow_report_options_add (ctx, ro);
   if (!stow_cli_parse (ctx, "fit", &argc, &argv))
     return STOW_EXIT_FAILURE;
   if (argc > 2)
     return stow_cli_failf ("see 'stowage fit --help'",
                            "fit: unexpected argument \"%s\"", argv[2]);
-  if (!stow_plan_options_resolve (po, argc > 1 ? argv[1] : NULL, &error))
+  if (ro->plan != NULL
+          ? !stow_report_options_load_plan (ro, po, argc > 1 ? argv[1] : NULL,
+                                            &error)
+          : !stow_plan_options_resolve (po, argc > 1 ? argv[1] : NULL, &error))
+    return stow_cli_fail (error, NULL);
+  if (!stow_report_options_resolve (ro, po, &error))
     return stow_cli_fail (error, NULL);
   if (po->model == NULL)
     return stow_cli_failf (NULL,
@@ -177,7 +183,8 @@ run_fit (StowPlanOptions *po, int argc, char **argv)
   if (po->mem.convention != STOW_CONVENTION_STOWAGE)
     return stow_cli_failf ("use 'stowage mem --convention ...'",
                            "fit uses stowage's own memory model");
-  stow_plan_options_default_layout (po);
+  if (ro->plan == NULL)
+    stow_plan_options_default_layout (po);
 
   /* With every dimension pinned and nothing valid, report why that one
    * layout is invalid rather than "no layout". */
@@ -213,20 +220,14 @@ run_fit (StowPlanOptions *po, int argc, char **argv)
   json_builder_end_array (jb);
   g_autoptr (JsonNode) alt_node = json_builder_get_root (jb);
 
-  if (po->json)
-    {
-      g_autoptr (JsonNode) node = stow_memory_report_json (&r);
-      JsonObject *o = json_node_get_object (node);
-      json_object_set_boolean_member (o, "fits", fits);
-      json_object_set_int_member (o, "layouts_evaluated",
-                                  (gint64)search->evaluated);
-      json_object_set_int_member (o, "layouts_fitting",
-                                  (gint64)search->fits->len);
-      if (!fits)
-        json_object_set_member (o, "alternatives", json_node_ref (alt_node));
-      print_json (node);
-      return fits ? STOW_EXIT_OK : STOW_EXIT_NO;
-    }
+  g_autoptr (JsonNode) node = stow_memory_report_json (&r);
+  JsonObject *o = json_node_get_object (node);
+  json_object_set_boolean_member (o, "fits", fits);
+  json_object_set_int_member (o, "layouts_evaluated",
+                              (gint64)search->evaluated);
+  json_object_set_int_member (o, "layouts_fitting", (gint64)search->fits->len);
+  if (!fits)
+    json_object_set_member (o, "alternatives", json_node_ref (alt_node));
 
   g_autoptr (GString) text = g_string_new (NULL);
   char a[STOW_FORMAT_BUF], b[STOW_FORMAT_BUF], c[STOW_FORMAT_BUF],
@@ -251,15 +252,31 @@ run_fit (StowPlanOptions *po, int argc, char **argv)
   else if (!fits)
     g_string_append (text, "\nNo alternative found with more GPUs, a "
                            "larger GPU or LoRA/QLoRA.\n");
-  fputs (text->str, stdout);
-  return fits ? STOW_EXIT_OK : STOW_EXIT_NO;
+  /* The alternatives, one per line, for the other formats. */
+  g_auto (GStrv) alt_lines = g_strsplit (alts->str, "\n", -1);
+  GPtrArray *alt_list = g_ptr_array_new ();
+  for (char **l = alt_lines; *l; l++)
+    if (g_str_has_prefix (*l, "  - "))
+      g_ptr_array_add (alt_list, *l + 4);
+  g_ptr_array_add (alt_list, NULL);
+  StowReport report = { .mem = r,
+                        .command = "fit",
+                        .search = search,
+                        .fits = fits,
+                        .alternatives = (const char *const *)alt_list->pdata };
+  int rc = stow_report_options_finish (ro, po, &report, text->str, node,
+                                       fits ? STOW_EXIT_OK : STOW_EXIT_NO);
+  g_ptr_array_free (alt_list, TRUE);
+  return rc;
 }
 
 int
 stow_cmd_fit (int argc, char **argv)
 {
   StowPlanOptions po = { 0 };
-  int rc = run_fit (&po, argc, argv);
+  StowReportOptions ro = { 0 };
+  int rc = run_fit (&po, &ro, argc, argv);
   stow_plan_options_clear (&po);
+  stow_report_options_clear (&ro);
   return rc;
 }

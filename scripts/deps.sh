@@ -14,7 +14,7 @@ packages=(
 )
 # Optional tools the test setups and benchmarks use when present.
 if [ "${STOW_DEPS_EXTRA:-}" = 1 ]; then
-  packages+=(valgrind fio)
+  packages+=(valgrind fio chromium)  # chromium: tests/check-html.sh only
 fi
 
 missing=()

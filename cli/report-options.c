@@ -1,0 +1,261 @@
+/* SPDX-License-Identifier: MIT
+ *
+ * cli/report-options.c: output formats, files, charts, engine configs and
+ * plan files for the planning commands.
+ */
+#include "cli/report-options.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "core/json.h"
+#include "core/units.h"
+#include "planner/plan-file.h"
+#include "reports/chart.h"
+
+void
+stow_report_options_add (GOptionContext *ctx, StowReportOptions *ro)
+{
+  const GOptionEntry entries[] = {
+    { "format", 0, 0, G_OPTION_ARG_STRING, &ro->format,
+      "text (default), json, csv, md or html", "FMT" },
+    { "output", 'o', 0, G_OPTION_ARG_FILENAME, &ro->output,
+      "Write to FILE (atomically) instead of stdout", "FILE" },
+    { "chart", 0, 0, G_OPTION_ARG_FILENAME, &ro->chart,
+      "Write the memory chart to FILE.svg, .png or .pdf", "FILE" },
+    { "emit", 0, 0, G_OPTION_ARG_STRING, &ro->emit,
+      "A config for the layout: deepspeed, megatron, fsdp, accelerate or "
+      "plan",
+      "ENGINE" },
+    { "nvme-path", 0, 0, G_OPTION_ARG_FILENAME, &ro->nvme_path,
+      "Directory for NVMe swap files in emitted configs", "DIR" },
+    { "plan", 0, 0, G_OPTION_ARG_FILENAME, &ro->plan,
+      "Read the model, cluster and layout from a plan file", "FILE" },
+    { NULL },
+  };
+  g_option_context_add_main_entries (ctx, entries, NULL);
+}
+
+gboolean
+stow_report_options_resolve (StowReportOptions *ro, const StowPlanOptions *po,
+                             GError **error)
+{
+  ro->format_v = po->json ? STOW_FORMAT_JSON : STOW_FORMAT_TEXT;
+  if (ro->format)
+    {
+      if (!stow_format_parse (ro->format, "--format", &ro->format_v, error))
+        return FALSE;
+      if (po->json && ro->format_v != STOW_FORMAT_JSON)
+        {
+          g_set_error (error, STOW_PLAN_ERROR, STOW_PLAN_ERROR_INVALID,
+                       "--json and --format %s both given; use one",
+                       ro->format);
+          return FALSE;
+        }
+    }
+  if (ro->emit)
+    {
+      if (!stow_emit_kind_parse (ro->emit, "--emit", &ro->emit_v, error))
+        return FALSE;
+      ro->have_emit = TRUE;
+      if (ro->format)
+        {
+          g_set_error (error, STOW_PLAN_ERROR, STOW_PLAN_ERROR_INVALID,
+                       "--emit %s writes a config, not a report; drop "
+                       "--format %s",
+                       ro->emit, ro->format);
+          return FALSE;
+        }
+    }
+  if (ro->chart && !stow_chart_available ())
+    {
+      g_set_error (error, STOW_PLAN_ERROR, STOW_PLAN_ERROR_INVALID,
+                   "--chart %s: this stowage was built without cairo, so it "
+                   "draws no charts (install libcairo2-dev and reconfigure)",
+                   ro->chart);
+      return FALSE;
+    }
+  return TRUE;
+}
+
+gboolean
+stow_report_options_load_plan (StowReportOptions *ro, StowPlanOptions *po,
+                               const char *model_arg, GError **error)
+{
+  /* The plan is the whole question; a flag beside it would be ignored or
+   * would silently change the answer. */
+  struct
+  {
+    const char *flag;
+    const void *set;
+  } flags[] = {
+    { "MODEL", model_arg },
+    { "--gpus", po->gpus },
+    { "--cluster", po->cluster },
+    { "--dp", po->dp },
+    { "--tp", po->tp },
+    { "--pp", po->pp },
+    { "--vpp", po->vpp },
+    { "--cp", po->cp },
+    { "--ep", po->ep },
+    { "--zero", po->zero },
+    { "--offload-optimizer", po->offload_optimizer },
+    { "--offload-params", po->offload_params },
+    { "--offload-activations", po->offload_activations },
+    { "--recompute", po->recompute },
+    { "--micro-batch", po->micro_batch },
+    { "--global-batch", po->global_batch },
+    { "--grad-accum", po->grad_accum },
+    { "--seq", po->seq },
+    { "--precision", po->precision },
+    { "--optimizer", po->optimizer },
+    { "--finetune", po->finetune },
+    { "--lora-rank", po->lora_rank },
+    { "--engine", po->engine },
+    { "--schedule", po->schedule },
+    { "--convention", po->convention },
+    { "--params", po->params },
+    { "--largest-layer", po->largest_layer },
+    { "--zero-init", po->zero_init },
+    { "--context-memory", po->context },
+    { "--fragmentation", po->fragmentation },
+    { "--nccl-reserve", po->nccl },
+    { "--safety-margin", po->margin },
+    { "--sp", po->sp ? "" : NULL },
+    { "--no-sp", po->no_sp ? "" : NULL },
+    { "--no-flash", po->no_flash ? "" : NULL },
+    { "--chunked-loss", po->chunked_loss ? "" : NULL },
+    { "--dropout", po->dropout ? "" : NULL },
+  };
+  for (gsize i = 0; i < G_N_ELEMENTS (flags); i++)
+    if (flags[i].set != NULL)
+      {
+        g_set_error (error, STOW_PLAN_ERROR, STOW_PLAN_ERROR_INVALID,
+                     "--plan %s: %s cannot be combined with a plan file (the "
+                     "plan fixes the model, cluster and layout)",
+                     ro->plan, flags[i].flag);
+        return FALSE;
+      }
+  g_autoptr (StowPlanFile) plan = stow_plan_file_read (ro->plan, error);
+  if (plan == NULL)
+    return FALSE;
+  po->model = plan->model ? stow_model_ref (plan->model) : NULL;
+  po->cluster_obj = stow_cluster_ref (plan->cluster);
+  po->training = plan->training;
+  po->layout = plan->layout;
+  po->mem = plan->mem_options;
+  po->pins = (StowPins)((STOW_PIN_SCHEDULE << 1) - 1);
+  ro->plan_device_bytes = plan->predicted_device_bytes;
+  ro->plan_host_bytes = plan->predicted_host_bytes;
+  ro->plan_nvme_bytes = plan->predicted_nvme_bytes;
+  return TRUE;
+}
+
+void
+stow_report_options_check_plan (const StowReportOptions *ro,
+                                const StowMemory *mem)
+{
+  if (ro->plan == NULL || ro->plan_device_bytes == 0)
+    return;
+  if (ro->plan_device_bytes != mem->total_bytes
+      || ro->plan_host_bytes != mem->host_total_bytes
+      || ro->plan_nvme_bytes != mem->nvme_bytes)
+    fprintf (stderr,
+             "stowage: warning: %s predicted %" G_GUINT64_FORMAT
+             " B per GPU, %" G_GUINT64_FORMAT " B host, %" G_GUINT64_FORMAT
+             " B NVMe; this stowage computes %" G_GUINT64_FORMAT
+             ", %" G_GUINT64_FORMAT ", %" G_GUINT64_FORMAT
+             " (the memory model changed since the plan was written)\n",
+             ro->plan, ro->plan_device_bytes, ro->plan_host_bytes,
+             ro->plan_nvme_bytes, mem->total_bytes, mem->host_total_bytes,
+             mem->nvme_bytes);
+}
+
+static gboolean
+write_out (const StowReportOptions *ro, const char *data, GError **error)
+{
+  if (ro->output && strcmp (ro->output, "-") != 0)
+    return stow_file_write_atomic (ro->output, data, -1, error);
+  fputs (data, stdout);
+  return TRUE;
+}
+
+int
+stow_report_options_finish (StowReportOptions *ro, StowPlanOptions *po,
+                            const StowReport *report, const char *text,
+                            JsonNode *json, int ok_code)
+{
+  g_autoptr (GError) error = NULL;
+  g_autofree char *data = NULL;
+
+  if (ro->chart && !stow_chart_write (ro->chart, report, &error))
+    return stow_cli_fail (error, NULL);
+
+  if (ro->have_emit)
+    {
+      const StowMemory *mem = report->mem.memory;
+      if (report->search && !report->fits)
+        {
+          fprintf (stderr,
+                   "stowage: no layout fits, so there is nothing to emit "
+                   "for %s\n",
+                   stow_emit_kind_name (ro->emit_v));
+          return STOW_EXIT_NO;
+        }
+      if (!mem->fits)
+        fprintf (stderr,
+                 "stowage: warning: this layout does not fit; the %s config "
+                 "is written anyway\n",
+                 stow_emit_kind_name (ro->emit_v));
+      g_autoptr (StowPlanFile) plan = stow_plan_file_new (
+          po->model, po->cluster_obj, report->mem.training, report->mem.layout,
+          report->mem.options, mem, ro->nvme_path);
+      data = stow_emit (ro->emit_v, plan, mem, &error);
+      if (data == NULL)
+        return stow_cli_fail (error, NULL);
+    }
+  else
+    {
+      g_autoptr (GString) s = g_string_new (NULL);
+      switch (ro->format_v)
+        {
+        case STOW_FORMAT_TEXT:
+          g_string_append (s, text);
+          break;
+        case STOW_FORMAT_JSON:
+          {
+            if (report->search && JSON_NODE_HOLDS_OBJECT (json))
+              json_object_set_member (json_node_get_object (json), "candidates",
+                                      stow_report_candidates_json (report, 8));
+            g_autofree char *j = stow_json_to_string (json, TRUE);
+            g_string_append (s, j);
+            break;
+          }
+        case STOW_FORMAT_CSV:
+          stow_report_csv (s, report);
+          break;
+        case STOW_FORMAT_MD:
+          stow_report_md (s, report);
+          break;
+        case STOW_FORMAT_HTML:
+          stow_report_html (s, report);
+          break;
+        }
+      data = g_string_free (g_steal_pointer (&s), FALSE);
+    }
+  if (!write_out (ro, data, &error))
+    return stow_cli_fail (error, NULL);
+  return ok_code;
+}
+
+void
+stow_report_options_clear (StowReportOptions *ro)
+{
+  g_clear_pointer (&ro->format, g_free);
+  g_clear_pointer (&ro->output, g_free);
+  g_clear_pointer (&ro->chart, g_free);
+  g_clear_pointer (&ro->emit, g_free);
+  g_clear_pointer (&ro->plan, g_free);
+  g_clear_pointer (&ro->nvme_path, g_free);
+}

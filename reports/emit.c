@@ -1,0 +1,847 @@
+/* SPDX-License-Identifier: MIT
+ *
+ * reports/emit.c: DeepSpeed, Megatron-LM, FSDP and accelerate configs for a
+ * plan.  Keys, flags and defaults are those of the engines' sources as
+ * summarised in /work/shared/reference/ecosystem.md §2 (DeepSpeed
+ * zero/config.py and offload_config.py, Megatron-LM arguments.py, torch
+ * FSDP/FSDP2 docs, accelerate commands/config/cluster.py).
+ */
+#include "reports/emit.h"
+
+#include <string.h>
+
+#include "core/json.h"
+
+GQuark
+stow_emit_error_quark (void)
+{
+  return g_quark_from_static_string ("stow-emit-error-quark");
+}
+
+static const char *const kind_names[] = {
+  [STOW_EMIT_DEEPSPEED] = "deepspeed", [STOW_EMIT_MEGATRON] = "megatron",
+  [STOW_EMIT_FSDP] = "fsdp",           [STOW_EMIT_ACCELERATE] = "accelerate",
+  [STOW_EMIT_PLAN] = "plan",
+};
+
+const char *
+stow_emit_kind_name (StowEmitKind kind)
+{
+  g_return_val_if_fail ((guint)kind < G_N_ELEMENTS (kind_names), "?");
+  return kind_names[kind];
+}
+
+gboolean
+stow_emit_kind_parse (const char *s, const char *field, StowEmitKind *out,
+                      GError **error)
+{
+  for (guint i = 0; i < G_N_ELEMENTS (kind_names); i++)
+    if (g_ascii_strcasecmp (s, kind_names[i]) == 0)
+      {
+        *out = (StowEmitKind)i;
+        return TRUE;
+      }
+  g_set_error (error, STOW_EMIT_ERROR, STOW_EMIT_ERROR_PARSE,
+               "%s \"%s\": expected deepspeed, megatron, fsdp, accelerate or "
+               "plan",
+               field, s);
+  return FALSE;
+}
+
+static gboolean G_GNUC_PRINTF (3, 4)
+    unsupported (GError **error, const char *engine, const char *format, ...)
+{
+  va_list ap;
+  va_start (ap, format);
+  g_autofree char *msg = g_strdup_vprintf (format, ap);
+  va_end (ap);
+  g_set_error (error, STOW_EMIT_ERROR, STOW_EMIT_ERROR_UNSUPPORTED,
+               "--emit %s: %s", engine, msg);
+  return FALSE;
+}
+
+static guint64
+global_batch (const StowLayout *l)
+{
+  return l->micro_batch * l->grad_accum * l->dp;
+}
+
+static const char *
+nvme_path (const StowPlanFile *p)
+{
+  return p->schedule.nvme_paths && p->schedule.nvme_paths[0]
+             ? p->schedule.nvme_paths[0]
+             : "/local_nvme";
+}
+
+/* ---- DeepSpeed ---- */
+
+/* What ds_config.json (with a plain model, no Megatron-DeepSpeed) can
+ * express: ZeRO data parallelism, offload, activation checkpointing, and
+ * pipeline stages of a PipelineModule up to ZeRO-1. */
+static gboolean
+deepspeed_check (const StowPlanFile *p, const char *e, GError **error)
+{
+  const StowLayout *l = &p->layout;
+  if (l->tp > 1)
+    return unsupported (error, e,
+                        "tensor parallelism (--tp %u) is not a ds_config.json "
+                        "setting (it needs Megatron-DeepSpeed); use --emit "
+                        "megatron or a layout with --tp 1",
+                        l->tp);
+  if (l->cp > 1)
+    return unsupported (error, e,
+                        "DeepSpeed has no context parallelism (--cp %u); use "
+                        "--emit megatron",
+                        l->cp);
+  if (l->ep > 1)
+    return unsupported (error, e,
+                        "expert parallelism (--ep %u) is set in the model's "
+                        "deepspeed.moe layers, not in ds_config.json",
+                        l->ep);
+  if (l->pp > 1 && l->zero > 1)
+    return unsupported (error, e,
+                        "DeepSpeed's pipeline engine runs ZeRO stage 0 or 1 "
+                        "only, the layout has pp %u with ZeRO %u",
+                        l->pp, l->zero);
+  if (l->vpp > 1 || (l->pp > 1 && l->schedule != STOW_SCHEDULE_1F1B))
+    return unsupported (error, e, "DeepSpeed's pipeline runs 1F1B only, not %s",
+                        stow_schedule_name (l->schedule));
+  if (l->hybrid_shard)
+    return unsupported (error, e,
+                        "hybrid sharding (HSDP) has no DeepSpeed equivalent "
+                        "(ZeRO++ hpZ still shards optimizer states "
+                        "globally)");
+  if (l->recompute == STOW_RECOMPUTE_SELECTIVE)
+    return unsupported (error, e,
+                        "selective recomputation (core attention only) is "
+                        "Megatron's; DeepSpeed checkpoints whole layers");
+  if (p->training.precision == STOW_PRECISION_FP8)
+    return unsupported (error, e,
+                        "ds_config.json has no fp8 training setting (it "
+                        "comes from Transformer Engine in the model)");
+  return TRUE;
+}
+
+static void
+set_int (JsonObject *o, const char *k, guint64 v)
+{
+  json_object_set_int_member (o, k, (gint64)MIN (v, (guint64)G_MAXINT64));
+}
+
+JsonNode *
+stow_emit_deepspeed (const StowPlanFile *p, GError **error)
+{
+  const StowLayout *l = &p->layout;
+  const StowPlanSchedule *s = &p->schedule;
+  if (!deepspeed_check (p, "deepspeed", error))
+    return NULL;
+
+  JsonObject *root = json_object_new ();
+  set_int (root, "train_batch_size", global_batch (l));
+  set_int (root, "train_micro_batch_size_per_gpu", l->micro_batch);
+  set_int (root, "gradient_accumulation_steps", l->grad_accum);
+
+  JsonObject *bf16 = json_object_new ();
+  json_object_set_boolean_member (bf16, "enabled",
+                                  p->training.precision == STOW_PRECISION_BF16);
+  JsonObject *fp16 = json_object_new ();
+  json_object_set_boolean_member (fp16, "enabled",
+                                  p->training.precision == STOW_PRECISION_FP16);
+  if (p->training.precision == STOW_PRECISION_FP16)
+    {
+      /* Dynamic loss scaling with DeepSpeed's defaults. */
+      set_int (fp16, "loss_scale", 0);
+      set_int (fp16, "initial_scale_power", 16);
+      set_int (fp16, "loss_scale_window", 1000);
+      set_int (fp16, "hysteresis", 2);
+      set_int (fp16, "min_loss_scale", 1);
+    }
+  json_object_set_object_member (root, "bf16", bf16);
+  json_object_set_object_member (root, "fp16", fp16);
+
+  /* Bucket sizes in elements: the values the memory model charged
+   * (planner/memory.c, engine_buffers), DeepSpeed's defaults. */
+  JsonObject *z = json_object_new ();
+  set_int (z, "stage", l->zero);
+  if (l->zero >= 1)
+    {
+      json_object_set_boolean_member (z, "contiguous_gradients", TRUE);
+      json_object_set_boolean_member (z, "overlap_comm", l->zero >= 3);
+      json_object_set_boolean_member (z, "reduce_scatter", TRUE);
+      set_int (z, "reduce_bucket_size", 500000000);
+      json_object_set_boolean_member (z, "allgather_partitions", TRUE);
+      set_int (z, "allgather_bucket_size", 500000000);
+    }
+  if (l->zero >= 3)
+    {
+      set_int (z, "stage3_prefetch_bucket_size", 50000000);
+      set_int (z, "stage3_param_persistence_threshold", 100000);
+      set_int (z, "stage3_max_live_parameters", 1000000000);
+      set_int (z, "stage3_max_reuse_distance", 1000000000);
+      json_object_set_boolean_member (
+          z, "stage3_gather_16bit_weights_on_model_save", TRUE);
+    }
+  if (l->offload_optimizer != STOW_OFFLOAD_NONE)
+    {
+      JsonObject *o = json_object_new ();
+      gboolean nvme = l->offload_optimizer == STOW_OFFLOAD_NVME;
+      json_object_set_string_member (o, "device", nvme ? "nvme" : "cpu");
+      if (nvme)
+        {
+          json_object_set_string_member (o, "nvme_path", nvme_path (p));
+          /* DeepSpeed needs at least 4 (Adam's states); stowage's own
+           * pipeline plans 3. */
+          set_int (o, "buffer_count", MAX (s->optimizer_swap_buffers, 4u));
+        }
+      /* The memory model counts DeepSpeed's CPU optimizer states as
+       * pageable memory (its default), swap buffers as pinned. */
+      json_object_set_boolean_member (o, "pin_memory", nvme);
+      json_object_set_boolean_member (o, "pipeline_read", FALSE);
+      json_object_set_boolean_member (o, "pipeline_write", FALSE);
+      json_object_set_boolean_member (o, "fast_init", FALSE);
+      json_object_set_object_member (z, "offload_optimizer", o);
+      set_int (z, "sub_group_size", 1000000000);
+    }
+  if (l->offload_params != STOW_OFFLOAD_NONE)
+    {
+      JsonObject *o = json_object_new ();
+      gboolean nvme = l->offload_params == STOW_OFFLOAD_NVME;
+      json_object_set_string_member (o, "device", nvme ? "nvme" : "cpu");
+      if (nvme)
+        {
+          json_object_set_string_member (o, "nvme_path", nvme_path (p));
+          set_int (o, "buffer_count", s->param_swap_buffers);
+          set_int (o, "buffer_size", s->param_buffer_elems);
+          set_int (o, "max_in_cpu", 1000000000);
+        }
+      json_object_set_boolean_member (o, "pin_memory", TRUE);
+      json_object_set_object_member (z, "offload_param", o);
+    }
+  json_object_set_object_member (root, "zero_optimization", z);
+
+  if (l->offload_optimizer == STOW_OFFLOAD_NVME
+      || l->offload_params == STOW_OFFLOAD_NVME)
+    {
+      JsonObject *aio = json_object_new ();
+      set_int (aio, "block_size", s->io_block_bytes);
+      set_int (aio, "queue_depth", s->io_queue_depth);
+      set_int (aio, "thread_count", 1);
+      json_object_set_boolean_member (aio, "single_submit", FALSE);
+      json_object_set_boolean_member (aio, "overlap_events", TRUE);
+      json_object_set_object_member (root, "aio", aio);
+    }
+
+  if (l->recompute == STOW_RECOMPUTE_FULL)
+    {
+      JsonObject *ac = json_object_new ();
+      json_object_set_boolean_member (ac, "partition_activations", FALSE);
+      json_object_set_boolean_member (ac, "cpu_checkpointing",
+                                      l->offload_activations);
+      json_object_set_boolean_member (ac, "contiguous_memory_optimization",
+                                      FALSE);
+      /* Layers checkpointed per pipeline stage; all when 0. */
+      guint64 per_stage
+          = p->model ? (p->model->n_layers + l->pp - 1) / l->pp : 0;
+      guint64 n = l->recompute_layers ? l->recompute_layers : per_stage;
+      if (n)
+        set_int (ac, "number_checkpoints", n);
+      json_object_set_boolean_member (ac, "synchronize_checkpoint_boundary",
+                                      FALSE);
+      json_object_set_boolean_member (ac, "profile", FALSE);
+      json_object_set_object_member (root, "activation_checkpointing", ac);
+    }
+  json_object_set_boolean_member (root, "wall_clock_breakdown", FALSE);
+
+  JsonNode *node = json_node_new (JSON_NODE_OBJECT);
+  json_node_take_object (node, root);
+  return node;
+}
+
+/* ---- Megatron-LM ---- */
+
+static gboolean
+megatron_check (const StowPlanFile *p, const char *e, GError **error)
+{
+  const StowLayout *l = &p->layout;
+  const StowModel *m = p->model;
+  if (m == NULL)
+    return unsupported (error, e, "the plan has no model (only --params)");
+  if (m->n_encoder_layers > 0)
+    return unsupported (error, e,
+                        "%s is an encoder-decoder model; pretrain_gpt.py "
+                        "trains decoder-only models",
+                        m->name);
+  if (l->zero >= 2)
+    return unsupported (error, e,
+                        "ZeRO %u: Megatron-LM's distributed optimizer shards "
+                        "optimizer states only (ZeRO 1); use --emit fsdp or "
+                        "--emit deepspeed, or --zero 1",
+                        l->zero);
+  if (l->offload_params != STOW_OFFLOAD_NONE
+      || l->offload_optimizer == STOW_OFFLOAD_NVME)
+    return unsupported (
+        error, e, "Megatron-LM cannot offload %s to %s",
+        l->offload_params != STOW_OFFLOAD_NONE ? "parameters" : "the optimizer",
+        l->offload_params != STOW_OFFLOAD_NONE
+            ? stow_offload_name (l->offload_params)
+            : "NVMe");
+  if (l->offload_optimizer == STOW_OFFLOAD_CPU && l->zero != 1)
+    return unsupported (error, e,
+                        "--optimizer-cpu-offload runs inside the distributed "
+                        "optimizer, which the layout lacks (--zero 1)");
+  if (l->offload_activations)
+    return unsupported (error, e,
+                        "moving activation checkpoints to the CPU has no "
+                        "Megatron-LM flag that matches the plan");
+  if (l->hybrid_shard)
+    return unsupported (error, e, "hybrid sharding (HSDP) is FSDP's");
+  if (l->pp > 1 && l->schedule == STOW_SCHEDULE_GPIPE)
+    return unsupported (error, e,
+                        "Megatron-LM schedules 1F1B and interleaved 1F1B, "
+                        "not GPipe");
+  if (m->n_layers % l->pp != 0)
+    return unsupported (error, e,
+                        "%" G_GUINT64_FORMAT " layers on %u stages: the plan "
+                        "puts the extra layers on middle stages, Megatron-LM "
+                        "only on the first and last",
+                        m->n_layers, l->pp);
+  if (p->training.finetune != STOW_FINETUNE_FULL)
+    return unsupported (error, e, "Megatron-LM has no %s fine-tuning",
+                        stow_finetune_name (p->training.finetune));
+  if (p->training.optimizer != STOW_OPTIMIZER_ADAMW
+      && p->training.optimizer != STOW_OPTIMIZER_SGD)
+    return unsupported (error, e,
+                        "Megatron-LM's optimizers are adam (AdamW) and sgd, "
+                        "not %s",
+                        stow_optimizer_name (p->training.optimizer));
+  return TRUE;
+}
+
+static void
+flag (GString *s, const char *name)
+{
+  g_string_append_printf (s, "%s\n", name);
+}
+
+static void
+flag_u (GString *s, const char *name, guint64 v)
+{
+  g_string_append_printf (s, "%s %" G_GUINT64_FORMAT "\n", name, v);
+}
+
+static void
+flag_s (GString *s, const char *name, const char *v)
+{
+  g_string_append_printf (s, "%s %s\n", name, v);
+}
+
+char *
+stow_emit_megatron (const StowPlanFile *p, GError **error)
+{
+  const StowLayout *l = &p->layout;
+  const StowModel *m = p->model;
+  const StowCluster *c = p->cluster;
+  const StowTraining *t = &p->training;
+  if (!megatron_check (p, "megatron", error))
+    return NULL;
+
+  GString *s = g_string_new (NULL);
+  g_string_append_printf (s,
+                          "# Megatron-LM arguments for %s on %s, written by "
+                          "stowage (one flag per line).\n",
+                          m->name, c->spec);
+  g_string_append_printf (
+      s,
+      "# World size %u (dp %u x tp %u x pp %u x cp %u): torchrun --nnodes %u "
+      "--nproc-per-node %u pretrain_gpt.py $(grep -v '^#' THIS_FILE) plus "
+      "data and tokenizer flags.\n",
+      c->n_gpus, l->dp, l->tp, l->pp, l->cp, c->n_nodes, c->node.gpus_per_node);
+
+  flag_u (s, "--tensor-model-parallel-size", l->tp);
+  flag_u (s, "--pipeline-model-parallel-size", l->pp);
+  flag_u (s, "--context-parallel-size", l->cp);
+  if (m->n_experts)
+    flag_u (s, "--expert-model-parallel-size", l->ep);
+  if (l->vpp > 1)
+    flag_u (s, "--num-layers-per-virtual-pipeline-stage",
+            m->n_layers / ((guint64)l->pp * l->vpp));
+  if (l->sp && l->tp > 1)
+    flag (s, "--sequence-parallel");
+  if (l->zero == 1)
+    {
+      flag (s, "--use-distributed-optimizer");
+      flag (s, "--overlap-grad-reduce");
+      flag (s, "--overlap-param-gather");
+    }
+  if (l->offload_optimizer == STOW_OFFLOAD_CPU)
+    {
+      flag (s, "--optimizer-cpu-offload");
+      flag_s (s, "--optimizer-offload-fraction", "1.0");
+    }
+  switch (l->recompute)
+    {
+    case STOW_RECOMPUTE_SELECTIVE:
+      flag_s (s, "--recompute-granularity", "selective");
+      break;
+    case STOW_RECOMPUTE_FULL:
+      flag_s (s, "--recompute-granularity", "full");
+      if (l->recompute_layers)
+        {
+          /* The first k layers of each stage: Megatron's "block". */
+          flag_s (s, "--recompute-method", "block");
+          flag_u (s, "--recompute-num-layers", l->recompute_layers);
+        }
+      else
+        {
+          flag_s (s, "--recompute-method", "uniform");
+          flag_u (s, "--recompute-num-layers", 1);
+        }
+      break;
+    case STOW_RECOMPUTE_NONE:
+      break;
+    }
+
+  flag_u (s, "--micro-batch-size", l->micro_batch);
+  flag_u (s, "--global-batch-size", global_batch (l));
+  flag_u (s, "--seq-length", t->seq_len);
+  switch (t->precision)
+    {
+    case STOW_PRECISION_BF16:
+      flag (s, "--bf16");
+      break;
+    case STOW_PRECISION_FP16:
+      flag (s, "--fp16");
+      break;
+    case STOW_PRECISION_FP8:
+      flag (s, "--bf16");
+      flag_s (s, "--fp8-format", "hybrid");
+      break;
+    case STOW_PRECISION_FP32:
+      break;
+    }
+  flag_s (s, "--optimizer",
+          t->optimizer == STOW_OPTIMIZER_SGD ? "sgd" : "adam");
+  if (!t->dropout)
+    {
+      /* Megatron's defaults are 0.1; the plan counted no dropout masks. */
+      flag_s (s, "--attention-dropout", "0.0");
+      flag_s (s, "--hidden-dropout", "0.0");
+    }
+
+  /* The model's shape. */
+  flag_u (s, "--num-layers", m->n_layers);
+  flag_u (s, "--hidden-size", m->hidden);
+  flag_u (s, "--ffn-hidden-size", m->ffn);
+  flag_u (s, "--num-attention-heads", m->n_heads);
+  if (m->n_kv_heads && m->n_kv_heads != m->n_heads)
+    {
+      flag (s, "--group-query-attention");
+      flag_u (s, "--num-query-groups", m->n_kv_heads);
+    }
+  if (m->head_dim && m->head_dim * m->n_heads != m->hidden)
+    flag_u (s, "--kv-channels", m->head_dim);
+  if (m->gated_mlp)
+    flag (s, "--swiglu");
+  if (m->norm == STOW_NORM_RMSNORM)
+    flag_s (s, "--normalization", "RMSNorm");
+  if (!m->linear_bias)
+    flag (s, "--disable-bias-linear");
+  if (!m->tied_embeddings)
+    flag (s, "--untie-embeddings-and-output-weights");
+  if (m->max_positions == 0)
+    {
+      flag_s (s, "--position-embedding-type", "rope");
+      flag_u (s, "--max-position-embeddings", t->seq_len);
+    }
+  else
+    {
+      flag_s (s, "--position-embedding-type", "learned_absolute");
+      flag_u (s, "--max-position-embeddings", m->max_positions);
+    }
+  if (p->mem_options.vocab_multiple)
+    flag_u (s, "--make-vocab-size-divisible-by", p->mem_options.vocab_multiple);
+  if (m->n_experts)
+    {
+      flag_u (s, "--num-experts", m->n_experts);
+      flag_u (s, "--moe-router-topk", m->experts_per_token);
+      flag_u (s, "--moe-ffn-hidden-size", m->moe_ffn ? m->moe_ffn : m->ffn);
+      if (m->n_shared_experts)
+        flag_u (s, "--moe-shared-expert-intermediate-size",
+                m->n_shared_experts * (m->moe_ffn ? m->moe_ffn : m->ffn));
+      if (m->first_dense_layers)
+        g_string_append_printf (s,
+                                "--moe-layer-freq ([0]*%" G_GUINT64_FORMAT
+                                "+[1]*%" G_GUINT64_FORMAT ")\n",
+                                m->first_dense_layers,
+                                m->n_layers - m->first_dense_layers);
+    }
+  if (m->kv_lora_rank)
+    {
+      flag (s, "--multi-latent-attention");
+      if (m->q_lora_rank)
+        flag_u (s, "--q-lora-rank", m->q_lora_rank);
+      flag_u (s, "--kv-lora-rank", m->kv_lora_rank);
+      flag_u (s, "--qk-head-dim", m->qk_nope_head_dim);
+      flag_u (s, "--qk-pos-emb-head-dim", m->qk_rope_head_dim);
+      flag_u (s, "--v-head-dim", m->v_head_dim);
+    }
+  g_string_append_printf (s,
+                          "# tokenizer vocabulary: %" G_GUINT64_FORMAT
+                          " (Megatron pads it to the multiple above x tp)\n",
+                          m->vocab);
+  return g_string_free (s, FALSE);
+}
+
+/* ---- FSDP ---- */
+
+static const char *
+torch_dtype (StowPrecision p)
+{
+  switch (p)
+    {
+    case STOW_PRECISION_FP16:
+      return "torch.float16";
+    case STOW_PRECISION_BF16:
+      return "torch.bfloat16";
+    default:
+      return "torch.float32";
+    }
+}
+
+static gboolean
+fsdp_check (const StowPlanFile *p, const char *e, GError **error)
+{
+  const StowLayout *l = &p->layout;
+  if (l->tp > 1 || l->pp > 1 || l->cp > 1 || l->ep > 1)
+    return unsupported (error, e,
+                        "FSDP shards data-parallel ranks only; tp %u pp %u cp "
+                        "%u ep %u need a composed setup (e.g. torchtitan) or "
+                        "--emit megatron",
+                        l->tp, l->pp, l->cp, l->ep);
+  if (l->zero == 1)
+    return unsupported (error, e,
+                        "FSDP has no ZeRO-1 strategy (NO_SHARD, "
+                        "SHARD_GRAD_OP, FULL_SHARD)");
+  if (l->offload_optimizer == STOW_OFFLOAD_NVME
+      || l->offload_params == STOW_OFFLOAD_NVME)
+    return unsupported (error, e, "FSDP cannot offload to NVMe");
+  if ((l->offload_optimizer == STOW_OFFLOAD_CPU)
+      != (l->offload_params == STOW_OFFLOAD_CPU))
+    return unsupported (error, e,
+                        "FSDP's CPU offload moves parameters, gradients and "
+                        "the optimizer step together; the layout offloads "
+                        "only the %s",
+                        l->offload_params == STOW_OFFLOAD_CPU ? "parameters"
+                                                              : "optimizer");
+  if (l->recompute == STOW_RECOMPUTE_SELECTIVE)
+    return unsupported (error, e,
+                        "selective recomputation is Megatron's; FSDP "
+                        "checkpoints whole blocks");
+  if (l->offload_activations)
+    return unsupported (error, e,
+                        "activation checkpoints on the CPU are not part of "
+                        "FSDP's arguments");
+  if (p->training.precision == STOW_PRECISION_FP8)
+    return unsupported (error, e,
+                        "fp8 comes from torchao's float8 training, not "
+                        "FSDP's MixedPrecisionPolicy");
+  if (l->hybrid_shard && p->cluster->n_nodes < 2)
+    return unsupported (error, e,
+                        "hybrid sharding needs more than one node "
+                        "(replicate across nodes, shard within)");
+  return TRUE;
+}
+
+char *
+stow_emit_fsdp (const StowPlanFile *p, GError **error)
+{
+  const StowLayout *l = &p->layout;
+  const StowCluster *c = p->cluster;
+  if (!fsdp_check (p, "fsdp", error))
+    return NULL;
+  gboolean offload = l->offload_params == STOW_OFFLOAD_CPU;
+  gboolean mp = p->training.precision != STOW_PRECISION_FP32;
+  const char *dtype = torch_dtype (p->training.precision);
+  /* HSDP: replicate across nodes, shard within one; ZeRO 0: replicate
+   * every rank (a shard group of one). */
+  guint replicate = l->zero == 0      ? l->dp
+                    : l->hybrid_shard ? l->dp / c->node.gpus_per_node
+                                      : 1;
+  guint shard = l->dp / replicate;
+  const char *strategy
+      = l->zero == 0 ? "NO_SHARD"
+        : l->zero == 2
+            ? (l->hybrid_shard ? "_HYBRID_SHARD_ZERO2" : "SHARD_GRAD_OP")
+        : l->hybrid_shard ? "HYBRID_SHARD"
+                          : "FULL_SHARD";
+
+  GString *s = g_string_new (NULL);
+  g_string_append_printf (
+      s,
+      "# PyTorch FSDP for %s on %s (dp %u, ZeRO %u%s%s), written by "
+      "stowage.\n"
+      "# Micro-batch %" G_GUINT64_FORMAT " per GPU, %" G_GUINT64_FORMAT
+      " accumulation steps: %" G_GUINT64_FORMAT " sequences per step.\n",
+      p->model ? p->model->name : "the model", c->spec, l->dp, l->zero,
+      l->hybrid_shard ? ", hybrid" : "", offload ? ", CPU offload" : "",
+      l->micro_batch, l->grad_accum, global_batch (l));
+  g_string_append (s, "import torch\n"
+                      "from torch.distributed.device_mesh import "
+                      "init_device_mesh\n\n");
+  g_string_append (s, "MICRO_BATCH_SIZE = ");
+  g_string_append_printf (s, "%" G_GUINT64_FORMAT "\n", l->micro_batch);
+  g_string_append_printf (
+      s, "GRADIENT_ACCUMULATION_STEPS = %" G_GUINT64_FORMAT "\n",
+      l->grad_accum);
+  g_string_append_printf (s, "ACTIVATION_CHECKPOINTING = %s\n\n",
+                          l->recompute == STOW_RECOMPUTE_FULL ? "True"
+                                                              : "False");
+
+  g_string_append (s, "# FSDP2 (torch >= 2.6): fully_shard each transformer "
+                      "block, then the root module.\n"
+                      "from torch.distributed.fsdp import fully_shard, "
+                      "MixedPrecisionPolicy, CPUOffloadPolicy, "
+                      "OffloadPolicy\n\n");
+  if (replicate > 1)
+    g_string_append_printf (s,
+                            "mesh = init_device_mesh(\"cuda\", (%u, %u), "
+                            "mesh_dim_names=(\"replicate\", \"shard\"))\n",
+                            replicate, shard);
+  else
+    g_string_append_printf (s,
+                            "mesh = init_device_mesh(\"cuda\", (%u,), "
+                            "mesh_dim_names=(\"shard\",))\n",
+                            shard);
+  g_string_append (s, "FSDP2_KWARGS = dict(\n    mesh=mesh,\n");
+  g_string_append_printf (s, "    reshard_after_forward=%s,\n",
+                          l->zero == 3 ? "True" : "False");
+  if (mp)
+    g_string_append_printf (s,
+                            "    mp_policy=MixedPrecisionPolicy("
+                            "param_dtype=%s, reduce_dtype=torch.float32),\n",
+                            dtype);
+  g_string_append_printf (s, "    offload_policy=%s,\n)\n\n",
+                          offload ? "CPUOffloadPolicy(pin_memory=True)"
+                                  : "OffloadPolicy()");
+
+  g_string_append (s, "# FSDP1 equivalent: FullyShardedDataParallel(model, "
+                      "**FSDP1_KWARGS)\n"
+                      "from torch.distributed.fsdp import (BackwardPrefetch, "
+                      "CPUOffload, MixedPrecision, ShardingStrategy)\n\n");
+  g_string_append (s, "FSDP1_KWARGS = dict(\n");
+  g_string_append_printf (s, "    sharding_strategy=ShardingStrategy.%s,\n",
+                          strategy);
+  if (replicate > 1 && l->hybrid_shard)
+    g_string_append (s, "    device_mesh=mesh,\n");
+  g_string_append_printf (s, "    cpu_offload=CPUOffload(offload_params=%s),\n",
+                          offload ? "True" : "False");
+  if (mp)
+    g_string_append_printf (s,
+                            "    mixed_precision=MixedPrecision(param_dtype=%s,"
+                            " reduce_dtype=torch.float32, buffer_dtype=%s),\n",
+                            dtype, dtype);
+  g_string_append (s, "    backward_prefetch=BackwardPrefetch.BACKWARD_PRE,\n"
+                      "    limit_all_gathers=True,\n"
+                      "    use_orig_params=True,\n)\n");
+  return g_string_free (s, FALSE);
+}
+
+/* ---- accelerate ---- */
+
+static const char *
+accelerate_precision (StowPrecision p)
+{
+  switch (p)
+    {
+    case STOW_PRECISION_FP16:
+      return "fp16";
+    case STOW_PRECISION_BF16:
+      return "bf16";
+    case STOW_PRECISION_FP8:
+      return "fp8";
+    default:
+      return "'no'";
+    }
+}
+
+char *
+stow_emit_accelerate (const StowPlanFile *p, GError **error)
+{
+  const StowLayout *l = &p->layout;
+  const StowCluster *c = p->cluster;
+  const char *type;
+  const char *label = "accelerate";
+
+  /* The engine the plan was made for picks the backend; stowage's own
+   * plans go to DeepSpeed when they shard or offload. */
+  switch (l->engine)
+    {
+    case STOW_ENGINE_FSDP:
+      type = "FSDP";
+      label = "accelerate (distributed_type FSDP)";
+      if (!fsdp_check (p, label, error))
+        return NULL;
+      /* NO_SHARD is plain data parallelism: accelerate's DDP. */
+      if (l->zero == 0)
+        type = c->n_gpus > 1 ? "MULTI_GPU" : "NO";
+      break;
+    case STOW_ENGINE_MEGATRON:
+      type = "MEGATRON_LM";
+      label = "accelerate (distributed_type MEGATRON_LM)";
+      if (!megatron_check (p, label, error))
+        return NULL;
+      /* megatron_lm_config has tp, pp and micro-batches only. */
+      if (l->vpp > 1 || l->cp > 1 || l->ep > 1)
+        {
+          unsupported (error, label,
+                       "megatron_lm_config has no setting for %s; use "
+                       "--emit megatron",
+                       l->vpp > 1  ? "virtual pipeline stages (vpp)"
+                       : l->cp > 1 ? "context parallelism"
+                                   : "expert parallelism");
+          return NULL;
+        }
+      break;
+    case STOW_ENGINE_DEEPSPEED:
+      type = "DEEPSPEED";
+      label = "accelerate (distributed_type DEEPSPEED)";
+      if (!deepspeed_check (p, label, error))
+        return NULL;
+      break;
+    default:
+      if (l->zero == 0 && l->offload_optimizer == STOW_OFFLOAD_NONE
+          && l->tp * l->pp * l->cp * l->ep == 1)
+        type = c->n_gpus > 1 ? "MULTI_GPU" : "NO";
+      else
+        {
+          type = "DEEPSPEED";
+          label = "accelerate (distributed_type DEEPSPEED)";
+          if (!deepspeed_check (p, label, error))
+            return NULL;
+        }
+      break;
+    }
+
+  if (strcmp (type, "DEEPSPEED") == 0 && l->pp > 1)
+    {
+      unsupported (error, label,
+                   "accelerate's DeepSpeed integration has no pipeline "
+                   "stages (pp %u); use --emit deepspeed with a "
+                   "PipelineModule",
+                   l->pp);
+      return NULL;
+    }
+
+  GString *s = g_string_new (NULL);
+  g_string_append_printf (s,
+                          "# accelerate config for %s on %s, written by "
+                          "stowage: accelerate launch --config_file THIS_FILE "
+                          "train.py\n",
+                          p->model ? p->model->name : "the model", c->spec);
+  if (c->n_nodes > 1)
+    g_string_append (s, "# On each node set machine_rank (0..num_machines-1) "
+                        "and main_process_ip.\n");
+  g_string_append (s, "compute_environment: LOCAL_MACHINE\n");
+  g_string_append_printf (s, "distributed_type: %s\n", type);
+  g_string_append_printf (s, "mixed_precision: %s\n",
+                          accelerate_precision (p->training.precision));
+  g_string_append_printf (s, "num_machines: %u\n", c->n_nodes);
+  g_string_append_printf (s, "num_processes: %u\n", c->n_gpus);
+  g_string_append (s, "machine_rank: 0\n");
+  if (c->n_nodes > 1)
+    g_string_append (s, "main_process_ip: null\n"
+                        "main_process_port: 29500\n"
+                        "rdzv_backend: static\n"
+                        "same_network: true\n");
+  g_string_append (s, "use_cpu: false\n");
+  if (strcmp (type, "DEEPSPEED") == 0)
+    {
+      g_string_append (s, "deepspeed_config:\n");
+      g_string_append_printf (s, "  zero_stage: %u\n", l->zero);
+      g_string_append_printf (
+          s, "  gradient_accumulation_steps: %" G_GUINT64_FORMAT "\n",
+          l->grad_accum);
+      g_string_append_printf (s, "  offload_optimizer_device: %s\n",
+                              stow_offload_name (l->offload_optimizer));
+      g_string_append_printf (s, "  offload_param_device: %s\n",
+                              stow_offload_name (l->offload_params));
+      if (l->offload_optimizer == STOW_OFFLOAD_NVME)
+        g_string_append_printf (s, "  offload_optimizer_nvme_path: %s\n",
+                                nvme_path (p));
+      if (l->offload_params == STOW_OFFLOAD_NVME)
+        g_string_append_printf (s, "  offload_param_nvme_path: %s\n",
+                                nvme_path (p));
+      g_string_append_printf (s, "  zero3_init_flag: %s\n",
+                              l->zero == 3 ? "true" : "false");
+      if (l->zero == 3)
+        g_string_append (s, "  zero3_save_16bit_model: true\n");
+      if (c->n_nodes > 1)
+        g_string_append (s, "  deepspeed_multinode_launcher: standard\n");
+    }
+  else if (strcmp (type, "FSDP") == 0)
+    {
+      g_string_append (s, "fsdp_config:\n  fsdp_version: 2\n");
+      g_string_append_printf (s, "  fsdp_reshard_after_forward: %s\n",
+                              l->zero == 3 ? "true" : "false");
+      g_string_append_printf (s, "  fsdp_offload_params: %s\n",
+                              l->offload_params == STOW_OFFLOAD_CPU ? "true"
+                                                                    : "false");
+      g_string_append (s, "  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP\n"
+                          "  fsdp_state_dict_type: SHARDED_STATE_DICT\n"
+                          "  fsdp_cpu_ram_efficient_loading: true\n");
+      g_string_append_printf (s, "  fsdp_activation_checkpointing: %s\n",
+                              l->recompute == STOW_RECOMPUTE_FULL ? "true"
+                                                                  : "false");
+      if (l->hybrid_shard)
+        g_string_append_printf (s,
+                                "parallelism_config:\n"
+                                "  parallelism_config_dp_replicate_size: %u\n"
+                                "  parallelism_config_dp_shard_size: %u\n",
+                                c->n_nodes, l->dp / c->n_nodes);
+    }
+  else if (strcmp (type, "MEGATRON_LM") == 0)
+    {
+      g_string_append (s, "megatron_lm_config:\n");
+      g_string_append_printf (s, "  megatron_lm_tp_degree: %u\n", l->tp);
+      g_string_append_printf (s, "  megatron_lm_pp_degree: %u\n", l->pp);
+      g_string_append_printf (
+          s, "  megatron_lm_num_micro_batches: %" G_GUINT64_FORMAT "\n",
+          l->grad_accum);
+      g_string_append_printf (s, "  megatron_lm_sequence_parallelism: %s\n",
+                              l->sp ? "true" : "false");
+      g_string_append_printf (s, "  megatron_lm_recompute_activations: %s\n",
+                              l->recompute != STOW_RECOMPUTE_NONE ? "true"
+                                                                  : "false");
+      g_string_append_printf (s,
+                              "  megatron_lm_use_distributed_optimizer: %s\n",
+                              l->zero == 1 ? "true" : "false");
+    }
+  return g_string_free (s, FALSE);
+}
+
+char *
+stow_emit (StowEmitKind kind, const StowPlanFile *plan, const StowMemory *mem,
+           GError **error)
+{
+  switch (kind)
+    {
+    case STOW_EMIT_DEEPSPEED:
+      {
+        g_autoptr (JsonNode) n = stow_emit_deepspeed (plan, error);
+        return n ? stow_json_to_string (n, TRUE) : NULL;
+      }
+    case STOW_EMIT_MEGATRON:
+      return stow_emit_megatron (plan, error);
+    case STOW_EMIT_FSDP:
+      return stow_emit_fsdp (plan, error);
+    case STOW_EMIT_ACCELERATE:
+      return stow_emit_accelerate (plan, error);
+    case STOW_EMIT_PLAN:
+      {
+        g_autoptr (JsonNode) n = stow_plan_file_to_json (plan, mem);
+        return stow_json_to_string (n, TRUE);
+      }
+    }
+  g_return_val_if_reached (NULL);
+}

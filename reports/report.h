@@ -1,0 +1,60 @@
+/* SPDX-License-Identifier: MIT
+ *
+ * reports/report.h: one answer (a layout's memory, and for a search the
+ * verdict and the top candidates) rendered as text, JSON, CSV, Markdown or
+ * a self-contained HTML page with charts.  Commands fill a StowReport and
+ * pick a format; nothing here prints or exits.
+ */
+#pragma once
+
+#include "reports/memory-report.h"
+
+G_BEGIN_DECLS
+
+typedef enum
+{
+  STOW_FORMAT_TEXT,
+  STOW_FORMAT_JSON,
+  STOW_FORMAT_CSV,
+  STOW_FORMAT_MD,
+  STOW_FORMAT_HTML,
+} StowFormat;
+
+const char *stow_format_name (StowFormat f);
+/* "text", "json", "csv", "md" (or "markdown"), "html". */
+gboolean stow_format_parse (const char *s, const char *field, StowFormat *out,
+                            GError **error);
+
+typedef struct
+{
+  StowMemoryReport mem; /* the chosen layout (or the closest miss) */
+  const char *command;  /* "fit", "mem", "plan": the page's title */
+  /* From a search (fit, plan); search == NULL for one layout (mem). */
+  const StowSearch *search;
+  gboolean fits;
+  /* Throughput of each of search->fits, in tokens/s; NULL until a time
+   * model supplies it, and the charts then plot memory and headroom. */
+  const double *throughput;
+  guint n_throughput;
+  /* What would fit instead, one line each (may be NULL). */
+  const char *const *alternatives;
+} StowReport;
+
+/* Comma-separated values (RFC 4180): one row per term with raw bytes, then
+ * the totals; the header names the columns. */
+void stow_report_csv (GString *out, const StowReport *r);
+/* GitHub-flavoured Markdown, IEC units. */
+void stow_report_md (GString *out, const StowReport *r);
+/* One self-contained HTML page (inline CSS and SVG, no scripts, no network
+ * access).  Without cairo the charts are replaced by a note. */
+void stow_report_html (GString *out, const StowReport *r);
+
+/* How many of the search's fitting layouts the tables and charts show:
+ * at most @max. */
+guint stow_report_n_candidates (const StowReport *r, guint max);
+/* The top @max candidates as a JSON array: {"rank", "layout",
+ * "total_bytes", "host_bytes", "nvme_bytes", "headroom_bytes"} plus
+ * "tokens_per_s" when throughput is known. */
+JsonNode *stow_report_candidates_json (const StowReport *r, guint max);
+
+G_END_DECLS
