@@ -60,6 +60,20 @@ static gboolean G_GNUC_PRINTF (3, 4)
   return FALSE;
 }
 
+/* Pure bf16 (no fp32 master copy, bf16 optimizer states) is torchtune's
+ * mode; these engines keep fp32 master weights (DeepSpeed's BF16_Optimizer,
+ * Megatron's main params, FSDP and accelerate's mixed precision). */
+static gboolean
+precision_check (const StowPlanFile *p, const char *engine, GError **error)
+{
+  if (p->training.precision == STOW_PRECISION_BF16_PURE)
+    return unsupported (error, engine,
+                        "--precision bf16-pure (no fp32 master weights) "
+                        "cannot be expressed; the engine keeps an fp32 "
+                        "master copy (use --precision bf16)");
+  return TRUE;
+}
+
 static guint64
 global_batch (const StowLayout *l)
 {
@@ -132,6 +146,8 @@ set_int (JsonObject *o, const char *k, guint64 v)
 JsonNode *
 stow_emit_deepspeed (const StowPlanFile *p, GError **error)
 {
+  if (!precision_check (p, "deepspeed", error))
+    return NULL;
   const StowLayout *l = &p->layout;
   const StowPlanSchedule *s = &p->schedule;
   if (!deepspeed_check (p, "deepspeed", error))
@@ -339,6 +355,8 @@ flag_s (GString *s, const char *name, const char *v)
 char *
 stow_emit_megatron (const StowPlanFile *p, GError **error)
 {
+  if (!precision_check (p, "megatron", error))
+    return NULL;
   const StowLayout *l = &p->layout;
   const StowModel *m = p->model;
   const StowCluster *c = p->cluster;
@@ -418,6 +436,7 @@ stow_emit_megatron (const StowPlanFile *p, GError **error)
       flag_s (s, "--fp8-format", "hybrid");
       break;
     case STOW_PRECISION_FP32:
+    case STOW_PRECISION_BF16_PURE: /* refused by precision_check */
       break;
     }
   flag_s (s, "--optimizer",
@@ -556,6 +575,8 @@ fsdp_check (const StowPlanFile *p, const char *e, GError **error)
 char *
 stow_emit_fsdp (const StowPlanFile *p, GError **error)
 {
+  if (!precision_check (p, "fsdp", error))
+    return NULL;
   const StowLayout *l = &p->layout;
   const StowCluster *c = p->cluster;
   if (!fsdp_check (p, "fsdp", error))
@@ -668,6 +689,8 @@ accelerate_precision (StowPrecision p)
 char *
 stow_emit_accelerate (const StowPlanFile *p, GError **error)
 {
+  if (!precision_check (p, "accelerate", error))
+    return NULL;
   const StowLayout *l = &p->layout;
   const StowCluster *c = p->cluster;
   const char *type;
