@@ -17,6 +17,8 @@ static int cmd_version (int argc, char **argv);
 static const StowCommand commands[] = {
   { "help", "Show help for a command", cmd_help },
   { "version", "Print the version and the features built in", cmd_version },
+  { "bench-io", "Benchmark the NVMe store and the swapper (temporary)",
+    stow_cmd_bench_io },
 };
 
 const StowCommand *

@@ -14,6 +14,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <hwloc.h>
@@ -189,7 +190,9 @@ slab_new (StowPinnedPool *pool, guint64 bytes, Slab *out, GError **error)
 #endif
   if (out->kind == STOW_PIN_NONE)
     {
-      if (mlock (out->addr, bytes) == 0)
+      /* The system call itself: sanitizers intercept mlock() and turn it
+       * into a no-op that always succeeds. */
+      if (syscall (SYS_mlock, out->addr, (size_t)bytes) == 0)
         out->kind = STOW_PIN_MLOCK;
       else
         warn_memlock (pool, bytes, errno);
@@ -205,7 +208,7 @@ slab_free (StowPinnedPool *pool, Slab *s)
     stow_pinned_cuda_unregister (s->addr);
 #endif
   if (s->kind == STOW_PIN_MLOCK)
-    munlock (s->addr, s->bytes);
+    syscall (SYS_munlock, s->addr, (size_t)s->bytes);
   if (s->from_hwloc)
     hwloc_free (pool->topo, s->addr, s->bytes);
   else
