@@ -156,6 +156,33 @@ test_memlock_fallback (void)
   g_test_trap_assert_stderr_unmatched ("*cannot lock*cannot lock*");
 }
 
+static void
+test_cuda (void)
+{
+  if (!STOW_HAVE_CUDA)
+    {
+      g_test_skip ("built without CUDA");
+      return;
+    }
+  if (!g_file_test ("/dev/nvidia0", G_FILE_TEST_EXISTS))
+    {
+      g_test_skip ("no NVIDIA device here");
+      return;
+    }
+  g_test_log_set_fatal_handler (allow_pool_warnings, NULL);
+  StowPinnedOptions o = { .slab_bytes = 8 << 20, .numa_node = -1 };
+  g_autoptr (StowPinnedPool) pool = stow_pinned_pool_new (&o);
+  g_autoptr (GError) error = NULL;
+  guint8 *p = stow_pinned_pool_alloc (pool, 1 << 20, &error);
+  g_assert_nonnull (p);
+  memset (p, 1, 1 << 20);
+  StowPinnedStats st;
+  stow_pinned_pool_get_stats (pool, &st);
+  /* With a device, slabs are registered with CUDA, not just mlocked. */
+  g_assert_cmpint (st.kind, ==, STOW_PIN_CUDA);
+  g_assert_cmpuint (st.pinned_bytes, ==, 8 << 20);
+}
+
 int
 main (int argc, char **argv)
 {
@@ -163,5 +190,6 @@ main (int argc, char **argv)
   g_test_add_func ("/pinned/alignment-accounting", test_alignment_accounting);
   g_test_add_func ("/pinned/numa", test_numa);
   g_test_add_func ("/pinned/memlock-fallback", test_memlock_fallback);
+  g_test_add_func ("/pinned/cuda", test_cuda);
   return g_test_run ();
 }
