@@ -126,7 +126,8 @@ typedef enum
   STOW_NVME_FAULT_NONE,
   STOW_NVME_FAULT_EIO,       /* fails with -EIO */
   STOW_NVME_FAULT_ENOSPC,    /* fails with -ENOSPC */
-  STOW_NVME_FAULT_SHORT,     /* transfers half; the rest is retried */
+  STOW_NVME_FAULT_SHORT,     /* transfers half (4 KiB-aligned); the rest
+                                is retried */
   STOW_NVME_FAULT_SHORT_EOF, /* transfers half, then hits end of file */
 } StowNvmeFault;
 void stow_nvme_store_inject_fault (StowNvmeStore *store, guint64 nth,
