@@ -148,6 +148,7 @@ struct _StowNvmeStore
   gboolean sleeping;
   gboolean wake_armed;
   guint ring_inflight;
+  guint64 fixed_ops; /* issued with a registered buffer */
   struct
   {
     guint8 *addr;
@@ -464,6 +465,8 @@ uring_prep (StowNvmeStore *store, Slot *s)
   g_assert (sqe != NULL);
   int fd = store->fixed_files ? (int)s->file : store->fds[s->file];
   int idx = reg_index (store, s->buf, s->len);
+  if (idx >= 0)
+    store->fixed_ops++;
   if (s->req->write)
     {
       if (idx >= 0)
@@ -572,7 +575,12 @@ static gboolean
 uring_setup (StowNvmeStore *store, GError **error)
 {
   /* Room for every slot and the wake-up read. */
-  int ret = io_uring_queue_init (store->qd + 1, &store->ring, 0);
+  /* Completions are reaped only by this thread when it enters the
+   * kernel, so it need not be interrupted to run them (5.19+). */
+  int ret = io_uring_queue_init (store->qd + 1, &store->ring,
+                                 IORING_SETUP_COOP_TASKRUN);
+  if (ret == -EINVAL)
+    ret = io_uring_queue_init (store->qd + 1, &store->ring, 0);
   if (ret < 0)
     {
       g_set_error (error, STOW_IO_ERROR, STOW_IO_ERROR_UNSUPPORTED,
@@ -593,8 +601,10 @@ uring_setup (StowNvmeStore *store, GError **error)
   store->fixed_files
       = io_uring_register_files (&store->ring, store->fds, store->n_dirs) == 0;
   /* A sparse table lets buffers be added later, while I/O is in flight. */
-  store->sparse_bufs
-      = io_uring_register_buffers_sparse (&store->ring, MAX_REGS) == 0;
+  ret = io_uring_register_buffers_sparse (&store->ring, MAX_REGS);
+  store->sparse_bufs = ret == 0;
+  if (ret < 0)
+    g_debug ("nvme store: no registered buffers: %s", g_strerror (-ret));
   return TRUE;
 }
 #endif
@@ -810,6 +820,9 @@ stow_nvme_store_free (StowNvmeStore *store)
     g_thread_join (store->threads[i]);
   g_free (store->threads);
 #if STOW_HAVE_IO_URING
+  g_debug ("nvme store: %" G_GUINT64_FORMAT " operations, %" G_GUINT64_FORMAT
+           " with registered buffers",
+           store->seq, store->fixed_ops);
   if (store->ring_ok)
     io_uring_queue_exit (&store->ring);
   if (store->efd >= 0)
