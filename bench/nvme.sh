@@ -45,9 +45,13 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"; rm -f "$dir/fio.dat"' EXIT
 fsz=$(fio_size "$size")
 fbs=$(fio_size "$bs")
+# $1: write or read; $2: plain (fio's defaults, as the issue asks) or fixed
+# (registered buffers and files, as the store itself uses).
 fio_cmd() {
+  local extra=""
+  [ "$2" = fixed ] && extra="--fixedbufs --registerfiles"
   echo fio --name="$1" --filename="$dir/fio.dat" --size="$fsz" --bs="$fbs" \
-    --iodepth="$qd" --ioengine=io_uring --direct=1 --fixedbufs --registerfiles \
+    --iodepth="$qd" --ioengine=io_uring --direct=1 $extra \
     --rw="$1" --numjobs=1 --output-format=json
 }
 stow_cmd="$stowage bench-io nvme --dir $dir --size $size --block-size $bs --queue-depth $qd --engine io_uring --json"
@@ -57,9 +61,11 @@ for r in $(seq 1 "$runs"); do
   if [ $((r % 2)) = 1 ]; then order="fio stow"; else order="stow fio"; fi
   for who in $order; do
     if [ "$who" = fio ]; then
-      rm -f "$dir/fio.dat"
-      $(fio_cmd write) >"$tmp/fio-w-$r.json"
-      $(fio_cmd read) >"$tmp/fio-r-$r.json"
+      for v in plain fixed; do
+        rm -f "$dir/fio.dat"
+        $(fio_cmd write $v) >"$tmp/fio-$v-w-$r.json"
+        $(fio_cmd read $v) >"$tmp/fio-$v-r-$r.json"
+      done
       rm -f "$dir/fio.dat"
     else
       $stow_cmd >"$tmp/stow-$r.json"
@@ -98,8 +104,10 @@ out="$root/bench/results/nvme-$(date -u +%Y%m%d-%H%M%S).md"
   echo "## Commands (run $runs times, fio and stowage interleaved, order alternating)"
   echo
   echo '```'
-  echo "$(fio_cmd write)"
-  echo "$(fio_cmd read)"
+  for v in plain fixed; do
+    echo "$(fio_cmd write $v)"
+    echo "$(fio_cmd read $v)"
+  done
   echo "$stow_cmd"
   echo "$swap_cmd"
   echo "$swap_host_cmd"
@@ -111,29 +119,30 @@ tmp, runs = sys.argv[1], int(sys.argv[2])
 def fio(path, kind):
     with open(path) as f:
         return json.load(f)["jobs"][0][kind]["bw_bytes"]
-rows = []
-for r in range(1, runs + 1):
-    fw = fio(f"{tmp}/fio-w-{r}.json", "write")
-    fr = fio(f"{tmp}/fio-r-{r}.json", "read")
-    with open(f"{tmp}/stow-{r}.json") as f:
-        s = json.load(f)
-    rows.append((r, fw, s["write_bytes_per_s"], fr, s["read_bytes_per_s"]))
 gb = lambda x: f"{x / 1e9:.3f}"
-print("## NVMe store, GB/s (10^9 bytes/s)\n")
-print("| run | fio write | stowage write | ratio | fio read | stowage read | ratio |")
-print("|---|---|---|---|---|---|---|")
-for r, fw, sw, fr, sr in rows:
-    print(f"| {r} | {gb(fw)} | {gb(sw)} | {sw / fw:.3f} | {gb(fr)} | {gb(sr)} | {sr / fr:.3f} |")
-col = lambda i: [row[i] for row in rows]
-bfw, bsw, bfr, bsr = max(col(1)), max(col(2)), max(col(3)), max(col(4))
 spread = lambda xs: f"{gb(min(xs))}-{gb(max(xs))}"
-print(f"\nBest of each: write {gb(bsw)} vs fio {gb(bfw)} = **{bsw / bfw:.3f}**; "
-      f"read {gb(bsr)} vs fio {gb(bfr)} = **{bsr / bfr:.3f}**.")
-print(f"Spread over runs: fio write {spread(col(1))}, stowage write {spread(col(2))}, "
-      f"fio read {spread(col(3))}, stowage read {spread(col(4))} GB/s.")
-rw = [row[2] / row[1] for row in rows]
-rr = [row[4] / row[3] for row in rows]
-print(f"Per-run ratios: write {min(rw):.3f}-{max(rw):.3f}, read {min(rr):.3f}-{max(rr):.3f}.")
+stow = []
+for r in range(1, runs + 1):
+    with open(f"{tmp}/stow-{r}.json") as f:
+        stow.append(json.load(f))
+print("## NVMe store, GB/s (10^9 bytes/s)\n")
+print("fio `plain` is the issue's baseline (--ioengine=io_uring --direct=1);")
+print("`fixed` adds --fixedbufs --registerfiles, which the store also uses.\n")
+for kind, key, label in (("w", "write", "write_bytes_per_s"), ("r", "read", "read_bytes_per_s")):
+    print(f"### {key}\n")
+    print(f"| run | fio plain | fio fixed | stowage | stowage / plain | stowage / fixed |")
+    print("|---|---|---|---|---|---|")
+    cols = {"plain": [], "fixed": [], "stow": []}
+    for r in range(1, runs + 1):
+        p = fio(f"{tmp}/fio-plain-{kind}-{r}.json", key)
+        x = fio(f"{tmp}/fio-fixed-{kind}-{r}.json", key)
+        s_ = stow[r - 1][label]
+        cols["plain"].append(p); cols["fixed"].append(x); cols["stow"].append(s_)
+        print(f"| {r} | {gb(p)} | {gb(x)} | {gb(s_)} | {s_ / p:.3f} | {s_ / x:.3f} |")
+    bp, bx, bs = max(cols["plain"]), max(cols["fixed"]), max(cols["stow"])
+    print(f"\nBest of {runs}: stowage {gb(bs)}, fio plain {gb(bp)} (ratio **{bs / bp:.3f}**), "
+          f"fio fixed {gb(bx)} (ratio **{bs / bx:.3f}**).  Spread: stowage {spread(cols['stow'])}, "
+          f"fio plain {spread(cols['plain'])}, fio fixed {spread(cols['fixed'])}.\n")
 for name in ("swap", "swap-host"):
     with open(f"{tmp}/{name}.json") as f:
         s = json.load(f)
