@@ -38,6 +38,7 @@ struct _StowPinnedPool
   int numa_node; /* bound to, or -1 */
   guint64 slab_bytes;
   gboolean no_cuda;
+  gboolean defer_pin;
   gboolean warned;
   GArray *slabs; /* of Slab */
 };
@@ -102,6 +103,7 @@ stow_pinned_pool_new (const StowPinnedOptions *opts)
   guint64 slab = opts && opts->slab_bytes ? opts->slab_bytes : 256u << 20;
   pool->slab_bytes = (slab + page - 1) / page * page;
   pool->no_cuda = opts ? opts->no_cuda : FALSE;
+  pool->defer_pin = opts ? opts->defer_pin : FALSE;
   pool->slabs = g_array_new (FALSE, TRUE, sizeof (Slab));
   pool->topo_ok = hwloc_topology_init (&pool->topo) == 0
                   && hwloc_topology_load (pool->topo) == 0;
@@ -147,6 +149,26 @@ warn_memlock (StowPinnedPool *pool, guint64 bytes, int err)
              want, g_strerror (err), lim, needed, need);
 }
 
+static void
+slab_pin (StowPinnedPool *pool, Slab *s)
+{
+  if (s->kind != STOW_PIN_NONE)
+    return;
+#if STOW_HAVE_CUDA
+  if (!pool->no_cuda && stow_pinned_cuda_register (s->addr, s->bytes))
+    {
+      s->kind = STOW_PIN_CUDA;
+      return;
+    }
+#endif
+  /* The system call itself: sanitizers intercept mlock() and turn it
+   * into a no-op that always succeeds. */
+  if (syscall (SYS_mlock, s->addr, (size_t)s->bytes) == 0)
+    s->kind = STOW_PIN_MLOCK;
+  else
+    warn_memlock (pool, s->bytes, errno);
+}
+
 static gboolean
 slab_new (StowPinnedPool *pool, guint64 bytes, Slab *out, GError **error)
 {
@@ -184,19 +206,8 @@ slab_new (StowPinnedPool *pool, guint64 bytes, Slab *out, GError **error)
     }
 
   out->kind = STOW_PIN_NONE;
-#if STOW_HAVE_CUDA
-  if (!pool->no_cuda && stow_pinned_cuda_register (out->addr, bytes))
-    out->kind = STOW_PIN_CUDA;
-#endif
-  if (out->kind == STOW_PIN_NONE)
-    {
-      /* The system call itself: sanitizers intercept mlock() and turn it
-       * into a no-op that always succeeds. */
-      if (syscall (SYS_mlock, out->addr, (size_t)bytes) == 0)
-        out->kind = STOW_PIN_MLOCK;
-      else
-        warn_memlock (pool, bytes, errno);
-    }
+  if (!pool->defer_pin)
+    slab_pin (pool, out);
   return TRUE;
 }
 
@@ -258,6 +269,16 @@ stow_pinned_pool_alloc (StowPinnedPool *pool, guint64 bytes, GError **error)
     }
   g_mutex_unlock (&pool->lock);
   return p;
+}
+
+void
+stow_pinned_pool_pin (StowPinnedPool *pool)
+{
+  g_return_if_fail (pool != NULL);
+  g_mutex_lock (&pool->lock);
+  for (guint i = 0; i < pool->slabs->len; i++)
+    slab_pin (pool, &g_array_index (pool->slabs, Slab, i));
+  g_mutex_unlock (&pool->lock);
 }
 
 void

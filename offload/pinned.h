@@ -26,6 +26,11 @@ typedef struct
   int numa_node;      /* OS index of the node to bind to (e.g. the GPU's);
                          -1 = the calling thread's */
   gboolean no_cuda;   /* do not try cudaHostRegister */
+  gboolean defer_pin; /* leave slabs unlocked until stow_pinned_pool_pin():
+                         register them with io_uring first, so that the
+                         registration is what faults their pages in (on the
+                         VM we measured, O_DIRECT reads into such buffers
+                         ran 1.7x faster than into mlock-populated ones) */
 } StowPinnedOptions;
 
 typedef struct
@@ -50,6 +55,10 @@ void stow_pinned_pool_free (StowPinnedPool *pool);
  * Returns NULL and sets G_FILE_ERROR_NOMEM when the host is out of memory. */
 void *stow_pinned_pool_alloc (StowPinnedPool *pool, guint64 bytes,
                               GError **error);
+
+/* Locks (CUDA or mlock) every slab not locked yet; for defer_pin pools.
+ * Best effort, like allocation: see the stats for what was obtained. */
+void stow_pinned_pool_pin (StowPinnedPool *pool);
 
 void stow_pinned_pool_get_stats (StowPinnedPool *pool, StowPinnedStats *out);
 const char *stow_pin_kind_name (StowPinKind kind);

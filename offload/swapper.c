@@ -65,6 +65,7 @@ stow_swapper_new (const StowSwapperOptions *opts, GError **error)
       sw->host = stow_pinned_pool_alloc (opts->pool, stride * n, error);
       if (sw->host == NULL)
         return NULL;
+      stow_pinned_pool_pin (opts->pool);
       return g_steal_pointer (&sw);
     }
 
@@ -86,7 +87,10 @@ stow_swapper_new (const StowSwapperOptions *opts, GError **error)
       = stow_pinned_pool_alloc (opts->pool, stride * sw->n_buffers, error);
   if (ring == NULL)
     return NULL;
+  /* Registered before it is locked, so that io_uring faults the pages in
+   * (see StowPinnedOptions.defer_pin); a no-op for pools pinned already. */
   stow_nvme_store_register_buffer (sw->store, ring, stride * sw->n_buffers);
+  stow_pinned_pool_pin (opts->pool);
   sw->bufs = g_new0 (guint8 *, sw->n_buffers);
   for (guint b = 0; b < sw->n_buffers; b++)
     sw->bufs[b] = ring + b * stride;

@@ -157,6 +157,39 @@ test_memlock_fallback (void)
 }
 
 static void
+test_defer_pin (void)
+{
+  g_test_log_set_fatal_handler (allow_pool_warnings, NULL);
+  StowPinnedOptions o = {
+    .slab_bytes = 1 << 20, .numa_node = -1, .no_cuda = TRUE, .defer_pin = TRUE
+  };
+  g_autoptr (StowPinnedPool) pool = stow_pinned_pool_new (&o);
+  g_autoptr (GError) error = NULL;
+  g_assert_nonnull (stow_pinned_pool_alloc (pool, 4096, &error));
+  StowPinnedStats st;
+  stow_pinned_pool_get_stats (pool, &st);
+  /* Nothing is locked until asked. */
+  g_assert_cmpint (st.kind, ==, STOW_PIN_NONE);
+  g_assert_cmpuint (st.pinned_bytes, ==, 0);
+  stow_pinned_pool_pin (pool);
+  stow_pinned_pool_get_stats (pool, &st);
+  struct rlimit rl;
+  g_assert_cmpint (getrlimit (RLIMIT_MEMLOCK, &rl), ==, 0);
+  /* With room under the limit (and nothing else of ours locked), the
+   * slab must now be locked. */
+  if (rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur >= (8u << 20))
+    {
+      g_assert_cmpint (st.kind, ==, STOW_PIN_MLOCK);
+      g_assert_cmpuint (st.pinned_bytes, ==, 1 << 20);
+    }
+  /* A slab made later waits for the next call too. */
+  g_assert_nonnull (stow_pinned_pool_alloc (pool, 2 << 20, &error));
+  stow_pinned_pool_get_stats (pool, &st);
+  g_assert_cmpint (st.kind, ==, STOW_PIN_NONE);
+  g_assert_cmpuint (st.pinned_bytes, <, st.reserved_bytes);
+}
+
+static void
 test_cuda (void)
 {
   if (!STOW_HAVE_CUDA)
@@ -190,6 +223,7 @@ main (int argc, char **argv)
   g_test_add_func ("/pinned/alignment-accounting", test_alignment_accounting);
   g_test_add_func ("/pinned/numa", test_numa);
   g_test_add_func ("/pinned/memlock-fallback", test_memlock_fallback);
+  g_test_add_func ("/pinned/defer-pin", test_defer_pin);
   g_test_add_func ("/pinned/cuda", test_cuda);
   return g_test_run ();
 }
