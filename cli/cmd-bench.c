@@ -36,6 +36,9 @@ typedef struct
 static const BenchRow benches[] = {
   { "adam", "One CPU Adam step over N parameters", bench_adam },
   { "memcpy", "STREAM-style triad and copy bandwidth", bench_memcpy },
+  { "nvme", "NVMe store read and write bandwidth", stow_bench_nvme },
+  { "swapper", "Optimizer swapper: pipelined step and each stage alone",
+    stow_bench_swapper },
 };
 
 static void

@@ -16,5 +16,8 @@ int stow_cmd_hw (int argc, char **argv);   /* cli/cmd-hw.c */
 int stow_cmd_gpus (int argc, char **argv); /* cli/cmd-hw.c */
 int stow_cmd_mem (int argc, char **argv);   /* cli/cmd-mem.c */
 int stow_cmd_fit (int argc, char **argv);   /* cli/cmd-mem.c */
+/* cli/cmd-bench-io.c: I/O benchmarks, under "stowage bench". */
+int stow_bench_nvme (int argc, char **argv);
+int stow_bench_swapper (int argc, char **argv);
 
 G_END_DECLS

@@ -1,0 +1,629 @@
+/* SPDX-License-Identifier: MIT
+ *
+ * cli/cmd-bench-io.c: benchmarks of the offload I/O path.  "nvme" streams
+ * one large tensor to and from the NVMe store the way fio's sequential jobs
+ * do (same block size and queue depth), so the two can be compared side by
+ * side; "swapper" times one optimizer step pipelined and each of its stages
+ * alone.  Numbers only: no verdicts are printed.
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <json-glib/json-glib.h>
+
+#include "cli/cli.h"
+#include "cli/commands.h"
+#include "core/units.h"
+#include "offload/adam.h"
+#include "offload/nvme.h"
+#include "offload/pinned.h"
+#include "offload/swapper.h"
+
+/* Options shared by both benchmarks. */
+typedef struct
+{
+  char **dirs;
+  char *size;
+  char *block_size;
+  char *stripe_size;
+  int queue_depth;
+  char *engine;
+  gboolean checksum;
+  gboolean json;
+  int repeat;
+} IoOpts;
+
+static gboolean
+parse_engine (const char *text, StowNvmeEngine *out)
+{
+  if (text == NULL || g_str_equal (text, "auto"))
+    *out = STOW_NVME_ENGINE_AUTO;
+  else if (g_str_equal (text, "io_uring"))
+    *out = STOW_NVME_ENGINE_IO_URING;
+  else if (g_str_equal (text, "threads"))
+    *out = STOW_NVME_ENGINE_THREADS;
+  else
+    return FALSE;
+  return TRUE;
+}
+
+/* Builds the store from the shared options; prints the error and returns
+ * NULL on bad input. */
+static StowNvmeStore *
+open_store (const char *cmd, IoOpts *o, guint64 *block_out, int *rc)
+{
+  g_autoptr (GError) error = NULL;
+  guint64 block = 1 << 20, stripe = 0;
+  StowNvmeEngine engine;
+  *rc = STOW_EXIT_FAILURE;
+  if (o->dirs == NULL || o->dirs[0] == NULL)
+    {
+      stow_cli_failf ("give one --dir per drive", "%s: --dir is required", cmd);
+      return NULL;
+    }
+  if (o->block_size && !stow_parse_size (o->block_size, &block, &error))
+    {
+      g_prefix_error (&error, "%s: --block-size: ", cmd);
+      stow_cli_fail (error, NULL);
+      return NULL;
+    }
+  if (o->stripe_size && !stow_parse_size (o->stripe_size, &stripe, &error))
+    {
+      g_prefix_error (&error, "%s: --stripe-size: ", cmd);
+      stow_cli_fail (error, NULL);
+      return NULL;
+    }
+  if (o->queue_depth < 1 || o->queue_depth > 1024)
+    {
+      stow_cli_failf (NULL, "%s: --queue-depth %d: must be 1 to 1024", cmd,
+                      o->queue_depth);
+      return NULL;
+    }
+  if (!parse_engine (o->engine, &engine))
+    {
+      stow_cli_failf ("engines: io_uring, threads, auto",
+                      "%s: --engine \"%s\": unknown engine", cmd, o->engine);
+      return NULL;
+    }
+  StowNvmeOptions so = { 0 };
+  so.dirs = (const char *const *)o->dirs;
+  so.block_bytes = block;
+  so.stripe_bytes = stripe;
+  so.queue_depth = (guint)o->queue_depth;
+  so.engine = engine;
+  so.checksum = o->checksum;
+  StowNvmeStore *store = stow_nvme_store_new (&so, &error);
+  if (store == NULL)
+    {
+      stow_cli_fail (error, NULL);
+      return NULL;
+    }
+  *block_out = block;
+  *rc = STOW_EXIT_OK;
+  return store;
+}
+
+/* Streams [0, size) of @tensor with @n_bufs requests of @chunk bytes in
+ * flight; returns bytes/s, or a negative value after setting @error. */
+static double
+stream (StowNvmeStore *store, guint tensor, guint64 size, gboolean write,
+        guint8 **bufs, guint n_bufs, guint64 chunk, GError **error)
+{
+  StowNvmeRequest *reqs[8] = { NULL };
+  g_assert (n_bufs <= G_N_ELEMENTS (reqs));
+  gint64 t0 = g_get_monotonic_time ();
+  guint k = 0;
+  gboolean ok = TRUE;
+  for (guint64 off = 0; off < size && ok; off += chunk, k = (k + 1) % n_bufs)
+    {
+      if (reqs[k] && !stow_nvme_request_wait (store, reqs[k], error))
+        ok = FALSE;
+      reqs[k] = NULL;
+      if (!ok)
+        break;
+      guint64 len = MIN (chunk, size - off);
+      int ret = write ? stow_nvme_write_async (store, tensor, off, bufs[k], len,
+                                               &reqs[k])
+                      : stow_nvme_read_async (store, tensor, off, bufs[k], len,
+                                              &reqs[k]);
+      if (ret < 0)
+        {
+          g_set_error (error, STOW_IO_ERROR, STOW_IO_ERROR_FAILED,
+                       "cannot start a request: %s", g_strerror (-ret));
+          ok = FALSE;
+        }
+    }
+  for (guint i = 0; i < n_bufs; i++)
+    if (reqs[i])
+      {
+        if (!ok)
+          stow_nvme_request_wait (store, reqs[i], NULL);
+        else if (!stow_nvme_request_wait (store, reqs[i], error))
+          ok = FALSE;
+      }
+  double s = (g_get_monotonic_time () - t0) / 1e6;
+  return ok ? size / s : -1;
+}
+
+static void
+print_json (JsonBuilder *b)
+{
+  g_autoptr (JsonNode) root = json_builder_get_root (b);
+  g_autoptr (JsonGenerator) gen = json_generator_new ();
+  json_generator_set_pretty (gen, TRUE);
+  json_generator_set_root (gen, root);
+  g_autofree char *text = json_generator_to_data (gen, NULL);
+  printf ("%s\n", text);
+}
+
+static void
+add_dirs (JsonBuilder *b, char **dirs)
+{
+  json_builder_set_member_name (b, "dirs");
+  json_builder_begin_array (b);
+  for (guint i = 0; dirs[i]; i++)
+    json_builder_add_string_value (b, dirs[i]);
+  json_builder_end_array (b);
+}
+
+static GOptionEntry *
+io_entries (IoOpts *o)
+{
+  GOptionEntry e[] = {
+    { "dir", 'd', 0, G_OPTION_ARG_FILENAME_ARRAY, &o->dirs,
+      "Directory for the store (repeat to stripe over drives)", "DIR" },
+    { "size", 's', 0, G_OPTION_ARG_STRING, &o->size,
+      "Bytes to move (default 1GiB)", "BYTES" },
+    { "block-size", 'b', 0, G_OPTION_ARG_STRING, &o->block_size,
+      "Bytes per I/O request (default 1MiB)", "BYTES" },
+    { "stripe-size", 0, 0, G_OPTION_ARG_STRING, &o->stripe_size,
+      "Stripe across directories (default 4 blocks)", "BYTES" },
+    { "queue-depth", 'Q', 0, G_OPTION_ARG_INT, &o->queue_depth,
+      "Requests in flight (default 32)", "N" },
+    { "engine", 'e', 0, G_OPTION_ARG_STRING, &o->engine,
+      "io_uring, threads or auto (default)", "ENGINE" },
+    { "checksum", 0, 0, G_OPTION_ARG_NONE, &o->checksum,
+      "XXH3 per block, verified on read", NULL },
+    { "repeat", 'r', 0, G_OPTION_ARG_INT, &o->repeat,
+      "Runs; the best is reported (default 1)", "N" },
+    { "json", 0, 0, G_OPTION_ARG_NONE, &o->json, "Print JSON", NULL },
+    { NULL },
+  };
+  return g_memdup2 (e, sizeof e);
+}
+
+static void
+io_opts_clear (IoOpts *o)
+{
+  g_strfreev (o->dirs);
+  g_free (o->size);
+  g_free (o->block_size);
+  g_free (o->stripe_size);
+  g_free (o->engine);
+}
+
+int
+stow_bench_nvme (int argc, char **argv)
+{
+  IoOpts o = { .queue_depth = 32, .repeat = 1 };
+  g_autofree GOptionEntry *entries = io_entries (&o);
+  g_autoptr (GOptionContext) ctx = stow_cli_context_new (
+      "bench nvme", NULL,
+      "Write then read one tensor through the NVMe store (O_DIRECT,\n"
+      "sequential, --queue-depth requests of --block-size in flight) and\n"
+      "report bytes per second, comparable with fio --ioengine=io_uring\n"
+      "--direct=1 --rw=write/read at the same block size and depth.");
+  g_option_context_add_main_entries (ctx, entries, NULL);
+  int rc = STOW_EXIT_FAILURE;
+  g_autoptr (StowNvmeStore) store = NULL;
+  g_autoptr (StowPinnedPool) pool = NULL;
+  g_autoptr (GError) error = NULL;
+  guint64 size = 1ull << 30, block = 0;
+  if (!stow_cli_parse (ctx, "bench nvme", &argc, &argv))
+    goto out;
+  if (argc > 1)
+    {
+      rc = stow_cli_failf ("see 'stowage bench nvme --help'",
+                           "bench nvme: unexpected argument \"%s\"", argv[1]);
+      goto out;
+    }
+  if (o.size && !stow_parse_size (o.size, &size, &error))
+    {
+      g_prefix_error (&error, "bench nvme: --size: ");
+      rc = stow_cli_fail (error, NULL);
+      goto out;
+    }
+  if (size == 0 || o.repeat < 1)
+    {
+      rc = stow_cli_failf (NULL, "bench nvme: --size and --repeat must be "
+                                 "positive");
+      goto out;
+    }
+  store = open_store ("bench nvme", &o, &block, &rc);
+  if (store == NULL)
+    goto out;
+  rc = STOW_EXIT_FAILURE;
+
+  guint id = stow_nvme_store_add_tensor (store, "bench", size);
+  if (!stow_nvme_store_prepare (store, &error))
+    {
+      rc = stow_cli_fail (error, NULL);
+      goto out;
+    }
+  /* Three buffers of one full queue each keep the queue full while the
+   * oldest request is being replaced. */
+  guint64 chunk = block * (guint64)o.queue_depth;
+  chunk = MIN (chunk, round (size / (double)block + 0.5) * block);
+  enum
+  {
+    NBUF = 3
+  };
+  StowPinnedOptions po
+      = { .slab_bytes = chunk * NBUF, .numa_node = -1, .defer_pin = TRUE };
+  pool = stow_pinned_pool_new (&po);
+  guint8 *ring = stow_pinned_pool_alloc (pool, chunk * NBUF, &error);
+  if (ring == NULL)
+    {
+      rc = stow_cli_fail (error, NULL);
+      goto out;
+    }
+  /* Register, then lock, then touch: see StowPinnedOptions.defer_pin. */
+  stow_nvme_store_register_buffer (store, ring, chunk * NBUF);
+  stow_pinned_pool_pin (pool);
+  for (guint64 i = 0; i < chunk * NBUF; i++)
+    ring[i] = (guint8)(i * 2654435761u >> 13);
+  guint8 *bufs[NBUF] = { ring, ring + chunk, ring + 2 * chunk };
+
+  double best_w = 0, best_r = 0;
+  GArray *ws = g_array_new (FALSE, FALSE, sizeof (double));
+  GArray *rs = g_array_new (FALSE, FALSE, sizeof (double));
+  for (int r = 0; r < o.repeat; r++)
+    {
+      double w = stream (store, id, size, TRUE, bufs, NBUF, chunk, &error);
+      double rd
+          = w < 0 ? -1
+                  : stream (store, id, size, FALSE, bufs, NBUF, chunk, &error);
+      if (rd < 0)
+        {
+          g_array_unref (ws);
+          g_array_unref (rs);
+          rc = stow_cli_fail (error, NULL);
+          goto out;
+        }
+      g_array_append_val (ws, w);
+      g_array_append_val (rs, rd);
+      best_w = MAX (best_w, w);
+      best_r = MAX (best_r, rd);
+    }
+  const char *engine
+      = stow_nvme_engine_name (stow_nvme_store_get_engine (store));
+  if (o.json)
+    {
+      g_autoptr (JsonBuilder) b = json_builder_new ();
+      json_builder_begin_object (b);
+      json_builder_set_member_name (b, "engine");
+      json_builder_add_string_value (b, engine);
+      json_builder_set_member_name (b, "block_size");
+      json_builder_add_int_value (b, (gint64)block);
+      json_builder_set_member_name (b, "queue_depth");
+      json_builder_add_int_value (b, o.queue_depth);
+      json_builder_set_member_name (b, "size");
+      json_builder_add_int_value (b, (gint64)size);
+      add_dirs (b, o.dirs);
+      json_builder_set_member_name (b, "direct");
+      json_builder_add_boolean_value (b, stow_nvme_store_is_direct (store));
+      json_builder_set_member_name (b, "checksum");
+      json_builder_add_boolean_value (b, o.checksum);
+      json_builder_set_member_name (b, "read_bytes_per_s");
+      json_builder_add_double_value (b, best_r);
+      json_builder_set_member_name (b, "write_bytes_per_s");
+      json_builder_add_double_value (b, best_w);
+      json_builder_set_member_name (b, "runs");
+      json_builder_begin_array (b);
+      for (guint i = 0; i < ws->len; i++)
+        {
+          json_builder_begin_object (b);
+          json_builder_set_member_name (b, "read_bytes_per_s");
+          json_builder_add_double_value (b, g_array_index (rs, double, i));
+          json_builder_set_member_name (b, "write_bytes_per_s");
+          json_builder_add_double_value (b, g_array_index (ws, double, i));
+          json_builder_end_object (b);
+        }
+      json_builder_end_array (b);
+      json_builder_end_object (b);
+      print_json (b);
+    }
+  else
+    {
+      g_autofree char *sz = stow_format_bytes (size);
+      g_autofree char *bs = stow_format_bytes (block);
+      g_autofree char *wbw = stow_format_bandwidth (best_w);
+      g_autofree char *rbw = stow_format_bandwidth (best_r);
+      printf ("engine %s, %s in blocks of %s, queue depth %d, %s\n", engine, sz,
+              bs, o.queue_depth,
+              stow_nvme_store_is_direct (store) ? "O_DIRECT" : "buffered");
+      printf ("write  %s\nread   %s\n", wbw, rbw);
+    }
+  g_array_unref (ws);
+  g_array_unref (rs);
+  rc = STOW_EXIT_OK;
+out:
+  io_opts_clear (&o);
+  return rc;
+}
+
+/* --- swapper -------------------------------------------------------------- */
+
+/* The update: stowage's CPU Adam on a shard laid out planar, p | m | v
+ * (n fp32 each), with synthetic bf16 gradients in and the bf16 copy for
+ * the GPU out: the work a ZeRO-Offload step does per shard. */
+typedef struct
+{
+  StowAdam *adam;
+  StowAdamConfig config;
+  guint64 step;
+  guint16 *grad; /* (cap) bf16 */
+  guint16 *out;  /* (cap) bf16 */
+  guint64 cap;
+  int rc;
+} BenchAdam;
+
+static void
+bench_adam_update (void *state_buf, gsize bytes, guint shard,
+                   gpointer user_data)
+{
+  BenchAdam *a = user_data;
+  float *s = state_buf;
+  guint64 n = bytes / (3 * sizeof (float));
+  if (n > a->cap)
+    {
+      a->rc = -EINVAL;
+      return;
+    }
+  StowAdamTensor t
+      = { s,      s + n,           s + 2 * n, a->grad, STOW_FLOAT_BF16,
+          a->out, STOW_FLOAT_BF16, n };
+  StowAdamStep st = { a->step, 1.0, 1.0, FALSE };
+  int rc = stow_adam_step_raw (a->adam, &a->config, &st, &t);
+  if (rc != 0)
+    a->rc = rc;
+}
+
+static void
+bench_adam_clear (BenchAdam *a)
+{
+  g_clear_pointer (&a->adam, stow_adam_free);
+  g_clear_pointer (&a->grad, g_free);
+  g_clear_pointer (&a->out, g_free);
+}
+
+int
+stow_bench_swapper (int argc, char **argv)
+{
+  IoOpts o = { .queue_depth = 32, .repeat = 3 };
+  char *shard_size = NULL, *mode = NULL;
+  int n_buffers = 3;
+  g_autofree GOptionEntry *entries = io_entries (&o);
+  GOptionEntry more[] = {
+    { "shard-size", 0, 0, G_OPTION_ARG_STRING, &shard_size,
+      "Bytes per shard (default 64MiB)", "BYTES" },
+    { "buffers", 0, 0, G_OPTION_ARG_INT, &n_buffers,
+      "Pinned shard buffers (default 3)", "N" },
+    { "mode", 0, 0, G_OPTION_ARG_STRING, &mode, "nvme (default) or host",
+      "MODE" },
+    { NULL },
+  };
+  g_autoptr (GOptionContext) ctx = stow_cli_context_new (
+      "bench swapper", NULL,
+      "Time one optimizer step over --size bytes of state (fp32 p, m, v)\n"
+      "cut into shards: pipelined (read i+1 | update i | write i-1) and\n"
+      "each stage alone.  The update is stowage's CPU Adam (bf16 gradients\n"
+      "in, bf16 weights out).  --repeat steps of\n"
+      "each kind are run and the best is reported.");
+  g_option_context_add_main_entries (ctx, entries, NULL);
+  g_option_context_add_main_entries (ctx, more, NULL);
+  int rc = STOW_EXIT_FAILURE;
+  g_autoptr (StowNvmeStore) store = NULL;
+  g_autoptr (StowPinnedPool) pool = NULL;
+  g_autoptr (StowSwapper) sw = NULL;
+  g_autoptr (GError) error = NULL;
+  guint64 size = 1ull << 30, shard = 64ull << 20, block = 0;
+  StowSwapMode smode = STOW_SWAP_NVME;
+  BenchAdam adam = { 0 };
+  if (!stow_cli_parse (ctx, "bench swapper", &argc, &argv))
+    goto out;
+  if (argc > 1)
+    {
+      rc = stow_cli_failf ("see 'stowage bench swapper --help'",
+                           "bench swapper: unexpected argument \"%s\"",
+                           argv[1]);
+      goto out;
+    }
+  if ((o.size && !stow_parse_size (o.size, &size, &error))
+      || (shard_size && !stow_parse_size (shard_size, &shard, &error)))
+    {
+      g_prefix_error (&error, "bench swapper: ");
+      rc = stow_cli_fail (error, NULL);
+      goto out;
+    }
+  if (mode && g_str_equal (mode, "host"))
+    smode = STOW_SWAP_HOST;
+  else if (mode && !g_str_equal (mode, "nvme"))
+    {
+      rc = stow_cli_failf ("modes: nvme, host",
+                           "bench swapper: --mode \"%s\": unknown mode", mode);
+      goto out;
+    }
+  if (o.repeat < 1 || n_buffers < 3 || size == 0 || shard == 0)
+    {
+      rc = stow_cli_failf (NULL, "bench swapper: --size, --shard-size and "
+                                 "--repeat must be positive, --buffers at "
+                                 "least 3");
+      goto out;
+    }
+  /* Whole p, m, v element triples per shard. */
+  shard = MAX (shard / 12 * 12, 12);
+  if (smode == STOW_SWAP_NVME)
+    {
+      store = open_store ("bench swapper", &o, &block, &rc);
+      if (store == NULL)
+        goto out;
+    }
+  rc = STOW_EXIT_FAILURE;
+  StowPinnedOptions po
+      = { .slab_bytes = 256u << 20, .numa_node = -1, .defer_pin = TRUE };
+  pool = stow_pinned_pool_new (&po);
+  StowSwapperOptions so = { .mode = smode,
+                            .total_bytes = size,
+                            .shard_bytes = shard,
+                            .pool = pool,
+                            .store = store,
+                            .n_buffers = (guint)n_buffers };
+  sw = stow_swapper_new (&so, &error);
+  if (sw == NULL)
+    {
+      rc = stow_cli_fail (error, NULL);
+      goto out;
+    }
+  {
+    /* Initial state: p = 0.01, m = v = 0, planar per shard. */
+    guint64 sb = stow_swapper_get_shard_bytes (sw, 0);
+    float *init = g_malloc0 (sb);
+    for (guint64 i = 0; i < sb / 12; i++)
+      init[i] = 0.01f;
+    for (guint i = 0; i < stow_swapper_get_n_shards (sw) && rc != 0; i++)
+      if (!stow_swapper_store_shard (sw, i, init, &error))
+        break;
+    g_free (init);
+    if (error != NULL)
+      {
+        rc = stow_cli_fail (error, NULL);
+        goto out;
+      }
+  }
+
+  adam.adam = stow_adam_new (0, STOW_ISA_AUTO, &error);
+  if (adam.adam == NULL)
+    {
+      rc = stow_cli_fail (error, NULL);
+      goto out;
+    }
+  stow_adam_config_init (&adam.config);
+  for (guint i = 0; i < stow_swapper_get_n_shards (sw); i++)
+    adam.cap = MAX (adam.cap, stow_swapper_get_shard_bytes (sw, i) / 12);
+  adam.grad = g_new (guint16, adam.cap);
+  adam.out = g_new (guint16, adam.cap);
+  for (guint64 i = 0; i < adam.cap; i++)
+    {
+      /* bf16 of a small gradient: the top half of its fp32 bits. */
+      float g = (float)(i & 1023) * 1e-6f - 5e-4f;
+      guint32 bits;
+      memcpy (&bits, &g, sizeof bits);
+      adam.grad[i] = (guint16)(bits >> 16);
+    }
+  StowSwapStats best_pipe = { .step_s = INFINITY };
+  double best_read = INFINITY, best_update = INFINITY, best_write = INFINITY;
+  for (int r = 0; r < o.repeat; r++)
+    {
+      StowSwapStats st;
+      adam.step++;
+      if (!stow_swapper_step_serial (sw, bench_adam_update, &adam, &st, &error))
+        {
+          rc = stow_cli_fail (error, NULL);
+          goto out;
+        }
+      best_read = MIN (best_read, st.read_s);
+      best_update = MIN (best_update, st.update_s);
+      best_write = MIN (best_write, st.write_s);
+      adam.step++;
+      if (!stow_swapper_step (sw, bench_adam_update, &adam, &st, &error))
+        {
+          rc = stow_cli_fail (error, NULL);
+          goto out;
+        }
+      if (adam.rc != 0)
+        {
+          rc = stow_cli_failf (NULL, "bench swapper: the Adam step failed: %s",
+                               g_strerror (-adam.rc));
+          goto out;
+        }
+      if (st.step_s < best_pipe.step_s)
+        best_pipe = st;
+    }
+  double max_stage = MAX (best_update, MAX (best_read, best_write));
+  double ratio = best_pipe.step_s / max_stage;
+  if (o.json)
+    {
+      g_autoptr (JsonBuilder) b = json_builder_new ();
+      json_builder_begin_object (b);
+      json_builder_set_member_name (b, "mode");
+      json_builder_add_string_value (b,
+                                     smode == STOW_SWAP_NVME ? "nvme" : "host");
+      json_builder_set_member_name (b, "engine");
+      json_builder_add_string_value (
+          b, store ? stow_nvme_engine_name (stow_nvme_store_get_engine (store))
+                   : "none");
+      json_builder_set_member_name (b, "state_bytes");
+      json_builder_add_int_value (b, (gint64)size);
+      json_builder_set_member_name (b, "shard_bytes");
+      json_builder_add_int_value (b, (gint64)shard);
+      json_builder_set_member_name (b, "n_shards");
+      json_builder_add_int_value (b, stow_swapper_get_n_shards (sw));
+      json_builder_set_member_name (b, "buffers");
+      json_builder_add_int_value (b, n_buffers);
+      json_builder_set_member_name (b, "block_size");
+      json_builder_add_int_value (b, (gint64)block);
+      json_builder_set_member_name (b, "queue_depth");
+      json_builder_add_int_value (b, o.queue_depth);
+      json_builder_set_member_name (b, "pipelined_step_s");
+      json_builder_add_double_value (b, best_pipe.step_s);
+      json_builder_set_member_name (b, "read_alone_s");
+      json_builder_add_double_value (b, best_read);
+      json_builder_set_member_name (b, "update_alone_s");
+      json_builder_add_double_value (b, best_update);
+      json_builder_set_member_name (b, "write_alone_s");
+      json_builder_add_double_value (b, best_write);
+      json_builder_set_member_name (b, "max_stage_s");
+      json_builder_add_double_value (b, max_stage);
+      json_builder_set_member_name (b, "pipelined_over_max_stage");
+      json_builder_add_double_value (b, ratio);
+      /* Reads and writes share the drive(s): with a fast update the step
+       * is bound by both together, not by the slower of them. */
+      if (best_read + best_write > 0)
+        {
+          json_builder_set_member_name (b, "pipelined_over_read_plus_write");
+          json_builder_add_double_value (
+              b, best_pipe.step_s / (best_read + best_write));
+        }
+      json_builder_set_member_name (b, "pipelined_wait_read_s");
+      json_builder_add_double_value (b, best_pipe.read_s);
+      json_builder_set_member_name (b, "pipelined_update_s");
+      json_builder_add_double_value (b, best_pipe.update_s);
+      json_builder_set_member_name (b, "pipelined_wait_write_s");
+      json_builder_add_double_value (b, best_pipe.write_s);
+      json_builder_end_object (b);
+      print_json (b);
+    }
+  else
+    {
+      printf ("step pipelined  %.3f s\n", best_pipe.step_s);
+      printf ("read alone      %.3f s\nupdate alone    %.3f s\n"
+              "write alone     %.3f s\n",
+              best_read, best_update, best_write);
+      printf ("pipelined / slowest stage = %.3f\n", ratio);
+      if (best_read + best_write > 0)
+        printf ("pipelined / (read + write alone) = %.3f\n",
+                best_pipe.step_s / (best_read + best_write));
+    }
+  rc = STOW_EXIT_OK;
+out:
+  bench_adam_clear (&adam);
+  io_opts_clear (&o);
+  g_free (shard_size);
+  g_free (mode);
+  return rc;
+}

@@ -1,0 +1,126 @@
+/* SPDX-License-Identifier: MIT
+ *
+ * tests/test-bench-io.c: "stowage bench nvme|swapper": the JSON they
+ * print, the one-line errors for bad options, and no files left behind.
+ */
+#include <string.h>
+
+#include <glib/gstdio.h>
+#include <json-glib/json-glib.h>
+
+#include "tests/testutil.h"
+
+static char *
+make_dir (void)
+{
+  const char *build = g_getenv ("G_TEST_BUILDDIR");
+  char *d = g_build_filename (build ? build : ".", "bench-test-XXXXXX", NULL);
+  g_assert_nonnull (g_mkdtemp (d));
+  return d;
+}
+
+static JsonObject *
+parse_object (JsonParser *p, const char *text)
+{
+  g_autoptr (GError) error = NULL;
+  g_assert_true (json_parser_load_from_data (p, text, -1, &error));
+  g_assert_no_error (error);
+  return json_node_get_object (json_parser_get_root (p));
+}
+
+static void
+test_nvme_json (void)
+{
+  g_autofree char *dir = make_dir ();
+  g_auto (StowRun) r = { 0 };
+  stow_run (&r, "bench", "nvme", "--dir", dir, "--size", "8MiB",
+            "--block-size", "64KiB", "--queue-depth", "4", "--engine",
+            "threads", "--repeat", "2", "--json", NULL);
+  g_assert_cmpstr (r.err, ==, "");
+  g_assert_cmpint (r.status, ==, 0);
+  g_autoptr (JsonParser) p = json_parser_new ();
+  JsonObject *o = parse_object (p, r.out);
+  g_assert_cmpstr (json_object_get_string_member (o, "engine"), ==, "threads");
+  g_assert_cmpint (json_object_get_int_member (o, "block_size"), ==, 65536);
+  g_assert_cmpint (json_object_get_int_member (o, "queue_depth"), ==, 4);
+  g_assert_cmpint (json_object_get_int_member (o, "size"), ==, 8 << 20);
+  g_assert_cmpfloat (json_object_get_double_member (o, "read_bytes_per_s"), >,
+                     0);
+  g_assert_cmpfloat (json_object_get_double_member (o, "write_bytes_per_s"), >,
+                     0);
+  g_assert_cmpuint (
+      json_array_get_length (json_object_get_array_member (o, "runs")), ==, 2);
+  /* The store's private directory is gone. */
+  g_assert_cmpint (g_rmdir (dir), ==, 0);
+}
+
+static void
+test_swapper_json (void)
+{
+  g_autofree char *dir = make_dir ();
+  g_auto (StowRun) r = { 0 };
+  stow_run (&r, "bench", "swapper", "--dir", dir, "--size", "4MiB",
+            "--shard-size", "1MiB", "--block-size", "64KiB", "--repeat", "1",
+            "--json", NULL);
+  g_assert_cmpstr (r.err, ==, "");
+  g_assert_cmpint (r.status, ==, 0);
+  g_autoptr (JsonParser) p = json_parser_new ();
+  JsonObject *o = parse_object (p, r.out);
+  g_assert_cmpstr (json_object_get_string_member (o, "mode"), ==, "nvme");
+  g_assert_cmpint (json_object_get_int_member (o, "n_shards"), ==, 5);
+  double step = json_object_get_double_member (o, "pipelined_step_s");
+  double rd = json_object_get_double_member (o, "read_alone_s");
+  double up = json_object_get_double_member (o, "update_alone_s");
+  double wr = json_object_get_double_member (o, "write_alone_s");
+  g_assert_cmpfloat (step, >, 0);
+  g_assert_cmpfloat (rd, >, 0);
+  g_assert_cmpfloat (up, >, 0);
+  g_assert_cmpfloat (wr, >, 0);
+  g_assert_cmpfloat_with_epsilon (
+      json_object_get_double_member (o, "pipelined_over_max_stage"),
+      step / MAX (up, MAX (rd, wr)), 1e-9);
+  g_assert_cmpint (g_rmdir (dir), ==, 0);
+}
+
+static void
+check_fails (const char *const *args, const char *fragment)
+{
+  g_auto (StowRun) r = { 0 };
+  stow_runv (&r, args);
+  g_assert_cmpint (r.status, ==, 2);
+  g_assert_cmpstr (r.out, ==, "");
+  g_assert_nonnull (strstr (r.err, fragment));
+  g_assert_cmpuint (stow_count_lines (r.err), <=, 2);
+}
+
+static void
+test_bad_input (void)
+{
+  g_autofree char *dir = make_dir ();
+  const char *no_dir[] = { "bench", "nvme", "--size", "1MiB", NULL };
+  check_fails (no_dir, "--dir is required");
+  const char *engine[]
+      = { "bench", "nvme", "--dir", dir, "--engine", "spdk", NULL };
+  check_fails (engine, "--engine \"spdk\": unknown engine");
+  const char *block[]
+      = { "bench", "nvme", "--dir", dir, "--block-size", "5000", NULL };
+  check_fails (block, "block size 5000");
+  const char *size[]
+      = { "bench", "nvme", "--dir", dir, "--size", "12XB", NULL };
+  check_fails (size, "--size");
+  const char *which[] = { "bench", "disk", NULL };
+  check_fails (which, "unknown benchmark \"disk\"");
+  const char *mode[] = { "bench", "swapper", "--mode", "gpu", NULL };
+  check_fails (mode, "--mode \"gpu\"");
+  g_assert_cmpint (g_rmdir (dir), ==, 0);
+}
+
+int
+main (int argc, char **argv)
+{
+  g_test_init (&argc, &argv, NULL);
+  g_test_add_func ("/bench-io/nvme-json", test_nvme_json);
+  g_test_add_func ("/bench-io/swapper-json", test_swapper_json);
+  g_test_add_func ("/bench-io/bad-input", test_bad_input);
+  return g_test_run ();
+}
