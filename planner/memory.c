@@ -108,6 +108,23 @@ stow_mem_terms_new (void)
   return a;
 }
 
+/* A "sink" is an array of STOW_N_TIERS guint64 sums instead of terms: the
+ * totals-only path (stow_memory_estimate_totals) runs the same arithmetic
+ * through it without formatting a formula or allocating per term. */
+GArray *
+stow_mem_sink_new (void)
+{
+  GArray *a = g_array_sized_new (FALSE, TRUE, sizeof (guint64), STOW_N_TIERS);
+  g_array_set_size (a, STOW_N_TIERS);
+  return a;
+}
+
+static inline gboolean
+is_sink (GArray *terms)
+{
+  return g_array_get_element_size (terms) == sizeof (guint64);
+}
+
 void
 stow_mem_add (GArray *terms, const char *name, guint64 bytes, StowTier tier,
               const char *format, ...)
@@ -116,6 +133,11 @@ stow_mem_add (GArray *terms, const char *name, guint64 bytes, StowTier tier,
   va_list ap;
   if (bytes == 0)
     return;
+  if (is_sink (terms))
+    {
+      g_array_index (terms, guint64, tier) += bytes;
+      return;
+    }
   va_start (ap, format);
   t.formula = g_strdup_vprintf (format, ap);
   va_end (ap);
@@ -126,6 +148,13 @@ guint64
 stow_mem_sum (GArray *terms, int tier)
 {
   guint64 s = 0;
+  if (is_sink (terms))
+    {
+      for (int i = 0; i < STOW_N_TIERS; i++)
+        if (tier < 0 || i == tier)
+          s += g_array_index (terms, guint64, i);
+      return s;
+    }
   for (guint i = 0; i < terms->len; i++)
     {
       StowMemTerm *t = &g_array_index (terms, StowMemTerm, i);
@@ -386,15 +415,22 @@ padded_vocab (const StowModel *m, const StowLayout *l, const StowMemOptions *o)
   return (m->vocab + mult - 1) / mult * mult;
 }
 
-static StageParams
-stage_params (const StowModel *m, const StowTraining *t, const StowLayout *l,
-              const StowMemOptions *o, guint stage, guint64 first_layer,
-              guint64 n_layers)
+static guint64
+count_moe_layers (const StowModel *m)
 {
-  StageParams p = { 0 };
   guint64 n_moe = 0;
   for (guint64 i = 0; i < m->n_layers; i++)
     n_moe += m->layers[i].is_moe ? 1 : 0;
+  return n_moe;
+}
+
+/* @n_moe: count_moe_layers (m), counted once per estimate. */
+static StageParams
+stage_params (const StowModel *m, const StowTraining *t, const StowLayout *l,
+              const StowMemOptions *o, guint stage, guint64 first_layer,
+              guint64 n_layers, guint64 n_moe)
+{
+  StageParams p = { 0 };
   guint64 expert_per_layer = n_moe ? m->by_role[STOW_ROLE_EXPERT] / n_moe : 0;
   guint64 norm_per_layer = m->by_role[STOW_ROLE_NORM] / MAX (m->n_layers, 1);
 
@@ -920,13 +956,14 @@ estimate_stowage (const StowModel *m, const StowCluster *c,
   guint64 first = 0, worst = 0;
   guint worst_stage = 0;
   Model ms = { m, c, t, l, o, shard_degree (l, c), NULL, NULL };
+  guint64 n_moe = count_moe_layers (m);
 
   stow_layout_stage_layers (l, m->n_layers, counts);
   /* Host and NVMe are charged per GPU for the stage holding the most
    * parameters, then multiplied by the GPUs of a node. */
   for (guint s = 0; s < l->pp; s++)
     {
-      StageParams p = stage_params (m, t, l, o, s, first, counts[s]);
+      StageParams p = stage_params (m, t, l, o, s, first, counts[s], n_moe);
       if (p.params > worst)
         worst = p.params, worst_stage = s;
       first += counts[s];
@@ -937,7 +974,7 @@ estimate_stowage (const StowModel *m, const StowCluster *c,
   for (guint s = 0; s < l->pp; s++)
     {
       StowStageMemory *st = &mem->stages[s];
-      StageParams p = stage_params (m, t, l, o, s, first, counts[s]);
+      StageParams p = stage_params (m, t, l, o, s, first, counts[s], n_moe);
       gboolean charge = s == worst_stage;
       ms.host = host;
       ms.nvme = nvme;
@@ -970,6 +1007,127 @@ estimate_stowage (const StowModel *m, const StowCluster *c,
     }
   stow_memory_finish (mem, c, o);
   return mem;
+}
+
+/* The totals of estimate_stowage without its terms: the same functions
+ * write into sinks (tier sums).  A stage that repeats the one before it
+ * (same layer count and parameters, neither first nor last) never holds
+ * more, since the micro-batches in flight do not grow with the stage index
+ * (in_flight), so only the first stage of each run is evaluated. */
+static void
+estimate_stowage_totals (const StowModel *m, const StowCluster *c,
+                         const StowTraining *t, const StowLayout *l,
+                         const StowMemOptions *o, StowMemTotals *out)
+{
+  guint64 counts_stack[256];
+  g_autofree guint64 *counts_heap = NULL;
+  guint64 *counts = counts_stack;
+  guint64 first = 0, worst = 0, n_moe = count_moe_layers (m);
+  guint worst_stage = 0;
+  Model ms = { m, c, t, l, o, shard_degree (l, c), NULL, NULL };
+
+  if (l->pp > G_N_ELEMENTS (counts_stack))
+    counts = counts_heap = g_new0 (guint64, l->pp);
+  stow_layout_stage_layers (l, m->n_layers, counts);
+  for (guint s = 0; s < l->pp; s++)
+    {
+      StageParams p = stage_params (m, t, l, o, s, first, counts[s], n_moe);
+      if (p.params > worst)
+        worst = p.params, worst_stage = s;
+      first += counts[s];
+    }
+  g_autoptr (GArray) dev = stow_mem_sink_new ();
+  g_autoptr (GArray) host = stow_mem_sink_new ();
+  g_autoptr (GArray) nvme = stow_mem_sink_new ();
+  StageParams prev = { 0 };
+  memset (out, 0, sizeof *out);
+  ms.host = host;
+  ms.nvme = nvme;
+  first = 0;
+  for (guint s = 0; s < l->pp; s++)
+    {
+      StageParams p = stage_params (m, t, l, o, s, first, counts[s], n_moe);
+      first += counts[s];
+      gboolean repeat = s > 0 && s + 1 < l->pp && s != worst_stage
+                        && counts[s] == counts[s - 1] && p.params == prev.params
+                        && p.max_layer == prev.max_layer
+                        && p.linear == prev.linear;
+      prev = p;
+      if (repeat)
+        continue;
+      StowStageMemory st = { 0 };
+      memset (dev->data, 0, sizeof (guint64) * STOW_N_TIERS);
+      st.terms = dev;
+      model_states (&ms, &p, dev, s == worst_stage);
+      activations (&ms, &p, s, dev, s == worst_stage);
+      engine_buffers (&ms, &p, dev);
+      overheads (&ms, &st);
+      guint64 total = stow_mem_sum (dev, STOW_TIER_DEVICE);
+      if (s == 0 || total > out->total_bytes)
+        {
+          out->total_bytes = total;
+          out->allocated_peak_bytes = MIN (st.allocated_bytes, total);
+          out->peak_stage = s;
+        }
+    }
+  guint g = c->node.gpus_per_node ? c->node.gpus_per_node : 1;
+  out->host_total_bytes
+      = g
+        * (stow_mem_sum (host, STOW_TIER_PINNED)
+           + stow_mem_sum (host, STOW_TIER_HOST) + o->host_process_bytes);
+  out->nvme_bytes = g * stow_mem_sum (nvme, -1);
+  guint64 cap = c->node.gpu.total_bytes;
+  out->capacity_bytes
+      = cap > o->safety_margin_bytes ? cap - o->safety_margin_bytes : 0;
+  out->host_capacity_bytes = c->node.host_ram_bytes;
+  for (guint i = 0; i < c->node.n_nvme; i++)
+    out->nvme_capacity_bytes += c->node.nvme[i].capacity_bytes;
+  out->fits_device = out->total_bytes <= out->capacity_bytes;
+  out->fits_host = out->host_capacity_bytes == 0
+                   || out->host_total_bytes <= out->host_capacity_bytes;
+  out->fits_nvme
+      = out->nvme_bytes == 0 || out->nvme_bytes <= out->nvme_capacity_bytes;
+  out->fits = out->fits_device && out->fits_host && out->fits_nvme;
+}
+
+gboolean
+stow_memory_estimate_totals (const StowModel *m, const StowCluster *c,
+                             const StowTraining *t, const StowLayout *l,
+                             const StowMemOptions *o, StowMemTotals *out,
+                             GError **error)
+{
+  StowMemOptions defaults;
+  g_return_val_if_fail (c != NULL && t != NULL && l != NULL && out != NULL,
+                        FALSE);
+  if (o == NULL)
+    {
+      stow_mem_options_init (&defaults);
+      o = &defaults;
+    }
+  if (o->convention != STOW_CONVENTION_STOWAGE || m == NULL)
+    {
+      /* Peer conventions are single formulas: the full path is cheap. */
+      g_autoptr (StowMemory) mem = stow_memory_estimate (m, c, t, l, o, error);
+      if (mem == NULL)
+        return FALSE;
+      out->total_bytes = mem->total_bytes;
+      out->allocated_peak_bytes = mem->allocated_peak_bytes;
+      out->capacity_bytes = mem->capacity_bytes;
+      out->peak_stage = mem->peak_stage;
+      out->host_total_bytes = mem->host_total_bytes;
+      out->host_capacity_bytes = mem->host_capacity_bytes;
+      out->nvme_bytes = mem->nvme_bytes;
+      out->nvme_capacity_bytes = mem->nvme_capacity_bytes;
+      out->fits_device = mem->fits_device;
+      out->fits_host = mem->fits_host;
+      out->fits_nvme = mem->fits_nvme;
+      out->fits = mem->fits;
+      return TRUE;
+    }
+  if (!stow_layout_validate (l, t, m, c, error))
+    return FALSE;
+  estimate_stowage_totals (m, c, t, l, o, out);
+  return TRUE;
 }
 
 StowMemory *
