@@ -50,6 +50,15 @@ stow_cost_options_init (StowCostOptions *o)
   o->net_eff = 0.85;
   o->nvlink_latency_s = 5e-6;
   o->kernel_overhead_s = 20e-6;
+  /* Overlapped NCCL kernels occupy SMs (8-32 channels of the A100's 108
+   * SMs) and HBM bandwidth: hidden communication still slows compute by
+   * about a tenth of its duration. */
+  o->overlap_slowdown = 0.10;
+  /* Streaming a layer's parameters from the host or NVMe: the fetch is
+   * coordinated per layer on the critical path (ZeRO-Infinity's parameter
+   * coordinator): ~50 us from host memory, ~150 us from NVMe. */
+  o->offload_fetch_s = 50e-6;
+  o->nvme_fetch_s = 150e-6;
   /* ZeRO-Offload's CPU Adam streams fp32 master, momentum and variance in
    * and out (24 B) and reads a 4 B gradient: 28 B per parameter. */
   o->cpu_adam_bytes_per_param = 28.0;
@@ -299,7 +308,8 @@ layer_cost (const StowModel *m, const StowCluster *c, const StowTraining *t,
       Link cl = group_link (c, o, l->cp, l->tp);
       double kvb = T * kv * (dq + dv) * eb / MAX (1.0, tp > kv ? kv : tp);
       double comm = (double)(l->cp - 1) * (kvb / cl.bw + cl.lat);
-      lc->cp_fwd_s = MAX (0.0, comm - lc->fwd_attn_s);
+      lc->cp_fwd_s = MAX (0.0, comm - lc->fwd_attn_s)
+                     + o->overlap_slowdown * MIN (comm, lc->fwd_attn_s);
     }
 
   /* Expert parallelism: dispatch and combine all-to-alls, each moving
@@ -375,7 +385,7 @@ stow_cost_estimate (const StowModel *m, const StowCluster *c,
   double model_fwd_flops = 0; /* one micro-batch of one replica, all layers */
   double recompute_flops = 0;
   double act_offload_s = 0;
-  double param_stream_s = 0;
+  double param_stream_s = 0, param_stream_total_s = 0;
   guint64 first = 0;
   guint64 n_shard = (guint64)l->dp * l->cp;
   if (l->hybrid_shard)
@@ -455,7 +465,12 @@ stow_cost_estimate (const StowModel *m, const StowCluster *c,
                 }
               double shard = lp / l->tp / (double)MAX (n_shard, 1) * eb;
               double x = shard / bw;
-              param_stream_s += MAX (0.0, x - f) + MAX (0.0, x - bw_factor * f);
+              double fetch = l->offload_params == STOW_OFFLOAD_NVME
+                                 ? o->nvme_fetch_s
+                                 : o->offload_fetch_s;
+              param_stream_total_s += 2.0 * (x + fetch);
+              param_stream_s += MAX (0.0, x - f) + MAX (0.0, x - bw_factor * f)
+                                + 2.0 * fetch;
             }
         }
       /* Embedding (first stage) and output layer + loss (last stage). */
@@ -599,7 +614,8 @@ stow_cost_estimate (const StowModel *m, const StowCluster *c,
         }
     }
   out->total_s[STOW_COST_DP] = dp_total;
-  out->exposed_s[STOW_COST_DP] = dp_exposed;
+  out->exposed_s[STOW_COST_DP]
+      = dp_exposed + o->overlap_slowdown * (dp_total - dp_exposed);
 
   /* The optimizer step.  Each GPU updates its shard (ZeRO >= 1). */
   double shard_div = l->zero >= 1 ? (double)MAX (n_shard, 1) : 1.0;
@@ -665,7 +681,7 @@ stow_cost_estimate (const StowModel *m, const StowCluster *c,
     }
   /* Parameter streaming and checkpoint offload, per micro-batch. */
   out->total_s[STOW_COST_OFFLOAD_PCIE]
-      += (double)mb * (param_stream_s + act_offload_s);
+      += (double)mb * (param_stream_total_s + act_offload_s);
   out->exposed_s[STOW_COST_OFFLOAD_PCIE]
       += (double)mb * (param_stream_s + act_offload_s);
 

@@ -50,6 +50,9 @@ typedef struct
   double net_eff;        /* the same across nodes */
   double nvlink_latency_s;         /* per ring step */
   double kernel_overhead_s;        /* launch and sync per layer pass */
+  double overlap_slowdown;         /* compute lost per second of hidden comm */
+  double offload_fetch_s;          /* per layer fetch from host memory */
+  double nvme_fetch_s;             /* the same from NVMe */
   double cpu_adam_bytes_per_param; /* host memory traffic per parameter */
   gboolean delayed_update; /* one-step delayed parameter update (offload) */
 } StowCostOptions;
