@@ -398,43 +398,54 @@ stow_cost_estimate (const StowModel *m, const StowCluster *c,
       if (l->recompute == STOW_RECOMPUTE_FULL)
         n_rec = l->recompute_layers ? MIN (l->recompute_layers, counts[st])
                                     : counts[st];
+      /* Count the stage's layers by kind (recomputed ones are the first
+       * n_rec), then price each kind once. */
+      guint64 nk[2] = { 0, 0 }, nr[2] = { 0, 0 };
+      double lpk[2] = { 0, 0 };
       for (guint64 i = first; i < first + counts[st]; i++)
         {
-          gboolean is_moe = m->layers[i].is_moe;
-          const LayerCost *lc = is_moe ? &moe : &dense;
+          int k = m->layers[i].is_moe ? 1 : 0;
+          nk[k]++;
+          nr[k] += (i - first) < n_rec;
+          lpk[k] += (double)m->layers[i].params;
+        }
+      for (int k = 0; k < 2; k++)
+        {
+          if (nk[k] == 0)
+            continue;
+          const LayerCost *lc = k ? &moe : &dense;
+          double n = (double)nk[k], n_full = (double)nr[k];
           double f = lc->fwd_gemm_s + lc->fwd_attn_s + lc->fwd_elem_s;
           /* LoRA: frozen weights need no weight gradient, so backward is
            * about one forward (the input gradients) instead of two. */
           double bw_factor = lora ? 1.0 : 2.0;
-          comp[STOW_COST_COMPUTE] += f * (1.0 + bw_factor);
-          comp[STOW_COST_TP] += 2.0 * lc->tp_fwd_s;
-          comp[STOW_COST_CP] += 3.0 * lc->cp_fwd_s;
-          comp[STOW_COST_EP] += 2.0 * lc->ep_fwd_s;
-          model_fwd_flops += lc->flops_fwd;
-          gboolean rec_full = (i - first) < n_rec;
-          if (rec_full)
+          comp[STOW_COST_COMPUTE] += n * f * (1.0 + bw_factor);
+          comp[STOW_COST_TP] += n * 2.0 * lc->tp_fwd_s;
+          comp[STOW_COST_CP] += n * 3.0 * lc->cp_fwd_s;
+          comp[STOW_COST_EP] += n * 2.0 * lc->ep_fwd_s;
+          model_fwd_flops += n * lc->flops_fwd;
+          comp[STOW_COST_RECOMPUTE] += n_full * f;
+          comp[STOW_COST_TP] += n_full * lc->tp_fwd_s;
+          comp[STOW_COST_CP] += n_full * lc->cp_fwd_s;
+          comp[STOW_COST_EP] += n_full * lc->ep_fwd_s;
+          recompute_flops += n_full * lc->flops_fwd;
+          if (l->recompute == STOW_RECOMPUTE_SELECTIVE)
             {
-              comp[STOW_COST_RECOMPUTE] += f;
-              comp[STOW_COST_TP] += lc->tp_fwd_s;
-              comp[STOW_COST_CP] += lc->cp_fwd_s;
-              comp[STOW_COST_EP] += lc->ep_fwd_s;
-              recompute_flops += lc->flops_fwd;
+              comp[STOW_COST_RECOMPUTE]
+                  += n * (lc->fwd_attn_s + lc->core_elem_s);
+              recompute_flops += n * lc->attn_flops_fwd;
             }
-          else if (l->recompute == STOW_RECOMPUTE_SELECTIVE)
-            {
-              comp[STOW_COST_RECOMPUTE] += lc->fwd_attn_s + lc->core_elem_s;
-              recompute_flops += lc->attn_flops_fwd;
-            }
-          fwd += f + lc->tp_fwd_s + lc->cp_fwd_s + lc->ep_fwd_s;
-          bwd += bw_factor * f + lc->tp_fwd_s + 2.0 * lc->cp_fwd_s
-                 + lc->ep_fwd_s;
+          fwd += n * (f + lc->tp_fwd_s + lc->cp_fwd_s + lc->ep_fwd_s);
+          bwd += n
+                 * (bw_factor * f + lc->tp_fwd_s + 2.0 * lc->cp_fwd_s
+                    + lc->ep_fwd_s);
           /* Parameters on this GPU: experts split over ep and tp. */
-          double lp = (double)m->layers[i].params;
-          if (is_moe && m->n_experts > 0)
+          double lp = lpk[k];
+          if (k == 1 && m->n_experts > 0)
             {
-              double ex
-                  = (double)m->by_role[STOW_ROLE_EXPERT]
-                    / (double)MAX (m->n_layers - m->first_dense_layers, 1);
+              double ex = (double)m->by_role[STOW_ROLE_EXPERT]
+                          / (double)MAX (m->n_layers - m->first_dense_layers, 1)
+                          * n;
               ex = MIN (ex, lp);
               params += (lp - ex) / l->tp;
               expert_params += ex / ((double)l->ep * l->tp);
@@ -444,10 +455,10 @@ stow_cost_estimate (const StowModel *m, const StowCluster *c,
           /* Activation checkpoints to the host: down in forward, up in
            * backward, overlapped with the layer's compute (exposed only
            * when the copy outlasts it). */
-          if (l->offload_activations && rec_full)
+          if (l->offload_activations && n_full > 0)
             {
               double ck = 2.0 * T * h / (l->sp ? l->tp : 1);
-              act_offload_s += 2.0 * MAX (0.0, ck / gpu->pcie_bw - f);
+              act_offload_s += n_full * 2.0 * MAX (0.0, ck / gpu->pcie_bw - f);
             }
           /* ZeRO-Infinity parameter streaming: each rank fetches its shard
            * of the layer over PCIe (or from NVMe) once per forward and once
@@ -459,18 +470,20 @@ stow_cost_estimate (const StowModel *m, const StowCluster *c,
               if (l->offload_params == STOW_OFFLOAD_NVME)
                 {
                   double rd = 0;
-                  for (guint k = 0; k < c->node.n_nvme; k++)
-                    rd += c->node.nvme[k].read_bw;
+                  for (guint q = 0; q < c->node.n_nvme; q++)
+                    rd += c->node.nvme[q].read_bw;
                   bw = MIN (bw, rd > 0 ? rd / per_node : 1e9);
                 }
-              double shard = lp / l->tp / (double)MAX (n_shard, 1) * eb;
+              double shard = lp / n / l->tp / (double)MAX (n_shard, 1) * eb;
               double x = shard / bw;
               double fetch = l->offload_params == STOW_OFFLOAD_NVME
                                  ? o->nvme_fetch_s
                                  : o->offload_fetch_s;
-              param_stream_total_s += 2.0 * (x + fetch);
-              param_stream_s += MAX (0.0, x - f) + MAX (0.0, x - bw_factor * f)
-                                + 2.0 * fetch;
+              param_stream_total_s += n * 2.0 * (x + fetch);
+              param_stream_s
+                  += n
+                     * (MAX (0.0, x - f) + MAX (0.0, x - bw_factor * f)
+                        + 2.0 * fetch);
             }
         }
       /* Embedding (first stage) and output layer + loss (last stage). */

@@ -486,10 +486,10 @@ shard_degree (const StowLayout *l, const StowCluster *c)
 
 /* " / 16 ZeRO shards" or "", for formulas. */
 static const char *
-shards (char *buf, gsize size, guint64 d)
+shards (GArray *terms, char *buf, gsize size, guint64 d)
 {
-  if (d <= 1)
-    return "";
+  if (d <= 1 || is_sink (terms))
+    return ""; /* a sink keeps no formula */
   g_snprintf (buf, size, " / %" G_GUINT64_FORMAT " ZeRO shards", d);
   return buf;
 }
@@ -545,7 +545,7 @@ model_states (Model *ms, const StageParams *p, GArray *dev,
       stow_mem_add (dev, "parameters", stow_bytes (linear, wb) / wdiv,
                     STOW_TIER_DEVICE,
                     "%.4g B x %" G_GUINT64_FORMAT " frozen linear params%s", wb,
-                    linear, shards (sbuf, sizeof sbuf, wdiv));
+                    linear, shards (dev, sbuf, sizeof sbuf, wdiv));
       stow_mem_add (dev, "parameters (non-linear)",
                     stow_bytes (N - linear, 2.0) / wdiv, STOW_TIER_DEVICE,
                     "2 B x %" G_GUINT64_FORMAT
@@ -623,7 +623,7 @@ model_states (Model *ms, const StageParams *p, GArray *dev,
   else
     stow_mem_add (dev, "parameters", stow_bytes (div_ceil (N, wdiv), b.w),
                   STOW_TIER_DEVICE, "%.4g B x %" G_GUINT64_FORMAT " params%s",
-                  b.w, N, shards (sbuf, sizeof sbuf, wdiv));
+                  b.w, N, shards (dev, sbuf, sizeof sbuf, wdiv));
 
   /* Gradients on the device.  A layer's full gradients exist before they
    * are reduce-scattered (ZeRO >= 2) or copied to the host (offload): two
@@ -644,7 +644,7 @@ model_states (Model *ms, const StageParams *p, GArray *dev,
     {
       stow_mem_add (dev, "gradients", stow_bytes (div_ceil (N, gdiv), b.g),
                     STOW_TIER_DEVICE, "%.4g B x %" G_GUINT64_FORMAT " params%s",
-                    b.g, N, shards (sbuf, sizeof sbuf, gdiv));
+                    b.g, N, shards (dev, sbuf, sizeof sbuf, gdiv));
       if (gdiv > 1 && !bucketed)
         stow_mem_add (dev, "gradient slots", slots, STOW_TIER_DEVICE,
                       "%" G_GUINT64_FORMAT
@@ -666,11 +666,11 @@ model_states (Model *ms, const StageParams *p, GArray *dev,
       stow_mem_add (dev, "master weights",
                     stow_bytes (div_ceil (N, odiv), b.master), STOW_TIER_DEVICE,
                     "4 B x %" G_GUINT64_FORMAT " params%s", N,
-                    shards (sbuf, sizeof sbuf, odiv));
+                    shards (dev, sbuf, sizeof sbuf, odiv));
       stow_mem_add (dev, "optimizer states",
                     stow_bytes (div_ceil (N, odiv), b.opt), STOW_TIER_DEVICE,
                     "%.4g B x %" G_GUINT64_FORMAT " params%s (%s)", b.opt, N,
-                    shards (sbuf, sizeof sbuf, odiv),
+                    shards (dev, sbuf, sizeof sbuf, odiv),
                     stow_optimizer_name (t->optimizer));
     }
   else
@@ -1029,11 +1029,16 @@ estimate_stowage_totals (const StowModel *m, const StowCluster *c,
   if (l->pp > G_N_ELEMENTS (counts_stack))
     counts = counts_heap = g_new0 (guint64, l->pp);
   stow_layout_stage_layers (l, m->n_layers, counts);
+  StageParams params_stack[256];
+  g_autofree StageParams *params_heap = NULL;
+  StageParams *sp = params_stack;
+  if (l->pp > G_N_ELEMENTS (params_stack))
+    sp = params_heap = g_new0 (StageParams, l->pp);
   for (guint s = 0; s < l->pp; s++)
     {
-      StageParams p = stage_params (m, t, l, o, s, first, counts[s], n_moe);
-      if (p.params > worst)
-        worst = p.params, worst_stage = s;
+      sp[s] = stage_params (m, t, l, o, s, first, counts[s], n_moe);
+      if (sp[s].params > worst)
+        worst = sp[s].params, worst_stage = s;
       first += counts[s];
     }
   g_autoptr (GArray) dev = stow_mem_sink_new ();
@@ -1043,11 +1048,9 @@ estimate_stowage_totals (const StowModel *m, const StowCluster *c,
   memset (out, 0, sizeof *out);
   ms.host = host;
   ms.nvme = nvme;
-  first = 0;
   for (guint s = 0; s < l->pp; s++)
     {
-      StageParams p = stage_params (m, t, l, o, s, first, counts[s], n_moe);
-      first += counts[s];
+      StageParams p = sp[s];
       gboolean repeat = s > 0 && s + 1 < l->pp && s != worst_stage
                         && counts[s] == counts[s - 1] && p.params == prev.params
                         && p.max_layer == prev.max_layer
