@@ -263,7 +263,8 @@ run_plan (PlanArgs *a, int argc, char **argv)
   g_string_append_printf (
       out,
       "%s layouts evaluated in %.3f s: %s fit, %s out of GPU memory, %s out "
-      "of host RAM or NVMe, %s invalid (divisibility, engine)\n\n",
+      "of host RAM or NVMe; %s combinations invalid (divisibility, "
+      "engine)\n\n",
       stow_format_grouped_into (a1, sizeof a1, s->evaluated), s->search_time_s,
       stow_format_grouped_into (a2, sizeof a2, s->fitting),
       stow_format_grouped_into (a3, sizeof a3, s->out_of_memory),

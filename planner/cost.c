@@ -65,6 +65,47 @@ stow_cost_options_init (StowCostOptions *o)
   o->delayed_update = FALSE;
 }
 
+struct _StowCostPrep
+{
+  const StowModel *model;
+  guint64 n_layers;
+  guint64 *moe_prefix;       /* MoE layers before index i (n_layers + 1) */
+  double *params_prefix;     /* parameters of the layers before index i */
+  double *moe_params_prefix; /* of which in MoE layers */
+};
+
+StowCostPrep *
+stow_cost_prepare (const StowModel *m)
+{
+  g_return_val_if_fail (m != NULL, NULL);
+  StowCostPrep *p = g_new0 (StowCostPrep, 1);
+  p->model = m;
+  p->n_layers = m->n_layers;
+  p->moe_prefix = g_new0 (guint64, m->n_layers + 1);
+  p->params_prefix = g_new0 (double, m->n_layers + 1);
+  p->moe_params_prefix = g_new0 (double, m->n_layers + 1);
+  for (guint64 i = 0; i < m->n_layers; i++)
+    {
+      gboolean moe = m->layers[i].is_moe;
+      double lp = (double)m->layers[i].params;
+      p->moe_prefix[i + 1] = p->moe_prefix[i] + (moe ? 1 : 0);
+      p->params_prefix[i + 1] = p->params_prefix[i] + lp;
+      p->moe_params_prefix[i + 1] = p->moe_params_prefix[i] + (moe ? lp : 0);
+    }
+  return p;
+}
+
+void
+stow_cost_prep_free (StowCostPrep *p)
+{
+  if (p == NULL)
+    return;
+  g_free (p->moe_prefix);
+  g_free (p->params_prefix);
+  g_free (p->moe_params_prefix);
+  g_free (p);
+}
+
 /* ---- hardware rates ------------------------------------------------- */
 
 static double
@@ -402,13 +443,25 @@ stow_cost_estimate (const StowModel *m, const StowCluster *c,
        * n_rec), then price each kind once. */
       guint64 nk[2] = { 0, 0 }, nr[2] = { 0, 0 };
       double lpk[2] = { 0, 0 };
-      for (guint64 i = first; i < first + counts[st]; i++)
+      const StowCostPrep *pr = o->prep;
+      if (pr != NULL && pr->model == m && pr->n_layers == m->n_layers)
         {
-          int k = m->layers[i].is_moe ? 1 : 0;
-          nk[k]++;
-          nr[k] += (i - first) < n_rec;
-          lpk[k] += (double)m->layers[i].params;
+          guint64 a = first, z = first + counts[st], r = first + n_rec;
+          nk[1] = pr->moe_prefix[z] - pr->moe_prefix[a];
+          nk[0] = counts[st] - nk[1];
+          nr[1] = pr->moe_prefix[r] - pr->moe_prefix[a];
+          nr[0] = n_rec - nr[1];
+          lpk[1] = pr->moe_params_prefix[z] - pr->moe_params_prefix[a];
+          lpk[0] = pr->params_prefix[z] - pr->params_prefix[a] - lpk[1];
         }
+      else
+        for (guint64 i = first; i < first + counts[st]; i++)
+          {
+            int k = m->layers[i].is_moe ? 1 : 0;
+            nk[k]++;
+            nr[k] += (i - first) < n_rec;
+            lpk[k] += (double)m->layers[i].params;
+          }
       for (int k = 0; k < 2; k++)
         {
           if (nk[k] == 0)

@@ -55,9 +55,19 @@ typedef struct
   double nvme_fetch_s;             /* the same from NVMe */
   double cpu_adam_bytes_per_param; /* host memory traffic per parameter */
   gboolean delayed_update; /* one-step delayed parameter update (offload) */
+  /* Optional, set by the search: prefix sums over the model's layers
+   * (stow_cost_prepare) so a stage is priced without walking its layers.
+   * Must belong to the model being estimated. */
+  const struct _StowCostPrep *prep;
 } StowCostOptions;
 
 void stow_cost_options_init (StowCostOptions *options);
+
+/* Per-model sums the search reuses across layouts (see StowCostOptions). */
+typedef struct _StowCostPrep StowCostPrep;
+StowCostPrep *stow_cost_prepare (const StowModel *model);
+void stow_cost_prep_free (StowCostPrep *prep);
+G_DEFINE_AUTOPTR_CLEANUP_FUNC (StowCostPrep, stow_cost_prep_free)
 
 typedef struct
 {

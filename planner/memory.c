@@ -437,14 +437,22 @@ stage_params (const StowModel *m, const StowTraining *t, const StowLayout *l,
   p.layers = n_layers;
   p.first = stage == 0;
   p.last = stage + 1 == l->pp;
+  /* Layers repeat: the previous layer's split is reused when its count
+   * and kind match (the divisions dominate the search's time). */
+  guint64 prev_params = G_MAXUINT64, on_gpu = 0, norms = 0;
+  gboolean prev_moe = FALSE;
   for (guint64 i = first_layer; i < first_layer + n_layers; i++)
     {
       const StowLayerInfo *li = &m->layers[i];
-      guint64 experts = li->is_moe ? expert_per_layer : 0;
-      guint64 norms = MIN (norm_per_layer, li->params - experts);
-      guint64 shardable = li->params - experts - norms;
-      guint64 on_gpu
-          = shardable / l->tp + norms + experts / ((guint64)l->ep * l->tp);
+      if (li->params != prev_params || li->is_moe != prev_moe)
+        {
+          guint64 experts = li->is_moe ? expert_per_layer : 0;
+          norms = MIN (norm_per_layer, li->params - experts);
+          guint64 shardable = li->params - experts - norms;
+          on_gpu
+              = shardable / l->tp + norms + experts / ((guint64)l->ep * l->tp);
+          prev_params = li->params, prev_moe = li->is_moe;
+        }
       p.params += on_gpu;
       p.linear += on_gpu - norms;
       p.max_layer = MAX (p.max_layer, on_gpu);

@@ -166,7 +166,15 @@ stow_search_run_with (const StowModel *m, const StowCluster *c,
   guint64 gpus = c->n_gpus;
   guint per_node = MAX (c->node.gpus_per_node, 1);
   guint domain = MIN (MAX (c->node.gpu.nvlink_domain, 1), per_node);
-  Ctx x = { m, c, t, o, so->cost, r, so->max_keep };
+  /* The time model's per-model sums, once for the whole search. */
+  StowCostOptions co;
+  if (so->cost)
+    co = *so->cost;
+  else
+    stow_cost_options_init (&co);
+  g_autoptr (StowCostPrep) prep = stow_cost_prepare (m);
+  co.prep = prep;
+  Ctx x = { m, c, t, o, &co, r, so->max_keep };
 
   r->fits = g_array_new (FALSE, FALSE, sizeof (StowCandidate));
   /* tp inside the NVLink domain (a node's GPUs when the catalog has no
