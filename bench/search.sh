@@ -60,6 +60,12 @@ run_stowage "MT-NLG 530B, 2240xA100-80GB, batch 2240 (fp16, no flash)" \
   mt-nlg-530b --gpus 2240xA100-80GB --global-batch 2240 --precision fp16 --no-flash
 run_stowage "MT-NLG 530B, Megatron space only (ZeRO<=1), 2240xA100-80GB" \
   mt-nlg-530b --gpus 2240xA100-80GB --global-batch 2240 --precision fp16 --no-flash --engine megatron
+# Calculon's README case: turing-530B on 5128 A100s, max batch 2520, float16
+# (~1 min there).  5128 = 8 x 641, so dp is a multiple of 641: stowage needs
+# an exact batch and takes 2564 = 4 x 641 (Calculon rounds its batch to a
+# multiple of dp instead).
+run_stowage "MT-NLG 530B, 5128xA100-80GB, batch 2564 (Calculon's README case)" \
+  mt-nlg-530b --gpus 5128xA100-80GB --global-batch 2564 --precision fp16 --no-flash
 
 {
   echo
@@ -84,6 +90,18 @@ if [ -x "$CALC_PY" ] && [ -f "$CALC_DIR/bin/calculon" ]; then
   echo '```' >> "$out"
   echo "wall clock: $($PY -c "print(round($end-$start,1))") s" >> "$out"
 else
-  echo "Calculon was not found in $CALC_DIR (see bench/results for whether it could be obtained on this machine)." >> "$out"
+  cat >> "$out" <<'EOT'
+**Not run: Calculon could not be obtained on this machine.**  calculon-ai/calculon
+is not published on PyPI (the PyPI package named "calculon", 1.1.1, is an
+unrelated producer-consumer library by another author: `pip download calculon`
+fetches it), and GitHub is not reachable from here, so there is no side-by-side
+run.  The only figure available is Calculon's own README: `calculon
+llm-optimal-execution models/turing-530B.json 5128 2520 float16
+systems/a100_80g.json output.json -m` takes "~1 min" (multiprocessing over the
+machine's cores).  The row "MT-NLG 530B, 5128xA100-80GB, batch 2564" above is
+stowage on that case (batch rounded to a multiple of dp), on one core.  To run Calculon side by side, check it
+out into bench/.work/calculon, make bench/venv (python3 -m venv bench/venv;
+bench/venv/bin/pip install psutil) and rerun this script.
+EOT
 fi
 echo "wrote $out"

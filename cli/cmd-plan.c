@@ -177,6 +177,13 @@ run_plan (PlanArgs *a, int argc, char **argv)
   guint shown = MIN (s->fits->len, (guint)top);
 
   /* Everything pinned and nothing valid: say why that layout is invalid. */
+  if (s->evaluated == 0 && po->pins != STOW_PIN_ALL)
+    return stow_cli_failf (
+        "--global-batch must be a multiple of dp x micro-batch, where dp = "
+        "GPUs / (tp x pp x cp)",
+        "no valid layout of %s on %s: all %" G_GUINT64_FORMAT
+        " combinations break a divisibility rule",
+        po->model->name, po->cluster_obj->spec, s->invalid);
   if (s->fitting == 0 && !s->have_miss)
     {
       g_autoptr (StowMemory) m
