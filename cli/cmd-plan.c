@@ -177,13 +177,25 @@ run_plan (PlanArgs *a, int argc, char **argv)
   guint shown = MIN (s->fits->len, (guint)top);
 
   /* Everything pinned and nothing valid: say why that layout is invalid. */
-  if (s->evaluated == 0 && po->pins != STOW_PIN_ALL)
-    return stow_cli_failf (
-        "--global-batch must be a multiple of dp x micro-batch, where dp = "
-        "GPUs / (tp x pp x cp)",
-        "no valid layout of %s on %s: all %" G_GUINT64_FORMAT
-        " combinations break a divisibility rule",
-        po->model->name, po->cluster_obj->spec, s->invalid);
+  /* Nothing passed the divisibility rules: the defaults of the layout
+   * show which rule (a pinned flag, or the global batch). */
+  if (s->evaluated == 0)
+    {
+      if (!stow_layout_validate (&po->layout, &po->training, po->model,
+                                 po->cluster_obj, &error))
+        return stow_cli_fail (
+            error, strstr (error->message, "--global-batch")
+                       ? "no layout divides the batch: --global-batch must "
+                         "be a multiple of dp x micro-batch, dp = GPUs / (tp "
+                         "x pp x cp)"
+                       : "no layout is valid (the dimensions left open were "
+                         "searched too)");
+      return stow_cli_failf (
+          NULL,
+          "no valid layout of %s on %s: all %" G_GUINT64_FORMAT
+          " combinations break a divisibility rule",
+          po->model->name, po->cluster_obj->spec, s->invalid);
+    }
   if (s->fitting == 0 && !s->have_miss)
     {
       g_autoptr (StowMemory) m
