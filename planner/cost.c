@@ -247,7 +247,6 @@ typedef struct
   double ep_fwd_s;       /* expert all-to-all, forward */
   double flops_fwd;      /* model FLOPs of the forward, whole layer (not /tp) */
   double attn_flops_fwd; /* of which the attention core */
-  double params_gpu;     /* parameters one GPU holds of this layer */
 } LayerCost;
 
 static double
@@ -429,8 +428,9 @@ stow_cost_estimate (const StowModel *m, const StowCluster *c,
   double param_stream_s = 0, param_stream_total_s = 0;
   guint64 first = 0;
   guint64 n_shard = (guint64)l->dp * l->cp;
-  if (l->hybrid_shard)
-    n_shard = MIN (n_shard, MAX (1, per_node / ((guint64)l->tp)));
+  if (l->hybrid_shard) /* shards inside a node, as the memory model has it */
+    n_shard = MIN ((guint64)l->dp, MAX (1, per_node / ((guint64)l->tp * l->cp)))
+              * l->cp;
   for (guint st = 0; st < l->pp; st++)
     {
       double comp[STOW_N_COSTS] = { 0 };

@@ -760,9 +760,12 @@ activations (Model *ms, const StageParams *p, guint stage, GArray *dev,
   const StowTraining *t = ms->t;
   const StowLayout *l = ms->l;
   guint64 dense_block, dense_core, moe_block, moe_core;
-  layer_activation_parts (m, t, l, FALSE, &dense_block, &dense_core);
-  layer_activation_parts (m, t, l, TRUE, &moe_block, &moe_core);
   gboolean any_moe = m->n_experts > 0;
+  layer_activation_parts (m, t, l, FALSE, &dense_block, &dense_core);
+  if (any_moe)
+    layer_activation_parts (m, t, l, TRUE, &moe_block, &moe_core);
+  else
+    moe_block = dense_block, moe_core = dense_core;
   guint64 block = any_moe ? MAX (dense_block, moe_block) : dense_block;
   guint64 core = dense_core;
   if (l->recompute == STOW_RECOMPUTE_SELECTIVE && !t->flash_attention)
