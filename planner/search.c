@@ -331,6 +331,13 @@ stow_search_run_with (const StowModel *m, const StowCluster *c,
                                   if (l.offload_activations
                                       && l.recompute != STOW_RECOMPUTE_FULL)
                                     continue; /* needs checkpoints */
+                                  /* With flash attention there are no s^2
+                                   * scores to drop: selective recompute
+                                   * saves nothing and costs time. */
+                                  if (l.recompute == STOW_RECOMPUTE_SELECTIVE
+                                      && x.t->flash_attention
+                                      && !(pins & STOW_PIN_RECOMPUTE))
+                                    continue;
                                   gboolean fit = evaluate (&x, &l);
                                   if (rc == 0 && ao == 0)
                                     none_fits = fit;
