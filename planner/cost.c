@@ -897,4 +897,7 @@ stow_cost_explain_difference (GString *out, const StowLayout *a,
                               stow_cost_kind_name (k), d);
       any = TRUE;
     }
+  if (!any)
+    g_string_append (out, "; the same predicted time (ties go to the "
+                          "layout with more memory headroom)");
 }
