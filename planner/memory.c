@@ -1025,10 +1025,37 @@ estimate_stowage (const StowModel *m, const StowCluster *c,
  * (same layer count and parameters, neither first nor last) never holds
  * more, since the micro-batches in flight do not grow with the stage index
  * (in_flight), so only the first stage of each run is evaluated. */
+struct _StowMemScratch
+{
+  GArray *dev, *host, *nvme;
+};
+
+StowMemScratch *
+stow_mem_scratch_new (void)
+{
+  StowMemScratch *s = g_new0 (StowMemScratch, 1);
+  s->dev = stow_mem_sink_new ();
+  s->host = stow_mem_sink_new ();
+  s->nvme = stow_mem_sink_new ();
+  return s;
+}
+
+void
+stow_mem_scratch_free (StowMemScratch *s)
+{
+  if (s == NULL)
+    return;
+  g_array_unref (s->dev);
+  g_array_unref (s->host);
+  g_array_unref (s->nvme);
+  g_free (s);
+}
+
 static void
 estimate_stowage_totals (const StowModel *m, const StowCluster *c,
                          const StowTraining *t, const StowLayout *l,
-                         const StowMemOptions *o, StowMemTotals *out)
+                         const StowMemOptions *o, StowMemScratch *scratch,
+                         StowMemTotals *out)
 {
   guint64 counts_stack[256];
   g_autofree guint64 *counts_heap = NULL;
@@ -1052,9 +1079,9 @@ estimate_stowage_totals (const StowModel *m, const StowCluster *c,
         worst = sp[s].params, worst_stage = s;
       first += counts[s];
     }
-  g_autoptr (GArray) dev = stow_mem_sink_new ();
-  g_autoptr (GArray) host = stow_mem_sink_new ();
-  g_autoptr (GArray) nvme = stow_mem_sink_new ();
+  GArray *dev = scratch->dev, *host = scratch->host, *nvme = scratch->nvme;
+  memset (host->data, 0, sizeof (guint64) * STOW_N_TIERS);
+  memset (nvme->data, 0, sizeof (guint64) * STOW_N_TIERS);
   StageParams prev = { 0 };
   memset (out, 0, sizeof *out);
   ms.host = host;
@@ -1110,6 +1137,16 @@ stow_memory_estimate_totals (const StowModel *m, const StowCluster *c,
                              const StowMemOptions *o, StowMemTotals *out,
                              GError **error)
 {
+  return stow_memory_estimate_totals_with (m, c, t, l, o, NULL, out, error);
+}
+
+gboolean
+stow_memory_estimate_totals_with (const StowModel *m, const StowCluster *c,
+                                  const StowTraining *t, const StowLayout *l,
+                                  const StowMemOptions *o,
+                                  StowMemScratch *scratch, StowMemTotals *out,
+                                  GError **error)
+{
   StowMemOptions defaults;
   g_return_val_if_fail (c != NULL && t != NULL && l != NULL && out != NULL,
                         FALSE);
@@ -1140,7 +1177,13 @@ stow_memory_estimate_totals (const StowModel *m, const StowCluster *c,
     }
   if (!stow_layout_validate (l, t, m, c, error))
     return FALSE;
-  estimate_stowage_totals (m, c, t, l, o, out);
+  if (scratch != NULL)
+    estimate_stowage_totals (m, c, t, l, o, scratch, out);
+  else
+    {
+      g_autoptr (StowMemScratch) own = stow_mem_scratch_new ();
+      estimate_stowage_totals (m, c, t, l, o, own, out);
+    }
   return TRUE;
 }
 

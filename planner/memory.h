@@ -135,6 +135,21 @@ gboolean stow_memory_estimate_totals (const StowModel *model,
                                       const StowMemOptions *options,
                                       StowMemTotals *out, GError **error);
 
+/* Sinks the totals path reuses across calls (a search holds one), so it
+ * allocates nothing per layout. */
+typedef struct _StowMemScratch StowMemScratch;
+StowMemScratch *stow_mem_scratch_new (void);
+void stow_mem_scratch_free (StowMemScratch *scratch);
+G_DEFINE_AUTOPTR_CLEANUP_FUNC (StowMemScratch, stow_mem_scratch_free)
+/* stow_memory_estimate_totals with @scratch (may be NULL). */
+gboolean stow_memory_estimate_totals_with (const StowModel *model,
+                                           const StowCluster *cluster,
+                                           const StowTraining *training,
+                                           const StowLayout *layout,
+                                           const StowMemOptions *options,
+                                           StowMemScratch *scratch,
+                                           StowMemTotals *out, GError **error);
+
 /* The per-layer activation bytes of one micro-batch (Korthikanti et al.
  * 2022, Table 2, generalised to GQA, gated MLPs and flash attention), for
  * one GPU of a layout: exposed for tests and the time model. */

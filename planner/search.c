@@ -72,6 +72,7 @@ typedef struct
   const StowCostOptions *co;
   StowSearch *r;
   guint max_keep;
+  StowMemScratch *scratch;
 } Ctx;
 
 /* Memory first; if it fits, the time model.  Returns TRUE if it fits. */
@@ -81,7 +82,8 @@ evaluate (Ctx *x, const StowLayout *l)
   StowMemTotals mt;
   StowSearch *r = x->r;
   r->evaluated++;
-  if (!stow_memory_estimate_totals (x->m, x->c, x->t, l, x->mo, &mt, NULL))
+  if (!stow_memory_estimate_totals_with (x->m, x->c, x->t, l, x->mo, x->scratch,
+                                         &mt, NULL))
     {
       r->invalid++;
       return FALSE;
@@ -134,7 +136,8 @@ partial_recompute (Ctx *x, StowLayout l)
       guint mid = lo + (hi - lo) / 2;
       StowMemTotals mt;
       l.recompute_layers = mid;
-      if (stow_memory_estimate_totals (x->m, x->c, x->t, &l, x->mo, &mt, NULL)
+      if (stow_memory_estimate_totals_with (x->m, x->c, x->t, &l, x->mo,
+                                            x->scratch, &mt, NULL)
           && mt.fits)
         found = mid, hi = mid - 1;
       else
@@ -174,7 +177,8 @@ stow_search_run_with (const StowModel *m, const StowCluster *c,
     stow_cost_options_init (&co);
   g_autoptr (StowCostPrep) prep = stow_cost_prepare (m);
   co.prep = prep;
-  Ctx x = { m, c, t, o, &co, r, so->max_keep };
+  g_autoptr (StowMemScratch) scratch = stow_mem_scratch_new ();
+  Ctx x = { m, c, t, o, &co, r, so->max_keep, scratch };
 
   r->fits = g_array_new (FALSE, FALSE, sizeof (StowCandidate));
   /* tp inside the NVLink domain (a node's GPUs when the catalog has no
