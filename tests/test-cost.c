@@ -274,6 +274,53 @@ test_gemm_efficiency (void)
   g_assert_cmpfloat (per_seq_8, >, per_seq_1 / 8.0 * 1.05);
 }
 
+/* Expert and context parallelism show up as their own terms; NVMe
+ * optimizer offload is slower than CPU offload on the same layout, and
+ * parameter streaming adds PCIe time. */
+static void
+test_terms (void)
+{
+  g_autoptr (StowModel) mx = model ("mixtral-8x7b");
+  g_autoptr (StowCluster) c = cluster (32);
+  StowTraining t;
+  stow_training_init (&t);
+  t.global_batch = 64;
+  StowLayout l;
+  StowCost k, n;
+  layout (&l, 32, 1, 1, 1, 64, 1, STOW_RECOMPUTE_FULL, FALSE);
+  l.engine = STOW_ENGINE_STOWAGE;
+  l.ep = 8;
+  stow_cost_estimate (mx, c, &t, &l, NULL, &k);
+  g_assert_cmpfloat (k.exposed_s[STOW_COST_EP], >, 0);
+  /* context parallelism over 4 ranks of a dense model */
+  StowCost cpc;
+  g_autoptr (StowModel) ll = model ("llama-7b");
+  layout (&l, 32, 1, 1, 1, 64, 1, STOW_RECOMPUTE_FULL, FALSE);
+  l.engine = STOW_ENGINE_STOWAGE;
+  l.cp = 4;
+  l.dp = 8;
+  l.grad_accum = 64 / 8;
+  stow_cost_estimate (ll, c, &t, &l, NULL, &cpc);
+  g_assert_cmpfloat (cpc.total_s[STOW_COST_CP], >, 0);
+  g_assert_cmpfloat (cpc.exposed_s[STOW_COST_CP], <=,
+                     cpc.total_s[STOW_COST_CP]);
+
+  layout (&l, 32, 1, 1, 1, 64, 1, STOW_RECOMPUTE_FULL, FALSE);
+  l.engine = STOW_ENGINE_STOWAGE;
+  l.zero = 3;
+  l.offload_optimizer = STOW_OFFLOAD_CPU;
+  stow_cost_estimate (ll, c, &t, &l, NULL, &k);
+  l.offload_optimizer = STOW_OFFLOAD_NVME;
+  stow_cost_estimate (ll, c, &t, &l, NULL, &n);
+  g_assert_cmpfloat (n.step_time_s, >=, k.step_time_s);
+  g_assert_cmpfloat (n.total_s[STOW_COST_NVME], >, 0);
+  l.offload_params = STOW_OFFLOAD_CPU;
+  StowCost p;
+  stow_cost_estimate (ll, c, &t, &l, NULL, &p);
+  g_assert_cmpfloat (p.total_s[STOW_COST_OFFLOAD_PCIE], >,
+                     n.total_s[STOW_COST_OFFLOAD_PCIE]);
+}
+
 int
 main (int argc, char **argv)
 {
@@ -293,5 +340,6 @@ main (int argc, char **argv)
   g_test_add_func ("/cost/flops-formula", test_flops_formula);
   g_test_add_func ("/cost/properties", test_properties);
   g_test_add_func ("/cost/gemm-efficiency", test_gemm_efficiency);
+  g_test_add_func ("/cost/terms", test_terms);
   return g_test_run ();
 }
