@@ -225,7 +225,17 @@ run_fit (StowPlanOptions *po, StowReportOptions *ro, int argc, char **argv)
   json_object_set_boolean_member (o, "fits", fits);
   json_object_set_int_member (o, "layouts_evaluated",
                               (gint64)search->evaluated);
-  json_object_set_int_member (o, "layouts_fitting", (gint64)search->fits->len);
+  json_object_set_int_member (o, "layouts_fitting", (gint64)search->fitting);
+  if (fits)
+    {
+      /* the time model's prediction for the chosen layout */
+      JsonObject *p = json_object_new ();
+      json_object_set_double_member (p, "step_time_s", best->cost.step_time_s);
+      json_object_set_double_member (p, "tokens_per_s",
+                                     best->cost.tokens_per_s);
+      json_object_set_double_member (p, "mfu", best->cost.mfu);
+      json_object_set_object_member (o, "predicted", p);
+    }
   if (!fits)
     json_object_set_member (o, "alternatives", json_node_ref (alt_node));
 
@@ -240,12 +250,18 @@ run_fit (StowPlanOptions *po, StowReportOptions *ro, int argc, char **argv)
       "%s layouts evaluated: %s fit, %s out of GPU memory, %s out of host "
       "RAM or NVMe, %s invalid\n\n",
       stow_format_grouped_into (a, sizeof a, search->evaluated),
-      stow_format_grouped_into (b, sizeof b, search->fits->len),
+      stow_format_grouped_into (b, sizeof b, search->fitting),
       stow_format_grouped_into (c, sizeof c, search->out_of_memory),
       stow_format_grouped_into (d, sizeof d, search->host_or_nvme),
       stow_format_grouped_into (e, sizeof e, search->invalid));
-  g_string_append (text, fits ? "Best layout found:\n"
-                              : "Closest layout (does not fit):\n");
+  if (fits)
+    g_string_append_printf (
+        text,
+        "Fastest layout that fits (predicted %.4g s per step, %.4g tokens/s, "
+        "MFU %.1f%%; 'stowage plan' ranks the others):\n",
+        best->cost.step_time_s, best->cost.tokens_per_s, 100 * best->cost.mfu);
+  else
+    g_string_append (text, "Closest layout (does not fit):\n");
   stow_memory_report_text (text, &r, po->explain);
   if (!fits && alts->len)
     g_string_append_printf (text, "\nWhat would fit:\n%s", alts->str);

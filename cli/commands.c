@@ -17,6 +17,8 @@ static int cmd_version (int argc, char **argv);
 static const StowCommand commands[] = {
   { "fit", "Does a model train on these GPUs, and with which layout?",
     stow_cmd_fit },
+  { "plan", "Rank every layout that fits by predicted throughput",
+    stow_cmd_plan },
   { "mem", "One layout's memory per GPU, host and NVMe, term by term",
     stow_cmd_mem },
   { "models", "List the built-in model catalog", stow_cmd_models },

@@ -19,5 +19,6 @@ int stow_cmd_fit (int argc, char **argv);   /* cli/cmd-mem.c */
 /* cli/cmd-bench-io.c: I/O benchmarks, under "stowage bench". */
 int stow_bench_nvme (int argc, char **argv);
 int stow_bench_swapper (int argc, char **argv);
+int stow_cmd_plan (int argc, char **argv);  /* cli/cmd-plan.c */
 
 G_END_DECLS

@@ -8,6 +8,7 @@
 #include "planner/memory.h"
 
 GArray *stow_mem_terms_new (void);
+GArray *stow_mem_sink_new (void);
 void stow_mem_add (GArray *terms, const char *name, guint64 bytes,
                    StowTier tier, const char *format, ...) G_GNUC_PRINTF (5, 6);
 guint64 stow_mem_sum (GArray *terms, int tier);

@@ -111,6 +111,23 @@ stow_mem_terms_new (void)
   return a;
 }
 
+/* A "sink" is an array of STOW_N_TIERS guint64 sums instead of terms: the
+ * totals-only path (stow_memory_estimate_totals) runs the same arithmetic
+ * through it without formatting a formula or allocating per term. */
+GArray *
+stow_mem_sink_new (void)
+{
+  GArray *a = g_array_sized_new (FALSE, TRUE, sizeof (guint64), STOW_N_TIERS);
+  g_array_set_size (a, STOW_N_TIERS);
+  return a;
+}
+
+static inline gboolean
+is_sink (GArray *terms)
+{
+  return g_array_get_element_size (terms) == sizeof (guint64);
+}
+
 void
 stow_mem_add (GArray *terms, const char *name, guint64 bytes, StowTier tier,
               const char *format, ...)
@@ -119,6 +136,11 @@ stow_mem_add (GArray *terms, const char *name, guint64 bytes, StowTier tier,
   va_list ap;
   if (bytes == 0)
     return;
+  if (is_sink (terms))
+    {
+      g_array_index (terms, guint64, tier) += bytes;
+      return;
+    }
   va_start (ap, format);
   t.formula = g_strdup_vprintf (format, ap);
   va_end (ap);
@@ -129,6 +151,13 @@ guint64
 stow_mem_sum (GArray *terms, int tier)
 {
   guint64 s = 0;
+  if (is_sink (terms))
+    {
+      for (int i = 0; i < STOW_N_TIERS; i++)
+        if (tier < 0 || i == tier)
+          s += g_array_index (terms, guint64, i);
+      return s;
+    }
   for (guint i = 0; i < terms->len; i++)
     {
       StowMemTerm *t = &g_array_index (terms, StowMemTerm, i);
@@ -437,15 +466,22 @@ padded_vocab (const StowModel *m, const StowLayout *l, const StowMemOptions *o)
   return (m->vocab + mult - 1) / mult * mult;
 }
 
-static StageParams
-stage_params (const StowModel *m, const StowTraining *t, const StowLayout *l,
-              const StowMemOptions *o, guint stage, guint64 first_layer,
-              guint64 n_layers)
+static guint64
+count_moe_layers (const StowModel *m)
 {
-  StageParams p = { 0 };
   guint64 n_moe = 0;
   for (guint64 i = 0; i < m->n_layers; i++)
     n_moe += m->layers[i].is_moe ? 1 : 0;
+  return n_moe;
+}
+
+/* @n_moe: count_moe_layers (m), counted once per estimate. */
+static StageParams
+stage_params (const StowModel *m, const StowTraining *t, const StowLayout *l,
+              const StowMemOptions *o, guint stage, guint64 first_layer,
+              guint64 n_layers, guint64 n_moe)
+{
+  StageParams p = { 0 };
   guint64 expert_per_layer = n_moe ? m->by_role[STOW_ROLE_EXPERT] / n_moe : 0;
   guint64 norm_per_layer = m->by_role[STOW_ROLE_NORM] / MAX (m->n_layers, 1);
 
@@ -453,14 +489,22 @@ stage_params (const StowModel *m, const StowTraining *t, const StowLayout *l,
   p.layers = n_layers;
   p.first = stage == 0;
   p.last = stage + 1 == l->pp;
+  /* Layers repeat: the previous layer's split is reused when its count
+   * and kind match (the divisions dominate the search's time). */
+  guint64 prev_params = G_MAXUINT64, on_gpu = 0, norms = 0;
+  gboolean prev_moe = FALSE;
   for (guint64 i = first_layer; i < first_layer + n_layers; i++)
     {
       const StowLayerInfo *li = &m->layers[i];
-      guint64 experts = li->is_moe ? expert_per_layer : 0;
-      guint64 norms = MIN (norm_per_layer, li->params - experts);
-      guint64 shardable = li->params - experts - norms;
-      guint64 on_gpu
-          = shardable / l->tp + norms + experts / ((guint64)l->ep * l->tp);
+      if (li->params != prev_params || li->is_moe != prev_moe)
+        {
+          guint64 experts = li->is_moe ? expert_per_layer : 0;
+          norms = MIN (norm_per_layer, li->params - experts);
+          guint64 shardable = li->params - experts - norms;
+          on_gpu
+              = shardable / l->tp + norms + experts / ((guint64)l->ep * l->tp);
+          prev_params = li->params, prev_moe = li->is_moe;
+        }
       p.params += on_gpu;
       p.linear += on_gpu - norms;
       p.max_layer = MAX (p.max_layer, on_gpu);
@@ -502,10 +546,10 @@ shard_degree (const StowLayout *l, const StowCluster *c)
 
 /* " / 16 ZeRO shards" or "", for formulas. */
 static const char *
-shards (char *buf, gsize size, guint64 d)
+shards (GArray *terms, char *buf, gsize size, guint64 d)
 {
-  if (d <= 1)
-    return "";
+  if (d <= 1 || is_sink (terms))
+    return ""; /* a sink keeps no formula */
   g_snprintf (buf, size, " / %" G_GUINT64_FORMAT " ZeRO shards", d);
   return buf;
 }
@@ -561,7 +605,7 @@ model_states (Model *ms, const StageParams *p, GArray *dev,
       stow_mem_add (dev, "parameters", stow_bytes (linear, wb) / wdiv,
                     STOW_TIER_DEVICE,
                     "%.4g B x %" G_GUINT64_FORMAT " frozen linear params%s", wb,
-                    linear, shards (sbuf, sizeof sbuf, wdiv));
+                    linear, shards (dev, sbuf, sizeof sbuf, wdiv));
       stow_mem_add (dev, "parameters (non-linear)",
                     stow_bytes (N - linear, 2.0) / wdiv, STOW_TIER_DEVICE,
                     "2 B x %" G_GUINT64_FORMAT
@@ -641,7 +685,7 @@ model_states (Model *ms, const StageParams *p, GArray *dev,
   else
     stow_mem_add (dev, "parameters", stow_bytes (div_ceil (N, wdiv), b.w),
                   STOW_TIER_DEVICE, "%.4g B x %" G_GUINT64_FORMAT " params%s",
-                  b.w, N, shards (sbuf, sizeof sbuf, wdiv));
+                  b.w, N, shards (dev, sbuf, sizeof sbuf, wdiv));
 
   /* Gradients on the device.  A layer's full gradients exist before they
    * are reduce-scattered (ZeRO >= 2) or copied to the host (offload): two
@@ -672,7 +716,7 @@ model_states (Model *ms, const StageParams *p, GArray *dev,
     {
       stow_mem_add (dev, "gradients", stow_bytes (div_ceil (N, gdiv), b.g),
                     STOW_TIER_DEVICE, "%.4g B x %" G_GUINT64_FORMAT " params%s",
-                    b.g, N, shards (sbuf, sizeof sbuf, gdiv));
+                    b.g, N, shards (dev, sbuf, sizeof sbuf, gdiv));
       if (gdiv > 1 && !bucketed)
         stow_mem_add (dev, "gradient slots", slots, STOW_TIER_DEVICE,
                       "%" G_GUINT64_FORMAT
@@ -694,11 +738,11 @@ model_states (Model *ms, const StageParams *p, GArray *dev,
       stow_mem_add (dev, "master weights",
                     stow_bytes (div_ceil (N, odiv), b.master), STOW_TIER_DEVICE,
                     "4 B x %" G_GUINT64_FORMAT " params%s", N,
-                    shards (sbuf, sizeof sbuf, odiv));
+                    shards (dev, sbuf, sizeof sbuf, odiv));
       stow_mem_add (dev, "optimizer states",
                     stow_bytes (div_ceil (N, odiv), b.opt), STOW_TIER_DEVICE,
                     "%.4g B x %" G_GUINT64_FORMAT " params%s (%s)", b.opt, N,
-                    shards (sbuf, sizeof sbuf, odiv),
+                    shards (dev, sbuf, sizeof sbuf, odiv),
                     stow_optimizer_name (t->optimizer));
     }
   else
@@ -780,10 +824,18 @@ activations (Model *ms, const StageParams *p, guint stage, GArray *dev,
   const StowTraining *t = ms->t;
   const StowLayout *l = ms->l;
   /* Per-layer activations by kind (dense, MoE, decoder with
-   * cross-attention); the stage sums its own layers. */
+   * cross-attention); the stage sums its own layers.  Kinds the model does
+   * not have cost nothing to skip (the search calls this per layout). */
   guint64 kind_bytes[N_LAYER_KINDS], kind_block[N_LAYER_KINDS];
   for (int k = 0; k < N_LAYER_KINDS; k++)
     {
+      if ((k == LAYER_MOE && m->n_experts == 0)
+          || (k == LAYER_CROSS && m->n_encoder_layers == 0))
+        {
+          kind_block[k] = kind_block[LAYER_DENSE];
+          kind_bytes[k] = kind_bytes[LAYER_DENSE];
+          continue;
+        }
       guint64 block, core;
       layer_activation_parts (m, t, l, (LayerKind)k, &block, &core);
       if (l->recompute == STOW_RECOMPUTE_SELECTIVE && !t->flash_attention)
@@ -1058,13 +1110,14 @@ estimate_stowage (const StowModel *m, const StowCluster *c,
   guint64 first = 0, worst = 0;
   guint worst_stage = 0;
   Model ms = { m, c, t, l, o, shard_degree (l, c), NULL, NULL };
+  guint64 n_moe = count_moe_layers (m);
 
   stow_layout_stage_layers (l, m->n_layers, counts);
   /* Host and NVMe are charged per GPU for the stage holding the most
    * parameters, then multiplied by the GPUs of a node. */
   for (guint s = 0; s < l->pp; s++)
     {
-      StageParams p = stage_params (m, t, l, o, s, first, counts[s]);
+      StageParams p = stage_params (m, t, l, o, s, first, counts[s], n_moe);
       if (p.params > worst)
         worst = p.params, worst_stage = s;
       first += counts[s];
@@ -1075,7 +1128,7 @@ estimate_stowage (const StowModel *m, const StowCluster *c,
   for (guint s = 0; s < l->pp; s++)
     {
       StowStageMemory *st = &mem->stages[s];
-      StageParams p = stage_params (m, t, l, o, s, first, counts[s]);
+      StageParams p = stage_params (m, t, l, o, s, first, counts[s], n_moe);
       gboolean charge = s == worst_stage;
       ms.host = host;
       ms.nvme = nvme;
@@ -1109,6 +1162,173 @@ estimate_stowage (const StowModel *m, const StowCluster *c,
     }
   stow_memory_finish (mem, c, o);
   return mem;
+}
+
+/* The totals of estimate_stowage without its terms: the same functions
+ * write into sinks (tier sums).  A stage that repeats the one before it
+ * (same layer count and parameters, neither first nor last) never holds
+ * more, since the micro-batches in flight do not grow with the stage index
+ * (in_flight), so only the first stage of each run is evaluated. */
+struct _StowMemScratch
+{
+  GArray *dev, *host, *nvme;
+};
+
+StowMemScratch *
+stow_mem_scratch_new (void)
+{
+  StowMemScratch *s = g_new0 (StowMemScratch, 1);
+  s->dev = stow_mem_sink_new ();
+  s->host = stow_mem_sink_new ();
+  s->nvme = stow_mem_sink_new ();
+  return s;
+}
+
+void
+stow_mem_scratch_free (StowMemScratch *s)
+{
+  if (s == NULL)
+    return;
+  g_array_unref (s->dev);
+  g_array_unref (s->host);
+  g_array_unref (s->nvme);
+  g_free (s);
+}
+
+static void
+estimate_stowage_totals (const StowModel *m, const StowCluster *c,
+                         const StowTraining *t, const StowLayout *l,
+                         const StowMemOptions *o, StowMemScratch *scratch,
+                         StowMemTotals *out)
+{
+  guint64 counts_stack[256];
+  g_autofree guint64 *counts_heap = NULL;
+  guint64 *counts = counts_stack;
+  guint64 first = 0, worst = 0, n_moe = count_moe_layers (m);
+  guint worst_stage = 0;
+  Model ms = { m, c, t, l, o, shard_degree (l, c), NULL, NULL };
+
+  if (l->pp > G_N_ELEMENTS (counts_stack))
+    counts = counts_heap = g_new0 (guint64, l->pp);
+  stow_layout_stage_layers (l, m->n_layers, counts);
+  StageParams params_stack[256];
+  g_autofree StageParams *params_heap = NULL;
+  StageParams *sp = params_stack;
+  if (l->pp > G_N_ELEMENTS (params_stack))
+    sp = params_heap = g_new0 (StageParams, l->pp);
+  for (guint s = 0; s < l->pp; s++)
+    {
+      sp[s] = stage_params (m, t, l, o, s, first, counts[s], n_moe);
+      if (sp[s].params > worst)
+        worst = sp[s].params, worst_stage = s;
+      first += counts[s];
+    }
+  GArray *dev = scratch->dev, *host = scratch->host, *nvme = scratch->nvme;
+  memset (host->data, 0, sizeof (guint64) * STOW_N_TIERS);
+  memset (nvme->data, 0, sizeof (guint64) * STOW_N_TIERS);
+  StageParams prev = { 0 };
+  memset (out, 0, sizeof *out);
+  ms.host = host;
+  ms.nvme = nvme;
+  for (guint s = 0; s < l->pp; s++)
+    {
+      StageParams p = sp[s];
+      gboolean repeat = s > 0 && s + 1 < l->pp && s != worst_stage
+                        && counts[s] == counts[s - 1] && p.params == prev.params
+                        && p.max_layer == prev.max_layer
+                        && p.linear == prev.linear;
+      prev = p;
+      if (repeat)
+        continue;
+      StowStageMemory st = { 0 };
+      memset (dev->data, 0, sizeof (guint64) * STOW_N_TIERS);
+      st.terms = dev;
+      model_states (&ms, &p, dev, s == worst_stage);
+      activations (&ms, &p, s, dev, s == worst_stage);
+      engine_buffers (&ms, &p, dev);
+      overheads (&ms, &st);
+      guint64 total = stow_mem_sum (dev, STOW_TIER_DEVICE);
+      if (s == 0 || total > out->total_bytes)
+        {
+          out->total_bytes = total;
+          out->allocated_peak_bytes = MIN (st.allocated_bytes, total);
+          out->peak_stage = s;
+        }
+    }
+  guint g = c->node.gpus_per_node ? c->node.gpus_per_node : 1;
+  out->host_total_bytes
+      = g
+        * (stow_mem_sum (host, STOW_TIER_PINNED)
+           + stow_mem_sum (host, STOW_TIER_HOST) + o->host_process_bytes);
+  out->nvme_bytes = g * stow_mem_sum (nvme, -1);
+  guint64 cap = c->node.gpu.total_bytes;
+  out->capacity_bytes
+      = cap > o->safety_margin_bytes ? cap - o->safety_margin_bytes : 0;
+  out->host_capacity_bytes = c->node.host_ram_bytes;
+  for (guint i = 0; i < c->node.n_nvme; i++)
+    out->nvme_capacity_bytes += c->node.nvme[i].capacity_bytes;
+  out->fits_device = out->total_bytes <= out->capacity_bytes;
+  out->fits_host = out->host_capacity_bytes == 0
+                   || out->host_total_bytes <= out->host_capacity_bytes;
+  out->fits_nvme
+      = out->nvme_bytes == 0 || out->nvme_bytes <= out->nvme_capacity_bytes;
+  out->fits = out->fits_device && out->fits_host && out->fits_nvme;
+}
+
+gboolean
+stow_memory_estimate_totals (const StowModel *m, const StowCluster *c,
+                             const StowTraining *t, const StowLayout *l,
+                             const StowMemOptions *o, StowMemTotals *out,
+                             GError **error)
+{
+  return stow_memory_estimate_totals_with (m, c, t, l, o, NULL, out, error);
+}
+
+gboolean
+stow_memory_estimate_totals_with (const StowModel *m, const StowCluster *c,
+                                  const StowTraining *t, const StowLayout *l,
+                                  const StowMemOptions *o,
+                                  StowMemScratch *scratch, StowMemTotals *out,
+                                  GError **error)
+{
+  StowMemOptions defaults;
+  g_return_val_if_fail (c != NULL && t != NULL && l != NULL && out != NULL,
+                        FALSE);
+  if (o == NULL)
+    {
+      stow_mem_options_init (&defaults);
+      o = &defaults;
+    }
+  if (o->convention != STOW_CONVENTION_STOWAGE || m == NULL)
+    {
+      /* Peer conventions are single formulas: the full path is cheap. */
+      g_autoptr (StowMemory) mem = stow_memory_estimate (m, c, t, l, o, error);
+      if (mem == NULL)
+        return FALSE;
+      out->total_bytes = mem->total_bytes;
+      out->allocated_peak_bytes = mem->allocated_peak_bytes;
+      out->capacity_bytes = mem->capacity_bytes;
+      out->peak_stage = mem->peak_stage;
+      out->host_total_bytes = mem->host_total_bytes;
+      out->host_capacity_bytes = mem->host_capacity_bytes;
+      out->nvme_bytes = mem->nvme_bytes;
+      out->nvme_capacity_bytes = mem->nvme_capacity_bytes;
+      out->fits_device = mem->fits_device;
+      out->fits_host = mem->fits_host;
+      out->fits_nvme = mem->fits_nvme;
+      out->fits = mem->fits;
+      return TRUE;
+    }
+  if (!stow_layout_validate (l, t, m, c, error))
+    return FALSE;
+  if (scratch != NULL)
+    estimate_stowage_totals (m, c, t, l, o, scratch, out);
+  else
+    {
+      g_autoptr (StowMemScratch) own = stow_mem_scratch_new ();
+      estimate_stowage_totals (m, c, t, l, o, own, out);
+    }
+  return TRUE;
 }
 
 StowMemory *

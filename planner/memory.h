@@ -120,6 +120,42 @@ stow_memory_estimate (const StowModel *model, const StowCluster *cluster,
 void stow_memory_free (StowMemory *mem);
 G_DEFINE_AUTOPTR_CLEANUP_FUNC (StowMemory, stow_memory_free)
 
+/* The totals of stow_memory_estimate (stowage convention: the same
+ * arithmetic run into per-tier sums, no terms, no formulas), for the
+ * search: about a microsecond per layout. */
+typedef struct
+{
+  guint64 total_bytes; /* peak stage, device (nvidia-smi view) */
+  guint64 allocated_peak_bytes;
+  guint64 capacity_bytes;
+  guint peak_stage;
+  guint64 host_total_bytes, host_capacity_bytes;
+  guint64 nvme_bytes, nvme_capacity_bytes;
+  gboolean fits_device, fits_host, fits_nvme, fits;
+} StowMemTotals;
+
+gboolean stow_memory_estimate_totals (const StowModel *model,
+                                      const StowCluster *cluster,
+                                      const StowTraining *training,
+                                      const StowLayout *layout,
+                                      const StowMemOptions *options,
+                                      StowMemTotals *out, GError **error);
+
+/* Sinks the totals path reuses across calls (a search holds one), so it
+ * allocates nothing per layout. */
+typedef struct _StowMemScratch StowMemScratch;
+StowMemScratch *stow_mem_scratch_new (void);
+void stow_mem_scratch_free (StowMemScratch *scratch);
+G_DEFINE_AUTOPTR_CLEANUP_FUNC (StowMemScratch, stow_mem_scratch_free)
+/* stow_memory_estimate_totals with @scratch (may be NULL). */
+gboolean stow_memory_estimate_totals_with (const StowModel *model,
+                                           const StowCluster *cluster,
+                                           const StowTraining *training,
+                                           const StowLayout *layout,
+                                           const StowMemOptions *options,
+                                           StowMemScratch *scratch,
+                                           StowMemTotals *out, GError **error);
+
 /* The per-layer activation bytes of one micro-batch (Korthikanti et al.
  * 2022, Table 2, generalised to GQA, gated MLPs and flash attention), for
  * one GPU of a layout: exposed for tests and the time model. */

@@ -1,45 +1,31 @@
 /* SPDX-License-Identifier: MIT
  *
- * planner/search.c: brute force over the layout space, pruned by
- * divisibility before the memory model runs.  Each layout costs one
- * closed-form memory estimate (microseconds), so even thousands of GPUs
- * take milliseconds.
+ * planner/search.c: brute force over the layout space (tp, pp, vpp, cp,
+ * ep, dp, ZeRO stage, every offload option, recomputation including the
+ * smallest partial recomputation that fits, micro-batch), pruned by
+ * divisibility, then by the memory model's totals-only path, then ranked
+ * by the time model.  Nothing is allocated per candidate: the best
+ * max_keep are kept in a sorted array.
  */
 #include "planner/search.h"
 
 #include <string.h>
 
+void
+stow_search_options_init (StowSearchOptions *o)
+{
+  memset (o, 0, sizeof *o);
+}
+
+/* Divisors of @n no larger than @limit that also divide @also (0: any). */
 static guint
-divisors (guint64 n, guint64 limit, guint *out, guint max)
+divisors (guint64 n, guint64 limit, guint64 also, guint *out, guint max)
 {
   guint k = 0;
   for (guint64 d = 1; d <= n && d <= limit && k < max; d++)
-    if (n % d == 0)
+    if (n % d == 0 && (also == 0 || also % d == 0))
       out[k++] = (guint)d;
   return k;
-}
-
-/* The stand-in for predicted speed until planner/cost.c: offload and
- * recomputation cost the most, then model parallelism, then small
- * micro-batches. */
-static double
-preference (const StowLayout *l)
-{
-  double s = 0;
-  s += l->offload_params != STOW_OFFLOAD_NONE
-           ? (l->offload_params == STOW_OFFLOAD_NVME ? 4000 : 2000)
-           : 0;
-  s += l->offload_optimizer != STOW_OFFLOAD_NONE
-           ? (l->offload_optimizer == STOW_OFFLOAD_NVME ? 1000 : 500)
-           : 0;
-  s += l->offload_activations ? 300 : 0;
-  s += l->recompute == STOW_RECOMPUTE_FULL        ? 200
-       : l->recompute == STOW_RECOMPUTE_SELECTIVE ? 20
-                                                  : 0;
-  s += 10.0 * (l->tp - 1) + 15.0 * (l->pp - 1) + 10.0 * (l->cp - 1);
-  s += 5.0 * l->zero;
-  s -= 2.0 * (double)MIN (l->micro_batch, 64);
-  return s;
 }
 
 static int
@@ -53,146 +39,342 @@ compare_candidates (gconstpointer a, gconstpointer b)
                                                  : 0;
 }
 
-StowSearch *
-stow_search_run (const StowModel *m, const StowCluster *c,
-                 const StowTraining *t, const StowLayout *base, StowPins pins,
-                 const StowMemOptions *o, guint max_keep)
+/* Keeps the best @max candidates sorted (insertion from the back). */
+static void
+keep (GArray *fits, const StowCandidate *c, guint max)
 {
+  if (max == 0)
+    {
+      g_array_append_val (fits, *c);
+      return;
+    }
+  if (fits->len == max
+      && compare_candidates (
+             c, &g_array_index (fits, StowCandidate, fits->len - 1))
+             >= 0)
+    return;
+  guint i = fits->len;
+  while (i > 0
+         && compare_candidates (c, &g_array_index (fits, StowCandidate, i - 1))
+                < 0)
+    i--;
+  g_array_insert_val (fits, i, *c);
+  if (fits->len > max)
+    g_array_set_size (fits, max);
+}
+
+typedef struct
+{
+  const StowModel *m;
+  const StowCluster *c;
+  const StowTraining *t;
+  const StowMemOptions *mo;
+  const StowCostOptions *co;
+  StowSearch *r;
+  guint max_keep;
+  StowMemScratch *scratch;
+} Ctx;
+
+/* Memory first; if it fits, the time model.  Returns TRUE if it fits. */
+static gboolean
+evaluate (Ctx *x, const StowLayout *l)
+{
+  StowMemTotals mt;
+  StowSearch *r = x->r;
+  r->evaluated++;
+  if (!stow_memory_estimate_totals_with (x->m, x->c, x->t, l, x->mo, x->scratch,
+                                         &mt, NULL))
+    {
+      r->invalid++;
+      return FALSE;
+    }
+  StowCandidate cand;
+  memset (&cand, 0, sizeof cand);
+  cand.layout = *l;
+  cand.total_bytes = mt.total_bytes;
+  cand.host_bytes = mt.host_total_bytes;
+  cand.nvme_bytes = mt.nvme_bytes;
+  cand.headroom_bytes = (gint64)mt.capacity_bytes - (gint64)mt.total_bytes;
+  if (!mt.fits)
+    {
+      if (!mt.fits_device)
+        r->out_of_memory++;
+      else
+        r->host_or_nvme++;
+      if (!r->have_miss || cand.headroom_bytes > r->best_miss.headroom_bytes)
+        {
+          stow_cost_estimate (x->m, x->c, x->t, l, x->co, &cand.cost);
+          cand.score = cand.cost.tokens_per_s > 0 ? 1.0 / cand.cost.tokens_per_s
+                                                  : G_MAXDOUBLE;
+          r->best_miss = cand, r->have_miss = TRUE;
+        }
+      return FALSE;
+    }
+  stow_cost_estimate (x->m, x->c, x->t, l, x->co, &cand.cost);
+  /* Seconds per token: the step time when the global batch is fixed,
+   * and comparable across layouts when it is not. */
+  cand.score
+      = cand.cost.tokens_per_s > 0 ? 1.0 / cand.cost.tokens_per_s : G_MAXDOUBLE;
+  r->fitting++;
+  keep (r->fits, &cand, x->max_keep);
+  return TRUE;
+}
+
+/* Full recomputation of the first K layers of each stage: memory falls
+ * and time rises with K, so only the smallest K that fits matters; found
+ * by bisection on the memory totals. */
+static void
+partial_recompute (Ctx *x, StowLayout l)
+{
+  guint64 per_stage = (x->m->n_layers + l.pp - 1) / l.pp;
+  if (per_stage < 2)
+    return;
+  guint lo = 1, hi = (guint)per_stage - 1, found = 0;
+  l.recompute = STOW_RECOMPUTE_FULL;
+  while (lo <= hi)
+    {
+      guint mid = lo + (hi - lo) / 2;
+      StowMemTotals mt;
+      l.recompute_layers = mid;
+      if (stow_memory_estimate_totals_with (x->m, x->c, x->t, &l, x->mo,
+                                            x->scratch, &mt, NULL)
+          && mt.fits)
+        found = mid, hi = mid - 1;
+      else
+        lo = mid + 1;
+    }
+  if (found)
+    {
+      l.recompute_layers = found;
+      evaluate (x, &l);
+    }
+}
+
+StowSearch *
+stow_search_run_with (const StowModel *m, const StowCluster *c,
+                      const StowTraining *t, const StowLayout *base,
+                      StowPins pins, const StowMemOptions *o,
+                      const StowSearchOptions *so)
+{
+  StowSearchOptions sdef;
+  if (so == NULL)
+    {
+      stow_search_options_init (&sdef);
+      so = &sdef;
+    }
+  gint64 t0 = g_get_monotonic_time ();
   StowSearch *r = g_new0 (StowSearch, 1);
-  guint tps[64], pps[256], cps[16], mbs[32];
-  guint ntp, npp, ncp, nmb;
+  guint tps[64], pps[512], cps[64], mbs[256], eps[64], vpps[128];
+  guint ntp, npp, ncp, nep;
   guint64 gpus = c->n_gpus;
   guint per_node = MAX (c->node.gpus_per_node, 1);
+  guint domain = MIN (MAX (c->node.gpu.nvlink_domain, 1), per_node);
+  /* The time model's per-model sums, once for the whole search. */
+  StowCostOptions co;
+  if (so->cost)
+    co = *so->cost;
+  else
+    stow_cost_options_init (&co);
+  g_autoptr (StowCostPrep) prep = stow_cost_prepare (m);
+  co.prep = prep;
+  g_autoptr (StowMemScratch) scratch = stow_mem_scratch_new ();
+  Ctx x = { m, c, t, o, &co, r, so->max_keep, scratch };
 
   r->fits = g_array_new (FALSE, FALSE, sizeof (StowCandidate));
+  /* tp inside the NVLink domain (a node's GPUs when the catalog has no
+   * NVLink) unless allowed across nodes. */
+  guint64 tp_limit = so->allow_cross_node_tp ? gpus : MAX (domain, 1);
+  if (c->node.gpu.nvlink_domain <= 1 && !so->allow_cross_node_tp)
+    tp_limit = per_node;
   ntp = (pins & STOW_PIN_TP) ? (tps[0] = base->tp, 1)
-                             : divisors (gpus, per_node, tps, 64);
-  npp = (pins & STOW_PIN_PP) ? (pps[0] = base->pp, 1)
-                             : divisors (m->n_layers, gpus, pps, 256);
-  ncp = (pins & STOW_PIN_CP) ? (cps[0] = base->cp, 1) : (cps[0] = 1, 1);
-  /* Micro-batch sizes: powers of two up to the per-replica batch. */
-  if (pins & STOW_PIN_MICRO_BATCH)
-    mbs[0] = (guint)base->micro_batch, nmb = 1;
+                             : divisors (gpus, tp_limit, 0, tps, 64);
+  npp = (pins & STOW_PIN_PP)
+            ? (pps[0] = base->pp, 1)
+            : divisors (gpus, MIN (m->n_layers, 512), 0, pps, 512);
+  /* cp divides the sequence; chunks shorter than 128 tokens are never
+   * worth their ring steps. */
+  ncp = (pins & STOW_PIN_CP)
+            ? (cps[0] = base->cp, 1)
+            : divisors (t->seq_len, MAX (t->seq_len / 128, 1), gpus, cps, 64);
+  if (m->n_experts == 0)
+    nep = (pins & STOW_PIN_EP) ? (eps[0] = base->ep, 1) : (eps[0] = 1, 1);
   else
-    {
-      nmb = 0;
-      for (guint b = 1; b <= 64 && nmb < 32; b *= 2)
-        mbs[nmb++] = b;
-    }
+    nep = (pins & STOW_PIN_EP) ? (eps[0] = base->ep, 1)
+                               : divisors (m->n_experts, gpus, 0, eps, 64);
 
   static const StowOffload offs[]
       = { STOW_OFFLOAD_NONE, STOW_OFFLOAD_CPU, STOW_OFFLOAD_NVME };
   static const StowRecompute recs[]
       = { STOW_RECOMPUTE_NONE, STOW_RECOMPUTE_SELECTIVE, STOW_RECOMPUTE_FULL };
+
   for (guint i = 0; i < ntp; i++)
-    for (guint j = 0; j < npp; j++)
-      for (guint q = 0; q < ncp; q++)
+    {
+      guint tp = tps[i];
+      if (m->n_heads % tp != 0
+          || (m->n_kv_heads % tp != 0 && tp % m->n_kv_heads != 0))
         {
-          guint64 mp = (guint64)tps[i] * pps[j] * cps[q];
-          if (gpus % mp != 0)
-            {
-              r->invalid++;
-              continue;
-            }
-          guint dp = (guint)(gpus / mp);
-          if ((pins & STOW_PIN_DP) && dp != base->dp)
-            {
-              r->invalid++;
-              continue;
-            }
-          for (guint z = 0; z <= 3; z++)
-            for (guint oo = 0; oo < 3; oo++)
-              for (guint op = 0; op < 3; op++)
-                for (guint rc = 0; rc < 3; rc++)
-                  for (guint b = 0; b < nmb; b++)
-                    {
-                      StowLayout l = *base;
-                      l.tp = tps[i], l.pp = pps[j], l.cp = cps[q], l.dp = dp;
-                      if (!(pins & STOW_PIN_ZERO))
-                        l.zero = z;
-                      else if (z != 0)
-                        continue;
-                      if (!(pins & STOW_PIN_OFFLOAD_OPTIMIZER))
-                        l.offload_optimizer = offs[oo];
-                      else if (oo != 0)
-                        continue;
-                      if (!(pins & STOW_PIN_OFFLOAD_PARAMS))
-                        l.offload_params = offs[op];
-                      else if (op != 0)
-                        continue;
-                      if (!(pins & STOW_PIN_RECOMPUTE))
-                        l.recompute = recs[rc], l.recompute_layers = 0;
-                      else if (rc != 0)
-                        continue;
-                      l.micro_batch = mbs[b];
-                      if (!(pins & STOW_PIN_SP))
-                        l.sp = l.tp > 1;
-                      if (!(pins & STOW_PIN_VPP))
-                        l.vpp = 1;
-                      if (!(pins & STOW_PIN_SCHEDULE))
-                        l.schedule = l.vpp > 1 ? STOW_SCHEDULE_INTERLEAVED
-                                               : STOW_SCHEDULE_1F1B;
-                      /* Accumulation from the global batch when given,
-                       * else enough micro-batches to fill the pipeline. */
-                      if (t->global_batch)
-                        {
-                          guint64 per = (guint64)l.micro_batch * l.dp;
-                          if (t->global_batch % per != 0)
-                            {
-                              r->invalid++;
-                              continue;
-                            }
-                          l.grad_accum = t->global_batch / per;
-                        }
-                      else if (!(pins & STOW_PIN_MICRO_BATCH)
-                               && l.micro_batch > 1)
-                        continue; /* no batch given: micro-batch 1 */
-                      else
-                        l.grad_accum = MAX (base->grad_accum, l.pp);
-                      /* Offload without sharding is DeepSpeed's and ours
-                       * only from stage 1 up. */
-                      if (l.offload_optimizer != STOW_OFFLOAD_NONE
-                          && l.zero == 0 && dp > 1)
-                        {
-                          r->invalid++;
-                          continue;
-                        }
-                      r->evaluated++;
-                      g_autoptr (GError) error = NULL;
-                      g_autoptr (StowMemory) mem
-                          = stow_memory_estimate (m, c, t, &l, o, &error);
-                      if (mem == NULL)
-                        {
-                          r->invalid++;
-                          continue;
-                        }
-                      StowCandidate cand = { 0 };
-                      cand.layout = l;
-                      cand.total_bytes = mem->total_bytes;
-                      cand.host_bytes = mem->host_total_bytes;
-                      cand.nvme_bytes = mem->nvme_bytes;
-                      cand.headroom_bytes = (gint64)mem->capacity_bytes
-                                            - (gint64)mem->total_bytes;
-                      cand.score = preference (&l);
-                      if (!mem->fits)
-                        {
-                          if (!mem->fits_device)
-                            r->out_of_memory++;
-                          else
-                            r->host_or_nvme++;
-                          if (!r->have_miss
-                              || cand.headroom_bytes
-                                     > r->best_miss.headroom_bytes)
-                            r->best_miss = cand, r->have_miss = TRUE;
-                          continue;
-                        }
-                      g_array_append_val (r->fits, cand);
-                    }
+          r->invalid++;
+          continue;
         }
-  g_array_sort (r->fits, compare_candidates);
-  if (max_keep > 0 && r->fits->len > max_keep)
-    g_array_set_size (r->fits, max_keep);
+      for (guint j = 0; j < npp; j++)
+        for (guint q = 0; q < ncp; q++)
+          {
+            guint pp = pps[j], cp = cps[q];
+            guint64 mp = (guint64)tp * pp * cp;
+            if (gpus % mp != 0 || pp > m->n_layers || t->seq_len % cp != 0)
+              {
+                r->invalid++;
+                continue;
+              }
+            guint dp = (guint)(gpus / mp);
+            if ((pins & STOW_PIN_DP) && dp != base->dp)
+              {
+                r->invalid++;
+                continue;
+              }
+            /* Virtual stages: 1, or every v >= 2 with pp v dividing L. */
+            guint nv = 0;
+            if (pins & STOW_PIN_VPP)
+              vpps[nv++] = base->vpp;
+            else
+              {
+                vpps[nv++] = 1;
+                for (guint v = 2; pp > 1 && (guint64)pp * v <= m->n_layers
+                                  && nv < G_N_ELEMENTS (vpps);
+                     v++)
+                  if (m->n_layers % ((guint64)pp * v) == 0)
+                    vpps[nv++] = v;
+              }
+            /* Micro-batches: the divisors of a replica's share of the
+             * global batch; without a batch, 1 (or the pinned size). */
+            guint nmb = 0;
+            if (pins & STOW_PIN_MICRO_BATCH)
+              mbs[nmb++] = (guint)base->micro_batch;
+            else if (t->global_batch)
+              {
+                if (t->global_batch % dp != 0)
+                  {
+                    r->invalid++;
+                    continue;
+                  }
+                nmb = divisors (t->global_batch / dp, 256, 0, mbs, 256);
+              }
+            else
+              mbs[nmb++] = 1;
+            for (guint e = 0; e < nep; e++)
+              for (guint vi = 0; vi < nv; vi++)
+                for (guint b = 0; b < nmb; b++)
+                  {
+                    StowLayout l = *base;
+                    l.tp = tp, l.pp = pp, l.cp = cp, l.dp = dp;
+                    l.ep = eps[e];
+                    l.vpp = vpps[vi];
+                    l.micro_batch = mbs[b];
+                    if (l.ep > 1 && ((guint64)dp * cp) % l.ep != 0)
+                      {
+                        r->invalid++;
+                        continue;
+                      }
+                    if (!(pins & STOW_PIN_SP))
+                      l.sp = tp > 1;
+                    if (!(pins & STOW_PIN_SCHEDULE))
+                      l.schedule = l.vpp > 1 ? STOW_SCHEDULE_INTERLEAVED
+                                             : STOW_SCHEDULE_1F1B;
+                    if (t->global_batch)
+                      {
+                        guint64 per = (guint64)l.micro_batch * dp;
+                        if (t->global_batch % per != 0)
+                          {
+                            r->invalid++;
+                            continue;
+                          }
+                        l.grad_accum = t->global_batch / per;
+                      }
+                    else
+                      l.grad_accum = MAX (base->grad_accum, (guint64)l.pp);
+                    for (guint z = 0; z <= 3; z++)
+                      for (guint oo = 0; oo < 3; oo++)
+                        for (guint op = 0; op < 3; op++)
+                          {
+                            if (!(pins & STOW_PIN_ZERO))
+                              l.zero = z, l.hybrid_shard = FALSE;
+                            else if (z != 0)
+                              continue;
+                            if (!(pins & STOW_PIN_OFFLOAD_OPTIMIZER))
+                              l.offload_optimizer = offs[oo];
+                            else if (oo != 0)
+                              continue;
+                            if (!(pins & STOW_PIN_OFFLOAD_PARAMS))
+                              l.offload_params = offs[op];
+                            else if (op != 0)
+                              continue;
+                            /* Parameter offload needs ZeRO-3; optimizer
+                             * offload without sharding only on one
+                             * replica: rejected before the memory model. */
+                            if ((l.offload_params != STOW_OFFLOAD_NONE
+                                 && l.zero != 3)
+                                || (l.offload_optimizer != STOW_OFFLOAD_NONE
+                                    && l.zero == 0 && dp > 1))
+                              {
+                                r->invalid++;
+                                continue;
+                              }
+                            gboolean none_fits = FALSE;
+                            for (guint rc = 0; rc < 3; rc++)
+                              for (guint ao = 0; ao < 2; ao++)
+                                {
+                                  if (!(pins & STOW_PIN_RECOMPUTE))
+                                    l.recompute = recs[rc],
+                                    l.recompute_layers = 0;
+                                  else if (rc != 0)
+                                    continue;
+                                  if (!(pins & STOW_PIN_OFFLOAD_ACTIVATIONS))
+                                    l.offload_activations = ao == 1;
+                                  else if (ao != 0)
+                                    continue;
+                                  if (l.offload_activations
+                                      && l.recompute != STOW_RECOMPUTE_FULL)
+                                    continue; /* needs checkpoints */
+                                  /* With flash attention there are no s^2
+                                   * scores to drop: selective recompute
+                                   * saves nothing and costs time. */
+                                  if (l.recompute == STOW_RECOMPUTE_SELECTIVE
+                                      && x.t->flash_attention
+                                      && !(pins & STOW_PIN_RECOMPUTE))
+                                    continue;
+                                  gboolean fit = evaluate (&x, &l);
+                                  if (rc == 0 && ao == 0)
+                                    none_fits = fit;
+                                }
+                            /* Nothing stored fits: the fewest recomputed
+                             * layers that fit, if fewer than all. */
+                            if (!(pins & STOW_PIN_RECOMPUTE) && !none_fits)
+                              {
+                                l.offload_activations
+                                    = (pins & STOW_PIN_OFFLOAD_ACTIVATIONS)
+                                          ? base->offload_activations
+                                          : FALSE;
+                                partial_recompute (&x, l);
+                              }
+                          }
+                  }
+          }
+    }
+  if (so->max_keep == 0)
+    g_array_sort (r->fits, compare_candidates);
+  r->search_time_s = (double)(g_get_monotonic_time () - t0) / 1e6;
   return r;
+}
+
+StowSearch *
+stow_search_run (const StowModel *m, const StowCluster *c,
+                 const StowTraining *t, const StowLayout *base, StowPins pins,
+                 const StowMemOptions *o, guint max_keep)
+{
+  StowSearchOptions so;
+  stow_search_options_init (&so);
+  so.max_keep = max_keep;
+  return stow_search_run_with (m, c, t, base, pins, o, &so);
 }
 
 void

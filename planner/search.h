@@ -1,14 +1,14 @@
 /* SPDX-License-Identifier: MIT
  *
  * planner/search.h: enumerate layouts for a model on a cluster, keep those
- * that fit, and order them.  Fields of the layout that the caller pins are
- * not searched.  Until the time model lands (planner/cost.c) the order is a
- * preference that stands in for speed: no offload before offload, less
- * recomputation, less model parallelism, larger micro-batches, then the
- * most headroom.
+ * that fit, and rank them by predicted throughput (planner/cost.c).  Fields
+ * of the layout that the caller pins are not searched.  Memory prunes
+ * first (the totals-only path of the memory model), then the time model
+ * ranks; ties go to the layout with more headroom.
  */
 #pragma once
 
+#include "planner/cost.h"
 #include "planner/memory.h"
 
 G_BEGIN_DECLS
@@ -30,6 +30,7 @@ typedef enum
   STOW_PIN_RECOMPUTE = 1 << 11,
   STOW_PIN_MICRO_BATCH = 1 << 12,
   STOW_PIN_SCHEDULE = 1 << 13,
+  STOW_PIN_ALL = (1 << 14) - 1,
 } StowPins;
 
 typedef struct
@@ -39,7 +40,8 @@ typedef struct
   guint64 host_bytes;
   guint64 nvme_bytes;
   gint64 headroom_bytes; /* capacity - total */
-  double score;          /* lower is better */
+  double score;          /* lower is better: seconds per token */
+  StowCost cost;         /* the time model's prediction */
 } StowCandidate;
 
 typedef struct
@@ -51,7 +53,18 @@ typedef struct
   guint64 invalid; /* rejected by divisibility and legality */
   guint64 out_of_memory;
   guint64 host_or_nvme; /* fit the GPU but not host RAM or NVMe */
+  guint64 fitting;      /* all that fit (fits keeps the best max_keep) */
+  double search_time_s; /* wall clock of the search */
 } StowSearch;
+
+typedef struct
+{
+  guint max_keep;               /* 0: keep every layout that fits */
+  gboolean allow_cross_node_tp; /* tp beyond the NVLink domain */
+  const StowCostOptions *cost;  /* NULL: the defaults */
+} StowSearchOptions;
+
+void stow_search_options_init (StowSearchOptions *options);
 
 /* Searches the layouts of @base that are not pinned in @pins.  @base
  * carries the pinned values and the engine. */
@@ -59,6 +72,13 @@ StowSearch *stow_search_run (const StowModel *model, const StowCluster *cluster,
                              const StowTraining *training,
                              const StowLayout *base, StowPins pins,
                              const StowMemOptions *options, guint max_keep);
+/* The same with search options (@options may be NULL). */
+StowSearch *stow_search_run_with (const StowModel *model,
+                                  const StowCluster *cluster,
+                                  const StowTraining *training,
+                                  const StowLayout *base, StowPins pins,
+                                  const StowMemOptions *mem_options,
+                                  const StowSearchOptions *options);
 void stow_search_free (StowSearch *search);
 G_DEFINE_AUTOPTR_CLEANUP_FUNC (StowSearch, stow_search_free)
 

@@ -238,9 +238,9 @@ stow_report_md (GString *out, const StowReport *r)
                             stow_convention_name (m->convention));
   if (r->search)
     g_string_append_printf (
-        out, "- **search**: %s layouts evaluated, %u fit\n",
+        out, "- **search**: %s layouts evaluated, %" G_GUINT64_FORMAT " fit\n",
         stow_format_grouped_into (buf, sizeof buf, r->search->evaluated),
-        r->search->fits->len);
+        r->search->fitting);
   g_string_append (out, "\nSizes in GiB (2^30 bytes).\n\n");
 
   g_string_append (out, "## GPU memory\n\n"

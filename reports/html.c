@@ -149,9 +149,9 @@ stow_report_html (GString *out, const StowReport *r)
         m->fits_host ? "" : "host RAM ", m->fits_nvme ? "" : "NVMe");
   if (r->search)
     g_string_append_printf (
-        out, " &nbsp;%s layouts evaluated, %u fit",
+        out, " &nbsp;%s layouts evaluated, %" G_GUINT64_FORMAT " fit",
         stow_format_grouped_into (buf, sizeof buf, r->search->evaluated),
-        r->search->fits->len);
+        r->search->fitting);
   g_string_append (out, "</p>\n");
 
   g_string_append (out, "<h2>Layout</h2>\n<dl>");

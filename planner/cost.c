@@ -1,0 +1,910 @@
+/* SPDX-License-Identifier: MIT
+ *
+ * planner/cost.c: the time model.  One micro-batch of each pipeline stage
+ * is priced layer by layer (GEMMs at a shape-dependent efficiency,
+ * attention, memory-bound kernels, tensor/context/expert communication),
+ * the pipeline turns those into a step with its bubble, and the once-per-
+ * step terms (data-parallel reduction, ZeRO gathers, the optimizer, offload
+ * traffic) are added with the part that overlaps compute hidden.  FLOP
+ * counts follow Narayanan et al. 2021 (eq. 3) and Korthikanti et al. 2022
+ * (Appendix), so MFU means what those papers mean.  Constants and their
+ * sources: docs/time-model.md.
+ */
+#include "planner/cost.h"
+
+#include <math.h>
+#include <string.h>
+
+#include "planner/memory.h"
+
+const char *
+stow_cost_kind_name (StowCostKind kind)
+{
+  static const char *const names[] = {
+    "compute",       "recompute", "tp", "cp",        "ep",
+    "pp_bubble",     "pp_p2p",    "dp", "optimizer", "offload_pcie",
+    "cpu_optimizer", "nvme",
+  };
+  G_STATIC_ASSERT (G_N_ELEMENTS (names) == STOW_N_COSTS);
+  g_return_val_if_fail (kind < STOW_N_COSTS, "?");
+  return names[kind];
+}
+
+void
+stow_cost_options_init (StowCostOptions *o)
+{
+  memset (o, 0, sizeof *o);
+  /* cuBLAS bf16 GEMMs of 8k-class shapes reach about 80% of the A100's
+   * dense peak (250-270 of 312 TFLOP/s); a dimension of 256 costs half
+   * of its share.  Fitted together with hbm_eff and kernel_overhead_s on
+   * the Korthikanti et al. 2022 Table 5 rows (docs/time-model.md). */
+  o->gemm_eff_max = 0.80;
+  o->gemm_half_dim = 96;
+  /* FlashAttention-2 forward+backward on A100: 50-70% of peak. */
+  o->attn_eff_flash = 0.55;
+  /* Elementwise/normalisation kernels: ~70% of HBM bandwidth. */
+  o->hbm_eff = 0.70;
+  /* nccl-tests: ~230 GB/s bus bandwidth on 300 GB/s NVLink3 (0.77),
+   * ~0.85 of the NIC line rate across nodes. */
+  o->nvlink_eff = 0.77;
+  o->net_eff = 0.85;
+  o->nvlink_latency_s = 5e-6;
+  o->kernel_overhead_s = 20e-6;
+  /* Overlapped NCCL kernels occupy SMs (8-32 channels of the A100's 108
+   * SMs) and HBM bandwidth: hidden communication still slows compute by
+   * about a tenth of its duration. */
+  o->overlap_slowdown = 0.10;
+  /* Streaming a layer's parameters from the host or NVMe: the fetch is
+   * coordinated per layer on the critical path (ZeRO-Infinity's parameter
+   * coordinator): ~50 us from host memory, ~150 us from NVMe. */
+  o->offload_fetch_s = 50e-6;
+  o->nvme_fetch_s = 150e-6;
+  /* ZeRO-Offload's CPU Adam streams fp32 master, momentum and variance in
+   * and out (24 B) and reads a 4 B gradient: 28 B per parameter. */
+  o->cpu_adam_bytes_per_param = 28.0;
+  o->delayed_update = FALSE;
+}
+
+struct _StowCostPrep
+{
+  const StowModel *model;
+  guint64 n_layers;
+  guint64 *moe_prefix;       /* MoE layers before index i (n_layers + 1) */
+  double *params_prefix;     /* parameters of the layers before index i */
+  double *moe_params_prefix; /* of which in MoE layers */
+};
+
+StowCostPrep *
+stow_cost_prepare (const StowModel *m)
+{
+  g_return_val_if_fail (m != NULL, NULL);
+  StowCostPrep *p = g_new0 (StowCostPrep, 1);
+  p->model = m;
+  p->n_layers = m->n_layers;
+  p->moe_prefix = g_new0 (guint64, m->n_layers + 1);
+  p->params_prefix = g_new0 (double, m->n_layers + 1);
+  p->moe_params_prefix = g_new0 (double, m->n_layers + 1);
+  for (guint64 i = 0; i < m->n_layers; i++)
+    {
+      gboolean moe = m->layers[i].is_moe;
+      double lp = (double)m->layers[i].params;
+      p->moe_prefix[i + 1] = p->moe_prefix[i] + (moe ? 1 : 0);
+      p->params_prefix[i + 1] = p->params_prefix[i] + lp;
+      p->moe_params_prefix[i + 1] = p->moe_params_prefix[i] + (moe ? lp : 0);
+    }
+  return p;
+}
+
+void
+stow_cost_prep_free (StowCostPrep *p)
+{
+  if (p == NULL)
+    return;
+  g_free (p->moe_prefix);
+  g_free (p->params_prefix);
+  g_free (p->moe_params_prefix);
+  g_free (p);
+}
+
+/* ---- hardware rates ------------------------------------------------- */
+
+static double
+peak_flops (const StowGpu *g, StowPrecision p)
+{
+  double f = 0;
+  switch (p)
+    {
+    case STOW_PRECISION_FP8:
+      f = g->fp8_flops > 0 ? g->fp8_flops : g->bf16_flops;
+      break;
+    case STOW_PRECISION_BF16:
+    case STOW_PRECISION_BF16_PURE:
+      f = g->bf16_flops > 0 ? g->bf16_flops : g->fp16_flops;
+      break;
+    case STOW_PRECISION_FP16:
+      f = g->fp16_flops > 0 ? g->fp16_flops : g->bf16_flops;
+      break;
+    case STOW_PRECISION_FP32:
+      f = g->tf32_flops > 0 ? g->tf32_flops : g->fp32_flops;
+      break;
+    }
+  if (f <= 0)
+    f = g->fp32_flops > 0 ? g->fp32_flops : 1e12;
+  return f;
+}
+
+/* Fraction of a GEMM's share of peak that a dimension of size @x keeps:
+ * tiles along a short dimension are partly empty and the wave count is
+ * small (x / (x + x_half): half at x_half, 1 in the limit). */
+static inline double
+dim_share (double x, double half)
+{
+  return x / (x + half);
+}
+
+static inline double
+gemm_eff (const StowCostOptions *o, double m, double n, double k)
+{
+  return o->gemm_eff_max * dim_share (m, o->gemm_half_dim)
+         * dim_share (n, o->gemm_half_dim) * dim_share (k, o->gemm_half_dim);
+}
+
+/* A link: bandwidth per GPU per direction (bytes/s, efficiency applied)
+ * and latency per ring step. */
+typedef struct
+{
+  double bw, lat;
+} Link;
+
+/* The link a group of @size ranks, @stride apart in rank order, uses:
+ * NVLink when the whole span sits in one NVLink domain of a node, else the
+ * network (its ring goes through the NICs). */
+static Link
+group_link (const StowCluster *c, const StowCostOptions *o, guint64 size,
+            guint64 stride)
+{
+  guint per_node = MAX (c->node.gpus_per_node, 1);
+  guint domain = MIN (MAX (c->node.gpu.nvlink_domain, 1), per_node);
+  guint64 span = size * stride;
+  Link l;
+  if (span <= domain && c->node.gpu.nvlink_bw > 0)
+    {
+      l.bw = c->node.gpu.nvlink_bw * o->nvlink_eff;
+      l.lat = o->nvlink_latency_s;
+    }
+  else if (span <= per_node)
+    {
+      /* Inside a node without NVLink between these GPUs: PCIe peer. */
+      l.bw = c->node.gpu.pcie_bw * 0.8;
+      l.lat = 10e-6;
+    }
+  else
+    {
+      l.bw = (c->node.net_bw_per_gpu > 0 ? c->node.net_bw_per_gpu : 12.5e9)
+             * o->net_eff;
+      l.lat = c->node.net_latency_s > 0 ? c->node.net_latency_s : 5e-6;
+    }
+  return l;
+}
+
+/* Ring all-reduce of @bytes over @n ranks: reduce-scatter then all-gather,
+ * each moving (n-1)/n of the data (Patarasuk & Yuan 2009). */
+static double
+ring_allreduce (double bytes, guint64 n, Link l)
+{
+  if (n <= 1 || bytes <= 0)
+    return 0;
+  return 2.0 * (double)(n - 1) / (double)n * bytes / l.bw
+         + 2.0 * (double)(n - 1) * l.lat;
+}
+
+static double
+ring_half (double bytes, guint64 n, Link l)
+{
+  if (n <= 1 || bytes <= 0)
+    return 0;
+  return (double)(n - 1) / (double)n * bytes / l.bw + (double)(n - 1) * l.lat;
+}
+
+/* A data-parallel collective over @n ranks @stride apart: inside a node
+ * over NVLink first, then across nodes with each GPU moving 1/local of
+ * the data over its own NIC (hierarchical, as NCCL's tree/ring mix and
+ * DeepSpeed/Megatron's bucketing achieve).  @half: a reduce-scatter or
+ * all-gather instead of an all-reduce. */
+static double
+dp_collective (const StowCluster *c, const StowCostOptions *o, double bytes,
+               guint64 n, guint64 stride, gboolean half)
+{
+  if (n <= 1 || bytes <= 0)
+    return 0;
+  guint per_node = MAX (c->node.gpus_per_node, 1);
+  guint64 local = stride >= per_node ? 1 : MIN (n, per_node / stride);
+  guint64 nodes = (n + local - 1) / local;
+  double t = 0;
+  if (local > 1)
+    {
+      Link in = group_link (c, o, local, stride);
+      t += half ? ring_half (bytes, local, in)
+                : ring_allreduce (bytes, local, in);
+    }
+  if (nodes > 1)
+    {
+      Link out = group_link (c, o, nodes, per_node);
+      double b = bytes / (double)local;
+      t += half ? ring_half (b, nodes, out) : ring_allreduce (b, nodes, out);
+    }
+  return t;
+}
+
+/* ---- the model's shapes -------------------------------------------- */
+
+typedef struct
+{
+  /* one layer, per GPU, one micro-batch */
+  double fwd_gemm_s, fwd_attn_s, fwd_elem_s; /* compute pieces */
+  double core_elem_s;    /* the attention-core share of fwd_elem_s */
+  double tp_fwd_s;       /* one forward's TP communication */
+  double cp_fwd_s;       /* exposed CP exchange, forward */
+  double ep_fwd_s;       /* expert all-to-all, forward */
+  double flops_fwd;      /* model FLOPs of the forward, whole layer (not /tp) */
+  double attn_flops_fwd; /* of which the attention core */
+} LayerCost;
+
+static double
+elem_bytes (StowPrecision p)
+{
+  return p == STOW_PRECISION_FP32 ? 4.0 : 2.0;
+}
+
+static void
+layer_cost (const StowModel *m, const StowCluster *c, const StowTraining *t,
+            const StowLayout *l, const StowCostOptions *o, gboolean moe,
+            double peak, LayerCost *lc)
+{
+  double s = (double)t->seq_len, sl = s / l->cp;
+  double b = (double)l->micro_batch;
+  double T = sl * b; /* tokens of a micro-batch on this GPU */
+  double h = (double)m->hidden, a = (double)m->n_heads;
+  double kv = (double)m->n_kv_heads, d = (double)m->head_dim;
+  double tp = (double)l->tp;
+  double eb = elem_bytes (t->precision);
+  double hbm = c->node.gpu.hbm_bw * o->hbm_eff;
+  double dq = d, dv = d;
+  if (m->qk_nope_head_dim + m->qk_rope_head_dim > 0)
+    {
+      dq = (double)(m->qk_nope_head_dim + m->qk_rope_head_dim);
+      dv = (double)m->v_head_dim;
+      kv = a;
+    }
+  memset (lc, 0, sizeof *lc);
+
+  /* GEMM shapes after tensor-parallel splitting (Megatron: column-parallel
+   * QKV and MLP-up, row-parallel output and MLP-down). */
+  double qkv_n = (a * dq + kv * dq + kv * dv) / tp;
+  double o_k = a * dv / tp;
+  double f = (double)m->ffn, mlp_T = T, n_mlp = 1;
+  if (moe && m->n_experts > 0)
+    {
+      f = (double)(m->moe_ffn ? m->moe_ffn : m->ffn);
+      /* Tokens one expert sees: T top-k / E per rank, gathered from the
+       * ep ranks that share it. */
+      mlp_T = T * (double)m->experts_per_token * (double)l->ep
+              / (double)m->n_experts;
+      n_mlp = (double)m->experts_per_token;
+    }
+  double up_n = (m->gated_mlp ? 2.0 : 1.0) * f / tp, down_k = f / tp;
+  /* FLOPs of each GEMM on this GPU for one micro-batch. */
+  double fl_qkv = 2 * T * h * qkv_n, fl_o = 2 * T * o_k * h;
+  double fl_up = 2 * T * n_mlp * h * up_n, fl_down = 2 * T * n_mlp * down_k * h;
+  double fl_shared = 0;
+  if (moe && m->n_shared_experts > 0)
+    fl_shared = 2 * T * h * (double)m->n_shared_experts
+                * (m->gated_mlp ? 3.0 : 2.0) * f / tp;
+  double fl_router = moe ? 2 * T * h * (double)m->n_experts : 0;
+  lc->fwd_gemm_s = fl_qkv / (peak * gemm_eff (o, T, qkv_n, h))
+                   + fl_o / (peak * gemm_eff (o, T, h, o_k))
+                   + fl_up / (peak * gemm_eff (o, mlp_T, up_n, h))
+                   + fl_down / (peak * gemm_eff (o, mlp_T, h, down_k))
+                   + fl_shared / (peak * gemm_eff (o, T, up_n, h));
+  if (fl_router > 0)
+    lc->fwd_gemm_s
+        += fl_router / (peak * gemm_eff (o, T, (double)m->n_experts, h));
+
+  /* Attention core: Q K^T and A V, 4 s_local s a d per sequence, counted
+   * in full as the papers count it; flash kernels skip the masked half of
+   * a causal mask, the unfused path computes all of it as batched GEMMs
+   * with a short inner dimension (d). */
+  double fl_attn = 2 * b * sl * s * a * (dq + dv) / tp;
+  if (t->flash_attention)
+    lc->fwd_attn_s = 0.5 * fl_attn / (peak * o->attn_eff_flash);
+  else
+    lc->fwd_attn_s = fl_attn / (peak * gemm_eff (o, sl, s, dq));
+
+  /* Memory-bound kernels (norms, activations, dropout, residuals, softmax):
+   * every tensor saved for backward is written by one kernel and read by
+   * the next, so a forward moves about twice the layer's activation bytes
+   * (Korthikanti et al. Table 2, as the memory model counts them). */
+  StowLayout nl = *l;
+  nl.recompute = STOW_RECOMPUTE_NONE;
+  double act = (double)stow_memory_layer_activations (m, t, &nl);
+  nl.recompute = STOW_RECOMPUTE_SELECTIVE;
+  double act_sel = (double)stow_memory_layer_activations (m, t, &nl);
+  lc->fwd_elem_s = 2.0 * act / hbm + o->kernel_overhead_s;
+  lc->core_elem_s = 2.0 * (act - act_sel) / hbm;
+
+  /* Tensor parallelism: two all-reduces of the layer's output per pass
+   * (attention and MLP), or with sequence parallelism an all-gather and a
+   * reduce-scatter each: the same bytes (Korthikanti et al. §4.2.2). */
+  if (l->tp > 1)
+    {
+      Link tl = group_link (c, o, l->tp, 1);
+      double bytes = T * h * eb;
+      lc->tp_fwd_s = 2.0 * ring_allreduce (bytes, l->tp, tl);
+    }
+
+  /* Context parallelism: a ring passes each rank's K and V to the others
+   * (cp - 1 steps), overlapped with the attention of the chunk in hand. */
+  if (l->cp > 1)
+    {
+      Link cl = group_link (c, o, l->cp, l->tp);
+      double kvb = T * kv * (dq + dv) * eb / MAX (1.0, tp > kv ? kv : tp);
+      double comm = (double)(l->cp - 1) * (kvb / cl.bw + cl.lat);
+      lc->cp_fwd_s = MAX (0.0, comm - lc->fwd_attn_s)
+                     + o->overlap_slowdown * MIN (comm, lc->fwd_attn_s);
+    }
+
+  /* Expert parallelism: dispatch and combine all-to-alls, each moving
+   * the routed tokens' hidden states, (ep-1)/ep of them off the GPU. */
+  if (moe && l->ep > 1)
+    {
+      Link el = group_link (c, o, l->ep, (guint64)l->tp * l->cp);
+      double bytes = T * (double)m->experts_per_token * h * eb / tp;
+      lc->ep_fwd_s = 2.0
+                     * ((double)(l->ep - 1) / (double)l->ep * bytes / el.bw
+                        + el.lat * (double)(l->ep - 1));
+    }
+
+  /* Model FLOPs of the forward for the whole layer (Narayanan et al.
+   * eq. 3 counting: 2 x active linear params x tokens + attention). */
+  lc->flops_fwd = (fl_qkv + fl_o + fl_up + fl_down + fl_shared + fl_router) * tp
+                  + fl_attn * tp;
+  lc->attn_flops_fwd = fl_attn * tp;
+}
+
+/* ---- the step -------------------------------------------------------- */
+
+void
+stow_cost_estimate (const StowModel *m, const StowCluster *c,
+                    const StowTraining *t, const StowLayout *l,
+                    const StowCostOptions *options, StowCost *out)
+{
+  StowCostOptions defaults;
+  const StowCostOptions *o = options;
+  if (o == NULL)
+    {
+      stow_cost_options_init (&defaults);
+      o = &defaults;
+    }
+  memset (out, 0, sizeof *out);
+  g_return_if_fail (m != NULL && c != NULL && t != NULL && l != NULL);
+
+  const StowGpu *gpu = &c->node.gpu;
+  double peak = peak_flops (gpu, t->precision);
+  double eb = elem_bytes (t->precision);
+  double hbm = gpu->hbm_bw * o->hbm_eff;
+  guint per_node = MAX (c->node.gpus_per_node, 1);
+  guint64 mb = MAX (l->grad_accum, 1);
+  double v = l->schedule == STOW_SCHEDULE_INTERLEAVED ? MAX (l->vpp, 1) : 1;
+  double s = (double)t->seq_len, sl = s / l->cp;
+  double T = sl * (double)l->micro_batch;
+  double h = (double)m->hidden, V = (double)m->vocab;
+  gboolean lora = t->finetune != STOW_FINETUNE_FULL;
+  gboolean any_moe = m->n_experts > 0;
+
+  LayerCost dense, moe;
+  layer_cost (m, c, t, l, o, FALSE, peak, &dense);
+  if (any_moe)
+    layer_cost (m, c, t, l, o, TRUE, peak, &moe);
+  else
+    moe = dense;
+
+  /* Recomputation: full repeats a layer's forward (with its TP
+   * communication) for the recomputed layers; selective repeats the
+   * attention core only (Korthikanti et al. §5). */
+  guint64 counts_stack[512];
+  g_autofree guint64 *counts_heap = NULL;
+  guint64 *counts = counts_stack;
+  if (l->pp > G_N_ELEMENTS (counts_stack))
+    counts = counts_heap = g_new0 (guint64, l->pp);
+  stow_layout_stage_layers (l, m->n_layers, counts);
+
+  /* Per stage, one micro-batch: components of forward + backward. */
+  double t_max = 0, t_sum = 0;
+  double comp_max[STOW_N_COSTS] = { 0 };
+  double stage_fwd_max = 0, stage_bwd_max = 0, stage_params_max = 0;
+  double expert_params_max = 0;
+  double model_fwd_flops = 0; /* one micro-batch of one replica, all layers */
+  double recompute_flops = 0;
+  double act_offload_s = 0;
+  double param_stream_s = 0, param_stream_total_s = 0;
+  guint64 first = 0;
+  guint64 n_shard = (guint64)l->dp * l->cp;
+  if (l->hybrid_shard) /* shards inside a node, as the memory model has it */
+    n_shard = MIN ((guint64)l->dp, MAX (1, per_node / ((guint64)l->tp * l->cp)))
+              * l->cp;
+  for (guint st = 0; st < l->pp; st++)
+    {
+      double comp[STOW_N_COSTS] = { 0 };
+      double fwd = 0, bwd = 0, params = 0, expert_params = 0;
+      guint64 n_rec = 0;
+      if (l->recompute == STOW_RECOMPUTE_FULL)
+        n_rec = l->recompute_layers ? MIN (l->recompute_layers, counts[st])
+                                    : counts[st];
+      /* Count the stage's layers by kind (recomputed ones are the first
+       * n_rec), then price each kind once. */
+      guint64 nk[2] = { 0, 0 }, nr[2] = { 0, 0 };
+      double lpk[2] = { 0, 0 };
+      const StowCostPrep *pr = o->prep;
+      if (pr != NULL && pr->model == m && pr->n_layers == m->n_layers)
+        {
+          guint64 a = first, z = first + counts[st], r = first + n_rec;
+          nk[1] = pr->moe_prefix[z] - pr->moe_prefix[a];
+          nk[0] = counts[st] - nk[1];
+          nr[1] = pr->moe_prefix[r] - pr->moe_prefix[a];
+          nr[0] = n_rec - nr[1];
+          lpk[1] = pr->moe_params_prefix[z] - pr->moe_params_prefix[a];
+          lpk[0] = pr->params_prefix[z] - pr->params_prefix[a] - lpk[1];
+        }
+      else
+        for (guint64 i = first; i < first + counts[st]; i++)
+          {
+            int k = m->layers[i].is_moe ? 1 : 0;
+            nk[k]++;
+            nr[k] += (i - first) < n_rec;
+            lpk[k] += (double)m->layers[i].params;
+          }
+      for (int k = 0; k < 2; k++)
+        {
+          if (nk[k] == 0)
+            continue;
+          const LayerCost *lc = k ? &moe : &dense;
+          double n = (double)nk[k], n_full = (double)nr[k];
+          double f = lc->fwd_gemm_s + lc->fwd_attn_s + lc->fwd_elem_s;
+          /* LoRA: frozen weights need no weight gradient, so backward is
+           * about one forward (the input gradients) instead of two. */
+          double bw_factor = lora ? 1.0 : 2.0;
+          comp[STOW_COST_COMPUTE] += n * f * (1.0 + bw_factor);
+          comp[STOW_COST_TP] += n * 2.0 * lc->tp_fwd_s;
+          comp[STOW_COST_CP] += n * 3.0 * lc->cp_fwd_s;
+          comp[STOW_COST_EP] += n * 2.0 * lc->ep_fwd_s;
+          model_fwd_flops += n * lc->flops_fwd;
+          comp[STOW_COST_RECOMPUTE] += n_full * f;
+          comp[STOW_COST_TP] += n_full * lc->tp_fwd_s;
+          comp[STOW_COST_CP] += n_full * lc->cp_fwd_s;
+          comp[STOW_COST_EP] += n_full * lc->ep_fwd_s;
+          recompute_flops += n_full * lc->flops_fwd;
+          if (l->recompute == STOW_RECOMPUTE_SELECTIVE)
+            {
+              comp[STOW_COST_RECOMPUTE]
+                  += n * (lc->fwd_attn_s + lc->core_elem_s);
+              recompute_flops += n * lc->attn_flops_fwd;
+            }
+          fwd += n * (f + lc->tp_fwd_s + lc->cp_fwd_s + lc->ep_fwd_s);
+          bwd += n
+                 * (bw_factor * f + lc->tp_fwd_s + 2.0 * lc->cp_fwd_s
+                    + lc->ep_fwd_s);
+          /* Parameters on this GPU: experts split over ep and tp. */
+          double lp = lpk[k];
+          if (k == 1 && m->n_experts > 0)
+            {
+              double ex = (double)m->by_role[STOW_ROLE_EXPERT]
+                          / (double)MAX (m->n_layers - m->first_dense_layers, 1)
+                          * n;
+              ex = MIN (ex, lp);
+              params += (lp - ex) / l->tp;
+              expert_params += ex / ((double)l->ep * l->tp);
+            }
+          else
+            params += lp / l->tp;
+          /* Activation checkpoints to the host: down in forward, up in
+           * backward, overlapped with the layer's compute (exposed only
+           * when the copy outlasts it). */
+          if (l->offload_activations && n_full > 0)
+            {
+              double ck = 2.0 * T * h / (l->sp ? l->tp : 1);
+              act_offload_s += n_full * 2.0 * MAX (0.0, ck / gpu->pcie_bw - f);
+            }
+          /* ZeRO-Infinity parameter streaming: each rank fetches its shard
+           * of the layer over PCIe (or from NVMe) once per forward and once
+           * per backward; two layers prefetched, so only a layer whose
+           * transfer outlasts its compute is exposed. */
+          if (l->offload_params != STOW_OFFLOAD_NONE)
+            {
+              double bw = gpu->pcie_bw;
+              if (l->offload_params == STOW_OFFLOAD_NVME)
+                {
+                  double rd = 0;
+                  for (guint q = 0; q < c->node.n_nvme; q++)
+                    rd += c->node.nvme[q].read_bw;
+                  bw = MIN (bw, rd > 0 ? rd / per_node : 1e9);
+                }
+              double shard = lp / n / l->tp / (double)MAX (n_shard, 1) * eb;
+              double x = shard / bw;
+              double fetch = l->offload_params == STOW_OFFLOAD_NVME
+                                 ? o->nvme_fetch_s
+                                 : o->offload_fetch_s;
+              param_stream_total_s += n * 2.0 * (x + fetch);
+              param_stream_s
+                  += n
+                     * (MAX (0.0, x - f) + MAX (0.0, x - bw_factor * f)
+                        + 2.0 * fetch);
+            }
+        }
+      /* Embedding (first stage) and output layer + loss (last stage). */
+      if (st == 0)
+        {
+          double e = 2.0 * T * h * eb / hbm;
+          comp[STOW_COST_COMPUTE] += 3.0 * e;
+          fwd += e, bwd += 2 * e;
+          params += (double)m->embedding_params / l->tp;
+          if (l->tp > 1 && !l->sp)
+            {
+              /* vocab-parallel embedding: one all-reduce of its output */
+              Link tl = group_link (c, o, l->tp, 1);
+              comp[STOW_COST_TP] += ring_allreduce (T * h * eb, l->tp, tl);
+            }
+        }
+      if (st + 1 == l->pp)
+        {
+          double vn = V / l->tp;
+          double fl = 2.0 * T * h * vn;
+          double g = fl / (peak * gemm_eff (o, T, vn, h));
+          /* fp32 upcast, softmax and its gradient over s b V / tp */
+          double ce = T * vn * 12.0 / hbm;
+          comp[STOW_COST_COMPUTE] += 3.0 * g + 2.0 * ce;
+          fwd += g + ce, bwd += 2 * g + ce;
+          model_fwd_flops += fl * l->tp;
+          params += (double)(m->head_params
+                                 ? m->head_params
+                                 : (l->pp > 1 ? m->vocab * m->hidden : 0))
+                    / l->tp;
+        }
+      double total = 0;
+      for (int k = 0; k < STOW_N_COSTS; k++)
+        total += comp[k];
+      t_sum += total;
+      if (total > t_max)
+        {
+          t_max = total;
+          memcpy (comp_max, comp, sizeof comp);
+          stage_fwd_max = fwd;
+          stage_bwd_max = bwd;
+        }
+      stage_params_max = MAX (stage_params_max, params);
+      expert_params_max = MAX (expert_params_max, expert_params);
+      first += counts[st];
+    }
+  /* model_fwd_flops summed every stage's layers once: the whole model. */
+
+  /* Pipeline: m micro-batches through the slowest stage, plus the fill
+   * and drain through the others, shortened v-fold by interleaving
+   * (Narayanan et al. 2021: bubble (p-1)/(v m)). */
+  double steady = (double)mb * t_max;
+  double bubble = (t_sum - t_max) / v;
+  if (l->schedule == STOW_SCHEDULE_GPIPE)
+    bubble = t_sum - t_max;
+  for (int k = 0; k < STOW_N_COSTS; k++)
+    out->total_s[k] = out->exposed_s[k] = (double)mb * comp_max[k];
+  out->total_s[STOW_COST_PP_BUBBLE] = out->exposed_s[STOW_COST_PP_BUBBLE]
+      = bubble;
+  double pp_time = steady + bubble;
+
+  /* Point-to-point: the activation (or its gradient) of one micro-batch
+   * crosses each stage boundary; Megatron's scatter-gather sends 1/tp of
+   * it per rank.  Sends are blocking in Megatron's 1F1B steady state: two
+   * per micro-batch and chunk, plus the fill and drain hops. */
+  if (l->pp > 1)
+    {
+      Link pl = group_link (c, o, 2, (guint64)l->tp * l->cp * l->dp);
+      double bytes = T * h * eb / l->tp;
+      double one = bytes / pl.bw + pl.lat;
+      double n = 2.0 * ((double)mb * v + (double)l->pp - 1.0);
+      out->total_s[STOW_COST_PP_P2P] = out->exposed_s[STOW_COST_PP_P2P]
+          = n * one;
+    }
+
+  /* Data parallelism and ZeRO over the dp x cp replicas (stride tp). */
+  guint64 ndp = (guint64)l->dp * l->cp;
+  guint64 stride = l->tp;
+  double grad_b = (l->engine == STOW_ENGINE_MEGATRON
+                   && t->precision != STOW_PRECISION_FP32)
+                      ? 4.0 /* fp32 main grads */
+                      : eb;
+  double trainable = lora ? 0.01 * stage_params_max : stage_params_max;
+  double ex_trainable = lora ? 0 : expert_params_max;
+  double mb_fwd = stage_fwd_max, mb_bwd = stage_bwd_max;
+  double dp_total = 0, dp_exposed = 0;
+  if (ndp > 1)
+    {
+      guint64 ex_n = MAX (ndp / MAX (l->ep, 1), 1);
+      double g_bytes = trainable * grad_b, ge_bytes = ex_trainable * grad_b;
+      double w_bytes = stage_params_max * eb, we_bytes = expert_params_max * eb;
+      double ar = dp_collective (c, o, g_bytes, ndp, stride, FALSE)
+                  + dp_collective (c, o, ge_bytes, ex_n,
+                                   stride * MAX (l->ep, 1), FALSE);
+      double rs = dp_collective (c, o, g_bytes, n_shard, stride, TRUE)
+                  + dp_collective (c, o, ge_bytes, ex_n,
+                                   stride * MAX (l->ep, 1), TRUE);
+      double ag = dp_collective (c, o, w_bytes, n_shard, stride, TRUE)
+                  + dp_collective (c, o, we_bytes, ex_n,
+                                   stride * MAX (l->ep, 1), TRUE);
+      /* HSDP: the shards reduce inside a node, then replicas all-reduce
+       * the sharded gradients across nodes once per step. */
+      double hsdp = 0;
+      if (l->hybrid_shard && ndp > n_shard)
+        hsdp = dp_collective (c, o, g_bytes / n_shard, ndp / n_shard,
+                              stride * n_shard, FALSE);
+      switch (l->zero)
+        {
+        case 0:
+          /* Bucketed all-reduce overlapped with the last backward. */
+          dp_total = ar;
+          dp_exposed = MAX (0.0, ar - mb_bwd);
+          break;
+        case 1:
+        case 2:
+          {
+            /* ZeRO-1 (Megatron's distributed optimizer) reduce-scatters
+             * once per step; ZeRO-2 in DeepSpeed after every micro-batch
+             * (the gradients are partitioned).  The updated parameters
+             * are all-gathered after the step, overlapped with the next
+             * step's first forward. */
+            double nrs = (l->zero == 2 && l->engine == STOW_ENGINE_DEEPSPEED)
+                             ? (double)mb
+                             : 1.0;
+            dp_total = nrs * rs + ag + hsdp;
+            dp_exposed
+                = nrs * MAX (0.0, rs - mb_bwd) + MAX (0.0, ag - mb_fwd) + hsdp;
+            break;
+          }
+        default:
+          /* ZeRO-3: every micro-batch gathers the parameters for forward
+           * and again for backward and reduce-scatters the gradients:
+           * 1.5x the data of ZeRO-1/2 (Rajbhandari et al. 2020 §7),
+           * prefetched under the compute of the same pass. */
+          dp_total = (double)mb * (2.0 * ag + rs) + hsdp;
+          dp_exposed
+              = (double)mb
+                    * (MAX (0.0, ag - mb_fwd) + MAX (0.0, ag + rs - mb_bwd))
+                + hsdp;
+          break;
+        }
+    }
+  out->total_s[STOW_COST_DP] = dp_total;
+  out->exposed_s[STOW_COST_DP]
+      = dp_exposed + o->overlap_slowdown * (dp_total - dp_exposed);
+
+  /* The optimizer step.  Each GPU updates its shard (ZeRO >= 1). */
+  double shard_div = l->zero >= 1 ? (double)MAX (n_shard, 1) : 1.0;
+  double opt_params = (trainable + ex_trainable) / shard_div;
+  double states = t->optimizer == STOW_OPTIMIZER_ADAMW        ? 8.0
+                  : t->optimizer == STOW_OPTIMIZER_ADAMW_8BIT ? 2.0
+                  : t->optimizer == STOW_OPTIMIZER_ADAFACTOR  ? 0.1
+                                                              : 4.0;
+  double master = (t->precision == STOW_PRECISION_FP32
+                   || t->precision == STOW_PRECISION_BF16_PURE)
+                      ? 0.0
+                      : 4.0;
+  if (t->precision == STOW_PRECISION_BF16_PURE
+      && t->optimizer != STOW_OPTIMIZER_ADAMW_8BIT)
+    states /= 2; /* bf16 optimizer states */
+  double comp_step = pp_time + out->exposed_s[STOW_COST_PP_P2P];
+  if (l->offload_optimizer == STOW_OFFLOAD_NONE)
+    {
+      /* master weights and states read and written, the gradient read,
+       * the low-precision weights written */
+      double bytes = 2.0 * (master + states) + grad_b + eb;
+      out->total_s[STOW_COST_OPTIMIZER] = out->exposed_s[STOW_COST_OPTIMIZER]
+          = opt_params * bytes / hbm;
+    }
+  else
+    {
+      /* ZeRO-Offload: gradients go down as each micro-batch's backward
+       * produces them, updated parameters come up after the CPU step. */
+      double down = opt_params * eb / gpu->pcie_bw;
+      double up = opt_params * eb / gpu->pcie_bw;
+      double cpu = (double)per_node * opt_params
+                   * (o->cpu_adam_bytes_per_param * (states + master) / 12.0)
+                   / MAX (c->node.host_mem_bw, 1e9);
+      double nvme = 0;
+      if (l->offload_optimizer == STOW_OFFLOAD_NVME)
+        {
+          /* master weights and states (12 B for Adam) read and written
+           * per step through the node's drives, pipelined with the CPU
+           * update (read i+1, update i, write i-1). */
+          double rd = 0, wr = 0;
+          for (guint k = 0; k < c->node.n_nvme; k++)
+            rd += c->node.nvme[k].read_bw, wr += c->node.nvme[k].write_bw;
+          double bytes = (double)per_node * opt_params * (master + states);
+          nvme = bytes / MAX (rd, 1e8) + bytes / MAX (wr, 1e8);
+        }
+      double phase = MAX (cpu, nvme);
+      out->total_s[STOW_COST_OFFLOAD_PCIE] = (double)mb * down + up;
+      out->total_s[STOW_COST_CPU_OPTIMIZER] = cpu;
+      out->total_s[STOW_COST_NVME] = nvme;
+      double down_exposed = (double)mb * MAX (0.0, down - mb_bwd);
+      if (o->delayed_update)
+        {
+          /* One-step delayed update (ZeRO-Offload §4.3): the CPU step and
+           * the upload run under the next step's forward and backward. */
+          double hidden = MAX (0.0, phase + up - comp_step);
+          out->exposed_s[STOW_COST_OFFLOAD_PCIE] = down_exposed;
+          out->exposed_s[STOW_COST_CPU_OPTIMIZER]
+              = phase > 0 ? hidden * cpu / (phase + up) : 0;
+          out->exposed_s[STOW_COST_NVME]
+              = phase > 0 ? hidden * (phase - cpu) / (phase + up) : 0;
+          out->exposed_s[STOW_COST_OFFLOAD_PCIE] += hidden * up / (phase + up);
+        }
+      else
+        {
+          out->exposed_s[STOW_COST_OFFLOAD_PCIE] = down_exposed + up;
+          out->exposed_s[STOW_COST_CPU_OPTIMIZER] = cpu;
+          out->exposed_s[STOW_COST_NVME] = phase - cpu;
+        }
+    }
+  /* Parameter streaming and checkpoint offload, per micro-batch. */
+  out->total_s[STOW_COST_OFFLOAD_PCIE]
+      += (double)mb * (param_stream_total_s + act_offload_s);
+  out->exposed_s[STOW_COST_OFFLOAD_PCIE]
+      += (double)mb * (param_stream_s + act_offload_s);
+
+  /* The step and the rates. */
+  double step = 0;
+  for (int k = 0; k < STOW_N_COSTS; k++)
+    step += out->exposed_s[k];
+  out->step_time_s = step;
+  out->microbatch_s = t_max;
+  double replicas_tokens
+      = t->global_batch
+            ? (double)t->global_batch * s
+            : (double)l->dp * (double)l->micro_batch * (double)mb * s;
+  double seqs_per_mb_replica = (double)l->micro_batch;
+  /* model_fwd_flops is one micro-batch on one replica's cp-slice and tp
+   * rank multiplied back by tp: scale by cp to the whole sequence, then
+   * by the micro-batches of the step. */
+  double per_token = model_fwd_flops * l->cp / (seqs_per_mb_replica * s);
+  double rec_per_token = recompute_flops * l->cp / (seqs_per_mb_replica * s);
+  double bwd_mult = lora ? 2.0 : 3.0;
+  out->tokens_per_step = replicas_tokens;
+  out->model_flops_per_step = bwd_mult * per_token * replicas_tokens;
+  out->hw_flops_per_step
+      = out->model_flops_per_step + rec_per_token * replicas_tokens;
+  guint64 gpus = MAX (c->n_gpus, 1);
+  out->tokens_per_s = step > 0 ? replicas_tokens / step : 0;
+  out->tokens_per_s_per_gpu = out->tokens_per_s / (double)gpus;
+  out->tflops_per_gpu
+      = step > 0 ? out->model_flops_per_step / step / (double)gpus / 1e12 : 0;
+  out->hw_tflops_per_gpu
+      = step > 0 ? out->hw_flops_per_step / step / (double)gpus / 1e12 : 0;
+  out->peak_flops = peak;
+  out->mfu = out->tflops_per_gpu * 1e12 / peak;
+  out->hfu = out->hw_tflops_per_gpu * 1e12 / peak;
+  out->dominant = STOW_COST_COMPUTE;
+  out->dominant_overhead = STOW_COST_RECOMPUTE;
+  double best_over = -1;
+  for (int k = 0; k < STOW_N_COSTS; k++)
+    {
+      if (out->exposed_s[k] > out->exposed_s[out->dominant])
+        out->dominant = k;
+      if (k != STOW_COST_COMPUTE && out->exposed_s[k] > best_over)
+        best_over = out->exposed_s[k], out->dominant_overhead = k;
+    }
+}
+
+gboolean
+stow_cost_estimate_checked (const StowModel *m, const StowCluster *c,
+                            const StowTraining *t, const StowLayout *l,
+                            const StowCostOptions *o, StowCost *out,
+                            GError **error)
+{
+  g_return_val_if_fail (
+      m != NULL && c != NULL && t != NULL && l != NULL && out != NULL, FALSE);
+  if (!stow_layout_validate (l, t, m, c, error))
+    return FALSE;
+  stow_cost_estimate (m, c, t, l, o, out);
+  return TRUE;
+}
+
+/* ---- explaining a ranking ---------------------------------------------- */
+
+static void
+diff_u (GString *s, const char *name, guint64 a, guint64 b, gboolean *first)
+{
+  if (a == b)
+    return;
+  g_string_append_printf (s, "%s%s %" G_GUINT64_FORMAT " vs %" G_GUINT64_FORMAT,
+                          *first ? "" : ", ", name, a, b);
+  *first = FALSE;
+}
+
+static void
+diff_s (GString *s, const char *name, const char *a, const char *b,
+        gboolean *first)
+{
+  if (strcmp (a, b) == 0)
+    return;
+  g_string_append_printf (s, "%s%s %s vs %s", *first ? "" : ", ", name, a, b);
+  *first = FALSE;
+}
+
+static const char *
+recompute_label (const StowLayout *l, char *buf, gsize n)
+{
+  if (l->recompute == STOW_RECOMPUTE_FULL && l->recompute_layers)
+    g_snprintf (buf, n, "full:%u", l->recompute_layers);
+  else
+    g_strlcpy (buf, stow_recompute_name (l->recompute), n);
+  return buf;
+}
+
+void
+stow_cost_explain_difference (GString *out, const StowLayout *a,
+                              const StowCost *ca, const StowLayout *b,
+                              const StowCost *cb)
+{
+  gboolean first = TRUE;
+  char ra[32], rb[32];
+  g_string_append (out, "layout: ");
+  diff_u (out, "tp", a->tp, b->tp, &first);
+  diff_u (out, "pp", a->pp, b->pp, &first);
+  diff_u (out, "vpp", a->vpp, b->vpp, &first);
+  diff_u (out, "dp", a->dp, b->dp, &first);
+  diff_u (out, "cp", a->cp, b->cp, &first);
+  diff_u (out, "ep", a->ep, b->ep, &first);
+  diff_s (out, "sp", a->sp ? "on" : "off", b->sp ? "on" : "off", &first);
+  diff_u (out, "zero", a->zero, b->zero, &first);
+  diff_s (out, "optimizer offload", stow_offload_name (a->offload_optimizer),
+          stow_offload_name (b->offload_optimizer), &first);
+  diff_s (out, "param offload", stow_offload_name (a->offload_params),
+          stow_offload_name (b->offload_params), &first);
+  diff_s (out, "checkpoint offload", a->offload_activations ? "cpu" : "none",
+          b->offload_activations ? "cpu" : "none", &first);
+  diff_s (out, "recompute", recompute_label (a, ra, sizeof ra),
+          recompute_label (b, rb, sizeof rb), &first);
+  diff_u (out, "micro-batch", a->micro_batch, b->micro_batch, &first);
+  diff_u (out, "accumulation", a->grad_accum, b->grad_accum, &first);
+  if (first)
+    g_string_append (out, "same");
+  g_string_append_printf (out, "; step %.4g s vs %.4g s", ca->step_time_s,
+                          cb->step_time_s);
+  /* The exposed terms that moved, largest change first. */
+  int order[STOW_N_COSTS];
+  for (int k = 0; k < STOW_N_COSTS; k++)
+    order[k] = k;
+  for (int i = 1; i < STOW_N_COSTS; i++)
+    for (int j = i; j > 0; j--)
+      {
+        double dj = fabs (ca->exposed_s[order[j]] - cb->exposed_s[order[j]]);
+        double dp
+            = fabs (ca->exposed_s[order[j - 1]] - cb->exposed_s[order[j - 1]]);
+        if (dj <= dp)
+          break;
+        int tmp = order[j];
+        order[j] = order[j - 1];
+        order[j - 1] = tmp;
+      }
+  gboolean any = FALSE;
+  for (int i = 0; i < STOW_N_COSTS; i++)
+    {
+      int k = order[i];
+      double d = ca->exposed_s[k] - cb->exposed_s[k];
+      if (fabs (d) < 1e-4 * MAX (cb->step_time_s, 1e-9))
+        continue;
+      g_string_append_printf (out, "%s%s %+.4g s", any ? ", " : "; ",
+                              stow_cost_kind_name (k), d);
+      any = TRUE;
+    }
+  if (!any)
+    g_string_append (out, "; the same predicted time (ties go to the "
+                          "layout with more memory headroom)");
+}

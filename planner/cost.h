@@ -1,0 +1,114 @@
+/* SPDX-License-Identifier: MIT
+ *
+ * planner/cost.h: the time model.  Predicts one optimizer step of a layout:
+ * compute per GEMM shape at a shape-dependent efficiency, tensor/context/
+ * expert/pipeline/data-parallel communication from ring costs, the pipeline
+ * bubble, the optimizer step and offload traffic (PCIe, CPU Adam, NVMe),
+ * each split into the part hidden behind compute and the part exposed.
+ * Closed form, no allocation: about a microsecond per layout.  The sources
+ * of every constant are in docs/time-model.md.
+ */
+#pragma once
+
+#include <glib.h>
+
+#include "hw/hw.h"
+#include "models/model.h"
+#include "planner/layout.h"
+
+G_BEGIN_DECLS
+
+typedef enum
+{
+  STOW_COST_COMPUTE,       /* forward and backward: GEMMs, attention, rest */
+  STOW_COST_RECOMPUTE,     /* the extra forward of activation recomputation */
+  STOW_COST_TP,            /* tensor-parallel all-reduce / AG+RS (SP) */
+  STOW_COST_CP,            /* context-parallel K/V ring exchange */
+  STOW_COST_EP,            /* expert all-to-all */
+  STOW_COST_PP_BUBBLE,     /* pipeline fill and drain */
+  STOW_COST_PP_P2P,        /* pipeline point-to-point sends */
+  STOW_COST_DP,            /* gradient reduction, ZeRO gathers */
+  STOW_COST_OPTIMIZER,     /* the optimizer step on the GPU */
+  STOW_COST_OFFLOAD_PCIE,  /* host <-> device: grads, params, checkpoints */
+  STOW_COST_CPU_OPTIMIZER, /* the optimizer step on the host's cores */
+  STOW_COST_NVME,          /* optimizer states or parameters on NVMe */
+  STOW_N_COSTS
+} StowCostKind;
+
+/* "compute", "tp", "pp_bubble", ... as used in JSON. */
+const char *stow_cost_kind_name (StowCostKind kind);
+
+/* Efficiency constants; stow_cost_options_init sets the documented
+ * defaults (docs/time-model.md says where each comes from). */
+typedef struct
+{
+  double gemm_eff_max;   /* fraction of peak a large GEMM reaches */
+  double gemm_half_dim;  /* a dimension of this size halves that dim's share */
+  double attn_eff_flash; /* fused (flash) attention, fraction of peak */
+  double hbm_eff;        /* memory-bound kernels, fraction of HBM bandwidth */
+  double nvlink_eff;     /* NCCL bus bandwidth / link bandwidth */
+  double net_eff;        /* the same across nodes */
+  double nvlink_latency_s;         /* per ring step */
+  double kernel_overhead_s;        /* launch and sync per layer pass */
+  double overlap_slowdown;         /* compute lost per second of hidden comm */
+  double offload_fetch_s;          /* per layer fetch from host memory */
+  double nvme_fetch_s;             /* the same from NVMe */
+  double cpu_adam_bytes_per_param; /* host memory traffic per parameter */
+  gboolean delayed_update; /* one-step delayed parameter update (offload) */
+  /* Optional, set by the search: prefix sums over the model's layers
+   * (stow_cost_prepare) so a stage is priced without walking its layers.
+   * Must belong to the model being estimated. */
+  const struct _StowCostPrep *prep;
+} StowCostOptions;
+
+void stow_cost_options_init (StowCostOptions *options);
+
+/* Per-model sums the search reuses across layouts (see StowCostOptions). */
+typedef struct _StowCostPrep StowCostPrep;
+StowCostPrep *stow_cost_prepare (const StowModel *model);
+void stow_cost_prep_free (StowCostPrep *prep);
+G_DEFINE_AUTOPTR_CLEANUP_FUNC (StowCostPrep, stow_cost_prep_free)
+
+typedef struct
+{
+  double step_time_s;
+  double tokens_per_step;
+  double tokens_per_s; /* whole job */
+  double tokens_per_s_per_gpu;
+  double model_flops_per_step; /* whole job: 6 Phi tokens + attention */
+  double hw_flops_per_step;    /* + the recomputed forward */
+  double tflops_per_gpu;       /* model FLOPs, 1e12/s */
+  double hw_tflops_per_gpu;
+  double mfu, hfu;                /* of the GPU's dense peak at the precision */
+  double peak_flops;              /* that peak, FLOP/s per GPU */
+  double microbatch_s;            /* slowest stage, one micro-batch, fwd+bwd */
+  double total_s[STOW_N_COSTS];   /* each term in full, hidden or not */
+  double exposed_s[STOW_N_COSTS]; /* the part that adds to the step */
+  StowCostKind dominant;          /* the largest exposed term */
+  StowCostKind dominant_overhead; /* the largest exposed term but compute */
+} StowCost;
+
+/* Predicts @layout.  The layout must be valid (stow_layout_validate): the
+ * search calls this after the memory model has checked it.  @options may
+ * be NULL for the defaults. */
+void stow_cost_estimate (const StowModel *model, const StowCluster *cluster,
+                         const StowTraining *training, const StowLayout *layout,
+                         const StowCostOptions *options, StowCost *out);
+
+/* The same after validating @layout; FALSE with STOW_PLAN_ERROR_INVALID
+ * naming the field when it cannot run. */
+gboolean stow_cost_estimate_checked (const StowModel *model,
+                                     const StowCluster *cluster,
+                                     const StowTraining *training,
+                                     const StowLayout *layout,
+                                     const StowCostOptions *options,
+                                     StowCost *out, GError **error);
+
+/* Appends to @out why @a is predicted faster (or slower) than @b: the
+ * layout fields that differ and the exposed terms that moved, largest
+ * first ("tp 8 -> 4: tp -1.20 s, compute +0.30 s"). */
+void stow_cost_explain_difference (GString *out, const StowLayout *a,
+                                   const StowCost *ca, const StowLayout *b,
+                                   const StowCost *cb);
+
+G_END_DECLS

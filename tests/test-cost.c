@@ -1,0 +1,345 @@
+/* SPDX-License-Identifier: MIT
+ *
+ * tests/test-cost.c: the time model against published measurements:
+ * Korthikanti et al. 2022 Table 5 (seconds per iteration, full recompute
+ * and sequence parallelism + selective recompute, A100-80GB Selene) and
+ * Narayanan et al. 2021 Table 1 (TFLOP/s per GPU with recomputation).
+ * Within 15% of every row; plus properties (more GPUs never slower per
+ * token on a comm-free layout, bubble formula, exposed <= total).
+ */
+#include <math.h>
+
+#include "planner/cost.h"
+#include "planner/memory.h"
+#include "planner/search.h"
+
+static StowModel *
+model (const char *name)
+{
+  g_autoptr (GError) error = NULL;
+  StowModel *m = stow_model_lookup (name, &error);
+  g_assert_no_error (error);
+  return m;
+}
+
+static StowCluster *
+cluster (guint gpus)
+{
+  g_autoptr (GError) error = NULL;
+  g_autofree char *spec = g_strdup_printf ("%uxA100-80GB", gpus);
+  StowCluster *c = stow_cluster_new_from_spec (spec, &error);
+  g_assert_no_error (error);
+  return c;
+}
+
+/* Megatron-LM as run in the papers: fp16, no flash attention (2022 fused
+ * softmax kernels), sequence 2048. */
+static void
+training (StowTraining *t, guint64 global_batch)
+{
+  stow_training_init (t);
+  t->seq_len = 2048;
+  t->global_batch = global_batch;
+  t->precision = STOW_PRECISION_FP16;
+  t->flash_attention = FALSE;
+}
+
+static void
+layout (StowLayout *l, guint gpus, guint tp, guint pp, guint vpp, guint64 gb,
+        guint64 mbs, StowRecompute rc, gboolean sp)
+{
+  stow_layout_init (l);
+  l->tp = tp, l->pp = pp, l->vpp = vpp, l->cp = 1;
+  l->dp = gpus / (tp * pp);
+  l->sp = sp;
+  l->micro_batch = mbs;
+  l->grad_accum = gb / (mbs * l->dp);
+  l->recompute = rc;
+  l->schedule = vpp > 1 ? STOW_SCHEDULE_INTERLEAVED : STOW_SCHEDULE_1F1B;
+  l->engine = STOW_ENGINE_MEGATRON;
+}
+
+typedef struct
+{
+  const char *model;
+  guint gpus, tp, pp, vpp;
+  guint64 gb, mbs;
+  double full_s, sel_s; /* Table 5, s/iter */
+  double mfu, hfu;      /* SP + selective (Megatron README) */
+} KorthikantiRow;
+
+static const KorthikantiRow korthikanti[] = {
+  { "korthikanti-22b", 8, 8, 1, 1, 4, 4, 1.42, 1.10, 0.415, 0.437 },
+  { "korthikanti-175b", 64, 8, 8, 3, 64, 1, 18.13, 13.75, 0.514, 0.528 },
+  { "mt-nlg-530b", 280, 8, 35, 3, 280, 1, 49.05, 37.83, 0.560, 0.570 },
+  { "korthikanti-1t", 512, 8, 64, 1, 512, 1, 94.42, 71.49, 0.563, 0.570 },
+};
+
+static void
+check_close (const char *what, double predicted, double published)
+{
+  double err = (predicted - published) / published;
+  g_test_message ("%s: predicted %.4g, published %.4g (%+.1f%%)", what,
+                  predicted, published, 100 * err);
+  g_assert_cmpfloat (fabs (err), <=, 0.15);
+}
+
+static void
+test_korthikanti (gconstpointer data)
+{
+  const KorthikantiRow *r = data;
+  g_autoptr (StowModel) m = model (r->model);
+  g_autoptr (StowCluster) c = cluster (r->gpus);
+  StowTraining t;
+  StowLayout l;
+  StowCost cost;
+  g_autoptr (GError) error = NULL;
+  training (&t, r->gb);
+
+  layout (&l, r->gpus, r->tp, r->pp, r->vpp, r->gb, r->mbs, STOW_RECOMPUTE_FULL,
+          FALSE);
+  g_assert_true (
+      stow_cost_estimate_checked (m, c, &t, &l, NULL, &cost, &error));
+  g_assert_no_error (error);
+  g_autofree char *w1 = g_strdup_printf ("%s full recompute s/iter", r->model);
+  check_close (w1, cost.step_time_s, r->full_s);
+  double full_hfu = cost.hfu;
+
+  layout (&l, r->gpus, r->tp, r->pp, r->vpp, r->gb, r->mbs,
+          STOW_RECOMPUTE_SELECTIVE, TRUE);
+  g_assert_true (
+      stow_cost_estimate_checked (m, c, &t, &l, NULL, &cost, &error));
+  g_autofree char *w2 = g_strdup_printf ("%s SP+selective s/iter", r->model);
+  check_close (w2, cost.step_time_s, r->sel_s);
+  g_autofree char *w3 = g_strdup_printf ("%s SP+selective MFU", r->model);
+  check_close (w3, cost.mfu, r->mfu);
+  g_autofree char *w4 = g_strdup_printf ("%s SP+selective HFU", r->model);
+  check_close (w4, cost.hfu, r->hfu);
+  /* Full recompute does more hardware work per model FLOP. */
+  g_assert_cmpfloat (cost.hfu - cost.mfu, <, full_hfu);
+}
+
+typedef struct
+{
+  const char *model;
+  guint gpus, tp, pp;
+  guint64 gb;
+  double tflops; /* per GPU, counting recomputation */
+} NarayananRow;
+
+static const NarayananRow narayanan[] = {
+  { "megatron-1.7b", 32, 1, 1, 512, 137 },
+  { "megatron-7.5b", 128, 4, 1, 512, 142 },
+  { "megatron-39.1b", 512, 8, 2, 1536, 138 },
+  { "megatron-145.6b", 1536, 8, 8, 2304, 148 },
+  { "mt-nlg-530b", 2520, 8, 35, 2520, 163 },
+};
+
+/* Table 1 does not give the micro-batch size: the row's layout is pinned
+ * (tp, pp, dp, full recompute, 1F1B) and the search picks the micro-batch,
+ * as the authors picked the largest that ran well. */
+static void
+test_narayanan (gconstpointer data)
+{
+  const NarayananRow *r = data;
+  g_autoptr (StowModel) m = model (r->model);
+  g_autoptr (StowCluster) c = cluster (r->gpus);
+  StowTraining t;
+  StowLayout l;
+  StowMemOptions mo;
+  training (&t, r->gb);
+  layout (&l, r->gpus, r->tp, r->pp, 1, r->gb, 1, STOW_RECOMPUTE_FULL, FALSE);
+  stow_mem_options_init (&mo);
+  StowPins pins = STOW_PIN_TP | STOW_PIN_PP | STOW_PIN_DP | STOW_PIN_CP
+                  | STOW_PIN_VPP | STOW_PIN_SP | STOW_PIN_ZERO
+                  | STOW_PIN_OFFLOAD_OPTIMIZER | STOW_PIN_OFFLOAD_PARAMS
+                  | STOW_PIN_OFFLOAD_ACTIVATIONS | STOW_PIN_RECOMPUTE
+                  | STOW_PIN_SCHEDULE | STOW_PIN_EP;
+  g_autoptr (StowSearch) s = stow_search_run (m, c, &t, &l, pins, &mo, 1);
+  g_assert_cmpuint (s->fits->len, ==, 1);
+  const StowCandidate *best = &g_array_index (s->fits, StowCandidate, 0);
+  g_autofree char *w = g_strdup_printf ("%s (micro-batch %" G_GUINT64_FORMAT
+                                        ") TFLOP/s per GPU",
+                                        r->model, best->layout.micro_batch);
+  check_close (w, best->cost.hw_tflops_per_gpu, r->tflops);
+}
+
+/* Model FLOPs: 72 B s L h^2 (1 + s/6h + V/12hL) for GPT (Narayanan et al.
+ * eq. 3 without the recomputation factor 4/3). */
+static void
+test_flops_formula (void)
+{
+  g_autoptr (StowModel) m = model ("korthikanti-175b");
+  g_autoptr (StowCluster) c = cluster (64);
+  StowTraining t;
+  StowLayout l;
+  StowCost cost;
+  training (&t, 64);
+  layout (&l, 64, 8, 8, 3, 64, 1, STOW_RECOMPUTE_SELECTIVE, TRUE);
+  stow_cost_estimate (m, c, &t, &l, NULL, &cost);
+  double B = 64, s = 2048, L = 96, h = 12288, V = 51200;
+  double expect = 72 * B * s * L * h * h * (1 + s / (6 * h) + V / (12 * h * L));
+  g_assert_cmpfloat (fabs (cost.model_flops_per_step / expect - 1), <, 1e-3);
+  /* Published MFU for this row: 51.4% (Megatron README). */
+  g_assert_cmpfloat (fabs (cost.mfu - 0.514), <, 0.15 * 0.514);
+}
+
+/* Exposed never exceeds total; the step is the sum of exposed terms;
+ * the bubble follows (p - 1) / (v m). */
+static void
+test_properties (void)
+{
+  g_autoptr (StowModel) m = model ("llama-65b");
+  g_autoptr (StowCluster) c = cluster (64);
+  StowTraining t;
+  stow_training_init (&t);
+  t.global_batch = 256;
+  StowLayout l;
+  layout (&l, 64, 8, 4, 1, 256, 1, STOW_RECOMPUTE_SELECTIVE, TRUE);
+  l.engine = STOW_ENGINE_STOWAGE;
+  StowCost one, two;
+  stow_cost_estimate (m, c, &t, &l, NULL, &one);
+  double sum = 0;
+  for (int k = 0; k < STOW_N_COSTS; k++)
+    {
+      g_assert_cmpfloat (one.exposed_s[k], <=, one.total_s[k] + 1e-12);
+      g_assert_cmpfloat (one.exposed_s[k], >=, 0);
+      sum += one.exposed_s[k];
+    }
+  g_assert_cmpfloat (fabs (sum - one.step_time_s), <, 1e-9);
+  /* uniform stages (80 layers / 4): bubble = (p - 1) / m of the steady
+   * state, within the first/last stage's extra work */
+  double steady = 0;
+  for (int k = 0; k < STOW_N_COSTS; k++)
+    if (k != STOW_COST_PP_BUBBLE && k != STOW_COST_PP_P2P && k != STOW_COST_DP
+        && k != STOW_COST_OPTIMIZER)
+      steady += one.exposed_s[k];
+  double ratio = one.exposed_s[STOW_COST_PP_BUBBLE] / steady;
+  g_assert_cmpfloat (ratio, <=, 3.0 / (double)l.grad_accum + 1e-9);
+  g_assert_cmpfloat (ratio, >, 0.8 * 3.0 / (double)l.grad_accum);
+  /* interleaving with v = 2 halves it */
+  l.vpp = 2;
+  l.schedule = STOW_SCHEDULE_INTERLEAVED;
+  stow_cost_estimate (m, c, &t, &l, NULL, &two);
+  g_assert_cmpfloat (fabs (two.exposed_s[STOW_COST_PP_BUBBLE] * 2
+                           - one.exposed_s[STOW_COST_PP_BUBBLE]),
+                     <, 1e-9 + 1e-6 * one.exposed_s[STOW_COST_PP_BUBBLE]);
+  /* ZeRO-3 moves 1.5x the data of ZeRO-1 per step (one micro-batch) */
+  layout (&l, 64, 1, 1, 1, 64, 1, STOW_RECOMPUTE_FULL, FALSE);
+  l.engine = STOW_ENGINE_STOWAGE;
+  l.zero = 1;
+  stow_cost_estimate (m, c, &t, &l, NULL, &one);
+  l.zero = 3;
+  stow_cost_estimate (m, c, &t, &l, NULL, &two);
+  g_assert_cmpfloat (
+      fabs (two.total_s[STOW_COST_DP] / one.total_s[STOW_COST_DP] - 1.5), <,
+      0.01);
+  /* CPU offload makes the step longer on the same layout */
+  l.offload_optimizer = STOW_OFFLOAD_CPU;
+  StowCost off;
+  stow_cost_estimate (m, c, &t, &l, NULL, &off);
+  g_assert_cmpfloat (off.step_time_s, >, two.step_time_s);
+  g_assert_cmpfloat (off.exposed_s[STOW_COST_CPU_OPTIMIZER], >, 0);
+  /* the delayed update hides the CPU step behind compute */
+  StowCostOptions o;
+  stow_cost_options_init (&o);
+  o.delayed_update = TRUE;
+  StowCost del;
+  stow_cost_estimate (m, c, &t, &l, &o, &del);
+  g_assert_cmpfloat (del.step_time_s, <, off.step_time_s);
+}
+
+/* A small GEMM after TP splitting runs below peak: the same layer at tp 8
+ * costs more than 1/8 of tp 1 in compute. */
+static void
+test_gemm_efficiency (void)
+{
+  g_autoptr (StowModel) m = model ("llama-7b");
+  g_autoptr (StowCluster) c = cluster (8);
+  StowTraining t;
+  stow_training_init (&t);
+  t.global_batch = 8;
+  StowLayout l;
+  StowCost one, eight;
+  layout (&l, 8, 1, 1, 1, 8, 1, STOW_RECOMPUTE_NONE, FALSE);
+  l.engine = STOW_ENGINE_STOWAGE;
+  stow_cost_estimate (m, c, &t, &l, NULL, &one);
+  layout (&l, 8, 8, 1, 1, 8, 1, STOW_RECOMPUTE_NONE, TRUE);
+  l.engine = STOW_ENGINE_STOWAGE;
+  stow_cost_estimate (m, c, &t, &l, NULL, &eight);
+  /* per micro-batch compute: tp 8 has 1/8 of the FLOPs per GPU but 8
+   * micro-batches per GPU ... compare per-sequence compute */
+  double per_seq_1 = one.exposed_s[STOW_COST_COMPUTE] / 1.0;
+  double per_seq_8 = eight.exposed_s[STOW_COST_COMPUTE] / 8.0;
+  g_assert_cmpfloat (per_seq_8, >, per_seq_1 / 8.0 * 1.05);
+}
+
+/* Expert and context parallelism show up as their own terms; NVMe
+ * optimizer offload is slower than CPU offload on the same layout, and
+ * parameter streaming adds PCIe time. */
+static void
+test_terms (void)
+{
+  g_autoptr (StowModel) mx = model ("mixtral-8x7b");
+  g_autoptr (StowCluster) c = cluster (32);
+  StowTraining t;
+  stow_training_init (&t);
+  t.global_batch = 64;
+  StowLayout l;
+  StowCost k, n;
+  layout (&l, 32, 1, 1, 1, 64, 1, STOW_RECOMPUTE_FULL, FALSE);
+  l.engine = STOW_ENGINE_STOWAGE;
+  l.ep = 8;
+  stow_cost_estimate (mx, c, &t, &l, NULL, &k);
+  g_assert_cmpfloat (k.exposed_s[STOW_COST_EP], >, 0);
+  /* context parallelism over 4 ranks of a dense model */
+  StowCost cpc;
+  g_autoptr (StowModel) ll = model ("llama-7b");
+  layout (&l, 32, 1, 1, 1, 64, 1, STOW_RECOMPUTE_FULL, FALSE);
+  l.engine = STOW_ENGINE_STOWAGE;
+  l.cp = 4;
+  l.dp = 8;
+  l.grad_accum = 64 / 8;
+  stow_cost_estimate (ll, c, &t, &l, NULL, &cpc);
+  g_assert_cmpfloat (cpc.total_s[STOW_COST_CP], >, 0);
+  g_assert_cmpfloat (cpc.exposed_s[STOW_COST_CP], <=,
+                     cpc.total_s[STOW_COST_CP]);
+
+  layout (&l, 32, 1, 1, 1, 64, 1, STOW_RECOMPUTE_FULL, FALSE);
+  l.engine = STOW_ENGINE_STOWAGE;
+  l.zero = 3;
+  l.offload_optimizer = STOW_OFFLOAD_CPU;
+  stow_cost_estimate (ll, c, &t, &l, NULL, &k);
+  l.offload_optimizer = STOW_OFFLOAD_NVME;
+  stow_cost_estimate (ll, c, &t, &l, NULL, &n);
+  g_assert_cmpfloat (n.step_time_s, >=, k.step_time_s);
+  g_assert_cmpfloat (n.total_s[STOW_COST_NVME], >, 0);
+  l.offload_params = STOW_OFFLOAD_CPU;
+  StowCost p;
+  stow_cost_estimate (ll, c, &t, &l, NULL, &p);
+  g_assert_cmpfloat (p.total_s[STOW_COST_OFFLOAD_PCIE], >,
+                     n.total_s[STOW_COST_OFFLOAD_PCIE]);
+}
+
+int
+main (int argc, char **argv)
+{
+  g_test_init (&argc, &argv, NULL);
+  for (gsize i = 0; i < G_N_ELEMENTS (korthikanti); i++)
+    {
+      g_autofree char *p = g_strdup_printf ("/cost/korthikanti-table5/%s",
+                                            korthikanti[i].model);
+      g_test_add_data_func (p, &korthikanti[i], test_korthikanti);
+    }
+  for (gsize i = 0; i < G_N_ELEMENTS (narayanan); i++)
+    {
+      g_autofree char *p
+          = g_strdup_printf ("/cost/narayanan-table1/%s", narayanan[i].model);
+      g_test_add_data_func (p, &narayanan[i], test_narayanan);
+    }
+  g_test_add_func ("/cost/flops-formula", test_flops_formula);
+  g_test_add_func ("/cost/properties", test_properties);
+  g_test_add_func ("/cost/gemm-efficiency", test_gemm_efficiency);
+  g_test_add_func ("/cost/terms", test_terms);
+  return g_test_run ();
+}

@@ -1,0 +1,271 @@
+/* SPDX-License-Identifier: MIT
+ *
+ * tests/test-search.c: the search.  The totals-only memory path agrees
+ * with the full estimate on every layout it visits; a fully pinned search
+ * evaluates exactly one layout; the ranking is ordered; and for each
+ * published Megatron layout (Korthikanti et al. 2022 Table 5, Narayanan et
+ * al. 2021 Table 1) the search's best is either that layout or predicted
+ * faster, with the difference stated.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "planner/search.h"
+
+static StowModel *
+model (const char *name)
+{
+  g_autoptr (GError) error = NULL;
+  StowModel *m = stow_model_lookup (name, &error);
+  g_assert_no_error (error);
+  return m;
+}
+
+static StowCluster *
+cluster (const char *spec)
+{
+  g_autoptr (GError) error = NULL;
+  StowCluster *c = stow_cluster_new_from_spec (spec, &error);
+  g_assert_no_error (error);
+  return c;
+}
+
+/* Every candidate of a small search, re-estimated the full way. */
+static void
+test_totals_match_full (void)
+{
+  const char *models[] = { "llama-7b", "mixtral-8x7b", "gpt2-xl" };
+  for (gsize i = 0; i < G_N_ELEMENTS (models); i++)
+    {
+      g_autoptr (StowModel) m = model (models[i]);
+      g_autoptr (StowCluster) c = cluster ("16xA100-80GB");
+      StowTraining t;
+      StowLayout base;
+      StowMemOptions mo;
+      stow_training_init (&t);
+      t.global_batch = 64;
+      stow_layout_init (&base);
+      stow_mem_options_init (&mo);
+      g_autoptr (StowSearch) s = stow_search_run (m, c, &t, &base, 0, &mo, 0);
+      g_assert_cmpuint (s->fits->len, >, 0);
+      g_assert_cmpuint (s->fits->len, ==, s->fitting);
+      for (guint k = 0; k < s->fits->len; k += 7)
+        {
+          const StowCandidate *cand
+              = &g_array_index (s->fits, StowCandidate, k);
+          g_autoptr (GError) error = NULL;
+          g_autoptr (StowMemory) full
+              = stow_memory_estimate (m, c, &t, &cand->layout, &mo, &error);
+          g_assert_no_error (error);
+          g_assert_cmpuint (full->total_bytes, ==, cand->total_bytes);
+          g_assert_cmpuint (full->host_total_bytes, ==, cand->host_bytes);
+          g_assert_cmpuint (full->nvme_bytes, ==, cand->nvme_bytes);
+          g_assert_true (full->fits);
+        }
+      /* best first */
+      for (guint k = 1; k < s->fits->len; k++)
+        g_assert_cmpfloat (g_array_index (s->fits, StowCandidate, k - 1).score,
+                           <=, g_array_index (s->fits, StowCandidate, k).score);
+    }
+}
+
+static void
+test_pinned_evaluates_one (void)
+{
+  g_autoptr (StowModel) m = model ("llama-65b");
+  g_autoptr (StowCluster) c = cluster ("64xA100-80GB");
+  StowTraining t;
+  StowLayout l;
+  StowMemOptions mo;
+  stow_training_init (&t);
+  t.global_batch = 128;
+  stow_layout_init (&l);
+  stow_mem_options_init (&mo);
+  l.tp = 8, l.pp = 8, l.dp = 1, l.zero = 1, l.micro_batch = 1;
+  l.vpp = 1, l.sp = TRUE, l.recompute = STOW_RECOMPUTE_SELECTIVE;
+  l.grad_accum = 128;
+  StowPins all = STOW_PIN_DP | STOW_PIN_TP | STOW_PIN_PP | STOW_PIN_VPP
+                 | STOW_PIN_CP | STOW_PIN_EP | STOW_PIN_SP | STOW_PIN_ZERO
+                 | STOW_PIN_OFFLOAD_OPTIMIZER | STOW_PIN_OFFLOAD_PARAMS
+                 | STOW_PIN_OFFLOAD_ACTIVATIONS | STOW_PIN_RECOMPUTE
+                 | STOW_PIN_MICRO_BATCH | STOW_PIN_SCHEDULE;
+  g_autoptr (StowSearch) s = stow_search_run (m, c, &t, &l, all, &mo, 1);
+  g_assert_cmpuint (s->evaluated, ==, 1);
+  g_assert_cmpuint (s->fitting, ==, 1);
+  const StowCandidate *cand = &g_array_index (s->fits, StowCandidate, 0);
+  g_assert_cmpuint (cand->layout.tp, ==, 8);
+  g_assert_cmpuint (cand->layout.grad_accum, ==, 128);
+  g_assert_cmpfloat (cand->cost.step_time_s, >, 0);
+}
+
+/* Too little memory for stored activations: the search finds the fewest
+ * recomputed layers (full:K) that fit. */
+static void
+test_partial_recompute (void)
+{
+  g_autoptr (StowModel) m = model ("llama-7b");
+  g_autoptr (StowCluster) c = cluster ("8xA100-40GB");
+  StowTraining t;
+  StowLayout l;
+  StowMemOptions mo;
+  stow_training_init (&t);
+  t.global_batch = 64;
+  t.seq_len = 4096;
+  stow_layout_init (&l);
+  stow_mem_options_init (&mo);
+  l.tp = 1, l.pp = 1, l.dp = 8, l.zero = 3, l.micro_batch = 2;
+  StowPins pins = STOW_PIN_TP | STOW_PIN_PP | STOW_PIN_DP | STOW_PIN_CP
+                  | STOW_PIN_ZERO | STOW_PIN_OFFLOAD_OPTIMIZER
+                  | STOW_PIN_OFFLOAD_PARAMS | STOW_PIN_OFFLOAD_ACTIVATIONS
+                  | STOW_PIN_MICRO_BATCH;
+  g_autoptr (StowSearch) s = stow_search_run (m, c, &t, &l, pins, &mo, 0);
+  gboolean partial = FALSE;
+  for (guint k = 0; k < s->fits->len; k++)
+    {
+      const StowLayout *x = &g_array_index (s->fits, StowCandidate, k).layout;
+      if (x->recompute == STOW_RECOMPUTE_FULL && x->recompute_layers > 0)
+        {
+          partial = TRUE;
+          /* one layer fewer does not fit */
+          StowLayout y = *x;
+          y.recompute_layers--;
+          StowMemTotals mt;
+          if (y.recompute_layers > 0)
+            {
+              g_assert_true (
+                  stow_memory_estimate_totals (m, c, &t, &y, &mo, &mt, NULL));
+              g_assert_false (mt.fits);
+            }
+        }
+    }
+  g_assert_true (partial);
+}
+
+typedef struct
+{
+  const char *model;
+  const char *gpus;
+  guint tp, pp, vpp;
+  guint64 gb, mbs;
+  StowRecompute rc;
+} Published;
+
+static const Published published[] = {
+  { "korthikanti-22b", "8xA100-80GB", 8, 1, 1, 4, 4, STOW_RECOMPUTE_SELECTIVE },
+  { "korthikanti-175b", "64xA100-80GB", 8, 8, 3, 64, 1,
+    STOW_RECOMPUTE_SELECTIVE },
+  { "mt-nlg-530b", "280xA100-80GB", 8, 35, 3, 280, 1,
+    STOW_RECOMPUTE_SELECTIVE },
+  { "korthikanti-1t", "512xA100-80GB", 8, 64, 1, 512, 1,
+    STOW_RECOMPUTE_SELECTIVE },
+  { "megatron-1.7b", "32xA100-80GB", 1, 1, 1, 512, 1, STOW_RECOMPUTE_FULL },
+  { "megatron-7.5b", "128xA100-80GB", 4, 1, 1, 512, 1, STOW_RECOMPUTE_FULL },
+  { "megatron-39.1b", "512xA100-80GB", 8, 2, 1, 1536, 1, STOW_RECOMPUTE_FULL },
+};
+
+/* Megatron's own space (ZeRO <= 1, no parameter or NVMe offload), fp16,
+ * the 2021/22 attention kernels. */
+static void
+test_published (gconstpointer data)
+{
+  const Published *p = data;
+  g_autoptr (StowModel) m = model (p->model);
+  g_autoptr (StowCluster) c = cluster (p->gpus);
+  StowTraining t;
+  StowLayout base, pub;
+  StowMemOptions mo;
+  stow_training_init (&t);
+  t.seq_len = 2048;
+  t.global_batch = p->gb;
+  t.precision = STOW_PRECISION_FP16;
+  t.flash_attention = FALSE;
+  stow_mem_options_init (&mo);
+  stow_layout_init (&base);
+  base.engine = STOW_ENGINE_MEGATRON;
+  pub = base;
+  pub.tp = p->tp, pub.pp = p->pp, pub.vpp = p->vpp;
+  pub.dp = c->n_gpus / (p->tp * p->pp);
+  pub.sp = p->tp > 1 && p->rc == STOW_RECOMPUTE_SELECTIVE;
+  pub.micro_batch = p->mbs;
+  pub.grad_accum = p->gb / (p->mbs * pub.dp);
+  pub.recompute = p->rc;
+  pub.schedule = p->vpp > 1 ? STOW_SCHEDULE_INTERLEAVED : STOW_SCHEDULE_1F1B;
+
+  g_autoptr (StowSearch) s = stow_search_run (m, c, &t, &base, 0, &mo, 1);
+  g_assert_cmpuint (s->fits->len, ==, 1);
+  const StowCandidate *best = &g_array_index (s->fits, StowCandidate, 0);
+  StowCost pc;
+  g_autoptr (GError) error = NULL;
+  g_assert_true (
+      stow_cost_estimate_checked (m, c, &t, &pub, NULL, &pc, &error));
+  g_autoptr (GString) why = g_string_new (NULL);
+  stow_cost_explain_difference (why, &best->layout, &best->cost, &pub, &pc);
+  g_test_message ("%s: best %.4g s vs published layout %.4g s: %s", p->model,
+                  best->cost.step_time_s, pc.step_time_s, why->str);
+  gboolean same = best->layout.tp == pub.tp && best->layout.pp == pub.pp
+                  && best->layout.vpp == pub.vpp
+                  && best->layout.micro_batch == pub.micro_batch
+                  && best->layout.recompute == pub.recompute;
+  if (!same)
+    {
+      g_assert_cmpfloat (best->cost.step_time_s, <=, pc.step_time_s);
+      /* the explanation names at least one differing field and term */
+      g_assert_null (strstr (why->str, "layout: same"));
+      g_assert_nonnull (strstr (why->str, " s;"));
+    }
+}
+
+/* The issue's bound: LLaMA-65B on 1024 A100s, every dimension, in under a
+ * second on one core.  The machine running the tests may be shared, so
+ * the assertion allows 3x; bench/search.sh measures it properly. */
+static void
+quiet (const char *domain, GLogLevelFlags level, const char *message,
+       gpointer data)
+{
+}
+
+static void
+test_speed (void)
+{
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_UNDEFINED__)
+  g_test_skip ("timing is meaningless under sanitizers");
+  return;
+#endif
+  /* The validator's g_debug for unfilled pipelines would be printed by
+   * the test harness for every such layout: not what is timed here. */
+  guint h = g_log_set_handler ("stowage", G_LOG_LEVEL_DEBUG, quiet, NULL);
+  g_autoptr (StowModel) m = model ("llama-65b");
+  g_autoptr (StowCluster) c = cluster ("1024xA100-80GB");
+  StowTraining t;
+  StowLayout base;
+  StowMemOptions mo;
+  stow_training_init (&t);
+  t.global_batch = 2048;
+  stow_layout_init (&base);
+  stow_mem_options_init (&mo);
+  g_autoptr (StowSearch) s = stow_search_run (m, c, &t, &base, 0, &mo, 10);
+  g_test_message ("%" G_GUINT64_FORMAT " layouts in %.3f s (%.0f per second)",
+                  s->evaluated, s->search_time_s,
+                  (double)s->evaluated / s->search_time_s);
+  g_assert_cmpuint (s->evaluated, >, 100000);
+  g_assert_cmpuint (s->fits->len, ==, 10);
+  g_assert_cmpfloat (s->search_time_s, <, 3.0);
+  g_log_remove_handler ("stowage", h);
+}
+
+int
+main (int argc, char **argv)
+{
+  g_test_init (&argc, &argv, NULL);
+  g_test_add_func ("/search/totals-match-full", test_totals_match_full);
+  g_test_add_func ("/search/pinned-evaluates-one", test_pinned_evaluates_one);
+  g_test_add_func ("/search/partial-recompute", test_partial_recompute);
+  g_test_add_func ("/search/speed", test_speed);
+  for (gsize i = 0; i < G_N_ELEMENTS (published); i++)
+    {
+      g_autofree char *p
+          = g_strdup_printf ("/search/published/%s", published[i].model);
+      g_test_add_data_func (p, &published[i], test_published);
+    }
+  return g_test_run ();
+}
