@@ -16,13 +16,32 @@
 #include "core/units.h"
 #include "planner/cost.h"
 #include "reports/memory-report.h"
+#include "reports/plan-report.h"
+#include "reports/report.h"
 
 typedef struct
 {
   StowPlanOptions po;
-  char *top;
+  char *top, *format, *output;
   gboolean cross_node_tp, delayed_update;
 } PlanArgs;
+
+/* Writes @text to -o FILE (atomically: a temporary, then rename) or to
+ * standard output; returns @ok_code, or STOW_EXIT_FAILURE after saying why
+ * the file could not be written. */
+static int
+emit_output (const PlanArgs *a, const char *text, int ok_code)
+{
+  g_autoptr (GError) error = NULL;
+  if (a->output == NULL)
+    {
+      fputs (text, stdout);
+      return ok_code;
+    }
+  if (!stow_file_write_atomic (a->output, text, -1, &error))
+    return stow_cli_fail (error, NULL);
+  return ok_code;
+}
 
 /* "tp 8 pp 8/3 dp 1 z1 mb 1x64 sel" */
 static char *
@@ -135,6 +154,10 @@ run_plan (PlanArgs *a, int argc, char **argv)
       "Let tensor parallelism leave the NVLink domain", NULL },
     { "delayed-update", 0, 0, G_OPTION_ARG_NONE, &a->delayed_update,
       "Offloaded optimizer: one-step delayed parameter update", NULL },
+    { "format", 0, 0, G_OPTION_ARG_STRING, &a->format,
+      "text (default), json, csv, md or html", "FORMAT" },
+    { "output", 'o', 0, G_OPTION_ARG_FILENAME, &a->output,
+      "Write to FILE (atomically) instead of standard output", "FILE" },
     { NULL },
   };
   stow_plan_options_add (ctx, po);
@@ -150,6 +173,12 @@ run_plan (PlanArgs *a, int argc, char **argv)
                            "--top \"%s\": expected a whole number from 1 to "
                            "100000",
                            a->top);
+  StowFormat format = po->json ? STOW_FORMAT_JSON : STOW_FORMAT_TEXT;
+  if (a->format && !stow_format_parse (a->format, "--format", &format, &error))
+    return stow_cli_fail (error, NULL);
+  if (po->json && format != STOW_FORMAT_JSON)
+    return stow_cli_failf (NULL, "--json and --format %s both given",
+                           a->format);
   if (!stow_plan_options_resolve (po, argc > 1 ? argv[1] : NULL, &error))
     return stow_cli_fail (error, NULL);
   if (po->model == NULL)
@@ -207,7 +236,44 @@ run_plan (PlanArgs *a, int argc, char **argv)
                              po->model->name, po->cluster_obj->spec);
     }
 
-  if (po->json)
+  int found = s->fitting ? STOW_EXIT_OK : STOW_EXIT_NO;
+  if (format == STOW_FORMAT_CSV || format == STOW_FORMAT_MD)
+    {
+      g_autoptr (GString) t = g_string_new (NULL);
+      if (format == STOW_FORMAT_CSV)
+        stow_report_plan_csv (t, s, (guint)top);
+      else
+        stow_report_plan_md (t, s, po->model->name, po->cluster_obj->spec,
+                             (guint)top);
+      return emit_output (a, t->str, found);
+    }
+  if (format == STOW_FORMAT_HTML)
+    {
+      /* The report page of the fastest layout (or the closest miss), its
+       * candidates charted memory against predicted throughput. */
+      const StowLayout *chosen
+          = s->fits->len ? &g_array_index (s->fits, StowCandidate, 0).layout
+                         : &s->best_miss.layout;
+      g_autoptr (StowMemory) mem = stow_memory_estimate (
+          po->model, po->cluster_obj, &po->training, chosen, &po->mem, &error);
+      if (mem == NULL)
+        return stow_cli_fail (error, NULL);
+      g_autofree double *tput = g_new0 (double, MAX (s->fits->len, 1));
+      for (guint i = 0; i < s->fits->len; i++)
+        tput[i] = g_array_index (s->fits, StowCandidate, i).cost.tokens_per_s;
+      StowReport r = { { po->model, po->cluster_obj, &po->training, chosen,
+                         &po->mem, mem },
+                       "plan",
+                       s,
+                       s->fits->len > 0,
+                       tput,
+                       s->fits->len,
+                       NULL };
+      g_autoptr (GString) t = g_string_new (NULL);
+      stow_report_html (t, &r);
+      return emit_output (a, t->str, found);
+    }
+  if (format == STOW_FORMAT_JSON)
     {
       g_autoptr (JsonBuilder) b = json_builder_new ();
       json_builder_begin_object (b);
@@ -263,8 +329,7 @@ run_plan (PlanArgs *a, int argc, char **argv)
       json_builder_end_object (b);
       g_autoptr (JsonNode) root = json_builder_get_root (b);
       g_autofree char *text = stow_json_to_string (root, TRUE);
-      fputs (text, stdout);
-      return s->fitting ? STOW_EXIT_OK : STOW_EXIT_NO;
+      return emit_output (a, text, found);
     }
 
   g_autoptr (GString) out = g_string_new (NULL);
@@ -300,8 +365,7 @@ run_plan (PlanArgs *a, int argc, char **argv)
                                   tot);
         }
       g_string_append (out, "  See 'stowage fit' for what would fit.\n");
-      fputs (out->str, stdout);
-      return STOW_EXIT_NO;
+      return emit_output (a, out->str, STOW_EXIT_NO);
     }
   g_string_append_printf (out, "%3s  %-44s %10s %10s %9s %12s %6s  %s\n", "#",
                           "layout", "per GPU", "headroom", "step s", "tokens/s",
@@ -350,8 +414,7 @@ run_plan (PlanArgs *a, int argc, char **argv)
               e->str);
         }
     }
-  fputs (out->str, stdout);
-  return STOW_EXIT_OK;
+  return emit_output (a, out->str, STOW_EXIT_OK);
 }
 
 int
@@ -361,6 +424,8 @@ stow_cmd_plan (int argc, char **argv)
   memset (&a, 0, sizeof a);
   int rc = run_plan (&a, argc, argv);
   g_free (a.top);
+  g_free (a.format);
+  g_free (a.output);
   stow_plan_options_clear (&a.po);
   return rc;
 }

@@ -4,6 +4,8 @@
  * them: verdicts and exit codes, the documented JSON keys, terms adding up,
  * peers' numbers through the CLI, and one-line errors for bad input.
  */
+#include <glib/gstdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "core/json.h"
@@ -225,6 +227,61 @@ test_bad_input (void)
   check_error (i, "no ZeRO-1 estimate");
 }
 
+/* `stowage plan` in CSV, Markdown and HTML, and -o writing a file whole. */
+static void
+test_plan_formats (void)
+{
+  g_auto (StowRun) c = { 0 };
+  stow_run (&c, "plan", "llama-65b", "--gpus", "8xA100-80GB", "--top", "5",
+            "--format", "csv", NULL);
+  g_assert_cmpint (c.status, ==, 0);
+  g_auto (GStrv) lines = g_strsplit (c.out, "\n", -1);
+  g_assert_true (g_str_has_prefix (lines[0], "rank,dp,tp,pp,"));
+  g_auto (GStrv) head = g_strsplit (lines[0], ",", -1);
+  int step_col = -1;
+  for (int i = 0; head[i]; i++)
+    if (g_str_equal (head[i], "step_time_s"))
+      step_col = i;
+  g_assert_cmpint (step_col, >=, 0);
+  double prev = 0;
+  guint rows = 0;
+  for (guint i = 1; lines[i] && *lines[i]; i++, rows++)
+    {
+      g_auto (GStrv) f = g_strsplit (lines[i], ",", -1);
+      g_assert_cmpuint (g_strv_length (f), ==, g_strv_length (head));
+      g_assert_cmpint (atoi (f[0]), ==, (int)i); /* ranks in order */
+      double step = g_ascii_strtod (f[step_col], NULL);
+      g_assert_cmpfloat (step, >=, prev); /* fastest first */
+      prev = step;
+    }
+  g_assert_cmpuint (rows, ==, 5);
+
+  g_auto (StowRun) m = { 0 };
+  stow_run (&m, "plan", "llama-65b", "--gpus", "8xA100-80GB", "--top", "3",
+            "--format", "md", NULL);
+  g_assert_cmpint (m.status, ==, 0);
+  g_assert_nonnull (strstr (m.out, "| # | layout |"));
+  g_assert_nonnull (strstr (m.out, "GiB"));
+
+  g_autofree char *dir = g_dir_make_tmp ("stow-plan-XXXXXX", NULL);
+  g_autofree char *path = g_build_filename (dir, "plan.html", NULL);
+  g_auto (StowRun) h = { 0 };
+  stow_run (&h, "plan", "llama-65b", "--gpus", "8xA100-80GB", "--format",
+            "html", "-o", path, NULL);
+  g_assert_cmpint (h.status, ==, 0);
+  g_assert_cmpstr (h.out, ==, "");
+  g_autofree char *html = NULL;
+  g_assert_true (g_file_get_contents (path, &html, NULL, NULL));
+  g_assert_true (g_str_has_prefix (html, "<!DOCTYPE html>"));
+  g_assert_nonnull (strstr (html, "tokens/s"));
+  g_assert_cmpint (g_unlink (path), ==, 0);
+  g_assert_cmpint (g_rmdir (dir), ==, 0); /* nothing else was left */
+
+  const char *const bad[] = { "plan",     "llama-65b", "--gpus", "8xA100-80GB",
+                              "--format", "xml",       NULL };
+  check_error (bad, "--format \"xml\"");
+}
+
 int
 main (int argc, char **argv)
 {
@@ -234,5 +291,6 @@ main (int argc, char **argv)
   g_test_add_func ("/cli-plan/mem-explain", test_mem_explain);
   g_test_add_func ("/cli-plan/convention-bytes", test_mem_convention_bytes);
   g_test_add_func ("/cli-plan/bad-input", test_bad_input);
+  g_test_add_func ("/cli-plan/plan-formats", test_plan_formats);
   return g_test_run ();
 }
