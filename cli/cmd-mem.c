@@ -99,10 +99,55 @@ try_alternative (StowPlanOptions *po, const StowCluster *cluster,
 /* What would make it fit: more GPUs of this kind, a larger GPU, LoRA or
  * QLoRA.  Each alternative is a full search on the changed setup. */
 static void
-alternatives (StowPlanOptions *po, JsonBuilder *jb, GString *text)
+alternatives (StowPlanOptions *po, gboolean host_limited, JsonBuilder *jb,
+              GString *text)
 {
   const StowCluster *c = po->cluster_obj;
   const StowGpu *gpu = &c->node.gpu;
+
+  /* Layouts that fit the GPUs but not the host RAM or NVMe: search again
+   * with room to spare on both and say how much the best one needs. */
+  if (host_limited)
+    {
+      StowNode node;
+      stow_node_copy (&c->node, &node);
+      node.host_ram_bytes = (guint64)1 << 50;
+      for (guint i = 0; i < node.n_nvme; i++)
+        node.nvme[i].capacity_bytes = (guint64)1 << 50;
+      g_autoptr (StowCluster) roomy
+          = stow_cluster_new (&node, c->n_nodes, c->spec);
+      stow_node_clear (&node);
+      StowLayout base = po->layout;
+      g_autoptr (StowSearch) s = stow_search_run (
+          po->model, roomy, &po->training, &base, po->pins, &po->mem, 1);
+      if (s->fits->len > 0)
+        {
+          StowCandidate *cand = &g_array_index (s->fits, StowCandidate, 0);
+          g_autofree char *d = stow_layout_describe (&cand->layout);
+          g_autofree char *host = stow_format_bytes (cand->host_bytes);
+          g_autofree char *have = stow_format_bytes (c->node.host_ram_bytes);
+          g_autofree char *nv = stow_format_bytes (cand->nvme_bytes);
+          g_string_append_printf (text,
+                                  "  - %s host RAM per node (it has %s)%s%s: "
+                                  "%s\n",
+                                  host, have,
+                                  cand->nvme_bytes ? " and NVMe of " : "",
+                                  cand->nvme_bytes ? nv : "", d);
+          json_builder_begin_object (jb);
+          json_builder_set_member_name (jb, "kind");
+          json_builder_add_string_value (jb, "more_host_memory");
+          json_builder_set_member_name (jb, "host_bytes");
+          json_builder_add_int_value (jb, (gint64)cand->host_bytes);
+          json_builder_set_member_name (jb, "nvme_bytes");
+          json_builder_add_int_value (jb, (gint64)cand->nvme_bytes);
+          json_builder_set_member_name (jb, "total_bytes");
+          json_builder_add_int_value (jb, (gint64)cand->total_bytes);
+          json_builder_set_member_name (jb, "layout");
+          json_builder_add_value (
+              jb, stow_layout_to_json (&cand->layout, &po->training));
+          json_builder_end_object (jb);
+        }
+    }
 
   /* More GPUs: double until it fits, up to 65,536, in nodes of the
    * GPU's preset (the spec "NxGPU" picks them); dp takes the new GPUs. */
@@ -118,19 +163,26 @@ alternatives (StowPlanOptions *po, JsonBuilder *jb, GString *text)
         break;
     }
 
-  /* A larger GPU, same count. */
+  /* A larger GPU, same count, in the same nodes (host RAM, NVMe and
+   * network unchanged, so only the GPU's memory makes the difference). */
   gsize n_gpus;
   const StowGpu *const *cat = stow_gpu_catalog (&n_gpus);
   for (gsize i = 0; i < n_gpus; i++)
     {
-      if (cat[i]->total_bytes <= gpu->total_bytes)
+      if ((double)cat[i]->total_bytes < 1.02 * (double)gpu->total_bytes)
         continue;
+      StowNode node;
+      stow_node_copy (&c->node, &node);
+      stow_gpu_clear (&node.gpu);
+      stow_gpu_copy (cat[i], &node.gpu);
       g_autofree char *spec
           = g_strdup_printf ("%ux%s", c->n_gpus, cat[i]->name);
-      g_autoptr (StowCluster) other = stow_cluster_new_from_spec (spec, NULL);
-      if (other != NULL)
-        try_alternative (po, other, &po->training, po->pins, "larger_gpu",
-                         "gpus", spec, spec, jb, text);
+      g_autoptr (StowCluster) other
+          = stow_cluster_new (&node, c->n_nodes, spec);
+      stow_node_clear (&node);
+      g_autofree char *label = g_strdup_printf ("%s in the same nodes", spec);
+      try_alternative (po, other, &po->training, po->pins, "larger_gpu", "gpus",
+                       spec, label, jb, text);
     }
 
   /* LoRA, then QLoRA, on the same GPUs. */
@@ -216,7 +268,7 @@ run_fit (StowPlanOptions *po, StowReportOptions *ro, int argc, char **argv)
   g_autoptr (GString) alts = g_string_new (NULL);
   json_builder_begin_array (jb);
   if (!fits)
-    alternatives (po, jb, alts);
+    alternatives (po, search->host_or_nvme > 0, jb, alts);
   json_builder_end_array (jb);
   g_autoptr (JsonNode) alt_node = json_builder_get_root (jb);
 
