@@ -298,6 +298,33 @@ stow_memory_layer_activations (const StowModel *m, const StowTraining *t,
   return block + core;
 }
 
+/* The per-layer sizes activations() charges, shared with the step program
+ * (planner/schedule.c) so that both count the same tensors: @full is what a
+ * layer keeps for backward (the larger of a dense and an MoE layer, so
+ * every layer is charged alike), @block its activation gradients during
+ * backward, @ckpt the input a fully recomputed layer keeps (2 s b h; split
+ * by TP under sequence parallelism). */
+void
+stow_mem_activation_sizes (const StowModel *m, const StowTraining *t,
+                           const StowLayout *l, guint64 *full, guint64 *block,
+                           guint64 *ckpt)
+{
+  guint64 dense_block, dense_core, moe_block, moe_core;
+  layer_activation_parts (m, t, l, FALSE, &dense_block, &dense_core);
+  layer_activation_parts (m, t, l, TRUE, &moe_block, &moe_core);
+  gboolean any_moe = m->n_experts > 0;
+  guint64 b = any_moe ? MAX (dense_block, moe_block) : dense_block;
+  guint64 core = dense_core;
+  if (l->recompute == STOW_RECOMPUTE_SELECTIVE && !t->flash_attention)
+    core = 0;
+  double s_local = (double)t->seq_len / l->cp;
+  guint64 sbh
+      = (guint64)llround (s_local * (double)l->micro_batch * (double)m->hidden);
+  *full = b + core;
+  *block = b;
+  *ckpt = 2 * sbh / (l->sp ? l->tp : 1);
+}
+
 /* ---- the stowage model ----------------------------------------------- */
 
 typedef struct
@@ -366,16 +393,7 @@ lora_layer_params (const StowModel *m, const StowTraining *t, guint tp)
   return t->lora_rank * sum / tp;
 }
 
-/* Parameters one GPU of a stage holds, before ZeRO sharding. */
-typedef struct
-{
-  guint64 layers;    /* transformer layers on the stage */
-  guint64 params;    /* all parameters on the GPU */
-  guint64 linear;    /* of which in linear layers (QLoRA quantises these) */
-  guint64 max_layer; /* largest layer on the GPU (streaming slots) */
-  guint64 trainable; /* LoRA adapters, or = params */
-  gboolean first, last;
-} StageParams;
+typedef StowStageParams StageParams;
 
 static guint64
 padded_vocab (const StowModel *m, const StowLayout *l, const StowMemOptions *o)
@@ -384,6 +402,34 @@ padded_vocab (const StowModel *m, const StowLayout *l, const StowMemOptions *o)
     return m->vocab;
   guint64 mult = o->vocab_multiple * l->tp;
   return (m->vocab + mult - 1) / mult * mult;
+}
+
+/* Parameters of layer @i on one GPU: TP splits the linears, EP x TP the
+ * routed experts; norms are replicated. */
+static guint64
+layer_on_gpu (const StowModel *m, const StowLayout *l, guint64 i, guint64 n_moe,
+              guint64 expert_per_layer, guint64 norm_per_layer,
+              guint64 *norms_out)
+{
+  const StowLayerInfo *li = &m->layers[i];
+  guint64 experts = li->is_moe && n_moe ? expert_per_layer : 0;
+  guint64 norms = MIN (norm_per_layer, li->params - experts);
+  guint64 shardable = li->params - experts - norms;
+  *norms_out = norms;
+  return shardable / l->tp + norms + experts / ((guint64)l->ep * l->tp);
+}
+
+guint64
+stow_mem_layer_params_on_gpu (const StowModel *m, const StowLayout *l,
+                              guint64 layer)
+{
+  guint64 n_moe = 0, norms;
+  for (guint64 i = 0; i < m->n_layers; i++)
+    n_moe += m->layers[i].is_moe ? 1 : 0;
+  guint64 expert_per_layer = n_moe ? m->by_role[STOW_ROLE_EXPERT] / n_moe : 0;
+  guint64 norm_per_layer = m->by_role[STOW_ROLE_NORM] / MAX (m->n_layers, 1);
+  return layer_on_gpu (m, l, layer, n_moe, expert_per_layer, norm_per_layer,
+                       &norms);
 }
 
 static StageParams
@@ -403,12 +449,9 @@ stage_params (const StowModel *m, const StowTraining *t, const StowLayout *l,
   p.last = stage + 1 == l->pp;
   for (guint64 i = first_layer; i < first_layer + n_layers; i++)
     {
-      const StowLayerInfo *li = &m->layers[i];
-      guint64 experts = li->is_moe ? expert_per_layer : 0;
-      guint64 norms = MIN (norm_per_layer, li->params - experts);
-      guint64 shardable = li->params - experts - norms;
-      guint64 on_gpu
-          = shardable / l->tp + norms + experts / ((guint64)l->ep * l->tp);
+      guint64 norms;
+      guint64 on_gpu = layer_on_gpu (m, l, i, n_moe, expert_per_layer,
+                                     norm_per_layer, &norms);
       p.params += on_gpu;
       p.linear += on_gpu - norms;
       p.max_layer = MAX (p.max_layer, on_gpu);
@@ -715,22 +758,12 @@ activations (Model *ms, const StageParams *p, guint stage, GArray *dev,
   const StowModel *m = ms->m;
   const StowTraining *t = ms->t;
   const StowLayout *l = ms->l;
-  guint64 dense_block, dense_core, moe_block, moe_core;
-  layer_activation_parts (m, t, l, FALSE, &dense_block, &dense_core);
-  layer_activation_parts (m, t, l, TRUE, &moe_block, &moe_core);
-  gboolean any_moe = m->n_experts > 0;
-  guint64 block = any_moe ? MAX (dense_block, moe_block) : dense_block;
-  guint64 core = dense_core;
-  if (l->recompute == STOW_RECOMPUTE_SELECTIVE && !t->flash_attention)
-    core = 0;
-  guint64 full = block + core;
+  guint64 full, block, ckpt;
+  stow_mem_activation_sizes (m, t, l, &full, &block, &ckpt);
   double mb = in_flight (l, stage);
   double s_local = (double)t->seq_len / l->cp;
   guint64 sbh
       = (guint64)llround (s_local * (double)l->micro_batch * (double)m->hidden);
-  /* Full recompute keeps each layer's input (2 sbh; split by TP under
-   * sequence parallelism). */
-  guint64 ckpt = 2 * sbh / (l->sp ? l->tp : 1);
   guint64 n_full_recompute = 0;
   if (l->recompute == STOW_RECOMPUTE_FULL)
     n_full_recompute = l->recompute_layers
@@ -996,4 +1029,28 @@ stow_memory_estimate (const StowModel *m, const StowCluster *c,
   if (!stow_layout_validate (l, t, m, c, error))
     return NULL;
   return estimate_stowage (m, c, t, l, o);
+}
+
+/* ---- exports for the step program (memory-private.h) ------------------- */
+
+StowStageParams
+stow_mem_stage_params (const StowModel *m, const StowTraining *t,
+                       const StowLayout *l, const StowMemOptions *o,
+                       guint stage, guint64 first_layer, guint64 n_layers)
+{
+  return stage_params (m, t, l, o, stage, first_layer, n_layers);
+}
+
+guint64
+stow_mem_shard_degree (const StowLayout *l, const StowCluster *c)
+{
+  return shard_degree (l, c);
+}
+
+void
+stow_mem_state_bytes (const StowModel *m, const StowTraining *t, double *w,
+                      double *g, double *master, double *opt)
+{
+  Bpp b = full_bpp (m, t);
+  *w = b.w, *g = b.g, *master = b.master, *opt = b.opt;
 }
