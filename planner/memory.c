@@ -646,6 +646,14 @@ model_states (Model *ms, const StageParams *p, GArray *dev,
                       " layers x %.4g B x %" G_GUINT64_FORMAT
                       " params of the largest layer",
                       MIN (2, MAX (p->layers, 1)), b.g, p->max_layer);
+      /* Parameters offloaded but the optimizer on the GPU: the reduced
+       * gradient shard stays on the device for the step (found by the
+       * simulator: nothing else held it). */
+      if (!off_opt)
+        stow_mem_add (dev, "gradients", stow_bytes (div_ceil (N, gdiv), b.g),
+                      STOW_TIER_DEVICE,
+                      "%.4g B x %" G_GUINT64_FORMAT " params%s", b.g, N,
+                      shards (sbuf, sizeof sbuf, gdiv));
     }
   else
     {
