@@ -16,5 +16,6 @@ int stow_cmd_hw (int argc, char **argv);   /* cli/cmd-hw.c */
 int stow_cmd_gpus (int argc, char **argv); /* cli/cmd-hw.c */
 int stow_cmd_mem (int argc, char **argv);   /* cli/cmd-mem.c */
 int stow_cmd_fit (int argc, char **argv);   /* cli/cmd-mem.c */
+int stow_cmd_simulate (int argc, char **argv); /* cli/cmd-simulate.c */
 
 G_END_DECLS
