@@ -30,6 +30,7 @@ typedef struct
   guint64 params;    /* all parameters on the GPU */
   guint64 linear;    /* of which in linear layers (QLoRA quantises these) */
   guint64 max_layer; /* largest layer on the GPU (streaming slots) */
+  guint64 max_unit;  /* largest of those, the embedding and output layer */
   guint64 trainable; /* LoRA adapters, or = params */
   gboolean first, last;
 } StowStageParams;

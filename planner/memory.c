@@ -459,18 +459,26 @@ stage_params (const StowModel *m, const StowTraining *t, const StowLayout *l,
   guint64 emb = m->embedding_params;
   if (l->engine == STOW_ENGINE_MEGATRON)
     emb += (padded_vocab (m, l, o) - m->vocab) * m->hidden;
+  p.max_unit = p.max_layer;
   if (p.first)
-    p.params += emb / l->tp;
+    {
+      p.params += emb / l->tp;
+      p.max_unit = MAX (p.max_unit, emb / l->tp);
+    }
   if (p.last)
     {
+      guint64 head = 0;
       if (m->head_params)
-        p.params += (m->head_params
-                     + (padded_vocab (m, l, o) - m->vocab) * m->hidden)
-                    / l->tp;
+        head
+            = (m->head_params + (padded_vocab (m, l, o) - m->vocab) * m->hidden)
+              / l->tp;
       else if (l->pp > 1)
         /* Tied: the last stage keeps its own copy of the word embedding
          * for the output layer and all-reduces its gradient with stage 0. */
-        p.params += padded_vocab (m, l, o) * m->hidden / l->tp;
+        head = padded_vocab (m, l, o) * m->hidden / l->tp;
+      p.params += head;
+      /* Tied on one stage, the output layer gathers the embedding. */
+      p.max_unit = MAX (p.max_unit, head ? head : emb / l->tp);
     }
   p.trainable = p.params;
   if (t->finetune != STOW_FINETUNE_FULL)
@@ -636,7 +644,11 @@ model_states (Model *ms, const StageParams *p, GArray *dev,
    * are reduce-scattered (ZeRO >= 2) or copied to the host (offload): two
    * layer slots, one being produced and one in flight.  DeepSpeed uses its
    * reduce buckets instead (charged with the engine's buffers). */
-  guint64 slots = MIN (2, MAX (p->layers, 1)) * stow_bytes (p->max_layer, b.g);
+  /* stowage gathers and reduces the embedding and the output layer
+   * through the same slots as the layers. */
+  guint64 slot_params
+      = l->engine == STOW_ENGINE_STOWAGE ? p->max_unit : p->max_layer;
+  guint64 slots = MIN (2, MAX (p->layers, 1)) * stow_bytes (slot_params, b.g);
   gboolean bucketed = l->engine == STOW_ENGINE_DEEPSPEED;
   if (off_opt || off_par)
     {
@@ -645,7 +657,7 @@ model_states (Model *ms, const StageParams *p, GArray *dev,
                       "%" G_GUINT64_FORMAT
                       " layers x %.4g B x %" G_GUINT64_FORMAT
                       " params of the largest layer",
-                      MIN (2, MAX (p->layers, 1)), b.g, p->max_layer);
+                      MIN (2, MAX (p->layers, 1)), b.g, slot_params);
       /* Parameters offloaded but the optimizer on the GPU: the reduced
        * gradient shard stays on the device for the step (found by the
        * simulator: nothing else held it). */
@@ -665,7 +677,7 @@ model_states (Model *ms, const StageParams *p, GArray *dev,
                       "%" G_GUINT64_FORMAT
                       " layers x %.4g B x %" G_GUINT64_FORMAT
                       " params before reduce-scatter",
-                      MIN (2, MAX (p->layers, 1)), b.g, p->max_layer);
+                      MIN (2, MAX (p->layers, 1)), b.g, slot_params);
     }
   if (l->engine == STOW_ENGINE_DEEPSPEED && t->precision != STOW_PRECISION_FP32
       && !off_opt)
@@ -901,10 +913,15 @@ engine_buffers (Model *ms, const StageParams *p, GArray *dev)
          * parameter offload, streamed) in compute precision. */
         stow_mem_add (
             dev, "gathered parameters",
-            slots * stow_bytes (p->max_layer, MIN (b.w, 2.0)), STOW_TIER_DEVICE,
+            slots
+                * stow_bytes (l->engine == STOW_ENGINE_STOWAGE ? p->max_unit
+                                                               : p->max_layer,
+                              MIN (b.w, 2.0)),
+            STOW_TIER_DEVICE,
             "%" G_GUINT64_FORMAT " layers x %.4g B x %" G_GUINT64_FORMAT
             " params (in use and prefetched)",
-            slots, MIN (b.w, 2.0), p->max_layer);
+            slots, MIN (b.w, 2.0),
+            l->engine == STOW_ENGINE_STOWAGE ? p->max_unit : p->max_layer);
       else if (l->engine == STOW_ENGINE_FSDP && l->zero == 2)
         stow_mem_add (dev, "unsharded parameters", 2 * N, STOW_TIER_DEVICE,
                       "2 B x %" G_GUINT64_FORMAT
