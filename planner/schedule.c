@@ -1490,6 +1490,44 @@ stow_schedule_lower (const StowModel *m, const StowCluster *c,
       = mem->capacity_bytes > non_tensor ? mem->capacity_bytes - non_tensor : 0;
   p->device_capacity_bytes
       = (guint64)((double)cap / (1.0 + mo_in->fragmentation));
+  /* Layer-major accumulation keeps every micro-batch's activations (and
+   * logits) at once: (m - 1) micro-batches more than the memory model's
+   * 1F1B count.  It must come out of the budget before resident layers. */
+  guint64 extra = 0;
+  if (so_in->layer_major)
+    {
+      if (!L.off_par || l->pp > 1)
+        {
+          g_set_error (error, STOW_PLAN_ERROR, STOW_PLAN_ERROR_INVALID,
+                       "--layer-major needs streamed layers on one stage "
+                       "(--offload-params cpu or nvme, --pp 1)");
+          g_hash_table_unref (L.xevents);
+          stow_program_free (L.p);
+          return NULL;
+        }
+      guint64 n_rec = 0;
+      if (l->recompute == STOW_RECOMPUTE_FULL)
+        n_rec = l->recompute_layers ? MIN (l->recompute_layers, m->n_layers)
+                                    : m->n_layers;
+      guint64 per_mb = (m->n_layers - n_rec) * L.full + n_rec * L.ckpt
+                       + L.input_bytes + L.logits_bytes;
+      extra = (l->grad_accum - 1) * per_mb;
+      if (mem->allocated_peak_bytes + extra > p->device_capacity_bytes)
+        {
+          g_set_error (error, STOW_PLAN_ERROR, STOW_PLAN_ERROR_INVALID,
+                       "--layer-major keeps %" G_GUINT64_FORMAT
+                       " micro-batches of activations: %" G_GUINT64_FORMAT
+                       " B more than the device budget of %" G_GUINT64_FORMAT
+                       " B allows",
+                       l->grad_accum,
+                       mem->allocated_peak_bytes + extra
+                           - p->device_capacity_bytes,
+                       p->device_capacity_bytes);
+          g_hash_table_unref (L.xevents);
+          stow_program_free (L.p);
+          return NULL;
+        }
+    }
   if (L.off_par)
     {
       guint64 layer_bytes = 0;
@@ -1501,7 +1539,7 @@ stow_schedule_lower (const StowModel *m, const StowCluster *c,
         L.k_resident = so_in->resident_layers;
       else
         {
-          guint64 used = mem->allocated_peak_bytes;
+          guint64 used = mem->allocated_peak_bytes + extra;
           guint64 free_b = p->device_capacity_bytes > used
                                ? p->device_capacity_bytes - used
                                : 0;
@@ -1522,6 +1560,7 @@ stow_schedule_lower (const StowModel *m, const StowCluster *c,
       first += counts[s];
     }
   g_hash_table_unref (L.xevents);
+  L.xevents = NULL;
   p->description = g_strdup_printf (
       "%s on %s: dp %u tp %u pp %u%s zero %u, optimizer %s, parameters %s, "
       "recompute %s, micro-batch %" G_GUINT64_FORMAT " x %" G_GUINT64_FORMAT
