@@ -353,7 +353,7 @@ typedef struct
   guint params_buf, grads_buf, host_grads_buf, bucket_buf[2];
   guint grad_slot_freed[2]; /* events of the last two gradient slots */
   guint grad_slot_count;
-  guint64 ckpt_layers; /* recomputed layers counted so far */
+  GArray *pending; /* guint units whose updated weights wait to go up */
 } Rank;
 
 static guint64
@@ -641,6 +641,8 @@ build_uses (Lower *L, Rank *R)
     }
 }
 
+static void flush_refreshes (Lower *L, Rank *R);
+
 /* Loads use @k into its slot: read from NVMe into a staging buffer, copy
  * to the device, all-gather the shards (the stages present in this plan). */
 static void
@@ -703,6 +705,9 @@ emit_load (Lower *L, Rank *R, guint k)
       ready = emit (L, &op, NULL, 0, TRUE, "gathered");
     }
   use->loaded = ready;
+  /* Updated weights queued since the last load go up behind this one, so
+   * that they never hold up a prefetch. */
+  flush_refreshes (L, R);
 }
 
 /* The buffer holding a unit's weights for an item. */
@@ -833,6 +838,22 @@ emit_param_refresh (Lower *L, Rank *R, Unit *u, const guint *waits, guint nw,
       op_io (&op, R->params_buf, STOW_NONE, R->params_buf);
       emit (L, &op, waits, nw, FALSE, NULL);
     }
+}
+
+/* CPU Adam's updated weights for the units in R->pending, after the last
+ * read of the old ones. */
+static void
+flush_refreshes (Lower *L, Rank *R)
+{
+  for (guint i = 0; i < R->pending->len; i++)
+    {
+      Unit *u = &g_array_index (R->units, Unit,
+                                g_array_index (R->pending, guint, i));
+      guint w2[2] = { u->grads_ready, u->last_use };
+      emit_param_refresh (L, R, u, w2, 2, div_ceil (u->params, L->n),
+                          STOW_STREAM_H2D);
+    }
+  g_array_set_size (R->pending, 0);
 }
 
 static void
@@ -1090,6 +1111,7 @@ lower_rank (Lower *L, Rank *R)
   else
     build_items (L, R);
   build_uses (L, R);
+  R->pending = g_array_new (FALSE, FALSE, sizeof (guint));
   for (guint i = 0; i < R->items->len; i++)
     {
       Item *it = &g_array_index (R->items, Item, i);
@@ -1377,6 +1399,8 @@ lower_rank (Lower *L, Rank *R)
               op_io (&op, R->host_grads_buf, STOW_NONE, STOW_NONE);
               u->grads_ready
                   = emit (L, &op, &u->grads_ready, 1, TRUE, "updated");
+              u->last_use = done;
+              g_array_append_val (R->pending, it->unit);
             }
         }
     }
@@ -1385,19 +1409,9 @@ lower_rank (Lower *L, Rank *R)
     if (logits[j] != STOW_NONE)
       emit_free (L, rank, STOW_STREAM_COMPUTE, logits[j], NULL, 0, FALSE);
 
-  /* Weight refreshes after CPU Adam go last on their streams so that they
-   * never hold up a prefetch queued behind them. */
-  if (L->off_opt && !L->nvme_opt && !L->so->delayed_update)
-    for (guint i = 0; i < ready_order->len; i++)
-      {
-        Unit *u = &g_array_index (R->units, Unit,
-                                  g_array_index (ready_order, guint, i));
-        /* An update may not land before the last read of the weights. */
-        guint w2[2] = { u->grads_ready, u->last_use };
-        emit_param_refresh (L, R, u, w2, 2, div_ceil (u->params, L->n),
-                            STOW_STREAM_H2D);
-      }
+  flush_refreshes (L, R);
   emit_optimizer (L, R, ready_order);
+  g_array_unref (R->pending);
 
   g_array_unref (R->units);
   g_array_unref (R->chunk_first);

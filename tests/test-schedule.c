@@ -159,8 +159,7 @@ random_layout (GRand *r, const StowModel *m, const StowCluster *c,
       l->grad_accum = MAX (l->grad_accum, l->pp);
       if (g_rand_int_range (r, 0, 4) == 0)
         l->schedule = STOW_SCHEDULE_GPIPE;
-      else if (g_rand_boolean (r)
-               && m->n_layers % ((guint64)l->pp * 2) == 0)
+      else if (g_rand_boolean (r) && m->n_layers % ((guint64)l->pp * 2) == 0)
         {
           l->vpp = 2;
           l->schedule = STOW_SCHEDULE_INTERLEAVED;
@@ -245,7 +244,8 @@ check_invariants (const StowProgram *p, const StowTrace *tr)
           if (y->slot != x->slot || y->rank != x->rank || y->tier != x->tier
               || alloc_op[b] == G_MAXUINT)
             continue;
-          gboolean disjoint = free_s[a] <= alloc_s[b] || free_s[b] <= alloc_s[a];
+          gboolean disjoint
+              = free_s[a] <= alloc_s[b] || free_s[b] <= alloc_s[a];
           if (!disjoint)
             g_error ("slot %d holds %s and %s together", x->slot, x->name,
                      y->name);
@@ -257,8 +257,8 @@ static void
 test_random_plans (void)
 {
   static const char *const models[] = { "llama-7b", "gpt2", "llama-3-8b" };
-  static const char *const specs[] = { "8xA100-80GB", "4xA100-40GB",
-                                       "2x8xH100-SXM" };
+  static const char *const specs[]
+      = { "8xA100-80GB", "4xA100-40GB", "2x8xH100-SXM" };
   g_autoptr (GRand) r = g_rand_new_with_seed (8);
   guint done = 0, fits = 0;
   for (guint attempt = 0; attempt < 4000 && done < 150; attempt++)
@@ -298,13 +298,13 @@ test_random_plans (void)
         {
           fits++;
           if (tr->peak_bytes[STOW_TIER_DEVICE] > prog->device_capacity_bytes)
-            g_error ("%s (seq %" G_GUINT64_FORMAT "): peak %" G_GUINT64_FORMAT
-                     " > budget %" G_GUINT64_FORMAT " (model: %" G_GUINT64_FORMAT
-                     " allocated, %" G_GUINT64_FORMAT " total)",
-                     prog->description, t.seq_len,
-                     tr->peak_bytes[STOW_TIER_DEVICE],
-                     prog->device_capacity_bytes, mem->allocated_peak_bytes,
-                     mem->total_bytes);
+            g_error (
+                "%s (seq %" G_GUINT64_FORMAT "): peak %" G_GUINT64_FORMAT
+                " > budget %" G_GUINT64_FORMAT " (model: %" G_GUINT64_FORMAT
+                " allocated, %" G_GUINT64_FORMAT " total)",
+                prog->description, t.seq_len, tr->peak_bytes[STOW_TIER_DEVICE],
+                prog->device_capacity_bytes, mem->allocated_peak_bytes,
+                mem->total_bytes);
         }
       stow_program_free (prog);
       done++;
@@ -320,7 +320,8 @@ test_resident_from_budget (void)
 {
   g_autoptr (GError) error = NULL;
   g_autoptr (StowModel) m = stow_model_lookup ("llama-65b", &error);
-  g_autoptr (StowCluster) c = stow_cluster_new_from_spec ("8xA100-80GB", &error);
+  g_autoptr (StowCluster) c
+      = stow_cluster_new_from_spec ("8xA100-80GB", &error);
   g_assert_no_error (error);
   StowTraining t;
   training_init (&t, 2048, 8);
@@ -391,7 +392,8 @@ test_refused (void)
 {
   g_autoptr (GError) error = NULL;
   g_autoptr (StowModel) m = stow_model_lookup ("llama-7b", &error);
-  g_autoptr (StowCluster) c = stow_cluster_new_from_spec ("8xA100-80GB", &error);
+  g_autoptr (StowCluster) c
+      = stow_cluster_new_from_spec ("8xA100-80GB", &error);
   StowTraining t;
   training_init (&t, 2048, 8);
   StowLayout l;
@@ -417,7 +419,8 @@ test_zero_offload_shape (void)
 {
   g_autoptr (GError) error = NULL;
   g_autoptr (StowModel) m = stow_model_lookup ("llama-7b", &error);
-  g_autoptr (StowCluster) c = stow_cluster_new_from_spec ("8xA100-80GB", &error);
+  g_autoptr (StowCluster) c
+      = stow_cluster_new_from_spec ("8xA100-80GB", &error);
   StowTraining t;
   training_init (&t, 2048, 32);
   StowLayout l;
@@ -439,7 +442,8 @@ test_zero_offload_shape (void)
           g_assert_cmpuint (op->stream, ==, STOW_STREAM_CPU_OPTIM);
           adam++;
         }
-      if (op->kind == STOW_OP_COLLECTIVE && op->coll == STOW_COLL_REDUCE_SCATTER)
+      if (op->kind == STOW_OP_COLLECTIVE
+          && op->coll == STOW_COLL_REDUCE_SCATTER)
         rs++;
     }
   /* 32 layers + embedding + head, 4 micro-batches */
