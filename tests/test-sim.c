@@ -404,6 +404,57 @@ test_resident_spread_hides_loads (void)
   g_assert_cmpfloat (th->step_time_s, <=, 1.05 * comp_half);
 }
 
+/* Layer-major accumulation: each streamed layer is loaded once per pass
+ * for all micro-batches (a quarter of the loads with four), at the cost
+ * of keeping every micro-batch's checkpoints, inputs and logits:
+ * (m - 1) (L 2 s b h + 8 s b + 2 s b h + 10 s b V) bytes more. */
+static void
+test_layer_major (void)
+{
+  g_autoptr (GError) error = NULL;
+  g_autoptr (StowModel) m = stow_model_lookup ("llama-7b", &error);
+  g_autoptr (StowCluster) c = synthetic (16e9, 10e12);
+  StowTraining t = training ();
+  StowLayout l;
+  stow_layout_init (&l);
+  l.zero = 3, l.grad_accum = 4, l.recompute = STOW_RECOMPUTE_FULL;
+  l.offload_params = l.offload_optimizer = STOW_OFFLOAD_CPU;
+  StowScheduleOptions so;
+  stow_schedule_options_init (&so);
+  so.resident_layers = 0;
+  g_autoptr (StowProgram) mb
+      = stow_schedule_lower (m, c, &t, &l, NULL, &so, &error);
+  g_assert_no_error (error);
+  so.layer_major = TRUE;
+  g_autoptr (StowProgram) lm
+      = stow_schedule_lower (m, c, &t, &l, NULL, &so, &error);
+  g_assert_no_error (error);
+  g_autoptr (StowTrace) tmb = run (mb, c, &t, NULL, &error);
+  g_assert_no_error (error);
+  g_autoptr (StowTrace) tlm = run (lm, c, &t, NULL, &error);
+  g_assert_no_error (error);
+  guint loads_mb = 0, loads_lm = 0;
+  for (guint i = 0; i < mb->buffers->len; i++)
+    loads_mb += g_array_index (mb->buffers, StowBuffer, i).slot == 0
+                || g_array_index (mb->buffers, StowBuffer, i).slot == 1;
+  for (guint i = 0; i < lm->buffers->len; i++)
+    loads_lm += g_array_index (lm->buffers, StowBuffer, i).slot == 0
+                || g_array_index (lm->buffers, StowBuffer, i).slot == 1;
+  g_test_message ("micro-batch major: %u loads, %.3f s; layer major: %u "
+                  "loads, %.3f s",
+                  loads_mb, tmb->step_time_s, loads_lm, tlm->step_time_s);
+  /* 4 micro-batches x (embedding, 32 layers and head forward, 32 layers
+   * backward) vs once */
+  g_assert_cmpuint (loads_mb, ==, 4 * 66);
+  g_assert_cmpuint (loads_lm, ==, 66);
+  g_assert_cmpfloat (tlm->step_time_s, <, 0.8 * tmb->step_time_s);
+  double sbh = 2048.0 * 4096.0, sb = 2048.0;
+  guint64 extra
+      = (guint64)(3 * (32 * 2 * sbh + 8 * sb + 2 * sbh + 10 * sb * 32000.0));
+  g_assert_cmpuint (tlm->peak_bytes[STOW_TIER_DEVICE], ==,
+                    tmb->peak_bytes[STOW_TIER_DEVICE] + extra);
+}
+
 /* 1F1B: (m + p - 1) forward-backward slots of one stage plus the
  * optimizer (Narayanan et al. 2021, PipeDream-Flush), and interleaving
  * shrinks the bubble. */
@@ -597,6 +648,7 @@ main (int argc, char **argv)
                    test_two_layer_transfer_bound);
   g_test_add_func ("/sim/two-layer/resident-spread",
                    test_resident_spread_hides_loads);
+  g_test_add_func ("/sim/two-layer/layer-major", test_layer_major);
   g_test_add_func ("/sim/pipeline-bubble", test_pipeline_bubble);
   g_test_add_func ("/sim/nvme-swap-pipeline", test_nvme_swap_pipeline);
   g_test_add_func ("/sim/chrome-trace", test_chrome_trace);
