@@ -161,8 +161,34 @@ run (SimOptions *so, int argc, char **argv)
       json_builder_add_int_value (b, prog->streamed_layers);
       json_builder_set_member_name (b, "ranks");
       json_builder_add_int_value (b, prog->n_ranks);
-      json_builder_set_member_name (b, "ops");
+      json_builder_set_member_name (b, "n_ops");
       json_builder_add_int_value (b, prog->ops->len);
+      /* Every op that takes time, in program order (allocs and frees are
+       * in the memory peaks and the trace's counters). */
+      json_builder_set_member_name (b, "ops");
+      json_builder_begin_array (b);
+      for (guint i = 0; i < prog->ops->len; i++)
+        {
+          const StowOp *op = &g_array_index (prog->ops, StowOp, i);
+          if (op->kind == STOW_OP_ALLOC || op->kind == STOW_OP_FREE)
+            continue;
+          g_autofree char *what = stow_op_describe (prog, i);
+          json_builder_begin_object (b);
+          json_builder_set_member_name (b, "op");
+          json_builder_add_string_value (b, what);
+          json_builder_set_member_name (b, "kind");
+          json_builder_add_string_value (b, stow_op_kind_name (op->kind));
+          json_builder_set_member_name (b, "stream");
+          json_builder_add_string_value (b, stow_stream_name (op->stream));
+          json_builder_set_member_name (b, "rank");
+          json_builder_add_int_value (b, op->rank);
+          json_builder_set_member_name (b, "start_s");
+          json_builder_add_double_value (b, tr->ops[i].start_s);
+          json_builder_set_member_name (b, "end_s");
+          json_builder_add_double_value (b, tr->ops[i].end_s);
+          json_builder_end_object (b);
+        }
+      json_builder_end_array (b);
       json_builder_set_member_name (b, "simulated_in_s");
       json_builder_add_double_value (b, wall);
       json_builder_end_object (b);

@@ -69,7 +69,21 @@ test_json_matches_mem (void)
        = (const char *const[]){ "device", "pinned_host", "host", "nvme", NULL };
        *s; s++)
     g_assert_true (json_object_has_member (peak, *s));
-  g_assert_cmpint (json_object_get_int_member (o, "ops"), >, 100);
+  g_assert_cmpint (json_object_get_int_member (o, "n_ops"), >, 100);
+  JsonArray *ops = json_object_get_array_member (o, "ops");
+  g_assert_cmpuint (json_array_get_length (ops), >, 50);
+  double last_end = 0;
+  for (guint i = 0; i < json_array_get_length (ops); i++)
+    {
+      JsonObject *op = json_array_get_object_element (ops, i);
+      double st = json_object_get_double_member (op, "start_s");
+      double en = json_object_get_double_member (op, "end_s");
+      g_assert_cmpfloat (st, <=, en);
+      g_assert_nonnull (json_object_get_string_member (op, "stream"));
+      last_end = MAX (last_end, en);
+    }
+  g_assert_cmpfloat_with_epsilon (
+      last_end, json_object_get_double_member (o, "step_time_s"), 1e-9);
   gint64 sim = json_object_get_int_member (peak, "device");
 
   g_ptr_array_index (a, 0) = (char *)"mem";
@@ -127,7 +141,7 @@ test_llama_65b_fast (void)
   g_test_message (
       "llama-65b, 8 GPUs, parameter and optimizer offload: %" G_GINT64_FORMAT
       " ops simulated in %.3f s (command %.3f s)",
-      json_object_get_int_member (o, "ops"),
+      json_object_get_int_member (o, "n_ops"),
       json_object_get_double_member (o, "simulated_in_s"), wall);
   g_assert_cmpfloat (json_object_get_double_member (o, "simulated_in_s"), <,
                      1.0);
