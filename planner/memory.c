@@ -855,10 +855,28 @@ activations (Model *ms, const StageParams *p, guint stage, GArray *dev,
       guint64 sbv = (guint64)llround (s_local * (double)l->micro_batch
                                       * (double)m->vocab / l->tp);
       double per = t->chunked_loss ? 2.0 + 8.0 / 8.0 : 10.0;
-      stow_mem_add (dev, "logits and loss", stow_bytes (sbv, per),
+      /* GPipe runs every forward before any backward, so the last stage
+       * keeps every micro-batch's logits until its backward (found by the
+       * simulator); 1F1B's last stage runs each backward right after.
+       * Interleaved: the losses the last stage's warm-up ((v - 1) p chunk
+       * forwards, in groups of p micro-batches) runs before its first
+       * backward. */
+      guint64 nlog = l->schedule == STOW_SCHEDULE_GPIPE ? l->grad_accum : 1;
+      if (l->schedule == STOW_SCHEDULE_INTERLEAVED)
+        {
+          guint64 mm = l->grad_accum, v = l->vpp, pp = l->pp;
+          guint64 total = mm * v, warm = MIN ((v - 1) * pp, total);
+          guint64 g0 = MIN (mm, pp);
+          if (warm == total)
+            nlog = mm;
+          else if (warm + 1 > (v - 1) * g0)
+            nlog = MIN (mm, MAX (1, warm + 1 - (v - 1) * g0));
+        }
+      stow_mem_add (dev, "logits and loss", nlog * stow_bytes (sbv, per),
                     STOW_TIER_DEVICE,
-                    "%.4g B x s b V / tp = %" G_GUINT64_FORMAT " elements%s",
-                    per, sbv, t->chunked_loss ? " (chunked loss)" : "");
+                    "%" G_GUINT64_FORMAT " micro-batches x %.4g B x s b V / "
+                    "tp = %" G_GUINT64_FORMAT " elements%s",
+                    nlog, per, sbv, t->chunked_loss ? " (chunked loss)" : "");
     }
   if (l->engine == STOW_ENGINE_PYTORCH && t->precision != STOW_PRECISION_FP32
       && t->finetune == STOW_FINETUNE_FULL)
