@@ -557,23 +557,27 @@ build_items (Lower *L, Rank *R)
         add_items (R, 0, j, PASS_B);
       return;
     }
+  /* Forward order: groups of p micro-batches through each chunk in turn
+   * (the last group smaller when p does not divide m); backward the same
+   * with the chunks reversed. */
   guint total = m * v;
+  g_autofree guint *fc = g_new (guint, total), *fm = g_new (guint, total);
+  g_autofree guint *bc = g_new (guint, total), *bm = g_new (guint, total);
+  guint k = 0;
+  for (guint g0 = 0; g0 < m; g0 += p)
+    for (guint ch = 0; ch < v; ch++)
+      for (guint j = g0; j < MIN (m, g0 + p); j++, k++)
+        fc[k] = ch, fm[k] = j, bc[k] = v - 1 - ch, bm[k] = j;
   guint warm = MIN ((p - s - 1) * 2 + (v - 1) * p, total);
-#define CHUNK_F(k) (((k) / p) % v)
-#define CHUNK_B(k) (v - 1 - ((k) / p) % v)
-#define MB(k)      (((k) / (p * v)) * p + (k) % p)
-  for (guint k = 0; k < warm; k++)
-    add_items (R, CHUNK_F (k), MB (k), PASS_F);
-  for (guint k = 0; k < total - warm; k++)
+  for (k = 0; k < warm; k++)
+    add_items (R, fc[k], fm[k], PASS_F);
+  for (k = 0; k < total - warm; k++)
     {
-      add_items (R, CHUNK_F (warm + k), MB (warm + k), PASS_F);
-      add_items (R, CHUNK_B (k), MB (k), PASS_B);
+      add_items (R, fc[warm + k], fm[warm + k], PASS_F);
+      add_items (R, bc[k], bm[k], PASS_B);
     }
-  for (guint k = total - warm; k < total; k++)
-    add_items (R, CHUNK_B (k), MB (k), PASS_B);
-#undef CHUNK_F
-#undef CHUNK_B
-#undef MB
+  for (k = total - warm; k < total; k++)
+    add_items (R, bc[k], bm[k], PASS_B);
 }
 
 /* Layer-major accumulation: with one stage, forward every micro-batch
@@ -1456,14 +1460,6 @@ stow_schedule_lower (const StowModel *m, const StowCluster *c,
       g_set_error (error, STOW_PLAN_ERROR, STOW_PLAN_ERROR_INVALID,
                    "--offload-activations: the step program does not lower "
                    "activation offload");
-      return NULL;
-    }
-  if (l->vpp > 1 && l->grad_accum % l->pp != 0)
-    {
-      g_set_error (error, STOW_PLAN_ERROR, STOW_PLAN_ERROR_INVALID,
-                   "--schedule interleaved needs the micro-batches per step "
-                   "(%" G_GUINT64_FORMAT ") to be a multiple of --pp %u",
-                   l->grad_accum, l->pp);
       return NULL;
     }
   g_autoptr (StowMemory) mem = stow_memory_estimate (m, c, t, l, mo_in, error);

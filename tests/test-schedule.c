@@ -44,9 +44,21 @@ simulate (const StowModel *m, const StowCluster *c, const StowTraining *t,
 /* Simulated peak device tensors vs the memory model's allocated bytes,
  * for every layout the search keeps (a deterministic sample when there
  * are many, so that the suite stays fast). */
+static void check_search_pinned (const char *model_name, const char *spec,
+                                 guint64 seq, guint64 batch, guint max_checked,
+                                 const StowLayout *base_in, StowPins pins);
+
 static void
 check_search (const char *model_name, const char *spec, guint64 seq,
               guint64 batch, guint max_checked)
+{
+  check_search_pinned (model_name, spec, seq, batch, max_checked, NULL, 0);
+}
+
+static void
+check_search_pinned (const char *model_name, const char *spec, guint64 seq,
+                     guint64 batch, guint max_checked,
+                     const StowLayout *base_in, StowPins pins)
 {
   g_autoptr (GError) error = NULL;
   g_autoptr (StowModel) m = stow_model_lookup (model_name, &error);
@@ -57,9 +69,11 @@ check_search (const char *model_name, const char *spec, guint64 seq,
   training_init (&t, seq, batch);
   StowLayout base;
   stow_layout_init (&base);
+  if (base_in)
+    base = *base_in;
   StowMemOptions mo;
   stow_mem_options_init (&mo);
-  g_autoptr (StowSearch) s = stow_search_run (m, c, &t, &base, 0, &mo, 0);
+  g_autoptr (StowSearch) s = stow_search_run (m, c, &t, &base, pins, &mo, 0);
   g_assert_cmpuint (s->fits->len, >, 0);
   guint step = MAX (1, s->fits->len / max_checked);
   guint checked = 0;
@@ -129,6 +143,23 @@ test_search_mixtral (void)
       return;
     }
   check_search ("mixtral-8x7b", "8xH100-SXM", 2048, 8, 400);
+}
+
+/* Schedules the search keeps only when pinned: GPipe (every micro-batch's
+ * activations and logits) and interleaved 1F1B. */
+static void
+test_search_pinned_schedules (void)
+{
+  StowLayout base;
+  stow_layout_init (&base);
+  base.pp = 4;
+  base.schedule = STOW_SCHEDULE_GPIPE;
+  check_search_pinned ("llama-7b", "8xA100-80GB", 2048, 32, 200, &base,
+                       STOW_PIN_PP | STOW_PIN_SCHEDULE);
+  base.vpp = 2;
+  base.schedule = STOW_SCHEDULE_INTERLEAVED;
+  check_search_pinned ("llama-7b", "8xA100-80GB", 2048, 32, 200, &base,
+                       STOW_PIN_PP | STOW_PIN_VPP | STOW_PIN_SCHEDULE);
 }
 
 /* ---- invariants over random plans --------------------------------------- */
@@ -461,6 +492,8 @@ main (int argc, char **argv)
   g_test_add_func ("/schedule/search/llama-3-8b", test_search_llama3_gqa);
   g_test_add_func ("/schedule/search/llama-65b", test_search_llama_65b);
   g_test_add_func ("/schedule/search/mixtral", test_search_mixtral);
+  g_test_add_func ("/schedule/search/pinned-schedules",
+                   test_search_pinned_schedules);
   g_test_add_func ("/schedule/random-plans", test_random_plans);
   g_test_add_func ("/schedule/resident-from-budget", test_resident_from_budget);
   g_test_add_func ("/schedule/streamed-spread", test_streamed_spread);
