@@ -118,10 +118,10 @@ stow_trace_to_chrome_json (const StowTrace *t, const StowProgram *p)
 
 typedef struct
 {
-  guint rank;
   StowStream stream;
   StowOpKind kind;
   guint count;
+  guint first_rank, last_rank;
   double seconds;
 } Group;
 
@@ -151,27 +151,32 @@ stow_trace_critical_summary (const StowTrace *t, const StowProgram *p,
       for (g = 0; g < groups->len; g++)
         {
           Group *x = &g_array_index (groups, Group, g);
-          if (x->rank == op->rank && x->stream == op->stream
-              && x->kind == op->kind)
+          if (x->stream == op->stream && x->kind == op->kind)
             break;
         }
       if (g == groups->len)
         {
-          Group x = { op->rank, op->stream, op->kind, 0, 0 };
+          Group x = { op->stream, op->kind, 0, op->rank, op->rank, 0 };
           g_array_append_val (groups, x);
         }
       Group *x = &g_array_index (groups, Group, g);
       x->count++;
       x->seconds += d;
+      x->first_rank = MIN (x->first_rank, op->rank);
+      x->last_rank = MAX (x->last_rank, op->rank);
     }
   g_array_sort (groups, by_seconds);
   for (guint g = 0; g < groups->len && g < max_lines; g++)
     {
       Group *x = &g_array_index (groups, Group, g);
-      g_string_append_printf (out, "  rank %u %-10s %-10s x%-6u %10.4f s\n",
-                              x->rank, stow_stream_name (x->stream),
-                              stow_op_kind_name (x->kind), x->count,
-                              x->seconds);
+      g_autofree char *ranks
+          = x->first_rank == x->last_rank
+                ? g_strdup_printf ("rank %u", x->first_rank)
+                : g_strdup_printf ("ranks %u-%u", x->first_rank, x->last_rank);
+      g_string_append_printf (out, "  %-10s %-10s x%-6u %10.4f s  (%s)\n",
+                              stow_stream_name (x->stream),
+                              stow_op_kind_name (x->kind), x->count, x->seconds,
+                              ranks);
     }
   if (waited > 1e-9)
     g_string_append_printf (out, "  (idle gaps on the path: %.4f s)\n", waited);

@@ -61,7 +61,7 @@ StowTrace *stow_program_run (const StowProgram *p, StowBackend *backend,
  * counters for memory per tier. */
 char *stow_trace_to_chrome_json (const StowTrace *t, const StowProgram *p);
 
-/* "rank 0 compute: backward x80 4.2 s" lines along the critical path,
+/* "compute backward x80 4.2 s (ranks 0-3)" lines along the critical path,
  * grouped by stream and op kind, longest first (at most @max_lines). */
 void stow_trace_critical_summary (const StowTrace *t, const StowProgram *p,
                                   GString *out, guint max_lines);
