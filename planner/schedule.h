@@ -105,7 +105,11 @@ typedef struct
   StowTier tier;
   guint64 bytes;
   guint rank;
-  gint slot;           /* rotating layer slot (0..), -1 none */
+  /* Rotating slots: 0 and 1 hold layers' weights, 2 and 3 their
+   * gradients.  A buffer with a slot names the slot's occupant for one
+   * use and has no bytes of its own: the bytes are the persistent "layer
+   * slot" and "gradient slot" buffers.  -1: not a slot. */
+  gint slot;
   gboolean persistent; /* lives for the whole step, ready at the start */
 } StowBuffer;
 
