@@ -337,6 +337,8 @@ typedef struct
   guint64 full, block, ckpt;
   guint64 input_bytes, logits_bytes, sbh_send;
   gboolean gather; /* ZeRO 3: units are gathered or streamed */
+  gboolean lora;   /* frozen weights, fp32 adapters train */
+  double wb;       /* frozen linear weights' bytes (QLoRA: NF4) */
   gboolean off_opt, off_par, nvme_opt, nvme_par;
   GHashTable *xevents; /* "F vs mb" -> event id, across ranks */
   guint k_resident;
@@ -732,6 +734,8 @@ weights_of (Lower *L, Rank *R, const Unit *u, const Item *it)
 static gboolean
 uses_grad_slots (Lower *L)
 {
+  if (L->lora)
+    return FALSE; /* adapters' gradients are small and persistent */
   guint64 gdiv = L->l->zero >= 2 ? L->n : 1;
   return L->off_opt || L->off_par || gdiv > 1;
 }
@@ -1005,7 +1009,31 @@ lower_rank (Lower *L, Rank *R)
   R->params_buf = R->grads_buf = R->host_grads_buf = STOW_NONE;
   R->bucket_buf[0] = R->bucket_buf[1] = STOW_NONE;
   R->grad_slot_freed[0] = R->grad_slot_freed[1] = STOW_NONE;
-  if (L->off_par)
+  if (L->lora)
+    {
+      /* memory.c's LoRA states: frozen weights (NF4 under QLoRA) and the
+       * fp32 adapters, their gradients and optimizer states. */
+      guint64 wdiv = l->zero >= 3 ? n : 1, T = R->sp.trainable;
+      R->params_buf = stow_program_buffer (
+          p, rank, STOW_TIER_DEVICE, stow_bytes (R->sp.linear, L->wb) / wdiv,
+          -1, TRUE, "frozen parameters");
+      stow_program_buffer (p, rank, STOW_TIER_DEVICE,
+                           stow_bytes (N - R->sp.linear, 2.0) / wdiv, -1, TRUE,
+                           "frozen parameters (non-linear)");
+      stow_program_buffer (p, rank, STOW_TIER_DEVICE, T * 4 / wdiv, -1, TRUE,
+                           "lora adapters");
+      R->grads_buf = stow_program_buffer (p, rank, STOW_TIER_DEVICE,
+                                          T * 4 / gdiv, -1, TRUE, "gradients");
+      stow_program_buffer (p, rank, STOW_TIER_DEVICE,
+                           stow_bytes (T, L->opt) / odiv, -1, TRUE,
+                           "optimizer states");
+      for (guint i = 0; i < R->units->len; i++)
+        {
+          Unit *u = &g_array_index (R->units, Unit, i);
+          u->params = u->layer >= 0 ? T / MAX (R->sp.layers, 1) : 0;
+        }
+    }
+  else if (L->off_par)
     stow_program_buffer (
         p, rank, L->nvme_par ? STOW_TIER_NVME : STOW_TIER_PINNED,
         stow_bytes (div_ceil (N, n), L->w), -1, TRUE, "offloaded parameters");
@@ -1014,7 +1042,9 @@ lower_rank (Lower *L, Rank *R)
         p, rank, STOW_TIER_DEVICE,
         stow_bytes (div_ceil (N, l->zero >= 3 ? n : 1), L->w), -1, TRUE,
         l->zero >= 3 ? "parameter shard" : "parameters");
-  if (!L->off_opt)
+  if (L->lora)
+    ;
+  else if (!L->off_opt)
     {
       R->grads_buf = stow_program_buffer (p, rank, STOW_TIER_DEVICE,
                                           stow_bytes (div_ceil (N, gdiv), L->g),
@@ -1297,10 +1327,13 @@ lower_rank (Lower *L, Rank *R)
               done = emit (L, &op, waits, nw, TRUE, "backward");
               emit_free (L, rank, STOW_STREAM_COMPUTE, inputs[it->mb], NULL, 0,
                          FALSE);
-              guint ev = emit_grad_path (L, R, u, grad, done,
-                                         i == u->last_grad_item);
-              if (i == u->last_grad_item)
-                u->grads_ready = ev;
+              if (u->params > 0)
+                {
+                  guint ev = emit_grad_path (L, R, u, grad, done,
+                                             i == u->last_grad_item);
+                  if (i == u->last_grad_item)
+                    u->grads_ready = ev;
+                }
             }
           else
             {
@@ -1447,11 +1480,14 @@ stow_schedule_lower (const StowModel *m, const StowCluster *c,
                    stow_engine_name (l->engine));
       return NULL;
     }
-  if (t->finetune != STOW_FINETUNE_FULL)
+  if (t->finetune != STOW_FINETUNE_FULL
+      && (l->offload_optimizer != STOW_OFFLOAD_NONE
+          || l->offload_params != STOW_OFFLOAD_NONE))
     {
       g_set_error (error, STOW_PLAN_ERROR, STOW_PLAN_ERROR_INVALID,
-                   "--finetune %s: the step program lowers full training "
-                   "only",
+                   "--finetune %s with offload: the step program keeps "
+                   "adapter states on the GPU (as the memory model does); "
+                   "drop --offload-optimizer / --offload-params",
                    stow_finetune_name (t->finetune));
       return NULL;
     }
@@ -1471,6 +1507,17 @@ stow_schedule_lower (const StowModel *m, const StowCluster *c,
   L.p = stow_program_new (l->pp);
   stow_mem_state_bytes (m, t, &L.w, &L.g, &L.master, &L.opt);
   L.wg = MIN (L.w, 2.0); /* gathered in compute precision, as memory.c */
+  if (t->finetune != STOW_FINETUNE_FULL)
+    {
+      /* NF4: 4 bits + an 8-bit absmax per 64 weights + an fp32 scale per
+       * 256 blocks (memory.c); adapters train in fp32 with no master. */
+      L.lora = TRUE;
+      L.wb = t->finetune == STOW_FINETUNE_QLORA
+                 ? 0.5 + 1.0 / 64.0 + 4.0 / (64.0 * 256.0)
+                 : L.w;
+      L.w = L.g = 4.0;
+      L.master = 0;
+    }
   L.n = stow_mem_shard_degree (l, c);
   stow_mem_activation_sizes (m, t, l, &L.full, &L.block, &L.ckpt);
   double s_local = (double)t->seq_len / l->cp;
