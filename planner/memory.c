@@ -627,12 +627,18 @@ model_states (Model *ms, const StageParams *p, GArray *dev,
                           "%.4g B x %" G_GUINT64_FORMAT
                           " params / %" G_GUINT64_FORMAT " ZeRO shards",
                           b.w, N, n);
+          /* stowage's ranks each read their own shard of a unit (then
+           * all-gather it on the GPUs), so a staging buffer holds 1/n of
+           * the largest unit (found by the simulator). */
+          guint64 staged = l->engine == STOW_ENGINE_STOWAGE
+                               ? div_ceil (p->max_unit, n)
+                               : p->max_layer;
           if (host)
             stow_mem_add (host, "parameter staging buffers",
-                          4 * stow_bytes (p->max_layer, b.w), STOW_TIER_PINNED,
-                          "4 x the largest layer's %.4g B x %" G_GUINT64_FORMAT
-                          " params",
-                          b.w, p->max_layer);
+                          4 * stow_bytes (staged, b.w), STOW_TIER_PINNED,
+                          "4 x %.4g B x %" G_GUINT64_FORMAT
+                          " params (the largest unit's shard)",
+                          b.w, staged);
         }
     }
   else
@@ -735,13 +741,22 @@ model_states (Model *ms, const StageParams *p, GArray *dev,
           if (l->engine == STOW_ENGINE_DEEPSPEED)
             sp = MIN (shard, (guint64)1000000000); /* sub_group_size */
           guint64 nbuf = l->engine == STOW_ENGINE_DEEPSPEED ? 4 : 3;
+          /* stowage cuts the shard into chunks of sp and keeps at most
+           * three in flight: a shard of one or two chunks needs only those
+           * (found by the simulator). */
+          guint64 swapped = nbuf * sp;
+          if (l->engine == STOW_ENGINE_STOWAGE)
+            {
+              nbuf = MIN (nbuf, div_ceil (shard, sp));
+              swapped = MIN (shard, nbuf * sp);
+            }
           if (host)
             stow_mem_add (
                 host, "optimizer swap buffers",
-                nbuf * stow_bytes (sp, b.master + b.opt), STOW_TIER_PINNED,
-                "%" G_GUINT64_FORMAT " buffers x %.4g B x %" G_GUINT64_FORMAT
-                " params per shard",
-                nbuf, b.master + b.opt, sp);
+                stow_bytes (swapped, b.master + b.opt), STOW_TIER_PINNED,
+                "%" G_GUINT64_FORMAT " buffers x %.4g B, %" G_GUINT64_FORMAT
+                " params in flight (chunks of %" G_GUINT64_FORMAT ")",
+                nbuf, b.master + b.opt, swapped, sp);
         }
     }
 }
