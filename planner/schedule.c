@@ -680,8 +680,9 @@ emit_load (Lower *L, Rank *R, guint k)
           guint sprev = k >= 4
                             ? g_array_index (R->uses, Use, k - 4).staging_freed
                             : STOW_NONE;
-          staging = stow_program_buffer (L->p, R->rank, STOW_TIER_PINNED, shard,
-                                         -1, FALSE, "staging %d", u->layer);
+          staging = stow_program_buffer (L->p, R->rank, STOW_TIER_PINNED, 0,
+                                         4 + (gint)(k % 4), FALSE,
+                                         "staging %u: %d", k % 4, u->layer);
           emit_alloc (L, R->rank, STOW_STREAM_NVME_READ, staging, &sprev, 1);
           op = copy_op (R->rank, STOW_STREAM_NVME_READ, STOW_TIER_NVME,
                         STOW_TIER_PINNED, shard, u->layer);
@@ -1132,6 +1133,17 @@ lower_rank (Lower *L, Rank *R)
         gmax = MAX (gmax, stow_bytes (u->params, L->g));
       }
     guint n_slots = MIN (2, MAX (n_layer_units, 1));
+    /* Four pinned staging buffers for NVMe parameters, each one rank's
+     * shard of the largest unit (slots 4-7). */
+    for (guint i = 0; L->nvme_par && wmax > 0 && i < 4; i++)
+      {
+        guint64 big = 0;
+        for (guint j = 0; j < R->units->len; j++)
+          big = MAX (big, g_array_index (R->units, Unit, j).gparams);
+        stow_program_buffer (p, rank, STOW_TIER_PINNED,
+                             stow_bytes (div_ceil (big, L->n), L->w), -1, TRUE,
+                             "parameter staging buffer %u", i);
+      }
     for (guint i = 0; wmax > 0 && i < n_slots; i++)
       stow_program_buffer (p, rank, STOW_TIER_DEVICE, wmax, -1, TRUE,
                            "layer slot %u", i);

@@ -115,6 +115,21 @@ check_search_pinned (const char *model_name, const char *spec, guint64 seq,
       if (mem->n_stages > 1 && sim != model)
         g_assert_cmpuint (tr->peak_rank[STOW_TIER_DEVICE], <, mem->n_stages);
       worst = MAX (worst, fabs (sim - model) / model);
+      /* Host: the memory model charges a node's pinned memory and NVMe as
+       * its GPUs times the worst stage's; the simulator per rank. */
+      guint g = c->node.gpus_per_node;
+      double pinned = (double)mem->host_pinned_bytes / g;
+      double sim_pinned = (double)tr->peak_bytes[STOW_TIER_PINNED];
+      if (fabs (sim_pinned - pinned) > 0.02 * MAX (pinned, 1.0))
+        g_error ("%s on %s: %s: simulated pinned host %.0f B vs memory model "
+                 "%.0f B per GPU",
+                 model_name, spec, prog->description, sim_pinned, pinned);
+      double nvme = (double)mem->nvme_bytes / g;
+      double sim_nvme = (double)tr->peak_bytes[STOW_TIER_NVME];
+      if (fabs (sim_nvme - nvme) > 0.02 * MAX (nvme, 1.0))
+        g_error ("%s on %s: %s: simulated NVMe %.0f B vs memory model %.0f B "
+                 "per GPU",
+                 model_name, spec, prog->description, sim_nvme, nvme);
       stow_program_free (prog);
       checked++;
     }
