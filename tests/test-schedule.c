@@ -247,8 +247,8 @@ random_layout (GRand *r, const StowModel *m, const StowCluster *c,
       && l->offload_params == STOW_OFFLOAD_NONE
       && g_rand_int_range (r, 0, 4) == 0)
     {
-      t->finetune = g_rand_boolean (r) ? STOW_FINETUNE_LORA
-                                       : STOW_FINETUNE_QLORA;
+      t->finetune
+          = g_rand_boolean (r) ? STOW_FINETUNE_LORA : STOW_FINETUNE_QLORA;
       t->lora_rank = 8;
     }
   so->layer_major = l->pp == 1 && l->offload_params != STOW_OFFLOAD_NONE
