@@ -21,6 +21,8 @@ static const StowCommand commands[] = {
     stow_cmd_plan },
   { "mem", "One layout's memory per GPU, host and NVMe, term by term",
     stow_cmd_mem },
+  { "simulate", "Run one layout's step program in virtual time",
+    stow_cmd_simulate },
   { "models", "List the built-in model catalog", stow_cmd_models },
   { "model", "Show one model: exact parameter counts, per layer and role",
     stow_cmd_model },

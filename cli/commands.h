@@ -20,5 +20,6 @@ int stow_cmd_fit (int argc, char **argv);   /* cli/cmd-mem.c */
 int stow_bench_nvme (int argc, char **argv);
 int stow_bench_swapper (int argc, char **argv);
 int stow_cmd_plan (int argc, char **argv);  /* cli/cmd-plan.c */
+int stow_cmd_simulate (int argc, char **argv); /* cli/cmd-simulate.c */
 
 G_END_DECLS

@@ -350,6 +350,13 @@ stow_layout_validate (const StowLayout *l, const StowTraining *t,
                            "checkpoints, so it needs --recompute full");
   if (l->schedule == STOW_SCHEDULE_INTERLEAVED && l->vpp < 2)
     return invalid (error, "--schedule interleaved needs --vpp >= 2");
+  if (l->schedule == STOW_SCHEDULE_INTERLEAVED && l->grad_accum % l->pp != 0)
+    return invalid (error,
+                    "--schedule interleaved runs micro-batches in groups of "
+                    "--pp %u: %" G_GUINT64_FORMAT
+                    " micro-batches per step is not a multiple (Megatron's "
+                    "interleaved 1F1B)",
+                    l->pp, l->grad_accum);
   if (l->vpp > 1 && l->schedule != STOW_SCHEDULE_INTERLEAVED)
     return invalid (error, "--vpp %u needs --schedule interleaved", l->vpp);
   if (l->pp > 1 && l->grad_accum < l->pp && l->schedule != STOW_SCHEDULE_GPIPE)

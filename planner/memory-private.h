@@ -20,3 +20,38 @@ StowMemory *
 stow_memory_estimate_convention (const StowModel *m, const StowCluster *c,
                                  const StowTraining *t, const StowLayout *l,
                                  const StowMemOptions *o, GError **error);
+
+/* Shared with the step program (planner/schedule.c), so that the program
+ * allocates exactly the tensors the memory model counts. */
+
+/* Parameters one GPU of a pipeline stage holds, before ZeRO sharding. */
+typedef struct
+{
+  guint64 first_layer; /* index of the stage's first layer */
+  guint64 layers;      /* transformer layers on the stage */
+  guint64 params;      /* all parameters on the GPU */
+  guint64 linear;      /* of which in linear layers (QLoRA quantises these) */
+  guint64 max_layer;   /* largest layer on the GPU (streaming slots) */
+  guint64 max_unit;    /* largest of those, the embedding and output layer */
+  guint64 trainable;   /* LoRA adapters, or = params */
+  gboolean first, last;
+} StowStageParams;
+
+StowStageParams stow_mem_stage_params (const StowModel *m,
+                                       const StowTraining *t,
+                                       const StowLayout *l,
+                                       const StowMemOptions *o, guint stage,
+                                       guint64 first_layer, guint64 n_layers);
+/* Layer @layer's parameters on one GPU (TP and EP splits). */
+guint64 stow_mem_layer_params_on_gpu (const StowModel *m, const StowLayout *l,
+                                      guint64 layer);
+/* Data-parallel ranks ZeRO shards over. */
+guint64 stow_mem_shard_degree (const StowLayout *l, const StowCluster *c);
+/* Bytes per parameter: compute weights, gradients, fp32 master, optimizer
+ * states (stowage engine, full fine-tuning). */
+void stow_mem_state_bytes (const StowModel *m, const StowTraining *t, double *w,
+                           double *g, double *master, double *opt);
+/* Per-layer activation bytes of one micro-batch (see memory.c). */
+void stow_mem_activation_sizes (const StowModel *m, const StowTraining *t,
+                                const StowLayout *l, guint64 *full,
+                                guint64 *block, guint64 *ckpt);

@@ -369,6 +369,39 @@ stow_memory_layer_activations (const StowModel *m, const StowTraining *t,
   return block + core;
 }
 
+/* The per-layer sizes activations() charges, shared with the step program
+ * (planner/schedule.c) so that both count the same tensors: @full is what a
+ * layer keeps for backward (the larger of a dense and an MoE layer, so
+ * every layer is charged alike), @block its activation gradients during
+ * backward, @ckpt the input a fully recomputed layer keeps (2 s b h; split
+ * by TP under sequence parallelism). */
+void
+stow_mem_activation_sizes (const StowModel *m, const StowTraining *t,
+                           const StowLayout *l, guint64 *full, guint64 *block,
+                           guint64 *ckpt)
+{
+  /* The largest kind of layer the model has (dense, MoE, decoder with
+   * cross-attention): the step program sizes every layer's buffers alike. */
+  *full = *block = 0;
+  for (int k = 0; k < N_LAYER_KINDS; k++)
+    {
+      if ((k == LAYER_MOE && m->n_experts == 0)
+          || (k == LAYER_CROSS && m->n_encoder_layers == 0))
+        continue;
+      guint64 b, core;
+      layer_activation_parts (m, t, l, (LayerKind)k, &b, &core);
+      if (l->recompute == STOW_RECOMPUTE_SELECTIVE && !t->flash_attention)
+        core = 0;
+      *full = MAX (*full, b + core);
+      *block = MAX (*block, b);
+    }
+  double s_local = (double)t->seq_len / l->cp;
+  guint64 sbh
+      = (guint64)llround (s_local * (double)l->micro_batch * (double)m->hidden);
+  *ckpt = (guint64)llround (activation_bytes (t) * (double)sbh)
+          / (l->sp ? l->tp : 1);
+}
+
 /* ---- the stowage model ----------------------------------------------- */
 
 typedef struct
@@ -445,17 +478,7 @@ lora_layer_params (const StowModel *m, const StowTraining *t, guint tp)
   return t->lora_rank * sum / tp;
 }
 
-/* Parameters one GPU of a stage holds, before ZeRO sharding. */
-typedef struct
-{
-  guint64 first_layer; /* index of the stage's first layer */
-  guint64 layers;      /* transformer layers on the stage */
-  guint64 params;      /* all parameters on the GPU */
-  guint64 linear;      /* of which in linear layers (QLoRA quantises these) */
-  guint64 max_layer;   /* largest layer on the GPU (streaming slots) */
-  guint64 trainable;   /* LoRA adapters, or = params */
-  gboolean first, last;
-} StageParams;
+typedef StowStageParams StageParams;
 
 static guint64
 padded_vocab (const StowModel *m, const StowLayout *l, const StowMemOptions *o)
@@ -466,6 +489,21 @@ padded_vocab (const StowModel *m, const StowLayout *l, const StowMemOptions *o)
   return (m->vocab + mult - 1) / mult * mult;
 }
 
+/* Parameters of layer @i on one GPU: TP splits the linears, EP x TP the
+ * routed experts; norms are replicated. */
+static guint64
+layer_on_gpu (const StowModel *m, const StowLayout *l, guint64 i, guint64 n_moe,
+              guint64 expert_per_layer, guint64 norm_per_layer,
+              guint64 *norms_out)
+{
+  const StowLayerInfo *li = &m->layers[i];
+  guint64 experts = li->is_moe && n_moe ? expert_per_layer : 0;
+  guint64 norms = MIN (norm_per_layer, li->params - experts);
+  guint64 shardable = li->params - experts - norms;
+  *norms_out = norms;
+  return shardable / l->tp + norms + experts / ((guint64)l->ep * l->tp);
+}
+
 static guint64
 count_moe_layers (const StowModel *m)
 {
@@ -473,6 +511,17 @@ count_moe_layers (const StowModel *m)
   for (guint64 i = 0; i < m->n_layers; i++)
     n_moe += m->layers[i].is_moe ? 1 : 0;
   return n_moe;
+}
+
+guint64
+stow_mem_layer_params_on_gpu (const StowModel *m, const StowLayout *l,
+                              guint64 layer)
+{
+  guint64 n_moe = count_moe_layers (m), norms;
+  guint64 expert_per_layer = n_moe ? m->by_role[STOW_ROLE_EXPERT] / n_moe : 0;
+  guint64 norm_per_layer = m->by_role[STOW_ROLE_NORM] / MAX (m->n_layers, 1);
+  return layer_on_gpu (m, l, layer, n_moe, expert_per_layer, norm_per_layer,
+                       &norms);
 }
 
 /* @n_moe: count_moe_layers (m), counted once per estimate. */
@@ -498,11 +547,8 @@ stage_params (const StowModel *m, const StowTraining *t, const StowLayout *l,
       const StowLayerInfo *li = &m->layers[i];
       if (li->params != prev_params || li->is_moe != prev_moe)
         {
-          guint64 experts = li->is_moe ? expert_per_layer : 0;
-          norms = MIN (norm_per_layer, li->params - experts);
-          guint64 shardable = li->params - experts - norms;
-          on_gpu
-              = shardable / l->tp + norms + experts / ((guint64)l->ep * l->tp);
+          on_gpu = layer_on_gpu (m, l, i, n_moe, expert_per_layer,
+                                 norm_per_layer, &norms);
           prev_params = li->params, prev_moe = li->is_moe;
         }
       p.params += on_gpu;
@@ -512,18 +558,26 @@ stage_params (const StowModel *m, const StowTraining *t, const StowLayout *l,
   guint64 emb = m->embedding_params;
   if (l->engine == STOW_ENGINE_MEGATRON)
     emb += (padded_vocab (m, l, o) - m->vocab) * m->hidden;
+  p.max_unit = p.max_layer;
   if (p.first)
-    p.params += emb / l->tp;
+    {
+      p.params += emb / l->tp;
+      p.max_unit = MAX (p.max_unit, emb / l->tp);
+    }
   if (p.last)
     {
+      guint64 head = 0;
       if (m->head_params)
-        p.params += (m->head_params
-                     + (padded_vocab (m, l, o) - m->vocab) * m->hidden)
-                    / l->tp;
+        head
+            = (m->head_params + (padded_vocab (m, l, o) - m->vocab) * m->hidden)
+              / l->tp;
       else if (l->pp > 1)
         /* Tied: the last stage keeps its own copy of the word embedding
          * for the output layer and all-reduces its gradient with stage 0. */
-        p.params += padded_vocab (m, l, o) * m->hidden / l->tp;
+        head = padded_vocab (m, l, o) * m->hidden / l->tp;
+      p.params += head;
+      /* Tied on one stage, the output layer gathers the embedding. */
+      p.max_unit = MAX (p.max_unit, head ? head : emb / l->tp);
     }
   p.trainable = p.params;
   if (t->finetune != STOW_FINETUNE_FULL)
@@ -674,12 +728,18 @@ model_states (Model *ms, const StageParams *p, GArray *dev,
                           "%.4g B x %" G_GUINT64_FORMAT
                           " params / %" G_GUINT64_FORMAT " ZeRO shards",
                           b.w, N, n);
+          /* stowage's ranks each read their own shard of a unit (then
+           * all-gather it on the GPUs), so a staging buffer holds 1/n of
+           * the largest unit (found by the simulator). */
+          guint64 staged = l->engine == STOW_ENGINE_STOWAGE
+                               ? div_ceil (p->max_unit, n)
+                               : p->max_layer;
           if (host)
             stow_mem_add (host, "parameter staging buffers",
-                          4 * stow_bytes (p->max_layer, b.w), STOW_TIER_PINNED,
-                          "4 x the largest layer's %.4g B x %" G_GUINT64_FORMAT
-                          " params",
-                          b.w, p->max_layer);
+                          4 * stow_bytes (staged, b.w), STOW_TIER_PINNED,
+                          "4 x %.4g B x %" G_GUINT64_FORMAT
+                          " params (the largest unit's shard)",
+                          b.w, staged);
         }
     }
   else
@@ -691,7 +751,11 @@ model_states (Model *ms, const StageParams *p, GArray *dev,
    * are reduce-scattered (ZeRO >= 2) or copied to the host (offload): two
    * layer slots, one being produced and one in flight.  DeepSpeed uses its
    * reduce buckets instead (charged with the engine's buffers). */
-  guint64 slots = MIN (2, MAX (p->layers, 1)) * stow_bytes (p->max_layer, b.g);
+  /* stowage gathers and reduces the embedding and the output layer
+   * through the same slots as the layers. */
+  guint64 slot_params
+      = l->engine == STOW_ENGINE_STOWAGE ? p->max_unit : p->max_layer;
+  guint64 slots = MIN (2, MAX (p->layers, 1)) * stow_bytes (slot_params, b.g);
   gboolean bucketed = l->engine == STOW_ENGINE_DEEPSPEED;
   if (off_opt || off_par)
     {
@@ -700,7 +764,15 @@ model_states (Model *ms, const StageParams *p, GArray *dev,
                       "%" G_GUINT64_FORMAT
                       " layers x %.4g B x %" G_GUINT64_FORMAT
                       " params of the largest layer",
-                      MIN (2, MAX (p->layers, 1)), b.g, p->max_layer);
+                      MIN (2, MAX (p->layers, 1)), b.g, slot_params);
+      /* Parameters offloaded but the optimizer on the GPU: the reduced
+       * gradient shard stays on the device for the step (found by the
+       * simulator: nothing else held it). */
+      if (!off_opt)
+        stow_mem_add (dev, "gradients", stow_bytes (div_ceil (N, gdiv), b.g),
+                      STOW_TIER_DEVICE,
+                      "%.4g B x %" G_GUINT64_FORMAT " params%s", b.g, N,
+                      shards (dev, sbuf, sizeof sbuf, gdiv));
     }
   else if (t->optimizer_in_backward)
     {
@@ -722,7 +794,7 @@ model_states (Model *ms, const StageParams *p, GArray *dev,
                       "%" G_GUINT64_FORMAT
                       " layers x %.4g B x %" G_GUINT64_FORMAT
                       " params before reduce-scatter",
-                      MIN (2, MAX (p->layers, 1)), b.g, p->max_layer);
+                      MIN (2, MAX (p->layers, 1)), b.g, slot_params);
     }
   if (l->engine == STOW_ENGINE_DEEPSPEED && t->precision != STOW_PRECISION_FP32
       && !off_opt)
@@ -780,13 +852,22 @@ model_states (Model *ms, const StageParams *p, GArray *dev,
           if (l->engine == STOW_ENGINE_DEEPSPEED)
             sp = MIN (shard, (guint64)1000000000); /* sub_group_size */
           guint64 nbuf = l->engine == STOW_ENGINE_DEEPSPEED ? 4 : 3;
+          /* stowage cuts the shard into chunks of sp and keeps at most
+           * three in flight: a shard of one or two chunks needs only those
+           * (found by the simulator). */
+          guint64 swapped = nbuf * sp;
+          if (l->engine == STOW_ENGINE_STOWAGE)
+            {
+              nbuf = MIN (nbuf, div_ceil (shard, sp));
+              swapped = MIN (shard, nbuf * sp);
+            }
           if (host)
             stow_mem_add (
                 host, "optimizer swap buffers",
-                nbuf * stow_bytes (sp, b.master + b.opt), STOW_TIER_PINNED,
-                "%" G_GUINT64_FORMAT " buffers x %.4g B x %" G_GUINT64_FORMAT
-                " params per shard",
-                nbuf, b.master + b.opt, sp);
+                stow_bytes (swapped, b.master + b.opt), STOW_TIER_PINNED,
+                "%" G_GUINT64_FORMAT " buffers x %.4g B, %" G_GUINT64_FORMAT
+                " params in flight (chunks of %" G_GUINT64_FORMAT ")",
+                nbuf, b.master + b.opt, swapped, sp);
         }
     }
 }
@@ -902,12 +983,18 @@ activations (Model *ms, const StageParams *p, guint stage, GArray *dev,
                       "%.4g micro-batches in flight x %" G_GUINT64_FORMAT
                       " layers x s b h elements = %" G_GUINT64_FORMAT " B",
                       mb, n_full_recompute, ckpt);
-      /* The rebuilt layer's input is its checkpoint, already counted. */
+      /* The rebuilt layer's input is its checkpoint, already counted.
+       * Backward reaches the recomputed (first) layers of a stage after it
+       * has freed this micro-batch's stored ones, so the rebuilt layer only
+       * adds what it exceeds them by (found by the simulator). */
+      guint64 rebuilt = full - MIN (ckpt, full);
       stow_mem_add (
-          dev, "recomputed layer", full - MIN (ckpt, full), STOW_TIER_DEVICE,
+          dev, "recomputed layer",
+          rebuilt > stored_bytes ? rebuilt - stored_bytes : 0, STOW_TIER_DEVICE,
           "one layer's activations rebuilt during backward: %" G_GUINT64_FORMAT
-          " B less its checkpoint",
-          full);
+          " B less its checkpoint, less the %" G_GUINT64_FORMAT
+          " B of stored layers freed before it",
+          full, stored_bytes);
     }
   /* Backward of a layer holds the gradients of its activations while the
    * saved ones are still alive: about one layer's worth. */
@@ -933,10 +1020,28 @@ activations (Model *ms, const StageParams *p, guint stage, GArray *dev,
       guint64 sbv = (guint64)llround (s_local * (double)l->micro_batch
                                       * (double)m->vocab / l->tp);
       double per = (t->chunked_loss ? 1.0 : 8.0) + e;
-      stow_mem_add (dev, "logits and loss", stow_bytes (sbv, per),
+      /* GPipe runs every forward before any backward, so the last stage
+       * keeps every micro-batch's logits until its backward (found by the
+       * simulator); 1F1B's last stage runs each backward right after.
+       * Interleaved: the losses the last stage's warm-up ((v - 1) p chunk
+       * forwards, in groups of p micro-batches) runs before its first
+       * backward. */
+      guint64 nlog = l->schedule == STOW_SCHEDULE_GPIPE ? l->grad_accum : 1;
+      if (l->schedule == STOW_SCHEDULE_INTERLEAVED)
+        {
+          guint64 mm = l->grad_accum, v = l->vpp, pp = l->pp;
+          guint64 total = mm * v, warm = MIN ((v - 1) * pp, total);
+          guint64 g0 = MIN (mm, pp);
+          if (warm == total)
+            nlog = mm;
+          else if (warm + 1 > (v - 1) * g0)
+            nlog = MIN (mm, MAX (1, warm + 1 - (v - 1) * g0));
+        }
+      stow_mem_add (dev, "logits and loss", nlog * stow_bytes (sbv, per),
                     STOW_TIER_DEVICE,
-                    "%.4g B x s b V / tp = %" G_GUINT64_FORMAT " elements%s",
-                    per, sbv, t->chunked_loss ? " (chunked loss)" : "");
+                    "%" G_GUINT64_FORMAT " micro-batches x %.4g B x s b V / "
+                    "tp = %" G_GUINT64_FORMAT " elements%s",
+                    nlog, per, sbv, t->chunked_loss ? " (chunked loss)" : "");
     }
   if (l->engine == STOW_ENGINE_PYTORCH && t->precision != STOW_PRECISION_FP32
       && t->precision != STOW_PRECISION_BF16_PURE
@@ -1050,10 +1155,15 @@ engine_buffers (Model *ms, const StageParams *p, GArray *dev)
          * parameter offload, streamed) in compute precision. */
         stow_mem_add (
             dev, "gathered parameters",
-            slots * stow_bytes (p->max_layer, MIN (b.w, 2.0)), STOW_TIER_DEVICE,
+            slots
+                * stow_bytes (l->engine == STOW_ENGINE_STOWAGE ? p->max_unit
+                                                               : p->max_layer,
+                              MIN (b.w, 2.0)),
+            STOW_TIER_DEVICE,
             "%" G_GUINT64_FORMAT " layers x %.4g B x %" G_GUINT64_FORMAT
             " params (in use and prefetched)",
-            slots, MIN (b.w, 2.0), p->max_layer);
+            slots, MIN (b.w, 2.0),
+            l->engine == STOW_ENGINE_STOWAGE ? p->max_unit : p->max_layer);
       else if (l->engine == STOW_ENGINE_FSDP && l->zero == 2)
         stow_mem_add (dev, "unsharded parameters", 2 * N, STOW_TIER_DEVICE,
                       "2 B x %" G_GUINT64_FORMAT
@@ -1355,4 +1465,29 @@ stow_memory_estimate (const StowModel *m, const StowCluster *c,
   if (!stow_layout_validate (l, t, m, c, error))
     return NULL;
   return estimate_stowage (m, c, t, l, o);
+}
+
+/* ---- exports for the step program (memory-private.h) ------------------- */
+
+StowStageParams
+stow_mem_stage_params (const StowModel *m, const StowTraining *t,
+                       const StowLayout *l, const StowMemOptions *o,
+                       guint stage, guint64 first_layer, guint64 n_layers)
+{
+  return stage_params (m, t, l, o, stage, first_layer, n_layers,
+                       count_moe_layers (m));
+}
+
+guint64
+stow_mem_shard_degree (const StowLayout *l, const StowCluster *c)
+{
+  return shard_degree (l, c);
+}
+
+void
+stow_mem_state_bytes (const StowModel *m, const StowTraining *t, double *w,
+                      double *g, double *master, double *opt)
+{
+  Bpp b = full_bpp (m, t);
+  *w = b.w, *g = b.g, *master = b.master, *opt = b.opt;
 }

@@ -1,0 +1,251 @@
+/* SPDX-License-Identifier: MIT
+ *
+ * cli/cmd-simulate.c: `stowage simulate`: lower one layout to its step
+ * program and run it on the sim backend: step time, time per stream and
+ * how much of it compute does not hide, the critical path, and peak memory
+ * per tier with the op at which it occurs; --trace writes Chrome
+ * trace-event JSON.  (Reading a plan file is left to the plan-file work.)
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "cli/cli.h"
+#include "cli/commands.h"
+#include "cli/plan-options.h"
+#include "core/json.h"
+#include "core/units.h"
+#include "executor/backend.h"
+#include "executor/trace.h"
+#include "planner/schedule.h"
+
+typedef struct
+{
+  StowPlanOptions po;
+  char *trace, *resident;
+  gboolean layer_major, delayed_update;
+} SimOptions;
+
+static void
+peak_json (JsonBuilder *b, const StowTrace *t, const StowProgram *p)
+{
+  json_builder_set_member_name (b, "peak_bytes");
+  json_builder_begin_object (b);
+  for (guint tier = 0; tier < STOW_N_TIERS; tier++)
+    {
+      json_builder_set_member_name (
+          b, tier == STOW_TIER_PINNED ? "pinned_host" : stow_tier_name (tier));
+      json_builder_add_int_value (b, (gint64)t->peak_bytes[tier]);
+    }
+  json_builder_end_object (b);
+  json_builder_set_member_name (b, "peak_at");
+  json_builder_begin_object (b);
+  for (guint tier = 0; tier < STOW_N_TIERS; tier++)
+    {
+      g_autofree char *what = t->peak_op[tier] != STOW_NONE
+                                  ? stow_op_describe (p, t->peak_op[tier])
+                                  : g_strdup ("step start (persistent state)");
+      json_builder_set_member_name (
+          b, tier == STOW_TIER_PINNED ? "pinned_host" : stow_tier_name (tier));
+      json_builder_begin_object (b);
+      json_builder_set_member_name (b, "op");
+      json_builder_add_string_value (b, what);
+      json_builder_set_member_name (b, "time_s");
+      json_builder_add_double_value (b, t->peak_time_s[tier]);
+      json_builder_set_member_name (b, "rank");
+      json_builder_add_int_value (b, t->peak_rank[tier]);
+      json_builder_end_object (b);
+    }
+  json_builder_end_object (b);
+}
+
+static int
+run (SimOptions *so, int argc, char **argv)
+{
+  StowPlanOptions *po = &so->po;
+  g_autoptr (GError) error = NULL;
+  const GOptionEntry entries[] = {
+    { "trace", 0, 0, G_OPTION_ARG_FILENAME, &so->trace,
+      "Write a Chrome trace-event JSON of the step (ui.perfetto.dev)", "FILE" },
+    { "resident-layers", 0, 0, G_OPTION_ARG_STRING, &so->resident,
+      "Streamed layers kept on the GPU (default: as many as the budget "
+      "allows)",
+      "N" },
+    { "layer-major", 0, 0, G_OPTION_ARG_NONE, &so->layer_major,
+      "Load each streamed layer once for all micro-batches (one stage)", NULL },
+    { "delayed-update", 0, 0, G_OPTION_ARG_NONE, &so->delayed_update,
+      "ZeRO-Offload's one-step delayed parameter update", NULL },
+    { NULL },
+  };
+  g_autoptr (GOptionContext) ctx = stow_cli_context_new (
+      "simulate", "MODEL",
+      "Lower one layout to its per-rank step program and run it in virtual "
+      "time: step time, exposed time per stream, the critical path and peak "
+      "memory per tier.  Dimensions left out are filled in as by 'mem'.");
+  g_option_context_add_main_entries (ctx, entries, NULL);
+  stow_plan_options_add (ctx, po);
+  if (!stow_cli_parse (ctx, "simulate", &argc, &argv))
+    return STOW_EXIT_FAILURE;
+  if (argc > 2)
+    return stow_cli_failf ("see 'stowage simulate --help'",
+                           "simulate: unexpected argument \"%s\"", argv[2]);
+  if (argc < 2)
+    return stow_cli_failf ("see 'stowage simulate --help'",
+                           "simulate: which model? (e.g. llama-7b)");
+  if (!stow_plan_options_resolve (po, argv[1], &error))
+    return stow_cli_fail (error, NULL);
+  stow_plan_options_default_layout (po);
+
+  StowScheduleOptions sched;
+  stow_schedule_options_init (&sched);
+  if (so->resident)
+    {
+      guint64 v;
+      if (!stow_parse_count (so->resident, &v, &error) || v > G_MAXUINT32)
+        return stow_cli_failf (
+            NULL, "--resident-layers \"%s\": expected a count", so->resident);
+      sched.resident_layers = (guint)v;
+    }
+  sched.layer_major = so->layer_major;
+  sched.delayed_update = so->delayed_update;
+
+  gint64 t0 = g_get_monotonic_time ();
+  g_autoptr (StowProgram) prog
+      = stow_schedule_lower (po->model, po->cluster_obj, &po->training,
+                             &po->layout, &po->mem, &sched, &error);
+  if (prog == NULL)
+    return stow_cli_fail (error, NULL);
+  g_autoptr (StowBackend) sim
+      = stow_backend_sim_new (po->cluster_obj, &po->training, NULL);
+  g_autoptr (StowTrace) tr = stow_program_run (prog, sim, &error);
+  if (tr == NULL)
+    return stow_cli_fail (error, NULL);
+  double wall = (double)(g_get_monotonic_time () - t0) / 1e6;
+
+  if (so->trace)
+    {
+      g_autofree char *js = stow_trace_to_chrome_json (tr, prog);
+      if (!stow_file_write_atomic (so->trace, js, -1, &error))
+        return stow_cli_fail (error, NULL);
+    }
+
+  if (po->json)
+    {
+      g_autoptr (JsonBuilder) b = json_builder_new ();
+      json_builder_begin_object (b);
+      json_builder_set_member_name (b, "program");
+      json_builder_add_string_value (b, prog->description);
+      json_builder_set_member_name (b, "step_time_s");
+      json_builder_add_double_value (b, tr->step_time_s);
+      json_builder_set_member_name (b, "exposed_s");
+      json_builder_begin_object (b);
+      for (guint s = 0; s < STOW_N_STREAMS; s++)
+        {
+          json_builder_set_member_name (b, stow_stream_name (s));
+          json_builder_add_double_value (b, tr->exposed_s[s]);
+        }
+      json_builder_end_object (b);
+      json_builder_set_member_name (b, "busy_s");
+      json_builder_begin_object (b);
+      for (guint s = 0; s < STOW_N_STREAMS; s++)
+        {
+          json_builder_set_member_name (b, stow_stream_name (s));
+          json_builder_add_double_value (b, tr->busy_s[s]);
+        }
+      json_builder_end_object (b);
+      peak_json (b, tr, prog);
+      json_builder_set_member_name (b, "device_budget_bytes");
+      json_builder_add_int_value (b, (gint64)prog->device_capacity_bytes);
+      json_builder_set_member_name (b, "resident_layers");
+      json_builder_add_int_value (b, prog->resident_layers);
+      json_builder_set_member_name (b, "streamed_layers");
+      json_builder_add_int_value (b, prog->streamed_layers);
+      json_builder_set_member_name (b, "ranks");
+      json_builder_add_int_value (b, prog->n_ranks);
+      json_builder_set_member_name (b, "n_ops");
+      json_builder_add_int_value (b, prog->ops->len);
+      /* Every op that takes time, in program order (allocs and frees are
+       * in the memory peaks and the trace's counters). */
+      json_builder_set_member_name (b, "ops");
+      json_builder_begin_array (b);
+      for (guint i = 0; i < prog->ops->len; i++)
+        {
+          const StowOp *op = &g_array_index (prog->ops, StowOp, i);
+          if (op->kind == STOW_OP_ALLOC || op->kind == STOW_OP_FREE)
+            continue;
+          g_autofree char *what = stow_op_describe (prog, i);
+          json_builder_begin_object (b);
+          json_builder_set_member_name (b, "op");
+          json_builder_add_string_value (b, what);
+          json_builder_set_member_name (b, "kind");
+          json_builder_add_string_value (b, stow_op_kind_name (op->kind));
+          json_builder_set_member_name (b, "stream");
+          json_builder_add_string_value (b, stow_stream_name (op->stream));
+          json_builder_set_member_name (b, "rank");
+          json_builder_add_int_value (b, op->rank);
+          json_builder_set_member_name (b, "start_s");
+          json_builder_add_double_value (b, tr->ops[i].start_s);
+          json_builder_set_member_name (b, "end_s");
+          json_builder_add_double_value (b, tr->ops[i].end_s);
+          json_builder_end_object (b);
+        }
+      json_builder_end_array (b);
+      json_builder_set_member_name (b, "simulated_in_s");
+      json_builder_add_double_value (b, wall);
+      json_builder_end_object (b);
+      g_autoptr (JsonNode) root = json_builder_get_root (b);
+      g_autofree char *s = stow_json_to_string (root, TRUE);
+      fputs (s, stdout);
+      return STOW_EXIT_OK;
+    }
+
+  g_autoptr (GString) out = g_string_new (NULL);
+  g_string_append_printf (out, "%s\n", prog->description);
+  g_string_append_printf (out,
+                          "step time: %.4f s  (%u ranks, %u ops, simulated "
+                          "in %.3f s)\n",
+                          tr->step_time_s, prog->n_ranks, prog->ops->len, wall);
+  g_string_append_printf (out, "streams (rank %u): busy / exposed\n",
+                          tr->critical_rank);
+  for (guint s = 0; s < STOW_N_STREAMS; s++)
+    if (tr->busy_s[s] > 0)
+      g_string_append_printf (out, "  %-10s %10.4f s %10.4f s\n",
+                              stow_stream_name (s), tr->busy_s[s],
+                              tr->exposed_s[s]);
+  g_string_append (out, "critical path:\n");
+  stow_trace_critical_summary (tr, prog, out, 6);
+  g_string_append (out, "peak memory (per GPU / its host share):\n");
+  for (guint tier = 0; tier < STOW_N_TIERS; tier++)
+    {
+      if (tr->peak_bytes[tier] == 0)
+        continue;
+      g_autofree char *b = stow_format_bytes (tr->peak_bytes[tier]);
+      g_autofree char *what = tr->peak_op[tier] != STOW_NONE
+                                  ? stow_op_describe (prog, tr->peak_op[tier])
+                                  : g_strdup ("step start (persistent state)");
+      g_string_append_printf (out, "  %-11s %12s  at %.4f s, %s\n",
+                              stow_tier_name (tier), b, tr->peak_time_s[tier],
+                              what);
+    }
+  g_autofree char *budget = stow_format_bytes (prog->device_capacity_bytes);
+  g_string_append_printf (out,
+                          "device tensor budget: %s (capacity less context, "
+                          "workspaces, NCCL and allocator slack)%s\n",
+                          budget,
+                          tr->peak_bytes[STOW_TIER_DEVICE]
+                                  > prog->device_capacity_bytes
+                              ? "  EXCEEDED"
+                              : "");
+  fputs (out->str, stdout);
+  return STOW_EXIT_OK;
+}
+
+int
+stow_cmd_simulate (int argc, char **argv)
+{
+  SimOptions so = { 0 };
+  int rc = run (&so, argc, argv);
+  stow_plan_options_clear (&so.po);
+  g_free (so.trace);
+  g_free (so.resident);
+  return rc;
+}

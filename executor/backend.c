@@ -1,0 +1,15 @@
+/* SPDX-License-Identifier: MIT
+ *
+ * executor/backend.c: what all backends share: the error domain and the
+ * generic destructor.
+ */
+#include "executor/backend.h"
+
+G_DEFINE_QUARK (stow - backend - error - quark, stow_backend_error)
+
+void
+stow_backend_free (StowBackend *b)
+{
+  if (b != NULL && b->vt->destroy != NULL)
+    b->vt->destroy (b);
+}

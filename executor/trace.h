@@ -1,0 +1,69 @@
+/* SPDX-License-Identifier: MIT
+ *
+ * executor/trace.h: what running a step program produced: each op's start
+ * and end, memory per rank and tier over time with the op at each peak,
+ * time per stream (busy and exposed behind compute), the critical path.
+ * Written as Chrome trace-event JSON (chrome://tracing, ui.perfetto.dev).
+ */
+#pragma once
+
+#include <glib.h>
+
+#include "executor/backend.h"
+#include "planner/schedule.h"
+
+G_BEGIN_DECLS
+
+typedef struct
+{
+  double start_s, end_s;
+  guint pred; /* the op whose end decided this start, or STOW_NONE */
+} StowTraceOp;
+
+typedef struct
+{
+  double time_s;
+  guint64 bytes;
+} StowMemSample;
+
+typedef struct
+{
+  guint n_ops, n_ranks;
+  StowTraceOp *ops;
+  double step_time_s;
+  guint critical_rank; /* the rank that finishes last */
+  /* of the critical rank: time each stream is busy, and busy while its
+   * rank's compute stream is idle (for compute: its busy time) */
+  double busy_s[STOW_N_STREAMS];
+  double exposed_s[STOW_N_STREAMS];
+  /* per tier, the largest over ranks */
+  guint64 peak_bytes[STOW_N_TIERS];
+  double peak_time_s[STOW_N_TIERS];
+  guint peak_op[STOW_N_TIERS]; /* STOW_NONE: the persistent state */
+  guint peak_rank[STOW_N_TIERS];
+  GArray **samples;      /* [rank * STOW_N_TIERS + tier]: StowMemSample */
+  GArray *critical_path; /* guint op indices, first to last */
+} StowTrace;
+
+void stow_trace_free (StowTrace *t);
+G_DEFINE_AUTOPTR_CLEANUP_FUNC (StowTrace, stow_trace_free)
+
+/* Runs @p on @backend: each (rank, stream) a queue in program order; an op
+ * starts when its stream is free and its events are recorded.  Fails with
+ * STOW_BACKEND_ERROR_DEADLOCK (the stuck ops and the event each waits on),
+ * _NOT_RESIDENT (an op reads a buffer that is not allocated or not yet
+ * loaded, or a slot taken twice, or a buffer freed under a running op),
+ * _OUT_OF_MEMORY (from the backend); every message names the op. */
+StowTrace *stow_program_run (const StowProgram *p, StowBackend *backend,
+                             GError **error);
+
+/* Chrome trace-event JSON: one process per rank, one thread per stream,
+ * counters for memory per tier. */
+char *stow_trace_to_chrome_json (const StowTrace *t, const StowProgram *p);
+
+/* "compute backward x80 4.2 s (ranks 0-3)" lines along the critical path,
+ * grouped by stream and op kind, longest first (at most @max_lines). */
+void stow_trace_critical_summary (const StowTrace *t, const StowProgram *p,
+                                  GString *out, guint max_lines);
+
+G_END_DECLS

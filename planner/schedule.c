@@ -1,0 +1,1648 @@
+/* SPDX-License-Identifier: MIT
+ *
+ * planner/schedule.c: the step program and the lowering of a plan into it.
+ * One program per pipeline stage; its buffers are exactly the tensors the
+ * memory model (planner/memory.c) counts, sized by the same functions, so
+ * that a simulated peak can be compared with the predicted one.  Rules:
+ * ZeRO 0-3 with their collectives, ZeRO-Offload (per-layer gradient copies,
+ * CPU Adam as gradients arrive), parameter streaming with the two-layer
+ * prefetch schedule (BMInf), the three-stage NVMe optimizer swap, 1F1B,
+ * interleaved 1F1B and GPipe.
+ */
+#include "planner/schedule.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <string.h>
+
+#include "planner/memory-private.h"
+
+#define MiB ((guint64)1 << 20)
+
+/* ---- names --------------------------------------------------------------- */
+
+const char *
+stow_stream_name (StowStream s)
+{
+  static const char *const names[]
+      = { "compute",    "h2d",       "d2h", "nvme_read",
+          "nvme_write", "cpu_optim", "comm" };
+  g_return_val_if_fail (s < STOW_N_STREAMS, "?");
+  return names[s];
+}
+
+const char *
+stow_op_kind_name (StowOpKind k)
+{
+  static const char *const names[]
+      = { "alloc",     "free", "copy",       "forward",   "backward",
+          "recompute", "loss", "optim_step", "collective" };
+  g_return_val_if_fail (k < STOW_N_OP_KINDS, "?");
+  return names[k];
+}
+
+const char *
+stow_collective_name (StowCollective c)
+{
+  static const char *const names[]
+      = { "all_reduce", "reduce_scatter", "all_gather", "send" };
+  return c <= STOW_COLL_SEND ? names[c] : "?";
+}
+
+void
+stow_schedule_options_init (StowScheduleOptions *o)
+{
+  memset (o, 0, sizeof *o);
+  o->resident_layers = G_MAXUINT;
+}
+
+/* ---- the program ------------------------------------------------------- */
+
+static void
+clear_buffer (gpointer p)
+{
+  g_free (((StowBuffer *)p)->name);
+}
+
+static void
+clear_event (gpointer p)
+{
+  g_free (((StowEvent *)p)->name);
+}
+
+StowProgram *
+stow_program_new (guint n_ranks)
+{
+  StowProgram *p = g_new0 (StowProgram, 1);
+  p->n_ranks = n_ranks;
+  p->ops = g_array_new (FALSE, TRUE, sizeof (StowOp));
+  p->buffers = g_array_new (FALSE, TRUE, sizeof (StowBuffer));
+  g_array_set_clear_func (p->buffers, clear_buffer);
+  p->events = g_array_new (FALSE, TRUE, sizeof (StowEvent));
+  g_array_set_clear_func (p->events, clear_event);
+  p->waits = g_array_new (FALSE, FALSE, sizeof (guint));
+  return p;
+}
+
+void
+stow_program_free (StowProgram *p)
+{
+  if (p == NULL)
+    return;
+  g_array_unref (p->ops);
+  g_array_unref (p->buffers);
+  g_array_unref (p->events);
+  g_array_unref (p->waits);
+  g_free (p->description);
+  g_free (p);
+}
+
+guint
+stow_program_buffer (StowProgram *p, guint rank, StowTier tier, guint64 bytes,
+                     gint slot, gboolean persistent, const char *format, ...)
+{
+  StowBuffer b = { NULL, tier, bytes, rank, slot, persistent };
+  va_list ap;
+  va_start (ap, format);
+  b.name = g_strdup_vprintf (format, ap);
+  va_end (ap);
+  g_array_append_val (p->buffers, b);
+  return p->buffers->len - 1;
+}
+
+guint
+stow_program_event (StowProgram *p, guint rank, const char *format, ...)
+{
+  StowEvent e = { NULL, rank };
+  va_list ap;
+  va_start (ap, format);
+  e.name = g_strdup_vprintf (format, ap);
+  va_end (ap);
+  g_array_append_val (p->events, e);
+  return p->events->len - 1;
+}
+
+void
+stow_op_init (StowOp *op, StowOpKind kind, StowStream stream, guint rank)
+{
+  memset (op, 0, sizeof *op);
+  op->kind = kind;
+  op->stream = stream;
+  op->rank = rank;
+  op->layer = -3;
+  op->buffer = STOW_NONE;
+  op->record = STOW_NONE;
+  op->src = op->dst = STOW_TIER_DEVICE;
+}
+
+guint
+stow_program_add (StowProgram *p, const StowOp *op, const guint *waits,
+                  guint n_waits)
+{
+  StowOp o = *op;
+  o.wait_first = p->waits->len;
+  o.n_waits = 0;
+  for (guint i = 0; i < n_waits; i++)
+    if (waits[i] != STOW_NONE)
+      {
+        g_array_append_val (p->waits, waits[i]);
+        o.n_waits++;
+      }
+  g_array_append_val (p->ops, o);
+  return p->ops->len - 1;
+}
+
+static void
+describe_layer (GString *s, gint layer)
+{
+  if (layer == STOW_LAYER_EMBEDDING)
+    g_string_append (s, " embedding");
+  else if (layer == STOW_LAYER_HEAD)
+    g_string_append (s, " head");
+  else if (layer >= 0)
+    g_string_append_printf (s, " L%d", layer);
+}
+
+char *
+stow_op_describe (const StowProgram *p, guint index)
+{
+  const StowOp *op = &g_array_index (p->ops, StowOp, index);
+  GString *s = g_string_new (NULL);
+  g_string_append_printf (s, "#%u %s", index, stow_op_kind_name (op->kind));
+  switch (op->kind)
+    {
+    case STOW_OP_ALLOC:
+    case STOW_OP_FREE:
+      if (op->buffer < p->buffers->len)
+        g_string_append_printf (
+            s, " %s", g_array_index (p->buffers, StowBuffer, op->buffer).name);
+      break;
+    case STOW_OP_COPY:
+      g_string_append_printf (s, " %s->%s", stow_tier_name (op->src),
+                              stow_tier_name (op->dst));
+      describe_layer (s, op->layer);
+      break;
+    case STOW_OP_COLLECTIVE:
+      g_string_append_printf (s, " %s", stow_collective_name (op->coll));
+      describe_layer (s, op->layer);
+      break;
+    case STOW_OP_OPTIM_STEP:
+      g_string_append_printf (s, " %s", op->on_gpu ? "gpu" : "cpu");
+      describe_layer (s, op->layer);
+      if (op->layer == -3)
+        g_string_append_printf (s, " shard %u", op->shard);
+      break;
+    default:
+      describe_layer (s, op->layer);
+      g_string_append_printf (s, " mb%u", op->micro_batch);
+      break;
+    }
+  g_string_append_printf (s, " (rank %u %s)", op->rank,
+                          stow_stream_name (op->stream));
+  return g_string_free (s, FALSE);
+}
+
+gboolean
+stow_program_validate (const StowProgram *p, GError **error)
+{
+  guint ne = p->events->len, nb = p->buffers->len;
+  g_autofree gint *recorded = g_new0 (gint, ne);
+  g_autofree guint *allocs = g_new0 (guint, nb);
+  g_autofree guint *frees = g_new0 (guint, nb);
+  for (guint i = 0; i < p->ops->len; i++)
+    {
+      const StowOp *op = &g_array_index (p->ops, StowOp, i);
+      g_autofree char *what = NULL;
+      gboolean bad = op->stream >= STOW_N_STREAMS || op->rank >= p->n_ranks
+                     || op->n_reads > STOW_OP_MAX_IO
+                     || op->n_writes > STOW_OP_MAX_IO;
+      for (guint j = 0; !bad && j < op->n_reads; j++)
+        bad = op->reads[j] >= nb;
+      for (guint j = 0; !bad && j < op->n_writes; j++)
+        bad = op->writes[j] >= nb;
+      if ((op->kind == STOW_OP_ALLOC || op->kind == STOW_OP_FREE)
+          && op->buffer >= nb)
+        bad = TRUE;
+      for (guint j = 0; !bad && j < op->n_waits; j++)
+        bad = g_array_index (p->waits, guint, op->wait_first + j) >= ne;
+      if (!bad && op->record != STOW_NONE && op->record >= ne)
+        bad = TRUE;
+      if (bad)
+        {
+          what = stow_op_describe (p, i);
+          g_set_error (error, STOW_PLAN_ERROR, STOW_PLAN_ERROR_INVALID,
+                       "step program: op %s names a stream, rank, buffer or "
+                       "event that does not exist",
+                       what);
+          return FALSE;
+        }
+      if (op->record != STOW_NONE && recorded[op->record]++ > 0)
+        {
+          what = stow_op_describe (p, i);
+          g_set_error (error, STOW_PLAN_ERROR, STOW_PLAN_ERROR_INVALID,
+                       "step program: op %s records event \"%s\" a second "
+                       "time",
+                       what,
+                       g_array_index (p->events, StowEvent, op->record).name);
+          return FALSE;
+        }
+      if (op->kind == STOW_OP_ALLOC && allocs[op->buffer]++ > 0)
+        {
+          what = stow_op_describe (p, i);
+          g_set_error (error, STOW_PLAN_ERROR, STOW_PLAN_ERROR_INVALID,
+                       "step program: op %s allocates a buffer twice", what);
+          return FALSE;
+        }
+      if (op->kind == STOW_OP_FREE && frees[op->buffer]++ > 0)
+        {
+          what = stow_op_describe (p, i);
+          g_set_error (error, STOW_PLAN_ERROR, STOW_PLAN_ERROR_INVALID,
+                       "step program: op %s frees a buffer twice", what);
+          return FALSE;
+        }
+    }
+  for (guint i = 0; i < p->ops->len; i++)
+    {
+      const StowOp *op = &g_array_index (p->ops, StowOp, i);
+      for (guint j = 0; j < op->n_waits; j++)
+        {
+          guint e = g_array_index (p->waits, guint, op->wait_first + j);
+          if (!recorded[e])
+            {
+              g_autofree char *what = stow_op_describe (p, i);
+              g_set_error (error, STOW_PLAN_ERROR, STOW_PLAN_ERROR_INVALID,
+                           "step program: op %s waits on event \"%s\", which "
+                           "no op records",
+                           what, g_array_index (p->events, StowEvent, e).name);
+              return FALSE;
+            }
+        }
+    }
+  return TRUE;
+}
+
+/* ---- lowering ----------------------------------------------------------- */
+
+typedef enum
+{
+  PASS_F,
+  PASS_B
+} Pass;
+
+/* A unit of parameters that is gathered or streamed as one: the embedding,
+ * a layer, the output layer. */
+typedef struct
+{
+  gint layer;        /* model layer or STOW_LAYER_EMBEDDING / _HEAD */
+  guint64 params;    /* owned on this GPU: gradients and updates */
+  guint64 gparams;   /* gathered for compute (tied head: the embedding) */
+  gboolean streamed; /* gathered per use into a rotating slot */
+  guint resident;    /* persistent gathered buffer, or STOW_NONE */
+  gboolean recompute;
+  guint last_grad_item; /* item index of its last gradient */
+  guint grads_ready;    /* event: its gradients are complete */
+  guint last_use;       /* event: its last compute in the step */
+} Unit;
+
+typedef struct
+{
+  guint chunk, unit; /* unit index within the rank's unit array */
+  guint mb;
+  Pass pass;
+  guint use; /* index into the rank's uses, or STOW_NONE */
+} Item;
+
+typedef struct
+{
+  guint unit;
+  guint first_item, last_item;
+  guint buffer;        /* slot buffer */
+  guint loaded;        /* event */
+  guint freed;         /* event */
+  guint staging_freed; /* event (NVMe) */
+  gboolean emitted;
+} Use;
+
+typedef struct
+{
+  const StowModel *m;
+  const StowCluster *c;
+  const StowTraining *t;
+  const StowLayout *l;
+  const StowMemOptions *mo;
+  const StowScheduleOptions *so;
+  StowProgram *p;
+  double w, g, master, opt, wg; /* bytes per parameter; wg gathered */
+  guint64 n;                    /* ZeRO shard degree */
+  guint64 full, block, ckpt;
+  guint64 input_bytes, logits_bytes, sbh_send;
+  gboolean gather; /* ZeRO 3: units are gathered or streamed */
+  gboolean lora;   /* frozen weights, fp32 adapters train */
+  double wb;       /* frozen linear weights' bytes (QLoRA: NF4) */
+  gboolean off_opt, off_par, nvme_opt, nvme_par;
+  GHashTable *xevents; /* "F vs mb" -> event id, across ranks */
+  guint k_resident;
+} Lower;
+
+typedef struct
+{
+  guint rank;
+  StowStageParams sp;
+  GArray *units;                     /* Unit */
+  GArray *chunk_first, *chunk_count; /* guint: unit ranges per chunk */
+  GArray *items;                     /* Item */
+  GArray *uses;                      /* Use */
+  guint params_buf, grads_buf, host_grads_buf, bucket_buf[2];
+  guint grad_slot_freed[2]; /* events of the last two gradient slots */
+  guint grad_slot_count;
+  GArray *pending; /* guint units whose updated weights wait to go up */
+} Rank;
+
+static guint64
+div_ceil (guint64 a, guint64 b)
+{
+  return (a + b - 1) / b;
+}
+
+static guint
+xevent (Lower *L, guint rank, Pass pass, guint vs, guint mb)
+{
+  g_autofree char *key
+      = g_strdup_printf ("%c %u %u", pass == PASS_F ? 'F' : 'B', vs, mb);
+  gpointer v;
+  if (g_hash_table_lookup_extended (L->xevents, key, NULL, &v))
+    return GPOINTER_TO_UINT (v);
+  guint e = stow_program_event (L->p, rank, "%s to virtual stage %u mb%u",
+                                pass == PASS_F ? "activations" : "gradients",
+                                pass == PASS_F ? vs + 1 : vs - 1, mb);
+  g_hash_table_insert (L->xevents, g_steal_pointer (&key),
+                       GUINT_TO_POINTER (e));
+  return e;
+}
+
+/* Appends @op with @n waits; when @want, a fresh event it records. */
+static guint
+emit (Lower *L, StowOp *op, const guint *waits, guint n, gboolean want,
+      const char *ename)
+{
+  if (want && op->record == STOW_NONE)
+    op->record = stow_program_event (L->p, op->rank, "%s", ename);
+  stow_program_add (L->p, op, waits, n);
+  return op->record;
+}
+
+static guint
+emit_alloc (Lower *L, guint rank, StowStream s, guint buf, const guint *waits,
+            guint n)
+{
+  StowOp op;
+  stow_op_init (&op, STOW_OP_ALLOC, s, rank);
+  op.buffer = buf;
+  stow_program_add (L->p, &op, waits, n);
+  return L->p->ops->len - 1;
+}
+
+static guint
+emit_free (Lower *L, guint rank, StowStream s, guint buf, const guint *waits,
+           guint n, gboolean want)
+{
+  StowOp op;
+  stow_op_init (&op, STOW_OP_FREE, s, rank);
+  op.buffer = buf;
+  return emit (L, &op, waits, n, want, "free");
+}
+
+static void
+op_io (StowOp *op, guint r0, guint r1, guint w0)
+{
+  if (r0 != STOW_NONE)
+    op->reads[op->n_reads++] = r0;
+  if (r1 != STOW_NONE)
+    op->reads[op->n_reads++] = r1;
+  if (w0 != STOW_NONE)
+    op->writes[op->n_writes++] = w0;
+}
+
+static StowOp
+copy_op (guint rank, StowStream s, StowTier src, StowTier dst, guint64 bytes,
+         gint layer)
+{
+  StowOp op;
+  stow_op_init (&op, STOW_OP_COPY, s, rank);
+  op.src = src, op.dst = dst, op.bytes = bytes, op.layer = layer;
+  return op;
+}
+
+static StowOp
+coll_op (Lower *L, guint rank, StowCollective kind, guint64 bytes, gint layer)
+{
+  StowOp op;
+  stow_op_init (&op, STOW_OP_COLLECTIVE, STOW_STREAM_COMM, rank);
+  op.coll = kind, op.bytes = bytes, op.layer = layer;
+  op.group = STOW_GROUP_DP;
+  op.group_size = (guint)L->n;
+  /* Megatron's rank order puts tp and cp inside dp. */
+  guint64 span = (guint64)L->l->tp * L->l->cp * L->n;
+  op.intra_node = span <= MAX (L->c->node.gpus_per_node, 1);
+  return op;
+}
+
+/* ---- units and the item order ------------------------------------------ */
+
+static void
+build_units (Lower *L, Rank *R, const guint64 *counts, guint64 n_layers_total)
+{
+  const StowLayout *l = L->l;
+  guint p = l->pp, v = l->vpp;
+  guint64 per_chunk = n_layers_total / ((guint64)p * v);
+  guint64 sum_layers = 0;
+  R->units = g_array_new (FALSE, TRUE, sizeof (Unit));
+  R->chunk_first = g_array_new (FALSE, FALSE, sizeof (guint));
+  R->chunk_count = g_array_new (FALSE, FALSE, sizeof (guint));
+  guint64 first_layer = 0;
+  for (guint s = 0; s < R->rank; s++)
+    first_layer += counts[s];
+  for (guint ch = 0; ch < v; ch++)
+    {
+      guint vs = ch * p + R->rank;
+      guint start = R->units->len;
+      guint64 lo, nl;
+      if (v > 1)
+        lo = vs * per_chunk, nl = per_chunk;
+      else
+        lo = first_layer, nl = counts[R->rank];
+      if (vs == 0)
+        {
+          Unit u = { .layer = STOW_LAYER_EMBEDDING };
+          g_array_append_val (R->units, u);
+        }
+      for (guint64 i = lo; i < lo + nl; i++)
+        {
+          Unit u = { .layer = (gint)i };
+          u.params = u.gparams = stow_mem_layer_params_on_gpu (L->m, l, i);
+          sum_layers += u.params;
+          g_array_append_val (R->units, u);
+        }
+      if (vs == p * v - 1)
+        {
+          Unit u = { .layer = STOW_LAYER_HEAD };
+          g_array_append_val (R->units, u);
+        }
+      guint count = R->units->len - start;
+      g_array_append_val (R->chunk_first, start);
+      g_array_append_val (R->chunk_count, count);
+    }
+  /* What is not in the layers is the embedding (first stage) and the
+   * output layer (last stage). */
+  guint64 rest = R->sp.params > sum_layers ? R->sp.params - sum_layers : 0;
+  guint64 emb = MIN (rest, L->m->embedding_params / l->tp);
+  for (guint i = 0; i < R->units->len; i++)
+    {
+      Unit *u = &g_array_index (R->units, Unit, i);
+      if (u->layer == STOW_LAYER_EMBEDDING)
+        u->params = u->gparams = emb;
+      else if (u->layer == STOW_LAYER_HEAD)
+        {
+          u->params = R->sp.first ? rest - emb : rest;
+          /* Tied on one stage: the output layer reads the embedding. */
+          u->gparams = u->params ? u->params : L->m->embedding_params / l->tp;
+        }
+    }
+}
+
+static void
+add_items (Rank *R, guint chunk, guint mb, Pass pass)
+{
+  guint first = g_array_index (R->chunk_first, guint, chunk);
+  guint count = g_array_index (R->chunk_count, guint, chunk);
+  for (guint j = 0; j < count; j++)
+    {
+      guint u = pass == PASS_F ? first + j : first + count - 1 - j;
+      gint layer = g_array_index (R->units, Unit, u).layer;
+      /* The loss op runs the output layer forward and backward. */
+      if (pass == PASS_B && layer == STOW_LAYER_HEAD)
+        continue;
+      Item it = { chunk, u, mb, pass, STOW_NONE };
+      g_array_append_val (R->items, it);
+    }
+}
+
+/* The order of (pass, chunk, micro-batch) on one stage: GPipe, 1F1B
+ * (Narayanan et al. 2021, PipeDream-Flush), or Megatron's interleaved 1F1B
+ * (warm-up 2 (p - s - 1) + (v - 1) p model chunks). */
+static void
+build_items (Lower *L, Rank *R)
+{
+  const StowLayout *l = L->l;
+  guint p = l->pp, v = l->vpp, s = R->rank;
+  guint m = (guint)l->grad_accum;
+  R->items = g_array_new (FALSE, TRUE, sizeof (Item));
+  if (l->schedule == STOW_SCHEDULE_GPIPE)
+    {
+      for (guint j = 0; j < m; j++)
+        add_items (R, 0, j, PASS_F);
+      for (guint j = 0; j < m; j++)
+        add_items (R, 0, j, PASS_B);
+      return;
+    }
+  if (v == 1)
+    {
+      guint warm = MIN (p - s - 1, m);
+      for (guint j = 0; j < warm; j++)
+        add_items (R, 0, j, PASS_F);
+      for (guint j = 0; j < m - warm; j++)
+        {
+          add_items (R, 0, warm + j, PASS_F);
+          add_items (R, 0, j, PASS_B);
+        }
+      for (guint j = m - warm; j < m; j++)
+        add_items (R, 0, j, PASS_B);
+      return;
+    }
+  /* Forward order: groups of p micro-batches through each chunk in turn
+   * (the last group smaller when p does not divide m); backward the same
+   * with the chunks reversed. */
+  guint total = m * v;
+  g_autofree guint *fc = g_new (guint, total), *fm = g_new (guint, total);
+  g_autofree guint *bc = g_new (guint, total), *bm = g_new (guint, total);
+  guint k = 0;
+  for (guint g0 = 0; g0 < m; g0 += p)
+    for (guint ch = 0; ch < v; ch++)
+      for (guint j = g0; j < MIN (m, g0 + p); j++, k++)
+        fc[k] = ch, fm[k] = j, bc[k] = v - 1 - ch, bm[k] = j;
+  guint warm = MIN ((p - s - 1) * 2 + (v - 1) * p, total);
+  for (k = 0; k < warm; k++)
+    add_items (R, fc[k], fm[k], PASS_F);
+  for (k = 0; k < total - warm; k++)
+    {
+      add_items (R, fc[warm + k], fm[warm + k], PASS_F);
+      add_items (R, bc[k], bm[k], PASS_B);
+    }
+  for (k = total - warm; k < total; k++)
+    add_items (R, bc[k], bm[k], PASS_B);
+}
+
+/* Layer-major accumulation: with one stage, forward every micro-batch
+ * through a layer before the next layer, and backward likewise, so each
+ * streamed layer is loaded once per pass. */
+static void
+build_items_layer_major (Lower *L, Rank *R)
+{
+  guint m = (guint)L->l->grad_accum;
+  guint count = g_array_index (R->chunk_count, guint, 0);
+  R->items = g_array_new (FALSE, TRUE, sizeof (Item));
+  for (guint u = 0; u < count; u++)
+    for (guint j = 0; j < m; j++)
+      {
+        Item it = { 0, u, j, PASS_F, STOW_NONE };
+        g_array_append_val (R->items, it);
+      }
+  for (guint k = 0; k < count; k++)
+    {
+      guint u = count - 1 - k;
+      if (g_array_index (R->units, Unit, u).layer == STOW_LAYER_HEAD)
+        continue;
+      for (guint j = 0; j < m; j++)
+        {
+          Item it = { 0, u, j, PASS_B, STOW_NONE };
+          g_array_append_val (R->items, it);
+        }
+    }
+}
+
+/* Whether an item needs the unit's weights: every forward, and backward
+ * of layers (the embedding's backward is a scatter into its gradient). */
+static gboolean
+needs_weights (const Unit *u, const Item *it)
+{
+  if (u->gparams == 0)
+    return FALSE;
+  return it->pass == PASS_F || u->layer >= 0;
+}
+
+/* Uses: maximal runs of items on the same streamed unit share one load. */
+static void
+build_uses (Lower *L, Rank *R)
+{
+  R->uses = g_array_new (FALSE, TRUE, sizeof (Use));
+  for (guint i = 0; i < R->items->len; i++)
+    {
+      Item *it = &g_array_index (R->items, Item, i);
+      Unit *u = &g_array_index (R->units, Unit, it->unit);
+      if (!u->streamed || !needs_weights (u, it))
+        continue;
+      Use *prev = R->uses->len ? &g_array_index (R->uses, Use, R->uses->len - 1)
+                               : NULL;
+      if (prev && prev->unit == it->unit && prev->last_item + 1 == i
+          && g_array_index (R->items, Item, prev->first_item).pass == it->pass)
+        {
+          prev->last_item = i;
+          it->use = R->uses->len - 1;
+          continue;
+        }
+      Use use = { it->unit,  i,         i,         STOW_NONE,
+                  STOW_NONE, STOW_NONE, STOW_NONE, FALSE };
+      g_array_append_val (R->uses, use);
+      it->use = R->uses->len - 1;
+    }
+}
+
+static void flush_refreshes (Lower *L, Rank *R);
+
+/* Loads use @k into its slot: read from NVMe into a staging buffer, copy
+ * to the device, all-gather the shards (the stages present in this plan). */
+static void
+emit_load (Lower *L, Rank *R, guint k)
+{
+  Use *use = &g_array_index (R->uses, Use, k);
+  if (use->emitted)
+    return;
+  use->emitted = TRUE;
+  const Unit *u = &g_array_index (R->units, Unit, use->unit);
+  guint slot = k % 2;
+  guint prev = k >= 2 ? g_array_index (R->uses, Use, k - 2).freed : STOW_NONE;
+  guint64 bytes = stow_bytes (u->gparams, L->wg);
+  guint64 shard = stow_bytes (div_ceil (u->gparams, L->n), L->w);
+  StowOp op;
+  /* The slot's bytes are the persistent slot buffer's; this buffer names
+   * its occupant, so that reuse and loads can be checked. */
+  use->buffer = stow_program_buffer (L->p, R->rank, STOW_TIER_DEVICE, 0,
+                                     (gint)slot, FALSE, "slot %u: %s%d", slot,
+                                     u->layer >= 0 ? "L" : "unit ", u->layer);
+  guint ready = STOW_NONE;
+  if (L->off_par)
+    {
+      guint staging = STOW_NONE;
+      if (L->nvme_par)
+        {
+          /* Four staging buffers in pinned memory (the memory model's
+           * "parameter staging buffers"). */
+          guint sprev = k >= 4
+                            ? g_array_index (R->uses, Use, k - 4).staging_freed
+                            : STOW_NONE;
+          staging = stow_program_buffer (L->p, R->rank, STOW_TIER_PINNED, 0,
+                                         4 + (gint)(k % 4), FALSE,
+                                         "staging %u: %d", k % 4, u->layer);
+          emit_alloc (L, R->rank, STOW_STREAM_NVME_READ, staging, &sprev, 1);
+          op = copy_op (R->rank, STOW_STREAM_NVME_READ, STOW_TIER_NVME,
+                        STOW_TIER_PINNED, shard, u->layer);
+          op_io (&op, STOW_NONE, STOW_NONE, staging);
+          ready = emit (L, &op, NULL, 0, TRUE, "staged");
+        }
+      emit_alloc (L, R->rank, STOW_STREAM_H2D, use->buffer, &prev, 1);
+      op = copy_op (R->rank, STOW_STREAM_H2D, STOW_TIER_PINNED,
+                    STOW_TIER_DEVICE, shard, u->layer);
+      op_io (&op, staging, STOW_NONE, use->buffer);
+      ready = emit (L, &op, &ready, 1, TRUE, "copied up");
+      if (staging != STOW_NONE)
+        use->staging_freed
+            = emit_free (L, R->rank, STOW_STREAM_H2D, staging, NULL, 0, TRUE);
+      if (L->n > 1)
+        {
+          op = coll_op (L, R->rank, STOW_COLL_ALL_GATHER, bytes, u->layer);
+          op_io (&op, use->buffer, STOW_NONE, use->buffer);
+          ready = emit (L, &op, &ready, 1, TRUE, "gathered");
+        }
+    }
+  else
+    {
+      emit_alloc (L, R->rank, STOW_STREAM_COMM, use->buffer, &prev, 1);
+      op = coll_op (L, R->rank, STOW_COLL_ALL_GATHER, bytes, u->layer);
+      op_io (&op, R->params_buf, STOW_NONE, use->buffer);
+      ready = emit (L, &op, NULL, 0, TRUE, "gathered");
+    }
+  use->loaded = ready;
+  /* Updated weights queued since the last load go up behind this one, so
+   * that they never hold up a prefetch. */
+  flush_refreshes (L, R);
+}
+
+/* The buffer holding a unit's weights for an item. */
+static guint
+weights_of (Lower *L, Rank *R, const Unit *u, const Item *it)
+{
+  if (!needs_weights (u, it))
+    return STOW_NONE;
+  if (it->use != STOW_NONE)
+    return g_array_index (R->uses, Use, it->use).buffer;
+  if (u->resident != STOW_NONE)
+    return u->resident;
+  return R->params_buf;
+}
+
+/* ---- gradients and the optimizer ---------------------------------------- */
+
+static gboolean
+uses_grad_slots (Lower *L)
+{
+  if (L->lora)
+    return FALSE; /* adapters' gradients are small and persistent */
+  guint64 gdiv = L->l->zero >= 2 ? L->n : 1;
+  return L->off_opt || L->off_par || gdiv > 1;
+}
+
+/* After the backward (or loss) op of @u wrote its gradient to @slot (or to
+ * the persistent gradients): reduce, copy down, free the slot.  Returns the
+ * event after which the gradient of this micro-batch is in place. */
+static guint
+emit_grad_path (Lower *L, Rank *R, Unit *u, guint slot, guint done,
+                gboolean last_mb)
+{
+  StowOp op;
+  guint64 gbytes = stow_bytes (u->params, L->g);
+  guint ev = done;
+  if (slot == STOW_NONE)
+    {
+      /* Persistent full gradients: reduce once, after the last
+       * micro-batch, through the gradient buckets. */
+      if (last_mb && L->n > 1)
+        {
+          op = coll_op (L, R->rank,
+                        L->l->zero == 0 ? STOW_COLL_ALL_REDUCE
+                                        : STOW_COLL_REDUCE_SCATTER,
+                        gbytes, u->layer);
+          op_io (&op, R->grads_buf, R->bucket_buf[0], R->grads_buf);
+          ev = emit (L, &op, &done, 1, TRUE, "reduced");
+        }
+      return ev;
+    }
+  StowStream free_on = STOW_STREAM_COMPUTE;
+  if (L->n > 1)
+    {
+      /* In place: each rank keeps its 1/n slice of the slot. */
+      op = coll_op (L, R->rank, STOW_COLL_REDUCE_SCATTER, gbytes, u->layer);
+      op_io (&op, slot, STOW_NONE, L->off_opt ? slot : R->grads_buf);
+      ev = emit (L, &op, &ev, 1, TRUE, "reduce-scattered");
+      free_on = STOW_STREAM_COMM;
+    }
+  if (L->off_opt)
+    {
+      op = copy_op (R->rank, STOW_STREAM_D2H, STOW_TIER_DEVICE,
+                    STOW_TIER_PINNED,
+                    stow_bytes (div_ceil (u->params, L->n), L->g), u->layer);
+      op_io (&op, slot, STOW_NONE, R->host_grads_buf);
+      ev = emit (L, &op, &ev, 1, TRUE, "gradients down");
+      free_on = STOW_STREAM_D2H;
+    }
+  else if (L->n == 1)
+    {
+      /* Accumulate the slot into the gradients (device to device). */
+      op = copy_op (R->rank, STOW_STREAM_COMPUTE, STOW_TIER_DEVICE,
+                    STOW_TIER_DEVICE, gbytes, u->layer);
+      op_io (&op, slot, STOW_NONE, R->grads_buf);
+      ev = emit (L, &op, &ev, 1, TRUE, "accumulated");
+    }
+  guint fr = emit_free (L, R->rank, free_on, slot, &ev, 1, TRUE);
+  R->grad_slot_freed[R->grad_slot_count % 2] = fr;
+  R->grad_slot_count++;
+  return ev;
+}
+
+/* Refreshes the device copy of a unit's weights after its update. */
+static void
+emit_param_refresh (Lower *L, Rank *R, Unit *u, const guint *waits, guint nw,
+                    guint64 params, StowStream up_stream)
+{
+  StowOp op;
+  guint ev = STOW_NONE;
+  guint64 shard_bytes = stow_bytes (params, L->w);
+  if (L->off_par)
+    {
+      if (u->resident == STOW_NONE)
+        {
+          if (L->nvme_par)
+            {
+              op = copy_op (R->rank, STOW_STREAM_NVME_WRITE, STOW_TIER_PINNED,
+                            STOW_TIER_NVME, shard_bytes, u->layer);
+              emit (L, &op, waits, nw, FALSE, NULL);
+            }
+          return;
+        }
+      op = copy_op (R->rank, STOW_STREAM_H2D, STOW_TIER_PINNED,
+                    STOW_TIER_DEVICE, shard_bytes, u->layer);
+      op_io (&op, STOW_NONE, STOW_NONE, u->resident);
+      ev = emit (L, &op, waits, nw, TRUE, "updated up");
+      if (L->n > 1)
+        {
+          op = coll_op (L, R->rank, STOW_COLL_ALL_GATHER,
+                        stow_bytes (u->gparams, L->wg), u->layer);
+          op_io (&op, u->resident, STOW_NONE, u->resident);
+          emit (L, &op, &ev, 1, FALSE, NULL);
+        }
+      return;
+    }
+  if (up_stream == STOW_STREAM_H2D)
+    {
+      op = copy_op (R->rank, STOW_STREAM_H2D, STOW_TIER_PINNED,
+                    STOW_TIER_DEVICE, shard_bytes, u->layer);
+      op_io (&op, STOW_NONE, STOW_NONE, R->params_buf);
+      ev = emit (L, &op, waits, nw, TRUE, "updated up");
+      waits = &ev, nw = 1;
+    }
+  /* ZeRO 1 and 2 keep full weights: gather the updated shards. */
+  if (L->l->zero >= 1 && L->l->zero < 3 && L->n > 1)
+    {
+      op = coll_op (L, R->rank, STOW_COLL_ALL_GATHER,
+                    stow_bytes (params * L->n, L->w), u->layer);
+      op_io (&op, R->params_buf, STOW_NONE, R->params_buf);
+      emit (L, &op, waits, nw, FALSE, NULL);
+    }
+}
+
+/* CPU Adam's updated weights for the units in R->pending, after the last
+ * read of the old ones. */
+static void
+flush_refreshes (Lower *L, Rank *R)
+{
+  for (guint i = 0; i < R->pending->len; i++)
+    {
+      Unit *u = &g_array_index (R->units, Unit,
+                                g_array_index (R->pending, guint, i));
+      guint w2[2] = { u->grads_ready, u->last_use };
+      emit_param_refresh (L, R, u, w2, 2, div_ceil (u->params, L->n),
+                          STOW_STREAM_H2D);
+    }
+  g_array_set_size (R->pending, 0);
+}
+
+static void
+emit_optimizer (Lower *L, Rank *R, GArray *ready_order)
+{
+  StowOp op;
+  guint64 odiv = L->l->zero >= 1 ? L->n : 1;
+  if (L->nvme_opt)
+    {
+      /* The three-stage swap pipeline (ZeRO-Infinity; DeepSpeed's
+       * pipelined optimizer swapper): read chunk i+1 while Adam updates
+       * chunk i while chunk i-1 is written back; three pinned buffers. */
+      guint64 shard = div_ceil (R->sp.params, L->n);
+      guint64 chunk = MAX (1, MIN (shard, L->mo->swap_shard_params));
+      guint nchunks = (guint)div_ceil (shard, chunk);
+      guint last_grads = STOW_NONE;
+      for (guint i = 0; i < ready_order->len; i++)
+        {
+          Unit *u = &g_array_index (R->units, Unit,
+                                    g_array_index (ready_order, guint, i));
+          if (u->grads_ready != STOW_NONE)
+            last_grads = u->grads_ready;
+        }
+      g_autofree guint *freed = g_new (guint, nchunks);
+      double per = L->master + L->opt;
+      for (guint c = 0; c < nchunks; c++)
+        {
+          guint64 cp = MIN (chunk, shard - (guint64)c * chunk);
+          guint buf = stow_program_buffer (L->p, R->rank, STOW_TIER_PINNED,
+                                           stow_bytes (cp, per), -1, FALSE,
+                                           "swap buffer %u", c % 3);
+          guint prev = c >= 3 ? freed[c - 3] : STOW_NONE;
+          emit_alloc (L, R->rank, STOW_STREAM_NVME_READ, buf, &prev, 1);
+          op = copy_op (R->rank, STOW_STREAM_NVME_READ, STOW_TIER_NVME,
+                        STOW_TIER_PINNED, stow_bytes (cp, per), -3);
+          op.shard = c;
+          op_io (&op, STOW_NONE, STOW_NONE, buf);
+          guint rd = emit (L, &op, NULL, 0, TRUE, "states read");
+          stow_op_init (&op, STOW_OP_OPTIM_STEP, STOW_STREAM_CPU_OPTIM,
+                        R->rank);
+          op.params = cp, op.shard = c;
+          op_io (&op, buf, R->host_grads_buf, buf);
+          guint w2[2] = { rd, last_grads };
+          guint up = emit (L, &op, w2, 2, TRUE, "updated");
+          op = copy_op (R->rank, STOW_STREAM_NVME_WRITE, STOW_TIER_PINNED,
+                        STOW_TIER_NVME, stow_bytes (cp, per), -3);
+          op.shard = c;
+          op_io (&op, buf, STOW_NONE, STOW_NONE);
+          guint wr = emit (L, &op, &up, 1, TRUE, "states written");
+          freed[c] = emit_free (L, R->rank, STOW_STREAM_NVME_WRITE, buf, &wr, 1,
+                                TRUE);
+          /* The chunk's updated weights go back to where they live. */
+          Unit dummy = { .layer = -3, .resident = STOW_NONE };
+          emit_param_refresh (L, R, &dummy, &up, 1, cp, STOW_STREAM_H2D);
+        }
+      /* Resident streamed layers take their updated weights from the host
+       * once the pipeline is through. */
+      for (guint i = 0; L->off_par && i < R->units->len; i++)
+        {
+          Unit *u = &g_array_index (R->units, Unit, i);
+          if (u->resident != STOW_NONE)
+            emit_param_refresh (L, R, u, &freed[nchunks - 1], 1,
+                                div_ceil (u->params, L->n), STOW_STREAM_H2D);
+        }
+      return;
+    }
+  for (guint i = 0; i < ready_order->len; i++)
+    {
+      Unit *u = &g_array_index (R->units, Unit,
+                                g_array_index (ready_order, guint, i));
+      if (u->params == 0)
+        continue;
+      if (L->off_opt)
+        {
+          guint64 shard = div_ceil (u->params, L->n);
+          if (!L->so->delayed_update)
+            continue; /* emitted as the gradients arrived */
+          /* One-step delayed update (ZeRO-Offload's DPU): the previous
+           * step's gradients are updated while this step runs; the new
+           * weights are copied up after this step's last use. */
+          stow_op_init (&op, STOW_OP_OPTIM_STEP, STOW_STREAM_CPU_OPTIM,
+                        R->rank);
+          op.params = shard, op.layer = u->layer;
+          guint up = emit (L, &op, NULL, 0, TRUE, "updated (delayed)");
+          guint w2[2] = { up, u->last_use };
+          guint both = STOW_NONE;
+          StowOp join;
+          stow_op_init (&join, STOW_OP_COPY, STOW_STREAM_H2D, R->rank);
+          join.src = STOW_TIER_PINNED, join.dst = STOW_TIER_DEVICE;
+          join.bytes = stow_bytes (shard, L->w), join.layer = u->layer;
+          if (!L->off_par)
+            op_io (&join, STOW_NONE, STOW_NONE, R->params_buf);
+          else if (u->resident != STOW_NONE)
+            op_io (&join, STOW_NONE, STOW_NONE, u->resident);
+          else
+            continue;
+          both = emit (L, &join, w2, 2, TRUE, "updated up");
+          if (L->l->zero >= 1 && L->l->zero < 3 && L->n > 1)
+            {
+              op = coll_op (L, R->rank, STOW_COLL_ALL_GATHER,
+                            stow_bytes (shard * L->n, L->w), u->layer);
+              op_io (&op, R->params_buf, STOW_NONE, R->params_buf);
+              emit (L, &op, &both, 1, FALSE, NULL);
+            }
+          continue;
+        }
+      /* Optimizer on the GPU, per unit as its gradients are reduced. */
+      stow_op_init (&op, STOW_OP_OPTIM_STEP, STOW_STREAM_COMPUTE, R->rank);
+      op.on_gpu = TRUE;
+      op.layer = u->layer;
+      op.params = div_ceil (u->params, odiv);
+      op_io (&op, R->grads_buf, STOW_NONE, STOW_NONE);
+      guint up = emit (L, &op, &u->grads_ready, 1, TRUE, "updated");
+      if (L->off_par)
+        {
+          /* The updated shard goes back to the host copy. */
+          op = copy_op (
+              R->rank, STOW_STREAM_D2H, STOW_TIER_DEVICE, STOW_TIER_PINNED,
+              stow_bytes (div_ceil (u->params, L->n), L->w), u->layer);
+          guint down = emit (L, &op, &up, 1, TRUE, "updated down");
+          emit_param_refresh (L, R, u, &down, 1, div_ceil (u->params, L->n),
+                              STOW_STREAM_D2H);
+        }
+      else
+        emit_param_refresh (L, R, u, &up, 1, div_ceil (u->params, odiv),
+                            STOW_STREAM_COMPUTE);
+    }
+}
+
+/* ---- one stage ------------------------------------------------------------
+ */
+
+static void
+lower_rank (Lower *L, Rank *R)
+{
+  StowProgram *p = L->p;
+  const StowLayout *l = L->l;
+  guint rank = R->rank;
+  guint64 N = R->sp.params, n = L->n;
+  guint64 odiv = l->zero >= 1 ? n : 1, gdiv = l->zero >= 2 ? n : 1;
+  guint m = (guint)l->grad_accum;
+  StowOp op;
+
+  /* Persistent state, sized as the memory model sizes it. */
+  R->params_buf = R->grads_buf = R->host_grads_buf = STOW_NONE;
+  R->bucket_buf[0] = R->bucket_buf[1] = STOW_NONE;
+  R->grad_slot_freed[0] = R->grad_slot_freed[1] = STOW_NONE;
+  if (L->lora)
+    {
+      /* memory.c's LoRA states: frozen weights (NF4 under QLoRA) and the
+       * fp32 adapters, their gradients and optimizer states. */
+      guint64 wdiv = l->zero >= 3 ? n : 1, T = R->sp.trainable;
+      R->params_buf = stow_program_buffer (
+          p, rank, STOW_TIER_DEVICE, stow_bytes (R->sp.linear, L->wb) / wdiv,
+          -1, TRUE, "frozen parameters");
+      stow_program_buffer (p, rank, STOW_TIER_DEVICE,
+                           stow_bytes (N - R->sp.linear, 2.0) / wdiv, -1, TRUE,
+                           "frozen parameters (non-linear)");
+      stow_program_buffer (p, rank, STOW_TIER_DEVICE, T * 4 / wdiv, -1, TRUE,
+                           "lora adapters");
+      R->grads_buf = stow_program_buffer (p, rank, STOW_TIER_DEVICE,
+                                          T * 4 / gdiv, -1, TRUE, "gradients");
+      stow_program_buffer (p, rank, STOW_TIER_DEVICE,
+                           stow_bytes (T, L->opt) / odiv, -1, TRUE,
+                           "optimizer states");
+      for (guint i = 0; i < R->units->len; i++)
+        {
+          Unit *u = &g_array_index (R->units, Unit, i);
+          u->params = u->layer >= 0 ? T / MAX (R->sp.layers, 1) : 0;
+        }
+    }
+  else if (L->off_par)
+    stow_program_buffer (
+        p, rank, L->nvme_par ? STOW_TIER_NVME : STOW_TIER_PINNED,
+        stow_bytes (div_ceil (N, n), L->w), -1, TRUE, "offloaded parameters");
+  else
+    R->params_buf = stow_program_buffer (
+        p, rank, STOW_TIER_DEVICE,
+        stow_bytes (div_ceil (N, l->zero >= 3 ? n : 1), L->w), -1, TRUE,
+        l->zero >= 3 ? "parameter shard" : "parameters");
+  if (L->lora)
+    ;
+  else if (!L->off_opt)
+    {
+      R->grads_buf = stow_program_buffer (p, rank, STOW_TIER_DEVICE,
+                                          stow_bytes (div_ceil (N, gdiv), L->g),
+                                          -1, TRUE, "gradients");
+      stow_program_buffer (p, rank, STOW_TIER_DEVICE,
+                           stow_bytes (div_ceil (N, odiv), L->master), -1, TRUE,
+                           "master weights");
+      stow_program_buffer (p, rank, STOW_TIER_DEVICE,
+                           stow_bytes (div_ceil (N, odiv), L->opt), -1, TRUE,
+                           "optimizer states");
+    }
+  else
+    {
+      R->host_grads_buf = stow_program_buffer (
+          p, rank, STOW_TIER_PINNED, stow_bytes (div_ceil (N, n), L->g), -1,
+          TRUE, "offloaded gradients");
+      stow_program_buffer (p, rank,
+                           L->nvme_opt ? STOW_TIER_NVME : STOW_TIER_PINNED,
+                           stow_bytes (div_ceil (N, n), L->master + L->opt), -1,
+                           TRUE, "master weights and optimizer states");
+    }
+  if (l->zero < 2 && n > 1)
+    for (guint i = 0; i < 2; i++)
+      R->bucket_buf[i]
+          = stow_program_buffer (p, rank, STOW_TIER_DEVICE, 25 * MiB, -1, TRUE,
+                                 "gradient bucket %u", i);
+
+  /* Which units stream, which stay: the two-layer rule. */
+  guint n_layer_units = 0;
+  for (guint i = 0; i < R->units->len; i++)
+    {
+      Unit *u = &g_array_index (R->units, Unit, i);
+      u->resident = STOW_NONE;
+      u->grads_ready = u->last_use = STOW_NONE;
+      u->streamed = L->gather && u->gparams > 0;
+      if (u->layer >= 0)
+        n_layer_units++;
+    }
+  if (L->off_par && L->k_resident > 0)
+    {
+      guint k = MIN (L->k_resident, n_layer_units);
+      guint S = n_layer_units - k, idx = 0, next = 0;
+      /* Spread the S streamed layers evenly (BMInf): streamed layer j is
+       * at position floor((j + 1) L / S) - 1, so each load has the
+       * resident layers before it to hide behind. */
+      for (guint i = 0; i < R->units->len; i++)
+        {
+          Unit *u = &g_array_index (R->units, Unit, i);
+          if (u->layer < 0)
+            continue;
+          guint pos = S ? (guint)(((guint64)(next + 1) * n_layer_units) / S) - 1
+                        : G_MAXUINT;
+          if (S && idx == pos && next < S)
+            next++;
+          else
+            {
+              u->streamed = FALSE;
+              u->resident = stow_program_buffer (
+                  p, rank, STOW_TIER_DEVICE, stow_bytes (u->gparams, L->wg), -1,
+                  TRUE, "resident L%d", u->layer);
+            }
+          idx++;
+        }
+      p->resident_layers = k;
+    }
+  p->streamed_layers = 0;
+  for (guint i = 0; i < R->units->len; i++)
+    {
+      Unit *u = &g_array_index (R->units, Unit, i);
+      p->streamed_layers += u->layer >= 0 && u->streamed;
+    }
+  if (!L->off_par)
+    p->resident_layers = n_layer_units - p->streamed_layers;
+
+  /* The two layer slots and the two gradient slots are fixed regions of
+   * the arena, sized for the largest unit that passes through them (the
+   * memory model's "gathered parameters" and "gradient slots"). */
+  {
+    guint64 wmax = 0, gmax = 0;
+    for (guint i = 0; i < R->units->len; i++)
+      {
+        Unit *u = &g_array_index (R->units, Unit, i);
+        if (u->streamed)
+          wmax = MAX (wmax, stow_bytes (u->gparams, L->wg));
+        gmax = MAX (gmax, stow_bytes (u->params, L->g));
+      }
+    guint n_slots = MIN (2, MAX (n_layer_units, 1));
+    /* Four pinned staging buffers for NVMe parameters, each one rank's
+     * shard of the largest unit (slots 4-7). */
+    for (guint i = 0; L->nvme_par && wmax > 0 && i < 4; i++)
+      {
+        guint64 big = 0;
+        for (guint j = 0; j < R->units->len; j++)
+          big = MAX (big, g_array_index (R->units, Unit, j).gparams);
+        stow_program_buffer (p, rank, STOW_TIER_PINNED,
+                             stow_bytes (div_ceil (big, L->n), L->w), -1, TRUE,
+                             "parameter staging buffer %u", i);
+      }
+    for (guint i = 0; wmax > 0 && i < n_slots; i++)
+      stow_program_buffer (p, rank, STOW_TIER_DEVICE, wmax, -1, TRUE,
+                           "layer slot %u", i);
+    for (guint i = 0; uses_grad_slots (L) && i < n_slots; i++)
+      stow_program_buffer (p, rank, STOW_TIER_DEVICE, gmax, -1, TRUE,
+                           "gradient slot %u", i);
+  }
+
+  if (L->so->layer_major && l->pp == 1 && l->vpp == 1)
+    build_items_layer_major (L, R);
+  else
+    build_items (L, R);
+  build_uses (L, R);
+  R->pending = g_array_new (FALSE, FALSE, sizeof (guint));
+  for (guint i = 0; i < R->items->len; i++)
+    {
+      Item *it = &g_array_index (R->items, Item, i);
+      Unit *u = &g_array_index (R->units, Unit, it->unit);
+      gboolean grads = (it->pass == PASS_B && u->layer != STOW_LAYER_HEAD)
+                       || (it->pass == PASS_F && u->layer == STOW_LAYER_HEAD);
+      if (grads)
+        u->last_grad_item = i;
+    }
+
+  /* Recomputed layers: the first k of the stage (all when k = 0). */
+  guint64 n_rec = 0;
+  if (l->recompute == STOW_RECOMPUTE_FULL)
+    n_rec = l->recompute_layers ? MIN (l->recompute_layers, R->sp.layers)
+                                : R->sp.layers;
+  {
+    guint64 seen = 0;
+    for (guint i = 0; i < R->units->len; i++)
+      {
+        Unit *u = &g_array_index (R->units, Unit, i);
+        if (u->layer >= 0)
+          u->recompute = seen++ < n_rec;
+      }
+  }
+
+  /* Per micro-batch and layer: activations; per micro-batch: inputs and
+   * logits. */
+  guint n_units = R->units->len;
+  g_autofree guint *acts = g_new (guint, (gsize)n_units * m);
+  g_autofree guint *inputs = g_new (guint, m);
+  g_autofree guint *logits = g_new (guint, m);
+  g_autoptr (GArray) ready_order = g_array_new (FALSE, FALSE, sizeof (guint));
+  for (guint i = 0; i < (guint)(n_units * m); i++)
+    acts[i] = STOW_NONE;
+  for (guint j = 0; j < m; j++)
+    inputs[j] = logits[j] = STOW_NONE;
+  /* Two all-reduces of the s b h activations per layer and pass under
+   * tensor parallelism (Shoeybi et al. 2019); reduce-scatter plus
+   * all-gather under sequence parallelism move the same bytes. */
+  guint64 tp_bytes
+      = l->tp > 1 ? 2
+                        * (guint64)llround (2.0 * (double)L->t->seq_len / l->cp
+                                            * l->micro_batch * L->m->hidden)
+                  : 0;
+
+  if (R->uses->len > 0)
+    emit_load (L, R, 0);
+  for (guint i = 0; i < R->items->len; i++)
+    {
+      Item *it = &g_array_index (R->items, Item, i);
+      Unit *u = &g_array_index (R->units, Unit, it->unit);
+      guint vs = it->chunk * l->pp + rank;
+      guint cfirst = g_array_index (R->chunk_first, guint, it->chunk);
+      guint ccount = g_array_index (R->chunk_count, guint, it->chunk);
+      gboolean first_of_chunk = it->unit == cfirst;
+      gboolean last_layer_of_chunk
+          = it->unit + 1 == cfirst + ccount
+            || (it->unit + 2 == cfirst + ccount
+                && g_array_index (R->units, Unit, it->unit + 1).layer
+                       == STOW_LAYER_HEAD);
+      guint waits[4] = { STOW_NONE, STOW_NONE, STOW_NONE, STOW_NONE };
+      guint nw = 0;
+      guint wbuf = STOW_NONE;
+      Use *use = it->use != STOW_NONE ? &g_array_index (R->uses, Use, it->use)
+                                      : NULL;
+      if (use)
+        {
+          emit_load (L, R, it->use);
+          /* Prefetch: the next use's load is queued before this compute,
+           * so its stream runs it as soon as its slot is free. */
+          if (it->use + 1 < R->uses->len)
+            emit_load (L, R, it->use + 1);
+          waits[nw++] = use->loaded;
+        }
+      wbuf = weights_of (L, R, u, it);
+      guint act_idx = it->unit * m + it->mb;
+      guint done = STOW_NONE;
+
+      if (it->pass == PASS_F)
+        {
+          if (first_of_chunk && vs > 0)
+            waits[nw++] = xevent (L, rank, PASS_F, vs - 1, it->mb);
+          if (u->layer == STOW_LAYER_EMBEDDING)
+            {
+              inputs[it->mb] = stow_program_buffer (
+                  p, rank, STOW_TIER_DEVICE, L->input_bytes, -1, FALSE,
+                  "input ids and embeddings mb%u", it->mb);
+              emit_alloc (L, rank, STOW_STREAM_COMPUTE, inputs[it->mb], NULL,
+                          0);
+              stow_op_init (&op, STOW_OP_FORWARD, STOW_STREAM_COMPUTE, rank);
+              op.layer = u->layer, op.micro_batch = it->mb;
+              op_io (&op, wbuf, STOW_NONE, inputs[it->mb]);
+              done = emit (L, &op, waits, nw, TRUE, "forward");
+            }
+          else if (u->layer == STOW_LAYER_HEAD)
+            {
+              logits[it->mb] = stow_program_buffer (p, rank, STOW_TIER_DEVICE,
+                                                    L->logits_bytes, -1, FALSE,
+                                                    "logits mb%u", it->mb);
+              emit_alloc (L, rank, STOW_STREAM_COMPUTE, logits[it->mb], NULL,
+                          0);
+              guint grad = STOW_NONE;
+              if (uses_grad_slots (L) && u->params > 0)
+                {
+                  grad = stow_program_buffer (
+                      p, rank, STOW_TIER_DEVICE, 0,
+                      2 + (gint)(R->grad_slot_count % 2), FALSE,
+                      "gradient slot %u: head", R->grad_slot_count % 2);
+                  emit_alloc (L, rank, STOW_STREAM_COMPUTE, grad,
+                              &R->grad_slot_freed[R->grad_slot_count % 2], 1);
+                }
+              stow_op_init (&op, STOW_OP_LOSS, STOW_STREAM_COMPUTE, rank);
+              op.layer = u->layer, op.micro_batch = it->mb;
+              /* forward and backward of the output layer: 6 s b h V */
+              op.flops = 6.0 * (double)L->t->seq_len / l->cp
+                         * (double)l->micro_batch * (double)L->m->hidden
+                         * (double)L->m->vocab / l->tp;
+              op_io (&op, wbuf, STOW_NONE, logits[it->mb]);
+              if (grad != STOW_NONE)
+                op.writes[op.n_writes++] = grad;
+              else if (R->grads_buf != STOW_NONE && u->params > 0)
+                op.writes[op.n_writes++] = R->grads_buf;
+              done = emit (L, &op, waits, nw, TRUE, "loss");
+              if (u->params > 0)
+                {
+                  guint ev = emit_grad_path (L, R, u, grad, done,
+                                             i == u->last_grad_item);
+                  if (i == u->last_grad_item)
+                    u->grads_ready = ev;
+                }
+            }
+          else
+            {
+              guint64 bytes = u->recompute ? L->ckpt : L->full;
+              acts[act_idx] = stow_program_buffer (
+                  p, rank, STOW_TIER_DEVICE, bytes, -1, FALSE,
+                  "activations L%d mb%u", u->layer, it->mb);
+              emit_alloc (L, rank, STOW_STREAM_COMPUTE, acts[act_idx], NULL, 0);
+              stow_op_init (&op, STOW_OP_FORWARD, STOW_STREAM_COMPUTE, rank);
+              op.layer = u->layer, op.micro_batch = it->mb;
+              op.flops = stow_schedule_layer_flops (L->m, L->t, l,
+                                                    (guint64)u->layer);
+              op.bytes = tp_bytes, op.group = STOW_GROUP_TP,
+              op.group_size = l->tp, op.intra_node = TRUE;
+              op_io (&op, wbuf, STOW_NONE, acts[act_idx]);
+              done = emit (L, &op, waits, nw, TRUE, "forward");
+            }
+          if (last_layer_of_chunk && vs + 1 < l->pp * l->vpp)
+            {
+              op = coll_op (L, rank, STOW_COLL_SEND, L->sbh_send, u->layer);
+              op.group = STOW_GROUP_PP, op.group_size = 2;
+              op.intra_node = l->tp * l->cp * L->n * l->pp
+                              <= MAX (L->c->node.gpus_per_node, 1);
+              op.micro_batch = it->mb;
+              op.record = xevent (L, rank, PASS_F, vs, it->mb);
+              emit (L, &op, &done, 1, FALSE, NULL);
+            }
+        }
+      else
+        {
+          if (last_layer_of_chunk && vs + 1 < l->pp * l->vpp)
+            waits[nw++] = xevent (L, rank, PASS_B, vs + 1, it->mb);
+          if (u->layer == STOW_LAYER_EMBEDDING)
+            {
+              guint grad = STOW_NONE;
+              if (uses_grad_slots (L))
+                {
+                  grad = stow_program_buffer (
+                      p, rank, STOW_TIER_DEVICE, 0,
+                      2 + (gint)(R->grad_slot_count % 2), FALSE,
+                      "gradient slot %u: embedding", R->grad_slot_count % 2);
+                  emit_alloc (L, rank, STOW_STREAM_COMPUTE, grad,
+                              &R->grad_slot_freed[R->grad_slot_count % 2], 1);
+                }
+              stow_op_init (&op, STOW_OP_BACKWARD, STOW_STREAM_COMPUTE, rank);
+              op.layer = u->layer, op.micro_batch = it->mb;
+              op_io (&op, inputs[it->mb], STOW_NONE,
+                     grad != STOW_NONE ? grad : R->grads_buf);
+              done = emit (L, &op, waits, nw, TRUE, "backward");
+              emit_free (L, rank, STOW_STREAM_COMPUTE, inputs[it->mb], NULL, 0,
+                         FALSE);
+              if (u->params > 0)
+                {
+                  guint ev = emit_grad_path (L, R, u, grad, done,
+                                             i == u->last_grad_item);
+                  if (i == u->last_grad_item)
+                    u->grads_ready = ev;
+                }
+            }
+          else
+            {
+              guint rec = STOW_NONE, ws, grad = STOW_NONE;
+              if (u->recompute)
+                {
+                  rec = stow_program_buffer (p, rank, STOW_TIER_DEVICE,
+                                             L->full - MIN (L->ckpt, L->full),
+                                             -1, FALSE, "recomputed L%d mb%u",
+                                             u->layer, it->mb);
+                  emit_alloc (L, rank, STOW_STREAM_COMPUTE, rec, NULL, 0);
+                  stow_op_init (&op, STOW_OP_RECOMPUTE, STOW_STREAM_COMPUTE,
+                                rank);
+                  op.layer = u->layer, op.micro_batch = it->mb;
+                  op.flops = stow_schedule_layer_flops (L->m, L->t, l,
+                                                        (guint64)u->layer);
+                  op.bytes = tp_bytes, op.group = STOW_GROUP_TP,
+                  op.group_size = l->tp, op.intra_node = TRUE;
+                  op_io (&op, wbuf, acts[act_idx], rec);
+                  emit (L, &op, waits, nw, FALSE, NULL);
+                  nw = 0; /* the stream orders the backward after it */
+                }
+              ws = stow_program_buffer (p, rank, STOW_TIER_DEVICE, L->block, -1,
+                                        FALSE, "backward working set L%d mb%u",
+                                        u->layer, it->mb);
+              emit_alloc (L, rank, STOW_STREAM_COMPUTE, ws, NULL, 0);
+              if (uses_grad_slots (L))
+                {
+                  guint sl = R->grad_slot_count % 2;
+                  grad = stow_program_buffer (
+                      p, rank, STOW_TIER_DEVICE, 0, 2 + (gint)sl, FALSE,
+                      "gradient slot %u: L%d", sl, u->layer);
+                  emit_alloc (L, rank, STOW_STREAM_COMPUTE, grad,
+                              &R->grad_slot_freed[sl], 1);
+                }
+              stow_op_init (&op, STOW_OP_BACKWARD, STOW_STREAM_COMPUTE, rank);
+              op.layer = u->layer, op.micro_batch = it->mb;
+              op.flops = 2.0
+                         * stow_schedule_layer_flops (L->m, L->t, l,
+                                                      (guint64)u->layer);
+              if (l->recompute == STOW_RECOMPUTE_SELECTIVE)
+                /* Rebuild the attention core: the 4 s^2 h part. */
+                op.flops += 4.0 * (double)L->t->seq_len / l->cp
+                            * (double)l->micro_batch * (double)L->t->seq_len
+                            / l->cp * (double)(L->m->n_heads * L->m->head_dim)
+                            / l->tp;
+              op.bytes = tp_bytes, op.group = STOW_GROUP_TP,
+              op.group_size = l->tp, op.intra_node = TRUE;
+              op_io (&op, wbuf, acts[act_idx],
+                     grad != STOW_NONE ? grad : R->grads_buf);
+              if (rec != STOW_NONE)
+                op.reads[op.n_reads++] = rec;
+              done = emit (L, &op, waits, nw, TRUE, "backward");
+              emit_free (L, rank, STOW_STREAM_COMPUTE, acts[act_idx], NULL, 0,
+                         FALSE);
+              if (rec != STOW_NONE)
+                emit_free (L, rank, STOW_STREAM_COMPUTE, rec, NULL, 0, FALSE);
+              emit_free (L, rank, STOW_STREAM_COMPUTE, ws, NULL, 0, FALSE);
+              /* The loss gradient lives until the last layer's backward
+               * has consumed it (the memory model charges them together). */
+              if (logits[it->mb] != STOW_NONE && it->unit + 2 == n_units
+                  && g_array_index (R->units, Unit, n_units - 1).layer
+                         == STOW_LAYER_HEAD)
+                {
+                  emit_free (L, rank, STOW_STREAM_COMPUTE, logits[it->mb], NULL,
+                             0, FALSE);
+                  logits[it->mb] = STOW_NONE;
+                }
+              guint ev = emit_grad_path (L, R, u, grad, done,
+                                         i == u->last_grad_item);
+              if (i == u->last_grad_item)
+                u->grads_ready = ev;
+              if (first_of_chunk && vs > 0)
+                {
+                  op = coll_op (L, rank, STOW_COLL_SEND, L->sbh_send, u->layer);
+                  op.group = STOW_GROUP_PP, op.group_size = 2;
+                  op.intra_node = l->tp * l->cp * L->n * l->pp
+                                  <= MAX (L->c->node.gpus_per_node, 1);
+                  op.micro_batch = it->mb;
+                  op.record = xevent (L, rank, PASS_B, vs, it->mb);
+                  emit (L, &op, &done, 1, FALSE, NULL);
+                }
+            }
+        }
+      if (use && i == use->last_item)
+        use->freed = emit_free (L, rank, STOW_STREAM_COMPUTE, use->buffer, NULL,
+                                0, TRUE);
+      u->last_use = done;
+      if (i == u->last_grad_item && u->params > 0)
+        {
+          g_array_append_val (ready_order, it->unit);
+          /* ZeRO-Offload: CPU Adam on this unit's shard as soon as its
+           * gradients are down (Ren et al. 2021, §4.1). */
+          if (L->off_opt && !L->nvme_opt && !L->so->delayed_update)
+            {
+              guint64 shard = div_ceil (u->params, L->n);
+              stow_op_init (&op, STOW_OP_OPTIM_STEP, STOW_STREAM_CPU_OPTIM,
+                            rank);
+              op.params = shard, op.layer = u->layer;
+              op_io (&op, R->host_grads_buf, STOW_NONE, STOW_NONE);
+              u->grads_ready
+                  = emit (L, &op, &u->grads_ready, 1, TRUE, "updated");
+              u->last_use = done;
+              g_array_append_val (R->pending, it->unit);
+            }
+        }
+    }
+  /* Logits not freed by a layer's backward (a stage with no layers). */
+  for (guint j = 0; j < m; j++)
+    if (logits[j] != STOW_NONE)
+      emit_free (L, rank, STOW_STREAM_COMPUTE, logits[j], NULL, 0, FALSE);
+
+  flush_refreshes (L, R);
+  emit_optimizer (L, R, ready_order);
+  g_array_unref (R->pending);
+
+  g_array_unref (R->units);
+  g_array_unref (R->chunk_first);
+  g_array_unref (R->chunk_count);
+  g_array_unref (R->items);
+  g_array_unref (R->uses);
+}
+
+StowProgram *
+stow_schedule_lower (const StowModel *m, const StowCluster *c,
+                     const StowTraining *t, const StowLayout *l,
+                     const StowMemOptions *mo_in,
+                     const StowScheduleOptions *so_in, GError **error)
+{
+  StowMemOptions mo_default;
+  StowScheduleOptions so_default;
+  g_return_val_if_fail (m != NULL && c != NULL && t != NULL && l != NULL, NULL);
+  if (mo_in == NULL)
+    stow_mem_options_init (&mo_default), mo_in = &mo_default;
+  if (so_in == NULL)
+    stow_schedule_options_init (&so_default), so_in = &so_default;
+  if (!stow_layout_validate (l, t, m, c, error))
+    return NULL;
+  if (l->engine != STOW_ENGINE_STOWAGE)
+    {
+      g_set_error (error, STOW_PLAN_ERROR, STOW_PLAN_ERROR_INVALID,
+                   "--engine %s: the step program lowers stowage's own engine "
+                   "only (use --engine stowage)",
+                   stow_engine_name (l->engine));
+      return NULL;
+    }
+  if (t->finetune != STOW_FINETUNE_FULL
+      && (l->offload_optimizer != STOW_OFFLOAD_NONE
+          || l->offload_params != STOW_OFFLOAD_NONE))
+    {
+      g_set_error (error, STOW_PLAN_ERROR, STOW_PLAN_ERROR_INVALID,
+                   "--finetune %s with offload: the step program keeps "
+                   "adapter states on the GPU (as the memory model does); "
+                   "drop --offload-optimizer / --offload-params",
+                   stow_finetune_name (t->finetune));
+      return NULL;
+    }
+  if (l->offload_activations)
+    {
+      g_set_error (error, STOW_PLAN_ERROR, STOW_PLAN_ERROR_INVALID,
+                   "--offload-activations: the step program does not lower "
+                   "activation offload");
+      return NULL;
+    }
+  g_autoptr (StowMemory) mem = stow_memory_estimate (m, c, t, l, mo_in, error);
+  if (mem == NULL)
+    return NULL;
+
+  Lower L = { 0 };
+  L.m = m, L.c = c, L.t = t, L.l = l, L.mo = mo_in, L.so = so_in;
+  L.p = stow_program_new (l->pp);
+  stow_mem_state_bytes (m, t, &L.w, &L.g, &L.master, &L.opt);
+  L.wg = MIN (L.w, 2.0); /* gathered in compute precision, as memory.c */
+  if (t->finetune != STOW_FINETUNE_FULL)
+    {
+      /* NF4: 4 bits + an 8-bit absmax per 64 weights + an fp32 scale per
+       * 256 blocks (memory.c); adapters train in fp32 with no master. */
+      L.lora = TRUE;
+      L.wb = t->finetune == STOW_FINETUNE_QLORA
+                 ? 0.5 + 1.0 / 64.0 + 4.0 / (64.0 * 256.0)
+                 : L.w;
+      L.w = L.g = 4.0;
+      L.master = 0;
+    }
+  L.n = stow_mem_shard_degree (l, c);
+  stow_mem_activation_sizes (m, t, l, &L.full, &L.block, &L.ckpt);
+  double s_local = (double)t->seq_len / l->cp;
+  guint64 sbh
+      = (guint64)llround (s_local * (double)l->micro_batch * (double)m->hidden);
+  guint64 spdiv = l->sp ? l->tp : 1;
+  L.input_bytes = (guint64)llround (8.0 * s_local * l->micro_batch)
+                  + (guint64)llround (2.0 * (double)sbh / spdiv);
+  guint64 sbv = (guint64)llround (s_local * (double)l->micro_batch
+                                  * (double)m->vocab / l->tp);
+  L.logits_bytes = stow_bytes (sbv, t->chunked_loss ? 3.0 : 10.0);
+  L.sbh_send = 2 * sbh / spdiv;
+  L.gather = l->zero >= 3;
+  L.off_opt = l->offload_optimizer != STOW_OFFLOAD_NONE;
+  L.off_par = l->offload_params != STOW_OFFLOAD_NONE;
+  L.nvme_opt = l->offload_optimizer == STOW_OFFLOAD_NVME;
+  L.nvme_par = l->offload_params == STOW_OFFLOAD_NVME;
+  L.xevents = g_hash_table_new_full (g_str_hash, g_str_equal, g_free, NULL);
+
+  /* The device budget: what the memory model leaves of the capacity,
+   * counted in tensor bytes (the allocator's slack grows with them). */
+  StowProgram *p = L.p;
+  p->fragmentation = mo_in->fragmentation;
+  p->overhead_bytes = mem->total_bytes - mem->allocated_peak_bytes;
+  guint64 non_tensor = mem->total_bytes - mem->reserved_bytes;
+  guint64 cap
+      = mem->capacity_bytes > non_tensor ? mem->capacity_bytes - non_tensor : 0;
+  p->device_capacity_bytes
+      = (guint64)((double)cap / (1.0 + mo_in->fragmentation));
+  /* Layer-major accumulation keeps every micro-batch's activations (and
+   * logits) at once: (m - 1) micro-batches more than the memory model's
+   * 1F1B count.  It must come out of the budget before resident layers. */
+  guint64 extra = 0;
+  if (so_in->layer_major)
+    {
+      if (!L.off_par || l->pp > 1)
+        {
+          g_set_error (error, STOW_PLAN_ERROR, STOW_PLAN_ERROR_INVALID,
+                       "--layer-major needs streamed layers on one stage "
+                       "(--offload-params cpu or nvme, --pp 1)");
+          g_hash_table_unref (L.xevents);
+          stow_program_free (L.p);
+          return NULL;
+        }
+      guint64 n_rec = 0;
+      if (l->recompute == STOW_RECOMPUTE_FULL)
+        n_rec = l->recompute_layers ? MIN (l->recompute_layers, m->n_layers)
+                                    : m->n_layers;
+      guint64 per_mb = (m->n_layers - n_rec) * L.full + n_rec * L.ckpt
+                       + L.input_bytes + L.logits_bytes;
+      extra = (l->grad_accum - 1) * per_mb;
+      if (mem->allocated_peak_bytes + extra > p->device_capacity_bytes)
+        {
+          g_set_error (error, STOW_PLAN_ERROR, STOW_PLAN_ERROR_INVALID,
+                       "--layer-major keeps %" G_GUINT64_FORMAT
+                       " micro-batches of activations: %" G_GUINT64_FORMAT
+                       " B more than the device budget of %" G_GUINT64_FORMAT
+                       " B allows",
+                       l->grad_accum,
+                       mem->allocated_peak_bytes + extra
+                           - p->device_capacity_bytes,
+                       p->device_capacity_bytes);
+          g_hash_table_unref (L.xevents);
+          stow_program_free (L.p);
+          return NULL;
+        }
+    }
+  if (L.off_par)
+    {
+      guint64 layer_bytes = 0;
+      for (guint64 i = 0; i < m->n_layers; i++)
+        layer_bytes
+            = MAX (layer_bytes,
+                   stow_bytes (stow_mem_layer_params_on_gpu (m, l, i), L.wg));
+      if (so_in->resident_layers != G_MAXUINT)
+        L.k_resident = so_in->resident_layers;
+      else
+        {
+          guint64 used = mem->allocated_peak_bytes + extra;
+          guint64 free_b = p->device_capacity_bytes > used
+                               ? p->device_capacity_bytes - used
+                               : 0;
+          L.k_resident = layer_bytes ? (guint)(free_b / layer_bytes) : 0;
+        }
+    }
+
+  g_autofree guint64 *counts = g_new0 (guint64, l->pp);
+  stow_layout_stage_layers (l, m->n_layers, counts);
+  guint64 first = 0;
+  for (guint s = 0; s < l->pp; s++)
+    {
+      Rank R = { 0 };
+      R.rank = s;
+      R.sp = stow_mem_stage_params (m, t, l, mo_in, s, first, counts[s]);
+      build_units (&L, &R, counts, m->n_layers);
+      lower_rank (&L, &R);
+      first += counts[s];
+    }
+  g_hash_table_unref (L.xevents);
+  L.xevents = NULL;
+  p->description = g_strdup_printf (
+      "%s on %s: dp %u tp %u pp %u%s zero %u, optimizer %s, parameters %s, "
+      "recompute %s, micro-batch %" G_GUINT64_FORMAT " x %" G_GUINT64_FORMAT
+      ", %u resident / %u streamed layers per rank",
+      m->name, c->spec ? c->spec : "cluster", l->dp, l->tp, l->pp,
+      l->vpp > 1 ? " (interleaved)" : "", l->zero,
+      stow_offload_name (l->offload_optimizer),
+      stow_offload_name (l->offload_params), stow_recompute_name (l->recompute),
+      l->micro_batch, l->grad_accum, p->resident_layers, p->streamed_layers);
+  if (!stow_program_validate (p, error))
+    {
+      stow_program_free (p);
+      return NULL;
+    }
+  return p;
+}
