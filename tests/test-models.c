@@ -910,10 +910,19 @@ random_value (void)
       json_node_init_null (n);
       break;
     case 9:
-      json_node_init_array (n, json_array_new ());
+      {
+        /* init_* takes its own reference */
+        JsonArray *a = json_array_new ();
+        json_node_init_array (n, a);
+        json_array_unref (a);
+      }
       break;
     case 10:
-      json_node_init_object (n, json_object_new ());
+      {
+        JsonObject *obj = json_object_new ();
+        json_node_init_object (n, obj);
+        json_object_unref (obj);
+      }
       break;
     case 11:
       json_node_set_int (n, (gint64)1 << g_test_rand_int_range (0, 62));

@@ -231,6 +231,11 @@ test_speed (void)
   g_test_skip ("timing is meaningless under sanitizers");
   return;
 #endif
+  if (g_getenv ("STOW_VALGRIND"))
+    {
+      g_test_skip ("timing is meaningless under valgrind");
+      return;
+    }
   /* The validator's g_debug for unfilled pipelines would be printed by
    * the test harness for every such layout: not what is timed here. */
   guint h = g_log_set_handler ("stowage", G_LOG_LEVEL_DEBUG, quiet, NULL);
