@@ -81,11 +81,13 @@ if [ -x "$CALC_PY" ] && [ -f "$CALC_DIR/bin/calculon" ]; then
   [ -f "$app" ] || app="$CALC_DIR/examples/models/turing-530B.json"
   sys="$CALC_DIR/systems/a100_80g.json"
   [ -f "$sys" ] || sys="$CALC_DIR/examples/a100_80g.json"
-  cmd=(taskset -c 0 env PYTHONPATH="$CALC_DIR" "$CALC_PY" "$CALC_DIR/bin/calculon" llm-optimal-execution "$app" 2240 2240 float16 "$sys" /tmp/calculon-out.json -c 1 -n)
+  # -m: the README's micro-batch break; without it 2240 GPUs is 4.5M executions
+  # (hours in Python).  bench/calculon.sh has the full side-by-side runs.
+  cmd=(timeout "${CALCULON_LIMIT:-600}" taskset -c 0 env PYTHONPATH="$CALC_DIR" "$CALC_PY" "$CALC_DIR/bin/calculon" llm-optimal-execution "$app" 2240 2240 float16 "$sys" /tmp/calculon-out.json -c 1 -m -n)
   echo "\`${cmd[*]}\`" >> "$out"
   echo '```' >> "$out"
   start=$(date +%s.%N)
-  "${cmd[@]}" 2>&1 | tail -8 | tee -a "$out"
+  { "${cmd[@]}" 2>&1 || echo "exit status $? (124: stopped by timeout)"; } | tail -8 | tee -a "$out"
   end=$(date +%s.%N)
   echo '```' >> "$out"
   echo "wall clock: $($PY -c "print(round($end-$start,1))") s" >> "$out"
@@ -101,7 +103,8 @@ systems/a100_80g.json output.json -m` takes "~1 min" (multiprocessing over the
 machine's cores).  The row "MT-NLG 530B, 5128xA100-80GB, batch 2564" above is
 stowage on that case (batch rounded to a multiple of dp), on one core.  To run Calculon side by side, check it
 out into bench/.work/calculon, make bench/venv (python3 -m venv bench/venv;
-bench/venv/bin/pip install psutil) and rerun this script.
+bench/venv/bin/pip install psutil numpy) and rerun this script, or run
+bench/calculon.sh (CALCULON=checkout) for the side-by-side comparison.
 EOT
 fi
 echo "wrote $out"

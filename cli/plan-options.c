@@ -51,6 +51,10 @@ stow_plan_options_add (GOptionContext *ctx, StowPlanOptions *po)
          "OPT"),
     STR ("finetune", finetune, "full, lora or qlora", "MODE"),
     STR ("lora-rank", lora_rank, "LoRA rank (default 8)", "R"),
+    STR ("lora-targets", lora_targets,
+         "Comma-separated modules LoRA adapts: q,k,v,o,gate,up,down or all "
+         "(default q,v)",
+         "LIST"),
     STR ("engine", engine, "stowage, pytorch, deepspeed, megatron, fsdp",
          "ENGINE"),
     STR ("schedule", schedule, "1f1b, interleaved or gpipe", "S"),
@@ -80,6 +84,10 @@ stow_plan_options_add (GOptionContext *ctx, StowPlanOptions *po)
          "SIZE"),
     STR ("safety-margin", margin, "Keep this much of each GPU free (0)",
          "SIZE"),
+    STR ("workspace-memory", workspace,
+         "cuBLAS/cuBLASLt workspaces per GPU (default 64MiB)", "SIZE"),
+    STR ("host-process-memory", host_process,
+         "Host RAM of each rank's own process (default 2GiB)", "SIZE"),
     STR ("reduce-bucket", reduce_bucket,
          "DeepSpeed reduce_bucket_size in elements (5e8)", "N"),
     { "optimizer-in-backward", 0, 0, G_OPTION_ARG_NONE, &po->opt_in_bwd,
@@ -200,6 +208,11 @@ stow_plan_options_resolve (StowPlanOptions *po, const char *model_arg,
         }
       o->free_grads = po->free_grads[0] == '1';
     }
+  if (!parse_size_flag ("--workspace-memory", po->workspace,
+                        &o->workspace_bytes, error)
+      || !parse_size_flag ("--host-process-memory", po->host_process,
+                           &o->host_process_bytes, error))
+    return FALSE;
   if (!parse_size_flag ("--context-memory", po->context, &o->cuda_context_bytes,
                         error)
       || !parse_size_flag ("--nccl-reserve", po->nccl, &o->nccl_bytes_per_group,
@@ -359,6 +372,10 @@ stow_plan_options_resolve (StowPlanOptions *po, const char *model_arg,
   t->chunked_loss = po->chunked_loss;
   t->dropout = po->dropout;
   t->optimizer_in_backward = po->opt_in_bwd;
+  if (po->lora_targets
+      && !stow_lora_targets_parse (po->lora_targets, "--lora-targets",
+                                   &t->lora_targets, error))
+    return FALSE;
   return TRUE;
 }
 
@@ -423,6 +440,9 @@ stow_plan_options_clear (StowPlanOptions *po)
     &po->margin,
     &po->reduce_bucket,
     &po->free_grads,
+    &po->lora_targets,
+    &po->workspace,
+    &po->host_process,
   };
   for (gsize i = 0; i < G_N_ELEMENTS (strings); i++)
     g_clear_pointer (strings[i], g_free);

@@ -24,7 +24,7 @@ typedef struct
       *global_batch, *grad_accum, *seq, *precision, *optimizer, *finetune,
       *lora_rank, *engine, *schedule, *convention, *params, *largest_layer,
       *zero_init, *context, *fragmentation, *nccl, *margin, *reduce_bucket,
-      *free_grads;
+      *free_grads, *lora_targets, *workspace, *host_process;
   gboolean sp, no_sp, no_flash, chunked_loss, dropout, json, explain,
       overlap_comm, opt_in_bwd;
 

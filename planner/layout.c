@@ -195,6 +195,64 @@ stow_recompute_parse (const char *s, const char *field, StowRecompute *out,
   return TRUE;
 }
 
+static const struct
+{
+  const char *name;
+  guint bit;
+} lora_target_names[] = {
+  { "q", STOW_LORA_Q },       { "k", STOW_LORA_K },
+  { "v", STOW_LORA_V },       { "o", STOW_LORA_O },
+  { "gate", STOW_LORA_GATE }, { "up", STOW_LORA_UP },
+  { "down", STOW_LORA_DOWN },
+};
+
+gboolean
+stow_lora_targets_parse (const char *s, const char *field, guint *out,
+                         GError **error)
+{
+  guint set = 0;
+  if (s != NULL && g_ascii_strcasecmp (s, "all") == 0)
+    {
+      *out = STOW_LORA_ALL;
+      return TRUE;
+    }
+  g_auto (GStrv) parts = g_strsplit (s ? s : "", ",", -1);
+  for (guint i = 0; parts[i] != NULL; i++)
+    {
+      /* HF PEFT spells them q_proj, gate_proj, ...: accept both. */
+      g_autofree char *name = g_strstrip (g_ascii_strdown (parts[i], -1));
+      if (g_str_has_suffix (name, "_proj"))
+        name[strlen (name) - 5] = '\0';
+      gboolean found = FALSE;
+      for (gsize k = 0; k < G_N_ELEMENTS (lora_target_names); k++)
+        if (g_str_equal (name, lora_target_names[k].name))
+          set |= lora_target_names[k].bit, found = TRUE;
+      if (!found)
+        {
+          g_set_error (error, STOW_PLAN_ERROR, STOW_PLAN_ERROR_PARSE,
+                       "%s \"%s\": unknown module \"%s\" (use q, k, v, o, "
+                       "gate, up, down, or all)",
+                       field, s ? s : "", parts[i]);
+          return FALSE;
+        }
+    }
+  *out = set;
+  return TRUE;
+}
+
+char *
+stow_lora_targets_name (guint targets)
+{
+  GString *s = g_string_new (NULL);
+  if (targets == 0)
+    targets = STOW_LORA_Q | STOW_LORA_V;
+  for (gsize k = 0; k < G_N_ELEMENTS (lora_target_names); k++)
+    if (targets & lora_target_names[k].bit)
+      g_string_append_printf (s, "%s%s", s->len ? "," : "",
+                              lora_target_names[k].name);
+  return g_string_free (s, FALSE);
+}
+
 gboolean
 stow_zero_parse (const char *s, const char *field, guint *stage,
                  gboolean *hybrid, GError **error)

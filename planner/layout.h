@@ -155,6 +155,12 @@ gboolean stow_schedule_parse (const char *s, const char *field,
                               StowSchedule *out, GError **error);
 gboolean stow_engine_parse (const char *s, const char *field, StowEngine *out,
                             GError **error);
+/* "q,v", "q,k,v,o,gate,up,down" or "all" into a StowLoraTarget set. */
+gboolean stow_lora_targets_parse (const char *s, const char *field, guint *out,
+                                  GError **error);
+/* "q,v" for a set (owned by the caller). */
+char *stow_lora_targets_name (guint targets);
+
 /* "0".."3" or an FSDP strategy name (NO_SHARD, SHARD_GRAD_OP, FULL_SHARD,
  * HYBRID_SHARD); sets *hybrid for HYBRID_SHARD. */
 gboolean stow_zero_parse (const char *s, const char *field, guint *stage,

@@ -320,6 +320,7 @@ stow_plan_file_to_json (const StowPlanFile *p, const StowMemory *mem)
   set_bool (b, "flash_attention", t->flash_attention);
   set_bool (b, "chunked_loss", t->chunked_loss);
   set_bool (b, "dropout", t->dropout);
+  set_bool (b, "optimizer_in_backward", t->optimizer_in_backward);
   json_builder_end_object (b);
 
   json_builder_set_member_name (b, "layout");
@@ -358,6 +359,11 @@ stow_plan_file_to_json (const StowPlanFile *p, const StowMemory *mem)
   set_u64 (b, "host_process_bytes", o->host_process_bytes);
   set_u64 (b, "vocab_multiple", o->vocab_multiple);
   set_u64 (b, "swap_shard_params", o->swap_shard_params);
+  set_u64 (b, "reduce_bucket_elements", o->reduce_bucket_elements);
+  json_builder_set_member_name (b, "overlap_comm");
+  json_builder_add_int_value (b, o->overlap_comm);
+  json_builder_set_member_name (b, "free_grads");
+  json_builder_add_int_value (b, o->free_grads);
   json_builder_end_object (b);
 
   json_builder_set_member_name (b, "memory");
@@ -510,11 +516,18 @@ static const char *const top_fields[]
 static const char *const model_fields[]
     = { "name", "params", "source", "path", "config", NULL };
 static const char *const cluster_fields[] = { "spec", "gpus", "config", NULL };
-static const char *const training_fields[] = {
-  "seq_len",   "global_batch", "precision",       "optimizer",    "finetune",
-  "lora_rank", "lora_targets", "flash_attention", "chunked_loss", "dropout",
-  NULL
-};
+static const char *const training_fields[] = { "seq_len",
+                                               "global_batch",
+                                               "precision",
+                                               "optimizer",
+                                               "finetune",
+                                               "lora_rank",
+                                               "lora_targets",
+                                               "flash_attention",
+                                               "chunked_loss",
+                                               "dropout",
+                                               "optimizer_in_backward",
+                                               NULL };
 static const char *const layout_fields[] = { "dp",
                                              "tp",
                                              "pp",
@@ -546,6 +559,9 @@ static const char *const memopt_fields[] = { "convention",
                                              "host_process_bytes",
                                              "vocab_multiple",
                                              "swap_shard_params",
+                                             "reduce_bucket_elements",
+                                             "overlap_comm",
+                                             "free_grads",
                                              NULL };
 static const char *const schedule_fields[]
     = { "resident_layers",    "prefetch_depth",     "optimizer_swap_buffers",
@@ -666,7 +682,10 @@ read_training (StowPlanFile *p, JsonObject *root, const char *name,
                               &t->flash_attention, error)
       || !stow_json_get_bool (o, w, "chunked_loss", TRUE, &t->chunked_loss,
                               error)
-      || !stow_json_get_bool (o, w, "dropout", TRUE, &t->dropout, error))
+      || !stow_json_get_bool (o, w, "dropout", TRUE, &t->dropout, error)
+      /* added within version 1: optional, off when absent */
+      || !stow_json_get_bool (o, w, "optimizer_in_backward", FALSE,
+                              &t->optimizer_in_backward, error))
     return FALSE;
   t->lora_targets = targets;
   return TRUE;
@@ -780,8 +799,28 @@ read_mem_options (StowPlanFile *p, JsonObject *root, const char *name,
       || !get_range (o, w, "vocab_multiple", TRUE, 0, 1 << 20,
                      &m->vocab_multiple, error)
       || !get_range (o, w, "swap_shard_params", TRUE, 1, G_MAXINT64,
-                     &m->swap_shard_params, error))
+                     &m->swap_shard_params, error)
+      /* added within version 1: optional, defaults when absent */
+      || !get_range (o, w, "reduce_bucket_elements", FALSE, 1, G_MAXINT64,
+                     &m->reduce_bucket_elements, error))
     return FALSE;
+  static const char *const tristate[] = { "overlap_comm", "free_grads" };
+  gint *tri_out[] = { &m->overlap_comm, &m->free_grads };
+  for (gsize i = 0; i < G_N_ELEMENTS (tristate); i++)
+    {
+      gint64 v = *tri_out[i];
+      if (!stow_json_get_i64 (o, w, tristate[i], FALSE, &v, error))
+        return FALSE;
+      if (v < -1 || v > 1)
+        {
+          g_set_error (error, STOW_PLAN_ERROR, STOW_PLAN_ERROR_INVALID,
+                       "%s: %s: %" G_GINT64_FORMAT
+                       " is not -1 (default), 0 or 1",
+                       w, tristate[i], v);
+          return FALSE;
+        }
+      *tri_out[i] = (gint)v;
+    }
   m->zero_init = (gint)zi;
   if (!(m->fragmentation >= 0 && m->fragmentation <= 1))
     {

@@ -95,7 +95,11 @@ stow_layout_to_json (const StowLayout *l, const StowTraining *t)
       set_str (b, "optimizer", stow_optimizer_name (t->optimizer));
       set_str (b, "finetune", stow_finetune_name (t->finetune));
       if (t->finetune != STOW_FINETUNE_FULL)
-        set_u64 (b, "lora_rank", t->lora_rank);
+        {
+          g_autofree char *targets = stow_lora_targets_name (t->lora_targets);
+          set_u64 (b, "lora_rank", t->lora_rank);
+          set_str (b, "lora_targets", targets);
+        }
       set_bool (b, "flash_attention", t->flash_attention);
       set_bool (b, "chunked_loss", t->chunked_loss);
       set_bool (b, "optimizer_in_backward", t->optimizer_in_backward);

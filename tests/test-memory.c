@@ -487,6 +487,42 @@ test_calibration_torchtune (void)
     }
 }
 
+/* LoRA adapters against PEFT's print_trainable_parameters for
+ * Llama-2-7B: rank 8 on q_proj and v_proj, 4,194,304; rank 16 on every
+ * linear (q, k, v, o, gate, up, down), 39,976,960.  The adapters train in
+ * fp32: 4 B each. */
+static void
+test_lora_adapters (void)
+{
+  static const struct
+  {
+    guint64 rank;
+    const char *targets;
+    guint64 trainable;
+  } cases[] = {
+    { 8, "q,v", 4194304 },
+    { 16, "all", 39976960 },
+    { 16, "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj", 39976960 },
+  };
+  g_autoptr (StowModel) m = catalog ("llama-2-7b");
+  g_autoptr (StowCluster) c = cluster ("1xA100-80GB");
+  for (gsize i = 0; i < G_N_ELEMENTS (cases); i++)
+    {
+      StowTraining t;
+      StowLayout l;
+      StowMemOptions o;
+      defaults (&t, &l, &o);
+      t.finetune = STOW_FINETUNE_LORA;
+      t.lora_rank = cases[i].rank;
+      g_autoptr (GError) error = NULL;
+      g_assert_true (stow_lora_targets_parse (cases[i].targets, "t",
+                                              &t.lora_targets, &error));
+      g_autoptr (StowMemory) mem = estimate (m, c, &t, &l, &o);
+      g_assert_cmpuint (term_bytes (mem->stages[0].terms, "lora adapters"), ==,
+                        4 * cases[i].trainable);
+    }
+}
+
 /* The seed (HF blog "Fit More and Train Faster With ZeRO via DeepSpeed and
  * FairScale", 2021): t5-3b, fp16, on one 24 GB RTX 3090.  Without
  * DeepSpeed it does not fit even at batch 1; with ZeRO-2 and the optimizer
@@ -811,6 +847,7 @@ main (int argc, char **argv)
   g_test_add_func ("/memory/calibration/torchtune-llama-3.2-3b",
                    test_calibration_torchtune);
   g_test_add_func ("/memory/calibration/seed-t5-3b", test_seed_t5_3b_labels);
+  g_test_add_func ("/memory/lora-adapters", test_lora_adapters);
   g_test_add_func ("/memory/properties", test_properties);
   g_test_add_func ("/memory/no-overflow", test_no_overflow);
   g_test_add_func ("/memory/validation", test_validation_errors);

@@ -73,6 +73,9 @@ make_plan (const Case *c, StowMemory **mem_out)
   stow_layout_init (&l);
   stow_mem_options_init (&o);
   o.fragmentation = 0.07; /* not the default: must survive the trip */
+  o.reduce_bucket_elements = 200000000;
+  o.overlap_comm = 1;
+  o.free_grads = 0;
   c->set (&l, &t);
   StowMemory *mem = stow_memory_estimate (model, cluster, &t, &l, &o, &error);
   g_assert_no_error (error);
