@@ -66,7 +66,8 @@ calc_rev=$(git -C "$CALCULON" rev-parse --short HEAD 2>/dev/null || echo "not a 
   echo
   echo "Machine: $(nproc) CPUs ($(lscpu | sed -n 's/^Model name: *//p')), $(free -g | awk '/^Mem:/{print $2}') GiB RAM,"
   echo "kernel $(uname -r), load average at start $(cut -d' ' -f1-3 /proc/loadavg) (the machine is shared)."
-  echo "stowage $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?'); Calculon $CALCULON ($calc_rev),"
+  echo "stowage $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')$(git -C "$ROOT" diff --quiet HEAD -- 2>/dev/null || echo ' (working tree has uncommitted changes)'), binary built $(date -u -r "$STOWAGE" +%Y-%m-%dT%H:%MZ);"
+  echo "Calculon $CALCULON ($calc_rev),"
   echo "Python $("$CPY" -c 'import sys; print(sys.version.split()[0])'), numpy $("$CPY" -c 'import numpy; print(numpy.__version__)'), psutil $("$CPY" -c 'import psutil; print(psutil.__version__)')."
   echo "Both tools on one core: \`taskset -c 0\`; Calculon with \`-c 1\` (one pool worker); Calculon runs capped at ${LIMIT} s with \`timeout\`."
   echo "Calculon datatype $DTYPE (its A100 system file has no bfloat16 entry); stowage runs $RUNS times per case, best kept."
@@ -148,7 +149,8 @@ run_stowage () { # args for plan
   local best_t=999999 n=0 t w s e all=()
   for _ in $(seq "$RUNS"); do
     s=$(date +%s.%N)
-    taskset -c 0 "$STOWAGE" plan "$@" --top 1 --json > "$work/s.json"
+    # exit 1: no layout fits (the JSON still has the counts)
+    taskset -c 0 "$STOWAGE" plan "$@" --top 1 --json > "$work/s.json" || [ $? = 1 ]
     e=$(date +%s.%N)
     read -r n t < <($PY -c 'import json,sys; o=json.load(open(sys.argv[1])); print(o["candidates_evaluated"], o["search_time_s"])' "$work/s.json")
     w=$($PY -c "print('%.3f' % ($e-$s))")
@@ -156,13 +158,25 @@ run_stowage () { # args for plan
     if $PY -c "import sys; sys.exit(0 if $t < $best_t else 1)"; then best_t=$t; S_WALL=$w; cp "$work/s.json" "$work/sbest.json"; fi
   done
   S_N=$n; S_T=$best_t; S_ALL="${all[*]}"
-  S_BEST=$($PY -c '
-import json,sys
-o=json.load(open(sys.argv[1])); p=o["plans"][0]; l=p["layout"]
-print("tp%s pp%s vpp%s dp%s cp%s zero%s mb%s rc:%s sp:%s off-opt:%s %s %s, %.1f GiB" % (l["tp"],l["pp"],l["vpp"],l["dp"],l["cp"],l["zero"],l["micro_batch"],l["recompute"],l["sp"],l["offload_optimizer"],l["precision"],"flash" if l["flash_attention"] else "no-flash",p["total_bytes"]/2**30))' "$work/sbest.json")
-  S_SR=$($PY -c 'import json,sys; o=json.load(open(sys.argv[1])); p=o["plans"][0]; print("%.2f" % (p["layout"]["global_batch"]/p["step_time_s"]))' "$work/sbest.json")
-  S_STEP=$($PY -c 'import json,sys; o=json.load(open(sys.argv[1])); print("%.3f" % o["plans"][0]["step_time_s"])' "$work/sbest.json")
-  S_MFU=$($PY -c 'import json,sys; o=json.load(open(sys.argv[1])); print("%.1f%%" % (100*o["plans"][0]["mfu"]))' "$work/sbest.json")
+  $PY - "$work/sbest.json" > "$work/s.env" <<'PYS'
+import json, sys
+o = json.load(open(sys.argv[1]))
+if not o["plans"]:
+    v = dict(S_BEST="no layout fits (%d out of GPU memory, %d invalid)" % (o["out_of_memory"], o["invalid"]),
+             S_SR="-", S_STEP="-", S_MFU="-")
+else:
+    p = o["plans"][0]; l = p["layout"]
+    v = dict(S_BEST="tp%s pp%s vpp%s dp%s cp%s zero%s mb%s rc:%s sp:%s offload opt/params/act:%s/%s/%s %s %s, %.1f GiB" % (
+                 l["tp"], l["pp"], l["vpp"], l["dp"], l["cp"], l["zero"], l["micro_batch"], l["recompute"],
+                 l["sp"], l["offload_optimizer"], l["offload_params"], l["offload_activations"], l["precision"],
+                 "flash" if l["flash_attention"] else "no-flash", p["total_bytes"] / 2**30),
+             S_SR="%.2f" % (l["global_batch"] / p["step_time_s"]), S_STEP="%.3f" % p["step_time_s"],
+             S_MFU="%.1f%%" % (100 * p["mfu"]))
+for k, val in v.items():
+    print("%s=%r" % (k, val))
+PYS
+  # shellcheck disable=SC1091
+  . "$work/s.env"
   echo "\`taskset -c 0 $(basename "$STOWAGE") plan $* --top 1 --json\`: $S_N layouts; search_time_s/process wall s per run: $S_ALL" >> "$out"
   echo >> "$out"
 }
@@ -190,18 +204,20 @@ echo >> "$out"
 # (dp 1282), whichever rates better; stowage gets Calculon's batch.
 run_calculon "Turing-530B, 5128 GPUs, max batch 2520 (its README case)" "$T530" 5128 2520
 B=${C_BATCH:-1923}
-run_stowage mt-nlg-530b --gpus 5128xA100-80GB --global-batch "$B" --precision fp16 --no-flash --engine megatron
-summary "530B / 5128 / $B" "(fp16, no flash, ZeRO<=1)"
-run_stowage mt-nlg-530b --gpus 5128xA100-80GB --global-batch "$B"
-summary "530B / 5128 / $B" "(default: bf16, flash, ZeRO 0-3)"
+for v in "--precision fp16 --no-flash --engine megatron" "--precision fp16 --no-flash" ""; do
+  # shellcheck disable=SC2086
+  run_stowage mt-nlg-530b --gpus 5128xA100-80GB --global-batch "$B" $v
+  summary "530B / 5128 / $B" "${v:-(default: bf16, flash)}"
+done
 rate530=$C_RATE
 
 # (a) LLaMA-65B on 1024 A100s, global batch 1024.
 run_calculon "LLaMA-65B-like, 1024 GPUs, max batch 1024" "$L65" 1024 1024
-run_stowage llama-65b --gpus 1024xA100-80GB --global-batch 1024 --precision fp16 --no-flash --engine megatron
-summary "LLaMA-65B / 1024 / 1024" "(fp16, no flash, ZeRO<=1)"
-run_stowage llama-65b --gpus 1024xA100-80GB --global-batch 1024
-summary "LLaMA-65B / 1024 / 1024" "(default: bf16, flash, ZeRO 0-3)"
+for v in "--precision fp16 --no-flash --engine megatron" "--precision fp16 --no-flash" ""; do
+  # shellcheck disable=SC2086
+  run_stowage llama-65b --gpus 1024xA100-80GB --global-batch 1024 $v
+  summary "LLaMA-65B / 1024 / 1024" "${v:-(default: bf16, flash)}"
+done
 if [ "$C_RC" = 124 ] || [ "$C_RC" = 137 ]; then
   proj=$($PY -c "r='$rate530'; print('%.1f h' % ($C_FULL/float(r)/3600) if r else '?')")
   echo "Calculon did not finish LLaMA-65B in ${LIMIT} s (it prints nothing before the pool returns, so how far it got is not visible)." >> "$out"

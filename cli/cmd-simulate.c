@@ -17,13 +17,30 @@
 #include "executor/backend.h"
 #include "executor/trace.h"
 #include "planner/schedule.h"
+#include "reports/report.h"
+#include "reports/sim-report.h"
 
 typedef struct
 {
   StowPlanOptions po;
-  char *trace, *resident;
+  char *trace, *resident, *format, *output;
   gboolean layer_major, delayed_update;
 } SimOptions;
+
+/* To -o FILE (atomically) or standard output. */
+static int
+emit_output (const SimOptions *so, const char *text)
+{
+  g_autoptr (GError) error = NULL;
+  if (so->output == NULL)
+    {
+      fputs (text, stdout);
+      return STOW_EXIT_OK;
+    }
+  if (!stow_file_write_atomic (so->output, text, -1, &error))
+    return stow_cli_fail (error, NULL);
+  return STOW_EXIT_OK;
+}
 
 static void
 peak_json (JsonBuilder *b, const StowTrace *t, const StowProgram *p)
@@ -74,6 +91,12 @@ run (SimOptions *so, int argc, char **argv)
       "Load each streamed layer once for all micro-batches (one stage)", NULL },
     { "delayed-update", 0, 0, G_OPTION_ARG_NONE, &so->delayed_update,
       "ZeRO-Offload's one-step delayed parameter update", NULL },
+    { "format", 0, 0, G_OPTION_ARG_STRING, &so->format,
+      "text (default), json, csv (one row per op), md or html (with a "
+      "Gantt chart of the step)",
+      "FORMAT" },
+    { "output", 'o', 0, G_OPTION_ARG_FILENAME, &so->output,
+      "Write to FILE (atomically) instead of standard output", "FILE" },
     { NULL },
   };
   g_autoptr (GOptionContext) ctx = stow_cli_context_new (
@@ -91,6 +114,13 @@ run (SimOptions *so, int argc, char **argv)
   if (argc < 2)
     return stow_cli_failf ("see 'stowage simulate --help'",
                            "simulate: which model? (e.g. llama-7b)");
+  StowFormat format = po->json ? STOW_FORMAT_JSON : STOW_FORMAT_TEXT;
+  if (so->format
+      && !stow_format_parse (so->format, "--format", &format, &error))
+    return stow_cli_fail (error, NULL);
+  if (po->json && format != STOW_FORMAT_JSON)
+    return stow_cli_failf (NULL, "--json and --format %s both given",
+                           so->format);
   if (!stow_plan_options_resolve (po, argv[1], &error))
     return stow_cli_fail (error, NULL);
   stow_plan_options_default_layout (po);
@@ -128,7 +158,21 @@ run (SimOptions *so, int argc, char **argv)
         return stow_cli_fail (error, NULL);
     }
 
-  if (po->json)
+  if (format == STOW_FORMAT_CSV || format == STOW_FORMAT_MD
+      || format == STOW_FORMAT_HTML)
+    {
+      g_autoptr (GString) t = g_string_new (NULL);
+      g_autofree char *title = g_strdup_printf ("%s on %s", po->model->name,
+                                                po->cluster_obj->spec);
+      if (format == STOW_FORMAT_CSV)
+        stow_report_sim_csv (t, tr, prog);
+      else if (format == STOW_FORMAT_MD)
+        stow_report_sim_md (t, tr, prog, title);
+      else
+        stow_report_sim_html (t, tr, prog, title);
+      return emit_output (so, t->str);
+    }
+  if (format == STOW_FORMAT_JSON)
     {
       g_autoptr (JsonBuilder) b = json_builder_new ();
       json_builder_begin_object (b);
@@ -194,8 +238,7 @@ run (SimOptions *so, int argc, char **argv)
       json_builder_end_object (b);
       g_autoptr (JsonNode) root = json_builder_get_root (b);
       g_autofree char *s = stow_json_to_string (root, TRUE);
-      fputs (s, stdout);
-      return STOW_EXIT_OK;
+      return emit_output (so, s);
     }
 
   g_autoptr (GString) out = g_string_new (NULL);
@@ -235,8 +278,7 @@ run (SimOptions *so, int argc, char **argv)
                                   > prog->device_capacity_bytes
                               ? "  EXCEEDED"
                               : "");
-  fputs (out->str, stdout);
-  return STOW_EXIT_OK;
+  return emit_output (so, out->str);
 }
 
 int
@@ -247,5 +289,7 @@ stow_cmd_simulate (int argc, char **argv)
   stow_plan_options_clear (&so.po);
   g_free (so.trace);
   g_free (so.resident);
+  g_free (so.format);
+  g_free (so.output);
   return rc;
 }

@@ -461,6 +461,43 @@ stow_chart_svg (GString *out, StowChartKind kind, const StowReport *r,
 }
 
 gboolean
+stow_chart_svg_custom (GString *out, double width, double height,
+                       StowChartDrawFunc draw, gpointer data,
+                       const char *id_prefix, GError **error)
+{
+#if STOW_HAVE_CAIRO
+  g_autoptr (GString) svg = g_string_new (NULL);
+  cairo_surface_t *surface = cairo_svg_surface_create_for_stream (
+      append_gstring, svg, width, height);
+#if CAIRO_VERSION >= CAIRO_VERSION_ENCODE(1, 16, 0)
+  cairo_svg_surface_set_document_unit (surface, CAIRO_SVG_UNIT_PX);
+#endif
+  cairo_t *cr = cairo_create (surface);
+  draw (cr, width, height, data);
+  cairo_status_t st = cairo_status (cr);
+  cairo_destroy (cr);
+  cairo_surface_finish (surface);
+  if (st == CAIRO_STATUS_SUCCESS)
+    st = cairo_surface_status (surface);
+  cairo_surface_destroy (surface);
+  const char *start = strstr (svg->str, "<svg");
+  if (st != CAIRO_STATUS_SUCCESS || start == NULL)
+    {
+      g_set_error (error, STOW_CHART_ERROR, STOW_CHART_ERROR_FORMAT,
+                   "cairo: %s", cairo_status_to_string (st));
+      return FALSE;
+    }
+  g_string_append (out, "<svg style=\"max-width:100%;height:auto\"");
+  append_prefixed (out, start + 4, id_prefix ? id_prefix : "");
+  return TRUE;
+#else
+  (void)out, (void)width, (void)height, (void)draw, (void)data;
+  (void)id_prefix;
+  return no_cairo (error);
+#endif
+}
+
+gboolean
 stow_chart_write (const char *path, const StowReport *r, GError **error)
 {
 #if STOW_HAVE_CAIRO

@@ -36,6 +36,15 @@ gboolean stow_chart_available (void);
 gboolean stow_chart_svg (GString *out, StowChartKind kind, const StowReport *r,
                          const char *id_prefix, GError **error);
 
+/* Draws with @draw (called with a cairo_t * as @cr, and the size) into an
+ * inline <svg> element appended to @out, ids prefixed by @id_prefix: for
+ * charts drawn elsewhere in reports/ (the simulator's Gantt chart). */
+typedef void (*StowChartDrawFunc) (void *cr, double width, double height,
+                                   gpointer data);
+gboolean stow_chart_svg_custom (GString *out, double width, double height,
+                                StowChartDrawFunc draw, gpointer data,
+                                const char *id_prefix, GError **error);
+
 /* Writes the main chart to @path, the format from its extension (.svg,
  * .png, .pdf), atomically (core/json.h's stow_file_write_atomic). */
 gboolean stow_chart_write (const char *path, const StowReport *r,

@@ -184,6 +184,50 @@ test_errors (void)
   g_assert_nonnull (strstr (e.err, "/nonexistent-dir"));
 }
 
+/* CSV (one row per op, times ordered within each stream), Markdown, and
+ * the HTML page with its Gantt chart, written whole with -o. */
+static void
+test_formats (void)
+{
+  g_auto (StowRun) c = { 0 };
+  stow_run (&c, "simulate", "llama-7b", "--gpus", "8xA100-80GB", "--pp", "2",
+            "--global-batch", "16", "--format", "csv", NULL);
+  g_assert_cmpint (c.status, ==, 0);
+  g_auto (GStrv) lines = g_strsplit (c.out, "\n", -1);
+  g_assert_true (g_str_has_prefix (lines[0], "op,rank,stream,kind,"));
+  guint rows = 0;
+  for (guint i = 1; lines[i] && *lines[i]; i++, rows++)
+    {
+      g_auto (GStrv) f = g_strsplit (lines[i], ",", -1);
+      g_assert_cmpuint (g_strv_length (f), ==, 10);
+      double start = g_ascii_strtod (f[6], NULL),
+             end = g_ascii_strtod (f[7], NULL);
+      g_assert_cmpfloat (end, >=, start);
+    }
+  g_assert_cmpuint (rows, >, 100);
+
+  g_auto (StowRun) m = { 0 };
+  stow_run (&m, "simulate", "llama-7b", "--gpus", "8xA100-80GB", "--format",
+            "md", NULL);
+  g_assert_cmpint (m.status, ==, 0);
+  g_assert_nonnull (strstr (m.out, "| stream | busy (s) | exposed (s) |"));
+
+  g_autofree char *dir = g_dir_make_tmp ("stow-sim-XXXXXX", NULL);
+  g_autofree char *path = g_build_filename (dir, "sim.html", NULL);
+  g_auto (StowRun) h = { 0 };
+  stow_run (&h, "simulate", "llama-7b", "--gpus", "8xA100-80GB", "--format",
+            "html", "-o", path, NULL);
+  g_assert_cmpint (h.status, ==, 0);
+  g_assert_cmpstr (h.out, ==, "");
+  g_autofree char *html = NULL;
+  g_assert_true (g_file_get_contents (path, &html, NULL, NULL));
+  g_assert_true (g_str_has_prefix (html, "<!DOCTYPE html>"));
+  g_assert_true (strstr (html, "<svg") != NULL
+                 || strstr (html, "No chart") != NULL);
+  g_assert_cmpint (g_unlink (path), ==, 0);
+  g_assert_cmpint (g_rmdir (dir), ==, 0);
+}
+
 int
 main (int argc, char **argv)
 {
@@ -193,5 +237,6 @@ main (int argc, char **argv)
   g_test_add_func ("/cli/simulate/trace", test_trace_file);
   g_test_add_func ("/cli/simulate/llama-65b", test_llama_65b_fast);
   g_test_add_func ("/cli/simulate/errors", test_errors);
+  g_test_add_func ("/cli/simulate/formats", test_formats);
   return g_test_run ();
 }
