@@ -182,17 +182,19 @@ PYS
 }
 
 rows=()
-summary () { # label stowage-variant
-  local crate srate ratio ratio_w
+summary_calculon () { # label
+  local crate cdone="$C_WALL"
   crate=$($PY -c "t='$C_TOTAL'; print('%.0f' % (float(t)/$C_WALL) if t else '-')")
+  if [ "$C_RC" = 124 ] || [ "$C_RC" = 137 ]; then cdone=">$C_WALL (killed)"; fi
+  rows+=("| $1 | Calculon -c 1 -m | ${C_TOTAL:-?} of $C_FULL | $cdone | $C_CPU | $crate | – | $C_BEST | ${C_SR:-–} (batch ${C_BATCH:-–}, ${C_STEP:-–} s) |")
+}
+summary_stowage () { # label variant
+  local srate ratio ratio_w
   srate=$($PY -c "print('%.0f' % ($S_N/$S_T))")
   ratio=$($PY -c "print('%.0f' % ($C_WALL/$S_T))")
   ratio_w=$($PY -c "print('%.0f' % ($C_WALL/$S_WALL))")
-  local cdone="$C_WALL"
-  [ "$C_RC" = 124 ] || [ "$C_RC" = 137 ] && cdone=">$C_WALL (killed)"
-  rows+=("| $1 | Calculon | ${C_TOTAL:-?} of $C_FULL | $cdone | $C_CPU | $crate | $C_BEST | ${C_SR:-–} (batch ${C_BATCH:-–}, ${C_STEP:-–} s) |")
-  rows+=("| $1 | stowage $2 | $S_N | $S_T (process $S_WALL) | – | $srate | $S_BEST | $S_SR ($S_STEP s, MFU $S_MFU) |")
-  rows+=("| $1 | ratio | | Calculon wall / stowage search = ${ratio}x (/ process wall = ${ratio_w}x) | | | | |")
+  [ "$C_RC" = 0 ] || { ratio=">$ratio"; ratio_w=">$ratio_w"; }
+  rows+=("| $1 | stowage $2 | $S_N | $S_T (process $S_WALL) | – | $srate | ${ratio}x (${ratio_w}x) | $S_BEST | $S_SR ($S_STEP s, MFU $S_MFU) |")
 }
 
 echo "## Runs" >> "$out"
@@ -204,32 +206,34 @@ echo >> "$out"
 # (dp 1282), whichever rates better; stowage gets Calculon's batch.
 run_calculon "Turing-530B, 5128 GPUs, max batch 2520 (its README case)" "$T530" 5128 2520
 B=${C_BATCH:-1923}
+summary_calculon "530B / 5128 / $B"
 for v in "--precision fp16 --no-flash --engine megatron" "--precision fp16 --no-flash" ""; do
   # shellcheck disable=SC2086
   run_stowage mt-nlg-530b --gpus 5128xA100-80GB --global-batch "$B" $v
-  summary "530B / 5128 / $B" "${v:-(default: bf16, flash)}"
+  summary_stowage "530B / 5128 / $B" "${v:-(default: bf16, flash)}"
 done
-rate530=$C_RATE
+rate530=$C_TOTAL; wall530=$C_WALL
 
 # (a) LLaMA-65B on 1024 A100s, global batch 1024.
 run_calculon "LLaMA-65B-like, 1024 GPUs, max batch 1024" "$L65" 1024 1024
+summary_calculon "LLaMA-65B / 1024 / 1024"
 for v in "--precision fp16 --no-flash --engine megatron" "--precision fp16 --no-flash" ""; do
   # shellcheck disable=SC2086
   run_stowage llama-65b --gpus 1024xA100-80GB --global-batch 1024 $v
-  summary "LLaMA-65B / 1024 / 1024" "${v:-(default: bf16, flash)}"
+  summary_stowage "LLaMA-65B / 1024 / 1024" "${v:-(default: bf16, flash)}"
 done
 if [ "$C_RC" = 124 ] || [ "$C_RC" = 137 ]; then
-  proj=$($PY -c "r='$rate530'; print('%.1f h' % ($C_FULL/float(r)/3600) if r else '?')")
+  proj=$($PY -c "n='$rate530'; print('%.1f h' % ($C_FULL/(float(n)/$wall530)/3600) if n else '?')")
   echo "Calculon did not finish LLaMA-65B in ${LIMIT} s (it prints nothing before the pool returns, so how far it got is not visible)." >> "$out"
-  echo "Its full space is $C_FULL executions; at the 530B run's rate ($rate530 executions/s on this core) that is about $proj without -m; -m skips larger micro-batches once one fits nowhere." >> "$out"
+  echo "Its full space is $C_FULL executions; at the 530B run's overall rate (${rate530:-?} executions in ${wall530} s on this core) that is about $proj without -m; -m skips larger micro-batches once one fits nowhere." >> "$out"
   echo >> "$out"
 fi
 
 {
   echo "## Side by side"
   echo
-  echo "| case | tool | executions / layouts evaluated | search wall s | CPU s | per s | best layout | predicted samples/s (batch, step s) |"
-  echo "|---|---|---|---|---|---|---|---|"
+  echo "| case | tool | executions / layouts evaluated | search wall s | CPU s | per s | Calculon wall / stowage search (/ process) | best layout | predicted samples/s (batch, step s) |"
+  echo "|---|---|---|---|---|---|---|---|---|"
   printf '%s\n' "${rows[@]}"
   echo
   cat <<'EOT'

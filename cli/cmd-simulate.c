@@ -12,6 +12,7 @@
 #include "cli/cli.h"
 #include "cli/commands.h"
 #include "cli/plan-options.h"
+#include "cli/report-options.h"
 #include "core/json.h"
 #include "core/units.h"
 #include "executor/backend.h"
@@ -23,7 +24,7 @@
 typedef struct
 {
   StowPlanOptions po;
-  char *trace, *resident, *format, *output;
+  char *trace, *resident, *format, *output, *plan;
   gboolean layer_major, delayed_update;
 } SimOptions;
 
@@ -91,6 +92,10 @@ run (SimOptions *so, int argc, char **argv)
       "Load each streamed layer once for all micro-batches (one stage)", NULL },
     { "delayed-update", 0, 0, G_OPTION_ARG_NONE, &so->delayed_update,
       "ZeRO-Offload's one-step delayed parameter update", NULL },
+    { "plan", 0, 0, G_OPTION_ARG_FILENAME, &so->plan,
+      "Simulate the layout of a plan file (stowage fit --emit plan) in "
+      "place of MODEL and the layout flags",
+      "FILE" },
     { "format", 0, 0, G_OPTION_ARG_STRING, &so->format,
       "text (default), json, csv (one row per op), md or html (with a "
       "Gantt chart of the step)",
@@ -111,9 +116,10 @@ run (SimOptions *so, int argc, char **argv)
   if (argc > 2)
     return stow_cli_failf ("see 'stowage simulate --help'",
                            "simulate: unexpected argument \"%s\"", argv[2]);
-  if (argc < 2)
+  if (argc < 2 && so->plan == NULL)
     return stow_cli_failf ("see 'stowage simulate --help'",
-                           "simulate: which model? (e.g. llama-7b)");
+                           "simulate: which model? (e.g. llama-7b, or "
+                           "--plan FILE)");
   StowFormat format = po->json ? STOW_FORMAT_JSON : STOW_FORMAT_TEXT;
   if (so->format
       && !stow_format_parse (so->format, "--format", &format, &error))
@@ -121,9 +127,30 @@ run (SimOptions *so, int argc, char **argv)
   if (po->json && format != STOW_FORMAT_JSON)
     return stow_cli_failf (NULL, "--json and --format %s both given",
                            so->format);
-  if (!stow_plan_options_resolve (po, argv[1], &error))
-    return stow_cli_fail (error, NULL);
-  stow_plan_options_default_layout (po);
+  if (so->plan != NULL)
+    {
+      /* The plan fixes model, cluster, training and layout; the loader
+       * refuses any of those flags beside it. */
+      StowReportOptions ro = { 0 };
+      ro.plan = so->plan;
+      gboolean ok = stow_report_options_load_plan (
+          &ro, po, argc > 1 ? argv[1] : NULL, &error);
+      ro.plan = NULL; /* borrowed from so */
+      stow_report_options_clear (&ro);
+      if (!ok)
+        return stow_cli_fail (error, NULL);
+      if (po->model == NULL)
+        return stow_cli_failf (NULL,
+                               "--plan %s: the plan has no model (a "
+                               "peer convention's --params plan)",
+                               so->plan);
+    }
+  else
+    {
+      if (!stow_plan_options_resolve (po, argv[1], &error))
+        return stow_cli_fail (error, NULL);
+      stow_plan_options_default_layout (po);
+    }
 
   StowScheduleOptions sched;
   stow_schedule_options_init (&sched);
@@ -291,5 +318,6 @@ stow_cmd_simulate (int argc, char **argv)
   g_free (so.resident);
   g_free (so.format);
   g_free (so.output);
+  g_free (so.plan);
   return rc;
 }

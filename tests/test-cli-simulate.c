@@ -228,6 +228,44 @@ test_formats (void)
   g_assert_cmpint (g_rmdir (dir), ==, 0);
 }
 
+/* A plan file from fit --emit plan simulates to the tensor peak that
+ * mem --plan reports for the same file; flags beside --plan are refused. */
+static void
+test_plan_file (void)
+{
+  g_autofree char *dir = g_dir_make_tmp ("stow-simplan-XXXXXX", NULL);
+  g_autofree char *path = g_build_filename (dir, "plan.json", NULL);
+  g_auto (StowRun) f = { 0 };
+  stow_run (&f, "fit", "llama-7b", "--gpus", "8xA100-80GB", "--emit", "plan",
+            "-o", path, NULL);
+  g_assert_cmpint (f.status, ==, 0);
+
+  g_auto (StowRun) s = { 0 };
+  stow_run (&s, "simulate", "--plan", path, "--json", NULL);
+  g_assert_cmpint (s.status, ==, 0);
+  g_auto (StowRun) m = { 0 };
+  stow_run (&m, "mem", "--plan", path, "--json", NULL);
+  g_assert_cmpint (m.status, ==, 0);
+  g_autoptr (GError) error = NULL;
+  g_autoptr (JsonNode) sj = stow_json_parse_data (s.out, -1, "sim", &error);
+  g_assert_no_error (error);
+  g_autoptr (JsonNode) mj = stow_json_parse_data (m.out, -1, "mem", &error);
+  g_assert_no_error (error);
+  JsonObject *peak
+      = json_object_get_object_member (json_node_get_object (sj), "peak_bytes");
+  JsonObject *dev
+      = json_object_get_object_member (json_node_get_object (mj), "device");
+  g_assert_cmpint (json_object_get_int_member (peak, "device"), ==,
+                   json_object_get_int_member (dev, "allocated_peak_bytes"));
+
+  g_auto (StowRun) bad = { 0 };
+  stow_run (&bad, "simulate", "--plan", path, "--tp", "2", NULL);
+  g_assert_cmpint (bad.status, ==, 2);
+  g_assert_nonnull (strstr (bad.err, "--tp cannot be combined"));
+  g_assert_cmpint (g_unlink (path), ==, 0);
+  g_assert_cmpint (g_rmdir (dir), ==, 0);
+}
+
 int
 main (int argc, char **argv)
 {
@@ -238,5 +276,6 @@ main (int argc, char **argv)
   g_test_add_func ("/cli/simulate/llama-65b", test_llama_65b_fast);
   g_test_add_func ("/cli/simulate/errors", test_errors);
   g_test_add_func ("/cli/simulate/formats", test_formats);
+  g_test_add_func ("/cli/simulate/plan-file", test_plan_file);
   return g_test_run ();
 }
