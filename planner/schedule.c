@@ -1187,11 +1187,15 @@ lower_rank (Lower *L, Rank *R)
    * logits. */
   guint n_units = R->units->len;
   g_autofree guint *acts = g_new (guint, (gsize)n_units * m);
+  /* Checkpoints moved to pinned host memory (--offload-activations). */
+  g_autofree guint *host_acts = g_new (guint, (gsize)n_units * m);
+  g_autofree guint *host_ready = g_new (guint, (gsize)n_units * m);
+  guint last_compute = STOW_NONE; /* the rank's latest forward or backward */
   g_autofree guint *inputs = g_new (guint, m);
   g_autofree guint *logits = g_new (guint, m);
   g_autoptr (GArray) ready_order = g_array_new (FALSE, FALSE, sizeof (guint));
   for (guint i = 0; i < (guint)(n_units * m); i++)
-    acts[i] = STOW_NONE;
+    acts[i] = host_acts[i] = STOW_NONE;
   for (guint j = 0; j < m; j++)
     inputs[j] = logits[j] = STOW_NONE;
   /* Two all-reduces of the s b h activations per layer and pass under
@@ -1304,6 +1308,26 @@ lower_rank (Lower *L, Rank *R)
               op.group_size = l->tp, op.intra_node = TRUE;
               op_io (&op, wbuf, STOW_NONE, acts[act_idx]);
               done = emit (L, &op, waits, nw, TRUE, "forward");
+              last_compute = done;
+              if (l->offload_activations && u->recompute)
+                {
+                  /* The checkpoint goes down as soon as the layer's forward
+                   * has written it; the device copy is freed after. */
+                  guint hb = stow_program_buffer (
+                      p, rank, STOW_TIER_PINNED, L->ckpt, -1, FALSE,
+                      "checkpoint L%d mb%u (host)", u->layer, it->mb);
+                  emit_alloc (L, rank, STOW_STREAM_COMPUTE, hb, NULL, 0);
+                  StowOp c = copy_op (rank, STOW_STREAM_D2H, STOW_TIER_DEVICE,
+                                      STOW_TIER_PINNED, L->ckpt, u->layer);
+                  c.micro_batch = it->mb;
+                  op_io (&c, acts[act_idx], STOW_NONE, hb);
+                  guint down = emit (L, &c, &done, 1, TRUE, "checkpoint down");
+                  emit_free (L, rank, STOW_STREAM_D2H, acts[act_idx], &down, 1,
+                             FALSE);
+                  acts[act_idx] = STOW_NONE;
+                  host_acts[act_idx] = hb;
+                  host_ready[act_idx] = down;
+                }
             }
           if (last_layer_of_chunk && vs + 1 < l->pp * l->vpp)
             {
@@ -1350,6 +1374,30 @@ lower_rank (Lower *L, Rank *R)
           else
             {
               guint rec = STOW_NONE, ws, grad = STOW_NONE;
+              if (host_acts[act_idx] != STOW_NONE)
+                {
+                  /* Bring the checkpoint back for its recomputation. */
+                  acts[act_idx] = stow_program_buffer (
+                      p, rank, STOW_TIER_DEVICE, L->ckpt, -1, FALSE,
+                      "checkpoint L%d mb%u", u->layer, it->mb);
+                  /* One checkpoint of prefetch: the upload starts once the
+                   * compute op before this backward has (the memory
+                   * model's two checkpoints on the device). */
+                  guint gate[2] = { host_ready[act_idx], last_compute };
+                  guint ngate = last_compute != STOW_NONE ? 2 : 1;
+                  emit_alloc (L, rank, STOW_STREAM_H2D, acts[act_idx], gate,
+                              ngate);
+                  StowOp c = copy_op (rank, STOW_STREAM_H2D, STOW_TIER_PINNED,
+                                      STOW_TIER_DEVICE, L->ckpt, u->layer);
+                  c.micro_batch = it->mb;
+                  op_io (&c, host_acts[act_idx], STOW_NONE, acts[act_idx]);
+                  guint up = emit (L, &c, gate, ngate, TRUE, "checkpoint up");
+                  emit_free (L, rank, STOW_STREAM_H2D, host_acts[act_idx], &up,
+                             1, FALSE);
+                  host_acts[act_idx] = STOW_NONE;
+                  g_assert (nw < G_N_ELEMENTS (waits));
+                  waits[nw++] = up;
+                }
               if (u->recompute)
                 {
                   rec = stow_program_buffer (p, rank, STOW_TIER_DEVICE,
@@ -1399,6 +1447,7 @@ lower_rank (Lower *L, Rank *R)
               if (rec != STOW_NONE)
                 op.reads[op.n_reads++] = rec;
               done = emit (L, &op, waits, nw, TRUE, "backward");
+              last_compute = done;
               emit_free (L, rank, STOW_STREAM_COMPUTE, acts[act_idx], NULL, 0,
                          FALSE);
               if (rec != STOW_NONE)
@@ -1503,13 +1552,7 @@ stow_schedule_lower (const StowModel *m, const StowCluster *c,
                    stow_finetune_name (t->finetune));
       return NULL;
     }
-  if (l->offload_activations)
-    {
-      g_set_error (error, STOW_PLAN_ERROR, STOW_PLAN_ERROR_INVALID,
-                   "--offload-activations: the step program does not lower "
-                   "activation offload");
-      return NULL;
-    }
+
   g_autoptr (StowMemory) mem = stow_memory_estimate (m, c, t, l, mo_in, error);
   if (mem == NULL)
     return NULL;

@@ -13,6 +13,7 @@
 
 #include "executor/backend.h"
 #include "executor/trace.h"
+#include "planner/memory-private.h"
 #include "planner/schedule.h"
 #include "planner/search.h"
 
@@ -84,7 +85,7 @@ check_search_pinned (const char *model_name, const char *spec, guint64 seq,
   if (g_getenv ("STOW_SCHEDULE_ALL"))
     max_checked = G_MAXUINT;
   guint step = MAX (1, s->fits->len / max_checked);
-  guint checked = 0, skipped = 0, skipped_act = 0;
+  guint checked = 0, skipped = 0, skipped_interleaved = 0;
   double worst = 0;
   StowScheduleOptions so;
   stow_schedule_options_init (&so);
@@ -101,13 +102,6 @@ check_search_pinned (const char *model_name, const char *spec, guint64 seq,
           skipped++;
           continue;
         }
-      /* Activation checkpoints in host memory: not lowered yet (the
-       * lowering refuses them by name, tested in /schedule/refused). */
-      if (l->offload_activations)
-        {
-          skipped_act++;
-          continue;
-        }
       /* Interleaved layouts from the open search: with many virtual stages
        * (e.g. vpp 40, one layer per chunk) the lowering's chunk order holds
        * fewer chunks than Megatron's warm-up count the memory model uses
@@ -115,7 +109,7 @@ check_search_pinned (const char *model_name, const char *spec, guint64 seq,
        * Open in issue 8. */
       if (pins == 0 && l->vpp > 1)
         {
-          skipped_act++;
+          skipped_interleaved++;
           continue;
         }
       g_autoptr (StowMemory) mem
@@ -137,10 +131,27 @@ check_search_pinned (const char *model_name, const char *spec, guint64 seq,
       guint g = c->node.gpus_per_node;
       double pinned = (double)mem->host_pinned_bytes / g;
       double sim_pinned = (double)tr->peak_bytes[STOW_TIER_PINNED];
-      if (fabs (sim_pinned - pinned) > 0.02 * MAX (pinned, 1.0))
-        g_error ("%s on %s: %s: simulated pinned host %.0f B vs memory model "
-                 "%.0f B per GPU",
-                 model_name, spec, prog->description, sim_pinned, pinned);
+      /* Checkpoints in host memory: the model adds them to the other
+       * pinned buffers, but some of those (the optimizer's swap buffers)
+       * live only in the optimizer phase and uploads free checkpoints as
+       * 1F1B's steady state runs, so the model is an upper bound: the
+       * simulated peak lies between it without the checkpoints and it. */
+      double slack = 0;
+      if (l->offload_activations)
+        for (guint k = 0; k < mem->host_terms->len; k++)
+          {
+            StowMemTerm *ht = &g_array_index (mem->host_terms, StowMemTerm, k);
+            if (g_str_equal (ht->name, "activation checkpoints"))
+              slack = (double)ht->bytes / g;
+          }
+      if (sim_pinned > pinned + 0.02 * MAX (pinned, 1.0)
+          || sim_pinned < pinned - 0.02 * MAX (pinned, 1.0) - slack)
+        g_error ("%s on %s: %s (cp %u, sp %d, recompute_layers %u, "
+                 "offload_activations %d): simulated pinned host %.0f B vs "
+                 "memory model %.0f B per GPU",
+                 model_name, spec, prog->description, l->cp, l->sp,
+                 l->recompute_layers, l->offload_activations, sim_pinned,
+                 pinned);
       double nvme = (double)mem->nvme_bytes / g;
       double sim_nvme = (double)tr->peak_bytes[STOW_TIER_NVME];
       if (fabs (sim_nvme - nvme) > 0.02 * MAX (nvme, 1.0))
@@ -150,13 +161,12 @@ check_search_pinned (const char *model_name, const char *spec, guint64 seq,
       stow_program_free (prog);
       checked++;
     }
-  g_test_message (
-      "%s on %s (%s): %u of %u layouts checked (%u with LoRA "
-      "and offload, %u with activation offload or open interleaving "
-      "skipped), largest "
-      "difference %.4f%%",
-      model_name, spec, stow_finetune_name (ft), checked, s->fits->len, skipped,
-      skipped_act, 100 * worst);
+  g_test_message ("%s on %s (%s): %u of %u layouts checked (%u with LoRA "
+                  "and offload, %u with open interleaving "
+                  "skipped), largest "
+                  "difference %.4f%%",
+                  model_name, spec, stow_finetune_name (ft), checked,
+                  s->fits->len, skipped, skipped_interleaved, 100 * worst);
   g_assert_cmpuint (checked, >, 0);
 }
 
