@@ -82,7 +82,9 @@ run_calculon () { # label app procs max_batch
   local base=(env PYTHONPATH="$CALCULON" "$CPY" "$CALCULON/bin/calculon" llm-optimal-execution)
   local full
   full=$("${base[@]}" -d "$app" "$procs" "$maxb" "$DTYPE" "$SYS" "$work/d.json" -c 1 -n 2>&1 | sed -n 's/^Total executions: //p')
-  local cmd=(timeout "$LIMIT" taskset -c 0 "${base[@]}" "$app" "$procs" "$maxb" "$DTYPE" "$SYS" "$work/c.json" -c 1 -m -n)
+  # SIGINT on timeout: the pool is torn down and its worker reaped, so the
+  # worker's CPU time is still counted by /usr/bin/time.
+  local cmd=(timeout -s INT -k 30 "$LIMIT" taskset -c 0 "${base[@]}" "$app" "$procs" "$maxb" "$DTYPE" "$SYS" "$work/c.json" -c 1 -m -n)
   rm -f "$work/c.json"
   local s e rc=0
   s=$(date +%s.%N)
@@ -224,7 +226,7 @@ for v in "--precision fp16 --no-flash --engine megatron" "--precision fp16 --no-
 done
 if [ "$C_RC" = 124 ] || [ "$C_RC" = 137 ]; then
   proj=$($PY -c "n='$rate530'; print('%.1f h' % ($C_FULL/(float(n)/$wall530)/3600) if n else '?')")
-  echo "Calculon did not finish LLaMA-65B in ${LIMIT} s (it prints nothing before the pool returns, so how far it got is not visible)." >> "$out"
+  echo "Calculon did not finish LLaMA-65B in ${LIMIT} s (stopped with SIGINT; it prints nothing before the pool returns, so how far it got is not visible)." >> "$out"
   echo "Its full space is $C_FULL executions; at the 530B run's overall rate (${rate530:-?} executions in ${wall530} s on this core) that is about $proj without -m; -m skips larger micro-batches once one fits nowhere." >> "$out"
   echo >> "$out"
 fi
