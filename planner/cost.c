@@ -908,3 +908,20 @@ stow_cost_explain_difference (GString *out, const StowLayout *a,
     g_string_append (out, "; the same predicted time (ties go to the "
                           "layout with more memory headroom)");
 }
+
+void
+stow_cost_layer_seconds (const StowModel *m, const StowCluster *c,
+                         const StowTraining *t, const StowLayout *l,
+                         gboolean moe, StowLayerSeconds *out)
+{
+  StowCostOptions o;
+  LayerCost lc;
+  stow_cost_options_init (&o);
+  layer_cost (m, c, t, l, &o, moe && m->n_experts > 0,
+              peak_flops (&c->node.gpu, t->precision), &lc);
+  out->compute_s = lc.fwd_gemm_s + lc.fwd_attn_s + lc.fwd_elem_s;
+  out->tp_s = lc.tp_fwd_s;
+  out->cp_s = lc.cp_fwd_s;
+  out->ep_s = lc.ep_fwd_s;
+  out->selective_s = lc.fwd_attn_s + lc.core_elem_s;
+}

@@ -135,6 +135,10 @@ stow_schedule_op_seconds (const StowCluster *c, const StowTraining *t,
     case STOW_OP_RECOMPUTE:
     case STOW_OP_LOSS:
       {
+        /* Layer ops come priced by the time model, their in-layer
+         * communication included. */
+        if (op->seconds > 0)
+          return op->seconds;
         double s = op->flops
                    / (peak_flops (&node->gpu, t->precision) * STOW_SCHED_MFU);
         /* Tensor-parallel all-reduces sit inside the layer, on its

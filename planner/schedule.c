@@ -11,6 +11,8 @@
  */
 #include "planner/schedule.h"
 
+#include "planner/cost.h"
+
 #include <math.h>
 #include <stdarg.h>
 #include <string.h>
@@ -342,7 +344,33 @@ typedef struct
   gboolean off_opt, off_par, nvme_opt, nvme_par;
   GHashTable *xevents; /* "F vs mb" -> event id, across ranks */
   guint k_resident;
+  StowLayerSeconds ls[2]; /* dense and MoE layers, from the time model */
 } Lower;
+
+/* A layer op's duration as the time model prices it (planner/cost.c), so
+ * that simulated and predicted steps agree where they should: forward and
+ * recomputation one forward, backward two (one for LoRA's frozen
+ * weights), each with its in-layer TP/CP/EP communication. */
+static double
+layer_op_seconds (const Lower *L, gint layer, StowOpKind kind)
+{
+  if (layer < 0 || (guint64)layer >= L->m->n_layers)
+    return 0; /* priced from its FLOPs */
+  const StowLayerSeconds *s = &L->ls[L->m->layers[layer].is_moe ? 1 : 0];
+  double comm = s->tp_s + s->cp_s + s->ep_s;
+  switch (kind)
+    {
+    case STOW_OP_FORWARD:
+    case STOW_OP_RECOMPUTE:
+      return s->compute_s + comm;
+    case STOW_OP_BACKWARD:
+      return (L->lora ? 1.0 : 2.0) * s->compute_s + comm + s->cp_s
+             + (L->l->recompute == STOW_RECOMPUTE_SELECTIVE ? s->selective_s
+                                                            : 0);
+    default:
+      return 0;
+    }
+}
 
 typedef struct
 {
@@ -1306,6 +1334,7 @@ lower_rank (Lower *L, Rank *R)
                                                     (guint64)u->layer);
               op.bytes = tp_bytes, op.group = STOW_GROUP_TP,
               op.group_size = l->tp, op.intra_node = TRUE;
+              op.seconds = layer_op_seconds (L, u->layer, op.kind);
               op_io (&op, wbuf, STOW_NONE, acts[act_idx]);
               done = emit (L, &op, waits, nw, TRUE, "forward");
               last_compute = done;
@@ -1412,6 +1441,7 @@ lower_rank (Lower *L, Rank *R)
                                                         (guint64)u->layer);
                   op.bytes = tp_bytes, op.group = STOW_GROUP_TP,
                   op.group_size = l->tp, op.intra_node = TRUE;
+                  op.seconds = layer_op_seconds (L, u->layer, op.kind);
                   op_io (&op, wbuf, acts[act_idx], rec);
                   emit (L, &op, waits, nw, FALSE, NULL);
                   nw = 0; /* the stream orders the backward after it */
@@ -1442,6 +1472,7 @@ lower_rank (Lower *L, Rank *R)
                             / l->tp;
               op.bytes = tp_bytes, op.group = STOW_GROUP_TP,
               op.group_size = l->tp, op.intra_node = TRUE;
+              op.seconds = layer_op_seconds (L, u->layer, op.kind);
               op_io (&op, wbuf, acts[act_idx],
                      grad != STOW_NONE ? grad : R->grads_buf);
               if (rec != STOW_NONE)
@@ -1575,6 +1606,8 @@ stow_schedule_lower (const StowModel *m, const StowCluster *c,
     }
   L.n = stow_mem_shard_degree (l, c);
   stow_mem_activation_sizes (m, t, l, &L.full, &L.block, &L.ckpt);
+  stow_cost_layer_seconds (m, c, t, l, FALSE, &L.ls[0]);
+  stow_cost_layer_seconds (m, c, t, l, TRUE, &L.ls[1]);
   double s_local = (double)t->seq_len / l->cp;
   guint64 sbh
       = (guint64)llround (s_local * (double)l->micro_batch * (double)m->hidden);

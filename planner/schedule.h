@@ -80,6 +80,8 @@ typedef struct
   guint shard; /* optimizer chunk */
   /* cost inputs */
   double flops;      /* forward/backward/recompute/loss */
+  double seconds;    /* > 0: the duration the lowering priced, from the
+                        time model (planner/cost.c); else from flops */
   guint64 bytes;     /* copy, collective: payload per GPU */
   guint64 params;    /* optim_step: parameters updated */
   StowTier src, dst; /* copy */
