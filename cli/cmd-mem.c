@@ -247,15 +247,7 @@ run_fit (StowPlanOptions *po, StowReportOptions *ro, int argc, char **argv)
   StowCandidate *best = fits ? &g_array_index (search->fits, StowCandidate, 0)
                              : (search->have_miss ? &search->best_miss : NULL);
   if (best == NULL)
-    {
-      g_autoptr (StowMemory) m
-          = stow_memory_estimate (po->model, po->cluster_obj, &po->training,
-                                  &po->layout, &po->mem, &error);
-      if (m == NULL)
-        return stow_cli_fail (error, NULL);
-      return stow_cli_failf (NULL, "no valid layout of %s on %s",
-                             po->model->name, po->cluster_obj->spec);
-    }
+    return stow_plan_options_fail_no_layout (po);
   g_autoptr (StowMemory) mem
       = stow_memory_estimate (po->model, po->cluster_obj, &po->training,
                               &best->layout, &po->mem, &error);

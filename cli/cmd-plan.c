@@ -226,15 +226,7 @@ run_plan (PlanArgs *a, int argc, char **argv)
           po->model->name, po->cluster_obj->spec, s->invalid);
     }
   if (s->fitting == 0 && !s->have_miss)
-    {
-      g_autoptr (StowMemory) m
-          = stow_memory_estimate (po->model, po->cluster_obj, &po->training,
-                                  &po->layout, &po->mem, &error);
-      if (m == NULL)
-        return stow_cli_fail (error, NULL);
-      return stow_cli_failf (NULL, "no valid layout of %s on %s",
-                             po->model->name, po->cluster_obj->spec);
-    }
+    return stow_plan_options_fail_no_layout (po);
 
   int found = s->fitting ? STOW_EXIT_OK : STOW_EXIT_NO;
   if (format == STOW_FORMAT_CSV || format == STOW_FORMAT_MD)

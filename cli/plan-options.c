@@ -6,6 +6,7 @@
 
 #include <string.h>
 
+#include "cli/cli.h"
 #include "core/error.h"
 #include "core/units.h"
 
@@ -448,4 +449,16 @@ stow_plan_options_clear (StowPlanOptions *po)
     g_clear_pointer (strings[i], g_free);
   g_clear_pointer (&po->model, stow_model_unref);
   g_clear_pointer (&po->cluster_obj, stow_cluster_unref);
+}
+
+int
+stow_plan_options_fail_no_layout (const StowPlanOptions *po)
+{
+  g_autoptr (GError) error = NULL;
+  g_autoptr (StowMemory) m = stow_memory_estimate (
+      po->model, po->cluster_obj, &po->training, &po->layout, &po->mem, &error);
+  if (m == NULL)
+    return stow_cli_fail (error, NULL);
+  return stow_cli_failf (NULL, "no valid layout of %s on %s", po->model->name,
+                         po->cluster_obj->spec);
 }

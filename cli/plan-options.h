@@ -47,5 +47,9 @@ gboolean stow_plan_options_resolve (StowPlanOptions *po, const char *model_arg,
 /* Fills the dimensions the user left out (dp fills the GPUs). */
 void stow_plan_options_default_layout (StowPlanOptions *po);
 void stow_plan_options_clear (StowPlanOptions *po);
+/* For a search that found no valid layout: the memory model's reason the
+ * requested layout cannot run (naming the field) when it has one, else
+ * "no valid layout of MODEL on CLUSTER"; returns the exit status. */
+int stow_plan_options_fail_no_layout (const StowPlanOptions *po);
 
 G_END_DECLS
