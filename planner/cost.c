@@ -371,6 +371,20 @@ layer_cost (const StowModel *m, const StowCluster *c, const StowTraining *t,
   lc->attn_flops_fwd = fl_attn * tp;
 }
 
+/* One layer's forward and backward for one micro-batch, compute and the
+ * in-layer communication that is not hidden: backward is two forwards of
+ * compute (one under LoRA: frozen weights need no weight gradient), the
+ * same TP and EP traffic and the CP exchange twice. */
+static void
+layer_pass_seconds (const LayerCost *lc, gboolean lora, double *fwd,
+                    double *bwd)
+{
+  double f = lc->fwd_gemm_s + lc->fwd_attn_s + lc->fwd_elem_s;
+  *fwd = f + lc->tp_fwd_s + lc->cp_fwd_s + lc->ep_fwd_s;
+  *bwd = (lora ? 1.0 : 2.0) * f + lc->tp_fwd_s + 2.0 * lc->cp_fwd_s
+         + lc->ep_fwd_s;
+}
+
 /* ---- the step -------------------------------------------------------- */
 
 void
@@ -489,10 +503,10 @@ stow_cost_estimate (const StowModel *m, const StowCluster *c,
                   += n * (lc->fwd_attn_s + lc->core_elem_s);
               recompute_flops += n * lc->attn_flops_fwd;
             }
-          fwd += n * (f + lc->tp_fwd_s + lc->cp_fwd_s + lc->ep_fwd_s);
-          bwd += n
-                 * (bw_factor * f + lc->tp_fwd_s + 2.0 * lc->cp_fwd_s
-                    + lc->ep_fwd_s);
+          double pass_fwd, pass_bwd;
+          layer_pass_seconds (lc, lora, &pass_fwd, &pass_bwd);
+          fwd += n * pass_fwd;
+          bwd += n * pass_bwd;
           /* Parameters on this GPU: experts split over ep and tp. */
           double lp = lpk[k];
           if (k == 1 && m->n_experts > 0)
@@ -919,9 +933,7 @@ stow_cost_layer_seconds (const StowModel *m, const StowCluster *c,
   stow_cost_options_init (&o);
   layer_cost (m, c, t, l, &o, moe && m->n_experts > 0,
               peak_flops (&c->node.gpu, t->precision), &lc);
-  out->compute_s = lc.fwd_gemm_s + lc.fwd_attn_s + lc.fwd_elem_s;
-  out->tp_s = lc.tp_fwd_s;
-  out->cp_s = lc.cp_fwd_s;
-  out->ep_s = lc.ep_fwd_s;
+  layer_pass_seconds (&lc, t->finetune != STOW_FINETUNE_FULL, &out->forward_s,
+                      &out->backward_s);
   out->selective_s = lc.fwd_attn_s + lc.core_elem_s;
 }

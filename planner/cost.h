@@ -104,17 +104,14 @@ gboolean stow_cost_estimate_checked (const StowModel *model,
                                      const StowCostOptions *options,
                                      StowCost *out, GError **error);
 
-/* Appends to @out why @a is predicted faster (or slower) than @b: the
- * layout fields that differ and the exposed terms that moved, largest
- * first ("tp 8 -> 4: tp -1.20 s, compute +0.30 s"). */
-/* One transformer layer's forward for one micro-batch on one GPU, priced
- * as stow_cost_estimate prices it: compute (GEMMs at their shapes, the
- * attention core, memory-bound kernels) and the forward's tensor-, context-
+/* One transformer layer's passes for one micro-batch on one GPU, priced
+ * as stow_cost_estimate prices them: compute (GEMMs at their shapes, the
+ * attention core, memory-bound kernels) and the pass's tensor-, context-
  * and expert-parallel communication.  For the step program's op costs. */
 typedef struct
 {
-  double compute_s;
-  double tp_s, cp_s, ep_s;
+  double forward_s;   /* also a full recomputation */
+  double backward_s;  /* without recomputation */
   double selective_s; /* what selective recomputation repeats: the core */
 } StowLayerSeconds;
 
@@ -124,6 +121,9 @@ void stow_cost_layer_seconds (const StowModel *model,
                               const StowLayout *layout, gboolean moe,
                               StowLayerSeconds *out);
 
+/* Appends to @out why @a is predicted faster (or slower) than @b: the
+ * layout fields that differ and the exposed terms that moved, largest
+ * first ("tp 8 -> 4: tp -1.20 s, compute +0.30 s"). */
 void stow_cost_explain_difference (GString *out, const StowLayout *a,
                                    const StowCost *ca, const StowLayout *b,
                                    const StowCost *cb);

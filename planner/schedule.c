@@ -348,23 +348,20 @@ typedef struct
 } Lower;
 
 /* A layer op's duration as the time model prices it (planner/cost.c), so
- * that simulated and predicted steps agree where they should: forward and
- * recomputation one forward, backward two (one for LoRA's frozen
- * weights), each with its in-layer TP/CP/EP communication. */
+ * that simulated and predicted steps agree where they should. */
 static double
 layer_op_seconds (const Lower *L, gint layer, StowOpKind kind)
 {
   if (layer < 0 || (guint64)layer >= L->m->n_layers)
     return 0; /* priced from its FLOPs */
   const StowLayerSeconds *s = &L->ls[L->m->layers[layer].is_moe ? 1 : 0];
-  double comm = s->tp_s + s->cp_s + s->ep_s;
   switch (kind)
     {
     case STOW_OP_FORWARD:
     case STOW_OP_RECOMPUTE:
-      return s->compute_s + comm;
+      return s->forward_s;
     case STOW_OP_BACKWARD:
-      return (L->lora ? 1.0 : 2.0) * s->compute_s + comm + s->cp_s
+      return s->backward_s
              + (L->l->recompute == STOW_RECOMPUTE_SELECTIVE ? s->selective_s
                                                             : 0);
     default:

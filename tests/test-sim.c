@@ -330,7 +330,7 @@ layer_forward_s (const StowCluster *c, const StowTraining *t)
    * this probe, so the synthetic link is set against the real forward. */
   StowLayerSeconds ls;
   stow_cost_layer_seconds (m, c, t, &l, FALSE, &ls);
-  return ls.compute_s + ls.tp_s + ls.cp_s + ls.ep_s;
+  return ls.forward_s;
 }
 
 static void
