@@ -108,8 +108,8 @@ stow_cost_prep_free (StowCostPrep *p)
 
 /* ---- hardware rates ------------------------------------------------- */
 
-static double
-peak_flops (const StowGpu *g, StowPrecision p)
+double
+stow_cost_peak_flops (const StowGpu *g, StowPrecision p)
 {
   double f = 0;
   switch (p)
@@ -403,7 +403,7 @@ stow_cost_estimate (const StowModel *m, const StowCluster *c,
   g_return_if_fail (m != NULL && c != NULL && t != NULL && l != NULL);
 
   const StowGpu *gpu = &c->node.gpu;
-  double peak = peak_flops (gpu, t->precision);
+  double peak = stow_cost_peak_flops (gpu, t->precision);
   double eb = elem_bytes (t->precision);
   double hbm = gpu->hbm_bw * o->hbm_eff;
   guint per_node = MAX (c->node.gpus_per_node, 1);
@@ -932,7 +932,7 @@ stow_cost_layer_seconds (const StowModel *m, const StowCluster *c,
   LayerCost lc;
   stow_cost_options_init (&o);
   layer_cost (m, c, t, l, &o, moe && m->n_experts > 0,
-              peak_flops (&c->node.gpu, t->precision), &lc);
+              stow_cost_peak_flops (&c->node.gpu, t->precision), &lc);
   layer_pass_seconds (&lc, t->finetune != STOW_FINETUNE_FULL, &out->forward_s,
                       &out->backward_s);
   out->selective_s = lc.fwd_attn_s + lc.core_elem_s;

@@ -104,6 +104,10 @@ gboolean stow_cost_estimate_checked (const StowModel *model,
                                      const StowCostOptions *options,
                                      StowCost *out, GError **error);
 
+/* The GPU's dense peak FLOP/s at @precision (falling back to the nearest
+ * rate the catalog gives). */
+double stow_cost_peak_flops (const StowGpu *gpu, StowPrecision precision);
+
 /* One transformer layer's passes for one micro-batch on one GPU, priced
  * as stow_cost_estimate prices them: compute (GEMMs at their shapes, the
  * attention core, memory-bound kernels) and the pass's tensor-, context-

@@ -7,6 +7,8 @@
  */
 #include "planner/schedule.h"
 
+#include "planner/cost.h"
+
 #include <math.h>
 
 /* Achieved fraction of the tensor-core peak for transformer GEMMs: a
@@ -19,31 +21,6 @@
  * STREAM-triad speed (bench/results/adam-vm-*.md). */
 #define STOW_SCHED_ADAM_BYTES_PER_PARAM 28.0
 #define STOW_SCHED_INTRA_LATENCY_S      10e-6
-
-static double
-peak_flops (const StowGpu *g, StowPrecision p)
-{
-  double f = 0;
-  switch (p)
-    {
-    case STOW_PRECISION_FP32:
-      f = g->tf32_flops > 0 ? g->tf32_flops : g->fp32_flops;
-      break;
-    case STOW_PRECISION_FP16:
-      f = g->fp16_flops;
-      break;
-    case STOW_PRECISION_BF16:
-    case STOW_PRECISION_BF16_PURE:
-      f = g->bf16_flops;
-      break;
-    case STOW_PRECISION_FP8:
-      f = g->fp8_flops > 0 ? g->fp8_flops : g->bf16_flops;
-      break;
-    }
-  if (f <= 0)
-    f = g->bf16_flops > 0 ? g->bf16_flops : MAX (g->fp32_flops, 1e12);
-  return f;
-}
 
 double
 stow_schedule_layer_flops (const StowModel *m, const StowTraining *t,
@@ -140,7 +117,8 @@ stow_schedule_op_seconds (const StowCluster *c, const StowTraining *t,
         if (op->seconds > 0)
           return op->seconds;
         double s = op->flops
-                   / (peak_flops (&node->gpu, t->precision) * STOW_SCHED_MFU);
+                   / (stow_cost_peak_flops (&node->gpu, t->precision)
+                      * STOW_SCHED_MFU);
         /* Tensor-parallel all-reduces sit inside the layer, on its
          * critical path. */
         if (op->bytes > 0 && op->group_size > 1)
