@@ -8,6 +8,7 @@
 #pragma once
 
 #include <glib.h>
+#include <json-glib/json-glib.h>
 
 G_BEGIN_DECLS
 
@@ -43,5 +44,9 @@ gboolean stow_cli_parse (GOptionContext *ctx, const char *name, int *argc,
 int stow_cli_fail (GError *error, const char *hint);
 int stow_cli_failf (const char *hint, const char *format, ...)
     G_GNUC_PRINTF (2, 3);
+
+/* Prints @node on stdout as indented JSON with a final newline, and
+ * unrefs it. */
+void stow_cli_print_json (JsonNode *node);
 
 G_END_DECLS

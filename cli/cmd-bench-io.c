@@ -150,17 +150,6 @@ stream (StowNvmeStore *store, guint tensor, guint64 size, gboolean write,
 }
 
 static void
-print_json (JsonBuilder *b)
-{
-  g_autoptr (JsonNode) root = json_builder_get_root (b);
-  g_autoptr (JsonGenerator) gen = json_generator_new ();
-  json_generator_set_pretty (gen, TRUE);
-  json_generator_set_root (gen, root);
-  g_autofree char *text = json_generator_to_data (gen, NULL);
-  printf ("%s\n", text);
-}
-
-static void
 add_dirs (JsonBuilder *b, char **dirs)
 {
   json_builder_set_member_name (b, "dirs");
@@ -335,7 +324,7 @@ stow_bench_nvme (int argc, char **argv)
         }
       json_builder_end_array (b);
       json_builder_end_object (b);
-      print_json (b);
+      stow_cli_print_json (json_builder_get_root (b));
     }
   else
     {
@@ -596,8 +585,8 @@ stow_bench_swapper (int argc, char **argv)
       if (best_read + best_write > 0)
         {
           json_builder_set_member_name (b, "pipelined_over_read_plus_write");
-          json_builder_add_double_value (
-              b, best_pipe.step_s / (best_read + best_write));
+          json_builder_add_double_value (b, best_pipe.step_s
+                                                / (best_read + best_write));
         }
       json_builder_set_member_name (b, "pipelined_wait_read_s");
       json_builder_add_double_value (b, best_pipe.read_s);
@@ -606,7 +595,7 @@ stow_bench_swapper (int argc, char **argv)
       json_builder_set_member_name (b, "pipelined_wait_write_s");
       json_builder_add_double_value (b, best_pipe.write_s);
       json_builder_end_object (b);
-      print_json (b);
+      stow_cli_print_json (json_builder_get_root (b));
     }
   else
     {

@@ -96,17 +96,6 @@ alloc_aligned (guint64 bytes, const char *what, GError **error)
   return p;
 }
 
-static void
-print_json (JsonBuilder *b)
-{
-  g_autoptr (JsonNode) root = json_builder_get_root (b);
-  g_autoptr (JsonGenerator) gen = json_generator_new ();
-  json_generator_set_root (gen, root);
-  json_generator_set_pretty (gen, TRUE);
-  g_autofree char *text = json_generator_to_data (gen, NULL);
-  printf ("%s\n", text);
-}
-
 static gboolean
 parse_count_opt (const char *opt, const char *text, guint64 *out, gboolean size)
 {
@@ -335,7 +324,7 @@ bench_adam (int argc, char **argv)
       json_builder_set_member_name (b, "params_per_s");
       json_builder_add_double_value (b, params_per_s);
       json_builder_end_object (b);
-      print_json (b);
+      stow_cli_print_json (json_builder_get_root (b));
     }
   else
     {
@@ -597,7 +586,7 @@ bench_memcpy (int argc, char **argv)
       json_builder_set_member_name (b, "copy_seconds_mean");
       json_builder_add_double_value (b, copy_mean);
       json_builder_end_object (b);
-      print_json (b);
+      stow_cli_print_json (json_builder_get_root (b));
     }
   else
     {

@@ -14,14 +14,6 @@
 #include "hw/machine.h"
 
 static void
-print_json (JsonNode *node)
-{
-  g_autofree char *s = stow_json_to_string (node, TRUE);
-  fputs (s, stdout);
-  json_node_unref (node);
-}
-
-static void
 print_machine (const StowMachine *m)
 {
   char b1[STOW_FORMAT_BUF], b2[STOW_FORMAT_BUF];
@@ -236,7 +228,7 @@ stow_cmd_hw (int argc, char **argv)
           json_object_set_double_member (p, "best_s", result.best_s);
           json_object_set_object_member (o, "probe", p);
         }
-      print_json (node);
+      stow_cli_print_json (node);
     }
   else
     {
@@ -336,7 +328,7 @@ stow_cmd_gpus (int argc, char **argv)
                 ? "see 'stowage gpus' for the names"
                 : NULL);
       if (json)
-        print_json (stow_cluster_to_json (c));
+        stow_cli_print_json (stow_cluster_to_json (c));
       else
         print_cluster (c);
       return STOW_EXIT_OK;
@@ -360,7 +352,7 @@ stow_cmd_gpus (int argc, char **argv)
         json_builder_add_value (b, stow_node_to_json (nodes[i]));
       json_builder_end_array (b);
       json_builder_end_object (b);
-      print_json (json_builder_get_root (b));
+      stow_cli_print_json (json_builder_get_root (b));
       return STOW_EXIT_OK;
     }
 

@@ -15,14 +15,6 @@
 #include "models/model.h"
 
 static void
-print_json (JsonBuilder *b)
-{
-  g_autoptr (JsonNode) root = json_builder_get_root (b);
-  g_autofree char *text = stow_json_to_string (root, TRUE);
-  fputs (text, stdout);
-}
-
-static void
 add_u64 (JsonBuilder *b, const char *key, guint64 v)
 {
   json_builder_set_member_name (b, key);
@@ -113,7 +105,7 @@ stow_cmd_models (int argc, char **argv)
         }
       json_builder_end_array (b);
       json_builder_end_object (b);
-      print_json (b);
+      stow_cli_print_json (json_builder_get_root (b));
       return STOW_EXIT_OK;
     }
 
@@ -315,7 +307,7 @@ print_model_json (const StowModel *m, gboolean tensors)
       json_builder_end_array (b);
     }
   json_builder_end_object (b);
-  print_json (b);
+  stow_cli_print_json (json_builder_get_root (b));
 }
 
 int

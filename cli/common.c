@@ -6,6 +6,7 @@
 #include <stdio.h>
 
 #include "cli/cli.h"
+#include "core/json.h"
 #include "core/log.h"
 
 static gboolean opt_quiet;
@@ -77,4 +78,12 @@ stow_cli_failf (const char *hint, const char *format, ...)
   if (hint != NULL)
     fprintf (stderr, "hint: %s\n", hint);
   return STOW_EXIT_FAILURE;
+}
+
+void
+stow_cli_print_json (JsonNode *node)
+{
+  g_autofree char *s = stow_json_to_string (node, TRUE);
+  fputs (s, stdout);
+  json_node_unref (node);
 }
