@@ -84,31 +84,20 @@ test_memcpy_json (void)
 }
 
 static void
-check_error (const char *const *args, const char *fragment)
-{
-  g_auto (StowRun) r = { 0 };
-  stow_runv (&r, args);
-  g_assert_cmpint (r.status, ==, 2);
-  g_assert_cmpstr (r.out, ==, "");
-  g_assert_nonnull (strstr (r.err, fragment));
-  g_assert_cmpuint (stow_count_lines (r.err), <=, 2);
-}
-
-static void
 test_errors (void)
 {
   const char *const typo[] = { "bench", "adma", NULL };
-  check_error (typo, "did you mean \"adam\"");
+  stow_assert_usage_error (typo, "did you mean \"adam\"");
   const char *const grad[] = { "bench", "adam", "--grad", "int8", NULL };
-  check_error (grad, "--grad \"int8\"");
+  stow_assert_usage_error (grad, "--grad \"int8\"");
   const char *const zero[] = { "bench", "adam", "--params", "0", NULL };
-  check_error (zero, "--params (0) must be > 0");
+  stow_assert_usage_error (zero, "--params (0) must be > 0");
   const char *const junk[] = { "bench", "adam", "--params", "12Q", NULL };
-  check_error (junk, "--params");
+  stow_assert_usage_error (junk, "--params");
   const char *const isa[] = { "bench", "adam", "--isa", "sse9", NULL };
-  check_error (isa, "--isa \"sse9\"");
+  stow_assert_usage_error (isa, "--isa \"sse9\"");
   const char *const size[] = { "bench", "memcpy", "--size", "2", NULL };
-  check_error (size, "must be >= 4 bytes");
+  stow_assert_usage_error (size, "must be >= 4 bytes");
 
   g_auto (StowRun) h = { 0 };
   stow_run (&h, "bench", "--help", NULL);

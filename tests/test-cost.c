@@ -12,24 +12,13 @@
 #include "planner/cost.h"
 #include "planner/memory.h"
 #include "planner/search.h"
-
-static StowModel *
-model (const char *name)
-{
-  g_autoptr (GError) error = NULL;
-  StowModel *m = stow_model_lookup (name, &error);
-  g_assert_no_error (error);
-  return m;
-}
+#include "tests/testutil-planner.h"
 
 static StowCluster *
 cluster (guint gpus)
 {
-  g_autoptr (GError) error = NULL;
   g_autofree char *spec = g_strdup_printf ("%uxA100-80GB", gpus);
-  StowCluster *c = stow_cluster_new_from_spec (spec, &error);
-  g_assert_no_error (error);
-  return c;
+  return stow_test_cluster (spec);
 }
 
 /* Megatron-LM as run in the papers: fp16, no flash attention (2022 fused
@@ -88,7 +77,7 @@ static void
 test_korthikanti (gconstpointer data)
 {
   const KorthikantiRow *r = data;
-  g_autoptr (StowModel) m = model (r->model);
+  g_autoptr (StowModel) m = stow_test_model (r->model);
   g_autoptr (StowCluster) c = cluster (r->gpus);
   StowTraining t;
   StowLayout l;
@@ -142,7 +131,7 @@ static void
 test_narayanan (gconstpointer data)
 {
   const NarayananRow *r = data;
-  g_autoptr (StowModel) m = model (r->model);
+  g_autoptr (StowModel) m = stow_test_model (r->model);
   g_autoptr (StowCluster) c = cluster (r->gpus);
   StowTraining t;
   StowLayout l;
@@ -169,7 +158,7 @@ test_narayanan (gconstpointer data)
 static void
 test_flops_formula (void)
 {
-  g_autoptr (StowModel) m = model ("korthikanti-175b");
+  g_autoptr (StowModel) m = stow_test_model ("korthikanti-175b");
   g_autoptr (StowCluster) c = cluster (64);
   StowTraining t;
   StowLayout l;
@@ -189,7 +178,7 @@ test_flops_formula (void)
 static void
 test_properties (void)
 {
-  g_autoptr (StowModel) m = model ("llama-65b");
+  g_autoptr (StowModel) m = stow_test_model ("llama-65b");
   g_autoptr (StowCluster) c = cluster (64);
   StowTraining t;
   stow_training_init (&t);
@@ -254,7 +243,7 @@ test_properties (void)
 static void
 test_gemm_efficiency (void)
 {
-  g_autoptr (StowModel) m = model ("llama-7b");
+  g_autoptr (StowModel) m = stow_test_model ("llama-7b");
   g_autoptr (StowCluster) c = cluster (8);
   StowTraining t;
   stow_training_init (&t);
@@ -280,7 +269,7 @@ test_gemm_efficiency (void)
 static void
 test_terms (void)
 {
-  g_autoptr (StowModel) mx = model ("mixtral-8x7b");
+  g_autoptr (StowModel) mx = stow_test_model ("mixtral-8x7b");
   g_autoptr (StowCluster) c = cluster (32);
   StowTraining t;
   stow_training_init (&t);
@@ -294,7 +283,7 @@ test_terms (void)
   g_assert_cmpfloat (k.exposed_s[STOW_COST_EP], >, 0);
   /* context parallelism over 4 ranks of a dense model */
   StowCost cpc;
-  g_autoptr (StowModel) ll = model ("llama-7b");
+  g_autoptr (StowModel) ll = stow_test_model ("llama-7b");
   layout (&l, 32, 1, 1, 1, 64, 1, STOW_RECOMPUTE_FULL, FALSE);
   l.engine = STOW_ENGINE_STOWAGE;
   l.cp = 4;

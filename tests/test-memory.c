@@ -13,6 +13,7 @@
 #include "hw/hw.h"
 #include "models/model.h"
 #include "planner/memory.h"
+#include "tests/testutil-planner.h"
 
 #define GiB 1073741824.0
 
@@ -51,24 +52,6 @@ gpt (guint64 h, guint64 layers, guint64 heads)
       ", \"vocab_size\": 51200, \"n_positions\": 2048}",
       h, layers, heads);
   return model_from_json (json);
-}
-
-static StowCluster *
-cluster (const char *spec)
-{
-  g_autoptr (GError) error = NULL;
-  StowCluster *c = stow_cluster_new_from_spec (spec, &error);
-  g_assert_no_error (error);
-  return c;
-}
-
-/* stowage's defaults for a training run, a layout and the options. */
-static void
-defaults (StowTraining *t, StowLayout *l, StowMemOptions *o)
-{
-  stow_training_init (t);
-  stow_layout_init (l);
-  stow_mem_options_init (o);
 }
 
 static StowMemory *
@@ -141,11 +124,11 @@ test_zero_paper_table1 (void)
     for (guint z = 1; z <= 3; z++)
       {
         g_autofree char *spec = g_strdup_printf ("%uxV100-32GB", rows[i].nd);
-        g_autoptr (StowCluster) c = cluster (spec);
+        g_autoptr (StowCluster) c = stow_test_cluster (spec);
         StowTraining t;
         StowLayout l;
         StowMemOptions o;
-        defaults (&t, &l, &o);
+        stow_test_defaults (&t, &l, &o);
         o.convention = STOW_CONVENTION_ZERO_PAPER;
         g_assert_true (
             stow_parse_count (rows[i].params, &o.params_override, NULL));
@@ -170,13 +153,13 @@ static void
 check_deepspeed (StowConvention conv, const char *params, const char *ll,
                  const char *spec, const DsRow *rows, gsize n)
 {
-  g_autoptr (StowCluster) c = cluster (spec);
+  g_autoptr (StowCluster) c = stow_test_cluster (spec);
   for (gsize i = 0; i < n; i++)
     {
       StowTraining t;
       StowLayout l;
       StowMemOptions o;
-      defaults (&t, &l, &o);
+      stow_test_defaults (&t, &l, &o);
       o.convention = conv;
       g_assert_true (stow_parse_count (params, &o.params_override, NULL));
       g_assert_true (stow_parse_count (ll, &o.largest_layer_override, NULL));
@@ -242,11 +225,11 @@ test_deepspeed_llama_65b (void)
 static void
 test_deepspeed_uncovered (void)
 {
-  g_autoptr (StowCluster) c = cluster ("8xA100-80GB");
+  g_autoptr (StowCluster) c = stow_test_cluster ("8xA100-80GB");
   StowTraining t;
   StowLayout l;
   StowMemOptions o;
-  defaults (&t, &l, &o);
+  stow_test_defaults (&t, &l, &o);
   o.convention = STOW_CONVENTION_DEEPSPEED_ESTIMATOR;
   o.params_override = 1000000000;
   l.dp = 8;
@@ -263,11 +246,11 @@ static void
 test_megatron_llama_65b (void)
 {
   g_autoptr (StowModel) m = llama_65b ();
-  g_autoptr (StowCluster) c = cluster ("8x8xA100-80GB");
+  g_autoptr (StowCluster) c = stow_test_cluster ("8x8xA100-80GB");
   StowTraining t;
   StowLayout l;
   StowMemOptions o;
-  defaults (&t, &l, &o);
+  stow_test_defaults (&t, &l, &o);
   o.convention = STOW_CONVENTION_MEGATRON_THEORETICAL;
   t.seq_len = 2048;
   l.tp = 8, l.pp = 4, l.dp = 2, l.sp = TRUE, l.zero = 1;
@@ -374,7 +357,7 @@ test_korthikanti_figure1 (void)
       g_autoptr (StowModel) m = gpt (r->h, r->layers, r->heads);
       g_autofree char *spec
           = g_strdup_printf ("%" G_GUINT64_FORMAT "x8xA100-80GB", r->gpus / 8);
-      g_autoptr (StowCluster) c = cluster (spec);
+      g_autoptr (StowCluster) c = stow_test_cluster (spec);
       StowTraining t;
       StowLayout l;
       StowMemOptions o;
@@ -392,15 +375,6 @@ test_korthikanti_figure1 (void)
 
 /* ---- calibration against measured runs (planner.md §4.2) --------------- */
 
-static StowModel *
-catalog (const char *name)
-{
-  g_autoptr (GError) error = NULL;
-  StowModel *m = stow_model_lookup (name, &error);
-  g_assert_no_error (error);
-  return m;
-}
-
 /* Case 1: bert-large-uncased, fp32 AdamW, batch 4, sequence 512, HF Trainer
  * on one V100-16GB (transformers docs, model_memory_anatomy.md).  The
  * source measured nvidia-smi's used memory through pynvml: 14,949 MiB, of
@@ -411,12 +385,12 @@ catalog (const char *name)
 static void
 test_calibration_bert_large (void)
 {
-  g_autoptr (StowModel) m = catalog ("bert-large-uncased");
-  g_autoptr (StowCluster) c = cluster ("1xV100-16GB");
+  g_autoptr (StowModel) m = stow_test_model ("bert-large-uncased");
+  g_autoptr (StowCluster) c = stow_test_cluster ("1xV100-16GB");
   StowTraining t;
   StowLayout l;
   StowMemOptions o;
-  defaults (&t, &l, &o);
+  stow_test_defaults (&t, &l, &o);
   t.precision = STOW_PRECISION_FP32;
   t.seq_len = 512;
   t.flash_attention = FALSE;
@@ -459,8 +433,8 @@ test_calibration_torchtune (void)
     { TRUE, TRUE, FALSE, 21.8 },   /* + activation offloading */
     { TRUE, TRUE, TRUE, 17.6 },    /* + 8-bit AdamW */
   };
-  g_autoptr (StowModel) m = catalog ("llama-3.2-3b");
-  g_autoptr (StowCluster) c = cluster ("1xA100-80GB");
+  g_autoptr (StowModel) m = stow_test_model ("llama-3.2-3b");
+  g_autoptr (StowCluster) c = stow_test_cluster ("1xA100-80GB");
   for (gsize i = 0; i < G_N_ELEMENTS (rows); i++)
     {
       StowTraining t;
@@ -504,14 +478,14 @@ test_lora_adapters (void)
     { 16, "all", 39976960 },
     { 16, "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj", 39976960 },
   };
-  g_autoptr (StowModel) m = catalog ("llama-2-7b");
-  g_autoptr (StowCluster) c = cluster ("1xA100-80GB");
+  g_autoptr (StowModel) m = stow_test_model ("llama-2-7b");
+  g_autoptr (StowCluster) c = stow_test_cluster ("1xA100-80GB");
   for (gsize i = 0; i < G_N_ELEMENTS (cases); i++)
     {
       StowTraining t;
       StowLayout l;
       StowMemOptions o;
-      defaults (&t, &l, &o);
+      stow_test_defaults (&t, &l, &o);
       t.finetune = STOW_FINETUNE_LORA;
       t.lora_rank = cases[i].rank;
       g_autoptr (GError) error = NULL;
@@ -536,15 +510,15 @@ test_lora_adapters (void)
 static void
 test_seed_t5_3b_labels (void)
 {
-  g_autoptr (StowModel) m = catalog ("t5-3b");
-  g_autoptr (StowCluster) c = cluster ("1xRTX-3090");
+  g_autoptr (StowModel) m = stow_test_model ("t5-3b");
+  g_autoptr (StowCluster) c = stow_test_cluster ("1xRTX-3090");
   for (guint64 seq = 72; seq <= 96; seq += 8)
     for (guint bs = 20; bs <= 30; bs += 10)
       {
         StowTraining t;
         StowLayout l;
         StowMemOptions o;
-        defaults (&t, &l, &o);
+        stow_test_defaults (&t, &l, &o);
         t.precision = STOW_PRECISION_FP16;
         t.seq_len = seq;
         t.flash_attention = FALSE;
@@ -686,7 +660,8 @@ test_properties (void)
     {
       g_autoptr (StowModel) m = model_from_json (
           property_models[iter % G_N_ELEMENTS (property_models)]);
-      g_autoptr (StowCluster) c = cluster (specs[iter % G_N_ELEMENTS (specs)]);
+      g_autoptr (StowCluster) c
+          = stow_test_cluster (specs[iter % G_N_ELEMENTS (specs)]);
       StowTraining t;
       StowLayout l;
       StowMemOptions o;
@@ -742,7 +717,7 @@ test_properties (void)
           g_autofree char *spec2
               = g_strdup_printf ("%ux%u%s%s", c->n_nodes * 2,
                                  c->node.gpus_per_node, "x", c->node.gpu.name);
-          g_autoptr (StowCluster) c2 = cluster (spec2);
+          g_autoptr (StowCluster) c2 = stow_test_cluster (spec2);
           StowLayout k = l;
           k.dp = l.dp * 2;
           g_autoptr (StowMemory) more = estimate (m, c2, &t, &k, &o);
@@ -765,12 +740,12 @@ test_no_overflow (void)
       " \"num_hidden_layers\": 192, \"num_attention_heads\": 512,"
       " \"intermediate_size\": 262144, \"vocab_size\": 256000}");
   g_assert_cmpuint (m->params, >, 9000000000000ull);
-  g_autoptr (StowCluster) c = cluster ("12500x8xH100-SXM");
+  g_autoptr (StowCluster) c = stow_test_cluster ("12500x8xH100-SXM");
   g_assert_cmpuint (c->n_gpus, ==, 100000);
   StowTraining t;
   StowLayout l;
   StowMemOptions o;
-  defaults (&t, &l, &o);
+  stow_test_defaults (&t, &l, &o);
   t.seq_len = 131072;
   static const guint zs[] = { 0, 3 };
   for (gsize i = 0; i < G_N_ELEMENTS (zs); i++)
@@ -816,7 +791,7 @@ test_validation_errors (void)
   };
   for (gsize i = 0; i < G_N_ELEMENTS (bad); i++)
     {
-      g_autoptr (StowCluster) c = cluster (bad[i].spec);
+      g_autoptr (StowCluster) c = stow_test_cluster (bad[i].spec);
       StowTraining t;
       StowLayout l;
       stow_training_init (&t);

@@ -114,6 +114,28 @@ fill_random (GRand *r, guint8 *b, guint64 bytes)
     b[i] = (guint8)g_rand_int (r);
 }
 
+/* Adds the tensor @name of @bytes to @store and prepares the store;
+ * returns the tensor's id. */
+static guint
+add_prepared (StowNvmeStore *store, const char *name, guint64 bytes)
+{
+  g_autoptr (GError) error = NULL;
+  guint id = stow_nvme_store_add_tensor (store, name, bytes);
+  g_assert_true (stow_nvme_store_prepare (store, &error));
+  return id;
+}
+
+/* A source buffer of @bytes filled from @seed and an empty destination
+ * one, both guarded (see buf_new). */
+static void
+src_dst_new (guint64 bytes, guint32 seed, guint8 **src, guint8 **dst)
+{
+  g_autoptr (GRand) r = g_rand_new_with_seed (seed);
+  *src = buf_new (bytes);
+  *dst = buf_new (bytes);
+  fill_random (r, *src, bytes);
+}
+
 static void
 test_roundtrip (Fixture *f, gconstpointer data)
 {
@@ -218,12 +240,10 @@ test_partial_ranges (Fixture *f, gconstpointer data)
   if (store == NULL)
     return;
   guint64 bytes = 5 * block + 1000;
-  guint id = stow_nvme_store_add_tensor (store, "p", bytes);
+  guint id = add_prepared (store, "p", bytes);
   g_autoptr (GError) error = NULL;
-  g_assert_true (stow_nvme_store_prepare (store, &error));
-  guint8 *src = buf_new (bytes), *dst = buf_new (bytes);
-  g_autoptr (GRand) r = g_rand_new_with_seed (3);
-  fill_random (r, src, bytes);
+  guint8 *src, *dst;
+  src_dst_new (bytes, 3, &src, &dst);
   StowNvmeRequest *req;
   /* Written as two pieces, the second ending at the unaligned end. */
   g_assert_cmpint (stow_nvme_write_async (store, id, 0, src, 2 * block, &req),
@@ -272,12 +292,10 @@ test_striping (Fixture *f, gconstpointer data)
   g_assert_cmpuint (stow_nvme_store_get_n_dirs (store), ==, 3);
   guint64 bytes = 10 * block + 333;
   guint id0 = stow_nvme_store_add_tensor (store, "a", 3 * block);
-  guint id = stow_nvme_store_add_tensor (store, "s", bytes);
+  guint id = add_prepared (store, "s", bytes);
   g_autoptr (GError) error = NULL;
-  g_assert_true (stow_nvme_store_prepare (store, &error));
-  guint8 *src = buf_new (bytes), *dst = buf_new (bytes);
-  g_autoptr (GRand) r = g_rand_new_with_seed (11);
-  fill_random (r, src, bytes);
+  guint8 *src, *dst;
+  src_dst_new (bytes, 11, &src, &dst);
   g_assert_true (stow_nvme_store_write (store, id, src, &error));
   g_assert_true (stow_nvme_store_read (store, id, dst, &error));
   g_assert_no_error (error);
@@ -320,12 +338,10 @@ test_checksum (Fixture *f, gconstpointer data)
   if (store == NULL)
     return;
   guint64 bytes = 4 * block + 10;
-  guint id = stow_nvme_store_add_tensor (store, "m.layer3", bytes);
+  guint id = add_prepared (store, "m.layer3", bytes);
   g_autoptr (GError) error = NULL;
-  g_assert_true (stow_nvme_store_prepare (store, &error));
-  guint8 *src = buf_new (bytes), *dst = buf_new (bytes);
-  g_autoptr (GRand) r = g_rand_new_with_seed (5);
-  fill_random (r, src, bytes);
+  guint8 *src, *dst;
+  src_dst_new (bytes, 5, &src, &dst);
   g_assert_true (stow_nvme_store_write (store, id, src, &error));
 
   /* Flip one byte of block 2 behind the store's back. */
@@ -523,8 +539,7 @@ test_exhaustion (Fixture *f, gconstpointer data)
       g_test_skip (error->message);
       return;
     }
-  guint id = stow_nvme_store_add_tensor (store, "x", 64 << 10);
-  g_assert_true (stow_nvme_store_prepare (store, &error));
+  guint id = add_prepared (store, "x", 64 << 10);
   guint8 *buf = buf_new (64 << 10);
   memset (buf, 1, 64 << 10);
   StowNvmeRequest *r1, *r2, *r3;
@@ -562,11 +577,9 @@ test_buffered (Fixture *f, gconstpointer data)
     }
   g_assert_false (stow_nvme_store_is_direct (store));
   guint64 bytes = 3 * 8192 + 5;
-  guint id = stow_nvme_store_add_tensor (store, "x", bytes);
-  g_assert_true (stow_nvme_store_prepare (store, &error));
-  guint8 *src = buf_new (bytes), *dst = buf_new (bytes);
-  g_autoptr (GRand) r = g_rand_new_with_seed (1);
-  fill_random (r, src, bytes);
+  guint id = add_prepared (store, "x", bytes);
+  guint8 *src, *dst;
+  src_dst_new (bytes, 1, &src, &dst);
   g_assert_true (stow_nvme_store_write (store, id, src, &error));
   g_assert_true (stow_nvme_store_read (store, id, dst, &error));
   g_assert_no_error (error);

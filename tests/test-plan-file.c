@@ -11,6 +11,7 @@
 #include "core/error.h"
 #include "core/json.h"
 #include "planner/plan-file.h"
+#include "tests/testutil-planner.h"
 
 typedef struct
 {
@@ -61,17 +62,12 @@ static StowPlanFile *
 make_plan (const Case *c, StowMemory **mem_out)
 {
   g_autoptr (GError) error = NULL;
-  g_autoptr (StowModel) model = stow_model_lookup (c->model, &error);
-  g_assert_no_error (error);
-  g_autoptr (StowCluster) cluster
-      = stow_cluster_new_from_spec (c->gpus, &error);
-  g_assert_no_error (error);
+  g_autoptr (StowModel) model = stow_test_model (c->model);
+  g_autoptr (StowCluster) cluster = stow_test_cluster (c->gpus);
   StowTraining t;
   StowLayout l;
   StowMemOptions o;
-  stow_training_init (&t);
-  stow_layout_init (&l);
-  stow_mem_options_init (&o);
+  stow_test_defaults (&t, &l, &o);
   o.fragmentation = 0.07; /* not the default: must survive the trip */
   o.reduce_bucket_elements = 200000000;
   o.overlap_comm = 1;
@@ -367,15 +363,11 @@ test_embedded_config (void)
 
   g_autoptr (StowModel) model = stow_model_new_from_file (cfg, &error);
   g_assert_no_error (error);
-  g_autoptr (StowCluster) cluster
-      = stow_cluster_new_from_spec ("8xH100-SXM", &error);
-  g_assert_no_error (error);
+  g_autoptr (StowCluster) cluster = stow_test_cluster ("8xH100-SXM");
   StowTraining t;
   StowLayout l;
   StowMemOptions o;
-  stow_training_init (&t);
-  stow_layout_init (&l);
-  stow_mem_options_init (&o);
+  stow_test_defaults (&t, &l, &o);
   l.dp = 8, l.zero = 2;
   g_autoptr (StowMemory) mem
       = stow_memory_estimate (model, cluster, &t, &l, &o, &error);

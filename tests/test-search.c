@@ -11,24 +11,7 @@
 #include <string.h>
 
 #include "planner/search.h"
-
-static StowModel *
-model (const char *name)
-{
-  g_autoptr (GError) error = NULL;
-  StowModel *m = stow_model_lookup (name, &error);
-  g_assert_no_error (error);
-  return m;
-}
-
-static StowCluster *
-cluster (const char *spec)
-{
-  g_autoptr (GError) error = NULL;
-  StowCluster *c = stow_cluster_new_from_spec (spec, &error);
-  g_assert_no_error (error);
-  return c;
-}
+#include "tests/testutil-planner.h"
 
 /* Every candidate of a small search, re-estimated the full way. */
 static void
@@ -37,8 +20,8 @@ test_totals_match_full (void)
   const char *models[] = { "llama-7b", "mixtral-8x7b", "gpt2-xl" };
   for (gsize i = 0; i < G_N_ELEMENTS (models); i++)
     {
-      g_autoptr (StowModel) m = model (models[i]);
-      g_autoptr (StowCluster) c = cluster ("16xA100-80GB");
+      g_autoptr (StowModel) m = stow_test_model (models[i]);
+      g_autoptr (StowCluster) c = stow_test_cluster ("16xA100-80GB");
       StowTraining t;
       StowLayout base;
       StowMemOptions mo;
@@ -72,8 +55,8 @@ test_totals_match_full (void)
 static void
 test_pinned_evaluates_one (void)
 {
-  g_autoptr (StowModel) m = model ("llama-65b");
-  g_autoptr (StowCluster) c = cluster ("64xA100-80GB");
+  g_autoptr (StowModel) m = stow_test_model ("llama-65b");
+  g_autoptr (StowCluster) c = stow_test_cluster ("64xA100-80GB");
   StowTraining t;
   StowLayout l;
   StowMemOptions mo;
@@ -103,8 +86,8 @@ test_pinned_evaluates_one (void)
 static void
 test_partial_recompute (void)
 {
-  g_autoptr (StowModel) m = model ("llama-7b");
-  g_autoptr (StowCluster) c = cluster ("8xA100-40GB");
+  g_autoptr (StowModel) m = stow_test_model ("llama-7b");
+  g_autoptr (StowCluster) c = stow_test_cluster ("8xA100-40GB");
   StowTraining t;
   StowLayout l;
   StowMemOptions mo;
@@ -169,8 +152,8 @@ static void
 test_published (gconstpointer data)
 {
   const Published *p = data;
-  g_autoptr (StowModel) m = model (p->model);
-  g_autoptr (StowCluster) c = cluster (p->gpus);
+  g_autoptr (StowModel) m = stow_test_model (p->model);
+  g_autoptr (StowCluster) c = stow_test_cluster (p->gpus);
   StowTraining t;
   StowLayout base, pub;
   StowMemOptions mo;
@@ -239,8 +222,8 @@ test_speed (void)
   /* The validator's g_debug for unfilled pipelines would be printed by
    * the test harness for every such layout: not what is timed here. */
   guint h = g_log_set_handler ("stowage", G_LOG_LEVEL_DEBUG, quiet, NULL);
-  g_autoptr (StowModel) m = model ("llama-65b");
-  g_autoptr (StowCluster) c = cluster ("1024xA100-80GB");
+  g_autoptr (StowModel) m = stow_test_model ("llama-65b");
+  g_autoptr (StowCluster) c = stow_test_cluster ("1024xA100-80GB");
   StowTraining t;
   StowLayout base;
   StowMemOptions mo;

@@ -23,6 +23,16 @@ G_DEFINE_AUTO_CLEANUP_CLEAR_FUNC (StowRun, stow_run_clear)
 void stow_run (StowRun *run, const char *first_arg, ...) G_GNUC_NULL_TERMINATED;
 void stow_runv (StowRun *run, const char *const *args);
 
+/* Runs "$STOWAGE ARGS..." and asserts it fails as a usage error: exit 2,
+ * nothing on stdout, at most two lines on stderr, @fragment among them. */
+void stow_assert_usage_error (const char *const *args, const char *fragment);
+
+/* Runs "$STOWAGE ARGS... -o DIR/FILE_NAME" (NULL-terminated) with DIR a fresh
+ * temporary directory, asserts it exits 0 printing nothing and leaves only
+ * that file, and returns the file's contents; DIR is removed. */
+char *stow_run_to_file (const char *file_name, const char *first_arg,
+                        ...) G_GNUC_NULL_TERMINATED;
+
 /* Counts the lines of @text. */
 guint stow_count_lines (const char *text);
 
