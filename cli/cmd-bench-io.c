@@ -17,6 +17,7 @@
 
 #include "cli/cli.h"
 #include "cli/commands.h"
+#include "core/json.h"
 #include "core/units.h"
 #include "offload/adam.h"
 #include "offload/nvme.h"
@@ -294,32 +295,24 @@ stow_bench_nvme (int argc, char **argv)
     {
       g_autoptr (JsonBuilder) b = json_builder_new ();
       json_builder_begin_object (b);
-      json_builder_set_member_name (b, "engine");
-      json_builder_add_string_value (b, engine);
-      json_builder_set_member_name (b, "block_size");
-      json_builder_add_int_value (b, (gint64)block);
-      json_builder_set_member_name (b, "queue_depth");
-      json_builder_add_int_value (b, o.queue_depth);
-      json_builder_set_member_name (b, "size");
-      json_builder_add_int_value (b, (gint64)size);
+      stow_json_set_string (b, "engine", engine);
+      stow_json_set_i64 (b, "block_size", (gint64)block);
+      stow_json_set_i64 (b, "queue_depth", o.queue_depth);
+      stow_json_set_i64 (b, "size", (gint64)size);
       add_dirs (b, o.dirs);
-      json_builder_set_member_name (b, "direct");
-      json_builder_add_boolean_value (b, stow_nvme_store_is_direct (store));
-      json_builder_set_member_name (b, "checksum");
-      json_builder_add_boolean_value (b, o.checksum);
-      json_builder_set_member_name (b, "read_bytes_per_s");
-      json_builder_add_double_value (b, best_r);
-      json_builder_set_member_name (b, "write_bytes_per_s");
-      json_builder_add_double_value (b, best_w);
+      stow_json_set_bool (b, "direct", stow_nvme_store_is_direct (store));
+      stow_json_set_bool (b, "checksum", o.checksum);
+      stow_json_set_double (b, "read_bytes_per_s", best_r);
+      stow_json_set_double (b, "write_bytes_per_s", best_w);
       json_builder_set_member_name (b, "runs");
       json_builder_begin_array (b);
       for (guint i = 0; i < ws->len; i++)
         {
           json_builder_begin_object (b);
-          json_builder_set_member_name (b, "read_bytes_per_s");
-          json_builder_add_double_value (b, g_array_index (rs, double, i));
-          json_builder_set_member_name (b, "write_bytes_per_s");
-          json_builder_add_double_value (b, g_array_index (ws, double, i));
+          stow_json_set_double (b, "read_bytes_per_s",
+                                g_array_index (rs, double, i));
+          stow_json_set_double (b, "write_bytes_per_s",
+                                g_array_index (ws, double, i));
           json_builder_end_object (b);
         }
       json_builder_end_array (b);
@@ -549,51 +542,34 @@ stow_bench_swapper (int argc, char **argv)
     {
       g_autoptr (JsonBuilder) b = json_builder_new ();
       json_builder_begin_object (b);
-      json_builder_set_member_name (b, "mode");
-      json_builder_add_string_value (b,
-                                     smode == STOW_SWAP_NVME ? "nvme" : "host");
-      json_builder_set_member_name (b, "engine");
-      json_builder_add_string_value (
-          b, store ? stow_nvme_engine_name (stow_nvme_store_get_engine (store))
-                   : "none");
-      json_builder_set_member_name (b, "state_bytes");
-      json_builder_add_int_value (b, (gint64)size);
-      json_builder_set_member_name (b, "shard_bytes");
-      json_builder_add_int_value (b, (gint64)shard);
-      json_builder_set_member_name (b, "n_shards");
-      json_builder_add_int_value (b, stow_swapper_get_n_shards (sw));
-      json_builder_set_member_name (b, "buffers");
-      json_builder_add_int_value (b, n_buffers);
-      json_builder_set_member_name (b, "block_size");
-      json_builder_add_int_value (b, (gint64)block);
-      json_builder_set_member_name (b, "queue_depth");
-      json_builder_add_int_value (b, o.queue_depth);
-      json_builder_set_member_name (b, "pipelined_step_s");
-      json_builder_add_double_value (b, best_pipe.step_s);
-      json_builder_set_member_name (b, "read_alone_s");
-      json_builder_add_double_value (b, best_read);
-      json_builder_set_member_name (b, "update_alone_s");
-      json_builder_add_double_value (b, best_update);
-      json_builder_set_member_name (b, "write_alone_s");
-      json_builder_add_double_value (b, best_write);
-      json_builder_set_member_name (b, "max_stage_s");
-      json_builder_add_double_value (b, max_stage);
-      json_builder_set_member_name (b, "pipelined_over_max_stage");
-      json_builder_add_double_value (b, ratio);
+      stow_json_set_string (b, "mode",
+                            smode == STOW_SWAP_NVME ? "nvme" : "host");
+      stow_json_set_string (
+          b, "engine",
+          store ? stow_nvme_engine_name (stow_nvme_store_get_engine (store))
+                : "none");
+      stow_json_set_i64 (b, "state_bytes", (gint64)size);
+      stow_json_set_i64 (b, "shard_bytes", (gint64)shard);
+      stow_json_set_i64 (b, "n_shards", stow_swapper_get_n_shards (sw));
+      stow_json_set_i64 (b, "buffers", n_buffers);
+      stow_json_set_i64 (b, "block_size", (gint64)block);
+      stow_json_set_i64 (b, "queue_depth", o.queue_depth);
+      stow_json_set_double (b, "pipelined_step_s", best_pipe.step_s);
+      stow_json_set_double (b, "read_alone_s", best_read);
+      stow_json_set_double (b, "update_alone_s", best_update);
+      stow_json_set_double (b, "write_alone_s", best_write);
+      stow_json_set_double (b, "max_stage_s", max_stage);
+      stow_json_set_double (b, "pipelined_over_max_stage", ratio);
       /* Reads and writes share the drive(s): with a fast update the step
        * is bound by both together, not by the slower of them. */
       if (best_read + best_write > 0)
         {
-          json_builder_set_member_name (b, "pipelined_over_read_plus_write");
-          json_builder_add_double_value (b, best_pipe.step_s
-                                                / (best_read + best_write));
+          stow_json_set_double (b, "pipelined_over_read_plus_write",
+                                best_pipe.step_s / (best_read + best_write));
         }
-      json_builder_set_member_name (b, "pipelined_wait_read_s");
-      json_builder_add_double_value (b, best_pipe.read_s);
-      json_builder_set_member_name (b, "pipelined_update_s");
-      json_builder_add_double_value (b, best_pipe.update_s);
-      json_builder_set_member_name (b, "pipelined_wait_write_s");
-      json_builder_add_double_value (b, best_pipe.write_s);
+      stow_json_set_double (b, "pipelined_wait_read_s", best_pipe.read_s);
+      stow_json_set_double (b, "pipelined_update_s", best_pipe.update_s);
+      stow_json_set_double (b, "pipelined_wait_write_s", best_pipe.write_s);
       json_builder_end_object (b);
       stow_cli_print_json (json_builder_get_root (b));
     }

@@ -17,6 +17,7 @@
 
 #include "cli/cli.h"
 #include "cli/commands.h"
+#include "core/json.h"
 #include "core/strutil.h"
 #include "core/units.h"
 #include "offload/adam.h"
@@ -294,35 +295,20 @@ bench_adam (int argc, char **argv)
     {
       g_autoptr (JsonBuilder) b = json_builder_new ();
       json_builder_begin_object (b);
-      json_builder_set_member_name (b, "benchmark");
-      json_builder_add_string_value (b, "adam");
-      json_builder_set_member_name (b, "isa");
-      json_builder_add_string_value (b,
-                                     stow_isa_name (stow_adam_get_isa (adam)));
-      json_builder_set_member_name (b, "threads");
-      json_builder_add_int_value (b, stow_adam_get_n_threads (adam));
-      json_builder_set_member_name (b, "threads_bound");
-      json_builder_add_int_value (b, stow_cpu_pool_n_bound (pool));
-      json_builder_set_member_name (b, "params");
-      json_builder_add_int_value (b, (gint64)n);
-      json_builder_set_member_name (b, "grad");
-      json_builder_add_string_value (b, stow_float_type_name (grad_type));
-      json_builder_set_member_name (b, "out");
-      json_builder_add_string_value (b, stow_float_type_name (out_type));
-      json_builder_set_member_name (b, "grads_checked");
-      json_builder_add_boolean_value (b, opt_check);
-      json_builder_set_member_name (b, "reps");
-      json_builder_add_int_value (b, opt_reps);
-      json_builder_set_member_name (b, "seconds");
-      json_builder_add_double_value (b, best);
-      json_builder_set_member_name (b, "seconds_mean");
-      json_builder_add_double_value (b, total / opt_reps);
-      json_builder_set_member_name (b, "bytes_per_param");
-      json_builder_add_int_value (b, bpp);
-      json_builder_set_member_name (b, "bytes_per_s");
-      json_builder_add_double_value (b, bytes_per_s);
-      json_builder_set_member_name (b, "params_per_s");
-      json_builder_add_double_value (b, params_per_s);
+      stow_json_set_string (b, "benchmark", "adam");
+      stow_json_set_string (b, "isa", stow_isa_name (stow_adam_get_isa (adam)));
+      stow_json_set_i64 (b, "threads", stow_adam_get_n_threads (adam));
+      stow_json_set_i64 (b, "threads_bound", stow_cpu_pool_n_bound (pool));
+      stow_json_set_i64 (b, "params", (gint64)n);
+      stow_json_set_string (b, "grad", stow_float_type_name (grad_type));
+      stow_json_set_string (b, "out", stow_float_type_name (out_type));
+      stow_json_set_bool (b, "grads_checked", opt_check);
+      stow_json_set_i64 (b, "reps", opt_reps);
+      stow_json_set_double (b, "seconds", best);
+      stow_json_set_double (b, "seconds_mean", total / opt_reps);
+      stow_json_set_i64 (b, "bytes_per_param", bpp);
+      stow_json_set_double (b, "bytes_per_s", bytes_per_s);
+      stow_json_set_double (b, "params_per_s", params_per_s);
       json_builder_end_object (b);
       stow_cli_print_json (json_builder_get_root (b));
     }
@@ -561,30 +547,18 @@ bench_memcpy (int argc, char **argv)
     {
       g_autoptr (JsonBuilder) b = json_builder_new ();
       json_builder_begin_object (b);
-      json_builder_set_member_name (b, "benchmark");
-      json_builder_add_string_value (b, "memcpy");
-      json_builder_set_member_name (b, "isa");
-      json_builder_add_string_value (b, stow_isa_name (job.isa));
-      json_builder_set_member_name (b, "threads");
-      json_builder_add_int_value (b, stow_cpu_pool_n_threads (pool));
-      json_builder_set_member_name (b, "threads_bound");
-      json_builder_add_int_value (b, stow_cpu_pool_n_bound (pool));
-      json_builder_set_member_name (b, "size");
-      json_builder_add_int_value (b, (gint64)(n * 4));
-      json_builder_set_member_name (b, "reps");
-      json_builder_add_int_value (b, opt_reps);
-      json_builder_set_member_name (b, "seconds");
-      json_builder_add_double_value (b, triad_s);
-      json_builder_set_member_name (b, "bytes_per_s");
-      json_builder_add_double_value (b, triad_bw);
-      json_builder_set_member_name (b, "triad_seconds_mean");
-      json_builder_add_double_value (b, triad_mean);
-      json_builder_set_member_name (b, "copy_seconds");
-      json_builder_add_double_value (b, copy_s);
-      json_builder_set_member_name (b, "copy_bytes_per_s");
-      json_builder_add_double_value (b, copy_bw);
-      json_builder_set_member_name (b, "copy_seconds_mean");
-      json_builder_add_double_value (b, copy_mean);
+      stow_json_set_string (b, "benchmark", "memcpy");
+      stow_json_set_string (b, "isa", stow_isa_name (job.isa));
+      stow_json_set_i64 (b, "threads", stow_cpu_pool_n_threads (pool));
+      stow_json_set_i64 (b, "threads_bound", stow_cpu_pool_n_bound (pool));
+      stow_json_set_i64 (b, "size", (gint64)(n * 4));
+      stow_json_set_i64 (b, "reps", opt_reps);
+      stow_json_set_double (b, "seconds", triad_s);
+      stow_json_set_double (b, "bytes_per_s", triad_bw);
+      stow_json_set_double (b, "triad_seconds_mean", triad_mean);
+      stow_json_set_double (b, "copy_seconds", copy_s);
+      stow_json_set_double (b, "copy_bytes_per_s", copy_bw);
+      stow_json_set_double (b, "copy_seconds_mean", copy_mean);
       json_builder_end_object (b);
       stow_cli_print_json (json_builder_get_root (b));
     }

@@ -84,12 +84,9 @@ try_alternative (StowPlanOptions *po, const StowCluster *cluster,
   g_autofree char *tot = stow_format_bytes (cand->total_bytes);
   g_string_append_printf (text, "  - %s: %s (%s per GPU)\n", label, d, tot);
   json_builder_begin_object (jb);
-  json_builder_set_member_name (jb, "kind");
-  json_builder_add_string_value (jb, kind);
-  json_builder_set_member_name (jb, key);
-  json_builder_add_string_value (jb, value);
-  json_builder_set_member_name (jb, "total_bytes");
-  json_builder_add_int_value (jb, (gint64)cand->total_bytes);
+  stow_json_set_string (jb, "kind", kind);
+  stow_json_set_string (jb, key, value);
+  stow_json_set_i64 (jb, "total_bytes", (gint64)cand->total_bytes);
   json_builder_set_member_name (jb, "layout");
   json_builder_add_value (jb, stow_layout_to_json (&cand->layout, training));
   json_builder_end_object (jb);
@@ -134,14 +131,10 @@ alternatives (StowPlanOptions *po, gboolean host_limited, JsonBuilder *jb,
                                   cand->nvme_bytes ? " and NVMe of " : "",
                                   cand->nvme_bytes ? nv : "", d);
           json_builder_begin_object (jb);
-          json_builder_set_member_name (jb, "kind");
-          json_builder_add_string_value (jb, "more_host_memory");
-          json_builder_set_member_name (jb, "host_bytes");
-          json_builder_add_int_value (jb, (gint64)cand->host_bytes);
-          json_builder_set_member_name (jb, "nvme_bytes");
-          json_builder_add_int_value (jb, (gint64)cand->nvme_bytes);
-          json_builder_set_member_name (jb, "total_bytes");
-          json_builder_add_int_value (jb, (gint64)cand->total_bytes);
+          stow_json_set_string (jb, "kind", "more_host_memory");
+          stow_json_set_i64 (jb, "host_bytes", (gint64)cand->host_bytes);
+          stow_json_set_i64 (jb, "nvme_bytes", (gint64)cand->nvme_bytes);
+          stow_json_set_i64 (jb, "total_bytes", (gint64)cand->total_bytes);
           json_builder_set_member_name (jb, "layout");
           json_builder_add_value (
               jb, stow_layout_to_json (&cand->layout, &po->training));

@@ -14,37 +14,19 @@
 #include "core/units.h"
 #include "models/model.h"
 
-static void
-add_u64 (JsonBuilder *b, const char *key, guint64 v)
-{
-  json_builder_set_member_name (b, key);
-  /* JSON integers are signed 64-bit in json-glib; counts stay far below. */
-  json_builder_add_int_value (b, (gint64)v);
-}
-
-static void
-add_str (JsonBuilder *b, const char *key, const char *v)
-{
-  json_builder_set_member_name (b, key);
-  if (v)
-    json_builder_add_string_value (b, v);
-  else
-    json_builder_add_null_value (b);
-}
-
 /* The fields both commands share. */
 static void
 add_summary (JsonBuilder *b, const StowModel *m)
 {
-  add_str (b, "name", m->name);
-  add_str (b, "family", m->family);
-  add_u64 (b, "params", m->params);
-  add_u64 (b, "active_params", m->active_params);
-  add_u64 (b, "layers", m->n_layers);
-  add_u64 (b, "hidden", m->hidden);
-  add_u64 (b, "heads", m->n_heads);
-  add_u64 (b, "kv_heads", m->n_kv_heads);
-  add_u64 (b, "vocab", m->vocab);
+  stow_json_set_string (b, "name", m->name);
+  stow_json_set_string (b, "family", m->family);
+  stow_json_set_u64 (b, "params", m->params);
+  stow_json_set_u64 (b, "active_params", m->active_params);
+  stow_json_set_u64 (b, "layers", m->n_layers);
+  stow_json_set_u64 (b, "hidden", m->hidden);
+  stow_json_set_u64 (b, "heads", m->n_heads);
+  stow_json_set_u64 (b, "kv_heads", m->n_kv_heads);
+  stow_json_set_u64 (b, "vocab", m->vocab);
 }
 
 static void
@@ -245,44 +227,42 @@ print_model_json (const StowModel *m, gboolean tensors)
   g_autoptr (JsonBuilder) b = json_builder_new ();
   json_builder_begin_object (b);
   add_summary (b, m);
-  add_u64 (b, "largest_module_params", m->largest_module_params);
-  add_str (b, "largest_module", m->largest_module);
+  stow_json_set_u64 (b, "largest_module_params", m->largest_module_params);
+  stow_json_set_string (b, "largest_module", m->largest_module);
   json_builder_set_member_name (b, "by_role");
   json_builder_begin_object (b);
   for (int r = 0; r < STOW_N_ROLES; r++)
-    add_u64 (b, stow_tensor_role_name (r), m->by_role[r]);
+    stow_json_set_u64 (b, stow_tensor_role_name (r), m->by_role[r]);
   json_builder_end_object (b);
   add_aliases (b, m);
-  add_str (b, "source", m->source);
-  add_str (b, "reference", m->reference);
-  add_u64 (b, "head_dim", m->head_dim);
-  add_u64 (b, "ffn", m->ffn);
-  add_u64 (b, "encoder_layers", m->n_encoder_layers);
-  add_u64 (b, "experts", m->n_experts);
-  add_u64 (b, "experts_per_token", m->experts_per_token);
-  add_u64 (b, "shared_experts", m->n_shared_experts);
-  add_u64 (b, "embedding_params", m->embedding_params);
-  add_u64 (b, "head_params", m->head_params);
-  json_builder_set_member_name (b, "tied_embeddings");
-  json_builder_add_boolean_value (b, m->tied_embeddings);
-  add_str (b, "norm", m->norm == STOW_NORM_LAYERNORM ? "layernorm" : "rmsnorm");
+  stow_json_set_string (b, "source", m->source);
+  stow_json_set_string (b, "reference", m->reference);
+  stow_json_set_u64 (b, "head_dim", m->head_dim);
+  stow_json_set_u64 (b, "ffn", m->ffn);
+  stow_json_set_u64 (b, "encoder_layers", m->n_encoder_layers);
+  stow_json_set_u64 (b, "experts", m->n_experts);
+  stow_json_set_u64 (b, "experts_per_token", m->experts_per_token);
+  stow_json_set_u64 (b, "shared_experts", m->n_shared_experts);
+  stow_json_set_u64 (b, "embedding_params", m->embedding_params);
+  stow_json_set_u64 (b, "head_params", m->head_params);
+  stow_json_set_bool (b, "tied_embeddings", m->tied_embeddings);
+  stow_json_set_string (
+      b, "norm", m->norm == STOW_NORM_LAYERNORM ? "layernorm" : "rmsnorm");
   json_builder_set_member_name (b, "per_layer");
   json_builder_begin_array (b);
   for (guint64 i = 0; i < m->n_layers; i++)
     {
       const StowLayerInfo *li = &m->layers[i];
       json_builder_begin_object (b);
-      add_u64 (b, "params", li->params);
-      add_u64 (b, "active_params", li->active_params);
-      add_u64 (b, "bytes_16bit", li->params * 2);
-      json_builder_set_member_name (b, "moe");
-      json_builder_add_boolean_value (b, li->is_moe);
-      json_builder_set_member_name (b, "decoder");
-      json_builder_add_boolean_value (b, li->is_decoder);
+      stow_json_set_u64 (b, "params", li->params);
+      stow_json_set_u64 (b, "active_params", li->active_params);
+      stow_json_set_u64 (b, "bytes_16bit", li->params * 2);
+      stow_json_set_bool (b, "moe", li->is_moe);
+      stow_json_set_bool (b, "decoder", li->is_decoder);
       json_builder_end_object (b);
     }
   json_builder_end_array (b);
-  add_u64 (b, "n_tensors", m->tensors->len);
+  stow_json_set_u64 (b, "n_tensors", m->tensors->len);
   if (tensors)
     {
       json_builder_set_member_name (b, "tensors");
@@ -291,17 +271,15 @@ print_model_json (const StowModel *m, gboolean tensors)
         {
           const StowTensor *t = g_ptr_array_index (m->tensors, i);
           json_builder_begin_object (b);
-          add_str (b, "name", t->name);
+          stow_json_set_string (b, "name", t->name);
           json_builder_set_member_name (b, "shape");
           json_builder_begin_array (b);
           for (guint d = 0; d < t->n_dims; d++)
             json_builder_add_int_value (b, (gint64)t->shape[d]);
           json_builder_end_array (b);
-          add_str (b, "role", stow_tensor_role_name (t->role));
-          json_builder_set_member_name (b, "layer");
-          json_builder_add_int_value (b, t->layer);
-          json_builder_set_member_name (b, "tied");
-          json_builder_add_boolean_value (b, t->tied);
+          stow_json_set_string (b, "role", stow_tensor_role_name (t->role));
+          stow_json_set_i64 (b, "layer", t->layer);
+          stow_json_set_bool (b, "tied", t->tied);
           json_builder_end_object (b);
         }
       json_builder_end_array (b);

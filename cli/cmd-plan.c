@@ -86,24 +86,9 @@ add_costs (JsonBuilder *b, const char *name, const double *v)
   json_builder_begin_object (b);
   for (int k = 0; k < STOW_N_COSTS; k++)
     {
-      json_builder_set_member_name (b, stow_cost_kind_name (k));
-      json_builder_add_double_value (b, v[k]);
+      stow_json_set_double (b, stow_cost_kind_name (k), v[k]);
     }
   json_builder_end_object (b);
-}
-
-static void
-set_double (JsonBuilder *b, const char *k, double v)
-{
-  json_builder_set_member_name (b, k);
-  json_builder_add_double_value (b, v);
-}
-
-static void
-set_int (JsonBuilder *b, const char *k, gint64 v)
-{
-  json_builder_set_member_name (b, k);
-  json_builder_add_int_value (b, v);
 }
 
 /* The winner's terms, exposed and total, largest first. */
@@ -269,40 +254,39 @@ run_plan (PlanArgs *a, int argc, char **argv)
     {
       g_autoptr (JsonBuilder) b = json_builder_new ();
       json_builder_begin_object (b);
-      set_int (b, "version", STOW_JSON_VERSION);
-      json_builder_set_member_name (b, "model");
-      json_builder_add_string_value (b, po->model->name);
-      json_builder_set_member_name (b, "gpus");
-      json_builder_add_string_value (b, po->cluster_obj->spec);
-      set_int (b, "n_gpus", po->cluster_obj->n_gpus);
-      set_int (b, "candidates_evaluated", (gint64)s->evaluated);
-      set_int (b, "fitting", (gint64)s->fitting);
-      set_int (b, "out_of_memory", (gint64)s->out_of_memory);
-      set_int (b, "out_of_host_or_nvme", (gint64)s->host_or_nvme);
-      set_int (b, "invalid", (gint64)s->invalid);
-      set_double (b, "search_time_s", s->search_time_s);
+      stow_json_set_i64 (b, "version", STOW_JSON_VERSION);
+      stow_json_set_string (b, "model", po->model->name);
+      stow_json_set_string (b, "gpus", po->cluster_obj->spec);
+      stow_json_set_i64 (b, "n_gpus", po->cluster_obj->n_gpus);
+      stow_json_set_i64 (b, "candidates_evaluated", (gint64)s->evaluated);
+      stow_json_set_i64 (b, "fitting", (gint64)s->fitting);
+      stow_json_set_i64 (b, "out_of_memory", (gint64)s->out_of_memory);
+      stow_json_set_i64 (b, "out_of_host_or_nvme", (gint64)s->host_or_nvme);
+      stow_json_set_i64 (b, "invalid", (gint64)s->invalid);
+      stow_json_set_double (b, "search_time_s", s->search_time_s);
       json_builder_set_member_name (b, "plans");
       json_builder_begin_array (b);
       for (guint i = 0; i < shown; i++)
         {
           const StowCandidate *c = &g_array_index (s->fits, StowCandidate, i);
           json_builder_begin_object (b);
-          set_int (b, "rank", i + 1);
+          stow_json_set_i64 (b, "rank", i + 1);
           json_builder_set_member_name (b, "layout");
           json_builder_add_value (
               b, stow_layout_to_json (&c->layout, &po->training));
-          set_int (b, "total_bytes", (gint64)c->total_bytes);
-          set_int (b, "headroom_bytes", c->headroom_bytes);
-          set_double (b, "step_time_s", c->cost.step_time_s);
-          set_double (b, "tokens_per_s", c->cost.tokens_per_s);
-          set_double (b, "tokens_per_s_per_gpu", c->cost.tokens_per_s_per_gpu);
-          set_double (b, "tflops_per_gpu", c->cost.tflops_per_gpu);
-          set_double (b, "hw_tflops_per_gpu", c->cost.hw_tflops_per_gpu);
-          set_double (b, "mfu", c->cost.mfu);
-          set_double (b, "hfu", c->cost.hfu);
-          json_builder_set_member_name (b, "dominant");
-          json_builder_add_string_value (
-              b, stow_cost_kind_name (c->cost.dominant_overhead));
+          stow_json_set_i64 (b, "total_bytes", (gint64)c->total_bytes);
+          stow_json_set_i64 (b, "headroom_bytes", c->headroom_bytes);
+          stow_json_set_double (b, "step_time_s", c->cost.step_time_s);
+          stow_json_set_double (b, "tokens_per_s", c->cost.tokens_per_s);
+          stow_json_set_double (b, "tokens_per_s_per_gpu",
+                                c->cost.tokens_per_s_per_gpu);
+          stow_json_set_double (b, "tflops_per_gpu", c->cost.tflops_per_gpu);
+          stow_json_set_double (b, "hw_tflops_per_gpu",
+                                c->cost.hw_tflops_per_gpu);
+          stow_json_set_double (b, "mfu", c->cost.mfu);
+          stow_json_set_double (b, "hfu", c->cost.hfu);
+          stow_json_set_string (
+              b, "dominant", stow_cost_kind_name (c->cost.dominant_overhead));
           add_costs (b, "exposed_s", c->cost.exposed_s);
           add_costs (b, "total_s", c->cost.total_s);
           if (po->explain && i + 1 < s->fits->len)
@@ -312,8 +296,7 @@ run_plan (PlanArgs *a, int argc, char **argv)
               g_autoptr (GString) e = g_string_new (NULL);
               stow_cost_explain_difference (e, &c->layout, &c->cost, &n->layout,
                                             &n->cost);
-              json_builder_set_member_name (b, "versus_next");
-              json_builder_add_string_value (b, e->str);
+              stow_json_set_string (b, "versus_next", e->str);
             }
           json_builder_end_object (b);
         }

@@ -50,9 +50,9 @@ peak_json (JsonBuilder *b, const StowTrace *t, const StowProgram *p)
   json_builder_begin_object (b);
   for (guint tier = 0; tier < STOW_N_TIERS; tier++)
     {
-      json_builder_set_member_name (
-          b, tier == STOW_TIER_PINNED ? "pinned_host" : stow_tier_name (tier));
-      json_builder_add_int_value (b, (gint64)t->peak_bytes[tier]);
+      stow_json_set_i64 (
+          b, tier == STOW_TIER_PINNED ? "pinned_host" : stow_tier_name (tier),
+          (gint64)t->peak_bytes[tier]);
     }
   json_builder_end_object (b);
   json_builder_set_member_name (b, "peak_at");
@@ -65,12 +65,9 @@ peak_json (JsonBuilder *b, const StowTrace *t, const StowProgram *p)
       json_builder_set_member_name (
           b, tier == STOW_TIER_PINNED ? "pinned_host" : stow_tier_name (tier));
       json_builder_begin_object (b);
-      json_builder_set_member_name (b, "op");
-      json_builder_add_string_value (b, what);
-      json_builder_set_member_name (b, "time_s");
-      json_builder_add_double_value (b, t->peak_time_s[tier]);
-      json_builder_set_member_name (b, "rank");
-      json_builder_add_int_value (b, t->peak_rank[tier]);
+      stow_json_set_string (b, "op", what);
+      stow_json_set_double (b, "time_s", t->peak_time_s[tier]);
+      stow_json_set_i64 (b, "rank", t->peak_rank[tier]);
       json_builder_end_object (b);
     }
   json_builder_end_object (b);
@@ -203,37 +200,29 @@ run (SimOptions *so, int argc, char **argv)
     {
       g_autoptr (JsonBuilder) b = json_builder_new ();
       json_builder_begin_object (b);
-      json_builder_set_member_name (b, "program");
-      json_builder_add_string_value (b, prog->description);
-      json_builder_set_member_name (b, "step_time_s");
-      json_builder_add_double_value (b, tr->step_time_s);
+      stow_json_set_string (b, "program", prog->description);
+      stow_json_set_double (b, "step_time_s", tr->step_time_s);
       json_builder_set_member_name (b, "exposed_s");
       json_builder_begin_object (b);
       for (guint s = 0; s < STOW_N_STREAMS; s++)
         {
-          json_builder_set_member_name (b, stow_stream_name (s));
-          json_builder_add_double_value (b, tr->exposed_s[s]);
+          stow_json_set_double (b, stow_stream_name (s), tr->exposed_s[s]);
         }
       json_builder_end_object (b);
       json_builder_set_member_name (b, "busy_s");
       json_builder_begin_object (b);
       for (guint s = 0; s < STOW_N_STREAMS; s++)
         {
-          json_builder_set_member_name (b, stow_stream_name (s));
-          json_builder_add_double_value (b, tr->busy_s[s]);
+          stow_json_set_double (b, stow_stream_name (s), tr->busy_s[s]);
         }
       json_builder_end_object (b);
       peak_json (b, tr, prog);
-      json_builder_set_member_name (b, "device_budget_bytes");
-      json_builder_add_int_value (b, (gint64)prog->device_capacity_bytes);
-      json_builder_set_member_name (b, "resident_layers");
-      json_builder_add_int_value (b, prog->resident_layers);
-      json_builder_set_member_name (b, "streamed_layers");
-      json_builder_add_int_value (b, prog->streamed_layers);
-      json_builder_set_member_name (b, "ranks");
-      json_builder_add_int_value (b, prog->n_ranks);
-      json_builder_set_member_name (b, "n_ops");
-      json_builder_add_int_value (b, prog->ops->len);
+      stow_json_set_i64 (b, "device_budget_bytes",
+                         (gint64)prog->device_capacity_bytes);
+      stow_json_set_i64 (b, "resident_layers", prog->resident_layers);
+      stow_json_set_i64 (b, "streamed_layers", prog->streamed_layers);
+      stow_json_set_i64 (b, "ranks", prog->n_ranks);
+      stow_json_set_i64 (b, "n_ops", prog->ops->len);
       /* Every op that takes time, in program order (allocs and frees are
        * in the memory peaks and the trace's counters). */
       json_builder_set_member_name (b, "ops");
@@ -245,23 +234,16 @@ run (SimOptions *so, int argc, char **argv)
             continue;
           g_autofree char *what = stow_op_describe (prog, i);
           json_builder_begin_object (b);
-          json_builder_set_member_name (b, "op");
-          json_builder_add_string_value (b, what);
-          json_builder_set_member_name (b, "kind");
-          json_builder_add_string_value (b, stow_op_kind_name (op->kind));
-          json_builder_set_member_name (b, "stream");
-          json_builder_add_string_value (b, stow_stream_name (op->stream));
-          json_builder_set_member_name (b, "rank");
-          json_builder_add_int_value (b, op->rank);
-          json_builder_set_member_name (b, "start_s");
-          json_builder_add_double_value (b, tr->ops[i].start_s);
-          json_builder_set_member_name (b, "end_s");
-          json_builder_add_double_value (b, tr->ops[i].end_s);
+          stow_json_set_string (b, "op", what);
+          stow_json_set_string (b, "kind", stow_op_kind_name (op->kind));
+          stow_json_set_string (b, "stream", stow_stream_name (op->stream));
+          stow_json_set_i64 (b, "rank", op->rank);
+          stow_json_set_double (b, "start_s", tr->ops[i].start_s);
+          stow_json_set_double (b, "end_s", tr->ops[i].end_s);
           json_builder_end_object (b);
         }
       json_builder_end_array (b);
-      json_builder_set_member_name (b, "simulated_in_s");
-      json_builder_add_double_value (b, wall);
+      stow_json_set_double (b, "simulated_in_s", wall);
       json_builder_end_object (b);
       g_autoptr (JsonNode) root = json_builder_get_root (b);
       g_autofree char *s = stow_json_to_string (root, TRUE);

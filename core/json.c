@@ -324,6 +324,44 @@ stow_json_get_array (JsonObject *obj, const char *where, const char *member,
   return TRUE;
 }
 
+void
+stow_json_set_u64 (JsonBuilder *b, const char *member, guint64 v)
+{
+  json_builder_set_member_name (b, member);
+  json_builder_add_int_value (b, (gint64)MIN (v, (guint64)G_MAXINT64));
+}
+
+void
+stow_json_set_i64 (JsonBuilder *b, const char *member, gint64 v)
+{
+  json_builder_set_member_name (b, member);
+  json_builder_add_int_value (b, v);
+}
+
+void
+stow_json_set_double (JsonBuilder *b, const char *member, double v)
+{
+  json_builder_set_member_name (b, member);
+  json_builder_add_double_value (b, v);
+}
+
+void
+stow_json_set_bool (JsonBuilder *b, const char *member, gboolean v)
+{
+  json_builder_set_member_name (b, member);
+  json_builder_add_boolean_value (b, v);
+}
+
+void
+stow_json_set_string (JsonBuilder *b, const char *member, const char *v)
+{
+  json_builder_set_member_name (b, member);
+  if (v)
+    json_builder_add_string_value (b, v);
+  else
+    json_builder_add_null_value (b);
+}
+
 char *
 stow_json_to_string (JsonNode *node, gboolean pretty)
 {

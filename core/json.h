@@ -59,6 +59,16 @@ gboolean stow_json_get_array (JsonObject *obj, const char *where,
                               const char *member, gboolean required,
                               JsonArray **out, GError **error);
 
+/* Builder setters: each names @member and adds one value to the object
+ * @b is building.  Integers are signed 64-bit in json-glib, so a guint64
+ * over G_MAXINT64 is clamped to G_MAXINT64; a NULL string is written as
+ * null. */
+void stow_json_set_u64 (JsonBuilder *b, const char *member, guint64 v);
+void stow_json_set_i64 (JsonBuilder *b, const char *member, gint64 v);
+void stow_json_set_double (JsonBuilder *b, const char *member, double v);
+void stow_json_set_bool (JsonBuilder *b, const char *member, gboolean v);
+void stow_json_set_string (JsonBuilder *b, const char *member, const char *v);
+
 /* A short description of a value for messages: "string \"4k\"", "number
  * 3.5", "an object", "null". */
 char *stow_json_describe (JsonNode *node);

@@ -15,18 +15,13 @@ static void
 meta (JsonBuilder *b, const char *what, guint pid, guint tid, const char *name)
 {
   json_builder_begin_object (b);
-  json_builder_set_member_name (b, "ph");
-  json_builder_add_string_value (b, "M");
-  json_builder_set_member_name (b, "name");
-  json_builder_add_string_value (b, what);
-  json_builder_set_member_name (b, "pid");
-  json_builder_add_int_value (b, pid);
-  json_builder_set_member_name (b, "tid");
-  json_builder_add_int_value (b, tid);
+  stow_json_set_string (b, "ph", "M");
+  stow_json_set_string (b, "name", what);
+  stow_json_set_i64 (b, "pid", pid);
+  stow_json_set_i64 (b, "tid", tid);
   json_builder_set_member_name (b, "args");
   json_builder_begin_object (b);
-  json_builder_set_member_name (b, "name");
-  json_builder_add_string_value (b, name);
+  stow_json_set_string (b, "name", name);
   json_builder_end_object (b);
   json_builder_end_object (b);
 }
@@ -36,8 +31,7 @@ stow_trace_to_chrome_json (const StowTrace *t, const StowProgram *p)
 {
   g_autoptr (JsonBuilder) b = json_builder_new ();
   json_builder_begin_object (b);
-  json_builder_set_member_name (b, "displayTimeUnit");
-  json_builder_add_string_value (b, "ms");
+  stow_json_set_string (b, "displayTimeUnit", "ms");
   json_builder_set_member_name (b, "traceEvents");
   json_builder_begin_array (b);
   for (guint r = 0; r < p->n_ranks; r++)
@@ -55,31 +49,22 @@ stow_trace_to_chrome_json (const StowTrace *t, const StowProgram *p)
         continue;
       g_autofree char *name = stow_op_describe (p, i);
       json_builder_begin_object (b);
-      json_builder_set_member_name (b, "name");
-      json_builder_add_string_value (b, name);
-      json_builder_set_member_name (b, "cat");
-      json_builder_add_string_value (b, stow_op_kind_name (op->kind));
-      json_builder_set_member_name (b, "ph");
-      json_builder_add_string_value (b, "X");
-      json_builder_set_member_name (b, "ts");
-      json_builder_add_double_value (b, to->start_s * 1e6);
-      json_builder_set_member_name (b, "dur");
-      json_builder_add_double_value (b, (to->end_s - to->start_s) * 1e6);
-      json_builder_set_member_name (b, "pid");
-      json_builder_add_int_value (b, op->rank);
-      json_builder_set_member_name (b, "tid");
-      json_builder_add_int_value (b, op->stream);
+      stow_json_set_string (b, "name", name);
+      stow_json_set_string (b, "cat", stow_op_kind_name (op->kind));
+      stow_json_set_string (b, "ph", "X");
+      stow_json_set_double (b, "ts", to->start_s * 1e6);
+      stow_json_set_double (b, "dur", (to->end_s - to->start_s) * 1e6);
+      stow_json_set_i64 (b, "pid", op->rank);
+      stow_json_set_i64 (b, "tid", op->stream);
       json_builder_set_member_name (b, "args");
       json_builder_begin_object (b);
       if (op->bytes)
         {
-          json_builder_set_member_name (b, "bytes");
-          json_builder_add_int_value (b, (gint64)op->bytes);
+          stow_json_set_i64 (b, "bytes", (gint64)op->bytes);
         }
       if (op->flops > 0)
         {
-          json_builder_set_member_name (b, "flops");
-          json_builder_add_double_value (b, op->flops);
+          stow_json_set_double (b, "flops", op->flops);
         }
       json_builder_end_object (b);
       json_builder_end_object (b);
@@ -94,18 +79,13 @@ stow_trace_to_chrome_json (const StowTrace *t, const StowProgram *p)
           {
             StowMemSample *sm = &g_array_index (s, StowMemSample, k);
             json_builder_begin_object (b);
-            json_builder_set_member_name (b, "name");
-            json_builder_add_string_value (b, cname);
-            json_builder_set_member_name (b, "ph");
-            json_builder_add_string_value (b, "C");
-            json_builder_set_member_name (b, "ts");
-            json_builder_add_double_value (b, sm->time_s * 1e6);
-            json_builder_set_member_name (b, "pid");
-            json_builder_add_int_value (b, r);
+            stow_json_set_string (b, "name", cname);
+            stow_json_set_string (b, "ph", "C");
+            stow_json_set_double (b, "ts", sm->time_s * 1e6);
+            stow_json_set_i64 (b, "pid", r);
             json_builder_set_member_name (b, "args");
             json_builder_begin_object (b);
-            json_builder_set_member_name (b, "bytes");
-            json_builder_add_int_value (b, (gint64)sm->bytes);
+            stow_json_set_i64 (b, "bytes", (gint64)sm->bytes);
             json_builder_end_object (b);
             json_builder_end_object (b);
           }

@@ -982,17 +982,14 @@ stow_gpu_to_json (const StowGpu *g)
 {
   g_autoptr (JsonBuilder) b = json_builder_new ();
   json_builder_begin_object (b);
-  json_builder_set_member_name (b, "name");
-  json_builder_add_string_value (b, g->name);
+  stow_json_set_string (b, "name", g->name);
   json_builder_set_member_name (b, "aliases");
   json_builder_begin_array (b);
   for (char **a = g->aliases; a && *a; a++)
     json_builder_add_string_value (b, *a);
   json_builder_end_array (b);
-  json_builder_set_member_name (b, "vendor");
-  json_builder_add_string_value (b, g->vendor);
-  json_builder_set_member_name (b, "description");
-  json_builder_add_string_value (b, g->description);
+  stow_json_set_string (b, "vendor", g->vendor);
+  stow_json_set_string (b, "description", g->description);
   struct
   {
     const char *name;
@@ -1006,8 +1003,7 @@ stow_gpu_to_json (const StowGpu *g)
   };
   for (gsize i = 0; i < G_N_ELEMENTS (ints); i++)
     {
-      json_builder_set_member_name (b, ints[i].name);
-      json_builder_add_int_value (b, (gint64)ints[i].v);
+      stow_json_set_i64 (b, ints[i].name, (gint64)ints[i].v);
     }
   struct
   {
@@ -1021,13 +1017,11 @@ stow_gpu_to_json (const StowGpu *g)
   };
   for (gsize i = 0; i < G_N_ELEMENTS (dbl); i++)
     {
-      json_builder_set_member_name (b, dbl[i].name);
-      json_builder_add_double_value (b, dbl[i].v);
+      stow_json_set_double (b, dbl[i].name, dbl[i].v);
     }
   if (g->preset)
     {
-      json_builder_set_member_name (b, "preset");
-      json_builder_add_string_value (b, g->preset);
+      stow_json_set_string (b, "preset", g->preset);
     }
   json_builder_end_object (b);
   return json_builder_get_root (b);
@@ -1038,27 +1032,19 @@ stow_node_to_json (const StowNode *n)
 {
   g_autoptr (JsonBuilder) b = json_builder_new ();
   json_builder_begin_object (b);
-  json_builder_set_member_name (b, "name");
-  json_builder_add_string_value (b, n->name);
+  stow_json_set_string (b, "name", n->name);
   if (n->description)
     {
-      json_builder_set_member_name (b, "description");
-      json_builder_add_string_value (b, n->description);
+      stow_json_set_string (b, "description", n->description);
     }
   json_builder_set_member_name (b, "gpu");
   json_builder_add_value (b, stow_gpu_to_json (&n->gpu));
-  json_builder_set_member_name (b, "gpus_per_node");
-  json_builder_add_int_value (b, n->gpus_per_node);
-  json_builder_set_member_name (b, "host_ram_bytes");
-  json_builder_add_int_value (b, (gint64)n->host_ram_bytes);
-  json_builder_set_member_name (b, "host_mem_bw");
-  json_builder_add_double_value (b, n->host_mem_bw);
-  json_builder_set_member_name (b, "cpu_cores");
-  json_builder_add_int_value (b, n->cpu_cores);
-  json_builder_set_member_name (b, "sockets");
-  json_builder_add_int_value (b, n->sockets);
-  json_builder_set_member_name (b, "numa_nodes");
-  json_builder_add_int_value (b, n->numa_nodes);
+  stow_json_set_i64 (b, "gpus_per_node", n->gpus_per_node);
+  stow_json_set_i64 (b, "host_ram_bytes", (gint64)n->host_ram_bytes);
+  stow_json_set_double (b, "host_mem_bw", n->host_mem_bw);
+  stow_json_set_i64 (b, "cpu_cores", n->cpu_cores);
+  stow_json_set_i64 (b, "sockets", n->sockets);
+  stow_json_set_i64 (b, "numa_nodes", n->numa_nodes);
   json_builder_set_member_name (b, "nvme");
   json_builder_begin_array (b);
   for (guint i = 0; i < n->n_nvme; i++)
@@ -1066,31 +1052,24 @@ stow_node_to_json (const StowNode *n)
       json_builder_begin_object (b);
       if (n->nvme[i].path)
         {
-          json_builder_set_member_name (b, "path");
-          json_builder_add_string_value (b, n->nvme[i].path);
+          stow_json_set_string (b, "path", n->nvme[i].path);
         }
-      json_builder_set_member_name (b, "capacity_bytes");
-      json_builder_add_int_value (b, (gint64)n->nvme[i].capacity_bytes);
-      json_builder_set_member_name (b, "read_bw");
-      json_builder_add_double_value (b, n->nvme[i].read_bw);
-      json_builder_set_member_name (b, "write_bw");
-      json_builder_add_double_value (b, n->nvme[i].write_bw);
+      stow_json_set_i64 (b, "capacity_bytes",
+                         (gint64)n->nvme[i].capacity_bytes);
+      stow_json_set_double (b, "read_bw", n->nvme[i].read_bw);
+      stow_json_set_double (b, "write_bw", n->nvme[i].write_bw);
       json_builder_end_object (b);
     }
   json_builder_end_array (b);
-  json_builder_set_member_name (b, "net_bw_per_gpu");
-  json_builder_add_double_value (b, n->net_bw_per_gpu);
-  json_builder_set_member_name (b, "net_latency_s");
-  json_builder_add_double_value (b, n->net_latency_s);
+  stow_json_set_double (b, "net_bw_per_gpu", n->net_bw_per_gpu);
+  stow_json_set_double (b, "net_latency_s", n->net_latency_s);
   if (n->net_kind)
     {
-      json_builder_set_member_name (b, "net_kind");
-      json_builder_add_string_value (b, n->net_kind);
+      stow_json_set_string (b, "net_kind", n->net_kind);
     }
   if (n->profile)
     {
-      json_builder_set_member_name (b, "profile");
-      json_builder_add_string_value (b, n->profile);
+      stow_json_set_string (b, "profile", n->profile);
     }
   json_builder_end_object (b);
   return json_builder_get_root (b);
@@ -1101,12 +1080,9 @@ stow_cluster_to_json (const StowCluster *c)
 {
   g_autoptr (JsonBuilder) b = json_builder_new ();
   json_builder_begin_object (b);
-  json_builder_set_member_name (b, "spec");
-  json_builder_add_string_value (b, c->spec);
-  json_builder_set_member_name (b, "n_nodes");
-  json_builder_add_int_value (b, c->n_nodes);
-  json_builder_set_member_name (b, "n_gpus");
-  json_builder_add_int_value (b, c->n_gpus);
+  stow_json_set_string (b, "spec", c->spec);
+  stow_json_set_i64 (b, "n_nodes", c->n_nodes);
+  stow_json_set_i64 (b, "n_gpus", c->n_gpus);
   json_builder_set_member_name (b, "node");
   json_builder_add_value (b, stow_node_to_json (&c->node));
   json_builder_end_object (b);

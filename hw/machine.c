@@ -15,6 +15,7 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include "core/json.h"
 #include "hw/hw-private.h"
 #include "hw/machine.h"
 
@@ -821,35 +822,18 @@ stow_cluster_new_from_machine (const StowMachine *m, GError **error)
 
 /* ---- JSON --------------------------------------------------------------- */
 
-static void
-add_str (JsonBuilder *b, const char *name, const char *v)
-{
-  json_builder_set_member_name (b, name);
-  if (v)
-    json_builder_add_string_value (b, v);
-  else
-    json_builder_add_null_value (b);
-}
-
-static void
-add_int (JsonBuilder *b, const char *name, gint64 v)
-{
-  json_builder_set_member_name (b, name);
-  json_builder_add_int_value (b, v);
-}
-
 JsonNode *
 stow_machine_to_json (const StowMachine *m)
 {
   g_autoptr (JsonBuilder) b = json_builder_new ();
   json_builder_begin_object (b);
-  add_str (b, "hostname", m->hostname);
-  add_str (b, "cpu_model", m->cpu_model);
-  add_int (b, "sockets", m->sockets);
-  add_int (b, "numa_nodes", m->numa_nodes);
-  add_int (b, "cores", m->cores);
-  add_int (b, "pus", m->pus);
-  add_int (b, "ram_bytes", (gint64)m->ram_bytes);
+  stow_json_set_string (b, "hostname", m->hostname);
+  stow_json_set_string (b, "cpu_model", m->cpu_model);
+  stow_json_set_i64 (b, "sockets", m->sockets);
+  stow_json_set_i64 (b, "numa_nodes", m->numa_nodes);
+  stow_json_set_i64 (b, "cores", m->cores);
+  stow_json_set_i64 (b, "pus", m->pus);
+  stow_json_set_i64 (b, "ram_bytes", (gint64)m->ram_bytes);
 
   json_builder_set_member_name (b, "numa");
   json_builder_begin_array (b);
@@ -857,10 +841,10 @@ stow_machine_to_json (const StowMachine *m)
     {
       StowNumaInfo *n = &g_array_index (m->numa, StowNumaInfo, i);
       json_builder_begin_object (b);
-      add_int (b, "os_index", n->os_index);
-      add_int (b, "local_bytes", (gint64)n->local_bytes);
-      add_int (b, "cores", n->cores);
-      add_int (b, "pus", n->pus);
+      stow_json_set_i64 (b, "os_index", n->os_index);
+      stow_json_set_i64 (b, "local_bytes", (gint64)n->local_bytes);
+      stow_json_set_i64 (b, "cores", n->cores);
+      stow_json_set_i64 (b, "pus", n->pus);
       json_builder_end_object (b);
     }
   json_builder_end_array (b);
@@ -871,10 +855,10 @@ stow_machine_to_json (const StowMachine *m)
     {
       StowCacheInfo *c = &g_array_index (m->caches, StowCacheInfo, i);
       json_builder_begin_object (b);
-      add_int (b, "level", c->level);
-      add_str (b, "type", c->type);
-      add_int (b, "size_bytes", (gint64)c->size_bytes);
-      add_int (b, "count", c->count);
+      stow_json_set_i64 (b, "level", c->level);
+      stow_json_set_string (b, "type", c->type);
+      stow_json_set_i64 (b, "size_bytes", (gint64)c->size_bytes);
+      stow_json_set_i64 (b, "count", c->count);
       json_builder_end_object (b);
     }
   json_builder_end_array (b);
@@ -885,28 +869,27 @@ stow_machine_to_json (const StowMachine *m)
     {
       StowLocalGpu *g = &g_array_index (m->gpus, StowLocalGpu, i);
       json_builder_begin_object (b);
-      add_int (b, "index", g->index);
-      add_str (b, "name", g->name);
-      add_str (b, "catalog", g->catalog ? g->catalog->name : NULL);
-      add_str (b, "pci_busid", g->pci_busid);
-      add_int (b, "total_bytes", (gint64)g->total_bytes);
-      add_int (b, "numa_node", g->numa_node);
-      json_builder_set_member_name (b, "pcie_link_bw");
-      json_builder_add_double_value (b, g->link_bw);
-      add_int (b, "pcie_gen", g->pcie_gen);
-      add_int (b, "pcie_width", g->pcie_width);
+      stow_json_set_i64 (b, "index", g->index);
+      stow_json_set_string (b, "name", g->name);
+      stow_json_set_string (b, "catalog", g->catalog ? g->catalog->name : NULL);
+      stow_json_set_string (b, "pci_busid", g->pci_busid);
+      stow_json_set_i64 (b, "total_bytes", (gint64)g->total_bytes);
+      stow_json_set_i64 (b, "numa_node", g->numa_node);
+      stow_json_set_double (b, "pcie_link_bw", g->link_bw);
+      stow_json_set_i64 (b, "pcie_gen", g->pcie_gen);
+      stow_json_set_i64 (b, "pcie_width", g->pcie_width);
       if (g->cc_major)
         {
           g_autofree char *cc
               = g_strdup_printf ("%u.%u", g->cc_major, g->cc_minor);
-          add_str (b, "compute_capability", cc);
+          stow_json_set_string (b, "compute_capability", cc);
         }
-      add_str (b, "source", g->source);
+      stow_json_set_string (b, "source", g->source);
       json_builder_end_object (b);
     }
   json_builder_end_array (b);
-  add_str (b, "gpu_status", m->gpu_status);
-  add_str (b, "cuda_driver", m->cuda_driver);
+  stow_json_set_string (b, "gpu_status", m->gpu_status);
+  stow_json_set_string (b, "cuda_driver", m->cuda_driver);
 
   json_builder_set_member_name (b, "block_devices");
   json_builder_begin_array (b);
@@ -914,11 +897,10 @@ stow_machine_to_json (const StowMachine *m)
     {
       StowBlockDevice *d = &g_array_index (m->blocks, StowBlockDevice, i);
       json_builder_begin_object (b);
-      add_str (b, "name", d->name);
-      add_int (b, "size_bytes", (gint64)d->size_bytes);
-      json_builder_set_member_name (b, "rotational");
-      json_builder_add_boolean_value (b, d->rotational);
-      add_str (b, "model", d->model);
+      stow_json_set_string (b, "name", d->name);
+      stow_json_set_i64 (b, "size_bytes", (gint64)d->size_bytes);
+      stow_json_set_bool (b, "rotational", d->rotational);
+      stow_json_set_string (b, "model", d->model);
       json_builder_end_object (b);
     }
   json_builder_end_array (b);
@@ -927,12 +909,12 @@ stow_machine_to_json (const StowMachine *m)
     {
       json_builder_set_member_name (b, "nvme_path");
       json_builder_begin_object (b);
-      add_str (b, "path", m->path->path);
-      add_str (b, "fs_type", m->path->fs_type);
-      add_str (b, "source", m->path->source);
-      add_str (b, "mount_point", m->path->mount_point);
-      add_int (b, "free_bytes", (gint64)m->path->free_bytes);
-      add_int (b, "total_bytes", (gint64)m->path->total_bytes);
+      stow_json_set_string (b, "path", m->path->path);
+      stow_json_set_string (b, "fs_type", m->path->fs_type);
+      stow_json_set_string (b, "source", m->path->source);
+      stow_json_set_string (b, "mount_point", m->path->mount_point);
+      stow_json_set_i64 (b, "free_bytes", (gint64)m->path->free_bytes);
+      stow_json_set_i64 (b, "total_bytes", (gint64)m->path->total_bytes);
       json_builder_end_object (b);
     }
   json_builder_end_object (b);

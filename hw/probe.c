@@ -171,40 +171,27 @@ stow_probe_profile_to_json (const StowMachine *m, const StowMemProbe *p)
 {
   g_autoptr (JsonBuilder) b = json_builder_new ();
   json_builder_begin_object (b);
-  json_builder_set_member_name (b, "format");
-  json_builder_add_string_value (b, "stowage-hw-profile");
-  json_builder_set_member_name (b, "version");
-  json_builder_add_int_value (b, 1);
+  stow_json_set_string (b, "format", "stowage-hw-profile");
+  stow_json_set_i64 (b, "version", 1);
   g_autoptr (GDateTime) now = g_date_time_new_now_utc ();
   g_autofree char *when = g_date_time_format_iso8601 (now);
-  json_builder_set_member_name (b, "measured_at");
-  json_builder_add_string_value (b, when);
+  stow_json_set_string (b, "measured_at", when);
   json_builder_set_member_name (b, "host");
   json_builder_begin_object (b);
-  json_builder_set_member_name (b, "hostname");
-  json_builder_add_string_value (b, m->hostname ? m->hostname : "");
-  json_builder_set_member_name (b, "cpu_model");
-  json_builder_add_string_value (b, m->cpu_model ? m->cpu_model : "");
-  json_builder_set_member_name (b, "mem_bw_triad");
-  json_builder_add_double_value (b, p->triad_bw);
-  json_builder_set_member_name (b, "mem_bw_method");
-  json_builder_add_string_value (
-      b, "STREAM-style triad a=b+3c over 3 arrays of array_bytes, one "
-         "thread per PU, best of repeats, 24 bytes per element");
-  json_builder_set_member_name (b, "threads");
-  json_builder_add_int_value (b, p->threads);
-  json_builder_set_member_name (b, "array_bytes");
-  json_builder_add_int_value (b, (gint64)p->array_bytes);
-  json_builder_set_member_name (b, "repeats");
-  json_builder_add_int_value (b, p->repeats);
-  json_builder_set_member_name (b, "cores");
-  json_builder_add_int_value (b, m->cores);
-  json_builder_set_member_name (b, "sockets");
-  json_builder_add_int_value (b, m->sockets);
-  json_builder_set_member_name (b, "numa_nodes");
-  json_builder_add_int_value (b, MAX (1u, m->numa_nodes));
-  json_builder_set_member_name (b, "ram_bytes");
-  json_builder_add_int_value (b, (gint64)m->ram_bytes);
+  stow_json_set_string (b, "hostname", m->hostname ? m->hostname : "");
+  stow_json_set_string (b, "cpu_model", m->cpu_model ? m->cpu_model : "");
+  stow_json_set_double (b, "mem_bw_triad", p->triad_bw);
+  stow_json_set_string (
+      b, "mem_bw_method",
+      "STREAM-style triad a=b+3c over 3 arrays of array_bytes, one "
+      "thread per PU, best of repeats, 24 bytes per element");
+  stow_json_set_i64 (b, "threads", p->threads);
+  stow_json_set_i64 (b, "array_bytes", (gint64)p->array_bytes);
+  stow_json_set_i64 (b, "repeats", p->repeats);
+  stow_json_set_i64 (b, "cores", m->cores);
+  stow_json_set_i64 (b, "sockets", m->sockets);
+  stow_json_set_i64 (b, "numa_nodes", MAX (1u, m->numa_nodes));
+  stow_json_set_i64 (b, "ram_bytes", (gint64)m->ram_bytes);
   json_builder_end_object (b);
   json_builder_set_member_name (b, "gpus");
   json_builder_begin_array (b);
@@ -212,8 +199,7 @@ stow_probe_profile_to_json (const StowMachine *m, const StowMemProbe *p)
     {
       StowLocalGpu *g = &g_array_index (m->gpus, StowLocalGpu, i);
       json_builder_begin_object (b);
-      json_builder_set_member_name (b, "name");
-      json_builder_add_string_value (b, g->name ? g->name : "");
+      stow_json_set_string (b, "name", g->name ? g->name : "");
       json_builder_set_member_name (b, "catalog");
       if (g->catalog)
         json_builder_add_string_value (b, g->catalog->name);
@@ -221,8 +207,7 @@ stow_probe_profile_to_json (const StowMachine *m, const StowMemProbe *p)
         json_builder_add_null_value (b);
       if (g->total_bytes)
         {
-          json_builder_set_member_name (b, "total_bytes");
-          json_builder_add_int_value (b, (gint64)g->total_bytes);
+          stow_json_set_i64 (b, "total_bytes", (gint64)g->total_bytes);
         }
       json_builder_end_object (b);
     }

@@ -126,34 +126,6 @@ stow_plan_file_free (StowPlanFile *p)
 
 /* ---- writing ---- */
 
-static void
-set_u64 (JsonBuilder *b, const char *k, guint64 v)
-{
-  json_builder_set_member_name (b, k);
-  json_builder_add_int_value (b, (gint64)MIN (v, (guint64)G_MAXINT64));
-}
-
-static void
-set_str (JsonBuilder *b, const char *k, const char *v)
-{
-  json_builder_set_member_name (b, k);
-  json_builder_add_string_value (b, v);
-}
-
-static void
-set_bool (JsonBuilder *b, const char *k, gboolean v)
-{
-  json_builder_set_member_name (b, k);
-  json_builder_add_boolean_value (b, v);
-}
-
-static void
-set_double (JsonBuilder *b, const char *k, double v)
-{
-  json_builder_set_member_name (b, k);
-  json_builder_add_double_value (b, v);
-}
-
 /* The GPU: a catalog name plus whatever differs from the catalog, or every
  * field of a GPU the catalog lacks. */
 static void
@@ -163,9 +135,9 @@ gpu_json (JsonBuilder *b, const StowGpu *g)
   json_builder_set_member_name (b, "gpu");
   json_builder_begin_object (b);
   if (cat != NULL)
-    set_str (b, "name", cat->name);
+    stow_json_set_string (b, "name", cat->name);
   if (cat == NULL || cat->total_bytes != g->total_bytes)
-    set_u64 (b, "total_memory", g->total_bytes);
+    stow_json_set_u64 (b, "total_memory", g->total_bytes);
   struct
   {
     const char *k;
@@ -179,17 +151,17 @@ gpu_json (JsonBuilder *b, const StowGpu *g)
   };
   for (gsize i = 0; i < G_N_ELEMENTS (tf); i++)
     if (tf[i].v != tf[i].c && (tf[i].v > 0 || i == 0))
-      set_double (b, tf[i].k, tf[i].v / 1e12);
+      stow_json_set_double (b, tf[i].k, tf[i].v / 1e12);
   if (g->hbm_bw > 0 && (cat == NULL || cat->hbm_bw != g->hbm_bw))
-    set_double (b, "hbm_bw", g->hbm_bw);
+    stow_json_set_double (b, "hbm_bw", g->hbm_bw);
   if (cat == NULL || cat->nvlink_bw != g->nvlink_bw)
-    set_double (b, "nvlink_bw", g->nvlink_bw);
+    stow_json_set_double (b, "nvlink_bw", g->nvlink_bw);
   if (cat == NULL || cat->nvlink_domain != g->nvlink_domain)
-    set_u64 (b, "nvlink_domain", g->nvlink_domain);
+    stow_json_set_u64 (b, "nvlink_domain", g->nvlink_domain);
   if (g->pcie_gen && (cat == NULL || cat->pcie_gen != g->pcie_gen))
-    set_u64 (b, "pcie_gen", g->pcie_gen);
+    stow_json_set_u64 (b, "pcie_gen", g->pcie_gen);
   if (g->pcie_bw > 0 && (cat == NULL || cat->pcie_bw != g->pcie_bw))
-    set_double (b, "pcie_bw", g->pcie_bw);
+    stow_json_set_double (b, "pcie_bw", g->pcie_bw);
   json_builder_end_object (b);
 }
 
@@ -202,22 +174,22 @@ cluster_json (const StowCluster *c)
   g_autoptr (JsonBuilder) b = json_builder_new ();
   json_builder_begin_object (b);
   if (n->name)
-    set_str (b, "name", n->name);
+    stow_json_set_string (b, "name", n->name);
   if (n->description)
-    set_str (b, "description", n->description);
+    stow_json_set_string (b, "description", n->description);
   gpu_json (b, &n->gpu);
-  set_u64 (b, "nodes", c->n_nodes);
-  set_u64 (b, "gpus_per_node", n->gpus_per_node);
+  stow_json_set_u64 (b, "nodes", c->n_nodes);
+  stow_json_set_u64 (b, "gpus_per_node", n->gpus_per_node);
   if (n->host_ram_bytes)
-    set_u64 (b, "host_ram", n->host_ram_bytes);
+    stow_json_set_u64 (b, "host_ram", n->host_ram_bytes);
   if (n->host_mem_bw > 0)
-    set_double (b, "host_mem_bw", n->host_mem_bw);
+    stow_json_set_double (b, "host_mem_bw", n->host_mem_bw);
   if (n->cpu_cores)
-    set_u64 (b, "cpu_cores", n->cpu_cores);
+    stow_json_set_u64 (b, "cpu_cores", n->cpu_cores);
   if (n->sockets)
-    set_u64 (b, "sockets", n->sockets);
+    stow_json_set_u64 (b, "sockets", n->sockets);
   if (n->numa_nodes)
-    set_u64 (b, "numa_nodes", n->numa_nodes);
+    stow_json_set_u64 (b, "numa_nodes", n->numa_nodes);
   json_builder_set_member_name (b, "nvme");
   json_builder_begin_array (b);
   for (guint i = 0; i < n->n_nvme; i++)
@@ -225,19 +197,19 @@ cluster_json (const StowCluster *c)
       const StowNvme *d = &n->nvme[i];
       json_builder_begin_object (b);
       if (d->path)
-        set_str (b, "path", d->path);
-      set_u64 (b, "capacity", d->capacity_bytes);
-      set_double (b, "read_bw", d->read_bw);
-      set_double (b, "write_bw", d->write_bw);
+        stow_json_set_string (b, "path", d->path);
+      stow_json_set_u64 (b, "capacity", d->capacity_bytes);
+      stow_json_set_double (b, "read_bw", d->read_bw);
+      stow_json_set_double (b, "write_bw", d->write_bw);
       json_builder_end_object (b);
     }
   json_builder_end_array (b);
   json_builder_set_member_name (b, "network");
   json_builder_begin_object (b);
-  set_double (b, "per_gpu", n->net_bw_per_gpu);
-  set_double (b, "latency", n->net_latency_s);
+  stow_json_set_double (b, "per_gpu", n->net_bw_per_gpu);
+  stow_json_set_double (b, "latency", n->net_latency_s);
   if (n->net_kind)
-    set_str (b, "kind", n->net_kind);
+    stow_json_set_string (b, "kind", n->net_kind);
   json_builder_end_object (b);
   json_builder_end_object (b);
   return json_builder_get_root (b);
@@ -252,10 +224,10 @@ terms_json (JsonBuilder *b, const char *key, GArray *terms)
     {
       StowMemTerm *t = &g_array_index (terms, StowMemTerm, i);
       json_builder_begin_object (b);
-      set_str (b, "name", t->name);
-      set_u64 (b, "bytes", t->bytes);
-      set_str (b, "tier", stow_tier_name (t->tier));
-      set_str (b, "formula", t->formula);
+      stow_json_set_string (b, "name", t->name);
+      stow_json_set_u64 (b, "bytes", t->bytes);
+      stow_json_set_string (b, "tier", stow_tier_name (t->tier));
+      stow_json_set_string (b, "formula", t->formula);
       json_builder_end_object (b);
     }
   json_builder_end_array (b);
@@ -271,20 +243,20 @@ stow_plan_file_to_json (const StowPlanFile *p, const StowMemory *mem)
   g_autoptr (JsonBuilder) b = json_builder_new ();
 
   json_builder_begin_object (b);
-  set_str (b, "format", STOW_PLAN_FILE_FORMAT);
-  set_u64 (b, "version", STOW_PLAN_FILE_VERSION);
+  stow_json_set_string (b, "format", STOW_PLAN_FILE_FORMAT);
+  stow_json_set_u64 (b, "version", STOW_PLAN_FILE_VERSION);
 
   json_builder_set_member_name (b, "model");
   json_builder_begin_object (b);
   if (p->model)
     {
-      set_str (b, "name", p->model->name);
-      set_u64 (b, "params", p->model->params);
+      stow_json_set_string (b, "name", p->model->name);
+      stow_json_set_u64 (b, "params", p->model->params);
       gboolean catalog = g_strcmp0 (p->model->source, "catalog") == 0;
-      set_str (b, "source", catalog ? "catalog" : "config.json");
+      stow_json_set_string (b, "source", catalog ? "catalog" : "config.json");
       if (!catalog && p->model->source)
         {
-          set_str (b, "path", p->model->source);
+          stow_json_set_string (b, "path", p->model->source);
           /* Embedded so that the plan reloads on a machine without the
            * file; the path is informative then. */
           g_autoptr (JsonNode) cfg = stow_json_parse_file (
@@ -297,114 +269,115 @@ stow_plan_file_to_json (const StowPlanFile *p, const StowMemory *mem)
         }
     }
   else
-    set_u64 (b, "params", o->params_override);
+    stow_json_set_u64 (b, "params", o->params_override);
   json_builder_end_object (b);
 
   json_builder_set_member_name (b, "cluster");
   json_builder_begin_object (b);
-  set_str (b, "spec", p->cluster->spec);
-  set_u64 (b, "gpus", p->cluster->n_gpus);
+  stow_json_set_string (b, "spec", p->cluster->spec);
+  stow_json_set_u64 (b, "gpus", p->cluster->n_gpus);
   json_builder_set_member_name (b, "config");
   json_builder_add_value (b, cluster_json (p->cluster));
   json_builder_end_object (b);
 
   json_builder_set_member_name (b, "training");
   json_builder_begin_object (b);
-  set_u64 (b, "seq_len", t->seq_len);
-  set_u64 (b, "global_batch", t->global_batch);
-  set_str (b, "precision", stow_precision_name (t->precision));
-  set_str (b, "optimizer", stow_optimizer_name (t->optimizer));
-  set_str (b, "finetune", stow_finetune_name (t->finetune));
-  set_u64 (b, "lora_rank", t->lora_rank);
-  set_u64 (b, "lora_targets", t->lora_targets);
-  set_bool (b, "flash_attention", t->flash_attention);
-  set_bool (b, "chunked_loss", t->chunked_loss);
-  set_bool (b, "dropout", t->dropout);
-  set_bool (b, "optimizer_in_backward", t->optimizer_in_backward);
+  stow_json_set_u64 (b, "seq_len", t->seq_len);
+  stow_json_set_u64 (b, "global_batch", t->global_batch);
+  stow_json_set_string (b, "precision", stow_precision_name (t->precision));
+  stow_json_set_string (b, "optimizer", stow_optimizer_name (t->optimizer));
+  stow_json_set_string (b, "finetune", stow_finetune_name (t->finetune));
+  stow_json_set_u64 (b, "lora_rank", t->lora_rank);
+  stow_json_set_u64 (b, "lora_targets", t->lora_targets);
+  stow_json_set_bool (b, "flash_attention", t->flash_attention);
+  stow_json_set_bool (b, "chunked_loss", t->chunked_loss);
+  stow_json_set_bool (b, "dropout", t->dropout);
+  stow_json_set_bool (b, "optimizer_in_backward", t->optimizer_in_backward);
   json_builder_end_object (b);
 
   json_builder_set_member_name (b, "layout");
   json_builder_begin_object (b);
-  set_u64 (b, "dp", l->dp);
-  set_u64 (b, "tp", l->tp);
-  set_u64 (b, "pp", l->pp);
-  set_u64 (b, "vpp", l->vpp);
-  set_u64 (b, "cp", l->cp);
-  set_u64 (b, "ep", l->ep);
-  set_bool (b, "sp", l->sp);
-  set_u64 (b, "zero", l->zero);
-  set_bool (b, "hybrid_shard", l->hybrid_shard);
-  set_str (b, "offload_optimizer", stow_offload_name (l->offload_optimizer));
-  set_str (b, "offload_params", stow_offload_name (l->offload_params));
-  set_str (b, "offload_activations", l->offload_activations ? "cpu" : "none");
-  set_str (b, "recompute", stow_recompute_name (l->recompute));
-  set_u64 (b, "recompute_layers", l->recompute_layers);
-  set_u64 (b, "micro_batch", l->micro_batch);
-  set_u64 (b, "grad_accum", l->grad_accum);
-  set_str (b, "schedule", stow_schedule_name (l->schedule));
-  set_str (b, "engine", stow_engine_name (l->engine));
+  stow_json_set_u64 (b, "dp", l->dp);
+  stow_json_set_u64 (b, "tp", l->tp);
+  stow_json_set_u64 (b, "pp", l->pp);
+  stow_json_set_u64 (b, "vpp", l->vpp);
+  stow_json_set_u64 (b, "cp", l->cp);
+  stow_json_set_u64 (b, "ep", l->ep);
+  stow_json_set_bool (b, "sp", l->sp);
+  stow_json_set_u64 (b, "zero", l->zero);
+  stow_json_set_bool (b, "hybrid_shard", l->hybrid_shard);
+  stow_json_set_string (b, "offload_optimizer",
+                        stow_offload_name (l->offload_optimizer));
+  stow_json_set_string (b, "offload_params",
+                        stow_offload_name (l->offload_params));
+  stow_json_set_string (b, "offload_activations",
+                        l->offload_activations ? "cpu" : "none");
+  stow_json_set_string (b, "recompute", stow_recompute_name (l->recompute));
+  stow_json_set_u64 (b, "recompute_layers", l->recompute_layers);
+  stow_json_set_u64 (b, "micro_batch", l->micro_batch);
+  stow_json_set_u64 (b, "grad_accum", l->grad_accum);
+  stow_json_set_string (b, "schedule", stow_schedule_name (l->schedule));
+  stow_json_set_string (b, "engine", stow_engine_name (l->engine));
   json_builder_end_object (b);
 
   json_builder_set_member_name (b, "memory_options");
   json_builder_begin_object (b);
-  set_str (b, "convention", stow_convention_name (o->convention));
-  set_u64 (b, "zero_init", (guint64)MAX (o->zero_init, 0));
-  set_u64 (b, "params_override", o->params_override);
-  set_u64 (b, "largest_layer_override", o->largest_layer_override);
-  set_u64 (b, "cuda_context_bytes", o->cuda_context_bytes);
-  set_u64 (b, "workspace_bytes", o->workspace_bytes);
-  set_u64 (b, "nccl_bytes_per_group", o->nccl_bytes_per_group);
-  set_double (b, "fragmentation", o->fragmentation);
-  set_u64 (b, "safety_margin_bytes", o->safety_margin_bytes);
-  set_u64 (b, "host_process_bytes", o->host_process_bytes);
-  set_u64 (b, "vocab_multiple", o->vocab_multiple);
-  set_u64 (b, "swap_shard_params", o->swap_shard_params);
-  set_u64 (b, "reduce_bucket_elements", o->reduce_bucket_elements);
-  json_builder_set_member_name (b, "overlap_comm");
-  json_builder_add_int_value (b, o->overlap_comm);
-  json_builder_set_member_name (b, "free_grads");
-  json_builder_add_int_value (b, o->free_grads);
+  stow_json_set_string (b, "convention", stow_convention_name (o->convention));
+  stow_json_set_u64 (b, "zero_init", (guint64)MAX (o->zero_init, 0));
+  stow_json_set_u64 (b, "params_override", o->params_override);
+  stow_json_set_u64 (b, "largest_layer_override", o->largest_layer_override);
+  stow_json_set_u64 (b, "cuda_context_bytes", o->cuda_context_bytes);
+  stow_json_set_u64 (b, "workspace_bytes", o->workspace_bytes);
+  stow_json_set_u64 (b, "nccl_bytes_per_group", o->nccl_bytes_per_group);
+  stow_json_set_double (b, "fragmentation", o->fragmentation);
+  stow_json_set_u64 (b, "safety_margin_bytes", o->safety_margin_bytes);
+  stow_json_set_u64 (b, "host_process_bytes", o->host_process_bytes);
+  stow_json_set_u64 (b, "vocab_multiple", o->vocab_multiple);
+  stow_json_set_u64 (b, "swap_shard_params", o->swap_shard_params);
+  stow_json_set_u64 (b, "reduce_bucket_elements", o->reduce_bucket_elements);
+  stow_json_set_i64 (b, "overlap_comm", o->overlap_comm);
+  stow_json_set_i64 (b, "free_grads", o->free_grads);
   json_builder_end_object (b);
 
   json_builder_set_member_name (b, "memory");
   json_builder_begin_object (b);
-  set_bool (b, "fits", mem->fits);
-  set_u64 (b, "device_total_bytes", mem->total_bytes);
-  set_u64 (b, "device_capacity_bytes", mem->capacity_bytes);
-  set_u64 (b, "peak_stage", mem->peak_stage);
+  stow_json_set_bool (b, "fits", mem->fits);
+  stow_json_set_u64 (b, "device_total_bytes", mem->total_bytes);
+  stow_json_set_u64 (b, "device_capacity_bytes", mem->capacity_bytes);
+  stow_json_set_u64 (b, "peak_stage", mem->peak_stage);
   json_builder_set_member_name (b, "stages");
   json_builder_begin_array (b);
   for (guint i = 0; i < mem->n_stages; i++)
     {
       const StowStageMemory *st = &mem->stages[i];
       json_builder_begin_object (b);
-      set_u64 (b, "stage", st->stage);
-      set_u64 (b, "layers", st->layers);
-      set_u64 (b, "total_bytes", st->total_bytes);
+      stow_json_set_u64 (b, "stage", st->stage);
+      stow_json_set_u64 (b, "layers", st->layers);
+      stow_json_set_u64 (b, "total_bytes", st->total_bytes);
       terms_json (b, "terms", st->terms);
       json_builder_end_object (b);
     }
   json_builder_end_array (b);
-  set_u64 (b, "host_total_bytes", mem->host_total_bytes);
+  stow_json_set_u64 (b, "host_total_bytes", mem->host_total_bytes);
   terms_json (b, "host_terms", mem->host_terms);
-  set_u64 (b, "nvme_bytes", mem->nvme_bytes);
+  stow_json_set_u64 (b, "nvme_bytes", mem->nvme_bytes);
   terms_json (b, "nvme_terms", mem->nvme_terms);
   json_builder_end_object (b);
 
   json_builder_set_member_name (b, "schedule");
   json_builder_begin_object (b);
-  set_u64 (b, "resident_layers", s->resident_layers);
-  set_u64 (b, "prefetch_depth", s->prefetch_depth);
-  set_u64 (b, "optimizer_swap_buffers", s->optimizer_swap_buffers);
-  set_u64 (b, "param_swap_buffers", s->param_swap_buffers);
-  set_u64 (b, "param_buffer_elems", s->param_buffer_elems);
+  stow_json_set_u64 (b, "resident_layers", s->resident_layers);
+  stow_json_set_u64 (b, "prefetch_depth", s->prefetch_depth);
+  stow_json_set_u64 (b, "optimizer_swap_buffers", s->optimizer_swap_buffers);
+  stow_json_set_u64 (b, "param_swap_buffers", s->param_swap_buffers);
+  stow_json_set_u64 (b, "param_buffer_elems", s->param_buffer_elems);
   json_builder_set_member_name (b, "nvme_paths");
   json_builder_begin_array (b);
   for (char **q = s->nvme_paths; q && *q; q++)
     json_builder_add_string_value (b, *q);
   json_builder_end_array (b);
-  set_u64 (b, "io_queue_depth", s->io_queue_depth);
-  set_u64 (b, "io_block_bytes", s->io_block_bytes);
+  stow_json_set_u64 (b, "io_queue_depth", s->io_queue_depth);
+  stow_json_set_u64 (b, "io_block_bytes", s->io_block_bytes);
   json_builder_end_object (b);
 
   json_builder_end_object (b);

@@ -8,6 +8,7 @@
 
 #include <string.h>
 
+#include "core/json.h"
 #include "core/units.h"
 #include "planner/layout.h"
 
@@ -61,23 +62,17 @@ stow_report_candidates_json (const StowReport *r, guint max)
       const StowCandidate *c
           = &g_array_index (r->search->fits, StowCandidate, i);
       json_builder_begin_object (b);
-      json_builder_set_member_name (b, "rank");
-      json_builder_add_int_value (b, i + 1);
+      stow_json_set_i64 (b, "rank", i + 1);
       json_builder_set_member_name (b, "layout");
       json_builder_add_value (
           b, stow_layout_to_json (&c->layout, r->mem.training));
-      json_builder_set_member_name (b, "total_bytes");
-      json_builder_add_int_value (b, (gint64)c->total_bytes);
-      json_builder_set_member_name (b, "host_bytes");
-      json_builder_add_int_value (b, (gint64)c->host_bytes);
-      json_builder_set_member_name (b, "nvme_bytes");
-      json_builder_add_int_value (b, (gint64)c->nvme_bytes);
-      json_builder_set_member_name (b, "headroom_bytes");
-      json_builder_add_int_value (b, c->headroom_bytes);
+      stow_json_set_i64 (b, "total_bytes", (gint64)c->total_bytes);
+      stow_json_set_i64 (b, "host_bytes", (gint64)c->host_bytes);
+      stow_json_set_i64 (b, "nvme_bytes", (gint64)c->nvme_bytes);
+      stow_json_set_i64 (b, "headroom_bytes", c->headroom_bytes);
       if (r->throughput && i < r->n_throughput)
         {
-          json_builder_set_member_name (b, "tokens_per_s");
-          json_builder_add_double_value (b, r->throughput[i]);
+          stow_json_set_double (b, "tokens_per_s", r->throughput[i]);
         }
       json_builder_end_object (b);
     }

@@ -4,6 +4,7 @@
  */
 #include "reports/memory-report.h"
 
+#include "core/json.h"
 #include "core/units.h"
 
 char *
@@ -43,66 +44,48 @@ stow_layout_describe (const StowLayout *l)
   return g_string_free (s, FALSE);
 }
 
-static void
-set_u64 (JsonBuilder *b, const char *k, guint64 v)
-{
-  json_builder_set_member_name (b, k);
-  json_builder_add_int_value (b, (gint64)MIN (v, (guint64)G_MAXINT64));
-}
-
-static void
-set_str (JsonBuilder *b, const char *k, const char *v)
-{
-  json_builder_set_member_name (b, k);
-  json_builder_add_string_value (b, v);
-}
-
-static void
-set_bool (JsonBuilder *b, const char *k, gboolean v)
-{
-  json_builder_set_member_name (b, k);
-  json_builder_add_boolean_value (b, v);
-}
-
 JsonNode *
 stow_layout_to_json (const StowLayout *l, const StowTraining *t)
 {
   g_autoptr (JsonBuilder) b = json_builder_new ();
   json_builder_begin_object (b);
-  set_u64 (b, "dp", l->dp);
-  set_u64 (b, "tp", l->tp);
-  set_u64 (b, "pp", l->pp);
-  set_u64 (b, "vpp", l->vpp);
-  set_u64 (b, "cp", l->cp);
-  set_u64 (b, "ep", l->ep);
-  set_bool (b, "sp", l->sp);
-  set_u64 (b, "zero", l->zero);
-  set_bool (b, "hybrid_shard", l->hybrid_shard);
-  set_str (b, "offload_optimizer", stow_offload_name (l->offload_optimizer));
-  set_str (b, "offload_params", stow_offload_name (l->offload_params));
-  set_str (b, "offload_activations", l->offload_activations ? "cpu" : "none");
-  set_str (b, "recompute", stow_recompute_name (l->recompute));
-  set_u64 (b, "recompute_layers", l->recompute_layers);
-  set_u64 (b, "micro_batch", l->micro_batch);
-  set_u64 (b, "grad_accum", l->grad_accum);
-  set_u64 (b, "global_batch", l->micro_batch * l->grad_accum * l->dp);
-  set_str (b, "schedule", stow_schedule_name (l->schedule));
-  set_str (b, "engine", stow_engine_name (l->engine));
+  stow_json_set_u64 (b, "dp", l->dp);
+  stow_json_set_u64 (b, "tp", l->tp);
+  stow_json_set_u64 (b, "pp", l->pp);
+  stow_json_set_u64 (b, "vpp", l->vpp);
+  stow_json_set_u64 (b, "cp", l->cp);
+  stow_json_set_u64 (b, "ep", l->ep);
+  stow_json_set_bool (b, "sp", l->sp);
+  stow_json_set_u64 (b, "zero", l->zero);
+  stow_json_set_bool (b, "hybrid_shard", l->hybrid_shard);
+  stow_json_set_string (b, "offload_optimizer",
+                        stow_offload_name (l->offload_optimizer));
+  stow_json_set_string (b, "offload_params",
+                        stow_offload_name (l->offload_params));
+  stow_json_set_string (b, "offload_activations",
+                        l->offload_activations ? "cpu" : "none");
+  stow_json_set_string (b, "recompute", stow_recompute_name (l->recompute));
+  stow_json_set_u64 (b, "recompute_layers", l->recompute_layers);
+  stow_json_set_u64 (b, "micro_batch", l->micro_batch);
+  stow_json_set_u64 (b, "grad_accum", l->grad_accum);
+  stow_json_set_u64 (b, "global_batch", l->micro_batch * l->grad_accum * l->dp);
+  stow_json_set_string (b, "schedule", stow_schedule_name (l->schedule));
+  stow_json_set_string (b, "engine", stow_engine_name (l->engine));
   if (t != NULL)
     {
-      set_u64 (b, "seq_len", t->seq_len);
-      set_str (b, "precision", stow_precision_name (t->precision));
-      set_str (b, "optimizer", stow_optimizer_name (t->optimizer));
-      set_str (b, "finetune", stow_finetune_name (t->finetune));
+      stow_json_set_u64 (b, "seq_len", t->seq_len);
+      stow_json_set_string (b, "precision", stow_precision_name (t->precision));
+      stow_json_set_string (b, "optimizer", stow_optimizer_name (t->optimizer));
+      stow_json_set_string (b, "finetune", stow_finetune_name (t->finetune));
       if (t->finetune != STOW_FINETUNE_FULL)
         {
           g_autofree char *targets = stow_lora_targets_name (t->lora_targets);
-          set_u64 (b, "lora_rank", t->lora_rank);
-          set_str (b, "lora_targets", targets);
+          stow_json_set_u64 (b, "lora_rank", t->lora_rank);
+          stow_json_set_string (b, "lora_targets", targets);
         }
-      set_bool (b, "flash_attention", t->flash_attention);
-      set_bool (b, "chunked_loss", t->chunked_loss);
-      set_bool (b, "optimizer_in_backward", t->optimizer_in_backward);
+      stow_json_set_bool (b, "flash_attention", t->flash_attention);
+      stow_json_set_bool (b, "chunked_loss", t->chunked_loss);
+      stow_json_set_bool (b, "optimizer_in_backward", t->optimizer_in_backward);
     }
   json_builder_end_object (b);
   return json_builder_get_root (b);
@@ -117,14 +100,10 @@ add_terms (JsonBuilder *b, GArray *terms)
     {
       StowMemTerm *t = &g_array_index (terms, StowMemTerm, i);
       json_builder_begin_object (b);
-      json_builder_set_member_name (b, "name");
-      json_builder_add_string_value (b, t->name);
-      json_builder_set_member_name (b, "bytes");
-      json_builder_add_int_value (b, (gint64)t->bytes);
-      json_builder_set_member_name (b, "tier");
-      json_builder_add_string_value (b, stow_tier_name (t->tier));
-      json_builder_set_member_name (b, "formula");
-      json_builder_add_string_value (b, t->formula);
+      stow_json_set_string (b, "name", t->name);
+      stow_json_set_i64 (b, "bytes", (gint64)t->bytes);
+      stow_json_set_string (b, "tier", stow_tier_name (t->tier));
+      stow_json_set_string (b, "formula", t->formula);
       json_builder_end_object (b);
     }
   json_builder_end_array (b);
@@ -136,51 +115,47 @@ stow_memory_report_json (const StowMemoryReport *r)
   const StowMemory *mem = r->memory;
   g_autoptr (JsonBuilder) b = json_builder_new ();
   json_builder_begin_object (b);
-  set_u64 (b, "version", STOW_JSON_VERSION);
-  json_builder_set_member_name (b, "fits");
-  json_builder_add_boolean_value (b, mem->fits);
-  json_builder_set_member_name (b, "convention");
-  json_builder_add_string_value (b, stow_convention_name (mem->convention));
+  stow_json_set_u64 (b, "version", STOW_JSON_VERSION);
+  stow_json_set_bool (b, "fits", mem->fits);
+  stow_json_set_string (b, "convention",
+                        stow_convention_name (mem->convention));
   if (r->model)
     {
       json_builder_set_member_name (b, "model");
       json_builder_begin_object (b);
-      json_builder_set_member_name (b, "name");
-      json_builder_add_string_value (b, r->model->name);
-      set_u64 (b, "params", r->model->params);
+      stow_json_set_string (b, "name", r->model->name);
+      stow_json_set_u64 (b, "params", r->model->params);
       json_builder_end_object (b);
     }
   json_builder_set_member_name (b, "cluster");
   json_builder_begin_object (b);
-  json_builder_set_member_name (b, "spec");
-  json_builder_add_string_value (b, r->cluster->spec);
-  json_builder_set_member_name (b, "gpu");
-  json_builder_add_string_value (b, r->cluster->node.gpu.name);
-  set_u64 (b, "nodes", r->cluster->n_nodes);
-  set_u64 (b, "gpus_per_node", r->cluster->node.gpus_per_node);
+  stow_json_set_string (b, "spec", r->cluster->spec);
+  stow_json_set_string (b, "gpu", r->cluster->node.gpu.name);
+  stow_json_set_u64 (b, "nodes", r->cluster->n_nodes);
+  stow_json_set_u64 (b, "gpus_per_node", r->cluster->node.gpus_per_node);
   json_builder_end_object (b);
   json_builder_set_member_name (b, "layout");
   json_builder_add_value (b, stow_layout_to_json (r->layout, r->training));
 
   json_builder_set_member_name (b, "device");
   json_builder_begin_object (b);
-  set_u64 (b, "allocated_peak_bytes", mem->allocated_peak_bytes);
-  set_u64 (b, "reserved_bytes", mem->reserved_bytes);
-  set_u64 (b, "total_bytes", mem->total_bytes);
-  set_u64 (b, "capacity_bytes", mem->capacity_bytes);
-  set_u64 (b, "peak_stage", mem->peak_stage);
+  stow_json_set_u64 (b, "allocated_peak_bytes", mem->allocated_peak_bytes);
+  stow_json_set_u64 (b, "reserved_bytes", mem->reserved_bytes);
+  stow_json_set_u64 (b, "total_bytes", mem->total_bytes);
+  stow_json_set_u64 (b, "capacity_bytes", mem->capacity_bytes);
+  stow_json_set_u64 (b, "peak_stage", mem->peak_stage);
   json_builder_set_member_name (b, "stages");
   json_builder_begin_array (b);
   for (guint i = 0; i < mem->n_stages; i++)
     {
       const StowStageMemory *s = &mem->stages[i];
       json_builder_begin_object (b);
-      set_u64 (b, "stage", s->stage);
-      set_u64 (b, "layers", s->layers);
-      set_u64 (b, "params", s->params);
-      set_u64 (b, "allocated_bytes", s->allocated_bytes);
-      set_u64 (b, "reserved_bytes", s->reserved_bytes);
-      set_u64 (b, "total_bytes", s->total_bytes);
+      stow_json_set_u64 (b, "stage", s->stage);
+      stow_json_set_u64 (b, "layers", s->layers);
+      stow_json_set_u64 (b, "params", s->params);
+      stow_json_set_u64 (b, "allocated_bytes", s->allocated_bytes);
+      stow_json_set_u64 (b, "reserved_bytes", s->reserved_bytes);
+      stow_json_set_u64 (b, "total_bytes", s->total_bytes);
       add_terms (b, s->terms);
       json_builder_end_object (b);
     }
@@ -189,17 +164,17 @@ stow_memory_report_json (const StowMemoryReport *r)
 
   json_builder_set_member_name (b, "host");
   json_builder_begin_object (b);
-  set_u64 (b, "pinned_bytes", mem->host_pinned_bytes);
-  set_u64 (b, "pageable_bytes", mem->host_pageable_bytes);
-  set_u64 (b, "total_bytes", mem->host_total_bytes);
-  set_u64 (b, "capacity_bytes", mem->host_capacity_bytes);
+  stow_json_set_u64 (b, "pinned_bytes", mem->host_pinned_bytes);
+  stow_json_set_u64 (b, "pageable_bytes", mem->host_pageable_bytes);
+  stow_json_set_u64 (b, "total_bytes", mem->host_total_bytes);
+  stow_json_set_u64 (b, "capacity_bytes", mem->host_capacity_bytes);
   add_terms (b, mem->host_terms);
   json_builder_end_object (b);
 
   json_builder_set_member_name (b, "nvme");
   json_builder_begin_object (b);
-  set_u64 (b, "bytes", mem->nvme_bytes);
-  set_u64 (b, "capacity_bytes", mem->nvme_capacity_bytes);
+  stow_json_set_u64 (b, "bytes", mem->nvme_bytes);
+  stow_json_set_u64 (b, "capacity_bytes", mem->nvme_capacity_bytes);
   add_terms (b, mem->nvme_terms);
   json_builder_end_object (b);
 
