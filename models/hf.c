@@ -9,6 +9,7 @@
  */
 #include "models/model-private.h"
 
+#include <stdarg.h>
 #include <string.h>
 
 #include "core/json.h"
@@ -116,10 +117,31 @@ add_lm_head (StowModelBuilder *b, const char *name, guint64 vocab,
                          name);
 }
 
-/* A LayerNorm (weight and bias) or RMSNorm (weight) named @prefix. */
+/* The add_* helpers take their tensor-name prefix as a printf format, so a
+ * builder names "%s.mlp.fc1" against its layer prefix in one call; every
+ * name stays far below PREFIX_MAX. */
+#define PREFIX_MAX 192
+#define FORMAT_PREFIX(prefix, fmt)                                             \
+  char prefix[PREFIX_MAX];                                                     \
+  va_list ap;                                                                  \
+  va_start (ap, fmt);                                                          \
+  g_vsnprintf (prefix, sizeof prefix, fmt, ap);                                \
+  va_end (ap)
+
+static void add_norm (StowModelBuilder *b, gint layer, guint64 n,
+                      const char *fmt, ...) G_GNUC_PRINTF (4, 5);
+static void add_linear (StowModelBuilder *b, StowTensorRole role, gint layer,
+                        guint64 out, guint64 in, gboolean bias, const char *fmt,
+                        ...) G_GNUC_PRINTF (7, 8);
+static void add_conv1d (StowModelBuilder *b, StowTensorRole role, gint layer,
+                        guint64 in, guint64 out, const char *fmt, ...)
+    G_GNUC_PRINTF (6, 7);
+
+/* A LayerNorm (weight and bias) or RMSNorm (weight) named by @fmt. */
 static void
-add_norm (StowModelBuilder *b, gint layer, guint64 n, const char *prefix)
+add_norm (StowModelBuilder *b, gint layer, guint64 n, const char *fmt, ...)
 {
+  FORMAT_PREFIX (prefix, fmt);
   stow_model_add_tensor (b, STOW_ROLE_NORM, layer, FALSE, 1, n, 0, "%s.weight",
                          prefix);
   if (b->model->norm == STOW_NORM_LAYERNORM)
@@ -130,8 +152,9 @@ add_norm (StowModelBuilder *b, gint layer, guint64 n, const char *prefix)
 /* A linear layer out x in, with an optional bias. */
 static void
 add_linear (StowModelBuilder *b, StowTensorRole role, gint layer, guint64 out,
-            guint64 in, gboolean bias, const char *prefix)
+            guint64 in, gboolean bias, const char *fmt, ...)
 {
+  FORMAT_PREFIX (prefix, fmt);
   stow_model_add_tensor (b, role, layer, FALSE, 2, out, in, "%s.weight",
                          prefix);
   if (bias)
@@ -143,8 +166,9 @@ add_linear (StowModelBuilder *b, StowTensorRole role, gint layer, guint64 out,
 /* GPT-2's Conv1D stores weights as in x out. */
 static void
 add_conv1d (StowModelBuilder *b, StowTensorRole role, gint layer, guint64 in,
-            guint64 out, const char *prefix)
+            guint64 out, const char *fmt, ...)
 {
+  FORMAT_PREFIX (prefix, fmt);
   stow_model_add_tensor (b, role, layer, FALSE, 2, in, out, "%s.weight",
                          prefix);
   stow_model_add_tensor (b, STOW_ROLE_BIAS, layer, FALSE, 1, out, 0, "%s.bias",
@@ -161,6 +185,84 @@ mul_checked (StowModelBuilder *b, guint64 x, guint64 y, guint64 *out,
     return E_INVALID (error, "%s: sizes are absurd: %s overflows 64-bit counts",
                       b->where, what);
   return TRUE;
+}
+
+/* The dense-transformer sizes under their usual names, in this order;
+ * @ffn_field names the MLP width (intermediate_size, or OPT's ffn_dim). */
+static gboolean
+read_dims (StowModelBuilder *b, JsonObject *o, const char *ffn_field,
+           guint64 *h, guint64 *L, guint64 *a, guint64 *f, guint64 *V,
+           GError **error)
+{
+  return REQ (o, b, h, "hidden_size") && REQ (o, b, L, "num_hidden_layers")
+         && REQ (o, b, a, "num_attention_heads") && REQ (o, b, f, ffn_field)
+         && REQ (o, b, V, "vocab_size");
+}
+
+/* check_layers and check_heads for a config whose errors name
+ * num_hidden_layers, hidden_size and num_attention_heads (whatever legacy
+ * spelling it was read from); @kv_field names the kv heads @k. */
+static gboolean
+check_dims (StowModelBuilder *b, guint64 h, guint64 L, guint64 a, guint64 k,
+            const char *kv_field, gboolean explicit_head_dim, GError **error)
+{
+  return check_layers (b, "num_hidden_layers", L, error)
+         && check_heads (b, h, "hidden_size", a, "num_attention_heads", k,
+                         kv_field, explicit_head_dim, error);
+}
+
+/* The shape fields every family sets: hidden size, layers, query and kv
+ * heads, head dimension, MLP width and vocabulary. */
+static void
+set_dims (StowModel *m, guint64 h, guint64 L, guint64 a, guint64 k, guint64 d,
+          guint64 f, guint64 V)
+{
+  m->hidden = h;
+  m->n_layers = L;
+  m->n_heads = a;
+  m->n_kv_heads = k;
+  m->head_dim = d;
+  m->ffn = f;
+  m->vocab = V;
+}
+
+/* A gated MLP (llama's and deepseek's mlp, each deepseek expert and the
+ * shared experts): gate_proj and up_proj (f x h), then down_proj. */
+static void add_gated_mlp (StowModelBuilder *b, StowTensorRole role, gint l,
+                           guint64 h, guint64 f, gboolean bias, const char *fmt,
+                           ...) G_GNUC_PRINTF (7, 8);
+static void
+add_gated_mlp (StowModelBuilder *b, StowTensorRole role, gint l, guint64 h,
+               guint64 f, gboolean bias, const char *fmt, ...)
+{
+  FORMAT_PREFIX (prefix, fmt);
+  add_linear (b, role, l, f, h, bias, "%s.gate_proj", prefix);
+  add_linear (b, role, l, f, h, bias, "%s.up_proj", prefix);
+  add_linear (b, role, l, h, f, bias, "%s.down_proj", prefix);
+}
+
+/* The fused attention of gpt_neox, falcon and bloom: query_key_value
+ * (@qkv rows) and the dense output projection. */
+static void add_fused_attention (StowModelBuilder *b, gint l, guint64 h,
+                                 guint64 qkv, gboolean bias, const char *fmt,
+                                 ...) G_GNUC_PRINTF (6, 7);
+static void
+add_fused_attention (StowModelBuilder *b, gint l, guint64 h, guint64 qkv,
+                     gboolean bias, const char *fmt, ...)
+{
+  FORMAT_PREFIX (prefix, fmt);
+  add_linear (b, STOW_ROLE_ATTENTION, l, qkv, h, bias, "%s.query_key_value",
+              prefix);
+  add_linear (b, STOW_ROLE_ATTENTION, l, h, h, bias, "%s.dense", prefix);
+}
+
+/* Their MLP: @layer.mlp.dense_h_to_4h and dense_4h_to_h, of width @f. */
+static void
+add_h_to_4h_mlp (StowModelBuilder *b, gint l, guint64 h, guint64 f,
+                 gboolean bias, const char *layer)
+{
+  add_linear (b, STOW_ROLE_MLP, l, f, h, bias, "%s.mlp.dense_h_to_4h", layer);
+  add_linear (b, STOW_ROLE_MLP, l, h, f, bias, "%s.mlp.dense_4h_to_h", layer);
 }
 
 /* ---- llama, mistral, mixtral, qwen2, gemma, gemma2, phi3 ---------------- */
@@ -181,9 +283,7 @@ import_llama_like (StowModelBuilder *b, JsonObject *o, const char *type,
   gboolean tied = is_gemma || is_gemma2;
   gboolean attn_bias = FALSE, mlp_bias = FALSE;
 
-  if (!REQ (o, b, &h, "hidden_size") || !REQ (o, b, &L, "num_hidden_layers")
-      || !REQ (o, b, &a, "num_attention_heads")
-      || !REQ (o, b, &f, "intermediate_size") || !REQ (o, b, &V, "vocab_size"))
+  if (!read_dims (b, o, "intermediate_size", &h, &L, &a, &f, &V, error))
     return FALSE;
   k = a;
   if (!OPT (o, b, &k, "num_key_value_heads") || !OPT (o, b, &d, "head_dim")
@@ -191,22 +291,14 @@ import_llama_like (StowModelBuilder *b, JsonObject *o, const char *type,
       || !get_bool (o, b->where, "attention_bias", &attn_bias, error)
       || !get_bool (o, b->where, "mlp_bias", &mlp_bias, error))
     return FALSE;
-  if (!check_layers (b, "num_hidden_layers", L, error)
-      || !check_heads (b, h, "hidden_size", a, "num_attention_heads", k,
-                       "num_key_value_heads", explicit_d, error))
+  if (!check_dims (b, h, L, a, k, "num_key_value_heads", explicit_d, error))
     return FALSE;
   if (!explicit_d)
     d = h / a;
   if (!mul_checked (b, a, d, &qd, "num_attention_heads x head_dim", error))
     return FALSE;
 
-  m->hidden = h;
-  m->n_layers = L;
-  m->n_heads = a;
-  m->n_kv_heads = k;
-  m->head_dim = d;
-  m->ffn = f;
-  m->vocab = V;
+  set_dims (m, h, L, a, k, d, f, V);
   m->gated_mlp = TRUE;
   m->linear_bias = attn_bias || mlp_bias;
   m->tied_embeddings = tied;
@@ -250,19 +342,15 @@ import_llama_like (StowModelBuilder *b, JsonObject *o, const char *type,
         }
       else
         {
-          char q[128];
-          g_snprintf (q, sizeof q, "%s.self_attn.q_proj", p);
-          add_linear (b, STOW_ROLE_ATTENTION, l, a * d, h, qkv_bias, q);
-          g_snprintf (q, sizeof q, "%s.self_attn.k_proj", p);
-          add_linear (b, STOW_ROLE_ATTENTION, l, k * d, h, qkv_bias, q);
-          g_snprintf (q, sizeof q, "%s.self_attn.v_proj", p);
-          add_linear (b, STOW_ROLE_ATTENTION, l, k * d, h, qkv_bias, q);
+          add_linear (b, STOW_ROLE_ATTENTION, l, a * d, h, qkv_bias,
+                      "%s.self_attn.q_proj", p);
+          add_linear (b, STOW_ROLE_ATTENTION, l, k * d, h, qkv_bias,
+                      "%s.self_attn.k_proj", p);
+          add_linear (b, STOW_ROLE_ATTENTION, l, k * d, h, qkv_bias,
+                      "%s.self_attn.v_proj", p);
         }
-      {
-        char q[128];
-        g_snprintf (q, sizeof q, "%s.self_attn.o_proj", p);
-        add_linear (b, STOW_ROLE_ATTENTION, l, h, a * d, attn_bias, q);
-      }
+      add_linear (b, STOW_ROLE_ATTENTION, l, h, a * d, attn_bias,
+                  "%s.self_attn.o_proj", p);
       stow_model_add_tensor (b, STOW_ROLE_NORM, l, FALSE, 1, h, 0,
                              "%s.post_attention_layernorm.weight", p);
       if (is_gemma2)
@@ -297,15 +385,7 @@ import_llama_like (StowModelBuilder *b, JsonObject *o, const char *type,
                                  "%s.mlp.down_proj.weight", p);
         }
       else
-        {
-          char q[128];
-          g_snprintf (q, sizeof q, "%s.mlp.gate_proj", p);
-          add_linear (b, STOW_ROLE_MLP, l, f, h, mlp_bias, q);
-          g_snprintf (q, sizeof q, "%s.mlp.up_proj", p);
-          add_linear (b, STOW_ROLE_MLP, l, f, h, mlp_bias, q);
-          g_snprintf (q, sizeof q, "%s.mlp.down_proj", p);
-          add_linear (b, STOW_ROLE_MLP, l, h, f, mlp_bias, q);
-        }
+        add_gated_mlp (b, STOW_ROLE_MLP, l, h, f, mlp_bias, "%s.mlp", p);
     }
   stow_model_add_tensor (b, STOW_ROLE_NORM, -1, FALSE, 1, h, 0,
                          "model.norm.weight");
@@ -332,12 +412,7 @@ import_gpt2 (StowModelBuilder *b, JsonObject *o, GError **error)
       || !check_heads (b, h, "n_embd", a, "n_head", a, "n_head", FALSE, error))
     return FALSE;
 
-  m->hidden = h;
-  m->n_layers = L;
-  m->n_heads = m->n_kv_heads = a;
-  m->head_dim = h / a;
-  m->ffn = f;
-  m->vocab = V;
+  set_dims (m, h, L, a, a, h / a, f, V);
   m->max_positions = P;
   m->linear_bias = TRUE;
   m->tied_embeddings = TRUE;
@@ -352,20 +427,14 @@ import_gpt2 (StowModelBuilder *b, JsonObject *o, GError **error)
   for (guint64 i = 0; i < L; i++)
     {
       gint l = (gint)i;
-      char p[96], q[128];
+      char p[96];
       g_snprintf (p, sizeof p, "transformer.h.%d", l);
-      g_snprintf (q, sizeof q, "%s.ln_1", p);
-      add_norm (b, l, h, q);
-      g_snprintf (q, sizeof q, "%s.attn.c_attn", p);
-      add_conv1d (b, STOW_ROLE_ATTENTION, l, h, 3 * h, q);
-      g_snprintf (q, sizeof q, "%s.attn.c_proj", p);
-      add_conv1d (b, STOW_ROLE_ATTENTION, l, h, h, q);
-      g_snprintf (q, sizeof q, "%s.ln_2", p);
-      add_norm (b, l, h, q);
-      g_snprintf (q, sizeof q, "%s.mlp.c_fc", p);
-      add_conv1d (b, STOW_ROLE_MLP, l, h, f, q);
-      g_snprintf (q, sizeof q, "%s.mlp.c_proj", p);
-      add_conv1d (b, STOW_ROLE_MLP, l, f, h, q);
+      add_norm (b, l, h, "%s.ln_1", p);
+      add_conv1d (b, STOW_ROLE_ATTENTION, l, h, 3 * h, "%s.attn.c_attn", p);
+      add_conv1d (b, STOW_ROLE_ATTENTION, l, h, h, "%s.attn.c_proj", p);
+      add_norm (b, l, h, "%s.ln_2", p);
+      add_conv1d (b, STOW_ROLE_MLP, l, h, f, "%s.mlp.c_fc", p);
+      add_conv1d (b, STOW_ROLE_MLP, l, f, h, "%s.mlp.c_proj", p);
     }
   add_norm (b, -1, h, "transformer.ln_f");
   add_lm_head (b, "lm_head.weight", V, h, TRUE);
@@ -381,22 +450,13 @@ import_gpt_neox (StowModelBuilder *b, JsonObject *o, GError **error)
   guint64 h = 0, L = 0, a = 0, V = 0, f = 0;
   gboolean tied = FALSE;
 
-  if (!REQ (o, b, &h, "hidden_size") || !REQ (o, b, &L, "num_hidden_layers")
-      || !REQ (o, b, &a, "num_attention_heads")
-      || !REQ (o, b, &f, "intermediate_size") || !REQ (o, b, &V, "vocab_size")
+  if (!read_dims (b, o, "intermediate_size", &h, &L, &a, &f, &V, error)
       || !get_bool (o, b->where, "tie_word_embeddings", &tied, error))
     return FALSE;
-  if (!check_layers (b, "num_hidden_layers", L, error)
-      || !check_heads (b, h, "hidden_size", a, "num_attention_heads", a,
-                       "num_attention_heads", FALSE, error))
+  if (!check_dims (b, h, L, a, a, "num_attention_heads", FALSE, error))
     return FALSE;
 
-  m->hidden = h;
-  m->n_layers = L;
-  m->n_heads = m->n_kv_heads = a;
-  m->head_dim = h / a;
-  m->ffn = f;
-  m->vocab = V;
+  set_dims (m, h, L, a, a, h / a, f, V);
   m->linear_bias = TRUE;
   m->tied_embeddings = tied;
   m->norm = STOW_NORM_LAYERNORM;
@@ -406,20 +466,12 @@ import_gpt_neox (StowModelBuilder *b, JsonObject *o, GError **error)
   for (guint64 i = 0; i < L; i++)
     {
       gint l = (gint)i;
-      char p[96], q[128];
+      char p[96];
       g_snprintf (p, sizeof p, "gpt_neox.layers.%d", l);
-      g_snprintf (q, sizeof q, "%s.input_layernorm", p);
-      add_norm (b, l, h, q);
-      g_snprintf (q, sizeof q, "%s.post_attention_layernorm", p);
-      add_norm (b, l, h, q);
-      g_snprintf (q, sizeof q, "%s.attention.query_key_value", p);
-      add_linear (b, STOW_ROLE_ATTENTION, l, 3 * h, h, TRUE, q);
-      g_snprintf (q, sizeof q, "%s.attention.dense", p);
-      add_linear (b, STOW_ROLE_ATTENTION, l, h, h, TRUE, q);
-      g_snprintf (q, sizeof q, "%s.mlp.dense_h_to_4h", p);
-      add_linear (b, STOW_ROLE_MLP, l, f, h, TRUE, q);
-      g_snprintf (q, sizeof q, "%s.mlp.dense_4h_to_h", p);
-      add_linear (b, STOW_ROLE_MLP, l, h, f, TRUE, q);
+      add_norm (b, l, h, "%s.input_layernorm", p);
+      add_norm (b, l, h, "%s.post_attention_layernorm", p);
+      add_fused_attention (b, l, h, 3 * h, TRUE, "%s.attention", p);
+      add_h_to_4h_mlp (b, l, h, f, TRUE, p);
     }
   add_norm (b, -1, h, "gpt_neox.final_layer_norm");
   /* embed_out has no bias. */
@@ -464,58 +516,41 @@ import_falcon (StowModelBuilder *b, JsonObject *o, const char *type,
     }
   else
     k = multi_query ? 1 : a;
-  if (!check_layers (b, "num_hidden_layers", L, error)
-      || !check_heads (b, h, "hidden_size", a, "num_attention_heads", k,
-                       "num_kv_heads", FALSE, error))
+  if (!check_dims (b, h, L, a, k, "num_kv_heads", FALSE, error))
     return FALSE;
   n_ln = new_arch ? 2 : 1;
   if (new_arch && !OPT (o, b, &n_ln, "num_ln_in_parallel_attn"))
     return FALSE;
 
-  m->hidden = h;
-  m->n_layers = L;
-  m->n_heads = a;
-  m->n_kv_heads = k;
-  m->head_dim = h / a;
-  m->ffn = f;
-  m->vocab = V;
+  guint64 d = h / a;
+  set_dims (m, h, L, a, k, d, f, V);
   m->linear_bias = bias;
   m->tied_embeddings = tied;
   m->norm = STOW_NORM_LAYERNORM;
 
-  guint64 d = h / a;
   stow_model_add_tensor (b, STOW_ROLE_EMBEDDING, -1, FALSE, 2, V, h,
                          "transformer.word_embeddings.weight");
   for (guint64 i = 0; i < L; i++)
     {
       gint l = (gint)i;
-      char p[96], q[128];
+      char p[96];
       g_snprintf (p, sizeof p, "transformer.h.%d", l);
       if (new_arch && n_ln == 2)
         {
-          g_snprintf (q, sizeof q, "%s.ln_attn", p);
-          add_norm (b, l, h, q);
-          g_snprintf (q, sizeof q, "%s.ln_mlp", p);
-          add_norm (b, l, h, q);
+          add_norm (b, l, h, "%s.ln_attn", p);
+          add_norm (b, l, h, "%s.ln_mlp", p);
         }
       else
         {
-          g_snprintf (q, sizeof q, "%s.input_layernorm", p);
-          add_norm (b, l, h, q);
+          add_norm (b, l, h, "%s.input_layernorm", p);
         }
-      g_snprintf (q, sizeof q, "%s.self_attention.query_key_value", p);
-      add_linear (b, STOW_ROLE_ATTENTION, l, (a + 2 * k) * d, h, bias, q);
-      g_snprintf (q, sizeof q, "%s.self_attention.dense", p);
-      add_linear (b, STOW_ROLE_ATTENTION, l, h, h, bias, q);
+      add_fused_attention (b, l, h, (a + 2 * k) * d, bias, "%s.self_attention",
+                           p);
       if (!new_arch && !parallel_attn)
         {
-          g_snprintf (q, sizeof q, "%s.post_attention_layernorm", p);
-          add_norm (b, l, h, q);
+          add_norm (b, l, h, "%s.post_attention_layernorm", p);
         }
-      g_snprintf (q, sizeof q, "%s.mlp.dense_h_to_4h", p);
-      add_linear (b, STOW_ROLE_MLP, l, f, h, bias, q);
-      g_snprintf (q, sizeof q, "%s.mlp.dense_4h_to_h", p);
-      add_linear (b, STOW_ROLE_MLP, l, h, f, bias, q);
+      add_h_to_4h_mlp (b, l, h, f, bias, p);
     }
   add_norm (b, -1, h, "transformer.ln_f");
   add_lm_head (b, "lm_head.weight", V, h, tied);
@@ -540,12 +575,7 @@ import_bloom (StowModelBuilder *b, JsonObject *o, GError **error)
                        error))
     return FALSE;
 
-  m->hidden = h;
-  m->n_layers = L;
-  m->n_heads = m->n_kv_heads = a;
-  m->head_dim = h / a;
-  m->ffn = 4 * h; /* fixed in BloomMLP */
-  m->vocab = V;
+  set_dims (m, h, L, a, a, h / a, 4 * h, V); /* ffn fixed in BloomMLP */
   m->linear_bias = TRUE;
   m->tied_embeddings = TRUE;
   m->norm = STOW_NORM_LAYERNORM;
@@ -556,20 +586,12 @@ import_bloom (StowModelBuilder *b, JsonObject *o, GError **error)
   for (guint64 i = 0; i < L; i++)
     {
       gint l = (gint)i;
-      char p[96], q[128];
+      char p[96];
       g_snprintf (p, sizeof p, "transformer.h.%d", l);
-      g_snprintf (q, sizeof q, "%s.input_layernorm", p);
-      add_norm (b, l, h, q);
-      g_snprintf (q, sizeof q, "%s.self_attention.query_key_value", p);
-      add_linear (b, STOW_ROLE_ATTENTION, l, 3 * h, h, TRUE, q);
-      g_snprintf (q, sizeof q, "%s.self_attention.dense", p);
-      add_linear (b, STOW_ROLE_ATTENTION, l, h, h, TRUE, q);
-      g_snprintf (q, sizeof q, "%s.post_attention_layernorm", p);
-      add_norm (b, l, h, q);
-      g_snprintf (q, sizeof q, "%s.mlp.dense_h_to_4h", p);
-      add_linear (b, STOW_ROLE_MLP, l, 4 * h, h, TRUE, q);
-      g_snprintf (q, sizeof q, "%s.mlp.dense_4h_to_h", p);
-      add_linear (b, STOW_ROLE_MLP, l, h, 4 * h, TRUE, q);
+      add_norm (b, l, h, "%s.input_layernorm", p);
+      add_fused_attention (b, l, h, 3 * h, TRUE, "%s.self_attention", p);
+      add_norm (b, l, h, "%s.post_attention_layernorm", p);
+      add_h_to_4h_mlp (b, l, h, 4 * h, TRUE, p);
     }
   add_norm (b, -1, h, "transformer.ln_f");
   add_lm_head (b, "lm_head.weight", V, h, TRUE);
@@ -585,9 +607,7 @@ import_opt (StowModelBuilder *b, JsonObject *o, GError **error)
   guint64 h = 0, L = 0, a = 0, V = 0, P = 0, f = 0, p = 0;
   gboolean ln_before = TRUE, remove_final = FALSE, bias = TRUE, tied = TRUE;
 
-  if (!REQ (o, b, &h, "hidden_size") || !REQ (o, b, &L, "num_hidden_layers")
-      || !REQ (o, b, &a, "num_attention_heads") || !REQ (o, b, &f, "ffn_dim")
-      || !REQ (o, b, &V, "vocab_size")
+  if (!read_dims (b, o, "ffn_dim", &h, &L, &a, &f, &V, error)
       || !REQ (o, b, &P, "max_position_embeddings"))
     return FALSE;
   p = h;
@@ -598,19 +618,12 @@ import_opt (StowModelBuilder *b, JsonObject *o, GError **error)
       || !get_bool (o, b->where, "enable_bias", &bias, error)
       || !get_bool (o, b->where, "tie_word_embeddings", &tied, error))
     return FALSE;
-  if (!check_layers (b, "num_hidden_layers", L, error)
-      || !check_heads (b, h, "hidden_size", a, "num_attention_heads", a,
-                       "num_attention_heads", FALSE, error))
+  if (!check_dims (b, h, L, a, a, "num_attention_heads", FALSE, error))
     return FALSE;
   if (P > G_MAXUINT64 - 2)
     return E_INVALID (error, "%s: max_position_embeddings is absurd", b->where);
 
-  m->hidden = h;
-  m->n_layers = L;
-  m->n_heads = m->n_kv_heads = a;
-  m->head_dim = h / a;
-  m->ffn = f;
-  m->vocab = V;
+  set_dims (m, h, L, a, a, h / a, f, V);
   m->max_positions = P;
   m->linear_bias = bias;
   m->tied_embeddings = tied;
@@ -634,24 +647,20 @@ import_opt (StowModelBuilder *b, JsonObject *o, GError **error)
   for (guint64 i = 0; i < L; i++)
     {
       gint l = (gint)i;
-      char pre[96], q[128];
+      char pre[96];
       g_snprintf (pre, sizeof pre, "model.decoder.layers.%d", l);
-      g_snprintf (q, sizeof q, "%s.self_attn.k_proj", pre);
-      add_linear (b, STOW_ROLE_ATTENTION, l, h, h, bias, q);
-      g_snprintf (q, sizeof q, "%s.self_attn.v_proj", pre);
-      add_linear (b, STOW_ROLE_ATTENTION, l, h, h, bias, q);
-      g_snprintf (q, sizeof q, "%s.self_attn.q_proj", pre);
-      add_linear (b, STOW_ROLE_ATTENTION, l, h, h, bias, q);
-      g_snprintf (q, sizeof q, "%s.self_attn.out_proj", pre);
-      add_linear (b, STOW_ROLE_ATTENTION, l, h, h, bias, q);
-      g_snprintf (q, sizeof q, "%s.self_attn_layer_norm", pre);
-      add_norm (b, l, h, q);
-      g_snprintf (q, sizeof q, "%s.fc1", pre);
-      add_linear (b, STOW_ROLE_MLP, l, f, h, bias, q);
-      g_snprintf (q, sizeof q, "%s.fc2", pre);
-      add_linear (b, STOW_ROLE_MLP, l, h, f, bias, q);
-      g_snprintf (q, sizeof q, "%s.final_layer_norm", pre);
-      add_norm (b, l, h, q);
+      add_linear (b, STOW_ROLE_ATTENTION, l, h, h, bias, "%s.self_attn.k_proj",
+                  pre);
+      add_linear (b, STOW_ROLE_ATTENTION, l, h, h, bias, "%s.self_attn.v_proj",
+                  pre);
+      add_linear (b, STOW_ROLE_ATTENTION, l, h, h, bias, "%s.self_attn.q_proj",
+                  pre);
+      add_linear (b, STOW_ROLE_ATTENTION, l, h, h, bias,
+                  "%s.self_attn.out_proj", pre);
+      add_norm (b, l, h, "%s.self_attn_layer_norm", pre);
+      add_linear (b, STOW_ROLE_MLP, l, f, h, bias, "%s.fc1", pre);
+      add_linear (b, STOW_ROLE_MLP, l, h, f, bias, "%s.fc2", pre);
+      add_norm (b, l, h, "%s.final_layer_norm", pre);
     }
   add_lm_head (b, "lm_head.weight", V, p, tied);
   return TRUE;
@@ -722,13 +731,8 @@ import_t5 (StowModelBuilder *b, JsonObject *o, GError **error)
   /* "gated-gelu" (v1.1, flan-T5) has two input projections (GeGLU). */
   gboolean gated = g_str_has_prefix (proj, "gated-");
 
-  m->hidden = d;
-  m->n_layers = Le + Ld;
+  set_dims (m, d, Le + Ld, a, a, dkv, ff, V);
   m->n_encoder_layers = Le;
-  m->n_heads = m->n_kv_heads = a;
-  m->head_dim = dkv;
-  m->ffn = ff;
-  m->vocab = V;
   m->gated_mlp = gated;
   m->ffn_dropout = TRUE; /* T5DenseActDense: wi, act, dropout, wo */
   m->tied_embeddings = tied;
@@ -796,9 +800,7 @@ import_deepseek (StowModelBuilder *b, JsonObject *o, const char *type,
   const char *topk_method = NULL;
   gboolean tied = FALSE;
 
-  if (!REQ (o, b, &h, "hidden_size") || !REQ (o, b, &L, "num_hidden_layers")
-      || !REQ (o, b, &a, "num_attention_heads")
-      || !REQ (o, b, &f, "intermediate_size") || !REQ (o, b, &V, "vocab_size")
+  if (!read_dims (b, o, "intermediate_size", &h, &L, &a, &f, &V, error)
       || !REQ (o, b, &rkv, "kv_lora_rank")
       || !REQ (o, b, &nope, "qk_nope_head_dim")
       || !REQ (o, b, &rope, "qk_rope_head_dim")
@@ -812,9 +814,7 @@ import_deepseek (StowModelBuilder *b, JsonObject *o, const char *type,
       || !stow_json_get_string (o, b->where, "topk_method", FALSE, &topk_method,
                                 error))
     return FALSE;
-  if (!check_layers (b, "num_hidden_layers", L, error)
-      || !check_heads (b, h, "hidden_size", a, "num_attention_heads", k,
-                       "num_key_value_heads", TRUE, error))
+  if (!check_dims (b, h, L, a, k, "num_key_value_heads", TRUE, error))
     return FALSE;
   if (E > 0)
     {
@@ -841,13 +841,7 @@ import_deepseek (StowModelBuilder *b, JsonObject *o, const char *type,
       || !mul_checked (b, shared, moe_f, &shared, "shared expert width", error))
     return FALSE;
 
-  m->hidden = h;
-  m->n_layers = L;
-  m->n_heads = a;
-  m->n_kv_heads = k;
-  m->head_dim = nope + rope;
-  m->ffn = f;
-  m->vocab = V;
+  set_dims (m, h, L, a, k, nope + rope, f, V);
   m->gated_mlp = TRUE;
   m->tied_embeddings = tied;
   m->norm = STOW_NORM_RMSNORM;
@@ -897,28 +891,12 @@ import_deepseek (StowModelBuilder *b, JsonObject *o, const char *type,
       stow_model_add_tensor (b, STOW_ROLE_ATTENTION, l, FALSE, 2, h, ov,
                              "%s.self_attn.o_proj.weight", p);
       if (!moe)
-        {
-          stow_model_add_tensor (b, STOW_ROLE_MLP, l, FALSE, 2, f, h,
-                                 "%s.mlp.gate_proj.weight", p);
-          stow_model_add_tensor (b, STOW_ROLE_MLP, l, FALSE, 2, f, h,
-                                 "%s.mlp.up_proj.weight", p);
-          stow_model_add_tensor (b, STOW_ROLE_MLP, l, FALSE, 2, h, f,
-                                 "%s.mlp.down_proj.weight", p);
-        }
+        add_gated_mlp (b, STOW_ROLE_MLP, l, h, f, FALSE, "%s.mlp", p);
       else
         {
           for (guint64 e = 0; e < E; e++)
-            {
-              stow_model_add_tensor (b, STOW_ROLE_EXPERT, l, FALSE, 2, moe_f, h,
-                                     "%s.mlp.experts.%u.gate_proj.weight", p,
-                                     (guint)e);
-              stow_model_add_tensor (b, STOW_ROLE_EXPERT, l, FALSE, 2, moe_f, h,
-                                     "%s.mlp.experts.%u.up_proj.weight", p,
-                                     (guint)e);
-              stow_model_add_tensor (b, STOW_ROLE_EXPERT, l, FALSE, 2, h, moe_f,
-                                     "%s.mlp.experts.%u.down_proj.weight", p,
-                                     (guint)e);
-            }
+            add_gated_mlp (b, STOW_ROLE_EXPERT, l, h, moe_f, FALSE,
+                           "%s.mlp.experts.%u", p, (guint)e);
           stow_model_add_tensor (b, STOW_ROLE_ROUTER, l, FALSE, 2, E, h,
                                  "%s.mlp.gate.weight", p);
           if (score_bias)
@@ -926,16 +904,8 @@ import_deepseek (StowModelBuilder *b, JsonObject *o, const char *type,
                                    "%s.mlp.gate.e_score_correction_bias", p);
           /* Shared experts are one MLP of width n_shared x moe_f. */
           if (shared > 0)
-            {
-              stow_model_add_tensor (b, STOW_ROLE_MLP, l, FALSE, 2, shared, h,
-                                     "%s.mlp.shared_experts.gate_proj.weight",
-                                     p);
-              stow_model_add_tensor (b, STOW_ROLE_MLP, l, FALSE, 2, shared, h,
-                                     "%s.mlp.shared_experts.up_proj.weight", p);
-              stow_model_add_tensor (b, STOW_ROLE_MLP, l, FALSE, 2, h, shared,
-                                     "%s.mlp.shared_experts.down_proj.weight",
-                                     p);
-            }
+            add_gated_mlp (b, STOW_ROLE_MLP, l, h, shared, FALSE,
+                           "%s.mlp.shared_experts", p);
         }
       stow_model_add_tensor (b, STOW_ROLE_NORM, l, FALSE, 1, h, 0,
                              "%s.input_layernorm.weight", p);
@@ -960,23 +930,14 @@ import_bert (StowModelBuilder *b, JsonObject *o, GError **error)
   StowModel *m = b->model;
   guint64 h = 0, L = 0, a = 0, V = 0, f = 0, P = 512, T = 2;
 
-  if (!REQ (o, b, &h, "hidden_size") || !REQ (o, b, &L, "num_hidden_layers")
-      || !REQ (o, b, &a, "num_attention_heads")
-      || !REQ (o, b, &f, "intermediate_size") || !REQ (o, b, &V, "vocab_size")
+  if (!read_dims (b, o, "intermediate_size", &h, &L, &a, &f, &V, error)
       || !OPT (o, b, &P, "max_position_embeddings")
       || !OPT (o, b, &T, "type_vocab_size"))
     return FALSE;
-  if (!check_layers (b, "num_hidden_layers", L, error)
-      || !check_heads (b, h, "hidden_size", a, "num_attention_heads", a,
-                       "num_attention_heads", FALSE, error))
+  if (!check_dims (b, h, L, a, a, "num_attention_heads", FALSE, error))
     return FALSE;
 
-  m->hidden = h;
-  m->n_layers = L;
-  m->n_heads = m->n_kv_heads = a;
-  m->head_dim = h / a;
-  m->ffn = f;
-  m->vocab = V;
+  set_dims (m, h, L, a, a, h / a, f, V);
   m->max_positions = P;
   m->linear_bias = TRUE;
   m->no_lm_head = TRUE;
@@ -992,24 +953,20 @@ import_bert (StowModelBuilder *b, JsonObject *o, GError **error)
   for (guint64 i = 0; i < L; i++)
     {
       gint l = (gint)i;
-      char p[96], q[160];
+      char p[96];
       static const char *const qkv[] = { "query", "key", "value" };
       g_snprintf (p, sizeof p, "bert.encoder.layer.%d", l);
       for (guint k = 0; k < 3; k++)
         {
-          g_snprintf (q, sizeof q, "%s.attention.self.%s", p, qkv[k]);
-          add_linear (b, STOW_ROLE_ATTENTION, l, h, h, TRUE, q);
+          add_linear (b, STOW_ROLE_ATTENTION, l, h, h, TRUE,
+                      "%s.attention.self.%s", p, qkv[k]);
         }
-      g_snprintf (q, sizeof q, "%s.attention.output.dense", p);
-      add_linear (b, STOW_ROLE_ATTENTION, l, h, h, TRUE, q);
-      g_snprintf (q, sizeof q, "%s.attention.output.LayerNorm", p);
-      add_norm (b, l, h, q);
-      g_snprintf (q, sizeof q, "%s.intermediate.dense", p);
-      add_linear (b, STOW_ROLE_MLP, l, f, h, TRUE, q);
-      g_snprintf (q, sizeof q, "%s.output.dense", p);
-      add_linear (b, STOW_ROLE_MLP, l, h, f, TRUE, q);
-      g_snprintf (q, sizeof q, "%s.output.LayerNorm", p);
-      add_norm (b, l, h, q);
+      add_linear (b, STOW_ROLE_ATTENTION, l, h, h, TRUE,
+                  "%s.attention.output.dense", p);
+      add_norm (b, l, h, "%s.attention.output.LayerNorm", p);
+      add_linear (b, STOW_ROLE_MLP, l, f, h, TRUE, "%s.intermediate.dense", p);
+      add_linear (b, STOW_ROLE_MLP, l, h, f, TRUE, "%s.output.dense", p);
+      add_norm (b, l, h, "%s.output.LayerNorm", p);
     }
   add_linear (b, STOW_ROLE_HEAD, -1, h, h, TRUE, "bert.pooler.dense");
   return TRUE;
