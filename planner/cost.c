@@ -452,8 +452,7 @@ stow_cost_estimate (const StowModel *m, const StowCluster *c,
       double fwd = 0, bwd = 0, params = 0, expert_params = 0;
       guint64 n_rec = 0;
       if (l->recompute == STOW_RECOMPUTE_FULL)
-        n_rec = l->recompute_layers ? MIN (l->recompute_layers, counts[st])
-                                    : counts[st];
+        n_rec = stow_layout_recomputed_layers (l, m->n_layers, counts[st]);
       /* Count the stage's layers by kind (recomputed ones are the first
        * n_rec), then price each kind once. */
       guint64 nk[2] = { 0, 0 }, nr[2] = { 0, 0 };

@@ -397,12 +397,30 @@ stow_layout_validate (const StowLayout *l, const StowTraining *t,
                     "--offload-params %s needs --zero 3 (parameters "
                     "are offloaded shard by shard)",
                     stow_offload_name (l->offload_params));
+  /* The memory model keeps LoRA's frozen base and its adapters' small
+   * states on the GPU; an offload flag would be a promise it does not
+   * price (nor does the lowering run it). */
+  if (t->finetune != STOW_FINETUNE_FULL
+      && (l->offload_optimizer != STOW_OFFLOAD_NONE
+          || l->offload_params != STOW_OFFLOAD_NONE))
+    return invalid (error,
+                    "--finetune %s keeps the frozen weights and the "
+                    "adapters' optimizer states on the GPU: drop %s %s",
+                    stow_finetune_name (t->finetune),
+                    l->offload_optimizer != STOW_OFFLOAD_NONE
+                        ? "--offload-optimizer"
+                        : "--offload-params",
+                    stow_offload_name (l->offload_optimizer != STOW_OFFLOAD_NONE
+                                           ? l->offload_optimizer
+                                           : l->offload_params));
   if (l->recompute == STOW_RECOMPUTE_FULL && l->recompute_layers > 0
-      && l->recompute_layers > (m->n_layers + l->pp - 1) / l->pp)
+      && l->recompute_layers > stow_layout_recompute_run (l, m->n_layers))
     return invalid (error,
                     "--recompute full:%u is more than the %" G_GUINT64_FORMAT
-                    " layers of a stage",
-                    l->recompute_layers, (m->n_layers + l->pp - 1) / l->pp);
+                    " layers of a %s",
+                    l->recompute_layers,
+                    stow_layout_recompute_run (l, m->n_layers),
+                    l->vpp > 1 ? "model chunk (--pp x --vpp)" : "stage");
   if (l->offload_activations && l->recompute != STOW_RECOMPUTE_FULL)
     return invalid (error, "--offload-activations cpu moves activation "
                            "checkpoints, so it needs --recompute full");
@@ -482,4 +500,28 @@ stow_layout_stage_layers (const StowLayout *layout, guint64 n_layers,
       counts[s]++;
       extra--;
     }
+}
+
+guint64
+stow_layout_recompute_run (const StowLayout *layout, guint64 n_layers)
+{
+  guint64 pp = MAX (layout->pp, 1), v = MAX (layout->vpp, 1);
+  if (v > 1)
+    return n_layers / (pp * v);
+  return (n_layers + pp - 1) / pp;
+}
+
+guint64
+stow_layout_recomputed_layers (const StowLayout *layout, guint64 n_layers,
+                               guint64 stage_layers)
+{
+  if (layout->recompute != STOW_RECOMPUTE_FULL)
+    return 0;
+  if (layout->recompute_layers == 0)
+    return stage_layers;
+  guint64 v = MAX (layout->vpp, 1);
+  guint64 run
+      = v > 1 ? stow_layout_recompute_run (layout, n_layers) : stage_layers;
+  guint64 runs = v > 1 ? v : 1;
+  return MIN (stage_layers, runs * MIN (layout->recompute_layers, run));
 }

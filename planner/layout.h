@@ -118,7 +118,8 @@ typedef struct
   StowOffload offload_params;
   gboolean offload_activations; /* checkpoints to pinned host memory */
   StowRecompute recompute;
-  guint recompute_layers; /* FULL: first k layers per stage; 0=all */
+  guint recompute_layers; /* FULL: first k layers of each stage, or of
+                             each model chunk when interleaved; 0=all */
   guint64 micro_batch;
   guint64 grad_accum; /* micro-batches per step per replica */
   StowSchedule schedule;
@@ -180,5 +181,14 @@ gboolean stow_layout_validate (const StowLayout *layout,
  * as even as possible with the remainder on the middle stages. */
 void stow_layout_stage_layers (const StowLayout *layout, guint64 n_layers,
                                guint64 *counts);
+
+/* The run of layers `--recompute full:K` counts in: a stage, or under
+ * interleaving one model chunk (Megatron's recompute_num_layers with
+ * virtual stages).  The first K of each run are recomputed. */
+guint64 stow_layout_recompute_run (const StowLayout *layout, guint64 n_layers);
+
+/* Layers recomputed on a stage of @stage_layers layers. */
+guint64 stow_layout_recomputed_layers (const StowLayout *layout,
+                                       guint64 n_layers, guint64 stage_layers);
 
 G_END_DECLS

@@ -897,6 +897,29 @@ in_flight (const StowLayout *l, guint stage)
   return (double)MIN (m, p - stage); /* 1F1B: stage i holds p - i */
 }
 
+/* Interleaved 1F1B: the most micro-batches whose forward through model
+ * chunk @chunk has run on @stage and whose backward has not.  Megatron's
+ * order runs groups of p micro-batches through the chunks in turn, and
+ * backward the same with the chunks reversed; before backward k the stage
+ * has run w + k forwards (w: the warm-up of in_flight, plus one).  Both
+ * counts grow by p every p v steps, so one period of the steady state
+ * holds the largest difference. */
+static guint64
+interleaved_chunk_in_flight (const StowLayout *l, guint stage, guint chunk)
+{
+  gint64 m = (gint64)l->grad_accum, p = l->pp, v = l->vpp;
+  gint64 n = m * v, pv = p * v;
+  gint64 w = MIN (2 * (p - stage - 1) + (v - 1) * p + 1, n);
+  gint64 fwd_at = (gint64)chunk * p, bwd_at = (v - 1 - chunk) * p, best = 0;
+  for (gint64 k = 0; k <= n - w && k < pv; k++)
+    {
+      gint64 f = (w + k) / pv * p + CLAMP ((w + k) % pv - fwd_at, 0, p);
+      gint64 b = k / pv * p + CLAMP (k % pv - bwd_at, 0, p);
+      best = MAX (best, f - b);
+    }
+  return (guint64)MIN (best, m);
+}
+
 static void
 activations (Model *ms, const StageParams *p, guint stage, GArray *dev,
              gboolean charge_host)
@@ -932,19 +955,20 @@ activations (Model *ms, const StageParams *p, guint stage, GArray *dev,
    * under sequence parallelism). */
   double e = activation_bytes (t);
   guint64 ckpt = (guint64)llround (e * (double)sbh) / (l->sp ? l->tp : 1);
-  guint64 n_full_recompute = 0;
-  if (l->recompute == STOW_RECOMPUTE_FULL)
-    n_full_recompute = l->recompute_layers
-                           ? MIN (l->recompute_layers, p->layers)
-                           : p->layers;
+  guint64 n_full_recompute
+      = stow_layout_recomputed_layers (l, m->n_layers, p->layers);
   guint64 n_stored = p->layers - n_full_recompute;
-  /* The first n_full_recompute layers of the stage are recomputed, the
-   * rest stored; the largest layer sets the rebuilt and working sets. */
+  /* The first K layers of the stage (of each model chunk when
+   * interleaved) are recomputed, the rest stored; the largest layer sets
+   * the rebuilt and working sets. */
+  guint64 run
+      = l->vpp > 1 ? stow_layout_recompute_run (l, m->n_layers) : p->layers;
+  guint64 k_run = n_full_recompute / (l->vpp > 1 ? l->vpp : 1);
   guint64 stored_bytes = 0, full = 0, block = 0;
   for (guint64 i = p->first_layer; i < p->first_layer + p->layers; i++)
     {
       LayerKind k = layer_kind (m, i);
-      if (i >= p->first_layer + n_full_recompute)
+      if ((i - p->first_layer) % MAX (run, 1) >= k_run)
         stored_bytes += kind_bytes[k];
       full = MAX (full, kind_bytes[k]);
       block = MAX (block, kind_block[k]);
@@ -1005,12 +1029,19 @@ activations (Model *ms, const StageParams *p, guint stage, GArray *dev,
   if (p->first)
     {
       /* int64 token ids and the embedding output for each micro-batch in
-       * flight (Megatron's 8 s b p and s b h p terms). */
-      guint64 ids = (guint64)llround (8.0 * s_local * l->micro_batch * mb);
-      stow_mem_add (
-          dev, "input ids and embeddings",
-          ids + (guint64)llround (e * (double)sbh * mb / (l->sp ? l->tp : 1)),
-          STOW_TIER_DEVICE, "%.4g micro-batches x (8 s b + %.0f s b h)", mb, e);
+       * flight (Megatron's 8 s b p and s b h p terms).  Interleaved: those
+       * whose first model chunk is in flight, more than the stage's
+       * average (found by the simulator). */
+      double mb_in = mb;
+      if (l->schedule == STOW_SCHEDULE_INTERLEAVED)
+        mb_in = (double)interleaved_chunk_in_flight (l, stage, 0);
+      guint64 ids = (guint64)llround (8.0 * s_local * l->micro_batch * mb_in);
+      stow_mem_add (dev, "input ids and embeddings",
+                    ids
+                        + (guint64)llround (e * (double)sbh * mb_in
+                                            / (l->sp ? l->tp : 1)),
+                    STOW_TIER_DEVICE,
+                    "%.4g micro-batches x (8 s b + %.0f s b h)", mb_in, e);
     }
   if (p->last && !m->no_lm_head)
     {
@@ -1023,20 +1054,10 @@ activations (Model *ms, const StageParams *p, guint stage, GArray *dev,
       /* GPipe runs every forward before any backward, so the last stage
        * keeps every micro-batch's logits until its backward (found by the
        * simulator); 1F1B's last stage runs each backward right after.
-       * Interleaved: the losses the last stage's warm-up ((v - 1) p chunk
-       * forwards, in groups of p micro-batches) runs before its first
-       * backward. */
+       * Interleaved: those whose last model chunk is in flight. */
       guint64 nlog = l->schedule == STOW_SCHEDULE_GPIPE ? l->grad_accum : 1;
       if (l->schedule == STOW_SCHEDULE_INTERLEAVED)
-        {
-          guint64 mm = l->grad_accum, v = l->vpp, pp = l->pp;
-          guint64 total = mm * v, warm = MIN ((v - 1) * pp, total);
-          guint64 g0 = MIN (mm, pp);
-          if (warm == total)
-            nlog = mm;
-          else if (warm + 1 > (v - 1) * g0)
-            nlog = MIN (mm, MAX (1, warm + 1 - (v - 1) * g0));
-        }
+        nlog = interleaved_chunk_in_flight (l, stage, l->vpp - 1);
       stow_mem_add (dev, "logits and loss", nlog * stow_bytes (sbv, per),
                     STOW_TIER_DEVICE,
                     "%" G_GUINT64_FORMAT " micro-batches x %.4g B x s b V / "

@@ -1193,18 +1193,23 @@ lower_rank (Lower *L, Rank *R)
         u->last_grad_item = i;
     }
 
-  /* Recomputed layers: the first k of the stage (all when k = 0). */
-  guint64 n_rec = 0;
-  if (l->recompute == STOW_RECOMPUTE_FULL)
-    n_rec = l->recompute_layers ? MIN (l->recompute_layers, R->sp.layers)
-                                : R->sp.layers;
+  /* Recomputed layers: the first k of the stage, or of each model chunk
+   * when interleaved (all when k = 0). */
   {
-    guint64 seen = 0;
-    for (guint i = 0; i < R->units->len; i++)
+    guint v = MAX (l->vpp, 1);
+    guint64 n_rec
+        = stow_layout_recomputed_layers (l, L->m->n_layers, R->sp.layers) / v;
+    for (guint ch = 0; ch < R->chunk_first->len; ch++)
       {
-        Unit *u = &g_array_index (R->units, Unit, i);
-        if (u->layer >= 0)
-          u->recompute = seen++ < n_rec;
+        guint first = g_array_index (R->chunk_first, guint, ch);
+        guint count = g_array_index (R->chunk_count, guint, ch);
+        guint64 seen = 0;
+        for (guint i = first; i < first + count; i++)
+          {
+            Unit *u = &g_array_index (R->units, Unit, i);
+            if (u->layer >= 0)
+              u->recompute = seen++ < n_rec;
+          }
       }
   }
 
@@ -1569,18 +1574,6 @@ stow_schedule_lower (const StowModel *m, const StowCluster *c,
                    stow_engine_name (l->engine));
       return NULL;
     }
-  if (t->finetune != STOW_FINETUNE_FULL
-      && (l->offload_optimizer != STOW_OFFLOAD_NONE
-          || l->offload_params != STOW_OFFLOAD_NONE))
-    {
-      g_set_error (error, STOW_PLAN_ERROR, STOW_PLAN_ERROR_INVALID,
-                   "--finetune %s with offload: the step program keeps "
-                   "adapter states on the GPU (as the memory model does); "
-                   "drop --offload-optimizer / --offload-params",
-                   stow_finetune_name (t->finetune));
-      return NULL;
-    }
-
   g_autoptr (StowMemory) mem = stow_memory_estimate (m, c, t, l, mo_in, error);
   if (mem == NULL)
     return NULL;

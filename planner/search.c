@@ -120,16 +120,17 @@ evaluate (Ctx *x, const StowLayout *l)
   return TRUE;
 }
 
-/* Full recomputation of the first K layers of each stage: memory falls
- * and time rises with K, so only the smallest K that fits matters; found
- * by bisection on the memory totals. */
+/* Full recomputation of the first K layers of each stage (each model
+ * chunk when interleaved): memory falls and time rises with K, so only
+ * the smallest K that fits matters; found by bisection on the memory
+ * totals. */
 static void
 partial_recompute (Ctx *x, StowLayout l)
 {
-  guint64 per_stage = (x->m->n_layers + l.pp - 1) / l.pp;
-  if (per_stage < 2)
+  guint64 run = stow_layout_recompute_run (&l, x->m->n_layers);
+  if (run < 2)
     return;
-  guint lo = 1, hi = (guint)per_stage - 1, found = 0;
+  guint lo = 1, hi = (guint)run - 1, found = 0;
   l.recompute = STOW_RECOMPUTE_FULL;
   while (lo <= hi)
     {

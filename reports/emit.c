@@ -406,7 +406,8 @@ stow_emit_megatron (const StowPlanFile *p, GError **error)
       flag_s (s, "--recompute-granularity", "full");
       if (l->recompute_layers)
         {
-          /* The first k layers of each stage: Megatron's "block". */
+          /* The first k layers of each stage (each model chunk under
+           * interleaving): Megatron's "block". */
           flag_s (s, "--recompute-method", "block");
           flag_u (s, "--recompute-num-layers", l->recompute_layers);
         }

@@ -804,6 +804,30 @@ test_validation_errors (void)
       if (bad[i].fragment)
         g_assert_nonnull (strstr (error->message, bad[i].fragment));
     }
+
+  /* full:K counts in a model chunk under interleaving (Megatron's
+   * recompute_num_layers with virtual stages): 80 layers over pp 4 x vpp 5
+   * leave 4 per chunk, 20 per stage. */
+  g_autoptr (StowCluster) c = stow_test_cluster ("8xA100-80GB");
+  StowTraining t;
+  StowLayout l;
+  stow_training_init (&t);
+  t.global_batch = 16;
+  stow_layout_init (&l);
+  l.dp = 2, l.pp = 4, l.vpp = 5, l.schedule = STOW_SCHEDULE_INTERLEAVED;
+  l.micro_batch = 1, l.grad_accum = 8;
+  l.recompute = STOW_RECOMPUTE_FULL, l.recompute_layers = 4;
+  g_autoptr (GError) error = NULL;
+  g_autoptr (StowMemory) ok = stow_memory_estimate (m, c, &t, &l, NULL, &error);
+  g_assert_no_error (error);
+  g_assert_cmpuint (stow_layout_recomputed_layers (&l, 80, 20), ==, 20);
+  l.recompute_layers = 1;
+  g_assert_cmpuint (stow_layout_recomputed_layers (&l, 80, 20), ==, 5);
+  l.recompute_layers = 5;
+  g_assert_null (stow_memory_estimate (m, c, &t, &l, NULL, &error));
+  g_assert_error (error, STOW_PLAN_ERROR, STOW_PLAN_ERROR_INVALID);
+  g_assert_nonnull (strstr (error->message, "--recompute full:5 is more than "
+                                            "the 4 layers of a model chunk"));
 }
 
 int
