@@ -17,6 +17,7 @@
 #include "core/units.h"
 #include "executor/backend.h"
 #include "executor/trace.h"
+#include "planner/cost.h"
 #include "planner/schedule.h"
 #include "reports/report.h"
 #include "reports/sim-report.h"
@@ -174,6 +175,13 @@ run (SimOptions *so, int argc, char **argv)
   if (tr == NULL)
     return stow_cli_fail (error, NULL);
   double wall = (double)(g_get_monotonic_time () - t0) / 1e6;
+  /* The planner's closed-form step for the same layout, side by side. */
+  StowCostOptions co;
+  stow_cost_options_init (&co);
+  co.delayed_update = sched.delayed_update;
+  StowCost cost;
+  stow_cost_estimate (po->model, po->cluster_obj, &po->training, &po->layout,
+                      &co, &cost);
 
   if (so->trace)
     {
@@ -202,6 +210,7 @@ run (SimOptions *so, int argc, char **argv)
       json_builder_begin_object (b);
       stow_json_set_string (b, "program", prog->description);
       stow_json_set_double (b, "step_time_s", tr->step_time_s);
+      stow_json_set_double (b, "predicted_step_time_s", cost.step_time_s);
       json_builder_set_member_name (b, "exposed_s");
       json_builder_begin_object (b);
       for (guint s = 0; s < STOW_N_STREAMS; s++)
@@ -256,6 +265,12 @@ run (SimOptions *so, int argc, char **argv)
                           "step time: %.4f s  (%u ranks, %u ops, simulated "
                           "in %.3f s)\n",
                           tr->step_time_s, prog->n_ranks, prog->ops->len, wall);
+  g_string_append_printf (
+      out,
+      "time model: %.4f s per step (simulated / "
+      "predicted %.3f)\n",
+      cost.step_time_s,
+      cost.step_time_s > 0 ? tr->step_time_s / cost.step_time_s : 0.0);
   g_string_append_printf (out, "streams (rank %u): busy / exposed\n",
                           tr->critical_rank);
   for (guint s = 0; s < STOW_N_STREAMS; s++)

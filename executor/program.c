@@ -105,6 +105,12 @@ mem_change (StowTrace *t, guint64 *cur, const StowBuffer *b, gboolean add,
     }
 }
 
+static gboolean
+is_drive_stream (StowStream s)
+{
+  return s == STOW_STREAM_NVME_READ || s == STOW_STREAM_NVME_WRITE;
+}
+
 StowTrace *
 stow_program_run (const StowProgram *p, StowBackend *backend, GError **error)
 {
@@ -146,6 +152,13 @@ stow_program_run (const StowProgram *p, StowBackend *backend, GError **error)
         qops[qstart[q] + fill[q]++] = i;
       }
   }
+  /* A rank's nvme_read and nvme_write queues share its drives: one op at
+   * a time across the two, since a drive's read and write bandwidths do
+   * not add (the time model charges bytes/read + bytes/write). */
+  g_autofree double *drive_time = g_new0 (double, p->n_ranks);
+  g_autofree guint *drive_last = g_new (guint, p->n_ranks);
+  for (guint r = 0; r < p->n_ranks; r++)
+    drive_last[r] = STOW_NONE;
   g_autofree double *ev_time = g_new (double, MAX (nev, 1));
   g_autofree guint *ev_op = g_new (guint, MAX (nev, 1));
   for (guint e = 0; e < nev; e++)
@@ -184,6 +197,8 @@ stow_program_run (const StowProgram *p, StowBackend *backend, GError **error)
           const StowOp *op = &g_array_index (p->ops, StowOp, i);
           double start = qtime[q];
           guint pred = qlast[q];
+          if (is_drive_stream (op->stream) && drive_time[op->rank] > start)
+            start = drive_time[op->rank], pred = drive_last[op->rank];
           gboolean ready = TRUE;
           for (guint w = 0; w < op->n_waits; w++)
             {
@@ -356,6 +371,8 @@ stow_program_run (const StowProgram *p, StowBackend *backend, GError **error)
         ev_time[op->record] = end, ev_op[op->record] = i;
       qtime[best_q] = end;
       qlast[best_q] = i;
+      if (is_drive_stream (op->stream))
+        drive_time[op->rank] = end, drive_last[op->rank] = i;
       qhead[best_q]++;
       if (end > start)
         {

@@ -387,6 +387,36 @@ layer_pass_seconds (const LayerCost *lc, gboolean lora, double *fwd,
 
 /* ---- the step -------------------------------------------------------- */
 
+/* The embedding (a lookup: its output written, then read back in
+ * backward) and the output layer with its fp32 cross-entropy, one
+ * micro-batch on one GPU. */
+static void
+ends_cost (const StowModel *m, const StowCluster *c, const StowTraining *t,
+           const StowLayout *l, const StowCostOptions *o, double peak,
+           StowEndsSeconds *out)
+{
+  double eb = elem_bytes (t->precision);
+  double hbm = c->node.gpu.hbm_bw * o->hbm_eff;
+  double T = (double)t->seq_len / l->cp * (double)l->micro_batch;
+  double h = (double)m->hidden;
+  double e = 2.0 * T * h * eb / hbm;
+  out->embedding_fwd_s = e;
+  out->embedding_bwd_s = 2.0 * e;
+  out->embedding_tp_s = 0;
+  if (l->tp > 1 && !l->sp)
+    {
+      /* vocab-parallel embedding: one all-reduce of its output */
+      Link tl = group_link (c, o, l->tp, 1);
+      out->embedding_tp_s = ring_allreduce (T * h * eb, l->tp, tl);
+    }
+  double vn = (double)m->vocab / l->tp;
+  double g = 2.0 * T * h * vn / (peak * gemm_eff (o, T, vn, h));
+  /* fp32 upcast, softmax and its gradient over s b V / tp */
+  double ce = T * vn * 12.0 / hbm;
+  out->head_fwd_s = g + ce;
+  out->head_bwd_s = 2.0 * g + ce;
+}
+
 void
 stow_cost_estimate (const StowModel *m, const StowCluster *c,
                     const StowTraining *t, const StowLayout *l,
@@ -415,6 +445,8 @@ stow_cost_estimate (const StowModel *m, const StowCluster *c,
   gboolean lora = t->finetune != STOW_FINETUNE_FULL;
   gboolean any_moe = m->n_experts > 0;
 
+  StowEndsSeconds ends;
+  ends_cost (m, c, t, l, o, peak, &ends);
   LayerCost dense, moe;
   layer_cost (m, c, t, l, o, FALSE, peak, &dense);
   if (any_moe)
@@ -436,6 +468,7 @@ stow_cost_estimate (const StowModel *m, const StowCluster *c,
   double t_max = 0, t_sum = 0;
   double comp_max[STOW_N_COSTS] = { 0 };
   double stage_fwd_max = 0, stage_bwd_max = 0, stage_params_max = 0;
+  guint64 stage_layers_max = 0;
   double expert_params_max = 0;
   double model_fwd_flops = 0; /* one micro-batch of one replica, all layers */
   double recompute_flops = 0;
@@ -556,27 +589,17 @@ stow_cost_estimate (const StowModel *m, const StowCluster *c,
       /* Embedding (first stage) and output layer + loss (last stage). */
       if (st == 0)
         {
-          double e = 2.0 * T * h * eb / hbm;
-          comp[STOW_COST_COMPUTE] += 3.0 * e;
-          fwd += e, bwd += 2 * e;
+          comp[STOW_COST_COMPUTE]
+              += ends.embedding_fwd_s + ends.embedding_bwd_s;
+          fwd += ends.embedding_fwd_s, bwd += ends.embedding_bwd_s;
           params += (double)m->embedding_params / l->tp;
-          if (l->tp > 1 && !l->sp)
-            {
-              /* vocab-parallel embedding: one all-reduce of its output */
-              Link tl = group_link (c, o, l->tp, 1);
-              comp[STOW_COST_TP] += ring_allreduce (T * h * eb, l->tp, tl);
-            }
+          comp[STOW_COST_TP] += ends.embedding_tp_s;
         }
       if (st + 1 == l->pp)
         {
-          double vn = V / l->tp;
-          double fl = 2.0 * T * h * vn;
-          double g = fl / (peak * gemm_eff (o, T, vn, h));
-          /* fp32 upcast, softmax and its gradient over s b V / tp */
-          double ce = T * vn * 12.0 / hbm;
-          comp[STOW_COST_COMPUTE] += 3.0 * g + 2.0 * ce;
-          fwd += g + ce, bwd += 2 * g + ce;
-          model_fwd_flops += fl * l->tp;
+          comp[STOW_COST_COMPUTE] += ends.head_fwd_s + ends.head_bwd_s;
+          fwd += ends.head_fwd_s, bwd += ends.head_bwd_s;
+          model_fwd_flops += 2.0 * T * h * V;
           params += (double)(m->head_params
                                  ? m->head_params
                                  : (l->pp > 1 ? m->vocab * m->hidden : 0))
@@ -594,6 +617,7 @@ stow_cost_estimate (const StowModel *m, const StowCluster *c,
           stage_bwd_max = bwd;
         }
       stage_params_max = MAX (stage_params_max, params);
+      stage_layers_max = MAX (stage_layers_max, counts[st]);
       expert_params_max = MAX (expert_params_max, expert_params);
       first += counts[st];
     }
@@ -618,9 +642,8 @@ stow_cost_estimate (const StowModel *m, const StowCluster *c,
    * per micro-batch and chunk, plus the fill and drain hops. */
   if (l->pp > 1)
     {
-      Link pl = group_link (c, o, 2, (guint64)l->tp * l->cp * l->dp);
-      double bytes = T * h * eb / l->tp;
-      double one = bytes / pl.bw + pl.lat;
+      double one = stow_cost_p2p_seconds (c, o, T * h * eb / l->tp,
+                                          (guint64)l->tp * l->cp * l->dp);
       double n = 2.0 * ((double)mb * v + (double)l->pp - 1.0);
       out->total_s[STOW_COST_PP_P2P] = out->exposed_s[STOW_COST_PP_P2P]
           = n * one;
@@ -758,8 +781,30 @@ stow_cost_estimate (const StowModel *m, const StowCluster *c,
               = phase > 0 ? hidden * (phase - cpu) / (phase + up) : 0;
           out->exposed_s[STOW_COST_OFFLOAD_PCIE] += hidden * up / (phase + up);
         }
+      else if (l->engine == STOW_ENGINE_STOWAGE
+               && l->offload_optimizer == STOW_OFFLOAD_CPU)
+        {
+          /* Our engine updates each layer's shard as soon as the last
+           * micro-batch's backward has brought its gradients down, and
+           * uploads it when done (the step program's lowering): the CPU
+           * step hides behind that backward, but not the update of the
+           * unit whose gradients come last (the first stage's embedding,
+           * a third of a small model), nor its upload. */
+          double units = (double)MAX (stage_layers_max, 1);
+          double window = mb_bwd * (1.0 - 1.0 / units);
+          double last = 1.0 / units;
+          if (stage_params_max > 0)
+            last = MAX (last,
+                        (double)m->embedding_params / l->tp / stage_params_max);
+          last = MIN (last, 1.0);
+          out->exposed_s[STOW_COST_OFFLOAD_PCIE] = down_exposed + up * last;
+          out->exposed_s[STOW_COST_CPU_OPTIMIZER]
+              = MAX (cpu * last, cpu - window);
+        }
       else
         {
+          /* DeepSpeed (and our NVMe swapper) step after the backward:
+           * ZeRO-Infinity lists the optimizer states as not overlapped. */
           out->exposed_s[STOW_COST_OFFLOAD_PCIE] = down_exposed + up;
           out->exposed_s[STOW_COST_CPU_OPTIMIZER] = cpu;
           out->exposed_s[STOW_COST_NVME] = phase - cpu;
@@ -923,6 +968,17 @@ stow_cost_explain_difference (GString *out, const StowLayout *a,
 }
 
 void
+stow_cost_ends_seconds (const StowModel *m, const StowCluster *c,
+                        const StowTraining *t, const StowLayout *l,
+                        StowEndsSeconds *out)
+{
+  StowCostOptions o;
+  stow_cost_options_init (&o);
+  ends_cost (m, c, t, l, &o, stow_cost_peak_flops (&c->node.gpu, t->precision),
+             out);
+}
+
+void
 stow_cost_layer_seconds (const StowModel *m, const StowCluster *c,
                          const StowTraining *t, const StowLayout *l,
                          gboolean moe, StowLayerSeconds *out)
@@ -935,4 +991,26 @@ stow_cost_layer_seconds (const StowModel *m, const StowCluster *c,
   layer_pass_seconds (&lc, t->finetune != STOW_FINETUNE_FULL, &out->forward_s,
                       &out->backward_s);
   out->selective_s = lc.fwd_attn_s + lc.core_elem_s;
+}
+
+double
+stow_cost_dp_collective_seconds (const StowCluster *c,
+                                 const StowCostOptions *options, double bytes,
+                                 guint64 n, guint64 stride, gboolean half)
+{
+  StowCostOptions o;
+  if (options == NULL)
+    stow_cost_options_init (&o), options = &o;
+  return dp_collective (c, options, bytes, n, MAX (stride, 1), half);
+}
+
+double
+stow_cost_p2p_seconds (const StowCluster *c, const StowCostOptions *options,
+                       double bytes, guint64 stride)
+{
+  StowCostOptions o;
+  if (options == NULL)
+    stow_cost_options_init (&o), options = &o;
+  Link pl = group_link (c, options, 2, MAX (stride, 1));
+  return bytes / pl.bw + pl.lat;
 }

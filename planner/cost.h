@@ -125,6 +125,34 @@ void stow_cost_layer_seconds (const StowModel *model,
                               const StowLayout *layout, gboolean moe,
                               StowLayerSeconds *out);
 
+/* A data-parallel collective as stow_cost_estimate prices it: @bytes over
+ * @n ranks @stride apart, over NVLink inside a node first and then across
+ * nodes, each GPU moving 1/local of the data over its own NIC.  @half: a
+ * reduce-scatter or all-gather (n-1)/n of the data, else an all-reduce.
+ * @options may be NULL for the defaults. */
+double stow_cost_dp_collective_seconds (const StowCluster *cluster,
+                                        const StowCostOptions *options,
+                                        double bytes, guint64 n, guint64 stride,
+                                        gboolean half);
+
+/* One pipeline send of @bytes to a rank @stride ranks away. */
+double stow_cost_p2p_seconds (const StowCluster *cluster,
+                              const StowCostOptions *options, double bytes,
+                              guint64 stride);
+
+/* The embedding and the output layer with its loss, one micro-batch on
+ * one GPU, as stow_cost_estimate prices them. */
+typedef struct
+{
+  double embedding_fwd_s, embedding_bwd_s;
+  double embedding_tp_s; /* vocab-parallel all-reduce of its output */
+  double head_fwd_s, head_bwd_s;
+} StowEndsSeconds;
+
+void stow_cost_ends_seconds (const StowModel *model, const StowCluster *cluster,
+                             const StowTraining *training,
+                             const StowLayout *layout, StowEndsSeconds *out);
+
 /* Appends to @out why @a is predicted faster (or slower) than @b: the
  * layout fields that differ and the exposed terms that moved, largest
  * first ("tp 8 -> 4: tp -1.20 s, compute +0.30 s"). */

@@ -1,9 +1,10 @@
 /* SPDX-License-Identifier: MIT
  *
- * planner/schedule-cost.c: seconds for one step-program op from the
- * cluster's FLOP rates and bandwidths.  Deliberately small and in one
- * place: the time model (planner/cost.c) will replace these formulas, and
- * the simulator then calls it instead.
+ * planner/schedule-cost.c: seconds for one step-program op.  Ops the
+ * lowering priced with the time model (planner/cost.c: layers, the
+ * embedding and loss, collectives, sends) carry their seconds; copies and
+ * Adam, and the ops of hand-built programs, are priced here from the
+ * cluster's FLOP rates and bandwidths.
  */
 #include "planner/schedule.h"
 
@@ -100,6 +101,9 @@ stow_schedule_op_seconds (const StowCluster *c, const StowTraining *t,
                           const StowOp *op)
 {
   const StowNode *node = &c->node;
+  /* Ops the lowering priced with the time model (planner/cost.c). */
+  if (op->seconds > 0)
+    return op->seconds;
   switch (op->kind)
     {
     case STOW_OP_ALLOC:
@@ -112,10 +116,6 @@ stow_schedule_op_seconds (const StowCluster *c, const StowTraining *t,
     case STOW_OP_RECOMPUTE:
     case STOW_OP_LOSS:
       {
-        /* Layer ops come priced by the time model, their in-layer
-         * communication included. */
-        if (op->seconds > 0)
-          return op->seconds;
         double s = op->flops
                    / (stow_cost_peak_flops (&node->gpu, t->precision)
                       * STOW_SCHED_MFU);

@@ -345,6 +345,7 @@ typedef struct
   GHashTable *xevents; /* "F vs mb" -> event id, across ranks */
   guint k_resident;
   StowLayerSeconds ls[2]; /* dense and MoE layers, from the time model */
+  StowEndsSeconds ends;   /* the embedding, the output layer and loss */
 } Lower;
 
 /* A layer op's duration as the time model prices it (planner/cost.c), so
@@ -352,6 +353,12 @@ typedef struct
 static double
 layer_op_seconds (const Lower *L, gint layer, StowOpKind kind)
 {
+  if (layer == STOW_LAYER_EMBEDDING)
+    return kind == STOW_OP_FORWARD
+               ? L->ends.embedding_fwd_s + L->ends.embedding_tp_s
+               : L->ends.embedding_bwd_s;
+  if (layer == STOW_LAYER_HEAD) /* the loss op: forward and backward */
+    return L->ends.head_fwd_s + L->ends.head_bwd_s;
   if (layer < 0 || (guint64)layer >= L->m->n_layers)
     return 0; /* priced from its FLOPs */
   const StowLayerSeconds *s = &L->ls[L->m->layers[layer].is_moe ? 1 : 0];
@@ -469,6 +476,25 @@ coll_op (Lower *L, guint rank, StowCollective kind, guint64 bytes, gint layer)
   /* Megatron's rank order puts tp and cp inside dp. */
   guint64 span = (guint64)L->l->tp * L->l->cp * L->n;
   op.intra_node = span <= MAX (L->c->node.gpus_per_node, 1);
+  /* Priced as the time model prices it: hierarchical over the ranks tp
+   * apart. */
+  op.seconds = stow_cost_dp_collective_seconds (
+      L->c, NULL, (double)bytes, L->n, L->l->tp, kind != STOW_COLL_ALL_REDUCE);
+  return op;
+}
+
+/* A stage's activation (or its gradient) to the next (previous) stage. */
+static StowOp
+send_op (Lower *L, guint rank, gint layer, guint mb)
+{
+  const StowLayout *l = L->l;
+  StowOp op = coll_op (L, rank, STOW_COLL_SEND, L->sbh_send, layer);
+  op.group = STOW_GROUP_PP, op.group_size = 2;
+  op.intra_node
+      = l->tp * l->cp * L->n * l->pp <= MAX (L->c->node.gpus_per_node, 1);
+  op.micro_batch = mb;
+  op.seconds = stow_cost_p2p_seconds (L->c, NULL, (double)L->sbh_send,
+                                      (guint64)l->tp * l->cp * l->dp);
   return op;
 }
 
@@ -1283,6 +1309,7 @@ lower_rank (Lower *L, Rank *R)
                           0);
               stow_op_init (&op, STOW_OP_FORWARD, STOW_STREAM_COMPUTE, rank);
               op.layer = u->layer, op.micro_batch = it->mb;
+              op.seconds = layer_op_seconds (L, u->layer, op.kind);
               op_io (&op, wbuf, STOW_NONE, inputs[it->mb]);
               done = emit (L, &op, waits, nw, TRUE, "forward");
             }
@@ -1309,6 +1336,7 @@ lower_rank (Lower *L, Rank *R)
               op.flops = 6.0 * (double)L->t->seq_len / l->cp
                          * (double)l->micro_batch * (double)L->m->hidden
                          * (double)L->m->vocab / l->tp;
+              op.seconds = layer_op_seconds (L, u->layer, op.kind);
               op_io (&op, wbuf, STOW_NONE, logits[it->mb]);
               if (grad != STOW_NONE)
                 op.writes[op.n_writes++] = grad;
@@ -1362,11 +1390,7 @@ lower_rank (Lower *L, Rank *R)
             }
           if (last_layer_of_chunk && vs + 1 < l->pp * l->vpp)
             {
-              op = coll_op (L, rank, STOW_COLL_SEND, L->sbh_send, u->layer);
-              op.group = STOW_GROUP_PP, op.group_size = 2;
-              op.intra_node = l->tp * l->cp * L->n * l->pp
-                              <= MAX (L->c->node.gpus_per_node, 1);
-              op.micro_batch = it->mb;
+              op = send_op (L, rank, u->layer, it->mb);
               op.record = xevent (L, rank, PASS_F, vs, it->mb);
               emit (L, &op, &done, 1, FALSE, NULL);
             }
@@ -1389,6 +1413,7 @@ lower_rank (Lower *L, Rank *R)
                 }
               stow_op_init (&op, STOW_OP_BACKWARD, STOW_STREAM_COMPUTE, rank);
               op.layer = u->layer, op.micro_batch = it->mb;
+              op.seconds = layer_op_seconds (L, u->layer, op.kind);
               op_io (&op, inputs[it->mb], STOW_NONE,
                      grad != STOW_NONE ? grad : R->grads_buf);
               done = emit (L, &op, waits, nw, TRUE, "backward");
@@ -1502,11 +1527,7 @@ lower_rank (Lower *L, Rank *R)
                 u->grads_ready = ev;
               if (first_of_chunk && vs > 0)
                 {
-                  op = coll_op (L, rank, STOW_COLL_SEND, L->sbh_send, u->layer);
-                  op.group = STOW_GROUP_PP, op.group_size = 2;
-                  op.intra_node = l->tp * l->cp * L->n * l->pp
-                                  <= MAX (L->c->node.gpus_per_node, 1);
-                  op.micro_batch = it->mb;
+                  op = send_op (L, rank, u->layer, it->mb);
                   op.record = xevent (L, rank, PASS_B, vs, it->mb);
                   emit (L, &op, &done, 1, FALSE, NULL);
                 }
@@ -1598,6 +1619,7 @@ stow_schedule_lower (const StowModel *m, const StowCluster *c,
   stow_mem_activation_sizes (m, t, l, &L.full, &L.block, &L.ckpt);
   stow_cost_layer_seconds (m, c, t, l, FALSE, &L.ls[0]);
   stow_cost_layer_seconds (m, c, t, l, TRUE, &L.ls[1]);
+  stow_cost_ends_seconds (m, c, t, l, &L.ends);
   double s_local = (double)t->seq_len / l->cp;
   guint64 sbh
       = (guint64)llround (s_local * (double)l->micro_batch * (double)m->hidden);

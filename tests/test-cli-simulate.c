@@ -58,6 +58,9 @@ test_json_matches_mem (void)
   g_autoptr (JsonNode) root = NULL;
   JsonObject *o = parse (r.out, &root);
   g_assert_cmpfloat (json_object_get_double_member (o, "step_time_s"), >, 0);
+  /* The time model's step for the same layout, beside it. */
+  g_assert_cmpfloat (json_object_get_double_member (o, "predicted_step_time_s"),
+                     >, 0);
   JsonObject *ex = json_object_get_object_member (o, "exposed_s");
   for (const char *const *s
        = (const char *const[]){ "compute", "h2d", "d2h", "nvme_read",

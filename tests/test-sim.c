@@ -508,7 +508,8 @@ test_pipeline_bubble (void)
   g_assert_cmpfloat (ti->step_time_s, >=, 8 * fb);
 }
 
-/* The NVMe optimizer: read, update and write overlap (three buffers). */
+/* The NVMe optimizer: Adam overlaps the reads and writes (three buffers),
+ * which share the rank's drives one after another. */
 static void
 test_nvme_swap_pipeline (void)
 {
@@ -550,7 +551,13 @@ test_nvme_swap_pipeline (void)
                   "phase %.3f s",
                   chunks, rd, up, wr, last - first);
   g_assert_cmpuint (chunks, >=, 3);
-  g_assert_cmpfloat (last - first, <, 0.8 * (up + wr));
+  /* The drive's work bounds the phase (all writes and the reads but those
+   * of the three swap buffers, which may precede the first Adam); Adam
+   * hides behind it but for one chunk. */
+  double phase = last - first;
+  g_assert_cmpfloat (phase, >=, rd + wr - 3.0 * rd / chunks);
+  g_assert_cmpfloat (phase, <=, rd + wr + 1.5 * up / chunks);
+  g_assert_cmpfloat (phase, <, 0.85 * (rd + up + wr));
   /* At most three swap buffers in flight (pinned host), counted by time
    * from the trace. */
   guint live = 0, max_live = 0;
@@ -633,54 +640,79 @@ test_chrome_trace (void)
   g_assert_cmpfloat_with_epsilon (max_end / 1e6, tr->step_time_s, 1e-6);
 }
 
-/* The simulator and the planner's cost model price a layer the same way
- * (lowering takes each layer op's seconds from cost.c), so for layouts
- * whose weights stay on the GPU the simulated step lands near the
- * predicted one; what is left apart is how each overlaps the rest. */
+/* The simulator and the planner's cost model price ops the same way
+ * (lowering takes layer, embedding, loss, collective and send seconds from
+ * cost.c; copies and Adam use the same bandwidths), so the simulated step
+ * lands near the predicted one; what is left apart is how each overlaps
+ * the rest: the closed form's hidden-communication slowdown and per-layer
+ * fetch cost, the program's exact pipelines of copies, CPU Adam and NVMe
+ * swaps. */
 static void
 test_agrees_with_cost (void)
 {
   g_autoptr (GError) error = NULL;
   g_autoptr (StowModel) m = stow_model_lookup ("llama-7b", &error);
   g_assert_no_error (error);
-  g_autoptr (StowCluster) c
-      = stow_cluster_new_from_spec ("8xA100-80GB", &error);
-  g_assert_no_error (error);
   StowTraining t = training ();
   static const struct
   {
+    const char *gpus;
     guint dp, tp, zero;
     guint64 micro_batch, grad_accum;
+    StowOffload opt, par;
+    double lo, hi;
   } cases[] = {
-    { 8, 1, 1, 1, 4 },
-    { 4, 2, 1, 2, 2 },
-    { 1, 8, 0, 4, 8 },
+    { "8xA100-80GB", 8, 1, 1, 1, 4, STOW_OFFLOAD_NONE, STOW_OFFLOAD_NONE, 0.95,
+      1.06 },
+    { "8xA100-80GB", 4, 2, 1, 2, 2, STOW_OFFLOAD_NONE, STOW_OFFLOAD_NONE, 0.95,
+      1.06 },
+    { "8xA100-80GB", 1, 8, 0, 4, 8, STOW_OFFLOAD_NONE, STOW_OFFLOAD_NONE, 0.95,
+      1.06 },
+    /* two nodes: hierarchical collectives on both sides */
+    { "2x8xA100-80GB", 16, 1, 3, 1, 1, STOW_OFFLOAD_NONE, STOW_OFFLOAD_NONE,
+      0.92, 1.08 },
+    { "2x8xA100-80GB", 16, 1, 1, 1, 4, STOW_OFFLOAD_NONE, STOW_OFFLOAD_NONE,
+      0.92, 1.08 },
+    /* ZeRO-Offload: CPU Adam per layer under the last backward */
+    { "8xA100-80GB", 8, 1, 2, 1, 1, STOW_OFFLOAD_CPU, STOW_OFFLOAD_NONE, 0.92,
+      1.08 },
+    { "8xA100-80GB", 8, 1, 2, 1, 8, STOW_OFFLOAD_CPU, STOW_OFFLOAD_NONE, 0.92,
+      1.08 },
+    /* ZeRO-Infinity: every layer streamed; NVMe swaps share the drives */
+    { "8xA100-80GB", 8, 1, 3, 1, 1, STOW_OFFLOAD_CPU, STOW_OFFLOAD_CPU, 0.92,
+      1.08 },
+    { "8xA100-80GB", 8, 1, 3, 1, 1, STOW_OFFLOAD_NVME, STOW_OFFLOAD_NVME, 0.92,
+      1.08 },
   };
   for (guint i = 0; i < G_N_ELEMENTS (cases); i++)
     {
+      g_autoptr (StowCluster) c
+          = stow_cluster_new_from_spec (cases[i].gpus, &error);
+      g_assert_no_error (error);
       StowLayout l;
       stow_layout_init (&l);
       l.dp = cases[i].dp, l.tp = cases[i].tp, l.zero = cases[i].zero;
       l.micro_batch = cases[i].micro_batch;
       l.grad_accum = cases[i].grad_accum;
+      l.offload_optimizer = cases[i].opt, l.offload_params = cases[i].par;
       t.global_batch = l.dp * l.micro_batch * l.grad_accum;
       StowCost cost;
       g_assert_true (
           stow_cost_estimate_checked (m, c, &t, &l, NULL, &cost, &error));
       g_assert_no_error (error);
+      StowScheduleOptions so;
+      stow_schedule_options_init (&so);
+      so.resident_layers = 0; /* the time model streams every layer */
       g_autoptr (StowProgram) p
-          = stow_schedule_lower (m, c, &t, &l, NULL, NULL, &error);
+          = stow_schedule_lower (m, c, &t, &l, NULL, &so, &error);
       g_assert_no_error (error);
       g_autoptr (StowTrace) tr = run (p, c, &t, NULL, &error);
       g_assert_no_error (error);
       double ratio = tr->step_time_s / cost.step_time_s;
-      g_test_message ("dp %u tp %u zero %u mb %" G_GUINT64_FORMAT
-                      " ga %" G_GUINT64_FORMAT
-                      ": simulated %.4f s, predicted %.4f s (%.3f)",
-                      l.dp, l.tp, l.zero, l.micro_batch, l.grad_accum,
-                      tr->step_time_s, cost.step_time_s, ratio);
-      g_assert_cmpfloat (ratio, >=, 0.95);
-      g_assert_cmpfloat (ratio, <=, 1.06);
+      g_test_message ("%s: simulated %.4f s, predicted %.4f s (%.3f)",
+                      p->description, tr->step_time_s, cost.step_time_s, ratio);
+      g_assert_cmpfloat (ratio, >=, cases[i].lo);
+      g_assert_cmpfloat (ratio, <=, cases[i].hi);
     }
 }
 
