@@ -6,7 +6,7 @@
 # interleaved run by run so that both see the same machine load; then the
 # optimizer swapper (pipelined step vs. each stage alone).  Writes
 # bench/results/nvme-<date>.md with the machine, the exact commands, every
-# run, the best and the spread.
+# run, the best, the median of the paired (same-run) ratios and the spread.
 #
 # Usage: bench/nvme.sh [DIR] ; knobs by environment: SIZE (2GiB), BS (1MiB),
 # QD (32), RUNS (3), STOWAGE (build/cli/stowage), SWAP_SIZE (1GiB),
@@ -114,7 +114,7 @@ out="$root/bench/results/nvme-$(date -u +%Y%m%d-%H%M%S).md"
   echo '```'
   echo
   python3 - "$tmp" "$runs" <<'PY'
-import json, sys, os
+import json, statistics, sys, os
 tmp, runs = sys.argv[1], int(sys.argv[2])
 def fio(path, kind):
     with open(path) as f:
@@ -142,16 +142,25 @@ for kind, key, label in (("w", "write", "write_bytes_per_s"), ("r", "read", "rea
     bp, bx, bs = max(cols["plain"]), max(cols["fixed"]), max(cols["stow"])
     print(f"\nBest of {runs}: stowage {gb(bs)}, fio plain {gb(bp)} (ratio **{bs / bp:.3f}**), "
           f"fio fixed {gb(bx)} (ratio **{bs / bx:.3f}**).  Spread: stowage {spread(cols['stow'])}, "
-          f"fio plain {spread(cols['plain'])}, fio fixed {spread(cols['fixed'])}.\n")
+          f"fio plain {spread(cols['plain'])}, fio fixed {spread(cols['fixed'])}.")
+    # Paired: each run's stowage against the fio runs beside it, so one
+    # outlier on either side moves one ratio, not the verdict.
+    mp = statistics.median(s_ / p for s_, p in zip(cols["stow"], cols["plain"]))
+    mx = statistics.median(s_ / x for s_, x in zip(cols["stow"], cols["fixed"]))
+    print(f"Median of the {runs} paired ratios: stowage / plain **{mp:.3f}**, "
+          f"stowage / fixed **{mx:.3f}**.\n")
 for name in ("swap", "swap-host"):
     with open(f"{tmp}/{name}.json") as f:
         s = json.load(f)
     print(f"\n## Swapper ({s['mode']}), best of 3 steps of each kind\n")
     print("| pipelined step | read alone | update alone | write alone | pipelined / slowest stage | pipelined / (read + write) |")
     print("|---|---|---|---|---|---|")
+    # Host mode has no I/O, so no read + write to compare with.
+    rw = s.get("pipelined_over_read_plus_write")
+    rw = f"{rw:.3f}" if rw is not None else "n/a (no I/O)"
     print(f"| {s['pipelined_step_s']:.3f} s | {s['read_alone_s']:.3f} s | {s['update_alone_s']:.3f} s "
           f"| {s['write_alone_s']:.3f} s | **{s['pipelined_over_max_stage']:.3f}** "
-          f"| {s['pipelined_over_read_plus_write']:.3f} |")
+          f"| {rw} |")
     print("\n```json\n" + json.dumps(s, indent=1) + "\n```")
 PY
 } >"$out"
