@@ -346,6 +346,7 @@ typedef struct
   guint k_resident;
   StowLayerSeconds ls[2]; /* dense and MoE layers, from the time model */
   StowEndsSeconds ends;   /* the embedding, the output layer and loss */
+  StowCostOptions co;     /* the time model's defaults, for collectives */
 } Lower;
 
 /* A layer op's duration as the time model prices it (planner/cost.c), so
@@ -478,8 +479,9 @@ coll_op (Lower *L, guint rank, StowCollective kind, guint64 bytes, gint layer)
   op.intra_node = span <= MAX (L->c->node.gpus_per_node, 1);
   /* Priced as the time model prices it: hierarchical over the ranks tp
    * apart. */
-  op.seconds = stow_cost_dp_collective_seconds (
-      L->c, NULL, (double)bytes, L->n, L->l->tp, kind != STOW_COLL_ALL_REDUCE);
+  op.seconds = stow_cost_dp_collective_seconds (L->c, &L->co, (double)bytes,
+                                                L->n, L->l->tp,
+                                                kind != STOW_COLL_ALL_REDUCE);
   return op;
 }
 
@@ -493,7 +495,7 @@ send_op (Lower *L, guint rank, gint layer, guint mb)
   op.intra_node
       = l->tp * l->cp * L->n * l->pp <= MAX (L->c->node.gpus_per_node, 1);
   op.micro_batch = mb;
-  op.seconds = stow_cost_p2p_seconds (L->c, NULL, (double)L->sbh_send,
+  op.seconds = stow_cost_p2p_seconds (L->c, &L->co, (double)L->sbh_send,
                                       (guint64)l->tp * l->cp * l->dp);
   return op;
 }
@@ -1620,6 +1622,7 @@ stow_schedule_lower (const StowModel *m, const StowCluster *c,
   stow_cost_layer_seconds (m, c, t, l, FALSE, &L.ls[0]);
   stow_cost_layer_seconds (m, c, t, l, TRUE, &L.ls[1]);
   stow_cost_ends_seconds (m, c, t, l, &L.ends);
+  stow_cost_options_init (&L.co);
   double s_local = (double)t->seq_len / l->cp;
   guint64 sbh
       = (guint64)llround (s_local * (double)l->micro_batch * (double)m->hidden);
