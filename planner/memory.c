@@ -872,6 +872,16 @@ model_states (Model *ms, const StageParams *p, GArray *dev,
     }
 }
 
+/* Interleaved 1F1B: the model chunks @stage has run forward when its
+ * first backward starts: Megatron's warm-up of 2 (p - i - 1) + (v - 1) p
+ * chunks plus one in the steady state, at most all m v of them. */
+static guint64
+interleaved_warmup (const StowLayout *l, guint stage)
+{
+  guint64 m = l->grad_accum, p = l->pp, v = l->vpp;
+  return MIN (2 * (p - stage - 1) + (v - 1) * p + 1, m * v);
+}
+
 /* Micro-batches whose activations a stage holds at its peak. */
 static double
 in_flight (const StowLayout *l, guint stage)
@@ -883,13 +893,9 @@ in_flight (const StowLayout *l, guint stage)
       return (double)m; /* all forwards before any backward */
     case STOW_SCHEDULE_INTERLEAVED:
       {
-        /* Megatron's interleaved warm-up: 2 (p - i - 1) + (v - 1) p model
-         * chunks, plus one in the steady state; a chunk is 1/v of the
-         * stage's layers.  Stage 0 gets p (1 + (p - 1) / (p v)), the
-         * factor in Korthikanti et al. */
-        guint64 chunks = 2 * (p - stage - 1) + (v - 1) * p + 1;
-        chunks = MIN (chunks, m * v);
-        return (double)chunks / (double)v;
+        /* A chunk is 1/v of the stage's layers.  Stage 0 gets
+         * p (1 + (p - 1) / (p v)), the factor in Korthikanti et al. */
+        return (double)interleaved_warmup (l, stage) / (double)v;
       }
     case STOW_SCHEDULE_1F1B:
       break;
@@ -901,7 +907,7 @@ in_flight (const StowLayout *l, guint stage)
  * chunk @chunk has run on @stage and whose backward has not.  Megatron's
  * order runs groups of p micro-batches through the chunks in turn, and
  * backward the same with the chunks reversed; before backward k the stage
- * has run w + k forwards (w: the warm-up of in_flight, plus one).  Both
+ * has run w + k forwards (w: interleaved_warmup).  Both
  * counts grow by p every p v steps, so one period of the steady state
  * holds the largest difference. */
 static guint64
@@ -909,7 +915,7 @@ interleaved_chunk_in_flight (const StowLayout *l, guint stage, guint chunk)
 {
   gint64 m = (gint64)l->grad_accum, p = l->pp, v = l->vpp;
   gint64 n = m * v, pv = p * v;
-  gint64 w = MIN (2 * (p - stage - 1) + (v - 1) * p + 1, n);
+  gint64 w = (gint64)interleaved_warmup (l, stage);
   gint64 fwd_at = (gint64)chunk * p, bwd_at = (v - 1 - chunk) * p, best = 0;
   for (gint64 k = 0; k <= n - w && k < pv; k++)
     {
