@@ -233,6 +233,30 @@ terms_json (JsonBuilder *b, const char *key, GArray *terms)
   json_builder_end_array (b);
 }
 
+void
+stow_layout_json_members (JsonBuilder *b, const StowLayout *l)
+{
+  stow_json_set_u64 (b, "dp", l->dp);
+  stow_json_set_u64 (b, "tp", l->tp);
+  stow_json_set_u64 (b, "pp", l->pp);
+  stow_json_set_u64 (b, "vpp", l->vpp);
+  stow_json_set_u64 (b, "cp", l->cp);
+  stow_json_set_u64 (b, "ep", l->ep);
+  stow_json_set_bool (b, "sp", l->sp);
+  stow_json_set_u64 (b, "zero", l->zero);
+  stow_json_set_bool (b, "hybrid_shard", l->hybrid_shard);
+  stow_json_set_string (b, "offload_optimizer",
+                        stow_offload_name (l->offload_optimizer));
+  stow_json_set_string (b, "offload_params",
+                        stow_offload_name (l->offload_params));
+  stow_json_set_string (b, "offload_activations",
+                        l->offload_activations ? "cpu" : "none");
+  stow_json_set_string (b, "recompute", stow_recompute_name (l->recompute));
+  stow_json_set_u64 (b, "recompute_layers", l->recompute_layers);
+  stow_json_set_u64 (b, "micro_batch", l->micro_batch);
+  stow_json_set_u64 (b, "grad_accum", l->grad_accum);
+}
+
 JsonNode *
 stow_plan_file_to_json (const StowPlanFile *p, const StowMemory *mem)
 {
@@ -297,25 +321,7 @@ stow_plan_file_to_json (const StowPlanFile *p, const StowMemory *mem)
 
   json_builder_set_member_name (b, "layout");
   json_builder_begin_object (b);
-  stow_json_set_u64 (b, "dp", l->dp);
-  stow_json_set_u64 (b, "tp", l->tp);
-  stow_json_set_u64 (b, "pp", l->pp);
-  stow_json_set_u64 (b, "vpp", l->vpp);
-  stow_json_set_u64 (b, "cp", l->cp);
-  stow_json_set_u64 (b, "ep", l->ep);
-  stow_json_set_bool (b, "sp", l->sp);
-  stow_json_set_u64 (b, "zero", l->zero);
-  stow_json_set_bool (b, "hybrid_shard", l->hybrid_shard);
-  stow_json_set_string (b, "offload_optimizer",
-                        stow_offload_name (l->offload_optimizer));
-  stow_json_set_string (b, "offload_params",
-                        stow_offload_name (l->offload_params));
-  stow_json_set_string (b, "offload_activations",
-                        l->offload_activations ? "cpu" : "none");
-  stow_json_set_string (b, "recompute", stow_recompute_name (l->recompute));
-  stow_json_set_u64 (b, "recompute_layers", l->recompute_layers);
-  stow_json_set_u64 (b, "micro_batch", l->micro_batch);
-  stow_json_set_u64 (b, "grad_accum", l->grad_accum);
+  stow_layout_json_members (b, l);
   stow_json_set_string (b, "schedule", stow_schedule_name (l->schedule));
   stow_json_set_string (b, "engine", stow_engine_name (l->engine));
   json_builder_end_object (b);

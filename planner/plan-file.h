@@ -64,6 +64,10 @@ StowPlanFile *stow_plan_file_new (StowModel *model, StowCluster *cluster,
 void stow_plan_file_free (StowPlanFile *plan);
 G_DEFINE_AUTOPTR_CLEANUP_FUNC (StowPlanFile, stow_plan_file_free)
 
+/* The layout's members from dp to grad_accum, as the plan file and the
+ * reports' "layout" objects spell them (names of docs/json.md). */
+void stow_layout_json_members (JsonBuilder *b, const StowLayout *layout);
+
 /* The plan as JSON, with @mem's terms as the predicted memory.  A model
  * read from a config.json is embedded ("config") so the plan reloads
  * without the file. */

@@ -6,6 +6,7 @@
 
 #include "core/json.h"
 #include "core/units.h"
+#include "planner/plan-file.h"
 
 char *
 stow_layout_describe (const StowLayout *l)
@@ -49,25 +50,7 @@ stow_layout_to_json (const StowLayout *l, const StowTraining *t)
 {
   g_autoptr (JsonBuilder) b = json_builder_new ();
   json_builder_begin_object (b);
-  stow_json_set_u64 (b, "dp", l->dp);
-  stow_json_set_u64 (b, "tp", l->tp);
-  stow_json_set_u64 (b, "pp", l->pp);
-  stow_json_set_u64 (b, "vpp", l->vpp);
-  stow_json_set_u64 (b, "cp", l->cp);
-  stow_json_set_u64 (b, "ep", l->ep);
-  stow_json_set_bool (b, "sp", l->sp);
-  stow_json_set_u64 (b, "zero", l->zero);
-  stow_json_set_bool (b, "hybrid_shard", l->hybrid_shard);
-  stow_json_set_string (b, "offload_optimizer",
-                        stow_offload_name (l->offload_optimizer));
-  stow_json_set_string (b, "offload_params",
-                        stow_offload_name (l->offload_params));
-  stow_json_set_string (b, "offload_activations",
-                        l->offload_activations ? "cpu" : "none");
-  stow_json_set_string (b, "recompute", stow_recompute_name (l->recompute));
-  stow_json_set_u64 (b, "recompute_layers", l->recompute_layers);
-  stow_json_set_u64 (b, "micro_batch", l->micro_batch);
-  stow_json_set_u64 (b, "grad_accum", l->grad_accum);
+  stow_layout_json_members (b, l);
   stow_json_set_u64 (b, "global_batch", l->micro_batch * l->grad_accum * l->dp);
   stow_json_set_string (b, "schedule", stow_schedule_name (l->schedule));
   stow_json_set_string (b, "engine", stow_engine_name (l->engine));
