@@ -268,6 +268,24 @@ activation_bytes (const StowTraining *t)
   return t->precision == STOW_PRECISION_FP32 ? 4.0 : 2.0;
 }
 
+double
+stow_memory_activation_element_bytes (const StowTraining *training)
+{
+  return activation_bytes (training);
+}
+
+/* Logits of one micro-batch, per element: the output layer's logits (e B),
+ * the fp32 copy the cross-entropy takes and its gradient (4 + 4 B).  A
+ * chunked loss (torchtune's compiled chunked cross-entropy) fuses the
+ * upcast into the loss and runs its backward a chunk of eight at a time:
+ * the logits plus one chunk's gradient. */
+double
+stow_memory_logits_element_bytes (const StowTraining *training)
+{
+  double e = activation_bytes (training);
+  return training->chunked_loss ? e * (1.0 + 1.0 / 8.0) : e + 8.0;
+}
+
 typedef enum
 {
   LAYER_DENSE,
@@ -660,19 +678,26 @@ model_states (Model *ms, const StageParams *p, GArray *dev,
                     STOW_TIER_DEVICE,
                     "%.4g B x %" G_GUINT64_FORMAT " frozen linear params%s", wb,
                     linear, shards (dev, sbuf, sizeof sbuf, wdiv));
+      /* Embeddings and norms stay in the model's dtype; QLoRA's in bf16,
+       * its compute dtype. */
+      double nb = t->finetune == STOW_FINETUNE_QLORA ? 2.0 : MIN (b.w, 4.0);
       stow_mem_add (dev, "parameters (non-linear)",
-                    stow_bytes (N - linear, 2.0) / wdiv, STOW_TIER_DEVICE,
-                    "2 B x %" G_GUINT64_FORMAT
-                    " embedding and norm params (bf16, frozen)",
-                    N - linear);
+                    stow_bytes (N - linear, nb) / wdiv, STOW_TIER_DEVICE,
+                    "%.4g B x %" G_GUINT64_FORMAT
+                    " embedding and norm params (frozen)",
+                    nb, N - linear);
       /* Adapters train in fp32 (PEFT's default under autocast): weights,
-       * gradients and optimizer states all in fp32, no separate master. */
-      stow_mem_add (dev, "lora adapters", T * 4 / wdiv, STOW_TIER_DEVICE,
-                    "4 B x %" G_GUINT64_FORMAT
+       * gradients and optimizer states, no separate master.  Pure bf16
+       * (torchtune) keeps them in bf16 like the rest of the model. */
+      double ab = t->precision == STOW_PRECISION_BF16_PURE ? 2.0 : 4.0;
+      stow_mem_add (dev, "lora adapters", stow_bytes (T, ab) / wdiv,
+                    STOW_TIER_DEVICE,
+                    "%.4g B x %" G_GUINT64_FORMAT
                     " adapter params (rank %" G_GUINT64_FORMAT ")",
-                    T, t->lora_rank);
-      stow_mem_add (dev, "gradients", T * 4 / gdiv, STOW_TIER_DEVICE,
-                    "4 B x %" G_GUINT64_FORMAT " adapter params", T);
+                    ab, T, t->lora_rank);
+      stow_mem_add (dev, "gradients", stow_bytes (T, ab) / gdiv,
+                    STOW_TIER_DEVICE,
+                    "%.4g B x %" G_GUINT64_FORMAT " adapter params", ab, T);
       stow_mem_add (dev, "optimizer states", stow_bytes (T, b.opt) / odiv,
                     STOW_TIER_DEVICE,
                     "%.4g B x %" G_GUINT64_FORMAT " adapter params (%s)", b.opt,
@@ -970,7 +995,10 @@ activations (Model *ms, const StageParams *p, guint stage, GArray *dev,
   guint64 run
       = l->vpp > 1 ? stow_layout_recompute_run (l, m->n_layers) : p->layers;
   guint64 k_run = n_full_recompute / (l->vpp > 1 ? l->vpp : 1);
-  guint64 stored_bytes = 0, full = 0, block = 0;
+  guint64 stored_bytes = 0, full = 0, block = 0, rebuilt_extra = 0;
+  /* Offloaded checkpoints the backward holds on the device beyond what the
+   * loss finds there (the prefetched one). */
+  guint64 ckpt_prefetch = 0;
   for (guint64 i = p->first_layer; i < p->first_layer + p->layers; i++)
     {
       LayerKind k = layer_kind (m, i);
@@ -997,6 +1025,7 @@ activations (Model *ms, const StageParams *p, guint stage, GArray *dev,
         {
           /* Checkpoints go to pinned host memory; the device keeps two
            * layers' worth (the one in use and the next prefetched). */
+          ckpt_prefetch = MIN (2 * ckpt, bytes) - MIN (ckpt, bytes);
           stow_mem_add (dev, "activation checkpoints", MIN (2 * ckpt, bytes),
                         STOW_TIER_DEVICE,
                         "2 layers x %" G_GUINT64_FORMAT " B (rest offloaded)",
@@ -1018,9 +1047,9 @@ activations (Model *ms, const StageParams *p, guint stage, GArray *dev,
        * has freed this micro-batch's stored ones, so the rebuilt layer only
        * adds what it exceeds them by (found by the simulator). */
       guint64 rebuilt = full - MIN (ckpt, full);
+      rebuilt_extra = rebuilt > stored_bytes ? rebuilt - stored_bytes : 0;
       stow_mem_add (
-          dev, "recomputed layer",
-          rebuilt > stored_bytes ? rebuilt - stored_bytes : 0, STOW_TIER_DEVICE,
+          dev, "recomputed layer", rebuilt_extra, STOW_TIER_DEVICE,
           "one layer's activations rebuilt during backward: %" G_GUINT64_FORMAT
           " B less its checkpoint, less the %" G_GUINT64_FORMAT
           " B of stored layers freed before it",
@@ -1051,24 +1080,37 @@ activations (Model *ms, const StageParams *p, guint stage, GArray *dev,
     }
   if (p->last && !m->no_lm_head)
     {
-      /* Logits for one micro-batch: bf16 output (2 B), the fp32 upcast for
-       * the cross-entropy (4 B) and its gradient (4 B); chunked loss keeps
-       * the fp32 part to one chunk of eight. */
       guint64 sbv = (guint64)llround (s_local * (double)l->micro_batch
                                       * (double)m->vocab / l->tp);
-      double per = (t->chunked_loss ? 1.0 : 8.0) + e;
+      double per = stow_memory_logits_element_bytes (t);
+      guint64 lg = stow_bytes (sbv, per);
       /* GPipe runs every forward before any backward, so the last stage
        * keeps every micro-batch's logits until its backward (found by the
        * simulator); 1F1B's last stage runs each backward right after.
        * Interleaved: those whose last model chunk is in flight. */
       guint64 nlog = l->schedule == STOW_SCHEDULE_GPIPE ? l->grad_accum : 1;
       if (l->schedule == STOW_SCHEDULE_INTERLEAVED)
-        nlog = interleaved_chunk_in_flight (l, stage, l->vpp - 1);
-      stow_mem_add (dev, "logits and loss", nlog * stow_bytes (sbv, per),
+        nlog = MAX (interleaved_chunk_in_flight (l, stage, l->vpp - 1), 1);
+      /* A micro-batch's loss and output layer finish their backward, and
+       * free its logits, before its last layer's backward starts; that
+       * backward holds the loss gradient (s b h), the rebuilt layer, the
+       * working set and a prefetched offloaded checkpoint instead.  The
+       * stage's peak has the larger of the two, so this term keeps what
+       * the logits add beyond the other. */
+      guint64 dh = (guint64)llround (e * (double)sbh) / (l->sp ? l->tp : 1);
+      guint64 others = rebuilt_extra + block + ckpt_prefetch;
+      guint64 bwd = dh + others;
+      guint64 last = lg > bwd ? lg - others : dh;
+      stow_mem_add (dev, "logits and loss", (nlog - 1) * lg + last,
                     STOW_TIER_DEVICE,
                     "%" G_GUINT64_FORMAT " micro-batches x %.4g B x s b V / "
-                    "tp = %" G_GUINT64_FORMAT " elements%s",
-                    nlog, per, sbv, t->chunked_loss ? " (chunked loss)" : "");
+                    "tp = %" G_GUINT64_FORMAT " elements%s, the last only "
+                    "beyond its backward's %" G_GUINT64_FORMAT
+                    " B (loss gradient, rebuilt layer, working set, "
+                    "prefetched checkpoint): max(%" G_GUINT64_FORMAT
+                    ", %" G_GUINT64_FORMAT ") - %" G_GUINT64_FORMAT,
+                    nlog, per, sbv, t->chunked_loss ? " (chunked loss)" : "",
+                    bwd, lg, bwd, others);
     }
   if (l->engine == STOW_ENGINE_PYTORCH && t->precision != STOW_PRECISION_FP32
       && t->precision != STOW_PRECISION_BF16_PURE

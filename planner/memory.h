@@ -163,4 +163,10 @@ guint64 stow_memory_layer_activations (const StowModel *model,
                                        const StowTraining *training,
                                        const StowLayout *layout);
 
+/* Bytes of one saved activation element (4 under fp32 training, else 2),
+ * and of one logits element as the loss holds them for one micro-batch;
+ * the step program allocates with the same sizes. */
+double stow_memory_activation_element_bytes (const StowTraining *training);
+double stow_memory_logits_element_bytes (const StowTraining *training);
+
 G_END_DECLS

@@ -337,7 +337,7 @@ typedef struct
   double w, g, master, opt, wg; /* bytes per parameter; wg gathered */
   guint64 n;                    /* ZeRO shard degree */
   guint64 full, block, ckpt;
-  guint64 input_bytes, logits_bytes, sbh_send;
+  guint64 input_bytes, logits_bytes, loss_grad_bytes, sbh_send;
   gboolean gather; /* ZeRO 3: units are gathered or streamed */
   gboolean lora;   /* frozen weights, fp32 adapters train */
   double wb;       /* frozen linear weights' bytes (QLoRA: NF4) */
@@ -1431,7 +1431,23 @@ lower_rank (Lower *L, Rank *R)
             }
           else
             {
-              guint rec = STOW_NONE, ws, grad = STOW_NONE;
+              guint rec = STOW_NONE, ws, grad = STOW_NONE, dh = STOW_NONE;
+              /* The loss's backward has run: the last layer's backward
+               * frees the logits and holds the loss gradient instead. */
+              if (logits[it->mb] != STOW_NONE && it->unit + 2 == n_units
+                  && g_array_index (R->units, Unit, n_units - 1).layer
+                         == STOW_LAYER_HEAD)
+                {
+                  /* The checkpoint upload below waits for this free: the
+                   * loss's peak does not hold the prefetched checkpoint. */
+                  last_compute = emit_free (L, rank, STOW_STREAM_COMPUTE,
+                                            logits[it->mb], NULL, 0, TRUE);
+                  logits[it->mb] = STOW_NONE;
+                  dh = stow_program_buffer (p, rank, STOW_TIER_DEVICE,
+                                            L->loss_grad_bytes, -1, FALSE,
+                                            "loss gradient mb%u", it->mb);
+                  emit_alloc (L, rank, STOW_STREAM_COMPUTE, dh, NULL, 0);
+                }
               if (host_acts[act_idx] != STOW_NONE)
                 {
                   /* Bring the checkpoint back for its recomputation. */
@@ -1513,16 +1529,8 @@ lower_rank (Lower *L, Rank *R)
               if (rec != STOW_NONE)
                 emit_free (L, rank, STOW_STREAM_COMPUTE, rec, NULL, 0, FALSE);
               emit_free (L, rank, STOW_STREAM_COMPUTE, ws, NULL, 0, FALSE);
-              /* The loss gradient lives until the last layer's backward
-               * has consumed it (the memory model charges them together). */
-              if (logits[it->mb] != STOW_NONE && it->unit + 2 == n_units
-                  && g_array_index (R->units, Unit, n_units - 1).layer
-                         == STOW_LAYER_HEAD)
-                {
-                  emit_free (L, rank, STOW_STREAM_COMPUTE, logits[it->mb], NULL,
-                             0, FALSE);
-                  logits[it->mb] = STOW_NONE;
-                }
+              if (dh != STOW_NONE)
+                emit_free (L, rank, STOW_STREAM_COMPUTE, dh, NULL, 0, FALSE);
               guint ev = emit_grad_path (L, R, u, grad, done,
                                          i == u->last_grad_item);
               if (i == u->last_grad_item)
@@ -1627,11 +1635,13 @@ stow_schedule_lower (const StowModel *m, const StowCluster *c,
   guint64 sbh
       = (guint64)llround (s_local * (double)l->micro_batch * (double)m->hidden);
   guint64 spdiv = l->sp ? l->tp : 1;
+  double e = stow_memory_activation_element_bytes (t);
   L.input_bytes = (guint64)llround (8.0 * s_local * l->micro_batch)
-                  + (guint64)llround (2.0 * (double)sbh / spdiv);
+                  + (guint64)llround (e * (double)sbh / spdiv);
   guint64 sbv = (guint64)llround (s_local * (double)l->micro_batch
                                   * (double)m->vocab / l->tp);
-  L.logits_bytes = stow_bytes (sbv, t->chunked_loss ? 3.0 : 10.0);
+  L.logits_bytes = stow_bytes (sbv, stow_memory_logits_element_bytes (t));
+  L.loss_grad_bytes = (guint64)llround (e * (double)sbh) / spdiv;
   L.sbh_send = 2 * sbh / spdiv;
   L.gather = l->zero >= 3;
   L.off_opt = l->offload_optimizer != STOW_OFFLOAD_NONE;

@@ -101,8 +101,13 @@ check_search_pinned (const char *model_name, const char *spec, guint64 seq,
       double sim = (double)tr->peak_bytes[STOW_TIER_DEVICE];
       double model = (double)mem->allocated_peak_bytes;
       if (sim > model * 1.02 || sim < model * 0.98)
-        g_error ("%s on %s: %s: simulated peak %.0f B vs memory model %.0f B",
-                 model_name, spec, prog->description, sim, model);
+        g_error ("%s on %s: %s (cp %u, sp %d, recompute_layers %u, "
+                 "offload_activations %d): simulated peak %.0f B (rank %u, "
+                 "op %u) vs memory model %.0f B",
+                 model_name, spec, prog->description, l->cp, l->sp,
+                 l->recompute_layers, l->offload_activations, sim,
+                 tr->peak_rank[STOW_TIER_DEVICE], tr->peak_op[STOW_TIER_DEVICE],
+                 model);
       /* The peak is on the stage the memory model names. */
       if (mem->n_stages > 1 && sim != model)
         g_assert_cmpuint (tr->peak_rank[STOW_TIER_DEVICE], <, mem->n_stages);
