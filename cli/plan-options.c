@@ -44,6 +44,10 @@ stow_plan_options_add (GOptionContext *ctx, StowPlanOptions *po)
     STR ("global-batch", global_batch, "Sequences per optimizer step", "N"),
     STR ("grad-accum", grad_accum, "Micro-batches per step per replica", "N"),
     STR ("seq", seq, "Sequence length in tokens (2048, 4k, 128k)", "TOKENS"),
+    STR ("decoder-seq", decoder_seq,
+         "Encoder-decoder models: the decoder's (target) length in tokens "
+         "(default: --seq)",
+         "TOKENS"),
     STR ("precision", precision,
          "fp32, fp16, bf16 (default; fp32 master weights), fp8 or bf16-pure "
          "(no master copy, bf16 optimizer states)",
@@ -345,6 +349,8 @@ stow_plan_options_resolve (StowPlanOptions *po, const char *model_arg,
       || !parse_count_flag ("--grad-accum", po->grad_accum, FALSE,
                             &l->grad_accum, error)
       || !parse_count_flag ("--seq", po->seq, TRUE, &t->seq_len, error)
+      || !parse_count_flag ("--decoder-seq", po->decoder_seq, TRUE,
+                            &t->decoder_seq_len, error)
       || !parse_count_flag ("--lora-rank", po->lora_rank, FALSE, &t->lora_rank,
                             error))
     return FALSE;
@@ -425,6 +431,7 @@ stow_plan_options_clear (StowPlanOptions *po)
     &po->global_batch,
     &po->grad_accum,
     &po->seq,
+    &po->decoder_seq,
     &po->precision,
     &po->optimizer,
     &po->finetune,

@@ -21,10 +21,10 @@ typedef struct
   char *gpus, *cluster;
   char *dp, *tp, *pp, *vpp, *cp, *ep, *zero, *offload_optimizer,
       *offload_params, *offload_activations, *recompute, *micro_batch,
-      *global_batch, *grad_accum, *seq, *precision, *optimizer, *finetune,
-      *lora_rank, *engine, *schedule, *convention, *params, *largest_layer,
-      *zero_init, *context, *fragmentation, *nccl, *margin, *reduce_bucket,
-      *free_grads, *lora_targets, *workspace, *host_process;
+      *global_batch, *grad_accum, *seq, *decoder_seq, *precision, *optimizer,
+      *finetune, *lora_rank, *engine, *schedule, *convention, *params,
+      *largest_layer, *zero_init, *context, *fragmentation, *nccl, *margin,
+      *reduce_bucket, *free_grads, *lora_targets, *workspace, *host_process;
   gboolean sp, no_sp, no_flash, chunked_loss, dropout, json, explain,
       overlap_comm, opt_in_bwd;
 

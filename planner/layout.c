@@ -356,6 +356,15 @@ stow_layout_validate (const StowLayout *l, const StowTraining *t,
   if (t->seq_len % l->cp != 0)
     return invalid (error, "--cp %u does not divide --seq %" G_GUINT64_FORMAT,
                     l->cp, t->seq_len);
+  if (t->decoder_seq_len && m->n_encoder_layers == 0)
+    return invalid (error,
+                    "--decoder-seq %" G_GUINT64_FORMAT
+                    " needs an encoder-decoder model; %s has no encoder",
+                    t->decoder_seq_len, m->name);
+  if (t->decoder_seq_len % l->cp != 0)
+    return invalid (error,
+                    "--cp %u does not divide --decoder-seq %" G_GUINT64_FORMAT,
+                    l->cp, t->decoder_seq_len);
   if (l->ep > 1)
     {
       if (m->n_experts == 0)

@@ -82,8 +82,10 @@ typedef enum
 
 typedef struct
 {
-  guint64 seq_len;      /* tokens per sequence */
-  guint64 global_batch; /* sequences per optimizer step */
+  guint64 seq_len;         /* tokens per sequence */
+  guint64 decoder_seq_len; /* encoder-decoder models: the decoder's tokens
+                              per sequence; 0 = seq_len */
+  guint64 global_batch;    /* sequences per optimizer step */
   StowPrecision precision;
   StowOptimizer optimizer;
   StowFinetune finetune;

@@ -304,12 +304,24 @@ layer_kind (const StowModel *m, guint64 i)
   return LAYER_DENSE;
 }
 
+guint64
+stow_memory_decoder_seq (const StowModel *m, const StowTraining *t)
+{
+  return m->n_encoder_layers > 0 && t->decoder_seq_len ? t->decoder_seq_len
+                                                       : t->seq_len;
+}
+
 static void
 layer_activation_parts (const StowModel *m, const StowTraining *t,
                         const StowLayout *l, LayerKind kind, guint64 *block,
                         guint64 *core)
 {
-  double s = (double)t->seq_len / l->cp;
+  /* s: the tokens the layer runs on (a decoder layer: the decoder's);
+   * s_enc: the encoder's, which cross-attention's keys and values see. */
+  double s_enc = (double)t->seq_len / l->cp;
+  double s = kind == LAYER_CROSS
+                 ? (double)stow_memory_decoder_seq (m, t) / l->cp
+                 : s_enc;
   double b = (double)l->micro_batch;
   double h = (double)m->hidden;
   double a = (double)m->n_heads;
@@ -354,25 +366,29 @@ layer_activation_parts (const StowModel *m, const StowTraining *t,
   double split = e * (a * dq + k * dq + k * dv) + e * a * dv + mlp_inner;
   if (m->ffn_dropout && drop > 0)
     split += (double)m->ffn; /* T5: the mask of the dropout inside the MLP */
-  double scores = 1.0;
+  double scores = 1.0, score_cols = s, enc_side = 0;
   if (kind == LAYER_CROSS)
     {
       /* Cross-attention: its norm input and query input (replicated), its
-       * Q, the K and V projected from the encoder output, its output and
-       * dropout mask, and a second set of attention scores. */
+       * Q, its output and dropout mask over the decoder's tokens; the K
+       * and V projected from the encoder output over the encoder's; and a
+       * second set of attention scores, decoder by encoder tokens. */
       replicated += (2.0 * e + drop) * h;
-      split += e * (a * dq + k * dq + k * dv) + e * a * dv;
+      split += e * (a * dq + a * dv);
+      enc_side = s_enc * b * e * (k * dq + k * dv) / tp;
       scores = 2.0;
+      score_cols = s + s_enc;
     }
   double sb = s * b;
-  *block = (guint64)llround (sb * (replicated / rep + split / tp));
+  *block = (guint64)llround (sb * (replicated / rep + split / tp) + enc_side);
 
   if (t->flash_attention)
     *core = (guint64)llround (scores * 4.0 * sb * a / tp); /* fp32 lse */
   else
     /* The softmax output, and with dropout its mask (1 B) and output:
-     * 5 a s^2 b at 16 bits in Korthikanti et al. */
-    *core = (guint64)llround (scores * (e + drop * (1.0 + e)) * a * s * s * b
+     * 5 a s^2 b at 16 bits in Korthikanti et al.; a decoder layer's self-
+     * and cross-attention scores have s and s_enc columns. */
+    *core = (guint64)llround ((e + drop * (1.0 + e)) * a * s * score_cols * b
                               / tp);
 }
 
@@ -1080,7 +1096,9 @@ activations (Model *ms, const StageParams *p, guint stage, GArray *dev,
     }
   if (p->last && !m->no_lm_head)
     {
-      guint64 sbv = (guint64)llround (s_local * (double)l->micro_batch
+      /* The logits and the loss gradient run over the decoder's tokens. */
+      double s_out = (double)stow_memory_decoder_seq (m, t) / l->cp;
+      guint64 sbv = (guint64)llround (s_out * (double)l->micro_batch
                                       * (double)m->vocab / l->tp);
       double per = stow_memory_logits_element_bytes (t);
       guint64 lg = stow_bytes (sbv, per);
@@ -1097,7 +1115,9 @@ activations (Model *ms, const StageParams *p, guint stage, GArray *dev,
        * working set and a prefetched offloaded checkpoint instead.  The
        * stage's peak has the larger of the two, so this term keeps what
        * the logits add beyond the other. */
-      guint64 dh = (guint64)llround (e * (double)sbh) / (l->sp ? l->tp : 1);
+      guint64 dh = (guint64)llround (e * s_out * (double)l->micro_batch
+                                     * (double)m->hidden)
+                   / (l->sp ? l->tp : 1);
       guint64 others = rebuilt_extra + block + ckpt_prefetch;
       guint64 bwd = dh + others;
       guint64 last = lg > bwd ? lg - others : dh;

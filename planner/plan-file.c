@@ -307,6 +307,8 @@ stow_plan_file_to_json (const StowPlanFile *p, const StowMemory *mem)
   json_builder_set_member_name (b, "training");
   json_builder_begin_object (b);
   stow_json_set_u64 (b, "seq_len", t->seq_len);
+  if (t->decoder_seq_len)
+    stow_json_set_u64 (b, "decoder_seq_len", t->decoder_seq_len);
   stow_json_set_u64 (b, "global_batch", t->global_batch);
   stow_json_set_string (b, "precision", stow_precision_name (t->precision));
   stow_json_set_string (b, "optimizer", stow_optimizer_name (t->optimizer));
@@ -496,6 +498,7 @@ static const char *const model_fields[]
     = { "name", "params", "source", "path", "config", NULL };
 static const char *const cluster_fields[] = { "spec", "gpus", "config", NULL };
 static const char *const training_fields[] = { "seq_len",
+                                               "decoder_seq_len",
                                                "global_batch",
                                                "precision",
                                                "optimizer",
@@ -650,6 +653,9 @@ read_training (StowPlanFile *p, JsonObject *root, const char *name,
       || !check_members (o, w, training_fields, error)
       || !get_range (o, w, "seq_len", TRUE, 1, (guint64)1 << 32, &t->seq_len,
                      error)
+      /* added within version 1: optional, the encoder's length when absent */
+      || !get_range (o, w, "decoder_seq_len", FALSE, 1, (guint64)1 << 32,
+                     &t->decoder_seq_len, error)
       || !get_range (o, w, "global_batch", TRUE, 0, (guint64)1 << 40,
                      &t->global_batch, error)
       || !NAME (o, w, "precision", stow_precision_parse, &t->precision, error)

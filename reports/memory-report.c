@@ -57,6 +57,8 @@ stow_layout_to_json (const StowLayout *l, const StowTraining *t)
   if (t != NULL)
     {
       stow_json_set_u64 (b, "seq_len", t->seq_len);
+      if (t->decoder_seq_len)
+        stow_json_set_u64 (b, "decoder_seq_len", t->decoder_seq_len);
       stow_json_set_string (b, "precision", stow_precision_name (t->precision));
       stow_json_set_string (b, "optimizer", stow_optimizer_name (t->optimizer));
       stow_json_set_string (b, "finetune", stow_finetune_name (t->finetune));

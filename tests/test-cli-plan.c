@@ -214,6 +214,52 @@ test_bad_input (void)
                             "1",
                             NULL };
   stow_assert_usage_error (i, "no ZeRO-1 estimate");
+  const char *const j[]
+      = { "mem",           "llama-65b", "--gpus", "8xA100-80GB",
+          "--decoder-seq", "4",         NULL };
+  stow_assert_usage_error (
+      j, "--decoder-seq 4 needs an encoder-decoder model; llama-65b");
+}
+
+/* An encoder-decoder model's decoder length: shorter targets shrink the
+ * decoder's activations and the logits, and a plan file keeps the length. */
+static void
+test_decoder_seq (void)
+{
+  g_auto (StowRun) a = { 0 };
+  stow_run (&a, "mem", "t5-3b", "--gpus", "1xA100-80GB", "--seq", "512",
+            "--json", NULL);
+  g_auto (StowRun) b = { 0 };
+  stow_run (&b, "mem", "t5-3b", "--gpus", "1xA100-80GB", "--seq", "512",
+            "--decoder-seq", "16", "--json", NULL);
+  g_assert_cmpint (a.status, ==, 0);
+  g_assert_cmpint (b.status, ==, 0);
+  g_autoptr (JsonParser) pa = json_parser_new ();
+  g_autoptr (JsonParser) pb = json_parser_new ();
+  g_assert_true (json_parser_load_from_data (pa, a.out, -1, NULL));
+  g_assert_true (json_parser_load_from_data (pb, b.out, -1, NULL));
+  JsonObject *da = json_object_get_object_member (
+      json_node_get_object (json_parser_get_root (pa)), "device");
+  JsonObject *db = json_object_get_object_member (
+      json_node_get_object (json_parser_get_root (pb)), "device");
+  g_assert_cmpint (json_object_get_int_member (db, "allocated_peak_bytes"), <,
+                   json_object_get_int_member (da, "allocated_peak_bytes"));
+  g_autofree char *path
+      = g_build_filename (g_get_tmp_dir (), "stow-decoder-seq.plan.json", NULL);
+  g_auto (StowRun) w = { 0 };
+  stow_run (&w, "mem", "t5-3b", "--gpus", "1xA100-80GB", "--seq", "512",
+            "--decoder-seq", "16", "--emit", "plan", "-o", path, NULL);
+  g_assert_cmpint (w.status, ==, 0);
+  g_auto (StowRun) r = { 0 };
+  stow_run (&r, "mem", "--plan", path, "--json", NULL);
+  g_unlink (path);
+  g_assert_cmpint (r.status, ==, 0);
+  g_autoptr (JsonParser) pr = json_parser_new ();
+  g_assert_true (json_parser_load_from_data (pr, r.out, -1, NULL));
+  JsonObject *dr = json_object_get_object_member (
+      json_node_get_object (json_parser_get_root (pr)), "device");
+  g_assert_cmpint (json_object_get_int_member (dr, "allocated_peak_bytes"), ==,
+                   json_object_get_int_member (db, "allocated_peak_bytes"));
 }
 
 /* `stowage plan` in CSV, Markdown and HTML, and -o writing a file whole. */
@@ -272,6 +318,7 @@ main (int argc, char **argv)
   g_test_add_func ("/cli-plan/mem-explain", test_mem_explain);
   g_test_add_func ("/cli-plan/convention-bytes", test_mem_convention_bytes);
   g_test_add_func ("/cli-plan/bad-input", test_bad_input);
+  g_test_add_func ("/cli-plan/decoder-seq", test_decoder_seq);
   g_test_add_func ("/cli-plan/plan-formats", test_plan_formats);
   return g_test_run ();
 }
