@@ -55,3 +55,7 @@ void stow_mem_state_bytes (const StowModel *m, const StowTraining *t, double *w,
 void stow_mem_activation_sizes (const StowModel *m, const StowTraining *t,
                                 const StowLayout *l, guint64 *full,
                                 guint64 *block, guint64 *ckpt);
+/* One micro-batch's input, logits and loss gradient (see memory.c). */
+void stow_mem_end_sizes (const StowModel *m, const StowTraining *t,
+                         const StowLayout *l, guint64 *input, guint64 *logits,
+                         guint64 *loss_grad);

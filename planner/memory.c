@@ -268,22 +268,16 @@ activation_bytes (const StowTraining *t)
   return t->precision == STOW_PRECISION_FP32 ? 4.0 : 2.0;
 }
 
-double
-stow_memory_activation_element_bytes (const StowTraining *training)
-{
-  return activation_bytes (training);
-}
-
 /* Logits of one micro-batch, per element: the output layer's logits (e B),
  * the fp32 copy the cross-entropy takes and its gradient (4 + 4 B).  A
  * chunked loss (torchtune's compiled chunked cross-entropy) fuses the
  * upcast into the loss and runs its backward a chunk of eight at a time:
  * the logits plus one chunk's gradient. */
-double
-stow_memory_logits_element_bytes (const StowTraining *training)
+static double
+logits_element_bytes (const StowTraining *t)
 {
-  double e = activation_bytes (training);
-  return training->chunked_loss ? e * (1.0 + 1.0 / 8.0) : e + 8.0;
+  double e = activation_bytes (t);
+  return t->chunked_loss ? e * (1.0 + 1.0 / 8.0) : e + 8.0;
 }
 
 typedef enum
@@ -304,8 +298,10 @@ layer_kind (const StowModel *m, guint64 i)
   return LAYER_DENSE;
 }
 
-guint64
-stow_memory_decoder_seq (const StowModel *m, const StowTraining *t)
+/* Tokens per sequence the decoder and the loss see: --decoder-seq for an
+ * encoder-decoder model, else the sequence length. */
+static guint64
+decoder_seq (const StowModel *m, const StowTraining *t)
 {
   return m->n_encoder_layers > 0 && t->decoder_seq_len ? t->decoder_seq_len
                                                        : t->seq_len;
@@ -319,9 +315,7 @@ layer_activation_parts (const StowModel *m, const StowTraining *t,
   /* s: the tokens the layer runs on (a decoder layer: the decoder's);
    * s_enc: the encoder's, which cross-attention's keys and values see. */
   double s_enc = (double)t->seq_len / l->cp;
-  double s = kind == LAYER_CROSS
-                 ? (double)stow_memory_decoder_seq (m, t) / l->cp
-                 : s_enc;
+  double s = kind == LAYER_CROSS ? (double)decoder_seq (m, t) / l->cp : s_enc;
   double b = (double)l->micro_batch;
   double h = (double)m->hidden;
   double a = (double)m->n_heads;
@@ -434,6 +428,30 @@ stow_mem_activation_sizes (const StowModel *m, const StowTraining *t,
       = (guint64)llround (s_local * (double)l->micro_batch * (double)m->hidden);
   *ckpt = (guint64)llround (activation_bytes (t) * (double)sbh)
           / (l->sp ? l->tp : 1);
+}
+
+/* The ends of one micro-batch, shared with the step program: @input, the
+ * first stage's int64 token ids and embedding output (8 s b + e s b h);
+ * @logits, the last stage's logits as the loss holds them (s b V / tp
+ * elements, over the decoder's tokens); @loss_grad, the gradient the loss
+ * hands the last layer (e s b h, over the decoder's tokens).  Under
+ * sequence parallelism the s b h tensors are split by TP. */
+void
+stow_mem_end_sizes (const StowModel *m, const StowTraining *t,
+                    const StowLayout *l, guint64 *input, guint64 *logits,
+                    guint64 *loss_grad)
+{
+  double e = activation_bytes (t);
+  double s_in = (double)t->seq_len / l->cp;
+  double s_out = (double)decoder_seq (m, t) / l->cp;
+  double b = (double)l->micro_batch, h = (double)m->hidden;
+  guint64 spdiv = l->sp ? l->tp : 1;
+  guint64 sbh = (guint64)llround (s_in * b * h);
+  *input = (guint64)llround (8.0 * s_in * b)
+           + (guint64)llround (e * (double)sbh / spdiv);
+  guint64 sbv = (guint64)llround (s_out * b * (double)m->vocab / l->tp);
+  *logits = stow_bytes (sbv, logits_element_bytes (t));
+  *loss_grad = (guint64)llround (e * s_out * b * h) / spdiv;
 }
 
 /* ---- the stowage model ----------------------------------------------- */
@@ -995,6 +1013,8 @@ activations (Model *ms, const StageParams *p, guint stage, GArray *dev,
       kind_bytes[k] = block + core;
     }
   double mb = in_flight (l, stage);
+  guint64 input, lg, dh;
+  stow_mem_end_sizes (m, t, l, &input, &lg, &dh);
   double s_local = (double)t->seq_len / l->cp;
   guint64 sbh
       = (guint64)llround (s_local * (double)l->micro_batch * (double)m->hidden);
@@ -1086,22 +1106,13 @@ activations (Model *ms, const StageParams *p, guint stage, GArray *dev,
       double mb_in = mb;
       if (l->schedule == STOW_SCHEDULE_INTERLEAVED)
         mb_in = (double)interleaved_chunk_in_flight (l, stage, 0);
-      guint64 ids = (guint64)llround (8.0 * s_local * l->micro_batch * mb_in);
       stow_mem_add (dev, "input ids and embeddings",
-                    ids
-                        + (guint64)llround (e * (double)sbh * mb_in
-                                            / (l->sp ? l->tp : 1)),
-                    STOW_TIER_DEVICE,
+                    (guint64)llround ((double)input * mb_in), STOW_TIER_DEVICE,
                     "%.4g micro-batches x (8 s b + %.0f s b h)", mb_in, e);
     }
   if (p->last && !m->no_lm_head)
     {
-      /* The logits and the loss gradient run over the decoder's tokens. */
-      double s_out = (double)stow_memory_decoder_seq (m, t) / l->cp;
-      guint64 sbv = (guint64)llround (s_out * (double)l->micro_batch
-                                      * (double)m->vocab / l->tp);
-      double per = stow_memory_logits_element_bytes (t);
-      guint64 lg = stow_bytes (sbv, per);
+      double per = logits_element_bytes (t);
       /* GPipe runs every forward before any backward, so the last stage
        * keeps every micro-batch's logits until its backward (found by the
        * simulator); 1F1B's last stage runs each backward right after.
@@ -1115,22 +1126,19 @@ activations (Model *ms, const StageParams *p, guint stage, GArray *dev,
        * working set and a prefetched offloaded checkpoint instead.  The
        * stage's peak has the larger of the two, so this term keeps what
        * the logits add beyond the other. */
-      guint64 dh = (guint64)llround (e * s_out * (double)l->micro_batch
-                                     * (double)m->hidden)
-                   / (l->sp ? l->tp : 1);
       guint64 others = rebuilt_extra + block + ckpt_prefetch;
       guint64 bwd = dh + others;
       guint64 last = lg > bwd ? lg - others : dh;
       stow_mem_add (dev, "logits and loss", (nlog - 1) * lg + last,
                     STOW_TIER_DEVICE,
-                    "%" G_GUINT64_FORMAT " micro-batches x %.4g B x s b V / "
-                    "tp = %" G_GUINT64_FORMAT " elements%s, the last only "
-                    "beyond its backward's %" G_GUINT64_FORMAT
+                    "%" G_GUINT64_FORMAT " micro-batches x %" G_GUINT64_FORMAT
+                    " B (%.4g B x s b V / tp%s), the last only beyond its "
+                    "backward's %" G_GUINT64_FORMAT
                     " B (loss gradient, rebuilt layer, working set, "
                     "prefetched checkpoint): max(%" G_GUINT64_FORMAT
                     ", %" G_GUINT64_FORMAT ") - %" G_GUINT64_FORMAT,
-                    nlog, per, sbv, t->chunked_loss ? " (chunked loss)" : "",
-                    bwd, lg, bwd, others);
+                    nlog, lg, per, t->chunked_loss ? ", chunked loss" : "", bwd,
+                    lg, bwd, others);
     }
   if (l->engine == STOW_ENGINE_PYTORCH && t->precision != STOW_PRECISION_FP32
       && t->precision != STOW_PRECISION_BF16_PURE

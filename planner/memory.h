@@ -163,14 +163,4 @@ guint64 stow_memory_layer_activations (const StowModel *model,
                                        const StowTraining *training,
                                        const StowLayout *layout);
 
-/* Bytes of one saved activation element (4 under fp32 training, else 2),
- * and of one logits element as the loss holds them for one micro-batch;
- * the step program allocates with the same sizes. */
-double stow_memory_activation_element_bytes (const StowTraining *training);
-/* Tokens per sequence the decoder and the loss see: --decoder-seq for an
- * encoder-decoder model, else the sequence length. */
-guint64 stow_memory_decoder_seq (const StowModel *model,
-                                 const StowTraining *training);
-double stow_memory_logits_element_bytes (const StowTraining *training);
-
 G_END_DECLS

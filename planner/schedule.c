@@ -1635,16 +1635,8 @@ stow_schedule_lower (const StowModel *m, const StowCluster *c,
   guint64 sbh
       = (guint64)llround (s_local * (double)l->micro_batch * (double)m->hidden);
   guint64 spdiv = l->sp ? l->tp : 1;
-  double e = stow_memory_activation_element_bytes (t);
-  L.input_bytes = (guint64)llround (8.0 * s_local * l->micro_batch)
-                  + (guint64)llround (e * (double)sbh / spdiv);
-  double s_out = (double)stow_memory_decoder_seq (m, t) / l->cp;
-  guint64 sbv = (guint64)llround (s_out * (double)l->micro_batch
-                                  * (double)m->vocab / l->tp);
-  L.logits_bytes = stow_bytes (sbv, stow_memory_logits_element_bytes (t));
-  L.loss_grad_bytes = (guint64)llround (e * s_out * (double)l->micro_batch
-                                        * (double)m->hidden)
-                      / spdiv;
+  stow_mem_end_sizes (m, t, l, &L.input_bytes, &L.logits_bytes,
+                      &L.loss_grad_bytes);
   L.sbh_send = 2 * sbh / spdiv;
   L.gather = l->zero >= 3;
   L.off_opt = l->offload_optimizer != STOW_OFFLOAD_NONE;
