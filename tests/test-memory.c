@@ -495,8 +495,9 @@ test_calibration_torchtune (void)
  * the gradients.  Targets are the class label padded to the longest, 3
  * tokens ("no complaint" and </s>); inputs are tweets padded to the
  * longest in the batch, and the peak comes from the batch holding the
- * longest of the 50 training tweets: 280 characters at most, about 80 to
- * 112 T5 tokens, the band checked here.  Its third column (LoRA with
+ * longest of the 50 training tweets.  That length was not measured here
+ * (the data is not at hand): a tweet has 280 characters at most, and the
+ * band checked, 80 to 112 T5 tokens, is our assumption for the longest.  Its third column (LoRA with
  * ZeRO-3 CPU offload) is refused: stowage does not model offloaded
  * adapters. */
 static void
