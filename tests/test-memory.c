@@ -41,17 +41,24 @@ llama_65b (void)
       " \"tie_word_embeddings\": false}");
 }
 
-/* A GPT of Korthikanti et al. / Narayanan et al.: 4h MLP, learned
- * positions, V = 51,200. */
+/* A Megatron GPT: 4h MLP, learned positions for 2,048 tokens, tied
+ * embeddings, a vocabulary of @vocab. */
 static StowModel *
-gpt (guint64 h, guint64 layers, guint64 heads)
+gpt_vocab (guint64 h, guint64 layers, guint64 heads, guint64 vocab)
 {
   g_autofree char *json = g_strdup_printf (
       "{\"model_type\": \"gpt2\", \"n_embd\": %" G_GUINT64_FORMAT
       ", \"n_layer\": %" G_GUINT64_FORMAT ", \"n_head\": %" G_GUINT64_FORMAT
-      ", \"vocab_size\": 51200, \"n_positions\": 2048}",
-      h, layers, heads);
+      ", \"vocab_size\": %" G_GUINT64_FORMAT ", \"n_positions\": 2048}",
+      h, layers, heads, vocab);
   return model_from_json (json);
+}
+
+/* The GPT of Korthikanti et al. / Narayanan et al.: V = 51,200. */
+static StowModel *
+gpt (guint64 h, guint64 layers, guint64 heads)
+{
+  return gpt_vocab (h, layers, heads, 51200);
 }
 
 static StowMemory *
@@ -497,9 +504,9 @@ test_calibration_torchtune (void)
  * longest in the batch, and the peak comes from the batch holding the
  * longest of the 50 training tweets.  That length was not measured here
  * (the data is not at hand): a tweet has 280 characters at most, and the
- * band checked, 80 to 112 T5 tokens, is our assumption for the longest.  Its third column (LoRA with
- * ZeRO-3 CPU offload) is refused: stowage does not model offloaded
- * adapters. */
+ * band checked, 80 to 112 T5 tokens, is our assumption for the longest.  Its
+ * third column (LoRA with ZeRO-3 CPU offload) is refused: stowage does not
+ * model offloaded adapters. */
 static void
 test_calibration_peft_t0 (void)
 {
@@ -543,6 +550,91 @@ test_calibration_peft_t0 (void)
         g_assert_cmpfloat (fabs (got - gib) / gib, <=, 0.10);
         g_assert_cmpfloat (fabs (got - gb) / gb, <=, 0.10);
       }
+}
+
+/* Case 21: bigcode-project/Megatron-LM issue #20 (January 2023), "Adam
+ * Peak (MB)" of small GPTs on one GPU: vocabulary 49,280, batch 1,
+ * sequence 2048, Megatron's AdamW.  The issue gives heads, layers, width
+ * and the model size in millions of parameters (81 to 209, which these
+ * models match) but not the precision, the counter or the unit.
+ *
+ * Precision: from 6 to 12 heads the peak rises by 1,358, 2,718 and 5,451
+ * MB at 6, 12 and 24 layers: 37.8 MB per head and layer, with no per-head
+ * constant.  A head holds s^2 = 4,194,304 attention scores per layer, so
+ * that is 9.0 B per score at 10^6 B per MB (9.45 at 2^20): fp32's eager
+ * softmax output (4 B), dropout mask (1 B) and dropout output (4 B).  A
+ * 16-bit run keeps 5 B (Megatron's fused softmax) or 7 B (its unfused fp32
+ * softmax), so the run is taken as fp32, eager, with dropout.
+ *
+ * Counter and unit: Megatron's report_memory prints max allocated in MiB;
+ * the issue does not say what it used.  Compared with the allocated peak,
+ * both readings of "MB" (10^6 and 2^20 B) are checked, and so is the
+ * per-head rise that fixed the precision. */
+static void
+test_calibration_bigcode_gpt (void)
+{
+  static const struct
+  {
+    guint64 heads, layers, h, size_m;
+    double measured_mb;
+  } rows[] = {
+    { 6, 6, 768, 81, 4490 },    { 12, 6, 768, 81, 5848 },
+    { 16, 6, 768, 81, 6776 },   { 6, 12, 768, 124, 7151 },
+    { 12, 12, 768, 124, 9869 }, { 16, 12, 768, 124, 11733 },
+    { 16, 6, 1024, 128, 7302 }, { 16, 12, 1024, 203, 12719 },
+    { 6, 24, 768, 209, 12471 }, { 12, 24, 768, 209, 17922 },
+  };
+  g_autoptr (StowCluster) c = stow_test_cluster ("1xA100-80GB");
+  double predicted[G_N_ELEMENTS (rows)];
+  for (gsize i = 0; i < G_N_ELEMENTS (rows); i++)
+    {
+      g_autoptr (StowModel) m
+          = gpt_vocab (rows[i].h, rows[i].layers, rows[i].heads, 49280);
+      /* "Model Size (MB)": millions of parameters, truncated. */
+      g_assert_cmpuint (m->params / 1000000, ==, rows[i].size_m);
+      StowTraining t;
+      StowLayout l;
+      StowMemOptions o;
+      stow_test_defaults (&t, &l, &o);
+      t.precision = STOW_PRECISION_FP32;
+      t.seq_len = 2048;
+      t.flash_attention = FALSE;
+      t.dropout = TRUE;
+      l.engine = STOW_ENGINE_MEGATRON;
+      l.micro_batch = 1;
+      g_autoptr (StowMemory) mem = estimate (m, c, &t, &l, &o);
+      predicted[i] = (double)mem->allocated_peak_bytes;
+      double mb = rows[i].measured_mb * 1e6,
+             mib = rows[i].measured_mb * 1048576.0;
+      g_test_message (
+          "bigcode GPT %" G_GUINT64_FORMAT " heads, %" G_GUINT64_FORMAT
+          " layers, h %" G_GUINT64_FORMAT ": predicted %.0f MB "
+          "(%.0f MiB), measured %.0f: %+.1f%% (10^6 B) / %+.1f%% "
+          "(2^20 B)",
+          rows[i].heads, rows[i].layers, rows[i].h, predicted[i] / 1e6,
+          predicted[i] / 1048576.0, rows[i].measured_mb,
+          100 * (predicted[i] - mb) / mb, 100 * (predicted[i] - mib) / mib);
+      g_assert_cmpfloat (fabs (predicted[i] - mb) / mb, <=, 0.10);
+      g_assert_cmpfloat (fabs (predicted[i] - mib) / mib, <=, 0.10);
+    }
+  /* The rise from 6 to 12 heads at 6, 12 and 24 layers (rows 0/1, 3/4, 8/9). */
+  static const gsize pairs[][2] = { { 0, 1 }, { 3, 4 }, { 8, 9 } };
+  for (gsize k = 0; k < G_N_ELEMENTS (pairs); k++)
+    {
+      gsize a = pairs[k][0], b = pairs[k][1];
+      double got = predicted[b] - predicted[a];
+      double rise = rows[b].measured_mb - rows[a].measured_mb;
+      g_test_message ("bigcode GPT %" G_GUINT64_FORMAT
+                      " layers, 6 -> 12 heads: "
+                      "predicted +%.0f MB, measured +%.0f: %+.1f%% (10^6 B) / "
+                      "%+.1f%% (2^20 B)",
+                      rows[a].layers, got / 1e6, rise,
+                      100 * (got - rise * 1e6) / (rise * 1e6),
+                      100 * (got - rise * 1048576.0) / (rise * 1048576.0));
+      g_assert_cmpfloat (fabs (got - rise * 1e6) / (rise * 1e6), <=, 0.10);
+      g_assert_cmpfloat (fabs (got - rise * 1048576.0) / (rise * 1048576.0), <=,
+                         0.10);
+    }
 }
 
 /* LoRA adapters against PEFT's print_trainable_parameters for
@@ -930,6 +1022,8 @@ main (int argc, char **argv)
   g_test_add_func ("/memory/calibration/peft-t0-3b", test_calibration_peft_t0);
   g_test_add_func ("/memory/calibration/torchtune-llama-3.2-3b",
                    test_calibration_torchtune);
+  g_test_add_func ("/memory/calibration/bigcode-gpt",
+                   test_calibration_bigcode_gpt);
   g_test_add_func ("/memory/calibration/seed-t5-3b", test_seed_t5_3b_labels);
   g_test_add_func ("/memory/lora-adapters", test_lora_adapters);
   g_test_add_func ("/memory/properties", test_properties);
