@@ -549,6 +549,17 @@ test_calibration_peft_t0 (void)
                         100 * (got - gb) / gb);
         g_assert_cmpfloat (fabs (got - gib) / gib, <=, 0.10);
         g_assert_cmpfloat (fabs (got - gb) / gb, <=, 0.10);
+        /* Host: the same script's peak process RSS (psutil), "2.96GB"
+         * in both columns; nothing is offloaded, so the rank's own
+         * memory is all of it. */
+        double host = (double)mem->host_total_bytes;
+        g_test_message ("T0_3B %s host: predicted %.2f GiB, measured 2.96 GB:"
+                        " %+.1f%% (GiB) / %+.1f%% (1e9 B)",
+                        stow_finetune_name (rows[i].ft), host / GiB,
+                        100 * (host - 2.96 * GiB) / (2.96 * GiB),
+                        100 * (host - 2.96e9) / 2.96e9);
+        g_assert_cmpfloat (fabs (host - 2.96 * GiB) / (2.96 * GiB), <=, 0.10);
+        g_assert_cmpfloat (fabs (host - 2.96e9) / 2.96e9, <=, 0.10);
       }
 }
 
