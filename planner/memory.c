@@ -473,7 +473,9 @@ optimizer_bytes (const StowModel *m, StowOptimizer opt)
     case STOW_OPTIMIZER_ADAMW:
       return 8.0; /* fp32 exp_avg and exp_avg_sq */
     case STOW_OPTIMIZER_ADAMW_8BIT:
-      return 2.0; /* bitsandbytes: two 8-bit states (+ block scales) */
+      /* bitsandbytes' blockwise AdamW8bit: two uint8 states, each with an
+       * fp32 absmax per block of 256 (optim/optimizer.py init_state). */
+      return 2.0 + 2.0 * 4.0 / 256.0;
     case STOW_OPTIMIZER_SGD:
       return 4.0; /* fp32 momentum */
     case STOW_OPTIMIZER_LION:
