@@ -92,7 +92,7 @@ stow_plan_options_add (GOptionContext *ctx, StowPlanOptions *po)
     STR ("workspace-memory", workspace,
          "cuBLAS/cuBLASLt workspaces per GPU (default 64MiB)", "SIZE"),
     STR ("host-process-memory", host_process,
-         "Host RAM of each rank's own process (default 2GiB)", "SIZE"),
+         "Host RAM of each rank's own process (default 3GiB)", "SIZE"),
     STR ("reduce-bucket", reduce_bucket,
          "DeepSpeed reduce_bucket_size in elements (5e8)", "N"),
     { "optimizer-in-backward", 0, 0, G_OPTION_ARG_NONE, &po->opt_in_bwd,
