@@ -97,6 +97,10 @@ stow_plan_options_add (GOptionContext *ctx, StowPlanOptions *po)
          "DeepSpeed reduce_bucket_size in elements (5e8)", "N"),
     { "optimizer-in-backward", 0, 0, G_OPTION_ARG_NONE, &po->opt_in_bwd,
       "Step each parameter as its gradient arrives (torchtune)", NULL },
+    { "compile", 0, 0, G_OPTION_ARG_NONE, &po->compile,
+      "The model runs under torch.compile (pytorch, deepspeed and fsdp "
+      "engines): its elementwise ops are fused",
+      NULL },
     STR ("free-grads", free_grads,
          "Gradients freed between steps: 1 (PyTorch >= 2.0; default for "
          "pytorch and fsdp) or 0",
@@ -379,6 +383,7 @@ stow_plan_options_resolve (StowPlanOptions *po, const char *model_arg,
   t->chunked_loss = po->chunked_loss;
   t->dropout = po->dropout;
   t->optimizer_in_backward = po->opt_in_bwd;
+  t->compiled = po->compile;
   if (po->lora_targets
       && !stow_lora_targets_parse (po->lora_targets, "--lora-targets",
                                    &t->lora_targets, error))

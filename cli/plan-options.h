@@ -26,7 +26,7 @@ typedef struct
       *largest_layer, *zero_init, *context, *fragmentation, *nccl, *margin,
       *reduce_bucket, *free_grads, *lora_targets, *workspace, *host_process;
   gboolean sp, no_sp, no_flash, chunked_loss, dropout, json, explain,
-      overlap_comm, opt_in_bwd;
+      overlap_comm, opt_in_bwd, compile;
 
   /* results */
   StowModel *model; /* NULL only under --params */

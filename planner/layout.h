@@ -96,6 +96,8 @@ typedef struct
   gboolean dropout;      /* dropout masks are kept (1 byte per element) */
   gboolean optimizer_in_backward; /* each parameter steps as its gradient
                                      arrives; gradients never all live */
+  gboolean compiled; /* torch.compile: eager modules' elementwise ops fused,
+                        so they keep what fused kernels keep */
 } StowTraining;
 
 typedef enum

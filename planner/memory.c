@@ -308,6 +308,27 @@ decoder_seq (const StowModel *m, const StowTraining *t)
                                                        : t->seq_len;
 }
 
+/* Whether the layers run as eager PyTorch modules (HF transformers,
+ * torchtune), which keep more than fused kernels do: the engines that run
+ * those modules, unless torch.compile fuses their elementwise ops. */
+static gboolean
+eager_modules (const StowTraining *t, const StowLayout *l)
+{
+  return !t->compiled
+         && (l->engine == STOW_ENGINE_PYTORCH
+             || l->engine == STOW_ENGINE_DEEPSPEED
+             || l->engine == STOW_ENGINE_FSDP);
+}
+
+/* Rotary embeddings on q and k: decoder-only models without learned
+ * positions, but not BLOOM (ALiBi) nor MLA, whose rotary part is small. */
+static gboolean
+has_rope (const StowModel *m)
+{
+  return m->max_positions == 0 && m->n_encoder_layers == 0
+         && g_strcmp0 (m->family, "bloom") != 0 && m->qk_rope_head_dim == 0;
+}
+
 static void
 layer_activation_parts (const StowModel *m, const StowTraining *t,
                         const StowLayout *l, LayerKind kind, guint64 *block,
@@ -326,6 +347,10 @@ layer_activation_parts (const StowModel *m, const StowTraining *t,
   double rep = l->sp ? tp : 1.0; /* divisor of the replicated parts */
   double drop = t->dropout ? 1.0 : 0.0;
   double e = activation_bytes (t);
+  gboolean eager = eager_modules (t, l);
+  /* A gated MLP keeps the gate's output, the up projection's and their
+   * product; eager, the activation's output too (silu(g) apart from g). */
+  double mlp_mats = m->gated_mlp ? (eager ? 4.0 : 3.0) : 2.0;
   double mlp_inner;
 
   if (m->qk_nope_head_dim + m->qk_rope_head_dim > 0)
@@ -342,7 +367,7 @@ layer_activation_parts (const StowModel *m, const StowTraining *t,
        * MLPs' tensors are top-k times those of one MLP of width moe_ffn
        * (mixtral: ffn), plus the shared experts as a dense MLP. */
       double fe = (double)(m->moe_ffn ? m->moe_ffn : m->ffn);
-      double per = (m->gated_mlp ? 3.0 : 2.0) * e * fe;
+      double per = mlp_mats * e * fe;
       mlp_inner = (double)m->experts_per_token * (e * h + per)
                   + (double)m->n_shared_experts * per
                   + 4.0 * (double)m->n_experts; /* fp32 router logits */
@@ -350,7 +375,7 @@ layer_activation_parts (const StowModel *m, const StowTraining *t,
   else
     {
       double f = (double)m->ffn;
-      mlp_inner = (m->gated_mlp ? 3.0 : 2.0) * e * f;
+      mlp_inner = mlp_mats * e * f;
     }
 
   /* Replicated under plain TP: two norm inputs, the QKV and MLP inputs,
@@ -361,6 +386,25 @@ layer_activation_parts (const StowModel *m, const StowTraining *t,
   double split = e * (a * dq + k * dq + k * dv) + e * a * dv + mlp_inner;
   if (m->ffn_dropout && drop > 0)
     split += (double)m->ffn; /* T5: the mask of the dropout inside the MLP */
+  if (eager)
+    {
+      /* Eager modules keep, beyond the fused kernels' tensors: per RMSNorm
+       * the fp32 copy of its input (4 B, in place of the input) and the
+       * normalised tensor the weight multiplies (e); rotary embeddings' two
+       * e-byte products per q and k element (HF's q cos + rotate_half(q)
+       * sin; torchtune's fp32 copy, 4 B); K and V repeated to every query
+       * head for GQA; and the attention output twice, as the SDPA kernel
+       * saves it and as the contiguous copy o_proj reads. */
+      double norms = kind == LAYER_CROSS ? 3.0 : 2.0;
+      if (m->norm == STOW_NORM_RMSNORM)
+        replicated += norms * 4.0 * h;
+      if (has_rope (m))
+        split += 2.0 * e * (a * dq + k * dq);
+      if (k < a)
+        split += e * (a - k) * (dq + dv);
+      if (t->flash_attention)
+        split += e * a * dv;
+    }
   double scores = 1.0, score_cols = s, enc_side = 0;
   if (kind == LAYER_CROSS)
     {

@@ -319,6 +319,7 @@ stow_plan_file_to_json (const StowPlanFile *p, const StowMemory *mem)
   stow_json_set_bool (b, "chunked_loss", t->chunked_loss);
   stow_json_set_bool (b, "dropout", t->dropout);
   stow_json_set_bool (b, "optimizer_in_backward", t->optimizer_in_backward);
+  stow_json_set_bool (b, "compile", t->compiled);
   json_builder_end_object (b);
 
   json_builder_set_member_name (b, "layout");
@@ -497,19 +498,14 @@ static const char *const top_fields[]
 static const char *const model_fields[]
     = { "name", "params", "source", "path", "config", NULL };
 static const char *const cluster_fields[] = { "spec", "gpus", "config", NULL };
-static const char *const training_fields[] = { "seq_len",
-                                               "decoder_seq_len",
-                                               "global_batch",
-                                               "precision",
-                                               "optimizer",
-                                               "finetune",
-                                               "lora_rank",
-                                               "lora_targets",
-                                               "flash_attention",
-                                               "chunked_loss",
-                                               "dropout",
-                                               "optimizer_in_backward",
-                                               NULL };
+static const char *const training_fields[]
+    = { "seq_len",         "decoder_seq_len",
+        "global_batch",    "precision",
+        "optimizer",       "finetune",
+        "lora_rank",       "lora_targets",
+        "flash_attention", "chunked_loss",
+        "dropout",         "optimizer_in_backward",
+        "compile",         NULL };
 static const char *const layout_fields[] = { "dp",
                                              "tp",
                                              "pp",
@@ -670,7 +666,9 @@ read_training (StowPlanFile *p, JsonObject *root, const char *name,
       || !stow_json_get_bool (o, w, "dropout", TRUE, &t->dropout, error)
       /* added within version 1: optional, off when absent */
       || !stow_json_get_bool (o, w, "optimizer_in_backward", FALSE,
-                              &t->optimizer_in_backward, error))
+                              &t->optimizer_in_backward, error)
+      /* added within version 1: optional, eager when absent */
+      || !stow_json_get_bool (o, w, "compile", FALSE, &t->compiled, error))
     return FALSE;
   t->lora_targets = targets;
   return TRUE;

@@ -262,6 +262,52 @@ test_decoder_seq (void)
                    json_object_get_int_member (db, "allocated_peak_bytes"));
 }
 
+/* The allocated peak a `mem --json` run printed. */
+static gint64
+run_peak (const StowRun *r)
+{
+  g_assert_cmpint (r->status, ==, 0);
+  g_autoptr (JsonParser) p = json_parser_new ();
+  g_assert_true (json_parser_load_from_data (p, r->out, -1, NULL));
+  JsonObject *d = json_object_get_object_member (
+      json_node_get_object (json_parser_get_root (p)), "device");
+  return json_object_get_int_member (d, "allocated_peak_bytes");
+}
+
+/* --compile: eager modules (pytorch engine) keep more than compiled ones;
+ * fused kernels (megatron) are the same either way; a plan file keeps it. */
+static void
+test_compile (void)
+{
+  g_auto (StowRun) eager = { 0 };
+  stow_run (&eager, "mem", "llama-3.2-3b", "--gpus", "1xA100-80GB", "--engine",
+            "pytorch", "--seq", "4096", "--json", NULL);
+  g_auto (StowRun) comp = { 0 };
+  stow_run (&comp, "mem", "llama-3.2-3b", "--gpus", "1xA100-80GB", "--engine",
+            "pytorch", "--seq", "4096", "--compile", "--json", NULL);
+  g_assert_cmpint (run_peak (&comp), <, run_peak (&eager));
+  g_auto (StowRun) meg = { 0 };
+  stow_run (&meg, "mem", "llama-3.2-3b", "--gpus", "1xA100-80GB", "--engine",
+            "megatron", "--seq", "4096", "--json", NULL);
+  g_auto (StowRun) megc = { 0 };
+  stow_run (&megc, "mem", "llama-3.2-3b", "--gpus", "1xA100-80GB", "--engine",
+            "megatron", "--seq", "4096", "--compile", "--json", NULL);
+  g_assert_cmpint (run_peak (&megc), ==, run_peak (&meg));
+
+  g_autofree char *path
+      = g_build_filename (g_get_tmp_dir (), "stow-compile.plan.json", NULL);
+  g_auto (StowRun) w = { 0 };
+  stow_run (&w, "mem", "llama-3.2-3b", "--gpus", "1xA100-80GB", "--engine",
+            "pytorch", "--seq", "4096", "--compile", "--emit", "plan", "-o",
+            path, NULL);
+  g_assert_cmpint (w.status, ==, 0);
+  g_auto (StowRun) r = { 0 };
+  stow_run (&r, "mem", "--plan", path, "--json", NULL);
+  g_unlink (path);
+  g_assert_cmpint (run_peak (&r), ==, run_peak (&comp));
+  g_assert_nonnull (strstr (r.out, "\"compile\" : true"));
+}
+
 /* `stowage plan` in CSV, Markdown and HTML, and -o writing a file whole. */
 static void
 test_plan_formats (void)
@@ -319,6 +365,7 @@ main (int argc, char **argv)
   g_test_add_func ("/cli-plan/convention-bytes", test_mem_convention_bytes);
   g_test_add_func ("/cli-plan/bad-input", test_bad_input);
   g_test_add_func ("/cli-plan/decoder-seq", test_decoder_seq);
+  g_test_add_func ("/cli-plan/compile", test_compile);
   g_test_add_func ("/cli-plan/plan-formats", test_plan_formats);
   return g_test_run ();
 }
