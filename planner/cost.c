@@ -15,7 +15,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "planner/memory.h"
+#include "planner/memory-private.h"
 
 const char *
 stow_cost_kind_name (StowCostKind kind)
@@ -389,7 +389,8 @@ layer_pass_seconds (const LayerCost *lc, gboolean lora, double *fwd,
 
 /* The embedding (a lookup: its output written, then read back in
  * backward) and the output layer with its fp32 cross-entropy, one
- * micro-batch on one GPU. */
+ * micro-batch on one GPU.  The output layer runs over the decoder's
+ * tokens (--decoder-seq). */
 static void
 ends_cost (const StowModel *m, const StowCluster *c, const StowTraining *t,
            const StowLayout *l, const StowCostOptions *o, double peak,
@@ -410,9 +411,11 @@ ends_cost (const StowModel *m, const StowCluster *c, const StowTraining *t,
       out->embedding_tp_s = ring_allreduce (T * h * eb, l->tp, tl);
     }
   double vn = (double)m->vocab / l->tp;
-  double g = 2.0 * T * h * vn / (peak * gemm_eff (o, T, vn, h));
+  double To
+      = (double)stow_mem_decoder_seq (m, t) / l->cp * (double)l->micro_batch;
+  double g = 2.0 * To * h * vn / (peak * gemm_eff (o, To, vn, h));
   /* fp32 upcast, softmax and its gradient over s b V / tp */
-  double ce = T * vn * 12.0 / hbm;
+  double ce = To * vn * 12.0 / hbm;
   out->head_fwd_s = g + ce;
   out->head_bwd_s = 2.0 * g + ce;
 }

@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT
  *
  * planner/memory-private.h: helpers shared by the memory model
- * (memory.c) and the peer conventions (conventions.c).
+ * (memory.c), the peer conventions (conventions.c), the step program
+ * (schedule.c) and the time model (cost.c).
  */
 #pragma once
 
@@ -55,6 +56,10 @@ void stow_mem_state_bytes (const StowModel *m, const StowTraining *t, double *w,
 void stow_mem_activation_sizes (const StowModel *m, const StowTraining *t,
                                 const StowLayout *l, guint64 *full,
                                 guint64 *block, guint64 *ckpt);
+/* Tokens per sequence the decoder and the loss see: --decoder-seq for an
+ * encoder-decoder model, else the sequence length (shared with the time
+ * model, planner/cost.c). */
+guint64 stow_mem_decoder_seq (const StowModel *m, const StowTraining *t);
 /* One micro-batch's input, logits and loss gradient (see memory.c). */
 void stow_mem_end_sizes (const StowModel *m, const StowTraining *t,
                          const StowLayout *l, guint64 *input, guint64 *logits,

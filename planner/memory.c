@@ -301,8 +301,8 @@ layer_kind (const StowModel *m, guint64 i)
 
 /* Tokens per sequence the decoder and the loss see: --decoder-seq for an
  * encoder-decoder model, else the sequence length. */
-static guint64
-decoder_seq (const StowModel *m, const StowTraining *t)
+guint64
+stow_mem_decoder_seq (const StowModel *m, const StowTraining *t)
 {
   return m->n_encoder_layers > 0 && t->decoder_seq_len ? t->decoder_seq_len
                                                        : t->seq_len;
@@ -337,7 +337,8 @@ layer_activation_parts (const StowModel *m, const StowTraining *t,
   /* s: the tokens the layer runs on (a decoder layer: the decoder's);
    * s_enc: the encoder's, which cross-attention's keys and values see. */
   double s_enc = (double)t->seq_len / l->cp;
-  double s = kind == LAYER_CROSS ? (double)decoder_seq (m, t) / l->cp : s_enc;
+  double s = kind == LAYER_CROSS ? (double)stow_mem_decoder_seq (m, t) / l->cp
+                                 : s_enc;
   double b = (double)l->micro_batch;
   double h = (double)m->hidden;
   double a = (double)m->n_heads;
@@ -488,7 +489,7 @@ stow_mem_end_sizes (const StowModel *m, const StowTraining *t,
 {
   double e = activation_bytes (t);
   double s_in = (double)t->seq_len / l->cp;
-  double s_out = (double)decoder_seq (m, t) / l->cp;
+  double s_out = (double)stow_mem_decoder_seq (m, t) / l->cp;
   double b = (double)l->micro_batch, h = (double)m->hidden;
   guint64 spdiv = l->sp ? l->tp : 1;
   guint64 sbh = (guint64)llround (s_in * b * h);

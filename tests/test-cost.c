@@ -325,6 +325,30 @@ test_terms (void)
                      n.total_s[STOW_COST_OFFLOAD_PCIE]);
 }
 
+/* An encoder-decoder model's output layer and loss run over the decoder's
+ * tokens: with 16 target tokens for 512 input ones the head's GEMM FLOPs
+ * fall 32-fold, and its time at least 8-fold (small GEMMs run less
+ * efficiently); the embedding still sees the encoder's tokens. */
+static void
+test_decoder_seq_head (void)
+{
+  g_autoptr (StowModel) m = stow_test_model ("t5-3b");
+  g_autoptr (StowCluster) c = cluster (1);
+  StowTraining t;
+  StowLayout l;
+  stow_training_init (&t);
+  stow_layout_init (&l);
+  t.seq_len = 512;
+  l.micro_batch = 8;
+  StowEndsSeconds full, dec;
+  stow_cost_ends_seconds (m, c, &t, &l, &full);
+  t.decoder_seq_len = 16;
+  stow_cost_ends_seconds (m, c, &t, &l, &dec);
+  g_assert_cmpfloat (dec.head_fwd_s * 8.0, <, full.head_fwd_s);
+  g_assert_cmpfloat (dec.head_bwd_s * 8.0, <, full.head_bwd_s);
+  g_assert_cmpfloat (dec.embedding_fwd_s, ==, full.embedding_fwd_s);
+}
+
 int
 main (int argc, char **argv)
 {
@@ -345,5 +369,6 @@ main (int argc, char **argv)
   g_test_add_func ("/cost/properties", test_properties);
   g_test_add_func ("/cost/gemm-efficiency", test_gemm_efficiency);
   g_test_add_func ("/cost/terms", test_terms);
+  g_test_add_func ("/cost/decoder-seq-head", test_decoder_seq_head);
   return g_test_run ();
 }
