@@ -726,17 +726,10 @@ stow_cost_estimate (const StowModel *m, const StowCluster *c,
   /* The optimizer step.  Each GPU updates its shard (ZeRO >= 1). */
   double shard_div = l->zero >= 1 ? (double)MAX (n_shard, 1) : 1.0;
   double opt_params = (trainable + ex_trainable) / shard_div;
-  double states = t->optimizer == STOW_OPTIMIZER_ADAMW        ? 8.0
-                  : t->optimizer == STOW_OPTIMIZER_ADAMW_8BIT ? 2.0
-                  : t->optimizer == STOW_OPTIMIZER_ADAFACTOR  ? 0.1
-                                                              : 4.0;
-  double master = (t->precision == STOW_PRECISION_FP32
-                   || t->precision == STOW_PRECISION_BF16_PURE)
-                      ? 0.0
-                      : 4.0;
-  if (t->precision == STOW_PRECISION_BF16_PURE
-      && t->optimizer != STOW_OPTIMIZER_ADAMW_8BIT)
-    states /= 2; /* bf16 optimizer states */
+  /* Bytes per parameter of the fp32 master and the optimizer states, as
+   * the memory model holds them. */
+  double w_b, g_b, master, states;
+  stow_mem_state_bytes (m, t, &w_b, &g_b, &master, &states);
   double comp_step = pp_time + out->exposed_s[STOW_COST_PP_P2P];
   if (l->offload_optimizer == STOW_OFFLOAD_NONE)
     {
