@@ -221,6 +221,18 @@ test_bad_input (void)
       j, "--decoder-seq 4 needs an encoder-decoder model; llama-65b");
 }
 
+/* The allocated peak a `mem --json` run printed. */
+static gint64
+run_peak (const StowRun *r)
+{
+  g_assert_cmpint (r->status, ==, 0);
+  g_autoptr (JsonParser) p = json_parser_new ();
+  g_assert_true (json_parser_load_from_data (p, r->out, -1, NULL));
+  JsonObject *d = json_object_get_object_member (
+      json_node_get_object (json_parser_get_root (p)), "device");
+  return json_object_get_int_member (d, "allocated_peak_bytes");
+}
+
 /* An encoder-decoder model's decoder length: shorter targets shrink the
  * decoder's activations and the logits, and a plan file keeps the length. */
 static void
@@ -232,18 +244,7 @@ test_decoder_seq (void)
   g_auto (StowRun) b = { 0 };
   stow_run (&b, "mem", "t5-3b", "--gpus", "1xA100-80GB", "--seq", "512",
             "--decoder-seq", "16", "--json", NULL);
-  g_assert_cmpint (a.status, ==, 0);
-  g_assert_cmpint (b.status, ==, 0);
-  g_autoptr (JsonParser) pa = json_parser_new ();
-  g_autoptr (JsonParser) pb = json_parser_new ();
-  g_assert_true (json_parser_load_from_data (pa, a.out, -1, NULL));
-  g_assert_true (json_parser_load_from_data (pb, b.out, -1, NULL));
-  JsonObject *da = json_object_get_object_member (
-      json_node_get_object (json_parser_get_root (pa)), "device");
-  JsonObject *db = json_object_get_object_member (
-      json_node_get_object (json_parser_get_root (pb)), "device");
-  g_assert_cmpint (json_object_get_int_member (db, "allocated_peak_bytes"), <,
-                   json_object_get_int_member (da, "allocated_peak_bytes"));
+  g_assert_cmpint (run_peak (&b), <, run_peak (&a));
   g_autofree char *path
       = g_build_filename (g_get_tmp_dir (), "stow-decoder-seq.plan.json", NULL);
   g_auto (StowRun) w = { 0 };
@@ -253,25 +254,7 @@ test_decoder_seq (void)
   g_auto (StowRun) r = { 0 };
   stow_run (&r, "mem", "--plan", path, "--json", NULL);
   g_unlink (path);
-  g_assert_cmpint (r.status, ==, 0);
-  g_autoptr (JsonParser) pr = json_parser_new ();
-  g_assert_true (json_parser_load_from_data (pr, r.out, -1, NULL));
-  JsonObject *dr = json_object_get_object_member (
-      json_node_get_object (json_parser_get_root (pr)), "device");
-  g_assert_cmpint (json_object_get_int_member (dr, "allocated_peak_bytes"), ==,
-                   json_object_get_int_member (db, "allocated_peak_bytes"));
-}
-
-/* The allocated peak a `mem --json` run printed. */
-static gint64
-run_peak (const StowRun *r)
-{
-  g_assert_cmpint (r->status, ==, 0);
-  g_autoptr (JsonParser) p = json_parser_new ();
-  g_assert_true (json_parser_load_from_data (p, r->out, -1, NULL));
-  JsonObject *d = json_object_get_object_member (
-      json_node_get_object (json_parser_get_root (p)), "device");
-  return json_object_get_int_member (d, "allocated_peak_bytes");
+  g_assert_cmpint (run_peak (&r), ==, run_peak (&b));
 }
 
 /* --compile: eager modules (pytorch engine) keep more than compiled ones;
