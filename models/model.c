@@ -132,6 +132,36 @@ overflow_error (StowModelBuilder *b, const char *what, GError **error)
   return FALSE;
 }
 
+/* The linears reading the attention's and the MLP's input, from the first
+ * layer's weights: those whose input width (a Linear's second dimension) is
+ * the hidden size, less the attention's output projection, which every
+ * importer adds last.  GPT-2's Conv1D stores its weights transposed and
+ * finds none; so does a first layer without a dense MLP: both fall back to
+ * one, which is GPT-2's count (a fused c_attn, one c_fc). */
+static void
+input_linears (StowModel *m)
+{
+  guint attn = 0, mlp = 0;
+  gboolean last_reads_input = FALSE;
+  for (guint i = 0; i < m->tensors->len; i++)
+    {
+      const StowTensor *t = g_ptr_array_index (m->tensors, i);
+      if (t->layer != 0 || t->n_dims != 2)
+        continue;
+      gboolean reads = t->shape[1] == m->hidden;
+      if (t->role == STOW_ROLE_ATTENTION)
+        {
+          attn += reads;
+          last_reads_input = reads;
+        }
+      else if (t->role == STOW_ROLE_MLP)
+        mlp += reads;
+    }
+  attn -= last_reads_input;
+  m->attn_input_linears = MAX (attn, 1);
+  m->mlp_input_linears = MAX (mlp, 1);
+}
+
 gboolean
 stow_model_finish (StowModelBuilder *b, GError **error)
 {
@@ -207,6 +237,8 @@ stow_model_finish (StowModelBuilder *b, GError **error)
                 : g_strdup (best->name);
       m->largest_module_params = best_params;
     }
+
+  input_linears (m);
 
   /* Active parameters per token: a routed expert's weights are used by the
    * tokens routed to it, so each token touches top-k of the n experts

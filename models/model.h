@@ -117,6 +117,11 @@ struct _StowModel
   /* Added by the models room (beyond the planner's contract). */
   char *largest_module; /* that module's name: "model.embed_tokens" */
   char *reference;      /* catalog: where its configuration comes from */
+  /* Linear layers that read the attention's input in the first layer (q,
+   * k and v: 3; a fused qkv: 1; MLA's q_a and kv_a: 2) and the MLP's
+   * (gate and up: 2; a fused or plain input projection: 1); at least 1.
+   * torch.autocast casts that input to 16 bits once per linear. */
+  guint attn_input_linears, mlp_input_linears;
 };
 
 /* From a parsed config.json object; @where names it in errors. */

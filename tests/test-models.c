@@ -1017,6 +1017,38 @@ test_fuzz (void)
   g_assert_cmpuint (failed, >, iterations / 4);
 }
 
+/* The linears that read the attention's and the MLP's input, as the HF
+ * modules define them: separate q, k and v (Llama, BERT, OPT, T5); one
+ * fused projection (GPT-2's c_attn, GPT-NeoX's and Falcon's
+ * query_key_value, Phi-3's qkv_proj); MLA's q_a_proj and kv_a_proj (or
+ * q_proj when q_lora_rank is null); gate and up apart (Llama) or fused
+ * (Phi-3's gate_up_proj). */
+static void
+test_input_linears (void)
+{
+  static const struct
+  {
+    const char *name;
+    guint attn, mlp;
+  } cases[] = {
+    { "llama-3.2-3b", 3, 2 }, { "bert-large-uncased", 3, 1 },
+    { "opt-125m", 3, 1 },     { "flan-t5-base", 3, 2 },
+    { "gpt2", 1, 1 },         { "pythia-70m", 1, 1 },
+    { "falcon-7b", 1, 1 },    { "bloom-560m", 1, 1 },
+    { "phi-3-mini", 1, 1 },   { "deepseek-v2-lite", 2, 2 },
+    { "deepseek-v3", 2, 2 },  { "gemma-2b", 3, 2 },
+    { "mixtral-8x7b", 3, 1 },
+  };
+  for (gsize i = 0; i < G_N_ELEMENTS (cases); i++)
+    {
+      g_autoptr (StowModel) m = load_catalog (cases[i].name);
+      g_test_message ("%s: attention %u, MLP %u", cases[i].name,
+                      m->attn_input_linears, m->mlp_input_linears);
+      g_assert_cmpuint (m->attn_input_linears, ==, cases[i].attn);
+      g_assert_cmpuint (m->mlp_input_linears, ==, cases[i].mlp);
+    }
+}
+
 int
 main (int argc, char **argv)
 {
@@ -1027,6 +1059,7 @@ main (int argc, char **argv)
   g_test_add_func ("/models/paper-models", test_paper_models);
   g_test_add_func ("/models/inventory", test_inventory);
   g_test_add_func ("/models/quirks", test_quirks);
+  g_test_add_func ("/models/input-linears", test_input_linears);
   g_test_add_func ("/models/malformed-values", test_malformed_values);
   g_test_add_func ("/models/malformed-files", test_malformed_files);
   g_test_add_func ("/models/lookup", test_lookup);
