@@ -269,6 +269,26 @@ activation_bytes (const StowTraining *t)
   return t->precision == STOW_PRECISION_FP32 ? 4.0 : 2.0;
 }
 
+/* torch.autocast over fp32 weights: the pytorch engine in mixed precision
+ * (the HF Trainer's fp16 and bf16 flags, accelerate).  The residual stream,
+ * which the norms read, stays fp32; each linear casts its input to 16 bits
+ * and keeps that copy for backward; softmax runs in fp32. */
+static gboolean
+autocast (const StowTraining *t, const StowLayout *l)
+{
+  return l->engine == STOW_ENGINE_PYTORCH && t->precision != STOW_PRECISION_FP32
+         && t->precision != STOW_PRECISION_BF16_PURE;
+}
+
+/* Bytes per element of the residual stream: a layer's input (the full-
+ * recompute checkpoint), the norms' inputs, the embedding output and the
+ * gradient the loss hands the last layer. */
+static double
+residual_bytes (const StowTraining *t, const StowLayout *l)
+{
+  return autocast (t, l) ? 4.0 : activation_bytes (t);
+}
+
 /* Logits of one micro-batch, per element: the output layer's logits (e B),
  * the fp32 copy the cross-entropy takes and its gradient (4 + 4 B).  A
  * chunked loss (torchtune's compiled chunked cross-entropy) fuses the
@@ -348,6 +368,7 @@ layer_activation_parts (const StowModel *m, const StowTraining *t,
   double rep = l->sp ? tp : 1.0; /* divisor of the replicated parts */
   double drop = t->dropout ? 1.0 : 0.0;
   double e = activation_bytes (t);
+  double r = residual_bytes (t, l);
   gboolean eager = eager_modules (t, l);
   /* A gated MLP keeps the gate's output, the up projection's and their
    * product; eager, the activation's output too (silu(g) apart from g). */
@@ -379,9 +400,15 @@ layer_activation_parts (const StowModel *m, const StowTraining *t,
       mlp_inner = mlp_mats * e * f;
     }
 
-  /* Replicated under plain TP: two norm inputs, the QKV and MLP inputs,
-   * two dropout masks (1 byte each). */
-  double replicated = (4.0 * e + 2.0 * drop) * h;
+  /* Replicated under plain TP: two norm inputs (the residual stream), the
+   * QKV and MLP inputs, two dropout masks (1 byte each). */
+  double replicated = (2.0 * r + 2.0 * e + 2.0 * drop) * h;
+  if (eager && autocast (t, l))
+    /* Eager autocast keeps one 16-bit copy of the norm's output per linear
+     * that reads it: q, k and v apart, or gate and up. */
+    replicated
+        += e * h
+           * (double)(m->attn_input_linears - 1 + m->mlp_input_linears - 1);
   /* Split by TP: Q, K, V, the attention output feeding o_proj, and the
    * MLP's inner tensors. */
   double split = e * (a * dq + k * dq + k * dv) + e * a * dv + mlp_inner;
@@ -413,9 +440,12 @@ layer_activation_parts (const StowModel *m, const StowTraining *t,
        * Q, its output and dropout mask over the decoder's tokens; the K
        * and V projected from the encoder output over the encoder's; and a
        * second set of attention scores, decoder by encoder tokens. */
-      replicated += (2.0 * e + drop) * h;
+      replicated += (r + e + drop) * h;
       split += e * (a * dq + a * dv);
       enc_side = s_enc * b * e * (k * dq + k * dv) / tp;
+      if (eager && autocast (t, l))
+        /* The k and v linears each cast the fp32 encoder output. */
+        enc_side += 2.0 * s_enc * b * e * h;
       scores = 2.0;
       score_cols = s + s_enc;
     }
@@ -424,12 +454,30 @@ layer_activation_parts (const StowModel *m, const StowTraining *t,
 
   if (t->flash_attention)
     *core = (guint64)llround (scores * 4.0 * sb * a / tp); /* fp32 lse */
+  else if (autocast (t, l))
+    /* Autocast: the fp32 softmax output (4 B), with dropout its mask, and
+     * the 16-bit copy of the probabilities the PV product casts and keeps
+     * (7 B a score with dropout, against 5 B in Korthikanti et al.). */
+    *core = (guint64)llround ((4.0 + drop + e) * a * s * score_cols * b / tp);
   else
     /* The softmax output, and with dropout its mask (1 B) and output:
      * 5 a s^2 b at 16 bits in Korthikanti et al.; a decoder layer's self-
      * and cross-attention scores have s and s_enc columns. */
     *core = (guint64)llround ((e + drop * (1.0 + e)) * a * s * score_cols * b
                               / tp);
+}
+
+/* What full recompute keeps of a layer: its input, s b h elements of the
+ * residual stream (split by TP under sequence parallelism). */
+static guint64
+checkpoint_bytes (const StowModel *m, const StowTraining *t,
+                  const StowLayout *l)
+{
+  double s_local = (double)t->seq_len / l->cp;
+  guint64 sbh
+      = (guint64)llround (s_local * (double)l->micro_batch * (double)m->hidden);
+  return (guint64)llround (residual_bytes (t, l) * (double)sbh)
+         / (l->sp ? l->tp : 1);
 }
 
 guint64
@@ -469,11 +517,7 @@ stow_mem_activation_sizes (const StowModel *m, const StowTraining *t,
       *full = MAX (*full, b + core);
       *block = MAX (*block, b);
     }
-  double s_local = (double)t->seq_len / l->cp;
-  guint64 sbh
-      = (guint64)llround (s_local * (double)l->micro_batch * (double)m->hidden);
-  *ckpt = (guint64)llround (activation_bytes (t) * (double)sbh)
-          / (l->sp ? l->tp : 1);
+  *ckpt = checkpoint_bytes (m, t, l);
 }
 
 /* The ends of one micro-batch, shared with the step program: @input, the
@@ -487,17 +531,17 @@ stow_mem_end_sizes (const StowModel *m, const StowTraining *t,
                     const StowLayout *l, guint64 *input, guint64 *logits,
                     guint64 *loss_grad)
 {
-  double e = activation_bytes (t);
+  double r = residual_bytes (t, l);
   double s_in = (double)t->seq_len / l->cp;
   double s_out = (double)stow_mem_decoder_seq (m, t) / l->cp;
   double b = (double)l->micro_batch, h = (double)m->hidden;
   guint64 spdiv = l->sp ? l->tp : 1;
   guint64 sbh = (guint64)llround (s_in * b * h);
   *input = (guint64)llround (8.0 * s_in * b)
-           + (guint64)llround (e * (double)sbh / spdiv);
+           + (guint64)llround (r * (double)sbh / spdiv);
   guint64 sbv = (guint64)llround (s_out * b * (double)m->vocab / l->tp);
   *logits = stow_bytes (sbv, logits_element_bytes (t));
-  *loss_grad = (guint64)llround (e * s_out * b * h) / spdiv;
+  *loss_grad = (guint64)llround (r * s_out * b * h) / spdiv;
 }
 
 /* ---- the stowage model ----------------------------------------------- */
@@ -1063,13 +1107,7 @@ activations (Model *ms, const StageParams *p, guint stage, GArray *dev,
   double mb = in_flight (l, stage);
   guint64 input, lg, dh;
   stow_mem_end_sizes (m, t, l, &input, &lg, &dh);
-  double s_local = (double)t->seq_len / l->cp;
-  guint64 sbh
-      = (guint64)llround (s_local * (double)l->micro_batch * (double)m->hidden);
-  /* Full recompute keeps each layer's input (s b h elements; split by TP
-   * under sequence parallelism). */
-  double e = activation_bytes (t);
-  guint64 ckpt = (guint64)llround (e * (double)sbh) / (l->sp ? l->tp : 1);
+  guint64 ckpt = checkpoint_bytes (m, t, l);
   guint64 n_full_recompute
       = stow_layout_recomputed_layers (l, m->n_layers, p->layers);
   guint64 n_stored = p->layers - n_full_recompute;
@@ -1156,7 +1194,8 @@ activations (Model *ms, const StageParams *p, guint stage, GArray *dev,
         mb_in = (double)interleaved_chunk_in_flight (l, stage, 0);
       stow_mem_add (dev, "input ids and embeddings",
                     (guint64)llround ((double)input * mb_in), STOW_TIER_DEVICE,
-                    "%.4g micro-batches x (8 s b + %.0f s b h)", mb_in, e);
+                    "%.4g micro-batches x (8 s b + %.0f s b h)", mb_in,
+                    residual_bytes (t, l));
     }
   if (p->last && !m->no_lm_head)
     {
@@ -1193,7 +1232,7 @@ activations (Model *ms, const StageParams *p, guint stage, GArray *dev,
       && t->finetune == STOW_FINETUNE_FULL)
     stow_mem_add (
         dev, "autocast weight copies", 2 * p->params, STOW_TIER_DEVICE,
-        "2 B x %" G_GUINT64_FORMAT " params: bf16 casts saved for backward",
+        "2 B x %" G_GUINT64_FORMAT " params: 16-bit casts saved for backward",
         p->params);
 }
 
