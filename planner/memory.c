@@ -269,6 +269,16 @@ activation_bytes (const StowTraining *t)
   return t->precision == STOW_PRECISION_FP32 ? 4.0 : 2.0;
 }
 
+/* 16-bit compute over fp32 weights that are themselves the master copy
+ * (FSDP's and autocast's mixed precision keep no separate one): every
+ * precision but fp32 and pure bf16. */
+static gboolean
+mixed_over_fp32 (const StowTraining *t)
+{
+  return t->precision != STOW_PRECISION_FP32
+         && t->precision != STOW_PRECISION_BF16_PURE;
+}
+
 /* torch.autocast over fp32 weights: the pytorch engine in mixed precision
  * (the HF Trainer's fp16 and bf16 flags, accelerate).  The residual stream,
  * which the norms read, stays fp32; each linear casts its input to 16 bits
@@ -276,8 +286,7 @@ activation_bytes (const StowTraining *t)
 static gboolean
 autocast (const StowTraining *t, const StowLayout *l)
 {
-  return l->engine == STOW_ENGINE_PYTORCH && t->precision != STOW_PRECISION_FP32
-         && t->precision != STOW_PRECISION_BF16_PURE;
+  return l->engine == STOW_ENGINE_PYTORCH && mixed_over_fp32 (t);
 }
 
 /* Bytes per element of the residual stream: a layer's input (the full-
@@ -370,6 +379,7 @@ layer_activation_parts (const StowModel *m, const StowTraining *t,
   double e = activation_bytes (t);
   double r = residual_bytes (t, l);
   gboolean eager = eager_modules (t, l);
+  gboolean ac = autocast (t, l);
   /* A gated MLP keeps the gate's output, the up projection's and their
    * product; eager, the activation's output too (silu(g) apart from g). */
   double mlp_mats = m->gated_mlp ? (eager ? 4.0 : 3.0) : 2.0;
@@ -403,7 +413,7 @@ layer_activation_parts (const StowModel *m, const StowTraining *t,
   /* Replicated under plain TP: two norm inputs (the residual stream), the
    * QKV and MLP inputs, two dropout masks (1 byte each). */
   double replicated = (2.0 * r + 2.0 * e + 2.0 * drop) * h;
-  if (eager && autocast (t, l))
+  if (eager && ac)
     /* Eager autocast keeps one 16-bit copy of the norm's output per linear
      * that reads it: q, k and v apart, or gate and up. */
     replicated
@@ -443,7 +453,7 @@ layer_activation_parts (const StowModel *m, const StowTraining *t,
       replicated += (r + e + drop) * h;
       split += e * (a * dq + a * dv);
       enc_side = s_enc * b * e * (k * dq + k * dv) / tp;
-      if (eager && autocast (t, l))
+      if (eager && ac)
         /* The k and v linears each cast the fp32 encoder output. */
         enc_side += 2.0 * s_enc * b * e * h;
       scores = 2.0;
@@ -454,7 +464,7 @@ layer_activation_parts (const StowModel *m, const StowTraining *t,
 
   if (t->flash_attention)
     *core = (guint64)llround (scores * 4.0 * sb * a / tp); /* fp32 lse */
-  else if (autocast (t, l))
+  else if (ac)
     /* Autocast: the fp32 softmax output (4 B), with dropout its mask, and
      * the 16-bit copy of the probabilities the PV product casts and keeps
      * (7 B a score with dropout, against 5 B in Korthikanti et al.). */
@@ -836,20 +846,15 @@ model_states (Model *ms, const StageParams *p, GArray *dev,
     case STOW_ENGINE_FSDP:
       /* FSDP mixed precision keeps the sharded parameters in fp32 (they
        * are the master copy) and reduces gradients into fp32 shards. */
-      if (t->precision != STOW_PRECISION_FP32
-          && t->precision != STOW_PRECISION_BF16_PURE)
+    case STOW_ENGINE_PYTORCH:
+      /* Trainer-style autocast: fp32 parameters and gradients, the 16-bit
+       * copies autocast makes are charged with the activations. */
+      if (mixed_over_fp32 (t))
         b.w = 4, b.g = 4, b.master = 0;
       break;
     case STOW_ENGINE_MEGATRON:
       b.g = 4; /* fp32 main-grad buffer, full size even with dist-opt */
       gdiv = 1;
-      break;
-    case STOW_ENGINE_PYTORCH:
-      /* Trainer-style autocast: fp32 parameters and gradients, the bf16
-       * copies autocast makes are charged with the activations. */
-      if (t->precision != STOW_PRECISION_FP32
-          && t->precision != STOW_PRECISION_BF16_PURE)
-        b.w = 4, b.g = 4, b.master = 0;
       break;
     case STOW_ENGINE_DEEPSPEED:
       /* DeepSpeed upcasts gradients into an fp32 partition before the
@@ -1227,9 +1232,7 @@ activations (Model *ms, const StageParams *p, guint stage, GArray *dev,
                     nlog, lg, per, t->chunked_loss ? ", chunked loss" : "", bwd,
                     lg, bwd, others);
     }
-  if (l->engine == STOW_ENGINE_PYTORCH && t->precision != STOW_PRECISION_FP32
-      && t->precision != STOW_PRECISION_BF16_PURE
-      && t->finetune == STOW_FINETUNE_FULL)
+  if (autocast (t, l) && t->finetune == STOW_FINETUNE_FULL)
     stow_mem_add (
         dev, "autocast weight copies", 2 * p->params, STOW_TIER_DEVICE,
         "2 B x %" G_GUINT64_FORMAT " params: 16-bit casts saved for backward",
