@@ -172,15 +172,19 @@ stow_swapper_load_shard (StowSwapper *sw, guint shard, void *dst,
   return TRUE;
 }
 
+/* A step over shards held in host memory: nothing to read or write. */
 static gboolean
 host_step (StowSwapper *sw, StowSwapUpdateFunc update, gpointer user_data,
-           StowSwapStats *st)
+           StowSwapStats *stats)
 {
+  StowSwapStats st = { 0 };
   gint64 t0 = g_get_monotonic_time ();
   for (guint i = 0; i < sw->n_shards; i++)
     update (host_shard (sw, i), stow_swapper_get_shard_bytes (sw, i), i,
             user_data);
-  st->update_s = st->step_s = (g_get_monotonic_time () - t0) / 1e6;
+  st.update_s = st.step_s = (g_get_monotonic_time () - t0) / 1e6;
+  if (stats)
+    *stats = st;
   return TRUE;
 }
 
@@ -204,14 +208,9 @@ stow_swapper_step (StowSwapper *sw, StowSwapUpdateFunc update,
                    gpointer user_data, StowSwapStats *stats, GError **error)
 {
   g_return_val_if_fail (sw != NULL && update != NULL, FALSE);
-  StowSwapStats st = { 0 };
   if (sw->mode == STOW_SWAP_HOST)
-    {
-      host_step (sw, update, user_data, &st);
-      if (stats)
-        *stats = st;
-      return TRUE;
-    }
+    return host_step (sw, update, user_data, stats);
+  StowSwapStats st = { 0 };
 
   guint N = sw->n_buffers;
   StowNvmeRequest *reads[N], *writes[N];
@@ -285,14 +284,9 @@ stow_swapper_step_serial (StowSwapper *sw, StowSwapUpdateFunc update,
                           GError **error)
 {
   g_return_val_if_fail (sw != NULL && update != NULL, FALSE);
-  StowSwapStats st = { 0 };
   if (sw->mode == STOW_SWAP_HOST)
-    {
-      host_step (sw, update, user_data, &st);
-      if (stats)
-        *stats = st;
-      return TRUE;
-    }
+    return host_step (sw, update, user_data, stats);
+  StowSwapStats st = { 0 };
   gint64 t0 = g_get_monotonic_time ();
   for (guint i = 0; i < sw->n_shards; i++)
     {
