@@ -95,6 +95,9 @@ stow_plan_options_add (GOptionContext *ctx, StowPlanOptions *po)
          "cuBLAS/cuBLASLt workspaces per GPU (default 64MiB)", "SIZE"),
     STR ("host-process-memory", host_process,
          "Host RAM of each rank's own process (default 3GiB)", "SIZE"),
+    STR ("cpu-optimizer-buffers", cpu_opt_buffers,
+         "DeepSpeed's CPU optimizer pinned copy buffers per rank (1GiB)",
+         "SIZE"),
     STR ("reduce-bucket", reduce_bucket,
          "DeepSpeed reduce_bucket_size in elements (5e8)", "N"),
     STR ("prefetch-bucket", prefetch_bucket,
@@ -229,7 +232,9 @@ stow_plan_options_resolve (StowPlanOptions *po, const char *model_arg,
   if (!parse_size_flag ("--workspace-memory", po->workspace,
                         &o->workspace_bytes, error)
       || !parse_size_flag ("--host-process-memory", po->host_process,
-                           &o->host_process_bytes, error))
+                           &o->host_process_bytes, error)
+      || !parse_size_flag ("--cpu-optimizer-buffers", po->cpu_opt_buffers,
+                           &o->cpu_optimizer_buffer_bytes, error))
     return FALSE;
   if (!parse_size_flag ("--context-memory", po->context, &o->cuda_context_bytes,
                         error)
@@ -468,6 +473,7 @@ stow_plan_options_clear (StowPlanOptions *po)
     &po->lora_targets,
     &po->workspace,
     &po->host_process,
+    &po->cpu_opt_buffers,
   };
   for (gsize i = 0; i < G_N_ELEMENTS (strings); i++)
     g_clear_pointer (strings[i], g_free);

@@ -42,6 +42,8 @@ stow_mem_options_init (StowMemOptions *o)
   /* A PyTorch rank's own resident memory (CUDA, NCCL, Python): PEFT's
    * README measured a peak of 2.96 GB (psutil RSS) for one T0_3B rank. */
   o->host_process_bytes = 3 * GiB;
+  /* csrc/includes/cpu_adam.h: two buffers of TILE (128 Mi) floats. */
+  o->cpu_optimizer_buffer_bytes = 2 * 128 * MiB * 4;
   o->vocab_multiple = 128; /* Megatron --make-vocab-size-divisible-by */
   o->swap_shard_params = (guint64)1 << 26;
   /* DeepSpeed zero/config.py defaults, in elements. */
@@ -884,6 +886,10 @@ typedef struct
   /* per-GPU host and NVMe bytes, summed over the worst stage */
   GArray *host;
   GArray *nvme;
+  /* Device bytes of the stage's terms that exist only once its forward
+   * has ended (logits and loss, backward working set, recomputed layer):
+   * a peak inside the forward does not hold them.  Set by activations. */
+  guint64 after_forward;
 } Model;
 
 /* Model states of one stage: weights, gradients, master weights and
@@ -905,6 +911,17 @@ model_states (Model *ms, const StageParams *p, GArray *dev,
   GArray *host = charge_host ? ms->host : NULL;
   GArray *nvme = charge_host ? ms->nvme : NULL;
   char sbuf[48];
+
+  /* DeepSpeed steps an offloaded optimizer with its CPU optimizer
+   * (accelerate swaps torch's AdamW for DeepSpeedCPUAdam), which pins two
+   * copy buffers of TILE (128 Mi) floats when it is built
+   * (csrc/includes/cpu_adam.h), whatever the model's size. */
+  if (host && off_opt && l->engine == STOW_ENGINE_DEEPSPEED)
+    stow_mem_add (host, "CPU optimizer buffers",
+                  ms->o->cpu_optimizer_buffer_bytes, STOW_TIER_PINNED,
+                  "DeepSpeedCPUAdam's 2 pinned copy buffers: %" G_GUINT64_FORMAT
+                  " B",
+                  ms->o->cpu_optimizer_buffer_bytes);
 
   /* Weights. */
   if (lora)
@@ -1303,6 +1320,7 @@ activations (Model *ms, const StageParams *p, guint stage, GArray *dev,
   stow_mem_add (dev, "backward working set", block, STOW_TIER_DEVICE,
                 "gradients of one layer's activations: %" G_GUINT64_FORMAT " B",
                 block);
+  ms->after_forward = block + rebuilt_extra;
 
   if (p->first)
     {
@@ -1337,6 +1355,7 @@ activations (Model *ms, const StageParams *p, guint stage, GArray *dev,
       guint64 others = rebuilt_extra + block + ckpt_prefetch;
       guint64 bwd = dh + others;
       guint64 last = lg > bwd ? lg - others : dh;
+      ms->after_forward += last;
       stow_mem_add (dev, "logits and loss", (nlog - 1) * lg + last,
                     STOW_TIER_DEVICE,
                     "%" G_GUINT64_FORMAT " micro-batches x %" G_GUINT64_FORMAT
@@ -1445,23 +1464,56 @@ engine_buffers (Model *ms, const StageParams *p, GArray *dev)
           {
             /* At the turn from forward to backward: the parameters the
              * coordinator does not release because backward reuses them
-             * within stage3_max_reuse_distance elements of trace (the
-             * forward's last R elements come back after 2 R: R is half
-             * the distance, give or take the module at the edge), and the
-             * prefetch bucket gathered beyond them
-             * (partitioned_param_coordinator.py __params_to_release). */
-            guint64 ll = m->largest_module_params / l->tp;
+             * within stage3_max_reuse_distance elements of trace
+             * (partitioned_param_coordinator.py __params_to_release).  A
+             * module followed by F elements of forward comes back after
+             * about 2 F, so the forward's last half of the distance stays,
+             * give or take the module at the edge; the output layer, whose
+             * backward comes next, stays whatever its size.  The prefetch
+             * bucket is gathered beyond them. */
+            guint64 turn = (m->no_lm_head ? m->largest_module_params
+                                          : m->vocab * m->hidden)
+                           / l->tp;
             guint64 prefetch = ms->o->prefetch_bucket_elements;
             guint64 reuse = ms->o->reuse_distance_elements / 2;
-            guint64 live = MIN (N, reuse + ll + prefetch);
+            guint64 live = MIN (N, MAX (reuse, turn) + prefetch);
             stow_mem_add (
                 dev, "gathered parameters", stow_bytes (live, wb),
                 STOW_TIER_DEVICE,
                 "%.4g B x min(%" G_GUINT64_FORMAT
-                " params, stage3_max_reuse_distance / 2 %" G_GUINT64_FORMAT
-                " + largest module %" G_GUINT64_FORMAT
-                " + prefetch bucket %" G_GUINT64_FORMAT ")",
-                wb, N, reuse, ll, prefetch);
+                " params, max(stage3_max_reuse_distance / 2 %" G_GUINT64_FORMAT
+                ", output layer %" G_GUINT64_FORMAT
+                ") + prefetch bucket %" G_GUINT64_FORMAT ")",
+                wb, N, reuse, turn, prefetch);
+            /* Gathering leaves a transient copy: a prefetched group is
+             * gathered into one flat buffer, then each parameter is cut out
+             * of it with torch.cat while the buffer lives
+             * (AllGatherCoalescedHandle.wait), up to the prefetch bucket.
+             * Offloaded, a partition is also copied to the device before
+             * it is gathered (all_gather_coalesced's ds_tensor.to(device)):
+             * fetching the output layer at the end of the forward holds its
+             * partition twice, before the logits and the backward's
+             * buffers exist. */
+            guint64 copy = stow_bytes (prefetch, wb), extra = 0;
+            guint64 staged = stow_bytes (div_ceil (turn, ms->n), wb);
+            if (l->offload_params != STOW_OFFLOAD_NONE
+                && staged > ms->after_forward)
+              extra = staged - ms->after_forward;
+            if (l->offload_params != STOW_OFFLOAD_NONE)
+              stow_mem_add (dev, "gather transients", MAX (copy, extra),
+                            STOW_TIER_DEVICE,
+                            "max(%" G_GUINT64_FORMAT
+                            " B: the prefetch bucket cut out of its flat "
+                            "buffer, %" G_GUINT64_FORMAT
+                            " B: the output layer's partition staged on the "
+                            "device, less the %" G_GUINT64_FORMAT
+                            " B that exist only after the forward)",
+                            copy, staged, ms->after_forward);
+            else
+              stow_mem_add (dev, "gather transients", copy, STOW_TIER_DEVICE,
+                            "prefetch bucket %" G_GUINT64_FORMAT
+                            " x %.4g B cut out of its flat buffer",
+                            prefetch, wb);
           }
         break;
       }

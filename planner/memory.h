@@ -45,20 +45,22 @@ gboolean stow_convention_parse (const char *s, const char *field,
 typedef struct
 {
   StowConvention convention;
-  gint zero_init;                   /* deepspeed-estimator: 0 or 1 (1) */
-  guint64 params_override;          /* --params: stands in for the model */
-  guint64 largest_layer_override;   /* --largest-layer */
-  guint64 cuda_context_bytes;       /* per GPU process */
-  guint64 workspace_bytes;          /* cuBLAS/cuBLASLt workspaces */
-  guint64 nccl_bytes_per_group;     /* per communicator of size > 1 */
-  double fragmentation;             /* allocator slack, fraction of peak */
-  guint64 safety_margin_bytes;      /* subtracted from the GPU's capacity */
-  guint64 host_process_bytes;       /* per rank: the framework's own RSS */
-  guint64 vocab_multiple;           /* megatron: pad V to this x tp; 0 none */
-  guint64 swap_shard_params;        /* optimizer swap shard, parameters */
-  guint64 reduce_bucket_elements;   /* deepspeed reduce_bucket_size (5e8) */
-  guint64 prefetch_bucket_elements; /* stage3_prefetch_bucket_size (5e7) */
-  guint64 reuse_distance_elements;  /* stage3_max_reuse_distance (1e9) */
+  gint zero_init;                     /* deepspeed-estimator: 0 or 1 (1) */
+  guint64 params_override;            /* --params: stands in for the model */
+  guint64 largest_layer_override;     /* --largest-layer */
+  guint64 cuda_context_bytes;         /* per GPU process */
+  guint64 workspace_bytes;            /* cuBLAS/cuBLASLt workspaces */
+  guint64 nccl_bytes_per_group;       /* per communicator of size > 1 */
+  double fragmentation;               /* allocator slack, fraction of peak */
+  guint64 safety_margin_bytes;        /* subtracted from the GPU's capacity */
+  guint64 host_process_bytes;         /* per rank: the framework's own RSS */
+  guint64 cpu_optimizer_buffer_bytes; /* deepspeed: DeepSpeedCPUAdam's pinned
+                                         copy buffers, per rank */
+  guint64 vocab_multiple;             /* megatron: pad V to this x tp; 0 none */
+  guint64 swap_shard_params;          /* optimizer swap shard, parameters */
+  guint64 reduce_bucket_elements;     /* deepspeed reduce_bucket_size (5e8) */
+  guint64 prefetch_bucket_elements;   /* stage3_prefetch_bucket_size (5e7) */
+  guint64 reuse_distance_elements;    /* stage3_max_reuse_distance (1e9) */
   gint overlap_comm; /* deepspeed: -1 default (off), 0 off, 1 on: two
                         buckets at stages 1 and 2 */
   gint free_grads;   /* gradients freed between steps

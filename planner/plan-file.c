@@ -342,6 +342,8 @@ stow_plan_file_to_json (const StowPlanFile *p, const StowMemory *mem)
   stow_json_set_double (b, "fragmentation", o->fragmentation);
   stow_json_set_u64 (b, "safety_margin_bytes", o->safety_margin_bytes);
   stow_json_set_u64 (b, "host_process_bytes", o->host_process_bytes);
+  stow_json_set_u64 (b, "cpu_optimizer_buffer_bytes",
+                     o->cpu_optimizer_buffer_bytes);
   stow_json_set_u64 (b, "vocab_multiple", o->vocab_multiple);
   stow_json_set_u64 (b, "swap_shard_params", o->swap_shard_params);
   stow_json_set_u64 (b, "reduce_bucket_elements", o->reduce_bucket_elements);
@@ -542,6 +544,7 @@ static const char *const memopt_fields[] = { "convention",
                                              "reduce_bucket_elements",
                                              "prefetch_bucket_elements",
                                              "reuse_distance_elements",
+                                             "cpu_optimizer_buffer_bytes",
                                              "overlap_comm",
                                              "free_grads",
                                              NULL };
@@ -796,7 +799,9 @@ read_mem_options (StowPlanFile *p, JsonObject *root, const char *name,
       || !get_range (o, w, "prefetch_bucket_elements", FALSE, 0, G_MAXINT64,
                      &m->prefetch_bucket_elements, error)
       || !get_range (o, w, "reuse_distance_elements", FALSE, 0, G_MAXINT64,
-                     &m->reuse_distance_elements, error))
+                     &m->reuse_distance_elements, error)
+      || !get_range (o, w, "cpu_optimizer_buffer_bytes", FALSE, 0, MAX_BYTES,
+                     &m->cpu_optimizer_buffer_bytes, error))
     return FALSE;
   static const char *const tristate[] = { "overlap_comm", "free_grads" };
   gint *tri_out[] = { &m->overlap_comm, &m->free_grads };

@@ -291,6 +291,50 @@ test_compile (void)
   g_assert_nonnull (strstr (r.out, "\"compile\" : true"));
 }
 
+/* The host RAM a `mem --json` run printed. */
+static gint64
+run_host (const StowRun *r)
+{
+  g_assert_cmpint (r->status, ==, 0);
+  g_autoptr (JsonNode) root = NULL;
+  return member_int (parse (r->out, &root), "host.total_bytes");
+}
+
+/* --cpu-optimizer-buffers sets DeepSpeed's pinned CPU Adam buffers (1 GiB
+ * by default), and a plan file keeps it. */
+static void
+test_cpu_optimizer_buffers (void)
+{
+  g_auto (StowRun) a = { 0 };
+  stow_run (&a, "mem", "llama-7b", "--gpus", "1xA100-80GB", "--engine",
+            "deepspeed", "--zero", "2", "--offload-optimizer", "cpu", "--json",
+            NULL);
+  g_auto (StowRun) b = { 0 };
+  stow_run (&b, "mem", "llama-7b", "--gpus", "1xA100-80GB", "--engine",
+            "deepspeed", "--zero", "2", "--offload-optimizer", "cpu",
+            "--cpu-optimizer-buffers", "256MiB", "--json", NULL);
+  g_assert_cmpint (run_host (&a) - run_host (&b), ==, 768 * 1048576);
+
+  g_autofree char *path
+      = g_build_filename (g_get_tmp_dir (), "stow-cpu-opt.plan.json", NULL);
+  g_auto (StowRun) w = { 0 };
+  stow_run (&w, "mem", "llama-7b", "--gpus", "1xA100-80GB", "--engine",
+            "deepspeed", "--zero", "2", "--offload-optimizer", "cpu",
+            "--cpu-optimizer-buffers", "256MiB", "--emit", "plan", "-o", path,
+            NULL);
+  g_assert_cmpint (w.status, ==, 0);
+  g_auto (StowRun) r = { 0 };
+  stow_run (&r, "mem", "--plan", path, "--json", NULL);
+  g_unlink (path);
+  g_assert_cmpint (run_host (&r), ==, run_host (&b));
+
+  const char *const bad[] = {
+    "mem",  "llama-7b", "--gpus", "1xA100-80GB", "--cpu-optimizer-buffers",
+    "lots", NULL
+  };
+  stow_assert_usage_error (bad, "--cpu-optimizer-buffers");
+}
+
 /* `stowage plan` in CSV, Markdown and HTML, and -o writing a file whole. */
 static void
 test_plan_formats (void)
@@ -349,6 +393,8 @@ main (int argc, char **argv)
   g_test_add_func ("/cli-plan/bad-input", test_bad_input);
   g_test_add_func ("/cli-plan/decoder-seq", test_decoder_seq);
   g_test_add_func ("/cli-plan/compile", test_compile);
+  g_test_add_func ("/cli-plan/cpu-optimizer-buffers",
+                   test_cpu_optimizer_buffers);
   g_test_add_func ("/cli-plan/plan-formats", test_plan_formats);
   return g_test_run ();
 }
