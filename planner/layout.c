@@ -406,6 +406,13 @@ stow_layout_validate (const StowLayout *l, const StowTraining *t,
                     "--offload-params %s needs --zero 3 (parameters "
                     "are offloaded shard by shard)",
                     stow_offload_name (l->offload_params));
+  /* DeepSpeed's PipelineEngine asserts ZeRO stage < 2 ("ZeRO-2 and ZeRO-3
+   * are incompatible with pipeline parallelism"). */
+  if (l->engine == STOW_ENGINE_DEEPSPEED && l->pp > 1 && l->zero >= 2)
+    return invalid (error,
+                    "--engine deepspeed runs --pp %u with ZeRO stage 0 or 1 "
+                    "only (its pipeline engine refuses --zero %u)",
+                    l->pp, l->zero);
   /* Only DeepSpeed offloads under LoRA (PEFT's ZeRO-3 CPU offload
    * example): its partitioner treats frozen weights like any other, and the
    * memory model prices that.  The other engines keep LoRA's frozen base

@@ -219,6 +219,11 @@ test_bad_input (void)
           "--decoder-seq", "4",         NULL };
   stow_assert_usage_error (
       j, "--decoder-seq 4 needs an encoder-decoder model; llama-65b");
+  const char *const k[]
+      = { "mem",  "llama-65b", "--gpus", "8xA100-80GB", "--engine", "deepspeed",
+          "--pp", "2",         "--zero", "3",           NULL };
+  stow_assert_usage_error (
+      k, "--engine deepspeed runs --pp 2 with ZeRO stage 0 or 1 only");
 }
 
 /* The allocated peak a `mem --json` run printed. */
