@@ -215,8 +215,8 @@ cluster_json (const StowCluster *c)
   return json_builder_get_root (b);
 }
 
-static void
-terms_json (JsonBuilder *b, const char *key, GArray *terms)
+void
+stow_mem_terms_json (JsonBuilder *b, const char *key, GArray *terms)
 {
   json_builder_set_member_name (b, key);
   json_builder_begin_array (b);
@@ -369,14 +369,14 @@ stow_plan_file_to_json (const StowPlanFile *p, const StowMemory *mem)
       stow_json_set_u64 (b, "stage", st->stage);
       stow_json_set_u64 (b, "layers", st->layers);
       stow_json_set_u64 (b, "total_bytes", st->total_bytes);
-      terms_json (b, "terms", st->terms);
+      stow_mem_terms_json (b, "terms", st->terms);
       json_builder_end_object (b);
     }
   json_builder_end_array (b);
   stow_json_set_u64 (b, "host_total_bytes", mem->host_total_bytes);
-  terms_json (b, "host_terms", mem->host_terms);
+  stow_mem_terms_json (b, "host_terms", mem->host_terms);
   stow_json_set_u64 (b, "nvme_bytes", mem->nvme_bytes);
-  terms_json (b, "nvme_terms", mem->nvme_terms);
+  stow_mem_terms_json (b, "nvme_terms", mem->nvme_terms);
   json_builder_end_object (b);
 
   json_builder_set_member_name (b, "schedule");

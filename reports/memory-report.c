@@ -77,24 +77,6 @@ stow_layout_to_json (const StowLayout *l, const StowTraining *t)
   return json_builder_get_root (b);
 }
 
-static void
-add_terms (JsonBuilder *b, GArray *terms)
-{
-  json_builder_set_member_name (b, "terms");
-  json_builder_begin_array (b);
-  for (guint i = 0; i < terms->len; i++)
-    {
-      StowMemTerm *t = &g_array_index (terms, StowMemTerm, i);
-      json_builder_begin_object (b);
-      stow_json_set_string (b, "name", t->name);
-      stow_json_set_i64 (b, "bytes", (gint64)t->bytes);
-      stow_json_set_string (b, "tier", stow_tier_name (t->tier));
-      stow_json_set_string (b, "formula", t->formula);
-      json_builder_end_object (b);
-    }
-  json_builder_end_array (b);
-}
-
 JsonNode *
 stow_memory_report_json (const StowMemoryReport *r)
 {
@@ -142,7 +124,7 @@ stow_memory_report_json (const StowMemoryReport *r)
       stow_json_set_u64 (b, "allocated_bytes", s->allocated_bytes);
       stow_json_set_u64 (b, "reserved_bytes", s->reserved_bytes);
       stow_json_set_u64 (b, "total_bytes", s->total_bytes);
-      add_terms (b, s->terms);
+      stow_mem_terms_json (b, "terms", s->terms);
       json_builder_end_object (b);
     }
   json_builder_end_array (b);
@@ -154,14 +136,14 @@ stow_memory_report_json (const StowMemoryReport *r)
   stow_json_set_u64 (b, "pageable_bytes", mem->host_pageable_bytes);
   stow_json_set_u64 (b, "total_bytes", mem->host_total_bytes);
   stow_json_set_u64 (b, "capacity_bytes", mem->host_capacity_bytes);
-  add_terms (b, mem->host_terms);
+  stow_mem_terms_json (b, "terms", mem->host_terms);
   json_builder_end_object (b);
 
   json_builder_set_member_name (b, "nvme");
   json_builder_begin_object (b);
   stow_json_set_u64 (b, "bytes", mem->nvme_bytes);
   stow_json_set_u64 (b, "capacity_bytes", mem->nvme_capacity_bytes);
-  add_terms (b, mem->nvme_terms);
+  stow_mem_terms_json (b, "terms", mem->nvme_terms);
   json_builder_end_object (b);
 
   json_builder_end_object (b);
