@@ -226,16 +226,21 @@ test_bad_input (void)
       k, "--engine deepspeed runs --pp 2 with ZeRO stage 0 or 1 only");
 }
 
+/* The integer at @path ("device.allocated_peak_bytes") of what a successful
+ * `--json` run printed. */
+static gint64
+run_member (const StowRun *r, const char *path)
+{
+  g_assert_cmpint (r->status, ==, 0);
+  g_autoptr (JsonNode) root = NULL;
+  return member_int (parse (r->out, &root), path);
+}
+
 /* The allocated peak a `mem --json` run printed. */
 static gint64
 run_peak (const StowRun *r)
 {
-  g_assert_cmpint (r->status, ==, 0);
-  g_autoptr (JsonParser) p = json_parser_new ();
-  g_assert_true (json_parser_load_from_data (p, r->out, -1, NULL));
-  JsonObject *d = json_object_get_object_member (
-      json_node_get_object (json_parser_get_root (p)), "device");
-  return json_object_get_int_member (d, "allocated_peak_bytes");
+  return run_member (r, "device.allocated_peak_bytes");
 }
 
 /* An encoder-decoder model's decoder length: shorter targets shrink the
@@ -296,15 +301,6 @@ test_compile (void)
   g_assert_nonnull (strstr (r.out, "\"compile\" : true"));
 }
 
-/* The host RAM a `mem --json` run printed. */
-static gint64
-run_host (const StowRun *r)
-{
-  g_assert_cmpint (r->status, ==, 0);
-  g_autoptr (JsonNode) root = NULL;
-  return member_int (parse (r->out, &root), "host.total_bytes");
-}
-
 /* --cpu-optimizer-buffers sets DeepSpeed's pinned CPU Adam buffers (1 GiB
  * by default), and a plan file keeps it. */
 static void
@@ -318,7 +314,9 @@ test_cpu_optimizer_buffers (void)
   stow_run (&b, "mem", "llama-7b", "--gpus", "1xA100-80GB", "--engine",
             "deepspeed", "--zero", "2", "--offload-optimizer", "cpu",
             "--cpu-optimizer-buffers", "256MiB", "--json", NULL);
-  g_assert_cmpint (run_host (&a) - run_host (&b), ==, 768 * 1048576);
+  g_assert_cmpint (run_member (&a, "host.total_bytes")
+                       - run_member (&b, "host.total_bytes"),
+                   ==, 768 * 1048576);
 
   g_autofree char *path
       = g_build_filename (g_get_tmp_dir (), "stow-cpu-opt.plan.json", NULL);
@@ -331,7 +329,8 @@ test_cpu_optimizer_buffers (void)
   g_auto (StowRun) r = { 0 };
   stow_run (&r, "mem", "--plan", path, "--json", NULL);
   g_unlink (path);
-  g_assert_cmpint (run_host (&r), ==, run_host (&b));
+  g_assert_cmpint (run_member (&r, "host.total_bytes"), ==,
+                   run_member (&b, "host.total_bytes"));
 
   const char *const bad[] = {
     "mem",  "llama-7b", "--gpus", "1xA100-80GB", "--cpu-optimizer-buffers",
