@@ -495,7 +495,10 @@ test_calibration_bert_large (void)
  * parameter), so 1.7 GiB appears that the model has no term for.  The row
  * does not say whose AdamW8bit ran (torchtune offers bitsandbytes' and
  * torchao's); bitsandbytes' states match the bert-large rows above, so the
- * gap is not in them.  It is checked within 20% until that is known. */
+ * gap is not in them.  Nor is it torchao's step: its one fp32 buffer the
+ * size of the parameter (bench/torchao-step.py) is largest for the tied
+ * embedding, which steps after backward, below the peak.  It is checked
+ * within 20% until a GPU run says what it is. */
 static void
 test_calibration_torchtune (void)
 {
