@@ -1,0 +1,124 @@
+#!/usr/bin/python3
+# SPDX-License-Identifier: MIT
+#
+# bench/load-residue.py: what loading a single-file PyTorch checkpoint can
+# leave resident in the host process after the state dict is freed.
+#
+# glibc serves a malloc at or above its mmap threshold with a mapping of its
+# own, which goes back to the system when freed.  The threshold starts at
+# 128 KiB and rises to the size of any such mapping that is freed, up to
+# 32 MiB (mallopt(3), M_MMAP_THRESHOLD).  Once it has risen, tensors below
+# it come from the heap, and the heap keeps freed memory it cannot trim.
+# PEFT's T0_3B DeepSpeed run (docs/memory-model.md) is about 4.3 GiB above
+# the model's host prediction, and T0_3B's checkpoint holds 4.5 GiB of
+# 16 MiB attention matrices.  This script shows the mechanism with T0_3B's
+# tensor shapes on a few layers, in three fresh processes each:
+#
+#   plain      load, free, measure;
+#   raised     first free one 16 MiB mapping (as initialising CUDA or a
+#              library might), then load, free, measure;
+#   trimmed    as raised, then malloc_trim(0), which hands free heap pages
+#              back: the test that tells this residue from live memory.
+#
+# Run with Debian's python3-torch (1.13, the PyTorch of PEFT's run):
+#   /usr/bin/python3 bench/load-residue.py --layers 6
+# Writes bench/results/load-residue-<host>-<date>.md.
+
+import argparse
+import datetime
+import os
+import platform
+import socket
+import subprocess
+import sys
+import tempfile
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+D_MODEL, D_FF, VOCAB = 2048, 5120, 32128  # T0_3B (tests/data/hf/t0-3b.json)
+MMAP_CEILING = 32 << 20  # glibc's DEFAULT_MMAP_THRESHOLD_MAX on 64-bit
+
+CHILD = r"""
+import ctypes, gc, sys, torch
+def rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * 4096
+mode, path = sys.argv[1], sys.argv[2]
+base = rss()
+if mode != "plain":
+    t = torch.empty(%d, %d)
+    t.fill_(1.0)
+    del t
+sd = torch.load(path, map_location="cpu")
+loaded = rss()
+del sd
+gc.collect()
+if mode == "trimmed":
+    ctypes.CDLL("libc.so.6").malloc_trim(0)
+print(base, loaded, rss())
+""" % (D_MODEL, D_MODEL)
+
+
+def make_checkpoint(path, layers):
+    import torch
+    sd = {}
+    for i in range(layers):
+        for n in ("q", "k", "v", "o"):
+            sd[f"layer.{i}.attention.{n}.weight"] = torch.zeros(D_MODEL, D_MODEL)
+        for n in ("wi_0", "wi_1"):
+            sd[f"layer.{i}.ff.{n}.weight"] = torch.zeros(D_FF, D_MODEL)
+        sd[f"layer.{i}.ff.wo.weight"] = torch.zeros(D_MODEL, D_FF)
+        sd[f"layer.{i}.norm.weight"] = torch.zeros(D_MODEL)
+    sd["shared.weight"] = torch.zeros(VOCAB, D_MODEL)
+    torch.save(sd, path)
+    small = sum(t.numel() * 4 for t in sd.values() if t.numel() * 4 < MMAP_CEILING)
+    total = sum(t.numel() * 4 for t in sd.values())
+    return small, total, torch.__version__
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--layers", type=int, default=6,
+                    help="attention + feed-forward blocks of T0_3B's shapes")
+    args = ap.parse_args()
+    mib = 1 << 20
+    now = datetime.datetime.now(datetime.timezone.utc)
+    host = socket.gethostname().split(".")[0]
+    libc = " ".join(platform.libc_ver())
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "checkpoint.bin")
+        small, total, version = make_checkpoint(path, args.layers)
+        rows = []
+        for mode in ("plain", "raised", "trimmed"):
+            out = subprocess.run([sys.executable, "-c", CHILD, mode, path],
+                                 check=True, capture_output=True, text=True)
+            base, loaded, after = (int(x) for x in out.stdout.split())
+            rows.append((mode, base, loaded, after))
+    lines = [
+        f"# Checkpoint-load residue in host RSS ({host}, {now:%Y-%m-%dT%H:%MZ})",
+        "",
+        f"torch {version}, {libc}, Python {platform.python_version()}.",
+        f"Checkpoint: {args.layers} blocks of T0_3B's shapes (4 attention "
+        f"matrices {D_MODEL}x{D_MODEL}, 3 feed-forward {D_MODEL}x{D_FF}) and "
+        f"the {VOCAB}x{D_MODEL} embedding, fp32: {total / mib:,.0f} MiB, of "
+        f"which {small / mib:,.0f} MiB in tensors under glibc's 32 MiB mmap "
+        "ceiling.",
+        f"Command: `/usr/bin/python3 bench/load-residue.py --layers {args.layers}`",
+        "",
+        "| process | RSS before | after torch.load | after freeing the state dict | left resident |",
+        "|---|---|---|---|---|",
+    ]
+    for mode, base, loaded, after in rows:
+        lines.append(f"| {mode} | {base / mib:,.0f} MiB | {loaded / mib:,.0f} MiB | "
+                     f"{after / mib:,.0f} MiB | {(after - base) / mib:+,.0f} MiB |")
+    lines.append("")
+    text = "\n".join(lines)
+    print(text)
+    out = os.path.join(HERE, "results", f"load-residue-{host}-{now:%Y%m%d-%H%M}.md")
+    with open(out + ".tmp", "w") as f:
+        f.write(text)
+    os.replace(out + ".tmp", out)
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
