@@ -18,10 +18,14 @@
 #   raised     first free one 16 MiB mapping (as initialising CUDA or a
 #              library might), then load, free, measure;
 #   trimmed    as raised, then malloc_trim(0), which hands free heap pages
-#              back: the test that tells this residue from live memory.
+#              back: the test that tells this residue from live memory;
+#   cuda       where a GPU is present: start CUDA and an NCCL process group
+#              and pass a barrier first, as PEFT's DeepSpeed script does
+#              before it loads the model, instead of the explicit free.
 #
 # Run with Debian's python3-torch (1.13, the PyTorch of PEFT's run):
 #   /usr/bin/python3 bench/load-residue.py --layers 6
+# On a GPU machine, any python3 with a CUDA PyTorch adds the cuda row.
 # Writes bench/results/load-residue-<host>-<date>.md.
 
 import argparse
@@ -38,16 +42,25 @@ D_MODEL, D_FF, VOCAB = 2048, 5120, 32128  # T0_3B (tests/data/hf/t0-3b.json)
 MMAP_CEILING = 32 << 20  # glibc's DEFAULT_MMAP_THRESHOLD_MAX on 64-bit
 
 CHILD = r"""
-import ctypes, gc, sys, torch
+import ctypes, gc, os, sys, torch
 def rss():
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * 4096
 mode, path = sys.argv[1], sys.argv[2]
 base = rss()
-if mode != "plain":
+if mode in ("raised", "trimmed"):
     t = torch.empty(%d, %d)
     t.fill_(1.0)
     del t
+elif mode == "cuda":
+    import torch.distributed as dist
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29517")
+    torch.cuda.set_device(0)
+    torch.zeros(1, device="cuda")
+    dist.init_process_group("nccl", rank=0, world_size=1)
+    dist.barrier()
+    base = rss()
 sd = torch.load(path, map_location="cpu")
 loaded = rss()
 del sd
@@ -55,6 +68,8 @@ gc.collect()
 if mode == "trimmed":
     ctypes.CDLL("libc.so.6").malloc_trim(0)
 print(base, loaded, rss())
+if mode == "cuda":
+    dist.destroy_process_group()
 """ % (D_MODEL, D_MODEL)
 
 
@@ -72,7 +87,7 @@ def make_checkpoint(path, layers):
     torch.save(sd, path)
     small = sum(t.numel() * 4 for t in sd.values() if t.numel() * 4 < MMAP_CEILING)
     total = sum(t.numel() * 4 for t in sd.values())
-    return small, total, torch.__version__
+    return small, total, torch.__version__, torch.cuda.is_available()
 
 
 def main():
@@ -86,9 +101,10 @@ def main():
     libc = " ".join(platform.libc_ver())
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "checkpoint.bin")
-        small, total, version = make_checkpoint(path, args.layers)
+        small, total, version, cuda = make_checkpoint(path, args.layers)
         rows = []
-        for mode in ("plain", "raised", "trimmed"):
+        modes = ("plain", "raised", "trimmed") + (("cuda",) if cuda else ())
+        for mode in modes:
             out = subprocess.run([sys.executable, "-c", CHILD, mode, path],
                                  check=True, capture_output=True, text=True)
             base, loaded, after = (int(x) for x in out.stdout.split())
@@ -102,7 +118,7 @@ def main():
         f"the {VOCAB}x{D_MODEL} embedding, fp32: {total / mib:,.0f} MiB, of "
         f"which {small / mib:,.0f} MiB in tensors under glibc's 32 MiB mmap "
         "ceiling.",
-        f"Command: `/usr/bin/python3 bench/load-residue.py --layers {args.layers}`",
+        f"Command: `{sys.executable} bench/load-residue.py --layers {args.layers}`",
         "",
         "| process | RSS before | after torch.load | after freeing the state dict | left resident |",
         "|---|---|---|---|---|",
@@ -110,6 +126,10 @@ def main():
     for mode, base, loaded, after in rows:
         lines.append(f"| {mode} | {base / mib:,.0f} MiB | {loaded / mib:,.0f} MiB | "
                      f"{after / mib:,.0f} MiB | {(after - base) / mib:+,.0f} MiB |")
+    if not cuda:
+        lines.append("| cuda | no CUDA device here: not run | | | |")
+    lines.append("")
+    lines.append("In the cuda row, RSS before is taken after CUDA and NCCL have started.")
     lines.append("")
     text = "\n".join(lines)
     print(text)
