@@ -52,6 +52,9 @@ guint64 stow_mem_shard_degree (const StowLayout *l, const StowCluster *c);
  * states (stowage engine, full fine-tuning). */
 void stow_mem_state_bytes (const StowModel *m, const StowTraining *t, double *w,
                            double *g, double *master, double *opt);
+/* Bytes per frozen linear weight under LoRA (@w, the model's weight
+ * bytes) or QLoRA (NF4 with double quantisation). */
+double stow_mem_frozen_weight_bytes (const StowTraining *t, double w);
 /* Per-layer activation bytes of one micro-batch (see memory.c). */
 void stow_mem_activation_sizes (const StowModel *m, const StowTraining *t,
                                 const StowLayout *l, guint64 *full,

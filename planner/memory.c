@@ -697,12 +697,12 @@ full_bpp (const StowModel *m, const StowTraining *t)
 /* Bytes per frozen linear weight under LoRA: the model's dtype, or
  * QLoRA's NF4 (4 bits + an 8-bit absmax per 64 weights + an fp32 scale
  * per 256 blocks, double quantisation). */
-static double
-frozen_weight_bytes (const StowTraining *t, Bpp b)
+double
+stow_mem_frozen_weight_bytes (const StowTraining *t, double w)
 {
   return t->finetune == STOW_FINETUNE_QLORA
              ? 0.5 + 1.0 / 64.0 + 4.0 / (64.0 * 256.0)
-             : b.w;
+             : w;
 }
 
 /* The dtype DeepSpeed holds parameters in, which its reduce bucket takes
@@ -932,7 +932,7 @@ model_states (Model *ms, const StageParams *p, GArray *dev,
       GArray *wdev = off_par ? host : dev, *odev = off_opt ? host : dev;
       StowTier wtier = off_par ? STOW_TIER_PINNED : STOW_TIER_DEVICE;
       StowTier otier = off_opt ? STOW_TIER_HOST : STOW_TIER_DEVICE;
-      double wb = frozen_weight_bytes (t, b);
+      double wb = stow_mem_frozen_weight_bytes (t, b.w);
       guint64 linear = p->linear;
       if (wdev)
         stow_mem_add (wdev, off_par ? "offloaded parameters" : "parameters",

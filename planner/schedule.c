@@ -1616,12 +1616,10 @@ stow_schedule_lower (const StowModel *m, const StowCluster *c,
   L.wg = MIN (L.w, 2.0); /* gathered in compute precision, as memory.c */
   if (t->finetune != STOW_FINETUNE_FULL)
     {
-      /* NF4: 4 bits + an 8-bit absmax per 64 weights + an fp32 scale per
-       * 256 blocks (memory.c); adapters train in fp32 with no master. */
+      /* Frozen weights (NF4 under QLoRA, as memory.c); adapters train in
+       * fp32 with no master. */
       L.lora = TRUE;
-      L.wb = t->finetune == STOW_FINETUNE_QLORA
-                 ? 0.5 + 1.0 / 64.0 + 4.0 / (64.0 * 256.0)
-                 : L.w;
+      L.wb = stow_mem_frozen_weight_bytes (t, L.w);
       L.w = L.g = 4.0;
       L.master = 0;
     }
