@@ -29,15 +29,14 @@
 # Writes bench/results/load-residue-<host>-<date>.md.
 
 import argparse
-import datetime
 import os
 import platform
-import socket
 import subprocess
 import sys
 import tempfile
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+from benchlib import stamp, write_result
+
 D_MODEL, D_FF, VOCAB = 2048, 5120, 32128  # T0_3B (tests/data/hf/t0-3b.json)
 MMAP_CEILING = 32 << 20  # glibc's DEFAULT_MMAP_THRESHOLD_MAX on 64-bit
 
@@ -96,8 +95,7 @@ def main():
                     help="attention + feed-forward blocks of T0_3B's shapes")
     args = ap.parse_args()
     mib = 1 << 20
-    now = datetime.datetime.now(datetime.timezone.utc)
-    host = socket.gethostname().split(".")[0]
+    host, now = stamp()
     libc = " ".join(platform.libc_ver())
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "checkpoint.bin")
@@ -133,11 +131,7 @@ def main():
     lines.append("")
     text = "\n".join(lines)
     print(text)
-    out = os.path.join(HERE, "results", f"load-residue-{host}-{now:%Y%m%d-%H%M}.md")
-    with open(out + ".tmp", "w") as f:
-        f.write(text)
-    os.replace(out + ".tmp", out)
-    print(f"wrote {out}")
+    write_result("load-residue", host, now, text)
 
 
 if __name__ == "__main__":

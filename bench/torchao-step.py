@@ -28,11 +28,9 @@
 # torchtune published the row.  Writes bench/results/torchao-step-<host>-<date>.md.
 
 import argparse
-import datetime
 import os
 import platform
 import re
-import socket
 
 import torch
 import torch._inductor.config as inductor_config
@@ -42,7 +40,8 @@ from torch._inductor.utils import run_and_get_code
 import torchao
 from torchao.prototype.low_bit_optim import AdamW8bit
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+from benchlib import stamp, write_result
+
 ALLOC = re.compile(r"(buf\d+) = empty_strided_cpu\(\(([^)]*)\), \([^)]*\), torch\.(\w+)\)")
 
 
@@ -90,8 +89,7 @@ def main():
     args = ap.parse_args()
     numel = args.rows * args.cols
     width = {"float32": 4, "bfloat16": 2, "float16": 2, "uint8": 1}
-    now = datetime.datetime.now(datetime.timezone.utc)
-    host = socket.gethostname().split(".")[0]
+    host, now = stamp()
     lines = [
         f"# torchao AdamW8bit: the compiled step's buffers ({host}, {now:%Y-%m-%dT%H:%MZ})",
         "",
@@ -120,11 +118,7 @@ def main():
     lines.append("")
     text = "\n".join(lines)
     print(text)
-    out = os.path.join(HERE, "results", f"torchao-step-{host}-{now:%Y%m%d-%H%M}.md")
-    with open(out + ".tmp", "w") as f:
-        f.write(text)
-    os.replace(out + ".tmp", out)
-    print(f"wrote {out}")
+    write_result("torchao-step", host, now, text)
 
 
 if __name__ == "__main__":

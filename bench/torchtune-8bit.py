@@ -31,17 +31,16 @@
 #   python3 bench/torchtune-8bit.py --optimizers adamw,torchao,bnb
 
 import argparse
-import datetime
 import importlib.util
 import os
 import platform
-import socket
 import sys
 
 import torch
 import torch.nn.functional as F
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+from benchlib import stamp, write_result
+
 GiB = float(1 << 30)
 
 
@@ -155,8 +154,7 @@ def main():
         args.seq, args.batch = min(args.seq, 64), min(args.batch, 2)
     elif not torch.cuda.is_available():
         raise SystemExit("bench/torchtune-8bit.py: no CUDA device (use --tiny to check the script on the CPU)")
-    now = datetime.datetime.now(datetime.timezone.utc)
-    host = socket.gethostname().split(".")[0]
+    host, now = stamp()
     gpu = torch.cuda.get_device_name(0) if device == "cuda" else "none (--tiny, CPU)"
     lines = [
         f"# torchtune's Llama-3.2-3B step with bf16 and 8-bit AdamW ({host}, {now:%Y-%m-%dT%H:%MZ})",
@@ -182,11 +180,7 @@ def main():
     text = "\n".join(lines)
     print(text)
     if not args.tiny:
-        out = os.path.join(HERE, "results", f"torchtune-8bit-{host}-{now:%Y%m%d-%H%M}.md")
-        with open(out + ".tmp", "w") as f:
-            f.write(text)
-        os.replace(out + ".tmp", out)
-        print(f"wrote {out}")
+        write_result("torchtune-8bit", host, now, text)
 
 
 if __name__ == "__main__":
