@@ -438,14 +438,9 @@ test_calibration_bert_large (void)
       StowTraining t;
       StowLayout l;
       StowMemOptions o;
-      stow_test_defaults (&t, &l, &o);
-      t.precision = rows[i].precision;
+      stow_test_eager_run (&t, &l, &o, rows[i].precision, 512,
+                           STOW_ENGINE_PYTORCH, rows[i].micro_batch);
       t.optimizer = rows[i].optimizer;
-      t.seq_len = 512;
-      t.flash_attention = FALSE;
-      t.dropout = TRUE;
-      l.engine = STOW_ENGINE_PYTORCH;
-      l.micro_batch = rows[i].micro_batch;
       l.grad_accum = rows[i].grad_accum;
       l.recompute = rows[i].ckpt ? STOW_RECOMPUTE_FULL : STOW_RECOMPUTE_NONE;
       o.cuda_context_bytes = (guint64)1343 << 20;
@@ -617,16 +612,11 @@ test_calibration_peft_t0 (void)
         StowTraining t;
         StowLayout l;
         StowMemOptions o;
-        stow_test_defaults (&t, &l, &o);
-        t.precision = STOW_PRECISION_FP32;
-        t.seq_len = seq;
+        stow_test_eager_run (&t, &l, &o, STOW_PRECISION_FP32, seq,
+                             STOW_ENGINE_PYTORCH, 8);
         t.decoder_seq_len = 3;
-        t.flash_attention = FALSE;
-        t.dropout = TRUE;
         t.finetune = rows[i].ft;
         t.lora_dropout = TRUE;
-        l.engine = STOW_ENGINE_PYTORCH;
-        l.micro_batch = 8;
         o.free_grads = 0;
         if (rows[i].deepspeed)
           {
@@ -915,13 +905,8 @@ test_calibration_bigcode_gpt (void)
       StowTraining t;
       StowLayout l;
       StowMemOptions o;
-      stow_test_defaults (&t, &l, &o);
-      t.precision = STOW_PRECISION_FP32;
-      t.seq_len = 2048;
-      t.flash_attention = FALSE;
-      t.dropout = TRUE;
-      l.engine = STOW_ENGINE_MEGATRON;
-      l.micro_batch = 1;
+      stow_test_eager_run (&t, &l, &o, STOW_PRECISION_FP32, 2048,
+                           STOW_ENGINE_MEGATRON, 1);
       g_autoptr (StowMemory) mem = estimate (m, c, &t, &l, &o);
       predicted[i] = (double)mem->allocated_peak_bytes;
       double mb = rows[i].measured_mb * 1e6,
@@ -1014,15 +999,10 @@ test_seed_t5_3b_labels (void)
         StowTraining t;
         StowLayout l;
         StowMemOptions o;
-        stow_test_defaults (&t, &l, &o);
-        t.precision = STOW_PRECISION_FP16;
-        t.seq_len = seq;
-        t.flash_attention = FALSE;
-        t.dropout = TRUE;
-        l.engine = STOW_ENGINE_DEEPSPEED;
+        stow_test_eager_run (&t, &l, &o, STOW_PRECISION_FP16, seq,
+                             STOW_ENGINE_DEEPSPEED, bs);
         l.zero = 2;
         l.offload_optimizer = STOW_OFFLOAD_CPU;
-        l.micro_batch = bs;
         o.reduce_bucket_elements = 200000000;
         o.overlap_comm = 1;
         g_autoptr (StowMemory) mem = estimate (m, c, &t, &l, &o);

@@ -41,4 +41,21 @@ stow_test_defaults (StowTraining *t, StowLayout *l, StowMemOptions *o)
   stow_mem_options_init (o);
 }
 
+/* A run as the calibration sources measured it: stowage's defaults, then
+ * @precision, @seq tokens, eager attention with dropout, @engine and
+ * @micro_batch sequences per GPU. */
+static inline void
+stow_test_eager_run (StowTraining *t, StowLayout *l, StowMemOptions *o,
+                     StowPrecision precision, guint64 seq, StowEngine engine,
+                     guint64 micro_batch)
+{
+  stow_test_defaults (t, l, o);
+  t->precision = precision;
+  t->seq_len = seq;
+  t->flash_attention = FALSE;
+  t->dropout = TRUE;
+  l->engine = engine;
+  l->micro_batch = micro_batch;
+}
+
 G_END_DECLS
