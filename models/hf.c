@@ -707,12 +707,11 @@ add_t5_ff (StowModelBuilder *b, gint l, guint64 d, guint64 ff, gboolean gated,
 }
 
 static gboolean
-import_t5 (StowModelBuilder *b, JsonObject *o, GError **error)
+import_t5 (StowModelBuilder *b, JsonObject *o, gboolean tied, GError **error)
 {
   StowModel *m = b->model;
   guint64 d = 0, dkv = 64, a = 0, ff = 0, V = 0, Le = 0, Ld = 0, B = 32, inner;
   const char *proj = "relu";
-  gboolean tied = TRUE;
 
   if (!REQ (o, b, &d, "d_model") || !OPT (o, b, &dkv, "d_kv")
       || !REQ (o, b, &a, "num_heads") || !REQ (o, b, &ff, "d_ff")
@@ -1001,8 +1000,10 @@ stow_model_import (StowModelBuilder *b, JsonObject *o, const char *type,
     return import_bloom (b, o, error);
   if (g_str_equal (type, "opt"))
     return import_opt (b, o, error);
-  if (g_str_equal (type, "t5"))
-    return import_t5 (b, o, error);
+  /* mT5 (mt0) is T5 v1.1 with its own config class, whose
+   * tie_word_embeddings defaults to false. */
+  if (g_str_equal (type, "t5") || g_str_equal (type, "mt5"))
+    return import_t5 (b, o, g_str_equal (type, "t5"), error);
   if (g_str_equal (type, "bert"))
     return import_bert (b, o, error);
   if (g_str_equal (type, "deepseek_v2") || g_str_equal (type, "deepseek_v3"))
@@ -1021,8 +1022,8 @@ stow_model_import (StowModelBuilder *b, JsonObject *o, const char *type,
                      "%s: model_type \"%.60s\" is not supported (and has no "
                      "%s for a llama-like import); supported: llama, "
                      "mistral, mixtral, qwen2, gemma, gemma2, phi3, gpt2, "
-                     "gpt_neox, falcon, bloom, opt, t5, bert, deepseek_v2, "
-                     "deepseek_v3",
+                     "gpt_neox, falcon, bloom, opt, t5, mt5, bert, "
+                     "deepseek_v2, deepseek_v3",
                      b->where, esc, fields[i]);
         return FALSE;
       }

@@ -714,9 +714,12 @@ deepspeed_weight_bytes (const StowTraining *t, Bpp b)
 }
 
 /* LoRA adapter parameters of one layer on one TP rank: r (in + out) per
- * targeted matrix. */
+ * targeted matrix.  A decoder layer of an encoder-decoder model has its
+ * attention matrices twice: PEFT's names ("q", "v") match the
+ * cross-attention's as well as the self-attention's. */
 static guint64
-lora_layer_params (const StowModel *m, const StowTraining *t, guint tp)
+lora_layer_params (const StowModel *m, const StowTraining *t, guint tp,
+                   gboolean cross)
 {
   guint targets
       = t->lora_targets ? t->lora_targets : (STOW_LORA_Q | STOW_LORA_V);
@@ -730,6 +733,8 @@ lora_layer_params (const StowModel *m, const StowTraining *t, guint tp)
     sum += h + kd;
   if (targets & STOW_LORA_O)
     sum += qd + h;
+  if (cross)
+    sum *= 2;
   if (m->gated_mlp && (targets & STOW_LORA_GATE))
     sum += h + f;
   if (targets & STOW_LORA_UP)
@@ -842,7 +847,13 @@ stage_params (const StowModel *m, const StowTraining *t, const StowLayout *l,
     }
   p.trainable = p.params;
   if (t->finetune != STOW_FINETUNE_FULL)
-    p.trainable = n_layers * lora_layer_params (m, t, l->tp);
+    {
+      guint64 cross = 0;
+      for (guint64 i = first_layer; i < first_layer + n_layers; i++)
+        cross += layer_kind (m, i) == LAYER_CROSS;
+      p.trainable = (n_layers - cross) * lora_layer_params (m, t, l->tp, FALSE)
+                    + cross * lora_layer_params (m, t, l->tp, TRUE);
+    }
   return p;
 }
 

@@ -530,6 +530,26 @@ test_quirks (void)
                     2 * (4 * 64 * 64 + 3 * 64 * 128 + 2 * 64) + 64
                         + 2 * 100 * 64);
 
+  /* mT5 (mt0): T5's importer, untied unless the config says otherwise
+   * (T5's default is tied).  mt0-large against PEFT's README print, "all
+   * params: 1231940608" less its 2,359,296 LoRA parameters. */
+  g_autoptr (StowModel) mt0 = load_fixture ("mt0-large");
+  check_consistent (mt0);
+  g_assert_cmpuint (mt0->params, ==, 1231940608ull - 2359296ull);
+  g_assert_cmpuint (mt0->head_params, ==, 250112ull * 1024);
+  static const char *const t5_tiny
+      = "\"d_model\": 64, \"num_heads\": 2, \"d_ff\": 128, "
+        "\"vocab_size\": 100, \"num_layers\": 1}";
+  g_autofree char *mt5_text
+      = g_strconcat ("{\"model_type\": \"mt5\", ", t5_tiny, NULL);
+  g_autofree char *t5_text
+      = g_strconcat ("{\"model_type\": \"t5\", ", t5_tiny, NULL);
+  g_autoptr (StowModel) mt5 = from_text (mt5_text, &error);
+  g_assert_no_error (error);
+  g_autoptr (StowModel) t5 = from_text (t5_text, &error);
+  g_assert_no_error (error);
+  g_assert_cmpuint (mt5->params - t5->params, ==, 100 * 64);
+
   /* llama's attention_bias and mlp_bias flags. */
   g_autoptr (StowModel) biased = from_text (
       "{\"model_type\": \"llama\", \"attention_bias\": true, \"mlp_bias\": "
