@@ -806,11 +806,12 @@ stage_params (const StowModel *m, const StowTraining *t, const StowLayout *l,
   p.last = stage + 1 == l->pp;
   /* Layers repeat: the previous layer's split is reused when its count
    * and kind match (the divisions dominate the search's time). */
-  guint64 prev_params = G_MAXUINT64, on_gpu = 0, norms = 0;
+  guint64 prev_params = G_MAXUINT64, on_gpu = 0, norms = 0, cross = 0;
   gboolean prev_moe = FALSE;
   for (guint64 i = first_layer; i < first_layer + n_layers; i++)
     {
       const StowLayerInfo *li = &m->layers[i];
+      cross += layer_kind (m, i) == LAYER_CROSS;
       if (li->params != prev_params || li->is_moe != prev_moe)
         {
           on_gpu = layer_on_gpu (m, l, i, n_moe, expert_per_layer,
@@ -847,13 +848,8 @@ stage_params (const StowModel *m, const StowTraining *t, const StowLayout *l,
     }
   p.trainable = p.params;
   if (t->finetune != STOW_FINETUNE_FULL)
-    {
-      guint64 cross = 0;
-      for (guint64 i = first_layer; i < first_layer + n_layers; i++)
-        cross += layer_kind (m, i) == LAYER_CROSS;
-      p.trainable = (n_layers - cross) * lora_layer_params (m, t, l->tp, FALSE)
-                    + cross * lora_layer_params (m, t, l->tp, TRUE);
-    }
+    p.trainable = (n_layers - cross) * lora_layer_params (m, t, l->tp, FALSE)
+                  + cross * lora_layer_params (m, t, l->tp, TRUE);
   return p;
 }
 

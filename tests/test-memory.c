@@ -560,6 +560,37 @@ test_calibration_torchtune (void)
     }
 }
 
+/* A model from tests/data/hf/@file. */
+static StowModel *
+hf_fixture (const char *file)
+{
+  g_autofree char *path
+      = g_test_build_filename (G_TEST_DIST, "data", "hf", file, NULL);
+  return stow_test_model (path);
+}
+
+/* A source's "GB" that may be the printed MiB over 1024 (GiB) or over
+ * 1000 (PEFT's and torchao's tables do not say): prints the error in both
+ * readings and checks both within 10%, or with @lower_bound (a miss not
+ * yet explained) only that @got is below both. */
+static void
+check_gb (const char *what, double got, double measured_gb,
+          gboolean lower_bound)
+{
+  double gib = measured_gb * GiB, gb = measured_gb * 1000.0 * 1048576.0;
+  g_test_message ("%s: predicted %.2f GiB, measured %.2f GB: %+.1f%% (GiB) / "
+                  "%+.1f%% (1000 MiB)",
+                  what, got / GiB, measured_gb, 100 * (got - gib) / gib,
+                  100 * (got - gb) / gb);
+  if (lower_bound)
+    {
+      g_assert_cmpfloat (got, <, gb);
+      return;
+    }
+  g_assert_cmpfloat (fabs (got - gib) / gib, <=, 0.10);
+  g_assert_cmpfloat (fabs (got - gb) / gb, <=, 0.10);
+}
+
 /* torchao's low-bit optimizer README (PR #812): Llama-2-7B fine-tuned
  * with torchtune in pure bf16 on one A100, "Peak memory allocated (GB)":
  * fused AdamW 51.6, bitsandbytes' 8-bit 39.3, torchao's 8-bit 39.1.  The
@@ -595,19 +626,40 @@ test_calibration_torchao_llama2 (void)
           g_autoptr (StowMemory) mem = estimate (m, c, &t, &l, NULL);
           peak[k] = (double)mem->allocated_peak_bytes;
         }
-      double got = peak[0] - peak[1];
+      g_autofree char *what = g_strdup_printf (
+          "Llama-2-7B seq %" G_GUINT64_FORMAT " (AdamW %.2f, 8-bit %.2f GiB), "
+          "the drop",
+          seq, peak[0] / GiB, peak[1] / GiB);
       for (gsize i = 0; i < G_N_ELEMENTS (drops); i++)
-        {
-          double gib = drops[i] * GiB, gb = drops[i] * 1000.0 * 1048576.0;
-          g_test_message ("Llama-2-7B seq %" G_GUINT64_FORMAT ": AdamW %.2f, "
-                          "8-bit %.2f GiB; drop %.2f GiB, measured %.1f GB: "
-                          "%+.1f%% (GiB) / %+.1f%% (1000 MiB)",
-                          seq, peak[0] / GiB, peak[1] / GiB, got / GiB,
-                          drops[i], 100 * (got - gib) / gib,
-                          100 * (got - gb) / gb);
-          g_assert_cmpfloat (fabs (got - gib) / gib, <=, 0.10);
-          g_assert_cmpfloat (fabs (got - gb) / gb, <=, 0.10);
-        }
+        check_gb (what, peak[0] - peak[1], drops[i], FALSE);
+    }
+}
+
+/* PEFT's scripts as its README ran them: fp32 weights (from_pretrained's
+ * default; accelerate's mixed_precision 'no'), torch AdamW, batch 8, eager
+ * attention with dropout, PyTorch 1.13 (early 2023), whose zero_grad()
+ * kept the gradients, and LoRA adapters with lora_dropout 0.1; an
+ * encoder-decoder's targets are the class label, 3 tokens.  With
+ * @deepspeed, accelerate's ZeRO-3 config with offload_optimizer and
+ * offload_param on the CPU, which leaves every bucket at DeepSpeed's
+ * default (reduce_bucket_size 5e8, stage3_max_reuse_distance 1e9).  The
+ * caller sets the fine-tuning mode. */
+static void
+peft_run (const StowModel *m, guint64 seq, gboolean deepspeed, StowTraining *t,
+          StowLayout *l, StowMemOptions *o)
+{
+  stow_test_eager_run (t, l, o, STOW_PRECISION_FP32, seq, STOW_ENGINE_PYTORCH,
+                       8);
+  if (m->n_encoder_layers > 0)
+    t->decoder_seq_len = 3;
+  t->lora_dropout = TRUE;
+  o->free_grads = 0;
+  if (deepspeed)
+    {
+      l->engine = STOW_ENGINE_DEEPSPEED;
+      l->zero = 3;
+      l->offload_optimizer = STOW_OFFLOAD_CPU;
+      l->offload_params = STOW_OFFLOAD_CPU;
     }
 }
 
@@ -622,15 +674,9 @@ test_calibration_torchao_llama2 (void)
  * 1,916 MiB before training, 9,404 MiB at the peak (MiB for certain; a
  * different run from the table's, which it is checked against too).
  *
- * The run: fp32 weights (from_pretrained's default; accelerate's
- * mixed_precision 'no'), torch AdamW, batch 8, T5's dropout, eager
- * attention; LoRA rank 8 on q and v (PEFT's T5 default) with lora_dropout
- * 0.1; PyTorch 1.13 (early 2023), whose zero_grad() kept the gradients.
- * The DeepSpeed column: accelerate's ZeRO-3 config with offload_optimizer
- * and offload_param on the CPU, which leaves every bucket at DeepSpeed's
- * default (reduce_bucket_size 5e8, stage3_max_reuse_distance 1e9).
- *
- * Targets are the class label padded to the longest, 3 tokens; inputs are
+ * The run is peft_run's, with T5's dropout and LoRA rank 8 on q and v
+ * (PEFT's T5 default).  Targets are the class label padded to the
+ * longest, 3 tokens; inputs are
  * tweets padded to the longest in the batch, so the peak comes from the
  * batch holding the longest of the 50 training tweets.  That length is the
  * one input we do not have (the data is not at hand; a tweet has 280
@@ -641,11 +687,7 @@ test_calibration_torchao_llama2 (void)
 static void
 test_calibration_peft_t0 (void)
 {
-  g_autoptr (GError) error = NULL;
-  g_autofree char *path
-      = g_test_build_filename (G_TEST_DIST, "data", "hf", "t0-3b.json", NULL);
-  g_autoptr (StowModel) m = stow_model_lookup (path, &error);
-  g_assert_no_error (error);
+  g_autoptr (StowModel) m = hf_fixture ("t0-3b.json");
   g_assert_cmpuint (m->params, ==, 2849757184);
   g_autoptr (StowCluster) c = stow_test_cluster ("1xA100-80GB");
   static const struct
@@ -663,31 +705,14 @@ test_calibration_peft_t0 (void)
         StowTraining t;
         StowLayout l;
         StowMemOptions o;
-        stow_test_eager_run (&t, &l, &o, STOW_PRECISION_FP32, seq,
-                             STOW_ENGINE_PYTORCH, 8);
-        t.decoder_seq_len = 3;
+        peft_run (m, seq, rows[i].deepspeed, &t, &l, &o);
         t.finetune = rows[i].ft;
-        t.lora_dropout = TRUE;
-        o.free_grads = 0;
-        if (rows[i].deepspeed)
-          {
-            l.engine = STOW_ENGINE_DEEPSPEED;
-            l.zero = 3;
-            l.offload_optimizer = STOW_OFFLOAD_CPU;
-            l.offload_params = STOW_OFFLOAD_CPU;
-          }
         g_autoptr (StowMemory) mem = estimate (m, c, &t, &l, &o);
         double got = (double)mem->allocated_peak_bytes;
-        /* "GB" as the printed MiB over 1024 (GiB) or over 1000. */
-        double gib = rows[i].measured_gb * GiB,
-               gb = rows[i].measured_gb * 1000.0 * 1048576.0;
-        g_test_message ("T0_3B %s, longest tweet %" G_GUINT64_FORMAT
-                        " tokens: predicted %.2f GiB, measured %.2f GB: "
-                        "%+.1f%% (GiB) / %+.1f%% (1000 MiB)",
-                        rows[i].column, seq, got / GiB, rows[i].measured_gb,
-                        100 * (got - gib) / gib, 100 * (got - gb) / gb);
-        g_assert_cmpfloat (fabs (got - gib) / gib, <=, 0.10);
-        g_assert_cmpfloat (fabs (got - gb) / gb, <=, 0.10);
+        g_autofree char *what = g_strdup_printf (
+            "T0_3B %s, longest tweet %" G_GUINT64_FORMAT " tokens",
+            rows[i].column, seq);
+        check_gb (what, got, rows[i].measured_gb, FALSE);
         double host = (double)mem->host_total_bytes;
         if (rows[i].deepspeed)
           {
@@ -716,29 +741,18 @@ test_calibration_peft_t0 (void)
              * after the load (bench/load-residue.py).  The same column for
              * mt0-xxl, whose matrices are all 32 MiB or more, holds within
              * 3% (peft-mt0-bloomz below). */
-            g_test_message ("T0_3B %s host: predicted %.2f GiB, measured "
-                            "17.8 GB (the log: 19411 MiB): %+.1f%% (GiB) / "
-                            "%+.1f%% (1000 MiB)",
-                            rows[i].column, host / GiB,
-                            100 * (host - 17.8 * GiB) / (17.8 * GiB),
-                            100 * (host - 17800.0 * 1048576.0)
-                                / (17800.0 * 1048576.0));
-            g_assert_cmpfloat (host, <, 17800.0 * 1048576.0);
+            g_autofree char *host_what = g_strdup_printf (
+                "T0_3B %s host (the log: 19411 MiB)", rows[i].column);
+            check_gb (host_what, host, 17.8, TRUE);
             g_assert_cmpfloat (host, >, (double)m->params * 4.0);
             continue;
           }
         /* Host: the same script's peak process RSS (psutil), "2.96GB"
          * in both columns; nothing is offloaded, so the rank's own
          * memory is all of it. */
-        g_test_message ("T0_3B %s host: predicted %.2f GiB, measured 2.96 GB:"
-                        " %+.1f%% (GiB) / %+.1f%% (1000 MiB)",
-                        rows[i].column, host / GiB,
-                        100 * (host - 2.96 * GiB) / (2.96 * GiB),
-                        100 * (host - 2960.0 * 1048576.0)
-                            / (2960.0 * 1048576.0));
-        g_assert_cmpfloat (fabs (host - 2.96 * GiB) / (2.96 * GiB), <=, 0.10);
-        g_assert_cmpfloat (
-            fabs (host - 2960.0 * 1048576.0) / (2960.0 * 1048576.0), <=, 0.10);
+        g_autofree char *host_what
+            = g_strdup_printf ("T0_3B %s host", rows[i].column);
+        check_gb (host_what, host, 2.96, FALSE);
       }
 }
 
@@ -780,23 +794,14 @@ test_calibration_peft_mt0_bloomz (void)
   };
   for (gsize i = 0; i < G_N_ELEMENTS (rows); i++)
     {
-      g_autoptr (GError) error = NULL;
-      g_autofree char *path
-          = g_str_has_suffix (rows[i].model, ".json")
-                ? g_test_build_filename (G_TEST_DIST, "data", "hf",
-                                         rows[i].model, NULL)
-                : g_strdup (rows[i].model);
-      g_autoptr (StowModel) m = stow_model_lookup (path, &error);
-      g_assert_no_error (error);
+      g_autoptr (StowModel) m = g_str_has_suffix (rows[i].model, ".json")
+                                    ? hf_fixture (rows[i].model)
+                                    : stow_test_model (rows[i].model);
       StowTraining t;
       StowLayout l;
       StowMemOptions o;
-      stow_test_eager_run (&t, &l, &o, STOW_PRECISION_FP32, rows[i].seq,
-                           STOW_ENGINE_PYTORCH, 8);
+      peft_run (m, rows[i].seq, rows[i].deepspeed, &t, &l, &o);
       t.dropout = rows[i].dropout;
-      if (m->n_encoder_layers > 0)
-        t.decoder_seq_len = 3;
-      o.free_grads = 0;
       if (i % 2 == 0)
         {
           /* Full fine-tuning first: out of memory. */
@@ -804,14 +809,6 @@ test_calibration_peft_mt0_bloomz (void)
           g_assert_false (full->fits);
         }
       t.finetune = STOW_FINETUNE_LORA;
-      t.lora_dropout = TRUE;
-      if (rows[i].deepspeed)
-        {
-          l.engine = STOW_ENGINE_DEEPSPEED;
-          l.zero = 3;
-          l.offload_optimizer = STOW_OFFLOAD_CPU;
-          l.offload_params = STOW_OFFLOAD_CPU;
-        }
       g_autoptr (StowMemory) mem = estimate (m, c, &t, &l, &o);
       const double measured[2] = { rows[i].gpu_gb, rows[i].host_gb };
       const double got[2] = { (double)mem->allocated_peak_bytes,
@@ -821,21 +818,11 @@ test_calibration_peft_mt0_bloomz (void)
         {
           if (measured[k] == 0)
             continue;
-          /* "GB" as GiB or as 1000 MiB, as for T0_3B. */
-          double gib = measured[k] * GiB, gb = measured[k] * 1000.0 * 1048576.0;
-          g_test_message ("%s %s %s: predicted %.2f GiB, measured %.1f GB: "
-                          "%+.1f%% (GiB) / %+.1f%% (1000 MiB)",
-                          m->name,
-                          rows[i].deepspeed ? "lora + ZeRO-3 offload" : "lora",
-                          k ? "host" : "GPU", got[k] / GiB, measured[k],
-                          100 * (got[k] - gib) / gib, 100 * (got[k] - gb) / gb);
-          if (shorts[k])
-            {
-              g_assert_cmpfloat (got[k], <, gb);
-              continue;
-            }
-          g_assert_cmpfloat (fabs (got[k] - gib) / gib, <=, 0.10);
-          g_assert_cmpfloat (fabs (got[k] - gb) / gb, <=, 0.10);
+          g_autofree char *what = g_strdup_printf (
+              "%s %s %s", m->name,
+              rows[i].deepspeed ? "lora + ZeRO-3 offload" : "lora",
+              k ? "host" : "GPU");
+          check_gb (what, got[k], measured[k], shorts[k]);
         }
     }
 }
@@ -1133,11 +1120,7 @@ test_lora_adapters (void)
    * 1231940608".  "q" and "v" name the decoder's cross-attention matrices
    * too: 72 attention blocks (24 encoder, 2 x 24 decoder) x 2 x 8 x
    * (1024 + 1024). */
-  g_autofree char *path = g_test_build_filename (G_TEST_DIST, "data", "hf",
-                                                 "mt0-large.json", NULL);
-  g_autoptr (GError) error = NULL;
-  g_autoptr (StowModel) mt0 = stow_model_lookup (path, &error);
-  g_assert_no_error (error);
+  g_autoptr (StowModel) mt0 = hf_fixture ("mt0-large.json");
   g_assert_cmpuint (mt0->params + 2359296, ==, 1231940608);
   StowTraining t;
   StowLayout l;
