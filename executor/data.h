@@ -1,0 +1,61 @@
+/* SPDX-License-Identifier: MIT
+ *
+ * executor/data.h: the token stream `stowage train` reads.  llm.c's token
+ * shards (a header of 256 int32: magic, version, token count; then the
+ * tokens: magic 20240520 uint16, 20240801 uint32), one file or a glob of
+ * them concatenated in sorted name order; or a plain file read as bytes
+ * (--tokenizer bytes: token = byte, for models with V >= 256).  Every
+ * shard is validated, and every token checked against the vocabulary,
+ * when the stream is opened: before any step runs.
+ */
+#pragma once
+
+#include <glib.h>
+
+G_BEGIN_DECLS
+
+#define STOW_DATA_ERROR (stow_data_error_quark ())
+GQuark stow_data_error_quark (void);
+
+typedef enum
+{
+  STOW_DATA_ERROR_IO,      /* a file cannot be opened or read */
+  STOW_DATA_ERROR_INVALID, /* bad magic, truncated, count mismatch */
+  STOW_DATA_ERROR_TOKEN,   /* a token id >= vocab: file and position */
+  STOW_DATA_ERROR_EMPTY,   /* no file matches, or too few tokens */
+} StowDataError;
+
+#define STOW_DATA_MAGIC_U16 20240520
+#define STOW_DATA_MAGIC_U32 20240801
+#define STOW_DATA_HEADER_INTS 256
+
+typedef enum
+{
+  STOW_TOKENIZER_NONE,  /* llm.c shards */
+  STOW_TOKENIZER_BYTES, /* a plain file, one token per byte */
+} StowTokenizer;
+
+typedef struct _StowTokenData StowTokenData;
+
+/* Opens @spec: a path, a glob ("data/*.bin"), or several of either joined
+ * by ','.  Checks each shard (magic, version, the count in the header
+ * against the file's size: errors name the file and the field) and each
+ * token id against @vocab (STOW_DATA_ERROR_TOKEN: "train.bin: token 1234
+ * of 5000 is 50257, vocab_size is 32000").  The files are mapped
+ * read-only. */
+StowTokenData *stow_token_data_open (const char *spec, StowTokenizer tokenizer,
+                                     guint64 vocab, GError **error);
+void stow_token_data_free (StowTokenData *d);
+/* Tokens in the whole stream (all shards). */
+guint64 stow_token_data_n_tokens (const StowTokenData *d);
+/* The files, in stream order, NULL-terminated. */
+const char *const *stow_token_data_files (const StowTokenData *d);
+/* Copies tokens [@start, @start + @count) of the stream to @out, wrapping
+ * to the stream's beginning past its end (the next epoch).  Never fails:
+ * the stream was validated at open. */
+void stow_token_data_read (const StowTokenData *d, guint64 start,
+                           guint64 count, gint32 *out);
+
+G_DEFINE_AUTOPTR_CLEANUP_FUNC (StowTokenData, stow_token_data_free)
+
+G_END_DECLS

@@ -1,0 +1,192 @@
+/* SPDX-License-Identifier: MIT
+ *
+ * executor/llama.h: the LLaMA-family decoder the cpu backend runs: forward
+ * and backward of the embedding, of one decoder layer and of the output
+ * layer fused with the cross-entropy, over tensors the caller places (the
+ * step program's buffers).  Not here: where tensors live, the optimizer,
+ * the order of the ops (the step program decides all three).
+ *
+ * Conventions (HF transformers' LlamaForCausalLM / Qwen2ForCausalLM):
+ * weights are row-major [out, in] as the checkpoint stores them; a
+ * micro-batch is B sequences of T tokens, n = B T rows, token-major
+ * (row r = b T + t); each sequence is causal on its own and its positions
+ * are 0 .. T-1.  RMSNorm y = w * x / sqrt(mean(x^2) + eps); rotary
+ * embeddings in HF's rotate-half convention; SwiGLU down(silu(gate) * up).
+ *
+ * Element types: every tensor the caller passes is of the runtime's
+ * @dtype (fp32, or bf16 storage), except token ids (int32), the saved
+ * logsumexp (fp32) and the loss scratch (fp32).  Products accumulate in
+ * fp32; a bf16 result is rounded to nearest even once, when stored.
+ * Determinism: the same inputs give the same bits on every call; the
+ * results do not depend on the thread count, except through the BLAS
+ * (see docs/executor.md for what was measured).
+ */
+#pragma once
+
+#include <glib.h>
+
+#include "offload/adam.h" /* StowFloatType */
+
+G_BEGIN_DECLS
+
+#define STOW_LLAMA_ERROR (stow_llama_error_quark ())
+GQuark stow_llama_error_quark (void);
+
+typedef enum
+{
+  STOW_LLAMA_ERROR_INVALID, /* a shape or setting the runtime cannot run */
+} StowLlamaError;
+
+typedef struct
+{
+  guint64 hidden;     /* h */
+  guint64 n_layers;   /* L */
+  guint64 n_heads;    /* a: query heads */
+  guint64 n_kv_heads; /* k: key/value heads; divides a (GQA) */
+  guint64 head_dim;   /* d: even */
+  guint64 ffn;        /* f: intermediate_size */
+  guint64 vocab;      /* V */
+  double rope_theta;
+  double rms_norm_eps;
+  /* Llama 3 rope_scaling ("rope_type": "llama3"); rope_factor 0: none. */
+  double rope_factor, rope_low_freq_factor, rope_high_freq_factor;
+  guint64 rope_original_max_positions;
+  gboolean qkv_bias;     /* q, k and v projections have biases (qwen2) */
+  gboolean o_bias;       /* o_proj has a bias (llama attention_bias) */
+  gboolean mlp_bias;     /* gate, up and down have biases (mlp_bias) */
+  gboolean tied;         /* lm_head is embed_tokens */
+} StowLlamaConfig;
+
+/* One layer's weights (or gradients: the same shapes), each of the
+ * runtime's dtype.  Biases are NULL when the config has none. */
+typedef struct
+{
+  void *attn_norm;          /* (h)         input_layernorm */
+  void *wq, *wk, *wv, *wo;  /* (a d, h), (k d, h), (k d, h), (h, a d) */
+  void *bq, *bk, *bv, *bo;  /* (a d), (k d), (k d), (h) */
+  void *mlp_norm;           /* (h)         post_attention_layernorm */
+  void *wg, *wu, *wd;       /* (f, h), (f, h), (h, f) */
+  void *bg, *bu, *bd;       /* (f), (f), (h) */
+} StowLlamaLayerWeights;
+
+/* What a layer's forward keeps for its backward, for one micro-batch of n
+ * tokens.  Sizes, e = the dtype's bytes:
+ *   xn1 (n, h)    attention RMSNorm output (q/k/v's input)
+ *   q   (n, a d)  after rotary embeddings
+ *   k   (n, k d)  after rotary embeddings
+ *   v   (n, k d)
+ *   o   (n, a d)  attention output, o_proj's input
+ *   lse (n, a)    fp32: logsumexp of each query's scaled scores (flash
+ *                 attention keeps this instead of the probabilities)
+ *   h1  (n, h)    residual after attention: x + o_proj(o)
+ *   xn2 (n, h)    MLP RMSNorm output (gate's and up's input)
+ *   gate, up (n, f)  the two projections, before the activation
+ *   act (n, f)    silu(gate) * up, down's input
+ *   out (n, h)    the layer's output, h1 + down(act): the next layer's
+ *                 input (and, during backward, the gradient with respect
+ *                 to it: see stow_llama_layer_backward)
+ * In all e n (4 h + 2 a d + 2 k d + 3 f) + 4 n a bytes: the memory model's
+ * "activations" for the stowage engine (planner/memory.c). */
+typedef struct
+{
+  void *xn1, *q, *k, *v, *o;
+  float *lse;
+  void *h1, *xn2, *gate, *up, *act;
+  void *out;
+} StowLlamaSaved;
+
+typedef struct StowLlama StowLlama;
+
+/* A runtime for @config at @dtype (STOW_FLOAT_F32 or STOW_FLOAT_BF16), for
+ * sequences of up to @max_seq tokens, on @n_threads threads (0: one per
+ * core).  Precomputes the rotary tables and allocates its workspace (see
+ * stow_llama_workspace_bytes).  STOW_LLAMA_ERROR_INVALID names a field that
+ * cannot run (k not dividing a, odd head_dim, a zero size). */
+StowLlama *stow_llama_new (const StowLlamaConfig *config, StowFloatType dtype,
+                           guint64 max_seq, guint n_threads, GError **error);
+void stow_llama_free (StowLlama *llama);
+const StowLlamaConfig *stow_llama_get_config (const StowLlama *llama);
+StowFloatType stow_llama_get_dtype (const StowLlama *llama);
+/* Bytes the runtime holds outside the caller's tensors: rotary tables,
+ * per-thread attention tiles, fp32 staging of bf16 GEMM operands.  The
+ * analogue of a GPU's cuBLAS workspace: constant over a run. */
+guint64 stow_llama_workspace_bytes (const StowLlama *llama);
+
+/* Bytes of StowLlamaSaved for @n_tokens, all of it and its `out` part. */
+guint64 stow_llama_saved_bytes (const StowLlama *llama, guint64 n_tokens);
+guint64 stow_llama_out_bytes (const StowLlama *llama, guint64 n_tokens);
+/* Points @saved into @rest (saved_bytes - out_bytes, in the order of the
+ * struct, each tensor 64-byte aligned within it when @rest is) and @out
+ * (out_bytes).  @rest may be NULL (then only `out` is set). */
+void stow_llama_saved_carve (const StowLlama *llama, guint64 n_tokens,
+                             void *rest, void *out, StowLlamaSaved *saved);
+/* Bytes of the backward working set: e n (4 h + 2 a d + 2 k d + 3 f), the
+ * memory model's "backward working set". */
+guint64 stow_llama_backward_ws_bytes (const StowLlama *llama,
+                                      guint64 n_tokens);
+
+/* x (n, h) = embed[tokens]. */
+void stow_llama_embed_forward (StowLlama *llama, const void *embed,
+                               const gint32 *tokens, guint64 n, void *x);
+/* dembed (V, h) (+)= scatter of dx (n, h) by token; !@accumulate zeroes
+ * dembed first.  Rows are added in token order, so the result does not
+ * depend on threads. */
+void stow_llama_embed_backward (StowLlama *llama, const gint32 *tokens,
+                                guint64 n, const void *dx, void *dembed,
+                                gboolean accumulate);
+
+/* One layer forward over @batch sequences of @seq tokens: reads @x (n, h),
+ * fills every tensor of @saved.  With saved->out == NULL (recomputation:
+ * the output is already kept) the down projection is skipped and `out` is
+ * not written; the other tensors come out bit-identical to the first
+ * forward's. */
+void stow_llama_layer_forward (StowLlama *llama, guint64 batch, guint64 seq,
+                               const StowLlamaLayerWeights *w, const void *x,
+                               StowLlamaSaved *saved);
+
+/* One layer backward.  On entry saved->out holds dL/d(out) (n, h), written
+ * there by the next layer's backward or the loss; @x is the layer's input.
+ * Parameter gradients go to @grads (= when !@accumulate, += when
+ * @accumulate); dL/dx (n, h) goes to @dx, which may alias @x (each row of x
+ * is read before its gradient overwrites it).  @ws is the working set
+ * (stow_llama_backward_ws_bytes).  The saved tensors are clobbered. */
+void stow_llama_layer_backward (StowLlama *llama, guint64 batch, guint64 seq,
+                                const StowLlamaLayerWeights *w, const void *x,
+                                StowLlamaSaved *saved,
+                                const StowLlamaLayerWeights *grads,
+                                gboolean accumulate, void *ws, void *dx);
+
+/* Tokens of the fused loss's chunk for @n tokens: the largest count whose
+ * fp32 logits stay within STOW_LLAMA_LOSS_CHUNK_BYTES, at least 1, at most
+ * @n.  The planner sizes the "logits" buffer from the same rule. */
+#define STOW_LLAMA_LOSS_CHUNK_BYTES ((guint64)32 << 20)
+guint64 stow_llama_loss_chunk_tokens (guint64 vocab, guint64 hidden,
+                                      guint64 n);
+/* Floats of the loss scratch for @chunk tokens: normed input, logits and
+ * the input's gradient, chunk (2 h + V). */
+guint64 stow_llama_loss_scratch_floats (guint64 vocab, guint64 hidden,
+                                        guint64 chunk);
+
+/* The output layer fused with the cross-entropy, forward and backward, a
+ * chunk of tokens at a time so that no (n, V) tensor exists: for each
+ * token, xn = RMSNorm(x; norm), logits = xn head^T (fp32), loss_i =
+ * logsumexp(logits) - logits[target_i].  Returns sum_i loss_i (unscaled,
+ * in double).  Gradients are those of @scale * sum_i loss_i (the caller
+ * passes 1 / tokens of the global batch): dnorm (h) and dhead (V, h) (=
+ * when !@accumulate, +=); dx (n, h) may alias @x.  With a tied head, @head
+ * is the embedding and @dhead its gradient.  @scratch holds
+ * stow_llama_loss_scratch_floats (V, h, chunk) floats.  Targets must be
+ * in [0, V) (the data loader checks). */
+double stow_llama_head_loss (StowLlama *llama, guint64 n, const void *norm,
+                             const void *head, const void *x,
+                             const gint32 *targets, double scale, void *dnorm,
+                             void *dhead, gboolean accumulate, void *dx,
+                             float *scratch, guint64 chunk);
+
+/* For tests: the fp32 logits (n, V) of the output layer over @x. */
+void stow_llama_head_logits (StowLlama *llama, guint64 n, const void *norm,
+                             const void *head, const void *x, float *logits);
+
+G_DEFINE_AUTOPTR_CLEANUP_FUNC (StowLlama, stow_llama_free)
+
+G_END_DECLS
