@@ -16,6 +16,7 @@
 #include "core/json.h"
 #include "core/units.h"
 #include "executor/backend.h"
+#include "executor/backends/sim.h"
 #include "executor/trace.h"
 #include "planner/cost.h"
 #include "planner/schedule.h"
@@ -169,8 +170,11 @@ run (SimOptions *so, int argc, char **argv)
                              &po->layout, &po->mem, &sched, &error);
   if (prog == NULL)
     return stow_cli_fail (error, NULL);
-  g_autoptr (StowBackend) sim
-      = stow_backend_sim_new (po->cluster_obj, &po->training, NULL);
+  StowSimSetup setup = { .model = po->model,
+                         .cluster = po->cluster_obj,
+                         .training = &po->training,
+                         .layout = &po->layout };
+  g_autoptr (StowBackend) sim = stow_backend_sim_new (&setup);
   g_autoptr (StowTrace) tr = stow_program_run (prog, sim, &error);
   if (tr == NULL)
     return stow_cli_fail (error, NULL);

@@ -62,9 +62,9 @@ stow_trace_to_chrome_json (const StowTrace *t, const StowProgram *p)
         {
           stow_json_set_i64 (b, "bytes", (gint64)op->bytes);
         }
-      if (op->flops > 0)
+      if (to->flops > 0)
         {
-          stow_json_set_double (b, "flops", op->flops);
+          stow_json_set_double (b, "flops", to->flops);
         }
       json_builder_end_object (b);
       json_builder_end_object (b);

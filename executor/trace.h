@@ -10,14 +10,15 @@
 #include <glib.h>
 
 #include "executor/backend.h"
-#include "planner/schedule.h"
+#include "planner/program.h"
 
 G_BEGIN_DECLS
 
 typedef struct
 {
   double start_s, end_s;
-  guint pred; /* the op whose end decided this start, or STOW_NONE */
+  guint pred;   /* the op whose end decided this start, or STOW_NONE */
+  double flops; /* what the backend priced it at (sim), 0 if none */
 } StowTraceOp;
 
 typedef struct
@@ -26,7 +27,7 @@ typedef struct
   guint64 bytes;
 } StowMemSample;
 
-typedef struct
+struct _StowTrace
 {
   guint n_ops, n_ranks;
   StowTraceOp *ops;
@@ -43,17 +44,19 @@ typedef struct
   guint peak_rank[STOW_N_TIERS];
   GArray **samples;      /* [rank * STOW_N_TIERS + tier]: StowMemSample */
   GArray *critical_path; /* guint op indices, first to last */
-} StowTrace;
+};
 
 void stow_trace_free (StowTrace *t);
 G_DEFINE_AUTOPTR_CLEANUP_FUNC (StowTrace, stow_trace_free)
 
-/* Runs @p on @backend: each (rank, stream) a queue in program order; an op
- * starts when its stream is free and its events are recorded.  Fails with
- * STOW_BACKEND_ERROR_DEADLOCK (the stuck ops and the event each waits on),
- * _NOT_RESIDENT (an op reads a buffer that is not allocated or not yet
- * loaded, or a slot taken twice, or a buffer freed under a running op),
- * _OUT_OF_MEMORY (from the backend); every message names the op. */
+/* Runs @p on @backend (executor/driver.c): each (rank, stream) a queue in
+ * program order; an op is issued once every event it waits on has been
+ * issued (recorded, for virtual time), so a real backend never blocks the
+ * driver.  Fails with STOW_BACKEND_ERROR_DEADLOCK (the stuck ops and the
+ * event each waits on); under virtual time also _NOT_RESIDENT (an op reads
+ * a buffer that is not allocated or not yet loaded, or a slot taken twice,
+ * or a buffer freed under a running op); _OUT_OF_MEMORY and the others
+ * from the backend; every message names the op. */
 StowTrace *stow_program_run (const StowProgram *p, StowBackend *backend,
                              GError **error);
 

@@ -54,15 +54,6 @@ stow_mem_options_init (StowMemOptions *o)
   o->free_grads = -1;
 }
 
-const char *
-stow_tier_name (StowTier tier)
-{
-  static const char *const names[]
-      = { "device", "pinned_host", "host", "nvme" };
-  g_return_val_if_fail (tier < STOW_N_TIERS, "?");
-  return names[tier];
-}
-
 static const struct
 {
   const char *name;

@@ -13,19 +13,9 @@
 #include "hw/hw.h"
 #include "models/model.h"
 #include "planner/layout.h"
+#include "planner/program.h" /* StowTier */
 
 G_BEGIN_DECLS
-
-typedef enum
-{
-  STOW_TIER_DEVICE,
-  STOW_TIER_PINNED, /* page-locked host memory */
-  STOW_TIER_HOST,   /* pageable host memory */
-  STOW_TIER_NVME,
-  STOW_N_TIERS
-} StowTier;
-
-const char *stow_tier_name (StowTier tier);
 
 typedef enum
 {

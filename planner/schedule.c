@@ -11,7 +11,6 @@
  */
 #include "planner/schedule.h"
 
-#include "planner/cost.h"
 
 #include <math.h>
 #include <stdarg.h>
@@ -21,266 +20,12 @@
 
 #define MiB ((guint64)1 << 20)
 
-/* ---- names --------------------------------------------------------------- */
-
-const char *
-stow_stream_name (StowStream s)
-{
-  static const char *const names[]
-      = { "compute",    "h2d",       "d2h", "nvme_read",
-          "nvme_write", "cpu_optim", "comm" };
-  g_return_val_if_fail (s < STOW_N_STREAMS, "?");
-  return names[s];
-}
-
-const char *
-stow_op_kind_name (StowOpKind k)
-{
-  static const char *const names[]
-      = { "alloc",     "free", "copy",       "forward",   "backward",
-          "recompute", "loss", "optim_step", "collective" };
-  g_return_val_if_fail (k < STOW_N_OP_KINDS, "?");
-  return names[k];
-}
-
-const char *
-stow_collective_name (StowCollective c)
-{
-  static const char *const names[]
-      = { "all_reduce", "reduce_scatter", "all_gather", "send" };
-  return c <= STOW_COLL_SEND ? names[c] : "?";
-}
-
 void
 stow_schedule_options_init (StowScheduleOptions *o)
 {
   memset (o, 0, sizeof *o);
   o->resident_layers = G_MAXUINT;
-}
-
-/* ---- the program ------------------------------------------------------- */
-
-static void
-clear_buffer (gpointer p)
-{
-  g_free (((StowBuffer *)p)->name);
-}
-
-static void
-clear_event (gpointer p)
-{
-  g_free (((StowEvent *)p)->name);
-}
-
-StowProgram *
-stow_program_new (guint n_ranks)
-{
-  StowProgram *p = g_new0 (StowProgram, 1);
-  p->n_ranks = n_ranks;
-  p->ops = g_array_new (FALSE, TRUE, sizeof (StowOp));
-  p->buffers = g_array_new (FALSE, TRUE, sizeof (StowBuffer));
-  g_array_set_clear_func (p->buffers, clear_buffer);
-  p->events = g_array_new (FALSE, TRUE, sizeof (StowEvent));
-  g_array_set_clear_func (p->events, clear_event);
-  p->waits = g_array_new (FALSE, FALSE, sizeof (guint));
-  return p;
-}
-
-void
-stow_program_free (StowProgram *p)
-{
-  if (p == NULL)
-    return;
-  g_array_unref (p->ops);
-  g_array_unref (p->buffers);
-  g_array_unref (p->events);
-  g_array_unref (p->waits);
-  g_free (p->description);
-  g_free (p);
-}
-
-guint
-stow_program_buffer (StowProgram *p, guint rank, StowTier tier, guint64 bytes,
-                     gint slot, gboolean persistent, const char *format, ...)
-{
-  StowBuffer b = { NULL, tier, bytes, rank, slot, persistent };
-  va_list ap;
-  va_start (ap, format);
-  b.name = g_strdup_vprintf (format, ap);
-  va_end (ap);
-  g_array_append_val (p->buffers, b);
-  return p->buffers->len - 1;
-}
-
-guint
-stow_program_event (StowProgram *p, guint rank, const char *format, ...)
-{
-  StowEvent e = { NULL, rank };
-  va_list ap;
-  va_start (ap, format);
-  e.name = g_strdup_vprintf (format, ap);
-  va_end (ap);
-  g_array_append_val (p->events, e);
-  return p->events->len - 1;
-}
-
-void
-stow_op_init (StowOp *op, StowOpKind kind, StowStream stream, guint rank)
-{
-  memset (op, 0, sizeof *op);
-  op->kind = kind;
-  op->stream = stream;
-  op->rank = rank;
-  op->layer = -3;
-  op->buffer = STOW_NONE;
-  op->record = STOW_NONE;
-  op->src = op->dst = STOW_TIER_DEVICE;
-}
-
-guint
-stow_program_add (StowProgram *p, const StowOp *op, const guint *waits,
-                  guint n_waits)
-{
-  StowOp o = *op;
-  o.wait_first = p->waits->len;
-  o.n_waits = 0;
-  for (guint i = 0; i < n_waits; i++)
-    if (waits[i] != STOW_NONE)
-      {
-        g_array_append_val (p->waits, waits[i]);
-        o.n_waits++;
-      }
-  g_array_append_val (p->ops, o);
-  return p->ops->len - 1;
-}
-
-static void
-describe_layer (GString *s, gint layer)
-{
-  if (layer == STOW_LAYER_EMBEDDING)
-    g_string_append (s, " embedding");
-  else if (layer == STOW_LAYER_HEAD)
-    g_string_append (s, " head");
-  else if (layer >= 0)
-    g_string_append_printf (s, " L%d", layer);
-}
-
-char *
-stow_op_describe (const StowProgram *p, guint index)
-{
-  const StowOp *op = &g_array_index (p->ops, StowOp, index);
-  GString *s = g_string_new (NULL);
-  g_string_append_printf (s, "#%u %s", index, stow_op_kind_name (op->kind));
-  switch (op->kind)
-    {
-    case STOW_OP_ALLOC:
-    case STOW_OP_FREE:
-      if (op->buffer < p->buffers->len)
-        g_string_append_printf (
-            s, " %s", g_array_index (p->buffers, StowBuffer, op->buffer).name);
-      break;
-    case STOW_OP_COPY:
-      g_string_append_printf (s, " %s->%s", stow_tier_name (op->src),
-                              stow_tier_name (op->dst));
-      describe_layer (s, op->layer);
-      break;
-    case STOW_OP_COLLECTIVE:
-      g_string_append_printf (s, " %s", stow_collective_name (op->coll));
-      describe_layer (s, op->layer);
-      break;
-    case STOW_OP_OPTIM_STEP:
-      g_string_append_printf (s, " %s", op->on_gpu ? "gpu" : "cpu");
-      describe_layer (s, op->layer);
-      if (op->layer == -3)
-        g_string_append_printf (s, " shard %u", op->shard);
-      break;
-    default:
-      describe_layer (s, op->layer);
-      g_string_append_printf (s, " mb%u", op->micro_batch);
-      break;
-    }
-  g_string_append_printf (s, " (rank %u %s)", op->rank,
-                          stow_stream_name (op->stream));
-  return g_string_free (s, FALSE);
-}
-
-gboolean
-stow_program_validate (const StowProgram *p, GError **error)
-{
-  guint ne = p->events->len, nb = p->buffers->len;
-  g_autofree gint *recorded = g_new0 (gint, ne);
-  g_autofree guint *allocs = g_new0 (guint, nb);
-  g_autofree guint *frees = g_new0 (guint, nb);
-  for (guint i = 0; i < p->ops->len; i++)
-    {
-      const StowOp *op = &g_array_index (p->ops, StowOp, i);
-      g_autofree char *what = NULL;
-      gboolean bad = op->stream >= STOW_N_STREAMS || op->rank >= p->n_ranks
-                     || op->n_reads > STOW_OP_MAX_IO
-                     || op->n_writes > STOW_OP_MAX_IO;
-      for (guint j = 0; !bad && j < op->n_reads; j++)
-        bad = op->reads[j] >= nb;
-      for (guint j = 0; !bad && j < op->n_writes; j++)
-        bad = op->writes[j] >= nb;
-      if ((op->kind == STOW_OP_ALLOC || op->kind == STOW_OP_FREE)
-          && op->buffer >= nb)
-        bad = TRUE;
-      for (guint j = 0; !bad && j < op->n_waits; j++)
-        bad = g_array_index (p->waits, guint, op->wait_first + j) >= ne;
-      if (!bad && op->record != STOW_NONE && op->record >= ne)
-        bad = TRUE;
-      if (bad)
-        {
-          what = stow_op_describe (p, i);
-          g_set_error (error, STOW_PLAN_ERROR, STOW_PLAN_ERROR_INVALID,
-                       "step program: op %s names a stream, rank, buffer or "
-                       "event that does not exist",
-                       what);
-          return FALSE;
-        }
-      if (op->record != STOW_NONE && recorded[op->record]++ > 0)
-        {
-          what = stow_op_describe (p, i);
-          g_set_error (error, STOW_PLAN_ERROR, STOW_PLAN_ERROR_INVALID,
-                       "step program: op %s records event \"%s\" a second "
-                       "time",
-                       what,
-                       g_array_index (p->events, StowEvent, op->record).name);
-          return FALSE;
-        }
-      if (op->kind == STOW_OP_ALLOC && allocs[op->buffer]++ > 0)
-        {
-          what = stow_op_describe (p, i);
-          g_set_error (error, STOW_PLAN_ERROR, STOW_PLAN_ERROR_INVALID,
-                       "step program: op %s allocates a buffer twice", what);
-          return FALSE;
-        }
-      if (op->kind == STOW_OP_FREE && frees[op->buffer]++ > 0)
-        {
-          what = stow_op_describe (p, i);
-          g_set_error (error, STOW_PLAN_ERROR, STOW_PLAN_ERROR_INVALID,
-                       "step program: op %s frees a buffer twice", what);
-          return FALSE;
-        }
-    }
-  for (guint i = 0; i < p->ops->len; i++)
-    {
-      const StowOp *op = &g_array_index (p->ops, StowOp, i);
-      for (guint j = 0; j < op->n_waits; j++)
-        {
-          guint e = g_array_index (p->waits, guint, op->wait_first + j);
-          if (!recorded[e])
-            {
-              g_autofree char *what = stow_op_describe (p, i);
-              g_set_error (error, STOW_PLAN_ERROR, STOW_PLAN_ERROR_INVALID,
-                           "step program: op %s waits on event \"%s\", which "
-                           "no op records",
-                           what, g_array_index (p->events, StowEvent, e).name);
-              return FALSE;
-            }
-        }
-    }
-  return TRUE;
+  stow_optim_settings_init (&o->optim);
 }
 
 /* ---- lowering ----------------------------------------------------------- */
@@ -344,38 +89,7 @@ typedef struct
   gboolean off_opt, off_par, nvme_opt, nvme_par;
   GHashTable *xevents; /* "F vs mb" -> event id, across ranks */
   guint k_resident;
-  StowLayerSeconds ls[2]; /* dense and MoE layers, from the time model */
-  StowEndsSeconds ends;   /* the embedding, the output layer and loss */
-  StowCostOptions co;     /* the time model's defaults, for collectives */
 } Lower;
-
-/* A layer op's duration as the time model prices it (planner/cost.c), so
- * that simulated and predicted steps agree where they should. */
-static double
-layer_op_seconds (const Lower *L, gint layer, StowOpKind kind)
-{
-  if (layer == STOW_LAYER_EMBEDDING)
-    return kind == STOW_OP_FORWARD
-               ? L->ends.embedding_fwd_s + L->ends.embedding_tp_s
-               : L->ends.embedding_bwd_s;
-  if (layer == STOW_LAYER_HEAD) /* the loss op: forward and backward */
-    return L->ends.head_fwd_s + L->ends.head_bwd_s;
-  if (layer < 0 || (guint64)layer >= L->m->n_layers)
-    return 0; /* priced from its FLOPs */
-  const StowLayerSeconds *s = &L->ls[L->m->layers[layer].is_moe ? 1 : 0];
-  switch (kind)
-    {
-    case STOW_OP_FORWARD:
-    case STOW_OP_RECOMPUTE:
-      return s->forward_s;
-    case STOW_OP_BACKWARD:
-      return s->backward_s
-             + (L->l->recompute == STOW_RECOMPUTE_SELECTIVE ? s->selective_s
-                                                            : 0);
-    default:
-      return 0;
-    }
-}
 
 typedef struct
 {
@@ -477,11 +191,6 @@ coll_op (Lower *L, guint rank, StowCollective kind, guint64 bytes, gint layer)
   /* Megatron's rank order puts tp and cp inside dp. */
   guint64 span = (guint64)L->l->tp * L->l->cp * L->n;
   op.intra_node = span <= MAX (L->c->node.gpus_per_node, 1);
-  /* Priced as the time model prices it: hierarchical over the ranks tp
-   * apart. */
-  op.seconds = stow_cost_dp_collective_seconds (L->c, &L->co, (double)bytes,
-                                                L->n, L->l->tp,
-                                                kind != STOW_COLL_ALL_REDUCE);
   return op;
 }
 
@@ -495,8 +204,6 @@ send_op (Lower *L, guint rank, gint layer, guint mb)
   op.intra_node
       = l->tp * l->cp * L->n * l->pp <= MAX (L->c->node.gpus_per_node, 1);
   op.micro_batch = mb;
-  op.seconds = stow_cost_p2p_seconds (L->c, &L->co, (double)L->sbh_send,
-                                      (guint64)l->tp * l->cp * l->dp);
   return op;
 }
 
@@ -950,25 +657,25 @@ emit_optimizer (Lower *L, Rank *R, GArray *ready_order)
           guint prev = c >= 3 ? freed[c - 3] : STOW_NONE;
           emit_alloc (L, R->rank, STOW_STREAM_NVME_READ, buf, &prev, 1);
           op = copy_op (R->rank, STOW_STREAM_NVME_READ, STOW_TIER_NVME,
-                        STOW_TIER_PINNED, stow_bytes (cp, per), -3);
+                        STOW_TIER_PINNED, stow_bytes (cp, per), STOW_LAYER_NONE);
           op.shard = c;
           op_io (&op, STOW_NONE, STOW_NONE, buf);
           guint rd = emit (L, &op, NULL, 0, TRUE, "states read");
           stow_op_init (&op, STOW_OP_OPTIM_STEP, STOW_STREAM_CPU_OPTIM,
                         R->rank);
-          op.params = cp, op.shard = c;
+          op.count = cp, op.shard = c;
           op_io (&op, buf, R->host_grads_buf, buf);
           guint w2[2] = { rd, last_grads };
           guint up = emit (L, &op, w2, 2, TRUE, "updated");
           op = copy_op (R->rank, STOW_STREAM_NVME_WRITE, STOW_TIER_PINNED,
-                        STOW_TIER_NVME, stow_bytes (cp, per), -3);
+                        STOW_TIER_NVME, stow_bytes (cp, per), STOW_LAYER_NONE);
           op.shard = c;
           op_io (&op, buf, STOW_NONE, STOW_NONE);
           guint wr = emit (L, &op, &up, 1, TRUE, "states written");
           freed[c] = emit_free (L, R->rank, STOW_STREAM_NVME_WRITE, buf, &wr, 1,
                                 TRUE);
           /* The chunk's updated weights go back to where they live. */
-          Unit dummy = { .layer = -3, .resident = STOW_NONE };
+          Unit dummy = { .layer = STOW_LAYER_NONE, .resident = STOW_NONE };
           emit_param_refresh (L, R, &dummy, &up, 1, cp, STOW_STREAM_H2D);
         }
       /* Resident streamed layers take their updated weights from the host
@@ -998,7 +705,7 @@ emit_optimizer (Lower *L, Rank *R, GArray *ready_order)
            * weights are copied up after this step's last use. */
           stow_op_init (&op, STOW_OP_OPTIM_STEP, STOW_STREAM_CPU_OPTIM,
                         R->rank);
-          op.params = shard, op.layer = u->layer;
+          op.count = shard, op.layer = u->layer;
           guint up = emit (L, &op, NULL, 0, TRUE, "updated (delayed)");
           guint w2[2] = { up, u->last_use };
           guint both = STOW_NONE;
@@ -1026,7 +733,7 @@ emit_optimizer (Lower *L, Rank *R, GArray *ready_order)
       stow_op_init (&op, STOW_OP_OPTIM_STEP, STOW_STREAM_COMPUTE, R->rank);
       op.on_gpu = TRUE;
       op.layer = u->layer;
-      op.params = div_ceil (u->params, odiv);
+      op.count = div_ceil (u->params, odiv);
       op_io (&op, R->grads_buf, STOW_NONE, STOW_NONE);
       guint up = emit (L, &op, &u->grads_ready, 1, TRUE, "updated");
       if (L->off_par)
@@ -1311,7 +1018,6 @@ lower_rank (Lower *L, Rank *R)
                           0);
               stow_op_init (&op, STOW_OP_FORWARD, STOW_STREAM_COMPUTE, rank);
               op.layer = u->layer, op.micro_batch = it->mb;
-              op.seconds = layer_op_seconds (L, u->layer, op.kind);
               op_io (&op, wbuf, STOW_NONE, inputs[it->mb]);
               done = emit (L, &op, waits, nw, TRUE, "forward");
             }
@@ -1334,11 +1040,6 @@ lower_rank (Lower *L, Rank *R)
                 }
               stow_op_init (&op, STOW_OP_LOSS, STOW_STREAM_COMPUTE, rank);
               op.layer = u->layer, op.micro_batch = it->mb;
-              /* forward and backward of the output layer: 6 s b h V */
-              op.flops = 6.0 * (double)L->t->seq_len / l->cp
-                         * (double)l->micro_batch * (double)L->m->hidden
-                         * (double)L->m->vocab / l->tp;
-              op.seconds = layer_op_seconds (L, u->layer, op.kind);
               op_io (&op, wbuf, STOW_NONE, logits[it->mb]);
               if (grad != STOW_NONE)
                 op.writes[op.n_writes++] = grad;
@@ -1362,11 +1063,8 @@ lower_rank (Lower *L, Rank *R)
               emit_alloc (L, rank, STOW_STREAM_COMPUTE, acts[act_idx], NULL, 0);
               stow_op_init (&op, STOW_OP_FORWARD, STOW_STREAM_COMPUTE, rank);
               op.layer = u->layer, op.micro_batch = it->mb;
-              op.flops = stow_schedule_layer_flops (L->m, L->t, l,
-                                                    (guint64)u->layer);
               op.bytes = tp_bytes, op.group = STOW_GROUP_TP,
               op.group_size = l->tp, op.intra_node = TRUE;
-              op.seconds = layer_op_seconds (L, u->layer, op.kind);
               op_io (&op, wbuf, STOW_NONE, acts[act_idx]);
               done = emit (L, &op, waits, nw, TRUE, "forward");
               last_compute = done;
@@ -1415,7 +1113,6 @@ lower_rank (Lower *L, Rank *R)
                 }
               stow_op_init (&op, STOW_OP_BACKWARD, STOW_STREAM_COMPUTE, rank);
               op.layer = u->layer, op.micro_batch = it->mb;
-              op.seconds = layer_op_seconds (L, u->layer, op.kind);
               op_io (&op, inputs[it->mb], STOW_NONE,
                      grad != STOW_NONE ? grad : R->grads_buf);
               done = emit (L, &op, waits, nw, TRUE, "backward");
@@ -1482,11 +1179,8 @@ lower_rank (Lower *L, Rank *R)
                   stow_op_init (&op, STOW_OP_RECOMPUTE, STOW_STREAM_COMPUTE,
                                 rank);
                   op.layer = u->layer, op.micro_batch = it->mb;
-                  op.flops = stow_schedule_layer_flops (L->m, L->t, l,
-                                                        (guint64)u->layer);
                   op.bytes = tp_bytes, op.group = STOW_GROUP_TP,
                   op.group_size = l->tp, op.intra_node = TRUE;
-                  op.seconds = layer_op_seconds (L, u->layer, op.kind);
                   op_io (&op, wbuf, acts[act_idx], rec);
                   emit (L, &op, waits, nw, FALSE, NULL);
                   nw = 0; /* the stream orders the backward after it */
@@ -1506,18 +1200,8 @@ lower_rank (Lower *L, Rank *R)
                 }
               stow_op_init (&op, STOW_OP_BACKWARD, STOW_STREAM_COMPUTE, rank);
               op.layer = u->layer, op.micro_batch = it->mb;
-              op.flops = 2.0
-                         * stow_schedule_layer_flops (L->m, L->t, l,
-                                                      (guint64)u->layer);
-              if (l->recompute == STOW_RECOMPUTE_SELECTIVE)
-                /* Rebuild the attention core: the 4 s^2 h part. */
-                op.flops += 4.0 * (double)L->t->seq_len / l->cp
-                            * (double)l->micro_batch * (double)L->t->seq_len
-                            / l->cp * (double)(L->m->n_heads * L->m->head_dim)
-                            / l->tp;
               op.bytes = tp_bytes, op.group = STOW_GROUP_TP,
               op.group_size = l->tp, op.intra_node = TRUE;
-              op.seconds = layer_op_seconds (L, u->layer, op.kind);
               op_io (&op, wbuf, acts[act_idx],
                      grad != STOW_NONE ? grad : R->grads_buf);
               if (rec != STOW_NONE)
@@ -1557,7 +1241,7 @@ lower_rank (Lower *L, Rank *R)
               guint64 shard = div_ceil (u->params, L->n);
               stow_op_init (&op, STOW_OP_OPTIM_STEP, STOW_STREAM_CPU_OPTIM,
                             rank);
-              op.params = shard, op.layer = u->layer;
+              op.count = shard, op.layer = u->layer;
               op_io (&op, R->host_grads_buf, STOW_NONE, STOW_NONE);
               u->grads_ready
                   = emit (L, &op, &u->grads_ready, 1, TRUE, "updated");
@@ -1625,10 +1309,6 @@ stow_schedule_lower (const StowModel *m, const StowCluster *c,
     }
   L.n = stow_mem_shard_degree (l, c);
   stow_mem_activation_sizes (m, t, l, &L.full, &L.block, &L.ckpt);
-  stow_cost_layer_seconds (m, c, t, l, FALSE, &L.ls[0]);
-  stow_cost_layer_seconds (m, c, t, l, TRUE, &L.ls[1]);
-  stow_cost_ends_seconds (m, c, t, l, &L.ends);
-  stow_cost_options_init (&L.co);
   double s_local = (double)t->seq_len / l->cp;
   guint64 sbh
       = (guint64)llround (s_local * (double)l->micro_batch * (double)m->hidden);

@@ -28,7 +28,7 @@ stow_report_sim_csv (GString *out, const StowTrace *t, const StowProgram *p)
           out, "%u,%u,%s,%s,%d,%u,%.9g,%.9g,%" G_GUINT64_FORMAT ",%.9g\n", i,
           op->rank, stow_stream_name (op->stream), stow_op_kind_name (op->kind),
           op->layer, op->micro_batch, t->ops[i].start_s, t->ops[i].end_s,
-          op->bytes, op->flops);
+          op->bytes, t->ops[i].flops);
     }
 }
 
@@ -74,6 +74,8 @@ static const double kind_rgb[STOW_N_OP_KINDS][3] = {
   [STOW_OP_LOSS] = { 0.85, 0.3, 0.3 },
   [STOW_OP_OPTIM_STEP] = { 0.35, 0.65, 0.35 },
   [STOW_OP_COLLECTIVE] = { 0.6, 0.4, 0.7 },
+  [STOW_OP_DATA] = { 0.8, 0.8, 0.5 },
+  [STOW_OP_GRAD_NORM] = { 0.5, 0.8, 0.5 },
 };
 
 /* Rows are the streams of one rank; x is time over the step. */

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "executor/backend.h"
+#include "executor/backends/sim.h"
 #include "executor/trace.h"
 #include "planner/memory-private.h"
 #include "planner/schedule.h"
@@ -34,7 +35,8 @@ simulate (const StowModel *m, const StowCluster *c, const StowTraining *t,
   StowProgram *prog = stow_schedule_lower (m, c, t, l, NULL, so, &error);
   g_assert_no_error (error);
   g_assert_nonnull (prog);
-  g_autoptr (StowBackend) sim = stow_backend_sim_new (c, t, NULL);
+  StowSimSetup setup = { m, c, t, l, NULL };
+  g_autoptr (StowBackend) sim = stow_backend_sim_new (&setup);
   StowTrace *tr = stow_program_run (prog, sim, &error);
   g_assert_no_error (error);
   g_assert_nonnull (tr);

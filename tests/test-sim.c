@@ -14,6 +14,7 @@
 
 #include "core/json.h"
 #include "executor/backend.h"
+#include "executor/backends/sim.h"
 #include "executor/trace.h"
 #include "planner/cost.h"
 #include "planner/schedule.h"
@@ -51,20 +52,80 @@ training (void)
   return t;
 }
 
-/* Seconds of copy bytes / flops for ops that take @s on @c. */
+/* Bytes of a copy that takes @s on @c. */
 static guint64
 bytes_for (const StowCluster *c, double s)
 {
   return (guint64)(s * c->node.gpu.pcie_bw);
 }
 
-static double
-flops_for (const StowCluster *c, const StowTraining *t, double s)
+/* What the sim needs to price a program: the model and layout of a
+ * lowered one, the fixed seconds of a hand-built one's compute ops. */
+typedef struct
 {
-  StowOp op;
-  stow_op_init (&op, STOW_OP_FORWARD, STOW_STREAM_COMPUTE, 0);
-  op.flops = 1e12;
-  return s * 1e12 / stow_schedule_op_seconds (c, t, &op);
+  StowModel *model;
+  StowLayout layout;
+  GArray *fixed; /* (guint op, double seconds) pairs as doubles */
+} Pricing;
+
+static GHashTable *pricing; /* StowProgram * -> Pricing * */
+
+static void
+pricing_free (gpointer data)
+{
+  Pricing *pr = data;
+  if (pr->model)
+    stow_model_unref (pr->model);
+  if (pr->fixed)
+    g_array_unref (pr->fixed);
+  g_free (pr);
+}
+
+static Pricing *
+pricing_of (const StowProgram *p)
+{
+  if (pricing == NULL)
+    pricing = g_hash_table_new_full (g_direct_hash, g_direct_equal, NULL,
+                                     pricing_free);
+  Pricing *pr = g_hash_table_lookup (pricing, p);
+  if (pr == NULL)
+    {
+      pr = g_new0 (Pricing, 1);
+      pr->fixed = g_array_new (FALSE, FALSE, sizeof (double));
+      g_hash_table_insert (pricing, (gpointer)p, pr);
+    }
+  return pr;
+}
+
+/* stow_schedule_lower, remembering what the sim prices the program by. */
+static StowProgram *
+lower (const StowModel *m, const StowCluster *c, const StowTraining *t,
+       const StowLayout *l, const StowMemOptions *mo,
+       const StowScheduleOptions *so, GError **error)
+{
+  StowProgram *p = stow_schedule_lower (m, c, t, l, mo, so, error);
+  if (p != NULL)
+    {
+      Pricing *pr = pricing_of (p);
+      pr->model = stow_model_ref ((StowModel *)m);
+      pr->layout = *l;
+    }
+  return p;
+}
+
+static StowBackend *
+sim_for (const StowProgram *p, const StowCluster *c, const StowTraining *t,
+         const guint64 *caps)
+{
+  Pricing *pr = pricing_of (p);
+  StowSimSetup setup = { pr->model, c, t, pr->model ? &pr->layout : NULL,
+                         caps };
+  StowBackend *sim = stow_backend_sim_new (&setup);
+  for (guint i = 0; i + 1 < pr->fixed->len; i += 2)
+    stow_backend_sim_set_op_seconds (
+        sim, (guint)g_array_index (pr->fixed, double, i),
+        g_array_index (pr->fixed, double, i + 1));
+  return sim;
 }
 
 static guint
@@ -80,17 +141,21 @@ add_copy (StowProgram *p, guint64 bytes, guint buf, const guint *waits,
   return stow_program_add (p, &op, waits, nw);
 }
 
+/* A forward op that takes @seconds. */
 static guint
-add_compute (StowProgram *p, double flops, guint buf, const guint *waits,
+add_compute (StowProgram *p, double seconds, guint buf, const guint *waits,
              guint nw, guint record)
 {
   StowOp op;
   stow_op_init (&op, STOW_OP_FORWARD, STOW_STREAM_COMPUTE, 0);
-  op.layer = 0, op.flops = flops;
+  op.layer = 0;
   if (buf != STOW_NONE)
     op.reads[op.n_reads++] = buf;
   op.record = record;
-  return stow_program_add (p, &op, waits, nw);
+  guint i = stow_program_add (p, &op, waits, nw);
+  double pair[2] = { i, seconds };
+  g_array_append_vals (pricing_of (p)->fixed, pair, 2);
+  return i;
 }
 
 static guint
@@ -107,7 +172,7 @@ static StowTrace *
 run (const StowProgram *p, const StowCluster *c, const StowTraining *t,
      const guint64 *caps, GError **error)
 {
-  g_autoptr (StowBackend) sim = stow_backend_sim_new (c, t, caps);
+  g_autoptr (StowBackend) sim = sim_for (p, c, t, caps);
   return stow_program_run (p, sim, error);
 }
 
@@ -127,8 +192,8 @@ test_timing (void)
   add_copy (p, bytes_for (c, 0.1), a, NULL, 0, ea);
   add_mem (p, STOW_OP_ALLOC, STOW_STREAM_H2D, b, NULL, 0);
   add_copy (p, bytes_for (c, 0.1), b, NULL, 0, eb);
-  add_compute (p, flops_for (c, &t, 0.2), a, &ea, 1, STOW_NONE);
-  add_compute (p, flops_for (c, &t, 0.2), b, &eb, 1, STOW_NONE);
+  add_compute (p, 0.2, a, &ea, 1, STOW_NONE);
+  add_compute (p, 0.2, b, &eb, 1, STOW_NONE);
   add_mem (p, STOW_OP_FREE, STOW_STREAM_COMPUTE, a, NULL, 0);
   add_mem (p, STOW_OP_FREE, STOW_STREAM_COMPUTE, b, NULL, 0);
   g_autoptr (GError) error = NULL;
@@ -161,7 +226,7 @@ test_deadlock (void)
   g_autoptr (StowProgram) p = stow_program_new (1);
   guint ex = stow_program_event (p, 0, "x done");
   guint ey = stow_program_event (p, 0, "y done");
-  add_compute (p, 1e9, STOW_NONE, &ey, 1, ex);
+  add_compute (p, 1e-3, STOW_NONE, &ey, 1, ex);
   add_copy (p, 1000, STOW_NONE, &ex, 1, ey);
   g_autoptr (GError) error = NULL;
   g_autoptr (StowTrace) tr = run (p, c, &t, NULL, &error);
@@ -179,7 +244,7 @@ test_never_recorded (void)
   StowTraining t = training ();
   g_autoptr (StowProgram) p = stow_program_new (1);
   guint e = stow_program_event (p, 0, "weights loaded");
-  add_compute (p, 1e9, STOW_NONE, &e, 1, STOW_NONE);
+  add_compute (p, 1e-3, STOW_NONE, &e, 1, STOW_NONE);
   g_autoptr (GError) error = NULL;
   g_autoptr (StowTrace) tr = run (p, c, &t, NULL, &error);
   g_assert_null (tr);
@@ -203,7 +268,7 @@ test_use_before_load (void)
   op.buffer = a, op.record = e;
   stow_program_add (p, &op, NULL, 0);
   add_copy (p, bytes_for (c, 0.1), a, NULL, 0, STOW_NONE);
-  add_compute (p, 1e9, a, &e, 1, STOW_NONE);
+  add_compute (p, 1e-3, a, &e, 1, STOW_NONE);
   g_autoptr (GError) error = NULL;
   g_autoptr (StowTrace) tr = run (p, c, &t, NULL, &error);
   g_assert_null (tr);
@@ -214,7 +279,7 @@ test_use_before_load (void)
   /* Reading a buffer that was never allocated. */
   g_autoptr (StowProgram) q = stow_program_new (1);
   guint b = stow_program_buffer (q, 0, STOW_TIER_DEVICE, 10, -1, FALSE, "L7");
-  add_compute (q, 1e9, b, NULL, 0, STOW_NONE);
+  add_compute (q, 1e-3, b, NULL, 0, STOW_NONE);
   g_clear_error (&error);
   g_autoptr (StowTrace) tq = run (q, c, &t, NULL, &error);
   g_assert_null (tq);
@@ -254,7 +319,7 @@ test_free_while_used (void)
   stow_op_init (&op, STOW_OP_RECOMPUTE, STOW_STREAM_COMPUTE, 0);
   op.record = e; /* a marker op with no time */
   stow_program_add (p, &op, NULL, 0);
-  add_compute (p, flops_for (c, &t, 0.2), a, NULL, 0, STOW_NONE);
+  add_compute (p, 0.2, a, NULL, 0, STOW_NONE);
   add_mem (p, STOW_OP_FREE, STOW_STREAM_H2D, a, &e, 1);
   g_autoptr (GError) error = NULL;
   g_autoptr (StowTrace) tr = run (p, c, &t, NULL, &error);
@@ -298,7 +363,7 @@ streamed_program (const StowCluster *c, const StowTraining *t, guint resident,
   StowScheduleOptions so;
   stow_schedule_options_init (&so);
   so.resident_layers = resident;
-  StowProgram *p = stow_schedule_lower (m, c, t, &l, NULL, &so, &error);
+  StowProgram *p = lower (m, c, t, &l, NULL, &so, &error);
   g_assert_no_error (error);
   return p;
 }
@@ -309,11 +374,12 @@ stream_work (const StowProgram *p, const StowCluster *c, const StowTraining *t,
              StowStream s)
 {
   double sum = 0;
+  g_autoptr (StowBackend) sim = sim_for (p, c, t, NULL);
   for (guint i = 0; i < p->ops->len; i++)
     {
       const StowOp *op = &g_array_index (p->ops, StowOp, i);
       if (op->stream == s)
-        sum += stow_schedule_op_seconds (c, t, op);
+        sum += stow_sim_op_seconds (sim, p, i, NULL);
     }
   return sum;
 }
@@ -425,11 +491,11 @@ test_layer_major (void)
   stow_schedule_options_init (&so);
   so.resident_layers = 0;
   g_autoptr (StowProgram) mb
-      = stow_schedule_lower (m, c, &t, &l, NULL, &so, &error);
+      = lower (m, c, &t, &l, NULL, &so, &error);
   g_assert_no_error (error);
   so.layer_major = TRUE;
   g_autoptr (StowProgram) lm
-      = stow_schedule_lower (m, c, &t, &l, NULL, &so, &error);
+      = lower (m, c, &t, &l, NULL, &so, &error);
   g_assert_no_error (error);
   g_autoptr (StowTrace) tmb = run (mb, c, &t, NULL, &error);
   g_assert_no_error (error);
@@ -473,18 +539,19 @@ test_pipeline_bubble (void)
   stow_layout_init (&l);
   l.pp = 4, l.grad_accum = 8;
   g_autoptr (StowProgram) p
-      = stow_schedule_lower (m, c, &t, &l, NULL, NULL, &error);
+      = lower (m, c, &t, &l, NULL, NULL, &error);
   g_assert_no_error (error);
   g_autoptr (StowTrace) tr = run (p, c, &t, NULL, &error);
   g_assert_no_error (error);
   /* One middle stage's forward+backward of one micro-batch. */
   double fb = 0, optim = 0;
+  g_autoptr (StowBackend) sim = sim_for (p, c, &t, NULL);
   for (guint i = 0; i < p->ops->len; i++)
     {
       const StowOp *op = &g_array_index (p->ops, StowOp, i);
       if (op->rank != 1)
         continue;
-      double s = stow_schedule_op_seconds (c, &t, op);
+      double s = stow_sim_op_seconds (sim, p, i, NULL);
       if ((op->kind == STOW_OP_FORWARD || op->kind == STOW_OP_BACKWARD)
           && op->micro_batch == 0)
         fb += s;
@@ -499,7 +566,7 @@ test_pipeline_bubble (void)
 
   l.vpp = 2, l.schedule = STOW_SCHEDULE_INTERLEAVED;
   g_autoptr (StowProgram) pi
-      = stow_schedule_lower (m, c, &t, &l, NULL, NULL, &error);
+      = lower (m, c, &t, &l, NULL, NULL, &error);
   g_assert_no_error (error);
   g_autoptr (StowTrace) ti = run (pi, c, &t, NULL, &error);
   g_assert_no_error (error);
@@ -529,7 +596,7 @@ test_nvme_swap_pipeline (void)
   l.dp = 8, l.zero = 3, l.grad_accum = 1;
   l.offload_optimizer = STOW_OFFLOAD_NVME;
   g_autoptr (StowProgram) p
-      = stow_schedule_lower (m, c, &t, &l, NULL, NULL, &error);
+      = lower (m, c, &t, &l, NULL, NULL, &error);
   g_assert_no_error (error);
   g_autoptr (StowTrace) tr = run (p, c, &t, NULL, &error);
   g_assert_no_error (error);
@@ -704,7 +771,7 @@ test_agrees_with_cost (void)
       stow_schedule_options_init (&so);
       so.resident_layers = 0; /* the time model streams every layer */
       g_autoptr (StowProgram) p
-          = stow_schedule_lower (m, c, &t, &l, NULL, &so, &error);
+          = lower (m, c, &t, &l, NULL, &so, &error);
       g_assert_no_error (error);
       g_autoptr (StowTrace) tr = run (p, c, &t, NULL, &error);
       g_assert_no_error (error);
@@ -738,5 +805,8 @@ main (int argc, char **argv)
   g_test_add_func ("/sim/nvme-swap-pipeline", test_nvme_swap_pipeline);
   g_test_add_func ("/sim/chrome-trace", test_chrome_trace);
   g_test_add_func ("/sim/agrees-with-cost", test_agrees_with_cost);
-  return g_test_run ();
+  int rc = g_test_run ();
+  if (pricing)
+    g_hash_table_unref (pricing);
+  return rc;
 }

@@ -1,0 +1,38 @@
+/* SPDX-License-Identifier: MIT
+ *
+ * executor/backends/sim.h: the simulator backend.  Virtual time: each op
+ * is priced from the cluster's FLOP rates and bandwidths and, for the ops
+ * of a lowered plan, from the time model (planner/cost.c), so simulated
+ * and predicted steps price the same work alike.  No data: buffers only
+ * count bytes against a per-rank, per-tier capacity.
+ */
+#pragma once
+
+#include "executor/backend.h"
+#include "hw/hw.h"
+#include "planner/layout.h"
+
+G_BEGIN_DECLS
+
+typedef struct
+{
+  const StowModel *model;       /* NULL: a hand-built program */
+  const StowCluster *cluster;   /* required */
+  const StowTraining *training; /* required */
+  const StowLayout *layout;     /* NULL: a hand-built program */
+  /* [STOW_N_TIERS] bytes each rank may hold per tier; 0 unlimited; the
+   * array may be NULL. */
+  const guint64 *capacity_bytes;
+} StowSimSetup;
+
+/* The sim for @setup (everything in it is copied or referenced). */
+StowBackend *stow_backend_sim_new (const StowSimSetup *setup);
+/* Hand-built programs in tests: op @op takes @seconds, whatever it is. */
+void stow_backend_sim_set_op_seconds (StowBackend *sim, guint op,
+                                      double seconds);
+/* What the sim prices @op at, in seconds; @flops (may be NULL) gets the
+ * FLOPs it counts for a compute op. */
+double stow_sim_op_seconds (StowBackend *sim, const StowProgram *p, guint op,
+                            double *flops);
+
+G_END_DECLS

@@ -1,0 +1,301 @@
+/* SPDX-License-Identifier: MIT
+ *
+ * planner/program.h: the step program, the contract between the lowering
+ * (planner/schedule.c) and the backends that run it (executor/): ops on
+ * streams, ordered in each stream and joined across streams only by
+ * events, over buffers that say which units' tensors and which byte ranges
+ * they hold.  No seconds and no FLOPs: pricing belongs to the sim backend.
+ * Depends on GLib and models/ only.
+ */
+#pragma once
+
+#include <glib.h>
+
+#include "models/model.h"
+
+G_BEGIN_DECLS
+
+typedef enum
+{
+  STOW_TIER_DEVICE,
+  STOW_TIER_PINNED, /* page-locked host memory */
+  STOW_TIER_HOST,   /* pageable host memory */
+  STOW_TIER_NVME,
+  STOW_N_TIERS
+} StowTier;
+
+const char *stow_tier_name (StowTier tier);
+
+typedef enum
+{
+  STOW_STREAM_COMPUTE,
+  STOW_STREAM_H2D,
+  STOW_STREAM_D2H,
+  STOW_STREAM_NVME_READ,
+  STOW_STREAM_NVME_WRITE,
+  STOW_STREAM_CPU_OPTIM,
+  STOW_STREAM_COMM,
+  STOW_N_STREAMS
+} StowStream;
+
+const char *stow_stream_name (StowStream s);
+
+typedef enum
+{
+  STOW_OP_ALLOC,
+  STOW_OP_FREE,
+  STOW_OP_COPY, /* tier to tier: a byte range of a unit, or bytes */
+  STOW_OP_FORWARD,
+  STOW_OP_BACKWARD,
+  STOW_OP_RECOMPUTE,
+  STOW_OP_LOSS, /* output layer, loss and their backward */
+  STOW_OP_OPTIM_STEP,
+  STOW_OP_COLLECTIVE,
+  STOW_OP_DATA,      /* tokens and targets of a micro-batch */
+  STOW_OP_GRAD_NORM, /* the global gradient norm, for clipping */
+  STOW_N_OP_KINDS
+} StowOpKind;
+
+const char *stow_op_kind_name (StowOpKind k);
+
+typedef enum
+{
+  STOW_COLL_ALL_REDUCE,
+  STOW_COLL_REDUCE_SCATTER,
+  STOW_COLL_ALL_GATHER,
+  STOW_COLL_SEND, /* pipeline point-to-point */
+} StowCollective;
+
+const char *stow_collective_name (StowCollective c);
+
+typedef enum
+{
+  STOW_GROUP_DP,
+  STOW_GROUP_TP,
+  STOW_GROUP_PP,
+} StowGroup;
+
+#define STOW_NONE            G_MAXUINT /* no buffer, no event, no unit */
+#define STOW_LAYER_EMBEDDING (-1)
+#define STOW_LAYER_HEAD      (-2)
+#define STOW_LAYER_NONE      (-3)
+#define STOW_OP_MAX_IO       4
+
+/* Element types of what buffers hold. */
+typedef enum
+{
+  STOW_DTYPE_F32,
+  STOW_DTYPE_BF16,
+  STOW_DTYPE_F16,
+} StowDtype;
+
+const char *stow_dtype_name (StowDtype d);    /* "F32", "BF16", "F16" */
+guint stow_dtype_size (StowDtype d);          /* 4, 2, 2 */
+
+/* ---- units: the tensors streamed, gathered and updated as one ---------- */
+
+typedef struct
+{
+  const char *name; /* HF checkpoint name (the model's inventory's) */
+  guint64 shape[4];
+  guint n_dims;
+  guint64 numel;
+  guint64 offset; /* elements from the unit's start */
+  StowTensorRole role;
+} StowUnitTensor;
+
+typedef struct
+{
+  gint layer; /* STOW_LAYER_EMBEDDING, a layer index, STOW_LAYER_HEAD */
+  guint first_tensor, n_tensors; /* into the program's unit_tensors */
+  guint64 numel;                 /* elements of the whole unit */
+  guint64 offset; /* elements from the model's start, units in order */
+} StowUnit;
+
+/* ---- optimizer settings: what a backend needs to update for real ------- */
+
+typedef enum
+{
+  STOW_LR_CONSTANT,
+  STOW_LR_COSINE, /* warmup, then cosine from lr to min_lr at the last step */
+  STOW_LR_LINEAR, /* warmup, then linear from lr to min_lr */
+} StowLrSchedule;
+
+const char *stow_lr_schedule_name (StowLrSchedule s);
+gboolean stow_lr_schedule_parse (const char *s, StowLrSchedule *out,
+                                 GError **error);
+
+typedef struct
+{
+  double lr, min_lr;
+  guint64 warmup_steps, total_steps;
+  StowLrSchedule schedule;
+  double weight_decay; /* decoupled (AdamW); tensors of 2+ dimensions only */
+  double beta1, beta2, eps;
+  double max_grad_norm; /* <= 0: no clipping */
+  guint64 seed;
+} StowOptimSettings;
+
+/* torch.optim.AdamW's defaults (lr 1e-3, betas 0.9/0.999, eps 1e-8, weight
+ * decay 0.01), constant schedule, clipping at 1.0, seed 0. */
+void stow_optim_settings_init (StowOptimSettings *o);
+/* The learning rate of 1-based step @step: linear warmup over
+ * warmup_steps from lr / warmup_steps, then the schedule (Megatron's and
+ * nanoGPT's shape).  Computed in double from @step alone, so a resumed
+ * run gets the same bits. */
+double stow_optim_lr_at (const StowOptimSettings *o, guint64 step);
+
+/* ---- ops, buffers, events ------------------------------------------------ */
+
+typedef struct
+{
+  StowOpKind kind;
+  StowStream stream;
+  guint rank;
+  gint layer; /* model layer, STOW_LAYER_EMBEDDING/_HEAD or _NONE */
+  guint unit; /* the unit the op works on, or STOW_NONE */
+  guint micro_batch;
+  guint shard; /* optimizer chunk */
+  /* copy: the bytes moved; with a unit, the range [offset, offset + bytes)
+   * of the unit's bytes in the source and destination buffers' dtypes is
+   * given by elements: [first, first + count) of the unit */
+  guint64 bytes;
+  guint64 first, count; /* elements; optim_step: of the rank's flat
+                           parameters (units concatenated in order) */
+  StowTier src, dst;    /* copy */
+  gboolean on_gpu;      /* optim_step */
+  /* backward, loss: the parameter gradients this op writes are added to
+   * what is there (TRUE) or overwrite it (FALSE: the first write of the
+   * step, which is the zero-grad) */
+  gboolean accumulate;
+  StowCollective coll;
+  StowGroup group;
+  guint group_size;
+  gboolean intra_node; /* the group stays inside one node */
+  /* buffers: alloc/free name one in @buffer; others read and write */
+  guint buffer;
+  guint reads[STOW_OP_MAX_IO];
+  guint n_reads;
+  guint writes[STOW_OP_MAX_IO];
+  guint n_writes;
+  /* events: waits are a range of program->waits */
+  guint wait_first, n_waits;
+  guint record; /* event recorded when the op ends, or STOW_NONE */
+} StowOp;
+
+/* What a buffer's bytes are: the backends place tensors by it. */
+typedef enum
+{
+  STOW_BUF_OTHER,       /* buckets, staging: bytes only */
+  STOW_BUF_WEIGHTS,     /* units' weights, in the program's weight dtype */
+  STOW_BUF_GRADS,       /* units' gradients, in the gradient dtype */
+  STOW_BUF_MASTER,      /* fp32 master weights */
+  STOW_BUF_OPT_STATES,  /* fp32 Adam moments: m then v, per unit */
+  STOW_BUF_STATES,      /* master (if any), m and v together (offload) */
+  STOW_BUF_INPUT,       /* a micro-batch's token ids, targets, embeddings */
+  STOW_BUF_ACTIVATIONS, /* a layer's kept tensors for one micro-batch */
+  STOW_BUF_CHECKPOINT,  /* full recompute: the layer's output only */
+  STOW_BUF_RECOMPUTED,  /* full recompute: the rest, rebuilt in backward */
+  STOW_BUF_WORKSPACE,   /* a layer's backward working set */
+  STOW_BUF_LOGITS,      /* the fused loss's chunk */
+  STOW_BUF_LOSS_GRAD,   /* the gradient the loss hands the last layer */
+  STOW_N_BUF_KINDS
+} StowBufferKind;
+
+const char *stow_buffer_kind_name (StowBufferKind k);
+
+typedef struct
+{
+  char *name;
+  StowTier tier;
+  guint64 bytes;
+  guint rank;
+  /* Rotating slots: 0 and 1 hold layers' weights, 2 and 3 their
+   * gradients, 4-7 NVMe staging.  A buffer with a slot names the slot's
+   * occupant for one use and has no bytes of its own: the bytes are the
+   * persistent "layer slot" and "gradient slot" buffers.  -1: not a slot. */
+  gint slot;
+  gboolean persistent; /* lives for the whole step, ready at the start */
+  StowBufferKind kind;
+  /* The units whose tensors it holds, [unit_first, unit_first + n_units)
+   * in unit order, each at its offset within the run; STOW_NONE: none. */
+  guint unit_first, n_units;
+  StowDtype dtype;
+  gint layer;        /* activations and the like: the layer */
+  guint micro_batch; /* and the micro-batch */
+} StowBuffer;
+
+typedef struct
+{
+  char *name;
+  guint rank;
+} StowEvent;
+
+typedef struct
+{
+  guint n_ranks;   /* pipeline stages */
+  GArray *ops;     /* StowOp, every rank's ops in emission order */
+  GArray *buffers; /* StowBuffer */
+  GArray *events;  /* StowEvent */
+  GArray *waits;   /* guint event ids, ranges of ops */
+  /* The model's units and their tensors (the whole model, unsharded). */
+  GArray *units;        /* StowUnit */
+  GArray *unit_tensors; /* StowUnitTensor */
+  StowDtype weight_dtype, grad_dtype;
+  /* Training that real backends need beside the ops. */
+  guint64 seq_len, micro_batch, grad_accum; /* per rank */
+  guint64 global_batch;                     /* sequences per step */
+  double loss_scale; /* 1 / tokens of the global batch: the loss is the
+                        mean token cross-entropy */
+  StowOptimSettings optim;
+  gboolean master_weights; /* fp32 master copy beside 16-bit weights */
+  /* what the lowering chose, for reports */
+  guint resident_layers;         /* per rank, of the streamed kind */
+  guint streamed_layers;         /* per rank */
+  guint64 device_capacity_bytes; /* tensor budget the plan was made for */
+  guint64 overhead_bytes; /* non-tensor device bytes the memory model adds */
+  double fragmentation;
+  char *description;
+} StowProgram;
+
+StowProgram *stow_program_new (guint n_ranks);
+void stow_program_free (StowProgram *p);
+G_DEFINE_AUTOPTR_CLEANUP_FUNC (StowProgram, stow_program_free)
+
+/* The units of @model in order: the embedding (input-side tables), each
+ * layer, the head (everything else: final norm, untied lm_head).  Tied
+ * tensors are left out, as the checkpoint leaves them out. */
+void stow_program_set_units (StowProgram *p, const StowModel *model);
+/* Index of the unit of @layer, or STOW_NONE. */
+guint stow_program_unit_of_layer (const StowProgram *p, gint layer);
+const StowUnit *stow_program_unit (const StowProgram *p, guint unit);
+/* Tensor @name of @unit, or NULL. */
+const StowUnitTensor *stow_program_unit_tensor (const StowProgram *p,
+                                                guint unit, const char *name);
+
+/* Building blocks (used by the lowering and by tests that build programs
+ * by hand). */
+guint stow_program_buffer (StowProgram *p, guint rank, StowTier tier,
+                           guint64 bytes, gint slot, gboolean persistent,
+                           const char *format, ...) G_GNUC_PRINTF (7, 8);
+/* Says what buffer @b holds (kind, units, dtype, layer, micro-batch). */
+void stow_program_buffer_holds (StowProgram *p, guint b, StowBufferKind kind,
+                                guint unit_first, guint n_units,
+                                StowDtype dtype, gint layer, guint mb);
+guint stow_program_event (StowProgram *p, guint rank, const char *format, ...)
+    G_GNUC_PRINTF (3, 4);
+/* Appends @op (copied; its wait range is set from @waits, @n_waits event
+ * ids); returns its index. */
+guint stow_program_add (StowProgram *p, const StowOp *op, const guint *waits,
+                        guint n_waits);
+/* An op initialised with no buffers, no events, no unit, layer _NONE. */
+void stow_op_init (StowOp *op, StowOpKind kind, StowStream stream, guint rank);
+/* "backward L12 mb3 (rank 0 compute)" */
+char *stow_op_describe (const StowProgram *p, guint index);
+
+/* Static checks: every waited event is recorded exactly once by some op,
+ * every buffer is allocated and freed at most once, every op names valid
+ * buffers and units.  The message names the op. */
+gboolean stow_program_validate (const StowProgram *p, GError **error);
+
+G_END_DECLS
