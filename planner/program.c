@@ -256,6 +256,8 @@ stow_program_validate (const StowProgram *p, GError **error)
       if ((op->kind == STOW_OP_ALLOC || op->kind == STOW_OP_FREE)
           && op->buffer >= nb)
         bad = TRUE;
+      if (op->unit != STOW_NONE && op->unit >= p->units->len)
+        bad = TRUE;
       for (guint j = 0; !bad && j < op->n_waits; j++)
         bad = g_array_index (p->waits, guint, op->wait_first + j) >= ne;
       if (!bad && op->record != STOW_NONE && op->record >= ne)
@@ -264,8 +266,8 @@ stow_program_validate (const StowProgram *p, GError **error)
         {
           what = stow_op_describe (p, i);
           g_set_error (error, STOW_PLAN_ERROR, STOW_PLAN_ERROR_INVALID,
-                       "step program: op %s names a stream, rank, buffer or "
-                       "event that does not exist",
+                       "step program: op %s names a stream, rank, buffer, "
+                       "unit or event that does not exist",
                        what);
           return FALSE;
         }
@@ -448,7 +450,7 @@ stow_optim_settings_init (StowOptimSettings *o)
   o->schedule = STOW_LR_CONSTANT;
   o->weight_decay = 0.01;
   o->beta1 = 0.9, o->beta2 = 0.999, o->eps = 1e-8;
-  o->max_grad_norm = 1.0;
+  o->max_grad_norm = 0; /* torch.optim.AdamW clips nothing */
 }
 
 double

@@ -137,7 +137,8 @@ typedef struct
 } StowOptimSettings;
 
 /* torch.optim.AdamW's defaults (lr 1e-3, betas 0.9/0.999, eps 1e-8, weight
- * decay 0.01), constant schedule, clipping at 1.0, seed 0. */
+ * decay 0.01), constant schedule, no clipping (`stowage train` clips at
+ * 1.0 by default, as the HF Trainer does), seed 0. */
 void stow_optim_settings_init (StowOptimSettings *o);
 /* The learning rate of 1-based step @step: linear warmup over
  * warmup_steps from lr / warmup_steps, then the schedule (Megatron's and

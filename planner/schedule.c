@@ -41,6 +41,8 @@ typedef enum
 typedef struct
 {
   gint layer;        /* model layer or STOW_LAYER_EMBEDDING / _HEAD */
+  guint pu;          /* the program's unit (planner/program.h) */
+  gboolean grad_written; /* a gradient write of this step has happened */
   guint64 params;    /* owned on this GPU: gradients and updates */
   guint64 gparams;   /* gathered for compute (tied head: the embedding) */
   gboolean streamed; /* gathered per use into a rotating slot */
@@ -89,7 +91,51 @@ typedef struct
   gboolean off_opt, off_par, nvme_opt, nvme_par;
   GHashTable *xevents; /* "F vs mb" -> event id, across ranks */
   guint k_resident;
+  StowDtype wdt, gdt; /* weights' and gradients' element types */
 } Lower;
+
+/* Says what buffer @b holds. */
+static guint
+holds (Lower *L, guint b, StowBufferKind kind, guint unit, guint n_units,
+       StowDtype dtype, gint layer, guint mb)
+{
+  stow_program_buffer_holds (L->p, b, kind, unit, n_units, dtype, layer, mb);
+  return b;
+}
+
+/* The first of a rank's units and their count when they are contiguous in
+ * the model's unit order, else (STOW_NONE, 0). */
+static void
+rank_unit_run (GArray *units, guint *first, guint *count)
+{
+  *first = STOW_NONE, *count = 0;
+  for (guint i = 0; i < units->len; i++)
+    {
+      const Unit *u = &g_array_index (units, Unit, i);
+      if (i == 0)
+        *first = u->pu;
+      else if (u->pu != *first + i)
+        {
+          *first = STOW_NONE, *count = 0;
+          return;
+        }
+    }
+  *count = units->len;
+}
+
+/* The accumulate flag of an op that writes @u's gradients (and @v's, the
+ * tied embedding a loss writes, or NULL): the first write of the step
+ * overwrites, which is the zero-grad. */
+static gboolean
+grad_write (Unit *u, Unit *v)
+{
+  gboolean acc = u->grad_written;
+  g_assert (v == NULL || v->grad_written == acc);
+  u->grad_written = TRUE;
+  if (v)
+    v->grad_written = TRUE;
+  return acc;
+}
 
 typedef struct
 {
@@ -234,11 +280,13 @@ build_units (Lower *L, Rank *R, const guint64 *counts, guint64 n_layers_total)
       if (vs == 0)
         {
           Unit u = { .layer = STOW_LAYER_EMBEDDING };
+          u.pu = stow_program_unit_of_layer (L->p, u.layer);
           g_array_append_val (R->units, u);
         }
       for (guint64 i = lo; i < lo + nl; i++)
         {
           Unit u = { .layer = (gint)i };
+          u.pu = stow_program_unit_of_layer (L->p, u.layer);
           u.params = u.gparams = stow_mem_layer_params_on_gpu (L->m, l, i);
           sum_layers += u.params;
           g_array_append_val (R->units, u);
@@ -246,6 +294,7 @@ build_units (Lower *L, Rank *R, const guint64 *counts, guint64 n_layers_total)
       if (vs == p * v - 1)
         {
           Unit u = { .layer = STOW_LAYER_HEAD };
+          u.pu = stow_program_unit_of_layer (L->p, u.layer);
           g_array_append_val (R->units, u);
         }
       guint count = R->units->len - start;
@@ -266,6 +315,26 @@ build_units (Lower *L, Rank *R, const guint64 *counts, guint64 n_layers_total)
           u->params = R->sp.first ? rest - emb : rest;
           /* Tied on one stage: the output layer reads the embedding. */
           u->gparams = u->params ? u->params : L->m->embedding_params / l->tp;
+        }
+    }
+  /* Unsharded on one stage, each unit holds exactly its own tensors (the
+   * memory model spreads the final norm over the layers): what a backend
+   * that runs the program updates. */
+  if (l->tp == 1 && l->ep == 1 && l->pp == 1 && l->vpp == 1)
+    {
+      guint64 emb_numel = 0;
+      for (guint i = 0; i < R->units->len; i++)
+        {
+          Unit *u = &g_array_index (R->units, Unit, i);
+          u->params = u->gparams = stow_program_unit (L->p, u->pu)->numel;
+          if (u->layer == STOW_LAYER_EMBEDDING)
+            emb_numel = u->params;
+        }
+      for (guint i = 0; i < R->units->len; i++)
+        {
+          Unit *u = &g_array_index (R->units, Unit, i);
+          if (u->layer == STOW_LAYER_HEAD && L->m->tied_embeddings)
+            u->gparams = u->params + emb_numel;
         }
     }
 }
@@ -429,6 +498,7 @@ emit_load (Lower *L, Rank *R, guint k)
   use->buffer = stow_program_buffer (L->p, R->rank, STOW_TIER_DEVICE, 0,
                                      (gint)slot, FALSE, "slot %u: %s%d", slot,
                                      u->layer >= 0 ? "L" : "unit ", u->layer);
+  holds (L, use->buffer, STOW_BUF_WEIGHTS, u->pu, 1, L->wdt, u->layer, 0);
   guint ready = STOW_NONE;
   if (L->off_par)
     {
@@ -446,12 +516,14 @@ emit_load (Lower *L, Rank *R, guint k)
           emit_alloc (L, R->rank, STOW_STREAM_NVME_READ, staging, &sprev, 1);
           op = copy_op (R->rank, STOW_STREAM_NVME_READ, STOW_TIER_NVME,
                         STOW_TIER_PINNED, shard, u->layer);
+          op.unit = u->pu, op.count = div_ceil (u->gparams, L->n);
           op_io (&op, STOW_NONE, STOW_NONE, staging);
           ready = emit (L, &op, NULL, 0, TRUE, "staged");
         }
       emit_alloc (L, R->rank, STOW_STREAM_H2D, use->buffer, &prev, 1);
       op = copy_op (R->rank, STOW_STREAM_H2D, STOW_TIER_PINNED,
                     STOW_TIER_DEVICE, shard, u->layer);
+      op.unit = u->pu, op.count = div_ceil (u->gparams, L->n);
       op_io (&op, staging, STOW_NONE, use->buffer);
       ready = emit (L, &op, &ready, 1, TRUE, "copied up");
       if (staging != STOW_NONE)
@@ -625,11 +697,43 @@ flush_refreshes (Lower *L, Rank *R)
   g_array_set_size (R->pending, 0);
 }
 
+/* Clipping by the global gradient norm: every update waits for it. */
+static gboolean
+clipping (const Lower *L)
+{
+  return L->so->optim.max_grad_norm > 0 && !L->so->delayed_update;
+}
+
+/* The global norm of the step's gradients, once every unit's are in
+ * place (on the host for an offloaded optimizer); returns its event. */
+static guint
+emit_grad_norm (Lower *L, Rank *R, GArray *ready_order)
+{
+  StowOp op;
+  gboolean host = L->off_opt;
+  stow_op_init (&op, STOW_OP_GRAD_NORM,
+                host ? STOW_STREAM_CPU_OPTIM : STOW_STREAM_COMPUTE, R->rank);
+  op.on_gpu = !host;
+  op.count = div_ceil (R->sp.params, L->l->zero >= 2 || host ? L->n : 1);
+  op_io (&op, host ? R->host_grads_buf : R->grads_buf, STOW_NONE, STOW_NONE);
+  g_autofree guint *waits = g_new (guint, ready_order->len + 1);
+  guint nw = 0;
+  for (guint i = 0; i < ready_order->len; i++)
+    {
+      Unit *u = &g_array_index (R->units, Unit,
+                                g_array_index (ready_order, guint, i));
+      if (u->grads_ready != STOW_NONE)
+        waits[nw++] = u->grads_ready;
+    }
+  return emit (L, &op, waits, nw, TRUE, "gradient norm");
+}
+
 static void
 emit_optimizer (Lower *L, Rank *R, GArray *ready_order)
 {
   StowOp op;
   guint64 odiv = L->l->zero >= 1 ? L->n : 1;
+  guint norm = clipping (L) ? emit_grad_norm (L, R, ready_order) : STOW_NONE;
   if (L->nvme_opt)
     {
       /* The three-stage swap pipeline (ZeRO-Infinity; DeepSpeed's
@@ -664,9 +768,10 @@ emit_optimizer (Lower *L, Rank *R, GArray *ready_order)
           stow_op_init (&op, STOW_OP_OPTIM_STEP, STOW_STREAM_CPU_OPTIM,
                         R->rank);
           op.count = cp, op.shard = c;
+          op.first = (guint64)c * chunk;
           op_io (&op, buf, R->host_grads_buf, buf);
-          guint w2[2] = { rd, last_grads };
-          guint up = emit (L, &op, w2, 2, TRUE, "updated");
+          guint w3[3] = { rd, last_grads, norm };
+          guint up = emit (L, &op, w3, 3, TRUE, "updated");
           op = copy_op (R->rank, STOW_STREAM_NVME_WRITE, STOW_TIER_PINNED,
                         STOW_TIER_NVME, stow_bytes (cp, per), STOW_LAYER_NONE);
           op.shard = c;
@@ -695,6 +800,22 @@ emit_optimizer (Lower *L, Rank *R, GArray *ready_order)
                                 g_array_index (ready_order, guint, i));
       if (u->params == 0)
         continue;
+      if (L->off_opt && !L->so->delayed_update && norm != STOW_NONE)
+        {
+          /* Clipping: CPU Adam on each unit's shard once the norm is
+           * known, its updated weights up after the unit's last use. */
+          stow_op_init (&op, STOW_OP_OPTIM_STEP, STOW_STREAM_CPU_OPTIM,
+                        R->rank);
+          op.count = div_ceil (u->params, L->n), op.layer = u->layer;
+          op.unit = u->pu;
+          op_io (&op, R->host_grads_buf, STOW_NONE, STOW_NONE);
+          guint w2[2] = { u->grads_ready, norm };
+          guint up = emit (L, &op, w2, 2, TRUE, "updated");
+          guint w3[2] = { up, u->last_use };
+          emit_param_refresh (L, R, u, w3, 2, div_ceil (u->params, L->n),
+                              STOW_STREAM_H2D);
+          continue;
+        }
       if (L->off_opt)
         {
           guint64 shard = div_ceil (u->params, L->n);
@@ -705,7 +826,7 @@ emit_optimizer (Lower *L, Rank *R, GArray *ready_order)
            * weights are copied up after this step's last use. */
           stow_op_init (&op, STOW_OP_OPTIM_STEP, STOW_STREAM_CPU_OPTIM,
                         R->rank);
-          op.count = shard, op.layer = u->layer;
+          op.count = shard, op.layer = u->layer, op.unit = u->pu;
           guint up = emit (L, &op, NULL, 0, TRUE, "updated (delayed)");
           guint w2[2] = { up, u->last_use };
           guint both = STOW_NONE;
@@ -729,13 +850,16 @@ emit_optimizer (Lower *L, Rank *R, GArray *ready_order)
             }
           continue;
         }
-      /* Optimizer on the GPU, per unit as its gradients are reduced. */
+      /* Optimizer on the GPU, per unit as its gradients are reduced (and
+       * the norm is known, with clipping). */
       stow_op_init (&op, STOW_OP_OPTIM_STEP, STOW_STREAM_COMPUTE, R->rank);
       op.on_gpu = TRUE;
-      op.layer = u->layer;
+      op.layer = u->layer, op.unit = u->pu;
       op.count = div_ceil (u->params, odiv);
-      op_io (&op, R->grads_buf, STOW_NONE, STOW_NONE);
-      guint up = emit (L, &op, &u->grads_ready, 1, TRUE, "updated");
+      op_io (&op, R->grads_buf, STOW_NONE,
+             L->off_par ? STOW_NONE : R->params_buf);
+      guint w2[2] = { u->grads_ready, norm };
+      guint up = emit (L, &op, w2, 2, TRUE, "updated");
       if (L->off_par)
         {
           /* The updated shard goes back to the host copy. */
@@ -767,6 +891,8 @@ lower_rank (Lower *L, Rank *R)
   StowOp op;
 
   /* Persistent state, sized as the memory model sizes it. */
+  guint ufirst, ucount;
+  rank_unit_run (R->units, &ufirst, &ucount);
   R->params_buf = R->grads_buf = R->host_grads_buf = STOW_NONE;
   R->bucket_buf[0] = R->bucket_buf[1] = STOW_NONE;
   R->grad_slot_freed[0] = R->grad_slot_freed[1] = STOW_NONE;
@@ -795,37 +921,58 @@ lower_rank (Lower *L, Rank *R)
         }
     }
   else if (L->off_par)
-    stow_program_buffer (
-        p, rank, L->nvme_par ? STOW_TIER_NVME : STOW_TIER_PINNED,
-        stow_bytes (div_ceil (N, n), L->w), -1, TRUE, "offloaded parameters");
+    holds (L,
+           stow_program_buffer (
+               p, rank, L->nvme_par ? STOW_TIER_NVME : STOW_TIER_PINNED,
+               stow_bytes (div_ceil (N, n), L->w), -1, TRUE,
+               "offloaded parameters"),
+           STOW_BUF_WEIGHTS, ufirst, ucount, L->wdt, STOW_LAYER_NONE, 0);
   else
-    R->params_buf = stow_program_buffer (
-        p, rank, STOW_TIER_DEVICE,
-        stow_bytes (div_ceil (N, l->zero >= 3 ? n : 1), L->w), -1, TRUE,
-        l->zero >= 3 ? "parameter shard" : "parameters");
+    R->params_buf = holds (
+        L,
+        stow_program_buffer (
+            p, rank, STOW_TIER_DEVICE,
+            stow_bytes (div_ceil (N, l->zero >= 3 ? n : 1), L->w), -1, TRUE,
+            l->zero >= 3 ? "parameter shard" : "parameters"),
+        STOW_BUF_WEIGHTS, ufirst, ucount, L->wdt, STOW_LAYER_NONE, 0);
   if (L->lora)
     ;
   else if (!L->off_opt)
     {
-      R->grads_buf = stow_program_buffer (p, rank, STOW_TIER_DEVICE,
-                                          stow_bytes (div_ceil (N, gdiv), L->g),
-                                          -1, TRUE, "gradients");
-      stow_program_buffer (p, rank, STOW_TIER_DEVICE,
-                           stow_bytes (div_ceil (N, odiv), L->master), -1, TRUE,
-                           "master weights");
-      stow_program_buffer (p, rank, STOW_TIER_DEVICE,
-                           stow_bytes (div_ceil (N, odiv), L->opt), -1, TRUE,
-                           "optimizer states");
+      R->grads_buf = holds (
+          L,
+          stow_program_buffer (p, rank, STOW_TIER_DEVICE,
+                               stow_bytes (div_ceil (N, gdiv), L->g), -1, TRUE,
+                               "gradients"),
+          STOW_BUF_GRADS, ufirst, ucount, L->gdt, STOW_LAYER_NONE, 0);
+      holds (L,
+             stow_program_buffer (p, rank, STOW_TIER_DEVICE,
+                                  stow_bytes (div_ceil (N, odiv), L->master),
+                                  -1, TRUE, "master weights"),
+             STOW_BUF_MASTER, ufirst, ucount, STOW_DTYPE_F32, STOW_LAYER_NONE,
+             0);
+      holds (L,
+             stow_program_buffer (p, rank, STOW_TIER_DEVICE,
+                                  stow_bytes (div_ceil (N, odiv), L->opt), -1,
+                                  TRUE, "optimizer states"),
+             STOW_BUF_OPT_STATES, ufirst, ucount, STOW_DTYPE_F32,
+             STOW_LAYER_NONE, 0);
     }
   else
     {
-      R->host_grads_buf = stow_program_buffer (
-          p, rank, STOW_TIER_PINNED, stow_bytes (div_ceil (N, n), L->g), -1,
-          TRUE, "offloaded gradients");
-      stow_program_buffer (p, rank,
-                           L->nvme_opt ? STOW_TIER_NVME : STOW_TIER_PINNED,
-                           stow_bytes (div_ceil (N, n), L->master + L->opt), -1,
-                           TRUE, "master weights and optimizer states");
+      R->host_grads_buf = holds (
+          L,
+          stow_program_buffer (p, rank, STOW_TIER_PINNED,
+                               stow_bytes (div_ceil (N, n), L->g), -1, TRUE,
+                               "offloaded gradients"),
+          STOW_BUF_GRADS, ufirst, ucount, L->gdt, STOW_LAYER_NONE, 0);
+      holds (L,
+             stow_program_buffer (
+                 p, rank, L->nvme_opt ? STOW_TIER_NVME : STOW_TIER_PINNED,
+                 stow_bytes (div_ceil (N, n), L->master + L->opt), -1, TRUE,
+                 "master weights and optimizer states"),
+             STOW_BUF_STATES, ufirst, ucount, STOW_DTYPE_F32, STOW_LAYER_NONE,
+             0);
     }
   if (l->zero < 2 && n > 1)
     for (guint i = 0; i < 2; i++)
@@ -863,9 +1010,12 @@ lower_rank (Lower *L, Rank *R)
           else
             {
               u->streamed = FALSE;
-              u->resident = stow_program_buffer (
-                  p, rank, STOW_TIER_DEVICE, stow_bytes (u->gparams, L->wg), -1,
-                  TRUE, "resident L%d", u->layer);
+              u->resident = holds (
+                  L,
+                  stow_program_buffer (p, rank, STOW_TIER_DEVICE,
+                                       stow_bytes (u->gparams, L->wg), -1, TRUE,
+                                       "resident L%d", u->layer),
+                  STOW_BUF_WEIGHTS, u->pu, 1, L->wdt, u->layer, 0);
             }
           idx++;
         }
@@ -1011,35 +1161,59 @@ lower_rank (Lower *L, Rank *R)
             waits[nw++] = xevent (L, rank, PASS_F, vs - 1, it->mb);
           if (u->layer == STOW_LAYER_EMBEDDING)
             {
-              inputs[it->mb] = stow_program_buffer (
-                  p, rank, STOW_TIER_DEVICE, L->input_bytes, -1, FALSE,
-                  "input ids and embeddings mb%u", it->mb);
+              inputs[it->mb] = holds (
+                  L,
+                  stow_program_buffer (p, rank, STOW_TIER_DEVICE,
+                                       L->input_bytes, -1, FALSE,
+                                       "input ids and embeddings mb%u",
+                                       it->mb),
+                  STOW_BUF_INPUT, STOW_NONE, 0, L->wdt, u->layer, it->mb);
               emit_alloc (L, rank, STOW_STREAM_COMPUTE, inputs[it->mb], NULL,
                           0);
+              /* Tokens and targets of the micro-batch. */
+              stow_op_init (&op, STOW_OP_DATA, STOW_STREAM_COMPUTE, rank);
+              op.micro_batch = it->mb;
+              op_io (&op, STOW_NONE, STOW_NONE, inputs[it->mb]);
+              emit (L, &op, NULL, 0, FALSE, NULL);
               stow_op_init (&op, STOW_OP_FORWARD, STOW_STREAM_COMPUTE, rank);
-              op.layer = u->layer, op.micro_batch = it->mb;
-              op_io (&op, wbuf, STOW_NONE, inputs[it->mb]);
+              op.layer = u->layer, op.unit = u->pu, op.micro_batch = it->mb;
+              op_io (&op, wbuf, inputs[it->mb], inputs[it->mb]);
               done = emit (L, &op, waits, nw, TRUE, "forward");
             }
           else if (u->layer == STOW_LAYER_HEAD)
             {
-              logits[it->mb] = stow_program_buffer (p, rank, STOW_TIER_DEVICE,
-                                                    L->logits_bytes, -1, FALSE,
-                                                    "logits mb%u", it->mb);
+              logits[it->mb] = holds (
+                  L,
+                  stow_program_buffer (p, rank, STOW_TIER_DEVICE,
+                                       L->logits_bytes, -1, FALSE,
+                                       "logits mb%u", it->mb),
+                  STOW_BUF_LOGITS, STOW_NONE, 0, STOW_DTYPE_F32, u->layer,
+                  it->mb);
               emit_alloc (L, rank, STOW_STREAM_COMPUTE, logits[it->mb], NULL,
                           0);
               guint grad = STOW_NONE;
               if (uses_grad_slots (L) && u->params > 0)
                 {
-                  grad = stow_program_buffer (
-                      p, rank, STOW_TIER_DEVICE, 0,
-                      2 + (gint)(R->grad_slot_count % 2), FALSE,
-                      "gradient slot %u: head", R->grad_slot_count % 2);
+                  grad = holds (
+                      L,
+                      stow_program_buffer (
+                          p, rank, STOW_TIER_DEVICE, 0,
+                          2 + (gint)(R->grad_slot_count % 2), FALSE,
+                          "gradient slot %u: head", R->grad_slot_count % 2),
+                      STOW_BUF_GRADS, u->pu, 1, L->gdt, u->layer, it->mb);
                   emit_alloc (L, rank, STOW_STREAM_COMPUTE, grad,
                               &R->grad_slot_freed[R->grad_slot_count % 2], 1);
                 }
               stow_op_init (&op, STOW_OP_LOSS, STOW_STREAM_COMPUTE, rank);
-              op.layer = u->layer, op.micro_batch = it->mb;
+              op.layer = u->layer, op.unit = u->pu, op.micro_batch = it->mb;
+              /* A tied head writes the embedding's gradient too. */
+              Unit *tied = NULL;
+              if (u->params < u->gparams)
+                for (guint k = 0; k < R->units->len; k++)
+                  if (g_array_index (R->units, Unit, k).layer
+                      == STOW_LAYER_EMBEDDING)
+                    tied = &g_array_index (R->units, Unit, k);
+              op.accumulate = grad_write (u, tied);
               op_io (&op, wbuf, STOW_NONE, logits[it->mb]);
               if (grad != STOW_NONE)
                 op.writes[op.n_writes++] = grad;
@@ -1057,12 +1231,16 @@ lower_rank (Lower *L, Rank *R)
           else
             {
               guint64 bytes = u->recompute ? L->ckpt : L->full;
-              acts[act_idx] = stow_program_buffer (
-                  p, rank, STOW_TIER_DEVICE, bytes, -1, FALSE,
-                  "activations L%d mb%u", u->layer, it->mb);
+              acts[act_idx] = holds (
+                  L,
+                  stow_program_buffer (p, rank, STOW_TIER_DEVICE, bytes, -1,
+                                       FALSE, "activations L%d mb%u", u->layer,
+                                       it->mb),
+                  u->recompute ? STOW_BUF_CHECKPOINT : STOW_BUF_ACTIVATIONS,
+                  STOW_NONE, 0, L->wdt, u->layer, it->mb);
               emit_alloc (L, rank, STOW_STREAM_COMPUTE, acts[act_idx], NULL, 0);
               stow_op_init (&op, STOW_OP_FORWARD, STOW_STREAM_COMPUTE, rank);
-              op.layer = u->layer, op.micro_batch = it->mb;
+              op.layer = u->layer, op.unit = u->pu, op.micro_batch = it->mb;
               op.bytes = tp_bytes, op.group = STOW_GROUP_TP,
               op.group_size = l->tp, op.intra_node = TRUE;
               op_io (&op, wbuf, STOW_NONE, acts[act_idx]);
@@ -1104,15 +1282,20 @@ lower_rank (Lower *L, Rank *R)
               guint grad = STOW_NONE;
               if (uses_grad_slots (L))
                 {
-                  grad = stow_program_buffer (
-                      p, rank, STOW_TIER_DEVICE, 0,
-                      2 + (gint)(R->grad_slot_count % 2), FALSE,
-                      "gradient slot %u: embedding", R->grad_slot_count % 2);
+                  grad = holds (
+                      L,
+                      stow_program_buffer (
+                          p, rank, STOW_TIER_DEVICE, 0,
+                          2 + (gint)(R->grad_slot_count % 2), FALSE,
+                          "gradient slot %u: embedding",
+                          R->grad_slot_count % 2),
+                      STOW_BUF_GRADS, u->pu, 1, L->gdt, u->layer, it->mb);
                   emit_alloc (L, rank, STOW_STREAM_COMPUTE, grad,
                               &R->grad_slot_freed[R->grad_slot_count % 2], 1);
                 }
               stow_op_init (&op, STOW_OP_BACKWARD, STOW_STREAM_COMPUTE, rank);
-              op.layer = u->layer, op.micro_batch = it->mb;
+              op.layer = u->layer, op.unit = u->pu, op.micro_batch = it->mb;
+              op.accumulate = grad_write (u, NULL);
               op_io (&op, inputs[it->mb], STOW_NONE,
                      grad != STOW_NONE ? grad : R->grads_buf);
               done = emit (L, &op, waits, nw, TRUE, "backward");
@@ -1140,17 +1323,25 @@ lower_rank (Lower *L, Rank *R)
                   last_compute = emit_free (L, rank, STOW_STREAM_COMPUTE,
                                             logits[it->mb], NULL, 0, TRUE);
                   logits[it->mb] = STOW_NONE;
-                  dh = stow_program_buffer (p, rank, STOW_TIER_DEVICE,
-                                            L->loss_grad_bytes, -1, FALSE,
-                                            "loss gradient mb%u", it->mb);
+                  dh = holds (L,
+                              stow_program_buffer (p, rank, STOW_TIER_DEVICE,
+                                                   L->loss_grad_bytes, -1,
+                                                   FALSE, "loss gradient mb%u",
+                                                   it->mb),
+                              STOW_BUF_LOSS_GRAD, STOW_NONE, 0, L->wdt,
+                              u->layer, it->mb);
                   emit_alloc (L, rank, STOW_STREAM_COMPUTE, dh, NULL, 0);
                 }
               if (host_acts[act_idx] != STOW_NONE)
                 {
                   /* Bring the checkpoint back for its recomputation. */
-                  acts[act_idx] = stow_program_buffer (
-                      p, rank, STOW_TIER_DEVICE, L->ckpt, -1, FALSE,
-                      "checkpoint L%d mb%u", u->layer, it->mb);
+                  acts[act_idx] = holds (
+                      L,
+                      stow_program_buffer (p, rank, STOW_TIER_DEVICE, L->ckpt,
+                                           -1, FALSE, "checkpoint L%d mb%u",
+                                           u->layer, it->mb),
+                      STOW_BUF_CHECKPOINT, STOW_NONE, 0, L->wdt, u->layer,
+                      it->mb);
                   /* One checkpoint of prefetch: the upload starts once the
                    * compute op before this backward has (the memory
                    * model's two checkpoints on the device). */
@@ -1171,41 +1362,57 @@ lower_rank (Lower *L, Rank *R)
                 }
               if (u->recompute)
                 {
-                  rec = stow_program_buffer (p, rank, STOW_TIER_DEVICE,
-                                             L->full - MIN (L->ckpt, L->full),
-                                             -1, FALSE, "recomputed L%d mb%u",
-                                             u->layer, it->mb);
+                  rec = holds (
+                      L,
+                      stow_program_buffer (p, rank, STOW_TIER_DEVICE,
+                                           L->full - MIN (L->ckpt, L->full),
+                                           -1, FALSE, "recomputed L%d mb%u",
+                                           u->layer, it->mb),
+                      STOW_BUF_RECOMPUTED, STOW_NONE, 0, L->wdt, u->layer,
+                      it->mb);
                   emit_alloc (L, rank, STOW_STREAM_COMPUTE, rec, NULL, 0);
                   stow_op_init (&op, STOW_OP_RECOMPUTE, STOW_STREAM_COMPUTE,
                                 rank);
-                  op.layer = u->layer, op.micro_batch = it->mb;
+                  op.layer = u->layer, op.unit = u->pu,
+                  op.micro_batch = it->mb;
                   op.bytes = tp_bytes, op.group = STOW_GROUP_TP,
                   op.group_size = l->tp, op.intra_node = TRUE;
                   op_io (&op, wbuf, acts[act_idx], rec);
                   emit (L, &op, waits, nw, FALSE, NULL);
                   nw = 0; /* the stream orders the backward after it */
                 }
-              ws = stow_program_buffer (p, rank, STOW_TIER_DEVICE, L->block, -1,
-                                        FALSE, "backward working set L%d mb%u",
-                                        u->layer, it->mb);
+              ws = holds (L,
+                          stow_program_buffer (
+                              p, rank, STOW_TIER_DEVICE, L->block, -1, FALSE,
+                              "backward working set L%d mb%u", u->layer,
+                              it->mb),
+                          STOW_BUF_WORKSPACE, STOW_NONE, 0, L->wdt, u->layer,
+                          it->mb);
               emit_alloc (L, rank, STOW_STREAM_COMPUTE, ws, NULL, 0);
               if (uses_grad_slots (L))
                 {
                   guint sl = R->grad_slot_count % 2;
-                  grad = stow_program_buffer (
-                      p, rank, STOW_TIER_DEVICE, 0, 2 + (gint)sl, FALSE,
-                      "gradient slot %u: L%d", sl, u->layer);
+                  grad = holds (L,
+                                stow_program_buffer (
+                                    p, rank, STOW_TIER_DEVICE, 0, 2 + (gint)sl,
+                                    FALSE, "gradient slot %u: L%d", sl,
+                                    u->layer),
+                                STOW_BUF_GRADS, u->pu, 1, L->gdt, u->layer,
+                                it->mb);
                   emit_alloc (L, rank, STOW_STREAM_COMPUTE, grad,
                               &R->grad_slot_freed[sl], 1);
                 }
               stow_op_init (&op, STOW_OP_BACKWARD, STOW_STREAM_COMPUTE, rank);
-              op.layer = u->layer, op.micro_batch = it->mb;
+              op.layer = u->layer, op.unit = u->pu, op.micro_batch = it->mb;
+              /* A gradient slot holds one micro-batch's gradients alone. */
+              op.accumulate = grad != STOW_NONE ? FALSE : grad_write (u, NULL);
               op.bytes = tp_bytes, op.group = STOW_GROUP_TP,
               op.group_size = l->tp, op.intra_node = TRUE;
               op_io (&op, wbuf, acts[act_idx],
                      grad != STOW_NONE ? grad : R->grads_buf);
               if (rec != STOW_NONE)
                 op.reads[op.n_reads++] = rec;
+              op.writes[op.n_writes++] = ws;
               done = emit (L, &op, waits, nw, TRUE, "backward");
               last_compute = done;
               emit_free (L, rank, STOW_STREAM_COMPUTE, acts[act_idx], NULL, 0,
@@ -1236,12 +1443,13 @@ lower_rank (Lower *L, Rank *R)
           g_array_append_val (ready_order, it->unit);
           /* ZeRO-Offload: CPU Adam on this unit's shard as soon as its
            * gradients are down (Ren et al. 2021, §4.1). */
-          if (L->off_opt && !L->nvme_opt && !L->so->delayed_update)
+          if (L->off_opt && !L->nvme_opt && !L->so->delayed_update
+              && !clipping (L))
             {
               guint64 shard = div_ceil (u->params, L->n);
               stow_op_init (&op, STOW_OP_OPTIM_STEP, STOW_STREAM_CPU_OPTIM,
                             rank);
-              op.count = shard, op.layer = u->layer;
+              op.count = shard, op.layer = u->layer, op.unit = u->pu;
               op_io (&op, R->host_grads_buf, STOW_NONE, STOW_NONE);
               u->grads_ready
                   = emit (L, &op, &u->grads_ready, 1, TRUE, "updated");
@@ -1296,6 +1504,22 @@ stow_schedule_lower (const StowModel *m, const StowCluster *c,
   Lower L = { 0 };
   L.m = m, L.c = c, L.t = t, L.l = l, L.mo = mo_in, L.so = so_in;
   L.p = stow_program_new (l->pp);
+  stow_program_set_units (L.p, m);
+  /* The stowage engine keeps gradients in the weights' type (memory.c's
+   * bytes per parameter); fp32 training needs no master copy. */
+  L.wdt = t->precision == STOW_PRECISION_FP32   ? STOW_DTYPE_F32
+          : t->precision == STOW_PRECISION_FP16 ? STOW_DTYPE_F16
+                                                : STOW_DTYPE_BF16;
+  L.gdt = L.wdt;
+  L.p->weight_dtype = L.wdt, L.p->grad_dtype = L.gdt;
+  L.p->seq_len = t->seq_len;
+  L.p->micro_batch = l->micro_batch;
+  L.p->grad_accum = l->grad_accum;
+  L.p->global_batch = t->global_batch;
+  L.p->loss_scale
+      = 1.0
+        / ((double)MAX (t->global_batch, 1) * (double)stow_mem_decoder_seq (m, t));
+  L.p->optim = so_in->optim;
   stow_mem_state_bytes (m, t, &L.w, &L.g, &L.master, &L.opt);
   L.wg = MIN (L.w, 2.0); /* gathered in compute precision, as memory.c */
   if (t->finetune != STOW_FINETUNE_FULL)
@@ -1307,6 +1531,7 @@ stow_schedule_lower (const StowModel *m, const StowCluster *c,
       L.w = L.g = 4.0;
       L.master = 0;
     }
+  L.p->master_weights = L.master > 0;
   L.n = stow_mem_shard_degree (l, c);
   stow_mem_activation_sizes (m, t, l, &L.full, &L.block, &L.ckpt);
   double s_local = (double)t->seq_len / l->cp;
