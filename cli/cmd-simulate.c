@@ -26,7 +26,7 @@
 typedef struct
 {
   StowPlanOptions po;
-  char *trace, *resident, *format, *output, *plan;
+  char *trace, *format, *output, *plan;
   gboolean layer_major, delayed_update;
 } SimOptions;
 
@@ -83,10 +83,6 @@ run (SimOptions *so, int argc, char **argv)
   const GOptionEntry entries[] = {
     { "trace", 0, 0, G_OPTION_ARG_FILENAME, &so->trace,
       "Write a Chrome trace-event JSON of the step (ui.perfetto.dev)", "FILE" },
-    { "resident-layers", 0, 0, G_OPTION_ARG_STRING, &so->resident,
-      "Streamed layers kept on the GPU (default: as many as the budget "
-      "allows)",
-      "N" },
     { "layer-major", 0, 0, G_OPTION_ARG_NONE, &so->layer_major,
       "Load each streamed layer once for all micro-batches (one stage)", NULL },
     { "delayed-update", 0, 0, G_OPTION_ARG_NONE, &so->delayed_update,
@@ -153,14 +149,6 @@ run (SimOptions *so, int argc, char **argv)
 
   StowScheduleOptions sched;
   stow_schedule_options_init (&sched);
-  if (so->resident)
-    {
-      guint64 v;
-      if (!stow_parse_count (so->resident, &v, &error) || v > G_MAXUINT32)
-        return stow_cli_failf (
-            NULL, "--resident-layers \"%s\": expected a count", so->resident);
-      sched.resident_layers = (guint)v;
-    }
   sched.layer_major = so->layer_major;
   sched.delayed_update = so->delayed_update;
 
@@ -316,7 +304,6 @@ stow_cmd_simulate (int argc, char **argv)
   int rc = run (&so, argc, argv);
   stow_plan_options_clear (&so.po);
   g_free (so.trace);
-  g_free (so.resident);
   g_free (so.format);
   g_free (so.output);
   g_free (so.plan);

@@ -39,6 +39,10 @@ stow_plan_options_add (GOptionContext *ctx, StowPlanOptions *po)
          "WHERE"),
     STR ("offload-activations", offload_activations,
          "none or cpu (checkpoints)", "WHERE"),
+    STR ("resident-layers", resident_layers,
+         "With --offload-params: streamed layers kept on the GPU (default: "
+         "as many as the budget leaves room for)",
+         "N"),
     STR ("recompute", recompute, "none, selective, full or full:K", "MODE"),
     STR ("micro-batch", micro_batch, "Sequences per micro-batch", "N"),
     STR ("global-batch", global_batch, "Sequences per optimizer step", "N"),
@@ -348,6 +352,20 @@ stow_plan_options_resolve (StowPlanOptions *po, const char *model_arg,
       l->offload_activations = a == STOW_OFFLOAD_CPU;
       po->pins |= STOW_PIN_OFFLOAD_ACTIVATIONS;
     }
+  if (po->resident_layers)
+    {
+      guint64 k;
+      g_autoptr (GError) local = NULL;
+      if (!stow_parse_count (po->resident_layers, &k, &local)
+          || k >= STOW_RESIDENT_AUTO)
+        {
+          g_set_error (error, STOW_PLAN_ERROR, STOW_PLAN_ERROR_PARSE,
+                       "--resident-layers \"%s\": expected a count",
+                       po->resident_layers);
+          return FALSE;
+        }
+      l->resident_layers = (guint)k;
+    }
   if (po->recompute)
     {
       if (!stow_recompute_parse (po->recompute, "--recompute", &l->recompute,
@@ -428,6 +446,11 @@ stow_plan_options_default_layout (StowPlanOptions *po)
     }
   else if (po->grad_accum == NULL)
     l->grad_accum = l->pp; /* enough micro-batches to fill the pipeline */
+  /* Streamed layers kept resident: decided once, here, for the layout
+   * every later stage (memory, time, lowering) reads. */
+  if (po->model != NULL)
+    stow_layout_resolve_resident (po->model, c, &po->training, l, &po->mem,
+                                  NULL);
 }
 
 void
@@ -448,6 +471,7 @@ stow_plan_options_clear (StowPlanOptions *po)
     &po->offload_activations,
     &po->recompute,
     &po->micro_batch,
+    &po->resident_layers,
     &po->global_batch,
     &po->grad_accum,
     &po->seq,

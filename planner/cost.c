@@ -566,9 +566,17 @@ stow_cost_estimate (const StowModel *m, const StowCluster *c,
           /* ZeRO-Infinity parameter streaming: each rank fetches its shard
            * of the layer over PCIe (or from NVMe) once per forward and once
            * per backward; two layers prefetched, so only a layer whose
-           * transfer outlasts its compute is exposed. */
+           * transfer outlasts its compute is exposed.  Layers the plan
+           * keeps resident (planner/resident.c) are not fetched. */
           if (l->offload_params != STOW_OFFLOAD_NONE)
             {
+              guint64 kept = l->resident_layers == STOW_RESIDENT_AUTO
+                                     || l->engine != STOW_ENGINE_STOWAGE
+                                 ? 0
+                                 : MIN ((guint64)l->resident_layers,
+                                        counts[st]);
+              double streamed
+                  = n * (double)(counts[st] - kept) / (double)counts[st];
               double bw = gpu->pcie_bw;
               if (l->offload_params == STOW_OFFLOAD_NVME)
                 {
@@ -582,9 +590,9 @@ stow_cost_estimate (const StowModel *m, const StowCluster *c,
               double fetch = l->offload_params == STOW_OFFLOAD_NVME
                                  ? o->nvme_fetch_s
                                  : o->offload_fetch_s;
-              param_stream_total_s += n * 2.0 * (x + fetch);
+              param_stream_total_s += streamed * 2.0 * (x + fetch);
               param_stream_s
-                  += n
+                  += streamed
                      * (MAX (0.0, x - f) + MAX (0.0, x - bw_factor * f)
                         + 2.0 * fetch);
             }

@@ -33,6 +33,7 @@ stow_layout_init (StowLayout *l)
   l->grad_accum = 1;
   l->schedule = STOW_SCHEDULE_1F1B;
   l->engine = STOW_ENGINE_STOWAGE;
+  l->resident_layers = STOW_RESIDENT_AUTO;
 }
 
 typedef struct

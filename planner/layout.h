@@ -131,7 +131,14 @@ typedef struct
   guint64 grad_accum; /* micro-batches per step per replica */
   StowSchedule schedule;
   StowEngine engine;
+  /* With --offload-params: layers per stage kept on the device, the rest
+   * streamed through two slots.  STOW_RESIDENT_AUTO until decided, once,
+   * by stow_layout_resolve_resident (planner/resident.c); memory, time,
+   * lowering and the plan file all read the decided value. */
+  guint resident_layers;
 } StowLayout;
+
+#define STOW_RESIDENT_AUTO G_MAXUINT
 
 void stow_training_init (StowTraining *t);
 void stow_layout_init (StowLayout *l);

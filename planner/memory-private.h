@@ -34,6 +34,7 @@ typedef struct
   guint64 linear;      /* of which in linear layers (QLoRA quantises these) */
   guint64 max_layer;   /* largest layer on the GPU (streaming slots) */
   guint64 max_unit;    /* largest of those, the embedding and output layer */
+  guint64 max_end;     /* largest of the embedding and output layer here */
   guint64 trainable;   /* LoRA adapters, or = params */
   gboolean first, last;
 } StowStageParams;
@@ -50,6 +51,13 @@ guint64 stow_mem_layer_params_on_gpu (const StowModel *m, const StowLayout *l,
 guint64 stow_mem_shard_degree (const StowLayout *l, const StowCluster *c);
 /* Bytes per parameter: compute weights, gradients, fp32 master, optimizer
  * states (stowage engine, full fine-tuning). */
+/* The resident layers of @l given the totals @mt of the same layout with
+ * none resident (planner/resident.c). */
+guint64 stow_mem_resident_from_totals (const StowModel *m,
+                                       const StowTraining *t,
+                                       const StowLayout *l,
+                                       const StowMemOptions *o,
+                                       const StowMemTotals *mt);
 void stow_mem_state_bytes (const StowModel *m, const StowTraining *t, double *w,
                            double *g, double *master, double *opt);
 /* Bytes per frozen linear weight under LoRA (@w, the model's weight

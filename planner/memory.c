@@ -821,6 +821,7 @@ stage_params (const StowModel *m, const StowTraining *t, const StowLayout *l,
     {
       p.params += emb / l->tp;
       p.max_unit = MAX (p.max_unit, emb / l->tp);
+      p.max_end = emb / l->tp;
     }
   if (p.last)
     {
@@ -836,6 +837,7 @@ stage_params (const StowModel *m, const StowTraining *t, const StowLayout *l,
       p.params += head;
       /* Tied on one stage, the output layer gathers the embedding. */
       p.max_unit = MAX (p.max_unit, head ? head : emb / l->tp);
+      p.max_end = MAX (p.max_end, head ? head : emb / l->tp);
     }
   p.trainable = p.params;
   if (t->finetune != STOW_FINETUNE_FULL)
@@ -1517,20 +1519,41 @@ engine_buffers (Model *ms, const StageParams *p, GArray *dev)
       }
     case STOW_ENGINE_FSDP:
     case STOW_ENGINE_STOWAGE:
+      {
+      /* What passes through the two slots: every unit, or with every
+       * layer of the stage resident, only the embedding and output
+       * layer. */
+      guint64 slot_unit
+          = l->engine == STOW_ENGINE_STOWAGE ? p->max_unit : p->max_layer;
+      if (l->engine == STOW_ENGINE_STOWAGE
+          && l->offload_params != STOW_OFFLOAD_NONE
+          && l->resident_layers != STOW_RESIDENT_AUTO
+          && l->resident_layers >= p->layers)
+        slot_unit = p->max_end;
+      if (l->engine == STOW_ENGINE_STOWAGE
+          && l->offload_params != STOW_OFFLOAD_NONE
+          && l->resident_layers != STOW_RESIDENT_AUTO && l->resident_layers > 0)
+        {
+          /* Streamed layers kept on the device, as the plan decided them
+           * (planner/resident.c): each a whole layer in compute
+           * precision. */
+          guint64 k = MIN ((guint64)l->resident_layers, p->layers);
+          stow_mem_add (dev, "resident layers",
+                        k * stow_bytes (p->max_layer, MIN (b.w, 2.0)),
+                        STOW_TIER_DEVICE,
+                        "%" G_GUINT64_FORMAT " layers x %.4g B x %" G_GUINT64_FORMAT
+                        " params kept on the device",
+                        k, MIN (b.w, 2.0), p->max_layer);
+        }
       if (l->zero >= 3)
         /* The layer in use and the one prefetched, gathered (or, with
          * parameter offload, streamed) in compute precision. */
-        stow_mem_add (
-            dev, "gathered parameters",
-            slots
-                * stow_bytes (l->engine == STOW_ENGINE_STOWAGE ? p->max_unit
-                                                               : p->max_layer,
-                              MIN (b.w, 2.0)),
-            STOW_TIER_DEVICE,
-            "%" G_GUINT64_FORMAT " layers x %.4g B x %" G_GUINT64_FORMAT
-            " params (in use and prefetched)",
-            slots, MIN (b.w, 2.0),
-            l->engine == STOW_ENGINE_STOWAGE ? p->max_unit : p->max_layer);
+        stow_mem_add (dev, "gathered parameters",
+                      slots * stow_bytes (slot_unit, MIN (b.w, 2.0)),
+                      STOW_TIER_DEVICE,
+                      "%" G_GUINT64_FORMAT " layers x %.4g B x %" G_GUINT64_FORMAT
+                      " params (in use and prefetched)",
+                      slots, MIN (b.w, 2.0), slot_unit);
       else if (l->engine == STOW_ENGINE_FSDP && l->zero == 2)
         stow_mem_add (dev, "unsharded parameters", 2 * N, STOW_TIER_DEVICE,
                       "2 B x %" G_GUINT64_FORMAT
@@ -1540,6 +1563,7 @@ engine_buffers (Model *ms, const StageParams *p, GArray *dev)
         stow_mem_add (dev, "gradient buckets", 2 * 25 * MiB, STOW_TIER_DEVICE,
                       "2 x bucket_cap_mb 25 MiB");
       break;
+      }
     case STOW_ENGINE_MEGATRON:
       /* The fp32 main-grad buffer is the bucket; nothing more. */
       break;

@@ -157,4 +157,15 @@ guint64 stow_memory_layer_activations (const StowModel *model,
                                        const StowTraining *training,
                                        const StowLayout *layout);
 
+/* With --offload-params and resident_layers STOW_RESIDENT_AUTO: decides
+ * how many layers per stage stay on the device (the device budget left
+ * after the peak with none, in whole layers) and sets it in @layout.
+ * Otherwise leaves @layout as it is.  Fails as stow_memory_estimate. */
+gboolean stow_layout_resolve_resident (const StowModel *model,
+                                       const StowCluster *cluster,
+                                       const StowTraining *training,
+                                       StowLayout *layout,
+                                       const StowMemOptions *options,
+                                       GError **error);
+
 G_END_DECLS

@@ -34,24 +34,17 @@ stow_plan_schedule_init (StowPlanSchedule *s, const StowModel *model,
   const StowStageMemory *peak = &mem->stages[mem->peak_stage];
   guint64 stage_layers = peak->layers;
 
-  /* Without parameter streaming every layer stays.  With it, two slots
-   * rotate (the memory model charges them) and each further layer whose
-   * 16-bit weights fit in the peak stage's headroom stays resident. */
+  /* Without parameter streaming every layer stays.  With it, the layout
+   * carries the count decided once (planner/resident.c) that the memory
+   * model charged; engines other than stowage's keep none. */
   gboolean streamed = l->offload_params != STOW_OFFLOAD_NONE;
-  if (!streamed || model == NULL)
+  if (!streamed)
     s->resident_layers = stage_layers;
+  else if (l->engine != STOW_ENGINE_STOWAGE
+           || l->resident_layers == STOW_RESIDENT_AUTO)
+    s->resident_layers = 0;
   else
-    {
-      guint64 max_layer = 0;
-      for (guint64 i = 0; i < model->n_layers; i++)
-        max_layer = MAX (max_layer, model->layers[i].params);
-      guint64 per_layer = 2 * (max_layer / MAX (l->tp, 1u));
-      guint64 head = mem->capacity_bytes > mem->total_bytes
-                         ? mem->capacity_bytes - mem->total_bytes
-                         : 0;
-      s->resident_layers
-          = per_layer ? MIN (stage_layers, head / per_layer) : stage_layers;
-    }
+    s->resident_layers = MIN (stage_layers, (guint64)l->resident_layers);
   s->prefetch_depth = streamed || l->zero >= 3 ? 2 : 0;
 
   gboolean opt_nvme = l->offload_optimizer == STOW_OFFLOAD_NVME;
@@ -105,7 +98,13 @@ stow_plan_file_new (StowModel *model, StowCluster *cluster,
   p->training = *training;
   p->layout = *layout;
   p->mem_options = *options;
-  stow_plan_schedule_init (&p->schedule, model, cluster, layout, mem,
+  /* A plan carries its resident layers decided (a layout from the search
+   * already has them). */
+  if (model != NULL
+      && !stow_layout_resolve_resident (model, cluster, training, &p->layout,
+                                        options, NULL))
+    p->layout.resident_layers = 0;
+  stow_plan_schedule_init (&p->schedule, model, cluster, &p->layout, mem,
                            nvme_path);
   p->predicted_device_bytes = mem->total_bytes;
   p->predicted_host_bytes = mem->host_total_bytes;
@@ -983,6 +982,11 @@ stow_plan_file_from_json (JsonNode *root_node, const char *name, GError **error)
                    name, p->schedule.resident_layers, p->model->n_layers);
       return NULL;
     }
+  /* The plan's resident layers are the layout's: every command that
+   * reads the plan keeps the same ones. */
+  if (p->layout.offload_params != STOW_OFFLOAD_NONE
+      && p->layout.engine == STOW_ENGINE_STOWAGE)
+    p->layout.resident_layers = (guint)p->schedule.resident_layers;
   return g_steal_pointer (&p);
 }
 

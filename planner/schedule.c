@@ -1605,8 +1605,23 @@ stow_schedule_lower (const StowModel *m, const StowCluster *c,
                    stow_bytes (stow_mem_layer_params_on_gpu (m, l, i), L.wg));
       if (so_in->resident_layers != G_MAXUINT)
         L.k_resident = so_in->resident_layers;
+      else if (l->resident_layers != STOW_RESIDENT_AUTO)
+        L.k_resident = l->resident_layers; /* as the plan decided it */
+      else if (!so_in->layer_major)
+        {
+          StowLayout r = *l;
+          if (!stow_layout_resolve_resident (m, c, t, &r, mo_in, error))
+            {
+              g_hash_table_unref (L.xevents);
+              stow_program_free (L.p);
+              return NULL;
+            }
+          L.k_resident = r.resident_layers;
+        }
       else
         {
+          /* Layer-major keeps every micro-batch's activations: what they
+           * take beyond the memory model comes out of the budget first. */
           guint64 used = mem->allocated_peak_bytes + extra;
           guint64 free_b = p->device_capacity_bytes > used
                                ? p->device_capacity_bytes - used

@@ -11,6 +11,8 @@
 
 #include <string.h>
 
+#include "planner/memory-private.h"
+
 void
 stow_search_options_init (StowSearchOptions *o)
 {
@@ -77,16 +79,34 @@ typedef struct
 
 /* Memory first; if it fits, the time model.  Returns TRUE if it fits. */
 static gboolean
-evaluate (Ctx *x, const StowLayout *l)
+evaluate (Ctx *x, const StowLayout *l_in)
 {
   StowMemTotals mt;
   StowSearch *r = x->r;
+  StowLayout resolved = *l_in;
+  const StowLayout *l = &resolved;
   r->evaluated++;
   if (!stow_memory_estimate_totals_with (x->m, x->c, x->t, l, x->mo, x->scratch,
                                          &mt, NULL))
     {
       r->invalid++;
       return FALSE;
+    }
+  /* Streamed parameters: the layers the budget leaves room for stay on
+   * the device (decided once, planner/resident.c), and the layout is
+   * priced and reported with them. */
+  if (mt.fits && x->m != NULL && l->offload_params != STOW_OFFLOAD_NONE
+      && l->engine == STOW_ENGINE_STOWAGE
+      && l->resident_layers == STOW_RESIDENT_AUTO)
+    {
+      resolved.resident_layers
+          = (guint)stow_mem_resident_from_totals (x->m, x->t, l, x->mo, &mt);
+      if (!stow_memory_estimate_totals_with (x->m, x->c, x->t, l, x->mo,
+                                             x->scratch, &mt, NULL))
+        {
+          r->invalid++;
+          return FALSE;
+        }
     }
   StowCandidate cand;
   memset (&cand, 0, sizeof cand);

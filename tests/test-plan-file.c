@@ -73,6 +73,10 @@ make_plan (const Case *c, StowMemory **mem_out)
   o.overlap_comm = 1;
   o.free_grads = 0;
   c->set (&l, &t);
+  /* As every command does: the resident layers decided before the memory
+   * is estimated, so the plan's terms include them. */
+  g_assert_true (
+      stow_layout_resolve_resident (model, cluster, &t, &l, &o, &error));
   StowMemory *mem = stow_memory_estimate (model, cluster, &t, &l, &o, &error);
   g_assert_no_error (error);
   *mem_out = mem;

@@ -91,7 +91,8 @@ check_search_pinned (const char *model_name, const char *spec, guint64 seq,
   double worst = 0;
   StowScheduleOptions so;
   stow_schedule_options_init (&so);
-  so.resident_layers = 0; /* the memory model streams every layer */
+  /* The layout carries its resident layers, as the search decided them:
+   * the memory model and the program keep the same ones. */
   for (guint i = 0; i < s->fits->len; i += step)
     {
       StowLayout *l = &g_array_index (s->fits, StowCandidate, i).layout;
@@ -562,11 +563,67 @@ test_zero_offload_shape (void)
   g_assert_cmpuint (adam, ==, 34);
 }
 
+/* The resident layers are decided once (planner/resident.c) and every
+ * stage reads them: for the issue's example (LLaMA-7B on one A100-80GB,
+ * ZeRO 3, parameters and optimizer on the CPU) the memory model charged
+ * every layer streamed (10.2 GiB) while the lowering kept 32 resident
+ * (22.0 GiB) and the time model streamed all of them. */
+static void
+test_resident_decided_once (void)
+{
+  g_autoptr (GError) error = NULL;
+  g_autoptr (StowModel) m = stow_model_lookup ("llama-7b", &error);
+  g_autoptr (StowCluster) c
+      = stow_cluster_new_from_spec ("1xA100-80GB", &error);
+  g_assert_no_error (error);
+  StowTraining t;
+  training_init (&t, 2048, 1);
+  StowLayout l;
+  stow_layout_init (&l);
+  l.zero = 3;
+  l.offload_optimizer = l.offload_params = STOW_OFFLOAD_CPU;
+  StowMemOptions mo;
+  stow_mem_options_init (&mo);
+  g_assert_true (stow_layout_resolve_resident (m, c, &t, &l, &mo, &error));
+  g_assert_no_error (error);
+  g_assert_cmpuint (l.resident_layers, ==, 32);
+  g_autoptr (StowMemory) mem = stow_memory_estimate (m, c, &t, &l, &mo, &error);
+  g_assert_no_error (error);
+  g_assert_true (mem->fits_device);
+  StowScheduleOptions so;
+  stow_schedule_options_init (&so);
+  StowProgram *prog = NULL;
+  g_autoptr (StowTrace) tr = simulate (m, c, &t, &l, &so, &prog);
+  g_assert_cmpuint (prog->resident_layers, ==, l.resident_layers);
+  double sim = (double)tr->peak_bytes[STOW_TIER_DEVICE];
+  double model = (double)mem->allocated_peak_bytes;
+  g_test_message ("resident %u: memory model %.3f GiB, simulated %.3f GiB",
+                  l.resident_layers, model / (1 << 30), sim / (1 << 30));
+  g_assert_cmpfloat (fabs (sim - model) / model, <, 0.02);
+  /* The time model fetches none of the resident layers. */
+  StowCost kept, streamed;
+  stow_cost_estimate (m, c, &t, &l, NULL, &kept);
+  StowLayout all = l;
+  all.resident_layers = 0;
+  stow_cost_estimate (m, c, &t, &all, NULL, &streamed);
+  g_assert_cmpfloat (kept.total_s[STOW_COST_OFFLOAD_PCIE], <,
+                     streamed.total_s[STOW_COST_OFFLOAD_PCIE]);
+  g_assert_cmpfloat (kept.step_time_s, <, streamed.step_time_s);
+  /* A pinned count is kept as given, and costs what it streams. */
+  StowLayout half = l;
+  half.resident_layers = 16;
+  g_assert_true (stow_layout_resolve_resident (m, c, &t, &half, &mo, &error));
+  g_assert_cmpuint (half.resident_layers, ==, 16);
+  stow_program_free (prog);
+}
+
 int
 main (int argc, char **argv)
 {
   g_test_init (&argc, &argv, NULL);
   g_test_add_func ("/schedule/search/llama-7b", test_search_llama_7b);
+  g_test_add_func ("/schedule/resident-decided-once",
+                   test_resident_decided_once);
   g_test_add_func ("/schedule/search/gpt2", test_search_gpt2);
   g_test_add_func ("/schedule/search/llama-3-8b", test_search_llama3_gqa);
   g_test_add_func ("/schedule/search/llama-65b", test_search_llama_65b);
