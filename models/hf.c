@@ -267,6 +267,61 @@ add_h_to_4h_mlp (StowModelBuilder *b, gint l, guint64 h, guint64 f,
 
 /* ---- llama, mistral, mixtral, qwen2, gemma, gemma2, phi3 ---------------- */
 
+/* What running a llama-like model needs: rope_theta, rms_norm_eps,
+ * hidden_act, initializer_range (HF LlamaConfig's defaults) and Llama 3's
+ * rope_scaling. */
+static gboolean
+read_runtime (StowModelBuilder *b, JsonObject *o, GError **error)
+{
+  StowModel *m = b->model;
+  const char *act = "silu";
+  m->rope_theta = 10000.0;
+  m->norm_eps = 1e-6;
+  m->initializer_range = 0.02;
+  if (!stow_json_get_double (o, b->where, "rope_theta", FALSE, &m->rope_theta,
+                             error)
+      || !stow_json_get_double (o, b->where, "rms_norm_eps", FALSE,
+                                &m->norm_eps, error)
+      || !stow_json_get_double (o, b->where, "initializer_range", FALSE,
+                                &m->initializer_range, error)
+      || !stow_json_get_string (o, b->where, "hidden_act", FALSE, &act, error))
+    return FALSE;
+  if (!(m->rope_theta > 0) || !(m->norm_eps > 0) || !(m->initializer_range >= 0))
+    return E_INVALID (error,
+                      "%s: rope_theta (%g), rms_norm_eps (%g) and "
+                      "initializer_range (%g) must be positive",
+                      b->where, m->rope_theta, m->norm_eps,
+                      m->initializer_range);
+  m->hidden_act = g_strdup (act);
+  JsonObject *rs = NULL;
+  if (stow_json_has (o, "rope_scaling"))
+    {
+      g_autofree char *w = g_strdup_printf ("%s: rope_scaling", b->where);
+      const char *type = NULL;
+      if (!stow_json_get_object (o, b->where, "rope_scaling", FALSE, &rs, error)
+          || !stow_json_get_string (rs, w, "rope_type", FALSE, &type, error))
+        return FALSE;
+      if (type == NULL
+          && !stow_json_get_string (rs, w, "type", FALSE, &type, error))
+        return FALSE;
+      m->rope_type = g_strdup (type ? type : "default");
+      m->rope_factor = 1.0;
+      m->rope_low_freq_factor = 1.0;
+      m->rope_high_freq_factor = 4.0;
+      m->rope_original_max_positions = 8192;
+      if (!stow_json_get_double (rs, w, "factor", FALSE, &m->rope_factor,
+                                 error)
+          || !stow_json_get_double (rs, w, "low_freq_factor", FALSE,
+                                    &m->rope_low_freq_factor, error)
+          || !stow_json_get_double (rs, w, "high_freq_factor", FALSE,
+                                    &m->rope_high_freq_factor, error)
+          || !stow_json_get_u64 (rs, w, "original_max_position_embeddings",
+                                 FALSE, &m->rope_original_max_positions, error))
+        return FALSE;
+    }
+  return TRUE;
+}
+
 static gboolean
 import_llama_like (StowModelBuilder *b, JsonObject *o, const char *type,
                    GError **error)
@@ -303,6 +358,11 @@ import_llama_like (StowModelBuilder *b, JsonObject *o, const char *type,
   m->linear_bias = attn_bias || mlp_bias;
   m->tied_embeddings = tied;
   m->norm = STOW_NORM_RMSNORM;
+  if (!read_runtime (b, o, error))
+    return FALSE;
+  m->qkv_bias = is_qwen2 || attn_bias;
+  m->o_bias = attn_bias;
+  m->mlp_bias = mlp_bias;
 
   if (is_mixtral)
     {

@@ -80,6 +80,8 @@ stow_model_unref (StowModel *model)
   g_ptr_array_unref (model->tensors);
   g_free (model->largest_module);
   g_free (model->reference);
+  g_free (model->hidden_act);
+  g_free (model->rope_type);
   g_free (model);
 }
 

@@ -124,6 +124,21 @@ struct _StowModel
    * (gate and up: 2; a fused or plain input projection: 1); at least 1.
    * torch.autocast casts that input to 16 bits once per linear. */
   guint attn_input_linears, mlp_input_linears;
+
+  /* What running the model needs beyond counting it, from config.json
+   * (llama, mistral, qwen2; HF's defaults where absent).  The executor
+   * refuses families it does not run by name. */
+  double rope_theta;        /* 10000 */
+  double norm_eps;          /* rms_norm_eps: 1e-6 */
+  double initializer_range; /* 0.02 */
+  char *hidden_act;         /* "silu" */
+  gboolean qkv_bias;        /* q, k, v biases (qwen2; attention_bias) */
+  gboolean o_bias;          /* o_proj bias (attention_bias) */
+  gboolean mlp_bias;        /* gate, up, down biases (mlp_bias) */
+  /* rope_scaling: rope_type "llama3" and its numbers; NULL when none. */
+  char *rope_type;
+  double rope_factor, rope_low_freq_factor, rope_high_freq_factor;
+  guint64 rope_original_max_positions;
 };
 
 /* From a parsed config.json object; @where names it in errors. */

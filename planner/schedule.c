@@ -1243,8 +1243,26 @@ lower_rank (Lower *L, Rank *R)
               op.layer = u->layer, op.unit = u->pu, op.micro_batch = it->mb;
               op.bytes = tp_bytes, op.group = STOW_GROUP_TP,
               op.group_size = l->tp, op.intra_node = TRUE;
+              /* A recomputed layer's forward still computes what it does
+               * not keep: a working set for it, freed at once. */
+              guint fws = STOW_NONE;
+              if (u->recompute && L->full > L->ckpt)
+                {
+                  fws = holds (L,
+                               stow_program_buffer (
+                                   p, rank, STOW_TIER_DEVICE, L->full - L->ckpt,
+                                   -1, FALSE, "forward working set L%d mb%u",
+                                   u->layer, it->mb),
+                               STOW_BUF_RECOMPUTED, STOW_NONE, 0, L->wdt,
+                               u->layer, it->mb);
+                  emit_alloc (L, rank, STOW_STREAM_COMPUTE, fws, NULL, 0);
+                }
               op_io (&op, wbuf, STOW_NONE, acts[act_idx]);
+              if (fws != STOW_NONE)
+                op.writes[op.n_writes++] = fws;
               done = emit (L, &op, waits, nw, TRUE, "forward");
+              if (fws != STOW_NONE)
+                emit_free (L, rank, STOW_STREAM_COMPUTE, fws, NULL, 0, FALSE);
               last_compute = done;
               if (l->offload_activations && u->recompute)
                 {
