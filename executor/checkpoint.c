@@ -630,9 +630,16 @@ stow_optim_state_writer_new (const char *path, const StowOptimStateSpec *specs,
       = json_node_init_object (json_node_alloc (), state);
   g_autofree char *state_text = stow_json_to_string (state_node, FALSE);
   w->state = stow_json_parse_data (state_text, -1, path, NULL);
-  g_assert (w->state != NULL);
   w->xxh = XXH3_createState ();
   XXH3_64bits_reset (w->xxh);
+  /* json-glib writes NaN and infinities as bare words no parser reads. */
+  if (w->state == NULL)
+    {
+      writer_fail (w, error, STOW_CHECKPOINT_ERROR_INVALID,
+                   "state: not JSON once written (a NaN or an infinity?): %s",
+                   state_text);
+      return NULL;
+    }
   if (!writer_check_specs (w, specs, n_specs, error))
     return NULL;
   gsize len;

@@ -10,6 +10,7 @@
 #include "config.h"
 
 #include <errno.h>
+#include <math.h>
 #include <signal.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -778,6 +779,14 @@ test_optim_unfinished (Fixture *f, gconstpointer data)
   };
   g_assert_null (stow_optim_state_writer_new (path, none, 1, state, &error));
   g_assert_nonnull (strstr (error->message, "0 sections, expected 1 to 4"));
+  g_clear_error (&error);
+
+  /* A state that JSON cannot carry. */
+  json_object_set_double_member (state, "loss", NAN);
+  g_assert_null (
+      stow_optim_state_writer_new (path, opt_specs, 2, state, &error));
+  g_assert_error (error, STOW_CHECKPOINT_ERROR, STOW_CHECKPOINT_ERROR_INVALID);
+  g_assert_nonnull (strstr (error->message, "state: not JSON once written"));
   g_clear_error (&error);
   g_assert_false (g_file_test (path, G_FILE_TEST_EXISTS));
 }
