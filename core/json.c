@@ -396,3 +396,65 @@ stow_file_write_atomic (const char *path, const char *data, gssize len,
     }
   return TRUE;
 }
+
+/* The bytes that may stand outside a string in strict JSON: white space,
+ * punctuation, and the letters and signs of numbers, true, false and null. */
+static gboolean
+json_bare_byte (guchar c)
+{
+  return c != '\0' && strchr (" \t\r\n:,-+.0123456789eEtrufalsn", c) != NULL;
+}
+
+gboolean
+stow_json_check_nesting (const char *data, gsize len, guint max_depth,
+                         const char *name, GError **error)
+{
+  gboolean in_string = FALSE;
+  guint depth = 0;
+  g_return_val_if_fail (data != NULL || len == 0, FALSE);
+  for (gsize i = 0; i < len; i++)
+    {
+      guchar c = (guchar)data[i];
+      if (in_string)
+        {
+          if (c == '\\')
+            i++; /* an escaped byte never ends the string */
+          else if (c == '"')
+            in_string = FALSE;
+          continue;
+        }
+      switch (c)
+        {
+        case '"':
+          in_string = TRUE;
+          break;
+        case '[':
+        case '{':
+          if (++depth > max_depth)
+            {
+              g_set_error (error, STOW_CORE_ERROR, STOW_CORE_ERROR_JSON,
+                           "%s: byte %" G_GSIZE_FORMAT
+                           ": JSON nested deeper than %u levels",
+                           name, i, max_depth);
+              return FALSE;
+            }
+          break;
+        case ']':
+        case '}':
+          /* An unbalanced close is json-glib's to report. */
+          if (depth > 0)
+            depth--;
+          break;
+        default:
+          if (!json_bare_byte (c))
+            {
+              g_set_error (error, STOW_CORE_ERROR, STOW_CORE_ERROR_JSON,
+                           "%s: byte %" G_GSIZE_FORMAT
+                           ": unexpected character 0x%02x outside a string",
+                           name, i, c);
+              return FALSE;
+            }
+        }
+    }
+  return TRUE;
+}

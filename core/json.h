@@ -77,6 +77,16 @@ char *stow_json_describe (JsonNode *node);
  * newline. */
 char *stow_json_to_string (JsonNode *node, gboolean pretty);
 
+/* Scans @len bytes of @data before json-glib is given them, and refuses
+ * (STOW_CORE_ERROR_JSON naming @name and the byte offset) arrays and
+ * objects nested deeper than @max_depth, and any byte outside a string that
+ * cannot be part of a strict JSON token.  json-glib's parser recurses once
+ * per level, so a few MB of '[' exhaust the stack; and it also accepts
+ * single-quoted strings and comments, which would hide brackets from a scan
+ * that knew only double quotes.  TRUE when the data may be parsed. */
+gboolean stow_json_check_nesting (const char *data, gsize len, guint max_depth,
+                                  const char *name, GError **error);
+
 /* Writes @len bytes (-1: NUL-terminated) to @path atomically: a temporary
  * file in the same directory, fsync, then rename; on error nothing is left
  * behind and an existing file is untouched (STOW_CORE_ERROR_IO). */

@@ -25,8 +25,8 @@ typedef enum
   STOW_DATA_ERROR_EMPTY,   /* no file matches, or too few tokens */
 } StowDataError;
 
-#define STOW_DATA_MAGIC_U16 20240520
-#define STOW_DATA_MAGIC_U32 20240801
+#define STOW_DATA_MAGIC_U16   20240520
+#define STOW_DATA_MAGIC_U32   20240801
 #define STOW_DATA_HEADER_INTS 256
 
 typedef enum
@@ -37,12 +37,19 @@ typedef enum
 
 typedef struct _StowTokenData StowTokenData;
 
-/* Opens @spec: a path, a glob ("data/*.bin"), or several of either joined
- * by ','.  Checks each shard (magic, version, the count in the header
- * against the file's size: errors name the file and the field) and each
- * token id against @vocab (STOW_DATA_ERROR_TOKEN: "train.bin: token 1234
- * of 5000 is 50257, vocab_size is 32000").  The files are mapped
- * read-only. */
+/* Opens @spec: a path, a glob ("data/train_*.bin"), or several of either
+ * joined by ','; all the files named are read in sorted name order, each
+ * once (empty parts are ignored; a glob that matches nothing is
+ * STOW_DATA_ERROR_EMPTY).  Checks each shard (magic; version 1 with magic
+ * 20240520 and 7 with 20240801, as llm.c's data_common.py writes them; the
+ * count in the header against the file's size: errors name the file and
+ * the field, "header[2] (token count)") and each token id against @vocab
+ * (STOW_DATA_ERROR_TOKEN: "train.bin: token 1234 of 5000 (byte 3492) is
+ * 50257, vocab_size is 32000", counted from 0 within the file).  @vocab
+ * must be in [1, 2^31] (ids leave as int32), and at least 256 for
+ * STOW_TOKENIZER_BYTES: STOW_DATA_ERROR_INVALID otherwise.  No token at all
+ * is STOW_DATA_ERROR_EMPTY.  The files are mapped read-only and must not
+ * change while open. */
 StowTokenData *stow_token_data_open (const char *spec, StowTokenizer tokenizer,
                                      guint64 vocab, GError **error);
 void stow_token_data_free (StowTokenData *d);
@@ -53,8 +60,8 @@ const char *const *stow_token_data_files (const StowTokenData *d);
 /* Copies tokens [@start, @start + @count) of the stream to @out, wrapping
  * to the stream's beginning past its end (the next epoch).  Never fails:
  * the stream was validated at open. */
-void stow_token_data_read (const StowTokenData *d, guint64 start,
-                           guint64 count, gint32 *out);
+void stow_token_data_read (const StowTokenData *d, guint64 start, guint64 count,
+                           gint32 *out);
 
 G_DEFINE_AUTOPTR_CLEANUP_FUNC (StowTokenData, stow_token_data_free)
 

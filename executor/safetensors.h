@@ -31,7 +31,7 @@ typedef struct
 {
   char *name;  /* "model.layers.0.self_attn.q_proj.weight" */
   char *dtype; /* "F32", "BF16", "F16", "F64", "I64", "I32", "I16", "I8",
-                  "U8", "BOOL" */
+                  "U64", "U32", "U16", "U8", "BOOL", "F8_E4M3", "F8_E5M2" */
   guint64 shape[STOW_SAFETENSORS_MAX_DIMS];
   guint n_dims;
   guint64 numel;
@@ -47,14 +47,15 @@ typedef struct _StowSafetensors StowSafetensors;
 /* Opens @path and validates its header: STOW_SAFETENSORS_ERROR_INVALID
  * names the file and the field ("x.safetensors: tensor
  * \"lm_head.weight\": data_offsets [0, 96) hold 96 bytes, shape [4, 8] of
- * F32 needs 128"), including a file shorter than its header says. */
+ * F32 needs 128"), including a file shorter than its header says, JSON
+ * nested deeper than the format needs (refused before json-glib parses it),
+ * and tensors whose bytes overlap.  Tensors need not be contiguous. */
 StowSafetensors *stow_safetensors_open (const char *path, GError **error);
 void stow_safetensors_close (StowSafetensors *st);
 const char *stow_safetensors_path (const StowSafetensors *st);
 guint stow_safetensors_n_tensors (const StowSafetensors *st);
 /* In the header's order of data offsets. */
-const StowSafetensor *stow_safetensors_nth (const StowSafetensors *st,
-                                            guint i);
+const StowSafetensor *stow_safetensors_nth (const StowSafetensors *st, guint i);
 /* NULL when absent. */
 const StowSafetensor *stow_safetensors_find (const StowSafetensors *st,
                                              const char *name);
@@ -80,16 +81,18 @@ typedef struct
 typedef struct _StowSafetensorsWriter StowSafetensorsWriter;
 
 /* Starts writing @path: a temporary file beside it (same directory,
- * mode 0644) gets the header for @specs (in this order, data contiguous)
- * and __metadata__ {"format": "pt"} plus @metadata (string to string, may
- * be NULL).  Names must be unique. */
+ * mode 0644) gets the header for @specs (in this order, data contiguous,
+ * padded with spaces to a multiple of 8 bytes as the reference writer
+ * does) and __metadata__ {"format": "pt"} plus @metadata (string to string,
+ * may be NULL; its "format", if any, wins).  Names must be unique. */
 StowSafetensorsWriter *
 stow_safetensors_writer_new (const char *path, const StowSafetensorSpec *specs,
                              guint n_specs, GHashTable *metadata,
                              GError **error);
 /* Appends @bytes of tensor data; tensors are written in spec order, each
  * in one or more pieces (so a large model streams through a small
- * buffer).  Writing past the declared sizes is an error. */
+ * buffer).  Writing past the declared sizes is an error; after any error
+ * the writer refuses further calls and finish fails. */
 gboolean stow_safetensors_writer_write (StowSafetensorsWriter *w,
                                         const void *data, guint64 bytes,
                                         GError **error);

@@ -292,6 +292,54 @@ test_random_bytes (void)
   g_rand_free (r);
 }
 
+/* The pre-scan that keeps json-glib's recursive parser off deep input:
+ * brackets inside strings (escaped quotes too) do not count, and the lexical
+ * extensions json-glib accepts (comments, single quotes) are refused, since
+ * they could hide brackets from the scan. */
+static void
+test_check_nesting (void)
+{
+  static const struct
+  {
+    const char *text;
+    guint max_depth;
+    const char *fragment; /* NULL: accepted */
+  } cases[] = {
+    { "{\"a\": [[1, 2], {\"b\": true}], \"c\": null}", 3, NULL },
+    { "{\"a\": [[1, 2], {\"b\": true}]}", 2,
+      "byte 7: JSON nested deeper than 2" },
+    { "{\"a[[[[\": \"}}\\\"[[[\"}", 1, NULL },
+    { "[[[[[[[[[[[[[[[[[[[[", 8, "byte 8:" },
+    { "]]]]{}", 1, NULL },
+    { "{\"a\": 1} /* [[[[ */", 8, "byte 9: unexpected character 0x2f" },
+    { "{'a': '\"'}", 8, "byte 1: unexpected character 0x27" },
+    { "{\"a\": 1e-5, \"b\": -0.5E+3, \"c\": false}", 1, NULL },
+  };
+  for (guint i = 0; i < G_N_ELEMENTS (cases); i++)
+    {
+      g_autoptr (GError) error = NULL;
+      gboolean ok
+          = stow_json_check_nesting (cases[i].text, strlen (cases[i].text),
+                                     cases[i].max_depth, "in", &error);
+      if (cases[i].fragment == NULL)
+        {
+          g_assert_no_error (error);
+          g_assert_true (ok);
+        }
+      else
+        {
+          g_assert_false (ok);
+          g_assert_error (error, STOW_CORE_ERROR, STOW_CORE_ERROR_JSON);
+          g_assert_true (g_str_has_prefix (error->message, "in: "));
+          g_assert_nonnull (strstr (error->message, cases[i].fragment));
+        }
+    }
+  /* A NUL byte outside a string is not JSON either. */
+  g_autoptr (GError) error = NULL;
+  g_assert_false (stow_json_check_nesting ("[1,\0]", 5, 8, "in", &error));
+  g_assert_error (error, STOW_CORE_ERROR, STOW_CORE_ERROR_JSON);
+}
+
 int
 main (int argc, char **argv)
 {
@@ -305,5 +353,6 @@ main (int argc, char **argv)
               test_atomic_write, fixture_teardown);
   g_test_add_func ("/json/to-string", test_to_string);
   g_test_add_func ("/json/random-bytes", test_random_bytes);
+  g_test_add_func ("/json/check-nesting", test_check_nesting);
   return g_test_run ();
 }
