@@ -306,6 +306,15 @@ logits_element_bytes (const StowTraining *t)
   return t->chunked_loss ? e * (1.0 + 1.0 / 8.0) : e + 8.0;
 }
 
+/* The stowage engine's output layer and cross-entropy run fused, a chunk
+ * of tokens at a time (executor/llama.h), unless --chunked-loss asks for
+ * torchtune's chunked loss. */
+static gboolean
+fused_loss (const StowTraining *t, const StowLayout *l)
+{
+  return l->engine == STOW_ENGINE_STOWAGE && !t->chunked_loss;
+}
+
 typedef enum
 {
   LAYER_DENSE,
@@ -631,6 +640,15 @@ stow_mem_end_sizes (const StowModel *m, const StowTraining *t,
   guint64 sbv = (guint64)llround (s_out * b * (double)m->vocab / l->tp);
   *logits = stow_bytes (sbv, logits_element_bytes (t));
   *loss_grad = (guint64)llround (r * s_out * b * h) / spdiv;
+  if (fused_loss (t, l))
+    {
+      /* stowage's output layer runs fused with the loss, a chunk of tokens
+       * at a time (planner/program.h), and hands the last layer its
+       * gradient in the place of that layer's output. */
+      *logits = stow_loss_scratch_bytes (m->vocab / l->tp, m->hidden,
+                                         (guint64)llround (s_out * b));
+      *loss_grad = 0;
+    }
 }
 
 /* ---- the stowage model ----------------------------------------------- */
@@ -1284,12 +1302,20 @@ activations (Model *ms, const StageParams *p, guint stage, GArray *dev,
       if (l->offload_activations)
         {
           /* Checkpoints go to pinned host memory; the device keeps two
-           * layers' worth (the one in use and the next prefetched). */
-          ckpt_prefetch = MIN (2 * ckpt, bytes) - MIN (ckpt, bytes);
-          stow_mem_add (dev, "activation checkpoints", MIN (2 * ckpt, bytes),
-                        STOW_TIER_DEVICE,
-                        "2 layers x %" G_GUINT64_FORMAT " B (rest offloaded)",
-                        ckpt);
+           * layers' worth (the one in use and the next prefetched).
+           * stowage's own schedule brings one back for the layer it
+           * rebuilds once the compute before it is done; forward holds a
+           * second while it goes down, but beside a working set smaller
+           * than backward's, so its peak holds one (found by the
+           * simulator once the fused loss no longer dominated the last
+           * stage). */
+          guint64 kept = l->engine == STOW_ENGINE_STOWAGE ? 1 : 2;
+          ckpt_prefetch = MIN (kept * ckpt, bytes) - MIN (ckpt, bytes);
+          stow_mem_add (dev, "activation checkpoints",
+                        MIN (kept * ckpt, bytes), STOW_TIER_DEVICE,
+                        "%" G_GUINT64_FORMAT " layers x %" G_GUINT64_FORMAT
+                        " B (rest offloaded)",
+                        kept, ckpt);
           if (charge_host)
             stow_mem_add (ms->host, "activation checkpoints", bytes,
                           STOW_TIER_PINNED,
@@ -1356,6 +1382,22 @@ activations (Model *ms, const StageParams *p, guint stage, GArray *dev,
       guint64 bwd = dh + others;
       guint64 last = lg > bwd ? lg - others : dh;
       ms->after_forward += last;
+      if (fused_loss (t, l))
+        stow_mem_add (dev, "logits and loss", (nlog - 1) * lg + last,
+                      STOW_TIER_DEVICE,
+                      "%" G_GUINT64_FORMAT " micro-batches x %" G_GUINT64_FORMAT
+                      " B (the fused loss's chunk: 4 B x %" G_GUINT64_FORMAT
+                      " tokens x (V / tp + 2 h)), the last only beyond its "
+                      "backward's %" G_GUINT64_FORMAT
+                      " B: max(%" G_GUINT64_FORMAT ", %" G_GUINT64_FORMAT
+                      ") - %" G_GUINT64_FORMAT,
+                      nlog, lg,
+                      stow_loss_chunk_tokens (
+                          m->vocab / l->tp,
+                          (guint64)llround ((double)stow_mem_decoder_seq (m, t)
+                                            / l->cp * (double)l->micro_batch)),
+                      bwd, lg, bwd, others);
+      else
       stow_mem_add (dev, "logits and loss", (nlog - 1) * lg + last,
                     STOW_TIER_DEVICE,
                     "%" G_GUINT64_FORMAT " micro-batches x %" G_GUINT64_FORMAT

@@ -417,6 +417,21 @@ stow_program_buffer_holds (StowProgram *p, guint b, StowBufferKind kind,
   buf->micro_batch = mb;
 }
 
+/* ---- the fused loss -------------------------------------------------------- */
+
+guint64
+stow_loss_chunk_tokens (guint64 vocab, guint64 n)
+{
+  guint64 c = STOW_LOSS_CHUNK_BYTES / (4 * MAX (vocab, 1));
+  return MIN (MAX (c, 1), MAX (n, 1));
+}
+
+guint64
+stow_loss_scratch_bytes (guint64 vocab, guint64 hidden, guint64 n)
+{
+  return 4 * stow_loss_chunk_tokens (vocab, n) * (vocab + 2 * hidden);
+}
+
 /* ---- optimizer settings ------------------------------------------------- */
 
 const char *

@@ -146,6 +146,19 @@ void stow_optim_settings_init (StowOptimSettings *o);
  * run gets the same bits. */
 double stow_optim_lr_at (const StowOptimSettings *o, guint64 step);
 
+/* ---- the fused output layer and loss ------------------------------------ */
+
+/* stowage's runtimes run the output layer fused with the cross-entropy, a
+ * chunk of tokens at a time, so that no (tokens, V) logits exist: the
+ * chunk is the most tokens whose fp32 logits stay within this. */
+#define STOW_LOSS_CHUNK_BYTES ((guint64)32 << 20)
+
+/* Tokens of a chunk for @n tokens over @vocab: at least 1, at most @n. */
+guint64 stow_loss_chunk_tokens (guint64 vocab, guint64 n);
+/* Bytes of the loss's scratch for @n tokens: a chunk's normed input, its
+ * logits and the input's gradient, fp32: 4 chunk (V + 2 h). */
+guint64 stow_loss_scratch_bytes (guint64 vocab, guint64 hidden, guint64 n);
+
 /* ---- ops, buffers, events ------------------------------------------------ */
 
 typedef struct
