@@ -139,7 +139,7 @@ stow_llama_attention_forward (StowLlama *L, guint64 batch, guint64 seq,
           }
       }
   }
-  stow_llama_blas_threads (L->n_threads);
+  stow_llama_blas_threads (L->gemm_threads);
 }
 
 void
@@ -228,5 +228,5 @@ stow_llama_attention_backward (StowLlama *L, guint64 batch, guint64 seq,
         store_head (L, dV, T, d, dv, kv * d, r0, g * d);
       }
   }
-  stow_llama_blas_threads (L->n_threads);
+  stow_llama_blas_threads (L->gemm_threads);
 }

@@ -151,7 +151,7 @@ stow_llama_gemm (StowLlama *L, guint64 M, guint64 N, guint64 K, float alpha,
 {
   if (M == 0 || N == 0)
     return;
-  stow_llama_blas_threads (L->n_threads);
+  stow_llama_blas_threads (L->gemm_threads);
   CBLAS_TRANSPOSE ta = A.trans ? CblasTrans : CblasNoTrans;
   CBLAS_TRANSPOSE tb = B.trans ? CblasTrans : CblasNoTrans;
   gboolean init = !accumulate && (R != NULL || bias != NULL);

@@ -109,6 +109,13 @@ const StowLlamaConfig *stow_llama_get_config (const StowLlama *llama);
 StowFloatType stow_llama_get_dtype (const StowLlama *llama);
 /* The threads it runs on (@n_threads, or the cores when that was 0). */
 guint stow_llama_get_n_threads (const StowLlama *llama);
+/* The threads OpenBLAS runs the layer's and the loss's GEMMs on (0: the
+ * runtime's n_threads, the default).  OpenBLAS's sums depend on how it
+ * splits a product, and so on its thread count (docs/executor.md has the
+ * measurement); everything else here does not.  Pin this (to 1, say) for
+ * the same bits at any n_threads.  Attention's products always run one
+ * thread per (sequence, head). */
+void stow_llama_set_gemm_threads (StowLlama *llama, guint n_threads);
 /* Bytes the runtime holds outside the caller's tensors: rotary tables,
  * per-thread attention tiles, fp32 staging of bf16 GEMM operands.  The
  * analogue of a GPU's cuBLAS workspace: constant over a run. */
