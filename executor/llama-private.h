@@ -77,13 +77,14 @@ stow_llama_bf16_round (float x)
 /* exp(x) in fp32 to about 1 ulp (Cephes expf's reduction and polynomial),
  * branch-free so that `omp simd` loops of it vectorise: glibc's expf has
  * no vector variant without -ffast-math.  Inputs are clamped to
- * [-87.3, 88.7]: exp of a masked or very negative score comes out ~1e-38,
- * not 0, which no sum here can see. */
+ * [-87.3, 88.3], where 2^n stays a normal float: exp of a masked or very
+ * negative score comes out ~1e-38, not 0, which no sum here can see, and
+ * a huge input gives 2e38, not infinity. */
 static inline float
 stow_llama_expf (float x)
 {
   x = x < -87.3f ? -87.3f : x;
-  x = x > 88.7f ? 88.7f : x;
+  x = x > 88.3f ? 88.3f : x;
   /* n = round (x / ln 2) by the 1.5 * 2^23 trick (round to nearest). */
   float t = x * 1.44269504088896341f + 12582912.0f;
   float n = t - 12582912.0f;
