@@ -112,7 +112,8 @@ stow_llama_attention_forward (StowLlama *L, guint64 batch, guint64 seq,
   guint64 items = batch * a;
 
   /* Each (sequence, query head) is one thread's, with single-threaded
-   * sgemm inside: the pthread OpenBLAS must not fan out from here. */
+   * sgemm inside: the pthread OpenBLAS must not fan out from an OpenMP
+   * region. */
   stow_llama_blas_threads (1);
 #pragma omp parallel num_threads(L->n_threads)
   {
@@ -139,7 +140,6 @@ stow_llama_attention_forward (StowLlama *L, guint64 batch, guint64 seq,
           }
       }
   }
-  stow_llama_blas_threads (L->gemm_threads);
 }
 
 void
@@ -228,5 +228,4 @@ stow_llama_attention_backward (StowLlama *L, guint64 batch, guint64 seq,
         store_head (L, dV, T, d, dv, kv * d, r0, g * d);
       }
   }
-  stow_llama_blas_threads (L->gemm_threads);
 }

@@ -143,6 +143,49 @@ operand_block (const StowLlama *L, StowLlamaMat X, guint64 r0, guint64 c0,
   return tmp;
 }
 
+/* The tiles of a product (M, N) that one thread each computes with a
+ * single-threaded sgemm: 128 rows by 1024 columns, narrower while the
+ * product has fewer than 16 tiles so that a short one (the loss's chunk of
+ * tokens) still spreads over the threads.  The tiling depends on the shape
+ * alone: OpenBLAS's sums depend on how a product is split (and its own
+ * threads split it by their count), so this keeps the bits independent of
+ * the thread count, and keeps one thread pool (OpenMP's) busy instead of
+ * two spinning against each other. */
+static void
+tile_shape (guint64 M, guint64 N, guint64 *tm, guint64 *tn)
+{
+  guint64 pm = 128, pn = 1024;
+#define TILES(a, b) (((M + (a)-1) / (a)) * ((N + (b)-1) / (b)))
+  while (pn > 128 && TILES (pm, pn) < 16)
+    pn /= 2;
+  while (pm > 32 && TILES (pm, pn) < 16)
+    pm /= 2;
+#undef TILES
+  *tm = pm, *tn = pn;
+}
+
+static void
+tiled_sgemm (const StowLlama *L, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb,
+             guint64 M, guint64 N, guint64 K, float alpha, const float *A,
+             guint64 lda, const float *B, guint64 ldb, float beta, float *C,
+             guint64 ldc)
+{
+  guint64 tm, tn;
+  tile_shape (M, N, &tm, &tn);
+  guint64 n_m = (M + tm - 1) / tm, n_n = (N + tn - 1) / tn;
+  stow_llama_blas_threads (1);
+#pragma omp parallel for schedule(static) num_threads(L->n_threads)
+  for (guint64 t = 0; t < n_m * n_n; t++)
+    {
+      guint64 m0 = t / n_n * tm, n0 = t % n_n * tn;
+      guint64 mb = MIN (tm, M - m0), nb = MIN (tn, N - n0);
+      const float *a = A + (ta == CblasNoTrans ? m0 * lda : m0);
+      const float *b = B + (tb == CblasNoTrans ? n0 : n0 * ldb);
+      cblas_sgemm (CblasRowMajor, ta, tb, (int)mb, (int)nb, (int)K, alpha, a,
+                   (int)lda, b, (int)ldb, beta, C + m0 * ldc + n0, (int)ldc);
+    }
+}
+
 void
 stow_llama_gemm (StowLlama *L, guint64 M, guint64 N, guint64 K, float alpha,
                  StowLlamaMat A, StowLlamaMat B, void *C, gboolean c_bf16,
@@ -151,7 +194,6 @@ stow_llama_gemm (StowLlama *L, guint64 M, guint64 N, guint64 K, float alpha,
 {
   if (M == 0 || N == 0)
     return;
-  stow_llama_blas_threads (L->gemm_threads);
   CBLAS_TRANSPOSE ta = A.trans ? CblasTrans : CblasNoTrans;
   CBLAS_TRANSPOSE tb = B.trans ? CblasTrans : CblasNoTrans;
   gboolean init = !accumulate && (R != NULL || bias != NULL);
@@ -167,9 +209,8 @@ stow_llama_gemm (StowLlama *L, guint64 M, guint64 N, guint64 K, float alpha,
             init_block (L, c, ldc, M, N, NULL, FALSE, 0, 0, 0, NULL);
           return;
         }
-      cblas_sgemm (CblasRowMajor, ta, tb, (int)M, (int)N, (int)K, alpha, A.p,
-                   (int)A.ld, B.p, (int)B.ld, init || accumulate ? 1.0f : 0.0f,
-                   c, (int)ldc);
+      tiled_sgemm (L, ta, tb, M, N, K, alpha, A.p, A.ld, B.p, B.ld,
+                   init || accumulate ? 1.0f : 0.0f, c, ldc);
       return;
     }
 
@@ -195,9 +236,8 @@ stow_llama_gemm (StowLlama *L, guint64 M, guint64 N, guint64 K, float alpha,
             guint64 kb = MIN (BLK, K - k0), lda, ldb;
             const float *ap = operand_block (L, A, m0, k0, mb, kb, sa, &lda);
             const float *bp = operand_block (L, B, k0, n0, kb, nb, sb, &ldb);
-            cblas_sgemm (CblasRowMajor, ta, tb, (int)mb, (int)nb, (int)kb,
-                         alpha, ap, (int)lda, bp, (int)ldb,
-                         have || k0 > 0 ? 1.0f : 0.0f, cf, (int)ldcf);
+            tiled_sgemm (L, ta, tb, mb, nb, kb, alpha, ap, lda, bp, ldb,
+                         have || k0 > 0 ? 1.0f : 0.0f, cf, ldcf);
           }
         if (c_bf16)
           {

@@ -34,7 +34,6 @@ struct StowLlama
   guint64 esize; /* bytes of one element of @dtype */
   guint64 max_seq;
   guint n_threads;
-  guint gemm_threads; /* OpenBLAS's threads in stow_llama_gemm */
 
   /* Rotary tables (max_seq, d/2): cos and sin of position t times the
    * i-th inverse frequency, HF's cat(freqs, freqs) halves stored once. */
@@ -133,7 +132,9 @@ typedef struct
  * may be NULL: zero), C += alpha op(A) op(B) when @accumulate.  R has C's
  * element type and @ldr; bias (N) has the runtime's dtype.  A bf16 operand
  * is staged to fp32 in blocks; a bf16 C is rounded once, after the whole
- * K sum.  Runs cblas_sgemm on L->gemm_threads threads. */
+ * K sum.  Tiles of C fixed by the shape run on L->n_threads threads,
+ * each a single-threaded cblas_sgemm: the bits do not depend on the
+ * thread count. */
 void stow_llama_gemm (StowLlama *L, guint64 M, guint64 N, guint64 K,
                       float alpha, StowLlamaMat A, StowLlamaMat B, void *C,
                       gboolean c_bf16, guint64 ldc, gboolean accumulate,

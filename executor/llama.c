@@ -147,7 +147,6 @@ stow_llama_new (const StowLlamaConfig *config, StowFloatType dtype,
   L->esize = stow_float_type_size (dtype);
   L->max_seq = max_seq;
   L->n_threads = n_threads ? n_threads : g_get_num_processors ();
-  L->gemm_threads = L->n_threads;
 
   guint64 d = c->head_dim, half = d / 2;
   L->row_floats = MAX (MAX (c->hidden, c->ffn), c->n_heads * d);
@@ -216,13 +215,6 @@ stow_llama_get_n_threads (const StowLlama *L)
 {
   g_return_val_if_fail (L != NULL, 0);
   return L->n_threads;
-}
-
-void
-stow_llama_set_gemm_threads (StowLlama *L, guint n_threads)
-{
-  g_return_if_fail (L != NULL);
-  L->gemm_threads = n_threads ? n_threads : L->n_threads;
 }
 
 guint64

@@ -17,9 +17,11 @@
  * @dtype (fp32, or bf16 storage), except token ids (int32), the saved
  * logsumexp (fp32) and the loss scratch (fp32).  Products accumulate in
  * fp32; a bf16 result is rounded to nearest even once, when stored.
- * Determinism: the same inputs give the same bits on every call; the
- * results do not depend on the thread count, except through the BLAS
- * (see docs/executor.md for what was measured).
+ * Determinism: the same inputs give the same bits on every call, at any
+ * thread count: reductions use partitions fixed by the shapes, and each
+ * GEMM runs as tiles fixed by its shape, one single-threaded cblas_sgemm
+ * per tile, because OpenBLAS's own threading gives different bits at
+ * different thread counts (see docs/executor.md for what was measured).
  */
 #pragma once
 
@@ -109,13 +111,6 @@ const StowLlamaConfig *stow_llama_get_config (const StowLlama *llama);
 StowFloatType stow_llama_get_dtype (const StowLlama *llama);
 /* The threads it runs on (@n_threads, or the cores when that was 0). */
 guint stow_llama_get_n_threads (const StowLlama *llama);
-/* The threads OpenBLAS runs the layer's and the loss's GEMMs on (0: the
- * runtime's n_threads, the default).  OpenBLAS's sums depend on how it
- * splits a product, and so on its thread count (docs/executor.md has the
- * measurement); everything else here does not.  Pin this (to 1, say) for
- * the same bits at any n_threads.  Attention's products always run one
- * thread per (sequence, head). */
-void stow_llama_set_gemm_threads (StowLlama *llama, guint n_threads);
 /* Bytes the runtime holds outside the caller's tensors: rotary tables,
  * per-thread attention tiles, fp32 staging of bf16 GEMM operands.  The
  * analogue of a GPU's cuBLAS workspace: constant over a run. */
