@@ -650,6 +650,10 @@ stow_llama_head_loss (StowLlama *L, guint64 n, const void *norm,
   double loss = 0;
 
   memset (L->col_acc, 0, h * sizeof (double));
+  if (n == 0 && !accumulate)
+    stow_llama_gemm (L, V, h, 0, 1.0f, mat_f32 (logits, V, TRUE),
+                     mat_f32 (xn, h, FALSE), dhead, L->bf16, h, FALSE, NULL, 0,
+                     NULL); /* no tokens: "=" still zeroes dhead */
   for (guint64 c0 = 0; c0 < n; c0 += chunk)
     {
       guint64 cn = MIN (chunk, n - c0);

@@ -695,6 +695,15 @@ test_head_loss (void)
     dh1[j] *= 2;
   g_assert_cmpfloat (rel_err (dn, dn1, h), <, 1e-6);
   g_assert_cmpfloat (rel_err (dh, dh1, V * h), <, 1e-6);
+  /* No tokens: a zero loss, and "=" still zeroes the gradients. */
+  g_assert_cmpfloat (stow_llama_head_loss (m->rt, 0, norm->w, head->w, x,
+                                           m->targets, 0.5, dn, dh, FALSE, x,
+                                           scratch, 4),
+                     ==, 0.0);
+  for (guint64 j = 0; j < h; j++)
+    g_assert_cmpfloat (dn[j], ==, 0.0f);
+  for (guint64 j = 0; j < V * h; j++)
+    g_assert_cmpfloat (dh[j], ==, 0.0f);
 }
 
 /* The workspace bound holds for shapes whose parts are lopsided: a
