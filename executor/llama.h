@@ -157,7 +157,8 @@ void stow_llama_layer_forward (StowLlama *llama, guint64 batch, guint64 seq,
  * Parameter gradients go to @grads (= when !@accumulate, += when
  * @accumulate); dL/dx (n, h) goes to @dx, which may alias @x (each row of x
  * is read before its gradient overwrites it).  @ws is the working set
- * (stow_llama_backward_ws_bytes).  The saved tensors are clobbered. */
+ * (stow_llama_backward_ws_bytes, 4-byte aligned: it carves fp32 parts).
+ * The saved tensors are clobbered. */
 void stow_llama_layer_backward (StowLlama *llama, guint64 batch, guint64 seq,
                                 const StowLlamaLayerWeights *w, const void *x,
                                 StowLlamaSaved *saved,
