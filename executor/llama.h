@@ -17,9 +17,11 @@
  * @dtype (fp32, or bf16 storage), except token ids (int32), the saved
  * logsumexp (fp32) and the loss scratch (fp32).  Products accumulate in
  * fp32; a bf16 result is rounded to nearest even once, when stored.
- * Determinism: the same inputs give the same bits on every call; the
- * results do not depend on the thread count, except through the BLAS
- * (see docs/executor.md for what was measured).
+ * Determinism: the same inputs give the same bits on every call, at any
+ * thread count: reductions use partitions fixed by the shapes, and each
+ * GEMM runs as tiles fixed by its shape, one single-threaded cblas_sgemm
+ * per tile, because OpenBLAS's own threading gives different bits at
+ * different thread counts (see docs/executor.md for what was measured).
  */
 #pragma once
 
@@ -107,6 +109,8 @@ StowLlama *stow_llama_new (const StowLlamaConfig *config, StowFloatType dtype,
 void stow_llama_free (StowLlama *llama);
 const StowLlamaConfig *stow_llama_get_config (const StowLlama *llama);
 StowFloatType stow_llama_get_dtype (const StowLlama *llama);
+/* The threads it runs on (@n_threads, or the cores when that was 0). */
+guint stow_llama_get_n_threads (const StowLlama *llama);
 /* Bytes the runtime holds outside the caller's tensors: rotary tables,
  * per-thread attention tiles, fp32 staging of bf16 GEMM operands.  The
  * analogue of a GPU's cuBLAS workspace: constant over a run. */
@@ -115,9 +119,13 @@ guint64 stow_llama_workspace_bytes (const StowLlama *llama);
 /* Bytes of StowLlamaSaved for @n_tokens, all of it and its `out` part. */
 guint64 stow_llama_saved_bytes (const StowLlama *llama, guint64 n_tokens);
 guint64 stow_llama_out_bytes (const StowLlama *llama, guint64 n_tokens);
-/* Points @saved into @rest (saved_bytes - out_bytes, in the order of the
- * struct, each tensor 64-byte aligned within it when @rest is) and @out
- * (out_bytes).  @rest may be NULL (then only `out` is set). */
+/* Points @saved into @rest (saved_bytes - out_bytes) and @out (out_bytes).
+ * @rest is packed with no padding: lse first, then the others in the order
+ * of the struct, so each tensor is aligned to its element type whenever
+ * @rest is 4-byte aligned (required), and 64-byte aligned when @rest is
+ * and the sizes before it are multiples of 64 bytes (4 n a, and e n times
+ * h, a d, k d, f: true for every released model's shapes and n a multiple
+ * of 16).  @rest may be NULL (then only `out` is set). */
 void stow_llama_saved_carve (const StowLlama *llama, guint64 n_tokens,
                              void *rest, void *out, StowLlamaSaved *saved);
 /* Bytes of the backward working set: e n (4 h + 2 a d + 2 k d + 3 f), the
@@ -149,7 +157,8 @@ void stow_llama_layer_forward (StowLlama *llama, guint64 batch, guint64 seq,
  * Parameter gradients go to @grads (= when !@accumulate, += when
  * @accumulate); dL/dx (n, h) goes to @dx, which may alias @x (each row of x
  * is read before its gradient overwrites it).  @ws is the working set
- * (stow_llama_backward_ws_bytes).  The saved tensors are clobbered. */
+ * (stow_llama_backward_ws_bytes, 4-byte aligned: it carves fp32 parts).
+ * The saved tensors are clobbered. */
 void stow_llama_layer_backward (StowLlama *llama, guint64 batch, guint64 seq,
                                 const StowLlamaLayerWeights *w, const void *x,
                                 StowLlamaSaved *saved,

@@ -10,6 +10,7 @@ packages=(
   gcc libc6-dev pkg-config meson ninja-build python3
   libglib2.0-dev libglib2.0-dev-bin libjson-glib-dev libhwloc-dev libxxhash-dev
   liburing-dev libcairo2-dev
+  libopenblas-dev  # cblas_sgemm for the cpu backend's decoder (executor/llama.c)
   libglib2.0-dev-bin  # glib-compile-resources: the hw catalog is a GResource
 )
 # Optional tools the test setups and benchmarks use when present.

@@ -1,0 +1,532 @@
+/* SPDX-License-Identifier: MIT
+ *
+ * executor/llama-kernels.c: the decoder runtime's building blocks: the GEMM
+ * front end (cblas_sgemm, with bf16 operands staged to fp32 in bounded
+ * blocks), the row kernels (RMSNorm, rotary, SwiGLU, forward and backward)
+ * and the column reductions behind bias and norm-weight gradients.  Each
+ * kernel's result depends on its inputs only, never on the thread count.
+ */
+#include "executor/llama-private.h"
+
+#include <cblas.h>
+#include <omp.h>
+
+/* ---- staging ------------------------------------------------------------- */
+
+static void
+bf16_to_f32_n (const guint16 *src, float *dst, guint64 n)
+{
+#pragma omp simd
+  for (guint64 i = 0; i < n; i++)
+    dst[i] = stow_llama_bf16_load (src[i]);
+}
+
+static void
+f32_to_bf16_n (const float *src, guint16 *dst, guint64 n)
+{
+#pragma omp simd
+  for (guint64 i = 0; i < n; i++)
+    dst[i] = stow_llama_bf16_round (src[i]);
+}
+
+const float *
+stow_llama_row_in (const StowLlama *L, const void *p, guint64 ld, guint64 r,
+                   guint64 width, float *tmp)
+{
+  if (!L->bf16)
+    return (const float *)p + r * ld;
+  bf16_to_f32_n ((const guint16 *)p + r * ld, tmp, width);
+  return tmp;
+}
+
+void
+stow_llama_store (const StowLlama *L, const float *src, void *dst, guint64 n)
+{
+  if (L->bf16)
+    f32_to_bf16_n (src, dst, n);
+  else if (src != dst)
+    memcpy (dst, src, n * sizeof (float));
+}
+
+float
+stow_llama_load1 (const StowLlama *L, const void *p, guint64 i)
+{
+  return L->bf16 ? stow_llama_bf16_load (((const guint16 *)p)[i])
+                 : ((const float *)p)[i];
+}
+
+float *
+stow_llama_thread_ws (const StowLlama *L, guint t)
+{
+  return L->thread_ws + (guint64)t * L->thread_floats;
+}
+
+void
+stow_llama_blas_threads (guint n)
+{
+  if (openblas_get_num_threads () != (int)n)
+    openblas_set_num_threads ((int)n);
+}
+
+/* ---- GEMM ---------------------------------------------------------------- */
+
+/* (rows, cols) of a stored matrix, from (r0, c0), to @dst (rows, cols)
+ * fp32; a bf16 source is converted. */
+static void
+stage_block (const StowLlama *L, const void *src, gboolean bf16, guint64 ld,
+             guint64 r0, guint64 c0, guint64 rows, guint64 cols, float *dst)
+{
+#pragma omp parallel for schedule(static) num_threads(L->n_threads)
+  for (guint64 i = 0; i < rows; i++)
+    {
+      if (bf16)
+        bf16_to_f32_n ((const guint16 *)src + (r0 + i) * ld + c0,
+                       dst + i * cols, cols);
+      else
+        memcpy (dst + i * cols, (const float *)src + (r0 + i) * ld + c0,
+                cols * sizeof (float));
+    }
+}
+
+/* C block (rows, cols) fp32 = R block + bias, or the old C when
+ * @from_c; zero when neither. */
+static void
+init_block (const StowLlama *L, float *cf, guint64 ldcf, guint64 rows,
+            guint64 cols, const void *R, gboolean r_bf16, guint64 ldr,
+            guint64 m0, guint64 n0, const void *bias)
+{
+#pragma omp parallel for schedule(static) num_threads(L->n_threads)
+  for (guint64 i = 0; i < rows; i++)
+    {
+      float *c = cf + i * ldcf;
+      if (R == NULL)
+        memset (c, 0, cols * sizeof (float));
+      else if (r_bf16)
+        bf16_to_f32_n ((const guint16 *)R + (m0 + i) * ldr + n0, c, cols);
+      else if ((const float *)R + (m0 + i) * ldr + n0 != c)
+        memcpy (c, (const float *)R + (m0 + i) * ldr + n0,
+                cols * sizeof (float));
+      if (bias == NULL)
+        continue;
+      if (L->bf16)
+        {
+          const guint16 *b = (const guint16 *)bias + n0;
+#pragma omp simd
+          for (guint64 j = 0; j < cols; j++)
+            c[j] += stow_llama_bf16_load (b[j]);
+        }
+      else
+        {
+          const float *b = (const float *)bias + n0;
+#pragma omp simd
+          for (guint64 j = 0; j < cols; j++)
+            c[j] += b[j];
+        }
+    }
+}
+
+/* Operand @X's stored block for op(X) rows [r0, r0 + rows) and columns
+ * [c0, c0 + cols), in fp32: a pointer into X (fp32) or staged in @tmp. */
+static const float *
+operand_block (const StowLlama *L, StowLlamaMat X, guint64 r0, guint64 c0,
+               guint64 rows, guint64 cols, float *tmp, guint64 *ld)
+{
+  guint64 sr = X.trans ? c0 : r0, sc = X.trans ? r0 : c0;
+  guint64 nr = X.trans ? cols : rows, nc = X.trans ? rows : cols;
+  if (!X.bf16)
+    {
+      *ld = X.ld;
+      return (const float *)X.p + sr * X.ld + sc;
+    }
+  stage_block (L, X.p, TRUE, X.ld, sr, sc, nr, nc, tmp);
+  *ld = nc;
+  return tmp;
+}
+
+/* The tiles of a product (M, N) that one thread each computes with a
+ * single-threaded sgemm: 128 rows by 1024 columns, narrower while the
+ * product has fewer than 16 tiles so that a short one (the loss's chunk of
+ * tokens) still spreads over the threads.  The tiling depends on the shape
+ * alone: OpenBLAS's sums depend on how a product is split (and its own
+ * threads split it by their count), so this keeps the bits independent of
+ * the thread count, and keeps one thread pool (OpenMP's) busy instead of
+ * two spinning against each other. */
+static void
+tile_shape (guint64 M, guint64 N, guint64 *tm, guint64 *tn)
+{
+  guint64 pm = 128, pn = 1024;
+#define TILES(a, b) (((M + (a)-1) / (a)) * ((N + (b)-1) / (b)))
+  while (pn > 128 && TILES (pm, pn) < 16)
+    pn /= 2;
+  while (pm > 32 && TILES (pm, pn) < 16)
+    pm /= 2;
+#undef TILES
+  *tm = pm, *tn = pn;
+}
+
+static void
+tiled_sgemm (const StowLlama *L, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb,
+             guint64 M, guint64 N, guint64 K, float alpha, const float *A,
+             guint64 lda, const float *B, guint64 ldb, float beta, float *C,
+             guint64 ldc)
+{
+  guint64 tm, tn;
+  tile_shape (M, N, &tm, &tn);
+  guint64 n_m = (M + tm - 1) / tm, n_n = (N + tn - 1) / tn;
+  stow_llama_blas_threads (1);
+#pragma omp parallel for schedule(static) num_threads(L->n_threads)
+  for (guint64 t = 0; t < n_m * n_n; t++)
+    {
+      guint64 m0 = t / n_n * tm, n0 = t % n_n * tn;
+      guint64 mb = MIN (tm, M - m0), nb = MIN (tn, N - n0);
+      const float *a = A + (ta == CblasNoTrans ? m0 * lda : m0);
+      const float *b = B + (tb == CblasNoTrans ? n0 : n0 * ldb);
+      cblas_sgemm (CblasRowMajor, ta, tb, (int)mb, (int)nb, (int)K, alpha, a,
+                   (int)lda, b, (int)ldb, beta, C + m0 * ldc + n0, (int)ldc);
+    }
+}
+
+void
+stow_llama_gemm (StowLlama *L, guint64 M, guint64 N, guint64 K, float alpha,
+                 StowLlamaMat A, StowLlamaMat B, void *C, gboolean c_bf16,
+                 guint64 ldc, gboolean accumulate, const void *R, guint64 ldr,
+                 const void *bias)
+{
+  if (M == 0 || N == 0)
+    return;
+  CBLAS_TRANSPOSE ta = A.trans ? CblasTrans : CblasNoTrans;
+  CBLAS_TRANSPOSE tb = B.trans ? CblasTrans : CblasNoTrans;
+  gboolean init = !accumulate && (R != NULL || bias != NULL);
+
+  if (!A.bf16 && !B.bf16 && !c_bf16)
+    {
+      float *c = C;
+      if (init)
+        init_block (L, c, ldc, M, N, R, FALSE, ldr, 0, 0, bias);
+      if (K == 0)
+        {
+          if (!init && !accumulate)
+            init_block (L, c, ldc, M, N, NULL, FALSE, 0, 0, 0, NULL);
+          return;
+        }
+      tiled_sgemm (L, ta, tb, M, N, K, alpha, A.p, A.ld, B.p, B.ld,
+                   init || accumulate ? 1.0f : 0.0f, c, ldc);
+      return;
+    }
+
+  /* Blocks of C, each summed over blocks of K in fp32 and rounded once. */
+  const guint64 BLK = STOW_LLAMA_GEMM_BLOCK;
+  float *sa = L->gemm_ws, *sb = sa + BLK * BLK, *sc = sb + BLK * BLK;
+  g_assert (sa != NULL);
+  for (guint64 m0 = 0; m0 < M; m0 += BLK)
+    for (guint64 n0 = 0; n0 < N; n0 += BLK)
+      {
+        guint64 mb = MIN (BLK, M - m0), nb = MIN (BLK, N - n0);
+        float *cf = c_bf16 ? sc : (float *)C + m0 * ldc + n0;
+        guint64 ldcf = c_bf16 ? nb : ldc;
+        gboolean have = init || accumulate;
+        if (accumulate && c_bf16)
+          init_block (L, cf, ldcf, mb, nb, C, TRUE, ldc, m0, n0, NULL);
+        else if (init)
+          init_block (L, cf, ldcf, mb, nb, R, c_bf16, ldr, m0, n0, bias);
+        else if (!accumulate && K == 0)
+          init_block (L, cf, ldcf, mb, nb, NULL, FALSE, 0, 0, 0, NULL);
+        for (guint64 k0 = 0; k0 < K; k0 += BLK)
+          {
+            guint64 kb = MIN (BLK, K - k0), lda, ldb;
+            const float *ap = operand_block (L, A, m0, k0, mb, kb, sa, &lda);
+            const float *bp = operand_block (L, B, k0, n0, kb, nb, sb, &ldb);
+            tiled_sgemm (L, ta, tb, mb, nb, kb, alpha, ap, lda, bp, ldb,
+                         have || k0 > 0 ? 1.0f : 0.0f, cf, ldcf);
+          }
+        if (c_bf16)
+          {
+#pragma omp parallel for schedule(static) num_threads(L->n_threads)
+            for (guint64 i = 0; i < mb; i++)
+              f32_to_bf16_n (sc + i * nb, (guint16 *)C + (m0 + i) * ldc + n0,
+                             nb);
+          }
+      }
+}
+
+/* ---- RMSNorm ------------------------------------------------------------- */
+
+static float
+row_rstd (const float *x, guint64 h, float eps)
+{
+  float ss = 0;
+#pragma omp simd reduction(+ : ss)
+  for (guint64 j = 0; j < h; j++)
+    ss += x[j] * x[j];
+  /* HF LlamaRMSNorm: rsqrt (mean (x^2) + eps) in fp32. */
+  return 1.0f / sqrtf (ss / (float)h + eps);
+}
+
+void
+stow_llama_rms_rstd (StowLlama *L, guint64 n, const void *x, float *rstd)
+{
+  guint64 h = L->config.hidden;
+  float eps = (float)L->config.rms_norm_eps;
+#pragma omp parallel num_threads(L->n_threads)
+  {
+    float *tmp = stow_llama_thread_ws (L, (guint)omp_get_thread_num ());
+#pragma omp for schedule(static)
+    for (guint64 r = 0; r < n; r++)
+      rstd[r] = row_rstd (stow_llama_row_in (L, x, h, r, h, tmp), h, eps);
+  }
+}
+
+void
+stow_llama_rmsnorm (StowLlama *L, guint64 n, const void *x, const void *w,
+                    void *y, gboolean y_f32, float *rstd)
+{
+  guint64 h = L->config.hidden, W = L->row_floats;
+  float eps = (float)L->config.rms_norm_eps;
+#pragma omp parallel num_threads(L->n_threads)
+  {
+    float *ws = stow_llama_thread_ws (L, (guint)omp_get_thread_num ());
+    const float *wf = stow_llama_row_in (L, w, 0, 0, h, ws);
+#pragma omp for schedule(static)
+    for (guint64 r = 0; r < n; r++)
+      {
+        const float *xr = stow_llama_row_in (L, x, h, r, h, ws + W);
+        float rs = row_rstd (xr, h, eps);
+        gboolean direct = y_f32 || !L->bf16;
+        float *yr = direct ? (float *)y + r * h : ws + 2 * W;
+        /* weight * (x * rstd), in HF's order. */
+#pragma omp simd
+        for (guint64 j = 0; j < h; j++)
+          yr[j] = wf[j] * (xr[j] * rs);
+        if (!direct)
+          stow_llama_store (L, yr, (guint16 *)y + r * h, h);
+        if (rstd != NULL)
+          rstd[r] = rs;
+      }
+  }
+}
+
+void
+stow_llama_rmsnorm_backward (StowLlama *L, guint64 n, const void *dy,
+                             gboolean dy_f32, const void *x, const void *w,
+                             const float *rstd, const void *dres, void *dx)
+{
+  guint64 h = L->config.hidden, W = L->row_floats;
+#pragma omp parallel num_threads(L->n_threads)
+  {
+    float *ws = stow_llama_thread_ws (L, (guint)omp_get_thread_num ());
+    const float *wf = stow_llama_row_in (L, w, 0, 0, h, ws);
+#pragma omp for schedule(static)
+    for (guint64 r = 0; r < n; r++)
+      {
+        const float *dyr = dy_f32 ? (const float *)dy + r * h
+                                  : stow_llama_row_in (L, dy, h, r, h, ws + W);
+        const float *xr = stow_llama_row_in (L, x, h, r, h, ws + 2 * W);
+        float rs = rstd[r];
+        float dot = 0;
+#pragma omp simd reduction(+ : dot)
+        for (guint64 j = 0; j < h; j++)
+          dot += wf[j] * dyr[j] * xr[j];
+        /* d/dx_j of w_j x_j r with r = (mean (x^2) + eps)^-1/2:
+         * r w_j dy_j - x_j r^3 / h sum_i w_i dy_i x_i. */
+        float coef = dot * rs * rs * rs / (float)h;
+        float *out = L->bf16 ? ws + 3 * W : (float *)dx + r * h;
+        if (dres != NULL)
+          {
+            const float *dr = L->bf16
+                                  ? stow_llama_row_in (L, dres, h, r, h, out)
+                                  : (const float *)dres + r * h;
+#pragma omp simd
+            for (guint64 j = 0; j < h; j++)
+              out[j] = dr[j] + (rs * (wf[j] * dyr[j]) - xr[j] * coef);
+          }
+        else
+          {
+#pragma omp simd
+            for (guint64 j = 0; j < h; j++)
+              out[j] = rs * (wf[j] * dyr[j]) - xr[j] * coef;
+          }
+        if (L->bf16)
+          stow_llama_store (L, out, (guint16 *)dx + r * h, h);
+      }
+  }
+}
+
+/* ---- rotary embeddings --------------------------------------------------- */
+
+/* HF's rotate-half: for i < d/2, out_i = x_i cos - x_{i+d/2} sin and
+ * out_{i+d/2} = x_{i+d/2} cos + x_i sin; the inverse rotates by -angle,
+ * which is also the rotation's transpose (its backward). */
+static void
+rope_row (float *x, const float *cs, const float *sn, guint64 heads, guint64 d,
+          gboolean inverse)
+{
+  guint64 half = d / 2;
+  float sign = inverse ? -1.0f : 1.0f;
+  for (guint64 hd = 0; hd < heads; hd++)
+    {
+      float *a = x + hd * d, *b = a + half;
+#pragma omp simd
+      for (guint64 i = 0; i < half; i++)
+        {
+          float x1 = a[i], x2 = b[i], s = sign * sn[i];
+          a[i] = x1 * cs[i] - x2 * s;
+          b[i] = x2 * cs[i] + x1 * s;
+        }
+    }
+}
+
+void
+stow_llama_rope (StowLlama *L, guint64 n, guint64 seq, guint64 heads, void *p,
+                 gboolean inverse)
+{
+  guint64 d = L->config.head_dim, half = d / 2, width = heads * d;
+#pragma omp parallel num_threads(L->n_threads)
+  {
+    float *ws = stow_llama_thread_ws (L, (guint)omp_get_thread_num ());
+#pragma omp for schedule(static)
+    for (guint64 r = 0; r < n; r++)
+      {
+        guint64 t = r % seq;
+        float *row = L->bf16 ? ws : (float *)p + r * width;
+        if (L->bf16)
+          stow_llama_row_in (L, p, width, r, width, ws);
+        rope_row (row, L->rope_cos + t * half, L->rope_sin + t * half, heads, d,
+                  inverse);
+        if (L->bf16)
+          stow_llama_store (L, row, (guint16 *)p + r * width, width);
+      }
+  }
+}
+
+/* ---- SwiGLU -------------------------------------------------------------- */
+
+void
+stow_llama_swiglu (StowLlama *L, guint64 n, const void *gate, const void *up,
+                   void *act)
+{
+  guint64 f = L->config.ffn, W = L->row_floats;
+#pragma omp parallel num_threads(L->n_threads)
+  {
+    float *ws = stow_llama_thread_ws (L, (guint)omp_get_thread_num ());
+#pragma omp for schedule(static)
+    for (guint64 r = 0; r < n; r++)
+      {
+        const float *g = stow_llama_row_in (L, gate, f, r, f, ws);
+        const float *u = stow_llama_row_in (L, up, f, r, f, ws + W);
+        float *a = L->bf16 ? ws + 2 * W : (float *)act + r * f;
+        /* silu (g) = g / (1 + exp (-g)), as torch computes it. */
+#pragma omp simd
+        for (guint64 j = 0; j < f; j++)
+          a[j] = g[j] / (1.0f + stow_llama_expf (-g[j])) * u[j];
+        if (L->bf16)
+          stow_llama_store (L, a, (guint16 *)act + r * f, f);
+      }
+  }
+}
+
+void
+stow_llama_swiglu_backward (StowLlama *L, guint64 n, const void *dact,
+                            void *gate, void *up)
+{
+  guint64 f = L->config.ffn, W = L->row_floats;
+#pragma omp parallel num_threads(L->n_threads)
+  {
+    float *ws = stow_llama_thread_ws (L, (guint)omp_get_thread_num ());
+#pragma omp for schedule(static)
+    for (guint64 r = 0; r < n; r++)
+      {
+        const float *da = stow_llama_row_in (L, dact, f, r, f, ws);
+        float *g = L->bf16 ? ws + W : (float *)gate + r * f;
+        float *u = L->bf16 ? ws + 2 * W : (float *)up + r * f;
+        if (L->bf16)
+          {
+            stow_llama_row_in (L, gate, f, r, f, g);
+            stow_llama_row_in (L, up, f, r, f, u);
+          }
+          /* s = sigmoid (g): d silu/dg = s (1 + g (1 - s)). */
+#pragma omp simd
+        for (guint64 j = 0; j < f; j++)
+          {
+            float s = 1.0f / (1.0f + stow_llama_expf (-g[j]));
+            float dg = da[j] * u[j] * (s * (1.0f + g[j] * (1.0f - s)));
+            u[j] = da[j] * (g[j] * s);
+            g[j] = dg;
+          }
+        if (L->bf16)
+          {
+            stow_llama_store (L, g, (guint16 *)gate + r * f, f);
+            stow_llama_store (L, u, (guint16 *)up + r * f, f);
+          }
+      }
+  }
+}
+
+/* ---- column reductions --------------------------------------------------- */
+
+/* Adds to acc (cw) the column sums of columns [c0, c0 + cw) of y. */
+static void
+colsum_block (const StowLlama *L, guint64 n, guint64 cols, const void *y,
+              gboolean y_bf16, const void *x, const float *rstd, guint64 c0,
+              guint64 cw, double *acc)
+{
+  float xs[STOW_LLAMA_COL_BLOCK], ys[STOW_LLAMA_COL_BLOCK];
+  for (guint64 r = 0; r < n; r++)
+    {
+      guint64 o = r * cols + c0;
+      for (guint64 c = 0; c < cw; c++)
+        ys[c] = y_bf16 ? stow_llama_bf16_load (((const guint16 *)y)[o + c])
+                       : ((const float *)y)[o + c];
+      if (x != NULL)
+        {
+          /* x * rstd rounded to fp32 as the forward's normalised x was. */
+          for (guint64 c = 0; c < cw; c++)
+            xs[c] = stow_llama_load1 (L, x, o + c) * rstd[r];
+          for (guint64 c = 0; c < cw; c++)
+            acc[c] += (double)ys[c] * (double)xs[c];
+        }
+      else
+        for (guint64 c = 0; c < cw; c++)
+          acc[c] += (double)ys[c];
+    }
+}
+
+void
+stow_llama_colsum_acc (StowLlama *L, guint64 n, guint64 cols, const void *y,
+                       gboolean y_f32, const void *x, const float *rstd,
+                       double *acc)
+{
+  const guint64 CB = STOW_LLAMA_COL_BLOCK;
+  guint64 n_blocks = (cols + CB - 1) / CB;
+#pragma omp parallel for schedule(static) num_threads(L->n_threads)
+  for (guint64 cb = 0; cb < n_blocks; cb++)
+    colsum_block (L, n, cols, y, L->bf16 && !y_f32, x, rstd, cb * CB,
+                  MIN (CB, cols - cb * CB), acc + cb * CB);
+}
+
+void
+stow_llama_colsum (StowLlama *L, guint64 n, guint64 cols, const void *y,
+                   gboolean y_f32, const void *x, const float *rstd, void *g,
+                   gboolean accumulate)
+{
+  const guint64 CB = STOW_LLAMA_COL_BLOCK;
+  guint64 n_blocks = (cols + CB - 1) / CB;
+  /* One thread sums a block of columns over every row, in row order: the
+   * bits depend on n and cols only. */
+#pragma omp parallel for schedule(static) num_threads(L->n_threads)
+  for (guint64 cb = 0; cb < n_blocks; cb++)
+    {
+      double acc[STOW_LLAMA_COL_BLOCK] = { 0 };
+      guint64 c0 = cb * CB, cw = MIN (CB, cols - c0);
+      colsum_block (L, n, cols, y, L->bf16 && !y_f32, x, rstd, c0, cw, acc);
+      for (guint64 c = 0; c < cw; c++)
+        {
+          double v = acc[c];
+          if (accumulate)
+            v += stow_llama_load1 (L, g, c0 + c);
+          if (L->bf16)
+            ((guint16 *)g)[c0 + c] = stow_llama_bf16_round ((float)v);
+          else
+            ((float *)g)[c0 + c] = (float)v;
+        }
+    }
+}

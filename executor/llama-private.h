@@ -1,0 +1,200 @@
+/* SPDX-License-Identifier: MIT
+ *
+ * executor/llama-private.h: what the decoder runtime's files share (the
+ * runtime's struct and workspace layout, the bf16 conversions, the GEMM
+ * front end over cblas_sgemm, the row kernels and attention).  Not a public
+ * interface: executor/llama.h is.
+ */
+#pragma once
+
+#include <math.h>
+#include <string.h>
+
+#include "executor/llama.h"
+
+G_BEGIN_DECLS
+
+/* Rows of queries an attention tile holds: a (BQ, T) block of scores per
+ * thread instead of (T, T), and causal blocks skip the keys past the
+ * block's last query. */
+#define STOW_LLAMA_ATTN_BQ 128
+/* Side of the square blocks a bf16 GEMM stages in fp32: three such blocks
+ * (A, B, C) bound the staging at 3 MiB however large the operands are. */
+#define STOW_LLAMA_GEMM_BLOCK 512
+/* Columns one thread sums over every row in the column reductions (bias
+ * and norm-weight gradients): fixed, so the order of the additions never
+ * depends on the thread count. */
+#define STOW_LLAMA_COL_BLOCK 64
+
+struct StowLlama
+{
+  StowLlamaConfig config;
+  StowFloatType dtype;
+  gboolean bf16; /* storage is bf16 (else fp32) */
+  guint64 esize; /* bytes of one element of @dtype */
+  guint64 max_seq;
+  guint n_threads;
+
+  /* Rotary tables (max_seq, d/2): cos and sin of position t times the
+   * i-th inverse frequency, HF's cat(freqs, freqs) halves stored once. */
+  float *rope_cos, *rope_sin;
+  /* Per thread, thread_floats floats: row staging of the element-wise
+   * kernels, or the attention tiles (never both at once). */
+  float *thread_ws;
+  guint64 thread_floats;
+  guint64 row_floats; /* one row slot: max (h, f, a d) floats */
+  /* bf16 GEMM staging: three STOW_LLAMA_GEMM_BLOCK^2 blocks (NULL at
+   * fp32, where operands go to cblas_sgemm as they are). */
+  float *gemm_ws;
+  /* Column accumulators of the fused loss's norm gradient: (h) doubles. */
+  double *col_acc;
+  guint64 ws_bytes; /* everything above, as stow_llama_workspace_bytes says */
+};
+
+/* ---- element conversions --------------------------------------------------
+ * Bit-identical to stow_f32_to_bf16 / stow_bf16_to_f32 (offload/adam.c),
+ * written so that gcc vectorises the loops that call them. */
+
+static inline float
+stow_llama_bf16_load (guint16 h)
+{
+  guint32 b = (guint32)h << 16;
+  float x;
+  memcpy (&x, &b, sizeof x);
+  return x;
+}
+
+static inline guint16
+stow_llama_bf16_round (float x)
+{
+  guint32 b;
+  memcpy (&b, &x, sizeof b);
+  guint16 r = (guint16)((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
+  return (b & 0x7fffffffu) > 0x7f800000u ? (guint16)0x7fc0 : r;
+}
+
+/* exp(x) in fp32 to about 1 ulp (Cephes expf's reduction and polynomial),
+ * branch-free so that `omp simd` loops of it vectorise: glibc's expf has
+ * no vector variant without -ffast-math.  Inputs are clamped to
+ * [-87.3, 88.3], where 2^n stays a normal float: exp of a masked or very
+ * negative score comes out ~1e-38, not 0, which no sum here can see, and
+ * a huge input gives 2e38, not infinity. */
+static inline float
+stow_llama_expf (float x)
+{
+  x = x < -87.3f ? -87.3f : x;
+  x = x > 88.3f ? 88.3f : x;
+  /* n = round (x / ln 2) by the 1.5 * 2^23 trick (round to nearest). */
+  float t = x * 1.44269504088896341f + 12582912.0f;
+  float n = t - 12582912.0f;
+  float r = x - n * 0.693359375f + n * 2.12194440e-4f;
+  float z = r * r;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * z + r + 1.0f;
+  guint32 bits = (guint32)((gint32)n + 127) << 23;
+  float scale;
+  memcpy (&scale, &bits, sizeof scale);
+  return p * scale;
+}
+
+/* Row @r of a (rows, width) tensor of the runtime's dtype in fp32: a
+ * pointer into @p at fp32, else converted into @tmp (width floats). */
+const float *stow_llama_row_in (const StowLlama *L, const void *p, guint64 ld,
+                                guint64 r, guint64 width, float *tmp);
+/* @n floats from @src to @dst (the runtime's dtype), rounding at bf16. */
+void stow_llama_store (const StowLlama *L, const float *src, void *dst,
+                       guint64 n);
+/* Element @i of @p (the runtime's dtype) in fp32. */
+float stow_llama_load1 (const StowLlama *L, const void *p, guint64 i);
+/* Per-thread staging of thread @t: L->thread_floats floats, of which the
+ * row kernels use four slots of L->row_floats. */
+float *stow_llama_thread_ws (const StowLlama *L, guint t);
+/* Sets OpenBLAS's thread count (global to the process) when it differs. */
+void stow_llama_blas_threads (guint n);
+
+/* ---- GEMM -----------------------------------------------------------------
+ * One operand of C = op(A) op(B): @p points at element (0, 0) of the stored
+ * matrix, which is op's argument transposed when @trans. */
+typedef struct
+{
+  const void *p;
+  gboolean bf16;
+  guint64 ld;
+  gboolean trans;
+} StowLlamaMat;
+
+/* C (M, N) = R + bias + alpha op(A) op(B) when !@accumulate (R and bias
+ * may be NULL: zero), C += alpha op(A) op(B) when @accumulate.  R has C's
+ * element type and @ldr; bias (N) has the runtime's dtype.  A bf16 operand
+ * is staged to fp32 in blocks; a bf16 C is rounded once, after the whole
+ * K sum.  Tiles of C fixed by the shape run on L->n_threads threads,
+ * each a single-threaded cblas_sgemm: the bits do not depend on the
+ * thread count. */
+void stow_llama_gemm (StowLlama *L, guint64 M, guint64 N, guint64 K,
+                      float alpha, StowLlamaMat A, StowLlamaMat B, void *C,
+                      gboolean c_bf16, guint64 ldc, gboolean accumulate,
+                      const void *R, guint64 ldr, const void *bias);
+
+/* ---- row kernels (n rows, each independent; any thread count) ------------ */
+
+/* y (n, h) = RMSNorm (x; w); @rstd (n, may be NULL) gets 1/rms of each
+ * row.  @y_f32: y is fp32 (else the runtime's dtype). */
+void stow_llama_rmsnorm (StowLlama *L, guint64 n, const void *x, const void *w,
+                         void *y, gboolean y_f32, float *rstd);
+/* 1 / sqrt (mean (x^2) + eps) of each row of x (n, h) into @rstd (n). */
+void stow_llama_rms_rstd (StowLlama *L, guint64 n, const void *x, float *rstd);
+/* dx (n, h) = @dres + d/dx of RMSNorm given dy (fp32 when @dy_f32),
+ * x, w and the rows' @rstd; @dres (the runtime's dtype) may be NULL.  dx
+ * may alias x or dres: each row is read whole before it is written. */
+void stow_llama_rmsnorm_backward (StowLlama *L, guint64 n, const void *dy,
+                                  gboolean dy_f32, const void *x, const void *w,
+                                  const float *rstd, const void *dres,
+                                  void *dx);
+/* Rotary embeddings in place on p (n, heads d), row r at position r % seq;
+ * @inverse rotates back (the backward of the rotation). */
+void stow_llama_rope (StowLlama *L, guint64 n, guint64 seq, guint64 heads,
+                      void *p, gboolean inverse);
+/* act (n, f) = silu (gate) * up. */
+void stow_llama_swiglu (StowLlama *L, guint64 n, const void *gate,
+                        const void *up, void *act);
+/* From dact, gate and up (n, f): dgate over gate and dup over up. */
+void stow_llama_swiglu_backward (StowLlama *L, guint64 n, const void *dact,
+                                 void *gate, void *up);
+
+/* ---- column reductions (fixed order over rows, any thread count) --------- */
+
+/* g (cols) (+)= sum over the n rows of y (n, cols) [* x * rstd (row)]:
+ * a bias gradient when @x is NULL, a norm-weight gradient otherwise.  @y
+ * fp32 when @y_f32.  Rows are added in order, in double, per column. */
+void stow_llama_colsum (StowLlama *L, guint64 n, guint64 cols, const void *y,
+                        gboolean y_f32, const void *x, const float *rstd,
+                        void *g, gboolean accumulate);
+/* The same sums added to @acc (cols) doubles: the fused loss sums its
+ * norm gradient over chunks this way before rounding it once. */
+void stow_llama_colsum_acc (StowLlama *L, guint64 n, guint64 cols,
+                            const void *y, gboolean y_f32, const void *x,
+                            const float *rstd, double *acc);
+
+/* ---- attention (executor/llama-attention.c) ------------------------------ */
+
+/* Causal GQA attention forward over @batch sequences of @seq tokens: q
+ * (n, a d), k and v (n, k d) after rotary; o (n, a d); lse (n, a). */
+void stow_llama_attention_forward (StowLlama *L, guint64 batch, guint64 seq,
+                                   const void *q, const void *k, const void *v,
+                                   void *o, float *lse);
+/* Its backward: dq (n, a d), dk and dv (n, k d) from do (n, a d) and the
+ * forward's q, k, v, o and lse, recomputing the probabilities. */
+void stow_llama_attention_backward (StowLlama *L, guint64 batch, guint64 seq,
+                                    const void *q, const void *k, const void *v,
+                                    const void *o, const float *lse,
+                                    const void *dout, void *dq, void *dk,
+                                    void *dv);
+/* Floats of one thread's attention tiles for sequences of @max_seq. */
+guint64 stow_llama_attention_thread_floats (guint64 max_seq, guint64 head_dim);
+
+G_END_DECLS
