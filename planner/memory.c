@@ -843,6 +843,19 @@ stage_params (const StowModel *m, const StowTraining *t, const StowLayout *l,
     }
   if (p.last)
     {
+      /* What is neither a layer, the embedding nor the output layer: the
+       * final norm, replicated under TP.  Counted on one stage, where the
+       * step program holds each unit's exact tensors (planner/schedule.c);
+       * with several stages the program shares this count, which leaves
+       * it out (a few kB). */
+      if (l->pp == 1)
+        {
+          guint64 in_layers = 0;
+          for (guint64 i = 0; i < m->n_layers; i++)
+            in_layers += m->layers[i].params;
+          guint64 outside = m->embedding_params + m->head_params + in_layers;
+          p.params += m->params > outside ? m->params - outside : 0;
+        }
       guint64 head = 0;
       if (m->head_params)
         head

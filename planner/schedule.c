@@ -876,6 +876,13 @@ emit_optimizer (Lower *L, Rank *R, GArray *ready_order)
     }
 }
 
+/* Full fine-tuning: every parameter trains (LoRA sizes its own). */
+static gboolean
+t_full (const Lower *L)
+{
+  return L->t->finetune == STOW_FINETUNE_FULL;
+}
+
 /* ---- one stage ------------------------------------------------------------
  */
 
@@ -886,6 +893,15 @@ lower_rank (Lower *L, Rank *R)
   const StowLayout *l = L->l;
   guint rank = R->rank;
   guint64 N = R->sp.params, n = L->n;
+  /* Unsharded on one stage the units are exact (build_units): the state
+   * buffers hold exactly their tensors, which a real backend fills. */
+  if (l->tp == 1 && l->ep == 1 && l->pp == 1 && l->vpp == 1
+      && t_full (L))
+    {
+      N = 0;
+      for (guint i = 0; i < R->units->len; i++)
+        N += g_array_index (R->units, Unit, i).params;
+    }
   guint64 odiv = l->zero >= 1 ? n : 1, gdiv = l->zero >= 2 ? n : 1;
   guint m = (guint)l->grad_accum;
   StowOp op;

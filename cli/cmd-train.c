@@ -1,0 +1,461 @@
+/* SPDX-License-Identifier: MIT
+ *
+ * cli/cmd-train.c: `stowage train` (executor/train.c runs it) and
+ * `stowage init-model` (a randomly initialised checkpoint HF transformers
+ * loads).  Flags are parsed and checked here, naming the flag and value.
+ */
+#include "config.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "cli/cli.h"
+#include "cli/commands.h"
+#include "core/json.h"
+#include "core/units.h"
+#include "executor/backends/cpu.h"
+#include "executor/model-io.h"
+#include "executor/train.h"
+#include "planner/search.h"
+
+typedef struct
+{
+  char *model, *data, *plan, *steps, *seq, *micro_batch, *global_batch,
+      *precision, *lr, *min_lr, *warmup, *lr_schedule, *weight_decay, *beta1,
+      *beta2, *eps, *max_grad_norm, *seed, *out, *save_every, *log_json,
+      *trace, *backend, *device_memory, *tokenizer, *threads, *recompute;
+  gboolean resume, shuffle;
+} TrainOptions;
+
+static gboolean
+parse_double (const char *flag, const char *v, double lo, double *out,
+              GError **error)
+{
+  if (v == NULL)
+    return TRUE;
+  char *end = NULL;
+  double x = g_ascii_strtod (v, &end);
+  if (end == v || *end != '\0' || !isfinite (x) || x < lo)
+    {
+      g_set_error (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
+                   "%s \"%s\": expected a number >= %g", flag, v, lo);
+      return FALSE;
+    }
+  *out = x;
+  return TRUE;
+}
+
+static gboolean
+parse_u64 (const char *flag, const char *v, gboolean zero_ok, guint64 *out,
+           GError **error)
+{
+  if (v == NULL)
+    return TRUE;
+  g_autoptr (GError) local = NULL;
+  if (!stow_parse_count (v, out, &local) || (*out == 0 && !zero_ok))
+    {
+      g_set_error (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
+                   "%s \"%s\": expected a count%s", flag, v,
+                   zero_ok ? "" : " of at least 1");
+      return FALSE;
+    }
+  return TRUE;
+}
+
+/* The flags into @c; errors name the flag and the value. */
+static gboolean
+resolve (TrainOptions *o, StowTrainConfig *c, GError **error)
+{
+  c->model_dir = o->model;
+  c->data = o->data;
+  c->plan_path = o->plan;
+  c->out_dir = o->out;
+  c->resume = o->resume;
+  c->shuffle = o->shuffle;
+  c->log_json = o->log_json;
+  c->trace_path = o->trace;
+  if (o->backend)
+    c->backend = o->backend;
+  guint64 threads = 0;
+  if (!parse_u64 ("--steps", o->steps, FALSE, &c->steps, error)
+      || !parse_u64 ("--micro-batch", o->micro_batch, FALSE, &c->micro_batch,
+                     error)
+      || !parse_u64 ("--global-batch", o->global_batch, FALSE,
+                     &c->global_batch, error)
+      || !parse_u64 ("--warmup", o->warmup, TRUE, &c->optim.warmup_steps,
+                     error)
+      || !parse_u64 ("--seed", o->seed, TRUE, &c->optim.seed, error)
+      || !parse_u64 ("--save-every", o->save_every, TRUE, &c->save_every,
+                     error)
+      || !parse_u64 ("--threads", o->threads, TRUE, &threads, error)
+      || !parse_double ("--lr", o->lr, 0, &c->optim.lr, error)
+      || !parse_double ("--min-lr", o->min_lr, 0, &c->optim.min_lr, error)
+      || !parse_double ("--weight-decay", o->weight_decay, 0,
+                        &c->optim.weight_decay, error)
+      || !parse_double ("--beta1", o->beta1, 0, &c->optim.beta1, error)
+      || !parse_double ("--beta2", o->beta2, 0, &c->optim.beta2, error)
+      || !parse_double ("--eps", o->eps, 0, &c->optim.eps, error)
+      || !parse_double ("--max-grad-norm", o->max_grad_norm, 0,
+                        &c->optim.max_grad_norm, error))
+    return FALSE;
+  if (c->optim.beta1 >= 1 || c->optim.beta2 >= 1)
+    {
+      g_set_error (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
+                   "--beta1 %g, --beta2 %g: each must be below 1",
+                   c->optim.beta1, c->optim.beta2);
+      return FALSE;
+    }
+  if (threads > 1024)
+    {
+      g_set_error (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
+                   "--threads %" G_GUINT64_FORMAT ": at most 1024", threads);
+      return FALSE;
+    }
+  c->threads = (guint)threads;
+  if (o->seq)
+    {
+      g_autoptr (GError) local = NULL;
+      if (!stow_parse_tokens (o->seq, &c->seq, &local) || c->seq == 0
+          || c->seq > (1u << 20))
+        {
+          g_set_error (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
+                       "--seq \"%s\": expected a length of 1 to 1M tokens",
+                       o->seq);
+          return FALSE;
+        }
+    }
+  if (o->lr_schedule
+      && !stow_lr_schedule_parse (o->lr_schedule, &c->optim.schedule, error))
+    return FALSE;
+  if (o->precision)
+    {
+      if (!stow_precision_parse (o->precision, "--precision", &c->precision,
+                                 error))
+        return FALSE;
+      if (c->precision != STOW_PRECISION_FP32
+          && c->precision != STOW_PRECISION_BF16)
+        {
+          g_set_error (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
+                       "--precision %s: stowage train runs fp32 or bf16",
+                       o->precision);
+          return FALSE;
+        }
+    }
+  if (o->device_memory)
+    {
+      g_autoptr (GError) local = NULL;
+      if (!stow_parse_size (o->device_memory, &c->device_memory, &local)
+          || c->device_memory == 0)
+        {
+          g_set_error (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
+                       "--device-memory \"%s\": %s", o->device_memory,
+                       local ? local->message : "must be more than 0");
+          return FALSE;
+        }
+    }
+  if (o->tokenizer)
+    {
+      if (g_str_equal (o->tokenizer, "bytes"))
+        c->tokenizer = STOW_TOKENIZER_BYTES;
+      else if (g_str_equal (o->tokenizer, "none"))
+        c->tokenizer = STOW_TOKENIZER_NONE;
+      else
+        {
+          g_set_error (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
+                       "--tokenizer \"%s\": expected bytes (a plain text "
+                       "file) or none (llm.c token shards)",
+                       o->tokenizer);
+          return FALSE;
+        }
+    }
+  if (o->recompute)
+    {
+      if (!stow_recompute_parse (o->recompute, "--recompute",
+                                 &c->layout.recompute,
+                                 &c->layout.recompute_layers, error))
+        return FALSE;
+      c->pins |= STOW_PIN_RECOMPUTE;
+    }
+  if (c->optim.min_lr > c->optim.lr)
+    {
+      g_set_error (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
+                   "--min-lr %g is above --lr %g", c->optim.min_lr,
+                   c->optim.lr);
+      return FALSE;
+    }
+  return TRUE;
+}
+
+typedef struct
+{
+  gboolean tty;
+} Progress;
+
+static void
+progress (const StowTrainStep *s, gpointer user)
+{
+  Progress *p = user;
+  g_autofree char *eta = stow_format_duration (s->eta_s);
+  GString *line = g_string_new (NULL);
+  if (p->tty)
+    {
+      /* A bar of 20 cells on a terminal. */
+      guint filled = (guint)(20 * s->step / MAX (s->steps, 1));
+      g_string_append_c (line, '[');
+      for (guint i = 0; i < 20; i++)
+        g_string_append_c (line, i < filled ? '#' : '.');
+      g_string_append (line, "] ");
+    }
+  g_string_append_printf (
+      line,
+      "step %" G_GUINT64_FORMAT "/%" G_GUINT64_FORMAT
+      "  loss %.4f  grad norm %.4g  lr %.3g  %.0f tokens/s  ETA %s%s%s",
+      s->step, s->steps, s->loss, s->grad_norm, s->lr, s->tokens_per_s, eta,
+      s->skipped ? "  (non-finite gradients: step skipped)" : "",
+      s->saved ? "  saved" : "");
+  fprintf (stderr, "%s\n", line->str);
+  g_string_free (line, TRUE);
+}
+
+static int
+train_main (TrainOptions *o, StowTrainConfig *c, const GOptionEntry *entries,
+            int argc, char **argv)
+{
+  g_autoptr (GOptionContext) ctx = stow_cli_context_new (
+      "train", NULL,
+      "Train a LLaMA-family model on this machine: the plan (a plan file, or "
+      "the fastest layout that fits the device) lowered to its step program "
+      "and run for real, with checkpoints that survive any crash.");
+  g_option_context_add_main_entries (ctx, entries, NULL);
+  g_autoptr (GError) error = NULL;
+  if (!stow_cli_parse (ctx, "train", &argc, &argv))
+    return STOW_EXIT_FAILURE;
+  if (argc > 1)
+    return stow_cli_failf ("see 'stowage train --help'",
+                           "train: unexpected argument \"%s\"", argv[1]);
+  if (!resolve (o, c, &error))
+    return stow_cli_fail (error, "see 'stowage train --help'");
+  Progress pr = { isatty (2) };
+  c->progress = progress;
+  c->progress_user = &pr;
+  if (!stow_train_run (c, &error))
+    return stow_cli_fail (error, NULL);
+  g_autofree char *pred = stow_format_bytes (c->predicted_peak_bytes);
+  g_autofree char *meas = stow_format_bytes (c->measured_peak_bytes);
+  fprintf (stderr,
+           "layout: %s\ndevice peak: %s measured, %s simulated (%+.2f%%)\n",
+           c->layout_description, meas, pred,
+           c->predicted_peak_bytes
+               ? 100.0 * ((double)c->measured_peak_bytes
+                              / (double)c->predicted_peak_bytes
+                          - 1.0)
+               : 0.0);
+  return STOW_EXIT_OK;
+}
+
+int
+stow_cmd_train (int argc, char **argv)
+{
+  TrainOptions o = { 0 };
+  const GOptionEntry entries[] = {
+    { "model", 0, 0, G_OPTION_ARG_FILENAME, &o.model,
+      "Model directory: config.json and model.safetensors", "DIR" },
+    { "data", 0, 0, G_OPTION_ARG_FILENAME, &o.data,
+      "llm.c token shards (a file, a glob, or several joined by ','), or a "
+      "text file with --tokenizer bytes",
+      "FILES" },
+    { "tokenizer", 0, 0, G_OPTION_ARG_STRING, &o.tokenizer,
+      "bytes: read --data as text, one token per byte (vocab >= 256)",
+      "KIND" },
+    { "shuffle", 0, 0, G_OPTION_ARG_NONE, &o.shuffle,
+      "Permute the micro-batch windows of each pass over the data (seeded)",
+      NULL },
+    { "plan", 0, 0, G_OPTION_ARG_FILENAME, &o.plan,
+      "Run the layout of a plan file (stowage fit --emit plan)", "FILE" },
+    { "recompute", 0, 0, G_OPTION_ARG_STRING, &o.recompute,
+      "none, full or full:K (default: what fits fastest)", "MODE" },
+    { "steps", 0, 0, G_OPTION_ARG_STRING, &o.steps, "Optimizer steps", "N" },
+    { "seq", 0, 0, G_OPTION_ARG_STRING, &o.seq,
+      "Sequence length in tokens (default 256)", "T" },
+    { "micro-batch", 0, 0, G_OPTION_ARG_STRING, &o.micro_batch,
+      "Sequences per micro-batch (default 1)", "B" },
+    { "global-batch", 0, 0, G_OPTION_ARG_STRING, &o.global_batch,
+      "Sequences per optimizer step (default: one micro-batch)", "G" },
+    { "precision", 0, 0, G_OPTION_ARG_STRING, &o.precision,
+      "fp32 (default) or bf16 (bf16 weights, gradients and activations, "
+      "fp32 master weights and Adam states)",
+      "P" },
+    { "lr", 0, 0, G_OPTION_ARG_STRING, &o.lr, "Peak learning rate (1e-3)",
+      "X" },
+    { "min-lr", 0, 0, G_OPTION_ARG_STRING, &o.min_lr,
+      "Learning rate at the last step for cosine and linear (0)", "X" },
+    { "warmup", 0, 0, G_OPTION_ARG_STRING, &o.warmup,
+      "Steps of linear warmup (0)", "N" },
+    { "lr-schedule", 0, 0, G_OPTION_ARG_STRING, &o.lr_schedule,
+      "constant (default), cosine or linear", "S" },
+    { "weight-decay", 0, 0, G_OPTION_ARG_STRING, &o.weight_decay,
+      "AdamW's decoupled weight decay on tensors of 2+ dimensions (0.01)",
+      "W" },
+    { "beta1", 0, 0, G_OPTION_ARG_STRING, &o.beta1, "Adam's beta1 (0.9)",
+      "B1" },
+    { "beta2", 0, 0, G_OPTION_ARG_STRING, &o.beta2, "Adam's beta2 (0.999)",
+      "B2" },
+    { "eps", 0, 0, G_OPTION_ARG_STRING, &o.eps, "Adam's epsilon (1e-8)", "E" },
+    { "max-grad-norm", 0, 0, G_OPTION_ARG_STRING, &o.max_grad_norm,
+      "Clip by the global L2 norm (1.0; 0: no clipping)", "C" },
+    { "seed", 0, 0, G_OPTION_ARG_STRING, &o.seed,
+      "Seed of the data order (--shuffle) (0)", "S" },
+    { "out", 0, 0, G_OPTION_ARG_FILENAME, &o.out,
+      "Checkpoints go to DIR/step-NNNNNN, DIR/latest the newest", "DIR" },
+    { "save-every", 0, 0, G_OPTION_ARG_STRING, &o.save_every,
+      "Checkpoint every K steps (the last step is always saved)", "K" },
+    { "resume", 0, 0, G_OPTION_ARG_NONE, &o.resume,
+      "Continue from DIR/latest bit for bit (from step 0 when there is none)",
+      NULL },
+    { "log-json", 0, 0, G_OPTION_ARG_FILENAME, &o.log_json,
+      "One JSON object per step (step, loss, grad_norm, lr, tokens_per_s)",
+      "FILE" },
+    { "trace", 0, 0, G_OPTION_ARG_FILENAME, &o.trace,
+      "Chrome trace of the last step as it ran (ui.perfetto.dev)", "FILE" },
+    { "backend", 0, 0, G_OPTION_ARG_STRING, &o.backend, "cpu (default)",
+      "NAME" },
+    { "device-memory", 0, 0, G_OPTION_ARG_STRING, &o.device_memory,
+      "The device's capacity (default: half of this host's RAM)", "SIZE" },
+    { "threads", 0, 0, G_OPTION_ARG_STRING, &o.threads,
+      "Compute threads (default: one per core)", "N" },
+    { NULL },
+  };
+  StowTrainConfig c;
+  stow_train_config_init (&c);
+  int status = train_main (&o, &c, entries, argc, argv);
+  stow_train_config_clear (&c);
+  char **strings[] = { &o.model,      &o.data,          &o.plan,
+                       &o.steps,      &o.seq,           &o.micro_batch,
+                       &o.global_batch, &o.precision,   &o.lr,
+                       &o.min_lr,     &o.warmup,        &o.lr_schedule,
+                       &o.weight_decay, &o.beta1,       &o.beta2,
+                       &o.eps,        &o.max_grad_norm, &o.seed,
+                       &o.out,        &o.save_every,    &o.log_json,
+                       &o.trace,      &o.backend,       &o.device_memory,
+                       &o.tokenizer,  &o.threads,       &o.recompute };
+  for (gsize i = 0; i < G_N_ELEMENTS (strings); i++)
+    g_free (*strings[i]);
+  return status;
+}
+
+/* ---- init-model ------------------------------------------------------------ */
+
+typedef struct
+{
+  const StowProgram *p;
+  double std;
+  guint64 seed;
+  StowDtype dtype;
+  guint8 *scratch; /* the largest unit */
+} InitCtx;
+
+static void *
+init_unit (gpointer user, guint unit)
+{
+  InitCtx *x = user;
+  stow_model_io_init_unit (x->p, unit, x->std, x->seed, x->dtype, x->scratch);
+  return x->scratch;
+}
+
+/* init-model after its options: @out the directory. */
+static int
+init_main (const char *config_path, const char *out, const char *seed_s,
+           const char *dtype_s)
+{
+  g_autoptr (GError) error = NULL;
+  guint64 seed = 0;
+  if (seed_s && !stow_parse_count (seed_s, &seed, &error))
+    return stow_cli_failf (NULL, "--seed \"%s\": expected a count", seed_s);
+  StowDtype dtype = STOW_DTYPE_F32;
+  if (dtype_s && g_str_equal (dtype_s, "bf16"))
+    dtype = STOW_DTYPE_BF16;
+  else if (dtype_s && !g_str_equal (dtype_s, "fp32"))
+    return stow_cli_failf (NULL, "--dtype \"%s\": expected fp32 or bf16",
+                           dtype_s);
+  g_autoptr (StowModel) m = stow_model_new_from_file (config_path, &error);
+  StowLlamaConfig lc;
+  g_autofree char *text = NULL;
+  gsize len = 0;
+  if (m == NULL || !stow_llama_config_from_model (m, &lc, &error)
+      || !g_file_get_contents (config_path, &text, &len, &error))
+    return stow_cli_fail (error, NULL);
+  if (g_mkdir_with_parents (out, 0755) != 0)
+    {
+      int e = errno;
+      return stow_cli_failf (NULL, "-o %s: %s", out, g_strerror (e));
+    }
+  /* config.json as given, with the dtype the weights are stored in. */
+  g_autoptr (JsonNode) root
+      = stow_json_parse_data (text, (gssize)len, config_path, &error);
+  if (root == NULL)
+    return stow_cli_fail (error, NULL);
+  if (!JSON_NODE_HOLDS_OBJECT (root))
+    return stow_cli_failf (NULL, "%s: not a JSON object", config_path);
+  json_object_set_string_member (json_node_get_object (root), "torch_dtype",
+                                 dtype == STOW_DTYPE_F32 ? "float32"
+                                                         : "bfloat16");
+  g_autofree char *cfg_text = stow_json_to_string (root, TRUE);
+  g_autofree char *cfg = g_build_filename (out, "config.json", NULL);
+  g_autofree char *st = g_build_filename (out, "model.safetensors", NULL);
+  g_autoptr (StowProgram) p = stow_program_new (1);
+  stow_program_set_units (p, m);
+  guint64 largest = 0;
+  for (guint u = 0; u < p->units->len; u++)
+    largest = MAX (largest, g_array_index (p->units, StowUnit, u).numel);
+  InitCtx x = { p, m->initializer_range, seed, dtype, NULL };
+  x.scratch = g_try_malloc (MAX (largest, 1) * stow_dtype_size (dtype));
+  if (x.scratch == NULL)
+    return stow_cli_failf (NULL, "init-model: out of memory for a unit of "
+                                 "%" G_GUINT64_FORMAT " parameters",
+                           largest);
+  gboolean ok = stow_model_io_save (p, st, dtype, init_unit, &x, &error)
+                && stow_file_write_atomic (cfg, cfg_text, -1, &error);
+  g_free (x.scratch);
+  if (!ok)
+    return stow_cli_fail (error, NULL);
+  printf ("%s: %s, %" G_GUINT64_FORMAT " parameters, %s, seed %" G_GUINT64_FORMAT
+          "\n",
+          out, m->name, m->params, dtype == STOW_DTYPE_F32 ? "fp32" : "bf16",
+          seed);
+  return STOW_EXIT_OK;
+}
+
+int
+stow_cmd_init_model (int argc, char **argv)
+{
+  char *out = NULL, *seed_s = NULL, *dtype_s = NULL;
+  const GOptionEntry entries[] = {
+    { "output", 'o', 0, G_OPTION_ARG_FILENAME, &out,
+      "Directory for config.json and model.safetensors", "DIR" },
+    { "seed", 0, 0, G_OPTION_ARG_STRING, &seed_s, "Random seed (0)", "S" },
+    { "dtype", 0, 0, G_OPTION_ARG_STRING, &dtype_s,
+      "fp32 (default) or bf16", "D" },
+    { NULL },
+  };
+  g_autoptr (GOptionContext) ctx = stow_cli_context_new (
+      "init-model", "CONFIG.json",
+      "Write a randomly initialised checkpoint of a LLaMA-family config: "
+      "linear weights and embeddings normal(0, initializer_range), norms 1, "
+      "biases 0, as HF transformers initialises them.");
+  g_option_context_add_main_entries (ctx, entries, NULL);
+  int status;
+  if (!stow_cli_parse (ctx, "init-model", &argc, &argv))
+    status = STOW_EXIT_FAILURE;
+  else if (argc != 2 || out == NULL)
+    status = stow_cli_failf ("see 'stowage init-model --help'",
+                             "init-model: expected CONFIG.json and -o DIR");
+  else
+    status = init_main (argv[1], out, seed_s, dtype_s);
+  g_free (out);
+  g_free (seed_s);
+  g_free (dtype_s);
+  return status;
+}

@@ -1,0 +1,76 @@
+/* SPDX-License-Identifier: MIT
+ *
+ * executor/backends/cpu.h: the cpu backend: real tensors, the "device" a
+ * capacity-limited arena of host RAM (executor/arena.h), one worker thread
+ * per stream joined only by the program's events, the decoder's kernels
+ * from executor/llama.h and Adam from offload/adam.c.  It is the oracle
+ * the other backends are compared against.  It runs one rank (one device)
+ * of a LLaMA-family model; ops it cannot run yet (copies between tiers,
+ * collectives, a host optimizer) are refused by name when issued.
+ */
+#pragma once
+
+#include "executor/backend.h"
+#include "executor/llama.h"
+
+G_BEGIN_DECLS
+
+/* Fills the tokens and targets (@n each) of micro-batch @micro_batch of
+ * step @step (1-based).  Runs on the compute stream's worker. */
+typedef gboolean (*StowCpuDataFn) (gpointer user, guint64 step,
+                                   guint micro_batch, gint32 *tokens,
+                                   gint32 *targets, guint64 n, GError **error);
+
+typedef struct
+{
+  const StowProgram *program; /* borrowed: must outlive the backend */
+  const StowModel *model;     /* the model the program was lowered for */
+  guint64 device_capacity_bytes;
+  guint n_threads; /* compute and Adam threads; 0: one per core */
+  StowCpuDataFn data;
+  gpointer data_user;
+  /* Test knob: every copy sleeps this long first (0: none), so that tests
+   * of overlap on a small machine can see it. */
+  guint copy_delay_us;
+} StowCpuSetup;
+
+/* The runtime config a model runs with, from its config.json fields;
+ * STOW_LLAMA_ERROR_INVALID names what the runtime does not run (a family,
+ * hidden_act, rope_type, a fused projection). */
+gboolean stow_llama_config_from_model (const StowModel *model,
+                                       StowLlamaConfig *out, GError **error);
+
+/* Checks that every buffer of @setup->program holds what the runtime
+ * keeps in it (STOW_BACKEND_ERROR_INVALID naming the buffer and both
+ * sizes), makes the arena and starts the workers. */
+StowBackend *stow_backend_cpu_new (const StowCpuSetup *setup, GError **error);
+
+/* Allocates the program's persistent buffers (weights, gradients, master
+ * weights, optimizer states) now, at the bottom of the arena, so they can
+ * be loaded before the first step; they stay allocated across steps. */
+gboolean stow_backend_cpu_alloc_persistent (StowBackend *cpu, GError **error);
+
+/* Before each run of the program: the 1-based step (Adam's t and the
+ * learning rate) and the loss scale's bookkeeping start afresh. */
+void stow_backend_cpu_begin_step (StowBackend *cpu, guint64 step);
+
+typedef struct
+{
+  double loss;      /* mean token cross-entropy over the global batch */
+  double grad_norm; /* global L2 norm before clipping; NaN/Inf if so */
+  gboolean skipped; /* a non-finite gradient: no weight was written */
+  double lr;
+} StowCpuStepStats;
+
+void stow_backend_cpu_step_stats (StowBackend *cpu, StowCpuStepStats *out);
+guint64 stow_backend_cpu_peak_bytes (StowBackend *cpu);
+void stow_backend_cpu_reset_peak (StowBackend *cpu);
+
+/* The persistent tensors of @unit, for loading and saving: its weights
+ * (program->weight_dtype), its fp32 master copy (NULL without one), its
+ * Adam moments; NULL before stow_backend_cpu_alloc_persistent. */
+void *stow_backend_cpu_weights (StowBackend *cpu, guint unit);
+float *stow_backend_cpu_master (StowBackend *cpu, guint unit);
+float *stow_backend_cpu_moment (StowBackend *cpu, guint unit, guint which);
+
+G_END_DECLS

@@ -1,0 +1,701 @@
+/* SPDX-License-Identifier: MIT
+ *
+ * executor/train.c: the training loop (executor/train.h).  Conventions
+ * (docs/executor.md): micro-batch g of the run (g = (step - 1) x
+ * grad_accum + i) reads tokens [g B T, g B T + B T + 1) of the stream,
+ * row b its tokens [b T, b T + T) and targets one further; with --shuffle
+ * the windows of each pass over the stream are permuted from the seed.
+ * The loss is the mean token cross-entropy of the global batch.
+ */
+#include "executor/train.h"
+
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "core/json.h"
+#include "executor/backends/cpu.h"
+#include "executor/backends/sim.h"
+#include "executor/checkpoint.h"
+#include "executor/model-io.h"
+#include "executor/trace.h"
+#include "planner/plan-file.h"
+#include "planner/schedule.h"
+#include "planner/search.h"
+
+// clang-format off
+G_DEFINE_QUARK (stow-train-error-quark, stow_train_error)
+// clang-format on
+
+#define STATE_FORMAT "stowage-train-state"
+
+void
+stow_train_config_init (StowTrainConfig *c)
+{
+  memset (c, 0, sizeof *c);
+  stow_layout_init (&c->layout);
+  stow_optim_settings_init (&c->optim);
+  c->optim.max_grad_norm = 1.0; /* as the HF Trainer */
+  c->precision = STOW_PRECISION_FP32;
+  c->steps = 1;
+  c->seq = 256;
+  c->micro_batch = 1;
+  c->backend = "cpu";
+}
+
+void
+stow_train_config_clear (StowTrainConfig *c)
+{
+  g_clear_pointer (&c->layout_description, g_free);
+}
+
+StowCluster *
+stow_train_cpu_cluster (guint64 device_bytes, guint threads)
+{
+  StowNode node;
+  memset (&node, 0, sizeof node);
+  guint cores = threads ? threads : MAX (1u, g_get_num_processors ());
+  long pages = sysconf (_SC_PHYS_PAGES), page = sysconf (_SC_PAGESIZE);
+  guint64 ram = pages > 0 && page > 0 ? (guint64)pages * (guint64)page : 0;
+  node.name = g_strdup ("cpu");
+  node.description = g_strdup ("this host's cpu backend");
+  node.gpu.name = g_strdup ("cpu-arena");
+  node.gpu.vendor = g_strdup ("cpu");
+  node.gpu.description
+      = g_strdup ("host RAM as a capacity-limited device (cpu backend)");
+  node.gpu.total_bytes = node.gpu.marketing_bytes = device_bytes;
+  /* Nominal rates: the sim gives the step's shape from them, not a
+   * measured length (a few tens of GFLOP/s a core with AVX-512 FMA). */
+  node.gpu.fp32_flops = node.gpu.bf16_flops = node.gpu.fp16_flops
+      = node.gpu.tf32_flops = 40e9 * cores;
+  node.gpu.hbm_bw = 20e9;
+  node.gpu.pcie_bw = 10e9;
+  node.gpu.nvlink_domain = 1;
+  node.gpus_per_node = 1;
+  node.host_ram_bytes = ram;
+  node.host_mem_bw = 20e9;
+  node.cpu_cores = cores;
+  node.numa_nodes = 1;
+  node.sockets = 1;
+  StowCluster *c = stow_cluster_new (&node, 1, "cpu");
+  stow_node_clear (&node);
+  return c;
+}
+
+/* ---- the run ---------------------------------------------------------- */
+
+typedef struct
+{
+  StowTrainConfig *c;
+  StowModel *model;
+  StowCluster *cluster;
+  StowTraining training;
+  StowLayout layout;
+  StowMemOptions mo;
+  StowProgram *prog;
+  StowBackend *be;
+  StowTokenData *data;
+  char *config_json; /* the model's config.json, verbatim */
+  gsize config_len;
+  guint64 window;    /* tokens per micro-batch: B T */
+  guint64 n_windows; /* whole windows in the stream (shuffle) */
+  gint32 *scratch;   /* B T + 1 tokens */
+  guint64 perm_epoch;
+  guint64 *perm;
+  FILE *log;
+} Run;
+
+static void
+run_clear (Run *r)
+{
+  if (r->be)
+    stow_backend_free (r->be);
+  if (r->prog)
+    stow_program_free (r->prog);
+  if (r->data)
+    stow_token_data_free (r->data);
+  if (r->model)
+    stow_model_unref (r->model);
+  if (r->cluster)
+    stow_cluster_unref (r->cluster);
+  if (r->log)
+    fclose (r->log);
+  g_free (r->config_json);
+  g_free (r->scratch);
+  g_free (r->perm);
+}
+
+/* The permutation of the windows for pass @epoch over the stream. */
+static void
+make_perm (Run *r, guint64 epoch)
+{
+  if (r->perm != NULL && r->perm_epoch == epoch)
+    return;
+  if (r->perm == NULL)
+    r->perm = g_new (guint64, r->n_windows);
+  for (guint64 i = 0; i < r->n_windows; i++)
+    r->perm[i] = i;
+  GRand *rng = g_rand_new_with_seed_array (
+      (const guint32[]){ (guint32)r->c->optim.seed,
+                         (guint32)(r->c->optim.seed >> 32), (guint32)epoch,
+                         (guint32)(epoch >> 32) },
+      4);
+  for (guint64 i = r->n_windows - 1; i > 0; i--)
+    {
+      guint64 j = (guint64)g_rand_double_range (rng, 0, (double)(i + 1));
+      j = MIN (j, i);
+      guint64 t = r->perm[i];
+      r->perm[i] = r->perm[j], r->perm[j] = t;
+    }
+  g_rand_free (rng);
+  r->perm_epoch = epoch;
+}
+
+static gboolean
+data_fn (gpointer user, guint64 step, guint mb, gint32 *tokens,
+         gint32 *targets, guint64 n, GError **error)
+{
+  Run *r = user;
+  guint64 g = (step - 1) * r->layout.grad_accum + mb;
+  guint64 start = g * r->window;
+  if (r->c->shuffle)
+    {
+      make_perm (r, g / r->n_windows);
+      start = r->perm[g % r->n_windows] * r->window;
+    }
+  stow_token_data_read (r->data, start, n + 1, r->scratch);
+  memcpy (tokens, r->scratch, n * sizeof (gint32));
+  memcpy (targets, r->scratch + 1, n * sizeof (gint32));
+  return TRUE;
+}
+
+static void *
+weights_of (gpointer user, guint unit)
+{
+  return stow_backend_cpu_weights (((Run *)user)->be, unit);
+}
+
+static void *
+master_of (gpointer user, guint unit)
+{
+  return stow_backend_cpu_master (((Run *)user)->be, unit);
+}
+
+/* The model, its config.json and the data. */
+static gboolean
+open_inputs (Run *r, GError **error)
+{
+  StowTrainConfig *c = r->c;
+  g_autofree char *cfg = g_build_filename (c->model_dir, "config.json", NULL);
+  if (!g_file_get_contents (cfg, &r->config_json, &r->config_len, error))
+    return FALSE;
+  r->model = stow_model_new_from_file (cfg, error);
+  if (r->model == NULL)
+    return FALSE;
+  StowLlamaConfig lc;
+  if (!stow_llama_config_from_model (r->model, &lc, error))
+    return FALSE;
+  if (c->tokenizer == STOW_TOKENIZER_BYTES && r->model->vocab < 256)
+    {
+      g_set_error (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
+                   "--tokenizer bytes needs vocab_size >= 256; %s has "
+                   "%" G_GUINT64_FORMAT,
+                   cfg, r->model->vocab);
+      return FALSE;
+    }
+  r->data = stow_token_data_open (c->data, c->tokenizer, r->model->vocab,
+                                  error);
+  if (r->data == NULL)
+    return FALSE;
+  return TRUE;
+}
+
+/* The layout: a plan file's, or the fastest that fits the device with
+ * the pinned dimensions as given. */
+static gboolean
+plan (Run *r, GError **error)
+{
+  StowTrainConfig *c = r->c;
+  stow_mem_options_init (&r->mo);
+  /* The arena holds tensors only: no CUDA context, library workspaces or
+   * communicators, and no caching allocator's slack. */
+  r->mo.cuda_context_bytes = r->mo.workspace_bytes = 0;
+  r->mo.nccl_bytes_per_group = 0;
+  r->mo.fragmentation = 0;
+  r->mo.safety_margin_bytes = 0;
+  r->mo.host_process_bytes = 0;
+  stow_training_init (&r->training);
+  StowTraining *t = &r->training;
+  t->seq_len = c->seq;
+  t->global_batch = c->global_batch;
+  t->precision = c->precision;
+  if (c->plan_path)
+    {
+      g_autoptr (StowPlanFile) pf = stow_plan_file_read (c->plan_path, error);
+      if (pf == NULL)
+        return FALSE;
+      r->layout = pf->layout;
+      /* The plan's training shape; the model is the directory's. */
+      *t = pf->training;
+      c->seq = t->seq_len;
+      c->global_batch = t->global_batch;
+      c->micro_batch = r->layout.micro_batch;
+      c->precision = t->precision;
+      r->mo = pf->mem_options;
+      if (pf->model && pf->model->params != r->model->params)
+        {
+          g_set_error (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_MISMATCH,
+                       "--plan %s is for %s (%" G_GUINT64_FORMAT
+                       " parameters), --model %s has %" G_GUINT64_FORMAT,
+                       c->plan_path, pf->model->name, pf->model->params,
+                       c->model_dir, r->model->params);
+          return FALSE;
+        }
+      return TRUE;
+    }
+  if (c->global_batch % c->micro_batch != 0)
+    {
+      g_set_error (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
+                   "--global-batch %" G_GUINT64_FORMAT
+                   " is not a multiple of --micro-batch %" G_GUINT64_FORMAT,
+                   c->global_batch, c->micro_batch);
+      return FALSE;
+    }
+  StowLayout base = c->layout;
+  base.micro_batch = c->micro_batch;
+  base.grad_accum = c->global_batch / c->micro_batch;
+  base.engine = STOW_ENGINE_STOWAGE;
+  /* One device: everything but recomputation (and the offloads, where
+   * the backend runs them) is fixed by it. */
+  StowPins pins = (StowPins)c->pins | STOW_PIN_DP | STOW_PIN_TP | STOW_PIN_PP
+                  | STOW_PIN_VPP | STOW_PIN_CP | STOW_PIN_EP | STOW_PIN_SP
+                  | STOW_PIN_ZERO | STOW_PIN_MICRO_BATCH | STOW_PIN_SCHEDULE
+                  | STOW_PIN_OFFLOAD_OPTIMIZER | STOW_PIN_OFFLOAD_PARAMS
+                  | STOW_PIN_OFFLOAD_ACTIVATIONS;
+  g_autoptr (StowSearch) s = stow_search_run (r->model, r->cluster, t, &base,
+                                              pins, &r->mo, 1);
+  if (s->fits->len == 0)
+    {
+      g_autofree char *cap = g_format_size_full (
+          r->cluster->node.gpu.total_bytes, G_FORMAT_SIZE_IEC_UNITS);
+      g_autofree char *need = s->have_miss ? g_format_size_full (
+                                  s->best_miss.total_bytes,
+                                  G_FORMAT_SIZE_IEC_UNITS)
+                                           : g_strdup ("?");
+      g_set_error (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
+                   "%s does not fit a device of %s (--device-memory): the "
+                   "closest layout needs %s; lower --micro-batch or --seq, "
+                   "or raise --device-memory",
+                   r->model->name, cap, need);
+      return FALSE;
+    }
+  r->layout = g_array_index (s->fits, StowCandidate, 0).layout;
+  return TRUE;
+}
+
+/* ---- checkpoints ---------------------------------------------------------- */
+
+static JsonObject *
+state_object (Run *r, guint64 step)
+{
+  const StowTrainConfig *c = r->c;
+  const StowOptimSettings *o = &r->prog->optim;
+  JsonObject *s = json_object_new ();
+  json_object_set_string_member (s, "format", STATE_FORMAT);
+  json_object_set_int_member (s, "version", 1);
+  json_object_set_int_member (s, "step", (gint64)step);
+  json_object_set_int_member (s, "tokens_seen",
+                              (gint64)(step * c->global_batch * c->seq));
+  /* A string: JSON numbers above 2^53 would not survive. */
+  g_autofree char *seed = g_strdup_printf ("%" G_GUINT64_FORMAT, o->seed);
+  json_object_set_string_member (s, "seed", seed);
+  json_object_set_boolean_member (s, "shuffle", c->shuffle);
+  json_object_set_string_member (s, "precision",
+                                 stow_precision_name (c->precision));
+  json_object_set_int_member (s, "seq", (gint64)c->seq);
+  json_object_set_int_member (s, "micro_batch", (gint64)c->micro_batch);
+  json_object_set_int_member (s, "global_batch", (gint64)c->global_batch);
+  json_object_set_double_member (s, "lr", o->lr);
+  json_object_set_double_member (s, "weight_decay", o->weight_decay);
+  json_object_set_double_member (s, "max_grad_norm", o->max_grad_norm);
+  return s;
+}
+
+static gboolean
+save_checkpoint (Run *r, guint64 step, GError **error)
+{
+  const StowProgram *p = r->prog;
+  g_autoptr (StowCheckpointWriter) w
+      = stow_checkpoint_begin (r->c->out_dir, step, error);
+  if (w == NULL)
+    return FALSE;
+  const char *dir = stow_checkpoint_writer_dir (w);
+  g_autofree char *cfg = g_build_filename (dir, "config.json", NULL);
+  g_autofree char *st = g_build_filename (dir, "model.safetensors", NULL);
+  g_autofree char *opt = g_build_filename (dir, "optimizer.stow", NULL);
+  if (!g_file_set_contents (cfg, r->config_json, (gssize)r->config_len, error)
+      || !stow_model_io_save (p, st, p->weight_dtype, weights_of, r, error))
+    return FALSE;
+  /* The optimizer's state, tensor by tensor (no copy of it in RAM). */
+  g_autoptr (GArray) specs
+      = g_array_new (FALSE, TRUE, sizeof (StowOptimStateSpec));
+  for (guint i = 0; i < p->unit_tensors->len; i++)
+    {
+      const StowUnitTensor *t
+          = &g_array_index (p->unit_tensors, StowUnitTensor, i);
+      StowOptimStateSpec s = { t->name, t->numel, 0, { NULL } };
+      if (p->master_weights)
+        s.sections[s.n_sections++] = "master";
+      s.sections[s.n_sections++] = "m";
+      s.sections[s.n_sections++] = "v";
+      g_array_append_val (specs, s);
+    }
+  g_autoptr (JsonObject) state = state_object (r, step);
+  g_autoptr (StowOptimStateWriter) ow = stow_optim_state_writer_new (
+      opt, (StowOptimStateSpec *)specs->data, specs->len, state, error);
+  if (ow == NULL)
+    return FALSE;
+  for (guint ui = 0; ui < p->units->len; ui++)
+    {
+      const StowUnit *u = &g_array_index (p->units, StowUnit, ui);
+      float *master = stow_backend_cpu_master (r->be, ui);
+      float *m = stow_backend_cpu_moment (r->be, ui, 0);
+      float *v = stow_backend_cpu_moment (r->be, ui, 1);
+      for (guint k = 0; k < u->n_tensors; k++)
+        {
+          const StowUnitTensor *t = &g_array_index (
+              p->unit_tensors, StowUnitTensor, u->first_tensor + k);
+          if ((p->master_weights
+               && !stow_optim_state_writer_write (ow, master + t->offset,
+                                                  t->numel, error))
+              || !stow_optim_state_writer_write (ow, m + t->offset, t->numel,
+                                                 error)
+              || !stow_optim_state_writer_write (ow, v + t->offset, t->numel,
+                                                 error))
+            return FALSE;
+        }
+    }
+  if (!stow_optim_state_writer_finish (ow, error))
+    return FALSE;
+  return stow_checkpoint_commit (w, error);
+}
+
+static gboolean
+state_u64 (JsonObject *s, const char *where, const char *name, guint64 *out,
+           GError **error)
+{
+  return stow_json_get_u64 (s, where, name, TRUE, out, error);
+}
+
+static gboolean
+same_str (const char *dir, const char *field, const char *was,
+          const char *now, GError **error)
+{
+  if (g_strcmp0 (was, now) == 0)
+    return TRUE;
+  g_set_error (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_MISMATCH,
+               "%s: the checkpoint ran with %s %s; this run has %s (--resume "
+               "continues the same run)",
+               dir, field, was, now);
+  return FALSE;
+}
+
+static gboolean
+same_u64 (const char *dir, const char *field, guint64 was, guint64 now,
+          GError **error)
+{
+  g_autofree char *a = g_strdup_printf ("%" G_GUINT64_FORMAT, was);
+  g_autofree char *b = g_strdup_printf ("%" G_GUINT64_FORMAT, now);
+  return same_str (dir, field, a, b, error);
+}
+
+/* The weights and optimizer state of checkpoint @dir; the steps done. */
+static gboolean
+load_checkpoint (Run *r, const char *dir, guint64 *done, GError **error)
+{
+  const StowProgram *p = r->prog;
+  StowTrainConfig *c = r->c;
+  g_autofree char *st = g_build_filename (dir, "model.safetensors", NULL);
+  g_autofree char *opt = g_build_filename (dir, "optimizer.stow", NULL);
+  g_autoptr (StowOptimState) os = stow_optim_state_open (opt, error);
+  if (os == NULL)
+    return FALSE;
+  JsonObject *s = stow_optim_state_get_state (os);
+  guint64 step = 0, seq = 0, mb = 0, gb = 0;
+  const char *prec = NULL, *seed = NULL, *fmt = NULL;
+  if (!stow_json_get_string (s, opt, "format", TRUE, &fmt, error)
+      || !state_u64 (s, opt, "step", &step, error)
+      || !state_u64 (s, opt, "seq", &seq, error)
+      || !state_u64 (s, opt, "micro_batch", &mb, error)
+      || !state_u64 (s, opt, "global_batch", &gb, error)
+      || !stow_json_get_string (s, opt, "precision", TRUE, &prec, error)
+      || !stow_json_get_string (s, opt, "seed", TRUE, &seed, error))
+    return FALSE;
+  /* A run continues only as itself: the same data order and shapes. */
+  g_autofree char *now_seed
+      = g_strdup_printf ("%" G_GUINT64_FORMAT, c->optim.seed);
+  if (!same_u64 (dir, "seq", seq, c->seq, error)
+      || !same_u64 (dir, "micro_batch", mb, c->micro_batch, error)
+      || !same_u64 (dir, "global_batch", gb, c->global_batch, error)
+      || !same_str (dir, "precision", prec, stow_precision_name (c->precision),
+                    error)
+      || !same_str (dir, "seed", seed, now_seed, error))
+    return FALSE;
+  if (!stow_model_io_load (p, st, p->weight_dtype, weights_of, r, error))
+    return FALSE;
+  for (guint ui = 0; ui < p->units->len; ui++)
+    {
+      const StowUnit *u = &g_array_index (p->units, StowUnit, ui);
+      float *dst[3] = { stow_backend_cpu_master (r->be, ui),
+                        stow_backend_cpu_moment (r->be, ui, 0),
+                        stow_backend_cpu_moment (r->be, ui, 1) };
+      static const char *const sec[3] = { "master", "m", "v" };
+      for (guint k = 0; k < u->n_tensors; k++)
+        {
+          const StowUnitTensor *t = &g_array_index (
+              p->unit_tensors, StowUnitTensor, u->first_tensor + k);
+          if (stow_optim_state_tensor_n (os, t->name) != t->numel)
+            {
+              g_set_error (error, STOW_CHECKPOINT_ERROR,
+                           STOW_CHECKPOINT_ERROR_MISMATCH,
+                           "%s: tensor \"%s\": %" G_GUINT64_FORMAT
+                           " elements, the model has %" G_GUINT64_FORMAT,
+                           opt, t->name,
+                           stow_optim_state_tensor_n (os, t->name), t->numel);
+              return FALSE;
+            }
+          for (int q = p->master_weights ? 0 : 1; q < 3; q++)
+            if (!stow_optim_state_read (os, t->name, sec[q], 0, t->numel,
+                                        dst[q] + t->offset, error))
+              return FALSE;
+        }
+    }
+  *done = step;
+  return TRUE;
+}
+
+/* Fresh weights from the model directory: the fp32 master straight from
+ * the file, the training copy rounded from it. */
+static gboolean
+load_initial (Run *r, GError **error)
+{
+  const StowProgram *p = r->prog;
+  g_autofree char *st
+      = g_build_filename (r->c->model_dir, "model.safetensors", NULL);
+  if (!p->master_weights)
+    return stow_model_io_load (p, st, p->weight_dtype, weights_of, r, error);
+  if (!stow_model_io_load (p, st, STOW_DTYPE_F32, master_of, r, error))
+    return FALSE;
+  for (guint ui = 0; ui < p->units->len; ui++)
+    {
+      const StowUnit *u = &g_array_index (p->units, StowUnit, ui);
+      const float *m = stow_backend_cpu_master (r->be, ui);
+      guint16 *w = stow_backend_cpu_weights (r->be, ui);
+      for (guint64 i = 0; i < u->numel; i++)
+        w[i] = stow_f32_to_bf16 (m[i]);
+    }
+  return TRUE;
+}
+
+/* ---- the loop --------------------------------------------------------------- */
+
+static void
+log_step (Run *r, const StowTrainStep *s)
+{
+  if (r->log == NULL)
+    return;
+  g_autoptr (JsonBuilder) b = json_builder_new ();
+  json_builder_begin_object (b);
+  stow_json_set_i64 (b, "step", (gint64)s->step);
+  stow_json_set_double (b, "loss", s->loss);
+  stow_json_set_double (b, "grad_norm", s->grad_norm);
+  stow_json_set_double (b, "lr", s->lr);
+  stow_json_set_double (b, "tokens_per_s", s->tokens_per_s);
+  stow_json_set_double (b, "step_time_s", s->step_s);
+  json_builder_set_member_name (b, "skipped");
+  json_builder_add_boolean_value (b, s->skipped);
+  stow_json_set_i64 (b, "peak_device_bytes", (gint64)s->peak_device_bytes);
+  json_builder_end_object (b);
+  g_autoptr (JsonNode) root = json_builder_get_root (b);
+  g_autofree char *line = stow_json_to_string (root, FALSE);
+  fprintf (r->log, "%s\n", line);
+  fflush (r->log);
+}
+
+static gboolean
+train_loop (Run *r, guint64 first, GError **error)
+{
+  StowTrainConfig *c = r->c;
+  double tokens = (double)c->global_batch * (double)c->seq;
+  gint64 t_start = g_get_monotonic_time ();
+  g_autoptr (StowTrace) last = NULL;
+  for (guint64 step = first; step <= c->steps; step++)
+    {
+      gint64 t0 = g_get_monotonic_time ();
+      stow_backend_cpu_begin_step (r->be, step);
+      g_clear_pointer (&last, stow_trace_free);
+      last = stow_program_run (r->prog, r->be, error);
+      if (last == NULL)
+        return FALSE;
+      StowCpuStepStats st;
+      stow_backend_cpu_step_stats (r->be, &st);
+      double step_s = (double)(g_get_monotonic_time () - t0) / 1e6;
+      StowTrainStep s = { 0 };
+      s.step = step, s.steps = c->steps;
+      s.loss = st.loss, s.grad_norm = st.grad_norm, s.lr = st.lr;
+      s.skipped = st.skipped;
+      s.step_s = step_s;
+      s.tokens_per_s = step_s > 0 ? tokens / step_s : 0;
+      s.elapsed_s = (double)(g_get_monotonic_time () - t_start) / 1e6;
+      s.eta_s = s.elapsed_s / (double)(step - first + 1)
+                * (double)(c->steps - step);
+      s.peak_device_bytes = stow_backend_cpu_peak_bytes (r->be);
+      if ((c->save_every && step % c->save_every == 0) || step == c->steps)
+        {
+          if (!save_checkpoint (r, step, error))
+            return FALSE;
+          s.saved = TRUE;
+        }
+      log_step (r, &s);
+      if (c->progress)
+        c->progress (&s, c->progress_user);
+    }
+  c->measured_peak_bytes = stow_backend_cpu_peak_bytes (r->be);
+  if (c->trace_path && last != NULL)
+    {
+      g_autofree char *json = stow_trace_to_chrome_json (last, r->prog);
+      if (!stow_file_write_atomic (c->trace_path, json, -1, error))
+        return FALSE;
+    }
+  return TRUE;
+}
+
+static gboolean
+check_config (StowTrainConfig *c, GError **error)
+{
+  const char *bad = NULL;
+  if (c->model_dir == NULL)
+    bad = "--model DIR is required";
+  else if (c->data == NULL)
+    bad = "--data FILES is required";
+  else if (c->out_dir == NULL)
+    bad = "--out DIR is required";
+  else if (c->steps == 0)
+    bad = "--steps must be at least 1";
+  else if (!c->plan_path && (c->seq == 0 || c->micro_batch == 0))
+    bad = "--seq and --micro-batch must be at least 1";
+  if (bad)
+    {
+      g_set_error_literal (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
+                           bad);
+      return FALSE;
+    }
+  if (g_strcmp0 (c->backend, "cpu") != 0)
+    {
+      g_set_error (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
+                   "--backend %s: this build runs the cpu backend (the cuda "
+                   "backend is Executor III)",
+                   c->backend);
+      return FALSE;
+    }
+  if (c->global_batch == 0)
+    c->global_batch = c->micro_batch;
+  c->optim.total_steps = c->steps;
+  return TRUE;
+}
+
+gboolean
+stow_train_run (StowTrainConfig *c, GError **error)
+{
+  if (!check_config (c, error))
+    return FALSE;
+  Run r = { 0 };
+  r.c = c;
+  gboolean ok = FALSE;
+  guint64 done = 0;
+  char *latest = NULL;
+  guint64 device = c->device_memory;
+  if (device == 0)
+    {
+      long pages = sysconf (_SC_PHYS_PAGES), page = sysconf (_SC_PAGESIZE);
+      device = pages > 0 && page > 0 ? (guint64)pages * (guint64)page / 2
+                                     : (guint64)1 << 30;
+    }
+  r.cluster = stow_train_cpu_cluster (device, c->threads);
+  if (!open_inputs (&r, error) || !plan (&r, error))
+    goto out;
+  r.window = c->micro_batch * c->seq;
+  if (stow_token_data_n_tokens (r.data) < r.window + 1)
+    {
+      g_set_error (error, STOW_DATA_ERROR, STOW_DATA_ERROR_EMPTY,
+                   "%s: %" G_GUINT64_FORMAT
+                   " tokens; a micro-batch reads %" G_GUINT64_FORMAT,
+                   c->data, stow_token_data_n_tokens (r.data), r.window + 1);
+      goto out;
+    }
+  r.n_windows = (stow_token_data_n_tokens (r.data) - 1) / r.window;
+  r.scratch = g_new (gint32, r.window + 1);
+
+  /* Lower and simulate once: the program is validated, and the predicted
+   * peak and step are there to compare with the run's. */
+  StowScheduleOptions so;
+  stow_schedule_options_init (&so);
+  so.optim = c->optim;
+  if (!stow_layout_resolve_resident (r.model, r.cluster, &r.training,
+                                     &r.layout, &r.mo, error))
+    goto out;
+  r.prog = stow_schedule_lower (r.model, r.cluster, &r.training, &r.layout,
+                                &r.mo, &so, error);
+  if (r.prog == NULL)
+    goto out;
+  c->layout_description = g_strdup (r.prog->description);
+  {
+    StowSimSetup setup
+        = { r.model, r.cluster, &r.training, &r.layout, NULL };
+    g_autoptr (StowBackend) sim = stow_backend_sim_new (&setup);
+    g_autoptr (StowTrace) tr = stow_program_run (r.prog, sim, error);
+    if (tr == NULL)
+      goto out;
+    c->predicted_peak_bytes = tr->peak_bytes[STOW_TIER_DEVICE];
+    c->predicted_step_s = tr->step_time_s;
+  }
+
+  StowCpuSetup cs = { r.prog, r.model, device, c->threads, data_fn, &r, 0 };
+  r.be = stow_backend_cpu_new (&cs, error);
+  if (r.be == NULL || !stow_backend_cpu_alloc_persistent (r.be, error))
+    goto out;
+
+  if (c->resume)
+    {
+      latest = stow_checkpoint_latest (c->out_dir, error);
+      if (latest == NULL && error && *error)
+        goto out;
+    }
+  if (latest != NULL)
+    {
+      if (!load_checkpoint (&r, latest, &done, error))
+        goto out;
+    }
+  else if (!load_initial (&r, error))
+    goto out;
+  c->first_step = done + 1;
+  if (c->log_json)
+    {
+      r.log = fopen (c->log_json, done > 0 ? "a" : "w");
+      if (r.log == NULL)
+        {
+          int e = errno;
+          g_set_error (error, G_FILE_ERROR, g_file_error_from_errno (e),
+                       "--log-json %s: %s", c->log_json, g_strerror (e));
+          goto out;
+        }
+    }
+  stow_backend_cpu_reset_peak (r.be);
+  ok = train_loop (&r, done + 1, error);
+out:
+  g_free (latest);
+  run_clear (&r);
+  return ok;
+}

@@ -1,0 +1,89 @@
+/* SPDX-License-Identifier: MIT
+ *
+ * executor/train.h: the training loop behind `stowage train`.  A plan (from
+ * a plan file, from layout flags, or planned here for the local device) is
+ * lowered to its step program, simulated once (the predicted peak and
+ * step), then run step after step on a real backend: data per micro-batch
+ * from the token stream, the program's ops, checkpoints that no crash can
+ * damage, and resumption bit for bit.  Not here: printing (the caller gets
+ * each step through a callback) and option parsing (cli/cmd-train.c).
+ */
+#pragma once
+
+#include <glib.h>
+
+#include "executor/data.h"
+#include "planner/layout.h"
+#include "planner/memory.h"
+#include "planner/program.h"
+
+G_BEGIN_DECLS
+
+#define STOW_TRAIN_ERROR (stow_train_error_quark ())
+GQuark stow_train_error_quark (void);
+
+typedef enum
+{
+  STOW_TRAIN_ERROR_INVALID,  /* settings that cannot run: names the flag */
+  STOW_TRAIN_ERROR_MISMATCH, /* a checkpoint of another model or run */
+  STOW_TRAIN_ERROR_NONFINITE, /* the loss itself is not finite */
+} StowTrainError;
+
+typedef struct
+{
+  guint64 step, steps; /* 1-based, of steps */
+  double loss, grad_norm, lr;
+  gboolean skipped; /* a non-finite gradient: no update */
+  double step_s, tokens_per_s, elapsed_s, eta_s;
+  guint64 peak_device_bytes;
+  gboolean saved; /* a checkpoint was written after this step */
+} StowTrainStep;
+
+typedef void (*StowTrainProgress) (const StowTrainStep *s, gpointer user);
+
+typedef struct
+{
+  const char *model_dir; /* config.json and model.safetensors */
+  const char *data;      /* a token shard, a glob, or a text file */
+  StowTokenizer tokenizer;
+  const char *plan_path; /* NULL: plan from the flags below */
+  /* The layout: with any pins, those dimensions as given; the rest (and
+   * everything without pins) planned for the device (the fastest that
+   * fits, as `stowage fit` chooses). */
+  StowLayout layout;
+  guint pins; /* StowPins */
+  guint64 steps, seq, micro_batch, global_batch;
+  StowPrecision precision;
+  StowOptimSettings optim;
+  gboolean shuffle;
+  const char *out_dir;
+  guint64 save_every; /* 0: only the last step */
+  gboolean resume;
+  const char *log_json;   /* one JSON object per step, or NULL */
+  const char *trace_path; /* Chrome trace of the last step, or NULL */
+  const char *backend;    /* "cpu" (default) or "cuda" */
+  guint64 device_memory;  /* bytes; 0: half of the host's RAM */
+  guint threads;          /* 0: one per core */
+  StowTrainProgress progress;
+  gpointer progress_user;
+  /* Out: what was planned and measured, for the caller to report. */
+  char *layout_description;
+  guint64 predicted_peak_bytes, measured_peak_bytes;
+  double predicted_step_s;
+  guint64 first_step; /* 1 unless resumed */
+} StowTrainConfig;
+
+void stow_train_config_init (StowTrainConfig *c);
+void stow_train_config_clear (StowTrainConfig *c);
+
+/* Runs the training.  Errors name the flag, file and field at fault; a
+ * failure leaves the last complete checkpoint in place. */
+gboolean stow_train_run (StowTrainConfig *c, GError **error);
+
+/* The cluster standing for this host's cpu backend: one "device" of
+ * @device_bytes (an arena of host RAM) with the host's RAM and cores.
+ * Its FLOP and bandwidth figures are nominal: the sim uses them for a
+ * step's shape, not its length. */
+StowCluster *stow_train_cpu_cluster (guint64 device_bytes, guint threads);
+
+G_END_DECLS
