@@ -21,5 +21,7 @@ int stow_bench_nvme (int argc, char **argv);
 int stow_bench_swapper (int argc, char **argv);
 int stow_cmd_plan (int argc, char **argv);  /* cli/cmd-plan.c */
 int stow_cmd_simulate (int argc, char **argv); /* cli/cmd-simulate.c */
+int stow_cmd_train (int argc, char **argv);      /* cli/cmd-train.c */
+int stow_cmd_init_model (int argc, char **argv); /* cli/cmd-train.c */
 
 G_END_DECLS
