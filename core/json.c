@@ -14,6 +14,85 @@
 
 #include "core/error.h"
 
+/* An integer literal of @len digits (no sign) is within a gint64: at most
+ * 9223372036854775807, or ...808 when negative. */
+static gboolean
+integer_fits (const char *digits, gsize len, gboolean negative)
+{
+  static const char max[] = "9223372036854775807";
+  while (len > 1 && digits[0] == '0')
+    digits++, len--;
+  if (len != sizeof max - 1)
+    return len < sizeof max - 1;
+  int c = memcmp (digits, max, len);
+  return c <= 0 || (negative && memcmp (digits, "9223372036854775808", len) == 0);
+}
+
+/* One pass over the text before json-glib sees it: the nesting depth (its
+ * parser recurses per level and a deep input overflows the stack) and the
+ * range of integer literals (it reads 2^64 as -1).  Strings are skipped
+ * with their escapes; anything else malformed is left for json-glib to
+ * report. */
+static gboolean
+prescan (const char *data, gsize len, const char *name, GError **error)
+{
+  guint depth = 0;
+  gsize line = 1, line_start = 0;
+  for (gsize i = 0; i < len; i++)
+    {
+      char ch = data[i];
+      if (ch == '\n')
+        line++, line_start = i + 1;
+      else if (ch == '"')
+        {
+          for (i++; i < len && data[i] != '"'; i++)
+            if (data[i] == '\\')
+              i++;
+            else if (data[i] == '\n')
+              line++, line_start = i + 1;
+        }
+      else if (ch == '[' || ch == '{')
+        {
+          if (++depth > STOW_JSON_MAX_DEPTH)
+            {
+              g_set_error (error, STOW_CORE_ERROR, STOW_CORE_ERROR_JSON,
+                           "%s:%" G_GSIZE_FORMAT ":%" G_GSIZE_FORMAT
+                           ": nested deeper than %d arrays and objects (the "
+                           "limit)",
+                           name, line, i - line_start + 1, STOW_JSON_MAX_DEPTH);
+              return FALSE;
+            }
+        }
+      else if (ch == ']' || ch == '}')
+        depth = depth ? depth - 1 : 0;
+      else if (ch == '-' || g_ascii_isdigit (ch))
+        {
+          gsize start = i, d0 = ch == '-' ? i + 1 : i, j = d0;
+          while (j < len && g_ascii_isdigit (data[j]))
+            j++;
+          gboolean integer
+              = j >= len || (data[j] != '.' && data[j] != 'e' && data[j] != 'E');
+          if (integer && j > d0 && !integer_fits (data + d0, j - d0, ch == '-'))
+            {
+              g_set_error (error, STOW_CORE_ERROR, STOW_CORE_ERROR_JSON,
+                           "%s:%" G_GSIZE_FORMAT ":%" G_GSIZE_FORMAT
+                           ": the integer %.*s is out of range (64-bit "
+                           "integers run from -9223372036854775808 to "
+                           "9223372036854775807)",
+                           name, line, start - line_start + 1,
+                           (int)MIN (j - start, 40), data + start);
+              return FALSE;
+            }
+          /* the rest of a number (fraction, exponent) holds no brackets */
+          while (j < len && (g_ascii_isalnum (data[j]) || data[j] == '.'
+                             || data[j] == '+' || data[j] == '-'))
+            j++;
+          i = j - 1;
+        }
+    }
+  return TRUE;
+}
+
 JsonNode *
 stow_json_parse_data (const char *data, gssize len, const char *name,
                       GError **error)
@@ -29,6 +108,16 @@ stow_json_parse_data (const char *data, gssize len, const char *name,
                    "%s: empty input, expected JSON", name);
       return NULL;
     }
+  if ((gsize)len > STOW_JSON_MAX_BYTES)
+    {
+      g_set_error (error, STOW_CORE_ERROR, STOW_CORE_ERROR_TOO_LARGE,
+                   "%s: %" G_GSIZE_FORMAT " bytes of JSON, over the limit of "
+                   "%" G_GSIZE_FORMAT " bytes",
+                   name, (gsize)len, STOW_JSON_MAX_BYTES);
+      return NULL;
+    }
+  if (!prescan (data, (gsize)len, name, error))
+    return NULL;
   if (!json_parser_load_from_data (parser, data, len, &local))
     {
       /* json-glib says "<data>:LINE:COL: Parse error: ..."; name the file. */

@@ -116,6 +116,91 @@ test_parse_errors (Fixture *f, gconstpointer data)
   g_assert_nonnull (strstr (error->message, "an array"));
 }
 
+/* Issue 24: json-glib recurses per nesting level, so 100,000 levels used to
+ * crash every reader (SIGSEGV); and it read 2^64 as -1. */
+static void
+test_parse_bounds (void)
+{
+  g_autoptr (GError) error = NULL;
+  gsize n = 100000;
+  g_autofree char *deep = g_malloc (2 * n + 1);
+  memset (deep, '[', n);
+  memset (deep + n, ']', n);
+  deep[2 * n] = '\0';
+  g_autoptr (JsonNode) none = stow_json_parse_data (deep, -1, "d.json", &error);
+  g_assert_null (none);
+  g_assert_error (error, STOW_CORE_ERROR, STOW_CORE_ERROR_JSON);
+  g_assert_cmpstr (error->message, ==,
+                   "d.json:1:65: nested deeper than 64 arrays and objects "
+                   "(the limit)");
+  g_clear_error (&error);
+
+  /* Objects count as levels too, and brackets inside strings do not. */
+  GString *obj = g_string_new (NULL);
+  for (int i = 0; i < STOW_JSON_MAX_DEPTH; i++)
+    g_string_append (obj, "{\"a[{\\\"\": ");
+  g_string_append (obj, "1");
+  for (int i = 0; i < STOW_JSON_MAX_DEPTH; i++)
+    g_string_append_c (obj, '}');
+  g_autoptr (JsonNode) at_limit
+      = stow_json_parse_data (obj->str, -1, "o.json", &error);
+  g_assert_no_error (error);
+  g_assert_nonnull (at_limit);
+  g_string_prepend (obj, "[");
+  g_string_append (obj, "]");
+  g_assert_null (stow_json_parse_data (obj->str, -1, "o.json", &error));
+  g_assert_error (error, STOW_CORE_ERROR, STOW_CORE_ERROR_JSON);
+  g_clear_error (&error);
+  g_string_free (obj, TRUE);
+
+  /* Integers beyond 64 bits are named, not read as -1. */
+  static const struct
+  {
+    const char *text;
+    gboolean ok;
+  } ints[] = {
+    { "{\"h\": 9223372036854775807}", TRUE },
+    { "{\"h\": -9223372036854775808}", TRUE },
+    { "{\"h\": 000009223372036854775807}", FALSE }, /* json-glib: junk */
+    { "{\"h\": 18446744073709551616.0}", TRUE },     /* a double */
+    { "{\"h\": 1.8e19}", TRUE },
+    { "{\"h\": 9223372036854775808}", FALSE },
+    { "{\"h\": -9223372036854775809}", FALSE },
+    { "{\"h\":\n 18446744073709551616}", FALSE },
+  };
+  for (gsize i = 0; i < G_N_ELEMENTS (ints); i++)
+    {
+      g_autoptr (JsonNode) r
+          = stow_json_parse_data (ints[i].text, -1, "i.json", &error);
+      g_test_message ("%s: %s", ints[i].text,
+                      error ? error->message : "(parsed)");
+      if (ints[i].ok)
+        {
+          g_assert_no_error (error);
+          continue;
+        }
+      g_assert_null (r);
+      g_assert_error (error, STOW_CORE_ERROR, STOW_CORE_ERROR_JSON);
+      g_clear_error (&error);
+    }
+  g_autoptr (JsonNode) r = stow_json_parse_data (
+      "{\"h\":\n 18446744073709551616}", -1, "i.json", &error);
+  g_assert_cmpstr (error->message, ==,
+                   "i.json:2:2: the integer 18446744073709551616 is out of "
+                   "range (64-bit integers run from -9223372036854775808 "
+                   "to 9223372036854775807)");
+  g_clear_error (&error);
+
+  /* Data over the size limit is refused before parsing. */
+  gsize big = STOW_JSON_MAX_BYTES + 1;
+  g_autofree char *spaces = g_malloc (big + 1);
+  memset (spaces, ' ', big);
+  spaces[0] = '1';
+  spaces[big] = '\0';
+  g_assert_null (stow_json_parse_data (spaces, (gssize)big, "big", &error));
+  g_assert_error (error, STOW_CORE_ERROR, STOW_CORE_ERROR_TOO_LARGE);
+}
+
 static JsonObject *
 parse_object (const char *text, JsonNode **root)
 {
@@ -300,6 +385,7 @@ main (int argc, char **argv)
               fixture_teardown);
   g_test_add ("/json/parse/errors", Fixture, NULL, fixture_setup,
               test_parse_errors, fixture_teardown);
+  g_test_add_func ("/json/parse/bounds", test_parse_bounds);
   g_test_add_func ("/json/getters", test_getters);
   g_test_add ("/json/atomic-write", Fixture, NULL, fixture_setup,
               test_atomic_write, fixture_teardown);
