@@ -451,21 +451,176 @@ stow_json_set_string (JsonBuilder *b, const char *member, const char *v)
     json_builder_add_null_value (b);
 }
 
+/* ---- writing ---- */
+
+/* A JSON string: the escapes json-glib writes (\" \\ \b \f \n \r \t,
+ * \u00XX for other control characters and DEL), and U+FFFD for each byte
+ * that is not UTF-8 (a path from the command line need not be), since
+ * JSON text is UTF-8. */
+static void
+write_string (GString *out, const char *s)
+{
+  g_string_append_c (out, '"');
+  const char *p = s;
+  while (*p)
+    {
+      /* the valid run from p, then one replacement for the bad byte */
+      const char *stop = NULL;
+      g_utf8_validate (p, -1, &stop);
+      for (const char *q = p; q < stop; q++)
+        {
+          unsigned char c = (unsigned char)*q;
+          switch (c)
+            {
+            case '"':
+              g_string_append (out, "\\\"");
+              break;
+            case '\\':
+              g_string_append (out, "\\\\");
+              break;
+            case '\b':
+              g_string_append (out, "\\b");
+              break;
+            case '\f':
+              g_string_append (out, "\\f");
+              break;
+            case '\n':
+              g_string_append (out, "\\n");
+              break;
+            case '\r':
+              g_string_append (out, "\\r");
+              break;
+            case '\t':
+              g_string_append (out, "\\t");
+              break;
+            default:
+              if (c < 0x20 || c == 0x7f)
+                g_string_append_printf (out, "\\u%04x", c);
+              else
+                g_string_append_c (out, (char)c);
+            }
+        }
+      p = stop;
+      if (*p)
+        {
+          g_string_append (out, "\\ufffd");
+          p++;
+        }
+    }
+  g_string_append_c (out, '"');
+}
+
+/* A number JSON can carry: 17 significant digits as json-glib writes them,
+ * ".0" after an integral value so that it reads back as a double, and null
+ * for NaN and the infinities, which JSON has no words for (json-glib would
+ * write "-nan.0", "inf.0" and "1e+42.0"). */
+static void
+write_double (GString *out, double d)
+{
+  char buf[G_ASCII_DTOSTR_BUF_SIZE];
+  if (!isfinite (d))
+    {
+      g_string_append (out, "null");
+      return;
+    }
+  g_ascii_dtostr (buf, sizeof buf, d);
+  g_string_append (out, buf);
+  if (strpbrk (buf, ".eE") == NULL)
+    g_string_append (out, ".0");
+}
+
+static void
+write_indent (GString *out, gboolean pretty, guint level)
+{
+  if (!pretty)
+    return;
+  g_string_append_c (out, '\n');
+  for (guint i = 0; i < level; i++)
+    g_string_append (out, "  ");
+}
+
+static void
+write_node (GString *out, JsonNode *node, gboolean pretty, guint level)
+{
+  switch (json_node_get_node_type (node))
+    {
+    case JSON_NODE_NULL:
+      g_string_append (out, "null");
+      return;
+    case JSON_NODE_OBJECT:
+      {
+        JsonObject *o = json_node_get_object (node);
+        g_autoptr (GList) names = json_object_get_members (o);
+        if (names == NULL)
+          {
+            g_string_append (out, "{}");
+            return;
+          }
+        g_string_append_c (out, '{');
+        for (GList *l = names; l; l = l->next)
+          {
+            write_indent (out, pretty, level + 1);
+            write_string (out, l->data);
+            g_string_append (out, pretty ? " : " : ":");
+            write_node (out, json_object_get_member (o, l->data), pretty,
+                        level + 1);
+            if (l->next)
+              g_string_append_c (out, ',');
+          }
+        write_indent (out, pretty, level);
+        g_string_append_c (out, '}');
+        return;
+      }
+    case JSON_NODE_ARRAY:
+      {
+        JsonArray *a = json_node_get_array (node);
+        guint n = json_array_get_length (a);
+        if (n == 0)
+          {
+            g_string_append (out, "[]");
+            return;
+          }
+        g_string_append_c (out, '[');
+        for (guint i = 0; i < n; i++)
+          {
+            write_indent (out, pretty, level + 1);
+            write_node (out, json_array_get_element (a, i), pretty, level + 1);
+            if (i + 1 < n)
+              g_string_append_c (out, ',');
+          }
+        write_indent (out, pretty, level);
+        g_string_append_c (out, ']');
+        return;
+      }
+    case JSON_NODE_VALUE:
+      break;
+    }
+  GType t = json_node_get_value_type (node);
+  if (t == G_TYPE_INT64)
+    g_string_append_printf (out, "%" G_GINT64_FORMAT, json_node_get_int (node));
+  else if (t == G_TYPE_DOUBLE)
+    write_double (out, json_node_get_double (node));
+  else if (t == G_TYPE_BOOLEAN)
+    g_string_append (out, json_node_get_boolean (node) ? "true" : "false");
+  else if (t == G_TYPE_STRING)
+    write_string (out, json_node_get_string (node));
+  else
+    g_string_append (out, "null");
+}
+
 char *
 stow_json_to_string (JsonNode *node, gboolean pretty)
 {
-  g_autoptr (JsonGenerator) gen = json_generator_new ();
-  json_generator_set_root (gen, node);
-  json_generator_set_pretty (gen, pretty);
-  json_generator_set_indent (gen, 2);
-  char *s = json_generator_to_data (gen, NULL);
+  g_return_val_if_fail (node != NULL, NULL);
+  /* Our own writer, not json-glib's: json-glib 1.6 writes NaN as "-nan.0",
+   * 1e42 as "1e+42.0", U+001F and bytes that are not UTF-8 unescaped, none
+   * of which parses.  The layout is json-glib's, so files stay as they
+   * were. */
+  GString *out = g_string_new (NULL);
+  write_node (out, node, pretty, 0);
   if (pretty)
-    {
-      char *t = g_strconcat (s, "\n", NULL);
-      g_free (s);
-      return t;
-    }
-  return s;
+    g_string_append_c (out, '\n');
+  return g_string_free (out, FALSE);
 }
 
 gboolean

@@ -4,6 +4,7 @@
  * getters naming the member, atomic output.
  */
 #include <glib/gstdio.h>
+#include <math.h>
 #include <string.h>
 
 #include "core/error.h"
@@ -354,6 +355,88 @@ test_to_string (void)
   g_assert_true (json_node_equal (root, again));
 }
 
+/* Issue 24, item 3: whatever the values, the text parses.  json-glib 1.6
+ * wrote NaN as "-nan.0", 1e42 as "1e+42.0" and U+001F raw. */
+static void
+test_to_string_valid (void)
+{
+  g_autoptr (JsonBuilder) b = json_builder_new ();
+  json_builder_begin_object (b);
+  stow_json_set_double (b, "nan", NAN);
+  stow_json_set_double (b, "inf", INFINITY);
+  stow_json_set_double (b, "ninf", -INFINITY);
+  stow_json_set_double (b, "big", 1e42);
+  stow_json_set_double (b, "tiny", 1e-300);
+  stow_json_set_double (b, "three", 3.0);
+  stow_json_set_double (b, "zero", -0.0);
+  stow_json_set_string (b, "ctl", "a\x1f\x01\x7f\"\\/b\n");
+  stow_json_set_string (b, "bad\xff", "x\xc3y\xe2\x82");
+  stow_json_set_string (b, "utf8", "\xc3\xa9\xe2\x80\xa8");
+  json_builder_set_member_name (b, "empty_obj");
+  json_builder_begin_object (b);
+  json_builder_end_object (b);
+  json_builder_set_member_name (b, "empty_arr");
+  json_builder_begin_array (b);
+  json_builder_end_array (b);
+  json_builder_end_object (b);
+  g_autoptr (JsonNode) root = json_builder_get_root (b);
+  g_autofree char *pretty = stow_json_to_string (root, TRUE);
+  g_autofree char *compact = stow_json_to_string (root, FALSE);
+  g_test_message ("%s", pretty);
+  g_assert_cmpstr (
+      compact, ==,
+      "{\"nan\":null,\"inf\":null,\"ninf\":null,\"big\":1e+42,"
+      "\"tiny\":1e-300,\"three\":3.0,\"zero\":-0.0,"
+      "\"ctl\":\"a\\u001f\\u0001\\u007f\\\"\\\\/b\\n\","
+      "\"bad\\ufffd\":\"x\\ufffdy\\ufffd\\ufffd\","
+      "\"utf8\":\"\xc3\xa9\xe2\x80\xa8\","
+      "\"empty_obj\":{},\"empty_arr\":[]}");
+  const char *texts[] = { pretty, compact };
+  for (gsize i = 0; i < G_N_ELEMENTS (texts); i++)
+    {
+      g_autoptr (GError) error = NULL;
+      g_autoptr (JsonNode) again
+          = stow_json_parse_data (texts[i], -1, "w", &error);
+      g_assert_no_error (error);
+      JsonObject *o = json_node_get_object (again);
+      g_assert_true (JSON_NODE_HOLDS_NULL (json_object_get_member (o, "nan")));
+      g_assert_cmpfloat (json_object_get_double_member (o, "big"), ==, 1e42);
+      g_assert_cmpstr (json_object_get_string_member (o, "ctl"), ==,
+                       "a\x1f\x01\x7f\"\\/b\n");
+    }
+}
+
+/* The writer lays out finite values exactly as json-glib's generator did,
+ * so files and golden outputs are unchanged. */
+static void
+test_to_string_layout (void)
+{
+  static const char *const docs[] = {
+    "{\"a\": [1, -2, 0.25, 0.1, 1e-7, 123456789012.5, true, false, null,"
+    " {\"b\": [[], [3]], \"c\": \"q\\\"\\\\\\t\\u0001 \\u00e9\"}],"
+    " \"d\": {\"e\": {\"f\": 4096.0}}, \"g\": -9223372036854775808}",
+    "[]",
+    "[{\"x\": 1}]",
+    "\"s\"",
+    "12",
+  };
+  for (gsize i = 0; i < G_N_ELEMENTS (docs); i++)
+    for (int pretty = 0; pretty < 2; pretty++)
+      {
+        g_autoptr (JsonNode) root = stow_json_parse_data (docs[i], -1, "l", NULL);
+        g_assert_nonnull (root);
+        g_autoptr (JsonGenerator) gen = json_generator_new ();
+        json_generator_set_root (gen, root);
+        json_generator_set_pretty (gen, pretty);
+        json_generator_set_indent (gen, 2);
+        g_autofree char *theirs = json_generator_to_data (gen, NULL);
+        g_autofree char *ours = stow_json_to_string (root, pretty);
+        g_autofree char *expect
+            = g_strconcat (theirs, pretty ? "\n" : "", NULL);
+        g_assert_cmpstr (ours, ==, expect);
+      }
+}
+
 /* Random byte strings never crash the parser and always come back with a
  * message naming the input. */
 static void
@@ -390,6 +473,8 @@ main (int argc, char **argv)
   g_test_add ("/json/atomic-write", Fixture, NULL, fixture_setup,
               test_atomic_write, fixture_teardown);
   g_test_add_func ("/json/to-string", test_to_string);
+  g_test_add_func ("/json/to-string/valid", test_to_string_valid);
+  g_test_add_func ("/json/to-string/layout", test_to_string_layout);
   g_test_add_func ("/json/random-bytes", test_random_bytes);
   return g_test_run ();
 }
