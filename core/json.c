@@ -8,6 +8,8 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -623,20 +625,164 @@ stow_json_to_string (JsonNode *node, gboolean pretty)
   return g_string_free (out, FALSE);
 }
 
+/* ---- output files ---- */
+
+static gboolean
+io_error (GError **error, const char *path, const char *what, int err)
+{
+  g_set_error (error, STOW_CORE_ERROR, STOW_CORE_ERROR_IO, "%s: %s%s%s", path,
+               what ? what : "", what ? ": " : "", g_strerror (err));
+  return FALSE;
+}
+
+/* write(2) until done; 0 or an errno. */
+static int
+write_all (int fd, const char *data, gsize len)
+{
+  while (len > 0)
+    {
+      ssize_t n = write (fd, data, MIN (len, (gsize)1 << 30));
+      if (n < 0 && errno == EINTR)
+        continue;
+      if (n < 0)
+        return errno;
+      data += n, len -= (gsize)n;
+    }
+  return 0;
+}
+
+/* A device or FIFO: opened and written in place, since there is nothing to
+ * replace (a terminal, /dev/null, a pipe behind /dev/stdout). */
+static gboolean
+write_through (const char *path, const char *data, gsize len, GError **error)
+{
+  int fd = open (path, O_WRONLY | O_CLOEXEC | O_NOCTTY);
+  if (fd < 0)
+    return io_error (error, path, "cannot open", errno);
+  int e = write_all (fd, data, len);
+  if (close (fd) != 0 && e == 0 && errno != EINTR)
+    e = errno;
+  return e ? io_error (error, path, "cannot write", e) : TRUE;
+}
+
+/* A regular file at @target (which @shown names to the user): a temporary
+ * beside it, fsync, rename over it; an existing file keeps its mode. */
+static gboolean
+replace_file (const char *target, const char *shown, const char *data,
+              gsize len, GError **error)
+{
+  struct stat st;
+  gboolean exists = stat (target, &st) == 0;
+  g_autofree char *dir = g_path_get_dirname (target);
+  g_autofree char *base = g_path_get_basename (target);
+  g_autofree char *tmp = g_strdup_printf ("%s/.%s.XXXXXX", dir, base);
+  int fd = g_mkstemp_full (tmp, O_WRONLY | O_CLOEXEC, 0644);
+  if (fd < 0)
+    {
+      int e = errno;
+      g_autofree char *what
+          = g_strdup_printf ("cannot create a file in %s", dir);
+      return io_error (error, shown, what, e);
+    }
+  int e = 0;
+  if (exists && fchmod (fd, st.st_mode & 07777) != 0)
+    e = errno;
+  if (e == 0)
+    e = write_all (fd, data, len);
+  if (e == 0 && fsync (fd) != 0 && errno != EINVAL)
+    e = errno;
+  if (close (fd) != 0 && e == 0 && errno != EINTR)
+    e = errno;
+  if (e == 0 && rename (tmp, target) != 0)
+    e = errno;
+  if (e != 0)
+    {
+      unlink (tmp);
+      return io_error (error, shown, "cannot write", e);
+    }
+  return TRUE;
+}
+
+/* Where a chain of symbolic links ends, when it ends at nothing yet (a
+ * dangling link names the file to create).  NULL on a loop. */
+static char *
+link_end (const char *path)
+{
+  g_autofree char *cur = g_strdup (path);
+  for (int hops = 0; hops < 40; hops++)
+    {
+      struct stat st;
+      if (lstat (cur, &st) != 0 || !S_ISLNK (st.st_mode))
+        return g_steal_pointer (&cur);
+      g_autofree char *to = g_file_read_link (cur, NULL);
+      if (to == NULL)
+        return NULL;
+      if (!g_path_is_absolute (to))
+        {
+          g_autofree char *dir = g_path_get_dirname (cur);
+          g_free (cur);
+          cur = g_build_filename (dir, to, NULL);
+        }
+      else
+        {
+          g_free (cur);
+          cur = g_steal_pointer (&to);
+        }
+    }
+  return NULL;
+}
+
 gboolean
 stow_file_write_atomic (const char *path, const char *data, gssize len,
                         GError **error)
 {
-  g_autoptr (GError) local = NULL;
+  struct stat lst, st;
   g_return_val_if_fail (path != NULL && data != NULL, FALSE);
-  /* GLib writes a temporary beside the target, fsyncs it and renames it;
-   * on failure it removes the temporary and leaves the target as it was. */
-  if (!g_file_set_contents_full (path, data, len,
-                                 G_FILE_SET_CONTENTS_CONSISTENT, 0644, &local))
+  gsize n = len < 0 ? strlen (data) : (gsize)len;
+  if (*path == '\0')
     {
-      g_set_error (error, STOW_CORE_ERROR, STOW_CORE_ERROR_IO, "%s",
-                   local->message);
+      g_set_error (error, STOW_CORE_ERROR, STOW_CORE_ERROR_IO,
+                   "an empty file name (give a path, or leave -o out for "
+                   "standard output)");
       return FALSE;
     }
-  return TRUE;
+  if (lstat (path, &lst) != 0)
+    {
+      if (errno != ENOENT)
+        return io_error (error, path, NULL, errno);
+      return replace_file (path, path, data, n, error);
+    }
+  if (S_ISREG (lst.st_mode))
+    return replace_file (path, path, data, n, error);
+  if (S_ISLNK (lst.st_mode))
+    {
+      /* Through the link: its target is what the user means. */
+      if (stat (path, &st) != 0)
+        {
+          int e = errno;
+          g_autofree char *end = e == ENOENT ? link_end (path) : NULL;
+          if (end == NULL)
+            return io_error (error, path, NULL, e == ENOENT ? ELOOP : e);
+          return replace_file (end, path, data, n, error);
+        }
+      if (S_ISREG (st.st_mode))
+        {
+          g_autofree char *real = realpath (path, NULL);
+          if (real == NULL)
+            return io_error (error, path, NULL, errno);
+          return replace_file (real, path, data, n, error);
+        }
+      lst = st;
+    }
+  if (S_ISCHR (lst.st_mode) || S_ISFIFO (lst.st_mode))
+    return write_through (path, data, n, error);
+  g_set_error (error, STOW_CORE_ERROR, STOW_CORE_ERROR_IO,
+               "%s: is %s; stowage writes regular files, character devices "
+               "and FIFOs only",
+               path,
+               S_ISDIR (lst.st_mode)    ? "a directory"
+               : S_ISBLK (lst.st_mode)  ? "a block device"
+               : S_ISSOCK (lst.st_mode) ? "a socket"
+                                        : "not a file");
+  return FALSE;
 }

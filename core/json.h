@@ -86,9 +86,17 @@ char *stow_json_describe (JsonNode *node);
  * newline. */
 char *stow_json_to_string (JsonNode *node, gboolean pretty);
 
-/* Writes @len bytes (-1: NUL-terminated) to @path atomically: a temporary
- * file in the same directory, fsync, then rename; on error nothing is left
- * behind and an existing file is untouched (STOW_CORE_ERROR_IO). */
+/* Writes @len bytes (-1: NUL-terminated) of output to @path, where the user
+ * meant it to go:
+ *  - a regular file, or nothing yet: atomically (a temporary beside it,
+ *    fsync, rename; an existing file keeps its mode; on error nothing is
+ *    left behind and the old file is untouched);
+ *  - a symbolic link: through it, to its target by the same rules (the
+ *    link stays a link);
+ *  - a character device or a FIFO (/dev/stdout, /dev/null, a terminal, a
+ *    pipe): opened and written in place, never replaced;
+ *  - anything else (a directory, a block device, a socket): refused.
+ * Errors (STOW_CORE_ERROR_IO) name @path, never a temporary file. */
 gboolean stow_file_write_atomic (const char *path, const char *data, gssize len,
                                  GError **error);
 

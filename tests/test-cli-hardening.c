@@ -7,6 +7,7 @@
  */
 #include <glib/gstdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "tests/testutil.h"
 
@@ -80,11 +81,63 @@ test_deep_json (Tmp *t, gconstpointer data)
     }
 }
 
+/* 2. -o writes through links and devices instead of replacing them: a link
+ * to standard output (what /dev/stdout is) used to become a regular file
+ * and the report vanished with exit 0. */
+static void
+test_output_targets (Tmp *t, gconstpointer data)
+{
+  g_autofree char *out_link = g_build_filename (t->dir, "stdout", NULL);
+  g_assert_cmpint (symlink ("/proc/self/fd/1", out_link), ==, 0);
+  g_autofree char *file = tmp_file (t, "report.md", "old");
+  g_autofree char *file_link = g_build_filename (t->dir, "link.md", NULL);
+  g_assert_cmpint (symlink ("report.md", file_link), ==, 0);
+  const char *cmds[][2] = { { "fit", "FITS: llama-7b" },
+                            { "plan", "llama-7b on 8xA100-80GB" },
+                            { "mem", "llama-7b" },
+                            { "simulate", "step time" } };
+  for (gsize i = 0; i < G_N_ELEMENTS (cmds); i++)
+    {
+      g_auto (StowRun) r = { 0 };
+      stow_run (&r, cmds[i][0], "llama-7b", "--gpus", "8xA100-80GB", "-o",
+                out_link, NULL);
+      g_assert_cmpint (r.status, ==, 0);
+      g_assert_nonnull (strstr (r.out, cmds[i][1]));
+      g_assert_true (g_file_test (out_link, G_FILE_TEST_IS_SYMLINK));
+
+      g_auto (StowRun) m = { 0 };
+      stow_run (&m, cmds[i][0], "llama-7b", "--gpus", "8xA100-80GB",
+                "--format", "md", "-o", file_link, NULL);
+      g_assert_cmpint (m.status, ==, 0);
+      g_assert_cmpstr (m.out, ==, "");
+      g_assert_true (g_file_test (file_link, G_FILE_TEST_IS_SYMLINK));
+      g_autofree char *text = NULL;
+      g_assert_true (g_file_get_contents (file, &text, NULL, NULL));
+      g_assert_true (g_str_has_prefix (text, "#"));
+
+      g_auto (StowRun) d = { 0 };
+      stow_run (&d, cmds[i][0], "llama-7b", "--gpus", "8xA100-80GB", "-o",
+                t->dir, NULL);
+      g_assert_cmpint (d.status, ==, 2);
+      g_autofree char *want = g_strdup_printf ("stowage: %s: is a directory",
+                                               t->dir);
+      g_assert_true (g_str_has_prefix (d.err, want));
+    }
+  /* Nothing but the three files: no temporaries left behind. */
+  g_autoptr (GDir) dir = g_dir_open (t->dir, 0, NULL);
+  guint n = 0;
+  while (g_dir_read_name (dir))
+    n++;
+  g_assert_cmpuint (n, ==, 3);
+}
+
 int
 main (int argc, char **argv)
 {
   g_test_init (&argc, &argv, NULL);
   g_test_add ("/hardening/deep-json", Tmp, NULL, tmp_setup, test_deep_json,
               tmp_teardown);
+  g_test_add ("/hardening/output-targets", Tmp, NULL, tmp_setup,
+              test_output_targets, tmp_teardown);
   return g_test_run ();
 }

@@ -3,9 +3,13 @@
  * tests/test-json.c: bounded JSON input with positioned errors, typed
  * getters naming the member, atomic output.
  */
+#include <errno.h>
 #include <glib/gstdio.h>
 #include <math.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <unistd.h>
 
 #include "core/error.h"
 #include "core/json.h"
@@ -342,6 +346,135 @@ test_atomic_write (Fixture *f, gconstpointer data)
   g_assert_cmpint (n, ==, 1);
 }
 
+typedef struct
+{
+  char *path;
+  char *got;
+} FifoReader;
+
+static gpointer
+read_fifo (gpointer data)
+{
+  FifoReader *r = data;
+  g_file_get_contents (r->path, &r->got, NULL, NULL);
+  return NULL;
+}
+
+static int
+count_entries (const char *dir)
+{
+  g_autoptr (GDir) d = g_dir_open (dir, 0, NULL);
+  int n = 0;
+  while (g_dir_read_name (d))
+    n++;
+  return n;
+}
+
+/* Issue 24, item 2: -o writes where the user meant.  A symlink used to be
+ * replaced by a regular file (as root, /dev/stdout was), a device node or
+ * a FIFO too, and errors named the temporary ("x.html.7579Y3"). */
+static void
+test_write_through (Fixture *f, gconstpointer data)
+{
+  g_autoptr (GError) error = NULL;
+  g_autofree char *contents = NULL;
+
+  /* A symlink to a file: the file changes, the link stays a link. */
+  g_autofree char *target = write_file (f, "target.html", "old");
+  g_autofree char *link = g_build_filename (f->dir, "link.html", NULL);
+  g_assert_cmpint (symlink ("target.html", link), ==, 0);
+  g_assert_true (stow_file_write_atomic (link, "new", -1, &error));
+  g_assert_no_error (error);
+  g_assert_true (g_file_test (link, G_FILE_TEST_IS_SYMLINK));
+  g_assert_true (g_file_get_contents (target, &contents, NULL, NULL));
+  g_assert_cmpstr (contents, ==, "new");
+  g_clear_pointer (&contents, g_free);
+
+  /* A dangling symlink: its target is created. */
+  g_autofree char *dangling = g_build_filename (f->dir, "dangling", NULL);
+  g_autofree char *made = g_build_filename (f->dir, "made.json", NULL);
+  g_assert_cmpint (symlink ("made.json", dangling), ==, 0);
+  g_assert_true (stow_file_write_atomic (dangling, "{}", -1, &error));
+  g_assert_no_error (error);
+  g_assert_true (g_file_test (dangling, G_FILE_TEST_IS_SYMLINK));
+  g_assert_true (g_file_get_contents (made, &contents, NULL, NULL));
+  g_assert_cmpstr (contents, ==, "{}");
+  g_clear_pointer (&contents, g_free);
+
+  /* An existing file keeps its mode. */
+  g_assert_cmpint (g_chmod (target, 0600), ==, 0);
+  g_assert_true (stow_file_write_atomic (target, "again", -1, &error));
+  GStatBuf st;
+  g_assert_cmpint (g_stat (target, &st), ==, 0);
+  g_assert_cmpuint (st.st_mode & 0777, ==, 0600);
+
+  /* A FIFO: written through to the reader, still a FIFO afterwards. */
+  g_autofree char *fifo = g_build_filename (f->dir, "fifo", NULL);
+  g_assert_cmpint (mkfifo (fifo, 0600), ==, 0);
+  FifoReader r = { fifo, NULL };
+  GThread *t = g_thread_new ("reader", read_fifo, &r);
+  g_assert_true (stow_file_write_atomic (fifo, "through a pipe", -1, &error));
+  g_assert_no_error (error);
+  g_thread_join (t);
+  g_assert_cmpstr (r.got, ==, "through a pipe");
+  g_free (r.got);
+  g_assert_cmpint (g_lstat (fifo, &st), ==, 0);
+  g_assert_true (S_ISFIFO (st.st_mode));
+
+  /* A character device: written through, never replaced.  /dev/null is
+   * safe to write; a node of our own is checked when we may make one. */
+  g_assert_true (stow_file_write_atomic ("/dev/null", "x", -1, &error));
+  g_assert_no_error (error);
+  g_assert_cmpint (g_lstat ("/dev/null", &st), ==, 0);
+  g_assert_true (S_ISCHR (st.st_mode));
+  g_autofree char *node = g_build_filename (f->dir, "null", NULL);
+  if (mknod (node, S_IFCHR | 0666, makedev (1, 3)) == 0)
+    {
+      g_assert_true (stow_file_write_atomic (node, "x", -1, &error));
+      g_assert_no_error (error);
+      g_assert_cmpint (g_lstat (node, &st), ==, 0);
+      g_assert_true (S_ISCHR (st.st_mode));
+    }
+  else
+    g_test_message ("mknod: %s (not root): /dev/null only", g_strerror (errno));
+
+  /* Anything else is refused, naming it. */
+  g_autofree char *sub = g_build_filename (f->dir, "sub", NULL);
+  g_assert_cmpint (g_mkdir (sub, 0700), ==, 0);
+  g_autofree char *to_dir = g_build_filename (f->dir, "to-dir", NULL);
+  g_assert_cmpint (symlink ("sub", to_dir), ==, 0);
+  const char *refused[] = { sub, to_dir };
+  for (gsize i = 0; i < G_N_ELEMENTS (refused); i++)
+    {
+      g_assert_false (stow_file_write_atomic (refused[i], "x", -1, &error));
+      g_assert_error (error, STOW_CORE_ERROR, STOW_CORE_ERROR_IO);
+      g_autofree char *want
+          = g_strdup_printf ("%s: is a directory; stowage writes regular "
+                             "files, character devices and FIFOs only",
+                             refused[i]);
+      g_assert_cmpstr (error->message, ==, want);
+      g_clear_error (&error);
+    }
+  g_assert_cmpint (g_rmdir (sub), ==, 0);
+
+  /* Errors name the target, not a temporary beside it. */
+  g_autofree char *missing_dir
+      = g_build_filename (f->dir, "no", "x.html", NULL);
+  g_assert_false (stow_file_write_atomic (missing_dir, "x", -1, &error));
+  g_autofree char *want = g_strdup_printf (
+      "%s: cannot create a file in %s/no: No such file or directory",
+      missing_dir, f->dir);
+  g_assert_cmpstr (error->message, ==, want);
+  g_clear_error (&error);
+  g_assert_false (stow_file_write_atomic ("", "x", -1, &error));
+  g_assert_error (error, STOW_CORE_ERROR, STOW_CORE_ERROR_IO);
+
+  /* target.html, link.html, dangling, made.json, fifo, to-dir, maybe
+   * null: no temporary was left. */
+  g_assert_cmpint (count_entries (f->dir), <=, 7);
+  g_assert_cmpint (count_entries (f->dir), >=, 6);
+}
+
 static void
 test_to_string (void)
 {
@@ -472,6 +605,8 @@ main (int argc, char **argv)
   g_test_add_func ("/json/getters", test_getters);
   g_test_add ("/json/atomic-write", Fixture, NULL, fixture_setup,
               test_atomic_write, fixture_teardown);
+  g_test_add ("/json/write-through", Fixture, NULL, fixture_setup,
+              test_write_through, fixture_teardown);
   g_test_add_func ("/json/to-string", test_to_string);
   g_test_add_func ("/json/to-string/valid", test_to_string_valid);
   g_test_add_func ("/json/to-string/layout", test_to_string_layout);
