@@ -43,7 +43,29 @@ typedef struct
   char *description;        /* "NVIDIA H100 SXM5 80GB (HBM3)" */
   char *preset;             /* the node preset a bare spec uses ("dgx-h100") */
   guint64 smi_bytes;        /* nvidia-smi memory.total; 0 = not published */
+  guint defaulted;          /* STOW_GPU_DEFAULT_* bits: rates a cluster
+                             * file left out, filled by stow_gpu_fill_defaults */
 } StowGpu;
+
+/* Which of a GPU's rates are stowage's defaults rather than given. */
+enum
+{
+  STOW_GPU_DEFAULT_FP16 = 1 << 0,
+  STOW_GPU_DEFAULT_HBM = 1 << 1,
+  STOW_GPU_DEFAULT_PCIE_GEN = 1 << 2,
+  STOW_GPU_DEFAULT_PCIE_BW = 1 << 3,
+};
+
+/* Defaults for a GPU described by its memory and bf16 rate alone
+ * (docs/hardware.md, "Cluster files"): fp16 = bf16; HBM 5 GB/s per bf16
+ * TFLOP/s (200 FLOP per byte, the median of the catalog, from the RTX-3090's
+ * 76 to the L40S's 419); PCIe Gen4; a pinned copy rate by generation (Gen3
+ * 12, Gen4 25, Gen5 50 GB/s per direction, doubling per generation).  Only
+ * zero fields are filled, each recorded in @gpu->defaulted. */
+void stow_gpu_fill_defaults (StowGpu *gpu);
+/* The practical pinned host<->device rate of a PCIe generation, per
+ * direction, bytes/s (1-7). */
+double stow_pcie_practical_bw (guint gen);
 
 typedef struct
 {

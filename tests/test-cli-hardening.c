@@ -9,6 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "core/json.h"
 #include "tests/testutil.h"
 
 typedef struct
@@ -131,6 +132,49 @@ test_output_targets (Tmp *t, gconstpointer data)
   g_assert_cmpuint (n, ==, 3);
 }
 
+/* 3. A cluster file with only the documented required GPU fields plans
+ * with stated defaults; it used to show "HBM 0 GB/s, PCIe Gen0 0 GB/s" and
+ * plan a step of -nan. */
+static void
+test_required_fields_only (Tmp *t, gconstpointer data)
+{
+  g_autofree char *path = tmp_file (
+      t, "F.json",
+      "{\"preset\":\"workstation\",\"nodes\":1,\"gpus_per_node\":1,"
+      "\"gpu\":{\"total_memory\":\"47.5GiB\",\"bf16_tflops\":154.8},"
+      "\"host_ram\":\"128GiB\"}");
+  g_auto (StowRun) g = { 0 };
+  stow_run (&g, "gpus", "--cluster", path, NULL);
+  g_assert_cmpint (g.status, ==, 0);
+  g_assert_nonnull (strstr (g.out, "HBM 774 GB/s (default: 5 GB/s per bf16 "
+                                   "TFLOP/s; set hbm_bw)"));
+  g_assert_nonnull (strstr (g.out, "PCIe Gen4 (default) 25 GB/s pinned"));
+  g_assert_null (strstr (g.out, " 0 GB/s"));
+
+  g_auto (StowRun) p = { 0 };
+  stow_run (&p, "plan", "llama-2-13b", "--cluster", path, "--json", NULL);
+  g_assert_cmpint (p.status, ==, 0);
+  stow_assert_json_valid (p.out, "plan --json");
+  g_autoptr (JsonNode) root = stow_json_parse_data (p.out, -1, "plan", NULL);
+  JsonArray *plans
+      = json_object_get_array_member (json_node_get_object (root), "plans");
+  g_assert_cmpuint (json_array_get_length (plans), >, 0);
+  JsonObject *best = json_array_get_object_element (plans, 0);
+  double step = json_object_get_double_member (best, "step_time_s");
+  g_assert_cmpfloat (step, >, 0);
+  g_assert_cmpfloat (step, <, 1e6);
+
+  const char *formats[] = { "text", "md", "csv", "html" };
+  for (gsize i = 0; i < G_N_ELEMENTS (formats); i++)
+    {
+      g_auto (StowRun) f = { 0 };
+      stow_run (&f, "fit", "llama-2-13b", "--cluster", path, "--format",
+                formats[i], NULL);
+      g_assert_cmpint (f.status, ==, 0);
+      g_assert_false (stow_text_has_nonfinite (f.out));
+    }
+}
+
 int
 main (int argc, char **argv)
 {
@@ -139,5 +183,7 @@ main (int argc, char **argv)
               tmp_teardown);
   g_test_add ("/hardening/output-targets", Tmp, NULL, tmp_setup,
               test_output_targets, tmp_teardown);
+  g_test_add ("/hardening/required-fields-only", Tmp, NULL, tmp_setup,
+              test_required_fields_only, tmp_teardown);
   return g_test_run ();
 }

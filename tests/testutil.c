@@ -9,6 +9,8 @@
 #include <string.h>
 #include <sys/wait.h>
 
+#include "core/json.h"
+
 void
 stow_run_clear (StowRun *run)
 {
@@ -93,6 +95,71 @@ stow_run_to_file (const char *file_name, const char *first_arg, ...)
   g_assert_cmpint (g_unlink (path), ==, 0);
   g_assert_cmpint (g_rmdir (dir), ==, 0); /* nothing else was left */
   return text;
+}
+
+/* Members whose value may be null: strings stowage does not know. */
+static const char *const nullable[] = {
+  "cuda_driver", "model", "hostname", "cpu_model", "profile", "net_kind",
+  "description", "path", "preset", "source", "pci_busid", "catalog",
+  "name", "vendor", NULL,
+};
+
+static void
+check_no_null (JsonNode *n, const char *key, const char *what)
+{
+  switch (json_node_get_node_type (n))
+    {
+    case JSON_NODE_NULL:
+      if (key == NULL || !g_strv_contains (nullable, key))
+        g_error ("%s: \"%s\" is null: a NaN or an infinity got out", what,
+                 key ? key : "(array element)");
+      break;
+    case JSON_NODE_OBJECT:
+      {
+        JsonObject *o = json_node_get_object (n);
+        g_autoptr (GList) names = json_object_get_members (o);
+        for (GList *l = names; l; l = l->next)
+          check_no_null (json_object_get_member (o, l->data), l->data, what);
+        break;
+      }
+    case JSON_NODE_ARRAY:
+      {
+        JsonArray *a = json_node_get_array (n);
+        for (guint i = 0; i < json_array_get_length (a); i++)
+          check_no_null (json_array_get_element (a, i), key, what);
+        break;
+      }
+    case JSON_NODE_VALUE:
+      break;
+    }
+}
+
+void
+stow_assert_json_valid (const char *text, const char *what)
+{
+  g_autoptr (GError) error = NULL;
+  g_assert_nonnull (text);
+  g_autoptr (JsonNode) root = stow_json_parse_data (text, -1, what, &error);
+  if (root == NULL)
+    g_error ("%s: not JSON: %s", what, error->message);
+  check_no_null (root, NULL, what);
+}
+
+gboolean
+stow_text_has_nonfinite (const char *text)
+{
+  for (const char *p = text; p && *p; p++)
+    {
+      if (g_ascii_isalnum (*p) && p > text && g_ascii_isalnum (p[-1]))
+        continue;
+      for (gsize k = 0; k < 2; k++)
+        {
+          const char *w = k ? "inf" : "nan";
+          if (g_ascii_strncasecmp (p, w, 3) == 0 && !g_ascii_isalpha (p[3]))
+            return TRUE;
+        }
+    }
+  return FALSE;
 }
 
 guint
