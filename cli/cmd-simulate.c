@@ -22,6 +22,10 @@
 #include "reports/report.h"
 #include "reports/sim-report.h"
 
+/* Micro-batches x layers one simulated step may hold: about 6.5 ops each,
+ * so a program of some 7 million ops that runs in a couple of seconds. */
+#define STOW_SIM_MAX_LAYER_PASSES ((guint64)1 << 20)
+
 typedef struct
 {
   StowPlanOptions po;
@@ -148,6 +152,24 @@ run (SimOptions *so, int argc, char **argv)
       if (!stow_plan_options_resolve (po, argv[1], &error))
         return stow_cli_fail (error, NULL);
       stow_plan_options_default_layout (po);
+    }
+
+  /* The step program holds a few ops per layer per micro-batch: bound it
+   * before lowering allocates it (--global-batch 1G at --seq 7 asked for
+   * 125 million micro-batches and ran out of memory). */
+  guint64 passes = po->layout.grad_accum * (po->model->n_layers + 2);
+  if (po->layout.grad_accum > STOW_SIM_MAX_LAYER_PASSES
+      || passes > STOW_SIM_MAX_LAYER_PASSES)
+    {
+      char a[STOW_FORMAT_BUF], b[STOW_FORMAT_BUF];
+      return stow_cli_failf (
+          "lower --global-batch or --grad-accum, or raise --micro-batch",
+          "simulate: %s micro-batches per step through %" G_GUINT64_FORMAT
+          " layers: over the simulator's limit of %s micro-batch x layer "
+          "passes (about 7 million ops)",
+          stow_format_grouped_into (a, sizeof a, po->layout.grad_accum),
+          po->model->n_layers,
+          stow_format_grouped_into (b, sizeof b, STOW_SIM_MAX_LAYER_PASSES));
     }
 
   StowScheduleOptions sched;

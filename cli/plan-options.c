@@ -144,15 +144,34 @@ parse_degree (const char *flag, const char *v, guint *out, StowPins *pins,
   return TRUE;
 }
 
+/* "--seq 4294967296: at most 16,777,216 tokens" */
+static gboolean
+over_limit (const char *flag, const char *v, guint64 max, const char *unit,
+            GError **error)
+{
+  char buf[STOW_FORMAT_BUF];
+  g_set_error (error, STOW_PLAN_ERROR, STOW_PLAN_ERROR_PARSE,
+               "%s %s: at most %s%s%s", flag, v,
+               stow_format_grouped_into (buf, sizeof buf, max),
+               *unit ? " " : "", unit);
+  return FALSE;
+}
+
+/* A count of at least 1 and at most @max (a number too large for 64 bits
+ * is over @max too, and said so). */
 static gboolean
 parse_count_flag (const char *flag, const char *v, gboolean tokens,
-                  guint64 *out, GError **error)
+                  guint64 max, const char *unit, guint64 *out, GError **error)
 {
   g_autoptr (GError) local = NULL;
   if (v == NULL)
     return TRUE;
   gboolean ok = tokens ? stow_parse_tokens (v, out, &local)
                        : stow_parse_count (v, out, &local);
+  if ((!ok && g_error_matches (local, STOW_CORE_ERROR, STOW_CORE_ERROR_RANGE)
+       && v[0] != '-')
+      || (ok && *out > max))
+    return over_limit (flag, v, max, unit, error);
   if (!ok || *out == 0)
     {
       g_set_error (error, STOW_PLAN_ERROR, STOW_PLAN_ERROR_PARSE, "%s: %s",
@@ -162,6 +181,12 @@ parse_count_flag (const char *flag, const char *v, gboolean tokens,
   return TRUE;
 }
 
+/* Sizes of buffers and reserves: at most 1 PiB. */
+#define MAX_SIZE_FLAG ((guint64)1 << 50)
+/* Parameter and element counts standing in for a model: at most 2^50
+ * (a thousand times the largest model trained). */
+#define MAX_COUNT_FLAG ((guint64)1 << 50)
+
 static gboolean
 parse_size_flag (const char *flag, const char *v, guint64 *out, GError **error)
 {
@@ -170,10 +195,15 @@ parse_size_flag (const char *flag, const char *v, guint64 *out, GError **error)
     return TRUE;
   if (!stow_parse_size (v, out, &local))
     {
+      if (g_error_matches (local, STOW_CORE_ERROR, STOW_CORE_ERROR_RANGE)
+          && v[0] != '-')
+        return over_limit (flag, v, MAX_SIZE_FLAG, "bytes (1 PiB)", error);
       g_set_error (error, STOW_PLAN_ERROR, STOW_PLAN_ERROR_PARSE, "%s: %s",
                    flag, local->message);
       return FALSE;
     }
+  if (*out > MAX_SIZE_FLAG)
+    return over_limit (flag, v, MAX_SIZE_FLAG, "bytes (1 PiB)", error);
   return TRUE;
 }
 
@@ -194,9 +224,10 @@ stow_plan_options_resolve (StowPlanOptions *po, const char *model_arg,
       && !stow_convention_parse (po->convention, "--convention", &o->convention,
                                  error))
     return FALSE;
-  if (!parse_count_flag ("--params", po->params, FALSE, &o->params_override,
-                         error)
+  if (!parse_count_flag ("--params", po->params, FALSE, MAX_COUNT_FLAG,
+                         "parameters", &o->params_override, error)
       || !parse_count_flag ("--largest-layer", po->largest_layer, FALSE,
+                            MAX_COUNT_FLAG, "parameters",
                             &o->largest_layer_override, error))
     return FALSE;
   if (po->zero_init)
@@ -210,10 +241,13 @@ stow_plan_options_resolve (StowPlanOptions *po, const char *model_arg,
       o->zero_init = po->zero_init[0] == '1';
     }
   if (!parse_count_flag ("--reduce-bucket", po->reduce_bucket, FALSE,
+                         MAX_COUNT_FLAG, "elements",
                          &o->reduce_bucket_elements, error)
       || !parse_count_flag ("--prefetch-bucket", po->prefetch_bucket, FALSE,
+                            MAX_COUNT_FLAG, "elements",
                             &o->prefetch_bucket_elements, error)
       || !parse_count_flag ("--max-reuse-distance", po->reuse_distance, FALSE,
+                            MAX_COUNT_FLAG, "elements",
                             &o->reuse_distance_elements, error))
     return FALSE;
   if (po->overlap_comm)
@@ -358,19 +392,24 @@ stow_plan_options_resolve (StowPlanOptions *po, const char *model_arg,
   if (po->micro_batch)
     {
       if (!parse_count_flag ("--micro-batch", po->micro_batch, FALSE,
+                             STOW_MAX_MICRO_BATCH, "sequences",
                              &l->micro_batch, error))
         return FALSE;
       po->pins |= STOW_PIN_MICRO_BATCH;
     }
   if (!parse_count_flag ("--global-batch", po->global_batch, FALSE,
-                         &t->global_batch, error)
+                         STOW_MAX_GLOBAL_BATCH, "sequences", &t->global_batch,
+                         error)
       || !parse_count_flag ("--grad-accum", po->grad_accum, FALSE,
+                            STOW_MAX_GRAD_ACCUM, "micro-batches",
                             &l->grad_accum, error)
-      || !parse_count_flag ("--seq", po->seq, TRUE, &t->seq_len, error)
+      || !parse_count_flag ("--seq", po->seq, TRUE, STOW_MAX_SEQ_TOKENS,
+                            "tokens", &t->seq_len, error)
       || !parse_count_flag ("--decoder-seq", po->decoder_seq, TRUE,
+                            STOW_MAX_SEQ_TOKENS, "tokens",
                             &t->decoder_seq_len, error)
-      || !parse_count_flag ("--lora-rank", po->lora_rank, FALSE, &t->lora_rank,
-                            error))
+      || !parse_count_flag ("--lora-rank", po->lora_rank, FALSE,
+                            STOW_MAX_LORA_RANK, "", &t->lora_rank, error))
     return FALSE;
   if (po->precision
       && !stow_precision_parse (po->precision, "--precision", &t->precision,

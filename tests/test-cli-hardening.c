@@ -175,6 +175,68 @@ test_required_fields_only (Tmp *t, gconstpointer data)
     }
 }
 
+/* 4 and 6. Sizes are checked against limits before anything is allocated
+ * or searched, and the message says the limit.  Before: the simulator ran
+ * out of memory (--global-batch 1G --seq 7) or GLib aborted (--grad-accum
+ * 1000000000); --micro-batch=4294967296 answered "no valid layout"; 2^64
+ * came back as "got number -1". */
+static void
+test_limits (Tmp *t, gconstpointer data)
+{
+  static const struct
+  {
+    const char *cmd, *flags[4], *message;
+  } cases[] = {
+    { "simulate", { "--global-batch", "1G", "--seq", "7" },
+      "stowage: --global-batch 1G: at most 16,777,216 sequences\n" },
+    { "simulate", { "--grad-accum", "1000000000" },
+      "stowage: --grad-accum 1000000000: at most 16,777,216 micro-batches\n" },
+    { "simulate", { "--grad-accum", "1000000" },
+      "stowage: simulate: 1,000,000 micro-batches per step through 32 "
+      "layers: over the simulator's limit of 1,048,576 micro-batch x layer "
+      "passes (about 7 million ops)\nhint: lower --global-batch or "
+      "--grad-accum, or raise --micro-batch\n" },
+    { "plan", { "--seq", "4294967296" },
+      "stowage: --seq 4294967296: at most 16,777,216 tokens\n" },
+    { "fit", { "--micro-batch=4294967296" },
+      "stowage: --micro-batch 4294967296: at most 65,536 sequences\n" },
+    { "mem", { "--micro-batch", "18446744073709551616" },
+      "stowage: --micro-batch 18446744073709551616: at most 65,536 "
+      "sequences\n" },
+    { "fit", { "--micro-batch", "128", "--seq", "16M" },
+      "stowage: --micro-batch 128 x --seq 16777216: at most 1,073,741,824 "
+      "tokens per micro-batch\n" },
+    { "plan", { "--context-memory", "2EiB" },
+      "stowage: --context-memory 2EiB: at most 1,125,899,906,842,624 bytes "
+      "(1 PiB)\n" },
+  };
+  for (gsize i = 0; i < G_N_ELEMENTS (cases); i++)
+    {
+      const char *args[12] = { cases[i].cmd, "llama-7b", "--gpus",
+                               "8xA100-80GB" };
+      for (gsize k = 0; k < 4 && cases[i].flags[k]; k++)
+        args[4 + k] = cases[i].flags[k];
+      g_auto (StowRun) r = { 0 };
+      gint64 t0 = g_get_monotonic_time ();
+      stow_runv (&r, args);
+      g_assert_cmpint (r.status, ==, 2);
+      g_assert_cmpstr (r.out, ==, "");
+      g_assert_cmpstr (r.err, ==, cases[i].message);
+      g_assert_cmpint (g_get_monotonic_time () - t0, <, 5 * G_USEC_PER_SEC);
+    }
+
+  /* A number past 64 bits in a config.json is named as written. */
+  g_autofree char *cfg = tmp_file (
+      t, "config.json",
+      "{\"model_type\": \"llama\", \"hidden_size\": 18446744073709551616}");
+  g_auto (StowRun) m = { 0 };
+  stow_run (&m, "model", cfg, NULL);
+  g_assert_cmpint (m.status, ==, 2);
+  g_assert_nonnull (strstr (m.err, "config.json:1:40: the integer "
+                                   "18446744073709551616 is out of range"));
+  g_assert_null (strstr (m.err, "-1"));
+}
+
 int
 main (int argc, char **argv)
 {
@@ -185,5 +247,7 @@ main (int argc, char **argv)
               test_output_targets, tmp_teardown);
   g_test_add ("/hardening/required-fields-only", Tmp, NULL, tmp_setup,
               test_required_fields_only, tmp_teardown);
+  g_test_add ("/hardening/limits", Tmp, NULL, tmp_setup, test_limits,
+              tmp_teardown);
   return g_test_run ();
 }
