@@ -21,8 +21,11 @@ run_mem (StowPlanOptions *po, StowReportOptions *ro, int argc, char **argv)
   g_autoptr (GOptionContext) ctx = stow_cli_context_new (
       "mem", "MODEL",
       "The memory of one layout, per GPU (each pipeline stage), per host and "
-      "per node's NVMe, term by term.  Dimensions left out are filled in: "
-      "dp takes the GPUs left.");
+      "per node's NVMe, term by term.  Dimensions left out are filled in as "
+      "'stowage fit' chooses them (the fastest layout that fits), and the "
+      "output says which; under a peer --convention, dp takes the GPUs left "
+      "and the rest stay off.  Exit status: 0 it fits, 1 it does not, 2 bad "
+      "input.");
   stow_plan_options_add (ctx, po);
   stow_report_options_add (ctx, ro);
   if (!stow_cli_parse (ctx, "mem", &argc, &argv))
@@ -35,23 +38,27 @@ run_mem (StowPlanOptions *po, StowReportOptions *ro, int argc, char **argv)
                                             &error)
           : !stow_plan_options_resolve (po, argc > 1 ? argv[1] : NULL, &error))
     return stow_cli_fail (error, NULL);
-  if (ro->plan == NULL)
-    stow_plan_options_default_layout (po);
   if (!stow_report_options_resolve (ro, po, &error))
     return stow_cli_fail (error, NULL);
+  /* What the flags leave open is filled as fit fills it (issue 24: ZeRO 0
+   * everywhere reported 1,065 GiB for llama-65b on 8 A100s). */
+  g_auto (GStrv) filled
+      = ro->plan == NULL ? stow_plan_options_fill_like_fit (po) : NULL;
   g_autoptr (StowMemory) mem = stow_memory_estimate (
       po->model, po->cluster_obj, &po->training, &po->layout, &po->mem, &error);
   if (mem == NULL)
     return stow_cli_fail (error, NULL);
   stow_report_options_check_plan (ro, mem);
   StowMemoryReport r = { po->model,   po->cluster_obj, &po->training,
-                         &po->layout, &po->mem,        mem };
+                         &po->layout, &po->mem,        mem,
+                         (const char *const *)filled };
   StowReport report = { .mem = r, .command = "mem", .fits = mem->fits };
   g_autoptr (JsonNode) node = stow_memory_report_json (&r);
   g_autoptr (GString) s = g_string_new (NULL);
   stow_memory_report_text (s, &r, po->explain);
+  /* As fit: 1 when the layout does not fit. */
   return stow_report_options_finish (ro, po, &report, s->str, node,
-                                     STOW_EXIT_OK);
+                                     mem->fits ? STOW_EXIT_OK : STOW_EXIT_NO);
 }
 
 int

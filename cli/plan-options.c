@@ -469,6 +469,72 @@ stow_plan_options_default_layout (StowPlanOptions *po)
     l->grad_accum = l->pp; /* enough micro-batches to fill the pipeline */
 }
 
+char **
+stow_plan_options_fill_like_fit (StowPlanOptions *po)
+{
+  static const struct
+  {
+    StowPins pin;
+    const char *name;
+  } dims[] = {
+    { STOW_PIN_DP, "dp" },
+    { STOW_PIN_TP, "tp" },
+    { STOW_PIN_PP, "pp" },
+    { STOW_PIN_VPP, "vpp" },
+    { STOW_PIN_CP, "cp" },
+    { STOW_PIN_EP, "ep" },
+    { STOW_PIN_SP, "sp" },
+    { STOW_PIN_ZERO, "zero" },
+    { STOW_PIN_OFFLOAD_OPTIMIZER, "offload-optimizer" },
+    { STOW_PIN_OFFLOAD_PARAMS, "offload-params" },
+    { STOW_PIN_OFFLOAD_ACTIVATIONS, "offload-activations" },
+    { STOW_PIN_RECOMPUTE, "recompute" },
+    { STOW_PIN_MICRO_BATCH, "micro-batch" },
+    { STOW_PIN_SCHEDULE, "schedule" },
+  };
+  stow_plan_options_default_layout (po);
+  if (po->model == NULL || po->mem.convention != STOW_CONVENTION_STOWAGE
+      || (po->pins & STOW_PIN_ALL) == STOW_PIN_ALL)
+    return NULL;
+  g_autoptr (StowSearch) s
+      = stow_search_run (po->model, po->cluster_obj, &po->training,
+                         &po->layout, po->pins, &po->mem, 1);
+  const StowCandidate *best
+      = s->fits->len ? &g_array_index (s->fits, StowCandidate, 0)
+                     : (s->have_miss ? &s->best_miss : NULL);
+  if (best == NULL)
+    return NULL;
+  po->layout = best->layout;
+  GPtrArray *names = g_ptr_array_new_with_free_func (g_free);
+  for (gsize i = 0; i < G_N_ELEMENTS (dims); i++)
+    {
+      if (po->pins & dims[i].pin)
+        continue;
+      /* dimensions that had only one value to take here */
+      const StowLayout *l = &po->layout;
+      StowPins p = dims[i].pin;
+      if ((p & (STOW_PIN_DP | STOW_PIN_TP | STOW_PIN_PP | STOW_PIN_CP)
+           && po->cluster_obj->n_gpus == 1)
+          || (p == STOW_PIN_EP && po->model->n_experts == 0)
+          || ((p == STOW_PIN_SCHEDULE || p == STOW_PIN_VPP) && l->pp == 1)
+          || (p == STOW_PIN_SP && l->tp == 1)
+          || (p == STOW_PIN_OFFLOAD_PARAMS && l->zero != 3)
+          || (p == STOW_PIN_OFFLOAD_ACTIVATIONS
+              && l->recompute != STOW_RECOMPUTE_FULL)
+          || (p == STOW_PIN_MICRO_BATCH && po->training.global_batch == 0))
+        continue;
+      g_ptr_array_add (names, g_strdup (dims[i].name));
+    }
+  if (names->len == 0)
+    {
+      g_ptr_array_free (names, TRUE);
+      return NULL;
+    }
+  g_ptr_array_set_free_func (names, NULL);
+  g_ptr_array_add (names, NULL);
+  return (char **)g_ptr_array_free (names, FALSE);
+}
+
 void
 stow_plan_options_clear (StowPlanOptions *po)
 {

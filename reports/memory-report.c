@@ -45,6 +45,39 @@ stow_layout_describe (const StowLayout *l)
   return g_string_free (s, FALSE);
 }
 
+char *
+stow_memory_short_of (const StowMemory *m)
+{
+  const char *parts[3];
+  guint n = 0;
+  if (!m->fits_device)
+    parts[n++] = "GPU memory";
+  if (!m->fits_host)
+    parts[n++] = "host RAM";
+  if (!m->fits_nvme)
+    parts[n++] = "NVMe";
+  if (n == 0)
+    return g_strdup ("nothing");
+  if (n == 1)
+    return g_strdup (parts[0]);
+  if (n == 2)
+    return g_strdup_printf ("%s and %s", parts[0], parts[1]);
+  return g_strdup_printf ("%s, %s and %s", parts[0], parts[1], parts[2]);
+}
+
+char *
+stow_memory_report_filled_note (const char *const *filled)
+{
+  if (filled == NULL || filled[0] == NULL)
+    return NULL;
+  GString *s = g_string_new ("as 'stowage fit' would (the fastest layout "
+                              "that fits): ");
+  for (guint i = 0; filled[i]; i++)
+    g_string_append_printf (s, "%s--%s", i == 0 ? "" : " ", filled[i]);
+  g_string_append (s, "; give a flag to pin it");
+  return g_string_free (s, FALSE);
+}
+
 JsonNode *
 stow_layout_to_json (const StowLayout *l, const StowTraining *t)
 {
@@ -104,6 +137,14 @@ stow_memory_report_json (const StowMemoryReport *r)
   json_builder_end_object (b);
   json_builder_set_member_name (b, "layout");
   json_builder_add_value (b, stow_layout_to_json (r->layout, r->training));
+  if (r->filled)
+    {
+      json_builder_set_member_name (b, "filled_like_fit");
+      json_builder_begin_array (b);
+      for (guint i = 0; r->filled[i]; i++)
+        json_builder_add_string_value (b, r->filled[i]);
+      json_builder_end_array (b);
+    }
 
   json_builder_set_member_name (b, "device");
   json_builder_begin_object (b);
@@ -190,6 +231,9 @@ stow_memory_report_text (GString *out, const StowMemoryReport *r,
                           c->n_nodes, c->n_nodes == 1 ? "" : "s",
                           c->node.gpus_per_node, c->node.gpu.name);
   g_string_append_printf (out, "layout:  %s\n", layout);
+  g_autofree char *note = stow_memory_report_filled_note (r->filled);
+  if (note)
+    g_string_append_printf (out, "filled:  %s\n", note);
   g_string_append_printf (
       out, "train:   seq %" G_GUINT64_FORMAT ", %s, %s%s%s\n",
       r->training->seq_len, stow_precision_name (r->training->precision),
@@ -265,14 +309,8 @@ stow_memory_report_text (GString *out, const StowMemoryReport *r,
     g_string_append (out, "FITS\n");
   else
     {
-      g_string_append (out, "DOES NOT FIT:");
-      if (!mem->fits_device)
-        g_string_append (out, " GPU memory");
-      if (!mem->fits_host)
-        g_string_append (out, " host RAM");
-      if (!mem->fits_nvme)
-        g_string_append (out, " NVMe");
-      g_string_append_c (out, '\n');
+      g_autofree char *what = stow_memory_short_of (mem);
+      g_string_append_printf (out, "DOES NOT FIT: %s\n", what);
     }
   g_string_append (out, "(GiB = 2^30 bytes)\n");
 }

@@ -237,6 +237,78 @@ test_limits (Tmp *t, gconstpointer data)
   g_assert_null (strstr (m.err, "-1"));
 }
 
+static JsonObject *
+json_object_of (const char *text, JsonNode **root)
+{
+  g_autoptr (GError) error = NULL;
+  stow_assert_json_valid (text, "output");
+  *root = stow_json_parse_data (text, -1, "output", &error);
+  g_assert_no_error (error);
+  return json_node_get_object (*root);
+}
+
+/* 5. mem and simulate answer as fit does: exit 1 when the layout does not
+ * fit (they exited 0 beside DOES NOT FIT and EXCEEDED), and what the flags
+ * leave open is filled with fit's choice, said so (ZeRO 0 everywhere put
+ * llama-65b at 1,065 GiB per A100). */
+static void
+test_mem_simulate_like_fit (void)
+{
+  const char *zero0[] = { "--zero", "0", "--offload-optimizer", "none",
+                          "--recompute", "none", NULL };
+  g_auto (StowRun) m = { 0 };
+  stow_run (&m, "mem", "llama-65b", "--gpus", "8xA100-80GB", zero0[0],
+            zero0[1], zero0[2], zero0[3], zero0[4], zero0[5], NULL);
+  g_assert_cmpint (m.status, ==, 1);
+  g_assert_nonnull (strstr (m.out, "DOES NOT FIT: GPU memory\n"));
+  g_auto (StowRun) s = { 0 };
+  stow_run (&s, "simulate", "llama-65b", "--gpus", "8xA100-80GB", zero0[0],
+            zero0[1], zero0[2], zero0[3], zero0[4], zero0[5], NULL);
+  g_assert_cmpint (s.status, ==, 1);
+  g_assert_nonnull (strstr (s.out, "EXCEEDED"));
+
+  /* Left open: fit's layout, and it fits. */
+  g_auto (StowRun) f = { 0 };
+  stow_run (&f, "fit", "llama-65b", "--gpus", "8xA100-80GB", "--json", NULL);
+  g_assert_cmpint (f.status, ==, 0);
+  g_auto (StowRun) mj = { 0 };
+  stow_run (&mj, "mem", "llama-65b", "--gpus", "8xA100-80GB", "--json", NULL);
+  g_assert_cmpint (mj.status, ==, 0);
+  g_autoptr (JsonNode) fr = NULL, mr = NULL;
+  JsonObject *fo = json_object_of (f.out, &fr);
+  JsonObject *mo = json_object_of (mj.out, &mr);
+  g_assert_true (json_node_equal (json_object_get_member (fo, "layout"),
+                                  json_object_get_member (mo, "layout")));
+  JsonArray *filled = json_object_get_array_member (mo, "filled_like_fit");
+  g_assert_cmpuint (json_array_get_length (filled), >, 3);
+  g_assert_cmpstr (json_array_get_string_element (filled, 0), ==, "dp");
+  JsonObject *dev = json_object_get_object_member (mo, "device");
+  g_assert_cmpint (json_object_get_int_member (dev, "total_bytes"), <=,
+                   json_object_get_int_member (dev, "capacity_bytes"));
+
+  g_auto (StowRun) mt = { 0 };
+  stow_run (&mt, "mem", "llama-65b", "--gpus", "8xA100-80GB", NULL);
+  g_assert_cmpint (mt.status, ==, 0);
+  g_assert_nonnull (strstr (mt.out, "filled:  as 'stowage fit' would (the "
+                                    "fastest layout that fits): --dp"));
+
+  g_auto (StowRun) sj = { 0 };
+  stow_run (&sj, "simulate", "llama-65b", "--gpus", "8xA100-80GB", "--json",
+            NULL);
+  g_assert_cmpint (sj.status, ==, 0);
+  g_autoptr (JsonNode) sr = NULL;
+  JsonObject *so = json_object_of (sj.out, &sr);
+  g_assert_false (json_object_get_boolean_member (so, "exceeded"));
+  g_assert_true (json_object_has_member (so, "filled_like_fit"));
+
+  /* Every dimension given: nothing is filled or said. */
+  g_auto (StowRun) p = { 0 };
+  stow_run (&p, "mem", "llama-7b", "--gpus", "1xA100-80GB", "--zero", "0",
+            "--offload-optimizer", "cpu", "--recompute", "none", NULL);
+  g_assert_cmpint (p.status, ==, 0);
+  g_assert_null (strstr (p.out, "filled:"));
+}
+
 int
 main (int argc, char **argv)
 {
@@ -249,5 +321,7 @@ main (int argc, char **argv)
               test_required_fields_only, tmp_teardown);
   g_test_add ("/hardening/limits", Tmp, NULL, tmp_setup, test_limits,
               tmp_teardown);
+  g_test_add_func ("/hardening/mem-simulate-like-fit",
+                   test_mem_simulate_like_fit);
   return g_test_run ();
 }
