@@ -13,6 +13,7 @@
 #include "core/json.h"
 #include "core/units.h"
 #include "reports/memory-report.h"
+#include "reports/report.h"
 
 static int
 run_mem (StowPlanOptions *po, StowReportOptions *ro, int argc, char **argv)
@@ -284,26 +285,24 @@ run_fit (StowPlanOptions *po, StowReportOptions *ro, int argc, char **argv)
     json_object_set_member (o, "alternatives", json_node_ref (alt_node));
 
   g_autoptr (GString) text = g_string_new (NULL);
-  char a[STOW_FORMAT_BUF], b[STOW_FORMAT_BUF], c[STOW_FORMAT_BUF],
-      d[STOW_FORMAT_BUF], e[STOW_FORMAT_BUF];
+  char tok[STOW_FORMAT_BUF];
   g_string_append_printf (text, "%s: %s on %s\n",
                           fits ? "FITS" : "DOES NOT FIT", po->model->name,
                           po->cluster_obj->spec);
-  g_string_append_printf (
-      text,
-      "%s layouts evaluated: %s fit, %s out of GPU memory, %s out of host "
-      "RAM or NVMe, %s invalid\n\n",
-      stow_format_grouped_into (a, sizeof a, search->evaluated),
-      stow_format_grouped_into (b, sizeof b, search->fitting),
-      stow_format_grouped_into (c, sizeof c, search->out_of_memory),
-      stow_format_grouped_into (d, sizeof d, search->host_or_nvme),
-      stow_format_grouped_into (e, sizeof e, search->invalid));
+  stow_report_search_counts (text, search, -1);
+  g_string_append (text, "\n\n");
   if (fits)
-    g_string_append_printf (
-        text,
-        "Fastest layout that fits (predicted %.4g s per step, %.4g tokens/s, "
-        "MFU %.1f%%; 'stowage plan' ranks the others):\n",
-        best->cost.step_time_s, best->cost.tokens_per_s, 100 * best->cost.mfu);
+    {
+      g_autofree char *step = stow_report_format_step (best->cost.step_time_s);
+      g_string_append_printf (
+          text,
+          "Fastest layout that fits (predicted %s per step, %s tokens/s, "
+          "MFU %.1f%%; 'stowage plan' ranks the others):\n",
+          step,
+          stow_format_grouped_into (tok, sizeof tok,
+                                    (guint64)(best->cost.tokens_per_s + 0.5)),
+          100 * best->cost.mfu);
+    }
   else
     g_string_append (text, "Closest layout (does not fit):\n");
   stow_memory_report_text (text, &r, po->explain);

@@ -309,6 +309,126 @@ test_mem_simulate_like_fit (void)
   g_assert_null (strstr (p.out, "filled:"));
 }
 
+/* "2,586 layouts evaluated: 2,574 fit, 12 out of GPU memory, 0 out of
+ * host RAM or NVMe; ..." must add up. */
+static void
+assert_counts_add_up (const char *text)
+{
+  const char *p = strstr (text, " layouts evaluated");
+  g_assert_nonnull (p);
+  while (p > text && (g_ascii_isdigit (p[-1]) || p[-1] == ','))
+    p--;
+  guint64 v[4];
+  const char *q = p;
+  for (int i = 0; i < 4; i++)
+    {
+      while (*q && !g_ascii_isdigit (*q))
+        q++;
+      guint64 n = 0;
+      for (; g_ascii_isdigit (*q) || *q == ','; q++)
+        if (*q != ',')
+          n = n * 10 + (guint64)(*q - '0');
+      v[i] = n;
+      if (i == 0 && strncmp (q, " layouts evaluated in ", 22) == 0)
+        {
+          /* skip the search time "in 0.058 s" */
+          q += 22;
+          while (*q && *q != ':')
+            q++;
+        }
+    }
+  g_assert_cmpuint (v[0], ==, v[1] + v[2] + v[3]);
+}
+
+/* 6. Words and numbers. */
+static void
+test_words_and_numbers (Tmp *t, gconstpointer data)
+{
+  /* Reports say the ranking is the time model's and show its numbers. */
+  const char *formats[] = { "md", "html" };
+  for (gsize i = 0; i < G_N_ELEMENTS (formats); i++)
+    {
+      g_auto (StowRun) r = { 0 };
+      stow_run (&r, "fit", "llama-13b", "--gpus", "8xA100-80GB", "--format",
+                formats[i], NULL);
+      g_assert_cmpint (r.status, ==, 0);
+      g_assert_null (strstr (r.out, "preference order"));
+      g_assert_null (strstr (r.out, "once the time model"));
+      g_assert_nonnull (strstr (r.out, "time model"));
+      g_assert_nonnull (strstr (r.out, "tokens/s"));
+      g_assert_nonnull (strstr (r.out, "MFU"));
+      assert_counts_add_up (r.out);
+    }
+
+  /* Counts add up in fit and plan, text and JSON; grouped digits; no
+   * exponent for tokens/s. */
+  g_auto (StowRun) f = { 0 };
+  stow_run (&f, "fit", "llama-7b", "--gpus", "8xA100-80GB", NULL);
+  g_assert_cmpint (f.status, ==, 0);
+  assert_counts_add_up (f.out);
+  g_assert_null (strstr (f.out, "e+"));
+  g_assert_true (g_regex_match_simple ("predicted [0-9.]+ s per step, "
+                                       "[0-9]{1,3}(,[0-9]{3})* tokens/s",
+                                       f.out, 0, 0));
+  g_auto (StowRun) p = { 0 };
+  stow_run (&p, "plan", "llama-7b", "--gpus", "1xA100-80GB", "--top", "100",
+            "--json", NULL);
+  g_assert_cmpint (p.status, ==, 0);
+  g_autoptr (JsonNode) root = NULL;
+  JsonObject *o = json_object_of (p.out, &root);
+  g_assert_cmpint (json_object_get_int_member (o, "candidates_evaluated"), ==,
+                   json_object_get_int_member (o, "fitting")
+                       + json_object_get_int_member (o, "out_of_memory")
+                       + json_object_get_int_member (o, "out_of_host_or_nvme"));
+  g_assert_cmpint (json_object_get_int_member (o, "same_as_lower_zero"), >, 0);
+
+  /* No two rows that differ only in ZeRO stage cost the same (z0, z1 and
+   * z2 over one data-parallel rank were listed three times). */
+  JsonArray *plans = json_object_get_array_member (o, "plans");
+  guint n = json_array_get_length (plans);
+  g_assert_cmpuint (n, >, 4);
+  for (guint i = 0; i < n; i++)
+    for (guint j = i + 1; j < n; j++)
+      {
+        JsonObject *a = json_array_get_object_element (plans, i);
+        JsonObject *b = json_array_get_object_element (plans, j);
+        g_autoptr (JsonNode) la
+            = json_node_copy (json_object_get_member (a, "layout"));
+        g_autoptr (JsonNode) lb
+            = json_node_copy (json_object_get_member (b, "layout"));
+        json_object_remove_member (json_node_get_object (la), "zero");
+        json_object_remove_member (json_node_get_object (lb), "zero");
+        if (!json_node_equal (la, lb))
+          continue;
+        gboolean same
+            = json_object_get_int_member (a, "total_bytes")
+                  == json_object_get_int_member (b, "total_bytes")
+              && json_object_get_double_member (a, "step_time_s")
+                     == json_object_get_double_member (b, "step_time_s");
+        g_assert_false (same);
+      }
+
+  /* What is short, in words. */
+  g_autofree char *small = tmp_file (
+      t, "small-host.json",
+      "{\"gpu\": \"A100-80GB\", \"gpus_per_node\": 1, "
+      "\"host_ram\": \"16GiB\"}");
+  const char *shown[][2] = { { "text", "DOES NOT FIT: GPU memory and host "
+                                       "RAM\n" },
+                             { "md", "**DOES NOT FIT**: short of GPU memory "
+                                     "and host RAM\n" },
+                             { "html", "short of GPU memory and host RAM</p>" } };
+  for (gsize i = 0; i < G_N_ELEMENTS (shown); i++)
+    {
+      g_auto (StowRun) m = { 0 };
+      stow_run (&m, "mem", "llama-65b", "--cluster", small, "--zero", "0",
+                "--offload-optimizer", "cpu", "--recompute", "none",
+                "--format", shown[i][0], NULL);
+      g_assert_cmpint (m.status, ==, 1);
+      g_assert_nonnull (strstr (m.out, shown[i][1]));
+    }
+}
+
 int
 main (int argc, char **argv)
 {
@@ -323,5 +443,7 @@ main (int argc, char **argv)
               tmp_teardown);
   g_test_add_func ("/hardening/mem-simulate-like-fit",
                    test_mem_simulate_like_fit);
+  g_test_add ("/hardening/words-and-numbers", Tmp, NULL, tmp_setup,
+              test_words_and_numbers, tmp_teardown);
   return g_test_run ();
 }
