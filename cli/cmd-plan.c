@@ -319,6 +319,8 @@ run_plan (PlanArgs *a, int argc, char **argv)
   else
     g_string_append (out, ", no --global-batch (micro-batch 1, "
                           "accumulation = pp)\n");
+  g_autofree char *host = stow_report_host_line (po->cluster_obj);
+  g_string_append_printf (out, "host: %s\n", host);
   stow_report_search_counts (out, s, s->search_time_s);
   g_string_append (out, "\n\n");
   if (shown == 0)

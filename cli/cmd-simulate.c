@@ -309,6 +309,8 @@ run (SimOptions *so, int argc, char **argv)
   g_string_append_printf (out, "%s\n", prog->description);
   if (note)
     g_string_append_printf (out, "filled: %s\n", note);
+  g_autofree char *host = stow_report_host_line (po->cluster_obj);
+  g_string_append_printf (out, "host: %s\n", host);
   g_string_append_printf (out,
                           "step time: %.4f s  (%u ranks, %u ops, simulated "
                           "in %.3f s)\n",

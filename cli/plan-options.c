@@ -22,6 +22,14 @@ stow_plan_options_add (GOptionContext *ctx, StowPlanOptions *po)
     STR ("gpus", gpus, "GPUs: 8xA100-80GB, 64xH100-SXM, 4x8xH200, local",
          "SPEC"),
     STR ("cluster", cluster, "A cluster.json instead of --gpus", "FILE"),
+    STR ("host-ram", host_ram,
+         "Host RAM per node (default: the node preset's, which the output "
+         "names)",
+         "SIZE"),
+    STR ("nvme", nvme,
+         "NVMe drives per node: none, SIZE (one drive) or COUNTxSIZE "
+         "(2x3.84TB); default: the node preset's",
+         "DRIVES"),
     STR ("dp", dp, "Data-parallel degree (default: the GPUs left)", "N"),
     STR ("tp", tp, "Tensor-parallel degree", "N"),
     STR ("pp", pp, "Pipeline stages", "N"),
@@ -207,6 +215,70 @@ parse_size_flag (const char *flag, const char *v, guint64 *out, GError **error)
   return TRUE;
 }
 
+/* --nvme: "none" or "0", "SIZE" (one drive) or "COUNTxSIZE". */
+static gboolean
+parse_nvme_flag (const char *v, guint *count, guint64 *capacity,
+                 GError **error)
+{
+  g_autoptr (GError) local = NULL;
+  *count = 1;
+  *capacity = 0;
+  if (g_ascii_strcasecmp (v, "none") == 0 || strcmp (v, "0") == 0)
+    {
+      *count = 0;
+      return TRUE;
+    }
+  const char *size = v;
+  const char *x = strpbrk (v, "xX");
+  if (x != NULL && x > v)
+    {
+      g_autofree char *digits = g_strndup (v, (gsize)(x - v));
+      guint64 n;
+      if (!g_ascii_string_to_unsigned (digits, 10, 1, 64, &n, NULL))
+        {
+          g_set_error (error, STOW_PLAN_ERROR, STOW_PLAN_ERROR_PARSE,
+                       "--nvme %s: the drive count must be 1 to 64", v);
+          return FALSE;
+        }
+      *count = (guint)n;
+      size = x + 1;
+    }
+  if (!stow_parse_size (size, capacity, &local) || *capacity == 0
+      || *capacity > MAX_SIZE_FLAG)
+    {
+      g_set_error (error, STOW_PLAN_ERROR, STOW_PLAN_ERROR_PARSE,
+                   "--nvme %s: expected none, SIZE or COUNTxSIZE such as "
+                   "2x3.84TB (drives of up to 1 PiB)%s%s",
+                   v, local ? ": " : "", local ? local->message : "");
+      return FALSE;
+    }
+  return TRUE;
+}
+
+/* --host-ram and --nvme: the user's host in place of the preset's. */
+static gboolean
+apply_host_flags (StowPlanOptions *po, GError **error)
+{
+  guint64 ram = 0, capacity = 0;
+  guint n_nvme = 0;
+  if (po->host_ram == NULL && po->nvme == NULL)
+    return TRUE;
+  if (!parse_size_flag ("--host-ram", po->host_ram, &ram, error)
+      || (po->nvme && !parse_nvme_flag (po->nvme, &n_nvme, &capacity, error)))
+    return FALSE;
+  if (po->host_ram && ram == 0)
+    {
+      g_set_error (error, STOW_PLAN_ERROR, STOW_PLAN_ERROR_PARSE,
+                   "--host-ram %s: must be more than 0", po->host_ram);
+      return FALSE;
+    }
+  StowCluster *c = stow_cluster_with_host (po->cluster_obj, ram,
+                                           po->nvme != NULL, n_nvme, capacity);
+  stow_cluster_unref (po->cluster_obj);
+  po->cluster_obj = c;
+  return TRUE;
+}
+
 gboolean
 stow_plan_options_resolve (StowPlanOptions *po, const char *model_arg,
                            GError **error)
@@ -326,7 +398,7 @@ stow_plan_options_resolve (StowPlanOptions *po, const char *model_arg,
                    "or --cluster FILE");
       return FALSE;
     }
-  if (po->cluster_obj == NULL)
+  if (po->cluster_obj == NULL || !apply_host_flags (po, error))
     return FALSE;
 
   if (!parse_degree ("--dp", po->dp, &l->dp, &po->pins, STOW_PIN_DP, error)
@@ -579,6 +651,8 @@ stow_plan_options_clear (StowPlanOptions *po)
     &po->workspace,
     &po->host_process,
     &po->cpu_opt_buffers,
+    &po->host_ram,
+    &po->nvme,
   };
   for (gsize i = 0; i < G_N_ELEMENTS (strings); i++)
     g_clear_pointer (strings[i], g_free);

@@ -25,7 +25,8 @@ typedef struct
       *finetune, *lora_rank, *engine, *schedule, *convention, *params,
       *largest_layer, *zero_init, *context, *fragmentation, *nccl, *margin,
       *reduce_bucket, *prefetch_bucket, *reuse_distance, *free_grads,
-      *lora_targets, *workspace, *host_process, *cpu_opt_buffers;
+      *lora_targets, *workspace, *host_process, *cpu_opt_buffers, *host_ram,
+      *nvme;
   gboolean sp, no_sp, no_flash, chunked_loss, dropout, lora_dropout, json,
       explain, overlap_comm, opt_in_bwd, compile;
 

@@ -802,6 +802,8 @@ stow_cluster_new_from_spec (const char *spec, GError **error)
     }
   node.gpus_per_node = (guint)gpn;
   c = stow_cluster_new (&node, (guint)n_nodes, spec);
+  /* The host side is the preset's, a guess at the user's machine. */
+  c->host_ram_assumed = c->nvme_assumed = TRUE;
 out:
   stow_node_clear (&node);
   return c;
@@ -891,8 +893,45 @@ cluster_from_json (JsonObject *obj, const char *where, const char *base_dir,
       goto out;
     }
   c = stow_cluster_new (&node, n_nodes, where);
+  c->host_ram_assumed = !member (obj, "host_ram") && !profile;
+  c->nvme_assumed = !member (obj, "nvme");
 out:
   stow_node_clear (&node);
+  return c;
+}
+
+StowCluster *
+stow_cluster_with_host (const StowCluster *cluster, guint64 host_ram_bytes,
+                        gboolean set_nvme, guint n_nvme,
+                        guint64 nvme_capacity_bytes)
+{
+  g_return_val_if_fail (cluster != NULL, NULL);
+  StowNode node;
+  stow_node_copy (&cluster->node, &node);
+  if (host_ram_bytes)
+    node.host_ram_bytes = host_ram_bytes;
+  if (set_nvme)
+    {
+      /* Gen4 M.2: 7 GB/s read, 5 GB/s write (the workstation preset's). */
+      StowNvme like = { NULL, 0, 7e9, 5e9 };
+      if (node.n_nvme > 0)
+        like.read_bw = node.nvme[0].read_bw,
+        like.write_bw = node.nvme[0].write_bw;
+      for (guint i = 0; i < node.n_nvme; i++)
+        g_free (node.nvme[i].path);
+      g_free (node.nvme);
+      node.nvme = g_new0 (StowNvme, MAX (n_nvme, 1));
+      for (guint i = 0; i < n_nvme; i++)
+        {
+          node.nvme[i] = like;
+          node.nvme[i].capacity_bytes = nvme_capacity_bytes;
+        }
+      node.n_nvme = n_nvme;
+    }
+  StowCluster *c = stow_cluster_new (&node, cluster->n_nodes, cluster->spec);
+  stow_node_clear (&node);
+  c->host_ram_assumed = cluster->host_ram_assumed && host_ram_bytes == 0;
+  c->nvme_assumed = cluster->nvme_assumed && !set_nvme;
   return c;
 }
 

@@ -103,6 +103,10 @@ struct _StowCluster
   StowNode node;
   guint n_nodes;
   guint n_gpus;             /* n_nodes * node.gpus_per_node */
+  /* TRUE when the host RAM, or the NVMe drives, are a node preset's
+   * guess rather than given (a bare --gpus spec, a cluster file without
+   * them): reports say so, since offload answers depend on them. */
+  gboolean host_ram_assumed, nvme_assumed;
 };
 
 /* The GPU catalog.  Lookup is case-insensitive over names and aliases;
@@ -140,6 +144,13 @@ void stow_node_clear (StowNode *node);
  * messages (NULL: the node's name). */
 StowCluster *stow_cluster_new (const StowNode *node, guint n_nodes,
                                const char *spec);
+/* A copy of @cluster whose nodes have @host_ram_bytes of RAM (0: as
+ * before) and, when @set_nvme, @n_nvme drives of @nvme_capacity_bytes each
+ * (read and write rates of the node's first drive, or of a Gen4 M.2 drive,
+ * 7 and 5 GB/s, when it has none).  What is set is no longer assumed. */
+StowCluster *stow_cluster_with_host (const StowCluster *cluster,
+                                     guint64 host_ram_bytes, gboolean set_nvme,
+                                     guint n_nvme, guint64 nvme_capacity_bytes);
 
 /* JSON views (raw bytes, bytes/s, FLOP/s, seconds). */
 JsonNode *stow_gpu_to_json (const StowGpu *gpu);

@@ -257,7 +257,10 @@ stow_report_md (GString *out, const StowReport *r)
   g_string_append_printf (out, ", %u node%s x %u %s\n", c->n_nodes,
                           c->n_nodes == 1 ? "" : "s", c->node.gpus_per_node,
                           c->node.gpu.name);
-  g_string_append (out, "- **layout**: ");
+  g_autofree char *host = stow_report_host_line (c);
+  g_string_append (out, "- **host**: ");
+  md_escape (out, host);
+  g_string_append (out, "\n- **layout**: ");
   md_escape (out, layout);
   g_string_append_printf (
       out, "\n- **training**: seq %" G_GUINT64_FORMAT ", %s, %s, %s\n",

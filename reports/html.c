@@ -172,6 +172,9 @@ stow_report_html (GString *out, const StowReport *r)
   g_string_append_printf (out, ": %u node%s x %u ", c->n_nodes,
                           c->n_nodes == 1 ? "" : "s", c->node.gpus_per_node);
   esc (out, c->node.gpu.name);
+  g_autofree char *host = stow_report_host_line (c);
+  g_string_append (out, "</dd><dt>host</dt><dd>");
+  esc (out, host);
   g_string_append (out, "</dd><dt>layout</dt><dd>");
   esc (out, layout);
   g_string_append_printf (

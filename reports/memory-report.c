@@ -46,6 +46,51 @@ stow_layout_describe (const StowLayout *l)
 }
 
 char *
+stow_report_host_line (const StowCluster *c)
+{
+  const StowNode *n = &c->node;
+  char ram[STOW_FORMAT_BUF], cap[STOW_FORMAT_BUF];
+  GString *s = g_string_new (NULL);
+  g_string_append_printf (
+      s, "%s RAM and ",
+      stow_format_bytes_into (ram, sizeof ram, n->host_ram_bytes));
+  gboolean same = TRUE;
+  guint64 total = 0;
+  for (guint i = 0; i < n->n_nvme; i++)
+    {
+      total += n->nvme[i].capacity_bytes;
+      same = same && n->nvme[i].capacity_bytes == n->nvme[0].capacity_bytes;
+    }
+  if (n->n_nvme == 0)
+    g_string_append (s, "no NVMe drive");
+  else if (same)
+    g_string_append_printf (
+        s, "%u NVMe drive%s of %s", n->n_nvme, n->n_nvme == 1 ? "" : "s",
+        stow_format_bytes_into (cap, sizeof cap, n->nvme[0].capacity_bytes));
+  else
+    g_string_append_printf (s, "%u NVMe drives, %s in all", n->n_nvme,
+                            stow_format_bytes_into (cap, sizeof cap, total));
+  g_string_append (s, " per node");
+  const char *preset = n->name ? n->name : "node";
+  if (c->host_ram_assumed && c->nvme_assumed)
+    g_string_append_printf (s,
+                            " (assumed: the %s preset's; give --host-ram and "
+                            "--nvme for yours)",
+                            preset);
+  else if (c->host_ram_assumed)
+    g_string_append_printf (s,
+                            " (the RAM is assumed: the %s preset's; give "
+                            "--host-ram for yours)",
+                            preset);
+  else if (c->nvme_assumed)
+    g_string_append_printf (s,
+                            " (the drives are assumed: the %s preset's; give "
+                            "--nvme for yours)",
+                            preset);
+  return g_string_free (s, FALSE);
+}
+
+char *
 stow_memory_short_of (const StowMemory *m)
 {
   const char *parts[3];
@@ -134,6 +179,15 @@ stow_memory_report_json (const StowMemoryReport *r)
   stow_json_set_string (b, "gpu", r->cluster->node.gpu.name);
   stow_json_set_u64 (b, "nodes", r->cluster->n_nodes);
   stow_json_set_u64 (b, "gpus_per_node", r->cluster->node.gpus_per_node);
+  /* The host side, and whether it is a preset's guess. */
+  guint64 nvme_total = 0;
+  for (guint i = 0; i < r->cluster->node.n_nvme; i++)
+    nvme_total += r->cluster->node.nvme[i].capacity_bytes;
+  stow_json_set_u64 (b, "host_ram_bytes", r->cluster->node.host_ram_bytes);
+  stow_json_set_u64 (b, "nvme_drives", r->cluster->node.n_nvme);
+  stow_json_set_u64 (b, "nvme_capacity_bytes", nvme_total);
+  stow_json_set_bool (b, "host_ram_assumed", r->cluster->host_ram_assumed);
+  stow_json_set_bool (b, "nvme_assumed", r->cluster->nvme_assumed);
   json_builder_end_object (b);
   json_builder_set_member_name (b, "layout");
   json_builder_add_value (b, stow_layout_to_json (r->layout, r->training));
@@ -230,6 +284,8 @@ stow_memory_report_text (GString *out, const StowMemoryReport *r,
   g_string_append_printf (out, "cluster: %s: %u node%s x %u %s\n", c->spec,
                           c->n_nodes, c->n_nodes == 1 ? "" : "s",
                           c->node.gpus_per_node, c->node.gpu.name);
+  g_autofree char *host = stow_report_host_line (c);
+  g_string_append_printf (out, "host:    %s\n", host);
   g_string_append_printf (out, "layout:  %s\n", layout);
   g_autofree char *note = stow_memory_report_filled_note (r->filled);
   if (note)

@@ -38,6 +38,10 @@ void stow_memory_report_text (GString *out, const StowMemoryReport *r,
 /* "as 'stowage fit' would (...): --zero --micro-batch; ..." for
  * @filled (see StowMemoryReport), or NULL when nothing was filled. */
 char *stow_memory_report_filled_note (const char *const *filled);
+/* The host a plan assumes, in words: "1.00 TiB RAM and 4 NVMe drives of
+ * 3.49 TiB per node (assumed: the pcie-8gpu preset's; give --host-ram and
+ * --nvme for yours)". */
+char *stow_report_host_line (const StowCluster *cluster);
 /* What a layout that does not fit is short of, in words: "GPU memory",
  * "GPU memory and host RAM", "GPU memory, host RAM and NVMe". */
 char *stow_memory_short_of (const StowMemory *memory);

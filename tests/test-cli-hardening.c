@@ -429,6 +429,97 @@ test_words_and_numbers (Tmp *t, gconstpointer data)
     }
 }
 
+/* 7. The host a preset assumes is said, and --host-ram and --nvme give
+ * the user's own ("1xL40S" assumed 1 TiB of RAM and four NVMe drives, and
+ * no flag could say otherwise). */
+static void
+test_host_flags (Tmp *t, gconstpointer data)
+{
+  g_auto (StowRun) a = { 0 };
+  stow_run (&a, "fit", "llama-13b", "--gpus", "1xL40S", NULL);
+  g_assert_cmpint (a.status, ==, 0);
+  g_assert_nonnull (strstr (a.out, "host:    1.00 TiB RAM and 4 NVMe drives "
+                                   "of 3.49 TiB per node (assumed: the "
+                                   "pcie-8gpu preset's; give --host-ram and "
+                                   "--nvme for yours)\n"));
+
+  /* A workstation: 64 GiB and one 2 TB drive.  The optimizer goes to NVMe
+   * and the answer is slower, but true. */
+  g_auto (StowRun) b = { 0 };
+  stow_run (&b, "fit", "llama-13b", "--gpus", "1xL40S", "--host-ram", "64GiB",
+            "--nvme", "1x2TB", "--json", NULL);
+  g_assert_cmpint (b.status, ==, 0);
+  g_autoptr (JsonNode) root = NULL;
+  JsonObject *o = json_object_of (b.out, &root);
+  JsonObject *c = json_object_get_object_member (o, "cluster");
+  g_assert_cmpint (json_object_get_int_member (c, "host_ram_bytes"), ==,
+                   (gint64)64 << 30);
+  g_assert_cmpint (json_object_get_int_member (c, "nvme_drives"), ==, 1);
+  g_assert_cmpint (json_object_get_int_member (c, "nvme_capacity_bytes"), ==,
+                   2000000000000);
+  g_assert_false (json_object_get_boolean_member (c, "host_ram_assumed"));
+  g_assert_false (json_object_get_boolean_member (c, "nvme_assumed"));
+  JsonObject *l = json_object_get_object_member (o, "layout");
+  g_assert_cmpstr (json_object_get_string_member (l, "offload_optimizer"), ==,
+                   "nvme");
+
+  /* No drive and 64 GiB: it does not fit, and the text says the host. */
+  g_auto (StowRun) n = { 0 };
+  stow_run (&n, "fit", "llama-13b", "--gpus", "1xL40S", "--host-ram", "64GiB",
+            "--nvme", "none", NULL);
+  g_assert_cmpint (n.status, ==, 1);
+  g_assert_nonnull (strstr (n.out, "host:    64.00 GiB RAM and no NVMe drive "
+                                   "per node\n"));
+
+  /* One flag: the other is still said to be assumed; plan and simulate
+   * say it too. */
+  g_auto (StowRun) p = { 0 };
+  stow_run (&p, "plan", "llama-7b", "--gpus", "1xL40S", "--host-ram", "96GiB",
+            NULL);
+  g_assert_cmpint (p.status, ==, 0);
+  g_assert_nonnull (strstr (p.out, "host: 96.00 GiB RAM and 4 NVMe drives of "
+                                   "3.49 TiB per node (the drives are "
+                                   "assumed"));
+  g_auto (StowRun) sim = { 0 };
+  stow_run (&sim, "simulate", "llama-7b", "--gpus", "1xL40S", "--nvme",
+            "2x1TB", NULL);
+  g_assert_cmpint (sim.status, ==, 0);
+  g_assert_nonnull (strstr (sim.out, "host: 1.00 TiB RAM and 2 NVMe drives "
+                                     "of 931.32 GiB per node (the RAM is "
+                                     "assumed"));
+
+  /* The plan file keeps the host; beside --plan the flags are refused. */
+  g_autofree char *plan = g_build_filename (t->dir, "plan.json", NULL);
+  g_auto (StowRun) e = { 0 };
+  stow_run (&e, "fit", "llama-13b", "--gpus", "1xL40S", "--host-ram", "64GiB",
+            "--nvme", "1x2TB", "--emit", "plan", "-o", plan, NULL);
+  g_assert_cmpint (e.status, ==, 0);
+  g_auto (StowRun) m = { 0 };
+  stow_run (&m, "mem", "--plan", plan, NULL);
+  g_assert_cmpint (m.status, ==, 0);
+  g_assert_nonnull (strstr (m.out, "host:    64.00 GiB RAM and 1 NVMe drive "
+                                   "of 1.82 TiB per node\n"));
+  const char *beside[] = { "mem", "--plan", plan, "--host-ram", "1TiB", NULL };
+  stow_assert_usage_error (beside, "--host-ram cannot be combined with a plan");
+
+  const struct
+  {
+    const char *flag, *value, *message;
+  } bad[] = {
+    { "--nvme", "3xfoo", "--nvme 3xfoo: expected none, SIZE or COUNTxSIZE" },
+    { "--nvme", "65x1TB", "--nvme 65x1TB: the drive count must be 1 to 64" },
+    { "--nvme", "0x1TB", "--nvme 0x1TB: the drive count must be 1 to 64" },
+    { "--host-ram", "0", "--host-ram 0: must be more than 0" },
+    { "--host-ram", "2EiB", "--host-ram 2EiB: at most" },
+  };
+  for (gsize i = 0; i < G_N_ELEMENTS (bad); i++)
+    {
+      const char *args[] = { "fit", "llama-7b", "--gpus", "1xL40S",
+                             bad[i].flag, bad[i].value, NULL };
+      stow_assert_usage_error (args, bad[i].message);
+    }
+}
+
 int
 main (int argc, char **argv)
 {
@@ -445,5 +536,7 @@ main (int argc, char **argv)
                    test_mem_simulate_like_fit);
   g_test_add ("/hardening/words-and-numbers", Tmp, NULL, tmp_setup,
               test_words_and_numbers, tmp_teardown);
+  g_test_add ("/hardening/host-flags", Tmp, NULL, tmp_setup, test_host_flags,
+              tmp_teardown);
   return g_test_run ();
 }
