@@ -27,6 +27,10 @@
 #define STOW_HW_MAX_BW       1e15         /* 1 PB/s */
 #define STOW_HW_MAX_BYTES    ((guint64)1 << 60) /* 1 EiB */
 #define STOW_HW_MAX_SECONDS  60.0
+/* ... and rates so small that a step would take longer than a double can
+ * count (1e-320 TFLOP/s made the step time infinite). */
+#define STOW_HW_MIN_TFLOPS   1e-3         /* 1 GFLOP/s */
+#define STOW_HW_MIN_BW       1e6          /* 1 MB/s */
 
 /* ---- values of cluster.json and preset files ---------------------------- */
 
@@ -181,6 +185,14 @@ get_qty (JsonObject *obj, const char *where, const char *name, Quantity q,
     }
   if (q == QTY_SIZE && v != floor (v))
     return bad_value (n, where, name, expected[q], error);
+  if (q == QTY_BANDWIDTH && v > 0 && v < STOW_HW_MIN_BW)
+    {
+      g_autofree char *desc = describe (n);
+      g_set_error (error, STOW_HW_ERROR, STOW_HW_ERROR_INVALID,
+                   "%s: %s: %s is too small (at least 1 MB/s)", where, name,
+                   desc);
+      return FALSE;
+    }
   *out = v;
   return TRUE;
 }
@@ -332,6 +344,15 @@ gpu_from_json (JsonNode *n, const char *where, StowGpu *gpu, GError **error)
                           !name && i == 0 ? "a positive number of TFLOP/s"
                                           : "a non-negative number of TFLOP/s",
                           error);
+      if (d > 0 && d < STOW_HW_MIN_TFLOPS)
+        {
+          g_autofree char *desc = describe (v);
+          g_set_error (error, STOW_HW_ERROR, STOW_HW_ERROR_INVALID,
+                       "%s: %s: %s is too small (at least 0.001 TFLOP/s, or "
+                       "0 for none)",
+                       w, tflops[i].name, desc);
+          return FALSE;
+        }
       if (d > STOW_HW_MAX_TFLOPS)
         {
           g_autofree char *desc = describe (v);
@@ -848,7 +869,11 @@ cluster_from_json (JsonObject *obj, const char *where, const char *base_dir,
        * gets the generic PCIe server. */
       StowGpu g = { 0 };
       if (!gpu_from_json (gpu, where, &g, error))
-        return NULL;
+        {
+          /* it may have filled some of g before the bad field */
+          stow_gpu_clear (&g);
+          return NULL;
+        }
       const StowNode *preset
           = stow_node_preset_lookup (g.preset ? g.preset : "pcie-8gpu", NULL);
       g_assert (preset != NULL);

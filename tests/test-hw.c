@@ -498,6 +498,18 @@ test_file_defaults (void)
       "dense bf16 (or fp16) rate" },
     { "{\"total_memory\":1e30,\"bf16_tflops\":100}",
       "F: gpu: total_memory: 1e+30 is too large (at most 1 EiB)" },
+    /* Found by tests/test-fuzz.c: a positive rate so small that the step
+     * time came out infinite. */
+    { "{\"total_memory\":\"94GiB\",\"bf16_tflops\":1e-320}",
+      "F: gpu: bf16_tflops: 9.99989e-321 is too small (at least 0.001 "
+      "TFLOP/s, or 0 for none)" },
+    { "{\"total_memory\":\"94GiB\",\"bf16_tflops\":100,"
+      "\"pcie_bw\":1e-300}",
+      "F: gpu: pcie_bw: 1e-300 is too small (at least 1 MB/s)" },
+    /* and a GPU refused after some of it was read is freed (ASan) */
+    { "{\"name\":\"A100-80GB\",\"hbm_bw\":-1}",
+      "F: gpu: hbm_bw: expected a bandwidth such as \"25GB/s\" or a positive "
+      "number of bytes/s, got -1" },
   };
   for (gsize i = 0; i < G_N_ELEMENTS (bad); i++)
     {
