@@ -6,6 +6,7 @@
  * and valid output, never a crash, a hang or a NaN.
  */
 #include <glib/gstdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
@@ -193,8 +194,8 @@ test_limits (Tmp *t, gconstpointer data)
       "stowage: --grad-accum 1000000000: at most 16,777,216 micro-batches\n" },
     { "simulate", { "--grad-accum", "1000000" },
       "stowage: simulate: 1,000,000 micro-batches per step through 32 "
-      "layers: over the simulator's limit of 1,048,576 micro-batch x layer "
-      "passes (about 7 million ops)\nhint: lower --global-batch or "
+      "layers: over the simulator's limit of 131,072 micro-batch x layer "
+      "passes (about 850,000 ops)\nhint: lower --global-batch or "
       "--grad-accum, or raise --micro-batch\n" },
     { "plan", { "--seq", "4294967296" },
       "stowage: --seq 4294967296: at most 16,777,216 tokens\n" },
@@ -520,6 +521,107 @@ test_host_flags (Tmp *t, gconstpointer data)
     }
 }
 
+/* 3. Every JSON document stowage writes parses, with no number JSON cannot
+ * carry, for every command that writes one; and no report in any format
+ * prints nan or inf. */
+static void
+test_every_json_parses (Tmp *t, gconstpointer data)
+{
+  g_autofree char *custom = g_test_build_filename (
+      G_TEST_DIST, "data", "cluster", "custom-gpu.json", NULL);
+  g_autofree char *hf = g_test_build_filename (G_TEST_DIST, "data", "hf",
+                                               "mixtral-8x7b.json", NULL);
+  g_autofree char *store = g_build_filename (t->dir, "store", NULL);
+  g_assert_cmpint (g_mkdir (store, 0700), ==, 0);
+  const char *const planning[] = { "fit", "plan", "mem", "simulate" };
+  const char *const stdout_json[][16] = {
+    { "fit", "llama-13b", "--gpus", "8xA100-80GB", "--emit", "plan", NULL },
+    { "fit", "llama-13b", "--gpus", "8xA100-80GB", "--emit", "deepspeed",
+      NULL },
+    { "mem", "llama-7b", "--gpus", "1xA100-80GB", "--emit", "deepspeed",
+      NULL },
+    { "fit", "llama-65b", "--gpus", "1xA100-80GB", "--json", NULL },
+    { "plan", "mixtral-8x7b", "--gpus", "16xH100-SXM", "--json", "--top", "3",
+      "--explain", NULL },
+    { "mem", "--params", "7B", "--largest-layer", "200M", "--convention",
+      "deepspeed-estimator", "--gpus", "8xA100-80GB", "--zero", "3", "--json",
+      NULL },
+    { "gpus", "--json", NULL },
+    { "gpus", "--gpus", "4x8xH200", "--json", NULL },
+    { "gpus", "--cluster", custom, "--json", NULL },
+    { "models", "--json", NULL },
+    { "model", "llama-7b", "--json", NULL },
+    { "model", hf, "--json", NULL },
+    { "hw", "--json", "--synthetic", "pack:2 numa:2 core:4 pu:2", NULL },
+    { "bench", "adam", "--params", "100K", "--threads", "2", "--reps", "1",
+      "--json", NULL },
+    { "bench", "memcpy", "--size", "1MiB", "--threads", "2", "--reps", "1",
+      "--json", NULL },
+    { "bench", "nvme", "--dir", store, "--size", "4MiB", "--block-size",
+      "64KiB", "--json", NULL },
+    { "bench", "swapper", "--dir", store, "--size", "4MiB", "--shard-size",
+      "1MiB", "--block-size", "64KiB", "--repeat", "1", "--json", NULL },
+  };
+  for (gsize i = 0; i < G_N_ELEMENTS (planning); i++)
+    {
+      const char *formats[] = { "--json", "json" };
+      for (gsize f = 0; f < G_N_ELEMENTS (formats); f++)
+        {
+          g_auto (StowRun) r = { 0 };
+          if (f == 0)
+            stow_run (&r, planning[i], "llama-7b", "--gpus", "8xA100-80GB",
+                      "--json", NULL);
+          else
+            stow_run (&r, planning[i], "llama-7b", "--gpus", "8xA100-80GB",
+                      "--format", "json", NULL);
+          g_assert_cmpint (r.status, ==, 0);
+          stow_assert_json_valid (r.out, planning[i]);
+        }
+      const char *text[] = { "text", "csv", "md", "html" };
+      for (gsize f = 0; f < G_N_ELEMENTS (text); f++)
+        {
+          g_auto (StowRun) r = { 0 };
+          stow_run (&r, planning[i], "llama-65b", "--gpus", "8xA100-80GB",
+                    "--format", text[f], NULL);
+          g_assert_cmpint (r.status, <=, 1);
+          g_assert_false (stow_text_has_nonfinite (r.out));
+        }
+    }
+  for (gsize i = 0; i < G_N_ELEMENTS (stdout_json); i++)
+    {
+      g_auto (StowRun) r = { 0 };
+      stow_runv (&r, stdout_json[i]);
+      g_assert_cmpint (r.status, <=, 1);
+      stow_assert_json_valid (r.out, stdout_json[i][0]);
+    }
+
+  /* And the files: a trace, a plan, a probe profile. */
+  g_autofree char *trace = g_build_filename (t->dir, "trace.json", NULL);
+  g_autofree char *plan = g_build_filename (t->dir, "plan.json", NULL);
+  g_autofree char *profile = g_build_filename (t->dir, "profile.json", NULL);
+  g_auto (StowRun) a = { 0 };
+  stow_run (&a, "simulate", "llama-7b", "--gpus", "8xA100-80GB", "--trace",
+            trace, NULL);
+  g_assert_cmpint (a.status, ==, 0);
+  g_auto (StowRun) b = { 0 };
+  stow_run (&b, "fit", "llama-7b", "--gpus", "8xA100-80GB", "--emit", "plan",
+            "-o", plan, NULL);
+  g_assert_cmpint (b.status, ==, 0);
+  g_auto (StowRun) c = { 0 };
+  stow_run (&c, "hw", "--probe", "--probe-size", "1MiB", "--threads", "1",
+            "--repeats", "1", "--save", profile, NULL);
+  g_assert_cmpint (c.status, ==, 0);
+  const char *files[] = { trace, plan, profile };
+  for (gsize i = 0; i < G_N_ELEMENTS (files); i++)
+    {
+      g_autofree char *text = NULL;
+      g_assert_true (g_file_get_contents (files[i], &text, NULL, NULL));
+      stow_assert_json_valid (text, files[i]);
+    }
+  g_autofree char *cmd = g_strdup_printf ("rm -rf '%s'", store);
+  g_assert_cmpint (system (cmd), ==, 0);
+}
+
 int
 main (int argc, char **argv)
 {
@@ -538,5 +640,7 @@ main (int argc, char **argv)
               test_words_and_numbers, tmp_teardown);
   g_test_add ("/hardening/host-flags", Tmp, NULL, tmp_setup, test_host_flags,
               tmp_teardown);
+  g_test_add ("/hardening/every-json-parses", Tmp, NULL, tmp_setup,
+              test_every_json_parses, tmp_teardown);
   return g_test_run ();
 }

@@ -39,6 +39,9 @@ char *stow_run_to_file (const char *file_name, const char *first_arg,
  * where a string may be unknown ("cuda_driver", "model", ...) is fine and
  * any other null fails, naming @what and the member. */
 void stow_assert_json_valid (const char *text, const char *what);
+/* The same check without asserting: NULL when @text is fine, else what is
+ * wrong with it (free it). */
+char *stow_json_problem (const char *text);
 
 /* TRUE when @text holds "nan" or "inf" as a word of its own (any case):
  * a printf of a NaN or an infinity. */
