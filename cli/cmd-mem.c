@@ -318,10 +318,16 @@ run_fit (StowPlanOptions *po, StowReportOptions *ro, int argc, char **argv)
     if (g_str_has_prefix (*l, "  - "))
       g_ptr_array_add (alt_list, *l + 4);
   g_ptr_array_add (alt_list, NULL);
+  /* The time model's throughput of each candidate, for the chart. */
+  g_autofree double *tput = g_new0 (double, MAX (search->fits->len, 1));
+  for (guint i = 0; i < search->fits->len; i++)
+    tput[i] = g_array_index (search->fits, StowCandidate, i).cost.tokens_per_s;
   StowReport report = { .mem = r,
                         .command = "fit",
                         .search = search,
                         .fits = fits,
+                        .throughput = fits ? tput : NULL,
+                        .n_throughput = search->fits->len,
                         .alternatives = (const char *const *)alt_list->pdata };
   int rc = stow_report_options_finish (ro, po, &report, text->str, node,
                                        fits ? STOW_EXIT_OK : STOW_EXIT_NO);
