@@ -66,10 +66,28 @@ open_store (const char *cmd, IoOpts *o, guint64 *block_out, int *rc)
       stow_cli_failf ("give one --dir per drive", "%s: --dir is required", cmd);
       return NULL;
     }
+  for (guint i = 0; o->dirs[i]; i++)
+    if (o->dirs[i][0] == '\0')
+      {
+        /* not silently the current directory */
+        stow_cli_failf ("write --dir . for the current directory",
+                        "%s: --dir \"\": an empty directory name", cmd);
+        return NULL;
+      }
   if (o->block_size && !stow_parse_size (o->block_size, &block, &error))
     {
       g_prefix_error (&error, "%s: --block-size: ", cmd);
       stow_cli_fail (error, NULL);
+      return NULL;
+    }
+  /* The store's own limits, said before anything is sized from them (0
+   * used to reach a division and ask for 2^63 bytes). */
+  if (block == 0 || block % 4096 != 0 || block > (64u << 20))
+    {
+      stow_cli_failf (NULL,
+                      "%s: --block-size %s: must be a multiple of 4 KiB from "
+                      "4 KiB to 64 MiB",
+                      cmd, o->block_size);
       return NULL;
     }
   if (o->stripe_size && !stow_parse_size (o->stripe_size, &stripe, &error))

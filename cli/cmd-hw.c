@@ -259,15 +259,29 @@ print_cluster (const StowCluster *c)
           n->gpus_per_node == 1 ? "" : "s", c->n_gpus, n->gpu.name);
   printf ("  Node: %s%s%s%s\n", n->name, n->description ? " (" : "",
           n->description ? n->description : "", n->description ? ")" : "");
+  const StowGpu *g = &n->gpu;
   printf ("  GPU: %s, %s usable (torch total_memory), bf16 %.1f TFLOP/s, "
-          "HBM %.0f GB/s\n",
-          n->gpu.name,
-          stow_format_bytes_into (b1, sizeof b1, n->gpu.total_bytes),
-          n->gpu.bf16_flops / 1e12, n->gpu.hbm_bw / 1e9);
-  printf ("  GPU link: %.1f GB/s per direction, domain of %u; PCIe Gen%u "
-          "%.0f GB/s pinned\n",
-          n->gpu.nvlink_bw / 1e9, n->gpu.nvlink_domain, n->gpu.pcie_gen,
-          n->gpu.pcie_bw / 1e9);
+          "HBM %.0f GB/s%s\n",
+          g->name, stow_format_bytes_into (b1, sizeof b1, g->total_bytes),
+          g->bf16_flops / 1e12, g->hbm_bw / 1e9,
+          g->defaulted & STOW_GPU_DEFAULT_HBM
+              ? " (default: 5 GB/s per bf16 TFLOP/s; set hbm_bw)"
+              : "");
+  if (g->defaulted & STOW_GPU_DEFAULT_FP16)
+    printf ("  fp16: %.1f TFLOP/s (default: the bf16 rate; set "
+            "fp16_tflops)\n",
+            g->fp16_flops / 1e12);
+  if (g->nvlink_bw > 0)
+    printf ("  GPU link: %.1f GB/s per direction, domain of %u; ",
+            g->nvlink_bw / 1e9, g->nvlink_domain);
+  else
+    printf ("  GPU link: none (GPUs exchange data over PCIe); ");
+  printf ("PCIe Gen%u%s %.0f GB/s pinned%s\n", g->pcie_gen,
+          g->defaulted & STOW_GPU_DEFAULT_PCIE_GEN ? " (default)" : "",
+          g->pcie_bw / 1e9,
+          g->defaulted & STOW_GPU_DEFAULT_PCIE_BW
+              ? " (default for the generation; set pcie_bw)"
+              : "");
   printf ("  Host: %s RAM, %.0f GB/s memory, %u cores, %u NUMA node%s%s%s\n",
           stow_format_bytes_into (b1, sizeof b1, n->host_ram_bytes),
           n->host_mem_bw / 1e9, n->cpu_cores, n->numa_nodes,

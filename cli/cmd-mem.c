@@ -13,6 +13,7 @@
 #include "core/json.h"
 #include "core/units.h"
 #include "reports/memory-report.h"
+#include "reports/report.h"
 
 static int
 run_mem (StowPlanOptions *po, StowReportOptions *ro, int argc, char **argv)
@@ -21,8 +22,11 @@ run_mem (StowPlanOptions *po, StowReportOptions *ro, int argc, char **argv)
   g_autoptr (GOptionContext) ctx = stow_cli_context_new (
       "mem", "MODEL",
       "The memory of one layout, per GPU (each pipeline stage), per host and "
-      "per node's NVMe, term by term.  Dimensions left out are filled in: "
-      "dp takes the GPUs left.");
+      "per node's NVMe, term by term.  Dimensions left out are filled in as "
+      "'stowage fit' chooses them (the fastest layout that fits), and the "
+      "output says which; under a peer --convention, dp takes the GPUs left "
+      "and the rest stay off.  Exit status: 0 it fits, 1 it does not, 2 bad "
+      "input.");
   stow_plan_options_add (ctx, po);
   stow_report_options_add (ctx, ro);
   if (!stow_cli_parse (ctx, "mem", &argc, &argv))
@@ -35,23 +39,27 @@ run_mem (StowPlanOptions *po, StowReportOptions *ro, int argc, char **argv)
                                             &error)
           : !stow_plan_options_resolve (po, argc > 1 ? argv[1] : NULL, &error))
     return stow_cli_fail (error, NULL);
-  if (ro->plan == NULL)
-    stow_plan_options_default_layout (po);
   if (!stow_report_options_resolve (ro, po, &error))
     return stow_cli_fail (error, NULL);
+  /* What the flags leave open is filled as fit fills it (issue 24: ZeRO 0
+   * everywhere reported 1,065 GiB for llama-65b on 8 A100s). */
+  g_auto (GStrv) filled
+      = ro->plan == NULL ? stow_plan_options_fill_like_fit (po) : NULL;
   g_autoptr (StowMemory) mem = stow_memory_estimate (
       po->model, po->cluster_obj, &po->training, &po->layout, &po->mem, &error);
   if (mem == NULL)
     return stow_cli_fail (error, NULL);
   stow_report_options_check_plan (ro, mem);
   StowMemoryReport r = { po->model,   po->cluster_obj, &po->training,
-                         &po->layout, &po->mem,        mem };
+                         &po->layout, &po->mem,        mem,
+                         (const char *const *)filled };
   StowReport report = { .mem = r, .command = "mem", .fits = mem->fits };
   g_autoptr (JsonNode) node = stow_memory_report_json (&r);
   g_autoptr (GString) s = g_string_new (NULL);
   stow_memory_report_text (s, &r, po->explain);
+  /* As fit: 1 when the layout does not fit. */
   return stow_report_options_finish (ro, po, &report, s->str, node,
-                                     STOW_EXIT_OK);
+                                     mem->fits ? STOW_EXIT_OK : STOW_EXIT_NO);
 }
 
 int
@@ -277,26 +285,24 @@ run_fit (StowPlanOptions *po, StowReportOptions *ro, int argc, char **argv)
     json_object_set_member (o, "alternatives", json_node_ref (alt_node));
 
   g_autoptr (GString) text = g_string_new (NULL);
-  char a[STOW_FORMAT_BUF], b[STOW_FORMAT_BUF], c[STOW_FORMAT_BUF],
-      d[STOW_FORMAT_BUF], e[STOW_FORMAT_BUF];
+  char tok[STOW_FORMAT_BUF];
   g_string_append_printf (text, "%s: %s on %s\n",
                           fits ? "FITS" : "DOES NOT FIT", po->model->name,
                           po->cluster_obj->spec);
-  g_string_append_printf (
-      text,
-      "%s layouts evaluated: %s fit, %s out of GPU memory, %s out of host "
-      "RAM or NVMe, %s invalid\n\n",
-      stow_format_grouped_into (a, sizeof a, search->evaluated),
-      stow_format_grouped_into (b, sizeof b, search->fitting),
-      stow_format_grouped_into (c, sizeof c, search->out_of_memory),
-      stow_format_grouped_into (d, sizeof d, search->host_or_nvme),
-      stow_format_grouped_into (e, sizeof e, search->invalid));
+  stow_report_search_counts (text, search, -1);
+  g_string_append (text, "\n\n");
   if (fits)
-    g_string_append_printf (
-        text,
-        "Fastest layout that fits (predicted %.4g s per step, %.4g tokens/s, "
-        "MFU %.1f%%; 'stowage plan' ranks the others):\n",
-        best->cost.step_time_s, best->cost.tokens_per_s, 100 * best->cost.mfu);
+    {
+      g_autofree char *step = stow_report_format_step (best->cost.step_time_s);
+      g_string_append_printf (
+          text,
+          "Fastest layout that fits (predicted %s per step, %s tokens/s, "
+          "MFU %.1f%%; 'stowage plan' ranks the others):\n",
+          step,
+          stow_format_grouped_into (tok, sizeof tok,
+                                    (guint64)(best->cost.tokens_per_s + 0.5)),
+          100 * best->cost.mfu);
+    }
   else
     g_string_append (text, "Closest layout (does not fit):\n");
   stow_memory_report_text (text, &r, po->explain);
@@ -312,10 +318,16 @@ run_fit (StowPlanOptions *po, StowReportOptions *ro, int argc, char **argv)
     if (g_str_has_prefix (*l, "  - "))
       g_ptr_array_add (alt_list, *l + 4);
   g_ptr_array_add (alt_list, NULL);
+  /* The time model's throughput of each candidate, for the chart. */
+  g_autofree double *tput = g_new0 (double, MAX (search->fits->len, 1));
+  for (guint i = 0; i < search->fits->len; i++)
+    tput[i] = g_array_index (search->fits, StowCandidate, i).cost.tokens_per_s;
   StowReport report = { .mem = r,
                         .command = "fit",
                         .search = search,
                         .fits = fits,
+                        .throughput = fits ? tput : NULL,
+                        .n_throughput = search->fits->len,
                         .alternatives = (const char *const *)alt_list->pdata };
   int rc = stow_report_options_finish (ro, po, &report, text->str, node,
                                        fits ? STOW_EXIT_OK : STOW_EXIT_NO);

@@ -263,6 +263,8 @@ run_plan (PlanArgs *a, int argc, char **argv)
       stow_json_set_i64 (b, "out_of_memory", (gint64)s->out_of_memory);
       stow_json_set_i64 (b, "out_of_host_or_nvme", (gint64)s->host_or_nvme);
       stow_json_set_i64 (b, "invalid", (gint64)s->invalid);
+      stow_json_set_i64 (b, "same_as_lower_zero",
+                         (gint64)s->same_as_lower_zero);
       stow_json_set_double (b, "search_time_s", s->search_time_s);
       json_builder_set_member_name (b, "plans");
       json_builder_begin_array (b);
@@ -308,8 +310,6 @@ run_plan (PlanArgs *a, int argc, char **argv)
     }
 
   g_autoptr (GString) out = g_string_new (NULL);
-  char a1[STOW_FORMAT_BUF], a2[STOW_FORMAT_BUF], a3[STOW_FORMAT_BUF],
-      a4[STOW_FORMAT_BUF], a5[STOW_FORMAT_BUF];
   g_string_append_printf (out, "%s on %s: seq %" G_GUINT64_FORMAT,
                           po->model->name, po->cluster_obj->spec,
                           po->training.seq_len);
@@ -319,16 +319,10 @@ run_plan (PlanArgs *a, int argc, char **argv)
   else
     g_string_append (out, ", no --global-batch (micro-batch 1, "
                           "accumulation = pp)\n");
-  g_string_append_printf (
-      out,
-      "%s layouts evaluated in %.3f s: %s fit, %s out of GPU memory, %s out "
-      "of host RAM or NVMe; %s combinations invalid (divisibility, "
-      "engine)\n\n",
-      stow_format_grouped_into (a1, sizeof a1, s->evaluated), s->search_time_s,
-      stow_format_grouped_into (a2, sizeof a2, s->fitting),
-      stow_format_grouped_into (a3, sizeof a3, s->out_of_memory),
-      stow_format_grouped_into (a4, sizeof a4, s->host_or_nvme),
-      stow_format_grouped_into (a5, sizeof a5, s->invalid));
+  g_autofree char *host = stow_report_host_line (po->cluster_obj);
+  g_string_append_printf (out, "host: %s\n", host);
+  stow_report_search_counts (out, s, s->search_time_s);
+  g_string_append (out, "\n\n");
   if (shown == 0)
     {
       g_string_append (out, "No layout fits.");

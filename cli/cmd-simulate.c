@@ -20,8 +20,16 @@
 #include "executor/trace.h"
 #include "planner/cost.h"
 #include "planner/schedule.h"
+#include "reports/memory-report.h"
 #include "reports/report.h"
 #include "reports/sim-report.h"
+
+/* Micro-batches x layers one simulated step may hold: about 6.5 ops each,
+ * so a program of some 850,000 ops, simulated in a quarter of a second
+ * and listed op by op (--json, --format csv, --trace) in a few seconds
+ * and some 170 MB.  A 1024-GPU llama-65b step at global batch 4096 needs
+ * 42,000. */
+#define STOW_SIM_MAX_LAYER_PASSES ((guint64)1 << 17)
 
 typedef struct
 {
@@ -30,19 +38,20 @@ typedef struct
   gboolean layer_major, delayed_update;
 } SimOptions;
 
-/* To -o FILE (atomically) or standard output. */
+/* To -o FILE (core/json.h's writer) or standard output; @ok_code on
+ * success. */
 static int
-emit_output (const SimOptions *so, const char *text)
+emit_output (const SimOptions *so, const char *text, int ok_code)
 {
   g_autoptr (GError) error = NULL;
   if (so->output == NULL)
     {
       fputs (text, stdout);
-      return STOW_EXIT_OK;
+      return ok_code;
     }
   if (!stow_file_write_atomic (so->output, text, -1, &error))
     return stow_cli_fail (error, NULL);
-  return STOW_EXIT_OK;
+  return ok_code;
 }
 
 static void
@@ -103,7 +112,9 @@ run (SimOptions *so, int argc, char **argv)
       "simulate", "MODEL",
       "Lower one layout to its per-rank step program and run it in virtual "
       "time: step time, exposed time per stream, the critical path and peak "
-      "memory per tier.  Dimensions left out are filled in as by 'mem'.");
+      "memory per tier.  Dimensions left out are filled in as by 'mem' (as "
+      "'stowage fit' chooses them).  Exit status: 0 the step stays within "
+      "the device budget, 1 it exceeds it, 2 bad input.");
   g_option_context_add_main_entries (ctx, entries, NULL);
   stow_plan_options_add (ctx, po);
   if (!stow_cli_parse (ctx, "simulate", &argc, &argv))
@@ -115,6 +126,7 @@ run (SimOptions *so, int argc, char **argv)
     return stow_cli_failf ("see 'stowage simulate --help'",
                            "simulate: which model? (e.g. llama-7b, or "
                            "--plan FILE)");
+  g_auto (GStrv) filled = NULL;
   StowFormat format = po->json ? STOW_FORMAT_JSON : STOW_FORMAT_TEXT;
   if (so->format
       && !stow_format_parse (so->format, "--format", &format, &error))
@@ -144,7 +156,28 @@ run (SimOptions *so, int argc, char **argv)
     {
       if (!stow_plan_options_resolve (po, argv[1], &error))
         return stow_cli_fail (error, NULL);
-      stow_plan_options_default_layout (po);
+      if (po->model == NULL)
+        return stow_cli_failf (NULL, "simulate needs a model: name one from "
+                                     "'stowage models' or a config.json");
+      filled = stow_plan_options_fill_like_fit (po);
+    }
+
+  /* The step program holds a few ops per layer per micro-batch: bound it
+   * before lowering allocates it (--global-batch 1G at --seq 7 asked for
+   * 125 million micro-batches and ran out of memory). */
+  guint64 passes = po->layout.grad_accum * (po->model->n_layers + 2);
+  if (po->layout.grad_accum > STOW_SIM_MAX_LAYER_PASSES
+      || passes > STOW_SIM_MAX_LAYER_PASSES)
+    {
+      char a[STOW_FORMAT_BUF], b[STOW_FORMAT_BUF];
+      return stow_cli_failf (
+          "lower --global-batch or --grad-accum, or raise --micro-batch",
+          "simulate: %s micro-batches per step through %" G_GUINT64_FORMAT
+          " layers: over the simulator's limit of %s micro-batch x layer "
+          "passes (about 850,000 ops)",
+          stow_format_grouped_into (a, sizeof a, po->layout.grad_accum),
+          po->model->n_layers,
+          stow_format_grouped_into (b, sizeof b, STOW_SIM_MAX_LAYER_PASSES));
     }
 
   StowScheduleOptions sched;
@@ -175,6 +208,13 @@ run (SimOptions *so, int argc, char **argv)
   stow_cost_estimate (po->model, po->cluster_obj, &po->training, &po->layout,
                       &co, &cost);
 
+  /* As fit: 1 when the step does not fit the device budget. */
+  gboolean exceeded
+      = tr->peak_bytes[STOW_TIER_DEVICE] > prog->device_capacity_bytes;
+  int rc = exceeded ? STOW_EXIT_NO : STOW_EXIT_OK;
+  g_autofree char *note
+      = stow_memory_report_filled_note ((const char *const *)filled);
+
   if (so->trace)
     {
       g_autofree char *js = stow_trace_to_chrome_json (tr, prog);
@@ -194,13 +234,22 @@ run (SimOptions *so, int argc, char **argv)
         stow_report_sim_md (t, tr, prog, title);
       else
         stow_report_sim_html (t, tr, prog, title);
-      return emit_output (so, t->str);
+      return emit_output (so, t->str, rc);
     }
   if (format == STOW_FORMAT_JSON)
     {
       g_autoptr (JsonBuilder) b = json_builder_new ();
       json_builder_begin_object (b);
       stow_json_set_string (b, "program", prog->description);
+      if (filled)
+        {
+          json_builder_set_member_name (b, "filled_like_fit");
+          json_builder_begin_array (b);
+          for (guint i = 0; filled[i]; i++)
+            json_builder_add_string_value (b, filled[i]);
+          json_builder_end_array (b);
+        }
+      stow_json_set_bool (b, "exceeded", exceeded);
       stow_json_set_double (b, "step_time_s", tr->step_time_s);
       stow_json_set_double (b, "predicted_step_time_s", cost.step_time_s);
       json_builder_set_member_name (b, "exposed_s");
@@ -248,11 +297,15 @@ run (SimOptions *so, int argc, char **argv)
       json_builder_end_object (b);
       g_autoptr (JsonNode) root = json_builder_get_root (b);
       g_autofree char *s = stow_json_to_string (root, TRUE);
-      return emit_output (so, s);
+      return emit_output (so, s, rc);
     }
 
   g_autoptr (GString) out = g_string_new (NULL);
   g_string_append_printf (out, "%s\n", prog->description);
+  if (note)
+    g_string_append_printf (out, "filled: %s\n", note);
+  g_autofree char *host = stow_report_host_line (po->cluster_obj);
+  g_string_append_printf (out, "host: %s\n", host);
   g_string_append_printf (out,
                           "step time: %.4f s  (%u ranks, %u ops, simulated "
                           "in %.3f s)\n",
@@ -290,11 +343,8 @@ run (SimOptions *so, int argc, char **argv)
                           "device tensor budget: %s (capacity less context, "
                           "workspaces, NCCL and allocator slack)%s\n",
                           budget,
-                          tr->peak_bytes[STOW_TIER_DEVICE]
-                                  > prog->device_capacity_bytes
-                              ? "  EXCEEDED"
-                              : "");
-  return emit_output (so, out->str);
+                          exceeded ? "  EXCEEDED" : "");
+  return emit_output (so, out->str, rc);
 }
 
 int

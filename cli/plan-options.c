@@ -22,6 +22,14 @@ stow_plan_options_add (GOptionContext *ctx, StowPlanOptions *po)
     STR ("gpus", gpus, "GPUs: 8xA100-80GB, 64xH100-SXM, 4x8xH200, local",
          "SPEC"),
     STR ("cluster", cluster, "A cluster.json instead of --gpus", "FILE"),
+    STR ("host-ram", host_ram,
+         "Host RAM per node (default: the node preset's, which the output "
+         "names)",
+         "SIZE"),
+    STR ("nvme", nvme,
+         "NVMe drives per node: none, SIZE (one drive) or COUNTxSIZE "
+         "(2x3.84TB); default: the node preset's",
+         "DRIVES"),
     STR ("dp", dp, "Data-parallel degree (default: the GPUs left)", "N"),
     STR ("tp", tp, "Tensor-parallel degree", "N"),
     STR ("pp", pp, "Pipeline stages", "N"),
@@ -148,15 +156,34 @@ parse_degree (const char *flag, const char *v, guint *out, StowPins *pins,
   return TRUE;
 }
 
+/* "--seq 4294967296: at most 16,777,216 tokens" */
+static gboolean
+over_limit (const char *flag, const char *v, guint64 max, const char *unit,
+            GError **error)
+{
+  char buf[STOW_FORMAT_BUF];
+  g_set_error (error, STOW_PLAN_ERROR, STOW_PLAN_ERROR_PARSE,
+               "%s %s: at most %s%s%s", flag, v,
+               stow_format_grouped_into (buf, sizeof buf, max),
+               *unit ? " " : "", unit);
+  return FALSE;
+}
+
+/* A count of at least 1 and at most @max (a number too large for 64 bits
+ * is over @max too, and said so). */
 static gboolean
 parse_count_flag (const char *flag, const char *v, gboolean tokens,
-                  guint64 *out, GError **error)
+                  guint64 max, const char *unit, guint64 *out, GError **error)
 {
   g_autoptr (GError) local = NULL;
   if (v == NULL)
     return TRUE;
   gboolean ok = tokens ? stow_parse_tokens (v, out, &local)
                        : stow_parse_count (v, out, &local);
+  if ((!ok && g_error_matches (local, STOW_CORE_ERROR, STOW_CORE_ERROR_RANGE)
+       && v[0] != '-')
+      || (ok && *out > max))
+    return over_limit (flag, v, max, unit, error);
   if (!ok || *out == 0)
     {
       g_set_error (error, STOW_PLAN_ERROR, STOW_PLAN_ERROR_PARSE, "%s: %s",
@@ -166,6 +193,12 @@ parse_count_flag (const char *flag, const char *v, gboolean tokens,
   return TRUE;
 }
 
+/* Sizes of buffers and reserves: at most 1 PiB. */
+#define MAX_SIZE_FLAG ((guint64)1 << 50)
+/* Parameter and element counts standing in for a model: at most 2^50
+ * (a thousand times the largest model trained). */
+#define MAX_COUNT_FLAG ((guint64)1 << 50)
+
 static gboolean
 parse_size_flag (const char *flag, const char *v, guint64 *out, GError **error)
 {
@@ -174,10 +207,79 @@ parse_size_flag (const char *flag, const char *v, guint64 *out, GError **error)
     return TRUE;
   if (!stow_parse_size (v, out, &local))
     {
+      if (g_error_matches (local, STOW_CORE_ERROR, STOW_CORE_ERROR_RANGE)
+          && v[0] != '-')
+        return over_limit (flag, v, MAX_SIZE_FLAG, "bytes (1 PiB)", error);
       g_set_error (error, STOW_PLAN_ERROR, STOW_PLAN_ERROR_PARSE, "%s: %s",
                    flag, local->message);
       return FALSE;
     }
+  if (*out > MAX_SIZE_FLAG)
+    return over_limit (flag, v, MAX_SIZE_FLAG, "bytes (1 PiB)", error);
+  return TRUE;
+}
+
+/* --nvme: "none" or "0", "SIZE" (one drive) or "COUNTxSIZE". */
+static gboolean
+parse_nvme_flag (const char *v, guint *count, guint64 *capacity,
+                 GError **error)
+{
+  g_autoptr (GError) local = NULL;
+  *count = 1;
+  *capacity = 0;
+  if (g_ascii_strcasecmp (v, "none") == 0 || strcmp (v, "0") == 0)
+    {
+      *count = 0;
+      return TRUE;
+    }
+  const char *size = v;
+  const char *x = strpbrk (v, "xX");
+  if (x != NULL && x > v)
+    {
+      g_autofree char *digits = g_strndup (v, (gsize)(x - v));
+      guint64 n;
+      if (!g_ascii_string_to_unsigned (digits, 10, 1, 64, &n, NULL))
+        {
+          g_set_error (error, STOW_PLAN_ERROR, STOW_PLAN_ERROR_PARSE,
+                       "--nvme %s: the drive count must be 1 to 64", v);
+          return FALSE;
+        }
+      *count = (guint)n;
+      size = x + 1;
+    }
+  if (!stow_parse_size (size, capacity, &local) || *capacity == 0
+      || *capacity > MAX_SIZE_FLAG)
+    {
+      g_set_error (error, STOW_PLAN_ERROR, STOW_PLAN_ERROR_PARSE,
+                   "--nvme %s: expected none, SIZE or COUNTxSIZE such as "
+                   "2x3.84TB (drives of up to 1 PiB)%s%s",
+                   v, local ? ": " : "", local ? local->message : "");
+      return FALSE;
+    }
+  return TRUE;
+}
+
+/* --host-ram and --nvme: the user's host in place of the preset's. */
+static gboolean
+apply_host_flags (StowPlanOptions *po, GError **error)
+{
+  guint64 ram = 0, capacity = 0;
+  guint n_nvme = 0;
+  if (po->host_ram == NULL && po->nvme == NULL)
+    return TRUE;
+  if (!parse_size_flag ("--host-ram", po->host_ram, &ram, error)
+      || (po->nvme && !parse_nvme_flag (po->nvme, &n_nvme, &capacity, error)))
+    return FALSE;
+  if (po->host_ram && ram == 0)
+    {
+      g_set_error (error, STOW_PLAN_ERROR, STOW_PLAN_ERROR_PARSE,
+                   "--host-ram %s: must be more than 0", po->host_ram);
+      return FALSE;
+    }
+  StowCluster *c = stow_cluster_with_host (po->cluster_obj, ram,
+                                           po->nvme != NULL, n_nvme, capacity);
+  stow_cluster_unref (po->cluster_obj);
+  po->cluster_obj = c;
   return TRUE;
 }
 
@@ -198,9 +300,10 @@ stow_plan_options_resolve (StowPlanOptions *po, const char *model_arg,
       && !stow_convention_parse (po->convention, "--convention", &o->convention,
                                  error))
     return FALSE;
-  if (!parse_count_flag ("--params", po->params, FALSE, &o->params_override,
-                         error)
+  if (!parse_count_flag ("--params", po->params, FALSE, MAX_COUNT_FLAG,
+                         "parameters", &o->params_override, error)
       || !parse_count_flag ("--largest-layer", po->largest_layer, FALSE,
+                            MAX_COUNT_FLAG, "parameters",
                             &o->largest_layer_override, error))
     return FALSE;
   if (po->zero_init)
@@ -214,10 +317,13 @@ stow_plan_options_resolve (StowPlanOptions *po, const char *model_arg,
       o->zero_init = po->zero_init[0] == '1';
     }
   if (!parse_count_flag ("--reduce-bucket", po->reduce_bucket, FALSE,
+                         MAX_COUNT_FLAG, "elements",
                          &o->reduce_bucket_elements, error)
       || !parse_count_flag ("--prefetch-bucket", po->prefetch_bucket, FALSE,
+                            MAX_COUNT_FLAG, "elements",
                             &o->prefetch_bucket_elements, error)
       || !parse_count_flag ("--max-reuse-distance", po->reuse_distance, FALSE,
+                            MAX_COUNT_FLAG, "elements",
                             &o->reuse_distance_elements, error))
     return FALSE;
   if (po->overlap_comm)
@@ -296,7 +402,7 @@ stow_plan_options_resolve (StowPlanOptions *po, const char *model_arg,
                    "or --cluster FILE");
       return FALSE;
     }
-  if (po->cluster_obj == NULL)
+  if (po->cluster_obj == NULL || !apply_host_flags (po, error))
     return FALSE;
 
   if (!parse_degree ("--dp", po->dp, &l->dp, &po->pins, STOW_PIN_DP, error)
@@ -376,19 +482,24 @@ stow_plan_options_resolve (StowPlanOptions *po, const char *model_arg,
   if (po->micro_batch)
     {
       if (!parse_count_flag ("--micro-batch", po->micro_batch, FALSE,
+                             STOW_MAX_MICRO_BATCH, "sequences",
                              &l->micro_batch, error))
         return FALSE;
       po->pins |= STOW_PIN_MICRO_BATCH;
     }
   if (!parse_count_flag ("--global-batch", po->global_batch, FALSE,
-                         &t->global_batch, error)
+                         STOW_MAX_GLOBAL_BATCH, "sequences", &t->global_batch,
+                         error)
       || !parse_count_flag ("--grad-accum", po->grad_accum, FALSE,
+                            STOW_MAX_GRAD_ACCUM, "micro-batches",
                             &l->grad_accum, error)
-      || !parse_count_flag ("--seq", po->seq, TRUE, &t->seq_len, error)
+      || !parse_count_flag ("--seq", po->seq, TRUE, STOW_MAX_SEQ_TOKENS,
+                            "tokens", &t->seq_len, error)
       || !parse_count_flag ("--decoder-seq", po->decoder_seq, TRUE,
+                            STOW_MAX_SEQ_TOKENS, "tokens",
                             &t->decoder_seq_len, error)
-      || !parse_count_flag ("--lora-rank", po->lora_rank, FALSE, &t->lora_rank,
-                            error))
+      || !parse_count_flag ("--lora-rank", po->lora_rank, FALSE,
+                            STOW_MAX_LORA_RANK, "", &t->lora_rank, error))
     return FALSE;
   if (po->precision
       && !stow_precision_parse (po->precision, "--precision", &t->precision,
@@ -453,6 +564,72 @@ stow_plan_options_default_layout (StowPlanOptions *po)
                                   NULL);
 }
 
+char **
+stow_plan_options_fill_like_fit (StowPlanOptions *po)
+{
+  static const struct
+  {
+    StowPins pin;
+    const char *name;
+  } dims[] = {
+    { STOW_PIN_DP, "dp" },
+    { STOW_PIN_TP, "tp" },
+    { STOW_PIN_PP, "pp" },
+    { STOW_PIN_VPP, "vpp" },
+    { STOW_PIN_CP, "cp" },
+    { STOW_PIN_EP, "ep" },
+    { STOW_PIN_SP, "sp" },
+    { STOW_PIN_ZERO, "zero" },
+    { STOW_PIN_OFFLOAD_OPTIMIZER, "offload-optimizer" },
+    { STOW_PIN_OFFLOAD_PARAMS, "offload-params" },
+    { STOW_PIN_OFFLOAD_ACTIVATIONS, "offload-activations" },
+    { STOW_PIN_RECOMPUTE, "recompute" },
+    { STOW_PIN_MICRO_BATCH, "micro-batch" },
+    { STOW_PIN_SCHEDULE, "schedule" },
+  };
+  stow_plan_options_default_layout (po);
+  if (po->model == NULL || po->mem.convention != STOW_CONVENTION_STOWAGE
+      || (po->pins & STOW_PIN_ALL) == STOW_PIN_ALL)
+    return NULL;
+  g_autoptr (StowSearch) s
+      = stow_search_run (po->model, po->cluster_obj, &po->training,
+                         &po->layout, po->pins, &po->mem, 1);
+  const StowCandidate *best
+      = s->fits->len ? &g_array_index (s->fits, StowCandidate, 0)
+                     : (s->have_miss ? &s->best_miss : NULL);
+  if (best == NULL)
+    return NULL;
+  po->layout = best->layout;
+  GPtrArray *names = g_ptr_array_new_with_free_func (g_free);
+  for (gsize i = 0; i < G_N_ELEMENTS (dims); i++)
+    {
+      if (po->pins & dims[i].pin)
+        continue;
+      /* dimensions that had only one value to take here */
+      const StowLayout *l = &po->layout;
+      StowPins p = dims[i].pin;
+      if ((p & (STOW_PIN_DP | STOW_PIN_TP | STOW_PIN_PP | STOW_PIN_CP)
+           && po->cluster_obj->n_gpus == 1)
+          || (p == STOW_PIN_EP && po->model->n_experts == 0)
+          || ((p == STOW_PIN_SCHEDULE || p == STOW_PIN_VPP) && l->pp == 1)
+          || (p == STOW_PIN_SP && l->tp == 1)
+          || (p == STOW_PIN_OFFLOAD_PARAMS && l->zero != 3)
+          || (p == STOW_PIN_OFFLOAD_ACTIVATIONS
+              && l->recompute != STOW_RECOMPUTE_FULL)
+          || (p == STOW_PIN_MICRO_BATCH && po->training.global_batch == 0))
+        continue;
+      g_ptr_array_add (names, g_strdup (dims[i].name));
+    }
+  if (names->len == 0)
+    {
+      g_ptr_array_free (names, TRUE);
+      return NULL;
+    }
+  g_ptr_array_set_free_func (names, NULL);
+  g_ptr_array_add (names, NULL);
+  return (char **)g_ptr_array_free (names, FALSE);
+}
+
 void
 stow_plan_options_clear (StowPlanOptions *po)
 {
@@ -498,6 +675,8 @@ stow_plan_options_clear (StowPlanOptions *po)
     &po->workspace,
     &po->host_process,
     &po->cpu_opt_buffers,
+    &po->host_ram,
+    &po->nvme,
   };
   for (gsize i = 0; i < G_N_ELEMENTS (strings); i++)
     g_clear_pointer (strings[i], g_free);

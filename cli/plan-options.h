@@ -25,8 +25,8 @@ typedef struct
       *finetune, *lora_rank, *engine, *schedule, *convention, *params,
       *largest_layer, *zero_init, *context, *fragmentation, *nccl, *margin,
       *reduce_bucket, *prefetch_bucket, *reuse_distance, *free_grads,
-      *lora_targets, *workspace, *host_process, *cpu_opt_buffers,
-      *resident_layers;
+      *lora_targets, *workspace, *host_process, *cpu_opt_buffers, *host_ram,
+      *nvme, *resident_layers;
   gboolean sp, no_sp, no_flash, chunked_loss, dropout, lora_dropout, json,
       explain, overlap_comm, opt_in_bwd, compile;
 
@@ -48,6 +48,15 @@ gboolean stow_plan_options_resolve (StowPlanOptions *po, const char *model_arg,
                                     GError **error);
 /* Fills the dimensions the user left out (dp fills the GPUs). */
 void stow_plan_options_default_layout (StowPlanOptions *po);
+/* Fills the dimensions the flags leave open the way `fit` chooses them: a
+ * search pinned to what was given, its fastest layout that fits, or the
+ * closest when none fits.  Returns the filled dimensions as a
+ * NULL-terminated list of flag names without "--" ("zero", "micro-batch",
+ * ...; free with g_strfreev), or NULL when nothing was left to choose or
+ * it did not search: every dimension given, a peer --convention or
+ * --params, or no valid layout, and then the layout holds
+ * stow_plan_options_default_layout's plain defaults. */
+char **stow_plan_options_fill_like_fit (StowPlanOptions *po);
 void stow_plan_options_clear (StowPlanOptions *po);
 /* For a search that found no valid layout: the memory model's reason the
  * requested layout cannot run (naming the field) when it has one, else

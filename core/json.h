@@ -15,13 +15,22 @@ G_BEGIN_DECLS
 
 /* Default limit for JSON inputs (configs, cluster files, plans). */
 #define STOW_JSON_MAX_BYTES ((gsize)16 * 1024 * 1024)
+/* Deepest nesting of arrays and objects any input may have.  json-glib's
+ * parser recurses once per level, so an input nested 100,000 deep would
+ * exhaust the stack; stowage's own files nest 5 deep, HF configs 3. */
+#define STOW_JSON_MAX_DEPTH 64
 
 /* Reads and parses @path; fails with STOW_CORE_ERROR_IO, _TOO_LARGE (file
  * over @max_bytes) or _JSON ("path:LINE:COL: message").  Returns a new node. */
 JsonNode *stow_json_parse_file (const char *path, gsize max_bytes,
                                 GError **error);
 /* Parses @len bytes (-1: NUL-terminated) of @data; @name stands in for the
- * file name in messages. */
+ * file name in messages.  Every reader comes through here, so the bounds
+ * are checked here, before json-glib sees the text: input over
+ * STOW_JSON_MAX_BYTES is STOW_CORE_ERROR_TOO_LARGE; nesting deeper than
+ * STOW_JSON_MAX_DEPTH, and an integer outside the signed 64-bit range
+ * (which json-glib would read as -1), are STOW_CORE_ERROR_JSON naming the
+ * line and column. */
 JsonNode *stow_json_parse_data (const char *data, gssize len, const char *name,
                                 GError **error);
 /* The root as an object, or STOW_CORE_ERROR_JSON naming @name. */
@@ -87,9 +96,17 @@ char *stow_json_to_string (JsonNode *node, gboolean pretty);
 gboolean stow_json_check_nesting (const char *data, gsize len, guint max_depth,
                                   const char *name, GError **error);
 
-/* Writes @len bytes (-1: NUL-terminated) to @path atomically: a temporary
- * file in the same directory, fsync, then rename; on error nothing is left
- * behind and an existing file is untouched (STOW_CORE_ERROR_IO). */
+/* Writes @len bytes (-1: NUL-terminated) of output to @path, where the user
+ * meant it to go:
+ *  - a regular file, or nothing yet: atomically (a temporary beside it,
+ *    fsync, rename; an existing file keeps its mode; on error nothing is
+ *    left behind and the old file is untouched);
+ *  - a symbolic link: through it, to its target by the same rules (the
+ *    link stays a link);
+ *  - a character device or a FIFO (/dev/stdout, /dev/null, a terminal, a
+ *    pipe): opened and written in place, never replaced;
+ *  - anything else (a directory, a block device, a socket): refused.
+ * Errors (STOW_CORE_ERROR_IO) name @path, never a temporary file. */
 gboolean stow_file_write_atomic (const char *path, const char *data, gssize len,
                                  GError **error);
 

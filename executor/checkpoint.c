@@ -9,6 +9,7 @@
 
 #include <dirent.h>
 #include <errno.h>
+#include <math.h>
 #include <fcntl.h>
 #include <ftw.h>
 #include <stdio.h>
@@ -614,6 +615,39 @@ writer_check_specs (StowOptimStateWriter *w, const StowOptimStateSpec *specs,
   return TRUE;
 }
 
+/* Whether a number in @o (or in objects and arrays inside it) is NaN or
+ * infinite. */
+static gboolean
+has_nonfinite_node (JsonNode *n)
+{
+  if (JSON_NODE_HOLDS_VALUE (n)
+      && json_node_get_value_type (n) == G_TYPE_DOUBLE)
+    return !isfinite (json_node_get_double (n));
+  if (JSON_NODE_HOLDS_OBJECT (n))
+    {
+      g_autoptr (GList) members
+          = json_object_get_values (json_node_get_object (n));
+      for (GList *i = members; i; i = i->next)
+        if (has_nonfinite_node (i->data))
+          return TRUE;
+    }
+  if (JSON_NODE_HOLDS_ARRAY (n))
+    {
+      JsonArray *a = json_node_get_array (n);
+      for (guint i = 0; i < json_array_get_length (a); i++)
+        if (has_nonfinite_node (json_array_get_element (a, i)))
+          return TRUE;
+    }
+  return FALSE;
+}
+
+static gboolean
+has_nonfinite (JsonObject *o)
+{
+  g_autoptr (JsonNode) n = json_node_init_object (json_node_alloc (), o);
+  return has_nonfinite_node (n);
+}
+
 StowOptimStateWriter *
 stow_optim_state_writer_new (const char *path, const StowOptimStateSpec *specs,
                              guint n_specs, JsonObject *state, GError **error)
@@ -632,8 +666,9 @@ stow_optim_state_writer_new (const char *path, const StowOptimStateSpec *specs,
   w->state = stow_json_parse_data (state_text, -1, path, NULL);
   w->xxh = XXH3_createState ();
   XXH3_64bits_reset (w->xxh);
-  /* json-glib writes NaN and infinities as bare words no parser reads. */
-  if (w->state == NULL)
+  /* A NaN or an infinity cannot be carried: the writer makes it null, a
+   * value the run never wrote; refuse it rather than resume from it. */
+  if (w->state == NULL || has_nonfinite (state))
     {
       writer_fail (w, error, STOW_CHECKPOINT_ERROR_INVALID,
                    "state: not JSON once written (a NaN or an infinity?): %s",

@@ -20,6 +20,17 @@
 /* More GPUs than this in one spec is a typo, not a cluster. */
 #define STOW_HW_MAX_GPUS     (1u << 20)
 #define STOW_HW_MAX_PER_NODE 1024u
+/* Rates and sizes past these are typos too (the fastest GPU in the catalog
+ * does 2,250 bf16 TFLOP/s and 7.7 TB/s): refused, the limit named, so
+ * that no product of them overflows into nonsense. */
+#define STOW_HW_MAX_TFLOPS   1e6          /* 1 EFLOP/s per GPU */
+#define STOW_HW_MAX_BW       1e15         /* 1 PB/s */
+#define STOW_HW_MAX_BYTES    ((guint64)1 << 60) /* 1 EiB */
+#define STOW_HW_MAX_SECONDS  60.0
+/* ... and rates so small that a step would take longer than a double can
+ * count (1e-320 TFLOP/s made the step time infinite). */
+#define STOW_HW_MIN_TFLOPS   1e-3         /* 1 GFLOP/s */
+#define STOW_HW_MIN_BW       1e6          /* 1 MB/s */
 
 /* ---- values of cluster.json and preset files ---------------------------- */
 
@@ -156,9 +167,32 @@ get_qty (JsonObject *obj, const char *where, const char *name, Quantity q,
     }
   else if (!number_of (n, &v))
     return bad_value (n, where, name, expected[q], error);
-  if (v < 0 || (v == 0 && !allow_zero) || !isfinite (v)
-      || (q == QTY_SIZE && (v != floor (v) || v >= 18446744073709551616.0)))
+  if (v < 0 || (v == 0 && !allow_zero) || !isfinite (v))
     return bad_value (n, where, name, expected[q], error);
+  static const double max[] = { [QTY_SIZE] = (double)STOW_HW_MAX_BYTES,
+                                [QTY_BANDWIDTH] = STOW_HW_MAX_BW,
+                                [QTY_DURATION] = STOW_HW_MAX_SECONDS };
+  static const char *const max_text[] = { [QTY_SIZE] = "1 EiB",
+                                          [QTY_BANDWIDTH] = "1 PB/s",
+                                          [QTY_DURATION] = "60 s" };
+  if (v > max[q])
+    {
+      g_autofree char *desc = describe (n);
+      g_set_error (error, STOW_HW_ERROR, STOW_HW_ERROR_INVALID,
+                   "%s: %s: %s is too large (at most %s)", where, name, desc,
+                   max_text[q]);
+      return FALSE;
+    }
+  if (q == QTY_SIZE && v != floor (v))
+    return bad_value (n, where, name, expected[q], error);
+  if (q == QTY_BANDWIDTH && v > 0 && v < STOW_HW_MIN_BW)
+    {
+      g_autofree char *desc = describe (n);
+      g_set_error (error, STOW_HW_ERROR, STOW_HW_ERROR_INVALID,
+                   "%s: %s: %s is too small (at least 1 MB/s)", where, name,
+                   desc);
+      return FALSE;
+    }
   *out = v;
   return TRUE;
 }
@@ -303,9 +337,30 @@ gpu_from_json (JsonNode *n, const char *where, StowGpu *gpu, GError **error)
       double d;
       if (v == NULL)
         continue;
-      if (!number_of (v, &d) || d < 0)
+      /* A GPU the catalog lacks is planned on its bf16 rate: it must be
+       * positive. */
+      if (!number_of (v, &d) || d < 0 || (d == 0 && !name && i == 0))
         return bad_value (v, w, tflops[i].name,
-                          "a non-negative number of TFLOP/s", error);
+                          !name && i == 0 ? "a positive number of TFLOP/s"
+                                          : "a non-negative number of TFLOP/s",
+                          error);
+      if (d > 0 && d < STOW_HW_MIN_TFLOPS)
+        {
+          g_autofree char *desc = describe (v);
+          g_set_error (error, STOW_HW_ERROR, STOW_HW_ERROR_INVALID,
+                       "%s: %s: %s is too small (at least 0.001 TFLOP/s, or "
+                       "0 for none)",
+                       w, tflops[i].name, desc);
+          return FALSE;
+        }
+      if (d > STOW_HW_MAX_TFLOPS)
+        {
+          g_autofree char *desc = describe (v);
+          g_set_error (error, STOW_HW_ERROR, STOW_HW_ERROR_INVALID,
+                       "%s: %s: %s is too large (at most %.0f TFLOP/s)", w,
+                       tflops[i].name, desc, STOW_HW_MAX_TFLOPS);
+          return FALSE;
+        }
       *tflops[i].field = d * 1e12;
     }
   if (!get_size (o, w, "total_memory", &gpu->total_bytes, error)
@@ -317,7 +372,54 @@ gpu_from_json (JsonNode *n, const char *where, StowGpu *gpu, GError **error)
       || !get_uint (o, w, "pcie_gen", 7, &gpu->pcie_gen, error)
       || !get_qty (o, w, "pcie_bw", QTY_BANDWIDTH, FALSE, &gpu->pcie_bw, error))
     return FALSE;
+  /* Every precision falls back to bf16 or fp16 (planner/cost.c): one of
+   * them must be left. */
+  if (gpu->bf16_flops <= 0 && gpu->fp16_flops <= 0)
+    {
+      g_set_error (error, STOW_HW_ERROR, STOW_HW_ERROR_INVALID,
+                   "%s: bf16_tflops and fp16_tflops are both 0; give the "
+                   "GPU's dense bf16 (or fp16) rate",
+                   w);
+      return FALSE;
+    }
+  stow_gpu_fill_defaults (gpu);
   return TRUE;
+}
+
+double
+stow_pcie_practical_bw (guint gen)
+{
+  /* Gen3 12, Gen4 25, Gen5 50 GB/s per direction: about 80% of an x16
+   * link's 15.8, 31.5 and 63 GB/s; each generation doubles. */
+  static const double bw[] = { 3e9, 6e9, 12e9, 25e9, 50e9, 100e9, 200e9 };
+  return bw[CLAMP (gen, 1, G_N_ELEMENTS (bw)) - 1];
+}
+
+void
+stow_gpu_fill_defaults (StowGpu *gpu)
+{
+  g_return_if_fail (gpu != NULL);
+  if (gpu->fp16_flops <= 0 && gpu->bf16_flops > 0)
+    {
+      gpu->fp16_flops = gpu->bf16_flops;
+      gpu->defaulted |= STOW_GPU_DEFAULT_FP16;
+    }
+  if (gpu->hbm_bw <= 0)
+    {
+      double peak = gpu->bf16_flops > 0 ? gpu->bf16_flops : gpu->fp16_flops;
+      gpu->hbm_bw = peak > 0 ? peak / 200.0 : 1e12;
+      gpu->defaulted |= STOW_GPU_DEFAULT_HBM;
+    }
+  if (gpu->pcie_gen == 0)
+    {
+      gpu->pcie_gen = 4;
+      gpu->defaulted |= STOW_GPU_DEFAULT_PCIE_GEN;
+    }
+  if (gpu->pcie_bw <= 0)
+    {
+      gpu->pcie_bw = stow_pcie_practical_bw (gpu->pcie_gen);
+      gpu->defaulted |= STOW_GPU_DEFAULT_PCIE_BW;
+    }
 }
 
 /* ---- node objects ------------------------------------------------------- */
@@ -530,6 +632,9 @@ stow_cluster_new (const StowNode *node, guint n_nodes, const char *spec)
   StowCluster *c = g_new0 (StowCluster, 1);
   c->ref_count = 1;
   stow_node_copy (node, &c->node);
+  /* No rate the time model divides by is left at zero, whoever built the
+   * node (a cluster file, a plan file, this machine). */
+  stow_gpu_fill_defaults (&c->node.gpu);
   c->node.gpu.nvlink_domain
       = MAX (1u, MIN (c->node.gpu.nvlink_domain, c->node.gpus_per_node));
   c->n_nodes = n_nodes;
@@ -718,6 +823,8 @@ stow_cluster_new_from_spec (const char *spec, GError **error)
     }
   node.gpus_per_node = (guint)gpn;
   c = stow_cluster_new (&node, (guint)n_nodes, spec);
+  /* The host side is the preset's, a guess at the user's machine. */
+  c->host_ram_assumed = c->nvme_assumed = TRUE;
 out:
   stow_node_clear (&node);
   return c;
@@ -762,7 +869,11 @@ cluster_from_json (JsonObject *obj, const char *where, const char *base_dir,
        * gets the generic PCIe server. */
       StowGpu g = { 0 };
       if (!gpu_from_json (gpu, where, &g, error))
-        return NULL;
+        {
+          /* it may have filled some of g before the bad field */
+          stow_gpu_clear (&g);
+          return NULL;
+        }
       const StowNode *preset
           = stow_node_preset_lookup (g.preset ? g.preset : "pcie-8gpu", NULL);
       g_assert (preset != NULL);
@@ -807,8 +918,45 @@ cluster_from_json (JsonObject *obj, const char *where, const char *base_dir,
       goto out;
     }
   c = stow_cluster_new (&node, n_nodes, where);
+  c->host_ram_assumed = !member (obj, "host_ram") && !profile;
+  c->nvme_assumed = !member (obj, "nvme");
 out:
   stow_node_clear (&node);
+  return c;
+}
+
+StowCluster *
+stow_cluster_with_host (const StowCluster *cluster, guint64 host_ram_bytes,
+                        gboolean set_nvme, guint n_nvme,
+                        guint64 nvme_capacity_bytes)
+{
+  g_return_val_if_fail (cluster != NULL, NULL);
+  StowNode node;
+  stow_node_copy (&cluster->node, &node);
+  if (host_ram_bytes)
+    node.host_ram_bytes = host_ram_bytes;
+  if (set_nvme)
+    {
+      /* Gen4 M.2: 7 GB/s read, 5 GB/s write (the workstation preset's). */
+      StowNvme like = { NULL, 0, 7e9, 5e9 };
+      if (node.n_nvme > 0)
+        like.read_bw = node.nvme[0].read_bw,
+        like.write_bw = node.nvme[0].write_bw;
+      for (guint i = 0; i < node.n_nvme; i++)
+        g_free (node.nvme[i].path);
+      g_free (node.nvme);
+      node.nvme = g_new0 (StowNvme, MAX (n_nvme, 1));
+      for (guint i = 0; i < n_nvme; i++)
+        {
+          node.nvme[i] = like;
+          node.nvme[i].capacity_bytes = nvme_capacity_bytes;
+        }
+      node.n_nvme = n_nvme;
+    }
+  StowCluster *c = stow_cluster_new (&node, cluster->n_nodes, cluster->spec);
+  stow_node_clear (&node);
+  c->host_ram_assumed = cluster->host_ram_assumed && host_ram_bytes == 0;
+  c->nvme_assumed = cluster->nvme_assumed && !set_nvme;
   return c;
 }
 
@@ -1022,6 +1170,24 @@ stow_gpu_to_json (const StowGpu *g)
   if (g->preset)
     {
       stow_json_set_string (b, "preset", g->preset);
+    }
+  if (g->defaulted)
+    {
+      /* the rates stowage filled in (docs/hardware.md) */
+      static const struct
+      {
+        guint bit;
+        const char *field;
+      } bits[] = { { STOW_GPU_DEFAULT_FP16, "fp16_flops" },
+                   { STOW_GPU_DEFAULT_HBM, "hbm_bw" },
+                   { STOW_GPU_DEFAULT_PCIE_GEN, "pcie_gen" },
+                   { STOW_GPU_DEFAULT_PCIE_BW, "pcie_bw" } };
+      json_builder_set_member_name (b, "defaulted");
+      json_builder_begin_array (b);
+      for (gsize i = 0; i < G_N_ELEMENTS (bits); i++)
+        if (g->defaulted & bits[i].bit)
+          json_builder_add_string_value (b, bits[i].field);
+      json_builder_end_array (b);
     }
   json_builder_end_object (b);
   return json_builder_get_root (b);

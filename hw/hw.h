@@ -43,7 +43,29 @@ typedef struct
   char *description;        /* "NVIDIA H100 SXM5 80GB (HBM3)" */
   char *preset;             /* the node preset a bare spec uses ("dgx-h100") */
   guint64 smi_bytes;        /* nvidia-smi memory.total; 0 = not published */
+  guint defaulted;          /* STOW_GPU_DEFAULT_* bits: rates a cluster
+                             * file left out, filled by stow_gpu_fill_defaults */
 } StowGpu;
+
+/* Which of a GPU's rates are stowage's defaults rather than given. */
+enum
+{
+  STOW_GPU_DEFAULT_FP16 = 1 << 0,
+  STOW_GPU_DEFAULT_HBM = 1 << 1,
+  STOW_GPU_DEFAULT_PCIE_GEN = 1 << 2,
+  STOW_GPU_DEFAULT_PCIE_BW = 1 << 3,
+};
+
+/* Defaults for a GPU described by its memory and bf16 rate alone
+ * (docs/hardware.md, "Cluster files"): fp16 = bf16; HBM 5 GB/s per bf16
+ * TFLOP/s (200 FLOP per byte, the median of the catalog, from the RTX-3090's
+ * 76 to the L40S's 419); PCIe Gen4; a pinned copy rate by generation (Gen3
+ * 12, Gen4 25, Gen5 50 GB/s per direction, doubling per generation).  Only
+ * zero fields are filled, each recorded in @gpu->defaulted. */
+void stow_gpu_fill_defaults (StowGpu *gpu);
+/* The practical pinned host<->device rate of a PCIe generation, per
+ * direction, bytes/s (1-7). */
+double stow_pcie_practical_bw (guint gen);
 
 typedef struct
 {
@@ -81,6 +103,10 @@ struct _StowCluster
   StowNode node;
   guint n_nodes;
   guint n_gpus;             /* n_nodes * node.gpus_per_node */
+  /* TRUE when the host RAM, or the NVMe drives, are a node preset's
+   * guess rather than given (a bare --gpus spec, a cluster file without
+   * them): reports say so, since offload answers depend on them. */
+  gboolean host_ram_assumed, nvme_assumed;
 };
 
 /* The GPU catalog.  Lookup is case-insensitive over names and aliases;
@@ -118,6 +144,13 @@ void stow_node_clear (StowNode *node);
  * messages (NULL: the node's name). */
 StowCluster *stow_cluster_new (const StowNode *node, guint n_nodes,
                                const char *spec);
+/* A copy of @cluster whose nodes have @host_ram_bytes of RAM (0: as
+ * before) and, when @set_nvme, @n_nvme drives of @nvme_capacity_bytes each
+ * (read and write rates of the node's first drive, or of a Gen4 M.2 drive,
+ * 7 and 5 GB/s, when it has none).  What is set is no longer assumed. */
+StowCluster *stow_cluster_with_host (const StowCluster *cluster,
+                                     guint64 host_ram_bytes, gboolean set_nvme,
+                                     guint n_nvme, guint64 nvme_capacity_bytes);
 
 /* JSON views (raw bytes, bytes/s, FLOP/s, seconds). */
 JsonNode *stow_gpu_to_json (const StowGpu *gpu);

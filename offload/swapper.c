@@ -43,11 +43,19 @@ stow_swapper_new (const StowSwapperOptions *opts, GError **error)
                    "swapper: NVMe mode needs a store");
       return NULL;
     }
-  guint64 n = (opts->total_bytes + opts->shard_bytes - 1) / opts->shard_bytes;
-  if (n > G_MAXUINT32)
+  guint64 n = opts->total_bytes / opts->shard_bytes
+              + (opts->total_bytes % opts->shard_bytes != 0);
+  if (n > STOW_SWAPPER_MAX_SHARDS)
     {
+      guint64 least = opts->total_bytes / STOW_SWAPPER_MAX_SHARDS
+                      + (opts->total_bytes % STOW_SWAPPER_MAX_SHARDS != 0);
       g_set_error (error, STOW_IO_ERROR, STOW_IO_ERROR_INVALID,
-                   "swapper: %" G_GUINT64_FORMAT " shards is too many", n);
+                   "swapper: %" G_GUINT64_FORMAT " bytes in shards of %"
+                   G_GUINT64_FORMAT " bytes is %" G_GUINT64_FORMAT
+                   " shards, over the limit of %u (shards of at least %"
+                   G_GUINT64_FORMAT " bytes)",
+                   opts->total_bytes, opts->shard_bytes, n,
+                   STOW_SWAPPER_MAX_SHARDS, least);
       return NULL;
     }
   g_autoptr (StowSwapper) sw = g_new0 (StowSwapper, 1);

@@ -26,6 +26,11 @@ typedef enum
   STOW_SWAP_NVME, /* shards live in an NVMe store */
 } StowSwapMode;
 
+/* Shards one swapper may cut the state into: each costs a store tensor (or
+ * a page-aligned host slot) and its bookkeeping, so 12-byte shards of 1 GiB
+ * (89 million of them) would take gigabytes before the first byte moves. */
+#define STOW_SWAPPER_MAX_SHARDS 65536u
+
 typedef struct
 {
   StowSwapMode mode;
@@ -49,7 +54,8 @@ typedef struct
 typedef struct _StowSwapper StowSwapper;
 
 /* Declares one tensor per shard in the store ("optim.shard.N") and reserves
- * its space.  Errors: STOW_IO_ERROR_INVALID for bad options, the store's
+ * its space.  Errors: STOW_IO_ERROR_INVALID for bad options (including more
+ * than STOW_SWAPPER_MAX_SHARDS shards, checked before allocating), the store's
  * preflight errors, G_FILE_ERROR_NOMEM. */
 StowSwapper *stow_swapper_new (const StowSwapperOptions *opts, GError **error);
 void stow_swapper_free (StowSwapper *sw);

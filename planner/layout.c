@@ -317,6 +317,48 @@ stow_layout_validate (const StowLayout *l, const StowTraining *t,
   for (gsize i = 0; i < G_N_ELEMENTS (degrees); i++)
     if (G_STRUCT_MEMBER (guint, l, degrees[i].offset) == 0)
       return invalid (error, "%s must be at least 1", degrees[i].flag);
+  /* The bounds first: past them the products below would overflow. */
+  static const struct
+  {
+    const char *flag, *unit;
+    gsize offset;
+    gboolean training;
+    guint64 max;
+  } bounds[] = {
+    { "--seq", "tokens", G_STRUCT_OFFSET (StowTraining, seq_len), TRUE,
+      STOW_MAX_SEQ_TOKENS },
+    { "--decoder-seq", "tokens",
+      G_STRUCT_OFFSET (StowTraining, decoder_seq_len), TRUE,
+      STOW_MAX_SEQ_TOKENS },
+    { "--global-batch", "sequences",
+      G_STRUCT_OFFSET (StowTraining, global_batch), TRUE,
+      STOW_MAX_GLOBAL_BATCH },
+    { "--lora-rank", "", G_STRUCT_OFFSET (StowTraining, lora_rank), TRUE,
+      STOW_MAX_LORA_RANK },
+    { "--micro-batch", "sequences", G_STRUCT_OFFSET (StowLayout, micro_batch),
+      FALSE, STOW_MAX_MICRO_BATCH },
+    { "--grad-accum", "micro-batches",
+      G_STRUCT_OFFSET (StowLayout, grad_accum), FALSE, STOW_MAX_GRAD_ACCUM },
+  };
+  for (gsize i = 0; i < G_N_ELEMENTS (bounds); i++)
+    {
+      guint64 v = G_STRUCT_MEMBER (guint64, bounds[i].training ? (gconstpointer)t
+                                                              : (gconstpointer)l,
+                                   bounds[i].offset);
+      if (v > bounds[i].max)
+        return invalid (error,
+                        "%s %" G_GUINT64_FORMAT ": at most %" G_GUINT64_FORMAT
+                        "%s%s",
+                        bounds[i].flag, v, bounds[i].max,
+                        *bounds[i].unit ? " " : "", bounds[i].unit);
+    }
+  if (l->micro_batch * MAX (t->seq_len, t->decoder_seq_len)
+      > STOW_MAX_MICRO_BATCH_TOKENS)
+    return invalid (error,
+                    "--micro-batch %" G_GUINT64_FORMAT
+                    " x --seq %" G_GUINT64_FORMAT
+                    ": at most 1,073,741,824 tokens per micro-batch",
+                    l->micro_batch, MAX (t->seq_len, t->decoder_seq_len));
 
   if (m->n_heads % l->tp != 0)
     return invalid (
@@ -327,11 +369,12 @@ stow_layout_validate (const StowLayout *l, const StowTraining *t,
                     "--tp %u and num_key_value_heads %" G_GUINT64_FORMAT
                     " do not divide one another",
                     l->tp, m->n_kv_heads);
-  guint64 world = (guint64)l->dp * l->tp * l->pp * l->cp;
-  if (world != c->n_gpus)
+  /* In double: four degrees of up to 2^20 overflow 64 bits. */
+  double world = (double)l->dp * l->tp * l->pp * l->cp;
+  if (world != (double)c->n_gpus)
     return invalid (error,
-                    "--dp %u x --tp %u x --pp %u x --cp %u = %" G_GUINT64_FORMAT
-                    " GPUs, but the cluster \"%s\" has %u",
+                    "--dp %u x --tp %u x --pp %u x --cp %u = %.0f GPUs, but "
+                    "the cluster \"%s\" has %u",
                     l->dp, l->tp, l->pp, l->cp, world, c->spec, c->n_gpus);
   if (l->tp > 1 && c->node.gpus_per_node % l->tp != 0)
     return invalid (error, "--tp %u does not divide the %u GPUs of a node",

@@ -80,6 +80,18 @@ typedef enum
   STOW_ENGINE_FSDP,
 } StowEngine;
 
+/* Bounds on what a plan may ask for: far past any training run, and low
+ * enough that no product in the memory and time models overflows 64 bits
+ * (the s^2 attention scores of a micro-batch fit with room to spare).
+ * stow_layout_validate and the command-line flags refuse values beyond
+ * them, naming the limit. */
+#define STOW_MAX_SEQ_TOKENS ((guint64)1 << 24)    /* 16,777,216 per sequence */
+#define STOW_MAX_MICRO_BATCH ((guint64)1 << 16)   /* 65,536 sequences */
+#define STOW_MAX_MICRO_BATCH_TOKENS ((guint64)1 << 30) /* 1,073,741,824 */
+#define STOW_MAX_GLOBAL_BATCH ((guint64)1 << 24)  /* 16,777,216 sequences */
+#define STOW_MAX_GRAD_ACCUM ((guint64)1 << 24)    /* micro-batches per step */
+#define STOW_MAX_LORA_RANK ((guint64)1 << 16)
+
 typedef struct
 {
   guint64 seq_len;         /* tokens per sequence */

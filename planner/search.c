@@ -75,7 +75,34 @@ typedef struct
   StowSearch *r;
   guint max_keep;
   StowMemScratch *scratch;
+  StowPins pins;
 } Ctx;
+
+/* ZeRO 1 and 2 shard over the data-parallel ranks: over one rank they are
+ * the stage below unless the engine keeps other buffers for them
+ * (DeepSpeed's and FSDP's differ).  TRUE when @l, with the stage left to
+ * the search, costs exactly what the stage below costs, in memory and in
+ * time: the same layout, which a table would list twice. */
+static gboolean
+same_as_lower_zero (Ctx *x, const StowLayout *l, const StowMemTotals *mt)
+{
+  if ((x->pins & STOW_PIN_ZERO) || (l->zero != 1 && l->zero != 2)
+      || l->hybrid_shard || stow_mem_shard_degree (l, x->c) != 1)
+    return FALSE;
+  StowLayout lower = *l;
+  lower.zero--;
+  StowMemTotals lt;
+  if (!stow_memory_estimate_totals_with (x->m, x->c, x->t, &lower, x->mo,
+                                         x->scratch, &lt, NULL)
+      || lt.total_bytes != mt->total_bytes
+      || lt.host_total_bytes != mt->host_total_bytes
+      || lt.nvme_bytes != mt->nvme_bytes || lt.fits != mt->fits)
+    return FALSE;
+  StowCost a, b;
+  stow_cost_estimate (x->m, x->c, x->t, l, x->co, &a);
+  stow_cost_estimate (x->m, x->c, x->t, &lower, x->co, &b);
+  return a.step_time_s == b.step_time_s;
+}
 
 /* Memory first; if it fits, the time model.  Returns TRUE if it fits. */
 static gboolean
@@ -85,7 +112,6 @@ evaluate (Ctx *x, const StowLayout *l_in)
   StowSearch *r = x->r;
   StowLayout resolved = *l_in;
   const StowLayout *l = &resolved;
-  r->evaluated++;
   if (!stow_memory_estimate_totals_with (x->m, x->c, x->t, l, x->mo, x->scratch,
                                          &mt, NULL))
     {
@@ -108,6 +134,12 @@ evaluate (Ctx *x, const StowLayout *l_in)
           return FALSE;
         }
     }
+  if (same_as_lower_zero (x, l, &mt))
+    {
+      r->same_as_lower_zero++;
+      return mt.fits;
+    }
+  r->evaluated++;
   StowCandidate cand;
   memset (&cand, 0, sizeof cand);
   cand.layout = *l;
@@ -199,7 +231,7 @@ stow_search_run_with (const StowModel *m, const StowCluster *c,
   g_autoptr (StowCostPrep) prep = stow_cost_prepare (m);
   co.prep = prep;
   g_autoptr (StowMemScratch) scratch = stow_mem_scratch_new ();
-  Ctx x = { m, c, t, o, &co, r, so->max_keep, scratch };
+  Ctx x = { m, c, t, o, &co, r, so->max_keep, scratch, pins };
 
   r->fits = g_array_new (FALSE, FALSE, sizeof (StowCandidate));
   /* tp inside the NVLink domain (a node's GPUs when the catalog has no

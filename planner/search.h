@@ -49,11 +49,16 @@ typedef struct
   GArray *fits;            /* StowCandidate, best first */
   StowCandidate best_miss; /* the layout closest to fitting */
   gboolean have_miss;
+  /* evaluated = fitting + out_of_memory + host_or_nvme: the layouts the
+   * memory model priced.  invalid and same_as_lower_zero were not. */
   guint64 evaluated;
   guint64 invalid; /* rejected by divisibility and legality */
   guint64 out_of_memory;
   guint64 host_or_nvme; /* fit the GPU but not host RAM or NVMe */
   guint64 fitting;      /* all that fit (fits keeps the best max_keep) */
+  guint64 same_as_lower_zero; /* ZeRO 1 or 2 over one data-parallel rank
+                                 that costs what the stage below costs: the
+                                 same layout, listed once */
   double search_time_s; /* wall clock of the search */
 } StowSearch;
 

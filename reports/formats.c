@@ -45,6 +45,39 @@ stow_format_parse (const char *s, const char *field, StowFormat *out,
   return FALSE;
 }
 
+void
+stow_report_search_counts (GString *out, const StowSearch *s, double seconds)
+{
+  char a[STOW_FORMAT_BUF], b[STOW_FORMAT_BUF], c[STOW_FORMAT_BUF],
+      d[STOW_FORMAT_BUF], e[STOW_FORMAT_BUF];
+  g_string_append_printf (out, "%s layouts evaluated",
+                          stow_format_grouped_into (a, sizeof a, s->evaluated));
+  if (seconds >= 0)
+    g_string_append_printf (out, " in %.3f s", seconds);
+  g_string_append_printf (
+      out,
+      ": %s fit, %s out of GPU memory, %s out of host RAM or NVMe; %s "
+      "combinations invalid (divisibility, engine)",
+      stow_format_grouped_into (b, sizeof b, s->fitting),
+      stow_format_grouped_into (c, sizeof c, s->out_of_memory),
+      stow_format_grouped_into (d, sizeof d, s->host_or_nvme),
+      stow_format_grouped_into (e, sizeof e, s->invalid));
+  if (s->same_as_lower_zero)
+    g_string_append_printf (
+        out,
+        "; %s skipped: ZeRO 1 or 2 over one data-parallel rank is the stage "
+        "below",
+        stow_format_grouped_into (a, sizeof a, s->same_as_lower_zero));
+}
+
+char *
+stow_report_format_step (double seconds)
+{
+  if (seconds < 1000)
+    return g_strdup_printf ("%.4g s", seconds);
+  return stow_format_duration (seconds);
+}
+
 guint
 stow_report_n_candidates (const StowReport *r, guint max)
 {
@@ -70,10 +103,13 @@ stow_report_candidates_json (const StowReport *r, guint max)
       stow_json_set_i64 (b, "host_bytes", (gint64)c->host_bytes);
       stow_json_set_i64 (b, "nvme_bytes", (gint64)c->nvme_bytes);
       stow_json_set_i64 (b, "headroom_bytes", c->headroom_bytes);
-      if (r->throughput && i < r->n_throughput)
-        {
-          stow_json_set_double (b, "tokens_per_s", r->throughput[i]);
-        }
+      /* The search ranked them by the time model: its prediction. */
+      stow_json_set_double (b, "step_time_s", c->cost.step_time_s);
+      stow_json_set_double (b, "tokens_per_s",
+                            r->throughput && i < r->n_throughput
+                                ? r->throughput[i]
+                                : c->cost.tokens_per_s);
+      stow_json_set_double (b, "mfu", c->cost.mfu);
       json_builder_end_object (b);
     }
   json_builder_end_array (b);
@@ -221,7 +257,10 @@ stow_report_md (GString *out, const StowReport *r)
   g_string_append_printf (out, ", %u node%s x %u %s\n", c->n_nodes,
                           c->n_nodes == 1 ? "" : "s", c->node.gpus_per_node,
                           c->node.gpu.name);
-  g_string_append (out, "- **layout**: ");
+  g_autofree char *host = stow_report_host_line (c);
+  g_string_append (out, "- **host**: ");
+  md_escape (out, host);
+  g_string_append (out, "\n- **layout**: ");
   md_escape (out, layout);
   g_string_append_printf (
       out, "\n- **training**: seq %" G_GUINT64_FORMAT ", %s, %s, %s\n",
@@ -232,10 +271,12 @@ stow_report_md (GString *out, const StowReport *r)
     g_string_append_printf (out, "- **convention**: %s\n",
                             stow_convention_name (m->convention));
   if (r->search)
-    g_string_append_printf (
-        out, "- **search**: %s layouts evaluated, %" G_GUINT64_FORMAT " fit\n",
-        stow_format_grouped_into (buf, sizeof buf, r->search->evaluated),
-        r->search->fitting);
+    {
+      g_string_append (out, "- **search**: ");
+      stow_report_search_counts (out, r->search, -1);
+      g_string_append (out, "; ranked by the time model's predicted "
+                            "throughput\n");
+    }
   g_string_append (out, "\nSizes in GiB (2^30 bytes).\n\n");
 
   g_string_append (out, "## GPU memory\n\n"
@@ -290,27 +331,29 @@ stow_report_md (GString *out, const StowReport *r)
   guint n = stow_report_n_candidates (r, 8);
   if (n)
     {
-      g_string_append (out, "## Top candidates\n\n| # | layout | GPU GiB | "
-                            "headroom GiB |");
-      if (r->throughput)
-        g_string_append (out, " tokens/s |");
-      g_string_append (out, "\n|---:|---|---:|---:|");
-      if (r->throughput)
-        g_string_append (out, "---:|");
-      g_string_append_c (out, '\n');
+      g_string_append (out, "## Top candidates\n\nFastest first, as the "
+                            "time model predicts them "
+                            "(docs/time-model.md).\n\n"
+                            "| # | layout | GPU GiB | headroom GiB | "
+                            "step | tokens/s | MFU |\n"
+                            "|---:|---|---:|---:|---:|---:|---:|\n");
       for (guint i = 0; i < n; i++)
         {
           const StowCandidate *cand
               = &g_array_index (r->search->fits, StowCandidate, i);
           g_autofree char *d = stow_layout_describe (&cand->layout);
+          g_autofree char *step = stow_report_format_step (cand->cost.step_time_s);
           g_string_append_printf (out, "| %u | ", i + 1);
           md_escape (out, d);
           g_string_append (out, " | ");
           md_gib (out, cand->total_bytes);
           g_string_append (out, " | ");
           md_gib (out, (guint64)MAX (cand->headroom_bytes, 0));
-          if (r->throughput && i < r->n_throughput)
-            g_string_append_printf (out, " | %.0f", r->throughput[i]);
+          g_string_append_printf (
+              out, " | %s | %s | %.1f%%", step,
+              stow_format_grouped_into (buf, sizeof buf,
+                                        (guint64)(cand->cost.tokens_per_s + 0.5)),
+              100 * cand->cost.mfu);
           g_string_append (out, " |\n");
         }
       g_string_append_c (out, '\n');
@@ -328,8 +371,9 @@ stow_report_md (GString *out, const StowReport *r)
     }
   g_string_append_printf (out, "**%s**", fits ? "FITS" : "DOES NOT FIT");
   if (!m->fits)
-    g_string_append_printf (
-        out, ": %s%s%s", m->fits_device ? "" : "GPU memory ",
-        m->fits_host ? "" : "host RAM ", m->fits_nvme ? "" : "NVMe");
+    {
+      g_autofree char *what = stow_memory_short_of (m);
+      g_string_append_printf (out, ": short of %s", what);
+    }
   g_string_append_c (out, '\n');
 }

@@ -144,15 +144,19 @@ stow_report_html (GString *out, const StowReport *r)
                           fits ? "fits" : "nofit",
                           fits ? "FITS" : "DOES NOT FIT");
   if (!m->fits)
-    g_string_append_printf (
-        out, " &nbsp;short of %s%s%s", m->fits_device ? "" : "GPU memory ",
-        m->fits_host ? "" : "host RAM ", m->fits_nvme ? "" : "NVMe");
-  if (r->search)
-    g_string_append_printf (
-        out, " &nbsp;%s layouts evaluated, %" G_GUINT64_FORMAT " fit",
-        stow_format_grouped_into (buf, sizeof buf, r->search->evaluated),
-        r->search->fitting);
+    {
+      g_autofree char *what = stow_memory_short_of (m);
+      g_string_append_printf (out, " &nbsp;short of %s", what);
+    }
   g_string_append (out, "</p>\n");
+  if (r->search)
+    {
+      g_autoptr (GString) counts = g_string_new (NULL);
+      stow_report_search_counts (counts, r->search, -1);
+      g_string_append (out, "<p>");
+      esc (out, counts->str);
+      g_string_append (out, ".</p>\n");
+    }
 
   g_string_append (out, "<h2>Layout</h2>\n<dl>");
   if (mr->model)
@@ -168,6 +172,9 @@ stow_report_html (GString *out, const StowReport *r)
   g_string_append_printf (out, ": %u node%s x %u ", c->n_nodes,
                           c->n_nodes == 1 ? "" : "s", c->node.gpus_per_node);
   esc (out, c->node.gpu.name);
+  g_autofree char *host = stow_report_host_line (c);
+  g_string_append (out, "</dd><dt>host</dt><dd>");
+  esc (out, host);
   g_string_append (out, "</dd><dt>layout</dt><dd>");
   esc (out, layout);
   g_string_append_printf (
@@ -211,18 +218,15 @@ stow_report_html (GString *out, const StowReport *r)
   if (n > 0)
     {
       g_string_append (out, "<h2>Top candidates</h2>\n");
-      if (r->throughput == NULL)
-        g_string_append (out, "<p>Ranked by stowage's preference order (no "
-                              "offload, less recomputation and model "
-                              "parallelism, larger micro-batches); "
-                              "throughput appears here once the time model "
-                              "gives it.</p>\n");
+      g_string_append (out, "<p>Ranked by predicted throughput, fastest "
+                            "first: the time model's step time, tokens per "
+                            "second and model FLOPs utilisation "
+                            "(docs/time-model.md).</p>\n");
       chart (out, STOW_CHART_CANDIDATES, r, "cands-",
              "Top candidates: memory per GPU");
       g_string_append (out, "<table><tr><th>#</th><th>layout</th>"
-                            "<th>GPU GiB</th><th>headroom GiB</th>");
-      if (r->throughput)
-        g_string_append (out, "<th>tokens/s</th>");
+                            "<th>GPU GiB</th><th>headroom GiB</th>"
+                            "<th>step</th><th>tokens/s</th><th>MFU</th>");
       g_string_append (out, "</tr>\n");
       for (guint i = 0; i < n; i++)
         {
@@ -236,9 +240,16 @@ stow_report_html (GString *out, const StowReport *r)
           gib (out, cand->total_bytes);
           g_string_append (out, "</td><td class=\"n\">");
           gib (out, (guint64)MAX (cand->headroom_bytes, 0));
-          if (r->throughput && i < r->n_throughput)
-            g_string_append_printf (out, "</td><td class=\"n\">%.0f",
-                                    r->throughput[i]);
+          g_autofree char *step
+              = stow_report_format_step (cand->cost.step_time_s);
+          g_string_append_printf (
+              out,
+              "</td><td class=\"n\">%s</td><td class=\"n\">%s</td>"
+              "<td class=\"n\">%.1f%%",
+              step,
+              stow_format_grouped_into (
+                  buf, sizeof buf, (guint64)(cand->cost.tokens_per_s + 0.5)),
+              100 * cand->cost.mfu);
           g_string_append (out, "</td></tr>\n");
         }
       g_string_append (out, "</table>\n");

@@ -45,6 +45,84 @@ stow_layout_describe (const StowLayout *l)
   return g_string_free (s, FALSE);
 }
 
+char *
+stow_report_host_line (const StowCluster *c)
+{
+  const StowNode *n = &c->node;
+  char ram[STOW_FORMAT_BUF], cap[STOW_FORMAT_BUF];
+  GString *s = g_string_new (NULL);
+  g_string_append_printf (
+      s, "%s RAM and ",
+      stow_format_bytes_into (ram, sizeof ram, n->host_ram_bytes));
+  gboolean same = TRUE;
+  guint64 total = 0;
+  for (guint i = 0; i < n->n_nvme; i++)
+    {
+      total += n->nvme[i].capacity_bytes;
+      same = same && n->nvme[i].capacity_bytes == n->nvme[0].capacity_bytes;
+    }
+  if (n->n_nvme == 0)
+    g_string_append (s, "no NVMe drive");
+  else if (same)
+    g_string_append_printf (
+        s, "%u NVMe drive%s of %s", n->n_nvme, n->n_nvme == 1 ? "" : "s",
+        stow_format_bytes_into (cap, sizeof cap, n->nvme[0].capacity_bytes));
+  else
+    g_string_append_printf (s, "%u NVMe drives, %s in all", n->n_nvme,
+                            stow_format_bytes_into (cap, sizeof cap, total));
+  g_string_append (s, " per node");
+  const char *preset = n->name ? n->name : "node";
+  if (c->host_ram_assumed && c->nvme_assumed)
+    g_string_append_printf (s,
+                            " (assumed: the %s preset's; give --host-ram and "
+                            "--nvme for yours)",
+                            preset);
+  else if (c->host_ram_assumed)
+    g_string_append_printf (s,
+                            " (the RAM is assumed: the %s preset's; give "
+                            "--host-ram for yours)",
+                            preset);
+  else if (c->nvme_assumed)
+    g_string_append_printf (s,
+                            " (the drives are assumed: the %s preset's; give "
+                            "--nvme for yours)",
+                            preset);
+  return g_string_free (s, FALSE);
+}
+
+char *
+stow_memory_short_of (const StowMemory *m)
+{
+  const char *parts[3];
+  guint n = 0;
+  if (!m->fits_device)
+    parts[n++] = "GPU memory";
+  if (!m->fits_host)
+    parts[n++] = "host RAM";
+  if (!m->fits_nvme)
+    parts[n++] = "NVMe";
+  if (n == 0)
+    return g_strdup ("nothing");
+  if (n == 1)
+    return g_strdup (parts[0]);
+  if (n == 2)
+    return g_strdup_printf ("%s and %s", parts[0], parts[1]);
+  return g_strdup_printf ("%s, %s and %s", parts[0], parts[1], parts[2]);
+}
+
+char *
+stow_memory_report_filled_note (const char *const *filled)
+{
+  if (filled == NULL || filled[0] == NULL)
+    return NULL;
+  GString *s = g_string_new ("as 'stowage fit' would (the fastest layout "
+                              "that fits): ");
+  for (guint i = 0; filled[i]; i++)
+    g_string_append_printf (s, "%s--%s", i == 0 ? "" : " ", filled[i]);
+  g_string_append (s, "; give a flag to pin it");
+  return g_string_free (s, FALSE);
+}
+
 JsonNode *
 stow_layout_to_json (const StowLayout *l, const StowTraining *t)
 {
@@ -101,9 +179,26 @@ stow_memory_report_json (const StowMemoryReport *r)
   stow_json_set_string (b, "gpu", r->cluster->node.gpu.name);
   stow_json_set_u64 (b, "nodes", r->cluster->n_nodes);
   stow_json_set_u64 (b, "gpus_per_node", r->cluster->node.gpus_per_node);
+  /* The host side, and whether it is a preset's guess. */
+  guint64 nvme_total = 0;
+  for (guint i = 0; i < r->cluster->node.n_nvme; i++)
+    nvme_total += r->cluster->node.nvme[i].capacity_bytes;
+  stow_json_set_u64 (b, "host_ram_bytes", r->cluster->node.host_ram_bytes);
+  stow_json_set_u64 (b, "nvme_drives", r->cluster->node.n_nvme);
+  stow_json_set_u64 (b, "nvme_capacity_bytes", nvme_total);
+  stow_json_set_bool (b, "host_ram_assumed", r->cluster->host_ram_assumed);
+  stow_json_set_bool (b, "nvme_assumed", r->cluster->nvme_assumed);
   json_builder_end_object (b);
   json_builder_set_member_name (b, "layout");
   json_builder_add_value (b, stow_layout_to_json (r->layout, r->training));
+  if (r->filled)
+    {
+      json_builder_set_member_name (b, "filled_like_fit");
+      json_builder_begin_array (b);
+      for (guint i = 0; r->filled[i]; i++)
+        json_builder_add_string_value (b, r->filled[i]);
+      json_builder_end_array (b);
+    }
 
   json_builder_set_member_name (b, "device");
   json_builder_begin_object (b);
@@ -189,7 +284,12 @@ stow_memory_report_text (GString *out, const StowMemoryReport *r,
   g_string_append_printf (out, "cluster: %s: %u node%s x %u %s\n", c->spec,
                           c->n_nodes, c->n_nodes == 1 ? "" : "s",
                           c->node.gpus_per_node, c->node.gpu.name);
+  g_autofree char *host = stow_report_host_line (c);
+  g_string_append_printf (out, "host:    %s\n", host);
   g_string_append_printf (out, "layout:  %s\n", layout);
+  g_autofree char *note = stow_memory_report_filled_note (r->filled);
+  if (note)
+    g_string_append_printf (out, "filled:  %s\n", note);
   g_string_append_printf (
       out, "train:   seq %" G_GUINT64_FORMAT ", %s, %s%s%s\n",
       r->training->seq_len, stow_precision_name (r->training->precision),
@@ -265,14 +365,8 @@ stow_memory_report_text (GString *out, const StowMemoryReport *r,
     g_string_append (out, "FITS\n");
   else
     {
-      g_string_append (out, "DOES NOT FIT:");
-      if (!mem->fits_device)
-        g_string_append (out, " GPU memory");
-      if (!mem->fits_host)
-        g_string_append (out, " host RAM");
-      if (!mem->fits_nvme)
-        g_string_append (out, " NVMe");
-      g_string_append_c (out, '\n');
+      g_autofree char *what = stow_memory_short_of (mem);
+      g_string_append_printf (out, "DOES NOT FIT: %s\n", what);
     }
   g_string_append (out, "(GiB = 2^30 bytes)\n");
 }

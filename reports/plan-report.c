@@ -6,6 +6,7 @@
 
 #include "core/units.h"
 #include "reports/memory-report.h"
+#include "reports/report.h"
 
 static const char *csv_header
     = "rank,dp,tp,pp,vpp,cp,ep,sp,zero,offload_optimizer,offload_params,"
@@ -46,14 +47,11 @@ void
 stow_report_plan_md (GString *out, const StowSearch *s, const char *model,
                      const char *gpus, guint top)
 {
-  char a[STOW_FORMAT_BUF], b[STOW_FORMAT_BUF];
   g_string_append_printf (out, "# stowage plan: %s on %s\n\n", model, gpus);
-  g_string_append_printf (
-      out,
-      "%s layouts evaluated in %.3f s, %s fit.  Sizes in GiB (2^30 "
-      "bytes).\n\n",
-      stow_format_grouped_into (a, sizeof a, s->evaluated), s->search_time_s,
-      stow_format_grouped_into (b, sizeof b, s->fitting));
+  stow_report_search_counts (out, s, s->search_time_s);
+  g_string_append (out, ".  Ranked by the time model's predicted "
+                        "throughput, fastest first.  Sizes in GiB (2^30 "
+                        "bytes).\n\n");
   if (s->fits->len == 0)
     {
       g_string_append (out, "No layout fits.\n");

@@ -49,12 +49,23 @@ void stow_report_md (GString *out, const StowReport *r);
  * access).  Without cairo the charts are replaced by a note. */
 void stow_report_html (GString *out, const StowReport *r);
 
+/* The search's counts in one sentence that adds up: "2,808 layouts
+ * evaluated[ in 0.058 s]: 2,796 fit, 12 out of GPU memory, 0 out of host
+ * RAM or NVMe; 1,084 combinations invalid (divisibility, engine)", and
+ * the ZeRO stages listed once when there were any.  @seconds < 0 leaves
+ * the time out. */
+void stow_report_search_counts (GString *out, const StowSearch *s,
+                                double seconds);
+/* Seconds for people: "0.5522 s", "12.35 min", "113.8 h" (never an
+ * exponent). */
+char *stow_report_format_step (double seconds);
+
 /* How many of the search's fitting layouts the tables and charts show:
  * at most @max. */
 guint stow_report_n_candidates (const StowReport *r, guint max);
 /* The top @max candidates as a JSON array: {"rank", "layout",
- * "total_bytes", "host_bytes", "nvme_bytes", "headroom_bytes"} plus
- * "tokens_per_s" when throughput is known. */
+ * "total_bytes", "host_bytes", "nvme_bytes", "headroom_bytes",
+ * "step_time_s", "tokens_per_s", "mfu"}: the time model's prediction. */
 JsonNode *stow_report_candidates_json (const StowReport *r, guint max);
 
 G_END_DECLS

@@ -93,7 +93,24 @@ test_bad_input (void)
   stow_assert_usage_error (engine, "--engine \"spdk\": unknown engine");
   const char *block[]
       = { "bench", "nvme", "--dir", dir, "--block-size", "5000", NULL };
-  stow_assert_usage_error (block, "block size 5000");
+  stow_assert_usage_error (block, "--block-size 5000: must be a multiple of "
+                                  "4 KiB from 4 KiB to 64 MiB");
+  /* Issue 24: 0 asked for 2^63 bytes; an empty --dir meant the current
+   * directory; one-byte shards took 9 GB before the refusal. */
+  const char *zero[]
+      = { "bench", "nvme", "--dir", dir, "--block-size", "0", NULL };
+  stow_assert_usage_error (zero, "--block-size 0: must be a multiple of 4 KiB");
+  const char *empty[] = { "bench", "nvme", "--dir", "", NULL };
+  stow_assert_usage_error (empty, "--dir \"\": an empty directory name");
+  const char *empty2[] = { "bench", "swapper", "--dir", dir, "--dir", "", NULL };
+  stow_assert_usage_error (empty2, "--dir \"\": an empty directory name");
+  const char *tiny[] = { "bench", "swapper", "--dir", dir, "--shard-size",
+                         "1", NULL };
+  stow_assert_usage_error (tiny, "shards, over the limit of 65536 (shards of "
+                                 "at least 16384 bytes)");
+  const char *tiny_host[]
+      = { "bench", "swapper", "--mode", "host", "--shard-size", "1", NULL };
+  stow_assert_usage_error (tiny_host, "over the limit of 65536");
   const char *size[]
       = { "bench", "nvme", "--dir", dir, "--size", "12XB", NULL };
   stow_assert_usage_error (size, "--size");

@@ -427,6 +427,101 @@ test_file_errors (void)
   file_bad ("does-not-exist.json", "does-not-exist.json");
 }
 
+/* Issue 24, item 3: a GPU given by its two required fields only used to
+ * plan with HBM 0 GB/s and PCIe Gen0 0 GB/s, and the step time was NaN.
+ * The rates left out take documented defaults, recorded as such; rates
+ * that cannot be planned on are refused by name. */
+static StowCluster *
+cluster_text (const char *text, GError **error)
+{
+  g_autoptr (JsonNode) root = stow_json_parse_data (text, -1, "F", NULL);
+  g_assert_nonnull (root);
+  return stow_cluster_new_from_json (json_node_get_object (root), "F", error);
+}
+
+static void
+test_file_defaults (void)
+{
+  g_autoptr (GError) error = NULL;
+  g_autoptr (StowCluster) c = cluster_text (
+      "{\"preset\":\"workstation\",\"nodes\":1,\"gpus_per_node\":1,"
+      "\"gpu\":{\"total_memory\":\"47.5GiB\",\"bf16_tflops\":154.8},"
+      "\"host_ram\":\"128GiB\"}",
+      &error);
+  g_assert_no_error (error);
+  const StowGpu *g = &c->node.gpu;
+  g_assert_cmpfloat_with_epsilon (g->fp16_flops, 154.8e12, 1);
+  g_assert_cmpfloat_with_epsilon (g->hbm_bw, 154.8e12 / 200, 1);
+  g_assert_cmpuint (g->pcie_gen, ==, 4);
+  g_assert_cmpfloat (g->pcie_bw, ==, 25e9);
+  g_assert_cmpuint (g->defaulted, ==,
+                    STOW_GPU_DEFAULT_FP16 | STOW_GPU_DEFAULT_HBM
+                        | STOW_GPU_DEFAULT_PCIE_GEN
+                        | STOW_GPU_DEFAULT_PCIE_BW);
+
+  /* A generation given: its practical rate. */
+  g_autoptr (StowCluster) c5 = cluster_text (
+      "{\"gpu\":{\"total_memory\":\"94GiB\",\"bf16_tflops\":800,"
+      "\"fp16_tflops\":700,\"pcie_gen\":5}}",
+      &error);
+  g_assert_no_error (error);
+  g_assert_cmpfloat (c5->node.gpu.pcie_bw, ==, 50e9);
+  g_assert_cmpfloat (c5->node.gpu.fp16_flops, ==, 700e12);
+  g_assert_cmpuint (c5->node.gpu.defaulted, ==,
+                    STOW_GPU_DEFAULT_HBM | STOW_GPU_DEFAULT_PCIE_BW);
+
+  /* Catalog GPUs and the rates a file gives are nobody's default. */
+  gsize n;
+  const StowGpu *const *cat = stow_gpu_catalog (&n);
+  for (gsize i = 0; i < n; i++)
+    {
+      g_autofree char *spec = g_strdup_printf ("1x%s", cat[i]->name);
+      g_autoptr (StowCluster) k = stow_cluster_new_from_spec (spec, &error);
+      g_assert_no_error (error);
+      g_assert_cmpuint (k->node.gpu.defaulted, ==, 0);
+    }
+
+  static const struct
+  {
+    const char *gpu, *message;
+  } bad[] = {
+    { "{\"total_memory\":\"48GiB\",\"bf16_tflops\":0}",
+      "F: gpu: bf16_tflops: expected a positive number of TFLOP/s, got 0" },
+    { "{\"total_memory\":\"48GiB\",\"bf16_tflops\":100,"
+      "\"fp16_tflops\":1e30}",
+      "F: gpu: fp16_tflops: 1e+30 is too large (at most 1000000 TFLOP/s)" },
+    { "{\"total_memory\":\"48GiB\",\"bf16_tflops\":100,"
+      "\"hbm_bw\":\"5000TB/s\"}",
+      "F: gpu: hbm_bw: \"5000TB/s\" is too large (at most 1 PB/s)" },
+    { "{\"name\":\"A100-80GB\",\"bf16_tflops\":0,\"fp16_tflops\":0}",
+      "F: gpu: bf16_tflops and fp16_tflops are both 0; give the GPU's "
+      "dense bf16 (or fp16) rate" },
+    { "{\"total_memory\":1e30,\"bf16_tflops\":100}",
+      "F: gpu: total_memory: 1e+30 is too large (at most 1 EiB)" },
+    /* Found by tests/test-fuzz.c: a positive rate so small that the step
+     * time came out infinite. */
+    { "{\"total_memory\":\"94GiB\",\"bf16_tflops\":1e-320}",
+      "F: gpu: bf16_tflops: 9.99989e-321 is too small (at least 0.001 "
+      "TFLOP/s, or 0 for none)" },
+    { "{\"total_memory\":\"94GiB\",\"bf16_tflops\":100,"
+      "\"pcie_bw\":1e-300}",
+      "F: gpu: pcie_bw: 1e-300 is too small (at least 1 MB/s)" },
+    /* and a GPU refused after some of it was read is freed (ASan) */
+    { "{\"name\":\"A100-80GB\",\"hbm_bw\":-1}",
+      "F: gpu: hbm_bw: expected a bandwidth such as \"25GB/s\" or a positive "
+      "number of bytes/s, got -1" },
+  };
+  for (gsize i = 0; i < G_N_ELEMENTS (bad); i++)
+    {
+      g_autofree char *text = g_strdup_printf ("{\"gpu\": %s}", bad[i].gpu);
+      g_autoptr (StowCluster) x = cluster_text (text, &error);
+      g_assert_null (x);
+      g_assert_error (error, STOW_HW_ERROR, STOW_HW_ERROR_INVALID);
+      g_assert_cmpstr (error->message, ==, bad[i].message);
+      g_clear_error (&error);
+    }
+}
+
 /* Mutated cluster files: a byte replaced, removed or a value swapped for
  * another JSON value.  Never a crash; every failure names the file. */
 static void
@@ -910,6 +1005,7 @@ main (int argc, char **argv)
   g_test_add_func ("/hw/spec/fuzz", test_spec_fuzz);
   g_test_add_func ("/hw/file/valid", test_file_valid);
   g_test_add_func ("/hw/file/errors", test_file_errors);
+  g_test_add_func ("/hw/file/defaults", test_file_defaults);
   g_test_add_func ("/hw/file/fuzz", test_file_fuzz);
   g_test_add_func ("/hw/machine/synthetic", test_synthetic);
   g_test_add_func ("/hw/machine/xml", test_xml);

@@ -3,8 +3,13 @@
  * tests/test-json.c: bounded JSON input with positioned errors, typed
  * getters naming the member, atomic output.
  */
+#include <errno.h>
 #include <glib/gstdio.h>
+#include <math.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <unistd.h>
 
 #include "core/error.h"
 #include "core/json.h"
@@ -114,6 +119,91 @@ test_parse_errors (Fixture *f, gconstpointer data)
   g_assert_null (stow_json_root_object (root, arr, &error));
   g_assert_error (error, STOW_CORE_ERROR, STOW_CORE_ERROR_JSON);
   g_assert_nonnull (strstr (error->message, "an array"));
+}
+
+/* Issue 24: json-glib recurses per nesting level, so 100,000 levels used to
+ * crash every reader (SIGSEGV); and it read 2^64 as -1. */
+static void
+test_parse_bounds (void)
+{
+  g_autoptr (GError) error = NULL;
+  gsize n = 100000;
+  g_autofree char *deep = g_malloc (2 * n + 1);
+  memset (deep, '[', n);
+  memset (deep + n, ']', n);
+  deep[2 * n] = '\0';
+  g_autoptr (JsonNode) none = stow_json_parse_data (deep, -1, "d.json", &error);
+  g_assert_null (none);
+  g_assert_error (error, STOW_CORE_ERROR, STOW_CORE_ERROR_JSON);
+  g_assert_cmpstr (error->message, ==,
+                   "d.json:1:65: nested deeper than 64 arrays and objects "
+                   "(the limit)");
+  g_clear_error (&error);
+
+  /* Objects count as levels too, and brackets inside strings do not. */
+  GString *obj = g_string_new (NULL);
+  for (int i = 0; i < STOW_JSON_MAX_DEPTH; i++)
+    g_string_append (obj, "{\"a[{\\\"\": ");
+  g_string_append (obj, "1");
+  for (int i = 0; i < STOW_JSON_MAX_DEPTH; i++)
+    g_string_append_c (obj, '}');
+  g_autoptr (JsonNode) at_limit
+      = stow_json_parse_data (obj->str, -1, "o.json", &error);
+  g_assert_no_error (error);
+  g_assert_nonnull (at_limit);
+  g_string_prepend (obj, "[");
+  g_string_append (obj, "]");
+  g_assert_null (stow_json_parse_data (obj->str, -1, "o.json", &error));
+  g_assert_error (error, STOW_CORE_ERROR, STOW_CORE_ERROR_JSON);
+  g_clear_error (&error);
+  g_string_free (obj, TRUE);
+
+  /* Integers beyond 64 bits are named, not read as -1. */
+  static const struct
+  {
+    const char *text;
+    gboolean ok;
+  } ints[] = {
+    { "{\"h\": 9223372036854775807}", TRUE },
+    { "{\"h\": -9223372036854775808}", TRUE },
+    { "{\"h\": 000009223372036854775807}", FALSE }, /* json-glib: junk */
+    { "{\"h\": 18446744073709551616.0}", TRUE },     /* a double */
+    { "{\"h\": 1.8e19}", TRUE },
+    { "{\"h\": 9223372036854775808}", FALSE },
+    { "{\"h\": -9223372036854775809}", FALSE },
+    { "{\"h\":\n 18446744073709551616}", FALSE },
+  };
+  for (gsize i = 0; i < G_N_ELEMENTS (ints); i++)
+    {
+      g_autoptr (JsonNode) r
+          = stow_json_parse_data (ints[i].text, -1, "i.json", &error);
+      g_test_message ("%s: %s", ints[i].text,
+                      error ? error->message : "(parsed)");
+      if (ints[i].ok)
+        {
+          g_assert_no_error (error);
+          continue;
+        }
+      g_assert_null (r);
+      g_assert_error (error, STOW_CORE_ERROR, STOW_CORE_ERROR_JSON);
+      g_clear_error (&error);
+    }
+  g_autoptr (JsonNode) r = stow_json_parse_data (
+      "{\"h\":\n 18446744073709551616}", -1, "i.json", &error);
+  g_assert_cmpstr (error->message, ==,
+                   "i.json:2:2: the integer 18446744073709551616 is out of "
+                   "range (64-bit integers run from -9223372036854775808 "
+                   "to 9223372036854775807)");
+  g_clear_error (&error);
+
+  /* Data over the size limit is refused before parsing. */
+  gsize big = STOW_JSON_MAX_BYTES + 1;
+  g_autofree char *spaces = g_malloc (big + 1);
+  memset (spaces, ' ', big);
+  spaces[0] = '1';
+  spaces[big] = '\0';
+  g_assert_null (stow_json_parse_data (spaces, (gssize)big, "big", &error));
+  g_assert_error (error, STOW_CORE_ERROR, STOW_CORE_ERROR_TOO_LARGE);
 }
 
 static JsonObject *
@@ -256,6 +346,135 @@ test_atomic_write (Fixture *f, gconstpointer data)
   g_assert_cmpint (n, ==, 1);
 }
 
+typedef struct
+{
+  char *path;
+  char *got;
+} FifoReader;
+
+static gpointer
+read_fifo (gpointer data)
+{
+  FifoReader *r = data;
+  g_file_get_contents (r->path, &r->got, NULL, NULL);
+  return NULL;
+}
+
+static int
+count_entries (const char *dir)
+{
+  g_autoptr (GDir) d = g_dir_open (dir, 0, NULL);
+  int n = 0;
+  while (g_dir_read_name (d))
+    n++;
+  return n;
+}
+
+/* Issue 24, item 2: -o writes where the user meant.  A symlink used to be
+ * replaced by a regular file (as root, /dev/stdout was), a device node or
+ * a FIFO too, and errors named the temporary ("x.html.7579Y3"). */
+static void
+test_write_through (Fixture *f, gconstpointer data)
+{
+  g_autoptr (GError) error = NULL;
+  g_autofree char *contents = NULL;
+
+  /* A symlink to a file: the file changes, the link stays a link. */
+  g_autofree char *target = write_file (f, "target.html", "old");
+  g_autofree char *link = g_build_filename (f->dir, "link.html", NULL);
+  g_assert_cmpint (symlink ("target.html", link), ==, 0);
+  g_assert_true (stow_file_write_atomic (link, "new", -1, &error));
+  g_assert_no_error (error);
+  g_assert_true (g_file_test (link, G_FILE_TEST_IS_SYMLINK));
+  g_assert_true (g_file_get_contents (target, &contents, NULL, NULL));
+  g_assert_cmpstr (contents, ==, "new");
+  g_clear_pointer (&contents, g_free);
+
+  /* A dangling symlink: its target is created. */
+  g_autofree char *dangling = g_build_filename (f->dir, "dangling", NULL);
+  g_autofree char *made = g_build_filename (f->dir, "made.json", NULL);
+  g_assert_cmpint (symlink ("made.json", dangling), ==, 0);
+  g_assert_true (stow_file_write_atomic (dangling, "{}", -1, &error));
+  g_assert_no_error (error);
+  g_assert_true (g_file_test (dangling, G_FILE_TEST_IS_SYMLINK));
+  g_assert_true (g_file_get_contents (made, &contents, NULL, NULL));
+  g_assert_cmpstr (contents, ==, "{}");
+  g_clear_pointer (&contents, g_free);
+
+  /* An existing file keeps its mode. */
+  g_assert_cmpint (g_chmod (target, 0600), ==, 0);
+  g_assert_true (stow_file_write_atomic (target, "again", -1, &error));
+  GStatBuf st;
+  g_assert_cmpint (g_stat (target, &st), ==, 0);
+  g_assert_cmpuint (st.st_mode & 0777, ==, 0600);
+
+  /* A FIFO: written through to the reader, still a FIFO afterwards. */
+  g_autofree char *fifo = g_build_filename (f->dir, "fifo", NULL);
+  g_assert_cmpint (mkfifo (fifo, 0600), ==, 0);
+  FifoReader r = { fifo, NULL };
+  GThread *t = g_thread_new ("reader", read_fifo, &r);
+  g_assert_true (stow_file_write_atomic (fifo, "through a pipe", -1, &error));
+  g_assert_no_error (error);
+  g_thread_join (t);
+  g_assert_cmpstr (r.got, ==, "through a pipe");
+  g_free (r.got);
+  g_assert_cmpint (g_lstat (fifo, &st), ==, 0);
+  g_assert_true (S_ISFIFO (st.st_mode));
+
+  /* A character device: written through, never replaced.  /dev/null is
+   * safe to write; a node of our own is checked when we may make one. */
+  g_assert_true (stow_file_write_atomic ("/dev/null", "x", -1, &error));
+  g_assert_no_error (error);
+  g_assert_cmpint (g_lstat ("/dev/null", &st), ==, 0);
+  g_assert_true (S_ISCHR (st.st_mode));
+  g_autofree char *node = g_build_filename (f->dir, "null", NULL);
+  if (mknod (node, S_IFCHR | 0666, makedev (1, 3)) == 0)
+    {
+      g_assert_true (stow_file_write_atomic (node, "x", -1, &error));
+      g_assert_no_error (error);
+      g_assert_cmpint (g_lstat (node, &st), ==, 0);
+      g_assert_true (S_ISCHR (st.st_mode));
+    }
+  else
+    g_test_message ("mknod: %s (not root): /dev/null only", g_strerror (errno));
+
+  /* Anything else is refused, naming it. */
+  g_autofree char *sub = g_build_filename (f->dir, "sub", NULL);
+  g_assert_cmpint (g_mkdir (sub, 0700), ==, 0);
+  g_autofree char *to_dir = g_build_filename (f->dir, "to-dir", NULL);
+  g_assert_cmpint (symlink ("sub", to_dir), ==, 0);
+  const char *refused[] = { sub, to_dir };
+  for (gsize i = 0; i < G_N_ELEMENTS (refused); i++)
+    {
+      g_assert_false (stow_file_write_atomic (refused[i], "x", -1, &error));
+      g_assert_error (error, STOW_CORE_ERROR, STOW_CORE_ERROR_IO);
+      g_autofree char *want
+          = g_strdup_printf ("%s: is a directory; stowage writes regular "
+                             "files, character devices and FIFOs only",
+                             refused[i]);
+      g_assert_cmpstr (error->message, ==, want);
+      g_clear_error (&error);
+    }
+  g_assert_cmpint (g_rmdir (sub), ==, 0);
+
+  /* Errors name the target, not a temporary beside it. */
+  g_autofree char *missing_dir
+      = g_build_filename (f->dir, "no", "x.html", NULL);
+  g_assert_false (stow_file_write_atomic (missing_dir, "x", -1, &error));
+  g_autofree char *want = g_strdup_printf (
+      "%s: cannot create a file in %s/no: No such file or directory",
+      missing_dir, f->dir);
+  g_assert_cmpstr (error->message, ==, want);
+  g_clear_error (&error);
+  g_assert_false (stow_file_write_atomic ("", "x", -1, &error));
+  g_assert_error (error, STOW_CORE_ERROR, STOW_CORE_ERROR_IO);
+
+  /* target.html, link.html, dangling, made.json, fifo, to-dir, maybe
+   * null: no temporary was left. */
+  g_assert_cmpint (count_entries (f->dir), <=, 7);
+  g_assert_cmpint (count_entries (f->dir), >=, 6);
+}
+
 static void
 test_to_string (void)
 {
@@ -267,6 +486,88 @@ test_to_string (void)
   g_assert_true (g_str_has_suffix (pretty, "}\n"));
   g_autoptr (JsonNode) again = stow_json_parse_data (pretty, -1, "p", NULL);
   g_assert_true (json_node_equal (root, again));
+}
+
+/* Issue 24, item 3: whatever the values, the text parses.  json-glib 1.6
+ * wrote NaN as "-nan.0", 1e42 as "1e+42.0" and U+001F raw. */
+static void
+test_to_string_valid (void)
+{
+  g_autoptr (JsonBuilder) b = json_builder_new ();
+  json_builder_begin_object (b);
+  stow_json_set_double (b, "nan", NAN);
+  stow_json_set_double (b, "inf", INFINITY);
+  stow_json_set_double (b, "ninf", -INFINITY);
+  stow_json_set_double (b, "big", 1e42);
+  stow_json_set_double (b, "tiny", 1e-300);
+  stow_json_set_double (b, "three", 3.0);
+  stow_json_set_double (b, "zero", -0.0);
+  stow_json_set_string (b, "ctl", "a\x1f\x01\x7f\"\\/b\n");
+  stow_json_set_string (b, "bad\xff", "x\xc3y\xe2\x82");
+  stow_json_set_string (b, "utf8", "\xc3\xa9\xe2\x80\xa8");
+  json_builder_set_member_name (b, "empty_obj");
+  json_builder_begin_object (b);
+  json_builder_end_object (b);
+  json_builder_set_member_name (b, "empty_arr");
+  json_builder_begin_array (b);
+  json_builder_end_array (b);
+  json_builder_end_object (b);
+  g_autoptr (JsonNode) root = json_builder_get_root (b);
+  g_autofree char *pretty = stow_json_to_string (root, TRUE);
+  g_autofree char *compact = stow_json_to_string (root, FALSE);
+  g_test_message ("%s", pretty);
+  g_assert_cmpstr (
+      compact, ==,
+      "{\"nan\":null,\"inf\":null,\"ninf\":null,\"big\":1e+42,"
+      "\"tiny\":1e-300,\"three\":3.0,\"zero\":-0.0,"
+      "\"ctl\":\"a\\u001f\\u0001\\u007f\\\"\\\\/b\\n\","
+      "\"bad\\ufffd\":\"x\\ufffdy\\ufffd\\ufffd\","
+      "\"utf8\":\"\xc3\xa9\xe2\x80\xa8\","
+      "\"empty_obj\":{},\"empty_arr\":[]}");
+  const char *texts[] = { pretty, compact };
+  for (gsize i = 0; i < G_N_ELEMENTS (texts); i++)
+    {
+      g_autoptr (GError) error = NULL;
+      g_autoptr (JsonNode) again
+          = stow_json_parse_data (texts[i], -1, "w", &error);
+      g_assert_no_error (error);
+      JsonObject *o = json_node_get_object (again);
+      g_assert_true (JSON_NODE_HOLDS_NULL (json_object_get_member (o, "nan")));
+      g_assert_cmpfloat (json_object_get_double_member (o, "big"), ==, 1e42);
+      g_assert_cmpstr (json_object_get_string_member (o, "ctl"), ==,
+                       "a\x1f\x01\x7f\"\\/b\n");
+    }
+}
+
+/* The writer lays out finite values exactly as json-glib's generator did,
+ * so files and golden outputs are unchanged. */
+static void
+test_to_string_layout (void)
+{
+  static const char *const docs[] = {
+    "{\"a\": [1, -2, 0.25, 0.1, 1e-7, 123456789012.5, true, false, null,"
+    " {\"b\": [[], [3]], \"c\": \"q\\\"\\\\\\t\\u0001 \\u00e9\"}],"
+    " \"d\": {\"e\": {\"f\": 4096.0}}, \"g\": -9223372036854775808}",
+    "[]",
+    "[{\"x\": 1}]",
+    "\"s\"",
+    "12",
+  };
+  for (gsize i = 0; i < G_N_ELEMENTS (docs); i++)
+    for (int pretty = 0; pretty < 2; pretty++)
+      {
+        g_autoptr (JsonNode) root = stow_json_parse_data (docs[i], -1, "l", NULL);
+        g_assert_nonnull (root);
+        g_autoptr (JsonGenerator) gen = json_generator_new ();
+        json_generator_set_root (gen, root);
+        json_generator_set_pretty (gen, pretty);
+        json_generator_set_indent (gen, 2);
+        g_autofree char *theirs = json_generator_to_data (gen, NULL);
+        g_autofree char *ours = stow_json_to_string (root, pretty);
+        g_autofree char *expect
+            = g_strconcat (theirs, pretty ? "\n" : "", NULL);
+        g_assert_cmpstr (ours, ==, expect);
+      }
 }
 
 /* Random byte strings never crash the parser and always come back with a
@@ -348,10 +649,15 @@ main (int argc, char **argv)
               fixture_teardown);
   g_test_add ("/json/parse/errors", Fixture, NULL, fixture_setup,
               test_parse_errors, fixture_teardown);
+  g_test_add_func ("/json/parse/bounds", test_parse_bounds);
   g_test_add_func ("/json/getters", test_getters);
   g_test_add ("/json/atomic-write", Fixture, NULL, fixture_setup,
               test_atomic_write, fixture_teardown);
+  g_test_add ("/json/write-through", Fixture, NULL, fixture_setup,
+              test_write_through, fixture_teardown);
   g_test_add_func ("/json/to-string", test_to_string);
+  g_test_add_func ("/json/to-string/valid", test_to_string_valid);
+  g_test_add_func ("/json/to-string/layout", test_to_string_layout);
   g_test_add_func ("/json/random-bytes", test_random_bytes);
   g_test_add_func ("/json/check-nesting", test_check_nesting);
   return g_test_run ();

@@ -164,6 +164,8 @@ test_round_trip (gconstpointer data)
   stow_memory_free (mem);
   g_unlink (path);
   g_rmdir (dir);
+  g_unlink (path);
+  g_rmdir (dir);
 }
 
 /* The schedule follows the layout: streaming parameters means two slots

@@ -24,7 +24,7 @@ static const Case cases[] = {
   { "1gpu-cpu-offload",
     { "mem", "llama-7b", "--gpus", "1xA100-80GB", "--zero", "1",
       "--offload-optimizer", "cpu", "--engine", "deepspeed", "--recompute",
-      "full", NULL } },
+      "full", "--offload-activations", "none", NULL } },
   { "8gpu-zero3",
     { "fit", "llama-13b", "--gpus", "8xA100-80GB", "--zero", "3", "--tp", "1",
       "--pp", "1", "--engine", "fsdp", NULL } },

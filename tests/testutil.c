@@ -9,6 +9,8 @@
 #include <string.h>
 #include <sys/wait.h>
 
+#include "core/json.h"
+
 void
 stow_run_clear (StowRun *run)
 {
@@ -93,6 +95,101 @@ stow_run_to_file (const char *file_name, const char *first_arg, ...)
   g_assert_cmpint (g_unlink (path), ==, 0);
   g_assert_cmpint (g_rmdir (dir), ==, 0); /* nothing else was left */
   return text;
+}
+
+/* Members whose value may be null: strings stowage does not know. */
+static const char *const nullable[] = {
+  "cuda_driver", "model", "hostname", "cpu_model", "profile", "net_kind",
+  "description", "path", "preset", "source", "pci_busid", "catalog",
+  "name", "vendor", "reference", NULL,
+};
+
+/* The first null outside the nullable members, or NULL. */
+static char *
+find_null (JsonNode *n, const char *key)
+{
+  switch (json_node_get_node_type (n))
+    {
+    case JSON_NODE_NULL:
+      if (key == NULL || !g_strv_contains (nullable, key))
+        return g_strdup_printf ("\"%s\" is null: a NaN or an infinity got "
+                                "out",
+                                key ? key : "(array element)");
+      return NULL;
+    case JSON_NODE_OBJECT:
+      {
+        JsonObject *o = json_node_get_object (n);
+        g_autoptr (GList) names = json_object_get_members (o);
+        for (GList *l = names; l; l = l->next)
+          {
+            char *why = find_null (json_object_get_member (o, l->data),
+                                   l->data);
+            if (why)
+              return why;
+          }
+        return NULL;
+      }
+    case JSON_NODE_ARRAY:
+      {
+        JsonArray *a = json_node_get_array (n);
+        for (guint i = 0; i < json_array_get_length (a); i++)
+          {
+            char *why = find_null (json_array_get_element (a, i), key);
+            if (why)
+              return why;
+          }
+        return NULL;
+      }
+    case JSON_NODE_VALUE:
+      break;
+    }
+  return NULL;
+}
+
+char *
+stow_json_problem (const char *text)
+{
+  g_autoptr (GError) error = NULL;
+  if (text == NULL)
+    return g_strdup ("no text");
+  /* Outputs may be larger than stowage accepts as input (a simulated
+   * step's every op): json-glib directly then; our writer nests shallow. */
+  if (strlen (text) > STOW_JSON_MAX_BYTES)
+    {
+      g_autoptr (JsonParser) p = json_parser_new ();
+      if (!json_parser_load_from_data (p, text, -1, &error))
+        return g_strdup_printf ("not JSON: %s", error->message);
+      return find_null (json_parser_get_root (p), NULL);
+    }
+  g_autoptr (JsonNode) root = stow_json_parse_data (text, -1, "output", &error);
+  if (root == NULL)
+    return g_strdup_printf ("not JSON: %s", error->message);
+  return find_null (root, NULL);
+}
+
+void
+stow_assert_json_valid (const char *text, const char *what)
+{
+  g_autofree char *why = stow_json_problem (text);
+  if (why != NULL)
+    g_error ("%s: %s", what, why);
+}
+
+gboolean
+stow_text_has_nonfinite (const char *text)
+{
+  for (const char *p = text; p && *p; p++)
+    {
+      if (g_ascii_isalnum (*p) && p > text && g_ascii_isalnum (p[-1]))
+        continue;
+      for (gsize k = 0; k < 2; k++)
+        {
+          const char *w = k ? "inf" : "nan";
+          if (g_ascii_strncasecmp (p, w, 3) == 0 && !g_ascii_isalpha (p[3]))
+            return TRUE;
+        }
+    }
+  return FALSE;
 }
 
 guint

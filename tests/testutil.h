@@ -33,6 +33,20 @@ void stow_assert_usage_error (const char *const *args, const char *fragment);
 char *stow_run_to_file (const char *file_name, const char *first_arg,
                         ...) G_GNUC_NULL_TERMINATED;
 
+/* Asserts that @text is one JSON document json-glib parses (through
+ * core/json.c, so within its depth and size bounds) and that no number
+ * in it was NaN or infinite: stowage writes those as null, so a null
+ * where a string may be unknown ("cuda_driver", "model", ...) is fine and
+ * any other null fails, naming @what and the member. */
+void stow_assert_json_valid (const char *text, const char *what);
+/* The same check without asserting: NULL when @text is fine, else what is
+ * wrong with it (free it). */
+char *stow_json_problem (const char *text);
+
+/* TRUE when @text holds "nan" or "inf" as a word of its own (any case):
+ * a printf of a NaN or an infinity. */
+gboolean stow_text_has_nonfinite (const char *text);
+
 /* Counts the lines of @text. */
 guint stow_count_lines (const char *text);
 
