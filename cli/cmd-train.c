@@ -220,6 +220,12 @@ progress (const StowTrainStep *s, gpointer user)
   g_string_free (line, TRUE);
 }
 
+static void
+notice (const char *line, gpointer user)
+{
+  fprintf (stderr, "%s\n", line);
+}
+
 static int
 train_main (TrainOptions *o, StowTrainConfig *c, const GOptionEntry *entries,
             int argc, char **argv)
@@ -240,6 +246,7 @@ train_main (TrainOptions *o, StowTrainConfig *c, const GOptionEntry *entries,
     return stow_cli_fail (error, "see 'stowage train --help'");
   Progress pr = { isatty (2) };
   c->progress = progress;
+  c->notice = notice;
   c->progress_user = &pr;
   if (!stow_train_run (c, &error))
     return stow_cli_fail (error, NULL);

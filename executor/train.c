@@ -11,6 +11,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -572,6 +573,21 @@ train_loop (Run *r, guint64 first, GError **error)
   return TRUE;
 }
 
+static void note (StowTrainConfig *c, const char *format, ...)
+    G_GNUC_PRINTF (2, 3);
+
+static void
+note (StowTrainConfig *c, const char *format, ...)
+{
+  if (c->notice == NULL)
+    return;
+  va_list ap;
+  va_start (ap, format);
+  g_autofree char *line = g_strdup_vprintf (format, ap);
+  va_end (ap);
+  c->notice (line, c->progress_user);
+}
+
 static gboolean
 check_config (StowTrainConfig *c, GError **error)
 {
@@ -677,9 +693,16 @@ stow_train_run (StowTrainConfig *c, GError **error)
     {
       if (!load_checkpoint (&r, latest, &done, error))
         goto out;
+      note (c, "resuming from step %" G_GUINT64_FORMAT " (%s)", done, latest);
     }
-  else if (!load_initial (&r, error))
-    goto out;
+  else
+    {
+      if (c->resume)
+        note (c, "--resume: no checkpoint in %s; starting from step 0",
+              c->out_dir);
+      if (!load_initial (&r, error))
+        goto out;
+    }
   c->first_step = done + 1;
   if (c->log_json)
     {

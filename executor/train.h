@@ -40,6 +40,8 @@ typedef struct
 } StowTrainStep;
 
 typedef void (*StowTrainProgress) (const StowTrainStep *s, gpointer user);
+/* One line the user should see before the steps ("resuming from ..."). */
+typedef void (*StowTrainNotice) (const char *line, gpointer user);
 
 typedef struct
 {
@@ -65,7 +67,8 @@ typedef struct
   guint64 device_memory;  /* bytes; 0: half of the host's RAM */
   guint threads;          /* 0: one per core */
   StowTrainProgress progress;
-  gpointer progress_user;
+  StowTrainNotice notice;
+  gpointer progress_user; /* of both */
   /* Out: what was planned and measured, for the caller to report. */
   char *layout_description;
   guint64 predicted_peak_bytes, measured_peak_bytes;

@@ -11,6 +11,7 @@ packages=(
   libglib2.0-dev libglib2.0-dev-bin libjson-glib-dev libhwloc-dev libxxhash-dev
   liburing-dev libcairo2-dev
   libopenblas-dev  # cblas_sgemm for the cpu backend's decoder (executor/llama.c)
+  python3-torch python3-numpy  # the executor's PyTorch oracle (tests/oracle/)
   libglib2.0-dev-bin  # glib-compile-resources: the hw catalog is a GResource
 )
 # Optional tools the test setups and benchmarks use when present.

@@ -1,0 +1,484 @@
+/* SPDX-License-Identifier: MIT
+ *
+ * tests/test-train.c: `stowage train` and `stowage init-model` as users run
+ * them: ten steps against PyTorch (tests/oracle/train_oracle.py, skipped
+ * without torch), the same weights from two runs and from 1 and 2 threads,
+ * resumption bit for bit (also after kill -9), the arena's peak against
+ * the simulated one, and bad input refused with the file and the field.
+ */
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <glib/gstdio.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "testutil.h"
+
+/* A small LLaMA (GQA, untied) and its vocabulary. */
+static const char *const small_config
+    = "{\"model_type\":\"llama\",\"hidden_size\":64,\"num_hidden_layers\":2,"
+      "\"num_attention_heads\":4,\"num_key_value_heads\":2,"
+      "\"intermediate_size\":96,\"vocab_size\":300,\"rope_theta\":500000.0,"
+      "\"rms_norm_eps\":1e-6,\"tie_word_embeddings\":false,"
+      "\"initializer_range\":0.05}";
+
+typedef struct
+{
+  char *dir, *config, *model, *shard, *text;
+} Fixture;
+
+static void
+write_shard (const char *path, guint32 magic, guint32 version, guint32 count,
+             guint32 written, guint32 vocab)
+{
+  g_autoptr (GByteArray) b = g_byte_array_new ();
+  gint32 header[256] = { (gint32)magic, (gint32)version, (gint32)count };
+  g_byte_array_append (b, (const guint8 *)header, sizeof header);
+  GRand *r = g_rand_new_with_seed (5);
+  for (guint32 i = 0; i < written; i++)
+    {
+      guint16 t = (guint16)g_rand_int_range (r, 0, (gint32)vocab);
+      g_byte_array_append (b, (const guint8 *)&t, 2);
+    }
+  g_rand_free (r);
+  g_assert_true (g_file_set_contents (path, (const char *)b->data, b->len, NULL));
+}
+
+static void
+fixture_init (Fixture *f)
+{
+  g_autoptr (GError) error = NULL;
+  f->dir = g_dir_make_tmp ("stow-train-XXXXXX", &error);
+  g_assert_no_error (error);
+  f->config = g_build_filename (f->dir, "config.json", NULL);
+  f->model = g_build_filename (f->dir, "model", NULL);
+  f->shard = g_build_filename (f->dir, "train.bin", NULL);
+  f->text = g_build_filename (f->dir, "train.txt", NULL);
+  g_assert_true (g_file_set_contents (f->config, small_config, -1, NULL));
+  write_shard (f->shard, 20240520, 1, 20000, 20000, 300);
+  g_auto (StowRun) r = { 0 };
+  stow_run (&r, "init-model", f->config, "-o", f->model, "--seed", "3", NULL);
+  g_assert_cmpint (r.status, ==, 0);
+}
+
+static void
+fixture_clear (Fixture *f)
+{
+  g_autofree char *cmd = g_strdup_printf ("rm -rf '%s'", f->dir);
+  g_assert_cmpint (system (cmd), ==, 0);
+  g_free (f->dir);
+  g_free (f->config);
+  g_free (f->model);
+  g_free (f->shard);
+  g_free (f->text);
+}
+
+/* Runs train on the fixture with @out and the extra flags (NULL ended). */
+static void
+train (StowRun *r, Fixture *f, const char *out, ...)
+{
+  g_autoptr (GPtrArray) a = g_ptr_array_new ();
+  const char *base[] = { "train",    "--model",        f->model,
+                         "--data",   f->shard,         "--seq",
+                         "16",       "--micro-batch",  "2",
+                         "--global-batch", "4",        "--lr",
+                         "0.003",    "--out",          out,
+                         NULL };
+  for (guint i = 0; base[i]; i++)
+    g_ptr_array_add (a, (char *)base[i]);
+  va_list ap;
+  va_start (ap, out);
+  for (const char *s = va_arg (ap, const char *); s;
+       s = va_arg (ap, const char *))
+    g_ptr_array_add (a, (char *)s);
+  va_end (ap);
+  g_ptr_array_add (a, NULL);
+  stow_runv (r, (const char *const *)a->pdata);
+}
+
+static char *
+contents (const char *dir, const char *file)
+{
+  g_autofree char *p = g_build_filename (dir, "latest", file, NULL);
+  char *c = NULL;
+  gsize n = 0;
+  g_autoptr (GError) error = NULL;
+  g_file_get_contents (p, &c, &n, &error);
+  g_assert_no_error (error);
+  return c;
+}
+
+static gboolean
+same_file (const char *a_dir, const char *b_dir, const char *file)
+{
+  g_autofree char *pa = g_build_filename (a_dir, "latest", file, NULL);
+  g_autofree char *pb = g_build_filename (b_dir, "latest", file, NULL);
+  g_autofree char *a = NULL, *b = NULL;
+  gsize na = 0, nb = 0;
+  g_assert_true (g_file_get_contents (pa, &a, &na, NULL));
+  g_assert_true (g_file_get_contents (pb, &b, &nb, NULL));
+  return na == nb && memcmp (a, b, na) == 0;
+}
+
+/* ---- against PyTorch --------------------------------------------------- */
+
+static void
+test_oracle (void)
+{
+  const char *pys[] = { g_getenv ("STOW_PYTHON"), "/usr/bin/python3",
+                        "python3" };
+  g_autofree char *script
+      = g_test_build_filename (G_TEST_DIST, "oracle", "train_oracle.py", NULL);
+  g_autoptr (GError) error = NULL;
+  g_autofree char *work = g_dir_make_tmp ("stow-oracle-XXXXXX", &error);
+  g_assert_no_error (error);
+  for (guint i = 0; i < G_N_ELEMENTS (pys); i++)
+    {
+      if (pys[i] == NULL)
+        continue;
+      const char *argv[] = { pys[i], script, "--stowage", g_getenv ("STOWAGE"),
+                             "--workdir", work, NULL };
+      g_autofree char *out = NULL, *err = NULL;
+      int status = 0;
+      if (!g_spawn_sync (NULL, (char **)argv, NULL, G_SPAWN_SEARCH_PATH, NULL,
+                         NULL, &out, &err, &status, NULL))
+        continue;
+      if (WIFEXITED (status) && WEXITSTATUS (status) == 77)
+        continue; /* this python has no torch */
+      g_test_message ("%s%s", out, err);
+      g_autofree char *cmd = g_strdup_printf ("rm -rf '%s'", work);
+      g_assert_cmpint (system (cmd), ==, 0);
+      g_assert_true (WIFEXITED (status));
+      g_assert_cmpint (WEXITSTATUS (status), ==, 0);
+      return;
+    }
+  g_rmdir (work);
+  g_test_skip ("python3 with torch not found (Debian: python3-torch)");
+}
+
+/* ---- determinism and resumption --------------------------------------------- */
+
+static void
+test_deterministic (void)
+{
+  Fixture f;
+  fixture_init (&f);
+  g_autofree char *a = g_build_filename (f.dir, "a", NULL);
+  g_autofree char *b = g_build_filename (f.dir, "b", NULL);
+  g_autofree char *c = g_build_filename (f.dir, "c", NULL);
+  g_auto (StowRun) ra = { 0 };
+  g_auto (StowRun) rb = { 0 };
+  g_auto (StowRun) rc = { 0 };
+  train (&ra, &f, a, "--steps", "4", "--threads", "2", NULL);
+  train (&rb, &f, b, "--steps", "4", "--threads", "2", NULL);
+  train (&rc, &f, c, "--steps", "4", "--threads", "1", NULL);
+  g_assert_cmpint (ra.status, ==, 0);
+  g_assert_cmpint (rb.status, ==, 0);
+  g_assert_cmpint (rc.status, ==, 0);
+  g_assert_true (same_file (a, b, "model.safetensors"));
+  g_assert_true (same_file (a, b, "optimizer.stow"));
+  /* One thread or two: the same bits (the runtime's GEMM tiles and Adam's
+   * blocks do not depend on the thread count). */
+  g_assert_true (same_file (a, c, "model.safetensors"));
+  g_assert_true (same_file (a, c, "optimizer.stow"));
+  fixture_clear (&f);
+}
+
+static void
+test_resume (void)
+{
+  Fixture f;
+  fixture_init (&f);
+  g_autofree char *straight = g_build_filename (f.dir, "straight", NULL);
+  g_autofree char *stopped = g_build_filename (f.dir, "stopped", NULL);
+  g_auto (StowRun) r1 = { 0 };
+  train (&r1, &f, straight, "--steps", "6", "--precision", "bf16", NULL);
+  g_assert_cmpint (r1.status, ==, 0);
+  /* --resume with nothing to resume from starts at step 0 and says so. */
+  g_auto (StowRun) r2 = { 0 };
+  train (&r2, &f, stopped, "--steps", "3", "--precision", "bf16", "--resume",
+         NULL);
+  g_assert_cmpint (r2.status, ==, 0);
+  g_assert_nonnull (strstr (r2.err, "no checkpoint"));
+  g_auto (StowRun) r3 = { 0 };
+  train (&r3, &f, stopped, "--steps", "6", "--precision", "bf16", "--resume",
+         NULL);
+  g_assert_cmpint (r3.status, ==, 0);
+  g_assert_nonnull (strstr (r3.err, "resuming from step 3"));
+  g_assert_null (strstr (r3.err, "step 1/6"));
+  g_assert_true (same_file (straight, stopped, "model.safetensors"));
+  g_assert_true (same_file (straight, stopped, "optimizer.stow"));
+  /* A run with other shapes does not continue this one. */
+  g_auto (StowRun) r4 = { 0 };
+  train (&r4, &f, stopped, "--steps", "8", "--precision", "fp32", "--resume",
+         NULL);
+  g_assert_cmpint (r4.status, ==, 2);
+  g_assert_nonnull (strstr (r4.err, "precision bf16; this run has fp32"));
+  fixture_clear (&f);
+}
+
+/* The step OUT/latest names, 0 without one. */
+static guint
+latest_step (const char *out)
+{
+  g_autofree char *link = g_build_filename (out, "latest", NULL);
+  g_autofree char *target = g_file_read_link (link, NULL);
+  if (target == NULL)
+    return 0;
+  const char *dash = strrchr (target, '-');
+  return dash ? (guint)g_ascii_strtoull (dash + 1, NULL, 10) : 0;
+}
+
+/* kill -9 in the middle of a run (after a checkpoint has been made, so
+ * often while the next is being written), three times, then --resume: the
+ * uninterrupted run's weights and optimizer state, bit for bit. */
+static void
+test_kill_resume (void)
+{
+  Fixture f;
+  fixture_init (&f);
+  g_autofree char *straight = g_build_filename (f.dir, "straight", NULL);
+  g_autofree char *killed = g_build_filename (f.dir, "killed", NULL);
+  const char *steps = "40";
+  g_auto (StowRun) r1 = { 0 };
+  train (&r1, &f, straight, "--steps", steps, NULL);
+  g_assert_cmpint (r1.status, ==, 0);
+  guint killed_at[3] = { 0 };
+  for (guint round = 0; round < 3; round++)
+    {
+      const char *argv[] = { g_getenv ("STOWAGE"), "train", "--model", f.model,
+                             "--data", f.shard, "--seq", "16",
+                             "--micro-batch", "2", "--global-batch", "4",
+                             "--lr", "0.003", "--out", killed, "--steps", steps,
+                             "--save-every", "1", "--resume", NULL };
+      GPid pid;
+      g_autoptr (GError) error = NULL;
+      g_assert_true (g_spawn_async (NULL, (char **)argv, NULL,
+                                    G_SPAWN_DO_NOT_REAP_CHILD
+                                        | G_SPAWN_STDOUT_TO_DEV_NULL
+                                        | G_SPAWN_STDERR_TO_DEV_NULL,
+                                    NULL, NULL, &pid, &error));
+      /* Wait for a checkpoint newer than the last kill's, then a little
+       * more, into the next step or its checkpoint. */
+      guint before = latest_step (killed);
+      for (guint i = 0; i < 20000 && latest_step (killed) <= before + round;
+           i++)
+        g_usleep (500);
+      g_usleep (300 * (round + 1));
+      kill (pid, SIGKILL);
+      int st;
+      waitpid (pid, &st, 0);
+      g_spawn_close_pid (pid);
+      g_assert_true (WIFSIGNALED (st));
+      killed_at[round] = latest_step (killed);
+    }
+  g_test_message ("killed with latest at steps %u, %u, %u of %s",
+                  killed_at[0], killed_at[1], killed_at[2], steps);
+  g_assert_cmpuint (killed_at[2], <, 40);
+  g_auto (StowRun) r2 = { 0 };
+  train (&r2, &f, killed, "--steps", steps, "--save-every", "1", "--resume",
+         NULL);
+  g_assert_cmpint (r2.status, ==, 0);
+  g_assert_true (same_file (straight, killed, "model.safetensors"));
+  g_assert_true (same_file (straight, killed, "optimizer.stow"));
+  fixture_clear (&f);
+}
+
+/* ---- memory and output ------------------------------------------------------- */
+
+static void
+test_peak_and_log (void)
+{
+  Fixture f;
+  fixture_init (&f);
+  g_autofree char *out = g_build_filename (f.dir, "out", NULL);
+  g_autofree char *log = g_build_filename (f.dir, "log.jsonl", NULL);
+  g_autofree char *trace = g_build_filename (f.dir, "trace.json", NULL);
+  g_auto (StowRun) r = { 0 };
+  train (&r, &f, out, "--steps", "3", "--recompute", "full", "--log-json", log,
+         "--trace", trace, NULL);
+  g_assert_cmpint (r.status, ==, 0);
+  /* The arena's measured peak against the simulated one, same program. */
+  const char *p = strstr (r.err, "device peak: ");
+  g_assert_nonnull (p);
+  g_autofree char *line = g_strndup (p, strcspn (p, "\n"));
+  const char *pct = strrchr (line, '(');
+  g_assert_nonnull (pct);
+  double d = g_ascii_strtod (pct + 1, NULL);
+  g_test_message ("%s", line);
+  g_assert_cmpfloat (d, <=, 2.0);
+  g_assert_cmpfloat (d, >=, -2.0);
+  g_assert_nonnull (strstr (r.err, "recompute full"));
+  g_autofree char *text = NULL;
+  g_assert_true (g_file_get_contents (log, &text, NULL, NULL));
+  g_auto (GStrv) lines = g_strsplit (g_strstrip (text), "\n", -1);
+  g_assert_cmpuint (g_strv_length (lines), ==, 3);
+  for (guint i = 0; lines[i]; i++)
+    {
+      stow_assert_json_valid (lines[i], "--log-json line");
+      for (const char *const *k = (const char *const[]){
+               "\"step\"", "\"loss\"", "\"grad_norm\"", "\"lr\"",
+               "\"tokens_per_s\"", NULL };
+           *k; k++)
+        g_assert_nonnull (strstr (lines[i], *k));
+    }
+  g_autofree char *tr = NULL;
+  g_assert_true (g_file_get_contents (trace, &tr, NULL, NULL));
+  stow_assert_json_valid (tr, "--trace");
+  g_assert_nonnull (strstr (tr, "\"traceEvents\""));
+  g_assert_nonnull (strstr (tr, "backward L1 mb1"));
+  /* A checkpoint is a directory with the three files; latest a link. */
+  g_autofree char *cfg = contents (out, "config.json");
+  g_assert_nonnull (strstr (cfg, "\"hidden_size\""));
+  g_autofree char *link = g_build_filename (out, "latest", NULL);
+  g_assert_true (g_file_test (link, G_FILE_TEST_IS_SYMLINK));
+  fixture_clear (&f);
+}
+
+/* A plain text file with the byte tokenizer: what a newcomer trains. */
+static void
+test_bytes (void)
+{
+  Fixture f;
+  fixture_init (&f);
+  GString *s = g_string_new (NULL);
+  for (guint i = 0; i < 200; i++)
+    g_string_append (s, "the quick brown fox jumps over the lazy dog. ");
+  g_assert_true (g_file_set_contents (f.text, s->str, s->len, NULL));
+  g_string_free (s, TRUE);
+  g_autofree char *out = g_build_filename (f.dir, "out", NULL);
+  g_auto (StowRun) r = { 0 };
+  stow_run (&r, "train", "--model", f.model, "--data", f.text, "--tokenizer",
+            "bytes", "--steps", "20", "--seq", "32", "--micro-batch", "4",
+            "--lr", "0.01", "--out", out, NULL);
+  g_assert_cmpint (r.status, ==, 0);
+  /* Repetitive text is learnt: the loss falls well below ln(300). */
+  g_assert_nonnull (strstr (r.err, "step 20/20"));
+  const char *last = strstr (r.err, "step 20/20");
+  const char *l = strstr (last, "loss ");
+  g_assert_nonnull (l);
+  g_assert_cmpfloat (g_ascii_strtod (l + 5, NULL), <, 4.0);
+  fixture_clear (&f);
+}
+
+/* ---- bad input ------------------------------------------------------------ */
+
+static void
+expect_fail (Fixture *f, const char *data, const char *fragment)
+{
+  g_autofree char *out = g_build_filename (f->dir, "bad-out", NULL);
+  g_auto (StowRun) r = { 0 };
+  stow_run (&r, "train", "--model", f->model, "--data", data, "--seq", "16",
+            "--steps", "1", "--out", out, NULL);
+  g_test_message ("%s", r.err);
+  g_assert_cmpint (r.status, ==, 2);
+  g_assert_nonnull (strstr (r.err, fragment));
+  /* Refused before any step: nothing was written. */
+  g_assert_false (g_file_test (out, G_FILE_TEST_EXISTS));
+}
+
+static void
+test_bad_input (void)
+{
+  Fixture f;
+  fixture_init (&f);
+  g_autofree char *trunc = g_build_filename (f.dir, "trunc.bin", NULL);
+  write_shard (trunc, 20240520, 1, 5000, 4000, 300);
+  expect_fail (&f, trunc, "trunc.bin");
+  g_autofree char *magic = g_build_filename (f.dir, "magic.bin", NULL);
+  write_shard (magic, 12345, 1, 5000, 5000, 300);
+  expect_fail (&f, magic, "magic");
+  g_autofree char *vocab = g_build_filename (f.dir, "vocab.bin", NULL);
+  write_shard (vocab, 20240520, 1, 5000, 5000, 1000);
+  expect_fail (&f, vocab, "vocab");
+
+  /* Weights whose shapes are not the config's. */
+  g_autofree char *other_cfg = g_build_filename (f.dir, "other.json", NULL);
+  g_autofree char *other = g_build_filename (f.dir, "other", NULL);
+  g_autofree char *text = g_strdup (small_config);
+  char *at = strstr (text, "\"intermediate_size\":96");
+  memcpy (at, "\"intermediate_size\":80", 22);
+  g_assert_true (g_file_set_contents (other_cfg, text, -1, NULL));
+  g_auto (StowRun) ri = { 0 };
+  stow_run (&ri, "init-model", other_cfg, "-o", other, NULL);
+  g_assert_cmpint (ri.status, ==, 0);
+  g_autofree char *mine = g_build_filename (f.model, "model.safetensors", NULL);
+  g_autofree char *theirs = g_build_filename (other, "model.safetensors", NULL);
+  g_assert_cmpint (rename (theirs, mine), ==, 0);
+  expect_fail (&f, f.shard, "gate_proj.weight\": shape [80, 64]");
+
+  /* A family the runtime does not run is refused by name. */
+  g_autofree char *gpt2 = g_build_filename (f.dir, "gpt2.json", NULL);
+  g_assert_true (g_file_set_contents (
+      gpt2,
+      "{\"model_type\":\"gpt2\",\"n_embd\":64,\"n_layer\":2,\"n_head\":4,"
+      "\"vocab_size\":300,\"n_positions\":64}",
+      -1, NULL));
+  g_autofree char *gdir = g_build_filename (f.dir, "g", NULL);
+  g_auto (StowRun) rg = { 0 };
+  stow_run (&rg, "init-model", gpt2, "-o", gdir, NULL);
+  g_assert_cmpint (rg.status, ==, 2);
+  g_assert_nonnull (strstr (rg.err, "model_type \"gpt2\""));
+
+  /* Flags. */
+  g_auto (StowRun) r1 = { 0 };
+  stow_run (&r1, "train", "--model", f.model, "--data", f.shard, "--out",
+            f.dir, "--micro-batch", "3", "--global-batch", "4", NULL);
+  g_assert_cmpint (r1.status, ==, 2);
+  g_assert_nonnull (strstr (r1.err, "--global-batch 4 is not a multiple"));
+  g_auto (StowRun) r2 = { 0 };
+  stow_run (&r2, "train", "--model", f.model, "--data", f.shard, "--out",
+            f.dir, "--lr", "fast", NULL);
+  g_assert_cmpint (r2.status, ==, 2);
+  g_assert_nonnull (strstr (r2.err, "--lr \"fast\""));
+  g_auto (StowRun) r3 = { 0 };
+  stow_run (&r3, "train", "--model", f.model, "--data", f.shard, "--out",
+            f.dir, "--device-memory", "1MiB", NULL);
+  g_assert_cmpint (r3.status, ==, 2);
+  g_assert_nonnull (strstr (r3.err, "--device-memory"));
+  g_auto (StowRun) r4 = { 0 };
+  stow_run (&r4, "train", "--data", f.shard, "--out", f.dir, NULL);
+  g_assert_cmpint (r4.status, ==, 2);
+  g_assert_nonnull (strstr (r4.err, "--model DIR is required"));
+  fixture_clear (&f);
+}
+
+static void
+test_init_model (void)
+{
+  Fixture f;
+  fixture_init (&f);
+  g_autofree char *p = g_build_filename (f.model, "config.json", NULL);
+  g_autofree char *text = NULL;
+  g_assert_true (g_file_get_contents (p, &text, NULL, NULL));
+  g_assert_nonnull (strstr (text, "\"torch_dtype\" : \"float32\""));
+  /* The model's parameter count, as stowage model counts the config. */
+  g_auto (StowRun) r = { 0 };
+  stow_run (&r, "model", p, NULL);
+  g_assert_cmpint (r.status, ==, 0);
+  g_autofree char *st = g_build_filename (f.model, "model.safetensors", NULL);
+  GStatBuf sb;
+  g_assert_cmpint (g_stat (st, &sb), ==, 0);
+  /* 100,160 parameters of 4 B, and the header. */
+  g_assert_cmpint (sb.st_size, >, 100160 * 4);
+  g_assert_cmpint (sb.st_size, <, 100160 * 4 + 4096);
+  fixture_clear (&f);
+}
+
+int
+main (int argc, char **argv)
+{
+  g_test_init (&argc, &argv, NULL);
+  g_test_add_func ("/train/oracle", test_oracle);
+  g_test_add_func ("/train/deterministic", test_deterministic);
+  g_test_add_func ("/train/resume", test_resume);
+  g_test_add_func ("/train/kill-resume", test_kill_resume);
+  g_test_add_func ("/train/peak-and-log", test_peak_and_log);
+  g_test_add_func ("/train/bytes", test_bytes);
+  g_test_add_func ("/train/bad-input", test_bad_input);
+  g_test_add_func ("/train/init-model", test_init_model);
+  return g_test_run ();
+}
