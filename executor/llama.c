@@ -7,6 +7,7 @@
  * live in llama-kernels.c and llama-attention.c.
  */
 #include "executor/llama-private.h"
+#include "planner/program.h" /* the fused loss's chunk rule */
 
 #include <omp.h>
 
@@ -578,8 +579,8 @@ guint64
 stow_llama_loss_chunk_tokens (guint64 vocab, guint64 hidden, guint64 n)
 {
   g_return_val_if_fail (vocab > 0, 1);
-  guint64 c = STOW_LLAMA_LOSS_CHUNK_BYTES / (4 * vocab);
-  return MAX (MIN (c, n), 1);
+  /* The planner's rule (planner/program.h), which sizes the buffer. */
+  return stow_loss_chunk_tokens (vocab, n);
 }
 
 guint64

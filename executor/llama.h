@@ -168,7 +168,7 @@ void stow_llama_layer_backward (StowLlama *llama, guint64 batch, guint64 seq,
 /* Tokens of the fused loss's chunk for @n tokens: the largest count whose
  * fp32 logits stay within STOW_LLAMA_LOSS_CHUNK_BYTES, at least 1, at most
  * @n.  The planner sizes the "logits" buffer from the same rule. */
-#define STOW_LLAMA_LOSS_CHUNK_BYTES ((guint64)32 << 20)
+#define STOW_LLAMA_LOSS_CHUNK_BYTES ((guint64)32 << 20) /* = STOW_LOSS_CHUNK_BYTES */
 guint64 stow_llama_loss_chunk_tokens (guint64 vocab, guint64 hidden,
                                       guint64 n);
 /* Floats of the loss scratch for @chunk tokens: normed input, logits and
