@@ -252,9 +252,8 @@ train_main (TrainOptions *o, StowTrainConfig *c, const GOptionEntry *entries,
     return stow_cli_fail (error, NULL);
   g_autofree char *pred = stow_format_bytes (c->predicted_peak_bytes);
   g_autofree char *meas = stow_format_bytes (c->measured_peak_bytes);
-  fprintf (stderr,
-           "layout: %s\ndevice peak: %s measured, %s simulated (%+.2f%%)\n",
-           c->layout_description, meas, pred,
+  fprintf (stderr, "device peak: %s measured, %s simulated (%+.2f%%)\n",
+           meas, pred,
            c->predicted_peak_bytes
                ? 100.0 * ((double)c->measured_peak_bytes
                               / (double)c->predicted_peak_bytes

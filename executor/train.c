@@ -677,6 +677,14 @@ stow_train_run (StowTrainConfig *c, GError **error)
     c->predicted_peak_bytes = tr->peak_bytes[STOW_TIER_DEVICE];
     c->predicted_step_s = tr->step_time_s;
   }
+  {
+    g_autofree char *cap = g_format_size_full (device, G_FORMAT_SIZE_IEC_UNITS);
+    g_autofree char *peak = g_format_size_full (c->predicted_peak_bytes,
+                                                G_FORMAT_SIZE_IEC_UNITS);
+    note (c, "%s layout: %s; device %s (--device-memory), predicted peak %s",
+          c->plan_path ? "plan file's" : "planned", c->layout_description, cap,
+          peak);
+  }
 
   StowCpuSetup cs = { r.prog, r.model, device, c->threads, data_fn, &r, 0 };
   r.be = stow_backend_cpu_new (&cs, error);
@@ -704,6 +712,13 @@ stow_train_run (StowTrainConfig *c, GError **error)
         goto out;
     }
   c->first_step = done + 1;
+  if (g_mkdir_with_parents (c->out_dir, 0755) != 0)
+    {
+      int e = errno;
+      g_set_error (error, G_FILE_ERROR, g_file_error_from_errno (e),
+                   "--out %s: %s", c->out_dir, g_strerror (e));
+      goto out;
+    }
   if (c->log_json)
     {
       r.log = fopen (c->log_json, done > 0 ? "a" : "w");

@@ -311,6 +311,7 @@ test_peak_and_log (void)
   g_test_message ("%s", line);
   g_assert_cmpfloat (d, <=, 2.0);
   g_assert_cmpfloat (d, >=, -2.0);
+  g_assert_nonnull (strstr (r.err, "planned layout: "));
   g_assert_nonnull (strstr (r.err, "recompute full"));
   g_autofree char *text = NULL;
   g_assert_true (g_file_get_contents (log, &text, NULL, NULL));
