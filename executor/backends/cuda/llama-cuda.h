@@ -1,0 +1,124 @@
+/* SPDX-License-Identifier: MIT
+ *
+ * executor/backends/cuda/llama-cuda.h: the LLaMA-family decoder on an
+ * NVIDIA GPU, the cuda backend's compute: the same functions, shapes,
+ * conventions and tensor layouts as the cpu runtime (executor/llama.h),
+ * over device pointers, every call stream-ordered on the runtime's stream
+ * (no blocking copy, no device-wide synchronize, no allocation after
+ * stow_llama_cuda_new).  Plus what the cpu backend takes from offload/adam.h:
+ * the gradients' sum of squares, the clip coefficient and AdamW, here on the
+ * device, with the per-step values (clip coefficient, skip) read from device
+ * memory so the host never waits for them.
+ *
+ * GEMMs go through cuBLAS, loaded with dlopen on first use (so the binary
+ * starts, and plans, on machines without CUDA's libraries): fp32 operands
+ * with fp32 compute (no TF32) for the oracle runs, bf16 operands with fp32
+ * accumulation otherwise.  Everything else is this file's own kernels.
+ * Determinism: the same inputs give the same bits on every run (no atomics
+ * on floats; reductions over partitions fixed by the shapes).
+ *
+ * Built only where the CUDA toolkit is (STOW_HAVE_CUDA); the functions take
+ * and return plain C types, so C code includes this header without CUDA's.
+ */
+#pragma once
+
+#include <glib.h>
+
+#include "executor/llama.h"
+#include "offload/adam.h"
+
+G_BEGIN_DECLS
+
+typedef struct StowLlamaCuda StowLlamaCuda;
+
+/* Whether a CUDA device and cuBLAS can be used here; when not, FALSE with
+ * the reason (no driver, no device, libcublas not found) in @error. */
+gboolean stow_cuda_available (GError **error);
+
+/* A runtime on the current device for @config at @dtype (fp32 or bf16),
+ * for micro-batches of up to @max_tokens tokens and sequences of up to
+ * @max_seq, issuing on @stream (a cudaStream_t; NULL: the default stream).
+ * Allocates its device workspace (rotary tables, cuBLAS workspace, scratch
+ * for the embedding backward and the reductions) here and never again.
+ * STOW_LLAMA_ERROR_INVALID for a config the runtime cannot run,
+ * STOW_BACKEND_ERROR-like failures of CUDA as STOW_LLAMA_ERROR_INVALID
+ * with CUDA's message. */
+StowLlamaCuda *stow_llama_cuda_new (const StowLlamaConfig *config,
+                                    StowFloatType dtype, guint64 max_tokens,
+                                    guint64 max_seq, void *stream,
+                                    GError **error);
+void stow_llama_cuda_free (StowLlamaCuda *L);
+/* Device bytes the runtime holds outside the caller's tensors. */
+guint64 stow_llama_cuda_workspace_bytes (const StowLlamaCuda *L);
+/* The first CUDA or cuBLAS error of an earlier call (sticky), or TRUE. */
+gboolean stow_llama_cuda_check (StowLlamaCuda *L, GError **error);
+
+/* The same as the cpu runtime's functions of the same names (llama.h): the
+ * same tensors, sizes and carving (stow_llama_saved_carve and friends give
+ * the layout; they are pure pointer arithmetic and work on device
+ * addresses), the same accumulate/overwrite rules.  @tokens and @targets
+ * are device int32 arrays. */
+void stow_llama_cuda_embed_forward (StowLlamaCuda *L, const void *embed,
+                                    const gint32 *tokens, guint64 n, void *x);
+void stow_llama_cuda_embed_backward (StowLlamaCuda *L, const gint32 *tokens,
+                                     guint64 n, const void *dx, void *dembed,
+                                     gboolean accumulate);
+void stow_llama_cuda_layer_forward (StowLlamaCuda *L, guint64 batch,
+                                    guint64 seq,
+                                    const StowLlamaLayerWeights *w,
+                                    const void *x, StowLlamaSaved *saved);
+void stow_llama_cuda_layer_backward (StowLlamaCuda *L, guint64 batch,
+                                     guint64 seq,
+                                     const StowLlamaLayerWeights *w,
+                                     const void *x, StowLlamaSaved *saved,
+                                     const StowLlamaLayerWeights *grads,
+                                     gboolean accumulate, void *ws, void *dx);
+/* As stow_llama_head_loss, with the sum of the tokens' losses (unscaled)
+ * added, in double, to the device double *@loss_sum (stream-ordered, no
+ * readback).  @scratch: stow_llama_loss_scratch_floats (V, h, chunk)
+ * device floats. */
+void stow_llama_cuda_head_loss (StowLlamaCuda *L, guint64 n, const void *norm,
+                                const void *head, const void *x,
+                                const gint32 *targets, double scale,
+                                void *dnorm, void *dhead, gboolean accumulate,
+                                void *dx, float *scratch, guint64 chunk,
+                                double *loss_sum);
+/* For tests: the fp32 logits (n, V) of the output layer, device memory. */
+void stow_llama_cuda_head_logits (StowLlamaCuda *L, guint64 n,
+                                  const void *norm, const void *head,
+                                  const void *x, float *logits);
+
+/* The optimizer's per-step values, in device memory, that the host sets
+ * before a step and reads after it. */
+typedef struct
+{
+  double sumsq;     /* sum of squares of every gradient (raw, unscaled) */
+  double norm;      /* sqrt(sumsq) / loss_scale, after stow_llama_cuda_clip */
+  double clip_coef; /* stow_adam_clip_coef (norm, max_norm) */
+  gint32 skip;      /* 1: a gradient is not finite or too large; no update */
+} StowCudaOptimState;
+
+/* *@state.sumsq += the sum of squares of @n gradients of @type, in double
+ * over blocks fixed by @n, added in block order (as stow_adam_grad_sumsq). */
+void stow_llama_cuda_grad_sumsq (StowLlamaCuda *L, const void *grad,
+                                 StowFloatType type, guint64 n,
+                                 StowCudaOptimState *state);
+/* From state->sumsq: norm, clip_coef (max_norm <= 0: 1) and skip (as
+ * stow_adam_grads_ok says), on the device. */
+void stow_llama_cuda_clip (StowLlamaCuda *L, double loss_scale,
+                           double max_norm, StowCudaOptimState *state);
+/* One AdamW step on one tensor, all pointers device memory, unless
+ * state->skip: the arithmetic of offload/adam.c's scalar path operation
+ * for operation (the float multiplier clip_coef / loss_scale, the fp32
+ * moment updates, sqrt then the explicit fused multiply-add where adam.c
+ * writes fmaf, round-to-nearest-even outputs), so that the GPU optimizer and
+ * the CPU one give the same bits.  @step->clip_coef is ignored: the
+ * device's state->clip_coef is used. */
+void stow_llama_cuda_adam (StowLlamaCuda *L, const StowAdamConfig *config,
+                           const StowAdamStep *step,
+                           const StowAdamTensor *tensor,
+                           const StowCudaOptimState *state);
+
+G_DEFINE_AUTOPTR_CLEANUP_FUNC (StowLlamaCuda, stow_llama_cuda_free)
+
+G_END_DECLS
