@@ -20,6 +20,7 @@ typedef struct
 struct _StowArena
 {
   guint8 *base;
+  gboolean owned; /* base was mapped here (else the caller's memory) */
   guint64 capacity;
   guint64 in_use, peak;
   GArray *free_runs;  /* Run, by offset */
@@ -47,8 +48,17 @@ stow_arena_new (guint64 capacity_bytes, GError **error)
                    cap, g_strerror (e));
       return NULL;
     }
+  StowArena *a = stow_arena_new_over (p, capacity_bytes);
+  a->owned = TRUE;
+  return a;
+}
+
+StowArena *
+stow_arena_new_over (void *base, guint64 capacity_bytes)
+{
+  guint64 cap = round_up (MAX (capacity_bytes, 1));
   StowArena *a = g_new0 (StowArena, 1);
-  a->base = p;
+  a->base = base;
   a->capacity = capacity_bytes;
   a->free_runs = g_array_new (FALSE, FALSE, sizeof (Run));
   Run all = { 0, cap };
@@ -63,7 +73,8 @@ stow_arena_free (StowArena *a)
 {
   if (a == NULL)
     return;
-  munmap (a->base, round_up (MAX (a->capacity, 1)));
+  if (a->owned)
+    munmap (a->base, round_up (MAX (a->capacity, 1)));
   g_array_unref (a->free_runs);
   g_hash_table_unref (a->blocks);
   g_free (a);

@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT
  *
  * executor/arena.h: a capacity-limited region of host memory standing for
- * a device's memory: one reservation (mmap, touched as used and kept for
+ * a device's memory (for the cuda backend, the bookkeeping over the
+ * device's own): one reservation (mmap, touched as used and kept for
  * the run, so a step's buffers fault their pages in once), carved
  * first-fit into 64-byte-aligned blocks.  It counts the bytes in use and
  * their peak, which is what the planner predicts.  Not thread-safe: the
@@ -21,6 +22,10 @@ typedef struct _StowArena StowArena;
  * touched).  NULL with G_FILE_ERROR_NOMEM when even the reservation
  * fails. */
 StowArena *stow_arena_new (guint64 capacity_bytes, GError **error);
+/* The same bookkeeping over memory the caller owns (a device allocation
+ * of at least @capacity_bytes rounded up to STOW_ARENA_ALIGN): the arena
+ * never touches it, and hands out addresses inside it. */
+StowArena *stow_arena_new_over (void *base, guint64 capacity_bytes);
 void stow_arena_free (StowArena *arena);
 
 /* A block of @bytes (rounded up to STOW_ARENA_ALIGN), or NULL when the

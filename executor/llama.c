@@ -238,35 +238,35 @@ saved_elems_per_token (const StowLlamaConfig *c)
 }
 
 guint64
-stow_llama_saved_bytes (const StowLlama *L, guint64 n_tokens)
+stow_llama_config_saved_bytes (const StowLlamaConfig *c, guint64 esize,
+                               guint64 n_tokens)
 {
-  g_return_val_if_fail (L != NULL, 0);
-  return L->esize * n_tokens * saved_elems_per_token (&L->config)
-         + 4 * n_tokens * L->config.n_heads;
+  return esize * n_tokens * saved_elems_per_token (c)
+         + 4 * n_tokens * c->n_heads;
 }
 
 guint64
-stow_llama_out_bytes (const StowLlama *L, guint64 n_tokens)
+stow_llama_config_out_bytes (const StowLlamaConfig *c, guint64 esize,
+                             guint64 n_tokens)
 {
-  g_return_val_if_fail (L != NULL, 0);
-  return L->esize * n_tokens * L->config.hidden;
+  return esize * n_tokens * c->hidden;
 }
 
 guint64
-stow_llama_backward_ws_bytes (const StowLlama *L, guint64 n_tokens)
+stow_llama_config_backward_ws_bytes (const StowLlamaConfig *c, guint64 esize,
+                                     guint64 n_tokens)
 {
-  g_return_val_if_fail (L != NULL, 0);
-  return L->esize * n_tokens * saved_elems_per_token (&L->config);
+  return esize * n_tokens * saved_elems_per_token (c);
 }
 
 void
-stow_llama_saved_carve (const StowLlama *L, guint64 n, void *rest, void *out,
-                        StowLlamaSaved *s)
+stow_llama_config_saved_carve (const StowLlamaConfig *c, guint64 e,
+                               guint64 n, void *rest, void *out,
+                               StowLlamaSaved *s)
 {
-  g_return_if_fail (L != NULL && s != NULL);
+  g_return_if_fail (c != NULL && s != NULL);
   g_return_if_fail (((guintptr)rest & 3) == 0);
-  const StowLlamaConfig *c = &L->config;
-  guint64 e = L->esize, h = c->hidden, f = c->ffn;
+  guint64 h = c->hidden, f = c->ffn;
   guint64 ad = c->n_heads * c->head_dim, kd = c->n_kv_heads * c->head_dim;
   memset (s, 0, sizeof *s);
   s->out = out;
@@ -287,7 +287,37 @@ stow_llama_saved_carve (const StowLlama *L, guint64 n, void *rest, void *out,
   s->up = p, p += e * n * f;
   s->act = p, p += e * n * f;
   g_assert ((guint64)(p - (guint8 *)rest)
-            == stow_llama_saved_bytes (L, n) - stow_llama_out_bytes (L, n));
+            == stow_llama_config_saved_bytes (c, e, n)
+                   - stow_llama_config_out_bytes (c, e, n));
+}
+
+guint64
+stow_llama_saved_bytes (const StowLlama *L, guint64 n_tokens)
+{
+  g_return_val_if_fail (L != NULL, 0);
+  return stow_llama_config_saved_bytes (&L->config, L->esize, n_tokens);
+}
+
+guint64
+stow_llama_out_bytes (const StowLlama *L, guint64 n_tokens)
+{
+  g_return_val_if_fail (L != NULL, 0);
+  return stow_llama_config_out_bytes (&L->config, L->esize, n_tokens);
+}
+
+guint64
+stow_llama_backward_ws_bytes (const StowLlama *L, guint64 n_tokens)
+{
+  g_return_val_if_fail (L != NULL, 0);
+  return stow_llama_config_backward_ws_bytes (&L->config, L->esize, n_tokens);
+}
+
+void
+stow_llama_saved_carve (const StowLlama *L, guint64 n, void *rest, void *out,
+                        StowLlamaSaved *s)
+{
+  g_return_if_fail (L != NULL);
+  stow_llama_config_saved_carve (&L->config, L->esize, n, rest, out, s);
 }
 
 /* ---- embedding ----------------------------------------------------------- */

@@ -133,6 +133,20 @@ void stow_llama_saved_carve (const StowLlama *llama, guint64 n_tokens,
 guint64 stow_llama_backward_ws_bytes (const StowLlama *llama,
                                       guint64 n_tokens);
 
+/* The same sizes and layout from a config and an element size alone (no
+ * runtime, no workspace): for backends whose tensors live elsewhere.  The
+ * carving is pointer arithmetic only, so it serves device addresses too. */
+guint64 stow_llama_config_saved_bytes (const StowLlamaConfig *config,
+                                       guint64 esize, guint64 n_tokens);
+guint64 stow_llama_config_out_bytes (const StowLlamaConfig *config,
+                                     guint64 esize, guint64 n_tokens);
+guint64 stow_llama_config_backward_ws_bytes (const StowLlamaConfig *config,
+                                             guint64 esize, guint64 n_tokens);
+void stow_llama_config_saved_carve (const StowLlamaConfig *config,
+                                    guint64 esize, guint64 n_tokens,
+                                    void *rest, void *out,
+                                    StowLlamaSaved *saved);
+
 /* x (n, h) = embed[tokens]. */
 void stow_llama_embed_forward (StowLlama *llama, const void *embed,
                                const gint32 *tokens, guint64 n, void *x);

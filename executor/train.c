@@ -17,8 +17,12 @@
 #include <unistd.h>
 
 #include "core/json.h"
+#include "config.h"
 #include "executor/backends/cpu.h"
 #include "executor/backends/sim.h"
+#if STOW_HAVE_CUDA
+#include "executor/backends/cuda/cuda.h"
+#endif
 #include "executor/checkpoint.h"
 #include "executor/model-io.h"
 #include "executor/trace.h"
@@ -85,7 +89,89 @@ stow_train_cpu_cluster (guint64 device_bytes, guint threads)
   return c;
 }
 
+StowCluster *
+stow_train_gpu_cluster (guint64 device_bytes, guint threads,
+                        const char *device_name)
+{
+  StowCluster *cpu = stow_train_cpu_cluster (device_bytes, threads);
+  const StowGpu *known
+      = device_name ? stow_gpu_find_device (device_name) : NULL;
+  StowNode node;
+  memset (&node, 0, sizeof node);
+  stow_node_copy (&cpu->node, &node);
+  stow_cluster_unref (cpu);
+  if (known)
+    {
+      stow_gpu_clear (&node.gpu);
+      stow_gpu_copy (known, &node.gpu);
+    }
+  else
+    {
+      g_free (node.gpu.name);
+      node.gpu.name = g_strdup (device_name ? device_name : "cuda");
+    }
+  node.gpu.total_bytes = node.gpu.marketing_bytes = device_bytes;
+  g_free (node.description);
+  node.description = g_strdup ("this host's GPU (cuda backend)");
+  StowCluster *c = stow_cluster_new (&node, 1, "cuda");
+  stow_node_clear (&node);
+  return c;
+}
+
 /* ---- the run ---------------------------------------------------------- */
+
+/* What the loop asks of a backend that holds real tensors, beyond the
+ * driver's table: the cpu backend's tensors are host memory, the cuda
+ * backend's are copied to and from host copies around loads and saves. */
+typedef struct
+{
+  gboolean (*alloc_persistent) (StowBackend *b, GError **error);
+  void (*begin_step) (StowBackend *b, guint64 step);
+  gboolean (*step_stats) (StowBackend *b, StowStepStats *out, GError **error);
+  guint64 (*peak_bytes) (StowBackend *b);
+  void (*reset_peak) (StowBackend *b);
+  void *(*weights) (StowBackend *b, guint unit);
+  float *(*master) (StowBackend *b, guint unit);
+  float *(*moment) (StowBackend *b, guint unit, guint which);
+  /* NULL when the accessors above are the backend's own memory. */
+  gboolean (*pull) (StowBackend *b, GError **error);
+  gboolean (*push) (StowBackend *b, GError **error);
+} TrainOps;
+
+static gboolean
+cpu_step_stats (StowBackend *b, StowStepStats *out, GError **error)
+{
+  stow_backend_cpu_step_stats (b, out);
+  return TRUE;
+}
+
+static const TrainOps cpu_ops = {
+  stow_backend_cpu_alloc_persistent,
+  stow_backend_cpu_begin_step,
+  cpu_step_stats,
+  stow_backend_cpu_peak_bytes,
+  stow_backend_cpu_reset_peak,
+  stow_backend_cpu_weights,
+  stow_backend_cpu_master,
+  stow_backend_cpu_moment,
+  NULL,
+  NULL,
+};
+
+#if STOW_HAVE_CUDA
+static const TrainOps cuda_ops = {
+  stow_backend_cuda_alloc_persistent,
+  stow_backend_cuda_begin_step,
+  stow_backend_cuda_step_stats,
+  stow_backend_cuda_peak_bytes,
+  stow_backend_cuda_reset_peak,
+  stow_backend_cuda_weights,
+  stow_backend_cuda_master,
+  stow_backend_cuda_moment,
+  stow_backend_cuda_pull,
+  stow_backend_cuda_push,
+};
+#endif
 
 typedef struct
 {
@@ -97,6 +183,7 @@ typedef struct
   StowMemOptions mo;
   StowProgram *prog;
   StowBackend *be;
+  const TrainOps *ops;
   StowTokenData *data;
   char *config_json; /* the model's config.json, verbatim */
   gsize config_len;
@@ -175,13 +262,13 @@ data_fn (gpointer user, guint64 step, guint mb, gint32 *tokens,
 static void *
 weights_of (gpointer user, guint unit)
 {
-  return stow_backend_cpu_weights (((Run *)user)->be, unit);
+  return ((Run *)user)->ops->weights (((Run *)user)->be, unit);
 }
 
 static void *
 master_of (gpointer user, guint unit)
 {
-  return stow_backend_cpu_master (((Run *)user)->be, unit);
+  return ((Run *)user)->ops->master (((Run *)user)->be, unit);
 }
 
 /* The model, its config.json and the data. */
@@ -328,6 +415,8 @@ static gboolean
 save_checkpoint (Run *r, guint64 step, GError **error)
 {
   const StowProgram *p = r->prog;
+  if (r->ops->pull && !r->ops->pull (r->be, error))
+    return FALSE;
   g_autoptr (StowCheckpointWriter) w
       = stow_checkpoint_begin (r->c->out_dir, step, error);
   if (w == NULL)
@@ -361,9 +450,9 @@ save_checkpoint (Run *r, guint64 step, GError **error)
   for (guint ui = 0; ui < p->units->len; ui++)
     {
       const StowUnit *u = &g_array_index (p->units, StowUnit, ui);
-      float *master = stow_backend_cpu_master (r->be, ui);
-      float *m = stow_backend_cpu_moment (r->be, ui, 0);
-      float *v = stow_backend_cpu_moment (r->be, ui, 1);
+      float *master = r->ops->master (r->be, ui);
+      float *m = r->ops->moment (r->be, ui, 0);
+      float *v = r->ops->moment (r->be, ui, 1);
       for (guint k = 0; k < u->n_tensors; k++)
         {
           const StowUnitTensor *t = &g_array_index (
@@ -449,9 +538,9 @@ load_checkpoint (Run *r, const char *dir, guint64 *done, GError **error)
   for (guint ui = 0; ui < p->units->len; ui++)
     {
       const StowUnit *u = &g_array_index (p->units, StowUnit, ui);
-      float *dst[3] = { stow_backend_cpu_master (r->be, ui),
-                        stow_backend_cpu_moment (r->be, ui, 0),
-                        stow_backend_cpu_moment (r->be, ui, 1) };
+      float *dst[3] = { r->ops->master (r->be, ui),
+                        r->ops->moment (r->be, ui, 0),
+                        r->ops->moment (r->be, ui, 1) };
       static const char *const sec[3] = { "master", "m", "v" };
       for (guint k = 0; k < u->n_tensors; k++)
         {
@@ -492,8 +581,8 @@ load_initial (Run *r, GError **error)
   for (guint ui = 0; ui < p->units->len; ui++)
     {
       const StowUnit *u = &g_array_index (p->units, StowUnit, ui);
-      const float *m = stow_backend_cpu_master (r->be, ui);
-      guint16 *w = stow_backend_cpu_weights (r->be, ui);
+      const float *m = r->ops->master (r->be, ui);
+      guint16 *w = r->ops->weights (r->be, ui);
       for (guint64 i = 0; i < u->numel; i++)
         w[i] = stow_f32_to_bf16 (m[i]);
     }
@@ -535,13 +624,14 @@ train_loop (Run *r, guint64 first, GError **error)
   for (guint64 step = first; step <= c->steps; step++)
     {
       gint64 t0 = g_get_monotonic_time ();
-      stow_backend_cpu_begin_step (r->be, step);
+      r->ops->begin_step (r->be, step);
       g_clear_pointer (&last, stow_trace_free);
       last = stow_program_run (r->prog, r->be, error);
       if (last == NULL)
         return FALSE;
-      StowCpuStepStats st;
-      stow_backend_cpu_step_stats (r->be, &st);
+      StowStepStats st;
+      if (!r->ops->step_stats (r->be, &st, error))
+        return FALSE;
       double step_s = (double)(g_get_monotonic_time () - t0) / 1e6;
       StowTrainStep s = { 0 };
       s.step = step, s.steps = c->steps;
@@ -552,7 +642,7 @@ train_loop (Run *r, guint64 first, GError **error)
       s.elapsed_s = (double)(g_get_monotonic_time () - t_start) / 1e6;
       s.eta_s = s.elapsed_s / (double)(step - first + 1)
                 * (double)(c->steps - step);
-      s.peak_device_bytes = stow_backend_cpu_peak_bytes (r->be);
+      s.peak_device_bytes = r->ops->peak_bytes (r->be);
       if ((c->save_every && step % c->save_every == 0) || step == c->steps)
         {
           if (!save_checkpoint (r, step, error))
@@ -563,7 +653,7 @@ train_loop (Run *r, guint64 first, GError **error)
       if (c->progress)
         c->progress (&s, c->progress_user);
     }
-  c->measured_peak_bytes = stow_backend_cpu_peak_bytes (r->be);
+  c->measured_peak_bytes = r->ops->peak_bytes (r->be);
   if (c->trace_path && last != NULL)
     {
       g_autofree char *json = stow_trace_to_chrome_json (last, r->prog);
@@ -608,12 +698,18 @@ check_config (StowTrainConfig *c, GError **error)
                            bad);
       return FALSE;
     }
-  if (g_strcmp0 (c->backend, "cpu") != 0)
+  if (g_strcmp0 (c->backend, "cpu") != 0
+      && g_strcmp0 (c->backend, "cuda") != 0)
     {
       g_set_error (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
-                   "--backend %s: this build runs the cpu backend (the cuda "
-                   "backend is Executor III)",
-                   c->backend);
+                   "--backend %s: the backends are cpu and cuda", c->backend);
+      return FALSE;
+    }
+  if (g_str_equal (c->backend, "cuda") && !STOW_HAVE_CUDA)
+    {
+      g_set_error_literal (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
+                           "--backend cuda: this build has no CUDA (meson "
+                           "found no toolkit; see -Dcudatoolkit)");
       return FALSE;
     }
   if (c->global_batch == 0)
@@ -632,14 +728,45 @@ stow_train_run (StowTrainConfig *c, GError **error)
   gboolean ok = FALSE;
   guint64 done = 0;
   char *latest = NULL;
+  gboolean cuda = g_str_equal (c->backend, "cuda");
+  g_autofree char *gpu_name = NULL;
   guint64 device = c->device_memory;
+#if STOW_HAVE_CUDA
+  if (cuda)
+    {
+      guint64 free_b = 0, total_b = 0;
+      if (!stow_backend_cuda_available (error)
+          || !stow_backend_cuda_device_info (&gpu_name, &free_b, &total_b,
+                                             error))
+        goto out;
+      /* Room for what the arena does not hold: the runtime's workspace
+       * (cuBLAS's, rotary tables, scratch), a little of the driver's. */
+      guint64 reserve = MAX ((guint64)1 << 30, free_b / 20);
+      guint64 usable = free_b > reserve ? free_b - reserve : 0;
+      if (device == 0)
+        device = usable;
+      else if (device > usable)
+        {
+          g_autofree char *want
+              = g_format_size_full (device, G_FORMAT_SIZE_IEC_UNITS);
+          g_autofree char *have
+              = g_format_size_full (usable, G_FORMAT_SIZE_IEC_UNITS);
+          g_set_error (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
+                       "--device-memory %s: %s has %s free for tensors",
+                       want, gpu_name, have);
+          goto out;
+        }
+    }
+#endif
   if (device == 0)
     {
       long pages = sysconf (_SC_PHYS_PAGES), page = sysconf (_SC_PAGESIZE);
       device = pages > 0 && page > 0 ? (guint64)pages * (guint64)page / 2
                                      : (guint64)1 << 30;
     }
-  r.cluster = stow_train_cpu_cluster (device, c->threads);
+  r.cluster = cuda ? stow_train_gpu_cluster (device, c->threads, gpu_name)
+                   : stow_train_cpu_cluster (device, c->threads);
+  r.ops = &cpu_ops;
   if (!open_inputs (&r, error) || !plan (&r, error))
     goto out;
   r.window = c->micro_batch * c->seq;
@@ -686,9 +813,21 @@ stow_train_run (StowTrainConfig *c, GError **error)
           peak);
   }
 
-  StowCpuSetup cs = { r.prog, r.model, device, c->threads, data_fn, &r, 0 };
-  r.be = stow_backend_cpu_new (&cs, error);
-  if (r.be == NULL || !stow_backend_cpu_alloc_persistent (r.be, error))
+  if (!cuda)
+    {
+      StowCpuSetup cs
+          = { r.prog, r.model, device, c->threads, data_fn, &r, 0 };
+      r.be = stow_backend_cpu_new (&cs, error);
+    }
+#if STOW_HAVE_CUDA
+  else
+    {
+      StowCudaSetup cs = { r.prog, r.model, device, data_fn, &r };
+      r.be = stow_backend_cuda_new (&cs, error);
+      r.ops = &cuda_ops;
+    }
+#endif
+  if (r.be == NULL || !r.ops->alloc_persistent (r.be, error))
     goto out;
 
   if (c->resume)
@@ -711,6 +850,8 @@ stow_train_run (StowTrainConfig *c, GError **error)
       if (!load_initial (&r, error))
         goto out;
     }
+  if (r.ops->push && !r.ops->push (r.be, error))
+    goto out;
   c->first_step = done + 1;
   if (g_mkdir_with_parents (c->out_dir, 0755) != 0)
     {
@@ -730,7 +871,7 @@ stow_train_run (StowTrainConfig *c, GError **error)
           goto out;
         }
     }
-  stow_backend_cpu_reset_peak (r.be);
+  r.ops->reset_peak (r.be);
   ok = train_loop (&r, done + 1, error);
 out:
   g_free (latest);

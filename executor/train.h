@@ -64,7 +64,8 @@ typedef struct
   const char *log_json;   /* one JSON object per step, or NULL */
   const char *trace_path; /* Chrome trace of the last step, or NULL */
   const char *backend;    /* "cpu" (default) or "cuda" */
-  guint64 device_memory;  /* bytes; 0: half of the host's RAM */
+  guint64 device_memory;  /* bytes; 0: half of the host's RAM (cpu), the
+                           * GPU's free memory less a reserve (cuda) */
   guint threads;          /* 0: one per core */
   StowTrainProgress progress;
   StowTrainNotice notice;
@@ -88,5 +89,10 @@ gboolean stow_train_run (StowTrainConfig *c, GError **error);
  * Its FLOP and bandwidth figures are nominal: the sim uses them for a
  * step's shape, not its length. */
 StowCluster *stow_train_cpu_cluster (guint64 device_bytes, guint threads);
+/* The cluster standing for this host's GPU under the cuda backend: the
+ * catalog's figures for @device_name (as CUDA reports it) when it knows
+ * the card, with @device_bytes as its memory. */
+StowCluster *stow_train_gpu_cluster (guint64 device_bytes, guint threads,
+                                     const char *device_name);
 
 G_END_DECLS

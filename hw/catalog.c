@@ -423,3 +423,9 @@ stow_node_clear (StowNode *node)
   g_clear_pointer (&node->nvme, g_free);
   node->n_nvme = 0;
 }
+
+const StowGpu *
+stow_gpu_find_device (const char *device_name)
+{
+  return stow_hw_gpu_find_device (device_name);
+}

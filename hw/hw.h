@@ -112,6 +112,9 @@ struct _StowCluster
 /* The GPU catalog.  Lookup is case-insensitive over names and aliases;
  * unknown names fail with a did-you-mean hint. */
 const StowGpu *stow_gpu_lookup (const char *name, GError **error);
+/* The catalog entry for a device name as CUDA, NVML or ROCm report it
+ * ("NVIDIA H100 80GB HBM3"); NULL when the catalog has no such card. */
+const StowGpu *stow_gpu_find_device (const char *device_name);
 const StowGpu *const *stow_gpu_catalog (gsize *n);
 
 /* Messages begin with `--gpus "SPEC": ` since that is the option these

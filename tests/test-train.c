@@ -15,113 +15,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include "testutil.h"
-
-/* A small LLaMA (GQA, untied) and its vocabulary. */
-static const char *const small_config
-    = "{\"model_type\":\"llama\",\"hidden_size\":64,\"num_hidden_layers\":2,"
-      "\"num_attention_heads\":4,\"num_key_value_heads\":2,"
-      "\"intermediate_size\":96,\"vocab_size\":300,\"rope_theta\":500000.0,"
-      "\"rms_norm_eps\":1e-6,\"tie_word_embeddings\":false,"
-      "\"initializer_range\":0.05}";
-
-typedef struct
-{
-  char *dir, *config, *model, *shard, *text;
-} Fixture;
-
-static void
-write_shard (const char *path, guint32 magic, guint32 version, guint32 count,
-             guint32 written, guint32 vocab)
-{
-  g_autoptr (GByteArray) b = g_byte_array_new ();
-  gint32 header[256] = { (gint32)magic, (gint32)version, (gint32)count };
-  g_byte_array_append (b, (const guint8 *)header, sizeof header);
-  GRand *r = g_rand_new_with_seed (5);
-  for (guint32 i = 0; i < written; i++)
-    {
-      guint16 t = (guint16)g_rand_int_range (r, 0, (gint32)vocab);
-      g_byte_array_append (b, (const guint8 *)&t, 2);
-    }
-  g_rand_free (r);
-  g_assert_true (g_file_set_contents (path, (const char *)b->data, b->len, NULL));
-}
-
-static void
-fixture_init (Fixture *f)
-{
-  g_autoptr (GError) error = NULL;
-  f->dir = g_dir_make_tmp ("stow-train-XXXXXX", &error);
-  g_assert_no_error (error);
-  f->config = g_build_filename (f->dir, "config.json", NULL);
-  f->model = g_build_filename (f->dir, "model", NULL);
-  f->shard = g_build_filename (f->dir, "train.bin", NULL);
-  f->text = g_build_filename (f->dir, "train.txt", NULL);
-  g_assert_true (g_file_set_contents (f->config, small_config, -1, NULL));
-  write_shard (f->shard, 20240520, 1, 20000, 20000, 300);
-  g_auto (StowRun) r = { 0 };
-  stow_run (&r, "init-model", f->config, "-o", f->model, "--seed", "3", NULL);
-  g_assert_cmpint (r.status, ==, 0);
-}
-
-static void
-fixture_clear (Fixture *f)
-{
-  g_autofree char *cmd = g_strdup_printf ("rm -rf '%s'", f->dir);
-  g_assert_cmpint (system (cmd), ==, 0);
-  g_free (f->dir);
-  g_free (f->config);
-  g_free (f->model);
-  g_free (f->shard);
-  g_free (f->text);
-}
-
-/* Runs train on the fixture with @out and the extra flags (NULL ended). */
-static void
-train (StowRun *r, Fixture *f, const char *out, ...)
-{
-  g_autoptr (GPtrArray) a = g_ptr_array_new ();
-  const char *base[] = { "train",    "--model",        f->model,
-                         "--data",   f->shard,         "--seq",
-                         "16",       "--micro-batch",  "2",
-                         "--global-batch", "4",        "--lr",
-                         "0.003",    "--out",          out,
-                         NULL };
-  for (guint i = 0; base[i]; i++)
-    g_ptr_array_add (a, (char *)base[i]);
-  va_list ap;
-  va_start (ap, out);
-  for (const char *s = va_arg (ap, const char *); s;
-       s = va_arg (ap, const char *))
-    g_ptr_array_add (a, (char *)s);
-  va_end (ap);
-  g_ptr_array_add (a, NULL);
-  stow_runv (r, (const char *const *)a->pdata);
-}
-
-static char *
-contents (const char *dir, const char *file)
-{
-  g_autofree char *p = g_build_filename (dir, "latest", file, NULL);
-  char *c = NULL;
-  gsize n = 0;
-  g_autoptr (GError) error = NULL;
-  g_file_get_contents (p, &c, &n, &error);
-  g_assert_no_error (error);
-  return c;
-}
-
-static gboolean
-same_file (const char *a_dir, const char *b_dir, const char *file)
-{
-  g_autofree char *pa = g_build_filename (a_dir, "latest", file, NULL);
-  g_autofree char *pb = g_build_filename (b_dir, "latest", file, NULL);
-  g_autofree char *a = NULL, *b = NULL;
-  gsize na = 0, nb = 0;
-  g_assert_true (g_file_get_contents (pa, &a, &na, NULL));
-  g_assert_true (g_file_get_contents (pb, &b, &nb, NULL));
-  return na == nb && memcmp (a, b, na) == 0;
-}
+#include "testutil-train.h"
 
 /* ---- against PyTorch --------------------------------------------------- */
 
@@ -399,7 +293,7 @@ test_bad_input (void)
   /* Weights whose shapes are not the config's. */
   g_autofree char *other_cfg = g_build_filename (f.dir, "other.json", NULL);
   g_autofree char *other = g_build_filename (f.dir, "other", NULL);
-  g_autofree char *text = g_strdup (small_config);
+  g_autofree char *text = g_strdup (stow_train_small_config);
   char *at = strstr (text, "\"intermediate_size\":96");
   memcpy (at, "\"intermediate_size\":80", 22);
   g_assert_true (g_file_set_contents (other_cfg, text, -1, NULL));

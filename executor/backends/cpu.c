@@ -14,73 +14,9 @@
 #include <string.h>
 
 #include "executor/arena.h"
+#include "executor/backends/tensors.h"
 #include "executor/trace.h"
 #include "offload/adam.h"
-
-/* ---- the model's runtime config ----------------------------------------- */
-
-gboolean
-stow_llama_config_from_model (const StowModel *m, StowLlamaConfig *c,
-                              GError **error)
-{
-  memset (c, 0, sizeof *c);
-  const char *fam = m->family ? m->family : "?";
-  if (!g_str_equal (fam, "llama") && !g_str_equal (fam, "mistral")
-      && !g_str_equal (fam, "qwen2"))
-    {
-      g_set_error (error, STOW_LLAMA_ERROR, STOW_LLAMA_ERROR_INVALID,
-                   "%s: model_type \"%s\": the executor runs LLaMA-family "
-                   "decoders (llama, mistral, qwen2)",
-                   m->name, fam);
-      return FALSE;
-    }
-  if (m->n_experts > 0 || !m->gated_mlp || m->norm != STOW_NORM_RMSNORM
-      || m->n_encoder_layers > 0)
-    {
-      g_set_error (error, STOW_LLAMA_ERROR, STOW_LLAMA_ERROR_INVALID,
-                   "%s: mixture-of-experts and other variants of %s are not "
-                   "run by the executor",
-                   m->name, fam);
-      return FALSE;
-    }
-  if (g_strcmp0 (m->hidden_act, "silu") != 0)
-    {
-      g_set_error (error, STOW_LLAMA_ERROR, STOW_LLAMA_ERROR_INVALID,
-                   "%s: hidden_act \"%s\": the executor runs silu (SwiGLU)",
-                   m->name, m->hidden_act ? m->hidden_act : "");
-      return FALSE;
-    }
-  if (m->rope_type != NULL && !g_str_equal (m->rope_type, "default")
-      && !g_str_equal (m->rope_type, "llama3"))
-    {
-      g_set_error (error, STOW_LLAMA_ERROR, STOW_LLAMA_ERROR_INVALID,
-                   "%s: rope_scaling.rope_type \"%s\": the executor runs "
-                   "default and llama3 rotary embeddings",
-                   m->name, m->rope_type);
-      return FALSE;
-    }
-  c->hidden = m->hidden;
-  c->n_layers = m->n_layers;
-  c->n_heads = m->n_heads;
-  c->n_kv_heads = m->n_kv_heads;
-  c->head_dim = m->head_dim;
-  c->ffn = m->ffn;
-  c->vocab = m->vocab;
-  c->rope_theta = m->rope_theta;
-  c->rms_norm_eps = m->norm_eps;
-  if (g_strcmp0 (m->rope_type, "llama3") == 0)
-    {
-      c->rope_factor = m->rope_factor;
-      c->rope_low_freq_factor = m->rope_low_freq_factor;
-      c->rope_high_freq_factor = m->rope_high_freq_factor;
-      c->rope_original_max_positions = m->rope_original_max_positions;
-    }
-  c->qkv_bias = m->qkv_bias;
-  c->o_bias = m->o_bias;
-  c->mlp_bias = m->mlp_bias;
-  c->tied = m->tied_embeddings;
-  return TRUE;
-}
 
 /* ---- the backend ---------------------------------------------------------- */
 
@@ -112,18 +48,6 @@ typedef struct
   GAsyncQueue *queue;
 } Worker;
 
-/* The slots of a layer's weights, in StowLlamaLayerWeights order. */
-static const char *const layer_names[] = {
-  "input_layernorm.weight",          "self_attn.q_proj.weight",
-  "self_attn.k_proj.weight",         "self_attn.v_proj.weight",
-  "self_attn.o_proj.weight",         "self_attn.q_proj.bias",
-  "self_attn.k_proj.bias",           "self_attn.v_proj.bias",
-  "self_attn.o_proj.bias",           "post_attention_layernorm.weight",
-  "mlp.gate_proj.weight",            "mlp.up_proj.weight",
-  "mlp.down_proj.weight",            "mlp.gate_proj.bias",
-  "mlp.up_proj.bias",                "mlp.down_proj.bias",
-};
-#define N_LAYER_SLOTS G_N_ELEMENTS (layer_names)
 
 struct _CpuBackend
 {
@@ -136,21 +60,8 @@ struct _CpuBackend
   StowCpuDataFn data;
   gpointer data_user;
   guint copy_delay_us;
-  guint64 n_tokens; /* per micro-batch: B T */
-  guint64 chunk;    /* the fused loss's tokens per chunk */
-  gsize esize;      /* bytes of a weight / activation element */
-  StowFloatType ftype;
-  /* per unit of a layer: element offsets of its tensors within the unit
-   * in StowLlamaLayerWeights order, G_MAXUINT64 when absent */
-  guint64 *slot_offset; /* [unit * N_LAYER_SLOTS + slot] */
-  guint64 *head_norm, *head_lm; /* offsets in the head unit */
-  guint emb_unit, head_unit;
-  /* buffers */
+  StowTensorMap map; /* where each tensor is; map.addr: the buffers */
   guint n_buffers;
-  void **addr;          /* [buffer] while allocated */
-  guint *act_of;        /* [layer * m + mb]: ACTIVATIONS or CHECKPOINT */
-  guint *input_of;      /* [mb] */
-  guint weights_buf, grads_buf, master_buf, states_buf;
   /* streams */
   Worker workers[STOW_N_STREAMS];
   GMutex lock;
@@ -198,341 +109,51 @@ failed (CpuBackend *b)
 static const StowBuffer *
 buf_of (CpuBackend *b, guint i)
 {
-  return &g_array_index (b->p->buffers, StowBuffer, i);
-}
-
-static const StowUnit *
-unit_of (CpuBackend *b, guint u)
-{
-  return &g_array_index (b->p->units, StowUnit, u);
-}
-
-/* Bytes per element of what a persistent buffer of @kind holds. */
-static gsize
-kind_elem (CpuBackend *b, StowBufferKind kind)
-{
-  switch (kind)
-    {
-    case STOW_BUF_WEIGHTS:
-      return stow_dtype_size (b->p->weight_dtype);
-    case STOW_BUF_GRADS:
-      return stow_dtype_size (b->p->grad_dtype);
-    case STOW_BUF_MASTER:
-      return 4;
-    case STOW_BUF_OPT_STATES:
-      return 8; /* m and v */
-    default:
-      return 0;
-    }
-}
-
-/* Where @unit starts in persistent buffer @bi (holding a run of units). */
-static guint8 *
-unit_ptr (CpuBackend *b, guint bi, guint unit)
-{
-  const StowBuffer *buf = buf_of (b, bi);
-  g_assert (buf->unit_first != STOW_NONE && unit >= buf->unit_first
-            && unit < buf->unit_first + buf->n_units);
-  guint64 off = unit_of (b, unit)->offset - unit_of (b, buf->unit_first)->offset;
-  return (guint8 *)b->addr[bi] + off * kind_elem (b, buf->kind);
-}
-
-static void
-layer_tensors (CpuBackend *b, guint8 *base, guint unit, gsize elem,
-               StowLlamaLayerWeights *w)
-{
-  void **slots = (void **)w;
-  memset (w, 0, sizeof *w);
-  for (guint s = 0; s < N_LAYER_SLOTS; s++)
-    {
-      guint64 off = b->slot_offset[unit * N_LAYER_SLOTS + s];
-      if (off != G_MAXUINT64)
-        slots[s] = base + off * elem;
-    }
-}
-
-/* ---- checks and layout ---------------------------------------------------- */
-
-static gboolean
-check_size (const StowBuffer *buf, guint64 need, GError **error)
-{
-  if (buf->bytes >= need)
-    return TRUE;
-  g_set_error (error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_INVALID,
-               "program buffer \"%s\" has %" G_GUINT64_FORMAT
-               " B; the cpu backend keeps %" G_GUINT64_FORMAT " B there",
-               buf->name, buf->bytes, need);
-  return FALSE;
-}
-
-static guint64
-units_numel (CpuBackend *b, const StowBuffer *buf)
-{
-  guint64 n = 0;
-  for (guint u = buf->unit_first; u < buf->unit_first + buf->n_units; u++)
-    n += unit_of (b, u)->numel;
-  return n;
-}
-
-/* Indexes the program's buffers and checks each holds what the runtime
- * puts there: the memory model's sizes against the runtime's. */
-static gboolean
-index_buffers (CpuBackend *b, GError **error)
-{
-  const StowProgram *p = b->p;
-  guint m = (guint)p->grad_accum;
-  guint64 n = b->n_tokens;
-  guint64 h = b->model->hidden;
-  guint64 x_bytes = n * h * b->esize;
-  guint L = (guint)b->model->n_layers;
-  b->act_of = g_new (guint, (gsize)L * m);
-  b->input_of = g_new (guint, m);
-  for (guint i = 0; i < L * m; i++)
-    b->act_of[i] = STOW_NONE;
-  for (guint i = 0; i < m; i++)
-    b->input_of[i] = STOW_NONE;
-  b->weights_buf = b->grads_buf = b->master_buf = b->states_buf = STOW_NONE;
-  guint64 saved = stow_llama_saved_bytes (b->llama, n);
-  guint64 out = stow_llama_out_bytes (b->llama, n);
-  for (guint i = 0; i < p->buffers->len; i++)
-    {
-      const StowBuffer *buf = buf_of (b, i);
-      if (buf->rank != 0)
-        continue;
-      gboolean ok = TRUE;
-      switch (buf->kind)
-        {
-        case STOW_BUF_WEIGHTS:
-        case STOW_BUF_GRADS:
-        case STOW_BUF_MASTER:
-        case STOW_BUF_OPT_STATES:
-          if (!buf->persistent || buf->tier != STOW_TIER_DEVICE)
-            break;
-          if (buf->unit_first != 0 || buf->n_units != p->units->len)
-            {
-              g_set_error (error, STOW_BACKEND_ERROR,
-                           STOW_BACKEND_ERROR_UNSUPPORTED,
-                           "program buffer \"%s\": the cpu backend runs one "
-                           "device holding every unit",
-                           buf->name);
-              return FALSE;
-            }
-          if (buf->kind == STOW_BUF_MASTER && !p->master_weights)
-            break;
-          ok = check_size (buf, units_numel (b, buf) * kind_elem (b, buf->kind),
-                           error);
-          if (buf->kind == STOW_BUF_WEIGHTS)
-            b->weights_buf = i;
-          else if (buf->kind == STOW_BUF_GRADS)
-            b->grads_buf = i;
-          else if (buf->kind == STOW_BUF_MASTER)
-            b->master_buf = i;
-          else
-            b->states_buf = i;
-          break;
-        case STOW_BUF_INPUT:
-          ok = check_size (buf, 8 * n + x_bytes, error);
-          if (buf->micro_batch < m)
-            b->input_of[buf->micro_batch] = i;
-          break;
-        case STOW_BUF_ACTIVATIONS:
-        case STOW_BUF_CHECKPOINT:
-          ok = check_size (buf, buf->kind == STOW_BUF_ACTIVATIONS ? saved : out,
-                           error);
-          if (buf->layer >= 0 && (guint)buf->layer < L && buf->micro_batch < m)
-            b->act_of[buf->layer * m + buf->micro_batch] = i;
-          break;
-        case STOW_BUF_RECOMPUTED:
-          ok = check_size (buf, saved - out, error);
-          break;
-        case STOW_BUF_WORKSPACE:
-          ok = check_size (buf, stow_llama_backward_ws_bytes (b->llama, n),
-                           error);
-          break;
-        case STOW_BUF_LOGITS:
-          ok = check_size (buf,
-                           4 * stow_llama_loss_scratch_floats (
-                                   b->model->vocab, h, b->chunk),
-                           error);
-          break;
-        default:
-          break;
-        }
-      if (!ok)
-        return FALSE;
-    }
-  if (b->weights_buf == STOW_NONE || b->grads_buf == STOW_NONE
-      || b->states_buf == STOW_NONE
-      || (p->master_weights && b->master_buf == STOW_NONE))
-    {
-      g_set_error (error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_UNSUPPORTED,
-                   "the cpu backend runs layouts that keep the weights, "
-                   "gradients and optimizer states on the device (%s)",
-                   p->description ? p->description : "this program");
-      return FALSE;
-    }
-  return TRUE;
-}
-
-/* Element offsets of each layer's tensors and of the head's. */
-static gboolean
-index_units (CpuBackend *b, GError **error)
-{
-  const StowProgram *p = b->p;
-  b->slot_offset = g_new (guint64, (gsize)p->units->len * N_LAYER_SLOTS);
-  for (gsize i = 0; i < (gsize)p->units->len * N_LAYER_SLOTS; i++)
-    b->slot_offset[i] = G_MAXUINT64;
-  b->emb_unit = stow_program_unit_of_layer (p, STOW_LAYER_EMBEDDING);
-  b->head_unit = stow_program_unit_of_layer (p, STOW_LAYER_HEAD);
-  for (guint u = 0; u < p->units->len; u++)
-    {
-      const StowUnit *unit = unit_of (b, u);
-      if (unit->layer < 0)
-        continue;
-      g_autofree char *prefix
-          = g_strdup_printf ("model.layers.%d.", unit->layer);
-      for (guint k = 0; k < unit->n_tensors; k++)
-        {
-          const StowUnitTensor *t = &g_array_index (
-              p->unit_tensors, StowUnitTensor, unit->first_tensor + k);
-          gboolean known = FALSE;
-          if (g_str_has_prefix (t->name, prefix))
-            for (guint s = 0; s < N_LAYER_SLOTS; s++)
-              if (g_str_equal (t->name + strlen (prefix), layer_names[s]))
-                {
-                  b->slot_offset[u * N_LAYER_SLOTS + s] = t->offset;
-                  known = TRUE;
-                }
-          if (!known)
-            {
-              g_set_error (error, STOW_LLAMA_ERROR, STOW_LLAMA_ERROR_INVALID,
-                           "%s: tensor %s is not one the runtime runs",
-                           b->model->name, t->name);
-              return FALSE;
-            }
-        }
-    }
-  const StowUnitTensor *norm
-      = stow_program_unit_tensor (p, b->head_unit, "model.norm.weight");
-  const StowUnitTensor *lm
-      = stow_program_unit_tensor (p, b->head_unit, "lm_head.weight");
-  if (norm == NULL || (lm == NULL && !b->model->tied_embeddings))
-    {
-      g_set_error (error, STOW_LLAMA_ERROR, STOW_LLAMA_ERROR_INVALID,
-                   "%s: the output layer needs model.norm.weight and "
-                   "lm_head.weight (or tied embeddings)",
-                   b->model->name);
-      return FALSE;
-    }
-  b->head_norm = g_new (guint64, 1);
-  *b->head_norm = norm->offset;
-  b->head_lm = g_new (guint64, 1);
-  *b->head_lm = lm ? lm->offset : G_MAXUINT64;
-  return TRUE;
+  return stow_tensor_map_buffer (&b->map, i);
 }
 
 /* ---- the ops ---------------------------------------------------------------- */
 
-/* The output of layer @layer for micro-batch @mb (the next layer's
- * input); for layer -1 the embedding's. */
-static guint8 *
-layer_output (CpuBackend *b, gint layer, guint mb)
-{
-  guint m = (guint)b->p->grad_accum;
-  if (layer < 0)
-    return (guint8 *)b->addr[b->input_of[mb]] + 8 * b->n_tokens;
-  guint bi = b->act_of[layer * m + mb];
-  const StowBuffer *buf = buf_of (b, bi);
-  guint8 *base = b->addr[bi];
-  if (buf->kind == STOW_BUF_CHECKPOINT)
-    return base;
-  return base + stow_llama_saved_bytes (b->llama, b->n_tokens)
-         - stow_llama_out_bytes (b->llama, b->n_tokens);
-}
-
-/* A buffer of @kind among the op's reads (or writes), or STOW_NONE. */
-static guint
-io_of (const StowOp *op, gboolean writes, StowBufferKind kind, CpuBackend *b)
-{
-  const guint *io = writes ? op->writes : op->reads;
-  guint n = writes ? op->n_writes : op->n_reads;
-  for (guint i = 0; i < n; i++)
-    if (buf_of (b, io[i])->kind == kind)
-      return io[i];
-  return STOW_NONE;
-}
-
-static void
-saved_of (CpuBackend *b, const StowOp *op, gboolean rebuilt,
-          StowLlamaSaved *s)
-{
-  guint m = (guint)b->p->grad_accum;
-  guint bi = b->act_of[op->layer * m + op->micro_batch];
-  guint8 *base = b->addr[bi];
-  if (buf_of (b, bi)->kind == STOW_BUF_ACTIVATIONS)
-    {
-      stow_llama_saved_carve (b->llama, b->n_tokens, base,
-                              base + stow_llama_saved_bytes (b->llama,
-                                                             b->n_tokens)
-                                  - stow_llama_out_bytes (b->llama,
-                                                          b->n_tokens),
-                              s);
-      return;
-    }
-  /* Full recompute: the output in the checkpoint, the rest in the
-   * rebuilt part (written by the forward's working set, or the
-   * recomputation). */
-  guint rest = io_of (op, !rebuilt, STOW_BUF_RECOMPUTED, b);
-  if (rest == STOW_NONE)
-    rest = io_of (op, rebuilt, STOW_BUF_RECOMPUTED, b);
-  g_assert (rest != STOW_NONE);
-  stow_llama_saved_carve (b->llama, b->n_tokens, b->addr[rest], base, s);
-}
-
 static gboolean
 run_forward (CpuBackend *b, const StowOp *op, GError **error)
 {
-  guint8 *w = unit_ptr (b, b->weights_buf, op->unit);
+  StowTensorMap *m = &b->map;
+  guint8 *w = stow_tensor_map_unit (m, m->weights_buf, op->unit);
   if (op->layer == STOW_LAYER_EMBEDDING)
     {
-      guint8 *in = b->addr[b->input_of[op->micro_batch]];
-      stow_llama_embed_forward (b->llama, w, (gint32 *)in, b->n_tokens,
-                                in + 8 * b->n_tokens);
+      guint8 *in = m->addr[m->input_of[op->micro_batch]];
+      stow_llama_embed_forward (b->llama, w, (gint32 *)in, m->n_tokens,
+                                in + 8 * m->n_tokens);
       return TRUE;
     }
   StowLlamaLayerWeights lw;
-  layer_tensors (b, w, op->unit, b->esize, &lw);
+  stow_tensor_map_layer (m, w, op->unit, m->esize, &lw);
   StowLlamaSaved s;
-  saved_of (b, op, FALSE, &s);
+  stow_tensor_map_saved (m, op, FALSE, &s);
   if (op->kind == STOW_OP_RECOMPUTE)
     s.out = NULL; /* kept in the checkpoint, which now holds its gradient */
-  stow_llama_layer_forward (b->llama, b->p->micro_batch, b->p->seq_len, &lw,
-                            layer_output (b, op->layer - 1, op->micro_batch),
-                            &s);
+  stow_llama_layer_forward (
+      b->llama, b->p->micro_batch, b->p->seq_len, &lw,
+      stow_tensor_map_layer_output (m, op->layer - 1, op->micro_batch), &s);
   return TRUE;
 }
 
 static gboolean
 run_loss (CpuBackend *b, const StowOp *op, GError **error)
 {
-  guint64 n = b->n_tokens;
-  guint8 *in = b->addr[b->input_of[op->micro_batch]];
-  guint8 *head = unit_ptr (b, b->weights_buf, b->head_unit);
-  guint8 *dhead = unit_ptr (b, b->grads_buf, b->head_unit);
-  gsize ge = stow_dtype_size (b->p->grad_dtype);
-  void *lm, *dlm;
-  if (*b->head_lm != G_MAXUINT64)
-    lm = head + *b->head_lm * b->esize, dlm = dhead + *b->head_lm * ge;
-  else
-    lm = unit_ptr (b, b->weights_buf, b->emb_unit),
-    dlm = unit_ptr (b, b->grads_buf, b->emb_unit);
-  guint logits = io_of (op, TRUE, STOW_BUF_LOGITS, b);
+  StowTensorMap *m = &b->map;
+  guint64 n = m->n_tokens;
+  guint8 *in = m->addr[m->input_of[op->micro_batch]];
+  void *norm, *lm, *dnorm, *dlm;
+  stow_tensor_map_head (m, FALSE, &norm, &lm);
+  stow_tensor_map_head (m, TRUE, &dnorm, &dlm);
+  guint logits = stow_tensor_map_io (m, op, TRUE, STOW_BUF_LOGITS);
   g_assert (logits != STOW_NONE);
-  guint8 *x = layer_output (b, (gint)b->model->n_layers - 1, op->micro_batch);
+  guint8 *x = stow_tensor_map_layer_output (m, (gint)b->model->n_layers - 1,
+                                            op->micro_batch);
   double sum = stow_llama_head_loss (
-      b->llama, n, head + *b->head_norm * b->esize, lm, x,
-      (gint32 *)(in + 4 * n), b->p->loss_scale, dhead + *b->head_norm * ge, dlm,
-      op->accumulate, x, b->addr[logits], b->chunk);
+      b->llama, n, norm, lm, x, (gint32 *)(in + 4 * n), b->p->loss_scale,
+      dnorm, dlm, op->accumulate, x, m->addr[logits], m->chunk);
   b->loss_sum += sum;
   return TRUE;
 }
@@ -540,36 +161,28 @@ run_loss (CpuBackend *b, const StowOp *op, GError **error)
 static gboolean
 run_backward (CpuBackend *b, const StowOp *op, GError **error)
 {
+  StowTensorMap *m = &b->map;
   if (op->layer == STOW_LAYER_EMBEDDING)
     {
-      guint8 *in = b->addr[b->input_of[op->micro_batch]];
-      stow_llama_embed_backward (b->llama, (gint32 *)in, b->n_tokens,
-                                 in + 8 * b->n_tokens,
-                                 unit_ptr (b, b->grads_buf, op->unit),
-                                 op->accumulate);
+      guint8 *in = m->addr[m->input_of[op->micro_batch]];
+      stow_llama_embed_backward (
+          b->llama, (gint32 *)in, m->n_tokens, in + 8 * m->n_tokens,
+          stow_tensor_map_unit (m, m->grads_buf, op->unit), op->accumulate);
       return TRUE;
     }
   StowLlamaLayerWeights lw, lg;
-  layer_tensors (b, unit_ptr (b, b->weights_buf, op->unit), op->unit,
-                 b->esize, &lw);
-  layer_tensors (b, unit_ptr (b, b->grads_buf, op->unit), op->unit,
-                 stow_dtype_size (b->p->grad_dtype), &lg);
+  stow_tensor_map_layer (m, stow_tensor_map_unit (m, m->weights_buf, op->unit),
+                         op->unit, m->esize, &lw);
+  stow_tensor_map_layer (m, stow_tensor_map_unit (m, m->grads_buf, op->unit),
+                         op->unit, stow_dtype_size (b->p->grad_dtype), &lg);
   StowLlamaSaved s;
-  saved_of (b, op, TRUE, &s);
-  guint ws = io_of (op, TRUE, STOW_BUF_WORKSPACE, b);
+  stow_tensor_map_saved (m, op, TRUE, &s);
+  guint ws = stow_tensor_map_io (m, op, TRUE, STOW_BUF_WORKSPACE);
   g_assert (ws != STOW_NONE);
-  guint8 *x = layer_output (b, op->layer - 1, op->micro_batch);
+  guint8 *x = stow_tensor_map_layer_output (m, op->layer - 1, op->micro_batch);
   stow_llama_layer_backward (b->llama, b->p->micro_batch, b->p->seq_len, &lw,
-                             x, &s, &lg, op->accumulate, b->addr[ws], x);
+                             x, &s, &lg, op->accumulate, m->addr[ws], x);
   return TRUE;
-}
-
-static StowFloatType
-float_type (StowDtype d)
-{
-  return d == STOW_DTYPE_F32    ? STOW_FLOAT_F32
-         : d == STOW_DTYPE_BF16 ? STOW_FLOAT_BF16
-                                : STOW_FLOAT_F16;
 }
 
 /* The global L2 norm of every unit's gradients (sums of squares in
@@ -578,13 +191,15 @@ float_type (StowDtype d)
 static gboolean
 run_grad_norm (CpuBackend *b, const StowOp *op, GError **error)
 {
+  StowTensorMap *m = &b->map;
   double total = 0;
-  StowFloatType gt = float_type (b->p->grad_dtype);
+  StowFloatType gt = stow_float_type_of_dtype (b->p->grad_dtype);
   for (guint u = 0; u < b->p->units->len; u++)
     {
       double s = 0;
-      stow_adam_grad_sumsq (b->adam, unit_ptr (b, b->grads_buf, u), gt,
-                            unit_of (b, u)->numel, &s);
+      stow_adam_grad_sumsq (b->adam, stow_tensor_map_unit (m, m->grads_buf, u),
+                            gt, g_array_index (b->p->units, StowUnit, u).numel,
+                            &s);
       total += s;
     }
   b->grad_norm = sqrt (total);
@@ -593,8 +208,7 @@ run_grad_norm (CpuBackend *b, const StowOp *op, GError **error)
   return TRUE;
 }
 
-/* AdamW on one unit, tensor by tensor: weight decay on tensors of two or
- * more dimensions only (the convention nanoGPT and HF's Trainer use). */
+/* AdamW on one unit, tensor by tensor. */
 static gboolean
 run_optim (CpuBackend *b, const StowOp *op, GError **error)
 {
@@ -607,44 +221,13 @@ run_optim (CpuBackend *b, const StowOp *op, GError **error)
     }
   if (b->skip)
     return TRUE;
-  const StowProgram *p = b->p;
-  const StowUnit *u = unit_of (b, op->unit);
-  guint8 *w = unit_ptr (b, b->weights_buf, op->unit);
-  guint8 *g = unit_ptr (b, b->grads_buf, op->unit);
-  float *master = p->master_weights
-                      ? (float *)unit_ptr (b, b->master_buf, op->unit)
-                      : NULL;
-  float *mv = (float *)unit_ptr (b, b->states_buf, op->unit);
-  gsize ge = stow_dtype_size (p->grad_dtype);
-  StowAdamConfig cfg;
-  stow_adam_config_init (&cfg);
-  cfg.lr = b->lr;
-  cfg.beta1 = p->optim.beta1, cfg.beta2 = p->optim.beta2;
-  cfg.eps = p->optim.eps;
+  const StowUnit *u = &g_array_index (b->p->units, StowUnit, op->unit);
   StowAdamStep st = { b->step, 1.0, b->clip_coef, FALSE };
   for (guint k = 0; k < u->n_tensors; k++)
     {
-      const StowUnitTensor *t = &g_array_index (p->unit_tensors,
-                                                StowUnitTensor,
-                                                u->first_tensor + k);
-      cfg.weight_decay = t->n_dims >= 2 ? p->optim.weight_decay : 0.0;
-      StowAdamTensor at = { 0 };
-      at.m = mv + t->offset;
-      at.v = mv + u->numel + t->offset;
-      at.grad = g + t->offset * ge;
-      at.grad_type = float_type (p->grad_dtype);
-      at.n = t->numel;
-      if (master)
-        {
-          at.param = master + t->offset;
-          at.param_out = w + t->offset * b->esize;
-          at.out_type = b->ftype;
-        }
-      else
-        {
-          at.param = (float *)(w + t->offset * 4);
-          at.out_type = STOW_FLOAT_NONE;
-        }
+      StowAdamConfig cfg;
+      StowAdamTensor at;
+      stow_tensor_map_adam (&b->map, op->unit, k, b->lr, &cfg, &at);
       if (!stow_adam_step (b->adam, &cfg, &st, &at, error))
         return FALSE;
     }
@@ -659,8 +242,8 @@ run_op (CpuBackend *b, guint i, GError **error)
     {
     case STOW_OP_DATA:
       {
-        guint8 *in = b->addr[b->input_of[op->micro_batch]];
-        guint64 n = b->n_tokens;
+        guint8 *in = b->map.addr[b->map.input_of[op->micro_batch]];
+        guint64 n = b->map.n_tokens;
         return b->data (b->data_user, b->step, op->micro_batch, (gint32 *)in,
                         (gint32 *)(in + 4 * n), n, error);
       }
@@ -693,7 +276,7 @@ static gboolean
 alloc_buffer (CpuBackend *b, guint bi, GError **error)
 {
   const StowBuffer *buf = buf_of (b, bi);
-  if (b->addr[bi] != NULL)
+  if (b->map.addr[bi] != NULL)
     return TRUE; /* persistent, from an earlier step */
   if (buf->slot >= 0 && buf->bytes == 0)
     {
@@ -706,8 +289,8 @@ alloc_buffer (CpuBackend *b, guint bi, GError **error)
   if (buf->tier != STOW_TIER_DEVICE)
     {
       /* Host tiers: plain memory, not counted against the device. */
-      b->addr[bi] = g_try_malloc0 (MAX (buf->bytes, 1));
-      if (b->addr[bi] == NULL)
+      b->map.addr[bi] = g_try_malloc0 (MAX (buf->bytes, 1));
+      if (b->map.addr[bi] == NULL)
         {
           g_set_error (error, STOW_BACKEND_ERROR,
                        STOW_BACKEND_ERROR_OUT_OF_MEMORY,
@@ -735,7 +318,7 @@ alloc_buffer (CpuBackend *b, guint bi, GError **error)
                    frag ? " in one free run (fragmented)" : "", used, cap);
       return FALSE;
     }
-  b->addr[bi] = p;
+  b->map.addr[bi] = p;
   return TRUE;
 }
 
@@ -743,17 +326,17 @@ static void
 free_buffer (CpuBackend *b, guint bi)
 {
   const StowBuffer *buf = buf_of (b, bi);
-  if (b->addr[bi] == NULL)
+  if (b->map.addr[bi] == NULL)
     return;
   if (buf->tier != STOW_TIER_DEVICE)
-    g_free (b->addr[bi]);
+    g_free (b->map.addr[bi]);
   else
     {
       g_mutex_lock (&b->lock);
-      stow_arena_release (b->arena, b->addr[bi]);
+      stow_arena_release (b->arena, b->map.addr[bi]);
       g_mutex_unlock (&b->lock);
     }
-  b->addr[bi] = NULL;
+  b->map.addr[bi] = NULL;
 }
 
 /* ---- workers -------------------------------------------------------------- */
@@ -947,15 +530,10 @@ cpu_destroy (StowBackend *bb)
         g_thread_join (b->workers[s].thread);
         g_async_queue_unref (b->workers[s].queue);
       }
-  for (guint i = 0; b->addr && i < b->n_buffers; i++)
-    if (b->addr[i] && buf_of (b, i)->tier != STOW_TIER_DEVICE)
-      g_free (b->addr[i]);
-  g_free (b->addr);
-  g_free (b->act_of);
-  g_free (b->input_of);
-  g_free (b->slot_offset);
-  g_free (b->head_norm);
-  g_free (b->head_lm);
+  for (guint i = 0; b->map.addr && i < b->n_buffers; i++)
+    if (b->map.addr[i] && buf_of (b, i)->tier != STOW_TIER_DEVICE)
+      g_free (b->map.addr[i]);
+  stow_tensor_map_clear (&b->map);
   g_free (b->recorded);
   g_free (b->op_start);
   g_free (b->op_end);
@@ -1010,9 +588,6 @@ stow_backend_cpu_new (const StowCpuSetup *setup, GError **error)
                    "--precision fp16: the cpu backend runs fp32 and bf16");
       return NULL;
     }
-  StowLlamaConfig cfg;
-  if (!stow_llama_config_from_model (setup->model, &cfg, error))
-    return NULL;
   CpuBackend *b = g_new0 (CpuBackend, 1);
   b->parent.vt = &cpu_vtable;
   g_mutex_init (&b->lock);
@@ -1022,19 +597,19 @@ stow_backend_cpu_new (const StowCpuSetup *setup, GError **error)
   b->data = setup->data;
   b->data_user = setup->data_user;
   b->copy_delay_us = setup->copy_delay_us;
-  b->ftype = float_type (p->weight_dtype);
-  b->esize = stow_dtype_size (p->weight_dtype);
-  b->n_tokens = p->micro_batch * p->seq_len;
-  b->chunk = stow_llama_loss_chunk_tokens (cfg.vocab, cfg.hidden, b->n_tokens);
   b->n_buffers = p->buffers->len;
-  b->addr = g_new0 (void *, MAX (b->n_buffers, 1));
   b->recorded = g_new0 (gboolean, MAX (p->events->len, 1));
   b->op_start = g_new0 (double, MAX (p->ops->len, 1));
   b->op_end = g_new0 (double, MAX (p->ops->len, 1));
   b->t0_us = g_get_monotonic_time ();
-  b->llama = stow_llama_new (&cfg, b->ftype, p->seq_len, setup->n_threads,
-                             error);
-  if (b->llama == NULL || !index_units (b, error) || !index_buffers (b, error))
+  if (!stow_tensor_map_init (&b->map, p, b->model, "cpu", error))
+    {
+      cpu_destroy (&b->parent);
+      return NULL;
+    }
+  b->llama = stow_llama_new (&b->map.config, b->map.ftype, p->seq_len,
+                             setup->n_threads, error);
+  if (b->llama == NULL)
     {
       cpu_destroy (&b->parent);
       return NULL;
@@ -1089,7 +664,7 @@ stow_backend_cpu_begin_step (StowBackend *bb, guint64 step)
 }
 
 void
-stow_backend_cpu_step_stats (StowBackend *bb, StowCpuStepStats *out)
+stow_backend_cpu_step_stats (StowBackend *bb, StowStepStats *out)
 {
   CpuBackend *b = (CpuBackend *)bb;
   out->loss = b->loss_sum * b->p->loss_scale;
@@ -1114,24 +689,29 @@ void *
 stow_backend_cpu_weights (StowBackend *bb, guint unit)
 {
   CpuBackend *b = (CpuBackend *)bb;
-  return b->addr[b->weights_buf] ? unit_ptr (b, b->weights_buf, unit) : NULL;
+  StowTensorMap *m = &b->map;
+  return m->addr[m->weights_buf] ? stow_tensor_map_unit (m, m->weights_buf, unit)
+                                 : NULL;
 }
 
 float *
 stow_backend_cpu_master (StowBackend *bb, guint unit)
 {
   CpuBackend *b = (CpuBackend *)bb;
-  if (!b->p->master_weights || b->addr[b->master_buf] == NULL)
+  StowTensorMap *m = &b->map;
+  if (!b->p->master_weights || m->addr[m->master_buf] == NULL)
     return NULL;
-  return (float *)unit_ptr (b, b->master_buf, unit);
+  return (float *)stow_tensor_map_unit (m, m->master_buf, unit);
 }
 
 float *
 stow_backend_cpu_moment (StowBackend *bb, guint unit, guint which)
 {
   CpuBackend *b = (CpuBackend *)bb;
-  if (b->addr[b->states_buf] == NULL)
+  StowTensorMap *m = &b->map;
+  if (m->addr[m->states_buf] == NULL)
     return NULL;
-  float *mv = (float *)unit_ptr (b, b->states_buf, unit);
-  return which == 0 ? mv : mv + unit_of (b, unit)->numel;
+  float *mv = (float *)stow_tensor_map_unit (m, m->states_buf, unit);
+  return which == 0 ? mv
+                    : mv + g_array_index (b->p->units, StowUnit, unit).numel;
 }

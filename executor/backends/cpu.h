@@ -11,6 +11,7 @@
 #pragma once
 
 #include "executor/backend.h"
+#include "executor/backends/tensors.h"
 #include "executor/llama.h"
 
 G_BEGIN_DECLS
@@ -34,12 +35,6 @@ typedef struct
   guint copy_delay_us;
 } StowCpuSetup;
 
-/* The runtime config a model runs with, from its config.json fields;
- * STOW_LLAMA_ERROR_INVALID names what the runtime does not run (a family,
- * hidden_act, rope_type, a fused projection). */
-gboolean stow_llama_config_from_model (const StowModel *model,
-                                       StowLlamaConfig *out, GError **error);
-
 /* Checks that every buffer of @setup->program holds what the runtime
  * keeps in it (STOW_BACKEND_ERROR_INVALID naming the buffer and both
  * sizes), makes the arena and starts the workers. */
@@ -60,9 +55,9 @@ typedef struct
   double grad_norm; /* global L2 norm before clipping; NaN/Inf if so */
   gboolean skipped; /* a non-finite gradient: no weight was written */
   double lr;
-} StowCpuStepStats;
+} StowStepStats;
 
-void stow_backend_cpu_step_stats (StowBackend *cpu, StowCpuStepStats *out);
+void stow_backend_cpu_step_stats (StowBackend *cpu, StowStepStats *out);
 guint64 stow_backend_cpu_peak_bytes (StowBackend *cpu);
 void stow_backend_cpu_reset_peak (StowBackend *cpu);
 

@@ -1,0 +1,78 @@
+#!/bin/sh
+# SPDX-License-Identifier: MIT
+#
+# bench/gpu.sh: every check that needs a GPU, in one call that fits in ten
+# minutes, writing its results under one directory ($OUT when set, else
+# bench/results/gpu-<date>/): the device, driver and toolkit; the gpu test
+# suite (the GPU runtime's kernels and `stowage train --backend cuda`
+# against the cpu backend); then training tokens/s against PyTorch eager
+# (bench/gpu-train.py) in bf16 and fp32, with the MFU and a trace.
+#
+# The GPU machine lent to this project (one H100 or H200, 16 cores, no
+# network, a Python with PyTorch, no build dependencies) runs what
+# bench/gpu-pack.sh packed on the build machine:
+#   here:   ./build.sh && bench/gpu-pack.sh build      # .gpu/bundle.tar.xz
+#   there:  carry .gpu; sh bench/gpu.sh [suite|bench|all]   (default all)
+# On a machine that builds stowage itself with CUDA, it runs build/'s
+# binaries instead.  Measurements that need the peers' wheels
+# (bench/peft-ds-offload.py, bench/torchtune-8bit.py: bench/gpu-wheels.sh)
+# are not run here: they need their own call for the carry limit.
+set -u
+cd "$(dirname "$0")/.."
+root=$(pwd)
+what=${1:-all}
+out=${OUT:-$root/bench/results/gpu-$(date -u +%Y%m%d-%H%M)}
+mkdir -p "$out"
+log="$out/gpu.log"
+: >"$log"
+say() { echo "$*" | tee -a "$log"; }
+
+if [ -f .gpu/bundle.tar.xz ]; then
+	tar -xJf .gpu/bundle.tar.xz -C .gpu
+	bin=$root/.gpu/build
+	LD_LIBRARY_PATH=$root/.gpu/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+else
+	bin=$root/build
+fi
+# cuBLAS: the machine's own (the toolkit's, or PyTorch's wheel's).
+cublas=$(find /usr/local/cuda*/ /usr/lib /opt -name 'libcublas.so.1[0-9]*' \
+	2>/dev/null | head -1)
+if [ -n "$cublas" ]; then
+	LD_LIBRARY_PATH=$(dirname "$cublas")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+fi
+export LD_LIBRARY_PATH
+export STOWAGE=$bin/cli/stowage G_TEST_SRCDIR=$root/tests
+
+{
+	echo "# device"
+	date -u
+	nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm \
+		--format=csv 2>&1
+	nvcc --version 2>&1 | tail -2
+	echo "cuBLAS: ${cublas:-not found}"
+	python3 -c 'import torch; print("torch", torch.__version__, torch.version.cuda)' 2>&1
+	uname -r
+	nproc
+} >"$out/device.txt"
+cat "$out/device.txt" | tee -a "$log"
+"$STOWAGE" version 2>&1 | tee -a "$log"
+
+status=0
+if [ "$what" = all ] || [ "$what" = suite ]; then
+	for t in "$bin"/tests/test-gpu-*; do
+		[ -x "$t" ] || continue
+		say "## $(basename "$t")"
+		timeout 300 "$t" --tap -k >>"$log" 2>&1 || status=1
+	done
+	grep -E '^(not ok|ok|# )' "$log" | grep -v '^# Start\|^# End' |
+		tail -80 >"$out/suite.txt"
+fi
+if [ "$what" = all ] || [ "$what" = bench ]; then
+	for p in bf16 fp32; do
+		say "## gpu-train $p"
+		timeout 200 python3 bench/gpu-train.py --stowage "$STOWAGE" \
+			--out "$out" --precision "$p" >>"$log" 2>&1 || status=1
+	done
+fi
+say "gpu.sh: exit $status; results in $out"
+exit $status

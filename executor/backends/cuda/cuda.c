@@ -1,0 +1,830 @@
+/* SPDX-License-Identifier: MIT
+ *
+ * executor/backends/cuda/cuda.c: the cuda backend (cuda.h).  The driver
+ * issues each stream's ops in program order from one host thread; here
+ * each op becomes work on its CUDA stream at once, and returns.  Buffers
+ * are carved from one device region by the arena bookkeeping at issue
+ * time; a block freed on one stream and handed out again on another waits
+ * for an event recorded at the free (as stream-ordered allocators do), so
+ * reuse never races the work still reading it.
+ */
+#include "executor/backends/cuda/cuda.h"
+
+#include <cuda_runtime_api.h>
+#include <math.h>
+#include <string.h>
+
+#include "executor/arena.h"
+#include "executor/backends/cuda/llama-cuda.h"
+#include "executor/backends/tensors.h"
+#include "executor/trace.h"
+
+/* A block freed on @stream: a later alloc of bytes in [lo, hi) on another
+ * stream waits for @event. */
+typedef struct
+{
+  guint64 lo, hi;
+  StowStream stream;
+  cudaEvent_t event;
+} PendingFree;
+
+typedef struct
+{
+  StowBackend parent;
+  const StowProgram *p;
+  StowModel *model;
+  StowTensorMap map; /* map.addr: device addresses of the buffers */
+  StowLlamaCuda *llama;
+  StowCpuDataFn data;
+  gpointer data_user;
+  /* the device tier */
+  void *dev_base;
+  StowArena *arena;
+  GArray *pending; /* PendingFree */
+  GPtrArray *spare_events;
+  cudaStream_t streams[STOW_N_STREAMS];
+  cudaEvent_t *events;         /* [program event] */
+  cudaEvent_t *op_ev;          /* [2 op]: start, end of each op */
+  gboolean *op_timed;          /* [op]: its events were recorded this step */
+  cudaEvent_t t0;              /* the step's origin, on the compute stream */
+  /* host side */
+  gint32 *staging;             /* pinned: m micro-batches of 2 n tokens */
+  StowCudaOptimState *state_h; /* pinned */
+  StowCudaOptimState *state_d;
+  double *loss_h, *loss_d;     /* pinned / device: the step's loss sum */
+  void **shadow;               /* [buffer]: host copies of persistent ones */
+  GError *error;               /* the first failure at issue time */
+  guint64 step;
+  double lr;
+} CudaBackend;
+
+static gboolean
+cuda_ok (cudaError_t e, const char *what, GError **error)
+{
+  if (e == cudaSuccess)
+    return TRUE;
+  g_set_error (error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_FAILED,
+               "cuda: %s: %s (%s)", what, cudaGetErrorString (e),
+               cudaGetErrorName (e));
+  cudaGetLastError (); /* clear a non-sticky error */
+  return FALSE;
+}
+
+/* Records the first failure of work issued without a GError to return. */
+static void
+check (CudaBackend *b, cudaError_t e, const char *what)
+{
+  GError *err = NULL;
+  if (!cuda_ok (e, what, &err))
+    {
+      if (b->error == NULL)
+        b->error = err;
+      else
+        g_error_free (err);
+    }
+}
+
+gboolean
+stow_backend_cuda_available (GError **error)
+{
+  return stow_cuda_available (error);
+}
+
+gboolean
+stow_backend_cuda_device_info (char **name, guint64 *free_bytes,
+                               guint64 *total_bytes, GError **error)
+{
+  int dev = 0;
+  struct cudaDeviceProp prop;
+  size_t fr = 0, tot = 0;
+  if (!cuda_ok (cudaGetDevice (&dev), "cudaGetDevice", error)
+      || !cuda_ok (cudaGetDeviceProperties (&prop, dev),
+                   "cudaGetDeviceProperties", error)
+      || !cuda_ok (cudaMemGetInfo (&fr, &tot), "cudaMemGetInfo", error))
+    return FALSE;
+  if (name)
+    *name = g_strdup (prop.name);
+  if (free_bytes)
+    *free_bytes = fr;
+  if (total_bytes)
+    *total_bytes = tot;
+  return TRUE;
+}
+
+static const StowBuffer *
+buf_of (CudaBackend *b, guint i)
+{
+  return stow_tensor_map_buffer (&b->map, i);
+}
+
+static cudaStream_t
+stream_of (CudaBackend *b, const StowOp *op)
+{
+  return b->streams[op->stream];
+}
+
+/* ---- buffers ---------------------------------------------------------- */
+
+static cudaEvent_t
+take_event (CudaBackend *b)
+{
+  if (b->spare_events->len > 0)
+    return g_ptr_array_steal_index_fast (b->spare_events,
+                                         b->spare_events->len - 1);
+  cudaEvent_t e = NULL;
+  check (b, cudaEventCreateWithFlags (&e, cudaEventDisableTiming),
+         "cudaEventCreate");
+  return e;
+}
+
+/* Makes @stream wait for earlier frees, on other streams, of the bytes
+ * [lo, hi); forgets the frees whose work is done. */
+static void
+wait_for_frees (CudaBackend *b, StowStream stream, guint64 lo, guint64 hi)
+{
+  for (guint i = 0; i < b->pending->len;)
+    {
+      PendingFree *f = &g_array_index (b->pending, PendingFree, i);
+      if (cudaEventQuery (f->event) == cudaSuccess)
+        {
+          g_ptr_array_add (b->spare_events, f->event);
+          g_array_remove_index_fast (b->pending, i);
+          continue;
+        }
+      cudaGetLastError (); /* cudaErrorNotReady is not an error */
+      if (f->stream != stream && f->lo < hi && lo < f->hi)
+        check (b, cudaStreamWaitEvent (b->streams[stream], f->event, 0),
+               "cudaStreamWaitEvent (reuse)");
+      i++;
+    }
+}
+
+static gboolean
+alloc_buffer (CudaBackend *b, guint bi, StowStream stream, GError **error)
+{
+  const StowBuffer *buf = buf_of (b, bi);
+  if (b->map.addr[bi] != NULL)
+    return TRUE; /* persistent, from an earlier step */
+  if (buf->tier != STOW_TIER_DEVICE || (buf->slot >= 0 && buf->bytes == 0))
+    {
+      g_set_error (error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_UNSUPPORTED,
+                   "\"%s\" (%s): the cuda backend runs layouts that keep "
+                   "everything on the device (offloaded placements are "
+                   "Executor II's, on the cpu backend first)",
+                   buf->name, stow_tier_name (buf->tier));
+      return FALSE;
+    }
+  gboolean frag = FALSE;
+  void *p = stow_arena_alloc (b->arena, buf->bytes, &frag);
+  if (p == NULL)
+    {
+      g_autofree char *need
+          = g_format_size_full (buf->bytes, G_FORMAT_SIZE_IEC_UNITS);
+      g_autofree char *used = g_format_size_full (
+          stow_arena_in_use (b->arena), G_FORMAT_SIZE_IEC_UNITS);
+      g_autofree char *cap = g_format_size_full (
+          stow_arena_capacity (b->arena), G_FORMAT_SIZE_IEC_UNITS);
+      g_set_error (error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_OUT_OF_MEMORY,
+                   "device memory: \"%s\" (%s) does not fit%s: %s in use of "
+                   "%s (--device-memory)",
+                   buf->name, need,
+                   frag ? " in one free run (fragmented)" : "", used, cap);
+      return FALSE;
+    }
+  guint64 lo = (guint64)((guint8 *)p - (guint8 *)b->dev_base);
+  wait_for_frees (b, stream, lo, lo + MAX (buf->bytes, 1));
+  b->map.addr[bi] = p;
+  return TRUE;
+}
+
+static void
+free_buffer (CudaBackend *b, guint bi, StowStream stream)
+{
+  const StowBuffer *buf = buf_of (b, bi);
+  void *p = b->map.addr[bi];
+  if (p == NULL)
+    return;
+  PendingFree f;
+  f.lo = (guint64)((guint8 *)p - (guint8 *)b->dev_base);
+  f.hi = f.lo + MAX (buf->bytes, 1);
+  f.stream = stream;
+  f.event = take_event (b);
+  check (b, cudaEventRecord (f.event, b->streams[stream]), "cudaEventRecord");
+  g_array_append_val (b->pending, f);
+  stow_arena_release (b->arena, p);
+  b->map.addr[bi] = NULL;
+}
+
+/* ---- the ops ------------------------------------------------------------ */
+
+static gboolean
+run_data (CudaBackend *b, const StowOp *op, GError **error)
+{
+  StowTensorMap *m = &b->map;
+  guint64 n = m->n_tokens;
+  gint32 *host = b->staging + (gsize)op->micro_batch * 2 * n;
+  if (!b->data (b->data_user, b->step, op->micro_batch, host, host + n, n,
+                error))
+    return FALSE;
+  /* tokens then targets, as the INPUT buffer holds them */
+  return cuda_ok (cudaMemcpyAsync (m->addr[m->input_of[op->micro_batch]],
+                                   host, 8 * n, cudaMemcpyHostToDevice,
+                                   stream_of (b, op)),
+                  "tokens to the device", error);
+}
+
+static void
+run_forward (CudaBackend *b, const StowOp *op)
+{
+  StowTensorMap *m = &b->map;
+  guint8 *w = stow_tensor_map_unit (m, m->weights_buf, op->unit);
+  if (op->layer == STOW_LAYER_EMBEDDING)
+    {
+      guint8 *in = m->addr[m->input_of[op->micro_batch]];
+      stow_llama_cuda_embed_forward (b->llama, w, (gint32 *)in, m->n_tokens,
+                                     in + 8 * m->n_tokens);
+      return;
+    }
+  StowLlamaLayerWeights lw;
+  stow_tensor_map_layer (m, w, op->unit, m->esize, &lw);
+  StowLlamaSaved s;
+  stow_tensor_map_saved (m, op, FALSE, &s);
+  if (op->kind == STOW_OP_RECOMPUTE)
+    s.out = NULL; /* kept in the checkpoint, which now holds its gradient */
+  stow_llama_cuda_layer_forward (
+      b->llama, b->p->micro_batch, b->p->seq_len, &lw,
+      stow_tensor_map_layer_output (m, op->layer - 1, op->micro_batch), &s);
+}
+
+static void
+run_loss (CudaBackend *b, const StowOp *op)
+{
+  StowTensorMap *m = &b->map;
+  guint64 n = m->n_tokens;
+  guint8 *in = m->addr[m->input_of[op->micro_batch]];
+  void *norm, *lm, *dnorm, *dlm;
+  stow_tensor_map_head (m, FALSE, &norm, &lm);
+  stow_tensor_map_head (m, TRUE, &dnorm, &dlm);
+  guint logits = stow_tensor_map_io (m, op, TRUE, STOW_BUF_LOGITS);
+  g_assert (logits != STOW_NONE);
+  guint8 *x = stow_tensor_map_layer_output (m, (gint)b->model->n_layers - 1,
+                                            op->micro_batch);
+  stow_llama_cuda_head_loss (b->llama, n, norm, lm, x, (gint32 *)(in + 4 * n),
+                             b->p->loss_scale, dnorm, dlm, op->accumulate, x,
+                             m->addr[logits], m->chunk, b->loss_d);
+}
+
+static void
+run_backward (CudaBackend *b, const StowOp *op)
+{
+  StowTensorMap *m = &b->map;
+  if (op->layer == STOW_LAYER_EMBEDDING)
+    {
+      guint8 *in = m->addr[m->input_of[op->micro_batch]];
+      stow_llama_cuda_embed_backward (
+          b->llama, (gint32 *)in, m->n_tokens, in + 8 * m->n_tokens,
+          stow_tensor_map_unit (m, m->grads_buf, op->unit), op->accumulate);
+      return;
+    }
+  StowLlamaLayerWeights lw, lg;
+  stow_tensor_map_layer (m, stow_tensor_map_unit (m, m->weights_buf, op->unit),
+                         op->unit, m->esize, &lw);
+  stow_tensor_map_layer (m, stow_tensor_map_unit (m, m->grads_buf, op->unit),
+                         op->unit, stow_dtype_size (b->p->grad_dtype), &lg);
+  StowLlamaSaved s;
+  stow_tensor_map_saved (m, op, TRUE, &s);
+  guint ws = stow_tensor_map_io (m, op, TRUE, STOW_BUF_WORKSPACE);
+  g_assert (ws != STOW_NONE);
+  guint8 *x = stow_tensor_map_layer_output (m, op->layer - 1, op->micro_batch);
+  stow_llama_cuda_layer_backward (b->llama, b->p->micro_batch, b->p->seq_len,
+                                  &lw, x, &s, &lg, op->accumulate,
+                                  m->addr[ws], x);
+}
+
+/* The global norm: sums of squares in unit order, then the clip
+ * coefficient and the skip flag, all on the device. */
+static void
+run_grad_norm (CudaBackend *b)
+{
+  StowTensorMap *m = &b->map;
+  StowFloatType gt = stow_float_type_of_dtype (b->p->grad_dtype);
+  check (b, cudaMemsetAsync (&b->state_d->sumsq, 0, sizeof (double),
+                             b->streams[STOW_STREAM_COMPUTE]),
+         "cudaMemsetAsync");
+  for (guint u = 0; u < b->p->units->len; u++)
+    stow_llama_cuda_grad_sumsq (
+        b->llama, stow_tensor_map_unit (m, m->grads_buf, u), gt,
+        g_array_index (b->p->units, StowUnit, u).numel, b->state_d);
+  stow_llama_cuda_clip (b->llama, 1.0, b->p->optim.max_grad_norm, b->state_d);
+}
+
+static gboolean
+run_optim (CudaBackend *b, const StowOp *op, GError **error)
+{
+  if (!op->on_gpu)
+    {
+      g_set_error (error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_UNSUPPORTED,
+                   "the cuda backend does not run a host optimizer yet "
+                   "(--offload-optimizer)");
+      return FALSE;
+    }
+  const StowUnit *u = &g_array_index (b->p->units, StowUnit, op->unit);
+  StowAdamStep st = { b->step, 1.0, 1.0, FALSE };
+  for (guint k = 0; k < u->n_tensors; k++)
+    {
+      StowAdamConfig cfg;
+      StowAdamTensor at;
+      stow_tensor_map_adam (&b->map, op->unit, k, b->lr, &cfg, &at);
+      stow_llama_cuda_adam (b->llama, &cfg, &st, &at, b->state_d);
+    }
+  return TRUE;
+}
+
+static gboolean
+run_op (CudaBackend *b, guint i, GError **error)
+{
+  const StowOp *op = &g_array_index (b->p->ops, StowOp, i);
+  if (op->stream != STOW_STREAM_COMPUTE && op->kind != STOW_OP_COPY)
+    {
+      g_set_error (error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_UNSUPPORTED,
+                   "the cuda backend runs compute on the compute stream");
+      return FALSE;
+    }
+  switch (op->kind)
+    {
+    case STOW_OP_DATA:
+      return run_data (b, op, error);
+    case STOW_OP_FORWARD:
+    case STOW_OP_RECOMPUTE:
+      run_forward (b, op);
+      return TRUE;
+    case STOW_OP_LOSS:
+      run_loss (b, op);
+      return TRUE;
+    case STOW_OP_BACKWARD:
+      run_backward (b, op);
+      return TRUE;
+    case STOW_OP_GRAD_NORM:
+      run_grad_norm (b);
+      return TRUE;
+    case STOW_OP_OPTIM_STEP:
+      return run_optim (b, op, error);
+    default:
+      {
+        g_autofree char *what = stow_op_describe (b->p, i);
+        g_set_error (error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_UNSUPPORTED,
+                     "op %s: the cuda backend does not run %s ops yet "
+                     "(offloaded and multi-device layouts)",
+                     what, stow_op_kind_name (op->kind));
+        return FALSE;
+      }
+    }
+}
+
+/* ---- the table ------------------------------------------------------------ */
+
+static void
+mark (CudaBackend *b, guint op, guint which)
+{
+  const StowOp *o = &g_array_index (b->p->ops, StowOp, op);
+  check (b, cudaEventRecord (b->op_ev[2 * op + which], stream_of (b, o)),
+         "cudaEventRecord");
+  b->op_timed[op] = TRUE;
+}
+
+static void
+cuda_event_wait (StowBackend *bb, guint rank, StowStream s, guint event)
+{
+  CudaBackend *b = (CudaBackend *)bb;
+  check (b, cudaStreamWaitEvent (b->streams[s], b->events[event], 0),
+         "cudaStreamWaitEvent");
+}
+
+static gboolean
+cuda_buffer_alloc (StowBackend *bb, const StowProgram *p, guint buffer,
+                   guint op, GError **error)
+{
+  CudaBackend *b = (CudaBackend *)bb;
+  if (op == STOW_NONE)
+    return alloc_buffer (b, buffer, STOW_STREAM_COMPUTE, error);
+  const StowOp *o = &g_array_index (p->ops, StowOp, op);
+  mark (b, op, 0);
+  gboolean ok = alloc_buffer (b, buffer, o->stream, error);
+  mark (b, op, 1);
+  return ok;
+}
+
+static void
+cuda_buffer_free (StowBackend *bb, const StowProgram *p, guint buffer, guint op)
+{
+  CudaBackend *b = (CudaBackend *)bb;
+  const StowOp *o = &g_array_index (p->ops, StowOp, op);
+  mark (b, op, 0);
+  free_buffer (b, buffer, o->stream);
+  mark (b, op, 1);
+}
+
+static gboolean
+cuda_issue (StowBackend *bb, const StowProgram *p, guint op, GError **error)
+{
+  CudaBackend *b = (CudaBackend *)bb;
+  const StowOp *o = &g_array_index (p->ops, StowOp, op);
+  if (o->rank != 0)
+    {
+      g_set_error (error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_UNSUPPORTED,
+                   "the cuda backend runs one rank; the program has %u",
+                   p->n_ranks);
+      return FALSE;
+    }
+  mark (b, op, 0);
+  if (!run_op (b, op, error))
+    {
+      g_autofree char *what = stow_op_describe (p, op);
+      g_prefix_error (error, "op %s: ", what);
+      return FALSE;
+    }
+  mark (b, op, 1);
+  return TRUE;
+}
+
+static void
+cuda_event_record (StowBackend *bb, guint rank, StowStream s, guint event,
+                   guint op)
+{
+  CudaBackend *b = (CudaBackend *)bb;
+  check (b, cudaEventRecord (b->events[event], b->streams[s]),
+         "cudaEventRecord");
+}
+
+static gboolean
+cuda_synchronize (StowBackend *bb, GError **error)
+{
+  CudaBackend *b = (CudaBackend *)bb;
+  for (guint s = 0; s < STOW_N_STREAMS; s++)
+    check (b, cudaStreamSynchronize (b->streams[s]), "cudaStreamSynchronize");
+  GError *e = NULL;
+  if (!stow_llama_cuda_check (b->llama, &e))
+    {
+      if (b->error == NULL)
+        b->error = e;
+      else
+        g_error_free (e);
+    }
+  if (b->error != NULL)
+    {
+      g_propagate_error (error, b->error);
+      b->error = NULL;
+      return FALSE;
+    }
+  return TRUE;
+}
+
+static double
+cuda_now (StowBackend *bb)
+{
+  return (double)g_get_monotonic_time () / 1e6;
+}
+
+static void
+cuda_op_times (StowBackend *bb, guint op, double *start, double *end)
+{
+  CudaBackend *b = (CudaBackend *)bb;
+  float s = 0, e = 0;
+  *start = *end = 0;
+  if (!b->op_timed[op])
+    return;
+  if (cudaEventElapsedTime (&s, b->t0, b->op_ev[2 * op]) != cudaSuccess
+      || cudaEventElapsedTime (&e, b->t0, b->op_ev[2 * op + 1]) != cudaSuccess)
+    {
+      cudaGetLastError ();
+      return;
+    }
+  *start = s / 1e3;
+  *end = MAX (e, s) / 1e3;
+}
+
+static void
+cuda_fill_memory (StowBackend *bb, const StowProgram *p, StowTrace *t)
+{
+  t->peak_bytes[STOW_TIER_DEVICE] = stow_arena_peak (((CudaBackend *)bb)->arena);
+}
+
+static void
+cuda_destroy (StowBackend *bb)
+{
+  CudaBackend *b = (CudaBackend *)bb;
+  for (guint s = 0; s < STOW_N_STREAMS; s++)
+    if (b->streams[s])
+      cudaStreamSynchronize (b->streams[s]);
+  if (b->llama)
+    stow_llama_cuda_free (b->llama);
+  for (guint i = 0; b->events && i < b->p->events->len; i++)
+    if (b->events[i])
+      cudaEventDestroy (b->events[i]);
+  for (guint i = 0; b->op_ev && i < 2 * b->p->ops->len; i++)
+    if (b->op_ev[i])
+      cudaEventDestroy (b->op_ev[i]);
+  if (b->t0)
+    cudaEventDestroy (b->t0);
+  for (guint i = 0; b->pending && i < b->pending->len; i++)
+    cudaEventDestroy (g_array_index (b->pending, PendingFree, i).event);
+  for (guint i = 0; b->spare_events && i < b->spare_events->len; i++)
+    cudaEventDestroy (g_ptr_array_index (b->spare_events, i));
+  for (guint s = 0; s < STOW_N_STREAMS; s++)
+    if (b->streams[s])
+      cudaStreamDestroy (b->streams[s]);
+  if (b->pending)
+    g_array_unref (b->pending);
+  if (b->spare_events)
+    g_ptr_array_unref (b->spare_events);
+  if (b->staging)
+    cudaFreeHost (b->staging);
+  if (b->state_h)
+    cudaFreeHost (b->state_h);
+  if (b->loss_h)
+    cudaFreeHost (b->loss_h);
+  if (b->state_d)
+    cudaFree (b->state_d);
+  if (b->loss_d)
+    cudaFree (b->loss_d);
+  if (b->arena)
+    stow_arena_free (b->arena);
+  if (b->dev_base)
+    cudaFree (b->dev_base);
+  for (guint i = 0; b->shadow && i < b->p->buffers->len; i++)
+    g_free (b->shadow[i]);
+  g_free (b->shadow);
+  g_free (b->events);
+  g_free (b->op_ev);
+  g_free (b->op_timed);
+  stow_tensor_map_clear (&b->map);
+  if (b->error)
+    g_error_free (b->error);
+  if (b->model)
+    stow_model_unref (b->model);
+  g_free (b);
+}
+
+static const StowBackendVtable cuda_vtable = {
+  .name = "cuda",
+  .virtual_time = FALSE,
+  .event_wait = cuda_event_wait,
+  .buffer_alloc = cuda_buffer_alloc,
+  .buffer_free = cuda_buffer_free,
+  .issue = cuda_issue,
+  .event_record = cuda_event_record,
+  .synchronize = cuda_synchronize,
+  .now = cuda_now,
+  .op_times = cuda_op_times,
+  .fill_memory = cuda_fill_memory,
+  .destroy = cuda_destroy,
+};
+
+static gboolean
+make_events (CudaBackend *b, GError **error)
+{
+  const StowProgram *p = b->p;
+  b->events = g_new0 (cudaEvent_t, MAX (p->events->len, 1));
+  for (guint i = 0; i < p->events->len; i++)
+    if (!cuda_ok (cudaEventCreateWithFlags (&b->events[i],
+                                            cudaEventDisableTiming),
+                  "cudaEventCreate", error))
+      return FALSE;
+  b->op_ev = g_new0 (cudaEvent_t, MAX (2 * p->ops->len, 1));
+  b->op_timed = g_new0 (gboolean, MAX (p->ops->len, 1));
+  for (guint i = 0; i < 2 * p->ops->len; i++)
+    if (!cuda_ok (cudaEventCreate (&b->op_ev[i]), "cudaEventCreate", error))
+      return FALSE;
+  if (!cuda_ok (cudaEventCreate (&b->t0), "cudaEventCreate", error))
+    return FALSE;
+  for (guint s = 0; s < STOW_N_STREAMS; s++)
+    if (!cuda_ok (cudaStreamCreateWithFlags (&b->streams[s],
+                                             cudaStreamNonBlocking),
+                  "cudaStreamCreate", error))
+      return FALSE;
+  return TRUE;
+}
+
+StowBackend *
+stow_backend_cuda_new (const StowCudaSetup *setup, GError **error)
+{
+  g_return_val_if_fail (setup != NULL && setup->program != NULL
+                            && setup->model != NULL && setup->data != NULL,
+                        NULL);
+  const StowProgram *p = setup->program;
+  if (p->n_ranks != 1)
+    {
+      g_set_error (error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_UNSUPPORTED,
+                   "the cuda backend runs one device; the layout has %u "
+                   "pipeline stages",
+                   p->n_ranks);
+      return NULL;
+    }
+  if (p->weight_dtype == STOW_DTYPE_F16)
+    {
+      g_set_error (error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_UNSUPPORTED,
+                   "--precision fp16: the cuda backend runs fp32 and bf16");
+      return NULL;
+    }
+  if (!stow_cuda_available (error))
+    return NULL;
+  CudaBackend *b = g_new0 (CudaBackend, 1);
+  b->parent.vt = &cuda_vtable;
+  b->p = p;
+  b->model = stow_model_ref ((StowModel *)setup->model);
+  b->data = setup->data;
+  b->data_user = setup->data_user;
+  b->pending = g_array_new (FALSE, FALSE, sizeof (PendingFree));
+  b->spare_events = g_ptr_array_new ();
+  b->shadow = g_new0 (void *, MAX (p->buffers->len, 1));
+  if (!stow_tensor_map_init (&b->map, p, b->model, "cuda", error)
+      || !make_events (b, error))
+    goto fail;
+  guint64 n = b->map.n_tokens;
+  guint m = (guint)p->grad_accum;
+  guint64 cap = (setup->device_capacity_bytes + STOW_ARENA_ALIGN - 1)
+                / STOW_ARENA_ALIGN * STOW_ARENA_ALIGN;
+  if (!cuda_ok (cudaMalloc (&b->dev_base, MAX (cap, STOW_ARENA_ALIGN)),
+                "cudaMalloc of the device tier (--device-memory)", error)
+      || !cuda_ok (cudaMallocHost ((void **)&b->staging,
+                                   (gsize)m * 8 * n),
+                   "cudaMallocHost", error)
+      || !cuda_ok (cudaMallocHost ((void **)&b->state_h,
+                                   sizeof (StowCudaOptimState)),
+                   "cudaMallocHost", error)
+      || !cuda_ok (cudaMallocHost ((void **)&b->loss_h, sizeof (double)),
+                   "cudaMallocHost", error)
+      || !cuda_ok (cudaMalloc ((void **)&b->state_d,
+                               sizeof (StowCudaOptimState)),
+                   "cudaMalloc", error)
+      || !cuda_ok (cudaMalloc ((void **)&b->loss_d, sizeof (double)),
+                   "cudaMalloc", error))
+    goto fail;
+  b->arena = stow_arena_new_over (b->dev_base, setup->device_capacity_bytes);
+  b->llama = stow_llama_cuda_new (&b->map.config, b->map.ftype, n, p->seq_len,
+                                  b->streams[STOW_STREAM_COMPUTE], error);
+  if (b->llama == NULL)
+    goto fail;
+  return &b->parent;
+fail:
+  cuda_destroy (&b->parent);
+  return NULL;
+}
+
+gboolean
+stow_backend_cuda_alloc_persistent (StowBackend *bb, GError **error)
+{
+  CudaBackend *b = (CudaBackend *)bb;
+  for (guint i = 0; i < b->p->buffers->len; i++)
+    if (buf_of (b, i)->persistent
+        && !alloc_buffer (b, i, STOW_STREAM_COMPUTE, error))
+      return FALSE;
+  return TRUE;
+}
+
+void
+stow_backend_cuda_begin_step (StowBackend *bb, guint64 step)
+{
+  CudaBackend *b = (CudaBackend *)bb;
+  cudaStream_t cs = b->streams[STOW_STREAM_COMPUTE];
+  b->step = step;
+  b->lr = stow_optim_lr_at (&b->p->optim, step);
+  memset (b->op_timed, 0, sizeof (gboolean) * MAX (b->p->ops->len, 1));
+  /* No clipping and no skip unless the grad_norm op says otherwise. */
+  memset (b->state_h, 0, sizeof *b->state_h);
+  b->state_h->clip_coef = 1.0;
+  b->state_h->norm = NAN;
+  check (b, cudaMemcpyAsync (b->state_d, b->state_h, sizeof *b->state_h,
+                             cudaMemcpyHostToDevice, cs),
+         "cudaMemcpyAsync");
+  check (b, cudaMemsetAsync (b->loss_d, 0, sizeof (double), cs),
+         "cudaMemsetAsync");
+  /* Every stream starts the step after this point. */
+  check (b, cudaEventRecord (b->t0, cs), "cudaEventRecord");
+  for (guint s = 0; s < STOW_N_STREAMS; s++)
+    if (s != STOW_STREAM_COMPUTE)
+      check (b, cudaStreamWaitEvent (b->streams[s], b->t0, 0),
+             "cudaStreamWaitEvent");
+}
+
+gboolean
+stow_backend_cuda_step_stats (StowBackend *bb, StowStepStats *out,
+                              GError **error)
+{
+  CudaBackend *b = (CudaBackend *)bb;
+  cudaStream_t cs = b->streams[STOW_STREAM_COMPUTE];
+  if (!cuda_ok (cudaMemcpyAsync (b->state_h, b->state_d, sizeof *b->state_h,
+                                 cudaMemcpyDeviceToHost, cs),
+                "cudaMemcpyAsync", error)
+      || !cuda_ok (cudaMemcpyAsync (b->loss_h, b->loss_d, sizeof (double),
+                                    cudaMemcpyDeviceToHost, cs),
+                   "cudaMemcpyAsync", error)
+      || !cuda_ok (cudaStreamSynchronize (cs), "cudaStreamSynchronize",
+                   error))
+    return FALSE;
+  gboolean norm_op = !isnan (b->state_h->norm);
+  out->loss = *b->loss_h * b->p->loss_scale;
+  out->grad_norm = norm_op ? b->state_h->norm : NAN;
+  out->skipped = b->state_h->skip != 0;
+  out->lr = b->lr;
+  return TRUE;
+}
+
+guint64
+stow_backend_cuda_peak_bytes (StowBackend *bb)
+{
+  return stow_arena_peak (((CudaBackend *)bb)->arena);
+}
+
+void
+stow_backend_cuda_reset_peak (StowBackend *bb)
+{
+  stow_arena_reset_peak (((CudaBackend *)bb)->arena);
+}
+
+/* ---- host copies of the persistent state ---------------------------------- */
+
+static guint8 *
+shadow_unit (CudaBackend *b, guint bi, guint unit)
+{
+  StowTensorMap *m = &b->map;
+  if (bi == STOW_NONE || m->addr[bi] == NULL)
+    return NULL;
+  if (b->shadow[bi] == NULL)
+    b->shadow[bi] = g_malloc0 (buf_of (b, bi)->bytes);
+  /* The same offset as on the device. */
+  guint8 *dev = stow_tensor_map_unit (m, bi, unit);
+  return (guint8 *)b->shadow[bi] + (dev - (guint8 *)m->addr[bi]);
+}
+
+void *
+stow_backend_cuda_weights (StowBackend *bb, guint unit)
+{
+  CudaBackend *b = (CudaBackend *)bb;
+  return shadow_unit (b, b->map.weights_buf, unit);
+}
+
+float *
+stow_backend_cuda_master (StowBackend *bb, guint unit)
+{
+  CudaBackend *b = (CudaBackend *)bb;
+  if (!b->p->master_weights)
+    return NULL;
+  return (float *)shadow_unit (b, b->map.master_buf, unit);
+}
+
+float *
+stow_backend_cuda_moment (StowBackend *bb, guint unit, guint which)
+{
+  CudaBackend *b = (CudaBackend *)bb;
+  float *mv = (float *)shadow_unit (b, b->map.states_buf, unit);
+  if (mv == NULL)
+    return NULL;
+  return which == 0 ? mv
+                    : mv + g_array_index (b->p->units, StowUnit, unit).numel;
+}
+
+static gboolean
+copy_persistent (CudaBackend *b, gboolean up, GError **error)
+{
+  StowTensorMap *m = &b->map;
+  guint bufs[4] = { m->weights_buf, m->master_buf, m->states_buf,
+                    m->grads_buf };
+  for (guint i = 0; i < 3; i++) /* not the gradients: they start afresh */
+    {
+      guint bi = bufs[i];
+      if (bi == STOW_NONE || m->addr[bi] == NULL || b->shadow[bi] == NULL)
+        continue;
+      gsize bytes = buf_of (b, bi)->bytes;
+      cudaError_t e = up ? cudaMemcpy (m->addr[bi], b->shadow[bi], bytes,
+                                       cudaMemcpyHostToDevice)
+                         : cudaMemcpy (b->shadow[bi], m->addr[bi], bytes,
+                                       cudaMemcpyDeviceToHost);
+      if (!cuda_ok (e, up ? "state to the device" : "state from the device",
+                    error))
+        return FALSE;
+    }
+  return TRUE;
+}
+
+gboolean
+stow_backend_cuda_pull (StowBackend *bb, GError **error)
+{
+  CudaBackend *b = (CudaBackend *)bb;
+  StowTensorMap *m = &b->map;
+  /* Make the host copies exist, then fill them. */
+  for (guint u = 0; u < b->p->units->len && u < 1; u++)
+    {
+      shadow_unit (b, m->weights_buf, u);
+      if (b->p->master_weights)
+        shadow_unit (b, m->master_buf, u);
+      shadow_unit (b, m->states_buf, u);
+    }
+  return copy_persistent (b, FALSE, error);
+}
+
+gboolean
+stow_backend_cuda_push (StowBackend *bb, GError **error)
+{
+  return copy_persistent ((CudaBackend *)bb, TRUE, error);
+}

@@ -1,0 +1,463 @@
+/* SPDX-License-Identifier: MIT
+ *
+ * executor/backends/tensors.c: where a step program's tensors are
+ * (executor/backends/tensors.h).
+ */
+#include "executor/backends/tensors.h"
+
+#include <string.h>
+
+#include "executor/backend.h"
+
+/* ---- the model's runtime config ----------------------------------------- */
+
+gboolean
+stow_llama_config_from_model (const StowModel *m, StowLlamaConfig *c,
+                              GError **error)
+{
+  memset (c, 0, sizeof *c);
+  const char *fam = m->family ? m->family : "?";
+  if (!g_str_equal (fam, "llama") && !g_str_equal (fam, "mistral")
+      && !g_str_equal (fam, "qwen2"))
+    {
+      g_set_error (error, STOW_LLAMA_ERROR, STOW_LLAMA_ERROR_INVALID,
+                   "%s: model_type \"%s\": the executor runs LLaMA-family "
+                   "decoders (llama, mistral, qwen2)",
+                   m->name, fam);
+      return FALSE;
+    }
+  if (m->n_experts > 0 || !m->gated_mlp || m->norm != STOW_NORM_RMSNORM
+      || m->n_encoder_layers > 0)
+    {
+      g_set_error (error, STOW_LLAMA_ERROR, STOW_LLAMA_ERROR_INVALID,
+                   "%s: mixture-of-experts and other variants of %s are not "
+                   "run by the executor",
+                   m->name, fam);
+      return FALSE;
+    }
+  if (g_strcmp0 (m->hidden_act, "silu") != 0)
+    {
+      g_set_error (error, STOW_LLAMA_ERROR, STOW_LLAMA_ERROR_INVALID,
+                   "%s: hidden_act \"%s\": the executor runs silu (SwiGLU)",
+                   m->name, m->hidden_act ? m->hidden_act : "");
+      return FALSE;
+    }
+  if (m->rope_type != NULL && !g_str_equal (m->rope_type, "default")
+      && !g_str_equal (m->rope_type, "llama3"))
+    {
+      g_set_error (error, STOW_LLAMA_ERROR, STOW_LLAMA_ERROR_INVALID,
+                   "%s: rope_scaling.rope_type \"%s\": the executor runs "
+                   "default and llama3 rotary embeddings",
+                   m->name, m->rope_type);
+      return FALSE;
+    }
+  c->hidden = m->hidden;
+  c->n_layers = m->n_layers;
+  c->n_heads = m->n_heads;
+  c->n_kv_heads = m->n_kv_heads;
+  c->head_dim = m->head_dim;
+  c->ffn = m->ffn;
+  c->vocab = m->vocab;
+  c->rope_theta = m->rope_theta;
+  c->rms_norm_eps = m->norm_eps;
+  if (g_strcmp0 (m->rope_type, "llama3") == 0)
+    {
+      c->rope_factor = m->rope_factor;
+      c->rope_low_freq_factor = m->rope_low_freq_factor;
+      c->rope_high_freq_factor = m->rope_high_freq_factor;
+      c->rope_original_max_positions = m->rope_original_max_positions;
+    }
+  c->qkv_bias = m->qkv_bias;
+  c->o_bias = m->o_bias;
+  c->mlp_bias = m->mlp_bias;
+  c->tied = m->tied_embeddings;
+  return TRUE;
+}
+
+/* The slots of a layer's weights, in StowLlamaLayerWeights order. */
+static const char *const layer_names[] = {
+  "input_layernorm.weight",          "self_attn.q_proj.weight",
+  "self_attn.k_proj.weight",         "self_attn.v_proj.weight",
+  "self_attn.o_proj.weight",         "self_attn.q_proj.bias",
+  "self_attn.k_proj.bias",           "self_attn.v_proj.bias",
+  "self_attn.o_proj.bias",           "post_attention_layernorm.weight",
+  "mlp.gate_proj.weight",            "mlp.up_proj.weight",
+  "mlp.down_proj.weight",            "mlp.gate_proj.bias",
+  "mlp.up_proj.bias",                "mlp.down_proj.bias",
+};
+G_STATIC_ASSERT (G_N_ELEMENTS (layer_names) == STOW_LAYER_SLOTS);
+G_STATIC_ASSERT (sizeof (StowLlamaLayerWeights)
+                 == STOW_LAYER_SLOTS * sizeof (void *));
+
+StowFloatType
+stow_float_type_of_dtype (StowDtype d)
+{
+  return d == STOW_DTYPE_F32    ? STOW_FLOAT_F32
+         : d == STOW_DTYPE_BF16 ? STOW_FLOAT_BF16
+                                : STOW_FLOAT_F16;
+}
+
+const StowBuffer *
+stow_tensor_map_buffer (const StowTensorMap *m, guint i)
+{
+  return &g_array_index (m->p->buffers, StowBuffer, i);
+}
+
+static const StowUnit *
+unit_of (const StowTensorMap *m, guint u)
+{
+  return &g_array_index (m->p->units, StowUnit, u);
+}
+
+gsize
+stow_tensor_map_kind_elem (const StowTensorMap *m, StowBufferKind kind)
+{
+  switch (kind)
+    {
+    case STOW_BUF_WEIGHTS:
+      return stow_dtype_size (m->p->weight_dtype);
+    case STOW_BUF_GRADS:
+      return stow_dtype_size (m->p->grad_dtype);
+    case STOW_BUF_MASTER:
+      return 4;
+    case STOW_BUF_OPT_STATES:
+      return 8; /* m and v */
+    default:
+      return 0;
+    }
+}
+
+guint8 *
+stow_tensor_map_unit (const StowTensorMap *m, guint bi, guint unit)
+{
+  const StowBuffer *buf = stow_tensor_map_buffer (m, bi);
+  g_assert (buf->unit_first != STOW_NONE && unit >= buf->unit_first
+            && unit < buf->unit_first + buf->n_units);
+  guint64 off = unit_of (m, unit)->offset - unit_of (m, buf->unit_first)->offset;
+  return (guint8 *)m->addr[bi] + off * stow_tensor_map_kind_elem (m, buf->kind);
+}
+
+void
+stow_tensor_map_layer (const StowTensorMap *m, guint8 *base, guint unit,
+                       gsize elem, StowLlamaLayerWeights *w)
+{
+  void **slots = (void **)w;
+  memset (w, 0, sizeof *w);
+  for (guint s = 0; s < STOW_LAYER_SLOTS; s++)
+    {
+      guint64 off = m->slot_offset[unit * STOW_LAYER_SLOTS + s];
+      if (off != G_MAXUINT64)
+        slots[s] = base + off * elem;
+    }
+}
+
+/* ---- checks and layout ---------------------------------------------------- */
+
+static gboolean
+check_size (const char *backend, const StowBuffer *buf, guint64 need,
+            GError **error)
+{
+  if (buf->bytes >= need)
+    return TRUE;
+  g_set_error (error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_INVALID,
+               "program buffer \"%s\" has %" G_GUINT64_FORMAT
+               " B; the %s backend keeps %" G_GUINT64_FORMAT " B there",
+               buf->name, buf->bytes, backend, need);
+  return FALSE;
+}
+
+static guint64
+units_numel (const StowTensorMap *m, const StowBuffer *buf)
+{
+  guint64 n = 0;
+  for (guint u = buf->unit_first; u < buf->unit_first + buf->n_units; u++)
+    n += unit_of (m, u)->numel;
+  return n;
+}
+
+/* Indexes the program's buffers and checks each holds what the runtime
+ * puts there: the memory model's sizes against the runtime's. */
+static gboolean
+index_buffers (StowTensorMap *m, const char *backend, GError **error)
+{
+  const StowProgram *p = m->p;
+  guint nm = (guint)p->grad_accum;
+  guint64 n = m->n_tokens;
+  guint64 h = m->model->hidden;
+  guint64 x_bytes = n * h * m->esize;
+  guint L = (guint)m->model->n_layers;
+  m->act_of = g_new (guint, (gsize)L * nm);
+  m->input_of = g_new (guint, nm);
+  for (guint i = 0; i < L * nm; i++)
+    m->act_of[i] = STOW_NONE;
+  for (guint i = 0; i < nm; i++)
+    m->input_of[i] = STOW_NONE;
+  m->weights_buf = m->grads_buf = m->master_buf = m->states_buf = STOW_NONE;
+  guint64 saved = m->saved_bytes;
+  guint64 out = m->out_bytes;
+  for (guint i = 0; i < p->buffers->len; i++)
+    {
+      const StowBuffer *buf = stow_tensor_map_buffer (m, i);
+      if (buf->rank != 0)
+        continue;
+      gboolean ok = TRUE;
+      switch (buf->kind)
+        {
+        case STOW_BUF_WEIGHTS:
+        case STOW_BUF_GRADS:
+        case STOW_BUF_MASTER:
+        case STOW_BUF_OPT_STATES:
+          if (!buf->persistent || buf->tier != STOW_TIER_DEVICE)
+            break;
+          if (buf->unit_first != 0 || buf->n_units != p->units->len)
+            {
+              g_set_error (error, STOW_BACKEND_ERROR,
+                           STOW_BACKEND_ERROR_UNSUPPORTED,
+                           "program buffer \"%s\": the %s backend runs one "
+                           "device holding every unit",
+                           buf->name, backend);
+              return FALSE;
+            }
+          if (buf->kind == STOW_BUF_MASTER && !p->master_weights)
+            break;
+          ok = check_size (backend, buf, units_numel (m, buf) * stow_tensor_map_kind_elem (m, buf->kind),
+                           error);
+          if (buf->kind == STOW_BUF_WEIGHTS)
+            m->weights_buf = i;
+          else if (buf->kind == STOW_BUF_GRADS)
+            m->grads_buf = i;
+          else if (buf->kind == STOW_BUF_MASTER)
+            m->master_buf = i;
+          else
+            m->states_buf = i;
+          break;
+        case STOW_BUF_INPUT:
+          ok = check_size (backend, buf, 8 * n + x_bytes, error);
+          if (buf->micro_batch < nm)
+            m->input_of[buf->micro_batch] = i;
+          break;
+        case STOW_BUF_ACTIVATIONS:
+        case STOW_BUF_CHECKPOINT:
+          ok = check_size (backend, buf, buf->kind == STOW_BUF_ACTIVATIONS ? saved : out,
+                           error);
+          if (buf->layer >= 0 && (guint)buf->layer < L && buf->micro_batch < nm)
+            m->act_of[buf->layer * nm + buf->micro_batch] = i;
+          break;
+        case STOW_BUF_RECOMPUTED:
+          ok = check_size (backend, buf, saved - out, error);
+          break;
+        case STOW_BUF_WORKSPACE:
+          ok = check_size (backend, buf, stow_llama_config_backward_ws_bytes (&m->config, m->esize, n),
+                           error);
+          break;
+        case STOW_BUF_LOGITS:
+          ok = check_size (backend, buf,
+                           4 * stow_llama_loss_scratch_floats (
+                                   m->model->vocab, h, m->chunk),
+                           error);
+          break;
+        default:
+          break;
+        }
+      if (!ok)
+        return FALSE;
+    }
+  if (m->weights_buf == STOW_NONE || m->grads_buf == STOW_NONE
+      || m->states_buf == STOW_NONE
+      || (p->master_weights && m->master_buf == STOW_NONE))
+    {
+      g_set_error (error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_UNSUPPORTED,
+                   "the %s backend runs layouts that keep the weights, "
+                   "gradients and optimizer states on the device (%s)",
+                   backend, p->description ? p->description : "this program");
+      return FALSE;
+    }
+  return TRUE;
+}
+
+/* Element offsets of each layer's tensors and of the head's. */
+static gboolean
+index_units (StowTensorMap *m, GError **error)
+{
+  const StowProgram *p = m->p;
+  m->slot_offset = g_new (guint64, (gsize)p->units->len * STOW_LAYER_SLOTS);
+  for (gsize i = 0; i < (gsize)p->units->len * STOW_LAYER_SLOTS; i++)
+    m->slot_offset[i] = G_MAXUINT64;
+  m->emb_unit = stow_program_unit_of_layer (p, STOW_LAYER_EMBEDDING);
+  m->head_unit = stow_program_unit_of_layer (p, STOW_LAYER_HEAD);
+  for (guint u = 0; u < p->units->len; u++)
+    {
+      const StowUnit *unit = unit_of (m, u);
+      if (unit->layer < 0)
+        continue;
+      g_autofree char *prefix
+          = g_strdup_printf ("model.layers.%d.", unit->layer);
+      for (guint k = 0; k < unit->n_tensors; k++)
+        {
+          const StowUnitTensor *t = &g_array_index (
+              p->unit_tensors, StowUnitTensor, unit->first_tensor + k);
+          gboolean known = FALSE;
+          if (g_str_has_prefix (t->name, prefix))
+            for (guint s = 0; s < STOW_LAYER_SLOTS; s++)
+              if (g_str_equal (t->name + strlen (prefix), layer_names[s]))
+                {
+                  m->slot_offset[u * STOW_LAYER_SLOTS + s] = t->offset;
+                  known = TRUE;
+                }
+          if (!known)
+            {
+              g_set_error (error, STOW_LLAMA_ERROR, STOW_LLAMA_ERROR_INVALID,
+                           "%s: tensor %s is not one the runtime runs",
+                           m->model->name, t->name);
+              return FALSE;
+            }
+        }
+    }
+  const StowUnitTensor *norm
+      = stow_program_unit_tensor (p, m->head_unit, "model.norm.weight");
+  const StowUnitTensor *lm
+      = stow_program_unit_tensor (p, m->head_unit, "lm_head.weight");
+  if (norm == NULL || (lm == NULL && !m->model->tied_embeddings))
+    {
+      g_set_error (error, STOW_LLAMA_ERROR, STOW_LLAMA_ERROR_INVALID,
+                   "%s: the output layer needs model.norm.weight and "
+                   "lm_head.weight (or tied embeddings)",
+                   m->model->name);
+      return FALSE;
+    }
+  m->head_norm = norm->offset;
+  m->head_lm = lm ? lm->offset : G_MAXUINT64;
+  return TRUE;
+}
+
+/* ---- what an op reads and writes ---------------------------------------- */
+
+guint8 *
+stow_tensor_map_layer_output (const StowTensorMap *m, gint layer, guint mb)
+{
+  guint nm = (guint)m->p->grad_accum;
+  if (layer < 0)
+    return (guint8 *)m->addr[m->input_of[mb]] + 8 * m->n_tokens;
+  guint bi = m->act_of[layer * nm + mb];
+  guint8 *base = m->addr[bi];
+  if (stow_tensor_map_buffer (m, bi)->kind == STOW_BUF_CHECKPOINT)
+    return base;
+  return base + m->saved_bytes - m->out_bytes;
+}
+
+guint
+stow_tensor_map_io (const StowTensorMap *m, const StowOp *op,
+                    gboolean writes, StowBufferKind kind)
+{
+  const guint *io = writes ? op->writes : op->reads;
+  guint n = writes ? op->n_writes : op->n_reads;
+  for (guint i = 0; i < n; i++)
+    if (stow_tensor_map_buffer (m, io[i])->kind == kind)
+      return io[i];
+  return STOW_NONE;
+}
+
+void
+stow_tensor_map_saved (const StowTensorMap *m, const StowOp *op,
+                       gboolean rebuilt, StowLlamaSaved *s)
+{
+  guint nm = (guint)m->p->grad_accum;
+  guint bi = m->act_of[op->layer * nm + op->micro_batch];
+  guint8 *base = m->addr[bi];
+  if (stow_tensor_map_buffer (m, bi)->kind == STOW_BUF_ACTIVATIONS)
+    {
+      stow_llama_config_saved_carve (&m->config, m->esize, m->n_tokens, base,
+                                     base + m->saved_bytes - m->out_bytes, s);
+      return;
+    }
+  /* Full recompute: the output in the checkpoint, the rest in the
+   * rebuilt part (written by the forward's working set, or the
+   * recomputation). */
+  guint rest = stow_tensor_map_io (m, op, !rebuilt, STOW_BUF_RECOMPUTED);
+  if (rest == STOW_NONE)
+    rest = stow_tensor_map_io (m, op, rebuilt, STOW_BUF_RECOMPUTED);
+  g_assert (rest != STOW_NONE);
+  stow_llama_config_saved_carve (&m->config, m->esize, m->n_tokens,
+                                 m->addr[rest], base, s);
+}
+
+void
+stow_tensor_map_head (const StowTensorMap *m, gboolean grads, void **norm,
+                      void **lm)
+{
+  guint bi = grads ? m->grads_buf : m->weights_buf;
+  gsize e = grads ? stow_dtype_size (m->p->grad_dtype) : m->esize;
+  guint8 *head = stow_tensor_map_unit (m, bi, m->head_unit);
+  *norm = head + m->head_norm * e;
+  *lm = m->head_lm != G_MAXUINT64 ? head + m->head_lm * e
+                                  : stow_tensor_map_unit (m, bi, m->emb_unit);
+}
+
+void
+stow_tensor_map_adam (const StowTensorMap *m, guint unit, guint k, double lr,
+                      StowAdamConfig *cfg, StowAdamTensor *at)
+{
+  const StowProgram *p = m->p;
+  const StowUnit *u = unit_of (m, unit);
+  const StowUnitTensor *t = &g_array_index (p->unit_tensors, StowUnitTensor,
+                                            u->first_tensor + k);
+  guint8 *w = stow_tensor_map_unit (m, m->weights_buf, unit);
+  guint8 *g = stow_tensor_map_unit (m, m->grads_buf, unit);
+  float *mv = (float *)stow_tensor_map_unit (m, m->states_buf, unit);
+  stow_adam_config_init (cfg);
+  cfg->lr = lr;
+  cfg->beta1 = p->optim.beta1, cfg->beta2 = p->optim.beta2;
+  cfg->eps = p->optim.eps;
+  cfg->weight_decay = t->n_dims >= 2 ? p->optim.weight_decay : 0.0;
+  memset (at, 0, sizeof *at);
+  at->m = mv + t->offset;
+  at->v = mv + u->numel + t->offset;
+  at->grad = g + t->offset * stow_dtype_size (p->grad_dtype);
+  at->grad_type = stow_float_type_of_dtype (p->grad_dtype);
+  at->n = t->numel;
+  if (p->master_weights)
+    {
+      float *master = (float *)stow_tensor_map_unit (m, m->master_buf, unit);
+      at->param = master + t->offset;
+      at->param_out = w + t->offset * m->esize;
+      at->out_type = m->ftype;
+    }
+  else
+    {
+      at->param = (float *)(w + t->offset * 4);
+      at->out_type = STOW_FLOAT_NONE;
+    }
+}
+
+/* ---- the map ------------------------------------------------------------- */
+
+gboolean
+stow_tensor_map_init (StowTensorMap *m, const StowProgram *p,
+                      const StowModel *model, const char *backend,
+                      GError **error)
+{
+  memset (m, 0, sizeof *m);
+  m->p = p;
+  m->model = model;
+  if (!stow_llama_config_from_model (model, &m->config, error))
+    return FALSE;
+  m->ftype = stow_float_type_of_dtype (p->weight_dtype);
+  m->esize = stow_dtype_size (p->weight_dtype);
+  m->n_tokens = p->micro_batch * p->seq_len;
+  m->chunk = stow_llama_loss_chunk_tokens (m->config.vocab, m->config.hidden,
+                                           m->n_tokens);
+  m->saved_bytes
+      = stow_llama_config_saved_bytes (&m->config, m->esize, m->n_tokens);
+  m->out_bytes = stow_llama_config_out_bytes (&m->config, m->esize, m->n_tokens);
+  m->addr = g_new0 (void *, MAX (p->buffers->len, 1));
+  return index_units (m, error) && index_buffers (m, backend, error);
+}
+
+void
+stow_tensor_map_clear (StowTensorMap *m)
+{
+  g_clear_pointer (&m->addr, g_free);
+  g_clear_pointer (&m->act_of, g_free);
+  g_clear_pointer (&m->input_of, g_free);
+  g_clear_pointer (&m->slot_offset, g_free);
+}

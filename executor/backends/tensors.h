@@ -1,0 +1,98 @@
+/* SPDX-License-Identifier: MIT
+ *
+ * executor/backends/tensors.h: where every tensor of a step program is, for
+ * the backends that hold real tensors (cpu, cuda).  From the program's
+ * buffers (which units, layer and micro-batch each holds) and the units'
+ * flat layouts it finds, given each buffer's base address, a layer's weights
+ * and gradients, a micro-batch's tokens and layer outputs, the saved
+ * activations an op reads, and the optimizer's view of a tensor.  It checks
+ * once that every buffer holds what the decoder runtime keeps there (the
+ * memory model's sizes against the runtime's).  The addresses are the
+ * backend's: host or device, this file never dereferences them.
+ */
+#pragma once
+
+#include "executor/llama.h"
+#include "offload/adam.h"
+#include "planner/program.h"
+
+G_BEGIN_DECLS
+
+typedef struct
+{
+  const StowProgram *p;
+  const StowModel *model;
+  StowLlamaConfig config;
+  StowFloatType ftype; /* weights and activations */
+  gsize esize;
+  guint64 n_tokens; /* per micro-batch: B T */
+  guint64 chunk;    /* the fused loss's tokens per chunk */
+  guint64 saved_bytes, out_bytes; /* a layer's activations, its output */
+  /* per unit of a layer: element offsets of its tensors within the unit
+   * in StowLlamaLayerWeights order, G_MAXUINT64 when absent */
+  guint64 *slot_offset; /* [unit * STOW_LAYER_SLOTS + slot] */
+  guint64 head_norm, head_lm; /* offsets in the head unit; lm: MAXUINT64 tied */
+  guint emb_unit, head_unit;
+  guint *act_of;   /* [layer * m + mb]: its ACTIVATIONS or CHECKPOINT buffer */
+  guint *input_of; /* [mb]: its INPUT buffer (tokens, targets, x) */
+  guint weights_buf, grads_buf, master_buf, states_buf;
+  /* [buffer]: base addresses while allocated, kept by the backend */
+  void **addr;
+} StowTensorMap;
+
+#define STOW_LAYER_SLOTS 16 /* the pointers of StowLlamaLayerWeights */
+
+/* The runtime config a model runs with, from its config.json fields;
+ * STOW_LLAMA_ERROR_INVALID names what the runtime does not run (a family,
+ * hidden_act, rope_type, a fused projection). */
+gboolean stow_llama_config_from_model (const StowModel *model,
+                                       StowLlamaConfig *out, GError **error);
+
+StowFloatType stow_float_type_of_dtype (StowDtype dtype);
+
+/* Indexes @program for @model and checks every buffer's size; @backend
+ * names the backend in messages.  STOW_BACKEND_ERROR_INVALID names a
+ * buffer and both sizes; _UNSUPPORTED a layout the backends cannot hold
+ * (a persistent buffer of a part of the units). */
+gboolean stow_tensor_map_init (StowTensorMap *map, const StowProgram *program,
+                               const StowModel *model, const char *backend,
+                               GError **error);
+void stow_tensor_map_clear (StowTensorMap *map);
+
+const StowBuffer *stow_tensor_map_buffer (const StowTensorMap *map,
+                                          guint buffer);
+/* Bytes per element of what a persistent buffer of @kind holds. */
+gsize stow_tensor_map_kind_elem (const StowTensorMap *map,
+                                 StowBufferKind kind);
+/* Where @unit starts in persistent buffer @buffer (a run of units). */
+guint8 *stow_tensor_map_unit (const StowTensorMap *map, guint buffer,
+                              guint unit);
+/* The tensors of layer unit @unit whose storage starts at @base, elements
+ * of @elem bytes. */
+void stow_tensor_map_layer (const StowTensorMap *map, guint8 *base,
+                            guint unit, gsize elem, StowLlamaLayerWeights *w);
+/* The output of layer @layer for micro-batch @mb (the next layer's
+ * input); for layer -1 the embedding's. */
+guint8 *stow_tensor_map_layer_output (const StowTensorMap *map, gint layer,
+                                      guint mb);
+/* A buffer of @kind among op @op's reads (or writes), or STOW_NONE. */
+guint stow_tensor_map_io (const StowTensorMap *map, const StowOp *op,
+                          gboolean writes, StowBufferKind kind);
+/* The saved activations of a layer op (forward, recompute, backward);
+ * @rebuilt: the op reads the recomputed part rather than writing it. */
+void stow_tensor_map_saved (const StowTensorMap *map, const StowOp *op,
+                            gboolean rebuilt, StowLlamaSaved *saved);
+/* The head's norm and lm_head weights (or gradients, from @grads), with a
+ * tied head the embedding's. */
+void stow_tensor_map_head (const StowTensorMap *map, gboolean grads,
+                           void **norm, void **lm);
+
+/* The optimizer's view of tensor @k of @unit: its AdamW settings (weight
+ * decay on tensors of two or more dimensions only, as nanoGPT and HF's
+ * Trainer do) at learning rate @lr, and its arrays in the persistent
+ * buffers. */
+void stow_tensor_map_adam (const StowTensorMap *map, guint unit, guint k,
+                           double lr, StowAdamConfig *config,
+                           StowAdamTensor *tensor);
+
+G_END_DECLS

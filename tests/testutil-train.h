@@ -1,0 +1,36 @@
+/* SPDX-License-Identifier: MIT
+ *
+ * tests/testutil-train.h: a small model, a token shard and `stowage train`
+ * runs on them, shared by the cpu tests (test-train.c) and the GPU ones
+ * (test-gpu-train.c).
+ */
+#pragma once
+
+#include <glib.h>
+
+#include "testutil.h"
+
+/* A small LLaMA (GQA, untied), vocabulary 300. */
+extern const char *const stow_train_small_config;
+
+typedef struct
+{
+  char *dir, *config, *model, *shard, *text;
+} Fixture;
+
+/* A shard file of @written random tokens below @vocab under a header of
+ * @magic, @version and @count (llm.c's layout). */
+void write_shard (const char *path, guint32 magic, guint32 version,
+                  guint32 count, guint32 written, guint32 vocab);
+/* A temporary directory with the config, a model initialised from it
+ * (seed 3) and a shard of 20000 tokens. */
+void fixture_init (Fixture *f);
+void fixture_clear (Fixture *f);
+/* Runs train on the fixture (seq 16, micro-batch 2, global batch 4, lr
+ * 0.003) with @out and the extra flags (NULL ended). */
+void train (StowRun *r, Fixture *f, const char *out, ...)
+    G_GNUC_NULL_TERMINATED;
+/* The contents of @file in @dir's latest checkpoint. */
+char *contents (const char *dir, const char *file);
+/* Whether two runs' latest checkpoints hold the same bytes of @file. */
+gboolean same_file (const char *a_dir, const char *b_dir, const char *file);
