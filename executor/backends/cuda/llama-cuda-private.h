@@ -74,7 +74,6 @@ struct StowLlamaCuda
   guint64 ws_bytes;
   float *rope_cos, *rope_sin; /* (max_seq, d/2) */
   void *cublas_ws;            /* STOW_CUDA_CUBLAS_WS_BYTES */
-  float *rstd;                /* (max_tokens) */
   float *attn_delta;          /* (max_tokens, a): rowsum (dO * O) */
   double *col_part;           /* (ceil (max_tokens / COL_ROWS), max cols) */
   double *col_acc;            /* (h): the fused loss's norm gradient */
