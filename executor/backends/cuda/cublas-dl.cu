@@ -31,8 +31,15 @@ static gboolean
 load_locked (GError **error)
 {
   /* The soname of CUDA 13's cuBLAS first, then whatever libcublas.so the
-   * loader finds (a development install). */
-  const char *names[] = { "libcublas.so.13", "libcublas.so" };
+   * loader finds (a development install), then the toolkit this was built
+   * with, whose lib64 is not always on the loader's path. */
+  const char *names[] = {
+    "libcublas.so.13",
+    "libcublas.so",
+#ifdef STOW_CUDA_LIBDIR
+    STOW_CUDA_LIBDIR "/libcublas.so.13",
+#endif
+  };
   void *lib = NULL;
   g_autoptr (GString) tried = g_string_new (NULL);
   for (guint i = 0; i < G_N_ELEMENTS (names) && lib == NULL; i++)

@@ -512,15 +512,25 @@ stow_llama_cuda_new (const StowLlamaConfig *config, StowFloatType dtype,
   if (cpu == NULL)
     return NULL;
   const StowLlamaConfig *c = config;
-  if (c->head_dim > 256 || max_tokens == 0 || max_tokens > G_MAXINT
-      || max_tokens < max_seq || c->vocab > G_MAXINT32)
+  /* The attention's tiles hold head_dim floats per row in shared memory;
+   * the column reductions' grid has a y dimension of max_tokens / 256
+   * (at most 65535). */
+  const guint64 max_tokens_limit = (guint64)65535 * STOW_CUDA_COL_ROWS;
+  if (c->head_dim > 256)
     {
       g_set_error (error, STOW_LLAMA_ERROR, STOW_LLAMA_ERROR_INVALID,
-                   "cuda llama: head_dim %" G_GUINT64_FORMAT
-                   " (at most 256), max_tokens %" G_GUINT64_FORMAT
-                   " (1 .. %d, at least max_seq %" G_GUINT64_FORMAT
-                   "), vocab %" G_GUINT64_FORMAT ": not runnable",
-                   c->head_dim, max_tokens, G_MAXINT, max_seq, c->vocab);
+                   "cuda llama: head_dim (%" G_GUINT64_FORMAT
+                   ") must be at most 256",
+                   c->head_dim);
+      return NULL;
+    }
+  if (max_tokens < max_seq || max_tokens > max_tokens_limit)
+    {
+      g_set_error (error, STOW_LLAMA_ERROR, STOW_LLAMA_ERROR_INVALID,
+                   "cuda llama: max_tokens (%" G_GUINT64_FORMAT
+                   ") must be at least max_seq (%" G_GUINT64_FORMAT
+                   ") and at most %" G_GUINT64_FORMAT,
+                   max_tokens, max_seq, max_tokens_limit);
       return NULL;
     }
   const StowCublas *cublas = stow_cublas_load (error);
@@ -842,7 +852,7 @@ layer_args_ok (const StowLlamaCuda *L, guint64 batch, guint64 seq,
                const StowLlamaLayerWeights *w)
 {
   const StowLlamaConfig *c = &L->config;
-  if (seq == 0 || seq > L->max_seq || batch == 0
+  if (seq == 0 || seq > L->max_seq || batch == 0 || batch > 65535
       || batch * seq > L->max_tokens)
     return FALSE;
   if (!w->attn_norm || !w->wq || !w->wk || !w->wv || !w->wo || !w->mlp_norm
