@@ -1,0 +1,183 @@
+/* SPDX-License-Identifier: MIT
+ *
+ * executor/backends/cuda/llama-cuda-private.h: what the cuda runtime's
+ * files share (CUDA C++ only): the runtime's struct and workspace, the
+ * sticky error, the element loads and stores, cuBLAS loaded by dlopen,
+ * the row-major GEMM front end and the attention kernels' entry points.
+ * Not a public interface: llama-cuda.h is.
+ */
+#pragma once
+
+#include <cstdint>
+
+#include <cublas_api.h>
+#include <cuda_runtime_api.h>
+
+#include "executor/backends/cuda/llama-cuda.h"
+
+/* ---- cuBLAS, resolved by dlopen (cublas-dl.cu) -------------------------- */
+
+typedef struct
+{
+  cublasStatus_t (*create) (cublasHandle_t *handle);
+  cublasStatus_t (*destroy) (cublasHandle_t handle);
+  cublasStatus_t (*set_stream) (cublasHandle_t handle, cudaStream_t stream);
+  cublasStatus_t (*set_workspace) (cublasHandle_t handle, void *ws,
+                                   size_t bytes);
+  cublasStatus_t (*set_math_mode) (cublasHandle_t handle, cublasMath_t mode);
+  cublasStatus_t (*gemm_ex) (cublasHandle_t handle, cublasOperation_t ta,
+                             cublasOperation_t tb, int m, int n, int k,
+                             const void *alpha, const void *A,
+                             cudaDataType_t a_type, int lda, const void *B,
+                             cudaDataType_t b_type, int ldb, const void *beta,
+                             void *C, cudaDataType_t c_type, int ldc,
+                             cublasComputeType_t compute,
+                             cublasGemmAlgo_t algo);
+  const char *(*status_string) (cublasStatus_t status);
+} StowCublas;
+
+/* The process's cuBLAS (loaded once, never unloaded), or NULL and why. */
+const StowCublas *stow_cublas_load (GError **error);
+
+/* ---- the runtime --------------------------------------------------------- */
+
+/* Threads of the row kernels' blocks; the block reductions' trees are
+ * fixed by it (determinism). */
+#define STOW_CUDA_ROW_THREADS 256
+/* Rows a column reduction's thread sums before its partial is kept: the
+ * partition is fixed by n alone. */
+#define STOW_CUDA_COL_ROWS 256
+/* Rows head_logits normalises at a time (its staging in the workspace). */
+#define STOW_CUDA_LOGITS_ROWS 64
+/* cuBLAS's workspace: NVIDIA's recommendation for Hopper. */
+#define STOW_CUDA_CUBLAS_WS_BYTES ((guint64)32 << 20)
+/* The gradient norm's partition, as offload/adam.c's SUMSQ_MIN_BLOCK,
+ * SUMSQ_MAX_BLOCKS and SUMSQ_LANES: the same blocks give the same bits. */
+#define STOW_CUDA_SUMSQ_MIN_BLOCK 8192
+#define STOW_CUDA_SUMSQ_MAX_BLOCKS 4096
+#define STOW_CUDA_SUMSQ_LANES 16
+
+struct StowLlamaCuda
+{
+  StowLlamaConfig config;
+  StowFloatType dtype;
+  bool bf16;
+  guint64 esize;
+  guint64 max_tokens, max_seq;
+  cudaStream_t stream;
+  int device;
+  const StowCublas *cublas;
+  cublasHandle_t handle;
+
+  /* Device workspace: one cudaMalloc, carved (see stow_llama_cuda_new). */
+  void *ws;
+  guint64 ws_bytes;
+  float *rope_cos, *rope_sin; /* (max_seq, d/2) */
+  void *cublas_ws;            /* STOW_CUDA_CUBLAS_WS_BYTES */
+  float *attn_delta;          /* (max_tokens, a): rowsum (dO * O) */
+  double *col_part;           /* (ceil (max_tokens / COL_ROWS), max cols) */
+  double *col_acc;            /* (h): the fused loss's norm gradient */
+  double *sumsq_part;         /* (SUMSQ_MAX_BLOCKS) */
+  float *logits_xn;           /* (LOGITS_ROWS, h) */
+  guint32 *sort_keys_in, *sort_keys_out, *sort_vals_in, *sort_vals_out;
+  void *sort_tmp; /* cub's radix sort storage for max_tokens */
+  size_t sort_tmp_bytes;
+  int sort_bits; /* bits of the largest token id */
+  int attn_tile; /* queries/keys per attention tile (32, 16 when d > 128) */
+
+  /* The first failure, sticky. */
+  GError *error;
+};
+
+/* Records @what's failure (the first one only) and returns FALSE, or
+ * returns TRUE on cudaSuccess. */
+gboolean stow_llama_cuda_ok (StowLlamaCuda *L, cudaError_t e, const char *what);
+/* The same for the last kernel launch (cudaGetLastError). */
+gboolean stow_llama_cuda_launched (StowLlamaCuda *L, const char *what);
+
+/* ---- elements ------------------------------------------------------------- */
+
+/* Bit-identical to stow_f32_to_bf16 / stow_bf16_to_f32 (offload/adam.c). */
+static __device__ __forceinline__ float
+stow_cuda_bf16_load (uint16_t h)
+{
+  return __uint_as_float ((uint32_t)h << 16);
+}
+
+static __device__ __forceinline__ uint16_t
+stow_cuda_bf16_round (float x)
+{
+  uint32_t b = __float_as_uint (x);
+  if ((b & 0x7fffffffu) > 0x7f800000u)
+    return 0x7fc0;
+  return (uint16_t)((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
+}
+
+/* Element @i of a tensor of the runtime's dtype (bf16 when BF). */
+template <bool BF>
+static __device__ __forceinline__ float
+ld_el (const void *p, guint64 i)
+{
+  if (BF)
+    return stow_cuda_bf16_load (((const uint16_t *)p)[i]);
+  return ((const float *)p)[i];
+}
+
+template <bool BF>
+static __device__ __forceinline__ void
+st_el (void *p, guint64 i, float x)
+{
+  if (BF)
+    ((uint16_t *)p)[i] = stow_cuda_bf16_round (x);
+  else
+    ((float *)p)[i] = x;
+}
+
+/* stow_llama_expf (executor/llama-private.h) operation for operation: with
+ * -fmad=false the device computes the same bits as the cpu runtime. */
+static __device__ __forceinline__ float
+stow_cuda_expf (float x)
+{
+  x = x < -87.3f ? -87.3f : x;
+  x = x > 88.3f ? 88.3f : x;
+  float t = x * 1.44269504088896341f + 12582912.0f;
+  float n = t - 12582912.0f;
+  float r = x - n * 0.693359375f + n * 2.12194440e-4f;
+  float z = r * r;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * z + r + 1.0f;
+  uint32_t bits = (uint32_t)((int32_t)n + 127) << 23;
+  return p * __uint_as_float (bits);
+}
+
+/* ---- GEMM ----------------------------------------------------------------- */
+
+/* Row-major C (M, N) = alpha op(A) op(B) + beta C, as cblas_sgemm with
+ * CblasRowMajor: A is stored (M, K) with @lda, or (K, M) when @ta; B is
+ * (K, N) with @ldb, or (N, K) when @tb.  Types: each of A, B, C fp32 or
+ * bf16 (@a_bf16...), compute fp32.  Issued on the runtime's stream. */
+void stow_cuda_gemm_rm (StowLlamaCuda *L, bool ta, bool tb, guint64 M,
+                        guint64 N, guint64 K, float alpha, const void *A,
+                        bool a_bf16, guint64 lda, const void *B, bool b_bf16,
+                        guint64 ldb, float beta, void *C, bool c_bf16,
+                        guint64 ldc);
+
+/* ---- attention (attention.cu) ------------------------------------------- */
+
+/* Raises the attention kernels' dynamic shared memory limits to what the
+ * runtime's head_dim and tile need (once, in stow_llama_cuda_new); a
+ * failure is recorded in L->error. */
+gboolean stow_cuda_attention_init (StowLlamaCuda *L);
+void stow_cuda_attention_forward (StowLlamaCuda *L, guint64 batch,
+                                  guint64 seq, const void *q, const void *k,
+                                  const void *v, void *o, float *lse);
+void stow_cuda_attention_backward (StowLlamaCuda *L, guint64 batch,
+                                   guint64 seq, const void *q, const void *k,
+                                   const void *v, const void *o,
+                                   const float *lse, const void *dout,
+                                   void *dq, void *dk, void *dv);
