@@ -738,7 +738,10 @@ stow_train_run (StowTrainConfig *c, GError **error)
       if (!stow_backend_cuda_available (error)
           || !stow_backend_cuda_device_info (&gpu_name, &free_b, &total_b,
                                              error))
-        goto out;
+        {
+          g_prefix_error (error, "--backend cuda: ");
+          goto out;
+        }
       /* Room for what the arena does not hold: the runtime's workspace
        * (cuBLAS's, rotary tables, scratch), a little of the driver's. */
       guint64 reserve = MAX ((guint64)1 << 30, free_b / 20);

@@ -191,8 +191,11 @@ alloc_buffer (CudaBackend *b, guint bi, StowStream stream, GError **error)
                    frag ? " in one free run (fragmented)" : "", used, cap);
       return FALSE;
     }
-  guint64 lo = (guint64)((guint8 *)p - (guint8 *)b->dev_base);
-  wait_for_frees (b, stream, lo, lo + MAX (buf->bytes, 1));
+  if (buf->bytes > 0)
+    {
+      guint64 lo = (guint64)((guint8 *)p - (guint8 *)b->dev_base);
+      wait_for_frees (b, stream, lo, lo + buf->bytes);
+    }
   b->map.addr[bi] = p;
   return TRUE;
 }
@@ -204,6 +207,9 @@ free_buffer (CudaBackend *b, guint bi, StowStream stream)
   void *p = b->map.addr[bi];
   if (p == NULL)
     return;
+  b->map.addr[bi] = NULL;
+  if (buf->bytes == 0)
+    return; /* the arena's empty block: no device bytes */
   PendingFree f;
   f.lo = (guint64)((guint8 *)p - (guint8 *)b->dev_base);
   f.hi = f.lo + MAX (buf->bytes, 1);
@@ -212,7 +218,6 @@ free_buffer (CudaBackend *b, guint bi, StowStream stream)
   check (b, cudaEventRecord (f.event, b->streams[stream]), "cudaEventRecord");
   g_array_append_val (b->pending, f);
   stow_arena_release (b->arena, p);
-  b->map.addr[bi] = NULL;
 }
 
 /* ---- the ops ------------------------------------------------------------ */
@@ -676,9 +681,19 @@ stow_backend_cuda_alloc_persistent (StowBackend *bb, GError **error)
 {
   CudaBackend *b = (CudaBackend *)bb;
   for (guint i = 0; i < b->p->buffers->len; i++)
-    if (buf_of (b, i)->persistent
-        && !alloc_buffer (b, i, STOW_STREAM_COMPUTE, error))
-      return FALSE;
+    {
+      const StowBuffer *buf = buf_of (b, i);
+      if (!buf->persistent)
+        continue;
+      if (!alloc_buffer (b, i, STOW_STREAM_COMPUTE, error))
+        return FALSE;
+      /* The moments start at zero (and so does everything else that a
+       * load does not fill): cudaMalloc'd memory holds anything. */
+      if (buf->bytes > 0
+          && !cuda_ok (cudaMemset (b->map.addr[i], 0, buf->bytes),
+                       "cudaMemset", error))
+        return FALSE;
+    }
   return TRUE;
 }
 
@@ -788,9 +803,9 @@ static gboolean
 copy_persistent (CudaBackend *b, gboolean up, GError **error)
 {
   StowTensorMap *m = &b->map;
-  guint bufs[4] = { m->weights_buf, m->master_buf, m->states_buf,
-                    m->grads_buf };
-  for (guint i = 0; i < 3; i++) /* not the gradients: they start afresh */
+  /* Not the gradients: every step starts them afresh. */
+  guint bufs[3] = { m->weights_buf, m->master_buf, m->states_buf };
+  for (guint i = 0; i < 3; i++)
     {
       guint bi = bufs[i];
       if (bi == STOW_NONE || m->addr[bi] == NULL || b->shadow[bi] == NULL)
@@ -812,14 +827,12 @@ stow_backend_cuda_pull (StowBackend *bb, GError **error)
 {
   CudaBackend *b = (CudaBackend *)bb;
   StowTensorMap *m = &b->map;
-  /* Make the host copies exist, then fill them. */
-  for (guint u = 0; u < b->p->units->len && u < 1; u++)
-    {
-      shadow_unit (b, m->weights_buf, u);
-      if (b->p->master_weights)
-        shadow_unit (b, m->master_buf, u);
-      shadow_unit (b, m->states_buf, u);
-    }
+  /* Make the host copies exist (unit 0 starts each buffer), then fill
+   * them. */
+  shadow_unit (b, m->weights_buf, 0);
+  if (b->p->master_weights)
+    shadow_unit (b, m->master_buf, 0);
+  shadow_unit (b, m->states_buf, 0);
   return copy_persistent (b, FALSE, error);
 }
 
