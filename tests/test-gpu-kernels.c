@@ -37,22 +37,23 @@ dev_alloc (guint64 bytes)
   return p;
 }
 
-static void *
-dev_dup (const void *host, guint64 bytes)
-{
-  void *p = dev_alloc (bytes);
-  if (bytes > 0)
-    cuda_check (cudaMemcpy (p, host, bytes, cudaMemcpyHostToDevice),
-                "upload");
-  return p;
-}
-
+/* A pageable upload may return before its DMA is done: wait for it, so
+ * that the runtime's stream sees the data whatever its flags. */
 static void
 upload (void *dev, const void *host, guint64 bytes)
 {
   if (bytes > 0)
     cuda_check (cudaMemcpy (dev, host, bytes, cudaMemcpyHostToDevice),
                 "upload");
+  cuda_check (cudaDeviceSynchronize (), "upload: cudaDeviceSynchronize");
+}
+
+static void *
+dev_dup (const void *host, guint64 bytes)
+{
+  void *p = dev_alloc (bytes);
+  upload (p, host, bytes);
+  return p;
 }
 
 /* Waits for the stream, then copies: what the runtime issued is done. */
@@ -437,6 +438,7 @@ test_layer_forward (gconstpointer data)
   StowLlamaSaved sd2;
   stow_llama_saved_carve (rt, n, rest_d, NULL, &sd2);
   cuda_check (cudaMemset (rest_d, 0xff, rest_b), "memset");
+  cuda_check (cudaDeviceSynchronize (), "memset: cudaDeviceSynchronize");
   stow_llama_cuda_layer_forward (c->g, c->desc->batch, c->desc->seq, &lwd, xd,
                                  &sd2);
   download (rest_h2, rest_d, rest_b);

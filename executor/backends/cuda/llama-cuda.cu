@@ -623,6 +623,12 @@ stow_llama_cuda_new (const StowLlamaConfig *config, StowFloatType dtype,
                                       cudaMemcpyHostToDevice),
                           "uploading the rotary tables");
     }
+  /* A pageable upload may return before its DMA lands: wait for it here,
+   * the one place the runtime may, so that work on a non-blocking stream
+   * sees the tables. */
+  if (L->error == NULL)
+    stow_llama_cuda_ok (L, cudaDeviceSynchronize (),
+                        "uploading the rotary tables");
   if (L->error == NULL
       && cublas_ok (L, cublas->create (&L->handle), "cublasCreate"))
     {
