@@ -62,13 +62,13 @@ if [ "$what" = all ] || [ "$what" = suite ]; then
 	for t in "$bin"/tests/test-gpu-*; do
 		[ -x "$t" ] || continue
 		say "## $(basename "$t")"
-		timeout 300 "$t" --tap -k >>"$log" 2>&1 || status=1
+		timeout "${GPU_TEST_TIMEOUT:-300}" "$t" --tap -k >>"$log" 2>&1 || status=1
 	done
 	grep -E '^(not ok|ok|# )' "$log" | grep -v '^# Start\|^# End' |
 		tail -80 >"$out/suite.txt"
 fi
 if [ "$what" = all ] || [ "$what" = bench ]; then
-	for p in bf16 fp32; do
+	for p in ${GPU_BENCH_PRECISIONS:-bf16 fp32}; do
 		say "## gpu-train $p"
 		timeout 200 python3 bench/gpu-train.py --stowage "$STOWAGE" \
 			--out "$out" --precision "$p" >>"$log" 2>&1 || status=1
