@@ -10,6 +10,7 @@
 # Each step's loss and every final weight are compared (TOL below).
 #
 # usage: train_oracle.py --stowage PATH --workdir DIR [--case NAME] [--list]
+#                        [--backend cpu|cuda]
 # exit 0 within tolerance, 1 a mismatch, 2 a failed run, 77 no torch.
 import argparse
 import json
@@ -125,7 +126,7 @@ def lr_at(case, step):
     return case["min_lr"] + (lr - case["min_lr"]) * k
 
 
-def run_case(name, stowage, work):
+def run_case(name, stowage, work, backend="cpu"):
     case = CASES[name]
     cfg = dict(model_type="llama", **case["config"])
     d = os.path.join(work, name)
@@ -157,7 +158,7 @@ def run_case(name, stowage, work):
            "--lr-schedule", case["schedule"],
            "--weight-decay", repr(case["wd"]),
            "--max-grad-norm", repr(case["clip"]), "--out", out,
-           "--log-json", log, "--threads", "2"]
+           "--log-json", log, "--threads", "2", "--backend", backend]
     if case["recompute"]:
         cmd += ["--recompute", case["recompute"]]
     r = subprocess.run(cmd, capture_output=True, text=True)
@@ -226,6 +227,7 @@ def main():
     ap.add_argument("--workdir")
     ap.add_argument("--case", action="append")
     ap.add_argument("--list", action="store_true")
+    ap.add_argument("--backend", default="cpu")
     a = ap.parse_args()
     if a.list:
         print("\n".join(CASES))
@@ -234,7 +236,8 @@ def main():
         ap.error("--stowage and --workdir are required")
     status = 0
     for name in a.case or list(CASES):
-        status = max(status, run_case(name, a.stowage, a.workdir))
+        status = max(status, run_case(name, a.stowage, a.workdir,
+                                      a.backend))
     return status
 
 
