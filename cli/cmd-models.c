@@ -113,7 +113,8 @@ stow_cmd_models (int argc, char **argv)
 static void
 add_checkpoint_json (JsonBuilder *b, const StowModel *m)
 {
-  stow_json_set_string (b, "torch_dtype", m->torch_dtype);
+  if (m->torch_dtype)
+    stow_json_set_string (b, "torch_dtype", m->torch_dtype);
   stow_json_set_u64 (b, "checkpoint_bytes", m->checkpoint_bytes);
   stow_json_set_bool (b, "checkpoint_bytes_measured",
                       m->checkpoint_bytes_measured);
@@ -296,8 +297,11 @@ print_model_json (const StowModel *m, gboolean tensors)
   add_aliases (b, m);
   stow_json_set_string (b, "source", m->source);
   stow_json_set_string (b, "reference", m->reference);
-  stow_json_set_string (b, "hub_id", m->hub_id);
-  stow_json_set_string (b, "revision", m->revision);
+  if (m->hub_id)
+    {
+      stow_json_set_string (b, "hub_id", m->hub_id);
+      stow_json_set_string (b, "revision", m->revision);
+    }
   add_checkpoint_json (b, m);
   stow_json_set_u64 (b, "head_dim", m->head_dim);
   stow_json_set_u64 (b, "ffn", m->ffn);

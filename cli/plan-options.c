@@ -522,6 +522,8 @@ stow_plan_options_resolve (StowPlanOptions *po, const char *model_arg,
   if (po->finetune
       && !stow_finetune_parse (po->finetune, "--finetune", &t->finetune, error))
     return FALSE;
+  if (po->model && !stow_training_check_model (t, po->model, error))
+    return FALSE;
   if (po->engine
       && !stow_engine_parse (po->engine, "--engine", &l->engine, error))
     return FALSE;

@@ -101,12 +101,13 @@ bits_member (JsonObject *q, const char *where, const char *name, guint *out,
 /* GPTQ and AWQ keep per group of @g input weights of one output column an
  * fp16 scale and a @bits-wide zero point (packed), beside the packed
  * weights (AutoGPTQ's qweight/qzeros/scales; AutoAWQ's WQLinear); @g = 0
- * groups a whole row of @h. */
+ * groups a whole row of @h.  GPTQ adds g_idx, an int32 per input
+ * channel: 4 B per column of (about) @h weights. */
 static double
-grouped_bytes (guint bits, guint64 g, guint64 h)
+grouped_bytes (guint bits, guint64 g, guint64 h, gboolean g_idx)
 {
   double per = g ? (double)g : (double)h;
-  return bits / 8.0 + (2.0 + bits / 8.0) / per;
+  return bits / 8.0 + (2.0 + bits / 8.0) / per + (g_idx ? 4.0 / (double)h : 0);
 }
 
 static gboolean
@@ -216,7 +217,7 @@ stow_model_read_quant (StowModel *m, JsonObject *config, const char *where,
       qt->method = awq ? STOW_QUANT_AWQ : STOW_QUANT_GPTQ;
       qt->type = g_strdup (awq ? (version ? version : "gemm") : "int");
       qt->linear_bytes_per_param
-          = grouped_bytes (qt->bits, qt->group_size, m->hidden);
+          = grouped_bytes (qt->bits, qt->group_size, m->hidden, !awq);
       return TRUE;
     }
   if (g_str_equal (method, "fp8") || g_str_equal (method, "fbgemm_fp8"))

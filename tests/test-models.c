@@ -1043,6 +1043,115 @@ test_fuzz (void)
  * query_key_value, Phi-3's qkv_proj); MLA's q_a_proj and kv_a_proj (or
  * q_proj when q_lora_rank is null); gate and up apart (Llama) or fused
  * (Phi-3's gate_up_proj). */
+/* llama-2-7b's config with @quant as its quantization_config. */
+static StowModel *
+quantized (const char *quant, GError **error)
+{
+  g_autofree char *path = g_test_build_filename (G_TEST_DIST, "data", "hf",
+                                                 "llama-2-7b.json", NULL);
+  g_autoptr (JsonNode) root = stow_json_parse_file (path, 1 << 20, NULL);
+  g_autoptr (JsonNode) q = stow_json_parse_data (quant, -1, "quant", NULL);
+  g_assert_nonnull (root);
+  g_assert_nonnull (q);
+  json_object_set_member (json_node_get_object (root), "quantization_config",
+                          json_node_copy (q));
+  return stow_model_new_from_json (json_node_get_object (root), "inline.json",
+                                   error);
+}
+
+static void
+check_quant (const char *quant, StowQuantMethod method, guint bits,
+             double bytes_per_weight)
+{
+  g_autoptr (GError) error = NULL;
+  g_autoptr (StowModel) m = quantized (quant, &error);
+  g_assert_no_error (error);
+  g_assert_cmpint (m->quant.method, ==, method);
+  g_assert_cmpuint (m->quant.bits, ==, bits);
+  g_assert_cmpfloat_with_epsilon (m->quant.linear_bytes_per_param,
+                                  bytes_per_weight, 1e-12);
+  /* Llama-2-7B: 6,738,415,616 parameters (published), of which the two
+   * 32000 x 4096 vocabulary tables and 65 norms of 4096 are not linears. */
+  g_assert_cmpuint (m->linear_params, ==,
+                    6738415616ull - 2 * 32000 * 4096 - 65 * 4096);
+  g_assert_cmpuint (m->checkpoint_bytes, ==,
+                    (guint64)((double)m->linear_params * bytes_per_weight
+                              + (2.0 * 32000 * 4096 + 65 * 4096) * 2 + 0.5));
+}
+
+static void
+expect_quant_error (const char *quant, int code, const char *fragment)
+{
+  g_autoptr (GError) error = NULL;
+  g_autoptr (StowModel) m = quantized (quant, &error);
+  g_assert_null (m);
+  g_assert_error (error, STOW_MODEL_ERROR, code);
+  g_test_message ("%s", error->message);
+  g_assert_nonnull (strstr (error->message, "quantization_config"));
+  g_assert_nonnull (strstr (error->message, fragment));
+  g_assert_null (strchr (error->message, '\n'));
+}
+
+static void
+test_quantization (void)
+{
+  /* QLoRA (Dettmers et al. 2023, section 3): NF4 in blocks of 64 with an
+   * fp32 absmax is 32/64 = 0.5 bits of constants per weight; double
+   * quantization brings them to 8/64 + 32/(64 x 256) = 0.127 bits. */
+  check_quant ("{\"quant_method\": \"bitsandbytes\", \"load_in_4bit\": true, "
+               "\"bnb_4bit_quant_type\": \"nf4\", "
+               "\"bnb_4bit_use_double_quant\": true}",
+               STOW_QUANT_BNB_4BIT, 4, (4 + 8.0 / 64 + 32.0 / (64 * 256)) / 8);
+  check_quant ("{\"load_in_4bit\": true, \"bnb_4bit_quant_type\": \"fp4\"}",
+               STOW_QUANT_BNB_4BIT, 4, (4 + 32.0 / 64) / 8);
+  /* LLM.int8(): int8 weights, an fp32 scale per row of 4096. */
+  check_quant ("{\"quant_method\": \"bitsandbytes\", \"load_in_8bit\": true}",
+               STOW_QUANT_BNB_8BIT, 8, 1 + 4.0 / 4096);
+  /* GPTQ 4-bit, group 128: packed weights, an fp16 scale and a 4-bit zero
+   * per group, an int32 g_idx per input channel. */
+  check_quant ("{\"quant_method\": \"gptq\", \"bits\": 4, \"group_size\": 128, "
+               "\"desc_act\": false}",
+               STOW_QUANT_GPTQ, 4, 0.5 + 2.5 / 128 + 4.0 / 4096);
+  check_quant ("{\"quant_method\": \"gptq\", \"bits\": 8, \"group_size\": -1}",
+               STOW_QUANT_GPTQ, 8, 1 + 3.0 / 4096 + 4.0 / 4096);
+  /* AutoAWQ's own names. */
+  check_quant ("{\"quant_method\": \"awq\", \"w_bit\": 4, \"q_group_size\": 64, "
+               "\"version\": \"gemm\"}",
+               STOW_QUANT_AWQ, 4, 0.5 + 2.5 / 64);
+  /* DeepSeek-V3's fp8: an fp32 scale per 128 x 128 block. */
+  check_quant ("{\"quant_method\": \"fp8\", \"fmt\": \"e4m3\", "
+               "\"weight_block_size\": [128, 128]}",
+               STOW_QUANT_FP8, 8, 1 + 4.0 / (128 * 128));
+  check_quant ("{\"quant_method\": \"fbgemm_fp8\"}", STOW_QUANT_FP8, 8,
+               1 + 4.0 / 4096);
+
+  expect_quant_error ("{\"quant_method\": \"gptq\", \"bits\": 5}",
+                      STOW_MODEL_ERROR_INVALID, "bits (5)");
+  expect_quant_error ("{\"quant_method\": \"awq\", \"group_size\": 0}",
+                      STOW_MODEL_ERROR_INVALID, "group_size (0)");
+  expect_quant_error ("{\"quant_method\": \"bitsandbytes\", "
+                      "\"load_in_4bit\": true, \"load_in_8bit\": true}",
+                      STOW_MODEL_ERROR_INVALID, "exactly one");
+  expect_quant_error ("{\"load_in_4bit\": true, \"bnb_4bit_quant_type\": "
+                      "\"nf5\"}",
+                      STOW_MODEL_ERROR_INVALID, "\"nf5\"");
+  expect_quant_error ("{\"quant_method\": \"fp8\", "
+                      "\"weight_block_size\": [0, 128]}",
+                      STOW_MODEL_ERROR_INVALID, "weight_block_size");
+  expect_quant_error ("{\"quant_method\": \"gptq\", \"bits\": \"four\"}",
+                      STOW_MODEL_ERROR_INVALID, "bits");
+  expect_quant_error ("{\"quant_method\": \"hqq\"}",
+                      STOW_MODEL_ERROR_UNSUPPORTED, "\"hqq\"");
+  expect_quant_error ("{\"bits\": 4}", STOW_MODEL_ERROR_INVALID,
+                      "no quant_method");
+
+  /* Unquantized: the checkpoint at torch_dtype. */
+  g_autoptr (StowModel) plain = load_fixture ("llama-2-7b");
+  g_assert_cmpint (plain->quant.method, ==, STOW_QUANT_NONE);
+  g_assert_cmpuint (plain->checkpoint_bytes, ==,
+                    plain->params * stow_dtype_bytes (plain->torch_dtype));
+}
+
 static void
 test_input_linears (void)
 {
@@ -1080,6 +1189,7 @@ main (int argc, char **argv)
   g_test_add_func ("/models/inventory", test_inventory);
   g_test_add_func ("/models/quirks", test_quirks);
   g_test_add_func ("/models/input-linears", test_input_linears);
+  g_test_add_func ("/models/quantization", test_quantization);
   g_test_add_func ("/models/malformed-values", test_malformed_values);
   g_test_add_func ("/models/malformed-files", test_malformed_files);
   g_test_add_func ("/models/lookup", test_lookup);
