@@ -13,6 +13,7 @@
 #include "core/json.h"
 #include "core/units.h"
 #include "models/model.h"
+#include "planner/memory.h"
 
 /* The fields both commands share. */
 static void
@@ -174,6 +175,51 @@ bytes16 (char *buf, gsize size, guint64 params)
   return stow_format_bytes_into (buf, size, params * 2);
 }
 
+/* accelerate estimate-memory's table, in GiB. */
+static void
+print_accelerate (const StowModel *m)
+{
+  StowAccelerateRow rows[STOW_ACCELERATE_ROWS];
+  const double gib = (double)(1ull << 30);
+  stow_accelerate_estimate (m, rows);
+  printf ("\n  accelerate estimate-memory (GiB; training with Adam, before "
+          "activations):\n");
+  printf ("    %-8s %14s %12s %16s\n", "dtype", "largest layer",
+          "total size", "training (Adam)");
+  for (int i = 0; i < STOW_ACCELERATE_ROWS; i++)
+    {
+      char train[32] = "-";
+      if (rows[i].training_bytes >= 0)
+        g_snprintf (train, sizeof train, "%.2f", rows[i].training_bytes / gib);
+      printf ("    %-8s %14.2f %12.2f %16s\n", rows[i].dtype,
+              rows[i].largest_layer_bytes / gib, rows[i].total_bytes / gib,
+              train);
+    }
+}
+
+static void
+add_accelerate_json (JsonBuilder *b, const StowModel *m)
+{
+  StowAccelerateRow rows[STOW_ACCELERATE_ROWS];
+  stow_accelerate_estimate (m, rows);
+  json_builder_set_member_name (b, "accelerate_estimate");
+  json_builder_begin_array (b);
+  for (int i = 0; i < STOW_ACCELERATE_ROWS; i++)
+    {
+      json_builder_begin_object (b);
+      stow_json_set_string (b, "dtype", rows[i].dtype);
+      stow_json_set_u64 (b, "largest_layer_bytes",
+                         (guint64)(rows[i].largest_layer_bytes + 0.5));
+      stow_json_set_u64 (b, "total_bytes",
+                         (guint64)(rows[i].total_bytes + 0.5));
+      if (rows[i].training_bytes >= 0)
+        stow_json_set_u64 (b, "training_bytes",
+                           (guint64)(rows[i].training_bytes + 0.5));
+      json_builder_end_object (b);
+    }
+  json_builder_end_array (b);
+}
+
 static void
 print_text (const StowModel *m, gboolean tensors)
 {
@@ -260,6 +306,7 @@ print_text (const StowModel *m, gboolean tensors)
           stow_format_grouped_into (g, sizeof g, m->largest_module_params),
           bytes16 (by, sizeof by, m->largest_module_params));
   printf ("  tensors:     %u\n", m->tensors->len);
+  print_accelerate (m);
 
   if (tensors)
     {
@@ -329,6 +376,7 @@ print_model_json (const StowModel *m, gboolean tensors)
     }
   json_builder_end_array (b);
   stow_json_set_u64 (b, "n_tensors", m->tensors->len);
+  add_accelerate_json (b, m);
   if (tensors)
     {
       json_builder_set_member_name (b, "tensors");

@@ -313,6 +313,90 @@ test_quantized (void)
   g_rmdir (dir);
 }
 
+/* accelerate's docs (usage_guides/model_size_estimator.md) print for
+ * `accelerate estimate-memory bert-base-cased`, in MiB ("MB") and GiB
+ * ("GB"), 1024-based:
+ *   float32 | 84.95 MB | 418.18 MB | 1.61 GB
+ *   float16 | 42.47 MB | 206.59 MB | 826.36 MB
+ *   int8    | 21.24 MB | 103.29 MB | 413.18 MB
+ *   int4    | 10.62 MB | 51.65 MB  | 206.59 MB
+ * bert-base-cased is bert-base-uncased with a 28,996-token vocabulary.
+ * The float32 total is the docs' one inconsistency: their own training
+ * column (1.61 GB = 4 x 413.18 MiB) and float16 row (206.59 = 413.18 / 2)
+ * say 413.18, which is what stowage gives.  The int8 and int4 training
+ * sizes come from an older accelerate; today's prints N/A for them, as
+ * stowage does. */
+static void
+test_accelerate_table (void)
+{
+  g_autoptr (GError) error = NULL;
+  g_autofree char *dir = g_dir_make_tmp ("stow-acc-XXXXXX", &error);
+  g_assert_no_error (error);
+  g_autofree char *src = g_test_build_filename (G_TEST_DIST, "data", "hf",
+                                                "bert-base-uncased.json", NULL);
+  g_autofree char *text = NULL;
+  g_assert_true (g_file_get_contents (src, &text, NULL, NULL));
+  g_autofree char *cased = NULL;
+  {
+    g_auto (GStrv) parts = g_strsplit (text, "30522", 2);
+    g_assert_cmpuint (g_strv_length (parts), ==, 2);
+    cased = g_strjoinv ("28996", parts);
+  }
+  g_autofree char *cfg = g_build_filename (dir, "config.json", NULL);
+  g_assert_true (g_file_set_contents (cfg, cased, -1, NULL));
+
+  g_auto (StowRun) r = { 0 };
+  g_autoptr (JsonParser) p = json_parser_new ();
+  stow_run (&r, "model", cfg, "--json", NULL);
+  g_assert_cmpint (r.status, ==, 0);
+  JsonArray *rows = json_object_get_array_member (parse_object (r.out, p),
+                                                  "accelerate_estimate");
+  g_assert_cmpuint (json_array_get_length (rows), ==, 4);
+  static const struct
+  {
+    const char *dtype, *largest_mib, *total_mib, *training;
+  } want[] = {
+    { "float32", "84.95", "413.18", "1.61 GB" },
+    { "float16", "42.47", "206.59", "826.36 MB" },
+    { "int8", "21.24", "103.29", NULL },
+    { "int4", "10.62", "51.65", NULL },
+  };
+  for (guint i = 0; i < 4; i++)
+    {
+      JsonObject *o = json_array_get_object_element (rows, i);
+      char buf[64];
+      g_assert_cmpstr (json_object_get_string_member (o, "dtype"), ==,
+                       want[i].dtype);
+      g_snprintf (buf, sizeof buf, "%.2f",
+                  json_object_get_int_member (o, "largest_layer_bytes")
+                      / 1048576.0);
+      g_assert_cmpstr (buf, ==, want[i].largest_mib);
+      g_snprintf (buf, sizeof buf, "%.2f",
+                  json_object_get_int_member (o, "total_bytes") / 1048576.0);
+      g_assert_cmpstr (buf, ==, want[i].total_mib);
+      if (want[i].training == NULL)
+        {
+          g_assert_false (json_object_has_member (o, "training_bytes"));
+          continue;
+        }
+      double t = (double)json_object_get_int_member (o, "training_bytes");
+      if (t >= 1 << 30)
+        g_snprintf (buf, sizeof buf, "%.2f GB", t / 1073741824.0);
+      else
+        g_snprintf (buf, sizeof buf, "%.2f MB", t / 1048576.0);
+      g_assert_cmpstr (buf, ==, want[i].training);
+    }
+
+  /* The text table, in GiB. */
+  g_auto (StowRun) t = { 0 };
+  stow_run (&t, "model", cfg, NULL);
+  g_assert_cmpint (t.status, ==, 0);
+  g_assert_nonnull (strstr (t.out, "accelerate estimate-memory (GiB"));
+  g_assert_nonnull (strstr (t.out, "float16            0.04         0.20"));
+  g_unlink (cfg);
+  g_rmdir (dir);
+}
+
 int
 main (int argc, char **argv)
 {
@@ -324,5 +408,6 @@ main (int argc, char **argv)
   g_test_add_func ("/cli-models/model-path", test_model_path);
   g_test_add_func ("/cli-models/errors", test_errors);
   g_test_add_func ("/cli-models/quantized", test_quantized);
+  g_test_add_func ("/cli-models/accelerate-table", test_accelerate_table);
   return g_test_run ();
 }
