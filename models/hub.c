@@ -512,6 +512,19 @@ status_error (const Hub *h, long status, const Response *r, GError **error)
 
 /* ---- checking the count against the checkpoint -------------------------- */
 
+/* Element @i of @a as an integer; FALSE when it is not one (json-glib's
+ * own getter warns on arrays and objects). */
+static gboolean
+int_element (JsonArray *a, guint i, gint64 *out)
+{
+  JsonNode *n = json_array_get_element (a, i);
+  if (n == NULL || !JSON_NODE_HOLDS_VALUE (n)
+      || json_node_get_value_type (n) != G_TYPE_INT64)
+    return FALSE;
+  *out = json_node_get_int (n);
+  return TRUE;
+}
+
 /* model.safetensors.index.json: metadata.total_size (bytes) against the
  * count at the config's dtype. */
 static void
@@ -529,10 +542,8 @@ check_index (StowModel *m, JsonNode *root, const char *what)
   if (!json_object_has_member (meta, "total_size"))
     return;
   JsonNode *n = json_object_get_member (meta, "total_size");
-  if (json_node_get_value_type (n) == G_TYPE_INT64)
+  if (JSON_NODE_HOLDS_VALUE (n) && json_node_get_value_type (n) == G_TYPE_INT64)
     total = json_node_get_int (n);
-  else if (json_node_get_value_type (n) == G_TYPE_DOUBLE)
-    total = (gint64)json_node_get_double (n);
   if (total <= 0)
     return;
   m->checkpoint_bytes = (guint64)total;
@@ -586,20 +597,19 @@ check_header (StowModel *m, JsonNode *root, const char *what)
       guint64 numel = 1;
       for (guint d = 0; d < json_array_get_length (shape); d++)
         {
-          gint64 v = json_array_get_int_element (shape, d);
-          if (v < 0 || !g_uint64_checked_mul (&numel, numel, (guint64)v))
+          gint64 v = 0;
+          if (!int_element (shape, d, &v) || v < 0
+              || !g_uint64_checked_mul (&numel, numel, (guint64)v))
             return;
         }
       if (json_object_has_member (t, "data_offsets")
           && JSON_NODE_HOLDS_ARRAY (json_object_get_member (t, "data_offsets")))
         {
           JsonArray *off = json_object_get_array_member (t, "data_offsets");
-          if (json_array_get_length (off) == 2)
-            {
-              gint64 end = json_array_get_int_element (off, 1);
-              if (end > 0 && (guint64)end > bytes)
-                bytes = (guint64)end;
-            }
+          gint64 end = 0;
+          if (json_array_get_length (off) == 2 && int_element (off, 1, &end)
+              && end > 0 && (guint64)end > bytes)
+            bytes = (guint64)end;
         }
       if (!g_uint64_checked_add (&params, params, numel))
         return;

@@ -242,13 +242,20 @@ stow_model_read_quant (StowModel *m, JsonObject *config, const char *where,
         }
       /* DeepSeek-V3's layout: an fp32 weight_scale_inv per block of
        * rows x columns. */
-      if (json_array_get_length (block) != 2)
+      JsonNode *rn = json_array_get_length (block) == 2
+                         ? json_array_get_element (block, 0)
+                         : NULL;
+      JsonNode *cn = rn ? json_array_get_element (block, 1) : NULL;
+      if (rn == NULL || !JSON_NODE_HOLDS_VALUE (rn)
+          || json_node_get_value_type (rn) != G_TYPE_INT64
+          || !JSON_NODE_HOLDS_VALUE (cn)
+          || json_node_get_value_type (cn) != G_TYPE_INT64)
         return E_INVALID (error,
                           "%s: weight_block_size: "
-                          "expected [rows, columns]",
+                          "expected [rows, columns] of integers",
                           where);
-      gint64 r = json_array_get_int_element (block, 0);
-      gint64 c = json_array_get_int_element (block, 1);
+      gint64 r = json_node_get_int (rn);
+      gint64 c = json_node_get_int (cn);
       if (r < 1 || c < 1 || r > 65536 || c > 65536)
         return E_INVALID (error,
                           "%s: weight_block_size [%" G_GINT64_FORMAT

@@ -167,6 +167,27 @@ on_run (GThreadedSocketService *service, GSocketConnection *conn,
   else if (g_str_equal (
                path, "/acme/qwen-off/resolve/main/model.safetensors.index.json"))
     respond_text (out, 200, "OK", NULL, qwen_index_off);
+  else if (g_str_equal (path, "/acme/bad-index/resolve/main/config.json")
+           || g_str_equal (path, "/acme/bad-header/resolve/main/config.json"))
+    respond_text (out, 200, "OK", commit, tiny_config);
+  else if (g_str_equal (
+               path, "/acme/bad-index/resolve/main/model.safetensors.index.json"))
+    respond_text (out, 200, "OK", NULL,
+                  "{\"metadata\": {\"total_size\": [1, {}]}, \"weight_map\": 7}");
+  else if (g_str_equal (path, "/acme/bad-header/resolve/main/model.safetensors"))
+    {
+      /* A header whose shapes are not integers. */
+      static const char json[]
+          = "{\"a\": {\"dtype\": \"F32\", \"shape\": [[1], {}], "
+            "\"data_offsets\": [0, \"x\"]}}";
+      guint8 buf[8 + sizeof json];
+      guint64 n = sizeof json - 1;
+      for (int i = 0; i < 8; i++)
+        buf[i] = (guint8)(n >> (8 * i));
+      memcpy (buf + 8, json, n);
+      g_autoptr (GBytes) b = g_bytes_new (buf, 8 + n);
+      serve_bytes (out, b, range);
+    }
   else if (g_str_equal (path, "/acme/gated/resolve/main/config.json"))
     {
       if (g_strcmp0 (auth, "Bearer " TOKEN) == 0)
@@ -452,6 +473,22 @@ test_index (void)
   g_assert_nonnull (strstr (w.err, "total_size is 15231233000"));
 }
 
+/* A malformed index or header only means no check: no warning, no
+ * critical from json-glib. */
+static void
+test_bad_checkpoint_files (void)
+{
+  fresh_env ();
+  const char *repos[] = { "acme/bad-index", "acme/bad-header" };
+  for (gsize i = 0; i < G_N_ELEMENTS (repos); i++)
+    {
+      g_auto (StowRun) r = { 0 };
+      stow_run (&r, "model", repos[i], NULL);
+      g_assert_cmpint (r.status, ==, 0);
+      g_assert_cmpstr (r.err, ==, "");
+    }
+}
+
 static void
 test_gated (void)
 {
@@ -643,6 +680,7 @@ main (int argc, char **argv)
   g_test_add_func ("/hub/hf-cache", test_hf_cache);
   g_test_add_func ("/hub/header-mismatch", test_header_mismatch);
   g_test_add_func ("/hub/index", test_index);
+  g_test_add_func ("/hub/bad-checkpoint-files", test_bad_checkpoint_files);
   g_test_add_func ("/hub/gated", test_gated);
   g_test_add_func ("/hub/missing-private", test_missing_private);
   g_test_add_func ("/hub/revision", test_revision);

@@ -1172,6 +1172,9 @@ test_quantization (void)
   expect_quant_error ("{\"quant_method\": \"fp8\", "
                       "\"weight_block_size\": [0, 128]}",
                       STOW_MODEL_ERROR_INVALID, "weight_block_size");
+  expect_quant_error ("{\"quant_method\": \"fp8\", "
+                      "\"weight_block_size\": [[128], {}]}",
+                      STOW_MODEL_ERROR_INVALID, "of integers");
   expect_quant_error ("{\"quant_method\": \"gptq\", \"bits\": \"four\"}",
                       STOW_MODEL_ERROR_INVALID, "bits");
   expect_quant_error ("{\"quant_method\": \"hqq\"}",
