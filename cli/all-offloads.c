@@ -35,9 +35,8 @@ run_row (const StowPlanOptions *po, Row *row)
   base.offload_params = row->params;
   StowPins pins = po->pins | STOW_PIN_ZERO | STOW_PIN_OFFLOAD_OPTIMIZER
                   | STOW_PIN_OFFLOAD_PARAMS;
-  g_autoptr (StowSearch) s
-      = stow_search_run (po->model, po->cluster_obj, &po->training, &base,
-                         pins, &po->mem, 1);
+  g_autoptr (StowSearch) s = stow_search_run (
+      po->model, po->cluster_obj, &po->training, &base, pins, &po->mem, 1);
   row->same_lower = s->evaluated == 0 && s->same_as_lower_zero > 0;
   row->valid = s->evaluated > 0;
   row->fits = s->fits->len > 0;
@@ -78,8 +77,8 @@ deepspeed_rows (StowPlanOptions *po)
     { 2, STOW_OFFLOAD_NONE, STOW_OFFLOAD_NONE, 1 },
   };
   const StowCluster *c = po->cluster_obj;
-  guint64 P = po->mem.params_override ? po->mem.params_override
-                                      : po->model->params;
+  guint64 P
+      = po->mem.params_override ? po->mem.params_override : po->model->params;
   guint64 LL = po->mem.largest_layer_override
                    ? po->mem.largest_layer_override
                    : (po->model ? po->model->largest_module_params : 0);
@@ -103,8 +102,8 @@ deepspeed_rows (StowPlanOptions *po)
       l.offload_params = rows[i].params;
       l.offload_optimizer = rows[i].opt;
       o.zero_init = rows[i].zero_init;
-      g_autoptr (StowMemory) mem = stow_memory_estimate (
-          po->model, c, &po->training, &l, &o, &error);
+      g_autoptr (StowMemory) mem
+          = stow_memory_estimate (po->model, c, &po->training, &l, &o, &error);
       if (mem == NULL)
         return stow_cli_fail (error, NULL);
       any_fits |= mem->fits;
@@ -116,9 +115,8 @@ deepspeed_rows (StowPlanOptions *po)
                     "HW: Setup with %u node%s, %u GPU%s per node.\n"
                     "SW: Model with %" G_GUINT64_FORMAT "M total params%s",
                     i ? "\n" : "", c->n_nodes, c->n_nodes > 1 ? "s" : "",
-                    c->node.gpus_per_node,
-                    c->node.gpus_per_node > 1 ? "s" : "", P / 1000000,
-                    rows[i].zero == 3 ? ", " : ".\n");
+                    c->node.gpus_per_node, c->node.gpus_per_node > 1 ? "s" : "",
+                    P / 1000000, rows[i].zero == 3 ? ", " : ".\n");
           if (!po->json && rows[i].zero == 3)
             printf ("%" G_GUINT64_FORMAT "M largest layer params.\n",
                     LL / 1000000);
@@ -228,8 +226,9 @@ stow_all_offloads_run (StowPlanOptions *po)
               stow_json_set_u64 (b, "tp", r->cand.layout.tp);
               stow_json_set_u64 (b, "pp", r->cand.layout.pp);
               stow_json_set_u64 (b, "micro_batch", r->cand.layout.micro_batch);
-              stow_json_set_string (b, "recompute",
-                                    stow_recompute_name (r->cand.layout.recompute));
+              stow_json_set_string (
+                  b, "recompute",
+                  stow_recompute_name (r->cand.layout.recompute));
             }
           json_builder_end_object (b);
         }
@@ -246,16 +245,15 @@ stow_all_offloads_run (StowPlanOptions *po)
   printf ("Memory of every ZeRO stage and offload choice, in GiB (DeepSpeed's "
           "estimate_zero3_model_states_mem_needs_all_live, with activations, "
           "buffers and time):\n");
-  printf ("HW: %s, %u node%s of %u GPUs (%s GiB each)\n",
-          po->cluster_obj->spec, po->cluster_obj->n_nodes,
-          po->cluster_obj->n_nodes == 1 ? "" : "s",
+  printf ("HW: %s, %u node%s of %u GPUs (%s GiB each)\n", po->cluster_obj->spec,
+          po->cluster_obj->n_nodes, po->cluster_obj->n_nodes == 1 ? "" : "s",
           po->cluster_obj->node.gpus_per_node,
           gib (g, sizeof g, po->cluster_obj->node.gpu.total_bytes));
-  printf ("SW: %s, %s total params, %s largest layer params\n",
-          po->model->name, shortp, shortl);
-  printf ("  %4s  %-8s %-8s %9s %13s %13s  %-4s  %10s  %s\n", "ZeRO",
-          "optim", "params", "per GPU", "RAM per node", "NVMe per node",
-          "fits", "step", "layout (fastest that fits, else closest)");
+  printf ("SW: %s, %s total params, %s largest layer params\n", po->model->name,
+          shortp, shortl);
+  printf ("  %4s  %-8s %-8s %9s %13s %13s  %-4s  %10s  %s\n", "ZeRO", "optim",
+          "params", "per GPU", "RAM per node", "NVMe per node", "fits", "step",
+          "layout (fastest that fits, else closest)");
   for (guint i = 0; i < rows->len; i++)
     {
       const Row *r = &g_array_index (rows, Row, i);

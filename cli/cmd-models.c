@@ -184,8 +184,8 @@ print_accelerate (const StowModel *m)
   stow_accelerate_estimate (m, rows);
   printf ("\n  accelerate estimate-memory (GiB; training with Adam, before "
           "activations):\n");
-  printf ("    %-8s %14s %12s %16s\n", "dtype", "largest layer",
-          "total size", "training (Adam)");
+  printf ("    %-8s %14s %12s %16s\n", "dtype", "largest layer", "total size",
+          "training (Adam)");
   for (int i = 0; i < STOW_ACCELERATE_ROWS; i++)
     {
       char train[32] = "-";

@@ -411,11 +411,11 @@ import_llama_like (StowModelBuilder *b, JsonObject *o, const char *type,
             if (json_node_get_value_type (n) != G_TYPE_INT64
                 || json_node_get_int (n) < 0
                 || (guint64)json_node_get_int (n) >= L)
-              return E_INVALID (error,
-                                "%s: mlp_only_layers[%u]: expected a layer "
-                                "index below num_hidden_layers (%" G_GUINT64_FORMAT
-                                ")",
-                                b->where, i, L);
+              return E_INVALID (
+                  error,
+                  "%s: mlp_only_layers[%u]: expected a layer "
+                  "index below num_hidden_layers (%" G_GUINT64_FORMAT ")",
+                  b->where, i, L);
           }
       m->n_experts = E;
       m->experts_per_token = topk;
@@ -1124,8 +1124,8 @@ with_defaults (JsonObject *o, const char *const *names, const gint64 *values)
     {
       g_autoptr (GList) members = json_object_get_members (o);
       for (GList *l = members; l; l = l->next)
-        json_object_set_member (c, l->data,
-                                json_node_copy (json_object_get_member (o, l->data)));
+        json_object_set_member (
+            c, l->data, json_node_copy (json_object_get_member (o, l->data)));
     }
   for (guint i = 0; names[i]; i++)
     if (!stow_json_has (c, names[i]))
@@ -1142,16 +1142,20 @@ with_defaults (JsonObject *o, const char *const *names, const gint64 *values)
 static gboolean
 import_gemma3 (StowModelBuilder *b, JsonObject *o, GError **error)
 {
-  static const char *const text_names[]
-      = { "vocab_size",        "hidden_size",         "intermediate_size",
-          "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
-          "head_dim",          NULL };
-  static const gint64 text_values[]
-      = { 262208, 2304, 9216, 26, 8, 4, 256 };
+  static const char *const text_names[] = { "vocab_size",
+                                            "hidden_size",
+                                            "intermediate_size",
+                                            "num_hidden_layers",
+                                            "num_attention_heads",
+                                            "num_key_value_heads",
+                                            "head_dim",
+                                            NULL };
+  static const gint64 text_values[] = { 262208, 2304, 9216, 26, 8, 4, 256 };
   static const char *const vision_names[]
-      = { "hidden_size", "intermediate_size", "num_hidden_layers",
-          "num_attention_heads", "num_channels", "image_size", "patch_size",
-          NULL };
+      = { "hidden_size",       "intermediate_size",
+          "num_hidden_layers", "num_attention_heads",
+          "num_channels",      "image_size",
+          "patch_size",        NULL };
   static const gint64 vision_values[] = { 768, 3072, 12, 12, 3, 224, 16 };
   JsonObject *tc = NULL, *vc = NULL;
   guint64 vh = 0, vf = 0, vL = 0, va = 0, ch = 0, img = 0, patch = 0, th = 0;
@@ -1166,8 +1170,8 @@ import_gemma3 (StowModelBuilder *b, JsonObject *o, GError **error)
   g_autofree char *vw = g_strdup_printf ("%s: vision_config", b->where);
   const char *where = b->where;
   b->where = tw;
-  gboolean ok = import_llama_like (b, text, "gemma3_text", "language_model.",
-                                   error);
+  gboolean ok
+      = import_llama_like (b, text, "gemma3_text", "language_model.", error);
   b->where = where;
   if (!ok)
     return FALSE;
@@ -1207,8 +1211,8 @@ import_gemma3 (StowModelBuilder *b, JsonObject *o, GError **error)
       char p[96];
       g_snprintf (p, sizeof p, VT "encoder.layers.%u", (guint)i);
       static const char *const ln[] = { "layer_norm1", "layer_norm2" };
-      static const char *const proj[] = { "q_proj", "k_proj", "v_proj",
-                                          "out_proj" };
+      static const char *const proj[]
+          = { "q_proj", "k_proj", "v_proj", "out_proj" };
       stow_model_add_tensor (b, E, -1, FALSE, 1, vh, 0, "%s.%s.weight", p,
                              ln[0]);
       stow_model_add_tensor (b, E, -1, FALSE, 1, vh, 0, "%s.%s.bias", p, ln[0]);
@@ -1229,8 +1233,7 @@ import_gemma3 (StowModelBuilder *b, JsonObject *o, GError **error)
                              p);
       stow_model_add_tensor (b, E, -1, FALSE, 1, vh, 0, "%s.mlp.fc2.bias", p);
     }
-  stow_model_add_tensor (b, E, -1, FALSE, 1, vh, 0,
-                         VT "post_layernorm.weight");
+  stow_model_add_tensor (b, E, -1, FALSE, 1, vh, 0, VT "post_layernorm.weight");
   stow_model_add_tensor (b, E, -1, FALSE, 1, vh, 0, VT "post_layernorm.bias");
 #undef VT
   /* Gemma3MultiModalProjector: a plain [vh, th] matrix and an RMSNorm. */
@@ -1244,8 +1247,8 @@ import_gemma3 (StowModelBuilder *b, JsonObject *o, GError **error)
 /* ---- dispatch ----------------------------------------------------------- */
 
 static const char *const llama_like[]
-    = { "llama",  "mistral", "mixtral",   "qwen2",      "qwen3",
-        "qwen3_moe", "gemma", "gemma2", "gemma3_text", "phi3" };
+    = { "llama",     "mistral", "mixtral", "qwen2",       "qwen3",
+        "qwen3_moe", "gemma",   "gemma2",  "gemma3_text", "phi3" };
 
 gboolean
 stow_model_import (StowModelBuilder *b, JsonObject *o, const char *type,

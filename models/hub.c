@@ -21,7 +21,8 @@
 #include "core/json.h"
 #include "models/model-private.h"
 
-/* ---- names ---------------------------------------------------------------- */
+/* ---- names ----------------------------------------------------------------
+ */
 
 static gboolean
 id_char (char c)
@@ -265,8 +266,8 @@ hf_snapshot (const Hub *h)
     commit = g_strdup (h->rev);
   else
     {
-      g_autofree char *ref = g_build_filename (h->hf_cache, h->repo_dir,
-                                               "refs", h->rev, NULL);
+      g_autofree char *ref
+          = g_build_filename (h->hf_cache, h->repo_dir, "refs", h->rev, NULL);
       gsize len = 0;
       if (!g_file_get_contents (ref, &commit, &len, NULL) || len > 256)
         return NULL;
@@ -274,13 +275,14 @@ hf_snapshot (const Hub *h)
       if (!is_commit_hash (commit))
         return NULL;
     }
-  g_autofree char *snap = g_build_filename (h->hf_cache, h->repo_dir,
-                                            "snapshots", commit, NULL);
+  g_autofree char *snap
+      = g_build_filename (h->hf_cache, h->repo_dir, "snapshots", commit, NULL);
   return g_file_test (snap, G_FILE_TEST_IS_DIR) ? g_steal_pointer (&snap)
                                                 : NULL;
 }
 
-/* ---- HTTP ----------------------------------------------------------------- */
+/* ---- HTTP -----------------------------------------------------------------
+ */
 
 typedef struct
 {
@@ -443,8 +445,8 @@ hub_get (const Hub *h, const char *file, const char *range, gsize max_bytes,
               "or download the model once (huggingface-cli download %s "
               "config.json) and use HF_HUB_OFFLINE=1, or pass a local "
               "config.json",
-              h->repo, h->endpoint, errbuf[0] ? errbuf : curl_easy_strerror (rc),
-              h->repo);
+              h->repo, h->endpoint,
+              errbuf[0] ? errbuf : curl_easy_strerror (rc), h->repo);
   return E (NETWORK, "%s: fetching %s failed: %s", h->repo, url,
             errbuf[0] ? errbuf : curl_easy_strerror (rc));
 }
@@ -624,14 +626,13 @@ check_header (StowModel *m, JsonNode *root, const char *what)
   gpointer missing = NULL;
   g_hash_table_iter_init (&it, known);
   g_hash_table_iter_next (&it, &missing, NULL);
-  g_warning ("%s: %s holds %" G_GUINT64_FORMAT
-             " parameters but config.json counts %" G_GUINT64_FORMAT
-             "%s%s%s%s%s",
-             m->name, what, params, m->params,
-             extra ? "; the checkpoint has " : "", extra ? extra : "",
-             missing ? "; the count has " : "",
-             missing ? (const char *)missing : "",
-             missing ? ", which the checkpoint lacks" : "");
+  g_warning (
+      "%s: %s holds %" G_GUINT64_FORMAT
+      " parameters but config.json counts %" G_GUINT64_FORMAT "%s%s%s%s%s",
+      m->name, what, params, m->params, extra ? "; the checkpoint has " : "",
+      extra ? extra : "", missing ? "; the count has " : "",
+      missing ? (const char *)missing : "",
+      missing ? ", which the checkpoint lacks" : "");
 }
 
 /* The safetensors header's JSON from the first bytes of a file. */
@@ -697,8 +698,7 @@ cache_write (const char *dir, const char *file, const guint8 *data, gsize len)
   g_autoptr (GError) e = NULL;
   if (g_mkdir_with_parents (dir, 0755) != 0)
     {
-      g_info ("cannot create the cache folder %s: %s", dir,
-              g_strerror (errno));
+      g_info ("cannot create the cache folder %s: %s", dir, g_strerror (errno));
       return;
     }
   if (!stow_file_write_atomic (path, (const char *)data, (gssize)len, &e))
@@ -739,23 +739,23 @@ check_remote (StowModel *m, const Hub *h)
       || status != 206 || !header_length (a.body->data, a.body->len, &n))
     return;
   g_auto (Response) b = { 0 };
-  g_autofree char *range
-      = g_strdup_printf ("8-%" G_GUINT64_FORMAT, 8 + n - 1);
+  g_autofree char *range = g_strdup_printf ("8-%" G_GUINT64_FORMAT, 8 + n - 1);
   if (!hub_get (h, "model.safetensors", range, (gsize)n, &b, &status, NULL)
       || status != 206 || b.body->len != n)
     return;
-  g_autoptr (JsonNode) root = stow_json_parse_data (
-      (const char *)b.body->data, (gssize)b.body->len, "model.safetensors",
-      NULL);
+  g_autoptr (JsonNode) root
+      = stow_json_parse_data ((const char *)b.body->data, (gssize)b.body->len,
+                              "model.safetensors", NULL);
   if (root)
     {
-      cache_write (h->stow_cache, "model.safetensors.header.json",
-                   b.body->data, b.body->len);
+      cache_write (h->stow_cache, "model.safetensors.header.json", b.body->data,
+                   b.body->len);
       check_header (m, root, "model.safetensors");
     }
 }
 
-/* ---- loading ---------------------------------------------------------------- */
+/* ---- loading ----------------------------------------------------------------
+ */
 
 static void
 set_hub_fields (StowModel *m, const Hub *h)
@@ -782,8 +782,7 @@ load_cached (const Hub *h, const char *dir, GError **error)
 }
 
 StowModel *
-stow_hub_load_model (const char *repo_id, const char *revision,
-                     GError **error)
+stow_hub_load_model (const char *repo_id, const char *revision, GError **error)
 {
   g_auto (Hub) h = { 0 };
 
@@ -825,7 +824,8 @@ stow_hub_load_model (const char *repo_id, const char *revision,
     }
 
   /* 2. stowage's own cache of earlier fetches. */
-  g_autofree char *cached = g_build_filename (h.stow_cache, "config.json", NULL);
+  g_autofree char *cached
+      = g_build_filename (h.stow_cache, "config.json", NULL);
   if (g_file_test (cached, G_FILE_TEST_IS_REGULAR))
     {
       g_debug ("%s: from stowage's cache, %s", repo_id, cached);
@@ -853,12 +853,13 @@ stow_hub_load_model (const char *repo_id, const char *revision,
       return NULL;
     }
 
-  g_autofree char *where = g_strdup_printf ("%s@%s: config.json", repo_id,
-                                            h.rev);
+  g_autofree char *where
+      = g_strdup_printf ("%s@%s: config.json", repo_id, h.rev);
   g_autoptr (JsonNode) root = stow_json_parse_data (
       (const char *)r.body->data, (gssize)r.body->len, where, error);
   JsonObject *obj;
-  if (root == NULL || (obj = stow_json_root_object (root, where, error)) == NULL)
+  if (root == NULL
+      || (obj = stow_json_root_object (root, where, error)) == NULL)
     {
       if (error && *error && (*error)->domain != STOW_MODEL_ERROR)
         {

@@ -12,7 +12,7 @@
 #include "core/json.h"
 
 #define E_INVALID(error, ...)                                                  \
-  (g_set_error (error, STOW_MODEL_ERROR, STOW_MODEL_ERROR_INVALID,            \
+  (g_set_error (error, STOW_MODEL_ERROR, STOW_MODEL_ERROR_INVALID,             \
                 __VA_ARGS__),                                                  \
    FALSE)
 
@@ -45,9 +45,9 @@ stow_dtype_bytes (const char *torch_dtype)
     const char *name;
     guint bytes;
   } t[] = {
-    { "float32", 4 },        { "float", 4 },          { "bfloat16", 2 },
-    { "float16", 2 },        { "half", 2 },           { "float64", 8 },
-    { "float8_e4m3fn", 1 },  { "float8_e5m2", 1 },
+    { "float32", 4 },       { "float", 4 },       { "bfloat16", 2 },
+    { "float16", 2 },       { "half", 2 },        { "float64", 8 },
+    { "float8_e4m3fn", 1 }, { "float8_e5m2", 1 },
   };
   for (gsize i = 0; torch_dtype && i < G_N_ELEMENTS (t); i++)
     if (g_ascii_strcasecmp (torch_dtype, t[i].name) == 0)
@@ -59,7 +59,7 @@ stow_dtype_bytes (const char *torch_dtype)
  * [1, @max]. */
 static gboolean
 quant_group (JsonObject *q, const char *where, const char *name, guint64 def,
-              guint64 *out, GError **error)
+             guint64 *out, GError **error)
 {
   gint64 v = (gint64)def;
   if (!stow_json_get_i64 (q, where, name, FALSE, &v, error))
@@ -91,8 +91,7 @@ bits_member (JsonObject *q, const char *where, const char *name, guint *out,
     v = 4;
   if (v != 2 && v != 3 && v != 4 && v != 8)
     return E_INVALID (error,
-                      "%s: %s (%" G_GINT64_FORMAT
-                      ") must be 2, 3, 4 or 8",
+                      "%s: %s (%" G_GINT64_FORMAT ") must be 2, 3, 4 or 8",
                       where, name, v);
   *out = (guint)v;
   return TRUE;
@@ -118,8 +117,8 @@ read_bnb (StowQuant *qt, JsonObject *q, const char *where, guint64 h,
   const char *type = NULL;
   if (!stow_json_get_bool (q, where, "load_in_4bit", FALSE, &b4, error)
       || !stow_json_get_bool (q, where, "load_in_8bit", FALSE, &b8, error)
-      || !stow_json_get_bool (q, where, "bnb_4bit_use_double_quant", FALSE,
-                              &dq, error)
+      || !stow_json_get_bool (q, where, "bnb_4bit_use_double_quant", FALSE, &dq,
+                              error)
       || !stow_json_get_string (q, where, "bnb_4bit_quant_type", FALSE, &type,
                                 error))
     return FALSE;
@@ -170,10 +169,9 @@ stow_model_read_quant (StowModel *m, JsonObject *config, const char *where,
   const char *method = NULL, *dtype = NULL;
   StowQuant *qt = &m->quant;
 
-  if (!stow_json_get_string (config, where, "torch_dtype", FALSE, &dtype,
-                             error)
-      || !stow_json_get_object (config, where, "quantization_config", FALSE,
-                                &q, error))
+  if (!stow_json_get_string (config, where, "torch_dtype", FALSE, &dtype, error)
+      || !stow_json_get_object (config, where, "quantization_config", FALSE, &q,
+                                error))
     return FALSE;
   g_free (m->torch_dtype);
   m->torch_dtype = g_strdup (dtype);
@@ -185,7 +183,8 @@ stow_model_read_quant (StowModel *m, JsonObject *config, const char *where,
     return FALSE;
   /* Configs saved before transformers 4.30 carry load_in_4bit alone. */
   if (method == NULL
-      && (stow_json_has (q, "load_in_4bit") || stow_json_has (q, "load_in_8bit")))
+      && (stow_json_has (q, "load_in_4bit")
+          || stow_json_has (q, "load_in_8bit")))
     method = "bitsandbytes";
   if (method == NULL)
     return E_INVALID (error,
@@ -259,7 +258,8 @@ stow_model_read_quant (StowModel *m, JsonObject *config, const char *where,
       if (r < 1 || c < 1 || r > 65536 || c > 65536)
         return E_INVALID (error,
                           "%s: weight_block_size [%" G_GINT64_FORMAT
-                          ", %" G_GINT64_FORMAT "]: each must be from 1 to 65536",
+                          ", %" G_GINT64_FORMAT
+                          "]: each must be from 1 to 65536",
                           where, r, c);
       qt->group_size = (guint64)(r * c);
       qt->linear_bytes_per_param = 1.0 + 4.0 / (double)qt->group_size;

@@ -320,10 +320,9 @@ stow_memory_estimate_convention (const StowModel *m, const StowCluster *c,
 static double
 accelerate_buffer_bytes (const StowModel *m)
 {
-  static const char *const rope[] = { "llama",  "mistral", "mixtral",
-                                      "qwen2",  "qwen3",   "qwen3_moe",
-                                      "gemma",  "gemma2",  "gemma3_text",
-                                      "phi3" };
+  static const char *const rope[]
+      = { "llama",     "mistral", "mixtral", "qwen2",       "qwen3",
+          "qwen3_moe", "gemma",   "gemma2",  "gemma3_text", "phi3" };
   if (g_str_equal (m->family, "bert"))
     return 2.0 * 8.0 * (double)m->max_positions;
   for (gsize i = 0; i < G_N_ELEMENTS (rope); i++)

@@ -181,10 +181,10 @@ gboolean stow_layout_resolve_resident (const StowModel *model,
  * (BERT, as accelerate's docs print it). */
 typedef struct
 {
-  const char *dtype;          /* "float32", "float16", "int8", "int4" */
+  const char *dtype; /* "float32", "float16", "int8", "int4" */
   double largest_layer_bytes;
   double total_bytes;
-  double training_bytes;      /* < 0: not estimated (N/A) */
+  double training_bytes; /* < 0: not estimated (N/A) */
 } StowAccelerateRow;
 
 #define STOW_ACCELERATE_ROWS 4

@@ -16,7 +16,7 @@
 
 #include "tests/testutil.h"
 
-#define TOKEN "hf_test_token_0123"
+#define TOKEN  "hf_test_token_0123"
 #define COMMIT "0123456789abcdef0123456789abcdef01234567"
 
 /* A small LLaMA that `stowage init-model` writes a checkpoint of. */
@@ -44,7 +44,7 @@ typedef struct
   GSocketService *service;
   GMainLoop *loop;
   GThread *thread;
-  gint port; /* atomic; 0 until the server listens */
+  gint port;           /* atomic; 0 until the server listens */
   gint requests;       /* atomic */
   gint range_requests; /* atomic */
   GBytes *tiny_st;     /* model.safetensors of tiny_config */
@@ -89,8 +89,10 @@ serve_bytes (GOutputStream *out, GBytes *b, const char *range)
   gsize len;
   const guint8 *data = g_bytes_get_data (b, &len);
   guint64 a, z;
-  if (range && sscanf (range, "bytes=%" G_GUINT64_FORMAT "-%" G_GUINT64_FORMAT,
-                       &a, &z) == 2)
+  if (range
+      && sscanf (range, "bytes=%" G_GUINT64_FORMAT "-%" G_GUINT64_FORMAT, &a,
+                 &z)
+             == 2)
     {
       g_atomic_int_inc (&srv.range_requests);
       if (a >= len || z < a)
@@ -100,10 +102,10 @@ serve_bytes (GOutputStream *out, GBytes *b, const char *range)
         }
       if (z >= len)
         z = len - 1;
-      g_autofree char *h = g_strdup_printf (
-          "Content-Range: bytes %" G_GUINT64_FORMAT "-%" G_GUINT64_FORMAT
-          "/%" G_GSIZE_FORMAT "\r\n",
-          a, z, len);
+      g_autofree char *h
+          = g_strdup_printf ("Content-Range: bytes %" G_GUINT64_FORMAT
+                             "-%" G_GUINT64_FORMAT "/%" G_GSIZE_FORMAT "\r\n",
+                             a, z, len);
       respond (out, 206, "Partial Content", h, data + a, (gsize)(z - a + 1));
       return;
     }
@@ -118,8 +120,7 @@ on_run (GThreadedSocketService *service, GSocketConnection *conn,
   g_autoptr (GDataInputStream) in = g_data_input_stream_new (
       g_io_stream_get_input_stream (G_IO_STREAM (conn)));
   g_data_input_stream_set_newline_type (in, G_DATA_STREAM_NEWLINE_TYPE_CR_LF);
-  g_autofree char *line
-      = g_data_input_stream_read_line (in, NULL, NULL, NULL);
+  g_autofree char *line = g_data_input_stream_read_line (in, NULL, NULL, NULL);
   g_autofree char *auth = NULL, *range = NULL;
   if (line == NULL)
     return FALSE;
@@ -165,16 +166,20 @@ on_run (GThreadedSocketService *service, GSocketConnection *conn,
                         "/acme/qwen/resolve/main/model.safetensors.index.json"))
     respond_text (out, 200, "OK", NULL, qwen_index);
   else if (g_str_equal (
-               path, "/acme/qwen-off/resolve/main/model.safetensors.index.json"))
+               path,
+               "/acme/qwen-off/resolve/main/model.safetensors.index.json"))
     respond_text (out, 200, "OK", NULL, qwen_index_off);
   else if (g_str_equal (path, "/acme/bad-index/resolve/main/config.json")
            || g_str_equal (path, "/acme/bad-header/resolve/main/config.json"))
     respond_text (out, 200, "OK", commit, tiny_config);
   else if (g_str_equal (
-               path, "/acme/bad-index/resolve/main/model.safetensors.index.json"))
-    respond_text (out, 200, "OK", NULL,
-                  "{\"metadata\": {\"total_size\": [1, {}]}, \"weight_map\": 7}");
-  else if (g_str_equal (path, "/acme/bad-header/resolve/main/model.safetensors"))
+               path,
+               "/acme/bad-index/resolve/main/model.safetensors.index.json"))
+    respond_text (
+        out, 200, "OK", NULL,
+        "{\"metadata\": {\"total_size\": [1, {}]}, \"weight_map\": 7}");
+  else if (g_str_equal (path,
+                        "/acme/bad-header/resolve/main/model.safetensors"))
     {
       /* A header whose shapes are not integers. */
       static const char json[]
@@ -196,8 +201,8 @@ on_run (GThreadedSocketService *service, GSocketConnection *conn,
         respond_text (out, 403, "Forbidden", "X-Error-Code: GatedRepo\r\n",
                       "no access");
       else
-        respond_text (out, 401, "Unauthorized",
-                      "X-Error-Code: GatedRepo\r\n", "gated");
+        respond_text (out, 401, "Unauthorized", "X-Error-Code: GatedRepo\r\n",
+                      "gated");
     }
   else if (g_str_has_prefix (path, "/acme/private/"))
     respond_text (out, 401, "Unauthorized", "X-Error-Code: RepoNotFound\r\n",
@@ -277,8 +282,7 @@ set_endpoint (void)
 static void
 fresh_env (void)
 {
-  g_autofree char *hf
-      = g_strdup_printf ("%s/hf-%u", srv.dir, ++srv.cache_n);
+  g_autofree char *hf = g_strdup_printf ("%s/hf-%u", srv.dir, ++srv.cache_n);
   g_autofree char *xdg = g_strdup_printf ("%s/xdg-%u", srv.dir, srv.cache_n);
   g_setenv ("HF_HOME", hf, TRUE);
   g_setenv ("XDG_CACHE_HOME", xdg, TRUE);
@@ -337,8 +341,7 @@ test_public (void)
   g_assert_cmpstr (json_object_get_string_member (o, "hub_id"), ==,
                    "acme/tiny");
   g_assert_cmpstr (json_object_get_string_member (o, "revision"), ==, "main");
-  g_assert_cmpint (json_object_get_int_member (o, "params"), ==,
-                   TINY_PARAMS);
+  g_assert_cmpint (json_object_get_int_member (o, "params"), ==, TINY_PARAMS);
   /* The checkpoint's bytes as its header says: the last tensor's end. */
   gsize st_len = g_bytes_get_size (srv.tiny_st);
   g_assert_cmpint (json_object_get_int_member (o, "checkpoint_bytes"), <,
@@ -549,9 +552,9 @@ test_revision (void)
   g_autoptr (JsonParser) p = json_parser_new ();
   stow_run (&v, "model", "acme/tiny", "--revision", "v1", "--json", NULL);
   g_assert_cmpint (v.status, ==, 0);
-  g_assert_cmpstr (json_object_get_string_member (parse_object (v.out, p),
-                                                  "revision"),
-                   ==, "v1");
+  g_assert_cmpstr (
+      json_object_get_string_member (parse_object (v.out, p), "revision"), ==,
+      "v1");
   g_auto (StowRun) n = { 0 };
   stow_run (&n, "model", "acme/tiny", "--revision", "nope", NULL);
   check_error (&n, "no revision \"nope\"", "--revision");

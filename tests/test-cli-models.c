@@ -271,9 +271,9 @@ test_quantized (void)
     {
       g_auto (StowRun) r = { 0 };
       g_autoptr (JsonParser) p = json_parser_new ();
-      stow_run (&r, "mem", cfg, "--gpus", "1xA100-80GB", "--finetune",
-                modes[i], "--zero", "0", "--micro-batch", "1", "--recompute",
-                "none", "--offload-optimizer", "none", "--json", NULL);
+      stow_run (&r, "mem", cfg, "--gpus", "1xA100-80GB", "--finetune", modes[i],
+                "--zero", "0", "--micro-batch", "1", "--recompute", "none",
+                "--offload-optimizer", "none", "--json", NULL);
       g_assert_cmpint (r.status, ==, 0);
       JsonObject *o = parse_object (r.out, p);
       /* The memory model spreads the norms evenly over the layers, the

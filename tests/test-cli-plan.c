@@ -438,8 +438,8 @@ static void
 test_all_offloads_stowage (void)
 {
   g_auto (StowRun) r = { 0 };
-  stow_run (&r, "fit", "llama-2-7b", "--gpus", "8xA100-80GB",
-            "--all-offloads", "--json", NULL);
+  stow_run (&r, "fit", "llama-2-7b", "--gpus", "8xA100-80GB", "--all-offloads",
+            "--json", NULL);
   g_assert_cmpint (r.status, ==, 0);
   g_autoptr (JsonNode) root = NULL;
   JsonObject *o = parse (r.out, &root);
@@ -481,15 +481,20 @@ test_all_offloads_stowage (void)
     }
 
   g_auto (StowRun) t = { 0 };
-  stow_run (&t, "fit", "llama-2-7b", "--gpus", "8xA100-80GB",
-            "--all-offloads", NULL);
+  stow_run (&t, "fit", "llama-2-7b", "--gpus", "8xA100-80GB", "--all-offloads",
+            NULL);
   g_assert_cmpint (t.status, ==, 0);
   g_assert_nonnull (strstr (t.out, "SW: llama-2-7b, 6.74B total params"));
   g_assert_cmpuint (stow_count_lines (t.out), ==, 4 + 18);
 
-  const char *const bad[]
-      = { "fit", "llama-2-7b", "--gpus", "8xA100-80GB", "--all-offloads",
-          "--offload-params", "cpu", NULL };
+  const char *const bad[] = { "fit",
+                              "llama-2-7b",
+                              "--gpus",
+                              "8xA100-80GB",
+                              "--all-offloads",
+                              "--offload-params",
+                              "cpu",
+                              NULL };
   stow_assert_usage_error (bad, "drop --offload-params");
 }
 
@@ -504,8 +509,7 @@ main (int argc, char **argv)
   g_test_add_func ("/cli-plan/bad-input", test_bad_input);
   g_test_add_func ("/cli-plan/all-offloads-deepspeed",
                    test_all_offloads_deepspeed);
-  g_test_add_func ("/cli-plan/all-offloads-stowage",
-                   test_all_offloads_stowage);
+  g_test_add_func ("/cli-plan/all-offloads-stowage", test_all_offloads_stowage);
   g_test_add_func ("/cli-plan/decoder-seq", test_decoder_seq);
   g_test_add_func ("/cli-plan/compile", test_compile);
   g_test_add_func ("/cli-plan/cpu-optimizer-buffers",

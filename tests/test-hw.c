@@ -106,8 +106,8 @@ test_catalog_reference (void)
   g_assert_cmpfloat (gh->bf16_flops, ==, 989e12);
   g_assert_cmpfloat (gh->hbm_bw, ==, 4.0e12);
   g_assert_cmpfloat (gh->pcie_bw, ==, 360e9);
-  g_assert_cmpuint (stow_node_preset_lookup ("gh200", NULL)->gpus_per_node,
-                    ==, 1);
+  g_assert_cmpuint (stow_node_preset_lookup ("gh200", NULL)->gpus_per_node, ==,
+                    1);
   /* Workstation and inference cards: A6000 154.8, RTX 6000 Ada 364.2
    * (fp8 728.5), A40 149.7, L4 121 (fp8 242.5), T4 65 fp16 and no bf16,
    * RTX 5090 209.5 with fp32 accumulate at 1792 GB/s. */
@@ -136,14 +136,12 @@ test_catalog_complete (void)
 {
   /* Every GPU of the reference table, each with its preset. */
   static const char *const table[]
-      = { "V100-16GB", "V100-32GB",      "A100-40GB", "A100-PCIe-40GB",
-          "A100-80GB", "A100-PCIe-80GB", "H100-SXM",  "H100-PCIe",
-          "H200",      "B200",           "L40S",      "A10",
-          "RTX-3090",  "RTX-4090",       "MI250X",    "MI300X",
+      = { "V100-16GB", "V100-32GB", "A100-40GB", "A100-PCIe-40GB", "A100-80GB",
+          "A100-PCIe-80GB", "H100-SXM", "H100-PCIe", "H200", "B200", "L40S",
+          "A10", "RTX-3090", "RTX-4090", "MI250X", "MI300X",
           /* Issue 25: what people train on now. */
-          "H800",      "H20",            "GH200",     "RTX-A6000",
-          "RTX-6000-Ada", "A40",         "L4",        "T4",
-          "RTX-5090" };
+          "H800", "H20", "GH200", "RTX-A6000", "RTX-6000-Ada", "A40", "L4",
+          "T4", "RTX-5090" };
   gsize n;
   const StowGpu *const *all = stow_gpu_catalog (&n);
   g_assert_cmpuint (n, ==, G_N_ELEMENTS (table));

@@ -1149,9 +1149,10 @@ test_quantization (void)
   check_quant ("{\"quant_method\": \"gptq\", \"bits\": 8, \"group_size\": -1}",
                STOW_QUANT_GPTQ, 8, 1 + 3.0 / 4096 + 4.0 / 4096);
   /* AutoAWQ's own names. */
-  check_quant ("{\"quant_method\": \"awq\", \"w_bit\": 4, \"q_group_size\": 64, "
-               "\"version\": \"gemm\"}",
-               STOW_QUANT_AWQ, 4, 0.5 + 2.5 / 64);
+  check_quant (
+      "{\"quant_method\": \"awq\", \"w_bit\": 4, \"q_group_size\": 64, "
+      "\"version\": \"gemm\"}",
+      STOW_QUANT_AWQ, 4, 0.5 + 2.5 / 64);
   /* DeepSeek-V3's fp8: an fp32 scale per 128 x 128 block. */
   check_quant ("{\"quant_method\": \"fp8\", \"fmt\": \"e4m3\", "
                "\"weight_block_size\": [128, 128]}",
@@ -1197,12 +1198,15 @@ static void
 test_new_families (void)
 {
   g_autoptr (StowModel) q3 = load_catalog ("qwen3-8b");
-  assert_shape (q3, "model.layers.0.self_attn.q_norm.weight", 128, 0, STOW_ROLE_NORM);
-  assert_shape (q3, "model.layers.35.self_attn.k_norm.weight", 128, 0, STOW_ROLE_NORM);
+  assert_shape (q3, "model.layers.0.self_attn.q_norm.weight", 128, 0,
+                STOW_ROLE_NORM);
+  assert_shape (q3, "model.layers.35.self_attn.k_norm.weight", 128, 0,
+                STOW_ROLE_NORM);
   g_assert_null (find_tensor (q3, "model.layers.0.self_attn.q_proj.bias"));
 
   g_autoptr (StowModel) moe = load_catalog ("qwen3-30b-a3b");
-  assert_shape (moe, "model.layers.0.mlp.gate.weight", 128, 2048, STOW_ROLE_ROUTER);
+  assert_shape (moe, "model.layers.0.mlp.gate.weight", 128, 2048,
+                STOW_ROLE_ROUTER);
   assert_shape (moe, "model.layers.47.mlp.experts.127.down_proj.weight", 2048,
                 768, STOW_ROLE_EXPERT);
   g_assert_cmpuint (moe->n_experts, ==, 128);
@@ -1212,12 +1216,12 @@ test_new_families (void)
   g_autoptr (StowModel) g4 = load_catalog ("gemma-3-4b");
   assert_shape (g4, "language_model.model.layers.33.self_attn.k_norm.weight",
                 256, 0, STOW_ROLE_NORM);
-  assert_shape (g4,
-                "language_model.model.layers.0.pre_feedforward_layernorm.weight",
-                2560, 0, STOW_ROLE_NORM);
-  assert_shape (g4,
-                "vision_tower.vision_model.embeddings.position_embedding.weight",
-                4096, 1152, STOW_ROLE_EMBEDDING);
+  assert_shape (
+      g4, "language_model.model.layers.0.pre_feedforward_layernorm.weight",
+      2560, 0, STOW_ROLE_NORM);
+  assert_shape (
+      g4, "vision_tower.vision_model.embeddings.position_embedding.weight",
+      4096, 1152, STOW_ROLE_EMBEDDING);
   assert_shape (g4, "multi_modal_projector.mm_input_projection_weight", 1152,
                 2560, STOW_ROLE_EMBEDDING);
   g_assert_true (find_tensor (g4, "language_model.lm_head.weight")->tied);
@@ -1226,15 +1230,15 @@ test_new_families (void)
   /* decoder_sparse_step 2 and mlp_only_layers [1]: of layers 0-3 only
    * layer 3 routes. */
   g_autoptr (GError) error = NULL;
-  g_autoptr (StowModel) sparse = from_text (
-      "{\"model_type\": \"qwen3_moe\", \"hidden_size\": 64, "
-      "\"num_hidden_layers\": 4, \"num_attention_heads\": 4, "
-      "\"num_key_value_heads\": 2, \"head_dim\": 16, "
-      "\"intermediate_size\": 128, \"vocab_size\": 100, "
-      "\"num_experts\": 4, \"num_experts_per_tok\": 2, "
-      "\"moe_intermediate_size\": 32, \"decoder_sparse_step\": 2, "
-      "\"mlp_only_layers\": [1]}",
-      &error);
+  g_autoptr (StowModel) sparse
+      = from_text ("{\"model_type\": \"qwen3_moe\", \"hidden_size\": 64, "
+                   "\"num_hidden_layers\": 4, \"num_attention_heads\": 4, "
+                   "\"num_key_value_heads\": 2, \"head_dim\": 16, "
+                   "\"intermediate_size\": 128, \"vocab_size\": 100, "
+                   "\"num_experts\": 4, \"num_experts_per_tok\": 2, "
+                   "\"moe_intermediate_size\": 32, \"decoder_sparse_step\": 2, "
+                   "\"mlp_only_layers\": [1]}",
+                   &error);
   g_assert_no_error (error);
   g_assert_false (sparse->layers[0].is_moe);
   g_assert_false (sparse->layers[1].is_moe);
@@ -1242,15 +1246,14 @@ test_new_families (void)
   g_assert_true (sparse->layers[3].is_moe);
   check_consistent (sparse);
 
+  expect_invalid ("{\"model_type\": \"qwen3_moe\", \"num_experts\": 4, "
+                  "\"num_experts_per_tok\": 2, \"moe_intermediate_size\": 32, "
+                  "\"mlp_only_layers\": [9], " LLAMA_TINY "}",
+                  "mlp_only_layers[0]");
   expect_invalid (
       "{\"model_type\": \"qwen3_moe\", \"num_experts\": 4, "
-      "\"num_experts_per_tok\": 2, \"moe_intermediate_size\": 32, "
-      "\"mlp_only_layers\": [9], " LLAMA_TINY "}",
-      "mlp_only_layers[0]");
-  expect_invalid (
-      "{\"model_type\": \"qwen3_moe\", \"num_experts\": 4, "
-      "\"num_experts_per_tok\": 8, \"moe_intermediate_size\": 32, "
-      LLAMA_TINY "}",
+      "\"num_experts_per_tok\": 8, \"moe_intermediate_size\": 32, " LLAMA_TINY
+      "}",
       "num_experts_per_tok (8) exceeds num_experts (4)");
   expect_invalid ("{\"model_type\": \"gemma3\", \"vision_config\": "
                   "{\"image_size\": 100, \"patch_size\": 14}}",
