@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "cli/all-offloads.h"
 #include "cli/cli.h"
 #include "cli/commands.h"
 #include "cli/plan-options.h"
@@ -208,6 +209,15 @@ static int
 run_fit (StowPlanOptions *po, StowReportOptions *ro, int argc, char **argv)
 {
   g_autoptr (GError) error = NULL;
+  gboolean all_offloads = FALSE;
+  const GOptionEntry extra[] = {
+    { "all-offloads", 0, 0, G_OPTION_ARG_NONE, &all_offloads,
+      "One row per ZeRO stage and offload choice (DeepSpeed's "
+      "estimate_zero3_model_states_mem_needs_all_live): per-GPU memory, "
+      "RAM and NVMe per node, fits, predicted step",
+      NULL },
+    { NULL },
+  };
   g_autoptr (GOptionContext) ctx = stow_cli_context_new (
       "fit", "MODEL",
       "Does MODEL train on these GPUs?  Searches the layouts (parallel "
@@ -216,8 +226,26 @@ run_fit (StowPlanOptions *po, StowReportOptions *ro, int argc, char **argv)
       "status: 0 it fits, 1 it does not, 2 bad input.");
   stow_plan_options_add (ctx, po);
   stow_report_options_add (ctx, ro);
+  g_option_context_add_main_entries (ctx, extra, NULL);
   if (!stow_cli_parse (ctx, "fit", &argc, &argv))
     return STOW_EXIT_FAILURE;
+  if (all_offloads)
+    {
+      const char *clash = po->zero                ? "--zero"
+                          : po->offload_optimizer ? "--offload-optimizer"
+                          : po->offload_params    ? "--offload-params"
+                          : ro->format            ? "--format"
+                          : ro->output            ? "--output"
+                          : ro->chart             ? "--chart"
+                          : ro->emit              ? "--emit"
+                          : ro->plan              ? "--plan"
+                                                  : NULL;
+      if (clash)
+        return stow_cli_failf ("see 'stowage fit --help'",
+                               "--all-offloads shows every ZeRO stage and "
+                               "offload choice as text or --json; drop %s",
+                               clash);
+    }
   if (argc > 2)
     return stow_cli_failf ("see 'stowage fit --help'",
                            "fit: unexpected argument \"%s\"", argv[2]);
@@ -228,6 +256,11 @@ run_fit (StowPlanOptions *po, StowReportOptions *ro, int argc, char **argv)
     return stow_cli_fail (error, NULL);
   if (!stow_report_options_resolve (ro, po, &error))
     return stow_cli_fail (error, NULL);
+  if (all_offloads)
+    {
+      stow_plan_options_default_layout (po);
+      return stow_all_offloads_run (po);
+    }
   if (po->model == NULL)
     return stow_cli_failf (NULL,
                            "fit searches layouts of a real model; use "

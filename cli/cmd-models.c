@@ -13,6 +13,7 @@
 #include "core/json.h"
 #include "core/units.h"
 #include "models/model.h"
+#include "planner/memory.h"
 
 /* The fields both commands share. */
 static void
@@ -109,12 +110,114 @@ stow_cmd_models (int argc, char **argv)
   return STOW_EXIT_OK;
 }
 
+/* The checkpoint as stored: dtype, quantization, bytes. */
+static void
+add_checkpoint_json (JsonBuilder *b, const StowModel *m)
+{
+  if (m->torch_dtype)
+    stow_json_set_string (b, "torch_dtype", m->torch_dtype);
+  stow_json_set_u64 (b, "checkpoint_bytes", m->checkpoint_bytes);
+  stow_json_set_bool (b, "checkpoint_bytes_measured",
+                      m->checkpoint_bytes_measured);
+  json_builder_set_member_name (b, "quantization");
+  json_builder_begin_object (b);
+  stow_json_set_string (b, "method", stow_quant_method_name (m->quant.method));
+  if (m->quant.method != STOW_QUANT_NONE)
+    {
+      stow_json_set_u64 (b, "bits", m->quant.bits);
+      stow_json_set_u64 (b, "group_size", m->quant.group_size);
+      stow_json_set_bool (b, "double_quant", m->quant.double_quant);
+      stow_json_set_string (b, "type", m->quant.type);
+      stow_json_set_double (b, "linear_bytes_per_param",
+                            m->quant.linear_bytes_per_param);
+    }
+  json_builder_end_object (b);
+  stow_json_set_u64 (b, "linear_params", m->linear_params);
+}
+
+/* "bf16, 2.30 GiB (from its safetensors index)" and, quantized, "GPTQ
+ * 4-bit, group 128 (0.5195 B per linear weight); bf16 elsewhere". */
+static void
+print_checkpoint (const StowModel *m)
+{
+  char by[STOW_FORMAT_BUF];
+  const char *dtype = m->torch_dtype ? m->torch_dtype : "unknown dtype";
+  stow_format_bytes_into (by, sizeof by, m->checkpoint_bytes);
+  if (m->quant.method == STOW_QUANT_NONE)
+    printf ("  checkpoint:  %s, %s%s\n", dtype, by,
+            m->checkpoint_bytes_measured ? " (its safetensors)"
+                                         : " (from the count)");
+  else
+    {
+      char group[48] = "";
+      if (m->quant.group_size)
+        g_snprintf (group, sizeof group, ", group %" G_GUINT64_FORMAT,
+                    m->quant.group_size);
+      else if (m->quant.method == STOW_QUANT_GPTQ
+               || m->quant.method == STOW_QUANT_AWQ)
+        g_snprintf (group, sizeof group, ", per row");
+      printf ("  checkpoint:  %s %u-bit %s%s%s (%.4g B per linear weight), "
+              "%s elsewhere; %s%s\n",
+              stow_quant_method_name (m->quant.method), m->quant.bits,
+              m->quant.type ? m->quant.type : "", group,
+              m->quant.double_quant ? ", double quant" : "",
+              m->quant.linear_bytes_per_param, dtype, by,
+              m->checkpoint_bytes_measured ? " (its safetensors)"
+                                           : " (from the count)");
+    }
+}
+
 /* Bytes of @params at 16 bits, with an IEC unit. */
 static const char *
 bytes16 (char *buf, gsize size, guint64 params)
 {
   /* params * 2 cannot overflow: importers reject params * 20 overflowing. */
   return stow_format_bytes_into (buf, size, params * 2);
+}
+
+/* accelerate estimate-memory's table, in GiB. */
+static void
+print_accelerate (const StowModel *m)
+{
+  StowAccelerateRow rows[STOW_ACCELERATE_ROWS];
+  const double gib = (double)(1ull << 30);
+  stow_accelerate_estimate (m, rows);
+  printf ("\n  accelerate estimate-memory (GiB; training with Adam, before "
+          "activations):\n");
+  printf ("    %-8s %14s %12s %16s\n", "dtype", "largest layer", "total size",
+          "training (Adam)");
+  for (int i = 0; i < STOW_ACCELERATE_ROWS; i++)
+    {
+      char train[32] = "-";
+      if (rows[i].training_bytes >= 0)
+        g_snprintf (train, sizeof train, "%.2f", rows[i].training_bytes / gib);
+      printf ("    %-8s %14.2f %12.2f %16s\n", rows[i].dtype,
+              rows[i].largest_layer_bytes / gib, rows[i].total_bytes / gib,
+              train);
+    }
+}
+
+static void
+add_accelerate_json (JsonBuilder *b, const StowModel *m)
+{
+  StowAccelerateRow rows[STOW_ACCELERATE_ROWS];
+  stow_accelerate_estimate (m, rows);
+  json_builder_set_member_name (b, "accelerate_estimate");
+  json_builder_begin_array (b);
+  for (int i = 0; i < STOW_ACCELERATE_ROWS; i++)
+    {
+      json_builder_begin_object (b);
+      stow_json_set_string (b, "dtype", rows[i].dtype);
+      stow_json_set_u64 (b, "largest_layer_bytes",
+                         (guint64)(rows[i].largest_layer_bytes + 0.5));
+      stow_json_set_u64 (b, "total_bytes",
+                         (guint64)(rows[i].total_bytes + 0.5));
+      if (rows[i].training_bytes >= 0)
+        stow_json_set_u64 (b, "training_bytes",
+                           (guint64)(rows[i].training_bytes + 0.5));
+      json_builder_end_object (b);
+    }
+  json_builder_end_array (b);
 }
 
 static void
@@ -129,6 +232,8 @@ print_text (const StowModel *m, gboolean tensors)
       g_autofree char *al = g_strjoinv (", ", m->aliases);
       printf ("  aliases:     %s\n", al);
     }
+  if (m->hub_id)
+    printf ("  hub:         %s@%s\n", m->hub_id, m->revision);
   printf ("  source:      %s\n", m->source);
   if (m->reference)
     printf ("  reference:   %s\n", m->reference);
@@ -154,6 +259,7 @@ print_text (const StowModel *m, gboolean tensors)
               stow_format_grouped_into (g, sizeof g, m->active_params), s);
     }
   printf ("  at 16 bits:  %s\n", bytes16 (by, sizeof by, m->params));
+  print_checkpoint (m);
 
   printf ("\n  by role:\n");
   for (int r = 0; r < STOW_N_ROLES; r++)
@@ -200,6 +306,7 @@ print_text (const StowModel *m, gboolean tensors)
           stow_format_grouped_into (g, sizeof g, m->largest_module_params),
           bytes16 (by, sizeof by, m->largest_module_params));
   printf ("  tensors:     %u\n", m->tensors->len);
+  print_accelerate (m);
 
   if (tensors)
     {
@@ -237,6 +344,12 @@ print_model_json (const StowModel *m, gboolean tensors)
   add_aliases (b, m);
   stow_json_set_string (b, "source", m->source);
   stow_json_set_string (b, "reference", m->reference);
+  if (m->hub_id)
+    {
+      stow_json_set_string (b, "hub_id", m->hub_id);
+      stow_json_set_string (b, "revision", m->revision);
+    }
+  add_checkpoint_json (b, m);
   stow_json_set_u64 (b, "head_dim", m->head_dim);
   stow_json_set_u64 (b, "ffn", m->ffn);
   stow_json_set_u64 (b, "encoder_layers", m->n_encoder_layers);
@@ -263,6 +376,7 @@ print_model_json (const StowModel *m, gboolean tensors)
     }
   json_builder_end_array (b);
   stow_json_set_u64 (b, "n_tensors", m->tensors->len);
+  add_accelerate_json (b, m);
   if (tensors)
     {
       json_builder_set_member_name (b, "tensors");
@@ -292,16 +406,22 @@ int
 stow_cmd_model (int argc, char **argv)
 {
   gboolean opt_json = FALSE, opt_tensors = FALSE;
+  g_autofree char *opt_revision = NULL;
   const GOptionEntry entries[] = {
     { "json", 0, 0, G_OPTION_ARG_NONE, &opt_json, "Print JSON", NULL },
+    { "revision", 0, 0, G_OPTION_ARG_STRING, &opt_revision,
+      "With a Hub id (ORG/NAME): the branch, tag or commit (default main)",
+      "REV" },
     { "tensors", 't', 0, G_OPTION_ARG_NONE, &opt_tensors,
       "Also list every tensor (checkpoint name, shape, role)", NULL },
     { NULL },
   };
   g_autoptr (GOptionContext) ctx = stow_cli_context_new (
-      "model", "NAME|PATH",
-      "Show one model from the catalog (see 'stowage models') or from a "
-      "HuggingFace config.json (or a folder holding one): the exact "
+      "model", "NAME|PATH|ORG/NAME",
+      "Show one model from the catalog (see 'stowage models'), from a "
+      "HuggingFace config.json (or a folder holding one), or by its Hub id "
+      "(from the Hugging Face cache, stowage's cache or HF_ENDPOINT): the "
+      "exact "
       "parameter count, active parameters per token, the breakdown by "
       "role, the size of each layer at 16 bits and the largest module.");
   g_option_context_add_main_entries (ctx, entries, NULL);
@@ -315,7 +435,8 @@ stow_cmd_model (int argc, char **argv)
                            "model: unexpected argument \"%s\"", argv[2]);
 
   g_autoptr (GError) error = NULL;
-  g_autoptr (StowModel) m = stow_model_lookup (argv[1], &error);
+  g_autoptr (StowModel) m
+      = stow_model_lookup_revision (argv[1], opt_revision, &error);
   if (m == NULL)
     return stow_cli_fail (error, NULL);
   if (opt_json)

@@ -19,6 +19,10 @@ void
 stow_plan_options_add (GOptionContext *ctx, StowPlanOptions *po)
 {
   const GOptionEntry entries[] = {
+    STR ("revision", revision,
+         "With a Hub id (ORG/NAME): the branch, tag or commit (default "
+         "main)",
+         "REV"),
     STR ("gpus", gpus, "GPUs: 8xA100-80GB, 64xH100-SXM, 4x8xH200, local",
          "SPEC"),
     STR ("cluster", cluster, "A cluster.json instead of --gpus", "FILE"),
@@ -372,9 +376,15 @@ stow_plan_options_resolve (StowPlanOptions *po, const char *model_arg,
    * under a peer convention. */
   if (model_arg != NULL)
     {
-      po->model = stow_model_lookup (model_arg, error);
+      po->model = stow_model_lookup_revision (model_arg, po->revision, error);
       if (po->model == NULL)
         return FALSE;
+    }
+  else if (po->revision != NULL)
+    {
+      g_set_error (error, STOW_PLAN_ERROR, STOW_PLAN_ERROR_INVALID,
+                   "--revision needs a Hub id (ORG/NAME) as the model");
+      return FALSE;
     }
   else if (o->params_override == 0 || o->convention == STOW_CONVENTION_STOWAGE)
     {
@@ -511,6 +521,8 @@ stow_plan_options_resolve (StowPlanOptions *po, const char *model_arg,
     return FALSE;
   if (po->finetune
       && !stow_finetune_parse (po->finetune, "--finetune", &t->finetune, error))
+    return FALSE;
+  if (po->model && !stow_training_check_model (t, po->model, error))
     return FALSE;
   if (po->engine
       && !stow_engine_parse (po->engine, "--engine", &l->engine, error))
@@ -649,6 +661,7 @@ stow_plan_options_clear (StowPlanOptions *po)
     &po->recompute,
     &po->micro_batch,
     &po->resident_layers,
+    &po->revision,
     &po->global_batch,
     &po->grad_accum,
     &po->seq,

@@ -26,7 +26,7 @@ typedef struct
       *largest_layer, *zero_init, *context, *fragmentation, *nccl, *margin,
       *reduce_bucket, *prefetch_bucket, *reuse_distance, *free_grads,
       *lora_targets, *workspace, *host_process, *cpu_opt_buffers, *host_ram,
-      *nvme, *resident_layers;
+      *nvme, *resident_layers, *revision;
   gboolean sp, no_sp, no_flash, chunked_loss, dropout, lora_dropout, json,
       explain, overlap_comm, opt_in_bwd, compile;
 

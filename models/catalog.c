@@ -12,6 +12,7 @@
 
 #include "core/json.h"
 #include "core/strutil.h"
+#include "models/hub.h"
 #include "models/stow-models-resources.h"
 
 #define CATALOG_PATH "/org/stowage/models/catalog/"
@@ -203,10 +204,37 @@ catalog_load (const CatalogEntry *e, GError **error)
 StowModel *
 stow_model_lookup (const char *name_or_path, GError **error)
 {
+  return stow_model_lookup_revision (name_or_path, NULL, error);
+}
+
+/* A Hub id rather than a path: ORG/NAME that names no file here. */
+static gboolean
+looks_like_hub_id (const char *s)
+{
+  return stow_hub_is_repo_id (s) && !g_str_has_suffix (s, ".json")
+         && !g_file_test (s, G_FILE_TEST_EXISTS);
+}
+
+StowModel *
+stow_model_lookup_revision (const char *name_or_path, const char *revision,
+                            GError **error)
+{
   const CatalogEntry *e;
 
   g_return_val_if_fail (name_or_path != NULL, NULL);
   g_return_val_if_fail (error == NULL || *error == NULL, NULL);
+
+  if (revision != NULL && !looks_like_hub_id (name_or_path))
+    {
+      g_autofree char *esc = g_strescape (name_or_path, NULL);
+      g_set_error (error, STOW_MODEL_ERROR, STOW_MODEL_ERROR_INVALID,
+                   "--revision applies to Hub ids (ORG/NAME); \"%.80s\" is "
+                   "a catalog name or a file",
+                   esc);
+      return NULL;
+    }
+  if (name_or_path[0] != '\0' && looks_like_hub_id (name_or_path))
+    return stow_hub_load_model (name_or_path, revision, error);
 
   if (name_or_path[0] == '\0')
     {

@@ -322,20 +322,41 @@ read_runtime (StowModelBuilder *b, JsonObject *o, GError **error)
   return TRUE;
 }
 
+/* TRUE when the JSON array @a (of integers; may be NULL) holds @v. */
+static gboolean
+in_int_array (JsonArray *a, guint64 v)
+{
+  for (guint i = 0; a && i < json_array_get_length (a); i++)
+    if (json_node_get_value_type (json_array_get_element (a, i)) == G_TYPE_INT64
+        && (guint64)json_array_get_int_element (a, i) == v)
+      return TRUE;
+  return FALSE;
+}
+
+/* The llama-like decoders.  @prefix goes before every tensor name (""; a
+ * multimodal wrapper's "language_model."). */
 static gboolean
 import_llama_like (StowModelBuilder *b, JsonObject *o, const char *type,
-                   GError **error)
+                   const char *prefix, GError **error)
 {
   StowModel *m = b->model;
   guint64 h = 0, L = 0, a = 0, k = 0, d = 0, f = 0, V = 0, qd;
   gboolean explicit_d = stow_json_has (o, "head_dim");
   gboolean is_gemma = g_str_equal (type, "gemma");
-  gboolean is_gemma2 = g_str_equal (type, "gemma2");
+  gboolean is_gemma3 = g_str_equal (type, "gemma3_text");
+  /* Gemma-2 and Gemma-3 norm both sides of each block. */
+  gboolean is_gemma2 = g_str_equal (type, "gemma2") || is_gemma3;
   gboolean is_phi3 = g_str_equal (type, "phi3");
   gboolean is_qwen2 = g_str_equal (type, "qwen2");
+  gboolean is_qwen3_moe = g_str_equal (type, "qwen3_moe");
+  /* Qwen3 and Gemma-3 RMS-normalise each head's queries and keys
+   * (q_norm, k_norm: head_dim weights each). */
+  gboolean qk_norm = g_str_equal (type, "qwen3") || is_qwen3_moe || is_gemma3;
   gboolean is_mixtral = g_str_equal (type, "mixtral");
-  /* gemma and gemma2 tie by default; the others default to untied. */
+  /* The gemma families tie by default; the others default to untied. */
   gboolean tied = is_gemma || is_gemma2;
+  guint64 sparse_step = 1;
+  JsonArray *mlp_only = NULL;
   gboolean attn_bias = FALSE, mlp_bias = FALSE;
 
   if (!read_dims (b, o, "intermediate_size", &h, &L, &a, &f, &V, error))
@@ -364,6 +385,42 @@ import_llama_like (StowModelBuilder *b, JsonObject *o, const char *type,
   m->o_bias = attn_bias;
   m->mlp_bias = mlp_bias;
 
+  if (is_qwen3_moe)
+    {
+      /* Qwen3-MoE: routed experts of moe_intermediate_size in every
+       * decoder_sparse_step-th layer not listed in mlp_only_layers, no
+       * shared experts (configuration_qwen3_moe.py). */
+      guint64 E = 0, topk = 0, fe = 0;
+      if (!REQ (o, b, &E, "num_experts")
+          || !REQ (o, b, &topk, "num_experts_per_tok")
+          || !REQ (o, b, &fe, "moe_intermediate_size")
+          || !OPT (o, b, &sparse_step, "decoder_sparse_step")
+          || !stow_json_get_array (o, b->where, "mlp_only_layers", FALSE,
+                                   &mlp_only, error)
+          || !check_experts (b, "num_experts", E, L, error))
+        return FALSE;
+      if (topk > E)
+        return E_INVALID (error,
+                          "%s: num_experts_per_tok (%" G_GUINT64_FORMAT
+                          ") exceeds num_experts (%" G_GUINT64_FORMAT ")",
+                          b->where, topk, E);
+      if (mlp_only)
+        for (guint i = 0; i < json_array_get_length (mlp_only); i++)
+          {
+            JsonNode *n = json_array_get_element (mlp_only, i);
+            if (json_node_get_value_type (n) != G_TYPE_INT64
+                || json_node_get_int (n) < 0
+                || (guint64)json_node_get_int (n) >= L)
+              return E_INVALID (
+                  error,
+                  "%s: mlp_only_layers[%u]: expected a layer "
+                  "index below num_hidden_layers (%" G_GUINT64_FORMAT ")",
+                  b->where, i, L);
+          }
+      m->n_experts = E;
+      m->experts_per_token = topk;
+      m->moe_ffn = fe;
+    }
   if (is_mixtral)
     {
       guint64 E = 0, topk = 0;
@@ -385,12 +442,12 @@ import_llama_like (StowModelBuilder *b, JsonObject *o, const char *type,
    * flag); llama's attention_bias puts biases on all four projections. */
   gboolean qkv_bias = is_qwen2 || attn_bias;
   stow_model_add_tensor (b, STOW_ROLE_EMBEDDING, -1, FALSE, 2, V, h,
-                         "model.embed_tokens.weight");
+                         "%smodel.embed_tokens.weight", prefix);
   for (guint64 i = 0; i < L; i++)
     {
       gint l = (gint)i;
       char p[96];
-      g_snprintf (p, sizeof p, "model.layers.%d", l);
+      g_snprintf (p, sizeof p, "%smodel.layers.%d", prefix, l);
       stow_model_add_tensor (b, STOW_ROLE_NORM, l, FALSE, 1, h, 0,
                              "%s.input_layernorm.weight", p);
       if (is_phi3)
@@ -411,6 +468,13 @@ import_llama_like (StowModelBuilder *b, JsonObject *o, const char *type,
         }
       add_linear (b, STOW_ROLE_ATTENTION, l, h, a * d, attn_bias,
                   "%s.self_attn.o_proj", p);
+      if (qk_norm)
+        {
+          stow_model_add_tensor (b, STOW_ROLE_NORM, l, FALSE, 1, d, 0,
+                                 "%s.self_attn.q_norm.weight", p);
+          stow_model_add_tensor (b, STOW_ROLE_NORM, l, FALSE, 1, d, 0,
+                                 "%s.self_attn.k_norm.weight", p);
+        }
       stow_model_add_tensor (b, STOW_ROLE_NORM, l, FALSE, 1, h, 0,
                              "%s.post_attention_layernorm.weight", p);
       if (is_gemma2)
@@ -437,6 +501,15 @@ import_llama_like (StowModelBuilder *b, JsonObject *o, const char *type,
 #undef EXPERT_W
             }
         }
+      else if (is_qwen3_moe && (i + 1) % sparse_step == 0
+               && !in_int_array (mlp_only, i))
+        {
+          stow_model_add_tensor (b, STOW_ROLE_ROUTER, l, FALSE, 2, m->n_experts,
+                                 h, "%s.mlp.gate.weight", p);
+          for (guint64 e = 0; e < m->n_experts; e++)
+            add_gated_mlp (b, STOW_ROLE_EXPERT, l, h, m->moe_ffn, FALSE,
+                           "%s.mlp.experts.%u", p, (guint)e);
+        }
       else if (is_phi3)
         {
           stow_model_add_tensor (b, STOW_ROLE_MLP, l, FALSE, 2, 2 * f, h,
@@ -448,8 +521,9 @@ import_llama_like (StowModelBuilder *b, JsonObject *o, const char *type,
         add_gated_mlp (b, STOW_ROLE_MLP, l, h, f, mlp_bias, "%s.mlp", p);
     }
   stow_model_add_tensor (b, STOW_ROLE_NORM, -1, FALSE, 1, h, 0,
-                         "model.norm.weight");
-  add_lm_head (b, "lm_head.weight", V, h, tied);
+                         "%smodel.norm.weight", prefix);
+  g_autofree char *head = g_strconcat (prefix, "lm_head.weight", NULL);
+  add_lm_head (b, head, V, h, tied);
   return TRUE;
 }
 
@@ -1037,10 +1111,144 @@ import_bert (StowModelBuilder *b, JsonObject *o, GError **error)
   return TRUE;
 }
 
+/* ---- gemma3 (Gemma3ForConditionalGeneration) ----------------------------- */
+
+/* A copy of @o with @defaults (name, integer value pairs) where @o has
+ * none: the multimodal config.json spells out only what differs from the
+ * sub-config classes' defaults. */
+static JsonObject *
+with_defaults (JsonObject *o, const char *const *names, const gint64 *values)
+{
+  JsonObject *c = json_object_new ();
+  if (o)
+    {
+      g_autoptr (GList) members = json_object_get_members (o);
+      for (GList *l = members; l; l = l->next)
+        json_object_set_member (
+            c, l->data, json_node_copy (json_object_get_member (o, l->data)));
+    }
+  for (guint i = 0; names[i]; i++)
+    if (!stow_json_has (c, names[i]))
+      json_object_set_int_member (c, names[i], values[i]);
+  return c;
+}
+
+/* Gemma 3 (4B, 12B, 27B): the gemma3_text decoder under
+ * "language_model.", a SigLIP vision tower and the projector between
+ * them (modeling_gemma3.py, modeling_siglip.py).  Absent fields take the
+ * defaults of Gemma3TextConfig and SiglipVisionConfig.  The vision tower
+ * counts as input-side (embedding) parameters: it runs before the first
+ * decoder layer, on the first pipeline stage. */
+static gboolean
+import_gemma3 (StowModelBuilder *b, JsonObject *o, GError **error)
+{
+  static const char *const text_names[] = { "vocab_size",
+                                            "hidden_size",
+                                            "intermediate_size",
+                                            "num_hidden_layers",
+                                            "num_attention_heads",
+                                            "num_key_value_heads",
+                                            "head_dim",
+                                            NULL };
+  static const gint64 text_values[] = { 262208, 2304, 9216, 26, 8, 4, 256 };
+  static const char *const vision_names[]
+      = { "hidden_size",       "intermediate_size",
+          "num_hidden_layers", "num_attention_heads",
+          "num_channels",      "image_size",
+          "patch_size",        NULL };
+  static const gint64 vision_values[] = { 768, 3072, 12, 12, 3, 224, 16 };
+  JsonObject *tc = NULL, *vc = NULL;
+  guint64 vh = 0, vf = 0, vL = 0, va = 0, ch = 0, img = 0, patch = 0, th = 0;
+  if (!stow_json_get_object (o, b->where, "text_config", FALSE, &tc, error)
+      || !stow_json_get_object (o, b->where, "vision_config", FALSE, &vc,
+                                error))
+    return FALSE;
+  g_autoptr (JsonObject) text = with_defaults (tc, text_names, text_values);
+  g_autoptr (JsonObject) vision
+      = with_defaults (vc, vision_names, vision_values);
+  g_autofree char *tw = g_strdup_printf ("%s: text_config", b->where);
+  g_autofree char *vw = g_strdup_printf ("%s: vision_config", b->where);
+  const char *where = b->where;
+  b->where = tw;
+  gboolean ok
+      = import_llama_like (b, text, "gemma3_text", "language_model.", error);
+  b->where = where;
+  if (!ok)
+    return FALSE;
+  th = b->model->hidden;
+
+  b->where = vw;
+  ok = REQ (vision, b, &vh, "hidden_size")
+       && REQ (vision, b, &vf, "intermediate_size")
+       && REQ (vision, b, &vL, "num_hidden_layers")
+       && REQ (vision, b, &va, "num_attention_heads")
+       && REQ (vision, b, &ch, "num_channels")
+       && REQ (vision, b, &img, "image_size")
+       && REQ (vision, b, &patch, "patch_size")
+       && check_layers (b, "num_hidden_layers", vL, error)
+       && check_heads (b, vh, "hidden_size", va, "num_attention_heads", va,
+                       "num_attention_heads", FALSE, error);
+  if (ok && img % patch != 0)
+    ok = E_INVALID (error,
+                    "%s: patch_size (%" G_GUINT64_FORMAT
+                    ") must divide image_size (%" G_GUINT64_FORMAT ")",
+                    vw, patch, img);
+  b->where = where;
+  if (!ok)
+    return FALSE;
+  guint64 n_patches = (img / patch) * (img / patch);
+  const StowTensorRole E = STOW_ROLE_EMBEDDING;
+#define VT "vision_tower.vision_model."
+  /* Conv2d(channels, vh, patch, patch), stored as [vh, channels x patch^2]. */
+  stow_model_add_tensor (b, E, -1, FALSE, 2, vh, ch * patch * patch,
+                         VT "embeddings.patch_embedding.weight");
+  stow_model_add_tensor (b, E, -1, FALSE, 1, vh, 0,
+                         VT "embeddings.patch_embedding.bias");
+  stow_model_add_tensor (b, E, -1, FALSE, 2, n_patches, vh,
+                         VT "embeddings.position_embedding.weight");
+  for (guint64 i = 0; i < vL; i++)
+    {
+      char p[96];
+      g_snprintf (p, sizeof p, VT "encoder.layers.%u", (guint)i);
+      static const char *const ln[] = { "layer_norm1", "layer_norm2" };
+      static const char *const proj[]
+          = { "q_proj", "k_proj", "v_proj", "out_proj" };
+      stow_model_add_tensor (b, E, -1, FALSE, 1, vh, 0, "%s.%s.weight", p,
+                             ln[0]);
+      stow_model_add_tensor (b, E, -1, FALSE, 1, vh, 0, "%s.%s.bias", p, ln[0]);
+      for (guint j = 0; j < G_N_ELEMENTS (proj); j++)
+        {
+          stow_model_add_tensor (b, E, -1, FALSE, 2, vh, vh,
+                                 "%s.self_attn.%s.weight", p, proj[j]);
+          stow_model_add_tensor (b, E, -1, FALSE, 1, vh, 0,
+                                 "%s.self_attn.%s.bias", p, proj[j]);
+        }
+      stow_model_add_tensor (b, E, -1, FALSE, 1, vh, 0, "%s.%s.weight", p,
+                             ln[1]);
+      stow_model_add_tensor (b, E, -1, FALSE, 1, vh, 0, "%s.%s.bias", p, ln[1]);
+      stow_model_add_tensor (b, E, -1, FALSE, 2, vf, vh, "%s.mlp.fc1.weight",
+                             p);
+      stow_model_add_tensor (b, E, -1, FALSE, 1, vf, 0, "%s.mlp.fc1.bias", p);
+      stow_model_add_tensor (b, E, -1, FALSE, 2, vh, vf, "%s.mlp.fc2.weight",
+                             p);
+      stow_model_add_tensor (b, E, -1, FALSE, 1, vh, 0, "%s.mlp.fc2.bias", p);
+    }
+  stow_model_add_tensor (b, E, -1, FALSE, 1, vh, 0, VT "post_layernorm.weight");
+  stow_model_add_tensor (b, E, -1, FALSE, 1, vh, 0, VT "post_layernorm.bias");
+#undef VT
+  /* Gemma3MultiModalProjector: a plain [vh, th] matrix and an RMSNorm. */
+  stow_model_add_tensor (b, E, -1, FALSE, 2, vh, th,
+                         "multi_modal_projector.mm_input_projection_weight");
+  stow_model_add_tensor (b, E, -1, FALSE, 1, vh, 0,
+                         "multi_modal_projector.mm_soft_emb_norm.weight");
+  return TRUE;
+}
+
 /* ---- dispatch ----------------------------------------------------------- */
 
 static const char *const llama_like[]
-    = { "llama", "mistral", "mixtral", "qwen2", "gemma", "gemma2", "phi3" };
+    = { "llama",     "mistral", "mixtral", "qwen2",       "qwen3",
+        "qwen3_moe", "gemma",   "gemma2",  "gemma3_text", "phi3" };
 
 gboolean
 stow_model_import (StowModelBuilder *b, JsonObject *o, const char *type,
@@ -1048,7 +1256,9 @@ stow_model_import (StowModelBuilder *b, JsonObject *o, const char *type,
 {
   for (guint i = 0; i < G_N_ELEMENTS (llama_like); i++)
     if (g_str_equal (type, llama_like[i]))
-      return import_llama_like (b, o, type, error);
+      return import_llama_like (b, o, type, "", error);
+  if (g_str_equal (type, "gemma3"))
+    return import_gemma3 (b, o, error);
   if (g_str_equal (type, "gpt2"))
     return import_gpt2 (b, o, error);
   if (g_str_equal (type, "gpt_neox"))
@@ -1081,7 +1291,8 @@ stow_model_import (StowModelBuilder *b, JsonObject *o, const char *type,
         g_set_error (error, STOW_MODEL_ERROR, STOW_MODEL_ERROR_UNSUPPORTED,
                      "%s: model_type \"%.60s\" is not supported (and has no "
                      "%s for a llama-like import); supported: llama, "
-                     "mistral, mixtral, qwen2, gemma, gemma2, phi3, gpt2, "
+                     "mistral, mixtral, qwen2, qwen3, qwen3_moe, gemma, "
+                     "gemma2, gemma3, gemma3_text, phi3, gpt2, "
                      "gpt_neox, falcon, bloom, opt, t5, mt5, bert, "
                      "deepseek_v2, deepseek_v3",
                      b->where, esc, fields[i]);
@@ -1108,5 +1319,5 @@ stow_model_import (StowModelBuilder *b, JsonObject *o, const char *type,
                "llama-style decoder from its standard fields",
                b->where, esc);
   }
-  return import_llama_like (b, o, "llama", error);
+  return import_llama_like (b, o, "llama", "", error);
 }

@@ -46,6 +46,13 @@ void stow_model_add_tensor (StowModelBuilder *b, StowTensorRole role,
  * largest module; fails on overflow (naming @where). */
 gboolean stow_model_finish (StowModelBuilder *b, GError **error);
 
+/* quantization_config and torch_dtype into @m->quant and @m->torch_dtype
+ * (quant.c); needs @m->hidden. */
+gboolean stow_model_read_quant (StowModel *m, JsonObject *config,
+                                const char *where, GError **error);
+/* linear_params and the estimated checkpoint_bytes, after the counts. */
+void stow_model_estimate_checkpoint (StowModel *m);
+
 /* The per-family importers (hf.c). */
 gboolean stow_model_import (StowModelBuilder *b, JsonObject *config,
                             const char *model_type, GError **error);

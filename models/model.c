@@ -82,6 +82,10 @@ stow_model_unref (StowModel *model)
   g_free (model->reference);
   g_free (model->hidden_act);
   g_free (model->rope_type);
+  g_free (model->torch_dtype);
+  g_free (model->quant.type);
+  g_free (model->hub_id);
+  g_free (model->revision);
   g_free (model);
 }
 
@@ -318,11 +322,13 @@ stow_model_new_from_json (JsonObject *config, const char *where, GError **error)
   b.model = m;
   b.where = where;
   if (!stow_model_import (&b, config, model_type, error)
-      || !stow_model_finish (&b, error))
+      || !stow_model_finish (&b, error)
+      || !stow_model_read_quant (m, config, where, error))
     {
       to_model_error (error);
       return NULL;
     }
+  stow_model_estimate_checkpoint (m);
   if (m->name == NULL)
     m->name = g_strdup (model_type);
   return g_steal_pointer (&m);

@@ -21,6 +21,8 @@ typedef enum
   STOW_MODEL_ERROR_NOT_FOUND,   /* unknown catalog name, missing file */
   STOW_MODEL_ERROR_INVALID,     /* malformed config: wrong type, bad value */
   STOW_MODEL_ERROR_UNSUPPORTED, /* a model_type we cannot count */
+  STOW_MODEL_ERROR_ACCESS,      /* a gated or private Hub repository */
+  STOW_MODEL_ERROR_NETWORK,     /* the Hub did not answer, or not usefully */
 } StowModelError;
 
 typedef enum
@@ -64,6 +66,34 @@ typedef struct
   gboolean is_moe;       /* routed experts in this layer */
   gboolean is_decoder;   /* T5: FALSE for encoder layers */
 } StowLayerInfo;
+
+/* How a checkpoint stores its linear layers' weights (config.json's
+ * quantization_config); embeddings, norms and, unless the config says
+ * otherwise, lm_head stay in torch_dtype. */
+typedef enum
+{
+  STOW_QUANT_NONE,
+  STOW_QUANT_BNB_4BIT, /* bitsandbytes load_in_4bit: nf4 / fp4 */
+  STOW_QUANT_BNB_8BIT, /* bitsandbytes load_in_8bit: LLM.int8() */
+  STOW_QUANT_GPTQ,
+  STOW_QUANT_AWQ,
+  STOW_QUANT_FP8, /* fp8 e4m3 weights with per-block or per-tensor scales */
+} StowQuantMethod;
+
+typedef struct
+{
+  StowQuantMethod method;
+  guint bits;            /* bits per weight: 4, 8, 3, 2 */
+  guint64 group_size;    /* weights per scale (GPTQ / AWQ / bnb block;
+                            fp8: block rows x columns); 0 = per row */
+  gboolean double_quant; /* bnb 4-bit: the block scales quantised again */
+  char *type;            /* "nf4", "fp4", "int8", "e4m3", "gemm", ... */
+  /* Bytes per linear weight, scales and zero points included. */
+  double linear_bytes_per_param;
+} StowQuant;
+
+/* "bitsandbytes-4bit", "gptq", ... ("none" for STOW_QUANT_NONE). */
+const char *stow_quant_method_name (StowQuantMethod method);
 
 typedef struct _StowModel StowModel;
 struct _StowModel
@@ -139,6 +169,21 @@ struct _StowModel
   char *rope_type;
   double rope_factor, rope_low_freq_factor, rope_high_freq_factor;
   guint64 rope_original_max_positions;
+
+  /* The checkpoint as stored: torch_dtype ("bfloat16"; NULL when the config
+   * has none), its quantization, and its bytes (a safetensors index's
+   * total_size or header when one was read, else estimated from the count:
+   * linear weights at the quantized width, the rest at torch_dtype). */
+  char *torch_dtype;
+  StowQuant quant;
+  guint64 linear_params; /* weights of the linear layers quantization
+                            applies to (attention, MLP, experts) */
+  guint64 checkpoint_bytes;
+  gboolean checkpoint_bytes_measured; /* from the checkpoint's own files */
+
+  /* Hub models (ORG/NAME): the id and revision; NULL otherwise. */
+  char *hub_id;
+  char *revision;
 };
 
 /* From a parsed config.json object; @where names it in errors. */
@@ -149,6 +194,15 @@ StowModel *stow_model_new_from_file (const char *path, GError **error);
 /* A catalog name or alias (case-insensitive), or a path to a config.json
  * (or a directory holding one).  Unknown names get a did-you-mean hint. */
 StowModel *stow_model_lookup (const char *name_or_path, GError **error);
+/* The same, with Hub ids (ORG/NAME, see models/hub.h) at @revision (NULL:
+ * "main").  A name holding '/' that is neither an existing file nor a
+ * .json path is a Hub id.  @revision with anything but a Hub id is
+ * STOW_MODEL_ERROR_INVALID. */
+StowModel *stow_model_lookup_revision (const char *name_or_path,
+                                       const char *revision, GError **error);
+/* Bytes per parameter of a torch_dtype name ("bfloat16": 2), 0 when
+ * unknown. */
+guint stow_dtype_bytes (const char *torch_dtype);
 /* Catalog short names, sorted; owned by the library. */
 const char *const *stow_model_catalog_names (gsize *n);
 /* The catalog entry's aliases (NULL-terminated, owned by the library), or

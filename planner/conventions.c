@@ -311,3 +311,44 @@ stow_memory_estimate_convention (const StowModel *m, const StowCluster *c,
     mem->convention = o->convention;
   return mem;
 }
+
+/* Buffers the transformers modules register beside their parameters,
+ * which accelerate's sizes include: BERT's position_ids and token_type_ids
+ * (int64, one per position), and RoPE's inv_freq (fp32, head_dim / 2; one
+ * rotary embedding per model since transformers 4.45).  Other families'
+ * buffers are not modelled. */
+static double
+accelerate_buffer_bytes (const StowModel *m)
+{
+  static const char *const rope[]
+      = { "llama",     "mistral", "mixtral", "qwen2",       "qwen3",
+          "qwen3_moe", "gemma",   "gemma2",  "gemma3_text", "phi3" };
+  if (g_str_equal (m->family, "bert"))
+    return 2.0 * 8.0 * (double)m->max_positions;
+  for (gsize i = 0; i < G_N_ELEMENTS (rope); i++)
+    if (g_str_equal (m->family, rope[i]))
+      return 4.0 * (double)(m->head_dim / 2);
+  return 0;
+}
+
+void
+stow_accelerate_estimate (const StowModel *m,
+                          StowAccelerateRow rows[STOW_ACCELERATE_ROWS])
+{
+  static const char *const dtypes[STOW_ACCELERATE_ROWS]
+      = { "float32", "float16", "int8", "int4" };
+  static const double divisor[STOW_ACCELERATE_ROWS] = { 1, 2, 4, 8 };
+  g_return_if_fail (m != NULL);
+  double total = 4.0 * (double)m->params + accelerate_buffer_bytes (m);
+  guint64 largest = m->largest_module_params;
+  if (!g_str_equal (m->family, "bert"))
+    for (guint64 i = 0; i < m->n_layers; i++)
+      largest = MAX (largest, m->layers[i].params);
+  for (int i = 0; i < STOW_ACCELERATE_ROWS; i++)
+    {
+      rows[i].dtype = dtypes[i];
+      rows[i].total_bytes = total / divisor[i];
+      rows[i].largest_layer_bytes = 4.0 * (double)largest / divisor[i];
+      rows[i].training_bytes = i == 0 ? 4 * total : i == 1 ? 2 * total : -1;
+    }
+}

@@ -298,10 +298,31 @@ invalid (GError **error, const char *format, ...)
 }
 
 gboolean
+stow_training_check_model (const StowTraining *t, const StowModel *m,
+                           GError **error)
+{
+  g_return_val_if_fail (t && m, FALSE);
+  if (m->quant.method == STOW_QUANT_NONE || t->finetune != STOW_FINETUNE_FULL)
+    return TRUE;
+  /* PyTorch refuses gradients for integer tensors, and GPTQ / AWQ / bnb
+   * store packed integers; transformers' Trainer refuses "purely
+   * quantized models" without adapters for the same reason, and fp8
+   * checkpoints have no optimizer that steps fp8 weights. */
+  return invalid (error,
+                  "%s is a %s %u-bit checkpoint (quantization_config): full "
+                  "fine-tuning cannot update quantized weights; use "
+                  "--finetune lora or qlora, or the unquantized model",
+                  m->name, stow_quant_method_name (m->quant.method),
+                  m->quant.bits);
+}
+
+gboolean
 stow_layout_validate (const StowLayout *l, const StowTraining *t,
                       const StowModel *m, const StowCluster *c, GError **error)
 {
   g_return_val_if_fail (l && t && m && c, FALSE);
+  if (!stow_training_check_model (t, m, error))
+    return FALSE;
   static const struct
   {
     const char *flag;

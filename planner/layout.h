@@ -203,6 +203,13 @@ gboolean stow_layout_validate (const StowLayout *layout,
                                const StowModel *model,
                                const StowCluster *cluster, GError **error);
 
+/* Checks that @training can run on @model's checkpoint: a quantized
+ * checkpoint (GPTQ, AWQ, bitsandbytes, fp8) trains adapters only, since
+ * its quantized weights take no gradient; full fine-tuning of one is
+ * STOW_PLAN_ERROR_INVALID naming the quantization and what to do. */
+gboolean stow_training_check_model (const StowTraining *training,
+                                    const StowModel *model, GError **error);
+
 /* Number of layers on each pipeline stage (@counts has layout->pp entries),
  * as even as possible with the remainder on the middle stages. */
 void stow_layout_stage_layers (const StowLayout *layout, guint64 n_layers,

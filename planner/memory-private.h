@@ -61,8 +61,15 @@ guint64 stow_mem_resident_from_totals (const StowModel *m,
 void stow_mem_state_bytes (const StowModel *m, const StowTraining *t, double *w,
                            double *g, double *master, double *opt);
 /* Bytes per frozen linear weight under LoRA (@w, the model's weight
- * bytes) or QLoRA (NF4 with double quantisation). */
-double stow_mem_frozen_weight_bytes (const StowTraining *t, double w);
+ * bytes) or QLoRA (NF4 with double quantisation); a quantized checkpoint's
+ * own width (scales included) under either. */
+double stow_mem_frozen_weight_bytes (const StowModel *m, const StowTraining *t,
+                                     double w);
+/* Bytes per frozen parameter outside the linears (embeddings, norms):
+ * the compute dtype's 2 under QLoRA and for a quantized checkpoint (its
+ * torch_dtype), else the model's weight bytes up to 4. */
+double stow_mem_frozen_other_bytes (const StowModel *m, const StowTraining *t,
+                                    double w);
 /* Per-layer activation bytes of one micro-batch (see memory.c). */
 void stow_mem_activation_sizes (const StowModel *m, const StowTraining *t,
                                 const StowLayout *l, guint64 *full,

@@ -705,13 +705,29 @@ full_bpp (const StowModel *m, const StowTraining *t)
 
 /* Bytes per frozen linear weight under LoRA: the model's dtype, or
  * QLoRA's NF4 (4 bits + an 8-bit absmax per 64 weights + an fp32 scale
- * per 256 blocks, double quantisation). */
+ * per 256 blocks, double quantisation).  A quantized checkpoint loads as
+ * it is stored (models/quant.c), whichever of the two. */
 double
-stow_mem_frozen_weight_bytes (const StowTraining *t, double w)
+stow_mem_frozen_weight_bytes (const StowModel *m, const StowTraining *t,
+                              double w)
 {
+  if (m != NULL && m->quant.method != STOW_QUANT_NONE)
+    return m->quant.linear_bytes_per_param;
   return t->finetune == STOW_FINETUNE_QLORA
              ? 0.5 + 1.0 / 64.0 + 4.0 / (64.0 * 256.0)
              : w;
+}
+
+double
+stow_mem_frozen_other_bytes (const StowModel *m, const StowTraining *t,
+                             double w)
+{
+  if (m != NULL && m->quant.method != STOW_QUANT_NONE)
+    {
+      guint db = stow_dtype_bytes (m->torch_dtype);
+      return db ? MIN ((double)db, 4.0) : 2.0;
+    }
+  return t->finetune == STOW_FINETUNE_QLORA ? 2.0 : MIN (w, 4.0);
 }
 
 /* The dtype DeepSpeed holds parameters in, which its reduce bucket takes
@@ -963,7 +979,7 @@ model_states (Model *ms, const StageParams *p, GArray *dev,
       GArray *wdev = off_par ? host : dev, *odev = off_opt ? host : dev;
       StowTier wtier = off_par ? STOW_TIER_PINNED : STOW_TIER_DEVICE;
       StowTier otier = off_opt ? STOW_TIER_HOST : STOW_TIER_DEVICE;
-      double wb = stow_mem_frozen_weight_bytes (t, b.w);
+      double wb = stow_mem_frozen_weight_bytes (ms->m, t, b.w);
       guint64 linear = p->linear;
       if (wdev)
         stow_mem_add (wdev, off_par ? "offloaded parameters" : "parameters",
@@ -972,7 +988,7 @@ model_states (Model *ms, const StageParams *p, GArray *dev,
                       wb, linear, shards (dev, sbuf, sizeof sbuf, wdiv));
       /* Embeddings and norms stay in the model's dtype; QLoRA's in bf16,
        * its compute dtype. */
-      double nb = t->finetune == STOW_FINETUNE_QLORA ? 2.0 : MIN (b.w, 4.0);
+      double nb = stow_mem_frozen_other_bytes (ms->m, t, b.w);
       if (wdev)
         stow_mem_add (wdev,
                       off_par ? "offloaded parameters (non-linear)"

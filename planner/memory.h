@@ -168,4 +168,27 @@ gboolean stow_layout_resolve_resident (const StowModel *model,
                                        const StowMemOptions *options,
                                        GError **error);
 
+/* accelerate's `estimate-memory` table (src/accelerate/commands/estimate.py
+ * gather_data and estimate_training_usage; utils/modeling.py
+ * calculate_maximum_sizes): the model built on the meta device in fp32,
+ * its parameters and buffers summed, divided by 2, 4 and 8 for float16,
+ * int8 and int4; training with Adam 4x the fp32 size for float32 (model,
+ * gradients, two states) and 2x it, 4x the float16 size, for float16
+ * (fp32 master, 1.5x for gradients, 2x for states, the max of them); none
+ * for int8 and int4 (-1 in accelerate, "N/A").  The largest layer is the
+ * largest module accelerate will not split: a whole decoder or encoder
+ * layer (transformers' _no_split_modules), else the largest leaf module
+ * (BERT, as accelerate's docs print it). */
+typedef struct
+{
+  const char *dtype; /* "float32", "float16", "int8", "int4" */
+  double largest_layer_bytes;
+  double total_bytes;
+  double training_bytes; /* < 0: not estimated (N/A) */
+} StowAccelerateRow;
+
+#define STOW_ACCELERATE_ROWS 4
+void stow_accelerate_estimate (const StowModel *model,
+                               StowAccelerateRow rows[STOW_ACCELERATE_ROWS]);
+
 G_END_DECLS

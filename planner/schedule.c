@@ -1561,7 +1561,7 @@ stow_schedule_lower (const StowModel *m, const StowCluster *c,
       /* Frozen weights (NF4 under QLoRA, as memory.c); adapters train in
        * fp32 with no master. */
       L.lora = TRUE;
-      L.wb = stow_mem_frozen_weight_bytes (t, L.w);
+      L.wb = stow_mem_frozen_weight_bytes (m, t, L.w);
       L.w = L.g = 4.0;
       L.master = 0;
     }

@@ -10,6 +10,7 @@ packages=(
   gcc libc6-dev pkg-config meson ninja-build python3
   libglib2.0-dev libglib2.0-dev-bin libjson-glib-dev libhwloc-dev libxxhash-dev
   liburing-dev libcairo2-dev
+  libcurl4-openssl-dev  # models/hub.c: config.json by Hub id over HTTPS
   libopenblas-dev  # cblas_sgemm for the cpu backend's decoder (executor/llama.c)
   python3-torch python3-numpy  # the executor's PyTorch oracle (tests/oracle/)
   libglib2.0-dev-bin  # glib-compile-resources: the hw catalog is a GResource

@@ -163,7 +163,7 @@ test_gpus_list (void)
   g_autoptr (JsonParser) p = NULL;
   JsonObject *o = parse_object (j.out, &p);
   JsonArray *gpus = json_object_get_array_member (o, "gpus");
-  g_assert_cmpuint (json_array_get_length (gpus), ==, 16);
+  g_assert_cmpuint (json_array_get_length (gpus), ==, 25);
   gboolean found = FALSE;
   for (guint i = 0; i < json_array_get_length (gpus); i++)
     {

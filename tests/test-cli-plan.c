@@ -390,6 +390,114 @@ test_plan_formats (void)
   stow_assert_usage_error (bad, "--format \"xml\"");
 }
 
+/* fit --all-offloads under DeepSpeed's convention prints DeepSpeed's
+ * estimate_zero{3,2}_model_states_mem_needs_all_live rows as its docs
+ * (docs/code-docs/source/memory.rst) print them for t5-3b on 1 x 8 GPUs;
+ * the ZeRO-2 no-offload row is the current code's 11.28 (the docs' 15.93
+ * predates DeepSpeed PR #5099). */
+static void
+test_all_offloads_deepspeed (void)
+{
+  g_auto (StowRun) r = { 0 };
+  stow_run (&r, "fit", "--params", "2851M", "--largest-layer", "32M",
+            "--convention", "deepspeed-estimator", "--gpus", "8xA100-80GB",
+            "--all-offloads", NULL);
+  g_assert_cmpint (r.status, ==, 0);
+  static const char *const lines[] = {
+    "HW: Setup with 1 node, 8 GPUs per node.\n",
+    "SW: Model with 2851M total params, 32M largest layer params.\n",
+    "  per CPU  |  per GPU |   Options\n",
+    "   71.69GB |   0.12GB | offload_param=cpu , offload_optimizer=cpu , "
+    "zero_init=1\n",
+    "  127.45GB |   0.12GB | offload_param=cpu , offload_optimizer=cpu , "
+    "zero_init=0\n",
+    "   63.72GB |   0.78GB | offload_param=none, offload_optimizer=cpu , "
+    "zero_init=1\n",
+    "  127.45GB |   0.78GB | offload_param=none, offload_optimizer=cpu , "
+    "zero_init=0\n",
+    "    1.43GB |   6.09GB | offload_param=none, offload_optimizer=none, "
+    "zero_init=1\n",
+    "  127.45GB |   6.09GB | offload_param=none, offload_optimizer=none, "
+    "zero_init=0\n",
+    "  127.45GB |   5.31GB | offload_optimizer=cpu \n",
+    "  127.45GB |  11.28GB | offload_optimizer=none\n",
+  };
+  const char *at = r.out;
+  for (gsize i = 0; i < G_N_ELEMENTS (lines); i++)
+    {
+      const char *hit = strstr (at, lines[i]);
+      g_test_message ("line %" G_GSIZE_FORMAT ": %s", i, lines[i]);
+      g_assert_nonnull (hit);
+      at = hit + strlen (lines[i]);
+    }
+}
+
+/* fit --all-offloads with stowage's own model: one row per ZeRO stage and
+ * offload choice, each the layout `stowage mem` gives the same flags. */
+static void
+test_all_offloads_stowage (void)
+{
+  g_auto (StowRun) r = { 0 };
+  stow_run (&r, "fit", "llama-2-7b", "--gpus", "8xA100-80GB", "--all-offloads",
+            "--json", NULL);
+  g_assert_cmpint (r.status, ==, 0);
+  g_autoptr (JsonNode) root = NULL;
+  JsonObject *o = parse (r.out, &root);
+  JsonArray *rows = json_object_get_array_member (o, "rows");
+  /* ZeRO 0-2 x 3 optimizer places; ZeRO-3 x 3 x 3 with parameters. */
+  g_assert_cmpuint (json_array_get_length (rows), ==, 18);
+  g_assert_true (json_object_get_boolean_member (o, "fits"));
+  for (guint i = 0; i < json_array_get_length (rows); i += 17)
+    {
+      JsonObject *row = json_array_get_object_element (rows, i);
+      char zero[8], dp[8], tp[8], pp[8], mb[8];
+      g_snprintf (zero, sizeof zero, "%" G_GINT64_FORMAT,
+                  json_object_get_int_member (row, "zero"));
+      g_snprintf (dp, sizeof dp, "%" G_GINT64_FORMAT,
+                  json_object_get_int_member (row, "dp"));
+      g_snprintf (tp, sizeof tp, "%" G_GINT64_FORMAT,
+                  json_object_get_int_member (row, "tp"));
+      g_snprintf (pp, sizeof pp, "%" G_GINT64_FORMAT,
+                  json_object_get_int_member (row, "pp"));
+      g_snprintf (mb, sizeof mb, "%" G_GINT64_FORMAT,
+                  json_object_get_int_member (row, "micro_batch"));
+      g_auto (StowRun) m = { 0 };
+      stow_run (&m, "mem", "llama-2-7b", "--gpus", "8xA100-80GB", "--zero",
+                zero, "--offload-optimizer",
+                json_object_get_string_member (row, "offload_optimizer"),
+                "--offload-params",
+                json_object_get_string_member (row, "offload_params"), "--dp",
+                dp, "--tp", tp, "--pp", pp, "--micro-batch", mb, "--recompute",
+                json_object_get_string_member (row, "recompute"), "--json",
+                NULL);
+      g_autoptr (JsonNode) mroot = NULL;
+      JsonObject *mo = parse (m.out, &mroot);
+      g_assert_cmpint (member_int (mo, "device.total_bytes"), ==,
+                       json_object_get_int_member (row, "gpu_bytes"));
+      g_assert_cmpint (member_int (mo, "host.total_bytes"), ==,
+                       json_object_get_int_member (row, "host_bytes_per_node"));
+      g_assert_cmpint (member_int (mo, "nvme.bytes"), ==,
+                       json_object_get_int_member (row, "nvme_bytes_per_node"));
+    }
+
+  g_auto (StowRun) t = { 0 };
+  stow_run (&t, "fit", "llama-2-7b", "--gpus", "8xA100-80GB", "--all-offloads",
+            NULL);
+  g_assert_cmpint (t.status, ==, 0);
+  g_assert_nonnull (strstr (t.out, "SW: llama-2-7b, 6.74B total params"));
+  g_assert_cmpuint (stow_count_lines (t.out), ==, 4 + 18);
+
+  const char *const bad[] = { "fit",
+                              "llama-2-7b",
+                              "--gpus",
+                              "8xA100-80GB",
+                              "--all-offloads",
+                              "--offload-params",
+                              "cpu",
+                              NULL };
+  stow_assert_usage_error (bad, "drop --offload-params");
+}
+
 int
 main (int argc, char **argv)
 {
@@ -399,6 +507,9 @@ main (int argc, char **argv)
   g_test_add_func ("/cli-plan/mem-explain", test_mem_explain);
   g_test_add_func ("/cli-plan/convention-bytes", test_mem_convention_bytes);
   g_test_add_func ("/cli-plan/bad-input", test_bad_input);
+  g_test_add_func ("/cli-plan/all-offloads-deepspeed",
+                   test_all_offloads_deepspeed);
+  g_test_add_func ("/cli-plan/all-offloads-stowage", test_all_offloads_stowage);
   g_test_add_func ("/cli-plan/decoder-seq", test_decoder_seq);
   g_test_add_func ("/cli-plan/compile", test_compile);
   g_test_add_func ("/cli-plan/cpu-optimizer-buffers",

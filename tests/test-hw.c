@@ -85,6 +85,50 @@ test_catalog_reference (void)
   g_assert_cmpuint (gpu ("MI300X")->total_bytes, ==, 196592 * MiB);
   g_assert_cmpfloat (gpu ("MI300X")->nvlink_bw, ==, 448e9);
   g_assert_cmpuint (gpu ("A10")->total_bytes, ==, 22589 * MiB);
+
+  /* Issue 25's GPUs, datasheet figures (each file's "sources" names its
+   * own).  H800: the H100 die with NVLink cut to 400 GB/s bidirectional. */
+  const StowGpu *h800 = gpu ("H800");
+  g_assert_cmpfloat (h800->bf16_flops, ==, h->bf16_flops);
+  g_assert_cmpfloat (h800->hbm_bw, ==, h->hbm_bw);
+  g_assert_cmpfloat (h800->nvlink_bw, ==, 200e9);
+  /* H20: 148 TFLOPS bf16 dense, 296 fp8, 4.0 TB/s, 96 GB, NVLink 900. */
+  const StowGpu *h20 = gpu ("H20");
+  g_assert_cmpfloat (h20->bf16_flops, ==, 148e12);
+  g_assert_cmpfloat (h20->fp8_flops, ==, 296e12);
+  g_assert_cmpfloat (h20->hbm_bw, ==, 4.0e12);
+  g_assert_cmpfloat (h20->nvlink_bw, ==, 450e9);
+  g_assert_cmpuint (h20->marketing_bytes, ==, 96000000000);
+  /* GH200: Hopper's rates, 96 GB HBM3 at 4 TB/s, NVLink-C2C to the host
+   * (450 GB/s per direction, 80% of it practical), one per node. */
+  const StowGpu *gh = gpu ("Grace-Hopper");
+  g_assert_cmpstr (gh->name, ==, "GH200");
+  g_assert_cmpfloat (gh->bf16_flops, ==, 989e12);
+  g_assert_cmpfloat (gh->hbm_bw, ==, 4.0e12);
+  g_assert_cmpfloat (gh->pcie_bw, ==, 360e9);
+  g_assert_cmpuint (stow_node_preset_lookup ("gh200", NULL)->gpus_per_node, ==,
+                    1);
+  /* Workstation and inference cards: A6000 154.8, RTX 6000 Ada 364.2
+   * (fp8 728.5), A40 149.7, L4 121 (fp8 242.5), T4 65 fp16 and no bf16,
+   * RTX 5090 209.5 with fp32 accumulate at 1792 GB/s. */
+  g_assert_cmpfloat (gpu ("A6000")->bf16_flops, ==, 154.8e12);
+  g_assert_cmpfloat (gpu ("A6000")->hbm_bw, ==, 768e9);
+  g_assert_cmpuint (gpu ("RTX-6000-Ada")->smi_bytes, ==, 49140 * MiB);
+  g_assert_cmpfloat (gpu ("RTX-6000-Ada")->fp8_flops, ==, 728.5e12);
+  g_assert_cmpfloat (gpu ("A40")->bf16_flops, ==, 149.7e12);
+  g_assert_cmpuint (gpu ("A40")->smi_bytes, ==, 46068 * MiB);
+  g_assert_cmpfloat (gpu ("L4")->fp8_flops, ==, 242.5e12);
+  g_assert_cmpfloat (gpu ("L4")->hbm_bw, ==, 300e9);
+  const StowGpu *t4 = gpu ("T4");
+  g_assert_cmpfloat (t4->bf16_flops, ==, 0);
+  g_assert_cmpfloat (t4->fp16_flops, ==, 65e12);
+  g_assert_cmpuint (t4->pcie_gen, ==, 3);
+  /* Colab's OOM text: "14.75 GiB total capacity". */
+  g_assert_cmpfloat_with_epsilon ((double)t4->total_bytes / GiB, 14.75, 0.005);
+  const StowGpu *r5 = gpu ("5090");
+  g_assert_cmpfloat (r5->bf16_flops, ==, 209.5e12);
+  g_assert_cmpfloat (r5->hbm_bw, ==, 1792e9);
+  g_assert_cmpuint (r5->pcie_gen, ==, 5);
 }
 
 static void
@@ -92,10 +136,12 @@ test_catalog_complete (void)
 {
   /* Every GPU of the reference table, each with its preset. */
   static const char *const table[]
-      = { "V100-16GB", "V100-32GB",      "A100-40GB", "A100-PCIe-40GB",
-          "A100-80GB", "A100-PCIe-80GB", "H100-SXM",  "H100-PCIe",
-          "H200",      "B200",           "L40S",      "A10",
-          "RTX-3090",  "RTX-4090",       "MI250X",    "MI300X" };
+      = { "V100-16GB", "V100-32GB", "A100-40GB", "A100-PCIe-40GB", "A100-80GB",
+          "A100-PCIe-80GB", "H100-SXM", "H100-PCIe", "H200", "B200", "L40S",
+          "A10", "RTX-3090", "RTX-4090", "MI250X", "MI300X",
+          /* Issue 25: what people train on now. */
+          "H800", "H20", "GH200", "RTX-A6000", "RTX-6000-Ada", "A40", "L4",
+          "T4", "RTX-5090" };
   gsize n;
   const StowGpu *const *all = stow_gpu_catalog (&n);
   g_assert_cmpuint (n, ==, G_N_ELEMENTS (table));

@@ -89,6 +89,40 @@ static const Published published[] = {
   { "deepseek-v2", 235741434880ull, 0, "pub" },
   { "deepseek-v2-lite", 15706484224ull, 0, "pub" },
   { "gpt3-175b", 174604259328ull, 0, "pub" },
+  /* Issue 25.  The Hub's own count of each official repository's
+   * safetensors ("safetensors": {"total": N} in huggingface.co/api/models/
+   * ORG/NAME, which is the index's total_size over 2 bytes at bf16):
+   * Qwen/Qwen2.5-{0.5B,1.5B,3B,7B,14B,32B,72B}, Qwen/Qwen3-{0.6B,1.7B,4B,
+   * 8B,14B,32B,30B-A3B,235B-A22B}, meta-llama/Llama-3.1-70B and
+   * Llama-3.3-70B-Instruct (total_size 141,107,412,992), google/
+   * gemma-3-{1b,4b,12b,27b} (the multimodal totals: SigLIP tower and
+   * projector included from 4B up), microsoft/phi-4 (total_size
+   * 29,319,014,400), mistralai/Mistral-Small-24B-Base-2501. */
+  { "qwen2.5-0.5b", 494032768ull, 0, "pub" },
+  { "qwen2.5-1.5b", 1543714304ull, 0, "pub" },
+  { "qwen2.5-3b", 3085938688ull, 0, "pub" },
+  { "qwen2.5-7b", 7615616512ull, 0, "pub" },
+  { "qwen2.5-14b", 14770033664ull, 0, "pub" },
+  { "qwen2.5-32b", 32763876352ull, 0, "pub" },
+  { "qwen2.5-72b", 72706203648ull, 0, "pub" },
+  { "qwen3-0.6b", 596049920ull, 0, "pub" },
+  { "qwen3-1.7b", 1720574976ull, 0, "pub" },
+  { "qwen3-4b", 4022468096ull, 0, "pub" },
+  { "qwen3-8b", 8190735360ull, 0, "pub" },
+  { "qwen3-14b", 14768307200ull, 0, "pub" },
+  { "qwen3-32b", 32762123264ull, 0, "pub" },
+  /* "30.5B in total and 3.3B activated", "235B and 22B": the active
+   * counts are stowage's (top 8 of 128 experts). */
+  { "qwen3-30b-a3b", 30532122624ull, 3353032704ull, "pub" },
+  { "qwen3-235b-a22b", 235093634560ull, 22190763520ull, "pub" },
+  { "llama-3.1-70b", 70553706496ull, 0, "pub" },
+  { "llama-3.3-70b", 70553706496ull, 0, "pub" },
+  { "gemma-3-1b", 999885952ull, 0, "pub" },
+  { "gemma-3-4b", 4300079472ull, 0, "pub" },
+  { "gemma-3-12b", 12187325040ull, 0, "pub" },
+  { "gemma-3-27b", 27432406640ull, 0, "pub" },
+  { "phi-4", 14659507200ull, 0, "pub" },
+  { "mistral-small-3", 23572403200ull, 0, "pub" },
 };
 
 static StowModel *
@@ -1043,6 +1077,192 @@ test_fuzz (void)
  * query_key_value, Phi-3's qkv_proj); MLA's q_a_proj and kv_a_proj (or
  * q_proj when q_lora_rank is null); gate and up apart (Llama) or fused
  * (Phi-3's gate_up_proj). */
+/* llama-2-7b's config with @quant as its quantization_config. */
+static StowModel *
+quantized (const char *quant, GError **error)
+{
+  g_autofree char *path = g_test_build_filename (G_TEST_DIST, "data", "hf",
+                                                 "llama-2-7b.json", NULL);
+  g_autoptr (JsonNode) root = stow_json_parse_file (path, 1 << 20, NULL);
+  g_autoptr (JsonNode) q = stow_json_parse_data (quant, -1, "quant", NULL);
+  g_assert_nonnull (root);
+  g_assert_nonnull (q);
+  json_object_set_member (json_node_get_object (root), "quantization_config",
+                          json_node_copy (q));
+  return stow_model_new_from_json (json_node_get_object (root), "inline.json",
+                                   error);
+}
+
+static void
+check_quant (const char *quant, StowQuantMethod method, guint bits,
+             double bytes_per_weight)
+{
+  g_autoptr (GError) error = NULL;
+  g_autoptr (StowModel) m = quantized (quant, &error);
+  g_assert_no_error (error);
+  g_assert_cmpint (m->quant.method, ==, method);
+  g_assert_cmpuint (m->quant.bits, ==, bits);
+  g_assert_cmpfloat_with_epsilon (m->quant.linear_bytes_per_param,
+                                  bytes_per_weight, 1e-12);
+  /* Llama-2-7B: 6,738,415,616 parameters (published), of which the two
+   * 32000 x 4096 vocabulary tables and 65 norms of 4096 are not linears. */
+  g_assert_cmpuint (m->linear_params, ==,
+                    6738415616ull - 2 * 32000 * 4096 - 65 * 4096);
+  g_assert_cmpuint (m->checkpoint_bytes, ==,
+                    (guint64)((double)m->linear_params * bytes_per_weight
+                              + (2.0 * 32000 * 4096 + 65 * 4096) * 2 + 0.5));
+}
+
+static void
+expect_quant_error (const char *quant, int code, const char *fragment)
+{
+  g_autoptr (GError) error = NULL;
+  g_autoptr (StowModel) m = quantized (quant, &error);
+  g_assert_null (m);
+  g_assert_error (error, STOW_MODEL_ERROR, code);
+  g_test_message ("%s", error->message);
+  g_assert_nonnull (strstr (error->message, "quantization_config"));
+  g_assert_nonnull (strstr (error->message, fragment));
+  g_assert_null (strchr (error->message, '\n'));
+}
+
+static void
+test_quantization (void)
+{
+  /* QLoRA (Dettmers et al. 2023, section 3): NF4 in blocks of 64 with an
+   * fp32 absmax is 32/64 = 0.5 bits of constants per weight; double
+   * quantization brings them to 8/64 + 32/(64 x 256) = 0.127 bits. */
+  check_quant ("{\"quant_method\": \"bitsandbytes\", \"load_in_4bit\": true, "
+               "\"bnb_4bit_quant_type\": \"nf4\", "
+               "\"bnb_4bit_use_double_quant\": true}",
+               STOW_QUANT_BNB_4BIT, 4, (4 + 8.0 / 64 + 32.0 / (64 * 256)) / 8);
+  check_quant ("{\"load_in_4bit\": true, \"bnb_4bit_quant_type\": \"fp4\"}",
+               STOW_QUANT_BNB_4BIT, 4, (4 + 32.0 / 64) / 8);
+  /* LLM.int8(): int8 weights, an fp32 scale per row of 4096. */
+  check_quant ("{\"quant_method\": \"bitsandbytes\", \"load_in_8bit\": true}",
+               STOW_QUANT_BNB_8BIT, 8, 1 + 4.0 / 4096);
+  /* GPTQ 4-bit, group 128: packed weights, an fp16 scale and a 4-bit zero
+   * per group, an int32 g_idx per input channel. */
+  check_quant ("{\"quant_method\": \"gptq\", \"bits\": 4, \"group_size\": 128, "
+               "\"desc_act\": false}",
+               STOW_QUANT_GPTQ, 4, 0.5 + 2.5 / 128 + 4.0 / 4096);
+  check_quant ("{\"quant_method\": \"gptq\", \"bits\": 8, \"group_size\": -1}",
+               STOW_QUANT_GPTQ, 8, 1 + 3.0 / 4096 + 4.0 / 4096);
+  /* AutoAWQ's own names. */
+  check_quant (
+      "{\"quant_method\": \"awq\", \"w_bit\": 4, \"q_group_size\": 64, "
+      "\"version\": \"gemm\"}",
+      STOW_QUANT_AWQ, 4, 0.5 + 2.5 / 64);
+  /* DeepSeek-V3's fp8: an fp32 scale per 128 x 128 block. */
+  check_quant ("{\"quant_method\": \"fp8\", \"fmt\": \"e4m3\", "
+               "\"weight_block_size\": [128, 128]}",
+               STOW_QUANT_FP8, 8, 1 + 4.0 / (128 * 128));
+  check_quant ("{\"quant_method\": \"fbgemm_fp8\"}", STOW_QUANT_FP8, 8,
+               1 + 4.0 / 4096);
+
+  expect_quant_error ("{\"quant_method\": \"gptq\", \"bits\": 5}",
+                      STOW_MODEL_ERROR_INVALID, "bits (5)");
+  expect_quant_error ("{\"quant_method\": \"awq\", \"group_size\": 0}",
+                      STOW_MODEL_ERROR_INVALID, "group_size (0)");
+  expect_quant_error ("{\"quant_method\": \"bitsandbytes\", "
+                      "\"load_in_4bit\": true, \"load_in_8bit\": true}",
+                      STOW_MODEL_ERROR_INVALID, "exactly one");
+  expect_quant_error ("{\"load_in_4bit\": true, \"bnb_4bit_quant_type\": "
+                      "\"nf5\"}",
+                      STOW_MODEL_ERROR_INVALID, "\"nf5\"");
+  expect_quant_error ("{\"quant_method\": \"fp8\", "
+                      "\"weight_block_size\": [0, 128]}",
+                      STOW_MODEL_ERROR_INVALID, "weight_block_size");
+  expect_quant_error ("{\"quant_method\": \"fp8\", "
+                      "\"weight_block_size\": [[128], {}]}",
+                      STOW_MODEL_ERROR_INVALID, "of integers");
+  expect_quant_error ("{\"quant_method\": \"gptq\", \"bits\": \"four\"}",
+                      STOW_MODEL_ERROR_INVALID, "bits");
+  expect_quant_error ("{\"quant_method\": \"hqq\"}",
+                      STOW_MODEL_ERROR_UNSUPPORTED, "\"hqq\"");
+  expect_quant_error ("{\"bits\": 4}", STOW_MODEL_ERROR_INVALID,
+                      "no quant_method");
+
+  /* Unquantized: the checkpoint at torch_dtype. */
+  g_autoptr (StowModel) plain = load_fixture ("llama-2-7b");
+  g_assert_cmpint (plain->quant.method, ==, STOW_QUANT_NONE);
+  g_assert_cmpuint (plain->checkpoint_bytes, ==,
+                    plain->params * stow_dtype_bytes (plain->torch_dtype));
+}
+
+/* Issue 25's families: qwen3's and gemma3's q_norm / k_norm, qwen3_moe's
+ * sparse layers, gemma3's vision tower and projector under their
+ * checkpoint names (modeling_qwen3.py, modeling_qwen3_moe.py,
+ * modeling_gemma3.py, modeling_siglip.py). */
+static void
+test_new_families (void)
+{
+  g_autoptr (StowModel) q3 = load_catalog ("qwen3-8b");
+  assert_shape (q3, "model.layers.0.self_attn.q_norm.weight", 128, 0,
+                STOW_ROLE_NORM);
+  assert_shape (q3, "model.layers.35.self_attn.k_norm.weight", 128, 0,
+                STOW_ROLE_NORM);
+  g_assert_null (find_tensor (q3, "model.layers.0.self_attn.q_proj.bias"));
+
+  g_autoptr (StowModel) moe = load_catalog ("qwen3-30b-a3b");
+  assert_shape (moe, "model.layers.0.mlp.gate.weight", 128, 2048,
+                STOW_ROLE_ROUTER);
+  assert_shape (moe, "model.layers.47.mlp.experts.127.down_proj.weight", 2048,
+                768, STOW_ROLE_EXPERT);
+  g_assert_cmpuint (moe->n_experts, ==, 128);
+  g_assert_cmpuint (moe->experts_per_token, ==, 8);
+  check_consistent (moe);
+
+  g_autoptr (StowModel) g4 = load_catalog ("gemma-3-4b");
+  assert_shape (g4, "language_model.model.layers.33.self_attn.k_norm.weight",
+                256, 0, STOW_ROLE_NORM);
+  assert_shape (
+      g4, "language_model.model.layers.0.pre_feedforward_layernorm.weight",
+      2560, 0, STOW_ROLE_NORM);
+  assert_shape (
+      g4, "vision_tower.vision_model.embeddings.position_embedding.weight",
+      4096, 1152, STOW_ROLE_EMBEDDING);
+  assert_shape (g4, "multi_modal_projector.mm_input_projection_weight", 1152,
+                2560, STOW_ROLE_EMBEDDING);
+  g_assert_true (find_tensor (g4, "language_model.lm_head.weight")->tied);
+  check_consistent (g4);
+
+  /* decoder_sparse_step 2 and mlp_only_layers [1]: of layers 0-3 only
+   * layer 3 routes. */
+  g_autoptr (GError) error = NULL;
+  g_autoptr (StowModel) sparse
+      = from_text ("{\"model_type\": \"qwen3_moe\", \"hidden_size\": 64, "
+                   "\"num_hidden_layers\": 4, \"num_attention_heads\": 4, "
+                   "\"num_key_value_heads\": 2, \"head_dim\": 16, "
+                   "\"intermediate_size\": 128, \"vocab_size\": 100, "
+                   "\"num_experts\": 4, \"num_experts_per_tok\": 2, "
+                   "\"moe_intermediate_size\": 32, \"decoder_sparse_step\": 2, "
+                   "\"mlp_only_layers\": [1]}",
+                   &error);
+  g_assert_no_error (error);
+  g_assert_false (sparse->layers[0].is_moe);
+  g_assert_false (sparse->layers[1].is_moe);
+  g_assert_false (sparse->layers[2].is_moe);
+  g_assert_true (sparse->layers[3].is_moe);
+  check_consistent (sparse);
+
+  expect_invalid ("{\"model_type\": \"qwen3_moe\", \"num_experts\": 4, "
+                  "\"num_experts_per_tok\": 2, \"moe_intermediate_size\": 32, "
+                  "\"mlp_only_layers\": [9], " LLAMA_TINY "}",
+                  "mlp_only_layers[0]");
+  expect_invalid (
+      "{\"model_type\": \"qwen3_moe\", \"num_experts\": 4, "
+      "\"num_experts_per_tok\": 8, \"moe_intermediate_size\": 32, " LLAMA_TINY
+      "}",
+      "num_experts_per_tok (8) exceeds num_experts (4)");
+  expect_invalid ("{\"model_type\": \"gemma3\", \"vision_config\": "
+                  "{\"image_size\": 100, \"patch_size\": 14}}",
+                  "vision_config: patch_size (14) must divide image_size");
+  expect_invalid ("{\"model_type\": \"gemma3\", \"text_config\": "
+                  "{\"hidden_size\": \"big\"}}",
+                  "text_config: hidden_size");
+}
+
 static void
 test_input_linears (void)
 {
@@ -1080,6 +1300,8 @@ main (int argc, char **argv)
   g_test_add_func ("/models/inventory", test_inventory);
   g_test_add_func ("/models/quirks", test_quirks);
   g_test_add_func ("/models/input-linears", test_input_linears);
+  g_test_add_func ("/models/quantization", test_quantization);
+  g_test_add_func ("/models/new-families", test_new_families);
   g_test_add_func ("/models/malformed-values", test_malformed_values);
   g_test_add_func ("/models/malformed-files", test_malformed_files);
   g_test_add_func ("/models/lookup", test_lookup);
