@@ -27,8 +27,8 @@ check (cudaError_t e, const char *what)
 
 /* Mean ms per call of forward (@bwd FALSE) or backward, after a warm-up. */
 static double
-time_ms (StowLlamaCuda *L, cudaStream_t s, gboolean bwd, int iters,
-         guint64 B, guint64 T, void **t, float *lse)
+time_ms (StowLlamaCuda *L, cudaStream_t s, gboolean bwd, int iters, guint64 B,
+         guint64 T, void **t, float *lse)
 {
   cudaEvent_t e0, e1;
   cudaEventCreate (&e0);
@@ -77,14 +77,21 @@ main (int argc, char **argv)
   cudaStream_t s;
   if (!check (cudaStreamCreate (&s), "cudaStreamCreate"))
     return 2;
-  StowLlamaConfig cfg = { .hidden = a * d, .n_layers = 1, .n_heads = a,
-                          .n_kv_heads = kv, .head_dim = d, .ffn = 64,
-                          .vocab = 64, .rope_theta = 10000,
+  StowLlamaConfig cfg = { .hidden = a * d,
+                          .n_layers = 1,
+                          .n_heads = a,
+                          .n_kv_heads = kv,
+                          .head_dim = d,
+                          .ffn = 64,
+                          .vocab = 64,
+                          .rope_theta = 10000,
                           .rms_norm_eps = 1e-5 };
   guint64 n = B * T;
-  double fwd_flop = 2.0 * 2.0 * B * a * T * T * d / 2, bwd_flop = 2.5 * fwd_flop;
+  double fwd_flop = 2.0 * 2.0 * B * a * T * T * d / 2,
+         bwd_flop = 2.5 * fwd_flop;
   printf ("attention B %" G_GUINT64_FORMAT " T %" G_GUINT64_FORMAT
-          " a %" G_GUINT64_FORMAT " kv %" G_GUINT64_FORMAT " d %" G_GUINT64_FORMAT
+          " a %" G_GUINT64_FORMAT " kv %" G_GUINT64_FORMAT
+          " d %" G_GUINT64_FORMAT
           ", %d iterations; causal GFLOP forward %.1f, backward %.1f\n",
           B, T, a, kv, d, iters, fwd_flop / 1e9, bwd_flop / 1e9);
   const struct
@@ -107,8 +114,8 @@ main (int argc, char **argv)
       gboolean tc = stow_llama_cuda_attention_use_tc (L, runs[r].tc);
       guint64 e = runs[r].type == STOW_FLOAT_BF16 ? 2 : 4;
       /* q k v o dout dq dk dv */
-      guint64 el[8] = { a * d, kv * d, kv * d, a * d, a * d, a * d, kv * d,
-                        kv * d };
+      guint64 el[8]
+          = { a * d, kv * d, kv * d, a * d, a * d, a * d, kv * d, kv * d };
       void *t[8];
       for (int i = 0; i < 8; i++)
         {
