@@ -177,6 +177,19 @@ static const CaseDesc cases[] = {
       .head_dim = 160, .ffn = 128, .vocab = 77, .rope_theta = 500000,
       .rms_norm_eps = 1e-6 },
     1, 100 },
+  /* Realistic heads for the bf16 runtime's tensor-core attention: d 128
+   * (64-row tiles, 4 of them, a group of 2), and d 64 with seq 200 (not
+   * a multiple of the tile). */
+  { "head128",
+    { .hidden = 256, .n_layers = 1, .n_heads = 2, .n_kv_heads = 1,
+      .head_dim = 128, .ffn = 256, .vocab = 64, .rope_theta = 10000,
+      .rms_norm_eps = 1e-5 },
+    2, 256 },
+  { "head64-seq200",
+    { .hidden = 256, .n_layers = 1, .n_heads = 4, .n_kv_heads = 2,
+      .head_dim = 64, .ffn = 256, .vocab = 64, .rope_theta = 10000,
+      .rms_norm_eps = 1e-5 },
+    1, 200 },
 };
 
 typedef struct
@@ -577,6 +590,169 @@ test_layer_backward (gconstpointer data)
   case_free (c);
 }
 
+/* ---- attention alone: tensor cores against the fp32 kernels -------------------- */
+
+typedef struct
+{
+  guint64 batch, seq, a, kv, d;
+} AttnShape;
+
+/* GPU only, so it scales to long sequences: the bf16 runtime's attention
+ * on tensor cores against the fp32 runtime's kernels (the oracle) on the
+ * same inputs (bf16 values, exact in fp32), 2e-2 relative per tensor; the
+ * bf16 runtime's CUDA-core kernels printed beside for scale; two runs of
+ * the tensor-core forward and backward must give the same bytes. */
+static void
+test_attention_tc (gconstpointer data)
+{
+  const AttnShape *sh = data;
+  guint64 B = sh->batch, T = sh->seq, a = sh->a, kv = sh->kv, d = sh->d;
+  guint64 n = B * T, nq = n * a * d, nk = n * kv * d, nl = n * a;
+  StowLlamaConfig cfg = { .hidden = a * d, .n_layers = 1, .n_heads = a,
+                          .n_kv_heads = kv, .head_dim = d, .ffn = 64,
+                          .vocab = 64, .rope_theta = 10000,
+                          .rms_norm_eps = 1e-5 };
+  g_autofree char *name
+      = g_strdup_printf ("attention-tc/b%" G_GUINT64_FORMAT "-t%" G_GUINT64_FORMAT
+                         "-a%" G_GUINT64_FORMAT "-kv%" G_GUINT64_FORMAT
+                         "-d%" G_GUINT64_FORMAT,
+                         B, T, a, kv, d);
+  Report r = { name, 0, 0 };
+  g_autoptr (GError) error = NULL;
+  g_autoptr (StowLlamaCuda) g16
+      = stow_llama_cuda_new (&cfg, STOW_FLOAT_BF16, n, T, stream, &error);
+  g_assert_no_error (error);
+  g_autoptr (StowLlamaCuda) g32
+      = stow_llama_cuda_new (&cfg, STOW_FLOAT_F32, n, T, stream, &error);
+  g_assert_no_error (error);
+  if (!stow_llama_cuda_attention_use_tc (g16, TRUE))
+    {
+      g_test_skip ("no tensor-core attention on this device");
+      return;
+    }
+  g_assert_false (stow_llama_cuda_attention_use_tc (g32, TRUE));
+
+  /* Inputs: bf16, their fp32 twins. Scores of a few units (q, k ~ 2). */
+  g_autoptr (GRand) rng = g_rand_new_with_seed (7 + T + d);
+  guint64 sizes[4] = { nq, nk, nk, nq }; /* q, k, v, dout */
+  double amp[4] = { 2, 2, 1, 1 };
+  guint16 *in16[4];
+  float *in32[4];
+  void *d16[4], *d32[4];
+  for (guint t = 0; t < 4; t++)
+    {
+      in16[t] = g_new (guint16, sizes[t]);
+      in32[t] = g_new (float, sizes[t]);
+      fill (in16[t], sizes[t], TRUE, rng, amp[t]);
+      for (guint64 i = 0; i < sizes[t]; i++)
+        in32[t][i] = stow_bf16_to_f32 (in16[t][i]);
+      d16[t] = dev_dup (in16[t], 2 * sizes[t]);
+      d32[t] = dev_dup (in32[t], 4 * sizes[t]);
+    }
+  /* Outputs: o, dq, dk, dv per runtime and path, lse fp32. */
+  guint64 osz[4] = { nq, nq, nk, nk };
+  const char *onames[4] = { "o", "dq", "dk", "dv" };
+  void *o32[4], *o16[4];
+  float *lse32 = dev_alloc (4 * nl), *lse16 = dev_alloc (4 * nl);
+  for (guint t = 0; t < 4; t++)
+    {
+      o32[t] = dev_alloc (4 * osz[t]);
+      o16[t] = dev_alloc (2 * osz[t]);
+    }
+
+  /* fp32 oracle. */
+  stow_llama_cuda_attention_forward (g32, B, T, d32[0], d32[1], d32[2], o32[0],
+                                     lse32);
+  stow_llama_cuda_attention_backward (g32, B, T, d32[0], d32[1], d32[2],
+                                      o32[0], lse32, d32[3], o32[1], o32[2],
+                                      o32[3]);
+  float *ref[4];
+  g_autofree float *lse_ref = g_new (float, nl);
+  for (guint t = 0; t < 4; t++)
+    {
+      ref[t] = g_new (float, osz[t]);
+      download (ref[t], o32[t], 4 * osz[t]);
+    }
+  download (lse_ref, lse32, 4 * nl);
+  runtime_ok (g32);
+
+  /* bf16: tensor cores (twice: the same bytes), then the CUDA cores. The
+   * backward of each path from its own forward's o and lse. */
+  guint16 *got[2][4];
+  g_autofree float *lse_got = g_new (float, nl);
+  g_autofree float *lse_again = g_new (float, nl);
+  g_autofree float *lse_cc = g_new (float, nl);
+  for (int run = 0; run < 3; run++)
+    {
+      stow_llama_cuda_attention_use_tc (g16, run < 2);
+      for (guint t = 0; t < 4; t++)
+        cuda_check (cudaMemsetAsync (o16[t], 0xff, 2 * osz[t], stream),
+                    "memset");
+      stow_llama_cuda_attention_forward (g16, B, T, d16[0], d16[1], d16[2],
+                                         o16[0], lse16);
+      stow_llama_cuda_attention_backward (g16, B, T, d16[0], d16[1], d16[2],
+                                          o16[0], lse16, d16[3], o16[1],
+                                          o16[2], o16[3]);
+      guint slot = run == 0 ? 0 : 1;
+      for (guint t = 0; t < 4; t++)
+        {
+          if (run != 1)
+            got[slot][t] = g_new (guint16, osz[t]);
+          guint16 *dst = run == 1 ? g_new (guint16, osz[t]) : got[slot][t];
+          download (dst, o16[t], 2 * osz[t]);
+          if (run == 1)
+            {
+              gboolean same = memcmp (dst, got[0][t], 2 * osz[t]) == 0;
+              g_printerr ("  %-36s %-12s two tensor-core runs identical: %s\n",
+                          r.test, onames[t], same ? "yes" : "NO");
+              r.failures += !same;
+              g_free (dst);
+            }
+        }
+      download (run == 0 ? lse_got : run == 1 ? lse_again : lse_cc, lse16,
+                4 * nl);
+      runtime_ok (g16);
+    }
+  gboolean lse_same = memcmp (lse_got, lse_again, 4 * nl) == 0;
+  g_printerr ("  %-36s %-12s two tensor-core runs identical: %s\n", r.test,
+              "lse", lse_same ? "yes" : "NO");
+  r.failures += !lse_same;
+
+  for (guint t = 0; t < 4; t++)
+    {
+      g_autofree float *f = g_new (float, osz[t]);
+      g_autofree float *fc = g_new (float, osz[t]);
+      for (guint64 i = 0; i < osz[t]; i++)
+        {
+          f[i] = stow_bf16_to_f32 (got[0][t][i]);
+          fc[i] = stow_bf16_to_f32 (got[1][t][i]);
+        }
+      g_autofree char *what = g_strdup_printf ("%s tc", onames[t]);
+      report (&r, what, ref[t], f, osz[t], FALSE, TOL_BF16);
+      g_printerr ("  %-36s %-12s (bf16 CUDA cores: max rel err %.3e)\n",
+                  r.test, onames[t], rel_err (ref[t], fc, osz[t], FALSE));
+    }
+  report (&r, "lse tc", lse_ref, lse_got, nl, FALSE, TOL_BF16);
+  g_printerr ("  %-36s %-12s (bf16 CUDA cores: max rel err %.3e)\n", r.test,
+              "lse", rel_err (lse_ref, lse_cc, nl, FALSE));
+
+  for (guint t = 0; t < 4; t++)
+    {
+      g_free (in16[t]);
+      g_free (in32[t]);
+      g_free (ref[t]);
+      g_free (got[0][t]);
+      g_free (got[1][t]);
+      cudaFree (d16[t]);
+      cudaFree (d32[t]);
+      cudaFree (o16[t]);
+      cudaFree (o32[t]);
+    }
+  cudaFree (lse16);
+  cudaFree (lse32);
+  report_done (&r);
+}
+
 /* ---- output layer and loss ------------------------------------------------------- */
 
 static void
@@ -922,6 +1098,24 @@ main (int argc, char **argv)
             g_test_add_data_func (path, cd, tests[t].fn);
           }
       }
+  static const AttnShape attn_shapes[] = {
+    { 2, 256, 2, 1, 128 },  /* the layer case head128's shape */
+    { 1, 200, 4, 2, 64 },   /* a partial last tile */
+    { 2, 33, 4, 2, 16 },    /* the small cases' head */
+    { 1, 100, 4, 1, 160 },  /* d > 128: 32-row tiles where 64 do not fit */
+    { 1, 77, 2, 2, 256 },   /* the largest head_dim */
+    { 1, 2048, 4, 1, 128 }, /* long: 32 query tiles, a group of 4 */
+    { 2, 1024, 4, 4, 64 },
+  };
+  for (guint i = 0; i < G_N_ELEMENTS (attn_shapes); i++)
+    {
+      const AttnShape *a = &attn_shapes[i];
+      g_autofree char *path = g_strdup_printf (
+          "/gpu/attention-tc/b%" G_GUINT64_FORMAT "-t%" G_GUINT64_FORMAT
+          "-a%" G_GUINT64_FORMAT "-kv%" G_GUINT64_FORMAT "-d%" G_GUINT64_FORMAT,
+          a->batch, a->seq, a->a, a->kv, a->d);
+      g_test_add_data_func (path, a, test_attention_tc);
+    }
   g_test_add_func ("/gpu/optim/sumsq", test_sumsq);
   g_test_add_func ("/gpu/optim/adam", test_adam);
   int rc = g_test_run ();

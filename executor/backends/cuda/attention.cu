@@ -5,8 +5,10 @@
  * fp32 logsumexp of each (token, head); the backward recomputes the
  * probabilities).  Deliberately simple: fp32 arithmetic on tiles of B
  * queries and B keys in shared memory, one thread block per tile of
- * output, every sum in a fixed order, no atomics.  Not here: the
- * projections and rotary (llama-cuda.cu).
+ * output, every sum in a fixed order, no atomics: the fp32 runtime's
+ * kernels (the oracle), and the bf16 runtime's where the tensor-core path
+ * (attention-tc.cu) does not take the shape.  Not here: the projections
+ * and rotary (llama-cuda.cu).
  */
 #include <cmath>
 
@@ -364,7 +366,44 @@ stow_cuda_attention_init (StowLlamaCuda *L)
                        "attention dk/dv: shared memory")
         && smem_limit (L, attn_dkv_kernel<true>, dkv_floats (d, B),
                        "attention dk/dv: shared memory");
-  return ok;
+  return ok && stow_cuda_attention_tc_init (L);
+}
+
+static bool
+use_tc (const StowLlamaCuda *L)
+{
+  return L->attn_tc && !L->attn_tc_off;
+}
+
+gboolean
+stow_llama_cuda_attention_use_tc (StowLlamaCuda *L, gboolean enable)
+{
+  g_return_val_if_fail (L != NULL, FALSE);
+  L->attn_tc_off = !enable;
+  return use_tc (L);
+}
+
+void
+stow_llama_cuda_attention_forward (StowLlamaCuda *L, guint64 batch,
+                                   guint64 seq, const void *q, const void *k,
+                                   const void *v, void *o, float *lse)
+{
+  g_return_if_fail (L != NULL);
+  g_return_if_fail (batch * seq <= L->max_tokens && seq <= L->max_seq);
+  stow_cuda_attention_forward (L, batch, seq, q, k, v, o, lse);
+}
+
+void
+stow_llama_cuda_attention_backward (StowLlamaCuda *L, guint64 batch,
+                                    guint64 seq, const void *q, const void *k,
+                                    const void *v, const void *o,
+                                    const float *lse, const void *dout,
+                                    void *dq, void *dk, void *dv)
+{
+  g_return_if_fail (L != NULL);
+  g_return_if_fail (batch * seq <= L->max_tokens && seq <= L->max_seq);
+  stow_cuda_attention_backward (L, batch, seq, q, k, v, o, lse, dout, dq, dk,
+                                dv);
 }
 
 void
@@ -374,6 +413,11 @@ stow_cuda_attention_forward (StowLlamaCuda *L, guint64 batch, guint64 seq,
 {
   if (L->error != NULL)
     return;
+  if (use_tc (L))
+    {
+      stow_cuda_attention_tc_forward (L, batch, seq, q, k, v, o, lse);
+      return;
+    }
   const StowLlamaConfig *c = &L->config;
   guint64 d = c->head_dim, B = (guint64)L->attn_tile;
   float scale = 1.0f / sqrtf ((float)d);
@@ -405,6 +449,12 @@ stow_cuda_attention_backward (StowLlamaCuda *L, guint64 batch, guint64 seq,
   DISPATCH_BF (L->bf16, attn_delta_kernel<BF>
                <<<blocks, 256, 0, L->stream>>> (n, a, d, dout, o, D));
   stow_llama_cuda_launched (L, "attention backward: D");
+  if (use_tc (L))
+    {
+      stow_cuda_attention_tc_backward (L, batch, seq, q, k, v, lse, D, dout,
+                                       dq, dk, dv);
+      return;
+    }
   dim3 gq ((unsigned)((seq + B - 1) / B), (unsigned)a, (unsigned)batch);
   DISPATCH_BF (L->bf16, attn_dq_kernel<BF>
                <<<gq, ATTN_THREADS, dq_floats (d, B) * sizeof (float),

@@ -84,6 +84,12 @@ struct StowLlamaCuda
   size_t sort_tmp_bytes;
   int sort_bits; /* bits of the largest token id */
   int attn_tile; /* queries/keys per attention tile (32, 16 when d > 128) */
+  /* The bf16 tensor-core attention (attention-tc.cu): whether it is taken
+   * and its kernels' tiles (64 or 32 rows, by what the device's shared
+   * memory holds at this head_dim). */
+  bool attn_tc;
+  bool attn_tc_off; /* stow_llama_cuda_attention_use_tc (L, FALSE) */
+  int attn_tc_fwd_tile, attn_tc_dq_tile, attn_tc_dkv_tile;
 
   /* The first failure, sticky. */
   GError *error;
@@ -181,3 +187,17 @@ void stow_cuda_attention_backward (StowLlamaCuda *L, guint64 batch,
                                    const void *v, const void *o,
                                    const float *lse, const void *dout,
                                    void *dq, void *dk, void *dv);
+
+/* The tensor-core path (attention-tc.cu), taken by the two above when
+ * L->attn_tc.  Init decides attn_tc (FALSE and L->error only when CUDA
+ * fails); the backward takes D = rowsum (dO * O) (n, a) already computed. */
+gboolean stow_cuda_attention_tc_init (StowLlamaCuda *L);
+void stow_cuda_attention_tc_forward (StowLlamaCuda *L, guint64 batch,
+                                     guint64 seq, const void *q, const void *k,
+                                     const void *v, void *o, float *lse);
+void stow_cuda_attention_tc_backward (StowLlamaCuda *L, guint64 batch,
+                                      guint64 seq, const void *q,
+                                      const void *k, const void *v,
+                                      const float *lse, const float *D,
+                                      const void *dout, void *dq, void *dk,
+                                      void *dv);

@@ -88,6 +88,29 @@ void stow_llama_cuda_head_logits (StowLlamaCuda *L, guint64 n,
                                   const void *norm, const void *head,
                                   const void *x, float *logits);
 
+/* For tests and benchmarks: the layer's attention alone, as the layer
+ * calls it.  q (batch seq, a d), k and v (batch seq, kv d), o (batch seq,
+ * a d) in the runtime's dtype, token-major (row b seq + t); lse (batch
+ * seq, a) fp32, the logsumexp of each (token, head)'s scaled scores.  The
+ * backward overwrites dq, dk and dv (the shapes of q, k, v) from dout
+ * (the shape of o).  batch seq at most max_tokens, seq at most max_seq. */
+void stow_llama_cuda_attention_forward (StowLlamaCuda *L, guint64 batch,
+                                        guint64 seq, const void *q,
+                                        const void *k, const void *v, void *o,
+                                        float *lse);
+void stow_llama_cuda_attention_backward (StowLlamaCuda *L, guint64 batch,
+                                         guint64 seq, const void *q,
+                                         const void *k, const void *v,
+                                         const void *o, const float *lse,
+                                         const void *dout, void *dq, void *dk,
+                                         void *dv);
+/* Whether the bf16 runtime's attention runs on tensor cores (WMMA): by
+ * default where the device (sm_80 or later, enough shared memory) and the
+ * shape (head_dim a multiple of 16) allow; @enable FALSE forces the fp32
+ * CUDA-core kernels (the same the fp32 runtime runs) for comparisons.
+ * Returns whether the tensor-core path is now taken (never for fp32). */
+gboolean stow_llama_cuda_attention_use_tc (StowLlamaCuda *L, gboolean enable);
+
 /* The optimizer's per-step values, in device memory, that the host sets
  * before a step and reads after it. */
 typedef struct
