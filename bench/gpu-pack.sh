@@ -22,13 +22,15 @@ if ! ls "$build"/tests/test-gpu-* >/dev/null 2>&1; then
 fi
 stage=.gpu/stage
 rm -rf .gpu
-mkdir -p "$stage/build/cli" "$stage/build/tests" "$stage/lib"
+mkdir -p "$stage/build/cli" "$stage/build/tests" "$stage/build/bench" \
+	"$stage/lib"
 cp "$build/cli/stowage" "$stage/build/cli/"
+cp "$build/bench/attention-gpu" "$stage/build/bench/"
 for t in "$build"/tests/test-gpu-*; do
 	[ -x "$t" ] && [ -f "$t" ] && cp "$t" "$stage/build/tests/"
 done
-strip "$stage"/build/cli/* "$stage"/build/tests/*
-for exe in "$stage"/build/cli/* "$stage"/build/tests/*; do
+strip "$stage"/build/cli/* "$stage"/build/tests/* "$stage"/build/bench/*
+for exe in "$stage"/build/cli/* "$stage"/build/tests/* "$stage"/build/bench/*; do
 	ldd "$exe" | awk '/=> \// { print $3 }'
 done | sort -u | while read -r lib; do
 	case "$(basename "$lib")" in

@@ -5,8 +5,11 @@
 # minutes, writing its results under one directory ($OUT when set, else
 # bench/results/gpu-<date>/): the device, driver and toolkit; the gpu test
 # suite (the GPU runtime's kernels and `stowage train --backend cuda`
-# against the cpu backend); then training tokens/s against PyTorch eager
-# (bench/gpu-train.py) in bf16 and fp32, with the MFU and a trace.
+# against the cpu backend, and against PyTorch in float64); then attention
+# forward and backward on tensor and CUDA cores (bench/attention-gpu.c);
+# training tokens/s against PyTorch eager (bench/gpu-train.py) in bf16 and
+# fp32, with the MFU and a trace; and the cuda row of
+# bench/load-residue.py (the memory model's PEFT calibration).
 #
 # The GPU machine lent to this project (one H100 or H200, 16 cores, no
 # network, a Python with PyTorch, no build dependencies) runs what
@@ -68,10 +71,23 @@ if [ "$what" = all ] || [ "$what" = suite ]; then
 		tail -80 >"$out/suite.txt"
 fi
 if [ "$what" = all ] || [ "$what" = bench ]; then
+	say "## attention-gpu"
+	timeout 60 "$bin/bench/attention-gpu" >"$out/attention.txt" 2>&1 ||
+		status=1
+	cat "$out/attention.txt" >>"$log"
 	for p in ${GPU_BENCH_PRECISIONS:-bf16 fp32}; do
 		say "## gpu-train $p"
 		timeout 200 python3 bench/gpu-train.py --stowage "$STOWAGE" \
 			--out "$out" --precision "$p" >>"$log" 2>&1 || status=1
+	done
+fi
+if [ "$what" = all ]; then
+	say "## load-residue (cuda row)"
+	rm -f bench/results/load-residue-*
+	timeout 120 python3 bench/load-residue.py --layers 6 >>"$log" 2>&1 ||
+		status=1
+	for f in bench/results/load-residue-*; do
+		[ -f "$f" ] && cp "$f" "$out/load-residue.md"
 	done
 fi
 say "gpu.sh: exit $status; results in $out"
