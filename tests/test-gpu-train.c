@@ -37,9 +37,11 @@ static GArray *
 losses (const char *log)
 {
   g_autofree char *text = NULL;
-  g_assert_true (g_file_get_contents (log, &text, NULL, NULL));
-  g_auto (GStrv) lines = g_strsplit (g_strstrip (text), "\n", -1);
   GArray *a = g_array_new (FALSE, FALSE, sizeof (double));
+  g_assert_true (g_file_get_contents (log, &text, NULL, NULL));
+  if (text == NULL)
+    return a;
+  g_auto (GStrv) lines = g_strsplit (g_strstrip (text), "\n", -1);
   for (guint i = 0; lines[i]; i++)
     {
       g_autoptr (JsonParser) p = json_parser_new ();
@@ -162,25 +164,27 @@ against_cpu (const char *precision, double loss_tol, double weight_tol)
           precision, worst, w, wmax);
   g_assert_cmpfloat (worst, <=, loss_tol);
   g_assert_cmpfloat (w, <=, weight_tol);
-  g_assert_cmpfloat (wmax, <=, weight_tol);
   fixture_clear (&f);
 }
 
 static void
 test_fp32 (void)
 {
-  /* 1e-5 relative for the losses of ten steps.  The weights: AdamW's
-   * first updates move an element by about lr whatever its gradient's
-   * size, so an element whose gradient is within rounding of zero moves
-   * by lr in one run and not in the other (tests/oracle/train_oracle.py
-   * holds the cpu backend to float64 with the same 1e-3 per element;
-   * measured on an H200, 2026-11-26: 3.6e-4 per tensor, with lr 0.003). */
+  /* 1e-5 relative for the losses of ten steps; 1e-3 per tensor (L2) for
+   * the weights.  No bound per element here: AdamW's first updates move
+   * an element by about lr whatever its gradient's size, so an element
+   * whose gradient is within rounding of zero moves by lr in one run and
+   * not in the other, and lr 0.003 then keeps them apart (measured on an
+   * H200, 2026-11-26: losses 1.6e-6, weights 3.6e-4 per tensor, 1.2e-2
+   * max-element).  Element by element, each backend is held to PyTorch
+   * in float64 instead (/gpu/train/oracle, /train/oracle). */
   against_cpu ("fp32", 1e-5, 1e-3);
 }
 
 static void
 test_bf16 (void)
 {
+  /* Measured on an H200: losses 3.6e-4, weights 1.4e-2 per tensor. */
   against_cpu ("bf16", 2e-2, 2e-2);
 }
 

@@ -59,6 +59,11 @@ const StowCublas *stow_cublas_load (GError **error);
 
 struct StowLlamaCuda
 {
+  /* sizeof (StowLlamaCuda) where it was allocated (llama-cuda.cu): the
+   * other files check it against their own, because meson (1.0) does not
+   * rebuild .cu files when this header changes, and a stale object would
+   * read and write past the allocation. */
+  size_t struct_bytes;
   StowLlamaConfig config;
   StowFloatType dtype;
   bool bf16;

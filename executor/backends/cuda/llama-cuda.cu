@@ -538,6 +538,7 @@ stow_llama_cuda_new (const StowLlamaConfig *config, StowFloatType dtype,
     return NULL;
 
   g_autoptr (StowLlamaCuda) L = g_new0 (StowLlamaCuda, 1);
+  L->struct_bytes = sizeof (StowLlamaCuda);
   L->config = *config;
   L->dtype = dtype;
   L->bf16 = dtype == STOW_FLOAT_BF16;
