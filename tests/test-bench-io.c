@@ -1,9 +1,12 @@
 /* SPDX-License-Identifier: MIT
  *
  * tests/test-bench-io.c: "stowage bench nvme|swapper": the JSON they
- * print, the one-line errors for bad options, and no files left behind.
+ * print, the one-line errors for bad options, and no files left behind,
+ * also when SIGINT or SIGTERM ends them mid-run (issue 21).
  */
+#include <signal.h>
 #include <string.h>
+#include <sys/wait.h>
 
 #include <glib/gstdio.h>
 #include <json-glib/json-glib.h>
@@ -121,6 +124,69 @@ test_bad_input (void)
   g_assert_cmpint (g_rmdir (dir), ==, 0);
 }
 
+/* The store's swap file under @dir (in its private directory), or NULL. */
+static char *
+find_swap_file (const char *dir)
+{
+  g_autoptr (GDir) d = g_dir_open (dir, 0, NULL);
+  const char *name;
+  while (d && (name = g_dir_read_name (d)) != NULL)
+    {
+      char *f = g_build_filename (dir, name, "store.swp", NULL);
+      if (g_file_test (f, G_FILE_TEST_EXISTS))
+        return f;
+      g_free (f);
+    }
+  return NULL;
+}
+
+/* Starts a long benchmark, waits until its swap file is there, sends
+ * @sig, and checks that the process died of it leaving @dir empty. */
+static void
+check_signal_cleanup (const char *bench, int sig)
+{
+  g_autofree char *dir = make_dir ();
+  const char *exe = g_getenv ("STOWAGE");
+  g_assert_nonnull (exe);
+  /* Minutes of work unless interrupted: 256 MiB written and read 1000
+   * times (nvme), or 1000 steps (swapper). */
+  const char *argv[] = { exe, "bench", bench, "--dir", dir, "--size", "256MiB",
+                         "--repeat", "1000", "--json", NULL };
+  GPid pid;
+  g_autoptr (GError) error = NULL;
+  g_assert_true (g_spawn_async (NULL, (char **)argv, NULL,
+                                G_SPAWN_DO_NOT_REAP_CHILD
+                                    | G_SPAWN_STDOUT_TO_DEV_NULL,
+                                NULL, NULL, &pid, &error));
+  g_assert_no_error (error);
+  g_autofree char *file = NULL;
+  for (int i = 0; i < 1000 && file == NULL; i++)
+    {
+      file = find_swap_file (dir);
+      if (file == NULL)
+        g_usleep (10000);
+    }
+  g_assert_nonnull (file);
+  /* Let it get into its I/O, then interrupt it. */
+  g_usleep (300000);
+  g_assert_cmpint (kill (pid, sig), ==, 0);
+  int status = 0;
+  g_assert_cmpint (waitpid (pid, &status, 0), ==, pid);
+  g_spawn_close_pid (pid);
+  g_assert_true (WIFSIGNALED (status));
+  g_assert_cmpint (WTERMSIG (status), ==, sig);
+  g_assert_false (g_file_test (file, G_FILE_TEST_EXISTS));
+  /* Nothing left: the private directory went too. */
+  g_assert_cmpint (g_rmdir (dir), ==, 0);
+}
+
+static void
+test_sigint_cleanup (void)
+{
+  check_signal_cleanup ("nvme", SIGINT);
+  check_signal_cleanup ("swapper", SIGTERM);
+}
+
 int
 main (int argc, char **argv)
 {
@@ -128,5 +194,6 @@ main (int argc, char **argv)
   g_test_add_func ("/bench-io/nvme-json", test_nvme_json);
   g_test_add_func ("/bench-io/swapper-json", test_swapper_json);
   g_test_add_func ("/bench-io/bad-input", test_bad_input);
+  g_test_add_func ("/bench-io/signal-cleanup", test_sigint_cleanup);
   return g_test_run ();
 }
