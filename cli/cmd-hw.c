@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT
  *
  * cli/cmd-hw.c: `stowage hw` (this machine: CPUs, memory, GPUs, drives, the
- * NVMe path, the host pages the pinned pool gets) and `stowage gpus` (the catalog, or what a --gpus spec or a
+ * NVMe path, the host pages the pinned pool gets) and `stowage gpus` (the
+ * catalog, or what a --gpus spec or a
  * --cluster file resolves to).  Text for people, --json for programs.
  */
 #include <stdio.h>
@@ -63,17 +64,17 @@ static void
 print_host_pages (const HostPages *h)
 {
   char b[STOW_FORMAT_BUF];
-  printf ("Host pages: THP %s; hugetlb %" G_GUINT64_FORMAT " of %"
-          G_GUINT64_FORMAT " reserved pages free (%s each); the pinned pool "
+  printf ("Host pages: THP %s; hugetlb %" G_GUINT64_FORMAT
+          " of %" G_GUINT64_FORMAT
+          " reserved pages free (%s each); the pinned pool "
           "(--huge-pages %s) gets %s\n",
           h->thp, h->hugetlb_free, h->hugetlb_total,
           stow_format_bytes_into (b, sizeof b, h->hugetlb_page_bytes),
           stow_huge_pages_name (h->asked),
-          h->got == STOW_PAGE_SMALL ? "ordinary pages (small)"
-          : h->got == STOW_PAGE_MIXED
-              ? "some 2 MiB pages (mixed)"
-              : h->got == STOW_PAGE_THP ? "2 MiB pages (thp)"
-                                        : "2 MiB pages (hugetlb)");
+          h->got == STOW_PAGE_SMALL   ? "ordinary pages (small)"
+          : h->got == STOW_PAGE_MIXED ? "some 2 MiB pages (mixed)"
+          : h->got == STOW_PAGE_THP   ? "2 MiB pages (thp)"
+                                      : "2 MiB pages (hugetlb)");
   if (h->note)
     printf ("  note: %s\n", h->note);
 }

@@ -51,8 +51,8 @@ G_DEFINE_QUARK (stow - io - error - quark, stow_io_error)
  * claimed (0 -> 1), filled, published (2), and emptied (0) before its store
  * removes the files itself.  Paths that do not fit, or stores beyond the
  * slots, are still removed on a normal exit, only not from a handler. */
-#define SIG_SLOTS     128
-#define SIG_PATH_MAX  1024
+#define SIG_SLOTS    128
+#define SIG_PATH_MAX 1024
 typedef struct
 {
   volatile gint state; /* 0 free, 1 being written, 2 live */
@@ -170,7 +170,7 @@ struct _StowNvmeStore
   char **priv_dirs; /* (n_dirs) */
   char **paths;     /* (n_dirs) */
   int fds[MAX_DIRS];
-  int sig_slot[MAX_DIRS]; /* in sig_slots, or -1 */
+  int sig_slot[MAX_DIRS];           /* in sig_slots, or -1 */
   guint64 prepared_bytes[MAX_DIRS]; /* file bytes reserved so far */
 
   GPtrArray *tensors; /* of Tensor* */

@@ -288,13 +288,14 @@ map_hugetlb (StowPinnedPool *pool, guint64 *bytes)
     {
       int e = errno;
       pool->hugetlb_failed = TRUE;
-      set_note (pool, g_strdup_printf (
-                          "hugetlb: cannot map %" G_GUINT64_FORMAT
-                          " bytes (%s; HugePages_Free %" G_GUINT64_FORMAT
-                          "); reserve pages with 'echo N > "
-                          "/proc/sys/vm/nr_hugepages'; using THP or "
-                          "ordinary pages instead",
-                          len, g_strerror (e), meminfo_value ("HugePages_Free:")));
+      set_note (pool,
+                g_strdup_printf ("hugetlb: cannot map %" G_GUINT64_FORMAT
+                                 " bytes (%s; HugePages_Free %" G_GUINT64_FORMAT
+                                 "); reserve pages with 'echo N > "
+                                 "/proc/sys/vm/nr_hugepages'; using THP or "
+                                 "ordinary pages instead",
+                                 len, g_strerror (e),
+                                 meminfo_value ("HugePages_Free:")));
       return NULL;
     }
   *bytes = len;
@@ -325,8 +326,8 @@ map_thp_aligned (StowPinnedPool *pool, guint64 bytes, int *err)
         munmap (a + bytes, (p + align) - a);
     }
   const char *thp = stow_thp_mode ();
-  gboolean want = pool->huge_pages != STOW_HUGE_PAGES_OFF
-                  && !g_str_equal (thp, "never");
+  gboolean want
+      = pool->huge_pages != STOW_HUGE_PAGES_OFF && !g_str_equal (thp, "never");
   if (pool->huge_pages != STOW_HUGE_PAGES_OFF && !want)
     {
       if (pool->huge_pages == STOW_HUGE_PAGES_THP
@@ -557,9 +558,9 @@ stow_pinned_pool_describe (StowPinnedPool *pool)
     g_strlcpy (n, "no NUMA binding", sizeof n);
   g_autofree char *pages = NULL;
   if (pk == STOW_PAGE_SMALL)
-    pages = g_strdup_printf ("%s pages (small)",
-                             stow_format_bytes_into (h, sizeof h,
-                                                     page_bytes ()));
+    pages
+        = g_strdup_printf ("%s pages (small)",
+                           stow_format_bytes_into (h, sizeof h, page_bytes ()));
   else if (pk == STOW_PAGE_MIXED)
     pages = g_strdup_printf ("%s on 2 MiB pages (mixed)",
                              stow_format_bytes_into (h, sizeof h, huge));

@@ -767,8 +767,8 @@ stow_cost_estimate (const StowModel *m, const StowCluster *c,
            * and `stowage bench swapper` use too. */
           double bytes = (double)per_node * opt_params * (master + states);
           StowDriveSeconds drives[MAX (c->node.n_nvme, 1)];
-          guint nd = stow_cost_nvme_drive_seconds (&c->node, bytes, bytes,
-                                                   drives);
+          guint nd
+              = stow_cost_nvme_drive_seconds (&c->node, bytes, bytes, drives);
           nvme = stow_drives_io_s (drives, nd, NULL);
           phase = stow_drives_step_bound_s (drives, nd, cpu, NULL);
         }

@@ -58,8 +58,7 @@ test_nvme_json (void)
       json_object_get_double_member (o, "read_bytes_per_s_median"), <=,
       json_object_get_double_member (o, "read_bytes_per_s"));
   /* The page kind of the buffers, measured (issue 26). */
-  g_assert_cmpstr (json_object_get_string_member (o, "huge_pages"), ==,
-                   "auto");
+  g_assert_cmpstr (json_object_get_string_member (o, "huge_pages"), ==, "auto");
   const char *kind = json_object_get_string_member (o, "page_kind");
   g_assert_true (g_str_equal (kind, "small") || g_str_equal (kind, "mixed")
                  || g_str_equal (kind, "thp"));
@@ -77,22 +76,20 @@ test_nvme_pages (void)
 {
   g_autofree char *dir = make_dir ();
   g_auto (StowRun) r = { 0 };
-  stow_run (&r, "bench", "nvme", "--dir", dir, "--size", "4MiB",
-            "--block-size", "64KiB", "--queue-depth", "4", "--huge-pages",
-            "off", "--json", NULL);
+  stow_run (&r, "bench", "nvme", "--dir", dir, "--size", "4MiB", "--block-size",
+            "64KiB", "--queue-depth", "4", "--huge-pages", "off", "--json",
+            NULL);
   g_assert_cmpint (r.status, ==, 0);
   g_autoptr (JsonParser) p = json_parser_new ();
   JsonObject *o = parse_object (p, r.out);
   g_assert_cmpstr (json_object_get_string_member (o, "huge_pages"), ==, "off");
-  g_assert_cmpstr (json_object_get_string_member (o, "page_kind"), ==,
-                   "small");
+  g_assert_cmpstr (json_object_get_string_member (o, "page_kind"), ==, "small");
   g_assert_cmpint (json_object_get_int_member (o, "huge_bytes"), ==, 0);
 
   g_setenv ("STOWAGE_THP", "never", TRUE);
   g_auto (StowRun) t = { 0 };
-  stow_run (&t, "bench", "nvme", "--dir", dir, "--size", "4MiB",
-            "--block-size", "64KiB", "--queue-depth", "4", "--huge-pages",
-            "thp", NULL);
+  stow_run (&t, "bench", "nvme", "--dir", dir, "--size", "4MiB", "--block-size",
+            "64KiB", "--queue-depth", "4", "--huge-pages", "thp", NULL);
   g_unsetenv ("STOWAGE_THP");
   g_assert_cmpint (t.status, ==, 0);
   g_assert_nonnull (strstr (t.out, "pages small (0 B on 2 MiB pages; "
@@ -133,8 +130,7 @@ test_swapper_json (void)
   double bound = json_object_get_double_member (o, "bound_s");
   g_assert_cmpfloat_with_epsilon (bound, MAX (rd + wr, up), 1e-9);
   g_assert_cmpfloat_with_epsilon (
-      json_object_get_double_member (o, "step_over_bound"), step / bound,
-      1e-9);
+      json_object_get_double_member (o, "step_over_bound"), step / bound, 1e-9);
   JsonArray *devs = json_object_get_array_member (o, "devices");
   g_assert_cmpuint (json_array_get_length (devs), ==, 1);
   g_assert_true (json_object_get_boolean_member (
@@ -161,8 +157,8 @@ test_swapper_devices (void)
     }
   g_auto (StowRun) r = { 0 };
   stow_run (&r, "bench", "swapper", "--dir", dir, "--dir", shm, "--size",
-            "4MiB", "--shard-size", "1MiB", "--block-size", "64KiB",
-            "--repeat", "1", "--json", NULL);
+            "4MiB", "--shard-size", "1MiB", "--block-size", "64KiB", "--repeat",
+            "1", "--json", NULL);
   g_assert_cmpint (r.status, ==, 0);
   g_autoptr (JsonParser) p = json_parser_new ();
   JsonObject *o = parse_object (p, r.out);
@@ -230,6 +226,9 @@ test_bad_input (void)
   const char *pages[]
       = { "bench", "nvme", "--dir", dir, "--huge-pages", "giant", NULL };
   stow_assert_usage_error (pages, "--huge-pages \"giant\": unknown kind");
+  const char *threads[]
+      = { "bench", "swapper", "--mode", "host", "--threads", "-1", NULL };
+  stow_assert_usage_error (threads, "--threads -1: expected 0 to 4096");
   const char *mode[] = { "bench", "swapper", "--mode", "gpu", NULL };
   stow_assert_usage_error (mode, "--mode \"gpu\"");
   g_assert_cmpint (g_rmdir (dir), ==, 0);
@@ -261,14 +260,14 @@ check_signal_cleanup (const char *bench, int sig)
   g_assert_nonnull (exe);
   /* Minutes of work unless interrupted: 256 MiB written and read 1000
    * times (nvme), or 1000 steps (swapper). */
-  const char *argv[] = { exe, "bench", bench, "--dir", dir, "--size", "256MiB",
-                         "--repeat", "1000", "--json", NULL };
+  const char *argv[] = { exe,      "bench",    bench,  "--dir",  dir, "--size",
+                         "256MiB", "--repeat", "1000", "--json", NULL };
   GPid pid;
   g_autoptr (GError) error = NULL;
-  g_assert_true (g_spawn_async (NULL, (char **)argv, NULL,
-                                G_SPAWN_DO_NOT_REAP_CHILD
-                                    | G_SPAWN_STDOUT_TO_DEV_NULL,
-                                NULL, NULL, &pid, &error));
+  g_assert_true (
+      g_spawn_async (NULL, (char **)argv, NULL,
+                     G_SPAWN_DO_NOT_REAP_CHILD | G_SPAWN_STDOUT_TO_DEV_NULL,
+                     NULL, NULL, &pid, &error));
   g_assert_no_error (error);
   g_autofree char *file = NULL;
   for (int i = 0; i < 1000 && file == NULL; i++)

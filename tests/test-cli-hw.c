@@ -344,8 +344,7 @@ test_hw_host_pages (void)
   const char *thp = json_object_get_string_member (h, "thp");
   g_assert_true (g_str_equal (thp, "always") || g_str_equal (thp, "madvise")
                  || g_str_equal (thp, "never"));
-  g_assert_cmpstr (json_object_get_string_member (h, "huge_pages"), ==,
-                   "auto");
+  g_assert_cmpstr (json_object_get_string_member (h, "huge_pages"), ==, "auto");
   const char *kind = json_object_get_string_member (h, "page_kind");
   g_assert_true (g_str_equal (kind, "small") || g_str_equal (kind, "mixed")
                  || g_str_equal (kind, "thp"));
@@ -363,13 +362,13 @@ test_hw_host_pages (void)
   g_assert_nonnull (strstr (n.out, "Host pages: THP never;"));
   g_assert_nonnull (strstr (n.out, "gets ordinary pages (small)"));
   g_autoptr (JsonParser) pn = NULL;
-  JsonObject *hn
-      = json_object_get_object_member (parse_object (nj.out, &pn), "host_pages");
+  JsonObject *hn = json_object_get_object_member (parse_object (nj.out, &pn),
+                                                  "host_pages");
   g_assert_cmpstr (json_object_get_string_member (hn, "page_kind"), ==,
                    "small");
   g_assert_cmpint (json_object_get_int_member (hn, "huge_bytes"), ==, 0);
-  g_assert_nonnull (strstr (json_object_get_string_member (hn, "note"),
-                            "never"));
+  g_assert_nonnull (
+      strstr (json_object_get_string_member (hn, "note"), "never"));
 
   g_auto (StowRun) t = { 0 };
   stow_run (&t, "hw", "--json", "--huge-pages", "hugetlb", NULL);

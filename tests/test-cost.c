@@ -372,26 +372,23 @@ test_nvme_bound_rule (void)
 
   /* The time model: drives of 2 GB/s read, 1 GB/s write, each taking an
    * even share of the state. */
-  StowNvme d[2] = { { NULL, 1ull << 40, 2e9, 1e9 },
-                    { NULL, 1ull << 40, 2e9, 1e9 } };
+  StowNvme d[2]
+      = { { NULL, 1ull << 40, 2e9, 1e9 }, { NULL, 1ull << 40, 2e9, 1e9 } };
   StowNode node = { 0 };
   node.nvme = d, node.n_nvme = 1;
   StowDriveSeconds out[2];
-  g_assert_cmpuint (stow_cost_nvme_drive_seconds (&node, 4e9, 4e9, out), ==,
-                    1);
+  g_assert_cmpuint (stow_cost_nvme_drive_seconds (&node, 4e9, 4e9, out), ==, 1);
   g_assert_cmpfloat_with_epsilon (out[0].read_s, 2.0, 1e-12);
   g_assert_cmpfloat_with_epsilon (out[0].write_s, 4.0, 1e-12);
   node.n_nvme = 2;
   d[1].write_bw = 0.5e9;
-  g_assert_cmpuint (stow_cost_nvme_drive_seconds (&node, 4e9, 4e9, out), ==,
-                    2);
+  g_assert_cmpuint (stow_cost_nvme_drive_seconds (&node, 4e9, 4e9, out), ==, 2);
   g_assert_cmpfloat_with_epsilon (stow_drives_io_s (out, 2, &b), 1.0 + 4.0,
                                   1e-12);
   g_assert_cmpuint (b, ==, 1);
   /* No drive listed: one at the 100 MB/s floor. */
   node.n_nvme = 0;
-  g_assert_cmpuint (stow_cost_nvme_drive_seconds (&node, 1e8, 2e8, out), ==,
-                    1);
+  g_assert_cmpuint (stow_cost_nvme_drive_seconds (&node, 1e8, 2e8, out), ==, 1);
   g_assert_cmpfloat_with_epsilon (out[0].read_s + out[0].write_s, 3.0, 1e-12);
 }
 

@@ -232,8 +232,9 @@ vm_flags_of (const void *addr)
     {
       guint64 s0, e0;
       char c;
-      if (sscanf (lines[i], "%" G_GINT64_MODIFIER "x-%" G_GINT64_MODIFIER "x %c",
-                  &s0, &e0, &c)
+      if (sscanf (lines[i],
+                  "%" G_GINT64_MODIFIER "x-%" G_GINT64_MODIFIER "x %c", &s0,
+                  &e0, &c)
           == 3)
         inside = (guintptr)addr >= s0 && (guintptr)addr < e0;
       else if (inside && g_str_has_prefix (lines[i], "VmFlags:"))
@@ -284,8 +285,10 @@ test_thp (void)
       return;
     }
   g_test_log_set_fatal_handler (allow_pool_warnings, NULL);
-  StowPinnedOptions o = { .slab_bytes = 4 << 20, .numa_node = -1,
-                          .no_cuda = TRUE, .huge_pages = STOW_HUGE_PAGES_THP };
+  StowPinnedOptions o = { .slab_bytes = 4 << 20,
+                          .numa_node = -1,
+                          .no_cuda = TRUE,
+                          .huge_pages = STOW_HUGE_PAGES_THP };
   g_autoptr (StowPinnedPool) pool = stow_pinned_pool_new (&o);
   g_autoptr (GError) error = NULL;
   guint8 *p = stow_pinned_pool_alloc (pool, 4 << 20, &error);
@@ -317,9 +320,10 @@ test_thp_never (void)
   if (g_test_subprocess ())
     {
       g_setenv (STOW_THP_ENV, "never", TRUE);
-      StowPinnedOptions o
-          = { .slab_bytes = 4 << 20, .numa_node = -1, .no_cuda = TRUE,
-              .huge_pages = STOW_HUGE_PAGES_THP };
+      StowPinnedOptions o = { .slab_bytes = 4 << 20,
+                              .numa_node = -1,
+                              .no_cuda = TRUE,
+                              .huge_pages = STOW_HUGE_PAGES_THP };
       g_autoptr (StowPinnedPool) pool = stow_pinned_pool_new (&o);
       g_autoptr (GError) error = NULL;
       guint8 *p = stow_pinned_pool_alloc (pool, 4 << 20, &error);
@@ -375,8 +379,8 @@ static void
 test_hugetlb_fallback (void)
 {
   g_autofree char *over = NULL;
-  if (g_file_get_contents ("/proc/sys/vm/nr_overcommit_hugepages", &over,
-                           NULL, NULL)
+  if (g_file_get_contents ("/proc/sys/vm/nr_overcommit_hugepages", &over, NULL,
+                           NULL)
       && g_ascii_strtoull (over, NULL, 10) > 0)
     {
       g_test_skip ("hugetlb overcommit is on: a big map may succeed");
@@ -386,9 +390,11 @@ test_hugetlb_fallback (void)
   /* One page more than are free (virtual only: the fallback is touched
    * in one 4 KiB buffer). */
   guint64 slab = (meminfo ("HugePages_Free:") + 1) * (2 << 20);
-  StowPinnedOptions o
-      = { .slab_bytes = slab, .numa_node = -1, .no_cuda = TRUE,
-          .defer_pin = TRUE, .huge_pages = STOW_HUGE_PAGES_HUGETLB };
+  StowPinnedOptions o = { .slab_bytes = slab,
+                          .numa_node = -1,
+                          .no_cuda = TRUE,
+                          .defer_pin = TRUE,
+                          .huge_pages = STOW_HUGE_PAGES_HUGETLB };
   g_autoptr (StowPinnedPool) pool = stow_pinned_pool_new (&o);
   g_autoptr (GError) error = NULL;
   guint8 *p = stow_pinned_pool_alloc (pool, 4096, &error);
@@ -418,9 +424,10 @@ test_hugetlb (void)
       return;
     }
   g_test_log_set_fatal_handler (allow_pool_warnings, NULL);
-  StowPinnedOptions o
-      = { .slab_bytes = 3 << 20, .numa_node = -1, .no_cuda = TRUE,
-          .huge_pages = STOW_HUGE_PAGES_HUGETLB };
+  StowPinnedOptions o = { .slab_bytes = 3 << 20,
+                          .numa_node = -1,
+                          .no_cuda = TRUE,
+                          .huge_pages = STOW_HUGE_PAGES_HUGETLB };
   g_autoptr (StowPinnedPool) pool = stow_pinned_pool_new (&o);
   g_autoptr (GError) error = NULL;
   guint8 *p = stow_pinned_pool_alloc (pool, 4096, &error);

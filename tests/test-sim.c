@@ -810,9 +810,9 @@ nvme_phase_ratio (StowCluster *c, const StowModel *m, double *predicted,
   g_autoptr (StowTrace) tr = run (p, c, &t, NULL, &error);
   g_assert_no_error (error);
   /* Busy seconds are summed over the ranks: one rank's share. */
-  double io = (tr->busy_s[STOW_STREAM_NVME_READ]
-               + tr->busy_s[STOW_STREAM_NVME_WRITE])
-              / p->n_ranks;
+  double io
+      = (tr->busy_s[STOW_STREAM_NVME_READ] + tr->busy_s[STOW_STREAM_NVME_WRITE])
+        / p->n_ranks;
   *predicted = cost.total_s[STOW_COST_NVME];
   *simulated = io;
   return io / cost.total_s[STOW_COST_NVME];
