@@ -12,11 +12,13 @@
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include <json-glib/json-glib.h>
 
 #include "cli/cli.h"
 #include "cli/commands.h"
+#include "core/drives.h"
 #include "core/json.h"
 #include "core/units.h"
 #include "offload/adam.h"
@@ -36,7 +38,88 @@ typedef struct
   gboolean checksum;
   gboolean json;
   int repeat;
+  char *huge_pages;
 } IoOpts;
+
+static gboolean
+parse_huge_pages (const char *cmd, IoOpts *o, StowHugePages *out)
+{
+  *out = STOW_HUGE_PAGES_AUTO;
+  if (o->huge_pages == NULL || stow_huge_pages_parse (o->huge_pages, out))
+    return TRUE;
+  stow_cli_failf ("kinds: auto, thp, hugetlb, off",
+                  "%s: --huge-pages \"%s\": unknown kind", cmd, o->huge_pages);
+  return FALSE;
+}
+
+/* The page kind of @pool's buffers, for text and JSON. */
+typedef struct
+{
+  StowHugePages asked;
+  StowPageKind got;
+  guint64 huge_bytes, buffer_bytes;
+  const char *note; /* owned by the pool */
+} PageReport;
+
+static void
+page_report (StowPinnedPool *pool, StowHugePages asked, PageReport *out)
+{
+  StowPinnedStats st;
+  stow_pinned_pool_get_stats (pool, &st);
+  out->asked = asked;
+  out->got = stow_pinned_pool_get_page_kind (pool, &out->huge_bytes);
+  out->buffer_bytes = st.reserved_bytes;
+  out->note = stow_pinned_pool_get_page_note (pool);
+}
+
+static void
+page_report_json (JsonBuilder *b, const PageReport *r)
+{
+  stow_json_set_string (b, "huge_pages", stow_huge_pages_name (r->asked));
+  stow_json_set_string (b, "page_kind", stow_page_kind_name (r->got));
+  stow_json_set_u64 (b, "huge_bytes", r->huge_bytes);
+  stow_json_set_u64 (b, "buffer_bytes", r->buffer_bytes);
+  stow_json_set_string (b, "thp", stow_thp_mode ());
+  if (r->note)
+    stow_json_set_string (b, "page_note", r->note);
+}
+
+static void
+page_report_print (const PageReport *r)
+{
+  char a[STOW_FORMAT_BUF], h[STOW_FORMAT_BUF];
+  stow_format_bytes_into (a, sizeof a, r->buffer_bytes);
+  stow_format_bytes_into (h, sizeof h, r->huge_bytes);
+  printf ("buffers %s, pages %s (%s on 2 MiB pages; --huge-pages %s, THP "
+          "%s)\n",
+          a, stow_page_kind_name (r->got), h, stow_huge_pages_name (r->asked),
+          stow_thp_mode ());
+  if (r->note)
+    printf ("note: %s\n", r->note);
+}
+
+static double
+median (GArray *xs)
+{
+  if (xs->len == 0)
+    return 0;
+  g_autoptr (GArray) c = g_array_copy (xs);
+  for (guint i = 1; i < c->len; i++)
+    for (guint j = i;
+         j > 0
+         && g_array_index (c, double, j - 1) > g_array_index (c, double, j);
+         j--)
+      {
+        double t = g_array_index (c, double, j);
+        g_array_index (c, double, j) = g_array_index (c, double, j - 1);
+        g_array_index (c, double, j - 1) = t;
+      }
+  guint n = c->len;
+  return n % 2 ? g_array_index (c, double, n / 2)
+               : 0.5
+                     * (g_array_index (c, double, n / 2 - 1)
+                        + g_array_index (c, double, n / 2));
+}
 
 static gboolean
 parse_engine (const char *text, StowNvmeEngine *out)
@@ -198,6 +281,10 @@ io_entries (IoOpts *o)
       "XXH3 per block, verified on read", NULL },
     { "repeat", 'r', 0, G_OPTION_ARG_INT, &o->repeat,
       "Runs; the best is reported (default 1)", "N" },
+    { "huge-pages", 0, 0, G_OPTION_ARG_STRING, &o->huge_pages,
+      "Buffer pages: auto (THP where the kernel offers it; default), thp, "
+      "hugetlb (reserved pages) or off",
+      "KIND" },
     { "json", 0, 0, G_OPTION_ARG_NONE, &o->json, "Print JSON", NULL },
     { NULL },
   };
@@ -212,6 +299,7 @@ io_opts_clear (IoOpts *o)
   g_free (o->block_size);
   g_free (o->stripe_size);
   g_free (o->engine);
+  g_free (o->huge_pages);
 }
 
 int
@@ -224,14 +312,20 @@ stow_bench_nvme (int argc, char **argv)
       "Write then read one tensor through the NVMe store (O_DIRECT,\n"
       "sequential, --queue-depth requests of --block-size in flight) and\n"
       "report bytes per second, comparable with fio --ioengine=io_uring\n"
-      "--direct=1 --rw=write/read at the same block size and depth.");
+      "--direct=1 --rw=write/read at the same block size and depth, and\n"
+      "with fio --mem=mmaphuge when the buffers got 2 MiB pages (see\n"
+      "'Page kind' in the output; bench/nvme.sh runs both).");
   g_option_context_add_main_entries (ctx, entries, NULL);
   int rc = STOW_EXIT_FAILURE;
   g_autoptr (StowNvmeStore) store = NULL;
   g_autoptr (StowPinnedPool) pool = NULL;
   g_autoptr (GError) error = NULL;
   guint64 size = 1ull << 30, block = 0;
+  StowHugePages huge = STOW_HUGE_PAGES_AUTO;
+  PageReport pages = { 0 };
   if (!stow_cli_parse (ctx, "bench nvme", &argc, &argv))
+    goto out;
+  if (!parse_huge_pages ("bench nvme", &o, &huge))
     goto out;
   if (argc > 1)
     {
@@ -270,8 +364,10 @@ stow_bench_nvme (int argc, char **argv)
   {
     NBUF = 3
   };
-  StowPinnedOptions po
-      = { .slab_bytes = chunk * NBUF, .numa_node = -1, .defer_pin = TRUE };
+  StowPinnedOptions po = { .slab_bytes = chunk * NBUF,
+                           .numa_node = -1,
+                           .defer_pin = TRUE,
+                           .huge_pages = huge };
   pool = stow_pinned_pool_new (&po);
   guint8 *ring = stow_pinned_pool_alloc (pool, chunk * NBUF, &error);
   if (ring == NULL)
@@ -282,9 +378,18 @@ stow_bench_nvme (int argc, char **argv)
   /* Register, then lock, then touch: see StowPinnedOptions.defer_pin. */
   stow_nvme_store_register_buffer (store, ring, chunk * NBUF);
   stow_pinned_pool_pin (pool);
-  for (guint64 i = 0; i < chunk * NBUF; i++)
-    ring[i] = (guint8)(i * 2654435761u >> 13);
+  {
+    /* Random data (xorshift64), as fio writes by default: nothing for a
+     * compressing or deduplicating layer to shortcut. */
+    guint64 x = 0x9E3779B97F4A7C15ull, *w = (guint64 *)ring;
+    for (guint64 i = 0; i < chunk * NBUF / 8; i++)
+      {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        w[i] = x;
+      }
+  }
   guint8 *bufs[NBUF] = { ring, ring + chunk, ring + 2 * chunk };
+  page_report (pool, huge, &pages);
 
   double best_w = 0, best_r = 0;
   GArray *ws = g_array_new (FALSE, FALSE, sizeof (double));
@@ -320,8 +425,11 @@ stow_bench_nvme (int argc, char **argv)
       add_dirs (b, o.dirs);
       stow_json_set_bool (b, "direct", stow_nvme_store_is_direct (store));
       stow_json_set_bool (b, "checksum", o.checksum);
+      page_report_json (b, &pages);
       stow_json_set_double (b, "read_bytes_per_s", best_r);
       stow_json_set_double (b, "write_bytes_per_s", best_w);
+      stow_json_set_double (b, "read_bytes_per_s_median", median (rs));
+      stow_json_set_double (b, "write_bytes_per_s_median", median (ws));
       json_builder_set_member_name (b, "runs");
       json_builder_begin_array (b);
       for (guint i = 0; i < ws->len; i++)
@@ -346,6 +454,7 @@ stow_bench_nvme (int argc, char **argv)
       printf ("engine %s, %s in blocks of %s, queue depth %d, %s\n", engine, sz,
               bs, o.queue_depth,
               stow_nvme_store_is_direct (store) ? "O_DIRECT" : "buffered");
+      page_report_print (&pages);
       printf ("write  %s\nread   %s\n", wbw, rbw);
     }
   g_array_unref (ws);
@@ -357,6 +466,93 @@ out:
 }
 
 /* --- swapper -------------------------------------------------------------- */
+
+/* The directories grouped by the device they are on (st_dev): reads and
+ * writes of one device share its queue, so the bound is per device. */
+static GPtrArray *
+group_by_device (char **dirs)
+{
+  GPtrArray *groups
+      = g_ptr_array_new_with_free_func ((GDestroyNotify)g_ptr_array_unref);
+  g_autoptr (GArray) devs = g_array_new (FALSE, FALSE, sizeof (dev_t));
+  for (guint i = 0; dirs[i]; i++)
+    {
+      struct stat st;
+      dev_t d = stat (dirs[i], &st) == 0 ? st.st_dev : (dev_t)i;
+      guint g = 0;
+      while (g < devs->len && g_array_index (devs, dev_t, g) != d)
+        g++;
+      if (g == devs->len)
+        {
+          g_array_append_val (devs, d);
+          g_ptr_array_add (groups, g_ptr_array_new ());
+        }
+      g_ptr_array_add (g_ptr_array_index (groups, g), dirs[i]);
+    }
+  return groups;
+}
+
+static void
+noop_update (void *state_buf, gsize bytes, guint shard, gpointer user_data)
+{
+}
+
+/* One device's share of the step, alone: its directories' share of the
+ * state in a store of its own, read and written shard by shard as the
+ * serial step does (best of @o->repeat).  FALSE after printing the error. */
+static gboolean
+measure_device (IoOpts *o, GPtrArray *dirs, guint n_all_dirs, guint64 size,
+                guint64 shard, StowPinnedPool *pool, StowDriveSeconds *out)
+{
+  g_autoptr (GError) error = NULL;
+  IoOpts sub = *o;
+  g_autofree char **v = g_new0 (char *, dirs->len + 1);
+  for (guint i = 0; i < dirs->len; i++)
+    v[i] = g_ptr_array_index (dirs, i);
+  sub.dirs = v;
+  guint64 block = 0;
+  int rc;
+  g_autoptr (StowNvmeStore) store
+      = open_store ("bench swapper", &sub, &block, &rc);
+  if (store == NULL)
+    return FALSE;
+  /* Stripes go round the directories evenly: this device holds its
+   * directories' part of every shard. */
+  guint64 part = MAX (size / n_all_dirs * dirs->len, 1);
+  guint64 sh = MAX (shard / n_all_dirs * dirs->len, 1);
+  StowSwapperOptions so = { .mode = STOW_SWAP_NVME,
+                            .total_bytes = part,
+                            .shard_bytes = sh,
+                            .pool = pool,
+                            .store = store,
+                            .n_buffers = 3 };
+  g_autoptr (StowSwapper) sw = stow_swapper_new (&so, &error);
+  if (sw == NULL)
+    {
+      stow_cli_fail (error, NULL);
+      return FALSE;
+    }
+  g_autofree guint8 *zero = g_malloc0 (stow_swapper_get_shard_bytes (sw, 0));
+  for (guint i = 0; i < stow_swapper_get_n_shards (sw); i++)
+    if (!stow_swapper_store_shard (sw, i, zero, &error))
+      {
+        stow_cli_fail (error, NULL);
+        return FALSE;
+      }
+  out->read_s = out->write_s = INFINITY;
+  for (int r = 0; r < o->repeat; r++)
+    {
+      StowSwapStats st;
+      if (!stow_swapper_step_serial (sw, noop_update, NULL, &st, &error))
+        {
+          stow_cli_fail (error, NULL);
+          return FALSE;
+        }
+      out->read_s = MIN (out->read_s, st.read_s);
+      out->write_s = MIN (out->write_s, st.write_s);
+    }
+  return TRUE;
+}
 
 /* The update: stowage's CPU Adam on a shard laid out planar, p | m | v
  * (n fp32 each), with synthetic bf16 gradients in and the bf16 copy for
@@ -406,7 +602,7 @@ stow_bench_swapper (int argc, char **argv)
 {
   IoOpts o = { .queue_depth = 32, .repeat = 3 };
   char *shard_size = NULL, *mode = NULL;
-  int n_buffers = 3;
+  int n_buffers = 3, adam_threads = 0;
   g_autofree GOptionEntry *entries = io_entries (&o);
   GOptionEntry more[] = {
     { "shard-size", 0, 0, G_OPTION_ARG_STRING, &shard_size,
@@ -415,6 +611,8 @@ stow_bench_swapper (int argc, char **argv)
       "Pinned shard buffers (default 3)", "N" },
     { "mode", 0, 0, G_OPTION_ARG_STRING, &mode, "nvme (default) or host",
       "MODE" },
+    { "threads", 0, 0, G_OPTION_ARG_INT, &adam_threads,
+      "Adam's threads (default 0: one per core)", "N" },
     { NULL },
   };
   g_autoptr (GOptionContext) ctx = stow_cli_context_new (
@@ -423,7 +621,10 @@ stow_bench_swapper (int argc, char **argv)
       "cut into shards: pipelined (read i+1 | update i | write i-1) and\n"
       "each stage alone.  The update is stowage's CPU Adam (bf16 gradients\n"
       "in, bf16 weights out).  --repeat steps of\n"
-      "each kind are run and the best is reported.");
+      "each kind are run and the best is reported.  The step is set against\n"
+      "its bound: max (read + write, update) on one device, whose reads and\n"
+      "writes share a queue; over several devices, the busiest device's\n"
+      "read + write (each device's share measured alone) or the update.");
   g_option_context_add_main_entries (ctx, entries, NULL);
   g_option_context_add_main_entries (ctx, more, NULL);
   int rc = STOW_EXIT_FAILURE;
@@ -434,7 +635,14 @@ stow_bench_swapper (int argc, char **argv)
   guint64 size = 1ull << 30, shard = 64ull << 20, block = 0;
   StowSwapMode smode = STOW_SWAP_NVME;
   BenchAdam adam = { 0 };
+  StowHugePages huge = STOW_HUGE_PAGES_AUTO;
+  PageReport pages = { 0 };
+  g_autoptr (GPtrArray) groups = NULL;
+  g_autofree StowDriveSeconds *devices = NULL;
+  guint n_devices = 0;
   if (!stow_cli_parse (ctx, "bench swapper", &argc, &argv))
+    goto out;
+  if (!parse_huge_pages ("bench swapper", &o, &huge))
     goto out;
   if (argc > 1)
     {
@@ -474,8 +682,10 @@ stow_bench_swapper (int argc, char **argv)
         goto out;
     }
   rc = STOW_EXIT_FAILURE;
-  StowPinnedOptions po
-      = { .slab_bytes = 256u << 20, .numa_node = -1, .defer_pin = TRUE };
+  StowPinnedOptions po = { .slab_bytes = 256u << 20,
+                           .numa_node = -1,
+                           .defer_pin = TRUE,
+                           .huge_pages = huge };
   pool = stow_pinned_pool_new (&po);
   StowSwapperOptions so = { .mode = smode,
                             .total_bytes = size,
@@ -506,7 +716,15 @@ stow_bench_swapper (int argc, char **argv)
       }
   }
 
-  adam.adam = stow_adam_new (0, STOW_ISA_AUTO, &error);
+  if (adam_threads < 0 || adam_threads > 4096)
+    {
+      rc = stow_cli_failf (NULL,
+                           "bench swapper: --threads %d: expected 0 to "
+                           "4096",
+                           adam_threads);
+      goto out;
+    }
+  adam.adam = stow_adam_new ((guint)adam_threads, STOW_ISA_AUTO, &error);
   if (adam.adam == NULL)
     {
       rc = stow_cli_fail (error, NULL);
@@ -527,6 +745,10 @@ stow_bench_swapper (int argc, char **argv)
     }
   StowSwapStats best_pipe = { .step_s = INFINITY };
   double best_read = INFINITY, best_update = INFINITY, best_write = INFINITY;
+  /* The one device's read and write from the same serial step (the one
+   * with the least read + write): the minima of read and of write taken
+   * from different steps would add up to less than any step's I/O. */
+  StowDriveSeconds best_io = { INFINITY, 0 };
   for (int r = 0; r < o.repeat; r++)
     {
       StowSwapStats st;
@@ -539,6 +761,8 @@ stow_bench_swapper (int argc, char **argv)
       best_read = MIN (best_read, st.read_s);
       best_update = MIN (best_update, st.update_s);
       best_write = MIN (best_write, st.write_s);
+      if (st.read_s + st.write_s < best_io.read_s + best_io.write_s)
+        best_io = (StowDriveSeconds){ st.read_s, st.write_s };
       adam.step++;
       if (!stow_swapper_step (sw, bench_adam_update, &adam, &st, &error))
         {
@@ -554,8 +778,33 @@ stow_bench_swapper (int argc, char **argv)
       if (st.step_s < best_pipe.step_s)
         best_pipe = st;
     }
+  page_report (pool, huge, &pages);
   double max_stage = MAX (best_update, MAX (best_read, best_write));
   double ratio = best_pipe.step_s / max_stage;
+  /* The bound (core/drives.h), from stage times measured here: on one
+   * device its read and write alone; on several, each device's share
+   * alone. */
+  if (smode == STOW_SWAP_NVME)
+    {
+      groups = group_by_device (o.dirs);
+      n_devices = groups->len;
+      devices = g_new0 (StowDriveSeconds, n_devices);
+      if (n_devices == 1)
+        devices[0] = best_io;
+      else
+        for (guint d = 0; d < n_devices; d++)
+          if (!measure_device (&o, g_ptr_array_index (groups, d),
+                               g_strv_length (o.dirs), size, shard, pool,
+                               &devices[d]))
+            goto out;
+    }
+  guint busiest = 0;
+  double bound
+      = stow_drives_step_bound_s (devices, n_devices, best_update, &busiest);
+  const char *rule = n_devices == 0   ? "host: the update alone"
+                     : n_devices == 1 ? "one device: max (read + write, update)"
+                                      : "several devices: max (busiest "
+                                        "device's read + write, update)";
   if (o.json)
     {
       g_autoptr (JsonBuilder) b = json_builder_new ();
@@ -572,6 +821,7 @@ stow_bench_swapper (int argc, char **argv)
       stow_json_set_i64 (b, "buffers", n_buffers);
       stow_json_set_i64 (b, "block_size", (gint64)block);
       stow_json_set_i64 (b, "queue_depth", o.queue_depth);
+      page_report_json (b, &pages);
       stow_json_set_double (b, "pipelined_step_s", best_pipe.step_s);
       stow_json_set_double (b, "read_alone_s", best_read);
       stow_json_set_double (b, "update_alone_s", best_update);
@@ -585,6 +835,26 @@ stow_bench_swapper (int argc, char **argv)
           stow_json_set_double (b, "pipelined_over_read_plus_write",
                                 best_pipe.step_s / (best_read + best_write));
         }
+      stow_json_set_string (b, "bound_rule", rule);
+      stow_json_set_double (b, "bound_s", bound);
+      stow_json_set_double (b, "step_over_bound", best_pipe.step_s / bound);
+      json_builder_set_member_name (b, "devices");
+      json_builder_begin_array (b);
+      for (guint d = 0; d < n_devices; d++)
+        {
+          json_builder_begin_object (b);
+          GPtrArray *g = g_ptr_array_index (groups, d);
+          json_builder_set_member_name (b, "dirs");
+          json_builder_begin_array (b);
+          for (guint i = 0; i < g->len; i++)
+            json_builder_add_string_value (b, g_ptr_array_index (g, i));
+          json_builder_end_array (b);
+          stow_json_set_double (b, "read_s", devices[d].read_s);
+          stow_json_set_double (b, "write_s", devices[d].write_s);
+          stow_json_set_bool (b, "busiest", d == busiest);
+          json_builder_end_object (b);
+        }
+      json_builder_end_array (b);
       stow_json_set_double (b, "pipelined_wait_read_s", best_pipe.read_s);
       stow_json_set_double (b, "pipelined_update_s", best_pipe.update_s);
       stow_json_set_double (b, "pipelined_wait_write_s", best_pipe.write_s);
@@ -593,14 +863,22 @@ stow_bench_swapper (int argc, char **argv)
     }
   else
     {
+      page_report_print (&pages);
       printf ("step pipelined  %.3f s\n", best_pipe.step_s);
       printf ("read alone      %.3f s\nupdate alone    %.3f s\n"
               "write alone     %.3f s\n",
               best_read, best_update, best_write);
+      for (guint d = 0; n_devices > 1 && d < n_devices; d++)
+        {
+          GPtrArray *g = g_ptr_array_index (groups, d);
+          printf ("device %u (%s%s): read %.3f s + write %.3f s alone%s\n", d,
+                  (char *)g_ptr_array_index (g, 0), g->len > 1 ? ", ..." : "",
+                  devices[d].read_s, devices[d].write_s,
+                  d == busiest ? " (busiest)" : "");
+        }
+      printf ("bound           %.3f s (%s)\n", bound, rule);
+      printf ("step / bound = %.3f\n", best_pipe.step_s / bound);
       printf ("pipelined / slowest stage = %.3f\n", ratio);
-      if (best_read + best_write > 0)
-        printf ("pipelined / (read + write alone) = %.3f\n",
-                best_pipe.step_s / (best_read + best_write));
     }
   rc = STOW_EXIT_OK;
 out:

@@ -1,10 +1,12 @@
 /* SPDX-License-Identifier: MIT
  *
  * cli/cmd-hw.c: `stowage hw` (this machine: CPUs, memory, GPUs, drives, the
- * NVMe path) and `stowage gpus` (the catalog, or what a --gpus spec or a
+ * NVMe path, the host pages the pinned pool gets) and `stowage gpus` (the
+ * catalog, or what a --gpus spec or a
  * --cluster file resolves to).  Text for people, --json for programs.
  */
 #include <stdio.h>
+#include <string.h>
 
 #include "cli/cli.h"
 #include "cli/commands.h"
@@ -12,6 +14,89 @@
 #include "core/units.h"
 #include "hw/hw.h"
 #include "hw/machine.h"
+#include "offload/pinned.h"
+
+/* What the pinned pool gets on this machine: the kernel's THP mode, the
+ * hugetlb pages reserved, and the kind a small pool (two 2 MiB pages,
+ * locked, so that its pages are in) was given. */
+typedef struct
+{
+  const char *thp;
+  StowHugePages asked;
+  guint64 hugetlb_total, hugetlb_free, hugetlb_page_bytes;
+  StowPageKind got;
+  guint64 huge_bytes, probe_bytes;
+  char *note;
+} HostPages;
+
+static guint64
+meminfo_value (const char *text, const char *key)
+{
+  const char *p = text ? strstr (text, key) : NULL;
+  return p ? g_ascii_strtoull (p + strlen (key), NULL, 10) : 0;
+}
+
+static void
+probe_host_pages (StowHugePages asked, HostPages *out)
+{
+  memset (out, 0, sizeof *out);
+  out->thp = stow_thp_mode ();
+  out->asked = asked;
+  g_autofree char *mi = NULL;
+  g_file_get_contents ("/proc/meminfo", &mi, NULL, NULL);
+  out->hugetlb_total = meminfo_value (mi, "HugePages_Total:");
+  out->hugetlb_free = meminfo_value (mi, "HugePages_Free:");
+  out->hugetlb_page_bytes = meminfo_value (mi, "Hugepagesize:") * 1024;
+  out->probe_bytes = 4u << 20;
+  StowPinnedOptions o = { .slab_bytes = out->probe_bytes,
+                          .numa_node = -1,
+                          .no_cuda = TRUE,
+                          .huge_pages = asked };
+  g_autoptr (StowPinnedPool) pool = stow_pinned_pool_new (&o);
+  guint8 *p = stow_pinned_pool_alloc (pool, out->probe_bytes, NULL);
+  if (p != NULL)
+    memset (p, 0, out->probe_bytes); /* in, if mlock was refused */
+  out->got = stow_pinned_pool_get_page_kind (pool, &out->huge_bytes);
+  out->note = g_strdup (stow_pinned_pool_get_page_note (pool));
+}
+
+static void
+print_host_pages (const HostPages *h)
+{
+  char b[STOW_FORMAT_BUF];
+  printf ("Host pages: THP %s; hugetlb %" G_GUINT64_FORMAT
+          " of %" G_GUINT64_FORMAT
+          " reserved pages free (%s each); the pinned pool "
+          "(--huge-pages %s) gets %s\n",
+          h->thp, h->hugetlb_free, h->hugetlb_total,
+          stow_format_bytes_into (b, sizeof b, h->hugetlb_page_bytes),
+          stow_huge_pages_name (h->asked),
+          h->got == STOW_PAGE_SMALL   ? "ordinary pages (small)"
+          : h->got == STOW_PAGE_MIXED ? "some 2 MiB pages (mixed)"
+          : h->got == STOW_PAGE_THP   ? "2 MiB pages (thp)"
+                                      : "2 MiB pages (hugetlb)");
+  if (h->note)
+    printf ("  note: %s\n", h->note);
+}
+
+static void
+host_pages_to_json (JsonObject *o, const HostPages *h)
+{
+  JsonObject *p = json_object_new ();
+  json_object_set_string_member (p, "thp", h->thp);
+  json_object_set_int_member (p, "hugetlb_total", (gint64)h->hugetlb_total);
+  json_object_set_int_member (p, "hugetlb_free", (gint64)h->hugetlb_free);
+  json_object_set_int_member (p, "hugetlb_page_bytes",
+                              (gint64)h->hugetlb_page_bytes);
+  json_object_set_string_member (p, "huge_pages",
+                                 stow_huge_pages_name (h->asked));
+  json_object_set_string_member (p, "page_kind", stow_page_kind_name (h->got));
+  json_object_set_int_member (p, "huge_bytes", (gint64)h->huge_bytes);
+  json_object_set_int_member (p, "probe_bytes", (gint64)h->probe_bytes);
+  if (h->note)
+    json_object_set_string_member (p, "note", h->note);
+  json_object_set_object_member (o, "host_pages", p);
+}
 
 static void
 print_machine (const StowMachine *m)
@@ -111,6 +196,7 @@ stow_cmd_hw (int argc, char **argv)
   gboolean json = FALSE;
   g_autofree char *nvme_path = NULL, *topology = NULL, *synthetic = NULL;
   g_autofree char *sysfs = NULL, *save = NULL, *probe_size = NULL;
+  g_autofree char *huge = NULL;
   gboolean probe = FALSE;
   int threads = 0, repeats = 10;
   const GOptionEntry entries[] = {
@@ -129,6 +215,10 @@ stow_cmd_hw (int argc, char **argv)
     { "repeats", 0, G_OPTION_FLAG_HIDDEN, G_OPTION_ARG_INT, &repeats,
       "With --probe: passes, the best counts (default 10)", "N" },
     { "json", 0, 0, G_OPTION_ARG_NONE, &json, "Print JSON", NULL },
+    { "huge-pages", 0, 0, G_OPTION_ARG_STRING, &huge,
+      "The pages to try for the pinned pool: auto (default), thp, hugetlb "
+      "or off",
+      "KIND" },
     { "nvme-path", 0, 0, G_OPTION_ARG_FILENAME, &nvme_path,
       "Report the free space and filesystem of DIR", "DIR" },
     { "topology", 0, 0, G_OPTION_ARG_FILENAME, &topology,
@@ -144,7 +234,8 @@ stow_cmd_hw (int argc, char **argv)
       "hw", NULL,
       "Describe this machine: sockets, NUMA nodes, cores, caches and RAM "
       "(hwloc), CUDA GPUs with their NUMA node and PCIe link, block devices, "
-      "and the free space of --nvme-path.  No GPU is a normal answer.");
+      "the free space of --nvme-path, and the host pages (THP, hugetlb) the "
+      "pinned pool gets.  No GPU is a normal answer.");
   g_option_context_add_main_entries (ctx, entries, NULL);
   if (!stow_cli_parse (ctx, "hw", &argc, &argv))
     return STOW_EXIT_FAILURE;
@@ -166,6 +257,10 @@ stow_cmd_hw (int argc, char **argv)
   if (repeats < 1 || repeats > 1000)
     return stow_cli_failf (NULL, "hw: --repeats: expected 1 to 1000, got %d",
                            repeats);
+  StowHugePages asked = STOW_HUGE_PAGES_AUTO;
+  if (huge && !stow_huge_pages_parse (huge, &asked))
+    return stow_cli_failf ("kinds: auto, thp, hugetlb, off",
+                           "hw: --huge-pages \"%s\": unknown kind", huge);
   guint64 array_bytes = 0;
   if (probe_size)
     {
@@ -194,6 +289,11 @@ stow_cmd_hw (int argc, char **argv)
     }
   if (m == NULL)
     return stow_cli_fail (error, NULL);
+  /* Pages are this machine's: not for a topology read from a file. */
+  HostPages pages = { 0 };
+  gboolean live = !topology && !synthetic;
+  if (live)
+    probe_host_pages (asked, &pages);
 
   StowMemProbe result = { 0 };
   if (probe)
@@ -228,11 +328,15 @@ stow_cmd_hw (int argc, char **argv)
           json_object_set_double_member (p, "best_s", result.best_s);
           json_object_set_object_member (o, "probe", p);
         }
+      if (live)
+        host_pages_to_json (json_node_get_object (node), &pages);
       stow_cli_print_json (node);
     }
   else
     {
       print_machine (m);
+      if (live)
+        print_host_pages (&pages);
       if (probe)
         {
           char b[STOW_FORMAT_BUF];
@@ -246,6 +350,7 @@ stow_cmd_hw (int argc, char **argv)
       if (save)
         printf ("Profile written to %s\n", save);
     }
+  g_free (pages.note);
   return STOW_EXIT_OK;
 }
 

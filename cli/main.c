@@ -7,12 +7,14 @@
 #include "config.h"
 
 #include <locale.h>
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "cli/cli.h"
 #include "core/log.h"
 #include "core/strutil.h"
+#include "offload/nvme.h"
 
 static void
 print_usage (FILE *out)
@@ -34,6 +36,35 @@ print_usage (FILE *out)
                 "  -q, --quiet    Print errors only\n"
                 "\n"
                 "Run 'stowage COMMAND --help' for a command's options.\n");
+}
+
+/* Ctrl-C or a kill: the NVMe store's swap files (gigabytes, for the
+ * benchmarks and ZeRO-Infinity runs) go with the process, then the signal
+ * ends it as it would have (exit status 128 + signal for the shell). */
+static void
+on_fatal_signal (int sig)
+{
+  stow_nvme_remove_files_on_signal ();
+  signal (sig, SIG_DFL);
+  raise (sig);
+}
+
+static void
+install_signal_cleanup (void)
+{
+  static const int sigs[] = { SIGINT, SIGTERM, SIGHUP };
+  for (gsize i = 0; i < G_N_ELEMENTS (sigs); i++)
+    {
+      struct sigaction sa, old;
+      memset (&sa, 0, sizeof sa);
+      sa.sa_handler = on_fatal_signal;
+      sigemptyset (&sa.sa_mask);
+      /* A signal ignored by the parent (nohup, background jobs of a
+       * non-interactive shell) stays ignored. */
+      if (sigaction (sigs[i], NULL, &old) == 0 && old.sa_handler == SIG_IGN)
+        continue;
+      sigaction (sigs[i], &sa, NULL);
+    }
 }
 
 static const StowCommand *
@@ -111,5 +142,6 @@ main (int argc, char **argv)
   const StowCommand *cmd = find_command (argv[i]);
   if (cmd == NULL)
     return unknown_command (argv[i]);
+  install_signal_cleanup ();
   return cmd->run (argc - i, argv + i);
 }

@@ -43,6 +43,62 @@ G_DEFINE_QUARK (stow - io - error - quark, stow_io_error)
 
 #define MAX_DIRS 64
 #define MAX_REGS 64
+
+/* --- removal from a signal handler -------------------------------------- */
+
+/* Every live store's files and private directories, in fixed storage that
+ * a signal handler may read while another thread frees a store: a slot is
+ * claimed (0 -> 1), filled, published (2), and emptied (0) before its store
+ * removes the files itself.  Paths that do not fit, or stores beyond the
+ * slots, are still removed on a normal exit, only not from a handler. */
+#define SIG_SLOTS    128
+#define SIG_PATH_MAX 1024
+typedef struct
+{
+  volatile gint state; /* 0 free, 1 being written, 2 live */
+  char file[SIG_PATH_MAX];
+  char dir[SIG_PATH_MAX];
+} SigSlot;
+static SigSlot sig_slots[SIG_SLOTS];
+
+static int
+sig_register (const char *file, const char *dir)
+{
+  if (strlen (file) >= SIG_PATH_MAX || strlen (dir) >= SIG_PATH_MAX)
+    return -1;
+  for (int i = 0; i < SIG_SLOTS; i++)
+    if (g_atomic_int_compare_and_exchange (&sig_slots[i].state, 0, 1))
+      {
+        g_strlcpy (sig_slots[i].file, file, SIG_PATH_MAX);
+        g_strlcpy (sig_slots[i].dir, dir, SIG_PATH_MAX);
+        g_atomic_int_set (&sig_slots[i].state, 2);
+        return i;
+      }
+  g_debug ("nvme store: over %d stores; %s is not removed on a signal",
+           SIG_SLOTS, file);
+  return -1;
+}
+
+static void
+sig_unregister (int slot)
+{
+  if (slot >= 0)
+    g_atomic_int_set (&sig_slots[slot].state, 0);
+}
+
+void
+stow_nvme_remove_files_on_signal (void)
+{
+  /* unlink and rmdir only: both are async-signal-safe.  Open descriptors
+   * keep the inodes until the process ends, so I/O in flight is harmless
+   * and the space comes back when the process goes. */
+  for (int i = 0; i < SIG_SLOTS; i++)
+    if (g_atomic_int_get (&sig_slots[i].state) == 2)
+      {
+        unlink (sig_slots[i].file);
+        rmdir (sig_slots[i].dir);
+      }
+}
 /* io_uring refuses a registered buffer over 1 GiB (io_buffer_validate). */
 #define MAX_REG_BYTES (1ull << 30)
 
@@ -114,6 +170,7 @@ struct _StowNvmeStore
   char **priv_dirs; /* (n_dirs) */
   char **paths;     /* (n_dirs) */
   int fds[MAX_DIRS];
+  int sig_slot[MAX_DIRS];           /* in sig_slots, or -1 */
   guint64 prepared_bytes[MAX_DIRS]; /* file bytes reserved so far */
 
   GPtrArray *tensors; /* of Tensor* */
@@ -727,7 +784,7 @@ stow_nvme_store_new (const StowNvmeOptions *opts, GError **error)
   store->priv_dirs = g_new0 (char *, n_dirs + 1);
   store->paths = g_new0 (char *, n_dirs + 1);
   for (guint i = 0; i < MAX_DIRS; i++)
-    store->fds[i] = -1;
+    store->fds[i] = -1, store->sig_slot[i] = -1;
   store->tensors = g_ptr_array_new ();
   g_mutex_init (&store->lock);
   g_cond_init (&store->done_cond);
@@ -752,6 +809,7 @@ stow_nvme_store_new (const StowNvmeOptions *opts, GError **error)
         }
       store->priv_dirs[i] = tmpl;
       store->paths[i] = g_build_filename (tmpl, "store.swp", NULL);
+      store->sig_slot[i] = sig_register (store->paths[i], tmpl);
       if (!open_store_file (store, i, store->direct, error))
         {
           stow_nvme_store_free (store);
@@ -830,6 +888,7 @@ stow_nvme_store_free (StowNvmeStore *store)
 #endif
   for (guint i = 0; i < store->n_dirs; i++)
     {
+      sig_unregister (store->sig_slot[i]);
       if (store->fds[i] >= 0)
         close (store->fds[i]);
       if (store->paths[i] != NULL && g_unlink (store->paths[i]) != 0

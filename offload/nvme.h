@@ -60,6 +60,12 @@ StowNvmeStore *stow_nvme_store_new (const StowNvmeOptions *opts,
                                     GError **error);
 /* Waits for outstanding I/O, closes and removes the files and directories. */
 void stow_nvme_store_free (StowNvmeStore *store);
+/* Removes every live store's files and private directories now, with
+ * unlink and rmdir only: async-signal-safe, for a SIGINT or SIGTERM handler
+ * that then ends the process (the stores are unusable afterwards; open
+ * descriptors keep the space until the process ends).  Up to 128 stores
+ * with paths under 1 KiB are covered. */
+void stow_nvme_remove_files_on_signal (void);
 
 StowNvmeEngine stow_nvme_store_get_engine (StowNvmeStore *store);
 const char *stow_nvme_engine_name (StowNvmeEngine engine);

@@ -756,19 +756,22 @@ stow_cost_estimate (const StowModel *m, const StowCluster *c,
       double cpu = (double)per_node * opt_params
                    * (o->cpu_adam_bytes_per_param * (states + master) / 12.0)
                    / MAX (c->node.host_mem_bw, 1e9);
-      double nvme = 0;
+      double nvme = 0, phase = cpu;
       if (l->offload_optimizer == STOW_OFFLOAD_NVME)
         {
           /* master weights and states (12 B for Adam) read and written
            * per step through the node's drives, pipelined with the CPU
-           * update (read i+1, update i, write i-1). */
-          double rd = 0, wr = 0;
-          for (guint k = 0; k < c->node.n_nvme; k++)
-            rd += c->node.nvme[k].read_bw, wr += c->node.nvme[k].write_bw;
+           * update (read i+1, update i, write i-1).  A drive's reads and
+           * writes share its queue, the busiest drive sets the pace, and
+           * the update overlaps: core/drives.h, the rule the simulator
+           * and `stowage bench swapper` use too. */
           double bytes = (double)per_node * opt_params * (master + states);
-          nvme = bytes / MAX (rd, 1e8) + bytes / MAX (wr, 1e8);
+          StowDriveSeconds drives[MAX (c->node.n_nvme, 1)];
+          guint nd
+              = stow_cost_nvme_drive_seconds (&c->node, bytes, bytes, drives);
+          nvme = stow_drives_io_s (drives, nd, NULL);
+          phase = stow_drives_step_bound_s (drives, nd, cpu, NULL);
         }
-      double phase = MAX (cpu, nvme);
       out->total_s[STOW_COST_OFFLOAD_PCIE] = (double)mb * down + up;
       out->total_s[STOW_COST_CPU_OPTIMIZER] = cpu;
       out->total_s[STOW_COST_NVME] = nvme;
@@ -1017,4 +1020,23 @@ stow_cost_p2p_seconds (const StowCluster *c, const StowCostOptions *options,
     stow_cost_options_init (&o), options = &o;
   Link pl = group_link (c, options, 2, MAX (stride, 1));
   return bytes / pl.bw + pl.lat;
+}
+
+guint
+stow_cost_nvme_drive_seconds (const StowNode *node, double read_bytes,
+                              double write_bytes, StowDriveSeconds *out)
+{
+  g_return_val_if_fail (node != NULL && out != NULL, 0);
+  /* A floor for drives without a rate (and a node without drives): a
+   * slow disk, not a free one. */
+  const double floor_bw = 1e8;
+  guint n = MAX (node->n_nvme, 1);
+  for (guint i = 0; i < n; i++)
+    {
+      double rd = i < node->n_nvme ? node->nvme[i].read_bw : 0;
+      double wr = i < node->n_nvme ? node->nvme[i].write_bw : 0;
+      out[i].read_s = read_bytes / n / MAX (rd, floor_bw);
+      out[i].write_s = write_bytes / n / MAX (wr, floor_bw);
+    }
+  return n;
 }

@@ -12,6 +12,7 @@
 
 #include <glib.h>
 
+#include "core/drives.h"
 #include "hw/hw.h"
 #include "models/model.h"
 #include "planner/layout.h"
@@ -139,6 +140,16 @@ double stow_cost_dp_collective_seconds (const StowCluster *cluster,
 double stow_cost_p2p_seconds (const StowCluster *cluster,
                               const StowCostOptions *options, double bytes,
                               guint64 stride);
+
+/* Seconds each of the node's drives spends on its share of @read_bytes read
+ * and @write_bytes written, striped evenly over them (the NVMe store's
+ * round-robin stripes), each at its catalog rate with a floor of 100 MB/s.
+ * Fills @out, which must hold MAX (node->n_nvme, 1) entries (a node that
+ * lists no drive gets one of 100 MB/s), and returns how many it filled.
+ * The step's I/O and bound then follow core/drives.h's rule, as in
+ * stow_cost_estimate and the sim backend. */
+guint stow_cost_nvme_drive_seconds (const StowNode *node, double read_bytes,
+                                    double write_bytes, StowDriveSeconds *out);
 
 /* The embedding and the output layer with its loss, one micro-batch on
  * one GPU, as stow_cost_estimate prices them. */

@@ -327,6 +327,66 @@ test_hw_fake_cuda (void)
   g_unsetenv ("STOW_FAKE_CUDA_DEVICES");
 }
 
+/* The host pages the pinned pool gets (issue 26): the kernel's THP mode,
+ * the hugetlb reserve, and the kind measured; THP "never" (by
+ * STOWAGE_THP) gives ordinary pages; hugetlb without reserved pages falls
+ * back with a note; an unknown kind is a usage error. */
+static void
+test_hw_host_pages (void)
+{
+  g_auto (StowRun) r = { 0 };
+  stow_run (&r, "hw", "--json", NULL);
+  g_assert_cmpint (r.status, ==, 0);
+  g_autoptr (JsonParser) p = NULL;
+  JsonObject *o = parse_object (r.out, &p);
+  JsonObject *h = json_object_get_object_member (o, "host_pages");
+  g_assert_nonnull (h);
+  const char *thp = json_object_get_string_member (h, "thp");
+  g_assert_true (g_str_equal (thp, "always") || g_str_equal (thp, "madvise")
+                 || g_str_equal (thp, "never"));
+  g_assert_cmpstr (json_object_get_string_member (h, "huge_pages"), ==, "auto");
+  const char *kind = json_object_get_string_member (h, "page_kind");
+  g_assert_true (g_str_equal (kind, "small") || g_str_equal (kind, "mixed")
+                 || g_str_equal (kind, "thp"));
+  if (g_str_equal (thp, "never"))
+    g_assert_cmpstr (kind, ==, "small");
+
+  g_setenv ("STOWAGE_THP", "never", TRUE);
+  g_auto (StowRun) n = { 0 };
+  stow_run (&n, "hw", NULL);
+  g_auto (StowRun) nj = { 0 };
+  stow_run (&nj, "hw", "--json", "--huge-pages", "thp", NULL);
+  g_unsetenv ("STOWAGE_THP");
+  g_assert_cmpint (n.status, ==, 0);
+  g_assert_cmpstr (n.err, ==, "");
+  g_assert_nonnull (strstr (n.out, "Host pages: THP never;"));
+  g_assert_nonnull (strstr (n.out, "gets ordinary pages (small)"));
+  g_autoptr (JsonParser) pn = NULL;
+  JsonObject *hn = json_object_get_object_member (parse_object (nj.out, &pn),
+                                                  "host_pages");
+  g_assert_cmpstr (json_object_get_string_member (hn, "page_kind"), ==,
+                   "small");
+  g_assert_cmpint (json_object_get_int_member (hn, "huge_bytes"), ==, 0);
+  g_assert_nonnull (
+      strstr (json_object_get_string_member (hn, "note"), "never"));
+
+  g_auto (StowRun) t = { 0 };
+  stow_run (&t, "hw", "--json", "--huge-pages", "hugetlb", NULL);
+  g_assert_cmpint (t.status, ==, 0);
+  g_autoptr (JsonParser) pt = NULL;
+  JsonObject *ht
+      = json_object_get_object_member (parse_object (t.out, &pt), "host_pages");
+  if (json_object_get_int_member (ht, "hugetlb_free") < 2)
+    {
+      g_assert_cmpstr (json_object_get_string_member (ht, "page_kind"), !=,
+                       "hugetlb");
+      g_assert_nonnull (strstr (json_object_get_string_member (ht, "note"),
+                                "hugetlb: cannot map"));
+    }
+  const char *bad[] = { "hw", "--huge-pages", "giant", NULL };
+  stow_assert_usage_error (bad, "--huge-pages \"giant\": unknown kind");
+}
+
 int
 main (int argc, char **argv)
 {
@@ -339,6 +399,7 @@ main (int argc, char **argv)
     g_setenv ("HWLOC_PLUGINS_BLACKLIST", "hwloc_pci", TRUE);
   g_test_add_func ("/cli/hw/text", test_hw_text);
   g_test_add_func ("/cli/hw/json", test_hw_json);
+  g_test_add_func ("/cli/hw/host-pages", test_hw_host_pages);
   g_test_add_func ("/cli/hw/nvme-path", test_hw_nvme_path);
   g_test_add_func ("/cli/hw/injected", test_hw_injected);
   g_test_add_func ("/cli/hw/probe", test_hw_probe);

@@ -349,6 +349,49 @@ test_decoder_seq_head (void)
   g_assert_cmpfloat (dec.embedding_fwd_s, ==, full.embedding_fwd_s);
 }
 
+/* The pipelined NVMe optimizer step's bound (core/drives.h, issue 26): one
+ * drive whose reads and writes share a queue is busy for read + write;
+ * striped over several, the busiest drive's read + write; Adam overlaps. */
+static void
+test_nvme_bound_rule (void)
+{
+  StowDriveSeconds one[] = { { 2.0, 3.0 } };
+  guint b = 7;
+  g_assert_cmpfloat (stow_drives_io_s (one, 1, &b), ==, 5.0);
+  g_assert_cmpuint (b, ==, 0);
+  g_assert_cmpfloat (stow_drives_step_bound_s (one, 1, 4.0, NULL), ==, 5.0);
+  g_assert_cmpfloat (stow_drives_step_bound_s (one, 1, 6.0, NULL), ==, 6.0);
+  /* Not max (read, write, Adam) = 4: the sum bounds a shared queue. */
+  g_assert_cmpfloat (stow_drives_step_bound_s (one, 1, 1.0, NULL), ==, 5.0);
+  StowDriveSeconds three[] = { { 1.0, 1.0 }, { 2.0, 1.5 }, { 0.5, 3.0 } };
+  g_assert_cmpfloat (stow_drives_io_s (three, 3, &b), ==, 3.5);
+  g_assert_cmpuint (b, ==, 1);
+  g_assert_cmpfloat (stow_drives_step_bound_s (three, 3, 2.0, NULL), ==, 3.5);
+  g_assert_cmpfloat (stow_drives_step_bound_s (three, 3, 9.0, NULL), ==, 9.0);
+  g_assert_cmpfloat (stow_drives_step_bound_s (NULL, 0, 1.5, &b), ==, 1.5);
+
+  /* The time model: drives of 2 GB/s read, 1 GB/s write, each taking an
+   * even share of the state. */
+  StowNvme d[2]
+      = { { NULL, 1ull << 40, 2e9, 1e9 }, { NULL, 1ull << 40, 2e9, 1e9 } };
+  StowNode node = { 0 };
+  node.nvme = d, node.n_nvme = 1;
+  StowDriveSeconds out[2];
+  g_assert_cmpuint (stow_cost_nvme_drive_seconds (&node, 4e9, 4e9, out), ==, 1);
+  g_assert_cmpfloat_with_epsilon (out[0].read_s, 2.0, 1e-12);
+  g_assert_cmpfloat_with_epsilon (out[0].write_s, 4.0, 1e-12);
+  node.n_nvme = 2;
+  d[1].write_bw = 0.5e9;
+  g_assert_cmpuint (stow_cost_nvme_drive_seconds (&node, 4e9, 4e9, out), ==, 2);
+  g_assert_cmpfloat_with_epsilon (stow_drives_io_s (out, 2, &b), 1.0 + 4.0,
+                                  1e-12);
+  g_assert_cmpuint (b, ==, 1);
+  /* No drive listed: one at the 100 MB/s floor. */
+  node.n_nvme = 0;
+  g_assert_cmpuint (stow_cost_nvme_drive_seconds (&node, 1e8, 2e8, out), ==, 1);
+  g_assert_cmpfloat_with_epsilon (out[0].read_s + out[0].write_s, 3.0, 1e-12);
+}
+
 int
 main (int argc, char **argv)
 {
@@ -365,6 +408,7 @@ main (int argc, char **argv)
           = g_strdup_printf ("/cost/narayanan-table1/%s", narayanan[i].model);
       g_test_add_data_func (p, &narayanan[i], test_narayanan);
     }
+  g_test_add_func ("/cost/nvme-bound-rule", test_nvme_bound_rule);
   g_test_add_func ("/cost/flops-formula", test_flops_formula);
   g_test_add_func ("/cost/properties", test_properties);
   g_test_add_func ("/cost/gemm-efficiency", test_gemm_efficiency);

@@ -787,6 +787,68 @@ test_agrees_with_cost (void)
     }
 }
 
+/* The NVMe optimizer step priced by one rule (core/drives.h) in the time
+ * model and the simulator: a drive's reads and writes share its queue and
+ * the busiest of the striped drives sets the pace.  One drive of the eight
+ * made slower stretches both by the same factor, and they agree. */
+static double
+nvme_phase_ratio (StowCluster *c, const StowModel *m, double *predicted,
+                  double *simulated)
+{
+  g_autoptr (GError) error = NULL;
+  StowTraining t = training ();
+  StowLayout l;
+  stow_layout_init (&l);
+  l.dp = 8, l.zero = 3, l.grad_accum = 1;
+  l.offload_optimizer = STOW_OFFLOAD_NVME;
+  t.global_batch = 8;
+  StowCost cost;
+  g_assert_true (
+      stow_cost_estimate_checked (m, c, &t, &l, NULL, &cost, &error));
+  g_autoptr (StowProgram) p = lower (m, c, &t, &l, NULL, NULL, &error);
+  g_assert_no_error (error);
+  g_autoptr (StowTrace) tr = run (p, c, &t, NULL, &error);
+  g_assert_no_error (error);
+  /* Busy seconds are summed over the ranks: one rank's share. */
+  double io
+      = (tr->busy_s[STOW_STREAM_NVME_READ] + tr->busy_s[STOW_STREAM_NVME_WRITE])
+        / p->n_ranks;
+  *predicted = cost.total_s[STOW_COST_NVME];
+  *simulated = io;
+  return io / cost.total_s[STOW_COST_NVME];
+}
+
+static void
+test_nvme_bound_agrees (void)
+{
+  g_autoptr (GError) error = NULL;
+  g_autoptr (StowModel) m = stow_model_lookup ("llama-7b", &error);
+  g_autoptr (StowCluster) c
+      = stow_cluster_new_from_spec ("8xA100-80GB", &error);
+  g_assert_no_error (error);
+  if (c->node.n_nvme < 2)
+    {
+      g_test_skip ("the preset has fewer than two NVMe drives");
+      return;
+    }
+  double p0, s0, p1, s1;
+  double r0 = nvme_phase_ratio (c, m, &p0, &s0);
+  /* Drive 0 reads at half speed and writes at a third: it is the busiest,
+   * its share takes (2 / R + 3 / W) / (1 / R + 1 / W) as long. */
+  double R = c->node.nvme[0].read_bw, W = c->node.nvme[0].write_bw;
+  c->node.nvme[0].read_bw = R / 2, c->node.nvme[0].write_bw = W / 3;
+  double r1 = nvme_phase_ratio (c, m, &p1, &s1);
+  double stretch = (2 / R + 3 / W) / (1 / R + 1 / W);
+  g_test_message ("equal drives: predicted %.3f s, simulated %.3f s; one "
+                  "slow drive: %.3f s, %.3f s",
+                  p0, s0, p1, s1);
+  g_assert_cmpfloat_with_epsilon (p1 / p0, stretch, 1e-9 * stretch);
+  g_assert_cmpfloat_with_epsilon (s1 / s0, stretch, 1e-9 * stretch);
+  g_assert_cmpfloat_with_epsilon (r0, r1, 1e-9);
+  g_assert_cmpfloat (r0, >=, 0.9);
+  g_assert_cmpfloat (r0, <=, 1.1);
+}
+
 int
 main (int argc, char **argv)
 {
@@ -807,6 +869,7 @@ main (int argc, char **argv)
   g_test_add_func ("/sim/two-layer/layer-major", test_layer_major);
   g_test_add_func ("/sim/pipeline-bubble", test_pipeline_bubble);
   g_test_add_func ("/sim/nvme-swap-pipeline", test_nvme_swap_pipeline);
+  g_test_add_func ("/sim/nvme-bound-agrees", test_nvme_bound_agrees);
   g_test_add_func ("/sim/chrome-trace", test_chrome_trace);
   g_test_add_func ("/sim/agrees-with-cost", test_agrees_with_cost);
   int rc = g_test_run ();

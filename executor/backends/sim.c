@@ -99,14 +99,31 @@ collective_seconds (const StowCluster *c, const StowOp *op)
   return 0;
 }
 
+/* An NVMe read or write of @bytes by one rank.  The node's drives are
+ * shared by its GPUs' ranks, the data is striped evenly over them, and a
+ * rank's reads and writes share one queue (its nvme_read and nvme_write
+ * streams take turns on one clock, see advance()), so each is priced at the
+ * rates of the drive that bounds a read-and-write step: the busiest one,
+ * core/drives.h's rule, as the time model prices the NVMe optimizer step. */
+static double
+nvme_seconds (const StowNode *node, double bytes, gboolean write)
+{
+  if (node->n_nvme == 0)
+    return 0;
+  double per_gpu = MAX (node->gpus_per_node, 1);
+  StowDriveSeconds drives[node->n_nvme];
+  guint n = stow_cost_nvme_drive_seconds (node, bytes * per_gpu,
+                                          bytes * per_gpu, drives);
+  guint b = 0;
+  stow_drives_io_s (drives, n, &b);
+  return write ? drives[b].write_s : drives[b].read_s;
+}
+
 static double
 copy_seconds (const StowCluster *c, const StowOp *op)
 {
   const StowNode *node = &c->node;
   double per_gpu = MAX (node->gpus_per_node, 1);
-  double nvme_r = 0, nvme_w = 0;
-  for (guint i = 0; i < node->n_nvme; i++)
-    nvme_r += node->nvme[i].read_bw, nvme_w += node->nvme[i].write_bw;
   double bytes = (double)op->bytes;
   gboolean dev_src = op->src == STOW_TIER_DEVICE,
            dev_dst = op->dst == STOW_TIER_DEVICE;
@@ -119,11 +136,10 @@ copy_seconds (const StowCluster *c, const StowOp *op)
           = op->src == STOW_TIER_HOST || op->dst == STOW_TIER_HOST;
       return bytes / (node->gpu.pcie_bw * (pageable ? 0.5 : 1.0));
     }
-  /* The node's drives are shared by its GPUs' ranks. */
   if (op->src == STOW_TIER_NVME)
-    return nvme_r > 0 ? bytes / (nvme_r / per_gpu) : 0;
+    return nvme_seconds (node, bytes, FALSE);
   if (op->dst == STOW_TIER_NVME)
-    return nvme_w > 0 ? bytes / (nvme_w / per_gpu) : 0;
+    return nvme_seconds (node, bytes, TRUE);
   return 2.0 * bytes / (node->host_mem_bw / per_gpu);
 }
 
