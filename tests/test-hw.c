@@ -123,8 +123,9 @@ test_catalog_reference (void)
   g_assert_cmpfloat (t4->bf16_flops, ==, 0);
   g_assert_cmpfloat (t4->fp16_flops, ==, 65e12);
   g_assert_cmpuint (t4->pcie_gen, ==, 3);
-  /* Colab's OOM text: "14.75 GiB total capacity". */
-  g_assert_cmpfloat_with_epsilon ((double)t4->total_bytes / GiB, 14.75, 0.005);
+  /* The lower bound of the observed OOM texts: "14.56 GiB" on a GCP T4
+   * (Colab and Kaggle T4s read 14.74 GiB). */
+  g_assert_cmpfloat_with_epsilon ((double)t4->total_bytes / GiB, 14.56, 0.005);
   const StowGpu *r5 = gpu ("5090");
   g_assert_cmpfloat (r5->bf16_flops, ==, 209.5e12);
   g_assert_cmpfloat (r5->hbm_bw, ==, 1792e9);
