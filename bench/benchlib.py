@@ -5,8 +5,10 @@
 # bench/results/ whole or not at all.
 
 import datetime
+import json
 import os
 import socket
+import struct
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
@@ -30,3 +32,23 @@ def report(stem, host, now, lines, save=True):
         f.write(text)
     os.replace(out + ".tmp", out)
     print(f"wrote {out}")
+
+
+def read_safetensors(path, device="cpu"):
+    """The tensors of a safetensors file (F32 or BF16) as fp32 torch
+    tensors on @device, by name."""
+    import torch
+    with open(path, "rb") as f:
+        data = f.read()
+    (n,) = struct.unpack("<Q", data[:8])
+    header = json.loads(data[8:8 + n])
+    out = {}
+    for name, t in header.items():
+        if name == "__metadata__":
+            continue
+        a, b = t["data_offsets"]
+        buf = bytearray(data[8 + n + a:8 + n + b])
+        dt = torch.float32 if t["dtype"] == "F32" else torch.bfloat16
+        out[name] = torch.frombuffer(buf, dtype=dt).reshape(
+            t["shape"]).to(device=device, dtype=torch.float32)
+    return out

@@ -29,7 +29,7 @@ import time
 
 import torch
 
-from benchlib import report, stamp
+from benchlib import read_safetensors, report, stamp
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -38,22 +38,6 @@ spec = importlib.util.spec_from_file_location(
     "llama_layer", os.path.join(HERE, "llama-layer.py"))
 ll = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(ll)
-
-
-def read_safetensors(path):
-    import numpy as np
-    with open(path, "rb") as f:
-        data = f.read()
-    (n,) = struct.unpack("<Q", data[:8])
-    header = json.loads(data[8:8 + n])
-    out = {}
-    for name, t in header.items():
-        if name == "__metadata__":
-            continue
-        a, b = t["data_offsets"]
-        arr = np.frombuffer(data[8 + n + a:8 + n + b], dtype="<f4")
-        out[name] = torch.from_numpy(arr.copy()).reshape(t["shape"])
-    return out
 
 
 def torch_steps(a, model_dir, toks):

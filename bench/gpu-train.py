@@ -29,26 +29,11 @@ import time
 import torch
 import torch.nn.functional as F
 
+from benchlib import read_safetensors
+
 # Dense bf16 tensor-core peaks (FLOP/s) of the cards this may run on
 # (NVIDIA's datasheets; ../shared/reference hardware numbers).
 PEAKS = {"H100": 989e12, "H200": 989e12, "A100": 312e12}
-
-
-def read_safetensors(path, device):
-    with open(path, "rb") as f:
-        data = f.read()
-    (n,) = struct.unpack("<Q", data[:8])
-    header = json.loads(data[8:8 + n])
-    out = {}
-    for name, t in header.items():
-        if name == "__metadata__":
-            continue
-        a, b = t["data_offsets"]
-        buf = bytearray(data[8 + n + a:8 + n + b])
-        dt = torch.float32 if t["dtype"] == "F32" else torch.bfloat16
-        out[name] = torch.frombuffer(buf, dtype=dt).reshape(
-            t["shape"]).to(device=device, dtype=torch.float32)
-    return out
 
 
 def rms_norm(x, w, eps=1e-6):

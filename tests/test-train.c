@@ -22,35 +22,9 @@
 static void
 test_oracle (void)
 {
-  const char *pys[] = { g_getenv ("STOW_PYTHON"), "/usr/bin/python3",
-                        "python3" };
-  g_autofree char *script
-      = g_test_build_filename (G_TEST_DIST, "oracle", "train_oracle.py", NULL);
-  g_autoptr (GError) error = NULL;
-  g_autofree char *work = g_dir_make_tmp ("stow-oracle-XXXXXX", &error);
-  g_assert_no_error (error);
-  for (guint i = 0; i < G_N_ELEMENTS (pys); i++)
-    {
-      if (pys[i] == NULL)
-        continue;
-      const char *argv[] = { pys[i], script, "--stowage", g_getenv ("STOWAGE"),
-                             "--workdir", work, NULL };
-      g_autofree char *out = NULL, *err = NULL;
-      int status = 0;
-      if (!g_spawn_sync (NULL, (char **)argv, NULL, G_SPAWN_SEARCH_PATH, NULL,
-                         NULL, &out, &err, &status, NULL))
-        continue;
-      if (WIFEXITED (status) && WEXITSTATUS (status) == 77)
-        continue; /* this python has no torch */
-      g_test_message ("%s%s", out, err);
-      g_autofree char *cmd = g_strdup_printf ("rm -rf '%s'", work);
-      g_assert_cmpint (system (cmd), ==, 0);
-      g_assert_true (WIFEXITED (status));
-      g_assert_cmpint (WEXITSTATUS (status), ==, 0);
-      return;
-    }
-  g_rmdir (work);
-  g_test_skip ("python3 with torch not found (Debian: python3-torch)");
+  stow_train_oracle ("cpu",
+                     (const char *const[]){ "/usr/bin/python3", "python3",
+                                            NULL });
 }
 
 /* ---- determinism and resumption --------------------------------------------- */

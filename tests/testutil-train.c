@@ -7,6 +7,9 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
+
+#include <glib/gstdio.h>
 
 /* A small LLaMA (GQA, untied) and its vocabulary. */
 const char *const stow_train_small_config
@@ -109,3 +112,39 @@ same_file (const char *a_dir, const char *b_dir, const char *file)
   return na == nb && memcmp (a, b, na) == 0;
 }
 
+
+void
+stow_train_oracle (const char *backend, const char *const *pythons)
+{
+  g_autofree char *script
+      = g_test_build_filename (G_TEST_DIST, "oracle", "train_oracle.py", NULL);
+  g_autoptr (GError) error = NULL;
+  g_autofree char *work = g_dir_make_tmp ("stow-oracle-XXXXXX", &error);
+  g_assert_no_error (error);
+  g_autoptr (GPtrArray) pys = g_ptr_array_new ();
+  if (g_getenv ("STOW_PYTHON"))
+    g_ptr_array_add (pys, (char *)g_getenv ("STOW_PYTHON"));
+  for (guint i = 0; pythons[i]; i++)
+    g_ptr_array_add (pys, (char *)pythons[i]);
+  for (guint i = 0; i < pys->len; i++)
+    {
+      const char *argv[] = { g_ptr_array_index (pys, i), script, "--stowage",
+                             g_getenv ("STOWAGE"), "--workdir", work,
+                             "--backend", backend, NULL };
+      g_autofree char *out = NULL, *err = NULL;
+      int status = 0;
+      if (!g_spawn_sync (NULL, (char **)argv, NULL, G_SPAWN_SEARCH_PATH, NULL,
+                         NULL, &out, &err, &status, NULL))
+        continue;
+      if (WIFEXITED (status) && WEXITSTATUS (status) == 77)
+        continue; /* this python has no torch */
+      g_test_message ("%s%s", out, err);
+      g_autofree char *cmd = g_strdup_printf ("rm -rf '%s'", work);
+      g_assert_cmpint (system (cmd), ==, 0);
+      g_assert_true (WIFEXITED (status));
+      g_assert_cmpint (WEXITSTATUS (status), ==, 0);
+      return;
+    }
+  g_rmdir (work);
+  g_test_skip ("python3 with torch not found (Debian: python3-torch)");
+}

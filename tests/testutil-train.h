@@ -34,3 +34,7 @@ void train (StowRun *r, Fixture *f, const char *out, ...)
 char *contents (const char *dir, const char *file);
 /* Whether two runs' latest checkpoints hold the same bytes of @file. */
 gboolean same_file (const char *a_dir, const char *b_dir, const char *file);
+/* Runs tests/oracle/train_oracle.py with --backend @backend under the
+ * first python with torch (STOW_PYTHON, then @pythons in order) and
+ * asserts it passed; skips the test when none has torch. */
+void stow_train_oracle (const char *backend, const char *const *pythons);
