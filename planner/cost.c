@@ -731,9 +731,13 @@ stow_cost_estimate (const StowModel *m, const StowCluster *c,
   out->exposed_s[STOW_COST_DP]
       = dp_exposed + o->overlap_slowdown * (dp_total - dp_exposed);
 
-  /* The optimizer step.  Each GPU updates its shard (ZeRO >= 1). */
+  /* The optimizer step.  Each GPU updates its shard (ZeRO >= 1): the
+   * routed experts' only over their expert-data-parallel group, as the
+   * memory model holds them (planner/memory.c, sharded_params). */
   double shard_div = l->zero >= 1 ? (double)MAX (n_shard, 1) : 1.0;
-  double opt_params = (trainable + ex_trainable) / shard_div;
+  double ex_shard_div
+      = l->zero >= 1 ? (double)MAX (n_shard / MAX (l->ep, 1), 1) : 1.0;
+  double opt_params = trainable / shard_div + ex_trainable / ex_shard_div;
   /* Bytes per parameter of the fp32 master and the optimizer states, as
    * the memory model holds them. */
   double w_b, g_b, master, states;

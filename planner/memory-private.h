@@ -31,6 +31,8 @@ typedef struct
   guint64 first_layer; /* index of the stage's first layer */
   guint64 layers;      /* transformer layers on the stage */
   guint64 params;      /* all parameters on the GPU */
+  guint64 experts;     /* of which routed experts (ZeRO shards them over the
+                          expert-data-parallel group only) */
   guint64 linear;      /* of which in linear layers (QLoRA quantises these) */
   guint64 max_layer;   /* largest layer on the GPU (streaming slots) */
   guint64 max_unit;    /* largest of those, the embedding and output layer */
@@ -49,6 +51,16 @@ guint64 stow_mem_layer_params_on_gpu (const StowModel *m, const StowLayout *l,
                                       guint64 layer);
 /* Data-parallel ranks ZeRO shards over. */
 guint64 stow_mem_shard_degree (const StowLayout *l, const StowCluster *c);
+/* Of @params parameters (@experts of them routed experts, as in
+ * StowStageParams), the count one rank keeps of a state ZeRO shards @n
+ * ways (@n 1: all of them): the dense part over @n, the experts over their
+ * expert-data-parallel group, @n / ep ranks. */
+guint64 stow_mem_sharded_params (const StowLayout *l, guint64 params,
+                                 guint64 experts, guint64 n);
+/* Bytes one rank keeps of @linear frozen linear weights (@experts of them
+ * routed experts) at @wb bytes each under LoRA, sharded @wdiv ways. */
+guint64 stow_mem_frozen_linear_bytes (const StowLayout *l, guint64 linear,
+                                      guint64 experts, double wb, guint64 wdiv);
 /* Bytes per parameter: compute weights, gradients, fp32 master, optimizer
  * states (stowage engine, full fine-tuning). */
 /* The resident layers of @l given the totals @mt of the same layout with

@@ -781,18 +781,21 @@ padded_vocab (const StowModel *m, const StowLayout *l, const StowMemOptions *o)
 }
 
 /* Parameters of layer @i on one GPU: TP splits the linears, EP x TP the
- * routed experts; norms are replicated. */
+ * routed experts (expert tensor parallelism is tied to --tp: Megatron's
+ * default, --expert-tensor-parallel-size = --tensor-model-parallel-size);
+ * norms are replicated.  @experts_out: of which routed experts. */
 static guint64
 layer_on_gpu (const StowModel *m, const StowLayout *l, guint64 i, guint64 n_moe,
               guint64 expert_per_layer, guint64 norm_per_layer,
-              guint64 *norms_out)
+              guint64 *norms_out, guint64 *experts_out)
 {
   const StowLayerInfo *li = &m->layers[i];
   guint64 experts = li->is_moe && n_moe ? expert_per_layer : 0;
   guint64 norms = MIN (norm_per_layer, li->params - experts);
   guint64 shardable = li->params - experts - norms;
   *norms_out = norms;
-  return shardable / l->tp + norms + experts / ((guint64)l->ep * l->tp);
+  *experts_out = experts / ((guint64)l->ep * l->tp);
+  return shardable / l->tp + norms + *experts_out;
 }
 
 static guint64
@@ -808,11 +811,11 @@ guint64
 stow_mem_layer_params_on_gpu (const StowModel *m, const StowLayout *l,
                               guint64 layer)
 {
-  guint64 n_moe = count_moe_layers (m), norms;
+  guint64 n_moe = count_moe_layers (m), norms, experts;
   guint64 expert_per_layer = n_moe ? m->by_role[STOW_ROLE_EXPERT] / n_moe : 0;
   guint64 norm_per_layer = m->by_role[STOW_ROLE_NORM] / MAX (m->n_layers, 1);
   return layer_on_gpu (m, l, layer, n_moe, expert_per_layer, norm_per_layer,
-                       &norms);
+                       &norms, &experts);
 }
 
 /* @n_moe: count_moe_layers (m), counted once per estimate. */
@@ -831,7 +834,8 @@ stage_params (const StowModel *m, const StowTraining *t, const StowLayout *l,
   p.last = stage + 1 == l->pp;
   /* Layers repeat: the previous layer's split is reused when its count
    * and kind match (the divisions dominate the search's time). */
-  guint64 prev_params = G_MAXUINT64, on_gpu = 0, norms = 0, cross = 0;
+  guint64 prev_params = G_MAXUINT64, on_gpu = 0, norms = 0, experts = 0;
+  guint64 cross = 0;
   gboolean prev_moe = FALSE;
   for (guint64 i = first_layer; i < first_layer + n_layers; i++)
     {
@@ -840,10 +844,11 @@ stage_params (const StowModel *m, const StowTraining *t, const StowLayout *l,
       if (li->params != prev_params || li->is_moe != prev_moe)
         {
           on_gpu = layer_on_gpu (m, l, i, n_moe, expert_per_layer,
-                                 norm_per_layer, &norms);
+                                 norm_per_layer, &norms, &experts);
           prev_params = li->params, prev_moe = li->is_moe;
         }
       p.params += on_gpu;
+      p.experts += experts;
       p.linear += on_gpu - norms;
       p.max_layer = MAX (p.max_layer, on_gpu);
     }
@@ -906,6 +911,35 @@ shard_degree (const StowLayout *l, const StowCluster *c)
   return dp;
 }
 
+/* Ranks ZeRO shards the routed experts over when it shards the dense
+ * parameters over @n: the expert-data-parallel group.  EP is carved out of
+ * the dp x cp ranks (planner/layout.c), so each expert (its ep x tp slice)
+ * is held by only dp x cp / ep of them, and its parameters, gradients and
+ * optimizer states can be split only that many ways: Megatron-core's
+ * expert data parallel group (world / (etp x ep x pp), with etp = tp),
+ * DeepSpeed-MoE's expert_data_parallel_group (dp / ep_size),
+ * torchtitan's dp_shard_mod_ep mesh.  Under HSDP (@n, a node's share) the
+ * group is cut the same way; rounded down, never below 1. */
+static guint64
+expert_shard_degree (const StowLayout *l, guint64 n)
+{
+  return MAX (n / MAX (l->ep, 1), 1);
+}
+
+/* Of @params parameters (@experts of them routed experts), the count one
+ * rank keeps of a state that ZeRO shards @n ways: the dense part over @n,
+ * the experts over their expert-data-parallel group. */
+static guint64
+sharded_params (const StowLayout *l, guint64 params, guint64 experts, guint64 n)
+{
+  if (n <= 1)
+    return params;
+  if (experts == 0 || l->ep <= 1)
+    return (params + n - 1) / n;
+  guint64 ne = expert_shard_degree (l, n);
+  return (params - experts + n - 1) / n + (experts + ne - 1) / ne;
+}
+
 /* " / 16 ZeRO shards" or "", for formulas. */
 static const char *
 shards (GArray *terms, char *buf, gsize size, guint64 d)
@@ -920,6 +954,46 @@ static guint64
 div_ceil (guint64 a, guint64 b)
 {
   return (a + b - 1) / b;
+}
+
+/* How a dense model's formula names its shards: " / n ZeRO shards" when
+ * n > 1 (SHARDS_IF_SPLIT), always (SHARDS_ALWAYS), or " / n" (SHARDS_BARE). */
+typedef enum
+{
+  SHARDS_IF_SPLIT,
+  SHARDS_ALWAYS,
+  SHARDS_BARE,
+} ShardsStyle;
+
+/* For formulas: "N params / n ZeRO shards", and for a mixture of experts
+ * both parts, "(D dense params / n ZeRO shards + E expert params / ne
+ * expert-DP shards)" (@n 1: unsharded). */
+static const char *
+params_desc (GArray *terms, char *buf, gsize size, const StowLayout *l,
+             guint64 params, guint64 experts, guint64 n, ShardsStyle style)
+{
+  char sbuf[48];
+  if (is_sink (terms))
+    return ""; /* a sink keeps no formula */
+  if (experts == 0 && style == SHARDS_IF_SPLIT)
+    g_snprintf (buf, size, "%" G_GUINT64_FORMAT " params%s", params,
+                shards (terms, sbuf, sizeof sbuf, n));
+  else if (experts == 0)
+    g_snprintf (buf, size,
+                "%" G_GUINT64_FORMAT " params / %" G_GUINT64_FORMAT "%s",
+                params, n, style == SHARDS_ALWAYS ? " ZeRO shards" : "");
+  else if (n <= 1)
+    g_snprintf (buf, size,
+                "%" G_GUINT64_FORMAT " params (%" G_GUINT64_FORMAT
+                " dense + %" G_GUINT64_FORMAT " expert)",
+                params, params - experts, experts);
+  else
+    g_snprintf (buf, size,
+                "(%" G_GUINT64_FORMAT " dense params%s + %" G_GUINT64_FORMAT
+                " expert params / %" G_GUINT64_FORMAT " expert-DP shards)",
+                params - experts, shards (terms, sbuf, sizeof sbuf, n), experts,
+                expert_shard_degree (l, n));
+  return buf;
 }
 
 typedef struct
@@ -950,6 +1024,9 @@ model_states (Model *ms, const StageParams *p, GArray *dev,
   Bpp b = full_bpp (ms->m, t);
   guint64 n = ms->n;
   guint64 N = p->params, T = p->trainable;
+  /* Routed experts are sharded over their expert-data-parallel group
+   * (sharded_params); a dense model has none. */
+  guint64 E = p->experts;
   gboolean lora = t->finetune != STOW_FINETUNE_FULL;
   guint z = l->zero;
   guint64 wdiv = z >= 3 ? n : 1, gdiv = z >= 2 ? n : 1, odiv = z >= 1 ? n : 1;
@@ -957,7 +1034,7 @@ model_states (Model *ms, const StageParams *p, GArray *dev,
   gboolean off_par = l->offload_params != STOW_OFFLOAD_NONE;
   GArray *host = charge_host ? ms->host : NULL;
   GArray *nvme = charge_host ? ms->nvme : NULL;
-  char sbuf[48];
+  char sbuf[48], pbuf[160];
 
   /* DeepSpeed steps an offloaded optimizer with its CPU optimizer
    * (accelerate swaps torch's AdamW for DeepSpeedCPUAdam), which pins two
@@ -981,11 +1058,17 @@ model_states (Model *ms, const StageParams *p, GArray *dev,
       StowTier otier = off_opt ? STOW_TIER_HOST : STOW_TIER_DEVICE;
       double wb = stow_mem_frozen_weight_bytes (ms->m, t, b.w);
       guint64 linear = p->linear;
-      if (wdev)
+      guint64 frozen = stow_mem_frozen_linear_bytes (l, linear, E, wb, wdiv);
+      if (wdev && E == 0)
         stow_mem_add (wdev, off_par ? "offloaded parameters" : "parameters",
-                      stow_bytes (linear, wb) / wdiv, wtier,
+                      frozen, wtier,
                       "%.4g B x %" G_GUINT64_FORMAT " frozen linear params%s",
                       wb, linear, shards (dev, sbuf, sizeof sbuf, wdiv));
+      else if (wdev)
+        stow_mem_add (wdev, off_par ? "offloaded parameters" : "parameters",
+                      frozen, wtier, "%.4g B x %s, frozen linear", wb,
+                      params_desc (dev, pbuf, sizeof pbuf, l, linear, E, wdiv,
+                                   SHARDS_IF_SPLIT));
       /* Embeddings and norms stay in the model's dtype; QLoRA's in bf16,
        * its compute dtype. */
       double nb = stow_mem_frozen_other_bytes (ms->m, t, b.w);
@@ -1048,22 +1131,22 @@ model_states (Model *ms, const StageParams *p, GArray *dev,
    * the working set they are gathered into is the engine's buffer. */
   if (off_par)
     {
-      guint64 shard = stow_bytes (div_ceil (N, n), b.w);
+      guint64 shard = stow_bytes (sharded_params (l, N, E, n), b.w);
       if (l->offload_params == STOW_OFFLOAD_CPU)
         {
           if (host)
             stow_mem_add (host, "offloaded parameters", shard, STOW_TIER_PINNED,
-                          "%.4g B x %" G_GUINT64_FORMAT
-                          " params / %" G_GUINT64_FORMAT " ZeRO shards",
-                          b.w, N, n);
+                          "%.4g B x %s", b.w,
+                          params_desc (host, pbuf, sizeof pbuf, l, N, E, n,
+                                       SHARDS_ALWAYS));
         }
       else
         {
           if (nvme)
             stow_mem_add (nvme, "offloaded parameters", shard, STOW_TIER_NVME,
-                          "%.4g B x %" G_GUINT64_FORMAT
-                          " params / %" G_GUINT64_FORMAT " ZeRO shards",
-                          b.w, N, n);
+                          "%.4g B x %s", b.w,
+                          params_desc (nvme, pbuf, sizeof pbuf, l, N, E, n,
+                                       SHARDS_ALWAYS));
           /* stowage's ranks each read their own shard of a unit (then
            * all-gather it on the GPUs), so a staging buffer holds 1/n of
            * the largest unit (found by the simulator). */
@@ -1079,9 +1162,10 @@ model_states (Model *ms, const StageParams *p, GArray *dev,
         }
     }
   else
-    stow_mem_add (dev, "parameters", stow_bytes (div_ceil (N, wdiv), b.w),
-                  STOW_TIER_DEVICE, "%.4g B x %" G_GUINT64_FORMAT " params%s",
-                  b.w, N, shards (dev, sbuf, sizeof sbuf, wdiv));
+    stow_mem_add (
+        dev, "parameters", stow_bytes (sharded_params (l, N, E, wdiv), b.w),
+        STOW_TIER_DEVICE, "%.4g B x %s", b.w,
+        params_desc (dev, pbuf, sizeof pbuf, l, N, E, wdiv, SHARDS_IF_SPLIT));
 
   /* Gradients on the device.  A layer's full gradients exist before they
    * are reduce-scattered (ZeRO >= 2) or copied to the host (offload): two
@@ -1105,10 +1189,11 @@ model_states (Model *ms, const StageParams *p, GArray *dev,
        * gradient shard stays on the device for the step (found by the
        * simulator: nothing else held it). */
       if (!off_opt)
-        stow_mem_add (dev, "gradients", stow_bytes (div_ceil (N, gdiv), b.g),
-                      STOW_TIER_DEVICE,
-                      "%.4g B x %" G_GUINT64_FORMAT " params%s", b.g, N,
-                      shards (dev, sbuf, sizeof sbuf, gdiv));
+        stow_mem_add (dev, "gradients",
+                      stow_bytes (sharded_params (l, N, E, gdiv), b.g),
+                      STOW_TIER_DEVICE, "%.4g B x %s", b.g,
+                      params_desc (dev, pbuf, sizeof pbuf, l, N, E, gdiv,
+                                   SHARDS_IF_SPLIT));
     }
   else if (t->optimizer_in_backward)
     {
@@ -1122,9 +1207,10 @@ model_states (Model *ms, const StageParams *p, GArray *dev,
     }
   else
     {
-      stow_mem_add (dev, "gradients", stow_bytes (div_ceil (N, gdiv), b.g),
-                    STOW_TIER_DEVICE, "%.4g B x %" G_GUINT64_FORMAT " params%s",
-                    b.g, N, shards (dev, sbuf, sizeof sbuf, gdiv));
+      stow_mem_add (
+          dev, "gradients", stow_bytes (sharded_params (l, N, E, gdiv), b.g),
+          STOW_TIER_DEVICE, "%.4g B x %s", b.g,
+          params_desc (dev, pbuf, sizeof pbuf, l, N, E, gdiv, SHARDS_IF_SPLIT));
       if (gdiv > 1 && !bucketed)
         stow_mem_add (dev, "gradient slots", slots, STOW_TIER_DEVICE,
                       "%" G_GUINT64_FORMAT
@@ -1134,28 +1220,28 @@ model_states (Model *ms, const StageParams *p, GArray *dev,
     }
   if (l->engine == STOW_ENGINE_DEEPSPEED && t->precision != STOW_PRECISION_FP32
       && !off_opt)
-    stow_mem_add (dev, "fp32 gradient partition", div_ceil (N, odiv) * 4,
-                  STOW_TIER_DEVICE,
-                  "4 B x %" G_GUINT64_FORMAT " params / %" G_GUINT64_FORMAT
-                  " (DeepSpeed upcasts gradients before the step)",
-                  N, odiv);
+    stow_mem_add (
+        dev, "fp32 gradient partition", sharded_params (l, N, E, odiv) * 4,
+        STOW_TIER_DEVICE,
+        "4 B x %s (DeepSpeed upcasts gradients before the step)",
+        params_desc (dev, pbuf, sizeof pbuf, l, N, E, odiv, SHARDS_BARE));
 
   /* Master weights and optimizer states. */
   if (!off_opt)
     {
-      stow_mem_add (dev, "master weights",
-                    stow_bytes (div_ceil (N, odiv), b.master), STOW_TIER_DEVICE,
-                    "4 B x %" G_GUINT64_FORMAT " params%s", N,
-                    shards (dev, sbuf, sizeof sbuf, odiv));
-      stow_mem_add (dev, "optimizer states",
-                    stow_bytes (div_ceil (N, odiv), b.opt), STOW_TIER_DEVICE,
-                    "%.4g B x %" G_GUINT64_FORMAT " params%s (%s)", b.opt, N,
-                    shards (dev, sbuf, sizeof sbuf, odiv),
+      guint64 sharded = sharded_params (l, N, E, odiv);
+      params_desc (dev, pbuf, sizeof pbuf, l, N, E, odiv, SHARDS_IF_SPLIT);
+      stow_mem_add (dev, "master weights", stow_bytes (sharded, b.master),
+                    STOW_TIER_DEVICE, "4 B x %s", pbuf);
+      stow_mem_add (dev, "optimizer states", stow_bytes (sharded, b.opt),
+                    STOW_TIER_DEVICE, "%.4g B x %s (%s)", b.opt, pbuf,
                     stow_optimizer_name (t->optimizer));
     }
   else
     {
-      guint64 shard = div_ceil (N, n);
+      guint64 shard = sharded_params (l, N, E, n);
+      params_desc (host ? host : dev, pbuf, sizeof pbuf, l, N, E, n,
+                   SHARDS_ALWAYS);
       /* The CPU optimizer reads the gradients from host memory: bf16 for
        * stowage's CPU Adam, fp32 for DeepSpeed's. */
       double gb = l->engine == STOW_ENGINE_DEEPSPEED ? 4.0 : b.g;
@@ -1163,26 +1249,22 @@ model_states (Model *ms, const StageParams *p, GArray *dev,
                                                          : STOW_TIER_PINNED;
       if (host)
         stow_mem_add (host, "offloaded gradients", stow_bytes (shard, gb), tier,
-                      "%.4g B x %" G_GUINT64_FORMAT
-                      " params / %" G_GUINT64_FORMAT " ZeRO shards",
-                      gb, N, n);
+                      "%.4g B x %s", gb, pbuf);
       if (l->offload_optimizer == STOW_OFFLOAD_CPU)
         {
           if (host)
             stow_mem_add (host, "master weights and optimizer states",
                           stow_bytes (shard, b.master + b.opt), tier,
-                          "%.4g B x %" G_GUINT64_FORMAT
-                          " params / %" G_GUINT64_FORMAT " ZeRO shards",
-                          b.master + b.opt, N, n);
+                          "%.4g B x %s", b.master + b.opt, pbuf);
         }
       else
         {
           if (nvme)
             stow_mem_add (nvme, "master weights and optimizer states",
                           stow_bytes (shard, b.master + b.opt), STOW_TIER_NVME,
-                          "%.4g B x %" G_GUINT64_FORMAT
-                          " params / %" G_GUINT64_FORMAT " ZeRO shards",
-                          b.master + b.opt, N, n);
+                          "%.4g B x %s", b.master + b.opt,
+                          params_desc (nvme, pbuf, sizeof pbuf, l, N, E, n,
+                                       SHARDS_ALWAYS));
           /* Three swap buffers: read i+1, update i, write i-1. */
           guint64 sp = MIN (shard, ms->o->swap_shard_params);
           if (l->engine == STOW_ENGINE_DEEPSPEED)
@@ -1807,6 +1889,7 @@ estimate_stowage_totals (const StowModel *m, const StowCluster *c,
       StageParams p = sp[s];
       gboolean repeat = s > 0 && s + 1 < l->pp && s != worst_stage
                         && counts[s] == counts[s - 1] && p.params == prev.params
+                        && p.experts == prev.experts
                         && p.max_layer == prev.max_layer
                         && p.linear == prev.linear;
       prev = p;
@@ -1944,6 +2027,24 @@ guint64
 stow_mem_shard_degree (const StowLayout *l, const StowCluster *c)
 {
   return shard_degree (l, c);
+}
+
+guint64
+stow_mem_sharded_params (const StowLayout *l, guint64 params, guint64 experts,
+                         guint64 n)
+{
+  return sharded_params (l, params, experts, n);
+}
+
+guint64
+stow_mem_frozen_linear_bytes (const StowLayout *l, guint64 linear,
+                              guint64 experts, double wb, guint64 wdiv)
+{
+  guint64 ediv = wdiv > 1 ? expert_shard_degree (l, wdiv) : 1;
+  if (l->ep <= 1)
+    ediv = wdiv;
+  return stow_bytes (linear - experts, wb) / wdiv
+         + stow_bytes (experts, wb) / ediv;
 }
 
 void

@@ -886,6 +886,15 @@ t_full (const Lower *L)
 /* ---- one stage ------------------------------------------------------------
  */
 
+/* What @R keeps of a state of @N parameters ZeRO shards @d ways, as
+ * memory.c counts it: routed experts over their expert-data-parallel
+ * group only. */
+static guint64
+rank_shard (const Rank *R, const StowLayout *l, guint64 N, guint64 d)
+{
+  return stow_mem_sharded_params (l, N, R->sp.experts, d);
+}
+
 static void
 lower_rank (Lower *L, Rank *R)
 {
@@ -903,6 +912,7 @@ lower_rank (Lower *L, Rank *R)
         N += g_array_index (R->units, Unit, i).params;
     }
   guint64 odiv = l->zero >= 1 ? n : 1, gdiv = l->zero >= 2 ? n : 1;
+  guint64 E = R->sp.experts;
   guint m = (guint)l->grad_accum;
   StowOp op;
 
@@ -918,8 +928,9 @@ lower_rank (Lower *L, Rank *R)
        * fp32 adapters, their gradients and optimizer states. */
       guint64 wdiv = l->zero >= 3 ? n : 1, T = R->sp.trainable;
       R->params_buf = stow_program_buffer (
-          p, rank, STOW_TIER_DEVICE, stow_bytes (R->sp.linear, L->wb) / wdiv,
-          -1, TRUE, "frozen parameters");
+          p, rank, STOW_TIER_DEVICE,
+          stow_mem_frozen_linear_bytes (l, R->sp.linear, E, L->wb, wdiv), -1,
+          TRUE, "frozen parameters");
       stow_program_buffer (p, rank, STOW_TIER_DEVICE,
                            stow_bytes (N - R->sp.linear, 2.0) / wdiv, -1, TRUE,
                            "frozen parameters (non-linear)");
@@ -938,18 +949,18 @@ lower_rank (Lower *L, Rank *R)
     }
   else if (L->off_par)
     holds (L,
-           stow_program_buffer (
-               p, rank, L->nvme_par ? STOW_TIER_NVME : STOW_TIER_PINNED,
-               stow_bytes (div_ceil (N, n), L->w), -1, TRUE,
-               "offloaded parameters"),
+           stow_program_buffer (p, rank,
+                                L->nvme_par ? STOW_TIER_NVME : STOW_TIER_PINNED,
+                                stow_bytes (rank_shard (R, l, N, n), L->w), -1,
+                                TRUE, "offloaded parameters"),
            STOW_BUF_WEIGHTS, ufirst, ucount, L->wdt, STOW_LAYER_NONE, 0);
   else
     R->params_buf = holds (
         L,
         stow_program_buffer (
             p, rank, STOW_TIER_DEVICE,
-            stow_bytes (div_ceil (N, l->zero >= 3 ? n : 1), L->w), -1, TRUE,
-            l->zero >= 3 ? "parameter shard" : "parameters"),
+            stow_bytes (rank_shard (R, l, N, l->zero >= 3 ? n : 1), L->w), -1,
+            TRUE, l->zero >= 3 ? "parameter shard" : "parameters"),
         STOW_BUF_WEIGHTS, ufirst, ucount, L->wdt, STOW_LAYER_NONE, 0);
   if (L->lora)
     ;
@@ -958,35 +969,37 @@ lower_rank (Lower *L, Rank *R)
       R->grads_buf = holds (
           L,
           stow_program_buffer (p, rank, STOW_TIER_DEVICE,
-                               stow_bytes (div_ceil (N, gdiv), L->g), -1, TRUE,
-                               "gradients"),
+                               stow_bytes (rank_shard (R, l, N, gdiv), L->g),
+                               -1, TRUE, "gradients"),
           STOW_BUF_GRADS, ufirst, ucount, L->gdt, STOW_LAYER_NONE, 0);
       holds (L,
-             stow_program_buffer (p, rank, STOW_TIER_DEVICE,
-                                  stow_bytes (div_ceil (N, odiv), L->master),
-                                  -1, TRUE, "master weights"),
+             stow_program_buffer (
+                 p, rank, STOW_TIER_DEVICE,
+                 stow_bytes (rank_shard (R, l, N, odiv), L->master), -1, TRUE,
+                 "master weights"),
              STOW_BUF_MASTER, ufirst, ucount, STOW_DTYPE_F32, STOW_LAYER_NONE,
              0);
-      holds (L,
-             stow_program_buffer (p, rank, STOW_TIER_DEVICE,
-                                  stow_bytes (div_ceil (N, odiv), L->opt), -1,
-                                  TRUE, "optimizer states"),
-             STOW_BUF_OPT_STATES, ufirst, ucount, STOW_DTYPE_F32,
-             STOW_LAYER_NONE, 0);
+      holds (
+          L,
+          stow_program_buffer (p, rank, STOW_TIER_DEVICE,
+                               stow_bytes (rank_shard (R, l, N, odiv), L->opt),
+                               -1, TRUE, "optimizer states"),
+          STOW_BUF_OPT_STATES, ufirst, ucount, STOW_DTYPE_F32, STOW_LAYER_NONE,
+          0);
     }
   else
     {
       R->host_grads_buf = holds (
           L,
           stow_program_buffer (p, rank, STOW_TIER_PINNED,
-                               stow_bytes (div_ceil (N, n), L->g), -1, TRUE,
-                               "offloaded gradients"),
+                               stow_bytes (rank_shard (R, l, N, n), L->g), -1,
+                               TRUE, "offloaded gradients"),
           STOW_BUF_GRADS, ufirst, ucount, L->gdt, STOW_LAYER_NONE, 0);
       holds (L,
              stow_program_buffer (
                  p, rank, L->nvme_opt ? STOW_TIER_NVME : STOW_TIER_PINNED,
-                 stow_bytes (div_ceil (N, n), L->master + L->opt), -1, TRUE,
-                 "master weights and optimizer states"),
+                 stow_bytes (rank_shard (R, l, N, n), L->master + L->opt), -1,
+                 TRUE, "master weights and optimizer states"),
              STOW_BUF_STATES, ufirst, ucount, STOW_DTYPE_F32, STOW_LAYER_NONE,
              0);
     }

@@ -1279,6 +1279,138 @@ static const char *const activation_terms[] = {
   NULL,
 };
 
+/* ---- mixture of experts: ZeRO over the expert-data-parallel group ------ */
+
+/* Mixtral 8x7B (Mistral AI, "Mixtral of experts", 2023: 46.7B parameters,
+ * 12.9B active per token).  Each expert is a SwiGLU MLP of 3 h f
+ * parameters, h 4096 and f 14336: 176,160,768 per expert per layer, so
+ * the routed experts are 32 layers x 8 experts x 176,160,768
+ * = 45,097,156,608 and the rest (attention 32 x 41,943,040, embedding and
+ * head 2 x 32000 x 4096, routers 32 x 8 x 4096, norms 65 x 4096) is
+ * 1,605,636,096.  Check: 1,605,636,096 + 2 of the 8 experts
+ * (11,274,289,152) = 12,879,925,248, the published 12.9B active.
+ *
+ * EP carves the 8 data-parallel ranks into groups of ep: a GPU holds
+ * 8 / ep of the experts, 45,097,156,608 / ep parameters, and each expert
+ * is held by only 8 / ep ranks, its expert-data-parallel group.  ZeRO
+ * shards the dense 1,605,636,096 over all 8 ranks but the experts only over
+ * those 8 / ep (Megatron-core: the expert data parallel group, world /
+ * (etp x ep x pp); the Megatron Bridge MoE guide's table: EP divides the
+ * MoE weights and their optimizer states, DP only the optimizer states
+ * under the distributed optimizer; DeepSpeed-MoE: the
+ * expert_data_parallel_group of deepspeed/utils/groups.py).  At ep 8 the
+ * group is one GPU: ZeRO cannot shard the 5,637,144,576 expert parameters
+ * a GPU holds, and Adam's 12 B of each stay whole, 63 GiB per GPU. */
+static void
+test_moe_expert_data_parallel (void)
+{
+  g_autoptr (StowModel) m = stow_test_model ("mixtral-8x7b");
+  g_autoptr (StowCluster) c = stow_test_cluster ("8xH100-SXM");
+  const guint64 expert = 45097156608ull, dense = 1605636096ull;
+  g_assert_cmpuint (m->params, ==, expert + dense);
+  g_assert_cmpuint (m->by_role[STOW_ROLE_EXPERT], ==, expert);
+
+  static const guint eps[] = { 1, 2, 8 };
+  for (guint z = 1; z <= 3; z++)
+    for (gsize i = 0; i < G_N_ELEMENTS (eps); i++)
+      {
+        StowTraining t;
+        StowLayout l;
+        StowMemOptions o;
+        stow_test_defaults (&t, &l, &o);
+        l.dp = 8, l.ep = eps[i], l.zero = z;
+        g_autoptr (StowMemory) mem = estimate (m, c, &t, &l, &o);
+        GArray *terms = mem->stages[0].terms;
+        guint64 held = dense + expert / l.ep; /* on one GPU */
+        guint64 edp = 8 / l.ep;               /* expert-data-parallel */
+        guint64 shard = dense / 8 + expert / l.ep / edp;
+        g_test_message ("ZeRO %u, ep %u: %" G_GUINT64_FORMAT
+                        " params held, %" G_GUINT64_FORMAT " per shard",
+                        z, l.ep, held, shard);
+        /* bf16 weights and gradients, fp32 master, Adam's two fp32
+         * moments (stowage's engine). */
+        g_assert_cmpuint (mem->stages[0].params, ==, held);
+        g_assert_cmpuint (term_bytes (terms, "parameters"), ==,
+                          2 * (z >= 3 ? shard : held));
+        g_assert_cmpuint (term_bytes (terms, "gradients"), ==,
+                          2 * (z >= 2 ? shard : held));
+        g_assert_cmpuint (term_bytes (terms, "master weights"), ==, 4 * shard);
+        g_assert_cmpuint (term_bytes (terms, "optimizer states"), ==,
+                          8 * shard);
+      }
+
+  /* The issue's case: ZeRO 2, ep 8.  The experts' gradients, master
+   * weights and states are whole: (2 + 4 + 8) B x 5,637,144,576 = 73.5 GiB
+   * of them alone, more than an H100 holds beside the rest. */
+  StowTraining t;
+  StowLayout l;
+  StowMemOptions o;
+  stow_test_defaults (&t, &l, &o);
+  l.dp = 8, l.ep = 8, l.zero = 2;
+  g_autoptr (StowMemory) mem = estimate (m, c, &t, &l, &o);
+  g_assert_cmpuint (sum_named (mem->stages[0].terms, model_state_terms), >=,
+                    14 * (expert / 8) + 2 * dense + 14 * (dense / 8));
+  g_assert_false (mem->fits_device);
+
+  /* Every multi-GPU engine shards the optimizer states the same way
+   * (plain PyTorch runs on one GPU). */
+  static const StowEngine engines[] = {
+    STOW_ENGINE_STOWAGE,
+    STOW_ENGINE_DEEPSPEED,
+    STOW_ENGINE_MEGATRON,
+    STOW_ENGINE_FSDP,
+  };
+  for (gsize e = 0; e < G_N_ELEMENTS (engines); e++)
+    {
+      l.engine = engines[e];
+      /* Megatron's distributed optimizer is its ZeRO 1. */
+      l.zero = l.engine == STOW_ENGINE_MEGATRON ? 1 : 2;
+      g_autoptr (StowMemory) me = estimate (m, c, &t, &l, &o);
+      g_assert_cmpuint (term_bytes (me->stages[0].terms, "optimizer states"),
+                        ==, 8 * (dense / 8 + expert / 8));
+    }
+}
+
+/* DeepSeek-V3 (DeepSeek-AI 2024, arXiv 2412.19437: 671B parameters, 37B
+ * active): 58 MoE layers of 256 routed experts of 3 x 7168 x 2048
+ * = 653,908,770,816 routed-expert parameters, the rest (MLA attention,
+ * the shared expert, three dense layers, embedding and head) 17.1B.  On
+ * 256 GPUs with ep 64 a GPU holds 1/64 of the experts and each expert is
+ * held by 4 GPUs: under ZeRO 1 and 2, weights alone are at least
+ * 2 B x (expert / 64 + dense); under ZeRO 3 the model states at least
+ * 16 B x (expert / 64 / 4 + dense / 256), 38 GiB, where stowage used to
+ * show 1.29 GiB. */
+static void
+test_moe_deepseek_v3_bound (void)
+{
+  g_autoptr (StowModel) m = stow_test_model ("deepseek-v3");
+  g_autoptr (StowCluster) c = stow_test_cluster ("256xH100-SXM");
+  const guint64 expert = 58ull * 256 * 3 * 7168 * 2048;
+  g_assert_cmpuint (m->by_role[STOW_ROLE_EXPERT], ==, expert);
+  const guint64 dense = m->params - expert;
+  g_assert_cmpuint (dense, >, 17000000000ull);
+  g_assert_cmpuint (dense, <, 17200000000ull);
+  for (guint z = 1; z <= 3; z++)
+    {
+      StowTraining t;
+      StowLayout l;
+      StowMemOptions o;
+      stow_test_defaults (&t, &l, &o);
+      l.dp = 256, l.ep = 64, l.zero = z;
+      l.offload_optimizer = STOW_OFFLOAD_NONE;
+      g_autoptr (StowMemory) mem = estimate (m, c, &t, &l, &o);
+      guint64 states = sum_named (mem->stages[0].terms, model_state_terms);
+      guint64 floor = 16 * (expert / 64 / 4 + dense / 256);
+      if (z < 3)
+        floor
+            += 2 * (expert / 64 + dense) - 2 * (expert / 64 / 4 + dense / 256);
+      g_test_message ("ZeRO %u: model states %.2f GiB, at least %.2f", z,
+                      states / GiB, floor / GiB);
+      g_assert_cmpuint (states, >=, floor);
+      g_assert_cmpfloat (states / GiB, >, 38.0);
+    }
+}
+
 static void
 test_properties (void)
 {
@@ -1487,6 +1619,9 @@ main (int argc, char **argv)
                    test_calibration_bigcode_gpt);
   g_test_add_func ("/memory/calibration/seed-t5-3b", test_seed_t5_3b_labels);
   g_test_add_func ("/memory/lora-adapters", test_lora_adapters);
+  g_test_add_func ("/memory/moe/expert-data-parallel",
+                   test_moe_expert_data_parallel);
+  g_test_add_func ("/memory/moe/deepseek-v3", test_moe_deepseek_v3_bound);
   g_test_add_func ("/memory/properties", test_properties);
   g_test_add_func ("/memory/no-overflow", test_no_overflow);
   g_test_add_func ("/memory/validation", test_validation_errors);
