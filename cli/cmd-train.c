@@ -26,7 +26,8 @@ typedef struct
   char *model, *data, *plan, *steps, *seq, *micro_batch, *global_batch,
       *precision, *lr, *min_lr, *warmup, *lr_schedule, *weight_decay, *beta1,
       *beta2, *eps, *max_grad_norm, *seed, *out, *save_every, *log_json,
-      *trace, *backend, *device_memory, *tokenizer, *threads, *recompute;
+      *trace, *backend, *device_memory, *tokenizer, *threads, *recompute,
+      *offload_optimizer;
   gboolean resume, shuffle;
 } TrainOptions;
 
@@ -179,6 +180,21 @@ resolve (TrainOptions *o, StowTrainConfig *c, GError **error)
         return FALSE;
       c->pins |= STOW_PIN_RECOMPUTE;
     }
+  if (o->offload_optimizer)
+    {
+      /* train.c pins the placement: the search keeps the one given. */
+      if (!stow_offload_parse (o->offload_optimizer, "--offload-optimizer",
+                               &c->layout.offload_optimizer, error))
+        return FALSE;
+      if (c->layout.offload_optimizer == STOW_OFFLOAD_NVME)
+        {
+          g_set_error_literal (error, STOW_TRAIN_ERROR,
+                               STOW_TRAIN_ERROR_INVALID,
+                               "--offload-optimizer nvme: stowage train "
+                               "runs none and cpu so far");
+          return FALSE;
+        }
+    }
   if (c->optim.min_lr > c->optim.lr)
     {
       g_set_error (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
@@ -283,6 +299,10 @@ stow_cmd_train (int argc, char **argv)
       "Run the layout of a plan file (stowage fit --emit plan)", "FILE" },
     { "recompute", 0, 0, G_OPTION_ARG_STRING, &o.recompute,
       "none, full or full:K (default: what fits fastest)", "MODE" },
+    { "offload-optimizer", 0, 0, G_OPTION_ARG_STRING, &o.offload_optimizer,
+      "none (default) or cpu: fp32 master weights, Adam states and a copy "
+      "of the gradients in host memory, CPU Adam (ZeRO-Offload)",
+      "WHERE" },
     { "steps", 0, 0, G_OPTION_ARG_STRING, &o.steps, "Optimizer steps", "N" },
     { "seq", 0, 0, G_OPTION_ARG_STRING, &o.seq,
       "Sequence length in tokens (default 256)", "T" },
@@ -346,7 +366,8 @@ stow_cmd_train (int argc, char **argv)
                        &o.eps,        &o.max_grad_norm, &o.seed,
                        &o.out,        &o.save_every,    &o.log_json,
                        &o.trace,      &o.backend,       &o.device_memory,
-                       &o.tokenizer,  &o.threads,       &o.recompute };
+                       &o.tokenizer,  &o.threads,       &o.recompute,
+                       &o.offload_optimizer };
   for (gsize i = 0; i < G_N_ELEMENTS (strings); i++)
     g_free (*strings[i]);
   return status;

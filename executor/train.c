@@ -155,7 +155,7 @@ static const TrainOps cpu_ops = {
   stow_backend_cpu_master,
   stow_backend_cpu_moment,
   NULL,
-  NULL,
+  stow_backend_cpu_push,
 };
 
 #if STOW_HAVE_CUDA

@@ -77,6 +77,10 @@ struct _CpuBackend
   double loss_sum; /* sum of token losses, scaled at the end */
   double grad_norm, clip_coef, lr;
   gboolean skip;
+  /* An offloaded optimizer: [unit] the host gradients hold this step's
+   * micro-batches so far (under lock); the host copy of the weights. */
+  gboolean *host_grads_held;
+  guint8 *host_weights;
 };
 
 static double
@@ -114,6 +118,46 @@ buf_of (CpuBackend *b, guint i)
 
 /* ---- the ops ---------------------------------------------------------------- */
 
+static guint64
+unit_numel (CpuBackend *b, guint unit)
+{
+  return g_array_index (b->p->units, StowUnit, unit).numel;
+}
+
+/* The gradients op @op writes: a gradient slot's occupant or the
+ * persistent gradients. */
+static guint
+grads_of (CpuBackend *b, const StowOp *op)
+{
+  guint g = stow_tensor_map_io (&b->map, op, TRUE, STOW_BUF_GRADS);
+  return g != STOW_NONE ? g : b->map.grads_buf;
+}
+
+/* Whether the gradient-writing op @op adds to what @gbuf holds.  A
+ * gradient slot holds one micro-batch alone; when the host gradients
+ * already hold earlier micro-batches of the unit, the slot starts from
+ * them, so that the sum is formed as the device-resident run forms it
+ * (the kernels add into the old gradients) and the bits agree.  On a GPU
+ * that is one copy up of the unit's partial gradients, which the program
+ * does not list (see docs/executor.md). */
+static gboolean
+grads_accumulate (CpuBackend *b, const StowOp *op, guint gbuf)
+{
+  const StowBuffer *buf = buf_of (b, gbuf);
+  if (buf->slot < 2 || b->map.host_grads_buf == STOW_NONE)
+    return op->accumulate;
+  guint u = buf->unit_first;
+  g_mutex_lock (&b->lock);
+  gboolean held = b->host_grads_held[u];
+  g_mutex_unlock (&b->lock);
+  if (!held)
+    return op->accumulate;
+  memcpy (stow_tensor_map_unit (&b->map, gbuf, u),
+          stow_tensor_map_unit (&b->map, b->map.host_grads_buf, u),
+          unit_numel (b, u) * stow_dtype_size (b->p->grad_dtype));
+  return TRUE;
+}
+
 static gboolean
 run_forward (CpuBackend *b, const StowOp *op, GError **error)
 {
@@ -145,15 +189,17 @@ run_loss (CpuBackend *b, const StowOp *op, GError **error)
   guint64 n = m->n_tokens;
   guint8 *in = m->addr[m->input_of[op->micro_batch]];
   void *norm, *lm, *dnorm, *dlm;
+  guint gbuf = grads_of (b, op);
+  gboolean acc = grads_accumulate (b, op, gbuf);
   stow_tensor_map_head (m, FALSE, &norm, &lm);
-  stow_tensor_map_head (m, TRUE, &dnorm, &dlm);
+  stow_tensor_map_head_in (m, gbuf, &dnorm, &dlm);
   guint logits = stow_tensor_map_io (m, op, TRUE, STOW_BUF_LOGITS);
   g_assert (logits != STOW_NONE);
   guint8 *x = stow_tensor_map_layer_output (m, (gint)b->model->n_layers - 1,
                                             op->micro_batch);
   double sum = stow_llama_head_loss (
-      b->llama, n, norm, lm, x, (gint32 *)(in + 4 * n), b->p->loss_scale,
-      dnorm, dlm, op->accumulate, x, m->addr[logits], m->chunk);
+      b->llama, n, norm, lm, x, (gint32 *)(in + 4 * n), b->p->loss_scale, dnorm,
+      dlm, acc, x, m->addr[logits], m->chunk);
   b->loss_sum += sum;
   return TRUE;
 }
@@ -162,26 +208,28 @@ static gboolean
 run_backward (CpuBackend *b, const StowOp *op, GError **error)
 {
   StowTensorMap *m = &b->map;
+  guint gbuf = grads_of (b, op);
+  gboolean acc = grads_accumulate (b, op, gbuf);
   if (op->layer == STOW_LAYER_EMBEDDING)
     {
       guint8 *in = m->addr[m->input_of[op->micro_batch]];
-      stow_llama_embed_backward (
-          b->llama, (gint32 *)in, m->n_tokens, in + 8 * m->n_tokens,
-          stow_tensor_map_unit (m, m->grads_buf, op->unit), op->accumulate);
+      stow_llama_embed_backward (b->llama, (gint32 *)in, m->n_tokens,
+                                 in + 8 * m->n_tokens,
+                                 stow_tensor_map_unit (m, gbuf, op->unit), acc);
       return TRUE;
     }
   StowLlamaLayerWeights lw, lg;
   stow_tensor_map_layer (m, stow_tensor_map_unit (m, m->weights_buf, op->unit),
                          op->unit, m->esize, &lw);
-  stow_tensor_map_layer (m, stow_tensor_map_unit (m, m->grads_buf, op->unit),
-                         op->unit, stow_dtype_size (b->p->grad_dtype), &lg);
+  stow_tensor_map_layer (m, stow_tensor_map_unit (m, gbuf, op->unit), op->unit,
+                         stow_dtype_size (b->p->grad_dtype), &lg);
   StowLlamaSaved s;
   stow_tensor_map_saved (m, op, TRUE, &s);
   guint ws = stow_tensor_map_io (m, op, TRUE, STOW_BUF_WORKSPACE);
   g_assert (ws != STOW_NONE);
   guint8 *x = stow_tensor_map_layer_output (m, op->layer - 1, op->micro_batch);
-  stow_llama_layer_backward (b->llama, b->p->micro_batch, b->p->seq_len, &lw,
-                             x, &s, &lg, op->accumulate, m->addr[ws], x);
+  stow_llama_layer_backward (b->llama, b->p->micro_batch, b->p->seq_len, &lw, x,
+                             &s, &lg, acc, m->addr[ws], x);
   return TRUE;
 }
 
@@ -194,12 +242,16 @@ run_grad_norm (CpuBackend *b, const StowOp *op, GError **error)
   StowTensorMap *m = &b->map;
   double total = 0;
   StowFloatType gt = stow_float_type_of_dtype (b->p->grad_dtype);
+  /* The gradients it reads: on the device, or the host copy (an
+   * offloaded optimizer, on the cpu_optim stream). */
+  guint gbuf = stow_tensor_map_io (m, op, FALSE, STOW_BUF_GRADS);
+  if (gbuf == STOW_NONE)
+    gbuf = m->grads_buf;
   for (guint u = 0; u < b->p->units->len; u++)
     {
       double s = 0;
-      stow_adam_grad_sumsq (b->adam, stow_tensor_map_unit (m, m->grads_buf, u),
-                            gt, g_array_index (b->p->units, StowUnit, u).numel,
-                            &s);
+      stow_adam_grad_sumsq (b->adam, stow_tensor_map_unit (m, gbuf, u), gt,
+                            g_array_index (b->p->units, StowUnit, u).numel, &s);
       total += s;
     }
   b->grad_norm = sqrt (total);
@@ -208,15 +260,33 @@ run_grad_norm (CpuBackend *b, const StowOp *op, GError **error)
   return TRUE;
 }
 
-/* AdamW on one unit, tensor by tensor. */
+/* AdamW on one unit, tensor by tensor: on the device's tensors, or
+ * (!on_gpu, ZeRO-Offload) CPU Adam on the host gradients, master and
+ * moments, writing the host copy of the weights that the "updated up"
+ * copy takes to the device.  The same stow_adam_step either way: the same
+ * bits. */
 static gboolean
 run_optim (CpuBackend *b, const StowOp *op, GError **error)
 {
-  if (!op->on_gpu)
+  if (!op->on_gpu && b->host_weights == NULL)
     {
       g_set_error (error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_UNSUPPORTED,
-                   "the cpu backend does not run a host optimizer yet "
-                   "(--offload-optimizer)");
+                   "a host optimizer step without host optimizer states "
+                   "(the program keeps them on the device)");
+      return FALSE;
+    }
+  if (op->on_gpu && b->host_weights != NULL)
+    {
+      g_set_error (error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_UNSUPPORTED,
+                   "a device optimizer step with the optimizer states in "
+                   "host memory");
+      return FALSE;
+    }
+  if (op->unit == STOW_NONE)
+    {
+      g_set_error (error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_UNSUPPORTED,
+                   "the cpu backend runs optimizer steps of whole units "
+                   "(not the NVMe swapper's chunks, nor a delayed update)");
       return FALSE;
     }
   if (b->skip)
@@ -230,6 +300,77 @@ run_optim (CpuBackend *b, const StowOp *op, GError **error)
       stow_tensor_map_adam (&b->map, op->unit, k, b->lr, &cfg, &at);
       if (!stow_adam_step (b->adam, &cfg, &st, &at, error))
         return FALSE;
+    }
+  return TRUE;
+}
+
+/* A copy between the device arena and a host buffer, exactly the unit
+ * range the op names: a unit's gradients down from its gradient slot
+ * (after its backward of a micro-batch) into the host gradients, or a
+ * unit's updated weights up from the host copy CPU Adam wrote. */
+static gboolean
+run_copy (CpuBackend *b, const StowOp *op, GError **error)
+{
+  StowTensorMap *m = &b->map;
+  guint dst = op->n_writes == 1 ? op->writes[0] : STOW_NONE;
+  guint src = op->n_reads == 1 ? op->reads[0] : STOW_NONE;
+  guint unit = STOW_NONE;
+  const guint8 *from = NULL;
+  guint8 *to = NULL;
+  gsize elem = 0;
+  gboolean down = FALSE;
+  if (dst != STOW_NONE && dst == m->host_grads_buf && src != STOW_NONE
+      && buf_of (b, src)->kind == STOW_BUF_GRADS && buf_of (b, src)->slot >= 2)
+    {
+      unit = buf_of (b, src)->unit_first;
+      elem = stow_dtype_size (b->p->grad_dtype);
+      from = stow_tensor_map_unit (m, src, unit);
+      to = stow_tensor_map_unit (m, dst, unit);
+      down = TRUE;
+    }
+  else if (dst != STOW_NONE && dst == m->weights_buf && src == STOW_NONE
+           && op->src != STOW_TIER_DEVICE && b->host_weights != NULL)
+    {
+      unit = op->unit != STOW_NONE
+                 ? op->unit
+                 : stow_program_unit_of_layer (b->p, op->layer);
+      if (unit == STOW_NONE)
+        {
+          g_set_error (error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_INVALID,
+                       "a copy up of weights names no unit (layer %d)",
+                       op->layer);
+          return FALSE;
+        }
+      elem = m->esize;
+      guint64 off = g_array_index (b->p->units, StowUnit, unit).offset
+                    - g_array_index (b->p->units, StowUnit, 0).offset;
+      from = b->host_weights + off * elem;
+      to = stow_tensor_map_unit (m, dst, unit);
+    }
+  else
+    {
+      g_set_error (error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_UNSUPPORTED,
+                   "the cpu backend copies a unit's gradients down and its "
+                   "updated weights up (ZeRO-Offload); not this copy (%s to "
+                   "%s)",
+                   stow_tier_name (op->src), stow_tier_name (op->dst));
+      return FALSE;
+    }
+  guint64 bytes = unit_numel (b, unit) * elem;
+  if (op->bytes != bytes)
+    {
+      g_set_error (error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_INVALID,
+                   "the copy moves %" G_GUINT64_FORMAT
+                   " B; unit %u holds %" G_GUINT64_FORMAT " B",
+                   op->bytes, unit, bytes);
+      return FALSE;
+    }
+  memcpy (to, from, bytes);
+  if (down)
+    {
+      g_mutex_lock (&b->lock);
+      b->host_grads_held[unit] = TRUE;
+      g_mutex_unlock (&b->lock);
     }
   return TRUE;
 }
@@ -258,6 +399,8 @@ run_op (CpuBackend *b, guint i, GError **error)
       return run_grad_norm (b, op, error);
     case STOW_OP_OPTIM_STEP:
       return run_optim (b, op, error);
+    case STOW_OP_COPY:
+      return run_copy (b, op, error);
     default:
       {
         g_autofree char *what = stow_op_describe (b->p, i);
@@ -278,6 +421,14 @@ alloc_buffer (CpuBackend *b, guint bi, GError **error)
   const StowBuffer *buf = buf_of (b, bi);
   if (b->map.addr[bi] != NULL)
     return TRUE; /* persistent, from an earlier step */
+  if (buf->slot >= 0 && buf->bytes == 0
+      && b->map.slot_buf[buf->slot] != STOW_NONE)
+    {
+      /* A slot's occupant: the slot buffer's bytes (persistent). */
+      b->map.addr[bi] = b->map.addr[b->map.slot_buf[buf->slot]];
+      g_assert (b->map.addr[bi] != NULL);
+      return TRUE;
+    }
   if (buf->slot >= 0 && buf->bytes == 0)
     {
       g_set_error (error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_UNSUPPORTED,
@@ -328,7 +479,9 @@ free_buffer (CpuBackend *b, guint bi)
   const StowBuffer *buf = buf_of (b, bi);
   if (b->map.addr[bi] == NULL)
     return;
-  if (buf->tier != STOW_TIER_DEVICE)
+  if (buf->slot >= 0 && buf->bytes == 0)
+    ; /* a slot's occupant: the slot stays */
+  else if (buf->tier != STOW_TIER_DEVICE)
     g_free (b->map.addr[bi]);
   else
     {
@@ -534,6 +687,8 @@ cpu_destroy (StowBackend *bb)
     if (b->map.addr[i] && buf_of (b, i)->tier != STOW_TIER_DEVICE)
       g_free (b->map.addr[i]);
   stow_tensor_map_clear (&b->map);
+  g_free (b->host_grads_held);
+  g_free (b->host_weights);
   g_free (b->recorded);
   g_free (b->op_start);
   g_free (b->op_end);
@@ -607,6 +762,28 @@ stow_backend_cpu_new (const StowCpuSetup *setup, GError **error)
       cpu_destroy (&b->parent);
       return NULL;
     }
+  b->host_grads_held = g_new0 (gboolean, MAX (p->units->len, 1));
+  if (b->map.host_grads_buf != STOW_NONE)
+    {
+      /* ZeRO-Offload's host copy of the weights in the training dtype:
+       * CPU Adam writes it (fp32: it is the parameters Adam updates), the
+       * "updated up" copies read it. */
+      guint64 numel = 0;
+      for (guint u = 0; u < p->units->len; u++)
+        numel += unit_numel (b, u);
+      b->host_weights = g_try_malloc0 (MAX (numel * b->map.esize, 1));
+      if (b->host_weights == NULL)
+        {
+          g_set_error (error, STOW_BACKEND_ERROR,
+                       STOW_BACKEND_ERROR_OUT_OF_MEMORY,
+                       "the host copy of the weights (%" G_GUINT64_FORMAT
+                       " B): out of host memory",
+                       numel * b->map.esize);
+          cpu_destroy (&b->parent);
+          return NULL;
+        }
+      b->map.host_weights = b->host_weights;
+    }
   b->llama = stow_llama_new (&b->map.config, b->map.ftype, p->seq_len,
                              setup->n_threads, error);
   if (b->llama == NULL)
@@ -658,6 +835,7 @@ stow_backend_cpu_begin_step (StowBackend *bb, guint64 step)
   b->clip_coef = 1.0;
   b->skip = FALSE;
   b->lr = stow_optim_lr_at (&b->p->optim, step);
+  memset (b->host_grads_held, 0, sizeof (gboolean) * MAX (b->p->units->len, 1));
   memset (b->recorded, 0, sizeof (gboolean) * MAX (b->p->events->len, 1));
   memset (b->op_start, 0, sizeof (double) * MAX (b->p->ops->len, 1));
   memset (b->op_end, 0, sizeof (double) * MAX (b->p->ops->len, 1));
@@ -699,9 +877,10 @@ stow_backend_cpu_master (StowBackend *bb, guint unit)
 {
   CpuBackend *b = (CpuBackend *)bb;
   StowTensorMap *m = &b->map;
-  if (!b->p->master_weights || m->addr[m->master_buf] == NULL)
+  if (!b->p->master_weights
+      || m->addr[m->states_master ? m->states_buf : m->master_buf] == NULL)
     return NULL;
-  return (float *)stow_tensor_map_unit (m, m->master_buf, unit);
+  return stow_tensor_map_state (m, unit, 0);
 }
 
 float *
@@ -711,7 +890,19 @@ stow_backend_cpu_moment (StowBackend *bb, guint unit, guint which)
   StowTensorMap *m = &b->map;
   if (m->addr[m->states_buf] == NULL)
     return NULL;
-  float *mv = (float *)stow_tensor_map_unit (m, m->states_buf, unit);
-  return which == 0 ? mv
-                    : mv + g_array_index (b->p->units, StowUnit, unit).numel;
+  return stow_tensor_map_state (m, unit, 1 + which);
+}
+
+gboolean
+stow_backend_cpu_push (StowBackend *bb, GError **error)
+{
+  CpuBackend *b = (CpuBackend *)bb;
+  StowTensorMap *m = &b->map;
+  if (b->host_weights == NULL || m->addr[m->weights_buf] == NULL)
+    return TRUE;
+  guint64 numel = 0;
+  for (guint u = 0; u < b->p->units->len; u++)
+    numel += unit_numel (b, u);
+  memcpy (b->host_weights, m->addr[m->weights_buf], numel * m->esize);
+  return TRUE;
 }

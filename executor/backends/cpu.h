@@ -67,5 +67,9 @@ void stow_backend_cpu_reset_peak (StowBackend *cpu);
 void *stow_backend_cpu_weights (StowBackend *cpu, guint unit);
 float *stow_backend_cpu_master (StowBackend *cpu, guint unit);
 float *stow_backend_cpu_moment (StowBackend *cpu, guint unit, guint which);
+/* After the weights were loaded through stow_backend_cpu_weights: with an
+ * offloaded optimizer, the host copy CPU Adam updates takes them (fp32
+ * training updates that copy in place).  TRUE; nothing without one. */
+gboolean stow_backend_cpu_push (StowBackend *cpu, GError **error);
 
 G_END_DECLS

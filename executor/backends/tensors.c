@@ -5,6 +5,7 @@
  */
 #include "executor/backends/tensors.h"
 
+#include <stdio.h>
 #include <string.h>
 
 #include "executor/backend.h"
@@ -122,6 +123,8 @@ stow_tensor_map_kind_elem (const StowTensorMap *m, StowBufferKind kind)
       return 4;
     case STOW_BUF_OPT_STATES:
       return 8; /* m and v */
+    case STOW_BUF_STATES:
+      return m->p->master_weights ? 12 : 8; /* master, m and v */
     default:
       return 0;
     }
@@ -193,6 +196,13 @@ index_buffers (StowTensorMap *m, const char *backend, GError **error)
   for (guint i = 0; i < nm; i++)
     m->input_of[i] = STOW_NONE;
   m->weights_buf = m->grads_buf = m->master_buf = m->states_buf = STOW_NONE;
+  m->host_grads_buf = STOW_NONE;
+  for (guint s = 0; s < G_N_ELEMENTS (m->slot_buf); s++)
+    m->slot_buf[s] = STOW_NONE;
+  /* A gradient slot holds the largest unit's gradients. */
+  guint64 gmax = 0;
+  for (guint u = 0; u < p->units->len; u++)
+    gmax = MAX (gmax, unit_of (m, u)->numel * stow_dtype_size (p->grad_dtype));
   guint64 saved = m->saved_bytes;
   guint64 out = m->out_bytes;
   for (guint i = 0; i < p->buffers->len; i++)
@@ -203,11 +213,33 @@ index_buffers (StowTensorMap *m, const char *backend, GError **error)
       gboolean ok = TRUE;
       switch (buf->kind)
         {
-        case STOW_BUF_WEIGHTS:
         case STOW_BUF_GRADS:
+          if (!buf->persistent && buf->slot >= 2)
+            {
+              /* A gradient slot's occupant: one unit's gradients of one
+               * micro-batch. */
+              if (m->model->tied_embeddings)
+                {
+                  g_set_error (error, STOW_BACKEND_ERROR,
+                               STOW_BACKEND_ERROR_UNSUPPORTED,
+                               "program buffer \"%s\": the %s backend does "
+                               "not run gradient slots with tied embeddings "
+                               "(the head writes the embedding's gradient)",
+                               buf->name, backend);
+                  return FALSE;
+                }
+              break;
+            }
+          /* fall through */
+        case STOW_BUF_WEIGHTS:
         case STOW_BUF_MASTER:
         case STOW_BUF_OPT_STATES:
-          if (!buf->persistent || buf->tier != STOW_TIER_DEVICE)
+        case STOW_BUF_STATES:
+          if (!buf->persistent)
+            break;
+          if (buf->tier != STOW_TIER_DEVICE
+              && !(buf->kind == STOW_BUF_STATES && buf->tier != STOW_TIER_NVME)
+              && !(buf->kind == STOW_BUF_GRADS && buf->tier != STOW_TIER_NVME))
             break;
           if (buf->unit_first != 0 || buf->n_units != p->units->len)
             {
@@ -224,12 +256,29 @@ index_buffers (StowTensorMap *m, const char *backend, GError **error)
                            error);
           if (buf->kind == STOW_BUF_WEIGHTS)
             m->weights_buf = i;
-          else if (buf->kind == STOW_BUF_GRADS)
+          else if (buf->kind == STOW_BUF_GRADS && buf->tier == STOW_TIER_DEVICE)
             m->grads_buf = i;
+          else if (buf->kind == STOW_BUF_GRADS)
+            m->host_grads_buf = i;
           else if (buf->kind == STOW_BUF_MASTER)
             m->master_buf = i;
           else
-            m->states_buf = i;
+            {
+              m->states_buf = i;
+              m->states_master
+                  = buf->kind == STOW_BUF_STATES && p->master_weights;
+            }
+          break;
+        case STOW_BUF_OTHER:
+          {
+            guint s = 0;
+            if (buf->persistent && buf->tier == STOW_TIER_DEVICE
+                && sscanf (buf->name, "gradient slot %u", &s) == 1 && s < 2)
+              {
+                ok = check_size (backend, buf, gmax, error);
+                m->slot_buf[2 + s] = i;
+              }
+          }
           break;
         case STOW_BUF_INPUT:
           ok = check_size (backend, buf, 8 * n + x_bytes, error);
@@ -262,13 +311,16 @@ index_buffers (StowTensorMap *m, const char *backend, GError **error)
       if (!ok)
         return FALSE;
     }
-  if (m->weights_buf == STOW_NONE || m->grads_buf == STOW_NONE
-      || m->states_buf == STOW_NONE
-      || (p->master_weights && m->master_buf == STOW_NONE))
+  gboolean offloaded = m->host_grads_buf != STOW_NONE;
+  if (m->weights_buf == STOW_NONE || m->states_buf == STOW_NONE
+      || (offloaded ? m->grads_buf != STOW_NONE || m->slot_buf[2] == STOW_NONE
+                    : m->grads_buf == STOW_NONE)
+      || (p->master_weights && !m->states_master && m->master_buf == STOW_NONE))
     {
       g_set_error (error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_UNSUPPORTED,
-                   "the %s backend runs layouts that keep the weights, "
-                   "gradients and optimizer states on the device (%s)",
+                   "the %s backend runs layouts that keep the weights on "
+                   "the device and the gradients and optimizer states on "
+                   "the device or in host memory (%s)",
                    backend, p->description ? p->description : "this program");
       return FALSE;
     }
@@ -385,12 +437,33 @@ void
 stow_tensor_map_head (const StowTensorMap *m, gboolean grads, void **norm,
                       void **lm)
 {
-  guint bi = grads ? m->grads_buf : m->weights_buf;
-  gsize e = grads ? stow_dtype_size (m->p->grad_dtype) : m->esize;
+  stow_tensor_map_head_in (m, grads ? m->grads_buf : m->weights_buf, norm, lm);
+}
+
+void
+stow_tensor_map_head_in (const StowTensorMap *m, guint bi, void **norm,
+                         void **lm)
+{
+  gsize e = stow_tensor_map_kind_elem (m, stow_tensor_map_buffer (m, bi)->kind);
   guint8 *head = stow_tensor_map_unit (m, bi, m->head_unit);
   *norm = head + m->head_norm * e;
   *lm = m->head_lm != G_MAXUINT64 ? head + m->head_lm * e
                                   : stow_tensor_map_unit (m, bi, m->emb_unit);
+}
+
+float *
+stow_tensor_map_state (const StowTensorMap *m, guint unit, guint which)
+{
+  guint64 numel = unit_of (m, unit)->numel;
+  if (m->states_master)
+    return (float *)stow_tensor_map_unit (m, m->states_buf, unit)
+           + which * numel;
+  if (which == 0)
+    return m->master_buf != STOW_NONE
+               ? (float *)stow_tensor_map_unit (m, m->master_buf, unit)
+               : NULL;
+  return (float *)stow_tensor_map_unit (m, m->states_buf, unit)
+         + (which - 1) * numel;
 }
 
 void
@@ -401,24 +474,27 @@ stow_tensor_map_adam (const StowTensorMap *m, guint unit, guint k, double lr,
   const StowUnit *u = unit_of (m, unit);
   const StowUnitTensor *t = &g_array_index (p->unit_tensors, StowUnitTensor,
                                             u->first_tensor + k);
-  guint8 *w = stow_tensor_map_unit (m, m->weights_buf, unit);
-  guint8 *g = stow_tensor_map_unit (m, m->grads_buf, unit);
-  float *mv = (float *)stow_tensor_map_unit (m, m->states_buf, unit);
+  guint8 *w
+      = m->host_weights
+            ? m->host_weights + (u->offset - unit_of (m, 0)->offset) * m->esize
+            : stow_tensor_map_unit (m, m->weights_buf, unit);
+  guint8 *g = stow_tensor_map_unit (
+      m, m->host_grads_buf != STOW_NONE ? m->host_grads_buf : m->grads_buf,
+      unit);
   stow_adam_config_init (cfg);
   cfg->lr = lr;
   cfg->beta1 = p->optim.beta1, cfg->beta2 = p->optim.beta2;
   cfg->eps = p->optim.eps;
   cfg->weight_decay = t->n_dims >= 2 ? p->optim.weight_decay : 0.0;
   memset (at, 0, sizeof *at);
-  at->m = mv + t->offset;
-  at->v = mv + u->numel + t->offset;
+  at->m = stow_tensor_map_state (m, unit, 1) + t->offset;
+  at->v = stow_tensor_map_state (m, unit, 2) + t->offset;
   at->grad = g + t->offset * stow_dtype_size (p->grad_dtype);
   at->grad_type = stow_float_type_of_dtype (p->grad_dtype);
   at->n = t->numel;
   if (p->master_weights)
     {
-      float *master = (float *)stow_tensor_map_unit (m, m->master_buf, unit);
-      at->param = master + t->offset;
+      at->param = stow_tensor_map_state (m, unit, 0) + t->offset;
       at->param_out = w + t->offset * m->esize;
       at->out_type = m->ftype;
     }

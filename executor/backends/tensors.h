@@ -36,6 +36,19 @@ typedef struct
   guint *act_of;   /* [layer * m + mb]: its ACTIVATIONS or CHECKPOINT buffer */
   guint *input_of; /* [mb]: its INPUT buffer (tokens, targets, x) */
   guint weights_buf, grads_buf, master_buf, states_buf;
+  /* An offloaded optimizer (ZeRO-Offload): the host copy of the gradients
+   * (grads_buf is then STOW_NONE: backward writes gradient slots), and
+   * states_buf is the host STATES buffer, per unit its master (with
+   * master weights), m and v. */
+  guint host_grads_buf;
+  gboolean states_master; /* states_buf holds the master weights too */
+  /* [slot]: the persistent buffer whose bytes a slot's occupant uses
+   * (2, 3: "gradient slot 0", "gradient slot 1"), STOW_NONE: none */
+  guint slot_buf[8];
+  /* The host copy of the weights CPU Adam writes and the "updated up"
+   * copies read (unit layout as weights_buf); NULL: Adam writes the
+   * device weights.  Set by the backend. */
+  guint8 *host_weights;
   /* [buffer]: base addresses while allocated, kept by the backend */
   void **addr;
 } StowTensorMap;
@@ -86,6 +99,15 @@ void stow_tensor_map_saved (const StowTensorMap *map, const StowOp *op,
  * tied head the embedding's. */
 void stow_tensor_map_head (const StowTensorMap *map, gboolean grads,
                            void **norm, void **lm);
+/* The same in buffer @buffer (weights or gradients, a gradient slot's
+ * occupant included), of the head unit. */
+void stow_tensor_map_head_in (const StowTensorMap *map, guint buffer,
+                              void **norm, void **lm);
+
+/* The fp32 optimizer state of @unit: @which 0 the master weights, 1 m,
+ * 2 v, wherever the program keeps them (device or host). */
+float *stow_tensor_map_state (const StowTensorMap *map, guint unit,
+                              guint which);
 
 /* The optimizer's view of tensor @k of @unit: its AdamW settings (weight
  * decay on tensors of two or more dimensions only, as nanoGPT and HF's
