@@ -233,9 +233,12 @@ test_limits (Tmp *t, gconstpointer data)
   g_auto (StowRun) m = { 0 };
   stow_run (&m, "model", cfg, NULL);
   g_assert_cmpint (m.status, ==, 2);
-  g_assert_nonnull (strstr (m.err, "config.json:1:40: the integer "
-                                   "18446744073709551616 is out of range"));
-  g_assert_null (strstr (m.err, "-1"));
+  const char *said = strstr (m.err, "config.json:1:40: the integer "
+                                    "18446744073709551616 is out of range");
+  g_assert_nonnull (said);
+  /* Not wrapped to -1 (looked for after the path: a temporary directory's
+   * random name may hold "-1"). */
+  g_assert_null (strstr (said, "-1"));
 }
 
 static JsonObject *
