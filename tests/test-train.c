@@ -170,15 +170,7 @@ test_peak_and_log (void)
          "--trace", trace, NULL);
   g_assert_cmpint (r.status, ==, 0);
   /* The arena's measured peak against the simulated one, same program. */
-  const char *p = strstr (r.err, "device peak: ");
-  g_assert_nonnull (p);
-  g_autofree char *line = g_strndup (p, strcspn (p, "\n"));
-  const char *pct = strrchr (line, '(');
-  g_assert_nonnull (pct);
-  double d = g_ascii_strtod (pct + 1, NULL);
-  g_test_message ("%s", line);
-  g_assert_cmpfloat (d, <=, 2.0);
-  g_assert_cmpfloat (d, >=, -2.0);
+  assert_peak_as_simulated (&r);
   g_assert_nonnull (strstr (r.err, "planned layout: "));
   g_assert_nonnull (strstr (r.err, "recompute full"));
   g_autofree char *text = NULL;
@@ -315,24 +307,7 @@ test_bad_input (void)
   fixture_clear (&f);
 }
 
-/* ---- ZeRO-Offload -----------------------------------------------------------
- */
-
-/* The arena's measured peak against the simulated one (the "device
- * peak:" line), within 2%. */
-static void
-assert_peak_as_simulated (const StowRun *r)
-{
-  const char *p = strstr (r->err, "device peak: ");
-  g_assert_nonnull (p);
-  g_autofree char *line = g_strndup (p, strcspn (p, "\n"));
-  const char *pct = strrchr (line, '(');
-  g_assert_nonnull (pct);
-  double d = g_ascii_strtod (pct + 1, NULL);
-  g_test_message ("%s", line);
-  g_assert_cmpfloat (d, <=, 2.0);
-  g_assert_cmpfloat (d, >=, -2.0);
-}
+/* ---- ZeRO-Offload ------------------------------------------------------- */
 
 /* --offload-optimizer cpu: master weights, moments and a copy of the
  * gradients in host memory, CPU Adam, the updated weights copied up; the

@@ -148,3 +148,17 @@ stow_train_oracle (const char *backend, const char *const *pythons)
   g_rmdir (work);
   g_test_skip ("python3 with torch not found (Debian: python3-torch)");
 }
+
+void
+assert_peak_as_simulated (const StowRun *r)
+{
+  const char *p = strstr (r->err, "device peak: ");
+  g_assert_nonnull (p);
+  g_autofree char *line = g_strndup (p, strcspn (p, "\n"));
+  const char *pct = strrchr (line, '(');
+  g_assert_nonnull (pct);
+  double d = g_ascii_strtod (pct + 1, NULL);
+  g_test_message ("%s", line);
+  g_assert_cmpfloat (d, <=, 2.0);
+  g_assert_cmpfloat (d, >=, -2.0);
+}

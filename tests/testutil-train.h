@@ -38,3 +38,6 @@ gboolean same_file (const char *a_dir, const char *b_dir, const char *file);
  * first python with torch (STOW_PYTHON, then @pythons in order) and
  * asserts it passed; skips the test when none has torch. */
 void stow_train_oracle (const char *backend, const char *const *pythons);
+/* The run's "device peak:" line: the arena's measured peak within 2% of
+ * the simulated one, same program. */
+void assert_peak_as_simulated (const StowRun *r);

@@ -729,20 +729,6 @@ stow_backend_cpu_new (const StowCpuSetup *setup, GError **error)
                             && setup->model != NULL && setup->data != NULL,
                         NULL);
   const StowProgram *p = setup->program;
-  if (p->n_ranks != 1)
-    {
-      g_set_error (error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_UNSUPPORTED,
-                   "the cpu backend runs one device; the layout has %u "
-                   "pipeline stages",
-                   p->n_ranks);
-      return NULL;
-    }
-  if (p->weight_dtype == STOW_DTYPE_F16)
-    {
-      g_set_error (error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_UNSUPPORTED,
-                   "--precision fp16: the cpu backend runs fp32 and bf16");
-      return NULL;
-    }
   CpuBackend *b = g_new0 (CpuBackend, 1);
   b->parent.vt = &cpu_vtable;
   g_mutex_init (&b->lock);

@@ -515,6 +515,21 @@ stow_tensor_map_init (StowTensorMap *m, const StowProgram *p,
   memset (m, 0, sizeof *m);
   m->p = p;
   m->model = model;
+  if (p->n_ranks != 1)
+    {
+      g_set_error (error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_UNSUPPORTED,
+                   "the %s backend runs one device; the layout has %u "
+                   "pipeline stages",
+                   backend, p->n_ranks);
+      return FALSE;
+    }
+  if (p->weight_dtype == STOW_DTYPE_F16)
+    {
+      g_set_error (error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_UNSUPPORTED,
+                   "--precision fp16: the %s backend runs fp32 and bf16",
+                   backend);
+      return FALSE;
+    }
   if (!stow_llama_config_from_model (model, &m->config, error))
     return FALSE;
   m->ftype = stow_float_type_of_dtype (p->weight_dtype);

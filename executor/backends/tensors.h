@@ -65,8 +65,8 @@ StowFloatType stow_float_type_of_dtype (StowDtype dtype);
 
 /* Indexes @program for @model and checks every buffer's size; @backend
  * names the backend in messages.  STOW_BACKEND_ERROR_INVALID names a
- * buffer and both sizes; _UNSUPPORTED a layout the backends cannot hold
- * (a persistent buffer of a part of the units). */
+ * buffer and both sizes; _UNSUPPORTED a program the backends cannot run
+ * (several ranks, fp16, a persistent buffer of a part of the units). */
 gboolean stow_tensor_map_init (StowTensorMap *map, const StowProgram *program,
                                const StowModel *model, const char *backend,
                                GError **error);

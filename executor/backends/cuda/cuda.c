@@ -617,20 +617,6 @@ stow_backend_cuda_new (const StowCudaSetup *setup, GError **error)
                             && setup->model != NULL && setup->data != NULL,
                         NULL);
   const StowProgram *p = setup->program;
-  if (p->n_ranks != 1)
-    {
-      g_set_error (error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_UNSUPPORTED,
-                   "the cuda backend runs one device; the layout has %u "
-                   "pipeline stages",
-                   p->n_ranks);
-      return NULL;
-    }
-  if (p->weight_dtype == STOW_DTYPE_F16)
-    {
-      g_set_error (error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_UNSUPPORTED,
-                   "--precision fp16: the cuda backend runs fp32 and bf16");
-      return NULL;
-    }
   if (!stow_cuda_available (error))
     return NULL;
   CudaBackend *b = g_new0 (CudaBackend, 1);
