@@ -320,22 +320,6 @@ attn_dkv_kernel (guint64 T, guint64 a, guint64 kv, guint64 d, guint64 B,
     }
 }
 
-#define DISPATCH_BF(bf, ...)                                                   \
-  do                                                                           \
-    {                                                                          \
-      if (bf)                                                                  \
-        {                                                                      \
-          constexpr bool BF = true;                                            \
-          __VA_ARGS__;                                                         \
-        }                                                                      \
-      else                                                                     \
-        {                                                                      \
-          constexpr bool BF = false;                                           \
-          __VA_ARGS__;                                                         \
-        }                                                                      \
-    }                                                                          \
-  while (0)
-
 template <typename F>
 static gboolean
 smem_limit (StowLlamaCuda *L, F kernel, guint64 floats, const char *what)

@@ -39,6 +39,23 @@ typedef struct
 /* The process's cuBLAS (loaded once, never unloaded), or NULL and why. */
 const StowCublas *stow_cublas_load (GError **error);
 
+/* A bool template argument (BF: bf16 storage) from a runtime bool. */
+#define DISPATCH_BF(bf, ...)                                                   \
+  do                                                                           \
+    {                                                                          \
+      if (bf)                                                                  \
+        {                                                                      \
+          constexpr bool BF = true;                                            \
+          __VA_ARGS__;                                                         \
+        }                                                                      \
+      else                                                                     \
+        {                                                                      \
+          constexpr bool BF = false;                                           \
+          __VA_ARGS__;                                                         \
+        }                                                                      \
+    }                                                                          \
+  while (0)
+
 /* ---- the runtime --------------------------------------------------------- */
 
 /* Threads of the row kernels' blocks; the block reductions' trees are

@@ -80,23 +80,6 @@ grid_for (guint64 total)
   return (unsigned)MAX (1, MIN (b, (guint64)1 << 16));
 }
 
-/* A bool template argument from a runtime bool. */
-#define DISPATCH_BF(bf, ...)                                                   \
-  do                                                                           \
-    {                                                                          \
-      if (bf)                                                                  \
-        {                                                                      \
-          constexpr bool BF = true;                                            \
-          __VA_ARGS__;                                                         \
-        }                                                                      \
-      else                                                                     \
-        {                                                                      \
-          constexpr bool BF = false;                                           \
-          __VA_ARGS__;                                                         \
-        }                                                                      \
-    }                                                                          \
-  while (0)
-
 /* Sum over the block (ROW_T threads, a power of two) by a fixed tree: the
  * order of the additions depends on ROW_T alone.  Every thread gets it. */
 template <typename T>
