@@ -723,9 +723,8 @@ stow_backend_cuda_step_stats (StowBackend *bb, StowStepStats *out,
       || !cuda_ok (cudaStreamSynchronize (cs), "cudaStreamSynchronize",
                    error))
     return FALSE;
-  gboolean norm_op = !isnan (b->state_h->norm);
   out->loss = *b->loss_h * b->p->loss_scale;
-  out->grad_norm = norm_op ? b->state_h->norm : NAN;
+  out->grad_norm = b->state_h->norm; /* NaN when no grad_norm op ran */
   out->skipped = b->state_h->skip != 0;
   out->lr = b->lr;
   return TRUE;
