@@ -28,6 +28,7 @@ typedef struct
       *beta2, *eps, *max_grad_norm, *seed, *out, *save_every, *log_json,
       *trace, *backend, *device_memory, *tokenizer, *threads, *recompute,
       *offload_optimizer;
+  char **nvme_dirs;
   gboolean resume, shuffle;
 } TrainOptions;
 
@@ -186,14 +187,38 @@ resolve (TrainOptions *o, StowTrainConfig *c, GError **error)
       if (!stow_offload_parse (o->offload_optimizer, "--offload-optimizer",
                                &c->layout.offload_optimizer, error))
         return FALSE;
-      if (c->layout.offload_optimizer == STOW_OFFLOAD_NVME)
+    }
+  /* --nvme-dir A,B --nvme-dir C: every directory, in order. */
+  g_autoptr (GPtrArray) dirs = g_ptr_array_new_with_free_func (g_free);
+  for (guint i = 0; o->nvme_dirs && o->nvme_dirs[i]; i++)
+    {
+      g_auto (GStrv) parts = g_strsplit (o->nvme_dirs[i], ",", -1);
+      for (guint j = 0; parts[j]; j++)
         {
-          g_set_error_literal (error, STOW_TRAIN_ERROR,
-                               STOW_TRAIN_ERROR_INVALID,
-                               "--offload-optimizer nvme: stowage train "
-                               "runs none and cpu so far");
-          return FALSE;
+          if (parts[j][0] == '\0')
+            {
+              g_set_error (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
+                           "--nvme-dir \"%s\": an empty directory name",
+                           o->nvme_dirs[i]);
+              return FALSE;
+            }
+          g_ptr_array_add (dirs, g_strdup (parts[j]));
         }
+    }
+  gboolean nvme = o->offload_optimizer
+                  && c->layout.offload_optimizer == STOW_OFFLOAD_NVME;
+  if (nvme != (dirs->len > 0))
+    {
+      g_set_error_literal (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
+                           nvme ? "--offload-optimizer nvme needs --nvme-dir "
+                                  "DIR[,DIR...]: where the swap files go"
+                                : "--nvme-dir is for --offload-optimizer nvme");
+      return FALSE;
+    }
+  if (dirs->len > 0)
+    {
+      g_ptr_array_add (dirs, NULL);
+      c->nvme_dirs = (char **)g_ptr_array_free (g_steal_pointer (&dirs), FALSE);
     }
   if (c->optim.min_lr > c->optim.lr)
     {
@@ -300,9 +325,15 @@ stow_cmd_train (int argc, char **argv)
     { "recompute", 0, 0, G_OPTION_ARG_STRING, &o.recompute,
       "none, full or full:K (default: what fits fastest)", "MODE" },
     { "offload-optimizer", 0, 0, G_OPTION_ARG_STRING, &o.offload_optimizer,
-      "none (default) or cpu: fp32 master weights, Adam states and a copy "
-      "of the gradients in host memory, CPU Adam (ZeRO-Offload)",
+      "none (default), cpu: fp32 master weights, Adam states and a copy "
+      "of the gradients in host memory, CPU Adam (ZeRO-Offload), or nvme: "
+      "the master weights and Adam states in swap files (ZeRO-Infinity)",
       "WHERE" },
+    { "nvme-dir", 0, 0, G_OPTION_ARG_FILENAME_ARRAY, &o.nvme_dirs,
+      "Where --offload-optimizer nvme keeps its swap files (a private 0700 "
+      "directory in each, removed at exit); several, joined by ',' or "
+      "repeated, are striped",
+      "DIR[,DIR...]" },
     { "steps", 0, 0, G_OPTION_ARG_STRING, &o.steps, "Optimizer steps", "N" },
     { "seq", 0, 0, G_OPTION_ARG_STRING, &o.seq,
       "Sequence length in tokens (default 256)", "T" },
@@ -357,7 +388,9 @@ stow_cmd_train (int argc, char **argv)
   StowTrainConfig c;
   stow_train_config_init (&c);
   int status = train_main (&o, &c, entries, argc, argv);
+  g_strfreev (c.nvme_dirs);
   stow_train_config_clear (&c);
+  g_strfreev (o.nvme_dirs);
   char **strings[] = { &o.model,      &o.data,          &o.plan,
                        &o.steps,      &o.seq,           &o.micro_batch,
                        &o.global_batch, &o.precision,   &o.lr,

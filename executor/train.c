@@ -14,9 +14,11 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/statvfs.h>
 #include <unistd.h>
 
 #include "core/json.h"
+#include "core/units.h"
 #include "config.h"
 #include "executor/backends/cpu.h"
 #include "executor/backends/sim.h"
@@ -136,6 +138,9 @@ typedef struct
   /* NULL when the accessors above are the backend's own memory. */
   gboolean (*pull) (StowBackend *b, GError **error);
   gboolean (*push) (StowBackend *b, GError **error);
+  /* States that have no address (on NVMe), by range; NULL: none such. */
+  gboolean (*states) (StowBackend *b, gboolean write, guint unit, guint which,
+                      guint64 first, guint64 n, float *data, GError **error);
 } TrainOps;
 
 static gboolean
@@ -156,6 +161,7 @@ static const TrainOps cpu_ops = {
   stow_backend_cpu_moment,
   NULL,
   stow_backend_cpu_push,
+  stow_backend_cpu_states,
 };
 
 #if STOW_HAVE_CUDA
@@ -170,6 +176,7 @@ static const TrainOps cuda_ops = {
   stow_backend_cuda_moment,
   stow_backend_cuda_pull,
   stow_backend_cuda_push,
+  NULL,
 };
 #endif
 
@@ -411,6 +418,35 @@ state_object (Run *r, guint64 step)
   return s;
 }
 
+/* Floats streamed between a checkpoint file and states on NVMe per piece:
+ * bounds the memory a save or load of them takes. */
+#define STATE_PIECE ((guint64)1 << 20)
+
+/* State @which (0 master, 1 m, 2 v) of @unit where the backend keeps it
+ * in memory, or NULL (on NVMe: stow's states accessor instead). */
+static float *
+state_ptr (Run *r, guint unit, guint which)
+{
+  return which == 0 ? r->ops->master (r->be, unit)
+                    : r->ops->moment (r->be, unit, which - 1);
+}
+
+/* Floats [@first, @first + @n) of state @which of @unit, read into (or
+ * written from) @data, wherever the backend keeps them. */
+static gboolean
+state_rw (Run *r, gboolean write, guint unit, guint which, guint64 first,
+          guint64 n, float *data, GError **error)
+{
+  float *base = state_ptr (r, unit, which);
+  if (base == NULL)
+    return r->ops->states (r->be, write, unit, which, first, n, data, error);
+  if (write)
+    memcpy (base + first, data, n * sizeof (float));
+  else
+    memcpy (data, base + first, n * sizeof (float));
+  return TRUE;
+}
+
 static gboolean
 save_checkpoint (Run *r, guint64 step, GError **error)
 {
@@ -447,24 +483,36 @@ save_checkpoint (Run *r, guint64 step, GError **error)
       opt, (StowOptimStateSpec *)specs->data, specs->len, state, error);
   if (ow == NULL)
     return FALSE;
+  g_autofree float *piece = NULL;
   for (guint ui = 0; ui < p->units->len; ui++)
     {
       const StowUnit *u = &g_array_index (p->units, StowUnit, ui);
-      float *master = r->ops->master (r->be, ui);
-      float *m = r->ops->moment (r->be, ui, 0);
-      float *v = r->ops->moment (r->be, ui, 1);
       for (guint k = 0; k < u->n_tensors; k++)
         {
           const StowUnitTensor *t = &g_array_index (
               p->unit_tensors, StowUnitTensor, u->first_tensor + k);
-          if ((p->master_weights
-               && !stow_optim_state_writer_write (ow, master + t->offset,
-                                                  t->numel, error))
-              || !stow_optim_state_writer_write (ow, m + t->offset, t->numel,
-                                                 error)
-              || !stow_optim_state_writer_write (ow, v + t->offset, t->numel,
-                                                 error))
-            return FALSE;
+          for (guint q = p->master_weights ? 0 : 1; q < 3; q++)
+            {
+              const float *in = state_ptr (r, ui, q);
+              if (in != NULL)
+                {
+                  if (!stow_optim_state_writer_write (ow, in + t->offset,
+                                                      t->numel, error))
+                    return FALSE;
+                  continue;
+                }
+              /* On NVMe: streamed a piece at a time. */
+              if (piece == NULL)
+                piece = g_new (float, STATE_PIECE);
+              for (guint64 i = 0; i < t->numel; i += STATE_PIECE)
+                {
+                  guint64 n = MIN (STATE_PIECE, t->numel - i);
+                  if (!state_rw (r, FALSE, ui, q, t->offset + i, n, piece,
+                                 error)
+                      || !stow_optim_state_writer_write (ow, piece, n, error))
+                    return FALSE;
+                }
+            }
         }
     }
   if (!stow_optim_state_writer_finish (ow, error))
@@ -535,12 +583,10 @@ load_checkpoint (Run *r, const char *dir, guint64 *done, GError **error)
     return FALSE;
   if (!stow_model_io_load (p, st, p->weight_dtype, weights_of, r, error))
     return FALSE;
+  g_autofree float *piece = NULL;
   for (guint ui = 0; ui < p->units->len; ui++)
     {
       const StowUnit *u = &g_array_index (p->units, StowUnit, ui);
-      float *dst[3] = { r->ops->master (r->be, ui),
-                        r->ops->moment (r->be, ui, 0),
-                        r->ops->moment (r->be, ui, 1) };
       static const char *const sec[3] = { "master", "m", "v" };
       for (guint k = 0; k < u->n_tensors; k++)
         {
@@ -556,13 +602,76 @@ load_checkpoint (Run *r, const char *dir, guint64 *done, GError **error)
                            stow_optim_state_tensor_n (os, t->name), t->numel);
               return FALSE;
             }
-          for (int q = p->master_weights ? 0 : 1; q < 3; q++)
-            if (!stow_optim_state_read (os, t->name, sec[q], 0, t->numel,
-                                        dst[q] + t->offset, error))
-              return FALSE;
+          for (guint q = p->master_weights ? 0 : 1; q < 3; q++)
+            {
+              float *dst = state_ptr (r, ui, q);
+              if (dst != NULL)
+                {
+                  if (!stow_optim_state_read (os, t->name, sec[q], 0, t->numel,
+                                              dst + t->offset, error))
+                    return FALSE;
+                  continue;
+                }
+              if (piece == NULL)
+                piece = g_new (float, STATE_PIECE);
+              for (guint64 i = 0; i < t->numel; i += STATE_PIECE)
+                {
+                  guint64 n = MIN (STATE_PIECE, t->numel - i);
+                  if (!stow_optim_state_read (os, t->name, sec[q], i, n, piece,
+                                              error)
+                      || !state_rw (r, TRUE, ui, q, t->offset + i, n, piece,
+                                    error))
+                    return FALSE;
+                }
+            }
         }
     }
   *done = step;
+  return TRUE;
+}
+
+typedef struct
+{
+  guint unit;
+  float *stage;
+} OneUnit;
+
+static void *
+one_unit (gpointer user, guint unit)
+{
+  OneUnit *o = user;
+  return unit == o->unit ? o->stage : NULL;
+}
+
+/* load_initial with the master on NVMe: one unit at a time through a
+ * staging buffer of the largest unit's fp32 weights. */
+static gboolean
+load_initial_staged (Run *r, const char *st, GError **error)
+{
+  const StowProgram *p = r->prog;
+  guint64 most = 0;
+  for (guint ui = 0; ui < p->units->len; ui++)
+    most = MAX (most, g_array_index (p->units, StowUnit, ui).numel);
+  g_autofree float *stage = g_try_new (float, MAX (most, 1));
+  if (stage == NULL)
+    {
+      g_set_error (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
+                   "out of host memory staging %" G_GUINT64_FORMAT
+                   " fp32 weights",
+                   most);
+      return FALSE;
+    }
+  for (guint ui = 0; ui < p->units->len; ui++)
+    {
+      const StowUnit *u = &g_array_index (p->units, StowUnit, ui);
+      OneUnit o = { ui, stage };
+      if (!stow_model_io_load (p, st, STOW_DTYPE_F32, one_unit, &o, error)
+          || !state_rw (r, TRUE, ui, 0, 0, u->numel, stage, error))
+        return FALSE;
+      guint16 *w = r->ops->weights (r->be, ui);
+      for (guint64 i = 0; i < u->numel; i++)
+        w[i] = stow_f32_to_bf16 (stage[i]);
+    }
   return TRUE;
 }
 
@@ -576,6 +685,8 @@ load_initial (Run *r, GError **error)
       = g_build_filename (r->c->model_dir, "model.safetensors", NULL);
   if (!p->master_weights)
     return stow_model_io_load (p, st, p->weight_dtype, weights_of, r, error);
+  if (state_ptr (r, 0, 0) == NULL)
+    return load_initial_staged (r, st, error);
   if (!stow_model_io_load (p, st, STOW_DTYPE_F32, master_of, r, error))
     return FALSE;
   for (guint ui = 0; ui < p->units->len; ui++)
@@ -587,6 +698,68 @@ load_initial (Run *r, GError **error)
         w[i] = stow_f32_to_bf16 (m[i]);
     }
   return TRUE;
+}
+
+/* The cluster with one drive per --nvme-dir, each of the smallest free
+ * space among them, so that the search plans the NVMe tier the swap files
+ * will really have (the store checks each directory again when it
+ * reserves the space). */
+static gboolean
+with_nvme_dirs (Run *r, GError **error)
+{
+  guint n = g_strv_length (r->c->nvme_dirs);
+  guint64 least = G_MAXUINT64;
+  for (guint i = 0; i < n; i++)
+    {
+      const char *d = r->c->nvme_dirs[i];
+      struct statvfs sv;
+      if (statvfs (d, &sv) != 0)
+        {
+          int e = errno;
+          g_set_error (error, G_FILE_ERROR, g_file_error_from_errno (e),
+                       "--nvme-dir %s: %s", d, g_strerror (e));
+          return FALSE;
+        }
+      least = MIN (least, (guint64)sv.f_bavail * (guint64)sv.f_frsize);
+    }
+  StowCluster *with = stow_cluster_with_host (r->cluster, 0, TRUE, n, least);
+  stow_cluster_unref (r->cluster);
+  r->cluster = with;
+  return TRUE;
+}
+
+/* Tests only: STOWAGE_TEST_NVME_FAULT=KIND:N makes the Nth I/O request
+ * to the optimizer's swap files from the first step on fail as KIND (eio,
+ * enospc, short, short-eof), to check that the run stops with the file and
+ * offset named and its checkpoints intact. */
+static gboolean
+test_nvme_fault (StowSwapSetup *s, GError **error)
+{
+  const char *v = g_getenv ("STOWAGE_TEST_NVME_FAULT");
+  if (v == NULL || *v == '\0')
+    return TRUE;
+  static const struct
+  {
+    const char *name;
+    StowNvmeFault fault;
+  } kinds[] = { { "eio", STOW_NVME_FAULT_EIO },
+                { "enospc", STOW_NVME_FAULT_ENOSPC },
+                { "short", STOW_NVME_FAULT_SHORT },
+                { "short-eof", STOW_NVME_FAULT_SHORT_EOF } };
+  g_auto (GStrv) kv = g_strsplit (v, ":", 2);
+  guint64 nth = 0;
+  for (guint i = 0; kv[0] && kv[1] && i < G_N_ELEMENTS (kinds); i++)
+    if (g_str_equal (kv[0], kinds[i].name)
+        && stow_parse_count (kv[1], &nth, NULL) && nth > 0)
+      {
+        s->fault = kinds[i].fault, s->fault_nth = nth;
+        return TRUE;
+      }
+  g_set_error (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
+               "STOWAGE_TEST_NVME_FAULT \"%s\": expected KIND:N, KIND one of "
+               "eio, enospc, short, short-eof",
+               v);
+  return FALSE;
 }
 
 /* ---- the loop --------------------------------------------------------------- */
@@ -769,6 +942,8 @@ stow_train_run (StowTrainConfig *c, GError **error)
     }
   r.cluster = cuda ? stow_train_gpu_cluster (device, c->threads, gpu_name)
                    : stow_train_cpu_cluster (device, c->threads);
+  if (c->nvme_dirs != NULL && !with_nvme_dirs (&r, error))
+    goto out;
   r.ops = &cpu_ops;
   if (!open_inputs (&r, error) || !plan (&r, error))
     goto out;
@@ -819,8 +994,14 @@ stow_train_run (StowTrainConfig *c, GError **error)
   if (!cuda)
     {
       StowCpuSetup cs
-          = { r.prog, r.model, device, c->threads, data_fn, &r, 0 };
+          = { r.prog, r.model, device, c->threads, data_fn, &r, 0, { 0 } };
+      cs.swap.dirs = (const char *const *)c->nvme_dirs;
+      if (!test_nvme_fault (&cs.swap, error))
+        goto out;
       r.be = stow_backend_cpu_new (&cs, error);
+      g_autofree char *swap = r.be ? stow_backend_cpu_describe_swap (r.be) : NULL;
+      if (swap != NULL)
+        note (c, "%s", swap);
     }
 #if STOW_HAVE_CUDA
   else

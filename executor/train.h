@@ -67,6 +67,7 @@ typedef struct
   guint64 device_memory;  /* bytes; 0: half of the host's RAM (cpu), the
                            * GPU's free memory less a reserve (cuda) */
   guint threads;          /* 0: one per core */
+  char **nvme_dirs;       /* --nvme-dir: where states on NVMe go, or NULL */
   StowTrainProgress progress;
   StowTrainNotice notice;
   gpointer progress_user; /* of both */

@@ -758,6 +758,10 @@ emit_optimizer (Lower *L, Rank *R, GArray *ready_order)
           guint buf = stow_program_buffer (L->p, R->rank, STOW_TIER_PINNED,
                                            stow_bytes (cp, per), -1, FALSE,
                                            "swap buffer %u", c % 3);
+          /* A chunk of the states (master, if any, then m, then v of its
+           * parameters), the rank's flat parameters [first, first + cp). */
+          holds (L, buf, STOW_BUF_STATES, STOW_NONE, 0, STOW_DTYPE_F32,
+                 STOW_LAYER_NONE, 0);
           guint prev = c >= 3 ? freed[c - 3] : STOW_NONE;
           emit_alloc (L, R->rank, STOW_STREAM_NVME_READ, buf, &prev, 1);
           op = copy_op (R->rank, STOW_STREAM_NVME_READ, STOW_TIER_NVME,
@@ -781,7 +785,15 @@ emit_optimizer (Lower *L, Rank *R, GArray *ready_order)
                                 TRUE);
           /* The chunk's updated weights go back to where they live. */
           Unit dummy = { .layer = STOW_LAYER_NONE, .resident = STOW_NONE };
+          guint first_op = L->p->ops->len;
           emit_param_refresh (L, R, &dummy, &up, 1, cp, STOW_STREAM_H2D);
+          /* The copies say which parameters: the chunk's range. */
+          for (guint o = first_op; o < L->p->ops->len; o++)
+            {
+              StowOp *e = &g_array_index (L->p->ops, StowOp, o);
+              if (e->kind == STOW_OP_COPY)
+                e->first = (guint64)c * chunk, e->count = cp, e->shard = c;
+            }
         }
       /* Resident streamed layers take their updated weights from the host
        * once the pipeline is through. */

@@ -81,6 +81,8 @@ struct _CpuBackend
    * micro-batches so far (under lock); the host copy of the weights. */
   gboolean *host_grads_held;
   guint8 *host_weights;
+  /* ZeRO-Infinity: the optimizer states on NVMe, in chunks. */
+  StowStateSwap *swap;
 };
 
 static double
@@ -114,6 +116,15 @@ static const StowBuffer *
 buf_of (CpuBackend *b, guint i)
 {
   return stow_tensor_map_buffer (&b->map, i);
+}
+
+/* A "swap buffer": one chunk of the states on their way to and from NVMe
+ * (a ring buffer of the swap's pinned pool). */
+static gboolean
+is_swap_buffer (const StowBuffer *buf)
+{
+  return buf->kind == STOW_BUF_STATES && !buf->persistent
+         && buf->tier != STOW_TIER_DEVICE && buf->tier != STOW_TIER_NVME;
 }
 
 /* ---- the ops ---------------------------------------------------------------- */
@@ -282,17 +293,31 @@ run_optim (CpuBackend *b, const StowOp *op, GError **error)
                    "host memory");
       return FALSE;
     }
-  if (op->unit == STOW_NONE)
+  if (op->unit == STOW_NONE && b->swap == NULL)
     {
       g_set_error (error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_UNSUPPORTED,
-                   "the cpu backend runs optimizer steps of whole units "
-                   "(not the NVMe swapper's chunks, nor a delayed update)");
+                   "the cpu backend runs optimizer steps of whole units or "
+                   "of NVMe chunks (not a delayed update)");
       return FALSE;
     }
   if (b->skip)
     return TRUE;
-  const StowUnit *u = &g_array_index (b->p->units, StowUnit, op->unit);
   StowAdamStep st = { b->step, 1.0, b->clip_coef, FALSE };
+  if (op->unit == STOW_NONE)
+    {
+      /* A chunk of the NVMe states, in its swap buffer. */
+      guint sb = stow_tensor_map_io (&b->map, op, TRUE, STOW_BUF_STATES);
+      if (sb == STOW_NONE || b->map.addr[sb] == NULL)
+        {
+          g_set_error (error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_INVALID,
+                       "an optimizer step over chunk %u writes no swap buffer",
+                       op->shard);
+          return FALSE;
+        }
+      return stow_state_swap_update (b->swap, b->adam, &st, b->lr, op->first,
+                                     op->count, b->map.addr[sb], error);
+    }
+  const StowUnit *u = &g_array_index (b->p->units, StowUnit, op->unit);
   for (guint k = 0; k < u->n_tensors; k++)
     {
       StowAdamConfig cfg;
@@ -319,6 +344,36 @@ run_copy (CpuBackend *b, const StowOp *op, GError **error)
   guint8 *to = NULL;
   gsize elem = 0;
   gboolean down = FALSE;
+  if (b->swap != NULL && op->src == STOW_TIER_NVME && dst != STOW_NONE
+      && is_swap_buffer (buf_of (b, dst)))
+    return stow_state_swap_read (b->swap, op->shard, m->addr[dst], op->bytes,
+                                 error);
+  if (b->swap != NULL && op->dst == STOW_TIER_NVME && src != STOW_NONE
+      && is_swap_buffer (buf_of (b, src)))
+    return stow_state_swap_write (b->swap, op->shard, m->addr[src], op->bytes,
+                                  error);
+  if (b->swap != NULL && dst == m->weights_buf && src == STOW_NONE
+      && op->unit == STOW_NONE && op->layer == STOW_LAYER_NONE
+      && op->count > 0)
+    {
+      /* A chunk's updated weights up: flat parameters [first, first +
+       * count), units contiguous in the weights as in the host copy. */
+      guint64 total = 0;
+      for (guint u = 0; u < b->p->units->len; u++)
+        total += unit_numel (b, u);
+      if (op->first + op->count > total || op->bytes != op->count * m->esize)
+        {
+          g_set_error (error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_INVALID,
+                       "a chunk's copy up of %" G_GUINT64_FORMAT
+                       " B from parameter %" G_GUINT64_FORMAT
+                       " (%" G_GUINT64_FORMAT " of %" G_GUINT64_FORMAT ")",
+                       op->bytes, op->first, op->count, total);
+          return FALSE;
+        }
+      memcpy (stow_tensor_map_unit (m, dst, 0) + op->first * m->esize,
+              b->host_weights + op->first * m->esize, op->count * m->esize);
+      return TRUE;
+    }
   if (dst != STOW_NONE && dst == m->host_grads_buf && src != STOW_NONE
       && buf_of (b, src)->kind == STOW_BUF_GRADS && buf_of (b, src)->slot >= 2)
     {
@@ -437,6 +492,13 @@ alloc_buffer (CpuBackend *b, guint bi, GError **error)
                    buf->name);
       return FALSE;
     }
+  if (buf->tier == STOW_TIER_NVME)
+    return TRUE; /* the swap's files hold it; no address */
+  if (is_swap_buffer (buf) && b->swap != NULL)
+    {
+      b->map.addr[bi] = stow_state_swap_take (b->swap, buf->bytes, error);
+      return b->map.addr[bi] != NULL;
+    }
   if (buf->tier != STOW_TIER_DEVICE)
     {
       /* Host tiers: plain memory, not counted against the device. */
@@ -481,6 +543,8 @@ free_buffer (CpuBackend *b, guint bi)
     return;
   if (buf->slot >= 0 && buf->bytes == 0)
     ; /* a slot's occupant: the slot stays */
+  else if (is_swap_buffer (buf) && b->swap != NULL)
+    stow_state_swap_give (b->swap, b->map.addr[bi]);
   else if (buf->tier != STOW_TIER_DEVICE)
     g_free (b->map.addr[bi]);
   else
@@ -684,8 +748,11 @@ cpu_destroy (StowBackend *bb)
         g_async_queue_unref (b->workers[s].queue);
       }
   for (guint i = 0; b->map.addr && i < b->n_buffers; i++)
-    if (b->map.addr[i] && buf_of (b, i)->tier != STOW_TIER_DEVICE)
+    if (b->map.addr[i] && buf_of (b, i)->tier != STOW_TIER_DEVICE
+        && !(is_swap_buffer (buf_of (b, i)) && b->swap != NULL))
       g_free (b->map.addr[i]);
+  if (b->swap)
+    stow_state_swap_free (b->swap);
   stow_tensor_map_clear (&b->map);
   g_free (b->host_grads_held);
   g_free (b->host_weights);
@@ -769,6 +836,15 @@ stow_backend_cpu_new (const StowCpuSetup *setup, GError **error)
           return NULL;
         }
       b->map.host_weights = b->host_weights;
+    }
+  if (b->map.states_nvme)
+    {
+      b->swap = stow_state_swap_new (&b->map, &setup->swap, error);
+      if (b->swap == NULL)
+        {
+          cpu_destroy (&b->parent);
+          return NULL;
+        }
     }
   b->llama = stow_llama_new (&b->map.config, b->map.ftype, p->seq_len,
                              setup->n_threads, error);
@@ -863,7 +939,7 @@ stow_backend_cpu_master (StowBackend *bb, guint unit)
 {
   CpuBackend *b = (CpuBackend *)bb;
   StowTensorMap *m = &b->map;
-  if (!b->p->master_weights
+  if (!b->p->master_weights || m->states_nvme
       || m->addr[m->states_master ? m->states_buf : m->master_buf] == NULL)
     return NULL;
   return stow_tensor_map_state (m, unit, 0);
@@ -874,9 +950,33 @@ stow_backend_cpu_moment (StowBackend *bb, guint unit, guint which)
 {
   CpuBackend *b = (CpuBackend *)bb;
   StowTensorMap *m = &b->map;
-  if (m->addr[m->states_buf] == NULL)
+  if (m->states_nvme || m->addr[m->states_buf] == NULL)
     return NULL;
   return stow_tensor_map_state (m, unit, 1 + which);
+}
+
+gboolean
+stow_backend_cpu_states (StowBackend *bb, gboolean write, guint unit,
+                         guint which, guint64 first, guint64 n, float *data,
+                         GError **error)
+{
+  CpuBackend *b = (CpuBackend *)bb;
+  if (b->swap == NULL)
+    {
+      g_set_error_literal (error, STOW_BACKEND_ERROR,
+                           STOW_BACKEND_ERROR_INVALID,
+                           "the optimizer states are not on NVMe");
+      return FALSE;
+    }
+  return stow_state_swap_access (b->swap, write, unit, which, first, n, data,
+                                 error);
+}
+
+char *
+stow_backend_cpu_describe_swap (StowBackend *bb)
+{
+  CpuBackend *b = (CpuBackend *)bb;
+  return b->swap ? stow_state_swap_describe (b->swap) : NULL;
 }
 
 gboolean
@@ -884,6 +984,8 @@ stow_backend_cpu_push (StowBackend *bb, GError **error)
 {
   CpuBackend *b = (CpuBackend *)bb;
   StowTensorMap *m = &b->map;
+  if (b->swap != NULL && !stow_state_swap_flush (b->swap, error))
+    return FALSE;
   if (b->host_weights == NULL || m->addr[m->weights_buf] == NULL)
     return TRUE;
   guint64 numel = 0;

@@ -11,6 +11,7 @@
 #pragma once
 
 #include "executor/backend.h"
+#include "executor/backends/swap.h"
 #include "executor/backends/tensors.h"
 #include "executor/llama.h"
 
@@ -33,6 +34,8 @@ typedef struct
   /* Test knob: every copy sleeps this long first (0: none), so that tests
    * of overlap on a small machine can see it. */
   guint copy_delay_us;
+  /* Where the optimizer states go when the program keeps them on NVMe. */
+  StowSwapSetup swap;
 } StowCpuSetup;
 
 /* Checks that every buffer of @setup->program holds what the runtime
@@ -63,13 +66,24 @@ void stow_backend_cpu_reset_peak (StowBackend *cpu);
 
 /* The persistent tensors of @unit, for loading and saving: its weights
  * (program->weight_dtype), its fp32 master copy (NULL without one), its
- * Adam moments; NULL before stow_backend_cpu_alloc_persistent. */
+ * Adam moments; NULL before stow_backend_cpu_alloc_persistent, and the
+ * master and moments NULL when they live on NVMe (then
+ * stow_backend_cpu_states). */
 void *stow_backend_cpu_weights (StowBackend *cpu, guint unit);
 float *stow_backend_cpu_master (StowBackend *cpu, guint unit);
 float *stow_backend_cpu_moment (StowBackend *cpu, guint unit, guint which);
-/* After the weights were loaded through stow_backend_cpu_weights: with an
- * offloaded optimizer, the host copy CPU Adam updates takes them (fp32
- * training updates that copy in place).  TRUE; nothing without one. */
+/* States on NVMe, between steps: floats [@first, @first + @n) of state
+ * @which (0 master, 1 m, 2 v) of @unit read into (or written from)
+ * @data.  STOW_BACKEND_ERROR_INVALID when the states are not on NVMe. */
+gboolean stow_backend_cpu_states (StowBackend *cpu, gboolean write, guint unit,
+                                  guint which, guint64 first, guint64 n,
+                                  float *data, GError **error);
+/* After the weights (and states) were loaded: with an offloaded
+ * optimizer, the host copy CPU Adam updates takes the weights (fp32
+ * training updates that copy in place), and states written to NVMe are
+ * flushed.  TRUE; nothing without one. */
 gboolean stow_backend_cpu_push (StowBackend *cpu, GError **error);
+/* One line on where the optimizer states are swapped, or NULL. */
+char *stow_backend_cpu_describe_swap (StowBackend *cpu);
 
 G_END_DECLS

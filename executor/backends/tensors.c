@@ -237,8 +237,7 @@ index_buffers (StowTensorMap *m, const char *backend, GError **error)
         case STOW_BUF_STATES:
           if (!buf->persistent)
             break;
-          if (buf->tier != STOW_TIER_DEVICE
-              && !(buf->kind == STOW_BUF_STATES && buf->tier != STOW_TIER_NVME)
+          if (buf->tier != STOW_TIER_DEVICE && buf->kind != STOW_BUF_STATES
               && !(buf->kind == STOW_BUF_GRADS && buf->tier != STOW_TIER_NVME))
             break;
           if (buf->unit_first != 0 || buf->n_units != p->units->len)
@@ -267,6 +266,7 @@ index_buffers (StowTensorMap *m, const char *backend, GError **error)
               m->states_buf = i;
               m->states_master
                   = buf->kind == STOW_BUF_STATES && p->master_weights;
+              m->states_nvme = buf->tier == STOW_TIER_NVME;
             }
           break;
         case STOW_BUF_OTHER:
@@ -467,6 +467,20 @@ stow_tensor_map_state (const StowTensorMap *m, guint unit, guint which)
 }
 
 void
+stow_tensor_map_adam_config (const StowTensorMap *m, guint unit, guint k,
+                             double lr, StowAdamConfig *cfg)
+{
+  const StowProgram *p = m->p;
+  const StowUnitTensor *t = &g_array_index (
+      p->unit_tensors, StowUnitTensor, unit_of (m, unit)->first_tensor + k);
+  stow_adam_config_init (cfg);
+  cfg->lr = lr;
+  cfg->beta1 = p->optim.beta1, cfg->beta2 = p->optim.beta2;
+  cfg->eps = p->optim.eps;
+  cfg->weight_decay = t->n_dims >= 2 ? p->optim.weight_decay : 0.0;
+}
+
+void
 stow_tensor_map_adam (const StowTensorMap *m, guint unit, guint k, double lr,
                       StowAdamConfig *cfg, StowAdamTensor *at)
 {
@@ -474,6 +488,7 @@ stow_tensor_map_adam (const StowTensorMap *m, guint unit, guint k, double lr,
   const StowUnit *u = unit_of (m, unit);
   const StowUnitTensor *t = &g_array_index (p->unit_tensors, StowUnitTensor,
                                             u->first_tensor + k);
+  g_assert (!m->states_nvme);
   guint8 *w
       = m->host_weights
             ? m->host_weights + (u->offset - unit_of (m, 0)->offset) * m->esize
@@ -481,11 +496,7 @@ stow_tensor_map_adam (const StowTensorMap *m, guint unit, guint k, double lr,
   guint8 *g = stow_tensor_map_unit (
       m, m->host_grads_buf != STOW_NONE ? m->host_grads_buf : m->grads_buf,
       unit);
-  stow_adam_config_init (cfg);
-  cfg->lr = lr;
-  cfg->beta1 = p->optim.beta1, cfg->beta2 = p->optim.beta2;
-  cfg->eps = p->optim.eps;
-  cfg->weight_decay = t->n_dims >= 2 ? p->optim.weight_decay : 0.0;
+  stow_tensor_map_adam_config (m, unit, k, lr, cfg);
   memset (at, 0, sizeof *at);
   at->m = stow_tensor_map_state (m, unit, 1) + t->offset;
   at->v = stow_tensor_map_state (m, unit, 2) + t->offset;

@@ -42,6 +42,9 @@ typedef struct
    * master weights), m and v. */
   guint host_grads_buf;
   gboolean states_master; /* states_buf holds the master weights too */
+  /* ZeRO-Infinity: states_buf lives on NVMe (no address; the backend
+   * swaps it in chunks, stow_tensor_map_state does not apply). */
+  gboolean states_nvme;
   /* [slot]: the persistent buffer whose bytes a slot's occupant uses
    * (2, 3: "gradient slot 0", "gradient slot 1"), STOW_NONE: none */
   guint slot_buf[8];
@@ -108,6 +111,11 @@ void stow_tensor_map_head_in (const StowTensorMap *map, guint buffer,
  * 2 v, wherever the program keeps them (device or host). */
 float *stow_tensor_map_state (const StowTensorMap *map, guint unit,
                               guint which);
+
+/* Tensor @k of @unit's AdamW settings at learning rate @lr (weight decay
+ * on tensors of two or more dimensions only). */
+void stow_tensor_map_adam_config (const StowTensorMap *map, guint unit,
+                                  guint k, double lr, StowAdamConfig *config);
 
 /* The optimizer's view of tensor @k of @unit: its AdamW settings (weight
  * decay on tensors of two or more dimensions only, as nanoGPT and HF's

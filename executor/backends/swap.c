@@ -1,0 +1,413 @@
+/* SPDX-License-Identifier: MIT
+ *
+ * executor/backends/swap.c: the optimizer states on NVMe
+ * (executor/backends/swap.h).
+ */
+#include "executor/backends/swap.h"
+
+#include <string.h>
+
+#include "executor/backend.h"
+#include "offload/pinned.h"
+
+#define RING 3 /* the lowering's swap buffers: read i+1, update i, write i-1 */
+
+typedef struct
+{
+  guint64 first, count; /* of the rank's flat parameters */
+  guint tensor;         /* in the store */
+} Chunk;
+
+struct _StowStateSwap
+{
+  const StowTensorMap *map;
+  guint n_sections; /* 3 (master, m, v) or 2 (m, v) */
+  GArray *chunks;   /* Chunk, by the program's shard index */
+  guint64 max_bytes;
+  StowNvmeStore *store;
+  StowPinnedPool *pool;
+  void *ring[RING];
+  gboolean ring_busy[RING];
+  GMutex lock;
+  char *dirs; /* for messages */
+  StowNvmeFault fault;
+  guint64 fault_nth;
+  /* outside a step: one chunk read into ring[0] */
+  guint cached; /* G_MAXUINT: none */
+  gboolean dirty;
+};
+
+static guint64
+chunk_bytes (const StowStateSwap *sw, const Chunk *c)
+{
+  return c->count * sw->n_sections * 4;
+}
+
+static const Chunk *
+chunk_at (const StowStateSwap *sw, guint i)
+{
+  return &g_array_index (sw->chunks, Chunk, i);
+}
+
+/* The chunks, from the program's host optimizer steps over them. */
+static gboolean
+find_chunks (StowStateSwap *sw, GError **error)
+{
+  const StowProgram *p = sw->map->p;
+  guint64 total = 0;
+  for (guint u = 0; u < p->units->len; u++)
+    total += g_array_index (p->units, StowUnit, u).numel;
+  for (guint i = 0; i < p->ops->len; i++)
+    {
+      const StowOp *op = &g_array_index (p->ops, StowOp, i);
+      if (op->kind != STOW_OP_OPTIM_STEP || op->on_gpu || op->unit != STOW_NONE)
+        continue;
+      if (op->shard >= sw->chunks->len)
+        g_array_set_size (sw->chunks, op->shard + 1);
+      Chunk *c = &g_array_index (sw->chunks, Chunk, op->shard);
+      c->first = op->first, c->count = op->count;
+    }
+  guint64 next = 0;
+  for (guint i = 0; i < sw->chunks->len; i++)
+    {
+      const Chunk *c = chunk_at (sw, i);
+      if (c->count == 0 || c->first != next)
+        {
+          g_set_error (error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_INVALID,
+                       "the program's optimizer chunks do not cover the "
+                       "parameters in order (chunk %u starts at %" G_GUINT64_FORMAT
+                       ", expected %" G_GUINT64_FORMAT ")",
+                       i, c->first, next);
+          return FALSE;
+        }
+      next += c->count;
+      sw->max_bytes = MAX (sw->max_bytes, chunk_bytes (sw, c));
+    }
+  if (next != total)
+    {
+      g_set_error (error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_INVALID,
+                   "the program's optimizer chunks cover %" G_GUINT64_FORMAT
+                   " of %" G_GUINT64_FORMAT " parameters",
+                   next, total);
+      return FALSE;
+    }
+  return TRUE;
+}
+
+StowStateSwap *
+stow_state_swap_new (const StowTensorMap *map, const StowSwapSetup *setup,
+                     GError **error)
+{
+  g_return_val_if_fail (map != NULL && setup != NULL, NULL);
+  if (setup->dirs == NULL || setup->dirs[0] == NULL)
+    {
+      g_set_error_literal (error, STOW_BACKEND_ERROR,
+                           STOW_BACKEND_ERROR_INVALID,
+                           "--offload-optimizer nvme needs --nvme-dir");
+      return NULL;
+    }
+  g_autoptr (StowStateSwap) sw = g_new0 (StowStateSwap, 1);
+  g_mutex_init (&sw->lock);
+  sw->map = map;
+  sw->n_sections = map->p->master_weights ? 3 : 2;
+  sw->chunks = g_array_new (FALSE, TRUE, sizeof (Chunk));
+  sw->cached = G_MAXUINT;
+  sw->fault = setup->fault, sw->fault_nth = setup->fault_nth;
+  sw->dirs = g_strjoinv (",", (char **)setup->dirs);
+  if (!find_chunks (sw, error))
+    return NULL;
+  StowNvmeOptions no = { 0 };
+  no.dirs = setup->dirs;
+  no.checksum = TRUE;
+  sw->store = stow_nvme_store_new (&no, error);
+  if (sw->store == NULL)
+    return NULL;
+  for (guint i = 0; i < sw->chunks->len; i++)
+    {
+      Chunk *c = &g_array_index (sw->chunks, Chunk, i);
+      g_autofree char *name = g_strdup_printf ("optimizer chunk %u", i);
+      c->tensor = stow_nvme_store_add_tensor (sw->store, name,
+                                              chunk_bytes (sw, c));
+    }
+  if (!stow_nvme_store_prepare (sw->store, error))
+    return NULL;
+  /* One slab holds the ring, so a small memlock limit is asked for no more
+   * than the ring. */
+  guint64 slot = (sw->max_bytes + STOW_NVME_ALIGN - 1) / STOW_NVME_ALIGN
+                 * STOW_NVME_ALIGN;
+  StowPinnedOptions po = { 0 };
+  po.slab_bytes = slot * RING;
+  po.numa_node = -1;
+  po.no_cuda = TRUE;
+  po.defer_pin = TRUE;
+  sw->pool = stow_pinned_pool_new (&po);
+  for (guint i = 0; i < RING; i++)
+    {
+      sw->ring[i] = stow_pinned_pool_alloc (sw->pool, slot, error);
+      if (sw->ring[i] == NULL)
+        return NULL;
+      stow_nvme_store_register_buffer (sw->store, sw->ring[i], slot);
+    }
+  stow_pinned_pool_pin (sw->pool);
+  /* Every chunk starts as zeros: the moments of a fresh run, and data the
+   * store can read back before the first load writes the master. */
+  memset (sw->ring[0], 0, slot);
+  for (guint i = 0; i < sw->chunks->len; i++)
+    {
+      Chunk *c = &g_array_index (sw->chunks, Chunk, i);
+      if (!stow_state_swap_write (sw, i, sw->ring[0], chunk_bytes (sw, c),
+                                  error))
+        return NULL;
+    }
+  return g_steal_pointer (&sw);
+}
+
+void
+stow_state_swap_free (StowStateSwap *sw)
+{
+  if (sw == NULL)
+    return;
+  if (sw->store)
+    stow_nvme_store_free (sw->store);
+  if (sw->pool)
+    stow_pinned_pool_free (sw->pool);
+  if (sw->chunks)
+    g_array_unref (sw->chunks);
+  g_free (sw->dirs);
+  g_mutex_clear (&sw->lock);
+  g_free (sw);
+}
+
+guint
+stow_state_swap_n_chunks (const StowStateSwap *sw)
+{
+  return sw->chunks->len;
+}
+
+char *
+stow_state_swap_describe (const StowStateSwap *sw)
+{
+  g_autofree char *buf
+      = g_format_size_full (sw->max_bytes, G_FORMAT_SIZE_IEC_UNITS);
+  g_autofree char *pool = stow_pinned_pool_describe (sw->pool);
+  return g_strdup_printf (
+      "optimizer states on NVMe: %u chunk%s in %s (%s, %s), %d swap buffers "
+      "of %s; %s",
+      sw->chunks->len, sw->chunks->len == 1 ? "" : "s", sw->dirs,
+      stow_nvme_engine_name (stow_nvme_store_get_engine (sw->store)),
+      stow_nvme_store_is_direct (sw->store) ? "O_DIRECT" : "buffered", RING,
+      buf, pool);
+}
+
+/* ---- the ring ------------------------------------------------------------ */
+
+void *
+stow_state_swap_take (StowStateSwap *sw, guint64 bytes, GError **error)
+{
+  if (bytes > sw->max_bytes)
+    {
+      g_set_error (error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_INVALID,
+                   "a swap buffer of %" G_GUINT64_FORMAT
+                   " B; the largest chunk holds %" G_GUINT64_FORMAT " B",
+                   bytes, sw->max_bytes);
+      return NULL;
+    }
+  g_mutex_lock (&sw->lock);
+  void *got = NULL;
+  for (guint i = 0; got == NULL && i < RING; i++)
+    if (!sw->ring_busy[i])
+      {
+        sw->ring_busy[i] = TRUE;
+        got = sw->ring[i];
+      }
+  g_mutex_unlock (&sw->lock);
+  if (got == NULL)
+    g_set_error (error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_INVALID,
+                 "the program holds more than %d swap buffers at once", RING);
+  return got;
+}
+
+void
+stow_state_swap_give (StowStateSwap *sw, void *buf)
+{
+  g_mutex_lock (&sw->lock);
+  for (guint i = 0; i < RING; i++)
+    if (sw->ring[i] == buf)
+      sw->ring_busy[i] = FALSE;
+  g_mutex_unlock (&sw->lock);
+}
+
+/* ---- I/O ------------------------------------------------------------------- */
+
+static gboolean
+check_chunk (StowStateSwap *sw, guint chunk, guint64 bytes, GError **error)
+{
+  if (chunk < sw->chunks->len
+      && chunk_bytes (sw, chunk_at (sw, chunk)) == bytes)
+    return TRUE;
+  g_set_error (error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_INVALID,
+               "optimizer chunk %u of %" G_GUINT64_FORMAT
+               " B: the program has %u chunks%s",
+               chunk, bytes, sw->chunks->len,
+               chunk < sw->chunks->len ? " of other sizes" : "");
+  return FALSE;
+}
+
+/* Tests' fault, armed at the first I/O of a step. */
+static void
+arm_fault (StowStateSwap *sw)
+{
+  g_mutex_lock (&sw->lock);
+  if (sw->fault != STOW_NVME_FAULT_NONE)
+    {
+      stow_nvme_store_inject_fault (sw->store, sw->fault_nth, sw->fault);
+      sw->fault = STOW_NVME_FAULT_NONE;
+    }
+  g_mutex_unlock (&sw->lock);
+}
+
+gboolean
+stow_state_swap_read (StowStateSwap *sw, guint chunk, void *buf, guint64 bytes,
+                      GError **error)
+{
+  if (!check_chunk (sw, chunk, bytes, error))
+    return FALSE;
+  arm_fault (sw);
+  return stow_nvme_store_read (sw->store, chunk_at (sw, chunk)->tensor, buf,
+                               error);
+}
+
+gboolean
+stow_state_swap_write (StowStateSwap *sw, guint chunk, const void *buf,
+                       guint64 bytes, GError **error)
+{
+  if (!check_chunk (sw, chunk, bytes, error))
+    return FALSE;
+  return stow_nvme_store_write (sw->store, chunk_at (sw, chunk)->tensor, buf,
+                                error);
+}
+
+/* ---- the update -------------------------------------------------------------- */
+
+gboolean
+stow_state_swap_update (StowStateSwap *sw, StowAdam *adam,
+                        const StowAdamStep *step, double lr, guint64 first,
+                        guint64 count, void *buf, GError **error)
+{
+  const StowTensorMap *m = sw->map;
+  const StowProgram *p = m->p;
+  const guint64 base = g_array_index (p->units, StowUnit, 0).offset;
+  const gsize gsz = stow_dtype_size (p->grad_dtype);
+  const guint8 *grads = m->addr[m->host_grads_buf];
+  float *f = buf;
+  float *master = sw->n_sections == 3 ? f : NULL;
+  float *mom = f + (sw->n_sections - 2) * count;
+  float *vel = mom + count;
+  for (guint ui = 0; ui < p->units->len; ui++)
+    {
+      const StowUnit *u = &g_array_index (p->units, StowUnit, ui);
+      guint64 u0 = u->offset - base;
+      if (u0 >= first + count || u0 + u->numel <= first)
+        continue;
+      for (guint k = 0; k < u->n_tensors; k++)
+        {
+          const StowUnitTensor *t = &g_array_index (
+              p->unit_tensors, StowUnitTensor, u->first_tensor + k);
+          guint64 t0 = u0 + t->offset;
+          guint64 lo = MAX (t0, first), hi = MIN (t0 + t->numel, first + count);
+          if (lo >= hi)
+            continue;
+          StowAdamConfig cfg;
+          stow_tensor_map_adam_config (m, ui, k, lr, &cfg);
+          StowAdamTensor at = { 0 };
+          at.m = mom + (lo - first);
+          at.v = vel + (lo - first);
+          at.grad = grads + lo * gsz;
+          at.grad_type = stow_float_type_of_dtype (p->grad_dtype);
+          at.n = hi - lo;
+          if (master != NULL)
+            {
+              at.param = master + (lo - first);
+              at.param_out = m->host_weights + lo * m->esize;
+              at.out_type = m->ftype;
+            }
+          else
+            {
+              at.param = (float *)m->host_weights + lo;
+              at.out_type = STOW_FLOAT_NONE;
+            }
+          if (!stow_adam_step (adam, &cfg, step, &at, error))
+            return FALSE;
+        }
+    }
+  return TRUE;
+}
+
+/* ---- outside a step -------------------------------------------------------- */
+
+static gboolean
+cache_chunk (StowStateSwap *sw, guint chunk, GError **error)
+{
+  if (sw->cached == chunk)
+    return TRUE;
+  if (!stow_state_swap_flush (sw, error))
+    return FALSE;
+  const Chunk *c = chunk_at (sw, chunk);
+  if (!stow_nvme_store_read (sw->store, c->tensor, sw->ring[0], error))
+    return FALSE;
+  sw->cached = chunk;
+  return TRUE;
+}
+
+gboolean
+stow_state_swap_access (StowStateSwap *sw, gboolean write, guint unit,
+                        guint which, guint64 first, guint64 n, float *data,
+                        GError **error)
+{
+  const StowProgram *p = sw->map->p;
+  g_return_val_if_fail (which < 3 && (which > 0 || sw->n_sections == 3),
+                        FALSE);
+  guint64 at = g_array_index (p->units, StowUnit, unit).offset
+               - g_array_index (p->units, StowUnit, 0).offset + first;
+  guint sec = which - (3 - sw->n_sections);
+  /* Chunks are in order: find the first that holds @at. */
+  guint c = 0;
+  while (c + 1 < sw->chunks->len && chunk_at (sw, c + 1)->first <= at)
+    c++;
+  while (n > 0)
+    {
+      const Chunk *ch = chunk_at (sw, c);
+      guint64 off = at - ch->first;
+      guint64 piece = MIN (n, ch->count - off);
+      if (!cache_chunk (sw, c, error))
+        return FALSE;
+      float *s = (float *)sw->ring[0] + (guint64)sec * ch->count + off;
+      if (write)
+        {
+          memcpy (s, data, piece * 4);
+          sw->dirty = TRUE;
+        }
+      else
+        memcpy (data, s, piece * 4);
+      data += piece, at += piece, n -= piece;
+      c++;
+    }
+  return TRUE;
+}
+
+gboolean
+stow_state_swap_flush (StowStateSwap *sw, GError **error)
+{
+  if (sw->cached == G_MAXUINT)
+    return TRUE;
+  if (sw->dirty)
+    {
+      const Chunk *c = chunk_at (sw, sw->cached);
+      if (!stow_nvme_store_write (sw->store, c->tensor, sw->ring[0], error))
+        return FALSE;
+      sw->dirty = FALSE;
+    }
+  /* ring[0] goes back to the steps' swap buffers. */
+  sw->cached = G_MAXUINT;
+  return TRUE;
+}
