@@ -307,89 +307,6 @@ test_bad_input (void)
   fixture_clear (&f);
 }
 
-/* ---- ZeRO-Offload ------------------------------------------------------- */
-
-/* --offload-optimizer cpu: master weights, moments and a copy of the
- * gradients in host memory, CPU Adam, the updated weights copied up; the
- * same bits as the run that keeps everything on the device, with two
- * micro-batches a step (the fixture's), in fp32 and bf16, with and
- * without full recomputation. */
-static void
-test_offload_optimizer (void)
-{
-  Fixture f;
-  fixture_init (&f);
-  const char *const cases[][4] = {
-    { "--precision", "fp32", "--recompute", "none" },
-    { "--precision", "bf16", "--recompute", "none" },
-    { "--precision", "fp32", "--recompute", "full" },
-    { "--precision", "bf16", "--recompute", "full" },
-  };
-  for (guint i = 0; i < G_N_ELEMENTS (cases); i++)
-    {
-      const char *const *c = cases[i];
-      g_autofree char *dev = g_strdup_printf ("%s/dev%u", f.dir, i);
-      g_autofree char *host = g_strdup_printf ("%s/host%u", f.dir, i);
-      g_auto (StowRun) rd = { 0 };
-      g_auto (StowRun) rh = { 0 };
-      train (&rd, &f, dev, "--steps", "3", c[0], c[1], c[2], c[3], NULL);
-      train (&rh, &f, host, "--steps", "3", c[0], c[1], c[2], c[3],
-             "--offload-optimizer", "cpu", NULL);
-      g_test_message ("%s %s %s %s: %s", c[0], c[1], c[2], c[3], rh.err);
-      g_assert_cmpint (rd.status, ==, 0);
-      g_assert_cmpint (rh.status, ==, 0);
-      g_assert_nonnull (strstr (rd.err, "optimizer none"));
-      g_assert_nonnull (strstr (rh.err, "optimizer cpu"));
-      g_assert_true (same_file (dev, host, "model.safetensors"));
-      g_assert_true (same_file (dev, host, "optimizer.stow"));
-      assert_peak_as_simulated (&rh);
-    }
-  fixture_clear (&f);
-}
-
-/* Stopped after 3 steps and resumed, offloaded: the weights and state of
- * the uninterrupted on-device run; and a checkpoint of one placement
- * continues under the other. */
-static void
-test_offload_optimizer_resume (void)
-{
-  Fixture f;
-  fixture_init (&f);
-  g_autofree char *straight = g_build_filename (f.dir, "straight", NULL);
-  g_autofree char *host = g_build_filename (f.dir, "host", NULL);
-  g_autofree char *mixed = g_build_filename (f.dir, "mixed", NULL);
-  g_auto (StowRun) r1 = { 0 };
-  train (&r1, &f, straight, "--steps", "6", "--precision", "bf16", NULL);
-  g_assert_cmpint (r1.status, ==, 0);
-  g_auto (StowRun) r2 = { 0 };
-  train (&r2, &f, host, "--steps", "3", "--precision", "bf16",
-         "--offload-optimizer", "cpu", NULL);
-  g_assert_cmpint (r2.status, ==, 0);
-  g_auto (StowRun) r3 = { 0 };
-  train (&r3, &f, host, "--steps", "6", "--precision", "bf16",
-         "--offload-optimizer", "cpu", "--resume", NULL);
-  g_assert_cmpint (r3.status, ==, 0);
-  g_assert_nonnull (strstr (r3.err, "resuming from step 3"));
-  g_assert_true (same_file (straight, host, "model.safetensors"));
-  g_assert_true (same_file (straight, host, "optimizer.stow"));
-  /* On the device for 3 steps, then offloaded. */
-  g_auto (StowRun) r4 = { 0 };
-  train (&r4, &f, mixed, "--steps", "3", "--precision", "bf16", NULL);
-  g_assert_cmpint (r4.status, ==, 0);
-  g_auto (StowRun) r5 = { 0 };
-  train (&r5, &f, mixed, "--steps", "6", "--precision", "bf16",
-         "--offload-optimizer", "cpu", "--resume", NULL);
-  g_assert_cmpint (r5.status, ==, 0);
-  g_assert_true (same_file (straight, mixed, "model.safetensors"));
-  g_assert_true (same_file (straight, mixed, "optimizer.stow"));
-  /* NVMe is not run yet, and says so. */
-  g_auto (StowRun) r6 = { 0 };
-  train (&r6, &f, mixed, "--offload-optimizer", "nvme", NULL);
-  g_assert_cmpint (r6.status, ==, 2);
-  g_assert_nonnull (strstr (r6.err, "--offload-optimizer nvme"));
-  fixture_clear (&f);
-}
-
 static void
 test_init_model (void)
 {
@@ -424,8 +341,5 @@ main (int argc, char **argv)
   g_test_add_func ("/train/bytes", test_bytes);
   g_test_add_func ("/train/bad-input", test_bad_input);
   g_test_add_func ("/train/init-model", test_init_model);
-  g_test_add_func ("/train/offload-optimizer", test_offload_optimizer);
-  g_test_add_func ("/train/offload-optimizer-resume",
-                   test_offload_optimizer_resume);
   return g_test_run ();
 }

@@ -1,0 +1,387 @@
+/* SPDX-License-Identifier: MIT
+ *
+ * tests/test-train-offload.c: `stowage train` with the optimizer off the
+ * device: ZeRO-Offload (--offload-optimizer cpu) and ZeRO-Infinity's
+ * optimizer (--offload-optimizer nvme --nvme-dir).  Each run's checkpoint
+ * holds the same bytes as the run that keeps everything on the device,
+ * across resumption from and into any placement, and I/O faults stop a
+ * run with the file and offset named and its checkpoints intact; swap
+ * files are private and gone after the run, also after SIGTERM.
+ */
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <glib/gstdio.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "testutil-train.h"
+
+/* ---- ZeRO-Offload ------------------------------------------------------- */
+
+/* --offload-optimizer cpu: master weights, moments and a copy of the
+ * gradients in host memory, CPU Adam, the updated weights copied up; the
+ * same bits as the run that keeps everything on the device, with two
+ * micro-batches a step (the fixture's), in fp32 and bf16, with and
+ * without full recomputation. */
+static void
+test_offload_optimizer (void)
+{
+  Fixture f;
+  fixture_init (&f);
+  const char *const cases[][4] = {
+    { "--precision", "fp32", "--recompute", "none" },
+    { "--precision", "bf16", "--recompute", "none" },
+    { "--precision", "fp32", "--recompute", "full" },
+    { "--precision", "bf16", "--recompute", "full" },
+  };
+  for (guint i = 0; i < G_N_ELEMENTS (cases); i++)
+    {
+      const char *const *c = cases[i];
+      g_autofree char *dev = g_strdup_printf ("%s/dev%u", f.dir, i);
+      g_autofree char *host = g_strdup_printf ("%s/host%u", f.dir, i);
+      g_auto (StowRun) rd = { 0 };
+      g_auto (StowRun) rh = { 0 };
+      train (&rd, &f, dev, "--steps", "3", c[0], c[1], c[2], c[3], NULL);
+      train (&rh, &f, host, "--steps", "3", c[0], c[1], c[2], c[3],
+             "--offload-optimizer", "cpu", NULL);
+      g_test_message ("%s %s %s %s: %s", c[0], c[1], c[2], c[3], rh.err);
+      g_assert_cmpint (rd.status, ==, 0);
+      g_assert_cmpint (rh.status, ==, 0);
+      g_assert_nonnull (strstr (rd.err, "optimizer none"));
+      g_assert_nonnull (strstr (rh.err, "optimizer cpu"));
+      g_assert_true (same_file (dev, host, "model.safetensors"));
+      g_assert_true (same_file (dev, host, "optimizer.stow"));
+      assert_peak_as_simulated (&rh);
+    }
+  fixture_clear (&f);
+}
+
+/* Stopped after 3 steps and resumed, offloaded: the weights and state of
+ * the uninterrupted on-device run; and a checkpoint of one placement
+ * continues under the other. */
+static void
+test_offload_optimizer_resume (void)
+{
+  Fixture f;
+  fixture_init (&f);
+  g_autofree char *straight = g_build_filename (f.dir, "straight", NULL);
+  g_autofree char *host = g_build_filename (f.dir, "host", NULL);
+  g_autofree char *mixed = g_build_filename (f.dir, "mixed", NULL);
+  g_auto (StowRun) r1 = { 0 };
+  train (&r1, &f, straight, "--steps", "6", "--precision", "bf16", NULL);
+  g_assert_cmpint (r1.status, ==, 0);
+  g_auto (StowRun) r2 = { 0 };
+  train (&r2, &f, host, "--steps", "3", "--precision", "bf16",
+         "--offload-optimizer", "cpu", NULL);
+  g_assert_cmpint (r2.status, ==, 0);
+  g_auto (StowRun) r3 = { 0 };
+  train (&r3, &f, host, "--steps", "6", "--precision", "bf16",
+         "--offload-optimizer", "cpu", "--resume", NULL);
+  g_assert_cmpint (r3.status, ==, 0);
+  g_assert_nonnull (strstr (r3.err, "resuming from step 3"));
+  g_assert_true (same_file (straight, host, "model.safetensors"));
+  g_assert_true (same_file (straight, host, "optimizer.stow"));
+  /* On the device for 3 steps, then offloaded. */
+  g_auto (StowRun) r4 = { 0 };
+  train (&r4, &f, mixed, "--steps", "3", "--precision", "bf16", NULL);
+  g_assert_cmpint (r4.status, ==, 0);
+  g_auto (StowRun) r5 = { 0 };
+  train (&r5, &f, mixed, "--steps", "6", "--precision", "bf16",
+         "--offload-optimizer", "cpu", "--resume", NULL);
+  g_assert_cmpint (r5.status, ==, 0);
+  g_assert_true (same_file (straight, mixed, "model.safetensors"));
+  g_assert_true (same_file (straight, mixed, "optimizer.stow"));
+  fixture_clear (&f);
+}
+
+/* ---- ZeRO-Infinity's optimizer: the states on NVMe ------------------------ */
+
+/* Entries in @dir (the swap files' parent): none once a run has ended. */
+static guint
+entries (const char *dir)
+{
+  g_autoptr (GDir) d = g_dir_open (dir, 0, NULL);
+  guint n = 0;
+  while (d && g_dir_read_name (d))
+    n++;
+  return n;
+}
+
+static char *
+make_dir (const Fixture *f, const char *name)
+{
+  char *d = g_build_filename (f->dir, name, NULL);
+  g_assert_cmpint (g_mkdir_with_parents (d, 0755), ==, 0);
+  return d;
+}
+
+/* A plan file for the fixture's model with the optimizer on NVMe in
+ * chunks of @chunk parameters, so that chunks cut through tensors. */
+static char *
+nvme_plan (const Fixture *f, const char *precision, guint chunk)
+{
+  char *path = g_strdup_printf ("%s/plan-%s-%u.json", f->dir, precision,
+                                chunk);
+  g_auto (StowRun) r = { 0 };
+  stow_run (&r, "fit", f->config, "--gpus", "1xH100-SXM", "--zero", "0",
+            "--offload-optimizer", "nvme", "--offload-params", "none",
+            "--recompute", "none", "--seq", "16", "--micro-batch", "2",
+            "--global-batch", "4", "--precision", precision, "--emit", "plan",
+            "-o", path, NULL);
+  g_assert_cmpint (r.status, ==, 0);
+  g_autofree char *text = NULL;
+  g_assert_true (g_file_get_contents (path, &text, NULL, NULL));
+  g_autoptr (GRegex) re = g_regex_new ("\"swap_shard_params\" : [0-9]+", 0, 0,
+                                       NULL);
+  g_autofree char *with = g_strdup_printf ("\"swap_shard_params\" : %u", chunk);
+  g_autofree char *edited
+      = g_regex_replace_literal (re, text, -1, 0, with, 0, NULL);
+  g_assert_cmpstr (edited, !=, text);
+  g_assert_true (g_file_set_contents (path, edited, -1, NULL));
+  return path;
+}
+
+/* The optimizer on NVMe: the same bytes as on the device, in fp32 (one
+ * chunk) and bf16 (chunks of 7000 parameters through two directories);
+ * the device's peak as simulated; the swap files gone afterwards. */
+static void
+test_nvme (void)
+{
+  Fixture f;
+  fixture_init (&f);
+  g_autofree char *a = make_dir (&f, "nvme-a");
+  g_autofree char *b = make_dir (&f, "nvme-b");
+  g_autofree char *both = g_strdup_printf ("%s,%s", a, b);
+  g_autofree char *plan = nvme_plan (&f, "bf16", 7000);
+  for (guint i = 0; i < 2; i++)
+    {
+      const char *prec = i == 0 ? "fp32" : "bf16";
+      g_autofree char *dev = g_strdup_printf ("%s/dev-%s", f.dir, prec);
+      g_autofree char *nvme = g_strdup_printf ("%s/nvme-%s", f.dir, prec);
+      g_auto (StowRun) rd = { 0 };
+      g_auto (StowRun) rn = { 0 };
+      train (&rd, &f, dev, "--steps", "3", "--precision", prec, "--recompute",
+             "none", NULL);
+      if (i == 0)
+        train (&rn, &f, nvme, "--steps", "3", "--precision", prec,
+               "--recompute", "none", "--offload-optimizer", "nvme",
+               "--nvme-dir", a, NULL);
+      else
+        train (&rn, &f, nvme, "--steps", "3", "--plan", plan,
+               "--offload-optimizer", "nvme", "--nvme-dir", both, NULL);
+      g_test_message ("%s: %s", prec, rn.err);
+      g_assert_cmpint (rd.status, ==, 0);
+      g_assert_cmpint (rn.status, ==, 0);
+      g_assert_nonnull (strstr (rn.err, "optimizer nvme"));
+      g_assert_nonnull (
+          strstr (rn.err, i == 0 ? "optimizer states on NVMe: 1 chunk in"
+                                 : "optimizer states on NVMe: 15 chunks in"));
+      g_assert_true (same_file (dev, nvme, "model.safetensors"));
+      g_assert_true (same_file (dev, nvme, "optimizer.stow"));
+      assert_peak_as_simulated (&rn);
+      g_assert_cmpuint (entries (a), ==, 0);
+      g_assert_cmpuint (entries (b), ==, 0);
+    }
+  fixture_clear (&f);
+}
+
+/* Stopped and resumed on NVMe, and from and into the other placements:
+ * the uninterrupted on-device run's bytes. */
+static void
+test_nvme_resume (void)
+{
+  Fixture f;
+  fixture_init (&f);
+  g_autofree char *swap = make_dir (&f, "swap");
+  g_autofree char *straight = g_build_filename (f.dir, "straight", NULL);
+  g_auto (StowRun) r0 = { 0 };
+  train (&r0, &f, straight, "--steps", "6", "--precision", "bf16", NULL);
+  g_assert_cmpint (r0.status, ==, 0);
+  /* first three steps, then the last three: placements */
+  const char *const legs[][2] = {
+    { "nvme", "nvme" },
+    { "none", "nvme" },
+    { "nvme", "cpu" },
+    { "cpu", "nvme" },
+  };
+  for (guint i = 0; i < G_N_ELEMENTS (legs); i++)
+    {
+      g_autofree char *out = g_strdup_printf ("%s/leg%u", f.dir, i);
+      for (guint k = 0; k < 2; k++)
+        {
+          /* --resume only on the second leg; --nvme-dir only for nvme */
+          const char *resume = k ? "--resume" : NULL;
+          g_auto (StowRun) r = { 0 };
+          if (g_str_equal (legs[i][k], "nvme"))
+            train (&r, &f, out, "--steps", k ? "6" : "3", "--precision",
+                   "bf16", "--offload-optimizer", legs[i][k], "--nvme-dir",
+                   swap, resume, NULL);
+          else
+            train (&r, &f, out, "--steps", k ? "6" : "3", "--precision",
+                   "bf16", "--offload-optimizer", legs[i][k], resume, NULL);
+          g_test_message ("%s then %s, leg %u: %s", legs[i][0], legs[i][1], k,
+                          r.err);
+          g_assert_cmpint (r.status, ==, 0);
+          if (k == 1)
+            g_assert_nonnull (strstr (r.err, "resuming from step 3"));
+        }
+      g_assert_true (same_file (straight, out, "model.safetensors"));
+      g_assert_true (same_file (straight, out, "optimizer.stow"));
+    }
+  g_assert_cmpuint (entries (swap), ==, 0);
+  fixture_clear (&f);
+}
+
+/* An I/O fault in a step (a failed read, a full disk on a write, a read
+ * that ends early) stops the run naming the swap file and offset; the
+ * last checkpoint stays whole, and resuming from it gives the
+ * uninterrupted run's bytes.  The fixture's one chunk (801,280 B) moves
+ * as two requests (its 4 KiB-aligned body, then the tail), so from the
+ * first step on requests 1-2 are step 1's read, 3-4 its write, 5-6 the
+ * checkpoint's read, 7-8 step 2's read and 9-10 its write. */
+static void
+test_nvme_faults (void)
+{
+  Fixture f;
+  fixture_init (&f);
+  g_autofree char *swap = make_dir (&f, "swap");
+  g_autofree char *straight = g_build_filename (f.dir, "straight", NULL);
+  g_auto (StowRun) r0 = { 0 };
+  train (&r0, &f, straight, "--steps", "3", NULL);
+  g_assert_cmpint (r0.status, ==, 0);
+  const char *const faults[][2] = {
+    { "eio:7", "read failed: Input/output error" },
+    { "enospc:9", "write failed: No space left on device" },
+    { "short-eof:7", "unexpected end of file" },
+  };
+  for (guint i = 0; i < G_N_ELEMENTS (faults); i++)
+    {
+      g_autofree char *out = g_strdup_printf ("%s/faulted%u", f.dir, i);
+      g_assert_true (g_setenv ("STOWAGE_TEST_NVME_FAULT", faults[i][0], TRUE));
+      g_auto (StowRun) r1 = { 0 };
+      train (&r1, &f, out, "--steps", "3", "--save-every", "1",
+             "--offload-optimizer", "nvme", "--nvme-dir", swap, NULL);
+      g_unsetenv ("STOWAGE_TEST_NVME_FAULT");
+      g_test_message ("%s: %s", faults[i][0], r1.err);
+      g_assert_cmpint (r1.status, !=, 0);
+      g_assert_nonnull (strstr (r1.err, faults[i][1]));
+      g_assert_nonnull (strstr (r1.err, "store.swp at offset 0"));
+      g_assert_null (strstr (r1.err, "step 2/3"));
+      g_assert_cmpuint (entries (swap), ==, 0);
+      g_autofree char *latest = g_build_filename (out, "latest", NULL);
+      g_autofree char *target = g_file_read_link (latest, NULL);
+      g_assert_cmpstr (target, ==, "step-000001");
+      g_auto (StowRun) r2 = { 0 };
+      train (&r2, &f, out, "--steps", "3", "--save-every", "1",
+             "--offload-optimizer", "nvme", "--nvme-dir", swap, "--resume",
+             NULL);
+      g_assert_cmpint (r2.status, ==, 0);
+      g_assert_nonnull (strstr (r2.err, "resuming from step 1"));
+      g_assert_true (same_file (straight, out, "model.safetensors"));
+      g_assert_true (same_file (straight, out, "optimizer.stow"));
+    }
+  fixture_clear (&f);
+}
+
+/* The flags are checked before anything runs. */
+static void
+test_nvme_flags (void)
+{
+  Fixture f;
+  fixture_init (&f);
+  g_autofree char *out = g_build_filename (f.dir, "out", NULL);
+  g_autofree char *missing = g_build_filename (f.dir, "no-such-dir", NULL);
+  g_auto (StowRun) r1 = { 0 };
+  train (&r1, &f, out, "--offload-optimizer", "nvme", NULL);
+  g_assert_cmpint (r1.status, ==, 2);
+  g_assert_nonnull (strstr (r1.err, "needs --nvme-dir"));
+  g_auto (StowRun) r2 = { 0 };
+  train (&r2, &f, out, "--nvme-dir", f.dir, NULL);
+  g_assert_cmpint (r2.status, ==, 2);
+  g_assert_nonnull (strstr (r2.err, "--nvme-dir is for --offload-optimizer nvme"));
+  g_auto (StowRun) r3 = { 0 };
+  train (&r3, &f, out, "--offload-optimizer", "nvme", "--nvme-dir", missing,
+         NULL);
+  g_assert_cmpint (r3.status, !=, 0);
+  g_assert_nonnull (strstr (r3.err, missing));
+  g_auto (StowRun) r4 = { 0 };
+  train (&r4, &f, out, "--offload-optimizer", "nvme", "--nvme-dir", ",", NULL);
+  g_assert_cmpint (r4.status, ==, 2);
+  g_assert_nonnull (strstr (r4.err, "an empty directory name"));
+  g_assert_false (g_file_test (out, G_FILE_TEST_EXISTS));
+  fixture_clear (&f);
+}
+
+/* While a run is on: one private directory (0700) holding one file
+ * (0600); SIGTERM (and SIGINT) remove both. */
+static void
+test_nvme_signal (void)
+{
+  Fixture f;
+  fixture_init (&f);
+  g_autofree char *swap = make_dir (&f, "swap");
+  g_autofree char *out = g_build_filename (f.dir, "out", NULL);
+  const int sigs[] = { SIGTERM, SIGINT };
+  for (guint i = 0; i < G_N_ELEMENTS (sigs); i++)
+    {
+      const char *argv[] = { g_getenv ("STOWAGE"), "train", "--model", f.model,
+                             "--data", f.shard, "--seq", "16",
+                             "--micro-batch", "2", "--global-batch", "4",
+                             "--out", out, "--steps", "100000",
+                             "--offload-optimizer", "nvme", "--nvme-dir", swap,
+                             NULL };
+      GPid pid;
+      g_autoptr (GError) error = NULL;
+      g_assert_true (g_spawn_async (NULL, (char **)argv, NULL,
+                                    G_SPAWN_DO_NOT_REAP_CHILD
+                                        | G_SPAWN_STDOUT_TO_DEV_NULL
+                                        | G_SPAWN_STDERR_TO_DEV_NULL,
+                                    NULL, NULL, &pid, &error));
+      g_assert_no_error (error);
+      g_autofree char *priv = NULL;
+      for (guint k = 0; k < 20000 && priv == NULL; k++)
+        {
+          g_autoptr (GDir) d = g_dir_open (swap, 0, NULL);
+          const char *name = d ? g_dir_read_name (d) : NULL;
+          if (name)
+            priv = g_build_filename (swap, name, NULL);
+          else
+            g_usleep (1000);
+        }
+      g_assert_nonnull (priv);
+      g_usleep (200000); /* into the steps */
+      struct stat sd, sf;
+      g_autofree char *file = g_build_filename (priv, "store.swp", NULL);
+      g_assert_cmpint (stat (priv, &sd), ==, 0);
+      g_assert_cmpint (stat (file, &sf), ==, 0);
+      g_assert_cmpint (sd.st_mode & 0777, ==, 0700);
+      g_assert_cmpint (sf.st_mode & 0777, ==, 0600);
+      kill (pid, sigs[i]);
+      int st;
+      waitpid (pid, &st, 0);
+      g_spawn_close_pid (pid);
+      g_assert_true (WIFSIGNALED (st));
+      g_assert_cmpint (WTERMSIG (st), ==, sigs[i]);
+      g_assert_cmpuint (entries (swap), ==, 0);
+    }
+  fixture_clear (&f);
+}
+
+int
+main (int argc, char **argv)
+{
+  g_test_init (&argc, &argv, NULL);
+  g_test_add_func ("/train-offload/optimizer", test_offload_optimizer);
+  g_test_add_func ("/train-offload/optimizer-resume",
+                   test_offload_optimizer_resume);
+  g_test_add_func ("/train-offload/nvme", test_nvme);
+  g_test_add_func ("/train-offload/nvme-resume", test_nvme_resume);
+  g_test_add_func ("/train-offload/nvme-faults", test_nvme_faults);
+  g_test_add_func ("/train-offload/nvme-flags", test_nvme_flags);
+  g_test_add_func ("/train-offload/nvme-signal", test_nvme_signal);
+  return g_test_run ();
+}
