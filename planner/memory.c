@@ -738,6 +738,15 @@ deepspeed_weight_bytes (const StowTraining *t, Bpp b)
   return t->precision == STOW_PRECISION_FP32 ? 4.0 : MIN (b.w, 2.0);
 }
 
+/* The bytes a layer's gathered (or streamed) parameters take on the
+ * device: the compute precision, which is fp32 for fp32 training. */
+static double
+gathered_weight_bytes (const StowTraining *t, Bpp b)
+{
+  return t->precision == STOW_PRECISION_FP32 ? MIN (b.w, 4.0)
+                                              : MIN (b.w, 2.0);
+}
+
 /* LoRA adapter parameters of one layer on one TP rank: r (in + out) per
  * targeted matrix.  A decoder layer of an encoder-decoder model has its
  * attention matrices twice: PEFT's names ("q", "v") match the
@@ -1678,6 +1687,7 @@ engine_buffers (Model *ms, const StageParams *p, GArray *dev)
        * layer. */
       guint64 slot_unit
           = l->engine == STOW_ENGINE_STOWAGE ? p->max_unit : p->max_layer;
+      double gw = gathered_weight_bytes (ms->t, b);
       if (l->engine == STOW_ENGINE_STOWAGE
           && l->offload_params != STOW_OFFLOAD_NONE
           && l->resident_layers != STOW_RESIDENT_AUTO
@@ -1692,21 +1702,21 @@ engine_buffers (Model *ms, const StageParams *p, GArray *dev)
            * precision. */
           guint64 k = MIN ((guint64)l->resident_layers, p->layers);
           stow_mem_add (dev, "resident layers",
-                        k * stow_bytes (p->max_layer, MIN (b.w, 2.0)),
+                        k * stow_bytes (p->max_layer, gw),
                         STOW_TIER_DEVICE,
                         "%" G_GUINT64_FORMAT " layers x %.4g B x %" G_GUINT64_FORMAT
                         " params kept on the device",
-                        k, MIN (b.w, 2.0), p->max_layer);
+                        k, gw, p->max_layer);
         }
       if (l->zero >= 3)
         /* The layer in use and the one prefetched, gathered (or, with
          * parameter offload, streamed) in compute precision. */
         stow_mem_add (dev, "gathered parameters",
-                      slots * stow_bytes (slot_unit, MIN (b.w, 2.0)),
+                      slots * stow_bytes (slot_unit, gw),
                       STOW_TIER_DEVICE,
                       "%" G_GUINT64_FORMAT " layers x %.4g B x %" G_GUINT64_FORMAT
                       " params (in use and prefetched)",
-                      slots, MIN (b.w, 2.0), slot_unit);
+                      slots, gw, slot_unit);
       else if (l->engine == STOW_ENGINE_FSDP && l->zero == 2)
         stow_mem_add (dev, "unsharded parameters", 2 * N, STOW_TIER_DEVICE,
                       "2 B x %" G_GUINT64_FORMAT

@@ -1580,7 +1580,8 @@ stow_schedule_lower (const StowModel *m, const StowCluster *c,
         / ((double)MAX (t->global_batch, 1) * (double)stow_mem_decoder_seq (m, t));
   L.p->optim = so_in->optim;
   stow_mem_state_bytes (m, t, &L.w, &L.g, &L.master, &L.opt);
-  L.wg = MIN (L.w, 2.0); /* gathered in compute precision, as memory.c */
+  /* gathered in compute precision (fp32 for fp32 training), as memory.c */
+  L.wg = t->precision == STOW_PRECISION_FP32 ? MIN (L.w, 4.0) : MIN (L.w, 2.0);
   if (t->finetune != STOW_FINETUNE_FULL)
     {
       /* Frozen weights (NF4 under QLoRA, as memory.c); adapters train in
