@@ -27,7 +27,7 @@ typedef struct
       *precision, *lr, *min_lr, *warmup, *lr_schedule, *weight_decay, *beta1,
       *beta2, *eps, *max_grad_norm, *seed, *out, *save_every, *log_json,
       *trace, *backend, *device_memory, *tokenizer, *threads, *recompute,
-      *offload_optimizer;
+      *offload_optimizer, *offload_params, *resident_layers;
   char **nvme_dirs;
   gboolean resume, shuffle;
 } TrainOptions;
@@ -188,6 +188,39 @@ resolve (TrainOptions *o, StowTrainConfig *c, GError **error)
                                &c->layout.offload_optimizer, error))
         return FALSE;
     }
+  if (o->offload_params)
+    {
+      if (!stow_offload_parse (o->offload_params, "--offload-params",
+                               &c->layout.offload_params, error))
+        return FALSE;
+      if (c->layout.offload_params != STOW_OFFLOAD_NONE)
+        {
+          if (c->layout.offload_optimizer == STOW_OFFLOAD_NONE)
+            {
+              g_set_error_literal (
+                  error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
+                  "--offload-params needs --offload-optimizer cpu or nvme: "
+                  "the weights are updated where they live");
+              return FALSE;
+            }
+          /* Parameters off the device are ZeRO stage 3's. */
+          c->layout.zero = 3;
+        }
+    }
+  if (o->resident_layers)
+    {
+      guint64 k = 0;
+      if (!parse_u64 ("--resident-layers", o->resident_layers, TRUE, &k, error))
+        return FALSE;
+      if (c->layout.offload_params == STOW_OFFLOAD_NONE)
+        {
+          g_set_error_literal (error, STOW_TRAIN_ERROR,
+                               STOW_TRAIN_ERROR_INVALID,
+                               "--resident-layers is for --offload-params");
+          return FALSE;
+        }
+      c->layout.resident_layers = (guint)MIN (k, G_MAXUINT - 1);
+    }
   /* --nvme-dir A,B --nvme-dir C: every directory, in order. */
   g_autoptr (GPtrArray) dirs = g_ptr_array_new_with_free_func (g_free);
   for (guint i = 0; o->nvme_dirs && o->nvme_dirs[i]; i++)
@@ -329,6 +362,15 @@ stow_cmd_train (int argc, char **argv)
       "of the gradients in host memory, CPU Adam (ZeRO-Offload), or nvme: "
       "the master weights and Adam states in swap files (ZeRO-Infinity)",
       "WHERE" },
+    { "offload-params", 0, 0, G_OPTION_ARG_STRING, &o.offload_params,
+      "none (default) or cpu: the weights live in host memory and stream "
+      "through two layer slots on the device, but --resident-layers "
+      "(ZeRO-3 with parameter offload; needs --offload-optimizer)",
+      "WHERE" },
+    { "resident-layers", 0, 0, G_OPTION_ARG_STRING, &o.resident_layers,
+      "With --offload-params: layers kept on the device (default: as "
+      "many as fit, the plan's choice)",
+      "K" },
     { "nvme-dir", 0, 0, G_OPTION_ARG_FILENAME_ARRAY, &o.nvme_dirs,
       "Where --offload-optimizer nvme keeps its swap files (a private 0700 "
       "directory in each, removed at exit); several, joined by ',' or "
@@ -400,7 +442,8 @@ stow_cmd_train (int argc, char **argv)
                        &o.out,        &o.save_every,    &o.log_json,
                        &o.trace,      &o.backend,       &o.device_memory,
                        &o.tokenizer,  &o.threads,       &o.recompute,
-                       &o.offload_optimizer };
+                       &o.offload_optimizer, &o.offload_params,
+                       &o.resident_layers };
   for (gsize i = 0; i < G_N_ELEMENTS (strings); i++)
     g_free (*strings[i]);
   return status;

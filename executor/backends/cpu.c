@@ -173,7 +173,8 @@ static gboolean
 run_forward (CpuBackend *b, const StowOp *op, GError **error)
 {
   StowTensorMap *m = &b->map;
-  guint8 *w = stow_tensor_map_unit (m, m->weights_buf, op->unit);
+  guint8 *w = stow_tensor_map_unit (m, stow_tensor_map_weights_of (m, op),
+                                    op->unit);
   if (op->layer == STOW_LAYER_EMBEDDING)
     {
       guint8 *in = m->addr[m->input_of[op->micro_batch]];
@@ -202,7 +203,7 @@ run_loss (CpuBackend *b, const StowOp *op, GError **error)
   void *norm, *lm, *dnorm, *dlm;
   guint gbuf = grads_of (b, op);
   gboolean acc = grads_accumulate (b, op, gbuf);
-  stow_tensor_map_head (m, FALSE, &norm, &lm);
+  stow_tensor_map_head_in (m, stow_tensor_map_weights_of (m, op), &norm, &lm);
   stow_tensor_map_head_in (m, gbuf, &dnorm, &dlm);
   guint logits = stow_tensor_map_io (m, op, TRUE, STOW_BUF_LOGITS);
   g_assert (logits != STOW_NONE);
@@ -230,8 +231,9 @@ run_backward (CpuBackend *b, const StowOp *op, GError **error)
       return TRUE;
     }
   StowLlamaLayerWeights lw, lg;
-  stow_tensor_map_layer (m, stow_tensor_map_unit (m, m->weights_buf, op->unit),
-                         op->unit, m->esize, &lw);
+  stow_tensor_map_layer (
+      m, stow_tensor_map_unit (m, stow_tensor_map_weights_of (m, op), op->unit),
+      op->unit, m->esize, &lw);
   stow_tensor_map_layer (m, stow_tensor_map_unit (m, gbuf, op->unit), op->unit,
                          stow_dtype_size (b->p->grad_dtype), &lg);
   StowLlamaSaved s;
@@ -279,14 +281,14 @@ run_grad_norm (CpuBackend *b, const StowOp *op, GError **error)
 static gboolean
 run_optim (CpuBackend *b, const StowOp *op, GError **error)
 {
-  if (!op->on_gpu && b->host_weights == NULL)
+  if (!op->on_gpu && b->map.host_weights == NULL)
     {
       g_set_error (error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_UNSUPPORTED,
                    "a host optimizer step without host optimizer states "
                    "(the program keeps them on the device)");
       return FALSE;
     }
-  if (op->on_gpu && b->host_weights != NULL)
+  if (op->on_gpu && b->map.host_weights != NULL)
     {
       g_set_error (error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_UNSUPPORTED,
                    "a device optimizer step with the optimizer states in "
@@ -371,7 +373,7 @@ run_copy (CpuBackend *b, const StowOp *op, GError **error)
           return FALSE;
         }
       memcpy (stow_tensor_map_unit (m, dst, 0) + op->first * m->esize,
-              b->host_weights + op->first * m->esize, op->count * m->esize);
+              m->host_weights + op->first * m->esize, op->count * m->esize);
       return TRUE;
     }
   if (dst != STOW_NONE && dst == m->host_grads_buf && src != STOW_NONE
@@ -383,8 +385,9 @@ run_copy (CpuBackend *b, const StowOp *op, GError **error)
       to = stow_tensor_map_unit (m, dst, unit);
       down = TRUE;
     }
-  else if (dst != STOW_NONE && dst == m->weights_buf && src == STOW_NONE
-           && op->src != STOW_TIER_DEVICE && b->host_weights != NULL)
+  else if (dst != STOW_NONE && buf_of (b, dst)->kind == STOW_BUF_WEIGHTS
+           && buf_of (b, dst)->tier == STOW_TIER_DEVICE && src == STOW_NONE
+           && op->src != STOW_TIER_DEVICE && m->host_weights != NULL)
     {
       unit = op->unit != STOW_NONE
                  ? op->unit
@@ -399,15 +402,15 @@ run_copy (CpuBackend *b, const StowOp *op, GError **error)
       elem = m->esize;
       guint64 off = g_array_index (b->p->units, StowUnit, unit).offset
                     - g_array_index (b->p->units, StowUnit, 0).offset;
-      from = b->host_weights + off * elem;
+      from = m->host_weights + off * elem;
       to = stow_tensor_map_unit (m, dst, unit);
     }
   else
     {
       g_set_error (error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_UNSUPPORTED,
-                   "the cpu backend copies a unit's gradients down and its "
-                   "updated weights up (ZeRO-Offload); not this copy (%s to "
-                   "%s)",
+                   "the cpu backend copies a unit's gradients down, its "
+                   "weights up (ZeRO-Offload, streamed layers) and optimizer "
+                   "chunks to and from NVMe; not this copy (%s to %s)",
                    stow_tier_name (op->src), stow_tier_name (op->dst));
       return FALSE;
     }
@@ -487,8 +490,8 @@ alloc_buffer (CpuBackend *b, guint bi, GError **error)
   if (buf->slot >= 0 && buf->bytes == 0)
     {
       g_set_error (error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_UNSUPPORTED,
-                   "\"%s\": the cpu backend does not run rotating slots yet "
-                   "(streamed layers, gradient slots)",
+                   "\"%s\": the cpu backend does not run this rotating slot "
+                   "yet (parameters on NVMe: --offload-params nvme)",
                    buf->name);
       return FALSE;
     }
@@ -816,7 +819,8 @@ stow_backend_cpu_new (const StowCpuSetup *setup, GError **error)
       return NULL;
     }
   b->host_grads_held = g_new0 (gboolean, MAX (p->units->len, 1));
-  if (b->map.host_grads_buf != STOW_NONE)
+  if (b->map.host_grads_buf != STOW_NONE
+      && b->map.host_params_buf == STOW_NONE)
     {
       /* ZeRO-Offload's host copy of the weights in the training dtype:
        * CPU Adam writes it (fp32: it is the parameters Adam updates), the
@@ -884,6 +888,10 @@ stow_backend_cpu_alloc_persistent (StowBackend *bb, GError **error)
   for (guint i = 0; i < b->n_buffers; i++)
     if (buf_of (b, i)->persistent && !alloc_buffer (b, i, error))
       return FALSE;
+  /* Streamed parameters: the program's host buffer is where the weights
+   * live, and what CPU Adam writes. */
+  if (b->map.host_params_buf != STOW_NONE)
+    b->map.host_weights = b->map.addr[b->map.host_params_buf];
   return TRUE;
 }
 
@@ -930,6 +938,10 @@ stow_backend_cpu_weights (StowBackend *bb, guint unit)
 {
   CpuBackend *b = (CpuBackend *)bb;
   StowTensorMap *m = &b->map;
+  if (m->host_params_buf != STOW_NONE)
+    return m->addr[m->host_params_buf]
+               ? stow_tensor_map_unit (m, m->host_params_buf, unit)
+               : NULL;
   return m->addr[m->weights_buf] ? stow_tensor_map_unit (m, m->weights_buf, unit)
                                  : NULL;
 }
@@ -986,6 +998,16 @@ stow_backend_cpu_push (StowBackend *bb, GError **error)
   StowTensorMap *m = &b->map;
   if (b->swap != NULL && !stow_state_swap_flush (b->swap, error))
     return FALSE;
+  if (m->host_params_buf != STOW_NONE)
+    {
+      /* The resident units take their weights from the host. */
+      for (guint u = 0; u < b->p->units->len; u++)
+        if (m->unit_weights[u] != STOW_NONE)
+          memcpy (m->addr[m->unit_weights[u]],
+                  stow_tensor_map_unit (m, m->host_params_buf, u),
+                  unit_numel (b, u) * m->esize);
+      return TRUE;
+    }
   if (b->host_weights == NULL || m->addr[m->weights_buf] == NULL)
     return TRUE;
   guint64 numel = 0;

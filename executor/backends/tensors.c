@@ -196,7 +196,11 @@ index_buffers (StowTensorMap *m, const char *backend, GError **error)
   for (guint i = 0; i < nm; i++)
     m->input_of[i] = STOW_NONE;
   m->weights_buf = m->grads_buf = m->master_buf = m->states_buf = STOW_NONE;
-  m->host_grads_buf = STOW_NONE;
+  m->host_grads_buf = m->host_params_buf = STOW_NONE;
+  m->unit_weights = g_new (guint, MAX (p->units->len, 1));
+  for (guint u = 0; u < p->units->len; u++)
+    m->unit_weights[u] = STOW_NONE;
+  guint64 wmax = 0; /* the largest unit a layer slot takes */
   for (guint s = 0; s < G_N_ELEMENTS (m->slot_buf); s++)
     m->slot_buf[s] = STOW_NONE;
   /* A gradient slot holds the largest unit's gradients. */
@@ -232,6 +236,33 @@ index_buffers (StowTensorMap *m, const char *backend, GError **error)
             }
           /* fall through */
         case STOW_BUF_WEIGHTS:
+          if (buf->kind == STOW_BUF_WEIGHTS && buf->tier == STOW_TIER_DEVICE
+              && buf->n_units == 1)
+            {
+              /* One unit's weights: a resident streamed layer, or a
+               * layer slot's occupant (its bytes are the slot's). */
+              guint64 need = unit_of (m, buf->unit_first)->numel * m->esize;
+              if (buf->persistent)
+                {
+                  ok = check_size (backend, buf, need, error);
+                  m->unit_weights[buf->unit_first] = i;
+                }
+              else
+                wmax = MAX (wmax, need);
+              break;
+            }
+          if (buf->kind == STOW_BUF_WEIGHTS && buf->persistent
+              && buf->tier != STOW_TIER_DEVICE
+              && buf->tier != STOW_TIER_NVME && buf->unit_first == 0
+              && buf->n_units == p->units->len)
+            {
+              /* The offloaded parameters: where the weights live. */
+              ok = check_size (backend, buf, units_numel (m, buf) * m->esize,
+                               error);
+              m->host_params_buf = i;
+              break;
+            }
+          /* fall through */
         case STOW_BUF_MASTER:
         case STOW_BUF_OPT_STATES:
         case STOW_BUF_STATES:
@@ -278,6 +309,9 @@ index_buffers (StowTensorMap *m, const char *backend, GError **error)
                 ok = check_size (backend, buf, gmax, error);
                 m->slot_buf[2 + s] = i;
               }
+            else if (buf->persistent && buf->tier == STOW_TIER_DEVICE
+                     && sscanf (buf->name, "layer slot %u", &s) == 1 && s < 2)
+              m->slot_buf[s] = i;
           }
           break;
         case STOW_BUF_INPUT:
@@ -311,16 +345,32 @@ index_buffers (StowTensorMap *m, const char *backend, GError **error)
       if (!ok)
         return FALSE;
     }
+  for (guint s = 0; s < 2; s++)
+    if (wmax > 0
+        && (m->slot_buf[s] == STOW_NONE
+            || !check_size (backend, stow_tensor_map_buffer (m, m->slot_buf[s]),
+                            wmax, error)))
+      {
+        if (m->slot_buf[s] == STOW_NONE)
+          g_set_error (error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_INVALID,
+                       "the program streams layers through slot %u but has "
+                       "no \"layer slot %u\"",
+                       s, s);
+        return FALSE;
+      }
   gboolean offloaded = m->host_grads_buf != STOW_NONE;
-  if (m->weights_buf == STOW_NONE || m->states_buf == STOW_NONE
+  gboolean streamed = m->host_params_buf != STOW_NONE;
+  if ((m->weights_buf == STOW_NONE) != streamed || m->states_buf == STOW_NONE
+      || (streamed && !offloaded)
       || (offloaded ? m->grads_buf != STOW_NONE || m->slot_buf[2] == STOW_NONE
                     : m->grads_buf == STOW_NONE)
       || (p->master_weights && !m->states_master && m->master_buf == STOW_NONE))
     {
       g_set_error (error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_UNSUPPORTED,
                    "the %s backend runs layouts that keep the weights on "
-                   "the device and the gradients and optimizer states on "
-                   "the device or in host memory (%s)",
+                   "the device (or in host memory, streamed, with the "
+                   "optimizer there too) and the gradients and optimizer "
+                   "states on the device, in host memory or on NVMe (%s)",
                    backend, p->description ? p->description : "this program");
       return FALSE;
     }
@@ -438,6 +488,13 @@ stow_tensor_map_head (const StowTensorMap *m, gboolean grads, void **norm,
                       void **lm)
 {
   stow_tensor_map_head_in (m, grads ? m->grads_buf : m->weights_buf, norm, lm);
+}
+
+guint
+stow_tensor_map_weights_of (const StowTensorMap *m, const StowOp *op)
+{
+  guint w = stow_tensor_map_io (m, op, FALSE, STOW_BUF_WEIGHTS);
+  return w != STOW_NONE ? w : m->weights_buf;
 }
 
 void
@@ -562,4 +619,5 @@ stow_tensor_map_clear (StowTensorMap *m)
   g_clear_pointer (&m->act_of, g_free);
   g_clear_pointer (&m->input_of, g_free);
   g_clear_pointer (&m->slot_offset, g_free);
+  g_clear_pointer (&m->unit_weights, g_free);
 }

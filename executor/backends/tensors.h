@@ -41,6 +41,12 @@ typedef struct
    * states_buf is the host STATES buffer, per unit its master (with
    * master weights), m and v. */
   guint host_grads_buf;
+  /* Streamed parameters (ZeRO-3 with --offload-params): the host buffer
+   * where every unit's weights live (weights_buf is then STOW_NONE), and
+   * [unit] the device buffer of a unit resident on the device, or
+   * STOW_NONE (streamed through the layer slots). */
+  guint host_params_buf;
+  guint *unit_weights;
   gboolean states_master; /* states_buf holds the master weights too */
   /* ZeRO-Infinity: states_buf lives on NVMe (no address; the backend
    * swaps it in chunks, stow_tensor_map_state does not apply). */
@@ -91,6 +97,9 @@ void stow_tensor_map_layer (const StowTensorMap *map, guint8 *base,
  * input); for layer -1 the embedding's. */
 guint8 *stow_tensor_map_layer_output (const StowTensorMap *map, gint layer,
                                       guint mb);
+/* The buffer holding the weights compute op @op reads: a layer slot's
+ * occupant, a resident unit's, or the persistent weights. */
+guint stow_tensor_map_weights_of (const StowTensorMap *map, const StowOp *op);
 /* A buffer of @kind among op @op's reads (or writes), or STOW_NONE. */
 guint stow_tensor_map_io (const StowTensorMap *map, const StowOp *op,
                           gboolean writes, StowBufferKind kind);
