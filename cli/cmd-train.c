@@ -193,6 +193,14 @@ resolve (TrainOptions *o, StowTrainConfig *c, GError **error)
       if (!stow_offload_parse (o->offload_params, "--offload-params",
                                &c->layout.offload_params, error))
         return FALSE;
+      if (c->layout.offload_params == STOW_OFFLOAD_NVME)
+        {
+          g_set_error_literal (error, STOW_TRAIN_ERROR,
+                               STOW_TRAIN_ERROR_INVALID,
+                               "--offload-params nvme: stowage train streams "
+                               "parameters from host memory (cpu) so far");
+          return FALSE;
+        }
       if (c->layout.offload_params != STOW_OFFLOAD_NONE)
         {
           if (c->layout.offload_optimizer == STOW_OFFLOAD_NONE)

@@ -371,6 +371,142 @@ test_nvme_signal (void)
   fixture_clear (&f);
 }
 
+/* ---- streamed parameters (ZeRO-3 with --offload-params) ----------------- */
+
+/* The weights in host memory, k = 0, 1 and the plan's number of layers
+ * resident on the device and the rest streamed through two layer slots:
+ * the device run's bytes, with the optimizer on the host (fp32) and on
+ * NVMe (bf16, also with full recomputation), and the arena's peak as
+ * simulated. */
+static void
+test_params (void)
+{
+  Fixture f;
+  fixture_init (&f);
+  g_autofree char *swap = make_dir (&f, "swap");
+  const char *const precisions[] = { "fp32", "bf16" };
+  for (guint i = 0; i < G_N_ELEMENTS (precisions); i++)
+    {
+      const char *prec = precisions[i];
+      const char *opt = i == 0 ? "cpu" : "nvme";
+      const char *recompute = i == 0 ? "none" : "full";
+      g_autofree char *dev = g_strdup_printf ("%s/dev-%s", f.dir, prec);
+      g_auto (StowRun) rd = { 0 };
+      train (&rd, &f, dev, "--steps", "3", "--precision", prec, "--recompute",
+             recompute, NULL);
+      g_assert_cmpint (rd.status, ==, 0);
+      const char *const ks[] = { "0", "1", NULL };
+      for (guint k = 0; k < G_N_ELEMENTS (ks); k++)
+        {
+          g_autofree char *out
+              = g_strdup_printf ("%s/params-%s-%s", f.dir, prec,
+                                 ks[k] ? ks[k] : "default");
+          g_auto (StowRun) r = { 0 };
+          /* the optimizer's flags last: --nvme-dir only with nvme, and
+           * --resident-layers left out for the plan's choice */
+          const char *nv = i == 1 ? "--nvme-dir" : NULL;
+          if (ks[k])
+            train (&r, &f, out, "--steps", "3", "--precision", prec,
+                   "--recompute", recompute, "--offload-params", "cpu",
+                   "--resident-layers", ks[k], "--offload-optimizer", opt, nv,
+                   swap, NULL);
+          else
+            train (&r, &f, out, "--steps", "3", "--precision", prec,
+                   "--recompute", recompute, "--offload-params", "cpu",
+                   "--offload-optimizer", opt, nv, swap, NULL);
+          g_test_message ("%s k %s: %s", prec, ks[k] ? ks[k] : "default",
+                          r.err);
+          g_assert_cmpint (r.status, ==, 0);
+          g_assert_nonnull (strstr (r.err, "zero 3"));
+          g_assert_nonnull (strstr (r.err, "parameters cpu"));
+          if (ks[k])
+            {
+              g_autofree char *want = g_strdup_printf (
+                  "%s resident / %u streamed layers", ks[k],
+                  2 - (guint)g_ascii_strtoull (ks[k], NULL, 10));
+              g_assert_nonnull (strstr (r.err, want));
+            }
+          g_assert_true (same_file (dev, out, "model.safetensors"));
+          g_assert_true (same_file (dev, out, "optimizer.stow"));
+          assert_peak_as_simulated (&r);
+        }
+    }
+  g_assert_cmpuint (entries (swap), ==, 0);
+  fixture_clear (&f);
+}
+
+/* A model whose 16-bit weights alone are larger than the device trains
+ * with them streamed and the optimizer on NVMe, to the bytes of the run
+ * that keeps everything on a large device; stopped and resumed on the
+ * small device, likewise. */
+static void
+test_params_small_device (void)
+{
+  Fixture f;
+  fixture_init (&f);
+  /* 8 layers of 30,848 parameters, an embedding of 19,200 and a head of
+   * 19,264: 285,248 parameters, 570,496 B in bf16. */
+  g_autofree char *config = g_build_filename (f.dir, "deep.json", NULL);
+  g_autofree char *model = g_build_filename (f.dir, "deep", NULL);
+  g_assert_true (g_file_set_contents (
+      config,
+      "{\"model_type\":\"llama\",\"hidden_size\":64,"
+      "\"num_hidden_layers\":8,\"num_attention_heads\":4,"
+      "\"num_key_value_heads\":2,\"intermediate_size\":96,"
+      "\"vocab_size\":300,\"rope_theta\":10000.0,\"rms_norm_eps\":1e-6,"
+      "\"tie_word_embeddings\":false,\"initializer_range\":0.05}",
+      -1, NULL));
+  g_auto (StowRun) ri = { 0 };
+  stow_run (&ri, "init-model", config, "-o", model, "--seed", "4", NULL);
+  g_assert_cmpint (ri.status, ==, 0);
+  g_autofree char *swap = make_dir (&f, "swap");
+  g_autofree char *big = g_build_filename (f.dir, "big", NULL);
+  g_autofree char *small = g_build_filename (f.dir, "small", NULL);
+  const char *common[] = { "train", "--model", model, "--data", f.shard,
+                           "--seq", "16", "--micro-batch", "2",
+                           "--global-batch", "4", "--lr", "0.003",
+                           "--precision", "bf16", NULL };
+  g_autoptr (GPtrArray) a = g_ptr_array_new ();
+  for (guint i = 0; common[i]; i++)
+    g_ptr_array_add (a, (char *)common[i]);
+  guint base = a->len;
+  /* everything on a device of 11 MiB */
+  const char *on_device[] = { "--out", big, "--steps", "4", NULL };
+  for (guint i = 0; on_device[i]; i++)
+    g_ptr_array_add (a, (char *)on_device[i]);
+  g_ptr_array_add (a, NULL);
+  g_auto (StowRun) r0 = { 0 };
+  stow_runv (&r0, (const char *const *)a->pdata);
+  g_assert_cmpint (r0.status, ==, 0);
+  /* a device of 400 KiB: 2 steps, then resumed to 4 */
+  for (guint leg = 0; leg < 2; leg++)
+    {
+      g_ptr_array_set_size (a, base);
+      const char *streamed[]
+          = { "--out", small, "--steps", leg ? "4" : "2", "--device-memory",
+              "400KiB", "--offload-params", "cpu", "--resident-layers", "0",
+              "--offload-optimizer", "nvme", "--nvme-dir", swap,
+              leg ? "--resume" : NULL, NULL };
+      for (guint i = 0; streamed[i]; i++)
+        g_ptr_array_add (a, (char *)streamed[i]);
+      g_ptr_array_add (a, NULL);
+      g_auto (StowRun) r = { 0 };
+      stow_runv (&r, (const char *const *)a->pdata);
+      g_test_message ("leg %u: %s", leg, r.err);
+      g_assert_cmpint (r.status, ==, 0);
+      assert_peak_as_simulated (&r);
+    }
+  g_assert_true (same_file (big, small, "model.safetensors"));
+  g_assert_true (same_file (big, small, "optimizer.stow"));
+  g_autofree char *st = g_build_filename (small, "latest",
+                                          "model.safetensors", NULL);
+  GStatBuf sb;
+  g_assert_cmpint (g_stat (st, &sb), ==, 0);
+  g_assert_cmpint (sb.st_size, >, 400 * 1024);
+  g_assert_cmpuint (entries (swap), ==, 0);
+  fixture_clear (&f);
+}
+
 int
 main (int argc, char **argv)
 {
@@ -383,5 +519,8 @@ main (int argc, char **argv)
   g_test_add_func ("/train-offload/nvme-faults", test_nvme_faults);
   g_test_add_func ("/train-offload/nvme-flags", test_nvme_flags);
   g_test_add_func ("/train-offload/nvme-signal", test_nvme_signal);
+  g_test_add_func ("/train-offload/params", test_params);
+  g_test_add_func ("/train-offload/params-small-device",
+                   test_params_small_device);
   return g_test_run ();
 }
