@@ -29,7 +29,7 @@ typedef struct
       *trace, *backend, *device_memory, *tokenizer, *threads, *recompute,
       *offload_optimizer, *offload_params, *resident_layers;
   char **nvme_dirs;
-  gboolean resume, shuffle;
+  gboolean resume, shuffle, delayed_update;
 } TrainOptions;
 
 static gboolean
@@ -229,6 +229,21 @@ resolve (TrainOptions *o, StowTrainConfig *c, GError **error)
         }
       c->layout.resident_layers = (guint)MIN (k, G_MAXUINT - 1);
     }
+  if (o->delayed_update)
+    {
+      if (c->layout.offload_optimizer != STOW_OFFLOAD_CPU
+          || c->layout.offload_params != STOW_OFFLOAD_NONE
+          || (o->backend && !g_str_equal (o->backend, "cpu")))
+        {
+          g_set_error_literal (
+              error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
+              "--delayed-update is ZeRO-Offload's: it runs with "
+              "--offload-optimizer cpu, the parameters on the device and "
+              "the cpu backend");
+          return FALSE;
+        }
+      c->delayed_update = TRUE;
+    }
   /* --nvme-dir A,B --nvme-dir C: every directory, in order. */
   g_autoptr (GPtrArray) dirs = g_ptr_array_new_with_free_func (g_free);
   for (guint i = 0; o->nvme_dirs && o->nvme_dirs[i]; i++)
@@ -375,6 +390,11 @@ stow_cmd_train (int argc, char **argv)
       "through two layer slots on the device, but --resident-layers "
       "(ZeRO-3 with parameter offload; needs --offload-optimizer)",
       "WHERE" },
+    { "delayed-update", 0, 0, G_OPTION_ARG_NONE, &o.delayed_update,
+      "With --offload-optimizer cpu: each step's CPU Adam applies the "
+      "previous step's gradients while this step computes (ZeRO-Offload's "
+      "one-step delayed update; no clipping)",
+      NULL },
     { "resident-layers", 0, 0, G_OPTION_ARG_STRING, &o.resident_layers,
       "With --offload-params: layers kept on the device (default: as "
       "many as fit, the plan's choice)",

@@ -415,12 +415,56 @@ state_object (Run *r, guint64 step)
   json_object_set_double_member (s, "lr", o->lr);
   json_object_set_double_member (s, "weight_decay", o->weight_decay);
   json_object_set_double_member (s, "max_grad_norm", o->max_grad_norm);
+  if (c->delayed_update)
+    json_object_set_boolean_member (s, "delayed_update", TRUE);
   return s;
 }
 
 /* Floats streamed between a checkpoint file and states on NVMe per piece:
  * bounds the memory a save or load of them takes. */
 #define STATE_PIECE ((guint64)1 << 20)
+
+/* The delayed update's pending gradients of tensor @t of @unit (the next
+ * step applies them), between the backend and a checkpoint: written to
+ * @ow as fp32 (the training dtype's values, exactly), or read from @os.
+ * Zeros when there are none (the run's first step comes next). */
+static gboolean
+pending_rw (Run *r, StowOptimStateWriter *ow, StowOptimState *os, guint unit,
+            const StowUnitTensor *t, float **piece, GError **error)
+{
+  gboolean have = FALSE;
+  guint8 *g = stow_backend_cpu_pending (r->be, unit, &have);
+  g_return_val_if_fail (g != NULL, FALSE);
+  StowDtype dt = r->prog->grad_dtype;
+  g += t->offset * stow_dtype_size (dt);
+  if (*piece == NULL)
+    *piece = g_new (float, STATE_PIECE);
+  float *f = *piece;
+  for (guint64 i = 0; i < t->numel; i += STATE_PIECE)
+    {
+      guint64 n = MIN (STATE_PIECE, t->numel - i);
+      if (ow != NULL)
+        {
+          for (guint64 j = 0; j < n; j++)
+            f[j] = !have ? 0.0f
+                   : dt == STOW_DTYPE_F32
+                       ? ((const float *)g)[i + j]
+                       : stow_bf16_to_f32 (((const guint16 *)g)[i + j]);
+          if (!stow_optim_state_writer_write (ow, f, n, error))
+            return FALSE;
+          continue;
+        }
+      if (!stow_optim_state_read (os, t->name, "pending", i, n, f, error))
+        return FALSE;
+      for (guint64 j = 0; j < n; j++)
+        if (dt == STOW_DTYPE_F32)
+          ((float *)g)[i + j] = f[j];
+        else
+          ((guint16 *)g)[i + j] = stow_f32_to_bf16 (f[j]);
+    }
+  return TRUE;
+}
+
 
 /* State @which (0 master, 1 m, 2 v) of @unit where the backend keeps it
  * in memory, or NULL (on NVMe: stow's states accessor instead). */
@@ -476,6 +520,8 @@ save_checkpoint (Run *r, guint64 step, GError **error)
         s.sections[s.n_sections++] = "master";
       s.sections[s.n_sections++] = "m";
       s.sections[s.n_sections++] = "v";
+      if (r->c->delayed_update)
+        s.sections[s.n_sections++] = "pending";
       g_array_append_val (specs, s);
     }
   g_autoptr (JsonObject) state = state_object (r, step);
@@ -513,6 +559,9 @@ save_checkpoint (Run *r, guint64 step, GError **error)
                     return FALSE;
                 }
             }
+          if (r->c->delayed_update
+              && !pending_rw (r, ow, NULL, ui, t, &piece, error))
+            return FALSE;
         }
     }
   if (!stow_optim_state_writer_finish (ow, error))
@@ -581,6 +630,12 @@ load_checkpoint (Run *r, const char *dir, guint64 *done, GError **error)
                     error)
       || !same_str (dir, "seed", seed, now_seed, error))
     return FALSE;
+  gboolean delayed = FALSE;
+  if (json_object_has_member (s, "delayed_update"))
+    delayed = json_object_get_boolean_member (s, "delayed_update");
+  if (!same_str (dir, "--delayed-update", delayed ? "on" : "off",
+                 c->delayed_update ? "on" : "off", error))
+    return FALSE;
   if (!stow_model_io_load (p, st, p->weight_dtype, weights_of, r, error))
     return FALSE;
   g_autofree float *piece = NULL;
@@ -624,8 +679,12 @@ load_checkpoint (Run *r, const char *dir, guint64 *done, GError **error)
                     return FALSE;
                 }
             }
+          if (delayed && !pending_rw (r, NULL, os, ui, t, &piece, error))
+            return FALSE;
         }
     }
+  if (delayed)
+    stow_backend_cpu_set_pending (r->be, step > 0);
   *done = step;
   return TRUE;
 }
@@ -964,6 +1023,7 @@ stow_train_run (StowTrainConfig *c, GError **error)
   StowScheduleOptions so;
   stow_schedule_options_init (&so);
   so.optim = c->optim;
+  so.delayed_update = c->delayed_update;
   if (!stow_layout_resolve_resident (r.model, r.cluster, &r.training,
                                      &r.layout, &r.mo, error))
     goto out;
@@ -991,10 +1051,14 @@ stow_train_run (StowTrainConfig *c, GError **error)
           peak);
   }
 
+  if (c->delayed_update && c->optim.max_grad_norm > 0)
+    note (c, "--delayed-update: no gradient clipping (the norm would wait "
+             "for the whole backward, which the delay overlaps)");
   if (!cuda)
     {
-      StowCpuSetup cs
-          = { r.prog, r.model, device, c->threads, data_fn, &r, 0, { 0 } };
+      StowCpuSetup cs = { r.prog,   r.model, device, c->threads,
+                          data_fn,  &r,      0,      { 0 },
+                          c->delayed_update };
       cs.swap.dirs = (const char *const *)c->nvme_dirs;
       if (!test_nvme_fault (&cs.swap, error))
         goto out;

@@ -68,6 +68,7 @@ typedef struct
                            * GPU's free memory less a reserve (cuda) */
   guint threads;          /* 0: one per core */
   char **nvme_dirs;       /* --nvme-dir: where states on NVMe go, or NULL */
+  gboolean delayed_update; /* ZeRO-Offload's one-step delayed update */
   StowTrainProgress progress;
   StowTrainNotice notice;
   gpointer progress_user; /* of both */

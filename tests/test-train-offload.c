@@ -371,6 +371,62 @@ test_nvme_signal (void)
   fixture_clear (&f);
 }
 
+/* ---- the delayed update ---------------------------------------------------- */
+
+/* --delayed-update against PyTorch is tests/oracle/train_oracle.py's case
+ * gqa-untied-delayed (test-train's /train/oracle).  Here: stopped and
+ * resumed, the bytes of the run that was not (the checkpoint keeps the
+ * gradients the next step applies); and the flags' rules. */
+static void
+test_delayed (void)
+{
+  Fixture f;
+  fixture_init (&f);
+  g_autofree char *straight = g_build_filename (f.dir, "straight", NULL);
+  g_autofree char *stopped = g_build_filename (f.dir, "stopped", NULL);
+  g_autofree char *plain = g_build_filename (f.dir, "plain", NULL);
+  g_auto (StowRun) r1 = { 0 };
+  train (&r1, &f, straight, "--steps", "5", "--precision", "bf16",
+         "--offload-optimizer", "cpu", "--delayed-update", NULL);
+  g_assert_cmpint (r1.status, ==, 0);
+  g_assert_nonnull (strstr (r1.err, "no gradient clipping"));
+  for (guint leg = 0; leg < 2; leg++)
+    {
+      g_auto (StowRun) r = { 0 };
+      train (&r, &f, stopped, "--steps", leg ? "5" : "2", "--precision",
+             "bf16", "--offload-optimizer", "cpu", "--delayed-update",
+             leg ? "--resume" : NULL, NULL);
+      g_assert_cmpint (r.status, ==, 0);
+    }
+  g_assert_true (same_file (straight, stopped, "model.safetensors"));
+  g_assert_true (same_file (straight, stopped, "optimizer.stow"));
+  /* It is another algorithm: other weights than the plain run's, and a
+   * checkpoint of one does not continue as the other. */
+  g_auto (StowRun) r2 = { 0 };
+  train (&r2, &f, plain, "--steps", "2", "--precision", "bf16",
+         "--offload-optimizer", "cpu", NULL);
+  g_assert_cmpint (r2.status, ==, 0);
+  g_assert_false (same_file (plain, stopped, "model.safetensors"));
+  g_auto (StowRun) r3 = { 0 };
+  train (&r3, &f, plain, "--steps", "4", "--precision", "bf16",
+         "--offload-optimizer", "cpu", "--delayed-update", "--resume", NULL);
+  g_assert_cmpint (r3.status, !=, 0);
+  g_assert_nonnull (strstr (r3.err, "--delayed-update off"));
+  const char *const bad[][4] = {
+    { "--offload-optimizer", "none", NULL, NULL },
+    { "--offload-optimizer", "cpu", "--backend", "cuda" },
+  };
+  for (guint i = 0; i < G_N_ELEMENTS (bad); i++)
+    {
+      g_auto (StowRun) r = { 0 };
+      train (&r, &f, plain, "--delayed-update", bad[i][0], bad[i][1],
+             bad[i][2], bad[i][3], NULL);
+      g_assert_cmpint (r.status, ==, 2);
+      g_assert_nonnull (strstr (r.err, "--delayed-update is ZeRO-Offload's"));
+    }
+  fixture_clear (&f);
+}
+
 /* ---- streamed parameters (ZeRO-3 with --offload-params) ----------------- */
 
 /* The weights in host memory, k = 0, 1 and the plan's number of layers
@@ -519,6 +575,7 @@ main (int argc, char **argv)
   g_test_add_func ("/train-offload/nvme-faults", test_nvme_faults);
   g_test_add_func ("/train-offload/nvme-flags", test_nvme_flags);
   g_test_add_func ("/train-offload/nvme-signal", test_nvme_signal);
+  g_test_add_func ("/train-offload/delayed-update", test_delayed);
   g_test_add_func ("/train-offload/params", test_params);
   g_test_add_func ("/train-offload/params-small-device",
                    test_params_small_device);

@@ -83,6 +83,12 @@ struct _CpuBackend
   guint8 *host_weights;
   /* ZeRO-Infinity: the optimizer states on NVMe, in chunks. */
   StowStateSwap *swap;
+  /* The delayed update: the previous step's gradients (host gradients'
+   * layout), and whether the host gradients hold a step's that the next
+   * step applies. */
+  gboolean delayed;
+  guint8 *prev_grads;
+  gboolean have_grads, apply_prev;
 };
 
 static double
@@ -273,6 +279,35 @@ run_grad_norm (CpuBackend *b, const StowOp *op, GError **error)
   return TRUE;
 }
 
+/* The delayed update of one unit: step s - 1's update (its learning rate,
+ * Adam's t = s - 1) with its gradients, kept aside when step s began;
+ * nothing in the run's first step.  No clipping: the norm would wait for
+ * the whole backward, which the delay exists to overlap. */
+static gboolean
+run_delayed (CpuBackend *b, const StowOp *op, GError **error)
+{
+  if (!b->apply_prev)
+    return TRUE;
+  const StowTensorMap *m = &b->map;
+  const StowUnit *u = &g_array_index (b->p->units, StowUnit, op->unit);
+  guint64 off = u->offset - g_array_index (b->p->units, StowUnit, 0).offset;
+  gsize gsz = stow_dtype_size (b->p->grad_dtype);
+  StowAdamStep st = { b->step - 1, 1.0, 1.0, FALSE };
+  double lr = stow_optim_lr_at (&b->p->optim, b->step - 1);
+  for (guint k = 0; k < u->n_tensors; k++)
+    {
+      const StowUnitTensor *t = &g_array_index (
+          b->p->unit_tensors, StowUnitTensor, u->first_tensor + k);
+      StowAdamConfig cfg;
+      StowAdamTensor at;
+      stow_tensor_map_adam (m, op->unit, k, lr, &cfg, &at);
+      at.grad = b->prev_grads + (off + t->offset) * gsz;
+      if (!stow_adam_step (b->adam, &cfg, &st, &at, error))
+        return FALSE;
+    }
+  return TRUE;
+}
+
 /* AdamW on one unit, tensor by tensor: on the device's tensors, or
  * (!on_gpu, ZeRO-Offload) CPU Adam on the host gradients, master and
  * moments, writing the host copy of the weights that the "updated up"
@@ -305,6 +340,8 @@ run_optim (CpuBackend *b, const StowOp *op, GError **error)
   if (b->skip)
     return TRUE;
   StowAdamStep st = { b->step, 1.0, b->clip_coef, FALSE };
+  if (b->delayed)
+    return run_delayed (b, op, error);
   if (op->unit == STOW_NONE)
     {
       /* A chunk of the NVMe states, in its swap buffer. */
@@ -759,6 +796,7 @@ cpu_destroy (StowBackend *bb)
   stow_tensor_map_clear (&b->map);
   g_free (b->host_grads_held);
   g_free (b->host_weights);
+  g_free (b->prev_grads);
   g_free (b->recorded);
   g_free (b->op_start);
   g_free (b->op_end);
@@ -808,6 +846,7 @@ stow_backend_cpu_new (const StowCpuSetup *setup, GError **error)
   b->data = setup->data;
   b->data_user = setup->data_user;
   b->copy_delay_us = setup->copy_delay_us;
+  b->delayed = setup->delayed_update;
   b->n_buffers = p->buffers->len;
   b->recorded = g_new0 (gboolean, MAX (p->events->len, 1));
   b->op_start = g_new0 (double, MAX (p->ops->len, 1));
@@ -840,6 +879,29 @@ stow_backend_cpu_new (const StowCpuSetup *setup, GError **error)
           return NULL;
         }
       b->map.host_weights = b->host_weights;
+    }
+  if (b->delayed)
+    {
+      guint64 numel = 0;
+      for (guint u = 0; u < p->units->len; u++)
+        numel += unit_numel (b, u);
+      b->prev_grads = b->map.host_grads_buf != STOW_NONE
+                          ? g_try_malloc0 (MAX (numel * stow_dtype_size (p->grad_dtype), 1))
+                          : NULL;
+      if (b->prev_grads == NULL)
+        {
+          g_set_error (error, STOW_BACKEND_ERROR,
+                       b->map.host_grads_buf == STOW_NONE
+                           ? STOW_BACKEND_ERROR_UNSUPPORTED
+                           : STOW_BACKEND_ERROR_OUT_OF_MEMORY,
+                       b->map.host_grads_buf == STOW_NONE
+                           ? "the delayed update is ZeRO-Offload's: it needs "
+                             "the optimizer in host memory"
+                           : "the delayed update's gradients: out of host "
+                             "memory");
+          cpu_destroy (&b->parent);
+          return NULL;
+        }
     }
   if (b->map.states_nvme)
     {
@@ -905,6 +967,17 @@ stow_backend_cpu_begin_step (StowBackend *bb, guint64 step)
   b->clip_coef = 1.0;
   b->skip = FALSE;
   b->lr = stow_optim_lr_at (&b->p->optim, step);
+  if (b->delayed)
+    {
+      /* The gradients the last step left go aside for this step's update;
+       * this step's go where they were. */
+      StowTensorMap *m = &b->map;
+      guint8 *t = m->addr[m->host_grads_buf];
+      m->addr[m->host_grads_buf] = b->prev_grads;
+      b->prev_grads = t;
+      b->apply_prev = b->have_grads && step > 1;
+      b->have_grads = TRUE;
+    }
   memset (b->host_grads_held, 0, sizeof (gboolean) * MAX (b->p->units->len, 1));
   memset (b->recorded, 0, sizeof (gboolean) * MAX (b->p->events->len, 1));
   memset (b->op_start, 0, sizeof (double) * MAX (b->p->ops->len, 1));
@@ -982,6 +1055,24 @@ stow_backend_cpu_states (StowBackend *bb, gboolean write, guint unit,
     }
   return stow_state_swap_access (b->swap, write, unit, which, first, n, data,
                                  error);
+}
+
+void *
+stow_backend_cpu_pending (StowBackend *bb, guint unit, gboolean *pending)
+{
+  CpuBackend *b = (CpuBackend *)bb;
+  StowTensorMap *m = &b->map;
+  if (!b->delayed || m->addr[m->host_grads_buf] == NULL)
+    return NULL;
+  if (pending)
+    *pending = b->have_grads;
+  return stow_tensor_map_unit (m, m->host_grads_buf, unit);
+}
+
+void
+stow_backend_cpu_set_pending (StowBackend *bb, gboolean pending)
+{
+  ((CpuBackend *)bb)->have_grads = pending;
 }
 
 char *

@@ -36,6 +36,10 @@ typedef struct
   guint copy_delay_us;
   /* Where the optimizer states go when the program keeps them on NVMe. */
   StowSwapSetup swap;
+  /* ZeRO-Offload's delayed parameter update (the program lowered with
+   * it): step s's host optimizer applies step s - 1's gradients, kept
+   * aside when step s begins, while step s computes. */
+  gboolean delayed_update;
 } StowCpuSetup;
 
 /* Checks that every buffer of @setup->program holds what the runtime
@@ -83,6 +87,14 @@ gboolean stow_backend_cpu_states (StowBackend *cpu, gboolean write, guint unit,
  * training updates that copy in place), and states written to NVMe are
  * flushed.  TRUE; nothing without one. */
 gboolean stow_backend_cpu_push (StowBackend *cpu, GError **error);
+/* --delayed-update: the gradients of @unit the next step will apply (the
+ * training dtype; the host gradients), and whether there are any.  For
+ * checkpoints, which save them, and resumption, which restores them and
+ * then calls stow_backend_cpu_set_pending (TRUE).  NULL without a
+ * delayed update. */
+void *stow_backend_cpu_pending (StowBackend *cpu, guint unit,
+                                gboolean *pending);
+void stow_backend_cpu_set_pending (StowBackend *cpu, gboolean pending);
 /* One line on where the optimizer states are swapped, or NULL. */
 char *stow_backend_cpu_describe_swap (StowBackend *cpu);
 
