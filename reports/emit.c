@@ -51,6 +51,9 @@ stow_emit_kind_parse (const char *s, const char *field, StowEmitKind *out,
 static gboolean G_GNUC_PRINTF (3, 4)
     unsupported (GError **error, const char *engine, const char *format, ...)
 {
+  /* A search asks only yes or no: nothing to format. */
+  if (error == NULL)
+    return FALSE;
   va_list ap;
   va_start (ap, format);
   g_autofree char *msg = g_strdup_vprintf (format, ap);
@@ -690,25 +693,25 @@ accelerate_precision (StowPrecision p)
     }
 }
 
-char *
-stow_emit_accelerate (const StowPlanFile *p, GError **error)
+/* The distributed_type accelerate runs @p with (and the label its errors
+ * carry): the engine the plan was made for picks the backend; stowage's
+ * own plans go to DeepSpeed when they shard or offload. */
+static gboolean
+accelerate_type (const StowPlanFile *p, const char **type_out,
+                 const char **label_out, GError **error)
 {
-  if (!precision_check (p, "accelerate", error))
-    return NULL;
   const StowLayout *l = &p->layout;
   const StowCluster *c = p->cluster;
   const char *type;
   const char *label = "accelerate";
 
-  /* The engine the plan was made for picks the backend; stowage's own
-   * plans go to DeepSpeed when they shard or offload. */
   switch (l->engine)
     {
     case STOW_ENGINE_FSDP:
       type = "FSDP";
       label = "accelerate (distributed_type FSDP)";
       if (!fsdp_check (p, label, error))
-        return NULL;
+        return FALSE;
       /* NO_SHARD is plain data parallelism: accelerate's DDP. */
       if (l->zero == 0)
         type = c->n_gpus > 1 ? "MULTI_GPU" : "NO";
@@ -717,24 +720,21 @@ stow_emit_accelerate (const StowPlanFile *p, GError **error)
       type = "MEGATRON_LM";
       label = "accelerate (distributed_type MEGATRON_LM)";
       if (!megatron_check (p, label, error))
-        return NULL;
+        return FALSE;
       /* megatron_lm_config has tp, pp and micro-batches only. */
       if (l->vpp > 1 || l->cp > 1 || l->ep > 1)
-        {
-          unsupported (error, label,
-                       "megatron_lm_config has no setting for %s; use "
-                       "--emit megatron",
-                       l->vpp > 1  ? "virtual pipeline stages (vpp)"
-                       : l->cp > 1 ? "context parallelism"
-                                   : "expert parallelism");
-          return NULL;
-        }
+        return unsupported (error, label,
+                            "megatron_lm_config has no setting for %s; use "
+                            "--emit megatron",
+                            l->vpp > 1  ? "virtual pipeline stages (vpp)"
+                            : l->cp > 1 ? "context parallelism"
+                                        : "expert parallelism");
       break;
     case STOW_ENGINE_DEEPSPEED:
       type = "DEEPSPEED";
       label = "accelerate (distributed_type DEEPSPEED)";
       if (!deepspeed_check (p, label, error))
-        return NULL;
+        return FALSE;
       break;
     default:
       if (l->zero == 0 && l->offload_optimizer == STOW_OFFLOAD_NONE
@@ -745,20 +745,32 @@ stow_emit_accelerate (const StowPlanFile *p, GError **error)
           type = "DEEPSPEED";
           label = "accelerate (distributed_type DEEPSPEED)";
           if (!deepspeed_check (p, label, error))
-            return NULL;
+            return FALSE;
         }
       break;
     }
 
   if (strcmp (type, "DEEPSPEED") == 0 && l->pp > 1)
-    {
-      unsupported (error, label,
-                   "accelerate's DeepSpeed integration has no pipeline "
-                   "stages (pp %u); use --emit deepspeed with a "
-                   "PipelineModule",
-                   l->pp);
-      return NULL;
-    }
+    return unsupported (error, label,
+                        "accelerate's DeepSpeed integration has no pipeline "
+                        "stages (pp %u); use --emit deepspeed with a "
+                        "PipelineModule",
+                        l->pp);
+  *type_out = type;
+  *label_out = label;
+  return TRUE;
+}
+
+char *
+stow_emit_accelerate (const StowPlanFile *p, GError **error)
+{
+  if (!precision_check (p, "accelerate", error))
+    return NULL;
+  const StowLayout *l = &p->layout;
+  const StowCluster *c = p->cluster;
+  const char *type, *label;
+  if (!accelerate_type (p, &type, &label, error))
+    return NULL;
 
   GString *s = g_string_new (NULL);
   g_string_append_printf (s,
@@ -845,6 +857,66 @@ stow_emit_accelerate (const StowPlanFile *p, GError **error)
                               l->zero == 1 ? "true" : "false");
     }
   return g_string_free (s, FALSE);
+}
+
+gboolean
+stow_emit_check (StowEmitKind kind, const StowModel *model,
+                 const StowCluster *cluster, const StowTraining *training,
+                 const StowLayout *layout, GError **error)
+{
+  g_return_val_if_fail (cluster != NULL && training != NULL && layout != NULL,
+                        FALSE);
+  /* The checks read the model, cluster, training and layout of a plan and
+   * nothing else: a view on the stack, owning nothing, stands in for one
+   * (this runs for every layout a search visits). */
+  StowPlanFile view;
+  memset (&view, 0, sizeof view);
+  view.model = (StowModel *)model;
+  view.cluster = (StowCluster *)cluster;
+  view.training = *training;
+  view.layout = *layout;
+  const char *name = stow_emit_kind_name (kind);
+  const char *type, *label;
+  switch (kind)
+    {
+    case STOW_EMIT_DEEPSPEED:
+      return precision_check (&view, name, error)
+             && deepspeed_check (&view, name, error);
+    case STOW_EMIT_MEGATRON:
+      return precision_check (&view, name, error)
+             && megatron_check (&view, name, error);
+    case STOW_EMIT_FSDP:
+      return precision_check (&view, name, error)
+             && fsdp_check (&view, name, error);
+    case STOW_EMIT_ACCELERATE:
+      return precision_check (&view, name, error)
+             && accelerate_type (&view, &type, &label, error);
+    case STOW_EMIT_PLAN:
+      return TRUE;
+    }
+  g_return_val_if_reached (FALSE);
+}
+
+guint
+stow_emit_kind_engines (StowEmitKind kind)
+{
+  switch (kind)
+    {
+    case STOW_EMIT_DEEPSPEED:
+      return 1u << STOW_ENGINE_DEEPSPEED;
+    case STOW_EMIT_MEGATRON:
+      return 1u << STOW_ENGINE_MEGATRON;
+    case STOW_EMIT_FSDP:
+      return 1u << STOW_ENGINE_FSDP;
+    case STOW_EMIT_ACCELERATE:
+      /* distributed_type DEEPSPEED, FSDP (MULTI_GPU for NO_SHARD) and
+       * MEGATRON_LM; NO, plain PyTorch, on one GPU. */
+      return (1u << STOW_ENGINE_DEEPSPEED) | (1u << STOW_ENGINE_FSDP)
+             | (1u << STOW_ENGINE_MEGATRON) | (1u << STOW_ENGINE_PYTORCH);
+    case STOW_EMIT_PLAN:
+      return 0;
+    }
+  g_return_val_if_reached (0);
 }
 
 char *
