@@ -576,6 +576,22 @@ stow_plan_options_default_layout (StowPlanOptions *po)
                                   NULL);
 }
 
+StowSearch *
+stow_plan_options_search (const StowPlanOptions *po, const StowCluster *cluster,
+                          const StowTraining *training, StowPins pins,
+                          guint max_keep)
+{
+  StowSearchOptions so;
+  stow_search_options_init (&so);
+  so.max_keep = max_keep;
+  so.engines = po->search_engines;
+  so.accept = po->search_accept;
+  so.accept_data = po->search_accept_data;
+  return stow_search_run_with (po->model, cluster ? cluster : po->cluster_obj,
+                               training ? training : &po->training, &po->layout,
+                               pins, &po->mem, &so);
+}
+
 char **
 stow_plan_options_fill_like_fit (StowPlanOptions *po)
 {
@@ -600,12 +616,14 @@ stow_plan_options_fill_like_fit (StowPlanOptions *po)
     { STOW_PIN_SCHEDULE, "schedule" },
   };
   stow_plan_options_default_layout (po);
+  /* Several engines (--emit accelerate): the search picks one even when
+   * every dimension is given. */
+  gboolean engine_open = (po->search_engines & (po->search_engines - 1)) != 0;
   if (po->model == NULL || po->mem.convention != STOW_CONVENTION_STOWAGE
-      || (po->pins & STOW_PIN_ALL) == STOW_PIN_ALL)
+      || ((po->pins & STOW_PIN_ALL) == STOW_PIN_ALL && !engine_open))
     return NULL;
   g_autoptr (StowSearch) s
-      = stow_search_run (po->model, po->cluster_obj, &po->training,
-                         &po->layout, po->pins, &po->mem, 1);
+      = stow_plan_options_search (po, NULL, NULL, po->pins, 1);
   const StowCandidate *best
       = s->fits->len ? &g_array_index (s->fits, StowCandidate, 0)
                      : (s->have_miss ? &s->best_miss : NULL);
@@ -632,6 +650,8 @@ stow_plan_options_fill_like_fit (StowPlanOptions *po)
         continue;
       g_ptr_array_add (names, g_strdup (dims[i].name));
     }
+  if (engine_open)
+    g_ptr_array_add (names, g_strdup ("engine"));
   if (names->len == 0)
     {
       g_ptr_array_free (names, TRUE);

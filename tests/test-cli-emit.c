@@ -1,0 +1,308 @@
+/* SPDX-License-Identifier: MIT
+ *
+ * tests/test-cli-emit.c: `fit --emit ENGINE` as a user runs it: the config
+ * is planned with that engine's own memory model (read back and priced
+ * with `mem --engine ENGINE`, it fits), --engine or a plan file that
+ * disagrees is refused, and nothing fitting says under which model and
+ * what would fit (issue 23, "Configs planned for their engine").
+ */
+#include <glib/gstdio.h>
+#include <string.h>
+
+#include "core/json.h"
+#include "tests/testutil.h"
+
+/* The case of issue 23: llama-65b on one DGX A100. */
+#define MODEL "llama-65b"
+#define GPUS  "8xA100-80GB"
+
+static JsonObject *
+parse (const char *text, JsonNode **root)
+{
+  g_autoptr (GError) error = NULL;
+  *root = stow_json_parse_data (text, -1, "stdout", &error);
+  g_assert_no_error (error);
+  return json_node_get_object (*root);
+}
+
+/* "--flag value" lines of Megatron-LM arguments: the value of @flag, or
+ * "" for a flag without one, or NULL when it is absent. */
+static char *
+arg_value (const char *args, const char *flag)
+{
+  g_auto (GStrv) lines = g_strsplit (args, "\n", -1);
+  gsize n = strlen (flag);
+  for (char **l = lines; *l; l++)
+    if (strncmp (*l, flag, n) == 0 && ((*l)[n] == ' ' || (*l)[n] == '\0'))
+      return g_strdup ((*l)[n] == ' ' ? *l + n + 1 : "");
+  return NULL;
+}
+
+/* Runs `mem` on the layout an emitted config carries, pinned in full, with
+ * the config's engine; returns its exit status (0: it fits). */
+static int
+mem_status (const char *const *layout)
+{
+  const char *args[48] = { "mem", MODEL, "--gpus", GPUS };
+  guint n = 4;
+  for (guint i = 0; layout[i]; i++)
+    args[n++] = layout[i];
+  args[n] = NULL;
+  g_auto (StowRun) r = { 0 };
+  stow_runv (&r, args);
+  g_test_message ("mem for the emitted layout: exit %d\n%s", r.status, r.out);
+  return r.status;
+}
+
+/* Issue 23: the DeepSpeed config was ZeRO-3 with the optimizer on the CPU
+ * and parameters on the GPU, which DeepSpeed's own model puts at 92.79 GiB
+ * against 79.14 usable.  Now it is one that fits under that model. */
+static void
+test_deepspeed (void)
+{
+  const char *const old_layout[] = { "--engine",
+                                     "deepspeed",
+                                     "--dp",
+                                     "8",
+                                     "--tp",
+                                     "1",
+                                     "--pp",
+                                     "1",
+                                     "--cp",
+                                     "1",
+                                     "--zero",
+                                     "3",
+                                     "--offload-optimizer",
+                                     "cpu",
+                                     "--offload-params",
+                                     "none",
+                                     "--recompute",
+                                     "none",
+                                     "--offload-activations",
+                                     "none",
+                                     "--micro-batch",
+                                     "1",
+                                     NULL };
+  g_assert_cmpint (mem_status (old_layout), ==, 1);
+
+  g_auto (StowRun) r = { 0 };
+  stow_run (&r, "fit", MODEL, "--gpus", GPUS, "--emit", "deepspeed", NULL);
+  g_assert_cmpint (r.status, ==, 0);
+  g_autoptr (JsonNode) root = NULL;
+  JsonObject *o = parse (r.out, &root);
+  JsonObject *z = json_object_get_object_member (o, "zero_optimization");
+  gint64 stage = json_object_get_int_member (z, "stage");
+  const char *opt
+      = json_object_has_member (z, "offload_optimizer")
+            ? json_object_get_string_member (
+                json_object_get_object_member (z, "offload_optimizer"),
+                "device")
+            : "none";
+  const char *par
+      = json_object_has_member (z, "offload_param")
+            ? json_object_get_string_member (
+                json_object_get_object_member (z, "offload_param"), "device")
+            : "none";
+  gboolean ckpt = json_object_has_member (o, "activation_checkpointing");
+  g_autofree char *zs = g_strdup_printf ("%" G_GINT64_FORMAT, stage);
+  g_autofree char *mb = g_strdup_printf (
+      "%" G_GINT64_FORMAT,
+      json_object_get_int_member (o, "train_micro_batch_size_per_gpu"));
+  g_assert_cmpint (
+      json_object_get_int_member (o, "train_batch_size"), ==,
+      8 * json_object_get_int_member (o, "train_micro_batch_size_per_gpu")
+          * json_object_get_int_member (o, "gradient_accumulation_steps"));
+  const char *const layout[] = { "--engine",
+                                 "deepspeed",
+                                 "--dp",
+                                 "8",
+                                 "--tp",
+                                 "1",
+                                 "--pp",
+                                 "1",
+                                 "--cp",
+                                 "1",
+                                 "--zero",
+                                 zs,
+                                 "--offload-optimizer",
+                                 opt,
+                                 "--offload-params",
+                                 par,
+                                 "--recompute",
+                                 ckpt ? "full" : "none",
+                                 "--offload-activations",
+                                 "none",
+                                 "--micro-batch",
+                                 mb,
+                                 NULL };
+  g_assert_cmpint (mem_status (layout), ==, 0);
+}
+
+/* Megatron-LM refused (ZeRO 3 is not its); now its fastest layout under
+ * Megatron's model, which `mem --engine megatron` confirms fits. */
+static void
+test_megatron (void)
+{
+  g_auto (StowRun) r = { 0 };
+  stow_run (&r, "fit", MODEL, "--gpus", GPUS, "--emit", "megatron", NULL);
+  g_assert_cmpint (r.status, ==, 0);
+  g_autofree char *tp = arg_value (r.out, "--tensor-model-parallel-size");
+  g_autofree char *pp = arg_value (r.out, "--pipeline-model-parallel-size");
+  g_autofree char *cp = arg_value (r.out, "--context-parallel-size");
+  g_autofree char *per_v
+      = arg_value (r.out, "--num-layers-per-virtual-pipeline-stage");
+  g_autofree char *mbs = arg_value (r.out, "--micro-batch-size");
+  g_autofree char *gbs = arg_value (r.out, "--global-batch-size");
+  g_autofree char *dist = arg_value (r.out, "--use-distributed-optimizer");
+  g_autofree char *cpu = arg_value (r.out, "--optimizer-cpu-offload");
+  g_autofree char *gran = arg_value (r.out, "--recompute-granularity");
+  g_autofree char *method = arg_value (r.out, "--recompute-method");
+  g_autofree char *k = arg_value (r.out, "--recompute-num-layers");
+  g_autofree char *sp = arg_value (r.out, "--sequence-parallel");
+  g_assert_nonnull (tp);
+  g_assert_nonnull (pp);
+  g_assert_nonnull (mbs);
+  g_assert_nonnull (gbs);
+  guint64 t = g_ascii_strtoull (tp, NULL, 10);
+  guint64 p = g_ascii_strtoull (pp, NULL, 10);
+  guint64 c = cp ? g_ascii_strtoull (cp, NULL, 10) : 1;
+  guint64 d = 8 / (t * p * c);
+  g_autofree char *dp = g_strdup_printf ("%" G_GUINT64_FORMAT, d);
+  g_autofree char *vpp = g_strdup_printf (
+      "%" G_GUINT64_FORMAT,
+      per_v ? 80 / (p * g_ascii_strtoull (per_v, NULL, 10)) : 1);
+  g_autofree char *accum = g_strdup_printf (
+      "%" G_GUINT64_FORMAT, g_ascii_strtoull (gbs, NULL, 10)
+                                / (g_ascii_strtoull (mbs, NULL, 10) * d));
+  g_autofree char *rc
+      = gran == NULL                      ? g_strdup ("none")
+        : g_str_equal (gran, "selective") ? g_strdup ("selective")
+        : g_str_equal (method, "block")   ? g_strdup_printf ("full:%s", k)
+                                          : g_strdup ("full");
+  const char *const layout[] = { "--engine",
+                                 "megatron",
+                                 "--dp",
+                                 dp,
+                                 "--tp",
+                                 tp,
+                                 "--pp",
+                                 pp,
+                                 "--cp",
+                                 cp ? cp : "1",
+                                 "--vpp",
+                                 vpp,
+                                 sp ? "--sp" : "--no-sp",
+                                 "--zero",
+                                 dist ? "1" : "0",
+                                 "--offload-optimizer",
+                                 cpu ? "cpu" : "none",
+                                 "--offload-params",
+                                 "none",
+                                 "--offload-activations",
+                                 "none",
+                                 "--recompute",
+                                 rc,
+                                 "--micro-batch",
+                                 mbs,
+                                 "--grad-accum",
+                                 accum,
+                                 NULL };
+  g_assert_cmpint (mem_status (layout), ==, 0);
+}
+
+/* FSDP refused (optimizer offload without parameters is not FSDP's); now
+ * FSDP's fastest layout under FSDP's model. */
+static void
+test_fsdp (void)
+{
+  g_auto (StowRun) r = { 0 };
+  stow_run (&r, "fit", MODEL, "--gpus", GPUS, "--emit", "fsdp", "-v", NULL);
+  g_assert_cmpint (r.status, ==, 0);
+  g_assert_nonnull (strstr (r.out, "FSDP2_KWARGS = dict("));
+  /* -v names the layout the config carries and its memory under FSDP's
+   * model, which must be within the GPU. */
+  g_assert_nonnull (strstr (r.err, "(FSDP's memory model)"));
+  g_assert_nonnull (strstr (r.err, ", fsdp; "));
+}
+
+/* accelerate runs under DeepSpeed, FSDP or Megatron-LM: the fastest of
+ * the three that fits under its own model and that the YAML expresses. */
+static void
+test_accelerate (void)
+{
+  g_auto (StowRun) r = { 0 };
+  stow_run (&r, "fit", MODEL, "--gpus", GPUS, "--emit", "accelerate", "-v",
+            NULL);
+  g_assert_cmpint (r.status, ==, 0);
+  g_assert_true (strstr (r.out, "distributed_type: DEEPSPEED\n")
+                 || strstr (r.out, "distributed_type: FSDP\n")
+                 || strstr (r.out, "distributed_type: MEGATRON_LM\n"));
+  g_assert_null (strstr (r.err, "(stowage's memory model)"));
+}
+
+/* An --engine the config does not run under, or a plan file made for
+ * another engine, is refused in one line naming both. */
+static void
+test_engine_conflicts (void)
+{
+  const char *const ds_fsdp[]
+      = { "fit",  "llama-13b", "--gpus",    GPUS, "--engine",
+          "fsdp", "--emit",    "deepspeed", NULL };
+  stow_assert_usage_error (ds_fsdp, "--engine fsdp");
+  const char *const acc_stow[]
+      = { "fit",     "llama-13b", "--gpus",     GPUS, "--engine",
+          "stowage", "--emit",    "accelerate", NULL };
+  stow_assert_usage_error (acc_stow, "--engine stowage");
+
+  g_autofree char *dir = g_dir_make_tmp ("stow-emit-XXXXXX", NULL);
+  g_autofree char *plan = g_build_filename (dir, "plan.json", NULL);
+  g_auto (StowRun) w = { 0 };
+  stow_run (&w, "fit", "llama-13b", "--gpus", GPUS, "--emit", "plan", "-o",
+            plan, NULL);
+  g_assert_cmpint (w.status, ==, 0);
+  const char *const from_plan[]
+      = { "mem", "--plan", plan, "--emit", "deepspeed", NULL };
+  stow_assert_usage_error (from_plan, "engine stowage");
+  /* A plan made for the engine is emitted as it is. */
+  g_auto (StowRun) w2 = { 0 };
+  stow_run (&w2, "fit", "llama-13b", "--gpus", GPUS, "--engine", "deepspeed",
+            "--emit", "plan", "-o", plan, NULL);
+  g_assert_cmpint (w2.status, ==, 0);
+  g_auto (StowRun) e = { 0 };
+  stow_run (&e, "mem", "--plan", plan, "--emit", "deepspeed", NULL);
+  g_assert_cmpint (e.status, ==, 0);
+  g_assert_nonnull (strstr (e.out, "\"zero_optimization\""));
+  g_unlink (plan);
+  g_rmdir (dir);
+}
+
+/* Nothing fits under the engine's model: nothing on stdout, and stderr
+ * says which model was searched, how close the nearest layout came and
+ * what would fit under that same model. */
+static void
+test_no_fit (void)
+{
+  g_auto (StowRun) r = { 0 };
+  stow_run (&r, "fit", MODEL, "--gpus", "8xV100-16GB", "--precision", "fp16",
+            "--emit", "megatron", NULL);
+  g_assert_cmpint (r.status, ==, 1);
+  g_assert_cmpstr (r.out, ==, "");
+  g_assert_nonnull (strstr (r.err, "nothing to emit for megatron"));
+  g_assert_nonnull (strstr (r.err, "Megatron-LM's memory model"));
+  g_assert_nonnull (strstr (r.err, "hint: would fit: 32xV100-16GB: "));
+  g_assert_nonnull (strstr (r.err, ", megatron ("));
+  g_assert_cmpuint (stow_count_lines (r.err), <=, 6);
+}
+
+int
+main (int argc, char **argv)
+{
+  g_test_init (&argc, &argv, NULL);
+  g_test_add_func ("/cli-emit/deepspeed-fits-its-model", test_deepspeed);
+  g_test_add_func ("/cli-emit/megatron-fits-its-model", test_megatron);
+  g_test_add_func ("/cli-emit/fsdp-fits-its-model", test_fsdp);
+  g_test_add_func ("/cli-emit/accelerate-picks-an-engine", test_accelerate);
+  g_test_add_func ("/cli-emit/engine-conflicts", test_engine_conflicts);
+  g_test_add_func ("/cli-emit/no-fit", test_no_fit);
+  return g_test_run ();
+}
