@@ -8,6 +8,7 @@
  */
 #include "reports/emit.h"
 
+#include <math.h>
 #include <string.h>
 
 #include "core/json.h"
@@ -328,6 +329,35 @@ megatron_check (const StowPlanFile *p, const char *e, GError **error)
                         "puts the extra layers on middle stages, Megatron-LM "
                         "only on the first and last",
                         m->n_layers, l->pp);
+  /* RoPE as Megatron-LM's GPT model applies it: an integer base
+   * (--rotary-base, type=int in arguments.py) and, of HF's rope_scaling
+   * types, Llama 3's only, with its low/high frequency factors and
+   * original context fixed at 1, 4 and 8192 (RotaryEmbedding._apply_scaling
+   * in megatron/core/models/common/embeddings/rotary_pos_embedding.py). */
+  if (m->max_positions == 0 && m->rope_theta > 0
+      && m->rope_theta != floor (m->rope_theta))
+    return unsupported (error, e,
+                        "rope_theta %g: Megatron-LM's --rotary-base takes a "
+                        "whole number",
+                        m->rope_theta);
+  if (m->max_positions == 0 && m->rope_type != NULL
+      && !g_str_equal (m->rope_type, "default"))
+    {
+      if (!g_str_equal (m->rope_type, "llama3"))
+        return unsupported (error, e,
+                            "%s's rope_scaling type \"%s\" has no Megatron-LM "
+                            "GPT flag (--use-rope-scaling is Llama 3's)",
+                            m->name, m->rope_type);
+      if (m->rope_low_freq_factor != 1.0 || m->rope_high_freq_factor != 4.0
+          || m->rope_original_max_positions != 8192)
+        return unsupported (
+            error, e,
+            "%s's Llama 3 rope scaling has low_freq_factor %g, "
+            "high_freq_factor %g, original_max_position_embeddings "
+            "%" G_GUINT64_FORMAT "; Megatron-LM fixes them at 1, 4 and 8192",
+            m->name, m->rope_low_freq_factor, m->rope_high_freq_factor,
+            m->rope_original_max_positions);
+    }
   if (p->training.finetune != STOW_FINETUNE_FULL)
     return unsupported (error, e, "Megatron-LM has no %s fine-tuning",
                         stow_finetune_name (p->training.finetune));
@@ -471,6 +501,10 @@ stow_emit_megatron (const StowPlanFile *p, GError **error)
     flag (s, "--swiglu");
   if (m->norm == STOW_NORM_RMSNORM)
     flag_s (s, "--normalization", "RMSNorm");
+  /* rms_norm_eps where the config gives one (Megatron's default 1e-5 is
+   * LLaMA-1/2's and Qwen's 1e-6 otherwise). */
+  if (m->norm_eps > 0)
+    g_string_append_printf (s, "--norm-epsilon %g\n", m->norm_eps);
   if (!m->linear_bias)
     flag (s, "--disable-bias-linear");
   if (!m->tied_embeddings)
@@ -479,6 +513,20 @@ stow_emit_megatron (const StowPlanFile *p, GError **error)
     {
       flag_s (s, "--position-embedding-type", "rope");
       flag_u (s, "--max-position-embeddings", t->seq_len);
+      /* The model's RoPE base: Megatron's default of 10000 is wrong for
+       * Llama 3 (500000) and Mixtral (1e6). */
+      if (m->rope_theta > 0)
+        g_string_append_printf (s, "--rotary-base %.0f\n", m->rope_theta);
+      else
+        g_string_append (s, "# rope_theta is not in the model's config as "
+                            "read: Megatron-LM's --rotary-base 10000 "
+                            "applies\n");
+      if (m->rope_type != NULL && g_str_equal (m->rope_type, "llama3"))
+        {
+          flag (s, "--use-rope-scaling");
+          g_string_append_printf (s, "--rope-scaling-factor %g\n",
+                                  m->rope_factor);
+        }
     }
   else
     {

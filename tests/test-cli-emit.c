@@ -294,6 +294,47 @@ test_no_fit (void)
   g_assert_cmpuint (stow_count_lines (r.err), <=, 6);
 }
 
+/* What Megatron-LM needs to rebuild the model: the RoPE base and Llama 3's
+ * rope scaling from each model's published config.json (Meta's
+ * Meta-Llama-3-8B: rope_theta 500000, rms_norm_eps 1e-05; Mistral's
+ * Mixtral-8x7B-v0.1: rope_theta 1e6; Meta's Llama-3.1-70B: rope_scaling
+ * llama3, factor 8, low 1, high 4, original 8192; LLaMA-1 has no
+ * rope_theta: HF LlamaConfig's 10000, rms_norm_eps 1e-06), not Megatron's
+ * defaults (--rotary-base 10000, --norm-epsilon 1e-5). */
+static void
+test_megatron_rope (void)
+{
+  static const struct
+  {
+    const char *model, *base, *eps;
+    const char *factor; /* --rope-scaling-factor, NULL: no scaling */
+  } cases[] = {
+    { "llama-3-8b", "500000", "1e-05", NULL },
+    { "mixtral-8x7b", "1000000", "1e-05", NULL },
+    { "llama-3.1-70b", "500000", "1e-05", "8" },
+    { "llama-7b", "10000", "1e-06", NULL },
+  };
+  for (gsize i = 0; i < G_N_ELEMENTS (cases); i++)
+    {
+      g_auto (StowRun) r = { 0 };
+      stow_run (&r, "fit", cases[i].model, "--gpus", "64xH100-SXM", "--emit",
+                "megatron", NULL);
+      g_assert_cmpint (r.status, ==, 0);
+      g_autofree char *base = arg_value (r.out, "--rotary-base");
+      g_autofree char *eps = arg_value (r.out, "--norm-epsilon");
+      g_autofree char *use = arg_value (r.out, "--use-rope-scaling");
+      g_autofree char *factor = arg_value (r.out, "--rope-scaling-factor");
+      g_assert_cmpstr (base, ==, cases[i].base);
+      g_assert_cmpstr (eps, ==, cases[i].eps);
+      g_assert_cmpstr (factor, ==, cases[i].factor);
+      g_assert_true ((use != NULL) == (cases[i].factor != NULL));
+    }
+  /* Scaling Megatron's GPT flags cannot express is refused, by name. */
+  const char *const gemma[] = { "fit",    "gemma-3-4b", "--gpus", "8xH100-SXM",
+                                "--emit", "megatron",   NULL };
+  stow_assert_usage_error (gemma, "rope_scaling type \"linear\"");
+}
+
 int
 main (int argc, char **argv)
 {
@@ -304,5 +345,6 @@ main (int argc, char **argv)
   g_test_add_func ("/cli-emit/accelerate-picks-an-engine", test_accelerate);
   g_test_add_func ("/cli-emit/engine-conflicts", test_engine_conflicts);
   g_test_add_func ("/cli-emit/no-fit", test_no_fit);
+  g_test_add_func ("/cli-emit/megatron-rope", test_megatron_rope);
   return g_test_run ();
 }
