@@ -92,6 +92,21 @@ nvme_path (const StowPlanFile *p)
              : "/local_nvme";
 }
 
+/* Full recomputation of only the first K layers (--recompute full:K with
+ * K below the run it counts in); 0 for none or all. */
+static guint
+partial_recompute_layers (const StowPlanFile *p)
+{
+  const StowLayout *l = &p->layout;
+  if (l->recompute != STOW_RECOMPUTE_FULL || l->recompute_layers == 0)
+    return 0;
+  if (p->model != NULL
+      && l->recompute_layers
+             >= stow_layout_recompute_run (l, p->model->n_layers))
+    return 0;
+  return l->recompute_layers;
+}
+
 /* ---- DeepSpeed ---- */
 
 /* What ds_config.json (with a plain model, no Megatron-DeepSpeed) can
@@ -670,9 +685,41 @@ stow_emit_fsdp (const StowPlanFile *p, GError **error)
   g_string_append_printf (
       s, "GRADIENT_ACCUMULATION_STEPS = %" G_GUINT64_FORMAT "\n",
       l->grad_accum);
-  g_string_append_printf (s, "ACTIVATION_CHECKPOINTING = %s\n\n",
+  g_string_append_printf (s, "ACTIVATION_CHECKPOINTING = %s\n",
                           l->recompute == STOW_RECOMPUTE_FULL ? "True"
                                                               : "False");
+  if (l->recompute == STOW_RECOMPUTE_FULL)
+    {
+      /* --recompute full:K: the memory model keeps the activations of all
+       * but the first K blocks, so only those K are wrapped, with the
+       * check_fn FSDP's tutorials pass to apply_activation_checkpointing
+       * (torch.distributed.algorithms._checkpoint.checkpoint_wrapper). */
+      guint k = partial_recompute_layers (p);
+      guint64 n = p->model ? p->model->n_layers : 0;
+      if (k)
+        g_string_append_printf (s,
+                                "CHECKPOINTED_BLOCKS = %u  # the first %u "
+                                "of %" G_GUINT64_FORMAT
+                                " transformer blocks (recompute full:%u)\n",
+                                k, k, n, k);
+      else
+        g_string_append (s, "CHECKPOINTED_BLOCKS = None  # every "
+                            "transformer block\n");
+      g_string_append (
+          s,
+          "\n# Activation checkpointing, before fully_shard (FSDP2) or "
+          "FullyShardedDataParallel (FSDP1):\n"
+          "#   apply_checkpointing(model, model.model.layers)  # the "
+          "block list of an HF Llama\n"
+          "from torch.distributed.algorithms._checkpoint.checkpoint_wrapper "
+          "import apply_activation_checkpointing, checkpoint_wrapper\n\n"
+          "def apply_checkpointing(model, blocks):\n"
+          "    chosen = set(blocks[:CHECKPOINTED_BLOCKS])\n"
+          "    apply_activation_checkpointing(model, "
+          "checkpoint_wrapper_fn=checkpoint_wrapper, check_fn=lambda m: m in "
+          "chosen)\n");
+    }
+  g_string_append (s, "\n");
 
   g_string_append (s, "# FSDP2 (torch >= 2.6): fully_shard each transformer "
                       "block, then the root module.\n"
@@ -804,6 +851,22 @@ accelerate_type (const StowPlanFile *p, const char **type_out,
                         "stages (pp %u); use --emit deepspeed with a "
                         "PipelineModule",
                         l->pp);
+  /* accelerate's MegatronLMPlugin turns megatron_lm_recompute_activations
+   * into recompute_granularity "selective" (utils/dataclasses.py). */
+  if (strcmp (type, "MEGATRON_LM") == 0 && l->recompute == STOW_RECOMPUTE_FULL)
+    return unsupported (error, label,
+                        "megatron_lm_recompute_activations is selective "
+                        "recomputation; the layout recomputes whole layers "
+                        "(--recompute full): use --emit megatron");
+  /* fsdp_activation_checkpointing, and the gradient checkpointing a
+   * script turns on for the other types, wrap every block. */
+  if (strcmp (type, "MEGATRON_LM") != 0 && partial_recompute_layers (p))
+    return unsupported (error, label,
+                        "accelerate checkpoints every transformer block or "
+                        "none; the layout recomputes the first %u "
+                        "(--recompute full:%u): use --emit fsdp, or "
+                        "--recompute full",
+                        l->recompute_layers, l->recompute_layers);
   *type_out = type;
   *label_out = label;
   return TRUE;
@@ -829,6 +892,15 @@ stow_emit_accelerate (const StowPlanFile *p, GError **error)
   if (c->n_nodes > 1)
     g_string_append (s, "# On each node set machine_rank (0..num_machines-1) "
                         "and main_process_ip.\n");
+  /* Only fsdp_config has a key for activation checkpointing; the plan's
+   * memory counts on it, so say where it goes. */
+  if (l->recompute == STOW_RECOMPUTE_FULL && strcmp (type, "FSDP") != 0
+      && strcmp (type, "MEGATRON_LM") != 0)
+    g_string_append (s, "# The plan recomputes every layer (--recompute "
+                        "full): turn activation checkpointing on in train.py "
+                        "(model.gradient_checkpointing_enable() for a "
+                        "transformers model); this distributed_type has no "
+                        "key for it.\n");
   g_string_append (s, "compute_environment: LOCAL_MACHINE\n");
   g_string_append_printf (s, "distributed_type: %s\n", type);
   g_string_append_printf (s, "mixed_precision: %s\n",
@@ -898,8 +970,9 @@ stow_emit_accelerate (const StowPlanFile *p, GError **error)
       g_string_append_printf (s, "  megatron_lm_sequence_parallelism: %s\n",
                               l->sp ? "true" : "false");
       g_string_append_printf (s, "  megatron_lm_recompute_activations: %s\n",
-                              l->recompute != STOW_RECOMPUTE_NONE ? "true"
-                                                                  : "false");
+                              l->recompute == STOW_RECOMPUTE_SELECTIVE
+                                  ? "true"
+                                  : "false");
       g_string_append_printf (s,
                               "  megatron_lm_use_distributed_optimizer: %s\n",
                               l->zero == 1 ? "true" : "false");

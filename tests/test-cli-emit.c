@@ -210,19 +210,136 @@ test_megatron (void)
   g_assert_cmpint (mem_status (layout), ==, 0);
 }
 
+/* The value after "NAME = " in a Python snippet, up to the end of the
+ * line or a comment. */
+static char *
+py_value (const char *py, const char *name)
+{
+  g_autofree char *key = g_strdup_printf ("\n%s = ", name);
+  const char *v = strstr (py, key);
+  if (v == NULL)
+    return NULL;
+  v += strlen (key);
+  gsize n = strcspn (v, "#\n");
+  while (n > 0 && v[n - 1] == ' ')
+    n--;
+  return g_strndup (v, n);
+}
+
+/* The value of keyword argument @name in "    name=value," lines. */
+static char *
+kwarg_value (const char *py, const char *name)
+{
+  g_autofree char *key = g_strdup_printf ("\n    %s=", name);
+  const char *v = strstr (py, key);
+  if (v == NULL)
+    return NULL;
+  v += strlen (key);
+  return g_strndup (v, strcspn (v, ",\n"));
+}
+
 /* FSDP refused (optimizer offload without parameters is not FSDP's); now
- * FSDP's fastest layout under FSDP's model. */
+ * FSDP's fastest layout under FSDP's model: read back (sharding, offload,
+ * the blocks checkpointed) and priced with mem --engine fsdp, it fits. */
 static void
 test_fsdp (void)
 {
   g_auto (StowRun) r = { 0 };
-  stow_run (&r, "fit", MODEL, "--gpus", GPUS, "--emit", "fsdp", "-v", NULL);
+  stow_run (&r, "fit", MODEL, "--gpus", GPUS, "--emit", "fsdp", NULL);
   g_assert_cmpint (r.status, ==, 0);
-  g_assert_nonnull (strstr (r.out, "FSDP2_KWARGS = dict("));
-  /* -v names the layout the config carries and its memory under FSDP's
-   * model, which must be within the GPU. */
-  g_assert_nonnull (strstr (r.err, "(FSDP's memory model)"));
-  g_assert_nonnull (strstr (r.err, ", fsdp; "));
+  g_autofree char *reshard = kwarg_value (r.out, "reshard_after_forward");
+  g_autofree char *offload = kwarg_value (r.out, "offload_policy");
+  g_autofree char *ckpt = py_value (r.out, "ACTIVATION_CHECKPOINTING");
+  g_autofree char *blocks = py_value (r.out, "CHECKPOINTED_BLOCKS");
+  g_assert_nonnull (reshard);
+  g_assert_nonnull (offload);
+  g_assert_nonnull (ckpt);
+  gboolean cpu = g_str_has_prefix (offload, "CPUOffloadPolicy");
+  g_autofree char *rc = !g_str_equal (ckpt, "True") ? g_strdup ("none")
+                        : g_str_equal (blocks, "None")
+                            ? g_strdup ("full")
+                            : g_strdup_printf ("full:%s", blocks);
+  g_autofree char *mb = py_value (r.out, "MICRO_BATCH_SIZE");
+  const char *const layout[] = { "--engine",
+                                 "fsdp",
+                                 "--dp",
+                                 "8",
+                                 "--tp",
+                                 "1",
+                                 "--pp",
+                                 "1",
+                                 "--cp",
+                                 "1",
+                                 "--zero",
+                                 g_str_equal (reshard, "True") ? "3" : "2",
+                                 "--offload-optimizer",
+                                 cpu ? "cpu" : "none",
+                                 "--offload-params",
+                                 cpu ? "cpu" : "none",
+                                 "--recompute",
+                                 rc,
+                                 "--offload-activations",
+                                 "none",
+                                 "--micro-batch",
+                                 mb,
+                                 NULL };
+  g_assert_cmpint (mem_status (layout), ==, 0);
+}
+
+/* --recompute full:K keeps the activations of all but K blocks: the FSDP
+ * snippet wraps those K only (it wrapped every block before), with
+ * apply_activation_checkpointing's check_fn; full wraps them all. */
+static void
+test_fsdp_partial_recompute (void)
+{
+  g_auto (StowRun) k = { 0 };
+  stow_run (&k, "mem", "llama-7b", "--gpus", GPUS, "--engine", "fsdp", "--zero",
+            "3", "--recompute", "full:5", "--emit", "fsdp", NULL);
+  g_assert_cmpint (k.status, ==, 0);
+  g_autofree char *five = py_value (k.out, "CHECKPOINTED_BLOCKS");
+  g_assert_cmpstr (five, ==, "5");
+  g_assert_nonnull (strstr (k.out, "the first 5 of 32 transformer blocks"));
+  g_assert_nonnull (strstr (k.out, "check_fn=lambda m: m in chosen"));
+  g_auto (StowRun) a = { 0 };
+  stow_run (&a, "mem", "llama-7b", "--gpus", GPUS, "--engine", "fsdp", "--zero",
+            "3", "--recompute", "full", "--emit", "fsdp", NULL);
+  g_assert_cmpint (a.status, ==, 0);
+  g_autofree char *all = py_value (a.out, "CHECKPOINTED_BLOCKS");
+  g_assert_cmpstr (all, ==, "None");
+  g_auto (StowRun) n = { 0 };
+  stow_run (&n, "mem", "llama-7b", "--gpus", GPUS, "--engine", "fsdp", "--zero",
+            "3", "--recompute", "none", "--emit", "fsdp", NULL);
+  g_assert_cmpint (n.status, ==, 0);
+  g_assert_null (strstr (n.out, "CHECKPOINTED_BLOCKS"));
+
+  /* accelerate's fsdp_activation_checkpointing wraps every block: a
+   * partial recomputation is refused there, and a fit --emit accelerate
+   * picks a layout without one. */
+  const char *const acc[]
+      = { "mem",    "llama-7b",   "--gpus", GPUS,          "--engine",
+          "fsdp",   "--zero",     "3",      "--recompute", "full:5",
+          "--emit", "accelerate", NULL };
+  stow_assert_usage_error (acc, "--recompute full:5");
+}
+
+/* accelerate's MegatronLMPlugin makes megatron_lm_recompute_activations
+ * selective recomputation (accelerate utils/dataclasses.py): true only
+ * for --recompute selective; full recomputation is refused. */
+static void
+test_accelerate_megatron_recompute (void)
+{
+  g_auto (StowRun) s = { 0 };
+  stow_run (&s, "mem", "llama-7b", "--gpus", GPUS, "--engine", "megatron",
+            "--tp", "2", "--zero", "1", "--recompute", "selective", "--emit",
+            "accelerate", NULL);
+  g_assert_cmpint (s.status, ==, 0);
+  g_assert_nonnull (
+      strstr (s.out, "  megatron_lm_recompute_activations: true\n"));
+  const char *const full[]
+      = { "mem",         "llama-7b", "--gpus", GPUS,         "--engine",
+          "megatron",    "--tp",     "2",      "--zero",     "1",
+          "--recompute", "full",     "--emit", "accelerate", NULL };
+  stow_assert_usage_error (full, "selective");
 }
 
 /* accelerate runs under DeepSpeed, FSDP or Megatron-LM: the fastest of
@@ -342,6 +459,10 @@ main (int argc, char **argv)
   g_test_add_func ("/cli-emit/deepspeed-fits-its-model", test_deepspeed);
   g_test_add_func ("/cli-emit/megatron-fits-its-model", test_megatron);
   g_test_add_func ("/cli-emit/fsdp-fits-its-model", test_fsdp);
+  g_test_add_func ("/cli-emit/fsdp-partial-recompute",
+                   test_fsdp_partial_recompute);
+  g_test_add_func ("/cli-emit/accelerate-megatron-recompute",
+                   test_accelerate_megatron_recompute);
   g_test_add_func ("/cli-emit/accelerate-picks-an-engine", test_accelerate);
   g_test_add_func ("/cli-emit/engine-conflicts", test_engine_conflicts);
   g_test_add_func ("/cli-emit/no-fit", test_no_fit);
