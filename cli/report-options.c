@@ -364,6 +364,9 @@ stow_report_options_finish (StowReportOptions *ro, StowPlanOptions *po,
       data = stow_emit (ro->emit_v, plan, mem, &error);
       if (data == NULL)
         return stow_cli_fail (error, NULL);
+      g_auto (GStrv) warnings = stow_emit_warnings (ro->emit_v, plan);
+      for (char **w = warnings; *w; w++)
+        g_warning ("%s", *w);
     }
   else
     {

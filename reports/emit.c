@@ -89,7 +89,7 @@ nvme_path (const StowPlanFile *p)
 {
   return p->schedule.nvme_paths && p->schedule.nvme_paths[0]
              ? p->schedule.nvme_paths[0]
-             : "/local_nvme";
+             : STOW_PLAN_NVME_PLACEHOLDER;
 }
 
 /* Full recomputation of only the first K layers (--recompute full:K with
@@ -1038,6 +1038,32 @@ stow_emit_kind_engines (StowEmitKind kind)
       return 0;
     }
   g_return_val_if_reached (0);
+}
+
+char **
+stow_emit_warnings (StowEmitKind kind, const StowPlanFile *p)
+{
+  const StowLayout *l = &p->layout;
+  GPtrArray *w = g_ptr_array_new ();
+  gboolean nvme = l->offload_optimizer == STOW_OFFLOAD_NVME
+                  || l->offload_params == STOW_OFFLOAD_NVME;
+  /* DeepSpeed's swapper writes where nvme_path says; a placeholder on a
+   * machine without it fails at start-up or fills the root disk. */
+  if (nvme && p->schedule.nvme_path_placeholder
+      && (kind == STOW_EMIT_DEEPSPEED || kind == STOW_EMIT_ACCELERATE
+          || kind == STOW_EMIT_PLAN))
+    g_ptr_array_add (
+        w, g_strdup_printf (
+               "--emit %s: the NVMe swap directory (%s) is %s, a placeholder: "
+               "%s names no NVMe mount point; give --nvme-path DIR (or "
+               "\"path\" for the drives in a cluster.json) before launching",
+               stow_emit_kind_name (kind),
+               kind == STOW_EMIT_DEEPSPEED    ? "nvme_path"
+               : kind == STOW_EMIT_ACCELERATE ? "offload_*_nvme_path"
+                                              : "nvme_paths",
+               STOW_PLAN_NVME_PLACEHOLDER, p->cluster->spec));
+  g_ptr_array_add (w, NULL);
+  return (char **)g_ptr_array_free (w, FALSE);
 }
 
 char *

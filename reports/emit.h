@@ -63,6 +63,12 @@ gboolean stow_emit_check (StowEmitKind kind, const StowModel *model,
  * Megatron-LM, and plain PyTorch on one GPU); 0 for plan. */
 guint stow_emit_kind_engines (StowEmitKind kind);
 
+/* What a user must know before running the config @kind writes for
+ * @plan, one sentence each (NULL-terminated; free with g_strfreev): for
+ * now, NVMe swap files going to STOW_PLAN_NVME_PLACEHOLDER because no
+ * drive path was named. */
+char **stow_emit_warnings (StowEmitKind kind, const StowPlanFile *plan);
+
 /* Any kind as text ready to write; @mem is the plan's memory (the plan
  * file records its terms). */
 char *stow_emit (StowEmitKind kind, const StowPlanFile *plan,

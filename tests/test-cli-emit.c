@@ -452,6 +452,58 @@ test_megatron_rope (void)
   stow_assert_usage_error (gemma, "rope_scaling type \"linear\"");
 }
 
+/* NVMe offload with no drive path named: the config's nvme_path is
+ * stowage's placeholder, and stderr says so (once per config, naming the
+ * key, the placeholder and the flag that fixes it); --nvme-path or a
+ * cluster.json with drive paths leaves nothing to warn about. */
+static void
+test_nvme_placeholder (void)
+{
+  g_auto (StowRun) r = { 0 };
+  stow_run (&r, "mem", "llama-65b", "--gpus", "1xA100-80GB", "--engine",
+            "deepspeed", "--zero", "3", "--offload-optimizer", "nvme",
+            "--offload-params", "nvme", "--emit", "deepspeed", NULL);
+  g_assert_cmpint (r.status, ==, 0);
+  g_assert_nonnull (strstr (r.out, "\"nvme_path\" : \"/local_nvme\""));
+  g_assert_nonnull (strstr (r.err, "warning: --emit deepspeed: "));
+  g_assert_nonnull (strstr (r.err, "(nvme_path) is /local_nvme, a "
+                                   "placeholder"));
+  g_assert_nonnull (strstr (r.err, "--nvme-path DIR"));
+  g_assert_cmpuint (stow_count_lines (r.err), ==, 1);
+
+  g_auto (StowRun) a = { 0 };
+  stow_run (&a, "mem", "llama-65b", "--gpus", "1xA100-80GB", "--engine",
+            "deepspeed", "--zero", "3", "--offload-optimizer", "nvme",
+            "--offload-params", "nvme", "--emit", "accelerate", NULL);
+  g_assert_cmpint (a.status, ==, 0);
+  g_assert_nonnull (strstr (a.err, "offload_*_nvme_path"));
+
+  g_auto (StowRun) q = { 0 };
+  stow_run (&q, "mem", "llama-65b", "--gpus", "1xA100-80GB", "--engine",
+            "deepspeed", "--zero", "3", "--offload-optimizer", "nvme",
+            "--offload-params", "nvme", "--emit", "deepspeed", "-q", NULL);
+  g_assert_cmpstr (q.err, ==, "");
+
+  g_auto (StowRun) n = { 0 };
+  stow_run (&n, "mem", "llama-65b", "--gpus", "1xA100-80GB", "--engine",
+            "deepspeed", "--zero", "3", "--offload-optimizer", "nvme",
+            "--offload-params", "nvme", "--emit", "deepspeed", "--nvme-path",
+            "/mnt/nvme0", NULL);
+  g_assert_cmpint (n.status, ==, 0);
+  g_assert_nonnull (strstr (n.out, "\"nvme_path\" : \"/mnt/nvme0\""));
+  g_assert_cmpstr (n.err, ==, "");
+
+  g_autofree char *cluster = g_test_build_filename (
+      G_TEST_DIST, "data", "cluster", "dgx-h100-overrides.json", NULL);
+  g_auto (StowRun) c = { 0 };
+  stow_run (&c, "fit", "llama-65b", "--cluster", cluster, "--engine",
+            "deepspeed", "--zero", "3", "--offload-optimizer", "nvme",
+            "--offload-params", "nvme", "--emit", "deepspeed", NULL);
+  g_assert_cmpint (c.status, ==, 0);
+  g_assert_nonnull (strstr (c.out, "\"nvme_path\" : \"/mnt/nvme0\""));
+  g_assert_null (strstr (c.err, "placeholder"));
+}
+
 int
 main (int argc, char **argv)
 {
@@ -467,5 +519,6 @@ main (int argc, char **argv)
   g_test_add_func ("/cli-emit/engine-conflicts", test_engine_conflicts);
   g_test_add_func ("/cli-emit/no-fit", test_no_fit);
   g_test_add_func ("/cli-emit/megatron-rope", test_megatron_rope);
+  g_test_add_func ("/cli-emit/nvme-placeholder", test_nvme_placeholder);
   return g_test_run ();
 }
