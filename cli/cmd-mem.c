@@ -170,7 +170,9 @@ alternatives (StowPlanOptions *po, gboolean host_limited, JsonBuilder *jb,
   const StowGpu *const *cat = stow_gpu_catalog (&n_gpus);
   for (gsize i = 0; i < n_gpus; i++)
     {
-      if ((double)cat[i]->total_bytes < 1.02 * (double)gpu->total_bytes)
+      /* Larger, and able to run the precision (no fp8 on an A100). */
+      if ((double)cat[i]->total_bytes < 1.02 * (double)gpu->total_bytes
+          || !stow_training_check_gpu (&po->training, cat[i], NULL, NULL))
         continue;
       StowNode node;
       stow_node_copy (&c->node, &node);

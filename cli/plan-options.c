@@ -65,8 +65,9 @@ stow_plan_options_add (GOptionContext *ctx, StowPlanOptions *po)
          "(default: --seq)",
          "TOKENS"),
     STR ("precision", precision,
-         "fp32, fp16, bf16 (default; fp32 master weights), fp8 or bf16-pure "
-         "(no master copy, bf16 optimizer states)",
+         "fp32, fp16, bf16 (default, fp16 on GPUs without bf16; fp32 master "
+         "weights), fp8 (GPUs with fp8 tensor cores) or bf16-pure (no master "
+         "copy, bf16 optimizer states)",
          "P"),
     STR ("optimizer", optimizer, "adamw, adamw-8bit, sgd, adafactor, lion",
          "OPT"),
@@ -544,6 +545,17 @@ stow_plan_options_resolve (StowPlanOptions *po, const char *model_arg,
       && !stow_lora_targets_parse (po->lora_targets, "--lora-targets",
                                    &t->lora_targets, error))
     return FALSE;
+  /* The default precision is bf16, or fp16 on a GPU without bf16 tensor
+   * cores (V100, T4), where bf16 is only emulated. */
+  const StowGpu *gpu = &po->cluster_obj->node.gpu;
+  if (po->precision == NULL && t->precision == STOW_PRECISION_BF16
+      && !(gpu->bf16_flops > 0) && gpu->fp16_flops > 0)
+    t->precision = STOW_PRECISION_FP16;
+  g_autofree char *warning = NULL;
+  if (!stow_training_check_gpu (t, gpu, &warning, error))
+    return FALSE;
+  if (warning != NULL)
+    g_warning ("%s", warning);
   return TRUE;
 }
 

@@ -258,6 +258,12 @@ stow_report_options_load_plan (StowReportOptions *ro, StowPlanOptions *po,
   po->layout = plan->layout;
   po->mem = plan->mem_options;
   po->pins = (StowPins)((STOW_PIN_SCHEDULE << 1) - 1);
+  g_autofree char *warning = NULL;
+  if (!stow_training_check_gpu (&po->training, &po->cluster_obj->node.gpu,
+                                &warning, error))
+    return FALSE;
+  if (warning != NULL)
+    g_warning ("%s", warning);
   ro->plan_device_bytes = plan->predicted_device_bytes;
   ro->plan_host_bytes = plan->predicted_host_bytes;
   ro->plan_nvme_bytes = plan->predicted_nvme_bytes;

@@ -504,6 +504,62 @@ test_nvme_placeholder (void)
   g_assert_null (strstr (c.err, "placeholder"));
 }
 
+/* Precision against the GPU.  Transformer Engine runs fp8 from compute
+ * capability 8.9 (H100 9.0, L40S 8.9) and refuses it below (A100 8.0,
+ * V100 7.0), and nothing emulates it: every planning command refuses
+ * --precision fp8 there, naming the flag, the GPU and why (it "fit" at
+ * 74.5% MFU on V100 before).  bf16 tensor cores start at 8.0: on a V100
+ * PyTorch emulates bf16, so an explicit --precision bf16 is planned with
+ * a warning, and the default becomes fp16 there. */
+static void
+test_precision_gpu (void)
+{
+  static const char *const fp8_refused[] = { "8xV100", "8xA100-80GB", "8xT4" };
+  for (gsize i = 0; i < G_N_ELEMENTS (fp8_refused); i++)
+    {
+      const char *const fit[]
+          = { "fit",         "llama-7b", "--gpus", fp8_refused[i],
+              "--precision", "fp8",      NULL };
+      stow_assert_usage_error (fit, "--precision fp8: the ");
+      const char *const plan[]
+          = { "plan",        "llama-7b", "--gpus", fp8_refused[i],
+              "--precision", "fp8",      NULL };
+      stow_assert_usage_error (plan, "no fp8 tensor cores");
+      const char *const mem[] = { "mem",          "llama-7b",    "--gpus",
+                                  fp8_refused[i], "--precision", "fp8",
+                                  "--emit",       "megatron",    NULL };
+      stow_assert_usage_error (mem, "compute capability 8.9");
+    }
+  g_auto (StowRun) h = { 0 };
+  stow_run (&h, "fit", "llama-7b", "--gpus", "8xH100-SXM", "--precision", "fp8",
+            NULL);
+  g_assert_cmpint (h.status, ==, 0);
+  g_assert_cmpstr (h.err, ==, "");
+  g_auto (StowRun) l = { 0 };
+  stow_run (&l, "fit", "llama-7b", "--gpus", "8xL40S", "--precision", "fp8",
+            NULL);
+  g_assert_cmpint (l.status, ==, 0);
+
+  g_auto (StowRun) b = { 0 };
+  stow_run (&b, "fit", "llama-7b", "--gpus", "8xV100", "--precision", "bf16",
+            "--emit", "deepspeed", NULL);
+  g_assert_cmpint (b.status, ==, 0);
+  g_assert_nonnull (strstr (b.err, "warning: --precision bf16: the "
+                                   "V100-32GB has no bf16 tensor cores"));
+  g_assert_nonnull (strstr (b.err, "PyTorch emulates bf16"));
+  g_assert_nonnull (strstr (b.out, "\"bf16\" : {\n    \"enabled\" : true"));
+
+  g_auto (StowRun) d = { 0 };
+  stow_run (&d, "fit", "llama-7b", "--gpus", "8xV100", "--emit", "deepspeed",
+            NULL);
+  g_assert_cmpint (d.status, ==, 0);
+  g_assert_cmpstr (d.err, ==, "");
+  g_assert_nonnull (strstr (d.out, "\"fp16\" : {\n    \"enabled\" : true"));
+  g_auto (StowRun) t = { 0 };
+  stow_run (&t, "fit", "llama-7b", "--gpus", "8xV100", NULL);
+  g_assert_nonnull (strstr (t.out, "train:   seq 2048, fp16, adamw"));
+}
+
 int
 main (int argc, char **argv)
 {
@@ -520,5 +576,6 @@ main (int argc, char **argv)
   g_test_add_func ("/cli-emit/no-fit", test_no_fit);
   g_test_add_func ("/cli-emit/megatron-rope", test_megatron_rope);
   g_test_add_func ("/cli-emit/nvme-placeholder", test_nvme_placeholder);
+  g_test_add_func ("/cli-emit/precision-gpu", test_precision_gpu);
   return g_test_run ();
 }

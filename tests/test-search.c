@@ -170,6 +170,43 @@ test_engines (void)
   g_assert_cmpfloat (b->score, ==, best);
 }
 
+/* fp8 on a GPU without fp8 tensor cores is no layout at all (Transformer
+ * Engine needs compute capability 8.9; the A100 is 8.0), and the reason
+ * names the GPU; on an H100 the same search finds layouts. */
+static void
+test_precision_gpu (void)
+{
+  g_autoptr (StowModel) m = stow_test_model ("llama-7b");
+  g_autoptr (StowCluster) a100 = stow_test_cluster ("8xA100-80GB");
+  g_autoptr (StowCluster) h100 = stow_test_cluster ("8xH100-SXM");
+  StowTraining t;
+  StowLayout base;
+  StowMemOptions mo;
+  stow_test_defaults (&t, &base, &mo);
+  t.precision = STOW_PRECISION_FP8;
+  g_autoptr (StowSearch) none = stow_search_run (m, a100, &t, &base, 0, &mo, 1);
+  g_assert_cmpuint (none->evaluated, ==, 0);
+  g_assert_cmpuint (none->invalid, >, 0);
+  g_autoptr (GError) error = NULL;
+  g_assert_false (stow_training_check_gpu (&t, &a100->node.gpu, NULL, &error));
+  g_assert_error (error, STOW_PLAN_ERROR, STOW_PLAN_ERROR_INVALID);
+  g_assert_nonnull (strstr (error->message, "A100-80GB"));
+  g_autoptr (StowSearch) some = stow_search_run (m, h100, &t, &base, 0, &mo, 1);
+  g_assert_cmpuint (some->fitting, >, 0);
+
+  /* bf16 on a V100: allowed, with the reason in a warning. */
+  g_autoptr (StowCluster) v100 = stow_test_cluster ("8xV100");
+  g_autofree char *warning = NULL;
+  t.precision = STOW_PRECISION_BF16;
+  g_assert_true (stow_training_check_gpu (&t, &v100->node.gpu, &warning, NULL));
+  g_assert_nonnull (warning);
+  g_assert_nonnull (strstr (warning, "no bf16 tensor cores"));
+  g_autofree char *none_warning = NULL;
+  g_assert_true (
+      stow_training_check_gpu (&t, &h100->node.gpu, &none_warning, NULL));
+  g_assert_null (none_warning);
+}
+
 /* Too little memory for stored activations: the search finds the fewest
  * recomputed layers (full:K) that fit. */
 static void
@@ -339,6 +376,7 @@ main (int argc, char **argv)
   g_test_add_func ("/search/partial-recompute", test_partial_recompute);
   g_test_add_func ("/search/filter", test_filter);
   g_test_add_func ("/search/engines", test_engines);
+  g_test_add_func ("/search/precision-gpu", test_precision_gpu);
   g_test_add_func ("/search/speed", test_speed);
   for (gsize i = 0; i < G_N_ELEMENTS (published); i++)
     {
