@@ -40,7 +40,8 @@ run_mem (StowPlanOptions *po, StowReportOptions *ro, int argc, char **argv)
                                             &error)
           : !stow_plan_options_resolve (po, argc > 1 ? argv[1] : NULL, &error))
     return stow_cli_fail (error, NULL);
-  if (!stow_report_options_resolve (ro, po, &error))
+  if (!stow_report_options_resolve (ro, po, &error)
+      || !stow_report_options_plan_engine (ro, po, &error))
     return stow_cli_fail (error, NULL);
   /* What the flags leave open is filled as fit fills it (issue 24: ZeRO 0
    * everywhere reported 1,065 GiB for llama-65b on 8 A100s). */
@@ -83,9 +84,8 @@ try_alternative (StowPlanOptions *po, const StowCluster *cluster,
                  const char *key, const char *value, const char *label,
                  JsonBuilder *jb, GString *text)
 {
-  StowLayout base = po->layout;
-  g_autoptr (StowSearch) s = stow_search_run (po->model, cluster, training,
-                                              &base, pins, &po->mem, 1);
+  g_autoptr (StowSearch) s
+      = stow_plan_options_search (po, cluster, training, pins, 1);
   if (s->fits->len == 0)
     return FALSE;
   StowCandidate *cand = &g_array_index (s->fits, StowCandidate, 0);
@@ -123,9 +123,8 @@ alternatives (StowPlanOptions *po, gboolean host_limited, JsonBuilder *jb,
       g_autoptr (StowCluster) roomy
           = stow_cluster_new (&node, c->n_nodes, c->spec);
       stow_node_clear (&node);
-      StowLayout base = po->layout;
-      g_autoptr (StowSearch) s = stow_search_run (
-          po->model, roomy, &po->training, &base, po->pins, &po->mem, 1);
+      g_autoptr (StowSearch) s
+          = stow_plan_options_search (po, roomy, NULL, po->pins, 1);
       if (s->fits->len > 0)
         {
           StowCandidate *cand = &g_array_index (s->fits, StowCandidate, 0);
@@ -171,7 +170,9 @@ alternatives (StowPlanOptions *po, gboolean host_limited, JsonBuilder *jb,
   const StowGpu *const *cat = stow_gpu_catalog (&n_gpus);
   for (gsize i = 0; i < n_gpus; i++)
     {
-      if ((double)cat[i]->total_bytes < 1.02 * (double)gpu->total_bytes)
+      /* Larger, and able to run the precision (no fp8 on an A100). */
+      if ((double)cat[i]->total_bytes < 1.02 * (double)gpu->total_bytes
+          || !stow_training_check_gpu (&po->training, cat[i], NULL, NULL))
         continue;
       StowNode node;
       stow_node_copy (&c->node, &node);
@@ -254,7 +255,8 @@ run_fit (StowPlanOptions *po, StowReportOptions *ro, int argc, char **argv)
                                             &error)
           : !stow_plan_options_resolve (po, argc > 1 ? argv[1] : NULL, &error))
     return stow_cli_fail (error, NULL);
-  if (!stow_report_options_resolve (ro, po, &error))
+  if (!stow_report_options_resolve (ro, po, &error)
+      || !stow_report_options_plan_engine (ro, po, &error))
     return stow_cli_fail (error, NULL);
   if (all_offloads)
     {
@@ -275,13 +277,12 @@ run_fit (StowPlanOptions *po, StowReportOptions *ro, int argc, char **argv)
   /* With every dimension pinned and nothing valid, report why that one
    * layout is invalid rather than "no layout". */
   g_autoptr (StowSearch) search
-      = stow_search_run (po->model, po->cluster_obj, &po->training, &po->layout,
-                         po->pins, &po->mem, 8);
+      = stow_plan_options_search (po, NULL, NULL, po->pins, 8);
   gboolean fits = search->fits->len > 0;
   StowCandidate *best = fits ? &g_array_index (search->fits, StowCandidate, 0)
                              : (search->have_miss ? &search->best_miss : NULL);
   if (best == NULL)
-    return stow_plan_options_fail_no_layout (po);
+    return stow_report_options_fail_no_layout (ro, po);
   g_autoptr (StowMemory) mem
       = stow_memory_estimate (po->model, po->cluster_obj, &po->training,
                               &best->layout, &po->mem, &error);

@@ -65,8 +65,9 @@ stow_plan_options_add (GOptionContext *ctx, StowPlanOptions *po)
          "(default: --seq)",
          "TOKENS"),
     STR ("precision", precision,
-         "fp32, fp16, bf16 (default; fp32 master weights), fp8 or bf16-pure "
-         "(no master copy, bf16 optimizer states)",
+         "fp32, fp16, bf16 (default, fp16 on GPUs without bf16; fp32 master "
+         "weights), fp8 (GPUs with fp8 tensor cores) or bf16-pure (no master "
+         "copy, bf16 optimizer states)",
          "P"),
     STR ("optimizer", optimizer, "adamw, adamw-8bit, sgd, adafactor, lion",
          "OPT"),
@@ -544,6 +545,17 @@ stow_plan_options_resolve (StowPlanOptions *po, const char *model_arg,
       && !stow_lora_targets_parse (po->lora_targets, "--lora-targets",
                                    &t->lora_targets, error))
     return FALSE;
+  /* The default precision is bf16, or fp16 on a GPU without bf16 tensor
+   * cores (V100, T4), where bf16 is only emulated. */
+  const StowGpu *gpu = &po->cluster_obj->node.gpu;
+  if (po->precision == NULL && t->precision == STOW_PRECISION_BF16
+      && !(gpu->bf16_flops > 0) && gpu->fp16_flops > 0)
+    t->precision = STOW_PRECISION_FP16;
+  g_autofree char *warning = NULL;
+  if (!stow_training_check_gpu (t, gpu, &warning, error))
+    return FALSE;
+  if (warning != NULL)
+    g_warning ("%s", warning);
   return TRUE;
 }
 
@@ -576,6 +588,22 @@ stow_plan_options_default_layout (StowPlanOptions *po)
                                   NULL);
 }
 
+StowSearch *
+stow_plan_options_search (const StowPlanOptions *po, const StowCluster *cluster,
+                          const StowTraining *training, StowPins pins,
+                          guint max_keep)
+{
+  StowSearchOptions so;
+  stow_search_options_init (&so);
+  so.max_keep = max_keep;
+  so.engines = po->search_engines;
+  so.accept = po->search_accept;
+  so.accept_data = po->search_accept_data;
+  return stow_search_run_with (po->model, cluster ? cluster : po->cluster_obj,
+                               training ? training : &po->training, &po->layout,
+                               pins, &po->mem, &so);
+}
+
 char **
 stow_plan_options_fill_like_fit (StowPlanOptions *po)
 {
@@ -600,12 +628,14 @@ stow_plan_options_fill_like_fit (StowPlanOptions *po)
     { STOW_PIN_SCHEDULE, "schedule" },
   };
   stow_plan_options_default_layout (po);
+  /* Several engines (--emit accelerate): the search picks one even when
+   * every dimension is given. */
+  gboolean engine_open = (po->search_engines & (po->search_engines - 1)) != 0;
   if (po->model == NULL || po->mem.convention != STOW_CONVENTION_STOWAGE
-      || (po->pins & STOW_PIN_ALL) == STOW_PIN_ALL)
+      || ((po->pins & STOW_PIN_ALL) == STOW_PIN_ALL && !engine_open))
     return NULL;
   g_autoptr (StowSearch) s
-      = stow_search_run (po->model, po->cluster_obj, &po->training,
-                         &po->layout, po->pins, &po->mem, 1);
+      = stow_plan_options_search (po, NULL, NULL, po->pins, 1);
   const StowCandidate *best
       = s->fits->len ? &g_array_index (s->fits, StowCandidate, 0)
                      : (s->have_miss ? &s->best_miss : NULL);
@@ -632,6 +662,8 @@ stow_plan_options_fill_like_fit (StowPlanOptions *po)
         continue;
       g_ptr_array_add (names, g_strdup (dims[i].name));
     }
+  if (engine_open)
+    g_ptr_array_add (names, g_strdup ("engine"));
   if (names->len == 0)
     {
       g_ptr_array_free (names, TRUE);

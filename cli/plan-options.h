@@ -37,6 +37,15 @@ typedef struct
   StowLayout layout;
   StowPins pins;
   StowMemOptions mem;
+  /* What every search of the command searches besides the layout flags,
+   * set by --emit (cli/report-options.c): the engines whose memory models
+   * are searched, a bit set of 1 << StowEngine (0: the layout's), and the
+   * filter of layouts the config can express (NULL: none). */
+  guint search_engines;
+  gboolean (*search_accept) (const StowModel *model, const StowCluster *cluster,
+                             const StowTraining *training,
+                             const StowLayout *layout, gpointer data);
+  gpointer search_accept_data;
 } StowPlanOptions;
 
 /* Adds the flags to @ctx (one group). */
@@ -57,6 +66,13 @@ void stow_plan_options_default_layout (StowPlanOptions *po);
  * --params, or no valid layout, and then the layout holds
  * stow_plan_options_default_layout's plain defaults. */
 char **stow_plan_options_fill_like_fit (StowPlanOptions *po);
+/* A search from po->layout with @pins, keeping the @max_keep fastest (0:
+ * all), on @cluster with @training (po's own when NULL), over the engines
+ * and through the filter --emit set. */
+StowSearch *stow_plan_options_search (const StowPlanOptions *po,
+                                      const StowCluster *cluster,
+                                      const StowTraining *training,
+                                      StowPins pins, guint max_keep);
 void stow_plan_options_clear (StowPlanOptions *po);
 /* For a search that found no valid layout: the memory model's reason the
  * requested layout cannot run (naming the field) when it has one, else

@@ -13,6 +13,7 @@
 #include "core/units.h"
 #include "planner/plan-file.h"
 #include "reports/chart.h"
+#include "reports/memory-report.h"
 
 void
 stow_report_options_add (GOptionContext *ctx, StowReportOptions *ro)
@@ -77,6 +78,102 @@ stow_report_options_resolve (StowReportOptions *ro, const StowPlanOptions *po,
       return FALSE;
     }
   return TRUE;
+}
+
+/* The engine as the emitted config's users know it. */
+static const char *
+engine_title (StowEngine e)
+{
+  switch (e)
+    {
+    case STOW_ENGINE_DEEPSPEED:
+      return "DeepSpeed";
+    case STOW_ENGINE_MEGATRON:
+      return "Megatron-LM";
+    case STOW_ENGINE_FSDP:
+      return "FSDP";
+    case STOW_ENGINE_PYTORCH:
+      return "plain PyTorch";
+    case STOW_ENGINE_STOWAGE:
+      break;
+    }
+  return "stowage";
+}
+
+/* The search's filter: layouts the --emit config can express. */
+static gboolean
+emit_accepts (const StowModel *model, const StowCluster *cluster,
+              const StowTraining *training, const StowLayout *layout,
+              gpointer data)
+{
+  const StowEmitKind *kind = data;
+  return stow_emit_check (*kind, model, cluster, training, layout, NULL);
+}
+
+gboolean
+stow_report_options_plan_engine (StowReportOptions *ro, StowPlanOptions *po,
+                                 GError **error)
+{
+  if (!ro->have_emit || ro->emit_v == STOW_EMIT_PLAN)
+    return TRUE;
+  const char *kind = stow_emit_kind_name (ro->emit_v);
+  guint engines = stow_emit_kind_engines (ro->emit_v);
+  StowEngine given = po->layout.engine;
+  gboolean runs_given = (engines & (1u << given)) != 0;
+  if (ro->plan != NULL && !runs_given)
+    {
+      g_set_error (
+          error, STOW_PLAN_ERROR, STOW_PLAN_ERROR_INVALID,
+          "--emit %s: %s was planned with %s's memory model "
+          "(engine %s), which the config would not run under; "
+          "write the plan with --engine %s, or use --emit %s "
+          "without --plan",
+          kind, ro->plan, engine_title (given), stow_engine_name (given),
+          ro->emit_v == STOW_EMIT_ACCELERATE ? "deepspeed, fsdp or megatron"
+                                             : kind,
+          kind);
+      return FALSE;
+    }
+  if (po->engine != NULL && !runs_given)
+    {
+      if (ro->emit_v == STOW_EMIT_ACCELERATE)
+        g_set_error (error, STOW_PLAN_ERROR, STOW_PLAN_ERROR_INVALID,
+                     "--emit accelerate runs under DeepSpeed, FSDP or "
+                     "Megatron-LM (plain PyTorch on one GPU), and plans with "
+                     "their memory models; --engine %s asks for %s's: drop "
+                     "--engine, or give deepspeed, fsdp or megatron",
+                     stow_engine_name (given), engine_title (given));
+      else
+        g_set_error (error, STOW_PLAN_ERROR, STOW_PLAN_ERROR_INVALID,
+                     "--emit %s plans with %s's memory model, and --engine %s "
+                     "asks for %s's: drop --engine, or give --engine %s",
+                     kind,
+                     engine_title ((StowEngine)g_bit_nth_lsf (engines, -1)),
+                     stow_engine_name (given), engine_title (given), kind);
+      return FALSE;
+    }
+  /* A plan file or --engine fixes the engine; otherwise the config's
+   * engines are searched (one, or accelerate's several). */
+  if (ro->plan != NULL || po->engine != NULL)
+    engines = 1u << given;
+  else if ((engines & (engines - 1)) == 0)
+    po->layout.engine = (StowEngine)g_bit_nth_lsf (engines, -1);
+  po->search_engines = engines;
+  po->search_accept = emit_accepts;
+  po->search_accept_data = &ro->emit_v;
+  return TRUE;
+}
+
+int
+stow_report_options_fail_no_layout (const StowReportOptions *ro,
+                                    const StowPlanOptions *po)
+{
+  g_autoptr (GError) error = NULL;
+  if (ro->have_emit && po->model != NULL
+      && !stow_emit_check (ro->emit_v, po->model, po->cluster_obj,
+                           &po->training, &po->layout, &error))
+    return stow_cli_fail (error, NULL);
+  return stow_plan_options_fail_no_layout (po);
 }
 
 gboolean
@@ -161,6 +258,12 @@ stow_report_options_load_plan (StowReportOptions *ro, StowPlanOptions *po,
   po->layout = plan->layout;
   po->mem = plan->mem_options;
   po->pins = (StowPins)((STOW_PIN_SCHEDULE << 1) - 1);
+  g_autofree char *warning = NULL;
+  if (!stow_training_check_gpu (&po->training, &po->cluster_obj->node.gpu,
+                                &warning, error))
+    return FALSE;
+  if (warning != NULL)
+    g_warning ("%s", warning);
   ro->plan_device_bytes = plan->predicted_device_bytes;
   ro->plan_host_bytes = plan->predicted_host_bytes;
   ro->plan_nvme_bytes = plan->predicted_nvme_bytes;
@@ -212,10 +315,36 @@ stow_report_options_finish (StowReportOptions *ro, StowPlanOptions *po,
       const StowMemory *mem = report->mem.memory;
       if (report->search && !report->fits)
         {
+          /* Searched with the config's own engines: say under which, how
+           * close the nearest layout came and what would fit. */
+          g_autofree char *d = stow_layout_describe (report->mem.layout);
+          g_autofree char *need = stow_format_bytes (mem->total_bytes);
+          g_autofree char *have = stow_format_bytes (mem->capacity_bytes);
+          const char *kind = stow_emit_kind_name (ro->emit_v);
           fprintf (stderr,
                    "stowage: no layout fits, so there is nothing to emit "
-                   "for %s\n",
-                   stow_emit_kind_name (ro->emit_v));
+                   "for %s (searched with %s's memory model; closest: %s, "
+                   "%s per GPU of %s usable%s)\n",
+                   kind,
+                   ro->emit_v == STOW_EMIT_ACCELERATE
+                       ? "DeepSpeed's, FSDP's and Megatron-LM"
+                       : engine_title (report->mem.layout->engine),
+                   d, need, have,
+                   mem->fits_device ? ", but not the host RAM or NVMe" : "");
+          /* One larger GPU is enough to make the point; 'fit' without
+           * --emit lists them all. */
+          guint larger = 0;
+          for (const char *const *a = report->alternatives; a && *a; a++)
+            if (strstr (*a, " in the same nodes: ") == NULL || larger++ == 0)
+              fprintf (stderr, "hint: would fit: %s\n", *a);
+          if (larger > 1)
+            fprintf (stderr,
+                     "hint: %u other GPUs would fit too: 'stowage fit' with "
+                     "--engine %s in place of --emit lists them\n",
+                     larger - 1,
+                     ro->emit_v == STOW_EMIT_ACCELERATE
+                         ? "deepspeed, fsdp or megatron"
+                         : stow_engine_name (report->mem.layout->engine));
           return STOW_EXIT_NO;
         }
       if (!mem->fits)
@@ -223,12 +352,27 @@ stow_report_options_finish (StowReportOptions *ro, StowPlanOptions *po,
                  "stowage: warning: this layout does not fit; the %s config "
                  "is written anyway\n",
                  stow_emit_kind_name (ro->emit_v));
+      /* -v: the layout the config carries and its memory, under the
+       * engine the config runs (what the search planned with). */
+      if (report->mem.layout != NULL)
+        {
+          g_autofree char *d = stow_layout_describe (report->mem.layout);
+          g_autofree char *need = stow_format_bytes (mem->total_bytes);
+          g_autofree char *have = stow_format_bytes (mem->capacity_bytes);
+          g_info ("--emit %s: %s; %s per GPU of %s usable (%s's memory "
+                  "model)",
+                  stow_emit_kind_name (ro->emit_v), d, need, have,
+                  engine_title (report->mem.layout->engine));
+        }
       g_autoptr (StowPlanFile) plan = stow_plan_file_new (
           po->model, po->cluster_obj, report->mem.training, report->mem.layout,
           report->mem.options, mem, ro->nvme_path);
       data = stow_emit (ro->emit_v, plan, mem, &error);
       if (data == NULL)
         return stow_cli_fail (error, NULL);
+      g_auto (GStrv) warnings = stow_emit_warnings (ro->emit_v, plan);
+      for (char **w = warnings; *w; w++)
+        g_warning ("%s", *w);
     }
   else
     {

@@ -35,6 +35,19 @@ gboolean stow_report_options_resolve (StowReportOptions *ro,
 gboolean stow_report_options_load_plan (StowReportOptions *ro,
                                         StowPlanOptions *po,
                                         const char *model_arg, GError **error);
+/* --emit deepspeed, megatron, fsdp or accelerate: every search of the
+ * command goes over the engines the config is planned with (its own
+ * memory model, not stowage's) and keeps only layouts the config can
+ * express; with one engine, the layout takes it.  An --engine, or a plan
+ * file's engine, that the config does not run under is an error. */
+gboolean stow_report_options_plan_engine (StowReportOptions *ro,
+                                          StowPlanOptions *po, GError **error);
+/* For a search that found no valid layout: under --emit, the config's
+ * reason the flags' layout cannot be expressed, if it has one; else
+ * stow_plan_options_fail_no_layout.  Returns the exit status. */
+int stow_report_options_fail_no_layout (const StowReportOptions *ro,
+                                        const StowPlanOptions *po);
+
 /* With --plan: warns on stderr when this build's numbers differ from
  * those the plan predicted. */
 void stow_report_options_check_plan (const StowReportOptions *ro,

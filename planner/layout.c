@@ -317,11 +317,46 @@ stow_training_check_model (const StowTraining *t, const StowModel *m,
 }
 
 gboolean
+stow_training_check_gpu (const StowTraining *t, const StowGpu *gpu,
+                         char **warning, GError **error)
+{
+  g_return_val_if_fail (t && gpu, FALSE);
+  if (warning)
+    *warning = NULL;
+  /* fp8 GEMMs need fp8 tensor cores: Transformer Engine refuses fp8 below
+   * compute capability 8.9 ("Device compute capability 8.9 or higher
+   * required for FP8 execution", transformer_engine/pytorch/fp8.py), and
+   * torchao's float8 training needs the same; nothing emulates it. */
+  if (t->precision == STOW_PRECISION_FP8 && !(gpu->fp8_flops > 0))
+    return invalid (error,
+                    "--precision fp8: the %s has no fp8 tensor cores (no fp8 "
+                    "rate in its GPU description); Transformer Engine runs "
+                    "fp8 from compute capability 8.9 (Ada, Hopper) up and "
+                    "no engine emulates it: use --precision %s",
+                    gpu->name, gpu->bf16_flops > 0 ? "bf16" : "fp16");
+  /* bf16 without bf16 tensor cores (before compute capability 8.0: V100,
+   * T4): PyTorch still runs it, emulated (torch.cuda.is_bf16_supported
+   * counts emulation as support), far below the fp16 rate the time model
+   * prices it at. */
+  if ((t->precision == STOW_PRECISION_BF16
+       || t->precision == STOW_PRECISION_BF16_PURE)
+      && !(gpu->bf16_flops > 0) && warning)
+    *warning = g_strdup_printf (
+        "--precision %s: the %s has no bf16 tensor cores (no bf16 rate in "
+        "its GPU description; they came with compute capability 8.0, "
+        "Ampere); PyTorch emulates bf16 there, much slower than the fp16 "
+        "rate this prediction assumes: use --precision fp16",
+        stow_precision_name (t->precision), gpu->name);
+  return TRUE;
+}
+
+gboolean
 stow_layout_validate (const StowLayout *l, const StowTraining *t,
                       const StowModel *m, const StowCluster *c, GError **error)
 {
   g_return_val_if_fail (l && t && m && c, FALSE);
-  if (!stow_training_check_model (t, m, error))
+  if (!stow_training_check_model (t, m, error)
+      || !stow_training_check_gpu (t, &c->node.gpu, NULL, error))
     return FALSE;
   static const struct
   {

@@ -210,6 +210,15 @@ gboolean stow_layout_validate (const StowLayout *layout,
 gboolean stow_training_check_model (const StowTraining *training,
                                     const StowModel *model, GError **error);
 
+/* Checks @training's precision against @gpu.  fp8 on a GPU without fp8
+ * tensor cores (no fp8 rate: A100, V100, ...) is STOW_PLAN_ERROR_INVALID
+ * naming the flag, the GPU and why (no engine runs it).  bf16 on one
+ * without bf16 tensor cores (V100, T4) runs, emulated by PyTorch: TRUE,
+ * with the reason in @warning (may be NULL; free it), else NULL there. */
+gboolean stow_training_check_gpu (const StowTraining *training,
+                                  const StowGpu *gpu, char **warning,
+                                  GError **error);
+
 /* Number of layers on each pipeline stage (@counts has layout->pp entries),
  * as even as possible with the remainder on the middle stages. */
 void stow_layout_stage_layers (const StowLayout *layout, guint64 n_layers,

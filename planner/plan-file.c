@@ -21,9 +21,6 @@
 #define PARAM_BUFFER_ELEMS ((guint64)100000000)
 #define IO_QUEUE_DEPTH     8
 #define IO_BLOCK_BYTES     ((guint64)1 << 20)
-/* Where DeepSpeed's own examples put the swap files; used only when the
- * cluster names no drive path and no --nvme-path is given. */
-#define DEFAULT_NVME_PATH "/local_nvme"
 
 void
 stow_plan_schedule_init (StowPlanSchedule *s, const StowModel *model,
@@ -71,7 +68,10 @@ stow_plan_schedule_init (StowPlanSchedule *s, const StowModel *model,
           if (cluster->node.nvme[i].path)
             g_ptr_array_add (paths, g_strdup (cluster->node.nvme[i].path));
       if (paths->len == 0)
-        g_ptr_array_add (paths, g_strdup (DEFAULT_NVME_PATH));
+        {
+          g_ptr_array_add (paths, g_strdup (STOW_PLAN_NVME_PLACEHOLDER));
+          s->nvme_path_placeholder = TRUE;
+        }
       s->io_queue_depth = IO_QUEUE_DEPTH;
       s->io_block_bytes = IO_BLOCK_BYTES;
     }
@@ -881,6 +881,9 @@ read_schedule (StowPlanFile *p, JsonObject *root, const char *name,
         }
       s->nvme_paths[i] = g_strdup (json_node_get_string (e));
     }
+  /* A plan written without a drive path carries the placeholder. */
+  s->nvme_path_placeholder
+      = n > 0 && g_str_equal (s->nvme_paths[0], STOW_PLAN_NVME_PLACEHOLDER);
   if (s->io_block_bytes && (s->io_block_bytes & 4095) != 0)
     {
       g_set_error (error, STOW_PLAN_ERROR, STOW_PLAN_ERROR_INVALID,

@@ -76,6 +76,10 @@ typedef struct
   guint max_keep;
   StowMemScratch *scratch;
   StowPins pins;
+  gboolean (*accept) (const StowModel *model, const StowCluster *cluster,
+                      const StowTraining *training, const StowLayout *layout,
+                      gpointer data);
+  gpointer accept_data;
 } Ctx;
 
 /* ZeRO 1 and 2 shard over the data-parallel ranks: over one rank they are
@@ -112,6 +116,13 @@ evaluate (Ctx *x, const StowLayout *l_in)
   StowSearch *r = x->r;
   StowLayout resolved = *l_in;
   const StowLayout *l = &resolved;
+  /* What the caller cannot use (a config an engine cannot express) is
+   * rejected before it is priced, like a layout that breaks a rule. */
+  if (x->accept != NULL && !x->accept (x->m, x->c, x->t, l, x->accept_data))
+    {
+      r->invalid++;
+      return FALSE;
+    }
   if (!stow_memory_estimate_totals_with (x->m, x->c, x->t, l, x->mo, x->scratch,
                                          &mt, NULL))
     {
@@ -203,76 +214,42 @@ partial_recompute (Ctx *x, StowLayout l)
     }
 }
 
-StowSearch *
-stow_search_run_with (const StowModel *m, const StowCluster *c,
-                      const StowTraining *t, const StowLayout *base,
-                      StowPins pins, const StowMemOptions *o,
-                      const StowSearchOptions *so)
+/* The values each searched dimension takes (a pinned one takes one). */
+typedef struct
 {
-  StowSearchOptions sdef;
-  if (so == NULL)
-    {
-      stow_search_options_init (&sdef);
-      so = &sdef;
-    }
-  gint64 t0 = g_get_monotonic_time ();
-  StowSearch *r = g_new0 (StowSearch, 1);
-  guint tps[64], pps[512], cps[64], mbs[256], eps[64], vpps[128];
+  guint tps[64], pps[512], cps[64], eps[64];
   guint ntp, npp, ncp, nep;
-  guint64 gpus = c->n_gpus;
-  guint per_node = MAX (c->node.gpus_per_node, 1);
-  guint domain = MIN (MAX (c->node.gpu.nvlink_domain, 1), per_node);
-  /* The time model's per-model sums, once for the whole search. */
-  StowCostOptions co;
-  if (so->cost)
-    co = *so->cost;
-  else
-    stow_cost_options_init (&co);
-  g_autoptr (StowCostPrep) prep = stow_cost_prepare (m);
-  co.prep = prep;
-  g_autoptr (StowMemScratch) scratch = stow_mem_scratch_new ();
-  Ctx x = { m, c, t, o, &co, r, so->max_keep, scratch, pins };
+} Dims;
 
-  r->fits = g_array_new (FALSE, FALSE, sizeof (StowCandidate));
-  /* tp inside the NVLink domain (a node's GPUs when the catalog has no
-   * NVLink) unless allowed across nodes. */
-  guint64 tp_limit = so->allow_cross_node_tp ? gpus : MAX (domain, 1);
-  if (c->node.gpu.nvlink_domain <= 1 && !so->allow_cross_node_tp)
-    tp_limit = per_node;
-  ntp = (pins & STOW_PIN_TP) ? (tps[0] = base->tp, 1)
-                             : divisors (gpus, tp_limit, 0, tps, 64);
-  npp = (pins & STOW_PIN_PP)
-            ? (pps[0] = base->pp, 1)
-            : divisors (gpus, MIN (m->n_layers, 512), 0, pps, 512);
-  /* cp divides the sequence; chunks shorter than 128 tokens are never
-   * worth their ring steps. */
-  ncp = (pins & STOW_PIN_CP)
-            ? (cps[0] = base->cp, 1)
-            : divisors (t->seq_len, MAX (t->seq_len / 128, 1), gpus, cps, 64);
-  if (m->n_experts == 0)
-    nep = (pins & STOW_PIN_EP) ? (eps[0] = base->ep, 1) : (eps[0] = 1, 1);
-  else
-    nep = (pins & STOW_PIN_EP) ? (eps[0] = base->ep, 1)
-                               : divisors (m->n_experts, gpus, 0, eps, 64);
-
+/* Every layout of @base (its engine fixed) over @d's degrees, the ZeRO
+ * stages, offloads, recomputation and micro-batches the pins leave open. */
+static void
+enumerate (Ctx *x, const StowLayout *base, const Dims *d)
+{
+  const StowModel *m = x->m;
+  const StowTraining *t = x->t;
+  StowSearch *r = x->r;
+  StowPins pins = x->pins;
+  guint64 gpus = x->c->n_gpus;
+  guint mbs[256], vpps[128];
   static const StowOffload offs[]
       = { STOW_OFFLOAD_NONE, STOW_OFFLOAD_CPU, STOW_OFFLOAD_NVME };
   static const StowRecompute recs[]
       = { STOW_RECOMPUTE_NONE, STOW_RECOMPUTE_SELECTIVE, STOW_RECOMPUTE_FULL };
 
-  for (guint i = 0; i < ntp; i++)
+  for (guint i = 0; i < d->ntp; i++)
     {
-      guint tp = tps[i];
+      guint tp = d->tps[i];
       if (m->n_heads % tp != 0
           || (m->n_kv_heads % tp != 0 && tp % m->n_kv_heads != 0))
         {
           r->invalid++;
           continue;
         }
-      for (guint j = 0; j < npp; j++)
-        for (guint q = 0; q < ncp; q++)
+      for (guint j = 0; j < d->npp; j++)
+        for (guint q = 0; q < d->ncp; q++)
           {
-            guint pp = pps[j], cp = cps[q];
+            guint pp = d->pps[j], cp = d->cps[q];
             guint64 mp = (guint64)tp * pp * cp;
             if (gpus % mp != 0 || pp > m->n_layers || t->seq_len % cp != 0)
               {
@@ -314,13 +291,13 @@ stow_search_run_with (const StowModel *m, const StowCluster *c,
               }
             else
               mbs[nmb++] = 1;
-            for (guint e = 0; e < nep; e++)
+            for (guint e = 0; e < d->nep; e++)
               for (guint vi = 0; vi < nv; vi++)
                 for (guint b = 0; b < nmb; b++)
                   {
                     StowLayout l = *base;
                     l.tp = tp, l.pp = pp, l.cp = cp, l.dp = dp;
-                    l.ep = eps[e];
+                    l.ep = d->eps[e];
                     l.vpp = vpps[vi];
                     l.micro_batch = mbs[b];
                     if (l.ep > 1 && ((guint64)dp * cp) % l.ep != 0)
@@ -392,10 +369,10 @@ stow_search_run_with (const StowModel *m, const StowCluster *c,
                                    * scores to drop: selective recompute
                                    * saves nothing and costs time. */
                                   if (l.recompute == STOW_RECOMPUTE_SELECTIVE
-                                      && x.t->flash_attention
+                                      && x->t->flash_attention
                                       && !(pins & STOW_PIN_RECOMPUTE))
                                     continue;
-                                  gboolean fit = evaluate (&x, &l);
+                                  gboolean fit = evaluate (x, &l);
                                   if (rc == 0 && ao == 0)
                                     none_fits = fit;
                                 }
@@ -407,12 +384,79 @@ stow_search_run_with (const StowModel *m, const StowCluster *c,
                                     = (pins & STOW_PIN_OFFLOAD_ACTIVATIONS)
                                           ? base->offload_activations
                                           : FALSE;
-                                partial_recompute (&x, l);
+                                partial_recompute (x, l);
                               }
                           }
                   }
           }
     }
+}
+
+StowSearch *
+stow_search_run_with (const StowModel *m, const StowCluster *c,
+                      const StowTraining *t, const StowLayout *base,
+                      StowPins pins, const StowMemOptions *o,
+                      const StowSearchOptions *so)
+{
+  StowSearchOptions sdef;
+  if (so == NULL)
+    {
+      stow_search_options_init (&sdef);
+      so = &sdef;
+    }
+  gint64 t0 = g_get_monotonic_time ();
+  StowSearch *r = g_new0 (StowSearch, 1);
+  guint64 gpus = c->n_gpus;
+  guint per_node = MAX (c->node.gpus_per_node, 1);
+  guint domain = MIN (MAX (c->node.gpu.nvlink_domain, 1), per_node);
+  /* The time model's per-model sums, once for the whole search. */
+  StowCostOptions co;
+  if (so->cost)
+    co = *so->cost;
+  else
+    stow_cost_options_init (&co);
+  g_autoptr (StowCostPrep) prep = stow_cost_prepare (m);
+  co.prep = prep;
+  g_autoptr (StowMemScratch) scratch = stow_mem_scratch_new ();
+  Ctx x = {
+    m, c, t, o, &co, r, so->max_keep, scratch, pins, so->accept, so->accept_data
+  };
+
+  r->fits = g_array_new (FALSE, FALSE, sizeof (StowCandidate));
+  Dims d;
+  /* tp inside the NVLink domain (a node's GPUs when the catalog has no
+   * NVLink) unless allowed across nodes. */
+  guint64 tp_limit = so->allow_cross_node_tp ? gpus : MAX (domain, 1);
+  if (c->node.gpu.nvlink_domain <= 1 && !so->allow_cross_node_tp)
+    tp_limit = per_node;
+  d.ntp = (pins & STOW_PIN_TP) ? (d.tps[0] = base->tp, 1)
+                               : divisors (gpus, tp_limit, 0, d.tps, 64);
+  d.npp = (pins & STOW_PIN_PP)
+              ? (d.pps[0] = base->pp, 1)
+              : divisors (gpus, MIN (m->n_layers, 512), 0, d.pps, 512);
+  /* cp divides the sequence; chunks shorter than 128 tokens are never
+   * worth their ring steps. */
+  d.ncp
+      = (pins & STOW_PIN_CP)
+            ? (d.cps[0] = base->cp, 1)
+            : divisors (t->seq_len, MAX (t->seq_len / 128, 1), gpus, d.cps, 64);
+  if (m->n_experts == 0)
+    d.nep = (pins & STOW_PIN_EP) ? (d.eps[0] = base->ep, 1) : (d.eps[0] = 1, 1);
+  else
+    d.nep = (pins & STOW_PIN_EP) ? (d.eps[0] = base->ep, 1)
+                                 : divisors (m->n_experts, gpus, 0, d.eps, 64);
+
+  /* Each engine keeps its own buffers, so each is a search of its own
+   * over the same degrees; the candidates compete in one ranking. */
+  if (so->engines == 0)
+    enumerate (&x, base, &d);
+  for (guint e = 0; e < 32; e++)
+    if (so->engines & (1u << e))
+      {
+        StowLayout b = *base;
+        b.engine = (StowEngine)e;
+        enumerate (&x, &b, &d);
+      }
   if (so->max_keep == 0)
     g_array_sort (r->fits, compare_candidates);
   r->search_time_s = (double)(g_get_monotonic_time () - t0) / 1e6;

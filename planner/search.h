@@ -54,12 +54,12 @@ typedef struct
   guint64 evaluated;
   guint64 invalid; /* rejected by divisibility and legality */
   guint64 out_of_memory;
-  guint64 host_or_nvme; /* fit the GPU but not host RAM or NVMe */
-  guint64 fitting;      /* all that fit (fits keeps the best max_keep) */
+  guint64 host_or_nvme;       /* fit the GPU but not host RAM or NVMe */
+  guint64 fitting;            /* all that fit (fits keeps the best max_keep) */
   guint64 same_as_lower_zero; /* ZeRO 1 or 2 over one data-parallel rank
                                  that costs what the stage below costs: the
                                  same layout, listed once */
-  double search_time_s; /* wall clock of the search */
+  double search_time_s;       /* wall clock of the search */
 } StowSearch;
 
 typedef struct
@@ -67,12 +67,26 @@ typedef struct
   guint max_keep;               /* 0: keep every layout that fits */
   gboolean allow_cross_node_tp; /* tp beyond the NVLink domain */
   const StowCostOptions *cost;  /* NULL: the defaults */
+  /* The engines whose memory models are searched, a bit set of
+   * 1 << StowEngine; their layouts are ranked together.  0: the base
+   * layout's engine alone. */
+  guint engines;
+  /* Called for each layout before its memory is priced, with the model,
+   * cluster and training searched (NULL: every valid layout is priced).
+   * A layout it returns FALSE for, such as one an engine's config cannot
+   * express, is counted as invalid.  It runs for every candidate, so it
+   * should be cheap. */
+  gboolean (*accept) (const StowModel *model, const StowCluster *cluster,
+                      const StowTraining *training, const StowLayout *layout,
+                      gpointer data);
+  gpointer accept_data;
 } StowSearchOptions;
 
 void stow_search_options_init (StowSearchOptions *options);
 
 /* Searches the layouts of @base that are not pinned in @pins.  @base
- * carries the pinned values and the engine. */
+ * carries the pinned values and the engine (unless the options name
+ * engines). */
 StowSearch *stow_search_run (const StowModel *model, const StowCluster *cluster,
                              const StowTraining *training,
                              const StowLayout *base, StowPins pins,

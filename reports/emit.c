@@ -8,6 +8,7 @@
  */
 #include "reports/emit.h"
 
+#include <math.h>
 #include <string.h>
 
 #include "core/json.h"
@@ -51,6 +52,9 @@ stow_emit_kind_parse (const char *s, const char *field, StowEmitKind *out,
 static gboolean G_GNUC_PRINTF (3, 4)
     unsupported (GError **error, const char *engine, const char *format, ...)
 {
+  /* A search asks only yes or no: nothing to format. */
+  if (error == NULL)
+    return FALSE;
   va_list ap;
   va_start (ap, format);
   g_autofree char *msg = g_strdup_vprintf (format, ap);
@@ -85,7 +89,22 @@ nvme_path (const StowPlanFile *p)
 {
   return p->schedule.nvme_paths && p->schedule.nvme_paths[0]
              ? p->schedule.nvme_paths[0]
-             : "/local_nvme";
+             : STOW_PLAN_NVME_PLACEHOLDER;
+}
+
+/* Full recomputation of only the first K layers (--recompute full:K with
+ * K below the run it counts in); 0 for none or all. */
+static guint
+partial_recompute_layers (const StowPlanFile *p)
+{
+  const StowLayout *l = &p->layout;
+  if (l->recompute != STOW_RECOMPUTE_FULL || l->recompute_layers == 0)
+    return 0;
+  if (p->model != NULL
+      && l->recompute_layers
+             >= stow_layout_recompute_run (l, p->model->n_layers))
+    return 0;
+  return l->recompute_layers;
 }
 
 /* ---- DeepSpeed ---- */
@@ -325,6 +344,35 @@ megatron_check (const StowPlanFile *p, const char *e, GError **error)
                         "puts the extra layers on middle stages, Megatron-LM "
                         "only on the first and last",
                         m->n_layers, l->pp);
+  /* RoPE as Megatron-LM's GPT model applies it: an integer base
+   * (--rotary-base, type=int in arguments.py) and, of HF's rope_scaling
+   * types, Llama 3's only, with its low/high frequency factors and
+   * original context fixed at 1, 4 and 8192 (RotaryEmbedding._apply_scaling
+   * in megatron/core/models/common/embeddings/rotary_pos_embedding.py). */
+  if (m->max_positions == 0 && m->rope_theta > 0
+      && m->rope_theta != floor (m->rope_theta))
+    return unsupported (error, e,
+                        "rope_theta %g: Megatron-LM's --rotary-base takes a "
+                        "whole number",
+                        m->rope_theta);
+  if (m->max_positions == 0 && m->rope_type != NULL
+      && !g_str_equal (m->rope_type, "default"))
+    {
+      if (!g_str_equal (m->rope_type, "llama3"))
+        return unsupported (error, e,
+                            "%s's rope_scaling type \"%s\" has no Megatron-LM "
+                            "GPT flag (--use-rope-scaling is Llama 3's)",
+                            m->name, m->rope_type);
+      if (m->rope_low_freq_factor != 1.0 || m->rope_high_freq_factor != 4.0
+          || m->rope_original_max_positions != 8192)
+        return unsupported (
+            error, e,
+            "%s's Llama 3 rope scaling has low_freq_factor %g, "
+            "high_freq_factor %g, original_max_position_embeddings "
+            "%" G_GUINT64_FORMAT "; Megatron-LM fixes them at 1, 4 and 8192",
+            m->name, m->rope_low_freq_factor, m->rope_high_freq_factor,
+            m->rope_original_max_positions);
+    }
   if (p->training.finetune != STOW_FINETUNE_FULL)
     return unsupported (error, e, "Megatron-LM has no %s fine-tuning",
                         stow_finetune_name (p->training.finetune));
@@ -468,6 +516,10 @@ stow_emit_megatron (const StowPlanFile *p, GError **error)
     flag (s, "--swiglu");
   if (m->norm == STOW_NORM_RMSNORM)
     flag_s (s, "--normalization", "RMSNorm");
+  /* rms_norm_eps where the config gives one (Megatron's default 1e-5 is
+   * LLaMA-1/2's and Qwen's 1e-6 otherwise). */
+  if (m->norm_eps > 0)
+    g_string_append_printf (s, "--norm-epsilon %g\n", m->norm_eps);
   if (!m->linear_bias)
     flag (s, "--disable-bias-linear");
   if (!m->tied_embeddings)
@@ -476,6 +528,20 @@ stow_emit_megatron (const StowPlanFile *p, GError **error)
     {
       flag_s (s, "--position-embedding-type", "rope");
       flag_u (s, "--max-position-embeddings", t->seq_len);
+      /* The model's RoPE base: Megatron's default of 10000 is wrong for
+       * Llama 3 (500000) and Mixtral (1e6). */
+      if (m->rope_theta > 0)
+        g_string_append_printf (s, "--rotary-base %.0f\n", m->rope_theta);
+      else
+        g_string_append (s, "# rope_theta is not in the model's config as "
+                            "read: Megatron-LM's --rotary-base 10000 "
+                            "applies\n");
+      if (m->rope_type != NULL && g_str_equal (m->rope_type, "llama3"))
+        {
+          flag (s, "--use-rope-scaling");
+          g_string_append_printf (s, "--rope-scaling-factor %g\n",
+                                  m->rope_factor);
+        }
     }
   else
     {
@@ -619,9 +685,41 @@ stow_emit_fsdp (const StowPlanFile *p, GError **error)
   g_string_append_printf (
       s, "GRADIENT_ACCUMULATION_STEPS = %" G_GUINT64_FORMAT "\n",
       l->grad_accum);
-  g_string_append_printf (s, "ACTIVATION_CHECKPOINTING = %s\n\n",
+  g_string_append_printf (s, "ACTIVATION_CHECKPOINTING = %s\n",
                           l->recompute == STOW_RECOMPUTE_FULL ? "True"
                                                               : "False");
+  if (l->recompute == STOW_RECOMPUTE_FULL)
+    {
+      /* --recompute full:K: the memory model keeps the activations of all
+       * but the first K blocks, so only those K are wrapped, with the
+       * check_fn FSDP's tutorials pass to apply_activation_checkpointing
+       * (torch.distributed.algorithms._checkpoint.checkpoint_wrapper). */
+      guint k = partial_recompute_layers (p);
+      guint64 n = p->model ? p->model->n_layers : 0;
+      if (k)
+        g_string_append_printf (s,
+                                "CHECKPOINTED_BLOCKS = %u  # the first %u "
+                                "of %" G_GUINT64_FORMAT
+                                " transformer blocks (recompute full:%u)\n",
+                                k, k, n, k);
+      else
+        g_string_append (s, "CHECKPOINTED_BLOCKS = None  # every "
+                            "transformer block\n");
+      g_string_append (
+          s,
+          "\n# Activation checkpointing, before fully_shard (FSDP2) or "
+          "FullyShardedDataParallel (FSDP1):\n"
+          "#   apply_checkpointing(model, model.model.layers)  # the "
+          "block list of an HF Llama\n"
+          "from torch.distributed.algorithms._checkpoint.checkpoint_wrapper "
+          "import apply_activation_checkpointing, checkpoint_wrapper\n\n"
+          "def apply_checkpointing(model, blocks):\n"
+          "    chosen = set(blocks[:CHECKPOINTED_BLOCKS])\n"
+          "    apply_activation_checkpointing(model, "
+          "checkpoint_wrapper_fn=checkpoint_wrapper, check_fn=lambda m: m in "
+          "chosen)\n");
+    }
+  g_string_append (s, "\n");
 
   g_string_append (s, "# FSDP2 (torch >= 2.6): fully_shard each transformer "
                       "block, then the root module.\n"
@@ -690,25 +788,25 @@ accelerate_precision (StowPrecision p)
     }
 }
 
-char *
-stow_emit_accelerate (const StowPlanFile *p, GError **error)
+/* The distributed_type accelerate runs @p with (and the label its errors
+ * carry): the engine the plan was made for picks the backend; stowage's
+ * own plans go to DeepSpeed when they shard or offload. */
+static gboolean
+accelerate_type (const StowPlanFile *p, const char **type_out,
+                 const char **label_out, GError **error)
 {
-  if (!precision_check (p, "accelerate", error))
-    return NULL;
   const StowLayout *l = &p->layout;
   const StowCluster *c = p->cluster;
   const char *type;
   const char *label = "accelerate";
 
-  /* The engine the plan was made for picks the backend; stowage's own
-   * plans go to DeepSpeed when they shard or offload. */
   switch (l->engine)
     {
     case STOW_ENGINE_FSDP:
       type = "FSDP";
       label = "accelerate (distributed_type FSDP)";
       if (!fsdp_check (p, label, error))
-        return NULL;
+        return FALSE;
       /* NO_SHARD is plain data parallelism: accelerate's DDP. */
       if (l->zero == 0)
         type = c->n_gpus > 1 ? "MULTI_GPU" : "NO";
@@ -717,24 +815,21 @@ stow_emit_accelerate (const StowPlanFile *p, GError **error)
       type = "MEGATRON_LM";
       label = "accelerate (distributed_type MEGATRON_LM)";
       if (!megatron_check (p, label, error))
-        return NULL;
+        return FALSE;
       /* megatron_lm_config has tp, pp and micro-batches only. */
       if (l->vpp > 1 || l->cp > 1 || l->ep > 1)
-        {
-          unsupported (error, label,
-                       "megatron_lm_config has no setting for %s; use "
-                       "--emit megatron",
-                       l->vpp > 1  ? "virtual pipeline stages (vpp)"
-                       : l->cp > 1 ? "context parallelism"
-                                   : "expert parallelism");
-          return NULL;
-        }
+        return unsupported (error, label,
+                            "megatron_lm_config has no setting for %s; use "
+                            "--emit megatron",
+                            l->vpp > 1  ? "virtual pipeline stages (vpp)"
+                            : l->cp > 1 ? "context parallelism"
+                                        : "expert parallelism");
       break;
     case STOW_ENGINE_DEEPSPEED:
       type = "DEEPSPEED";
       label = "accelerate (distributed_type DEEPSPEED)";
       if (!deepspeed_check (p, label, error))
-        return NULL;
+        return FALSE;
       break;
     default:
       if (l->zero == 0 && l->offload_optimizer == STOW_OFFLOAD_NONE
@@ -745,20 +840,48 @@ stow_emit_accelerate (const StowPlanFile *p, GError **error)
           type = "DEEPSPEED";
           label = "accelerate (distributed_type DEEPSPEED)";
           if (!deepspeed_check (p, label, error))
-            return NULL;
+            return FALSE;
         }
       break;
     }
 
   if (strcmp (type, "DEEPSPEED") == 0 && l->pp > 1)
-    {
-      unsupported (error, label,
-                   "accelerate's DeepSpeed integration has no pipeline "
-                   "stages (pp %u); use --emit deepspeed with a "
-                   "PipelineModule",
-                   l->pp);
-      return NULL;
-    }
+    return unsupported (error, label,
+                        "accelerate's DeepSpeed integration has no pipeline "
+                        "stages (pp %u); use --emit deepspeed with a "
+                        "PipelineModule",
+                        l->pp);
+  /* accelerate's MegatronLMPlugin turns megatron_lm_recompute_activations
+   * into recompute_granularity "selective" (utils/dataclasses.py). */
+  if (strcmp (type, "MEGATRON_LM") == 0 && l->recompute == STOW_RECOMPUTE_FULL)
+    return unsupported (error, label,
+                        "megatron_lm_recompute_activations is selective "
+                        "recomputation; the layout recomputes whole layers "
+                        "(--recompute full): use --emit megatron");
+  /* fsdp_activation_checkpointing, and the gradient checkpointing a
+   * script turns on for the other types, wrap every block. */
+  if (strcmp (type, "MEGATRON_LM") != 0 && partial_recompute_layers (p))
+    return unsupported (error, label,
+                        "accelerate checkpoints every transformer block or "
+                        "none; the layout recomputes the first %u "
+                        "(--recompute full:%u): use --emit fsdp, or "
+                        "--recompute full",
+                        l->recompute_layers, l->recompute_layers);
+  *type_out = type;
+  *label_out = label;
+  return TRUE;
+}
+
+char *
+stow_emit_accelerate (const StowPlanFile *p, GError **error)
+{
+  if (!precision_check (p, "accelerate", error))
+    return NULL;
+  const StowLayout *l = &p->layout;
+  const StowCluster *c = p->cluster;
+  const char *type, *label;
+  if (!accelerate_type (p, &type, &label, error))
+    return NULL;
 
   GString *s = g_string_new (NULL);
   g_string_append_printf (s,
@@ -769,6 +892,15 @@ stow_emit_accelerate (const StowPlanFile *p, GError **error)
   if (c->n_nodes > 1)
     g_string_append (s, "# On each node set machine_rank (0..num_machines-1) "
                         "and main_process_ip.\n");
+  /* Only fsdp_config has a key for activation checkpointing; the plan's
+   * memory counts on it, so say where it goes. */
+  if (l->recompute == STOW_RECOMPUTE_FULL && strcmp (type, "FSDP") != 0
+      && strcmp (type, "MEGATRON_LM") != 0)
+    g_string_append (s, "# The plan recomputes every layer (--recompute "
+                        "full): turn activation checkpointing on in train.py "
+                        "(model.gradient_checkpointing_enable() for a "
+                        "transformers model); this distributed_type has no "
+                        "key for it.\n");
   g_string_append (s, "compute_environment: LOCAL_MACHINE\n");
   g_string_append_printf (s, "distributed_type: %s\n", type);
   g_string_append_printf (s, "mixed_precision: %s\n",
@@ -838,13 +970,100 @@ stow_emit_accelerate (const StowPlanFile *p, GError **error)
       g_string_append_printf (s, "  megatron_lm_sequence_parallelism: %s\n",
                               l->sp ? "true" : "false");
       g_string_append_printf (s, "  megatron_lm_recompute_activations: %s\n",
-                              l->recompute != STOW_RECOMPUTE_NONE ? "true"
-                                                                  : "false");
+                              l->recompute == STOW_RECOMPUTE_SELECTIVE
+                                  ? "true"
+                                  : "false");
       g_string_append_printf (s,
                               "  megatron_lm_use_distributed_optimizer: %s\n",
                               l->zero == 1 ? "true" : "false");
     }
   return g_string_free (s, FALSE);
+}
+
+gboolean
+stow_emit_check (StowEmitKind kind, const StowModel *model,
+                 const StowCluster *cluster, const StowTraining *training,
+                 const StowLayout *layout, GError **error)
+{
+  g_return_val_if_fail (cluster != NULL && training != NULL && layout != NULL,
+                        FALSE);
+  /* The checks read the model, cluster, training and layout of a plan and
+   * nothing else: a view on the stack, owning nothing, stands in for one
+   * (this runs for every layout a search visits). */
+  StowPlanFile view;
+  memset (&view, 0, sizeof view);
+  view.model = (StowModel *)model;
+  view.cluster = (StowCluster *)cluster;
+  view.training = *training;
+  view.layout = *layout;
+  const char *name = stow_emit_kind_name (kind);
+  const char *type, *label;
+  switch (kind)
+    {
+    case STOW_EMIT_DEEPSPEED:
+      return precision_check (&view, name, error)
+             && deepspeed_check (&view, name, error);
+    case STOW_EMIT_MEGATRON:
+      return precision_check (&view, name, error)
+             && megatron_check (&view, name, error);
+    case STOW_EMIT_FSDP:
+      return precision_check (&view, name, error)
+             && fsdp_check (&view, name, error);
+    case STOW_EMIT_ACCELERATE:
+      return precision_check (&view, name, error)
+             && accelerate_type (&view, &type, &label, error);
+    case STOW_EMIT_PLAN:
+      return TRUE;
+    }
+  g_return_val_if_reached (FALSE);
+}
+
+guint
+stow_emit_kind_engines (StowEmitKind kind)
+{
+  switch (kind)
+    {
+    case STOW_EMIT_DEEPSPEED:
+      return 1u << STOW_ENGINE_DEEPSPEED;
+    case STOW_EMIT_MEGATRON:
+      return 1u << STOW_ENGINE_MEGATRON;
+    case STOW_EMIT_FSDP:
+      return 1u << STOW_ENGINE_FSDP;
+    case STOW_EMIT_ACCELERATE:
+      /* distributed_type DEEPSPEED, FSDP (MULTI_GPU for NO_SHARD) and
+       * MEGATRON_LM; NO, plain PyTorch, on one GPU. */
+      return (1u << STOW_ENGINE_DEEPSPEED) | (1u << STOW_ENGINE_FSDP)
+             | (1u << STOW_ENGINE_MEGATRON) | (1u << STOW_ENGINE_PYTORCH);
+    case STOW_EMIT_PLAN:
+      return 0;
+    }
+  g_return_val_if_reached (0);
+}
+
+char **
+stow_emit_warnings (StowEmitKind kind, const StowPlanFile *p)
+{
+  const StowLayout *l = &p->layout;
+  GPtrArray *w = g_ptr_array_new ();
+  gboolean nvme = l->offload_optimizer == STOW_OFFLOAD_NVME
+                  || l->offload_params == STOW_OFFLOAD_NVME;
+  /* DeepSpeed's swapper writes where nvme_path says; a placeholder on a
+   * machine without it fails at start-up or fills the root disk. */
+  if (nvme && p->schedule.nvme_path_placeholder
+      && (kind == STOW_EMIT_DEEPSPEED || kind == STOW_EMIT_ACCELERATE
+          || kind == STOW_EMIT_PLAN))
+    g_ptr_array_add (
+        w, g_strdup_printf (
+               "--emit %s: the NVMe swap directory (%s) is %s, a placeholder: "
+               "%s names no NVMe mount point; give --nvme-path DIR (or "
+               "\"path\" for the drives in a cluster.json) before launching",
+               stow_emit_kind_name (kind),
+               kind == STOW_EMIT_DEEPSPEED    ? "nvme_path"
+               : kind == STOW_EMIT_ACCELERATE ? "offload_*_nvme_path"
+                                              : "nvme_paths",
+               STOW_PLAN_NVME_PLACEHOLDER, p->cluster->spec));
+  g_ptr_array_add (w, NULL);
+  return (char **)g_ptr_array_free (w, FALSE);
 }
 
 char *

@@ -48,6 +48,27 @@ char *stow_emit_fsdp (const StowPlanFile *plan, GError **error);
  * after the layout's engine). */
 char *stow_emit_accelerate (const StowPlanFile *plan, GError **error);
 
+/* TRUE when --emit @kind can express @layout for @model (may be NULL under
+ * --params) on @cluster with @training, as the emitter above would; else
+ * FALSE with STOW_EMIT_ERROR_UNSUPPORTED naming what the engine lacks (the
+ * emitter's own error).  Allocates nothing when @error is NULL, so a
+ * search can ask it of every layout it visits.  Always TRUE for plan. */
+gboolean stow_emit_check (StowEmitKind kind, const StowModel *model,
+                          const StowCluster *cluster,
+                          const StowTraining *training,
+                          const StowLayout *layout, GError **error);
+/* The engines whose memory models a config of @kind is planned with, a
+ * bit set of 1 << StowEngine: one for deepspeed, megatron and fsdp; for
+ * accelerate the engines behind its distributed types (DeepSpeed, FSDP,
+ * Megatron-LM, and plain PyTorch on one GPU); 0 for plan. */
+guint stow_emit_kind_engines (StowEmitKind kind);
+
+/* What a user must know before running the config @kind writes for
+ * @plan, one sentence each (NULL-terminated; free with g_strfreev): for
+ * now, NVMe swap files going to STOW_PLAN_NVME_PLACEHOLDER because no
+ * drive path was named. */
+char **stow_emit_warnings (StowEmitKind kind, const StowPlanFile *plan);
+
 /* Any kind as text ready to write; @mem is the plan's memory (the plan
  * file records its terms). */
 char *stow_emit (StowEmitKind kind, const StowPlanFile *plan,

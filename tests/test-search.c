@@ -81,6 +81,132 @@ test_pinned_evaluates_one (void)
   g_assert_cmpfloat (cand->cost.step_time_s, >, 0);
 }
 
+static gboolean
+tp_one_only (const StowModel *m, const StowCluster *c, const StowTraining *t,
+             const StowLayout *l, gpointer data)
+{
+  guint *calls = data;
+  (*calls)++;
+  return l->tp == 1;
+}
+
+/* A filter removes layouts before they are priced, counted as invalid,
+ * and leaves every other layout as it was. */
+static void
+test_filter (void)
+{
+  g_autoptr (StowModel) m = stow_test_model ("llama-7b");
+  g_autoptr (StowCluster) c = stow_test_cluster ("8xA100-80GB");
+  StowTraining t;
+  StowLayout base;
+  StowMemOptions mo;
+  stow_test_defaults (&t, &base, &mo);
+  t.global_batch = 32;
+  StowSearchOptions so;
+  stow_search_options_init (&so);
+  g_autoptr (StowSearch) all
+      = stow_search_run_with (m, c, &t, &base, 0, &mo, &so);
+  guint calls = 0;
+  so.accept = tp_one_only;
+  so.accept_data = &calls;
+  g_autoptr (StowSearch) one
+      = stow_search_run_with (m, c, &t, &base, 0, &mo, &so);
+  guint64 tp1 = 0;
+  for (guint k = 0; k < all->fits->len; k++)
+    tp1 += g_array_index (all->fits, StowCandidate, k).layout.tp == 1;
+  g_assert_cmpuint (calls, >, 0);
+  g_assert_cmpuint (one->fitting, ==, tp1);
+  g_assert_cmpuint (one->fitting, <, all->fitting);
+  g_assert_cmpuint (one->invalid, >, all->invalid);
+  for (guint k = 0; k < one->fits->len; k++)
+    g_assert_cmpuint (g_array_index (one->fits, StowCandidate, k).layout.tp, ==,
+                      1);
+  /* the same best layout when the best had tp 1 */
+  const StowCandidate *a = &g_array_index (all->fits, StowCandidate, 0);
+  if (a->layout.tp == 1)
+    g_assert_cmpfloat (a->score, ==,
+                       g_array_index (one->fits, StowCandidate, 0).score);
+}
+
+/* Several engines: each engine's layouts priced by its own memory model,
+ * ranked together; the same as the engines' searches one by one. */
+static void
+test_engines (void)
+{
+  g_autoptr (StowModel) m = stow_test_model ("llama-65b");
+  g_autoptr (StowCluster) c = stow_test_cluster ("8xA100-80GB");
+  StowTraining t;
+  StowLayout base;
+  StowMemOptions mo;
+  stow_test_defaults (&t, &base, &mo);
+  static const StowEngine engines[]
+      = { STOW_ENGINE_DEEPSPEED, STOW_ENGINE_MEGATRON, STOW_ENGINE_FSDP };
+  StowSearchOptions so;
+  stow_search_options_init (&so);
+  so.max_keep = 1;
+  guint64 fitting = 0;
+  double best = G_MAXDOUBLE;
+  StowEngine best_engine = STOW_ENGINE_STOWAGE;
+  for (gsize i = 0; i < G_N_ELEMENTS (engines); i++)
+    {
+      base.engine = engines[i];
+      g_autoptr (StowSearch) s
+          = stow_search_run_with (m, c, &t, &base, 0, &mo, &so);
+      g_assert_cmpuint (s->fits->len, ==, 1);
+      const StowCandidate *b = &g_array_index (s->fits, StowCandidate, 0);
+      g_assert_cmpint (b->layout.engine, ==, engines[i]);
+      fitting += s->fitting;
+      if (b->score < best)
+        best = b->score, best_engine = engines[i];
+    }
+  base.engine = STOW_ENGINE_STOWAGE;
+  so.engines = (1u << STOW_ENGINE_DEEPSPEED) | (1u << STOW_ENGINE_MEGATRON)
+               | (1u << STOW_ENGINE_FSDP);
+  g_autoptr (StowSearch) s
+      = stow_search_run_with (m, c, &t, &base, 0, &mo, &so);
+  g_assert_cmpuint (s->fitting, ==, fitting);
+  const StowCandidate *b = &g_array_index (s->fits, StowCandidate, 0);
+  g_assert_cmpint (b->layout.engine, ==, best_engine);
+  g_assert_cmpfloat (b->score, ==, best);
+}
+
+/* fp8 on a GPU without fp8 tensor cores is no layout at all (Transformer
+ * Engine needs compute capability 8.9; the A100 is 8.0), and the reason
+ * names the GPU; on an H100 the same search finds layouts. */
+static void
+test_precision_gpu (void)
+{
+  g_autoptr (StowModel) m = stow_test_model ("llama-7b");
+  g_autoptr (StowCluster) a100 = stow_test_cluster ("8xA100-80GB");
+  g_autoptr (StowCluster) h100 = stow_test_cluster ("8xH100-SXM");
+  StowTraining t;
+  StowLayout base;
+  StowMemOptions mo;
+  stow_test_defaults (&t, &base, &mo);
+  t.precision = STOW_PRECISION_FP8;
+  g_autoptr (StowSearch) none = stow_search_run (m, a100, &t, &base, 0, &mo, 1);
+  g_assert_cmpuint (none->evaluated, ==, 0);
+  g_assert_cmpuint (none->invalid, >, 0);
+  g_autoptr (GError) error = NULL;
+  g_assert_false (stow_training_check_gpu (&t, &a100->node.gpu, NULL, &error));
+  g_assert_error (error, STOW_PLAN_ERROR, STOW_PLAN_ERROR_INVALID);
+  g_assert_nonnull (strstr (error->message, "A100-80GB"));
+  g_autoptr (StowSearch) some = stow_search_run (m, h100, &t, &base, 0, &mo, 1);
+  g_assert_cmpuint (some->fitting, >, 0);
+
+  /* bf16 on a V100: allowed, with the reason in a warning. */
+  g_autoptr (StowCluster) v100 = stow_test_cluster ("8xV100");
+  g_autofree char *warning = NULL;
+  t.precision = STOW_PRECISION_BF16;
+  g_assert_true (stow_training_check_gpu (&t, &v100->node.gpu, &warning, NULL));
+  g_assert_nonnull (warning);
+  g_assert_nonnull (strstr (warning, "no bf16 tensor cores"));
+  g_autofree char *none_warning = NULL;
+  g_assert_true (
+      stow_training_check_gpu (&t, &h100->node.gpu, &none_warning, NULL));
+  g_assert_null (none_warning);
+}
+
 /* Too little memory for stored activations: the search finds the fewest
  * recomputed layers (full:K) that fit. */
 static void
@@ -248,6 +374,9 @@ main (int argc, char **argv)
   g_test_add_func ("/search/totals-match-full", test_totals_match_full);
   g_test_add_func ("/search/pinned-evaluates-one", test_pinned_evaluates_one);
   g_test_add_func ("/search/partial-recompute", test_partial_recompute);
+  g_test_add_func ("/search/filter", test_filter);
+  g_test_add_func ("/search/engines", test_engines);
+  g_test_add_func ("/search/precision-gpu", test_precision_gpu);
   g_test_add_func ("/search/speed", test_speed);
   for (gsize i = 0; i < G_N_ELEMENTS (published); i++)
     {

@@ -1,2 +1,2 @@
 exit 2
-stowage: --emit fsdp: FSDP has no ZeRO-1 strategy (NO_SHARD, SHARD_GRAD_OP, FULL_SHARD)
+stowage: --engine fsdp has no ZeRO-1 strategy (NO_SHARD, SHARD_GRAD_OP, FULL_SHARD)
