@@ -356,6 +356,16 @@ train_main (TrainOptions *o, StowTrainConfig *c, const GOptionEntry *entries,
                               / (double)c->predicted_peak_bytes
                           - 1.0)
                : 0.0);
+  if (c->predicted_pinned_bytes > 0 && c->measured_pinned_bytes > 0)
+    {
+      g_autofree char *hp = stow_format_bytes (c->predicted_pinned_bytes);
+      g_autofree char *hm = stow_format_bytes (c->measured_pinned_bytes);
+      fprintf (stderr, "pinned host peak: %s measured, %s simulated (%+.2f%%)\n",
+               hm, hp,
+               100.0 * ((double)c->measured_pinned_bytes
+                            / (double)c->predicted_pinned_bytes
+                        - 1.0));
+    }
   return STOW_EXIT_OK;
 }
 

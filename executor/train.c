@@ -138,6 +138,8 @@ typedef struct
   /* NULL when the accessors above are the backend's own memory. */
   gboolean (*pull) (StowBackend *b, GError **error);
   gboolean (*push) (StowBackend *b, GError **error);
+  /* The peak of the program's pinned host buffers; NULL: not measured. */
+  guint64 (*pinned_peak) (StowBackend *b);
   /* States that have no address (on NVMe), by range; NULL: none such. */
   gboolean (*states) (StowBackend *b, gboolean write, guint unit, guint which,
                       guint64 first, guint64 n, float *data, GError **error);
@@ -161,6 +163,7 @@ static const TrainOps cpu_ops = {
   stow_backend_cpu_moment,
   NULL,
   stow_backend_cpu_push,
+  stow_backend_cpu_pinned_peak_bytes,
   stow_backend_cpu_states,
 };
 
@@ -176,6 +179,7 @@ static const TrainOps cuda_ops = {
   stow_backend_cuda_moment,
   stow_backend_cuda_pull,
   stow_backend_cuda_push,
+  NULL,
   NULL,
 };
 #endif
@@ -886,6 +890,8 @@ train_loop (Run *r, guint64 first, GError **error)
         c->progress (&s, c->progress_user);
     }
   c->measured_peak_bytes = r->ops->peak_bytes (r->be);
+  if (r->ops->pinned_peak)
+    c->measured_pinned_bytes = r->ops->pinned_peak (r->be);
   if (c->trace_path && last != NULL)
     {
       g_autofree char *json = stow_trace_to_chrome_json (last, r->prog);
@@ -1040,6 +1046,7 @@ stow_train_run (StowTrainConfig *c, GError **error)
     if (tr == NULL)
       goto out;
     c->predicted_peak_bytes = tr->peak_bytes[STOW_TIER_DEVICE];
+    c->predicted_pinned_bytes = tr->peak_bytes[STOW_TIER_PINNED];
     c->predicted_step_s = tr->step_time_s;
   }
   {

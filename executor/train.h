@@ -75,6 +75,9 @@ typedef struct
   /* Out: what was planned and measured, for the caller to report. */
   char *layout_description;
   guint64 predicted_peak_bytes, measured_peak_bytes;
+  /* the program's pinned host buffers (offloaded placements); measured
+   * on the cpu backend, 0 elsewhere */
+  guint64 predicted_pinned_bytes, measured_pinned_bytes;
   double predicted_step_s;
   guint64 first_step; /* 1 unless resumed */
 } StowTrainConfig;

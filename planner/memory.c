@@ -1171,10 +1171,22 @@ model_states (Model *ms, const StageParams *p, GArray *dev,
         }
     }
   else
-    stow_mem_add (
-        dev, "parameters", stow_bytes (sharded_params (l, N, E, wdiv), b.w),
-        STOW_TIER_DEVICE, "%.4g B x %s", b.w,
-        params_desc (dev, pbuf, sizeof pbuf, l, N, E, wdiv, SHARDS_IF_SPLIT));
+    {
+      stow_mem_add (
+          dev, "parameters", stow_bytes (sharded_params (l, N, E, wdiv), b.w),
+          STOW_TIER_DEVICE, "%.4g B x %s", b.w,
+          params_desc (dev, pbuf, sizeof pbuf, l, N, E, wdiv, SHARDS_IF_SPLIT));
+      /* stowage's CPU Adam writes the updated weights (with fp32 training:
+       * updates the parameters) in host memory, from where they are
+       * copied up: the optimizer's shard of them in the training dtype. */
+      if (off_opt && host && l->engine == STOW_ENGINE_STOWAGE
+          && t->finetune == STOW_FINETUNE_FULL)
+        stow_mem_add (host, "host copy of the weights",
+                      stow_bytes (sharded_params (l, N, E, n), b.w),
+                      STOW_TIER_PINNED, "%.4g B x %s", b.w,
+                      params_desc (host, pbuf, sizeof pbuf, l, N, E, n,
+                                   SHARDS_ALWAYS));
+    }
 
   /* Gradients on the device.  A layer's full gradients exist before they
    * are reduce-scattered (ZeRO >= 2) or copied to the host (offload): two

@@ -1014,6 +1014,15 @@ lower_rank (Lower *L, Rank *R)
                  TRUE, "master weights and optimizer states"),
              STOW_BUF_STATES, ufirst, ucount, STOW_DTYPE_F32, STOW_LAYER_NONE,
              0);
+      /* Where CPU Adam writes the updated weights, the "updated up"
+       * copies' source (memory.c's "host copy of the weights"); with
+       * offloaded parameters those are the weights themselves. */
+      if (!L->off_par)
+        holds (L,
+               stow_program_buffer (p, rank, STOW_TIER_PINNED,
+                                    stow_bytes (rank_shard (R, l, N, n), L->w),
+                                    -1, TRUE, "host copy of the weights"),
+               STOW_BUF_WEIGHTS, ufirst, ucount, L->wdt, STOW_LAYER_NONE, 0);
     }
   if (l->zero < 2 && n > 1)
     for (guint i = 0; i < 2; i++)

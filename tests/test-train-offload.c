@@ -56,6 +56,7 @@ test_offload_optimizer (void)
       g_assert_true (same_file (dev, host, "model.safetensors"));
       g_assert_true (same_file (dev, host, "optimizer.stow"));
       assert_peak_as_simulated (&rh);
+      assert_pinned_as_simulated (&rh);
     }
   fixture_clear (&f);
 }
@@ -183,6 +184,7 @@ test_nvme (void)
       g_assert_true (same_file (dev, nvme, "model.safetensors"));
       g_assert_true (same_file (dev, nvme, "optimizer.stow"));
       assert_peak_as_simulated (&rn);
+      assert_pinned_as_simulated (&rn);
       g_assert_cmpuint (entries (a), ==, 0);
       g_assert_cmpuint (entries (b), ==, 0);
     }
@@ -485,6 +487,7 @@ test_params (void)
           g_assert_true (same_file (dev, out, "model.safetensors"));
           g_assert_true (same_file (dev, out, "optimizer.stow"));
           assert_peak_as_simulated (&r);
+          assert_pinned_as_simulated (&r);
         }
     }
   g_assert_cmpuint (entries (swap), ==, 0);
@@ -551,6 +554,7 @@ test_params_small_device (void)
       g_test_message ("leg %u: %s", leg, r.err);
       g_assert_cmpint (r.status, ==, 0);
       assert_peak_as_simulated (&r);
+      assert_pinned_as_simulated (&r);
     }
   g_assert_true (same_file (big, small, "model.safetensors"));
   g_assert_true (same_file (big, small, "optimizer.stow"));

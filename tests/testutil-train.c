@@ -149,10 +149,11 @@ stow_train_oracle (const char *backend, const char *const *pythons)
   g_test_skip ("python3 with torch not found (Debian: python3-torch)");
 }
 
-void
-assert_peak_as_simulated (const StowRun *r)
+/* The run's "@what peak:" line within 2% of the simulation. */
+static void
+assert_line_within (const StowRun *r, const char *what)
 {
-  const char *p = strstr (r->err, "device peak: ");
+  const char *p = strstr (r->err, what);
   g_assert_nonnull (p);
   g_autofree char *line = g_strndup (p, strcspn (p, "\n"));
   const char *pct = strrchr (line, '(');
@@ -161,4 +162,16 @@ assert_peak_as_simulated (const StowRun *r)
   g_test_message ("%s", line);
   g_assert_cmpfloat (d, <=, 2.0);
   g_assert_cmpfloat (d, >=, -2.0);
+}
+
+void
+assert_peak_as_simulated (const StowRun *r)
+{
+  assert_line_within (r, "device peak: ");
+}
+
+void
+assert_pinned_as_simulated (const StowRun *r)
+{
+  assert_line_within (r, "pinned host peak: ");
 }

@@ -41,3 +41,6 @@ void stow_train_oracle (const char *backend, const char *const *pythons);
 /* The run's "device peak:" line: the arena's measured peak within 2% of
  * the simulated one, same program. */
 void assert_peak_as_simulated (const StowRun *r);
+/* The run's "pinned host peak:" line (an offloaded placement's host
+ * buffers): measured within 2% of the simulated one. */
+void assert_pinned_as_simulated (const StowRun *r);

@@ -80,7 +80,6 @@ struct _CpuBackend
   /* An offloaded optimizer: [unit] the host gradients hold this step's
    * micro-batches so far (under lock); the host copy of the weights. */
   gboolean *host_grads_held;
-  guint8 *host_weights;
   /* ZeRO-Infinity: the optimizer states on NVMe, in chunks. */
   StowStateSwap *swap;
   /* The delayed update: the previous step's gradients (host gradients'
@@ -89,6 +88,9 @@ struct _CpuBackend
   gboolean delayed;
   guint8 *prev_grads;
   gboolean have_grads, apply_prev;
+  /* Program buffers in the pinned tier: bytes held now and the peak (a
+   * swap buffer counts as the ring buffer it takes). */
+  guint64 pinned_in_use, pinned_peak;
 };
 
 static double
@@ -131,6 +133,23 @@ is_swap_buffer (const StowBuffer *buf)
 {
   return buf->kind == STOW_BUF_STATES && !buf->persistent
          && buf->tier != STOW_TIER_DEVICE && buf->tier != STOW_TIER_NVME;
+}
+
+static void
+count_pinned (CpuBackend *b, const StowBuffer *buf, gboolean alloc)
+{
+  if (buf->tier != STOW_TIER_PINNED)
+    return;
+  guint64 n = is_swap_buffer (buf) && b->swap != NULL
+                  ? stow_state_swap_buffer_bytes (b->swap)
+                  : buf->bytes;
+  g_mutex_lock (&b->lock);
+  if (alloc)
+    b->pinned_in_use += n;
+  else
+    b->pinned_in_use -= MIN (n, b->pinned_in_use);
+  b->pinned_peak = MAX (b->pinned_peak, b->pinned_in_use);
+  g_mutex_unlock (&b->lock);
 }
 
 /* ---- the ops ---------------------------------------------------------------- */
@@ -537,6 +556,8 @@ alloc_buffer (CpuBackend *b, guint bi, GError **error)
   if (is_swap_buffer (buf) && b->swap != NULL)
     {
       b->map.addr[bi] = stow_state_swap_take (b->swap, buf->bytes, error);
+      if (b->map.addr[bi] != NULL)
+        count_pinned (b, buf, TRUE);
       return b->map.addr[bi] != NULL;
     }
   if (buf->tier != STOW_TIER_DEVICE)
@@ -551,6 +572,7 @@ alloc_buffer (CpuBackend *b, guint bi, GError **error)
                        stow_tier_name (buf->tier), buf->name, buf->bytes);
           return FALSE;
         }
+      count_pinned (b, buf, TRUE);
       return TRUE;
     }
   g_mutex_lock (&b->lock);
@@ -584,9 +606,15 @@ free_buffer (CpuBackend *b, guint bi)
   if (buf->slot >= 0 && buf->bytes == 0)
     ; /* a slot's occupant: the slot stays */
   else if (is_swap_buffer (buf) && b->swap != NULL)
-    stow_state_swap_give (b->swap, b->map.addr[bi]);
+    {
+      stow_state_swap_give (b->swap, b->map.addr[bi]);
+      count_pinned (b, buf, FALSE);
+    }
   else if (buf->tier != STOW_TIER_DEVICE)
-    g_free (b->map.addr[bi]);
+    {
+      g_free (b->map.addr[bi]);
+      count_pinned (b, buf, FALSE);
+    }
   else
     {
       g_mutex_lock (&b->lock);
@@ -795,7 +823,6 @@ cpu_destroy (StowBackend *bb)
     stow_state_swap_free (b->swap);
   stow_tensor_map_clear (&b->map);
   g_free (b->host_grads_held);
-  g_free (b->host_weights);
   g_free (b->prev_grads);
   g_free (b->recorded);
   g_free (b->op_start);
@@ -858,28 +885,6 @@ stow_backend_cpu_new (const StowCpuSetup *setup, GError **error)
       return NULL;
     }
   b->host_grads_held = g_new0 (gboolean, MAX (p->units->len, 1));
-  if (b->map.host_grads_buf != STOW_NONE
-      && b->map.host_params_buf == STOW_NONE)
-    {
-      /* ZeRO-Offload's host copy of the weights in the training dtype:
-       * CPU Adam writes it (fp32: it is the parameters Adam updates), the
-       * "updated up" copies read it. */
-      guint64 numel = 0;
-      for (guint u = 0; u < p->units->len; u++)
-        numel += unit_numel (b, u);
-      b->host_weights = g_try_malloc0 (MAX (numel * b->map.esize, 1));
-      if (b->host_weights == NULL)
-        {
-          g_set_error (error, STOW_BACKEND_ERROR,
-                       STOW_BACKEND_ERROR_OUT_OF_MEMORY,
-                       "the host copy of the weights (%" G_GUINT64_FORMAT
-                       " B): out of host memory",
-                       numel * b->map.esize);
-          cpu_destroy (&b->parent);
-          return NULL;
-        }
-      b->map.host_weights = b->host_weights;
-    }
   if (b->delayed)
     {
       guint64 numel = 0;
@@ -950,10 +955,10 @@ stow_backend_cpu_alloc_persistent (StowBackend *bb, GError **error)
   for (guint i = 0; i < b->n_buffers; i++)
     if (buf_of (b, i)->persistent && !alloc_buffer (b, i, error))
       return FALSE;
-  /* Streamed parameters: the program's host buffer is where the weights
-   * live, and what CPU Adam writes. */
-  if (b->map.host_params_buf != STOW_NONE)
-    b->map.host_weights = b->map.addr[b->map.host_params_buf];
+  /* The program's host buffer of the weights: what CPU Adam writes (and,
+   * streamed, where the weights live). */
+  if (b->map.host_weights_buf != STOW_NONE)
+    b->map.host_weights = b->map.addr[b->map.host_weights_buf];
   return TRUE;
 }
 
@@ -1003,7 +1008,21 @@ stow_backend_cpu_peak_bytes (StowBackend *bb)
 void
 stow_backend_cpu_reset_peak (StowBackend *bb)
 {
-  stow_arena_reset_peak (((CpuBackend *)bb)->arena);
+  CpuBackend *b = (CpuBackend *)bb;
+  stow_arena_reset_peak (b->arena);
+  g_mutex_lock (&b->lock);
+  b->pinned_peak = b->pinned_in_use;
+  g_mutex_unlock (&b->lock);
+}
+
+guint64
+stow_backend_cpu_pinned_peak_bytes (StowBackend *bb)
+{
+  CpuBackend *b = (CpuBackend *)bb;
+  g_mutex_lock (&b->lock);
+  guint64 n = b->pinned_peak;
+  g_mutex_unlock (&b->lock);
+  return n;
 }
 
 void *
@@ -1011,9 +1030,9 @@ stow_backend_cpu_weights (StowBackend *bb, guint unit)
 {
   CpuBackend *b = (CpuBackend *)bb;
   StowTensorMap *m = &b->map;
-  if (m->host_params_buf != STOW_NONE)
-    return m->addr[m->host_params_buf]
-               ? stow_tensor_map_unit (m, m->host_params_buf, unit)
+  if (m->weights_buf == STOW_NONE)
+    return m->addr[m->host_weights_buf]
+               ? stow_tensor_map_unit (m, m->host_weights_buf, unit)
                : NULL;
   return m->addr[m->weights_buf] ? stow_tensor_map_unit (m, m->weights_buf, unit)
                                  : NULL;
@@ -1089,21 +1108,21 @@ stow_backend_cpu_push (StowBackend *bb, GError **error)
   StowTensorMap *m = &b->map;
   if (b->swap != NULL && !stow_state_swap_flush (b->swap, error))
     return FALSE;
-  if (m->host_params_buf != STOW_NONE)
+  if (m->weights_buf == STOW_NONE)
     {
       /* The resident units take their weights from the host. */
       for (guint u = 0; u < b->p->units->len; u++)
         if (m->unit_weights[u] != STOW_NONE)
           memcpy (m->addr[m->unit_weights[u]],
-                  stow_tensor_map_unit (m, m->host_params_buf, u),
+                  stow_tensor_map_unit (m, m->host_weights_buf, u),
                   unit_numel (b, u) * m->esize);
       return TRUE;
     }
-  if (b->host_weights == NULL || m->addr[m->weights_buf] == NULL)
+  if (m->host_weights == NULL || m->addr[m->weights_buf] == NULL)
     return TRUE;
   guint64 numel = 0;
   for (guint u = 0; u < b->p->units->len; u++)
     numel += unit_numel (b, u);
-  memcpy (b->host_weights, m->addr[m->weights_buf], numel * m->esize);
+  memcpy (m->host_weights, m->addr[m->weights_buf], numel * m->esize);
   return TRUE;
 }

@@ -67,6 +67,9 @@ typedef struct
 void stow_backend_cpu_step_stats (StowBackend *cpu, StowStepStats *out);
 guint64 stow_backend_cpu_peak_bytes (StowBackend *cpu);
 void stow_backend_cpu_reset_peak (StowBackend *cpu);
+/* The peak of the program's pinned-tier buffers held at once (host memory
+ * on the cpu backend; a swap buffer counts as its ring buffer). */
+guint64 stow_backend_cpu_pinned_peak_bytes (StowBackend *cpu);
 
 /* The persistent tensors of @unit, for loading and saving: its weights
  * (program->weight_dtype), its fp32 master copy (NULL without one), its

@@ -28,6 +28,8 @@ struct _StowStateSwap
   StowPinnedPool *pool;
   void *ring[RING];
   gboolean ring_busy[RING];
+  guint n_ring;      /* min (RING, chunks): a chunk needs one at most */
+  guint64 slot_bytes; /* each ring buffer */
   GMutex lock;
   char *dirs; /* for messages */
   StowNvmeFault fault;
@@ -135,13 +137,15 @@ stow_state_swap_new (const StowTensorMap *map, const StowSwapSetup *setup,
    * than the ring. */
   guint64 slot = (sw->max_bytes + STOW_NVME_ALIGN - 1) / STOW_NVME_ALIGN
                  * STOW_NVME_ALIGN;
+  sw->slot_bytes = slot;
+  sw->n_ring = MIN (RING, sw->chunks->len);
   StowPinnedOptions po = { 0 };
-  po.slab_bytes = slot * RING;
+  po.slab_bytes = slot * sw->n_ring;
   po.numa_node = -1;
   po.no_cuda = TRUE;
   po.defer_pin = TRUE;
   sw->pool = stow_pinned_pool_new (&po);
-  for (guint i = 0; i < RING; i++)
+  for (guint i = 0; i < sw->n_ring; i++)
     {
       sw->ring[i] = stow_pinned_pool_alloc (sw->pool, slot, error);
       if (sw->ring[i] == NULL)
@@ -178,6 +182,12 @@ stow_state_swap_free (StowStateSwap *sw)
   g_free (sw);
 }
 
+guint64
+stow_state_swap_buffer_bytes (const StowStateSwap *sw)
+{
+  return sw->slot_bytes;
+}
+
 guint
 stow_state_swap_n_chunks (const StowStateSwap *sw)
 {
@@ -191,12 +201,12 @@ stow_state_swap_describe (const StowStateSwap *sw)
       = g_format_size_full (sw->max_bytes, G_FORMAT_SIZE_IEC_UNITS);
   g_autofree char *pool = stow_pinned_pool_describe (sw->pool);
   return g_strdup_printf (
-      "optimizer states on NVMe: %u chunk%s in %s (%s, %s), %d swap buffers "
+      "optimizer states on NVMe: %u chunk%s in %s (%s, %s), %u swap buffer%s "
       "of %s; %s",
       sw->chunks->len, sw->chunks->len == 1 ? "" : "s", sw->dirs,
       stow_nvme_engine_name (stow_nvme_store_get_engine (sw->store)),
-      stow_nvme_store_is_direct (sw->store) ? "O_DIRECT" : "buffered", RING,
-      buf, pool);
+      stow_nvme_store_is_direct (sw->store) ? "O_DIRECT" : "buffered",
+      sw->n_ring, sw->n_ring == 1 ? "" : "s", buf, pool);
 }
 
 /* ---- the ring ------------------------------------------------------------ */
@@ -214,7 +224,7 @@ stow_state_swap_take (StowStateSwap *sw, guint64 bytes, GError **error)
     }
   g_mutex_lock (&sw->lock);
   void *got = NULL;
-  for (guint i = 0; got == NULL && i < RING; i++)
+  for (guint i = 0; got == NULL && i < sw->n_ring; i++)
     if (!sw->ring_busy[i])
       {
         sw->ring_busy[i] = TRUE;
@@ -223,7 +233,8 @@ stow_state_swap_take (StowStateSwap *sw, guint64 bytes, GError **error)
   g_mutex_unlock (&sw->lock);
   if (got == NULL)
     g_set_error (error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_INVALID,
-                 "the program holds more than %d swap buffers at once", RING);
+                 "the program holds more than %u swap buffers at once",
+                 sw->n_ring);
   return got;
 }
 

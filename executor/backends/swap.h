@@ -45,6 +45,8 @@ guint stow_state_swap_n_chunks (const StowStateSwap *sw);
 /* "swap files: 2 in /a,/b (io_uring, O_DIRECT), 3 buffers of 1.2 MiB" */
 char *stow_state_swap_describe (const StowStateSwap *sw);
 
+/* Bytes of one ring buffer (the largest chunk, page-rounded). */
+guint64 stow_state_swap_buffer_bytes (const StowStateSwap *sw);
 /* A ring buffer for a "swap buffer" allocation of @bytes, or NULL with
  * STOW_BACKEND_ERROR_INVALID when the program holds more than the ring. */
 void *stow_state_swap_take (StowStateSwap *sw, guint64 bytes, GError **error);

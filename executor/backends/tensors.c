@@ -196,7 +196,7 @@ index_buffers (StowTensorMap *m, const char *backend, GError **error)
   for (guint i = 0; i < nm; i++)
     m->input_of[i] = STOW_NONE;
   m->weights_buf = m->grads_buf = m->master_buf = m->states_buf = STOW_NONE;
-  m->host_grads_buf = m->host_params_buf = STOW_NONE;
+  m->host_grads_buf = m->host_weights_buf = STOW_NONE;
   m->unit_weights = g_new (guint, MAX (p->units->len, 1));
   for (guint u = 0; u < p->units->len; u++)
     m->unit_weights[u] = STOW_NONE;
@@ -256,10 +256,11 @@ index_buffers (StowTensorMap *m, const char *backend, GError **error)
               && buf->tier != STOW_TIER_NVME && buf->unit_first == 0
               && buf->n_units == p->units->len)
             {
-              /* The offloaded parameters: where the weights live. */
+              /* The offloaded parameters, or the host copy CPU Adam
+               * writes. */
               ok = check_size (backend, buf, units_numel (m, buf) * m->esize,
                                error);
-              m->host_params_buf = i;
+              m->host_weights_buf = i;
               break;
             }
           /* fall through */
@@ -359,9 +360,9 @@ index_buffers (StowTensorMap *m, const char *backend, GError **error)
         return FALSE;
       }
   gboolean offloaded = m->host_grads_buf != STOW_NONE;
-  gboolean streamed = m->host_params_buf != STOW_NONE;
-  if ((m->weights_buf == STOW_NONE) != streamed || m->states_buf == STOW_NONE
-      || (streamed && !offloaded)
+  gboolean streamed = m->weights_buf == STOW_NONE;
+  if ((offloaded && m->host_weights_buf == STOW_NONE)
+      || m->states_buf == STOW_NONE || (streamed && !offloaded)
       || (offloaded ? m->grads_buf != STOW_NONE || m->slot_buf[2] == STOW_NONE
                     : m->grads_buf == STOW_NONE)
       || (p->master_weights && !m->states_master && m->master_buf == STOW_NONE))

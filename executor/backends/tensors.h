@@ -41,11 +41,12 @@ typedef struct
    * states_buf is the host STATES buffer, per unit its master (with
    * master weights), m and v. */
   guint host_grads_buf;
-  /* Streamed parameters (ZeRO-3 with --offload-params): the host buffer
-   * where every unit's weights live (weights_buf is then STOW_NONE), and
-   * [unit] the device buffer of a unit resident on the device, or
-   * STOW_NONE (streamed through the layer slots). */
-  guint host_params_buf;
+  /* The host buffer of every unit's weights: with streamed parameters
+   * (ZeRO-3 with --offload-params; weights_buf is then STOW_NONE) where
+   * they live, with an offloaded optimizer the copy CPU Adam writes.
+   * [unit]: the device buffer of a unit resident on the device while the
+   * others stream through the layer slots, or STOW_NONE. */
+  guint host_weights_buf;
   guint *unit_weights;
   gboolean states_master; /* states_buf holds the master weights too */
   /* ZeRO-Infinity: states_buf lives on NVMe (no address; the backend
