@@ -156,6 +156,12 @@ NAME_FUNCS (offload, StowOffload, offload_names)
 NAME_FUNCS (schedule, StowSchedule, schedule_names)
 NAME_FUNCS (engine, StowEngine, engine_names)
 
+gboolean
+stow_engine_is_mcore (StowEngine e)
+{
+  return e == STOW_ENGINE_MEGATRON;
+}
+
 const char *
 stow_recompute_name (StowRecompute v)
 {

@@ -298,12 +298,31 @@ residual_bytes (const StowTraining *t, const StowLayout *l)
  * the fp32 copy the cross-entropy takes and its gradient (4 + 4 B).  A
  * chunked loss (torchtune's compiled chunked cross-entropy) fuses the
  * upcast into the loss and runs its backward a chunk of eight at a time:
- * the logits plus one chunk's gradient. */
+ * the logits plus one chunk's gradient.
+ *
+ * Megatron-core's vocab-parallel cross-entropy (fused or not) works in
+ * place: its forward takes one fp32 copy of the logits, exponentiates it
+ * in place and saves it as the softmax; its backward turns that softmax
+ * into the gradient in place and hands back an e-byte copy (Megatron-LM
+ * core_r0.8.0, megatron/core/tensor_parallel/cross_entropy.py:
+ * calculate_logits_max's .float(), torch.exp (out=exp_logits),
+ * grad_input = softmax; megatron/core/fusions/fused_cross_entropy.py,
+ * NeMo 24.07's cross_entropy_loss_fusion).  Either pass holds e + 4 B a
+ * logit at its peak.  The in-place subtraction came with core_r0.8.0
+ * (Megatron-LM 9634c0e4a3, June 2024; NeMo 2.0.0rc1's pin 338af51 has it).
+ * fp32 runs keep the general count: the one measured fp32 Megatron run
+ * (bigcode's 2023 fork, test-memory's /memory/calibration/bigcode-gpt)
+ * predates it, and no fp32 run of core_r0.8.0 is at hand to check its
+ * 4 B (where .float() returns the logits themselves). */
 static double
-logits_element_bytes (const StowTraining *t)
+logits_element_bytes (const StowTraining *t, const StowLayout *l)
 {
   double e = activation_bytes (t);
-  return t->chunked_loss ? e * (1.0 + 1.0 / 8.0) : e + 8.0;
+  if (t->chunked_loss)
+    return e * (1.0 + 1.0 / 8.0);
+  if (stow_engine_is_mcore (l->engine) && e < 4.0)
+    return e + 4.0;
+  return e + 8.0;
 }
 
 /* The stowage engine's output layer and cross-entropy run fused, a chunk
@@ -638,7 +657,7 @@ stow_mem_end_sizes (const StowModel *m, const StowTraining *t,
   *input = (guint64)llround (8.0 * s_in * b)
            + (guint64)llround (r * (double)sbh / spdiv);
   guint64 sbv = (guint64)llround (s_out * b * (double)m->vocab / l->tp);
-  *logits = stow_bytes (sbv, logits_element_bytes (t));
+  *logits = stow_bytes (sbv, logits_element_bytes (t, l));
   *loss_grad = (guint64)llround (r * s_out * b * h) / spdiv;
   if (fused_loss (t, l))
     {
@@ -774,7 +793,7 @@ typedef StowStageParams StageParams;
 static guint64
 padded_vocab (const StowModel *m, const StowLayout *l, const StowMemOptions *o)
 {
-  if (l->engine != STOW_ENGINE_MEGATRON || o->vocab_multiple == 0)
+  if (!stow_engine_is_mcore (l->engine) || o->vocab_multiple == 0)
     return m->vocab;
   guint64 mult = o->vocab_multiple * l->tp;
   return (m->vocab + mult - 1) / mult * mult;
@@ -853,7 +872,7 @@ stage_params (const StowModel *m, const StowTraining *t, const StowLayout *l,
       p.max_layer = MAX (p.max_layer, on_gpu);
     }
   guint64 emb = m->embedding_params;
-  if (l->engine == STOW_ENGINE_MEGATRON)
+  if (stow_engine_is_mcore (l->engine))
     emb += (padded_vocab (m, l, o) - m->vocab) * m->hidden;
   p.max_unit = p.max_layer;
   if (p.first)
@@ -898,7 +917,12 @@ stage_params (const StowModel *m, const StowTraining *t, const StowLayout *l,
   return p;
 }
 
-/* Data-parallel ranks that ZeRO shards over. */
+/* Data-parallel ranks that ZeRO shards over: dp x cp, the group the
+ * engines build with context parallelism folded in (Megatron-LM
+ * core_r0.8.0's DistributedOptimizer takes get_data_parallel_group
+ * (with_context_parallel=True), megatron/core/optimizer/__init__.py;
+ * NeMo 2.0.0rc1's distributed Adam the same group,
+ * nemo/core/optim/distributed_adam.py). */
 static guint64
 shard_degree (const StowLayout *l, const StowCluster *c)
 {
@@ -1116,7 +1140,13 @@ model_states (Model *ms, const StageParams *p, GArray *dev,
         b.w = 4, b.g = 4, b.master = 0;
       break;
     case STOW_ENGINE_MEGATRON:
-      b.g = 4; /* fp32 main-grad buffer, full size even with dist-opt */
+      /* Megatron-LM core_r0.8.0 turns --accumulate-allreduce-grads-in-fp32
+       * on for --bf16 (megatron/training/arguments.py), which its DDP
+       * takes as grad_reduce_in_fp32: the grad buffer holds fp32 main
+       * grads (megatron/core/distributed/distributed_data_parallel.py),
+       * full size with the distributed optimizer too, which
+       * reduce-scatters inside it. */
+      b.g = 4;
       gdiv = 1;
       break;
     case STOW_ENGINE_DEEPSPEED:
@@ -1475,7 +1505,7 @@ activations (Model *ms, const StageParams *p, guint stage, GArray *dev,
     }
   if (p->last && !m->no_lm_head)
     {
-      double per = logits_element_bytes (t);
+      double per = logits_element_bytes (t, l);
       /* GPipe runs every forward before any backward, so the last stage
        * keeps every micro-batch's logits until its backward (found by the
        * simulator); 1F1B's last stage runs each backward right after.

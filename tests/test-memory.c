@@ -1411,6 +1411,112 @@ test_moe_deepseek_v3_bound (void)
     }
 }
 
+/* ---- Engine defaults: Megatron-core and NeMo (issue 23) ---------------- */
+
+/* Llama 3 8B (meta-llama/Meta-Llama-3-8B config.json): h 4096, 32 layers
+ * of 32 query heads and 8 KV heads of 128, ffn 14,336, vocabulary 128,256
+ * (a multiple of 128: Megatron pads none), 8,030,261,248 parameters.  A
+ * layer's linears hold 2 h^2 + 2 h (8 x 128) + 3 h f = 218,103,808. */
+#define L3_PARAMS 8030261248ull
+#define L3_LINEAR (32ull * 218103808ull)
+#define L3_H      4096.0
+#define L3_F      14336.0
+#define L3_V      128256ull
+
+/* NeMo 24.07's Llama 3 8B run (NVIDIA/NeMo docs/source/performance/
+ * performance_summary.md at 9c5c5e9709, NeMo-Framework-Launcher 24.07
+ * examples/training/llama/h100/llama3_8b_fp8.sh): 8 H100, tp 1, pp 1,
+ * cp 2, dp 4, micro-batch 1, global batch 128, sequence 8192, no
+ * recomputation, the distributed optimizer. */
+static void
+llama3_8b_run (StowTraining *t, StowLayout *l, StowMemOptions *o,
+               StowEngine engine, StowPrecision precision)
+{
+  stow_test_defaults (t, l, o);
+  t->precision = precision;
+  t->seq_len = 8192;
+  t->global_batch = 128;
+  l->engine = engine;
+  l->dp = 4, l->cp = 2, l->zero = 1;
+  l->micro_batch = 1, l->grad_accum = 32;
+}
+
+/* ZeRO's shard: the distributed optimizers shard over dp x cp. */
+static guint64
+l3_shard (guint64 n)
+{
+  return (L3_PARAMS + n - 1) / n;
+}
+
+/* Megatron-core's vocab-parallel cross-entropy takes one fp32 copy of the
+ * logits and works in place on it (core_r0.8.0, 9634c0e4a3): 2 + 4 B a
+ * logit at either pass's peak, not the 2 + 4 + 4 of a loss that keeps an
+ * fp32 gradient apart.  Without recomputation the "logits and loss" term
+ * keeps what the logits add beyond the working set of the last layer's
+ * backward, so the two add up to the logits.  fp32 keeps the general
+ * count (the bigcode rows calibrate it). */
+static void
+test_mcore_cross_entropy (void)
+{
+  g_autoptr (StowModel) m = stow_test_model ("llama-3-8b");
+  g_autoptr (StowCluster) c = stow_test_cluster ("8xH100-SXM");
+  static const struct
+  {
+    StowEngine engine;
+    StowPrecision precision;
+    guint64 bytes_per_logit;
+  } rows[] = {
+    { STOW_ENGINE_MEGATRON, STOW_PRECISION_BF16, 6 },
+    { STOW_ENGINE_MEGATRON, STOW_PRECISION_FP32, 12 },
+    { STOW_ENGINE_FSDP, STOW_PRECISION_BF16, 10 },
+  };
+  guint64 logits = 8192 / 2 * L3_V; /* s / cp x b x V */
+  for (gsize i = 0; i < G_N_ELEMENTS (rows); i++)
+    {
+      StowTraining t;
+      StowLayout l;
+      StowMemOptions o;
+      llama3_8b_run (&t, &l, &o, rows[i].engine, rows[i].precision);
+      if (rows[i].engine == STOW_ENGINE_FSDP)
+        l.zero = 3;
+      g_autoptr (StowMemory) mem = estimate (m, c, &t, &l, &o);
+      GArray *terms = mem->stages[0].terms;
+      g_assert_cmpuint (term_bytes (terms, "logits and loss")
+                            + term_bytes (terms, "backward working set"),
+                        ==, rows[i].bytes_per_logit * logits);
+    }
+}
+
+/* The distributed optimizers shard over the data-parallel ranks with
+ * context parallelism folded in: Megatron-LM core_r0.8.0 hands its
+ * DistributedOptimizer get_data_parallel_group (with_context_parallel=
+ * True) (megatron/core/optimizer/__init__.py), NeMo's
+ * MegatronDistributedFusedAdam takes the same group
+ * (nemo/core/optim/distributed_adam.py, 2.0.0rc1).  dp 4 x cp 2 shards
+ * like dp 8. */
+static void
+test_mcore_shards_over_dp_cp (void)
+{
+  g_autoptr (StowModel) m = stow_test_model ("llama-3-8b");
+  g_autoptr (StowCluster) c = stow_test_cluster ("8xH100-SXM");
+  g_assert_cmpuint (m->params, ==, L3_PARAMS);
+  static const StowEngine engines[] = { STOW_ENGINE_MEGATRON };
+  for (gsize e = 0; e < G_N_ELEMENTS (engines); e++)
+    {
+      StowTraining t;
+      StowLayout l;
+      StowMemOptions o;
+      llama3_8b_run (&t, &l, &o, engines[e], STOW_PRECISION_BF16);
+      g_autoptr (StowMemory) cp2 = estimate (m, c, &t, &l, &o);
+      g_assert_cmpuint (term_bytes (cp2->stages[0].terms, "optimizer states"),
+                        ==, 8 * l3_shard (8));
+      l.dp = 8, l.cp = 1, l.grad_accum = 16;
+      g_autoptr (StowMemory) dp8 = estimate (m, c, &t, &l, &o);
+      g_assert_cmpuint (term_bytes (dp8->stages[0].terms, "optimizer states"),
+                        ==, 8 * l3_shard (8));
+    }
+}
+
 static void
 test_properties (void)
 {
@@ -1622,6 +1728,9 @@ main (int argc, char **argv)
   g_test_add_func ("/memory/moe/expert-data-parallel",
                    test_moe_expert_data_parallel);
   g_test_add_func ("/memory/moe/deepseek-v3", test_moe_deepseek_v3_bound);
+  g_test_add_func ("/memory/mcore/cross-entropy", test_mcore_cross_entropy);
+  g_test_add_func ("/memory/mcore/shards-over-dp-cp",
+                   test_mcore_shards_over_dp_cp);
   g_test_add_func ("/memory/properties", test_properties);
   g_test_add_func ("/memory/no-overflow", test_no_overflow);
   g_test_add_func ("/memory/validation", test_validation_errors);
