@@ -373,6 +373,17 @@ eager_modules (const StowTraining *t, const StowLayout *l)
              || l->engine == STOW_ENGINE_FSDP);
 }
 
+/* Whether the layers are Transformer Engine modules running fp8 GEMMs:
+ * Megatron-core's TE layer spec (Megatron-LM core_r0.8.0 defaults to
+ * --transformer-impl transformer_engine; NeMo 24.07's recipes set
+ * transformer_engine: true) under --precision fp8, full fine-tuning. */
+static gboolean
+te_fp8_layers (const StowTraining *t, const StowLayout *l)
+{
+  return stow_engine_is_mcore (l->engine) && t->precision == STOW_PRECISION_FP8
+         && t->finetune == STOW_FINETUNE_FULL;
+}
+
 /* Rotary embeddings on q and k: decoder-only models without learned
  * positions, but not BLOOM (ALiBi) nor MLA, whose rotary part is small. */
 static gboolean
@@ -441,13 +452,26 @@ layer_activation_parts (const StowModel *m, const StowTraining *t,
   double r = residual_bytes (t, l);
   gboolean eager = eager_modules (t, l);
   gboolean ac = autocast (t, l);
+  /* Transformer Engine's fp8 linears save their input for the weight
+   * gradient as the fp8 cast the forward GEMM read, 1 B an element:
+   * te.Linear keeps inputmat (or its fp8 transpose), te.LayerNormLinear
+   * writes its norm's output straight to fp8 (ln_out_dtype uint8) and
+   * keeps that (TransformerEngine v1.8, transformer_engine/pytorch/module/
+   * linear.py and layernorm_linear.py; NeMo 2.0.0rc1 pins 7d576ed, in
+   * v1.8).  So the QKV and fc1 inputs (the norms' outputs) and fc2's input
+   * (the activation's output) cost 1 B; the attention output, which the
+   * attention kernel keeps in 16 bits, gains the projection's fp8 copy. */
+  gboolean te_fp8 = te_fp8_layers (t, l);
+  double lin = te_fp8 ? 1.0 : e; /* a linear's saved input, per element */
   /* A gated MLP keeps the gate's output, the up projection's and their
    * product; eager, the activation's output too (silu(g) apart from g).
    * Eager "gelu_new" is HF's Python formula 0.5 x (1 + tanh(c (x + 0.044715
-   * x^3))): autograd keeps the tanh, 0.5 x and 1 + tanh besides x. */
+   * x^3))): autograd keeps the tanh, 0.5 x and 1 + tanh besides x.  The
+   * last of them is fc2's (down's) input. */
   double mlp_mats = m->gated_mlp ? (eager ? 4.0 : 3.0) : 2.0;
   if (eager && m->gelu_new)
     mlp_mats += 3.0;
+  double mlp_per_f = (mlp_mats - 1.0) * e + lin; /* bytes per ffn element */
   double mlp_inner;
 
   if (m->qk_nope_head_dim + m->qk_rope_head_dim > 0)
@@ -464,20 +488,20 @@ layer_activation_parts (const StowModel *m, const StowTraining *t,
        * MLPs' tensors are top-k times those of one MLP of width moe_ffn
        * (mixtral: ffn), plus the shared experts as a dense MLP. */
       double fe = (double)(m->moe_ffn ? m->moe_ffn : m->ffn);
-      double per = mlp_mats * e * fe;
-      mlp_inner = (double)m->experts_per_token * (e * h + per)
+      double per = mlp_per_f * fe;
+      mlp_inner = (double)m->experts_per_token * (lin * h + per)
                   + (double)m->n_shared_experts * per
                   + 4.0 * (double)m->n_experts; /* fp32 router logits */
     }
   else
     {
       double f = (double)m->ffn;
-      mlp_inner = mlp_mats * e * f;
+      mlp_inner = mlp_per_f * f;
     }
 
   /* Replicated under plain TP: two norm inputs (the residual stream), the
    * QKV and MLP inputs, two dropout masks (1 byte each). */
-  double replicated = (2.0 * r + 2.0 * e + 2.0 * drop) * h;
+  double replicated = (2.0 * r + 2.0 * lin + 2.0 * drop) * h;
   if (eager && ac)
     /* Eager autocast keeps one 16-bit copy of the norm's output per linear
      * that reads it: q, k and v apart, or gate and up. */
@@ -487,6 +511,8 @@ layer_activation_parts (const StowModel *m, const StowTraining *t,
   /* Split by TP: Q, K, V, the attention output feeding o_proj, and the
    * MLP's inner tensors. */
   double split = e * (a * dq + k * dq + k * dv) + e * a * dv + mlp_inner;
+  if (te_fp8)
+    split += a * dv; /* o_proj's fp8 copy of the attention output */
   if (m->ffn_dropout && drop > 0)
     split += (double)m->ffn; /* T5: the mask of the dropout inside the MLP */
   if (eager)
@@ -602,7 +628,14 @@ stow_memory_layer_activations (const StowModel *m, const StowTraining *t,
                                const StowLayout *l)
 {
   guint64 block, core;
-  layer_activation_parts (m, t, l, LAYER_DENSE, &block, &core);
+  /* The time model reads this as the layer's element-wise traffic, which
+   * Transformer Engine's fp8 copies of the linear inputs do not shrink
+   * (their casts add to it): it counts the tensors at 16 bits, as a bf16
+   * run saves them.  The memory totals charge the fp8 copies. */
+  StowTraining t16 = *t;
+  if (te_fp8_layers (t, l))
+    t16.precision = STOW_PRECISION_BF16;
+  layer_activation_parts (m, &t16, l, LAYER_DENSE, &block, &core);
   if (l->recompute == STOW_RECOMPUTE_SELECTIVE && !t->flash_attention)
     core = 0;
   return block + core;
@@ -1037,6 +1070,56 @@ typedef struct
   guint64 after_forward;
 } Model;
 
+/* Transformer Engine state an fp8 run keeps beside the bf16 weights.
+ *
+ * Weight caches: Megatron-core's TE wrappers pass is_first_microbatch to
+ * every linear unless disable_parameter_transpose_cache is set (default
+ * False; megatron/core/transformer/custom_layers/transformer_engine.py,
+ * Megatron-LM core_r0.8.0, and 338af51, the commit NeMo 2.0.0rc1 pins),
+ * and the schedules set it for each step's first micro-batch
+ * (pipeline_parallel/schedules.py, set_is_first_microbatch).  TE then casts
+ * each weight once a step into a workspace it keeps (get_fp8_workspace,
+ * cache_name "weight"), with its transpose for the backward's dgrad GEMM
+ * (with_transpose while grad is enabled): 1 + 1 B per parameter of every
+ * TE linear, i.e. the layers' linear weights (TransformerEngine v1.8,
+ * transformer_engine/pytorch/module/linear.py and base.py).  The
+ * embedding and the output layer are not TE modules and stay bf16.
+ *
+ * Scaling state: each TE module keeps an amax history of amax_history_len
+ * rows and a scale and scale_inv per fp8 tensor, 3 per GEMM forward
+ * (input, weight, output) and 2 backward, in fp32 (base.py
+ * set_meta_tensor).  Megatron-LM's --fp8-amax-history-len defaults to 1
+ * (core_r0.8.0 arguments.py): a few KiB. */
+static void
+te_fp8_state (Model *ms, const StageParams *p, GArray *dev)
+{
+  const StowModel *m = ms->m;
+  const StowLayout *l = ms->l;
+  stow_mem_add (dev, "fp8 weight caches", stow_bytes (p->linear, 2.0),
+                STOW_TIER_DEVICE,
+                "(1 B fp8 + 1 B fp8 transpose) x %" G_GUINT64_FORMAT
+                " linear params (Transformer Engine's cached casts)",
+                p->linear);
+  /* GEMMs in the stage's TE modules: qkv, proj, fc1, fc2 per layer; an
+   * MoE layer's fc1 and fc2 per local and shared expert. */
+  guint64 gemms = 0;
+  for (guint64 i = p->first_layer; i < p->first_layer + p->layers; i++)
+    {
+      guint64 local = MAX (m->n_experts / MAX (l->ep, 1), 1);
+      if (m->layers[i].is_moe && m->n_experts > 0)
+        gemms += 2 + 2 * (local + m->n_shared_experts);
+      else
+        gemms += 4;
+    }
+  guint64 hist = 1; /* Megatron-LM's --fp8-amax-history-len */
+  stow_mem_add (dev, "fp8 scaling state", gemms * 5 * (hist + 2) * 4,
+                STOW_TIER_DEVICE,
+                "%" G_GUINT64_FORMAT
+                " GEMMs x 5 fp8 tensors x (amax history %" G_GUINT64_FORMAT
+                " + scale + scale_inv) x 4 B",
+                gemms, hist);
+}
+
 /* Model states of one stage: weights, gradients, master weights and
  * optimizer states on the device, or offloaded. */
 static void
@@ -1156,6 +1239,11 @@ model_states (Model *ms, const StageParams *p, GArray *dev,
     case STOW_ENGINE_STOWAGE:
       break;
     }
+  /* Megatron-core keeps its parameters in bf16 under fp8 (no
+   * --fp8-param-gather); Transformer Engine's fp8 copies are charged
+   * apart (te_fp8_state). */
+  if (te_fp8_layers (t, l))
+    b.w = 2;
 
   /* Weights on the device.  Offloaded parameters keep no resident copy:
    * the working set they are gathered into is the engine's buffer. */
@@ -1196,6 +1284,8 @@ model_states (Model *ms, const StageParams *p, GArray *dev,
         dev, "parameters", stow_bytes (sharded_params (l, N, E, wdiv), b.w),
         STOW_TIER_DEVICE, "%.4g B x %s", b.w,
         params_desc (dev, pbuf, sizeof pbuf, l, N, E, wdiv, SHARDS_IF_SPLIT));
+  if (te_fp8_layers (t, l))
+    te_fp8_state (ms, p, dev);
 
   /* Gradients on the device.  A layer's full gradients exist before they
    * are reduce-scattered (ZeRO >= 2) or copied to the host (offload): two
@@ -1399,6 +1489,16 @@ activations (Model *ms, const StageParams *p, guint stage, GArray *dev,
       if (l->recompute == STOW_RECOMPUTE_SELECTIVE && !t->flash_attention)
         core = 0;
       kind_block[k] = block;
+      if (te_fp8_layers (t, l))
+        {
+          /* The gradients of the activations are 16-bit where TE saved
+           * fp8 copies of them: size the working set as in bf16. */
+          StowTraining t16 = *t;
+          guint64 core16;
+          t16.precision = STOW_PRECISION_BF16;
+          layer_activation_parts (m, &t16, l, (LayerKind)k, &kind_block[k],
+                                  &core16);
+        }
       kind_bytes[k] = block + core;
     }
   double mb = in_flight (l, stage);

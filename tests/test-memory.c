@@ -1467,6 +1467,7 @@ test_mcore_cross_entropy (void)
     guint64 bytes_per_logit;
   } rows[] = {
     { STOW_ENGINE_MEGATRON, STOW_PRECISION_BF16, 6 },
+    { STOW_ENGINE_MEGATRON, STOW_PRECISION_FP8, 6 },
     { STOW_ENGINE_MEGATRON, STOW_PRECISION_FP32, 12 },
     { STOW_ENGINE_FSDP, STOW_PRECISION_BF16, 10 },
   };
@@ -1514,6 +1515,65 @@ test_mcore_shards_over_dp_cp (void)
       g_autoptr (StowMemory) dp8 = estimate (m, c, &t, &l, &o);
       g_assert_cmpuint (term_bytes (dp8->stages[0].terms, "optimizer states"),
                         ==, 8 * l3_shard (8));
+    }
+}
+
+/* Transformer Engine under fp8, as Megatron-core runs it (TE v1.8,
+ * Megatron-LM core_r0.8.0): bf16 parameters; a cached fp8 copy of every
+ * TE linear's weight and of its transpose, 2 B per linear parameter
+ * (get_fp8_workspace, cache_name "weight", with_transpose); an amax
+ * history per fp8 tensor (5 per GEMM: Megatron-LM's length 1, NeMo's
+ * 1024), plus scale and scale_inv; and the linears' inputs saved as fp8.
+ *
+ * Per token and layer in bf16 (flash attention): two norm inputs 4 h,
+ * the qkv and fc1 inputs 2 h + 2 h, q 2 h, k and v 2 x 2 x 1024 = h, the
+ * attention output 2 h, gate, up and their product 3 x 2 f, and a fp32
+ * log-sum-exp per head, 4 a: 13 h + 6 f + 128 B.  Under fp8 the qkv and
+ * fc1 inputs and the product (fc2's input) cost 1 B an element and
+ * o_proj keeps a 1-B copy beside the attention kernel's 16-bit output:
+ * 12 h + 5 f + 128 B.  4,096 tokens a GPU (cp 2), 32 layers. */
+static void
+test_mcore_fp8_transformer_engine (void)
+{
+  g_autoptr (StowModel) m = stow_test_model ("llama-3-8b");
+  g_autoptr (StowCluster) c = stow_test_cluster ("8xH100-SXM");
+  const double tokens = 4096.0 * 32.0;
+  const guint64 act_bf16 = (guint64)(tokens * (13 * L3_H + 6 * L3_F + 128));
+  const guint64 act_fp8 = (guint64)(tokens * (12 * L3_H + 5 * L3_F + 128));
+  static const struct
+  {
+    StowEngine engine;
+    guint64 amax_history;
+  } rows[] = { { STOW_ENGINE_MEGATRON, 1 } };
+  for (gsize i = 0; i < G_N_ELEMENTS (rows); i++)
+    {
+      StowTraining t;
+      StowLayout l;
+      StowMemOptions o;
+      llama3_8b_run (&t, &l, &o, rows[i].engine, STOW_PRECISION_BF16);
+      g_autoptr (StowMemory) bf16 = estimate (m, c, &t, &l, &o);
+      guint64 layer16 = stow_memory_layer_activations (m, &t, &l);
+      t.precision = STOW_PRECISION_FP8;
+      g_autoptr (StowMemory) fp8 = estimate (m, c, &t, &l, &o);
+      GArray *terms = fp8->stages[0].terms;
+      g_assert_cmpuint (term_bytes (terms, "parameters"), ==, 2 * L3_PARAMS);
+      /* stowage spreads the final norm's 4,096 parameters over the
+       * layers' norms, so it counts that many fewer linear ones. */
+      guint64 caches = term_bytes (terms, "fp8 weight caches");
+      g_assert_cmpuint (caches, <=, 2 * L3_LINEAR);
+      g_assert_cmpuint (caches, >=, 2 * (L3_LINEAR - 4096));
+      g_assert_cmpuint (term_bytes (terms, "fp8 scaling state"), ==,
+                        32 * 4 * 5 * (rows[i].amax_history + 2) * 4);
+      g_assert_cmpuint (term_bytes (bf16->stages[0].terms, "activations"), ==,
+                        act_bf16);
+      g_assert_cmpuint (term_bytes (terms, "activations"), ==, act_fp8);
+      /* The time model reads a layer's activations as its element-wise
+       * traffic, which the fp8 copies do not shrink. */
+      g_assert_cmpuint (stow_memory_layer_activations (m, &t, &l), ==, layer16);
+      /* The backward's working set holds 16-bit activation gradients. */
+      g_assert_cmpuint (
+          term_bytes (terms, "backward working set"), ==,
+          term_bytes (bf16->stages[0].terms, "backward working set"));
     }
 }
 
@@ -1731,6 +1791,8 @@ main (int argc, char **argv)
   g_test_add_func ("/memory/mcore/cross-entropy", test_mcore_cross_entropy);
   g_test_add_func ("/memory/mcore/shards-over-dp-cp",
                    test_mcore_shards_over_dp_cp);
+  g_test_add_func ("/memory/mcore/fp8-transformer-engine",
+                   test_mcore_fp8_transformer_engine);
   g_test_add_func ("/memory/properties", test_properties);
   g_test_add_func ("/memory/no-overflow", test_no_overflow);
   g_test_add_func ("/memory/validation", test_validation_errors);
