@@ -1089,7 +1089,9 @@ typedef struct
  * rows and a scale and scale_inv per fp8 tensor, 3 per GEMM forward
  * (input, weight, output) and 2 backward, in fp32 (base.py
  * set_meta_tensor).  Megatron-LM's --fp8-amax-history-len defaults to 1
- * (core_r0.8.0 arguments.py): a few KiB. */
+ * (core_r0.8.0 arguments.py); NeMo's recipes set fp8_amax_history_len
+ * 1024 (NeMo-Framework-Launcher 24.07, the gpt3 and llama training
+ * configs).  A few MiB. */
 static void
 te_fp8_state (Model *ms, const StageParams *p, GArray *dev)
 {
@@ -1111,7 +1113,7 @@ te_fp8_state (Model *ms, const StageParams *p, GArray *dev)
       else
         gemms += 4;
     }
-  guint64 hist = 1; /* Megatron-LM's --fp8-amax-history-len */
+  guint64 hist = l->engine == STOW_ENGINE_NEMO ? 1024 : 1;
   stow_mem_add (dev, "fp8 scaling state", gemms * 5 * (hist + 2) * 4,
                 STOW_TIER_DEVICE,
                 "%" G_GUINT64_FORMAT
@@ -1139,6 +1141,7 @@ model_states (Model *ms, const StageParams *p, GArray *dev,
   guint64 wdiv = z >= 3 ? n : 1, gdiv = z >= 2 ? n : 1, odiv = z >= 1 ? n : 1;
   gboolean off_opt = l->offload_optimizer != STOW_OFFLOAD_NONE;
   gboolean off_par = l->offload_params != STOW_OFFLOAD_NONE;
+  gboolean dfa_grad_shards = FALSE; /* NeMo's distributed Adam */
   GArray *host = charge_host ? ms->host : NULL;
   GArray *nvme = charge_host ? ms->nvme : NULL;
   char sbuf[48], pbuf[160];
@@ -1231,6 +1234,36 @@ model_states (Model *ms, const StageParams *p, GArray *dev,
        * reduce-scatters inside it. */
       b.g = 4;
       gdiv = 1;
+      break;
+    case STOW_ENGINE_NEMO:
+      gdiv = 1;
+      if (z == 0 || !mixed_over_fp32 (t))
+        {
+          /* Without distributed Adam, megatron_amp_O2 wraps the optimizer
+           * in MainParamsOptimizerWrapper with fp32_grad_accum for bf16
+           * (NeMo 2.0.0rc1, megatron_base_model.py configure_optimizers):
+           * fp32 main grads, as Megatron-LM. */
+          b.g = 4;
+          break;
+        }
+      /* --zero 1 is NeMo's distributed_fused_adam, Apex's
+       * DistributedFusedAdam (nemo/core/optim/distributed_adam.py; apex
+       * 810ffae, the commit NeMo 2.0.0rc1's Dockerfile.ci pins).  Every
+       * GPT and Llama recipe of NeMo-Framework-Launcher 24.07 (the
+       * scripts in examples/training/gpt/h100 and llama/h100, and
+       * conf/training/gpt3/175b_fp8.yaml) sets optim.grad_sync_dtype=bf16
+       * and contiguous_grad_buffer: the whole model's gradients sit in
+       * one bf16 buffer (_init_grad_buffer), and each bucket's
+       * reduce-scattered shard is kept, in bf16 too, until the step
+       * (grads_shard).  For a bf16 model under an fp32 optimizer NeMo
+       * turns store_params off and store_param_remainders on
+       * (megatron_base_model.py setup_optimization): the fp32 master is
+       * the bf16 weight plus an int16 remainder, 2 B a parameter, sharded
+       * with the Adam moments. */
+      b.g = 2;
+      dfa_grad_shards = TRUE;
+      if (t->precision != STOW_PRECISION_FP16)
+        b.master = 2;
       break;
     case STOW_ENGINE_DEEPSPEED:
       /* DeepSpeed upcasts gradients into an fp32 partition before the
@@ -1345,6 +1378,13 @@ model_states (Model *ms, const StageParams *p, GArray *dev,
         STOW_TIER_DEVICE,
         "4 B x %s (DeepSpeed upcasts gradients before the step)",
         params_desc (dev, pbuf, sizeof pbuf, l, N, E, odiv, SHARDS_BARE));
+  if (dfa_grad_shards && !off_opt)
+    stow_mem_add (
+        dev, "gradient shards",
+        stow_bytes (sharded_params (l, N, E, odiv), b.g), STOW_TIER_DEVICE,
+        "%.4g B x %s (Apex DistributedFusedAdam keeps each "
+        "bucket's reduce-scattered shard for the step)",
+        b.g, params_desc (dev, pbuf, sizeof pbuf, l, N, E, odiv, SHARDS_BARE));
 
   /* Master weights and optimizer states. */
   if (!off_opt)
@@ -1352,7 +1392,11 @@ model_states (Model *ms, const StageParams *p, GArray *dev,
       guint64 sharded = sharded_params (l, N, E, odiv);
       params_desc (dev, pbuf, sizeof pbuf, l, N, E, odiv, SHARDS_IF_SPLIT);
       stow_mem_add (dev, "master weights", stow_bytes (sharded, b.master),
-                    STOW_TIER_DEVICE, "4 B x %s", pbuf);
+                    STOW_TIER_DEVICE, "%.4g B x %s%s", b.master, pbuf,
+                    dfa_grad_shards && b.master < 4
+                        ? " (int16 remainders of the bf16 weights: Apex's "
+                          "store_param_remainders)"
+                        : "");
       stow_mem_add (dev, "optimizer states", stow_bytes (sharded, b.opt),
                     STOW_TIER_DEVICE, "%.4g B x %s (%s)", b.opt, pbuf,
                     stow_optimizer_name (t->optimizer));
@@ -1849,6 +1893,11 @@ engine_buffers (Model *ms, const StageParams *p, GArray *dev)
       }
     case STOW_ENGINE_MEGATRON:
       /* The fp32 main-grad buffer is the bucket; nothing more. */
+      break;
+    case STOW_ENGINE_NEMO:
+      /* Distributed Adam's buckets are views of its contiguous grad and
+       * param buffers; their reduce-scattered shards are the "gradient
+       * shards" term. */
       break;
     case STOW_ENGINE_PYTORCH:
       break;
