@@ -77,7 +77,7 @@ stow_plan_options_add (GOptionContext *ctx, StowPlanOptions *po)
          "Comma-separated modules LoRA adapts: q,k,v,o,gate,up,down or all "
          "(default q,v)",
          "LIST"),
-    STR ("engine", engine, "stowage, pytorch, deepspeed, megatron, fsdp",
+    STR ("engine", engine, "stowage, pytorch, deepspeed, megatron, fsdp, nemo",
          "ENGINE"),
     STR ("schedule", schedule, "1f1b, interleaved or gpipe", "S"),
     { "no-flash", 0, 0, G_OPTION_ARG_NONE, &po->no_flash,

@@ -88,7 +88,7 @@ static const NameValue schedule_names[] = {
 static const NameValue engine_names[] = {
   { "stowage", STOW_ENGINE_STOWAGE },     { "pytorch", STOW_ENGINE_PYTORCH },
   { "deepspeed", STOW_ENGINE_DEEPSPEED }, { "megatron", STOW_ENGINE_MEGATRON },
-  { "fsdp", STOW_ENGINE_FSDP },
+  { "fsdp", STOW_ENGINE_FSDP },           { "nemo", STOW_ENGINE_NEMO },
 };
 
 /* The first entries of each table, up to the first synonym, are the
@@ -155,6 +155,12 @@ NAME_FUNCS (finetune, StowFinetune, finetune_names)
 NAME_FUNCS (offload, StowOffload, offload_names)
 NAME_FUNCS (schedule, StowSchedule, schedule_names)
 NAME_FUNCS (engine, StowEngine, engine_names)
+
+gboolean
+stow_engine_is_mcore (StowEngine e)
+{
+  return e == STOW_ENGINE_MEGATRON || e == STOW_ENGINE_NEMO;
+}
 
 const char *
 stow_recompute_name (StowRecompute v)
@@ -562,14 +568,25 @@ stow_layout_validate (const StowLayout *l, const StowTraining *t,
   switch (l->engine)
     {
     case STOW_ENGINE_MEGATRON:
+    case STOW_ENGINE_NEMO:
       if (l->offload_optimizer == STOW_OFFLOAD_NVME
           || l->offload_params != STOW_OFFLOAD_NONE)
-        return invalid (error, "--engine megatron cannot offload to NVMe or "
-                               "offload parameters");
+        return invalid (error,
+                        "--engine %s cannot offload to NVMe or "
+                        "offload parameters",
+                        stow_engine_name (l->engine));
       if (l->zero > 1)
         return invalid (error,
-                        "--engine megatron shards optimizer states "
-                        "only (--zero 0 or 1, the distributed optimizer)");
+                        "--engine %s shards optimizer states "
+                        "only (--zero 0 or 1, the distributed optimizer)",
+                        stow_engine_name (l->engine));
+      /* Apex's DistributedFusedAdam, NeMo's --zero 1, keeps its state on
+       * the GPU ("Currently only supports GPU", its docstring for
+       * `device`, apex 810ffae, the commit NeMo 2.0.0rc1 pins). */
+      if (l->engine == STOW_ENGINE_NEMO
+          && l->offload_optimizer != STOW_OFFLOAD_NONE)
+        return invalid (error, "--engine nemo keeps the optimizer on the "
+                               "GPU (--offload-optimizer none)");
       break;
     case STOW_ENGINE_DEEPSPEED:
       if (l->offload_optimizer != STOW_OFFLOAD_NONE && l->zero == 0)

@@ -76,8 +76,9 @@ typedef enum
   STOW_ENGINE_STOWAGE,
   STOW_ENGINE_PYTORCH, /* plain PyTorch + caching allocator, one device */
   STOW_ENGINE_DEEPSPEED,
-  STOW_ENGINE_MEGATRON,
+  STOW_ENGINE_MEGATRON, /* Megatron-LM core_r0.8.0 */
   STOW_ENGINE_FSDP,
+  STOW_ENGINE_NEMO, /* Megatron-core under NeMo 24.07's recipes */
 } StowEngine;
 
 /* Bounds on what a plan may ask for: far past any training run, and low
@@ -182,6 +183,11 @@ gboolean stow_schedule_parse (const char *s, const char *field,
                               StowSchedule *out, GError **error);
 gboolean stow_engine_parse (const char *s, const char *field, StowEngine *out,
                             GError **error);
+/* Whether @e runs Megatron-core's model code (Megatron-LM itself, or NeMo
+ * on top of it): the same Transformer Engine layers, vocabulary padding,
+ * loss and parallel groups; the engines differ in their optimizer and
+ * gradient buffers (planner/memory.c). */
+gboolean stow_engine_is_mcore (StowEngine e);
 /* "q,v", "q,k,v,o,gate,up,down" or "all" into a StowLoraTarget set. */
 gboolean stow_lora_targets_parse (const char *s, const char *field, guint *out,
                                   GError **error);

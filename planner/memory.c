@@ -298,12 +298,31 @@ residual_bytes (const StowTraining *t, const StowLayout *l)
  * the fp32 copy the cross-entropy takes and its gradient (4 + 4 B).  A
  * chunked loss (torchtune's compiled chunked cross-entropy) fuses the
  * upcast into the loss and runs its backward a chunk of eight at a time:
- * the logits plus one chunk's gradient. */
+ * the logits plus one chunk's gradient.
+ *
+ * Megatron-core's vocab-parallel cross-entropy (fused or not) works in
+ * place: its forward takes one fp32 copy of the logits, exponentiates it
+ * in place and saves it as the softmax; its backward turns that softmax
+ * into the gradient in place and hands back an e-byte copy (Megatron-LM
+ * core_r0.8.0, megatron/core/tensor_parallel/cross_entropy.py:
+ * calculate_logits_max's .float(), torch.exp (out=exp_logits),
+ * grad_input = softmax; megatron/core/fusions/fused_cross_entropy.py,
+ * NeMo 24.07's cross_entropy_loss_fusion).  Either pass holds e + 4 B a
+ * logit at its peak.  The in-place subtraction came with core_r0.8.0
+ * (Megatron-LM 9634c0e4a3, June 2024; NeMo 2.0.0rc1's pin 338af51 has it).
+ * fp32 runs keep the general count: the one measured fp32 Megatron run
+ * (bigcode's 2023 fork, test-memory's /memory/calibration/bigcode-gpt)
+ * predates it, and no fp32 run of core_r0.8.0 is at hand to check its
+ * 4 B (where .float() returns the logits themselves). */
 static double
-logits_element_bytes (const StowTraining *t)
+logits_element_bytes (const StowTraining *t, const StowLayout *l)
 {
   double e = activation_bytes (t);
-  return t->chunked_loss ? e * (1.0 + 1.0 / 8.0) : e + 8.0;
+  if (t->chunked_loss)
+    return e * (1.0 + 1.0 / 8.0);
+  if (stow_engine_is_mcore (l->engine) && e < 4.0)
+    return e + 4.0;
+  return e + 8.0;
 }
 
 /* The stowage engine's output layer and cross-entropy run fused, a chunk
@@ -352,6 +371,17 @@ eager_modules (const StowTraining *t, const StowLayout *l)
          && (l->engine == STOW_ENGINE_PYTORCH
              || l->engine == STOW_ENGINE_DEEPSPEED
              || l->engine == STOW_ENGINE_FSDP);
+}
+
+/* Whether the layers are Transformer Engine modules running fp8 GEMMs:
+ * Megatron-core's TE layer spec (Megatron-LM core_r0.8.0 defaults to
+ * --transformer-impl transformer_engine; NeMo 24.07's recipes set
+ * transformer_engine: true) under --precision fp8, full fine-tuning. */
+static gboolean
+te_fp8_layers (const StowTraining *t, const StowLayout *l)
+{
+  return stow_engine_is_mcore (l->engine) && t->precision == STOW_PRECISION_FP8
+         && t->finetune == STOW_FINETUNE_FULL;
 }
 
 /* Rotary embeddings on q and k: decoder-only models without learned
@@ -422,13 +452,26 @@ layer_activation_parts (const StowModel *m, const StowTraining *t,
   double r = residual_bytes (t, l);
   gboolean eager = eager_modules (t, l);
   gboolean ac = autocast (t, l);
+  /* Transformer Engine's fp8 linears save their input for the weight
+   * gradient as the fp8 cast the forward GEMM read, 1 B an element:
+   * te.Linear keeps inputmat (or its fp8 transpose), te.LayerNormLinear
+   * writes its norm's output straight to fp8 (ln_out_dtype uint8) and
+   * keeps that (TransformerEngine v1.8, transformer_engine/pytorch/module/
+   * linear.py and layernorm_linear.py; NeMo 2.0.0rc1 pins 7d576ed, in
+   * v1.8).  So the QKV and fc1 inputs (the norms' outputs) and fc2's input
+   * (the activation's output) cost 1 B; the attention output, which the
+   * attention kernel keeps in 16 bits, gains the projection's fp8 copy. */
+  gboolean te_fp8 = te_fp8_layers (t, l);
+  double lin = te_fp8 ? 1.0 : e; /* a linear's saved input, per element */
   /* A gated MLP keeps the gate's output, the up projection's and their
    * product; eager, the activation's output too (silu(g) apart from g).
    * Eager "gelu_new" is HF's Python formula 0.5 x (1 + tanh(c (x + 0.044715
-   * x^3))): autograd keeps the tanh, 0.5 x and 1 + tanh besides x. */
+   * x^3))): autograd keeps the tanh, 0.5 x and 1 + tanh besides x.  The
+   * last of them is fc2's (down's) input. */
   double mlp_mats = m->gated_mlp ? (eager ? 4.0 : 3.0) : 2.0;
   if (eager && m->gelu_new)
     mlp_mats += 3.0;
+  double mlp_per_f = (mlp_mats - 1.0) * e + lin; /* bytes per ffn element */
   double mlp_inner;
 
   if (m->qk_nope_head_dim + m->qk_rope_head_dim > 0)
@@ -445,20 +488,20 @@ layer_activation_parts (const StowModel *m, const StowTraining *t,
        * MLPs' tensors are top-k times those of one MLP of width moe_ffn
        * (mixtral: ffn), plus the shared experts as a dense MLP. */
       double fe = (double)(m->moe_ffn ? m->moe_ffn : m->ffn);
-      double per = mlp_mats * e * fe;
-      mlp_inner = (double)m->experts_per_token * (e * h + per)
+      double per = mlp_per_f * fe;
+      mlp_inner = (double)m->experts_per_token * (lin * h + per)
                   + (double)m->n_shared_experts * per
                   + 4.0 * (double)m->n_experts; /* fp32 router logits */
     }
   else
     {
       double f = (double)m->ffn;
-      mlp_inner = mlp_mats * e * f;
+      mlp_inner = mlp_per_f * f;
     }
 
   /* Replicated under plain TP: two norm inputs (the residual stream), the
    * QKV and MLP inputs, two dropout masks (1 byte each). */
-  double replicated = (2.0 * r + 2.0 * e + 2.0 * drop) * h;
+  double replicated = (2.0 * r + 2.0 * lin + 2.0 * drop) * h;
   if (eager && ac)
     /* Eager autocast keeps one 16-bit copy of the norm's output per linear
      * that reads it: q, k and v apart, or gate and up. */
@@ -468,6 +511,8 @@ layer_activation_parts (const StowModel *m, const StowTraining *t,
   /* Split by TP: Q, K, V, the attention output feeding o_proj, and the
    * MLP's inner tensors. */
   double split = e * (a * dq + k * dq + k * dv) + e * a * dv + mlp_inner;
+  if (te_fp8)
+    split += a * dv; /* o_proj's fp8 copy of the attention output */
   if (m->ffn_dropout && drop > 0)
     split += (double)m->ffn; /* T5: the mask of the dropout inside the MLP */
   if (eager)
@@ -583,7 +628,14 @@ stow_memory_layer_activations (const StowModel *m, const StowTraining *t,
                                const StowLayout *l)
 {
   guint64 block, core;
-  layer_activation_parts (m, t, l, LAYER_DENSE, &block, &core);
+  /* The time model reads this as the layer's element-wise traffic, which
+   * Transformer Engine's fp8 copies of the linear inputs do not shrink
+   * (their casts add to it): it counts the tensors at 16 bits, as a bf16
+   * run saves them.  The memory totals charge the fp8 copies. */
+  StowTraining t16 = *t;
+  if (te_fp8_layers (t, l))
+    t16.precision = STOW_PRECISION_BF16;
+  layer_activation_parts (m, &t16, l, LAYER_DENSE, &block, &core);
   if (l->recompute == STOW_RECOMPUTE_SELECTIVE && !t->flash_attention)
     core = 0;
   return block + core;
@@ -638,7 +690,7 @@ stow_mem_end_sizes (const StowModel *m, const StowTraining *t,
   *input = (guint64)llround (8.0 * s_in * b)
            + (guint64)llround (r * (double)sbh / spdiv);
   guint64 sbv = (guint64)llround (s_out * b * (double)m->vocab / l->tp);
-  *logits = stow_bytes (sbv, logits_element_bytes (t));
+  *logits = stow_bytes (sbv, logits_element_bytes (t, l));
   *loss_grad = (guint64)llround (r * s_out * b * h) / spdiv;
   if (fused_loss (t, l))
     {
@@ -783,7 +835,7 @@ typedef StowStageParams StageParams;
 static guint64
 padded_vocab (const StowModel *m, const StowLayout *l, const StowMemOptions *o)
 {
-  if (l->engine != STOW_ENGINE_MEGATRON || o->vocab_multiple == 0)
+  if (!stow_engine_is_mcore (l->engine) || o->vocab_multiple == 0)
     return m->vocab;
   guint64 mult = o->vocab_multiple * l->tp;
   return (m->vocab + mult - 1) / mult * mult;
@@ -862,7 +914,7 @@ stage_params (const StowModel *m, const StowTraining *t, const StowLayout *l,
       p.max_layer = MAX (p.max_layer, on_gpu);
     }
   guint64 emb = m->embedding_params;
-  if (l->engine == STOW_ENGINE_MEGATRON)
+  if (stow_engine_is_mcore (l->engine))
     emb += (padded_vocab (m, l, o) - m->vocab) * m->hidden;
   p.max_unit = p.max_layer;
   if (p.first)
@@ -907,7 +959,12 @@ stage_params (const StowModel *m, const StowTraining *t, const StowLayout *l,
   return p;
 }
 
-/* Data-parallel ranks that ZeRO shards over. */
+/* Data-parallel ranks that ZeRO shards over: dp x cp, the group the
+ * engines build with context parallelism folded in (Megatron-LM
+ * core_r0.8.0's DistributedOptimizer takes get_data_parallel_group
+ * (with_context_parallel=True), megatron/core/optimizer/__init__.py;
+ * NeMo 2.0.0rc1's distributed Adam the same group,
+ * nemo/core/optim/distributed_adam.py). */
 static guint64
 shard_degree (const StowLayout *l, const StowCluster *c)
 {
@@ -1022,6 +1079,58 @@ typedef struct
   guint64 after_forward;
 } Model;
 
+/* Transformer Engine state an fp8 run keeps beside the bf16 weights.
+ *
+ * Weight caches: Megatron-core's TE wrappers pass is_first_microbatch to
+ * every linear unless disable_parameter_transpose_cache is set (default
+ * False; megatron/core/transformer/custom_layers/transformer_engine.py,
+ * Megatron-LM core_r0.8.0, and 338af51, the commit NeMo 2.0.0rc1 pins),
+ * and the schedules set it for each step's first micro-batch
+ * (pipeline_parallel/schedules.py, set_is_first_microbatch).  TE then casts
+ * each weight once a step into a workspace it keeps (get_fp8_workspace,
+ * cache_name "weight"), with its transpose for the backward's dgrad GEMM
+ * (with_transpose while grad is enabled): 1 + 1 B per parameter of every
+ * TE linear, i.e. the layers' linear weights (TransformerEngine v1.8,
+ * transformer_engine/pytorch/module/linear.py and base.py).  The
+ * embedding and the output layer are not TE modules and stay bf16.
+ *
+ * Scaling state: each TE module keeps an amax history of amax_history_len
+ * rows and a scale and scale_inv per fp8 tensor, 3 per GEMM forward
+ * (input, weight, output) and 2 backward, in fp32 (base.py
+ * set_meta_tensor).  Megatron-LM's --fp8-amax-history-len defaults to 1
+ * (core_r0.8.0 arguments.py); NeMo's recipes set fp8_amax_history_len
+ * 1024 (NeMo-Framework-Launcher 24.07, the gpt3 and llama training
+ * configs).  A few MiB. */
+static void
+te_fp8_state (Model *ms, const StageParams *p, GArray *dev)
+{
+  const StowModel *m = ms->m;
+  const StowLayout *l = ms->l;
+  stow_mem_add (dev, "fp8 weight caches", stow_bytes (p->linear, 2.0),
+                STOW_TIER_DEVICE,
+                "(1 B fp8 + 1 B fp8 transpose) x %" G_GUINT64_FORMAT
+                " linear params (Transformer Engine's cached casts)",
+                p->linear);
+  /* GEMMs in the stage's TE modules: qkv, proj, fc1, fc2 per layer; an
+   * MoE layer's fc1 and fc2 per local and shared expert. */
+  guint64 gemms = 0;
+  for (guint64 i = p->first_layer; i < p->first_layer + p->layers; i++)
+    {
+      guint64 local = MAX (m->n_experts / MAX (l->ep, 1), 1);
+      if (m->layers[i].is_moe && m->n_experts > 0)
+        gemms += 2 + 2 * (local + m->n_shared_experts);
+      else
+        gemms += 4;
+    }
+  guint64 hist = l->engine == STOW_ENGINE_NEMO ? 1024 : 1;
+  stow_mem_add (dev, "fp8 scaling state", gemms * 5 * (hist + 2) * 4,
+                STOW_TIER_DEVICE,
+                "%" G_GUINT64_FORMAT
+                " GEMMs x 5 fp8 tensors x (amax history %" G_GUINT64_FORMAT
+                " + scale + scale_inv) x 4 B",
+                gemms, hist);
+}
+
 /* Model states of one stage: weights, gradients, master weights and
  * optimizer states on the device, or offloaded. */
 static void
@@ -1041,6 +1150,7 @@ model_states (Model *ms, const StageParams *p, GArray *dev,
   guint64 wdiv = z >= 3 ? n : 1, gdiv = z >= 2 ? n : 1, odiv = z >= 1 ? n : 1;
   gboolean off_opt = l->offload_optimizer != STOW_OFFLOAD_NONE;
   gboolean off_par = l->offload_params != STOW_OFFLOAD_NONE;
+  gboolean dfa_grad_shards = FALSE; /* NeMo's distributed Adam */
   GArray *host = charge_host ? ms->host : NULL;
   GArray *nvme = charge_host ? ms->nvme : NULL;
   char sbuf[48], pbuf[160];
@@ -1125,8 +1235,44 @@ model_states (Model *ms, const StageParams *p, GArray *dev,
         b.w = 4, b.g = 4, b.master = 0;
       break;
     case STOW_ENGINE_MEGATRON:
-      b.g = 4; /* fp32 main-grad buffer, full size even with dist-opt */
+      /* Megatron-LM core_r0.8.0 turns --accumulate-allreduce-grads-in-fp32
+       * on for --bf16 (megatron/training/arguments.py), which its DDP
+       * takes as grad_reduce_in_fp32: the grad buffer holds fp32 main
+       * grads (megatron/core/distributed/distributed_data_parallel.py),
+       * full size with the distributed optimizer too, which
+       * reduce-scatters inside it. */
+      b.g = 4;
       gdiv = 1;
+      break;
+    case STOW_ENGINE_NEMO:
+      gdiv = 1;
+      if (z == 0 || !mixed_over_fp32 (t))
+        {
+          /* Without distributed Adam, megatron_amp_O2 wraps the optimizer
+           * in MainParamsOptimizerWrapper with fp32_grad_accum for bf16
+           * (NeMo 2.0.0rc1, megatron_base_model.py configure_optimizers):
+           * fp32 main grads, as Megatron-LM. */
+          b.g = 4;
+          break;
+        }
+      /* --zero 1 is NeMo's distributed_fused_adam, Apex's
+       * DistributedFusedAdam (nemo/core/optim/distributed_adam.py; apex
+       * 810ffae, the commit NeMo 2.0.0rc1's Dockerfile.ci pins).  Every
+       * GPT and Llama recipe of NeMo-Framework-Launcher 24.07 (the
+       * scripts in examples/training/gpt/h100 and llama/h100, and
+       * conf/training/gpt3/175b_fp8.yaml) sets optim.grad_sync_dtype=bf16
+       * and contiguous_grad_buffer: the whole model's gradients sit in
+       * one bf16 buffer (_init_grad_buffer), and each bucket's
+       * reduce-scattered shard is kept, in bf16 too, until the step
+       * (grads_shard).  For a bf16 model under an fp32 optimizer NeMo
+       * turns store_params off and store_param_remainders on
+       * (megatron_base_model.py setup_optimization): the fp32 master is
+       * the bf16 weight plus an int16 remainder, 2 B a parameter, sharded
+       * with the Adam moments. */
+      b.g = 2;
+      dfa_grad_shards = TRUE;
+      if (t->precision != STOW_PRECISION_FP16)
+        b.master = 2;
       break;
     case STOW_ENGINE_DEEPSPEED:
       /* DeepSpeed upcasts gradients into an fp32 partition before the
@@ -1135,6 +1281,11 @@ model_states (Model *ms, const StageParams *p, GArray *dev,
     case STOW_ENGINE_STOWAGE:
       break;
     }
+  /* Megatron-core keeps its parameters in bf16 under fp8 (no
+   * --fp8-param-gather); Transformer Engine's fp8 copies are charged
+   * apart (te_fp8_state). */
+  if (te_fp8_layers (t, l))
+    b.w = 2;
 
   /* Weights on the device.  Offloaded parameters keep no resident copy:
    * the working set they are gathered into is the engine's buffer. */
@@ -1187,6 +1338,8 @@ model_states (Model *ms, const StageParams *p, GArray *dev,
                       params_desc (host, pbuf, sizeof pbuf, l, N, E, n,
                                    SHARDS_ALWAYS));
     }
+  if (te_fp8_layers (t, l))
+    te_fp8_state (ms, p, dev);
 
   /* Gradients on the device.  A layer's full gradients exist before they
    * are reduce-scattered (ZeRO >= 2) or copied to the host (offload): two
@@ -1246,6 +1399,13 @@ model_states (Model *ms, const StageParams *p, GArray *dev,
         STOW_TIER_DEVICE,
         "4 B x %s (DeepSpeed upcasts gradients before the step)",
         params_desc (dev, pbuf, sizeof pbuf, l, N, E, odiv, SHARDS_BARE));
+  if (dfa_grad_shards && !off_opt)
+    stow_mem_add (
+        dev, "gradient shards",
+        stow_bytes (sharded_params (l, N, E, odiv), b.g), STOW_TIER_DEVICE,
+        "%.4g B x %s (Apex DistributedFusedAdam keeps each "
+        "bucket's reduce-scattered shard for the step)",
+        b.g, params_desc (dev, pbuf, sizeof pbuf, l, N, E, odiv, SHARDS_BARE));
 
   /* Master weights and optimizer states. */
   if (!off_opt)
@@ -1253,7 +1413,11 @@ model_states (Model *ms, const StageParams *p, GArray *dev,
       guint64 sharded = sharded_params (l, N, E, odiv);
       params_desc (dev, pbuf, sizeof pbuf, l, N, E, odiv, SHARDS_IF_SPLIT);
       stow_mem_add (dev, "master weights", stow_bytes (sharded, b.master),
-                    STOW_TIER_DEVICE, "4 B x %s", pbuf);
+                    STOW_TIER_DEVICE, "%.4g B x %s%s", b.master, pbuf,
+                    dfa_grad_shards && b.master < 4
+                        ? " (int16 remainders of the bf16 weights: Apex's "
+                          "store_param_remainders)"
+                        : "");
       stow_mem_add (dev, "optimizer states", stow_bytes (sharded, b.opt),
                     STOW_TIER_DEVICE, "%.4g B x %s (%s)", b.opt, pbuf,
                     stow_optimizer_name (t->optimizer));
@@ -1390,6 +1554,16 @@ activations (Model *ms, const StageParams *p, guint stage, GArray *dev,
       if (l->recompute == STOW_RECOMPUTE_SELECTIVE && !t->flash_attention)
         core = 0;
       kind_block[k] = block;
+      if (te_fp8_layers (t, l))
+        {
+          /* The gradients of the activations are 16-bit where TE saved
+           * fp8 copies of them: size the working set as in bf16. */
+          StowTraining t16 = *t;
+          guint64 core16;
+          t16.precision = STOW_PRECISION_BF16;
+          layer_activation_parts (m, &t16, l, (LayerKind)k, &kind_block[k],
+                                  &core16);
+        }
       kind_bytes[k] = block + core;
     }
   double mb = in_flight (l, stage);
@@ -1496,7 +1670,7 @@ activations (Model *ms, const StageParams *p, guint stage, GArray *dev,
     }
   if (p->last && !m->no_lm_head)
     {
-      double per = logits_element_bytes (t);
+      double per = logits_element_bytes (t, l);
       /* GPipe runs every forward before any backward, so the last stage
        * keeps every micro-batch's logits until its backward (found by the
        * simulator); 1F1B's last stage runs each backward right after.
@@ -1741,6 +1915,11 @@ engine_buffers (Model *ms, const StageParams *p, GArray *dev)
       }
     case STOW_ENGINE_MEGATRON:
       /* The fp32 main-grad buffer is the bucket; nothing more. */
+      break;
+    case STOW_ENGINE_NEMO:
+      /* Distributed Adam's buckets are views of its contiguous grad and
+       * param buffers; their reduce-scattered shards are the "gradient
+       * shards" term. */
       break;
     case STOW_ENGINE_PYTORCH:
       break;

@@ -152,7 +152,10 @@ gboolean stow_memory_estimate_totals_with (const StowModel *model,
 
 /* The per-layer activation bytes of one micro-batch (Korthikanti et al.
  * 2022, Table 2, generalised to GQA, gated MLPs and flash attention), for
- * one GPU of a layout: exposed for tests and the time model. */
+ * one GPU of a layout: exposed for tests and the time model.  Under
+ * Transformer Engine fp8 (--engine megatron or nemo) it counts the
+ * tensors as a bf16 run saves them; the memory totals charge TE's 1-byte
+ * copies of the linear inputs instead. */
 guint64 stow_memory_layer_activations (const StowModel *model,
                                        const StowTraining *training,
                                        const StowLayout *layout);

@@ -812,6 +812,7 @@ accelerate_type (const StowPlanFile *p, const char **type_out,
         type = c->n_gpus > 1 ? "MULTI_GPU" : "NO";
       break;
     case STOW_ENGINE_MEGATRON:
+    case STOW_ENGINE_NEMO: /* the same Megatron-core layout */
       type = "MEGATRON_LM";
       label = "accelerate (distributed_type MEGATRON_LM)";
       if (!megatron_check (p, label, error))
