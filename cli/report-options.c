@@ -90,6 +90,8 @@ engine_title (StowEngine e)
       return "DeepSpeed";
     case STOW_ENGINE_MEGATRON:
       return "Megatron-LM";
+    case STOW_ENGINE_NEMO:
+      return "NeMo";
     case STOW_ENGINE_FSDP:
       return "FSDP";
     case STOW_ENGINE_PYTORCH:
