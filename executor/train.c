@@ -791,6 +791,53 @@ with_nvme_dirs (Run *r, GError **error)
   return TRUE;
 }
 
+/* Bytes of memory the kernel says a new process can have without
+ * swapping (MemAvailable), or 0 when it does not say. */
+static guint64
+mem_available (void)
+{
+  g_autofree char *text = NULL;
+  if (!g_file_get_contents ("/proc/meminfo", &text, NULL, NULL))
+    return 0;
+  const char *p = strstr (text, "MemAvailable:");
+  if (p == NULL)
+    return 0;
+  return g_ascii_strtoull (p + strlen ("MemAvailable:"), NULL, 10) * 1024;
+}
+
+/* Before anything is loaded: the host memory the simulated step holds at
+ * its peak (the program's pinned and pageable host buffers; with the cpu
+ * backend the device arena's peak too) against what the host has free.
+ * Refused with the figures rather than found by the OOM killer half way
+ * through a load.  The NVMe directories are checked when the store
+ * reserves their space. */
+static gboolean
+preflight_host (StowTrainConfig *c, const StowTrace *tr, gboolean cuda,
+                GError **error)
+{
+  guint64 pinned = tr->peak_bytes[STOW_TIER_PINNED];
+  guint64 pageable = tr->peak_bytes[STOW_TIER_HOST];
+  guint64 arena = cuda ? 0 : tr->peak_bytes[STOW_TIER_DEVICE];
+  guint64 need = pinned + pageable + arena;
+  guint64 avail = mem_available ();
+  if (avail == 0 || need <= avail)
+    return TRUE;
+  g_autofree char *n = stow_format_bytes (need);
+  g_autofree char *a = stow_format_bytes (avail);
+  g_autofree char *pi = stow_format_bytes (pinned);
+  g_autofree char *pa = stow_format_bytes (pageable);
+  g_autofree char *ar = stow_format_bytes (arena);
+  g_set_error (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
+               "host memory: the planned step holds %s at its peak (pinned "
+               "buffers %s, pageable %s%s%s) and this host has %s available "
+               "(MemAvailable); put the optimizer on NVMe "
+               "(--offload-optimizer nvme), or lower --micro-batch or "
+               "--device-memory",
+               n, pi, pa, cuda ? "" : ", the cpu backend's device arena ",
+               cuda ? "" : ar, a);
+  return FALSE;
+}
+
 /* Tests only: STOWAGE_TEST_NVME_FAULT=KIND:N makes the Nth I/O request
  * to the optimizer's swap files from the first step on fail as KIND (eio,
  * enospc, short, short-eof), to check that the run stops with the file and
@@ -1048,6 +1095,8 @@ stow_train_run (StowTrainConfig *c, GError **error)
     c->predicted_peak_bytes = tr->peak_bytes[STOW_TIER_DEVICE];
     c->predicted_pinned_bytes = tr->peak_bytes[STOW_TIER_PINNED];
     c->predicted_step_s = tr->step_time_s;
+    if (!preflight_host (c, tr, cuda, error))
+      goto out;
   }
   {
     g_autofree char *cap = g_format_size_full (device, G_FORMAT_SIZE_IEC_UNITS);

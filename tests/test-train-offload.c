@@ -318,6 +318,61 @@ test_nvme_flags (void)
   fixture_clear (&f);
 }
 
+/* Before anything is loaded, a run whose host buffers do not fit this
+ * host's free memory is refused with the figures: a plan file (made for
+ * an H100 node's RAM) of a 7B model with the optimizer in host memory;
+ * the model directory holds only its config.json, never read further. */
+static void
+test_preflight (void)
+{
+  Fixture f;
+  fixture_init (&f);
+  g_autofree char *big = g_build_filename (f.dir, "big", NULL);
+  g_autofree char *cfg = g_build_filename (big, "config.json", NULL);
+  g_autofree char *plan = g_build_filename (f.dir, "plan.json", NULL);
+  g_autofree char *out = g_build_filename (f.dir, "out", NULL);
+  g_assert_cmpint (g_mkdir_with_parents (big, 0755), ==, 0);
+  g_assert_true (g_file_set_contents (
+      cfg,
+      "{\"model_type\":\"llama\",\"hidden_size\":4096,"
+      "\"num_hidden_layers\":32,\"num_attention_heads\":32,"
+      "\"num_key_value_heads\":8,\"intermediate_size\":14336,"
+      "\"vocab_size\":32000,\"rope_theta\":500000.0,"
+      "\"rms_norm_eps\":1e-5,\"tie_word_embeddings\":false}",
+      -1, NULL));
+  g_auto (StowRun) r1 = { 0 };
+  stow_run (&r1, "fit", cfg, "--gpus", "1xH100-SXM", "--zero", "0",
+            "--offload-optimizer", "cpu", "--offload-params", "none", "--seq",
+            "16", "--micro-batch", "2", "--global-batch", "4", "--precision",
+            "bf16", "--emit", "plan", "-o", plan, NULL);
+  g_assert_cmpint (r1.status, ==, 0);
+  g_auto (StowRun) r2 = { 0 };
+  const char *argv[] = { "train", "--model", big, "--data", f.shard, "--plan",
+                         plan, "--out", out, "--offload-optimizer", "cpu",
+                         NULL };
+  stow_runv (&r2, argv);
+  if (r2.status == 0 || strstr (r2.err, "host memory") == NULL)
+    {
+      g_autofree char *mi = NULL;
+      g_file_get_contents ("/proc/meminfo", &mi, NULL, NULL);
+      const char *avail = mi ? strstr (mi, "MemAvailable:") : NULL;
+      if (avail && g_ascii_strtoull (avail + 13, NULL, 10) > (130ull << 20))
+        {
+          g_test_skip ("this host has more than 130 GiB free");
+          fixture_clear (&f);
+          return;
+        }
+    }
+  g_assert_cmpint (r2.status, !=, 0);
+  /* 7.24B parameters (Mistral 7B's shape): 16 B each in host buffers
+   * (bf16 gradients and weights, fp32 master and moments), 107.9 GiB */
+  g_assert_nonnull (strstr (r2.err, "host memory: the planned step holds"));
+  g_assert_nonnull (strstr (r2.err, "pinned buffers 107.9"));
+  g_assert_nonnull (strstr (r2.err, "available (MemAvailable)"));
+  g_assert_false (g_file_test (out, G_FILE_TEST_EXISTS));
+  fixture_clear (&f);
+}
+
 /* While a run is on: one private directory (0700) holding one file
  * (0600); SIGTERM (and SIGINT) remove both. */
 static void
@@ -579,6 +634,7 @@ main (int argc, char **argv)
   g_test_add_func ("/train-offload/nvme-faults", test_nvme_faults);
   g_test_add_func ("/train-offload/nvme-flags", test_nvme_flags);
   g_test_add_func ("/train-offload/nvme-signal", test_nvme_signal);
+  g_test_add_func ("/train-offload/preflight", test_preflight);
   g_test_add_func ("/train-offload/delayed-update", test_delayed);
   g_test_add_func ("/train-offload/params", test_params);
   g_test_add_func ("/train-offload/params-small-device",
