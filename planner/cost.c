@@ -74,6 +74,8 @@ stow_cost_options_init (StowCostOptions *o)
    * and out (24 B) and reads a 4 B gradient: 28 B per parameter. */
   o->cpu_adam_bytes_per_param = 28.0;
   o->delayed_update = FALSE;
+  o->tp_comm_overlap = -1;
+  o->p2p_overlap = -1;
 }
 
 /* ---- each GPU's own measurements ------------------------------------ */
@@ -383,6 +385,29 @@ elem_bytes (StowPrecision p)
   return p == STOW_PRECISION_FP32 ? 4.0 : 2.0;
 }
 
+/* Whether the layout's TP traffic hides under its GEMMs: Megatron-core
+ * with Transformer Engine's userbuffers (--tp-comm-overlap), which needs
+ * sequence parallelism. */
+static gboolean
+tp_overlapped (const StowCostOptions *o, const StowLayout *l)
+{
+  if (l->tp <= 1 || !l->sp || o->tp_comm_overlap == 0)
+    return FALSE;
+  return o->tp_comm_overlap > 0 || l->engine == STOW_ENGINE_MEGATRON;
+}
+
+/* What shows of @comm seconds of a pass's tensor-parallel traffic (half
+ * all-gathers, half reduce-scatters) overlapped with @gemm seconds of the
+ * GEMMs beside it: the ring exchange hides all of an all-gather, the
+ * pipelined reduce-scatter all but its last of 4 chunks (an eighth of the
+ * traffic); then what outlasts the GEMMs, and the slowdown of the rest. */
+static double
+tp_hidden_exposed (const StowCostOptions *o, double comm, double gemm)
+{
+  double edge = comm / 8.0, rest = comm - edge;
+  return edge + MAX (0.0, rest - gemm) + o->overlap_slowdown * MIN (rest, gemm);
+}
+
 static void
 layer_cost (const StowModel *m, const StowCluster *c, const StowTraining *t,
             const StowLayout *l, const StowCostOptions *o, gboolean moe,
@@ -437,6 +462,30 @@ layer_cost (const StowModel *m, const StowCluster *c, const StowTraining *t,
                 + gemm_s (r, fl_down, mlp_T, h, down_k) + t_rest;
   lc->fwd_gemm_s = full;
   lc->bwd_gemm_s = 2.0 * full; /* the input gradients, then the weights' */
+  if (tp_overlapped (o, l))
+    {
+      /* Transformer Engine overlaps TP traffic by splitting the GEMM next
+       * to it along the tokens (transformer_engine/pytorch/module/base.py,
+       * initialize_ub defaults): a ring exchange of tp chunks under the
+       * GEMMs that read all-gathered input (QKV and MLP-up forward, the
+       * output and down projections' input gradients), a pipeline of 4
+       * chunks under those whose output is reduce-scattered (the output
+       * and down projections forward); the rest overlap in bulk.  Smaller
+       * GEMMs run less efficiently. */
+      double ring = T / tp, pipe = T / 4.0;
+      /* Routed experts' GEMMs are grouped, not split. */
+      double mlp_ring = moe ? mlp_T : mlp_T / tp;
+      double mlp_pipe = moe ? mlp_T : mlp_T / 4.0;
+      lc->fwd_gemm_s = gemm_s (r, fl_qkv, ring, qkv_n, h)
+                       + gemm_s (r, fl_o, pipe, h, o_k)
+                       + gemm_s (r, fl_up, mlp_ring, up_n, h)
+                       + gemm_s (r, fl_down, mlp_pipe, h, down_k) + t_rest;
+      /* the weights' gradients whole, the input gradients as split */
+      lc->bwd_gemm_s = full + gemm_s (r, fl_qkv, T, qkv_n, h)
+                       + gemm_s (r, fl_o, ring, h, o_k)
+                       + gemm_s (r, fl_up, mlp_T, up_n, h)
+                       + gemm_s (r, fl_down, mlp_ring, h, down_k) + t_rest;
+    }
 
   /* Attention core: Q K^T and A V, 4 s_local s a d per sequence, counted
    * in full as the papers count it, in bf16 under fp8 (Transformer
@@ -513,13 +562,21 @@ layer_cost (const StowModel *m, const StowCluster *c, const StowTraining *t,
 
   /* Tensor parallelism: two all-reduces of the layer's output per pass
    * (attention and MLP), or with sequence parallelism an all-gather and a
-   * reduce-scatter each: the same bytes (Korthikanti et al. §4.2.2). */
+   * reduce-scatter each: the same bytes (Korthikanti et al. §4.2.2).
+   * Megatron-core overlaps them chunk by chunk with the GEMMs beside them
+   * (Transformer Engine userbuffers); Megatron-LM 2021-22 did not. */
   if (l->tp > 1)
     {
       Link tl = group_link (c, o, l->tp, 1);
       double bytes = T * h * eb;
       lc->tp_pass_s = 2.0 * ring_allreduce (bytes, l->tp, tl);
-      lc->tp_fwd_s = lc->tp_bwd_s = lc->tp_pass_s;
+      if (tp_overlapped (o, l))
+        {
+          lc->tp_fwd_s = tp_hidden_exposed (o, lc->tp_pass_s, lc->fwd_gemm_s);
+          lc->tp_bwd_s = tp_hidden_exposed (o, lc->tp_pass_s, bwd_gemm);
+        }
+      else
+        lc->tp_fwd_s = lc->tp_bwd_s = lc->tp_pass_s;
     }
 
   /* Context parallelism: a ring passes each rank's K and V to the others
@@ -832,14 +889,26 @@ stow_cost_estimate (const StowModel *m, const StowCluster *c,
   /* Point-to-point: the activation (or its gradient) of one micro-batch
    * crosses each stage boundary; Megatron's scatter-gather sends 1/tp of
    * it per rank.  Sends are blocking in Megatron's 1F1B steady state: two
-   * per micro-batch and chunk, plus the fill and drain hops. */
+   * per micro-batch and chunk, plus the fill and drain hops.  Megatron-
+   * core's interleaved schedule posts them ahead and computes meanwhile
+   * (overlap_p2p_comm, on by default): only the fill and drain hops, on
+   * the critical path, show, and the slowdown of the rest. */
   if (l->pp > 1)
     {
       double one = stow_cost_p2p_seconds (c, o, T * h * eb / l->tp,
                                           (guint64)l->tp * l->cp * l->dp);
       double n = 2.0 * ((double)mb * v + (double)l->pp - 1.0);
-      out->total_s[STOW_COST_PP_P2P] = out->exposed_s[STOW_COST_PP_P2P]
-          = n * one;
+      double total = n * one, exposed = total;
+      gboolean overlap
+          = v > 1 && o->p2p_overlap != 0
+            && (o->p2p_overlap > 0 || l->engine == STOW_ENGINE_MEGATRON);
+      if (overlap)
+        {
+          double edge = 2.0 * ((double)l->pp - 1.0) * one;
+          exposed = edge + o->overlap_slowdown * (total - edge);
+        }
+      out->total_s[STOW_COST_PP_P2P] = total;
+      out->exposed_s[STOW_COST_PP_P2P] = exposed;
     }
 
   /* Data parallelism and ZeRO over the dp x cp replicas (stride tp). */

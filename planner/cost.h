@@ -62,6 +62,15 @@ typedef struct
   double nvme_fetch_s;             /* the same from NVMe */
   double cpu_adam_bytes_per_param; /* host memory traffic per parameter */
   gboolean delayed_update; /* one-step delayed parameter update (offload) */
+  /* Megatron-core's overlaps: -1 as the engine runs by default (on for
+   * --engine megatron), 0 off (Megatron-LM 2021-22), 1 on.
+   * tp_comm_overlap: Transformer Engine's userbuffers run each tensor-
+   * parallel all-gather / reduce-scatter (sequence parallelism) in chunks
+   * under the GEMM that needs or makes it (--tp-comm-overlap).
+   * p2p_overlap: the interleaved schedule posts its pipeline sends and
+   * receives ahead and computes meanwhile (overlap_p2p_comm). */
+  gint tp_comm_overlap;
+  gint p2p_overlap;
   /* Optional, set by the search: prefix sums over the model's layers
    * (stow_cost_prepare) so a stage is priced without walking its layers.
    * Must belong to the model being estimated. */

@@ -21,6 +21,17 @@ cluster (guint gpus)
   return stow_test_cluster (spec);
 }
 
+/* Megatron-LM as it ran in 2021-22: its TP all-reduces and pipeline
+ * sends were not overlapped with compute (Megatron-core's userbuffers and
+ * overlap_p2p_comm came later). */
+static void
+megatron_2022 (StowCostOptions *o)
+{
+  stow_cost_options_init (o);
+  o->tp_comm_overlap = 0;
+  o->p2p_overlap = 0;
+}
+
 /* Megatron-LM as run in the papers: fp16, no flash attention (2022 fused
  * softmax kernels), sequence 2048. */
 static void
@@ -82,13 +93,14 @@ test_korthikanti (gconstpointer data)
   StowTraining t;
   StowLayout l;
   StowCost cost;
+  StowCostOptions o;
   g_autoptr (GError) error = NULL;
   training (&t, r->gb);
+  megatron_2022 (&o);
 
   layout (&l, r->gpus, r->tp, r->pp, r->vpp, r->gb, r->mbs, STOW_RECOMPUTE_FULL,
           FALSE);
-  g_assert_true (
-      stow_cost_estimate_checked (m, c, &t, &l, NULL, &cost, &error));
+  g_assert_true (stow_cost_estimate_checked (m, c, &t, &l, &o, &cost, &error));
   g_assert_no_error (error);
   g_autofree char *w1 = g_strdup_printf ("%s full recompute s/iter", r->model);
   check_close (w1, cost.step_time_s, r->full_s);
@@ -96,8 +108,7 @@ test_korthikanti (gconstpointer data)
 
   layout (&l, r->gpus, r->tp, r->pp, r->vpp, r->gb, r->mbs,
           STOW_RECOMPUTE_SELECTIVE, TRUE);
-  g_assert_true (
-      stow_cost_estimate_checked (m, c, &t, &l, NULL, &cost, &error));
+  g_assert_true (stow_cost_estimate_checked (m, c, &t, &l, &o, &cost, &error));
   g_autofree char *w2 = g_strdup_printf ("%s SP+selective s/iter", r->model);
   check_close (w2, cost.step_time_s, r->sel_s);
   g_autofree char *w3 = g_strdup_printf ("%s SP+selective MFU", r->model);
@@ -144,7 +155,14 @@ test_narayanan (gconstpointer data)
                   | STOW_PIN_OFFLOAD_OPTIMIZER | STOW_PIN_OFFLOAD_PARAMS
                   | STOW_PIN_OFFLOAD_ACTIVATIONS | STOW_PIN_RECOMPUTE
                   | STOW_PIN_SCHEDULE | STOW_PIN_EP;
-  g_autoptr (StowSearch) s = stow_search_run (m, c, &t, &l, pins, &mo, 1);
+  StowCostOptions o;
+  StowSearchOptions so;
+  megatron_2022 (&o);
+  stow_search_options_init (&so);
+  so.max_keep = 1;
+  so.cost = &o;
+  g_autoptr (StowSearch) s
+      = stow_search_run_with (m, c, &t, &l, pins, &mo, &so);
   g_assert_cmpuint (s->fits->len, ==, 1);
   const StowCandidate *best = &g_array_index (s->fits, StowCandidate, 0);
   g_autofree char *w = g_strdup_printf ("%s (micro-batch %" G_GUINT64_FORMAT
@@ -415,6 +433,42 @@ test_fp8 (void)
   g_assert_cmpfloat (speedup, <, 1.6);
 }
 
+/* Megatron-core hides most of its TP traffic under the GEMMs beside it
+ * (Transformer Engine userbuffers) and its interleaved pipeline's sends
+ * under compute; with the overlaps off (Megatron-LM 2021-22) all of it
+ * shows.  Other engines do not overlap TP traffic. */
+static void
+test_megatron_overlap (void)
+{
+  g_autoptr (StowModel) m = stow_test_model ("llama-65b");
+  g_autoptr (StowCluster) c = stow_test_cluster ("64xH100-SXM");
+  StowTraining t;
+  StowLayout l;
+  StowCost on, off;
+  StowCostOptions o;
+  stow_training_init (&t);
+  t.global_batch = 64;
+  layout (&l, 64, 8, 4, 2, 64, 1, STOW_RECOMPUTE_NONE, TRUE);
+  stow_cost_estimate (m, c, &t, &l, NULL, &on);
+  megatron_2022 (&o);
+  stow_cost_estimate (m, c, &t, &l, &o, &off);
+  g_assert_cmpfloat (on.exposed_s[STOW_COST_TP], <,
+                     0.5 * on.total_s[STOW_COST_TP]);
+  g_assert_cmpfloat (off.exposed_s[STOW_COST_TP], ==,
+                     off.total_s[STOW_COST_TP]);
+  g_assert_cmpfloat (on.exposed_s[STOW_COST_PP_P2P], <,
+                     on.total_s[STOW_COST_PP_P2P]);
+  g_assert_cmpfloat (off.exposed_s[STOW_COST_PP_P2P], ==,
+                     off.total_s[STOW_COST_PP_P2P]);
+  g_assert_cmpfloat (on.step_time_s, <, off.step_time_s);
+  /* The overlapped GEMMs run in chunks, a little slower. */
+  g_assert_cmpfloat (on.exposed_s[STOW_COST_COMPUTE], >,
+                     off.exposed_s[STOW_COST_COMPUTE]);
+  l.engine = STOW_ENGINE_STOWAGE;
+  stow_cost_estimate (m, c, &t, &l, NULL, &on);
+  g_assert_cmpfloat (on.exposed_s[STOW_COST_TP], ==, on.total_s[STOW_COST_TP]);
+}
+
 /* The pipelined NVMe optimizer step's bound (core/drives.h, issue 26): one
  * drive whose reads and writes share a queue is busy for read + write;
  * striped over several, the busiest drive's read + write; Adam overlaps. */
@@ -482,5 +536,6 @@ main (int argc, char **argv)
   g_test_add_func ("/cost/decoder-seq-head", test_decoder_seq_head);
   g_test_add_func ("/cost/gpu-profile", test_gpu_profile);
   g_test_add_func ("/cost/fp8", test_fp8);
+  g_test_add_func ("/cost/megatron-overlap", test_megatron_overlap);
   return g_test_run ();
 }
