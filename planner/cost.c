@@ -649,10 +649,19 @@ ends_cost (const StowModel *m, const StowCluster *c, const StowTraining *t,
       = (double)stow_mem_decoder_seq (m, t) / l->cp * (double)l->micro_batch;
   double g = 2.0 * To * h * vn
              / (r->peak_bf16 * gemm_eff_at (r, r->e.gemm_eff_max, To, vn, h));
-  /* fp32 upcast, softmax and its gradient over s b V / tp */
-  double ce = To * vn * 12.0 / hbm;
-  out->head_fwd_s = g + ce;
-  out->head_bwd_s = 2.0 * g + ce;
+  /* The loss over s b V / tp logits.  Megatron's vocab-parallel cross-
+   * entropy (megatron/core/tensor_parallel/cross_entropy.py, core 0.8)
+   * runs one kernel per step in fp32: the upcast (read 2 B, write 4),
+   * the max (read 4), subtracting it, exp and dividing by the sum (read
+   * and write 4 each), the sum (read 4): 38 B per logit forward; backward
+   * scales the saved softmax in place (8) and casts the gradient back to
+   * bf16 (6): 14 B.  Otherwise an fp32 softmax and its gradient, 12 B
+   * each way. */
+  double ce_fwd = 12.0, ce_bwd = 12.0;
+  if (l->engine == STOW_ENGINE_MEGATRON)
+    ce_fwd = 38.0, ce_bwd = 14.0;
+  out->head_fwd_s = g + To * vn * ce_fwd / hbm;
+  out->head_bwd_s = 2.0 * g + To * vn * ce_bwd / hbm;
 }
 
 void
