@@ -91,17 +91,18 @@ stow_cost_options_init (StowCostOptions *o)
  * scale: the Maximum Achievable Matmul FLOPS finder measured 794.5 of
  * 989 TFLOP/s (80.3%) in short bursts, the A100 271.2 of 312 (86.9%)
  * (stas00/ml-engineering, compute/accelerator/README.md, commit 744d01e),
- * and the A100's fitted-to-burst ratio would give 0.74: trained for
- * hours at its 700 W limit the H100 sustains about 11% less.  fp8: the
+ * and the A100's fitted-to-burst ratio would give 0.74: the runs sustain
+ * about 11% less, as a GPU held at its 700 W limit would.  fp8: the
  * same finder's 1402.6 of 1979 (70.9%), so 0.66 x 70.9 / 80.3 = 0.58:
  * fp8 GEMMs run 1.77x bf16 ones at best, not 2x.  The size curve: XLA's
  * measured sm_90 GEMM table (openxla/xla xla/service/gpu/model/
  * matmul_interpolator_data.h, commit 71feeddf) fits x_half 64-96 once a
  * few microseconds per call are set apart: the A100's 96 holds.
  * Attention: FlashAttention-2 on H100 SXM5, head dim 128 (Shah et al.
- * 2024, FlashAttention-3, Figs. 4-5): causal forward 298 / 319 / 335
- * TFLOP/s at 2k / 4k / 16k tokens, backward 291 / 310 / 322, i.e.
- * x / (x + 256) of 0.345 and 0.33 of the bf16 peak.  FlashAttention-2 is
+ * 2024, FlashAttention-3, its forward and backward speed charts): causal
+ * forward 298 / 319 / 335 TFLOP/s at 2k / 4k / 16k tokens, backward
+ * 291 / 310 / 322, i.e. x / (x + 256) of 0.345 and 0.33 of the bf16
+ * peak.  FlashAttention-2 is
  * the kernel of PyTorch's SDPA, of the flash-attn package and of NeMo's
  * 2024 launcher (NVTE_FUSED_ATTN=0 from February to August 2024); cuDNN 9
  * and FlashAttention-3 reach 1.6-1.8x it (539 / 516, 616 / 561 at 16k)
