@@ -40,8 +40,19 @@ stow_cost_options_init (StowCostOptions *o)
    * the Korthikanti et al. 2022 Table 5 rows (docs/time-model.md). */
   o->gemm_eff_max = 0.80;
   o->gemm_half_dim = 96;
-  /* FlashAttention-2 forward+backward on A100: 50-70% of peak. */
-  o->attn_eff_flash = 0.55;
+  /* Without a measurement of the GPU's own, fp8 GEMMs at the bf16 ceiling
+   * (of the fp8 peak). */
+  o->gemm_fp8_eff_max = 0.80;
+  /* FlashAttention-2 forward+backward on A100: 50-70% of peak (its paper).
+   * As one number, 0.55 of the model-counted work (backward twice the
+   * forward); in the papers' counting, where the backward recomputes the
+   * scores and does 2.5x the forward's FLOPs, that is a forward at 0.55
+   * and a backward at 0.55 x 2.5 / 2.  No sequence curve is sourced for
+   * the A100: flat. */
+  o->attn_fwd_eff = 0.55;
+  o->attn_bwd_eff = 0.55 * 2.5 / 2.0;
+  o->attn_half_seq = 0;
+  o->gpu_profiles = TRUE;
   /* Elementwise/normalisation kernels: ~70% of HBM bandwidth. */
   o->hbm_eff = 0.70;
   /* nccl-tests: ~230 GB/s bus bandwidth on 300 GB/s NVLink3 (0.77),
@@ -63,6 +74,80 @@ stow_cost_options_init (StowCostOptions *o)
    * and out (24 B) and reads a 4 B gradient: 28 B per parameter. */
   o->cpu_adam_bytes_per_param = 28.0;
   o->delayed_update = FALSE;
+  o->tp_comm_overlap = -1;
+  o->p2p_overlap = -1;
+}
+
+/* ---- each GPU's own measurements ------------------------------------ */
+
+/* GPUs whose kernels have published measurements of their own
+ * (docs/time-model.md, "Constants per GPU").  The A100 is the defaults.
+ *
+ * Hopper (GH100 at SXM power; MAMF: "H200 is the same").  The bf16 GEMM
+ * ceiling, 0.66, is fitted once on the nine GEMM-bound llm-foundry H100
+ * runs (MPT 13B/30B/70B, 128-512 GPUs, sequence 2048, activation
+ * checkpointing; tests/data/published-runs/h100-heldout.json, group
+ * "calibration"), as the A100's 0.80 was on Korthikanti Table 5.  For
+ * scale: the Maximum Achievable Matmul FLOPS finder measured 794.5 of
+ * 989 TFLOP/s (80.3%) in short bursts, the A100 271.2 of 312 (86.9%)
+ * (stas00/ml-engineering, compute/accelerator/README.md, commit 744d01e),
+ * and the A100's fitted-to-burst ratio would give 0.74: the runs sustain
+ * about 11% less, as a GPU held at its 700 W limit would.  fp8: the
+ * same finder's 1402.6 of 1979 (70.9%), so 0.66 x 70.9 / 80.3 = 0.58:
+ * fp8 GEMMs run 1.77x bf16 ones at best, not 2x.  The size curve: XLA's
+ * measured sm_90 GEMM table (openxla/xla xla/service/gpu/model/
+ * matmul_interpolator_data.h, commit 71feeddf) fits x_half 64-96 once a
+ * few microseconds per call are set apart: the A100's 96 holds.
+ * Attention: FlashAttention-2 on H100 SXM5, head dim 128 (Shah et al.
+ * 2024, FlashAttention-3, its forward and backward speed charts): causal
+ * forward 298 / 319 / 335 TFLOP/s at 2k / 4k / 16k tokens, backward
+ * 291 / 310 / 322, i.e. x / (x + 256) of 0.345 and 0.33 of the bf16
+ * peak.  FlashAttention-2 is
+ * the kernel of PyTorch's SDPA, of the flash-attn package and of NeMo's
+ * 2024 launcher (NVTE_FUSED_ATTN=0 from February to August 2024); cuDNN 9
+ * and FlashAttention-3 reach 1.6-1.8x it (539 / 516, 616 / 561 at 16k)
+ * and are not assumed. */
+static const struct
+{
+  const char *names[6];
+  StowGpuEfficiency e;
+} gpu_profiles[] = {
+  { { "H100-SXM", "H800", "H200", "GH200", NULL },
+    { .gpu = "H100-SXM",
+      .gemm_eff_max = 0.66,
+      .gemm_fp8_eff_max = 0.58,
+      .gemm_half_dim = 96,
+      .attn_fwd_eff = 0.345,
+      .attn_bwd_eff = 0.33,
+      .attn_half_seq = 256 } },
+};
+
+void
+stow_cost_gpu_efficiency (const StowGpu *gpu, const StowCostOptions *o,
+                          StowGpuEfficiency *out)
+{
+  StowCostOptions defaults;
+  if (o == NULL)
+    stow_cost_options_init (&defaults), o = &defaults;
+  g_return_if_fail (out != NULL);
+  *out = (StowGpuEfficiency){
+    .gpu = "default",
+    .gemm_eff_max = o->gemm_eff_max,
+    .gemm_fp8_eff_max = o->gemm_fp8_eff_max,
+    .gemm_half_dim = o->gemm_half_dim,
+    .attn_fwd_eff = o->attn_fwd_eff,
+    .attn_bwd_eff = o->attn_bwd_eff,
+    .attn_half_seq = o->attn_half_seq,
+  };
+  if (!o->gpu_profiles || gpu == NULL || gpu->name == NULL)
+    return;
+  for (gsize i = 0; i < G_N_ELEMENTS (gpu_profiles); i++)
+    for (const char *const *n = gpu_profiles[i].names; *n; n++)
+      if (g_ascii_strcasecmp (*n, gpu->name) == 0)
+        {
+          *out = gpu_profiles[i].e;
+          return;
+        }
 }
 
 struct _StowCostPrep
@@ -142,11 +227,50 @@ dim_share (double x, double half)
   return x / (x + half);
 }
 
-static inline double
-gemm_eff (const StowCostOptions *o, double m, double n, double k)
+/* The rates a plan's kernels run at on its GPU. */
+typedef struct
 {
-  return o->gemm_eff_max * dim_share (m, o->gemm_half_dim)
-         * dim_share (n, o->gemm_half_dim) * dim_share (k, o->gemm_half_dim);
+  StowGpuEfficiency e;
+  double peak;      /* the layers' GEMMs: the training precision's peak */
+  double gemm_max;  /* their ceiling, of that peak */
+  double peak_bf16; /* attention and the output layer: bf16 under fp8
+                       (Transformer Engine runs them in bf16), else peak */
+  gboolean fp8;     /* fp8 GEMMs with their casts */
+} Rates;
+
+static void
+rates_init (const StowGpu *gpu, const StowTraining *t, const StowCostOptions *o,
+            Rates *r)
+{
+  stow_cost_gpu_efficiency (gpu, o, &r->e);
+  r->peak = stow_cost_peak_flops (gpu, t->precision);
+  r->fp8 = t->precision == STOW_PRECISION_FP8 && gpu->fp8_flops > 0;
+  r->gemm_max = r->fp8 ? r->e.gemm_fp8_eff_max : r->e.gemm_eff_max;
+  r->peak_bf16 = t->precision == STOW_PRECISION_FP8
+                     ? stow_cost_peak_flops (gpu, STOW_PRECISION_BF16)
+                     : r->peak;
+}
+
+/* A GEMM's share of @peak at its shape, under ceiling @max. */
+static inline double
+gemm_eff_at (const Rates *r, double max, double m, double n, double k)
+{
+  double half = r->e.gemm_half_dim;
+  return max * dim_share (m, half) * dim_share (n, half) * dim_share (k, half);
+}
+
+/* The layers' GEMMs (fp8 under --precision fp8). */
+static inline double
+gemm_eff (const Rates *r, double m, double n, double k)
+{
+  return gemm_eff_at (r, r->gemm_max, m, n, k);
+}
+
+/* Seconds of one of the layers' GEMMs of @flops FLOPs, shape m x n x k. */
+static inline double
+gemm_s (const Rates *r, double flops, double m, double n, double k)
+{
+  return flops / (r->peak * gemm_eff (r, m, n, k));
 }
 
 /* A link: bandwidth per GPU per direction (bytes/s, efficiency applied)
@@ -241,11 +365,17 @@ dp_collective (const StowCluster *c, const StowCostOptions *o, double bytes,
 typedef struct
 {
   /* one layer, per GPU, one micro-batch */
-  double fwd_gemm_s, fwd_attn_s, fwd_elem_s; /* compute pieces */
-  double core_elem_s;    /* the attention-core share of fwd_elem_s */
-  double tp_fwd_s;       /* one forward's TP communication */
-  double cp_fwd_s;       /* exposed CP exchange, forward */
-  double ep_fwd_s;       /* expert all-to-all, forward */
+  double fwd_gemm_s, fwd_elem_s; /* compute pieces of the forward */
+  double bwd_gemm_s;             /* the backward's GEMMs */
+  double fwd_attn_s, bwd_attn_s; /* the attention core, each way */
+  double fwd_cast_s, bwd_cast_s; /* fp8: casting and transposing operands */
+  double core_elem_s;            /* the attention-core share of fwd_elem_s */
+  double fwd_s, bwd_s;           /* compute of a forward and of its backward */
+  double tp_pass_s;              /* one pass's TP communication, in full */
+  double tp_fwd_s;               /* of which exposed in the forward */
+  double tp_bwd_s;               /* and in the backward */
+  double cp_fwd_s;               /* exposed CP exchange, forward */
+  double ep_fwd_s;               /* expert all-to-all, forward */
   double flops_fwd;      /* model FLOPs of the forward, whole layer (not /tp) */
   double attn_flops_fwd; /* of which the attention core */
 } LayerCost;
@@ -256,10 +386,33 @@ elem_bytes (StowPrecision p)
   return p == STOW_PRECISION_FP32 ? 4.0 : 2.0;
 }
 
+/* Whether the layout's TP traffic hides under its GEMMs: Megatron-core
+ * with Transformer Engine's userbuffers (--tp-comm-overlap), which needs
+ * sequence parallelism. */
+static gboolean
+tp_overlapped (const StowCostOptions *o, const StowLayout *l)
+{
+  if (l->tp <= 1 || !l->sp || o->tp_comm_overlap == 0)
+    return FALSE;
+  return o->tp_comm_overlap > 0 || stow_engine_is_mcore (l->engine);
+}
+
+/* What shows of @comm seconds of a pass's tensor-parallel traffic (half
+ * all-gathers, half reduce-scatters) overlapped with @gemm seconds of the
+ * GEMMs beside it: the ring exchange hides all of an all-gather, the
+ * pipelined reduce-scatter all but its last of 4 chunks (an eighth of the
+ * traffic); then what outlasts the GEMMs, and the slowdown of the rest. */
+static double
+tp_hidden_exposed (const StowCostOptions *o, double comm, double gemm)
+{
+  double edge = comm / 8.0, rest = comm - edge;
+  return edge + MAX (0.0, rest - gemm) + o->overlap_slowdown * MIN (rest, gemm);
+}
+
 static void
 layer_cost (const StowModel *m, const StowCluster *c, const StowTraining *t,
             const StowLayout *l, const StowCostOptions *o, gboolean moe,
-            double peak, LayerCost *lc)
+            const Rates *r, LayerCost *lc)
 {
   double s = (double)t->seq_len, sl = s / l->cp;
   double b = (double)l->micro_batch;
@@ -269,6 +422,7 @@ layer_cost (const StowModel *m, const StowCluster *c, const StowTraining *t,
   double tp = (double)l->tp;
   double eb = elem_bytes (t->precision);
   double hbm = c->node.gpu.hbm_bw * o->hbm_eff;
+  gboolean lora = t->finetune != STOW_FINETUNE_FULL;
   double dq = d, dv = d;
   if (m->qk_nope_head_dim + m->qk_rope_head_dim > 0)
     {
@@ -301,24 +455,65 @@ layer_cost (const StowModel *m, const StowCluster *c, const StowTraining *t,
     fl_shared = 2 * T * h * (double)m->n_shared_experts
                 * (m->gated_mlp ? 3.0 : 2.0) * f / tp;
   double fl_router = moe ? 2 * T * h * (double)m->n_experts : 0;
-  lc->fwd_gemm_s = fl_qkv / (peak * gemm_eff (o, T, qkv_n, h))
-                   + fl_o / (peak * gemm_eff (o, T, h, o_k))
-                   + fl_up / (peak * gemm_eff (o, mlp_T, up_n, h))
-                   + fl_down / (peak * gemm_eff (o, mlp_T, h, down_k))
-                   + fl_shared / (peak * gemm_eff (o, T, up_n, h));
+  double t_rest = gemm_s (r, fl_shared, T, up_n, h);
   if (fl_router > 0)
-    lc->fwd_gemm_s
-        += fl_router / (peak * gemm_eff (o, T, (double)m->n_experts, h));
+    t_rest += gemm_s (r, fl_router, T, (double)m->n_experts, h);
+  double full = gemm_s (r, fl_qkv, T, qkv_n, h) + gemm_s (r, fl_o, T, h, o_k)
+                + gemm_s (r, fl_up, mlp_T, up_n, h)
+                + gemm_s (r, fl_down, mlp_T, h, down_k) + t_rest;
+  lc->fwd_gemm_s = full;
+  lc->bwd_gemm_s = 2.0 * full; /* the input gradients, then the weights' */
+  if (tp_overlapped (o, l))
+    {
+      /* Transformer Engine overlaps TP traffic by splitting the GEMM next
+       * to it along the tokens (transformer_engine/pytorch/module/base.py,
+       * initialize_ub defaults): a ring exchange of tp chunks under the
+       * GEMMs that read all-gathered input (QKV and MLP-up forward, the
+       * output and down projections' input gradients), a pipeline of 4
+       * chunks under those whose output is reduce-scattered (the output
+       * and down projections forward); the rest overlap in bulk.  Smaller
+       * GEMMs run less efficiently. */
+      double ring = T / tp, pipe = T / 4.0;
+      /* Routed experts' GEMMs are grouped, not split. */
+      double mlp_ring = moe ? mlp_T : mlp_T / tp;
+      double mlp_pipe = moe ? mlp_T : mlp_T / 4.0;
+      lc->fwd_gemm_s = gemm_s (r, fl_qkv, ring, qkv_n, h)
+                       + gemm_s (r, fl_o, pipe, h, o_k)
+                       + gemm_s (r, fl_up, mlp_ring, up_n, h)
+                       + gemm_s (r, fl_down, mlp_pipe, h, down_k) + t_rest;
+      /* the weights' gradients whole, the input gradients as split */
+      lc->bwd_gemm_s = full + gemm_s (r, fl_qkv, T, qkv_n, h)
+                       + gemm_s (r, fl_o, ring, h, o_k)
+                       + gemm_s (r, fl_up, mlp_T, up_n, h)
+                       + gemm_s (r, fl_down, mlp_ring, h, down_k) + t_rest;
+    }
 
   /* Attention core: Q K^T and A V, 4 s_local s a d per sequence, counted
-   * in full as the papers count it; flash kernels skip the masked half of
-   * a causal mask, the unfused path computes all of it as batched GEMMs
-   * with a short inner dimension (d). */
+   * in full as the papers count it, in bf16 under fp8 (Transformer
+   * Engine's DotProductAttention; torchao leaves it alone too).  Flash
+   * kernels skip the masked half of a causal mask and recompute the
+   * scores in backward, which does 2.5x the forward's FLOPs
+   * (FlashAttention-2, Dao 2023, §3.1); their rates grow with the keys a
+   * kernel sees (a chunk of s / cp under context parallelism).  The
+   * unfused path computes all of it as batched GEMMs with a short inner
+   * dimension (d), backward twice the forward. */
   double fl_attn = 2 * b * sl * s * a * (dq + dv) / tp;
+  double peak_attn = r->peak_bf16;
   if (t->flash_attention)
-    lc->fwd_attn_s = 0.5 * fl_attn / (peak * o->attn_eff_flash);
+    {
+      double seq
+          = r->e.attn_half_seq > 0 ? dim_share (sl, r->e.attn_half_seq) : 1.0;
+      lc->fwd_attn_s = 0.5 * fl_attn / (peak_attn * r->e.attn_fwd_eff * seq);
+      lc->bwd_attn_s
+          = 2.5 * 0.5 * fl_attn / (peak_attn * r->e.attn_bwd_eff * seq);
+    }
   else
-    lc->fwd_attn_s = fl_attn / (peak * gemm_eff (o, sl, s, dq));
+    {
+      lc->fwd_attn_s
+          = fl_attn
+            / (peak_attn * gemm_eff_at (r, r->e.gemm_eff_max, sl, s, dq));
+      lc->bwd_attn_s = 2.0 * lc->fwd_attn_s;
+    }
 
   /* Memory-bound kernels (norms, activations, dropout, residuals, softmax):
    * every tensor saved for backward is written by one kernel and read by
@@ -332,14 +527,57 @@ layer_cost (const StowModel *m, const StowCluster *c, const StowTraining *t,
   lc->fwd_elem_s = 2.0 * act / hbm + o->kernel_overhead_s;
   lc->core_elem_s = 2.0 * (act - act_sel) / hbm;
 
+  /* fp8: a GEMM operand is cast to fp8 and transposed (read 2 B, write
+   * 1 B twice) unless the kernel that makes it does so.  Transformer
+   * Engine (Megatron) fuses the cast into the layer norms, the
+   * activation and its gradient (LayerNormLinear, LayerNormMLP): what is
+   * left is the input of the attention's output projection forward, and
+   * backward the output gradients of QKV, the output projection and the
+   * MLP's down projection.  Others (torchao's Float8Linear, te.Linear
+   * alone) cast every linear's input and output gradient. */
+  if (r->fp8)
+    {
+      const double cast = 4.0;
+      double fwd_el, bwd_el;
+      if (stow_engine_is_mcore (l->engine))
+        {
+          fwd_el = T * o_k;
+          bwd_el = T * (qkv_n + h) + mlp_T * n_mlp * h;
+        }
+      else
+        {
+          fwd_el = T * (h + o_k) + mlp_T * n_mlp * (h + down_k);
+          bwd_el = T * (qkv_n + h) + mlp_T * n_mlp * (up_n + h);
+        }
+      lc->fwd_cast_s = cast * fwd_el / hbm;
+      lc->bwd_cast_s = cast * bwd_el / hbm;
+    }
+
+  /* A forward's compute, and its backward's: two forwards of GEMMs and
+   * memory-bound work (one under LoRA: frozen weights need no weight
+   * gradient), the attention's own backward. */
+  double w = lora ? 1.0 : 2.0;
+  double bwd_gemm = lora ? 0.5 * lc->bwd_gemm_s : lc->bwd_gemm_s;
+  lc->fwd_s = lc->fwd_gemm_s + lc->fwd_attn_s + lc->fwd_elem_s + lc->fwd_cast_s;
+  lc->bwd_s = bwd_gemm + w * lc->fwd_elem_s + lc->bwd_attn_s + lc->bwd_cast_s;
+
   /* Tensor parallelism: two all-reduces of the layer's output per pass
    * (attention and MLP), or with sequence parallelism an all-gather and a
-   * reduce-scatter each: the same bytes (Korthikanti et al. §4.2.2). */
+   * reduce-scatter each: the same bytes (Korthikanti et al. §4.2.2).
+   * Megatron-core overlaps them chunk by chunk with the GEMMs beside them
+   * (Transformer Engine userbuffers); Megatron-LM 2021-22 did not. */
   if (l->tp > 1)
     {
       Link tl = group_link (c, o, l->tp, 1);
       double bytes = T * h * eb;
-      lc->tp_fwd_s = 2.0 * ring_allreduce (bytes, l->tp, tl);
+      lc->tp_pass_s = 2.0 * ring_allreduce (bytes, l->tp, tl);
+      if (tp_overlapped (o, l))
+        {
+          lc->tp_fwd_s = tp_hidden_exposed (o, lc->tp_pass_s, lc->fwd_gemm_s);
+          lc->tp_bwd_s = tp_hidden_exposed (o, lc->tp_pass_s, bwd_gemm);
+        }
+      else
+        lc->tp_fwd_s = lc->tp_bwd_s = lc->tp_pass_s;
     }
 
   /* Context parallelism: a ring passes each rank's K and V to the others
@@ -372,17 +610,13 @@ layer_cost (const StowModel *m, const StowCluster *c, const StowTraining *t,
 }
 
 /* One layer's forward and backward for one micro-batch, compute and the
- * in-layer communication that is not hidden: backward is two forwards of
- * compute (one under LoRA: frozen weights need no weight gradient), the
- * same TP and EP traffic and the CP exchange twice. */
+ * in-layer communication that is not hidden: the same TP and EP traffic
+ * both ways, the CP exchange twice in backward. */
 static void
-layer_pass_seconds (const LayerCost *lc, gboolean lora, double *fwd,
-                    double *bwd)
+layer_pass_seconds (const LayerCost *lc, double *fwd, double *bwd)
 {
-  double f = lc->fwd_gemm_s + lc->fwd_attn_s + lc->fwd_elem_s;
-  *fwd = f + lc->tp_fwd_s + lc->cp_fwd_s + lc->ep_fwd_s;
-  *bwd = (lora ? 1.0 : 2.0) * f + lc->tp_fwd_s + 2.0 * lc->cp_fwd_s
-         + lc->ep_fwd_s;
+  *fwd = lc->fwd_s + lc->tp_fwd_s + lc->cp_fwd_s + lc->ep_fwd_s;
+  *bwd = lc->bwd_s + lc->tp_bwd_s + 2.0 * lc->cp_fwd_s + lc->ep_fwd_s;
 }
 
 /* ---- the step -------------------------------------------------------- */
@@ -390,10 +624,11 @@ layer_pass_seconds (const LayerCost *lc, gboolean lora, double *fwd,
 /* The embedding (a lookup: its output written, then read back in
  * backward) and the output layer with its fp32 cross-entropy, one
  * micro-batch on one GPU.  The output layer runs over the decoder's
- * tokens (--decoder-seq). */
+ * tokens (--decoder-seq), in bf16 under fp8 (Megatron's output layer is
+ * not a Transformer Engine module; torchao skips it too). */
 static void
 ends_cost (const StowModel *m, const StowCluster *c, const StowTraining *t,
-           const StowLayout *l, const StowCostOptions *o, double peak,
+           const StowLayout *l, const StowCostOptions *o, const Rates *r,
            StowEndsSeconds *out)
 {
   double eb = elem_bytes (t->precision);
@@ -413,11 +648,21 @@ ends_cost (const StowModel *m, const StowCluster *c, const StowTraining *t,
   double vn = (double)m->vocab / l->tp;
   double To
       = (double)stow_mem_decoder_seq (m, t) / l->cp * (double)l->micro_batch;
-  double g = 2.0 * To * h * vn / (peak * gemm_eff (o, To, vn, h));
-  /* fp32 upcast, softmax and its gradient over s b V / tp */
-  double ce = To * vn * 12.0 / hbm;
-  out->head_fwd_s = g + ce;
-  out->head_bwd_s = 2.0 * g + ce;
+  double g = 2.0 * To * h * vn
+             / (r->peak_bf16 * gemm_eff_at (r, r->e.gemm_eff_max, To, vn, h));
+  /* The loss over s b V / tp logits.  Megatron's vocab-parallel cross-
+   * entropy (megatron/core/tensor_parallel/cross_entropy.py, core 0.8)
+   * runs one kernel per step in fp32: the upcast (read 2 B, write 4),
+   * the max (read 4), subtracting it, exp and dividing by the sum (read
+   * and write 4 each), the sum (read 4): 38 B per logit forward; backward
+   * scales the saved softmax in place (8) and casts the gradient back to
+   * bf16 (6): 14 B.  Otherwise an fp32 softmax and its gradient, 12 B
+   * each way. */
+  double ce_fwd = 12.0, ce_bwd = 12.0;
+  if (stow_engine_is_mcore (l->engine))
+    ce_fwd = 38.0, ce_bwd = 14.0;
+  out->head_fwd_s = g + To * vn * ce_fwd / hbm;
+  out->head_bwd_s = 2.0 * g + To * vn * ce_bwd / hbm;
 }
 
 void
@@ -436,7 +681,9 @@ stow_cost_estimate (const StowModel *m, const StowCluster *c,
   g_return_if_fail (m != NULL && c != NULL && t != NULL && l != NULL);
 
   const StowGpu *gpu = &c->node.gpu;
-  double peak = stow_cost_peak_flops (gpu, t->precision);
+  Rates rates;
+  rates_init (gpu, t, o, &rates);
+  double peak = rates.peak;
   double eb = elem_bytes (t->precision);
   double hbm = gpu->hbm_bw * o->hbm_eff;
   guint per_node = MAX (c->node.gpus_per_node, 1);
@@ -449,11 +696,11 @@ stow_cost_estimate (const StowModel *m, const StowCluster *c,
   gboolean any_moe = m->n_experts > 0;
 
   StowEndsSeconds ends;
-  ends_cost (m, c, t, l, o, peak, &ends);
+  ends_cost (m, c, t, l, o, &rates, &ends);
   LayerCost dense, moe;
-  layer_cost (m, c, t, l, o, FALSE, peak, &dense);
+  layer_cost (m, c, t, l, o, FALSE, &rates, &dense);
   if (any_moe)
-    layer_cost (m, c, t, l, o, TRUE, peak, &moe);
+    layer_cost (m, c, t, l, o, TRUE, &rates, &moe);
   else
     moe = dense;
 
@@ -470,6 +717,7 @@ stow_cost_estimate (const StowModel *m, const StowCluster *c,
   /* Per stage, one micro-batch: components of forward + backward. */
   double t_max = 0, t_sum = 0;
   double comp_max[STOW_N_COSTS] = { 0 };
+  double tp_total_max = 0; /* the slowest stage's TP traffic, hidden or not */
   double stage_fwd_max = 0, stage_bwd_max = 0, stage_params_max = 0;
   guint64 stage_layers_max = 0;
   double expert_params_max = 0;
@@ -485,6 +733,7 @@ stow_cost_estimate (const StowModel *m, const StowCluster *c,
   for (guint st = 0; st < l->pp; st++)
     {
       double comp[STOW_N_COSTS] = { 0 };
+      double tp_total = 0;
       double fwd = 0, bwd = 0, params = 0, expert_params = 0;
       guint64 n_rec = 0;
       if (l->recompute == STOW_RECOMPUTE_FULL)
@@ -518,12 +767,10 @@ stow_cost_estimate (const StowModel *m, const StowCluster *c,
             continue;
           const LayerCost *lc = k ? &moe : &dense;
           double n = (double)nk[k], n_full = (double)nr[k];
-          double f = lc->fwd_gemm_s + lc->fwd_attn_s + lc->fwd_elem_s;
-          /* LoRA: frozen weights need no weight gradient, so backward is
-           * about one forward (the input gradients) instead of two. */
-          double bw_factor = lora ? 1.0 : 2.0;
-          comp[STOW_COST_COMPUTE] += n * f * (1.0 + bw_factor);
-          comp[STOW_COST_TP] += n * 2.0 * lc->tp_fwd_s;
+          double f = lc->fwd_s;
+          comp[STOW_COST_COMPUTE] += n * (lc->fwd_s + lc->bwd_s);
+          comp[STOW_COST_TP] += n * (lc->tp_fwd_s + lc->tp_bwd_s);
+          tp_total += (2.0 * n + n_full) * lc->tp_pass_s;
           comp[STOW_COST_CP] += n * 3.0 * lc->cp_fwd_s;
           comp[STOW_COST_EP] += n * 2.0 * lc->ep_fwd_s;
           model_fwd_flops += n * lc->flops_fwd;
@@ -539,7 +786,7 @@ stow_cost_estimate (const StowModel *m, const StowCluster *c,
               recompute_flops += n * lc->attn_flops_fwd;
             }
           double pass_fwd, pass_bwd;
-          layer_pass_seconds (lc, lora, &pass_fwd, &pass_bwd);
+          layer_pass_seconds (lc, &pass_fwd, &pass_bwd);
           fwd += n * pass_fwd;
           bwd += n * pass_bwd;
           /* Parameters on this GPU: experts split over ep and tp. */
@@ -591,10 +838,9 @@ stow_cost_estimate (const StowModel *m, const StowCluster *c,
                                  ? o->nvme_fetch_s
                                  : o->offload_fetch_s;
               param_stream_total_s += streamed * 2.0 * (x + fetch);
-              param_stream_s
-                  += streamed
-                     * (MAX (0.0, x - f) + MAX (0.0, x - bw_factor * f)
-                        + 2.0 * fetch);
+              param_stream_s += streamed
+                                * (MAX (0.0, x - f) + MAX (0.0, x - lc->bwd_s)
+                                   + 2.0 * fetch);
             }
         }
       /* Embedding (first stage) and output layer + loss (last stage). */
@@ -605,6 +851,7 @@ stow_cost_estimate (const StowModel *m, const StowCluster *c,
           fwd += ends.embedding_fwd_s, bwd += ends.embedding_bwd_s;
           params += (double)m->embedding_params / l->tp;
           comp[STOW_COST_TP] += ends.embedding_tp_s;
+          tp_total += ends.embedding_tp_s;
         }
       if (st + 1 == l->pp)
         {
@@ -624,6 +871,7 @@ stow_cost_estimate (const StowModel *m, const StowCluster *c,
         {
           t_max = total;
           memcpy (comp_max, comp, sizeof comp);
+          tp_total_max = tp_total;
           stage_fwd_max = fwd;
           stage_bwd_max = bwd;
         }
@@ -643,6 +891,7 @@ stow_cost_estimate (const StowModel *m, const StowCluster *c,
     bubble = t_sum - t_max;
   for (int k = 0; k < STOW_N_COSTS; k++)
     out->total_s[k] = out->exposed_s[k] = (double)mb * comp_max[k];
+  out->total_s[STOW_COST_TP] = (double)mb * tp_total_max;
   out->total_s[STOW_COST_PP_BUBBLE] = out->exposed_s[STOW_COST_PP_BUBBLE]
       = bubble;
   double pp_time = steady + bubble;
@@ -650,19 +899,32 @@ stow_cost_estimate (const StowModel *m, const StowCluster *c,
   /* Point-to-point: the activation (or its gradient) of one micro-batch
    * crosses each stage boundary; Megatron's scatter-gather sends 1/tp of
    * it per rank.  Sends are blocking in Megatron's 1F1B steady state: two
-   * per micro-batch and chunk, plus the fill and drain hops. */
+   * per micro-batch and chunk, plus the fill and drain hops.  Megatron-
+   * core's interleaved schedule posts them ahead and computes meanwhile
+   * (overlap_p2p_comm, on by default): only the fill and drain hops, on
+   * the critical path, show, and the slowdown of the rest. */
   if (l->pp > 1)
     {
       double one = stow_cost_p2p_seconds (c, o, T * h * eb / l->tp,
                                           (guint64)l->tp * l->cp * l->dp);
       double n = 2.0 * ((double)mb * v + (double)l->pp - 1.0);
-      out->total_s[STOW_COST_PP_P2P] = out->exposed_s[STOW_COST_PP_P2P]
-          = n * one;
+      double total = n * one, exposed = total;
+      gboolean overlap
+          = v > 1 && o->p2p_overlap != 0
+            && (o->p2p_overlap > 0 || stow_engine_is_mcore (l->engine));
+      if (overlap)
+        {
+          double edge = 2.0 * ((double)l->pp - 1.0) * one;
+          exposed = edge + o->overlap_slowdown * (total - edge);
+        }
+      out->total_s[STOW_COST_PP_P2P] = total;
+      out->exposed_s[STOW_COST_PP_P2P] = exposed;
     }
 
   /* Data parallelism and ZeRO over the dp x cp replicas (stride tp). */
   guint64 ndp = (guint64)l->dp * l->cp;
   guint64 stride = l->tp;
+  /* NeMo's recipes reduce bf16 gradients (docs/memory-model.md). */
   double grad_b = (l->engine == STOW_ENGINE_MEGATRON
                    && t->precision != STOW_PRECISION_FP32)
                       ? 4.0 /* fp32 main grads */
@@ -984,9 +1246,10 @@ stow_cost_ends_seconds (const StowModel *m, const StowCluster *c,
                         StowEndsSeconds *out)
 {
   StowCostOptions o;
+  Rates r;
   stow_cost_options_init (&o);
-  ends_cost (m, c, t, l, &o, stow_cost_peak_flops (&c->node.gpu, t->precision),
-             out);
+  rates_init (&c->node.gpu, t, &o, &r);
+  ends_cost (m, c, t, l, &o, &r, out);
 }
 
 void
@@ -996,11 +1259,11 @@ stow_cost_layer_seconds (const StowModel *m, const StowCluster *c,
 {
   StowCostOptions o;
   LayerCost lc;
+  Rates r;
   stow_cost_options_init (&o);
-  layer_cost (m, c, t, l, &o, moe && m->n_experts > 0,
-              stow_cost_peak_flops (&c->node.gpu, t->precision), &lc);
-  layer_pass_seconds (&lc, t->finetune != STOW_FINETUNE_FULL, &out->forward_s,
-                      &out->backward_s);
+  rates_init (&c->node.gpu, t, &o, &r);
+  layer_cost (m, c, t, l, &o, moe && m->n_experts > 0, &r, &lc);
+  layer_pass_seconds (&lc, &out->forward_s, &out->backward_s);
   out->selective_s = lc.fwd_attn_s + lc.core_elem_s;
 }
 

@@ -43,9 +43,15 @@ const char *stow_cost_kind_name (StowCostKind kind);
  * defaults (docs/time-model.md says where each comes from). */
 typedef struct
 {
-  double gemm_eff_max;   /* fraction of peak a large GEMM reaches */
+  /* GPUs with a profile of their own (stow_cost_gpu_efficiency) use it in
+   * place of the next six; these are the A100-fitted defaults. */
+  double gemm_eff_max;     /* fraction of peak a large GEMM reaches */
+  double gemm_fp8_eff_max; /* the same for fp8 GEMMs, of the fp8 peak */
   double gemm_half_dim;  /* a dimension of this size halves that dim's share */
-  double attn_eff_flash; /* fused (flash) attention, fraction of peak */
+  double attn_fwd_eff;   /* flash attention forward, fraction of bf16 peak */
+  double attn_bwd_eff;   /* its backward, 2.5x the forward's FLOPs */
+  double attn_half_seq;  /* keys per kernel that halve both; 0: flat */
+  gboolean gpu_profiles; /* use a GPU's own profile where it has one */
   double hbm_eff;        /* memory-bound kernels, fraction of HBM bandwidth */
   double nvlink_eff;     /* NCCL bus bandwidth / link bandwidth */
   double net_eff;        /* the same across nodes */
@@ -56,6 +62,15 @@ typedef struct
   double nvme_fetch_s;             /* the same from NVMe */
   double cpu_adam_bytes_per_param; /* host memory traffic per parameter */
   gboolean delayed_update; /* one-step delayed parameter update (offload) */
+  /* Megatron-core's overlaps: -1 as the engine runs by default (on for
+   * --engine megatron), 0 off (Megatron-LM 2021-22), 1 on.
+   * tp_comm_overlap: Transformer Engine's userbuffers run each tensor-
+   * parallel all-gather / reduce-scatter (sequence parallelism) in chunks
+   * under the GEMM that needs or makes it (--tp-comm-overlap).
+   * p2p_overlap: the interleaved schedule posts its pipeline sends and
+   * receives ahead and computes meanwhile (overlap_p2p_comm). */
+  gint tp_comm_overlap;
+  gint p2p_overlap;
   /* Optional, set by the search: prefix sums over the model's layers
    * (stow_cost_prepare) so a stage is priced without walking its layers.
    * Must belong to the model being estimated. */
@@ -63,6 +78,25 @@ typedef struct
 } StowCostOptions;
 
 void stow_cost_options_init (StowCostOptions *options);
+
+/* What a GPU's kernels reach, as fractions of its catalog peaks: the GEMM
+ * ceiling (bf16/fp16 and fp8) and size curve, and flash attention's
+ * forward and backward rates as the FlashAttention papers count them
+ * (causal forward 2 s^2 a d per sequence, backward 2.5x that).  From the
+ * GPU's own published measurements where stowage has them
+ * (docs/time-model.md, "Constants per GPU"), else @options' defaults. */
+typedef struct
+{
+  const char *gpu;     /* the profile's GPU, "default" without one */
+  double gemm_eff_max; /* bf16/fp16/tf32 GEMMs */
+  double gemm_fp8_eff_max;
+  double gemm_half_dim;
+  double attn_fwd_eff, attn_bwd_eff, attn_half_seq;
+} StowGpuEfficiency;
+
+void stow_cost_gpu_efficiency (const StowGpu *gpu,
+                               const StowCostOptions *options,
+                               StowGpuEfficiency *out);
 
 /* Per-model sums the search reuses across layouts (see StowCostOptions). */
 typedef struct _StowCostPrep StowCostPrep;

@@ -21,6 +21,17 @@ cluster (guint gpus)
   return stow_test_cluster (spec);
 }
 
+/* Megatron-LM as it ran in 2021-22: its TP all-reduces and pipeline
+ * sends were not overlapped with compute (Megatron-core's userbuffers and
+ * overlap_p2p_comm came later). */
+static void
+megatron_2022 (StowCostOptions *o)
+{
+  stow_cost_options_init (o);
+  o->tp_comm_overlap = 0;
+  o->p2p_overlap = 0;
+}
+
 /* Megatron-LM as run in the papers: fp16, no flash attention (2022 fused
  * softmax kernels), sequence 2048. */
 static void
@@ -82,13 +93,14 @@ test_korthikanti (gconstpointer data)
   StowTraining t;
   StowLayout l;
   StowCost cost;
+  StowCostOptions o;
   g_autoptr (GError) error = NULL;
   training (&t, r->gb);
+  megatron_2022 (&o);
 
   layout (&l, r->gpus, r->tp, r->pp, r->vpp, r->gb, r->mbs, STOW_RECOMPUTE_FULL,
           FALSE);
-  g_assert_true (
-      stow_cost_estimate_checked (m, c, &t, &l, NULL, &cost, &error));
+  g_assert_true (stow_cost_estimate_checked (m, c, &t, &l, &o, &cost, &error));
   g_assert_no_error (error);
   g_autofree char *w1 = g_strdup_printf ("%s full recompute s/iter", r->model);
   check_close (w1, cost.step_time_s, r->full_s);
@@ -96,8 +108,7 @@ test_korthikanti (gconstpointer data)
 
   layout (&l, r->gpus, r->tp, r->pp, r->vpp, r->gb, r->mbs,
           STOW_RECOMPUTE_SELECTIVE, TRUE);
-  g_assert_true (
-      stow_cost_estimate_checked (m, c, &t, &l, NULL, &cost, &error));
+  g_assert_true (stow_cost_estimate_checked (m, c, &t, &l, &o, &cost, &error));
   g_autofree char *w2 = g_strdup_printf ("%s SP+selective s/iter", r->model);
   check_close (w2, cost.step_time_s, r->sel_s);
   g_autofree char *w3 = g_strdup_printf ("%s SP+selective MFU", r->model);
@@ -144,7 +155,14 @@ test_narayanan (gconstpointer data)
                   | STOW_PIN_OFFLOAD_OPTIMIZER | STOW_PIN_OFFLOAD_PARAMS
                   | STOW_PIN_OFFLOAD_ACTIVATIONS | STOW_PIN_RECOMPUTE
                   | STOW_PIN_SCHEDULE | STOW_PIN_EP;
-  g_autoptr (StowSearch) s = stow_search_run (m, c, &t, &l, pins, &mo, 1);
+  StowCostOptions o;
+  StowSearchOptions so;
+  megatron_2022 (&o);
+  stow_search_options_init (&so);
+  so.max_keep = 1;
+  so.cost = &o;
+  g_autoptr (StowSearch) s
+      = stow_search_run_with (m, c, &t, &l, pins, &mo, &so);
   g_assert_cmpuint (s->fits->len, ==, 1);
   const StowCandidate *best = &g_array_index (s->fits, StowCandidate, 0);
   g_autofree char *w = g_strdup_printf ("%s (micro-batch %" G_GUINT64_FORMAT
@@ -349,6 +367,108 @@ test_decoder_seq_head (void)
   g_assert_cmpfloat (dec.embedding_fwd_s, ==, full.embedding_fwd_s);
 }
 
+/* Each GPU's own kernel rates: the H100 class gets its published
+ * profile, other GPUs the A100-fitted defaults, and turning profiles off
+ * gives the defaults everywhere. */
+static void
+test_gpu_profile (void)
+{
+  g_autoptr (StowCluster) h100 = stow_test_cluster ("8xH100-SXM");
+  g_autoptr (StowCluster) h200 = stow_test_cluster ("8xH200");
+  g_autoptr (StowCluster) a100 = cluster (8);
+  StowCostOptions o;
+  StowGpuEfficiency e;
+  stow_cost_options_init (&o);
+  stow_cost_gpu_efficiency (&h100->node.gpu, &o, &e);
+  g_assert_cmpstr (e.gpu, ==, "H100-SXM");
+  /* fp8 GEMMs reach less of their peak than bf16 ones of theirs: the
+   * MAMF finder's 70.9% against 80.3%. */
+  g_assert_cmpfloat (e.gemm_fp8_eff_max, <, e.gemm_eff_max);
+  g_assert_cmpfloat (fabs (e.gemm_fp8_eff_max / e.gemm_eff_max - 70.9 / 80.3),
+                     <, 0.01);
+  /* FlashAttention-2 on H100: 335 TFLOP/s causal forward at 16k tokens. */
+  double fwd16k
+      = 989.0 * e.attn_fwd_eff * 16384.0 / (16384.0 + e.attn_half_seq);
+  g_assert_cmpfloat (fabs (fwd16k / 335.0 - 1.0), <, 0.02);
+  stow_cost_gpu_efficiency (&h200->node.gpu, &o, &e);
+  g_assert_cmpstr (e.gpu, ==, "H100-SXM");
+  stow_cost_gpu_efficiency (&a100->node.gpu, &o, &e);
+  g_assert_cmpstr (e.gpu, ==, "default");
+  g_assert_cmpfloat (e.gemm_eff_max, ==, o.gemm_eff_max);
+  o.gpu_profiles = FALSE;
+  stow_cost_gpu_efficiency (&h100->node.gpu, &o, &e);
+  g_assert_cmpstr (e.gpu, ==, "default");
+}
+
+/* fp8 speeds up the layers' GEMMs only: the attention core (what
+ * selective recomputation repeats) costs what it costs in bf16, the
+ * output layer too, and a layer gains less than the fp8/bf16 ceiling
+ * ratio (1.77 on H100) because of the casts and the bf16 work. */
+static void
+test_fp8 (void)
+{
+  g_autoptr (StowModel) m = stow_test_model ("llama-2-7b");
+  g_autoptr (StowCluster) c = stow_test_cluster ("8xH100-SXM");
+  StowTraining t;
+  StowLayout l;
+  stow_training_init (&t);
+  t.seq_len = 4096;
+  layout (&l, 8, 1, 1, 1, 8, 1, STOW_RECOMPUTE_NONE, FALSE);
+  StowLayerSeconds bf16, fp8;
+  StowEndsSeconds ebf16, efp8;
+  t.precision = STOW_PRECISION_BF16;
+  stow_cost_layer_seconds (m, c, &t, &l, FALSE, &bf16);
+  stow_cost_ends_seconds (m, c, &t, &l, &ebf16);
+  t.precision = STOW_PRECISION_FP8;
+  stow_cost_layer_seconds (m, c, &t, &l, FALSE, &fp8);
+  stow_cost_ends_seconds (m, c, &t, &l, &efp8);
+  g_assert_cmpfloat (fabs (fp8.selective_s - bf16.selective_s), <,
+                     1e-12 + 1e-9 * bf16.selective_s);
+  g_assert_cmpfloat (fabs (efp8.head_fwd_s - ebf16.head_fwd_s), <,
+                     1e-12 + 1e-9 * ebf16.head_fwd_s);
+  double speedup
+      = (bf16.forward_s + bf16.backward_s) / (fp8.forward_s + fp8.backward_s);
+  g_test_message ("llama-2-7b layer at 4k tokens: fp8 %.3fx bf16", speedup);
+  g_assert_cmpfloat (speedup, >, 1.2);
+  g_assert_cmpfloat (speedup, <, 1.6);
+}
+
+/* Megatron-core hides most of its TP traffic under the GEMMs beside it
+ * (Transformer Engine userbuffers) and its interleaved pipeline's sends
+ * under compute; with the overlaps off (Megatron-LM 2021-22) all of it
+ * shows.  Other engines do not overlap TP traffic. */
+static void
+test_megatron_overlap (void)
+{
+  g_autoptr (StowModel) m = stow_test_model ("llama-65b");
+  g_autoptr (StowCluster) c = stow_test_cluster ("64xH100-SXM");
+  StowTraining t;
+  StowLayout l;
+  StowCost on, off;
+  StowCostOptions o;
+  stow_training_init (&t);
+  t.global_batch = 64;
+  layout (&l, 64, 8, 4, 2, 64, 1, STOW_RECOMPUTE_NONE, TRUE);
+  stow_cost_estimate (m, c, &t, &l, NULL, &on);
+  megatron_2022 (&o);
+  stow_cost_estimate (m, c, &t, &l, &o, &off);
+  g_assert_cmpfloat (on.exposed_s[STOW_COST_TP], <,
+                     0.5 * on.total_s[STOW_COST_TP]);
+  g_assert_cmpfloat (off.exposed_s[STOW_COST_TP], ==,
+                     off.total_s[STOW_COST_TP]);
+  g_assert_cmpfloat (on.exposed_s[STOW_COST_PP_P2P], <,
+                     on.total_s[STOW_COST_PP_P2P]);
+  g_assert_cmpfloat (off.exposed_s[STOW_COST_PP_P2P], ==,
+                     off.total_s[STOW_COST_PP_P2P]);
+  g_assert_cmpfloat (on.step_time_s, <, off.step_time_s);
+  /* The overlapped GEMMs run in chunks, a little slower. */
+  g_assert_cmpfloat (on.exposed_s[STOW_COST_COMPUTE], >,
+                     off.exposed_s[STOW_COST_COMPUTE]);
+  l.engine = STOW_ENGINE_STOWAGE;
+  stow_cost_estimate (m, c, &t, &l, NULL, &on);
+  g_assert_cmpfloat (on.exposed_s[STOW_COST_TP], ==, on.total_s[STOW_COST_TP]);
+}
+
 /* The pipelined NVMe optimizer step's bound (core/drives.h, issue 26): one
  * drive whose reads and writes share a queue is busy for read + write;
  * striped over several, the busiest drive's read + write; Adam overlaps. */
@@ -414,5 +534,8 @@ main (int argc, char **argv)
   g_test_add_func ("/cost/gemm-efficiency", test_gemm_efficiency);
   g_test_add_func ("/cost/terms", test_terms);
   g_test_add_func ("/cost/decoder-seq-head", test_decoder_seq_head);
+  g_test_add_func ("/cost/gpu-profile", test_gpu_profile);
+  g_test_add_func ("/cost/fp8", test_fp8);
+  g_test_add_func ("/cost/megatron-overlap", test_megatron_overlap);
   return g_test_run ();
 }
