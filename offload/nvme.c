@@ -13,7 +13,9 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/eventfd.h>
 #include <sys/stat.h>
@@ -167,6 +169,7 @@ struct _StowNvmeStore
   gboolean direct;
 
   guint n_dirs;
+  char *stale_note; /* what remove_stale found, or NULL */
   char **priv_dirs; /* (n_dirs) */
   char **paths;     /* (n_dirs) */
   int fds[MAX_DIRS];
@@ -732,6 +735,47 @@ open_store_file (StowNvmeStore *store, guint i, gboolean want_direct,
   return TRUE;
 }
 
+/* Private directories a killed process left in @dir ("stowage-PID-XXXXXX"
+ * whose PID no longer runs: kill -9 gives no chance to clean up): their
+ * swap file and the directory go.  Only what this user may remove, only a
+ * real directory (not a link) holding nothing but the swap file; a PID
+ * that is alive, perhaps reused, is left alone. */
+static void
+remove_stale (StowNvmeStore *store, const char *dir)
+{
+  g_autoptr (GDir) d = g_dir_open (dir, 0, NULL);
+  const char *name;
+  while (d && (name = g_dir_read_name (d)) != NULL)
+    {
+      long pid = 0;
+      char tail[8] = "";
+      if (sscanf (name, "stowage-%ld-%6[A-Za-z0-9]", &pid, tail) != 2
+          || strlen (tail) != 6 || pid <= 0 || pid == (long)getpid ()
+          || (kill ((pid_t)pid, 0) == 0 || errno != ESRCH))
+        continue;
+      g_autofree char *path = g_build_filename (dir, name, NULL);
+      struct stat st;
+      if (lstat (path, &st) != 0 || !S_ISDIR (st.st_mode)
+          || st.st_uid != geteuid ())
+        continue;
+      g_autofree char *file = g_build_filename (path, "store.swp", NULL);
+      g_unlink (file);
+      if (g_rmdir (path) != 0)
+        continue;
+      char *was = store->stale_note;
+      store->stale_note
+          = g_strdup_printf ("%s%sremoved %s (its process %ld is gone)",
+                             was ? was : "", was ? "; " : "", path, pid);
+      g_free (was);
+    }
+}
+
+const char *
+stow_nvme_store_get_note (StowNvmeStore *store)
+{
+  return store->stale_note;
+}
+
 StowNvmeStore *
 stow_nvme_store_new (const StowNvmeOptions *opts, GError **error)
 {
@@ -795,7 +839,10 @@ stow_nvme_store_new (const StowNvmeOptions *opts, GError **error)
 
   for (guint i = 0; i < n_dirs; i++)
     {
-      char *tmpl = g_build_filename (opts->dirs[i], "stowage-XXXXXX", NULL);
+      remove_stale (store, opts->dirs[i]);
+      g_autofree char *leaf
+          = g_strdup_printf ("stowage-%ld-XXXXXX", (long)getpid ());
+      char *tmpl = g_build_filename (opts->dirs[i], leaf, NULL);
       if (g_mkdtemp_full (tmpl, 0700) == NULL)
         {
           int e = errno;
@@ -901,6 +948,7 @@ stow_nvme_store_free (StowNvmeStore *store)
     }
   g_strfreev (store->priv_dirs);
   g_strfreev (store->paths);
+  g_free (store->stale_note);
   for (guint i = 0; i < store->tensors->len; i++)
     {
       Tensor *t = g_ptr_array_index (store->tensors, i);

@@ -474,6 +474,53 @@ test_files (Fixture *f, gconstpointer data)
   g_assert_false (g_file_test (dir0, G_FILE_TEST_EXISTS));
 }
 
+/* What a killed run leaves ("stowage-PID-XXXXXX" of a process that is
+ * gone, its swap file inside) is removed by the next store in that
+ * directory and said; a live process's directory, a name not of that
+ * form and a link are left. */
+static void
+test_stale (Fixture *f, gconstpointer data)
+{
+  /* PIDs never exceed 2^22 (pid_max's ceiling) */
+  g_autofree char *dead
+      = g_build_filename (f->dirs[0], "stowage-99999999-Ab12Cd", NULL);
+  g_autofree char *dead_file = g_build_filename (dead, "store.swp", NULL);
+  g_autofree char *alive_name = g_strdup_printf ("stowage-%ld-Xy34Zw",
+                                                 (long)getppid ());
+  g_autofree char *alive = g_build_filename (f->dirs[0], alive_name, NULL);
+  g_autofree char *other
+      = g_build_filename (f->dirs[0], "stowage-notes", NULL);
+  g_autofree char *link
+      = g_build_filename (f->dirs[0], "stowage-99999998-Ab12Cd", NULL);
+  g_assert_cmpint (g_mkdir (dead, 0700), ==, 0);
+  g_assert_true (g_file_set_contents (dead_file, "x", 1, NULL));
+  g_assert_cmpint (g_mkdir (alive, 0700), ==, 0);
+  g_assert_cmpint (g_mkdir (other, 0700), ==, 0);
+  g_assert_cmpint (symlink (other, link), ==, 0);
+  {
+    g_autoptr (StowNvmeStore) store = make_store (f, 1, 0, 0, 0, FALSE);
+    if (store == NULL)
+      return;
+    const char *note = stow_nvme_store_get_note (store);
+    g_assert_nonnull (note);
+    g_assert_nonnull (strstr (note, dead));
+    g_assert_nonnull (strstr (note, "process 99999999 is gone"));
+    g_assert_null (strstr (note, alive));
+    /* its own directory carries its PID */
+    g_autofree char *mine
+        = g_strdup_printf ("/stowage-%ld-", (long)getpid ());
+    g_assert_nonnull (
+        strstr (stow_nvme_store_get_private_dir (store, 0), mine));
+  }
+  g_assert_false (g_file_test (dead, G_FILE_TEST_EXISTS));
+  g_assert_true (g_file_test (alive, G_FILE_TEST_IS_DIR));
+  g_assert_true (g_file_test (other, G_FILE_TEST_IS_DIR));
+  g_assert_true (g_file_test (link, G_FILE_TEST_IS_SYMLINK));
+  g_unlink (link);
+  g_rmdir (other);
+  g_rmdir (alive);
+}
+
 static void
 test_bad_input (Fixture *f, gconstpointer data)
 {
@@ -613,6 +660,7 @@ main (int argc, char **argv)
       add ("checksum", engines[i], test_checksum);
       add ("faults", engines[i], test_faults);
       add ("files", engines[i], test_files);
+      add ("stale", engines[i], test_stale);
       add ("bad-input", engines[i], test_bad_input);
       add ("exhaustion", engines[i], test_exhaustion);
       add ("buffered", engines[i], test_buffered);

@@ -318,6 +318,61 @@ test_nvme_flags (void)
   fixture_clear (&f);
 }
 
+/* kill -9 in the middle of a run with the optimizer on NVMe, after a
+ * checkpoint: the private swap directory is left (nothing runs at
+ * SIGKILL), the next run removes it and says so, and --resume gives the
+ * uninterrupted run's bytes. */
+static void
+test_nvme_kill (void)
+{
+  Fixture f;
+  fixture_init (&f);
+  g_autofree char *swap = make_dir (&f, "swap");
+  g_autofree char *straight = g_build_filename (f.dir, "straight", NULL);
+  g_autofree char *killed = g_build_filename (f.dir, "killed", NULL);
+  const char *steps = "30";
+  g_auto (StowRun) r1 = { 0 };
+  train (&r1, &f, straight, "--steps", steps, NULL);
+  g_assert_cmpint (r1.status, ==, 0);
+  const char *argv[] = { g_getenv ("STOWAGE"), "train", "--model", f.model,
+                         "--data", f.shard, "--seq", "16", "--micro-batch",
+                         "2", "--global-batch", "4", "--lr", "0.003",
+                         "--out", killed, "--steps", steps, "--save-every",
+                         "1", "--offload-optimizer", "nvme", "--nvme-dir",
+                         swap, NULL };
+  GPid pid;
+  g_autoptr (GError) error = NULL;
+  g_assert_true (g_spawn_async (NULL, (char **)argv, NULL,
+                                G_SPAWN_DO_NOT_REAP_CHILD
+                                    | G_SPAWN_STDOUT_TO_DEV_NULL
+                                    | G_SPAWN_STDERR_TO_DEV_NULL,
+                                NULL, NULL, &pid, &error));
+  g_assert_no_error (error);
+  for (guint i = 0; i < 20000 && latest_step (killed) < 2; i++)
+    g_usleep (500);
+  g_usleep (700);
+  kill (pid, SIGKILL);
+  int st;
+  waitpid (pid, &st, 0);
+  g_spawn_close_pid (pid);
+  g_assert_true (WIFSIGNALED (st));
+  guint at = latest_step (killed);
+  g_test_message ("killed with latest at step %u of %s", at, steps);
+  g_assert_cmpuint (at, >=, 2);
+  g_assert_cmpuint (at, <, 30);
+  g_assert_cmpuint (entries (swap), ==, 1); /* what SIGKILL left */
+  g_auto (StowRun) r2 = { 0 };
+  train (&r2, &f, killed, "--steps", steps, "--save-every", "1",
+         "--offload-optimizer", "nvme", "--nvme-dir", swap, "--resume", NULL);
+  g_assert_cmpint (r2.status, ==, 0);
+  g_autofree char *gone = g_strdup_printf ("(its process %d is gone)", pid);
+  g_assert_nonnull (strstr (r2.err, gone));
+  g_assert_cmpuint (entries (swap), ==, 0);
+  g_assert_true (same_file (straight, killed, "model.safetensors"));
+  g_assert_true (same_file (straight, killed, "optimizer.stow"));
+  fixture_clear (&f);
+}
+
 /* Before anything is loaded, a run whose host buffers do not fit this
  * host's free memory is refused with the figures: a plan file (made for
  * an H100 node's RAM) of a 7B model with the optimizer in host memory;
@@ -634,6 +689,7 @@ main (int argc, char **argv)
   g_test_add_func ("/train-offload/nvme-faults", test_nvme_faults);
   g_test_add_func ("/train-offload/nvme-flags", test_nvme_flags);
   g_test_add_func ("/train-offload/nvme-signal", test_nvme_signal);
+  g_test_add_func ("/train-offload/nvme-kill", test_nvme_kill);
   g_test_add_func ("/train-offload/preflight", test_preflight);
   g_test_add_func ("/train-offload/delayed-update", test_delayed);
   g_test_add_func ("/train-offload/params", test_params);

@@ -88,18 +88,6 @@ test_resume (void)
   fixture_clear (&f);
 }
 
-/* The step OUT/latest names, 0 without one. */
-static guint
-latest_step (const char *out)
-{
-  g_autofree char *link = g_build_filename (out, "latest", NULL);
-  g_autofree char *target = g_file_read_link (link, NULL);
-  if (target == NULL)
-    return 0;
-  const char *dash = strrchr (target, '-');
-  return dash ? (guint)g_ascii_strtoull (dash + 1, NULL, 10) : 0;
-}
-
 /* kill -9 in the middle of a run (after a checkpoint has been made, so
  * often while the next is being written), three times, then --resume: the
  * uninterrupted run's weights and optimizer state, bit for bit. */

@@ -175,3 +175,14 @@ assert_pinned_as_simulated (const StowRun *r)
 {
   assert_line_within (r, "pinned host peak: ");
 }
+
+guint
+latest_step (const char *out)
+{
+  g_autofree char *link = g_build_filename (out, "latest", NULL);
+  g_autofree char *target = g_file_read_link (link, NULL);
+  if (target == NULL)
+    return 0;
+  const char *dash = strrchr (target, '-');
+  return dash ? (guint)g_ascii_strtoull (dash + 1, NULL, 10) : 0;
+}

@@ -44,3 +44,5 @@ void assert_peak_as_simulated (const StowRun *r);
 /* The run's "pinned host peak:" line (an offloaded placement's host
  * buffers): measured within 2% of the simulated one. */
 void assert_pinned_as_simulated (const StowRun *r);
+/* The step OUT/latest names, 0 without one. */
+guint latest_step (const char *out);

@@ -200,13 +200,15 @@ stow_state_swap_describe (const StowStateSwap *sw)
   g_autofree char *buf
       = g_format_size_full (sw->max_bytes, G_FORMAT_SIZE_IEC_UNITS);
   g_autofree char *pool = stow_pinned_pool_describe (sw->pool);
+  const char *stale = stow_nvme_store_get_note (sw->store);
   return g_strdup_printf (
       "optimizer states on NVMe: %u chunk%s in %s (%s, %s), %u swap buffer%s "
-      "of %s; %s",
+      "of %s; %s%s%s",
       sw->chunks->len, sw->chunks->len == 1 ? "" : "s", sw->dirs,
       stow_nvme_engine_name (stow_nvme_store_get_engine (sw->store)),
       stow_nvme_store_is_direct (sw->store) ? "O_DIRECT" : "buffered",
-      sw->n_ring, sw->n_ring == 1 ? "" : "s", buf, pool);
+      sw->n_ring, sw->n_ring == 1 ? "" : "s", buf, pool,
+      stale ? "; " : "", stale ? stale : "");
 }
 
 /* ---- the ring ------------------------------------------------------------ */
