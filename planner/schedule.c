@@ -50,6 +50,8 @@ typedef struct
   gboolean recompute;
   guint last_grad_item; /* item index of its last gradient */
   guint grads_ready;    /* event: its gradients are complete */
+  guint last_down;      /* event: its last micro-batch's gradients are
+                           down on the host (optimizer offload), or none */
   guint last_use;       /* event: its last compute in the step */
 } Unit;
 
@@ -573,6 +575,38 @@ uses_grad_slots (Lower *L)
   return L->off_opt || L->off_par || gdiv > 1;
 }
 
+/* Allocates gradient slot @grad for @u's next gradient write.  With the
+ * optimizer on the host and one rank, the unit's earlier micro-batches
+ * of the step are on the host: they go back up into the slot (on the
+ * h2d stream, which then allocates it) so that the next write adds to
+ * them, as the kernels add into the old gradients on the device, and the
+ * sum is formed exactly as the device-resident run forms it.  One copy
+ * of the unit's partial gradients per micro-batch after the first.
+ * Returns that copy's event (the write waits for it and accumulates), or
+ * STOW_NONE (the write starts the slot afresh). */
+static guint
+emit_grad_slot (Lower *L, Rank *R, Unit *u, guint grad, guint slot_index)
+{
+  guint *freed = &R->grad_slot_freed[slot_index];
+  /* Layer-major accumulation (simulate --layer-major) runs a unit's
+   * micro-batches back to back, where a copy up behind each copy down
+   * would serialise them: its program accumulates on the host (priced,
+   * not run by the executor). */
+  if (!L->off_opt || L->n > 1 || L->so->layer_major
+      || u->last_down == STOW_NONE)
+    {
+      emit_alloc (L, R->rank, STOW_STREAM_COMPUTE, grad, freed, 1);
+      return STOW_NONE;
+    }
+  emit_alloc (L, R->rank, STOW_STREAM_H2D, grad, freed, 1);
+  StowOp op = copy_op (R->rank, STOW_STREAM_H2D, STOW_TIER_PINNED,
+                       STOW_TIER_DEVICE, stow_bytes (u->params, L->g),
+                       u->layer);
+  op.unit = u->pu;
+  op_io (&op, R->host_grads_buf, STOW_NONE, grad);
+  return emit (L, &op, &u->last_down, 1, TRUE, "partial gradients up");
+}
+
 /* After the backward (or loss) op of @u wrote its gradient to @slot (or to
  * the persistent gradients): reduce, copy down, free the slot.  Returns the
  * event after which the gradient of this micro-batch is in place. */
@@ -614,6 +648,7 @@ emit_grad_path (Lower *L, Rank *R, Unit *u, guint slot, guint done,
                     stow_bytes (div_ceil (u->params, L->n), L->g), u->layer);
       op_io (&op, slot, STOW_NONE, R->host_grads_buf);
       ev = emit (L, &op, &ev, 1, TRUE, "gradients down");
+      u->last_down = ev;
       free_on = STOW_STREAM_D2H;
     }
   else if (L->n == 1)
@@ -1036,7 +1071,7 @@ lower_rank (Lower *L, Rank *R)
     {
       Unit *u = &g_array_index (R->units, Unit, i);
       u->resident = STOW_NONE;
-      u->grads_ready = u->last_use = STOW_NONE;
+      u->grads_ready = u->last_use = u->last_down = STOW_NONE;
       u->streamed = L->gather && u->gparams > 0;
       if (u->layer >= 0)
         n_layer_units++;
@@ -1187,11 +1222,36 @@ lower_rank (Lower *L, Rank *R)
             || (it->unit + 2 == cfirst + ccount
                 && g_array_index (R->units, Unit, it->unit + 1).layer
                        == STOW_LAYER_HEAD);
-      guint waits[4] = { STOW_NONE, STOW_NONE, STOW_NONE, STOW_NONE };
+      guint waits[6] = { STOW_NONE, STOW_NONE, STOW_NONE,
+                         STOW_NONE, STOW_NONE, STOW_NONE };
       guint nw = 0;
       guint wbuf = STOW_NONE;
       Use *use = it->use != STOW_NONE ? &g_array_index (R->uses, Use, it->use)
                                       : NULL;
+      /* The gradient slot this item writes (the head's loss, a layer's or
+       * the embedding's backward), set up before the next use's prefetch
+       * so that bringing earlier micro-batches up (emit_grad_slot) is not
+       * queued behind it on the h2d stream. */
+      guint pre_grad = STOW_NONE, pre_up = STOW_NONE;
+      if (uses_grad_slots (L) && u->params > 0
+          && (it->pass == PASS_F ? u->layer == STOW_LAYER_HEAD
+                                 : u->layer != STOW_LAYER_HEAD))
+        {
+          guint sl = R->grad_slot_count % 2;
+          g_autofree char *what
+              = u->layer == STOW_LAYER_HEAD ? g_strdup ("head")
+                : u->layer == STOW_LAYER_EMBEDDING
+                    ? g_strdup ("embedding")
+                    : g_strdup_printf ("L%d", u->layer);
+          pre_grad = holds (L,
+                            stow_program_buffer (p, rank, STOW_TIER_DEVICE, 0,
+                                                 2 + (gint)sl, FALSE,
+                                                 "gradient slot %u: %s", sl,
+                                                 what),
+                            STOW_BUF_GRADS, u->pu, 1, L->gdt, u->layer,
+                            it->mb);
+          pre_up = emit_grad_slot (L, R, u, pre_grad, sl);
+        }
       if (use)
         {
           emit_load (L, R, it->use);
@@ -1241,19 +1301,9 @@ lower_rank (Lower *L, Rank *R)
                   it->mb);
               emit_alloc (L, rank, STOW_STREAM_COMPUTE, logits[it->mb], NULL,
                           0);
-              guint grad = STOW_NONE;
-              if (uses_grad_slots (L) && u->params > 0)
-                {
-                  grad = holds (
-                      L,
-                      stow_program_buffer (
-                          p, rank, STOW_TIER_DEVICE, 0,
-                          2 + (gint)(R->grad_slot_count % 2), FALSE,
-                          "gradient slot %u: head", R->grad_slot_count % 2),
-                      STOW_BUF_GRADS, u->pu, 1, L->gdt, u->layer, it->mb);
-                  emit_alloc (L, rank, STOW_STREAM_COMPUTE, grad,
-                              &R->grad_slot_freed[R->grad_slot_count % 2], 1);
-                }
+              guint grad = pre_grad, up = pre_up;
+              if (up != STOW_NONE)
+                waits[nw++] = up;
               stow_op_init (&op, STOW_OP_LOSS, STOW_STREAM_COMPUTE, rank);
               op.layer = u->layer, op.unit = u->pu, op.micro_batch = it->mb;
               /* A tied head writes the embedding's gradient too. */
@@ -1264,6 +1314,8 @@ lower_rank (Lower *L, Rank *R)
                       == STOW_LAYER_EMBEDDING)
                     tied = &g_array_index (R->units, Unit, k);
               op.accumulate = grad_write (u, tied);
+              if (grad != STOW_NONE)
+                op.accumulate = up != STOW_NONE;
               op_io (&op, wbuf, STOW_NONE, logits[it->mb]);
               if (grad != STOW_NONE)
                 op.writes[op.n_writes++] = grad;
@@ -1347,23 +1399,14 @@ lower_rank (Lower *L, Rank *R)
             waits[nw++] = xevent (L, rank, PASS_B, vs + 1, it->mb);
           if (u->layer == STOW_LAYER_EMBEDDING)
             {
-              guint grad = STOW_NONE;
-              if (uses_grad_slots (L))
-                {
-                  grad = holds (
-                      L,
-                      stow_program_buffer (
-                          p, rank, STOW_TIER_DEVICE, 0,
-                          2 + (gint)(R->grad_slot_count % 2), FALSE,
-                          "gradient slot %u: embedding",
-                          R->grad_slot_count % 2),
-                      STOW_BUF_GRADS, u->pu, 1, L->gdt, u->layer, it->mb);
-                  emit_alloc (L, rank, STOW_STREAM_COMPUTE, grad,
-                              &R->grad_slot_freed[R->grad_slot_count % 2], 1);
-                }
+              guint grad = pre_grad, up = pre_up;
+              if (up != STOW_NONE)
+                waits[nw++] = up;
               stow_op_init (&op, STOW_OP_BACKWARD, STOW_STREAM_COMPUTE, rank);
               op.layer = u->layer, op.unit = u->pu, op.micro_batch = it->mb;
               op.accumulate = grad_write (u, NULL);
+              if (grad != STOW_NONE)
+                op.accumulate = up != STOW_NONE;
               op_io (&op, inputs[it->mb], STOW_NONE,
                      grad != STOW_NONE ? grad : R->grads_buf);
               done = emit (L, &op, waits, nw, TRUE, "backward");
@@ -1380,6 +1423,7 @@ lower_rank (Lower *L, Rank *R)
           else
             {
               guint rec = STOW_NONE, ws, grad = STOW_NONE, dh = STOW_NONE;
+              guint up = STOW_NONE; /* partial gradients up */
               /* The loss's backward has run: the last layer's backward
                * frees the logits and holds the loss gradient instead. */
               if (logits[it->mb] != STOW_NONE && it->unit + 2 == n_units
@@ -1421,12 +1465,12 @@ lower_rank (Lower *L, Rank *R)
                                       STOW_TIER_DEVICE, L->ckpt, u->layer);
                   c.micro_batch = it->mb;
                   op_io (&c, host_acts[act_idx], STOW_NONE, acts[act_idx]);
-                  guint up = emit (L, &c, gate, ngate, TRUE, "checkpoint up");
-                  emit_free (L, rank, STOW_STREAM_H2D, host_acts[act_idx], &up,
+                  guint ck = emit (L, &c, gate, ngate, TRUE, "checkpoint up");
+                  emit_free (L, rank, STOW_STREAM_H2D, host_acts[act_idx], &ck,
                              1, FALSE);
                   host_acts[act_idx] = STOW_NONE;
                   g_assert (nw < G_N_ELEMENTS (waits));
-                  waits[nw++] = up;
+                  waits[nw++] = ck;
                 }
               if (u->recompute)
                 {
@@ -1457,23 +1501,15 @@ lower_rank (Lower *L, Rank *R)
                           STOW_BUF_WORKSPACE, STOW_NONE, 0, L->wdt, u->layer,
                           it->mb);
               emit_alloc (L, rank, STOW_STREAM_COMPUTE, ws, NULL, 0);
-              if (uses_grad_slots (L))
-                {
-                  guint sl = R->grad_slot_count % 2;
-                  grad = holds (L,
-                                stow_program_buffer (
-                                    p, rank, STOW_TIER_DEVICE, 0, 2 + (gint)sl,
-                                    FALSE, "gradient slot %u: L%d", sl,
-                                    u->layer),
-                                STOW_BUF_GRADS, u->pu, 1, L->gdt, u->layer,
-                                it->mb);
-                  emit_alloc (L, rank, STOW_STREAM_COMPUTE, grad,
-                              &R->grad_slot_freed[sl], 1);
-                }
+              grad = pre_grad, up = pre_up;
+              if (up != STOW_NONE)
+                waits[nw++] = up;
               stow_op_init (&op, STOW_OP_BACKWARD, STOW_STREAM_COMPUTE, rank);
               op.layer = u->layer, op.unit = u->pu, op.micro_batch = it->mb;
-              /* A gradient slot holds one micro-batch's gradients alone. */
-              op.accumulate = grad != STOW_NONE ? FALSE : grad_write (u, NULL);
+              /* A gradient slot holds this micro-batch's gradients, added
+               * to the earlier ones brought up (emit_grad_slot). */
+              op.accumulate = grad != STOW_NONE ? up != STOW_NONE
+                                                 : grad_write (u, NULL);
               op.bytes = tp_bytes, op.group = STOW_GROUP_TP,
               op.group_size = l->tp, op.intra_node = TRUE;
               op_io (&op, wbuf, acts[act_idx],

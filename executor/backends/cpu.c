@@ -77,9 +77,6 @@ struct _CpuBackend
   double loss_sum; /* sum of token losses, scaled at the end */
   double grad_norm, clip_coef, lr;
   gboolean skip;
-  /* An offloaded optimizer: [unit] the host gradients hold this step's
-   * micro-batches so far (under lock); the host copy of the weights. */
-  gboolean *host_grads_held;
   /* ZeRO-Infinity: the optimizer states on NVMe, in chunks. */
   StowStateSwap *swap;
   /* The delayed update: the previous step's gradients (host gradients'
@@ -169,31 +166,6 @@ grads_of (CpuBackend *b, const StowOp *op)
   return g != STOW_NONE ? g : b->map.grads_buf;
 }
 
-/* Whether the gradient-writing op @op adds to what @gbuf holds.  A
- * gradient slot holds one micro-batch alone; when the host gradients
- * already hold earlier micro-batches of the unit, the slot starts from
- * them, so that the sum is formed as the device-resident run forms it
- * (the kernels add into the old gradients) and the bits agree.  On a GPU
- * that is one copy up of the unit's partial gradients, which the program
- * does not list (see docs/executor.md). */
-static gboolean
-grads_accumulate (CpuBackend *b, const StowOp *op, guint gbuf)
-{
-  const StowBuffer *buf = buf_of (b, gbuf);
-  if (buf->slot < 2 || b->map.host_grads_buf == STOW_NONE)
-    return op->accumulate;
-  guint u = buf->unit_first;
-  g_mutex_lock (&b->lock);
-  gboolean held = b->host_grads_held[u];
-  g_mutex_unlock (&b->lock);
-  if (!held)
-    return op->accumulate;
-  memcpy (stow_tensor_map_unit (&b->map, gbuf, u),
-          stow_tensor_map_unit (&b->map, b->map.host_grads_buf, u),
-          unit_numel (b, u) * stow_dtype_size (b->p->grad_dtype));
-  return TRUE;
-}
-
 static gboolean
 run_forward (CpuBackend *b, const StowOp *op, GError **error)
 {
@@ -227,7 +199,7 @@ run_loss (CpuBackend *b, const StowOp *op, GError **error)
   guint8 *in = m->addr[m->input_of[op->micro_batch]];
   void *norm, *lm, *dnorm, *dlm;
   guint gbuf = grads_of (b, op);
-  gboolean acc = grads_accumulate (b, op, gbuf);
+  gboolean acc = op->accumulate;
   stow_tensor_map_head_in (m, stow_tensor_map_weights_of (m, op), &norm, &lm);
   stow_tensor_map_head_in (m, gbuf, &dnorm, &dlm);
   guint logits = stow_tensor_map_io (m, op, TRUE, STOW_BUF_LOGITS);
@@ -246,7 +218,7 @@ run_backward (CpuBackend *b, const StowOp *op, GError **error)
 {
   StowTensorMap *m = &b->map;
   guint gbuf = grads_of (b, op);
-  gboolean acc = grads_accumulate (b, op, gbuf);
+  gboolean acc = op->accumulate;
   if (op->layer == STOW_LAYER_EMBEDDING)
     {
       guint8 *in = m->addr[m->input_of[op->micro_batch]];
@@ -401,7 +373,6 @@ run_copy (CpuBackend *b, const StowOp *op, GError **error)
   const guint8 *from = NULL;
   guint8 *to = NULL;
   gsize elem = 0;
-  gboolean down = FALSE;
   if (b->swap != NULL && op->src == STOW_TIER_NVME && dst != STOW_NONE
       && is_swap_buffer (buf_of (b, dst)))
     return stow_state_swap_read (b->swap, op->shard, m->addr[dst], op->bytes,
@@ -432,14 +403,23 @@ run_copy (CpuBackend *b, const StowOp *op, GError **error)
               m->host_weights + op->first * m->esize, op->count * m->esize);
       return TRUE;
     }
-  if (dst != STOW_NONE && dst == m->host_grads_buf && src != STOW_NONE
+  if (src != STOW_NONE && src == m->host_grads_buf && dst != STOW_NONE
+      && buf_of (b, dst)->kind == STOW_BUF_GRADS && buf_of (b, dst)->slot >= 2)
+    {
+      /* A unit's earlier micro-batches' gradients back up into its
+       * gradient slot, which the next write adds to. */
+      unit = buf_of (b, dst)->unit_first;
+      elem = stow_dtype_size (b->p->grad_dtype);
+      from = stow_tensor_map_unit (m, src, unit);
+      to = stow_tensor_map_unit (m, dst, unit);
+    }
+  else if (dst != STOW_NONE && dst == m->host_grads_buf && src != STOW_NONE
       && buf_of (b, src)->kind == STOW_BUF_GRADS && buf_of (b, src)->slot >= 2)
     {
       unit = buf_of (b, src)->unit_first;
       elem = stow_dtype_size (b->p->grad_dtype);
       from = stow_tensor_map_unit (m, src, unit);
       to = stow_tensor_map_unit (m, dst, unit);
-      down = TRUE;
     }
   else if (dst != STOW_NONE && buf_of (b, dst)->kind == STOW_BUF_WEIGHTS
            && buf_of (b, dst)->tier == STOW_TIER_DEVICE && src == STOW_NONE
@@ -480,12 +460,6 @@ run_copy (CpuBackend *b, const StowOp *op, GError **error)
       return FALSE;
     }
   memcpy (to, from, bytes);
-  if (down)
-    {
-      g_mutex_lock (&b->lock);
-      b->host_grads_held[unit] = TRUE;
-      g_mutex_unlock (&b->lock);
-    }
   return TRUE;
 }
 
@@ -822,7 +796,6 @@ cpu_destroy (StowBackend *bb)
   if (b->swap)
     stow_state_swap_free (b->swap);
   stow_tensor_map_clear (&b->map);
-  g_free (b->host_grads_held);
   g_free (b->prev_grads);
   g_free (b->recorded);
   g_free (b->op_start);
@@ -884,7 +857,6 @@ stow_backend_cpu_new (const StowCpuSetup *setup, GError **error)
       cpu_destroy (&b->parent);
       return NULL;
     }
-  b->host_grads_held = g_new0 (gboolean, MAX (p->units->len, 1));
   if (b->delayed)
     {
       guint64 numel = 0;
@@ -983,7 +955,6 @@ stow_backend_cpu_begin_step (StowBackend *bb, guint64 step)
       b->apply_prev = b->have_grads && step > 1;
       b->have_grads = TRUE;
     }
-  memset (b->host_grads_held, 0, sizeof (gboolean) * MAX (b->p->units->len, 1));
   memset (b->recorded, 0, sizeof (gboolean) * MAX (b->p->events->len, 1));
   memset (b->op_start, 0, sizeof (double) * MAX (b->p->ops->len, 1));
   memset (b->op_end, 0, sizeof (double) * MAX (b->p->ops->len, 1));
