@@ -407,9 +407,9 @@ test_offload_optimizer_resume (void)
 
 /* Each copy of the cpu backend sleeps this long first (the test knob), and
  * an op may start this much later than the program lets it: the scheduler
- * of a loaded 2-core machine (measured up to 23 ms with two of these tests
- * and other builds at a load of 8), well below a copy, so that waiting
- * for a copy the program does not wait for is caught. */
+ * of a loaded 2-core machine (measured up to 28 ms at loads up to 8, two
+ * of these tests at once beside other builds), well below a copy, so that
+ * waiting for a copy the program does not wait for is caught. */
 #define COPY_DELAY_US 200000.0
 #define SLACK_US      100000.0
 
