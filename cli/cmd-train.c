@@ -27,9 +27,10 @@ typedef struct
       *precision, *lr, *min_lr, *warmup, *lr_schedule, *weight_decay, *beta1,
       *beta2, *eps, *max_grad_norm, *seed, *out, *save_every, *log_json,
       *trace, *backend, *device_memory, *tokenizer, *threads, *recompute,
-      *offload_optimizer, *offload_params, *resident_layers;
+      *offload_optimizer, *offload_params, *resident_layers,
+      *test_copy_delay_us;
   char **nvme_dirs;
-  gboolean resume, shuffle, delayed_update;
+  gboolean resume, shuffle, delayed_update, stream_times;
 } TrainOptions;
 
 static gboolean
@@ -79,6 +80,7 @@ resolve (TrainOptions *o, StowTrainConfig *c, GError **error)
   c->shuffle = o->shuffle;
   c->log_json = o->log_json;
   c->trace_path = o->trace;
+  c->stream_times = o->stream_times;
   if (o->backend)
     c->backend = o->backend;
   guint64 threads = 0;
@@ -117,6 +119,22 @@ resolve (TrainOptions *o, StowTrainConfig *c, GError **error)
       return FALSE;
     }
   c->threads = (guint)threads;
+  if (o->test_copy_delay_us)
+    {
+      guint64 us = 0;
+      if (!parse_u64 ("--test-copy-delay-us", o->test_copy_delay_us, TRUE, &us,
+                      error))
+        return FALSE;
+      if (us > 10000000 || g_strcmp0 (c->backend, "cpu") != 0)
+        {
+          g_set_error (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
+                       "--test-copy-delay-us %s: a knob of the cpu backend, "
+                       "at most 10 s",
+                       o->test_copy_delay_us);
+          return FALSE;
+        }
+      c->copy_delay_us = (guint)us;
+    }
   if (o->seq)
     {
       g_autoptr (GError) local = NULL;
@@ -323,6 +341,31 @@ notice (const char *line, gpointer user)
   fprintf (stderr, "%s\n", line);
 }
 
+/* Busy and exposed seconds per stream of the last step, measured beside
+ * simulated: the streams busy in either, then the step. */
+static void
+print_stream_times (const StowTrainConfig *c)
+{
+  if (c->measured_step_s <= 0)
+    {
+      fprintf (stderr, "streams: no step ran\n");
+      return;
+    }
+  fprintf (stderr, "streams (last step): busy / exposed s, measured | "
+                   "simulated\n");
+  for (guint s = 0; s < STOW_N_STREAMS; s++)
+    {
+      if (c->measured_busy_s[s] <= 0 && c->simulated_busy_s[s] <= 0)
+        continue;
+      fprintf (stderr, "  %-10s %10.4f %10.4f  | %10.4f %10.4f\n",
+               stow_stream_name (s), c->measured_busy_s[s],
+               c->measured_exposed_s[s], c->simulated_busy_s[s],
+               c->simulated_exposed_s[s]);
+    }
+  fprintf (stderr, "  %-10s %10.4f %10s  | %10.4f\n", "step",
+           c->measured_step_s, "", c->predicted_step_s);
+}
+
 static int
 train_main (TrainOptions *o, StowTrainConfig *c, const GOptionEntry *entries,
             int argc, char **argv)
@@ -366,6 +409,8 @@ train_main (TrainOptions *o, StowTrainConfig *c, const GOptionEntry *entries,
                             / (double)c->predicted_pinned_bytes
                         - 1.0));
     }
+  if (c->stream_times)
+    print_stream_times (c);
   return STOW_EXIT_OK;
 }
 
@@ -463,6 +508,16 @@ stow_cmd_train (int argc, char **argv)
       "The device's capacity (default: half of this host's RAM)", "SIZE" },
     { "threads", 0, 0, G_OPTION_ARG_STRING, &o.threads,
       "Compute threads (default: one per core)", "N" },
+    { "stream-times", 0, 0, G_OPTION_ARG_NONE, &o.stream_times,
+      "After the run, print each stream's busy and exposed seconds in the "
+      "last step, measured beside simulated (and add them to the last "
+      "--log-json line)",
+      NULL },
+    /* Tests of overlap on a small machine: every copy of the cpu backend
+     * sleeps this long first, so that copies last long enough to see. */
+    { "test-copy-delay-us", 0, G_OPTION_FLAG_HIDDEN, G_OPTION_ARG_STRING,
+      &o.test_copy_delay_us, "Test knob: each copy sleeps US first (cpu)",
+      "US" },
     { NULL },
   };
   StowTrainConfig c;
@@ -481,7 +536,7 @@ stow_cmd_train (int argc, char **argv)
                        &o.trace,      &o.backend,       &o.device_memory,
                        &o.tokenizer,  &o.threads,       &o.recompute,
                        &o.offload_optimizer, &o.offload_params,
-                       &o.resident_layers };
+                       &o.resident_layers, &o.test_copy_delay_us };
   for (gsize i = 0; i < G_N_ELEMENTS (strings); i++)
     g_free (*strings[i]);
   return status;

@@ -26,9 +26,116 @@ meta (JsonBuilder *b, const char *what, guint pid, guint tid, const char *name)
   json_builder_end_object (b);
 }
 
+/* Whether the trace shows op @i: allocs and frees take no time under the
+ * sim and are left out. */
+static gboolean
+traced (const StowProgram *p, guint i)
+{
+  StowOpKind k = g_array_index (p->ops, StowOp, i).kind;
+  return k != STOW_OP_ALLOC && k != STOW_OP_FREE;
+}
+
+static void
+add_dep (GArray *a, guint op)
+{
+  for (guint k = 0; k < a->len; k++)
+    if (g_array_index (a, guint, k) == op)
+      return;
+  g_array_append_val (a, op);
+}
+
+typedef struct
+{
+  const StowProgram *p;
+  guint *stream_prev; /* [op]: the op before it on its (rank, stream) */
+  guint *recorder;    /* [event]: the op that records it */
+  GArray **deps;      /* [op]: memo of deps_of, NULL until computed */
+  gboolean *visiting;
+} Deps;
+
+static GArray *deps_of (Deps *d, guint i);
+
+/* The traced ops that must end before anything after @j on its stream
+ * (or waiting on @j's event) may start: @j itself, or when @j is left
+ * out, what @j had to wait for. */
+static void
+add_through (Deps *d, GArray *out, guint j)
+{
+  if (traced (d->p, j))
+    {
+      add_dep (out, j);
+      return;
+    }
+  GArray *a = deps_of (d, j);
+  for (guint k = 0; a != NULL && k < a->len; k++)
+    add_dep (out, g_array_index (a, guint, k));
+}
+
+/* The traced ops op @i waits for: the op before it on its stream and the
+ * recorders of its events, seen through allocs and frees.  Memoised; a
+ * cycle (a program that could not have run) is cut: NULL. */
+static GArray *
+deps_of (Deps *d, guint i)
+{
+  if (d->deps[i] != NULL || d->visiting[i])
+    return d->deps[i];
+  d->visiting[i] = TRUE;
+  GArray *a = g_array_new (FALSE, FALSE, sizeof (guint));
+  const StowOp *op = &g_array_index (d->p->ops, StowOp, i);
+  if (d->stream_prev[i] != STOW_NONE)
+    add_through (d, a, d->stream_prev[i]);
+  for (guint w = 0; w < op->n_waits; w++)
+    {
+      guint e = g_array_index (d->p->waits, guint, op->wait_first + w);
+      if (d->recorder[e] != STOW_NONE)
+        add_through (d, a, d->recorder[e]);
+    }
+  d->visiting[i] = FALSE;
+  return d->deps[i] = a;
+}
+
+static void
+deps_init (Deps *d, const StowProgram *p)
+{
+  guint nops = p->ops->len, nev = p->events->len;
+  d->p = p;
+  d->stream_prev = g_new (guint, MAX (nops, 1));
+  d->recorder = g_new (guint, MAX (nev, 1));
+  d->deps = g_new0 (GArray *, MAX (nops, 1));
+  d->visiting = g_new0 (gboolean, MAX (nops, 1));
+  for (guint e = 0; e < nev; e++)
+    d->recorder[e] = STOW_NONE;
+  g_autofree guint *last = g_new (guint, p->n_ranks * STOW_N_STREAMS);
+  for (guint q = 0; q < p->n_ranks * STOW_N_STREAMS; q++)
+    last[q] = STOW_NONE;
+  for (guint i = 0; i < nops; i++)
+    {
+      const StowOp *op = &g_array_index (p->ops, StowOp, i);
+      guint q = op->rank * STOW_N_STREAMS + op->stream;
+      d->stream_prev[i] = last[q];
+      last[q] = i;
+      if (op->record != STOW_NONE)
+        d->recorder[op->record] = i;
+    }
+}
+
+static void
+deps_clear (Deps *d)
+{
+  for (guint i = 0; i < d->p->ops->len; i++)
+    if (d->deps[i])
+      g_array_unref (d->deps[i]);
+  g_free (d->deps);
+  g_free (d->visiting);
+  g_free (d->stream_prev);
+  g_free (d->recorder);
+}
+
 char *
 stow_trace_to_chrome_json (const StowTrace *t, const StowProgram *p)
 {
+  Deps deps;
+  deps_init (&deps, p);
   g_autoptr (JsonBuilder) b = json_builder_new ();
   json_builder_begin_object (b);
   stow_json_set_string (b, "displayTimeUnit", "ms");
@@ -45,7 +152,7 @@ stow_trace_to_chrome_json (const StowTrace *t, const StowProgram *p)
     {
       const StowOp *op = &g_array_index (p->ops, StowOp, i);
       const StowTraceOp *to = &t->ops[i];
-      if (op->kind == STOW_OP_ALLOC || op->kind == STOW_OP_FREE)
+      if (!traced (p, i))
         continue;
       g_autofree char *name = stow_op_describe (p, i);
       json_builder_begin_object (b);
@@ -58,6 +165,13 @@ stow_trace_to_chrome_json (const StowTrace *t, const StowProgram *p)
       stow_json_set_i64 (b, "tid", op->stream);
       json_builder_set_member_name (b, "args");
       json_builder_begin_object (b);
+      stow_json_set_i64 (b, "op", i);
+      GArray *dep = deps_of (&deps, i);
+      json_builder_set_member_name (b, "deps");
+      json_builder_begin_array (b);
+      for (guint k = 0; dep != NULL && k < dep->len; k++)
+        json_builder_add_int_value (b, g_array_index (dep, guint, k));
+      json_builder_end_array (b);
       if (op->bytes)
         {
           stow_json_set_i64 (b, "bytes", (gint64)op->bytes);
@@ -92,6 +206,7 @@ stow_trace_to_chrome_json (const StowTrace *t, const StowProgram *p)
       }
   json_builder_end_array (b);
   json_builder_end_object (b);
+  deps_clear (&deps);
   g_autoptr (JsonNode) root = json_builder_get_root (b);
   return stow_json_to_string (root, FALSE);
 }

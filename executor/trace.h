@@ -61,7 +61,12 @@ StowTrace *stow_program_run (const StowProgram *p, StowBackend *backend,
                              GError **error);
 
 /* Chrome trace-event JSON: one process per rank, one thread per stream,
- * counters for memory per tier. */
+ * counters for memory per tier.  Each op that takes time is an "X" event
+ * named by stow_op_describe, its args: "op" (its index in @p), "deps"
+ * (the ops that must end before it may start: the one before it on its
+ * stream and the recorders of the events it waits on, seen through the
+ * allocs and frees the trace leaves out, which wait in their turn) and
+ * "bytes" and "flops" where it has them. */
 char *stow_trace_to_chrome_json (const StowTrace *t, const StowProgram *p);
 
 /* "compute backward x80 4.2 s (ranks 0-3)" lines along the critical path,

@@ -874,6 +874,44 @@ test_nvme_fault (StowSwapSetup *s, GError **error)
 
 /* ---- the loop --------------------------------------------------------------- */
 
+/* The last step's busy and exposed seconds per stream, from its trace. */
+static void
+keep_stream_times (StowTrainConfig *c, const StowTrace *t)
+{
+  double first = G_MAXDOUBLE, last = 0;
+  for (guint i = 0; i < t->n_ops; i++)
+    {
+      first = MIN (first, t->ops[i].start_s);
+      last = MAX (last, t->ops[i].end_s);
+    }
+  c->measured_step_s = t->n_ops ? last - first : 0;
+  memcpy (c->measured_busy_s, t->busy_s, sizeof c->measured_busy_s);
+  memcpy (c->measured_exposed_s, t->exposed_s, sizeof c->measured_exposed_s);
+}
+
+/* "streams": {stream: {busy_s, exposed_s, simulated_busy_s,
+ * simulated_exposed_s}} for the streams busy in either. */
+static void
+log_stream_times (JsonBuilder *b, const StowTrainConfig *c)
+{
+  json_builder_set_member_name (b, "streams");
+  json_builder_begin_object (b);
+  for (guint s = 0; s < STOW_N_STREAMS; s++)
+    {
+      if (c->measured_busy_s[s] <= 0 && c->simulated_busy_s[s] <= 0)
+        continue;
+      json_builder_set_member_name (b, stow_stream_name (s));
+      json_builder_begin_object (b);
+      stow_json_set_double (b, "busy_s", c->measured_busy_s[s]);
+      stow_json_set_double (b, "exposed_s", c->measured_exposed_s[s]);
+      stow_json_set_double (b, "simulated_busy_s", c->simulated_busy_s[s]);
+      stow_json_set_double (b, "simulated_exposed_s",
+                            c->simulated_exposed_s[s]);
+      json_builder_end_object (b);
+    }
+  json_builder_end_object (b);
+}
+
 static void
 log_step (Run *r, const StowTrainStep *s)
 {
@@ -890,6 +928,8 @@ log_step (Run *r, const StowTrainStep *s)
   json_builder_set_member_name (b, "skipped");
   json_builder_add_boolean_value (b, s->skipped);
   stow_json_set_i64 (b, "peak_device_bytes", (gint64)s->peak_device_bytes);
+  if (r->c->stream_times && s->step == s->steps)
+    log_stream_times (b, r->c);
   json_builder_end_object (b);
   g_autoptr (JsonNode) root = json_builder_get_root (b);
   g_autofree char *line = stow_json_to_string (root, FALSE);
@@ -912,6 +952,7 @@ train_loop (Run *r, guint64 first, GError **error)
       last = stow_program_run (r->prog, r->be, error);
       if (last == NULL)
         return FALSE;
+      keep_stream_times (c, last);
       StowStepStats st;
       if (!r->ops->step_stats (r->be, &st, error))
         return FALSE;
@@ -1095,6 +1136,9 @@ stow_train_run (StowTrainConfig *c, GError **error)
     c->predicted_peak_bytes = tr->peak_bytes[STOW_TIER_DEVICE];
     c->predicted_pinned_bytes = tr->peak_bytes[STOW_TIER_PINNED];
     c->predicted_step_s = tr->step_time_s;
+    memcpy (c->simulated_busy_s, tr->busy_s, sizeof c->simulated_busy_s);
+    memcpy (c->simulated_exposed_s, tr->exposed_s,
+            sizeof c->simulated_exposed_s);
     if (!preflight_host (c, tr, cuda, error))
       goto out;
   }
@@ -1118,6 +1162,7 @@ stow_train_run (StowTrainConfig *c, GError **error)
       cs.swap.dirs = (const char *const *)c->nvme_dirs;
       if (!test_nvme_fault (&cs.swap, error))
         goto out;
+      cs.copy_delay_us = c->copy_delay_us;
       r.be = stow_backend_cpu_new (&cs, error);
       g_autofree char *swap = r.be ? stow_backend_cpu_describe_swap (r.be) : NULL;
       if (swap != NULL)

@@ -69,6 +69,8 @@ typedef struct
   guint threads;          /* 0: one per core */
   char **nvme_dirs;       /* --nvme-dir: where states on NVMe go, or NULL */
   gboolean delayed_update; /* ZeRO-Offload's one-step delayed update */
+  gboolean stream_times;  /* the last --log-json line gets "streams" */
+  guint copy_delay_us;    /* cpu backend's test knob (StowCpuSetup) */
   StowTrainProgress progress;
   StowTrainNotice notice;
   gpointer progress_user; /* of both */
@@ -80,6 +82,14 @@ typedef struct
   guint64 predicted_pinned_bytes, measured_pinned_bytes;
   double predicted_step_s;
   guint64 first_step; /* 1 unless resumed */
+  /* Out, of the last step run (measured: all 0 when none ran): per stream
+   * seconds busy, and busy while the compute stream is idle (exposed, as
+   * executor/trace.h defines it), measured on the backend and simulated
+   * for the same program; the measured step from its first op's start to
+   * its last op's end (the simulated one is predicted_step_s). */
+  double measured_busy_s[STOW_N_STREAMS], measured_exposed_s[STOW_N_STREAMS];
+  double simulated_busy_s[STOW_N_STREAMS], simulated_exposed_s[STOW_N_STREAMS];
+  double measured_step_s;
 } StowTrainConfig;
 
 void stow_train_config_init (StowTrainConfig *c);

@@ -11,6 +11,7 @@
 #include <glib/gstdio.h>
 
 #include "core/json.h"
+#include "tests/testutil-trace.h"
 #include "tests/testutil.h"
 
 static JsonObject *
@@ -125,6 +126,68 @@ test_trace_file (void)
   g_assert_cmpuint (n, ==, 1);
   g_remove (path);
   g_rmdir (dir);
+}
+
+/* Each op's "deps" in the trace are what it waits for, seen through the
+ * allocs and frees the trace leaves out (a slot's load waits on the free
+ * of its last occupant, a pipeline stage on its neighbour's send): under
+ * the sim's clocks every op starts exactly when the last of them ends, or
+ * at 0 without any.  A rank's two NVMe streams also take turns on its
+ * drive (executor/backends/sim.c), so those may start later. */
+static void
+check_trace_deps (const char *const *flags)
+{
+  g_autofree char *dir = g_dir_make_tmp ("stow-simdeps-XXXXXX", NULL);
+  g_autofree char *path = g_build_filename (dir, "step.json", NULL);
+  g_autoptr (GPtrArray) a = g_ptr_array_new ();
+  g_ptr_array_add (a, "simulate");
+  for (guint i = 0; flags[i]; i++)
+    g_ptr_array_add (a, (char *)flags[i]);
+  g_ptr_array_add (a, "--trace");
+  g_ptr_array_add (a, path);
+  g_ptr_array_add (a, NULL);
+  g_auto (StowRun) r = { 0 };
+  stow_runv (&r, (const char *const *)a->pdata);
+  g_assert_cmpint (r.status, ==, 0);
+  g_autoptr (TraceOps) t = trace_ops_load (path);
+  g_assert_cmpuint (t->ops->len, >, 50);
+  guint exact = 0, with_deps = 0;
+  for (guint i = 0; i < t->ops->len; i++)
+    {
+      const TraceOp *o = trace_op (t, i);
+      double ready = o->deps->len ? trace_op_ready_us (t, i) : 0;
+      double tol = 1e-3 + 1e-9 * ready;
+      g_assert_cmpfloat (o->start_us, >=, ready - tol);
+      if (g_str_has_prefix (o->stream, "nvme_"))
+        continue;
+      if (o->start_us > ready + tol)
+        g_error ("%s starts at %.3f us; its deps end by %.3f us", o->name,
+                 o->start_us, ready);
+      exact++;
+      with_deps += o->deps->len > 0;
+    }
+  g_test_message ("%s: %u ops start as their deps allow (%u with deps)",
+                  flags[0], exact, with_deps);
+  g_assert_cmpuint (with_deps, >, 0);
+  g_assert_cmpint (g_unlink (path), ==, 0);
+  g_assert_cmpint (g_rmdir (dir), ==, 0);
+}
+
+static void
+test_trace_deps (void)
+{
+  /* Layer and gradient slots: loads wait on frees. */
+  check_trace_deps ((const char *const[]){
+      "gpt2", "--gpus", "A100-80GB", "--zero", "3", "--offload-params", "cpu",
+      "--offload-optimizer", "cpu", "--resident-layers", "6", NULL });
+  /* Four stages: events across ranks. */
+  check_trace_deps ((const char *const[]){ "llama-7b", "--gpus", "8xA100-80GB",
+                                           "--pp", "4", "--global-batch", "64",
+                                           NULL });
+  /* The NVMe optimizer's swap buffers. */
+  check_trace_deps ((const char *const[]){
+      "llama-7b", "--gpus", "1xA100-80GB", "--zero", "3", "--offload-params",
+      "nvme", "--offload-optimizer", "nvme", "--global-batch", "8", NULL });
 }
 
 /* The issue's benchmark: one step of LLaMA-65B on 8 GPUs with parameter
@@ -268,6 +331,7 @@ main (int argc, char **argv)
   g_test_add_func ("/cli/simulate/text", test_text);
   g_test_add_func ("/cli/simulate/json-matches-mem", test_json_matches_mem);
   g_test_add_func ("/cli/simulate/trace", test_trace_file);
+  g_test_add_func ("/cli/simulate/trace-deps", test_trace_deps);
   g_test_add_func ("/cli/simulate/llama-65b", test_llama_65b_fast);
   g_test_add_func ("/cli/simulate/errors", test_errors);
   g_test_add_func ("/cli/simulate/formats", test_formats);

@@ -4,9 +4,12 @@
  * them: ten steps against PyTorch (tests/oracle/train_oracle.py, skipped
  * without torch), the same weights from two runs and from 1 and 2 threads,
  * resumption bit for bit (also after kill -9), the arena's peak against
- * the simulated one, and bad input refused with the file and the field.
+ * the simulated one, the measured timeline (causal, no hidden waits,
+ * copies overlapping compute), and bad input refused with the file and
+ * the field.
  */
 #include <errno.h>
+#include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
@@ -15,6 +18,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "core/json.h"
+#include "testutil-trace.h"
 #include "testutil-train.h"
 
 /* ---- against PyTorch --------------------------------------------------- */
@@ -174,6 +179,9 @@ test_peak_and_log (void)
            *k; k++)
         g_assert_nonnull (strstr (lines[i], *k));
     }
+  /* The stream times are asked for (test_timeline). */
+  g_assert_null (strstr (text, "\"streams\""));
+  g_assert_null (strstr (r.err, "streams"));
   g_autofree char *tr = NULL;
   g_assert_true (g_file_get_contents (trace, &tr, NULL, NULL));
   stow_assert_json_valid (tr, "--trace");
@@ -292,6 +300,177 @@ test_bad_input (void)
   stow_run (&r4, "train", "--data", f.shard, "--out", f.dir, NULL);
   g_assert_cmpint (r4.status, ==, 2);
   g_assert_nonnull (strstr (r4.err, "--model DIR is required"));
+  g_auto (StowRun) r5 = { 0 };
+  stow_run (&r5, "train", "--model", f.model, "--data", f.shard, "--out", f.dir,
+            "--test-copy-delay-us", "60000000", NULL);
+  g_assert_cmpint (r5.status, ==, 2);
+  g_assert_nonnull (strstr (r5.err, "--test-copy-delay-us 60000000"));
+  fixture_clear (&f);
+}
+
+/* ---- the measured timeline ----------------------------------------- */
+
+/* Each copy of the cpu backend sleeps this long first (the test knob), and
+ * an op may start this much later than the program lets it: the scheduler
+ * of a loaded 2-core machine (measured up to 28 ms at loads up to 8, two
+ * of these tests at once beside other builds), well below a copy, so that
+ * waiting for a copy the program does not wait for is caught. */
+#define COPY_DELAY_US 200000.0
+#define SLACK_US      100000.0
+
+/* @member of @stream in @streams (the --log-json line's "streams"). */
+static double
+stream_s (JsonObject *streams, const char *stream, const char *member)
+{
+  g_assert_true (json_object_has_member (streams, stream));
+  JsonObject *s = json_object_get_object_member (streams, stream);
+  g_assert_true (json_object_has_member (s, member));
+  return json_object_get_double_member (s, member);
+}
+
+/* ZeRO-Offload with slow copies: the last step's recorded intervals,
+ * against the program's order (each op's "deps" in the trace).  Causal:
+ * no op starts before the ops it waits for end.  No hidden waits: none
+ * starts more than SLACK_US after the later of them (the runtime adds no
+ * order of its own).  Overlap: every "gradients down" copy runs beside
+ * the next layer's backward, which does not wait for it.  And
+ * --stream-times says the same as the trace: the copies' busy time, most
+ * of it hidden behind compute. */
+static void
+test_timeline (void)
+{
+  Fixture f;
+  fixture_init (&f);
+  g_autofree char *out = g_build_filename (f.dir, "out", NULL);
+  g_autofree char *log = g_build_filename (f.dir, "log.jsonl", NULL);
+  g_autofree char *trace = g_build_filename (f.dir, "trace.json", NULL);
+  g_autofree char *delay = g_strdup_printf ("%.0f", COPY_DELAY_US);
+  g_auto (StowRun) r = { 0 };
+  /* Micro-batches of 8 x 256 tokens: a layer's backward takes tens of
+   * milliseconds, longer than the scheduler keeps a woken copy worker off
+   * the cores.  One compute thread, so that it leaves the workers of the
+   * other streams a core of this 2-core machine. */
+  train (&r, &f, out, "--steps", "2", "--seq", "256", "--micro-batch", "8",
+         "--global-batch", "16", "--threads", "1", "--offload-optimizer", "cpu",
+         "--test-copy-delay-us", delay, "--trace", trace, "--log-json", log,
+         "--stream-times", NULL);
+  g_test_message ("%s", r.err);
+  g_assert_cmpint (r.status, ==, 0);
+  g_assert_nonnull (strstr (r.err, "optimizer cpu"));
+  g_assert_nonnull (strstr (r.err, "micro-batch 8 x 2"));
+  g_autoptr (TraceOps) t = trace_ops_load (trace);
+
+  /* Causal, and no later than the program allows. */
+  double worst = 0;
+  const char *worst_op = "";
+  for (guint i = 0; i < t->ops->len; i++)
+    {
+      const TraceOp *o = trace_op (t, i);
+      for (guint j = 0; j < o->deps->len; j++)
+        {
+          const TraceOp *d = trace_op (t, g_array_index (o->deps, guint, j));
+          if (o->start_us < d->end_us - 0.5)
+            g_error ("%s starts at %.1f us, before %s ends (%.1f us)", o->name,
+                     o->start_us, d->name, d->end_us);
+        }
+      double late = o->start_us - trace_op_ready_us (t, i);
+      if (late > worst)
+        worst = late, worst_op = o->name;
+    }
+  g_test_message ("latest start past what the program allows: %.0f us (%s)",
+                  worst, worst_op);
+  g_assert_cmpfloat (worst, <=, SLACK_US);
+
+  /* Each copy down beside the next layer's backward.  (The embedding's
+   * backward is a scatter-add of under a millisecond: the program allows
+   * the overlap, but the copy's worker may be off the cores that long.) */
+  guint pairs = 0;
+  double pairs_us = 0;
+  for (guint c = 0; c < t->ops->len; c++)
+    {
+      const TraceOp *copy = trace_op (t, c);
+      if (g_strcmp0 (copy->stream, "d2h") != 0)
+        continue;
+      g_assert_cmpstr (copy->kind, ==, "copy");
+      /* The knob's sleep and a memcpy of under a MiB: a copy that waited
+       * for compute inside its worker would last longer. */
+      g_assert_cmpfloat (copy->end_us - copy->start_us, >=, COPY_DELAY_US);
+      g_assert_cmpfloat (copy->end_us - copy->start_us, <=,
+                         COPY_DELAY_US + SLACK_US);
+      guint producer = G_MAXUINT;
+      for (guint j = 0; j < copy->deps->len; j++)
+        if (g_str_equal (
+                trace_op (t, g_array_index (copy->deps, guint, j))->stream,
+                "compute"))
+          producer = g_array_index (copy->deps, guint, j);
+      g_assert_cmpuint (producer, !=, G_MAXUINT);
+      guint next = G_MAXUINT;
+      for (guint y = producer + 1; y < t->ops->len && next == G_MAXUINT; y++)
+        if (g_str_equal (trace_op (t, y)->stream, "compute")
+            && g_str_equal (trace_op (t, y)->kind, "backward"))
+          next = y;
+      if (next == G_MAXUINT || trace_op_depends (t, next, c)
+          || strstr (trace_op (t, next)->name, "backward embedding"))
+        continue;
+      double ov = trace_ops_overlap_us (t, c, next);
+      g_test_message ("%s beside %s: %.0f us", copy->name,
+                      trace_op (t, next)->name, ov);
+      g_assert_cmpfloat (ov, >, 0);
+      pairs++;
+      pairs_us += ov;
+    }
+  /* Two micro-batches, the head's copy and layer 1's each. */
+  g_assert_cmpuint (pairs, ==, 4);
+
+  /* --stream-times: the table, and the log's last line, which the trace
+   * bears out. */
+  g_assert_nonnull (strstr (r.err, "streams (last step): busy / exposed"));
+  g_assert_nonnull (strstr (r.err, "\n  d2h "));
+  g_assert_nonnull (strstr (r.err, "\n  step "));
+  g_autofree char *text = NULL;
+  g_assert_true (g_file_get_contents (log, &text, NULL, NULL));
+  g_auto (GStrv) lines = g_strsplit (g_strstrip (text), "\n", -1);
+  g_assert_cmpuint (g_strv_length (lines), ==, 2);
+  g_assert_null (strstr (lines[0], "\"streams\""));
+  g_autoptr (GError) error = NULL;
+  g_autoptr (JsonNode) root
+      = stow_json_parse_data (lines[1], -1, "--log-json", &error);
+  g_assert_no_error (error);
+  JsonObject *streams
+      = json_object_get_object_member (json_node_get_object (root), "streams");
+  g_assert_nonnull (streams);
+  double compute_us = 0, d2h_us = 0, hidden_us = 0;
+  for (guint i = 0; i < t->ops->len; i++)
+    {
+      const TraceOp *o = trace_op (t, i);
+      if (g_str_equal (o->stream, "compute"))
+        compute_us += o->end_us - o->start_us;
+      if (!g_str_equal (o->stream, "d2h"))
+        continue;
+      d2h_us += o->end_us - o->start_us;
+      for (guint y = 0; y < t->ops->len; y++)
+        if (g_str_equal (trace_op (t, y)->stream, "compute"))
+          hidden_us += MAX (0.0, trace_ops_overlap_us (t, i, y));
+    }
+  /* The allocs and frees the trace leaves out take microseconds (a few
+   * milliseconds in all on a loaded machine). */
+  double tol_us = 5000;
+  g_assert_cmpfloat (
+      fabs (stream_s (streams, "compute", "busy_s") * 1e6 - compute_us), <,
+      tol_us);
+  g_assert_cmpfloat (fabs (stream_s (streams, "d2h", "busy_s") * 1e6 - d2h_us),
+                     <, tol_us);
+  g_assert_cmpfloat (fabs (stream_s (streams, "d2h", "exposed_s") * 1e6
+                           - (d2h_us - hidden_us)),
+                     <, tol_us);
+  /* Eight copies down, and the table says what ran beside compute. */
+  g_assert_cmpfloat (d2h_us, >=, 8 * COPY_DELAY_US);
+  g_assert_cmpfloat (stream_s (streams, "d2h", "exposed_s") * 1e6, <=,
+                     d2h_us - pairs_us + tol_us);
+  for (const char *const *s
+       = (const char *const[]){ "compute", "h2d", "d2h", "cpu_optim", NULL };
+       *s; s++)
+    g_assert_cmpfloat (stream_s (streams, *s, "simulated_busy_s"), >, 0);
   fixture_clear (&f);
 }
 
@@ -329,5 +508,6 @@ main (int argc, char **argv)
   g_test_add_func ("/train/bytes", test_bytes);
   g_test_add_func ("/train/bad-input", test_bad_input);
   g_test_add_func ("/train/init-model", test_init_model);
+  g_test_add_func ("/train/timeline", test_timeline);
   return g_test_run ();
 }
