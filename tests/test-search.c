@@ -9,6 +9,7 @@
  */
 #include <math.h>
 #include <string.h>
+#include <time.h>
 
 #include "planner/search.h"
 #include "tests/testutil-planner.h"
@@ -357,13 +358,23 @@ test_speed (void)
   t.global_batch = 2048;
   stow_layout_init (&base);
   stow_mem_options_init (&mo);
+  /* The bound is on the process's CPU time, not the wall clock: CI runs
+   * two test programs at once on two cores, which stretches the wall time
+   * of whichever is slower, not the work done (1.9-2.1 s on the
+   * development VM alone). */
+  struct timespec c0, c1;
+  clock_gettime (CLOCK_PROCESS_CPUTIME_ID, &c0);
   g_autoptr (StowSearch) s = stow_search_run (m, c, &t, &base, 0, &mo, 10);
-  g_test_message ("%" G_GUINT64_FORMAT " layouts in %.3f s (%.0f per second)",
-                  s->evaluated, s->search_time_s,
-                  (double)s->evaluated / s->search_time_s);
+  clock_gettime (CLOCK_PROCESS_CPUTIME_ID, &c1);
+  double cpu = (double)(c1.tv_sec - c0.tv_sec)
+               + (double)(c1.tv_nsec - c0.tv_nsec) / 1e9;
+  g_test_message ("%" G_GUINT64_FORMAT " layouts in %.3f s wall, %.3f s CPU "
+                  "(%.0f per CPU second)",
+                  s->evaluated, s->search_time_s, cpu,
+                  (double)s->evaluated / cpu);
   g_assert_cmpuint (s->evaluated, >, 100000);
   g_assert_cmpuint (s->fits->len, ==, 10);
-  g_assert_cmpfloat (s->search_time_s, <, 3.0);
+  g_assert_cmpfloat (cpu, <, 3.0);
   g_log_remove_handler ("stowage", h);
 }
 
