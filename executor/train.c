@@ -495,6 +495,40 @@ state_rw (Run *r, gboolean write, guint unit, guint which, guint64 first,
   return TRUE;
 }
 
+/* State @q (0 master, 1 m, 2 v) of tensor @t of @unit between the
+ * backend and a checkpoint: written to @ow, or read from @os.  From the
+ * backend's memory in one piece; on NVMe a piece (*@piece, allocated on
+ * first use) at a time, so no copy of the states is made. */
+static gboolean
+state_section (Run *r, StowOptimStateWriter *ow, StowOptimState *os,
+               guint unit, const StowUnitTensor *t, guint q, float **piece,
+               GError **error)
+{
+  static const char *const sec[3] = { "master", "m", "v" };
+  float *mem = state_ptr (r, unit, q);
+  if (mem != NULL)
+    return ow ? stow_optim_state_writer_write (ow, mem + t->offset, t->numel,
+                                               error)
+              : stow_optim_state_read (os, t->name, sec[q], 0, t->numel,
+                                       mem + t->offset, error);
+  if (*piece == NULL)
+    *piece = g_new (float, STATE_PIECE);
+  for (guint64 i = 0; i < t->numel; i += STATE_PIECE)
+    {
+      guint64 n = MIN (STATE_PIECE, t->numel - i);
+      gboolean ok
+          = ow ? state_rw (r, FALSE, unit, q, t->offset + i, n, *piece, error)
+                     && stow_optim_state_writer_write (ow, *piece, n, error)
+               : stow_optim_state_read (os, t->name, sec[q], i, n, *piece,
+                                        error)
+                     && state_rw (r, TRUE, unit, q, t->offset + i, n, *piece,
+                                  error);
+      if (!ok)
+        return FALSE;
+    }
+  return TRUE;
+}
+
 static gboolean
 save_checkpoint (Run *r, guint64 step, GError **error)
 {
@@ -542,27 +576,8 @@ save_checkpoint (Run *r, guint64 step, GError **error)
           const StowUnitTensor *t = &g_array_index (
               p->unit_tensors, StowUnitTensor, u->first_tensor + k);
           for (guint q = p->master_weights ? 0 : 1; q < 3; q++)
-            {
-              const float *in = state_ptr (r, ui, q);
-              if (in != NULL)
-                {
-                  if (!stow_optim_state_writer_write (ow, in + t->offset,
-                                                      t->numel, error))
-                    return FALSE;
-                  continue;
-                }
-              /* On NVMe: streamed a piece at a time. */
-              if (piece == NULL)
-                piece = g_new (float, STATE_PIECE);
-              for (guint64 i = 0; i < t->numel; i += STATE_PIECE)
-                {
-                  guint64 n = MIN (STATE_PIECE, t->numel - i);
-                  if (!state_rw (r, FALSE, ui, q, t->offset + i, n, piece,
-                                 error)
-                      || !stow_optim_state_writer_write (ow, piece, n, error))
-                    return FALSE;
-                }
-            }
+            if (!state_section (r, ow, NULL, ui, t, q, &piece, error))
+              return FALSE;
           if (r->c->delayed_update
               && !pending_rw (r, ow, NULL, ui, t, &piece, error))
             return FALSE;
@@ -646,7 +661,6 @@ load_checkpoint (Run *r, const char *dir, guint64 *done, GError **error)
   for (guint ui = 0; ui < p->units->len; ui++)
     {
       const StowUnit *u = &g_array_index (p->units, StowUnit, ui);
-      static const char *const sec[3] = { "master", "m", "v" };
       for (guint k = 0; k < u->n_tensors; k++)
         {
           const StowUnitTensor *t = &g_array_index (
@@ -662,27 +676,8 @@ load_checkpoint (Run *r, const char *dir, guint64 *done, GError **error)
               return FALSE;
             }
           for (guint q = p->master_weights ? 0 : 1; q < 3; q++)
-            {
-              float *dst = state_ptr (r, ui, q);
-              if (dst != NULL)
-                {
-                  if (!stow_optim_state_read (os, t->name, sec[q], 0, t->numel,
-                                              dst + t->offset, error))
-                    return FALSE;
-                  continue;
-                }
-              if (piece == NULL)
-                piece = g_new (float, STATE_PIECE);
-              for (guint64 i = 0; i < t->numel; i += STATE_PIECE)
-                {
-                  guint64 n = MIN (STATE_PIECE, t->numel - i);
-                  if (!stow_optim_state_read (os, t->name, sec[q], i, n, piece,
-                                              error)
-                      || !state_rw (r, TRUE, ui, q, t->offset + i, n, piece,
-                                    error))
-                    return FALSE;
-                }
-            }
+            if (!state_section (r, NULL, os, ui, t, q, &piece, error))
+              return FALSE;
           if (delayed && !pending_rw (r, NULL, os, ui, t, &piece, error))
             return FALSE;
         }

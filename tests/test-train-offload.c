@@ -340,22 +340,11 @@ test_nvme_kill (void)
                          "--out", killed, "--steps", steps, "--save-every",
                          "1", "--offload-optimizer", "nvme", "--nvme-dir",
                          swap, NULL };
-  GPid pid;
-  g_autoptr (GError) error = NULL;
-  g_assert_true (g_spawn_async (NULL, (char **)argv, NULL,
-                                G_SPAWN_DO_NOT_REAP_CHILD
-                                    | G_SPAWN_STDOUT_TO_DEV_NULL
-                                    | G_SPAWN_STDERR_TO_DEV_NULL,
-                                NULL, NULL, &pid, &error));
-  g_assert_no_error (error);
+  GPid pid = spawn_quiet (argv);
   for (guint i = 0; i < 20000 && latest_step (killed) < 2; i++)
     g_usleep (500);
   g_usleep (700);
-  kill (pid, SIGKILL);
-  int st;
-  waitpid (pid, &st, 0);
-  g_spawn_close_pid (pid);
-  g_assert_true (WIFSIGNALED (st));
+  g_assert_true (WIFSIGNALED (kill_and_wait (pid, SIGKILL)));
   guint at = latest_step (killed);
   g_test_message ("killed with latest at step %u of %s", at, steps);
   g_assert_cmpuint (at, >=, 2);
@@ -446,14 +435,7 @@ test_nvme_signal (void)
                              "--out", out, "--steps", "100000",
                              "--offload-optimizer", "nvme", "--nvme-dir", swap,
                              NULL };
-      GPid pid;
-      g_autoptr (GError) error = NULL;
-      g_assert_true (g_spawn_async (NULL, (char **)argv, NULL,
-                                    G_SPAWN_DO_NOT_REAP_CHILD
-                                        | G_SPAWN_STDOUT_TO_DEV_NULL
-                                        | G_SPAWN_STDERR_TO_DEV_NULL,
-                                    NULL, NULL, &pid, &error));
-      g_assert_no_error (error);
+      GPid pid = spawn_quiet (argv);
       g_autofree char *priv = NULL;
       for (guint k = 0; k < 20000 && priv == NULL; k++)
         {
@@ -472,10 +454,7 @@ test_nvme_signal (void)
       g_assert_cmpint (stat (file, &sf), ==, 0);
       g_assert_cmpint (sd.st_mode & 0777, ==, 0700);
       g_assert_cmpint (sf.st_mode & 0777, ==, 0600);
-      kill (pid, sigs[i]);
-      int st;
-      waitpid (pid, &st, 0);
-      g_spawn_close_pid (pid);
+      int st = kill_and_wait (pid, sigs[i]);
       g_assert_true (WIFSIGNALED (st));
       g_assert_cmpint (WTERMSIG (st), ==, sigs[i]);
       g_assert_cmpuint (entries (swap), ==, 0);

@@ -115,13 +115,7 @@ test_kill_resume (void)
                              "--micro-batch", "2", "--global-batch", "4",
                              "--lr", "0.003", "--out", killed, "--steps", steps,
                              "--save-every", "1", "--resume", NULL };
-      GPid pid;
-      g_autoptr (GError) error = NULL;
-      g_assert_true (g_spawn_async (NULL, (char **)argv, NULL,
-                                    G_SPAWN_DO_NOT_REAP_CHILD
-                                        | G_SPAWN_STDOUT_TO_DEV_NULL
-                                        | G_SPAWN_STDERR_TO_DEV_NULL,
-                                    NULL, NULL, &pid, &error));
+      GPid pid = spawn_quiet (argv);
       /* Wait for a checkpoint newer than the last kill's, then a little
        * more, into the next step or its checkpoint. */
       guint before = latest_step (killed);
@@ -129,11 +123,7 @@ test_kill_resume (void)
            i++)
         g_usleep (500);
       g_usleep (300 * (round + 1));
-      kill (pid, SIGKILL);
-      int st;
-      waitpid (pid, &st, 0);
-      g_spawn_close_pid (pid);
-      g_assert_true (WIFSIGNALED (st));
+      g_assert_true (WIFSIGNALED (kill_and_wait (pid, SIGKILL)));
       killed_at[round] = latest_step (killed);
     }
   g_test_message ("killed with latest at steps %u, %u, %u of %s",

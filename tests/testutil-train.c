@@ -4,6 +4,7 @@
  */
 #include "testutil-train.h"
 
+#include <signal.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
@@ -185,4 +186,28 @@ latest_step (const char *out)
     return 0;
   const char *dash = strrchr (target, '-');
   return dash ? (guint)g_ascii_strtoull (dash + 1, NULL, 10) : 0;
+}
+
+GPid
+spawn_quiet (const char *const *argv)
+{
+  GPid pid;
+  g_autoptr (GError) error = NULL;
+  g_assert_true (g_spawn_async (NULL, (char **)argv, NULL,
+                                G_SPAWN_DO_NOT_REAP_CHILD
+                                    | G_SPAWN_STDOUT_TO_DEV_NULL
+                                    | G_SPAWN_STDERR_TO_DEV_NULL,
+                                NULL, NULL, &pid, &error));
+  g_assert_no_error (error);
+  return pid;
+}
+
+int
+kill_and_wait (GPid pid, int sig)
+{
+  kill (pid, sig);
+  int st = 0;
+  waitpid (pid, &st, 0);
+  g_spawn_close_pid (pid);
+  return st;
 }

@@ -46,3 +46,7 @@ void assert_peak_as_simulated (const StowRun *r);
 void assert_pinned_as_simulated (const StowRun *r);
 /* The step OUT/latest names, 0 without one. */
 guint latest_step (const char *out);
+/* Starts @argv (argv[0] a path), its output discarded, not reaped. */
+GPid spawn_quiet (const char *const *argv);
+/* Sends @sig to @pid, waits for it and returns its wait status. */
+int kill_and_wait (GPid pid, int sig);
