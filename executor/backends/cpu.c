@@ -494,7 +494,7 @@ run_op (CpuBackend *b, guint i, GError **error)
         g_autofree char *what = stow_op_describe (b->p, i);
         g_set_error (error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_UNSUPPORTED,
                      "op %s: the cpu backend does not run %s ops yet "
-                     "(offloaded and multi-device layouts)",
+                     "(multi-device layouts)",
                      what, stow_op_kind_name (op->kind));
         return FALSE;
       }

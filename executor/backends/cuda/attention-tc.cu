@@ -273,11 +273,11 @@ attn_tc_forward_kernel (guint64 T, guint64 a, guint64 kv, guint64 d,
           float al = 1.0f, sum = 0;
           if (m != -INFINITY)
             {
-              al = m_old == -INFINITY ? 0.0f : stow_cuda_expf (m_old - m);
+              al = m_old == -INFINITY ? 0.0f : stow_llama_expf (m_old - m);
               for (guint64 c = lane; c < B; c += 32)
                 {
                   float p = Sr[c] == -INFINITY ? 0.0f
-                                               : stow_cuda_expf (Sr[c] - m);
+                                               : stow_llama_expf (Sr[c] - m);
                   s.P[r * ph + c] = stow_cuda_bf16_round (p);
                   sum += p;
                 }
@@ -325,7 +325,7 @@ tc_probs (guint64 T, guint64 B, float scale, guint64 q0, guint64 k0,
       float p = 0, ds = 0;
       if (k0 + c <= q0 + r && q0 + r < T)
         {
-          p = stow_cuda_expf (s->S[r * sf + c] * scale - s->lse[r]);
+          p = stow_llama_expf (s->S[r * sf + c] * scale - s->lse[r]);
           ds = p * (s->dP[r * sf + c] - s->D[r]);
         }
       if (P != NULL)

@@ -116,11 +116,11 @@ attn_forward_kernel (guint64 T, guint64 a, guint64 kv, guint64 d, guint64 B,
               S[qi * B + ki] = 0;
           else
             {
-              al = m_old == -INFINITY ? 0.0f : stow_cuda_expf (m_old - m);
+              al = m_old == -INFINITY ? 0.0f : stow_llama_expf (m_old - m);
               for (guint64 ki = 0; ki < kn; ki++)
                 {
                   float p = k0 + ki <= q0 + qi
-                                ? stow_cuda_expf (S[qi * B + ki] - m)
+                                ? stow_llama_expf (S[qi * B + ki] - m)
                                 : 0.0f;
                   S[qi * B + ki] = p;
                   sum += p;
@@ -216,7 +216,7 @@ attn_dq_kernel (guint64 T, guint64 a, guint64 kv, guint64 d, guint64 B,
                   s += Q[qi * ds + c] * K[ki * ds + c];
                   dp += dO[qi * ds + c] * V[ki * ds + c];
                 }
-              float p = stow_cuda_expf (s * scale - lseT[qi]);
+              float p = stow_llama_expf (s * scale - lseT[qi]);
               r = p * (dp - DT[qi]);
             }
           dS[qi * B + ki] = r;
@@ -291,7 +291,7 @@ attn_dkv_kernel (guint64 T, guint64 a, guint64 kv, guint64 d, guint64 B,
                     s += Q[qi * ds + c] * K[ki * ds + c];
                     dp += dO[qi * ds + c] * V[ki * ds + c];
                   }
-                p = stow_cuda_expf (s * scale - lseT[qi]);
+                p = stow_llama_expf (s * scale - lseT[qi]);
                 r = p * (dp - DT[qi]);
               }
             P[qi * B + ki] = p;

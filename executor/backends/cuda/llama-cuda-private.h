@@ -14,6 +14,7 @@
 #include <cuda_runtime_api.h>
 
 #include "executor/backends/cuda/llama-cuda.h"
+#include "executor/llama-expf.h"
 
 /* ---- cuBLAS, resolved by dlopen (cublas-dl.cu) -------------------------- */
 
@@ -159,28 +160,6 @@ st_el (void *p, guint64 i, float x)
     ((uint16_t *)p)[i] = stow_cuda_bf16_round (x);
   else
     ((float *)p)[i] = x;
-}
-
-/* stow_llama_expf (executor/llama-private.h) operation for operation: with
- * -fmad=false the device computes the same bits as the cpu runtime. */
-static __device__ __forceinline__ float
-stow_cuda_expf (float x)
-{
-  x = x < -87.3f ? -87.3f : x;
-  x = x > 88.3f ? 88.3f : x;
-  float t = x * 1.44269504088896341f + 12582912.0f;
-  float n = t - 12582912.0f;
-  float r = x - n * 0.693359375f + n * 2.12194440e-4f;
-  float z = r * r;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * z + r + 1.0f;
-  uint32_t bits = (uint32_t)((int32_t)n + 127) << 23;
-  return p * __uint_as_float (bits);
 }
 
 /* ---- GEMM ----------------------------------------------------------------- */

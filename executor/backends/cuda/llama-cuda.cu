@@ -326,7 +326,7 @@ swiglu_kernel (guint64 total, const void *gate, const void *up, void *act)
        i += (guint64)gridDim.x * blockDim.x)
     {
       float g = ld_el<BF> (gate, i), u = ld_el<BF> (up, i);
-      st_el<BF> (act, i, g / (1.0f + stow_cuda_expf (-g)) * u);
+      st_el<BF> (act, i, g / (1.0f + stow_llama_expf (-g)) * u);
     }
 }
 
@@ -354,7 +354,7 @@ swiglu_backward_kernel (guint64 total, const void *dact, void *gate, void *up)
     {
       float da = ld_el<BF> (dact, i), g = ld_el<BF> (gate, i);
       float u = ld_el<BF> (up, i);
-      float s = 1.0f / (1.0f + stow_cuda_expf (-g));
+      float s = 1.0f / (1.0f + stow_llama_expf (-g));
       float dg = da * u * (s * (1.0f + g * (1.0f - s)));
       st_el<BF> (up, i, da * (g * s));
       st_el<BF> (gate, i, dg);
@@ -1006,7 +1006,7 @@ softmax_xent_kernel (guint64 V, float *logits, const gint32 *targets,
   float sum = 0;
   for (guint64 j = threadIdx.x; j < V; j += ROW_T)
     {
-      float pj = stow_cuda_expf (l[j] - m);
+      float pj = stow_llama_expf (l[j] - m);
       l[j] = pj;
       sum += pj;
     }
