@@ -28,7 +28,7 @@ typedef struct
       *beta2, *eps, *max_grad_norm, *seed, *out, *save_every, *log_json,
       *trace, *backend, *device_memory, *tokenizer, *threads, *recompute,
       *offload_optimizer, *offload_params, *resident_layers,
-      *test_copy_delay_us;
+      *test_copy_delay_us, *test_nvme_fault;
   char **nvme_dirs;
   gboolean resume, shuffle, delayed_update, stream_times;
 } TrainOptions;
@@ -49,6 +49,36 @@ parse_double (const char *flag, const char *v, double lo, double *out,
     }
   *out = x;
   return TRUE;
+}
+
+/* --test-nvme-fault KIND:N: the Nth I/O request to the optimizer's swap
+ * files from the first step on fails as KIND, so that tests can check a
+ * run stops with the file and offset named and its checkpoints intact. */
+static gboolean
+parse_nvme_fault (const char *v, StowTrainConfig *c, GError **error)
+{
+  static const struct
+  {
+    const char *name;
+    StowNvmeFault fault;
+  } kinds[] = { { "eio", STOW_NVME_FAULT_EIO },
+                { "enospc", STOW_NVME_FAULT_ENOSPC },
+                { "short", STOW_NVME_FAULT_SHORT },
+                { "short-eof", STOW_NVME_FAULT_SHORT_EOF } };
+  g_auto (GStrv) kv = g_strsplit (v, ":", 2);
+  guint64 nth = 0;
+  for (guint i = 0; kv[0] && kv[1] && i < G_N_ELEMENTS (kinds); i++)
+    if (g_str_equal (kv[0], kinds[i].name)
+        && stow_parse_count (kv[1], &nth, NULL) && nth > 0)
+      {
+        c->nvme_fault = kinds[i].fault, c->nvme_fault_nth = nth;
+        return TRUE;
+      }
+  g_set_error (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
+               "--test-nvme-fault \"%s\": expected KIND:N, KIND one of eio, "
+               "enospc, short, short-eof",
+               v);
+  return FALSE;
 }
 
 static gboolean
@@ -119,6 +149,8 @@ resolve (TrainOptions *o, StowTrainConfig *c, GError **error)
       return FALSE;
     }
   c->threads = (guint)threads;
+  if (o->test_nvme_fault && !parse_nvme_fault (o->test_nvme_fault, c, error))
+    return FALSE;
   if (o->test_copy_delay_us)
     {
       guint64 us = 0;
@@ -515,6 +547,11 @@ stow_cmd_train (int argc, char **argv)
       NULL },
     /* Tests of overlap on a small machine: every copy of the cpu backend
      * sleeps this long first, so that copies last long enough to see. */
+    { "test-nvme-fault", 0, G_OPTION_FLAG_HIDDEN, G_OPTION_ARG_STRING,
+      &o.test_nvme_fault,
+      "Test knob: the Nth swap-file request from the first step on fails as "
+      "KIND (eio, enospc, short, short-eof)",
+      "KIND:N" },
     { "test-copy-delay-us", 0, G_OPTION_FLAG_HIDDEN, G_OPTION_ARG_STRING,
       &o.test_copy_delay_us, "Test knob: each copy sleeps US first (cpu)",
       "US" },
@@ -536,7 +573,8 @@ stow_cmd_train (int argc, char **argv)
                        &o.trace,      &o.backend,       &o.device_memory,
                        &o.tokenizer,  &o.threads,       &o.recompute,
                        &o.offload_optimizer, &o.offload_params,
-                       &o.resident_layers, &o.test_copy_delay_us };
+                       &o.resident_layers, &o.test_copy_delay_us,
+                       &o.test_nvme_fault };
   for (gsize i = 0; i < G_N_ELEMENTS (strings); i++)
     g_free (*strings[i]);
   return status;

@@ -833,40 +833,6 @@ preflight_host (StowTrainConfig *c, const StowTrace *tr, gboolean cuda,
   return FALSE;
 }
 
-/* Tests only: STOWAGE_TEST_NVME_FAULT=KIND:N makes the Nth I/O request
- * to the optimizer's swap files from the first step on fail as KIND (eio,
- * enospc, short, short-eof), to check that the run stops with the file and
- * offset named and its checkpoints intact. */
-static gboolean
-test_nvme_fault (StowSwapSetup *s, GError **error)
-{
-  const char *v = g_getenv ("STOWAGE_TEST_NVME_FAULT");
-  if (v == NULL || *v == '\0')
-    return TRUE;
-  static const struct
-  {
-    const char *name;
-    StowNvmeFault fault;
-  } kinds[] = { { "eio", STOW_NVME_FAULT_EIO },
-                { "enospc", STOW_NVME_FAULT_ENOSPC },
-                { "short", STOW_NVME_FAULT_SHORT },
-                { "short-eof", STOW_NVME_FAULT_SHORT_EOF } };
-  g_auto (GStrv) kv = g_strsplit (v, ":", 2);
-  guint64 nth = 0;
-  for (guint i = 0; kv[0] && kv[1] && i < G_N_ELEMENTS (kinds); i++)
-    if (g_str_equal (kv[0], kinds[i].name)
-        && stow_parse_count (kv[1], &nth, NULL) && nth > 0)
-      {
-        s->fault = kinds[i].fault, s->fault_nth = nth;
-        return TRUE;
-      }
-  g_set_error (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
-               "STOWAGE_TEST_NVME_FAULT \"%s\": expected KIND:N, KIND one of "
-               "eio, enospc, short, short-eof",
-               v);
-  return FALSE;
-}
-
 /* ---- the loop --------------------------------------------------------------- */
 
 /* The last step's busy and exposed seconds per stream, from its trace. */
@@ -1155,8 +1121,7 @@ stow_train_run (StowTrainConfig *c, GError **error)
                           data_fn,  &r,      0,      { 0 },
                           c->delayed_update };
       cs.swap.dirs = (const char *const *)c->nvme_dirs;
-      if (!test_nvme_fault (&cs.swap, error))
-        goto out;
+      cs.swap.fault = c->nvme_fault, cs.swap.fault_nth = c->nvme_fault_nth;
       cs.copy_delay_us = c->copy_delay_us;
       r.be = stow_backend_cpu_new (&cs, error);
       g_autofree char *swap = r.be ? stow_backend_cpu_describe_swap (r.be) : NULL;

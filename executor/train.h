@@ -13,6 +13,7 @@
 #include <glib.h>
 
 #include "executor/data.h"
+#include "offload/nvme.h"
 #include "planner/layout.h"
 #include "planner/memory.h"
 #include "planner/program.h"
@@ -71,6 +72,10 @@ typedef struct
   gboolean delayed_update; /* ZeRO-Offload's one-step delayed update */
   gboolean stream_times;  /* the last --log-json line gets "streams" */
   guint copy_delay_us;    /* cpu backend's test knob (StowCpuSetup) */
+  /* Test knob: the Nth I/O request to the optimizer's swap files from the
+   * first step on fails so (StowSwapSetup); STOW_NVME_FAULT_NONE: none. */
+  StowNvmeFault nvme_fault;
+  guint64 nvme_fault_nth;
   StowTrainProgress progress;
   StowTrainNotice notice;
   gpointer progress_user; /* of both */

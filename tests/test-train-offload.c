@@ -263,11 +263,10 @@ test_nvme_faults (void)
   for (guint i = 0; i < G_N_ELEMENTS (faults); i++)
     {
       g_autofree char *out = g_strdup_printf ("%s/faulted%u", f.dir, i);
-      g_assert_true (g_setenv ("STOWAGE_TEST_NVME_FAULT", faults[i][0], TRUE));
       g_auto (StowRun) r1 = { 0 };
       train (&r1, &f, out, "--steps", "3", "--save-every", "1",
-             "--offload-optimizer", "nvme", "--nvme-dir", swap, NULL);
-      g_unsetenv ("STOWAGE_TEST_NVME_FAULT");
+             "--offload-optimizer", "nvme", "--nvme-dir", swap,
+             "--test-nvme-fault", faults[i][0], NULL);
       g_test_message ("%s: %s", faults[i][0], r1.err);
       g_assert_cmpint (r1.status, !=, 0);
       g_assert_nonnull (strstr (r1.err, faults[i][1]));
