@@ -387,9 +387,7 @@ run_copy (CpuBackend *b, const StowOp *op, GError **error)
     {
       /* A chunk's updated weights up: flat parameters [first, first +
        * count), units contiguous in the weights as in the host copy. */
-      guint64 total = 0;
-      for (guint u = 0; u < b->p->units->len; u++)
-        total += unit_numel (b, u);
+      guint64 total = m->numel;
       if (op->first + op->count > total || op->bytes != op->count * m->esize)
         {
           g_set_error (error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_INVALID,
@@ -859,9 +857,7 @@ stow_backend_cpu_new (const StowCpuSetup *setup, GError **error)
     }
   if (b->delayed)
     {
-      guint64 numel = 0;
-      for (guint u = 0; u < p->units->len; u++)
-        numel += unit_numel (b, u);
+      guint64 numel = b->map.numel;
       b->prev_grads = b->map.host_grads_buf != STOW_NONE
                           ? g_try_malloc0 (MAX (numel * stow_dtype_size (p->grad_dtype), 1))
                           : NULL;
@@ -1091,9 +1087,6 @@ stow_backend_cpu_push (StowBackend *bb, GError **error)
     }
   if (m->host_weights == NULL || m->addr[m->weights_buf] == NULL)
     return TRUE;
-  guint64 numel = 0;
-  for (guint u = 0; u < b->p->units->len; u++)
-    numel += unit_numel (b, u);
-  memcpy (m->host_weights, m->addr[m->weights_buf], numel * m->esize);
+  memcpy (m->host_weights, m->addr[m->weights_buf], m->numel * m->esize);
   return TRUE;
 }

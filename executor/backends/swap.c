@@ -56,9 +56,7 @@ static gboolean
 find_chunks (StowStateSwap *sw, GError **error)
 {
   const StowProgram *p = sw->map->p;
-  guint64 total = 0;
-  for (guint u = 0; u < p->units->len; u++)
-    total += g_array_index (p->units, StowUnit, u).numel;
+  guint64 total = sw->map->numel;
   for (guint i = 0; i < p->ops->len; i++)
     {
       const StowOp *op = &g_array_index (p->ops, StowOp, i);
@@ -188,12 +186,6 @@ stow_state_swap_buffer_bytes (const StowStateSwap *sw)
   return sw->slot_bytes;
 }
 
-guint
-stow_state_swap_n_chunks (const StowStateSwap *sw)
-{
-  return sw->chunks->len;
-}
-
 char *
 stow_state_swap_describe (const StowStateSwap *sw)
 {
@@ -244,7 +236,7 @@ void
 stow_state_swap_give (StowStateSwap *sw, void *buf)
 {
   g_mutex_lock (&sw->lock);
-  for (guint i = 0; i < RING; i++)
+  for (guint i = 0; i < sw->n_ring; i++)
     if (sw->ring[i] == buf)
       sw->ring_busy[i] = FALSE;
   g_mutex_unlock (&sw->lock);

@@ -41,7 +41,6 @@ StowStateSwap *stow_state_swap_new (const StowTensorMap *map,
                                     GError **error);
 void stow_state_swap_free (StowStateSwap *sw);
 
-guint stow_state_swap_n_chunks (const StowStateSwap *sw);
 /* "swap files: 2 in /a,/b (io_uring, O_DIRECT), 3 buffers of 1.2 MiB" */
 char *stow_state_swap_describe (const StowStateSwap *sw);
 

@@ -604,6 +604,8 @@ stow_tensor_map_init (StowTensorMap *m, const StowProgram *p,
   m->ftype = stow_float_type_of_dtype (p->weight_dtype);
   m->esize = stow_dtype_size (p->weight_dtype);
   m->n_tokens = p->micro_batch * p->seq_len;
+  for (guint u = 0; u < p->units->len; u++)
+    m->numel += unit_of (m, u)->numel;
   m->chunk = stow_llama_loss_chunk_tokens (m->config.vocab, m->config.hidden,
                                            m->n_tokens);
   m->saved_bytes

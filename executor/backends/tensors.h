@@ -26,6 +26,7 @@ typedef struct
   StowFloatType ftype; /* weights and activations */
   gsize esize;
   guint64 n_tokens; /* per micro-batch: B T */
+  guint64 numel;    /* every unit's parameters, in unit order */
   guint64 chunk;    /* the fused loss's tokens per chunk */
   guint64 saved_bytes, out_bytes; /* a layer's activations, its output */
   /* per unit of a layer: element offsets of its tensors within the unit
