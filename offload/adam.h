@@ -75,7 +75,10 @@ typedef struct
 void stow_adam_config_init (StowAdamConfig *config);
 
 /* One flat tensor (or shard).  All arrays hold @n elements and must not
- * overlap, except that @param_out may not alias @param. */
+ * overlap, except that @param_out may be @grad itself when both are of one
+ * type (each element's gradient is read before its output is written: the
+ * updated weights replace the gradients they came from).  @param_out may
+ * not alias @param. */
 typedef struct
 {
   float *param;            /* (n) fp32 master weights, updated in place */

@@ -420,6 +420,42 @@ test_isa (gconstpointer data)
         }
 }
 
+/* The updated weights written over the gradients they came from (the
+ * executor's NVMe parameters: offload/adam.h allows the alias for one
+ * type): the same bits as into a buffer of their own, in one call and in
+ * pieces across threads, verified gradients or not. */
+static void
+test_isa_out_over_grad (gconstpointer data)
+{
+  StowIsa isa = GPOINTER_TO_INT (data);
+  g_autoptr (StowAdam) adam = adam_or_skip (2, isa);
+  if (adam == NULL)
+    return;
+  const StowFloatType ts[] = { STOW_FLOAT_F32, STOW_FLOAT_BF16, STOW_FLOAT_F16 };
+  for (gsize ti = 0; ti < G_N_ELEMENTS (ts); ti++)
+    for (int verified = 0; verified < 2; verified++)
+      {
+        g_autoptr (Problem) pb = problem_new (N_TEST, ts[ti], ts[ti], 21);
+        fill_grads (pb, 3.0, 22);
+        g_autoptr (Problem) alias = problem_copy (pb);
+        StowAdamConfig c;
+        stow_adam_config_init (&c);
+        c.weight_decay = 0.1;
+        StowAdamStep s = { .step = 3, .loss_scale = 1, .clip_coef = 0.5,
+                           .grads_verified = verified };
+        StowAdamTensor t = tensor_of (pb);
+        g_assert_cmpint (stow_adam_step_raw (adam, &c, &s, &t), ==, 0);
+        StowAdamTensor ta = tensor_of (alias);
+        ta.param_out = alias->g;
+        g_assert_cmpint (stow_adam_step_raw (adam, &c, &s, &ta), ==, 0);
+        gsize es = stow_float_type_size (ts[ti]);
+        g_assert_cmpmem (alias->p, N_TEST * 4, pb->p, N_TEST * 4);
+        g_assert_cmpmem (alias->m, N_TEST * 4, pb->m, N_TEST * 4);
+        g_assert_cmpmem (alias->v, N_TEST * 4, pb->v, N_TEST * 4);
+        g_assert_cmpmem (alias->g, N_TEST * es, pb->out, N_TEST * es);
+      }
+}
+
 /* The output conversion inside each kernel, on values that stress it: with
  * lr = 0 the master weight passes through unchanged and the copy must be
  * its correctly rounded bf16/fp16 value, subnormals and NaN included. */
@@ -829,6 +865,9 @@ main (int argc, char **argv)
       g_test_add_data_func (p1, GINT_TO_POINTER (isa), test_isa);
       g_test_add_data_func (p2, GINT_TO_POINTER (isa),
                             test_isa_output_rounding);
+      g_autofree char *p3 = g_strdup_printf ("/adam/isa/%s/out-over-grad",
+                                             stow_isa_name (isa));
+      g_test_add_data_func (p3, GINT_TO_POINTER (isa), test_isa_out_over_grad);
     }
   g_test_add_func ("/adam/edge-values", test_edge_values);
   g_test_add_func ("/adam/first-step-is-lr", test_first_step_is_lr);
