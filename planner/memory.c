@@ -1319,6 +1319,16 @@ model_states (Model *ms, const StageParams *p, GArray *dev,
                           "4 x %.4g B x %" G_GUINT64_FORMAT
                           " params (the largest unit's shard)",
                           b.w, staged);
+          /* stowage's CPU Adam leaves the updated weights in the host
+           * gradients' place; each unit goes to the store through one
+           * aligned buffer (O_DIRECT). */
+          if (host && off_opt && l->engine == STOW_ENGINE_STOWAGE
+              && t->finetune == STOW_FINETUNE_FULL)
+            stow_mem_add (host, "parameter write buffer",
+                          stow_bytes (staged, b.w), STOW_TIER_PINNED,
+                          "%.4g B x %" G_GUINT64_FORMAT
+                          " params (the largest unit's shard)",
+                          b.w, staged);
         }
     }
   else

@@ -148,6 +148,9 @@ typedef struct
   GArray *items;                     /* Item */
   GArray *uses;                      /* Use */
   guint params_buf, grads_buf, host_grads_buf, bucket_buf[2];
+  /* Parameters on NVMe: the pinned buffer a unit's updated weights pass
+   * through on their way to the store (O_DIRECT needs an aligned one). */
+  guint write_buf;
   guint grad_slot_freed[2]; /* events of the last two gradient slots */
   guint grad_slot_count;
   GArray *pending; /* guint units whose updated weights wait to go up */
@@ -665,6 +668,16 @@ emit_grad_path (Lower *L, Rank *R, Unit *u, guint slot, guint done,
   return ev;
 }
 
+/* What CPU Adam writes besides the states: with the parameters on NVMe
+ * there is no host copy of the weights, so the updated weights take the
+ * place of the gradients they were computed from (same type, same unit
+ * layout; offload/adam.h allows the alias), until stored. */
+static guint
+adam_out (const Lower *L, const Rank *R)
+{
+  return L->nvme_par && L->off_opt ? R->host_grads_buf : STOW_NONE;
+}
+
 /* Refreshes the device copy of a unit's weights after its update. */
 static void
 emit_param_refresh (Lower *L, Rank *R, Unit *u, const guint *waits, guint nw,
@@ -675,19 +688,27 @@ emit_param_refresh (Lower *L, Rank *R, Unit *u, const guint *waits, guint nw,
   guint64 shard_bytes = stow_bytes (params, L->w);
   if (L->off_par)
     {
-      if (u->resident == STOW_NONE)
+      /* With CPU Adam and the parameters on NVMe, the updated weights are
+       * in the host gradients' place (emit_optimizer): from there to the
+       * store, and up to a resident unit. */
+      guint from = L->nvme_par && L->off_opt ? R->host_grads_buf : STOW_NONE;
+      if (L->nvme_par)
         {
-          if (L->nvme_par)
+          op = copy_op (R->rank, STOW_STREAM_NVME_WRITE, STOW_TIER_PINNED,
+                        STOW_TIER_NVME, shard_bytes, u->layer);
+          if (from != STOW_NONE)
             {
-              op = copy_op (R->rank, STOW_STREAM_NVME_WRITE, STOW_TIER_PINNED,
-                            STOW_TIER_NVME, shard_bytes, u->layer);
-              emit (L, &op, waits, nw, FALSE, NULL);
+              op.unit = u->pu, op.count = params;
+              op_io (&op, from, R->write_buf, STOW_NONE);
             }
-          return;
+          emit (L, &op, waits, nw, FALSE, NULL);
         }
+      if (u->resident == STOW_NONE)
+        return;
       op = copy_op (R->rank, STOW_STREAM_H2D, STOW_TIER_PINNED,
                     STOW_TIER_DEVICE, shard_bytes, u->layer);
-      op_io (&op, STOW_NONE, STOW_NONE, u->resident);
+      op.unit = u->pu;
+      op_io (&op, from, STOW_NONE, u->resident);
       ev = emit (L, &op, waits, nw, TRUE, "updated up");
       if (L->n > 1)
         {
@@ -787,6 +808,8 @@ emit_optimizer (Lower *L, Rank *R, GArray *ready_order)
         }
       g_autofree guint *freed = g_new (guint, nchunks);
       double per = L->master + L->opt;
+      guint done_units = 0;
+      guint64 unit_end = 0;
       for (guint c = 0; c < nchunks; c++)
         {
           guint64 cp = MIN (chunk, shard - (guint64)c * chunk);
@@ -809,6 +832,8 @@ emit_optimizer (Lower *L, Rank *R, GArray *ready_order)
           op.count = cp, op.shard = c;
           op.first = (guint64)c * chunk;
           op_io (&op, buf, R->host_grads_buf, buf);
+          if (adam_out (L, R) != STOW_NONE)
+            op.writes[op.n_writes++] = adam_out (L, R);
           guint w3[3] = { rd, last_grads, norm };
           guint up = emit (L, &op, w3, 3, TRUE, "updated");
           op = copy_op (R->rank, STOW_STREAM_NVME_WRITE, STOW_TIER_PINNED,
@@ -818,6 +843,24 @@ emit_optimizer (Lower *L, Rank *R, GArray *ready_order)
           guint wr = emit (L, &op, &up, 1, TRUE, "states written");
           freed[c] = emit_free (L, R->rank, STOW_STREAM_NVME_WRITE, buf, &wr, 1,
                                 TRUE);
+          if (L->nvme_par)
+            {
+              /* Each unit the chunk completes goes to the store (and up,
+               * resident) whole: the store holds units, not chunks. */
+              for (; done_units < R->units->len; done_units++)
+                {
+                  Unit *u = &g_array_index (R->units, Unit, done_units);
+                  guint64 end = unit_end + div_ceil (u->params, L->n);
+                  if (end > (guint64)c * chunk + cp && c + 1 < nchunks)
+                    break;
+                  unit_end = end;
+                  if (u->params > 0)
+                    emit_param_refresh (L, R, u, &up, 1,
+                                        div_ceil (u->params, L->n),
+                                        STOW_STREAM_H2D);
+                }
+              continue;
+            }
           /* The chunk's updated weights go back to where they live. */
           Unit dummy = { .layer = STOW_LAYER_NONE, .resident = STOW_NONE };
           guint first_op = L->p->ops->len;
@@ -832,7 +875,7 @@ emit_optimizer (Lower *L, Rank *R, GArray *ready_order)
         }
       /* Resident streamed layers take their updated weights from the host
        * once the pipeline is through. */
-      for (guint i = 0; L->off_par && i < R->units->len; i++)
+      for (guint i = 0; L->off_par && !L->nvme_par && i < R->units->len; i++)
         {
           Unit *u = &g_array_index (R->units, Unit, i);
           if (u->resident != STOW_NONE)
@@ -855,7 +898,7 @@ emit_optimizer (Lower *L, Rank *R, GArray *ready_order)
                         R->rank);
           op.count = div_ceil (u->params, L->n), op.layer = u->layer;
           op.unit = u->pu;
-          op_io (&op, R->host_grads_buf, STOW_NONE, STOW_NONE);
+          op_io (&op, R->host_grads_buf, STOW_NONE, adam_out (L, R));
           guint w2[2] = { u->grads_ready, norm };
           guint up = emit (L, &op, w2, 2, TRUE, "updated");
           guint w3[2] = { up, u->last_use };
@@ -1130,15 +1173,19 @@ lower_rank (Lower *L, Rank *R)
     guint n_slots = MIN (2, MAX (n_layer_units, 1));
     /* Four pinned staging buffers for NVMe parameters, each one rank's
      * shard of the largest unit (slots 4-7). */
+    guint64 big = 0;
+    for (guint j = 0; j < R->units->len; j++)
+      big = MAX (big, g_array_index (R->units, Unit, j).gparams);
     for (guint i = 0; L->nvme_par && wmax > 0 && i < 4; i++)
-      {
-        guint64 big = 0;
-        for (guint j = 0; j < R->units->len; j++)
-          big = MAX (big, g_array_index (R->units, Unit, j).gparams);
-        stow_program_buffer (p, rank, STOW_TIER_PINNED,
-                             stow_bytes (div_ceil (big, L->n), L->w), -1, TRUE,
-                             "parameter staging buffer %u", i);
-      }
+      stow_program_buffer (p, rank, STOW_TIER_PINNED,
+                           stow_bytes (div_ceil (big, L->n), L->w), -1, TRUE,
+                           "parameter staging buffer %u", i);
+    /* ... and one that the updated units pass through to the store. */
+    R->write_buf = STOW_NONE;
+    if (L->nvme_par && L->off_opt && t_full (L) && big > 0)
+      R->write_buf = stow_program_buffer (
+          p, rank, STOW_TIER_PINNED, stow_bytes (div_ceil (big, L->n), L->w),
+          -1, TRUE, "parameter write buffer");
     for (guint i = 0; wmax > 0 && i < n_slots; i++)
       stow_program_buffer (p, rank, STOW_TIER_DEVICE, wmax, -1, TRUE,
                            "layer slot %u", i);
@@ -1554,7 +1601,7 @@ lower_rank (Lower *L, Rank *R)
               stow_op_init (&op, STOW_OP_OPTIM_STEP, STOW_STREAM_CPU_OPTIM,
                             rank);
               op.count = shard, op.layer = u->layer, op.unit = u->pu;
-              op_io (&op, R->host_grads_buf, STOW_NONE, STOW_NONE);
+              op_io (&op, R->host_grads_buf, STOW_NONE, adam_out (L, R));
               u->grads_ready
                   = emit (L, &op, &u->grads_ready, 1, TRUE, "updated");
               u->last_use = done;
