@@ -243,14 +243,6 @@ resolve (TrainOptions *o, StowTrainConfig *c, GError **error)
       if (!stow_offload_parse (o->offload_params, "--offload-params",
                                &c->layout.offload_params, error))
         return FALSE;
-      if (c->layout.offload_params == STOW_OFFLOAD_NVME)
-        {
-          g_set_error_literal (error, STOW_TRAIN_ERROR,
-                               STOW_TRAIN_ERROR_INVALID,
-                               "--offload-params nvme: stowage train streams "
-                               "parameters from host memory (cpu) so far");
-          return FALSE;
-        }
       if (c->layout.offload_params != STOW_OFFLOAD_NONE)
         {
           if (c->layout.offload_optimizer == STOW_OFFLOAD_NONE)
@@ -311,14 +303,20 @@ resolve (TrainOptions *o, StowTrainConfig *c, GError **error)
           g_ptr_array_add (dirs, g_strdup (parts[j]));
         }
     }
-  gboolean nvme = o->offload_optimizer
-                  && c->layout.offload_optimizer == STOW_OFFLOAD_NVME;
-  if (nvme != (dirs->len > 0))
+  gboolean nvme_opt = o->offload_optimizer
+                      && c->layout.offload_optimizer == STOW_OFFLOAD_NVME;
+  gboolean nvme_par = o->offload_params
+                      && c->layout.offload_params == STOW_OFFLOAD_NVME;
+  if ((nvme_opt || nvme_par) != (dirs->len > 0))
     {
-      g_set_error_literal (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
-                           nvme ? "--offload-optimizer nvme needs --nvme-dir "
-                                  "DIR[,DIR...]: where the swap files go"
-                                : "--nvme-dir is for --offload-optimizer nvme");
+      g_set_error_literal (
+          error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
+          nvme_opt   ? "--offload-optimizer nvme needs --nvme-dir "
+                       "DIR[,DIR...]: where the swap files go"
+          : nvme_par ? "--offload-params nvme needs --nvme-dir DIR[,DIR...]: "
+                       "where the swap files go"
+                     : "--nvme-dir is for --offload-optimizer nvme and "
+                       "--offload-params nvme");
       return FALSE;
     }
   if (dirs->len > 0)

@@ -153,7 +153,14 @@ stow_model_io_save (const StowProgram *p, const char *path, StowDtype dtype,
     {
       const StowUnit *u = &g_array_index (p->units, StowUnit, ui);
       const guint8 *src = get (user, ui);
-      g_return_val_if_fail (src != NULL, FALSE);
+      if (src == NULL)
+        {
+          g_set_error (error, STOW_SAFETENSORS_ERROR,
+                       STOW_SAFETENSORS_ERROR_INVALID,
+                       "%s: the weights of unit %u are not at hand", path,
+                       ui);
+          return FALSE;
+        }
       if (!stow_safetensors_writer_write (w, src, u->numel * esz, error))
         return FALSE;
     }

@@ -143,6 +143,8 @@ typedef struct
   /* States that have no address (on NVMe), by range; NULL: none such. */
   gboolean (*states) (StowBackend *b, gboolean write, guint unit, guint which,
                       guint64 first, guint64 n, float *data, GError **error);
+  /* Why weights() gave NULL (the weights on NVMe), or NULL. */
+  GError *(*take_access_error) (StowBackend *b);
 } TrainOps;
 
 static gboolean
@@ -165,6 +167,7 @@ static const TrainOps cpu_ops = {
   stow_backend_cpu_push,
   stow_backend_cpu_pinned_peak_bytes,
   stow_backend_cpu_states,
+  stow_backend_cpu_take_access_error,
 };
 
 #if STOW_HAVE_CUDA
@@ -179,6 +182,7 @@ static const TrainOps cuda_ops = {
   stow_backend_cuda_moment,
   stow_backend_cuda_pull,
   stow_backend_cuda_push,
+  NULL,
   NULL,
   NULL,
 };
@@ -276,6 +280,21 @@ weights_of (gpointer user, guint unit)
   return ((Run *)user)->ops->weights (((Run *)user)->be, unit);
 }
 
+/* @ok, unless the backend's weights accessor failed: then its error (a
+ * read from the store naming the file and offset) in place of what the
+ * caller made of the missing weights. */
+static gboolean
+access_checked (Run *r, gboolean ok, GError **error)
+{
+  GError *e
+      = r->ops->take_access_error ? r->ops->take_access_error (r->be) : NULL;
+  if (e == NULL)
+    return ok;
+  g_clear_error (error);
+  g_propagate_error (error, e);
+  return FALSE;
+}
+
 static void *
 master_of (gpointer user, guint unit)
 {
@@ -336,6 +355,10 @@ plan (Run *r, GError **error)
       if (pf == NULL)
         return FALSE;
       r->layout = pf->layout;
+      /* --resident-layers pins k over the plan's (streamed layouts). */
+      if (c->layout.resident_layers != STOW_RESIDENT_AUTO
+          && r->layout.offload_params != STOW_OFFLOAD_NONE)
+        r->layout.resident_layers = c->layout.resident_layers;
       /* The plan's training shape; the model is the directory's. */
       *t = pf->training;
       c->seq = t->seq_len;
@@ -544,7 +567,10 @@ save_checkpoint (Run *r, guint64 step, GError **error)
   g_autofree char *st = g_build_filename (dir, "model.safetensors", NULL);
   g_autofree char *opt = g_build_filename (dir, "optimizer.stow", NULL);
   if (!g_file_set_contents (cfg, r->config_json, (gssize)r->config_len, error)
-      || !stow_model_io_save (p, st, p->weight_dtype, weights_of, r, error))
+      || !access_checked (r,
+                          stow_model_io_save (p, st, p->weight_dtype,
+                                              weights_of, r, error),
+                          error))
     return FALSE;
   /* The optimizer's state, tensor by tensor (no copy of it in RAM). */
   g_autoptr (GArray) specs
@@ -655,7 +681,9 @@ load_checkpoint (Run *r, const char *dir, guint64 *done, GError **error)
   if (!same_str (dir, "--delayed-update", delayed ? "on" : "off",
                  c->delayed_update ? "on" : "off", error))
     return FALSE;
-  if (!stow_model_io_load (p, st, p->weight_dtype, weights_of, r, error))
+  if (!access_checked (
+          r, stow_model_io_load (p, st, p->weight_dtype, weights_of, r, error),
+          error))
     return FALSE;
   g_autofree float *piece = NULL;
   for (guint ui = 0; ui < p->units->len; ui++)
@@ -727,6 +755,8 @@ load_initial_staged (Run *r, const char *st, GError **error)
           || !state_rw (r, TRUE, ui, 0, 0, u->numel, stage, error))
         return FALSE;
       guint16 *w = r->ops->weights (r->be, ui);
+      if (w == NULL)
+        return access_checked (r, FALSE, error);
       for (guint64 i = 0; i < u->numel; i++)
         w[i] = stow_f32_to_bf16 (stage[i]);
     }
@@ -742,7 +772,9 @@ load_initial (Run *r, GError **error)
   g_autofree char *st
       = g_build_filename (r->c->model_dir, "model.safetensors", NULL);
   if (!p->master_weights)
-    return stow_model_io_load (p, st, p->weight_dtype, weights_of, r, error);
+    return access_checked (
+        r, stow_model_io_load (p, st, p->weight_dtype, weights_of, r, error),
+        error);
   if (state_ptr (r, 0, 0) == NULL)
     return load_initial_staged (r, st, error);
   if (!stow_model_io_load (p, st, STOW_DTYPE_F32, master_of, r, error))
@@ -752,6 +784,8 @@ load_initial (Run *r, GError **error)
       const StowUnit *u = &g_array_index (p->units, StowUnit, ui);
       const float *m = r->ops->master (r->be, ui);
       guint16 *w = r->ops->weights (r->be, ui);
+      if (w == NULL)
+        return access_checked (r, FALSE, error);
       for (guint64 i = 0; i < u->numel; i++)
         w[i] = stow_f32_to_bf16 (m[i]);
     }

@@ -121,15 +121,18 @@ make_dir (const Fixture *f, const char *name)
 }
 
 /* A plan file for the fixture's model with the optimizer on NVMe in
- * chunks of @chunk parameters, so that chunks cut through tensors. */
+ * chunks of @chunk parameters, so that chunks cut through tensors, and the
+ * parameters where @params says (ZeRO 3 when off the device). */
 static char *
-nvme_plan (const Fixture *f, const char *precision, guint chunk)
+nvme_plan_with (const Fixture *f, const char *precision, guint chunk,
+                const char *params)
 {
-  char *path = g_strdup_printf ("%s/plan-%s-%u.json", f->dir, precision,
-                                chunk);
+  char *path = g_strdup_printf ("%s/plan-%s-%u-%s.json", f->dir, precision,
+                                chunk, params);
   g_auto (StowRun) r = { 0 };
-  stow_run (&r, "fit", f->config, "--gpus", "1xH100-SXM", "--zero", "0",
-            "--offload-optimizer", "nvme", "--offload-params", "none",
+  stow_run (&r, "fit", f->config, "--gpus", "1xH100-SXM", "--zero",
+            g_str_equal (params, "none") ? "0" : "3",
+            "--offload-optimizer", "nvme", "--offload-params", params,
             "--recompute", "none", "--seq", "16", "--micro-batch", "2",
             "--global-batch", "4", "--precision", precision, "--emit", "plan",
             "-o", path, NULL);
@@ -144,6 +147,12 @@ nvme_plan (const Fixture *f, const char *precision, guint chunk)
   g_assert_cmpstr (edited, !=, text);
   g_assert_true (g_file_set_contents (path, edited, -1, NULL));
   return path;
+}
+
+static char *
+nvme_plan (const Fixture *f, const char *precision, guint chunk)
+{
+  return nvme_plan_with (f, precision, chunk, "none");
 }
 
 /* The optimizer on NVMe: the same bytes as on the device, in fp32 (one
@@ -304,6 +313,17 @@ test_nvme_flags (void)
   train (&r2, &f, out, "--nvme-dir", f.dir, NULL);
   g_assert_cmpint (r2.status, ==, 2);
   g_assert_nonnull (strstr (r2.err, "--nvme-dir is for --offload-optimizer nvme"));
+  g_auto (StowRun) r5 = { 0 };
+  train (&r5, &f, out, "--offload-optimizer", "cpu", "--offload-params",
+         "nvme", NULL);
+  g_assert_cmpint (r5.status, ==, 2);
+  g_assert_nonnull (strstr (r5.err, "--offload-params nvme needs --nvme-dir"));
+  g_auto (StowRun) r6 = { 0 };
+  train (&r6, &f, out, "--offload-optimizer", "cpu", "--offload-params",
+         "nvme", "--nvme-dir", f.dir, "--precision", "fp32", NULL);
+  g_assert_cmpint (r6.status, !=, 0);
+  g_assert_nonnull (strstr (r6.err, "--offload-params nvme runs with "
+                                    "--precision bf16"));
   g_auto (StowRun) r3 = { 0 };
   train (&r3, &f, out, "--offload-optimizer", "nvme", "--nvme-dir", missing,
          NULL);
@@ -582,8 +602,163 @@ test_params (void)
   fixture_clear (&f);
 }
 
+/* The weights on NVMe (ZeRO-Infinity's parameter offload): each streamed
+ * unit staged from the store through a pinned buffer into a layer slot,
+ * each updated unit written back through the write buffer; k = 0, 1 and
+ * the plan's layers resident, with the optimizer in host memory and on
+ * NVMe in chunks of 7000 parameters (cutting through tensors and units):
+ * the device run's bytes, the arena's and the pinned peaks as simulated,
+ * and no swap file left. */
+static void
+test_params_nvme (void)
+{
+  Fixture f;
+  fixture_init (&f);
+  g_autofree char *swap = make_dir (&f, "swap");
+  g_autofree char *plan = nvme_plan_with (&f, "bf16", 7000, "nvme");
+  g_autofree char *dev = g_strdup_printf ("%s/dev", f.dir);
+  g_auto (StowRun) rd = { 0 };
+  train (&rd, &f, dev, "--steps", "3", "--precision", "bf16", "--recompute",
+         "none", NULL);
+  g_assert_cmpint (rd.status, ==, 0);
+  const struct
+  {
+    const char *opt, *k;
+  } cases[] = { { "cpu", "0" },  { "cpu", "1" }, { "cpu", NULL },
+                { "nvme", "0" }, { "nvme", "1" } };
+  for (guint i = 0; i < G_N_ELEMENTS (cases); i++)
+    {
+      const char *k = cases[i].k;
+      gboolean chunks = g_str_equal (cases[i].opt, "nvme");
+      g_autofree char *out = g_strdup_printf ("%s/params-nvme-%u", f.dir, i);
+      g_auto (StowRun) r = { 0 };
+      if (chunks)
+        train (&r, &f, out, "--steps", "3", "--plan", plan,
+               "--offload-optimizer", "nvme", "--offload-params", "nvme",
+               "--resident-layers", k, "--nvme-dir", swap, NULL);
+      else if (k)
+        train (&r, &f, out, "--steps", "3", "--precision", "bf16",
+               "--recompute", "none", "--offload-optimizer", "cpu",
+               "--offload-params", "nvme", "--resident-layers", k,
+               "--nvme-dir", swap, NULL);
+      else
+        train (&r, &f, out, "--steps", "3", "--precision", "bf16",
+               "--recompute", "none", "--offload-optimizer", "cpu",
+               "--offload-params", "nvme", "--nvme-dir", swap, NULL);
+      g_test_message ("optimizer %s, k %s: %s", cases[i].opt, k ? k : "default",
+                      r.err);
+      g_assert_cmpint (r.status, ==, 0);
+      g_assert_nonnull (strstr (r.err, "parameters nvme"));
+      g_assert_nonnull (strstr (r.err, "weights on NVMe:"));
+      if (chunks)
+        g_assert_nonnull (
+            strstr (r.err, "optimizer states on NVMe: 15 chunks in"));
+      if (k)
+        {
+          g_autofree char *want = g_strdup_printf (
+              "%s resident / %u streamed layers", k,
+              2 - (guint)g_ascii_strtoull (k, NULL, 10));
+          g_assert_nonnull (strstr (r.err, want));
+        }
+      g_assert_true (same_file (dev, out, "model.safetensors"));
+      g_assert_true (same_file (dev, out, "optimizer.stow"));
+      assert_peak_as_simulated (&r);
+      assert_pinned_as_simulated (&r);
+      g_assert_cmpuint (entries (swap), ==, 0);
+    }
+  fixture_clear (&f);
+}
+
+/* The weights on NVMe, stopped after 2 of 4 steps and resumed: into the
+ * same placement and into the weights in host memory, and from there back
+ * onto NVMe: the uninterrupted on-device run's bytes. */
+static void
+test_params_nvme_resume (void)
+{
+  Fixture f;
+  fixture_init (&f);
+  g_autofree char *swap = make_dir (&f, "swap");
+  g_autofree char *straight = g_build_filename (f.dir, "straight", NULL);
+  g_auto (StowRun) r0 = { 0 };
+  train (&r0, &f, straight, "--steps", "4", "--precision", "bf16", NULL);
+  g_assert_cmpint (r0.status, ==, 0);
+  const char *const legs[][2]
+      = { { "nvme", "nvme" }, { "nvme", "cpu" }, { "cpu", "nvme" } };
+  for (guint i = 0; i < G_N_ELEMENTS (legs); i++)
+    {
+      g_autofree char *out = g_strdup_printf ("%s/resumed%u", f.dir, i);
+      for (guint k = 0; k < 2; k++)
+        {
+          gboolean nv = g_str_equal (legs[i][k], "nvme");
+          g_auto (StowRun) r = { 0 };
+          train (&r, &f, out, "--steps", k ? "4" : "2", "--precision", "bf16",
+                 "--offload-optimizer", "cpu", "--offload-params",
+                 legs[i][k], "--resident-layers", "0", "--save-every", "2",
+                 k ? "--resume" : "--stream-times", nv ? "--nvme-dir" : NULL, swap,
+                 NULL);
+          g_test_message ("%s then %s, leg %u: %s", legs[i][0], legs[i][1], k,
+                          r.err);
+          g_assert_cmpint (r.status, ==, 0);
+        }
+      g_assert_true (same_file (straight, out, "model.safetensors"));
+      g_assert_true (same_file (straight, out, "optimizer.stow"));
+    }
+  g_assert_cmpuint (entries (swap), ==, 0);
+  fixture_clear (&f);
+}
+
+/* A failed read or write of the weights' store stops the run naming the
+ * file and offset, leaves the last checkpoint whole and no swap file, and
+ * --resume gives the uninterrupted run's bytes.  Each unit is one request:
+ * a step makes 32 (2 micro-batches x 4 units read forward and backward,
+ * then 4 writes), the checkpoint 4, so requests 50 and 66 (counted from
+ * step 1's first read) are a read and a write of step 2. */
+static void
+test_params_nvme_faults (void)
+{
+  Fixture f;
+  fixture_init (&f);
+  g_autofree char *swap = make_dir (&f, "swap");
+  g_autofree char *straight = g_build_filename (f.dir, "straight", NULL);
+  g_auto (StowRun) r0 = { 0 };
+  train (&r0, &f, straight, "--steps", "3", "--precision", "bf16", NULL);
+  g_assert_cmpint (r0.status, ==, 0);
+  const char *const faults[][2] = {
+    { "eio:50", "read failed: Input/output error" },
+    { "enospc:66", "write failed: No space left on device" },
+  };
+  for (guint i = 0; i < G_N_ELEMENTS (faults); i++)
+    {
+      g_autofree char *out = g_strdup_printf ("%s/faulted%u", f.dir, i);
+      g_auto (StowRun) r1 = { 0 };
+      train (&r1, &f, out, "--steps", "3", "--save-every", "1", "--precision",
+             "bf16", "--offload-optimizer", "cpu", "--offload-params", "nvme",
+             "--resident-layers", "0", "--nvme-dir", swap, "--test-nvme-fault",
+             faults[i][0], NULL);
+      g_test_message ("%s: %s", faults[i][0], r1.err);
+      g_assert_cmpint (r1.status, !=, 0);
+      g_assert_nonnull (strstr (r1.err, faults[i][1]));
+      g_assert_nonnull (strstr (r1.err, "store.swp at offset"));
+      g_assert_null (strstr (r1.err, "step 3/3"));
+      g_assert_cmpuint (entries (swap), ==, 0);
+      g_autofree char *latest = g_build_filename (out, "latest", NULL);
+      g_autofree char *target = g_file_read_link (latest, NULL);
+      g_assert_nonnull (target);
+      g_auto (StowRun) r2 = { 0 };
+      train (&r2, &f, out, "--steps", "3", "--precision", "bf16",
+             "--offload-optimizer", "cpu", "--offload-params", "nvme",
+             "--resident-layers", "0", "--nvme-dir", swap, "--resume", NULL);
+      g_assert_cmpint (r2.status, ==, 0);
+      g_assert_nonnull (strstr (r2.err, "resuming from step"));
+      g_assert_true (same_file (straight, out, "model.safetensors"));
+      g_assert_true (same_file (straight, out, "optimizer.stow"));
+    }
+  fixture_clear (&f);
+}
+
 /* A model whose 16-bit weights alone are larger than the device trains
- * with them streamed and the optimizer on NVMe, to the bytes of the run
+ * with them streamed (from host memory, and from NVMe) and the optimizer
+ * on NVMe, to the bytes of the run
  * that keeps everything on a large device; stopped and resumed on the
  * small device, likewise. */
 static void
@@ -625,33 +800,39 @@ test_params_small_device (void)
   g_auto (StowRun) r0 = { 0 };
   stow_runv (&r0, (const char *const *)a->pdata);
   g_assert_cmpint (r0.status, ==, 0);
-  /* a device of 400 KiB: 2 steps, then resumed to 4 */
-  for (guint leg = 0; leg < 2; leg++)
+  /* a device of 400 KiB: 2 steps, then resumed to 4, the weights in host
+   * memory and on NVMe */
+  const char *const where[] = { "cpu", "nvme" };
+  for (guint w = 0; w < G_N_ELEMENTS (where); w++)
     {
-      g_ptr_array_set_size (a, base);
-      const char *streamed[]
-          = { "--out", small, "--steps", leg ? "4" : "2", "--device-memory",
-              "400KiB", "--offload-params", "cpu", "--resident-layers", "0",
-              "--offload-optimizer", "nvme", "--nvme-dir", swap,
-              leg ? "--resume" : NULL, NULL };
-      for (guint i = 0; streamed[i]; i++)
-        g_ptr_array_add (a, (char *)streamed[i]);
-      g_ptr_array_add (a, NULL);
-      g_auto (StowRun) r = { 0 };
-      stow_runv (&r, (const char *const *)a->pdata);
-      g_test_message ("leg %u: %s", leg, r.err);
-      g_assert_cmpint (r.status, ==, 0);
-      assert_peak_as_simulated (&r);
-      assert_pinned_as_simulated (&r);
+      g_autofree char *out = g_strdup_printf ("%s-%s", small, where[w]);
+      for (guint leg = 0; leg < 2; leg++)
+        {
+          g_ptr_array_set_size (a, base);
+          const char *streamed[]
+              = { "--out", out, "--steps", leg ? "4" : "2", "--device-memory",
+                  "400KiB", "--offload-params", where[w], "--resident-layers",
+                  "0", "--offload-optimizer", "nvme", "--nvme-dir", swap,
+                  leg ? "--resume" : NULL, NULL };
+          for (guint i = 0; streamed[i]; i++)
+            g_ptr_array_add (a, (char *)streamed[i]);
+          g_ptr_array_add (a, NULL);
+          g_auto (StowRun) r = { 0 };
+          stow_runv (&r, (const char *const *)a->pdata);
+          g_test_message ("%s, leg %u: %s", where[w], leg, r.err);
+          g_assert_cmpint (r.status, ==, 0);
+          assert_peak_as_simulated (&r);
+          assert_pinned_as_simulated (&r);
+        }
+      g_assert_true (same_file (big, out, "model.safetensors"));
+      g_assert_true (same_file (big, out, "optimizer.stow"));
+      g_autofree char *st = g_build_filename (out, "latest",
+                                              "model.safetensors", NULL);
+      GStatBuf sb;
+      g_assert_cmpint (g_stat (st, &sb), ==, 0);
+      g_assert_cmpint (sb.st_size, >, 400 * 1024);
+      g_assert_cmpuint (entries (swap), ==, 0);
     }
-  g_assert_true (same_file (big, small, "model.safetensors"));
-  g_assert_true (same_file (big, small, "optimizer.stow"));
-  g_autofree char *st = g_build_filename (small, "latest",
-                                          "model.safetensors", NULL);
-  GStatBuf sb;
-  g_assert_cmpint (g_stat (st, &sb), ==, 0);
-  g_assert_cmpint (sb.st_size, >, 400 * 1024);
-  g_assert_cmpuint (entries (swap), ==, 0);
   fixture_clear (&f);
 }
 
@@ -671,6 +852,11 @@ main (int argc, char **argv)
   g_test_add_func ("/train-offload/preflight", test_preflight);
   g_test_add_func ("/train-offload/delayed-update", test_delayed);
   g_test_add_func ("/train-offload/params", test_params);
+  g_test_add_func ("/train-offload/params-nvme", test_params_nvme);
+  g_test_add_func ("/train-offload/params-nvme-resume",
+                   test_params_nvme_resume);
+  g_test_add_func ("/train-offload/params-nvme-faults",
+                   test_params_nvme_faults);
   g_test_add_func ("/train-offload/params-small-device",
                    test_params_small_device);
   return g_test_run ();

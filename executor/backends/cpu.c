@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "executor/arena.h"
+#include "executor/backends/param-swap.h"
 #include "executor/backends/tensors.h"
 #include "executor/trace.h"
 #include "offload/adam.h"
@@ -79,6 +80,8 @@ struct _CpuBackend
   gboolean skip;
   /* ZeRO-Infinity: the optimizer states on NVMe, in chunks. */
   StowStateSwap *swap;
+  StowParamSwap *params; /* the weights on NVMe, or NULL */
+  GError *access_error;  /* why stow_backend_cpu_weights gave NULL */
   /* The delayed update: the previous step's gradients (host gradients'
    * layout), and whether the host gradients hold a step's that the next
    * step applies. */
@@ -121,6 +124,21 @@ static const StowBuffer *
 buf_of (CpuBackend *b, guint i)
 {
   return stow_tensor_map_buffer (&b->map, i);
+}
+
+/* Host buffers are 4 KiB-aligned, as O_DIRECT wants the ones NVMe reads
+ * land in and writes leave from (offload/nvme.h). */
+static void *
+host_alloc (guint64 bytes)
+{
+  return g_aligned_alloc0 (1, MAX (bytes, 1), STOW_NVME_ALIGN);
+}
+
+/* A slot's occupant: the bytes of the slot's persistent buffer. */
+static gboolean
+is_occupant (const StowBuffer *buf)
+{
+  return buf->slot >= 0 && buf->bytes == 0;
 }
 
 /* A "swap buffer": one chunk of the states on their way to and from NVMe
@@ -359,6 +377,46 @@ run_optim (CpuBackend *b, const StowOp *op, GError **error)
   return TRUE;
 }
 
+/* The weights on NVMe: a unit read into its staging buffer, or a unit's
+ * updated weights (CPU Adam left them where its gradients were) through
+ * the write buffer to the store. */
+static gboolean
+param_io (CpuBackend *b, const StowOp *op, GError **error)
+{
+  StowTensorMap *m = &b->map;
+  guint unit = op->unit;
+  if (unit == STOW_NONE || unit >= b->p->units->len
+      || op->bytes != unit_numel (b, unit) * m->esize)
+    {
+      g_set_error (error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_INVALID,
+                   "a copy of %" G_GUINT64_FORMAT " B %s NVMe names no "
+                   "unit's weights (unit %d)",
+                   op->bytes, op->src == STOW_TIER_NVME ? "from" : "to",
+                   unit == STOW_NONE ? -1 : (gint)unit);
+      return FALSE;
+    }
+  if (op->src == STOW_TIER_NVME && op->n_writes == 1
+      && m->addr[op->writes[0]] != NULL)
+    return stow_param_swap_read (b->params, unit, m->addr[op->writes[0]],
+                                 error);
+  if (op->dst == STOW_TIER_NVME && op->n_reads == 2
+      && op->reads[0] == m->host_grads_buf && m->addr[op->reads[1]] != NULL)
+    {
+      guint64 off = g_array_index (b->p->units, StowUnit, unit).offset
+                    - g_array_index (b->p->units, StowUnit, 0).offset;
+      memcpy (m->addr[op->reads[1]], m->host_weights + off * m->esize,
+              op->bytes);
+      return stow_param_swap_write (b->params, unit, m->addr[op->reads[1]],
+                                    error);
+    }
+  g_set_error (error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_UNSUPPORTED,
+               "the cpu backend reads a unit's weights from NVMe into a "
+               "staging buffer and writes its updated weights through the "
+               "write buffer; not this copy (%s to %s)",
+               stow_tier_name (op->src), stow_tier_name (op->dst));
+  return FALSE;
+}
+
 /* A copy between the device arena and a host buffer, exactly the unit
  * range the op names: a unit's gradients down from its gradient slot
  * (after its backward of a micro-batch) into the host gradients, or a
@@ -381,6 +439,8 @@ run_copy (CpuBackend *b, const StowOp *op, GError **error)
       && is_swap_buffer (buf_of (b, src)))
     return stow_state_swap_write (b->swap, op->shard, m->addr[src], op->bytes,
                                   error);
+  if (b->params != NULL && (op->src == STOW_TIER_NVME || op->dst == STOW_TIER_NVME))
+    return param_io (b, op, error);
   if (b->swap != NULL && dst == m->weights_buf && src == STOW_NONE
       && op->unit == STOW_NONE && op->layer == STOW_LAYER_NONE
       && op->count > 0)
@@ -420,7 +480,20 @@ run_copy (CpuBackend *b, const StowOp *op, GError **error)
       to = stow_tensor_map_unit (m, dst, unit);
     }
   else if (dst != STOW_NONE && buf_of (b, dst)->kind == STOW_BUF_WEIGHTS
-           && buf_of (b, dst)->tier == STOW_TIER_DEVICE && src == STOW_NONE
+           && buf_of (b, dst)->tier == STOW_TIER_DEVICE && src != STOW_NONE
+           && is_occupant (buf_of (b, src)) && op->unit != STOW_NONE
+           && buf_of (b, src)->tier != STOW_TIER_DEVICE)
+    {
+      /* A unit staged from NVMe, up into its slot. */
+      unit = op->unit;
+      elem = m->esize;
+      from = m->addr[src];
+      to = stow_tensor_map_unit (m, dst, unit);
+    }
+  else if (dst != STOW_NONE && buf_of (b, dst)->kind == STOW_BUF_WEIGHTS
+           && buf_of (b, dst)->tier == STOW_TIER_DEVICE
+           && (src == STOW_NONE
+               || (b->params != NULL && src == m->host_grads_buf))
            && op->src != STOW_TIER_DEVICE && m->host_weights != NULL)
     {
       unit = op->unit != STOW_NONE
@@ -507,7 +580,7 @@ alloc_buffer (CpuBackend *b, guint bi, GError **error)
   const StowBuffer *buf = buf_of (b, bi);
   if (b->map.addr[bi] != NULL)
     return TRUE; /* persistent, from an earlier step */
-  if (buf->slot >= 0 && buf->bytes == 0
+  if (is_occupant (buf) && (gsize)buf->slot < G_N_ELEMENTS (b->map.slot_buf)
       && b->map.slot_buf[buf->slot] != STOW_NONE)
     {
       /* A slot's occupant: the slot buffer's bytes (persistent). */
@@ -515,12 +588,11 @@ alloc_buffer (CpuBackend *b, guint bi, GError **error)
       g_assert (b->map.addr[bi] != NULL);
       return TRUE;
     }
-  if (buf->slot >= 0 && buf->bytes == 0)
+  if (is_occupant (buf))
     {
-      g_set_error (error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_UNSUPPORTED,
-                   "\"%s\": the cpu backend does not run this rotating slot "
-                   "yet (parameters on NVMe: --offload-params nvme)",
-                   buf->name);
+      g_set_error (error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_INVALID,
+                   "\"%s\": slot %d has no persistent buffer in the program",
+                   buf->name, buf->slot);
       return FALSE;
     }
   if (buf->tier == STOW_TIER_NVME)
@@ -535,7 +607,7 @@ alloc_buffer (CpuBackend *b, guint bi, GError **error)
   if (buf->tier != STOW_TIER_DEVICE)
     {
       /* Host tiers: plain memory, not counted against the device. */
-      b->map.addr[bi] = g_try_malloc0 (MAX (buf->bytes, 1));
+      b->map.addr[bi] = host_alloc (buf->bytes);
       if (b->map.addr[bi] == NULL)
         {
           g_set_error (error, STOW_BACKEND_ERROR,
@@ -575,7 +647,7 @@ free_buffer (CpuBackend *b, guint bi)
   const StowBuffer *buf = buf_of (b, bi);
   if (b->map.addr[bi] == NULL)
     return;
-  if (buf->slot >= 0 && buf->bytes == 0)
+  if (is_occupant (buf))
     ; /* a slot's occupant: the slot stays */
   else if (is_swap_buffer (buf) && b->swap != NULL)
     {
@@ -584,7 +656,7 @@ free_buffer (CpuBackend *b, guint bi)
     }
   else if (buf->tier != STOW_TIER_DEVICE)
     {
-      g_free (b->map.addr[bi]);
+      g_aligned_free (b->map.addr[bi]);
       count_pinned (b, buf, FALSE);
     }
   else
@@ -789,12 +861,16 @@ cpu_destroy (StowBackend *bb)
       }
   for (guint i = 0; b->map.addr && i < b->n_buffers; i++)
     if (b->map.addr[i] && buf_of (b, i)->tier != STOW_TIER_DEVICE
+        && !is_occupant (buf_of (b, i))
         && !(is_swap_buffer (buf_of (b, i)) && b->swap != NULL))
-      g_free (b->map.addr[i]);
+      g_aligned_free (b->map.addr[i]);
   if (b->swap)
     stow_state_swap_free (b->swap);
+  if (b->params)
+    stow_param_swap_free (b->params);
+  g_clear_error (&b->access_error);
   stow_tensor_map_clear (&b->map);
-  g_free (b->prev_grads);
+  g_aligned_free (b->prev_grads);
   g_free (b->recorded);
   g_free (b->op_start);
   g_free (b->op_end);
@@ -859,7 +935,7 @@ stow_backend_cpu_new (const StowCpuSetup *setup, GError **error)
     {
       guint64 numel = b->map.numel;
       b->prev_grads = b->map.host_grads_buf != STOW_NONE
-                          ? g_try_malloc0 (MAX (numel * stow_dtype_size (p->grad_dtype), 1))
+                          ? host_alloc (numel * stow_dtype_size (p->grad_dtype))
                           : NULL;
       if (b->prev_grads == NULL)
         {
@@ -876,9 +952,35 @@ stow_backend_cpu_new (const StowCpuSetup *setup, GError **error)
           return NULL;
         }
     }
+  if (b->map.params_nvme && !p->master_weights)
+    {
+      /* CPU Adam leaves the updated weights where the gradients were (no
+       * host copy of weights on NVMe); fp32 training updates the weights
+       * themselves, which would first have to be read back. */
+      g_set_error_literal (
+          error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_UNSUPPORTED,
+          "--offload-params nvme runs with --precision bf16 (fp32 master "
+          "weights in the optimizer's states); fp32 training keeps its "
+          "weights in host memory: --offload-params cpu");
+      cpu_destroy (&b->parent);
+      return NULL;
+    }
+  if (b->map.params_nvme)
+    {
+      b->params = stow_param_swap_new (&b->map, &setup->swap, error);
+      if (b->params == NULL)
+        {
+          cpu_destroy (&b->parent);
+          return NULL;
+        }
+    }
   if (b->map.states_nvme)
     {
-      b->swap = stow_state_swap_new (&b->map, &setup->swap, error);
+      /* A test's fault goes to the weights' store when there is one. */
+      StowSwapSetup ss = setup->swap;
+      if (b->params != NULL)
+        ss.fault = STOW_NVME_FAULT_NONE;
+      b->swap = stow_state_swap_new (&b->map, &ss, error);
       if (b->swap == NULL)
         {
           cpu_destroy (&b->parent);
@@ -927,6 +1029,10 @@ stow_backend_cpu_alloc_persistent (StowBackend *bb, GError **error)
    * streamed, where the weights live). */
   if (b->map.host_weights_buf != STOW_NONE)
     b->map.host_weights = b->map.addr[b->map.host_weights_buf];
+  /* With the weights on NVMe CPU Adam writes the updated ones over the
+   * gradients they came from (planner/schedule.c, adam_out). */
+  if (b->params != NULL)
+    b->map.host_weights = b->map.addr[b->map.host_grads_buf];
   return TRUE;
 }
 
@@ -997,6 +1103,14 @@ stow_backend_cpu_weights (StowBackend *bb, guint unit)
 {
   CpuBackend *b = (CpuBackend *)bb;
   StowTensorMap *m = &b->map;
+  if (b->params != NULL)
+    {
+      g_autoptr (GError) e = NULL;
+      void *w = stow_param_swap_unit (b->params, unit, &e);
+      if (w == NULL && b->access_error == NULL)
+        b->access_error = g_steal_pointer (&e);
+      return w;
+    }
   if (m->weights_buf == STOW_NONE)
     return m->addr[m->host_weights_buf]
                ? stow_tensor_map_unit (m, m->host_weights_buf, unit)
@@ -1061,11 +1175,21 @@ stow_backend_cpu_set_pending (StowBackend *bb, gboolean pending)
   ((CpuBackend *)bb)->have_grads = pending;
 }
 
+GError *
+stow_backend_cpu_take_access_error (StowBackend *bb)
+{
+  return g_steal_pointer (&((CpuBackend *)bb)->access_error);
+}
+
 char *
 stow_backend_cpu_describe_swap (StowBackend *bb)
 {
   CpuBackend *b = (CpuBackend *)bb;
-  return b->swap ? stow_state_swap_describe (b->swap) : NULL;
+  g_autofree char *s = b->swap ? stow_state_swap_describe (b->swap) : NULL;
+  g_autofree char *w = b->params ? stow_param_swap_describe (b->params) : NULL;
+  if (s && w)
+    return g_strdup_printf ("%s\n%s", w, s);
+  return g_strdup (s ? s : w);
 }
 
 gboolean
@@ -1075,6 +1199,20 @@ stow_backend_cpu_push (StowBackend *bb, GError **error)
   StowTensorMap *m = &b->map;
   if (b->swap != NULL && !stow_state_swap_flush (b->swap, error))
     return FALSE;
+  if (b->params != NULL)
+    {
+      /* The resident units take their weights from the store. */
+      for (guint u = 0; u < b->p->units->len; u++)
+        if (m->unit_weights[u] != STOW_NONE)
+          {
+            void *w = stow_param_swap_unit (b->params, u, error);
+            if (w == NULL)
+              return FALSE;
+            memcpy (m->addr[m->unit_weights[u]], w,
+                    unit_numel (b, u) * m->esize);
+          }
+      return stow_param_swap_flush (b->params, error);
+    }
   if (m->weights_buf == STOW_NONE)
     {
       /* The resident units take their weights from the host. */

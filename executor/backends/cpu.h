@@ -100,5 +100,8 @@ void *stow_backend_cpu_pending (StowBackend *cpu, guint unit,
 void stow_backend_cpu_set_pending (StowBackend *cpu, gboolean pending);
 /* One line on where the optimizer states are swapped, or NULL. */
 char *stow_backend_cpu_describe_swap (StowBackend *cpu);
+/* Why stow_backend_cpu_weights gave NULL (a read from the weights' NVMe
+ * store failed), or NULL; the caller owns it. */
+GError *stow_backend_cpu_take_access_error (StowBackend *cpu);
 
 G_END_DECLS

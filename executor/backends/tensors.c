@@ -196,7 +196,8 @@ index_buffers (StowTensorMap *m, const char *backend, GError **error)
   for (guint i = 0; i < nm; i++)
     m->input_of[i] = STOW_NONE;
   m->weights_buf = m->grads_buf = m->master_buf = m->states_buf = STOW_NONE;
-  m->host_grads_buf = m->host_weights_buf = STOW_NONE;
+  m->host_grads_buf = m->host_weights_buf = m->write_buf = STOW_NONE;
+  m->params_nvme = FALSE;
   m->unit_weights = g_new (guint, MAX (p->units->len, 1));
   for (guint u = 0; u < p->units->len; u++)
     m->unit_weights[u] = STOW_NONE;
@@ -204,9 +205,13 @@ index_buffers (StowTensorMap *m, const char *backend, GError **error)
   for (guint s = 0; s < G_N_ELEMENTS (m->slot_buf); s++)
     m->slot_buf[s] = STOW_NONE;
   /* A gradient slot holds the largest unit's gradients. */
-  guint64 gmax = 0;
+  guint64 gmax = 0, umax = 0;
   for (guint u = 0; u < p->units->len; u++)
-    gmax = MAX (gmax, unit_of (m, u)->numel * stow_dtype_size (p->grad_dtype));
+    {
+      gmax = MAX (gmax,
+                  unit_of (m, u)->numel * stow_dtype_size (p->grad_dtype));
+      umax = MAX (umax, unit_of (m, u)->numel);
+    }
   guint64 saved = m->saved_bytes;
   guint64 out = m->out_bytes;
   for (guint i = 0; i < p->buffers->len; i++)
@@ -249,6 +254,13 @@ index_buffers (StowTensorMap *m, const char *backend, GError **error)
                 }
               else
                 wmax = MAX (wmax, need);
+              break;
+            }
+          if (buf->kind == STOW_BUF_WEIGHTS && buf->persistent
+              && buf->tier == STOW_TIER_NVME && buf->unit_first == 0
+              && buf->n_units == p->units->len)
+            {
+              m->params_nvme = TRUE; /* no address: the backend's store */
               break;
             }
           if (buf->kind == STOW_BUF_WEIGHTS && buf->persistent
@@ -313,6 +325,20 @@ index_buffers (StowTensorMap *m, const char *backend, GError **error)
             else if (buf->persistent && buf->tier == STOW_TIER_DEVICE
                      && sscanf (buf->name, "layer slot %u", &s) == 1 && s < 2)
               m->slot_buf[s] = i;
+            else if (buf->persistent && buf->tier != STOW_TIER_DEVICE
+                     && sscanf (buf->name, "parameter staging buffer %u", &s)
+                            == 1
+                     && s < 4)
+              {
+                ok = check_size (backend, buf, umax * m->esize, error);
+                m->slot_buf[4 + s] = i;
+              }
+            else if (buf->persistent && buf->tier != STOW_TIER_DEVICE
+                     && g_str_equal (buf->name, "parameter write buffer"))
+              {
+                ok = check_size (backend, buf, umax * m->esize, error);
+                m->write_buf = i;
+              }
           }
           break;
         case STOW_BUF_INPUT:
@@ -361,7 +387,8 @@ index_buffers (StowTensorMap *m, const char *backend, GError **error)
       }
   gboolean offloaded = m->host_grads_buf != STOW_NONE;
   gboolean streamed = m->weights_buf == STOW_NONE;
-  if ((offloaded && m->host_weights_buf == STOW_NONE)
+  if ((offloaded && m->host_weights_buf == STOW_NONE
+       && !(m->params_nvme && m->write_buf != STOW_NONE))
       || m->states_buf == STOW_NONE || (streamed && !offloaded)
       || (offloaded ? m->grads_buf != STOW_NONE || m->slot_buf[2] == STOW_NONE
                     : m->grads_buf == STOW_NONE)

@@ -53,8 +53,15 @@ typedef struct
   /* ZeRO-Infinity: states_buf lives on NVMe (no address; the backend
    * swaps it in chunks, stow_tensor_map_state does not apply). */
   gboolean states_nvme;
+  /* ZeRO-Infinity's parameter offload: the weights live on NVMe
+   * (host_weights_buf is then STOW_NONE); loads stage a unit in pinned
+   * memory first, and CPU Adam's updated weights, written over the host
+   * gradients, go to the store through write_buf. */
+  gboolean params_nvme;
+  guint write_buf;
   /* [slot]: the persistent buffer whose bytes a slot's occupant uses
-   * (2, 3: "gradient slot 0", "gradient slot 1"), STOW_NONE: none */
+   * (0, 1: "layer slot N"; 2, 3: "gradient slot N"; 4-7: "parameter
+   * staging buffer N"), STOW_NONE: none */
   guint slot_buf[8];
   /* The host copy of the weights CPU Adam writes and the "updated up"
    * copies read (unit layout as weights_buf); NULL: Adam writes the
