@@ -28,9 +28,9 @@ typedef struct
       *beta2, *eps, *max_grad_norm, *seed, *out, *save_every, *log_json,
       *trace, *backend, *device_memory, *tokenizer, *threads, *recompute,
       *offload_optimizer, *offload_params, *resident_layers,
-      *test_copy_delay_us, *test_nvme_fault;
+      *test_copy_delay_us, *test_nvme_fault, *test_memlock_limit;
   char **nvme_dirs;
-  gboolean resume, shuffle, delayed_update, stream_times;
+  gboolean resume, shuffle, delayed_update, stream_times, allow_unpinned;
 } TrainOptions;
 
 static gboolean
@@ -111,6 +111,7 @@ resolve (TrainOptions *o, StowTrainConfig *c, GError **error)
   c->log_json = o->log_json;
   c->trace_path = o->trace;
   c->stream_times = o->stream_times;
+  c->allow_unpinned = o->allow_unpinned;
   if (o->backend)
     c->backend = o->backend;
   guint64 threads = 0;
@@ -151,6 +152,20 @@ resolve (TrainOptions *o, StowTrainConfig *c, GError **error)
   c->threads = (guint)threads;
   if (o->test_nvme_fault && !parse_nvme_fault (o->test_nvme_fault, c, error))
     return FALSE;
+  if (o->test_memlock_limit)
+    {
+      g_autoptr (GError) local = NULL;
+      if (!stow_parse_size (o->test_memlock_limit, &c->test_memlock_limit,
+                            &local)
+          || c->test_memlock_limit == 0)
+        {
+          g_set_error (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
+                       "--test-memlock-limit \"%s\": %s",
+                       o->test_memlock_limit,
+                       local ? local->message : "a size above 0");
+          return FALSE;
+        }
+    }
   if (o->test_copy_delay_us)
     {
       guint64 us = 0;
@@ -543,6 +558,10 @@ stow_cmd_train (int argc, char **argv)
       "last step, measured beside simulated (and add them to the last "
       "--log-json line)",
       NULL },
+    { "allow-unpinned", 0, 0, G_OPTION_ARG_NONE, &o.allow_unpinned,
+      "Where RLIMIT_MEMLOCK cannot cover the pinned host buffers, run them "
+      "pageable instead of refusing (cpu backend)",
+      NULL },
     /* Tests of overlap on a small machine: every copy of the cpu backend
      * sleeps this long first, so that copies last long enough to see. */
     { "test-nvme-fault", 0, G_OPTION_FLAG_HIDDEN, G_OPTION_ARG_STRING,
@@ -553,6 +572,11 @@ stow_cmd_train (int argc, char **argv)
     { "test-copy-delay-us", 0, G_OPTION_FLAG_HIDDEN, G_OPTION_ARG_STRING,
       &o.test_copy_delay_us, "Test knob: each copy sleeps US first (cpu)",
       "US" },
+    { "test-memlock-limit", 0, G_OPTION_FLAG_HIDDEN, G_OPTION_ARG_STRING,
+      &o.test_memlock_limit,
+      "Test knob: the preflight takes SIZE as RLIMIT_MEMLOCK (and no "
+      "CAP_IPC_LOCK)",
+      "SIZE" },
     { NULL },
   };
   StowTrainConfig c;
@@ -572,7 +596,7 @@ stow_cmd_train (int argc, char **argv)
                        &o.tokenizer,  &o.threads,       &o.recompute,
                        &o.offload_optimizer, &o.offload_params,
                        &o.resident_layers, &o.test_copy_delay_us,
-                       &o.test_nvme_fault };
+                       &o.test_nvme_fault, &o.test_memlock_limit };
   for (gsize i = 0; i < G_N_ELEMENTS (strings); i++)
     g_free (*strings[i]);
   return status;

@@ -76,6 +76,12 @@ typedef struct
    * first step on fails so (StowSwapSetup); STOW_NVME_FAULT_NONE: none. */
   StowNvmeFault nvme_fault;
   guint64 nvme_fault_nth;
+  /* Run with the pinned host buffers pageable when RLIMIT_MEMLOCK cannot
+   * cover them (else the preflight refuses). */
+  gboolean allow_unpinned;
+  /* Test knob: the preflight takes this as RLIMIT_MEMLOCK, soft and hard,
+   * and the process as one without CAP_IPC_LOCK; 0: the real ones. */
+  guint64 test_memlock_limit;
   StowTrainProgress progress;
   StowTrainNotice notice;
   gpointer progress_user; /* of both */

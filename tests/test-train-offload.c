@@ -436,6 +436,51 @@ test_preflight (void)
   fixture_clear (&f);
 }
 
+/* The pinned buffers are locked, so RLIMIT_MEMLOCK must cover them:
+ * refused before anything is loaded, with the figures and the ways to
+ * raise it, when it does not (a test knob stands for a low limit); run
+ * pageable with --allow-unpinned, to the same bytes. */
+static void
+test_preflight_memlock (void)
+{
+  Fixture f;
+  fixture_init (&f);
+  g_autofree char *dev = g_build_filename (f.dir, "dev", NULL);
+  g_autofree char *out = g_build_filename (f.dir, "out", NULL);
+  g_autofree char *unpinned = g_build_filename (f.dir, "unpinned", NULL);
+  g_auto (StowRun) r0 = { 0 };
+  train (&r0, &f, dev, "--steps", "2", NULL);
+  g_assert_cmpint (r0.status, ==, 0);
+  g_auto (StowRun) r1 = { 0 };
+  const char *argv[]
+      = { "train", "--model", f.model, "--data", f.shard, "--seq", "16",
+          "--micro-batch", "2", "--global-batch", "4", "--lr", "0.003",
+          "--out", out, "--steps", "2", "--offload-optimizer", "cpu",
+          "--test-memlock-limit", "64KiB", NULL };
+  stow_runv (&r1, argv);
+  if (strstr (r1.err, "--allow-unpinned") != NULL && r1.status == 0)
+    {
+      g_test_skip ("this machine's RLIMIT_MEMLOCK made the suite add "
+                   "--allow-unpinned");
+      fixture_clear (&f);
+      return;
+    }
+  g_assert_cmpint (r1.status, !=, 0);
+  g_assert_nonnull (strstr (r1.err, "pinned host memory: the planned step "
+                                    "locks"));
+  g_assert_nonnull (strstr (r1.err, "RLIMIT_MEMLOCK is 64.00 KiB (hard limit "
+                                    "64.00 KiB)"));
+  g_assert_nonnull (strstr (r1.err, "ulimit -l"));
+  g_assert_false (g_file_test (out, G_FILE_TEST_EXISTS));
+  g_auto (StowRun) r2 = { 0 };
+  train (&r2, &f, unpinned, "--steps", "2", "--offload-optimizer", "cpu",
+         "--test-memlock-limit", "64KiB", "--allow-unpinned", NULL);
+  g_assert_cmpint (r2.status, ==, 0);
+  g_assert_nonnull (strstr (r2.err, "running them pageable"));
+  g_assert_true (same_file (dev, unpinned, "model.safetensors"));
+  fixture_clear (&f);
+}
+
 /* While a run is on: one private directory (0700) holding one file
  * (0600); SIGTERM (and SIGINT) remove both. */
 static void
@@ -850,6 +895,8 @@ main (int argc, char **argv)
   g_test_add_func ("/train-offload/nvme-signal", test_nvme_signal);
   g_test_add_func ("/train-offload/nvme-kill", test_nvme_kill);
   g_test_add_func ("/train-offload/preflight", test_preflight);
+  g_test_add_func ("/train-offload/preflight-memlock",
+                   test_preflight_memlock);
   g_test_add_func ("/train-offload/delayed-update", test_delayed);
   g_test_add_func ("/train-offload/params", test_params);
   g_test_add_func ("/train-offload/params-nvme", test_params_nvme);

@@ -18,6 +18,7 @@
 #include "executor/backends/tensors.h"
 #include "executor/trace.h"
 #include "offload/adam.h"
+#include "offload/pinned.h"
 
 /* ---- the backend ---------------------------------------------------------- */
 
@@ -82,11 +83,15 @@ struct _CpuBackend
   StowStateSwap *swap;
   StowParamSwap *params; /* the weights on NVMe, or NULL */
   GError *access_error;  /* why stow_backend_cpu_weights gave NULL */
+  /* The program's persistent pinned buffers, locked in host memory. */
+  StowPinnedPool *pinned_pool;
+  gboolean no_pin;
   /* The delayed update: the previous step's gradients (host gradients'
    * layout), and whether the host gradients hold a step's that the next
    * step applies. */
   gboolean delayed;
   guint8 *prev_grads;
+  guint8 *own_grads; /* the program's host gradients, whichever is where */
   gboolean have_grads, apply_prev;
   /* Program buffers in the pinned tier: bytes held now and the peak (a
    * swap buffer counts as the ring buffer it takes). */
@@ -132,6 +137,14 @@ static void *
 host_alloc (guint64 bytes)
 {
   return g_aligned_alloc0 (1, MAX (bytes, 1), STOW_NVME_ALIGN);
+}
+
+/* A persistent pinned buffer: from the backend's locked pool. */
+static gboolean
+in_pool (const CpuBackend *b, const StowBuffer *buf)
+{
+  return b->pinned_pool != NULL && buf->persistent
+         && buf->tier == STOW_TIER_PINNED;
 }
 
 /* A slot's occupant: the bytes of the slot's persistent buffer. */
@@ -606,7 +619,18 @@ alloc_buffer (CpuBackend *b, guint bi, GError **error)
     }
   if (buf->tier != STOW_TIER_DEVICE)
     {
-      /* Host tiers: plain memory, not counted against the device. */
+      /* Host tiers, not counted against the device: the persistent pinned
+       * buffers from the locked pool, the rest plain memory. */
+      if (buf->persistent && buf->tier == STOW_TIER_PINNED
+          && b->pinned_pool != NULL)
+        {
+          b->map.addr[bi]
+              = stow_pinned_pool_alloc (b->pinned_pool, buf->bytes, error);
+          if (b->map.addr[bi] == NULL)
+            return FALSE;
+          count_pinned (b, buf, TRUE);
+          return TRUE;
+        }
       b->map.addr[bi] = host_alloc (buf->bytes);
       if (b->map.addr[bi] == NULL)
         {
@@ -649,6 +673,8 @@ free_buffer (CpuBackend *b, guint bi)
     return;
   if (is_occupant (buf))
     ; /* a slot's occupant: the slot stays */
+  else if (in_pool (b, buf))
+    count_pinned (b, buf, FALSE); /* the pool's, until the end */
   else if (is_swap_buffer (buf) && b->swap != NULL)
     {
       stow_state_swap_give (b->swap, b->map.addr[bi]);
@@ -859,11 +885,20 @@ cpu_destroy (StowBackend *bb)
         g_thread_join (b->workers[s].thread);
         g_async_queue_unref (b->workers[s].queue);
       }
+  /* The delayed update swaps the host gradients with prev_grads: each
+   * goes back to whoever allocated it. */
+  if (b->own_grads != NULL && b->map.addr[b->map.host_grads_buf] != b->own_grads)
+    {
+      b->prev_grads = b->map.addr[b->map.host_grads_buf];
+      b->map.addr[b->map.host_grads_buf] = b->own_grads;
+    }
   for (guint i = 0; b->map.addr && i < b->n_buffers; i++)
     if (b->map.addr[i] && buf_of (b, i)->tier != STOW_TIER_DEVICE
-        && !is_occupant (buf_of (b, i))
+        && !is_occupant (buf_of (b, i)) && !in_pool (b, buf_of (b, i))
         && !(is_swap_buffer (buf_of (b, i)) && b->swap != NULL))
       g_aligned_free (b->map.addr[i]);
+  if (b->pinned_pool)
+    stow_pinned_pool_free (b->pinned_pool);
   if (b->swap)
     stow_state_swap_free (b->swap);
   if (b->params)
@@ -921,6 +956,7 @@ stow_backend_cpu_new (const StowCpuSetup *setup, GError **error)
   b->data_user = setup->data_user;
   b->copy_delay_us = setup->copy_delay_us;
   b->delayed = setup->delayed_update;
+  b->no_pin = setup->no_pin;
   b->n_buffers = p->buffers->len;
   b->recorded = g_new0 (gboolean, MAX (p->events->len, 1));
   b->op_start = g_new0 (double, MAX (p->ops->len, 1));
@@ -1022,9 +1058,34 @@ gboolean
 stow_backend_cpu_alloc_persistent (StowBackend *bb, GError **error)
 {
   CpuBackend *b = (CpuBackend *)bb;
+  /* The persistent pinned buffers in one pool of ordinary pages, locked
+   * once they are all in it (train's preflight has checked
+   * RLIMIT_MEMLOCK; --allow-unpinned leaves them pageable). */
+  guint64 pinned = 0;
+  for (guint i = 0; i < b->n_buffers; i++)
+    {
+      const StowBuffer *buf = buf_of (b, i);
+      if (buf->persistent && buf->tier == STOW_TIER_PINNED)
+        pinned += (MAX (buf->bytes, 1) + STOW_NVME_ALIGN - 1) / STOW_NVME_ALIGN
+                  * STOW_NVME_ALIGN;
+    }
+  if (pinned > 0 && b->pinned_pool == NULL)
+    {
+      StowPinnedOptions po = { 0 };
+      po.slab_bytes = pinned;
+      po.numa_node = -1;
+      po.no_cuda = TRUE;
+      po.defer_pin = TRUE;
+      po.huge_pages = STOW_HUGE_PAGES_OFF;
+      b->pinned_pool = stow_pinned_pool_new (&po);
+    }
   for (guint i = 0; i < b->n_buffers; i++)
     if (buf_of (b, i)->persistent && !alloc_buffer (b, i, error))
       return FALSE;
+  if (b->pinned_pool != NULL && !b->no_pin)
+    stow_pinned_pool_pin (b->pinned_pool);
+  if (b->map.host_grads_buf != STOW_NONE)
+    b->own_grads = b->map.addr[b->map.host_grads_buf];
   /* The program's host buffer of the weights: what CPU Adam writes (and,
    * streamed, where the weights live). */
   if (b->map.host_weights_buf != STOW_NONE)
@@ -1173,6 +1234,13 @@ void
 stow_backend_cpu_set_pending (StowBackend *bb, gboolean pending)
 {
   ((CpuBackend *)bb)->have_grads = pending;
+}
+
+char *
+stow_backend_cpu_describe_pinned (StowBackend *bb)
+{
+  CpuBackend *b = (CpuBackend *)bb;
+  return b->pinned_pool ? stow_pinned_pool_describe (b->pinned_pool) : NULL;
 }
 
 GError *

@@ -40,6 +40,9 @@ typedef struct
    * it): step s's host optimizer applies step s - 1's gradients, kept
    * aside when step s begins, while step s computes. */
   gboolean delayed_update;
+  /* Leave the program's pinned host buffers pageable (train's
+   * --allow-unpinned, where RLIMIT_MEMLOCK is too low to lock them). */
+  gboolean no_pin;
 } StowCpuSetup;
 
 /* Checks that every buffer of @setup->program holds what the runtime
@@ -103,5 +106,8 @@ char *stow_backend_cpu_describe_swap (StowBackend *cpu);
 /* Why stow_backend_cpu_weights gave NULL (a read from the weights' NVMe
  * store failed), or NULL; the caller owns it. */
 GError *stow_backend_cpu_take_access_error (StowBackend *cpu);
+/* "pinned pool: 1.6 MiB in 1 slab (...), mlock, ..." for the program's
+ * persistent pinned buffers, or NULL when it has none. */
+char *stow_backend_cpu_describe_pinned (StowBackend *cpu);
 
 G_END_DECLS
