@@ -40,6 +40,10 @@ stow_plan_options_add (GOptionContext *ctx, StowPlanOptions *po)
     STR ("vpp", vpp, "Virtual stages per pipeline rank (interleaving)", "N"),
     STR ("cp", cp, "Context-parallel degree", "N"),
     STR ("ep", ep, "Expert-parallel degree", "N"),
+    STR ("etp", etp,
+         "Expert tensor-parallel degree: the routed experts' TP (Megatron-"
+         "core's --expert-tensor-parallel-size; default: --tp)",
+         "N"),
     { "sp", 0, 0, G_OPTION_ARG_NONE, &po->sp,
       "Sequence parallelism (default with --tp > 1)", NULL },
     { "no-sp", 0, 0, G_OPTION_ARG_NONE, &po->no_sp, "No sequence parallelism",
@@ -422,7 +426,9 @@ stow_plan_options_resolve (StowPlanOptions *po, const char *model_arg,
       || !parse_degree ("--vpp", po->vpp, &l->vpp, &po->pins, STOW_PIN_VPP,
                         error)
       || !parse_degree ("--cp", po->cp, &l->cp, &po->pins, STOW_PIN_CP, error)
-      || !parse_degree ("--ep", po->ep, &l->ep, &po->pins, STOW_PIN_EP, error))
+      || !parse_degree ("--ep", po->ep, &l->ep, &po->pins, STOW_PIN_EP, error)
+      || !parse_degree ("--etp", po->etp, &l->etp, &po->pins, STOW_PIN_ETP,
+                        error))
     return FALSE;
   if (po->sp && po->no_sp)
     {
@@ -618,6 +624,7 @@ stow_plan_options_fill_like_fit (StowPlanOptions *po)
     { STOW_PIN_VPP, "vpp" },
     { STOW_PIN_CP, "cp" },
     { STOW_PIN_EP, "ep" },
+    { STOW_PIN_ETP, "etp" },
     { STOW_PIN_SP, "sp" },
     { STOW_PIN_ZERO, "zero" },
     { STOW_PIN_OFFLOAD_OPTIMIZER, "offload-optimizer" },
@@ -652,7 +659,10 @@ stow_plan_options_fill_like_fit (StowPlanOptions *po)
       StowPins p = dims[i].pin;
       if ((p & (STOW_PIN_DP | STOW_PIN_TP | STOW_PIN_PP | STOW_PIN_CP)
            && po->cluster_obj->n_gpus == 1)
-          || (p == STOW_PIN_EP && po->model->n_experts == 0)
+          || ((p == STOW_PIN_EP || p == STOW_PIN_ETP)
+              && po->model->n_experts == 0)
+          || (p == STOW_PIN_ETP
+              && (l->tp == 1 || !stow_engine_is_mcore (l->engine)))
           || ((p == STOW_PIN_SCHEDULE || p == STOW_PIN_VPP) && l->pp == 1)
           || (p == STOW_PIN_SP && l->tp == 1)
           || (p == STOW_PIN_OFFLOAD_PARAMS && l->zero != 3)
@@ -686,6 +696,7 @@ stow_plan_options_clear (StowPlanOptions *po)
     &po->vpp,
     &po->cp,
     &po->ep,
+    &po->etp,
     &po->zero,
     &po->offload_optimizer,
     &po->offload_params,

@@ -19,7 +19,7 @@ typedef struct
 {
   /* raw option strings (NULL when not given) */
   char *gpus, *cluster;
-  char *dp, *tp, *pp, *vpp, *cp, *ep, *zero, *offload_optimizer,
+  char *dp, *tp, *pp, *vpp, *cp, *ep, *etp, *zero, *offload_optimizer,
       *offload_params, *offload_activations, *recompute, *micro_batch,
       *global_batch, *grad_accum, *seq, *decoder_seq, *precision, *optimizer,
       *finetune, *lora_rank, *engine, *schedule, *convention, *params,

@@ -482,11 +482,43 @@ stow_layout_validate (const StowLayout *l, const StowTraining *t,
         return invalid (
             error, "--ep %u does not divide the %" G_GUINT64_FORMAT " experts",
             l->ep, m->n_experts);
-      if ((guint64)l->dp * l->cp % l->ep != 0)
+      if (stow_layout_etp (l) == l->tp && (guint64)l->dp * l->cp % l->ep != 0)
         return invalid (error,
                         "--ep %u must divide --dp x --cp (%u); experts are "
                         "sharded across data-parallel ranks",
                         l->ep, l->dp * l->cp);
+    }
+  if (l->etp != 0 && l->etp != l->tp)
+    {
+      /* Megatron-core (the expert rank generator of parallel_state.py)
+       * lays the experts out on a grid of their own, etp x ep x expert dp
+       * x pp, which must tile the world: etp x ep divides tp x cp x dp. */
+      if (m->n_experts == 0)
+        return invalid (error,
+                        "--etp %u needs a mixture-of-experts model; %s has "
+                        "no experts (its linears follow --tp %u)",
+                        l->etp, m->name, l->tp);
+      if (!stow_engine_is_mcore (l->engine))
+        return invalid (error,
+                        "--etp %u is Megatron-core's "
+                        "--expert-tensor-parallel-size: it needs --engine "
+                        "megatron or nemo (--engine %s splits the experts "
+                        "by --tp %u)",
+                        l->etp, stow_engine_name (l->engine), l->tp);
+      guint64 ranks = (guint64)l->tp * l->cp * l->dp;
+      if (ranks % ((guint64)l->etp * l->ep) != 0)
+        return invalid (error,
+                        "--etp %u x --ep %u does not divide --tp x --cp x "
+                        "--dp (%" G_GUINT64_FORMAT
+                        "): the experts' grid (etp x ep x expert data "
+                        "parallel x pp) must tile the GPUs",
+                        l->etp, l->ep, ranks);
+      guint64 f = m->moe_ffn ? m->moe_ffn : m->ffn;
+      if (f % l->etp != 0)
+        return invalid (error,
+                        "--etp %u does not divide the experts' "
+                        "intermediate size %" G_GUINT64_FORMAT,
+                        l->etp, f);
     }
   if (l->zero > 3)
     return invalid (error, "--zero %u: the stages are 0, 1, 2 and 3", l->zero);
@@ -618,6 +650,19 @@ stow_layout_validate (const StowLayout *l, const StowTraining *t,
       break;
     }
   return TRUE;
+}
+
+guint
+stow_layout_etp (const StowLayout *layout)
+{
+  return layout->etp ? layout->etp : layout->tp;
+}
+
+guint64
+stow_layout_expert_dp (const StowLayout *layout, guint64 n)
+{
+  guint64 grid = (guint64)stow_layout_etp (layout) * MAX (layout->ep, 1);
+  return MAX (n * layout->tp / grid, 1);
 }
 
 void

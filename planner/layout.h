@@ -131,6 +131,10 @@ typedef enum
 typedef struct
 {
   guint dp, tp, pp, vpp, cp, ep; /* vpp = 1 without interleaving */
+  guint etp;                     /* expert tensor parallelism (Megatron-core's
+                                    --expert-tensor-parallel-size): the TP degree of the routed
+                                    experts' linears; 0 = as --tp, Megatron's default.  Read it
+                                    through stow_layout_etp. */
   gboolean sp;                   /* sequence parallel (needs tp > 1) */
   guint zero;                    /* 0..3 */
   gboolean hybrid_shard;         /* HSDP: shard inside a node only */
@@ -224,6 +228,18 @@ gboolean stow_training_check_model (const StowTraining *training,
 gboolean stow_training_check_gpu (const StowTraining *training,
                                   const StowGpu *gpu, char **warning,
                                   GError **error);
+
+/* The routed experts' tensor-parallel degree: layout->etp, or --tp when
+ * it is 0 (Megatron-core's default).  Each expert's linears are split over
+ * it, and the expert grid is etp x ep x (expert data parallel) x pp =
+ * the world (megatron/core/parallel_state.py, the expert rank generator). */
+guint stow_layout_etp (const StowLayout *layout);
+
+/* Ranks that hold the same slice of a routed expert, out of the @n ranks
+ * ZeRO shards the dense parameters over (dp x cp, or a node's share under
+ * HSDP): Megatron-core's expert data-parallel group, world / (etp x ep x
+ * pp) = n x tp / (etp x ep); rounded down, never below 1. */
+guint64 stow_layout_expert_dp (const StowLayout *layout, guint64 n);
 
 /* Number of layers on each pipeline stage (@counts has layout->pp entries),
  * as even as possible with the remainder on the middle stages. */

@@ -431,7 +431,12 @@ stow_emit_megatron (const StowPlanFile *p, GError **error)
   flag_u (s, "--pipeline-model-parallel-size", l->pp);
   flag_u (s, "--context-parallel-size", l->cp);
   if (m->n_experts)
-    flag_u (s, "--expert-model-parallel-size", l->ep);
+    {
+      flag_u (s, "--expert-model-parallel-size", l->ep);
+      /* Megatron-core's default is --tensor-model-parallel-size: written
+       * out so the file says what the plan priced. */
+      flag_u (s, "--expert-tensor-parallel-size", stow_layout_etp (l));
+    }
   if (l->vpp > 1)
     flag_u (s, "--num-layers-per-virtual-pipeline-stage",
             m->n_layers / ((guint64)l->pp * l->vpp));
@@ -999,6 +1004,12 @@ stow_emit_check (StowEmitKind kind, const StowModel *model,
   view.layout = *layout;
   const char *name = stow_emit_kind_name (kind);
   const char *type, *label;
+  if (kind != STOW_EMIT_MEGATRON && kind != STOW_EMIT_PLAN
+      && stow_layout_etp (layout) != layout->tp)
+    return unsupported (error, name,
+                        "expert tensor parallelism apart from --tp (--etp "
+                        "%u) is Megatron-core's; use --emit megatron",
+                        stow_layout_etp (layout));
   switch (kind)
     {
     case STOW_EMIT_DEEPSPEED:

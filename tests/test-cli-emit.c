@@ -560,6 +560,79 @@ test_precision_gpu (void)
   g_assert_nonnull (strstr (t.out, "train:   seq 2048, fp16, adamw"));
 }
 
+/* --etp, Megatron-core's --expert-tensor-parallel-size: written as that
+ * flag, shown as "etp" in the plan's JSON, and a bad value is refused
+ * naming the flag and the value. */
+static void
+test_megatron_etp (void)
+{
+  g_auto (StowRun) r = { 0 };
+  stow_run (&r, "fit", "mixtral-8x7b", "--gpus", "16xH100-SXM", "--engine",
+            "megatron", "--tp", "2", "--ep", "8", "--etp", "1", "--dp", "8",
+            "--pp", "1", "--seq", "4096", "--global-batch", "64", "--emit",
+            "megatron", NULL);
+  g_assert_cmpint (r.status, ==, 0);
+  g_autofree char *etp = arg_value (r.out, "--expert-tensor-parallel-size");
+  g_autofree char *tp = arg_value (r.out, "--tensor-model-parallel-size");
+  g_assert_cmpstr (etp, ==, "1");
+  g_assert_cmpstr (tp, ==, "2");
+
+  /* Left to the default it is --tp's, and the emitted file says so. */
+  g_auto (StowRun) d = { 0 };
+  stow_run (&d, "fit", "mixtral-8x7b", "--gpus", "16xH100-SXM", "--engine",
+            "megatron", "--tp", "2", "--ep", "8", "--etp", "2", "--dp", "8",
+            "--pp", "1", "--seq", "4096", "--global-batch", "64", "--emit",
+            "megatron", NULL);
+  g_assert_cmpint (d.status, ==, 0);
+  g_autofree char *etp2 = arg_value (d.out, "--expert-tensor-parallel-size");
+  g_assert_cmpstr (etp2, ==, "2");
+
+  g_auto (StowRun) j = { 0 };
+  stow_run (&j, "plan", "mixtral-8x7b", "--gpus", "16xH100-SXM", "--engine",
+            "megatron", "--tp", "2", "--ep", "8", "--etp", "1", "--dp", "8",
+            "--pp", "1", "--seq", "4096", "--global-batch", "64", "--top", "1",
+            "--json", NULL);
+  g_assert_cmpint (j.status, ==, 0);
+  g_autoptr (JsonNode) root = NULL;
+  JsonObject *o = parse (j.out, &root);
+  JsonObject *plan = json_array_get_object_element (
+      json_object_get_array_member (o, "plans"), 0);
+  JsonObject *layout = json_object_get_object_member (plan, "layout");
+  g_assert_cmpint (json_object_get_int_member (layout, "etp"), ==, 1);
+  g_assert_cmpint (json_object_get_int_member (layout, "tp"), ==, 2);
+
+  static const struct
+  {
+    const char *model, *value, *fragment;
+  } bad[] = {
+    { "mixtral-8x7b", "0", "--etp \"0\"" },
+    { "mixtral-8x7b", "two", "--etp \"two\"" },
+    /* 4 x ep 8 = 32 does not tile 16 GPUs */
+    { "mixtral-8x7b", "4", "--etp 4" },
+    { "llama-2-7b", "1", "--etp 1 needs a mixture-of-experts model" },
+  };
+  for (gsize i = 0; i < G_N_ELEMENTS (bad); i++)
+    {
+      gboolean moe = g_str_equal (bad[i].model, "mixtral-8x7b");
+      const char *const args[] = { "mem",
+                                   bad[i].model,
+                                   "--gpus",
+                                   "16xH100-SXM",
+                                   "--engine",
+                                   "megatron",
+                                   "--tp",
+                                   "2",
+                                   "--dp",
+                                   "8",
+                                   "--etp",
+                                   bad[i].value,
+                                   moe ? "--ep" : NULL,
+                                   "8",
+                                   NULL };
+      stow_assert_usage_error (args, bad[i].fragment);
+    }
+}
+
 int
 main (int argc, char **argv)
 {
@@ -577,5 +650,6 @@ main (int argc, char **argv)
   g_test_add_func ("/cli-emit/megatron-rope", test_megatron_rope);
   g_test_add_func ("/cli-emit/nvme-placeholder", test_nvme_placeholder);
   g_test_add_func ("/cli-emit/precision-gpu", test_precision_gpu);
+  g_test_add_func ("/cli-emit/megatron-etp", test_megatron_etp);
   return g_test_run ();
 }
