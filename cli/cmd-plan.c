@@ -54,6 +54,8 @@ compact_layout (const StowLayout *l)
   g_string_append_printf (s, " pp%u", l->pp);
   if (l->vpp > 1)
     g_string_append_printf (s, "/v%u", l->vpp);
+  if (l->pp_split_ends)
+    g_string_append (s, "+ends");
   g_string_append_printf (s, " dp%u", l->dp);
   if (l->cp > 1)
     g_string_append_printf (s, " cp%u", l->cp);

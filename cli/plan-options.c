@@ -48,6 +48,12 @@ stow_plan_options_add (GOptionContext *ctx, StowPlanOptions *po)
       "Sequence parallelism (default with --tp > 1)", NULL },
     { "no-sp", 0, 0, G_OPTION_ARG_NONE, &po->no_sp, "No sequence parallelism",
       NULL },
+    { "pp-split-ends", 0, 0, G_OPTION_ARG_NONE, &po->pp_split_ends,
+      "The embedding and the loss each take a layer's place in the pipeline "
+      "split (Megatron-core's --account-for-embedding-in-pipeline-split and "
+      "--account-for-loss-in-pipeline-split); lets --vpp interleave layers "
+      "that --pp alone does not divide",
+      NULL },
     STR ("zero", zero, "ZeRO stage 0-3 or FULL_SHARD, SHARD_GRAD_OP, ...",
          "STAGE"),
     STR ("offload-optimizer", offload_optimizer, "none, cpu or nvme", "WHERE"),
@@ -438,6 +444,8 @@ stow_plan_options_resolve (StowPlanOptions *po, const char *model_arg,
     }
   if (po->sp || po->no_sp)
     l->sp = po->sp, po->pins |= STOW_PIN_SP;
+  if (po->pp_split_ends)
+    l->pp_split_ends = TRUE, po->pins |= STOW_PIN_PP_SPLIT_ENDS;
   if (po->zero)
     {
       if (!stow_zero_parse (po->zero, "--zero", &l->zero, &l->hybrid_shard,
@@ -633,6 +641,7 @@ stow_plan_options_fill_like_fit (StowPlanOptions *po)
     { STOW_PIN_RECOMPUTE, "recompute" },
     { STOW_PIN_MICRO_BATCH, "micro-batch" },
     { STOW_PIN_SCHEDULE, "schedule" },
+    { STOW_PIN_PP_SPLIT_ENDS, "pp-split-ends" },
   };
   stow_plan_options_default_layout (po);
   /* Several engines (--emit accelerate): the search picks one even when
@@ -665,6 +674,7 @@ stow_plan_options_fill_like_fit (StowPlanOptions *po)
               && (l->tp == 1 || !stow_engine_is_mcore (l->engine)))
           || ((p == STOW_PIN_SCHEDULE || p == STOW_PIN_VPP) && l->pp == 1)
           || (p == STOW_PIN_SP && l->tp == 1)
+          || (p == STOW_PIN_PP_SPLIT_ENDS && !l->pp_split_ends)
           || (p == STOW_PIN_OFFLOAD_PARAMS && l->zero != 3)
           || (p == STOW_PIN_OFFLOAD_ACTIVATIONS
               && l->recompute != STOW_RECOMPUTE_FULL)

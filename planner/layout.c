@@ -445,15 +445,41 @@ stow_layout_validate (const StowLayout *l, const StowTraining *t,
     return invalid (
         error, "--pp %u is more than the model's %" G_GUINT64_FORMAT " layers",
         l->pp, m->n_layers);
+  if (l->pp_split_ends)
+    {
+      /* Megatron-core's account_for_{embedding,loss}_in_pipeline_split
+       * (transformer_block.py, get_num_layers_to_build): layers + 2 divide
+       * into pp stages, each stage's share into vpp chunks. */
+      if (!stow_engine_is_mcore (l->engine))
+        return invalid (error,
+                        "--pp-split-ends is Megatron-core's "
+                        "--account-for-embedding-in-pipeline-split and "
+                        "--account-for-loss-in-pipeline-split: it needs "
+                        "--engine megatron or nemo");
+      if (l->pp < 2)
+        return invalid (error, "--pp-split-ends needs --pp > 1");
+      if ((m->n_layers + 2) % ((guint64)l->pp * l->vpp) != 0)
+        return invalid (error,
+                        "--pp-split-ends: --pp %u x --vpp %u does not divide "
+                        "the model's %" G_GUINT64_FORMAT
+                        " layers + the embedding and the loss",
+                        l->pp, l->vpp, m->n_layers);
+    }
   if (l->vpp > 1)
     {
       if (l->pp == 1)
         return invalid (error, "--vpp %u needs --pp > 1", l->vpp);
-      if (m->n_layers % ((guint64)l->pp * l->vpp) != 0)
-        return invalid (error,
-                        "--pp %u x --vpp %u does not divide the model's "
-                        "%" G_GUINT64_FORMAT " layers",
-                        l->pp, l->vpp, m->n_layers);
+      if (!l->pp_split_ends && m->n_layers % ((guint64)l->pp * l->vpp) != 0)
+        return invalid (
+            error,
+            "--pp %u x --vpp %u does not divide the model's %" G_GUINT64_FORMAT
+            " layers%s",
+            l->pp, l->vpp, m->n_layers,
+            stow_engine_is_mcore (l->engine)
+                    && (m->n_layers + 2) % ((guint64)l->pp * l->vpp) == 0
+                ? " (with the embedding and the loss in the split, "
+                  "--pp-split-ends, they would)"
+                : "");
     }
   if (l->sp && l->tp == 1)
     return invalid (error, "--sp needs --tp > 1");
@@ -652,6 +678,12 @@ stow_layout_validate (const StowLayout *l, const StowTraining *t,
   return TRUE;
 }
 
+guint64
+stow_layout_split_slots (const StowLayout *layout, guint64 n_layers)
+{
+  return n_layers + (layout->pp_split_ends ? 2 : 0);
+}
+
 guint
 stow_layout_etp (const StowLayout *layout)
 {
@@ -670,6 +702,17 @@ stow_layout_stage_layers (const StowLayout *layout, guint64 n_layers,
                           guint64 *counts)
 {
   guint pp = layout->pp;
+  if (layout->pp_split_ends && pp >= 2)
+    {
+      /* The embedding takes a layer's place on the first stage, the loss
+       * on the last (Megatron-core's account_for_*_in_pipeline_split). */
+      guint64 per = (n_layers + 2) / pp;
+      for (guint i = 0; i < pp; i++)
+        counts[i] = per;
+      counts[0] -= 1;
+      counts[pp - 1] -= 1;
+      return;
+    }
   guint64 base = n_layers / pp, extra = n_layers % pp;
   /* The first stage holds the embedding and the most in-flight
    * micro-batches, the last the logits: give the remainder to the middle. */
@@ -688,7 +731,7 @@ stow_layout_recompute_run (const StowLayout *layout, guint64 n_layers)
 {
   guint64 pp = MAX (layout->pp, 1), v = MAX (layout->vpp, 1);
   if (v > 1)
-    return n_layers / (pp * v);
+    return stow_layout_split_slots (layout, n_layers) / (pp * v);
   return (n_layers + pp - 1) / pp;
 }
 

@@ -262,17 +262,27 @@ enumerate (Ctx *x, const StowLayout *base, const Dims *d)
                 r->invalid++;
                 continue;
               }
-            /* Virtual stages: 1, or every v >= 2 with pp v dividing L. */
+            /* Virtual stages: 1, or every v >= 2 with pp v dividing L.
+             * Megatron-core's MoE-era split (--pp-split-ends: embedding
+             * and loss in the split) when pp does not divide L but does
+             * L + 2: then every v with pp v dividing L + 2 (Llama 3 405B,
+             * 126 layers on 16 stages of 8 slots). */
             guint nv = 0;
+            gboolean ends = (pins & STOW_PIN_PP_SPLIT_ENDS)
+                                ? base->pp_split_ends
+                                : (stow_engine_is_mcore (base->engine)
+                                   && pp > 1 && m->n_layers % pp != 0
+                                   && (m->n_layers + 2) % pp == 0);
+            guint64 slots = m->n_layers + (ends ? 2 : 0);
             if (pins & STOW_PIN_VPP)
               vpps[nv++] = base->vpp;
             else
               {
                 vpps[nv++] = 1;
-                for (guint v = 2; pp > 1 && (guint64)pp * v <= m->n_layers
+                for (guint v = 2; pp > 1 && (guint64)pp * v <= slots
                                   && nv < G_N_ELEMENTS (vpps);
                      v++)
-                  if (m->n_layers % ((guint64)pp * v) == 0)
+                  if (slots % ((guint64)pp * v) == 0)
                     vpps[nv++] = v;
               }
             /* Micro-batches: the divisors of a replica's share of the
@@ -308,6 +318,7 @@ enumerate (Ctx *x, const StowLayout *base, const Dims *d)
                       l.ep = d->eps[e];
                       l.etp = etps[et];
                       l.vpp = vpps[vi];
+                      l.pp_split_ends = ends;
                       l.micro_batch = mbs[b];
                       /* The experts' grid, etp x ep x expert dp, tiles the
                        * tp x cp x dp ranks of a stage (with etp = tp: ep

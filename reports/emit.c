@@ -338,7 +338,7 @@ megatron_check (const StowPlanFile *p, const char *e, GError **error)
     return unsupported (error, e,
                         "Megatron-LM schedules 1F1B and interleaved 1F1B, "
                         "not GPipe");
-  if (m->n_layers % l->pp != 0)
+  if (m->n_layers % l->pp != 0 && !l->pp_split_ends)
     return unsupported (error, e,
                         "%" G_GUINT64_FORMAT " layers on %u stages: the plan "
                         "puts the extra layers on middle stages, Megatron-LM "
@@ -439,7 +439,13 @@ stow_emit_megatron (const StowPlanFile *p, GError **error)
     }
   if (l->vpp > 1)
     flag_u (s, "--num-layers-per-virtual-pipeline-stage",
-            m->n_layers / ((guint64)l->pp * l->vpp));
+            stow_layout_split_slots (l, m->n_layers)
+                / ((guint64)l->pp * l->vpp));
+  if (l->pp_split_ends)
+    {
+      flag (s, "--account-for-embedding-in-pipeline-split");
+      flag (s, "--account-for-loss-in-pipeline-split");
+    }
   if (l->sp && l->tp > 1)
     flag (s, "--sequence-parallel");
   if (l->zero == 1)

@@ -15,6 +15,8 @@ stow_layout_describe (const StowLayout *l)
   g_string_append_printf (s, "dp %u, tp %u, pp %u", l->dp, l->tp, l->pp);
   if (l->vpp > 1)
     g_string_append_printf (s, " (vpp %u)", l->vpp);
+  if (l->pp_split_ends)
+    g_string_append (s, ", embedding and loss in the pipeline split");
   if (l->cp > 1)
     g_string_append_printf (s, ", cp %u", l->cp);
   if (l->ep > 1)

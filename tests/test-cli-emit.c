@@ -633,6 +633,45 @@ test_megatron_etp (void)
     }
 }
 
+/* Llama 3 405B's pipeline (126 layers, tp 8, pp 16, interleaved with
+ * chunks of one layer, the embedding and the loss in the split: the Llama
+ * 3 paper, §3.3.2): Megatron-core's flags for it, and the refusals. */
+static void
+test_megatron_pp_split_ends (void)
+{
+  g_auto (StowRun) r = { 0 };
+  stow_run (&r, "fit", "llama-3.1-405b", "--gpus", "128xH100-SXM", "--engine",
+            "megatron", "--tp", "8", "--pp", "16", "--vpp", "8",
+            "--pp-split-ends", "--dp", "1", "--seq", "8192", "--global-batch",
+            "32", "--micro-batch", "1", "--recompute", "full", "--emit",
+            "megatron", NULL);
+  g_assert_cmpint (r.status, ==, 0);
+  g_autofree char *pp = arg_value (r.out, "--pipeline-model-parallel-size");
+  g_autofree char *per_v
+      = arg_value (r.out, "--num-layers-per-virtual-pipeline-stage");
+  g_autofree char *emb
+      = arg_value (r.out, "--account-for-embedding-in-pipeline-split");
+  g_autofree char *loss
+      = arg_value (r.out, "--account-for-loss-in-pipeline-split");
+  g_assert_cmpstr (pp, ==, "16");
+  g_assert_cmpstr (per_v, ==, "1"); /* (126 + 2) / (16 x 8) */
+  g_assert_cmpstr (emb, ==, "");
+  g_assert_cmpstr (loss, ==, "");
+
+  const char *const stowage[]
+      = { "mem",  "llama-3.1-405b", "--gpus",         "128xH100-SXM",
+          "--tp", "8",              "--pp",           "16",
+          "--dp", "1",              "--pp-split-ends", NULL };
+  stow_assert_usage_error (stowage, "--pp-split-ends is Megatron-core's");
+  const char *const uneven[] = { "mem",      "llama-3.1-405b", "--gpus",
+                                 "128xH100-SXM", "--engine",   "megatron",
+                                 "--tp",     "8",              "--pp",
+                                 "16",       "--vpp",          "3",
+                                 "--dp",     "1",              "--pp-split-ends",
+                                 NULL };
+  stow_assert_usage_error (uneven, "--pp 16 x --vpp 3");
+}
+
 int
 main (int argc, char **argv)
 {
@@ -651,5 +690,7 @@ main (int argc, char **argv)
   g_test_add_func ("/cli-emit/nvme-placeholder", test_nvme_placeholder);
   g_test_add_func ("/cli-emit/precision-gpu", test_precision_gpu);
   g_test_add_func ("/cli-emit/megatron-etp", test_megatron_etp);
+  g_test_add_func ("/cli-emit/megatron-pp-split-ends",
+                   test_megatron_pp_split_ends);
   return g_test_run ();
 }
