@@ -54,11 +54,15 @@ compact_layout (const StowLayout *l)
   g_string_append_printf (s, " pp%u", l->pp);
   if (l->vpp > 1)
     g_string_append_printf (s, "/v%u", l->vpp);
+  if (l->pp_split_ends)
+    g_string_append (s, "+ends");
   g_string_append_printf (s, " dp%u", l->dp);
   if (l->cp > 1)
     g_string_append_printf (s, " cp%u", l->cp);
   if (l->ep > 1)
     g_string_append_printf (s, " ep%u", l->ep);
+  if (stow_layout_etp (l) != l->tp)
+    g_string_append_printf (s, " etp%u", stow_layout_etp (l));
   g_string_append_printf (s, " z%u%s", l->zero, l->hybrid_shard ? "h" : "");
   g_string_append_printf (s, " mb%" G_GUINT64_FORMAT "x%" G_GUINT64_FORMAT,
                           l->micro_batch, l->grad_accum);

@@ -40,9 +40,19 @@ stow_plan_options_add (GOptionContext *ctx, StowPlanOptions *po)
     STR ("vpp", vpp, "Virtual stages per pipeline rank (interleaving)", "N"),
     STR ("cp", cp, "Context-parallel degree", "N"),
     STR ("ep", ep, "Expert-parallel degree", "N"),
+    STR ("etp", etp,
+         "Expert tensor-parallel degree: the routed experts' TP (Megatron-"
+         "core's --expert-tensor-parallel-size; default: --tp)",
+         "N"),
     { "sp", 0, 0, G_OPTION_ARG_NONE, &po->sp,
       "Sequence parallelism (default with --tp > 1)", NULL },
     { "no-sp", 0, 0, G_OPTION_ARG_NONE, &po->no_sp, "No sequence parallelism",
+      NULL },
+    { "pp-split-ends", 0, 0, G_OPTION_ARG_NONE, &po->pp_split_ends,
+      "The embedding and the loss each take a layer's place in the pipeline "
+      "split (Megatron-core's --account-for-embedding-in-pipeline-split and "
+      "--account-for-loss-in-pipeline-split); lets --vpp interleave layers "
+      "that --pp alone does not divide",
       NULL },
     STR ("zero", zero, "ZeRO stage 0-3 or FULL_SHARD, SHARD_GRAD_OP, ...",
          "STAGE"),
@@ -422,7 +432,9 @@ stow_plan_options_resolve (StowPlanOptions *po, const char *model_arg,
       || !parse_degree ("--vpp", po->vpp, &l->vpp, &po->pins, STOW_PIN_VPP,
                         error)
       || !parse_degree ("--cp", po->cp, &l->cp, &po->pins, STOW_PIN_CP, error)
-      || !parse_degree ("--ep", po->ep, &l->ep, &po->pins, STOW_PIN_EP, error))
+      || !parse_degree ("--ep", po->ep, &l->ep, &po->pins, STOW_PIN_EP, error)
+      || !parse_degree ("--etp", po->etp, &l->etp, &po->pins, STOW_PIN_ETP,
+                        error))
     return FALSE;
   if (po->sp && po->no_sp)
     {
@@ -432,6 +444,8 @@ stow_plan_options_resolve (StowPlanOptions *po, const char *model_arg,
     }
   if (po->sp || po->no_sp)
     l->sp = po->sp, po->pins |= STOW_PIN_SP;
+  if (po->pp_split_ends)
+    l->pp_split_ends = TRUE, po->pins |= STOW_PIN_PP_SPLIT_ENDS;
   if (po->zero)
     {
       if (!stow_zero_parse (po->zero, "--zero", &l->zero, &l->hybrid_shard,
@@ -618,6 +632,7 @@ stow_plan_options_fill_like_fit (StowPlanOptions *po)
     { STOW_PIN_VPP, "vpp" },
     { STOW_PIN_CP, "cp" },
     { STOW_PIN_EP, "ep" },
+    { STOW_PIN_ETP, "etp" },
     { STOW_PIN_SP, "sp" },
     { STOW_PIN_ZERO, "zero" },
     { STOW_PIN_OFFLOAD_OPTIMIZER, "offload-optimizer" },
@@ -626,6 +641,7 @@ stow_plan_options_fill_like_fit (StowPlanOptions *po)
     { STOW_PIN_RECOMPUTE, "recompute" },
     { STOW_PIN_MICRO_BATCH, "micro-batch" },
     { STOW_PIN_SCHEDULE, "schedule" },
+    { STOW_PIN_PP_SPLIT_ENDS, "pp-split-ends" },
   };
   stow_plan_options_default_layout (po);
   /* Several engines (--emit accelerate): the search picks one even when
@@ -652,9 +668,13 @@ stow_plan_options_fill_like_fit (StowPlanOptions *po)
       StowPins p = dims[i].pin;
       if ((p & (STOW_PIN_DP | STOW_PIN_TP | STOW_PIN_PP | STOW_PIN_CP)
            && po->cluster_obj->n_gpus == 1)
-          || (p == STOW_PIN_EP && po->model->n_experts == 0)
+          || ((p == STOW_PIN_EP || p == STOW_PIN_ETP)
+              && po->model->n_experts == 0)
+          || (p == STOW_PIN_ETP
+              && (l->tp == 1 || !stow_engine_is_mcore (l->engine)))
           || ((p == STOW_PIN_SCHEDULE || p == STOW_PIN_VPP) && l->pp == 1)
           || (p == STOW_PIN_SP && l->tp == 1)
+          || (p == STOW_PIN_PP_SPLIT_ENDS && !l->pp_split_ends)
           || (p == STOW_PIN_OFFLOAD_PARAMS && l->zero != 3)
           || (p == STOW_PIN_OFFLOAD_ACTIVATIONS
               && l->recompute != STOW_RECOMPUTE_FULL)
@@ -686,6 +706,7 @@ stow_plan_options_clear (StowPlanOptions *po)
     &po->vpp,
     &po->cp,
     &po->ep,
+    &po->etp,
     &po->zero,
     &po->offload_optimizer,
     &po->offload_params,

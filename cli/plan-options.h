@@ -19,7 +19,7 @@ typedef struct
 {
   /* raw option strings (NULL when not given) */
   char *gpus, *cluster;
-  char *dp, *tp, *pp, *vpp, *cp, *ep, *zero, *offload_optimizer,
+  char *dp, *tp, *pp, *vpp, *cp, *ep, *etp, *zero, *offload_optimizer,
       *offload_params, *offload_activations, *recompute, *micro_batch,
       *global_batch, *grad_accum, *seq, *decoder_seq, *precision, *optimizer,
       *finetune, *lora_rank, *engine, *schedule, *convention, *params,
@@ -27,7 +27,7 @@ typedef struct
       *reduce_bucket, *prefetch_bucket, *reuse_distance, *free_grads,
       *lora_targets, *workspace, *host_process, *cpu_opt_buffers, *host_ram,
       *nvme, *resident_layers, *revision;
-  gboolean sp, no_sp, no_flash, chunked_loss, dropout, lora_dropout, json,
+  gboolean sp, no_sp, pp_split_ends, no_flash, chunked_loss, dropout, lora_dropout, json,
       explain, overlap_comm, opt_in_bwd, compile;
 
   /* results */

@@ -393,10 +393,10 @@ plan (Run *r, GError **error)
   /* One device: everything but recomputation (and the offloads, where
    * the backend runs them) is fixed by it. */
   StowPins pins = (StowPins)c->pins | STOW_PIN_DP | STOW_PIN_TP | STOW_PIN_PP
-                  | STOW_PIN_VPP | STOW_PIN_CP | STOW_PIN_EP | STOW_PIN_SP
-                  | STOW_PIN_ZERO | STOW_PIN_MICRO_BATCH | STOW_PIN_SCHEDULE
-                  | STOW_PIN_OFFLOAD_OPTIMIZER | STOW_PIN_OFFLOAD_PARAMS
-                  | STOW_PIN_OFFLOAD_ACTIVATIONS;
+                  | STOW_PIN_VPP | STOW_PIN_CP | STOW_PIN_EP | STOW_PIN_ETP
+                  | STOW_PIN_SP | STOW_PIN_ZERO | STOW_PIN_MICRO_BATCH
+                  | STOW_PIN_SCHEDULE | STOW_PIN_OFFLOAD_OPTIMIZER
+                  | STOW_PIN_OFFLOAD_PARAMS | STOW_PIN_OFFLOAD_ACTIVATIONS;
   g_autoptr (StowSearch) s = stow_search_run (r->model, r->cluster, t, &base,
                                               pins, &r->mo, 1);
   if (s->fits->len == 0)

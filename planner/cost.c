@@ -436,26 +436,34 @@ layer_cost (const StowModel *m, const StowCluster *c, const StowTraining *t,
    * QKV and MLP-up, row-parallel output and MLP-down). */
   double qkv_n = (a * dq + kv * dq + kv * dv) / tp;
   double o_k = a * dv / tp;
-  double f = (double)m->ffn, mlp_T = T, n_mlp = 1;
+  double f = (double)m->ffn, mlp_T = T, n_mlp = 1, mlp_tp = tp;
   if (moe && m->n_experts > 0)
     {
       f = (double)(m->moe_ffn ? m->moe_ffn : m->ffn);
-      /* Tokens one expert sees: T top-k / E per rank, gathered from the
-       * ep ranks that share it. */
-      mlp_T = T * (double)m->experts_per_token * (double)l->ep
-              / (double)m->n_experts;
+      /* The routed experts' linears are split etp ways (--etp, Megatron-
+       * core's --expert-tensor-parallel-size, default --tp).  Tokens one
+       * expert sees on a rank: T top-k / E, gathered from the ep ranks
+       * that share it and, when etp differs from tp, from the etp ranks
+       * that split it (of the tp ranks whose tokens it serves): the
+       * FLOPs per GPU stay T top-k f / tp whatever etp is. */
+      mlp_tp = (double)stow_layout_etp (l);
+      mlp_T = T * (double)m->experts_per_token * (double)l->ep * mlp_tp
+              / (tp * (double)m->n_experts);
       n_mlp = (double)m->experts_per_token;
     }
-  double up_n = (m->gated_mlp ? 2.0 : 1.0) * f / tp, down_k = f / tp;
+  double up_n = (m->gated_mlp ? 2.0 : 1.0) * f / mlp_tp, down_k = f / mlp_tp;
   /* FLOPs of each GEMM on this GPU for one micro-batch. */
   double fl_qkv = 2 * T * h * qkv_n, fl_o = 2 * T * o_k * h;
-  double fl_up = 2 * T * n_mlp * h * up_n, fl_down = 2 * T * n_mlp * down_k * h;
+  double fl_up = 2 * T * n_mlp * h * up_n * mlp_tp / tp;
+  double fl_down = 2 * T * n_mlp * down_k * h * mlp_tp / tp;
   double fl_shared = 0;
   if (moe && m->n_shared_experts > 0)
     fl_shared = 2 * T * h * (double)m->n_shared_experts
                 * (m->gated_mlp ? 3.0 : 2.0) * f / tp;
   double fl_router = moe ? 2 * T * h * (double)m->n_experts : 0;
-  double t_rest = gemm_s (r, fl_shared, T, up_n, h);
+  /* Shared experts are dense MLPs split by --tp. */
+  double t_rest
+      = gemm_s (r, fl_shared, T, (m->gated_mlp ? 2.0 : 1.0) * f / tp, h);
   if (fl_router > 0)
     t_rest += gemm_s (r, fl_router, T, (double)m->n_experts, h);
   double full = gemm_s (r, fl_qkv, T, qkv_n, h) + gemm_s (r, fl_o, T, h, o_k)
@@ -566,11 +574,15 @@ layer_cost (const StowModel *m, const StowCluster *c, const StowTraining *t,
    * reduce-scatter each: the same bytes (Korthikanti et al. §4.2.2).
    * Megatron-core overlaps them chunk by chunk with the GEMMs beside them
    * (Transformer Engine userbuffers); Megatron-LM 2021-22 did not. */
+  guint etp = stow_layout_etp (l);
+  gboolean own_etp = moe && m->n_experts > 0 && etp != l->tp;
   if (l->tp > 1)
     {
       Link tl = group_link (c, o, l->tp, 1);
       double bytes = T * h * eb;
-      lc->tp_pass_s = 2.0 * ring_allreduce (bytes, l->tp, tl);
+      /* With experts split apart from --tp (--etp), an MoE layer's MLP
+       * leaves the tp group: only the attention's pair stays on it. */
+      lc->tp_pass_s = (own_etp ? 1.0 : 2.0) * ring_allreduce (bytes, l->tp, tl);
       if (tp_overlapped (o, l))
         {
           lc->tp_fwd_s = tp_hidden_exposed (o, lc->tp_pass_s, lc->fwd_gemm_s);
@@ -578,6 +590,20 @@ layer_cost (const StowModel *m, const StowCluster *c, const StowTraining *t,
         }
       else
         lc->tp_fwd_s = lc->tp_bwd_s = lc->tp_pass_s;
+    }
+  if (own_etp && etp > 1)
+    {
+      /* The experts' own tensor parallelism: the etp ranks that split an
+       * expert all-gather the tokens routed to it (top-k copies of the
+       * rank's T / tp tokens, from each of them) and reduce-scatter its
+       * output, around the grouped GEMMs, which Transformer Engine's
+       * userbuffers do not overlap: exposed, forward and backward. */
+      Link xl = group_link (c, o, etp, 1);
+      double bytes = T / tp * (double)m->experts_per_token * etp * h * eb;
+      double pass = ring_allreduce (bytes, etp, xl);
+      lc->tp_pass_s += pass;
+      lc->tp_fwd_s += pass;
+      lc->tp_bwd_s += pass;
     }
 
   /* Context parallelism: a ring passes each rank's K and V to the others
@@ -595,7 +621,11 @@ layer_cost (const StowModel *m, const StowCluster *c, const StowTraining *t,
    * the routed tokens' hidden states, (ep-1)/ep of them off the GPU. */
   if (moe && l->ep > 1)
     {
-      Link el = group_link (c, o, l->ep, (guint64)l->tp * l->cp);
+      /* ep is carved out of dp x cp (stride tp x cp) while etp = tp;
+       * Megatron-core's own expert grid (tp-ep-dp-pp order, parallel_
+       * state.py) puts it next to the etp ranks otherwise. */
+      guint64 ep_stride = own_etp ? etp : (guint64)l->tp * l->cp;
+      Link el = group_link (c, o, l->ep, ep_stride);
       double bytes = T * (double)m->experts_per_token * h * eb / tp;
       lc->ep_fwd_s = 2.0
                      * ((double)(l->ep - 1) / (double)l->ep * bytes / el.bw
@@ -798,7 +828,8 @@ stow_cost_estimate (const StowModel *m, const StowCluster *c,
                           * n;
               ex = MIN (ex, lp);
               params += (lp - ex) / l->tp;
-              expert_params += ex / ((double)l->ep * l->tp);
+              expert_params
+                  += ex / ((double)l->ep * (double)stow_layout_etp (l));
             }
           else
             params += lp / l->tp;
@@ -935,18 +966,18 @@ stow_cost_estimate (const StowModel *m, const StowCluster *c,
   double dp_total = 0, dp_exposed = 0;
   if (ndp > 1)
     {
-      guint64 ex_n = MAX (ndp / MAX (l->ep, 1), 1);
+      /* The experts' data-parallel group: world / (etp x ep x pp), its
+       * ranks etp x ep apart (with etp = tp: dp x cp / ep, tp x ep). */
+      guint64 ex_n = stow_layout_expert_dp (l, ndp);
+      guint64 ex_stride = (guint64)stow_layout_etp (l) * MAX (l->ep, 1);
       double g_bytes = trainable * grad_b, ge_bytes = ex_trainable * grad_b;
       double w_bytes = stage_params_max * eb, we_bytes = expert_params_max * eb;
       double ar = dp_collective (c, o, g_bytes, ndp, stride, FALSE)
-                  + dp_collective (c, o, ge_bytes, ex_n,
-                                   stride * MAX (l->ep, 1), FALSE);
+                  + dp_collective (c, o, ge_bytes, ex_n, ex_stride, FALSE);
       double rs = dp_collective (c, o, g_bytes, n_shard, stride, TRUE)
-                  + dp_collective (c, o, ge_bytes, ex_n,
-                                   stride * MAX (l->ep, 1), TRUE);
+                  + dp_collective (c, o, ge_bytes, ex_n, ex_stride, TRUE);
       double ag = dp_collective (c, o, w_bytes, n_shard, stride, TRUE)
-                  + dp_collective (c, o, we_bytes, ex_n,
-                                   stride * MAX (l->ep, 1), TRUE);
+                  + dp_collective (c, o, we_bytes, ex_n, ex_stride, TRUE);
       /* HSDP: the shards reduce inside a node, then replicas all-reduce
        * the sharded gradients across nodes once per step. */
       double hsdp = 0;
@@ -998,7 +1029,7 @@ stow_cost_estimate (const StowModel *m, const StowCluster *c,
    * memory model holds them (planner/memory.c, sharded_params). */
   double shard_div = l->zero >= 1 ? (double)MAX (n_shard, 1) : 1.0;
   double ex_shard_div
-      = l->zero >= 1 ? (double)MAX (n_shard / MAX (l->ep, 1), 1) : 1.0;
+      = l->zero >= 1 ? (double)stow_layout_expert_dp (l, n_shard) : 1.0;
   double opt_params = trainable / shard_div + ex_trainable / ex_shard_div;
   /* Bytes per parameter of the fp32 master and the optimizer states, as
    * the memory model holds them. */
@@ -1192,6 +1223,7 @@ stow_cost_explain_difference (GString *out, const StowLayout *a,
   diff_u (out, "dp", a->dp, b->dp, &first);
   diff_u (out, "cp", a->cp, b->cp, &first);
   diff_u (out, "ep", a->ep, b->ep, &first);
+  diff_u (out, "etp", stow_layout_etp (a), stow_layout_etp (b), &first);
   diff_s (out, "sp", a->sp ? "on" : "off", b->sp ? "on" : "off", &first);
   diff_u (out, "zero", a->zero, b->zero, &first);
   diff_s (out, "optimizer offload", stow_offload_name (a->offload_optimizer),

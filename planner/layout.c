@@ -445,15 +445,41 @@ stow_layout_validate (const StowLayout *l, const StowTraining *t,
     return invalid (
         error, "--pp %u is more than the model's %" G_GUINT64_FORMAT " layers",
         l->pp, m->n_layers);
+  if (l->pp_split_ends)
+    {
+      /* Megatron-core's account_for_{embedding,loss}_in_pipeline_split
+       * (transformer_block.py, get_num_layers_to_build): layers + 2 divide
+       * into pp stages, each stage's share into vpp chunks. */
+      if (!stow_engine_is_mcore (l->engine))
+        return invalid (error,
+                        "--pp-split-ends is Megatron-core's "
+                        "--account-for-embedding-in-pipeline-split and "
+                        "--account-for-loss-in-pipeline-split: it needs "
+                        "--engine megatron or nemo");
+      if (l->pp < 2)
+        return invalid (error, "--pp-split-ends needs --pp > 1");
+      if ((m->n_layers + 2) % ((guint64)l->pp * l->vpp) != 0)
+        return invalid (error,
+                        "--pp-split-ends: --pp %u x --vpp %u does not divide "
+                        "the model's %" G_GUINT64_FORMAT
+                        " layers + the embedding and the loss",
+                        l->pp, l->vpp, m->n_layers);
+    }
   if (l->vpp > 1)
     {
       if (l->pp == 1)
         return invalid (error, "--vpp %u needs --pp > 1", l->vpp);
-      if (m->n_layers % ((guint64)l->pp * l->vpp) != 0)
-        return invalid (error,
-                        "--pp %u x --vpp %u does not divide the model's "
-                        "%" G_GUINT64_FORMAT " layers",
-                        l->pp, l->vpp, m->n_layers);
+      if (!l->pp_split_ends && m->n_layers % ((guint64)l->pp * l->vpp) != 0)
+        return invalid (
+            error,
+            "--pp %u x --vpp %u does not divide the model's %" G_GUINT64_FORMAT
+            " layers%s",
+            l->pp, l->vpp, m->n_layers,
+            stow_engine_is_mcore (l->engine)
+                    && (m->n_layers + 2) % ((guint64)l->pp * l->vpp) == 0
+                ? " (with the embedding and the loss in the split, "
+                  "--pp-split-ends, they would)"
+                : "");
     }
   if (l->sp && l->tp == 1)
     return invalid (error, "--sp needs --tp > 1");
@@ -482,11 +508,43 @@ stow_layout_validate (const StowLayout *l, const StowTraining *t,
         return invalid (
             error, "--ep %u does not divide the %" G_GUINT64_FORMAT " experts",
             l->ep, m->n_experts);
-      if ((guint64)l->dp * l->cp % l->ep != 0)
+      if (stow_layout_etp (l) == l->tp && (guint64)l->dp * l->cp % l->ep != 0)
         return invalid (error,
                         "--ep %u must divide --dp x --cp (%u); experts are "
                         "sharded across data-parallel ranks",
                         l->ep, l->dp * l->cp);
+    }
+  if (l->etp != 0 && l->etp != l->tp)
+    {
+      /* Megatron-core (the expert rank generator of parallel_state.py)
+       * lays the experts out on a grid of their own, etp x ep x expert dp
+       * x pp, which must tile the world: etp x ep divides tp x cp x dp. */
+      if (m->n_experts == 0)
+        return invalid (error,
+                        "--etp %u needs a mixture-of-experts model; %s has "
+                        "no experts (its linears follow --tp %u)",
+                        l->etp, m->name, l->tp);
+      if (!stow_engine_is_mcore (l->engine))
+        return invalid (error,
+                        "--etp %u is Megatron-core's "
+                        "--expert-tensor-parallel-size: it needs --engine "
+                        "megatron or nemo (--engine %s splits the experts "
+                        "by --tp %u)",
+                        l->etp, stow_engine_name (l->engine), l->tp);
+      guint64 ranks = (guint64)l->tp * l->cp * l->dp;
+      if (ranks % ((guint64)l->etp * l->ep) != 0)
+        return invalid (error,
+                        "--etp %u x --ep %u does not divide --tp x --cp x "
+                        "--dp (%" G_GUINT64_FORMAT
+                        "): the experts' grid (etp x ep x expert data "
+                        "parallel x pp) must tile the GPUs",
+                        l->etp, l->ep, ranks);
+      guint64 f = m->moe_ffn ? m->moe_ffn : m->ffn;
+      if (f % l->etp != 0)
+        return invalid (error,
+                        "--etp %u does not divide the experts' "
+                        "intermediate size %" G_GUINT64_FORMAT,
+                        l->etp, f);
     }
   if (l->zero > 3)
     return invalid (error, "--zero %u: the stages are 0, 1, 2 and 3", l->zero);
@@ -620,11 +678,41 @@ stow_layout_validate (const StowLayout *l, const StowTraining *t,
   return TRUE;
 }
 
+guint64
+stow_layout_split_slots (const StowLayout *layout, guint64 n_layers)
+{
+  return n_layers + (layout->pp_split_ends ? 2 : 0);
+}
+
+guint
+stow_layout_etp (const StowLayout *layout)
+{
+  return layout->etp ? layout->etp : layout->tp;
+}
+
+guint64
+stow_layout_expert_dp (const StowLayout *layout, guint64 n)
+{
+  guint64 grid = (guint64)stow_layout_etp (layout) * MAX (layout->ep, 1);
+  return MAX (n * layout->tp / grid, 1);
+}
+
 void
 stow_layout_stage_layers (const StowLayout *layout, guint64 n_layers,
                           guint64 *counts)
 {
   guint pp = layout->pp;
+  if (layout->pp_split_ends && pp >= 2)
+    {
+      /* The embedding takes a layer's place on the first stage, the loss
+       * on the last (Megatron-core's account_for_*_in_pipeline_split). */
+      guint64 per = (n_layers + 2) / pp;
+      for (guint i = 0; i < pp; i++)
+        counts[i] = per;
+      counts[0] -= 1;
+      counts[pp - 1] -= 1;
+      return;
+    }
   guint64 base = n_layers / pp, extra = n_layers % pp;
   /* The first stage holds the embedding and the most in-flight
    * micro-batches, the last the logits: give the remainder to the middle. */
@@ -643,7 +731,7 @@ stow_layout_recompute_run (const StowLayout *layout, guint64 n_layers)
 {
   guint64 pp = MAX (layout->pp, 1), v = MAX (layout->vpp, 1);
   if (v > 1)
-    return n_layers / (pp * v);
+    return stow_layout_split_slots (layout, n_layers) / (pp * v);
   return (n_layers + pp - 1) / pp;
 }
 

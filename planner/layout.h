@@ -131,7 +131,18 @@ typedef enum
 typedef struct
 {
   guint dp, tp, pp, vpp, cp, ep; /* vpp = 1 without interleaving */
+  guint etp;                     /* expert tensor parallelism (Megatron-core's
+                                    --expert-tensor-parallel-size): the TP degree of the routed
+                                    experts' linears; 0 = as --tp, Megatron's default.  Read it
+                                    through stow_layout_etp. */
   gboolean sp;                   /* sequence parallel (needs tp > 1) */
+  /* The embedding and the loss each take a layer's place in the pipeline
+   * split (Megatron-core's --account-for-embedding-in-pipeline-split and
+   * --account-for-loss-in-pipeline-split; Llama 3 405B: 126 layers + 2 on
+   * 16 stages of 8, the first and last holding 7).  With it pp x vpp must
+   * divide the layers + 2, and interleaving is allowed where the layers
+   * alone do not divide. */
+  gboolean pp_split_ends;
   guint zero;                    /* 0..3 */
   gboolean hybrid_shard;         /* HSDP: shard inside a node only */
   StowOffload offload_optimizer;
@@ -225,8 +236,21 @@ gboolean stow_training_check_gpu (const StowTraining *training,
                                   const StowGpu *gpu, char **warning,
                                   GError **error);
 
+/* The routed experts' tensor-parallel degree: layout->etp, or --tp when
+ * it is 0 (Megatron-core's default).  Each expert's linears are split over
+ * it, and the expert grid is etp x ep x (expert data parallel) x pp =
+ * the world (megatron/core/parallel_state.py, the expert rank generator). */
+guint stow_layout_etp (const StowLayout *layout);
+
+/* Ranks that hold the same slice of a routed expert, out of the @n ranks
+ * ZeRO shards the dense parameters over (dp x cp, or a node's share under
+ * HSDP): Megatron-core's expert data-parallel group, world / (etp x ep x
+ * pp) = n x tp / (etp x ep); rounded down, never below 1. */
+guint64 stow_layout_expert_dp (const StowLayout *layout, guint64 n);
+
 /* Number of layers on each pipeline stage (@counts has layout->pp entries),
- * as even as possible with the remainder on the middle stages. */
+ * as even as possible with the remainder on the middle stages; with
+ * pp_split_ends, (layers + 2) / pp each, less one on the first and last. */
 void stow_layout_stage_layers (const StowLayout *layout, guint64 n_layers,
                                guint64 *counts);
 
@@ -234,6 +258,10 @@ void stow_layout_stage_layers (const StowLayout *layout, guint64 n_layers,
  * interleaving one model chunk (Megatron's recompute_num_layers with
  * virtual stages).  The first K of each run are recomputed. */
 guint64 stow_layout_recompute_run (const StowLayout *layout, guint64 n_layers);
+
+/* The layer slots the pipeline split divides: the layers, plus the
+ * embedding and the loss with pp_split_ends. */
+guint64 stow_layout_split_slots (const StowLayout *layout, guint64 n_layers);
 
 /* Layers recomputed on a stage of @stage_layers layers. */
 guint64 stow_layout_recomputed_layers (const StowLayout *layout,

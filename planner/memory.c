@@ -841,10 +841,11 @@ padded_vocab (const StowModel *m, const StowLayout *l, const StowMemOptions *o)
   return (m->vocab + mult - 1) / mult * mult;
 }
 
-/* Parameters of layer @i on one GPU: TP splits the linears, EP x TP the
- * routed experts (expert tensor parallelism is tied to --tp: Megatron's
- * default, --expert-tensor-parallel-size = --tensor-model-parallel-size);
- * norms are replicated.  @experts_out: of which routed experts. */
+/* Parameters of layer @i on one GPU: TP splits the linears, EP x ETP the
+ * routed experts (--etp, Megatron-core's --expert-tensor-parallel-size,
+ * which defaults to --tp; megatron/training/theoretical_memory_usage.py
+ * divides the routed experts by etp x ep); norms are replicated.
+ * @experts_out: of which routed experts. */
 static guint64
 layer_on_gpu (const StowModel *m, const StowLayout *l, guint64 i, guint64 n_moe,
               guint64 expert_per_layer, guint64 norm_per_layer,
@@ -855,7 +856,7 @@ layer_on_gpu (const StowModel *m, const StowLayout *l, guint64 i, guint64 n_moe,
   guint64 norms = MIN (norm_per_layer, li->params - experts);
   guint64 shardable = li->params - experts - norms;
   *norms_out = norms;
-  *experts_out = experts / ((guint64)l->ep * l->tp);
+  *experts_out = experts / ((guint64)l->ep * stow_layout_etp (l));
   return shardable / l->tp + norms + *experts_out;
 }
 
@@ -978,18 +979,19 @@ shard_degree (const StowLayout *l, const StowCluster *c)
 }
 
 /* Ranks ZeRO shards the routed experts over when it shards the dense
- * parameters over @n: the expert-data-parallel group.  EP is carved out of
- * the dp x cp ranks (planner/layout.c), so each expert (its ep x tp slice)
- * is held by only dp x cp / ep of them, and its parameters, gradients and
+ * parameters over @n: the expert-data-parallel group.  Each expert slice
+ * (1/ep of the experts, each split etp ways) is held by only
+ * n x tp / (etp x ep) of the ranks, and its parameters, gradients and
  * optimizer states can be split only that many ways: Megatron-core's
- * expert data parallel group (world / (etp x ep x pp), with etp = tp),
- * DeepSpeed-MoE's expert_data_parallel_group (dp / ep_size),
- * torchtitan's dp_shard_mod_ep mesh.  Under HSDP (@n, a node's share) the
- * group is cut the same way; rounded down, never below 1. */
+ * expert data parallel group (world / (etp x ep x pp); with etp = tp,
+ * dp x cp / ep), DeepSpeed-MoE's expert_data_parallel_group (dp /
+ * ep_size), torchtitan's dp_shard_mod_ep mesh.  Under HSDP (@n, a node's
+ * share) the group is cut the same way; rounded down, never below 1
+ * (stow_layout_expert_dp). */
 static guint64
 expert_shard_degree (const StowLayout *l, guint64 n)
 {
-  return MAX (n / MAX (l->ep, 1), 1);
+  return stow_layout_expert_dp (l, n);
 }
 
 /* Of @params parameters (@experts of them routed experts), the count one
@@ -1000,7 +1002,7 @@ sharded_params (const StowLayout *l, guint64 params, guint64 experts, guint64 n)
 {
   if (n <= 1)
     return params;
-  if (experts == 0 || l->ep <= 1)
+  if (experts == 0 || expert_shard_degree (l, n) == n)
     return (params + n - 1) / n;
   guint64 ne = expert_shard_degree (l, n);
   return (params - experts + n - 1) / n + (experts + ne - 1) / ne;
@@ -1939,7 +1941,11 @@ engine_buffers (Model *ms, const StageParams *p, GArray *dev)
 static guint
 communicators (const StowLayout *l)
 {
-  return (l->dp > 1) + (l->tp > 1) + (l->pp > 1) + (l->cp > 1) + (l->ep > 1);
+  /* Megatron-core builds the experts' tensor-parallel group apart from
+   * the attention's when --etp differs from --tp. */
+  guint etp = stow_layout_etp (l);
+  return (l->dp > 1) + (l->tp > 1) + (l->pp > 1) + (l->cp > 1) + (l->ep > 1)
+         + (etp > 1 && etp != l->tp);
 }
 
 static void
@@ -2252,8 +2258,6 @@ stow_mem_frozen_linear_bytes (const StowLayout *l, guint64 linear,
                               guint64 experts, double wb, guint64 wdiv)
 {
   guint64 ediv = wdiv > 1 ? expert_shard_degree (l, wdiv) : 1;
-  if (l->ep <= 1)
-    ediv = wdiv;
   return stow_bytes (linear - experts, wb) / wdiv
          + stow_bytes (experts, wb) / ediv;
 }

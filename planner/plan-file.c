@@ -241,7 +241,9 @@ stow_layout_json_members (JsonBuilder *b, const StowLayout *l)
   stow_json_set_u64 (b, "vpp", l->vpp);
   stow_json_set_u64 (b, "cp", l->cp);
   stow_json_set_u64 (b, "ep", l->ep);
+  stow_json_set_u64 (b, "etp", stow_layout_etp (l));
   stow_json_set_bool (b, "sp", l->sp);
+  stow_json_set_bool (b, "pp_split_ends", l->pp_split_ends);
   stow_json_set_u64 (b, "zero", l->zero);
   stow_json_set_bool (b, "hybrid_shard", l->hybrid_shard);
   stow_json_set_string (b, "offload_optimizer",
@@ -515,7 +517,9 @@ static const char *const layout_fields[] = { "dp",
                                              "vpp",
                                              "cp",
                                              "ep",
+                                             "etp",
                                              "sp",
+                                             "pp_split_ends",
                                              "zero",
                                              "hybrid_shard",
                                              "offload_optimizer",
@@ -735,7 +739,11 @@ read_layout (StowPlanFile *p, JsonObject *root, const char *name,
       || !get_uint (o, w, "vpp", 1, MAX_DEGREE, &l->vpp, error)
       || !get_uint (o, w, "cp", 1, MAX_DEGREE, &l->cp, error)
       || !get_uint (o, w, "ep", 1, MAX_DEGREE, &l->ep, error)
+      /* absent (plan files before --etp): as tp */
+      || !get_uint (o, w, "etp", 0, MAX_DEGREE, &l->etp, error)
       || !stow_json_get_bool (o, w, "sp", TRUE, &l->sp, error)
+      || !stow_json_get_bool (o, w, "pp_split_ends", FALSE, &l->pp_split_ends,
+                              error)
       || !get_uint (o, w, "zero", 0, 3, &l->zero, error)
       || !stow_json_get_bool (o, w, "hybrid_shard", TRUE, &l->hybrid_shard,
                               error)
@@ -755,6 +763,8 @@ read_layout (StowPlanFile *p, JsonObject *root, const char *name,
     return FALSE;
   l->offload_activations = act;
   l->recompute_layers = (guint)rl;
+  if (l->etp == l->tp)
+    l->etp = 0; /* the default, as stow_layout_init leaves it */
   return TRUE;
 }
 

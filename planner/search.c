@@ -262,17 +262,27 @@ enumerate (Ctx *x, const StowLayout *base, const Dims *d)
                 r->invalid++;
                 continue;
               }
-            /* Virtual stages: 1, or every v >= 2 with pp v dividing L. */
+            /* Virtual stages: 1, or every v >= 2 with pp v dividing L.
+             * Megatron-core's MoE-era split (--pp-split-ends: embedding
+             * and loss in the split) when pp does not divide L but does
+             * L + 2: then every v with pp v dividing L + 2 (Llama 3 405B,
+             * 126 layers on 16 stages of 8 slots). */
             guint nv = 0;
+            gboolean ends = (pins & STOW_PIN_PP_SPLIT_ENDS)
+                                ? base->pp_split_ends
+                                : (stow_engine_is_mcore (base->engine)
+                                   && pp > 1 && m->n_layers % pp != 0
+                                   && (m->n_layers + 2) % pp == 0);
+            guint64 slots = m->n_layers + (ends ? 2 : 0);
             if (pins & STOW_PIN_VPP)
               vpps[nv++] = base->vpp;
             else
               {
                 vpps[nv++] = 1;
-                for (guint v = 2; pp > 1 && (guint64)pp * v <= m->n_layers
+                for (guint v = 2; pp > 1 && (guint64)pp * v <= slots
                                   && nv < G_N_ELEMENTS (vpps);
                      v++)
-                  if (m->n_layers % ((guint64)pp * v) == 0)
+                  if (slots % ((guint64)pp * v) == 0)
                     vpps[nv++] = v;
               }
             /* Micro-batches: the divisors of a replica's share of the
@@ -291,103 +301,117 @@ enumerate (Ctx *x, const StowLayout *base, const Dims *d)
               }
             else
               mbs[nmb++] = 1;
+            /* Expert tensor parallelism: as --tp (0), or, for Megatron-
+             * core's MoE models, also 1 (experts whole, spread by ep). */
+            guint etps[2] = { (pins & STOW_PIN_ETP) ? base->etp : 0, 1 };
+            guint netp = (!(pins & STOW_PIN_ETP) && m->n_experts > 0 && tp > 1
+                          && stow_engine_is_mcore (base->engine))
+                             ? 2
+                             : 1;
             for (guint e = 0; e < d->nep; e++)
-              for (guint vi = 0; vi < nv; vi++)
-                for (guint b = 0; b < nmb; b++)
-                  {
-                    StowLayout l = *base;
-                    l.tp = tp, l.pp = pp, l.cp = cp, l.dp = dp;
-                    l.ep = d->eps[e];
-                    l.vpp = vpps[vi];
-                    l.micro_batch = mbs[b];
-                    if (l.ep > 1 && ((guint64)dp * cp) % l.ep != 0)
-                      {
-                        r->invalid++;
-                        continue;
-                      }
-                    if (!(pins & STOW_PIN_SP))
-                      l.sp = tp > 1;
-                    if (!(pins & STOW_PIN_SCHEDULE))
-                      l.schedule = l.vpp > 1 ? STOW_SCHEDULE_INTERLEAVED
-                                             : STOW_SCHEDULE_1F1B;
-                    if (t->global_batch)
-                      {
-                        guint64 per = (guint64)l.micro_batch * dp;
-                        if (t->global_batch % per != 0)
-                          {
-                            r->invalid++;
-                            continue;
-                          }
-                        l.grad_accum = t->global_batch / per;
-                      }
-                    else
-                      l.grad_accum = MAX (base->grad_accum, (guint64)l.pp);
-                    for (guint z = 0; z <= 3; z++)
-                      for (guint oo = 0; oo < 3; oo++)
-                        for (guint op = 0; op < 3; op++)
-                          {
-                            if (!(pins & STOW_PIN_ZERO))
-                              l.zero = z, l.hybrid_shard = FALSE;
-                            else if (z != 0)
+              for (guint et = 0; et < netp; et++)
+                for (guint vi = 0; vi < nv; vi++)
+                  for (guint b = 0; b < nmb; b++)
+                    {
+                      StowLayout l = *base;
+                      l.tp = tp, l.pp = pp, l.cp = cp, l.dp = dp;
+                      l.ep = d->eps[e];
+                      l.etp = etps[et];
+                      l.vpp = vpps[vi];
+                      l.pp_split_ends = ends;
+                      l.micro_batch = mbs[b];
+                      /* The experts' grid, etp x ep x expert dp, tiles the
+                       * tp x cp x dp ranks of a stage (with etp = tp: ep
+                       * divides dp x cp). */
+                      guint64 grid = (guint64)stow_layout_etp (&l) * l.ep;
+                      if (l.ep > 1 && ((guint64)tp * dp * cp) % grid != 0)
+                        {
+                          r->invalid++;
+                          continue;
+                        }
+                      if (!(pins & STOW_PIN_SP))
+                        l.sp = tp > 1;
+                      if (!(pins & STOW_PIN_SCHEDULE))
+                        l.schedule = l.vpp > 1 ? STOW_SCHEDULE_INTERLEAVED
+                                               : STOW_SCHEDULE_1F1B;
+                      if (t->global_batch)
+                        {
+                          guint64 per = (guint64)l.micro_batch * dp;
+                          if (t->global_batch % per != 0)
+                            {
+                              r->invalid++;
                               continue;
-                            if (!(pins & STOW_PIN_OFFLOAD_OPTIMIZER))
-                              l.offload_optimizer = offs[oo];
-                            else if (oo != 0)
-                              continue;
-                            if (!(pins & STOW_PIN_OFFLOAD_PARAMS))
-                              l.offload_params = offs[op];
-                            else if (op != 0)
-                              continue;
-                            /* Parameter offload needs ZeRO-3; optimizer
-                             * offload without sharding only on one
-                             * replica: rejected before the memory model. */
-                            if ((l.offload_params != STOW_OFFLOAD_NONE
-                                 && l.zero != 3)
-                                || (l.offload_optimizer != STOW_OFFLOAD_NONE
-                                    && l.zero == 0 && dp > 1))
-                              {
-                                r->invalid++;
+                            }
+                          l.grad_accum = t->global_batch / per;
+                        }
+                      else
+                        l.grad_accum = MAX (base->grad_accum, (guint64)l.pp);
+                      for (guint z = 0; z <= 3; z++)
+                        for (guint oo = 0; oo < 3; oo++)
+                          for (guint op = 0; op < 3; op++)
+                            {
+                              if (!(pins & STOW_PIN_ZERO))
+                                l.zero = z, l.hybrid_shard = FALSE;
+                              else if (z != 0)
                                 continue;
-                              }
-                            gboolean none_fits = FALSE;
-                            for (guint rc = 0; rc < 3; rc++)
-                              for (guint ao = 0; ao < 2; ao++)
+                              if (!(pins & STOW_PIN_OFFLOAD_OPTIMIZER))
+                                l.offload_optimizer = offs[oo];
+                              else if (oo != 0)
+                                continue;
+                              if (!(pins & STOW_PIN_OFFLOAD_PARAMS))
+                                l.offload_params = offs[op];
+                              else if (op != 0)
+                                continue;
+                              /* Parameter offload needs ZeRO-3; optimizer
+                               * offload without sharding only on one
+                               * replica: rejected before the memory model. */
+                              if ((l.offload_params != STOW_OFFLOAD_NONE
+                                   && l.zero != 3)
+                                  || (l.offload_optimizer != STOW_OFFLOAD_NONE
+                                      && l.zero == 0 && dp > 1))
                                 {
-                                  if (!(pins & STOW_PIN_RECOMPUTE))
-                                    l.recompute = recs[rc],
-                                    l.recompute_layers = 0;
-                                  else if (rc != 0)
-                                    continue;
-                                  if (!(pins & STOW_PIN_OFFLOAD_ACTIVATIONS))
-                                    l.offload_activations = ao == 1;
-                                  else if (ao != 0)
-                                    continue;
-                                  if (l.offload_activations
-                                      && l.recompute != STOW_RECOMPUTE_FULL)
-                                    continue; /* needs checkpoints */
-                                  /* With flash attention there are no s^2
-                                   * scores to drop: selective recompute
-                                   * saves nothing and costs time. */
-                                  if (l.recompute == STOW_RECOMPUTE_SELECTIVE
-                                      && x->t->flash_attention
-                                      && !(pins & STOW_PIN_RECOMPUTE))
-                                    continue;
-                                  gboolean fit = evaluate (x, &l);
-                                  if (rc == 0 && ao == 0)
-                                    none_fits = fit;
+                                  r->invalid++;
+                                  continue;
                                 }
-                            /* Nothing stored fits: the fewest recomputed
-                             * layers that fit, if fewer than all. */
-                            if (!(pins & STOW_PIN_RECOMPUTE) && !none_fits)
-                              {
-                                l.offload_activations
-                                    = (pins & STOW_PIN_OFFLOAD_ACTIVATIONS)
-                                          ? base->offload_activations
-                                          : FALSE;
-                                partial_recompute (x, l);
-                              }
-                          }
-                  }
+                              gboolean none_fits = FALSE;
+                              for (guint rc = 0; rc < 3; rc++)
+                                for (guint ao = 0; ao < 2; ao++)
+                                  {
+                                    if (!(pins & STOW_PIN_RECOMPUTE))
+                                      l.recompute = recs[rc],
+                                      l.recompute_layers = 0;
+                                    else if (rc != 0)
+                                      continue;
+                                    if (!(pins & STOW_PIN_OFFLOAD_ACTIVATIONS))
+                                      l.offload_activations = ao == 1;
+                                    else if (ao != 0)
+                                      continue;
+                                    if (l.offload_activations
+                                        && l.recompute != STOW_RECOMPUTE_FULL)
+                                      continue; /* needs checkpoints */
+                                    /* With flash attention there are no s^2
+                                     * scores to drop: selective recompute
+                                     * saves nothing and costs time. */
+                                    if (l.recompute == STOW_RECOMPUTE_SELECTIVE
+                                        && x->t->flash_attention
+                                        && !(pins & STOW_PIN_RECOMPUTE))
+                                      continue;
+                                    gboolean fit = evaluate (x, &l);
+                                    if (rc == 0 && ao == 0)
+                                      none_fits = fit;
+                                  }
+                              /* Nothing stored fits: the fewest recomputed
+                               * layers that fit, if fewer than all. */
+                              if (!(pins & STOW_PIN_RECOMPUTE) && !none_fits)
+                                {
+                                  l.offload_activations
+                                      = (pins & STOW_PIN_OFFLOAD_ACTIVATIONS)
+                                            ? base->offload_activations
+                                            : FALSE;
+                                  partial_recompute (x, l);
+                                }
+                            }
+                    }
           }
     }
 }

@@ -30,7 +30,9 @@ typedef enum
   STOW_PIN_RECOMPUTE = 1 << 11,
   STOW_PIN_MICRO_BATCH = 1 << 12,
   STOW_PIN_SCHEDULE = 1 << 13,
-  STOW_PIN_ALL = (1 << 14) - 1,
+  STOW_PIN_ETP = 1 << 14,
+  STOW_PIN_PP_SPLIT_ENDS = 1 << 15,
+  STOW_PIN_ALL = (1 << 16) - 1,
 } StowPins;
 
 typedef struct

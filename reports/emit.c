@@ -338,7 +338,7 @@ megatron_check (const StowPlanFile *p, const char *e, GError **error)
     return unsupported (error, e,
                         "Megatron-LM schedules 1F1B and interleaved 1F1B, "
                         "not GPipe");
-  if (m->n_layers % l->pp != 0)
+  if (m->n_layers % l->pp != 0 && !l->pp_split_ends)
     return unsupported (error, e,
                         "%" G_GUINT64_FORMAT " layers on %u stages: the plan "
                         "puts the extra layers on middle stages, Megatron-LM "
@@ -431,10 +431,21 @@ stow_emit_megatron (const StowPlanFile *p, GError **error)
   flag_u (s, "--pipeline-model-parallel-size", l->pp);
   flag_u (s, "--context-parallel-size", l->cp);
   if (m->n_experts)
-    flag_u (s, "--expert-model-parallel-size", l->ep);
+    {
+      flag_u (s, "--expert-model-parallel-size", l->ep);
+      /* Megatron-core's default is --tensor-model-parallel-size: written
+       * out so the file says what the plan priced. */
+      flag_u (s, "--expert-tensor-parallel-size", stow_layout_etp (l));
+    }
   if (l->vpp > 1)
     flag_u (s, "--num-layers-per-virtual-pipeline-stage",
-            m->n_layers / ((guint64)l->pp * l->vpp));
+            stow_layout_split_slots (l, m->n_layers)
+                / ((guint64)l->pp * l->vpp));
+  if (l->pp_split_ends)
+    {
+      flag (s, "--account-for-embedding-in-pipeline-split");
+      flag (s, "--account-for-loss-in-pipeline-split");
+    }
   if (l->sp && l->tp > 1)
     flag (s, "--sequence-parallel");
   if (l->zero == 1)
@@ -999,6 +1010,12 @@ stow_emit_check (StowEmitKind kind, const StowModel *model,
   view.layout = *layout;
   const char *name = stow_emit_kind_name (kind);
   const char *type, *label;
+  if (kind != STOW_EMIT_MEGATRON && kind != STOW_EMIT_PLAN
+      && stow_layout_etp (layout) != layout->tp)
+    return unsupported (error, name,
+                        "expert tensor parallelism apart from --tp (--etp "
+                        "%u) is Megatron-core's; use --emit megatron",
+                        stow_layout_etp (layout));
   switch (kind)
     {
     case STOW_EMIT_DEEPSPEED:

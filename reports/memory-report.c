@@ -15,10 +15,14 @@ stow_layout_describe (const StowLayout *l)
   g_string_append_printf (s, "dp %u, tp %u, pp %u", l->dp, l->tp, l->pp);
   if (l->vpp > 1)
     g_string_append_printf (s, " (vpp %u)", l->vpp);
+  if (l->pp_split_ends)
+    g_string_append (s, ", embedding and loss in the pipeline split");
   if (l->cp > 1)
     g_string_append_printf (s, ", cp %u", l->cp);
   if (l->ep > 1)
     g_string_append_printf (s, ", ep %u", l->ep);
+  if (stow_layout_etp (l) != l->tp)
+    g_string_append_printf (s, ", etp %u", stow_layout_etp (l));
   if (l->sp)
     g_string_append (s, ", sp");
   g_string_append_printf (s, ", ZeRO %u%s", l->zero,

@@ -560,6 +560,118 @@ test_precision_gpu (void)
   g_assert_nonnull (strstr (t.out, "train:   seq 2048, fp16, adamw"));
 }
 
+/* --etp, Megatron-core's --expert-tensor-parallel-size: written as that
+ * flag, shown as "etp" in the plan's JSON, and a bad value is refused
+ * naming the flag and the value. */
+static void
+test_megatron_etp (void)
+{
+  g_auto (StowRun) r = { 0 };
+  stow_run (&r, "fit", "mixtral-8x7b", "--gpus", "16xH100-SXM", "--engine",
+            "megatron", "--tp", "2", "--ep", "8", "--etp", "1", "--dp", "8",
+            "--pp", "1", "--seq", "4096", "--global-batch", "64", "--emit",
+            "megatron", NULL);
+  g_assert_cmpint (r.status, ==, 0);
+  g_autofree char *etp = arg_value (r.out, "--expert-tensor-parallel-size");
+  g_autofree char *tp = arg_value (r.out, "--tensor-model-parallel-size");
+  g_assert_cmpstr (etp, ==, "1");
+  g_assert_cmpstr (tp, ==, "2");
+
+  /* Left to the default it is --tp's, and the emitted file says so. */
+  g_auto (StowRun) d = { 0 };
+  stow_run (&d, "fit", "mixtral-8x7b", "--gpus", "16xH100-SXM", "--engine",
+            "megatron", "--tp", "2", "--ep", "8", "--etp", "2", "--dp", "8",
+            "--pp", "1", "--seq", "4096", "--global-batch", "64", "--emit",
+            "megatron", NULL);
+  g_assert_cmpint (d.status, ==, 0);
+  g_autofree char *etp2 = arg_value (d.out, "--expert-tensor-parallel-size");
+  g_assert_cmpstr (etp2, ==, "2");
+
+  g_auto (StowRun) j = { 0 };
+  stow_run (&j, "plan", "mixtral-8x7b", "--gpus", "16xH100-SXM", "--engine",
+            "megatron", "--tp", "2", "--ep", "8", "--etp", "1", "--dp", "8",
+            "--pp", "1", "--seq", "4096", "--global-batch", "64", "--top", "1",
+            "--json", NULL);
+  g_assert_cmpint (j.status, ==, 0);
+  g_autoptr (JsonNode) root = NULL;
+  JsonObject *o = parse (j.out, &root);
+  JsonObject *plan = json_array_get_object_element (
+      json_object_get_array_member (o, "plans"), 0);
+  JsonObject *layout = json_object_get_object_member (plan, "layout");
+  g_assert_cmpint (json_object_get_int_member (layout, "etp"), ==, 1);
+  g_assert_cmpint (json_object_get_int_member (layout, "tp"), ==, 2);
+
+  static const struct
+  {
+    const char *model, *value, *fragment;
+  } bad[] = {
+    { "mixtral-8x7b", "0", "--etp \"0\"" },
+    { "mixtral-8x7b", "two", "--etp \"two\"" },
+    /* 4 x ep 8 = 32 does not tile 16 GPUs */
+    { "mixtral-8x7b", "4", "--etp 4" },
+    { "llama-2-7b", "1", "--etp 1 needs a mixture-of-experts model" },
+  };
+  for (gsize i = 0; i < G_N_ELEMENTS (bad); i++)
+    {
+      gboolean moe = g_str_equal (bad[i].model, "mixtral-8x7b");
+      const char *const args[] = { "mem",
+                                   bad[i].model,
+                                   "--gpus",
+                                   "16xH100-SXM",
+                                   "--engine",
+                                   "megatron",
+                                   "--tp",
+                                   "2",
+                                   "--dp",
+                                   "8",
+                                   "--etp",
+                                   bad[i].value,
+                                   moe ? "--ep" : NULL,
+                                   "8",
+                                   NULL };
+      stow_assert_usage_error (args, bad[i].fragment);
+    }
+}
+
+/* Llama 3 405B's pipeline (126 layers, tp 8, pp 16, interleaved with
+ * chunks of one layer, the embedding and the loss in the split: the Llama
+ * 3 paper, §3.3.2): Megatron-core's flags for it, and the refusals. */
+static void
+test_megatron_pp_split_ends (void)
+{
+  g_auto (StowRun) r = { 0 };
+  stow_run (&r, "fit", "llama-3.1-405b", "--gpus", "128xH100-SXM", "--engine",
+            "megatron", "--tp", "8", "--pp", "16", "--vpp", "8",
+            "--pp-split-ends", "--dp", "1", "--seq", "8192", "--global-batch",
+            "32", "--micro-batch", "1", "--recompute", "full", "--emit",
+            "megatron", NULL);
+  g_assert_cmpint (r.status, ==, 0);
+  g_autofree char *pp = arg_value (r.out, "--pipeline-model-parallel-size");
+  g_autofree char *per_v
+      = arg_value (r.out, "--num-layers-per-virtual-pipeline-stage");
+  g_autofree char *emb
+      = arg_value (r.out, "--account-for-embedding-in-pipeline-split");
+  g_autofree char *loss
+      = arg_value (r.out, "--account-for-loss-in-pipeline-split");
+  g_assert_cmpstr (pp, ==, "16");
+  g_assert_cmpstr (per_v, ==, "1"); /* (126 + 2) / (16 x 8) */
+  g_assert_cmpstr (emb, ==, "");
+  g_assert_cmpstr (loss, ==, "");
+
+  const char *const stowage[]
+      = { "mem",  "llama-3.1-405b", "--gpus",         "128xH100-SXM",
+          "--tp", "8",              "--pp",           "16",
+          "--dp", "1",              "--pp-split-ends", NULL };
+  stow_assert_usage_error (stowage, "--pp-split-ends is Megatron-core's");
+  const char *const uneven[] = { "mem",      "llama-3.1-405b", "--gpus",
+                                 "128xH100-SXM", "--engine",   "megatron",
+                                 "--tp",     "8",              "--pp",
+                                 "16",       "--vpp",          "3",
+                                 "--dp",     "1",              "--pp-split-ends",
+                                 NULL };
+  stow_assert_usage_error (uneven, "--pp 16 x --vpp 3");
+}
+
 int
 main (int argc, char **argv)
 {
@@ -577,5 +689,8 @@ main (int argc, char **argv)
   g_test_add_func ("/cli-emit/megatron-rope", test_megatron_rope);
   g_test_add_func ("/cli-emit/nvme-placeholder", test_nvme_placeholder);
   g_test_add_func ("/cli-emit/precision-gpu", test_precision_gpu);
+  g_test_add_func ("/cli-emit/megatron-etp", test_megatron_etp);
+  g_test_add_func ("/cli-emit/megatron-pp-split-ends",
+                   test_megatron_pp_split_ends);
   return g_test_run ();
 }

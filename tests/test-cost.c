@@ -8,6 +8,7 @@
  * token on a comm-free layout, bubble formula, exposed <= total).
  */
 #include <math.h>
+#include <string.h>
 
 #include "planner/cost.h"
 #include "planner/memory.h"
@@ -512,6 +513,81 @@ test_nvme_bound_rule (void)
   g_assert_cmpfloat_with_epsilon (out[0].read_s + out[0].write_s, 3.0, 1e-12);
 }
 
+/* Llama 3 405B as its paper laid it out (Llama Team, "The Llama 3 Herd of
+ * Models", 2024, §3.3.2): 126 layers on tp 8 x pp 16 with the interleaved
+ * schedule, one layer fewer on the first and last stages, whose first and
+ * last model chunks hold only the embedding and only the output layer
+ * and loss.  Megatron-core runs it with --account-for-embedding-in-
+ * pipeline-split and --account-for-loss-in-pipeline-split (--pp-split-
+ * ends here): 126 + 2 = 128 slots, 8 per stage, v 8 chunks of one.  Before,
+ * pp x vpp had to divide 126, so a 16-stage pipeline could not interleave
+ * and paid its whole bubble.  One replica (dp 1, 128 GPUs), 32
+ * micro-batches of one 8k sequence (the paper's batch per data-parallel
+ * group on 8,192 GPUs), full recomputation so both schedules fit alike. */
+static void
+test_uneven_interleaved (void)
+{
+  g_autoptr (StowModel) m = stow_test_model ("llama-3.1-405b");
+  g_autoptr (StowCluster) c = stow_test_cluster ("128xH100-SXM");
+  g_assert_cmpuint (m->n_layers, ==, 126);
+  StowTraining t;
+  StowLayout l;
+  StowMemOptions mo;
+  stow_test_defaults (&t, &l, &mo);
+  t.seq_len = 8192;
+  t.global_batch = 32;
+  l.engine = STOW_ENGINE_MEGATRON;
+  l.tp = 8, l.sp = TRUE, l.pp = 16, l.dp = 1, l.zero = 1;
+  l.micro_batch = 1, l.grad_accum = 32;
+  l.recompute = STOW_RECOMPUTE_FULL;
+
+  /* 126 layers: 7 on the first and last stages, 8 on the 14 between. */
+  guint64 counts[16];
+  stow_layout_stage_layers (&l, m->n_layers, counts);
+  guint64 plain[16];
+  memcpy (plain, counts, sizeof plain);
+  l.pp_split_ends = TRUE;
+  stow_layout_stage_layers (&l, m->n_layers, counts);
+  for (guint s = 0; s < 16; s++)
+    {
+      g_assert_cmpuint (counts[s], ==, s == 0 || s == 15 ? 7 : 8);
+      g_assert_cmpuint (plain[s], ==, counts[s]);
+    }
+
+  /* vpp 8 needs the ends in the split; the refusal says so. */
+  g_autoptr (GError) error = NULL;
+  l.pp_split_ends = FALSE;
+  l.vpp = 8, l.schedule = STOW_SCHEDULE_INTERLEAVED;
+  g_assert_false (stow_layout_validate (&l, &t, m, c, &error));
+  g_assert_nonnull (strstr (error->message, "--pp-split-ends"));
+  g_clear_error (&error);
+  l.pp_split_ends = TRUE;
+  g_assert_true (stow_layout_validate (&l, &t, m, c, &error));
+  g_assert_no_error (error);
+
+  /* The stages' work is the same either way, so the bubble is the 1F1B
+   * one over v = 8 (Narayanan et al. 2021: (p - 1) / (v m)). */
+  StowCost one, eight;
+  stow_cost_estimate (m, c, &t, &l, NULL, &eight);
+  StowLayout l1 = l;
+  l1.vpp = 1, l1.schedule = STOW_SCHEDULE_1F1B;
+  stow_cost_estimate (m, c, &t, &l1, NULL, &one);
+  g_assert_cmpfloat (one.exposed_s[STOW_COST_PP_BUBBLE], >, 0);
+  g_assert_cmpfloat_with_epsilon (eight.exposed_s[STOW_COST_PP_BUBBLE] * 8,
+                                  one.exposed_s[STOW_COST_PP_BUBBLE],
+                                  1e-9 * one.exposed_s[STOW_COST_PP_BUBBLE]);
+  g_assert_cmpfloat (eight.step_time_s, <, one.step_time_s);
+
+  /* Memory: a middle stage (8 layers) is the peak, not the first. */
+  g_autoptr (StowMemory) mem = stow_memory_estimate (m, c, &t, &l, &mo, &error);
+  g_assert_no_error (error);
+  guint peak = mem->peak_stage;
+  g_assert_cmpuint (mem->n_stages, ==, 16);
+  g_assert_cmpuint (peak, >, 0);
+  g_assert_cmpuint (peak, <, 15);
+  g_assert_cmpuint (mem->stages[peak].layers, ==, 8);
+}
+
 int
 main (int argc, char **argv)
 {
@@ -537,5 +613,6 @@ main (int argc, char **argv)
   g_test_add_func ("/cost/gpu-profile", test_gpu_profile);
   g_test_add_func ("/cost/fp8", test_fp8);
   g_test_add_func ("/cost/megatron-overlap", test_megatron_overlap);
+  g_test_add_func ("/cost/uneven-interleaved", test_uneven_interleaved);
   return g_test_run ();
 }

@@ -1411,6 +1411,66 @@ test_moe_deepseek_v3_bound (void)
     }
 }
 
+/* Expert tensor parallelism apart from --tp (--etp, Megatron-core's
+ * --expert-tensor-parallel-size).  Mixtral 8x7B as above on 16 H100s,
+ * tp 2, ep 8, dp 8, Megatron's distributed optimizer.  A GPU holds
+ * 1/ep of the experts, each split etp ways
+ * (megatron/training/theoretical_memory_usage.py divides the routed
+ * experts by etp x ep): 45,097,156,608 / 16 = 2,818,572,288 with etp = tp
+ * = 2, 45,097,156,608 / 8 = 5,637,144,576 with etp 1, twice as many, so
+ * its bf16 weights and fp32 main gradients double.  Its expert data-
+ * parallel group is world / (etp x ep x pp): 1 rank with etp 2, 2 with
+ * etp 1; the distributed optimizer shards the fp32 master weights and
+ * Adam's moments over it, so they stay 45,097,156,608 / 16 per GPU
+ * either way.  The dense 1,605,636,096 are split by tp 2 and sharded over
+ * all 8 dp ranks as before. */
+static void
+test_moe_expert_tensor_parallel (void)
+{
+  g_autoptr (StowModel) m = stow_test_model ("mixtral-8x7b");
+  g_autoptr (StowCluster) c = stow_test_cluster ("16xH100-SXM");
+  const guint64 expert = 45097156608ull;
+  guint64 w[2], g[2], master[2], opt[2];
+  for (guint i = 0; i < 2; i++)
+    {
+      StowTraining t;
+      StowLayout l;
+      StowMemOptions o;
+      stow_test_defaults (&t, &l, &o);
+      l.engine = STOW_ENGINE_MEGATRON;
+      l.tp = 2, l.sp = TRUE, l.dp = 8, l.ep = 8, l.zero = 1;
+      l.etp = i == 0 ? 0 : 1; /* 0: as --tp */
+      g_autoptr (GError) error = NULL;
+      g_assert_true (stow_layout_validate (&l, &t, m, c, &error));
+      g_assert_no_error (error);
+      g_autoptr (StowMemory) mem = estimate (m, c, &t, &l, &o);
+      GArray *terms = mem->stages[0].terms;
+      w[i] = term_bytes (terms, "parameters");
+      g[i] = term_bytes (terms, "gradients");
+      master[i] = term_bytes (terms, "master weights");
+      opt[i] = term_bytes (terms, "optimizer states");
+    }
+  /* etp 1 holds expert / 8 - expert / 16 more expert parameters. */
+  const guint64 more = expert / 8 - expert / 16;
+  g_assert_cmpuint (more, ==, 2818572288ull);
+  g_assert_cmpuint (w[1] - w[0], ==, 2 * more); /* bf16 */
+  g_assert_cmpuint (g[1] - g[0], ==, 4 * more); /* fp32 main grads */
+  g_assert_cmpuint (master[1], ==, master[0]);
+  g_assert_cmpuint (opt[1], ==, opt[0]);
+
+  /* Megatron's rule: etp x ep x pp divides the world. */
+  StowTraining t;
+  StowLayout l;
+  StowMemOptions o;
+  stow_test_defaults (&t, &l, &o);
+  l.engine = STOW_ENGINE_MEGATRON;
+  l.tp = 2, l.sp = TRUE, l.dp = 8, l.ep = 8, l.zero = 1, l.etp = 4;
+  g_autoptr (GError) error = NULL;
+  g_assert_false (stow_layout_validate (&l, &t, m, c, &error));
+  g_assert_error (error, STOW_PLAN_ERROR, STOW_PLAN_ERROR_INVALID);
+  g_assert_nonnull (strstr (error->message, "--etp 4"));
+}
+
 /* ---- Engine defaults: Megatron-core and NeMo (issue 23) ---------------- */
 
 /* Llama 3 8B (meta-llama/Meta-Llama-3-8B config.json): h 4096, 32 layers
@@ -1907,6 +1967,8 @@ main (int argc, char **argv)
   g_test_add_func ("/memory/moe/expert-data-parallel",
                    test_moe_expert_data_parallel);
   g_test_add_func ("/memory/moe/deepseek-v3", test_moe_deepseek_v3_bound);
+  g_test_add_func ("/memory/moe/expert-tensor-parallel",
+                   test_moe_expert_tensor_parallel);
   g_test_add_func ("/memory/mcore/cross-entropy", test_mcore_cross_entropy);
   g_test_add_func ("/memory/mcore/shards-over-dp-cp",
                    test_mcore_shards_over_dp_cp);
