@@ -200,6 +200,55 @@ test_nvme (void)
   fixture_clear (&f);
 }
 
+/* For each pair of @legs: @first steps with @flag set to the pair's first
+ * placement, then --resume to @total steps with it set to the second
+ * (--nvme-dir @swap where it says nvme), both with @extra (NULL ended):
+ * @straight's bytes, and no swap file left. */
+static void
+assert_resumes_across (Fixture *f, const char *swap, const char *straight,
+                       const char *flag, const char *const (*legs)[2],
+                       guint n, const char *first, const char *total,
+                       const char *const *extra)
+{
+  for (guint i = 0; i < n; i++)
+    {
+      g_autofree char *out = g_strdup_printf ("%s/leg%u", f->dir, i);
+      for (guint k = 0; k < 2; k++)
+        {
+          g_autoptr (GPtrArray) a = g_ptr_array_new ();
+          const char *const head[] = { "--steps", k ? total : first,
+                                       "--precision", "bf16", flag,
+                                       legs[i][k], NULL };
+          for (guint j = 0; head[j]; j++)
+            g_ptr_array_add (a, (char *)head[j]);
+          for (guint j = 0; extra[j]; j++)
+            g_ptr_array_add (a, (char *)extra[j]);
+          if (g_str_equal (legs[i][k], "nvme"))
+            {
+              g_ptr_array_add (a, "--nvme-dir");
+              g_ptr_array_add (a, (char *)swap);
+            }
+          if (k)
+            g_ptr_array_add (a, "--resume");
+          g_ptr_array_add (a, NULL);
+          g_auto (StowRun) r = { 0 };
+          trainv (&r, f, out, (const char *const *)a->pdata);
+          g_test_message ("%s %s then %s, leg %u: %s", flag, legs[i][0],
+                          legs[i][1], k, r.err);
+          g_assert_cmpint (r.status, ==, 0);
+          if (k)
+            {
+              g_autofree char *from
+                  = g_strdup_printf ("resuming from step %s", first);
+              g_assert_nonnull (strstr (r.err, from));
+            }
+        }
+      g_assert_true (same_file (straight, out, "model.safetensors"));
+      g_assert_true (same_file (straight, out, "optimizer.stow"));
+    }
+  g_assert_cmpuint (entries (swap), ==, 0);
+}
+
 /* Stopped and resumed on NVMe, and from and into the other placements:
  * the uninterrupted on-device run's bytes. */
 static void
@@ -219,32 +268,53 @@ test_nvme_resume (void)
     { "nvme", "cpu" },
     { "cpu", "nvme" },
   };
-  for (guint i = 0; i < G_N_ELEMENTS (legs); i++)
-    {
-      g_autofree char *out = g_strdup_printf ("%s/leg%u", f.dir, i);
-      for (guint k = 0; k < 2; k++)
-        {
-          /* --resume only on the second leg; --nvme-dir only for nvme */
-          const char *resume = k ? "--resume" : NULL;
-          g_auto (StowRun) r = { 0 };
-          if (g_str_equal (legs[i][k], "nvme"))
-            train (&r, &f, out, "--steps", k ? "6" : "3", "--precision",
-                   "bf16", "--offload-optimizer", legs[i][k], "--nvme-dir",
-                   swap, resume, NULL);
-          else
-            train (&r, &f, out, "--steps", k ? "6" : "3", "--precision",
-                   "bf16", "--offload-optimizer", legs[i][k], resume, NULL);
-          g_test_message ("%s then %s, leg %u: %s", legs[i][0], legs[i][1], k,
-                          r.err);
-          g_assert_cmpint (r.status, ==, 0);
-          if (k == 1)
-            g_assert_nonnull (strstr (r.err, "resuming from step 3"));
-        }
-      g_assert_true (same_file (straight, out, "model.safetensors"));
-      g_assert_true (same_file (straight, out, "optimizer.stow"));
-    }
-  g_assert_cmpuint (entries (swap), ==, 0);
+  const char *const none[] = { NULL };
+  assert_resumes_across (&f, swap, straight, "--offload-optimizer", legs,
+                         G_N_ELEMENTS (legs), "3", "6", none);
   fixture_clear (&f);
+}
+
+/* A run with @flags (NULL ended) whose I/O request @fault (KIND:N,
+ * counted from the first step) fails stops before its last step naming the
+ * swap file and offset with @message; its last checkpoint (@latest, or any
+ * when NULL) stays whole, no swap file is left, and --resume with @flags
+ * gives @straight's bytes. */
+static void
+assert_fault_recovers (Fixture *f, const char *swap, const char *straight,
+                       const char *out, const char *fault,
+                       const char *message, const char *latest,
+                       const char *const *flags)
+{
+  g_autoptr (GPtrArray) a = g_ptr_array_new ();
+  const char *const first[] = { "--steps", "3", "--save-every", "1",
+                                "--test-nvme-fault", fault, NULL };
+  for (guint i = 0; first[i]; i++)
+    g_ptr_array_add (a, (char *)first[i]);
+  for (guint i = 0; flags[i]; i++)
+    g_ptr_array_add (a, (char *)flags[i]);
+  g_ptr_array_add (a, NULL);
+  g_auto (StowRun) r1 = { 0 };
+  trainv (&r1, f, out, (const char *const *)a->pdata);
+  g_test_message ("%s: %s", fault, r1.err);
+  g_assert_cmpint (r1.status, !=, 0);
+  g_assert_nonnull (strstr (r1.err, message));
+  g_assert_nonnull (strstr (r1.err, "store.swp at offset"));
+  g_assert_null (strstr (r1.err, "step 3/3"));
+  g_assert_cmpuint (entries (swap), ==, 0);
+  g_autofree char *link = g_build_filename (out, "latest", NULL);
+  g_autofree char *target = g_file_read_link (link, NULL);
+  g_assert_nonnull (target);
+  if (latest)
+    g_assert_cmpstr (target, ==, latest);
+  /* the same flags, resumed: "--resume" in place of the fault */
+  a->pdata[4] = (gpointer) "--resume";
+  g_ptr_array_remove_index (a, 5);
+  g_auto (StowRun) r2 = { 0 };
+  trainv (&r2, f, out, (const char *const *)a->pdata);
+  g_assert_cmpint (r2.status, ==, 0);
+  g_assert_nonnull (strstr (r2.err, "resuming from step"));
+  g_assert_true (same_file (straight, out, "model.safetensors"));
+  g_assert_true (same_file (straight, out, "optimizer.stow"));
 }
 
 /* An I/O fault in a step (a failed read, a full disk on a write, a read
@@ -269,30 +339,13 @@ test_nvme_faults (void)
     { "enospc:9", "write failed: No space left on device" },
     { "short-eof:7", "unexpected end of file" },
   };
+  const char *const flags[]
+      = { "--offload-optimizer", "nvme", "--nvme-dir", swap, NULL };
   for (guint i = 0; i < G_N_ELEMENTS (faults); i++)
     {
       g_autofree char *out = g_strdup_printf ("%s/faulted%u", f.dir, i);
-      g_auto (StowRun) r1 = { 0 };
-      train (&r1, &f, out, "--steps", "3", "--save-every", "1",
-             "--offload-optimizer", "nvme", "--nvme-dir", swap,
-             "--test-nvme-fault", faults[i][0], NULL);
-      g_test_message ("%s: %s", faults[i][0], r1.err);
-      g_assert_cmpint (r1.status, !=, 0);
-      g_assert_nonnull (strstr (r1.err, faults[i][1]));
-      g_assert_nonnull (strstr (r1.err, "store.swp at offset 0"));
-      g_assert_null (strstr (r1.err, "step 2/3"));
-      g_assert_cmpuint (entries (swap), ==, 0);
-      g_autofree char *latest = g_build_filename (out, "latest", NULL);
-      g_autofree char *target = g_file_read_link (latest, NULL);
-      g_assert_cmpstr (target, ==, "step-000001");
-      g_auto (StowRun) r2 = { 0 };
-      train (&r2, &f, out, "--steps", "3", "--save-every", "1",
-             "--offload-optimizer", "nvme", "--nvme-dir", swap, "--resume",
-             NULL);
-      g_assert_cmpint (r2.status, ==, 0);
-      g_assert_nonnull (strstr (r2.err, "resuming from step 1"));
-      g_assert_true (same_file (straight, out, "model.safetensors"));
-      g_assert_true (same_file (straight, out, "optimizer.stow"));
+      assert_fault_recovers (&f, swap, straight, out, faults[i][0],
+                             faults[i][1], "step-000001", flags);
     }
   fixture_clear (&f);
 }
@@ -584,6 +637,26 @@ test_delayed (void)
 
 /* ---- streamed parameters (ZeRO-3 with --offload-params) ----------------- */
 
+/* A streamed run of the fixture's two layers (@k of them resident, NULL:
+ * the plan's) gave the device run's bytes in @dev, with the arena's and
+ * the pinned peaks as simulated. */
+static void
+assert_streamed_as_device (const StowRun *r, const char *dev, const char *out,
+                           const char *k)
+{
+  if (k)
+    {
+      g_autofree char *want
+          = g_strdup_printf ("%s resident / %u streamed layers", k,
+                             2 - (guint)g_ascii_strtoull (k, NULL, 10));
+      g_assert_nonnull (strstr (r->err, want));
+    }
+  g_assert_true (same_file (dev, out, "model.safetensors"));
+  g_assert_true (same_file (dev, out, "optimizer.stow"));
+  assert_peak_as_simulated (r);
+  assert_pinned_as_simulated (r);
+}
+
 /* The weights in host memory, k = 0, 1 and the plan's number of layers
  * resident on the device and the rest streamed through two layer slots:
  * the device run's bytes, with the optimizer on the host (fp32) and on
@@ -630,17 +703,7 @@ test_params (void)
           g_assert_cmpint (r.status, ==, 0);
           g_assert_nonnull (strstr (r.err, "zero 3"));
           g_assert_nonnull (strstr (r.err, "parameters cpu"));
-          if (ks[k])
-            {
-              g_autofree char *want = g_strdup_printf (
-                  "%s resident / %u streamed layers", ks[k],
-                  2 - (guint)g_ascii_strtoull (ks[k], NULL, 10));
-              g_assert_nonnull (strstr (r.err, want));
-            }
-          g_assert_true (same_file (dev, out, "model.safetensors"));
-          g_assert_true (same_file (dev, out, "optimizer.stow"));
-          assert_peak_as_simulated (&r);
-          assert_pinned_as_simulated (&r);
+          assert_streamed_as_device (&r, dev, out, ks[k]);
         }
     }
   g_assert_cmpuint (entries (swap), ==, 0);
@@ -698,17 +761,7 @@ test_params_nvme (void)
       if (chunks)
         g_assert_nonnull (
             strstr (r.err, "optimizer states on NVMe: 15 chunks in"));
-      if (k)
-        {
-          g_autofree char *want = g_strdup_printf (
-              "%s resident / %u streamed layers", k,
-              2 - (guint)g_ascii_strtoull (k, NULL, 10));
-          g_assert_nonnull (strstr (r.err, want));
-        }
-      g_assert_true (same_file (dev, out, "model.safetensors"));
-      g_assert_true (same_file (dev, out, "optimizer.stow"));
-      assert_peak_as_simulated (&r);
-      assert_pinned_as_simulated (&r);
+      assert_streamed_as_device (&r, dev, out, k);
       g_assert_cmpuint (entries (swap), ==, 0);
     }
   fixture_clear (&f);
@@ -729,26 +782,10 @@ test_params_nvme_resume (void)
   g_assert_cmpint (r0.status, ==, 0);
   const char *const legs[][2]
       = { { "nvme", "nvme" }, { "nvme", "cpu" }, { "cpu", "nvme" } };
-  for (guint i = 0; i < G_N_ELEMENTS (legs); i++)
-    {
-      g_autofree char *out = g_strdup_printf ("%s/resumed%u", f.dir, i);
-      for (guint k = 0; k < 2; k++)
-        {
-          gboolean nv = g_str_equal (legs[i][k], "nvme");
-          g_auto (StowRun) r = { 0 };
-          train (&r, &f, out, "--steps", k ? "4" : "2", "--precision", "bf16",
-                 "--offload-optimizer", "cpu", "--offload-params",
-                 legs[i][k], "--resident-layers", "0", "--save-every", "2",
-                 k ? "--resume" : "--stream-times", nv ? "--nvme-dir" : NULL, swap,
-                 NULL);
-          g_test_message ("%s then %s, leg %u: %s", legs[i][0], legs[i][1], k,
-                          r.err);
-          g_assert_cmpint (r.status, ==, 0);
-        }
-      g_assert_true (same_file (straight, out, "model.safetensors"));
-      g_assert_true (same_file (straight, out, "optimizer.stow"));
-    }
-  g_assert_cmpuint (entries (swap), ==, 0);
+  const char *const extra[] = { "--offload-optimizer", "cpu",
+                                "--resident-layers", "0", NULL };
+  assert_resumes_across (&f, swap, straight, "--offload-params", legs,
+                         G_N_ELEMENTS (legs), "2", "4", extra);
   fixture_clear (&f);
 }
 
@@ -772,31 +809,15 @@ test_params_nvme_faults (void)
     { "eio:50", "read failed: Input/output error" },
     { "enospc:66", "write failed: No space left on device" },
   };
+  const char *const flags[]
+      = { "--precision",       "bf16", "--offload-optimizer", "cpu",
+          "--offload-params",  "nvme", "--resident-layers",   "0",
+          "--nvme-dir",        swap,   NULL };
   for (guint i = 0; i < G_N_ELEMENTS (faults); i++)
     {
       g_autofree char *out = g_strdup_printf ("%s/faulted%u", f.dir, i);
-      g_auto (StowRun) r1 = { 0 };
-      train (&r1, &f, out, "--steps", "3", "--save-every", "1", "--precision",
-             "bf16", "--offload-optimizer", "cpu", "--offload-params", "nvme",
-             "--resident-layers", "0", "--nvme-dir", swap, "--test-nvme-fault",
-             faults[i][0], NULL);
-      g_test_message ("%s: %s", faults[i][0], r1.err);
-      g_assert_cmpint (r1.status, !=, 0);
-      g_assert_nonnull (strstr (r1.err, faults[i][1]));
-      g_assert_nonnull (strstr (r1.err, "store.swp at offset"));
-      g_assert_null (strstr (r1.err, "step 3/3"));
-      g_assert_cmpuint (entries (swap), ==, 0);
-      g_autofree char *latest = g_build_filename (out, "latest", NULL);
-      g_autofree char *target = g_file_read_link (latest, NULL);
-      g_assert_nonnull (target);
-      g_auto (StowRun) r2 = { 0 };
-      train (&r2, &f, out, "--steps", "3", "--precision", "bf16",
-             "--offload-optimizer", "cpu", "--offload-params", "nvme",
-             "--resident-layers", "0", "--nvme-dir", swap, "--resume", NULL);
-      g_assert_cmpint (r2.status, ==, 0);
-      g_assert_nonnull (strstr (r2.err, "resuming from step"));
-      g_assert_true (same_file (straight, out, "model.safetensors"));
-      g_assert_true (same_file (straight, out, "optimizer.stow"));
+      assert_fault_recovers (&f, swap, straight, out, faults[i][0],
+                             faults[i][1], "step-000001", flags);
     }
   fixture_clear (&f);
 }

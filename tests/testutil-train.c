@@ -66,9 +66,8 @@ fixture_clear (Fixture *f)
   g_free (f->text);
 }
 
-/* Runs train on the fixture with @out and the extra flags (NULL ended). */
 void
-train (StowRun *r, Fixture *f, const char *out, ...)
+trainv (StowRun *r, Fixture *f, const char *out, const char *const *extra)
 {
   g_autoptr (GPtrArray) a = g_ptr_array_new ();
   const char *base[] = { "train",    "--model",        f->model,
@@ -79,6 +78,17 @@ train (StowRun *r, Fixture *f, const char *out, ...)
                          NULL };
   for (guint i = 0; base[i]; i++)
     g_ptr_array_add (a, (char *)base[i]);
+  for (guint i = 0; extra[i]; i++)
+    g_ptr_array_add (a, (char *)extra[i]);
+  g_ptr_array_add (a, NULL);
+  stow_runv (r, (const char *const *)a->pdata);
+}
+
+/* Runs train on the fixture with @out and the extra flags (NULL ended). */
+void
+train (StowRun *r, Fixture *f, const char *out, ...)
+{
+  g_autoptr (GPtrArray) a = g_ptr_array_new ();
   va_list ap;
   va_start (ap, out);
   for (const char *s = va_arg (ap, const char *); s;
@@ -86,7 +96,7 @@ train (StowRun *r, Fixture *f, const char *out, ...)
     g_ptr_array_add (a, (char *)s);
   va_end (ap);
   g_ptr_array_add (a, NULL);
-  stow_runv (r, (const char *const *)a->pdata);
+  trainv (r, f, out, (const char *const *)a->pdata);
 }
 
 char *

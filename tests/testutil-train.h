@@ -28,6 +28,9 @@ void fixture_init (Fixture *f);
 void fixture_clear (Fixture *f);
 /* Runs train on the fixture (seq 16, micro-batch 2, global batch 4, lr
  * 0.003) with @out and the extra flags (NULL ended). */
+/* The same with the extra flags in @extra (NULL ended). */
+void trainv (StowRun *r, Fixture *f, const char *out,
+             const char *const *extra);
 void train (StowRun *r, Fixture *f, const char *out, ...)
     G_GNUC_NULL_TERMINATED;
 /* The contents of @file in @dir's latest checkpoint. */
