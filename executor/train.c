@@ -14,7 +14,6 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/resource.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
@@ -28,6 +27,7 @@
 #endif
 #include "executor/checkpoint.h"
 #include "executor/model-io.h"
+#include "executor/preflight.h"
 #include "executor/trace.h"
 #include "planner/plan-file.h"
 #include "planner/schedule.h"
@@ -821,132 +821,6 @@ with_nvme_dirs (Run *r, GError **error)
   return TRUE;
 }
 
-/* Bytes of memory the kernel says a new process can have without
- * swapping (MemAvailable), or 0 when it does not say. */
-static guint64
-mem_available (void)
-{
-  g_autofree char *text = NULL;
-  if (!g_file_get_contents ("/proc/meminfo", &text, NULL, NULL))
-    return 0;
-  const char *p = strstr (text, "MemAvailable:");
-  if (p == NULL)
-    return 0;
-  return g_ascii_strtoull (p + strlen ("MemAvailable:"), NULL, 10) * 1024;
-}
-
-/* Before anything is loaded: the host memory the simulated step holds at
- * its peak (the program's pinned and pageable host buffers; with the cpu
- * backend the device arena's peak too) against what the host has free.
- * Refused with the figures rather than found by the OOM killer half way
- * through a load.  The NVMe directories are checked when the store
- * reserves their space. */
-static gboolean
-preflight_host (StowTrainConfig *c, const StowTrace *tr, gboolean cuda,
-                GError **error)
-{
-  guint64 pinned = tr->peak_bytes[STOW_TIER_PINNED];
-  guint64 pageable = tr->peak_bytes[STOW_TIER_HOST];
-  guint64 arena = cuda ? 0 : tr->peak_bytes[STOW_TIER_DEVICE];
-  guint64 need = pinned + pageable + arena;
-  guint64 avail = mem_available ();
-  if (avail == 0 || need <= avail)
-    return TRUE;
-  g_autofree char *n = stow_format_bytes (need);
-  g_autofree char *a = stow_format_bytes (avail);
-  g_autofree char *pi = stow_format_bytes (pinned);
-  g_autofree char *pa = stow_format_bytes (pageable);
-  g_autofree char *ar = stow_format_bytes (arena);
-  g_set_error (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
-               "host memory: the planned step holds %s at its peak (pinned "
-               "buffers %s, pageable %s%s%s) and this host has %s available "
-               "(MemAvailable); put the optimizer on NVMe "
-               "(--offload-optimizer nvme), or lower --micro-batch or "
-               "--device-memory",
-               n, pi, pa, cuda ? "" : ", the cpu backend's device arena ",
-               cuda ? "" : ar, a);
-  return FALSE;
-}
-
-/* TRUE when the process may lock any amount of memory (CAP_IPC_LOCK in
- * its effective set, from /proc/self/status). */
-static gboolean
-can_lock_any (void)
-{
-  g_autofree char *text = NULL;
-  if (!g_file_get_contents ("/proc/self/status", &text, NULL, NULL))
-    return FALSE;
-  const char *p = strstr (text, "CapEff:");
-  if (p == NULL)
-    return FALSE;
-  guint64 caps = g_ascii_strtoull (p + strlen ("CapEff:"), NULL, 16);
-  return (caps >> 14) & 1; /* CAP_IPC_LOCK */
-}
-
-/* The cpu backend locks the program's pinned buffers (mlock): before
- * anything is loaded, RLIMIT_MEMLOCK must cover the simulated pinned peak
- * (plus a page per buffer of rounding).  The soft limit is raised to the
- * hard one when that is enough; otherwise refused with the figures and
- * the ways to raise it, or, with --allow-unpinned, run pageable. */
-static void note (StowTrainConfig *c, const char *format, ...)
-    G_GNUC_PRINTF (2, 3);
-
-static gboolean
-preflight_memlock (StowTrainConfig *c, const StowProgram *p,
-                   const StowTrace *tr, gboolean *pageable, GError **error)
-{
-  *pageable = FALSE;
-  guint64 need = tr->peak_bytes[STOW_TIER_PINNED];
-  if (need == 0)
-    return TRUE;
-  guint n_pinned = 0;
-  for (guint i = 0; i < p->buffers->len; i++)
-    n_pinned += g_array_index (p->buffers, StowBuffer, i).tier
-                == STOW_TIER_PINNED;
-  need += (guint64)n_pinned * 4096;
-  struct rlimit rl = { RLIM_INFINITY, RLIM_INFINITY };
-  gboolean any = FALSE;
-  if (c->test_memlock_limit)
-    rl.rlim_cur = rl.rlim_max = c->test_memlock_limit;
-  else
-    {
-      any = can_lock_any ();
-      getrlimit (RLIMIT_MEMLOCK, &rl);
-    }
-  if (any || rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur >= need)
-    return TRUE;
-  if (!c->test_memlock_limit
-      && (rl.rlim_max == RLIM_INFINITY || rl.rlim_max >= need))
-    {
-      struct rlimit up = { rl.rlim_max, rl.rlim_max };
-      if (setrlimit (RLIMIT_MEMLOCK, &up) == 0)
-        return TRUE;
-    }
-  g_autofree char *n = stow_format_bytes (need);
-  g_autofree char *soft = stow_format_bytes (rl.rlim_cur);
-  g_autofree char *hard = rl.rlim_max == RLIM_INFINITY
-                              ? g_strdup ("unlimited")
-                              : stow_format_bytes (rl.rlim_max);
-  if (c->allow_unpinned)
-    {
-      note (c,
-            "pinned host buffers: %s to lock, RLIMIT_MEMLOCK %s (hard %s): "
-            "running them pageable (--allow-unpinned)",
-            n, soft, hard);
-      *pageable = TRUE;
-      return TRUE;
-    }
-  g_set_error (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
-               "pinned host memory: the planned step locks %s (the program's "
-               "pinned buffers at their peak) and RLIMIT_MEMLOCK is %s (hard "
-               "limit %s); raise it ('ulimit -l %" G_GUINT64_FORMAT
-               "' or unlimited, a memlock line in "
-               "/etc/security/limits.conf, LimitMEMLOCK= in a systemd unit), "
-               "or run with the buffers pageable (--allow-unpinned)",
-               n, soft, hard, (need + 1023) / 1024);
-  return FALSE;
-}
-
 /* ---- the loop --------------------------------------------------------------- */
 
 /* The last step's busy and exposed seconds per stream, from its trace. */
@@ -1126,7 +1000,8 @@ stow_train_run (StowTrainConfig *c, GError **error)
     return FALSE;
   Run r = { 0 };
   r.c = c;
-  gboolean ok = FALSE, pageable = FALSE;
+  gboolean ok = FALSE;
+  g_autofree char *unpinned = NULL;
   guint64 done = 0;
   char *latest = NULL;
   gboolean cuda = g_str_equal (c->backend, "cuda");
@@ -1214,9 +1089,13 @@ stow_train_run (StowTrainConfig *c, GError **error)
     memcpy (c->simulated_busy_s, tr->busy_s, sizeof c->simulated_busy_s);
     memcpy (c->simulated_exposed_s, tr->exposed_s,
             sizeof c->simulated_exposed_s);
-    if (!preflight_host (c, tr, cuda, error)
-        || (!cuda && !preflight_memlock (c, r.prog, tr, &pageable, error)))
+    if (!stow_preflight_host (tr, cuda, error)
+        || (!cuda
+            && !stow_preflight_memlock (r.prog, tr, c->test_memlock_limit,
+                                        c->allow_unpinned, &unpinned, error)))
       goto out;
+    if (unpinned != NULL)
+      note (c, "%s", unpinned);
   }
   {
     g_autofree char *cap = g_format_size_full (device, G_FORMAT_SIZE_IEC_UNITS);
@@ -1238,7 +1117,7 @@ stow_train_run (StowTrainConfig *c, GError **error)
       cs.swap.dirs = (const char *const *)c->nvme_dirs;
       cs.swap.fault = c->nvme_fault, cs.swap.fault_nth = c->nvme_fault_nth;
       cs.copy_delay_us = c->copy_delay_us;
-      cs.no_pin = pageable;
+      cs.no_pin = unpinned != NULL;
       r.be = stow_backend_cpu_new (&cs, error);
       g_autofree char *swap = r.be ? stow_backend_cpu_describe_swap (r.be) : NULL;
       if (swap != NULL)
