@@ -1,0 +1,413 @@
+/* SPDX-License-Identifier: MIT
+ *
+ * executor/backends/cpu-ops.c: what each op of a step program does on the
+ * cpu backend (executor/backends/cpu-private.h): the decoder's forward,
+ * loss and backward on the buffers the op names, the gradient norm and
+ * AdamW (on the device's tensors, or CPU Adam on the host's), and the
+ * copies between the arena, the pinned buffers and the NVMe stores.
+ */
+#include "executor/backends/cpu-private.h"
+
+#include <math.h>
+#include <string.h>
+
+/* ---- the ops ---------------------------------------------------------------- */
+
+
+/* The gradients op @op writes: a gradient slot's occupant or the
+ * persistent gradients. */
+static guint
+grads_of (CpuBackend *b, const StowOp *op)
+{
+  guint g = stow_tensor_map_io (&b->map, op, TRUE, STOW_BUF_GRADS);
+  return g != STOW_NONE ? g : b->map.grads_buf;
+}
+
+static gboolean
+run_forward (CpuBackend *b, const StowOp *op, GError **error)
+{
+  StowTensorMap *m = &b->map;
+  guint8 *w = stow_tensor_map_unit (m, stow_tensor_map_weights_of (m, op),
+                                    op->unit);
+  if (op->layer == STOW_LAYER_EMBEDDING)
+    {
+      guint8 *in = m->addr[m->input_of[op->micro_batch]];
+      stow_llama_embed_forward (b->llama, w, (gint32 *)in, m->n_tokens,
+                                in + 8 * m->n_tokens);
+      return TRUE;
+    }
+  StowLlamaLayerWeights lw;
+  stow_tensor_map_layer (m, w, op->unit, m->esize, &lw);
+  StowLlamaSaved s;
+  stow_tensor_map_saved (m, op, FALSE, &s);
+  if (op->kind == STOW_OP_RECOMPUTE)
+    s.out = NULL; /* kept in the checkpoint, which now holds its gradient */
+  stow_llama_layer_forward (
+      b->llama, b->p->micro_batch, b->p->seq_len, &lw,
+      stow_tensor_map_layer_output (m, op->layer - 1, op->micro_batch), &s);
+  return TRUE;
+}
+
+static gboolean
+run_loss (CpuBackend *b, const StowOp *op, GError **error)
+{
+  StowTensorMap *m = &b->map;
+  guint64 n = m->n_tokens;
+  guint8 *in = m->addr[m->input_of[op->micro_batch]];
+  void *norm, *lm, *dnorm, *dlm;
+  guint gbuf = grads_of (b, op);
+  gboolean acc = op->accumulate;
+  stow_tensor_map_head_in (m, stow_tensor_map_weights_of (m, op), &norm, &lm);
+  stow_tensor_map_head_in (m, gbuf, &dnorm, &dlm);
+  guint logits = stow_tensor_map_io (m, op, TRUE, STOW_BUF_LOGITS);
+  g_assert (logits != STOW_NONE);
+  guint8 *x = stow_tensor_map_layer_output (m, (gint)b->model->n_layers - 1,
+                                            op->micro_batch);
+  double sum = stow_llama_head_loss (
+      b->llama, n, norm, lm, x, (gint32 *)(in + 4 * n), b->p->loss_scale, dnorm,
+      dlm, acc, x, m->addr[logits], m->chunk);
+  b->loss_sum += sum;
+  return TRUE;
+}
+
+static gboolean
+run_backward (CpuBackend *b, const StowOp *op, GError **error)
+{
+  StowTensorMap *m = &b->map;
+  guint gbuf = grads_of (b, op);
+  gboolean acc = op->accumulate;
+  if (op->layer == STOW_LAYER_EMBEDDING)
+    {
+      guint8 *in = m->addr[m->input_of[op->micro_batch]];
+      stow_llama_embed_backward (b->llama, (gint32 *)in, m->n_tokens,
+                                 in + 8 * m->n_tokens,
+                                 stow_tensor_map_unit (m, gbuf, op->unit), acc);
+      return TRUE;
+    }
+  StowLlamaLayerWeights lw, lg;
+  stow_tensor_map_layer (
+      m, stow_tensor_map_unit (m, stow_tensor_map_weights_of (m, op), op->unit),
+      op->unit, m->esize, &lw);
+  stow_tensor_map_layer (m, stow_tensor_map_unit (m, gbuf, op->unit), op->unit,
+                         stow_dtype_size (b->p->grad_dtype), &lg);
+  StowLlamaSaved s;
+  stow_tensor_map_saved (m, op, TRUE, &s);
+  guint ws = stow_tensor_map_io (m, op, TRUE, STOW_BUF_WORKSPACE);
+  g_assert (ws != STOW_NONE);
+  guint8 *x = stow_tensor_map_layer_output (m, op->layer - 1, op->micro_batch);
+  stow_llama_layer_backward (b->llama, b->p->micro_batch, b->p->seq_len, &lw, x,
+                             &s, &lg, acc, m->addr[ws], x);
+  return TRUE;
+}
+
+/* The global L2 norm of every unit's gradients (sums of squares in
+ * double, in unit order: the same bits for any thread count), the clip
+ * coefficient and whether the step must be skipped. */
+static gboolean
+run_grad_norm (CpuBackend *b, const StowOp *op, GError **error)
+{
+  StowTensorMap *m = &b->map;
+  double total = 0;
+  StowFloatType gt = stow_float_type_of_dtype (b->p->grad_dtype);
+  /* The gradients it reads: on the device, or the host copy (an
+   * offloaded optimizer, on the cpu_optim stream). */
+  guint gbuf = stow_tensor_map_io (m, op, FALSE, STOW_BUF_GRADS);
+  if (gbuf == STOW_NONE)
+    gbuf = m->grads_buf;
+  for (guint u = 0; u < b->p->units->len; u++)
+    {
+      double s = 0;
+      stow_adam_grad_sumsq (b->adam, stow_tensor_map_unit (m, gbuf, u), gt,
+                            g_array_index (b->p->units, StowUnit, u).numel, &s);
+      total += s;
+    }
+  b->grad_norm = sqrt (total);
+  b->skip = !isfinite (b->grad_norm);
+  b->clip_coef = stow_adam_clip_coef (b->grad_norm, b->p->optim.max_grad_norm);
+  return TRUE;
+}
+
+/* The delayed update of one unit: step s - 1's update (its learning rate,
+ * Adam's t = s - 1) with its gradients, kept aside when step s began;
+ * nothing in the run's first step.  No clipping: the norm would wait for
+ * the whole backward, which the delay exists to overlap. */
+static gboolean
+run_delayed (CpuBackend *b, const StowOp *op, GError **error)
+{
+  if (!b->apply_prev)
+    return TRUE;
+  const StowTensorMap *m = &b->map;
+  const StowUnit *u = &g_array_index (b->p->units, StowUnit, op->unit);
+  guint64 off = u->offset - g_array_index (b->p->units, StowUnit, 0).offset;
+  gsize gsz = stow_dtype_size (b->p->grad_dtype);
+  StowAdamStep st = { b->step - 1, 1.0, 1.0, FALSE };
+  double lr = stow_optim_lr_at (&b->p->optim, b->step - 1);
+  for (guint k = 0; k < u->n_tensors; k++)
+    {
+      const StowUnitTensor *t = &g_array_index (
+          b->p->unit_tensors, StowUnitTensor, u->first_tensor + k);
+      StowAdamConfig cfg;
+      StowAdamTensor at;
+      stow_tensor_map_adam (m, op->unit, k, lr, &cfg, &at);
+      at.grad = b->prev_grads + (off + t->offset) * gsz;
+      if (!stow_adam_step (b->adam, &cfg, &st, &at, error))
+        return FALSE;
+    }
+  return TRUE;
+}
+
+/* AdamW on one unit, tensor by tensor: on the device's tensors, or
+ * (!on_gpu, ZeRO-Offload) CPU Adam on the host gradients, master and
+ * moments, writing the host copy of the weights that the "updated up"
+ * copy takes to the device.  The same stow_adam_step either way: the same
+ * bits. */
+static gboolean
+run_optim (CpuBackend *b, const StowOp *op, GError **error)
+{
+  if (!op->on_gpu && b->map.host_weights == NULL)
+    {
+      g_set_error (error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_UNSUPPORTED,
+                   "a host optimizer step without host optimizer states "
+                   "(the program keeps them on the device)");
+      return FALSE;
+    }
+  if (op->on_gpu && b->map.host_weights != NULL)
+    {
+      g_set_error (error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_UNSUPPORTED,
+                   "a device optimizer step with the optimizer states in "
+                   "host memory");
+      return FALSE;
+    }
+  if (op->unit == STOW_NONE && b->swap == NULL)
+    {
+      g_set_error (error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_UNSUPPORTED,
+                   "the cpu backend runs optimizer steps of whole units or "
+                   "of NVMe chunks (not a delayed update)");
+      return FALSE;
+    }
+  if (b->skip)
+    return TRUE;
+  StowAdamStep st = { b->step, 1.0, b->clip_coef, FALSE };
+  if (b->delayed)
+    return run_delayed (b, op, error);
+  if (op->unit == STOW_NONE)
+    {
+      /* A chunk of the NVMe states, in its swap buffer. */
+      guint sb = stow_tensor_map_io (&b->map, op, TRUE, STOW_BUF_STATES);
+      if (sb == STOW_NONE || b->map.addr[sb] == NULL)
+        {
+          g_set_error (error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_INVALID,
+                       "an optimizer step over chunk %u writes no swap buffer",
+                       op->shard);
+          return FALSE;
+        }
+      return stow_state_swap_update (b->swap, b->adam, &st, b->lr, op->first,
+                                     op->count, b->map.addr[sb], error);
+    }
+  const StowUnit *u = &g_array_index (b->p->units, StowUnit, op->unit);
+  for (guint k = 0; k < u->n_tensors; k++)
+    {
+      StowAdamConfig cfg;
+      StowAdamTensor at;
+      stow_tensor_map_adam (&b->map, op->unit, k, b->lr, &cfg, &at);
+      if (!stow_adam_step (b->adam, &cfg, &st, &at, error))
+        return FALSE;
+    }
+  return TRUE;
+}
+
+/* The weights on NVMe: a unit read into its staging buffer, or a unit's
+ * updated weights (CPU Adam left them where its gradients were) through
+ * the write buffer to the store. */
+static gboolean
+param_io (CpuBackend *b, const StowOp *op, GError **error)
+{
+  StowTensorMap *m = &b->map;
+  guint unit = op->unit;
+  if (unit == STOW_NONE || unit >= b->p->units->len
+      || op->bytes != unit_numel (b, unit) * m->esize)
+    {
+      g_set_error (error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_INVALID,
+                   "a copy of %" G_GUINT64_FORMAT " B %s NVMe names no "
+                   "unit's weights (unit %d)",
+                   op->bytes, op->src == STOW_TIER_NVME ? "from" : "to",
+                   unit == STOW_NONE ? -1 : (gint)unit);
+      return FALSE;
+    }
+  if (op->src == STOW_TIER_NVME && op->n_writes == 1
+      && m->addr[op->writes[0]] != NULL)
+    return stow_param_swap_read (b->params, unit, m->addr[op->writes[0]],
+                                 error);
+  if (op->dst == STOW_TIER_NVME && op->n_reads == 2
+      && op->reads[0] == m->host_grads_buf && m->addr[op->reads[1]] != NULL)
+    {
+      guint64 off = g_array_index (b->p->units, StowUnit, unit).offset
+                    - g_array_index (b->p->units, StowUnit, 0).offset;
+      memcpy (m->addr[op->reads[1]], m->host_weights + off * m->esize,
+              op->bytes);
+      return stow_param_swap_write (b->params, unit, m->addr[op->reads[1]],
+                                    error);
+    }
+  g_set_error (error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_UNSUPPORTED,
+               "the cpu backend reads a unit's weights from NVMe into a "
+               "staging buffer and writes its updated weights through the "
+               "write buffer; not this copy (%s to %s)",
+               stow_tier_name (op->src), stow_tier_name (op->dst));
+  return FALSE;
+}
+
+/* A copy between the device arena and a host buffer, exactly the unit
+ * range the op names: a unit's gradients down from its gradient slot
+ * (after its backward of a micro-batch) into the host gradients, or a
+ * unit's updated weights up from the host copy CPU Adam wrote. */
+static gboolean
+run_copy (CpuBackend *b, const StowOp *op, GError **error)
+{
+  StowTensorMap *m = &b->map;
+  guint dst = op->n_writes == 1 ? op->writes[0] : STOW_NONE;
+  guint src = op->n_reads == 1 ? op->reads[0] : STOW_NONE;
+  guint unit = STOW_NONE;
+  const guint8 *from = NULL;
+  guint8 *to = NULL;
+  gsize elem = 0;
+  if (b->swap != NULL && op->src == STOW_TIER_NVME && dst != STOW_NONE
+      && is_swap_buffer (buf_of (b, dst)))
+    return stow_state_swap_read (b->swap, op->shard, m->addr[dst], op->bytes,
+                                 error);
+  if (b->swap != NULL && op->dst == STOW_TIER_NVME && src != STOW_NONE
+      && is_swap_buffer (buf_of (b, src)))
+    return stow_state_swap_write (b->swap, op->shard, m->addr[src], op->bytes,
+                                  error);
+  if (b->params != NULL && (op->src == STOW_TIER_NVME || op->dst == STOW_TIER_NVME))
+    return param_io (b, op, error);
+  if (b->swap != NULL && dst == m->weights_buf && src == STOW_NONE
+      && op->unit == STOW_NONE && op->layer == STOW_LAYER_NONE
+      && op->count > 0)
+    {
+      /* A chunk's updated weights up: flat parameters [first, first +
+       * count), units contiguous in the weights as in the host copy. */
+      guint64 total = m->numel;
+      if (op->first + op->count > total || op->bytes != op->count * m->esize)
+        {
+          g_set_error (error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_INVALID,
+                       "a chunk's copy up of %" G_GUINT64_FORMAT
+                       " B from parameter %" G_GUINT64_FORMAT
+                       " (%" G_GUINT64_FORMAT " of %" G_GUINT64_FORMAT ")",
+                       op->bytes, op->first, op->count, total);
+          return FALSE;
+        }
+      memcpy (stow_tensor_map_unit (m, dst, 0) + op->first * m->esize,
+              m->host_weights + op->first * m->esize, op->count * m->esize);
+      return TRUE;
+    }
+  if (src != STOW_NONE && src == m->host_grads_buf && dst != STOW_NONE
+      && buf_of (b, dst)->kind == STOW_BUF_GRADS && buf_of (b, dst)->slot >= 2)
+    {
+      /* A unit's earlier micro-batches' gradients back up into its
+       * gradient slot, which the next write adds to. */
+      unit = buf_of (b, dst)->unit_first;
+      elem = stow_dtype_size (b->p->grad_dtype);
+      from = stow_tensor_map_unit (m, src, unit);
+      to = stow_tensor_map_unit (m, dst, unit);
+    }
+  else if (dst != STOW_NONE && dst == m->host_grads_buf && src != STOW_NONE
+      && buf_of (b, src)->kind == STOW_BUF_GRADS && buf_of (b, src)->slot >= 2)
+    {
+      unit = buf_of (b, src)->unit_first;
+      elem = stow_dtype_size (b->p->grad_dtype);
+      from = stow_tensor_map_unit (m, src, unit);
+      to = stow_tensor_map_unit (m, dst, unit);
+    }
+  else if (dst != STOW_NONE && buf_of (b, dst)->kind == STOW_BUF_WEIGHTS
+           && buf_of (b, dst)->tier == STOW_TIER_DEVICE && src != STOW_NONE
+           && is_occupant (buf_of (b, src)) && op->unit != STOW_NONE
+           && buf_of (b, src)->tier != STOW_TIER_DEVICE)
+    {
+      /* A unit staged from NVMe, up into its slot. */
+      unit = op->unit;
+      elem = m->esize;
+      from = m->addr[src];
+      to = stow_tensor_map_unit (m, dst, unit);
+    }
+  else if (dst != STOW_NONE && buf_of (b, dst)->kind == STOW_BUF_WEIGHTS
+           && buf_of (b, dst)->tier == STOW_TIER_DEVICE
+           && (src == STOW_NONE
+               || (b->params != NULL && src == m->host_grads_buf))
+           && op->src != STOW_TIER_DEVICE && m->host_weights != NULL)
+    {
+      unit = op->unit != STOW_NONE
+                 ? op->unit
+                 : stow_program_unit_of_layer (b->p, op->layer);
+      if (unit == STOW_NONE)
+        {
+          g_set_error (error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_INVALID,
+                       "a copy up of weights names no unit (layer %d)",
+                       op->layer);
+          return FALSE;
+        }
+      elem = m->esize;
+      guint64 off = g_array_index (b->p->units, StowUnit, unit).offset
+                    - g_array_index (b->p->units, StowUnit, 0).offset;
+      from = m->host_weights + off * elem;
+      to = stow_tensor_map_unit (m, dst, unit);
+    }
+  else
+    {
+      g_set_error (error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_UNSUPPORTED,
+                   "the cpu backend copies a unit's gradients down, its "
+                   "weights up (ZeRO-Offload, streamed layers) and optimizer "
+                   "chunks to and from NVMe; not this copy (%s to %s)",
+                   stow_tier_name (op->src), stow_tier_name (op->dst));
+      return FALSE;
+    }
+  guint64 bytes = unit_numel (b, unit) * elem;
+  if (op->bytes != bytes)
+    {
+      g_set_error (error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_INVALID,
+                   "the copy moves %" G_GUINT64_FORMAT
+                   " B; unit %u holds %" G_GUINT64_FORMAT " B",
+                   op->bytes, unit, bytes);
+      return FALSE;
+    }
+  memcpy (to, from, bytes);
+  return TRUE;
+}
+
+gboolean
+stow_cpu_run_op (CpuBackend *b, guint i, GError **error)
+{
+  const StowOp *op = &g_array_index (b->p->ops, StowOp, i);
+  switch (op->kind)
+    {
+    case STOW_OP_DATA:
+      {
+        guint8 *in = b->map.addr[b->map.input_of[op->micro_batch]];
+        guint64 n = b->map.n_tokens;
+        return b->data (b->data_user, b->step, op->micro_batch, (gint32 *)in,
+                        (gint32 *)(in + 4 * n), n, error);
+      }
+    case STOW_OP_FORWARD:
+    case STOW_OP_RECOMPUTE:
+      return run_forward (b, op, error);
+    case STOW_OP_LOSS:
+      return run_loss (b, op, error);
+    case STOW_OP_BACKWARD:
+      return run_backward (b, op, error);
+    case STOW_OP_GRAD_NORM:
+      return run_grad_norm (b, op, error);
+    case STOW_OP_OPTIM_STEP:
+      return run_optim (b, op, error);
+    case STOW_OP_COPY:
+      return run_copy (b, op, error);
+    default:
+      {
+        g_autofree char *what = stow_op_describe (b->p, i);
+        g_set_error (error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_UNSUPPORTED,
+                     "op %s: the cpu backend does not run %s ops yet "
+                     "(multi-device layouts)",
+                     what, stow_op_kind_name (op->kind));
+        return FALSE;
+      }
+    }
+}
+
