@@ -933,7 +933,14 @@ stow_cost_estimate (const StowModel *m, const StowCluster *c,
    * per micro-batch and chunk, plus the fill and drain hops.  Megatron-
    * core's interleaved schedule posts them ahead and computes meanwhile
    * (overlap_p2p_comm, on by default): only the fill and drain hops, on
-   * the critical path, show, and the slowdown of the rest. */
+   * the critical path, show, and the slowdown of the rest.  Interleaved,
+   * the fill is the first micro-batch's forward through all v·p model
+   * chunks in turn and the drain the last one's backward back, each
+   * chunk waiting for its predecessor's send: 2 (v p - 1) hops, not
+   * 2 (p - 1) (interleaving multiplies the communication by v, Narayanan
+   * et al. 2021 §2.2; an event simulation of core_r0.8's
+   * forward_backward_pipelining_with_interleaving gives exactly this
+   * while a hop is shorter than a chunk's forward). */
   if (l->pp > 1)
     {
       double one = stow_cost_p2p_seconds (c, o, T * h * eb / l->tp,
@@ -945,7 +952,7 @@ stow_cost_estimate (const StowModel *m, const StowCluster *c,
             && (o->p2p_overlap > 0 || stow_engine_is_mcore (l->engine));
       if (overlap)
         {
-          double edge = 2.0 * ((double)l->pp - 1.0) * one;
+          double edge = 2.0 * (v * (double)l->pp - 1.0) * one;
           exposed = edge + o->overlap_slowdown * (total - edge);
         }
       out->total_s[STOW_COST_PP_P2P] = total;

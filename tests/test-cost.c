@@ -470,6 +470,48 @@ test_megatron_overlap (void)
   g_assert_cmpfloat (on.exposed_s[STOW_COST_TP], ==, on.total_s[STOW_COST_TP]);
 }
 
+/* Interleaved 1F1B with overlapped sends (Megatron-core's default): the
+ * first micro-batch's forward visits the v·p model chunks one after the
+ * other, each waiting for its predecessor's send, and the last one's
+ * backward visits them back, so 2 (v p - 1) hops are on the critical path
+ * however the steady state hides the rest (Narayanan et al. 2021 §2.2:
+ * interleaving multiplies the communication by v).  llama-65b, 80 layers
+ * on pp 4: v 2, 4 and 10 chunks per stage. */
+static void
+test_interleaved_p2p_fill (void)
+{
+  g_autoptr (StowModel) m = stow_test_model ("llama-65b");
+  g_autoptr (StowCluster) c = stow_test_cluster ("64xH100-SXM");
+  StowTraining t;
+  StowLayout l;
+  StowCostOptions o;
+  stow_cost_options_init (&o);
+  stow_training_init (&t);
+  t.global_batch = 64;
+  const guint vs[] = { 2, 4, 10 };
+  for (gsize i = 0; i < G_N_ELEMENTS (vs); i++)
+    {
+      guint v = vs[i];
+      layout (&l, 64, 8, 4, v, 64, 1, STOW_RECOMPUTE_NONE, TRUE);
+      StowCost cost;
+      stow_cost_estimate (m, c, &t, &l, NULL, &cost);
+      /* One send: the micro-batch's activation, split tp ways (SP). */
+      double one = stow_cost_p2p_seconds (
+          c, NULL, (double)t.seq_len * (double)m->hidden * 2.0 / l.tp,
+          (guint64)l.tp * l.cp * l.dp);
+      double mb = (double)l.grad_accum, p = (double)l.pp;
+      double sends = 2.0 * (mb * v + p - 1.0);
+      double fill = 2.0 * (v * p - 1.0);
+      g_assert_cmpfloat (fabs (cost.total_s[STOW_COST_PP_P2P] - sends * one), <,
+                         1e-9 * sends * one);
+      double want = (fill + o.overlap_slowdown * (sends - fill)) * one;
+      g_test_message ("v %u: %.0f sends, %.0f on the critical path, %.3g s", v,
+                      sends, fill, want);
+      g_assert_cmpfloat (fabs (cost.exposed_s[STOW_COST_PP_P2P] - want), <,
+                         1e-9 * want);
+    }
+}
+
 /* The pipelined NVMe optimizer step's bound (core/drives.h, issue 26): one
  * drive whose reads and writes share a queue is busy for read + write;
  * striped over several, the busiest drive's read + write; Adam overlaps. */
@@ -613,6 +655,7 @@ main (int argc, char **argv)
   g_test_add_func ("/cost/gpu-profile", test_gpu_profile);
   g_test_add_func ("/cost/fp8", test_fp8);
   g_test_add_func ("/cost/megatron-overlap", test_megatron_overlap);
+  g_test_add_func ("/cost/interleaved-p2p-fill", test_interleaved_p2p_fill);
   g_test_add_func ("/cost/uneven-interleaved", test_uneven_interleaved);
   return g_test_run ();
 }
