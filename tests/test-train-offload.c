@@ -390,12 +390,12 @@ test_nvme_flags (void)
   fixture_clear (&f);
 }
 
-/* kill -9 in the middle of a run with the optimizer on NVMe, after a
- * checkpoint: the private swap directory is left (nothing runs at
- * SIGKILL), the next run removes it and says so, and --resume gives the
- * uninterrupted run's bytes. */
+/* kill -9 in the middle of a run with @flags (NULL ended; the states on
+ * NVMe, or the weights too), after a checkpoint: the @stores private swap
+ * directories are left (nothing runs at SIGKILL), the next run removes
+ * them and says so, and --resume gives the uninterrupted run's bytes. */
 static void
-test_nvme_kill (void)
+assert_kill_resumes (const char *const *flags, guint stores)
 {
   Fixture f;
   fixture_init (&f);
@@ -404,15 +404,28 @@ test_nvme_kill (void)
   g_autofree char *killed = g_build_filename (f.dir, "killed", NULL);
   const char *steps = "30";
   g_auto (StowRun) r1 = { 0 };
-  train (&r1, &f, straight, "--steps", steps, NULL);
+  train (&r1, &f, straight, "--steps", steps, "--precision", "bf16", NULL);
   g_assert_cmpint (r1.status, ==, 0);
-  const char *argv[] = { g_getenv ("STOWAGE"), "train", "--model", f.model,
-                         "--data", f.shard, "--seq", "16", "--micro-batch",
-                         "2", "--global-batch", "4", "--lr", "0.003",
-                         "--out", killed, "--steps", steps, "--save-every",
-                         "1", "--offload-optimizer", "nvme", "--nvme-dir",
-                         swap, NULL };
-  GPid pid = spawn_quiet (argv);
+  /* the run's flags after the fixture's, the same for both runs */
+  g_autoptr (GPtrArray) run = g_ptr_array_new ();
+  const char *const own[] = { "--steps", steps, "--save-every", "1",
+                              "--precision", "bf16", "--nvme-dir", swap,
+                              NULL };
+  for (guint i = 0; own[i]; i++)
+    g_ptr_array_add (run, (char *)own[i]);
+  for (guint i = 0; flags[i]; i++)
+    g_ptr_array_add (run, (char *)flags[i]);
+  g_autoptr (GPtrArray) a = g_ptr_array_new ();
+  const char *const head[] = { g_getenv ("STOWAGE"), "train", "--model",
+                               f.model, "--data", f.shard, "--seq", "16",
+                               "--micro-batch", "2", "--global-batch", "4",
+                               "--lr", "0.003", "--out", killed, NULL };
+  for (guint i = 0; head[i]; i++)
+    g_ptr_array_add (a, (char *)head[i]);
+  for (guint i = 0; i < run->len; i++)
+    g_ptr_array_add (a, run->pdata[i]);
+  g_ptr_array_add (a, NULL);
+  GPid pid = spawn_quiet ((const char *const *)a->pdata);
   for (guint i = 0; i < 20000 && latest_step (killed) < 2; i++)
     g_usleep (500);
   g_usleep (700);
@@ -421,10 +434,11 @@ test_nvme_kill (void)
   g_test_message ("killed with latest at step %u of %s", at, steps);
   g_assert_cmpuint (at, >=, 2);
   g_assert_cmpuint (at, <, 30);
-  g_assert_cmpuint (entries (swap), ==, 1); /* what SIGKILL left */
+  g_assert_cmpuint (entries (swap), ==, stores); /* what SIGKILL left */
+  g_ptr_array_add (run, "--resume");
+  g_ptr_array_add (run, NULL);
   g_auto (StowRun) r2 = { 0 };
-  train (&r2, &f, killed, "--steps", steps, "--save-every", "1",
-         "--offload-optimizer", "nvme", "--nvme-dir", swap, "--resume", NULL);
+  trainv (&r2, &f, killed, (const char *const *)run->pdata);
   g_assert_cmpint (r2.status, ==, 0);
   g_autofree char *gone = g_strdup_printf ("(its process %d is gone)", pid);
   g_assert_nonnull (strstr (r2.err, gone));
@@ -432,6 +446,22 @@ test_nvme_kill (void)
   g_assert_true (same_file (straight, killed, "model.safetensors"));
   g_assert_true (same_file (straight, killed, "optimizer.stow"));
   fixture_clear (&f);
+}
+
+static void
+test_nvme_kill (void)
+{
+  const char *const flags[] = { "--offload-optimizer", "nvme", NULL };
+  assert_kill_resumes (flags, 1);
+}
+
+static void
+test_params_nvme_kill (void)
+{
+  const char *const flags[] = { "--offload-optimizer", "nvme",
+                                "--offload-params", "nvme",
+                                "--resident-layers", "1", NULL };
+  assert_kill_resumes (flags, 2);
 }
 
 /* Before anything is loaded, a run whose host buffers do not fit this
@@ -925,6 +955,7 @@ main (int argc, char **argv)
                    test_params_nvme_resume);
   g_test_add_func ("/train-offload/params-nvme-faults",
                    test_params_nvme_faults);
+  g_test_add_func ("/train-offload/params-nvme-kill", test_params_nvme_kill);
   g_test_add_func ("/train-offload/params-small-device",
                    test_params_small_device);
   return g_test_run ();
