@@ -486,9 +486,10 @@ stow_cmd_train (int argc, char **argv)
       "the master weights and Adam states in swap files (ZeRO-Infinity)",
       "WHERE" },
     { "offload-params", 0, 0, G_OPTION_ARG_STRING, &o.offload_params,
-      "none (default) or cpu: the weights live in host memory and stream "
-      "through two layer slots on the device, but --resident-layers "
-      "(ZeRO-3 with parameter offload; needs --offload-optimizer)",
+      "none (default), cpu or nvme: the weights live in host memory or "
+      "on NVMe (--nvme-dir, with --precision bf16) and stream through two "
+      "layer slots on the device, but --resident-layers (ZeRO-3 with "
+      "parameter offload; needs --offload-optimizer)",
       "WHERE" },
     { "delayed-update", 0, 0, G_OPTION_ARG_NONE, &o.delayed_update,
       "With --offload-optimizer cpu: each step's CPU Adam applies the "
@@ -500,7 +501,8 @@ stow_cmd_train (int argc, char **argv)
       "many as fit, the plan's choice)",
       "K" },
     { "nvme-dir", 0, 0, G_OPTION_ARG_FILENAME_ARRAY, &o.nvme_dirs,
-      "Where --offload-optimizer nvme keeps its swap files (a private 0700 "
+      "Where --offload-optimizer nvme and --offload-params nvme keep their "
+      "swap files (a private 0700 "
       "directory in each, removed at exit); several, joined by ',' or "
       "repeated, are striped",
       "DIR[,DIR...]" },
