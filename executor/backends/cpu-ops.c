@@ -266,10 +266,6 @@ run_copy (CpuBackend *b, const StowOp *op, GError **error)
   StowTensorMap *m = &b->map;
   guint dst = op->n_writes == 1 ? op->writes[0] : STOW_NONE;
   guint src = op->n_reads == 1 ? op->reads[0] : STOW_NONE;
-  guint unit = STOW_NONE;
-  const guint8 *from = NULL;
-  guint8 *to = NULL;
-  gsize elem = 0;
   if (b->swap != NULL && op->src == STOW_TIER_NVME && dst != STOW_NONE
       && is_swap_buffer (buf_of (b, dst)))
     return stow_state_swap_read (b->swap, op->shard, m->addr[dst], op->bytes,
@@ -280,95 +276,12 @@ run_copy (CpuBackend *b, const StowOp *op, GError **error)
                                   error);
   if (b->params != NULL && (op->src == STOW_TIER_NVME || op->dst == STOW_TIER_NVME))
     return param_io (b, op, error);
-  if (b->swap != NULL && dst == m->weights_buf && src == STOW_NONE
-      && op->unit == STOW_NONE && op->layer == STOW_LAYER_NONE
-      && op->count > 0)
-    {
-      /* A chunk's updated weights up: flat parameters [first, first +
-       * count), units contiguous in the weights as in the host copy. */
-      guint64 total = m->numel;
-      if (op->first + op->count > total || op->bytes != op->count * m->esize)
-        {
-          g_set_error (error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_INVALID,
-                       "a chunk's copy up of %" G_GUINT64_FORMAT
-                       " B from parameter %" G_GUINT64_FORMAT
-                       " (%" G_GUINT64_FORMAT " of %" G_GUINT64_FORMAT ")",
-                       op->bytes, op->first, op->count, total);
-          return FALSE;
-        }
-      memcpy (stow_tensor_map_unit (m, dst, 0) + op->first * m->esize,
-              m->host_weights + op->first * m->esize, op->count * m->esize);
-      return TRUE;
-    }
-  if (src != STOW_NONE && src == m->host_grads_buf && dst != STOW_NONE
-      && buf_of (b, dst)->kind == STOW_BUF_GRADS && buf_of (b, dst)->slot >= 2)
-    {
-      /* A unit's earlier micro-batches' gradients back up into its
-       * gradient slot, which the next write adds to. */
-      unit = buf_of (b, dst)->unit_first;
-      elem = stow_dtype_size (b->p->grad_dtype);
-      from = stow_tensor_map_unit (m, src, unit);
-      to = stow_tensor_map_unit (m, dst, unit);
-    }
-  else if (dst != STOW_NONE && dst == m->host_grads_buf && src != STOW_NONE
-      && buf_of (b, src)->kind == STOW_BUF_GRADS && buf_of (b, src)->slot >= 2)
-    {
-      unit = buf_of (b, src)->unit_first;
-      elem = stow_dtype_size (b->p->grad_dtype);
-      from = stow_tensor_map_unit (m, src, unit);
-      to = stow_tensor_map_unit (m, dst, unit);
-    }
-  else if (dst != STOW_NONE && buf_of (b, dst)->kind == STOW_BUF_WEIGHTS
-           && buf_of (b, dst)->tier == STOW_TIER_DEVICE && src != STOW_NONE
-           && is_occupant (buf_of (b, src)) && op->unit != STOW_NONE
-           && buf_of (b, src)->tier != STOW_TIER_DEVICE)
-    {
-      /* A unit staged from NVMe, up into its slot. */
-      unit = op->unit;
-      elem = m->esize;
-      from = m->addr[src];
-      to = stow_tensor_map_unit (m, dst, unit);
-    }
-  else if (dst != STOW_NONE && buf_of (b, dst)->kind == STOW_BUF_WEIGHTS
-           && buf_of (b, dst)->tier == STOW_TIER_DEVICE
-           && (src == STOW_NONE
-               || (b->params != NULL && src == m->host_grads_buf))
-           && op->src != STOW_TIER_DEVICE && m->host_weights != NULL)
-    {
-      unit = op->unit != STOW_NONE
-                 ? op->unit
-                 : stow_program_unit_of_layer (b->p, op->layer);
-      if (unit == STOW_NONE)
-        {
-          g_set_error (error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_INVALID,
-                       "a copy up of weights names no unit (layer %d)",
-                       op->layer);
-          return FALSE;
-        }
-      elem = m->esize;
-      guint64 off = g_array_index (b->p->units, StowUnit, unit).offset
-                    - g_array_index (b->p->units, StowUnit, 0).offset;
-      from = m->host_weights + off * elem;
-      to = stow_tensor_map_unit (m, dst, unit);
-    }
-  else
-    {
-      g_set_error (error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_UNSUPPORTED,
-                   "the cpu backend copies a unit's gradients down, its "
-                   "weights up (ZeRO-Offload, streamed layers) and optimizer "
-                   "chunks to and from NVMe; not this copy (%s to %s)",
-                   stow_tier_name (op->src), stow_tier_name (op->dst));
-      return FALSE;
-    }
-  guint64 bytes = unit_numel (b, unit) * elem;
-  if (op->bytes != bytes)
-    {
-      g_set_error (error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_INVALID,
-                   "the copy moves %" G_GUINT64_FORMAT
-                   " B; unit %u holds %" G_GUINT64_FORMAT " B",
-                   op->bytes, unit, bytes);
-      return FALSE;
-    }
+  const guint8 *from = NULL;
+  guint8 *to = NULL;
+  guint64 bytes = 0;
+  if (!stow_tensor_map_copy_ends (m, op, b->params != NULL, &from, &to,
+                                  &bytes, error))
+    return FALSE;
   memcpy (to, from, bytes);
   return TRUE;
 }

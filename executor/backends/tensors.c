@@ -601,6 +601,115 @@ stow_tensor_map_adam (const StowTensorMap *m, guint unit, guint k, double lr,
     }
 }
 
+/* ---- copies ------------------------------------------------------------- */
+
+static gboolean
+is_grad_slot (const StowBuffer *buf)
+{
+  return buf->kind == STOW_BUF_GRADS && buf->slot >= 2;
+}
+
+gboolean
+stow_tensor_map_copy_ends (const StowTensorMap *m, const StowOp *op,
+                           gboolean params_nvme, const guint8 **from,
+                           guint8 **to, guint64 *bytes, GError **error)
+{
+  const StowProgram *p = m->p;
+  guint dst = op->n_writes == 1 ? op->writes[0] : STOW_NONE;
+  guint src = op->n_reads == 1 ? op->reads[0] : STOW_NONE;
+  const StowBuffer *db = dst != STOW_NONE ? stow_tensor_map_buffer (m, dst)
+                                          : NULL;
+  const StowBuffer *sb = src != STOW_NONE ? stow_tensor_map_buffer (m, src)
+                                          : NULL;
+  guint unit = STOW_NONE;
+  gsize elem = 0;
+  if (dst != STOW_NONE && dst == m->weights_buf && src == STOW_NONE
+      && op->unit == STOW_NONE && op->layer == STOW_LAYER_NONE
+      && op->count > 0 && m->host_weights != NULL)
+    {
+      /* A chunk's updated weights up: flat parameters [first, first +
+       * count), units contiguous in the weights as in the host copy. */
+      if (op->first + op->count > m->numel || op->bytes != op->count * m->esize)
+        {
+          g_set_error (error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_INVALID,
+                       "a chunk's copy up of %" G_GUINT64_FORMAT
+                       " B from parameter %" G_GUINT64_FORMAT
+                       " (%" G_GUINT64_FORMAT " of %" G_GUINT64_FORMAT ")",
+                       op->bytes, op->first, op->count, m->numel);
+          return FALSE;
+        }
+      *from = m->host_weights + op->first * m->esize;
+      *to = stow_tensor_map_unit (m, dst, 0) + op->first * m->esize;
+      *bytes = op->count * m->esize;
+      return TRUE;
+    }
+  if (sb && src == m->host_grads_buf && db && is_grad_slot (db))
+    {
+      /* A unit's earlier micro-batches' gradients back up into its
+       * gradient slot, which the next write adds to. */
+      unit = db->unit_first;
+      elem = stow_dtype_size (p->grad_dtype);
+      *from = stow_tensor_map_unit (m, src, unit);
+      *to = stow_tensor_map_unit (m, dst, unit);
+    }
+  else if (db && dst == m->host_grads_buf && sb && is_grad_slot (sb))
+    {
+      /* A unit's gradients of a micro-batch down. */
+      unit = sb->unit_first;
+      elem = stow_dtype_size (p->grad_dtype);
+      *from = stow_tensor_map_unit (m, src, unit);
+      *to = stow_tensor_map_unit (m, dst, unit);
+    }
+  else if (db && db->kind == STOW_BUF_WEIGHTS && db->tier == STOW_TIER_DEVICE
+           && sb && sb->slot >= 0 && sb->bytes == 0 && op->unit != STOW_NONE
+           && sb->tier != STOW_TIER_DEVICE)
+    {
+      /* A unit staged from NVMe, up into its slot. */
+      unit = op->unit;
+      elem = m->esize;
+      *from = m->addr[src];
+      *to = stow_tensor_map_unit (m, dst, unit);
+    }
+  else if (db && db->kind == STOW_BUF_WEIGHTS && db->tier == STOW_TIER_DEVICE
+           && (src == STOW_NONE || (params_nvme && src == m->host_grads_buf))
+           && op->src != STOW_TIER_DEVICE && m->host_weights != NULL)
+    {
+      /* A unit's updated (or streamed) weights up from the host. */
+      unit = op->unit != STOW_NONE ? op->unit
+                                   : stow_program_unit_of_layer (p, op->layer);
+      if (unit == STOW_NONE)
+        {
+          g_set_error (error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_INVALID,
+                       "a copy up of weights names no unit (layer %d)",
+                       op->layer);
+          return FALSE;
+        }
+      elem = m->esize;
+      *from = m->host_weights
+              + (unit_of (m, unit)->offset - unit_of (m, 0)->offset) * elem;
+      *to = stow_tensor_map_unit (m, dst, unit);
+    }
+  else
+    {
+      g_set_error (error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_UNSUPPORTED,
+                   "copies run are a unit's gradients down, its weights up "
+                   "(ZeRO-Offload, streamed layers) and optimizer chunks; "
+                   "not this copy (%s to %s)",
+                   stow_tier_name (op->src), stow_tier_name (op->dst));
+      return FALSE;
+    }
+  *bytes = unit_of (m, unit)->numel * elem;
+  if (op->bytes != *bytes)
+    {
+      g_set_error (error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_INVALID,
+                   "the copy moves %" G_GUINT64_FORMAT
+                   " B; unit %u holds %" G_GUINT64_FORMAT " B",
+                   op->bytes, unit, *bytes);
+      return FALSE;
+    }
+  return TRUE;
+}
+
 /* ---- the map ------------------------------------------------------------- */
 
 gboolean
