@@ -240,6 +240,46 @@ test_bit_identical (void)
   fixture_clear (&f);
 }
 
+/* ZeRO-Offload on the GPU (--offload-optimizer cpu): gradients down into
+ * pinned host memory, CPU Adam as host functions in the cpu_optim
+ * stream's order, the updated weights up.  The goal is the bytes of the
+ * GPU run that keeps its optimizer on the device (the same arithmetic,
+ * no contraction), in fp32 and bf16, with the arena's peak as simulated. */
+static void
+test_offload_optimizer (void)
+{
+  if (!have_gpu ())
+    return;
+  Fixture f;
+  fixture_init (&f);
+  const char *const precisions[] = { "fp32", "bf16" };
+  for (guint i = 0; i < G_N_ELEMENTS (precisions); i++)
+    {
+      g_autofree char *dev = g_strdup_printf ("%s/dev-%s", f.dir,
+                                              precisions[i]);
+      g_autofree char *off = g_strdup_printf ("%s/off-%s", f.dir,
+                                              precisions[i]);
+      g_auto (StowRun) rd = { 0 }, ro = { 0 };
+      train (&rd, &f, dev, "--steps", "4", "--backend", "cuda",
+             "--precision", precisions[i], NULL);
+      train (&ro, &f, off, "--steps", "4", "--backend", "cuda",
+             "--precision", precisions[i], "--offload-optimizer", "cpu",
+             NULL);
+      g_assert_cmpint (rd.status, ==, 0);
+      g_assert_cmpint (ro.status, ==, 0);
+      gboolean w = same_file (dev, off, "model.safetensors");
+      gboolean o = same_file (dev, off, "optimizer.stow");
+      g_test_message ("%s: optimizer in host memory against on the GPU: "
+                      "weights %s, optimizer %s",
+                      precisions[i], w ? "same" : "DIFFER",
+                      o ? "same" : "DIFFER");
+      g_assert_true (w);
+      g_assert_true (o);
+      assert_peak_as_simulated (&ro);
+    }
+  fixture_clear (&f);
+}
+
 /* The arena's measured peak against the simulated one, same program. */
 static void
 test_peak (void)
@@ -273,5 +313,6 @@ main (int argc, char **argv)
   g_test_add_func ("/gpu/train/oracle", test_oracle);
   g_test_add_func ("/gpu/train/bit-identical", test_bit_identical);
   g_test_add_func ("/gpu/train/peak", test_peak);
+  g_test_add_func ("/gpu/train/offload-optimizer", test_offload_optimizer);
   return g_test_run ();
 }

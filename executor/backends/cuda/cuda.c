@@ -18,6 +18,8 @@
 #include "executor/backends/cuda/llama-cuda.h"
 #include "executor/backends/tensors.h"
 #include "executor/trace.h"
+#include "offload/adam.h"
+#include "offload/pinned.h"
 
 /* A block freed on @stream: a later alloc of bytes in [lo, hi) on another
  * stream waits for @event. */
@@ -28,7 +30,18 @@ typedef struct
   cudaEvent_t event;
 } PendingFree;
 
+typedef struct _CudaBackend CudaBackend;
+
+/* A host op (CPU Adam, the gradients' norm on the host) in its stream's
+ * order: a host function on that CUDA stream, so that events order it
+ * against the device's work as they order the device's ops. */
 typedef struct
+{
+  CudaBackend *b;
+  guint op;
+} HostJob;
+
+struct _CudaBackend
 {
   StowBackend parent;
   const StowProgram *p;
@@ -56,7 +69,17 @@ typedef struct
   GError *error;               /* the first failure at issue time */
   guint64 step;
   double lr;
-} CudaBackend;
+  /* ZeRO-Offload: the program's pinned buffers (registered with CUDA),
+   * CPU Adam, and what the host ops found, under host_lock (they run on
+   * CUDA's host-function thread). */
+  StowPinnedPool *pinned_pool;
+  StowAdam *adam;
+  HostJob *jobs; /* [op] */
+  GMutex host_lock;
+  GError *host_error;
+  double host_norm, host_clip;
+  gboolean host_skip;
+};
 
 static gboolean
 cuda_ok (cudaError_t e, const char *what, GError **error)
@@ -165,12 +188,31 @@ alloc_buffer (CudaBackend *b, guint bi, StowStream stream, GError **error)
   const StowBuffer *buf = buf_of (b, bi);
   if (b->map.addr[bi] != NULL)
     return TRUE; /* persistent, from an earlier step */
+  if (buf->slot >= 0 && buf->bytes == 0
+      && (gsize)buf->slot < G_N_ELEMENTS (b->map.slot_buf)
+      && b->map.slot_buf[buf->slot] != STOW_NONE
+      && b->map.addr[b->map.slot_buf[buf->slot]] != NULL
+      && buf->tier == STOW_TIER_DEVICE)
+    {
+      /* A slot's occupant: the persistent slot's bytes, which the
+       * program's events hand from one occupant to the next. */
+      b->map.addr[bi] = b->map.addr[b->map.slot_buf[buf->slot]];
+      return TRUE;
+    }
+  if (buf->tier == STOW_TIER_PINNED && buf->persistent
+      && b->pinned_pool != NULL)
+    {
+      b->map.addr[bi]
+          = stow_pinned_pool_alloc (b->pinned_pool, buf->bytes, error);
+      return b->map.addr[bi] != NULL;
+    }
   if (buf->tier != STOW_TIER_DEVICE || (buf->slot >= 0 && buf->bytes == 0))
     {
       g_set_error (error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_UNSUPPORTED,
-                   "\"%s\" (%s): the cuda backend runs layouts that keep "
-                   "everything on the device (offloaded placements are "
-                   "Executor II's, on the cpu backend first)",
+                   "\"%s\" (%s): the cuda backend runs the placements that "
+                   "keep the weights on the device, with the optimizer there "
+                   "or in host memory (--offload-optimizer cpu); NVMe and "
+                   "streamed weights run on the cpu backend so far",
                    buf->name, stow_tier_name (buf->tier));
       return FALSE;
     }
@@ -208,8 +250,8 @@ free_buffer (CudaBackend *b, guint bi, StowStream stream)
   if (p == NULL)
     return;
   b->map.addr[bi] = NULL;
-  if (buf->bytes == 0)
-    return; /* the arena's empty block: no device bytes */
+  if (buf->bytes == 0 || buf->tier != STOW_TIER_DEVICE)
+    return; /* a slot's occupant, the arena's empty block, or host */
   PendingFree f;
   f.lo = (guint64)((guint8 *)p - (guint8 *)b->dev_base);
   f.hi = f.lo + MAX (buf->bytes, 1);
@@ -238,11 +280,21 @@ run_data (CudaBackend *b, const StowOp *op, GError **error)
                   "tokens to the device", error);
 }
 
+/* The gradients op @op writes: a gradient slot's occupant (the optimizer
+ * in host memory) or the persistent gradients. */
+static guint
+grads_of (CudaBackend *b, const StowOp *op)
+{
+  guint g = stow_tensor_map_io (&b->map, op, TRUE, STOW_BUF_GRADS);
+  return g != STOW_NONE ? g : b->map.grads_buf;
+}
+
 static void
 run_forward (CudaBackend *b, const StowOp *op)
 {
   StowTensorMap *m = &b->map;
-  guint8 *w = stow_tensor_map_unit (m, m->weights_buf, op->unit);
+  guint8 *w = stow_tensor_map_unit (m, stow_tensor_map_weights_of (m, op),
+                                    op->unit);
   if (op->layer == STOW_LAYER_EMBEDDING)
     {
       guint8 *in = m->addr[m->input_of[op->micro_batch]];
@@ -268,8 +320,8 @@ run_loss (CudaBackend *b, const StowOp *op)
   guint64 n = m->n_tokens;
   guint8 *in = m->addr[m->input_of[op->micro_batch]];
   void *norm, *lm, *dnorm, *dlm;
-  stow_tensor_map_head (m, FALSE, &norm, &lm);
-  stow_tensor_map_head (m, TRUE, &dnorm, &dlm);
+  stow_tensor_map_head_in (m, stow_tensor_map_weights_of (m, op), &norm, &lm);
+  stow_tensor_map_head_in (m, grads_of (b, op), &dnorm, &dlm);
   guint logits = stow_tensor_map_io (m, op, TRUE, STOW_BUF_LOGITS);
   g_assert (logits != STOW_NONE);
   guint8 *x = stow_tensor_map_layer_output (m, (gint)b->model->n_layers - 1,
@@ -288,13 +340,15 @@ run_backward (CudaBackend *b, const StowOp *op)
       guint8 *in = m->addr[m->input_of[op->micro_batch]];
       stow_llama_cuda_embed_backward (
           b->llama, (gint32 *)in, m->n_tokens, in + 8 * m->n_tokens,
-          stow_tensor_map_unit (m, m->grads_buf, op->unit), op->accumulate);
+          stow_tensor_map_unit (m, grads_of (b, op), op->unit),
+          op->accumulate);
       return;
     }
   StowLlamaLayerWeights lw, lg;
-  stow_tensor_map_layer (m, stow_tensor_map_unit (m, m->weights_buf, op->unit),
-                         op->unit, m->esize, &lw);
-  stow_tensor_map_layer (m, stow_tensor_map_unit (m, m->grads_buf, op->unit),
+  stow_tensor_map_layer (
+      m, stow_tensor_map_unit (m, stow_tensor_map_weights_of (m, op), op->unit),
+      op->unit, m->esize, &lw);
+  stow_tensor_map_layer (m, stow_tensor_map_unit (m, grads_of (b, op), op->unit),
                          op->unit, stow_dtype_size (b->p->grad_dtype), &lg);
   StowLlamaSaved s;
   stow_tensor_map_saved (m, op, TRUE, &s);
@@ -323,16 +377,127 @@ run_grad_norm (CudaBackend *b)
   stow_llama_cuda_clip (b->llama, 1.0, b->p->optim.max_grad_norm, b->state_d);
 }
 
+/* ---- host ops (ZeRO-Offload) ---------------------------------------------- */
+
+static void
+host_fail (CudaBackend *b, GError *e)
+{
+  g_mutex_lock (&b->host_lock);
+  if (b->host_error == NULL)
+    b->host_error = e;
+  else
+    g_error_free (e);
+  g_mutex_unlock (&b->host_lock);
+}
+
+/* The global norm over the host gradients, unit by unit in unit order
+ * (the cpu backend's sums), and from it the clip coefficient and skip. */
+static void
+host_grad_norm (CudaBackend *b, const StowOp *op)
+{
+  StowTensorMap *m = &b->map;
+  StowFloatType gt = stow_float_type_of_dtype (b->p->grad_dtype);
+  guint gbuf = stow_tensor_map_io (m, op, FALSE, STOW_BUF_GRADS);
+  if (gbuf == STOW_NONE)
+    gbuf = m->host_grads_buf;
+  double total = 0;
+  for (guint u = 0; u < b->p->units->len; u++)
+    {
+      double s = 0;
+      stow_adam_grad_sumsq (b->adam, stow_tensor_map_unit (m, gbuf, u), gt,
+                            g_array_index (b->p->units, StowUnit, u).numel, &s);
+      total += s;
+    }
+  g_mutex_lock (&b->host_lock);
+  b->host_norm = sqrt (total);
+  b->host_skip = !isfinite (b->host_norm);
+  b->host_clip
+      = stow_adam_clip_coef (b->host_norm, b->p->optim.max_grad_norm);
+  g_mutex_unlock (&b->host_lock);
+}
+
+/* CPU Adam on one unit: the host gradients, master and moments, writing
+ * the host copy of the weights that the "updated up" copy takes to the
+ * device (stow_adam_step, as on the cpu backend: the same bits). */
+static void
+host_adam (CudaBackend *b, const StowOp *op)
+{
+  g_mutex_lock (&b->host_lock);
+  StowAdamStep st = { b->step, 1.0, b->host_clip, FALSE };
+  gboolean skip = b->host_skip;
+  g_mutex_unlock (&b->host_lock);
+  if (skip)
+    return;
+  const StowUnit *u = &g_array_index (b->p->units, StowUnit, op->unit);
+  for (guint k = 0; k < u->n_tensors; k++)
+    {
+      StowAdamConfig cfg;
+      StowAdamTensor at;
+      GError *e = NULL;
+      stow_tensor_map_adam (&b->map, op->unit, k, b->lr, &cfg, &at);
+      if (!stow_adam_step (b->adam, &cfg, &st, &at, &e))
+        {
+          host_fail (b, e);
+          return;
+        }
+    }
+}
+
+static void CUDART_CB
+host_job (void *data)
+{
+  HostJob *j = data;
+  const StowOp *op = &g_array_index (j->b->p->ops, StowOp, j->op);
+  if (op->kind == STOW_OP_GRAD_NORM)
+    host_grad_norm (j->b, op);
+  else
+    host_adam (j->b, op);
+}
+
+static gboolean
+run_host (CudaBackend *b, guint i, GError **error)
+{
+  const StowOp *op = &g_array_index (b->p->ops, StowOp, i);
+  if (b->adam == NULL || b->map.host_weights == NULL
+      || (op->kind == STOW_OP_OPTIM_STEP && op->unit == STOW_NONE))
+    {
+      g_set_error (error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_UNSUPPORTED,
+                   "the cuda backend runs CPU Adam on whole units with the "
+                   "optimizer states in host memory (--offload-optimizer "
+                   "cpu); not on NVMe chunks or a delayed update yet");
+      return FALSE;
+    }
+  b->jobs[i].b = b, b->jobs[i].op = i;
+  return cuda_ok (cudaLaunchHostFunc (stream_of (b, op), host_job, &b->jobs[i]),
+                  "cudaLaunchHostFunc", error);
+}
+
+/* A copy between the arena and the pinned buffers, the range the program
+ * names (stow_tensor_map_copy_ends, as the cpu backend), on the op's
+ * stream. */
+static gboolean
+run_copy (CudaBackend *b, const StowOp *op, GError **error)
+{
+  const guint8 *from = NULL;
+  guint8 *to = NULL;
+  guint64 bytes = 0;
+  if (op->src == STOW_TIER_NVME || op->dst == STOW_TIER_NVME)
+    {
+      g_set_error (error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_UNSUPPORTED,
+                   "the cuda backend does not run NVMe placements yet");
+      return FALSE;
+    }
+  if (!stow_tensor_map_copy_ends (&b->map, op, FALSE, &from, &to, &bytes,
+                                  error))
+    return FALSE;
+  return cuda_ok (cudaMemcpyAsync (to, from, bytes, cudaMemcpyDefault,
+                                   stream_of (b, op)),
+                  "cudaMemcpyAsync (copy op)", error);
+}
+
 static gboolean
 run_optim (CudaBackend *b, const StowOp *op, GError **error)
 {
-  if (!op->on_gpu)
-    {
-      g_set_error (error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_UNSUPPORTED,
-                   "the cuda backend does not run a host optimizer yet "
-                   "(--offload-optimizer)");
-      return FALSE;
-    }
   const StowUnit *u = &g_array_index (b->p->units, StowUnit, op->unit);
   StowAdamStep st = { b->step, 1.0, 1.0, FALSE };
   for (guint k = 0; k < u->n_tensors; k++)
@@ -349,6 +514,11 @@ static gboolean
 run_op (CudaBackend *b, guint i, GError **error)
 {
   const StowOp *op = &g_array_index (b->p->ops, StowOp, i);
+  gboolean host = !op->on_gpu
+                  && (op->kind == STOW_OP_GRAD_NORM
+                      || op->kind == STOW_OP_OPTIM_STEP);
+  if (host)
+    return run_host (b, i, error);
   if (op->stream != STOW_STREAM_COMPUTE && op->kind != STOW_OP_COPY)
     {
       g_set_error (error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_UNSUPPORTED,
@@ -374,6 +544,8 @@ run_op (CudaBackend *b, guint i, GError **error)
       return TRUE;
     case STOW_OP_OPTIM_STEP:
       return run_optim (b, op, error);
+    case STOW_OP_COPY:
+      return run_copy (b, op, error);
     default:
       {
         g_autofree char *what = stow_op_describe (b->p, i);
@@ -475,6 +647,11 @@ cuda_synchronize (StowBackend *bb, GError **error)
       else
         g_error_free (e);
     }
+  g_mutex_lock (&b->host_lock);
+  if (b->host_error != NULL && b->error == NULL)
+    b->error = g_steal_pointer (&b->host_error);
+  g_clear_error (&b->host_error);
+  g_mutex_unlock (&b->host_lock);
   if (b->error != NULL)
     {
       g_propagate_error (error, b->error);
@@ -567,6 +744,13 @@ cuda_destroy (StowBackend *bb)
     g_error_free (b->error);
   if (b->model)
     stow_model_unref (b->model);
+  if (b->pinned_pool)
+    stow_pinned_pool_free (b->pinned_pool);
+  if (b->adam)
+    stow_adam_free (b->adam);
+  g_free (b->jobs);
+  g_clear_error (&b->host_error);
+  g_mutex_clear (&b->host_lock);
   g_free (b);
 }
 
@@ -625,6 +809,8 @@ stow_backend_cuda_new (const StowCudaSetup *setup, GError **error)
   b->model = stow_model_ref ((StowModel *)setup->model);
   b->data = setup->data;
   b->data_user = setup->data_user;
+  g_mutex_init (&b->host_lock);
+  b->jobs = g_new0 (HostJob, MAX (p->ops->len, 1));
   b->pending = g_array_new (FALSE, FALSE, sizeof (PendingFree));
   b->spare_events = g_ptr_array_new ();
   b->shadow = g_new0 (void *, MAX (p->buffers->len, 1));
@@ -656,6 +842,13 @@ stow_backend_cuda_new (const StowCudaSetup *setup, GError **error)
                                   b->streams[STOW_STREAM_COMPUTE], error);
   if (b->llama == NULL)
     goto fail;
+  if (b->map.host_grads_buf != STOW_NONE)
+    {
+      /* ZeRO-Offload: CPU Adam, on one thread per core. */
+      b->adam = stow_adam_new (0, STOW_ISA_AUTO, error);
+      if (b->adam == NULL)
+        goto fail;
+    }
   return &b->parent;
 fail:
   cuda_destroy (&b->parent);
@@ -666,6 +859,24 @@ gboolean
 stow_backend_cuda_alloc_persistent (StowBackend *bb, GError **error)
 {
   CudaBackend *b = (CudaBackend *)bb;
+  /* The persistent pinned buffers (ZeRO-Offload's host gradients, states
+   * and host copy of the weights) in one pool, registered with CUDA so
+   * that copies to and from them are DMA (offload/pinned.h); zero-filled. */
+  guint64 pinned = 0;
+  for (guint i = 0; i < b->p->buffers->len; i++)
+    {
+      const StowBuffer *buf = buf_of (b, i);
+      if (buf->persistent && buf->tier == STOW_TIER_PINNED)
+        pinned += (MAX (buf->bytes, 1) + 4095) / 4096 * 4096;
+    }
+  if (pinned > 0 && b->pinned_pool == NULL)
+    {
+      StowPinnedOptions po = { 0 };
+      po.slab_bytes = pinned;
+      po.numa_node = -1;
+      po.huge_pages = STOW_HUGE_PAGES_OFF;
+      b->pinned_pool = stow_pinned_pool_new (&po);
+    }
   for (guint i = 0; i < b->p->buffers->len; i++)
     {
       const StowBuffer *buf = buf_of (b, i);
@@ -675,11 +886,13 @@ stow_backend_cuda_alloc_persistent (StowBackend *bb, GError **error)
         return FALSE;
       /* The moments start at zero (and so does everything else that a
        * load does not fill): cudaMalloc'd memory holds anything. */
-      if (buf->bytes > 0
+      if (buf->bytes > 0 && buf->tier == STOW_TIER_DEVICE
           && !cuda_ok (cudaMemset (b->map.addr[i], 0, buf->bytes),
                        "cudaMemset", error))
         return FALSE;
     }
+  if (b->map.host_weights_buf != STOW_NONE)
+    b->map.host_weights = b->map.addr[b->map.host_weights_buf];
   return TRUE;
 }
 
@@ -695,6 +908,11 @@ stow_backend_cuda_begin_step (StowBackend *bb, guint64 step)
   memset (b->state_h, 0, sizeof *b->state_h);
   b->state_h->clip_coef = 1.0;
   b->state_h->norm = NAN;
+  g_mutex_lock (&b->host_lock);
+  b->host_norm = NAN;
+  b->host_clip = 1.0;
+  b->host_skip = FALSE;
+  g_mutex_unlock (&b->host_lock);
   check (b, cudaMemcpyAsync (b->state_d, b->state_h, sizeof *b->state_h,
                              cudaMemcpyHostToDevice, cs),
          "cudaMemcpyAsync");
@@ -727,6 +945,15 @@ stow_backend_cuda_step_stats (StowBackend *bb, StowStepStats *out,
   out->grad_norm = b->state_h->norm; /* NaN when no grad_norm op ran */
   out->skipped = b->state_h->skip != 0;
   out->lr = b->lr;
+  if (b->adam != NULL)
+    {
+      /* The optimizer in host memory: the host's norm (the step's host
+       * ops are done: the driver synchronized every stream). */
+      g_mutex_lock (&b->host_lock);
+      out->grad_norm = b->host_norm;
+      out->skipped = b->host_skip;
+      g_mutex_unlock (&b->host_lock);
+    }
   return TRUE;
 }
 
@@ -764,12 +991,23 @@ stow_backend_cuda_weights (StowBackend *bb, guint unit)
   return shadow_unit (b, b->map.weights_buf, unit);
 }
 
+/* The states of a host optimizer are host memory already. */
+static gboolean
+states_on_host (CudaBackend *b)
+{
+  return b->map.states_buf != STOW_NONE
+         && buf_of (b, b->map.states_buf)->tier != STOW_TIER_DEVICE;
+}
+
 float *
 stow_backend_cuda_master (StowBackend *bb, guint unit)
 {
   CudaBackend *b = (CudaBackend *)bb;
   if (!b->p->master_weights)
     return NULL;
+  if (states_on_host (b))
+    return b->map.addr[b->map.states_buf] ? stow_tensor_map_state (&b->map, unit, 0)
+                                          : NULL;
   return (float *)shadow_unit (b, b->map.master_buf, unit);
 }
 
@@ -777,6 +1015,10 @@ float *
 stow_backend_cuda_moment (StowBackend *bb, guint unit, guint which)
 {
   CudaBackend *b = (CudaBackend *)bb;
+  if (states_on_host (b))
+    return b->map.addr[b->map.states_buf]
+               ? stow_tensor_map_state (&b->map, unit, 1 + which)
+               : NULL;
   float *mv = (float *)shadow_unit (b, b->map.states_buf, unit);
   if (mv == NULL)
     return NULL;
@@ -793,7 +1035,8 @@ copy_persistent (CudaBackend *b, gboolean up, GError **error)
   for (guint i = 0; i < 3; i++)
     {
       guint bi = bufs[i];
-      if (bi == STOW_NONE || m->addr[bi] == NULL || b->shadow[bi] == NULL)
+      if (bi == STOW_NONE || m->addr[bi] == NULL || b->shadow[bi] == NULL
+          || buf_of (b, bi)->tier != STOW_TIER_DEVICE)
         continue;
       gsize bytes = buf_of (b, bi)->bytes;
       cudaError_t e = up ? cudaMemcpy (m->addr[bi], b->shadow[bi], bytes,
@@ -815,14 +1058,24 @@ stow_backend_cuda_pull (StowBackend *bb, GError **error)
   /* Make the host copies exist (unit 0 starts each buffer), then fill
    * them. */
   shadow_unit (b, m->weights_buf, 0);
-  if (b->p->master_weights)
-    shadow_unit (b, m->master_buf, 0);
-  shadow_unit (b, m->states_buf, 0);
+  if (!states_on_host (b))
+    {
+      if (b->p->master_weights)
+        shadow_unit (b, m->master_buf, 0);
+      shadow_unit (b, m->states_buf, 0);
+    }
   return copy_persistent (b, FALSE, error);
 }
 
 gboolean
 stow_backend_cuda_push (StowBackend *bb, GError **error)
 {
-  return copy_persistent ((CudaBackend *)bb, TRUE, error);
+  CudaBackend *b = (CudaBackend *)bb;
+  StowTensorMap *m = &b->map;
+  /* CPU Adam's host copy of the weights starts as the loaded weights. */
+  if (m->host_weights != NULL && m->weights_buf != STOW_NONE
+      && b->shadow[m->weights_buf] != NULL)
+    memcpy (m->host_weights,
+            shadow_unit (b, m->weights_buf, 0), m->numel * m->esize);
+  return copy_persistent (b, TRUE, error);
 }
