@@ -107,23 +107,13 @@ static gboolean
 run_grad_norm (CpuBackend *b, const StowOp *op, GError **error)
 {
   StowTensorMap *m = &b->map;
-  double total = 0;
-  StowFloatType gt = stow_float_type_of_dtype (b->p->grad_dtype);
   /* The gradients it reads: on the device, or the host copy (an
    * offloaded optimizer, on the cpu_optim stream). */
   guint gbuf = stow_tensor_map_io (m, op, FALSE, STOW_BUF_GRADS);
   if (gbuf == STOW_NONE)
     gbuf = m->grads_buf;
-  for (guint u = 0; u < b->p->units->len; u++)
-    {
-      double s = 0;
-      stow_adam_grad_sumsq (b->adam, stow_tensor_map_unit (m, gbuf, u), gt,
-                            g_array_index (b->p->units, StowUnit, u).numel, &s);
-      total += s;
-    }
-  b->grad_norm = sqrt (total);
-  b->skip = !isfinite (b->grad_norm);
-  b->clip_coef = stow_adam_clip_coef (b->grad_norm, b->p->optim.max_grad_norm);
+  b->grad_norm = stow_tensor_map_grad_norm (
+      m, b->adam, gbuf, b->p->optim.max_grad_norm, &b->clip_coef, &b->skip);
   return TRUE;
 }
 
@@ -204,15 +194,9 @@ run_optim (CpuBackend *b, const StowOp *op, GError **error)
       return stow_state_swap_update (b->swap, b->adam, &st, b->lr, op->first,
                                      op->count, b->map.addr[sb], error);
     }
-  const StowUnit *u = &g_array_index (b->p->units, StowUnit, op->unit);
-  for (guint k = 0; k < u->n_tensors; k++)
-    {
-      StowAdamConfig cfg;
-      StowAdamTensor at;
-      stow_tensor_map_adam (&b->map, op->unit, k, b->lr, &cfg, &at);
-      if (!stow_adam_step (b->adam, &cfg, &st, &at, error))
-        return FALSE;
-    }
+  if (!stow_tensor_map_adam_unit (&b->map, b->adam, op->unit, &st, b->lr,
+                                  error))
+    return FALSE;
   return TRUE;
 }
 

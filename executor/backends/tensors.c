@@ -5,6 +5,7 @@
  */
 #include "executor/backends/tensors.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -599,6 +600,42 @@ stow_tensor_map_adam (const StowTensorMap *m, guint unit, guint k, double lr,
       at->param = (float *)(w + t->offset * 4);
       at->out_type = STOW_FLOAT_NONE;
     }
+}
+
+gboolean
+stow_tensor_map_adam_unit (const StowTensorMap *m, StowAdam *adam, guint unit,
+                           const StowAdamStep *step, double lr, GError **error)
+{
+  const StowUnit *u = unit_of (m, unit);
+  for (guint k = 0; k < u->n_tensors; k++)
+    {
+      StowAdamConfig cfg;
+      StowAdamTensor at;
+      stow_tensor_map_adam (m, unit, k, lr, &cfg, &at);
+      if (!stow_adam_step (adam, &cfg, step, &at, error))
+        return FALSE;
+    }
+  return TRUE;
+}
+
+double
+stow_tensor_map_grad_norm (const StowTensorMap *m, StowAdam *adam,
+                           guint buffer, double max_norm, double *clip,
+                           gboolean *skip)
+{
+  StowFloatType gt = stow_float_type_of_dtype (m->p->grad_dtype);
+  double total = 0;
+  for (guint u = 0; u < m->p->units->len; u++)
+    {
+      double s = 0;
+      stow_adam_grad_sumsq (adam, stow_tensor_map_unit (m, buffer, u), gt,
+                            unit_of (m, u)->numel, &s);
+      total += s;
+    }
+  double norm = sqrt (total);
+  *skip = !isfinite (norm);
+  *clip = stow_adam_clip_coef (norm, max_norm);
+  return norm;
 }
 
 /* ---- copies ------------------------------------------------------------- */

@@ -144,6 +144,21 @@ gboolean stow_tensor_map_copy_ends (const StowTensorMap *map,
 float *stow_tensor_map_state (const StowTensorMap *map, guint unit,
                               guint which);
 
+/* CPU Adam (stow_adam_step) on every tensor of @unit, where the map
+ * keeps its states, gradients and weights: the host's arrays for every
+ * backend that runs the optimizer on the host. */
+gboolean stow_tensor_map_adam_unit (const StowTensorMap *map, StowAdam *adam,
+                                    guint unit, const StowAdamStep *step,
+                                    double lr, GError **error);
+
+/* The global L2 norm of the host gradients in @buffer, unit by unit in
+ * unit order (stow_adam_grad_sumsq's sums, so every backend gets the same
+ * bits); *@clip the coefficient for @max_norm, *@skip whether it is not
+ * finite. */
+double stow_tensor_map_grad_norm (const StowTensorMap *map, StowAdam *adam,
+                                  guint buffer, double max_norm, double *clip,
+                                  gboolean *skip);
+
 /* Tensor @k of @unit's AdamW settings at learning rate @lr (weight decay
  * on tensors of two or more dimensions only). */
 void stow_tensor_map_adam_config (const StowTensorMap *map, guint unit,

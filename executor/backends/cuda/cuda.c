@@ -396,23 +396,16 @@ static void
 host_grad_norm (CudaBackend *b, const StowOp *op)
 {
   StowTensorMap *m = &b->map;
-  StowFloatType gt = stow_float_type_of_dtype (b->p->grad_dtype);
   guint gbuf = stow_tensor_map_io (m, op, FALSE, STOW_BUF_GRADS);
   if (gbuf == STOW_NONE)
     gbuf = m->host_grads_buf;
-  double total = 0;
-  for (guint u = 0; u < b->p->units->len; u++)
-    {
-      double s = 0;
-      stow_adam_grad_sumsq (b->adam, stow_tensor_map_unit (m, gbuf, u), gt,
-                            g_array_index (b->p->units, StowUnit, u).numel, &s);
-      total += s;
-    }
+  double clip = 1.0;
+  gboolean skip = FALSE;
+  double norm = stow_tensor_map_grad_norm (m, b->adam, gbuf,
+                                           b->p->optim.max_grad_norm, &clip,
+                                           &skip);
   g_mutex_lock (&b->host_lock);
-  b->host_norm = sqrt (total);
-  b->host_skip = !isfinite (b->host_norm);
-  b->host_clip
-      = stow_adam_clip_coef (b->host_norm, b->p->optim.max_grad_norm);
+  b->host_norm = norm, b->host_clip = clip, b->host_skip = skip;
   g_mutex_unlock (&b->host_lock);
 }
 
@@ -428,19 +421,9 @@ host_adam (CudaBackend *b, const StowOp *op)
   g_mutex_unlock (&b->host_lock);
   if (skip)
     return;
-  const StowUnit *u = &g_array_index (b->p->units, StowUnit, op->unit);
-  for (guint k = 0; k < u->n_tensors; k++)
-    {
-      StowAdamConfig cfg;
-      StowAdamTensor at;
-      GError *e = NULL;
-      stow_tensor_map_adam (&b->map, op->unit, k, b->lr, &cfg, &at);
-      if (!stow_adam_step (b->adam, &cfg, &st, &at, &e))
-        {
-          host_fail (b, e);
-          return;
-        }
-    }
+  GError *e = NULL;
+  if (!stow_tensor_map_adam_unit (&b->map, b->adam, op->unit, &st, b->lr, &e))
+    host_fail (b, e);
 }
 
 static void CUDART_CB
