@@ -239,6 +239,14 @@ typedef struct
   guint micro_batch; /* and the micro-batch */
 } StowBuffer;
 
+/* A slot's occupant: it has no bytes of its own, its slot's persistent
+ * buffer holds them. */
+static inline gboolean
+stow_buffer_is_occupant (const StowBuffer *buf)
+{
+  return buf->slot >= 0 && buf->bytes == 0;
+}
+
 typedef struct
 {
   char *name;

@@ -225,9 +225,7 @@ param_io (CpuBackend *b, const StowOp *op, GError **error)
   if (op->dst == STOW_TIER_NVME && op->n_reads == 2
       && op->reads[0] == m->host_grads_buf && m->addr[op->reads[1]] != NULL)
     {
-      guint64 off = g_array_index (b->p->units, StowUnit, unit).offset
-                    - g_array_index (b->p->units, StowUnit, 0).offset;
-      memcpy (m->addr[op->reads[1]], m->host_weights + off * m->esize,
+      memcpy (m->addr[op->reads[1]], stow_tensor_map_host_weights (m, unit),
               op->bytes);
       return stow_param_swap_write (b->params, unit, m->addr[op->reads[1]],
                                     error);

@@ -141,12 +141,6 @@ in_pool (const CpuBackend *b, const StowBuffer *buf)
          && buf->tier == STOW_TIER_PINNED;
 }
 
-/* A slot's occupant: the bytes of the slot's persistent buffer. */
-static inline gboolean
-is_occupant (const StowBuffer *buf)
-{
-  return buf->slot >= 0 && buf->bytes == 0;
-}
 
 /* A "swap buffer": one chunk of the states on their way to and from NVMe
  * (a ring buffer of the swap's pinned pool). */

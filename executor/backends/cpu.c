@@ -23,7 +23,7 @@ alloc_buffer (CpuBackend *b, guint bi, GError **error)
   const StowBuffer *buf = buf_of (b, bi);
   if (b->map.addr[bi] != NULL)
     return TRUE; /* persistent, from an earlier step */
-  if (is_occupant (buf) && (gsize)buf->slot < G_N_ELEMENTS (b->map.slot_buf)
+  if (stow_buffer_is_occupant (buf) && (gsize)buf->slot < G_N_ELEMENTS (b->map.slot_buf)
       && b->map.slot_buf[buf->slot] != STOW_NONE)
     {
       /* A slot's occupant: the slot buffer's bytes (persistent). */
@@ -31,7 +31,7 @@ alloc_buffer (CpuBackend *b, guint bi, GError **error)
       g_assert (b->map.addr[bi] != NULL);
       return TRUE;
     }
-  if (is_occupant (buf))
+  if (stow_buffer_is_occupant (buf))
     {
       g_set_error (error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_INVALID,
                    "\"%s\": slot %d has no persistent buffer in the program",
@@ -101,7 +101,7 @@ free_buffer (CpuBackend *b, guint bi)
   const StowBuffer *buf = buf_of (b, bi);
   if (b->map.addr[bi] == NULL)
     return;
-  if (is_occupant (buf))
+  if (stow_buffer_is_occupant (buf))
     ; /* a slot's occupant: the slot stays */
   else if (in_pool (b, buf))
     count_pinned (b, buf, FALSE); /* the pool's, until the end */
@@ -324,7 +324,7 @@ cpu_destroy (StowBackend *bb)
     }
   for (guint i = 0; b->map.addr && i < b->n_buffers; i++)
     if (b->map.addr[i] && buf_of (b, i)->tier != STOW_TIER_DEVICE
-        && !is_occupant (buf_of (b, i)) && !in_pool (b, buf_of (b, i))
+        && !stow_buffer_is_occupant (buf_of (b, i)) && !in_pool (b, buf_of (b, i))
         && !(is_swap_buffer (buf_of (b, i)) && b->swap != NULL))
       g_aligned_free (b->map.addr[i]);
   if (b->pinned_pool)
@@ -491,24 +491,8 @@ stow_backend_cpu_alloc_persistent (StowBackend *bb, GError **error)
   /* The persistent pinned buffers in one pool of ordinary pages, locked
    * once they are all in it (train's preflight has checked
    * RLIMIT_MEMLOCK; --allow-unpinned leaves them pageable). */
-  guint64 pinned = 0;
-  for (guint i = 0; i < b->n_buffers; i++)
-    {
-      const StowBuffer *buf = buf_of (b, i);
-      if (buf->persistent && buf->tier == STOW_TIER_PINNED)
-        pinned += (MAX (buf->bytes, 1) + STOW_NVME_ALIGN - 1) / STOW_NVME_ALIGN
-                  * STOW_NVME_ALIGN;
-    }
-  if (pinned > 0 && b->pinned_pool == NULL)
-    {
-      StowPinnedOptions po = { 0 };
-      po.slab_bytes = pinned;
-      po.numa_node = -1;
-      po.no_cuda = TRUE;
-      po.defer_pin = TRUE;
-      po.huge_pages = STOW_HUGE_PAGES_OFF;
-      b->pinned_pool = stow_pinned_pool_new (&po);
-    }
+  if (b->pinned_pool == NULL)
+    b->pinned_pool = stow_tensor_map_pinned_pool (&b->map, FALSE);
   for (guint i = 0; i < b->n_buffers; i++)
     if (buf_of (b, i)->persistent && !alloc_buffer (b, i, error))
       return FALSE;

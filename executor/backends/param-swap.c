@@ -32,29 +32,19 @@ stow_param_swap_new (const StowTensorMap *map, const StowSwapSetup *setup,
                      GError **error)
 {
   g_return_val_if_fail (map != NULL && setup != NULL, NULL);
-  if (setup->dirs == NULL || setup->dirs[0] == NULL)
-    {
-      g_set_error_literal (error, STOW_BACKEND_ERROR,
-                           STOW_BACKEND_ERROR_INVALID,
-                           "--offload-params nvme needs --nvme-dir");
-      return NULL;
-    }
   const StowProgram *p = map->p;
   g_autoptr (StowParamSwap) ps = g_new0 (StowParamSwap, 1);
   g_mutex_init (&ps->lock);
   ps->map = map;
   ps->cached = G_MAXUINT;
   ps->fault = setup->fault, ps->fault_nth = setup->fault_nth;
-  ps->dirs = g_strjoinv (",", (char **)setup->dirs);
   ps->n_units = p->units->len;
   ps->bytes = g_new0 (guint64, MAX (ps->n_units, 1));
   ps->written = g_new0 (gboolean, MAX (ps->n_units, 1));
-  StowNvmeOptions no = { 0 };
-  no.dirs = setup->dirs;
-  no.checksum = TRUE;
-  ps->store = stow_nvme_store_new (&no, error);
+  ps->store = stow_swap_store_new (setup, "--offload-params nvme", error);
   if (ps->store == NULL)
     return NULL;
+  ps->dirs = g_strjoinv (",", (char **)setup->dirs);
   guint64 most = 0;
   for (guint u = 0; u < ps->n_units; u++)
     {

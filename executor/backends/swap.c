@@ -94,18 +94,27 @@ find_chunks (StowStateSwap *sw, GError **error)
   return TRUE;
 }
 
+StowNvmeStore *
+stow_swap_store_new (const StowSwapSetup *setup, const char *flag,
+                     GError **error)
+{
+  if (setup->dirs == NULL || setup->dirs[0] == NULL)
+    {
+      g_set_error (error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_INVALID,
+                   "%s needs --nvme-dir", flag);
+      return NULL;
+    }
+  StowNvmeOptions no = { 0 };
+  no.dirs = setup->dirs;
+  no.checksum = TRUE;
+  return stow_nvme_store_new (&no, error);
+}
+
 StowStateSwap *
 stow_state_swap_new (const StowTensorMap *map, const StowSwapSetup *setup,
                      GError **error)
 {
   g_return_val_if_fail (map != NULL && setup != NULL, NULL);
-  if (setup->dirs == NULL || setup->dirs[0] == NULL)
-    {
-      g_set_error_literal (error, STOW_BACKEND_ERROR,
-                           STOW_BACKEND_ERROR_INVALID,
-                           "--offload-optimizer nvme needs --nvme-dir");
-      return NULL;
-    }
   g_autoptr (StowStateSwap) sw = g_new0 (StowStateSwap, 1);
   g_mutex_init (&sw->lock);
   sw->map = map;
@@ -113,15 +122,12 @@ stow_state_swap_new (const StowTensorMap *map, const StowSwapSetup *setup,
   sw->chunks = g_array_new (FALSE, TRUE, sizeof (Chunk));
   sw->cached = G_MAXUINT;
   sw->fault = setup->fault, sw->fault_nth = setup->fault_nth;
-  sw->dirs = g_strjoinv (",", (char **)setup->dirs);
   if (!find_chunks (sw, error))
     return NULL;
-  StowNvmeOptions no = { 0 };
-  no.dirs = setup->dirs;
-  no.checksum = TRUE;
-  sw->store = stow_nvme_store_new (&no, error);
+  sw->store = stow_swap_store_new (setup, "--offload-optimizer nvme", error);
   if (sw->store == NULL)
     return NULL;
+  sw->dirs = g_strjoinv (",", (char **)setup->dirs);
   for (guint i = 0; i < sw->chunks->len; i++)
     {
       Chunk *c = &g_array_index (sw->chunks, Chunk, i);

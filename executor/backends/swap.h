@@ -30,6 +30,12 @@ typedef struct
   guint64 fault_nth;
 } StowSwapSetup;
 
+/* The NVMe store of @setup's directories, XXH3 per block (both swaps'
+ * stores are one of these); STOW_BACKEND_ERROR_INVALID naming @flag when
+ * no directory was given. */
+StowNvmeStore *stow_swap_store_new (const StowSwapSetup *setup,
+                                    const char *flag, GError **error);
+
 typedef struct _StowStateSwap StowStateSwap;
 
 /* The chunks of @map's program (its host optimizer steps over chunks), a

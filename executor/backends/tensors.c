@@ -141,6 +141,35 @@ stow_tensor_map_unit (const StowTensorMap *m, guint bi, guint unit)
   return (guint8 *)m->addr[bi] + off * stow_tensor_map_kind_elem (m, buf->kind);
 }
 
+StowPinnedPool *
+stow_tensor_map_pinned_pool (const StowTensorMap *m, gboolean cuda)
+{
+  guint64 bytes = 0;
+  for (guint i = 0; i < m->p->buffers->len; i++)
+    {
+      const StowBuffer *buf = stow_tensor_map_buffer (m, i);
+      if (buf->persistent && buf->tier == STOW_TIER_PINNED)
+        bytes += (MAX (buf->bytes, 1) + 4095) / 4096 * 4096;
+    }
+  if (bytes == 0)
+    return NULL;
+  StowPinnedOptions po = { 0 };
+  po.slab_bytes = bytes;
+  po.numa_node = -1;
+  po.no_cuda = !cuda;
+  po.defer_pin = !cuda;
+  po.huge_pages = STOW_HUGE_PAGES_OFF;
+  return stow_pinned_pool_new (&po);
+}
+
+guint8 *
+stow_tensor_map_host_weights (const StowTensorMap *m, guint unit)
+{
+  g_assert (m->host_weights != NULL && unit < m->p->units->len);
+  return m->host_weights
+         + (unit_of (m, unit)->offset - unit_of (m, 0)->offset) * m->esize;
+}
+
 void
 stow_tensor_map_layer (const StowTensorMap *m, guint8 *base, guint unit,
                        gsize elem, StowLlamaLayerWeights *w)
@@ -576,9 +605,8 @@ stow_tensor_map_adam (const StowTensorMap *m, guint unit, guint k, double lr,
                                             u->first_tensor + k);
   g_assert (!m->states_nvme);
   guint8 *w
-      = m->host_weights
-            ? m->host_weights + (u->offset - unit_of (m, 0)->offset) * m->esize
-            : stow_tensor_map_unit (m, m->weights_buf, unit);
+      = m->host_weights ? stow_tensor_map_host_weights (m, unit)
+                        : stow_tensor_map_unit (m, m->weights_buf, unit);
   guint8 *g = stow_tensor_map_unit (
       m, m->host_grads_buf != STOW_NONE ? m->host_grads_buf : m->grads_buf,
       unit);
@@ -698,7 +726,7 @@ stow_tensor_map_copy_ends (const StowTensorMap *m, const StowOp *op,
       *to = stow_tensor_map_unit (m, dst, unit);
     }
   else if (db && db->kind == STOW_BUF_WEIGHTS && db->tier == STOW_TIER_DEVICE
-           && sb && sb->slot >= 0 && sb->bytes == 0 && op->unit != STOW_NONE
+           && sb && stow_buffer_is_occupant (sb) && op->unit != STOW_NONE
            && sb->tier != STOW_TIER_DEVICE)
     {
       /* A unit staged from NVMe, up into its slot. */
@@ -722,8 +750,7 @@ stow_tensor_map_copy_ends (const StowTensorMap *m, const StowOp *op,
           return FALSE;
         }
       elem = m->esize;
-      *from = m->host_weights
-              + (unit_of (m, unit)->offset - unit_of (m, 0)->offset) * elem;
+      *from = stow_tensor_map_host_weights (m, unit);
       *to = stow_tensor_map_unit (m, dst, unit);
     }
   else

@@ -14,6 +14,7 @@
 
 #include "executor/llama.h"
 #include "offload/adam.h"
+#include "offload/pinned.h"
 #include "planner/program.h"
 
 G_BEGIN_DECLS
@@ -98,6 +99,16 @@ gsize stow_tensor_map_kind_elem (const StowTensorMap *map,
 /* Where @unit starts in persistent buffer @buffer (a run of units). */
 guint8 *stow_tensor_map_unit (const StowTensorMap *map, guint buffer,
                               guint unit);
+/* A pool of ordinary pages (offload/pinned.h) with room for every
+ * persistent pinned buffer of the program, each page-rounded, or NULL
+ * when it has none: registered with CUDA as it grows when @cuda, else
+ * unlocked until stow_pinned_pool_pin (mlock). */
+StowPinnedPool *stow_tensor_map_pinned_pool (const StowTensorMap *map,
+                                             gboolean cuda);
+
+/* Where @unit starts in the host copy of the weights CPU Adam writes
+ * (map->host_weights, laid out as the units). */
+guint8 *stow_tensor_map_host_weights (const StowTensorMap *map, guint unit);
 /* The tensors of layer unit @unit whose storage starts at @base, elements
  * of @elem bytes. */
 void stow_tensor_map_layer (const StowTensorMap *map, guint8 *base,

@@ -188,7 +188,7 @@ alloc_buffer (CudaBackend *b, guint bi, StowStream stream, GError **error)
   const StowBuffer *buf = buf_of (b, bi);
   if (b->map.addr[bi] != NULL)
     return TRUE; /* persistent, from an earlier step */
-  if (buf->slot >= 0 && buf->bytes == 0
+  if (stow_buffer_is_occupant (buf)
       && (gsize)buf->slot < G_N_ELEMENTS (b->map.slot_buf)
       && b->map.slot_buf[buf->slot] != STOW_NONE
       && b->map.addr[b->map.slot_buf[buf->slot]] != NULL
@@ -206,7 +206,7 @@ alloc_buffer (CudaBackend *b, guint bi, StowStream stream, GError **error)
           = stow_pinned_pool_alloc (b->pinned_pool, buf->bytes, error);
       return b->map.addr[bi] != NULL;
     }
-  if (buf->tier != STOW_TIER_DEVICE || (buf->slot >= 0 && buf->bytes == 0))
+  if (buf->tier != STOW_TIER_DEVICE || stow_buffer_is_occupant (buf))
     {
       g_set_error (error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_UNSUPPORTED,
                    "\"%s\" (%s): the cuda backend runs the placements that "
@@ -845,21 +845,8 @@ stow_backend_cuda_alloc_persistent (StowBackend *bb, GError **error)
   /* The persistent pinned buffers (ZeRO-Offload's host gradients, states
    * and host copy of the weights) in one pool, registered with CUDA so
    * that copies to and from them are DMA (offload/pinned.h); zero-filled. */
-  guint64 pinned = 0;
-  for (guint i = 0; i < b->p->buffers->len; i++)
-    {
-      const StowBuffer *buf = buf_of (b, i);
-      if (buf->persistent && buf->tier == STOW_TIER_PINNED)
-        pinned += (MAX (buf->bytes, 1) + 4095) / 4096 * 4096;
-    }
-  if (pinned > 0 && b->pinned_pool == NULL)
-    {
-      StowPinnedOptions po = { 0 };
-      po.slab_bytes = pinned;
-      po.numa_node = -1;
-      po.huge_pages = STOW_HUGE_PAGES_OFF;
-      b->pinned_pool = stow_pinned_pool_new (&po);
-    }
+  if (b->pinned_pool == NULL)
+    b->pinned_pool = stow_tensor_map_pinned_pool (&b->map, TRUE);
   for (guint i = 0; i < b->p->buffers->len; i++)
     {
       const StowBuffer *buf = buf_of (b, i);
