@@ -386,15 +386,21 @@ elem_bytes (StowPrecision p)
   return p == STOW_PRECISION_FP32 ? 4.0 : 2.0;
 }
 
+/* An overlap switch of StowCostOptions (-1 the engine's default, 0 off,
+ * 1 on): on by default for the Megatron-core engines. */
+static gboolean
+mcore_default (gint flag, StowEngine engine)
+{
+  return flag > 0 || (flag < 0 && stow_engine_is_mcore (engine));
+}
+
 /* Whether the layout's TP traffic hides under its GEMMs: Megatron-core
  * with Transformer Engine's userbuffers (--tp-comm-overlap), which needs
  * sequence parallelism. */
 static gboolean
 tp_overlapped (const StowCostOptions *o, const StowLayout *l)
 {
-  if (l->tp <= 1 || !l->sp || o->tp_comm_overlap == 0)
-    return FALSE;
-  return o->tp_comm_overlap > 0 || stow_engine_is_mcore (l->engine);
+  return l->tp > 1 && l->sp && mcore_default (o->tp_comm_overlap, l->engine);
 }
 
 /* What shows of @comm seconds of a pass's tensor-parallel traffic (half
@@ -947,9 +953,7 @@ stow_cost_estimate (const StowModel *m, const StowCluster *c,
                                           (guint64)l->tp * l->cp * l->dp);
       double n = 2.0 * ((double)mb * v + (double)l->pp - 1.0);
       double total = n * one, exposed = total;
-      gboolean overlap
-          = v > 1 && o->p2p_overlap != 0
-            && (o->p2p_overlap > 0 || stow_engine_is_mcore (l->engine));
+      gboolean overlap = v > 1 && mcore_default (o->p2p_overlap, l->engine);
       if (overlap)
         {
           double edge = 2.0 * (v * (double)l->pp - 1.0) * one;

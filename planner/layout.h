@@ -245,7 +245,10 @@ guint stow_layout_etp (const StowLayout *layout);
 /* Ranks that hold the same slice of a routed expert, out of the @n ranks
  * ZeRO shards the dense parameters over (dp x cp, or a node's share under
  * HSDP): Megatron-core's expert data-parallel group, world / (etp x ep x
- * pp) = n x tp / (etp x ep); rounded down, never below 1. */
+ * pp) = n x tp / (etp x ep); rounded down, never below 1.  ZeRO shards a
+ * routed expert's parameters, gradients and optimizer states only that
+ * many ways (also DeepSpeed-MoE's expert_data_parallel_group, dp /
+ * ep_size, and torchtitan's dp_shard_mod_ep mesh). */
 guint64 stow_layout_expert_dp (const StowLayout *layout, guint64 n);
 
 /* Number of layers on each pipeline stage (@counts has layout->pp entries),

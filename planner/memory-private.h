@@ -61,8 +61,11 @@ guint64 stow_mem_sharded_params (const StowLayout *l, guint64 params,
  * routed experts) at @wb bytes each under LoRA, sharded @wdiv ways. */
 guint64 stow_mem_frozen_linear_bytes (const StowLayout *l, guint64 linear,
                                       guint64 experts, double wb, guint64 wdiv);
-/* Bytes per parameter: compute weights, gradients, fp32 master, optimizer
- * states (stowage engine, full fine-tuning). */
+/* Bytes per parameter of weights gathered or streamed for compute: the
+ * compute precision's (4 under fp32 training, else at most 2), whatever
+ * the weights are stored in. */
+double stow_mem_gathered_weight_bytes (const StowTraining *t, double w);
+
 /* The resident layers of @l given the totals @mt of the same layout with
  * none resident (planner/resident.c). */
 guint64 stow_mem_resident_from_totals (const StowModel *m,
@@ -70,6 +73,8 @@ guint64 stow_mem_resident_from_totals (const StowModel *m,
                                        const StowLayout *l,
                                        const StowMemOptions *o,
                                        const StowMemTotals *mt);
+/* Bytes per parameter: compute weights, gradients, fp32 master, optimizer
+ * states (stowage engine, full fine-tuning). */
 void stow_mem_state_bytes (const StowModel *m, const StowTraining *t, double *w,
                            double *g, double *master, double *opt);
 /* Bytes per frozen linear weight under LoRA (@w, the model's weight

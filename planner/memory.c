@@ -792,11 +792,10 @@ deepspeed_weight_bytes (const StowTraining *t, Bpp b)
 
 /* The bytes a layer's gathered (or streamed) parameters take on the
  * device: the compute precision, which is fp32 for fp32 training. */
-static double
-gathered_weight_bytes (const StowTraining *t, Bpp b)
+double
+stow_mem_gathered_weight_bytes (const StowTraining *t, double w)
 {
-  return t->precision == STOW_PRECISION_FP32 ? MIN (b.w, 4.0)
-                                              : MIN (b.w, 2.0);
+  return t->precision == STOW_PRECISION_FP32 ? MIN (w, 4.0) : MIN (w, 2.0);
 }
 
 /* LoRA adapter parameters of one layer on one TP rank: r (in + out) per
@@ -978,22 +977,6 @@ shard_degree (const StowLayout *l, const StowCluster *c)
   return dp;
 }
 
-/* Ranks ZeRO shards the routed experts over when it shards the dense
- * parameters over @n: the expert-data-parallel group.  Each expert slice
- * (1/ep of the experts, each split etp ways) is held by only
- * n x tp / (etp x ep) of the ranks, and its parameters, gradients and
- * optimizer states can be split only that many ways: Megatron-core's
- * expert data parallel group (world / (etp x ep x pp); with etp = tp,
- * dp x cp / ep), DeepSpeed-MoE's expert_data_parallel_group (dp /
- * ep_size), torchtitan's dp_shard_mod_ep mesh.  Under HSDP (@n, a node's
- * share) the group is cut the same way; rounded down, never below 1
- * (stow_layout_expert_dp). */
-static guint64
-expert_shard_degree (const StowLayout *l, guint64 n)
-{
-  return stow_layout_expert_dp (l, n);
-}
-
 /* Of @params parameters (@experts of them routed experts), the count one
  * rank keeps of a state that ZeRO shards @n ways: the dense part over @n,
  * the experts over their expert-data-parallel group. */
@@ -1002,9 +985,9 @@ sharded_params (const StowLayout *l, guint64 params, guint64 experts, guint64 n)
 {
   if (n <= 1)
     return params;
-  if (experts == 0 || expert_shard_degree (l, n) == n)
+  guint64 ne = stow_layout_expert_dp (l, n);
+  if (experts == 0 || ne == n)
     return (params + n - 1) / n;
-  guint64 ne = expert_shard_degree (l, n);
   return (params - experts + n - 1) / n + (experts + ne - 1) / ne;
 }
 
@@ -1060,7 +1043,7 @@ params_desc (GArray *terms, char *buf, gsize size, const StowLayout *l,
                 "(%" G_GUINT64_FORMAT " dense params%s + %" G_GUINT64_FORMAT
                 " expert params / %" G_GUINT64_FORMAT " expert-DP shards)",
                 params - experts, shards (terms, sbuf, sizeof sbuf, n), experts,
-                expert_shard_degree (l, n));
+                stow_layout_expert_dp (l, n));
   return buf;
 }
 
@@ -1885,7 +1868,7 @@ engine_buffers (Model *ms, const StageParams *p, GArray *dev)
        * layer. */
       guint64 slot_unit
           = l->engine == STOW_ENGINE_STOWAGE ? p->max_unit : p->max_layer;
-      double gw = gathered_weight_bytes (ms->t, b);
+      double gw = stow_mem_gathered_weight_bytes (ms->t, b.w);
       if (l->engine == STOW_ENGINE_STOWAGE
           && l->offload_params != STOW_OFFLOAD_NONE
           && l->resident_layers != STOW_RESIDENT_AUTO
@@ -2257,7 +2240,7 @@ guint64
 stow_mem_frozen_linear_bytes (const StowLayout *l, guint64 linear,
                               guint64 experts, double wb, guint64 wdiv)
 {
-  guint64 ediv = wdiv > 1 ? expert_shard_degree (l, wdiv) : 1;
+  guint64 ediv = wdiv > 1 ? stow_layout_expert_dp (l, wdiv) : 1;
   return stow_bytes (linear - experts, wb) / wdiv
          + stow_bytes (experts, wb) / ediv;
 }

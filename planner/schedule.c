@@ -691,7 +691,7 @@ emit_param_refresh (Lower *L, Rank *R, Unit *u, const guint *waits, guint nw,
       /* With CPU Adam and the parameters on NVMe, the updated weights are
        * in the host gradients' place (emit_optimizer): from there to the
        * store, and up to a resident unit. */
-      guint from = L->nvme_par && L->off_opt ? R->host_grads_buf : STOW_NONE;
+      guint from = adam_out (L, R);
       if (L->nvme_par)
         {
           op = copy_op (R->rank, STOW_STREAM_NVME_WRITE, STOW_TIER_PINNED,
@@ -1672,8 +1672,7 @@ stow_schedule_lower (const StowModel *m, const StowCluster *c,
         / ((double)MAX (t->global_batch, 1) * (double)stow_mem_decoder_seq (m, t));
   L.p->optim = so_in->optim;
   stow_mem_state_bytes (m, t, &L.w, &L.g, &L.master, &L.opt);
-  /* gathered in compute precision (fp32 for fp32 training), as memory.c */
-  L.wg = t->precision == STOW_PRECISION_FP32 ? MIN (L.w, 4.0) : MIN (L.w, 2.0);
+  L.wg = stow_mem_gathered_weight_bytes (t, L.w);
   if (t->finetune != STOW_FINETUNE_FULL)
     {
       /* Frozen weights (NF4 under QLoRA, as memory.c); adapters train in
