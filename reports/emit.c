@@ -107,6 +107,19 @@ partial_recompute_layers (const StowPlanFile *p)
   return l->recompute_layers;
 }
 
+/* Expert tensor parallelism apart from --tp is Megatron-core's own
+ * setting: every other config @e writes has no place for it. */
+static gboolean
+etp_check (const StowPlanFile *p, const char *e, GError **error)
+{
+  if (stow_layout_etp (&p->layout) == p->layout.tp)
+    return TRUE;
+  return unsupported (error, e,
+                      "expert tensor parallelism apart from --tp (--etp %u) "
+                      "is Megatron-core's; use --emit megatron",
+                      stow_layout_etp (&p->layout));
+}
+
 /* ---- DeepSpeed ---- */
 
 /* What ds_config.json (with a plain model, no Megatron-DeepSpeed) can
@@ -116,6 +129,8 @@ static gboolean
 deepspeed_check (const StowPlanFile *p, const char *e, GError **error)
 {
   const StowLayout *l = &p->layout;
+  if (!etp_check (p, e, error))
+    return FALSE;
   if (l->tp > 1)
     return unsupported (error, e,
                         "tensor parallelism (--tp %u) is not a ds_config.json "
@@ -613,6 +628,8 @@ static gboolean
 fsdp_check (const StowPlanFile *p, const char *e, GError **error)
 {
   const StowLayout *l = &p->layout;
+  if (!etp_check (p, e, error))
+    return FALSE;
   if (l->tp > 1 || l->pp > 1 || l->cp > 1 || l->ep > 1)
     return unsupported (error, e,
                         "FSDP shards data-parallel ranks only; tp %u pp %u cp "
@@ -826,7 +843,7 @@ accelerate_type (const StowPlanFile *p, const char **type_out,
     case STOW_ENGINE_NEMO: /* the same Megatron-core layout */
       type = "MEGATRON_LM";
       label = "accelerate (distributed_type MEGATRON_LM)";
-      if (!megatron_check (p, label, error))
+      if (!megatron_check (p, label, error) || !etp_check (p, label, error))
         return FALSE;
       /* megatron_lm_config has tp, pp and micro-batches only. */
       if (l->vpp > 1 || l->cp > 1 || l->ep > 1)
@@ -1010,12 +1027,6 @@ stow_emit_check (StowEmitKind kind, const StowModel *model,
   view.layout = *layout;
   const char *name = stow_emit_kind_name (kind);
   const char *type, *label;
-  if (kind != STOW_EMIT_MEGATRON && kind != STOW_EMIT_PLAN
-      && stow_layout_etp (layout) != layout->tp)
-    return unsupported (error, name,
-                        "expert tensor parallelism apart from --tp (--etp "
-                        "%u) is Megatron-core's; use --emit megatron",
-                        stow_layout_etp (layout));
   switch (kind)
     {
     case STOW_EMIT_DEEPSPEED:

@@ -601,6 +601,27 @@ test_megatron_etp (void)
   g_assert_cmpint (json_object_get_int_member (layout, "etp"), ==, 1);
   g_assert_cmpint (json_object_get_int_member (layout, "tp"), ==, 2);
 
+  /* A plan file with --etp apart from --tp: accelerate's
+   * megatron_lm_config has no setting for it, so emitting it from the
+   * plan is refused as from a search. */
+  g_autofree char *dir = g_dir_make_tmp ("stow-etp-XXXXXX", NULL);
+  g_autofree char *planf = g_build_filename (dir, "plan.json", NULL);
+  g_autofree char *acc = g_build_filename (dir, "accelerate.yaml", NULL);
+  g_auto (StowRun) pf = { 0 };
+  stow_run (&pf, "mem", "mixtral-8x7b", "--gpus", "16xH100-SXM", "--engine",
+            "megatron", "--tp", "2", "--etp", "1", "--ep", "1", "--pp", "4",
+            "--dp", "2", "--seq", "4096", "--global-batch", "64", "--emit",
+            "plan", "-o", planf, NULL);
+  g_assert_cmpint (pf.status, ==, 0);
+  g_auto (StowRun) pa = { 0 };
+  stow_run (&pa, "mem", "--plan", planf, "--emit", "accelerate", "-o", acc,
+            NULL);
+  g_assert_cmpint (pa.status, !=, 0);
+  g_assert_nonnull (strstr (pa.err, "(--etp 1) is Megatron-core's"));
+  g_assert_false (g_file_test (acc, G_FILE_TEST_EXISTS));
+  g_remove (planf);
+  g_rmdir (dir);
+
   static const struct
   {
     const char *model, *value, *fragment;
