@@ -53,8 +53,7 @@ test_offload_optimizer (void)
       g_assert_cmpint (rh.status, ==, 0);
       g_assert_nonnull (strstr (rd.err, "optimizer none"));
       g_assert_nonnull (strstr (rh.err, "optimizer cpu"));
-      g_assert_true (same_file (dev, host, "model.safetensors"));
-      g_assert_true (same_file (dev, host, "optimizer.stow"));
+      assert_same_checkpoint (dev, host);
       assert_peak_as_simulated (&rh);
       assert_pinned_as_simulated (&rh);
     }
@@ -84,8 +83,7 @@ test_offload_optimizer_resume (void)
          "--offload-optimizer", "cpu", "--resume", NULL);
   g_assert_cmpint (r3.status, ==, 0);
   g_assert_nonnull (strstr (r3.err, "resuming from step 3"));
-  g_assert_true (same_file (straight, host, "model.safetensors"));
-  g_assert_true (same_file (straight, host, "optimizer.stow"));
+  assert_same_checkpoint (straight, host);
   /* On the device for 3 steps, then offloaded. */
   g_auto (StowRun) r4 = { 0 };
   train (&r4, &f, mixed, "--steps", "3", "--precision", "bf16", NULL);
@@ -94,8 +92,7 @@ test_offload_optimizer_resume (void)
   train (&r5, &f, mixed, "--steps", "6", "--precision", "bf16",
          "--offload-optimizer", "cpu", "--resume", NULL);
   g_assert_cmpint (r5.status, ==, 0);
-  g_assert_true (same_file (straight, mixed, "model.safetensors"));
-  g_assert_true (same_file (straight, mixed, "optimizer.stow"));
+  assert_same_checkpoint (straight, mixed);
   fixture_clear (&f);
 }
 
@@ -190,8 +187,7 @@ test_nvme (void)
       g_assert_nonnull (
           strstr (rn.err, i == 0 ? "optimizer states on NVMe: 1 chunk in"
                                  : "optimizer states on NVMe: 15 chunks in"));
-      g_assert_true (same_file (dev, nvme, "model.safetensors"));
-      g_assert_true (same_file (dev, nvme, "optimizer.stow"));
+      assert_same_checkpoint (dev, nvme);
       assert_peak_as_simulated (&rn);
       assert_pinned_as_simulated (&rn);
       g_assert_cmpuint (entries (a), ==, 0);
@@ -243,8 +239,7 @@ assert_resumes_across (Fixture *f, const char *swap, const char *straight,
               g_assert_nonnull (strstr (r.err, from));
             }
         }
-      g_assert_true (same_file (straight, out, "model.safetensors"));
-      g_assert_true (same_file (straight, out, "optimizer.stow"));
+      assert_same_checkpoint (straight, out);
     }
   g_assert_cmpuint (entries (swap), ==, 0);
 }
@@ -313,8 +308,7 @@ assert_fault_recovers (Fixture *f, const char *swap, const char *straight,
   trainv (&r2, f, out, (const char *const *)a->pdata);
   g_assert_cmpint (r2.status, ==, 0);
   g_assert_nonnull (strstr (r2.err, "resuming from step"));
-  g_assert_true (same_file (straight, out, "model.safetensors"));
-  g_assert_true (same_file (straight, out, "optimizer.stow"));
+  assert_same_checkpoint (straight, out);
 }
 
 /* An I/O fault in a step (a failed read, a full disk on a write, a read
@@ -443,8 +437,7 @@ assert_kill_resumes (const char *const *flags, guint stores)
   g_autofree char *gone = g_strdup_printf ("(its process %d is gone)", pid);
   g_assert_nonnull (strstr (r2.err, gone));
   g_assert_cmpuint (entries (swap), ==, 0);
-  g_assert_true (same_file (straight, killed, "model.safetensors"));
-  g_assert_true (same_file (straight, killed, "optimizer.stow"));
+  assert_same_checkpoint (straight, killed);
   fixture_clear (&f);
 }
 
@@ -636,8 +629,7 @@ test_delayed (void)
              leg ? "--resume" : NULL, NULL);
       g_assert_cmpint (r.status, ==, 0);
     }
-  g_assert_true (same_file (straight, stopped, "model.safetensors"));
-  g_assert_true (same_file (straight, stopped, "optimizer.stow"));
+  assert_same_checkpoint (straight, stopped);
   /* It is another algorithm: other weights than the plain run's, and a
    * checkpoint of one does not continue as the other. */
   g_auto (StowRun) r2 = { 0 };
@@ -681,8 +673,7 @@ assert_streamed_as_device (const StowRun *r, const char *dev, const char *out,
                              2 - (guint)g_ascii_strtoull (k, NULL, 10));
       g_assert_nonnull (strstr (r->err, want));
     }
-  g_assert_true (same_file (dev, out, "model.safetensors"));
-  g_assert_true (same_file (dev, out, "optimizer.stow"));
+  assert_same_checkpoint (dev, out);
   assert_peak_as_simulated (r);
   assert_pinned_as_simulated (r);
 }
@@ -920,8 +911,7 @@ test_params_small_device (void)
           assert_peak_as_simulated (&r);
           assert_pinned_as_simulated (&r);
         }
-      g_assert_true (same_file (big, out, "model.safetensors"));
-      g_assert_true (same_file (big, out, "optimizer.stow"));
+      assert_same_checkpoint (big, out);
       g_autofree char *st = g_build_filename (out, "latest",
                                               "model.safetensors", NULL);
       GStatBuf sb;

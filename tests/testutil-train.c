@@ -160,6 +160,13 @@ stow_train_oracle (const char *backend, const char *const *pythons)
   g_test_skip ("python3 with torch not found (Debian: python3-torch)");
 }
 
+void
+assert_same_checkpoint (const char *a, const char *b)
+{
+  g_assert_true (same_file (a, b, "model.safetensors"));
+  g_assert_true (same_file (a, b, "optimizer.stow"));
+}
+
 /* The run's "@what peak:" line within 2% of the simulation. */
 static void
 assert_line_within (const StowRun *r, const char *what)

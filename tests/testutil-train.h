@@ -43,6 +43,9 @@ gboolean same_file (const char *a_dir, const char *b_dir, const char *file);
 void stow_train_oracle (const char *backend, const char *const *pythons);
 /* The run's "device peak:" line: the arena's measured peak within 2% of
  * the simulated one, same program. */
+/* The latest checkpoints in @a and @b hold the same weights and optimizer
+ * state, byte for byte. */
+void assert_same_checkpoint (const char *a, const char *b);
 void assert_peak_as_simulated (const StowRun *r);
 /* The run's "pinned host peak:" line (an offloaded placement's host
  * buffers): measured within 2% of the simulated one. */
