@@ -966,7 +966,9 @@ stow_cost_estimate (const StowModel *m, const StowCluster *c,
   /* Data parallelism and ZeRO over the dp x cp replicas (stride tp). */
   guint64 ndp = (guint64)l->dp * l->cp;
   guint64 stride = l->tp;
-  /* NeMo's recipes reduce bf16 gradients (docs/memory-model.md). */
+  /* NeMo's recipes (distributed Adam, --zero 1 and up) reduce bf16
+   * gradients (docs/memory-model.md).  Not priced yet: NeMo at --zero 0,
+   * whose fp32 main grads memory.c charges. */
   double grad_b = (l->engine == STOW_ENGINE_MEGATRON
                    && t->precision != STOW_PRECISION_FP32)
                       ? 4.0 /* fp32 main grads */
@@ -1042,8 +1044,10 @@ stow_cost_estimate (const StowModel *m, const StowCluster *c,
   double ex_shard_div
       = l->zero >= 1 ? (double)stow_layout_expert_dp (l, n_shard) : 1.0;
   double opt_params = trainable / shard_div + ex_trainable / ex_shard_div;
-  /* Bytes per parameter of the fp32 master and the optimizer states, as
-   * the memory model holds them. */
+  /* Bytes per parameter of the fp32 master and the optimizer states, the
+   * stowage engine's.  Not priced yet: the engines whose states memory.c
+   * charges otherwise (model_states: NeMo's distributed Adam keeps a 2 B
+   * master remainder, FSDP fp32 parameters as the master). */
   double w_b, g_b, master, states;
   stow_mem_state_bytes (m, t, &w_b, &g_b, &master, &states);
   double comp_step = pp_time + out->exposed_s[STOW_COST_PP_P2P];
