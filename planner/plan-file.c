@@ -68,10 +68,7 @@ stow_plan_schedule_init (StowPlanSchedule *s, const StowModel *model,
           if (cluster->node.nvme[i].path)
             g_ptr_array_add (paths, g_strdup (cluster->node.nvme[i].path));
       if (paths->len == 0)
-        {
-          g_ptr_array_add (paths, g_strdup (STOW_PLAN_NVME_PLACEHOLDER));
-          s->nvme_path_placeholder = TRUE;
-        }
+        g_ptr_array_add (paths, g_strdup (STOW_PLAN_NVME_PLACEHOLDER));
       s->io_queue_depth = IO_QUEUE_DEPTH;
       s->io_block_bytes = IO_BLOCK_BYTES;
     }
@@ -891,9 +888,6 @@ read_schedule (StowPlanFile *p, JsonObject *root, const char *name,
         }
       s->nvme_paths[i] = g_strdup (json_node_get_string (e));
     }
-  /* A plan written without a drive path carries the placeholder. */
-  s->nvme_path_placeholder
-      = n > 0 && g_str_equal (s->nvme_paths[0], STOW_PLAN_NVME_PLACEHOLDER);
   if (s->io_block_bytes && (s->io_block_bytes & 4095) != 0)
     {
       g_set_error (error, STOW_PLAN_ERROR, STOW_PLAN_ERROR_INVALID,
@@ -1021,4 +1015,11 @@ stow_plan_file_read (const char *path, GError **error)
   if (root == NULL)
     return NULL;
   return stow_plan_file_from_json (root, path, error);
+}
+
+gboolean
+stow_plan_schedule_nvme_placeholder (const StowPlanSchedule *s)
+{
+  return s->nvme_paths != NULL && s->nvme_paths[0] != NULL
+         && g_str_equal (s->nvme_paths[0], STOW_PLAN_NVME_PLACEHOLDER);
 }

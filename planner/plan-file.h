@@ -30,14 +30,16 @@ typedef struct
   char **nvme_paths;            /* NULL-terminated; empty without NVMe */
   guint io_queue_depth;         /* io_uring submission queue depth */
   guint64 io_block_bytes;       /* bytes per NVMe request */
-  gboolean nvme_path_placeholder; /* nvme_paths is STOW_PLAN_NVME_PLACEHOLDER,
-                                     no drive the user named */
 } StowPlanSchedule;
 
 /* Where NVMe swap files go when neither the cluster nor --nvme-path names
  * a directory (DeepSpeed's own examples use it): a placeholder the user
  * must replace, which emitted configs warn about. */
 #define STOW_PLAN_NVME_PLACEHOLDER "/local_nvme"
+
+/* TRUE when @schedule's swap directory is the placeholder (written so, or
+ * read back from a plan that was). */
+gboolean stow_plan_schedule_nvme_placeholder (const StowPlanSchedule *schedule);
 
 /* Derives the schedule of @layout from its memory: resident layers fill
  * the peak stage's headroom, buffer counts and I/O shape follow DeepSpeed's

@@ -1078,7 +1078,7 @@ stow_emit_warnings (StowEmitKind kind, const StowPlanFile *p)
                   || l->offload_params == STOW_OFFLOAD_NVME;
   /* DeepSpeed's swapper writes where nvme_path says; a placeholder on a
    * machine without it fails at start-up or fills the root disk. */
-  if (nvme && p->schedule.nvme_path_placeholder
+  if (nvme && stow_plan_schedule_nvme_placeholder (&p->schedule)
       && (kind == STOW_EMIT_DEEPSPEED || kind == STOW_EMIT_ACCELERATE
           || kind == STOW_EMIT_PLAN))
     g_ptr_array_add (
