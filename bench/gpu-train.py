@@ -116,26 +116,16 @@ def torch_steps(a, model_dir, toks):
     return times, losses
 
 
-def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--stowage", required=True)
-    ap.add_argument("--out", required=True)
-    ap.add_argument("--precision", default="bf16", choices=["bf16", "fp32"])
-    ap.add_argument("--steps", type=int, default=8)
-    ap.add_argument("--seq", type=int, default=1024)
-    ap.add_argument("--batch", type=int, default=8)
-    ap.add_argument("--hidden", type=int, default=2048)
-    ap.add_argument("--layers", type=int, default=16)
-    ap.add_argument("--heads", type=int, default=16)
-    ap.add_argument("--ffn", type=int, default=5504)
-    ap.add_argument("--vocab", type=int, default=32000)
-    a = ap.parse_args()
-    tmp = tempfile.mkdtemp(prefix="stow-gpu-bench-")
+def make_model(a, tmp):
+    """Writes a LLaMA of @a's dimensions (`stowage init-model`, seed 1) and
+    a token shard for a.steps steps under @tmp; returns the model's
+    directory, the shard's path and the tokens."""
     cfg = dict(model_type="llama", hidden_size=a.hidden,
                num_hidden_layers=a.layers, num_attention_heads=a.heads,
                num_key_value_heads=a.heads, intermediate_size=a.ffn,
                vocab_size=a.vocab, rope_theta=500000.0, rms_norm_eps=1e-6,
-               tie_word_embeddings=True, initializer_range=0.02)
+               tie_word_embeddings=not getattr(a, "untied", False),
+               initializer_range=0.02)
     with open(os.path.join(tmp, "config.json"), "w") as f:
         json.dump(cfg, f)
     model = os.path.join(tmp, "model")
@@ -149,6 +139,29 @@ def main():
     with open(shard, "wb") as f:
         f.write(struct.pack("<256i", 20240520, 1, n_tok, *([0] * 253)))
         f.write(toks.numpy().astype("<u2").tobytes())
+    return model, shard, toks
+
+
+def add_model_args(ap):
+    ap.add_argument("--stowage", required=True)
+    ap.add_argument("--precision", default="bf16", choices=["bf16", "fp32"])
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--seq", type=int, default=1024)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--hidden", type=int, default=2048)
+    ap.add_argument("--layers", type=int, default=16)
+    ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--ffn", type=int, default=5504)
+    ap.add_argument("--vocab", type=int, default=32000)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    add_model_args(ap)
+    ap.add_argument("--out", required=True)
+    a = ap.parse_args()
+    tmp = tempfile.mkdtemp(prefix="stow-gpu-bench-")
+    model, shard, toks = make_model(a, tmp)
     log = os.path.join(tmp, "log.jsonl")
     trace = os.path.join(a.out, "gpu-train-trace.json")
     cmd = [a.stowage, "train", "--backend", "cuda", "--model", model,

@@ -8,14 +8,18 @@
 # against the cpu backend, and against PyTorch in float64); then attention
 # forward and backward on tensor and CUDA cores (bench/attention-gpu.c);
 # training tokens/s against PyTorch eager (bench/gpu-train.py) in bf16 and
-# fp32, with the MFU and a trace; and the cuda row of
-# bench/load-residue.py (the memory model's PEFT calibration).
+# fp32, with the MFU and a trace; ZeRO-Offload's step against its bound
+# (bench/gpu-offload.py); each step's kernels against PyTorch's
+# (bench/gpu-profile.py, Nsight Compute); and the cuda row of
+# bench/load-residue.py (the memory model's PEFT calibration).  Name the
+# parts to run (suite, bench, offload, profile, residue), or all.
 #
 # The GPU machine lent to this project (one H100 or H200, 16 cores, no
 # network, a Python with PyTorch, no build dependencies) runs what
 # bench/gpu-pack.sh packed on the build machine:
 #   here:   ./build.sh && bench/gpu-pack.sh build      # .gpu/bundle.tar.xz
-#   there:  carry .gpu; sh bench/gpu.sh [suite|bench|all]   (default all)
+#   there:  carry .gpu; sh bench/gpu.sh [suite bench offload profile residue|all]
+#           (default all)
 # On a machine that builds stowage itself with CUDA, it runs build/'s
 # binaries instead.  Measurements that need the peers' wheels
 # (bench/peft-ds-offload.py, bench/torchtune-8bit.py: bench/gpu-wheels.sh)
@@ -23,7 +27,11 @@
 set -u
 cd "$(dirname "$0")/.."
 root=$(pwd)
-what=${1:-all}
+what=" ${*:-all} "
+want() {
+	case "$what" in *" $1 "* | *" all "*) return 0 ;; esac
+	return 1
+}
 out=${OUT:-$root/bench/results/gpu-$(date -u +%Y%m%d-%H%M)}
 mkdir -p "$out"
 log="$out/gpu.log"
@@ -61,16 +69,30 @@ cat "$out/device.txt" | tee -a "$log"
 "$STOWAGE" version 2>&1 | tee -a "$log"
 
 status=0
-if [ "$what" = all ] || [ "$what" = suite ]; then
-	for t in "$bin"/tests/test-gpu-*; do
+if want suite; then
+	# GPU_TESTS: which test programs (default every test-gpu-*);
+	# GPU_TEST_ARGS: more arguments for each (e.g. "-s /gpu/train/oracle").
+	for t in "$bin"/tests/${GPU_TESTS:-test-gpu-*}; do
 		[ -x "$t" ] || continue
 		say "## $(basename "$t")"
-		timeout "${GPU_TEST_TIMEOUT:-300}" "$t" --tap -k >>"$log" 2>&1 || status=1
+		# shellcheck disable=SC2086
+		timeout "${GPU_TEST_TIMEOUT:-300}" "$t" --tap -k ${GPU_TEST_ARGS:-} \
+			>>"$log" 2>&1 || status=1
 	done
 	grep -E '^(not ok|ok|# )' "$log" | grep -v '^# Start\|^# End' |
 		tail -80 >"$out/suite.txt"
 fi
-if [ "$what" = all ] || [ "$what" = bench ]; then
+if want offload; then
+	say "## gpu-offload"
+	timeout "${GPU_OFFLOAD_TIMEOUT:-200}" python3 bench/gpu-offload.py \
+		--stowage "$STOWAGE" --out "$out" >>"$log" 2>&1 || status=1
+fi
+if want profile; then
+	say "## gpu-profile"
+	timeout 200 python3 bench/gpu-profile.py --stowage "$STOWAGE" \
+		--out "$out" >>"$log" 2>&1 || status=1
+fi
+if want bench; then
 	say "## attention-gpu"
 	timeout 60 "$bin/bench/attention-gpu" >"$out/attention.txt" 2>&1 ||
 		status=1
@@ -81,7 +103,7 @@ if [ "$what" = all ] || [ "$what" = bench ]; then
 			--out "$out" --precision "$p" >>"$log" 2>&1 || status=1
 	done
 fi
-if [ "$what" = all ]; then
+if want residue; then
 	say "## load-residue (cuda row)"
 	touch "$out/.mark"
 	timeout 120 python3 bench/load-residue.py --layers 6 >>"$log" 2>&1 ||
