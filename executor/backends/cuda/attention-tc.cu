@@ -514,6 +514,8 @@ stow_cuda_attention_tc_init (StowLlamaCuda *L)
     return FALSE;
   if (major < 8)
     return TRUE;
+  if (!stow_cuda_attention_mma_init (L, major, limit))
+    return FALSE;
   int tf = pick_tile (fwd_bytes3, d, false, limit);
   int tq = pick_tile (bwd_bytes, d, false, limit);
   int tk = pick_tile (bwd_bytes, d, true, limit);
@@ -540,6 +542,11 @@ stow_cuda_attention_tc_forward (StowLlamaCuda *L, guint64 batch, guint64 seq,
                                 const void *q, const void *k, const void *v,
                                 void *o, float *lse)
 {
+  if (stow_cuda_attention_mma_takes (L, q, k, v, o))
+    {
+      stow_cuda_attention_mma_forward (L, batch, seq, q, k, v, o, lse);
+      return;
+    }
   const StowLlamaConfig *c = &L->config;
   guint64 d = c->head_dim, B = (guint64)L->attn_tc_fwd_tile;
   float scale = 1.0f / sqrtf ((float)d);
@@ -557,6 +564,13 @@ stow_cuda_attention_tc_backward (StowLlamaCuda *L, guint64 batch,
                                  const float *D, const void *dout, void *dq,
                                  void *dk, void *dv)
 {
+  if (stow_cuda_attention_mma_takes (L, q, k, v, dout)
+      && stow_cuda_attention_mma_takes (L, dq, dk, dv, dq))
+    {
+      stow_cuda_attention_mma_backward (L, batch, seq, q, k, v, lse, D, dout,
+                                        dq, dk, dv);
+      return;
+    }
   const StowLlamaConfig *c = &L->config;
   guint64 d = c->head_dim, a = c->n_heads;
   float scale = 1.0f / sqrtf ((float)d);

@@ -113,6 +113,9 @@ struct StowLlamaCuda
   bool attn_tc;
   bool attn_tc_off; /* stow_llama_cuda_attention_use_tc (L, FALSE) */
   int attn_tc_fwd_tile, attn_tc_dq_tile, attn_tc_dkv_tile;
+  /* The mma.sync kernels (attention-mma.cu) for head_dim 64 and 128,
+   * taken before the WMMA ones where the tensors are 16-byte aligned. */
+  bool attn_mma;
 
   /* The first failure, sticky. */
   GError *error;
@@ -188,6 +191,26 @@ void stow_cuda_attention_backward (StowLlamaCuda *L, guint64 batch,
                                    const void *v, const void *o,
                                    const float *lse, const void *dout,
                                    void *dq, void *dk, void *dv);
+
+/* The mma.sync path (attention-mma.cu), tried first by the tensor-core
+ * path: init decides L->attn_mma from the compute capability @major and
+ * the opt-in shared memory per block @limit (FALSE and L->error only when
+ * CUDA fails); takes says whether these tensors can go through it. */
+gboolean stow_cuda_attention_mma_init (StowLlamaCuda *L, int major,
+                                       int limit);
+bool stow_cuda_attention_mma_takes (const StowLlamaCuda *L, const void *q,
+                                    const void *k, const void *v,
+                                    const void *o);
+void stow_cuda_attention_mma_forward (StowLlamaCuda *L, guint64 batch,
+                                      guint64 seq, const void *q,
+                                      const void *k, const void *v, void *o,
+                                      float *lse);
+void stow_cuda_attention_mma_backward (StowLlamaCuda *L, guint64 batch,
+                                       guint64 seq, const void *q,
+                                       const void *k, const void *v,
+                                       const float *lse, const float *D,
+                                       const void *dout, void *dq, void *dk,
+                                       void *dv);
 
 /* The tensor-core path (attention-tc.cu), taken by the two above when
  * L->attn_tc.  Init decides attn_tc (FALSE and L->error only when CUDA
