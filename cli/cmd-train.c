@@ -289,14 +289,12 @@ resolve (TrainOptions *o, StowTrainConfig *c, GError **error)
   if (o->delayed_update)
     {
       if (c->layout.offload_optimizer != STOW_OFFLOAD_CPU
-          || c->layout.offload_params != STOW_OFFLOAD_NONE
-          || (o->backend && !g_str_equal (o->backend, "cpu")))
+          || c->layout.offload_params != STOW_OFFLOAD_NONE)
         {
           g_set_error_literal (
               error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
               "--delayed-update is ZeRO-Offload's: it runs with "
-              "--offload-optimizer cpu, the parameters on the device and "
-              "the cpu backend");
+              "--offload-optimizer cpu and the parameters on the device");
           return FALSE;
         }
       c->delayed_update = TRUE;

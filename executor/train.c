@@ -146,6 +146,10 @@ typedef struct
                       guint64 first, guint64 n, float *data, GError **error);
   /* Why weights() gave NULL (the weights on NVMe), or NULL. */
   GError *(*take_access_error) (StowBackend *b);
+  /* The delayed update's pending gradients of @unit (NULL: no delayed
+   * update), and whether there are any. */
+  void *(*pending) (StowBackend *b, guint unit, gboolean *pending);
+  void (*set_pending) (StowBackend *b, gboolean pending);
 } TrainOps;
 
 static gboolean
@@ -169,6 +173,8 @@ static const TrainOps cpu_ops = {
   stow_backend_cpu_pinned_peak_bytes,
   stow_backend_cpu_states,
   stow_backend_cpu_take_access_error,
+  stow_backend_cpu_pending,
+  stow_backend_cpu_set_pending,
 };
 
 #if STOW_HAVE_CUDA
@@ -183,9 +189,11 @@ static const TrainOps cuda_ops = {
   stow_backend_cuda_moment,
   stow_backend_cuda_pull,
   stow_backend_cuda_push,
+  stow_backend_cuda_pinned_peak_bytes,
   NULL,
   NULL,
-  NULL,
+  stow_backend_cuda_pending,
+  stow_backend_cuda_set_pending,
 };
 #endif
 
@@ -461,7 +469,7 @@ pending_rw (Run *r, StowOptimStateWriter *ow, StowOptimState *os, guint unit,
             const StowUnitTensor *t, float **piece, GError **error)
 {
   gboolean have = FALSE;
-  guint8 *g = stow_backend_cpu_pending (r->be, unit, &have);
+  guint8 *g = r->ops->pending (r->be, unit, &have);
   g_return_val_if_fail (g != NULL, FALSE);
   StowDtype dt = r->prog->grad_dtype;
   g += t->offset * stow_dtype_size (dt);
@@ -712,7 +720,7 @@ load_checkpoint (Run *r, const char *dir, guint64 *done, GError **error)
         }
     }
   if (delayed)
-    stow_backend_cpu_set_pending (r->be, step > 0);
+    r->ops->set_pending (r->be, step > 0);
   *done = step;
   return TRUE;
 }
@@ -1126,7 +1134,8 @@ stow_train_run (StowTrainConfig *c, GError **error)
 #if STOW_HAVE_CUDA
   else
     {
-      StowCudaSetup cs = { r.prog, r.model, device, data_fn, &r };
+      StowCudaSetup cs = { r.prog, r.model, device, data_fn, &r,
+                           c->delayed_update };
       r.be = stow_backend_cuda_new (&cs, error);
       r.ops = &cuda_ops;
     }

@@ -117,9 +117,25 @@ weights_rel (const char *a_dir, const char *b_dir, double *max_element)
   return worst;
 }
 
-/* Ten steps on each backend at @precision: losses and weights. */
+/* The arguments of a train run: @first (NULL-terminated), then @extra
+ * (NULL-terminated, or NULL). */
+static GPtrArray *
+args_of (const char *const *first, const char *const *extra)
+{
+  GPtrArray *a = g_ptr_array_new ();
+  for (guint i = 0; first[i]; i++)
+    g_ptr_array_add (a, (char *)first[i]);
+  for (guint i = 0; extra && extra[i]; i++)
+    g_ptr_array_add (a, (char *)extra[i]);
+  g_ptr_array_add (a, NULL);
+  return a;
+}
+
+/* Ten steps on each backend at @precision, both with the flags @extra
+ * (NULL-terminated, or NULL): losses and weights. */
 static void
-against_cpu (const char *precision, double loss_tol, double weight_tol)
+against_cpu (const char *precision, double loss_tol, double weight_tol,
+             const char *const *extra)
 {
   if (!have_gpu ())
     return;
@@ -129,13 +145,18 @@ against_cpu (const char *precision, double loss_tol, double weight_tol)
   g_autofree char *gpu = g_build_filename (f.dir, "gpu", NULL);
   g_autofree char *cpu_log = g_build_filename (f.dir, "cpu.jsonl", NULL);
   g_autofree char *gpu_log = g_build_filename (f.dir, "gpu.jsonl", NULL);
+  const char *const on_cpu[] = { "--steps", "10", "--precision", precision,
+                                 "--log-json", cpu_log, NULL };
+  const char *const on_gpu[] = { "--steps", "10", "--precision", precision,
+                                 "--log-json", gpu_log, "--backend", "cuda",
+                                 NULL };
+  g_autoptr (GPtrArray) ac = args_of (on_cpu, extra);
+  g_autoptr (GPtrArray) ag = args_of (on_gpu, extra);
   g_auto (StowRun) rc = { 0 };
-  train (&rc, &f, cpu, "--steps", "10", "--precision", precision,
-         "--log-json", cpu_log, NULL);
+  trainv (&rc, &f, cpu, (const char *const *)ac->pdata);
   g_assert_cmpint (rc.status, ==, 0);
   g_auto (StowRun) rg = { 0 };
-  train (&rg, &f, gpu, "--steps", "10", "--precision", precision,
-         "--log-json", gpu_log, "--backend", "cuda", NULL);
+  trainv (&rg, &f, gpu, (const char *const *)ag->pdata);
   if (rg.status != 0)
     g_test_message ("train --backend cuda: %s", rg.err);
   g_assert_cmpint (rg.status, ==, 0);
@@ -178,14 +199,48 @@ test_fp32 (void)
    * H200, 2026-11-26: losses 1.6e-6, weights 3.6e-4 per tensor, 1.2e-2
    * max-element).  Element by element, each backend is held to PyTorch
    * in float64 instead (/gpu/train/oracle, /train/oracle). */
-  against_cpu ("fp32", 1e-5, 1e-3);
+  against_cpu ("fp32", 1e-5, 1e-3, NULL);
 }
 
 static void
 test_bf16 (void)
 {
   /* Measured on an H200: losses 3.6e-4, weights 1.4e-2 per tensor. */
-  against_cpu ("bf16", 2e-2, 2e-2);
+  against_cpu ("bf16", 2e-2, 2e-2, NULL);
+}
+
+/* ZeRO-Offload's one-step delayed update on the GPU (--offload-optimizer
+ * cpu --delayed-update): ten steps against the cpu backend's delayed run
+ * with /gpu/train/fp32's bounds (the same update rule: a GPU run that
+ * ignored the delay would be a step ahead from step 2 on); a run stopped
+ * after 2 of 4 steps and resumed gives the bytes of the run that was not
+ * (the pending gradients go through the checkpoint). */
+static void
+test_delayed_update (void)
+{
+  const char *const flags[] = { "--offload-optimizer", "cpu",
+                                "--delayed-update", NULL };
+  against_cpu ("fp32", 1e-5, 1e-3, flags);
+  if (!have_gpu ())
+    return;
+  Fixture f;
+  fixture_init (&f);
+  g_autofree char *whole = g_strdup_printf ("%s/whole", f.dir);
+  g_autofree char *res = g_strdup_printf ("%s/resumed", f.dir);
+  g_auto (StowRun) rw = { 0 };
+  train (&rw, &f, whole, "--steps", "4", "--backend", "cuda", "--precision",
+         "bf16", "--offload-optimizer", "cpu", "--delayed-update", NULL);
+  g_assert_cmpint (rw.status, ==, 0);
+  for (guint leg = 0; leg < 2; leg++)
+    {
+      g_auto (StowRun) r = { 0 };
+      train (&r, &f, res, "--steps", leg ? "4" : "2", "--backend", "cuda",
+             "--precision", "bf16", "--offload-optimizer", "cpu",
+             "--delayed-update", leg ? "--resume" : NULL, NULL);
+      g_assert_cmpint (r.status, ==, 0);
+    }
+  assert_same_checkpoint (whole, res);
+  fixture_clear (&f);
 }
 
 /* The cuda backend against PyTorch in float64 (tests/oracle/, the same
@@ -280,6 +335,63 @@ test_offload_optimizer (void)
   fixture_clear (&f);
 }
 
+/* ZeRO-3 with the weights in pinned host memory (--offload-params cpu),
+ * CPU Adam: k = 0, 1 and the plan's layers resident and the rest streamed
+ * up into two layer slots, each the bytes of the GPU run that keeps
+ * everything on the device, with the arena's and the pinned peaks as
+ * simulated; and k = 0 across a resume. */
+static void
+test_offload_params (void)
+{
+  if (!have_gpu ())
+    return;
+  Fixture f;
+  fixture_init (&f);
+  const char *const precisions[] = { "fp32", "bf16" };
+  for (guint i = 0; i < G_N_ELEMENTS (precisions); i++)
+    {
+      const char *prec = precisions[i];
+      g_autofree char *dev = g_strdup_printf ("%s/dev-%s", f.dir, prec);
+      g_auto (StowRun) rd = { 0 };
+      train (&rd, &f, dev, "--steps", "3", "--backend", "cuda",
+             "--precision", prec, NULL);
+      g_assert_cmpint (rd.status, ==, 0);
+      const char *const ks[] = { "0", "1", NULL };
+      for (guint k = 0; k < G_N_ELEMENTS (ks); k++)
+        {
+          g_autofree char *out = g_strdup_printf (
+              "%s/params-%s-%s", f.dir, prec, ks[k] ? ks[k] : "default");
+          g_auto (StowRun) r = { 0 };
+          train (&r, &f, out, "--steps", "3", "--backend", "cuda",
+                 "--precision", prec, "--offload-optimizer", "cpu",
+                 "--offload-params", "cpu", ks[k] ? "--resident-layers" : NULL,
+                 ks[k], NULL);
+          g_test_message ("%s, %s resident layers: exit %d", prec,
+                          ks[k] ? ks[k] : "the plan's", r.status);
+          g_assert_cmpint (r.status, ==, 0);
+          if (r.status != 0)
+            continue;
+          assert_same_checkpoint (dev, out);
+          assert_peak_as_simulated (&r);
+          assert_pinned_as_simulated (&r);
+        }
+    }
+  /* Stopped after 2 of 3 steps with nothing resident, and resumed. */
+  g_autofree char *dev = g_strdup_printf ("%s/dev-bf16", f.dir);
+  g_autofree char *res = g_strdup_printf ("%s/resumed", f.dir);
+  for (guint leg = 0; leg < 2; leg++)
+    {
+      g_auto (StowRun) r = { 0 };
+      train (&r, &f, res, "--steps", leg ? "3" : "2", "--backend", "cuda",
+             "--precision", "bf16", "--offload-optimizer", "cpu",
+             "--offload-params", "cpu", "--resident-layers", "0",
+             leg ? "--resume" : NULL, NULL);
+      g_assert_cmpint (r.status, ==, 0);
+    }
+  assert_same_checkpoint (dev, res);
+  fixture_clear (&f);
+}
+
 /* The arena's measured peak against the simulated one, same program. */
 static void
 test_peak (void)
@@ -314,5 +426,7 @@ main (int argc, char **argv)
   g_test_add_func ("/gpu/train/bit-identical", test_bit_identical);
   g_test_add_func ("/gpu/train/peak", test_peak);
   g_test_add_func ("/gpu/train/offload-optimizer", test_offload_optimizer);
+  g_test_add_func ("/gpu/train/offload-params", test_offload_params);
+  g_test_add_func ("/gpu/train/delayed-update", test_delayed_update);
   return g_test_run ();
 }

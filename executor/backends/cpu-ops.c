@@ -126,24 +126,8 @@ run_delayed (CpuBackend *b, const StowOp *op, GError **error)
 {
   if (!b->apply_prev)
     return TRUE;
-  const StowTensorMap *m = &b->map;
-  const StowUnit *u = &g_array_index (b->p->units, StowUnit, op->unit);
-  guint64 off = u->offset - g_array_index (b->p->units, StowUnit, 0).offset;
-  gsize gsz = stow_dtype_size (b->p->grad_dtype);
-  StowAdamStep st = { b->step - 1, 1.0, 1.0, FALSE };
-  double lr = stow_optim_lr_at (&b->p->optim, b->step - 1);
-  for (guint k = 0; k < u->n_tensors; k++)
-    {
-      const StowUnitTensor *t = &g_array_index (
-          b->p->unit_tensors, StowUnitTensor, u->first_tensor + k);
-      StowAdamConfig cfg;
-      StowAdamTensor at;
-      stow_tensor_map_adam (m, op->unit, k, lr, &cfg, &at);
-      at.grad = b->prev_grads + (off + t->offset) * gsz;
-      if (!stow_adam_step (b->adam, &cfg, &st, &at, error))
-        return FALSE;
-    }
-  return TRUE;
+  return stow_tensor_map_adam_unit_from (&b->map, b->adam, op->unit,
+                                         b->prev_grads, b->step - 1, error);
 }
 
 /* AdamW on one unit, tensor by tensor: on the device's tensors, or

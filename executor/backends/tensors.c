@@ -646,6 +646,30 @@ stow_tensor_map_adam_unit (const StowTensorMap *m, StowAdam *adam, guint unit,
   return TRUE;
 }
 
+gboolean
+stow_tensor_map_adam_unit_from (const StowTensorMap *m, StowAdam *adam,
+                                guint unit, const guint8 *grads, guint64 step,
+                                GError **error)
+{
+  const StowUnit *u = unit_of (m, unit);
+  guint64 off = u->offset - unit_of (m, 0)->offset;
+  gsize gsz = stow_dtype_size (m->p->grad_dtype);
+  StowAdamStep st = { step, 1.0, 1.0, FALSE };
+  double lr = stow_optim_lr_at (&m->p->optim, step);
+  for (guint k = 0; k < u->n_tensors; k++)
+    {
+      const StowUnitTensor *t = &g_array_index (
+          m->p->unit_tensors, StowUnitTensor, u->first_tensor + k);
+      StowAdamConfig cfg;
+      StowAdamTensor at;
+      stow_tensor_map_adam (m, unit, k, lr, &cfg, &at);
+      at.grad = grads + (off + t->offset) * gsz;
+      if (!stow_adam_step (adam, &cfg, &st, &at, error))
+        return FALSE;
+    }
+  return TRUE;
+}
+
 double
 stow_tensor_map_grad_norm (const StowTensorMap *m, StowAdam *adam,
                            guint buffer, double max_norm, double *clip,

@@ -161,6 +161,14 @@ float *stow_tensor_map_state (const StowTensorMap *map, guint unit,
 gboolean stow_tensor_map_adam_unit (const StowTensorMap *map, StowAdam *adam,
                                     guint unit, const StowAdamStep *step,
                                     double lr, GError **error);
+/* The same with the gradients taken from @grads (the whole model's, laid
+ * out as the host gradients) as step @step's update, unclipped, at that
+ * step's learning rate: ZeRO-Offload's delayed update, which applies the
+ * last step's gradients while this step's come down. */
+gboolean stow_tensor_map_adam_unit_from (const StowTensorMap *map,
+                                         StowAdam *adam, guint unit,
+                                         const guint8 *grads, guint64 step,
+                                         GError **error);
 
 /* The global L2 norm of the host gradients in @buffer, unit by unit in
  * unit order (stow_adam_grad_sumsq's sums, so every backend gets the same

@@ -73,12 +73,19 @@ struct _CudaBackend
    * CPU Adam, and what the host ops found, under host_lock (they run on
    * CUDA's host-function thread). */
   StowPinnedPool *pinned_pool;
+  guint64 pinned_bytes; /* the persistent pinned buffers taken so far */
   StowAdam *adam;
   HostJob *jobs; /* [op] */
   GMutex host_lock;
   GError *host_error;
   double host_norm, host_clip;
   gboolean host_skip;
+  /* ZeRO-Offload's delayed update (as the cpu backend's): this step's
+   * gradients come down into the host gradients while CPU Adam applies
+   * the last step's, set aside in prev_grads (pinned) when the step
+   * began. */
+  gboolean delayed, apply_prev, have_grads;
+  guint8 *prev_grads;
 };
 
 static gboolean
@@ -204,6 +211,8 @@ alloc_buffer (CudaBackend *b, guint bi, StowStream stream, GError **error)
     {
       b->map.addr[bi]
           = stow_pinned_pool_alloc (b->pinned_pool, buf->bytes, error);
+      if (b->map.addr[bi] != NULL)
+        b->pinned_bytes += buf->bytes;
       return b->map.addr[bi] != NULL;
     }
   if (buf->tier != STOW_TIER_DEVICE || stow_buffer_is_occupant (buf))
@@ -422,6 +431,15 @@ host_adam (CudaBackend *b, const StowOp *op)
   if (skip)
     return;
   GError *e = NULL;
+  if (b->delayed)
+    {
+      if (b->apply_prev
+          && !stow_tensor_map_adam_unit_from (&b->map, b->adam, op->unit,
+                                              b->prev_grads, b->step - 1,
+                                              &e))
+        host_fail (b, e);
+      return;
+    }
   if (!stow_tensor_map_adam_unit (&b->map, b->adam, op->unit, &st, b->lr, &e))
     host_fail (b, e);
 }
@@ -447,7 +465,7 @@ run_host (CudaBackend *b, guint i, GError **error)
       g_set_error (error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_UNSUPPORTED,
                    "the cuda backend runs CPU Adam on whole units with the "
                    "optimizer states in host memory (--offload-optimizer "
-                   "cpu); not on NVMe chunks or a delayed update yet");
+                   "cpu); not on NVMe chunks yet");
       return FALSE;
     }
   b->jobs[i].b = b, b->jobs[i].op = i;
@@ -792,6 +810,7 @@ stow_backend_cuda_new (const StowCudaSetup *setup, GError **error)
   b->model = stow_model_ref ((StowModel *)setup->model);
   b->data = setup->data;
   b->data_user = setup->data_user;
+  b->delayed = setup->delayed_update;
   g_mutex_init (&b->host_lock);
   b->jobs = g_new0 (HostJob, MAX (p->ops->len, 1));
   b->pending = g_array_new (FALSE, FALSE, sizeof (PendingFree));
@@ -863,6 +882,23 @@ stow_backend_cuda_alloc_persistent (StowBackend *bb, GError **error)
     }
   if (b->map.host_weights_buf != STOW_NONE)
     b->map.host_weights = b->map.addr[b->map.host_weights_buf];
+  if (b->delayed && b->prev_grads == NULL)
+    {
+      if (b->map.host_grads_buf == STOW_NONE)
+        {
+          g_set_error_literal (error, STOW_BACKEND_ERROR,
+                               STOW_BACKEND_ERROR_UNSUPPORTED,
+                               "the delayed update is ZeRO-Offload's: it "
+                               "needs the optimizer in host memory");
+          return FALSE;
+        }
+      /* Pinned like the host gradients it trades places with. */
+      b->prev_grads = stow_pinned_pool_alloc (
+          b->pinned_pool,
+          b->map.numel * stow_dtype_size (b->p->grad_dtype), error);
+      if (b->prev_grads == NULL)
+        return FALSE;
+    }
   return TRUE;
 }
 
@@ -883,6 +919,18 @@ stow_backend_cuda_begin_step (StowBackend *bb, guint64 step)
   b->host_clip = 1.0;
   b->host_skip = FALSE;
   g_mutex_unlock (&b->host_lock);
+  if (b->delayed && b->prev_grads != NULL)
+    {
+      /* The last step's gradients go aside for this step's update; this
+       * step's come down where they were.  The last step has been
+       * synchronized: no copy or host function still uses either. */
+      StowTensorMap *m = &b->map;
+      guint8 *t = m->addr[m->host_grads_buf];
+      m->addr[m->host_grads_buf] = b->prev_grads;
+      b->prev_grads = t;
+      b->apply_prev = b->have_grads && step > 1;
+      b->have_grads = TRUE;
+    }
   check (b, cudaMemcpyAsync (b->state_d, b->state_h, sizeof *b->state_h,
                              cudaMemcpyHostToDevice, cs),
          "cudaMemcpyAsync");
@@ -955,10 +1003,44 @@ shadow_unit (CudaBackend *b, guint bi, guint unit)
 }
 
 void *
+stow_backend_cuda_pending (StowBackend *bb, guint unit, gboolean *pending)
+{
+  CudaBackend *b = (CudaBackend *)bb;
+  StowTensorMap *m = &b->map;
+  if (!b->delayed || m->host_grads_buf == STOW_NONE
+      || m->addr[m->host_grads_buf] == NULL)
+    return NULL;
+  if (pending)
+    *pending = b->have_grads;
+  return stow_tensor_map_unit (m, m->host_grads_buf, unit);
+}
+
+void
+stow_backend_cuda_set_pending (StowBackend *bb, gboolean pending)
+{
+  ((CudaBackend *)bb)->have_grads = pending;
+}
+
+guint64
+stow_backend_cuda_pinned_peak_bytes (StowBackend *bb)
+{
+  /* Every pinned buffer the cuda backend runs is persistent: the peak is
+   * their sum. */
+  return ((CudaBackend *)bb)->pinned_bytes;
+}
+
+void *
 stow_backend_cuda_weights (StowBackend *bb, guint unit)
 {
   CudaBackend *b = (CudaBackend *)bb;
-  return shadow_unit (b, b->map.weights_buf, unit);
+  StowTensorMap *m = &b->map;
+  /* Streamed weights (--offload-params cpu) live in pinned host memory,
+   * which CPU Adam updates: no device copy of the whole model. */
+  if (m->weights_buf == STOW_NONE)
+    return m->host_weights_buf != STOW_NONE && m->addr[m->host_weights_buf]
+               ? stow_tensor_map_unit (m, m->host_weights_buf, unit)
+               : NULL;
+  return shadow_unit (b, m->weights_buf, unit);
 }
 
 /* The states of a host optimizer are host memory already. */
@@ -1042,6 +1124,23 @@ stow_backend_cuda_push (StowBackend *bb, GError **error)
 {
   CudaBackend *b = (CudaBackend *)bb;
   StowTensorMap *m = &b->map;
+  if (m->weights_buf == STOW_NONE)
+    {
+      /* Streamed weights: the resident units' device copies start as the
+       * host weights; the others go up in each step. */
+      for (guint u = 0; u < b->p->units->len; u++)
+        if (m->unit_weights[u] != STOW_NONE
+            && !cuda_ok (cudaMemcpy (m->addr[m->unit_weights[u]],
+                                     stow_tensor_map_unit (
+                                         m, m->host_weights_buf, u),
+                                     g_array_index (b->p->units, StowUnit, u)
+                                             .numel
+                                         * m->esize,
+                                     cudaMemcpyHostToDevice),
+                         "resident weights to the device", error))
+          return FALSE;
+      return copy_persistent (b, TRUE, error);
+    }
   /* CPU Adam's host copy of the weights starts as the loaded weights. */
   if (m->host_weights != NULL && m->weights_buf != STOW_NONE
       && b->shadow[m->weights_buf] != NULL)

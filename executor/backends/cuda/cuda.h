@@ -29,6 +29,9 @@ typedef struct
   guint64 device_capacity_bytes;
   StowCpuDataFn data; /* called on the host when the data op is issued */
   gpointer data_user;
+  /* ZeRO-Offload's one-step delayed parameter update (--delayed-update),
+   * as the cpu backend's: needs the optimizer in host memory. */
+  gboolean delayed_update;
 } StowCudaSetup;
 
 /* Whether a device, its driver and cuBLAS are usable; the reason if not. */
@@ -47,6 +50,13 @@ gboolean stow_backend_cuda_step_stats (StowBackend *cuda, StowStepStats *out,
                                        GError **error);
 guint64 stow_backend_cuda_peak_bytes (StowBackend *cuda);
 void stow_backend_cuda_reset_peak (StowBackend *cuda);
+/* The delayed update's pending gradients, as the cpu backend's
+ * stow_backend_cpu_pending and stow_backend_cpu_set_pending. */
+void *stow_backend_cuda_pending (StowBackend *cuda, guint unit,
+                                 gboolean *pending);
+void stow_backend_cuda_set_pending (StowBackend *cuda, gboolean pending);
+/* The program's pinned host buffers' peak (all persistent). */
+guint64 stow_backend_cuda_pinned_peak_bytes (StowBackend *cuda);
 
 /* Host copies of the persistent tensors of @unit (as the cpu backend's
  * accessors), for loading and saving: stow_backend_cuda_pull fills them
