@@ -644,7 +644,7 @@ test_delayed (void)
   g_assert_nonnull (strstr (r3.err, "--delayed-update off"));
   const char *const bad[][4] = {
     { "--offload-optimizer", "none", NULL, NULL },
-    { "--offload-optimizer", "cpu", "--backend", "cuda" },
+    { "--offload-optimizer", "cpu", "--offload-params", "cpu" },
   };
   for (guint i = 0; i < G_N_ELEMENTS (bad); i++)
     {
