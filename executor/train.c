@@ -29,6 +29,7 @@
 #include "executor/model-io.h"
 #include "executor/preflight.h"
 #include "executor/trace.h"
+#include "offload/adam.h"
 #include "planner/plan-file.h"
 #include "planner/schedule.h"
 #include "planner/search.h"
@@ -1001,6 +1002,47 @@ check_config (StowTrainConfig *c, GError **error)
   return TRUE;
 }
 
+/* The simulated timeline of a GPU run whose optimizer steps on the host,
+ * again at this host's measured CPU Adam rate (stow_adam_measure) instead
+ * of the nominal host bandwidth: its cpu_optim stream's busy time is then
+ * comparable with the run's (--stream-times).  The peaks stay the first
+ * simulation's.  Without a measurement, the nominal timeline stays. */
+static void
+time_at_host_rate (Run *r)
+{
+  StowTrainConfig *c = r->c;
+  g_autoptr (GError) e = NULL;
+  StowAdam *adam = stow_adam_new (c->threads, STOW_ISA_AUTO, &e);
+  double rate = adam ? stow_adam_measure (adam, (guint64)1 << 22, 3, &e) : 0;
+  g_clear_pointer (&adam, stow_adam_free);
+  if (rate <= 0)
+    {
+      note (c, "CPU Adam's rate: %s; the simulated cpu_optim stream keeps "
+               "the nominal host bandwidth",
+            e ? e->message : "not measured");
+      return;
+    }
+  StowNode node;
+  memset (&node, 0, sizeof node);
+  stow_node_copy (&r->cluster->node, &node);
+  node.host_mem_bw = rate * STOW_SCHED_ADAM_BYTES_PER_PARAM
+                     * MAX (node.gpus_per_node, 1);
+  g_autoptr (StowCluster) at = stow_cluster_new (&node, 1, "cuda");
+  stow_node_clear (&node);
+  StowSimSetup setup = { r->model, at, &r->training, &r->layout, NULL };
+  g_autoptr (StowBackend) sim = stow_backend_sim_new (&setup);
+  g_autoptr (StowTrace) tr = stow_program_run (r->prog, sim, NULL);
+  if (tr == NULL)
+    return;
+  note (c, "CPU Adam on this host: %.2f G parameters/s (the simulated "
+           "cpu_optim stream's rate)",
+        rate / 1e9);
+  c->predicted_step_s = tr->step_time_s;
+  memcpy (c->simulated_busy_s, tr->busy_s, sizeof c->simulated_busy_s);
+  memcpy (c->simulated_exposed_s, tr->exposed_s,
+          sizeof c->simulated_exposed_s);
+}
+
 gboolean
 stow_train_run (StowTrainConfig *c, GError **error)
 {
@@ -1097,6 +1139,8 @@ stow_train_run (StowTrainConfig *c, GError **error)
     memcpy (c->simulated_busy_s, tr->busy_s, sizeof c->simulated_busy_s);
     memcpy (c->simulated_exposed_s, tr->exposed_s,
             sizeof c->simulated_exposed_s);
+    if (cuda && r.layout.offload_optimizer != STOW_OFFLOAD_NONE)
+      time_at_host_rate (&r);
     if (!stow_preflight_host (tr, cuda, error)
         || (!cuda
             && !stow_preflight_memlock (r.prog, tr, c->test_memlock_limit,

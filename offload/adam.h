@@ -148,6 +148,13 @@ gboolean stow_adam_step (StowAdam *adam, const StowAdamConfig *config,
                          const StowAdamStep *step, const StowAdamTensor *tensor,
                          GError **error);
 
+/* This host's CPU Adam rate, in parameters a second: the fastest of @reps
+ * updates of @n parameters laid out as ZeRO-Offload's step has them (fp32
+ * master and moments, bf16 gradients and updated weights), on @adam's
+ * threads.  0 and @error when the arrays cannot be had. */
+double stow_adam_measure (StowAdam *adam, guint64 n, guint reps,
+                          GError **error);
+
 /* Hot path: the sum of squares of the raw gradients, accumulated in double
  * over fixed blocks that depend only on @n and added in block order: the
  * same bits for any thread count and any ISA.  NaN or Inf when a gradient

@@ -849,6 +849,47 @@ test_pool (void)
   g_assert_no_error (error);
 }
 
+/* The rate the cuda backend's simulated cpu_optim stream takes: parameters
+ * a second, agreeing with a step timed here on arrays of the same size
+ * (within 5x either way: the machine may be shared; a rate in bytes or
+ * a time would be off by 28x or more). */
+static void
+test_measure (void)
+{
+  g_autoptr (GError) error = NULL;
+  StowAdam *adam = stow_adam_new (0, STOW_ISA_AUTO, &error);
+  g_assert_no_error (error);
+  guint64 n = (guint64)1 << 20;
+  double rate = stow_adam_measure (adam, n, 3, &error);
+  g_assert_no_error (error);
+  g_assert_true (isfinite (rate));
+  g_assert_cmpfloat (rate, >, 0);
+  float *f = g_new0 (float, 3 * n);
+  guint16 *h = g_new0 (guint16, 2 * n);
+  for (guint64 i = 0; i < n; i++)
+    h[i] = 0x3c00;
+  StowAdamConfig cfg;
+  stow_adam_config_init (&cfg);
+  StowAdamTensor t = { f, f + n, f + 2 * n, h, STOW_FLOAT_BF16, h + n,
+                       STOW_FLOAT_BF16, n };
+  double best = G_MAXDOUBLE;
+  for (guint r = 0; r < 4; r++)
+    {
+      StowAdamStep st = { r + 1, 1.0, 1.0, FALSE };
+      gint64 t0 = g_get_monotonic_time ();
+      g_assert_cmpint (stow_adam_step_raw (adam, &cfg, &st, &t), ==, 0);
+      if (r > 0)
+        best = MIN (best, (double)(g_get_monotonic_time () - t0) * 1e-6);
+    }
+  double here = (double)n / MAX (best, 1e-9);
+  g_test_message ("measured %.3g parameters/s, timed here %.3g", rate, here);
+  g_assert_cmpfloat (rate, >, here / 5);
+  g_assert_cmpfloat (rate, <, here * 5);
+  g_free (f);
+  g_free (h);
+  stow_adam_free (adam);
+}
+
 int
 main (int argc, char **argv)
 {
@@ -876,5 +917,6 @@ main (int argc, char **argv)
   g_test_add_func ("/adam/resume", test_resume);
   g_test_add_func ("/adam/grad-sumsq", test_grad_sumsq);
   g_test_add_func ("/adam/invalid", test_invalid);
+  g_test_add_func ("/adam/measure", test_measure);
   return g_test_run ();
 }

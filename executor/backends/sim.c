@@ -18,11 +18,6 @@
  * planning default (Megatron-LM reports 40-55% MFU at scale, Narayanan et
  * al. 2021, Table 1). */
 #define STOW_SCHED_MFU 0.5
-/* Bytes of memory traffic per parameter of an Adam update: read fp32
- * master, exp_avg, exp_avg_sq and write them back (24), read the gradient
- * and write the low-precision weight (2 + 2).  CPU Adam streams at about
- * STREAM-triad speed (bench/results/adam-vm-*.md). */
-#define STOW_SCHED_ADAM_BYTES_PER_PARAM 28.0
 #define STOW_SCHED_INTRA_LATENCY_S      10e-6
 
 typedef struct
