@@ -75,6 +75,15 @@ stow_cmd_mem (int argc, char **argv)
   return rc;
 }
 
+/* What would fit instead: the JSON array's objects, and for the other
+ * formats one line each with its kind beside it (static strings). */
+typedef struct
+{
+  JsonBuilder *jb;
+  GPtrArray *lines; /* owned strings */
+  GPtrArray *kinds;
+} Alternatives;
+
 /* Searches @cluster for @training; when something fits, records it as an
  * alternative of @kind ("more_gpus", "larger_gpu", "finetune") with the
  * label shown to the user and in JSON under @key.  TRUE if it fits. */
@@ -82,7 +91,7 @@ static gboolean
 try_alternative (StowPlanOptions *po, const StowCluster *cluster,
                  const StowTraining *training, StowPins pins, const char *kind,
                  const char *key, const char *value, const char *label,
-                 JsonBuilder *jb, GString *text)
+                 Alternatives *out)
 {
   g_autoptr (StowSearch) s
       = stow_plan_options_search (po, cluster, training, pins, 1);
@@ -91,7 +100,10 @@ try_alternative (StowPlanOptions *po, const StowCluster *cluster,
   StowCandidate *cand = &g_array_index (s->fits, StowCandidate, 0);
   g_autofree char *d = stow_layout_describe (&cand->layout);
   g_autofree char *tot = stow_format_bytes (cand->total_bytes);
-  g_string_append_printf (text, "  - %s: %s (%s per GPU)\n", label, d, tot);
+  g_ptr_array_add (out->lines,
+                   g_strdup_printf ("%s: %s (%s per GPU)", label, d, tot));
+  g_ptr_array_add (out->kinds, (char *)kind);
+  JsonBuilder *jb = out->jb;
   json_builder_begin_object (jb);
   stow_json_set_string (jb, "kind", kind);
   stow_json_set_string (jb, key, value);
@@ -105,8 +117,7 @@ try_alternative (StowPlanOptions *po, const StowCluster *cluster,
 /* What would make it fit: more GPUs of this kind, a larger GPU, LoRA or
  * QLoRA.  Each alternative is a full search on the changed setup. */
 static void
-alternatives (StowPlanOptions *po, gboolean host_limited, JsonBuilder *jb,
-              GString *text)
+alternatives (StowPlanOptions *po, gboolean host_limited, Alternatives *out)
 {
   const StowCluster *c = po->cluster_obj;
   const StowGpu *gpu = &c->node.gpu;
@@ -132,12 +143,15 @@ alternatives (StowPlanOptions *po, gboolean host_limited, JsonBuilder *jb,
           g_autofree char *host = stow_format_bytes (cand->host_bytes);
           g_autofree char *have = stow_format_bytes (c->node.host_ram_bytes);
           g_autofree char *nv = stow_format_bytes (cand->nvme_bytes);
-          g_string_append_printf (text,
-                                  "  - %s host RAM per node (it has %s)%s%s: "
-                                  "%s\n",
-                                  host, have,
-                                  cand->nvme_bytes ? " and NVMe of " : "",
-                                  cand->nvme_bytes ? nv : "", d);
+          g_ptr_array_add (out->lines,
+                           g_strdup_printf ("%s host RAM per node (it has "
+                                            "%s)%s%s: %s",
+                                            host, have,
+                                            cand->nvme_bytes ? " and NVMe of "
+                                                             : "",
+                                            cand->nvme_bytes ? nv : "", d));
+          g_ptr_array_add (out->kinds, "more_host_memory");
+          JsonBuilder *jb = out->jb;
           json_builder_begin_object (jb);
           stow_json_set_string (jb, "kind", "more_host_memory");
           stow_json_set_i64 (jb, "host_bytes", (gint64)cand->host_bytes);
@@ -160,7 +174,7 @@ alternatives (StowPlanOptions *po, gboolean host_limited, JsonBuilder *jb,
       if (bigger != NULL
           && try_alternative (po, bigger, &po->training,
                               po->pins & ~(StowPins)STOW_PIN_DP, "more_gpus",
-                              "gpus", spec, spec, jb, text))
+                              "gpus", spec, spec, out))
         break;
     }
 
@@ -185,7 +199,7 @@ alternatives (StowPlanOptions *po, gboolean host_limited, JsonBuilder *jb,
       stow_node_clear (&node);
       g_autofree char *label = g_strdup_printf ("%s in the same nodes", spec);
       try_alternative (po, other, &po->training, po->pins, "larger_gpu", "gpus",
-                       spec, label, jb, text);
+                       spec, label, out);
     }
 
   /* LoRA, then QLoRA, on the same GPUs. */
@@ -201,7 +215,7 @@ alternatives (StowPlanOptions *po, gboolean host_limited, JsonBuilder *jb,
       g_autofree char *label = g_strdup_printf (
           "--finetune %s (rank %" G_GUINT64_FORMAT ")", name, t.lora_rank);
       if (try_alternative (po, c, &t, po->pins, "finetune", "finetune", name,
-                           label, jb, text))
+                           label, out))
         break;
     }
 }
@@ -292,10 +306,12 @@ run_fit (StowPlanOptions *po, StowReportOptions *ro, int argc, char **argv)
                          &best->layout, &po->mem,        mem };
 
   g_autoptr (JsonBuilder) jb = json_builder_new ();
-  g_autoptr (GString) alts = g_string_new (NULL);
+  g_autoptr (GPtrArray) alt_lines = g_ptr_array_new_with_free_func (g_free);
+  g_autoptr (GPtrArray) alt_kinds = g_ptr_array_new ();
+  Alternatives alts = { jb, alt_lines, alt_kinds };
   json_builder_begin_array (jb);
   if (!fits)
-    alternatives (po, search->host_or_nvme > 0, jb, alts);
+    alternatives (po, search->host_or_nvme > 0, &alts);
   json_builder_end_array (jb);
   g_autoptr (JsonNode) alt_node = json_builder_get_root (jb);
 
@@ -340,18 +356,20 @@ run_fit (StowPlanOptions *po, StowReportOptions *ro, int argc, char **argv)
   else
     g_string_append (text, "Closest layout (does not fit):\n");
   stow_memory_report_text (text, &r, po->explain);
-  if (!fits && alts->len)
-    g_string_append_printf (text, "\nWhat would fit:\n%s", alts->str);
+  if (!fits && alt_lines->len)
+    {
+      g_string_append (text, "\nWhat would fit:\n");
+      for (guint i = 0; i < alt_lines->len; i++)
+        g_string_append_printf (text, "  - %s\n",
+                                (const char *)g_ptr_array_index (alt_lines, i));
+    }
   else if (!fits)
     g_string_append (text, "\nNo alternative found with more GPUs, a "
                            "larger GPU or LoRA/QLoRA.\n");
-  /* The alternatives, one per line, for the other formats. */
-  g_auto (GStrv) alt_lines = g_strsplit (alts->str, "\n", -1);
-  GPtrArray *alt_list = g_ptr_array_new ();
-  for (char **l = alt_lines; *l; l++)
-    if (g_str_has_prefix (*l, "  - "))
-      g_ptr_array_add (alt_list, *l + 4);
-  g_ptr_array_add (alt_list, NULL);
+  /* The alternatives and their kinds, NULL-terminated, for the other
+   * formats and the --emit hint. */
+  g_ptr_array_add (alt_lines, NULL);
+  g_ptr_array_add (alt_kinds, NULL);
   /* The time model's throughput of each candidate, for the chart. */
   g_autofree double *tput = g_new0 (double, MAX (search->fits->len, 1));
   for (guint i = 0; i < search->fits->len; i++)
@@ -362,11 +380,11 @@ run_fit (StowPlanOptions *po, StowReportOptions *ro, int argc, char **argv)
                         .fits = fits,
                         .throughput = fits ? tput : NULL,
                         .n_throughput = search->fits->len,
-                        .alternatives = (const char *const *)alt_list->pdata };
-  int rc = stow_report_options_finish (ro, po, &report, text->str, node,
-                                       fits ? STOW_EXIT_OK : STOW_EXIT_NO);
-  g_ptr_array_free (alt_list, TRUE);
-  return rc;
+                        .alternatives = (const char *const *)alt_lines->pdata,
+                        .alternative_kinds
+                        = (const char *const *)alt_kinds->pdata };
+  return stow_report_options_finish (ro, po, &report, text->str, node,
+                                     fits ? STOW_EXIT_OK : STOW_EXIT_NO);
 }
 
 int

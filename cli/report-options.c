@@ -338,9 +338,16 @@ stow_report_options_finish (StowReportOptions *ro, StowPlanOptions *po,
           /* One larger GPU is enough to make the point; 'fit' without
            * --emit lists them all. */
           guint larger = 0;
-          for (const char *const *a = report->alternatives; a && *a; a++)
-            if (strstr (*a, " in the same nodes: ") == NULL || larger++ == 0)
-              fprintf (stderr, "hint: would fit: %s\n", *a);
+          for (guint i = 0; report->alternatives && report->alternatives[i];
+               i++)
+            {
+              const char *alt_kind = report->alternative_kinds
+                                         ? report->alternative_kinds[i]
+                                         : NULL;
+              if (g_strcmp0 (alt_kind, "larger_gpu") != 0 || larger++ == 0)
+                fprintf (stderr, "hint: would fit: %s\n",
+                         report->alternatives[i]);
+            }
           if (larger > 1)
             fprintf (stderr,
                      "hint: %u other GPUs would fit too: 'stowage fit' with "

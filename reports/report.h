@@ -36,8 +36,11 @@ typedef struct
    * model supplies it, and the charts then plot memory and headroom. */
   const double *throughput;
   guint n_throughput;
-  /* What would fit instead, one line each (may be NULL). */
+  /* What would fit instead, one line each (may be NULL), and beside each
+   * its kind as the JSON's "kind" names it ("more_gpus", "larger_gpu",
+   * "finetune", "more_host_memory"). */
   const char *const *alternatives;
+  const char *const *alternative_kinds;
 } StowReport;
 
 /* Comma-separated values (RFC 4180): one row per term with raw bytes, then

@@ -408,6 +408,13 @@ test_no_fit (void)
   g_assert_nonnull (strstr (r.err, "Megatron-LM's memory model"));
   g_assert_nonnull (strstr (r.err, "hint: would fit: 32xV100-16GB: "));
   g_assert_nonnull (strstr (r.err, ", megatron ("));
+  /* One larger GPU named (the alternatives' kind, not their text, says
+   * which are), the others counted. */
+  guint same_nodes = 0;
+  for (const char *p = r.err; (p = strstr (p, " in the same nodes: ")); p++)
+    same_nodes++;
+  g_assert_cmpuint (same_nodes, ==, 1);
+  g_assert_nonnull (strstr (r.err, " other GPUs would fit too: "));
   g_assert_cmpuint (stow_count_lines (r.err), <=, 6);
 }
 
