@@ -124,10 +124,11 @@ run_grad_norm (CpuBackend *b, const StowOp *op, GError **error)
 static gboolean
 run_delayed (CpuBackend *b, const StowOp *op, GError **error)
 {
-  if (!b->apply_prev)
+  if (!b->delayed.apply_prev)
     return TRUE;
   return stow_tensor_map_adam_unit_from (&b->map, b->adam, op->unit,
-                                         b->prev_grads, b->step - 1, error);
+                                         b->delayed.prev_grads, b->step - 1,
+                                         error);
 }
 
 /* AdamW on one unit, tensor by tensor: on the device's tensors, or
@@ -162,7 +163,7 @@ run_optim (CpuBackend *b, const StowOp *op, GError **error)
   if (b->skip)
     return TRUE;
   StowAdamStep st = { b->step, 1.0, b->clip_coef, FALSE };
-  if (b->delayed)
+  if (b->delayed.on)
     return run_delayed (b, op, error);
   if (op->unit == STOW_NONE)
     {

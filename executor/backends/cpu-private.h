@@ -80,13 +80,10 @@ struct _CpuBackend
   /* The program's persistent pinned buffers, locked in host memory. */
   StowPinnedPool *pinned_pool;
   gboolean no_pin;
-  /* The delayed update: the previous step's gradients (host gradients'
-   * layout), and whether the host gradients hold a step's that the next
-   * step applies. */
-  gboolean delayed;
-  guint8 *prev_grads;
-  guint8 *own_grads; /* the program's host gradients, whichever is where */
-  gboolean have_grads, apply_prev;
+  /* The delayed update (tensors.h), and the program's host gradients,
+   * whichever of the two buffers holds them. */
+  StowDelayed delayed;
+  guint8 *own_grads;
   /* Program buffers in the pinned tier: bytes held now and the peak (a
    * swap buffer counts as the ring buffer it takes). */
   guint64 pinned_in_use, pinned_peak;

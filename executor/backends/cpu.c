@@ -319,7 +319,7 @@ cpu_destroy (StowBackend *bb)
    * goes back to whoever allocated it. */
   if (b->own_grads != NULL && b->map.addr[b->map.host_grads_buf] != b->own_grads)
     {
-      b->prev_grads = b->map.addr[b->map.host_grads_buf];
+      b->delayed.prev_grads = b->map.addr[b->map.host_grads_buf];
       b->map.addr[b->map.host_grads_buf] = b->own_grads;
     }
   for (guint i = 0; b->map.addr && i < b->n_buffers; i++)
@@ -335,7 +335,7 @@ cpu_destroy (StowBackend *bb)
     stow_param_swap_free (b->params);
   g_clear_error (&b->access_error);
   stow_tensor_map_clear (&b->map);
-  g_aligned_free (b->prev_grads);
+  g_aligned_free (b->delayed.prev_grads);
   g_free (b->recorded);
   g_free (b->op_start);
   g_free (b->op_end);
@@ -385,7 +385,7 @@ stow_backend_cpu_new (const StowCpuSetup *setup, GError **error)
   b->data = setup->data;
   b->data_user = setup->data_user;
   b->copy_delay_us = setup->copy_delay_us;
-  b->delayed = setup->delayed_update;
+  b->delayed.on = setup->delayed_update;
   b->no_pin = setup->no_pin;
   b->n_buffers = p->buffers->len;
   b->recorded = g_new0 (gboolean, MAX (p->events->len, 1));
@@ -397,13 +397,13 @@ stow_backend_cpu_new (const StowCpuSetup *setup, GError **error)
       cpu_destroy (&b->parent);
       return NULL;
     }
-  if (b->delayed)
+  if (b->delayed.on)
     {
       guint64 numel = b->map.numel;
-      b->prev_grads = b->map.host_grads_buf != STOW_NONE
+      b->delayed.prev_grads = b->map.host_grads_buf != STOW_NONE
                           ? host_alloc (numel * stow_dtype_size (p->grad_dtype))
                           : NULL;
-      if (b->prev_grads == NULL)
+      if (b->delayed.prev_grads == NULL)
         {
           g_set_error (error, STOW_BACKEND_ERROR,
                        b->map.host_grads_buf == STOW_NONE
@@ -521,17 +521,9 @@ stow_backend_cpu_begin_step (StowBackend *bb, guint64 step)
   b->clip_coef = 1.0;
   b->skip = FALSE;
   b->lr = stow_optim_lr_at (&b->p->optim, step);
-  if (b->delayed)
-    {
-      /* The gradients the last step left go aside for this step's update;
-       * this step's go where they were. */
-      StowTensorMap *m = &b->map;
-      guint8 *t = m->addr[m->host_grads_buf];
-      m->addr[m->host_grads_buf] = b->prev_grads;
-      b->prev_grads = t;
-      b->apply_prev = b->have_grads && step > 1;
-      b->have_grads = TRUE;
-    }
+  /* The gradients the last step left go aside for this step's update;
+   * this step's go where they were. */
+  stow_delayed_begin_step (&b->delayed, &b->map, step);
   memset (b->recorded, 0, sizeof (gboolean) * MAX (b->p->events->len, 1));
   memset (b->op_start, 0, sizeof (double) * MAX (b->p->ops->len, 1));
   memset (b->op_end, 0, sizeof (double) * MAX (b->p->ops->len, 1));
@@ -636,18 +628,13 @@ void *
 stow_backend_cpu_pending (StowBackend *bb, guint unit, gboolean *pending)
 {
   CpuBackend *b = (CpuBackend *)bb;
-  StowTensorMap *m = &b->map;
-  if (!b->delayed || m->addr[m->host_grads_buf] == NULL)
-    return NULL;
-  if (pending)
-    *pending = b->have_grads;
-  return stow_tensor_map_unit (m, m->host_grads_buf, unit);
+  return stow_delayed_pending (&b->delayed, &b->map, unit, pending);
 }
 
 void
 stow_backend_cpu_set_pending (StowBackend *bb, gboolean pending)
 {
-  ((CpuBackend *)bb)->have_grads = pending;
+  ((CpuBackend *)bb)->delayed.have_grads = pending;
 }
 
 char *

@@ -646,6 +646,30 @@ stow_tensor_map_adam_unit (const StowTensorMap *m, StowAdam *adam, guint unit,
   return TRUE;
 }
 
+void
+stow_delayed_begin_step (StowDelayed *d, StowTensorMap *m, guint64 step)
+{
+  if (!d->on || d->prev_grads == NULL || m->host_grads_buf == STOW_NONE)
+    return;
+  guint8 *t = m->addr[m->host_grads_buf];
+  m->addr[m->host_grads_buf] = d->prev_grads;
+  d->prev_grads = t;
+  d->apply_prev = d->have_grads && step > 1;
+  d->have_grads = TRUE;
+}
+
+void *
+stow_delayed_pending (const StowDelayed *d, const StowTensorMap *m,
+                      guint unit, gboolean *pending)
+{
+  if (!d->on || m->host_grads_buf == STOW_NONE
+      || m->addr[m->host_grads_buf] == NULL)
+    return NULL;
+  if (pending)
+    *pending = d->have_grads;
+  return stow_tensor_map_unit (m, m->host_grads_buf, unit);
+}
+
 gboolean
 stow_tensor_map_adam_unit_from (const StowTensorMap *m, StowAdam *adam,
                                 guint unit, const guint8 *grads, guint64 step,

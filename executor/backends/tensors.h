@@ -161,6 +161,25 @@ float *stow_tensor_map_state (const StowTensorMap *map, guint unit,
 gboolean stow_tensor_map_adam_unit (const StowTensorMap *map, StowAdam *adam,
                                     guint unit, const StowAdamStep *step,
                                     double lr, GError **error);
+/* ZeRO-Offload's delayed update, as the backends that run it keep it: the
+ * last step's host gradients go aside (prev_grads) when a step begins and
+ * CPU Adam applies them while this step's come down where they were. */
+typedef struct
+{
+  gboolean on;
+  gboolean apply_prev; /* this step applies the last one's gradients */
+  gboolean have_grads; /* the host gradients hold a step's (pending) */
+  guint8 *prev_grads;  /* the whole model's, laid out as the host's */
+} StowDelayed;
+
+/* At step @step's start: trades the host gradients with prev_grads. */
+void stow_delayed_begin_step (StowDelayed *d, StowTensorMap *map,
+                              guint64 step);
+/* The pending gradients of @unit (which the next step applies), and in
+ * @pending whether there are any; NULL without a delayed update. */
+void *stow_delayed_pending (const StowDelayed *d, const StowTensorMap *map,
+                            guint unit, gboolean *pending);
+
 /* The same with the gradients taken from @grads (the whole model's, laid
  * out as the host gradients) as step @step's update, unclipped, at that
  * step's learning rate: ZeRO-Offload's delayed update, which applies the

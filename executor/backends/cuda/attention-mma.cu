@@ -162,6 +162,89 @@ quad_sum (float x)
   return x + __shfl_xor_sync (0xffffffffu, x, 2);
 }
 
+/* The K and V tiles of rows [r, r + MMA_KTILE) of kv head column @col into
+ * buffer @buf (of two) of Ks and Vs, rows at or past @end as zeros. */
+template <int D>
+static __device__ __forceinline__ void
+load_kv (uint16_t *Ks, uint16_t *Vs, int buf, const uint16_t *k,
+         const uint16_t *v, guint64 ldk, guint64 r, guint64 end, guint64 col)
+{
+  load_tile<D, MMA_KTILE> (Ks + buf * MMA_KTILE * (D + 8), k, ldk, r, end,
+                           col);
+  load_tile<D, MMA_KTILE> (Vs + buf * MMA_KTILE * (D + 8), v, ldk, r, end,
+                           col);
+}
+
+template <int N>
+static __device__ __forceinline__ void
+zero (float (&A)[N][4])
+{
+  for (int i = 0; i < N; i++)
+    A[i][0] = A[i][1] = A[i][2] = A[i][3] = 0;
+}
+
+/* The block's next tile is in: every cp.async group but the newest one
+ * done, and seen by every thread. */
+static __device__ __forceinline__ void
+tile_ready (void)
+{
+  cp_commit ();
+  cp_wait<1> ();
+  __syncthreads ();
+}
+
+/* S = A0 B0^T and T = A1 B1^T for the warp's 16 rows from @row0 of A0 and
+ * A1 against the N rows of B0 and B1, over D columns (row-major tiles of
+ * D + 8 elements a row): the backward's scores and dP. */
+template <int D, int N>
+static __device__ __forceinline__ void
+two_products (float (&S)[N / 8][4], float (&T)[N / 8][4], const uint16_t *A0,
+              const uint16_t *A1, int row0, const uint16_t *B0,
+              const uint16_t *B1)
+{
+  constexpr int LD = D + 8;
+  zero (S);
+  zero (T);
+  for (int c = 0; c < D / 16; c++)
+    {
+      uint32_t a0[4], a1[4];
+      frag_a (a0, A0, LD, row0, c * 16);
+      frag_a (a1, A1, LD, row0, c * 16);
+      for (int n = 0; n < N / 8; n += 2)
+        {
+          uint32_t b0[4], b1[4];
+          frag_bt (b0, B0, LD, n * 8, c * 16);
+          frag_bt (b1, B1, LD, n * 8, c * 16);
+          mma (S[n], a0, b0[0], b0[1]);
+          mma (S[n + 1], a0, b0[2], b0[3]);
+          mma (T[n], a1, b1[0], b1[1]);
+          mma (T[n + 1], a1, b1[2], b1[3]);
+        }
+    }
+}
+
+/* C += P B: P the warp's (16, N) probabilities as bf16 pairs (the
+ * accumulator pairs of the product that made them are the A fragments
+ * over 16 of the N), B (N, D) a row-major tile of D + 8 elements a row. */
+template <int D, int N>
+static __device__ __forceinline__ void
+acc_pb (float (&C)[D / 8][4], const uint32_t (&P)[N / 8][2],
+        const uint16_t *B)
+{
+  for (int c = 0; c < N / 16; c++)
+    {
+      uint32_t pa[4] = { P[2 * c][0], P[2 * c][1], P[2 * c + 1][0],
+                         P[2 * c + 1][1] };
+      for (int n = 0; n < D / 8; n += 2)
+        {
+          uint32_t bf[4];
+          frag_b (bf, B, D + 8, c * 16, n * 8);
+          mma (C[n], pa, bf[0], bf[1]);
+          mma (C[n + 1], pa, bf[2], bf[3]);
+        }
+    }
+}
+
 #define LOG2E 1.4426950408889634f
 #define LN2 0.6931471805599453f
 
@@ -201,8 +284,7 @@ attn_mma_forward_kernel (guint64 T, guint64 a, guint64 kv, float scale,
   load_tile<D, MMA_ROWS> (Qs, q, ldq, r0 + q0, r0 + T, j * D);
   cp_commit ();
   guint64 n_kt = qt + 1; /* key tiles 0 .. the diagonal (64 = 64) */
-  load_tile<D, MMA_KTILE> (Ks, k, ldk, r0, r0 + T, g * D);
-  load_tile<D, MMA_KTILE> (Vs, v, ldk, r0, r0 + T, g * D);
+  load_kv<D> (Ks, Vs, 0, k, v, ldk, r0, r0 + T, g * D);
   cp_commit ();
   cp_wait<1> (); /* Q is in */
   __syncthreads ();
@@ -211,8 +293,7 @@ attn_mma_forward_kernel (guint64 T, guint64 a, guint64 kv, float scale,
     frag_a (Qf[c], Qs, LD, warp * 16, c * 16);
 
   float O[DT][4];
-  for (int i = 0; i < DT; i++)
-    O[i][0] = O[i][1] = O[i][2] = O[i][3] = 0;
+  zero (O);
   float m[2] = { -INFINITY, -INFINITY }, l[2] = { 0, 0 };
   guint64 row[2] = { q0 + warp * 16 + gr, q0 + warp * 16 + gr + 8 };
 
@@ -220,23 +301,15 @@ attn_mma_forward_kernel (guint64 T, guint64 a, guint64 kv, float scale,
     {
       int buf = kt & 1;
       if (kt + 1 < n_kt)
-        {
-          guint64 k1 = (kt + 1) * MMA_KTILE;
-          load_tile<D, MMA_KTILE> (Ks + (buf ^ 1) * MMA_KTILE * LD, k, ldk,
-                                   r0 + k1, r0 + T, g * D);
-          load_tile<D, MMA_KTILE> (Vs + (buf ^ 1) * MMA_KTILE * LD, v, ldk,
-                                   r0 + k1, r0 + T, g * D);
-        }
-      cp_commit ();
-      cp_wait<1> ();
-      __syncthreads ();
+        load_kv<D> (Ks, Vs, buf ^ 1, k, v, ldk, r0 + (kt + 1) * MMA_KTILE,
+                    r0 + T, g * D);
+      tile_ready ();
       const uint16_t *Kt = Ks + buf * MMA_KTILE * LD;
       const uint16_t *Vt = Vs + buf * MMA_KTILE * LD;
       guint64 k0 = kt * MMA_KTILE;
 
       float S[KT][4];
-      for (int n = 0; n < KT; n++)
-        S[n][0] = S[n][1] = S[n][2] = S[n][3] = 0;
+      zero (S);
       for (int c = 0; c < D / 16; c++)
         for (int n = 0; n < KT; n += 2)
           {
@@ -290,19 +363,7 @@ attn_mma_forward_kernel (guint64 T, guint64 a, guint64 kv, float scale,
           O[i][2] *= alpha[1];
           O[i][3] *= alpha[1];
         }
-      /* O += P V: P's accumulator pairs are the A fragment over 16 keys. */
-      for (int c = 0; c < KT / 2; c++)
-        {
-          uint32_t pa[4] = { P[2 * c][0], P[2 * c][1], P[2 * c + 1][0],
-                             P[2 * c + 1][1] };
-          for (int n = 0; n < DT; n += 2)
-            {
-              uint32_t bf[4];
-              frag_b (bf, Vt, LD, c * 16, n * 8);
-              mma (O[n], pa, bf[0], bf[1]);
-              mma (O[n + 1], pa, bf[2], bf[3]);
-            }
-        }
+      acc_pb<D, MMA_KTILE> (O, P, Vt); /* O += P V */
       __syncthreads (); /* the buffer is refilled next iteration */
     }
   for (int h = 0; h < 2; h++)
@@ -356,8 +417,7 @@ attn_mma_dq_kernel (guint64 T, guint64 a, guint64 kv, float scale,
   load_tile<D, MMA_ROWS> (dOs, dout, ldq, r0 + q0, r0 + T, j * D);
   cp_commit ();
   guint64 n_kt = qt + 1;
-  load_tile<D, MMA_KTILE> (Ks, k, ldk, r0, r0 + T, g * D);
-  load_tile<D, MMA_KTILE> (Vs, v, ldk, r0, r0 + T, g * D);
+  load_kv<D> (Ks, Vs, 0, k, v, ldk, r0, r0 + T, g * D);
   cp_commit ();
 
   guint64 row[2] = { q0 + warp * 16 + gr, q0 + warp * 16 + gr + 8 };
@@ -369,47 +429,21 @@ attn_mma_dq_kernel (guint64 T, guint64 a, guint64 kv, float scale,
       Dr[h] = in ? Dl[(r0 + row[h]) * a + j] : 0.0f;
     }
   float dQ[DT][4];
-  for (int i = 0; i < DT; i++)
-    dQ[i][0] = dQ[i][1] = dQ[i][2] = dQ[i][3] = 0;
+  zero (dQ);
 
   for (guint64 kt = 0; kt < n_kt; kt++)
     {
       int buf = kt & 1;
       if (kt + 1 < n_kt)
-        {
-          guint64 k1 = (kt + 1) * MMA_KTILE;
-          load_tile<D, MMA_KTILE> (Ks + (buf ^ 1) * MMA_KTILE * LD, k, ldk,
-                                   r0 + k1, r0 + T, g * D);
-          load_tile<D, MMA_KTILE> (Vs + (buf ^ 1) * MMA_KTILE * LD, v, ldk,
-                                   r0 + k1, r0 + T, g * D);
-        }
-      cp_commit ();
-      cp_wait<1> ();
-      __syncthreads ();
+        load_kv<D> (Ks, Vs, buf ^ 1, k, v, ldk, r0 + (kt + 1) * MMA_KTILE,
+                    r0 + T, g * D);
+      tile_ready ();
       const uint16_t *Kt = Ks + buf * MMA_KTILE * LD;
       const uint16_t *Vt = Vs + buf * MMA_KTILE * LD;
       guint64 k0 = kt * MMA_KTILE;
 
-      float S[KT][4], dP[KT][4];
-      for (int n = 0; n < KT; n++)
-        for (int e = 0; e < 4; e++)
-          S[n][e] = dP[n][e] = 0;
-      for (int c = 0; c < D / 16; c++)
-        {
-          uint32_t qa[4], da[4];
-          frag_a (qa, Qs, LD, warp * 16, c * 16);
-          frag_a (da, dOs, LD, warp * 16, c * 16);
-          for (int n = 0; n < KT; n += 2)
-            {
-              uint32_t bk[4], bv[4];
-              frag_bt (bk, Kt, LD, n * 8, c * 16);
-              frag_bt (bv, Vt, LD, n * 8, c * 16);
-              mma (S[n], qa, bk[0], bk[1]);
-              mma (S[n + 1], qa, bk[2], bk[3]);
-              mma (dP[n], da, bv[0], bv[1]);
-              mma (dP[n + 1], da, bv[2], bv[3]);
-            }
-        }
+      float S[KT][4], dP[KT][4]; /* Q K^T, dO V^T */
+      two_products<D, MMA_KTILE> (S, dP, Qs, dOs, warp * 16, Kt, Vt);
       uint32_t dS[KT][2];
       for (int n = 0; n < KT; n++)
         {
@@ -426,18 +460,7 @@ attn_mma_dq_kernel (guint64 T, guint64 a, guint64 kv, float scale,
           dS[n][0] = pack_bf16 (ds[0], ds[1]);
           dS[n][1] = pack_bf16 (ds[2], ds[3]);
         }
-      for (int c = 0; c < KT / 2; c++)
-        {
-          uint32_t sa[4] = { dS[2 * c][0], dS[2 * c][1], dS[2 * c + 1][0],
-                             dS[2 * c + 1][1] };
-          for (int n = 0; n < DT; n += 2)
-            {
-              uint32_t bf[4];
-              frag_b (bf, Kt, LD, c * 16, n * 8);
-              mma (dQ[n], sa, bf[0], bf[1]);
-              mma (dQ[n + 1], sa, bf[2], bf[3]);
-            }
-        }
+      acc_pb<D, MMA_KTILE> (dQ, dS, Kt); /* dQ += dS K */
       __syncthreads ();
     }
   for (int h = 0; h < 2; h++)
@@ -516,9 +539,8 @@ attn_mma_dkv_kernel (guint64 T, guint64 a, guint64 kv, float scale,
 
   guint64 key[2] = { k0 + warp * 16 + gr, k0 + warp * 16 + gr + 8 };
   float dK[DT][4], dV[DT][4];
-  for (int i = 0; i < DT; i++)
-    for (int e = 0; e < 4; e++)
-      dK[i][e] = dV[i][e] = 0;
+  zero (dK);
+  zero (dV);
 
   for (guint64 it = 0; it < n_it; it++)
     {
@@ -527,34 +549,14 @@ attn_mma_dkv_kernel (guint64 T, guint64 a, guint64 kv, float scale,
        * previous iteration has every reader of buf ^ 1 done. */
       if (it + 1 < n_it)
         issue (it + 1, buf ^ 1);
-      cp_commit ();
-      cp_wait<1> ();
-      __syncthreads ();
+      tile_ready ();
       const uint16_t *Qt = Qs + buf * MMA_QTILE * LD;
       const uint16_t *dOt = dOs + buf * MMA_QTILE * LD;
       const float *Lt = Ls + buf * MMA_QTILE, *Dt = Ds + buf * MMA_QTILE;
       guint64 q0 = k0 + (it % tiles_per_head) * MMA_QTILE;
 
-      float S[QT][4], dP[QT][4];
-      for (int n = 0; n < QT; n++)
-        for (int e = 0; e < 4; e++)
-          S[n][e] = dP[n][e] = 0;
-      for (int c = 0; c < D / 16; c++)
-        {
-          uint32_t ka[4], va[4];
-          frag_a (ka, Ks, LD, warp * 16, c * 16);
-          frag_a (va, Vs, LD, warp * 16, c * 16);
-          for (int n = 0; n < QT; n += 2)
-            {
-              uint32_t bq[4], bo[4];
-              frag_bt (bq, Qt, LD, n * 8, c * 16);
-              frag_bt (bo, dOt, LD, n * 8, c * 16);
-              mma (S[n], ka, bq[0], bq[1]);
-              mma (S[n + 1], ka, bq[2], bq[3]);
-              mma (dP[n], va, bo[0], bo[1]);
-              mma (dP[n + 1], va, bo[2], bo[3]);
-            }
-        }
+      float S[QT][4], dP[QT][4]; /* K Q^T, V dO^T */
+      two_products<D, MMA_QTILE> (S, dP, Ks, Vs, warp * 16, Qt, dOt);
       uint32_t P[QT][2], dS[QT][2];
       for (int n = 0; n < QT; n++)
         {
@@ -573,23 +575,8 @@ attn_mma_dkv_kernel (guint64 T, guint64 a, guint64 kv, float scale,
           dS[n][0] = pack_bf16 (ds[0], ds[1]);
           dS[n][1] = pack_bf16 (ds[2], ds[3]);
         }
-      for (int c = 0; c < QT / 2; c++)
-        {
-          uint32_t pa[4] = { P[2 * c][0], P[2 * c][1], P[2 * c + 1][0],
-                             P[2 * c + 1][1] };
-          uint32_t sa[4] = { dS[2 * c][0], dS[2 * c][1], dS[2 * c + 1][0],
-                             dS[2 * c + 1][1] };
-          for (int n = 0; n < DT; n += 2)
-            {
-              uint32_t bo[4], bq[4];
-              frag_b (bo, dOt, LD, c * 16, n * 8);
-              frag_b (bq, Qt, LD, c * 16, n * 8);
-              mma (dV[n], pa, bo[0], bo[1]);
-              mma (dV[n + 1], pa, bo[2], bo[3]);
-              mma (dK[n], sa, bq[0], bq[1]);
-              mma (dK[n + 1], sa, bq[2], bq[3]);
-            }
-        }
+      acc_pb<D, MMA_QTILE> (dV, P, dOt); /* dV += P^T dO */
+      acc_pb<D, MMA_QTILE> (dK, dS, Qt); /* dK += dS^T Q */
       __syncthreads ();
     }
   for (int h = 0; h < 2; h++)
@@ -640,15 +627,8 @@ stow_cuda_attention_mma_init (StowLlamaCuda *L, int major, int limit)
 {
   guint64 d = L->config.head_dim;
   L->attn_mma = false;
-  if (L->struct_bytes != sizeof (StowLlamaCuda))
-    {
-      g_set_error (&L->error, STOW_LLAMA_ERROR, STOW_LLAMA_ERROR_INVALID,
-                   "the cuda runtime's objects disagree on its layout (%zu "
-                   "and %zu bytes): a stale build; touch "
-                   "executor/backends/cuda/*.cu and rebuild",
-                   L->struct_bytes, sizeof (StowLlamaCuda));
-      return FALSE;
-    }
+  if (!stow_llama_cuda_layout_ok (L))
+    return FALSE;
   if (!L->bf16 || major < 8 || (d != 64 && d != 128))
     return TRUE;
   gboolean ok = d == 64 ? init_d<64> (L, limit) : init_d<128> (L, limit);

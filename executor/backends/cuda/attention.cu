@@ -334,15 +334,8 @@ smem_limit (StowLlamaCuda *L, F kernel, guint64 floats, const char *what)
 gboolean
 stow_cuda_attention_init (StowLlamaCuda *L)
 {
-  if (L->struct_bytes != sizeof (StowLlamaCuda))
-    {
-      g_set_error (&L->error, STOW_LLAMA_ERROR, STOW_LLAMA_ERROR_INVALID,
-                   "the cuda runtime's objects disagree on its layout (%zu "
-                   "and %zu bytes): a stale build; touch "
-                   "executor/backends/cuda/*.cu and rebuild",
-                   L->struct_bytes, sizeof (StowLlamaCuda));
-      return FALSE;
-    }
+  if (!stow_llama_cuda_layout_ok (L))
+    return FALSE;
   guint64 d = L->config.head_dim, B = (guint64)L->attn_tile;
   /* Both instantiations: a runtime uses one, the attributes are per
    * kernel. */

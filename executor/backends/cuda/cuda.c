@@ -80,12 +80,8 @@ struct _CudaBackend
   GError *host_error;
   double host_norm, host_clip;
   gboolean host_skip;
-  /* ZeRO-Offload's delayed update (as the cpu backend's): this step's
-   * gradients come down into the host gradients while CPU Adam applies
-   * the last step's, set aside in prev_grads (pinned) when the step
-   * began. */
-  gboolean delayed, apply_prev, have_grads;
-  guint8 *prev_grads;
+  /* ZeRO-Offload's delayed update (tensors.h), its prev_grads pinned. */
+  StowDelayed delayed;
 };
 
 static gboolean
@@ -431,12 +427,12 @@ host_adam (CudaBackend *b, const StowOp *op)
   if (skip)
     return;
   GError *e = NULL;
-  if (b->delayed)
+  if (b->delayed.on)
     {
-      if (b->apply_prev
+      if (b->delayed.apply_prev
           && !stow_tensor_map_adam_unit_from (&b->map, b->adam, op->unit,
-                                              b->prev_grads, b->step - 1,
-                                              &e))
+                                              b->delayed.prev_grads,
+                                              b->step - 1, &e))
         host_fail (b, e);
       return;
     }
@@ -810,7 +806,7 @@ stow_backend_cuda_new (const StowCudaSetup *setup, GError **error)
   b->model = stow_model_ref ((StowModel *)setup->model);
   b->data = setup->data;
   b->data_user = setup->data_user;
-  b->delayed = setup->delayed_update;
+  b->delayed.on = setup->delayed_update;
   g_mutex_init (&b->host_lock);
   b->jobs = g_new0 (HostJob, MAX (p->ops->len, 1));
   b->pending = g_array_new (FALSE, FALSE, sizeof (PendingFree));
@@ -882,7 +878,7 @@ stow_backend_cuda_alloc_persistent (StowBackend *bb, GError **error)
     }
   if (b->map.host_weights_buf != STOW_NONE)
     b->map.host_weights = b->map.addr[b->map.host_weights_buf];
-  if (b->delayed && b->prev_grads == NULL)
+  if (b->delayed.on && b->delayed.prev_grads == NULL)
     {
       if (b->map.host_grads_buf == STOW_NONE)
         {
@@ -893,10 +889,10 @@ stow_backend_cuda_alloc_persistent (StowBackend *bb, GError **error)
           return FALSE;
         }
       /* Pinned like the host gradients it trades places with. */
-      b->prev_grads = stow_pinned_pool_alloc (
+      b->delayed.prev_grads = stow_pinned_pool_alloc (
           b->pinned_pool,
           b->map.numel * stow_dtype_size (b->p->grad_dtype), error);
-      if (b->prev_grads == NULL)
+      if (b->delayed.prev_grads == NULL)
         return FALSE;
     }
   return TRUE;
@@ -919,18 +915,10 @@ stow_backend_cuda_begin_step (StowBackend *bb, guint64 step)
   b->host_clip = 1.0;
   b->host_skip = FALSE;
   g_mutex_unlock (&b->host_lock);
-  if (b->delayed && b->prev_grads != NULL)
-    {
-      /* The last step's gradients go aside for this step's update; this
-       * step's come down where they were.  The last step has been
-       * synchronized: no copy or host function still uses either. */
-      StowTensorMap *m = &b->map;
-      guint8 *t = m->addr[m->host_grads_buf];
-      m->addr[m->host_grads_buf] = b->prev_grads;
-      b->prev_grads = t;
-      b->apply_prev = b->have_grads && step > 1;
-      b->have_grads = TRUE;
-    }
+  /* The last step's gradients go aside for this step's update; this
+   * step's come down where they were.  The last step has been
+   * synchronized: no copy or host function still uses either. */
+  stow_delayed_begin_step (&b->delayed, &b->map, step);
   check (b, cudaMemcpyAsync (b->state_d, b->state_h, sizeof *b->state_h,
                              cudaMemcpyHostToDevice, cs),
          "cudaMemcpyAsync");
@@ -1006,19 +994,13 @@ void *
 stow_backend_cuda_pending (StowBackend *bb, guint unit, gboolean *pending)
 {
   CudaBackend *b = (CudaBackend *)bb;
-  StowTensorMap *m = &b->map;
-  if (!b->delayed || m->host_grads_buf == STOW_NONE
-      || m->addr[m->host_grads_buf] == NULL)
-    return NULL;
-  if (pending)
-    *pending = b->have_grads;
-  return stow_tensor_map_unit (m, m->host_grads_buf, unit);
+  return stow_delayed_pending (&b->delayed, &b->map, unit, pending);
 }
 
 void
 stow_backend_cuda_set_pending (StowBackend *bb, gboolean pending)
 {
-  ((CudaBackend *)bb)->have_grads = pending;
+  ((CudaBackend *)bb)->delayed.have_grads = pending;
 }
 
 guint64

@@ -121,6 +121,22 @@ struct StowLlamaCuda
   GError *error;
 };
 
+/* Whether this object file agrees with the one that allocated @L on the
+ * runtime's layout (each file compiles its own sizeof); if not, records
+ * why in L->error and returns FALSE. */
+static inline gboolean
+stow_llama_cuda_layout_ok (StowLlamaCuda *L)
+{
+  if (L->struct_bytes == sizeof (StowLlamaCuda))
+    return TRUE;
+  g_set_error (&L->error, STOW_LLAMA_ERROR, STOW_LLAMA_ERROR_INVALID,
+               "the cuda runtime's objects disagree on its layout (%zu and "
+               "%zu bytes): a stale build; touch "
+               "executor/backends/cuda/*.cu and rebuild",
+               L->struct_bytes, sizeof (StowLlamaCuda));
+  return FALSE;
+}
+
 /* Records @what's failure (the first one only) and returns FALSE, or
  * returns TRUE on cudaSuccess. */
 gboolean stow_llama_cuda_ok (StowLlamaCuda *L, cudaError_t e, const char *what);
