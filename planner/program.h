@@ -295,6 +295,11 @@ const StowUnit *stow_program_unit (const StowProgram *p, guint unit);
 const StowUnitTensor *stow_program_unit_tensor (const StowProgram *p,
                                                 guint unit, const char *name);
 
+/* The persistent pinned buffer of ZeRO-Offload's delayed update: a second
+ * host copy of the gradients, the last step's, which the backends trade
+ * places with the host gradients at each step's start. */
+#define STOW_DELAYED_GRADS_NAME "last step's gradients (delayed update)"
+
 /* Building blocks (used by the lowering and by tests that build programs
  * by hand). */
 guint stow_program_buffer (StowProgram *p, guint rank, StowTier tier,

@@ -1085,6 +1085,13 @@ lower_rank (Lower *L, Rank *R)
                                stow_bytes (rank_shard (R, l, N, n), L->g), -1,
                                TRUE, "offloaded gradients"),
           STOW_BUF_GRADS, ufirst, ucount, L->gdt, STOW_LAYER_NONE, 0);
+      /* The delayed update applies the last step's gradients while this
+       * step's come down: a second host copy of them, which the backends
+       * trade places with the first at each step's start. */
+      if (L->so->delayed_update)
+        stow_program_buffer (p, rank, STOW_TIER_PINNED,
+                             stow_bytes (rank_shard (R, l, N, n), L->g), -1,
+                             TRUE, STOW_DELAYED_GRADS_NAME);
       holds (L,
              stow_program_buffer (
                  p, rank, L->nvme_opt ? STOW_TIER_NVME : STOW_TIER_PINNED,

@@ -607,7 +607,8 @@ test_nvme_signal (void)
 /* --delayed-update against PyTorch is tests/oracle/train_oracle.py's case
  * gqa-untied-delayed (test-train's /train/oracle).  Here: stopped and
  * resumed, the bytes of the run that was not (the checkpoint keeps the
- * gradients the next step applies); and the flags' rules. */
+ * gradients the next step applies); the pinned peak, the last step's
+ * gradients included, as simulated; and the flags' rules. */
 static void
 test_delayed (void)
 {
@@ -621,6 +622,9 @@ test_delayed (void)
          "--offload-optimizer", "cpu", "--delayed-update", NULL);
   g_assert_cmpint (r1.status, ==, 0);
   g_assert_nonnull (strstr (r1.err, "no gradient clipping"));
+  /* The last step's gradients are a program buffer: in the simulated
+   * pinned peak (and the memlock preflight), as measured. */
+  assert_pinned_as_simulated (&r1);
   for (guint leg = 0; leg < 2; leg++)
     {
       g_auto (StowRun) r = { 0 };

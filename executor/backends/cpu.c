@@ -335,7 +335,6 @@ cpu_destroy (StowBackend *bb)
     stow_param_swap_free (b->params);
   g_clear_error (&b->access_error);
   stow_tensor_map_clear (&b->map);
-  g_aligned_free (b->delayed.prev_grads);
   g_free (b->recorded);
   g_free (b->op_start);
   g_free (b->op_end);
@@ -397,26 +396,14 @@ stow_backend_cpu_new (const StowCpuSetup *setup, GError **error)
       cpu_destroy (&b->parent);
       return NULL;
     }
-  if (b->delayed.on)
+  if (b->delayed.on && b->map.host_grads_buf == STOW_NONE)
     {
-      guint64 numel = b->map.numel;
-      b->delayed.prev_grads = b->map.host_grads_buf != STOW_NONE
-                          ? host_alloc (numel * stow_dtype_size (p->grad_dtype))
-                          : NULL;
-      if (b->delayed.prev_grads == NULL)
-        {
-          g_set_error (error, STOW_BACKEND_ERROR,
-                       b->map.host_grads_buf == STOW_NONE
-                           ? STOW_BACKEND_ERROR_UNSUPPORTED
-                           : STOW_BACKEND_ERROR_OUT_OF_MEMORY,
-                       b->map.host_grads_buf == STOW_NONE
-                           ? "the delayed update is ZeRO-Offload's: it needs "
-                             "the optimizer in host memory"
-                           : "the delayed update's gradients: out of host "
-                             "memory");
-          cpu_destroy (&b->parent);
-          return NULL;
-        }
+      g_set_error_literal (error, STOW_BACKEND_ERROR,
+                           STOW_BACKEND_ERROR_UNSUPPORTED,
+                           "the delayed update is ZeRO-Offload's: it needs "
+                           "the optimizer in host memory");
+      cpu_destroy (&b->parent);
+      return NULL;
     }
   if (b->map.params_nvme && !p->master_weights)
     {
@@ -500,6 +487,8 @@ stow_backend_cpu_alloc_persistent (StowBackend *bb, GError **error)
     stow_pinned_pool_pin (b->pinned_pool);
   if (b->map.host_grads_buf != STOW_NONE)
     b->own_grads = b->map.addr[b->map.host_grads_buf];
+  if (!stow_delayed_init (&b->delayed, &b->map, error))
+    return FALSE;
   /* The program's host buffer of the weights: what CPU Adam writes (and,
    * streamed, where the weights live). */
   if (b->map.host_weights_buf != STOW_NONE)

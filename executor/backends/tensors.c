@@ -227,6 +227,7 @@ index_buffers (StowTensorMap *m, const char *backend, GError **error)
     m->input_of[i] = STOW_NONE;
   m->weights_buf = m->grads_buf = m->master_buf = m->states_buf = STOW_NONE;
   m->host_grads_buf = m->host_weights_buf = m->write_buf = STOW_NONE;
+  m->delayed_grads_buf = STOW_NONE;
   m->params_nvme = FALSE;
   m->unit_weights = g_new (guint, MAX (p->units->len, 1));
   for (guint u = 0; u < p->units->len; u++)
@@ -368,6 +369,14 @@ index_buffers (StowTensorMap *m, const char *backend, GError **error)
               {
                 ok = check_size (backend, buf, umax * m->esize, error);
                 m->write_buf = i;
+              }
+            else if (buf->persistent && buf->tier != STOW_TIER_DEVICE
+                     && g_str_equal (buf->name, STOW_DELAYED_GRADS_NAME))
+              {
+                ok = check_size (backend, buf,
+                                 m->numel * stow_dtype_size (p->grad_dtype),
+                                 error);
+                m->delayed_grads_buf = i;
               }
           }
           break;
@@ -643,6 +652,28 @@ stow_tensor_map_adam_unit (const StowTensorMap *m, StowAdam *adam, guint unit,
       if (!stow_adam_step (adam, &cfg, step, &at, error))
         return FALSE;
     }
+  return TRUE;
+}
+
+gboolean
+stow_delayed_init (StowDelayed *d, const StowTensorMap *m, GError **error)
+{
+  if (!d->on)
+    return TRUE;
+  if (m->host_grads_buf == STOW_NONE || m->delayed_grads_buf == STOW_NONE
+      || m->addr[m->delayed_grads_buf] == NULL)
+    {
+      g_set_error_literal (error, STOW_BACKEND_ERROR,
+                           STOW_BACKEND_ERROR_UNSUPPORTED,
+                           m->host_grads_buf == STOW_NONE
+                               ? "the delayed update is ZeRO-Offload's: it "
+                                 "needs the optimizer in host memory"
+                               : "the program has no buffer for the delayed "
+                                 "update's gradients (lowered without "
+                                 "--delayed-update)");
+      return FALSE;
+    }
+  d->prev_grads = m->addr[m->delayed_grads_buf];
   return TRUE;
 }
 

@@ -60,6 +60,9 @@ typedef struct
    * gradients, go to the store through write_buf. */
   gboolean params_nvme;
   guint write_buf;
+  /* The delayed update's second host copy of the gradients
+   * (STOW_DELAYED_GRADS_NAME), or STOW_NONE. */
+  guint delayed_grads_buf;
   /* [slot]: the persistent buffer whose bytes a slot's occupant uses
    * (0, 1: "layer slot N"; 2, 3: "gradient slot N"; 4-7: "parameter
    * staging buffer N"), STOW_NONE: none */
@@ -172,6 +175,11 @@ typedef struct
   guint8 *prev_grads;  /* the whole model's, laid out as the host's */
 } StowDelayed;
 
+/* Once the persistent buffers have addresses: prev_grads is the program's
+ * STOW_DELAYED_GRADS_NAME buffer.  Sets @error when the delayed update is
+ * on and the program has no such buffer or no host gradients. */
+gboolean stow_delayed_init (StowDelayed *d, const StowTensorMap *map,
+                            GError **error);
 /* At step @step's start: trades the host gradients with prev_grads. */
 void stow_delayed_begin_step (StowDelayed *d, StowTensorMap *map,
                               guint64 step);

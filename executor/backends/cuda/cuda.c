@@ -878,23 +878,11 @@ stow_backend_cuda_alloc_persistent (StowBackend *bb, GError **error)
     }
   if (b->map.host_weights_buf != STOW_NONE)
     b->map.host_weights = b->map.addr[b->map.host_weights_buf];
-  if (b->delayed.on && b->delayed.prev_grads == NULL)
-    {
-      if (b->map.host_grads_buf == STOW_NONE)
-        {
-          g_set_error_literal (error, STOW_BACKEND_ERROR,
-                               STOW_BACKEND_ERROR_UNSUPPORTED,
-                               "the delayed update is ZeRO-Offload's: it "
-                               "needs the optimizer in host memory");
-          return FALSE;
-        }
-      /* Pinned like the host gradients it trades places with. */
-      b->delayed.prev_grads = stow_pinned_pool_alloc (
-          b->pinned_pool,
-          b->map.numel * stow_dtype_size (b->p->grad_dtype), error);
-      if (b->delayed.prev_grads == NULL)
-        return FALSE;
-    }
+  /* The delayed update's second host copy of the gradients: the
+   * program's, pinned with the rest. */
+  if (b->delayed.prev_grads == NULL
+      && !stow_delayed_init (&b->delayed, &b->map, error))
+    return FALSE;
   return TRUE;
 }
 
