@@ -113,5 +113,15 @@ if want residue; then
 	done
 	rm -f "$out/.mark"
 fi
+# What a reader (or a device call's output tail) needs first.
+say "## summary"
+failing=$(grep -h '^not ok' "$log")
+say "${failing:-no failing case}"
+for f in "$out"/gpu-train-*.md "$out"/gpu-offload.md; do
+	[ -f "$f" ] || continue
+	grep -h 'x (above 1\|goal <= 1.1\|^| optimizer\|^| stowage\|^| PyTorch' \
+		"$f" | tee -a "$log"
+done
+[ -f "$out/attention.txt" ] && grep -h 'tensor cores  ' "$out/attention.txt" | tee -a "$log"
 say "gpu.sh: exit $status; results in $out"
 exit $status
