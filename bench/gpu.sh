@@ -25,7 +25,7 @@
 # (bench/peft-ds-offload.py, bench/torchtune-8bit.py: bench/gpu-wheels.sh)
 # are not run here: they need their own call for the carry limit.
 set -u
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/.." || exit 2
 root=$(pwd)
 what=" ${*:-all} "
 want() {
@@ -52,7 +52,7 @@ if [ -n "$cublas" ]; then
 	LD_LIBRARY_PATH=$(dirname "$cublas")${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 fi
 export LD_LIBRARY_PATH
-export STOWAGE=$bin/cli/stowage G_TEST_SRCDIR=$root/tests
+export STOWAGE="$bin/cli/stowage" G_TEST_SRCDIR="$root/tests"
 
 {
 	echo "# device"
@@ -65,7 +65,7 @@ export STOWAGE=$bin/cli/stowage G_TEST_SRCDIR=$root/tests
 	uname -r
 	nproc
 } >"$out/device.txt"
-cat "$out/device.txt" | tee -a "$log"
+tee -a "$log" <"$out/device.txt"
 "$STOWAGE" version 2>&1 | tee -a "$log"
 
 status=0
@@ -108,9 +108,8 @@ if want residue; then
 	touch "$out/.mark"
 	timeout 120 python3 bench/load-residue.py --layers 6 >>"$log" 2>&1 ||
 		status=1
-	for f in bench/results/load-residue-*; do
-		[ "$f" -nt "$out/.mark" ] && cp "$f" "$out/load-residue.md"
-	done
+	find bench/results -name 'load-residue-*' -newer "$out/.mark" \
+		-exec cp {} "$out/load-residue.md" \;
 	rm -f "$out/.mark"
 fi
 # What a reader (or a device call's output tail) needs first.
