@@ -77,6 +77,12 @@ guint64 stow_mem_resident_from_totals (const StowModel *m,
  * states (stowage engine, full fine-tuning). */
 void stow_mem_state_bytes (const StowModel *m, const StowTraining *t, double *w,
                            double *g, double *master, double *opt);
+/* The same under @l's engine and its defaults (memory.c's model states:
+ * FSDP's fp32 parameters as the master, Megatron's fp32 main grads, NeMo's
+ * distributed Adam's 2 B master remainder and bf16 gradients). */
+void stow_mem_engine_state_bytes (const StowModel *m, const StowTraining *t,
+                                  const StowLayout *l, double *w, double *g,
+                                  double *master, double *opt);
 /* Bytes per frozen linear weight under LoRA (@w, the model's weight
  * bytes) or QLoRA (NF4 with double quantisation); a quantized checkpoint's
  * own width (scales included) under either. */

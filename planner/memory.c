@@ -1116,6 +1116,84 @@ te_fp8_state (Model *ms, const StageParams *p, GArray *dev)
                 gemms, hist);
 }
 
+/* The bytes per parameter of the weights, gradients, master and optimizer
+ * states under @l's engine and its defaults for the version it names (on
+ * top of full_bpp's precision rules).  @full_grads: the gradient buffer
+ * stays full size whatever the ZeRO stage; @dfa: NeMo's distributed Adam
+ * keeps bf16 gradient shards until the step. */
+static Bpp
+engine_bpp (const StowModel *m, const StowTraining *t, const StowLayout *l,
+            gboolean *full_grads, gboolean *dfa)
+{
+  Bpp b = full_bpp (m, t);
+  guint z = l->zero;
+  *full_grads = *dfa = FALSE;
+  switch (l->engine)
+    {
+    case STOW_ENGINE_FSDP:
+      /* FSDP mixed precision keeps the sharded parameters in fp32 (they
+       * are the master copy) and reduces gradients into fp32 shards. */
+    case STOW_ENGINE_PYTORCH:
+      /* Trainer-style autocast: fp32 parameters and gradients, the 16-bit
+       * copies autocast makes are charged with the activations. */
+      if (mixed_over_fp32 (t))
+        b.w = 4, b.g = 4, b.master = 0;
+      break;
+    case STOW_ENGINE_MEGATRON:
+      /* Megatron-LM core_r0.8.0 turns --accumulate-allreduce-grads-in-fp32
+       * on for --bf16 (megatron/training/arguments.py), which its DDP
+       * takes as grad_reduce_in_fp32: the grad buffer holds fp32 main
+       * grads (megatron/core/distributed/distributed_data_parallel.py),
+       * full size with the distributed optimizer too, which
+       * reduce-scatters inside it. */
+      b.g = 4;
+      *full_grads = TRUE;
+      break;
+    case STOW_ENGINE_NEMO:
+      *full_grads = TRUE;
+      if (z == 0 || !mixed_over_fp32 (t))
+        {
+          /* Without distributed Adam, megatron_amp_O2 wraps the optimizer
+           * in MainParamsOptimizerWrapper with fp32_grad_accum for bf16
+           * (NeMo 2.0.0rc1, megatron_base_model.py configure_optimizers):
+           * fp32 main grads, as Megatron-LM. */
+          b.g = 4;
+          break;
+        }
+      /* --zero 1 is NeMo's distributed_fused_adam, Apex's
+       * DistributedFusedAdam (nemo/core/optim/distributed_adam.py; apex
+       * 810ffae, the commit NeMo 2.0.0rc1's Dockerfile.ci pins).  Every
+       * GPT and Llama recipe of NeMo-Framework-Launcher 24.07 (the
+       * scripts in examples/training/gpt/h100 and llama/h100, and
+       * conf/training/gpt3/175b_fp8.yaml) sets optim.grad_sync_dtype=bf16
+       * and contiguous_grad_buffer: the whole model's gradients sit in
+       * one bf16 buffer (_init_grad_buffer), and each bucket's
+       * reduce-scattered shard is kept, in bf16 too, until the step
+       * (grads_shard).  For a bf16 model under an fp32 optimizer NeMo
+       * turns store_params off and store_param_remainders on
+       * (megatron_base_model.py setup_optimization): the fp32 master is
+       * the bf16 weight plus an int16 remainder, 2 B a parameter, sharded
+       * with the Adam moments. */
+      b.g = 2;
+      *dfa = TRUE;
+      if (t->precision != STOW_PRECISION_FP16)
+        b.master = 2;
+      break;
+    case STOW_ENGINE_DEEPSPEED:
+      /* DeepSpeed upcasts gradients into an fp32 partition before the
+       * step (stage_1_and_2.py; PR #5099 counts 4 B). */
+      break;
+    case STOW_ENGINE_STOWAGE:
+      break;
+    }
+  /* Megatron-core keeps its parameters in bf16 under fp8 (no
+   * --fp8-param-gather); Transformer Engine's fp8 copies are charged
+   * apart (te_fp8_state). */
+  if (te_fp8_layers (t, l))
+    b.w = 2;
+  return b;
+}
+
 /* Model states of one stage: weights, gradients, master weights and
  * optimizer states on the device, or offloaded. */
 static void
@@ -1208,69 +1286,10 @@ model_states (Model *ms, const StageParams *p, GArray *dev,
       return;
     }
 
-  switch (l->engine)
-    {
-    case STOW_ENGINE_FSDP:
-      /* FSDP mixed precision keeps the sharded parameters in fp32 (they
-       * are the master copy) and reduces gradients into fp32 shards. */
-    case STOW_ENGINE_PYTORCH:
-      /* Trainer-style autocast: fp32 parameters and gradients, the 16-bit
-       * copies autocast makes are charged with the activations. */
-      if (mixed_over_fp32 (t))
-        b.w = 4, b.g = 4, b.master = 0;
-      break;
-    case STOW_ENGINE_MEGATRON:
-      /* Megatron-LM core_r0.8.0 turns --accumulate-allreduce-grads-in-fp32
-       * on for --bf16 (megatron/training/arguments.py), which its DDP
-       * takes as grad_reduce_in_fp32: the grad buffer holds fp32 main
-       * grads (megatron/core/distributed/distributed_data_parallel.py),
-       * full size with the distributed optimizer too, which
-       * reduce-scatters inside it. */
-      b.g = 4;
-      gdiv = 1;
-      break;
-    case STOW_ENGINE_NEMO:
-      gdiv = 1;
-      if (z == 0 || !mixed_over_fp32 (t))
-        {
-          /* Without distributed Adam, megatron_amp_O2 wraps the optimizer
-           * in MainParamsOptimizerWrapper with fp32_grad_accum for bf16
-           * (NeMo 2.0.0rc1, megatron_base_model.py configure_optimizers):
-           * fp32 main grads, as Megatron-LM. */
-          b.g = 4;
-          break;
-        }
-      /* --zero 1 is NeMo's distributed_fused_adam, Apex's
-       * DistributedFusedAdam (nemo/core/optim/distributed_adam.py; apex
-       * 810ffae, the commit NeMo 2.0.0rc1's Dockerfile.ci pins).  Every
-       * GPT and Llama recipe of NeMo-Framework-Launcher 24.07 (the
-       * scripts in examples/training/gpt/h100 and llama/h100, and
-       * conf/training/gpt3/175b_fp8.yaml) sets optim.grad_sync_dtype=bf16
-       * and contiguous_grad_buffer: the whole model's gradients sit in
-       * one bf16 buffer (_init_grad_buffer), and each bucket's
-       * reduce-scattered shard is kept, in bf16 too, until the step
-       * (grads_shard).  For a bf16 model under an fp32 optimizer NeMo
-       * turns store_params off and store_param_remainders on
-       * (megatron_base_model.py setup_optimization): the fp32 master is
-       * the bf16 weight plus an int16 remainder, 2 B a parameter, sharded
-       * with the Adam moments. */
-      b.g = 2;
-      dfa_grad_shards = TRUE;
-      if (t->precision != STOW_PRECISION_FP16)
-        b.master = 2;
-      break;
-    case STOW_ENGINE_DEEPSPEED:
-      /* DeepSpeed upcasts gradients into an fp32 partition before the
-       * step (stage_1_and_2.py; PR #5099 counts 4 B). */
-      break;
-    case STOW_ENGINE_STOWAGE:
-      break;
-    }
-  /* Megatron-core keeps its parameters in bf16 under fp8 (no
-   * --fp8-param-gather); Transformer Engine's fp8 copies are charged
-   * apart (te_fp8_state). */
-  if (te_fp8_layers (t, l))
-    b.w = 2;
+  gboolean full_grads = FALSE;
+  b = engine_bpp (ms->m, t, l, &full_grads, &dfa_grad_shards);
+  if (full_grads)
+    gdiv = 1;
 
   /* Weights on the device.  Offloaded parameters keep no resident copy:
    * the working set they are gathered into is the engine's buffer. */
@@ -2250,5 +2269,15 @@ stow_mem_state_bytes (const StowModel *m, const StowTraining *t, double *w,
                       double *g, double *master, double *opt)
 {
   Bpp b = full_bpp (m, t);
+  *w = b.w, *g = b.g, *master = b.master, *opt = b.opt;
+}
+
+void
+stow_mem_engine_state_bytes (const StowModel *m, const StowTraining *t,
+                             const StowLayout *l, double *w, double *g,
+                             double *master, double *opt)
+{
+  gboolean full_grads, dfa;
+  Bpp b = engine_bpp (m, t, l, &full_grads, &dfa);
   *w = b.w, *g = b.g, *master = b.master, *opt = b.opt;
 }
