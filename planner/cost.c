@@ -966,13 +966,14 @@ stow_cost_estimate (const StowModel *m, const StowCluster *c,
   /* Data parallelism and ZeRO over the dp x cp replicas (stride tp). */
   guint64 ndp = (guint64)l->dp * l->cp;
   guint64 stride = l->tp;
-  /* NeMo's recipes (distributed Adam, --zero 1 and up) reduce bf16
-   * gradients (docs/memory-model.md).  Not priced yet: NeMo at --zero 0,
-   * whose fp32 main grads memory.c charges. */
-  double grad_b = (l->engine == STOW_ENGINE_MEGATRON
-                   && t->precision != STOW_PRECISION_FP32)
-                      ? 4.0 /* fp32 main grads */
-                      : eb;
+  /* The bytes per parameter of the model states under this engine, as
+   * memory.c holds them: the gradients are reduced in their own dtype
+   * (Megatron-LM's fp32 main grads, NeMo's at --zero 0 too; NeMo's
+   * distributed Adam's bf16; FSDP's and autocast's fp32), and the step
+   * reads and writes the engine's master and states. */
+  double w_b, g_b, master, states;
+  stow_mem_engine_state_bytes (m, t, l, &w_b, &g_b, &master, &states);
+  double grad_b = lora ? eb : g_b;
   double trainable = lora ? 0.01 * stage_params_max : stage_params_max;
   double ex_trainable = lora ? 0 : expert_params_max;
   double mb_fwd = stage_fwd_max, mb_bwd = stage_bwd_max;
@@ -1044,18 +1045,14 @@ stow_cost_estimate (const StowModel *m, const StowCluster *c,
   double ex_shard_div
       = l->zero >= 1 ? (double)stow_layout_expert_dp (l, n_shard) : 1.0;
   double opt_params = trainable / shard_div + ex_trainable / ex_shard_div;
-  /* Bytes per parameter of the fp32 master and the optimizer states, the
-   * stowage engine's.  Not priced yet: the engines whose states memory.c
-   * charges otherwise (model_states: NeMo's distributed Adam keeps a 2 B
-   * master remainder, FSDP fp32 parameters as the master). */
-  double w_b, g_b, master, states;
-  stow_mem_state_bytes (m, t, &w_b, &g_b, &master, &states);
   double comp_step = pp_time + out->exposed_s[STOW_COST_PP_P2P];
   if (l->offload_optimizer == STOW_OFFLOAD_NONE)
     {
       /* master weights and states read and written, the gradient read,
-       * the low-precision weights written */
-      double bytes = 2.0 * (master + states) + grad_b + eb;
+       * the low-precision weights written; without a master (fp32
+       * parameters) the weights themselves read and written */
+      double bytes = 2.0 * (master + states) + grad_b
+                     + (master > 0 ? eb : 2.0 * w_b);
       out->total_s[STOW_COST_OPTIMIZER] = out->exposed_s[STOW_COST_OPTIMIZER]
           = opt_params * bytes / hbm;
     }
