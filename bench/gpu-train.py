@@ -18,7 +18,6 @@
 
 import argparse
 import json
-import math
 import os
 import statistics
 import struct
