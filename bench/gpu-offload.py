@@ -85,7 +85,7 @@ def main():
         rows[name] = dict(times=[s["step_time_s"] for s in steps][2:],
                           streams=steps[-1].get("streams", {}),
                           last=steps[-1]["step_time_s"], sha=sha(ckpt),
-                          loss=steps[-1]["loss"], stderr=r.stderr)
+                          loss=steps[-1]["loss"])
     tokens = a.batch * a.seq
     lines = ["# ZeRO-Offload on the GPU: stowage train --backend cuda "
              "--offload-optimizer cpu against its bound (%s)"

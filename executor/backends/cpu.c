@@ -568,9 +568,7 @@ stow_backend_cpu_weights (StowBackend *bb, guint unit)
       return w;
     }
   if (m->weights_buf == STOW_NONE)
-    return m->addr[m->host_weights_buf]
-               ? stow_tensor_map_unit (m, m->host_weights_buf, unit)
-               : NULL;
+    return m->host_weights ? stow_tensor_map_host_weights (m, unit) : NULL;
   return m->addr[m->weights_buf] ? stow_tensor_map_unit (m, m->weights_buf, unit)
                                  : NULL;
 }
@@ -677,7 +675,7 @@ stow_backend_cpu_push (StowBackend *bb, GError **error)
       for (guint u = 0; u < b->p->units->len; u++)
         if (m->unit_weights[u] != STOW_NONE)
           memcpy (m->addr[m->unit_weights[u]],
-                  stow_tensor_map_unit (m, m->host_weights_buf, u),
+                  stow_tensor_map_host_weights (m, u),
                   unit_numel (b, u) * m->esize);
       return TRUE;
     }

@@ -1007,9 +1007,7 @@ stow_backend_cuda_weights (StowBackend *bb, guint unit)
   /* Streamed weights (--offload-params cpu) live in pinned host memory,
    * which CPU Adam updates: no device copy of the whole model. */
   if (m->weights_buf == STOW_NONE)
-    return m->host_weights_buf != STOW_NONE && m->addr[m->host_weights_buf]
-               ? stow_tensor_map_unit (m, m->host_weights_buf, unit)
-               : NULL;
+    return m->host_weights ? stow_tensor_map_host_weights (m, unit) : NULL;
   return shadow_unit (b, m->weights_buf, unit);
 }
 
@@ -1101,8 +1099,7 @@ stow_backend_cuda_push (StowBackend *bb, GError **error)
       for (guint u = 0; u < b->p->units->len; u++)
         if (m->unit_weights[u] != STOW_NONE
             && !cuda_ok (cudaMemcpy (m->addr[m->unit_weights[u]],
-                                     stow_tensor_map_unit (
-                                         m, m->host_weights_buf, u),
+                                     stow_tensor_map_host_weights (m, u),
                                      g_array_index (b->p->units, StowUnit, u)
                                              .numel
                                          * m->esize,
