@@ -163,8 +163,12 @@ stow_train_oracle (const char *backend, const char *const *pythons)
 void
 assert_same_checkpoint (const char *a, const char *b)
 {
-  g_assert_true (same_file (a, b, "model.safetensors"));
-  g_assert_true (same_file (a, b, "optimizer.stow"));
+  gboolean w = same_file (a, b, "model.safetensors");
+  gboolean o = same_file (a, b, "optimizer.stow");
+  g_test_message ("%s against %s: weights %s, optimizer %s", b, a,
+                  w ? "same" : "DIFFER", o ? "same" : "DIFFER");
+  g_assert_true (w);
+  g_assert_true (o);
 }
 
 /* The run's "@what peak:" line within 2% of the simulation. */
