@@ -1002,6 +1002,17 @@ check_config (StowTrainConfig *c, GError **error)
   return TRUE;
 }
 
+/* The simulated step and its per-stream busy and exposed seconds, which
+ * the run's own are printed beside (--stream-times). */
+static void
+keep_timeline (StowTrainConfig *c, const StowTrace *tr)
+{
+  c->predicted_step_s = tr->step_time_s;
+  memcpy (c->simulated_busy_s, tr->busy_s, sizeof c->simulated_busy_s);
+  memcpy (c->simulated_exposed_s, tr->exposed_s,
+          sizeof c->simulated_exposed_s);
+}
+
 /* The simulated timeline of a GPU run whose optimizer steps on the host,
  * again at this host's measured CPU Adam rate (stow_adam_measure) instead
  * of the nominal host bandwidth: its cpu_optim stream's busy time is then
@@ -1027,7 +1038,8 @@ time_at_host_rate (Run *r)
   stow_node_copy (&r->cluster->node, &node);
   node.host_mem_bw = rate * STOW_SCHED_ADAM_BYTES_PER_PARAM
                      * MAX (node.gpus_per_node, 1);
-  g_autoptr (StowCluster) at = stow_cluster_new (&node, 1, "cuda");
+  g_autoptr (StowCluster) at
+      = stow_cluster_new (&node, r->cluster->n_nodes, r->cluster->spec);
   stow_node_clear (&node);
   StowSimSetup setup = { r->model, at, &r->training, &r->layout, NULL };
   g_autoptr (StowBackend) sim = stow_backend_sim_new (&setup);
@@ -1037,10 +1049,7 @@ time_at_host_rate (Run *r)
   note (c, "CPU Adam on this host: %.2f G parameters/s (the simulated "
            "cpu_optim stream's rate)",
         rate / 1e9);
-  c->predicted_step_s = tr->step_time_s;
-  memcpy (c->simulated_busy_s, tr->busy_s, sizeof c->simulated_busy_s);
-  memcpy (c->simulated_exposed_s, tr->exposed_s,
-          sizeof c->simulated_exposed_s);
+  keep_timeline (c, tr);
 }
 
 gboolean
@@ -1135,10 +1144,7 @@ stow_train_run (StowTrainConfig *c, GError **error)
       goto out;
     c->predicted_peak_bytes = tr->peak_bytes[STOW_TIER_DEVICE];
     c->predicted_pinned_bytes = tr->peak_bytes[STOW_TIER_PINNED];
-    c->predicted_step_s = tr->step_time_s;
-    memcpy (c->simulated_busy_s, tr->busy_s, sizeof c->simulated_busy_s);
-    memcpy (c->simulated_exposed_s, tr->exposed_s,
-            sizeof c->simulated_exposed_s);
+    keep_timeline (c, tr);
     if (cuda && r.layout.offload_optimizer != STOW_OFFLOAD_NONE)
       time_at_host_rate (&r);
     if (!stow_preflight_host (tr, cuda, error)
