@@ -617,6 +617,180 @@ import_gpt_neox (StowModelBuilder *b, JsonObject *o, GError **error)
   return TRUE;
 }
 
+/* ---- mpt (MosaicML MPT: llm-foundry's MPTConfig) ----------------------- */
+
+/* A norm of width @n under MPT's norm_type: LayerNorms have a bias unless
+ * no_bias (llm-foundry drops every bias parameter then), RMSNorms never. */
+static void
+add_mpt_norm (StowModelBuilder *b, gint layer, guint64 n, gboolean bias,
+              const char *name, const char *prefix)
+{
+  stow_model_add_tensor (b, STOW_ROLE_NORM, layer, FALSE, 1, n, 0,
+                         "%s%s.weight", prefix, name);
+  if (bias && b->model->norm == STOW_NORM_LAYERNORM)
+    stow_model_add_tensor (b, STOW_ROLE_NORM, layer, FALSE, 1, n, 0,
+                           "%s%s.bias", prefix, name);
+}
+
+/* Field names and defaults are llm-foundry's MPTConfig (llmfoundry/models/
+ * mpt/configuration_mpt.py, the configuration_mpt.py the mosaicml/mpt-*
+ * repositories ship): d_model, n_heads, n_layers, expansion_ratio 4 (or
+ * ffn_config.ffn_hidden_size), max_seq_len 2048, vocab_size 50368, no_bias
+ * false, learned_pos_emb true, tie_word_embeddings true, norm_type
+ * low_precision_layernorm; attn_config: attn_type multihead_attention
+ * (multiquery_attention: one kv head; grouped_query_attention: kv_n_heads,
+ * default 1), alibi false, rope false, qk_ln false; ffn_config: ffn_type
+ * mptmlp (up_proj, down_proj) or mptglu (gate_proj too).  transformers'
+ * own MptConfig defaults differ (no_bias and alibi true), but a config.json
+ * either writes carries every field. */
+static gboolean
+import_mpt (StowModelBuilder *b, JsonObject *o, GError **error)
+{
+  StowModel *m = b->model;
+  guint64 h = 0, L = 0, a = 0, k = 0, f = 0, V = 50368, P = 2048;
+  double ratio = 4.0;
+  gboolean no_bias = FALSE, learned = TRUE, tied = TRUE, alibi = FALSE,
+           rope = FALSE, qk_ln = FALSE, glu = FALSE;
+  const char *norm = "low_precision_layernorm", *attn_type = "multihead_attention",
+             *ffn_type = "mptmlp";
+  JsonObject *attn = NULL, *ffn = NULL;
+  g_autofree char *attn_where = g_strdup_printf ("%s: attn_config", b->where);
+  g_autofree char *ffn_where = g_strdup_printf ("%s: ffn_config", b->where);
+
+  if (!REQ (o, b, &h, "d_model") || !REQ (o, b, &L, "n_layers")
+      || !REQ (o, b, &a, "n_heads") || !OPT (o, b, &V, "vocab_size")
+      || !OPT (o, b, &P, "max_seq_len")
+      || !stow_json_get_double (o, b->where, "expansion_ratio", FALSE, &ratio,
+                                error)
+      || !get_bool (o, b->where, "no_bias", &no_bias, error)
+      || !get_bool (o, b->where, "learned_pos_emb", &learned, error)
+      || !get_bool (o, b->where, "tie_word_embeddings", &tied, error)
+      || !stow_json_get_string (o, b->where, "norm_type", FALSE, &norm, error)
+      || !stow_json_get_object (o, b->where, "attn_config", FALSE, &attn,
+                                error)
+      || !stow_json_get_object (o, b->where, "ffn_config", FALSE, &ffn, error))
+    return FALSE;
+  if (attn
+      && (!stow_json_get_string (attn, attn_where, "attn_type", FALSE,
+                                 &attn_type, error)
+          || !get_bool (attn, attn_where, "alibi", &alibi, error)
+          || !get_bool (attn, attn_where, "rope", &rope, error)
+          || !get_bool (attn, attn_where, "qk_ln", &qk_ln, error)))
+    return FALSE;
+  if (ffn
+      && !stow_json_get_string (ffn, ffn_where, "ffn_type", FALSE, &ffn_type,
+                                error))
+    return FALSE;
+
+  if (g_str_equal (attn_type, "multihead_attention"))
+    k = a;
+  else if (g_str_equal (attn_type, "multiquery_attention"))
+    k = 1;
+  else if (g_str_equal (attn_type, "grouped_query_attention"))
+    {
+      k = 1;
+      if (attn && !get_u64 (attn, attn_where, NAMES ("kv_n_heads"), FALSE,
+                            TRUE, &k, error))
+        return FALSE;
+    }
+  else
+    {
+      g_autofree char *esc = g_strescape (attn_type, NULL);
+      return E_INVALID (error,
+                        "%s: attn_type \"%.60s\" is not supported (expected "
+                        "multihead_attention, multiquery_attention or "
+                        "grouped_query_attention)",
+                        attn_where, esc);
+    }
+  if (g_str_equal (ffn_type, "mptglu"))
+    glu = TRUE;
+  else if (!g_str_equal (ffn_type, "mptmlp"))
+    {
+      g_autofree char *esc = g_strescape (ffn_type, NULL);
+      return E_INVALID (error,
+                        "%s: ffn_type \"%.60s\" is not supported (expected "
+                        "mptmlp or mptglu)",
+                        ffn_where, esc);
+    }
+  if (g_str_has_suffix (norm, "rmsnorm"))
+    m->norm = STOW_NORM_RMSNORM;
+  else if (g_str_has_suffix (norm, "layernorm"))
+    m->norm = STOW_NORM_LAYERNORM;
+  else
+    {
+      g_autofree char *esc = g_strescape (norm, NULL);
+      return E_INVALID (error,
+                        "%s: norm_type \"%.60s\" is not supported (expected a "
+                        "layernorm or an rmsnorm kind)",
+                        b->where, esc);
+    }
+  if (!check_layers (b, "n_layers", L, error)
+      || !check_heads (b, h, "d_model", a, "n_heads", k, "kv_n_heads", FALSE,
+                       error))
+    return FALSE;
+  /* resolve_ffn_hidden_size: an explicit width wins over the ratio. */
+  if (ffn && stow_json_has (ffn, "ffn_hidden_size"))
+    {
+      if (!get_u64 (ffn, ffn_where, NAMES ("ffn_hidden_size"), TRUE, TRUE, &f,
+                    error))
+        return FALSE;
+    }
+  else
+    {
+      if (!(ratio > 0) || ratio * (double)h > (double)STOW_MODEL_MAX_DIM)
+        return E_INVALID (error,
+                          "%s: expansion_ratio (%g) must be positive and keep "
+                          "d_model x expansion_ratio at most %u",
+                          b->where, ratio, STOW_MODEL_MAX_DIM);
+      f = (guint64)(ratio * (double)h); /* int(d_model * expansion_ratio) */
+      if (f == 0)
+        return E_INVALID (error,
+                          "%s: expansion_ratio (%g) x d_model (%" G_GUINT64_FORMAT
+                          ") leaves no MLP",
+                          b->where, ratio, h);
+    }
+
+  guint64 d = h / a;
+  set_dims (m, h, L, a, k, d, f, V);
+  m->max_positions = learned ? P : 0;
+  m->rope_free = !rope;
+  m->gated_mlp = glu;
+  m->linear_bias = !no_bias;
+  m->tied_embeddings = tied;
+  (void)alibi; /* a bias on the scores: no parameters, no rotary products */
+
+  stow_model_add_tensor (b, STOW_ROLE_EMBEDDING, -1, FALSE, 2, V, h,
+                         "transformer.wte.weight");
+  if (learned)
+    stow_model_add_tensor (b, STOW_ROLE_EMBEDDING, -1, FALSE, 2, P, h,
+                           "transformer.wpe.weight");
+  for (guint64 i = 0; i < L; i++)
+    {
+      gint l = (gint)i;
+      char p[96];
+      g_snprintf (p, sizeof p, "transformer.blocks.%d", l);
+      add_mpt_norm (b, l, h, !no_bias, ".norm_1", p);
+      add_linear (b, STOW_ROLE_ATTENTION, l, h + 2 * k * d, h, !no_bias,
+                  "%s.attn.Wqkv", p);
+      if (qk_ln)
+        {
+          add_mpt_norm (b, l, h, !no_bias, ".attn.q_ln", p);
+          add_mpt_norm (b, l, k * d, !no_bias, ".attn.k_ln", p);
+        }
+      add_linear (b, STOW_ROLE_ATTENTION, l, h, h, !no_bias,
+                  "%s.attn.out_proj", p);
+      add_mpt_norm (b, l, h, !no_bias, ".norm_2", p);
+      if (glu)
+        add_linear (b, STOW_ROLE_MLP, l, f, h, !no_bias, "%s.ffn.gate_proj",
+                    p);
+      add_linear (b, STOW_ROLE_MLP, l, f, h, !no_bias, "%s.ffn.up_proj", p);
+      add_linear (b, STOW_ROLE_MLP, l, h, f, !no_bias, "%s.ffn.down_proj", p);
+    }
+  add_mpt_norm (b, -1, h, !no_bias, ".norm_f", "transformer");
+  add_lm_head (b, "lm_head.weight", V, h, tied);
+  return TRUE;
+}
+
 /* ---- falcon ------------------------------------------------------------- */
 
 static gboolean
@@ -714,6 +888,7 @@ import_bloom (StowModelBuilder *b, JsonObject *o, GError **error)
     return FALSE;
 
   set_dims (m, h, L, a, a, h / a, 4 * h, V); /* ffn fixed in BloomMLP */
+  m->rope_free = TRUE; /* ALiBi */
   m->linear_bias = TRUE;
   m->tied_embeddings = TRUE;
   m->norm = STOW_NORM_LAYERNORM;
@@ -1268,6 +1443,8 @@ stow_model_import (StowModelBuilder *b, JsonObject *o, const char *type,
     return import_falcon (b, o, type, error);
   if (g_str_equal (type, "bloom"))
     return import_bloom (b, o, error);
+  if (g_str_equal (type, "mpt"))
+    return import_mpt (b, o, error);
   if (g_str_equal (type, "opt"))
     return import_opt (b, o, error);
   /* mT5 (mt0) is T5 v1.1 with its own config class, whose
@@ -1293,7 +1470,7 @@ stow_model_import (StowModelBuilder *b, JsonObject *o, const char *type,
                      "%s for a llama-like import); supported: llama, "
                      "mistral, mixtral, qwen2, qwen3, qwen3_moe, gemma, "
                      "gemma2, gemma3, gemma3_text, phi3, gpt2, "
-                     "gpt_neox, falcon, bloom, opt, t5, mt5, bert, "
+                     "gpt_neox, falcon, bloom, mpt, opt, t5, mt5, bert, "
                      "deepseek_v2, deepseek_v3",
                      b->where, esc, fields[i]);
         return FALSE;

@@ -114,6 +114,8 @@ struct _StowModel
   guint64 ffn;              /* dense MLP width f (per expert for mixtral) */
   guint64 vocab;            /* V */
   guint64 max_positions;    /* learned positions; 0 for RoPE / ALiBi */
+  gboolean rope_free;       /* no rotary embedding: ALiBi or no positions
+                               at all (bloom; MPT without attn_config.rope) */
   gboolean gated_mlp;       /* SwiGLU / GeGLU: 3 matrices instead of 2 */
   gboolean linear_bias;     /* biases on linears (gpt2, bloom, opt, ...) */
   gboolean tied_embeddings;

@@ -385,12 +385,13 @@ te_fp8_layers (const StowTraining *t, const StowLayout *l)
 }
 
 /* Rotary embeddings on q and k: decoder-only models without learned
- * positions, but not BLOOM (ALiBi) nor MLA, whose rotary part is small. */
+ * positions, but not those without rotary embeddings (BLOOM's and MPT's
+ * ALiBi) nor MLA, whose rotary part is small. */
 static gboolean
 has_rope (const StowModel *m)
 {
-  return m->max_positions == 0 && m->n_encoder_layers == 0
-         && g_strcmp0 (m->family, "bloom") != 0 && m->qk_rope_head_dim == 0;
+  return m->max_positions == 0 && m->n_encoder_layers == 0 && !m->rope_free
+         && m->qk_rope_head_dim == 0;
 }
 
 /* Whether LoRA's frozen linears keep no input: autograd saves a linear's

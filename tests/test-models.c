@@ -995,10 +995,11 @@ test_fuzz (void)
       = { "llama-2-70b",     "mixtral-8x7b", "qwen2-0.5b", "gemma-2b",
           "phi-3-mini",      "gpt2",         "pythia-70m", "falcon-7b",
           "falcon-40b",      "bloom-560m",   "opt-350m",   "t5-small",
-          "deepseek-v2-lite" };
+          "deepseek-v2-lite", "mpt-760m" };
   static const char *const types[]
       = { "llama",  "mixtral", "gpt2",        "t5",       "opt",
-          "falcon", "bloom",   "deepseek_v3", "gpt_neox", "phi3" };
+          "falcon", "bloom",   "deepseek_v3", "gpt_neox", "phi3",
+          "mpt" };
   guint iterations = g_test_slow () ? 20000 : 1500, failed = 0;
 
   for (guint it = 0; it < iterations; it++)
@@ -1194,6 +1195,141 @@ test_quantization (void)
  * sparse layers, gemma3's vision tower and projector under their
  * checkpoint names (modeling_qwen3.py, modeling_qwen3_moe.py,
  * modeling_gemma3.py, modeling_siglip.py). */
+/* MosaicML's MPT (model_type "mpt", llm-foundry's MPTConfig) against the
+ * parameter counts llm-foundry published for its benchmark models: the
+ * NumParams column of mosaicml/llm-foundry scripts/train/benchmarking/
+ * README.md (tables "H100 80GB BF16" and "H100 80GB FP8"), which moves
+ * with the sequence because each run sets max_seq_len and so the learned
+ * position table.  Sizes are the pretrain yamls' (scripts/train/yamls/
+ * pretrain/mpt-*.yaml: d_model, n_heads, n_layers; expansion ratio 4,
+ * vocabulary 50368, biases, learned positions). */
+static void
+test_mpt (void)
+{
+  static const struct
+  {
+    const char *size;
+    guint64 d, heads, layers, seq, params;
+  } runs[] = {
+    { "350m", 1024, 16, 24, 32768, 387442688ull },
+    { "350m", 1024, 16, 24, 16384, 370665472ull },
+    { "350m", 1024, 16, 24, 512, 354412544ull },
+    { "760m", 1536, 12, 24, 32768, 807656448ull },
+    { "760m", 1536, 12, 24, 4096, 763616256ull },
+    { "760m", 1536, 12, 24, 2048, 760470528ull },
+    { "760m", 1536, 12, 24, 512, 758111232ull },
+    { "1b", 2048, 16, 24, 65536, 1445974016ull },
+    { "1b", 2048, 16, 24, 2048, 1315950592ull },
+    { "3b", 2560, 20, 32, 65536, 2814366720ull },
+    { "3b", 2560, 20, 32, 2048, 2651837440ull },
+    { "7b", 4096, 32, 32, 65536, 6918905856ull },
+    { "7b", 4096, 32, 32, 2048, 6658859008ull },
+    { "13b", 5120, 40, 40, 32768, 13011240960ull },
+    { "13b", 5120, 40, 40, 2048, 12853954560ull },
+    { "30b", 7168, 56, 48, 8192, 30019254272ull },
+    { "30b", 7168, 56, 48, 2048, 29975214080ull },
+    { "70b", 8192, 64, 80, 2048, 64862437376ull },
+  };
+  for (gsize i = 0; i < G_N_ELEMENTS (runs); i++)
+    {
+      g_autofree char *text = g_strdup_printf (
+          "{\"model_type\": \"mpt\", \"d_model\": %" G_GUINT64_FORMAT
+          ", \"n_heads\": %" G_GUINT64_FORMAT ", \"n_layers\": %" G_GUINT64_FORMAT
+          ", \"max_seq_len\": %" G_GUINT64_FORMAT "}",
+          runs[i].d, runs[i].heads, runs[i].layers, runs[i].seq);
+      g_autoptr (GError) error = NULL;
+      g_autoptr (StowModel) m = from_text (text, &error);
+      g_assert_no_error (error);
+      g_test_message ("mpt-%s at %" G_GUINT64_FORMAT ": %" G_GUINT64_FORMAT,
+                      runs[i].size, runs[i].seq, m->params);
+      g_assert_cmpuint (m->params, ==, runs[i].params);
+      g_assert_cmpuint (m->max_positions, ==, runs[i].seq);
+      g_assert_true (m->rope_free);
+      g_assert_true (m->tied_embeddings);
+      check_consistent (m);
+    }
+
+  /* The other shapes MPTConfig allows: ALiBi without learned positions
+   * (mosaicml/mpt-7b's own config), no biases, grouped-query attention
+   * with qk_ln, the GLU MLP of an explicit width, an untied head. */
+  g_autoptr (GError) error = NULL;
+  g_autoptr (StowModel) v = from_text (
+      "{\"model_type\": \"mpt\", \"d_model\": 256, \"n_heads\": 8, "
+      "\"n_layers\": 2, \"vocab_size\": 1000, \"no_bias\": true, "
+      "\"learned_pos_emb\": false, \"tie_word_embeddings\": false, "
+      "\"attn_config\": {\"attn_type\": \"grouped_query_attention\", "
+      "\"kv_n_heads\": 2, \"alibi\": true, \"qk_ln\": true}, "
+      "\"ffn_config\": {\"ffn_type\": \"mptglu\", \"ffn_hidden_size\": 700}}",
+      &error);
+  g_assert_no_error (error);
+  assert_shape (v, "transformer.blocks.1.attn.Wqkv.weight", 256 + 2 * 2 * 32,
+                256, STOW_ROLE_ATTENTION);
+  assert_shape (v, "transformer.blocks.0.attn.k_ln.weight", 64, 0,
+                STOW_ROLE_NORM);
+  assert_shape (v, "transformer.blocks.0.ffn.gate_proj.weight", 700, 256,
+                STOW_ROLE_MLP);
+  assert_shape (v, "lm_head.weight", 1000, 256, STOW_ROLE_HEAD);
+  g_assert_null (find_tensor (v, "transformer.wpe.weight"));
+  g_assert_null (find_tensor (v, "transformer.blocks.0.norm_1.bias"));
+  g_assert_null (find_tensor (v, "transformer.blocks.0.attn.Wqkv.bias"));
+  g_assert_cmpuint (v->n_kv_heads, ==, 2);
+  g_assert_cmpuint (v->max_positions, ==, 0);
+  g_assert_true (v->rope_free);
+  g_assert_true (v->gated_mlp);
+  g_assert_false (v->tied_embeddings);
+  /* Per layer: Wqkv 384 x 256, out_proj, q_ln 256, k_ln 64, two norms,
+   * gate, up and down 700 x 256; plus wte, norm_f and the head. */
+  guint64 layer = 384 * 256 + 256 * 256 + 256 + 64 + 2 * 256 + 3 * 700 * 256;
+  g_assert_cmpuint (v->params, ==, 2 * layer + 1000 * 256 + 256 + 1000 * 256);
+  check_consistent (v);
+
+  /* Rotary MPT (attn_config.rope) has rotary products to charge. */
+  g_autoptr (StowModel) r = from_text (
+      "{\"model_type\": \"mpt\", \"d_model\": 256, \"n_heads\": 8, "
+      "\"n_layers\": 2, \"learned_pos_emb\": false, "
+      "\"attn_config\": {\"rope\": true}}",
+      &error);
+  g_assert_no_error (error);
+  g_assert_false (r->rope_free);
+
+  /* What MPTConfig has but stowage does not count is refused by name. */
+  static const struct
+  {
+    const char *text, *fragment;
+  } bad[] = {
+    { "{\"model_type\": \"mpt\", \"d_model\": 256, \"n_heads\": 8, "
+      "\"n_layers\": 2, \"ffn_config\": {\"ffn_type\": \"mb_dmoe\"}}",
+      "inline.json: ffn_config: ffn_type \"mb_dmoe\" is not supported" },
+    { "{\"model_type\": \"mpt\", \"d_model\": 256, \"n_heads\": 8, "
+      "\"n_layers\": 2, \"attn_config\": {\"attn_type\": \"sliding\"}}",
+      "inline.json: attn_config: attn_type \"sliding\" is not supported" },
+    { "{\"model_type\": \"mpt\", \"d_model\": 256, \"n_heads\": 8, "
+      "\"n_layers\": 2, \"norm_type\": \"batchnorm\"}",
+      "inline.json: norm_type \"batchnorm\" is not supported" },
+    { "{\"model_type\": \"mpt\", \"d_model\": 256, \"n_heads\": 8, "
+      "\"n_layers\": 2, \"expansion_ratio\": -1}",
+      "inline.json: expansion_ratio (-1) must be positive" },
+    { "{\"model_type\": \"mpt\", \"d_model\": 256, \"n_heads\": 7, "
+      "\"n_layers\": 2}",
+      "inline.json: n_heads (7) must divide d_model (256)" },
+    { "{\"model_type\": \"mpt\", \"d_model\": 256, \"n_heads\": 8, "
+      "\"n_layers\": 2, \"attn_config\": {\"attn_type\": "
+      "\"grouped_query_attention\", \"kv_n_heads\": 3}}",
+      "inline.json: kv_n_heads (3) must divide n_heads (8)" },
+    { "{\"model_type\": \"mpt\", \"n_heads\": 8, \"n_layers\": 2}",
+      "d_model" },
+  };
+  for (gsize i = 0; i < G_N_ELEMENTS (bad); i++)
+    {
+      g_autoptr (GError) e = NULL;
+      g_autoptr (StowModel) m = from_text (bad[i].text, &e);
+      g_assert_null (m);
+      g_assert_nonnull (e);
+      if (strstr (e->message, bad[i].fragment) == NULL)
+        g_error ("%s: expected \"%s\"", e->message, bad[i].fragment);
+    }
+}
+
 static void
 test_new_families (void)
 {
@@ -1302,6 +1438,7 @@ main (int argc, char **argv)
   g_test_add_func ("/models/input-linears", test_input_linears);
   g_test_add_func ("/models/quantization", test_quantization);
   g_test_add_func ("/models/new-families", test_new_families);
+  g_test_add_func ("/models/mpt", test_mpt);
   g_test_add_func ("/models/malformed-values", test_malformed_values);
   g_test_add_func ("/models/malformed-files", test_malformed_files);
   g_test_add_func ("/models/lookup", test_lookup);
