@@ -94,6 +94,10 @@ stow_plan_options_add (GOptionContext *ctx, StowPlanOptions *po)
       "Attention without flash/SDPA kernels (s^2 scores kept)", NULL },
     { "chunked-loss", 0, 0, G_OPTION_ARG_NONE, &po->chunked_loss,
       "Cross-entropy in chunks (no full fp32 logits)", NULL },
+    { "fused-loss", 0, 0, G_OPTION_ARG_NONE, &po->fused_loss,
+      "Cross-entropy as one kernel over the 16-bit logits (flash-attn's, "
+      "llm-foundry's default): no fp32 copy",
+      NULL },
     { "dropout", 0, 0, G_OPTION_ARG_NONE, &po->dropout,
       "Keep dropout masks (1 byte per element)", NULL },
     { "lora-dropout", 0, 0, G_OPTION_ARG_NONE, &po->lora_dropout,
@@ -551,6 +555,14 @@ stow_plan_options_resolve (StowPlanOptions *po, const char *model_arg,
     }
   t->flash_attention = !po->no_flash;
   t->chunked_loss = po->chunked_loss;
+  t->fused_loss = po->fused_loss;
+  if (po->chunked_loss && po->fused_loss)
+    {
+      g_set_error (error, STOW_PLAN_ERROR, STOW_PLAN_ERROR_INVALID,
+                   "--chunked-loss and --fused-loss name two ways to run "
+                   "one cross-entropy: give one");
+      return FALSE;
+    }
   t->dropout = po->dropout;
   t->lora_dropout = po->lora_dropout;
   t->optimizer_in_backward = po->opt_in_bwd;

@@ -241,6 +241,7 @@ stow_report_options_load_plan (StowReportOptions *ro, StowPlanOptions *po,
     { "--pp-split-ends", po->pp_split_ends ? "" : NULL },
     { "--no-flash", po->no_flash ? "" : NULL },
     { "--chunked-loss", po->chunked_loss ? "" : NULL },
+    { "--fused-loss", po->fused_loss ? "" : NULL },
     { "--dropout", po->dropout ? "" : NULL },
     { "--lora-dropout", po->lora_dropout ? "" : NULL },
   };

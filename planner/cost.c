@@ -692,11 +692,14 @@ ends_cost (const StowModel *m, const StowCluster *c, const StowTraining *t,
    * the max (read 4), subtracting it, exp and dividing by the sum (read
    * and write 4 each), the sum (read 4): 38 B per logit forward; backward
    * scales the saved softmax in place (8) and casts the gradient back to
-   * bf16 (6): 14 B.  Otherwise an fp32 softmax and its gradient, 12 B
-   * each way. */
+   * bf16 (6): 14 B.  A fused loss (--fused-loss) reads the 16-bit logits
+   * once forward, and reads them and writes their gradient backward.
+   * Otherwise an fp32 softmax and its gradient, 12 B each way. */
   double ce_fwd = 12.0, ce_bwd = 12.0;
   if (stow_engine_is_mcore (l->engine))
     ce_fwd = 38.0, ce_bwd = 14.0;
+  else if (t->fused_loss)
+    ce_fwd = eb, ce_bwd = 2.0 * eb;
   out->head_fwd_s = g + To * vn * ce_fwd / hbm;
   out->head_bwd_s = 2.0 * g + To * vn * ce_bwd / hbm;
 }

@@ -445,6 +445,14 @@ stow_layout_validate (const StowLayout *l, const StowTraining *t,
     return invalid (
         error, "--pp %u is more than the model's %" G_GUINT64_FORMAT " layers",
         l->pp, m->n_layers);
+  if (t->fused_loss
+      && (stow_engine_is_mcore (l->engine)
+          || l->engine == STOW_ENGINE_STOWAGE))
+    return invalid (error,
+                    "--fused-loss is flash-attn's cross-entropy kernel, which "
+                    "PyTorch training code calls (--engine pytorch, "
+                    "deepspeed or fsdp); --engine %s runs its own loss",
+                    stow_engine_name (l->engine));
   if (l->pp_split_ends)
     {
       /* Megatron-core's account_for_{embedding,loss}_in_pipeline_split

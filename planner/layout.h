@@ -109,6 +109,10 @@ typedef struct
                             dropped copy of the input and the mask */
   gboolean flash_attention;
   gboolean chunked_loss; /* cross-entropy in chunks: no full fp32 logits */
+  gboolean fused_loss;   /* one cross-entropy kernel over the 16-bit logits,
+                            which keeps them and writes their 16-bit
+                            gradient (flash-attn's CrossEntropyLoss, as
+                            llm-foundry trains MPT) */
   gboolean dropout;      /* dropout masks are kept (1 byte per element) */
   gboolean optimizer_in_backward; /* each parameter steps as its gradient
                                      arrives; gradients never all live */

@@ -313,13 +313,22 @@ residual_bytes (const StowTraining *t, const StowLayout *l)
  * fp32 runs keep the general count: the one measured fp32 Megatron run
  * (bigcode's 2023 fork, test-memory's /memory/calibration/bigcode-gpt)
  * predates it, and no fp32 run of core_r0.8.0 is at hand to check its
- * 4 B (where .float() returns the logits themselves). */
+ * 4 B (where .float() returns the logits themselves).
+ *
+ * A fused loss (--fused-loss: flash-attn's CrossEntropyLoss, llm-foundry's
+ * default loss_fn "fused_crossentropy" for MPT, ComposerMPTCausalLM in
+ * llmfoundry/models/mpt/modeling_mpt.py) reads the e-byte logits in one
+ * kernel that keeps them and the per-token log-sum-exp, and its backward
+ * writes an e-byte gradient (xentropy_cuda_lib's forward and backward,
+ * inplace_backward off): e + e B a logit at its peak, no fp32 copy. */
 static double
 logits_element_bytes (const StowTraining *t, const StowLayout *l)
 {
   double e = activation_bytes (t);
   if (t->chunked_loss)
     return e * (1.0 + 1.0 / 8.0);
+  if (t->fused_loss)
+    return 2.0 * e;
   if (stow_engine_is_mcore (l->engine) && e < 4.0)
     return e + 4.0;
   return e + 8.0;
@@ -1727,7 +1736,11 @@ activations (Model *ms, const StageParams *p, guint stage, GArray *dev,
                     " B (loss gradient, rebuilt layer, working set, "
                     "prefetched checkpoint): max(%" G_GUINT64_FORMAT
                     ", %" G_GUINT64_FORMAT ") - %" G_GUINT64_FORMAT,
-                    nlog, lg, per, t->chunked_loss ? ", chunked loss" : "", bwd,
+                    nlog, lg, per,
+                    t->chunked_loss ? ", chunked loss"
+                    : t->fused_loss ? ", fused loss"
+                                    : "",
+                    bwd,
                     lg, bwd, others);
     }
   if (autocast (t, l) && t->finetune == STOW_FINETUNE_FULL)

@@ -315,6 +315,7 @@ stow_plan_file_to_json (const StowPlanFile *p, const StowMemory *mem)
   stow_json_set_u64 (b, "lora_targets", t->lora_targets);
   stow_json_set_bool (b, "flash_attention", t->flash_attention);
   stow_json_set_bool (b, "chunked_loss", t->chunked_loss);
+  stow_json_set_bool (b, "fused_loss", t->fused_loss);
   stow_json_set_bool (b, "dropout", t->dropout);
   stow_json_set_bool (b, "lora_dropout", t->lora_dropout);
   stow_json_set_bool (b, "optimizer_in_backward", t->optimizer_in_backward);
@@ -507,7 +508,8 @@ static const char *const training_fields[]
         "precision",    "optimizer",       "finetune",
         "lora_rank",    "lora_targets",    "flash_attention",
         "chunked_loss", "dropout",         "optimizer_in_backward",
-        "compile",      "lora_dropout",    NULL };
+        "compile",      "lora_dropout",    "fused_loss",
+        NULL };
 static const char *const layout_fields[] = { "dp",
                                              "tp",
                                              "pp",
@@ -674,12 +676,22 @@ read_training (StowPlanFile *p, JsonObject *root, const char *name,
       /* added within version 1: optional, off when absent */
       || !stow_json_get_bool (o, w, "optimizer_in_backward", FALSE,
                               &t->optimizer_in_backward, error)
+      || !stow_json_get_bool (o, w, "fused_loss", FALSE, &t->fused_loss,
+                              error)
       /* added within version 1: optional, eager when absent */
       || !stow_json_get_bool (o, w, "compile", FALSE, &t->compiled, error)
       /* added within version 1: optional, off when absent */
       || !stow_json_get_bool (o, w, "lora_dropout", FALSE, &t->lora_dropout,
                               error))
     return FALSE;
+  if (t->chunked_loss && t->fused_loss)
+    {
+      g_set_error (error, STOW_PLAN_ERROR, STOW_PLAN_ERROR_INVALID,
+                   "%s: chunked_loss and fused_loss are both true; a "
+                   "cross-entropy runs one way",
+                   w);
+      return FALSE;
+    }
   t->lora_targets = targets;
   return TRUE;
 }

@@ -152,6 +152,7 @@ stow_layout_to_json (const StowLayout *l, const StowTraining *t)
         }
       stow_json_set_bool (b, "flash_attention", t->flash_attention);
       stow_json_set_bool (b, "chunked_loss", t->chunked_loss);
+      stow_json_set_bool (b, "fused_loss", t->fused_loss);
       stow_json_set_bool (b, "optimizer_in_backward", t->optimizer_in_backward);
       stow_json_set_bool (b, "compile", t->compiled);
     }

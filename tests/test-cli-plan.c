@@ -305,6 +305,45 @@ test_compile (void)
   g_assert_nonnull (strstr (r.out, "\"compile\" : true"));
 }
 
+/* --fused-loss (flash-attn's cross-entropy over the 16-bit logits) keeps
+ * 2 + 2 B a logit where the fp32 loss keeps 2 + 4 + 4; a plan file keeps
+ * it; it cannot be asked for beside --chunked-loss, nor of an engine that
+ * runs its own loss. */
+static void
+test_fused_loss (void)
+{
+  g_auto (StowRun) a = { 0 };
+  stow_run (&a, "mem", "llama-3.2-3b", "--gpus", "1xA100-80GB", "--engine",
+            "fsdp", "--seq", "4096", "--json", NULL);
+  g_auto (StowRun) b = { 0 };
+  stow_run (&b, "mem", "llama-3.2-3b", "--gpus", "1xA100-80GB", "--engine",
+            "fsdp", "--seq", "4096", "--fused-loss", "--json", NULL);
+  g_assert_cmpint (run_peak (&b), <, run_peak (&a));
+  g_assert_nonnull (strstr (b.out, "\"fused_loss\" : true"));
+
+  g_autofree char *path
+      = g_build_filename (g_get_tmp_dir (), "stow-fused-loss.plan.json", NULL);
+  g_auto (StowRun) w = { 0 };
+  stow_run (&w, "mem", "llama-3.2-3b", "--gpus", "1xA100-80GB", "--engine",
+            "fsdp", "--seq", "4096", "--fused-loss", "--emit", "plan", "-o",
+            path, NULL);
+  g_assert_cmpint (w.status, ==, 0);
+  g_auto (StowRun) r = { 0 };
+  stow_run (&r, "mem", "--plan", path, "--json", NULL);
+  g_unlink (path);
+  g_assert_cmpint (run_peak (&r), ==, run_peak (&b));
+
+  static const char *const both[]
+      = { "mem", "llama-3.2-3b", "--gpus", "1xA100-80GB", "--engine", "fsdp",
+          "--chunked-loss", "--fused-loss", NULL };
+  stow_assert_usage_error (both, "--chunked-loss and --fused-loss");
+  g_auto (StowRun) m = { 0 };
+  stow_run (&m, "mem", "llama-3.2-3b", "--gpus", "1xA100-80GB", "--engine",
+            "megatron", "--fused-loss", NULL);
+  g_assert_cmpint (m.status, !=, 0);
+  g_assert_nonnull (strstr (m.err, "--engine megatron runs its own loss"));
+}
+
 /* --cpu-optimizer-buffers sets DeepSpeed's pinned CPU Adam buffers (1 GiB
  * by default), and a plan file keeps it. */
 static void
@@ -561,6 +600,7 @@ main (int argc, char **argv)
   g_test_add_func ("/cli-plan/all-offloads-stowage", test_all_offloads_stowage);
   g_test_add_func ("/cli-plan/decoder-seq", test_decoder_seq);
   g_test_add_func ("/cli-plan/compile", test_compile);
+  g_test_add_func ("/cli-plan/fused-loss", test_fused_loss);
   g_test_add_func ("/cli-plan/cpu-optimizer-buffers",
                    test_cpu_optimizer_buffers);
   g_test_add_func ("/cli-plan/plan-formats", test_plan_formats);

@@ -1524,13 +1524,16 @@ test_mcore_cross_entropy (void)
   {
     StowEngine engine;
     StowPrecision precision;
+    gboolean fused; /* --fused-loss: flash-attn's kernel, e + e B */
     guint64 bytes_per_logit;
   } rows[] = {
-    { STOW_ENGINE_MEGATRON, STOW_PRECISION_BF16, 6 },
-    { STOW_ENGINE_MEGATRON, STOW_PRECISION_FP8, 6 },
-    { STOW_ENGINE_NEMO, STOW_PRECISION_FP8, 6 },
-    { STOW_ENGINE_MEGATRON, STOW_PRECISION_FP32, 12 },
-    { STOW_ENGINE_FSDP, STOW_PRECISION_BF16, 10 },
+    { STOW_ENGINE_MEGATRON, STOW_PRECISION_BF16, FALSE, 6 },
+    { STOW_ENGINE_MEGATRON, STOW_PRECISION_FP8, FALSE, 6 },
+    { STOW_ENGINE_NEMO, STOW_PRECISION_FP8, FALSE, 6 },
+    { STOW_ENGINE_MEGATRON, STOW_PRECISION_FP32, FALSE, 12 },
+    { STOW_ENGINE_FSDP, STOW_PRECISION_BF16, FALSE, 10 },
+    { STOW_ENGINE_FSDP, STOW_PRECISION_BF16, TRUE, 4 },
+    { STOW_ENGINE_FSDP, STOW_PRECISION_FP32, TRUE, 8 },
   };
   guint64 logits = 8192 / 2 * L3_V; /* s / cp x b x V */
   for (gsize i = 0; i < G_N_ELEMENTS (rows); i++)
@@ -1541,12 +1544,78 @@ test_mcore_cross_entropy (void)
       llama3_8b_run (&t, &l, &o, rows[i].engine, rows[i].precision);
       if (rows[i].engine == STOW_ENGINE_FSDP)
         l.zero = 3;
+      t.fused_loss = rows[i].fused;
       g_autoptr (StowMemory) mem = estimate (m, c, &t, &l, &o);
       GArray *terms = mem->stages[0].terms;
       g_assert_cmpuint (term_bytes (terms, "logits and loss")
                             + term_bytes (terms, "backward working set"),
                         ==, rows[i].bytes_per_logit * logits);
     }
+
+  /* The fused kernel is called from PyTorch training code: Megatron-core
+   * and the stowage engine run their own loss, and one loss runs one way. */
+  static const struct
+  {
+    StowEngine engine;
+    gboolean chunked;
+    const char *fragment;
+  } refused[] = {
+    { STOW_ENGINE_MEGATRON, FALSE, "--engine megatron runs its own loss" },
+    { STOW_ENGINE_STOWAGE, FALSE, "--engine stowage runs its own loss" },
+  };
+  for (gsize i = 0; i < G_N_ELEMENTS (refused); i++)
+    {
+      StowTraining t;
+      StowLayout l;
+      StowMemOptions o;
+      llama3_8b_run (&t, &l, &o, refused[i].engine, STOW_PRECISION_BF16);
+      t.fused_loss = TRUE;
+      g_autoptr (GError) error = NULL;
+      g_assert_null (stow_memory_estimate (m, c, &t, &l, &o, &error));
+      g_assert_error (error, STOW_PLAN_ERROR, STOW_PLAN_ERROR_INVALID);
+      g_assert_nonnull (strstr (error->message, refused[i].fragment));
+    }
+}
+
+/* llm-foundry's MPT benchmark runs (mosaicml/llm-foundry scripts/train/
+ * benchmarking/README.md, "H100 80GB BF16"): MPT-760M at sequence 2048,
+ * micro-batch 24, FSDP FULL_SHARD over 8 H100, no activation checkpointing,
+ * ran.  As llm-foundry builds it (learned positions, no rotary products;
+ * its default fused cross-entropy) it fits; counted with an fp32 loss
+ * copy, or as the rotary gpt_neox shape the published-runs tests once
+ * used, it would not. */
+static void
+test_mpt_fused_loss (void)
+{
+  g_autofree char *path
+      = g_test_build_filename (G_TEST_DIST, "data", "hf", "mpt-760m.json", NULL);
+  g_autoptr (StowModel) m = stow_test_model (path);
+  g_autoptr (StowCluster) c = stow_test_cluster ("8xH100-SXM");
+  StowTraining t;
+  StowLayout l;
+  stow_training_init (&t);
+  stow_layout_init (&l);
+  t.seq_len = 2048;
+  t.global_batch = 384;
+  l.engine = STOW_ENGINE_FSDP;
+  l.dp = 8;
+  l.zero = 3;
+  l.micro_batch = 24;
+  l.grad_accum = 2;
+  t.fused_loss = TRUE;
+  g_autoptr (StowMemory) fused = estimate (m, c, &t, &l, NULL);
+  g_test_message ("mpt-760m, micro-batch 24, fused loss: %.2f of %.2f GiB",
+                  (double)fused->total_bytes / GiB,
+                  (double)fused->capacity_bytes / GiB);
+  g_assert_true (fused->fits_device);
+  t.fused_loss = FALSE;
+  g_autoptr (StowMemory) plain = estimate (m, c, &t, &l, NULL);
+  g_assert_false (plain->fits_device);
+  /* 24 x 2048 tokens x 50368 logits: 2 + 2 B fused, 2 + 4 + 4 B plain. */
+  guint64 logits = 24ull * 2048 * 50368;
+  g_assert_cmpuint (term_bytes (plain->stages[0].terms, "logits and loss")
+                        - term_bytes (fused->stages[0].terms, "logits and loss"),
+                    ==, 6 * logits);
 }
 
 /* The distributed optimizers shard over the data-parallel ranks with
@@ -1970,6 +2039,7 @@ main (int argc, char **argv)
   g_test_add_func ("/memory/moe/expert-tensor-parallel",
                    test_moe_expert_tensor_parallel);
   g_test_add_func ("/memory/mcore/cross-entropy", test_mcore_cross_entropy);
+  g_test_add_func ("/memory/mpt-fused-loss", test_mpt_fused_loss);
   g_test_add_func ("/memory/mcore/shards-over-dp-cp",
                    test_mcore_shards_over_dp_cp);
   g_test_add_func ("/memory/mcore/fp8-transformer-engine",

@@ -256,6 +256,9 @@ test_errors (void)
     { "\"io_queue_depth\" : 0", "\"io_queue_depth\" : 99999",
       "io_queue_depth" },
     { "\"global_batch\" : 64", "\"global_batch\" : 65", "global-batch" },
+    { "\"chunked_loss\" : false,\n    \"fused_loss\" : false",
+      "\"chunked_loss\" : true,\n    \"fused_loss\" : true",
+      "training: chunked_loss and fused_loss" },
   };
   for (gsize i = 0; i < G_N_ELEMENTS (bad); i++)
     {
