@@ -1249,6 +1249,22 @@ test_mpt (void)
       check_consistent (m);
     }
 
+  /* The published runs' configs (tests/data/published-runs) at 2048. */
+  static const char *const configs[] = { "mpt-760m", "mpt-7b", "mpt-70b" };
+  static const guint64 at_2048[] = { 760470528ull, 6658859008ull,
+                                     64862437376ull };
+  for (gsize i = 0; i < G_N_ELEMENTS (configs); i++)
+    {
+      g_autofree char *path
+          = g_test_build_filename (G_TEST_DIST, "data", "published-runs",
+                                   "configs", configs[i], "config.json", NULL);
+      g_autoptr (GError) error = NULL;
+      g_autoptr (StowModel) m = stow_model_new_from_file (path, &error);
+      g_assert_no_error (error);
+      g_assert_cmpuint (m->params, ==, at_2048[i]);
+      g_assert_cmpstr (m->name, ==, configs[i]);
+    }
+
   /* The other shapes MPTConfig allows: ALiBi without learned positions
    * (mosaicml/mpt-7b's own config), no biases, grouped-query attention
    * with qk_ln, the GLU MLP of an explicit width, an untied head. */
