@@ -5,6 +5,7 @@
  * peers' numbers through the CLI, and one-line errors for bad input.
  */
 #include <glib/gstdio.h>
+#include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -245,6 +246,31 @@ run_peak (const StowRun *r)
   return run_member (r, "device.allocated_peak_bytes");
 }
 
+/* Runs `mem ARGS... --emit plan` into a plan file named @name, then
+ * `mem --plan` on it with --json into @out: what a plan file keeps. */
+static void run_through_plan (StowRun *out, const char *name,
+                              const char *first, ...) G_GNUC_NULL_TERMINATED;
+static void
+run_through_plan (StowRun *out, const char *name, const char *first, ...)
+{
+  g_autofree char *path = g_build_filename (g_get_tmp_dir (), name, NULL);
+  g_autoptr (GPtrArray) args = g_ptr_array_new ();
+  g_ptr_array_add (args, (gpointer) "mem");
+  va_list ap;
+  va_start (ap, first);
+  for (const char *a = first; a != NULL; a = va_arg (ap, const char *))
+    g_ptr_array_add (args, (gpointer)a);
+  va_end (ap);
+  const char *const tail[] = { "--emit", "plan", "-o", path, NULL };
+  for (gsize i = 0; i < G_N_ELEMENTS (tail); i++)
+    g_ptr_array_add (args, (gpointer)tail[i]);
+  g_auto (StowRun) w = { 0 };
+  stow_runv (&w, (const char *const *)args->pdata);
+  g_assert_cmpint (w.status, ==, 0);
+  stow_run (out, "mem", "--plan", path, "--json", NULL);
+  g_unlink (path);
+}
+
 /* An encoder-decoder model's decoder length: shorter targets shrink the
  * decoder's activations and the logits, and a plan file keeps the length. */
 static void
@@ -257,15 +283,9 @@ test_decoder_seq (void)
   stow_run (&b, "mem", "t5-3b", "--gpus", "1xA100-80GB", "--seq", "512",
             "--decoder-seq", "16", "--json", NULL);
   g_assert_cmpint (run_peak (&b), <, run_peak (&a));
-  g_autofree char *path
-      = g_build_filename (g_get_tmp_dir (), "stow-decoder-seq.plan.json", NULL);
-  g_auto (StowRun) w = { 0 };
-  stow_run (&w, "mem", "t5-3b", "--gpus", "1xA100-80GB", "--seq", "512",
-            "--decoder-seq", "16", "--emit", "plan", "-o", path, NULL);
-  g_assert_cmpint (w.status, ==, 0);
   g_auto (StowRun) r = { 0 };
-  stow_run (&r, "mem", "--plan", path, "--json", NULL);
-  g_unlink (path);
+  run_through_plan (&r, "stow-decoder-seq.plan.json", "t5-3b", "--gpus",
+                    "1xA100-80GB", "--seq", "512", "--decoder-seq", "16", NULL);
   g_assert_cmpint (run_peak (&r), ==, run_peak (&b));
 }
 
@@ -291,16 +311,10 @@ test_compile (void)
   g_assert_cmpint (compile_peak ("megatron", TRUE), ==,
                    compile_peak ("megatron", FALSE));
 
-  g_autofree char *path
-      = g_build_filename (g_get_tmp_dir (), "stow-compile.plan.json", NULL);
-  g_auto (StowRun) w = { 0 };
-  stow_run (&w, "mem", "llama-3.2-3b", "--gpus", "1xA100-80GB", "--engine",
-            "pytorch", "--seq", "4096", "--compile", "--emit", "plan", "-o",
-            path, NULL);
-  g_assert_cmpint (w.status, ==, 0);
   g_auto (StowRun) r = { 0 };
-  stow_run (&r, "mem", "--plan", path, "--json", NULL);
-  g_unlink (path);
+  run_through_plan (&r, "stow-compile.plan.json", "llama-3.2-3b", "--gpus",
+                    "1xA100-80GB", "--engine", "pytorch", "--seq", "4096",
+                    "--compile", NULL);
   g_assert_cmpint (run_peak (&r), ==, comp);
   g_assert_nonnull (strstr (r.out, "\"compile\" : true"));
 }
@@ -321,16 +335,10 @@ test_fused_loss (void)
   g_assert_cmpint (run_peak (&b), <, run_peak (&a));
   g_assert_nonnull (strstr (b.out, "\"fused_loss\" : true"));
 
-  g_autofree char *path
-      = g_build_filename (g_get_tmp_dir (), "stow-fused-loss.plan.json", NULL);
-  g_auto (StowRun) w = { 0 };
-  stow_run (&w, "mem", "llama-3.2-3b", "--gpus", "1xA100-80GB", "--engine",
-            "fsdp", "--seq", "4096", "--fused-loss", "--emit", "plan", "-o",
-            path, NULL);
-  g_assert_cmpint (w.status, ==, 0);
   g_auto (StowRun) r = { 0 };
-  stow_run (&r, "mem", "--plan", path, "--json", NULL);
-  g_unlink (path);
+  run_through_plan (&r, "stow-fused-loss.plan.json", "llama-3.2-3b", "--gpus",
+                    "1xA100-80GB", "--engine", "fsdp", "--seq", "4096",
+                    "--fused-loss", NULL);
   g_assert_cmpint (run_peak (&r), ==, run_peak (&b));
 
   static const char *const both[]
@@ -361,17 +369,11 @@ test_cpu_optimizer_buffers (void)
                        - run_member (&b, "host.total_bytes"),
                    ==, 768 * 1048576);
 
-  g_autofree char *path
-      = g_build_filename (g_get_tmp_dir (), "stow-cpu-opt.plan.json", NULL);
-  g_auto (StowRun) w = { 0 };
-  stow_run (&w, "mem", "llama-7b", "--gpus", "1xA100-80GB", "--engine",
-            "deepspeed", "--zero", "2", "--offload-optimizer", "cpu",
-            "--cpu-optimizer-buffers", "256MiB", "--emit", "plan", "-o", path,
-            NULL);
-  g_assert_cmpint (w.status, ==, 0);
   g_auto (StowRun) r = { 0 };
-  stow_run (&r, "mem", "--plan", path, "--json", NULL);
-  g_unlink (path);
+  run_through_plan (&r, "stow-cpu-opt.plan.json", "llama-7b", "--gpus",
+                    "1xA100-80GB", "--engine", "deepspeed", "--zero", "2",
+                    "--offload-optimizer", "cpu", "--cpu-optimizer-buffers",
+                    "256MiB", NULL);
   g_assert_cmpint (run_member (&r, "host.total_bytes"), ==,
                    run_member (&b, "host.total_bytes"));
 
