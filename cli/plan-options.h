@@ -27,8 +27,8 @@ typedef struct
       *reduce_bucket, *prefetch_bucket, *reuse_distance, *free_grads,
       *lora_targets, *workspace, *host_process, *cpu_opt_buffers, *host_ram,
       *nvme, *resident_layers, *revision;
-  gboolean sp, no_sp, pp_split_ends, no_flash, chunked_loss, fused_loss, dropout, lora_dropout, json,
-      explain, overlap_comm, opt_in_bwd, compile;
+  gboolean sp, no_sp, pp_split_ends, no_flash, chunked_loss, fused_loss,
+      dropout, lora_dropout, json, explain, overlap_comm, opt_in_bwd, compile;
 
   /* results */
   StowModel *model; /* NULL only under --params */

@@ -651,8 +651,8 @@ import_mpt (StowModelBuilder *b, JsonObject *o, GError **error)
   double ratio = 4.0;
   gboolean no_bias = FALSE, learned = TRUE, tied = TRUE, alibi = FALSE,
            rope = FALSE, qk_ln = FALSE, glu = FALSE;
-  const char *norm = "low_precision_layernorm", *attn_type = "multihead_attention",
-             *ffn_type = "mptmlp";
+  const char *norm = "low_precision_layernorm",
+             *attn_type = "multihead_attention", *ffn_type = "mptmlp";
   JsonObject *attn = NULL, *ffn = NULL;
   g_autofree char *attn_where = g_strdup_printf ("%s: attn_config", b->where);
   g_autofree char *ffn_where = g_strdup_printf ("%s: ffn_config", b->where);
@@ -666,8 +666,7 @@ import_mpt (StowModelBuilder *b, JsonObject *o, GError **error)
       || !get_bool (o, b->where, "learned_pos_emb", &learned, error)
       || !get_bool (o, b->where, "tie_word_embeddings", &tied, error)
       || !stow_json_get_string (o, b->where, "norm_type", FALSE, &norm, error)
-      || !stow_json_get_object (o, b->where, "attn_config", FALSE, &attn,
-                                error)
+      || !stow_json_get_object (o, b->where, "attn_config", FALSE, &attn, error)
       || !stow_json_get_object (o, b->where, "ffn_config", FALSE, &ffn, error))
     return FALSE;
   if (attn
@@ -689,8 +688,9 @@ import_mpt (StowModelBuilder *b, JsonObject *o, GError **error)
   else if (g_str_equal (attn_type, "grouped_query_attention"))
     {
       k = 1;
-      if (attn && !get_u64 (attn, attn_where, NAMES ("kv_n_heads"), FALSE,
-                            TRUE, &k, error))
+      if (attn
+          && !get_u64 (attn, attn_where, NAMES ("kv_n_heads"), FALSE, TRUE, &k,
+                       error))
         return FALSE;
     }
   else
@@ -744,10 +744,11 @@ import_mpt (StowModelBuilder *b, JsonObject *o, GError **error)
                           b->where, ratio, STOW_MODEL_MAX_DIM);
       f = (guint64)(ratio * (double)h); /* int(d_model * expansion_ratio) */
       if (f == 0)
-        return E_INVALID (error,
-                          "%s: expansion_ratio (%g) x d_model (%" G_GUINT64_FORMAT
-                          ") leaves no MLP",
-                          b->where, ratio, h);
+        return E_INVALID (
+            error,
+            "%s: expansion_ratio (%g) x d_model (%" G_GUINT64_FORMAT
+            ") leaves no MLP",
+            b->where, ratio, h);
     }
 
   guint64 d = h / a;
@@ -777,12 +778,11 @@ import_mpt (StowModelBuilder *b, JsonObject *o, GError **error)
           add_mpt_norm (b, l, h, !no_bias, ".attn.q_ln", p);
           add_mpt_norm (b, l, k * d, !no_bias, ".attn.k_ln", p);
         }
-      add_linear (b, STOW_ROLE_ATTENTION, l, h, h, !no_bias,
-                  "%s.attn.out_proj", p);
+      add_linear (b, STOW_ROLE_ATTENTION, l, h, h, !no_bias, "%s.attn.out_proj",
+                  p);
       add_mpt_norm (b, l, h, !no_bias, ".norm_2", p);
       if (glu)
-        add_linear (b, STOW_ROLE_MLP, l, f, h, !no_bias, "%s.ffn.gate_proj",
-                    p);
+        add_linear (b, STOW_ROLE_MLP, l, f, h, !no_bias, "%s.ffn.gate_proj", p);
       add_linear (b, STOW_ROLE_MLP, l, f, h, !no_bias, "%s.ffn.up_proj", p);
       add_linear (b, STOW_ROLE_MLP, l, h, f, !no_bias, "%s.ffn.down_proj", p);
     }
@@ -888,7 +888,7 @@ import_bloom (StowModelBuilder *b, JsonObject *o, GError **error)
     return FALSE;
 
   set_dims (m, h, L, a, a, h / a, 4 * h, V); /* ffn fixed in BloomMLP */
-  m->rope_free = TRUE; /* ALiBi */
+  m->rope_free = TRUE;                       /* ALiBi */
   m->linear_bias = TRUE;
   m->tied_embeddings = TRUE;
   m->norm = STOW_NORM_LAYERNORM;

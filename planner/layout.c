@@ -446,8 +446,7 @@ stow_layout_validate (const StowLayout *l, const StowTraining *t,
         error, "--pp %u is more than the model's %" G_GUINT64_FORMAT " layers",
         l->pp, m->n_layers);
   if (t->fused_loss
-      && (stow_engine_is_mcore (l->engine)
-          || l->engine == STOW_ENGINE_STOWAGE))
+      && (stow_engine_is_mcore (l->engine) || l->engine == STOW_ENGINE_STOWAGE))
     return invalid (error,
                     "--fused-loss is flash-attn's cross-entropy kernel, which "
                     "PyTorch training code calls (--engine pytorch, "

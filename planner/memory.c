@@ -1728,20 +1728,19 @@ activations (Model *ms, const StageParams *p, guint stage, GArray *dev,
                                             / l->cp * (double)l->micro_batch)),
                       bwd, lg, bwd, others);
       else
-      stow_mem_add (dev, "logits and loss", (nlog - 1) * lg + last,
-                    STOW_TIER_DEVICE,
-                    "%" G_GUINT64_FORMAT " micro-batches x %" G_GUINT64_FORMAT
-                    " B (%.4g B x s b V / tp%s), the last only beyond its "
-                    "backward's %" G_GUINT64_FORMAT
-                    " B (loss gradient, rebuilt layer, working set, "
-                    "prefetched checkpoint): max(%" G_GUINT64_FORMAT
-                    ", %" G_GUINT64_FORMAT ") - %" G_GUINT64_FORMAT,
-                    nlog, lg, per,
-                    t->chunked_loss ? ", chunked loss"
-                    : t->fused_loss ? ", fused loss"
-                                    : "",
-                    bwd,
-                    lg, bwd, others);
+        stow_mem_add (dev, "logits and loss", (nlog - 1) * lg + last,
+                      STOW_TIER_DEVICE,
+                      "%" G_GUINT64_FORMAT " micro-batches x %" G_GUINT64_FORMAT
+                      " B (%.4g B x s b V / tp%s), the last only beyond its "
+                      "backward's %" G_GUINT64_FORMAT
+                      " B (loss gradient, rebuilt layer, working set, "
+                      "prefetched checkpoint): max(%" G_GUINT64_FORMAT
+                      ", %" G_GUINT64_FORMAT ") - %" G_GUINT64_FORMAT,
+                      nlog, lg, per,
+                      t->chunked_loss ? ", chunked loss"
+                      : t->fused_loss ? ", fused loss"
+                                      : "",
+                      bwd, lg, bwd, others);
     }
   if (autocast (t, l) && t->finetune == STOW_FINETUNE_FULL)
     stow_mem_add (

@@ -503,13 +503,12 @@ static const char *const top_fields[]
 static const char *const model_fields[]
     = { "name", "params", "source", "path", "config", NULL };
 static const char *const cluster_fields[] = { "spec", "gpus", "config", NULL };
-static const char *const training_fields[]
-    = { "seq_len",      "decoder_seq_len", "global_batch",
-        "precision",    "optimizer",       "finetune",
-        "lora_rank",    "lora_targets",    "flash_attention",
-        "chunked_loss", "dropout",         "optimizer_in_backward",
-        "compile",      "lora_dropout",    "fused_loss",
-        NULL };
+static const char *const training_fields[] = {
+  "seq_len",         "decoder_seq_len", "global_batch", "precision",
+  "optimizer",       "finetune",        "lora_rank",    "lora_targets",
+  "flash_attention", "chunked_loss",    "dropout",      "optimizer_in_backward",
+  "compile",         "lora_dropout",    "fused_loss",   NULL
+};
 static const char *const layout_fields[] = { "dp",
                                              "tp",
                                              "pp",
@@ -676,8 +675,7 @@ read_training (StowPlanFile *p, JsonObject *root, const char *name,
       /* added within version 1: optional, off when absent */
       || !stow_json_get_bool (o, w, "optimizer_in_backward", FALSE,
                               &t->optimizer_in_backward, error)
-      || !stow_json_get_bool (o, w, "fused_loss", FALSE, &t->fused_loss,
-                              error)
+      || !stow_json_get_bool (o, w, "fused_loss", FALSE, &t->fused_loss, error)
       /* added within version 1: optional, eager when absent */
       || !stow_json_get_bool (o, w, "compile", FALSE, &t->compiled, error)
       /* added within version 1: optional, off when absent */

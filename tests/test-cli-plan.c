@@ -248,8 +248,8 @@ run_peak (const StowRun *r)
 
 /* Runs `mem ARGS... --emit plan` into a plan file named @name, then
  * `mem --plan` on it with --json into @out: what a plan file keeps. */
-static void run_through_plan (StowRun *out, const char *name,
-                              const char *first, ...) G_GNUC_NULL_TERMINATED;
+static void run_through_plan (StowRun *out, const char *name, const char *first,
+                              ...) G_GNUC_NULL_TERMINATED;
 static void
 run_through_plan (StowRun *out, const char *name, const char *first, ...)
 {
@@ -342,8 +342,8 @@ test_fused_loss (void)
   g_assert_cmpint (run_peak (&r), ==, run_peak (&b));
 
   static const char *const both[]
-      = { "mem", "llama-3.2-3b", "--gpus", "1xA100-80GB", "--engine", "fsdp",
-          "--chunked-loss", "--fused-loss", NULL };
+      = { "mem",  "llama-3.2-3b",   "--gpus",       "1xA100-80GB", "--engine",
+          "fsdp", "--chunked-loss", "--fused-loss", NULL };
   stow_assert_usage_error (both, "--chunked-loss and --fused-loss");
   g_auto (StowRun) m = { 0 };
   stow_run (&m, "mem", "llama-3.2-3b", "--gpus", "1xA100-80GB", "--engine",

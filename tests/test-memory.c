@@ -1587,8 +1587,8 @@ test_mcore_cross_entropy (void)
 static void
 test_mpt_fused_loss (void)
 {
-  g_autofree char *path
-      = g_test_build_filename (G_TEST_DIST, "data", "hf", "mpt-760m.json", NULL);
+  g_autofree char *path = g_test_build_filename (G_TEST_DIST, "data", "hf",
+                                                 "mpt-760m.json", NULL);
   g_autoptr (StowModel) m = stow_test_model (path);
   g_autoptr (StowCluster) c = stow_test_cluster ("8xH100-SXM");
   StowTraining t;
@@ -1613,9 +1613,10 @@ test_mpt_fused_loss (void)
   g_assert_false (plain->fits_device);
   /* 24 x 2048 tokens x 50368 logits: 2 + 2 B fused, 2 + 4 + 4 B plain. */
   guint64 logits = 24ull * 2048 * 50368;
-  g_assert_cmpuint (term_bytes (plain->stages[0].terms, "logits and loss")
-                        - term_bytes (fused->stages[0].terms, "logits and loss"),
-                    ==, 6 * logits);
+  g_assert_cmpuint (
+      term_bytes (plain->stages[0].terms, "logits and loss")
+          - term_bytes (fused->stages[0].terms, "logits and loss"),
+      ==, 6 * logits);
 }
 
 /* The distributed optimizers shard over the data-parallel ranks with

@@ -992,14 +992,13 @@ static void
 test_fuzz (void)
 {
   static const char *const seeds[]
-      = { "llama-2-70b",     "mixtral-8x7b", "qwen2-0.5b", "gemma-2b",
-          "phi-3-mini",      "gpt2",         "pythia-70m", "falcon-7b",
-          "falcon-40b",      "bloom-560m",   "opt-350m",   "t5-small",
+      = { "llama-2-70b",      "mixtral-8x7b", "qwen2-0.5b", "gemma-2b",
+          "phi-3-mini",       "gpt2",         "pythia-70m", "falcon-7b",
+          "falcon-40b",       "bloom-560m",   "opt-350m",   "t5-small",
           "deepseek-v2-lite", "mpt-760m" };
   static const char *const types[]
-      = { "llama",  "mixtral", "gpt2",        "t5",       "opt",
-          "falcon", "bloom",   "deepseek_v3", "gpt_neox", "phi3",
-          "mpt" };
+      = { "llama", "mixtral",     "gpt2",     "t5",   "opt", "falcon",
+          "bloom", "deepseek_v3", "gpt_neox", "phi3", "mpt" };
   guint iterations = g_test_slow () ? 20000 : 1500, failed = 0;
 
   for (guint it = 0; it < iterations; it++)
@@ -1234,7 +1233,8 @@ test_mpt (void)
     {
       g_autofree char *text = g_strdup_printf (
           "{\"model_type\": \"mpt\", \"d_model\": %" G_GUINT64_FORMAT
-          ", \"n_heads\": %" G_GUINT64_FORMAT ", \"n_layers\": %" G_GUINT64_FORMAT
+          ", \"n_heads\": %" G_GUINT64_FORMAT
+          ", \"n_layers\": %" G_GUINT64_FORMAT
           ", \"max_seq_len\": %" G_GUINT64_FORMAT "}",
           runs[i].d, runs[i].heads, runs[i].layers, runs[i].seq);
       g_autoptr (GError) error = NULL;
@@ -1251,8 +1251,8 @@ test_mpt (void)
 
   /* The published runs' configs (tests/data/published-runs) at 2048. */
   static const char *const configs[] = { "mpt-760m", "mpt-7b", "mpt-70b" };
-  static const guint64 at_2048[] = { 760470528ull, 6658859008ull,
-                                     64862437376ull };
+  static const guint64 at_2048[]
+      = { 760470528ull, 6658859008ull, 64862437376ull };
   for (gsize i = 0; i < G_N_ELEMENTS (configs); i++)
     {
       g_autofree char *path
@@ -1332,8 +1332,7 @@ test_mpt (void)
       "\"n_layers\": 2, \"attn_config\": {\"attn_type\": "
       "\"grouped_query_attention\", \"kv_n_heads\": 3}}",
       "inline.json: kv_n_heads (3) must divide n_heads (8)" },
-    { "{\"model_type\": \"mpt\", \"n_heads\": 8, \"n_layers\": 2}",
-      "d_model" },
+    { "{\"model_type\": \"mpt\", \"n_heads\": 8, \"n_layers\": 2}", "d_model" },
   };
   for (gsize i = 0; i < G_N_ELEMENTS (bad); i++)
     {
