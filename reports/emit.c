@@ -359,6 +359,12 @@ megatron_check (const StowPlanFile *p, const char *e, GError **error)
                         "puts the extra layers on middle stages, Megatron-LM "
                         "only on the first and last",
                         m->n_layers, l->pp);
+  if (m->max_positions == 0 && m->rope_free)
+    return unsupported (error, e,
+                        "%s has neither learned positions nor rotary "
+                        "embeddings (ALiBi, or none), and Megatron-LM's GPT "
+                        "model has no such --position-embedding-type",
+                        m->name);
   /* RoPE as Megatron-LM's GPT model applies it: an integer base
    * (--rotary-base, type=int in arguments.py) and, of HF's rope_scaling
    * types, Llama 3's only, with its low/high frequency factors and

@@ -457,6 +457,22 @@ test_megatron_rope (void)
   const char *const gemma[] = { "fit",    "gemma-3-4b", "--gpus", "8xH100-SXM",
                                 "--emit", "megatron",   NULL };
   stow_assert_usage_error (gemma, "rope_scaling type \"linear\"");
+  /* ALiBi (BLOOM) has no Megatron-LM GPT position type: refused, not
+   * written as rotary. */
+  const char *const bloom[] = { "fit",    "bloom-560m", "--gpus", "8xH100-SXM",
+                                "--emit", "megatron",   NULL };
+  stow_assert_usage_error (bloom, "neither learned positions nor rotary");
+  /* MPT's learned position table keeps its size (max_seq_len). */
+  g_autofree char *mpt
+      = g_test_build_filename (G_TEST_DIST, "data", "hf", "mpt-760m.json", NULL);
+  g_auto (StowRun) m = { 0 };
+  stow_run (&m, "fit", mpt, "--gpus", "8xH100-SXM", "--seq", "2048",
+            "--emit", "megatron", NULL);
+  g_assert_cmpint (m.status, ==, 0);
+  g_autofree char *kind = arg_value (m.out, "--position-embedding-type");
+  g_autofree char *positions = arg_value (m.out, "--max-position-embeddings");
+  g_assert_cmpstr (kind, ==, "learned_absolute");
+  g_assert_cmpstr (positions, ==, "2048");
 }
 
 /* NVMe offload with no drive path named: the config's nvme_path is
