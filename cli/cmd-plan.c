@@ -72,6 +72,8 @@ compact_layout (const StowLayout *l)
     g_string_append (s, " rc:full");
   else if (l->recompute == STOW_RECOMPUTE_SELECTIVE)
     g_string_append (s, " rc:sel");
+  else if (l->recompute == STOW_RECOMPUTE_OP)
+    g_string_append (s, " rc:op");
   if (l->offload_optimizer != STOW_OFFLOAD_NONE)
     g_string_append_printf (s, " opt:%s",
                             stow_offload_name (l->offload_optimizer));

@@ -374,6 +374,8 @@ typedef struct
   double fwd_attn_s, bwd_attn_s; /* the attention core, each way */
   double fwd_cast_s, bwd_cast_s; /* fp8: casting and transposing operands */
   double core_elem_s;            /* the attention-core share of fwd_elem_s */
+  double op_rec_s, op_rec_flops; /* what selective op checkpointing rebuilds
+                                    in backward, and its FLOPs */
   double fwd_s, bwd_s;           /* compute of a forward and of its backward */
   double tp_pass_s;              /* one pass's TP communication, in full */
   double tp_fwd_s;               /* of which exposed in the forward */
@@ -569,6 +571,37 @@ layer_cost (const StowModel *m, const StowCluster *c, const StowTraining *t,
         }
       lc->fwd_cast_s = cast * fwd_el / hbm;
       lc->bwd_cast_s = cast * bwd_el / hbm;
+    }
+
+  /* Selective op checkpointing (--recompute selective-op, torchtitan's
+   * policy; memory.c's op_checkpoint_bytes) keeps the outputs of the 1st,
+   * 3rd, ... matmul and the attention's; backward reruns the others and
+   * every element-wise op of the forward. */
+  if (l->recompute == STOW_RECOMPUTE_OP)
+    {
+      double mm_fl[8], mm_n[8], mm_k[8];
+      guint n = 0;
+      if (m->attn_input_linears >= 3)
+        {
+          double outs[3] = { a * dq / tp, kv * dq / tp, kv * dv / tp };
+          for (int i = 0; i < 3; i++, n++)
+            mm_fl[n] = 2 * T * h * outs[i], mm_n[n] = outs[i], mm_k[n] = h;
+        }
+      else
+        mm_fl[n] = fl_qkv, mm_n[n] = qkv_n, mm_k[n] = h, n++;
+      mm_fl[n] = fl_o, mm_n[n] = h, mm_k[n] = o_k, n++;
+      if (m->gated_mlp && m->mlp_input_linears >= 2)
+        for (int i = 0; i < 2; i++, n++)
+          mm_fl[n] = fl_up / 2.0, mm_n[n] = up_n / 2.0, mm_k[n] = h;
+      else
+        mm_fl[n] = fl_up, mm_n[n] = up_n, mm_k[n] = h, n++;
+      mm_fl[n] = fl_down, mm_n[n] = h, mm_k[n] = down_k, n++;
+      for (guint i = 1; i < n; i += 2) /* the 2nd, 4th, ... */
+        {
+          lc->op_rec_s += gemm_s (r, mm_fl[i], T, mm_n[i], mm_k[i]);
+          lc->op_rec_flops += mm_fl[i] * tp;
+        }
+      lc->op_rec_s += lc->fwd_elem_s + lc->fwd_cast_s;
     }
 
   /* A forward's compute, and its backward's: two forwards of GEMMs and
@@ -827,6 +860,11 @@ stow_cost_estimate (const StowModel *m, const StowCluster *c,
               comp[STOW_COST_RECOMPUTE]
                   += n * (lc->fwd_attn_s + lc->core_elem_s);
               recompute_flops += n * lc->attn_flops_fwd;
+            }
+          if (l->recompute == STOW_RECOMPUTE_OP)
+            {
+              comp[STOW_COST_RECOMPUTE] += n * lc->op_rec_s;
+              recompute_flops += n * lc->op_rec_flops;
             }
           double pass_fwd, pass_bwd;
           layer_pass_seconds (lc, &pass_fwd, &pass_bwd);

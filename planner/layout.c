@@ -78,6 +78,7 @@ static const NameValue recompute_names[] = {
   { "none", STOW_RECOMPUTE_NONE },
   { "selective", STOW_RECOMPUTE_SELECTIVE },
   { "full", STOW_RECOMPUTE_FULL },
+  { "selective-op", STOW_RECOMPUTE_OP },
 };
 static const NameValue schedule_names[] = {
   { "1f1b", STOW_SCHEDULE_1F1B },
@@ -168,8 +169,8 @@ stow_recompute_name (StowRecompute v)
   return value_name (recompute_names, G_N_ELEMENTS (recompute_names), (int)v);
 }
 
-/* "none", "selective", "full", or "full:K" (the first K layers of each
- * stage). */
+/* "none", "selective", "full", "full:K" (the first K layers of each
+ * stage) or "selective-op". */
 gboolean
 stow_recompute_parse (const char *s, const char *field, StowRecompute *out,
                       guint *layers, GError **error)
@@ -185,8 +186,8 @@ stow_recompute_parse (const char *s, const char *field, StowRecompute *out,
                                           NULL))
         {
           g_set_error (error, STOW_PLAN_ERROR, STOW_PLAN_ERROR_PARSE,
-                       "%s \"%s\": expected none, selective, full or full:K "
-                       "(K layers per stage, K >= 1)",
+                       "%s \"%s\": expected none, selective, full, full:K "
+                       "(K layers per stage, K >= 1) or selective-op",
                        field, s);
           return FALSE;
         }
@@ -614,6 +615,32 @@ stow_layout_validate (const StowLayout *l, const StowTraining *t,
   if (l->offload_activations && l->recompute != STOW_RECOMPUTE_FULL)
     return invalid (error, "--offload-activations cpu moves activation "
                            "checkpoints, so it needs --recompute full");
+  if (l->recompute == STOW_RECOMPUTE_OP)
+    {
+      /* torchtitan's policy (torchtitan/models/llama/parallelize_llama.py,
+       * _apply_ac_to_transformer_block, Dec 2024): PyTorch code, a dense
+       * decoder's aten.mm and flash SDPA ops. */
+      if (l->engine != STOW_ENGINE_PYTORCH && l->engine != STOW_ENGINE_FSDP)
+        return invalid (error,
+                        "--recompute selective-op is torchtitan's selective "
+                        "op checkpointing, PyTorch code (--engine pytorch or "
+                        "fsdp), not --engine %s's",
+                        stow_engine_name (l->engine));
+      if (!t->flash_attention)
+        return invalid (error, "--recompute selective-op keeps the flash "
+                               "SDPA kernel's output; it needs flash "
+                               "attention (drop --no-flash)");
+      if (m->n_experts > 0 || m->n_encoder_layers > 0
+          || t->finetune != STOW_FINETUNE_FULL)
+        return invalid (error,
+                        "--recompute selective-op is modelled for full "
+                        "training of dense decoders; %s",
+                        t->finetune != STOW_FINETUNE_FULL
+                            ? "LoRA's adapters change what it keeps"
+                        : m->n_experts > 0
+                            ? "grouped expert matmuls are not aten.mm"
+                            : "an encoder-decoder model is not one");
+    }
   if (l->schedule == STOW_SCHEDULE_INTERLEAVED && l->vpp < 2)
     return invalid (error, "--schedule interleaved needs --vpp >= 2");
   if (l->schedule == STOW_SCHEDULE_INTERLEAVED && l->grad_accum % l->pp != 0)

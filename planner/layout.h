@@ -62,6 +62,9 @@ typedef enum
   STOW_RECOMPUTE_NONE,
   STOW_RECOMPUTE_SELECTIVE, /* core attention only (Korthikanti et al.) */
   STOW_RECOMPUTE_FULL,      /* every layer, or the first k of each stage */
+  STOW_RECOMPUTE_OP, /* torchtitan's selective op checkpointing: every layer
+                        keeps its input, its attention output and every
+                        second matmul's output, and rebuilds the rest */
 } StowRecompute;
 
 typedef enum

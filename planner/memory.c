@@ -633,6 +633,51 @@ checkpoint_bytes (const StowModel *m, const StowTraining *t,
          / (l->sp ? l->tp : 1);
 }
 
+/* What torchtitan's selective op checkpointing keeps of a dense layer
+ * (--recompute selective-op; torchtitan/models/llama/parallelize_llama.py,
+ * _apply_ac_to_transformer_block at 9dec370, Dec 2024, the policy its Llama
+ * recipes run, selective_ac_option "op"): the layer's input, which the
+ * checkpoint keeps; the flash SDPA kernel's output and its fp32 log-sum-
+ * exp; and the outputs of every second aten.mm, counted per layer from
+ * the first (the policy saves "all compute ops, except every second mm").
+ * A layer runs its matmuls as q, k, v (or one fused qkv), o, then gate and
+ * up (or one fused gate_up, or up alone) and down; everything else is
+ * rebuilt in backward.  Split by TP as layer_activation_parts splits. */
+static guint64
+op_checkpoint_bytes (const StowModel *m, const StowTraining *t,
+                     const StowLayout *l)
+{
+  double a = (double)m->n_heads, k = (double)m->n_kv_heads;
+  double d = (double)m->head_dim, h = (double)m->hidden;
+  double f = (double)m->ffn, tp = (double)l->tp;
+  double widths[8];
+  guint n = 0;
+  if (m->attn_input_linears >= 3)
+    {
+      widths[n++] = a * d;
+      widths[n++] = k * d;
+      widths[n++] = k * d;
+    }
+  else
+    widths[n++] = (a + 2.0 * k) * d;
+  widths[n++] = h; /* o */
+  if (m->gated_mlp && m->mlp_input_linears >= 2)
+    {
+      widths[n++] = f;
+      widths[n++] = f;
+    }
+  else
+    widths[n++] = m->gated_mlp ? 2.0 * f : f;
+  widths[n++] = h; /* down */
+  double saved = 0;
+  for (guint i = 0; i < n; i += 2) /* the 1st, 3rd, ... matmul */
+    saved += widths[i];
+  double e = activation_bytes (t);
+  double s = (double)t->seq_len / l->cp, b = (double)l->micro_batch;
+  double per_token = (e * (saved + a * d) + 4.0 * a) / tp;
+  return (guint64)llround (s * b * per_token) + checkpoint_bytes (m, t, l);
+}
+
 guint64
 stow_memory_layer_activations (const StowModel *m, const StowTraining *t,
                                const StowLayout *l)
@@ -1607,11 +1652,16 @@ activations (Model *ms, const StageParams *p, guint stage, GArray *dev,
   /* Offloaded checkpoints the backward holds on the device beyond what the
    * loss finds there (the prefetched one). */
   guint64 ckpt_prefetch = 0;
+  /* Selective op checkpointing stores what its policy saves of every
+   * layer and rebuilds the rest of one layer at a time in backward. */
+  guint64 op_bytes
+      = l->recompute == STOW_RECOMPUTE_OP ? op_checkpoint_bytes (m, t, l) : 0;
   for (guint64 i = p->first_layer; i < p->first_layer + p->layers; i++)
     {
       LayerKind k = layer_kind (m, i);
       if ((i - p->first_layer) % MAX (run, 1) >= k_run)
-        stored_bytes += kind_bytes[k];
+        stored_bytes
+            += op_bytes ? MIN (op_bytes, kind_bytes[k]) : kind_bytes[k];
       full = MAX (full, kind_bytes[k]);
       block = MAX (block, kind_block[k]);
     }
@@ -1624,8 +1674,22 @@ activations (Model *ms, const StageParams *p, guint stage, GArray *dev,
         " layers, %" G_GUINT64_FORMAT " B per micro-batch (%s%s%s)",
         mb, n_stored, stored_bytes,
         t->flash_attention ? "flash attention" : "s^2 scores",
-        l->recompute == STOW_RECOMPUTE_SELECTIVE ? ", selective recompute" : "",
+        l->recompute == STOW_RECOMPUTE_SELECTIVE ? ", selective recompute"
+        : op_bytes ? ", selective op checkpointing: input, attention output, "
+                     "every second matmul's"
+                   : "",
         l->sp ? ", sequence parallel" : "");
+  if (op_bytes)
+    {
+      /* Backward rebuilds one layer's unsaved tensors beside its saved
+       * ones. */
+      rebuilt_extra = full - MIN (op_bytes, full);
+      stow_mem_add (dev, "recomputed layer", rebuilt_extra, STOW_TIER_DEVICE,
+                    "one layer's activations rebuilt during backward: "
+                    "%" G_GUINT64_FORMAT " B less the %" G_GUINT64_FORMAT
+                    " B selective op checkpointing kept",
+                    full, op_bytes);
+    }
   if (n_full_recompute > 0)
     {
       guint64 bytes = (guint64)llround ((double)(ckpt * n_full_recompute) * mb);

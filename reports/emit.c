@@ -49,6 +49,13 @@ stow_emit_kind_parse (const char *s, const char *field, StowEmitKind *out,
   return FALSE;
 }
 
+/* Why no engine config but a plan file carries --recompute selective-op. */
+#define OP_AC_UNSUPPORTED                                                      \
+  "torchtitan's selective op checkpointing (its activation_checkpoint mode "   \
+  "selective, selective_ac_option op) has no DeepSpeed, Megatron-LM, FSDP "    \
+  "or accelerate setting; set it in torchtitan's job config (--emit plan "     \
+  "keeps it)"
+
 static gboolean G_GNUC_PRINTF (3, 4)
     unsupported (GError **error, const char *engine, const char *format, ...)
 {
@@ -164,6 +171,8 @@ deepspeed_check (const StowPlanFile *p, const char *e, GError **error)
     return unsupported (error, e,
                         "selective recomputation (core attention only) is "
                         "Megatron's; DeepSpeed checkpoints whole layers");
+  if (l->recompute == STOW_RECOMPUTE_OP)
+    return unsupported (error, e, "%s", OP_AC_UNSUPPORTED);
   if (p->training.precision == STOW_PRECISION_FP8)
     return unsupported (error, e,
                         "ds_config.json has no fp8 training setting (it "
@@ -394,6 +403,8 @@ megatron_check (const StowPlanFile *p, const char *e, GError **error)
             m->name, m->rope_low_freq_factor, m->rope_high_freq_factor,
             m->rope_original_max_positions);
     }
+  if (l->recompute == STOW_RECOMPUTE_OP)
+    return unsupported (error, e, "%s", OP_AC_UNSUPPORTED);
   if (p->training.finetune != STOW_FINETUNE_FULL)
     return unsupported (error, e, "Megatron-LM has no %s fine-tuning",
                         stow_finetune_name (p->training.finetune));
@@ -501,6 +512,7 @@ stow_emit_megatron (const StowPlanFile *p, GError **error)
         }
       break;
     case STOW_RECOMPUTE_NONE:
+    case STOW_RECOMPUTE_OP: /* refused by megatron_check */
       break;
     }
 
@@ -661,6 +673,8 @@ fsdp_check (const StowPlanFile *p, const char *e, GError **error)
     return unsupported (error, e,
                         "selective recomputation is Megatron's; FSDP "
                         "checkpoints whole blocks");
+  if (l->recompute == STOW_RECOMPUTE_OP)
+    return unsupported (error, e, "%s", OP_AC_UNSUPPORTED);
   if (l->offload_activations)
     return unsupported (error, e,
                         "activation checkpoints on the CPU are not part of "

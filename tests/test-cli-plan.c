@@ -352,6 +352,63 @@ test_fused_loss (void)
   g_assert_nonnull (strstr (m.err, "--engine megatron runs its own loss"));
 }
 
+/* The recompute seconds of the best plan of llama-3-8b on 8 H100 under
+ * FSDP with --recompute @mode. */
+static double
+recompute_seconds (const char *mode)
+{
+  g_auto (StowRun) r = { 0 };
+  stow_run (&r, "plan", "llama-3-8b", "--gpus", "8xH100-SXM", "--engine",
+            "fsdp", "--zero", "3", "--dp", "8", "--seq", "8192",
+            "--micro-batch", "2", "--global-batch", "16", "--recompute", mode,
+            "--top", "1", "--json", NULL);
+  g_assert_cmpint (r.status, ==, 0);
+  g_autoptr (JsonNode) root = NULL;
+  JsonObject *o = parse (r.out, &root);
+  JsonObject *plan = json_array_get_object_element (
+      json_object_get_array_member (o, "plans"), 0);
+  g_assert_cmpstr (
+      json_object_get_string_member (
+          json_object_get_object_member (plan, "layout"), "recompute"),
+      ==, mode);
+  return json_object_get_double_member (
+      json_object_get_object_member (plan, "total_s"), "recompute");
+}
+
+/* --recompute selective-op (torchtitan's selective op checkpointing)
+ * reruns a layer's unsaved matmuls and its element-wise work: more than
+ * nothing, less than the whole forward that full recompute reruns.  A plan
+ * file keeps it; no engine config but the plan file can say it. */
+static void
+test_selective_op (void)
+{
+  double op = recompute_seconds ("selective-op");
+  double full = recompute_seconds ("full");
+  g_test_message ("recompute: selective-op %.4f s, full %.4f s", op, full);
+  g_assert_cmpfloat (op, >, 0.0);
+  g_assert_cmpfloat (op, <, full);
+
+  g_auto (StowRun) a = { 0 };
+  stow_run (&a, "mem", "llama-3-8b", "--gpus", "8xH100-SXM", "--engine", "fsdp",
+            "--zero", "3", "--dp", "8", "--seq", "8192", "--recompute",
+            "selective-op", "--json", NULL);
+  g_auto (StowRun) r = { 0 };
+  run_through_plan (&r, "stow-selective-op.plan.json", "llama-3-8b", "--gpus",
+                    "8xH100-SXM", "--engine", "fsdp", "--zero", "3", "--dp",
+                    "8", "--seq", "8192", "--recompute", "selective-op", NULL);
+  g_assert_cmpint (run_peak (&r), ==, run_peak (&a));
+
+  static const char *const emit[]
+      = { "mem",    "llama-3-8b", "--gpus", "8xH100-SXM",  "--engine",
+          "fsdp",   "--zero",     "3",      "--recompute", "selective-op",
+          "--emit", "fsdp",       NULL };
+  stow_assert_usage_error (emit, "selective_ac_option op");
+  static const char *const bad[] = { "mem",        "llama-3-8b",  "--gpus",
+                                     "8xH100-SXM", "--recompute", "op",
+                                     NULL };
+  stow_assert_usage_error (bad, "selective-op");
+}
+
 /* --cpu-optimizer-buffers sets DeepSpeed's pinned CPU Adam buffers (1 GiB
  * by default), and a plan file keeps it. */
 static void
@@ -603,6 +660,7 @@ main (int argc, char **argv)
   g_test_add_func ("/cli-plan/decoder-seq", test_decoder_seq);
   g_test_add_func ("/cli-plan/compile", test_compile);
   g_test_add_func ("/cli-plan/fused-loss", test_fused_loss);
+  g_test_add_func ("/cli-plan/selective-op", test_selective_op);
   g_test_add_func ("/cli-plan/cpu-optimizer-buffers",
                    test_cpu_optimizer_buffers);
   g_test_add_func ("/cli-plan/plan-formats", test_plan_formats);

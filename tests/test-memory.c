@@ -1577,6 +1577,161 @@ test_mcore_cross_entropy (void)
     }
 }
 
+/* torchtitan's selective op checkpointing (--recompute selective-op): its
+ * policy (torchtitan/models/llama/parallelize_llama.py at 9dec370, Dec
+ * 2024) saves the flash SDPA output and every second aten.mm's output of
+ * each block, which its checkpoint wrapper keeps beside the block's input.
+ * Llama 3 8B runs wq, wk, wv, wo, w1, w3, w2, so it keeps wq (4096), wv
+ * (1024), w1 (14336) and w2 (4096) a token in bf16, the SDPA output (4096)
+ * and its fp32 log-sum-exp (32 heads), and the input (4096): 63,616 B a
+ * token a layer, counted by hand here.  Phi-3's fused qkv_proj and
+ * gate_up_proj make four matmuls, of which qkv and gate_up are kept. */
+static void
+test_selective_op (void)
+{
+  g_autoptr (StowCluster) c = stow_test_cluster ("8xH100-SXM");
+  static const struct
+  {
+    const char *model;
+    guint64 per_token; /* B a token a layer, by hand */
+  } rows[] = {
+    { "llama-3-8b", 2 * (4096 + 4096 + 1024 + 14336 + 4096 + 4096) + 4 * 32 },
+    /* phi-3-mini: h 3072, 32 heads of 96, ffn 8192: qkv 9216, gate_up
+     * 16384, SDPA output 3072, input 3072. */
+    { "phi-3-mini", 2 * (9216 + 16384 + 3072 + 3072) + 4 * 32 },
+  };
+  for (gsize i = 0; i < G_N_ELEMENTS (rows); i++)
+    {
+      g_autoptr (StowModel) m = stow_test_model (rows[i].model);
+      StowTraining t;
+      StowLayout l;
+      stow_training_init (&t);
+      stow_layout_init (&l);
+      t.seq_len = 8192;
+      t.global_batch = 16;
+      l.engine = STOW_ENGINE_FSDP;
+      l.dp = 8, l.zero = 3, l.micro_batch = 2;
+      guint64 tokens = 2 * 8192;
+      guint64 peaks[3];
+      static const StowRecompute modes[]
+          = { STOW_RECOMPUTE_NONE, STOW_RECOMPUTE_OP, STOW_RECOMPUTE_FULL };
+      for (gsize k = 0; k < G_N_ELEMENTS (modes); k++)
+        {
+          l.recompute = modes[k];
+          g_autoptr (StowMemory) mem = estimate (m, c, &t, &l, NULL);
+          peaks[k] = mem->allocated_peak_bytes;
+          if (modes[k] != STOW_RECOMPUTE_OP)
+            continue;
+          GArray *terms = mem->stages[0].terms;
+          g_assert_cmpuint (term_bytes (terms, "activations"), ==,
+                            m->n_layers * tokens * rows[i].per_token);
+          g_assert_cmpuint (term_bytes (terms, "recomputed layer"), >, 0);
+        }
+      g_test_message ("%s: allocated peak none %.2f, selective-op %.2f, full "
+                      "%.2f GiB",
+                      rows[i].model, (double)peaks[0] / GiB,
+                      (double)peaks[1] / GiB, (double)peaks[2] / GiB);
+      g_assert_cmpuint (peaks[0], >, peaks[1]);
+      g_assert_cmpuint (peaks[1], >, peaks[2]);
+    }
+
+  /* What the policy is not modelled for, or is not, is refused by name. */
+  g_autoptr (StowModel) l8 = stow_test_model ("llama-3-8b");
+  g_autoptr (StowModel) mix = stow_test_model ("mixtral-8x7b");
+  static const struct
+  {
+    StowEngine engine;
+    gboolean moe, no_flash, lora;
+    const char *fragment;
+  } bad[] = {
+    { STOW_ENGINE_MEGATRON, FALSE, FALSE, FALSE, "not --engine megatron's" },
+    { STOW_ENGINE_STOWAGE, FALSE, FALSE, FALSE, "not --engine stowage's" },
+    { STOW_ENGINE_FSDP, FALSE, TRUE, FALSE, "drop --no-flash" },
+    { STOW_ENGINE_FSDP, TRUE, FALSE, FALSE, "not aten.mm" },
+    { STOW_ENGINE_FSDP, FALSE, FALSE, TRUE, "LoRA's adapters" },
+  };
+  for (gsize i = 0; i < G_N_ELEMENTS (bad); i++)
+    {
+      StowTraining t;
+      StowLayout l;
+      stow_training_init (&t);
+      stow_layout_init (&l);
+      t.seq_len = 4096;
+      t.flash_attention = !bad[i].no_flash;
+      if (bad[i].lora)
+        t.finetune = STOW_FINETUNE_LORA, t.lora_rank = 16;
+      l.engine = bad[i].engine;
+      l.dp = 8, l.zero = bad[i].engine == STOW_ENGINE_FSDP ? 3 : 1;
+      l.recompute = STOW_RECOMPUTE_OP;
+      g_autoptr (GError) error = NULL;
+      g_assert_null (stow_memory_estimate (bad[i].moe ? mix : l8, c, &t, &l,
+                                           NULL, &error));
+      g_assert_error (error, STOW_PLAN_ERROR, STOW_PLAN_ERROR_INVALID);
+      g_assert_nonnull (strstr (error->message, bad[i].fragment));
+    }
+}
+
+/* torchtitan's Llama 3.1 8B benchmarks (pytorch/torchtitan benchmarks/
+ * llama3_h100_202412_torchtitan.md, Tables 1 and 3: FSDP, local batch 2,
+ * sequence 8192, selective op checkpointing, on Grand Teton H100s of 96
+ * GB; torchtitan logs max_memory_reserved): 82.4, 77.0 and 76.8 GiB on 8
+ * GPUs (eager, compiled, compiled with Float8), 67.0, 62.0 and 61.8 on
+ * 128.  The model predicts them 11-20% low, eager worst: it charges the
+ * eager and compiled runs alike (the peak is the loss's, which neither
+ * compiles), and torchtitan's loss over fp32 logits (the model returns
+ * output(h).float()) and FSDP2's unsharded output-layer gradient are not
+ * in it; the bound holds it to that gap until a measurement on a GPU
+ * splits it (docs/memory-model.md). */
+static void
+test_calibration_torchtitan (void)
+{
+  g_autoptr (StowModel) m = stow_test_model ("llama-3.1-8b");
+  static const struct
+  {
+    const char *cluster;
+    guint dp;
+    gboolean compiled, fp8;
+    double published_gib;
+  } rows[] = {
+    { "grand-teton-h100-1node.json", 8, FALSE, FALSE, 82.4 },
+    { "grand-teton-h100-1node.json", 8, TRUE, FALSE, 77.0 },
+    { "grand-teton-h100-1node.json", 8, TRUE, TRUE, 76.8 },
+    { "grand-teton-h100-16node.json", 128, FALSE, FALSE, 67.0 },
+    { "grand-teton-h100-16node.json", 128, TRUE, FALSE, 62.0 },
+    { "grand-teton-h100-16node.json", 128, TRUE, TRUE, 61.8 },
+  };
+  for (gsize i = 0; i < G_N_ELEMENTS (rows); i++)
+    {
+      g_autofree char *path
+          = g_test_build_filename (G_TEST_DIST, "data", "published-runs",
+                                   "configs", rows[i].cluster, NULL);
+      g_autoptr (GError) error = NULL;
+      g_autoptr (StowCluster) c = stow_cluster_new_from_file (path, &error);
+      g_assert_no_error (error);
+      StowTraining t;
+      StowLayout l;
+      stow_training_init (&t);
+      stow_layout_init (&l);
+      t.seq_len = 8192;
+      t.global_batch = 2 * rows[i].dp;
+      t.compiled = rows[i].compiled;
+      t.precision = rows[i].fp8 ? STOW_PRECISION_FP8 : STOW_PRECISION_BF16;
+      l.engine = STOW_ENGINE_FSDP;
+      l.dp = rows[i].dp, l.zero = 3, l.micro_batch = 2;
+      l.recompute = STOW_RECOMPUTE_OP;
+      g_autoptr (StowMemory) mem = estimate (m, c, &t, &l, NULL);
+      double got = (double)mem->reserved_bytes / GiB;
+      double err = got / rows[i].published_gib - 1.0;
+      g_test_message ("torchtitan %u GPUs%s%s: reserved %.2f GiB, published "
+                      "%.1f: %+.1f%%",
+                      rows[i].dp, rows[i].compiled ? ", compiled" : "",
+                      rows[i].fp8 ? ", Float8" : "", got, rows[i].published_gib,
+                      100 * err);
+      g_assert_true (mem->fits_device);
+      g_assert_cmpfloat (fabs (err), <=, 0.22);
+    }
+}
+
 /* llm-foundry's MPT benchmark runs (mosaicml/llm-foundry scripts/train/
  * benchmarking/README.md, "H100 80GB BF16"): MPT-760M at sequence 2048,
  * micro-batch 24, FSDP FULL_SHARD over 8 H100, no activation checkpointing,
@@ -2041,6 +2196,9 @@ main (int argc, char **argv)
                    test_moe_expert_tensor_parallel);
   g_test_add_func ("/memory/mcore/cross-entropy", test_mcore_cross_entropy);
   g_test_add_func ("/memory/mpt-fused-loss", test_mpt_fused_loss);
+  g_test_add_func ("/memory/selective-op", test_selective_op);
+  g_test_add_func ("/memory/calibration/torchtitan-llama-3.1-8b",
+                   test_calibration_torchtitan);
   g_test_add_func ("/memory/mcore/shards-over-dp-cp",
                    test_mcore_shards_over_dp_cp);
   g_test_add_func ("/memory/mcore/fp8-transformer-engine",
