@@ -1111,6 +1111,18 @@ stow_emit_warnings (StowEmitKind kind, const StowPlanFile *p)
                : kind == STOW_EMIT_ACCELERATE ? "offload_*_nvme_path"
                                               : "nvme_paths",
                STOW_PLAN_NVME_PLACEHOLDER, p->cluster->spec));
+  /* The loss is the training script's, which no config sets: a plan that
+   * counted flash-attn's fused cross-entropy holds only if the script
+   * calls it. */
+  if (p->training.fused_loss && kind != STOW_EMIT_PLAN)
+    g_ptr_array_add (
+        w, g_strdup_printf (
+               "--emit %s: the plan counts the loss as flash-attn's fused "
+               "cross-entropy (--fused-loss, 2 + 2 B a logit); the config "
+               "cannot set it: call flash_attn.losses.cross_entropy."
+               "CrossEntropyLoss in the training script, or PyTorch's "
+               "cross-entropy keeps 10 B a logit",
+               stow_emit_kind_name (kind)));
   g_ptr_array_add (w, NULL);
   return (char **)g_ptr_array_free (w, FALSE);
 }

@@ -475,6 +475,25 @@ test_megatron_rope (void)
   g_assert_cmpstr (positions, ==, "2048");
 }
 
+/* A plan that counts flash-attn's fused cross-entropy (--fused-loss)
+ * says, beside the config, that the training script must call it. */
+static void
+test_fused_loss_warning (void)
+{
+  g_auto (StowRun) r = { 0 };
+  stow_run (&r, "mem", "llama-3.2-3b", "--gpus", "8xH100-SXM", "--engine",
+            "fsdp", "--zero", "3", "--fused-loss", "--emit", "fsdp", NULL);
+  g_assert_cmpint (r.status, ==, 0);
+  g_assert_nonnull (strstr (r.err, "warning: --emit fsdp: the plan counts "
+                                   "the loss as flash-attn's fused"));
+  g_assert_cmpuint (stow_count_lines (r.err), ==, 1);
+  g_auto (StowRun) q = { 0 };
+  stow_run (&q, "mem", "llama-3.2-3b", "--gpus", "8xH100-SXM", "--engine",
+            "fsdp", "--zero", "3", "--emit", "fsdp", NULL);
+  g_assert_cmpint (q.status, ==, 0);
+  g_assert_cmpstr (q.err, ==, "");
+}
+
 /* NVMe offload with no drive path named: the config's nvme_path is
  * stowage's placeholder, and stderr says so (once per config, naming the
  * key, the placeholder and the flag that fixes it); --nvme-path or a
@@ -732,6 +751,7 @@ main (int argc, char **argv)
   g_test_add_func ("/cli-emit/no-fit", test_no_fit);
   g_test_add_func ("/cli-emit/megatron-rope", test_megatron_rope);
   g_test_add_func ("/cli-emit/nvme-placeholder", test_nvme_placeholder);
+  g_test_add_func ("/cli-emit/fused-loss-warning", test_fused_loss_warning);
   g_test_add_func ("/cli-emit/precision-gpu", test_precision_gpu);
   g_test_add_func ("/cli-emit/megatron-etp", test_megatron_etp);
   g_test_add_func ("/cli-emit/megatron-pp-split-ends",
