@@ -574,9 +574,9 @@ layer_cost (const StowModel *m, const StowCluster *c, const StowTraining *t,
     }
 
   /* Selective op checkpointing (--recompute selective-op, torchtitan's
-   * policy; memory.c's op_checkpoint_bytes) keeps the outputs of the 1st,
-   * 3rd, ... matmul and the attention's; backward reruns the others and
-   * every element-wise op of the forward. */
+   * policy; stow_mem_op_checkpoint_bytes in planner/activations.c) keeps
+   * the outputs of the 1st, 3rd, ... matmul and the attention's; backward
+   * reruns the others and every element-wise op of the forward. */
   if (l->recompute == STOW_RECOMPUTE_OP)
     {
       double mm_fl[8], mm_n[8], mm_k[8];

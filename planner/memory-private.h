@@ -22,6 +22,42 @@ stow_memory_estimate_convention (const StowModel *m, const StowCluster *c,
                                  const StowTraining *t, const StowLayout *l,
                                  const StowMemOptions *o, GError **error);
 
+/* What a layer keeps for backward (planner/activations.c), shared by the
+ * memory model's stages (memory.c). */
+typedef enum
+{
+  STOW_LAYER_DENSE,
+  STOW_LAYER_MOE,
+  STOW_LAYER_CROSS, /* encoder-decoder: a decoder layer with cross-attention */
+  STOW_N_LAYER_KINDS
+} StowLayerKind;
+
+/* 16-bit compute over fp32 weights that are themselves the master copy. */
+gboolean stow_mem_mixed_over_fp32 (const StowTraining *t);
+/* torch.autocast over fp32 weights (the pytorch engine, mixed precision). */
+gboolean stow_mem_autocast (const StowTraining *t, const StowLayout *l);
+/* Bytes per element of the residual stream. */
+double stow_mem_residual_bytes (const StowTraining *t, const StowLayout *l);
+/* Bytes a logit costs at the loss's peak. */
+double stow_mem_logits_element_bytes (const StowTraining *t,
+                                      const StowLayout *l);
+/* The stowage engine's fused output layer and cross-entropy. */
+gboolean stow_mem_fused_loss (const StowTraining *t, const StowLayout *l);
+StowLayerKind stow_mem_layer_kind (const StowModel *m, guint64 i);
+/* Transformer Engine's fp8 linears (Megatron-core engines, fp8). */
+gboolean stow_mem_te_fp8_layers (const StowTraining *t, const StowLayout *l);
+/* One layer of @kind, one micro-batch: @block, what it keeps outside the
+ * attention core; @core, the core's (scores or log-sum-exp). */
+void stow_mem_layer_activation_parts (const StowModel *m, const StowTraining *t,
+                                      const StowLayout *l, StowLayerKind kind,
+                                      guint64 *block, guint64 *core);
+/* What full recompute keeps of a layer: its input. */
+guint64 stow_mem_checkpoint_bytes (const StowModel *m, const StowTraining *t,
+                                   const StowLayout *l);
+/* What selective op checkpointing keeps of a layer. */
+guint64 stow_mem_op_checkpoint_bytes (const StowModel *m, const StowTraining *t,
+                                      const StowLayout *l);
+
 /* Shared with the step program (planner/schedule.c), so that the program
  * allocates exactly the tensors the memory model counts. */
 
@@ -93,7 +129,7 @@ double stow_mem_frozen_weight_bytes (const StowModel *m, const StowTraining *t,
  * torch_dtype), else the model's weight bytes up to 4. */
 double stow_mem_frozen_other_bytes (const StowModel *m, const StowTraining *t,
                                     double w);
-/* Per-layer activation bytes of one micro-batch (see memory.c). */
+/* Per-layer activation bytes of one micro-batch (planner/activations.c). */
 void stow_mem_activation_sizes (const StowModel *m, const StowTraining *t,
                                 const StowLayout *l, guint64 *full,
                                 guint64 *block, guint64 *ckpt);
@@ -101,7 +137,7 @@ void stow_mem_activation_sizes (const StowModel *m, const StowTraining *t,
  * encoder-decoder model, else the sequence length (shared with the time
  * model, planner/cost.c). */
 guint64 stow_mem_decoder_seq (const StowModel *m, const StowTraining *t);
-/* One micro-batch's input, logits and loss gradient (see memory.c). */
+/* One micro-batch's input, logits and loss gradient (planner/activations.c). */
 void stow_mem_end_sizes (const StowModel *m, const StowTraining *t,
                          const StowLayout *l, guint64 *input, guint64 *logits,
                          guint64 *loss_grad);
