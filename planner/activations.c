@@ -400,35 +400,44 @@ stow_mem_checkpoint_bytes (const StowModel *m, const StowTraining *t,
  * A layer runs its matmuls as q, k, v (or one fused qkv), o, then gate and
  * up (or one fused gate_up, or up alone) and down; everything else is
  * rebuilt in backward.  Split by TP as layer_activation_parts splits. */
+guint
+stow_mem_layer_matmuls (const StowModel *m, StowMatmul *mm)
+{
+  double a = (double)m->n_heads, k = (double)m->n_kv_heads;
+  double d = (double)m->head_dim, h = (double)m->hidden;
+  double f = (double)m->ffn;
+  guint n = 0;
+  if (m->attn_input_linears >= 3)
+    {
+      mm[n++] = (StowMatmul){ h, a * d, FALSE };
+      mm[n++] = (StowMatmul){ h, k * d, FALSE };
+      mm[n++] = (StowMatmul){ h, k * d, FALSE };
+    }
+  else
+    mm[n++] = (StowMatmul){ h, (a + 2.0 * k) * d, FALSE };
+  mm[n++] = (StowMatmul){ a * d, h, TRUE }; /* o */
+  if (m->gated_mlp && m->mlp_input_linears >= 2)
+    {
+      mm[n++] = (StowMatmul){ h, f, FALSE };
+      mm[n++] = (StowMatmul){ h, f, FALSE };
+    }
+  else
+    mm[n++] = (StowMatmul){ h, m->gated_mlp ? 2.0 * f : f, FALSE };
+  mm[n++] = (StowMatmul){ f, h, TRUE }; /* down */
+  return n;
+}
+
 guint64
 stow_mem_op_checkpoint_bytes (const StowModel *m, const StowTraining *t,
                               const StowLayout *l)
 {
-  double a = (double)m->n_heads, k = (double)m->n_kv_heads;
-  double d = (double)m->head_dim, h = (double)m->hidden;
-  double f = (double)m->ffn, tp = (double)l->tp;
-  double widths[8];
-  guint n = 0;
-  if (m->attn_input_linears >= 3)
-    {
-      widths[n++] = a * d;
-      widths[n++] = k * d;
-      widths[n++] = k * d;
-    }
-  else
-    widths[n++] = (a + 2.0 * k) * d;
-  widths[n++] = h; /* o */
-  if (m->gated_mlp && m->mlp_input_linears >= 2)
-    {
-      widths[n++] = f;
-      widths[n++] = f;
-    }
-  else
-    widths[n++] = m->gated_mlp ? 2.0 * f : f;
-  widths[n++] = h; /* down */
+  double a = (double)m->n_heads, d = (double)m->head_dim;
+  double tp = (double)l->tp;
+  StowMatmul mm[STOW_MAX_LAYER_MATMULS];
+  guint n = stow_mem_layer_matmuls (m, mm);
   double saved = 0;
   for (guint i = 0; i < n; i += 2) /* the 1st, 3rd, ... matmul */
-    saved += widths[i];
+    saved += mm[i].out;
   double e = activation_bytes (t);
   double s = (double)t->seq_len / l->cp, b = (double)l->micro_batch;
   double per_token = (e * (saved + a * d) + 4.0 * a) / tp;

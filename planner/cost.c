@@ -579,27 +579,15 @@ layer_cost (const StowModel *m, const StowCluster *c, const StowTraining *t,
    * reruns the others and every element-wise op of the forward. */
   if (l->recompute == STOW_RECOMPUTE_OP)
     {
-      double mm_fl[8], mm_n[8], mm_k[8];
-      guint n = 0;
-      if (m->attn_input_linears >= 3)
-        {
-          double outs[3] = { a * dq / tp, kv * dq / tp, kv * dv / tp };
-          for (int i = 0; i < 3; i++, n++)
-            mm_fl[n] = 2 * T * h * outs[i], mm_n[n] = outs[i], mm_k[n] = h;
-        }
-      else
-        mm_fl[n] = fl_qkv, mm_n[n] = qkv_n, mm_k[n] = h, n++;
-      mm_fl[n] = fl_o, mm_n[n] = h, mm_k[n] = o_k, n++;
-      if (m->gated_mlp && m->mlp_input_linears >= 2)
-        for (int i = 0; i < 2; i++, n++)
-          mm_fl[n] = fl_up / 2.0, mm_n[n] = up_n / 2.0, mm_k[n] = h;
-      else
-        mm_fl[n] = fl_up, mm_n[n] = up_n, mm_k[n] = h, n++;
-      mm_fl[n] = fl_down, mm_n[n] = h, mm_k[n] = down_k, n++;
+      StowMatmul mm[STOW_MAX_LAYER_MATMULS];
+      guint n = stow_mem_layer_matmuls (m, mm);
       for (guint i = 1; i < n; i += 2) /* the 2nd, 4th, ... */
         {
-          lc->op_rec_s += gemm_s (r, mm_fl[i], T, mm_n[i], mm_k[i]);
-          lc->op_rec_flops += mm_fl[i] * tp;
+          double in = mm[i].row_parallel ? mm[i].in / tp : mm[i].in;
+          double out = mm[i].row_parallel ? mm[i].out : mm[i].out / tp;
+          double fl = 2 * T * in * out;
+          lc->op_rec_s += gemm_s (r, fl, T, out, in);
+          lc->op_rec_flops += fl * tp;
         }
       lc->op_rec_s += lc->fwd_elem_s + lc->fwd_cast_s;
     }

@@ -54,6 +54,18 @@ void stow_mem_layer_activation_parts (const StowModel *m, const StowTraining *t,
 /* What full recompute keeps of a layer: its input. */
 guint64 stow_mem_checkpoint_bytes (const StowModel *m, const StowTraining *t,
                                    const StowLayout *l);
+/* A dense layer's matmuls in the order its forward runs them (q, k, v or
+ * one qkv; o; gate and up, one gate_up, or up; down): input and output
+ * widths a token, before TP, and whether TP splits the input (row-parallel:
+ * o and down) or the output.  Selective op checkpointing keeps every
+ * second one's output; the memory and time models read the same list. */
+typedef struct
+{
+  double in, out;
+  gboolean row_parallel;
+} StowMatmul;
+#define STOW_MAX_LAYER_MATMULS 7
+guint stow_mem_layer_matmuls (const StowModel *m, StowMatmul *mm);
 /* What selective op checkpointing keeps of a layer. */
 guint64 stow_mem_op_checkpoint_bytes (const StowModel *m, const StowTraining *t,
                                       const StowLayout *l);
