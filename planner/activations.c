@@ -102,7 +102,7 @@ stow_mem_logits_element_bytes (const StowTraining *t, const StowLayout *l)
  * of tokens at a time (executor/llama.h), unless --chunked-loss asks for
  * torchtune's chunked loss. */
 gboolean
-stow_mem_fused_loss (const StowTraining *t, const StowLayout *l)
+stow_mem_fused_head_loss (const StowTraining *t, const StowLayout *l)
 {
   return l->engine == STOW_ENGINE_STOWAGE && !t->chunked_loss;
 }
@@ -514,7 +514,7 @@ stow_mem_end_sizes (const StowModel *m, const StowTraining *t,
   guint64 sbv = (guint64)llround (s_out * b * (double)m->vocab / l->tp);
   *logits = stow_bytes (sbv, stow_mem_logits_element_bytes (t, l));
   *loss_grad = (guint64)llround (r * s_out * b * h) / spdiv;
-  if (stow_mem_fused_loss (t, l))
+  if (stow_mem_fused_head_loss (t, l))
     {
       /* stowage's output layer runs fused with the loss, a chunk of tokens
        * at a time (planner/program.h), and hands the last layer its

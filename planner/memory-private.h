@@ -41,8 +41,9 @@ double stow_mem_residual_bytes (const StowTraining *t, const StowLayout *l);
 /* Bytes a logit costs at the loss's peak. */
 double stow_mem_logits_element_bytes (const StowTraining *t,
                                       const StowLayout *l);
-/* The stowage engine's fused output layer and cross-entropy. */
-gboolean stow_mem_fused_loss (const StowTraining *t, const StowLayout *l);
+/* The stowage engine runs its output layer and cross-entropy fused (not
+ * --fused-loss, which fuses the cross-entropy alone). */
+gboolean stow_mem_fused_head_loss (const StowTraining *t, const StowLayout *l);
 StowLayerKind stow_mem_layer_kind (const StowModel *m, guint64 i);
 /* Transformer Engine's fp8 linears (Megatron-core engines, fp8). */
 gboolean stow_mem_te_fp8_layers (const StowTraining *t, const StowLayout *l);

@@ -1265,7 +1265,7 @@ activations (Model *ms, const StageParams *p, guint stage, GArray *dev,
       guint64 bwd = dh + others;
       guint64 last = lg > bwd ? lg - others : dh;
       ms->after_forward += last;
-      if (stow_mem_fused_loss (t, l))
+      if (stow_mem_fused_head_loss (t, l))
         stow_mem_add (dev, "logits and loss", (nlog - 1) * lg + last,
                       STOW_TIER_DEVICE,
                       "%" G_GUINT64_FORMAT " micro-batches x %" G_GUINT64_FORMAT
