@@ -124,11 +124,8 @@ run_grad_norm (CpuBackend *b, const StowOp *op, GError **error)
 static gboolean
 run_delayed (CpuBackend *b, const StowOp *op, GError **error)
 {
-  if (!b->delayed.apply_prev)
-    return TRUE;
-  return stow_tensor_map_adam_unit_from (&b->map, b->adam, op->unit,
-                                         b->delayed.prev_grads, b->step - 1,
-                                         error);
+  return stow_delayed_apply (&b->delayed, &b->map, b->adam, op->unit, b->step,
+                             error);
 }
 
 /* AdamW on one unit, tensor by tensor: on the device's tensors, or

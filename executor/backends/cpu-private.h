@@ -80,10 +80,8 @@ struct _CpuBackend
   /* The program's persistent pinned buffers, locked in host memory. */
   StowPinnedPool *pinned_pool;
   gboolean no_pin;
-  /* The delayed update (tensors.h), and the program's host gradients,
-   * whichever of the two buffers holds them. */
+  /* The delayed update (tensors.h). */
   StowDelayed delayed;
-  guint8 *own_grads;
   /* Program buffers in the pinned tier: bytes held now and the peak (a
    * swap buffer counts as the ring buffer it takes). */
   guint64 pinned_in_use, pinned_peak;

@@ -315,13 +315,9 @@ cpu_destroy (StowBackend *bb)
         g_thread_join (b->workers[s].thread);
         g_async_queue_unref (b->workers[s].queue);
       }
-  /* The delayed update swaps the host gradients with prev_grads: each
-   * goes back to whoever allocated it. */
-  if (b->own_grads != NULL && b->map.addr[b->map.host_grads_buf] != b->own_grads)
-    {
-      b->delayed.prev_grads = b->map.addr[b->map.host_grads_buf];
-      b->map.addr[b->map.host_grads_buf] = b->own_grads;
-    }
+  /* Each of the delayed update's two gradient buffers back in its own
+   * slot, so each is freed as the buffer it was allocated for. */
+  stow_delayed_restore (&b->delayed, &b->map);
   for (guint i = 0; b->map.addr && i < b->n_buffers; i++)
     if (b->map.addr[i] && buf_of (b, i)->tier != STOW_TIER_DEVICE
         && !stow_buffer_is_occupant (buf_of (b, i)) && !in_pool (b, buf_of (b, i))
@@ -393,15 +389,6 @@ stow_backend_cpu_new (const StowCpuSetup *setup, GError **error)
   b->t0_us = g_get_monotonic_time ();
   if (!stow_tensor_map_init (&b->map, p, b->model, "cpu", error))
     {
-      cpu_destroy (&b->parent);
-      return NULL;
-    }
-  if (b->delayed.on && b->map.host_grads_buf == STOW_NONE)
-    {
-      g_set_error_literal (error, STOW_BACKEND_ERROR,
-                           STOW_BACKEND_ERROR_UNSUPPORTED,
-                           "the delayed update is ZeRO-Offload's: it needs "
-                           "the optimizer in host memory");
       cpu_destroy (&b->parent);
       return NULL;
     }
@@ -485,8 +472,6 @@ stow_backend_cpu_alloc_persistent (StowBackend *bb, GError **error)
       return FALSE;
   if (b->pinned_pool != NULL && !b->no_pin)
     stow_pinned_pool_pin (b->pinned_pool);
-  if (b->map.host_grads_buf != STOW_NONE)
-    b->own_grads = b->map.addr[b->map.host_grads_buf];
   if (!stow_delayed_init (&b->delayed, &b->map, error))
     return FALSE;
   /* The program's host buffer of the weights: what CPU Adam writes (and,

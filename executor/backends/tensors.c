@@ -639,20 +639,39 @@ stow_tensor_map_adam (const StowTensorMap *m, guint unit, guint k, double lr,
     }
 }
 
-gboolean
-stow_tensor_map_adam_unit (const StowTensorMap *m, StowAdam *adam, guint unit,
-                           const StowAdamStep *step, double lr, GError **error)
+/* CPU Adam over @unit's tensors, with the gradients of @grads (the whole
+ * model's, laid out as the host gradients) in place of the map's when not
+ * NULL. */
+static gboolean
+adam_unit (const StowTensorMap *m, StowAdam *adam, guint unit,
+           const StowAdamStep *step, double lr, const guint8 *grads,
+           GError **error)
 {
   const StowUnit *u = unit_of (m, unit);
+  guint64 off = u->offset - unit_of (m, 0)->offset;
+  gsize gsz = stow_dtype_size (m->p->grad_dtype);
   for (guint k = 0; k < u->n_tensors; k++)
     {
       StowAdamConfig cfg;
       StowAdamTensor at;
       stow_tensor_map_adam (m, unit, k, lr, &cfg, &at);
+      if (grads != NULL)
+        {
+          const StowUnitTensor *t = &g_array_index (
+              m->p->unit_tensors, StowUnitTensor, u->first_tensor + k);
+          at.grad = grads + (off + t->offset) * gsz;
+        }
       if (!stow_adam_step (adam, &cfg, step, &at, error))
         return FALSE;
     }
   return TRUE;
+}
+
+gboolean
+stow_tensor_map_adam_unit (const StowTensorMap *m, StowAdam *adam, guint unit,
+                           const StowAdamStep *step, double lr, GError **error)
+{
+  return adam_unit (m, adam, unit, step, lr, NULL, error);
 }
 
 gboolean
@@ -689,6 +708,19 @@ stow_delayed_begin_step (StowDelayed *d, StowTensorMap *m, guint64 step)
   d->have_grads = TRUE;
 }
 
+void
+stow_delayed_restore (StowDelayed *d, StowTensorMap *m)
+{
+  /* The delayed-gradients slot never moves: prev_grads is either its
+   * buffer or, after an odd number of steps, the host gradients'. */
+  if (!d->on || d->prev_grads == NULL
+      || d->prev_grads == m->addr[m->delayed_grads_buf])
+    return;
+  guint8 *t = m->addr[m->host_grads_buf];
+  m->addr[m->host_grads_buf] = d->prev_grads;
+  d->prev_grads = t;
+}
+
 void *
 stow_delayed_pending (const StowDelayed *d, const StowTensorMap *m,
                       guint unit, gboolean *pending)
@@ -702,27 +734,15 @@ stow_delayed_pending (const StowDelayed *d, const StowTensorMap *m,
 }
 
 gboolean
-stow_tensor_map_adam_unit_from (const StowTensorMap *m, StowAdam *adam,
-                                guint unit, const guint8 *grads, guint64 step,
-                                GError **error)
+stow_delayed_apply (const StowDelayed *d, const StowTensorMap *m,
+                    StowAdam *adam, guint unit, guint64 step, GError **error)
 {
-  const StowUnit *u = unit_of (m, unit);
-  guint64 off = u->offset - unit_of (m, 0)->offset;
-  gsize gsz = stow_dtype_size (m->p->grad_dtype);
-  StowAdamStep st = { step, 1.0, 1.0, FALSE };
-  double lr = stow_optim_lr_at (&m->p->optim, step);
-  for (guint k = 0; k < u->n_tensors; k++)
-    {
-      const StowUnitTensor *t = &g_array_index (
-          m->p->unit_tensors, StowUnitTensor, u->first_tensor + k);
-      StowAdamConfig cfg;
-      StowAdamTensor at;
-      stow_tensor_map_adam (m, unit, k, lr, &cfg, &at);
-      at.grad = grads + (off + t->offset) * gsz;
-      if (!stow_adam_step (adam, &cfg, &st, &at, error))
-        return FALSE;
-    }
-  return TRUE;
+  if (!d->apply_prev)
+    return TRUE;
+  StowAdamStep st = { step - 1, 1.0, 1.0, FALSE };
+  return adam_unit (m, adam, unit, &st,
+                    stow_optim_lr_at (&m->p->optim, step - 1), d->prev_grads,
+                    error);
 }
 
 double

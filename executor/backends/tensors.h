@@ -183,19 +183,21 @@ gboolean stow_delayed_init (StowDelayed *d, const StowTensorMap *map,
 /* At step @step's start: trades the host gradients with prev_grads. */
 void stow_delayed_begin_step (StowDelayed *d, StowTensorMap *map,
                               guint64 step);
+/* Before the buffers are freed: the host gradients back in their own slot
+ * (stow_delayed_begin_step trades them with prev_grads each step). */
+void stow_delayed_restore (StowDelayed *d, StowTensorMap *map);
 /* The pending gradients of @unit (which the next step applies), and in
  * @pending whether there are any; NULL without a delayed update. */
 void *stow_delayed_pending (const StowDelayed *d, const StowTensorMap *map,
                             guint unit, gboolean *pending);
 
-/* The same with the gradients taken from @grads (the whole model's, laid
- * out as the host gradients) as step @step's update, unclipped, at that
- * step's learning rate: ZeRO-Offload's delayed update, which applies the
- * last step's gradients while this step's come down. */
-gboolean stow_tensor_map_adam_unit_from (const StowTensorMap *map,
-                                         StowAdam *adam, guint unit,
-                                         const guint8 *grads, guint64 step,
-                                         GError **error);
+/* ZeRO-Offload's delayed update of @unit in step @step: step - 1's update
+ * (its learning rate, Adam's t = step - 1, unclipped) with the gradients
+ * set aside when @step began; nothing when there are none (the run's first
+ * step). */
+gboolean stow_delayed_apply (const StowDelayed *d, const StowTensorMap *map,
+                             StowAdam *adam, guint unit, guint64 step,
+                             GError **error);
 
 /* The global L2 norm of the host gradients in @buffer, unit by unit in
  * unit order (stow_adam_grad_sumsq's sums, so every backend gets the same

@@ -429,10 +429,8 @@ host_adam (CudaBackend *b, const StowOp *op)
   GError *e = NULL;
   if (b->delayed.on)
     {
-      if (b->delayed.apply_prev
-          && !stow_tensor_map_adam_unit_from (&b->map, b->adam, op->unit,
-                                              b->delayed.prev_grads,
-                                              b->step - 1, &e))
+      if (!stow_delayed_apply (&b->delayed, &b->map, b->adam, op->unit, b->step,
+                               &e))
         host_fail (b, e);
       return;
     }
@@ -880,8 +878,7 @@ stow_backend_cuda_alloc_persistent (StowBackend *bb, GError **error)
     b->map.host_weights = b->map.addr[b->map.host_weights_buf];
   /* The delayed update's second host copy of the gradients: the
    * program's, pinned with the rest. */
-  if (b->delayed.prev_grads == NULL
-      && !stow_delayed_init (&b->delayed, &b->map, error))
+  if (!stow_delayed_init (&b->delayed, &b->map, error))
     return FALSE;
   return TRUE;
 }
