@@ -596,30 +596,19 @@ attn_mma_dkv_kernel (guint64 T, guint64 a, guint64 kv, float scale,
 
 /* ---- the entry points ----------------------------------------------------- */
 
-template <typename F>
-static gboolean
-smem_opt_in (StowLlamaCuda *L, F kernel, guint64 bytes, int limit,
-             const char *what)
-{
-  if (bytes > (guint64)limit)
-    return FALSE;
-  return stow_llama_cuda_ok (
-      L,
-      cudaFuncSetAttribute (kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                            (int)bytes),
-      what);
-}
-
 template <int D>
 static gboolean
 init_d (StowLlamaCuda *L, int limit)
 {
-  return smem_opt_in (L, attn_mma_forward_kernel<D>, fwd_smem<D> (), limit,
-                      "attention forward (mma): shared memory")
-         && smem_opt_in (L, attn_mma_dq_kernel<D>, dq_smem<D> (), limit,
-                         "attention dq (mma): shared memory")
-         && smem_opt_in (L, attn_mma_dkv_kernel<D>, dkv_smem<D> (), limit,
-                         "attention dk/dv (mma): shared memory");
+  if (fwd_smem<D> () > (guint64)limit || dq_smem<D> () > (guint64)limit
+      || dkv_smem<D> () > (guint64)limit)
+    return FALSE;
+  return stow_cuda_smem_opt_in (L, attn_mma_forward_kernel<D>, fwd_smem<D> (),
+                                "attention forward (mma): shared memory")
+         && stow_cuda_smem_opt_in (L, attn_mma_dq_kernel<D>, dq_smem<D> (),
+                                   "attention dq (mma): shared memory")
+         && stow_cuda_smem_opt_in (L, attn_mma_dkv_kernel<D>, dkv_smem<D> (),
+                                   "attention dk/dv (mma): shared memory");
 }
 
 gboolean

@@ -477,17 +477,6 @@ fwd_bytes3 (guint64 d, guint64 B, bool unused)
   return fwd_bytes (d, B);
 }
 
-template <typename F>
-static gboolean
-tc_smem_limit (StowLlamaCuda *L, F kernel, guint64 bytes, const char *what)
-{
-  return stow_llama_cuda_ok (
-      L,
-      cudaFuncSetAttribute (kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                            (int)bytes),
-      what);
-}
-
 gboolean
 stow_cuda_attention_tc_init (StowLlamaCuda *L)
 {
@@ -521,13 +510,15 @@ stow_cuda_attention_tc_init (StowLlamaCuda *L)
   int tk = pick_tile (bwd_bytes, d, true, limit);
   if (tf == 0 || tq == 0 || tk == 0)
     return TRUE;
-  gboolean ok
-      = tc_smem_limit (L, attn_tc_forward_kernel, fwd_bytes (d, tf),
-                       "attention forward (tensor cores): shared memory")
-        && tc_smem_limit (L, attn_tc_dq_kernel, bwd_bytes (d, tq, false),
-                          "attention dq (tensor cores): shared memory")
-        && tc_smem_limit (L, attn_tc_dkv_kernel, bwd_bytes (d, tk, true),
-                          "attention dk/dv (tensor cores): shared memory");
+  gboolean ok = stow_cuda_smem_opt_in (
+                    L, attn_tc_forward_kernel, fwd_bytes (d, tf),
+                    "attention forward (tensor cores): shared memory")
+                && stow_cuda_smem_opt_in (
+                    L, attn_tc_dq_kernel, bwd_bytes (d, tq, false),
+                    "attention dq (tensor cores): shared memory")
+                && stow_cuda_smem_opt_in (
+                    L, attn_tc_dkv_kernel, bwd_bytes (d, tk, true),
+                    "attention dk/dv (tensor cores): shared memory");
   if (!ok)
     return FALSE;
   L->attn_tc_fwd_tile = tf;

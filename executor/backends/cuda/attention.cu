@@ -320,17 +320,6 @@ attn_dkv_kernel (guint64 T, guint64 a, guint64 kv, guint64 d, guint64 B,
     }
 }
 
-template <typename F>
-static gboolean
-smem_limit (StowLlamaCuda *L, F kernel, guint64 floats, const char *what)
-{
-  return stow_llama_cuda_ok (
-      L,
-      cudaFuncSetAttribute (kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                            (int)(floats * sizeof (float))),
-      what);
-}
-
 gboolean
 stow_cuda_attention_init (StowLlamaCuda *L)
 {
@@ -339,19 +328,24 @@ stow_cuda_attention_init (StowLlamaCuda *L)
   guint64 d = L->config.head_dim, B = (guint64)L->attn_tile;
   /* Both instantiations: a runtime uses one, the attributes are per
    * kernel. */
-  gboolean ok
-      = smem_limit (L, attn_forward_kernel<false>, fwd_floats (d, B),
-                    "attention forward: shared memory")
-        && smem_limit (L, attn_forward_kernel<true>, fwd_floats (d, B),
-                       "attention forward: shared memory")
-        && smem_limit (L, attn_dq_kernel<false>, dq_floats (d, B),
-                       "attention dq: shared memory")
-        && smem_limit (L, attn_dq_kernel<true>, dq_floats (d, B),
-                       "attention dq: shared memory")
-        && smem_limit (L, attn_dkv_kernel<false>, dkv_floats (d, B),
-                       "attention dk/dv: shared memory")
-        && smem_limit (L, attn_dkv_kernel<true>, dkv_floats (d, B),
-                       "attention dk/dv: shared memory");
+  gboolean ok = stow_cuda_smem_opt_in (L, attn_forward_kernel<false>,
+                                       fwd_floats (d, B) * sizeof (float),
+                                       "attention forward: shared memory")
+                && stow_cuda_smem_opt_in (L, attn_forward_kernel<true>,
+                                          fwd_floats (d, B) * sizeof (float),
+                                          "attention forward: shared memory")
+                && stow_cuda_smem_opt_in (L, attn_dq_kernel<false>,
+                                          dq_floats (d, B) * sizeof (float),
+                                          "attention dq: shared memory")
+                && stow_cuda_smem_opt_in (L, attn_dq_kernel<true>,
+                                          dq_floats (d, B) * sizeof (float),
+                                          "attention dq: shared memory")
+                && stow_cuda_smem_opt_in (L, attn_dkv_kernel<false>,
+                                          dkv_floats (d, B) * sizeof (float),
+                                          "attention dk/dv: shared memory")
+                && stow_cuda_smem_opt_in (L, attn_dkv_kernel<true>,
+                                          dkv_floats (d, B) * sizeof (float),
+                                          "attention dk/dv: shared memory");
   return ok && stow_cuda_attention_tc_init (L);
 }
 

@@ -142,6 +142,19 @@ stow_llama_cuda_layout_ok (StowLlamaCuda *L)
 gboolean stow_llama_cuda_ok (StowLlamaCuda *L, cudaError_t e, const char *what);
 /* The same for the last kernel launch (cudaGetLastError). */
 gboolean stow_llama_cuda_launched (StowLlamaCuda *L, const char *what);
+/* Lets @kernel launch with @bytes of dynamic shared memory (above the 48
+ * KiB default), reporting a failure as @what. */
+template <typename F>
+static inline gboolean
+stow_cuda_smem_opt_in (StowLlamaCuda *L, F kernel, guint64 bytes,
+                       const char *what)
+{
+  return stow_llama_cuda_ok (
+      L,
+      cudaFuncSetAttribute (kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                            (int)bytes),
+      what);
+}
 
 /* ---- elements ------------------------------------------------------------- */
 
