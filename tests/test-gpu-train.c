@@ -117,20 +117,6 @@ weights_rel (const char *a_dir, const char *b_dir, double *max_element)
   return worst;
 }
 
-/* The arguments of a train run: @first (NULL-terminated), then @extra
- * (NULL-terminated, or NULL). */
-static GPtrArray *
-args_of (const char *const *first, const char *const *extra)
-{
-  GPtrArray *a = g_ptr_array_new ();
-  for (guint i = 0; first[i]; i++)
-    g_ptr_array_add (a, (char *)first[i]);
-  for (guint i = 0; extra && extra[i]; i++)
-    g_ptr_array_add (a, (char *)extra[i]);
-  g_ptr_array_add (a, NULL);
-  return a;
-}
-
 /* Ten steps on each backend at @precision, both with the flags @extra
  * (NULL-terminated, or NULL): losses and weights. */
 static void
@@ -150,8 +136,8 @@ against_cpu (const char *precision, double loss_tol, double weight_tol,
   const char *const on_gpu[] = { "--steps", "10", "--precision", precision,
                                  "--log-json", gpu_log, "--backend", "cuda",
                                  NULL };
-  g_autoptr (GPtrArray) ac = args_of (on_cpu, extra);
-  g_autoptr (GPtrArray) ag = args_of (on_gpu, extra);
+  g_autoptr (GPtrArray) ac = args_join (on_cpu, extra);
+  g_autoptr (GPtrArray) ag = args_join (on_gpu, extra);
   g_auto (StowRun) rc = { 0 };
   trainv (&rc, &f, cpu, (const char *const *)ac->pdata);
   g_assert_cmpint (rc.status, ==, 0);

@@ -280,14 +280,9 @@ assert_fault_recovers (Fixture *f, const char *swap, const char *straight,
                        const char *message, const char *latest,
                        const char *const *flags)
 {
-  g_autoptr (GPtrArray) a = g_ptr_array_new ();
   const char *const first[] = { "--steps", "3", "--save-every", "1",
                                 "--test-nvme-fault", fault, NULL };
-  for (guint i = 0; first[i]; i++)
-    g_ptr_array_add (a, (char *)first[i]);
-  for (guint i = 0; flags[i]; i++)
-    g_ptr_array_add (a, (char *)flags[i]);
-  g_ptr_array_add (a, NULL);
+  g_autoptr (GPtrArray) a = args_join (first, flags);
   g_auto (StowRun) r1 = { 0 };
   trainv (&r1, f, out, (const char *const *)a->pdata);
   g_test_message ("%s: %s", fault, r1.err);

@@ -66,21 +66,28 @@ fixture_clear (Fixture *f)
   g_free (f->text);
 }
 
+GPtrArray *
+args_join (const char *const *first, const char *const *second)
+{
+  GPtrArray *a = g_ptr_array_new ();
+  for (guint i = 0; first[i]; i++)
+    g_ptr_array_add (a, (char *)first[i]);
+  for (guint i = 0; second && second[i]; i++)
+    g_ptr_array_add (a, (char *)second[i]);
+  g_ptr_array_add (a, NULL);
+  return a;
+}
+
 void
 trainv (StowRun *r, Fixture *f, const char *out, const char *const *extra)
 {
-  g_autoptr (GPtrArray) a = g_ptr_array_new ();
   const char *base[] = { "train",    "--model",        f->model,
                          "--data",   f->shard,         "--seq",
                          "16",       "--micro-batch",  "2",
                          "--global-batch", "4",        "--lr",
                          "0.003",    "--out",          out,
                          NULL };
-  for (guint i = 0; base[i]; i++)
-    g_ptr_array_add (a, (char *)base[i]);
-  for (guint i = 0; extra[i]; i++)
-    g_ptr_array_add (a, (char *)extra[i]);
-  g_ptr_array_add (a, NULL);
+  g_autoptr (GPtrArray) a = args_join (base, extra);
   stow_runv (r, (const char *const *)a->pdata);
 }
 

@@ -26,13 +26,16 @@ void write_shard (const char *path, guint32 magic, guint32 version,
  * (seed 3) and a shard of 20000 tokens. */
 void fixture_init (Fixture *f);
 void fixture_clear (Fixture *f);
+/* @first then @second (either NULL ended; @second may be NULL), as one
+ * NULL-ended array borrowing their strings. */
+GPtrArray *args_join (const char *const *first, const char *const *second);
 /* Runs train on the fixture (seq 16, micro-batch 2, global batch 4, lr
  * 0.003) with @out and the extra flags (NULL ended). */
+void train (StowRun *r, Fixture *f, const char *out, ...)
+    G_GNUC_NULL_TERMINATED;
 /* The same with the extra flags in @extra (NULL ended). */
 void trainv (StowRun *r, Fixture *f, const char *out,
              const char *const *extra);
-void train (StowRun *r, Fixture *f, const char *out, ...)
-    G_GNUC_NULL_TERMINATED;
 /* The contents of @file in @dir's latest checkpoint. */
 char *contents (const char *dir, const char *file);
 /* Whether two runs' latest checkpoints hold the same bytes of @file. */
@@ -41,11 +44,11 @@ gboolean same_file (const char *a_dir, const char *b_dir, const char *file);
  * first python with torch (STOW_PYTHON, then @pythons in order) and
  * asserts it passed; skips the test when none has torch. */
 void stow_train_oracle (const char *backend, const char *const *pythons);
-/* The run's "device peak:" line: the arena's measured peak within 2% of
- * the simulated one, same program. */
 /* The latest checkpoints in @a and @b hold the same weights and optimizer
  * state, byte for byte. */
 void assert_same_checkpoint (const char *a, const char *b);
+/* The run's "device peak:" line: the arena's measured peak within 2% of
+ * the simulated one, same program. */
 void assert_peak_as_simulated (const StowRun *r);
 /* The run's "pinned host peak:" line (an offloaded placement's host
  * buffers): measured within 2% of the simulated one. */
