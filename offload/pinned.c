@@ -413,12 +413,18 @@ stow_pinned_pool_free (StowPinnedPool *pool)
   g_free (pool);
 }
 
+guint64
+stow_pinned_span (guint64 bytes)
+{
+  guint64 page = page_bytes ();
+  return MAX ((bytes + page - 1) / page * page, page);
+}
+
 void *
 stow_pinned_pool_alloc (StowPinnedPool *pool, guint64 bytes, GError **error)
 {
   g_return_val_if_fail (pool != NULL, NULL);
-  guint64 page = page_bytes ();
-  guint64 need = MAX ((bytes + page - 1) / page * page, page);
+  guint64 need = stow_pinned_span (bytes);
   void *p = NULL;
   g_mutex_lock (&pool->lock);
   for (guint i = 0; i < pool->slabs->len && p == NULL; i++)

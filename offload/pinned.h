@@ -86,6 +86,10 @@ typedef struct _StowPinnedPool StowPinnedPool;
 StowPinnedPool *stow_pinned_pool_new (const StowPinnedOptions *opts);
 void stow_pinned_pool_free (StowPinnedPool *pool);
 
+/* What a buffer of @bytes takes of a slab: @bytes rounded up to the page,
+ * at least one page (for sizing a pool before allocating from it). */
+guint64 stow_pinned_span (guint64 bytes);
+
 /* A zero-filled buffer of @bytes, page-aligned (its usable size is @bytes
  * rounded up to the page).  A request over slab_bytes gets its own slab.
  * Returns NULL and sets G_FILE_ERROR_NOMEM when the host is out of memory. */

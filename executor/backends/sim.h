@@ -25,7 +25,6 @@ typedef struct
   const guint64 *capacity_bytes;
 } StowSimSetup;
 
-/* The sim for @setup (everything in it is copied or referenced). */
 /* Bytes of memory traffic per parameter of an Adam update, which the
  * simulator divides by the host's or the GPU's memory bandwidth: read fp32
  * master, exp_avg, exp_avg_sq and write them back (24), read the gradient
@@ -33,6 +32,7 @@ typedef struct
  * STREAM-triad speed (bench/results/adam-vm-*.md). */
 #define STOW_SCHED_ADAM_BYTES_PER_PARAM 28.0
 
+/* The sim for @setup (everything in it is copied or referenced). */
 StowBackend *stow_backend_sim_new (const StowSimSetup *setup);
 /* Hand-built programs in tests: op @op takes @seconds, whatever it is. */
 void stow_backend_sim_set_op_seconds (StowBackend *sim, guint op,

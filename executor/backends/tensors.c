@@ -149,7 +149,7 @@ stow_tensor_map_pinned_pool (const StowTensorMap *m, gboolean cuda)
     {
       const StowBuffer *buf = stow_tensor_map_buffer (m, i);
       if (buf->persistent && buf->tier == STOW_TIER_PINNED)
-        bytes += (MAX (buf->bytes, 1) + 4095) / 4096 * 4096;
+        bytes += stow_pinned_span (buf->bytes);
     }
   if (bytes == 0)
     return NULL;
