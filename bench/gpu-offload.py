@@ -104,10 +104,12 @@ def main():
             n, m, tokens / m, r["loss"], r["sha"][:12]))
     for n, why in failed.items():
         lines.append("| %s | failed: %s | | | |" % (n, why[0]))
-    same = len({r["sha"] for n, r in rows.items() if "delayed" not in n}) == 1
+    plain = [r["sha"] for n, r in rows.items() if "delayed" not in n]
+    # Both runs without the delayed update must have finished to compare.
+    verdict = ("not compared: a run failed" if len(plain) < 2
+               else "the same bytes" if len(set(plain)) == 1 else "DIFFERENT")
     lines += ["", "Weights of the runs without the delayed update (whose "
-              "updates lag a step and are not clipped): %s." % (
-                  "the same bytes" if same else "DIFFERENT"), ""]
+              "updates lag a step and are not clipped): %s." % verdict, ""]
     for n, r in rows.items():
         st = r["streams"]
         lines += ["%s, last step (%.4f s), busy / exposed seconds per "
