@@ -65,7 +65,8 @@ stow_plan_options_add (GOptionContext *ctx, StowPlanOptions *po)
          "With --offload-params: streamed layers kept on the GPU (default: "
          "as many as the budget leaves room for)",
          "N"),
-    STR ("recompute", recompute, "none, selective, full or full:K", "MODE"),
+    STR ("recompute", recompute,
+         "none, selective, full, full:K or selective-op", "MODE"),
     STR ("micro-batch", micro_batch, "Sequences per micro-batch", "N"),
     STR ("global-batch", global_batch, "Sequences per optimizer step", "N"),
     STR ("grad-accum", grad_accum, "Micro-batches per step per replica", "N"),
