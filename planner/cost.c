@@ -60,6 +60,17 @@ stow_cost_options_init (StowCostOptions *o)
   o->nvlink_eff = 0.77;
   o->net_eff = 0.85;
   o->nvlink_latency_s = 5e-6;
+  /* NCCL v2.18.3-1, src/graph/tuning.cc (the cost model NCCL chooses its
+   * algorithm and protocol by): the Ring/Simple protocol (messages of
+   * megabytes) has a base latency of 8.4 us and per step 3.4 us over
+   * NVLink, 5.7 us over PCIe and 14.0 us across the network (hwLat; the
+   * InfiniBand plugin adds none, net_ib.cc).  Inside a node a multi-node
+   * ring's step costs at least 3x the network post overhead, 1 us on Intel
+   * hosts: 3.0 us, below the NVLink step. */
+  o->nccl_ring_base_s = 8.4e-6;
+  o->nccl_intra_step_s = 3.4e-6;
+  o->nccl_pci_step_s = 5.7e-6;
+  o->nccl_inter_step_s = 14.0e-6;
   o->kernel_overhead_s = 20e-6;
   /* Overlapped NCCL kernels occupy SMs (8-32 channels of the A100's 108
    * SMs) and HBM bandwidth: hidden communication still slows compute by
@@ -284,6 +295,15 @@ typedef struct
   double bw, lat;
 } Link;
 
+/* Whether @span consecutive ranks sit in one NVLink domain of a node. */
+static gboolean
+over_nvlink (const StowCluster *c, guint64 span)
+{
+  guint per_node = MAX (c->node.gpus_per_node, 1);
+  guint domain = MIN (MAX (c->node.gpu.nvlink_domain, 1), per_node);
+  return span <= domain && c->node.gpu.nvlink_bw > 0;
+}
+
 /* The link a group of @size ranks, @stride apart in rank order, uses:
  * NVLink when the whole span sits in one NVLink domain of a node, else the
  * network (its ring goes through the NICs). */
@@ -292,10 +312,9 @@ group_link (const StowCluster *c, const StowCostOptions *o, guint64 size,
             guint64 stride)
 {
   guint per_node = MAX (c->node.gpus_per_node, 1);
-  guint domain = MIN (MAX (c->node.gpu.nvlink_domain, 1), per_node);
   guint64 span = size * stride;
   Link l;
-  if (span <= domain && c->node.gpu.nvlink_bw > 0)
+  if (over_nvlink (c, span))
     {
       l.bw = c->node.gpu.nvlink_bw * o->nvlink_eff;
       l.lat = o->nvlink_latency_s;
@@ -326,18 +345,34 @@ ring_allreduce (double bytes, guint64 n, Link l)
          + 2.0 * (double)(n - 1) * l.lat;
 }
 
+/* The latency of one NCCL ring collective over @n ranks @stride apart,
+ * as NCCL's cost model has it (tuning.cc, v2.18.3-1): the ring is flat,
+ * through every rank, so a reduce-scatter or all-gather (@half) takes
+ * n - 1 steps, nodes - 1 of them across nodes, and an all-reduce twice
+ * the steps, 2 x nodes of them across nodes. */
 static double
-ring_half (double bytes, guint64 n, Link l)
+nccl_ring_latency (const StowCluster *c, const StowCostOptions *o, guint64 n,
+                   guint64 stride, gboolean half)
 {
-  if (n <= 1 || bytes <= 0)
+  if (n <= 1)
     return 0;
-  return (double)(n - 1) / (double)n * bytes / l.bw + (double)(n - 1) * l.lat;
+  guint per_node = MAX (c->node.gpus_per_node, 1);
+  guint64 local = stride >= per_node ? 1 : MIN (n, per_node / stride);
+  guint64 nodes = (n + local - 1) / local;
+  double steps = (half ? 1.0 : 2.0) * (double)(n - 1);
+  double inter = nodes <= 1 ? 0 : half ? (double)(nodes - 1) : 2.0 * nodes;
+  double intra = local > 1 && !over_nvlink (c, local * stride)
+                     ? o->nccl_pci_step_s
+                     : o->nccl_intra_step_s;
+  return o->nccl_ring_base_s + MAX (0.0, steps - inter) * intra
+         + inter * o->nccl_inter_step_s;
 }
 
-/* A data-parallel collective over @n ranks @stride apart: inside a node
- * over NVLink first, then across nodes with each GPU moving 1/local of
- * the data over its own NIC (hierarchical, as NCCL's tree/ring mix and
- * DeepSpeed/Megatron's bucketing achieve).  @half: a reduce-scatter or
+/* A data-parallel collective over @n ranks @stride apart.  Its bandwidth
+ * term is hierarchical: inside a node over NVLink, then across nodes with
+ * each GPU moving 1/local of the data over its own NIC (as NCCL's
+ * tree/ring mix and DeepSpeed/Megatron's bucketing achieve).  Its latency
+ * is NCCL's for the flat ring.  @half: a reduce-scatter or
  * all-gather instead of an all-reduce. */
 static double
 dp_collective (const StowCluster *c, const StowCostOptions *o, double bytes,
@@ -348,20 +383,62 @@ dp_collective (const StowCluster *c, const StowCostOptions *o, double bytes,
   guint per_node = MAX (c->node.gpus_per_node, 1);
   guint64 local = stride >= per_node ? 1 : MIN (n, per_node / stride);
   guint64 nodes = (n + local - 1) / local;
-  double t = 0;
+  double share = half ? 1.0 : 2.0, t = 0;
   if (local > 1)
-    {
-      Link in = group_link (c, o, local, stride);
-      t += half ? ring_half (bytes, local, in)
-                : ring_allreduce (bytes, local, in);
-    }
+    t += share * (double)(local - 1) / (double)local * bytes
+         / group_link (c, o, local, stride).bw;
   if (nodes > 1)
+    t += share * (double)(nodes - 1) / (double)nodes * (bytes / (double)local)
+         / group_link (c, o, nodes, per_node).bw;
+  return t + nccl_ring_latency (c, o, n, stride, half);
+}
+
+/* @bytes moved as @count equal collectives, each paying its latency. */
+static double
+dp_collectives (const StowCluster *c, const StowCostOptions *o, double bytes,
+                double count, guint64 n, guint64 stride, gboolean half)
+{
+  count = MAX (1.0, ceil (count));
+  return count * dp_collective (c, o, bytes / count, n, stride, half);
+}
+
+/* How many data-parallel collectives move a stage's @params parameters
+ * of @elem bytes each in one pass, as each engine groups them by default:
+ * - ZeRO-3 (and FSDP's every sharding) gathers and reduces per layer
+ *   (FSDP wraps each block, plus the root; DeepSpeed fetches per module,
+ *   at least one per layer; stowage's step program per layer);
+ * - Megatron-core's buckets hold max(40,000,000, 1,000,000 x dp)
+ *   parameters, per model chunk (core_r0.8,
+ *   distributed_data_parallel.py);
+ * - NeMo's distributed Adam (Apex DistributedFusedAdam) buckets
+ *   bucket_cap_mb, 100 MiB of its gradients by default;
+ * - DeepSpeed ZeRO-0/1/2 reduce_bucket_size and allgather_bucket_size,
+ *   500,000,000 elements by default;
+ * - PyTorch DDP bucket_cap_mb, 25 MiB. */
+static double
+dp_bucket_count (const StowLayout *l, guint64 ndp, double params, double elem,
+                 double v, guint64 layers)
+{
+  if (params <= 0)
+    return 1;
+  gboolean sharded = l->zero >= 3
+                     || (l->zero >= 1
+                         && (l->engine == STOW_ENGINE_FSDP
+                             || l->engine == STOW_ENGINE_PYTORCH));
+  if (sharded || l->engine == STOW_ENGINE_STOWAGE)
+    return (double)layers + 1.0;
+  switch (l->engine)
     {
-      Link out = group_link (c, o, nodes, per_node);
-      double b = bytes / (double)local;
-      t += half ? ring_half (b, nodes, out) : ring_allreduce (b, nodes, out);
+    case STOW_ENGINE_MEGATRON:
+    case STOW_ENGINE_NEMO:
+      if (l->engine == STOW_ENGINE_NEMO && l->zero >= 1)
+        return ceil (params * elem / (100.0 * 1048576.0));
+      return v * ceil (params / v / MAX (40e6, 1e6 * (double)ndp));
+    case STOW_ENGINE_DEEPSPEED:
+      return ceil (params / 5e8);
+    default:
+      return ceil (params * elem / (25.0 * 1048576.0));
     }
-  return t;
 }
 
 /* ---- the model's shapes -------------------------------------------- */
@@ -1013,24 +1090,30 @@ stow_cost_estimate (const StowModel *m, const StowCluster *c,
   double dp_total = 0, dp_exposed = 0;
   if (ndp > 1)
     {
+      /* How many collectives carry them: each pays NCCL's latency. */
+      double n_g
+          = dp_bucket_count (l, ndp, trainable, grad_b, v, stage_layers_max);
+      double n_w
+          = dp_bucket_count (l, ndp, stage_params_max, eb, v, stage_layers_max);
       /* The experts' data-parallel group: world / (etp x ep x pp), its
        * ranks etp x ep apart (with etp = tp: dp x cp / ep, tp x ep). */
       guint64 ex_n = stow_layout_expert_dp (l, ndp);
       guint64 ex_stride = (guint64)stow_layout_etp (l) * MAX (l->ep, 1);
       double g_bytes = trainable * grad_b, ge_bytes = ex_trainable * grad_b;
       double w_bytes = stage_params_max * eb, we_bytes = expert_params_max * eb;
-      double ar = dp_collective (c, o, g_bytes, ndp, stride, FALSE)
-                  + dp_collective (c, o, ge_bytes, ex_n, ex_stride, FALSE);
-      double rs = dp_collective (c, o, g_bytes, n_shard, stride, TRUE)
-                  + dp_collective (c, o, ge_bytes, ex_n, ex_stride, TRUE);
-      double ag = dp_collective (c, o, w_bytes, n_shard, stride, TRUE)
-                  + dp_collective (c, o, we_bytes, ex_n, ex_stride, TRUE);
+      double ar
+          = dp_collectives (c, o, g_bytes, n_g, ndp, stride, FALSE)
+            + dp_collectives (c, o, ge_bytes, n_g, ex_n, ex_stride, FALSE);
+      double rs = dp_collectives (c, o, g_bytes, n_g, n_shard, stride, TRUE)
+                  + dp_collectives (c, o, ge_bytes, n_g, ex_n, ex_stride, TRUE);
+      double ag = dp_collectives (c, o, w_bytes, n_w, n_shard, stride, TRUE)
+                  + dp_collectives (c, o, we_bytes, n_w, ex_n, ex_stride, TRUE);
       /* HSDP: the shards reduce inside a node, then replicas all-reduce
-       * the sharded gradients across nodes once per step. */
+       * the sharded gradients across nodes once per step, unit by unit. */
       double hsdp = 0;
       if (l->hybrid_shard && ndp > n_shard)
-        hsdp = dp_collective (c, o, g_bytes / n_shard, ndp / n_shard,
-                              stride * n_shard, FALSE);
+        hsdp = dp_collectives (c, o, g_bytes / n_shard, n_g, ndp / n_shard,
+                               stride * n_shard, FALSE);
       switch (l->zero)
         {
         case 0:

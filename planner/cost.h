@@ -56,6 +56,13 @@ typedef struct
   double nvlink_eff;     /* NCCL bus bandwidth / link bandwidth */
   double net_eff;        /* the same across nodes */
   double nvlink_latency_s;         /* per ring step */
+  /* Data-parallel rings as NCCL's own cost model prices one (tuning.cc,
+   * Ring/Simple): a launch, then a latency per step, a step that crosses
+   * nodes dearer than one inside a node. */
+  double nccl_ring_base_s;         /* per collective */
+  double nccl_intra_step_s;        /* per step inside a node, over NVLink */
+  double nccl_pci_step_s;          /* the same between PCIe peers */
+  double nccl_inter_step_s;        /* per step across nodes */
   double kernel_overhead_s;        /* launch and sync per layer pass */
   double overlap_slowdown;         /* compute lost per second of hidden comm */
   double offload_fetch_s;          /* per layer fetch from host memory */

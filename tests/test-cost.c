@@ -512,6 +512,67 @@ test_interleaved_p2p_fill (void)
     }
 }
 
+/* A data-parallel collective's latency is NCCL's own cost model's
+ * (src/graph/tuning.cc at v2.18.3-1, Ring/Simple: 8.4 us a collective,
+ * 3.4 us a step over NVLink, 14.0 us a step across nodes; the ring runs
+ * through every rank), and each collective an engine launches pays it:
+ * FSDP gathers and reduces per layer (plus the root). */
+static void
+test_nccl_ring_latency (void)
+{
+  g_autoptr (StowCluster) c = stow_test_cluster ("512xH100-SXM");
+  const double us = 1e-6;
+  struct
+  {
+    guint64 n, stride;
+    gboolean half;
+    double want; /* NCCL's latency, us */
+  } rows[] = {
+    /* all-gather inside a node: 7 NVLink steps */
+    { 8, 1, TRUE, 8.4 + 7 * 3.4 },
+    /* over 64 nodes: 511 steps, 63 of them across nodes */
+    { 512, 1, TRUE, 8.4 + 448 * 3.4 + 63 * 14.0 },
+    /* one GPU a node (tp 8 inside): every step across nodes */
+    { 48, 8, TRUE, 8.4 + 47 * 14.0 },
+    /* all-reduce over 2 nodes: 30 steps, 2 x 2 across nodes */
+    { 16, 1, FALSE, 8.4 + 26 * 3.4 + 4 * 14.0 },
+  };
+  for (gsize i = 0; i < G_N_ELEMENTS (rows); i++)
+    {
+      /* one byte: the bandwidth term vanishes */
+      double got = stow_cost_dp_collective_seconds (
+          c, NULL, 1.0, rows[i].n, rows[i].stride, rows[i].half);
+      g_test_message ("%" G_GUINT64_FORMAT " ranks %" G_GUINT64_FORMAT
+                      " apart: %.1f us, NCCL's model %.1f",
+                      rows[i].n, rows[i].stride, got / us, rows[i].want);
+      g_assert_cmpfloat (fabs (got - rows[i].want * us), <, 0.01 * us);
+    }
+
+  /* FSDP on 16 GPUs (two nodes), llama-7b's 32 layers: per micro-batch a
+   * gather for forward, one for backward and a reduce-scatter, each per
+   * layer and the root: 3 x 33 collectives, each paying the latency. */
+  g_autoptr (StowModel) m = stow_test_model ("llama-7b");
+  g_autoptr (StowCluster) c16 = stow_test_cluster ("16xH100-SXM");
+  StowTraining t;
+  StowLayout l;
+  StowCostOptions o;
+  StowCost with, without;
+  stow_training_init (&t);
+  t.global_batch = 16;
+  stow_layout_init (&l);
+  l.dp = 16, l.zero = 3, l.engine = STOW_ENGINE_FSDP;
+  l.micro_batch = 1, l.grad_accum = 1;
+  stow_cost_estimate (m, c16, &t, &l, NULL, &with);
+  stow_cost_options_init (&o);
+  o.nccl_ring_base_s = o.nccl_intra_step_s = o.nccl_inter_step_s = 0;
+  stow_cost_estimate (m, c16, &t, &l, &o, &without);
+  double lat = stow_cost_dp_collective_seconds (c16, NULL, 1.0, 16, 1, TRUE);
+  double added = with.total_s[STOW_COST_DP] - without.total_s[STOW_COST_DP];
+  g_test_message ("FSDP latency: %.3f ms, %.0f collectives", added * 1e3,
+                  added / lat);
+  g_assert_cmpfloat (fabs (added - 3.0 * 33.0 * lat), <, 1e-3 * added);
+}
+
 /* The pipelined NVMe optimizer step's bound (core/drives.h, issue 26): one
  * drive whose reads and writes share a queue is busy for read + write;
  * striped over several, the busiest drive's read + write; Adam overlaps. */
@@ -657,5 +718,6 @@ main (int argc, char **argv)
   g_test_add_func ("/cost/megatron-overlap", test_megatron_overlap);
   g_test_add_func ("/cost/interleaved-p2p-fill", test_interleaved_p2p_fill);
   g_test_add_func ("/cost/uneven-interleaved", test_uneven_interleaved);
+  g_test_add_func ("/cost/nccl-ring-latency", test_nccl_ring_latency);
   return g_test_run ();
 }

@@ -16,30 +16,11 @@
 #include "core/json.h"
 #include "tests/testutil.h"
 
-/* The twelve cases that miss today, each with what it misses by and why:
- * they are reported as TODO (not ok # TODO) while within their own bound,
- * and fail past it. */
-typedef struct
-{
-  const char *name;
-  double bound;       /* |error| allowed while the reason stands */
-  const char *reason; /* also for a case predicted not to fit */
-} Known;
-
-static const Known known[] = {
-  { "mcore-h100-gpt-70b", 0.12,
-    "micro-batch and vpp unpublished: the search's best (micro-batch 4, "
-    "vpp 14, 72.7 of 79.2 GiB) hides the data-parallel traffic behind a "
-    "larger backward than micro-batch 2 would (+4.1%); Transformer "
-    "Engine's userbuffers (2.5 GiB) would not rule micro-batch 4 out" },
-};
-
 typedef struct
 {
   const char *set; /* "twelve", "calibration", "heldout" */
   JsonObject *run; /* owned by the parsed file */
   double bound;    /* < 0: report only */
-  const Known *known;
 } Case;
 
 static char *
@@ -167,11 +148,6 @@ test_case (gconstpointer data)
       g_assert_cmpint (run.status, ==, 1);
       if (c->bound < 0)
         return;
-      if (c->known != NULL)
-        {
-          g_test_incomplete (c->known->reason);
-          return;
-        }
       /* Every published run ran: a plan that fits must exist.  Held-out
        * runs that do not fit are the memory model's to answer. */
       if (g_str_equal (c->set, "heldout"))
@@ -190,12 +166,6 @@ test_case (gconstpointer data)
                   c->set, metric, predicted, measured, 100.0 * err);
   if (c->bound < 0)
     return;
-  if (c->known != NULL && fabs (err) > c->bound)
-    {
-      g_assert_cmpfloat (fabs (err), <=, c->known->bound);
-      g_test_incomplete (c->known->reason);
-      return;
-    }
   g_assert_cmpfloat (fabs (err), <=, c->bound);
 }
 
@@ -220,11 +190,7 @@ main (int argc, char **argv)
   g_autoptr (GArray) cases = g_array_new (FALSE, TRUE, sizeof (Case));
   for (guint i = 0; i < json_array_get_length (a); i++)
     {
-      Case c = { "twelve", json_array_get_object_element (a, i), 0.10, NULL };
-      const char *name = json_object_get_string_member (c.run, "name");
-      for (gsize k = 0; k < G_N_ELEMENTS (known); k++)
-        if (g_str_equal (known[k].name, name))
-          c.known = &known[k];
+      Case c = { "twelve", json_array_get_object_element (a, i), 0.10 };
       g_array_append_val (cases, c);
     }
   for (guint i = 0; i < json_array_get_length (b); i++)
@@ -232,8 +198,7 @@ main (int argc, char **argv)
       JsonObject *o = json_array_get_object_element (b, i);
       gboolean calib = g_str_equal (json_object_get_string_member (o, "group"),
                                     "calibration");
-      Case c
-          = { calib ? "calibration" : "heldout", o, calib ? 0.10 : 0.30, NULL };
+      Case c = { calib ? "calibration" : "heldout", o, calib ? 0.10 : 0.30 };
       if (json_object_has_member (o, "bound")
           && json_object_get_null_member (o, "bound"))
         c.bound = -1;
