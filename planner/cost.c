@@ -1090,24 +1090,28 @@ stow_cost_estimate (const StowModel *m, const StowCluster *c,
   double dp_total = 0, dp_exposed = 0;
   if (ndp > 1)
     {
-      /* How many collectives carry them: each pays NCCL's latency. */
-      double n_g
-          = dp_bucket_count (l, ndp, trainable, grad_b, v, stage_layers_max);
-      double n_w
-          = dp_bucket_count (l, ndp, stage_params_max, eb, v, stage_layers_max);
       /* The experts' data-parallel group: world / (etp x ep x pp), its
        * ranks etp x ep apart (with etp = tp: dp x cp / ep, tp x ep). */
       guint64 ex_n = stow_layout_expert_dp (l, ndp);
       guint64 ex_stride = (guint64)stow_layout_etp (l) * MAX (l->ep, 1);
+      /* How many collectives carry them, each paying NCCL's latency: the
+       * experts' go in buckets of their own, over their own group. */
+      guint64 nl = stage_layers_max;
+      double n_g = dp_bucket_count (l, ndp, trainable, grad_b, v, nl);
+      double n_w = dp_bucket_count (l, ndp, stage_params_max, eb, v, nl);
+      double ne_g = dp_bucket_count (l, ex_n, ex_trainable, grad_b, v, nl);
+      double ne_w = dp_bucket_count (l, ex_n, expert_params_max, eb, v, nl);
       double g_bytes = trainable * grad_b, ge_bytes = ex_trainable * grad_b;
       double w_bytes = stage_params_max * eb, we_bytes = expert_params_max * eb;
       double ar
           = dp_collectives (c, o, g_bytes, n_g, ndp, stride, FALSE)
-            + dp_collectives (c, o, ge_bytes, n_g, ex_n, ex_stride, FALSE);
-      double rs = dp_collectives (c, o, g_bytes, n_g, n_shard, stride, TRUE)
-                  + dp_collectives (c, o, ge_bytes, n_g, ex_n, ex_stride, TRUE);
-      double ag = dp_collectives (c, o, w_bytes, n_w, n_shard, stride, TRUE)
-                  + dp_collectives (c, o, we_bytes, n_w, ex_n, ex_stride, TRUE);
+            + dp_collectives (c, o, ge_bytes, ne_g, ex_n, ex_stride, FALSE);
+      double rs
+          = dp_collectives (c, o, g_bytes, n_g, n_shard, stride, TRUE)
+            + dp_collectives (c, o, ge_bytes, ne_g, ex_n, ex_stride, TRUE);
+      double ag
+          = dp_collectives (c, o, w_bytes, n_w, n_shard, stride, TRUE)
+            + dp_collectives (c, o, we_bytes, ne_w, ex_n, ex_stride, TRUE);
       /* HSDP: the shards reduce inside a node, then replicas all-reduce
        * the sharded gradients across nodes once per step, unit by unit. */
       double hsdp = 0;
