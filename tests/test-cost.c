@@ -516,7 +516,8 @@ test_interleaved_p2p_fill (void)
  * (src/graph/tuning.cc at v2.18.3-1, Ring/Simple: 8.4 us a collective,
  * 3.4 us a step over NVLink, 14.0 us a step across nodes; the ring runs
  * through every rank), and each collective an engine launches pays it:
- * FSDP gathers and reduces per layer (plus the root). */
+ * FSDP gathers and reduces per layer (plus the root), Megatron-core per
+ * bucket. */
 static void
 test_nccl_ring_latency (void)
 {
@@ -571,6 +572,17 @@ test_nccl_ring_latency (void)
   g_test_message ("FSDP latency: %.3f ms, %.0f collectives", added * 1e3,
                   added / lat);
   g_assert_cmpfloat (fabs (added - 3.0 * 33.0 * lat), <, 1e-3 * added);
+
+  /* Megatron-core's distributed optimizer: a reduce-scatter and an
+   * all-gather per bucket of max(40M, 1M x dp) parameters (core_r0.8). */
+  l.engine = STOW_ENGINE_MEGATRON, l.zero = 1;
+  stow_cost_estimate (m, c16, &t, &l, NULL, &with);
+  stow_cost_estimate (m, c16, &t, &l, &o, &without);
+  added = with.total_s[STOW_COST_DP] - without.total_s[STOW_COST_DP];
+  double buckets = ceil ((double)m->params / 40e6);
+  g_test_message ("Megatron latency: %.3f ms, %.1f collectives, %.0f buckets",
+                  added * 1e3, added / lat, buckets);
+  g_assert_cmpfloat (fabs (added / lat - 2.0 * buckets), <=, 2.0);
 }
 
 /* The pipelined NVMe optimizer step's bound (core/drives.h, issue 26): one
