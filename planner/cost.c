@@ -15,6 +15,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "planner/cost-private.h"
 #include "planner/memory-private.h"
 
 const char *
@@ -288,159 +289,6 @@ gemm_s (const Rates *r, double flops, double m, double n, double k)
   return flops / (r->peak * gemm_eff (r, m, n, k));
 }
 
-/* A link: bandwidth per GPU per direction (bytes/s, efficiency applied)
- * and latency per ring step. */
-typedef struct
-{
-  double bw, lat;
-} Link;
-
-/* Whether @span consecutive ranks sit in one NVLink domain of a node. */
-static gboolean
-over_nvlink (const StowCluster *c, guint64 span)
-{
-  guint per_node = MAX (c->node.gpus_per_node, 1);
-  guint domain = MIN (MAX (c->node.gpu.nvlink_domain, 1), per_node);
-  return span <= domain && c->node.gpu.nvlink_bw > 0;
-}
-
-/* The link a group of @size ranks, @stride apart in rank order, uses:
- * NVLink when the whole span sits in one NVLink domain of a node, else the
- * network (its ring goes through the NICs). */
-static Link
-group_link (const StowCluster *c, const StowCostOptions *o, guint64 size,
-            guint64 stride)
-{
-  guint per_node = MAX (c->node.gpus_per_node, 1);
-  guint64 span = size * stride;
-  Link l;
-  if (over_nvlink (c, span))
-    {
-      l.bw = c->node.gpu.nvlink_bw * o->nvlink_eff;
-      l.lat = o->nvlink_latency_s;
-    }
-  else if (span <= per_node)
-    {
-      /* Inside a node without NVLink between these GPUs: PCIe peer. */
-      l.bw = c->node.gpu.pcie_bw * 0.8;
-      l.lat = 10e-6;
-    }
-  else
-    {
-      l.bw = (c->node.net_bw_per_gpu > 0 ? c->node.net_bw_per_gpu : 12.5e9)
-             * o->net_eff;
-      l.lat = c->node.net_latency_s > 0 ? c->node.net_latency_s : 5e-6;
-    }
-  return l;
-}
-
-/* Ring all-reduce of @bytes over @n ranks: reduce-scatter then all-gather,
- * each moving (n-1)/n of the data (Patarasuk & Yuan 2009). */
-static double
-ring_allreduce (double bytes, guint64 n, Link l)
-{
-  if (n <= 1 || bytes <= 0)
-    return 0;
-  return 2.0 * (double)(n - 1) / (double)n * bytes / l.bw
-         + 2.0 * (double)(n - 1) * l.lat;
-}
-
-/* The latency of one NCCL ring collective over @n ranks @stride apart,
- * as NCCL's cost model has it (tuning.cc, v2.18.3-1): the ring is flat,
- * through every rank, so a reduce-scatter or all-gather (@half) takes
- * n - 1 steps, nodes - 1 of them across nodes, and an all-reduce twice
- * the steps, 2 x nodes of them across nodes. */
-static double
-nccl_ring_latency (const StowCluster *c, const StowCostOptions *o, guint64 n,
-                   guint64 stride, gboolean half)
-{
-  if (n <= 1)
-    return 0;
-  guint per_node = MAX (c->node.gpus_per_node, 1);
-  guint64 local = stride >= per_node ? 1 : MIN (n, per_node / stride);
-  guint64 nodes = (n + local - 1) / local;
-  double steps = (half ? 1.0 : 2.0) * (double)(n - 1);
-  double inter = nodes <= 1 ? 0 : half ? (double)(nodes - 1) : 2.0 * nodes;
-  double intra = local > 1 && !over_nvlink (c, local * stride)
-                     ? o->nccl_pci_step_s
-                     : o->nccl_intra_step_s;
-  return o->nccl_ring_base_s + MAX (0.0, steps - inter) * intra
-         + inter * o->nccl_inter_step_s;
-}
-
-/* A data-parallel collective over @n ranks @stride apart.  Its bandwidth
- * term is hierarchical: inside a node over NVLink, then across nodes with
- * each GPU moving 1/local of the data over its own NIC (as NCCL's
- * tree/ring mix and DeepSpeed/Megatron's bucketing achieve).  Its latency
- * is NCCL's for the flat ring.  @half: a reduce-scatter or
- * all-gather instead of an all-reduce. */
-static double
-dp_collective (const StowCluster *c, const StowCostOptions *o, double bytes,
-               guint64 n, guint64 stride, gboolean half)
-{
-  if (n <= 1 || bytes <= 0)
-    return 0;
-  guint per_node = MAX (c->node.gpus_per_node, 1);
-  guint64 local = stride >= per_node ? 1 : MIN (n, per_node / stride);
-  guint64 nodes = (n + local - 1) / local;
-  double share = half ? 1.0 : 2.0, t = 0;
-  if (local > 1)
-    t += share * (double)(local - 1) / (double)local * bytes
-         / group_link (c, o, local, stride).bw;
-  if (nodes > 1)
-    t += share * (double)(nodes - 1) / (double)nodes * (bytes / (double)local)
-         / group_link (c, o, nodes, per_node).bw;
-  return t + nccl_ring_latency (c, o, n, stride, half);
-}
-
-/* @bytes moved as @count equal collectives, each paying its latency. */
-static double
-dp_collectives (const StowCluster *c, const StowCostOptions *o, double bytes,
-                double count, guint64 n, guint64 stride, gboolean half)
-{
-  count = MAX (1.0, ceil (count));
-  return count * dp_collective (c, o, bytes / count, n, stride, half);
-}
-
-/* How many data-parallel collectives move a stage's @params parameters
- * of @elem bytes each in one pass, as each engine groups them by default:
- * - ZeRO-3 (and FSDP's every sharding) gathers and reduces per layer
- *   (FSDP wraps each block, plus the root; DeepSpeed fetches per module,
- *   at least one per layer; stowage's step program per layer);
- * - Megatron-core's buckets hold max(40,000,000, 1,000,000 x dp)
- *   parameters, per model chunk (core_r0.8,
- *   distributed_data_parallel.py);
- * - NeMo's distributed Adam (Apex DistributedFusedAdam) buckets
- *   bucket_cap_mb, 100 MiB of its gradients by default;
- * - DeepSpeed ZeRO-0/1/2 reduce_bucket_size and allgather_bucket_size,
- *   500,000,000 elements by default;
- * - PyTorch DDP bucket_cap_mb, 25 MiB. */
-static double
-dp_bucket_count (const StowLayout *l, guint64 ndp, double params, double elem,
-                 double v, guint64 layers)
-{
-  if (params <= 0)
-    return 1;
-  gboolean sharded = l->zero >= 3
-                     || (l->zero >= 1
-                         && (l->engine == STOW_ENGINE_FSDP
-                             || l->engine == STOW_ENGINE_PYTORCH));
-  if (sharded || l->engine == STOW_ENGINE_STOWAGE)
-    return (double)layers + 1.0;
-  switch (l->engine)
-    {
-    case STOW_ENGINE_MEGATRON:
-    case STOW_ENGINE_NEMO:
-      if (l->engine == STOW_ENGINE_NEMO && l->zero >= 1)
-        return ceil (params * elem / (100.0 * 1048576.0));
-      return v * ceil (params / v / MAX (40e6, 1e6 * (double)ndp));
-    case STOW_ENGINE_DEEPSPEED:
-      return ceil (params / 5e8);
-    default:
-      return ceil (params * elem / (25.0 * 1048576.0));
-    }
-}
-
 /* ---- the model's shapes -------------------------------------------- */
 
 typedef struct
@@ -686,11 +534,11 @@ layer_cost (const StowModel *m, const StowCluster *c, const StowTraining *t,
   gboolean own_etp = moe && m->n_experts > 0 && etp != l->tp;
   if (l->tp > 1)
     {
-      Link tl = group_link (c, o, l->tp, 1);
+      StowLink tl = stow_comm_link (c, o, l->tp, 1);
       double bytes = T * h * eb;
       /* With experts split apart from --tp (--etp), an MoE layer's MLP
        * leaves the tp group: only the attention's pair stays on it. */
-      lc->tp_pass_s = (own_etp ? 1.0 : 2.0) * ring_allreduce (bytes, l->tp, tl);
+      lc->tp_pass_s = (own_etp ? 1.0 : 2.0) * stow_comm_ring_allreduce (bytes, l->tp, tl);
       if (tp_overlapped (o, l))
         {
           lc->tp_fwd_s = tp_hidden_exposed (o, lc->tp_pass_s, lc->fwd_gemm_s);
@@ -706,9 +554,9 @@ layer_cost (const StowModel *m, const StowCluster *c, const StowTraining *t,
        * rank's T / tp tokens, from each of them) and reduce-scatter its
        * output, around the grouped GEMMs, which Transformer Engine's
        * userbuffers do not overlap: exposed, forward and backward. */
-      Link xl = group_link (c, o, etp, 1);
+      StowLink xl = stow_comm_link (c, o, etp, 1);
       double bytes = T / tp * (double)m->experts_per_token * etp * h * eb;
-      double pass = ring_allreduce (bytes, etp, xl);
+      double pass = stow_comm_ring_allreduce (bytes, etp, xl);
       lc->tp_pass_s += pass;
       lc->tp_fwd_s += pass;
       lc->tp_bwd_s += pass;
@@ -718,7 +566,7 @@ layer_cost (const StowModel *m, const StowCluster *c, const StowTraining *t,
    * (cp - 1 steps), overlapped with the attention of the chunk in hand. */
   if (l->cp > 1)
     {
-      Link cl = group_link (c, o, l->cp, l->tp);
+      StowLink cl = stow_comm_link (c, o, l->cp, l->tp);
       double kvb = T * kv * (dq + dv) * eb / MAX (1.0, tp > kv ? kv : tp);
       double comm = (double)(l->cp - 1) * (kvb / cl.bw + cl.lat);
       lc->cp_fwd_s = MAX (0.0, comm - lc->fwd_attn_s)
@@ -733,7 +581,7 @@ layer_cost (const StowModel *m, const StowCluster *c, const StowTraining *t,
        * Megatron-core's own expert grid (tp-ep-dp-pp order, parallel_
        * state.py) puts it next to the etp ranks otherwise. */
       guint64 ep_stride = own_etp ? etp : (guint64)l->tp * l->cp;
-      Link el = group_link (c, o, l->ep, ep_stride);
+      StowLink el = stow_comm_link (c, o, l->ep, ep_stride);
       double bytes = T * (double)m->experts_per_token * h * eb / tp;
       lc->ep_fwd_s = 2.0
                      * ((double)(l->ep - 1) / (double)l->ep * bytes / el.bw
@@ -780,8 +628,8 @@ ends_cost (const StowModel *m, const StowCluster *c, const StowTraining *t,
   if (l->tp > 1 && !l->sp)
     {
       /* vocab-parallel embedding: one all-reduce of its output */
-      Link tl = group_link (c, o, l->tp, 1);
-      out->embedding_tp_s = ring_allreduce (T * h * eb, l->tp, tl);
+      StowLink tl = stow_comm_link (c, o, l->tp, 1);
+      out->embedding_tp_s = stow_comm_ring_allreduce (T * h * eb, l->tp, tl);
     }
   double vn = (double)m->vocab / l->tp;
   double To
@@ -1097,26 +945,26 @@ stow_cost_estimate (const StowModel *m, const StowCluster *c,
       /* How many collectives carry them, each paying NCCL's latency: the
        * experts' go in buckets of their own, over their own group. */
       guint64 nl = stage_layers_max;
-      double n_g = dp_bucket_count (l, ndp, trainable, grad_b, v, nl);
-      double n_w = dp_bucket_count (l, ndp, stage_params_max, eb, v, nl);
-      double ne_g = dp_bucket_count (l, ex_n, ex_trainable, grad_b, v, nl);
-      double ne_w = dp_bucket_count (l, ex_n, expert_params_max, eb, v, nl);
+      double n_g = stow_comm_dp_buckets (l, ndp, trainable, grad_b, v, nl);
+      double n_w = stow_comm_dp_buckets (l, ndp, stage_params_max, eb, v, nl);
+      double ne_g = stow_comm_dp_buckets (l, ex_n, ex_trainable, grad_b, v, nl);
+      double ne_w = stow_comm_dp_buckets (l, ex_n, expert_params_max, eb, v, nl);
       double g_bytes = trainable * grad_b, ge_bytes = ex_trainable * grad_b;
       double w_bytes = stage_params_max * eb, we_bytes = expert_params_max * eb;
       double ar
-          = dp_collectives (c, o, g_bytes, n_g, ndp, stride, FALSE)
-            + dp_collectives (c, o, ge_bytes, ne_g, ex_n, ex_stride, FALSE);
+          = stow_comm_dp_n (c, o, g_bytes, n_g, ndp, stride, FALSE)
+            + stow_comm_dp_n (c, o, ge_bytes, ne_g, ex_n, ex_stride, FALSE);
       double rs
-          = dp_collectives (c, o, g_bytes, n_g, n_shard, stride, TRUE)
-            + dp_collectives (c, o, ge_bytes, ne_g, ex_n, ex_stride, TRUE);
+          = stow_comm_dp_n (c, o, g_bytes, n_g, n_shard, stride, TRUE)
+            + stow_comm_dp_n (c, o, ge_bytes, ne_g, ex_n, ex_stride, TRUE);
       double ag
-          = dp_collectives (c, o, w_bytes, n_w, n_shard, stride, TRUE)
-            + dp_collectives (c, o, we_bytes, ne_w, ex_n, ex_stride, TRUE);
+          = stow_comm_dp_n (c, o, w_bytes, n_w, n_shard, stride, TRUE)
+            + stow_comm_dp_n (c, o, we_bytes, ne_w, ex_n, ex_stride, TRUE);
       /* HSDP: the shards reduce inside a node, then replicas all-reduce
        * the sharded gradients across nodes once per step, unit by unit. */
       double hsdp = 0;
       if (l->hybrid_shard && ndp > n_shard)
-        hsdp = dp_collectives (c, o, g_bytes / n_shard, n_g, ndp / n_shard,
+        hsdp = stow_comm_dp_n (c, o, g_bytes / n_shard, n_g, ndp / n_shard,
                                stride * n_shard, FALSE);
       switch (l->zero)
         {
@@ -1429,28 +1277,6 @@ stow_cost_layer_seconds (const StowModel *m, const StowCluster *c,
   layer_cost (m, c, t, l, &o, moe && m->n_experts > 0, &r, &lc);
   layer_pass_seconds (&lc, &out->forward_s, &out->backward_s);
   out->selective_s = lc.fwd_attn_s + lc.core_elem_s;
-}
-
-double
-stow_cost_dp_collective_seconds (const StowCluster *c,
-                                 const StowCostOptions *options, double bytes,
-                                 guint64 n, guint64 stride, gboolean half)
-{
-  StowCostOptions o;
-  if (options == NULL)
-    stow_cost_options_init (&o), options = &o;
-  return dp_collective (c, options, bytes, n, MAX (stride, 1), half);
-}
-
-double
-stow_cost_p2p_seconds (const StowCluster *c, const StowCostOptions *options,
-                       double bytes, guint64 stride)
-{
-  StowCostOptions o;
-  if (options == NULL)
-    stow_cost_options_init (&o), options = &o;
-  Link pl = group_link (c, options, 2, MAX (stride, 1));
-  return bytes / pl.bw + pl.lat;
 }
 
 guint
