@@ -585,6 +585,44 @@ test_nccl_ring_latency (void)
   g_assert_cmpfloat (fabs (added / lat - 2.0 * buckets), <=, 2.0);
 }
 
+/* Properties of a data-parallel collective's time over random groups and
+ * sizes: it grows with the bytes and with the ranks, an all-reduce costs
+ * at least its reduce-scatter, and nothing is negative or not finite. */
+static void
+test_collective_properties (void)
+{
+  const char *clusters[] = { "1024xH100-SXM", "64xA100-80GB", "16xL40S" };
+  for (gsize ci = 0; ci < G_N_ELEMENTS (clusters); ci++)
+    {
+      g_autoptr (StowCluster) c = stow_test_cluster (clusters[ci]);
+      guint64 world = (guint64)c->n_nodes * c->node.gpus_per_node;
+      for (int it = 0; it < 2000; it++)
+        {
+          guint64 stride = 1u << g_test_rand_int_range (0, 4);
+          guint64 n = (guint64)g_test_rand_int_range (1, (gint)(world / stride)
+                                                             + 1);
+          double bytes = exp (g_test_rand_double_range (0, 30));
+          gboolean half = g_test_rand_bit ();
+          double t = stow_cost_dp_collective_seconds (c, NULL, bytes, n,
+                                                      stride, half);
+          g_assert_true (isfinite (t) && t >= 0);
+          if (n == 1)
+            g_assert_cmpfloat (t, ==, 0);
+          double more = stow_cost_dp_collective_seconds (c, NULL, 2 * bytes, n,
+                                                         stride, half);
+          g_assert_cmpfloat (more, >=, t);
+          if ((n + 1) * stride <= world)
+            g_assert_cmpfloat (stow_cost_dp_collective_seconds (
+                                   c, NULL, bytes, n + 1, stride, half),
+                               >=, t);
+          if (half)
+            g_assert_cmpfloat (stow_cost_dp_collective_seconds (
+                                   c, NULL, bytes, n, stride, FALSE),
+                               >=, t);
+        }
+    }
+}
+
 /* The pipelined NVMe optimizer step's bound (core/drives.h, issue 26): one
  * drive whose reads and writes share a queue is busy for read + write;
  * striped over several, the busiest drive's read + write; Adam overlaps. */
@@ -731,5 +769,7 @@ main (int argc, char **argv)
   g_test_add_func ("/cost/interleaved-p2p-fill", test_interleaved_p2p_fill);
   g_test_add_func ("/cost/uneven-interleaved", test_uneven_interleaved);
   g_test_add_func ("/cost/nccl-ring-latency", test_nccl_ring_latency);
+  g_test_add_func ("/cost/collective-properties",
+                   test_collective_properties);
   return g_test_run ();
 }
