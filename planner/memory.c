@@ -108,14 +108,40 @@ stow_mem_terms_new (void)
   return a;
 }
 
+/* The terms a layer's backward trades against each other when gradients
+ * are freed between steps (free_gradients, below). */
+static const char *const act_names[] = {
+  "activations",     "activation checkpoints",   "recomputed layer",
+  "logits and loss", "input ids and embeddings", "autocast weight copies"
+};
+static const char *const grad_names[] = { "gradients", "gradient slots" };
+
+static gboolean
+named (const char *name, const char *const *names, gsize n)
+{
+  for (gsize k = 0; k < n; k++)
+    if (g_str_equal (name, names[k]))
+      return TRUE;
+  return FALSE;
+}
+
 /* A "sink" is an array of STOW_N_TIERS guint64 sums instead of terms: the
  * totals-only path (stow_memory_estimate_totals) runs the same arithmetic
- * through it without formatting a formula or allocating per term. */
+ * through it without formatting a formula or allocating per term.  Two
+ * more sums follow the tiers: the activation and the gradient terms, which
+ * free_gradients weighs against each other. */
+enum
+{
+  SINK_ACTS = STOW_N_TIERS,
+  SINK_GRADS,
+  SINK_LEN
+};
+
 GArray *
 stow_mem_sink_new (void)
 {
-  GArray *a = g_array_sized_new (FALSE, TRUE, sizeof (guint64), STOW_N_TIERS);
-  g_array_set_size (a, STOW_N_TIERS);
+  GArray *a = g_array_sized_new (FALSE, TRUE, sizeof (guint64), SINK_LEN);
+  g_array_set_size (a, SINK_LEN);
   return a;
 }
 
@@ -123,6 +149,12 @@ static inline gboolean
 is_sink (GArray *terms)
 {
   return g_array_get_element_size (terms) == sizeof (guint64);
+}
+
+static inline void
+sink_clear (GArray *sink)
+{
+  memset (sink->data, 0, sizeof (guint64) * sink->len);
 }
 
 void
@@ -136,6 +168,10 @@ stow_mem_add (GArray *terms, const char *name, guint64 bytes, StowTier tier,
   if (is_sink (terms))
     {
       g_array_index (terms, guint64, tier) += bytes;
+      if (named (name, act_names, G_N_ELEMENTS (act_names)))
+        g_array_index (terms, guint64, SINK_ACTS) += bytes;
+      else if (named (name, grad_names, G_N_ELEMENTS (grad_names)))
+        g_array_index (terms, guint64, SINK_GRADS) += bytes;
       return;
     }
   va_start (ap, format);
@@ -1310,11 +1346,6 @@ activations (Model *ms, const StageParams *p, guint stage, GArray *dev,
 static void
 free_gradients (Model *ms, GArray *dev)
 {
-  static const char *const act_names[] = {
-    "activations",     "activation checkpoints",   "recomputed layer",
-    "logits and loss", "input ids and embeddings", "autocast weight copies"
-  };
-  static const char *const grad_names[] = { "gradients", "gradient slots" };
   const StowLayout *l = ms->l;
   gboolean enabled = ms->o->free_grads >= 0
                          ? ms->o->free_grads
@@ -1322,26 +1353,29 @@ free_gradients (Model *ms, GArray *dev)
                             || l->engine == STOW_ENGINE_FSDP);
   if (!enabled || l->grad_accum > 1 || ms->t->optimizer_in_backward)
     return;
+  if (is_sink (dev))
+    {
+      /* the gradient terms are all on the device */
+      guint64 cut = MIN (g_array_index (dev, guint64, SINK_ACTS),
+                         g_array_index (dev, guint64, SINK_GRADS));
+      g_array_index (dev, guint64, STOW_TIER_DEVICE) -= cut;
+      return;
+    }
   guint64 acts = 0, grads = 0;
   for (guint i = 0; i < dev->len; i++)
     {
       StowMemTerm *t = &g_array_index (dev, StowMemTerm, i);
-      for (gsize k = 0; k < G_N_ELEMENTS (act_names); k++)
-        if (g_str_equal (t->name, act_names[k]))
-          acts += t->bytes;
-      for (gsize k = 0; k < G_N_ELEMENTS (grad_names); k++)
-        if (g_str_equal (t->name, grad_names[k]))
-          grads += t->bytes;
+      if (named (t->name, act_names, G_N_ELEMENTS (act_names)))
+        acts += t->bytes;
+      else if (named (t->name, grad_names, G_N_ELEMENTS (grad_names)))
+        grads += t->bytes;
     }
   /* Take the activations' share off the gradient terms, in order. */
   guint64 cut = MIN (acts, grads);
   for (guint i = 0; i < dev->len && grads > 0; i++)
     {
       StowMemTerm *t = &g_array_index (dev, StowMemTerm, i);
-      gboolean is_grad = FALSE;
-      for (gsize k = 0; k < G_N_ELEMENTS (grad_names); k++)
-        is_grad |= g_str_equal (t->name, grad_names[k]);
-      if (!is_grad)
+      if (!named (t->name, grad_names, G_N_ELEMENTS (grad_names)))
         continue;
       guint64 take = MIN (cut, t->bytes);
       char *formula = g_strdup_printf (
@@ -1663,8 +1697,8 @@ estimate_stowage_totals (const StowModel *m, const StowCluster *c,
       first += counts[s];
     }
   GArray *dev = scratch->dev, *host = scratch->host, *nvme = scratch->nvme;
-  memset (host->data, 0, sizeof (guint64) * STOW_N_TIERS);
-  memset (nvme->data, 0, sizeof (guint64) * STOW_N_TIERS);
+  sink_clear (host);
+  sink_clear (nvme);
   StageParams prev = { 0 };
   memset (out, 0, sizeof *out);
   ms.host = host;
@@ -1681,10 +1715,11 @@ estimate_stowage_totals (const StowModel *m, const StowCluster *c,
       if (repeat)
         continue;
       StowStageMemory st = { 0 };
-      memset (dev->data, 0, sizeof (guint64) * STOW_N_TIERS);
+      sink_clear (dev);
       st.terms = dev;
       model_states (&ms, &p, dev, s == worst_stage);
       activations (&ms, &p, s, dev, s == worst_stage);
+      free_gradients (&ms, dev);
       engine_buffers (&ms, &p, dev);
       overheads (&ms, &st);
       guint64 total = stow_mem_sum (dev, STOW_TIER_DEVICE);

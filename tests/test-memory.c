@@ -1245,11 +1245,12 @@ random_layout (GRand *r, const StowModel *m, const StowCluster *c,
       l->dp = c->n_gpus / (l->tp * l->pp);
       l->sp = l->tp > 1 && g_rand_boolean (r);
       l->zero = g_rand_int_range (r, 0, 4);
-      l->engine = (StowEngine)g_rand_int_range (r, 0, 5);
+      l->engine = (StowEngine)g_rand_int_range (r, 0, STOW_ENGINE_NEMO + 1);
       l->offload_optimizer = (StowOffload)g_rand_int_range (r, 0, 3);
       l->offload_params = l->zero == 3 ? (StowOffload)g_rand_int_range (r, 0, 3)
                                        : STOW_OFFLOAD_NONE;
-      l->recompute = (StowRecompute)g_rand_int_range (r, 0, 3);
+      l->recompute
+          = (StowRecompute)g_rand_int_range (r, 0, STOW_RECOMPUTE_OP + 1);
       l->micro_batch = pick (r, (const guint[]){ 1, 2, 4 }, 3);
       l->grad_accum = pick (r, (const guint[]){ 1, 4, 16 }, 3);
       if (stow_layout_validate (l, t, m, c, NULL))
@@ -2004,6 +2005,18 @@ test_properties (void)
         continue;
       g_autoptr (StowMemory) mem = estimate (m, c, &t, &l, &o);
       checked++;
+
+      /* The search's totals-only path says what the full estimate says
+       * (`plan` and `fit` rank by it, `mem` prints the other). */
+      StowMemTotals tot;
+      g_assert_true (
+          stow_memory_estimate_totals (m, c, &t, &l, &o, &tot, NULL));
+      g_assert_cmpuint (tot.total_bytes, ==, mem->total_bytes);
+      g_assert_cmpuint (tot.allocated_peak_bytes, ==,
+                        mem->allocated_peak_bytes);
+      g_assert_cmpuint (tot.host_total_bytes, ==, mem->host_total_bytes);
+      g_assert_cmpuint (tot.nvme_bytes, ==, mem->nvme_bytes);
+      g_assert_cmpint (tot.fits, ==, mem->fits);
 
       /* The terms add up to the totals. */
       for (guint s = 0; s < mem->n_stages; s++)
