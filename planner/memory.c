@@ -788,7 +788,12 @@ model_states (Model *ms, const StageParams *p, GArray *dev,
   guint64 E = p->experts;
   gboolean lora = t->finetune != STOW_FINETUNE_FULL;
   guint z = l->zero;
-  guint64 wdiv = z >= 3 ? n : 1, gdiv = z >= 2 ? n : 1, odiv = z >= 1 ? n : 1;
+  /* FSDP's SHARD_GRAD_OP (--zero 2) keeps its fp32 flat parameters
+   * sharded outside forward and backward like FULL_SHARD; only the 16-bit
+   * unsharded copy lives from forward to backward (engine_buffers). */
+  gboolean fsdp_sharded = l->engine == STOW_ENGINE_FSDP && z == 2;
+  guint64 wdiv = z >= 3 || fsdp_sharded ? n : 1, gdiv = z >= 2 ? n : 1,
+          odiv = z >= 1 ? n : 1;
   gboolean off_opt = l->offload_optimizer != STOW_OFFLOAD_NONE;
   gboolean off_par = l->offload_params != STOW_OFFLOAD_NONE;
   gboolean dfa_grad_shards = FALSE; /* NeMo's distributed Adam */

@@ -1012,6 +1012,49 @@ test_lora_frozen_inputs (void)
   g_assert_cmpuint (off->host_total_bytes, >, on->host_total_bytes);
 }
 
+/* FSDP's sharding strategies, as PyTorch's ShardingStrategy docstring
+ * (torch/distributed/fsdp/api.py) states them: FULL_SHARD (--zero 3)
+ * shards parameters, gradients and optimizer states; SHARD_GRAD_OP
+ * (--zero 2) shards gradients and optimizer states during computation and
+ * parameters outside it, so the fp32 flat parameter is a shard and only
+ * its bf16 unsharded copy lives from forward to backward; NO_SHARD
+ * (--zero 0) shards nothing. */
+static void
+test_fsdp_sharding (void)
+{
+  g_autoptr (StowModel) m = stow_test_model ("llama-7b");
+  g_autoptr (StowCluster) c = stow_test_cluster ("8xH100-SXM");
+  StowTraining t;
+  StowLayout l;
+  StowMemOptions o;
+  stow_test_defaults (&t, &l, &o);
+  l.dp = 8, l.engine = STOW_ENGINE_FSDP;
+  double N = (double)m->params;
+  const struct
+  {
+    guint zero;
+    double params, unsharded, opt; /* bytes per parameter */
+  } rows[] = {
+    { 0, 4.0, 0.0, 8.0 },
+    { 2, 4.0 / 8, 2.0, 8.0 / 8 },
+    { 3, 4.0 / 8, 0.0, 8.0 / 8 },
+  };
+  for (gsize i = 0; i < G_N_ELEMENTS (rows); i++)
+    {
+      l.zero = rows[i].zero;
+      g_autoptr (StowMemory) mem = estimate (m, c, &t, &l, &o);
+      GArray *terms = mem->stages[0].terms;
+      g_assert_cmpfloat (
+          fabs ((double)term_bytes (terms, "parameters") - rows[i].params * N),
+          <=, 8.0);
+      g_assert_cmpfloat ((double)term_bytes (terms, "unsharded parameters"),
+                         ==, rows[i].unsharded * N);
+      g_assert_cmpfloat (fabs ((double)term_bytes (terms, "optimizer states")
+                               - rows[i].opt * N),
+                         <=, 8.0);
+    }
+}
+
 /* Case 21: bigcode-project/Megatron-LM issue #20 (January 2023), "Adam
  * Peak (MB)" of small GPTs on one GPU: vocabulary 49,280, batch 1,
  * sequence 2048, Megatron's AdamW.  The issue gives heads, layers, width
@@ -2220,6 +2263,7 @@ main (int argc, char **argv)
                    test_mcore_fp8_transformer_engine);
   g_test_add_func ("/memory/nemo/distributed-adam", test_nemo_distributed_adam);
   g_test_add_func ("/memory/nemo/llama-3-8b-fp8", test_nemo_llama3_8b_fp8);
+  g_test_add_func ("/memory/fsdp/sharding", test_fsdp_sharding);
   g_test_add_func ("/memory/properties", test_properties);
   g_test_add_func ("/memory/no-overflow", test_no_overflow);
   g_test_add_func ("/memory/validation", test_validation_errors);
