@@ -505,6 +505,18 @@ stow_layout_validate (const StowLayout *l, const StowTraining *t,
     return invalid (error,
                     "--cp %u does not divide --decoder-seq %" G_GUINT64_FORMAT,
                     l->cp, t->decoder_seq_len);
+  if (m->n_experts > 0 && l->tp > 1 && l->engine == STOW_ENGINE_DEEPSPEED)
+    /* deepspeed/moe/layer.py: MoE (..., enable_expert_tensor_parallelism
+     * = False); with tensor parallelism each rank keeps its experts whole
+     * and drops the duplicate tokens (sharded_moe.py, drop_tokens). */
+    return invalid (error,
+                    "--tp %u with --engine deepspeed and a mixture of "
+                    "experts (%s): DeepSpeed-MoE keeps every expert whole on "
+                    "each tensor-parallel rank by default "
+                    "(enable_expert_tensor_parallelism=False), which stowage "
+                    "does not model; use --tp 1, or --engine megatron for "
+                    "experts split by tensor parallelism",
+                    l->tp, m->name);
   if (l->ep > 1)
     {
       if (m->n_experts == 0)
@@ -536,9 +548,9 @@ stow_layout_validate (const StowLayout *l, const StowTraining *t,
         return invalid (error,
                         "--etp %u is Megatron-core's "
                         "--expert-tensor-parallel-size: it needs --engine "
-                        "megatron or nemo (--engine %s splits the experts "
-                        "by --tp %u)",
-                        l->etp, stow_engine_name (l->engine), l->tp);
+                        "megatron or nemo (--engine %s has no expert "
+                        "tensor parallelism of its own)",
+                        l->etp, stow_engine_name (l->engine));
       guint64 ranks = (guint64)l->tp * l->cp * l->dp;
       if (ranks % ((guint64)l->etp * l->ep) != 0)
         return invalid (error,

@@ -1525,6 +1525,16 @@ test_moe_expert_tensor_parallel (void)
   g_assert_false (stow_layout_validate (&l, &t, m, c, &error));
   g_assert_error (error, STOW_PLAN_ERROR, STOW_PLAN_ERROR_INVALID);
   g_assert_nonnull (strstr (error->message, "--etp 4"));
+
+  /* DeepSpeed-MoE keeps its experts whole on each tensor-parallel rank by
+   * default (deepspeed/moe/layer.py, enable_expert_tensor_parallelism =
+   * False), which is not modelled: refused by name rather than priced as
+   * split. */
+  l.engine = STOW_ENGINE_DEEPSPEED, l.etp = 0, l.sp = FALSE, l.zero = 2;
+  assert_refused (m, c, &t, &l, &o, "enable_expert_tensor_parallelism");
+  l.tp = 1, l.dp = 16;
+  g_autoptr (StowMemory) ds = estimate (m, c, &t, &l, &o);
+  g_assert_cmpuint (ds->n_stages, ==, 1);
 }
 
 /* ---- Engine defaults: Megatron-core and NeMo (issue 23) ---------------- */
