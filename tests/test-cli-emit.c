@@ -421,8 +421,9 @@ test_no_fit (void)
 /* What Megatron-LM needs to rebuild the model: the RoPE base and Llama 3's
  * rope scaling from each model's published config.json (Meta's
  * Meta-Llama-3-8B: rope_theta 500000, rms_norm_eps 1e-05; Mistral's
- * Mixtral-8x7B-v0.1: rope_theta 1e6; Meta's Llama-3.1-70B: rope_scaling
- * llama3, factor 8, low 1, high 4, original 8192; LLaMA-1 has no
+ * Mixtral-8x7B-v0.1: rope_theta 1e6; Meta's Llama-3.1-70B and -8B:
+ * rope_scaling llama3, factor 8, low 1, high 4, original 8192; Llama-3.2-1B
+ * and -3B: the same with factor 32; LLaMA-1 has no
  * rope_theta: HF LlamaConfig's 10000, rms_norm_eps 1e-06), not Megatron's
  * defaults (--rotary-base 10000, --norm-epsilon 1e-5). */
 static void
@@ -436,6 +437,8 @@ test_megatron_rope (void)
     { "llama-3-8b", "500000", "1e-05", NULL },
     { "mixtral-8x7b", "1000000", "1e-05", NULL },
     { "llama-3.1-70b", "500000", "1e-05", "8" },
+    { "llama-3.1-8b", "500000", "1e-05", "8" },
+    { "llama-3.2-1b", "500000", "1e-05", "32" },
     { "llama-7b", "10000", "1e-06", NULL },
   };
   for (gsize i = 0; i < G_N_ELEMENTS (cases); i++)
