@@ -488,6 +488,9 @@ stow_emit_megatron (const StowPlanFile *p, GError **error)
     }
   if (l->offload_optimizer == STOW_OFFLOAD_CPU)
     {
+      g_string_append (s, "# --optimizer-cpu-offload needs Megatron-LM "
+                          "core_v0.12.0 or later (ADLR/megatron-lm!2526, "
+                          "February 2025).\n");
       flag (s, "--optimizer-cpu-offload");
       flag_s (s, "--optimizer-offload-fraction", "1.0");
     }
