@@ -403,6 +403,23 @@ megatron_check (const StowPlanFile *p, const char *e, GError **error)
             m->name, m->rope_low_freq_factor, m->rope_high_freq_factor,
             m->rope_original_max_positions);
     }
+  /* HF's Gemma modules (modeling_gemma*.py): the MLP gated by
+   * tanh-approximated GELU (hidden_activation), the embedding scaled by
+   * sqrt(hidden), RMSNorm as x (1 + w); Gemma 2 adds logit soft-capping
+   * and sliding-window layers, Gemma 3 sliding-window layers and q/k
+   * norms.  --swiglu and Megatron's RMSNorm would train another model. */
+  if (m->family != NULL && g_str_has_prefix (m->family, "gemma"))
+    return unsupported (
+        error, e,
+        "%s (%s) has no Megatron-LM GPT flags: its MLP is gated by GELU "
+        "(GeGLU), not SiLU (--swiglu), its embedding is scaled by "
+        "sqrt(hidden) and its RMSNorm multiplies by 1 + weight%s",
+        m->name, m->family,
+        g_str_equal (m->family, "gemma2")
+            ? "; it also soft-caps logits and has sliding-window layers"
+        : g_str_equal (m->family, "gemma") ? ""
+                                           : "; it also has sliding-window "
+                                             "layers and q/k norms");
   if (l->recompute == STOW_RECOMPUTE_OP)
     return unsupported (error, e, "%s", OP_AC_UNSUPPORTED);
   if (p->training.finetune != STOW_FINETUNE_FULL)

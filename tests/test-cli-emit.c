@@ -460,6 +460,15 @@ test_megatron_rope (void)
   const char *const gemma[] = { "fit",    "gemma-3-4b", "--gpus", "8xH100-SXM",
                                 "--emit", "megatron",   NULL };
   stow_assert_usage_error (gemma, "rope_scaling type \"linear\"");
+  /* Gemma's GeGLU, scaled embedding and (1 + w) RMSNorm (Gemma 2: logit
+   * soft-capping, sliding windows) are no GPT flags: refused, not written
+   * as --swiglu. */
+  const char *const gemma2[] = { "fit",    "gemma-2-9b", "--gpus", "8xH100-SXM",
+                                 "--emit", "megatron",   NULL };
+  stow_assert_usage_error (gemma2, "soft-caps logits");
+  const char *const gemma1[] = { "fit",    "gemma-7b", "--gpus", "8xH100-SXM",
+                                 "--emit", "megatron", NULL };
+  stow_assert_usage_error (gemma1, "GeGLU");
   /* ALiBi (BLOOM) has no Megatron-LM GPT position type: refused, not
    * written as rotary. */
   const char *const bloom[] = { "fit",    "bloom-560m", "--gpus", "8xH100-SXM",
