@@ -1143,6 +1143,16 @@ stow_emit_warnings (StowEmitKind kind, const StowPlanFile *p)
                "CrossEntropyLoss in the training script, or PyTorch's "
                "cross-entropy keeps 10 B a logit",
                stow_emit_kind_name (kind)));
+  /* DeepSpeed pipelines a model built as a PipelineModule; its JSON has
+   * no key for the stages. */
+  if (kind == STOW_EMIT_DEEPSPEED && l->pp > 1)
+    g_ptr_array_add (
+        w, g_strdup_printf (
+               "--emit deepspeed: the layout has %u pipeline stages, which "
+               "no DeepSpeed config key sets: build the model as "
+               "deepspeed.pipe.PipelineModule (layers, num_stages=%u) and "
+               "train with engine.train_batch ()",
+               l->pp, l->pp));
   g_ptr_array_add (w, NULL);
   return (char **)g_ptr_array_free (w, FALSE);
 }

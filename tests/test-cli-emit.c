@@ -487,10 +487,11 @@ test_megatron_rope (void)
   g_assert_cmpstr (positions, ==, "2048");
 }
 
-/* A plan that counts flash-attn's fused cross-entropy (--fused-loss)
- * says, beside the config, that the training script must call it. */
+/* What the config cannot carry and the training script must do is said
+ * beside it: flash-attn's fused cross-entropy (--fused-loss), DeepSpeed's
+ * pipeline stages. */
 static void
-test_fused_loss_warning (void)
+test_script_warnings (void)
 {
   g_auto (StowRun) r = { 0 };
   stow_run (&r, "mem", "llama-3.2-3b", "--gpus", "8xH100-SXM", "--engine",
@@ -504,6 +505,16 @@ test_fused_loss_warning (void)
             "fsdp", "--zero", "3", "--emit", "fsdp", NULL);
   g_assert_cmpint (q.status, ==, 0);
   g_assert_cmpstr (q.err, ==, "");
+
+  /* DeepSpeed's pipeline stages live in the script (PipelineModule), not
+   * in its config: said once, with the stage count. */
+  g_auto (StowRun) pp = { 0 };
+  stow_run (&pp, "mem", "llama-7b", "--gpus", "8xH100-SXM", "--engine",
+            "deepspeed", "--pp", "2", "--tp", "1", "--cp", "1", "--dp", "4",
+            "--zero", "1", "--emit", "deepspeed", NULL);
+  g_assert_cmpint (pp.status, ==, 0);
+  g_assert_nonnull (strstr (pp.err, "PipelineModule (layers, num_stages=2)"));
+  g_assert_cmpuint (stow_count_lines (pp.err), ==, 1);
 }
 
 /* NVMe offload with no drive path named: the config's nvme_path is
@@ -763,7 +774,7 @@ main (int argc, char **argv)
   g_test_add_func ("/cli-emit/no-fit", test_no_fit);
   g_test_add_func ("/cli-emit/megatron-rope", test_megatron_rope);
   g_test_add_func ("/cli-emit/nvme-placeholder", test_nvme_placeholder);
-  g_test_add_func ("/cli-emit/fused-loss-warning", test_fused_loss_warning);
+  g_test_add_func ("/cli-emit/script-warnings", test_script_warnings);
   g_test_add_func ("/cli-emit/precision-gpu", test_precision_gpu);
   g_test_add_func ("/cli-emit/megatron-etp", test_megatron_etp);
   g_test_add_func ("/cli-emit/megatron-pp-split-ends",
