@@ -818,8 +818,12 @@ model_states (Model *ms, const StageParams *p, GArray *dev,
       /* DeepSpeed (the one engine that offloads under LoRA) moves the
        * frozen weights' shards to the host with --offload-params, and the
        * adapters' gradients and states with --offload-optimizer. */
-      GArray *wdev = off_par ? host : dev, *odev = off_opt ? host : dev;
-      StowTier wtier = off_par ? STOW_TIER_PINNED : STOW_TIER_DEVICE;
+      gboolean par_nvme = l->offload_params == STOW_OFFLOAD_NVME;
+      gboolean opt_nvme = l->offload_optimizer == STOW_OFFLOAD_NVME;
+      GArray *wdev = off_par ? (par_nvme ? nvme : host) : dev;
+      GArray *odev = off_opt ? host : dev;
+      StowTier wtier = off_par ? (par_nvme ? STOW_TIER_NVME : STOW_TIER_PINNED)
+                               : STOW_TIER_DEVICE;
       StowTier otier = off_opt ? STOW_TIER_HOST : STOW_TIER_DEVICE;
       double wb = stow_mem_frozen_weight_bytes (ms->m, t, b.w);
       guint64 linear = p->linear;
@@ -854,17 +858,40 @@ model_states (Model *ms, const StageParams *p, GArray *dev,
                       "%.4g B x %" G_GUINT64_FORMAT
                       " adapter params (rank %" G_GUINT64_FORMAT ")",
                       ab, T, t->lora_rank);
+      /* Swapped to NVMe (ZeRO-Infinity), the frozen weights pass through
+       * pinned staging buffers as in full training. */
+      if (off_par && par_nvme && host)
+        stow_mem_add (host, "parameter staging buffers",
+                      4 * stow_bytes (p->max_layer, wb), STOW_TIER_PINNED,
+                      "4 x %.4g B x %" G_GUINT64_FORMAT
+                      " params (the largest layer)",
+                      wb, p->max_layer);
       if (odev)
         {
           stow_mem_add (odev, off_opt ? "offloaded gradients" : "gradients",
                         stow_bytes (T, ab) / gdiv, otier,
                         "%.4g B x %" G_GUINT64_FORMAT " adapter params", ab, T);
-          stow_mem_add (odev,
-                        off_opt ? "master weights and optimizer states"
-                                : "optimizer states",
-                        stow_bytes (T, b.opt) / odiv, otier,
-                        "%.4g B x %" G_GUINT64_FORMAT " adapter params (%s)",
-                        b.opt, T, stow_optimizer_name (t->optimizer));
+          /* On NVMe the adapters' states are swapped through DeepSpeed's
+           * four buffers of them, at most sub_group_size each. */
+          GArray *sdev = opt_nvme ? nvme : odev;
+          if (sdev)
+            stow_mem_add (sdev,
+                          off_opt ? "master weights and optimizer states"
+                                  : "optimizer states",
+                          stow_bytes (T, b.opt) / odiv,
+                          opt_nvme ? STOW_TIER_NVME : otier,
+                          "%.4g B x %" G_GUINT64_FORMAT
+                          " adapter params (%s)",
+                          b.opt, T, stow_optimizer_name (t->optimizer));
+          if (opt_nvme)
+            {
+              guint64 sp = MIN (T / odiv, (guint64)1000000000);
+              stow_mem_add (odev, "optimizer swap buffers",
+                            4 * stow_bytes (sp, b.opt), STOW_TIER_PINNED,
+                            "4 buffers x %.4g B x %" G_GUINT64_FORMAT
+                            " adapter params",
+                            b.opt, sp);
+            }
         }
       return;
     }

@@ -1010,6 +1010,28 @@ test_lora_frozen_inputs (void)
   g_assert_cmpuint (term_bytes (off->stages[0].terms, "parameters"), ==, 0);
   g_assert_cmpuint (off->allocated_peak_bytes, <, on->allocated_peak_bytes);
   g_assert_cmpuint (off->host_total_bytes, >, on->host_total_bytes);
+
+  /* To NVMe (ZeRO-Infinity), the frozen weights and the adapters' states
+   * land on the drives, not in host memory, and a node without drives
+   * does not fit. */
+  l.offload_params = l.offload_optimizer = STOW_OFFLOAD_NVME;
+  g_autoptr (StowMemory) nv = estimate (m, c, &t, &l, &o);
+  guint64 frozen = term_bytes (off->host_terms, "offloaded parameters");
+  g_assert_cmpuint (frozen, >, 0);
+  g_assert_cmpuint (term_bytes (nv->nvme_terms, "offloaded parameters"), ==,
+                    frozen);
+  g_assert_cmpuint (term_bytes (nv->host_terms, "offloaded parameters"), ==, 0);
+  g_assert_cmpuint (
+      term_bytes (nv->nvme_terms, "master weights and optimizer states"), >,
+      0);
+  g_assert_cmpuint (term_bytes (nv->host_terms, "parameter staging buffers"),
+                    >, 0);
+  g_assert_cmpuint (nv->host_total_bytes, <, off->host_total_bytes);
+  g_autoptr (StowCluster) bare = stow_test_cluster ("8xA100-80GB");
+  bare->node.n_nvme = 0;
+  g_autoptr (StowMemory) none = estimate (m, bare, &t, &l, &o);
+  g_assert_false (none->fits_nvme);
+  g_assert_false (none->fits);
 }
 
 /* FSDP's sharding strategies, as PyTorch's ShardingStrategy docstring
