@@ -980,13 +980,19 @@ stow_cost_estimate (const StowModel *m, const StowCluster *c,
              * once per step; ZeRO-2 in DeepSpeed after every micro-batch
              * (the gradients are partitioned).  The updated parameters
              * are all-gathered after the step, overlapped with the next
-             * step's first forward. */
-            double nrs = (l->zero == 2 && l->engine == STOW_ENGINE_DEEPSPEED)
-                             ? (double)mb
-                             : 1.0;
-            dp_total = nrs * rs + ag + hsdp;
-            dp_exposed
-                = nrs * MAX (0.0, rs - mb_bwd) + MAX (0.0, ag - mb_fwd) + hsdp;
+             * step's first forward.  FSDP's SHARD_GRAD_OP reshards the
+             * parameters after each backward, so every micro-batch's
+             * forward gathers them again and its backward reduce-scatters
+             * (PyTorch's ShardingStrategy docstring). */
+            gboolean fsdp = l->engine == STOW_ENGINE_FSDP;
+            double nrs
+                = (l->zero == 2 && (fsdp || l->engine == STOW_ENGINE_DEEPSPEED))
+                      ? (double)mb
+                      : 1.0;
+            double nag = fsdp ? (double)mb : 1.0;
+            dp_total = nrs * rs + nag * ag + hsdp;
+            dp_exposed = nrs * MAX (0.0, rs - mb_bwd)
+                         + nag * MAX (0.0, ag - mb_fwd) + hsdp;
             break;
           }
         default:

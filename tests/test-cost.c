@@ -583,6 +583,18 @@ test_nccl_ring_latency (void)
   g_test_message ("Megatron latency: %.3f ms, %.1f collectives, %.0f buckets",
                   added * 1e3, added / lat, buckets);
   g_assert_cmpfloat (fabs (added / lat - 2.0 * buckets), <=, 2.0);
+
+  /* FSDP's SHARD_GRAD_OP reshards after each backward: every micro-batch
+   * gathers and reduce-scatters again, so four micro-batches a step move
+   * four times one's traffic. */
+  l.engine = STOW_ENGINE_FSDP, l.zero = 2;
+  StowCost one, four;
+  stow_cost_estimate (m, c16, &t, &l, NULL, &one);
+  t.global_batch = 64, l.grad_accum = 4;
+  stow_cost_estimate (m, c16, &t, &l, NULL, &four);
+  g_assert_cmpfloat (fabs (four.total_s[STOW_COST_DP]
+                           - 4.0 * one.total_s[STOW_COST_DP]),
+                     <, 1e-9 * four.total_s[STOW_COST_DP]);
 }
 
 /* Properties of a data-parallel collective's time over random groups and
