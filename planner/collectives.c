@@ -60,6 +60,24 @@ stow_comm_ring_allreduce (double bytes, guint64 n, StowLink l)
          + 2.0 * (double)(n - 1) * l.lat;
 }
 
+/* How a data-parallel group of @n ranks @stride apart sits on the nodes:
+ * @local of its ranks share a node, over @nodes nodes. */
+typedef struct
+{
+  guint per_node;
+  guint64 local, nodes;
+} RingShape;
+
+static RingShape
+ring_shape (const StowCluster *c, guint64 n, guint64 stride)
+{
+  RingShape r;
+  r.per_node = MAX (c->node.gpus_per_node, 1);
+  r.local = stride >= r.per_node ? 1 : MIN (n, r.per_node / stride);
+  r.nodes = (n + r.local - 1) / r.local;
+  return r;
+}
+
 /* The latency of one NCCL ring collective over @n ranks @stride apart,
  * as NCCL's cost model has it (tuning.cc, v2.18.3-1): the ring is flat,
  * through every rank, so a reduce-scatter or all-gather (@half) takes
@@ -67,16 +85,13 @@ stow_comm_ring_allreduce (double bytes, guint64 n, StowLink l)
  * the steps, 2 x nodes of them across nodes. */
 static double
 nccl_ring_latency (const StowCluster *c, const StowCostOptions *o, guint64 n,
-                   guint64 stride, gboolean half)
+                   guint64 stride, RingShape r, gboolean half)
 {
-  if (n <= 1)
-    return 0;
-  guint per_node = MAX (c->node.gpus_per_node, 1);
-  guint64 local = stride >= per_node ? 1 : MIN (n, per_node / stride);
-  guint64 nodes = (n + local - 1) / local;
   double steps = (half ? 1.0 : 2.0) * (double)(n - 1);
-  double inter = nodes <= 1 ? 0 : half ? (double)(nodes - 1) : 2.0 * nodes;
-  double intra = local > 1 && !over_nvlink (c, local * stride)
+  double inter = r.nodes <= 1 ? 0
+                 : half       ? (double)(r.nodes - 1)
+                              : 2.0 * (double)r.nodes;
+  double intra = r.local > 1 && !over_nvlink (c, r.local * stride)
                      ? o->nccl_pci_step_s
                      : o->nccl_intra_step_s;
   return o->nccl_ring_base_s + MAX (0.0, steps - inter) * intra
@@ -89,23 +104,22 @@ nccl_ring_latency (const StowCluster *c, const StowCostOptions *o, guint64 n,
  * tree/ring mix and DeepSpeed/Megatron's bucketing achieve).  Its latency
  * is NCCL's for the flat ring.  @half: a reduce-scatter or
  * all-gather instead of an all-reduce. */
-double
-stow_comm_dp (const StowCluster *c, const StowCostOptions *o, double bytes,
-              guint64 n, guint64 stride, gboolean half)
+static double
+dp_collective (const StowCluster *c, const StowCostOptions *o, double bytes,
+               guint64 n, guint64 stride, gboolean half)
 {
   if (n <= 1 || bytes <= 0)
     return 0;
-  guint per_node = MAX (c->node.gpus_per_node, 1);
-  guint64 local = stride >= per_node ? 1 : MIN (n, per_node / stride);
-  guint64 nodes = (n + local - 1) / local;
+  RingShape r = ring_shape (c, n, stride);
   double share = half ? 1.0 : 2.0, t = 0;
-  if (local > 1)
-    t += share * (double)(local - 1) / (double)local * bytes
-         / stow_comm_link (c, o, local, stride).bw;
-  if (nodes > 1)
-    t += share * (double)(nodes - 1) / (double)nodes * (bytes / (double)local)
-         / stow_comm_link (c, o, nodes, per_node).bw;
-  return t + nccl_ring_latency (c, o, n, stride, half);
+  if (r.local > 1)
+    t += share * (double)(r.local - 1) / (double)r.local * bytes
+         / stow_comm_link (c, o, r.local, stride).bw;
+  if (r.nodes > 1)
+    t += share * (double)(r.nodes - 1) / (double)r.nodes
+         * (bytes / (double)r.local)
+         / stow_comm_link (c, o, r.nodes, r.per_node).bw;
+  return t + nccl_ring_latency (c, o, n, stride, r, half);
 }
 
 /* @bytes moved as @count equal collectives, each paying its latency. */
@@ -114,7 +128,7 @@ stow_comm_dp_n (const StowCluster *c, const StowCostOptions *o, double bytes,
                 double count, guint64 n, guint64 stride, gboolean half)
 {
   count = MAX (1.0, ceil (count));
-  return count * stow_comm_dp (c, o, bytes / count, n, stride, half);
+  return count * dp_collective (c, o, bytes / count, n, stride, half);
 }
 
 /* How many data-parallel collectives move a stage's @params parameters
@@ -164,7 +178,7 @@ stow_cost_dp_collective_seconds (const StowCluster *c,
   StowCostOptions o;
   if (options == NULL)
     stow_cost_options_init (&o), options = &o;
-  return stow_comm_dp (c, options, bytes, n, MAX (stride, 1), half);
+  return dp_collective (c, options, bytes, n, MAX (stride, 1), half);
 }
 
 double

@@ -21,12 +21,9 @@ StowLink stow_comm_link (const StowCluster *c, const StowCostOptions *o,
 /* A ring all-reduce of @bytes over @n ranks on @l. */
 double stow_comm_ring_allreduce (double bytes, guint64 n, StowLink l);
 
-/* One data-parallel collective of @bytes over @n ranks @stride apart
- * (@half: a reduce-scatter or all-gather, else an all-reduce). */
-double stow_comm_dp (const StowCluster *c, const StowCostOptions *o,
-                     double bytes, guint64 n, guint64 stride, gboolean half);
-
-/* @bytes moved as @count equal such collectives. */
+/* @bytes moved as @count equal data-parallel collectives over @n ranks
+ * @stride apart (@half: reduce-scatters or all-gathers, else
+ * all-reduces). */
 double stow_comm_dp_n (const StowCluster *c, const StowCostOptions *o,
                        double bytes, double count, guint64 n, guint64 stride,
                        gboolean half);
