@@ -772,6 +772,14 @@ engine_bpp (const StowModel *m, const StowTraining *t, const StowLayout *l,
   return b;
 }
 
+/* NVMe swapping (ZeRO-Infinity): parameters pass through four pinned
+ * staging buffers of the largest layer (or unit); DeepSpeed's optimizer
+ * swaps through four buffers of at most sub_group_size (1e9) parameters
+ * each, stowage's through three. */
+#define PARAM_STAGING_BUFFERS 4
+#define DS_SWAP_BUFFERS 4
+#define DS_SUB_GROUP_PARAMS ((guint64)1000000000)
+
 /* Model states of one stage: weights, gradients, master weights and
  * optimizer states on the device, or offloaded. */
 static void
@@ -862,10 +870,11 @@ model_states (Model *ms, const StageParams *p, GArray *dev,
        * pinned staging buffers as in full training. */
       if (off_par && par_nvme && host)
         stow_mem_add (host, "parameter staging buffers",
-                      4 * stow_bytes (p->max_layer, wb), STOW_TIER_PINNED,
-                      "4 x %.4g B x %" G_GUINT64_FORMAT
+                      PARAM_STAGING_BUFFERS * stow_bytes (p->max_layer, wb),
+                      STOW_TIER_PINNED,
+                      "%d x %.4g B x %" G_GUINT64_FORMAT
                       " params (the largest layer)",
-                      wb, p->max_layer);
+                      PARAM_STAGING_BUFFERS, wb, p->max_layer);
       if (odev)
         {
           stow_mem_add (odev, off_opt ? "offloaded gradients" : "gradients",
@@ -885,12 +894,13 @@ model_states (Model *ms, const StageParams *p, GArray *dev,
                           b.opt, T, stow_optimizer_name (t->optimizer));
           if (opt_nvme)
             {
-              guint64 sp = MIN (T / odiv, (guint64)1000000000);
+              guint64 sp = MIN (T / odiv, DS_SUB_GROUP_PARAMS);
               stow_mem_add (odev, "optimizer swap buffers",
-                            4 * stow_bytes (sp, b.opt), STOW_TIER_PINNED,
-                            "4 buffers x %.4g B x %" G_GUINT64_FORMAT
+                            DS_SWAP_BUFFERS * stow_bytes (sp, b.opt),
+                            STOW_TIER_PINNED,
+                            "%d buffers x %.4g B x %" G_GUINT64_FORMAT
                             " adapter params",
-                            b.opt, sp);
+                            DS_SWAP_BUFFERS, b.opt, sp);
             }
         }
       return;
@@ -929,10 +939,11 @@ model_states (Model *ms, const StageParams *p, GArray *dev,
                                : p->max_layer;
           if (host)
             stow_mem_add (host, "parameter staging buffers",
-                          4 * stow_bytes (staged, b.w), STOW_TIER_PINNED,
-                          "4 x %.4g B x %" G_GUINT64_FORMAT
+                          PARAM_STAGING_BUFFERS * stow_bytes (staged, b.w),
+                          STOW_TIER_PINNED,
+                          "%d x %.4g B x %" G_GUINT64_FORMAT
                           " params (the largest unit's shard)",
-                          b.w, staged);
+                          PARAM_STAGING_BUFFERS, b.w, staged);
           /* stowage's CPU Adam leaves the updated weights in the host
            * gradients' place; each unit goes to the store through one
            * aligned buffer (O_DIRECT). */
@@ -1077,8 +1088,8 @@ model_states (Model *ms, const StageParams *p, GArray *dev,
           /* Three swap buffers: read i+1, update i, write i-1. */
           guint64 sp = MIN (shard, ms->o->swap_shard_params);
           if (l->engine == STOW_ENGINE_DEEPSPEED)
-            sp = MIN (shard, (guint64)1000000000); /* sub_group_size */
-          guint64 nbuf = l->engine == STOW_ENGINE_DEEPSPEED ? 4 : 3;
+            sp = MIN (shard, DS_SUB_GROUP_PARAMS);
+          guint64 nbuf = l->engine == STOW_ENGINE_DEEPSPEED ? DS_SWAP_BUFFERS : 3;
           /* stowage cuts the shard into chunks of sp and keeps at most
            * three in flight: a shard of one or two chunks needs only those
            * (found by the simulator). */
