@@ -128,7 +128,7 @@ init_block (const StowLlama *L, float *cf, guint64 ldcf, guint64 rows,
 /* Operand @X's stored block for op(X) rows [r0, r0 + rows) and columns
  * [c0, c0 + cols), in fp32: a pointer into X (fp32) or staged in @tmp. */
 static const float *
-operand_block (const StowLlama *L, StowLlamaMat X, guint64 r0, guint64 c0,
+operand_block (const StowLlama *L, StowMat X, guint64 r0, guint64 c0,
                guint64 rows, guint64 cols, float *tmp, guint64 *ld)
 {
   guint64 sr = X.trans ? c0 : r0, sc = X.trans ? r0 : c0;
@@ -188,7 +188,7 @@ tiled_sgemm (const StowLlama *L, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb,
 
 void
 stow_llama_gemm (StowLlama *L, guint64 M, guint64 N, guint64 K, float alpha,
-                 StowLlamaMat A, StowLlamaMat B, void *C, gboolean c_bf16,
+                 StowMat A, StowMat B, void *C, gboolean c_bf16,
                  guint64 ldc, gboolean accumulate, const void *R, guint64 ldr,
                  const void *bias)
 {

@@ -1,9 +1,10 @@
 /* SPDX-License-Identifier: MIT
  *
- * executor/llama-private.h: what the decoder runtime's files share (the
+ * executor/llama-private.h: what the cpu runtime's files share (the
  * runtime's struct and workspace layout, the bf16 conversions, the GEMM
- * front end over cblas_sgemm, the row kernels and attention).  Not a public
- * interface: executor/llama.h is.
+ * front end over cblas_sgemm, the row kernels and attention): the kernels
+ * behind its table (executor/kernels.h).  Not a public interface:
+ * executor/llama.h is.
  */
 #pragma once
 
@@ -29,6 +30,7 @@ G_BEGIN_DECLS
 
 struct StowLlama
 {
+  StowDecoder decoder; /* this runtime's kernels (llama-cpu.c) */
   StowLlamaConfig config;
   StowFloatType dtype;
   gboolean bf16; /* storage is bf16 (else fp32) */
@@ -89,16 +91,7 @@ float *stow_llama_thread_ws (const StowLlama *L, guint t);
 /* Sets OpenBLAS's thread count (global to the process) when it differs. */
 void stow_llama_blas_threads (guint n);
 
-/* ---- GEMM -----------------------------------------------------------------
- * One operand of C = op(A) op(B): @p points at element (0, 0) of the stored
- * matrix, which is op's argument transposed when @trans. */
-typedef struct
-{
-  const void *p;
-  gboolean bf16;
-  guint64 ld;
-  gboolean trans;
-} StowLlamaMat;
+/* ---- GEMM ----------------------------------------------------------------- */
 
 /* C (M, N) = R + bias + alpha op(A) op(B) when !@accumulate (R and bias
  * may be NULL: zero), C += alpha op(A) op(B) when @accumulate.  R has C's
@@ -108,7 +101,7 @@ typedef struct
  * each a single-threaded cblas_sgemm: the bits do not depend on the
  * thread count. */
 void stow_llama_gemm (StowLlama *L, guint64 M, guint64 N, guint64 K,
-                      float alpha, StowLlamaMat A, StowLlamaMat B, void *C,
+                      float alpha, StowMat A, StowMat B, void *C,
                       gboolean c_bf16, guint64 ldc, gboolean accumulate,
                       const void *R, guint64 ldr, const void *bias);
 

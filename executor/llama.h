@@ -1,10 +1,13 @@
 /* SPDX-License-Identifier: MIT
  *
- * executor/llama.h: the LLaMA-family decoder the cpu backend runs: forward
- * and backward of the embedding, of one decoder layer and of the output
- * layer fused with the cross-entropy, over tensors the caller places (the
- * step program's buffers).  Not here: where tensors live, the optimizer,
- * the order of the ops (the step program decides all three).
+ * executor/llama.h: the LLaMA-family decoder, written once over a kernel
+ * table (executor/kernels.h): forward and backward of the embedding, of
+ * one decoder layer and of the output layer fused with the cross-entropy,
+ * over tensors the caller places (the step program's buffers), on
+ * whichever device provides the kernels.  Also the cpu runtime, the cpu
+ * backend's provider of that table (executor/llama-cpu.c).  Not here:
+ * where tensors live, the optimizer, the order of the ops (the step
+ * program decides all three).
  *
  * Conventions (HF transformers' LlamaForCausalLM / Qwen2ForCausalLM):
  * weights are row-major [out, in] as the checkpoint stores them; a
@@ -18,15 +21,16 @@
  * logsumexp (fp32) and the loss scratch (fp32).  Products accumulate in
  * fp32; a bf16 result is rounded to nearest even once, when stored.
  * Determinism: the same inputs give the same bits on every call, at any
- * thread count: reductions use partitions fixed by the shapes, and each
- * GEMM runs as tiles fixed by its shape, one single-threaded cblas_sgemm
- * per tile, because OpenBLAS's own threading gives different bits at
- * different thread counts (see docs/executor.md for what was measured).
+ * thread count (kernels.h).  The cpu runtime's GEMMs run as tiles fixed
+ * by their shape, one single-threaded cblas_sgemm per tile, because
+ * OpenBLAS's own threading gives different bits at different thread
+ * counts (see docs/executor.md for what was measured).
  */
 #pragma once
 
 #include <glib.h>
 
+#include "executor/kernels.h"
 #include "offload/adam.h" /* StowFloatType */
 
 G_BEGIN_DECLS
@@ -86,7 +90,7 @@ typedef struct
  *   act (n, f)    silu(gate) * up, down's input
  *   out (n, h)    the layer's output, h1 + down(act): the next layer's
  *                 input (and, during backward, the gradient with respect
- *                 to it: see stow_llama_layer_backward)
+ *                 to it: see stow_decoder_layer_backward)
  * In all e n (4 h + 2 a d + 2 k d + 3 f) + 4 n a bytes: the memory model's
  * "activations" for the stowage engine (planner/memory.c). */
 typedef struct
@@ -97,28 +101,19 @@ typedef struct
   void *out;
 } StowLlamaSaved;
 
-typedef struct StowLlama StowLlama;
-
-/* A runtime for @config at @dtype (STOW_FLOAT_F32 or STOW_FLOAT_BF16), for
- * sequences of up to @max_seq tokens, on @n_threads threads (0: one per
- * core).  Precomputes the rotary tables and allocates its workspace (see
- * stow_llama_workspace_bytes).  STOW_LLAMA_ERROR_INVALID names a field that
- * cannot run (k not dividing a, odd head_dim, a zero size). */
-StowLlama *stow_llama_new (const StowLlamaConfig *config, StowFloatType dtype,
-                           guint64 max_seq, guint n_threads, GError **error);
-void stow_llama_free (StowLlama *llama);
-const StowLlamaConfig *stow_llama_get_config (const StowLlama *llama);
-StowFloatType stow_llama_get_dtype (const StowLlama *llama);
-/* The threads it runs on (@n_threads, or the cores when that was 0). */
-guint stow_llama_get_n_threads (const StowLlama *llama);
-/* Bytes the runtime holds outside the caller's tensors: rotary tables,
- * per-thread attention tiles, fp32 staging of bf16 GEMM operands.  The
- * analogue of a GPU's cuBLAS workspace: constant over a run. */
-guint64 stow_llama_workspace_bytes (const StowLlama *llama);
+/* ---- sizes ----------------------------------------------------------------
+ * From a config and an element size @esize alone: the carving is pointer
+ * arithmetic only, so it serves device addresses too. */
 
 /* Bytes of StowLlamaSaved for @n_tokens, all of it and its `out` part. */
-guint64 stow_llama_saved_bytes (const StowLlama *llama, guint64 n_tokens);
-guint64 stow_llama_out_bytes (const StowLlama *llama, guint64 n_tokens);
+guint64 stow_llama_config_saved_bytes (const StowLlamaConfig *config,
+                                       guint64 esize, guint64 n_tokens);
+guint64 stow_llama_config_out_bytes (const StowLlamaConfig *config,
+                                     guint64 esize, guint64 n_tokens);
+/* Bytes of the backward working set: e n (4 h + 2 a d + 2 k d + 3 f), the
+ * memory model's "backward working set". */
+guint64 stow_llama_config_backward_ws_bytes (const StowLlamaConfig *config,
+                                             guint64 esize, guint64 n_tokens);
 /* Points @saved into @rest (saved_bytes - out_bytes) and @out (out_bytes).
  * @rest is packed with no padding: lse first, then the others in the order
  * of the struct, so each tensor is aligned to its element type whenever
@@ -126,58 +121,10 @@ guint64 stow_llama_out_bytes (const StowLlama *llama, guint64 n_tokens);
  * and the sizes before it are multiples of 64 bytes (4 n a, and e n times
  * h, a d, k d, f: true for every released model's shapes and n a multiple
  * of 16).  @rest may be NULL (then only `out` is set). */
-void stow_llama_saved_carve (const StowLlama *llama, guint64 n_tokens,
-                             void *rest, void *out, StowLlamaSaved *saved);
-/* Bytes of the backward working set: e n (4 h + 2 a d + 2 k d + 3 f), the
- * memory model's "backward working set". */
-guint64 stow_llama_backward_ws_bytes (const StowLlama *llama,
-                                      guint64 n_tokens);
-
-/* The same sizes and layout from a config and an element size alone (no
- * runtime, no workspace): for backends whose tensors live elsewhere.  The
- * carving is pointer arithmetic only, so it serves device addresses too. */
-guint64 stow_llama_config_saved_bytes (const StowLlamaConfig *config,
-                                       guint64 esize, guint64 n_tokens);
-guint64 stow_llama_config_out_bytes (const StowLlamaConfig *config,
-                                     guint64 esize, guint64 n_tokens);
-guint64 stow_llama_config_backward_ws_bytes (const StowLlamaConfig *config,
-                                             guint64 esize, guint64 n_tokens);
 void stow_llama_config_saved_carve (const StowLlamaConfig *config,
                                     guint64 esize, guint64 n_tokens,
                                     void *rest, void *out,
                                     StowLlamaSaved *saved);
-
-/* x (n, h) = embed[tokens]. */
-void stow_llama_embed_forward (StowLlama *llama, const void *embed,
-                               const gint32 *tokens, guint64 n, void *x);
-/* dembed (V, h) (+)= scatter of dx (n, h) by token; !@accumulate zeroes
- * dembed first.  Rows are added in token order, so the result does not
- * depend on threads. */
-void stow_llama_embed_backward (StowLlama *llama, const gint32 *tokens,
-                                guint64 n, const void *dx, void *dembed,
-                                gboolean accumulate);
-
-/* One layer forward over @batch sequences of @seq tokens: reads @x (n, h),
- * fills every tensor of @saved.  With saved->out == NULL (recomputation:
- * the output is already kept) the down projection is skipped and `out` is
- * not written; the other tensors come out bit-identical to the first
- * forward's. */
-void stow_llama_layer_forward (StowLlama *llama, guint64 batch, guint64 seq,
-                               const StowLlamaLayerWeights *w, const void *x,
-                               StowLlamaSaved *saved);
-
-/* One layer backward.  On entry saved->out holds dL/d(out) (n, h), written
- * there by the next layer's backward or the loss; @x is the layer's input.
- * Parameter gradients go to @grads (= when !@accumulate, += when
- * @accumulate); dL/dx (n, h) goes to @dx, which may alias @x (each row of x
- * is read before its gradient overwrites it).  @ws is the working set
- * (stow_llama_backward_ws_bytes, 4-byte aligned: it carves fp32 parts).
- * The saved tensors are clobbered. */
-void stow_llama_layer_backward (StowLlama *llama, guint64 batch, guint64 seq,
-                                const StowLlamaLayerWeights *w, const void *x,
-                                StowLlamaSaved *saved,
-                                const StowLlamaLayerWeights *grads,
-                                gboolean accumulate, void *ws, void *dx);
 
 /* Tokens of the fused loss's chunk for @n tokens: the largest count whose
  * fp32 logits stay within STOW_LLAMA_LOSS_CHUNK_BYTES, at least 1, at most
@@ -190,25 +137,114 @@ guint64 stow_llama_loss_chunk_tokens (guint64 vocab, guint64 hidden,
 guint64 stow_llama_loss_scratch_floats (guint64 vocab, guint64 hidden,
                                         guint64 chunk);
 
+/* ---- the decoder: the recipe over a kernel table --------------------------- */
+
+/* A decoder on one device: its config and element type, the bounds its
+ * provider runs, and the provider's kernels with their runtime.  Filled
+ * by the provider (stow_llama_decoder, stow_llama_cuda_decoder) and owned
+ * by it. */
+typedef struct
+{
+  const StowKernels *k;
+  void *ctx; /* the provider's runtime, the kernels' first argument */
+  StowLlamaConfig config;
+  gboolean bf16;       /* the dtype: bf16 storage (else fp32) */
+  guint64 esize;       /* bytes of one element of the dtype */
+  guint64 max_seq;     /* the longest sequence */
+  guint64 max_tokens;  /* the most tokens in one call; 0: any */
+  guint64 max_batch;   /* the most sequences in one call; 0: any */
+  /* The fused loss stages its normed input and the logits' gradient in
+   * the dtype (tensor-core GEMMs) rather than fp32: see xent's contract. */
+  gboolean loss_lowp;
+} StowDecoder;
+
+/* x (n, h) = embed[tokens]. */
+void stow_decoder_embed_forward (const StowDecoder *d, const void *embed,
+                                 const gint32 *tokens, guint64 n, void *x);
+/* dembed (V, h) (+)= scatter of dx (n, h) by token; !@accumulate zeroes
+ * dembed first.  Rows are added in token order, so the result does not
+ * depend on threads. */
+void stow_decoder_embed_backward (const StowDecoder *d, const gint32 *tokens,
+                                  guint64 n, const void *dx, void *dembed,
+                                  gboolean accumulate);
+
+/* One layer forward over @batch sequences of @seq tokens: reads @x (n, h),
+ * fills every tensor of @saved.  With saved->out == NULL (recomputation:
+ * the output is already kept) the down projection is skipped and `out` is
+ * not written; the other tensors come out bit-identical to the first
+ * forward's. */
+void stow_decoder_layer_forward (const StowDecoder *d, guint64 batch,
+                                 guint64 seq, const StowLlamaLayerWeights *w,
+                                 const void *x, StowLlamaSaved *saved);
+
+/* One layer backward.  On entry saved->out holds dL/d(out) (n, h), written
+ * there by the next layer's backward or the loss; @x is the layer's input.
+ * Parameter gradients go to @grads (= when !@accumulate, += when
+ * @accumulate); dL/dx (n, h) goes to @dx, which may alias @x (each row of x
+ * is read before its gradient overwrites it).  @ws is the working set
+ * (stow_llama_config_backward_ws_bytes, 4-byte aligned: it carves fp32
+ * parts).  The saved tensors are clobbered. */
+void stow_decoder_layer_backward (const StowDecoder *d, guint64 batch,
+                                  guint64 seq, const StowLlamaLayerWeights *w,
+                                  const void *x, StowLlamaSaved *saved,
+                                  const StowLlamaLayerWeights *grads,
+                                  gboolean accumulate, void *ws, void *dx);
+
 /* The output layer fused with the cross-entropy, forward and backward, a
  * chunk of tokens at a time so that no (n, V) tensor exists: for each
  * token, xn = RMSNorm(x; norm), logits = xn head^T (fp32), loss_i =
- * logsumexp(logits) - logits[target_i].  Returns sum_i loss_i (unscaled,
- * in double).  Gradients are those of @scale * sum_i loss_i (the caller
- * passes 1 / tokens of the global batch): dnorm (h) and dhead (V, h) (=
- * when !@accumulate, +=); dx (n, h) may alias @x.  With a tied head, @head
- * is the embedding and @dhead its gradient.  @scratch holds
- * stow_llama_loss_scratch_floats (V, h, chunk) floats.  Targets must be
- * in [0, V) (the data loader checks). */
-double stow_llama_head_loss (StowLlama *llama, guint64 n, const void *norm,
-                             const void *head, const void *x,
+ * logsumexp(logits) - logits[target_i].  Adds sum_i loss_i (unscaled, in
+ * double) to *@loss_sum, a double in the provider's memory.  Gradients
+ * are those of @scale * sum_i loss_i (the caller passes 1 / tokens of the
+ * global batch): dnorm (h) and dhead (V, h) (= when !@accumulate, +=); dx
+ * (n, h) may alias @x.  With a tied head, @head is the embedding and
+ * @dhead its gradient.  @scratch holds stow_llama_loss_scratch_floats (V,
+ * h, chunk) floats.  Targets must be in [0, V) (the data loader checks). */
+void stow_decoder_head_loss (const StowDecoder *d, guint64 n,
+                             const void *norm, const void *head, const void *x,
                              const gint32 *targets, double scale, void *dnorm,
                              void *dhead, gboolean accumulate, void *dx,
-                             float *scratch, guint64 chunk);
+                             float *scratch, guint64 chunk, double *loss_sum);
 
-/* For tests: the fp32 logits (n, V) of the output layer over @x. */
-void stow_llama_head_logits (StowLlama *llama, guint64 n, const void *norm,
-                             const void *head, const void *x, float *logits);
+/* For tests: the fp32 logits (n, V) of the output layer over @x; @xn is
+ * staging of n h floats. */
+void stow_decoder_head_logits (const StowDecoder *d, guint64 n,
+                               const void *norm, const void *head,
+                               const void *x, float *logits, float *xn);
+
+/* ---- the cpu runtime: the cpu provider of the kernels ---------------------- */
+
+typedef struct StowLlama StowLlama;
+
+/* A runtime for @config at @dtype (STOW_FLOAT_F32 or STOW_FLOAT_BF16), for
+ * sequences of up to @max_seq tokens, on @n_threads threads (0: one per
+ * core).  Precomputes the rotary tables and allocates its workspace (see
+ * stow_llama_workspace_bytes).  STOW_LLAMA_ERROR_INVALID names a field that
+ * cannot run (k not dividing a, odd head_dim, a zero size). */
+StowLlama *stow_llama_new (const StowLlamaConfig *config, StowFloatType dtype,
+                           guint64 max_seq, guint n_threads, GError **error);
+void stow_llama_free (StowLlama *llama);
+/* The decoder over this runtime's kernels (owned by @llama). */
+const StowDecoder *stow_llama_decoder (const StowLlama *llama);
+const StowLlamaConfig *stow_llama_get_config (const StowLlama *llama);
+StowFloatType stow_llama_get_dtype (const StowLlama *llama);
+/* The threads it runs on (@n_threads, or the cores when that was 0). */
+guint stow_llama_get_n_threads (const StowLlama *llama);
+/* Bytes the runtime holds outside the caller's tensors: rotary tables,
+ * per-thread attention tiles, fp32 staging of bf16 GEMM operands.  The
+ * analogue of a GPU's cuBLAS workspace: constant over a run. */
+guint64 stow_llama_workspace_bytes (const StowLlama *llama);
+/* The rotary tables (max_seq, head_dim / 2) fp32: cos and sin of position
+ * t times the i-th inverse frequency (the cuda runtime uploads them). */
+const float *stow_llama_rope_table (const StowLlama *llama, gboolean sin);
+
+/* The sizes above at the runtime's config and dtype. */
+guint64 stow_llama_saved_bytes (const StowLlama *llama, guint64 n_tokens);
+guint64 stow_llama_out_bytes (const StowLlama *llama, guint64 n_tokens);
+guint64 stow_llama_backward_ws_bytes (const StowLlama *llama,
+                                      guint64 n_tokens);
+void stow_llama_saved_carve (const StowLlama *llama, guint64 n_tokens,
+                             void *rest, void *out, StowLlamaSaved *saved);
 
 G_DEFINE_AUTOPTR_CLEANUP_FUNC (StowLlama, stow_llama_free)
 

@@ -339,9 +339,9 @@ test_embed (gconstpointer data)
   g_autofree void *x_cpu = g_malloc (n * h * e);
   g_autofree void *x_gpu = g_malloc (n * h * e);
   void *dx_dev = dev_alloc (n * h * e);
-  stow_llama_embed_forward (c->m->rt, param (c, ie)->w, c->m->tokens, n,
+  stow_decoder_embed_forward (stow_llama_decoder (c->m->rt), param (c, ie)->w, c->m->tokens, n,
                             x_cpu);
-  stow_llama_cuda_embed_forward (c->g, c->dw[ie], c->dtokens, n, dx_dev);
+  stow_decoder_embed_forward (stow_llama_cuda_decoder (c->g), c->dw[ie], c->dtokens, n, dx_dev);
   download (x_gpu, dx_dev, n * h * e);
   runtime_ok (c->g);
   report (&r, "forward x", x_cpu, x_gpu, n * h, c->bf16, 0);
@@ -358,8 +358,8 @@ test_embed (gconstpointer data)
     {
       memcpy (d_cpu, d0, V * h * e);
       upload (dd, d0, V * h * e);
-      stow_llama_embed_backward (c->m->rt, c->m->tokens, n, dxh, d_cpu, acc);
-      stow_llama_cuda_embed_backward (c->g, c->dtokens, n, dx_dev, dd, acc);
+      stow_decoder_embed_backward (stow_llama_decoder (c->m->rt), c->m->tokens, n, dxh, d_cpu, acc);
+      stow_decoder_embed_backward (stow_llama_cuda_decoder (c->g), c->dtokens, n, dx_dev, dd, acc);
       download (d_gpu, dd, V * h * e);
       runtime_ok (c->g);
       report (&r, acc ? "dembed +=" : "dembed =", d_cpu, d_gpu, V * h,
@@ -422,13 +422,13 @@ test_layer_forward (gconstpointer data)
   g_autofree void *x = g_malloc (n * h * e);
   fill (x, n * h, c->bf16, c->rng, 1);
   void *xd = dev_dup (x, n * h * e);
-  stow_llama_layer_forward (rt, c->desc->batch, c->desc->seq, &lw, x,
+  stow_decoder_layer_forward (stow_llama_decoder (rt), c->desc->batch, c->desc->seq, &lw, x,
                             &c->m->saved[0]);
 
   void *rest_d = dev_alloc (rest_b), *out_d = dev_alloc (out_b);
   StowLlamaSaved sd, sh;
   stow_llama_saved_carve (rt, n, rest_d, out_d, &sd);
-  stow_llama_cuda_layer_forward (c->g, c->desc->batch, c->desc->seq, &lwd, xd,
+  stow_decoder_layer_forward (stow_llama_cuda_decoder (c->g), c->desc->batch, c->desc->seq, &lwd, xd,
                                  &sd);
   g_autofree void *rest_h = g_malloc (rest_b);
   g_autofree void *out_h = g_malloc (out_b);
@@ -452,7 +452,7 @@ test_layer_forward (gconstpointer data)
   stow_llama_saved_carve (rt, n, rest_d, NULL, &sd2);
   cuda_check (cudaMemset (rest_d, 0xff, rest_b), "memset");
   cuda_check (cudaDeviceSynchronize (), "memset: cudaDeviceSynchronize");
-  stow_llama_cuda_layer_forward (c->g, c->desc->batch, c->desc->seq, &lwd, xd,
+  stow_decoder_layer_forward (stow_llama_cuda_decoder (c->g), c->desc->batch, c->desc->seq, &lwd, xd,
                                  &sd2);
   download (rest_h2, rest_d, rest_b);
   runtime_ok (c->g);
@@ -489,7 +489,7 @@ backward_once (Case *c, const void *x, void *x_dev, const void *dout,
   layer_pair (c, FALSE, &lw, &lwd);
   layer_pair (c, TRUE, &lg, &lgd);
 
-  stow_llama_layer_forward (rt, c->desc->batch, c->desc->seq, &lw, x,
+  stow_decoder_layer_forward (stow_llama_decoder (rt), c->desc->batch, c->desc->seq, &lw, x,
                             &c->m->saved[0]);
   memcpy (c->m->outs[0], dout, out_b);
   void *rest_d = dev_dup (c->m->rest[0], rest_b);
@@ -504,9 +504,9 @@ backward_once (Case *c, const void *x, void *x_dev, const void *dout,
   void *ws_d = dev_alloc (stow_llama_backward_ws_bytes (rt, n));
   void *dxd = alias ? x_dev : dev_alloc (n * h * e);
 
-  stow_llama_layer_backward (rt, c->desc->batch, c->desc->seq, &lw, x,
+  stow_decoder_layer_backward (stow_llama_decoder (rt), c->desc->batch, c->desc->seq, &lw, x,
                              &c->m->saved[0], &lg, acc, c->m->ws, dx_cpu);
-  stow_llama_cuda_layer_backward (c->g, c->desc->batch, c->desc->seq, &lwd,
+  stow_decoder_layer_backward (stow_llama_cuda_decoder (c->g), c->desc->batch, c->desc->seq, &lwd,
                                   x_dev, &sd, &lgd, acc, ws_d, dxd);
   download (dx_gpu, dxd, n * h * e);
   runtime_ok (c->g);
@@ -795,14 +795,15 @@ test_head_loss (gconstpointer data)
       /* The loss is added to what is there. */
       double start = 0.25;
       upload (loss_d, &start, sizeof start);
-      double loss_c = stow_llama_head_loss (
+      double loss_c = test_llama_head_loss (
           c->m->rt, n, param (c, inorm)->w, param (c, ihead)->w, x,
           c->m->targets, scale, dn_c, dh_c, acc, dx_c, scratch, chunk);
       /* "+=" writes dx over x. */
       void *dxg = acc ? xd : dx_d;
-      stow_llama_cuda_head_loss (c->g, n, c->dw[inorm], c->dw[ihead], xd,
-                                 c->dtargets, scale, dn_d, dh_d, acc, dxg,
-                                 scratch_d, chunk, loss_d);
+      stow_decoder_head_loss (stow_llama_cuda_decoder (c->g), n,
+                              c->dw[inorm], c->dw[ihead], xd, c->dtargets,
+                              scale, dn_d, dh_d, acc, dxg, scratch_d, chunk,
+                              loss_d);
       double loss_g;
       download (&loss_g, loss_d, sizeof loss_g);
       download (dn_g, dn_d, h * e);
@@ -828,15 +829,18 @@ test_head_loss (gconstpointer data)
   g_autofree float *lg_c = g_new (float, n * V);
   g_autofree float *lg_g = g_new (float, n * V);
   float *lg_d = dev_alloc (4 * n * V);
-  stow_llama_head_logits (c->m->rt, n, param (c, inorm)->w,
+  test_llama_head_logits (c->m->rt, n, param (c, inorm)->w,
                           param (c, ihead)->w, x, lg_c);
   upload (xd, x, n * h * e);
-  stow_llama_cuda_head_logits (c->g, n, c->dw[inorm], c->dw[ihead], xd, lg_d);
+  float *xn_d = dev_alloc (4 * n * h);
+  stow_decoder_head_logits (stow_llama_cuda_decoder (c->g), n, c->dw[inorm],
+                            c->dw[ihead], xd, lg_d, xn_d);
   download (lg_g, lg_d, 4 * n * V);
   runtime_ok (c->g);
   report (&r, "logits", lg_c, lg_g, n * V, FALSE, tol);
 
   cudaFree (lg_d);
+  cudaFree (xn_d);
   cudaFree (xd);
   cudaFree (scratch_d);
   cudaFree (dn_d);

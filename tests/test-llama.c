@@ -432,7 +432,7 @@ layer_init (Layer *y, StowLlamaConfig c, StowFloatType dt, guint64 B, guint64 T,
   /* The layer's input: the embedding of the random tokens. */
   y->x = g_malloc (y->out_bytes);
   TestLlamaParam *e = &g_array_index (y->m->params, TestLlamaParam, 0);
-  stow_llama_embed_forward (y->m->rt, e->w, y->m->tokens, y->n, y->x);
+  stow_decoder_embed_forward (stow_llama_decoder (y->m->rt), e->w, y->m->tokens, y->n, y->x);
 }
 
 static void
@@ -449,7 +449,7 @@ layer_forward (Layer *y, guint8 *rest, guint8 *out)
   StowLlamaLayerWeights w;
   stow_llama_saved_carve (y->m->rt, y->n, rest, out, &s);
   test_llama_model_layer (y->m, 0, FALSE, &w);
-  stow_llama_layer_forward (y->m->rt, y->m->batch, y->m->seq, &w, y->x, &s);
+  stow_decoder_layer_forward (stow_llama_decoder (y->m->rt), y->m->batch, y->m->seq, &w, y->x, &s);
 }
 
 /* A seeded dL/d(out) in @out. */
@@ -488,7 +488,7 @@ test_recompute (void)
       StowLlamaLayerWeights w;
       stow_llama_saved_carve (y.m->rt, y.n, r2, NULL, &s);
       test_llama_model_layer (y.m, 0, FALSE, &w);
-      stow_llama_layer_forward (y.m->rt, 2, 9, &w, y.x, &s);
+      stow_decoder_layer_forward (stow_llama_decoder (y.m->rt), 2, 9, &w, y.x, &s);
       g_assert_cmpint (memcmp (r1, r2, y.rest_bytes), ==, 0);
       /* And a full forward again: the output too. */
       layer_forward (&y, r2, o2);
@@ -530,7 +530,7 @@ layer_backward (Layer *y, gboolean alias, gboolean accumulate,
   test_llama_model_layer (m, 0, FALSE, &w);
   test_llama_model_layer (m, 0, TRUE, &g);
   g_autofree guint8 *ws = g_malloc (stow_llama_backward_ws_bytes (m->rt, y->n));
-  stow_llama_layer_backward (m->rt, m->batch, m->seq, &w, x, &s, &g, accumulate,
+  stow_decoder_layer_backward (stow_llama_decoder (m->rt), m->batch, m->seq, &w, x, &s, &g, accumulate,
                              ws, alias ? x : dx);
   guint64 nh = y->n * m->cfg.hidden;
   float *all = g_new (float, k + nh);
@@ -606,7 +606,7 @@ test_embed (void)
   g_autofree float *want = g_new (float, V *h);
   for (guint64 i = 0; i < V * h; i++)
     emb[i] = (float)i * 0.25f - 3.0f;
-  stow_llama_embed_forward (L, emb, tok, n, x);
+  stow_decoder_embed_forward (stow_llama_decoder (L), emb, tok, n, x);
   for (guint64 r = 0; r < n; r++)
     g_assert_cmpint (memcmp (x + r * h, emb + tok[r] * h, 4 * h), ==, 0);
   for (guint64 i = 0; i < n * h; i++)
@@ -620,7 +620,7 @@ test_embed (void)
       for (guint64 r = 0; r < n; r++)
         for (guint64 j = 0; j < h; j++)
           want[tok[r] * h + j] += x[r * h + j];
-      stow_llama_embed_backward (L, tok, n, x, de, acc);
+      stow_decoder_embed_backward (stow_llama_decoder (L), tok, n, x, de, acc);
       g_assert_cmpint (memcmp (de, want, 4 * V * h), ==, 0);
     }
 }
@@ -640,7 +640,7 @@ test_head_loss (void)
   TestLlamaParam *head = &g_array_index (m->params, TestLlamaParam, 2);
   TestLlamaParam *emb = &g_array_index (m->params, TestLlamaParam, 0);
   g_autofree float *x = g_new (float, n *h);
-  stow_llama_embed_forward (m->rt, emb->w, m->tokens, n, x);
+  stow_decoder_embed_forward (stow_llama_decoder (m->rt), emb->w, m->tokens, n, x);
   double loss1 = 0;
   g_autofree float *dn1 = g_new (float, h);
   g_autofree float *dh1 = g_new (float, V *h);
@@ -654,7 +654,7 @@ test_head_loss (void)
       g_autofree float *dh = g_new (float, V *h);
       g_autofree float *dx = g_new (float, n *h);
       double loss
-          = stow_llama_head_loss (m->rt, n, norm->w, head->w, x, m->targets,
+          = test_llama_head_loss (m->rt, n, norm->w, head->w, x, m->targets,
                                   0.5, dn, dh, FALSE, dx, scratch, chunks[i]);
       if (i == 0)
         {
@@ -664,7 +664,7 @@ test_head_loss (void)
           memcpy (dx1, dx, 4 * n * h);
           /* The logits of stow_llama_head_logits give the same loss. */
           g_autofree float *lg = g_new (float, n *V);
-          stow_llama_head_logits (m->rt, n, norm->w, head->w, x, lg);
+          test_llama_head_logits (m->rt, n, norm->w, head->w, x, lg);
           double ref = 0;
           for (guint64 r = 0; r < n; r++)
             {
@@ -688,7 +688,7 @@ test_head_loss (void)
       = g_new (float, stow_llama_loss_scratch_floats (V, h, 4));
   g_autofree float *dn = g_memdup2 (dn1, 4 * h);
   g_autofree float *dh = g_memdup2 (dh1, 4 * V * h);
-  double loss = stow_llama_head_loss (m->rt, n, norm->w, head->w, x, m->targets,
+  double loss = test_llama_head_loss (m->rt, n, norm->w, head->w, x, m->targets,
                                       0.5, dn, dh, TRUE, x, scratch, 4);
   g_assert_cmpfloat (fabs (loss - loss1), <, 1e-6 * loss1);
   g_assert_cmpfloat (rel_err (x, dx1, n * h), <, 1e-6);
@@ -699,7 +699,7 @@ test_head_loss (void)
   g_assert_cmpfloat (rel_err (dn, dn1, h), <, 1e-6);
   g_assert_cmpfloat (rel_err (dh, dh1, V * h), <, 1e-6);
   /* No tokens: a zero loss, and "=" still zeroes the gradients. */
-  g_assert_cmpfloat (stow_llama_head_loss (m->rt, 0, norm->w, head->w, x,
+  g_assert_cmpfloat (test_llama_head_loss (m->rt, 0, norm->w, head->w, x,
                                            m->targets, 0.5, dn, dh, FALSE, x,
                                            scratch, 4),
                      ==, 0.0);
@@ -734,7 +734,7 @@ test_ws_bound (void)
         stow_llama_saved_carve (y.m->rt, y.n, rest, out, &s);
         test_llama_model_layer (y.m, 0, FALSE, &w);
         test_llama_model_layer (y.m, 0, TRUE, &g);
-        stow_llama_layer_backward (y.m->rt, 1, 3, &w, y.x, &s, &g, FALSE, ws,
+        stow_decoder_layer_backward (stow_llama_decoder (y.m->rt), 1, 3, &w, y.x, &s, &g, FALSE, ws,
                                    y.x);
         for (guint j = 0; j < 256; j++)
           g_assert_cmpuint (ws[wsb + j], ==, 0x5a);

@@ -258,21 +258,21 @@ static double
 forward_and_loss (TestLlamaModel *m, gboolean logits)
 {
   guint64 n = m->n, L = m->cfg.n_layers;
-  stow_llama_embed_forward (m->rt, param (m, 0)->w, m->tokens, n, m->x0);
+  stow_decoder_embed_forward (stow_llama_decoder (m->rt), param (m, 0)->w, m->tokens, n, m->x0);
   for (guint64 l = 0; l < L; l++)
     {
       StowLlamaLayerWeights lw;
       test_llama_model_layer (m, l, FALSE, &lw);
-      stow_llama_layer_forward (m->rt, m->batch, m->seq, &lw,
+      stow_decoder_layer_forward (stow_llama_decoder (m->rt), m->batch, m->seq, &lw,
                                 l ? m->outs[l - 1] : m->x0, &m->saved[l]);
     }
   void *last = L ? m->outs[L - 1] : m->x0;
   TestLlamaParam *norm = norm_param (m), *head = head_param (m);
   if (logits)
-    stow_llama_head_logits (m->rt, n, norm->w, head->w, last, m->logits);
+    test_llama_head_logits (m->rt, n, norm->w, head->w, last, m->logits);
   /* The head's gradient lands in the embedding's when tied; the
    * embedding's backward then adds to it. */
-  return stow_llama_head_loss (m->rt, n, norm->w, head->w, last, m->targets,
+  return test_llama_head_loss (m->rt, n, norm->w, head->w, last, m->targets,
                                1.0 / (double)n, norm->g, head->g, FALSE, last,
                                m->scratch, m->chunk)
          / (double)n;
@@ -294,10 +294,34 @@ test_llama_model_step (TestLlamaModel *m, gboolean logits)
       test_llama_model_layer (m, l, FALSE, &lw);
       test_llama_model_layer (m, l, TRUE, &lg);
       void *x = l ? m->outs[l - 1] : m->x0;
-      stow_llama_layer_backward (m->rt, m->batch, m->seq, &lw, x, &m->saved[l],
+      stow_decoder_layer_backward (stow_llama_decoder (m->rt), m->batch, m->seq, &lw, x, &m->saved[l],
                                  &lg, FALSE, m->ws, x);
     }
-  stow_llama_embed_backward (m->rt, m->tokens, m->n, m->x0, param (m, 0)->g,
+  stow_decoder_embed_backward (stow_llama_decoder (m->rt), m->tokens, m->n, m->x0, param (m, 0)->g,
                              m->cfg.tied);
   return loss;
+}
+
+double
+test_llama_head_loss (StowLlama *rt, guint64 n, const void *norm,
+                      const void *head, const void *x, const gint32 *targets,
+                      double scale, void *dnorm, void *dhead,
+                      gboolean accumulate, void *dx, float *scratch,
+                      guint64 chunk)
+{
+  double sum = 0;
+  stow_decoder_head_loss (stow_llama_decoder (rt), n, norm, head, x, targets,
+                          scale, dnorm, dhead, accumulate, dx, scratch, chunk,
+                          &sum);
+  return sum;
+}
+
+void
+test_llama_head_logits (StowLlama *rt, guint64 n, const void *norm,
+                        const void *head, const void *x, float *logits)
+{
+  guint64 h = stow_llama_get_config (rt)->hidden;
+  g_autofree float *xn = g_new (float, MAX (n * h, 1));
+  stow_decoder_head_logits (stow_llama_decoder (rt), n, norm, head, x, logits,
+                            xn);
 }

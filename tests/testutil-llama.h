@@ -57,6 +57,17 @@ double test_llama_model_loss (TestLlamaModel *m);
  * with @logits the logits in m->logits. */
 double test_llama_model_step (TestLlamaModel *m, gboolean logits);
 /* Parameter element @i of @p in fp32 (or its gradient). */
+/* The cpu runtime's fused output layer and loss (stow_decoder_head_loss
+ * on @rt's decoder): the sum of the tokens' losses, as a return value. */
+double test_llama_head_loss (StowLlama *rt, guint64 n, const void *norm,
+                             const void *head, const void *x,
+                             const gint32 *targets, double scale, void *dnorm,
+                             void *dhead, gboolean accumulate, void *dx,
+                             float *scratch, guint64 chunk);
+/* The cpu runtime's logits (n, V) of the output layer (its staging
+ * allocated here). */
+void test_llama_head_logits (StowLlama *rt, guint64 n, const void *norm,
+                             const void *head, const void *x, float *logits);
 float test_llama_param_get (const TestLlamaModel *m, const TestLlamaParam *p,
                             gboolean grad, guint64 i);
 void test_llama_param_set (const TestLlamaModel *m, TestLlamaParam *p,

@@ -7,98 +7,12 @@
  * copies between the arena, the pinned buffers and the NVMe stores.
  */
 #include "executor/backends/cpu-private.h"
+#include "executor/backends/decoder-ops.h"
 
 #include <math.h>
 #include <string.h>
 
 /* ---- the ops ---------------------------------------------------------------- */
-
-
-/* The gradients op @op writes: a gradient slot's occupant or the
- * persistent gradients. */
-static guint
-grads_of (CpuBackend *b, const StowOp *op)
-{
-  guint g = stow_tensor_map_io (&b->map, op, TRUE, STOW_BUF_GRADS);
-  return g != STOW_NONE ? g : b->map.grads_buf;
-}
-
-static gboolean
-run_forward (CpuBackend *b, const StowOp *op, GError **error)
-{
-  StowTensorMap *m = &b->map;
-  guint8 *w = stow_tensor_map_unit (m, stow_tensor_map_weights_of (m, op),
-                                    op->unit);
-  if (op->layer == STOW_LAYER_EMBEDDING)
-    {
-      guint8 *in = m->addr[m->input_of[op->micro_batch]];
-      stow_llama_embed_forward (b->llama, w, (gint32 *)in, m->n_tokens,
-                                in + 8 * m->n_tokens);
-      return TRUE;
-    }
-  StowLlamaLayerWeights lw;
-  stow_tensor_map_layer (m, w, op->unit, m->esize, &lw);
-  StowLlamaSaved s;
-  stow_tensor_map_saved (m, op, FALSE, &s);
-  if (op->kind == STOW_OP_RECOMPUTE)
-    s.out = NULL; /* kept in the checkpoint, which now holds its gradient */
-  stow_llama_layer_forward (
-      b->llama, b->p->micro_batch, b->p->seq_len, &lw,
-      stow_tensor_map_layer_output (m, op->layer - 1, op->micro_batch), &s);
-  return TRUE;
-}
-
-static gboolean
-run_loss (CpuBackend *b, const StowOp *op, GError **error)
-{
-  StowTensorMap *m = &b->map;
-  guint64 n = m->n_tokens;
-  guint8 *in = m->addr[m->input_of[op->micro_batch]];
-  void *norm, *lm, *dnorm, *dlm;
-  guint gbuf = grads_of (b, op);
-  gboolean acc = op->accumulate;
-  stow_tensor_map_head_in (m, stow_tensor_map_weights_of (m, op), &norm, &lm);
-  stow_tensor_map_head_in (m, gbuf, &dnorm, &dlm);
-  guint logits = stow_tensor_map_io (m, op, TRUE, STOW_BUF_LOGITS);
-  g_assert (logits != STOW_NONE);
-  guint8 *x = stow_tensor_map_layer_output (m, (gint)b->model->n_layers - 1,
-                                            op->micro_batch);
-  double sum = stow_llama_head_loss (
-      b->llama, n, norm, lm, x, (gint32 *)(in + 4 * n), b->p->loss_scale, dnorm,
-      dlm, acc, x, m->addr[logits], m->chunk);
-  b->loss_sum += sum;
-  return TRUE;
-}
-
-static gboolean
-run_backward (CpuBackend *b, const StowOp *op, GError **error)
-{
-  StowTensorMap *m = &b->map;
-  guint gbuf = grads_of (b, op);
-  gboolean acc = op->accumulate;
-  if (op->layer == STOW_LAYER_EMBEDDING)
-    {
-      guint8 *in = m->addr[m->input_of[op->micro_batch]];
-      stow_llama_embed_backward (b->llama, (gint32 *)in, m->n_tokens,
-                                 in + 8 * m->n_tokens,
-                                 stow_tensor_map_unit (m, gbuf, op->unit), acc);
-      return TRUE;
-    }
-  StowLlamaLayerWeights lw, lg;
-  stow_tensor_map_layer (
-      m, stow_tensor_map_unit (m, stow_tensor_map_weights_of (m, op), op->unit),
-      op->unit, m->esize, &lw);
-  stow_tensor_map_layer (m, stow_tensor_map_unit (m, gbuf, op->unit), op->unit,
-                         stow_dtype_size (b->p->grad_dtype), &lg);
-  StowLlamaSaved s;
-  stow_tensor_map_saved (m, op, TRUE, &s);
-  guint ws = stow_tensor_map_io (m, op, TRUE, STOW_BUF_WORKSPACE);
-  g_assert (ws != STOW_NONE);
-  guint8 *x = stow_tensor_map_layer_output (m, op->layer - 1, op->micro_batch);
-  stow_llama_layer_backward (b->llama, b->p->micro_batch, b->p->seq_len, &lw, x,
-                             &s, &lg, acc, m->addr[ws], x);
-  return TRUE;
-}
 
 /* The global L2 norm of every unit's gradients (sums of squares in
  * double, in unit order: the same bits for any thread count), the clip
@@ -265,11 +179,18 @@ stow_cpu_run_op (CpuBackend *b, guint i, GError **error)
       }
     case STOW_OP_FORWARD:
     case STOW_OP_RECOMPUTE:
-      return run_forward (b, op, error);
-    case STOW_OP_LOSS:
-      return run_loss (b, op, error);
     case STOW_OP_BACKWARD:
-      return run_backward (b, op, error);
+      return stow_decoder_run_op (stow_llama_decoder (b->llama), &b->map, op,
+                                  NULL);
+    case STOW_OP_LOSS:
+      {
+        /* This op's sum, then the step's: the order the step's loss has
+         * always been summed in. */
+        double sum = 0;
+        stow_decoder_run_op (stow_llama_decoder (b->llama), &b->map, op, &sum);
+        b->loss_sum += sum;
+        return TRUE;
+      }
     case STOW_OP_GRAD_NORM:
       return run_grad_norm (b, op, error);
     case STOW_OP_OPTIM_STEP:

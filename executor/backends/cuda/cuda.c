@@ -16,6 +16,7 @@
 
 #include "executor/arena.h"
 #include "executor/backends/cuda/llama-cuda.h"
+#include "executor/backends/decoder-ops.h"
 #include "executor/backends/tensors.h"
 #include "executor/trace.h"
 #include "offload/adam.h"
@@ -285,86 +286,6 @@ run_data (CudaBackend *b, const StowOp *op, GError **error)
                   "tokens to the device", error);
 }
 
-/* The gradients op @op writes: a gradient slot's occupant (the optimizer
- * in host memory) or the persistent gradients. */
-static guint
-grads_of (CudaBackend *b, const StowOp *op)
-{
-  guint g = stow_tensor_map_io (&b->map, op, TRUE, STOW_BUF_GRADS);
-  return g != STOW_NONE ? g : b->map.grads_buf;
-}
-
-static void
-run_forward (CudaBackend *b, const StowOp *op)
-{
-  StowTensorMap *m = &b->map;
-  guint8 *w = stow_tensor_map_unit (m, stow_tensor_map_weights_of (m, op),
-                                    op->unit);
-  if (op->layer == STOW_LAYER_EMBEDDING)
-    {
-      guint8 *in = m->addr[m->input_of[op->micro_batch]];
-      stow_llama_cuda_embed_forward (b->llama, w, (gint32 *)in, m->n_tokens,
-                                     in + 8 * m->n_tokens);
-      return;
-    }
-  StowLlamaLayerWeights lw;
-  stow_tensor_map_layer (m, w, op->unit, m->esize, &lw);
-  StowLlamaSaved s;
-  stow_tensor_map_saved (m, op, FALSE, &s);
-  if (op->kind == STOW_OP_RECOMPUTE)
-    s.out = NULL; /* kept in the checkpoint, which now holds its gradient */
-  stow_llama_cuda_layer_forward (
-      b->llama, b->p->micro_batch, b->p->seq_len, &lw,
-      stow_tensor_map_layer_output (m, op->layer - 1, op->micro_batch), &s);
-}
-
-static void
-run_loss (CudaBackend *b, const StowOp *op)
-{
-  StowTensorMap *m = &b->map;
-  guint64 n = m->n_tokens;
-  guint8 *in = m->addr[m->input_of[op->micro_batch]];
-  void *norm, *lm, *dnorm, *dlm;
-  stow_tensor_map_head_in (m, stow_tensor_map_weights_of (m, op), &norm, &lm);
-  stow_tensor_map_head_in (m, grads_of (b, op), &dnorm, &dlm);
-  guint logits = stow_tensor_map_io (m, op, TRUE, STOW_BUF_LOGITS);
-  g_assert (logits != STOW_NONE);
-  guint8 *x = stow_tensor_map_layer_output (m, (gint)b->model->n_layers - 1,
-                                            op->micro_batch);
-  stow_llama_cuda_head_loss (b->llama, n, norm, lm, x, (gint32 *)(in + 4 * n),
-                             b->p->loss_scale, dnorm, dlm, op->accumulate, x,
-                             m->addr[logits], m->chunk, b->loss_d);
-}
-
-static void
-run_backward (CudaBackend *b, const StowOp *op)
-{
-  StowTensorMap *m = &b->map;
-  if (op->layer == STOW_LAYER_EMBEDDING)
-    {
-      guint8 *in = m->addr[m->input_of[op->micro_batch]];
-      stow_llama_cuda_embed_backward (
-          b->llama, (gint32 *)in, m->n_tokens, in + 8 * m->n_tokens,
-          stow_tensor_map_unit (m, grads_of (b, op), op->unit),
-          op->accumulate);
-      return;
-    }
-  StowLlamaLayerWeights lw, lg;
-  stow_tensor_map_layer (
-      m, stow_tensor_map_unit (m, stow_tensor_map_weights_of (m, op), op->unit),
-      op->unit, m->esize, &lw);
-  stow_tensor_map_layer (m, stow_tensor_map_unit (m, grads_of (b, op), op->unit),
-                         op->unit, stow_dtype_size (b->p->grad_dtype), &lg);
-  StowLlamaSaved s;
-  stow_tensor_map_saved (m, op, TRUE, &s);
-  guint ws = stow_tensor_map_io (m, op, TRUE, STOW_BUF_WORKSPACE);
-  g_assert (ws != STOW_NONE);
-  guint8 *x = stow_tensor_map_layer_output (m, op->layer - 1, op->micro_batch);
-  stow_llama_cuda_layer_backward (b->llama, b->p->micro_batch, b->p->seq_len,
-                                  &lw, x, &s, &lg, op->accumulate,
-                                  m->addr[ws], x);
-}
-
 /* The global norm: sums of squares in unit order, then the clip
  * coefficient and the skip flag, all on the device. */
 static void
@@ -526,14 +447,10 @@ run_op (CudaBackend *b, guint i, GError **error)
       return run_data (b, op, error);
     case STOW_OP_FORWARD:
     case STOW_OP_RECOMPUTE:
-      run_forward (b, op);
-      return TRUE;
     case STOW_OP_LOSS:
-      run_loss (b, op);
-      return TRUE;
     case STOW_OP_BACKWARD:
-      run_backward (b, op);
-      return TRUE;
+      return stow_decoder_run_op (stow_llama_cuda_decoder (b->llama), &b->map,
+                                  op, b->loss_d);
     case STOW_OP_GRAD_NORM:
       run_grad_norm (b);
       return TRUE;

@@ -65,8 +65,6 @@ const StowCublas *stow_cublas_load (GError **error);
 /* Rows a column reduction's thread sums before its partial is kept: the
  * partition is fixed by n alone. */
 #define STOW_CUDA_COL_ROWS 256
-/* Rows head_logits normalises at a time (its staging in the workspace). */
-#define STOW_CUDA_LOGITS_ROWS 64
 /* cuBLAS's workspace: NVIDIA's recommendation for Hopper. */
 #define STOW_CUDA_CUBLAS_WS_BYTES ((guint64)32 << 20)
 /* The gradient norm's partition, as offload/adam.c's SUMSQ_MIN_BLOCK,
@@ -82,6 +80,7 @@ struct StowLlamaCuda
    * rebuild .cu files when this header changes, and a stale object would
    * read and write past the allocation. */
   size_t struct_bytes;
+  StowDecoder decoder; /* this runtime's kernels (llama-cuda.cu) */
   StowLlamaConfig config;
   StowFloatType dtype;
   bool bf16;
@@ -101,7 +100,6 @@ struct StowLlamaCuda
   double *col_part;           /* (ceil (max_tokens / COL_ROWS), max cols) */
   double *col_acc;            /* (h): the fused loss's norm gradient */
   double *sumsq_part;         /* (SUMSQ_MAX_BLOCKS) */
-  float *logits_xn;           /* (LOGITS_ROWS, h) */
   guint32 *sort_keys_in, *sort_keys_out, *sort_vals_in, *sort_vals_out;
   void *sort_tmp; /* cub's radix sort storage for max_tokens */
   size_t sort_tmp_bytes;

@@ -1,13 +1,14 @@
 /* SPDX-License-Identifier: MIT
  *
- * executor/backends/cuda/llama-cuda.cu: the decoder runtime on an NVIDIA
- * GPU (llama-cuda.h): its workspace, the row kernels (RMSNorm, rotary,
- * SwiGLU, their backwards), the column reductions, the embedding, one
- * layer's forward and backward as cuBLAS GEMMs and these kernels, the
- * fused output layer and loss, and the optimizer's reductions and AdamW.
- * It mirrors executor/llama.c and llama-kernels.c function by function;
- * attention lives in attention.cu.  No float atomics anywhere: every sum
- * runs over a partition fixed by the shapes, in a fixed order.
+ * executor/backends/cuda/llama-cuda.cu: the cuda runtime (llama-cuda.h),
+ * the cuda backend's provider of the decoder's kernels (executor/kernels.h):
+ * the row kernels (RMSNorm, rotary, SwiGLU, their backwards), the column
+ * reductions, the embedding, the GEMM front end over cuBLAS and the fused
+ * loss's softmax cross-entropy, their table, the runtime's workspace, and
+ * the optimizer's reductions and AdamW.  The recipe that calls them is
+ * executor/llama.c; attention lives in attention*.cu.  No float atomics
+ * anywhere: every sum runs over a partition fixed by the shapes, in a fixed
+ * order.
  */
 #include <cmath>
 #include <cstring>
@@ -15,7 +16,6 @@
 #include <cub/device/device_radix_sort.cuh>
 
 #include "executor/backends/cuda/llama-cuda-private.h"
-#include "executor/llama-private.h" /* the cpu runtime: config checks, rotary tables */
 
 /* ---- errors -------------------------------------------------------------- */
 
@@ -187,9 +187,10 @@ rmsnorm_kernel (guint64 h, float eps, const void *x, const void *w, void *y,
 }
 
 static void
-rmsnorm (StowLlamaCuda *L, guint64 n, const void *x, const void *w, void *y,
-         bool y_f32)
+rmsnorm (void *ctx, guint64 n, const void *x, const void *w, void *y,
+         gboolean y_f32)
 {
+  StowLlamaCuda *L = (StowLlamaCuda *)ctx;
   if (n == 0)
     return;
   guint64 h = L->config.hidden;
@@ -220,8 +221,9 @@ rms_rstd_kernel (guint64 h, float eps, const void *x, float *rstd)
 }
 
 static void
-rms_rstd (StowLlamaCuda *L, guint64 n, const void *x, float *rstd)
+rms_rstd (void *ctx, guint64 n, const void *x, float *rstd)
 {
+  StowLlamaCuda *L = (StowLlamaCuda *)ctx;
   if (n == 0)
     return;
   guint64 h = L->config.hidden;
@@ -265,10 +267,11 @@ rmsnorm_backward_kernel (guint64 h, const void *dy, const void *x,
 }
 
 static void
-rmsnorm_backward (StowLlamaCuda *L, guint64 n, const void *dy, bool dy_f32,
+rmsnorm_backward (void *ctx, guint64 n, const void *dy, gboolean dy_f32,
                   const void *x, const void *w, const float *rstd,
                   const void *dres, void *dx)
 {
+  StowLlamaCuda *L = (StowLlamaCuda *)ctx;
   if (n == 0)
     return;
   guint64 h = L->config.hidden;
@@ -304,9 +307,10 @@ rope_kernel (guint64 n, guint64 seq, guint64 heads, guint64 d, void *p,
 }
 
 static void
-rope (StowLlamaCuda *L, guint64 n, guint64 seq, guint64 heads, void *p,
-      bool inverse)
+rope (void *ctx, guint64 n, guint64 seq, guint64 heads, void *p,
+      gboolean inverse)
 {
+  StowLlamaCuda *L = (StowLlamaCuda *)ctx;
   guint64 d = L->config.head_dim, total = n * heads * (d / 2);
   if (total == 0)
     return;
@@ -331,9 +335,9 @@ swiglu_kernel (guint64 total, const void *gate, const void *up, void *act)
 }
 
 static void
-swiglu (StowLlamaCuda *L, guint64 n, const void *gate, const void *up,
-        void *act)
+swiglu (void *ctx, guint64 n, const void *gate, const void *up, void *act)
 {
+  StowLlamaCuda *L = (StowLlamaCuda *)ctx;
   guint64 total = n * L->config.ffn;
   if (total == 0)
     return;
@@ -362,9 +366,9 @@ swiglu_backward_kernel (guint64 total, const void *dact, void *gate, void *up)
 }
 
 static void
-swiglu_backward (StowLlamaCuda *L, guint64 n, const void *dact, void *gate,
-                 void *up)
+swiglu_backward (void *ctx, guint64 n, const void *dact, void *gate, void *up)
 {
+  StowLlamaCuda *L = (StowLlamaCuda *)ctx;
   guint64 total = n * L->config.ffn;
   if (total == 0)
     return;
@@ -456,10 +460,358 @@ colsum_any (StowLlamaCuda *L, guint64 n, guint64 cols, const void *y,
 
 /* g (cols) (+)= column sums of y [* x * rstd], as stow_llama_colsum. */
 static void
-colsum (StowLlamaCuda *L, guint64 n, guint64 cols, const void *y, bool y_f32,
-        const void *x, const float *rstd, void *g, bool accumulate)
+colsum (void *ctx, guint64 n, guint64 cols, const void *y, gboolean y_f32,
+        const void *x, const float *rstd, void *g, gboolean accumulate)
 {
-  colsum_any (L, n, cols, y, y_f32, x, rstd, g, accumulate, NULL);
+  colsum_any ((StowLlamaCuda *)ctx, n, cols, y, y_f32, x, rstd, g, accumulate,
+              NULL);
+}
+
+/* The fused loss's norm gradient, summed over its chunks in L->col_acc. */
+static void
+colsum_acc_zero (void *ctx)
+{
+  StowLlamaCuda *L = (StowLlamaCuda *)ctx;
+  stow_llama_cuda_ok (L,
+                      cudaMemsetAsync (L->col_acc, 0, 8 * L->config.hidden,
+                                       L->stream),
+                      "colsum_acc: zeroing");
+}
+
+static void
+colsum_acc (void *ctx, guint64 n, guint64 cols, const void *y, gboolean y_f32,
+            const void *x, const float *rstd)
+{
+  StowLlamaCuda *L = (StowLlamaCuda *)ctx;
+  g_return_if_fail (cols <= L->config.hidden);
+  colsum_any (L, n, cols, y, y_f32, x, rstd, NULL, false, L->col_acc);
+}
+
+/* g (+)= the sums, rounded once. */
+template <bool BF>
+static __global__ void
+colsum_acc_store_kernel (guint64 cols, const double *acc, void *g,
+                         bool accumulate)
+{
+  guint64 j = (guint64)blockIdx.x * blockDim.x + threadIdx.x;
+  if (j >= cols)
+    return;
+  double v = acc[j];
+  if (accumulate)
+    v = __dadd_rn (v, (double)ld_el<BF> (g, j));
+  st_el<BF> (g, j, (float)v);
+}
+
+static void
+colsum_acc_store (void *ctx, guint64 cols, void *g, gboolean accumulate)
+{
+  StowLlamaCuda *L = (StowLlamaCuda *)ctx;
+  g_return_if_fail (cols <= L->config.hidden);
+  if (cols == 0)
+    return;
+  DISPATCH_BF (L->bf16, colsum_acc_store_kernel<BF>
+               <<<(unsigned)((cols + 127) / 128), 128, 0, L->stream>>> (
+                   cols, L->col_acc, g, accumulate));
+  stow_llama_cuda_launched (L, "colsum_acc: store");
+}
+
+/* ---- embedding --------------------------------------------------------------- */
+
+/* Out-of-range tokens (the data loader rejects them) touch no memory. */
+static __global__ void
+embed_forward_kernel (guint64 V, guint64 row_u16, const uint16_t *embed,
+                      const gint32 *tokens, uint16_t *x)
+{
+  guint64 r = blockIdx.x;
+  gint32 t = tokens[r];
+  if (t < 0 || (guint64)t >= V)
+    return;
+  for (guint64 j = threadIdx.x; j < row_u16; j += blockDim.x)
+    x[r * row_u16 + j] = embed[(guint64)t * row_u16 + j];
+}
+
+static void
+embed_forward (void *ctx, const void *embed, const gint32 *tokens, guint64 n,
+               void *x)
+{
+  StowLlamaCuda *L = (StowLlamaCuda *)ctx;
+  if (n == 0)
+    return;
+  /* Rows copied as 16-bit units: h e bytes is even at both dtypes. */
+  guint64 row_u16 = L->config.hidden * L->esize / 2;
+  embed_forward_kernel<<<(unsigned)n, 256, 0, L->stream>>> (
+      L->config.vocab, row_u16, (const uint16_t *)embed, tokens,
+      (uint16_t *)x);
+  stow_llama_cuda_launched (L, "embed_forward");
+}
+
+static __global__ void
+embed_keys_kernel (guint64 n, const gint32 *tokens, guint32 *keys,
+                   guint32 *vals)
+{
+  for (guint64 i = (guint64)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+       i += (guint64)gridDim.x * blockDim.x)
+    {
+      keys[i] = (guint32)tokens[i];
+      vals[i] = (guint32)i;
+    }
+}
+
+/* Block i owns the group of equal tokens that starts at sorted position i
+ * (the others return): the token's row += the group's rows of dx in
+ * position order (the stable sort keeps it), in fp32, rounded once. */
+template <bool BF>
+static __global__ void
+embed_backward_kernel (guint64 n, guint64 V, guint64 h, const guint32 *keys,
+                       const guint32 *pos, const void *dx, void *dembed)
+{
+  guint64 i = blockIdx.x;
+  guint32 tok = keys[i];
+  if ((i > 0 && keys[i - 1] == tok) || tok >= V)
+    return;
+  for (guint64 j = threadIdx.x; j < h; j += blockDim.x)
+    {
+      float acc = ld_el<BF> (dembed, (guint64)tok * h + j);
+      for (guint64 k = i; k < n && keys[k] == tok; k++)
+        acc += ld_el<BF> (dx, (guint64)pos[k] * h + j);
+      st_el<BF> (dembed, (guint64)tok * h + j, acc);
+    }
+}
+
+static void
+embed_backward (void *ctx, const gint32 *tokens, guint64 n, const void *dx,
+                void *dembed, gboolean accumulate)
+{
+  StowLlamaCuda *L = (StowLlamaCuda *)ctx;
+  guint64 h = L->config.hidden, V = L->config.vocab;
+  if (!accumulate
+      && !stow_llama_cuda_ok (L,
+                              cudaMemsetAsync (dembed, 0, V * h * L->esize,
+                                               L->stream),
+                              "embed_backward: zeroing dembed"))
+    return;
+  if (n == 0)
+    return;
+  embed_keys_kernel<<<grid_for (n), 256, 0, L->stream>>> (
+      n, tokens, L->sort_keys_in, L->sort_vals_in);
+  if (!stow_llama_cuda_launched (L, "embed_backward: keys"))
+    return;
+  size_t bytes = L->sort_tmp_bytes;
+  if (!stow_llama_cuda_ok (
+          L,
+          cub::DeviceRadixSort::SortPairs (
+              L->sort_tmp, bytes, (const guint32 *)L->sort_keys_in,
+              L->sort_keys_out, (const guint32 *)L->sort_vals_in,
+              L->sort_vals_out, (int)n, 0, L->sort_bits, L->stream),
+          "embed_backward: radix sort"))
+    return;
+  DISPATCH_BF (L->bf16, embed_backward_kernel<BF>
+               <<<(unsigned)n, 256, 0, L->stream>>> (
+                   n, V, h, L->sort_keys_out, L->sort_vals_out, dx, dembed));
+  stow_llama_cuda_launched (L, "embed_backward");
+}
+
+/* ---- the table's GEMM ---------------------------------------------------------- */
+
+/* C (n, out) = R + bias, the starting value of a linear layer's output
+ * (fp32 sums, rounded once at bf16: exact whenever one of them is NULL). */
+template <bool BF>
+static __global__ void
+init_rows_kernel (guint64 n, guint64 out, const void *R, const void *bias,
+                  void *C)
+{
+  guint64 total = n * out;
+  for (guint64 i = (guint64)blockIdx.x * blockDim.x + threadIdx.x; i < total;
+       i += (guint64)gridDim.x * blockDim.x)
+    {
+      float v = R != NULL ? ld_el<BF> (R, i) : 0.0f;
+      if (bias != NULL)
+        v += ld_el<BF> (bias, i % out);
+      st_el<BF> (C, i, v);
+    }
+}
+
+/* The table's gemm over cuBLAS: C starts as R + bias (rounded once at
+ * bf16: exact whenever one of them is NULL) and cuBLAS adds the product
+ * (beta 1), so that at bf16 the sum is rounded once, as the cpu runtime
+ * does; beta 1 also when accumulating, 0 otherwise. */
+static void
+gemm (void *ctx, guint64 M, guint64 N, guint64 K, float alpha, StowMat A,
+      StowMat B, void *C, gboolean c_bf16, guint64 ldc, gboolean accumulate,
+      const void *R, guint64 ldr, const void *bias)
+{
+  StowLlamaCuda *L = (StowLlamaCuda *)ctx;
+  float beta = accumulate ? 1.0f : 0.0f;
+  if (!accumulate && (R != NULL || bias != NULL))
+    {
+      /* Rows of the dtype, packed: what a linear layer's output is. */
+      g_return_if_fail ((bool)c_bf16 == L->bf16 && ldc == N
+                        && (R == NULL || ldr == N));
+      guint64 total = M * N;
+      if (total > 0)
+        {
+          DISPATCH_BF (L->bf16, init_rows_kernel<BF>
+                       <<<grid_for (total), 256, 0, L->stream>>> (M, N, R,
+                                                                  bias, C));
+          stow_llama_cuda_launched (L, "gemm: residual and bias");
+        }
+      beta = 1.0f;
+    }
+  stow_cuda_gemm_rm (L, A.trans, B.trans, M, N, K, alpha, A.p, A.bf16, A.ld,
+                     B.p, B.bf16, B.ld, beta, C, c_bf16, ldc);
+}
+
+/* ---- output layer and loss --------------------------------------------------- */
+
+/* One block per row of logits (cn, V), in place: the row becomes
+ * scale (softmax - onehot (target)) and loss[i] = logsumexp - logit[t].
+ * At bf16 (BF) the row is stored as bf16 in the first half of its own
+ * bytes (ld 2 V bf16 elements), a tile at a time: tile j0's 16-bit
+ * results land on floats below j0 + ROW_T, all read before the barrier,
+ * and no later tile reads them. */
+template <bool BF>
+static __global__ void
+softmax_xent_kernel (guint64 V, float *logits, const gint32 *targets,
+                     float scale, float *loss)
+{
+  __shared__ float sh[ROW_T];
+  guint64 i = blockIdx.x;
+  float *l = logits + i * V;
+  gint32 t32 = targets[i];
+  guint64 t = t32 < 0 || (guint64)t32 >= V ? 0 : (guint64)t32;
+  float lt = l[t];
+  float m = -INFINITY;
+  for (guint64 j = threadIdx.x; j < V; j += ROW_T)
+    m = l[j] > m ? l[j] : m;
+  m = block_max (m, sh);
+  float sum = 0;
+  for (guint64 j = threadIdx.x; j < V; j += ROW_T)
+    {
+      float pj = stow_llama_expf (l[j] - m);
+      l[j] = pj;
+      sum += pj;
+    }
+  sum = block_sum (sum, sh); /* its barriers order the writes above */
+  if (threadIdx.x == 0)
+    loss[i] = (m - lt) + logf (sum);
+  float k = scale / sum;
+  if (!BF)
+    {
+      for (guint64 j = threadIdx.x; j < V; j += ROW_T)
+        {
+          float v = l[j] * k;
+          l[j] = j == t ? v - scale : v;
+        }
+      return;
+    }
+  uint16_t *o = (uint16_t *)l;
+  for (guint64 j0 = 0; j0 < V; j0 += ROW_T)
+    {
+      guint64 j = j0 + threadIdx.x;
+      float v = 0;
+      if (j < V)
+        {
+          v = l[j] * k;
+          v = j == t ? v - scale : v;
+        }
+      __syncthreads ();
+      if (j < V)
+        o[j] = stow_cuda_bf16_round (v);
+      __syncthreads ();
+    }
+}
+
+/* *loss_sum += the sum of loss[0 .. cn) in double (one block, a fixed
+ * tree). */
+static __global__ void
+loss_sum_kernel (guint64 cn, const float *loss, double *loss_sum)
+{
+  __shared__ double sh[ROW_T];
+  double s = 0;
+  for (guint64 i = threadIdx.x; i < cn; i += ROW_T)
+    s = __dadd_rn (s, (double)loss[i]);
+  s = block_sum (s, sh);
+  if (threadIdx.x == 0)
+    *loss_sum = __dadd_rn (*loss_sum, s);
+}
+
+/* The table's xent: softmax_xent_kernel, then the losses' sum. */
+static void
+xent (void *ctx, guint64 n, float *logits, const gint32 *targets, float scale,
+      float *loss, double *loss_sum)
+{
+  StowLlamaCuda *L = (StowLlamaCuda *)ctx;
+  if (n == 0)
+    return;
+  DISPATCH_BF (L->bf16, softmax_xent_kernel<BF>
+               <<<(unsigned)n, ROW_T, 0, L->stream>>> (
+                   L->config.vocab, logits, targets, scale, loss));
+  stow_llama_cuda_launched (L, "xent: softmax");
+  loss_sum_kernel<<<1, ROW_T, 0, L->stream>>> (n, loss, loss_sum);
+  stow_llama_cuda_launched (L, "xent: loss sum");
+}
+
+/* ---- the table ---------------------------------------------------------------- */
+
+static void
+attention_forward (void *ctx, guint64 batch, guint64 seq, const void *q,
+                   const void *k, const void *v, void *o, float *lse)
+{
+  stow_cuda_attention_forward ((StowLlamaCuda *)ctx, batch, seq, q, k, v, o,
+                               lse);
+}
+
+static void
+attention_backward (void *ctx, guint64 batch, guint64 seq, const void *q,
+                    const void *k, const void *v, const void *o,
+                    const float *lse, const void *dout, void *dq, void *dk,
+                    void *dv)
+{
+  stow_cuda_attention_backward ((StowLlamaCuda *)ctx, batch, seq, q, k, v, o,
+                                lse, dout, dq, dk, dv);
+}
+
+static void
+zero (void *ctx, void *p, guint64 bytes)
+{
+  StowLlamaCuda *L = (StowLlamaCuda *)ctx;
+  stow_llama_cuda_ok (L, cudaMemsetAsync (p, 0, bytes, L->stream),
+                      "zeroing a tensor");
+}
+
+static gboolean
+failed (void *ctx)
+{
+  return ((StowLlamaCuda *)ctx)->error != NULL;
+}
+
+static const StowKernels cuda_kernels = {
+  .name = "cuda",
+  .gemm = gemm,
+  .rmsnorm = rmsnorm,
+  .rms_rstd = rms_rstd,
+  .rmsnorm_backward = rmsnorm_backward,
+  .rope = rope,
+  .swiglu = swiglu,
+  .swiglu_backward = swiglu_backward,
+  .colsum = colsum,
+  .colsum_acc_zero = colsum_acc_zero,
+  .colsum_acc = colsum_acc,
+  .colsum_acc_store = colsum_acc_store,
+  .attention_forward = attention_forward,
+  .attention_backward = attention_backward,
+  .embed_forward = embed_forward,
+  .embed_backward = embed_backward,
+  .xent = xent,
+  .zero = zero,
+  .failed = failed,
+};
+
+const StowDecoder *
+stow_llama_cuda_decoder (StowLlamaCuda *L)
+{
+  g_return_val_if_fail (L != NULL, NULL);
+  return &L->decoder;
 }
 
 /* ---- runtime ------------------------------------------------------------------ */
@@ -567,7 +919,6 @@ stow_llama_cuda_new (const StowLlamaConfig *config, StowFloatType dtype,
     { (void **)&L->col_part, 8 * n_parts * cols_max },
     { (void **)&L->col_acc, 8 * h },
     { (void **)&L->sumsq_part, 8 * STOW_CUDA_SUMSQ_MAX_BLOCKS },
-    { (void **)&L->logits_xn, 4 * STOW_CUDA_LOGITS_ROWS * h },
     { (void **)&L->sort_keys_in, 4 * max_tokens },
     { (void **)&L->sort_keys_out, 4 * max_tokens },
     { (void **)&L->sort_vals_in, 4 * max_tokens },
@@ -597,12 +948,14 @@ stow_llama_cuda_new (const StowLlamaConfig *config, StowFloatType dtype,
   if (max_seq * half > 0)
     {
       stow_llama_cuda_ok (L,
-                          cudaMemcpy (L->rope_cos, cpu->rope_cos,
+                          cudaMemcpy (L->rope_cos,
+                                      stow_llama_rope_table (cpu, FALSE),
                                       4 * max_seq * half,
                                       cudaMemcpyHostToDevice),
                           "uploading the rotary tables");
       stow_llama_cuda_ok (L,
-                          cudaMemcpy (L->rope_sin, cpu->rope_sin,
+                          cudaMemcpy (L->rope_sin,
+                                      stow_llama_rope_table (cpu, TRUE),
                                       4 * max_seq * half,
                                       cudaMemcpyHostToDevice),
                           "uploading the rotary tables");
@@ -637,6 +990,19 @@ stow_llama_cuda_new (const StowLlamaConfig *config, StowFloatType dtype,
       g_propagate_error (error, g_steal_pointer (&L->error));
       return NULL;
     }
+  /* cuBLAS's bf16 GEMMs take bf16 operands: the fused loss stages its
+   * normed input and dlogits in bf16 (xent's contract). */
+  L->decoder = (StowDecoder){
+    .k = &cuda_kernels,
+    .ctx = L,
+    .config = *config,
+    .bf16 = L->bf16,
+    .esize = L->esize,
+    .max_seq = max_seq,
+    .max_tokens = max_tokens,
+    .max_batch = 65535,
+    .loss_lowp = L->bf16,
+  };
   return g_steal_pointer (&L);
 }
 
@@ -672,483 +1038,6 @@ stow_llama_cuda_check (StowLlamaCuda *L, GError **error)
       return FALSE;
     }
   return TRUE;
-}
-
-/* ---- embedding --------------------------------------------------------------- */
-
-/* Out-of-range tokens (the data loader rejects them) touch no memory. */
-static __global__ void
-embed_forward_kernel (guint64 V, guint64 row_u16, const uint16_t *embed,
-                      const gint32 *tokens, uint16_t *x)
-{
-  guint64 r = blockIdx.x;
-  gint32 t = tokens[r];
-  if (t < 0 || (guint64)t >= V)
-    return;
-  for (guint64 j = threadIdx.x; j < row_u16; j += blockDim.x)
-    x[r * row_u16 + j] = embed[(guint64)t * row_u16 + j];
-}
-
-void
-stow_llama_cuda_embed_forward (StowLlamaCuda *L, const void *embed,
-                               const gint32 *tokens, guint64 n, void *x)
-{
-  g_return_if_fail (L != NULL && embed != NULL && tokens != NULL && x != NULL);
-  if (L->error != NULL || n == 0)
-    return;
-  g_return_if_fail (n <= L->max_tokens);
-  /* Rows copied as 16-bit units: h e bytes is even at both dtypes. */
-  guint64 row_u16 = L->config.hidden * L->esize / 2;
-  embed_forward_kernel<<<(unsigned)n, 256, 0, L->stream>>> (
-      L->config.vocab, row_u16, (const uint16_t *)embed, tokens,
-      (uint16_t *)x);
-  stow_llama_cuda_launched (L, "embed_forward");
-}
-
-static __global__ void
-embed_keys_kernel (guint64 n, const gint32 *tokens, guint32 *keys,
-                   guint32 *vals)
-{
-  for (guint64 i = (guint64)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-       i += (guint64)gridDim.x * blockDim.x)
-    {
-      keys[i] = (guint32)tokens[i];
-      vals[i] = (guint32)i;
-    }
-}
-
-/* Block i owns the group of equal tokens that starts at sorted position i
- * (the others return): the token's row += the group's rows of dx in
- * position order (the stable sort keeps it), in fp32, rounded once. */
-template <bool BF>
-static __global__ void
-embed_backward_kernel (guint64 n, guint64 V, guint64 h, const guint32 *keys,
-                       const guint32 *pos, const void *dx, void *dembed)
-{
-  guint64 i = blockIdx.x;
-  guint32 tok = keys[i];
-  if ((i > 0 && keys[i - 1] == tok) || tok >= V)
-    return;
-  for (guint64 j = threadIdx.x; j < h; j += blockDim.x)
-    {
-      float acc = ld_el<BF> (dembed, (guint64)tok * h + j);
-      for (guint64 k = i; k < n && keys[k] == tok; k++)
-        acc += ld_el<BF> (dx, (guint64)pos[k] * h + j);
-      st_el<BF> (dembed, (guint64)tok * h + j, acc);
-    }
-}
-
-void
-stow_llama_cuda_embed_backward (StowLlamaCuda *L, const gint32 *tokens,
-                                guint64 n, const void *dx, void *dembed,
-                                gboolean accumulate)
-{
-  g_return_if_fail (L != NULL && tokens != NULL && dx != NULL
-                    && dembed != NULL);
-  if (L->error != NULL)
-    return;
-  g_return_if_fail (n <= L->max_tokens);
-  guint64 h = L->config.hidden, V = L->config.vocab;
-  if (!accumulate
-      && !stow_llama_cuda_ok (L,
-                              cudaMemsetAsync (dembed, 0, V * h * L->esize,
-                                               L->stream),
-                              "embed_backward: zeroing dembed"))
-    return;
-  if (n == 0)
-    return;
-  embed_keys_kernel<<<grid_for (n), 256, 0, L->stream>>> (
-      n, tokens, L->sort_keys_in, L->sort_vals_in);
-  if (!stow_llama_cuda_launched (L, "embed_backward: keys"))
-    return;
-  size_t bytes = L->sort_tmp_bytes;
-  if (!stow_llama_cuda_ok (
-          L,
-          cub::DeviceRadixSort::SortPairs (
-              L->sort_tmp, bytes, (const guint32 *)L->sort_keys_in,
-              L->sort_keys_out, (const guint32 *)L->sort_vals_in,
-              L->sort_vals_out, (int)n, 0, L->sort_bits, L->stream),
-          "embed_backward: radix sort"))
-    return;
-  DISPATCH_BF (L->bf16, embed_backward_kernel<BF>
-               <<<(unsigned)n, 256, 0, L->stream>>> (
-                   n, V, h, L->sort_keys_out, L->sort_vals_out, dx, dembed));
-  stow_llama_cuda_launched (L, "embed_backward");
-}
-
-/* ---- one decoder layer ------------------------------------------------------ */
-
-/* C (n, out) = R + bias, the starting value of a linear layer's output
- * (fp32 sums, rounded once at bf16: exact whenever one of them is NULL). */
-template <bool BF>
-static __global__ void
-init_rows_kernel (guint64 n, guint64 out, const void *R, const void *bias,
-                  void *C)
-{
-  guint64 total = n * out;
-  for (guint64 i = (guint64)blockIdx.x * blockDim.x + threadIdx.x; i < total;
-       i += (guint64)gridDim.x * blockDim.x)
-    {
-      float v = R != NULL ? ld_el<BF> (R, i) : 0.0f;
-      if (bias != NULL)
-        v += ld_el<BF> (bias, i % out);
-      st_el<BF> (C, i, v);
-    }
-}
-
-/* y (n, out) = x (n, in) W^T (+ b) (+ R): a linear layer, W (out, in).
- * With R or b, y starts as R + b and cuBLAS adds the product (beta 1): at
- * bf16 the sum is rounded once, as the cpu runtime does. */
-static void
-linear (StowLlamaCuda *L, guint64 n, guint64 in, guint64 out, const void *x,
-        const void *W, const void *b, const void *R, void *y)
-{
-  float beta = 0.0f;
-  if (R != NULL || b != NULL)
-    {
-      guint64 total = n * out;
-      DISPATCH_BF (L->bf16, init_rows_kernel<BF>
-                   <<<grid_for (total), 256, 0, L->stream>>> (n, out, R, b,
-                                                              y));
-      stow_llama_cuda_launched (L, "linear: residual and bias");
-      beta = 1.0f;
-    }
-  stow_cuda_gemm_rm (L, false, true, n, out, in, 1.0f, x, L->bf16, in, W,
-                     L->bf16, in, beta, y, L->bf16, out);
-}
-
-/* dW (out, in) (+)= dy^T (out, n) x (n, in). */
-static void
-weight_grad (StowLlamaCuda *L, guint64 n, guint64 in, guint64 out,
-             const void *dy, const void *x, void *dW, bool accumulate)
-{
-  stow_cuda_gemm_rm (L, true, false, out, in, n, 1.0f, dy, L->bf16, out, x,
-                     L->bf16, in, accumulate ? 1.0f : 0.0f, dW, L->bf16, in);
-}
-
-/* dx (n, in) (+)= dy (n, out) W (out, in), into fp32 when @dx_f32. */
-static void
-input_grad (StowLlamaCuda *L, guint64 n, guint64 in, guint64 out,
-            const void *dy, const void *W, void *dx, bool dx_f32,
-            bool accumulate)
-{
-  stow_cuda_gemm_rm (L, false, false, n, in, out, 1.0f, dy, L->bf16, out, W,
-                     L->bf16, in, accumulate ? 1.0f : 0.0f, dx,
-                     L->bf16 && !dx_f32, in);
-}
-
-static gboolean
-layer_args_ok (const StowLlamaCuda *L, guint64 batch, guint64 seq,
-               const StowLlamaLayerWeights *w)
-{
-  const StowLlamaConfig *c = &L->config;
-  if (seq == 0 || seq > L->max_seq || batch == 0 || batch > 65535
-      || batch * seq > L->max_tokens)
-    return FALSE;
-  if (!w->attn_norm || !w->wq || !w->wk || !w->wv || !w->wo || !w->mlp_norm
-      || !w->wg || !w->wu || !w->wd)
-    return FALSE;
-  if (c->qkv_bias && (!w->bq || !w->bk || !w->bv))
-    return FALSE;
-  if (c->o_bias && !w->bo)
-    return FALSE;
-  if (c->mlp_bias && (!w->bg || !w->bu || !w->bd))
-    return FALSE;
-  return TRUE;
-}
-
-void
-stow_llama_cuda_layer_forward (StowLlamaCuda *L, guint64 batch, guint64 seq,
-                               const StowLlamaLayerWeights *w, const void *x,
-                               StowLlamaSaved *s)
-{
-  g_return_if_fail (L != NULL && w != NULL && x != NULL && s != NULL);
-  g_return_if_fail (layer_args_ok (L, batch, seq, w));
-  g_return_if_fail (s->xn1 && s->q && s->k && s->v && s->o && s->lse && s->h1
-                    && s->xn2 && s->gate && s->up && s->act);
-  if (L->error != NULL)
-    return;
-  const StowLlamaConfig *c = &L->config;
-  guint64 n = batch * seq, h = c->hidden, f = c->ffn;
-  guint64 ad = c->n_heads * c->head_dim, kd = c->n_kv_heads * c->head_dim;
-
-  rmsnorm (L, n, x, w->attn_norm, s->xn1, false);
-  linear (L, n, h, ad, s->xn1, w->wq, c->qkv_bias ? w->bq : NULL, NULL, s->q);
-  linear (L, n, h, kd, s->xn1, w->wk, c->qkv_bias ? w->bk : NULL, NULL, s->k);
-  linear (L, n, h, kd, s->xn1, w->wv, c->qkv_bias ? w->bv : NULL, NULL, s->v);
-  rope (L, n, seq, c->n_heads, s->q, false);
-  rope (L, n, seq, c->n_kv_heads, s->k, false);
-  stow_cuda_attention_forward (L, batch, seq, s->q, s->k, s->v, s->o, s->lse);
-  /* h1 = x + o_proj (o) */
-  linear (L, n, ad, h, s->o, w->wo, c->o_bias ? w->bo : NULL, x, s->h1);
-  rmsnorm (L, n, s->h1, w->mlp_norm, s->xn2, false);
-  linear (L, n, h, f, s->xn2, w->wg, c->mlp_bias ? w->bg : NULL, NULL, s->gate);
-  linear (L, n, h, f, s->xn2, w->wu, c->mlp_bias ? w->bu : NULL, NULL, s->up);
-  swiglu (L, n, s->gate, s->up, s->act);
-  /* out = h1 + down (act); skipped when recomputing (out is kept). */
-  if (s->out != NULL)
-    linear (L, n, f, h, s->act, w->wd, c->mlp_bias ? w->bd : NULL, s->h1,
-            s->out);
-}
-
-void
-stow_llama_cuda_layer_backward (StowLlamaCuda *L, guint64 batch, guint64 seq,
-                                const StowLlamaLayerWeights *w, const void *x,
-                                StowLlamaSaved *s,
-                                const StowLlamaLayerWeights *gr,
-                                gboolean accumulate, void *ws, void *dx)
-{
-  g_return_if_fail (L != NULL && w != NULL && x != NULL && s != NULL
-                    && gr != NULL && ws != NULL && dx != NULL);
-  g_return_if_fail (layer_args_ok (L, batch, seq, w));
-  g_return_if_fail (layer_args_ok (L, batch, seq, gr));
-  g_return_if_fail (s->out != NULL && s->lse != NULL);
-  g_return_if_fail (((guintptr)ws & 3) == 0);
-  if (L->error != NULL)
-    return;
-  const StowLlamaConfig *c = &L->config;
-  guint64 n = batch * seq, h = c->hidden, f = c->ffn, e = L->esize;
-  guint64 ad = c->n_heads * c->head_dim, kd = c->n_kv_heads * c->head_dim;
-  bool acc = accumulate;
-
-  /* The working set, carved as the cpu runtime carves it: in all
-   * 4 n (h + 1) + e n (f + 2 a d + 2 k d) bytes, within
-   * stow_llama_backward_ws_bytes. */
-  guint8 *p = (guint8 *)ws;
-  float *dxn = (float *)p; /* (n, h) fp32: dL/d(norm output) */
-  p += 4 * n * h;
-  float *rstd = (float *)p; /* (n) */
-  p += 4 * n;
-  void *dact = p; /* (n, f) */
-  p += e * n * f;
-  void *dout_attn = p; /* (n, a d): dL/do */
-  p += e * n * ad;
-  void *dq = p; /* (n, a d) */
-  p += e * n * ad;
-  void *dk = p; /* (n, k d) */
-  p += e * n * kd;
-  void *dv = p; /* (n, k d) */
-  p += e * n * kd;
-  void *dout = s->out; /* (n, h): dL/d(out); becomes dL/dh1 */
-
-  /* MLP: out = h1 + down (silu (gate) * up) (+ bd). */
-  input_grad (L, n, f, h, dout, w->wd, dact, false, false);
-  weight_grad (L, n, f, h, dout, s->act, gr->wd, acc);
-  if (c->mlp_bias)
-    colsum (L, n, h, dout, false, NULL, NULL, gr->bd, acc);
-  swiglu_backward (L, n, dact, s->gate, s->up); /* dgate, dup */
-  input_grad (L, n, h, f, s->gate, w->wg, dxn, true, false);
-  input_grad (L, n, h, f, s->up, w->wu, dxn, true, true);
-  weight_grad (L, n, h, f, s->gate, s->xn2, gr->wg, acc);
-  weight_grad (L, n, h, f, s->up, s->xn2, gr->wu, acc);
-  if (c->mlp_bias)
-    {
-      colsum (L, n, f, s->gate, false, NULL, NULL, gr->bg, acc);
-      colsum (L, n, f, s->up, false, NULL, NULL, gr->bu, acc);
-    }
-  /* xn2 = RMSNorm (h1): the norm's weight gradient, then dh1 = dout +
-   * RMSNorm' (dxn2) over dout. */
-  rms_rstd (L, n, s->h1, rstd);
-  colsum (L, n, h, dxn, true, s->h1, rstd, gr->mlp_norm, acc);
-  rmsnorm_backward (L, n, dxn, true, s->h1, w->mlp_norm, rstd, dout, dout);
-
-  /* Attention: h1 = x + o_proj (o) (+ bo). */
-  input_grad (L, n, ad, h, dout, w->wo, dout_attn, false, false);
-  weight_grad (L, n, ad, h, dout, s->o, gr->wo, acc);
-  if (c->o_bias)
-    colsum (L, n, h, dout, false, NULL, NULL, gr->bo, acc);
-  stow_cuda_attention_backward (L, batch, seq, s->q, s->k, s->v, s->o, s->lse,
-                                dout_attn, dq, dk, dv);
-  rope (L, n, seq, c->n_heads, dq, true);
-  rope (L, n, seq, c->n_kv_heads, dk, true);
-  if (c->qkv_bias)
-    {
-      colsum (L, n, ad, dq, false, NULL, NULL, gr->bq, acc);
-      colsum (L, n, kd, dk, false, NULL, NULL, gr->bk, acc);
-      colsum (L, n, kd, dv, false, NULL, NULL, gr->bv, acc);
-    }
-  input_grad (L, n, h, ad, dq, w->wq, dxn, true, false);
-  input_grad (L, n, h, kd, dk, w->wk, dxn, true, true);
-  input_grad (L, n, h, kd, dv, w->wv, dxn, true, true);
-  weight_grad (L, n, h, ad, dq, s->xn1, gr->wq, acc);
-  weight_grad (L, n, h, kd, dk, s->xn1, gr->wk, acc);
-  weight_grad (L, n, h, kd, dv, s->xn1, gr->wv, acc);
-  /* xn1 = RMSNorm (x): x is read (norm gradient, then each row inside its
-   * own block) before dx, which may be x, is written. */
-  rms_rstd (L, n, x, rstd);
-  colsum (L, n, h, dxn, true, x, rstd, gr->attn_norm, acc);
-  rmsnorm_backward (L, n, dxn, true, x, w->attn_norm, rstd, dout, dx);
-}
-
-/* ---- output layer and loss --------------------------------------------------- */
-
-/* One block per row of logits (cn, V), in place: the row becomes
- * scale (softmax - onehot (target)) and loss[i] = logsumexp - logit[t].
- * At bf16 (BF) the row is stored as bf16 in the first half of its own
- * bytes (ld 2 V bf16 elements), a tile at a time: tile j0's 16-bit
- * results land on floats below j0 + ROW_T, all read before the barrier,
- * and no later tile reads them. */
-template <bool BF>
-static __global__ void
-softmax_xent_kernel (guint64 V, float *logits, const gint32 *targets,
-                     float scale, float *loss)
-{
-  __shared__ float sh[ROW_T];
-  guint64 i = blockIdx.x;
-  float *l = logits + i * V;
-  gint32 t32 = targets[i];
-  guint64 t = t32 < 0 || (guint64)t32 >= V ? 0 : (guint64)t32;
-  float lt = l[t];
-  float m = -INFINITY;
-  for (guint64 j = threadIdx.x; j < V; j += ROW_T)
-    m = l[j] > m ? l[j] : m;
-  m = block_max (m, sh);
-  float sum = 0;
-  for (guint64 j = threadIdx.x; j < V; j += ROW_T)
-    {
-      float pj = stow_llama_expf (l[j] - m);
-      l[j] = pj;
-      sum += pj;
-    }
-  sum = block_sum (sum, sh); /* its barriers order the writes above */
-  if (threadIdx.x == 0)
-    loss[i] = (m - lt) + logf (sum);
-  float k = scale / sum;
-  if (!BF)
-    {
-      for (guint64 j = threadIdx.x; j < V; j += ROW_T)
-        {
-          float v = l[j] * k;
-          l[j] = j == t ? v - scale : v;
-        }
-      return;
-    }
-  uint16_t *o = (uint16_t *)l;
-  for (guint64 j0 = 0; j0 < V; j0 += ROW_T)
-    {
-      guint64 j = j0 + threadIdx.x;
-      float v = 0;
-      if (j < V)
-        {
-          v = l[j] * k;
-          v = j == t ? v - scale : v;
-        }
-      __syncthreads ();
-      if (j < V)
-        o[j] = stow_cuda_bf16_round (v);
-      __syncthreads ();
-    }
-}
-
-/* *loss_sum += the sum of loss[0 .. cn) in double (one block, a fixed
- * tree). */
-static __global__ void
-loss_sum_kernel (guint64 cn, const float *loss, double *loss_sum)
-{
-  __shared__ double sh[ROW_T];
-  double s = 0;
-  for (guint64 i = threadIdx.x; i < cn; i += ROW_T)
-    s = __dadd_rn (s, (double)loss[i]);
-  s = block_sum (s, sh);
-  if (threadIdx.x == 0)
-    *loss_sum = __dadd_rn (*loss_sum, s);
-}
-
-/* dnorm (+)= the norm gradient summed over the chunks, rounded once. */
-template <bool BF>
-static __global__ void
-dnorm_store_kernel (guint64 h, const double *acc, void *dnorm,
-                    bool accumulate)
-{
-  guint64 j = (guint64)blockIdx.x * blockDim.x + threadIdx.x;
-  if (j >= h)
-    return;
-  double v = acc[j];
-  if (accumulate)
-    v = __dadd_rn (v, (double)ld_el<BF> (dnorm, j));
-  st_el<BF> (dnorm, j, (float)v);
-}
-
-void
-stow_llama_cuda_head_loss (StowLlamaCuda *L, guint64 n, const void *norm,
-                           const void *head, const void *x,
-                           const gint32 *targets, double scale, void *dnorm,
-                           void *dhead, gboolean accumulate, void *dx,
-                           float *scratch, guint64 chunk, double *loss_sum)
-{
-  g_return_if_fail (L != NULL && norm != NULL && head != NULL);
-  g_return_if_fail (x != NULL && targets != NULL && dnorm != NULL);
-  g_return_if_fail (dhead != NULL && dx != NULL && scratch != NULL);
-  g_return_if_fail (chunk > 0 && loss_sum != NULL);
-  g_return_if_fail (n <= L->max_tokens);
-  if (L->error != NULL)
-    return;
-  guint64 h = L->config.hidden, V = L->config.vocab, e = L->esize;
-  bool bf = L->bf16;
-  /* scratch: xn (chunk, h) fp32 (the dtype's: bf16 in its first half),
-   * logits (chunk, V) fp32 (then the bf16 dlogits, ld 2 V), dxn (chunk, h)
-   * fp32. */
-  float *xn = scratch, *logits = xn + chunk * h, *dxn = logits + chunk * V;
-
-  stow_llama_cuda_ok (L,
-                      cudaMemsetAsync (L->col_acc, 0, 8 * h, L->stream),
-                      "head_loss: zeroing the norm gradient");
-  if (n == 0 && !accumulate) /* no tokens: "=" still zeroes dhead */
-    stow_llama_cuda_ok (L,
-                        cudaMemsetAsync (dhead, 0, V * h * e, L->stream),
-                        "head_loss: zeroing dhead");
-  guint64 ldl = bf ? 2 * V : V; /* dlogits' ld, in its elements */
-  for (guint64 c0 = 0; c0 < n && L->error == NULL; c0 += chunk)
-    {
-      guint64 cn = MIN (chunk, n - c0);
-      const guint8 *xc = (const guint8 *)x + c0 * h * e;
-      rmsnorm (L, cn, xc, norm, xn, !bf);
-      stow_cuda_gemm_rm (L, false, true, cn, V, h, 1.0f, xn, bf, h, head, bf,
-                         h, 0.0f, logits, false, V);
-      /* Token losses go to dxn's first floats, free until dxn is. */
-      DISPATCH_BF (bf, softmax_xent_kernel<BF>
-                   <<<(unsigned)cn, ROW_T, 0, L->stream>>> (
-                       V, logits, targets + c0, (float)scale, dxn));
-      stow_llama_cuda_launched (L, "head_loss: softmax");
-      loss_sum_kernel<<<1, ROW_T, 0, L->stream>>> (cn, dxn, loss_sum);
-      stow_llama_cuda_launched (L, "head_loss: loss sum");
-      /* dhead (V, h) (+)= dlogits^T xn; dxn (cn, h) = dlogits head. */
-      stow_cuda_gemm_rm (L, true, false, V, h, cn, 1.0f, logits, bf, ldl, xn,
-                         bf, h, accumulate || c0 > 0 ? 1.0f : 0.0f, dhead, bf,
-                         h);
-      stow_cuda_gemm_rm (L, false, false, cn, h, V, 1.0f, logits, bf, ldl,
-                         head, bf, h, 0.0f, dxn, false, h);
-      /* The logits are spent: their first floats hold the rows' rstd. */
-      float *rstd = logits;
-      rms_rstd (L, cn, xc, rstd);
-      colsum_any (L, cn, h, dxn, true, xc, rstd, NULL, false, L->col_acc);
-      rmsnorm_backward (L, cn, dxn, true, xc, norm, rstd, NULL,
-                        (guint8 *)dx + c0 * h * e);
-    }
-  DISPATCH_BF (bf, dnorm_store_kernel<BF>
-               <<<(unsigned)((h + 127) / 128), 128, 0, L->stream>>> (
-                   h, L->col_acc, dnorm, accumulate));
-  stow_llama_cuda_launched (L, "head_loss: dnorm");
-}
-
-void
-stow_llama_cuda_head_logits (StowLlamaCuda *L, guint64 n, const void *norm,
-                             const void *head, const void *x, float *logits)
-{
-  g_return_if_fail (L != NULL && norm != NULL && head != NULL && x != NULL
-                    && logits != NULL);
-  if (L->error != NULL)
-    return;
-  guint64 h = L->config.hidden, V = L->config.vocab, e = L->esize;
-  for (guint64 r0 = 0; r0 < n; r0 += STOW_CUDA_LOGITS_ROWS)
-    {
-      guint64 rn = MIN ((guint64)STOW_CUDA_LOGITS_ROWS, n - r0);
-      rmsnorm (L, rn, (const guint8 *)x + r0 * h * e, norm, L->logits_xn,
-               !L->bf16);
-      stow_cuda_gemm_rm (L, false, true, rn, V, h, 1.0f, L->logits_xn,
-                         L->bf16, h, head, L->bf16, h, 0.0f, logits + r0 * V,
-                         false, V);
-    }
 }
 
 /* ---- optimizer ---------------------------------------------------------------- */

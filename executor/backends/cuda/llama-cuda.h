@@ -1,10 +1,10 @@
 /* SPDX-License-Identifier: MIT
  *
- * executor/backends/cuda/llama-cuda.h: the LLaMA-family decoder on an
- * NVIDIA GPU, the cuda backend's compute: the same functions, shapes,
- * conventions and tensor layouts as the cpu runtime (executor/llama.h),
- * over device pointers, every call stream-ordered on the runtime's stream
- * (no blocking copy, no device-wide synchronize, no allocation after
+ * executor/backends/cuda/llama-cuda.h: the cuda runtime, the cuda
+ * backend's provider of the decoder's kernels (executor/kernels.h): the
+ * same contracts, shapes and tensor layouts as the cpu runtime's, over
+ * device pointers, every call stream-ordered on the runtime's stream (no
+ * blocking copy, no device-wide synchronize, no allocation after
  * stow_llama_cuda_new).  Plus what the cpu backend takes from offload/adam.h:
  * the gradients' sum of squares, the clip coefficient and AdamW, here on the
  * device, with the per-step values (clip coefficient, skip) read from device
@@ -53,40 +53,12 @@ guint64 stow_llama_cuda_workspace_bytes (const StowLlamaCuda *L);
 /* The first CUDA or cuBLAS error of an earlier call (sticky), or TRUE. */
 gboolean stow_llama_cuda_check (StowLlamaCuda *L, GError **error);
 
-/* The same as the cpu runtime's functions of the same names (llama.h): the
- * same tensors, sizes and carving (stow_llama_saved_carve and friends give
- * the layout; they are pure pointer arithmetic and work on device
- * addresses), the same accumulate/overwrite rules.  @tokens and @targets
- * are device int32 arrays. */
-void stow_llama_cuda_embed_forward (StowLlamaCuda *L, const void *embed,
-                                    const gint32 *tokens, guint64 n, void *x);
-void stow_llama_cuda_embed_backward (StowLlamaCuda *L, const gint32 *tokens,
-                                     guint64 n, const void *dx, void *dembed,
-                                     gboolean accumulate);
-void stow_llama_cuda_layer_forward (StowLlamaCuda *L, guint64 batch,
-                                    guint64 seq,
-                                    const StowLlamaLayerWeights *w,
-                                    const void *x, StowLlamaSaved *saved);
-void stow_llama_cuda_layer_backward (StowLlamaCuda *L, guint64 batch,
-                                     guint64 seq,
-                                     const StowLlamaLayerWeights *w,
-                                     const void *x, StowLlamaSaved *saved,
-                                     const StowLlamaLayerWeights *grads,
-                                     gboolean accumulate, void *ws, void *dx);
-/* As stow_llama_head_loss, with the sum of the tokens' losses (unscaled)
- * added, in double, to the device double *@loss_sum (stream-ordered, no
- * readback).  @scratch: stow_llama_loss_scratch_floats (V, h, chunk)
- * device floats. */
-void stow_llama_cuda_head_loss (StowLlamaCuda *L, guint64 n, const void *norm,
-                                const void *head, const void *x,
-                                const gint32 *targets, double scale,
-                                void *dnorm, void *dhead, gboolean accumulate,
-                                void *dx, float *scratch, guint64 chunk,
-                                double *loss_sum);
-/* For tests: the fp32 logits (n, V) of the output layer, device memory. */
-void stow_llama_cuda_head_logits (StowLlamaCuda *L, guint64 n,
-                                  const void *norm, const void *head,
-                                  const void *x, float *logits);
+/* The decoder over this runtime's kernels (executor/llama.h's recipe runs
+ * on it; owned by @L).  Its tensors are device memory, tokens and targets
+ * device int32 arrays, the loss sum a device double; every call is
+ * stream-ordered.  The bf16 runtime stages the fused loss in bf16
+ * (loss_lowp). */
+const StowDecoder *stow_llama_cuda_decoder (StowLlamaCuda *L);
 
 /* For tests and benchmarks: the layer's attention alone, as the layer
  * calls it.  q (batch seq, a d), k and v (batch seq, kv d), o (batch seq,

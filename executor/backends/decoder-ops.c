@@ -1,0 +1,116 @@
+/* SPDX-License-Identifier: MIT
+ *
+ * executor/backends/decoder-ops.c: a compute op of the step program run by
+ * the decoder recipe (decoder-ops.h): which buffers hold the op's weights,
+ * gradients, saved activations, input and working set, by the tensor map.
+ */
+#include "executor/backends/decoder-ops.h"
+
+/* The gradients op @op writes: a gradient slot's occupant or the
+ * persistent gradients. */
+static guint
+grads_of (const StowTensorMap *m, const StowOp *op)
+{
+  guint g = stow_tensor_map_io (m, op, TRUE, STOW_BUF_GRADS);
+  return g != STOW_NONE ? g : m->grads_buf;
+}
+
+/* The micro-batch's INPUT buffer: tokens (n int32), targets (n int32),
+ * then the embedding's output. */
+static guint8 *
+input_of (const StowTensorMap *m, const StowOp *op)
+{
+  return m->addr[m->input_of[op->micro_batch]];
+}
+
+static void
+run_forward (const StowDecoder *d, const StowTensorMap *m, const StowOp *op)
+{
+  guint8 *w = stow_tensor_map_unit (m, stow_tensor_map_weights_of (m, op),
+                                    op->unit);
+  if (op->layer == STOW_LAYER_EMBEDDING)
+    {
+      guint8 *in = input_of (m, op);
+      stow_decoder_embed_forward (d, w, (gint32 *)in, m->n_tokens,
+                                  in + 8 * m->n_tokens);
+      return;
+    }
+  StowLlamaLayerWeights lw;
+  stow_tensor_map_layer (m, w, op->unit, m->esize, &lw);
+  StowLlamaSaved s;
+  stow_tensor_map_saved (m, op, FALSE, &s);
+  if (op->kind == STOW_OP_RECOMPUTE)
+    s.out = NULL; /* kept in the checkpoint, which now holds its gradient */
+  stow_decoder_layer_forward (
+      d, m->p->micro_batch, m->p->seq_len, &lw,
+      stow_tensor_map_layer_output (m, op->layer - 1, op->micro_batch), &s);
+}
+
+static void
+run_loss (const StowDecoder *d, const StowTensorMap *m, const StowOp *op,
+          double *loss_sum)
+{
+  guint64 n = m->n_tokens;
+  guint8 *in = input_of (m, op);
+  void *norm, *lm, *dnorm, *dlm;
+  stow_tensor_map_head_in (m, stow_tensor_map_weights_of (m, op), &norm, &lm);
+  stow_tensor_map_head_in (m, grads_of (m, op), &dnorm, &dlm);
+  guint logits = stow_tensor_map_io (m, op, TRUE, STOW_BUF_LOGITS);
+  g_assert (logits != STOW_NONE);
+  guint8 *x = stow_tensor_map_layer_output (m, (gint)m->model->n_layers - 1,
+                                            op->micro_batch);
+  stow_decoder_head_loss (d, n, norm, lm, x, (gint32 *)(in + 4 * n),
+                          m->p->loss_scale, dnorm, dlm, op->accumulate, x,
+                          m->addr[logits], m->chunk, loss_sum);
+}
+
+static void
+run_backward (const StowDecoder *d, const StowTensorMap *m, const StowOp *op)
+{
+  guint gbuf = grads_of (m, op);
+  if (op->layer == STOW_LAYER_EMBEDDING)
+    {
+      guint8 *in = input_of (m, op);
+      stow_decoder_embed_backward (d, (gint32 *)in, m->n_tokens,
+                                   in + 8 * m->n_tokens,
+                                   stow_tensor_map_unit (m, gbuf, op->unit),
+                                   op->accumulate);
+      return;
+    }
+  StowLlamaLayerWeights lw, lg;
+  stow_tensor_map_layer (
+      m, stow_tensor_map_unit (m, stow_tensor_map_weights_of (m, op), op->unit),
+      op->unit, m->esize, &lw);
+  stow_tensor_map_layer (m, stow_tensor_map_unit (m, gbuf, op->unit), op->unit,
+                         stow_dtype_size (m->p->grad_dtype), &lg);
+  StowLlamaSaved s;
+  stow_tensor_map_saved (m, op, TRUE, &s);
+  guint ws = stow_tensor_map_io (m, op, TRUE, STOW_BUF_WORKSPACE);
+  g_assert (ws != STOW_NONE);
+  guint8 *x = stow_tensor_map_layer_output (m, op->layer - 1, op->micro_batch);
+  stow_decoder_layer_backward (d, m->p->micro_batch, m->p->seq_len, &lw, x, &s,
+                               &lg, op->accumulate, m->addr[ws], x);
+}
+
+gboolean
+stow_decoder_run_op (const StowDecoder *d, const StowTensorMap *m,
+                     const StowOp *op, double *loss_sum)
+{
+  g_return_val_if_fail (d != NULL && m != NULL && op != NULL, FALSE);
+  switch (op->kind)
+    {
+    case STOW_OP_FORWARD:
+    case STOW_OP_RECOMPUTE:
+      run_forward (d, m, op);
+      return TRUE;
+    case STOW_OP_LOSS:
+      g_return_val_if_fail (loss_sum != NULL, FALSE);
+      run_loss (d, m, op, loss_sum);
+      return TRUE;
+    case STOW_OP_BACKWARD:
+      run_backward (d, m, op);
+      return TRUE;
+    default:
+      return FALSE;
+    }
+}

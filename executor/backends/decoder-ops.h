@@ -1,0 +1,24 @@
+/* SPDX-License-Identifier: MIT
+ *
+ * executor/backends/decoder-ops.h: the one runner from a step program's
+ * compute op (forward, recompute, loss, backward) to the decoder recipe
+ * (executor/llama.h), for every backend that holds real tensors: the op's
+ * buffers are found in the tensor map, the kernels are the backend's
+ * decoder's.  Not here: copies, the optimizer, the data (each backend's).
+ */
+#pragma once
+
+#include "executor/backends/tensors.h"
+#include "executor/llama.h"
+
+G_BEGIN_DECLS
+
+/* Runs op @op of @map's program on @decoder, over the addresses in
+ * @map->addr.  A loss op adds its tokens' losses (unscaled) to *@loss_sum,
+ * a double in the decoder's memory.  Returns FALSE, touching nothing, for
+ * an op of another kind. */
+gboolean stow_decoder_run_op (const StowDecoder *decoder,
+                              const StowTensorMap *map, const StowOp *op,
+                              double *loss_sum);
+
+G_END_DECLS
