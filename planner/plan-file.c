@@ -12,6 +12,7 @@
 #include "core/error.h"
 #include "core/json.h"
 #include "core/strutil.h"
+#include "planner/memory-json.h"
 
 /* DeepSpeed's defaults (offload_config.py, aio constants; see
  * docs/plan-file.md): 4 optimizer swap buffers (at least Adam's states),
@@ -212,24 +213,6 @@ cluster_json (const StowCluster *c)
 }
 
 void
-stow_mem_terms_json (JsonBuilder *b, const char *key, GArray *terms)
-{
-  json_builder_set_member_name (b, key);
-  json_builder_begin_array (b);
-  for (guint i = 0; i < terms->len; i++)
-    {
-      StowMemTerm *t = &g_array_index (terms, StowMemTerm, i);
-      json_builder_begin_object (b);
-      stow_json_set_string (b, "name", t->name);
-      stow_json_set_u64 (b, "bytes", t->bytes);
-      stow_json_set_string (b, "tier", stow_tier_name (t->tier));
-      stow_json_set_string (b, "formula", t->formula);
-      json_builder_end_object (b);
-    }
-  json_builder_end_array (b);
-}
-
-void
 stow_layout_json_members (JsonBuilder *b, const StowLayout *l)
 {
   stow_json_set_u64 (b, "dp", l->dp);
@@ -355,27 +338,7 @@ stow_plan_file_to_json (const StowPlanFile *p, const StowMemory *mem)
 
   json_builder_set_member_name (b, "memory");
   json_builder_begin_object (b);
-  stow_json_set_bool (b, "fits", mem->fits);
-  stow_json_set_u64 (b, "device_total_bytes", mem->total_bytes);
-  stow_json_set_u64 (b, "device_capacity_bytes", mem->capacity_bytes);
-  stow_json_set_u64 (b, "peak_stage", mem->peak_stage);
-  json_builder_set_member_name (b, "stages");
-  json_builder_begin_array (b);
-  for (guint i = 0; i < mem->n_stages; i++)
-    {
-      const StowStageMemory *st = &mem->stages[i];
-      json_builder_begin_object (b);
-      stow_json_set_u64 (b, "stage", st->stage);
-      stow_json_set_u64 (b, "layers", st->layers);
-      stow_json_set_u64 (b, "total_bytes", st->total_bytes);
-      stow_mem_terms_json (b, "terms", st->terms);
-      json_builder_end_object (b);
-    }
-  json_builder_end_array (b);
-  stow_json_set_u64 (b, "host_total_bytes", mem->host_total_bytes);
-  stow_mem_terms_json (b, "host_terms", mem->host_terms);
-  stow_json_set_u64 (b, "nvme_bytes", mem->nvme_bytes);
-  stow_mem_terms_json (b, "nvme_terms", mem->nvme_terms);
+  stow_memory_json_members (b, mem, STOW_MEMORY_JSON_PLAN);
   json_builder_end_object (b);
 
   json_builder_set_member_name (b, "schedule");

@@ -77,10 +77,6 @@ G_DEFINE_AUTOPTR_CLEANUP_FUNC (StowPlanFile, stow_plan_file_free)
  * reports' "layout" objects spell them (names of docs/json.md). */
 void stow_layout_json_members (JsonBuilder *b, const StowLayout *layout);
 
-/* @terms as the member @key: an array of {name, bytes, tier, formula}, as
- * the plan file and the memory report both write them. */
-void stow_mem_terms_json (JsonBuilder *b, const char *key, GArray *terms);
-
 /* The plan as JSON, with @mem's terms as the predicted memory.  A model
  * read from a config.json is embedded ("config") so the plan reloads
  * without the file. */

@@ -6,6 +6,7 @@
 
 #include "core/json.h"
 #include "core/units.h"
+#include "planner/memory-json.h"
 #include "planner/plan-file.h"
 
 char *
@@ -205,47 +206,7 @@ stow_memory_report_json (const StowMemoryReport *r)
       json_builder_end_array (b);
     }
 
-  json_builder_set_member_name (b, "device");
-  json_builder_begin_object (b);
-  stow_json_set_u64 (b, "allocated_peak_bytes", mem->allocated_peak_bytes);
-  stow_json_set_u64 (b, "reserved_bytes", mem->reserved_bytes);
-  stow_json_set_u64 (b, "total_bytes", mem->total_bytes);
-  stow_json_set_u64 (b, "capacity_bytes", mem->capacity_bytes);
-  stow_json_set_u64 (b, "peak_stage", mem->peak_stage);
-  json_builder_set_member_name (b, "stages");
-  json_builder_begin_array (b);
-  for (guint i = 0; i < mem->n_stages; i++)
-    {
-      const StowStageMemory *s = &mem->stages[i];
-      json_builder_begin_object (b);
-      stow_json_set_u64 (b, "stage", s->stage);
-      stow_json_set_u64 (b, "layers", s->layers);
-      stow_json_set_u64 (b, "params", s->params);
-      stow_json_set_u64 (b, "allocated_bytes", s->allocated_bytes);
-      stow_json_set_u64 (b, "reserved_bytes", s->reserved_bytes);
-      stow_json_set_u64 (b, "total_bytes", s->total_bytes);
-      stow_mem_terms_json (b, "terms", s->terms);
-      json_builder_end_object (b);
-    }
-  json_builder_end_array (b);
-  json_builder_end_object (b);
-
-  json_builder_set_member_name (b, "host");
-  json_builder_begin_object (b);
-  stow_json_set_u64 (b, "pinned_bytes", mem->host_pinned_bytes);
-  stow_json_set_u64 (b, "pageable_bytes", mem->host_pageable_bytes);
-  stow_json_set_u64 (b, "total_bytes", mem->host_total_bytes);
-  stow_json_set_u64 (b, "capacity_bytes", mem->host_capacity_bytes);
-  stow_mem_terms_json (b, "terms", mem->host_terms);
-  json_builder_end_object (b);
-
-  json_builder_set_member_name (b, "nvme");
-  json_builder_begin_object (b);
-  stow_json_set_u64 (b, "bytes", mem->nvme_bytes);
-  stow_json_set_u64 (b, "capacity_bytes", mem->nvme_capacity_bytes);
-  stow_mem_terms_json (b, "terms", mem->nvme_terms);
-  json_builder_end_object (b);
-
+  stow_memory_json_members (b, mem, STOW_MEMORY_JSON_REPORT);
   json_builder_end_object (b);
   return json_builder_get_root (b);
 }

@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "core/json.h"
+#include "planner/memory-json.h"
 #include "planner/plan-file.h"
 #include "tests/testutil-planner.h"
 
@@ -166,6 +167,84 @@ test_round_trip (gconstpointer data)
   g_rmdir (dir);
   g_unlink (path);
   g_rmdir (dir);
+}
+
+/* The plan's "memory" holds every figure of the memory: the reports'
+ * (mem --json) with the tier in front of the name, the same stages and
+ * the same terms.  Files written before it had them all still read
+ * (tests/test-reports-golden.c, /reports/plan-previous). */
+static void
+test_memory_figures (gconstpointer data)
+{
+  StowMemory *mem = NULL;
+  g_autoptr (StowPlanFile) p = make_plan (data, &mem);
+  g_autoptr (JsonNode) plan = stow_plan_file_to_json (p, mem);
+  JsonObject *m
+      = json_object_get_object_member (json_node_get_object (plan), "memory");
+  struct
+  {
+    const char *key;
+    guint64 bytes;
+  } want[] = {
+    { "device_allocated_peak_bytes", mem->allocated_peak_bytes },
+    { "device_reserved_bytes", mem->reserved_bytes },
+    { "device_total_bytes", mem->total_bytes },
+    { "device_capacity_bytes", mem->capacity_bytes },
+    { "peak_stage", mem->peak_stage },
+    { "host_pinned_bytes", mem->host_pinned_bytes },
+    { "host_pageable_bytes", mem->host_pageable_bytes },
+    { "host_total_bytes", mem->host_total_bytes },
+    { "host_capacity_bytes", mem->host_capacity_bytes },
+    { "nvme_bytes", mem->nvme_bytes },
+    { "nvme_capacity_bytes", mem->nvme_capacity_bytes },
+  };
+  g_assert_cmpint (json_object_get_boolean_member (m, "fits"), ==, mem->fits);
+  for (gsize i = 0; i < G_N_ELEMENTS (want); i++)
+    g_assert_cmpuint (json_object_get_int_member (m, want[i].key), ==,
+                      want[i].bytes);
+  JsonArray *stages = json_object_get_array_member (m, "stages");
+  g_assert_cmpuint (json_array_get_length (stages), ==, mem->n_stages);
+  for (guint i = 0; i < mem->n_stages; i++)
+    {
+      JsonObject *s = json_array_get_object_element (stages, i);
+      g_assert_cmpuint (json_object_get_int_member (s, "params"), ==,
+                        mem->stages[i].params);
+      g_assert_cmpuint (json_object_get_int_member (s, "allocated_bytes"), ==,
+                        mem->stages[i].allocated_bytes);
+      g_assert_cmpuint (json_object_get_int_member (s, "reserved_bytes"), ==,
+                        mem->stages[i].reserved_bytes);
+    }
+
+  /* Every member of the reports' tier objects, under its plan name. */
+  g_autoptr (JsonBuilder) b = json_builder_new ();
+  json_builder_begin_object (b);
+  stow_memory_json_members (b, mem, STOW_MEMORY_JSON_REPORT);
+  json_builder_end_object (b);
+  g_autoptr (JsonNode) report = json_builder_get_root (b);
+  const char *tiers[] = { "device", "host", "nvme" };
+  guint n_members = 0;
+  for (gsize t = 0; t < G_N_ELEMENTS (tiers); t++)
+    {
+      JsonObject *o = json_object_get_object_member (
+          json_node_get_object (report), tiers[t]);
+      g_autoptr (GList) names = json_object_get_members (o);
+      for (GList *l = names; l; l = l->next, n_members++)
+        {
+          const char *key = l->data;
+          g_autofree char *flat
+              = g_str_equal (key, "peak_stage") || g_str_equal (key, "stages")
+                    ? g_strdup (key)
+                    : g_strdup_printf ("%s_%s", tiers[t], key);
+          g_autofree char *x
+              = stow_json_to_string (json_object_get_member (o, key), FALSE);
+          g_autofree char *y
+              = stow_json_to_string (json_object_get_member (m, flat), FALSE);
+          g_assert_cmpstr (x, ==, y);
+        }
+    }
+  /* And nothing else but "fits". */
+  g_assert_cmpuint (json_object_get_size (m), ==, n_members + 1);
+  stow_memory_free (mem);
 }
 
 /* The schedule follows the layout: streaming parameters means two slots
@@ -408,6 +487,9 @@ main (int argc, char **argv)
       g_autofree char *path = g_strdup_printf ("/plan-file/round-trip/%s-%s",
                                                cases[i].model, cases[i].gpus);
       g_test_add_data_func (path, &cases[i], test_round_trip);
+      g_autofree char *mpath = g_strdup_printf (
+          "/plan-file/memory-figures/%s-%s", cases[i].model, cases[i].gpus);
+      g_test_add_data_func (mpath, &cases[i], test_memory_figures);
     }
   g_test_add_func ("/plan-file/schedule", test_schedule);
   g_test_add_func ("/plan-file/embedded-config", test_embedded_config);
