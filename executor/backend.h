@@ -9,7 +9,13 @@
  *   sim   virtual time from the cluster's numbers and the time model; no
  *         data (executor/backends/sim.c);
  *   cpu   real tensors in a capacity-limited arena of host RAM, one worker
- *         thread per stream (executor/backends/cpu.c).
+ *         thread per stream (executor/backends/cpu.c);
+ *   cuda  real tensors in a cudaMalloc'd arena, one CUDA stream per
+ *         program stream (executor/backends/cuda/cuda.c).
+ * The backends that hold real tensors also give the training loop what it
+ * needs between steps (loads, saves, the step's loss): the optional
+ * entries at the end of the table.  executor/backends/registry.h makes
+ * them by name.
  */
 #pragma once
 
@@ -34,6 +40,15 @@ typedef enum
 
 typedef struct _StowBackend StowBackend;
 typedef struct _StowTrace StowTrace;
+
+/* What a step computed, after its synchronize. */
+typedef struct
+{
+  double loss;      /* mean token cross-entropy over the global batch */
+  double grad_norm; /* global L2 norm before clipping; NaN/Inf if so */
+  gboolean skipped; /* a non-finite gradient: no weight was written */
+  double lr;
+} StowStepStats;
 
 /* Every function but the optional ones must be set.  Stream-ordered means
  * the work happens when the stream reaches it, after what was issued on
@@ -83,6 +98,58 @@ typedef struct
   /* Optional: FLOPs the backend priced @op at (reports), 0 if none. */
   double (*op_flops) (StowBackend *b, guint op);
   void (*destroy) (StowBackend *b);
+
+  /* ---- real tensors: set by the backends that hold them, NULL in the
+   * sim.  All of them between steps, never while the program runs. */
+
+  /* Allocates the program's persistent buffers (weights, gradients,
+   * master weights, optimizer states) now, so they can be loaded before
+   * the first step; they stay allocated across steps. */
+  gboolean (*alloc_persistent) (StowBackend *b, GError **error);
+  /* Before each run of the program: the 1-based step (Adam's t and the
+   * learning rate); the step's sums start afresh. */
+  void (*begin_step) (StowBackend *b, guint64 step);
+  /* After the step's synchronize: its loss, norm and learning rate. */
+  gboolean (*step_stats) (StowBackend *b, StowStepStats *out, GError **error);
+  /* The device arena's peak since the last reset_peak. */
+  guint64 (*peak_bytes) (StowBackend *b);
+  void (*reset_peak) (StowBackend *b);
+  /* Optional: the peak of the program's pinned host buffers held at once;
+   * NULL: not measured. */
+  guint64 (*pinned_peak_bytes) (StowBackend *b);
+  /* The persistent tensors of @unit, for loading and saving, in host
+   * memory: its weights (the program's weight_dtype), its fp32 master
+   * copy (NULL without one), its Adam moments (@which 0: m, 1: v); NULL
+   * before alloc_persistent, and the master and moments NULL where they
+   * have no address (on NVMe: then states). */
+  void *(*weights) (StowBackend *b, guint unit);
+  float *(*master) (StowBackend *b, guint unit);
+  float *(*moment) (StowBackend *b, guint unit, guint which);
+  /* Optional, where the tensors above are host copies of the device's:
+   * pull fills them from the device, push sends them up (after a load).
+   * Where the accessors are the backend's own memory pull is NULL and
+   * push does what a load needs afterwards (host copies, flushes). */
+  gboolean (*pull) (StowBackend *b, GError **error);
+  gboolean (*push) (StowBackend *b, GError **error);
+  /* Optional: states with no address (on NVMe), by range: floats [@first,
+   * @first + @n) of state @which (0 master, 1 m, 2 v) of @unit read into
+   * (or written from) @data.  NULL: no such states. */
+  gboolean (*states) (StowBackend *b, gboolean write, guint unit, guint which,
+                      guint64 first, guint64 n, float *data, GError **error);
+  /* Optional: why weights() gave NULL (a read from the weights' NVMe store
+   * failed), or NULL; the caller owns it. */
+  GError *(*take_access_error) (StowBackend *b);
+  /* The delayed update's pending gradients of @unit (the training dtype;
+   * the next step applies them) and in @pending whether there are any;
+   * NULL without a delayed update.  set_pending says a resumed run has
+   * them. */
+  void *(*pending) (StowBackend *b, guint unit, gboolean *pending);
+  void (*set_pending) (StowBackend *b, gboolean pending);
+  /* Optional: lines for the user on where the backend keeps the program's
+   * NVMe swap files and its pinned host buffers, or NULL (the caller
+   * frees them). */
+  char *(*describe_swap) (StowBackend *b);
+  char *(*describe_pinned) (StowBackend *b);
 } StowBackendVtable;
 
 struct _StowBackend

@@ -384,3 +384,87 @@ stow_token_data_read (const StowTokenData *d, guint64 start, guint64 count,
         }
     }
 }
+
+/* ---- micro-batches -------------------------------------------------------- */
+
+struct _StowBatches
+{
+  const StowTokenData *data;
+  guint64 window;     /* tokens per micro-batch: B T */
+  guint64 n_windows;  /* whole windows in the stream (shuffle) */
+  guint64 grad_accum;
+  gboolean shuffle;
+  guint64 seed;
+  gint32 *scratch; /* window + 1 tokens */
+  guint64 perm_epoch;
+  guint64 *perm;
+};
+
+StowBatches *
+stow_batches_new (const StowTokenData *data, guint64 window,
+                  guint64 grad_accum, gboolean shuffle, guint64 seed)
+{
+  g_return_val_if_fail (data != NULL && window > 0 && grad_accum > 0, NULL);
+  g_return_val_if_fail (stow_token_data_n_tokens (data) >= window + 1, NULL);
+  StowBatches *b = g_new0 (StowBatches, 1);
+  b->data = data;
+  b->window = window;
+  b->n_windows = (stow_token_data_n_tokens (data) - 1) / window;
+  b->grad_accum = grad_accum;
+  b->shuffle = shuffle;
+  b->seed = seed;
+  b->scratch = g_new (gint32, window + 1);
+  return b;
+}
+
+void
+stow_batches_free (StowBatches *b)
+{
+  if (b == NULL)
+    return;
+  g_free (b->scratch);
+  g_free (b->perm);
+  g_free (b);
+}
+
+/* The permutation of the windows for pass @epoch over the stream. */
+static void
+make_perm (StowBatches *b, guint64 epoch)
+{
+  if (b->perm != NULL && b->perm_epoch == epoch)
+    return;
+  if (b->perm == NULL)
+    b->perm = g_new (guint64, b->n_windows);
+  for (guint64 i = 0; i < b->n_windows; i++)
+    b->perm[i] = i;
+  GRand *rng = g_rand_new_with_seed_array (
+      (const guint32[]){ (guint32)b->seed, (guint32)(b->seed >> 32),
+                         (guint32)epoch, (guint32)(epoch >> 32) },
+      4);
+  for (guint64 i = b->n_windows - 1; i > 0; i--)
+    {
+      guint64 j = (guint64)g_rand_double_range (rng, 0, (double)(i + 1));
+      j = MIN (j, i);
+      guint64 t = b->perm[i];
+      b->perm[i] = b->perm[j], b->perm[j] = t;
+    }
+  g_rand_free (rng);
+  b->perm_epoch = epoch;
+}
+
+void
+stow_batches_fill (StowBatches *b, guint64 step, guint mb, gint32 *tokens,
+                   gint32 *targets, guint64 n)
+{
+  g_return_if_fail (b != NULL && step >= 1 && n <= b->window);
+  guint64 g = (step - 1) * b->grad_accum + mb;
+  guint64 start = g * b->window;
+  if (b->shuffle)
+    {
+      make_perm (b, g / b->n_windows);
+      start = b->perm[g % b->n_windows] * b->window;
+    }
+  stow_token_data_read (b->data, start, n + 1, b->scratch);
+  memcpy (tokens, b->scratch, n * sizeof (gint32));
+  memcpy (targets, b->scratch + 1, n * sizeof (gint32));
+}

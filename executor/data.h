@@ -63,6 +63,28 @@ const char *const *stow_token_data_files (const StowTokenData *d);
 void stow_token_data_read (const StowTokenData *d, guint64 start, guint64 count,
                            gint32 *out);
 
+/* ---- micro-batches --------------------------------------------------------
+ * The data convention (docs/executor.md): micro-batch g of the run (g =
+ * (step - 1) x grad_accum + i) reads tokens [g B T, g B T + B T + 1) of
+ * the stream, row b its tokens [b T, b T + T) and targets one further;
+ * with shuffling the whole windows of each pass over the stream are
+ * permuted from the seed.  The component a backend's data op reads. */
+typedef struct _StowBatches StowBatches;
+
+/* Micro-batches of @window (B T) tokens from @data (borrowed: it must
+ * outlive them), @grad_accum per step.  The stream must hold at least
+ * @window + 1 tokens (the caller checks, naming its files). */
+StowBatches *stow_batches_new (const StowTokenData *data, guint64 window,
+                               guint64 grad_accum, gboolean shuffle,
+                               guint64 seed);
+void stow_batches_free (StowBatches *b);
+/* The tokens and targets (@n each, at most the window) of micro-batch
+ * @micro_batch of step @step (1-based).  Not thread-safe: one stream's
+ * worker calls it.  Never fails (the stream was validated at open). */
+void stow_batches_fill (StowBatches *b, guint64 step, guint micro_batch,
+                        gint32 *tokens, gint32 *targets, guint64 n);
+
 G_DEFINE_AUTOPTR_CLEANUP_FUNC (StowTokenData, stow_token_data_free)
+G_DEFINE_AUTOPTR_CLEANUP_FUNC (StowBatches, stow_batches_free)
 
 G_END_DECLS

@@ -20,11 +20,8 @@
 #include "core/json.h"
 #include "core/units.h"
 #include "config.h"
-#include "executor/backends/cpu.h"
+#include "executor/backends/registry.h"
 #include "executor/backends/sim.h"
-#if STOW_HAVE_CUDA
-#include "executor/backends/cuda/cuda.h"
-#endif
 #include "executor/checkpoint.h"
 #include "executor/model-io.h"
 #include "executor/preflight.h"
@@ -124,80 +121,6 @@ stow_train_gpu_cluster (guint64 device_bytes, guint threads,
 
 /* ---- the run ---------------------------------------------------------- */
 
-/* What the loop asks of a backend that holds real tensors, beyond the
- * driver's table: the cpu backend's tensors are host memory, the cuda
- * backend's are copied to and from host copies around loads and saves. */
-typedef struct
-{
-  gboolean (*alloc_persistent) (StowBackend *b, GError **error);
-  void (*begin_step) (StowBackend *b, guint64 step);
-  gboolean (*step_stats) (StowBackend *b, StowStepStats *out, GError **error);
-  guint64 (*peak_bytes) (StowBackend *b);
-  void (*reset_peak) (StowBackend *b);
-  void *(*weights) (StowBackend *b, guint unit);
-  float *(*master) (StowBackend *b, guint unit);
-  float *(*moment) (StowBackend *b, guint unit, guint which);
-  /* NULL when the accessors above are the backend's own memory. */
-  gboolean (*pull) (StowBackend *b, GError **error);
-  gboolean (*push) (StowBackend *b, GError **error);
-  /* The peak of the program's pinned host buffers; NULL: not measured. */
-  guint64 (*pinned_peak) (StowBackend *b);
-  /* States that have no address (on NVMe), by range; NULL: none such. */
-  gboolean (*states) (StowBackend *b, gboolean write, guint unit, guint which,
-                      guint64 first, guint64 n, float *data, GError **error);
-  /* Why weights() gave NULL (the weights on NVMe), or NULL. */
-  GError *(*take_access_error) (StowBackend *b);
-  /* The delayed update's pending gradients of @unit (NULL: no delayed
-   * update), and whether there are any. */
-  void *(*pending) (StowBackend *b, guint unit, gboolean *pending);
-  void (*set_pending) (StowBackend *b, gboolean pending);
-} TrainOps;
-
-static gboolean
-cpu_step_stats (StowBackend *b, StowStepStats *out, GError **error)
-{
-  stow_backend_cpu_step_stats (b, out);
-  return TRUE;
-}
-
-static const TrainOps cpu_ops = {
-  stow_backend_cpu_alloc_persistent,
-  stow_backend_cpu_begin_step,
-  cpu_step_stats,
-  stow_backend_cpu_peak_bytes,
-  stow_backend_cpu_reset_peak,
-  stow_backend_cpu_weights,
-  stow_backend_cpu_master,
-  stow_backend_cpu_moment,
-  NULL,
-  stow_backend_cpu_push,
-  stow_backend_cpu_pinned_peak_bytes,
-  stow_backend_cpu_states,
-  stow_backend_cpu_take_access_error,
-  stow_backend_cpu_pending,
-  stow_backend_cpu_set_pending,
-};
-
-#if STOW_HAVE_CUDA
-static const TrainOps cuda_ops = {
-  stow_backend_cuda_alloc_persistent,
-  stow_backend_cuda_begin_step,
-  stow_backend_cuda_step_stats,
-  stow_backend_cuda_peak_bytes,
-  stow_backend_cuda_reset_peak,
-  stow_backend_cuda_weights,
-  stow_backend_cuda_master,
-  stow_backend_cuda_moment,
-  stow_backend_cuda_pull,
-  stow_backend_cuda_push,
-  stow_backend_cuda_pinned_peak_bytes,
-  NULL,
-  NULL,
-  stow_backend_cuda_pending,
-  stow_backend_cuda_set_pending,
-};
-#endif
-
 typedef struct
 {
   StowTrainConfig *c;
@@ -208,15 +131,11 @@ typedef struct
   StowMemOptions mo;
   StowProgram *prog;
   StowBackend *be;
-  const TrainOps *ops;
+  const StowBackendVtable *ops; /* be's table */
   StowTokenData *data;
+  StowBatches *batches;
   char *config_json; /* the model's config.json, verbatim */
   gsize config_len;
-  guint64 window;    /* tokens per micro-batch: B T */
-  guint64 n_windows; /* whole windows in the stream (shuffle) */
-  gint32 *scratch;   /* B T + 1 tokens */
-  guint64 perm_epoch;
-  guint64 *perm;
   FILE *log;
 } Run;
 
@@ -227,6 +146,8 @@ run_clear (Run *r)
     stow_backend_free (r->be);
   if (r->prog)
     stow_program_free (r->prog);
+  if (r->batches)
+    stow_batches_free (r->batches);
   if (r->data)
     stow_token_data_free (r->data);
   if (r->model)
@@ -236,52 +157,6 @@ run_clear (Run *r)
   if (r->log)
     fclose (r->log);
   g_free (r->config_json);
-  g_free (r->scratch);
-  g_free (r->perm);
-}
-
-/* The permutation of the windows for pass @epoch over the stream. */
-static void
-make_perm (Run *r, guint64 epoch)
-{
-  if (r->perm != NULL && r->perm_epoch == epoch)
-    return;
-  if (r->perm == NULL)
-    r->perm = g_new (guint64, r->n_windows);
-  for (guint64 i = 0; i < r->n_windows; i++)
-    r->perm[i] = i;
-  GRand *rng = g_rand_new_with_seed_array (
-      (const guint32[]){ (guint32)r->c->optim.seed,
-                         (guint32)(r->c->optim.seed >> 32), (guint32)epoch,
-                         (guint32)(epoch >> 32) },
-      4);
-  for (guint64 i = r->n_windows - 1; i > 0; i--)
-    {
-      guint64 j = (guint64)g_rand_double_range (rng, 0, (double)(i + 1));
-      j = MIN (j, i);
-      guint64 t = r->perm[i];
-      r->perm[i] = r->perm[j], r->perm[j] = t;
-    }
-  g_rand_free (rng);
-  r->perm_epoch = epoch;
-}
-
-static gboolean
-data_fn (gpointer user, guint64 step, guint mb, gint32 *tokens,
-         gint32 *targets, guint64 n, GError **error)
-{
-  Run *r = user;
-  guint64 g = (step - 1) * r->layout.grad_accum + mb;
-  guint64 start = g * r->window;
-  if (r->c->shuffle)
-    {
-      make_perm (r, g / r->n_windows);
-      start = r->perm[g % r->n_windows] * r->window;
-    }
-  stow_token_data_read (r->data, start, n + 1, r->scratch);
-  memcpy (tokens, r->scratch, n * sizeof (gint32));
-  memcpy (targets, r->scratch + 1, n * sizeof (gint32));
-  return TRUE;
 }
 
 static void *
@@ -936,8 +811,8 @@ train_loop (Run *r, guint64 first, GError **error)
         c->progress (&s, c->progress_user);
     }
   c->measured_peak_bytes = r->ops->peak_bytes (r->be);
-  if (r->ops->pinned_peak)
-    c->measured_pinned_bytes = r->ops->pinned_peak (r->be);
+  if (r->ops->pinned_peak_bytes)
+    c->measured_pinned_bytes = r->ops->pinned_peak_bytes (r->be);
   if (c->trace_path && last != NULL)
     {
       g_autofree char *json = stow_trace_to_chrome_json (last, r->prog);
@@ -982,18 +857,9 @@ check_config (StowTrainConfig *c, GError **error)
                            bad);
       return FALSE;
     }
-  if (g_strcmp0 (c->backend, "cpu") != 0
-      && g_strcmp0 (c->backend, "cuda") != 0)
+  if (stow_backend_kind_find (c->backend, error) == NULL)
     {
-      g_set_error (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
-                   "--backend %s: the backends are cpu and cuda", c->backend);
-      return FALSE;
-    }
-  if (g_str_equal (c->backend, "cuda") && !STOW_HAVE_CUDA)
-    {
-      g_set_error_literal (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
-                           "--backend cuda: this build has no CUDA (meson "
-                           "found no toolkit; see -Dcudatoolkit)");
+      g_prefix_error (error, "--backend ");
       return FALSE;
     }
   if (c->global_batch == 0)
@@ -1063,18 +929,17 @@ stow_train_run (StowTrainConfig *c, GError **error)
   g_autofree char *unpinned = NULL;
   guint64 done = 0;
   char *latest = NULL;
-  gboolean cuda = g_str_equal (c->backend, "cuda");
+  const StowBackendKind *kind = stow_backend_kind_find (c->backend, NULL);
+  gboolean cuda = kind->device_info != NULL;
   g_autofree char *gpu_name = NULL;
   guint64 device = c->device_memory;
-#if STOW_HAVE_CUDA
-  if (cuda)
+  if (kind->device_info != NULL)
     {
       guint64 free_b = 0, total_b = 0;
-      if (!stow_backend_cuda_available (error)
-          || !stow_backend_cuda_device_info (&gpu_name, &free_b, &total_b,
-                                             error))
+      if (!kind->available (error)
+          || !kind->device_info (&gpu_name, &free_b, &total_b, error))
         {
-          g_prefix_error (error, "--backend cuda: ");
+          g_prefix_error (error, "--backend %s: ", kind->name);
           goto out;
         }
       /* Room for what the arena does not hold: the runtime's workspace
@@ -1095,7 +960,6 @@ stow_train_run (StowTrainConfig *c, GError **error)
           goto out;
         }
     }
-#endif
   if (device == 0)
     {
       long pages = sysconf (_SC_PHYS_PAGES), page = sysconf (_SC_PAGESIZE);
@@ -1106,20 +970,19 @@ stow_train_run (StowTrainConfig *c, GError **error)
                    : stow_train_cpu_cluster (device, c->threads);
   if (c->nvme_dirs != NULL && !with_nvme_dirs (&r, error))
     goto out;
-  r.ops = &cpu_ops;
   if (!open_inputs (&r, error) || !plan (&r, error))
     goto out;
-  r.window = c->micro_batch * c->seq;
-  if (stow_token_data_n_tokens (r.data) < r.window + 1)
+  guint64 window = c->micro_batch * c->seq;
+  if (stow_token_data_n_tokens (r.data) < window + 1)
     {
       g_set_error (error, STOW_DATA_ERROR, STOW_DATA_ERROR_EMPTY,
                    "%s: %" G_GUINT64_FORMAT
                    " tokens; a micro-batch reads %" G_GUINT64_FORMAT,
-                   c->data, stow_token_data_n_tokens (r.data), r.window + 1);
+                   c->data, stow_token_data_n_tokens (r.data), window + 1);
       goto out;
     }
-  r.n_windows = (stow_token_data_n_tokens (r.data) - 1) / r.window;
-  r.scratch = g_new (gint32, r.window + 1);
+  r.batches = stow_batches_new (r.data, window, r.layout.grad_accum,
+                                c->shuffle, c->optim.seed);
 
   /* Lower and simulate once: the program is validated, and the predicted
    * peak and step are there to compare with the run's. */
@@ -1167,37 +1030,37 @@ stow_train_run (StowTrainConfig *c, GError **error)
   if (c->delayed_update && c->optim.max_grad_norm > 0)
     note (c, "--delayed-update: no gradient clipping (the norm would wait "
              "for the whole backward, which the delay overlaps)");
-  if (!cuda)
-    {
-      StowCpuSetup cs = { r.prog,   r.model, device, c->threads,
-                          data_fn,  &r,      0,      { 0 },
-                          c->delayed_update };
-      cs.swap.dirs = (const char *const *)c->nvme_dirs;
-      cs.swap.fault = c->nvme_fault, cs.swap.fault_nth = c->nvme_fault_nth;
-      cs.copy_delay_us = c->copy_delay_us;
-      cs.no_pin = unpinned != NULL;
-      r.be = stow_backend_cpu_new (&cs, error);
-      g_autofree char *swap = r.be ? stow_backend_cpu_describe_swap (r.be) : NULL;
-      if (swap != NULL)
-        note (c, "%s", swap);
-    }
-#if STOW_HAVE_CUDA
-  else
-    {
-      StowCudaSetup cs = { r.prog, r.model, device, data_fn, &r,
-                           c->delayed_update };
-      r.be = stow_backend_cuda_new (&cs, error);
-      r.ops = &cuda_ops;
-    }
-#endif
-  if (r.be == NULL || !r.ops->alloc_persistent (r.be, error))
+  {
+    StowBackendSetup setup = {
+      .program = r.prog,
+      .model = r.model,
+      .device_capacity_bytes = device,
+      .n_threads = c->threads,
+      .data = r.batches,
+      .delayed_update = c->delayed_update,
+      .swap = { .dirs = (const char *const *)c->nvme_dirs,
+                .fault = c->nvme_fault,
+                .fault_nth = c->nvme_fault_nth },
+      .no_pin = unpinned != NULL,
+      .copy_delay_us = c->copy_delay_us,
+    };
+    r.be = kind->create (&setup, error);
+    if (r.be == NULL)
+      goto out;
+    r.ops = r.be->vt;
+    g_autofree char *swap
+        = r.ops->describe_swap ? r.ops->describe_swap (r.be) : NULL;
+    if (swap != NULL)
+      note (c, "%s", swap);
+  }
+  if (!r.ops->alloc_persistent (r.be, error))
     goto out;
-  if (r.ops == &cpu_ops)
-    {
-      g_autofree char *pool = stow_backend_cpu_describe_pinned (r.be);
-      if (pool != NULL)
-        note (c, "host buffers of the program: %s", pool);
-    }
+  {
+    g_autofree char *pool
+        = r.ops->describe_pinned ? r.ops->describe_pinned (r.be) : NULL;
+    if (pool != NULL)
+      note (c, "host buffers of the program: %s", pool);
+  }
 
   if (c->resume)
     {

@@ -174,8 +174,9 @@ stow_cpu_run_op (CpuBackend *b, guint i, GError **error)
       {
         guint8 *in = b->map.addr[b->map.input_of[op->micro_batch]];
         guint64 n = b->map.n_tokens;
-        return b->data (b->data_user, b->step, op->micro_batch, (gint32 *)in,
-                        (gint32 *)(in + 4 * n), n, error);
+        stow_batches_fill (b->data, b->step, op->micro_batch, (gint32 *)in,
+                           (gint32 *)(in + 4 * n), n);
+        return TRUE;
       }
     case STOW_OP_FORWARD:
     case STOW_OP_RECOMPUTE:

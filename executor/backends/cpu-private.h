@@ -53,8 +53,7 @@ struct _CpuBackend
   StowLlama *llama;
   StowAdam *adam;
   StowArena *arena;
-  StowCpuDataFn data;
-  gpointer data_user;
+  StowBatches *data;
   guint copy_delay_us;
   StowTensorMap map; /* where each tensor is; map.addr: the buffers */
   guint n_buffers;

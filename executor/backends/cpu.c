@@ -349,6 +349,221 @@ cpu_destroy (StowBackend *bb)
   g_free (b);
 }
 
+static gboolean
+cpu_alloc_persistent (StowBackend *bb, GError **error)
+{
+  CpuBackend *b = (CpuBackend *)bb;
+  /* The persistent pinned buffers in one pool of ordinary pages, locked
+   * once they are all in it (train's preflight has checked
+   * RLIMIT_MEMLOCK; --allow-unpinned leaves them pageable). */
+  if (b->pinned_pool == NULL)
+    b->pinned_pool = stow_tensor_map_pinned_pool (&b->map, FALSE);
+  for (guint i = 0; i < b->n_buffers; i++)
+    if (buf_of (b, i)->persistent && !alloc_buffer (b, i, error))
+      return FALSE;
+  if (b->pinned_pool != NULL && !b->no_pin)
+    stow_pinned_pool_pin (b->pinned_pool);
+  if (!stow_delayed_init (&b->delayed, &b->map, error))
+    return FALSE;
+  /* The program's host buffer of the weights: what CPU Adam writes (and,
+   * streamed, where the weights live). */
+  if (b->map.host_weights_buf != STOW_NONE)
+    b->map.host_weights = b->map.addr[b->map.host_weights_buf];
+  /* With the weights on NVMe CPU Adam writes the updated ones over the
+   * gradients they came from (planner/schedule.c, adam_out). */
+  if (b->params != NULL)
+    b->map.host_weights = b->map.addr[b->map.host_grads_buf];
+  return TRUE;
+}
+
+static void
+cpu_begin_step (StowBackend *bb, guint64 step)
+{
+  CpuBackend *b = (CpuBackend *)bb;
+  b->step = step;
+  b->loss_sum = 0;
+  b->grad_norm = NAN;
+  b->clip_coef = 1.0;
+  b->skip = FALSE;
+  b->lr = stow_optim_lr_at (&b->p->optim, step);
+  /* The gradients the last step left go aside for this step's update;
+   * this step's go where they were. */
+  stow_delayed_begin_step (&b->delayed, &b->map, step);
+  memset (b->recorded, 0, sizeof (gboolean) * MAX (b->p->events->len, 1));
+  memset (b->op_start, 0, sizeof (double) * MAX (b->p->ops->len, 1));
+  memset (b->op_end, 0, sizeof (double) * MAX (b->p->ops->len, 1));
+}
+
+static gboolean
+cpu_step_stats (StowBackend *bb, StowStepStats *out, GError **error)
+{
+  CpuBackend *b = (CpuBackend *)bb;
+  out->loss = b->loss_sum * b->p->loss_scale;
+  out->grad_norm = b->grad_norm;
+  out->skipped = b->skip;
+  out->lr = b->lr;
+  return TRUE;
+}
+
+static guint64
+cpu_peak_bytes (StowBackend *bb)
+{
+  return stow_arena_peak (((CpuBackend *)bb)->arena);
+}
+
+static void
+cpu_reset_peak (StowBackend *bb)
+{
+  CpuBackend *b = (CpuBackend *)bb;
+  stow_arena_reset_peak (b->arena);
+  g_mutex_lock (&b->lock);
+  b->pinned_peak = b->pinned_in_use;
+  g_mutex_unlock (&b->lock);
+}
+
+static guint64
+cpu_pinned_peak_bytes (StowBackend *bb)
+{
+  CpuBackend *b = (CpuBackend *)bb;
+  g_mutex_lock (&b->lock);
+  guint64 n = b->pinned_peak;
+  g_mutex_unlock (&b->lock);
+  return n;
+}
+
+static void *
+cpu_weights (StowBackend *bb, guint unit)
+{
+  CpuBackend *b = (CpuBackend *)bb;
+  StowTensorMap *m = &b->map;
+  if (b->params != NULL)
+    {
+      g_autoptr (GError) e = NULL;
+      void *w = stow_param_swap_unit (b->params, unit, &e);
+      if (w == NULL && b->access_error == NULL)
+        b->access_error = g_steal_pointer (&e);
+      return w;
+    }
+  if (m->weights_buf == STOW_NONE)
+    return m->host_weights ? stow_tensor_map_host_weights (m, unit) : NULL;
+  return m->addr[m->weights_buf] ? stow_tensor_map_unit (m, m->weights_buf, unit)
+                                 : NULL;
+}
+
+static float *
+cpu_master (StowBackend *bb, guint unit)
+{
+  CpuBackend *b = (CpuBackend *)bb;
+  StowTensorMap *m = &b->map;
+  if (!b->p->master_weights || m->states_nvme
+      || m->addr[m->states_master ? m->states_buf : m->master_buf] == NULL)
+    return NULL;
+  return stow_tensor_map_state (m, unit, 0);
+}
+
+static float *
+cpu_moment (StowBackend *bb, guint unit, guint which)
+{
+  CpuBackend *b = (CpuBackend *)bb;
+  StowTensorMap *m = &b->map;
+  if (m->states_nvme || m->addr[m->states_buf] == NULL)
+    return NULL;
+  return stow_tensor_map_state (m, unit, 1 + which);
+}
+
+static gboolean
+cpu_states (StowBackend *bb, gboolean write, guint unit,
+                         guint which, guint64 first, guint64 n, float *data,
+                         GError **error)
+{
+  CpuBackend *b = (CpuBackend *)bb;
+  if (b->swap == NULL)
+    {
+      g_set_error_literal (error, STOW_BACKEND_ERROR,
+                           STOW_BACKEND_ERROR_INVALID,
+                           "the optimizer states are not on NVMe");
+      return FALSE;
+    }
+  return stow_state_swap_access (b->swap, write, unit, which, first, n, data,
+                                 error);
+}
+
+static void *
+cpu_pending (StowBackend *bb, guint unit, gboolean *pending)
+{
+  CpuBackend *b = (CpuBackend *)bb;
+  return stow_delayed_pending (&b->delayed, &b->map, unit, pending);
+}
+
+static void
+cpu_set_pending (StowBackend *bb, gboolean pending)
+{
+  ((CpuBackend *)bb)->delayed.have_grads = pending;
+}
+
+static char *
+cpu_describe_pinned (StowBackend *bb)
+{
+  CpuBackend *b = (CpuBackend *)bb;
+  return b->pinned_pool ? stow_pinned_pool_describe (b->pinned_pool) : NULL;
+}
+
+static GError *
+cpu_take_access_error (StowBackend *bb)
+{
+  return g_steal_pointer (&((CpuBackend *)bb)->access_error);
+}
+
+static char *
+cpu_describe_swap (StowBackend *bb)
+{
+  CpuBackend *b = (CpuBackend *)bb;
+  g_autofree char *s = b->swap ? stow_state_swap_describe (b->swap) : NULL;
+  g_autofree char *w = b->params ? stow_param_swap_describe (b->params) : NULL;
+  if (s && w)
+    return g_strdup_printf ("%s\n%s", w, s);
+  return g_strdup (s ? s : w);
+}
+
+static gboolean
+cpu_push (StowBackend *bb, GError **error)
+{
+  CpuBackend *b = (CpuBackend *)bb;
+  StowTensorMap *m = &b->map;
+  if (b->swap != NULL && !stow_state_swap_flush (b->swap, error))
+    return FALSE;
+  if (b->params != NULL)
+    {
+      /* The resident units take their weights from the store. */
+      for (guint u = 0; u < b->p->units->len; u++)
+        if (m->unit_weights[u] != STOW_NONE)
+          {
+            void *w = stow_param_swap_unit (b->params, u, error);
+            if (w == NULL)
+              return FALSE;
+            memcpy (m->addr[m->unit_weights[u]], w,
+                    unit_numel (b, u) * m->esize);
+          }
+      return stow_param_swap_flush (b->params, error);
+    }
+  if (m->weights_buf == STOW_NONE)
+    {
+      /* The resident units take their weights from the host. */
+      for (guint u = 0; u < b->p->units->len; u++)
+        if (m->unit_weights[u] != STOW_NONE)
+          memcpy (m->addr[m->unit_weights[u]],
+                  stow_tensor_map_host_weights (m, u),
+                  unit_numel (b, u) * m->esize);
+      return TRUE;
+    }
+  if (m->host_weights == NULL || m->addr[m->weights_buf] == NULL)
+    return TRUE;
+  memcpy (m->host_weights, m->addr[m->weights_buf], m->numel * m->esize);
+  return TRUE;
+}
+
+/* ---- the table ------------------------------------------------------------ */
+
 static const StowBackendVtable cpu_vtable = {
   .name = "cpu",
   .virtual_time = FALSE,
@@ -362,10 +577,26 @@ static const StowBackendVtable cpu_vtable = {
   .op_times = cpu_op_times,
   .fill_memory = cpu_fill_memory,
   .destroy = cpu_destroy,
+  .alloc_persistent = cpu_alloc_persistent,
+  .begin_step = cpu_begin_step,
+  .step_stats = cpu_step_stats,
+  .peak_bytes = cpu_peak_bytes,
+  .reset_peak = cpu_reset_peak,
+  .pinned_peak_bytes = cpu_pinned_peak_bytes,
+  .weights = cpu_weights,
+  .master = cpu_master,
+  .moment = cpu_moment,
+  .push = cpu_push,
+  .states = cpu_states,
+  .take_access_error = cpu_take_access_error,
+  .pending = cpu_pending,
+  .set_pending = cpu_set_pending,
+  .describe_swap = cpu_describe_swap,
+  .describe_pinned = cpu_describe_pinned,
 };
 
 StowBackend *
-stow_backend_cpu_new (const StowCpuSetup *setup, GError **error)
+stow_backend_cpu_new (const StowBackendSetup *setup, GError **error)
 {
   g_return_val_if_fail (setup != NULL && setup->program != NULL
                             && setup->model != NULL && setup->data != NULL,
@@ -378,7 +609,6 @@ stow_backend_cpu_new (const StowCpuSetup *setup, GError **error)
   b->p = p;
   b->model = stow_model_ref ((StowModel *)setup->model);
   b->data = setup->data;
-  b->data_user = setup->data_user;
   b->copy_delay_us = setup->copy_delay_us;
   b->delayed.on = setup->delayed_update;
   b->no_pin = setup->no_pin;
@@ -456,216 +686,4 @@ stow_backend_cpu_new (const StowCpuSetup *setup, GError **error)
       w->thread = g_thread_new (name, worker_main, w);
     }
   return &b->parent;
-}
-
-gboolean
-stow_backend_cpu_alloc_persistent (StowBackend *bb, GError **error)
-{
-  CpuBackend *b = (CpuBackend *)bb;
-  /* The persistent pinned buffers in one pool of ordinary pages, locked
-   * once they are all in it (train's preflight has checked
-   * RLIMIT_MEMLOCK; --allow-unpinned leaves them pageable). */
-  if (b->pinned_pool == NULL)
-    b->pinned_pool = stow_tensor_map_pinned_pool (&b->map, FALSE);
-  for (guint i = 0; i < b->n_buffers; i++)
-    if (buf_of (b, i)->persistent && !alloc_buffer (b, i, error))
-      return FALSE;
-  if (b->pinned_pool != NULL && !b->no_pin)
-    stow_pinned_pool_pin (b->pinned_pool);
-  if (!stow_delayed_init (&b->delayed, &b->map, error))
-    return FALSE;
-  /* The program's host buffer of the weights: what CPU Adam writes (and,
-   * streamed, where the weights live). */
-  if (b->map.host_weights_buf != STOW_NONE)
-    b->map.host_weights = b->map.addr[b->map.host_weights_buf];
-  /* With the weights on NVMe CPU Adam writes the updated ones over the
-   * gradients they came from (planner/schedule.c, adam_out). */
-  if (b->params != NULL)
-    b->map.host_weights = b->map.addr[b->map.host_grads_buf];
-  return TRUE;
-}
-
-void
-stow_backend_cpu_begin_step (StowBackend *bb, guint64 step)
-{
-  CpuBackend *b = (CpuBackend *)bb;
-  b->step = step;
-  b->loss_sum = 0;
-  b->grad_norm = NAN;
-  b->clip_coef = 1.0;
-  b->skip = FALSE;
-  b->lr = stow_optim_lr_at (&b->p->optim, step);
-  /* The gradients the last step left go aside for this step's update;
-   * this step's go where they were. */
-  stow_delayed_begin_step (&b->delayed, &b->map, step);
-  memset (b->recorded, 0, sizeof (gboolean) * MAX (b->p->events->len, 1));
-  memset (b->op_start, 0, sizeof (double) * MAX (b->p->ops->len, 1));
-  memset (b->op_end, 0, sizeof (double) * MAX (b->p->ops->len, 1));
-}
-
-void
-stow_backend_cpu_step_stats (StowBackend *bb, StowStepStats *out)
-{
-  CpuBackend *b = (CpuBackend *)bb;
-  out->loss = b->loss_sum * b->p->loss_scale;
-  out->grad_norm = b->grad_norm;
-  out->skipped = b->skip;
-  out->lr = b->lr;
-}
-
-guint64
-stow_backend_cpu_peak_bytes (StowBackend *bb)
-{
-  return stow_arena_peak (((CpuBackend *)bb)->arena);
-}
-
-void
-stow_backend_cpu_reset_peak (StowBackend *bb)
-{
-  CpuBackend *b = (CpuBackend *)bb;
-  stow_arena_reset_peak (b->arena);
-  g_mutex_lock (&b->lock);
-  b->pinned_peak = b->pinned_in_use;
-  g_mutex_unlock (&b->lock);
-}
-
-guint64
-stow_backend_cpu_pinned_peak_bytes (StowBackend *bb)
-{
-  CpuBackend *b = (CpuBackend *)bb;
-  g_mutex_lock (&b->lock);
-  guint64 n = b->pinned_peak;
-  g_mutex_unlock (&b->lock);
-  return n;
-}
-
-void *
-stow_backend_cpu_weights (StowBackend *bb, guint unit)
-{
-  CpuBackend *b = (CpuBackend *)bb;
-  StowTensorMap *m = &b->map;
-  if (b->params != NULL)
-    {
-      g_autoptr (GError) e = NULL;
-      void *w = stow_param_swap_unit (b->params, unit, &e);
-      if (w == NULL && b->access_error == NULL)
-        b->access_error = g_steal_pointer (&e);
-      return w;
-    }
-  if (m->weights_buf == STOW_NONE)
-    return m->host_weights ? stow_tensor_map_host_weights (m, unit) : NULL;
-  return m->addr[m->weights_buf] ? stow_tensor_map_unit (m, m->weights_buf, unit)
-                                 : NULL;
-}
-
-float *
-stow_backend_cpu_master (StowBackend *bb, guint unit)
-{
-  CpuBackend *b = (CpuBackend *)bb;
-  StowTensorMap *m = &b->map;
-  if (!b->p->master_weights || m->states_nvme
-      || m->addr[m->states_master ? m->states_buf : m->master_buf] == NULL)
-    return NULL;
-  return stow_tensor_map_state (m, unit, 0);
-}
-
-float *
-stow_backend_cpu_moment (StowBackend *bb, guint unit, guint which)
-{
-  CpuBackend *b = (CpuBackend *)bb;
-  StowTensorMap *m = &b->map;
-  if (m->states_nvme || m->addr[m->states_buf] == NULL)
-    return NULL;
-  return stow_tensor_map_state (m, unit, 1 + which);
-}
-
-gboolean
-stow_backend_cpu_states (StowBackend *bb, gboolean write, guint unit,
-                         guint which, guint64 first, guint64 n, float *data,
-                         GError **error)
-{
-  CpuBackend *b = (CpuBackend *)bb;
-  if (b->swap == NULL)
-    {
-      g_set_error_literal (error, STOW_BACKEND_ERROR,
-                           STOW_BACKEND_ERROR_INVALID,
-                           "the optimizer states are not on NVMe");
-      return FALSE;
-    }
-  return stow_state_swap_access (b->swap, write, unit, which, first, n, data,
-                                 error);
-}
-
-void *
-stow_backend_cpu_pending (StowBackend *bb, guint unit, gboolean *pending)
-{
-  CpuBackend *b = (CpuBackend *)bb;
-  return stow_delayed_pending (&b->delayed, &b->map, unit, pending);
-}
-
-void
-stow_backend_cpu_set_pending (StowBackend *bb, gboolean pending)
-{
-  ((CpuBackend *)bb)->delayed.have_grads = pending;
-}
-
-char *
-stow_backend_cpu_describe_pinned (StowBackend *bb)
-{
-  CpuBackend *b = (CpuBackend *)bb;
-  return b->pinned_pool ? stow_pinned_pool_describe (b->pinned_pool) : NULL;
-}
-
-GError *
-stow_backend_cpu_take_access_error (StowBackend *bb)
-{
-  return g_steal_pointer (&((CpuBackend *)bb)->access_error);
-}
-
-char *
-stow_backend_cpu_describe_swap (StowBackend *bb)
-{
-  CpuBackend *b = (CpuBackend *)bb;
-  g_autofree char *s = b->swap ? stow_state_swap_describe (b->swap) : NULL;
-  g_autofree char *w = b->params ? stow_param_swap_describe (b->params) : NULL;
-  if (s && w)
-    return g_strdup_printf ("%s\n%s", w, s);
-  return g_strdup (s ? s : w);
-}
-
-gboolean
-stow_backend_cpu_push (StowBackend *bb, GError **error)
-{
-  CpuBackend *b = (CpuBackend *)bb;
-  StowTensorMap *m = &b->map;
-  if (b->swap != NULL && !stow_state_swap_flush (b->swap, error))
-    return FALSE;
-  if (b->params != NULL)
-    {
-      /* The resident units take their weights from the store. */
-      for (guint u = 0; u < b->p->units->len; u++)
-        if (m->unit_weights[u] != STOW_NONE)
-          {
-            void *w = stow_param_swap_unit (b->params, u, error);
-            if (w == NULL)
-              return FALSE;
-            memcpy (m->addr[m->unit_weights[u]], w,
-                    unit_numel (b, u) * m->esize);
-          }
-      return stow_param_swap_flush (b->params, error);
-    }
-  if (m->weights_buf == STOW_NONE)
-    {
-      /* The resident units take their weights from the host. */
-      for (guint u = 0; u < b->p->units->len; u++)
-        if (m->unit_weights[u] != STOW_NONE)
-          memcpy (m->addr[m->unit_weights[u]],
-                  stow_tensor_map_host_weights (m, u),
-                  unit_numel (b, u) * m->esize);
-      return TRUE;
-    }
-  if (m->host_weights == NULL || m->addr[m->weights_buf] == NULL)
-    return TRUE;
-  memcpy (m->host_weights, m->addr[m->weights_buf], m->numel * m->esize);
-  return TRUE;
 }

@@ -49,8 +49,7 @@ struct _CudaBackend
   StowModel *model;
   StowTensorMap map; /* map.addr: device addresses of the buffers */
   StowLlamaCuda *llama;
-  StowCpuDataFn data;
-  gpointer data_user;
+  StowBatches *data;
   /* the device tier */
   void *dev_base;
   StowArena *arena;
@@ -276,9 +275,7 @@ run_data (CudaBackend *b, const StowOp *op, GError **error)
   StowTensorMap *m = &b->map;
   guint64 n = m->n_tokens;
   gint32 *host = b->staging + (gsize)op->micro_batch * 2 * n;
-  if (!b->data (b->data_user, b->step, op->micro_batch, host, host + n, n,
-                error))
-    return FALSE;
+  stow_batches_fill (b->data, b->step, op->micro_batch, host, host + n, n);
   /* tokens then targets, as the INPUT buffer holds them */
   return cuda_ok (cudaMemcpyAsync (m->addr[m->input_of[op->micro_batch]],
                                    host, 8 * n, cudaMemcpyHostToDevice,
@@ -666,20 +663,6 @@ cuda_destroy (StowBackend *bb)
   g_free (b);
 }
 
-static const StowBackendVtable cuda_vtable = {
-  .name = "cuda",
-  .virtual_time = FALSE,
-  .event_wait = cuda_event_wait,
-  .buffer_alloc = cuda_buffer_alloc,
-  .buffer_free = cuda_buffer_free,
-  .issue = cuda_issue,
-  .event_record = cuda_event_record,
-  .synchronize = cuda_synchronize,
-  .now = cuda_now,
-  .op_times = cuda_op_times,
-  .fill_memory = cuda_fill_memory,
-  .destroy = cuda_destroy,
-};
 
 static gboolean
 make_events (CudaBackend *b, GError **error)
@@ -706,8 +689,301 @@ make_events (CudaBackend *b, GError **error)
   return TRUE;
 }
 
+
+static gboolean
+cuda_alloc_persistent (StowBackend *bb, GError **error)
+{
+  CudaBackend *b = (CudaBackend *)bb;
+  /* The persistent pinned buffers (ZeRO-Offload's host gradients, states
+   * and host copy of the weights) in one pool, registered with CUDA so
+   * that copies to and from them are DMA (offload/pinned.h); zero-filled. */
+  if (b->pinned_pool == NULL)
+    b->pinned_pool = stow_tensor_map_pinned_pool (&b->map, TRUE);
+  for (guint i = 0; i < b->p->buffers->len; i++)
+    {
+      const StowBuffer *buf = buf_of (b, i);
+      if (!buf->persistent)
+        continue;
+      if (!alloc_buffer (b, i, STOW_STREAM_COMPUTE, error))
+        return FALSE;
+      /* The moments start at zero (and so does everything else that a
+       * load does not fill): cudaMalloc'd memory holds anything. */
+      if (buf->bytes > 0 && buf->tier == STOW_TIER_DEVICE
+          && !cuda_ok (cudaMemset (b->map.addr[i], 0, buf->bytes),
+                       "cudaMemset", error))
+        return FALSE;
+    }
+  if (b->map.host_weights_buf != STOW_NONE)
+    b->map.host_weights = b->map.addr[b->map.host_weights_buf];
+  /* The delayed update's second host copy of the gradients: the
+   * program's, pinned with the rest. */
+  if (!stow_delayed_init (&b->delayed, &b->map, error))
+    return FALSE;
+  return TRUE;
+}
+
+static void
+cuda_begin_step (StowBackend *bb, guint64 step)
+{
+  CudaBackend *b = (CudaBackend *)bb;
+  cudaStream_t cs = b->streams[STOW_STREAM_COMPUTE];
+  b->step = step;
+  b->lr = stow_optim_lr_at (&b->p->optim, step);
+  memset (b->op_timed, 0, sizeof (gboolean) * MAX (b->p->ops->len, 1));
+  /* No clipping and no skip unless the grad_norm op says otherwise. */
+  memset (b->state_h, 0, sizeof *b->state_h);
+  b->state_h->clip_coef = 1.0;
+  b->state_h->norm = NAN;
+  g_mutex_lock (&b->host_lock);
+  b->host_norm = NAN;
+  b->host_clip = 1.0;
+  b->host_skip = FALSE;
+  g_mutex_unlock (&b->host_lock);
+  /* The last step's gradients go aside for this step's update; this
+   * step's come down where they were.  The last step has been
+   * synchronized: no copy or host function still uses either. */
+  stow_delayed_begin_step (&b->delayed, &b->map, step);
+  check (b, cudaMemcpyAsync (b->state_d, b->state_h, sizeof *b->state_h,
+                             cudaMemcpyHostToDevice, cs),
+         "cudaMemcpyAsync");
+  check (b, cudaMemsetAsync (b->loss_d, 0, sizeof (double), cs),
+         "cudaMemsetAsync");
+  /* Every stream starts the step after this point. */
+  check (b, cudaEventRecord (b->t0, cs), "cudaEventRecord");
+  for (guint s = 0; s < STOW_N_STREAMS; s++)
+    if (s != STOW_STREAM_COMPUTE)
+      check (b, cudaStreamWaitEvent (b->streams[s], b->t0, 0),
+             "cudaStreamWaitEvent");
+}
+
+static gboolean
+cuda_step_stats (StowBackend *bb, StowStepStats *out,
+                              GError **error)
+{
+  CudaBackend *b = (CudaBackend *)bb;
+  cudaStream_t cs = b->streams[STOW_STREAM_COMPUTE];
+  if (!cuda_ok (cudaMemcpyAsync (b->state_h, b->state_d, sizeof *b->state_h,
+                                 cudaMemcpyDeviceToHost, cs),
+                "cudaMemcpyAsync", error)
+      || !cuda_ok (cudaMemcpyAsync (b->loss_h, b->loss_d, sizeof (double),
+                                    cudaMemcpyDeviceToHost, cs),
+                   "cudaMemcpyAsync", error)
+      || !cuda_ok (cudaStreamSynchronize (cs), "cudaStreamSynchronize",
+                   error))
+    return FALSE;
+  out->loss = *b->loss_h * b->p->loss_scale;
+  out->grad_norm = b->state_h->norm; /* NaN when no grad_norm op ran */
+  out->skipped = b->state_h->skip != 0;
+  out->lr = b->lr;
+  if (b->adam != NULL)
+    {
+      /* The optimizer in host memory: the host's norm (the step's host
+       * ops are done: the driver synchronized every stream). */
+      g_mutex_lock (&b->host_lock);
+      out->grad_norm = b->host_norm;
+      out->skipped = b->host_skip;
+      g_mutex_unlock (&b->host_lock);
+    }
+  return TRUE;
+}
+
+static guint64
+cuda_peak_bytes (StowBackend *bb)
+{
+  return stow_arena_peak (((CudaBackend *)bb)->arena);
+}
+
+static void
+cuda_reset_peak (StowBackend *bb)
+{
+  stow_arena_reset_peak (((CudaBackend *)bb)->arena);
+}
+
+/* ---- host copies of the persistent state ---------------------------------- */
+
+static guint8 *
+shadow_unit (CudaBackend *b, guint bi, guint unit)
+{
+  StowTensorMap *m = &b->map;
+  if (bi == STOW_NONE || m->addr[bi] == NULL)
+    return NULL;
+  if (b->shadow[bi] == NULL)
+    b->shadow[bi] = g_malloc0 (buf_of (b, bi)->bytes);
+  /* The same offset as on the device. */
+  guint8 *dev = stow_tensor_map_unit (m, bi, unit);
+  return (guint8 *)b->shadow[bi] + (dev - (guint8 *)m->addr[bi]);
+}
+
+static void *
+cuda_pending (StowBackend *bb, guint unit, gboolean *pending)
+{
+  CudaBackend *b = (CudaBackend *)bb;
+  return stow_delayed_pending (&b->delayed, &b->map, unit, pending);
+}
+
+static void
+cuda_set_pending (StowBackend *bb, gboolean pending)
+{
+  ((CudaBackend *)bb)->delayed.have_grads = pending;
+}
+
+static guint64
+cuda_pinned_peak_bytes (StowBackend *bb)
+{
+  /* Every pinned buffer the cuda backend runs is persistent: the peak is
+   * their sum. */
+  return ((CudaBackend *)bb)->pinned_bytes;
+}
+
+static void *
+cuda_weights (StowBackend *bb, guint unit)
+{
+  CudaBackend *b = (CudaBackend *)bb;
+  StowTensorMap *m = &b->map;
+  /* Streamed weights (--offload-params cpu) live in pinned host memory,
+   * which CPU Adam updates: no device copy of the whole model. */
+  if (m->weights_buf == STOW_NONE)
+    return m->host_weights ? stow_tensor_map_host_weights (m, unit) : NULL;
+  return shadow_unit (b, m->weights_buf, unit);
+}
+
+/* The states of a host optimizer are host memory already. */
+static gboolean
+states_on_host (CudaBackend *b)
+{
+  return b->map.states_buf != STOW_NONE
+         && buf_of (b, b->map.states_buf)->tier != STOW_TIER_DEVICE;
+}
+
+static float *
+cuda_master (StowBackend *bb, guint unit)
+{
+  CudaBackend *b = (CudaBackend *)bb;
+  if (!b->p->master_weights)
+    return NULL;
+  if (states_on_host (b))
+    return b->map.addr[b->map.states_buf] ? stow_tensor_map_state (&b->map, unit, 0)
+                                          : NULL;
+  return (float *)shadow_unit (b, b->map.master_buf, unit);
+}
+
+static float *
+cuda_moment (StowBackend *bb, guint unit, guint which)
+{
+  CudaBackend *b = (CudaBackend *)bb;
+  if (states_on_host (b))
+    return b->map.addr[b->map.states_buf]
+               ? stow_tensor_map_state (&b->map, unit, 1 + which)
+               : NULL;
+  float *mv = (float *)shadow_unit (b, b->map.states_buf, unit);
+  if (mv == NULL)
+    return NULL;
+  return which == 0 ? mv
+                    : mv + g_array_index (b->p->units, StowUnit, unit).numel;
+}
+
+static gboolean
+copy_persistent (CudaBackend *b, gboolean up, GError **error)
+{
+  StowTensorMap *m = &b->map;
+  /* Not the gradients: every step starts them afresh. */
+  guint bufs[3] = { m->weights_buf, m->master_buf, m->states_buf };
+  for (guint i = 0; i < 3; i++)
+    {
+      guint bi = bufs[i];
+      if (bi == STOW_NONE || m->addr[bi] == NULL || b->shadow[bi] == NULL
+          || buf_of (b, bi)->tier != STOW_TIER_DEVICE)
+        continue;
+      gsize bytes = buf_of (b, bi)->bytes;
+      cudaError_t e = up ? cudaMemcpy (m->addr[bi], b->shadow[bi], bytes,
+                                       cudaMemcpyHostToDevice)
+                         : cudaMemcpy (b->shadow[bi], m->addr[bi], bytes,
+                                       cudaMemcpyDeviceToHost);
+      if (!cuda_ok (e, up ? "state to the device" : "state from the device",
+                    error))
+        return FALSE;
+    }
+  return TRUE;
+}
+
+static gboolean
+cuda_pull (StowBackend *bb, GError **error)
+{
+  CudaBackend *b = (CudaBackend *)bb;
+  StowTensorMap *m = &b->map;
+  /* Make the host copies exist (unit 0 starts each buffer), then fill
+   * them. */
+  shadow_unit (b, m->weights_buf, 0);
+  if (!states_on_host (b))
+    {
+      if (b->p->master_weights)
+        shadow_unit (b, m->master_buf, 0);
+      shadow_unit (b, m->states_buf, 0);
+    }
+  return copy_persistent (b, FALSE, error);
+}
+
+static gboolean
+cuda_push (StowBackend *bb, GError **error)
+{
+  CudaBackend *b = (CudaBackend *)bb;
+  StowTensorMap *m = &b->map;
+  if (m->weights_buf == STOW_NONE)
+    {
+      /* Streamed weights: the resident units' device copies start as the
+       * host weights; the others go up in each step. */
+      for (guint u = 0; u < b->p->units->len; u++)
+        if (m->unit_weights[u] != STOW_NONE
+            && !cuda_ok (cudaMemcpy (m->addr[m->unit_weights[u]],
+                                     stow_tensor_map_host_weights (m, u),
+                                     g_array_index (b->p->units, StowUnit, u)
+                                             .numel
+                                         * m->esize,
+                                     cudaMemcpyHostToDevice),
+                         "resident weights to the device", error))
+          return FALSE;
+      return copy_persistent (b, TRUE, error);
+    }
+  /* CPU Adam's host copy of the weights starts as the loaded weights. */
+  if (m->host_weights != NULL && m->weights_buf != STOW_NONE
+      && b->shadow[m->weights_buf] != NULL)
+    memcpy (m->host_weights,
+            shadow_unit (b, m->weights_buf, 0), m->numel * m->esize);
+  return copy_persistent (b, TRUE, error);
+}
+
+/* ---- the table ------------------------------------------------------------ */
+
+static const StowBackendVtable cuda_vtable = {
+  .name = "cuda",
+  .virtual_time = FALSE,
+  .event_wait = cuda_event_wait,
+  .buffer_alloc = cuda_buffer_alloc,
+  .buffer_free = cuda_buffer_free,
+  .issue = cuda_issue,
+  .event_record = cuda_event_record,
+  .synchronize = cuda_synchronize,
+  .now = cuda_now,
+  .op_times = cuda_op_times,
+  .fill_memory = cuda_fill_memory,
+  .destroy = cuda_destroy,
+  .alloc_persistent = cuda_alloc_persistent,
+  .begin_step = cuda_begin_step,
+  .step_stats = cuda_step_stats,
+  .peak_bytes = cuda_peak_bytes,
+  .reset_peak = cuda_reset_peak,
+  .pinned_peak_bytes = cuda_pinned_peak_bytes,
+  .weights = cuda_weights,
+  .master = cuda_master,
+  .moment = cuda_moment,
+  .pull = cuda_pull,
+  .push = cuda_push,
+  .pending = cuda_pending,
+  .set_pending = cuda_set_pending,
+};
+
 StowBackend *
-stow_backend_cuda_new (const StowCudaSetup *setup, GError **error)
+stow_backend_cuda_new (const StowBackendSetup *setup, GError **error)
 {
   g_return_val_if_fail (setup != NULL && setup->program != NULL
                             && setup->model != NULL && setup->data != NULL,
@@ -720,7 +996,6 @@ stow_backend_cuda_new (const StowCudaSetup *setup, GError **error)
   b->p = p;
   b->model = stow_model_ref ((StowModel *)setup->model);
   b->data = setup->data;
-  b->data_user = setup->data_user;
   b->delayed.on = setup->delayed_update;
   g_mutex_init (&b->host_lock);
   b->jobs = g_new0 (HostJob, MAX (p->ops->len, 1));
@@ -766,266 +1041,4 @@ stow_backend_cuda_new (const StowCudaSetup *setup, GError **error)
 fail:
   cuda_destroy (&b->parent);
   return NULL;
-}
-
-gboolean
-stow_backend_cuda_alloc_persistent (StowBackend *bb, GError **error)
-{
-  CudaBackend *b = (CudaBackend *)bb;
-  /* The persistent pinned buffers (ZeRO-Offload's host gradients, states
-   * and host copy of the weights) in one pool, registered with CUDA so
-   * that copies to and from them are DMA (offload/pinned.h); zero-filled. */
-  if (b->pinned_pool == NULL)
-    b->pinned_pool = stow_tensor_map_pinned_pool (&b->map, TRUE);
-  for (guint i = 0; i < b->p->buffers->len; i++)
-    {
-      const StowBuffer *buf = buf_of (b, i);
-      if (!buf->persistent)
-        continue;
-      if (!alloc_buffer (b, i, STOW_STREAM_COMPUTE, error))
-        return FALSE;
-      /* The moments start at zero (and so does everything else that a
-       * load does not fill): cudaMalloc'd memory holds anything. */
-      if (buf->bytes > 0 && buf->tier == STOW_TIER_DEVICE
-          && !cuda_ok (cudaMemset (b->map.addr[i], 0, buf->bytes),
-                       "cudaMemset", error))
-        return FALSE;
-    }
-  if (b->map.host_weights_buf != STOW_NONE)
-    b->map.host_weights = b->map.addr[b->map.host_weights_buf];
-  /* The delayed update's second host copy of the gradients: the
-   * program's, pinned with the rest. */
-  if (!stow_delayed_init (&b->delayed, &b->map, error))
-    return FALSE;
-  return TRUE;
-}
-
-void
-stow_backend_cuda_begin_step (StowBackend *bb, guint64 step)
-{
-  CudaBackend *b = (CudaBackend *)bb;
-  cudaStream_t cs = b->streams[STOW_STREAM_COMPUTE];
-  b->step = step;
-  b->lr = stow_optim_lr_at (&b->p->optim, step);
-  memset (b->op_timed, 0, sizeof (gboolean) * MAX (b->p->ops->len, 1));
-  /* No clipping and no skip unless the grad_norm op says otherwise. */
-  memset (b->state_h, 0, sizeof *b->state_h);
-  b->state_h->clip_coef = 1.0;
-  b->state_h->norm = NAN;
-  g_mutex_lock (&b->host_lock);
-  b->host_norm = NAN;
-  b->host_clip = 1.0;
-  b->host_skip = FALSE;
-  g_mutex_unlock (&b->host_lock);
-  /* The last step's gradients go aside for this step's update; this
-   * step's come down where they were.  The last step has been
-   * synchronized: no copy or host function still uses either. */
-  stow_delayed_begin_step (&b->delayed, &b->map, step);
-  check (b, cudaMemcpyAsync (b->state_d, b->state_h, sizeof *b->state_h,
-                             cudaMemcpyHostToDevice, cs),
-         "cudaMemcpyAsync");
-  check (b, cudaMemsetAsync (b->loss_d, 0, sizeof (double), cs),
-         "cudaMemsetAsync");
-  /* Every stream starts the step after this point. */
-  check (b, cudaEventRecord (b->t0, cs), "cudaEventRecord");
-  for (guint s = 0; s < STOW_N_STREAMS; s++)
-    if (s != STOW_STREAM_COMPUTE)
-      check (b, cudaStreamWaitEvent (b->streams[s], b->t0, 0),
-             "cudaStreamWaitEvent");
-}
-
-gboolean
-stow_backend_cuda_step_stats (StowBackend *bb, StowStepStats *out,
-                              GError **error)
-{
-  CudaBackend *b = (CudaBackend *)bb;
-  cudaStream_t cs = b->streams[STOW_STREAM_COMPUTE];
-  if (!cuda_ok (cudaMemcpyAsync (b->state_h, b->state_d, sizeof *b->state_h,
-                                 cudaMemcpyDeviceToHost, cs),
-                "cudaMemcpyAsync", error)
-      || !cuda_ok (cudaMemcpyAsync (b->loss_h, b->loss_d, sizeof (double),
-                                    cudaMemcpyDeviceToHost, cs),
-                   "cudaMemcpyAsync", error)
-      || !cuda_ok (cudaStreamSynchronize (cs), "cudaStreamSynchronize",
-                   error))
-    return FALSE;
-  out->loss = *b->loss_h * b->p->loss_scale;
-  out->grad_norm = b->state_h->norm; /* NaN when no grad_norm op ran */
-  out->skipped = b->state_h->skip != 0;
-  out->lr = b->lr;
-  if (b->adam != NULL)
-    {
-      /* The optimizer in host memory: the host's norm (the step's host
-       * ops are done: the driver synchronized every stream). */
-      g_mutex_lock (&b->host_lock);
-      out->grad_norm = b->host_norm;
-      out->skipped = b->host_skip;
-      g_mutex_unlock (&b->host_lock);
-    }
-  return TRUE;
-}
-
-guint64
-stow_backend_cuda_peak_bytes (StowBackend *bb)
-{
-  return stow_arena_peak (((CudaBackend *)bb)->arena);
-}
-
-void
-stow_backend_cuda_reset_peak (StowBackend *bb)
-{
-  stow_arena_reset_peak (((CudaBackend *)bb)->arena);
-}
-
-/* ---- host copies of the persistent state ---------------------------------- */
-
-static guint8 *
-shadow_unit (CudaBackend *b, guint bi, guint unit)
-{
-  StowTensorMap *m = &b->map;
-  if (bi == STOW_NONE || m->addr[bi] == NULL)
-    return NULL;
-  if (b->shadow[bi] == NULL)
-    b->shadow[bi] = g_malloc0 (buf_of (b, bi)->bytes);
-  /* The same offset as on the device. */
-  guint8 *dev = stow_tensor_map_unit (m, bi, unit);
-  return (guint8 *)b->shadow[bi] + (dev - (guint8 *)m->addr[bi]);
-}
-
-void *
-stow_backend_cuda_pending (StowBackend *bb, guint unit, gboolean *pending)
-{
-  CudaBackend *b = (CudaBackend *)bb;
-  return stow_delayed_pending (&b->delayed, &b->map, unit, pending);
-}
-
-void
-stow_backend_cuda_set_pending (StowBackend *bb, gboolean pending)
-{
-  ((CudaBackend *)bb)->delayed.have_grads = pending;
-}
-
-guint64
-stow_backend_cuda_pinned_peak_bytes (StowBackend *bb)
-{
-  /* Every pinned buffer the cuda backend runs is persistent: the peak is
-   * their sum. */
-  return ((CudaBackend *)bb)->pinned_bytes;
-}
-
-void *
-stow_backend_cuda_weights (StowBackend *bb, guint unit)
-{
-  CudaBackend *b = (CudaBackend *)bb;
-  StowTensorMap *m = &b->map;
-  /* Streamed weights (--offload-params cpu) live in pinned host memory,
-   * which CPU Adam updates: no device copy of the whole model. */
-  if (m->weights_buf == STOW_NONE)
-    return m->host_weights ? stow_tensor_map_host_weights (m, unit) : NULL;
-  return shadow_unit (b, m->weights_buf, unit);
-}
-
-/* The states of a host optimizer are host memory already. */
-static gboolean
-states_on_host (CudaBackend *b)
-{
-  return b->map.states_buf != STOW_NONE
-         && buf_of (b, b->map.states_buf)->tier != STOW_TIER_DEVICE;
-}
-
-float *
-stow_backend_cuda_master (StowBackend *bb, guint unit)
-{
-  CudaBackend *b = (CudaBackend *)bb;
-  if (!b->p->master_weights)
-    return NULL;
-  if (states_on_host (b))
-    return b->map.addr[b->map.states_buf] ? stow_tensor_map_state (&b->map, unit, 0)
-                                          : NULL;
-  return (float *)shadow_unit (b, b->map.master_buf, unit);
-}
-
-float *
-stow_backend_cuda_moment (StowBackend *bb, guint unit, guint which)
-{
-  CudaBackend *b = (CudaBackend *)bb;
-  if (states_on_host (b))
-    return b->map.addr[b->map.states_buf]
-               ? stow_tensor_map_state (&b->map, unit, 1 + which)
-               : NULL;
-  float *mv = (float *)shadow_unit (b, b->map.states_buf, unit);
-  if (mv == NULL)
-    return NULL;
-  return which == 0 ? mv
-                    : mv + g_array_index (b->p->units, StowUnit, unit).numel;
-}
-
-static gboolean
-copy_persistent (CudaBackend *b, gboolean up, GError **error)
-{
-  StowTensorMap *m = &b->map;
-  /* Not the gradients: every step starts them afresh. */
-  guint bufs[3] = { m->weights_buf, m->master_buf, m->states_buf };
-  for (guint i = 0; i < 3; i++)
-    {
-      guint bi = bufs[i];
-      if (bi == STOW_NONE || m->addr[bi] == NULL || b->shadow[bi] == NULL
-          || buf_of (b, bi)->tier != STOW_TIER_DEVICE)
-        continue;
-      gsize bytes = buf_of (b, bi)->bytes;
-      cudaError_t e = up ? cudaMemcpy (m->addr[bi], b->shadow[bi], bytes,
-                                       cudaMemcpyHostToDevice)
-                         : cudaMemcpy (b->shadow[bi], m->addr[bi], bytes,
-                                       cudaMemcpyDeviceToHost);
-      if (!cuda_ok (e, up ? "state to the device" : "state from the device",
-                    error))
-        return FALSE;
-    }
-  return TRUE;
-}
-
-gboolean
-stow_backend_cuda_pull (StowBackend *bb, GError **error)
-{
-  CudaBackend *b = (CudaBackend *)bb;
-  StowTensorMap *m = &b->map;
-  /* Make the host copies exist (unit 0 starts each buffer), then fill
-   * them. */
-  shadow_unit (b, m->weights_buf, 0);
-  if (!states_on_host (b))
-    {
-      if (b->p->master_weights)
-        shadow_unit (b, m->master_buf, 0);
-      shadow_unit (b, m->states_buf, 0);
-    }
-  return copy_persistent (b, FALSE, error);
-}
-
-gboolean
-stow_backend_cuda_push (StowBackend *bb, GError **error)
-{
-  CudaBackend *b = (CudaBackend *)bb;
-  StowTensorMap *m = &b->map;
-  if (m->weights_buf == STOW_NONE)
-    {
-      /* Streamed weights: the resident units' device copies start as the
-       * host weights; the others go up in each step. */
-      for (guint u = 0; u < b->p->units->len; u++)
-        if (m->unit_weights[u] != STOW_NONE
-            && !cuda_ok (cudaMemcpy (m->addr[m->unit_weights[u]],
-                                     stow_tensor_map_host_weights (m, u),
-                                     g_array_index (b->p->units, StowUnit, u)
-                                             .numel
-                                         * m->esize,
-                                     cudaMemcpyHostToDevice),
-                         "resident weights to the device", error))
-          return FALSE;
-      return copy_persistent (b, TRUE, error);
-    }
-  /* CPU Adam's host copy of the weights starts as the loaded weights. */
-  if (m->host_weights != NULL && m->weights_buf != STOW_NONE
-      && b->shadow[m->weights_buf] != NULL)
-    memcpy (m->host_weights,
-            shadow_unit (b, m->weights_buf, 0), m->numel * m->esize);
-  return copy_persistent (b, TRUE, error);
 }
