@@ -23,6 +23,7 @@
 #include "executor/backends/registry.h"
 #include "executor/backends/sim.h"
 #include "executor/checkpoint.h"
+#include "executor/optim-state.h"
 #include "executor/model-io.h"
 #include "executor/preflight.h"
 #include "executor/trace.h"

@@ -24,6 +24,7 @@
 
 #include "executor/checkpoint-private.h"
 #include "executor/checkpoint.h"
+#include "executor/optim-state.h"
 #include "testutil-io.h"
 
 typedef struct

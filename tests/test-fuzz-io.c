@@ -22,6 +22,7 @@
 #include <xxhash.h>
 
 #include "executor/checkpoint.h"
+#include "executor/optim-state.h"
 #include "executor/data.h"
 #include "executor/safetensors.h"
 #include "testutil-io.h"
