@@ -17,7 +17,7 @@
 #include "core/units.h"
 #include "executor/backend.h"
 #include "executor/backends/sim.h"
-#include "executor/trace.h"
+#include "executor/driver.h"
 #include "planner/cost.h"
 #include "planner/schedule.h"
 #include "reports/memory-report.h"

@@ -4,4 +4,6 @@
  */
 #include "core/error.h"
 
-G_DEFINE_QUARK (stow - core - error - quark, stow_core_error)
+/* clang-format off */
+G_DEFINE_QUARK (stow-core-error-quark, stow_core_error)
+/* clang-format on */

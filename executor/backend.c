@@ -5,9 +5,9 @@
  */
 #include "executor/backend.h"
 
-// clang-format off
+/* clang-format off */
 G_DEFINE_QUARK (stow-backend-error-quark, stow_backend_error)
-// clang-format on
+/* clang-format on */
 
 void
 stow_backend_free (StowBackend *b)

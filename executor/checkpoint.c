@@ -21,9 +21,9 @@
 #include "executor/checkpoint-private.h"
 #include "executor/fileio.h"
 
-// clang-format off
+/* clang-format off */
 G_DEFINE_QUARK (stow-checkpoint-error-quark, stow_checkpoint_error)
-// clang-format on
+/* clang-format on */
 
 gboolean stow_checkpoint_use_exchange = TRUE;
 

@@ -14,9 +14,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-// clang-format off
+/* clang-format off */
 G_DEFINE_QUARK (stow-data-error-quark, stow_data_error)
-// clang-format on
+/* clang-format on */
 
 #define HEADER_BYTES (STOW_DATA_HEADER_INTS * 4)
 

@@ -9,8 +9,7 @@
  * (slot reuse, reads of buffers not loaded, frees under a running op, a
  * wait that can never be satisfied) names the op at fault.
  */
-#include "executor/backend.h"
-#include "executor/trace.h"
+#include "executor/driver.h"
 
 typedef struct
 {
@@ -19,20 +18,6 @@ typedef struct
   double last_access_s; /* end of the last op touching it */
   guint writer;         /* that write's op */
 } BufState;
-
-void
-stow_trace_free (StowTrace *t)
-{
-  if (t == NULL)
-    return;
-  g_free (t->ops);
-  for (guint i = 0; t->samples && i < t->n_ranks * STOW_N_TIERS; i++)
-    g_array_unref (t->samples[i]);
-  g_free (t->samples);
-  if (t->critical_path)
-    g_array_unref (t->critical_path);
-  g_free (t);
-}
 
 static gboolean fail_op (GError **error, gint code, const StowProgram *p,
                          guint op, const char *format, ...)

@@ -9,7 +9,10 @@
 #include <sys/resource.h>
 
 #include "core/units.h"
-#include "executor/train.h"
+
+/* clang-format off */
+G_DEFINE_QUARK (stow-preflight-error-quark, stow_preflight_error)
+/* clang-format on */
 
 /* Bytes of memory the kernel says a new process can have without
  * swapping (MemAvailable), or 0 when it does not say. */
@@ -46,7 +49,8 @@ stow_preflight_host (const StowTrace *tr, gboolean cuda, GError **error)
   g_autofree char *pi = stow_format_bytes (pinned);
   g_autofree char *pa = stow_format_bytes (pageable);
   g_autofree char *ar = stow_format_bytes (arena);
-  g_set_error (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
+  g_set_error (error, STOW_PREFLIGHT_ERROR,
+               STOW_PREFLIGHT_ERROR_HOST_MEMORY,
                "host memory: the planned step holds %s at its peak (pinned "
                "buffers %s, pageable %s%s%s) and this host has %s available "
                "(MemAvailable); put the optimizer on NVMe "
@@ -122,7 +126,7 @@ stow_preflight_memlock (const StowProgram *p, const StowTrace *tr,
           n, soft, hard);
       return TRUE;
     }
-  g_set_error (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
+  g_set_error (error, STOW_PREFLIGHT_ERROR, STOW_PREFLIGHT_ERROR_MEMLOCK,
                "pinned host memory: the planned step locks %s (the program's "
                "pinned buffers at their peak) and RLIMIT_MEMLOCK is %s (hard "
                "limit %s); raise it ('ulimit -l %" G_GUINT64_FORMAT

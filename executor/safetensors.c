@@ -19,9 +19,9 @@
 #include "core/json.h"
 #include "executor/fileio.h"
 
-// clang-format off
+/* clang-format off */
 G_DEFINE_QUARK (stow-safetensors-error-quark, stow_safetensors_error)
-// clang-format on
+/* clang-format on */
 
 /* The format needs three levels (the root, a tensor, its shape); the
  * reference reader ignores unknown members, which may nest a little. */

@@ -11,6 +11,20 @@
 
 #include "core/json.h"
 
+void
+stow_trace_free (StowTrace *t)
+{
+  if (t == NULL)
+    return;
+  g_free (t->ops);
+  for (guint i = 0; t->samples && i < t->n_ranks * STOW_N_TIERS; i++)
+    g_array_unref (t->samples[i]);
+  g_free (t->samples);
+  if (t->critical_path)
+    g_array_unref (t->critical_path);
+  g_free (t);
+}
+
 static void
 meta (JsonBuilder *b, const char *what, guint pid, guint tid, const char *name)
 {

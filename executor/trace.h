@@ -49,17 +49,6 @@ struct _StowTrace
 void stow_trace_free (StowTrace *t);
 G_DEFINE_AUTOPTR_CLEANUP_FUNC (StowTrace, stow_trace_free)
 
-/* Runs @p on @backend (executor/driver.c): each (rank, stream) a queue in
- * program order; an op is issued once every event it waits on has been
- * issued (recorded, for virtual time), so a real backend never blocks the
- * driver.  Fails with STOW_BACKEND_ERROR_DEADLOCK (the stuck ops and the
- * event each waits on); under virtual time also _NOT_RESIDENT (an op reads
- * a buffer that is not allocated or not yet loaded, or a slot taken twice,
- * or a buffer freed under a running op); _OUT_OF_MEMORY and the others
- * from the backend; every message names the op. */
-StowTrace *stow_program_run (const StowProgram *p, StowBackend *backend,
-                             GError **error);
-
 /* Chrome trace-event JSON: one process per rank, one thread per stream,
  * counters for memory per tier.  Each op that takes time is an "X" event
  * named by stow_op_describe, its args: "op" (its index in @p), "deps"

@@ -24,15 +24,15 @@
 #include "executor/checkpoint-io.h"
 #include "executor/checkpoint.h"
 #include "executor/preflight.h"
-#include "executor/trace.h"
+#include "executor/driver.h"
 #include "offload/adam.h"
 #include "planner/plan-file.h"
 #include "planner/schedule.h"
 #include "planner/search.h"
 
-// clang-format off
+/* clang-format off */
 G_DEFINE_QUARK (stow-train-error-quark, stow_train_error)
-// clang-format on
+/* clang-format on */
 
 #define STATE_FORMAT "stowage-train-state"
 

@@ -22,7 +22,9 @@ typedef struct
   GPtrArray *nodes; /* StowNode* */
 } Catalog;
 
-G_DEFINE_QUARK (stow - hw - error - quark, stow_hw_error)
+/* clang-format off */
+G_DEFINE_QUARK (stow-hw-error-quark, stow_hw_error)
+/* clang-format on */
 
 /* Names compare with case, spaces and underscores folded, so that CUDA's
  * "NVIDIA H100 80GB HBM3" finds the alias "H100-80GB-HBM3". */

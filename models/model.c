@@ -12,11 +12,9 @@
 #include "core/error.h"
 #include "core/json.h"
 
-GQuark
-stow_model_error_quark (void)
-{
-  return g_quark_from_static_string ("stow-model-error-quark");
-}
+/* clang-format off */
+G_DEFINE_QUARK (stow-model-error-quark, stow_model_error)
+/* clang-format on */
 
 static const char *const role_names[STOW_N_ROLES] = {
   [STOW_ROLE_EMBEDDING] = "embedding",

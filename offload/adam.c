@@ -17,7 +17,9 @@
 
 #include "offload/adam.h"
 
-G_DEFINE_QUARK (stow - adam - error - quark, stow_adam_error)
+/* clang-format off */
+G_DEFINE_QUARK (stow-adam-error-quark, stow_adam_error)
+/* clang-format on */
 
 /* ---- element types --------------------------------------------------- */
 

@@ -41,7 +41,9 @@
 
 #include "core/units.h"
 
-G_DEFINE_QUARK (stow - io - error - quark, stow_io_error)
+/* clang-format off */
+G_DEFINE_QUARK (stow-io-error-quark, stow_io_error)
+/* clang-format on */
 
 #define MAX_DIRS 64
 #define MAX_REGS 64

@@ -9,7 +9,9 @@
 
 #include "core/strutil.h"
 
-G_DEFINE_QUARK (stow - plan - error - quark, stow_plan_error)
+/* clang-format off */
+G_DEFINE_QUARK (stow-plan-error-quark, stow_plan_error)
+/* clang-format on */
 
 void
 stow_training_init (StowTraining *t)

@@ -13,7 +13,7 @@
 
 #include "executor/backend.h"
 #include "executor/backends/sim.h"
-#include "executor/trace.h"
+#include "executor/driver.h"
 #include "planner/memory-private.h"
 #include "planner/schedule.h"
 #include "planner/search.h"

@@ -15,7 +15,7 @@
 #include "core/json.h"
 #include "executor/backend.h"
 #include "executor/backends/sim.h"
-#include "executor/trace.h"
+#include "executor/driver.h"
 #include "planner/cost.h"
 #include "planner/schedule.h"
 

@@ -1,0 +1,25 @@
+/* SPDX-License-Identifier: MIT
+ *
+ * executor/driver.h: the step-program interpreter: a program run on a
+ * backend (executor/backend.h) gives the trace of what ran
+ * (executor/trace.h).  Not here: what an op does (the backend's).
+ */
+#pragma once
+
+#include "executor/backend.h"
+#include "executor/trace.h"
+
+G_BEGIN_DECLS
+
+/* Runs @p on @backend: each (rank, stream) a queue in
+ * program order; an op is issued once every event it waits on has been
+ * issued (recorded, for virtual time), so a real backend never blocks the
+ * driver.  Fails with STOW_BACKEND_ERROR_DEADLOCK (the stuck ops and the
+ * event each waits on); under virtual time also _NOT_RESIDENT (an op reads
+ * a buffer that is not allocated or not yet loaded, or a slot taken twice,
+ * or a buffer freed under a running op); _OUT_OF_MEMORY and the others
+ * from the backend; every message names the op. */
+StowTrace *stow_program_run (const StowProgram *p, StowBackend *backend,
+                             GError **error);
+
+G_END_DECLS
