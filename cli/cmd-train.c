@@ -16,7 +16,9 @@
 #include "cli/commands.h"
 #include "core/json.h"
 #include "core/units.h"
-#include "executor/backends/cpu.h"
+#include "cli/train-plan.h"
+#include "executor/backends/registry.h"
+#include "executor/backends/tensors.h"
 #include "executor/model-io.h"
 #include "executor/train.h"
 #include "planner/search.h"
@@ -98,24 +100,59 @@ parse_u64 (const char *flag, const char *v, gboolean zero_ok, guint64 *out,
   return TRUE;
 }
 
-/* The flags into @c; errors name the flag and the value. */
+/* The flags a run cannot do without, checked before anything is planned;
+ * the optimizer's schedule ends at the last step. */
 static gboolean
-resolve (TrainOptions *o, StowTrainConfig *c, GError **error)
+check_required (const TrainOptions *o, StowTrainPlan *c,
+                const StowTrainConfig *run, GError **error)
 {
-  c->model_dir = o->model;
-  c->data = o->data;
+  const char *bad = NULL;
+  if (run->model_dir == NULL)
+    bad = "--model DIR is required";
+  else if (run->data == NULL)
+    bad = "--data FILES is required";
+  else if (run->out_dir == NULL)
+    bad = "--out DIR is required";
+  else if (run->steps == 0)
+    bad = "--steps must be at least 1";
+  else if (!c->plan_path && (c->seq == 0 || c->micro_batch == 0))
+    bad = "--seq and --micro-batch must be at least 1";
+  if (bad)
+    {
+      g_set_error_literal (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
+                           bad);
+      return FALSE;
+    }
+  if (stow_backend_kind_find (c->backend, error) == NULL)
+    {
+      g_prefix_error (error, "--backend ");
+      return FALSE;
+    }
+  c->optim.total_steps = run->steps;
+  return TRUE;
+}
+
+/* The flags into what to plan (@c) and how to run it (@run); errors name
+ * the flag and the value. */
+static gboolean
+resolve (TrainOptions *o, StowTrainPlan *c, StowTrainConfig *run,
+         GError **error)
+{
+  c->model_dir = run->model_dir = o->model;
+  run->data = o->data;
   c->plan_path = o->plan;
-  c->out_dir = o->out;
-  c->resume = o->resume;
-  c->shuffle = o->shuffle;
-  c->log_json = o->log_json;
-  c->trace_path = o->trace;
-  c->stream_times = o->stream_times;
+  run->out_dir = o->out;
+  run->resume = o->resume;
+  run->shuffle = o->shuffle;
+  run->log_json = o->log_json;
+  run->trace_path = o->trace;
+  run->stream_times = o->stream_times;
   c->allow_unpinned = o->allow_unpinned;
   if (o->backend)
     c->backend = o->backend;
+  run->backend = c->backend;
   guint64 threads = 0;
-  if (!parse_u64 ("--steps", o->steps, FALSE, &c->steps, error)
+  if (!parse_u64 ("--steps", o->steps, FALSE, &run->steps, error)
       || !parse_u64 ("--micro-batch", o->micro_batch, FALSE, &c->micro_batch,
                      error)
       || !parse_u64 ("--global-batch", o->global_batch, FALSE,
@@ -123,7 +160,7 @@ resolve (TrainOptions *o, StowTrainConfig *c, GError **error)
       || !parse_u64 ("--warmup", o->warmup, TRUE, &c->optim.warmup_steps,
                      error)
       || !parse_u64 ("--seed", o->seed, TRUE, &c->optim.seed, error)
-      || !parse_u64 ("--save-every", o->save_every, TRUE, &c->save_every,
+      || !parse_u64 ("--save-every", o->save_every, TRUE, &run->save_every,
                      error)
       || !parse_u64 ("--threads", o->threads, TRUE, &threads, error)
       || !parse_double ("--lr", o->lr, 0, &c->optim.lr, error)
@@ -149,8 +186,8 @@ resolve (TrainOptions *o, StowTrainConfig *c, GError **error)
                    "--threads %" G_GUINT64_FORMAT ": at most 1024", threads);
       return FALSE;
     }
-  c->threads = (guint)threads;
-  if (o->test_nvme_fault && !parse_nvme_fault (o->test_nvme_fault, c, error))
+  c->threads = run->threads = (guint)threads;
+  if (o->test_nvme_fault && !parse_nvme_fault (o->test_nvme_fault, run, error))
     return FALSE;
   if (o->test_memlock_limit)
     {
@@ -180,7 +217,7 @@ resolve (TrainOptions *o, StowTrainConfig *c, GError **error)
                        o->test_copy_delay_us);
           return FALSE;
         }
-      c->copy_delay_us = (guint)us;
+      run->copy_delay_us = (guint)us;
     }
   if (o->seq)
     {
@@ -226,9 +263,9 @@ resolve (TrainOptions *o, StowTrainConfig *c, GError **error)
   if (o->tokenizer)
     {
       if (g_str_equal (o->tokenizer, "bytes"))
-        c->tokenizer = STOW_TOKENIZER_BYTES;
+        run->tokenizer = STOW_TOKENIZER_BYTES;
       else if (g_str_equal (o->tokenizer, "none"))
-        c->tokenizer = STOW_TOKENIZER_NONE;
+        run->tokenizer = STOW_TOKENIZER_NONE;
       else
         {
           g_set_error (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
@@ -297,7 +334,7 @@ resolve (TrainOptions *o, StowTrainConfig *c, GError **error)
               "--offload-optimizer cpu and the parameters on the device");
           return FALSE;
         }
-      c->delayed_update = TRUE;
+      c->delayed_update = run->delayed_update = TRUE;
     }
   /* --nvme-dir A,B --nvme-dir C: every directory, in order. */
   g_autoptr (GPtrArray) dirs = g_ptr_array_new_with_free_func (g_free);
@@ -335,7 +372,8 @@ resolve (TrainOptions *o, StowTrainConfig *c, GError **error)
   if (dirs->len > 0)
     {
       g_ptr_array_add (dirs, NULL);
-      c->nvme_dirs = (char **)g_ptr_array_free (g_steal_pointer (&dirs), FALSE);
+      c->nvme_dirs = run->nvme_dirs
+          = (char **)g_ptr_array_free (g_steal_pointer (&dirs), FALSE);
     }
   if (c->optim.min_lr > c->optim.lr)
     {
@@ -344,7 +382,7 @@ resolve (TrainOptions *o, StowTrainConfig *c, GError **error)
                    c->optim.lr);
       return FALSE;
     }
-  return TRUE;
+  return check_required (o, c, run, error);
 }
 
 typedef struct
@@ -387,9 +425,9 @@ notice (const char *line, gpointer user)
 /* Busy and exposed seconds per stream of the last step, measured beside
  * simulated: the streams busy in either, then the step. */
 static void
-print_stream_times (const StowTrainConfig *c)
+print_stream_times (const StowTrainPlan *tp, const StowTrainResult *m)
 {
-  if (c->measured_step_s <= 0)
+  if (m->step_s <= 0)
     {
       fprintf (stderr, "streams: no step ran\n");
       return;
@@ -398,20 +436,44 @@ print_stream_times (const StowTrainConfig *c)
                    "simulated\n");
   for (guint s = 0; s < STOW_N_STREAMS; s++)
     {
-      if (c->measured_busy_s[s] <= 0 && c->simulated_busy_s[s] <= 0)
+      if (m->busy_s[s] <= 0 && tp->simulated_busy_s[s] <= 0)
         continue;
       fprintf (stderr, "  %-10s %10.4f %10.4f  | %10.4f %10.4f\n",
-               stow_stream_name (s), c->measured_busy_s[s],
-               c->measured_exposed_s[s], c->simulated_busy_s[s],
-               c->simulated_exposed_s[s]);
+               stow_stream_name (s), m->busy_s[s], m->exposed_s[s],
+               tp->simulated_busy_s[s], tp->simulated_exposed_s[s]);
     }
-  fprintf (stderr, "  %-10s %10.4f %10s  | %10.4f\n", "step",
-           c->measured_step_s, "", c->predicted_step_s);
+  fprintf (stderr, "  %-10s %10.4f %10s  | %10.4f\n", "step", m->step_s, "",
+           tp->predicted_step_s);
+}
+
+/* The measured peaks beside the simulated ones. */
+static void
+print_peaks (const StowTrainPlan *tp, const StowTrainResult *m)
+{
+  g_autofree char *pred = stow_format_bytes (tp->predicted_peak_bytes);
+  g_autofree char *meas = stow_format_bytes (m->peak_bytes);
+  fprintf (stderr, "device peak: %s measured, %s simulated (%+.2f%%)\n",
+           meas, pred,
+           tp->predicted_peak_bytes
+               ? 100.0 * ((double)m->peak_bytes
+                              / (double)tp->predicted_peak_bytes
+                          - 1.0)
+               : 0.0);
+  if (tp->predicted_pinned_bytes > 0 && m->pinned_peak_bytes > 0)
+    {
+      g_autofree char *hp = stow_format_bytes (tp->predicted_pinned_bytes);
+      g_autofree char *hm = stow_format_bytes (m->pinned_peak_bytes);
+      fprintf (stderr, "pinned host peak: %s measured, %s simulated (%+.2f%%)\n",
+               hm, hp,
+               100.0 * ((double)m->pinned_peak_bytes
+                            / (double)tp->predicted_pinned_bytes
+                        - 1.0));
+    }
 }
 
 static int
-train_main (TrainOptions *o, StowTrainConfig *c, const GOptionEntry *entries,
-            int argc, char **argv)
+train_main (TrainOptions *o, StowTrainPlan *tp, StowTrainConfig *c,
+            const GOptionEntry *entries, int argc, char **argv)
 {
   g_autoptr (GOptionContext) ctx = stow_cli_context_new (
       "train", NULL,
@@ -425,35 +487,28 @@ train_main (TrainOptions *o, StowTrainConfig *c, const GOptionEntry *entries,
   if (argc > 1)
     return stow_cli_failf ("see 'stowage train --help'",
                            "train: unexpected argument \"%s\"", argv[1]);
-  if (!resolve (o, c, &error))
+  if (!resolve (o, tp, c, &error))
     return stow_cli_fail (error, "see 'stowage train --help'");
   Progress pr = { isatty (2) };
   c->progress = progress;
-  c->notice = notice;
-  c->progress_user = &pr;
-  if (!stow_train_run (c, &error))
+  c->notice = tp->notice = notice;
+  c->progress_user = tp->notice_user = &pr;
+  if (!stow_train_plan (tp, &error))
     return stow_cli_fail (error, NULL);
-  g_autofree char *pred = stow_format_bytes (c->predicted_peak_bytes);
-  g_autofree char *meas = stow_format_bytes (c->measured_peak_bytes);
-  fprintf (stderr, "device peak: %s measured, %s simulated (%+.2f%%)\n",
-           meas, pred,
-           c->predicted_peak_bytes
-               ? 100.0 * ((double)c->measured_peak_bytes
-                              / (double)c->predicted_peak_bytes
-                          - 1.0)
-               : 0.0);
-  if (c->predicted_pinned_bytes > 0 && c->measured_pinned_bytes > 0)
-    {
-      g_autofree char *hp = stow_format_bytes (c->predicted_pinned_bytes);
-      g_autofree char *hm = stow_format_bytes (c->measured_pinned_bytes);
-      fprintf (stderr, "pinned host peak: %s measured, %s simulated (%+.2f%%)\n",
-               hm, hp,
-               100.0 * ((double)c->measured_pinned_bytes
-                            / (double)c->predicted_pinned_bytes
-                        - 1.0));
-    }
+  c->program = tp->prog;
+  c->model = tp->model;
+  c->device_memory = tp->device_bytes;
+  c->no_pin = tp->no_pin;
+  memcpy (c->simulated_busy_s, tp->simulated_busy_s,
+          sizeof c->simulated_busy_s);
+  memcpy (c->simulated_exposed_s, tp->simulated_exposed_s,
+          sizeof c->simulated_exposed_s);
+  StowTrainResult m;
+  if (!stow_train_run (c, &m, &error))
+    return stow_cli_fail (error, NULL);
+  print_peaks (tp, &m);
   if (c->stream_times)
-    print_stream_times (c);
+    print_stream_times (tp, &m);
   return STOW_EXIT_OK;
 }
 
@@ -579,11 +634,12 @@ stow_cmd_train (int argc, char **argv)
       "SIZE" },
     { NULL },
   };
-  StowTrainConfig c;
-  stow_train_config_init (&c);
-  int status = train_main (&o, &c, entries, argc, argv);
-  g_strfreev (c.nvme_dirs);
-  stow_train_config_clear (&c);
+  StowTrainPlan tp;
+  stow_train_plan_init (&tp);
+  StowTrainConfig c = { .backend = "cpu", .steps = 1 };
+  int status = train_main (&o, &tp, &c, entries, argc, argv);
+  g_strfreev (tp.nvme_dirs);
+  stow_train_plan_clear (&tp);
   g_strfreev (o.nvme_dirs);
   char **strings[] = { &o.model,      &o.data,          &o.plan,
                        &o.steps,      &o.seq,           &o.micro_batch,

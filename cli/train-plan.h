@@ -1,0 +1,64 @@
+/* SPDX-License-Identifier: MIT
+ *
+ * cli/train-plan.h: what `stowage train` runs, decided before anything is
+ * loaded: the device and the cluster standing for it, the model, the
+ * layout (a plan file's, or the fastest that fits the device), the step
+ * program it lowers to, its simulated step (the predicted peaks and
+ * timeline the run is compared with) and the host's preflight.  The CLI
+ * composes the planner and the executor here, so that the executor runs
+ * a program and never plans.
+ */
+#pragma once
+
+#include "executor/train.h"
+#include "hw/hw.h"
+#include "planner/layout.h"
+#include "planner/memory.h"
+
+G_BEGIN_DECLS
+
+typedef struct
+{
+  /* In: the flags. */
+  const char *model_dir;
+  const char *plan_path; /* NULL: plan from the flags below */
+  const char *backend;   /* "cpu" or "cuda" */
+  guint64 device_memory; /* 0: half of the host's RAM (cpu), the GPU's
+                          * free memory less a reserve (cuda) */
+  guint threads;
+  char **nvme_dirs;
+  /* The layout: with any pins, those dimensions as given; the rest (and
+   * everything without pins) planned for the device (the fastest that
+   * fits, as `stowage fit` chooses). */
+  StowLayout layout;
+  guint pins; /* StowPins */
+  guint64 seq, micro_batch, global_batch;
+  StowPrecision precision;
+  StowOptimSettings optim;
+  gboolean delayed_update;
+  guint64 test_memlock_limit; /* see stow_preflight_memlock */
+  gboolean allow_unpinned;
+  StowTrainNotice notice;
+  gpointer notice_user;
+
+  /* Out: what was decided. */
+  StowModel *model;
+  StowCluster *cluster;
+  StowTraining training;
+  StowLayout planned;
+  StowMemOptions mo;
+  StowProgram *prog;
+  guint64 device_bytes;
+  gboolean no_pin; /* RLIMIT_MEMLOCK too low, --allow-unpinned */
+  guint64 predicted_peak_bytes, predicted_pinned_bytes;
+  double predicted_step_s;
+  double simulated_busy_s[STOW_N_STREAMS];
+  double simulated_exposed_s[STOW_N_STREAMS];
+} StowTrainPlan;
+
+void stow_train_plan_init (StowTrainPlan *tp);
+void stow_train_plan_clear (StowTrainPlan *tp);
+/* Decides it all; errors name the flag, file and field at fault. */
+gboolean stow_train_plan (StowTrainPlan *tp, GError **error);
+
+G_END_DECLS
