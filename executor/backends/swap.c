@@ -8,7 +8,7 @@
 #include <string.h>
 
 #include "executor/backend.h"
-#include "offload/state-store.h"
+#include "offload/swapper.h"
 
 typedef struct
 {
@@ -22,7 +22,7 @@ struct _StowStateSwap
   GArray *chunks;   /* Chunk, by the program's shard index */
   guint64 max_bytes;
   StowNvmeStore *store;
-  StowStateStore *states; /* the chunks in the store, and the ring */
+  StowSwapper *swapper; /* the chunks as its shards, and the ring */
   GMutex lock;
   char *dirs; /* for messages */
   StowNvmeFault fault;
@@ -121,13 +121,14 @@ stow_state_swap_new (const StowTensorMap *map, const StowSwapSetup *setup,
   for (guint i = 0; i < sw->chunks->len; i++)
     sizes[i] = chunk_bytes (sw, chunk_at (sw, i));
   /* Every chunk starts as zeros: the moments of a fresh run. */
-  StowStateStoreOptions so = { .shard_sizes = sizes,
-                               .n_shards = sw->chunks->len,
-                               .store = sw->store,
-                               .name_prefix = "optimizer chunk ",
-                               .zero_fill = TRUE };
-  sw->states = stow_state_store_new (&so, error);
-  if (sw->states == NULL)
+  StowSwapperOptions so = { .mode = STOW_SWAP_NVME,
+                            .shard_sizes = sizes,
+                            .n_shards = sw->chunks->len,
+                            .store = sw->store,
+                            .name_prefix = "optimizer chunk ",
+                            .zero_fill = TRUE };
+  sw->swapper = stow_swapper_new (&so, error);
+  if (sw->swapper == NULL)
     return NULL;
   return g_steal_pointer (&sw);
 }
@@ -141,8 +142,8 @@ stow_state_swap_free (StowStateSwap *sw)
    * io_uring before their pool is unmapped. */
   if (sw->store)
     stow_nvme_store_free (sw->store);
-  if (sw->states)
-    stow_state_store_free (sw->states);
+  if (sw->swapper)
+    stow_swapper_free (sw->swapper);
   if (sw->chunks)
     g_array_unref (sw->chunks);
   g_free (sw->dirs);
@@ -153,7 +154,7 @@ stow_state_swap_free (StowStateSwap *sw)
 guint64
 stow_state_swap_buffer_bytes (const StowStateSwap *sw)
 {
-  return stow_state_store_get_buffer_bytes (sw->states);
+  return stow_swapper_get_buffer_bytes (sw->swapper);
 }
 
 char *
@@ -162,17 +163,16 @@ stow_state_swap_describe (const StowStateSwap *sw)
   g_autofree char *buf
       = g_format_size_full (sw->max_bytes, G_FORMAT_SIZE_IEC_UNITS);
   g_autofree char *pool
-      = stow_pinned_pool_describe (stow_state_store_get_pool (sw->states));
-  guint n_ring = stow_state_store_get_n_buffers (sw->states);
+      = stow_pinned_pool_describe (stow_swapper_get_pool (sw->swapper));
+  guint n_ring = stow_swapper_get_n_buffers (sw->swapper);
   const char *stale = stow_nvme_store_get_note (sw->store);
   return g_strdup_printf (
       "optimizer states on NVMe: %u chunk%s in %s (%s, %s), %u swap buffer%s "
       "of %s; %s%s%s",
       sw->chunks->len, sw->chunks->len == 1 ? "" : "s", sw->dirs,
       stow_nvme_engine_name (stow_nvme_store_get_engine (sw->store)),
-      stow_nvme_store_is_direct (sw->store) ? "O_DIRECT" : "buffered",
-      n_ring, n_ring == 1 ? "" : "s", buf, pool,
-      stale ? "; " : "", stale ? stale : "");
+      stow_nvme_store_is_direct (sw->store) ? "O_DIRECT" : "buffered", n_ring,
+      n_ring == 1 ? "" : "s", buf, pool, stale ? "; " : "", stale ? stale : "");
 }
 
 /* ---- the ring ------------------------------------------------------------ */
@@ -188,18 +188,18 @@ stow_state_swap_take (StowStateSwap *sw, guint64 bytes, GError **error)
                    bytes, sw->max_bytes);
       return NULL;
     }
-  void *got = stow_state_store_take_buffer (sw->states);
+  void *got = stow_swapper_take_buffer (sw->swapper);
   if (got == NULL)
     g_set_error (error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_INVALID,
                  "the program holds more than %u swap buffers at once",
-                 stow_state_store_get_n_buffers (sw->states));
+                 stow_swapper_get_n_buffers (sw->swapper));
   return got;
 }
 
 void
 stow_state_swap_give (StowStateSwap *sw, void *buf)
 {
-  stow_state_store_give_buffer (sw->states, buf);
+  stow_swapper_give_buffer (sw->swapper, buf);
 }
 
 /* ---- I/O ------------------------------------------------------------------- */
@@ -238,7 +238,7 @@ stow_state_swap_read (StowStateSwap *sw, guint chunk, void *buf, guint64 bytes,
   if (!check_chunk (sw, chunk, bytes, error))
     return FALSE;
   arm_fault (sw);
-  return stow_state_store_read (sw->states, chunk, buf, error);
+  return stow_swapper_read (sw->swapper, chunk, buf, error);
 }
 
 gboolean
@@ -247,7 +247,7 @@ stow_state_swap_write (StowStateSwap *sw, guint chunk, const void *buf,
 {
   if (!check_chunk (sw, chunk, bytes, error))
     return FALSE;
-  return stow_state_store_write (sw->states, chunk, buf, error);
+  return stow_swapper_write (sw->swapper, chunk, buf, error);
 }
 
 /* ---- the update -------------------------------------------------------------- */
@@ -329,9 +329,9 @@ stow_state_swap_access (StowStateSwap *sw, gboolean write, guint unit,
       guint64 off = at - ch->first;
       guint64 piece = MIN (n, ch->count - off);
       /* A chunk holds its sections one after the other, fp32. */
-      if (!stow_state_store_access (sw->states, write, c,
-                                    ((guint64)sec * ch->count + off) * 4,
-                                    piece * 4, data, error))
+      if (!stow_swapper_access (sw->swapper, write, c,
+                                ((guint64)sec * ch->count + off) * 4, piece * 4,
+                                data, error))
         return FALSE;
       data += piece, at += piece, n -= piece;
       c++;
@@ -342,5 +342,5 @@ stow_state_swap_access (StowStateSwap *sw, gboolean write, guint unit,
 gboolean
 stow_state_swap_flush (StowStateSwap *sw, GError **error)
 {
-  return stow_state_store_flush (sw->states, error);
+  return stow_swapper_flush (sw->swapper, error);
 }
