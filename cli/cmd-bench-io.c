@@ -525,20 +525,14 @@ measure_device (IoOpts *o, GPtrArray *dirs, guint n_all_dirs, guint64 size,
                             .shard_bytes = sh,
                             .pool = pool,
                             .store = store,
-                            .n_buffers = 3 };
+                            .n_buffers = 3,
+                            .zero_fill = TRUE };
   g_autoptr (StowSwapper) sw = stow_swapper_new (&so, &error);
   if (sw == NULL)
     {
       stow_cli_fail (error, NULL);
       return FALSE;
     }
-  g_autofree guint8 *zero = g_malloc0 (stow_swapper_get_shard_bytes (sw, 0));
-  for (guint i = 0; i < stow_swapper_get_n_shards (sw); i++)
-    if (!stow_swapper_store_shard (sw, i, zero, &error))
-      {
-        stow_cli_fail (error, NULL);
-        return FALSE;
-      }
   out->read_s = out->write_s = INFINITY;
   for (int r = 0; r < o->repeat; r++)
     {
@@ -597,21 +591,38 @@ bench_adam_clear (BenchAdam *a)
   g_clear_pointer (&a->out, g_free);
 }
 
-int
-stow_bench_swapper (int argc, char **argv)
+/* `bench swapper`'s flags, parsed and checked. */
+typedef struct
 {
-  IoOpts o = { .queue_depth = 32, .repeat = 3 };
-  char *shard_size = NULL, *mode = NULL;
-  int n_buffers = 3, adam_threads = 0;
-  g_autofree GOptionEntry *entries = io_entries (&o);
+  IoOpts o;
+  StowSwapMode mode;
+  guint64 size;
+  guint64 shard; /* whole p, m, v element triples */
+  int n_buffers;
+  int adam_threads;
+  StowHugePages huge;
+} SwapperArgs;
+
+/* FALSE after printing the error. */
+static gboolean
+swapper_args_parse (int argc, char **argv, SwapperArgs *a)
+{
+  *a = (SwapperArgs){ .o = { .queue_depth = 32, .repeat = 3 },
+                      .mode = STOW_SWAP_NVME,
+                      .size = 1ull << 30,
+                      .shard = 64ull << 20,
+                      .n_buffers = 3 };
+  IoOpts *o = &a->o;
+  g_autofree char *shard_size = NULL, *mode = NULL;
+  g_autofree GOptionEntry *entries = io_entries (o);
   GOptionEntry more[] = {
     { "shard-size", 0, 0, G_OPTION_ARG_STRING, &shard_size,
       "Bytes per shard (default 64MiB)", "BYTES" },
-    { "buffers", 0, 0, G_OPTION_ARG_INT, &n_buffers,
+    { "buffers", 0, 0, G_OPTION_ARG_INT, &a->n_buffers,
       "Pinned shard buffers (default 3)", "N" },
     { "mode", 0, 0, G_OPTION_ARG_STRING, &mode, "nvme (default) or host",
       "MODE" },
-    { "threads", 0, 0, G_OPTION_ARG_INT, &adam_threads,
+    { "threads", 0, 0, G_OPTION_ARG_INT, &a->adam_threads,
       "Adam's threads (default 0: one per core)", "N" },
     { NULL },
   };
@@ -627,264 +638,354 @@ stow_bench_swapper (int argc, char **argv)
       "read + write (each device's share measured alone) or the update.");
   g_option_context_add_main_entries (ctx, entries, NULL);
   g_option_context_add_main_entries (ctx, more, NULL);
-  int rc = STOW_EXIT_FAILURE;
-  g_autoptr (StowNvmeStore) store = NULL;
-  g_autoptr (StowPinnedPool) pool = NULL;
-  g_autoptr (StowSwapper) sw = NULL;
   g_autoptr (GError) error = NULL;
-  guint64 size = 1ull << 30, shard = 64ull << 20, block = 0;
-  StowSwapMode smode = STOW_SWAP_NVME;
-  BenchAdam adam = { 0 };
-  StowHugePages huge = STOW_HUGE_PAGES_AUTO;
-  PageReport pages = { 0 };
-  g_autoptr (GPtrArray) groups = NULL;
-  g_autofree StowDriveSeconds *devices = NULL;
-  guint n_devices = 0;
   if (!stow_cli_parse (ctx, "bench swapper", &argc, &argv))
-    goto out;
-  if (!parse_huge_pages ("bench swapper", &o, &huge))
-    goto out;
+    return FALSE;
+  if (!parse_huge_pages ("bench swapper", o, &a->huge))
+    return FALSE;
   if (argc > 1)
     {
-      rc = stow_cli_failf ("see 'stowage bench swapper --help'",
-                           "bench swapper: unexpected argument \"%s\"",
-                           argv[1]);
-      goto out;
+      stow_cli_failf ("see 'stowage bench swapper --help'",
+                      "bench swapper: unexpected argument \"%s\"", argv[1]);
+      return FALSE;
     }
-  if ((o.size && !stow_parse_size (o.size, &size, &error))
-      || (shard_size && !stow_parse_size (shard_size, &shard, &error)))
+  if ((o->size && !stow_parse_size (o->size, &a->size, &error))
+      || (shard_size && !stow_parse_size (shard_size, &a->shard, &error)))
     {
       g_prefix_error (&error, "bench swapper: ");
-      rc = stow_cli_fail (error, NULL);
-      goto out;
+      stow_cli_fail (error, NULL);
+      return FALSE;
     }
   if (mode && g_str_equal (mode, "host"))
-    smode = STOW_SWAP_HOST;
+    a->mode = STOW_SWAP_HOST;
   else if (mode && !g_str_equal (mode, "nvme"))
     {
-      rc = stow_cli_failf ("modes: nvme, host",
-                           "bench swapper: --mode \"%s\": unknown mode", mode);
-      goto out;
+      stow_cli_failf ("modes: nvme, host",
+                      "bench swapper: --mode \"%s\": unknown mode", mode);
+      return FALSE;
     }
-  if (o.repeat < 1 || n_buffers < 3 || size == 0 || shard == 0)
+  if (o->repeat < 1 || a->n_buffers < 3 || a->size == 0 || a->shard == 0)
     {
-      rc = stow_cli_failf (NULL, "bench swapper: --size, --shard-size and "
-                                 "--repeat must be positive, --buffers at "
-                                 "least 3");
-      goto out;
+      stow_cli_failf (NULL, "bench swapper: --size, --shard-size and "
+                            "--repeat must be positive, --buffers at "
+                            "least 3");
+      return FALSE;
     }
-  /* Whole p, m, v element triples per shard. */
-  shard = MAX (shard / 12 * 12, 12);
-  if (smode == STOW_SWAP_NVME)
+  a->shard = MAX (a->shard / 12 * 12, 12);
+  return TRUE;
+}
+
+/* What the benchmark runs on: the store (NVMe mode), the pool of the
+ * buffers, and the swapper over them. */
+typedef struct
+{
+  StowNvmeStore *store;
+  StowPinnedPool *pool;
+  StowSwapper *sw;
+  guint64 block; /* the store's block size; 0 in host mode */
+} SwapperRig;
+
+/* The rig with the initial state, p = 0.01 and m = v = 0, planar per
+ * shard.  FALSE after printing the error. */
+static gboolean
+swapper_rig_open (SwapperArgs *a, SwapperRig *r)
+{
+  g_autoptr (GError) error = NULL;
+  int rc;
+  if (a->mode == STOW_SWAP_NVME)
     {
-      store = open_store ("bench swapper", &o, &block, &rc);
-      if (store == NULL)
-        goto out;
+      r->store = open_store ("bench swapper", &a->o, &r->block, &rc);
+      if (r->store == NULL)
+        return FALSE;
     }
-  rc = STOW_EXIT_FAILURE;
   StowPinnedOptions po = { .slab_bytes = 256u << 20,
                            .numa_node = -1,
                            .defer_pin = TRUE,
-                           .huge_pages = huge };
-  pool = stow_pinned_pool_new (&po);
-  StowSwapperOptions so = { .mode = smode,
-                            .total_bytes = size,
-                            .shard_bytes = shard,
-                            .pool = pool,
-                            .store = store,
-                            .n_buffers = (guint)n_buffers };
-  sw = stow_swapper_new (&so, &error);
-  if (sw == NULL)
+                           .huge_pages = a->huge };
+  r->pool = stow_pinned_pool_new (&po);
+  StowSwapperOptions so = { .mode = a->mode,
+                            .total_bytes = a->size,
+                            .shard_bytes = a->shard,
+                            .pool = r->pool,
+                            .store = r->store,
+                            .n_buffers = (guint)a->n_buffers };
+  r->sw = stow_swapper_new (&so, &error);
+  if (r->sw == NULL)
     {
-      rc = stow_cli_fail (error, NULL);
-      goto out;
+      stow_cli_fail (error, NULL);
+      return FALSE;
     }
-  {
-    /* Initial state: p = 0.01, m = v = 0, planar per shard. */
-    guint64 sb = stow_swapper_get_shard_bytes (sw, 0);
-    float *init = g_malloc0 (sb);
-    for (guint64 i = 0; i < sb / 12; i++)
-      init[i] = 0.01f;
-    for (guint i = 0; i < stow_swapper_get_n_shards (sw) && rc != 0; i++)
-      if (!stow_swapper_store_shard (sw, i, init, &error))
-        break;
-    g_free (init);
-    if (error != NULL)
+  guint64 sb = stow_swapper_get_shard_bytes (r->sw, 0);
+  g_autofree float *init = g_malloc0 (sb);
+  for (guint64 i = 0; i < sb / 12; i++)
+    init[i] = 0.01f;
+  for (guint i = 0; i < stow_swapper_get_n_shards (r->sw); i++)
+    if (!stow_swapper_store_shard (r->sw, i, init, &error))
       {
-        rc = stow_cli_fail (error, NULL);
-        goto out;
+        stow_cli_fail (error, NULL);
+        return FALSE;
       }
-  }
+  return TRUE;
+}
 
-  if (adam_threads < 0 || adam_threads > 4096)
+static void
+swapper_rig_clear (SwapperRig *r)
+{
+  g_clear_pointer (&r->sw, stow_swapper_free);
+  g_clear_pointer (&r->pool, stow_pinned_pool_free);
+  g_clear_pointer (&r->store, stow_nvme_store_free);
+}
+
+/* CPU Adam on @threads threads (0: one per core) and synthetic gradients
+ * for the largest shard of @sw.  FALSE after printing the error. */
+static gboolean
+bench_adam_init (BenchAdam *adam, StowSwapper *sw, int threads)
+{
+  g_autoptr (GError) error = NULL;
+  if (threads < 0 || threads > 4096)
     {
-      rc = stow_cli_failf (NULL,
-                           "bench swapper: --threads %d: expected 0 to "
-                           "4096",
-                           adam_threads);
-      goto out;
+      stow_cli_failf (NULL, "bench swapper: --threads %d: expected 0 to 4096",
+                      threads);
+      return FALSE;
     }
-  adam.adam = stow_adam_new ((guint)adam_threads, STOW_ISA_AUTO, &error);
-  if (adam.adam == NULL)
+  adam->adam = stow_adam_new ((guint)threads, STOW_ISA_AUTO, &error);
+  if (adam->adam == NULL)
     {
-      rc = stow_cli_fail (error, NULL);
-      goto out;
+      stow_cli_fail (error, NULL);
+      return FALSE;
     }
-  stow_adam_config_init (&adam.config);
+  stow_adam_config_init (&adam->config);
   for (guint i = 0; i < stow_swapper_get_n_shards (sw); i++)
-    adam.cap = MAX (adam.cap, stow_swapper_get_shard_bytes (sw, i) / 12);
-  adam.grad = g_new (guint16, adam.cap);
-  adam.out = g_new (guint16, adam.cap);
-  for (guint64 i = 0; i < adam.cap; i++)
+    adam->cap = MAX (adam->cap, stow_swapper_get_shard_bytes (sw, i) / 12);
+  adam->grad = g_new (guint16, adam->cap);
+  adam->out = g_new (guint16, adam->cap);
+  for (guint64 i = 0; i < adam->cap; i++)
     {
       /* bf16 of a small gradient: the top half of its fp32 bits. */
       float g = (float)(i & 1023) * 1e-6f - 5e-4f;
       guint32 bits;
       memcpy (&bits, &g, sizeof bits);
-      adam.grad[i] = (guint16)(bits >> 16);
+      adam->grad[i] = (guint16)(bits >> 16);
     }
-  StowSwapStats best_pipe = { .step_s = INFINITY };
-  double best_read = INFINITY, best_update = INFINITY, best_write = INFINITY;
+  return TRUE;
+}
+
+/* The best of the runs: the pipelined step, and each stage alone. */
+typedef struct
+{
+  StowSwapStats pipe;
+  double read_s, update_s, write_s;
   /* The one device's read and write from the same serial step (the one
    * with the least read + write): the minima of read and of write taken
    * from different steps would add up to less than any step's I/O. */
-  StowDriveSeconds best_io = { INFINITY, 0 };
-  for (int r = 0; r < o.repeat; r++)
+  StowDriveSeconds io;
+} SwapperBest;
+
+/* @repeat serial steps and as many pipelined ones, alternating.  FALSE
+ * after printing the error. */
+static gboolean
+swapper_run (StowSwapper *sw, BenchAdam *adam, int repeat, SwapperBest *best)
+{
+  g_autoptr (GError) error = NULL;
+  *best = (SwapperBest){ .pipe = { .step_s = INFINITY },
+                         .read_s = INFINITY,
+                         .update_s = INFINITY,
+                         .write_s = INFINITY,
+                         .io = { INFINITY, 0 } };
+  for (int r = 0; r < repeat; r++)
     {
       StowSwapStats st;
-      adam.step++;
-      if (!stow_swapper_step_serial (sw, bench_adam_update, &adam, &st, &error))
+      adam->step++;
+      if (!stow_swapper_step_serial (sw, bench_adam_update, adam, &st, &error))
         {
-          rc = stow_cli_fail (error, NULL);
-          goto out;
+          stow_cli_fail (error, NULL);
+          return FALSE;
         }
-      best_read = MIN (best_read, st.read_s);
-      best_update = MIN (best_update, st.update_s);
-      best_write = MIN (best_write, st.write_s);
-      if (st.read_s + st.write_s < best_io.read_s + best_io.write_s)
-        best_io = (StowDriveSeconds){ st.read_s, st.write_s };
-      adam.step++;
-      if (!stow_swapper_step (sw, bench_adam_update, &adam, &st, &error))
+      best->read_s = MIN (best->read_s, st.read_s);
+      best->update_s = MIN (best->update_s, st.update_s);
+      best->write_s = MIN (best->write_s, st.write_s);
+      if (st.read_s + st.write_s < best->io.read_s + best->io.write_s)
+        best->io = (StowDriveSeconds){ st.read_s, st.write_s };
+      adam->step++;
+      if (!stow_swapper_step (sw, bench_adam_update, adam, &st, &error))
         {
-          rc = stow_cli_fail (error, NULL);
-          goto out;
+          stow_cli_fail (error, NULL);
+          return FALSE;
         }
-      if (adam.rc != 0)
+      if (adam->rc != 0)
         {
-          rc = stow_cli_failf (NULL, "bench swapper: the Adam step failed: %s",
-                               g_strerror (-adam.rc));
-          goto out;
+          stow_cli_failf (NULL, "bench swapper: the Adam step failed: %s",
+                          g_strerror (-adam->rc));
+          return FALSE;
         }
-      if (st.step_s < best_pipe.step_s)
-        best_pipe = st;
+      if (st.step_s < best->pipe.step_s)
+        best->pipe = st;
     }
-  page_report (pool, huge, &pages);
-  double max_stage = MAX (best_update, MAX (best_read, best_write));
-  double ratio = best_pipe.step_s / max_stage;
-  /* The bound (core/drives.h), from stage times measured here: on one
-   * device its read and write alone; on several, each device's share
-   * alone. */
-  if (smode == STOW_SWAP_NVME)
+  return TRUE;
+}
+
+static double
+max_stage_s (const SwapperBest *best)
+{
+  return MAX (best->update_s, MAX (best->read_s, best->write_s));
+}
+
+/* The step's bound (core/drives.h) and the devices it comes from. */
+typedef struct
+{
+  GPtrArray *groups; /* (n_devices) directories by device */
+  StowDriveSeconds *devices;
+  guint n_devices; /* 0 in host mode */
+  guint busiest;
+  double bound_s;
+  const char *rule;
+} SwapperBound;
+
+/* The bound from stage times measured here: on one device its read and
+ * write alone; on several, each device's share alone.  FALSE after
+ * printing the error. */
+static gboolean
+swapper_bound (SwapperArgs *a, const SwapperRig *r, const SwapperBest *best,
+               SwapperBound *out)
+{
+  if (a->mode == STOW_SWAP_NVME)
     {
-      groups = group_by_device (o.dirs);
-      n_devices = groups->len;
-      devices = g_new0 (StowDriveSeconds, n_devices);
-      if (n_devices == 1)
-        devices[0] = best_io;
+      out->groups = group_by_device (a->o.dirs);
+      out->n_devices = out->groups->len;
+      out->devices = g_new0 (StowDriveSeconds, out->n_devices);
+      if (out->n_devices == 1)
+        out->devices[0] = best->io;
       else
-        for (guint d = 0; d < n_devices; d++)
-          if (!measure_device (&o, g_ptr_array_index (groups, d),
-                               g_strv_length (o.dirs), size, shard, pool,
-                               &devices[d]))
-            goto out;
+        for (guint d = 0; d < out->n_devices; d++)
+          if (!measure_device (&a->o, g_ptr_array_index (out->groups, d),
+                               g_strv_length (a->o.dirs), a->size, a->shard,
+                               r->pool, &out->devices[d]))
+            return FALSE;
     }
-  guint busiest = 0;
-  double bound
-      = stow_drives_step_bound_s (devices, n_devices, best_update, &busiest);
-  const char *rule = n_devices == 0   ? "host: the update alone"
-                     : n_devices == 1 ? "one device: max (read + write, update)"
-                                      : "several devices: max (busiest "
-                                        "device's read + write, update)";
-  if (o.json)
+  out->bound_s = stow_drives_step_bound_s (out->devices, out->n_devices,
+                                           best->update_s, &out->busiest);
+  out->rule = out->n_devices == 0   ? "host: the update alone"
+              : out->n_devices == 1 ? "one device: max (read + write, update)"
+                                    : "several devices: max (busiest "
+                                      "device's read + write, update)";
+  return TRUE;
+}
+
+static void
+swapper_bound_clear (SwapperBound *b)
+{
+  g_clear_pointer (&b->groups, g_ptr_array_unref);
+  g_clear_pointer (&b->devices, g_free);
+}
+
+static void
+swapper_print_json (const SwapperArgs *a, const SwapperRig *r,
+                    const PageReport *pages, const SwapperBest *best,
+                    const SwapperBound *bd)
+{
+  g_autoptr (JsonBuilder) b = json_builder_new ();
+  json_builder_begin_object (b);
+  stow_json_set_string (b, "mode", a->mode == STOW_SWAP_NVME ? "nvme" : "host");
+  stow_json_set_string (
+      b, "engine",
+      r->store ? stow_nvme_engine_name (stow_nvme_store_get_engine (r->store))
+               : "none");
+  stow_json_set_i64 (b, "state_bytes", (gint64)a->size);
+  stow_json_set_i64 (b, "shard_bytes", (gint64)a->shard);
+  stow_json_set_i64 (b, "n_shards", stow_swapper_get_n_shards (r->sw));
+  stow_json_set_i64 (b, "buffers", a->n_buffers);
+  stow_json_set_i64 (b, "block_size", (gint64)r->block);
+  stow_json_set_i64 (b, "queue_depth", a->o.queue_depth);
+  page_report_json (b, pages);
+  stow_json_set_double (b, "pipelined_step_s", best->pipe.step_s);
+  stow_json_set_double (b, "read_alone_s", best->read_s);
+  stow_json_set_double (b, "update_alone_s", best->update_s);
+  stow_json_set_double (b, "write_alone_s", best->write_s);
+  stow_json_set_double (b, "max_stage_s", max_stage_s (best));
+  stow_json_set_double (b, "pipelined_over_max_stage",
+                        best->pipe.step_s / max_stage_s (best));
+  /* Reads and writes share the drive(s): with a fast update the step is
+   * bound by both together, not by the slower of them. */
+  if (best->read_s + best->write_s > 0)
+    stow_json_set_double (b, "pipelined_over_read_plus_write",
+                          best->pipe.step_s / (best->read_s + best->write_s));
+  stow_json_set_string (b, "bound_rule", bd->rule);
+  stow_json_set_double (b, "bound_s", bd->bound_s);
+  stow_json_set_double (b, "step_over_bound", best->pipe.step_s / bd->bound_s);
+  json_builder_set_member_name (b, "devices");
+  json_builder_begin_array (b);
+  for (guint d = 0; d < bd->n_devices; d++)
     {
-      g_autoptr (JsonBuilder) b = json_builder_new ();
       json_builder_begin_object (b);
-      stow_json_set_string (b, "mode",
-                            smode == STOW_SWAP_NVME ? "nvme" : "host");
-      stow_json_set_string (
-          b, "engine",
-          store ? stow_nvme_engine_name (stow_nvme_store_get_engine (store))
-                : "none");
-      stow_json_set_i64 (b, "state_bytes", (gint64)size);
-      stow_json_set_i64 (b, "shard_bytes", (gint64)shard);
-      stow_json_set_i64 (b, "n_shards", stow_swapper_get_n_shards (sw));
-      stow_json_set_i64 (b, "buffers", n_buffers);
-      stow_json_set_i64 (b, "block_size", (gint64)block);
-      stow_json_set_i64 (b, "queue_depth", o.queue_depth);
-      page_report_json (b, &pages);
-      stow_json_set_double (b, "pipelined_step_s", best_pipe.step_s);
-      stow_json_set_double (b, "read_alone_s", best_read);
-      stow_json_set_double (b, "update_alone_s", best_update);
-      stow_json_set_double (b, "write_alone_s", best_write);
-      stow_json_set_double (b, "max_stage_s", max_stage);
-      stow_json_set_double (b, "pipelined_over_max_stage", ratio);
-      /* Reads and writes share the drive(s): with a fast update the step
-       * is bound by both together, not by the slower of them. */
-      if (best_read + best_write > 0)
-        {
-          stow_json_set_double (b, "pipelined_over_read_plus_write",
-                                best_pipe.step_s / (best_read + best_write));
-        }
-      stow_json_set_string (b, "bound_rule", rule);
-      stow_json_set_double (b, "bound_s", bound);
-      stow_json_set_double (b, "step_over_bound", best_pipe.step_s / bound);
-      json_builder_set_member_name (b, "devices");
+      GPtrArray *g = g_ptr_array_index (bd->groups, d);
+      json_builder_set_member_name (b, "dirs");
       json_builder_begin_array (b);
-      for (guint d = 0; d < n_devices; d++)
-        {
-          json_builder_begin_object (b);
-          GPtrArray *g = g_ptr_array_index (groups, d);
-          json_builder_set_member_name (b, "dirs");
-          json_builder_begin_array (b);
-          for (guint i = 0; i < g->len; i++)
-            json_builder_add_string_value (b, g_ptr_array_index (g, i));
-          json_builder_end_array (b);
-          stow_json_set_double (b, "read_s", devices[d].read_s);
-          stow_json_set_double (b, "write_s", devices[d].write_s);
-          stow_json_set_bool (b, "busiest", d == busiest);
-          json_builder_end_object (b);
-        }
+      for (guint i = 0; i < g->len; i++)
+        json_builder_add_string_value (b, g_ptr_array_index (g, i));
       json_builder_end_array (b);
-      stow_json_set_double (b, "pipelined_wait_read_s", best_pipe.read_s);
-      stow_json_set_double (b, "pipelined_update_s", best_pipe.update_s);
-      stow_json_set_double (b, "pipelined_wait_write_s", best_pipe.write_s);
+      stow_json_set_double (b, "read_s", bd->devices[d].read_s);
+      stow_json_set_double (b, "write_s", bd->devices[d].write_s);
+      stow_json_set_bool (b, "busiest", d == bd->busiest);
       json_builder_end_object (b);
-      stow_cli_print_json (json_builder_get_root (b));
     }
-  else
+  json_builder_end_array (b);
+  stow_json_set_double (b, "pipelined_wait_read_s", best->pipe.read_s);
+  stow_json_set_double (b, "pipelined_update_s", best->pipe.update_s);
+  stow_json_set_double (b, "pipelined_wait_write_s", best->pipe.write_s);
+  json_builder_end_object (b);
+  stow_cli_print_json (json_builder_get_root (b));
+}
+
+static void
+swapper_print_text (const PageReport *pages, const SwapperBest *best,
+                    const SwapperBound *bd)
+{
+  page_report_print (pages);
+  printf ("step pipelined  %.3f s\n", best->pipe.step_s);
+  printf ("read alone      %.3f s\nupdate alone    %.3f s\n"
+          "write alone     %.3f s\n",
+          best->read_s, best->update_s, best->write_s);
+  for (guint d = 0; bd->n_devices > 1 && d < bd->n_devices; d++)
     {
-      page_report_print (&pages);
-      printf ("step pipelined  %.3f s\n", best_pipe.step_s);
-      printf ("read alone      %.3f s\nupdate alone    %.3f s\n"
-              "write alone     %.3f s\n",
-              best_read, best_update, best_write);
-      for (guint d = 0; n_devices > 1 && d < n_devices; d++)
-        {
-          GPtrArray *g = g_ptr_array_index (groups, d);
-          printf ("device %u (%s%s): read %.3f s + write %.3f s alone%s\n", d,
-                  (char *)g_ptr_array_index (g, 0), g->len > 1 ? ", ..." : "",
-                  devices[d].read_s, devices[d].write_s,
-                  d == busiest ? " (busiest)" : "");
-        }
-      printf ("bound           %.3f s (%s)\n", bound, rule);
-      printf ("step / bound = %.3f\n", best_pipe.step_s / bound);
-      printf ("pipelined / slowest stage = %.3f\n", ratio);
+      GPtrArray *g = g_ptr_array_index (bd->groups, d);
+      printf ("device %u (%s%s): read %.3f s + write %.3f s alone%s\n", d,
+              (char *)g_ptr_array_index (g, 0), g->len > 1 ? ", ..." : "",
+              bd->devices[d].read_s, bd->devices[d].write_s,
+              d == bd->busiest ? " (busiest)" : "");
     }
+  printf ("bound           %.3f s (%s)\n", bd->bound_s, bd->rule);
+  printf ("step / bound = %.3f\n", best->pipe.step_s / bd->bound_s);
+  printf ("pipelined / slowest stage = %.3f\n",
+          best->pipe.step_s / max_stage_s (best));
+}
+
+int
+stow_bench_swapper (int argc, char **argv)
+{
+  SwapperArgs a = { 0 };
+  SwapperRig rig = { 0 };
+  BenchAdam adam = { 0 };
+  SwapperBest best;
+  SwapperBound bound = { 0 };
+  PageReport pages = { 0 };
+  int rc = STOW_EXIT_FAILURE;
+  if (!swapper_args_parse (argc, argv, &a) || !swapper_rig_open (&a, &rig)
+      || !bench_adam_init (&adam, rig.sw, a.adam_threads)
+      || !swapper_run (rig.sw, &adam, a.o.repeat, &best))
+    goto out;
+  /* Before the devices' own measurements take buffers from the pool. */
+  page_report (rig.pool, a.huge, &pages);
+  if (!swapper_bound (&a, &rig, &best, &bound))
+    goto out;
+  if (a.o.json)
+    swapper_print_json (&a, &rig, &pages, &best, &bound);
+  else
+    swapper_print_text (&pages, &best, &bound);
   rc = STOW_EXIT_OK;
 out:
+  swapper_bound_clear (&bound);
   bench_adam_clear (&adam);
-  io_opts_clear (&o);
-  g_free (shard_size);
-  g_free (mode);
+  swapper_rig_clear (&rig);
+  io_opts_clear (&a.o);
   return rc;
 }

@@ -1,9 +1,11 @@
 /* SPDX-License-Identifier: MIT
  *
- * offload/swapper.c: the optimizer-state swapper (see swapper.h).  Shard i
- * uses buffer i mod N; before shard i+1 is read into its buffer the write of
- * shard i+1-N, which last used it, must be done.  With N = 3 that leaves
- * read i+1 and write i-1 in flight while the update runs on shard i.
+ * offload/swapper.c: the optimizer-state swapper (see swapper.h).  In the
+ * swapper's own step shard i uses buffer i mod N; before shard i+1 is read
+ * into its buffer the write of shard i+1-N, which last used it, must be
+ * done.  With N = 3 that leaves read i+1 and write i-1 in flight while the
+ * update runs on shard i.  Outside a step the first ring buffer doubles as
+ * the cache of one shard.
  */
 #include "config.h"
 
@@ -12,24 +14,138 @@
 #include <errno.h>
 #include <string.h>
 
+#define RING 3 /* a step's buffers: read i+1, update i, write i-1 */
+
 struct _StowSwapper
 {
   StowSwapMode mode;
-  guint64 total_bytes;
-  guint64 shard_bytes;
   guint n_shards;
+  guint64 *bytes; /* (n_shards) */
+  guint64 stride; /* the largest shard, page-rounded: a buffer, a host slot */
+  StowPinnedPool *pool;     /* buffers and host slots are from here */
+  StowPinnedPool *own_pool; /* NULL when the caller gave one */
+  /* NVMe mode */
   StowNvmeStore *store;
   guint first_tensor; /* shard i is tensor first_tensor + i */
   guint n_buffers;
-  guint8 **bufs; /* NVMe: (n_buffers) pinned shard buffers */
-  guint8 *host;  /* host mode: the whole state */
+  guint8 **bufs;  /* (n_buffers) the ring */
+  gboolean *busy; /* (n_buffers) taken by a program's step */
+  GMutex lock;
+  guint cached; /* outside a step: the shard in bufs[0]; G_MAXUINT none */
+  gboolean dirty;
+  /* host mode: the whole state, shard i at i * stride */
+  guint8 *host;
 };
+
+/* The cut into shards, @opts's list or its even cut. */
+static guint64 *
+cut_shards (const StowSwapperOptions *opts, guint *n_out, GError **error)
+{
+  if (opts->shard_sizes != NULL)
+    {
+      for (guint i = 0; i < opts->n_shards; i++)
+        if (opts->shard_sizes[i] == 0)
+          {
+            g_set_error (error, STOW_IO_ERROR, STOW_IO_ERROR_INVALID,
+                         "swapper: shard %u holds no bytes", i);
+            return NULL;
+          }
+      if (opts->n_shards == 0)
+        {
+          g_set_error_literal (error, STOW_IO_ERROR, STOW_IO_ERROR_INVALID,
+                               "swapper: no shards");
+          return NULL;
+        }
+      *n_out = opts->n_shards;
+      return g_memdup2 (opts->shard_sizes, sizeof (guint64) * opts->n_shards);
+    }
+  guint64 total = opts->total_bytes, shard = opts->shard_bytes;
+  guint64 n = total / shard + (total % shard != 0);
+  if (n > STOW_SWAPPER_MAX_SHARDS)
+    {
+      guint64 least = total / STOW_SWAPPER_MAX_SHARDS
+                      + (total % STOW_SWAPPER_MAX_SHARDS != 0);
+      g_set_error (error, STOW_IO_ERROR, STOW_IO_ERROR_INVALID,
+                   "swapper: %" G_GUINT64_FORMAT " bytes in shards of %"
+                   G_GUINT64_FORMAT " bytes is %" G_GUINT64_FORMAT
+                   " shards, over the limit of %u (shards of at least %"
+                   G_GUINT64_FORMAT " bytes)",
+                   total, shard, n, STOW_SWAPPER_MAX_SHARDS, least);
+      return NULL;
+    }
+  guint64 *bytes = g_new (guint64, n);
+  for (guint64 i = 0; i < n; i++)
+    bytes[i] = MIN (shard, total - i * shard);
+  *n_out = (guint)n;
+  return bytes;
+}
+
+/* @bytes from the caller's pool, or from a pool of our own of exactly that
+ * size; one slab, so a small memlock limit is asked for no more. */
+static guint8 *
+pool_alloc (StowSwapper *sw, StowPinnedPool *given, guint64 bytes,
+            gboolean defer_pin, GError **error)
+{
+  sw->pool = given;
+  if (given == NULL)
+    {
+      StowPinnedOptions po = { .slab_bytes = bytes,
+                               .numa_node = -1,
+                               .no_cuda = TRUE,
+                               .defer_pin = defer_pin };
+      sw->pool = sw->own_pool = stow_pinned_pool_new (&po);
+    }
+  return stow_pinned_pool_alloc (sw->pool, bytes, error);
+}
+
+/* The shards as store tensors and the ring of buffers. */
+static gboolean
+nvme_new (StowSwapper *sw, const StowSwapperOptions *opts, GError **error)
+{
+  const char *prefix = opts->name_prefix ? opts->name_prefix : "optim.shard.";
+  sw->store = opts->store;
+  for (guint i = 0; i < sw->n_shards; i++)
+    {
+      g_autofree char *name = g_strdup_printf ("%s%u", prefix, i);
+      guint id = stow_nvme_store_add_tensor (sw->store, name, sw->bytes[i]);
+      if (i == 0)
+        sw->first_tensor = id;
+    }
+  if (!stow_nvme_store_prepare (sw->store, error))
+    return FALSE;
+  sw->n_buffers = MAX (opts->n_buffers, MIN (RING, sw->n_shards));
+  guint8 *ring
+      = pool_alloc (sw, opts->pool, sw->stride * sw->n_buffers, TRUE, error);
+  if (ring == NULL)
+    return FALSE;
+  sw->bufs = g_new0 (guint8 *, sw->n_buffers);
+  sw->busy = g_new0 (gboolean, sw->n_buffers);
+  /* Each buffer registered on its own, before the pool is locked, so that
+   * io_uring faults the pages in (see StowPinnedOptions.defer_pin) and no
+   * request straddles two registrations; a no-op for pools pinned
+   * already. */
+  for (guint b = 0; b < sw->n_buffers; b++)
+    {
+      sw->bufs[b] = ring + b * sw->stride;
+      stow_nvme_store_register_buffer (sw->store, sw->bufs[b], sw->stride);
+    }
+  stow_pinned_pool_pin (sw->pool);
+  if (opts->zero_fill)
+    {
+      memset (sw->bufs[0], 0, sw->stride);
+      for (guint i = 0; i < sw->n_shards; i++)
+        if (!stow_swapper_write (sw, i, sw->bufs[0], error))
+          return FALSE;
+    }
+  return TRUE;
+}
 
 StowSwapper *
 stow_swapper_new (const StowSwapperOptions *opts, GError **error)
 {
-  g_return_val_if_fail (opts != NULL && opts->pool != NULL, NULL);
-  if (opts->total_bytes == 0 || opts->shard_bytes == 0)
+  g_return_val_if_fail (opts != NULL, NULL);
+  if (opts->shard_sizes == NULL
+      && (opts->total_bytes == 0 || opts->shard_bytes == 0))
     {
       g_set_error (error, STOW_IO_ERROR, STOW_IO_ERROR_INVALID,
                    "swapper: state bytes (%" G_GUINT64_FORMAT
@@ -43,65 +159,28 @@ stow_swapper_new (const StowSwapperOptions *opts, GError **error)
                    "swapper: NVMe mode needs a store");
       return NULL;
     }
-  guint64 n = opts->total_bytes / opts->shard_bytes
-              + (opts->total_bytes % opts->shard_bytes != 0);
-  if (n > STOW_SWAPPER_MAX_SHARDS)
-    {
-      guint64 least = opts->total_bytes / STOW_SWAPPER_MAX_SHARDS
-                      + (opts->total_bytes % STOW_SWAPPER_MAX_SHARDS != 0);
-      g_set_error (error, STOW_IO_ERROR, STOW_IO_ERROR_INVALID,
-                   "swapper: %" G_GUINT64_FORMAT " bytes in shards of %"
-                   G_GUINT64_FORMAT " bytes is %" G_GUINT64_FORMAT
-                   " shards, over the limit of %u (shards of at least %"
-                   G_GUINT64_FORMAT " bytes)",
-                   opts->total_bytes, opts->shard_bytes, n,
-                   STOW_SWAPPER_MAX_SHARDS, least);
-      return NULL;
-    }
   g_autoptr (StowSwapper) sw = g_new0 (StowSwapper, 1);
+  g_mutex_init (&sw->lock);
   sw->mode = opts->mode;
-  sw->total_bytes = opts->total_bytes;
-  sw->shard_bytes = MIN (opts->shard_bytes, opts->total_bytes);
-  sw->n_shards = (guint)n;
-
-  if (sw->mode == STOW_SWAP_HOST)
-    {
-      /* Shards are page-aligned so the update sees the same alignment in
-       * both modes. */
-      guint64 stride = (sw->shard_bytes + STOW_NVME_ALIGN - 1) / STOW_NVME_ALIGN
-                       * STOW_NVME_ALIGN;
-      sw->host = stow_pinned_pool_alloc (opts->pool, stride * n, error);
-      if (sw->host == NULL)
-        return NULL;
-      stow_pinned_pool_pin (opts->pool);
-      return g_steal_pointer (&sw);
-    }
-
-  sw->store = opts->store;
-  sw->n_buffers = MAX (opts->n_buffers, 3);
+  sw->cached = G_MAXUINT;
+  sw->bytes = cut_shards (opts, &sw->n_shards, error);
+  if (sw->bytes == NULL)
+    return NULL;
+  guint64 most = 0;
   for (guint i = 0; i < sw->n_shards; i++)
-    {
-      g_autofree char *name = g_strdup_printf ("optim.shard.%u", i);
-      guint id = stow_nvme_store_add_tensor (
-          sw->store, name, stow_swapper_get_shard_bytes (sw, i));
-      if (i == 0)
-        sw->first_tensor = id;
-    }
-  if (!stow_nvme_store_prepare (sw->store, error))
+    most = MAX (most, sw->bytes[i]);
+  /* Page-aligned, so the update sees the same alignment in both modes. */
+  sw->stride = (most + STOW_NVME_ALIGN - 1) / STOW_NVME_ALIGN * STOW_NVME_ALIGN;
+
+  if (sw->mode == STOW_SWAP_NVME)
+    return nvme_new (sw, opts, error) ? g_steal_pointer (&sw) : NULL;
+  sw->host
+      = pool_alloc (sw, opts->pool, sw->stride * sw->n_shards, FALSE, error);
+  if (sw->host == NULL)
     return NULL;
-  guint64 stride = (sw->shard_bytes + STOW_NVME_ALIGN - 1) / STOW_NVME_ALIGN
-                   * STOW_NVME_ALIGN;
-  guint8 *ring
-      = stow_pinned_pool_alloc (opts->pool, stride * sw->n_buffers, error);
-  if (ring == NULL)
-    return NULL;
-  /* Registered before it is locked, so that io_uring faults the pages in
-   * (see StowPinnedOptions.defer_pin); a no-op for pools pinned already. */
-  stow_nvme_store_register_buffer (sw->store, ring, stride * sw->n_buffers);
-  stow_pinned_pool_pin (opts->pool);
-  sw->bufs = g_new0 (guint8 *, sw->n_buffers);
-  for (guint b = 0; b < sw->n_buffers; b++)
-    sw->bufs[b] = ring + b * stride;
+  stow_pinned_pool_pin (sw->pool);
+  if (opts->zero_fill)
+    memset (sw->host, 0, sw->stride * sw->n_shards);
   return g_steal_pointer (&sw);
 }
 
@@ -110,7 +189,12 @@ stow_swapper_free (StowSwapper *sw)
 {
   if (sw == NULL)
     return;
+  if (sw->own_pool)
+    stow_pinned_pool_free (sw->own_pool);
   g_free (sw->bufs);
+  g_free (sw->busy);
+  g_free (sw->bytes);
+  g_mutex_clear (&sw->lock);
   g_free (sw);
 }
 
@@ -124,17 +208,87 @@ guint64
 stow_swapper_get_shard_bytes (StowSwapper *sw, guint shard)
 {
   g_return_val_if_fail (shard < sw->n_shards, 0);
-  guint64 start = (guint64)shard * sw->shard_bytes;
-  return MIN (sw->shard_bytes, sw->total_bytes - start);
+  return sw->bytes[shard];
+}
+
+guint
+stow_swapper_get_n_buffers (StowSwapper *sw)
+{
+  return sw->n_buffers;
+}
+
+guint64
+stow_swapper_get_buffer_bytes (StowSwapper *sw)
+{
+  return sw->stride;
+}
+
+StowPinnedPool *
+stow_swapper_get_pool (StowSwapper *sw)
+{
+  return sw->pool;
 }
 
 static guint8 *
 host_shard (StowSwapper *sw, guint shard)
 {
-  guint64 stride = (sw->shard_bytes + STOW_NVME_ALIGN - 1) / STOW_NVME_ALIGN
-                   * STOW_NVME_ALIGN;
-  return sw->host + (guint64)shard * stride;
+  return sw->host + (guint64)shard * sw->stride;
 }
+
+/* ---- a step driven by a program ------------------------------------------ */
+
+void *
+stow_swapper_take_buffer (StowSwapper *sw)
+{
+  g_mutex_lock (&sw->lock);
+  void *got = NULL;
+  for (guint i = 0; got == NULL && i < sw->n_buffers; i++)
+    if (!sw->busy[i])
+      {
+        sw->busy[i] = TRUE;
+        got = sw->bufs[i];
+      }
+  g_mutex_unlock (&sw->lock);
+  return got;
+}
+
+void
+stow_swapper_give_buffer (StowSwapper *sw, void *buf)
+{
+  g_mutex_lock (&sw->lock);
+  for (guint i = 0; i < sw->n_buffers; i++)
+    if (sw->bufs[i] == buf)
+      sw->busy[i] = FALSE;
+  g_mutex_unlock (&sw->lock);
+}
+
+gboolean
+stow_swapper_read (StowSwapper *sw, guint shard, void *buf, GError **error)
+{
+  g_return_val_if_fail (sw != NULL && shard < sw->n_shards, FALSE);
+  if (sw->mode == STOW_SWAP_HOST)
+    {
+      memcpy (buf, host_shard (sw, shard), sw->bytes[shard]);
+      return TRUE;
+    }
+  return stow_nvme_store_read (sw->store, sw->first_tensor + shard, buf, error);
+}
+
+gboolean
+stow_swapper_write (StowSwapper *sw, guint shard, const void *buf,
+                    GError **error)
+{
+  g_return_val_if_fail (sw != NULL && shard < sw->n_shards, FALSE);
+  if (sw->mode == STOW_SWAP_HOST)
+    {
+      memcpy (host_shard (sw, shard), buf, sw->bytes[shard]);
+      return TRUE;
+    }
+  return stow_nvme_store_write (sw->store, sw->first_tensor + shard, buf,
+                                error);
+}
+
+/* ---- a step driven by the swapper --------------------------------------- */
 
 static gboolean
 start_failed (StowSwapper *sw, guint shard, const char *op, int ret,
@@ -146,40 +300,6 @@ start_failed (StowSwapper *sw, guint shard, const char *op, int ret,
   return FALSE;
 }
 
-gboolean
-stow_swapper_store_shard (StowSwapper *sw, guint shard, const void *src,
-                          GError **error)
-{
-  g_return_val_if_fail (sw != NULL && shard < sw->n_shards, FALSE);
-  guint64 bytes = stow_swapper_get_shard_bytes (sw, shard);
-  if (sw->mode == STOW_SWAP_HOST)
-    {
-      memcpy (host_shard (sw, shard), src, bytes);
-      return TRUE;
-    }
-  memcpy (sw->bufs[0], src, bytes);
-  return stow_nvme_store_write (sw->store, sw->first_tensor + shard,
-                                sw->bufs[0], error);
-}
-
-gboolean
-stow_swapper_load_shard (StowSwapper *sw, guint shard, void *dst,
-                         GError **error)
-{
-  g_return_val_if_fail (sw != NULL && shard < sw->n_shards, FALSE);
-  guint64 bytes = stow_swapper_get_shard_bytes (sw, shard);
-  if (sw->mode == STOW_SWAP_HOST)
-    {
-      memcpy (dst, host_shard (sw, shard), bytes);
-      return TRUE;
-    }
-  if (!stow_nvme_store_read (sw->store, sw->first_tensor + shard, sw->bufs[0],
-                             error))
-    return FALSE;
-  memcpy (dst, sw->bufs[0], bytes);
-  return TRUE;
-}
-
 /* A step over shards held in host memory: nothing to read or write. */
 static gboolean
 host_step (StowSwapper *sw, StowSwapUpdateFunc update, gpointer user_data,
@@ -188,8 +308,7 @@ host_step (StowSwapper *sw, StowSwapUpdateFunc update, gpointer user_data,
   StowSwapStats st = { 0 };
   gint64 t0 = g_get_monotonic_time ();
   for (guint i = 0; i < sw->n_shards; i++)
-    update (host_shard (sw, i), stow_swapper_get_shard_bytes (sw, i), i,
-            user_data);
+    update (host_shard (sw, i), sw->bytes[i], i, user_data);
   st.update_s = st.step_s = (g_get_monotonic_time () - t0) / 1e6;
   if (stats)
     *stats = st;
@@ -218,6 +337,8 @@ stow_swapper_step (StowSwapper *sw, StowSwapUpdateFunc update,
   g_return_val_if_fail (sw != NULL && update != NULL, FALSE);
   if (sw->mode == STOW_SWAP_HOST)
     return host_step (sw, update, user_data, stats);
+  if (!stow_swapper_flush (sw, error))
+    return FALSE;
   StowSwapStats st = { 0 };
 
   guint N = sw->n_buffers;
@@ -228,15 +349,14 @@ stow_swapper_step (StowSwapper *sw, StowSwapUpdateFunc update,
   gint64 t0 = g_get_monotonic_time ();
   guint tensor0 = sw->first_tensor;
 
-  int ret
-      = stow_nvme_read_async (sw->store, tensor0, 0, sw->bufs[0],
-                              stow_swapper_get_shard_bytes (sw, 0), &reads[0]);
+  int ret = stow_nvme_read_async (sw->store, tensor0, 0, sw->bufs[0],
+                                  sw->bytes[0], &reads[0]);
   if (ret < 0)
     return start_failed (sw, 0, "read", ret, error);
   for (guint i = 0; i < sw->n_shards && first == NULL; i++)
     {
       guint b = i % N;
-      guint64 bytes = stow_swapper_get_shard_bytes (sw, i);
+      guint64 bytes = sw->bytes[i];
       wait_keep (sw, &reads[b], &st.read_s, &first);
       if (first != NULL)
         break;
@@ -249,9 +369,9 @@ stow_swapper_step (StowSwapper *sw, StowSwapUpdateFunc update,
           wait_keep (sw, &writes[nb], &st.write_s, &first);
           if (first != NULL)
             break;
-          ret = stow_nvme_read_async (
-              sw->store, tensor0 + i + 1, 0, sw->bufs[nb],
-              stow_swapper_get_shard_bytes (sw, i + 1), &reads[nb]);
+          ret = stow_nvme_read_async (sw->store, tensor0 + i + 1, 0,
+                                      sw->bufs[nb], sw->bytes[i + 1],
+                                      &reads[nb]);
           if (ret < 0)
             {
               start_failed (sw, i + 1, "read", ret, &first);
@@ -294,20 +414,20 @@ stow_swapper_step_serial (StowSwapper *sw, StowSwapUpdateFunc update,
   g_return_val_if_fail (sw != NULL && update != NULL, FALSE);
   if (sw->mode == STOW_SWAP_HOST)
     return host_step (sw, update, user_data, stats);
+  if (!stow_swapper_flush (sw, error))
+    return FALSE;
   StowSwapStats st = { 0 };
   gint64 t0 = g_get_monotonic_time ();
   for (guint i = 0; i < sw->n_shards; i++)
     {
-      guint64 bytes = stow_swapper_get_shard_bytes (sw, i);
+      guint64 bytes = sw->bytes[i];
       gint64 a = g_get_monotonic_time ();
-      if (!stow_nvme_store_read (sw->store, sw->first_tensor + i, sw->bufs[0],
-                                 error))
+      if (!stow_swapper_read (sw, i, sw->bufs[0], error))
         return FALSE;
       gint64 b = g_get_monotonic_time ();
       update (sw->bufs[0], bytes, i, user_data);
       gint64 c = g_get_monotonic_time ();
-      if (!stow_nvme_store_write (sw->store, sw->first_tensor + i, sw->bufs[0],
-                                  error))
+      if (!stow_swapper_write (sw, i, sw->bufs[0], error))
         return FALSE;
       gint64 d = g_get_monotonic_time ();
       st.read_s += (b - a) / 1e6;
@@ -320,4 +440,83 @@ stow_swapper_step_serial (StowSwapper *sw, StowSwapUpdateFunc update,
   if (stats)
     *stats = st;
   return TRUE;
+}
+
+/* ---- outside a step ----------------------------------------------------- */
+
+static gboolean
+cache_shard (StowSwapper *sw, guint shard, GError **error)
+{
+  if (sw->cached == shard)
+    return TRUE;
+  if (!stow_swapper_flush (sw, error))
+    return FALSE;
+  if (!stow_swapper_read (sw, shard, sw->bufs[0], error))
+    return FALSE;
+  sw->cached = shard;
+  return TRUE;
+}
+
+gboolean
+stow_swapper_access (StowSwapper *sw, gboolean write, guint shard,
+                     guint64 offset, guint64 bytes, void *data, GError **error)
+{
+  g_return_val_if_fail (sw != NULL && shard < sw->n_shards
+                            && offset + bytes <= sw->bytes[shard],
+                        FALSE);
+  guint8 *s;
+  if (sw->mode == STOW_SWAP_HOST)
+    s = host_shard (sw, shard) + offset;
+  else if (cache_shard (sw, shard, error))
+    s = sw->bufs[0] + offset;
+  else
+    return FALSE;
+  if (write)
+    {
+      memcpy (s, data, bytes);
+      if (sw->mode == STOW_SWAP_NVME)
+        sw->dirty = TRUE;
+    }
+  else
+    memcpy (data, s, bytes);
+  return TRUE;
+}
+
+gboolean
+stow_swapper_flush (StowSwapper *sw, GError **error)
+{
+  if (sw->cached == G_MAXUINT)
+    return TRUE;
+  if (sw->dirty)
+    {
+      if (!stow_swapper_write (sw, sw->cached, sw->bufs[0], error))
+        return FALSE;
+      sw->dirty = FALSE;
+    }
+  sw->cached = G_MAXUINT;
+  return TRUE;
+}
+
+gboolean
+stow_swapper_store_shard (StowSwapper *sw, guint shard, const void *src,
+                          GError **error)
+{
+  g_return_val_if_fail (sw != NULL && shard < sw->n_shards, FALSE);
+  if (sw->mode == STOW_SWAP_HOST)
+    return stow_swapper_write (sw, shard, src, error);
+  /* Written through the cache's buffer (O_DIRECT wants it aligned), at
+   * once, never left dirty. */
+  if (!stow_swapper_flush (sw, error))
+    return FALSE;
+  memcpy (sw->bufs[0], src, sw->bytes[shard]);
+  return stow_swapper_write (sw, shard, sw->bufs[0], error);
+}
+
+gboolean
+stow_swapper_load_shard (StowSwapper *sw, guint shard, void *dst,
+                         GError **error)
+{
+  g_return_val_if_fail (sw != NULL && shard < sw->n_shards, FALSE);
+  return stow_swapper_access (sw, FALSE, shard, 0, sw->bytes[shard], dst,
+                              error);
 }

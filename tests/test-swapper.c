@@ -4,6 +4,9 @@
  * states an in-memory update produces, with the state on NVMe (pipelined and
  * serial, both engines, several buffer counts) and in host RAM; an I/O
  * error in a step surfaces and leaves the shards written before it valid.
+ * A step program's way (shards of its own sizes, ring buffers taken and
+ * given back, reads and writes by shard, ranges outside a step) gives the
+ * same bytes as the swapper's own step.
  */
 #include "config.h"
 
@@ -249,6 +252,186 @@ test_bad_options (Fixture *f, gconstpointer d)
   g_assert_error (error, STOW_IO_ERROR, STOW_IO_ERROR_INVALID);
 }
 
+/* A step as a program drives it (executor/backends/swap.c): a cut of its
+ * own sizes, the ring taken buffer by buffer, shards read, updated and
+ * written one op at a time; the oracle's bytes, and a zero start. */
+static void
+test_program_driven (Fixture *f, gconstpointer d)
+{
+  g_autoptr (StowNvmeStore) store = make_store (f, STOW_NVME_ENGINE_AUTO);
+  if (store == NULL)
+    return;
+  const guint64 sizes[] = { 40000, 100 << 10, 4096, 77777 };
+  guint64 total = 0, offs[G_N_ELEMENTS (sizes)];
+  for (guint i = 0; i < G_N_ELEMENTS (sizes); i++)
+    offs[i] = total, total += sizes[i];
+  StowSwapperOptions o = { .mode = STOW_SWAP_NVME,
+                           .shard_sizes = sizes,
+                           .n_shards = G_N_ELEMENTS (sizes),
+                           .store = store,
+                           .name_prefix = "chunk ",
+                           .zero_fill = TRUE };
+  g_autoptr (GError) error = NULL;
+  g_autoptr (StowSwapper) sw = stow_swapper_new (&o, &error);
+  g_assert_no_error (error);
+  g_assert_cmpuint (stow_swapper_get_n_shards (sw), ==, 4);
+  g_assert_cmpuint (stow_swapper_get_shard_bytes (sw, 3), ==, 77777);
+  g_assert_cmpuint (stow_swapper_get_n_buffers (sw), ==, 3);
+  g_assert_cmpuint (stow_swapper_get_buffer_bytes (sw), ==, 100 << 10);
+  g_assert_nonnull (stow_swapper_get_pool (sw));
+
+  guint8 *oracle = g_malloc0 (total);
+  UpdateLog log = { g_array_new (FALSE, FALSE, sizeof (guint)), 0 };
+  for (guint step = 0; step < 2; step++)
+    {
+      log.step = step;
+      void *bufs[3];
+      for (guint b = 0; b < 3; b++)
+        {
+          bufs[b] = stow_swapper_take_buffer (sw);
+          g_assert_nonnull (bufs[b]);
+        }
+      g_assert_null (stow_swapper_take_buffer (sw));
+      for (guint i = 0; i < 4; i++)
+        {
+          void *buf = bufs[i % 3];
+          g_assert_true (stow_swapper_read (sw, i, buf, &error));
+          g_assert_no_error (error);
+          toy_update (buf, sizes[i], i, &log);
+          toy_update (oracle + offs[i], sizes[i], i, &log);
+          g_assert_true (stow_swapper_write (sw, i, buf, &error));
+          g_assert_no_error (error);
+        }
+      for (guint b = 0; b < 3; b++)
+        stow_swapper_give_buffer (sw, bufs[b]);
+    }
+  g_array_unref (log.order);
+  guint8 *got = g_malloc (100 << 10);
+  for (guint i = 0; i < 4; i++)
+    {
+      g_assert_true (stow_swapper_load_shard (sw, i, got, &error));
+      g_assert_no_error (error);
+      g_assert_cmpmem (oracle + offs[i], sizes[i], got, sizes[i]);
+    }
+  g_free (got);
+  g_free (oracle);
+}
+
+/* Ranges outside a step, in both modes: what is written reads back, a
+ * write reaches the store only when flushed (or when the cache moves on),
+ * and a step afterwards updates the written bytes. */
+static void
+check_ranges (Fixture *f, StowSwapMode mode)
+{
+  g_autoptr (StowNvmeStore) store = NULL;
+  if (mode == STOW_SWAP_NVME
+      && (store = make_store (f, STOW_NVME_ENGINE_AUTO)) == NULL)
+    return;
+  guint64 shard = 64 << 10, total = 3 * shard;
+  StowSwapperOptions o = { .mode = mode,
+                           .total_bytes = total,
+                           .shard_bytes = shard,
+                           .store = store,
+                           .zero_fill = TRUE };
+  g_autoptr (GError) error = NULL;
+  g_autoptr (StowSwapper) sw = stow_swapper_new (&o, &error);
+  g_assert_no_error (error);
+  guint8 *state = g_malloc0 (total), *got = g_malloc (shard);
+  /* Pieces in shards 2, 0 and 1, the last one across a block boundary. */
+  const struct
+  {
+    guint shard;
+    guint64 offset, bytes;
+  } piece[] = { { 2, 100, 3000 }, { 0, 0, 20 }, { 1, 16000, 9000 } };
+  for (guint k = 0; k < G_N_ELEMENTS (piece); k++)
+    {
+      guint8 *at = state + piece[k].shard * shard + piece[k].offset;
+      for (guint64 i = 0; i < piece[k].bytes; i++)
+        at[i] = (guint8)(k * 50 + i);
+      g_assert_true (stow_swapper_access (sw, TRUE, piece[k].shard,
+                                          piece[k].offset, piece[k].bytes, at,
+                                          &error));
+      g_assert_no_error (error);
+      g_assert_true (stow_swapper_access (sw, FALSE, piece[k].shard,
+                                          piece[k].offset, piece[k].bytes, got,
+                                          &error));
+      g_assert_cmpmem (at, piece[k].bytes, got, piece[k].bytes);
+    }
+  g_assert_true (stow_swapper_flush (sw, &error));
+  g_assert_no_error (error);
+  UpdateLog log = { g_array_new (FALSE, FALSE, sizeof (guint)), 0 };
+  g_assert_true (stow_swapper_step (sw, toy_update, &log, NULL, &error));
+  g_assert_no_error (error);
+  g_array_unref (log.order);
+  oracle_step (state, total, shard, 0);
+  for (guint i = 0; i < 3; i++)
+    {
+      g_assert_true (stow_swapper_load_shard (sw, i, got, &error));
+      g_assert_no_error (error);
+      g_assert_cmpmem (state + i * shard, shard, got, shard);
+    }
+  g_free (state);
+  g_free (got);
+}
+
+static void
+test_ranges_nvme (Fixture *f, gconstpointer d)
+{
+  check_ranges (f, STOW_SWAP_NVME);
+}
+
+static void
+test_ranges_host (Fixture *f, gconstpointer d)
+{
+  check_ranges (f, STOW_SWAP_HOST);
+}
+
+/* A program's cut of fewer shards than the pipeline's three buffers gets a
+ * ring of one per shard, and a range written and not flushed is written
+ * by the next step before it reads. */
+static void
+test_small_ring (Fixture *f, gconstpointer d)
+{
+  g_autoptr (StowNvmeStore) store = make_store (f, STOW_NVME_ENGINE_AUTO);
+  if (store == NULL)
+    return;
+  const guint64 sizes[] = { 8192, 5000 };
+  StowSwapperOptions o = { .mode = STOW_SWAP_NVME,
+                           .shard_sizes = sizes,
+                           .n_shards = 2,
+                           .store = store,
+                           .zero_fill = TRUE };
+  g_autoptr (GError) error = NULL;
+  g_autoptr (StowSwapper) sw = stow_swapper_new (&o, &error);
+  g_assert_no_error (error);
+  g_assert_cmpuint (stow_swapper_get_n_buffers (sw), ==, 2);
+  guint8 one = 9, got = 0;
+  g_assert_true (stow_swapper_access (sw, TRUE, 1, 4999, 1, &one, &error));
+  UpdateLog log = { g_array_new (FALSE, FALSE, sizeof (guint)), 0 };
+  g_assert_true (stow_swapper_step (sw, toy_update, &log, NULL, &error));
+  g_assert_no_error (error);
+  g_assert_cmpuint (log.order->len, ==, 2);
+  g_array_unref (log.order);
+  g_assert_true (stow_swapper_access (sw, FALSE, 1, 4999, 1, &got, &error));
+  /* toy_update on byte 4999 of shard 1 in step 0 */
+  g_assert_cmpuint (got, ==, (guint8)(9 * 31u + 7u + (4999 & 0xff) + 1u));
+}
+
+static void
+test_bad_cut (Fixture *f, gconstpointer d)
+{
+  const guint64 sizes[] = { 4096, 0 };
+  StowSwapperOptions o
+      = { .mode = STOW_SWAP_HOST, .shard_sizes = sizes, .n_shards = 2 };
+  g_autoptr (GError) error = NULL;
+  g_assert_null (stow_swapper_new (&o, &error));
+  g_assert_error (error, STOW_IO_ERROR, STOW_IO_ERROR_INVALID);
+  g_clear_error (&error);
+  o.n_shards = 0;
+  g_assert_null (stow_swapper_new (&o, &error));
+  g_assert_error (error, STOW_IO_ERROR, STOW_IO_ERROR_INVALID);
+}
+
 int
 main (int argc, char **argv)
 {
@@ -262,5 +445,10 @@ main (int argc, char **argv)
   ADD ("/swapper/host", test_host);
   ADD ("/swapper/nvme/error", test_error);
   ADD ("/swapper/bad-options", test_bad_options);
+  ADD ("/swapper/nvme/program-driven", test_program_driven);
+  ADD ("/swapper/nvme/ranges", test_ranges_nvme);
+  ADD ("/swapper/host/ranges", test_ranges_host);
+  ADD ("/swapper/nvme/small-ring", test_small_ring);
+  ADD ("/swapper/bad-cut", test_bad_cut);
   return g_test_run ();
 }

@@ -8,14 +8,11 @@
 #include <string.h>
 
 #include "executor/backend.h"
-#include "offload/pinned.h"
-
-#define RING 3 /* the lowering's swap buffers: read i+1, update i, write i-1 */
+#include "offload/swapper.h"
 
 typedef struct
 {
   guint64 first, count; /* of the rank's flat parameters */
-  guint tensor;         /* in the store */
 } Chunk;
 
 struct _StowStateSwap
@@ -25,18 +22,11 @@ struct _StowStateSwap
   GArray *chunks;   /* Chunk, by the program's shard index */
   guint64 max_bytes;
   StowNvmeStore *store;
-  StowPinnedPool *pool;
-  void *ring[RING];
-  gboolean ring_busy[RING];
-  guint n_ring;      /* min (RING, chunks): a chunk needs one at most */
-  guint64 slot_bytes; /* each ring buffer */
+  StowSwapper *swapper; /* the chunks as its shards, and the ring */
   GMutex lock;
   char *dirs; /* for messages */
   StowNvmeFault fault;
   guint64 fault_nth;
-  /* outside a step: one chunk read into ring[0] */
-  guint cached; /* G_MAXUINT: none */
-  gboolean dirty;
 };
 
 static guint64
@@ -120,7 +110,6 @@ stow_state_swap_new (const StowTensorMap *map, const StowSwapSetup *setup,
   sw->map = map;
   sw->n_sections = map->p->master_weights ? 3 : 2;
   sw->chunks = g_array_new (FALSE, TRUE, sizeof (Chunk));
-  sw->cached = G_MAXUINT;
   sw->fault = setup->fault, sw->fault_nth = setup->fault_nth;
   if (!find_chunks (sw, error))
     return NULL;
@@ -128,45 +117,19 @@ stow_state_swap_new (const StowTensorMap *map, const StowSwapSetup *setup,
   if (sw->store == NULL)
     return NULL;
   sw->dirs = g_strjoinv (",", (char **)setup->dirs);
+  g_autofree guint64 *sizes = g_new (guint64, sw->chunks->len);
   for (guint i = 0; i < sw->chunks->len; i++)
-    {
-      Chunk *c = &g_array_index (sw->chunks, Chunk, i);
-      g_autofree char *name = g_strdup_printf ("optimizer chunk %u", i);
-      c->tensor = stow_nvme_store_add_tensor (sw->store, name,
-                                              chunk_bytes (sw, c));
-    }
-  if (!stow_nvme_store_prepare (sw->store, error))
+    sizes[i] = chunk_bytes (sw, chunk_at (sw, i));
+  /* Every chunk starts as zeros: the moments of a fresh run. */
+  StowSwapperOptions so = { .mode = STOW_SWAP_NVME,
+                            .shard_sizes = sizes,
+                            .n_shards = sw->chunks->len,
+                            .store = sw->store,
+                            .name_prefix = "optimizer chunk ",
+                            .zero_fill = TRUE };
+  sw->swapper = stow_swapper_new (&so, error);
+  if (sw->swapper == NULL)
     return NULL;
-  /* One slab holds the ring, so a small memlock limit is asked for no more
-   * than the ring. */
-  guint64 slot = (sw->max_bytes + STOW_NVME_ALIGN - 1) / STOW_NVME_ALIGN
-                 * STOW_NVME_ALIGN;
-  sw->slot_bytes = slot;
-  sw->n_ring = MIN (RING, sw->chunks->len);
-  StowPinnedOptions po = { 0 };
-  po.slab_bytes = slot * sw->n_ring;
-  po.numa_node = -1;
-  po.no_cuda = TRUE;
-  po.defer_pin = TRUE;
-  sw->pool = stow_pinned_pool_new (&po);
-  for (guint i = 0; i < sw->n_ring; i++)
-    {
-      sw->ring[i] = stow_pinned_pool_alloc (sw->pool, slot, error);
-      if (sw->ring[i] == NULL)
-        return NULL;
-      stow_nvme_store_register_buffer (sw->store, sw->ring[i], slot);
-    }
-  stow_pinned_pool_pin (sw->pool);
-  /* Every chunk starts as zeros: the moments of a fresh run, and data the
-   * store can read back before the first load writes the master. */
-  memset (sw->ring[0], 0, slot);
-  for (guint i = 0; i < sw->chunks->len; i++)
-    {
-      Chunk *c = &g_array_index (sw->chunks, Chunk, i);
-      if (!stow_state_swap_write (sw, i, sw->ring[0], chunk_bytes (sw, c),
-                                  error))
-        return NULL;
-    }
   return g_steal_pointer (&sw);
 }
 
@@ -175,10 +138,12 @@ stow_state_swap_free (StowStateSwap *sw)
 {
   if (sw == NULL)
     return;
+  /* The store first: freeing it unregisters the swap buffers from
+   * io_uring before their pool is unmapped. */
   if (sw->store)
     stow_nvme_store_free (sw->store);
-  if (sw->pool)
-    stow_pinned_pool_free (sw->pool);
+  if (sw->swapper)
+    stow_swapper_free (sw->swapper);
   if (sw->chunks)
     g_array_unref (sw->chunks);
   g_free (sw->dirs);
@@ -189,7 +154,7 @@ stow_state_swap_free (StowStateSwap *sw)
 guint64
 stow_state_swap_buffer_bytes (const StowStateSwap *sw)
 {
-  return sw->slot_bytes;
+  return stow_swapper_get_buffer_bytes (sw->swapper);
 }
 
 char *
@@ -197,16 +162,17 @@ stow_state_swap_describe (const StowStateSwap *sw)
 {
   g_autofree char *buf
       = g_format_size_full (sw->max_bytes, G_FORMAT_SIZE_IEC_UNITS);
-  g_autofree char *pool = stow_pinned_pool_describe (sw->pool);
+  g_autofree char *pool
+      = stow_pinned_pool_describe (stow_swapper_get_pool (sw->swapper));
+  guint n_ring = stow_swapper_get_n_buffers (sw->swapper);
   const char *stale = stow_nvme_store_get_note (sw->store);
   return g_strdup_printf (
       "optimizer states on NVMe: %u chunk%s in %s (%s, %s), %u swap buffer%s "
       "of %s; %s%s%s",
       sw->chunks->len, sw->chunks->len == 1 ? "" : "s", sw->dirs,
       stow_nvme_engine_name (stow_nvme_store_get_engine (sw->store)),
-      stow_nvme_store_is_direct (sw->store) ? "O_DIRECT" : "buffered",
-      sw->n_ring, sw->n_ring == 1 ? "" : "s", buf, pool,
-      stale ? "; " : "", stale ? stale : "");
+      stow_nvme_store_is_direct (sw->store) ? "O_DIRECT" : "buffered", n_ring,
+      n_ring == 1 ? "" : "s", buf, pool, stale ? "; " : "", stale ? stale : "");
 }
 
 /* ---- the ring ------------------------------------------------------------ */
@@ -222,30 +188,18 @@ stow_state_swap_take (StowStateSwap *sw, guint64 bytes, GError **error)
                    bytes, sw->max_bytes);
       return NULL;
     }
-  g_mutex_lock (&sw->lock);
-  void *got = NULL;
-  for (guint i = 0; got == NULL && i < sw->n_ring; i++)
-    if (!sw->ring_busy[i])
-      {
-        sw->ring_busy[i] = TRUE;
-        got = sw->ring[i];
-      }
-  g_mutex_unlock (&sw->lock);
+  void *got = stow_swapper_take_buffer (sw->swapper);
   if (got == NULL)
     g_set_error (error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_INVALID,
                  "the program holds more than %u swap buffers at once",
-                 sw->n_ring);
+                 stow_swapper_get_n_buffers (sw->swapper));
   return got;
 }
 
 void
 stow_state_swap_give (StowStateSwap *sw, void *buf)
 {
-  g_mutex_lock (&sw->lock);
-  for (guint i = 0; i < sw->n_ring; i++)
-    if (sw->ring[i] == buf)
-      sw->ring_busy[i] = FALSE;
-  g_mutex_unlock (&sw->lock);
+  stow_swapper_give_buffer (sw->swapper, buf);
 }
 
 /* ---- I/O ------------------------------------------------------------------- */
@@ -284,8 +238,7 @@ stow_state_swap_read (StowStateSwap *sw, guint chunk, void *buf, guint64 bytes,
   if (!check_chunk (sw, chunk, bytes, error))
     return FALSE;
   arm_fault (sw);
-  return stow_nvme_store_read (sw->store, chunk_at (sw, chunk)->tensor, buf,
-                               error);
+  return stow_swapper_read (sw->swapper, chunk, buf, error);
 }
 
 gboolean
@@ -294,8 +247,7 @@ stow_state_swap_write (StowStateSwap *sw, guint chunk, const void *buf,
 {
   if (!check_chunk (sw, chunk, bytes, error))
     return FALSE;
-  return stow_nvme_store_write (sw->store, chunk_at (sw, chunk)->tensor, buf,
-                                error);
+  return stow_swapper_write (sw->swapper, chunk, buf, error);
 }
 
 /* ---- the update -------------------------------------------------------------- */
@@ -356,20 +308,6 @@ stow_state_swap_update (StowStateSwap *sw, StowAdam *adam,
 
 /* ---- outside a step -------------------------------------------------------- */
 
-static gboolean
-cache_chunk (StowStateSwap *sw, guint chunk, GError **error)
-{
-  if (sw->cached == chunk)
-    return TRUE;
-  if (!stow_state_swap_flush (sw, error))
-    return FALSE;
-  const Chunk *c = chunk_at (sw, chunk);
-  if (!stow_nvme_store_read (sw->store, c->tensor, sw->ring[0], error))
-    return FALSE;
-  sw->cached = chunk;
-  return TRUE;
-}
-
 gboolean
 stow_state_swap_access (StowStateSwap *sw, gboolean write, guint unit,
                         guint which, guint64 first, guint64 n, float *data,
@@ -390,16 +328,11 @@ stow_state_swap_access (StowStateSwap *sw, gboolean write, guint unit,
       const Chunk *ch = chunk_at (sw, c);
       guint64 off = at - ch->first;
       guint64 piece = MIN (n, ch->count - off);
-      if (!cache_chunk (sw, c, error))
+      /* A chunk holds its sections one after the other, fp32. */
+      if (!stow_swapper_access (sw->swapper, write, c,
+                                ((guint64)sec * ch->count + off) * 4, piece * 4,
+                                data, error))
         return FALSE;
-      float *s = (float *)sw->ring[0] + (guint64)sec * ch->count + off;
-      if (write)
-        {
-          memcpy (s, data, piece * 4);
-          sw->dirty = TRUE;
-        }
-      else
-        memcpy (data, s, piece * 4);
       data += piece, at += piece, n -= piece;
       c++;
     }
@@ -409,16 +342,5 @@ stow_state_swap_access (StowStateSwap *sw, gboolean write, guint unit,
 gboolean
 stow_state_swap_flush (StowStateSwap *sw, GError **error)
 {
-  if (sw->cached == G_MAXUINT)
-    return TRUE;
-  if (sw->dirty)
-    {
-      const Chunk *c = chunk_at (sw, sw->cached);
-      if (!stow_nvme_store_write (sw->store, c->tensor, sw->ring[0], error))
-        return FALSE;
-      sw->dirty = FALSE;
-    }
-  /* ring[0] goes back to the steps' swap buffers. */
-  sw->cached = G_MAXUINT;
-  return TRUE;
+  return stow_swapper_flush (sw->swapper, error);
 }

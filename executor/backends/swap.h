@@ -1,16 +1,18 @@
 /* SPDX-License-Identifier: MIT
  *
  * executor/backends/swap.h: the optimizer states on NVMe (ZeRO-Infinity)
- * for a backend that runs a step program.  The lowering cuts the rank's
- * flat parameters into chunks (planner/schedule.c: "states read",
- * "updated", "states written"); each chunk's states are one tensor of an
- * NVMe store (offload/nvme.h: striped over the directories given, O_DIRECT
- * through io_uring, XXH3 per block), laid out as the chunk's master
- * weights (with 16-bit training), then m, then v, fp32.  The program's
- * three "swap buffer" allocations take a ring of buffers from the pinned
- * pool, registered with the store; the stream workers read, update and
- * write chunks as the program's ops say, so the swapper's pipeline (read
- * i+1, Adam on i, write i-1) is the program's.
+ * for a backend that runs a step program: the glue between the program and
+ * the optimizer-state swapper (offload/swapper.h).  The lowering cuts the
+ * rank's flat parameters into chunks (planner/schedule.c: "states read",
+ * "updated", "states written"); each chunk's states are one shard of the
+ * swapper (in an NVMe store, offload/nvme.h: striped over the directories
+ * given, O_DIRECT through io_uring, XXH3 per block), laid out as the
+ * chunk's master weights (with 16-bit training), then m, then v, fp32.
+ * The program's three "swap buffer" allocations take the swapper's ring of
+ * pinned buffers; the stream workers read, update and write chunks as the
+ * program's ops say, so the swapper's pipeline (read i+1, Adam on i, write
+ * i-1) is the program's.  Here: finding the chunks in the program, their
+ * Adam over the map's tensors, a test's fault, and the messages.
  *
  * Outside a step (loading, checkpoints) the states are read and written by
  * range through one cached chunk, so no full copy of them is ever in RAM.
