@@ -97,11 +97,11 @@ main (int argc, char **argv)
   const struct
   {
     const char *name;
-    StowFloatType type;
+    StowDtype type;
     gboolean tc;
-  } runs[] = { { "bf16 tensor cores", STOW_FLOAT_BF16, TRUE },
-               { "bf16 CUDA cores", STOW_FLOAT_BF16, FALSE },
-               { "fp32 CUDA cores", STOW_FLOAT_F32, FALSE } };
+  } runs[] = { { "bf16 tensor cores", STOW_DTYPE_BF16, TRUE },
+               { "bf16 CUDA cores", STOW_DTYPE_BF16, FALSE },
+               { "fp32 CUDA cores", STOW_DTYPE_F32, FALSE } };
   for (guint r = 0; r < G_N_ELEMENTS (runs); r++)
     {
       g_autoptr (StowLlamaCuda) L
@@ -112,7 +112,7 @@ main (int argc, char **argv)
           return 2;
         }
       gboolean tc = stow_llama_cuda_attention_use_tc (L, runs[r].tc);
-      guint64 e = runs[r].type == STOW_FLOAT_BF16 ? 2 : 4;
+      guint64 e = runs[r].type == STOW_DTYPE_BF16 ? 2 : 4;
       /* q k v o dout dq dk dv */
       guint64 el[8]
           = { a * d, kv * d, kv * d, a * d, a * d, a * d, kv * d, kv * d };

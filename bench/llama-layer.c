@@ -74,7 +74,7 @@ main (int argc, char **argv)
                         .vocab = 32000,
                         .rope_theta = 10000,
                         .rms_norm_eps = 1e-6 };
-  StowFloatType dt = bf16 ? STOW_FLOAT_BF16 : STOW_FLOAT_F32;
+  StowDtype dt = bf16 ? STOW_DTYPE_BF16 : STOW_DTYPE_F32;
   g_autoptr (StowLlama) L
       = stow_llama_new (&c, dt, (guint64)seq, (guint)threads, &error);
   if (L == NULL)

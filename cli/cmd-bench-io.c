@@ -575,8 +575,8 @@ bench_adam_update (void *state_buf, gsize bytes, guint shard,
       return;
     }
   StowAdamTensor t
-      = { s,      s + n,           s + 2 * n, a->grad, STOW_FLOAT_BF16,
-          a->out, STOW_FLOAT_BF16, n };
+      = { s,      s + n,           s + 2 * n, a->grad, STOW_DTYPE_BF16,
+          a->out, STOW_DTYPE_BF16, n };
   StowAdamStep st = { a->step, 1.0, 1.0, FALSE };
   int rc = stow_adam_step_raw (a->adam, &a->config, &st, &t);
   if (rc != 0)

@@ -144,10 +144,10 @@ adam_init_job (gpointer data, guint index, guint n_threads)
       float g = 1e-2f * x;
       switch (t->grad_type)
         {
-        case STOW_FLOAT_BF16:
+        case STOW_DTYPE_BF16:
           ((guint16 *)t->grad)[i] = stow_f32_to_bf16 (g);
           break;
-        case STOW_FLOAT_F16:
+        case STOW_DTYPE_F16:
           ((guint16 *)t->grad)[i] = stow_f32_to_f16 (g);
           break;
         default:
@@ -155,11 +155,11 @@ adam_init_job (gpointer data, guint index, guint n_threads)
         }
       switch (t->out_type)
         {
-        case STOW_FLOAT_F32:
+        case STOW_DTYPE_F32:
           ((float *)t->param_out)[i] = 0;
           break;
-        case STOW_FLOAT_BF16:
-        case STOW_FLOAT_F16:
+        case STOW_DTYPE_BF16:
+        case STOW_DTYPE_F16:
           ((guint16 *)t->param_out)[i] = 0;
           break;
         default:
@@ -219,13 +219,13 @@ bench_adam (int argc, char **argv)
   if (opt_reps < 1 || opt_reps > 100000)
     return stow_cli_failf (NULL, "bench adam: --reps (%d) must be in 1..100000",
                            opt_reps);
-  StowFloatType grad_type = STOW_FLOAT_BF16, out_type = STOW_FLOAT_BF16;
+  StowDtype grad_type = STOW_DTYPE_BF16, out_type = STOW_DTYPE_BF16;
   if (opt_grad != NULL
-      && (!stow_float_type_from_name (opt_grad, &grad_type)
-          || grad_type == STOW_FLOAT_NONE))
+      && (!stow_dtype_from_nick (opt_grad, &grad_type)
+          || grad_type == STOW_DTYPE_NONE))
     return stow_cli_failf (
         NULL, "bench adam: --grad \"%s\": use bf16, fp16 or fp32", opt_grad);
-  if (opt_out != NULL && !stow_float_type_from_name (opt_out, &out_type))
+  if (opt_out != NULL && !stow_dtype_from_nick (opt_out, &out_type))
     return stow_cli_failf (
         NULL, "bench adam: --out \"%s\": use bf16, fp16, fp32 or none",
         opt_out);
@@ -245,12 +245,12 @@ bench_adam (int argc, char **argv)
   t.param = alloc_aligned (n * 4, "the master weights", &error);
   t.m = t.param ? alloc_aligned (n * 4, "the first moment", &error) : NULL;
   t.v = t.m ? alloc_aligned (n * 4, "the second moment", &error) : NULL;
-  void *grad = t.v ? alloc_aligned (n * stow_float_type_size (grad_type),
+  void *grad = t.v ? alloc_aligned (n * stow_dtype_size (grad_type),
                                     "the gradients", &error)
                    : NULL;
   t.grad = grad;
-  if (grad != NULL && out_type != STOW_FLOAT_NONE)
-    t.param_out = alloc_aligned (n * stow_float_type_size (out_type),
+  if (grad != NULL && out_type != STOW_DTYPE_NONE)
+    t.param_out = alloc_aligned (n * stow_dtype_size (out_type),
                                  "the parameter copy", &error);
   int rc = STOW_EXIT_FAILURE;
   if (error != NULL)
@@ -300,8 +300,8 @@ bench_adam (int argc, char **argv)
       stow_json_set_i64 (b, "threads", stow_adam_get_n_threads (adam));
       stow_json_set_i64 (b, "threads_bound", stow_cpu_pool_n_bound (pool));
       stow_json_set_i64 (b, "params", (gint64)n);
-      stow_json_set_string (b, "grad", stow_float_type_name (grad_type));
-      stow_json_set_string (b, "out", stow_float_type_name (out_type));
+      stow_json_set_string (b, "grad", stow_dtype_nick (grad_type));
+      stow_json_set_string (b, "out", stow_dtype_nick (out_type));
       stow_json_set_bool (b, "grads_checked", opt_check);
       stow_json_set_i64 (b, "reps", opt_reps);
       stow_json_set_double (b, "seconds", best);
@@ -318,8 +318,8 @@ bench_adam (int argc, char **argv)
       g_autofree char *bw = stow_format_bandwidth (bytes_per_s);
       g_autofree char *dur = stow_format_duration (best);
       printf ("adam: %s params, grad %s, out %s, %s, %u threads (%u bound)\n",
-              count, stow_float_type_name (grad_type),
-              stow_float_type_name (out_type),
+              count, stow_dtype_nick (grad_type),
+              stow_dtype_nick (out_type),
               stow_isa_name (stow_adam_get_isa (adam)),
               stow_adam_get_n_threads (adam), stow_cpu_pool_n_bound (pool));
       printf ("step: %s (best of %d), %u bytes/param, %s, %.3g params/s\n", dur,

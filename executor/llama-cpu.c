@@ -296,7 +296,7 @@ static const StowKernels cpu_kernels = {
 /* ---- the runtime ---------------------------------------------------------- */
 
 static gboolean
-check_config (const StowLlamaConfig *c, StowFloatType dtype, guint64 max_seq,
+check_config (const StowLlamaConfig *c, StowDtype dtype, guint64 max_seq,
               GError **error)
 {
   struct
@@ -376,11 +376,11 @@ check_config (const StowLlamaConfig *c, StowFloatType dtype, guint64 max_seq,
                    c->rope_high_freq_factor, c->rope_original_max_positions);
       return FALSE;
     }
-  if (dtype != STOW_FLOAT_F32 && dtype != STOW_FLOAT_BF16)
+  if (dtype != STOW_DTYPE_F32 && dtype != STOW_DTYPE_BF16)
     {
       g_set_error (error, STOW_LLAMA_ERROR, STOW_LLAMA_ERROR_INVALID,
                    "llama runtime: dtype %s: runs fp32 and bf16",
-                   stow_float_type_name (dtype));
+                   stow_dtype_nick (dtype));
       return FALSE;
     }
   return TRUE;
@@ -410,7 +410,7 @@ rope_inv_freq (const StowLlamaConfig *c, guint64 i)
 }
 
 StowLlama *
-stow_llama_new (const StowLlamaConfig *config, StowFloatType dtype,
+stow_llama_new (const StowLlamaConfig *config, StowDtype dtype,
                 guint64 max_seq, guint n_threads, GError **error)
 {
   g_return_val_if_fail (config != NULL, NULL);
@@ -422,8 +422,8 @@ stow_llama_new (const StowLlamaConfig *config, StowFloatType dtype,
   const StowLlamaConfig *c = &L->config;
   L->config = *config;
   L->dtype = dtype;
-  L->bf16 = dtype == STOW_FLOAT_BF16;
-  L->esize = stow_float_type_size (dtype);
+  L->bf16 = dtype == STOW_DTYPE_BF16;
+  L->esize = stow_dtype_size (dtype);
   L->max_seq = max_seq;
   L->n_threads = n_threads ? n_threads : g_get_num_processors ();
 
@@ -490,10 +490,10 @@ stow_llama_get_config (const StowLlama *L)
   return &L->config;
 }
 
-StowFloatType
+StowDtype
 stow_llama_get_dtype (const StowLlama *L)
 {
-  g_return_val_if_fail (L != NULL, STOW_FLOAT_NONE);
+  g_return_val_if_fail (L != NULL, STOW_DTYPE_NONE);
   return L->dtype;
 }
 

@@ -32,7 +32,7 @@ struct StowLlama
 {
   StowDecoder decoder; /* this runtime's kernels (llama-cpu.c) */
   StowLlamaConfig config;
-  StowFloatType dtype;
+  StowDtype dtype;
   gboolean bf16; /* storage is bf16 (else fp32) */
   guint64 esize; /* bytes of one element of @dtype */
   guint64 max_seq;

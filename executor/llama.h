@@ -31,7 +31,7 @@
 #include <glib.h>
 
 #include "executor/kernels.h"
-#include "offload/adam.h" /* StowFloatType */
+#include "offload/adam.h" /* StowDtype */
 
 G_BEGIN_DECLS
 
@@ -216,18 +216,18 @@ void stow_decoder_head_logits (const StowDecoder *d, guint64 n,
 
 typedef struct StowLlama StowLlama;
 
-/* A runtime for @config at @dtype (STOW_FLOAT_F32 or STOW_FLOAT_BF16), for
+/* A runtime for @config at @dtype (STOW_DTYPE_F32 or STOW_DTYPE_BF16), for
  * sequences of up to @max_seq tokens, on @n_threads threads (0: one per
  * core).  Precomputes the rotary tables and allocates its workspace (see
  * stow_llama_workspace_bytes).  STOW_LLAMA_ERROR_INVALID names a field that
  * cannot run (k not dividing a, odd head_dim, a zero size). */
-StowLlama *stow_llama_new (const StowLlamaConfig *config, StowFloatType dtype,
+StowLlama *stow_llama_new (const StowLlamaConfig *config, StowDtype dtype,
                            guint64 max_seq, guint n_threads, GError **error);
 void stow_llama_free (StowLlama *llama);
 /* The decoder over this runtime's kernels (owned by @llama). */
 const StowDecoder *stow_llama_decoder (const StowLlama *llama);
 const StowLlamaConfig *stow_llama_get_config (const StowLlama *llama);
-StowFloatType stow_llama_get_dtype (const StowLlama *llama);
+StowDtype stow_llama_get_dtype (const StowLlama *llama);
 /* The threads it runs on (@n_threads, or the cores when that was 0). */
 guint stow_llama_get_n_threads (const StowLlama *llama);
 /* Bytes the runtime holds outside the caller's tensors: rotary tables,

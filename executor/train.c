@@ -100,7 +100,7 @@ open_inputs (Run *r, GError **error)
 static const char *
 precision_name (const StowProgram *p)
 {
-  return stow_float_type_name (stow_float_type_of_dtype (p->weight_dtype));
+  return stow_dtype_nick (p->weight_dtype);
 }
 
 static JsonObject *

@@ -23,62 +23,6 @@ G_DEFINE_QUARK (stow-adam-error-quark, stow_adam_error)
 
 /* ---- element types --------------------------------------------------- */
 
-const char *
-stow_float_type_name (StowFloatType type)
-{
-  switch (type)
-    {
-    case STOW_FLOAT_NONE:
-      return "none";
-    case STOW_FLOAT_F32:
-      return "fp32";
-    case STOW_FLOAT_BF16:
-      return "bf16";
-    case STOW_FLOAT_F16:
-      return "fp16";
-    }
-  return "?";
-}
-
-gboolean
-stow_float_type_from_name (const char *name, StowFloatType *out)
-{
-  static const struct
-  {
-    const char *name;
-    StowFloatType type;
-  } names[] = {
-    { "none", STOW_FLOAT_NONE },   { "fp32", STOW_FLOAT_F32 },
-    { "f32", STOW_FLOAT_F32 },     { "float32", STOW_FLOAT_F32 },
-    { "bf16", STOW_FLOAT_BF16 },   { "bfloat16", STOW_FLOAT_BF16 },
-    { "fp16", STOW_FLOAT_F16 },    { "f16", STOW_FLOAT_F16 },
-    { "float16", STOW_FLOAT_F16 },
-  };
-  g_return_val_if_fail (name != NULL && out != NULL, FALSE);
-  for (gsize i = 0; i < G_N_ELEMENTS (names); i++)
-    if (g_ascii_strcasecmp (name, names[i].name) == 0)
-      {
-        *out = names[i].type;
-        return TRUE;
-      }
-  return FALSE;
-}
-
-guint
-stow_float_type_size (StowFloatType type)
-{
-  switch (type)
-    {
-    case STOW_FLOAT_F32:
-      return 4;
-    case STOW_FLOAT_BF16:
-    case STOW_FLOAT_F16:
-      return 2;
-    default:
-      return 0;
-    }
-}
-
 static inline guint32
 f32_bits (float x)
 {
@@ -206,11 +150,11 @@ stow_adam_grads_ok (double sumsq, double loss_scale, double clip_coef)
 }
 
 guint
-stow_adam_bytes_per_param (StowFloatType grad_type, StowFloatType out_type,
+stow_adam_bytes_per_param (StowDtype grad_type, StowDtype out_type,
                            gboolean grads_verified)
 {
-  guint g = stow_float_type_size (grad_type);
-  return 12 + g + 12 + stow_float_type_size (out_type)
+  guint g = stow_dtype_size (grad_type);
+  return 12 + g + 12 + stow_dtype_size (out_type)
          + (grads_verified ? 0 : g);
 }
 
@@ -222,7 +166,7 @@ typedef struct
   float *p, *m, *v;
   const void *grad;
   void *out;
-  StowFloatType grad_type, out_type;
+  StowDtype grad_type, out_type;
   gboolean l2;
   float gs;       /* clip_coef / loss_scale */
   float wd;       /* L2 mode: g += wd * p */
@@ -235,13 +179,13 @@ typedef struct
 } AdamArgs;
 
 static inline float
-load_grad_1 (const void *g, StowFloatType t, guint64 i)
+load_grad_1 (const void *g, StowDtype t, guint64 i)
 {
   switch (t)
     {
-    case STOW_FLOAT_BF16:
+    case STOW_DTYPE_BF16:
       return stow_bf16_to_f32 (((const guint16 *)g)[i]);
-    case STOW_FLOAT_F16:
+    case STOW_DTYPE_F16:
       return stow_f16_to_f32 (((const guint16 *)g)[i]);
     default:
       return ((const float *)g)[i];
@@ -249,17 +193,17 @@ load_grad_1 (const void *g, StowFloatType t, guint64 i)
 }
 
 static inline void
-store_out_1 (void *out, StowFloatType t, guint64 i, float p)
+store_out_1 (void *out, StowDtype t, guint64 i, float p)
 {
   switch (t)
     {
-    case STOW_FLOAT_F32:
+    case STOW_DTYPE_F32:
       ((float *)out)[i] = p;
       break;
-    case STOW_FLOAT_BF16:
+    case STOW_DTYPE_BF16:
       ((guint16 *)out)[i] = stow_f32_to_bf16 (p);
       break;
-    case STOW_FLOAT_F16:
+    case STOW_DTYPE_F16:
       ((guint16 *)out)[i] = stow_f32_to_f16 (p);
       break;
     default:
@@ -294,7 +238,7 @@ adam_range_scalar (const AdamArgs *a, guint64 i, guint64 end)
 }
 
 static guint64
-check_range_scalar (const void *g, StowFloatType t, float gs, guint64 i,
+check_range_scalar (const void *g, StowDtype t, float gs, guint64 i,
                     guint64 end)
 {
   guint64 bad = 0;
@@ -321,7 +265,7 @@ sum_lanes (const double *acc)
 }
 
 static void
-sumsq_tail (double *acc, const void *g, StowFloatType t, guint64 i, guint64 end)
+sumsq_tail (double *acc, const void *g, StowDtype t, guint64 i, guint64 end)
 {
   for (; i < end; i++)
     {
@@ -331,7 +275,7 @@ sumsq_tail (double *acc, const void *g, StowFloatType t, guint64 i, guint64 end)
 }
 
 static double
-sumsq_block_scalar (const void *g, StowFloatType t, guint64 i, guint64 end)
+sumsq_block_scalar (const void *g, StowDtype t, guint64 i, guint64 end)
 {
   double acc[SUMSQ_LANES] = { 0 };
   sumsq_tail (acc, g, t, i, end);
@@ -342,17 +286,17 @@ sumsq_block_scalar (const void *g, StowFloatType t, guint64 i, guint64 end)
 #define AVX2_TARGET "avx2,fma,f16c"
 
 __attribute__ ((target (AVX2_TARGET))) static inline __m256
-load_grad_8 (const void *g, StowFloatType t, guint64 i)
+load_grad_8 (const void *g, StowDtype t, guint64 i)
 {
   switch (t)
     {
-    case STOW_FLOAT_BF16:
+    case STOW_DTYPE_BF16:
       {
         __m128i h = _mm_loadu_si128 ((const __m128i *)((const guint16 *)g + i));
         return _mm256_castsi256_ps (
             _mm256_slli_epi32 (_mm256_cvtepu16_epi32 (h), 16));
       }
-    case STOW_FLOAT_F16:
+    case STOW_DTYPE_F16:
       return _mm256_cvtph_ps (
           _mm_loadu_si128 ((const __m128i *)((const guint16 *)g + i)));
     default:
@@ -361,15 +305,15 @@ load_grad_8 (const void *g, StowFloatType t, guint64 i)
 }
 
 __attribute__ ((target (AVX2_TARGET))) static inline void
-store_out_8 (void *out, StowFloatType t, guint64 i, __m256 p)
+store_out_8 (void *out, StowDtype t, guint64 i, __m256 p)
 {
   __m256 nan = _mm256_cmp_ps (p, p, _CMP_UNORD_Q);
   switch (t)
     {
-    case STOW_FLOAT_F32:
+    case STOW_DTYPE_F32:
       _mm256_storeu_ps ((float *)out + i, p);
       break;
-    case STOW_FLOAT_BF16:
+    case STOW_DTYPE_BF16:
       {
         __m256i b = _mm256_castps_si256 (p);
         __m256i lsb = _mm256_and_si256 (_mm256_srli_epi32 (b, 16),
@@ -387,7 +331,7 @@ store_out_8 (void *out, StowFloatType t, guint64 i, __m256 p)
                           _mm256_castsi256_si128 (packed));
         break;
       }
-    case STOW_FLOAT_F16:
+    case STOW_DTYPE_F16:
       {
         /* A quiet NaN 0x7fc00000 converts to the canonical 0x7e00. */
         __m256 q = _mm256_blendv_ps (
@@ -434,7 +378,7 @@ adam_range_avx2 (const AdamArgs *a, guint64 i, guint64 end)
 }
 
 __attribute__ ((target (AVX2_TARGET))) static guint64
-check_range_avx2 (const void *g, StowFloatType t, float gs, guint64 i,
+check_range_avx2 (const void *g, StowDtype t, float gs, guint64 i,
                   guint64 end)
 {
   const __m256 vgs = _mm256_set1_ps (gs);
@@ -452,7 +396,7 @@ check_range_avx2 (const void *g, StowFloatType t, float gs, guint64 i,
 }
 
 __attribute__ ((target (AVX2_TARGET))) static double
-sumsq_block_avx2 (const void *g, StowFloatType t, guint64 i, guint64 end)
+sumsq_block_avx2 (const void *g, StowDtype t, guint64 i, guint64 end)
 {
   __m256d acc[4] = { _mm256_setzero_pd (), _mm256_setzero_pd (),
                      _mm256_setzero_pd (), _mm256_setzero_pd () };
@@ -480,18 +424,18 @@ sumsq_block_avx2 (const void *g, StowFloatType t, guint64 i, guint64 end)
 #define AVX512_TARGET "avx512f,avx512bf16"
 
 __attribute__ ((target (AVX512_TARGET))) static inline __m512
-load_grad_16 (const void *g, StowFloatType t, guint64 i)
+load_grad_16 (const void *g, StowDtype t, guint64 i)
 {
   switch (t)
     {
-    case STOW_FLOAT_BF16:
+    case STOW_DTYPE_BF16:
       {
         __m256i h
             = _mm256_loadu_si256 ((const __m256i *)((const guint16 *)g + i));
         return _mm512_castsi512_ps (
             _mm512_slli_epi32 (_mm512_cvtepu16_epi32 (h), 16));
       }
-    case STOW_FLOAT_F16:
+    case STOW_DTYPE_F16:
       return _mm512_cvtph_ps (
           _mm256_loadu_si256 ((const __m256i *)((const guint16 *)g + i)));
     default:
@@ -514,16 +458,16 @@ bf16_round_16 (__m512 p)
 }
 
 __attribute__ ((target (AVX512_TARGET))) static inline void
-store_out_16 (void *out, StowFloatType t, guint64 i, __m512 p,
+store_out_16 (void *out, StowDtype t, guint64 i, __m512 p,
               const int native_bf16)
 {
   __m256i *dst16 = (__m256i *)((guint16 *)out + i);
   switch (t)
     {
-    case STOW_FLOAT_F32:
+    case STOW_DTYPE_F32:
       _mm512_storeu_ps ((float *)out + i, p);
       break;
-    case STOW_FLOAT_BF16:
+    case STOW_DTYPE_BF16:
       if (native_bf16)
         {
           /* VCVTNEPS2BF16 rounds to nearest even but flushes subnormal
@@ -544,7 +488,7 @@ store_out_16 (void *out, StowFloatType t, guint64 i, __m512 p,
       else
         _mm256_storeu_si256 (dst16, bf16_round_16 (p));
       break;
-    case STOW_FLOAT_F16:
+    case STOW_DTYPE_F16:
       {
         __mmask16 nan = _mm512_cmp_ps_mask (p, p, _CMP_UNORD_Q);
         __m512 q = _mm512_mask_mov_ps (
@@ -604,7 +548,7 @@ adam_range_avx512_bf16 (const AdamArgs *a, guint64 i, guint64 end)
 }
 
 __attribute__ ((target (AVX512_TARGET))) static guint64
-check_range_avx512 (const void *g, StowFloatType t, float gs, guint64 i,
+check_range_avx512 (const void *g, StowDtype t, float gs, guint64 i,
                     guint64 end)
 {
   const __m512 vgs = _mm512_set1_ps (gs);
@@ -620,7 +564,7 @@ check_range_avx512 (const void *g, StowFloatType t, float gs, guint64 i,
 }
 
 __attribute__ ((target (AVX512_TARGET))) static double
-sumsq_block_avx512 (const void *g, StowFloatType t, guint64 i, guint64 end)
+sumsq_block_avx512 (const void *g, StowDtype t, guint64 i, guint64 end)
 {
   __m512d lo_acc = _mm512_setzero_pd (), hi_acc = _mm512_setzero_pd ();
   for (; i + 16 <= end; i += 16)
@@ -642,9 +586,9 @@ sumsq_block_avx512 (const void *g, StowFloatType t, guint64 i, guint64 end)
 typedef struct
 {
   void (*adam) (const AdamArgs *a, guint64 i, guint64 end);
-  guint64 (*check) (const void *g, StowFloatType t, float gs, guint64 i,
+  guint64 (*check) (const void *g, StowDtype t, float gs, guint64 i,
                     guint64 end);
-  double (*sumsq) (const void *g, StowFloatType t, guint64 i, guint64 end);
+  double (*sumsq) (const void *g, StowDtype t, guint64 i, guint64 end);
 } Kernels;
 
 static const Kernels kernels[STOW_ISA_N] = {
@@ -786,13 +730,13 @@ step_ok (const StowAdamStep *s)
 static gboolean
 tensor_ok (const StowAdamTensor *t)
 {
-  if (t->grad_type != STOW_FLOAT_F32 && t->grad_type != STOW_FLOAT_BF16
-      && t->grad_type != STOW_FLOAT_F16)
+  if (t->grad_type != STOW_DTYPE_F32 && t->grad_type != STOW_DTYPE_BF16
+      && t->grad_type != STOW_DTYPE_F16)
     return FALSE;
-  if (t->out_type != STOW_FLOAT_NONE && t->out_type != STOW_FLOAT_F32
-      && t->out_type != STOW_FLOAT_BF16 && t->out_type != STOW_FLOAT_F16)
+  if (t->out_type != STOW_DTYPE_NONE && t->out_type != STOW_DTYPE_F32
+      && t->out_type != STOW_DTYPE_BF16 && t->out_type != STOW_DTYPE_F16)
     return FALSE;
-  if ((t->out_type == STOW_FLOAT_NONE) != (t->param_out == NULL))
+  if ((t->out_type == STOW_DTYPE_NONE) != (t->param_out == NULL))
     return FALSE;
   if (t->n == 0)
     return TRUE;
@@ -858,7 +802,7 @@ typedef struct
 {
   StowAdam *adam;
   const void *grad;
-  StowFloatType type;
+  StowDtype type;
   guint64 n;
   guint64 block;
   guint64 n_blocks;
@@ -879,12 +823,12 @@ sumsq_job (gpointer data, guint index, guint n_threads)
 }
 
 int
-stow_adam_grad_sumsq (StowAdam *adam, const void *grad, StowFloatType grad_type,
+stow_adam_grad_sumsq (StowAdam *adam, const void *grad, StowDtype grad_type,
                       guint64 n, double *out_sumsq)
 {
   if (adam == NULL || out_sumsq == NULL || (grad == NULL && n > 0)
-      || (grad_type != STOW_FLOAT_F32 && grad_type != STOW_FLOAT_BF16
-          && grad_type != STOW_FLOAT_F16))
+      || (grad_type != STOW_DTYPE_F32 && grad_type != STOW_DTYPE_BF16
+          && grad_type != STOW_DTYPE_F16))
     return -EINVAL;
   *out_sumsq = 0;
   if (n == 0)
@@ -984,8 +928,8 @@ stow_adam_measure (StowAdam *adam, guint64 n, guint reps, GError **error)
     h[i] = 0x3c00 + (guint16)(i & 0xff); /* bf16 gradients near 0.008 */
   StowAdamConfig cfg;
   stow_adam_config_init (&cfg);
-  StowAdamTensor t = { f, f + n, f + 2 * n, h, STOW_FLOAT_BF16, h + n,
-                       STOW_FLOAT_BF16, n };
+  StowAdamTensor t = { f, f + n, f + 2 * n, h, STOW_DTYPE_BF16, h + n,
+                       STOW_DTYPE_BF16, n };
   double best = G_MAXDOUBLE;
   for (guint r = 0; r <= reps; r++) /* the first touches the pages */
     {
@@ -1019,8 +963,8 @@ stow_adam_step (StowAdam *adam, const StowAdamConfig *config,
                    ": bad tensor (grad %s, output %s%s, %" G_GUINT64_FORMAT
                    " elements): a NULL array, an unknown type or an output "
                    "aliasing the master weights",
-                   step->step, stow_float_type_name (tensor->grad_type),
-                   stow_float_type_name (tensor->out_type),
+                   step->step, stow_dtype_nick (tensor->grad_type),
+                   stow_dtype_nick (tensor->out_type),
                    tensor->param_out ? "" : " (NULL)", tensor->n);
       return FALSE;
     }

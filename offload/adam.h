@@ -14,6 +14,8 @@
 
 #include <glib.h>
 
+#include "core/dtype.h" /* gradients' and the parameter copy's types */
+
 #include "offload/cpu.h"
 
 G_BEGIN_DECLS
@@ -27,22 +29,6 @@ typedef enum
   STOW_ADAM_ERROR_NONFINITE,   /* a gradient is NaN/Inf or too large */
   STOW_ADAM_ERROR_UNSUPPORTED, /* the ISA asked for is not on this CPU */
 } StowAdamError;
-
-/* Element types of gradients and of the low-precision parameter copy. */
-typedef enum
-{
-  STOW_FLOAT_NONE = 0, /* no output copy */
-  STOW_FLOAT_F32,
-  STOW_FLOAT_BF16,
-  STOW_FLOAT_F16,
-} StowFloatType;
-
-/* "none", "fp32", "bf16", "fp16" */
-const char *stow_float_type_name (StowFloatType type);
-/* Accepts the names above and "f32", "float32", "float16", "bfloat16". */
-gboolean stow_float_type_from_name (const char *name, StowFloatType *out);
-/* 4, 2, 2; 0 for NONE. */
-guint stow_float_type_size (StowFloatType type);
 
 /* Round-to-nearest-even conversions, the reference the kernels match bit
  * for bit.  A NaN becomes the quiet NaN 0x7fc0 (bf16) / 0x7e00 (fp16);
@@ -85,9 +71,9 @@ typedef struct
   float *m;                /* (n) first moment, updated in place */
   float *v;                /* (n) second moment, updated in place */
   const void *grad;        /* (n) gradients, scaled by the loss scale */
-  StowFloatType grad_type; /* F32, BF16 or F16 */
+  StowDtype grad_type; /* F32, BF16 or F16 */
   void *param_out;         /* (n) updated weights in @out_type, or NULL */
-  StowFloatType out_type;  /* NONE when @param_out is NULL */
+  StowDtype out_type;  /* NONE when @param_out is NULL */
   guint64 n;
 } StowAdamTensor;
 
@@ -161,7 +147,7 @@ double stow_adam_measure (StowAdam *adam, guint64 n, guint reps,
  * is not finite.  Returns 0 or -EINVAL.  For the global norm of a model,
  * add the tensors' sums in a fixed order and take sqrt(sum) / loss_scale. */
 int stow_adam_grad_sumsq (StowAdam *adam, const void *grad,
-                          StowFloatType grad_type, guint64 n,
+                          StowDtype grad_type, guint64 n,
                           double *out_sumsq);
 
 /* PyTorch's clip_grad_norm_ coefficient: min(1, max_norm / (norm + 1e-6)).
@@ -177,8 +163,8 @@ gboolean stow_adam_grads_ok (double sumsq, double loss_scale, double clip_coef);
  * m, v and the output copy; plus one more read of the gradients for the
  * checking pass unless @grads_verified.  AdamW with bf16 grads and a bf16
  * copy: 14 read + 14 written = 28. */
-guint stow_adam_bytes_per_param (StowFloatType grad_type,
-                                 StowFloatType out_type,
+guint stow_adam_bytes_per_param (StowDtype grad_type,
+                                 StowDtype out_type,
                                  gboolean grads_verified);
 
 G_DEFINE_AUTOPTR_CLEANUP_FUNC (StowAdam, stow_adam_free)

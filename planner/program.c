@@ -23,20 +23,6 @@ stow_tier_name (StowTier tier)
 }
 
 const char *
-stow_dtype_name (StowDtype d)
-{
-  static const char *const names[] = { "F32", "BF16", "F16" };
-  g_return_val_if_fail (d <= STOW_DTYPE_F16, "?");
-  return names[d];
-}
-
-guint
-stow_dtype_size (StowDtype d)
-{
-  return d == STOW_DTYPE_F32 ? 4 : 2;
-}
-
-const char *
 stow_buffer_kind_name (StowBufferKind k)
 {
   static const char *const names[]

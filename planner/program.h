@@ -11,6 +11,7 @@
 
 #include <glib.h>
 
+#include "core/dtype.h"
 #include "models/model.h"
 
 G_BEGIN_DECLS
@@ -80,17 +81,6 @@ typedef enum
 #define STOW_LAYER_HEAD      (-2)
 #define STOW_LAYER_NONE      (-3)
 #define STOW_OP_MAX_IO       4
-
-/* Element types of what buffers hold. */
-typedef enum
-{
-  STOW_DTYPE_F32,
-  STOW_DTYPE_BF16,
-  STOW_DTYPE_F16,
-} StowDtype;
-
-const char *stow_dtype_name (StowDtype d);    /* "F32", "BF16", "F16" */
-guint stow_dtype_size (StowDtype d);          /* 4, 2, 2 */
 
 /* ---- units: the tensors streamed, gathered and updated as one ---------- */
 

@@ -70,7 +70,7 @@ main (int argc, char **argv)
     .rope_low_freq_factor = dv[3],
     .rope_high_freq_factor = dv[4],
   };
-  StowFloatType dtype = iv[14] ? STOW_FLOAT_BF16 : STOW_FLOAT_F32;
+  StowDtype dtype = iv[14] ? STOW_DTYPE_BF16 : STOW_DTYPE_F32;
   g_autoptr (TestLlamaModel) m = test_llama_model_new (
       &cfg, dtype, (guint64)iv[12], (guint64)iv[13], (guint)n_threads,
       iv[15] > 0 ? (guint64)iv[15] : 0, &error);

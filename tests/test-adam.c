@@ -170,7 +170,7 @@ typedef struct
   float *p, *m, *v;
   void *g;
   void *out;
-  StowFloatType gt, ot;
+  StowDtype gt, ot;
 } Problem;
 
 static void
@@ -186,7 +186,7 @@ problem_free (Problem *pb)
 G_DEFINE_AUTOPTR_CLEANUP_FUNC (Problem, problem_free)
 
 static Problem *
-problem_new (guint64 n, StowFloatType gt, StowFloatType ot, guint32 seed)
+problem_new (guint64 n, StowDtype gt, StowDtype ot, guint32 seed)
 {
   Problem *pb = g_new0 (Problem, 1);
   g_autoptr (GRand) r = g_rand_new_with_seed (seed);
@@ -196,9 +196,9 @@ problem_new (guint64 n, StowFloatType gt, StowFloatType ot, guint32 seed)
   pb->p = g_new (float, n);
   pb->m = g_new (float, n);
   pb->v = g_new (float, n);
-  pb->g = g_malloc (n * stow_float_type_size (gt));
-  if (ot != STOW_FLOAT_NONE)
-    pb->out = g_malloc0 (n * stow_float_type_size (ot));
+  pb->g = g_malloc (n * stow_dtype_size (gt));
+  if (ot != STOW_DTYPE_NONE)
+    pb->out = g_malloc0 (n * stow_dtype_size (ot));
   for (guint64 i = 0; i < n; i++)
     {
       pb->p[i] = (float)g_rand_double_range (r, -2, 2);
@@ -216,9 +216,9 @@ problem_copy (const Problem *src)
   pb->p = g_memdup2 (src->p, src->n * 4);
   pb->m = g_memdup2 (src->m, src->n * 4);
   pb->v = g_memdup2 (src->v, src->n * 4);
-  pb->g = g_memdup2 (src->g, src->n * stow_float_type_size (src->gt));
+  pb->g = g_memdup2 (src->g, src->n * stow_dtype_size (src->gt));
   if (src->out != NULL)
-    pb->out = g_memdup2 (src->out, src->n * stow_float_type_size (src->ot));
+    pb->out = g_memdup2 (src->out, src->n * stow_dtype_size (src->ot));
   return pb;
 }
 
@@ -228,10 +228,10 @@ set_grad (Problem *pb, guint64 i, float x)
 {
   switch (pb->gt)
     {
-    case STOW_FLOAT_BF16:
+    case STOW_DTYPE_BF16:
       ((guint16 *)pb->g)[i] = ref_bf16 (x);
       break;
-    case STOW_FLOAT_F16:
+    case STOW_DTYPE_F16:
       ((guint16 *)pb->g)[i] = ref_f16 (x);
       break;
     default:
@@ -244,9 +244,9 @@ get_grad (const Problem *pb, guint64 i)
 {
   switch (pb->gt)
     {
-    case STOW_FLOAT_BF16:
+    case STOW_DTYPE_BF16:
       return (double)from_bits ((guint32)((guint16 *)pb->g)[i] << 16);
-    case STOW_FLOAT_F16:
+    case STOW_DTYPE_F16:
       {
         guint16 h = ((guint16 *)pb->g)[i];
         return f16_value (h & 0x7fff) * ((h & 0x8000) ? -1 : 1);
@@ -280,7 +280,7 @@ tensor_of (Problem *pb)
 static gboolean
 same_state (const Problem *a, const Problem *b)
 {
-  gsize os = stow_float_type_size (a->ot);
+  gsize os = stow_dtype_size (a->ot);
   return memcmp (a->p, b->p, a->n * 4) == 0
          && memcmp (a->m, b->m, a->n * 4) == 0
          && memcmp (a->v, b->v, a->n * 4) == 0
@@ -337,20 +337,20 @@ check_against_reference (const Problem *before, const Problem *after,
             "grad %s, mode %d)",
             i, (double)after->p[i], (double)after->m[i], (double)after->v[i], p,
             m, v, g, (double)before->p[i], (double)before->m[i],
-            (double)before->v[i], stow_float_type_name (before->gt),
+            (double)before->v[i], stow_dtype_nick (before->gt),
             (int)c->mode);
       /* The low-precision copy is the kernel's own fp32 result, rounded. */
       switch (after->ot)
         {
-        case STOW_FLOAT_F32:
+        case STOW_DTYPE_F32:
           g_assert_cmpuint (to_bits (((float *)after->out)[i]), ==,
                             to_bits (after->p[i]));
           break;
-        case STOW_FLOAT_BF16:
+        case STOW_DTYPE_BF16:
           g_assert_cmpuint (((guint16 *)after->out)[i], ==,
                             ref_bf16 (after->p[i]));
           break;
-        case STOW_FLOAT_F16:
+        case STOW_DTYPE_F16:
           g_assert_cmpuint (((guint16 *)after->out)[i], ==,
                             ref_f16 (after->p[i]));
           break;
@@ -391,10 +391,10 @@ test_isa (gconstpointer data)
   if (adam == NULL)
     return;
   g_autoptr (StowAdam) oracle = stow_adam_new (1, STOW_ISA_SCALAR, NULL);
-  const StowFloatType gts[]
-      = { STOW_FLOAT_F32, STOW_FLOAT_BF16, STOW_FLOAT_F16 };
-  const StowFloatType ots[]
-      = { STOW_FLOAT_NONE, STOW_FLOAT_F32, STOW_FLOAT_BF16, STOW_FLOAT_F16 };
+  const StowDtype gts[]
+      = { STOW_DTYPE_F32, STOW_DTYPE_BF16, STOW_DTYPE_F16 };
+  const StowDtype ots[]
+      = { STOW_DTYPE_NONE, STOW_DTYPE_F32, STOW_DTYPE_BF16, STOW_DTYPE_F16 };
   for (int mode = 0; mode < 2; mode++)
     for (gsize gi = 0; gi < G_N_ELEMENTS (gts); gi++)
       for (gsize oi = 0; oi < G_N_ELEMENTS (ots); oi++)
@@ -431,7 +431,7 @@ test_isa_out_over_grad (gconstpointer data)
   g_autoptr (StowAdam) adam = adam_or_skip (2, isa);
   if (adam == NULL)
     return;
-  const StowFloatType ts[] = { STOW_FLOAT_F32, STOW_FLOAT_BF16, STOW_FLOAT_F16 };
+  const StowDtype ts[] = { STOW_DTYPE_F32, STOW_DTYPE_BF16, STOW_DTYPE_F16 };
   for (gsize ti = 0; ti < G_N_ELEMENTS (ts); ti++)
     for (int verified = 0; verified < 2; verified++)
       {
@@ -448,7 +448,7 @@ test_isa_out_over_grad (gconstpointer data)
         StowAdamTensor ta = tensor_of (alias);
         ta.param_out = alias->g;
         g_assert_cmpint (stow_adam_step_raw (adam, &c, &s, &ta), ==, 0);
-        gsize es = stow_float_type_size (ts[ti]);
+        gsize es = stow_dtype_size (ts[ti]);
         g_assert_cmpmem (alias->p, N_TEST * 4, pb->p, N_TEST * 4);
         g_assert_cmpmem (alias->m, N_TEST * 4, pb->m, N_TEST * 4);
         g_assert_cmpmem (alias->v, N_TEST * 4, pb->v, N_TEST * 4);
@@ -471,10 +471,10 @@ test_isa_output_rounding (gconstpointer data)
   for (guint i = 0; i < n; i++) /* the master weights stay finite */
     if (!isfinite (x[i]) || (x[i] == 0 && signbit (x[i])))
       x[i] = from_bits (0x00000001u + i); /* -0 + (+0) would be +0 */
-  const StowFloatType ots[] = { STOW_FLOAT_BF16, STOW_FLOAT_F16 };
+  const StowDtype ots[] = { STOW_DTYPE_BF16, STOW_DTYPE_F16 };
   for (gsize oi = 0; oi < G_N_ELEMENTS (ots); oi++)
     {
-      g_autoptr (Problem) pb = problem_new (n, STOW_FLOAT_F32, ots[oi], 5);
+      g_autoptr (Problem) pb = problem_new (n, STOW_DTYPE_F32, ots[oi], 5);
       memcpy (pb->p, x, n * 4);
       fill_grads (pb, 1.0, 6);
       StowAdamConfig c;
@@ -488,10 +488,10 @@ test_isa_output_rounding (gconstpointer data)
           g_assert_cmpuint (to_bits (pb->p[i]), ==, to_bits (x[i]));
           guint16 got = ((guint16 *)pb->out)[i];
           guint16 want
-              = ots[oi] == STOW_FLOAT_BF16 ? ref_bf16 (x[i]) : ref_f16 (x[i]);
+              = ots[oi] == STOW_DTYPE_BF16 ? ref_bf16 (x[i]) : ref_f16 (x[i]);
           if (got != want)
             g_error ("%s %s: x = %a: got 0x%04x want 0x%04x",
-                     stow_isa_name (isa), stow_float_type_name (ots[oi]),
+                     stow_isa_name (isa), stow_dtype_nick (ots[oi]),
                      (double)x[i], got, want);
         }
     }
@@ -506,7 +506,7 @@ test_edge_values (void)
   for (gsize k = 0; k < G_N_ELEMENTS (scales); k++)
     {
       g_autoptr (Problem) pb
-          = problem_new (N_TEST, STOW_FLOAT_F32, STOW_FLOAT_BF16, 21);
+          = problem_new (N_TEST, STOW_DTYPE_F32, STOW_DTYPE_BF16, 21);
       fill_grads (pb, scales[k], 22);
       if (scales[k] == 0)
         memset (pb->m, 0, pb->n * 4); /* all-zero state too */
@@ -532,7 +532,7 @@ test_first_step_is_lr (void)
   stow_adam_config_init (&c);
   c.weight_decay = 0;
   StowAdamStep s = { .step = 1, .loss_scale = 1, .clip_coef = 1 };
-  StowAdamTensor t = { p, m, v, g, STOW_FLOAT_F32, NULL, STOW_FLOAT_NONE, 4 };
+  StowAdamTensor t = { p, m, v, g, STOW_DTYPE_F32, NULL, STOW_DTYPE_NONE, 4 };
   g_assert_cmpint (stow_adam_step_raw (adam, &c, &s, &t), ==, 0);
   for (int i = 0; i < 4; i++)
     {
@@ -556,8 +556,8 @@ test_nonfinite_skips (void)
       g_autoptr (StowAdam) adam = stow_adam_new (3, isas[k], NULL);
       for (gsize b = 0; b < G_N_ELEMENTS (bad); b++)
         {
-          StowFloatType gt = b == 3 ? STOW_FLOAT_F32 : STOW_FLOAT_BF16;
-          g_autoptr (Problem) pb = problem_new (N_TEST, gt, STOW_FLOAT_BF16, 3);
+          StowDtype gt = b == 3 ? STOW_DTYPE_F32 : STOW_DTYPE_BF16;
+          g_autoptr (Problem) pb = problem_new (N_TEST, gt, STOW_DTYPE_BF16, 3);
           fill_grads (pb, 1.0, 4);
           memset (pb->out, 0x5a, pb->n * 2);
           guint64 where = N_TEST - 5 - b * 4097;
@@ -614,7 +614,7 @@ test_thread_invariance (void)
           = stow_adam_new (threads[k], STOW_ISA_AUTO, NULL);
       g_assert_cmpuint (stow_adam_get_n_threads (adam), ==, threads[k]);
       g_autoptr (Problem) pb = problem_new (
-          7 * STOW_ADAM_BLOCK + 3, STOW_FLOAT_BF16, STOW_FLOAT_BF16, 31);
+          7 * STOW_ADAM_BLOCK + 3, STOW_DTYPE_BF16, STOW_DTYPE_BF16, 31);
       run_steps (adam, pb, 1, 3);
       double sumsq;
       g_assert_cmpint (
@@ -639,7 +639,7 @@ test_resume (void)
 {
   g_autoptr (StowAdam) a = stow_adam_new (2, STOW_ISA_AUTO, NULL);
   g_autoptr (Problem) straight
-      = problem_new (N_TEST, STOW_FLOAT_F16, STOW_FLOAT_BF16, 41);
+      = problem_new (N_TEST, STOW_DTYPE_F16, STOW_DTYPE_BF16, 41);
   g_autoptr (Problem) resumed = problem_copy (straight);
   run_steps (a, straight, 1, 6);
 
@@ -664,7 +664,7 @@ static void
 test_grad_sumsq (void)
 {
   guint64 n = 200003;
-  g_autoptr (Problem) pb = problem_new (n, STOW_FLOAT_F32, STOW_FLOAT_NONE, 51);
+  g_autoptr (Problem) pb = problem_new (n, STOW_DTYPE_F32, STOW_DTYPE_NONE, 51);
   fill_grads (pb, 3.0, 52);
   double want = 0;
   for (guint64 i = 0; i < n; i++)
@@ -707,7 +707,7 @@ static void
 test_invalid (void)
 {
   g_autoptr (StowAdam) adam = stow_adam_new (1, STOW_ISA_AUTO, NULL);
-  g_autoptr (Problem) pb = problem_new (64, STOW_FLOAT_F32, STOW_FLOAT_BF16, 1);
+  g_autoptr (Problem) pb = problem_new (64, STOW_DTYPE_F32, STOW_DTYPE_BF16, 1);
   fill_grads (pb, 1, 2);
   g_autoptr (Problem) before = problem_copy (pb);
   StowAdamConfig c;
@@ -736,7 +736,7 @@ test_invalid (void)
   g_clear_error (&error);
   s.loss_scale = 1;
 
-  t.out_type = STOW_FLOAT_NONE; /* with an output pointer */
+  t.out_type = STOW_DTYPE_NONE; /* with an output pointer */
   g_assert_cmpint (stow_adam_step_raw (adam, &c, &s, &t), ==, -EINVAL);
   t = tensor_of (pb);
   t.grad = NULL;
@@ -745,7 +745,7 @@ test_invalid (void)
 
   double sumsq;
   g_assert_cmpint (
-      stow_adam_grad_sumsq (adam, pb->g, STOW_FLOAT_NONE, 64, &sumsq), ==,
+      stow_adam_grad_sumsq (adam, pb->g, STOW_DTYPE_NONE, 64, &sumsq), ==,
       -EINVAL);
   /* An ISA this CPU lacks is refused by name. */
   for (int isa = STOW_ISA_SCALAR; isa < STOW_ISA_N; isa++)
@@ -757,10 +757,10 @@ test_invalid (void)
         g_clear_error (&error);
       }
   g_assert_cmpuint (
-      stow_adam_bytes_per_param (STOW_FLOAT_BF16, STOW_FLOAT_BF16, TRUE), ==,
+      stow_adam_bytes_per_param (STOW_DTYPE_BF16, STOW_DTYPE_BF16, TRUE), ==,
       28);
   g_assert_cmpuint (
-      stow_adam_bytes_per_param (STOW_FLOAT_F32, STOW_FLOAT_NONE, TRUE), ==,
+      stow_adam_bytes_per_param (STOW_DTYPE_F32, STOW_DTYPE_NONE, TRUE), ==,
       28); /* DeepSpeed's all-fp32 count, offload.md §0 */
 }
 
@@ -844,7 +844,7 @@ test_pool (void)
   StowAdamConfig c;
   stow_adam_config_init (&c);
   StowAdamStep s = { .step = 1, .loss_scale = 1, .clip_coef = 1 };
-  StowAdamTensor t = { .grad_type = STOW_FLOAT_BF16 };
+  StowAdamTensor t = { .grad_type = STOW_DTYPE_BF16, .out_type = STOW_DTYPE_NONE };
   g_assert_true (stow_adam_step (adam, &c, &s, &t, &error));
   g_assert_no_error (error);
 }
@@ -870,8 +870,8 @@ test_measure (void)
     h[i] = 0x3c00;
   StowAdamConfig cfg;
   stow_adam_config_init (&cfg);
-  StowAdamTensor t = { f, f + n, f + 2 * n, h, STOW_FLOAT_BF16, h + n,
-                       STOW_FLOAT_BF16, n };
+  StowAdamTensor t = { f, f + n, f + 2 * n, h, STOW_DTYPE_BF16, h + n,
+                       STOW_DTYPE_BF16, n };
   double best = G_MAXDOUBLE;
   for (guint r = 0; r < 4; r++)
     {

@@ -195,7 +195,7 @@ static const CaseDesc cases[] = {
 typedef struct
 {
   const CaseDesc *desc;
-  StowFloatType dtype;
+  StowDtype dtype;
 } CaseData;
 
 typedef struct
@@ -218,13 +218,13 @@ case_new (const CaseData *cd)
   Case *c = g_new0 (Case, 1);
   c->desc = cd->desc;
   c->cfg = cd->desc->cfg;
-  c->bf16 = cd->dtype == STOW_FLOAT_BF16;
-  c->e = stow_float_type_size (cd->dtype);
+  c->bf16 = cd->dtype == STOW_DTYPE_BF16;
+  c->e = stow_dtype_size (cd->dtype);
   c->n = cd->desc->batch * cd->desc->seq;
   c->h = c->cfg.hidden;
   c->V = c->cfg.vocab;
   c->name = g_strdup_printf ("%s/%s", cd->desc->name,
-                             stow_float_type_name (cd->dtype));
+                             stow_dtype_nick (cd->dtype));
   g_autoptr (GError) error = NULL;
   c->m = test_llama_model_new (&c->cfg, cd->dtype, cd->desc->batch,
                                cd->desc->seq, 2, 0, &error);
@@ -620,10 +620,10 @@ test_attention_tc (gconstpointer data)
   Report r = { name, 0, 0 };
   g_autoptr (GError) error = NULL;
   g_autoptr (StowLlamaCuda) g16
-      = stow_llama_cuda_new (&cfg, STOW_FLOAT_BF16, n, T, stream, &error);
+      = stow_llama_cuda_new (&cfg, STOW_DTYPE_BF16, n, T, stream, &error);
   g_assert_no_error (error);
   g_autoptr (StowLlamaCuda) g32
-      = stow_llama_cuda_new (&cfg, STOW_FLOAT_F32, n, T, stream, &error);
+      = stow_llama_cuda_new (&cfg, STOW_DTYPE_F32, n, T, stream, &error);
   g_assert_no_error (error);
   if (!stow_llama_cuda_attention_use_tc (g16, TRUE))
     {
@@ -860,20 +860,20 @@ optim_runtime (void)
   g_autoptr (GError) error = NULL;
   StowLlamaConfig cfg = cases[0].cfg;
   StowLlamaCuda *g
-      = stow_llama_cuda_new (&cfg, STOW_FLOAT_F32, 64, 64, stream, &error);
+      = stow_llama_cuda_new (&cfg, STOW_DTYPE_F32, 64, 64, stream, &error);
   g_assert_no_error (error);
   return g;
 }
 
 static void
-fill_grad (void *p, StowFloatType t, guint64 n, GRand *rng, double scale)
+fill_grad (void *p, StowDtype t, guint64 n, GRand *rng, double scale)
 {
   for (guint64 i = 0; i < n; i++)
     {
       float v = (float)(scale * g_rand_double_range (rng, -1, 1));
-      if (t == STOW_FLOAT_F32)
+      if (t == STOW_DTYPE_F32)
         ((float *)p)[i] = v;
-      else if (t == STOW_FLOAT_BF16)
+      else if (t == STOW_DTYPE_BF16)
         ((guint16 *)p)[i] = stow_f32_to_bf16 (v);
       else
         ((guint16 *)p)[i] = stow_f32_to_f16 (v);
@@ -889,17 +889,17 @@ test_sumsq (void)
   StowCudaOptimState *sd = dev_alloc (sizeof *sd);
   /* Past 4096 * 8192 elements the blocks grow beyond the minimum. */
   const guint64 sizes[] = { 5, 100003, 34000001 };
-  const StowFloatType types[]
-      = { STOW_FLOAT_F32, STOW_FLOAT_BF16, STOW_FLOAT_F16 };
+  const StowDtype types[]
+      = { STOW_DTYPE_F32, STOW_DTYPE_BF16, STOW_DTYPE_F16 };
   guint failures = 0;
   for (guint si = 0; si < G_N_ELEMENTS (sizes); si++)
     for (guint ti = 0; ti < G_N_ELEMENTS (types); ti++)
       {
         guint64 n = sizes[si];
-        StowFloatType t = types[ti];
-        if (n > 1000000 && t == STOW_FLOAT_F32)
+        StowDtype t = types[ti];
+        if (n > 1000000 && t == STOW_DTYPE_F32)
           continue; /* the large size once per 16-bit type is enough */
-        guint64 bytes = n * stow_float_type_size (t);
+        guint64 bytes = n * stow_dtype_size (t);
         g_autofree void *gr = g_malloc (bytes);
         fill_grad (gr, t, n, rng, 3);
         double ref = 0;
@@ -915,7 +915,7 @@ test_sumsq (void)
         gboolean ok = err <= 1e-12;
         g_printerr ("  sumsq %-6s n %-9" G_GUINT64_FORMAT
                     " rel err %.3e  tol 1e-12  %s%s\n",
-                    stow_float_type_name (t), n, err, ok ? "ok" : "FAIL",
+                    stow_dtype_nick (t), n, err, ok ? "ok" : "FAIL",
                     s.sumsq == ref ? " (bit-identical)" : "");
         failures += !ok;
         cudaFree (gd);
@@ -928,13 +928,13 @@ test_sumsq (void)
  * (stow_adam_grad_sumsq, stow_adam_clip_coef, stow_adam_step): param, m,
  * v and the output copy must be the same bytes. */
 static gboolean
-adam_case (StowLlamaCuda *g, StowAdam *adam, GRand *rng, StowFloatType gt,
-           StowFloatType ot, StowAdamMode mode, double wd, double max_norm,
+adam_case (StowLlamaCuda *g, StowAdam *adam, GRand *rng, StowDtype gt,
+           StowDtype ot, StowAdamMode mode, double wd, double max_norm,
            gboolean nan_grad)
 {
   const guint64 n = 10007;
   const double loss_scale = 1024;
-  guint64 gb = n * stow_float_type_size (gt), ob = n * stow_float_type_size (ot);
+  guint64 gb = n * stow_dtype_size (gt), ob = n * stow_dtype_size (ot);
   g_autofree float *p = g_new (float, n), *m = g_new (float, n);
   g_autofree float *v = g_new (float, n);
   g_autofree void *gr = g_malloc (gb);
@@ -952,7 +952,7 @@ adam_case (StowLlamaCuda *g, StowAdam *adam, GRand *rng, StowFloatType gt,
   float *pd = dev_dup (p, 4 * n), *md = dev_dup (m, 4 * n);
   float *vd = dev_dup (v, 4 * n);
   void *gd = dev_dup (gr, gb);
-  void *od = ot != STOW_FLOAT_NONE ? dev_dup (out, ob) : NULL;
+  void *od = ot != STOW_DTYPE_NONE ? dev_dup (out, ob) : NULL;
 
   StowAdamConfig cfg;
   stow_adam_config_init (&cfg);
@@ -976,7 +976,7 @@ adam_case (StowLlamaCuda *g, StowAdam *adam, GRand *rng, StowFloatType gt,
   download (pg, pd, 4 * n);
   download (mg, md, 4 * n);
   download (vg, vd, 4 * n);
-  if (ot)
+  if (ot != STOW_DTYPE_NONE)
     download (og, od, ob);
   runtime_ok (g);
 
@@ -992,7 +992,7 @@ adam_case (StowLlamaCuda *g, StowAdam *adam, GRand *rng, StowFloatType gt,
   if (!skip)
     {
       StowAdamStep cs = { 3, loss_scale, coef, FALSE };
-      StowAdamTensor tc = { p, m, v, gr, gt, ot ? out : NULL, ot, n };
+      StowAdamTensor tc = { p, m, v, gr, gt, ot != STOW_DTYPE_NONE ? out : NULL, ot, n };
       g_autoptr (GError) error = NULL;
       stow_adam_step (adam, &cfg, &cs, &tc, &error);
       g_assert_no_error (error);
@@ -1002,19 +1002,19 @@ adam_case (StowLlamaCuda *g, StowAdam *adam, GRand *rng, StowFloatType gt,
                       && (skip || (s.norm == norm && s.clip_coef == coef));
   gboolean same = memcmp (p, pg, 4 * n) == 0 && memcmp (m, mg, 4 * n) == 0
                   && memcmp (v, vg, 4 * n) == 0
-                  && (!ot || memcmp (out, og, ob) == 0);
+                  && (ot == STOW_DTYPE_NONE || memcmp (out, og, ob) == 0);
   gboolean untouched = !skip
                        || (memcmp (p0, pg, 4 * n) == 0
                            && memcmp (m0, mg, 4 * n) == 0
                            && memcmp (v0, vg, 4 * n) == 0
-                           && (!ot || memcmp (o0, og, ob) == 0));
+                           && (ot == STOW_DTYPE_NONE || memcmp (o0, og, ob) == 0));
   double perr = 0;
   for (guint64 i = 0; i < n; i++)
     perr = MAX (perr, fabs ((double)pg[i] - p[i]));
   g_printerr ("  adam grad %-4s out %-4s %-5s wd %-5g max_norm %-3g%s: "
               "clip %.6g skip %d (cpu %d), max |dparam| %.3e, "
               "bit-identical %s%s\n",
-              stow_float_type_name (gt), stow_float_type_name (ot),
+              stow_dtype_nick (gt), stow_dtype_nick (ot),
               mode == STOW_ADAM_ADAMW ? "adamw" : "l2", wd, max_norm,
               nan_grad ? " NaN grad" : "", s.clip_coef, s.skip, skip, perr,
               same ? "yes" : "NO",
@@ -1034,10 +1034,10 @@ test_adam (void)
   g_autoptr (StowLlamaCuda) g = optim_runtime ();
   g_autoptr (StowAdam) adam = stow_adam_new (2, STOW_ISA_SCALAR, NULL);
   g_autoptr (GRand) rng = g_rand_new_with_seed (11);
-  const StowFloatType gts[]
-      = { STOW_FLOAT_F32, STOW_FLOAT_BF16, STOW_FLOAT_F16 };
-  const StowFloatType ots[] = { STOW_FLOAT_NONE, STOW_FLOAT_F32,
-                                STOW_FLOAT_BF16, STOW_FLOAT_F16 };
+  const StowDtype gts[]
+      = { STOW_DTYPE_F32, STOW_DTYPE_BF16, STOW_DTYPE_F16 };
+  const StowDtype ots[] = { STOW_DTYPE_NONE, STOW_DTYPE_F32,
+                                STOW_DTYPE_BF16, STOW_DTYPE_F16 };
   const struct
   {
     StowAdamMode mode;
@@ -1053,7 +1053,7 @@ test_adam (void)
         failures += !adam_case (g, adam, rng, gts[a], ots[b], modes[mi].mode,
                                 modes[mi].wd, k % 2 ? 0 : 1.0, FALSE);
   /* A NaN gradient: skip set, nothing written. */
-  failures += !adam_case (g, adam, rng, STOW_FLOAT_F32, STOW_FLOAT_BF16,
+  failures += !adam_case (g, adam, rng, STOW_DTYPE_F32, STOW_DTYPE_BF16,
                           STOW_ADAM_ADAMW, 0.1, 1.0, TRUE);
   g_assert_cmpuint (failures, ==, 0);
 }
@@ -1082,8 +1082,8 @@ main (int argc, char **argv)
       {
         CaseData *cd = &data[2 * i + j];
         cd->desc = &cases[i];
-        cd->dtype = j ? STOW_FLOAT_BF16 : STOW_FLOAT_F32;
-        const char *dt = stow_float_type_name (cd->dtype);
+        cd->dtype = j ? STOW_DTYPE_BF16 : STOW_DTYPE_F32;
+        const char *dt = stow_dtype_nick (cd->dtype);
         const char *nm = cases[i].name;
         struct
         {

@@ -98,17 +98,17 @@ test_saved_bytes (void)
   {
     const char *what;
     StowLlamaConfig c;
-    StowFloatType dt;
+    StowDtype dt;
     guint64 n, saved, out;
   } cases[] = {
     /* Llama-2-7B: 4096 (16384 + 8192 + 8192 + 33024) 2 + 4 4096 32 */
     { "llama-2-7b bf16", shape (4096, 32, 32, 128, 11008, 32000),
-      STOW_FLOAT_BF16, 4096, 539492352, 33554432 },
+      STOW_DTYPE_BF16, 4096, 539492352, 33554432 },
     /* Llama-3-8B: 2048 (16384 + 8192 + 2048 + 43008) 4 + 4 2048 32 */
     { "llama-3-8b fp32", shape (4096, 32, 8, 128, 14336, 128256),
-      STOW_FLOAT_F32, 2048, 570687488, 33554432 },
+      STOW_DTYPE_F32, 2048, 570687488, 33554432 },
     /* Qwen2-0.5B: 1000 (3584 + 1792 + 256 + 14592) 2 + 4 1000 14 */
-    { "qwen2-0.5b bf16", shape (896, 14, 2, 64, 4864, 151936), STOW_FLOAT_BF16,
+    { "qwen2-0.5b bf16", shape (896, 14, 2, 64, 4864, 151936), STOW_DTYPE_BF16,
       1000, 40504000, 1792000 },
   };
   for (guint i = 0; i < G_N_ELEMENTS (cases); i++)
@@ -137,7 +137,7 @@ test_carve (void)
     for (guint64 n = 1; n < 40; n += 3)
       {
         g_autoptr (StowLlama) L = stow_llama_new (
-            &c, bf ? STOW_FLOAT_BF16 : STOW_FLOAT_F32, 8, 1, NULL);
+            &c, bf ? STOW_DTYPE_BF16 : STOW_DTYPE_F32, 8, 1, NULL);
         guint64 e = bf ? 2 : 4, h = c.hidden, f = c.ffn;
         guint64 ad = c.n_heads * c.head_dim, kd = c.n_kv_heads * c.head_dim;
         guint64 rest
@@ -177,10 +177,10 @@ static void
 test_workspace_bytes (void)
 {
   StowLlamaConfig c = shape (64, 4, 2, 16, 96, 101);
-  g_autoptr (StowLlama) a = stow_llama_new (&c, STOW_FLOAT_F32, 100, 1, NULL);
-  g_autoptr (StowLlama) b = stow_llama_new (&c, STOW_FLOAT_F32, 100, 2, NULL);
-  g_autoptr (StowLlama) s = stow_llama_new (&c, STOW_FLOAT_BF16, 100, 1, NULL);
-  g_autoptr (StowLlama) t = stow_llama_new (&c, STOW_FLOAT_F32, 1000, 1, NULL);
+  g_autoptr (StowLlama) a = stow_llama_new (&c, STOW_DTYPE_F32, 100, 1, NULL);
+  g_autoptr (StowLlama) b = stow_llama_new (&c, STOW_DTYPE_F32, 100, 2, NULL);
+  g_autoptr (StowLlama) s = stow_llama_new (&c, STOW_DTYPE_BF16, 100, 1, NULL);
+  g_autoptr (StowLlama) t = stow_llama_new (&c, STOW_DTYPE_F32, 1000, 1, NULL);
   guint64 wa = stow_llama_workspace_bytes (a);
   /* Rotary tables (2 T d/2 floats) and at least one thread's score tile
    * (128 T floats). */
@@ -191,7 +191,7 @@ test_workspace_bytes (void)
   /* Linear in T, not quadratic: the scores are (128, T) tiles. */
   g_assert_cmpuint (stow_llama_workspace_bytes (t), <, 12 * wa);
   g_assert_cmpuint (stow_llama_get_n_threads (b), ==, 2);
-  g_assert_cmpint (stow_llama_get_dtype (s), ==, STOW_FLOAT_BF16);
+  g_assert_cmpint (stow_llama_get_dtype (s), ==, STOW_DTYPE_BF16);
   g_assert_cmpuint (stow_llama_get_config (s)->ffn, ==, 96);
 }
 
@@ -213,7 +213,7 @@ test_chunk (void)
  * ------------------------------------------------------------------- */
 
 static void
-expect_error (StowLlamaConfig c, StowFloatType dt, guint64 max_seq,
+expect_error (StowLlamaConfig c, StowDtype dt, guint64 max_seq,
               const char *const *words)
 {
   g_autoptr (GError) error = NULL;
@@ -229,26 +229,26 @@ static void
 test_errors (void)
 {
   StowLlamaConfig c = shape (64, 32, 7, 2, 96, 101);
-  expect_error (c, STOW_FLOAT_F32, 8,
+  expect_error (c, STOW_DTYPE_F32, 8,
                 (const char *[]){ "n_kv_heads (7)", "n_heads (32)", NULL });
   c = shape (64, 4, 2, 15, 96, 101);
-  expect_error (c, STOW_FLOAT_F32, 8,
+  expect_error (c, STOW_DTYPE_F32, 8,
                 (const char *[]){ "head_dim (15)", "even", NULL });
   c = shape (0, 4, 2, 16, 96, 101);
-  expect_error (c, STOW_FLOAT_F32, 8, (const char *[]){ "hidden", NULL });
+  expect_error (c, STOW_DTYPE_F32, 8, (const char *[]){ "hidden", NULL });
   c = shape (64, 4, 0, 16, 96, 101);
-  expect_error (c, STOW_FLOAT_F32, 8, (const char *[]){ "n_kv_heads", NULL });
+  expect_error (c, STOW_DTYPE_F32, 8, (const char *[]){ "n_kv_heads", NULL });
   c = shape (64, 4, 2, 16, 96, 0);
-  expect_error (c, STOW_FLOAT_F32, 8, (const char *[]){ "vocab", NULL });
+  expect_error (c, STOW_DTYPE_F32, 8, (const char *[]){ "vocab", NULL });
   c = shape (64, 4, 2, 16, 96, 101);
-  expect_error (c, STOW_FLOAT_F32, 0, (const char *[]){ "max_seq", NULL });
-  expect_error (c, STOW_FLOAT_F16, 8, (const char *[]){ "fp16", NULL });
+  expect_error (c, STOW_DTYPE_F32, 0, (const char *[]){ "max_seq", NULL });
+  expect_error (c, STOW_DTYPE_F16, 8, (const char *[]){ "fp16", NULL });
   c.rope_theta = 0;
-  expect_error (c, STOW_FLOAT_F32, 8, (const char *[]){ "rope_theta", NULL });
+  expect_error (c, STOW_DTYPE_F32, 8, (const char *[]){ "rope_theta", NULL });
   c = shape (64, 4, 2, 16, 96, 101);
   c.rope_factor = 8, c.rope_low_freq_factor = 4, c.rope_high_freq_factor = 1;
   c.rope_original_max_positions = 8192;
-  expect_error (c, STOW_FLOAT_F32, 8,
+  expect_error (c, STOW_DTYPE_F32, 8,
                 (const char *[]){ "rope_high_freq_factor", NULL });
 }
 
@@ -332,7 +332,7 @@ gradcheck (StowLlamaConfig c, guint64 B, guint64 T, guint32 seed)
 {
   g_autoptr (GError) error = NULL;
   g_autoptr (TestLlamaModel) m
-      = test_llama_model_new (&c, STOW_FLOAT_F32, B, T, 2, 0, &error);
+      = test_llama_model_new (&c, STOW_DTYPE_F32, B, T, 2, 0, &error);
   g_assert_no_error (error);
   test_llama_model_randomize (m, seed);
   test_llama_model_step (m, FALSE);
@@ -419,7 +419,7 @@ typedef struct
 } Layer;
 
 static void
-layer_init (Layer *y, StowLlamaConfig c, StowFloatType dt, guint64 B, guint64 T,
+layer_init (Layer *y, StowLlamaConfig c, StowDtype dt, guint64 B, guint64 T,
             guint n_threads, guint32 seed)
 {
   c.n_layers = 1;
@@ -461,7 +461,7 @@ fill_dout (Layer *y, guint8 *out, guint32 seed)
   for (guint64 i = 0; i < k; i++)
     {
       float v = (float)g_rand_double_range (r, -1, 1);
-      if (y->m->dtype == STOW_FLOAT_BF16)
+      if (y->m->dtype == STOW_DTYPE_BF16)
         ((guint16 *)out)[i] = stow_f32_to_bf16 (v);
       else
         ((float *)out)[i] = v;
@@ -476,7 +476,7 @@ test_recompute (void)
   for (int bf = 0; bf < 2; bf++)
     {
       Layer y;
-      layer_init (&y, tiny_all (), bf ? STOW_FLOAT_BF16 : STOW_FLOAT_F32, 2, 9,
+      layer_init (&y, tiny_all (), bf ? STOW_DTYPE_BF16 : STOW_DTYPE_F32, 2, 9,
                   2, 21);
       g_autofree guint8 *r1 = g_malloc (y.rest_bytes);
       g_autofree guint8 *r2 = g_malloc (y.rest_bytes);
@@ -518,7 +518,7 @@ layer_backward (Layer *y, gboolean alias, gboolean accumulate,
       for (guint64 j = 0; j < p->rows * p->cols; j++, k++)
         {
           float v = init ? init[k] : 0.0f;
-          if (m->dtype == STOW_FLOAT_BF16)
+          if (m->dtype == STOW_DTYPE_BF16)
             ((guint16 *)p->g)[j] = stow_f32_to_bf16 (v);
           else
             ((float *)p->g)[j] = v;
@@ -542,7 +542,7 @@ layer_backward (Layer *y, gboolean alias, gboolean accumulate,
         all[k++] = test_llama_param_get (m, p, TRUE, j);
     }
   for (guint64 j = 0; j < nh; j++)
-    all[k++] = m->dtype == STOW_FLOAT_BF16
+    all[k++] = m->dtype == STOW_DTYPE_BF16
                    ? stow_bf16_to_f32 (((guint16 *)(alias ? x : dx))[j])
                    : ((float *)(alias ? x : dx))[j];
   *n_out = k;
@@ -556,7 +556,7 @@ test_alias (void)
   for (int bf = 0; bf < 2; bf++)
     {
       Layer y;
-      layer_init (&y, tiny_all (), bf ? STOW_FLOAT_BF16 : STOW_FLOAT_F32, 2, 7,
+      layer_init (&y, tiny_all (), bf ? STOW_DTYPE_BF16 : STOW_DTYPE_F32, 2, 7,
                   2, 22);
       guint64 n1, n2;
       g_autofree float *a = layer_backward (&y, FALSE, FALSE, NULL, &n1);
@@ -573,7 +573,7 @@ static void
 test_accumulate (void)
 {
   Layer y;
-  layer_init (&y, tiny_all (), STOW_FLOAT_F32, 2, 7, 2, 23);
+  layer_init (&y, tiny_all (), STOW_DTYPE_F32, 2, 7, 2, 23);
   guint64 n1, n2;
   g_autofree float *g1 = layer_backward (&y, FALSE, FALSE, NULL, &n1);
   guint64 nh = y.n * y.m->cfg.hidden, k = n1 - nh;
@@ -597,7 +597,7 @@ static void
 test_embed (void)
 {
   StowLlamaConfig c = tiny_tied ();
-  g_autoptr (StowLlama) L = stow_llama_new (&c, STOW_FLOAT_F32, 8, 2, NULL);
+  g_autoptr (StowLlama) L = stow_llama_new (&c, STOW_DTYPE_F32, 8, 2, NULL);
   guint64 h = c.hidden, V = c.vocab, n = 9;
   gint32 tok[9] = { 3, 0, 3, 22, 7, 3, 0, 11, 3 };
   g_autofree float *emb = g_new (float, V *h);
@@ -633,7 +633,7 @@ test_head_loss (void)
   StowLlamaConfig c = tiny_all ();
   c.n_layers = 0;
   g_autoptr (TestLlamaModel) m
-      = test_llama_model_new (&c, STOW_FLOAT_F32, 2, 7, 2, 0, NULL);
+      = test_llama_model_new (&c, STOW_DTYPE_F32, 2, 7, 2, 0, NULL);
   test_llama_model_randomize (m, 31);
   guint64 n = m->n, h = c.hidden, V = c.vocab;
   TestLlamaParam *norm = &g_array_index (m->params, TestLlamaParam, 1);
@@ -721,7 +721,7 @@ test_ws_bound (void)
     for (int bf = 0; bf < 2; bf++)
       {
         Layer y;
-        layer_init (&y, cs[i], bf ? STOW_FLOAT_BF16 : STOW_FLOAT_F32, 1, 3, 1,
+        layer_init (&y, cs[i], bf ? STOW_DTYPE_BF16 : STOW_DTYPE_F32, 1, 3, 1,
                     40 + i);
         guint64 wsb = stow_llama_backward_ws_bytes (y.m->rt, y.n);
         g_autofree guint8 *rest = g_malloc (y.rest_bytes);
@@ -783,9 +783,9 @@ test_threads (void)
     {
       guint64 n1, n2;
       g_autoptr (TestLlamaModel) a = test_llama_model_new (
-          &cs[i], STOW_FLOAT_F32, 3, seqs[i], 1, 7, NULL);
+          &cs[i], STOW_DTYPE_F32, 3, seqs[i], 1, 7, NULL);
       g_autoptr (TestLlamaModel) b = test_llama_model_new (
-          &cs[i], STOW_FLOAT_F32, 3, seqs[i], 2, 7, NULL);
+          &cs[i], STOW_DTYPE_F32, 3, seqs[i], 2, 7, NULL);
       test_llama_model_randomize (a, 51);
       test_llama_model_copy_params (b, a);
       g_autofree float *oa = model_outputs (a, &n1);
@@ -851,9 +851,9 @@ test_bf16 (void)
   StowLlamaConfig c = tiny_all ();
   guint64 n1, n2;
   g_autoptr (TestLlamaModel) b
-      = test_llama_model_new (&c, STOW_FLOAT_BF16, 2, 9, 2, 0, NULL);
+      = test_llama_model_new (&c, STOW_DTYPE_BF16, 2, 9, 2, 0, NULL);
   g_autoptr (TestLlamaModel) f
-      = test_llama_model_new (&c, STOW_FLOAT_F32, 2, 9, 2, 0, NULL);
+      = test_llama_model_new (&c, STOW_DTYPE_F32, 2, 9, 2, 0, NULL);
   test_llama_model_randomize (b, 61);
   test_llama_model_copy_params (f, b);
   g_autofree float *ob = model_outputs (b, &n1);

@@ -62,7 +62,7 @@ add_params (TestLlamaModel *m)
 }
 
 TestLlamaModel *
-test_llama_model_new (const StowLlamaConfig *cfg, StowFloatType dtype,
+test_llama_model_new (const StowLlamaConfig *cfg, StowDtype dtype,
                       guint64 batch, guint64 seq, guint n_threads,
                       guint64 chunk, GError **error)
 {
@@ -72,7 +72,7 @@ test_llama_model_new (const StowLlamaConfig *cfg, StowFloatType dtype,
   TestLlamaModel *m = g_new0 (TestLlamaModel, 1);
   m->cfg = *cfg;
   m->dtype = dtype;
-  m->esize = stow_float_type_size (dtype);
+  m->esize = stow_dtype_size (dtype);
   m->batch = batch;
   m->seq = seq;
   m->n = batch * seq;
@@ -140,7 +140,7 @@ test_llama_param_get (const TestLlamaModel *m, const TestLlamaParam *p,
                       gboolean grad, guint64 i)
 {
   const void *a = grad ? p->g : p->w;
-  if (m->dtype == STOW_FLOAT_BF16)
+  if (m->dtype == STOW_DTYPE_BF16)
     return stow_bf16_to_f32 (((const guint16 *)a)[i]);
   return ((const float *)a)[i];
 }
@@ -149,7 +149,7 @@ void
 test_llama_param_set (const TestLlamaModel *m, TestLlamaParam *p, guint64 i,
                       float v)
 {
-  if (m->dtype == STOW_FLOAT_BF16)
+  if (m->dtype == STOW_DTYPE_BF16)
     ((guint16 *)p->w)[i] = stow_f32_to_bf16 (v);
   else
     ((float *)p->w)[i] = v;

@@ -21,7 +21,7 @@ typedef struct
 typedef struct
 {
   StowLlamaConfig cfg;
-  StowFloatType dtype;
+  StowDtype dtype;
   guint64 esize, batch, seq, n, chunk;
   StowLlama *rt;
   GArray *params; /* TestLlamaParam: embed, layer 0.., norm, [lm_head] */
@@ -38,7 +38,7 @@ typedef struct
 /* A model for @cfg with zeroed parameters and tokens; NULL and @error when
  * the runtime refuses the config.  @chunk 0: the runtime's loss chunk. */
 TestLlamaModel *test_llama_model_new (const StowLlamaConfig *cfg,
-                                      StowFloatType dtype, guint64 batch,
+                                      StowDtype dtype, guint64 batch,
                                       guint64 seq, guint n_threads,
                                       guint64 chunk, GError **error);
 void test_llama_model_free (TestLlamaModel *m);

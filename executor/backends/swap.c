@@ -286,7 +286,7 @@ stow_state_swap_update (StowStateSwap *sw, StowAdam *adam,
           at.m = mom + (lo - first);
           at.v = vel + (lo - first);
           at.grad = grads + lo * gsz;
-          at.grad_type = stow_float_type_of_dtype (p->grad_dtype);
+          at.grad_type = p->grad_dtype;
           at.n = hi - lo;
           if (master != NULL)
             {
@@ -297,7 +297,7 @@ stow_state_swap_update (StowStateSwap *sw, StowAdam *adam,
           else
             {
               at.param = (float *)m->host_weights + lo;
-              at.out_type = STOW_FLOAT_NONE;
+              at.out_type = STOW_DTYPE_NONE;
             }
           if (!stow_adam_step (adam, &cfg, step, &at, error))
             return FALSE;

@@ -91,14 +91,6 @@ G_STATIC_ASSERT (G_N_ELEMENTS (layer_names) == STOW_LAYER_SLOTS);
 G_STATIC_ASSERT (sizeof (StowLlamaLayerWeights)
                  == STOW_LAYER_SLOTS * sizeof (void *));
 
-StowFloatType
-stow_float_type_of_dtype (StowDtype d)
-{
-  return d == STOW_DTYPE_F32    ? STOW_FLOAT_F32
-         : d == STOW_DTYPE_BF16 ? STOW_FLOAT_BF16
-                                : STOW_FLOAT_F16;
-}
-
 const StowBuffer *
 stow_tensor_map_buffer (const StowTensorMap *m, guint i)
 {
@@ -624,7 +616,7 @@ stow_tensor_map_adam (const StowTensorMap *m, guint unit, guint k, double lr,
   at->m = stow_tensor_map_state (m, unit, 1) + t->offset;
   at->v = stow_tensor_map_state (m, unit, 2) + t->offset;
   at->grad = g + t->offset * stow_dtype_size (p->grad_dtype);
-  at->grad_type = stow_float_type_of_dtype (p->grad_dtype);
+  at->grad_type = p->grad_dtype;
   at->n = t->numel;
   if (p->master_weights)
     {
@@ -635,7 +627,7 @@ stow_tensor_map_adam (const StowTensorMap *m, guint unit, guint k, double lr,
   else
     {
       at->param = (float *)(w + t->offset * 4);
-      at->out_type = STOW_FLOAT_NONE;
+      at->out_type = STOW_DTYPE_NONE;
     }
 }
 
@@ -750,7 +742,7 @@ stow_tensor_map_grad_norm (const StowTensorMap *m, StowAdam *adam,
                            guint buffer, double max_norm, double *clip,
                            gboolean *skip)
 {
-  StowFloatType gt = stow_float_type_of_dtype (m->p->grad_dtype);
+  StowDtype gt = m->p->grad_dtype;
   double total = 0;
   for (guint u = 0; u < m->p->units->len; u++)
     {
@@ -900,7 +892,7 @@ stow_tensor_map_init (StowTensorMap *m, const StowProgram *p,
     }
   if (!stow_llama_config_from_model (model, &m->config, error))
     return FALSE;
-  m->ftype = stow_float_type_of_dtype (p->weight_dtype);
+  m->ftype = p->weight_dtype;
   m->esize = stow_dtype_size (p->weight_dtype);
   m->n_tokens = p->micro_batch * p->seq_len;
   for (guint u = 0; u < p->units->len; u++)

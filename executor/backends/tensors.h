@@ -24,7 +24,7 @@ typedef struct
   const StowProgram *p;
   const StowModel *model;
   StowLlamaConfig config;
-  StowFloatType ftype; /* weights and activations */
+  StowDtype ftype; /* weights and activations */
   gsize esize;
   guint64 n_tokens; /* per micro-batch: B T */
   guint64 numel;    /* every unit's parameters, in unit order */
@@ -82,8 +82,6 @@ typedef struct
  * hidden_act, rope_type, a fused projection). */
 gboolean stow_llama_config_from_model (const StowModel *model,
                                        StowLlamaConfig *out, GError **error);
-
-StowFloatType stow_float_type_of_dtype (StowDtype dtype);
 
 /* Indexes @program for @model and checks every buffer's size; @backend
  * names the backend in messages.  STOW_BACKEND_ERROR_INVALID names a

@@ -289,7 +289,7 @@ static void
 run_grad_norm (CudaBackend *b)
 {
   StowTensorMap *m = &b->map;
-  StowFloatType gt = stow_float_type_of_dtype (b->p->grad_dtype);
+  StowDtype gt = b->p->grad_dtype;
   check (b, cudaMemsetAsync (&b->state_d->sumsq, 0, sizeof (double),
                              b->streams[STOW_STREAM_COMPUTE]),
          "cudaMemsetAsync");

@@ -82,7 +82,7 @@ struct StowLlamaCuda
   size_t struct_bytes;
   StowDecoder decoder; /* this runtime's kernels (llama-cuda.cu) */
   StowLlamaConfig config;
-  StowFloatType dtype;
+  StowDtype dtype;
   bool bf16;
   guint64 esize;
   guint64 max_tokens, max_seq;

@@ -834,7 +834,7 @@ ws_free (StowLlamaCuda *L)
 }
 
 StowLlamaCuda *
-stow_llama_cuda_new (const StowLlamaConfig *config, StowFloatType dtype,
+stow_llama_cuda_new (const StowLlamaConfig *config, StowDtype dtype,
                      guint64 max_tokens, guint64 max_seq, void *stream,
                      GError **error)
 {
@@ -876,8 +876,8 @@ stow_llama_cuda_new (const StowLlamaConfig *config, StowFloatType dtype,
   L->struct_bytes = sizeof (StowLlamaCuda);
   L->config = *config;
   L->dtype = dtype;
-  L->bf16 = dtype == STOW_FLOAT_BF16;
-  L->esize = stow_float_type_size (dtype);
+  L->bf16 = dtype == STOW_DTYPE_BF16;
+  L->esize = stow_dtype_size (dtype);
   L->max_tokens = max_tokens;
   L->max_seq = max_seq;
   L->stream = (cudaStream_t)stream;
@@ -1093,9 +1093,9 @@ grad_load (const void *g, int type, guint64 i)
 {
   switch (type)
     {
-    case STOW_FLOAT_BF16:
+    case STOW_DTYPE_BF16:
       return stow_cuda_bf16_load (((const uint16_t *)g)[i]);
-    case STOW_FLOAT_F16:
+    case STOW_DTYPE_F16:
       return f16_load (((const uint16_t *)g)[i]);
     default:
       return ((const float *)g)[i];
@@ -1141,12 +1141,12 @@ sumsq_final_kernel (guint64 n_blocks, const double *part,
 
 void
 stow_llama_cuda_grad_sumsq (StowLlamaCuda *L, const void *grad,
-                            StowFloatType type, guint64 n,
+                            StowDtype type, guint64 n,
                             StowCudaOptimState *state)
 {
   g_return_if_fail (L != NULL && state != NULL && (grad != NULL || n == 0));
-  g_return_if_fail (type == STOW_FLOAT_F32 || type == STOW_FLOAT_BF16
-                    || type == STOW_FLOAT_F16);
+  g_return_if_fail (type == STOW_DTYPE_F32 || type == STOW_DTYPE_BF16
+                    || type == STOW_DTYPE_F16);
   if (L->error != NULL || n == 0)
     return;
   /* adam.c's blocks: a multiple of 64, at least SUMSQ_MIN_BLOCK, at most
@@ -1233,13 +1233,13 @@ adam_kernel (AdamArgs a, guint64 n, float *param, float *m, float *v,
       v[i] = vi;
       switch (out_type)
         {
-        case STOW_FLOAT_F32:
+        case STOW_DTYPE_F32:
           ((float *)out)[i] = p;
           break;
-        case STOW_FLOAT_BF16:
+        case STOW_DTYPE_BF16:
           ((uint16_t *)out)[i] = stow_cuda_bf16_round (p);
           break;
-        case STOW_FLOAT_F16:
+        case STOW_DTYPE_F16:
           ((uint16_t *)out)[i] = f16_round (p);
           break;
         default:
@@ -1256,10 +1256,10 @@ stow_llama_cuda_adam (StowLlamaCuda *L, const StowAdamConfig *config,
   g_return_if_fail (L != NULL && config != NULL && step != NULL && t != NULL
                     && state != NULL);
   g_return_if_fail (step->step >= 1 && step->loss_scale > 0);
-  g_return_if_fail (t->grad_type == STOW_FLOAT_F32
-                    || t->grad_type == STOW_FLOAT_BF16
-                    || t->grad_type == STOW_FLOAT_F16);
-  g_return_if_fail ((t->out_type == STOW_FLOAT_NONE) == (t->param_out == NULL));
+  g_return_if_fail (t->grad_type == STOW_DTYPE_F32
+                    || t->grad_type == STOW_DTYPE_BF16
+                    || t->grad_type == STOW_DTYPE_F16);
+  g_return_if_fail ((t->out_type == STOW_DTYPE_NONE) == (t->param_out == NULL));
   if (L->error != NULL || t->n == 0)
     return;
   g_return_if_fail (t->param && t->m && t->v && t->grad);

@@ -44,7 +44,7 @@ gboolean stow_cuda_available (GError **error);
  * STOW_BACKEND_ERROR-like failures of CUDA as STOW_LLAMA_ERROR_INVALID
  * with CUDA's message. */
 StowLlamaCuda *stow_llama_cuda_new (const StowLlamaConfig *config,
-                                    StowFloatType dtype, guint64 max_tokens,
+                                    StowDtype dtype, guint64 max_tokens,
                                     guint64 max_seq, void *stream,
                                     GError **error);
 void stow_llama_cuda_free (StowLlamaCuda *L);
@@ -96,7 +96,7 @@ typedef struct
 /* *@state.sumsq += the sum of squares of @n gradients of @type, in double
  * over blocks fixed by @n, added in block order (as stow_adam_grad_sumsq). */
 void stow_llama_cuda_grad_sumsq (StowLlamaCuda *L, const void *grad,
-                                 StowFloatType type, guint64 n,
+                                 StowDtype type, guint64 n,
                                  StowCudaOptimState *state);
 /* From state->sumsq: norm, clip_coef (max_norm <= 0: 1) and skip (as
  * stow_adam_grads_ok says), on the device. */
