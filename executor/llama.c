@@ -18,6 +18,71 @@
 G_DEFINE_QUARK (stow-llama-error-quark, stow_llama_error)
 /* clang-format on */
 
+/* ---- the config a model runs with ----------------------------------------- */
+
+gboolean
+stow_llama_config_from_model (const StowModel *m, StowLlamaConfig *c,
+                              GError **error)
+{
+  memset (c, 0, sizeof *c);
+  const char *fam = m->family ? m->family : "?";
+  if (!g_str_equal (fam, "llama") && !g_str_equal (fam, "mistral")
+      && !g_str_equal (fam, "qwen2"))
+    {
+      g_set_error (error, STOW_LLAMA_ERROR, STOW_LLAMA_ERROR_INVALID,
+                   "%s: model_type \"%s\": the executor runs LLaMA-family "
+                   "decoders (llama, mistral, qwen2)",
+                   m->name, fam);
+      return FALSE;
+    }
+  if (m->n_experts > 0 || !m->gated_mlp || m->norm != STOW_NORM_RMSNORM
+      || m->n_encoder_layers > 0)
+    {
+      g_set_error (error, STOW_LLAMA_ERROR, STOW_LLAMA_ERROR_INVALID,
+                   "%s: mixture-of-experts and other variants of %s are not "
+                   "run by the executor",
+                   m->name, fam);
+      return FALSE;
+    }
+  if (g_strcmp0 (m->hidden_act, "silu") != 0)
+    {
+      g_set_error (error, STOW_LLAMA_ERROR, STOW_LLAMA_ERROR_INVALID,
+                   "%s: hidden_act \"%s\": the executor runs silu (SwiGLU)",
+                   m->name, m->hidden_act ? m->hidden_act : "");
+      return FALSE;
+    }
+  if (m->rope_type != NULL && !g_str_equal (m->rope_type, "default")
+      && !g_str_equal (m->rope_type, "llama3"))
+    {
+      g_set_error (error, STOW_LLAMA_ERROR, STOW_LLAMA_ERROR_INVALID,
+                   "%s: rope_scaling.rope_type \"%s\": the executor runs "
+                   "default and llama3 rotary embeddings",
+                   m->name, m->rope_type);
+      return FALSE;
+    }
+  c->hidden = m->hidden;
+  c->n_layers = m->n_layers;
+  c->n_heads = m->n_heads;
+  c->n_kv_heads = m->n_kv_heads;
+  c->head_dim = m->head_dim;
+  c->ffn = m->ffn;
+  c->vocab = m->vocab;
+  c->rope_theta = m->rope_theta;
+  c->rms_norm_eps = m->norm_eps;
+  if (g_strcmp0 (m->rope_type, "llama3") == 0)
+    {
+      c->rope_factor = m->rope_factor;
+      c->rope_low_freq_factor = m->rope_low_freq_factor;
+      c->rope_high_freq_factor = m->rope_high_freq_factor;
+      c->rope_original_max_positions = m->rope_original_max_positions;
+    }
+  c->qkv_bias = m->qkv_bias;
+  c->o_bias = m->o_bias;
+  c->mlp_bias = m->mlp_bias;
+  c->tied = m->tied_embeddings;
+  return TRUE;
+}
+
 /* ---- sizes --------------------------------------------------------------- */
 
 /* Elements per token of the saved tensors of the runtime's dtype:

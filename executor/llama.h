@@ -31,6 +31,7 @@
 #include <glib.h>
 
 #include "executor/kernels.h"
+#include "models/model.h"
 #include "offload/adam.h" /* StowDtype */
 
 G_BEGIN_DECLS
@@ -100,6 +101,12 @@ typedef struct
   void *h1, *xn2, *gate, *up, *act;
   void *out;
 } StowLlamaSaved;
+
+/* The runtime config a model runs with, from its config.json fields;
+ * STOW_LLAMA_ERROR_INVALID names what the runtime does not run (a family,
+ * hidden_act, rope_type, a fused projection). */
+gboolean stow_llama_config_from_model (const StowModel *model,
+                                       StowLlamaConfig *out, GError **error);
 
 /* ---- sizes ----------------------------------------------------------------
  * From a config and an element size @esize alone: the carving is pointer

@@ -77,12 +77,6 @@ typedef struct
 
 #define STOW_LAYER_SLOTS 16 /* the pointers of StowLlamaLayerWeights */
 
-/* The runtime config a model runs with, from its config.json fields;
- * STOW_LLAMA_ERROR_INVALID names what the runtime does not run (a family,
- * hidden_act, rope_type, a fused projection). */
-gboolean stow_llama_config_from_model (const StowModel *model,
-                                       StowLlamaConfig *out, GError **error);
-
 /* Indexes @program for @model and checks every buffer's size; @backend
  * names the backend in messages.  STOW_BACKEND_ERROR_INVALID names a
  * buffer and both sizes; _UNSUPPORTED a program the backends cannot run
