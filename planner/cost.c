@@ -346,10 +346,35 @@ tp_hidden_exposed (const StowCostOptions *o, double comm, double gemm)
   return edge + MAX (0.0, rest - gemm) + o->overlap_slowdown * MIN (rest, gemm);
 }
 
+/* One layer on one GPU for one micro-batch: its dimensions, the shapes of
+ * its GEMMs after tensor-parallel splitting and their FLOPs, what the
+ * pieces of layer_cost price. */
+typedef struct
+{
+  const StowModel *m;
+  const StowCluster *c;
+  const StowTraining *t;
+  const StowLayout *l;
+  const StowCostOptions *o;
+  const Rates *r;
+  gboolean moe;
+  double s, sl, b;
+  double T; /* tokens of a micro-batch on this GPU */
+  double h, a, kv, dq, dv, tp;
+  double eb, hbm;
+  /* GEMM shapes (Megatron: column-parallel QKV and MLP-up, row-parallel
+   * output and MLP-down) */
+  double qkv_n, o_k, f, mlp_T, n_mlp, mlp_tp, up_n, down_k;
+  /* FLOPs on this GPU: each GEMM's, the attention core's */
+  double fl_qkv, fl_o, fl_up, fl_down, fl_shared, fl_router, fl_attn;
+  guint etp;        /* the routed experts' tensor parallelism */
+  gboolean own_etp; /* ... apart from --tp */
+} LayerShape;
+
 static void
-layer_cost (const StowModel *m, const StowCluster *c, const StowTraining *t,
-            const StowLayout *l, const StowCostOptions *o, gboolean moe,
-            const Rates *r, LayerCost *lc)
+layer_shape_init (LayerShape *x, const StowModel *m, const StowCluster *c,
+                  const StowTraining *t, const StowLayout *l,
+                  const StowCostOptions *o, gboolean moe, const Rates *r)
 {
   double s = (double)t->seq_len, sl = s / l->cp;
   double b = (double)l->micro_batch;
@@ -357,9 +382,6 @@ layer_cost (const StowModel *m, const StowCluster *c, const StowTraining *t,
   double h = (double)m->hidden, a = (double)m->n_heads;
   double kv = (double)m->n_kv_heads, d = (double)m->head_dim;
   double tp = (double)l->tp;
-  double eb = elem_bytes (t->precision);
-  double hbm = c->node.gpu.hbm_bw * o->hbm_eff;
-  gboolean lora = t->finetune != STOW_FINETUNE_FULL;
   double dq = d, dv = d;
   if (m->qk_nope_head_dim + m->qk_rope_head_dim > 0)
     {
@@ -367,7 +389,6 @@ layer_cost (const StowModel *m, const StowCluster *c, const StowTraining *t,
       dv = (double)m->v_head_dim;
       kv = a;
     }
-  memset (lc, 0, sizeof *lc);
 
   /* GEMM shapes after tensor-parallel splitting (Megatron: column-parallel
    * QKV and MLP-up, row-parallel output and MLP-down). */
@@ -398,6 +419,38 @@ layer_cost (const StowModel *m, const StowCluster *c, const StowTraining *t,
     fl_shared = 2 * T * h * (double)m->n_shared_experts
                 * (m->gated_mlp ? 3.0 : 2.0) * f / tp;
   double fl_router = moe ? 2 * T * h * (double)m->n_experts : 0;
+  /* The attention core: Q K^T and A V, 4 s_local s a d per sequence,
+   * counted in full as the papers count it. */
+  double fl_attn = 2 * b * sl * s * a * (dq + dv) / tp;
+  guint etp = stow_layout_etp (l);
+
+  x->m = m, x->c = c, x->t = t, x->l = l, x->o = o, x->r = r, x->moe = moe;
+  x->s = s, x->sl = sl, x->b = b, x->T = T;
+  x->h = h, x->a = a, x->kv = kv, x->dq = dq, x->dv = dv, x->tp = tp;
+  x->eb = elem_bytes (t->precision);
+  x->hbm = c->node.gpu.hbm_bw * o->hbm_eff;
+  x->qkv_n = qkv_n, x->o_k = o_k, x->f = f, x->mlp_T = mlp_T;
+  x->n_mlp = n_mlp, x->mlp_tp = mlp_tp, x->up_n = up_n, x->down_k = down_k;
+  x->fl_qkv = fl_qkv, x->fl_o = fl_o, x->fl_up = fl_up, x->fl_down = fl_down;
+  x->fl_shared = fl_shared, x->fl_router = fl_router, x->fl_attn = fl_attn;
+  x->etp = etp;
+  x->own_etp = moe && m->n_experts > 0 && etp != l->tp;
+}
+
+/* The GEMMs, forward and backward. */
+static void
+layer_gemm_seconds (const LayerShape *x, LayerCost *lc)
+{
+  const StowModel *m = x->m;
+  const StowLayout *l = x->l;
+  const Rates *r = x->r;
+  gboolean moe = x->moe;
+  double T = x->T, h = x->h, tp = x->tp, f = x->f;
+  double qkv_n = x->qkv_n, o_k = x->o_k, mlp_T = x->mlp_T;
+  double up_n = x->up_n, down_k = x->down_k;
+  double fl_qkv = x->fl_qkv, fl_o = x->fl_o, fl_up = x->fl_up;
+  double fl_down = x->fl_down, fl_shared = x->fl_shared;
+  double fl_router = x->fl_router;
   /* Shared experts are dense MLPs split by --tp. */
   double t_rest
       = gemm_s (r, fl_shared, T, (m->gated_mlp ? 2.0 : 1.0) * f / tp, h);
@@ -408,7 +461,7 @@ layer_cost (const StowModel *m, const StowCluster *c, const StowTraining *t,
                 + gemm_s (r, fl_down, mlp_T, h, down_k) + t_rest;
   lc->fwd_gemm_s = full;
   lc->bwd_gemm_s = 2.0 * full; /* the input gradients, then the weights' */
-  if (tp_overlapped (o, l))
+  if (tp_overlapped (x->o, l))
     {
       /* Transformer Engine overlaps TP traffic by splitting the GEMM next
        * to it along the tokens (transformer_engine/pytorch/module/base.py,
@@ -432,19 +485,24 @@ layer_cost (const StowModel *m, const StowCluster *c, const StowTraining *t,
                        + gemm_s (r, fl_up, mlp_T, up_n, h)
                        + gemm_s (r, fl_down, mlp_ring, h, down_k) + t_rest;
     }
+}
 
-  /* Attention core: Q K^T and A V, 4 s_local s a d per sequence, counted
-   * in full as the papers count it, in bf16 under fp8 (Transformer
-   * Engine's DotProductAttention; torchao leaves it alone too).  Flash
-   * kernels skip the masked half of a causal mask and recompute the
-   * scores in backward, which does 2.5x the forward's FLOPs
-   * (FlashAttention-2, Dao 2023, §3.1); their rates grow with the keys a
-   * kernel sees (a chunk of s / cp under context parallelism).  The
-   * unfused path computes all of it as batched GEMMs with a short inner
-   * dimension (d), backward twice the forward. */
-  double fl_attn = 2 * b * sl * s * a * (dq + dv) / tp;
+/* Attention core: Q K^T and A V, 4 s_local s a d per sequence, counted
+ * in full as the papers count it, in bf16 under fp8 (Transformer
+ * Engine's DotProductAttention; torchao leaves it alone too).  Flash
+ * kernels skip the masked half of a causal mask and recompute the
+ * scores in backward, which does 2.5x the forward's FLOPs
+ * (FlashAttention-2, Dao 2023, §3.1); their rates grow with the keys a
+ * kernel sees (a chunk of s / cp under context parallelism).  The
+ * unfused path computes all of it as batched GEMMs with a short inner
+ * dimension (d), backward twice the forward. */
+static void
+layer_attention_seconds (const LayerShape *x, LayerCost *lc)
+{
+  const Rates *r = x->r;
+  double s = x->s, sl = x->sl, dq = x->dq, fl_attn = x->fl_attn;
   double peak_attn = r->peak_bf16;
-  if (t->flash_attention)
+  if (x->t->flash_attention)
     {
       double seq
           = r->e.attn_half_seq > 0 ? dim_share (sl, r->e.attn_half_seq) : 1.0;
@@ -459,79 +517,101 @@ layer_cost (const StowModel *m, const StowCluster *c, const StowTraining *t,
             / (peak_attn * gemm_eff_at (r, r->e.gemm_eff_max, sl, s, dq));
       lc->bwd_attn_s = 2.0 * lc->fwd_attn_s;
     }
+}
 
-  /* Memory-bound kernels (norms, activations, dropout, residuals, softmax):
-   * every tensor saved for backward is written by one kernel and read by
-   * the next, so a forward moves about twice the layer's activation bytes
-   * (Korthikanti et al. Table 2, as the memory model counts them). */
-  StowLayout nl = *l;
+/* Memory-bound kernels (norms, activations, dropout, residuals, softmax):
+ * every tensor saved for backward is written by one kernel and read by
+ * the next, so a forward moves about twice the layer's activation bytes
+ * (Korthikanti et al. Table 2, as the memory model counts them). */
+static void
+layer_memory_bound_seconds (const LayerShape *x, LayerCost *lc)
+{
+  const StowModel *m = x->m;
+  const StowTraining *t = x->t;
+  double hbm = x->hbm;
+  StowLayout nl = *x->l;
   nl.recompute = STOW_RECOMPUTE_NONE;
   double act = (double)stow_memory_layer_activations (m, t, &nl);
   nl.recompute = STOW_RECOMPUTE_SELECTIVE;
   double act_sel = (double)stow_memory_layer_activations (m, t, &nl);
-  lc->fwd_elem_s = 2.0 * act / hbm + o->kernel_overhead_s;
+  lc->fwd_elem_s = 2.0 * act / hbm + x->o->kernel_overhead_s;
   lc->core_elem_s = 2.0 * (act - act_sel) / hbm;
+}
 
-  /* fp8: a GEMM operand is cast to fp8 and transposed (read 2 B, write
-   * 1 B twice) unless the kernel that makes it does so.  Transformer
-   * Engine (Megatron) fuses the cast into the layer norms, the
-   * activation and its gradient (LayerNormLinear, LayerNormMLP): what is
-   * left is the input of the attention's output projection forward, and
-   * backward the output gradients of QKV, the output projection and the
-   * MLP's down projection.  Others (torchao's Float8Linear, te.Linear
-   * alone) cast every linear's input and output gradient. */
-  if (r->fp8)
+/* fp8: a GEMM operand is cast to fp8 and transposed (read 2 B, write 1 B
+ * twice) unless the kernel that makes it does so.  Transformer Engine
+ * (Megatron) fuses the cast into the layer norms, the activation and its
+ * gradient (LayerNormLinear, LayerNormMLP): what is left is the input of
+ * the attention's output projection forward, and backward the output
+ * gradients of QKV, the output projection and the MLP's down projection.
+ * Others (torchao's Float8Linear, te.Linear alone) cast every linear's
+ * input and output gradient. */
+static void
+layer_fp8_cast_seconds (const LayerShape *x, LayerCost *lc)
+{
+  const StowLayout *l = x->l;
+  double T = x->T, h = x->h, hbm = x->hbm;
+  double qkv_n = x->qkv_n, o_k = x->o_k, mlp_T = x->mlp_T, n_mlp = x->n_mlp;
+  double up_n = x->up_n, down_k = x->down_k;
+  if (!x->r->fp8)
+    return;
+  const double cast = 4.0;
+  double fwd_el, bwd_el;
+  if (stow_engine_is_mcore (l->engine))
     {
-      const double cast = 4.0;
-      double fwd_el, bwd_el;
-      if (stow_engine_is_mcore (l->engine))
-        {
-          fwd_el = T * o_k;
-          bwd_el = T * (qkv_n + h) + mlp_T * n_mlp * h;
-        }
-      else
-        {
-          fwd_el = T * (h + o_k) + mlp_T * n_mlp * (h + down_k);
-          bwd_el = T * (qkv_n + h) + mlp_T * n_mlp * (up_n + h);
-        }
-      lc->fwd_cast_s = cast * fwd_el / hbm;
-      lc->bwd_cast_s = cast * bwd_el / hbm;
+      fwd_el = T * o_k;
+      bwd_el = T * (qkv_n + h) + mlp_T * n_mlp * h;
     }
-
-  /* Selective op checkpointing (--recompute selective-op, torchtitan's
-   * policy; stow_mem_op_checkpoint_bytes in planner/activations.c) keeps
-   * the outputs of the 1st, 3rd, ... matmul and the attention's; backward
-   * reruns the others and every element-wise op of the forward. */
-  if (l->recompute == STOW_RECOMPUTE_OP)
+  else
     {
-      StowMatmul mm[STOW_MAX_LAYER_MATMULS];
-      guint n = stow_mem_layer_matmuls (m, mm);
-      for (guint i = 1; i < n; i += 2) /* the 2nd, 4th, ... */
-        {
-          double in = mm[i].row_parallel ? mm[i].in / tp : mm[i].in;
-          double out = mm[i].row_parallel ? mm[i].out : mm[i].out / tp;
-          double fl = 2 * T * in * out;
-          lc->op_rec_s += gemm_s (r, fl, T, out, in);
-          lc->op_rec_flops += fl * tp;
-        }
-      lc->op_rec_s += lc->fwd_elem_s + lc->fwd_cast_s;
+      fwd_el = T * (h + o_k) + mlp_T * n_mlp * (h + down_k);
+      bwd_el = T * (qkv_n + h) + mlp_T * n_mlp * (up_n + h);
     }
+  lc->fwd_cast_s = cast * fwd_el / hbm;
+  lc->bwd_cast_s = cast * bwd_el / hbm;
+}
 
-  /* A forward's compute, and its backward's: two forwards of GEMMs and
-   * memory-bound work (one under LoRA: frozen weights need no weight
-   * gradient), the attention's own backward. */
-  double w = lora ? 1.0 : 2.0;
-  double bwd_gemm = lora ? 0.5 * lc->bwd_gemm_s : lc->bwd_gemm_s;
-  lc->fwd_s = lc->fwd_gemm_s + lc->fwd_attn_s + lc->fwd_elem_s + lc->fwd_cast_s;
-  lc->bwd_s = bwd_gemm + w * lc->fwd_elem_s + lc->bwd_attn_s + lc->bwd_cast_s;
+/* Selective op checkpointing (--recompute selective-op, torchtitan's
+ * policy; stow_mem_op_checkpoint_bytes in planner/activations.c) keeps the
+ * outputs of the 1st, 3rd, ... matmul and the attention's; backward reruns
+ * the others and every element-wise op of the forward. */
+static void
+layer_op_recompute_seconds (const LayerShape *x, LayerCost *lc)
+{
+  const StowModel *m = x->m;
+  const Rates *r = x->r;
+  double T = x->T, tp = x->tp;
+  if (x->l->recompute != STOW_RECOMPUTE_OP)
+    return;
+  StowMatmul mm[STOW_MAX_LAYER_MATMULS];
+  guint n = stow_mem_layer_matmuls (m, mm);
+  for (guint i = 1; i < n; i += 2) /* the 2nd, 4th, ... */
+    {
+      double in = mm[i].row_parallel ? mm[i].in / tp : mm[i].in;
+      double out = mm[i].row_parallel ? mm[i].out : mm[i].out / tp;
+      double fl = 2 * T * in * out;
+      lc->op_rec_s += gemm_s (r, fl, T, out, in);
+      lc->op_rec_flops += fl * tp;
+    }
+  lc->op_rec_s += lc->fwd_elem_s + lc->fwd_cast_s;
+}
 
-  /* Tensor parallelism: two all-reduces of the layer's output per pass
-   * (attention and MLP), or with sequence parallelism an all-gather and a
-   * reduce-scatter each: the same bytes (Korthikanti et al. §4.2.2).
-   * Megatron-core overlaps them chunk by chunk with the GEMMs beside them
-   * (Transformer Engine userbuffers); Megatron-LM 2021-22 did not. */
-  guint etp = stow_layout_etp (l);
-  gboolean own_etp = moe && m->n_experts > 0 && etp != l->tp;
+/* Tensor parallelism: two all-reduces of the layer's output per pass
+ * (attention and MLP), or with sequence parallelism an all-gather and a
+ * reduce-scatter each: the same bytes (Korthikanti et al. §4.2.2).
+ * Megatron-core overlaps them chunk by chunk with the GEMMs beside them
+ * (Transformer Engine userbuffers); Megatron-LM 2021-22 did not.
+ * @bwd_gemm: the backward's GEMM seconds. */
+static void
+layer_tp_seconds (const LayerShape *x, LayerCost *lc, double bwd_gemm)
+{
+  const StowModel *m = x->m;
+  const StowCluster *c = x->c;
+  const StowLayout *l = x->l;
+  const StowCostOptions *o = x->o;
+  double T = x->T, h = x->h, tp = x->tp, eb = x->eb;
+  guint etp = x->etp;
+  gboolean own_etp = x->own_etp;
   if (l->tp > 1)
     {
       StowLink tl = stow_comm_link (c, o, l->tp, 1);
@@ -561,38 +641,83 @@ layer_cost (const StowModel *m, const StowCluster *c, const StowTraining *t,
       lc->tp_fwd_s += pass;
       lc->tp_bwd_s += pass;
     }
+}
 
-  /* Context parallelism: a ring passes each rank's K and V to the others
-   * (cp - 1 steps), overlapped with the attention of the chunk in hand. */
-  if (l->cp > 1)
-    {
-      StowLink cl = stow_comm_link (c, o, l->cp, l->tp);
-      double kvb = T * kv * (dq + dv) * eb / MAX (1.0, tp > kv ? kv : tp);
-      double comm = (double)(l->cp - 1) * (kvb / cl.bw + cl.lat);
-      lc->cp_fwd_s = MAX (0.0, comm - lc->fwd_attn_s)
-                     + o->overlap_slowdown * MIN (comm, lc->fwd_attn_s);
-    }
+/* Context parallelism: a ring passes each rank's K and V to the others
+ * (cp - 1 steps), overlapped with the attention of the chunk in hand. */
+static void
+layer_cp_seconds (const LayerShape *x, LayerCost *lc)
+{
+  const StowLayout *l = x->l;
+  const StowCostOptions *o = x->o;
+  double T = x->T, kv = x->kv, dq = x->dq, dv = x->dv, tp = x->tp;
+  double eb = x->eb;
+  if (l->cp < 2)
+    return;
+  StowLink cl = stow_comm_link (x->c, o, l->cp, l->tp);
+  double kvb = T * kv * (dq + dv) * eb / MAX (1.0, tp > kv ? kv : tp);
+  double comm = (double)(l->cp - 1) * (kvb / cl.bw + cl.lat);
+  lc->cp_fwd_s = MAX (0.0, comm - lc->fwd_attn_s)
+                 + o->overlap_slowdown * MIN (comm, lc->fwd_attn_s);
+}
 
-  /* Expert parallelism: dispatch and combine all-to-alls, each moving
-   * the routed tokens' hidden states, (ep-1)/ep of them off the GPU. */
-  if (moe && l->ep > 1)
-    {
-      /* ep is carved out of dp x cp (stride tp x cp) while etp = tp;
-       * Megatron-core's own expert grid (tp-ep-dp-pp order, parallel_
-       * state.py) puts it next to the etp ranks otherwise. */
-      guint64 ep_stride = own_etp ? etp : (guint64)l->tp * l->cp;
-      StowLink el = stow_comm_link (c, o, l->ep, ep_stride);
-      double bytes = T * (double)m->experts_per_token * h * eb / tp;
-      lc->ep_fwd_s = 2.0
-                     * ((double)(l->ep - 1) / (double)l->ep * bytes / el.bw
-                        + el.lat * (double)(l->ep - 1));
-    }
+/* Expert parallelism: dispatch and combine all-to-alls, each moving the
+ * routed tokens' hidden states, (ep-1)/ep of them off the GPU. */
+static void
+layer_ep_seconds (const LayerShape *x, LayerCost *lc)
+{
+  const StowModel *m = x->m;
+  const StowLayout *l = x->l;
+  double T = x->T, h = x->h, tp = x->tp, eb = x->eb;
+  guint etp = x->etp;
+  if (!x->moe || l->ep < 2)
+    return;
+  /* ep is carved out of dp x cp (stride tp x cp) while etp = tp;
+   * Megatron-core's own expert grid (tp-ep-dp-pp order, parallel_
+   * state.py) puts it next to the etp ranks otherwise. */
+  guint64 ep_stride = x->own_etp ? etp : (guint64)l->tp * l->cp;
+  StowLink el = stow_comm_link (x->c, x->o, l->ep, ep_stride);
+  double bytes = T * (double)m->experts_per_token * h * eb / tp;
+  lc->ep_fwd_s = 2.0
+                 * ((double)(l->ep - 1) / (double)l->ep * bytes / el.bw
+                    + el.lat * (double)(l->ep - 1));
+}
+
+static void
+layer_cost (const StowModel *m, const StowCluster *c, const StowTraining *t,
+            const StowLayout *l, const StowCostOptions *o, gboolean moe,
+            const Rates *r, LayerCost *lc)
+{
+  LayerShape x;
+  layer_shape_init (&x, m, c, t, l, o, moe, r);
+  gboolean lora = t->finetune != STOW_FINETUNE_FULL;
+  memset (lc, 0, sizeof *lc);
+  layer_gemm_seconds (&x, lc);
+  layer_attention_seconds (&x, lc);
+  layer_memory_bound_seconds (&x, lc);
+  layer_fp8_cast_seconds (&x, lc);
+  layer_op_recompute_seconds (&x, lc);
+
+  /* A forward's compute, and its backward's: two forwards of GEMMs and
+   * memory-bound work (one under LoRA: frozen weights need no weight
+   * gradient), the attention's own backward. */
+  double w = lora ? 1.0 : 2.0;
+  double bwd_gemm = lora ? 0.5 * lc->bwd_gemm_s : lc->bwd_gemm_s;
+  lc->fwd_s = lc->fwd_gemm_s + lc->fwd_attn_s + lc->fwd_elem_s + lc->fwd_cast_s;
+  lc->bwd_s = bwd_gemm + w * lc->fwd_elem_s + lc->bwd_attn_s + lc->bwd_cast_s;
+
+  layer_tp_seconds (&x, lc, bwd_gemm);
+  layer_cp_seconds (&x, lc);
+  layer_ep_seconds (&x, lc);
 
   /* Model FLOPs of the forward for the whole layer (Narayanan et al.
    * eq. 3 counting: 2 x active linear params x tokens + attention). */
-  lc->flops_fwd = (fl_qkv + fl_o + fl_up + fl_down + fl_shared + fl_router) * tp
-                  + fl_attn * tp;
-  lc->attn_flops_fwd = fl_attn * tp;
+  double tp = x.tp;
+  lc->flops_fwd
+      = (x.fl_qkv + x.fl_o + x.fl_up + x.fl_down + x.fl_shared + x.fl_router)
+            * tp
+        + x.fl_attn * tp;
+  lc->attn_flops_fwd = x.fl_attn * tp;
 }
 
 /* One layer's forward and backward for one micro-batch, compute and the
