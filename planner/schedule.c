@@ -985,59 +985,58 @@ rank_shard (const Rank *R, const StowLayout *l, guint64 N, guint64 d)
   return stow_mem_sharded_params (l, N, R->sp.experts, d);
 }
 
+/* What the persistent state buffers hold: the rank's parameters, their
+ * ZeRO divisors, and the run of units they cover. */
+typedef struct
+{
+  guint64 N;            /* parameters */
+  guint64 odiv, gdiv;   /* optimizer states' and gradients' shard degrees */
+  guint ufirst, ucount; /* rank_unit_run */
+} StateSizes;
+
+/* memory.c's LoRA states: frozen weights (NF4 under QLoRA) and the fp32
+ * adapters, their gradients and optimizer states. */
 static void
-lower_rank (Lower *L, Rank *R)
+emit_lora_states (Lower *L, Rank *R, const StateSizes *z)
 {
   StowProgram *p = L->p;
   const StowLayout *l = L->l;
   guint rank = R->rank;
-  guint64 N = R->sp.params, n = L->n;
-  /* Unsharded on one stage the units are exact (build_units): the state
-   * buffers hold exactly their tensors, which a real backend fills. */
-  if (l->tp == 1 && l->ep == 1 && l->pp == 1 && l->vpp == 1
-      && t_full (L))
-    {
-      N = 0;
-      for (guint i = 0; i < R->units->len; i++)
-        N += g_array_index (R->units, Unit, i).params;
-    }
-  guint64 odiv = l->zero >= 1 ? n : 1, gdiv = l->zero >= 2 ? n : 1;
+  guint64 N = z->N, n = L->n;
+  guint64 odiv = z->odiv, gdiv = z->gdiv;
   guint64 E = R->sp.experts;
-  guint m = (guint)l->grad_accum;
-  StowOp op;
-
-  /* Persistent state, sized as the memory model sizes it. */
-  guint ufirst, ucount;
-  rank_unit_run (R->units, &ufirst, &ucount);
-  R->params_buf = R->grads_buf = R->host_grads_buf = STOW_NONE;
-  R->bucket_buf[0] = R->bucket_buf[1] = STOW_NONE;
-  R->grad_slot_freed[0] = R->grad_slot_freed[1] = STOW_NONE;
-  if (L->lora)
+  guint64 wdiv = l->zero >= 3 ? n : 1, T = R->sp.trainable;
+  R->params_buf = stow_program_buffer (
+      p, rank, STOW_TIER_DEVICE,
+      stow_mem_frozen_linear_bytes (l, R->sp.linear, E, L->wb, wdiv), -1, TRUE,
+      "frozen parameters");
+  stow_program_buffer (p, rank, STOW_TIER_DEVICE,
+                       stow_bytes (N - R->sp.linear, 2.0) / wdiv, -1, TRUE,
+                       "frozen parameters (non-linear)");
+  stow_program_buffer (p, rank, STOW_TIER_DEVICE, T * 4 / wdiv, -1, TRUE,
+                       "lora adapters");
+  R->grads_buf = stow_program_buffer (p, rank, STOW_TIER_DEVICE, T * 4 / gdiv,
+                                      -1, TRUE, "gradients");
+  stow_program_buffer (p, rank, STOW_TIER_DEVICE, stow_bytes (T, L->opt) / odiv,
+                       -1, TRUE, "optimizer states");
+  for (guint i = 0; i < R->units->len; i++)
     {
-      /* memory.c's LoRA states: frozen weights (NF4 under QLoRA) and the
-       * fp32 adapters, their gradients and optimizer states. */
-      guint64 wdiv = l->zero >= 3 ? n : 1, T = R->sp.trainable;
-      R->params_buf = stow_program_buffer (
-          p, rank, STOW_TIER_DEVICE,
-          stow_mem_frozen_linear_bytes (l, R->sp.linear, E, L->wb, wdiv), -1,
-          TRUE, "frozen parameters");
-      stow_program_buffer (p, rank, STOW_TIER_DEVICE,
-                           stow_bytes (N - R->sp.linear, 2.0) / wdiv, -1, TRUE,
-                           "frozen parameters (non-linear)");
-      stow_program_buffer (p, rank, STOW_TIER_DEVICE, T * 4 / wdiv, -1, TRUE,
-                           "lora adapters");
-      R->grads_buf = stow_program_buffer (p, rank, STOW_TIER_DEVICE,
-                                          T * 4 / gdiv, -1, TRUE, "gradients");
-      stow_program_buffer (p, rank, STOW_TIER_DEVICE,
-                           stow_bytes (T, L->opt) / odiv, -1, TRUE,
-                           "optimizer states");
-      for (guint i = 0; i < R->units->len; i++)
-        {
-          Unit *u = &g_array_index (R->units, Unit, i);
-          u->params = u->layer >= 0 ? T / MAX (R->sp.layers, 1) : 0;
-        }
+      Unit *u = &g_array_index (R->units, Unit, i);
+      u->params = u->layer >= 0 ? T / MAX (R->sp.layers, 1) : 0;
     }
-  else if (L->off_par)
+}
+
+/* The weights: on the host or NVMe (offloaded), else on the device, whole
+ * or (ZeRO 3) a shard. */
+static void
+emit_weights (Lower *L, Rank *R, const StateSizes *z)
+{
+  StowProgram *p = L->p;
+  const StowLayout *l = L->l;
+  guint rank = R->rank;
+  guint64 N = z->N, n = L->n;
+  guint ufirst = z->ufirst, ucount = z->ucount;
+  if (L->off_par)
     holds (L,
            stow_program_buffer (p, rank,
                                 L->nvme_par ? STOW_TIER_NVME : STOW_TIER_PINNED,
@@ -1052,70 +1051,122 @@ lower_rank (Lower *L, Rank *R)
             stow_bytes (rank_shard (R, l, N, l->zero >= 3 ? n : 1), L->w), -1,
             TRUE, l->zero >= 3 ? "parameter shard" : "parameters"),
         STOW_BUF_WEIGHTS, ufirst, ucount, L->wdt, STOW_LAYER_NONE, 0);
-  if (L->lora)
-    ;
-  else if (!L->off_opt)
+}
+
+/* Gradients, master weights and optimizer states on the device. */
+static void
+emit_device_states (Lower *L, Rank *R, const StateSizes *z)
+{
+  StowProgram *p = L->p;
+  const StowLayout *l = L->l;
+  guint rank = R->rank;
+  guint64 N = z->N;
+  guint64 odiv = z->odiv, gdiv = z->gdiv;
+  guint ufirst = z->ufirst, ucount = z->ucount;
+  R->grads_buf = holds (
+      L,
+      stow_program_buffer (p, rank, STOW_TIER_DEVICE,
+                           stow_bytes (rank_shard (R, l, N, gdiv), L->g), -1,
+                           TRUE, "gradients"),
+      STOW_BUF_GRADS, ufirst, ucount, L->gdt, STOW_LAYER_NONE, 0);
+  holds (
+      L,
+      stow_program_buffer (p, rank, STOW_TIER_DEVICE,
+                           stow_bytes (rank_shard (R, l, N, odiv), L->master),
+                           -1, TRUE, "master weights"),
+      STOW_BUF_MASTER, ufirst, ucount, STOW_DTYPE_F32, STOW_LAYER_NONE, 0);
+  holds (L,
+         stow_program_buffer (p, rank, STOW_TIER_DEVICE,
+                              stow_bytes (rank_shard (R, l, N, odiv), L->opt),
+                              -1, TRUE, "optimizer states"),
+         STOW_BUF_OPT_STATES, ufirst, ucount, STOW_DTYPE_F32, STOW_LAYER_NONE,
+         0);
+}
+
+/* The offloaded optimizer's gradients, master weights and states on the
+ * host (the states on NVMe with --offload-optimizer nvme). */
+static void
+emit_host_states (Lower *L, Rank *R, const StateSizes *z)
+{
+  StowProgram *p = L->p;
+  const StowLayout *l = L->l;
+  guint rank = R->rank;
+  guint64 N = z->N, n = L->n;
+  guint ufirst = z->ufirst, ucount = z->ucount;
+  R->host_grads_buf
+      = holds (L,
+               stow_program_buffer (p, rank, STOW_TIER_PINNED,
+                                    stow_bytes (rank_shard (R, l, N, n), L->g),
+                                    -1, TRUE, "offloaded gradients"),
+               STOW_BUF_GRADS, ufirst, ucount, L->gdt, STOW_LAYER_NONE, 0);
+  /* The delayed update applies the last step's gradients while this
+   * step's come down: a second host copy of them, which the backends
+   * trade places with the first at each step's start. */
+  if (L->so->delayed_update)
+    stow_program_buffer (p, rank, STOW_TIER_PINNED,
+                         stow_bytes (rank_shard (R, l, N, n), L->g), -1, TRUE,
+                         STOW_DELAYED_GRADS_NAME);
+  holds (L,
+         stow_program_buffer (
+             p, rank, L->nvme_opt ? STOW_TIER_NVME : STOW_TIER_PINNED,
+             stow_bytes (rank_shard (R, l, N, n), L->master + L->opt), -1, TRUE,
+             "master weights and optimizer states"),
+         STOW_BUF_STATES, ufirst, ucount, STOW_DTYPE_F32, STOW_LAYER_NONE, 0);
+  /* Where CPU Adam writes the updated weights, the "updated up"
+   * copies' source (memory.c's "host copy of the weights"); with
+   * offloaded parameters those are the weights themselves. */
+  if (!L->off_par)
+    holds (L,
+           stow_program_buffer (p, rank, STOW_TIER_PINNED,
+                                stow_bytes (rank_shard (R, l, N, n), L->w), -1,
+                                TRUE, "host copy of the weights"),
+           STOW_BUF_WEIGHTS, ufirst, ucount, L->wdt, STOW_LAYER_NONE, 0);
+}
+
+/* Persistent state, sized as the memory model sizes it. */
+static void
+emit_persistent_state (Lower *L, Rank *R)
+{
+  const StowLayout *l = L->l;
+  guint64 N = R->sp.params, n = L->n;
+  /* Unsharded on one stage the units are exact (build_units): the state
+   * buffers hold exactly their tensors, which a real backend fills. */
+  if (l->tp == 1 && l->ep == 1 && l->pp == 1 && l->vpp == 1 && t_full (L))
     {
-      R->grads_buf = holds (
-          L,
-          stow_program_buffer (p, rank, STOW_TIER_DEVICE,
-                               stow_bytes (rank_shard (R, l, N, gdiv), L->g),
-                               -1, TRUE, "gradients"),
-          STOW_BUF_GRADS, ufirst, ucount, L->gdt, STOW_LAYER_NONE, 0);
-      holds (L,
-             stow_program_buffer (
-                 p, rank, STOW_TIER_DEVICE,
-                 stow_bytes (rank_shard (R, l, N, odiv), L->master), -1, TRUE,
-                 "master weights"),
-             STOW_BUF_MASTER, ufirst, ucount, STOW_DTYPE_F32, STOW_LAYER_NONE,
-             0);
-      holds (
-          L,
-          stow_program_buffer (p, rank, STOW_TIER_DEVICE,
-                               stow_bytes (rank_shard (R, l, N, odiv), L->opt),
-                               -1, TRUE, "optimizer states"),
-          STOW_BUF_OPT_STATES, ufirst, ucount, STOW_DTYPE_F32, STOW_LAYER_NONE,
-          0);
+      N = 0;
+      for (guint i = 0; i < R->units->len; i++)
+        N += g_array_index (R->units, Unit, i).params;
     }
+  StateSizes z = { .N = N };
+  z.odiv = l->zero >= 1 ? n : 1, z.gdiv = l->zero >= 2 ? n : 1;
+  rank_unit_run (R->units, &z.ufirst, &z.ucount);
+  R->params_buf = R->grads_buf = R->host_grads_buf = STOW_NONE;
+  R->bucket_buf[0] = R->bucket_buf[1] = STOW_NONE;
+  R->grad_slot_freed[0] = R->grad_slot_freed[1] = STOW_NONE;
+  if (L->lora)
+    emit_lora_states (L, R, &z);
   else
     {
-      R->host_grads_buf = holds (
-          L,
-          stow_program_buffer (p, rank, STOW_TIER_PINNED,
-                               stow_bytes (rank_shard (R, l, N, n), L->g), -1,
-                               TRUE, "offloaded gradients"),
-          STOW_BUF_GRADS, ufirst, ucount, L->gdt, STOW_LAYER_NONE, 0);
-      /* The delayed update applies the last step's gradients while this
-       * step's come down: a second host copy of them, which the backends
-       * trade places with the first at each step's start. */
-      if (L->so->delayed_update)
-        stow_program_buffer (p, rank, STOW_TIER_PINNED,
-                             stow_bytes (rank_shard (R, l, N, n), L->g), -1,
-                             TRUE, STOW_DELAYED_GRADS_NAME);
-      holds (L,
-             stow_program_buffer (
-                 p, rank, L->nvme_opt ? STOW_TIER_NVME : STOW_TIER_PINNED,
-                 stow_bytes (rank_shard (R, l, N, n), L->master + L->opt), -1,
-                 TRUE, "master weights and optimizer states"),
-             STOW_BUF_STATES, ufirst, ucount, STOW_DTYPE_F32, STOW_LAYER_NONE,
-             0);
-      /* Where CPU Adam writes the updated weights, the "updated up"
-       * copies' source (memory.c's "host copy of the weights"); with
-       * offloaded parameters those are the weights themselves. */
-      if (!L->off_par)
-        holds (L,
-               stow_program_buffer (p, rank, STOW_TIER_PINNED,
-                                    stow_bytes (rank_shard (R, l, N, n), L->w),
-                                    -1, TRUE, "host copy of the weights"),
-               STOW_BUF_WEIGHTS, ufirst, ucount, L->wdt, STOW_LAYER_NONE, 0);
+      emit_weights (L, R, &z);
+      if (!L->off_opt)
+        emit_device_states (L, R, &z);
+      else
+        emit_host_states (L, R, &z);
     }
   if (l->zero < 2 && n > 1)
     for (guint i = 0; i < 2; i++)
       R->bucket_buf[i]
-          = stow_program_buffer (p, rank, STOW_TIER_DEVICE, 25 * MiB, -1, TRUE,
-                                 "gradient bucket %u", i);
+          = stow_program_buffer (L->p, R->rank, STOW_TIER_DEVICE, 25 * MiB, -1,
+                                 TRUE, "gradient bucket %u", i);
+}
 
-  /* Which units stream, which stay: the two-layer rule. */
+/* Which units stream, which stay: the two-layer rule.  Returns the
+ * rank's layer units. */
+static guint
+choose_resident (Lower *L, Rank *R)
+{
+  StowProgram *p = L->p;
+  guint rank = R->rank;
   guint n_layer_units = 0;
   for (guint i = 0; i < R->units->len; i++)
     {
@@ -1164,49 +1215,60 @@ lower_rank (Lower *L, Rank *R)
     }
   if (!L->off_par)
     p->resident_layers = n_layer_units - p->streamed_layers;
+  return n_layer_units;
+}
 
-  /* The two layer slots and the two gradient slots are fixed regions of
-   * the arena, sized for the largest unit that passes through them (the
-   * memory model's "gathered parameters" and "gradient slots"). */
-  {
-    guint64 wmax = 0, gmax = 0;
-    for (guint i = 0; i < R->units->len; i++)
-      {
-        Unit *u = &g_array_index (R->units, Unit, i);
-        if (u->streamed)
-          wmax = MAX (wmax, stow_bytes (u->gparams, L->wg));
-        gmax = MAX (gmax, stow_bytes (u->params, L->g));
-      }
-    guint n_slots = MIN (2, MAX (n_layer_units, 1));
-    /* Four pinned staging buffers for NVMe parameters, each one rank's
-     * shard of the largest unit (slots 4-7). */
-    guint64 big = 0;
-    for (guint j = 0; j < R->units->len; j++)
-      big = MAX (big, g_array_index (R->units, Unit, j).gparams);
-    for (guint i = 0; L->nvme_par && wmax > 0 && i < 4; i++)
-      stow_program_buffer (p, rank, STOW_TIER_PINNED,
-                           stow_bytes (div_ceil (big, L->n), L->w), -1, TRUE,
-                           "parameter staging buffer %u", i);
-    /* ... and one that the updated units pass through to the store. */
-    R->write_buf = STOW_NONE;
-    if (L->nvme_par && L->off_opt && t_full (L) && big > 0)
-      R->write_buf = stow_program_buffer (
-          p, rank, STOW_TIER_PINNED, stow_bytes (div_ceil (big, L->n), L->w),
-          -1, TRUE, "parameter write buffer");
-    for (guint i = 0; wmax > 0 && i < n_slots; i++)
-      stow_program_buffer (p, rank, STOW_TIER_DEVICE, wmax, -1, TRUE,
-                           "layer slot %u", i);
-    for (guint i = 0; uses_grad_slots (L) && i < n_slots; i++)
-      stow_program_buffer (p, rank, STOW_TIER_DEVICE, gmax, -1, TRUE,
-                           "gradient slot %u", i);
-  }
+/* The two layer slots and the two gradient slots are fixed regions of
+ * the arena, sized for the largest unit that passes through them (the
+ * memory model's "gathered parameters" and "gradient slots"). */
+static void
+emit_slots (Lower *L, Rank *R, guint n_layer_units)
+{
+  StowProgram *p = L->p;
+  guint rank = R->rank;
+  guint64 wmax = 0, gmax = 0;
+  for (guint i = 0; i < R->units->len; i++)
+    {
+      Unit *u = &g_array_index (R->units, Unit, i);
+      if (u->streamed)
+        wmax = MAX (wmax, stow_bytes (u->gparams, L->wg));
+      gmax = MAX (gmax, stow_bytes (u->params, L->g));
+    }
+  guint n_slots = MIN (2, MAX (n_layer_units, 1));
+  /* Four pinned staging buffers for NVMe parameters, each one rank's
+   * shard of the largest unit (slots 4-7). */
+  guint64 big = 0;
+  for (guint j = 0; j < R->units->len; j++)
+    big = MAX (big, g_array_index (R->units, Unit, j).gparams);
+  for (guint i = 0; L->nvme_par && wmax > 0 && i < 4; i++)
+    stow_program_buffer (p, rank, STOW_TIER_PINNED,
+                         stow_bytes (div_ceil (big, L->n), L->w), -1, TRUE,
+                         "parameter staging buffer %u", i);
+  /* ... and one that the updated units pass through to the store. */
+  R->write_buf = STOW_NONE;
+  if (L->nvme_par && L->off_opt && t_full (L) && big > 0)
+    R->write_buf = stow_program_buffer (p, rank, STOW_TIER_PINNED,
+                                        stow_bytes (div_ceil (big, L->n), L->w),
+                                        -1, TRUE, "parameter write buffer");
+  for (guint i = 0; wmax > 0 && i < n_slots; i++)
+    stow_program_buffer (p, rank, STOW_TIER_DEVICE, wmax, -1, TRUE,
+                         "layer slot %u", i);
+  for (guint i = 0; uses_grad_slots (L) && i < n_slots; i++)
+    stow_program_buffer (p, rank, STOW_TIER_DEVICE, gmax, -1, TRUE,
+                         "gradient slot %u", i);
+}
 
+/* The order of the rank's items, the uses of its streamed units, and
+ * each unit's last gradient write. */
+static void
+order_items (Lower *L, Rank *R)
+{
+  const StowLayout *l = L->l;
   if (L->so->layer_major && l->pp == 1 && l->vpp == 1)
     build_items_layer_major (L, R);
   else
     build_items (L, R);
   build_uses (L, R);
-  R->pending = g_array_new (FALSE, FALSE, sizeof (guint));
   for (guint i = 0; i < R->items->len; i++)
     {
       Item *it = &g_array_index (R->items, Item, i);
@@ -1216,26 +1278,46 @@ lower_rank (Lower *L, Rank *R)
       if (grads)
         u->last_grad_item = i;
     }
+}
 
-  /* Recomputed layers: the first k of the stage, or of each model chunk
-   * when interleaved (all when k = 0). */
-  {
-    guint v = MAX (l->vpp, 1);
-    guint64 n_rec
-        = stow_layout_recomputed_layers (l, L->m->n_layers, R->sp.layers) / v;
-    for (guint ch = 0; ch < R->chunk_first->len; ch++)
-      {
-        guint first = g_array_index (R->chunk_first, guint, ch);
-        guint count = g_array_index (R->chunk_count, guint, ch);
-        guint64 seen = 0;
-        for (guint i = first; i < first + count; i++)
-          {
-            Unit *u = &g_array_index (R->units, Unit, i);
-            if (u->layer >= 0)
-              u->recompute = seen++ < n_rec;
-          }
-      }
-  }
+/* Recomputed layers: the first k of the stage, or of each model chunk
+ * when interleaved (all when k = 0). */
+static void
+mark_recomputed (Lower *L, Rank *R)
+{
+  const StowLayout *l = L->l;
+  guint v = MAX (l->vpp, 1);
+  guint64 n_rec
+      = stow_layout_recomputed_layers (l, L->m->n_layers, R->sp.layers) / v;
+  for (guint ch = 0; ch < R->chunk_first->len; ch++)
+    {
+      guint first = g_array_index (R->chunk_first, guint, ch);
+      guint count = g_array_index (R->chunk_count, guint, ch);
+      guint64 seen = 0;
+      for (guint i = first; i < first + count; i++)
+        {
+          Unit *u = &g_array_index (R->units, Unit, i);
+          if (u->layer >= 0)
+            u->recompute = seen++ < n_rec;
+        }
+    }
+}
+
+static void
+lower_rank (Lower *L, Rank *R)
+{
+  StowProgram *p = L->p;
+  const StowLayout *l = L->l;
+  guint rank = R->rank;
+  guint m = (guint)l->grad_accum;
+  StowOp op;
+
+  emit_persistent_state (L, R);
+  guint n_layer_units = choose_resident (L, R);
+  emit_slots (L, R, n_layer_units);
+  order_items (L, R);
+  R->pending = g_array_new (FALSE, FALSE, sizeof (guint));
+  mark_recomputed (L, R);
 
   /* Per micro-batch and layer: activations; per micro-batch: inputs and
    * logits. */
