@@ -154,6 +154,15 @@ typedef struct
   guint grad_slot_freed[2]; /* events of the last two gradient slots */
   guint grad_slot_count;
   GArray *pending; /* guint units whose updated weights wait to go up */
+  /* The item loop's state (items_init).  Per (unit, micro-batch): */
+  guint *acts;            /* activations or checkpoint on the device */
+  guint *host_acts;       /* checkpoints moved to pinned host memory
+                             (--offload-activations) */
+  guint *host_ready;      /* ... and the events of their copies down */
+  guint *inputs, *logits; /* per micro-batch */
+  guint last_compute;     /* the rank's latest forward or backward */
+  GArray *ready_order;    /* guint units, as their gradients complete */
+  guint64 tp_bytes;       /* TP traffic of one layer pass */
 } Rank;
 
 static guint64
@@ -1303,409 +1312,538 @@ mark_recomputed (Lower *L, Rank *R)
     }
 }
 
-static void
-lower_rank (Lower *L, Rank *R)
+/* ---- the item loop ------------------------------------------------------ */
+
+/* The item being lowered and what its ops share. */
+typedef struct
 {
-  StowProgram *p = L->p;
+  guint i; /* its index in R->items */
+  Item *it;
+  Unit *u;
+  Use *use; /* the load of its weights, or NULL */
+  guint vs; /* its virtual stage */
+  gboolean first_of_chunk, last_layer_of_chunk;
+  guint waits[6]; /* what its compute op waits for */
+  guint nw;
+  guint wbuf; /* the buffer holding the unit's weights, or STOW_NONE */
+  /* The gradient slot it writes and the copy of the unit's earlier
+   * micro-batches into it (emit_grad_slot), or STOW_NONE. */
+  guint grad, up;
+  guint act_idx; /* (unit, micro-batch) in R->acts */
+} ItemCtx;
+
+/* Allocates the item loop's state: per micro-batch and layer,
+ * activations; per micro-batch, inputs and logits. */
+static void
+items_init (Lower *L, Rank *R)
+{
   const StowLayout *l = L->l;
-  guint rank = R->rank;
   guint m = (guint)l->grad_accum;
-  StowOp op;
-
-  emit_persistent_state (L, R);
-  guint n_layer_units = choose_resident (L, R);
-  emit_slots (L, R, n_layer_units);
-  order_items (L, R);
-  R->pending = g_array_new (FALSE, FALSE, sizeof (guint));
-  mark_recomputed (L, R);
-
-  /* Per micro-batch and layer: activations; per micro-batch: inputs and
-   * logits. */
   guint n_units = R->units->len;
-  g_autofree guint *acts = g_new (guint, (gsize)n_units * m);
-  /* Checkpoints moved to pinned host memory (--offload-activations). */
-  g_autofree guint *host_acts = g_new (guint, (gsize)n_units * m);
-  g_autofree guint *host_ready = g_new (guint, (gsize)n_units * m);
-  guint last_compute = STOW_NONE; /* the rank's latest forward or backward */
-  g_autofree guint *inputs = g_new (guint, m);
-  g_autofree guint *logits = g_new (guint, m);
-  g_autoptr (GArray) ready_order = g_array_new (FALSE, FALSE, sizeof (guint));
+  R->acts = g_new (guint, (gsize)n_units * m);
+  R->host_acts = g_new (guint, (gsize)n_units * m);
+  R->host_ready = g_new (guint, (gsize)n_units * m);
+  R->last_compute = STOW_NONE;
+  R->inputs = g_new (guint, m);
+  R->logits = g_new (guint, m);
+  R->ready_order = g_array_new (FALSE, FALSE, sizeof (guint));
+  R->pending = g_array_new (FALSE, FALSE, sizeof (guint));
   for (guint i = 0; i < (guint)(n_units * m); i++)
-    acts[i] = host_acts[i] = STOW_NONE;
+    R->acts[i] = R->host_acts[i] = STOW_NONE;
   for (guint j = 0; j < m; j++)
-    inputs[j] = logits[j] = STOW_NONE;
+    R->inputs[j] = R->logits[j] = STOW_NONE;
   /* Two all-reduces of the s b h activations per layer and pass under
    * tensor parallelism (Shoeybi et al. 2019); reduce-scatter plus
    * all-gather under sequence parallelism move the same bytes. */
-  guint64 tp_bytes
+  R->tp_bytes
       = l->tp > 1 ? 2
                         * (guint64)llround (2.0 * (double)L->t->seq_len / l->cp
                                             * l->micro_batch * L->m->hidden)
                   : 0;
+}
+
+/* Sets up item @i: where it sits in its chunk, the gradient slot it
+ * writes, the load of its weights (and the prefetch of the next). */
+static void
+item_begin (Lower *L, Rank *R, guint i, ItemCtx *X)
+{
+  StowProgram *p = L->p;
+  const StowLayout *l = L->l;
+  guint rank = R->rank;
+  Item *it = &g_array_index (R->items, Item, i);
+  Unit *u = &g_array_index (R->units, Unit, it->unit);
+  guint cfirst = g_array_index (R->chunk_first, guint, it->chunk);
+  guint ccount = g_array_index (R->chunk_count, guint, it->chunk);
+  *X = (ItemCtx){ .i = i, .it = it, .u = u };
+  X->vs = it->chunk * l->pp + rank;
+  X->first_of_chunk = it->unit == cfirst;
+  X->last_layer_of_chunk
+      = it->unit + 1 == cfirst + ccount
+        || (it->unit + 2 == cfirst + ccount
+            && g_array_index (R->units, Unit, it->unit + 1).layer
+                   == STOW_LAYER_HEAD);
+  for (guint k = 0; k < G_N_ELEMENTS (X->waits); k++)
+    X->waits[k] = STOW_NONE;
+  X->use = it->use != STOW_NONE ? &g_array_index (R->uses, Use, it->use) : NULL;
+  /* The gradient slot this item writes (the head's loss, a layer's or
+   * the embedding's backward), set up before the next use's prefetch
+   * so that bringing earlier micro-batches up (emit_grad_slot) is not
+   * queued behind it on the h2d stream. */
+  X->grad = X->up = STOW_NONE;
+  if (uses_grad_slots (L) && u->params > 0
+      && (it->pass == PASS_F ? u->layer == STOW_LAYER_HEAD
+                             : u->layer != STOW_LAYER_HEAD))
+    {
+      guint sl = R->grad_slot_count % 2;
+      g_autofree char *what = u->layer == STOW_LAYER_HEAD ? g_strdup ("head")
+                              : u->layer == STOW_LAYER_EMBEDDING
+                                  ? g_strdup ("embedding")
+                                  : g_strdup_printf ("L%d", u->layer);
+      X->grad = holds (L,
+                       stow_program_buffer (p, rank, STOW_TIER_DEVICE, 0,
+                                            2 + (gint)sl, FALSE,
+                                            "gradient slot %u: %s", sl, what),
+                       STOW_BUF_GRADS, u->pu, 1, L->gdt, u->layer, it->mb);
+      X->up = emit_grad_slot (L, R, u, X->grad, sl);
+    }
+  if (X->use)
+    {
+      emit_load (L, R, it->use);
+      /* Prefetch: the next use's load is queued before this compute,
+       * so its stream runs it as soon as its slot is free. */
+      if (it->use + 1 < R->uses->len)
+        emit_load (L, R, it->use + 1);
+      X->waits[X->nw++] = X->use->loaded;
+    }
+  X->wbuf = weights_of (L, R, u, it);
+  X->act_idx = it->unit * (guint)l->grad_accum + it->mb;
+}
+
+/* The gradient path of an op that wrote the item's gradients (@done):
+ * reduced, copied down, the slot freed; the unit's gradients are ready
+ * after its last. */
+static void
+item_grads (Lower *L, Rank *R, ItemCtx *X, guint done)
+{
+  Unit *u = X->u;
+  guint ev = emit_grad_path (L, R, u, X->grad, done, X->i == u->last_grad_item);
+  if (X->i == u->last_grad_item)
+    u->grads_ready = ev;
+}
+
+/* The embedding's forward: the micro-batch's tokens and targets into its
+ * input buffer, then the lookup. */
+static guint
+emit_embedding_forward (Lower *L, Rank *R, ItemCtx *X)
+{
+  StowProgram *p = L->p;
+  guint rank = R->rank;
+  Item *it = X->it;
+  Unit *u = X->u;
+  StowOp op;
+  R->inputs[it->mb] = holds (
+      L,
+      stow_program_buffer (p, rank, STOW_TIER_DEVICE, L->input_bytes, -1, FALSE,
+                           "input ids and embeddings mb%u", it->mb),
+      STOW_BUF_INPUT, STOW_NONE, 0, L->wdt, u->layer, it->mb);
+  emit_alloc (L, rank, STOW_STREAM_COMPUTE, R->inputs[it->mb], NULL, 0);
+  /* Tokens and targets of the micro-batch. */
+  stow_op_init (&op, STOW_OP_DATA, STOW_STREAM_COMPUTE, rank);
+  op.micro_batch = it->mb;
+  op_io (&op, STOW_NONE, STOW_NONE, R->inputs[it->mb]);
+  emit (L, &op, NULL, 0, FALSE, NULL);
+  stow_op_init (&op, STOW_OP_FORWARD, STOW_STREAM_COMPUTE, rank);
+  op.layer = u->layer, op.unit = u->pu, op.micro_batch = it->mb;
+  op_io (&op, X->wbuf, R->inputs[it->mb], R->inputs[it->mb]);
+  return emit (L, &op, X->waits, X->nw, TRUE, "forward");
+}
+
+/* The loss: the output layer forward and backward into the logits, and
+ * its gradients (a tied head's into the embedding's too). */
+static guint
+emit_loss (Lower *L, Rank *R, ItemCtx *X)
+{
+  StowProgram *p = L->p;
+  guint rank = R->rank;
+  Item *it = X->it;
+  Unit *u = X->u;
+  StowOp op;
+  R->logits[it->mb]
+      = holds (L,
+               stow_program_buffer (p, rank, STOW_TIER_DEVICE, L->logits_bytes,
+                                    -1, FALSE, "logits mb%u", it->mb),
+               STOW_BUF_LOGITS, STOW_NONE, 0, STOW_DTYPE_F32, u->layer, it->mb);
+  emit_alloc (L, rank, STOW_STREAM_COMPUTE, R->logits[it->mb], NULL, 0);
+  guint grad = X->grad, up = X->up;
+  if (up != STOW_NONE)
+    X->waits[X->nw++] = up;
+  stow_op_init (&op, STOW_OP_LOSS, STOW_STREAM_COMPUTE, rank);
+  op.layer = u->layer, op.unit = u->pu, op.micro_batch = it->mb;
+  /* A tied head writes the embedding's gradient too. */
+  Unit *tied = NULL;
+  if (u->params < u->gparams)
+    for (guint k = 0; k < R->units->len; k++)
+      if (g_array_index (R->units, Unit, k).layer == STOW_LAYER_EMBEDDING)
+        tied = &g_array_index (R->units, Unit, k);
+  op.accumulate = grad_write (u, tied);
+  if (grad != STOW_NONE)
+    op.accumulate = up != STOW_NONE;
+  op_io (&op, X->wbuf, STOW_NONE, R->logits[it->mb]);
+  if (grad != STOW_NONE)
+    op.writes[op.n_writes++] = grad;
+  else if (R->grads_buf != STOW_NONE && u->params > 0)
+    op.writes[op.n_writes++] = R->grads_buf;
+  guint done = emit (L, &op, X->waits, X->nw, TRUE, "loss");
+  if (u->params > 0)
+    item_grads (L, R, X, done);
+  return done;
+}
+
+/* --offload-activations: the checkpoint goes down as soon as the layer's
+ * forward (@done) has written it; the device copy is freed after. */
+static void
+emit_checkpoint_down (Lower *L, Rank *R, ItemCtx *X, guint done)
+{
+  guint rank = R->rank;
+  Item *it = X->it;
+  Unit *u = X->u;
+  guint a = X->act_idx;
+  guint hb
+      = stow_program_buffer (L->p, rank, STOW_TIER_PINNED, L->ckpt, -1, FALSE,
+                             "checkpoint L%d mb%u (host)", u->layer, it->mb);
+  emit_alloc (L, rank, STOW_STREAM_COMPUTE, hb, NULL, 0);
+  StowOp c = copy_op (rank, STOW_STREAM_D2H, STOW_TIER_DEVICE, STOW_TIER_PINNED,
+                      L->ckpt, u->layer);
+  c.micro_batch = it->mb;
+  op_io (&c, R->acts[a], STOW_NONE, hb);
+  guint down = emit (L, &c, &done, 1, TRUE, "checkpoint down");
+  emit_free (L, rank, STOW_STREAM_D2H, R->acts[a], &down, 1, FALSE);
+  R->acts[a] = STOW_NONE;
+  R->host_acts[a] = hb;
+  R->host_ready[a] = down;
+}
+
+/* A layer's forward: its activations (a checkpoint only, when it is
+ * recomputed) kept for the backward. */
+static guint
+emit_layer_forward (Lower *L, Rank *R, ItemCtx *X)
+{
+  StowProgram *p = L->p;
+  const StowLayout *l = L->l;
+  guint rank = R->rank;
+  Item *it = X->it;
+  Unit *u = X->u;
+  guint a = X->act_idx;
+  StowOp op;
+  guint64 bytes = u->recompute ? L->ckpt : L->full;
+  R->acts[a]
+      = holds (L,
+               stow_program_buffer (p, rank, STOW_TIER_DEVICE, bytes, -1, FALSE,
+                                    "activations L%d mb%u", u->layer, it->mb),
+               u->recompute ? STOW_BUF_CHECKPOINT : STOW_BUF_ACTIVATIONS,
+               STOW_NONE, 0, L->wdt, u->layer, it->mb);
+  emit_alloc (L, rank, STOW_STREAM_COMPUTE, R->acts[a], NULL, 0);
+  stow_op_init (&op, STOW_OP_FORWARD, STOW_STREAM_COMPUTE, rank);
+  op.layer = u->layer, op.unit = u->pu, op.micro_batch = it->mb;
+  op.bytes = R->tp_bytes, op.group = STOW_GROUP_TP, op.group_size = l->tp,
+  op.intra_node = TRUE;
+  /* A recomputed layer's forward still computes what it does not keep: a
+   * working set for it, freed at once. */
+  guint fws = STOW_NONE;
+  if (u->recompute && L->full > L->ckpt)
+    {
+      fws = holds (L,
+                   stow_program_buffer (
+                       p, rank, STOW_TIER_DEVICE, L->full - L->ckpt, -1, FALSE,
+                       "forward working set L%d mb%u", u->layer, it->mb),
+                   STOW_BUF_RECOMPUTED, STOW_NONE, 0, L->wdt, u->layer, it->mb);
+      emit_alloc (L, rank, STOW_STREAM_COMPUTE, fws, NULL, 0);
+    }
+  op_io (&op, X->wbuf, STOW_NONE, R->acts[a]);
+  if (fws != STOW_NONE)
+    op.writes[op.n_writes++] = fws;
+  guint done = emit (L, &op, X->waits, X->nw, TRUE, "forward");
+  if (fws != STOW_NONE)
+    emit_free (L, rank, STOW_STREAM_COMPUTE, fws, NULL, 0, FALSE);
+  R->last_compute = done;
+  if (l->offload_activations && u->recompute)
+    emit_checkpoint_down (L, R, X, done);
+  return done;
+}
+
+/* A forward item: after the previous stage's activations, and its own
+ * sent on to the next stage at the end of the chunk. */
+static guint
+emit_forward (Lower *L, Rank *R, ItemCtx *X)
+{
+  const StowLayout *l = L->l;
+  guint rank = R->rank;
+  Item *it = X->it;
+  Unit *u = X->u;
+  guint done;
+  if (X->first_of_chunk && X->vs > 0)
+    X->waits[X->nw++] = xevent (L, rank, PASS_F, X->vs - 1, it->mb);
+  if (u->layer == STOW_LAYER_EMBEDDING)
+    done = emit_embedding_forward (L, R, X);
+  else if (u->layer == STOW_LAYER_HEAD)
+    done = emit_loss (L, R, X);
+  else
+    done = emit_layer_forward (L, R, X);
+  if (X->last_layer_of_chunk && X->vs + 1 < l->pp * l->vpp)
+    {
+      StowOp op = send_op (L, rank, u->layer, it->mb);
+      op.record = xevent (L, rank, PASS_F, X->vs, it->mb);
+      emit (L, &op, &done, 1, FALSE, NULL);
+    }
+  return done;
+}
+
+/* The embedding's backward: a scatter of the input gradient into its
+ * gradients. */
+static guint
+emit_embedding_backward (Lower *L, Rank *R, ItemCtx *X)
+{
+  guint rank = R->rank;
+  Item *it = X->it;
+  Unit *u = X->u;
+  StowOp op;
+  guint grad = X->grad, up = X->up;
+  if (up != STOW_NONE)
+    X->waits[X->nw++] = up;
+  stow_op_init (&op, STOW_OP_BACKWARD, STOW_STREAM_COMPUTE, rank);
+  op.layer = u->layer, op.unit = u->pu, op.micro_batch = it->mb;
+  op.accumulate = grad_write (u, NULL);
+  if (grad != STOW_NONE)
+    op.accumulate = up != STOW_NONE;
+  op_io (&op, R->inputs[it->mb], STOW_NONE,
+         grad != STOW_NONE ? grad : R->grads_buf);
+  guint done = emit (L, &op, X->waits, X->nw, TRUE, "backward");
+  emit_free (L, rank, STOW_STREAM_COMPUTE, R->inputs[it->mb], NULL, 0, FALSE);
+  if (u->params > 0)
+    item_grads (L, R, X, done);
+  return done;
+}
+
+/* The loss's backward has run: the last layer's backward frees the
+ * logits and holds the loss gradient instead.  Returns that buffer, or
+ * STOW_NONE. */
+static guint
+emit_loss_grad (Lower *L, Rank *R, ItemCtx *X)
+{
+  guint rank = R->rank;
+  Item *it = X->it;
+  guint n_units = R->units->len;
+  if (R->logits[it->mb] == STOW_NONE || it->unit + 2 != n_units
+      || g_array_index (R->units, Unit, n_units - 1).layer != STOW_LAYER_HEAD)
+    return STOW_NONE;
+  /* The checkpoint upload waits for this free: the loss's peak does not
+   * hold the prefetched checkpoint. */
+  R->last_compute = emit_free (L, rank, STOW_STREAM_COMPUTE, R->logits[it->mb],
+                               NULL, 0, TRUE);
+  R->logits[it->mb] = STOW_NONE;
+  guint dh = holds (
+      L,
+      stow_program_buffer (L->p, rank, STOW_TIER_DEVICE, L->loss_grad_bytes, -1,
+                           FALSE, "loss gradient mb%u", it->mb),
+      STOW_BUF_LOSS_GRAD, STOW_NONE, 0, L->wdt, X->u->layer, it->mb);
+  emit_alloc (L, rank, STOW_STREAM_COMPUTE, dh, NULL, 0);
+  return dh;
+}
+
+/* Brings a checkpoint on the host back for its recomputation; the
+ * backward waits for it. */
+static void
+emit_checkpoint_up (Lower *L, Rank *R, ItemCtx *X)
+{
+  guint rank = R->rank;
+  Item *it = X->it;
+  Unit *u = X->u;
+  guint a = X->act_idx;
+  if (R->host_acts[a] == STOW_NONE)
+    return;
+  R->acts[a] = holds (
+      L,
+      stow_program_buffer (L->p, rank, STOW_TIER_DEVICE, L->ckpt, -1, FALSE,
+                           "checkpoint L%d mb%u", u->layer, it->mb),
+      STOW_BUF_CHECKPOINT, STOW_NONE, 0, L->wdt, u->layer, it->mb);
+  /* One checkpoint of prefetch: the upload starts once the compute op
+   * before this backward has (the memory model's two checkpoints on the
+   * device). */
+  guint gate[2] = { R->host_ready[a], R->last_compute };
+  guint ngate = R->last_compute != STOW_NONE ? 2 : 1;
+  emit_alloc (L, rank, STOW_STREAM_H2D, R->acts[a], gate, ngate);
+  StowOp c = copy_op (rank, STOW_STREAM_H2D, STOW_TIER_PINNED, STOW_TIER_DEVICE,
+                      L->ckpt, u->layer);
+  c.micro_batch = it->mb;
+  op_io (&c, R->host_acts[a], STOW_NONE, R->acts[a]);
+  guint ck = emit (L, &c, gate, ngate, TRUE, "checkpoint up");
+  emit_free (L, rank, STOW_STREAM_H2D, R->host_acts[a], &ck, 1, FALSE);
+  R->host_acts[a] = STOW_NONE;
+  g_assert (X->nw < G_N_ELEMENTS (X->waits));
+  X->waits[X->nw++] = ck;
+}
+
+/* Full recomputation: the layer's forward again from its checkpoint,
+ * into a buffer of what it did not keep.  Returns that buffer. */
+static guint
+emit_recompute (Lower *L, Rank *R, ItemCtx *X)
+{
+  const StowLayout *l = L->l;
+  guint rank = R->rank;
+  Item *it = X->it;
+  Unit *u = X->u;
+  StowOp op;
+  guint rec
+      = holds (L,
+               stow_program_buffer (L->p, rank, STOW_TIER_DEVICE,
+                                    L->full - MIN (L->ckpt, L->full), -1, FALSE,
+                                    "recomputed L%d mb%u", u->layer, it->mb),
+               STOW_BUF_RECOMPUTED, STOW_NONE, 0, L->wdt, u->layer, it->mb);
+  emit_alloc (L, rank, STOW_STREAM_COMPUTE, rec, NULL, 0);
+  stow_op_init (&op, STOW_OP_RECOMPUTE, STOW_STREAM_COMPUTE, rank);
+  op.layer = u->layer, op.unit = u->pu, op.micro_batch = it->mb;
+  op.bytes = R->tp_bytes, op.group = STOW_GROUP_TP, op.group_size = l->tp,
+  op.intra_node = TRUE;
+  op_io (&op, X->wbuf, R->acts[X->act_idx], rec);
+  emit (L, &op, X->waits, X->nw, FALSE, NULL);
+  X->nw = 0; /* the stream orders the backward after it */
+  return rec;
+}
+
+/* A layer's backward: the loss gradient or the next layer's, its
+ * checkpoint back and recomputed when it was, a working set; then its
+ * gradients' path and the input gradient sent to the previous stage at
+ * the start of the chunk. */
+static guint
+emit_layer_backward (Lower *L, Rank *R, ItemCtx *X)
+{
+  StowProgram *p = L->p;
+  const StowLayout *l = L->l;
+  guint rank = R->rank;
+  Item *it = X->it;
+  Unit *u = X->u;
+  guint a = X->act_idx;
+  StowOp op;
+  guint rec = STOW_NONE;
+  guint dh = emit_loss_grad (L, R, X);
+  emit_checkpoint_up (L, R, X);
+  if (u->recompute)
+    rec = emit_recompute (L, R, X);
+  guint ws = holds (
+      L,
+      stow_program_buffer (p, rank, STOW_TIER_DEVICE, L->block, -1, FALSE,
+                           "backward working set L%d mb%u", u->layer, it->mb),
+      STOW_BUF_WORKSPACE, STOW_NONE, 0, L->wdt, u->layer, it->mb);
+  emit_alloc (L, rank, STOW_STREAM_COMPUTE, ws, NULL, 0);
+  guint grad = X->grad, up = X->up; /* up: partial gradients up */
+  if (up != STOW_NONE)
+    X->waits[X->nw++] = up;
+  stow_op_init (&op, STOW_OP_BACKWARD, STOW_STREAM_COMPUTE, rank);
+  op.layer = u->layer, op.unit = u->pu, op.micro_batch = it->mb;
+  /* A gradient slot holds this micro-batch's gradients, added to the
+   * earlier ones brought up (emit_grad_slot). */
+  op.accumulate = grad != STOW_NONE ? up != STOW_NONE : grad_write (u, NULL);
+  op.bytes = R->tp_bytes, op.group = STOW_GROUP_TP, op.group_size = l->tp,
+  op.intra_node = TRUE;
+  op_io (&op, X->wbuf, R->acts[a], grad != STOW_NONE ? grad : R->grads_buf);
+  if (rec != STOW_NONE)
+    op.reads[op.n_reads++] = rec;
+  op.writes[op.n_writes++] = ws;
+  guint done = emit (L, &op, X->waits, X->nw, TRUE, "backward");
+  R->last_compute = done;
+  emit_free (L, rank, STOW_STREAM_COMPUTE, R->acts[a], NULL, 0, FALSE);
+  if (rec != STOW_NONE)
+    emit_free (L, rank, STOW_STREAM_COMPUTE, rec, NULL, 0, FALSE);
+  emit_free (L, rank, STOW_STREAM_COMPUTE, ws, NULL, 0, FALSE);
+  if (dh != STOW_NONE)
+    emit_free (L, rank, STOW_STREAM_COMPUTE, dh, NULL, 0, FALSE);
+  item_grads (L, R, X, done);
+  if (X->first_of_chunk && X->vs > 0)
+    {
+      op = send_op (L, rank, u->layer, it->mb);
+      op.record = xevent (L, rank, PASS_B, X->vs, it->mb);
+      emit (L, &op, &done, 1, FALSE, NULL);
+    }
+  return done;
+}
+
+/* A backward item: after the next stage's gradients at the end of the
+ * chunk. */
+static guint
+emit_backward (Lower *L, Rank *R, ItemCtx *X)
+{
+  const StowLayout *l = L->l;
+  if (X->last_layer_of_chunk && X->vs + 1 < l->pp * l->vpp)
+    X->waits[X->nw++] = xevent (L, R->rank, PASS_B, X->vs + 1, X->it->mb);
+  if (X->u->layer == STOW_LAYER_EMBEDDING)
+    return emit_embedding_backward (L, R, X);
+  return emit_layer_backward (L, R, X);
+}
+
+/* After item's compute (@done): its slot freed after the use's last
+ * item; the unit's gradients complete after its last, and with
+ * ZeRO-Offload CPU Adam on its shard as soon as they are down (Ren et
+ * al. 2021, §4.1). */
+static void
+item_end (Lower *L, Rank *R, ItemCtx *X, guint done)
+{
+  Item *it = X->it;
+  Unit *u = X->u;
+  Use *use = X->use;
+  if (use && X->i == use->last_item)
+    use->freed = emit_free (L, R->rank, STOW_STREAM_COMPUTE, use->buffer, NULL,
+                            0, TRUE);
+  u->last_use = done;
+  if (X->i != u->last_grad_item || u->params == 0)
+    return;
+  g_array_append_val (R->ready_order, it->unit);
+  if (L->off_opt && !L->nvme_opt && !L->so->delayed_update && !clipping (L))
+    {
+      StowOp op;
+      guint64 shard = div_ceil (u->params, L->n);
+      stow_op_init (&op, STOW_OP_OPTIM_STEP, STOW_STREAM_CPU_OPTIM, R->rank);
+      op.count = shard, op.layer = u->layer, op.unit = u->pu;
+      op_io (&op, R->host_grads_buf, STOW_NONE, adam_out (L, R));
+      u->grads_ready = emit (L, &op, &u->grads_ready, 1, TRUE, "updated");
+      u->last_use = done;
+      g_array_append_val (R->pending, it->unit);
+    }
+}
+
+static void
+lower_rank (Lower *L, Rank *R)
+{
+  emit_persistent_state (L, R);
+  guint n_layer_units = choose_resident (L, R);
+  emit_slots (L, R, n_layer_units);
+  order_items (L, R);
+  mark_recomputed (L, R);
+  items_init (L, R);
 
   if (R->uses->len > 0)
     emit_load (L, R, 0);
   for (guint i = 0; i < R->items->len; i++)
     {
-      Item *it = &g_array_index (R->items, Item, i);
-      Unit *u = &g_array_index (R->units, Unit, it->unit);
-      guint vs = it->chunk * l->pp + rank;
-      guint cfirst = g_array_index (R->chunk_first, guint, it->chunk);
-      guint ccount = g_array_index (R->chunk_count, guint, it->chunk);
-      gboolean first_of_chunk = it->unit == cfirst;
-      gboolean last_layer_of_chunk
-          = it->unit + 1 == cfirst + ccount
-            || (it->unit + 2 == cfirst + ccount
-                && g_array_index (R->units, Unit, it->unit + 1).layer
-                       == STOW_LAYER_HEAD);
-      guint waits[6] = { STOW_NONE, STOW_NONE, STOW_NONE,
-                         STOW_NONE, STOW_NONE, STOW_NONE };
-      guint nw = 0;
-      guint wbuf = STOW_NONE;
-      Use *use = it->use != STOW_NONE ? &g_array_index (R->uses, Use, it->use)
-                                      : NULL;
-      /* The gradient slot this item writes (the head's loss, a layer's or
-       * the embedding's backward), set up before the next use's prefetch
-       * so that bringing earlier micro-batches up (emit_grad_slot) is not
-       * queued behind it on the h2d stream. */
-      guint pre_grad = STOW_NONE, pre_up = STOW_NONE;
-      if (uses_grad_slots (L) && u->params > 0
-          && (it->pass == PASS_F ? u->layer == STOW_LAYER_HEAD
-                                 : u->layer != STOW_LAYER_HEAD))
-        {
-          guint sl = R->grad_slot_count % 2;
-          g_autofree char *what
-              = u->layer == STOW_LAYER_HEAD ? g_strdup ("head")
-                : u->layer == STOW_LAYER_EMBEDDING
-                    ? g_strdup ("embedding")
-                    : g_strdup_printf ("L%d", u->layer);
-          pre_grad = holds (L,
-                            stow_program_buffer (p, rank, STOW_TIER_DEVICE, 0,
-                                                 2 + (gint)sl, FALSE,
-                                                 "gradient slot %u: %s", sl,
-                                                 what),
-                            STOW_BUF_GRADS, u->pu, 1, L->gdt, u->layer,
-                            it->mb);
-          pre_up = emit_grad_slot (L, R, u, pre_grad, sl);
-        }
-      if (use)
-        {
-          emit_load (L, R, it->use);
-          /* Prefetch: the next use's load is queued before this compute,
-           * so its stream runs it as soon as its slot is free. */
-          if (it->use + 1 < R->uses->len)
-            emit_load (L, R, it->use + 1);
-          waits[nw++] = use->loaded;
-        }
-      wbuf = weights_of (L, R, u, it);
-      guint act_idx = it->unit * m + it->mb;
-      guint done = STOW_NONE;
-
-      if (it->pass == PASS_F)
-        {
-          if (first_of_chunk && vs > 0)
-            waits[nw++] = xevent (L, rank, PASS_F, vs - 1, it->mb);
-          if (u->layer == STOW_LAYER_EMBEDDING)
-            {
-              inputs[it->mb] = holds (
-                  L,
-                  stow_program_buffer (p, rank, STOW_TIER_DEVICE,
-                                       L->input_bytes, -1, FALSE,
-                                       "input ids and embeddings mb%u",
-                                       it->mb),
-                  STOW_BUF_INPUT, STOW_NONE, 0, L->wdt, u->layer, it->mb);
-              emit_alloc (L, rank, STOW_STREAM_COMPUTE, inputs[it->mb], NULL,
-                          0);
-              /* Tokens and targets of the micro-batch. */
-              stow_op_init (&op, STOW_OP_DATA, STOW_STREAM_COMPUTE, rank);
-              op.micro_batch = it->mb;
-              op_io (&op, STOW_NONE, STOW_NONE, inputs[it->mb]);
-              emit (L, &op, NULL, 0, FALSE, NULL);
-              stow_op_init (&op, STOW_OP_FORWARD, STOW_STREAM_COMPUTE, rank);
-              op.layer = u->layer, op.unit = u->pu, op.micro_batch = it->mb;
-              op_io (&op, wbuf, inputs[it->mb], inputs[it->mb]);
-              done = emit (L, &op, waits, nw, TRUE, "forward");
-            }
-          else if (u->layer == STOW_LAYER_HEAD)
-            {
-              logits[it->mb] = holds (
-                  L,
-                  stow_program_buffer (p, rank, STOW_TIER_DEVICE,
-                                       L->logits_bytes, -1, FALSE,
-                                       "logits mb%u", it->mb),
-                  STOW_BUF_LOGITS, STOW_NONE, 0, STOW_DTYPE_F32, u->layer,
-                  it->mb);
-              emit_alloc (L, rank, STOW_STREAM_COMPUTE, logits[it->mb], NULL,
-                          0);
-              guint grad = pre_grad, up = pre_up;
-              if (up != STOW_NONE)
-                waits[nw++] = up;
-              stow_op_init (&op, STOW_OP_LOSS, STOW_STREAM_COMPUTE, rank);
-              op.layer = u->layer, op.unit = u->pu, op.micro_batch = it->mb;
-              /* A tied head writes the embedding's gradient too. */
-              Unit *tied = NULL;
-              if (u->params < u->gparams)
-                for (guint k = 0; k < R->units->len; k++)
-                  if (g_array_index (R->units, Unit, k).layer
-                      == STOW_LAYER_EMBEDDING)
-                    tied = &g_array_index (R->units, Unit, k);
-              op.accumulate = grad_write (u, tied);
-              if (grad != STOW_NONE)
-                op.accumulate = up != STOW_NONE;
-              op_io (&op, wbuf, STOW_NONE, logits[it->mb]);
-              if (grad != STOW_NONE)
-                op.writes[op.n_writes++] = grad;
-              else if (R->grads_buf != STOW_NONE && u->params > 0)
-                op.writes[op.n_writes++] = R->grads_buf;
-              done = emit (L, &op, waits, nw, TRUE, "loss");
-              if (u->params > 0)
-                {
-                  guint ev = emit_grad_path (L, R, u, grad, done,
-                                             i == u->last_grad_item);
-                  if (i == u->last_grad_item)
-                    u->grads_ready = ev;
-                }
-            }
-          else
-            {
-              guint64 bytes = u->recompute ? L->ckpt : L->full;
-              acts[act_idx] = holds (
-                  L,
-                  stow_program_buffer (p, rank, STOW_TIER_DEVICE, bytes, -1,
-                                       FALSE, "activations L%d mb%u", u->layer,
-                                       it->mb),
-                  u->recompute ? STOW_BUF_CHECKPOINT : STOW_BUF_ACTIVATIONS,
-                  STOW_NONE, 0, L->wdt, u->layer, it->mb);
-              emit_alloc (L, rank, STOW_STREAM_COMPUTE, acts[act_idx], NULL, 0);
-              stow_op_init (&op, STOW_OP_FORWARD, STOW_STREAM_COMPUTE, rank);
-              op.layer = u->layer, op.unit = u->pu, op.micro_batch = it->mb;
-              op.bytes = tp_bytes, op.group = STOW_GROUP_TP,
-              op.group_size = l->tp, op.intra_node = TRUE;
-              /* A recomputed layer's forward still computes what it does
-               * not keep: a working set for it, freed at once. */
-              guint fws = STOW_NONE;
-              if (u->recompute && L->full > L->ckpt)
-                {
-                  fws = holds (L,
-                               stow_program_buffer (
-                                   p, rank, STOW_TIER_DEVICE, L->full - L->ckpt,
-                                   -1, FALSE, "forward working set L%d mb%u",
-                                   u->layer, it->mb),
-                               STOW_BUF_RECOMPUTED, STOW_NONE, 0, L->wdt,
-                               u->layer, it->mb);
-                  emit_alloc (L, rank, STOW_STREAM_COMPUTE, fws, NULL, 0);
-                }
-              op_io (&op, wbuf, STOW_NONE, acts[act_idx]);
-              if (fws != STOW_NONE)
-                op.writes[op.n_writes++] = fws;
-              done = emit (L, &op, waits, nw, TRUE, "forward");
-              if (fws != STOW_NONE)
-                emit_free (L, rank, STOW_STREAM_COMPUTE, fws, NULL, 0, FALSE);
-              last_compute = done;
-              if (l->offload_activations && u->recompute)
-                {
-                  /* The checkpoint goes down as soon as the layer's forward
-                   * has written it; the device copy is freed after. */
-                  guint hb = stow_program_buffer (
-                      p, rank, STOW_TIER_PINNED, L->ckpt, -1, FALSE,
-                      "checkpoint L%d mb%u (host)", u->layer, it->mb);
-                  emit_alloc (L, rank, STOW_STREAM_COMPUTE, hb, NULL, 0);
-                  StowOp c = copy_op (rank, STOW_STREAM_D2H, STOW_TIER_DEVICE,
-                                      STOW_TIER_PINNED, L->ckpt, u->layer);
-                  c.micro_batch = it->mb;
-                  op_io (&c, acts[act_idx], STOW_NONE, hb);
-                  guint down = emit (L, &c, &done, 1, TRUE, "checkpoint down");
-                  emit_free (L, rank, STOW_STREAM_D2H, acts[act_idx], &down, 1,
-                             FALSE);
-                  acts[act_idx] = STOW_NONE;
-                  host_acts[act_idx] = hb;
-                  host_ready[act_idx] = down;
-                }
-            }
-          if (last_layer_of_chunk && vs + 1 < l->pp * l->vpp)
-            {
-              op = send_op (L, rank, u->layer, it->mb);
-              op.record = xevent (L, rank, PASS_F, vs, it->mb);
-              emit (L, &op, &done, 1, FALSE, NULL);
-            }
-        }
-      else
-        {
-          if (last_layer_of_chunk && vs + 1 < l->pp * l->vpp)
-            waits[nw++] = xevent (L, rank, PASS_B, vs + 1, it->mb);
-          if (u->layer == STOW_LAYER_EMBEDDING)
-            {
-              guint grad = pre_grad, up = pre_up;
-              if (up != STOW_NONE)
-                waits[nw++] = up;
-              stow_op_init (&op, STOW_OP_BACKWARD, STOW_STREAM_COMPUTE, rank);
-              op.layer = u->layer, op.unit = u->pu, op.micro_batch = it->mb;
-              op.accumulate = grad_write (u, NULL);
-              if (grad != STOW_NONE)
-                op.accumulate = up != STOW_NONE;
-              op_io (&op, inputs[it->mb], STOW_NONE,
-                     grad != STOW_NONE ? grad : R->grads_buf);
-              done = emit (L, &op, waits, nw, TRUE, "backward");
-              emit_free (L, rank, STOW_STREAM_COMPUTE, inputs[it->mb], NULL, 0,
-                         FALSE);
-              if (u->params > 0)
-                {
-                  guint ev = emit_grad_path (L, R, u, grad, done,
-                                             i == u->last_grad_item);
-                  if (i == u->last_grad_item)
-                    u->grads_ready = ev;
-                }
-            }
-          else
-            {
-              guint rec = STOW_NONE, ws, grad = STOW_NONE, dh = STOW_NONE;
-              guint up = STOW_NONE; /* partial gradients up */
-              /* The loss's backward has run: the last layer's backward
-               * frees the logits and holds the loss gradient instead. */
-              if (logits[it->mb] != STOW_NONE && it->unit + 2 == n_units
-                  && g_array_index (R->units, Unit, n_units - 1).layer
-                         == STOW_LAYER_HEAD)
-                {
-                  /* The checkpoint upload below waits for this free: the
-                   * loss's peak does not hold the prefetched checkpoint. */
-                  last_compute = emit_free (L, rank, STOW_STREAM_COMPUTE,
-                                            logits[it->mb], NULL, 0, TRUE);
-                  logits[it->mb] = STOW_NONE;
-                  dh = holds (L,
-                              stow_program_buffer (p, rank, STOW_TIER_DEVICE,
-                                                   L->loss_grad_bytes, -1,
-                                                   FALSE, "loss gradient mb%u",
-                                                   it->mb),
-                              STOW_BUF_LOSS_GRAD, STOW_NONE, 0, L->wdt,
-                              u->layer, it->mb);
-                  emit_alloc (L, rank, STOW_STREAM_COMPUTE, dh, NULL, 0);
-                }
-              if (host_acts[act_idx] != STOW_NONE)
-                {
-                  /* Bring the checkpoint back for its recomputation. */
-                  acts[act_idx] = holds (
-                      L,
-                      stow_program_buffer (p, rank, STOW_TIER_DEVICE, L->ckpt,
-                                           -1, FALSE, "checkpoint L%d mb%u",
-                                           u->layer, it->mb),
-                      STOW_BUF_CHECKPOINT, STOW_NONE, 0, L->wdt, u->layer,
-                      it->mb);
-                  /* One checkpoint of prefetch: the upload starts once the
-                   * compute op before this backward has (the memory
-                   * model's two checkpoints on the device). */
-                  guint gate[2] = { host_ready[act_idx], last_compute };
-                  guint ngate = last_compute != STOW_NONE ? 2 : 1;
-                  emit_alloc (L, rank, STOW_STREAM_H2D, acts[act_idx], gate,
-                              ngate);
-                  StowOp c = copy_op (rank, STOW_STREAM_H2D, STOW_TIER_PINNED,
-                                      STOW_TIER_DEVICE, L->ckpt, u->layer);
-                  c.micro_batch = it->mb;
-                  op_io (&c, host_acts[act_idx], STOW_NONE, acts[act_idx]);
-                  guint ck = emit (L, &c, gate, ngate, TRUE, "checkpoint up");
-                  emit_free (L, rank, STOW_STREAM_H2D, host_acts[act_idx], &ck,
-                             1, FALSE);
-                  host_acts[act_idx] = STOW_NONE;
-                  g_assert (nw < G_N_ELEMENTS (waits));
-                  waits[nw++] = ck;
-                }
-              if (u->recompute)
-                {
-                  rec = holds (
-                      L,
-                      stow_program_buffer (p, rank, STOW_TIER_DEVICE,
-                                           L->full - MIN (L->ckpt, L->full),
-                                           -1, FALSE, "recomputed L%d mb%u",
-                                           u->layer, it->mb),
-                      STOW_BUF_RECOMPUTED, STOW_NONE, 0, L->wdt, u->layer,
-                      it->mb);
-                  emit_alloc (L, rank, STOW_STREAM_COMPUTE, rec, NULL, 0);
-                  stow_op_init (&op, STOW_OP_RECOMPUTE, STOW_STREAM_COMPUTE,
-                                rank);
-                  op.layer = u->layer, op.unit = u->pu,
-                  op.micro_batch = it->mb;
-                  op.bytes = tp_bytes, op.group = STOW_GROUP_TP,
-                  op.group_size = l->tp, op.intra_node = TRUE;
-                  op_io (&op, wbuf, acts[act_idx], rec);
-                  emit (L, &op, waits, nw, FALSE, NULL);
-                  nw = 0; /* the stream orders the backward after it */
-                }
-              ws = holds (L,
-                          stow_program_buffer (
-                              p, rank, STOW_TIER_DEVICE, L->block, -1, FALSE,
-                              "backward working set L%d mb%u", u->layer,
-                              it->mb),
-                          STOW_BUF_WORKSPACE, STOW_NONE, 0, L->wdt, u->layer,
-                          it->mb);
-              emit_alloc (L, rank, STOW_STREAM_COMPUTE, ws, NULL, 0);
-              grad = pre_grad, up = pre_up;
-              if (up != STOW_NONE)
-                waits[nw++] = up;
-              stow_op_init (&op, STOW_OP_BACKWARD, STOW_STREAM_COMPUTE, rank);
-              op.layer = u->layer, op.unit = u->pu, op.micro_batch = it->mb;
-              /* A gradient slot holds this micro-batch's gradients, added
-               * to the earlier ones brought up (emit_grad_slot). */
-              op.accumulate = grad != STOW_NONE ? up != STOW_NONE
-                                                 : grad_write (u, NULL);
-              op.bytes = tp_bytes, op.group = STOW_GROUP_TP,
-              op.group_size = l->tp, op.intra_node = TRUE;
-              op_io (&op, wbuf, acts[act_idx],
-                     grad != STOW_NONE ? grad : R->grads_buf);
-              if (rec != STOW_NONE)
-                op.reads[op.n_reads++] = rec;
-              op.writes[op.n_writes++] = ws;
-              done = emit (L, &op, waits, nw, TRUE, "backward");
-              last_compute = done;
-              emit_free (L, rank, STOW_STREAM_COMPUTE, acts[act_idx], NULL, 0,
-                         FALSE);
-              if (rec != STOW_NONE)
-                emit_free (L, rank, STOW_STREAM_COMPUTE, rec, NULL, 0, FALSE);
-              emit_free (L, rank, STOW_STREAM_COMPUTE, ws, NULL, 0, FALSE);
-              if (dh != STOW_NONE)
-                emit_free (L, rank, STOW_STREAM_COMPUTE, dh, NULL, 0, FALSE);
-              guint ev = emit_grad_path (L, R, u, grad, done,
-                                         i == u->last_grad_item);
-              if (i == u->last_grad_item)
-                u->grads_ready = ev;
-              if (first_of_chunk && vs > 0)
-                {
-                  op = send_op (L, rank, u->layer, it->mb);
-                  op.record = xevent (L, rank, PASS_B, vs, it->mb);
-                  emit (L, &op, &done, 1, FALSE, NULL);
-                }
-            }
-        }
-      if (use && i == use->last_item)
-        use->freed = emit_free (L, rank, STOW_STREAM_COMPUTE, use->buffer, NULL,
-                                0, TRUE);
-      u->last_use = done;
-      if (i == u->last_grad_item && u->params > 0)
-        {
-          g_array_append_val (ready_order, it->unit);
-          /* ZeRO-Offload: CPU Adam on this unit's shard as soon as its
-           * gradients are down (Ren et al. 2021, §4.1). */
-          if (L->off_opt && !L->nvme_opt && !L->so->delayed_update
-              && !clipping (L))
-            {
-              guint64 shard = div_ceil (u->params, L->n);
-              stow_op_init (&op, STOW_OP_OPTIM_STEP, STOW_STREAM_CPU_OPTIM,
-                            rank);
-              op.count = shard, op.layer = u->layer, op.unit = u->pu;
-              op_io (&op, R->host_grads_buf, STOW_NONE, adam_out (L, R));
-              u->grads_ready
-                  = emit (L, &op, &u->grads_ready, 1, TRUE, "updated");
-              u->last_use = done;
-              g_array_append_val (R->pending, it->unit);
-            }
-        }
+      ItemCtx X;
+      item_begin (L, R, i, &X);
+      guint done = X.it->pass == PASS_F ? emit_forward (L, R, &X)
+                                        : emit_backward (L, R, &X);
+      item_end (L, R, &X, done);
     }
   /* Logits not freed by a layer's backward (a stage with no layers). */
-  for (guint j = 0; j < m; j++)
-    if (logits[j] != STOW_NONE)
-      emit_free (L, rank, STOW_STREAM_COMPUTE, logits[j], NULL, 0, FALSE);
+  for (guint j = 0; j < (guint)L->l->grad_accum; j++)
+    if (R->logits[j] != STOW_NONE)
+      emit_free (L, R->rank, STOW_STREAM_COMPUTE, R->logits[j], NULL, 0, FALSE);
 
   flush_refreshes (L, R);
-  emit_optimizer (L, R, ready_order);
+  emit_optimizer (L, R, R->ready_order);
   g_array_unref (R->pending);
+  g_array_unref (R->ready_order);
+  g_free (R->acts);
+  g_free (R->host_acts);
+  g_free (R->host_ready);
+  g_free (R->inputs);
+  g_free (R->logits);
 
   g_array_unref (R->units);
   g_array_unref (R->chunk_first);
