@@ -793,104 +793,203 @@ emit_grad_norm (Lower *L, Rank *R, GArray *ready_order)
   return emit (L, &op, waits, nw, TRUE, "gradient norm");
 }
 
+/* The updated weights of swap chunk @c (@cp parameters from c * @chunk
+ * of the rank's flat parameters, updated by the op recording @up) back
+ * where they live.  With the parameters on NVMe each unit the chunk
+ * completes goes to the store (and up, resident) whole: the store holds
+ * units, not chunks; @done_units and @unit_end carry the units done so
+ * far from chunk to chunk. */
 static void
-emit_optimizer (Lower *L, Rank *R, GArray *ready_order)
+refresh_swap_chunk (Lower *L, Rank *R, guint c, guint nchunks, guint64 chunk,
+                    guint64 cp, guint up, guint *done_units, guint64 *unit_end)
+{
+  if (L->nvme_par)
+    {
+      for (; *done_units < R->units->len; (*done_units)++)
+        {
+          Unit *u = &g_array_index (R->units, Unit, *done_units);
+          guint64 end = *unit_end + div_ceil (u->params, L->n);
+          if (end > (guint64)c * chunk + cp && c + 1 < nchunks)
+            break;
+          *unit_end = end;
+          if (u->params > 0)
+            emit_param_refresh (L, R, u, &up, 1, div_ceil (u->params, L->n),
+                                STOW_STREAM_H2D);
+        }
+      return;
+    }
+  /* The chunk's updated weights go back to where they live. */
+  Unit dummy = { .layer = STOW_LAYER_NONE, .resident = STOW_NONE };
+  guint first_op = L->p->ops->len;
+  emit_param_refresh (L, R, &dummy, &up, 1, cp, STOW_STREAM_H2D);
+  /* The copies say which parameters: the chunk's range. */
+  for (guint o = first_op; o < L->p->ops->len; o++)
+    {
+      StowOp *e = &g_array_index (L->p->ops, StowOp, o);
+      if (e->kind == STOW_OP_COPY)
+        e->first = (guint64)c * chunk, e->count = cp, e->shard = c;
+    }
+}
+
+/* The three-stage swap pipeline (ZeRO-Infinity; DeepSpeed's pipelined
+ * optimizer swapper): read chunk i+1 while Adam updates chunk i while
+ * chunk i-1 is written back; three pinned buffers.  Every chunk waits
+ * for the last unit's gradients and for the gradient norm @norm. */
+static void
+emit_swap_pipeline (Lower *L, Rank *R, GArray *ready_order, guint norm)
+{
+  StowOp op;
+  guint64 shard = div_ceil (R->sp.params, L->n);
+  guint64 chunk = MAX (1, MIN (shard, L->mo->swap_shard_params));
+  guint nchunks = (guint)div_ceil (shard, chunk);
+  guint last_grads = STOW_NONE;
+  for (guint i = 0; i < ready_order->len; i++)
+    {
+      Unit *u = &g_array_index (R->units, Unit,
+                                g_array_index (ready_order, guint, i));
+      if (u->grads_ready != STOW_NONE)
+        last_grads = u->grads_ready;
+    }
+  g_autofree guint *freed = g_new (guint, nchunks);
+  double per = L->master + L->opt;
+  guint done_units = 0;
+  guint64 unit_end = 0;
+  for (guint c = 0; c < nchunks; c++)
+    {
+      guint64 cp = MIN (chunk, shard - (guint64)c * chunk);
+      guint buf = stow_program_buffer (L->p, R->rank, STOW_TIER_PINNED,
+                                       stow_bytes (cp, per), -1, FALSE,
+                                       "swap buffer %u", c % 3);
+      /* A chunk of the states (master, if any, then m, then v of its
+       * parameters), the rank's flat parameters [first, first + cp). */
+      holds (L, buf, STOW_BUF_STATES, STOW_NONE, 0, STOW_DTYPE_F32,
+             STOW_LAYER_NONE, 0);
+      guint prev = c >= 3 ? freed[c - 3] : STOW_NONE;
+      emit_alloc (L, R->rank, STOW_STREAM_NVME_READ, buf, &prev, 1);
+      op = copy_op (R->rank, STOW_STREAM_NVME_READ, STOW_TIER_NVME,
+                    STOW_TIER_PINNED, stow_bytes (cp, per), STOW_LAYER_NONE);
+      op.shard = c;
+      op_io (&op, STOW_NONE, STOW_NONE, buf);
+      guint rd = emit (L, &op, NULL, 0, TRUE, "states read");
+      stow_op_init (&op, STOW_OP_OPTIM_STEP, STOW_STREAM_CPU_OPTIM, R->rank);
+      op.count = cp, op.shard = c;
+      op.first = (guint64)c * chunk;
+      op_io (&op, buf, R->host_grads_buf, buf);
+      if (adam_out (L, R) != STOW_NONE)
+        op.writes[op.n_writes++] = adam_out (L, R);
+      guint w3[3] = { rd, last_grads, norm };
+      guint up = emit (L, &op, w3, 3, TRUE, "updated");
+      op = copy_op (R->rank, STOW_STREAM_NVME_WRITE, STOW_TIER_PINNED,
+                    STOW_TIER_NVME, stow_bytes (cp, per), STOW_LAYER_NONE);
+      op.shard = c;
+      op_io (&op, buf, STOW_NONE, STOW_NONE);
+      guint wr = emit (L, &op, &up, 1, TRUE, "states written");
+      freed[c]
+          = emit_free (L, R->rank, STOW_STREAM_NVME_WRITE, buf, &wr, 1, TRUE);
+      refresh_swap_chunk (L, R, c, nchunks, chunk, cp, up, &done_units,
+                          &unit_end);
+    }
+  /* Resident streamed layers take their updated weights from the host
+   * once the pipeline is through. */
+  for (guint i = 0; L->off_par && !L->nvme_par && i < R->units->len; i++)
+    {
+      Unit *u = &g_array_index (R->units, Unit, i);
+      if (u->resident != STOW_NONE)
+        emit_param_refresh (L, R, u, &freed[nchunks - 1], 1,
+                            div_ceil (u->params, L->n), STOW_STREAM_H2D);
+    }
+}
+
+/* Clipping with the optimizer on the host: CPU Adam on @u's shard once
+ * the norm (@norm) is known, its updated weights up after the unit's
+ * last use. */
+static void
+emit_clipped_host_step (Lower *L, Rank *R, Unit *u, guint norm)
+{
+  StowOp op;
+  stow_op_init (&op, STOW_OP_OPTIM_STEP, STOW_STREAM_CPU_OPTIM, R->rank);
+  op.count = div_ceil (u->params, L->n), op.layer = u->layer;
+  op.unit = u->pu;
+  op_io (&op, R->host_grads_buf, STOW_NONE, adam_out (L, R));
+  guint w2[2] = { u->grads_ready, norm };
+  guint up = emit (L, &op, w2, 2, TRUE, "updated");
+  guint w3[2] = { up, u->last_use };
+  emit_param_refresh (L, R, u, w3, 2, div_ceil (u->params, L->n),
+                      STOW_STREAM_H2D);
+}
+
+/* One-step delayed update (ZeRO-Offload's DPU): the previous step's
+ * gradients of @u are updated while this step runs; the new weights are
+ * copied up after this step's last use. */
+static void
+emit_delayed_update (Lower *L, Rank *R, Unit *u)
+{
+  StowOp op;
+  guint64 shard = div_ceil (u->params, L->n);
+  stow_op_init (&op, STOW_OP_OPTIM_STEP, STOW_STREAM_CPU_OPTIM, R->rank);
+  op.count = shard, op.layer = u->layer, op.unit = u->pu;
+  guint up = emit (L, &op, NULL, 0, TRUE, "updated (delayed)");
+  guint w2[2] = { up, u->last_use };
+  guint both = STOW_NONE;
+  StowOp join;
+  stow_op_init (&join, STOW_OP_COPY, STOW_STREAM_H2D, R->rank);
+  join.src = STOW_TIER_PINNED, join.dst = STOW_TIER_DEVICE;
+  join.bytes = stow_bytes (shard, L->w), join.layer = u->layer;
+  if (!L->off_par)
+    op_io (&join, STOW_NONE, STOW_NONE, R->params_buf);
+  else if (u->resident != STOW_NONE)
+    op_io (&join, STOW_NONE, STOW_NONE, u->resident);
+  else
+    return;
+  both = emit (L, &join, w2, 2, TRUE, "updated up");
+  if (L->l->zero >= 1 && L->l->zero < 3 && L->n > 1)
+    {
+      op = coll_op (L, R->rank, STOW_COLL_ALL_GATHER,
+                    stow_bytes (shard * L->n, L->w), u->layer);
+      op_io (&op, R->params_buf, STOW_NONE, R->params_buf);
+      emit (L, &op, &both, 1, FALSE, NULL);
+    }
+}
+
+/* Optimizer on the GPU, per unit as its gradients are reduced (and the
+ * norm @norm is known, with clipping); with offloaded parameters the
+ * updated shard goes back to the host copy. */
+static void
+emit_device_step (Lower *L, Rank *R, Unit *u, guint norm)
 {
   StowOp op;
   guint64 odiv = L->l->zero >= 1 ? L->n : 1;
+  stow_op_init (&op, STOW_OP_OPTIM_STEP, STOW_STREAM_COMPUTE, R->rank);
+  op.on_gpu = TRUE;
+  op.layer = u->layer, op.unit = u->pu;
+  op.count = div_ceil (u->params, odiv);
+  op_io (&op, R->grads_buf, STOW_NONE, L->off_par ? STOW_NONE : R->params_buf);
+  guint w2[2] = { u->grads_ready, norm };
+  guint up = emit (L, &op, w2, 2, TRUE, "updated");
+  if (L->off_par)
+    {
+      /* The updated shard goes back to the host copy. */
+      op = copy_op (R->rank, STOW_STREAM_D2H, STOW_TIER_DEVICE,
+                    STOW_TIER_PINNED,
+                    stow_bytes (div_ceil (u->params, L->n), L->w), u->layer);
+      guint down = emit (L, &op, &up, 1, TRUE, "updated down");
+      emit_param_refresh (L, R, u, &down, 1, div_ceil (u->params, L->n),
+                          STOW_STREAM_D2H);
+    }
+  else
+    emit_param_refresh (L, R, u, &up, 1, div_ceil (u->params, odiv),
+                        STOW_STREAM_COMPUTE);
+}
+
+/* The optimizer step of the units in @ready_order (the order their
+ * gradients completed), after the gradient norm when clipping. */
+static void
+emit_optimizer (Lower *L, Rank *R, GArray *ready_order)
+{
   guint norm = clipping (L) ? emit_grad_norm (L, R, ready_order) : STOW_NONE;
   if (L->nvme_opt)
     {
-      /* The three-stage swap pipeline (ZeRO-Infinity; DeepSpeed's
-       * pipelined optimizer swapper): read chunk i+1 while Adam updates
-       * chunk i while chunk i-1 is written back; three pinned buffers. */
-      guint64 shard = div_ceil (R->sp.params, L->n);
-      guint64 chunk = MAX (1, MIN (shard, L->mo->swap_shard_params));
-      guint nchunks = (guint)div_ceil (shard, chunk);
-      guint last_grads = STOW_NONE;
-      for (guint i = 0; i < ready_order->len; i++)
-        {
-          Unit *u = &g_array_index (R->units, Unit,
-                                    g_array_index (ready_order, guint, i));
-          if (u->grads_ready != STOW_NONE)
-            last_grads = u->grads_ready;
-        }
-      g_autofree guint *freed = g_new (guint, nchunks);
-      double per = L->master + L->opt;
-      guint done_units = 0;
-      guint64 unit_end = 0;
-      for (guint c = 0; c < nchunks; c++)
-        {
-          guint64 cp = MIN (chunk, shard - (guint64)c * chunk);
-          guint buf = stow_program_buffer (L->p, R->rank, STOW_TIER_PINNED,
-                                           stow_bytes (cp, per), -1, FALSE,
-                                           "swap buffer %u", c % 3);
-          /* A chunk of the states (master, if any, then m, then v of its
-           * parameters), the rank's flat parameters [first, first + cp). */
-          holds (L, buf, STOW_BUF_STATES, STOW_NONE, 0, STOW_DTYPE_F32,
-                 STOW_LAYER_NONE, 0);
-          guint prev = c >= 3 ? freed[c - 3] : STOW_NONE;
-          emit_alloc (L, R->rank, STOW_STREAM_NVME_READ, buf, &prev, 1);
-          op = copy_op (R->rank, STOW_STREAM_NVME_READ, STOW_TIER_NVME,
-                        STOW_TIER_PINNED, stow_bytes (cp, per), STOW_LAYER_NONE);
-          op.shard = c;
-          op_io (&op, STOW_NONE, STOW_NONE, buf);
-          guint rd = emit (L, &op, NULL, 0, TRUE, "states read");
-          stow_op_init (&op, STOW_OP_OPTIM_STEP, STOW_STREAM_CPU_OPTIM,
-                        R->rank);
-          op.count = cp, op.shard = c;
-          op.first = (guint64)c * chunk;
-          op_io (&op, buf, R->host_grads_buf, buf);
-          if (adam_out (L, R) != STOW_NONE)
-            op.writes[op.n_writes++] = adam_out (L, R);
-          guint w3[3] = { rd, last_grads, norm };
-          guint up = emit (L, &op, w3, 3, TRUE, "updated");
-          op = copy_op (R->rank, STOW_STREAM_NVME_WRITE, STOW_TIER_PINNED,
-                        STOW_TIER_NVME, stow_bytes (cp, per), STOW_LAYER_NONE);
-          op.shard = c;
-          op_io (&op, buf, STOW_NONE, STOW_NONE);
-          guint wr = emit (L, &op, &up, 1, TRUE, "states written");
-          freed[c] = emit_free (L, R->rank, STOW_STREAM_NVME_WRITE, buf, &wr, 1,
-                                TRUE);
-          if (L->nvme_par)
-            {
-              /* Each unit the chunk completes goes to the store (and up,
-               * resident) whole: the store holds units, not chunks. */
-              for (; done_units < R->units->len; done_units++)
-                {
-                  Unit *u = &g_array_index (R->units, Unit, done_units);
-                  guint64 end = unit_end + div_ceil (u->params, L->n);
-                  if (end > (guint64)c * chunk + cp && c + 1 < nchunks)
-                    break;
-                  unit_end = end;
-                  if (u->params > 0)
-                    emit_param_refresh (L, R, u, &up, 1,
-                                        div_ceil (u->params, L->n),
-                                        STOW_STREAM_H2D);
-                }
-              continue;
-            }
-          /* The chunk's updated weights go back to where they live. */
-          Unit dummy = { .layer = STOW_LAYER_NONE, .resident = STOW_NONE };
-          guint first_op = L->p->ops->len;
-          emit_param_refresh (L, R, &dummy, &up, 1, cp, STOW_STREAM_H2D);
-          /* The copies say which parameters: the chunk's range. */
-          for (guint o = first_op; o < L->p->ops->len; o++)
-            {
-              StowOp *e = &g_array_index (L->p->ops, StowOp, o);
-              if (e->kind == STOW_OP_COPY)
-                e->first = (guint64)c * chunk, e->count = cp, e->shard = c;
-            }
-        }
-      /* Resident streamed layers take their updated weights from the host
-       * once the pipeline is through. */
-      for (guint i = 0; L->off_par && !L->nvme_par && i < R->units->len; i++)
-        {
-          Unit *u = &g_array_index (R->units, Unit, i);
-          if (u->resident != STOW_NONE)
-            emit_param_refresh (L, R, u, &freed[nchunks - 1], 1,
-                                div_ceil (u->params, L->n), STOW_STREAM_H2D);
-        }
+      emit_swap_pipeline (L, R, ready_order, norm);
       return;
     }
   for (guint i = 0; i < ready_order->len; i++)
@@ -900,78 +999,13 @@ emit_optimizer (Lower *L, Rank *R, GArray *ready_order)
       if (u->params == 0)
         continue;
       if (L->off_opt && !L->so->delayed_update && norm != STOW_NONE)
-        {
-          /* Clipping: CPU Adam on each unit's shard once the norm is
-           * known, its updated weights up after the unit's last use. */
-          stow_op_init (&op, STOW_OP_OPTIM_STEP, STOW_STREAM_CPU_OPTIM,
-                        R->rank);
-          op.count = div_ceil (u->params, L->n), op.layer = u->layer;
-          op.unit = u->pu;
-          op_io (&op, R->host_grads_buf, STOW_NONE, adam_out (L, R));
-          guint w2[2] = { u->grads_ready, norm };
-          guint up = emit (L, &op, w2, 2, TRUE, "updated");
-          guint w3[2] = { up, u->last_use };
-          emit_param_refresh (L, R, u, w3, 2, div_ceil (u->params, L->n),
-                              STOW_STREAM_H2D);
-          continue;
-        }
-      if (L->off_opt)
-        {
-          guint64 shard = div_ceil (u->params, L->n);
-          if (!L->so->delayed_update)
-            continue; /* emitted as the gradients arrived */
-          /* One-step delayed update (ZeRO-Offload's DPU): the previous
-           * step's gradients are updated while this step runs; the new
-           * weights are copied up after this step's last use. */
-          stow_op_init (&op, STOW_OP_OPTIM_STEP, STOW_STREAM_CPU_OPTIM,
-                        R->rank);
-          op.count = shard, op.layer = u->layer, op.unit = u->pu;
-          guint up = emit (L, &op, NULL, 0, TRUE, "updated (delayed)");
-          guint w2[2] = { up, u->last_use };
-          guint both = STOW_NONE;
-          StowOp join;
-          stow_op_init (&join, STOW_OP_COPY, STOW_STREAM_H2D, R->rank);
-          join.src = STOW_TIER_PINNED, join.dst = STOW_TIER_DEVICE;
-          join.bytes = stow_bytes (shard, L->w), join.layer = u->layer;
-          if (!L->off_par)
-            op_io (&join, STOW_NONE, STOW_NONE, R->params_buf);
-          else if (u->resident != STOW_NONE)
-            op_io (&join, STOW_NONE, STOW_NONE, u->resident);
-          else
-            continue;
-          both = emit (L, &join, w2, 2, TRUE, "updated up");
-          if (L->l->zero >= 1 && L->l->zero < 3 && L->n > 1)
-            {
-              op = coll_op (L, R->rank, STOW_COLL_ALL_GATHER,
-                            stow_bytes (shard * L->n, L->w), u->layer);
-              op_io (&op, R->params_buf, STOW_NONE, R->params_buf);
-              emit (L, &op, &both, 1, FALSE, NULL);
-            }
-          continue;
-        }
-      /* Optimizer on the GPU, per unit as its gradients are reduced (and
-       * the norm is known, with clipping). */
-      stow_op_init (&op, STOW_OP_OPTIM_STEP, STOW_STREAM_COMPUTE, R->rank);
-      op.on_gpu = TRUE;
-      op.layer = u->layer, op.unit = u->pu;
-      op.count = div_ceil (u->params, odiv);
-      op_io (&op, R->grads_buf, STOW_NONE,
-             L->off_par ? STOW_NONE : R->params_buf);
-      guint w2[2] = { u->grads_ready, norm };
-      guint up = emit (L, &op, w2, 2, TRUE, "updated");
-      if (L->off_par)
-        {
-          /* The updated shard goes back to the host copy. */
-          op = copy_op (
-              R->rank, STOW_STREAM_D2H, STOW_TIER_DEVICE, STOW_TIER_PINNED,
-              stow_bytes (div_ceil (u->params, L->n), L->w), u->layer);
-          guint down = emit (L, &op, &up, 1, TRUE, "updated down");
-          emit_param_refresh (L, R, u, &down, 1, div_ceil (u->params, L->n),
-                              STOW_STREAM_D2H);
-        }
+        emit_clipped_host_step (L, R, u, norm);
+      else if (L->off_opt && L->so->delayed_update)
+        emit_delayed_update (L, R, u);
+      else if (L->off_opt)
+        continue; /* emitted as the gradients arrived (item_end) */
       else
-        emit_param_refresh (L, R, u, &up, 1, div_ceil (u->params, odiv),
-                            STOW_STREAM_COMPUTE);
+        emit_device_step (L, R, u, norm);
     }
 }
 
@@ -1852,6 +1886,157 @@ lower_rank (Lower *L, Rank *R)
   g_array_unref (R->uses);
 }
 
+/* The lowering's plan-wide state: the program with its training facts,
+ * the element types and bytes per parameter, the activation sizes, what
+ * is offloaded. */
+static void
+lower_init (Lower *L, const StowModel *m, const StowCluster *c,
+            const StowTraining *t, const StowLayout *l,
+            const StowMemOptions *mo, const StowScheduleOptions *so)
+{
+  L->m = m, L->c = c, L->t = t, L->l = l, L->mo = mo, L->so = so;
+  L->p = stow_program_new (l->pp);
+  stow_program_set_units (L->p, m);
+  /* The stowage engine keeps gradients in the weights' type (memory.c's
+   * bytes per parameter); fp32 training needs no master copy. */
+  L->wdt = t->precision == STOW_PRECISION_FP32   ? STOW_DTYPE_F32
+           : t->precision == STOW_PRECISION_FP16 ? STOW_DTYPE_F16
+                                                 : STOW_DTYPE_BF16;
+  L->gdt = L->wdt;
+  L->p->weight_dtype = L->wdt, L->p->grad_dtype = L->gdt;
+  L->p->seq_len = t->seq_len;
+  L->p->micro_batch = l->micro_batch;
+  L->p->grad_accum = l->grad_accum;
+  L->p->global_batch = t->global_batch;
+  L->p->loss_scale = 1.0
+                     / ((double)MAX (t->global_batch, 1)
+                        * (double)stow_mem_decoder_seq (m, t));
+  L->p->optim = so->optim;
+  stow_mem_state_bytes (m, t, &L->w, &L->g, &L->master, &L->opt);
+  L->wg = stow_mem_gathered_weight_bytes (t, L->w);
+  if (t->finetune != STOW_FINETUNE_FULL)
+    {
+      /* Frozen weights (NF4 under QLoRA, as memory.c); adapters train in
+       * fp32 with no master. */
+      L->lora = TRUE;
+      L->wb = stow_mem_frozen_weight_bytes (m, t, L->w);
+      L->w = L->g = 4.0;
+      L->master = 0;
+    }
+  L->p->master_weights = L->master > 0;
+  L->n = stow_mem_shard_degree (l, c);
+  stow_mem_activation_sizes (m, t, l, &L->full, &L->block, &L->ckpt);
+  double s_local = (double)t->seq_len / l->cp;
+  guint64 sbh
+      = (guint64)llround (s_local * (double)l->micro_batch * (double)m->hidden);
+  guint64 spdiv = l->sp ? l->tp : 1;
+  stow_mem_end_sizes (m, t, l, &L->input_bytes, &L->logits_bytes,
+                      &L->loss_grad_bytes);
+  L->sbh_send = 2 * sbh / spdiv;
+  L->gather = l->zero >= 3;
+  L->off_opt = l->offload_optimizer != STOW_OFFLOAD_NONE;
+  L->off_par = l->offload_params != STOW_OFFLOAD_NONE;
+  L->nvme_opt = l->offload_optimizer == STOW_OFFLOAD_NVME;
+  L->nvme_par = l->offload_params == STOW_OFFLOAD_NVME;
+  L->xevents = g_hash_table_new_full (g_str_hash, g_str_equal, g_free, NULL);
+}
+
+/* The device budget: what the memory model leaves of the capacity,
+ * counted in tensor bytes (the allocator's slack grows with them). */
+static void
+set_device_budget (Lower *L, const StowMemory *mem)
+{
+  StowProgram *p = L->p;
+  p->fragmentation = L->mo->fragmentation;
+  p->overhead_bytes = mem->total_bytes - mem->allocated_peak_bytes;
+  guint64 non_tensor = mem->total_bytes - mem->reserved_bytes;
+  guint64 cap
+      = mem->capacity_bytes > non_tensor ? mem->capacity_bytes - non_tensor : 0;
+  p->device_capacity_bytes
+      = (guint64)((double)cap / (1.0 + L->mo->fragmentation));
+}
+
+/* Layer-major accumulation keeps every micro-batch's activations (and
+ * logits) at once: (m - 1) micro-batches more than the memory model's
+ * 1F1B count.  It must come out of the budget before resident layers:
+ * sets @extra to those bytes.  FALSE, with @error, when layer-major does
+ * not apply or they do not fit. */
+static gboolean
+layer_major_extra (Lower *L, const StowMemory *mem, guint64 *extra_out,
+                   GError **error)
+{
+  const StowModel *m = L->m;
+  const StowLayout *l = L->l;
+  StowProgram *p = L->p;
+  if (!L->off_par || l->pp > 1)
+    {
+      g_set_error (error, STOW_PLAN_ERROR, STOW_PLAN_ERROR_INVALID,
+                   "--layer-major needs streamed layers on one stage "
+                   "(--offload-params cpu or nvme, --pp 1)");
+      return FALSE;
+    }
+  guint64 n_rec = 0;
+  if (l->recompute == STOW_RECOMPUTE_FULL)
+    n_rec = l->recompute_layers ? MIN (l->recompute_layers, m->n_layers)
+                                : m->n_layers;
+  guint64 per_mb = (m->n_layers - n_rec) * L->full + n_rec * L->ckpt
+                   + L->input_bytes + L->logits_bytes;
+  guint64 extra = (l->grad_accum - 1) * per_mb;
+  if (mem->allocated_peak_bytes + extra > p->device_capacity_bytes)
+    {
+      g_set_error (error, STOW_PLAN_ERROR, STOW_PLAN_ERROR_INVALID,
+                   "--layer-major keeps %" G_GUINT64_FORMAT
+                   " micro-batches of activations: %" G_GUINT64_FORMAT
+                   " B more than the device budget of %" G_GUINT64_FORMAT
+                   " B allows",
+                   l->grad_accum,
+                   mem->allocated_peak_bytes + extra - p->device_capacity_bytes,
+                   p->device_capacity_bytes);
+      return FALSE;
+    }
+  *extra_out = extra;
+  return TRUE;
+}
+
+/* How many streamed layers stay on the device (L->k_resident): as asked,
+ * as the plan decided, or what the budget leaves room for (after
+ * layer-major's @extra bytes). */
+static gboolean
+choose_k_resident (Lower *L, const StowMemory *mem, guint64 extra,
+                   GError **error)
+{
+  const StowModel *m = L->m;
+  const StowLayout *l = L->l;
+  StowProgram *p = L->p;
+  guint64 layer_bytes = 0;
+  for (guint64 i = 0; i < m->n_layers; i++)
+    layer_bytes
+        = MAX (layer_bytes,
+               stow_bytes (stow_mem_layer_params_on_gpu (m, l, i), L->wg));
+  if (L->so->resident_layers != G_MAXUINT)
+    L->k_resident = L->so->resident_layers;
+  else if (l->resident_layers != STOW_RESIDENT_AUTO)
+    L->k_resident = l->resident_layers; /* as the plan decided it */
+  else if (!L->so->layer_major)
+    {
+      StowLayout r = *l;
+      if (!stow_layout_resolve_resident (m, L->c, L->t, &r, L->mo, error))
+        return FALSE;
+      L->k_resident = r.resident_layers;
+    }
+  else
+    {
+      /* Layer-major keeps every micro-batch's activations: what they
+       * take beyond the memory model comes out of the budget first. */
+      guint64 used = mem->allocated_peak_bytes + extra;
+      guint64 free_b = p->device_capacity_bytes > used
+                           ? p->device_capacity_bytes - used
+                           : 0;
+      L->k_resident = layer_bytes ? (guint)(free_b / layer_bytes) : 0;
+    }
+  return TRUE;
+}
+
 StowProgram *
 stow_schedule_lower (const StowModel *m, const StowCluster *c,
                      const StowTraining *t, const StowLayout *l,
@@ -1880,132 +2065,16 @@ stow_schedule_lower (const StowModel *m, const StowCluster *c,
     return NULL;
 
   Lower L = { 0 };
-  L.m = m, L.c = c, L.t = t, L.l = l, L.mo = mo_in, L.so = so_in;
-  L.p = stow_program_new (l->pp);
-  stow_program_set_units (L.p, m);
-  /* The stowage engine keeps gradients in the weights' type (memory.c's
-   * bytes per parameter); fp32 training needs no master copy. */
-  L.wdt = t->precision == STOW_PRECISION_FP32   ? STOW_DTYPE_F32
-          : t->precision == STOW_PRECISION_FP16 ? STOW_DTYPE_F16
-                                                : STOW_DTYPE_BF16;
-  L.gdt = L.wdt;
-  L.p->weight_dtype = L.wdt, L.p->grad_dtype = L.gdt;
-  L.p->seq_len = t->seq_len;
-  L.p->micro_batch = l->micro_batch;
-  L.p->grad_accum = l->grad_accum;
-  L.p->global_batch = t->global_batch;
-  L.p->loss_scale
-      = 1.0
-        / ((double)MAX (t->global_batch, 1) * (double)stow_mem_decoder_seq (m, t));
-  L.p->optim = so_in->optim;
-  stow_mem_state_bytes (m, t, &L.w, &L.g, &L.master, &L.opt);
-  L.wg = stow_mem_gathered_weight_bytes (t, L.w);
-  if (t->finetune != STOW_FINETUNE_FULL)
-    {
-      /* Frozen weights (NF4 under QLoRA, as memory.c); adapters train in
-       * fp32 with no master. */
-      L.lora = TRUE;
-      L.wb = stow_mem_frozen_weight_bytes (m, t, L.w);
-      L.w = L.g = 4.0;
-      L.master = 0;
-    }
-  L.p->master_weights = L.master > 0;
-  L.n = stow_mem_shard_degree (l, c);
-  stow_mem_activation_sizes (m, t, l, &L.full, &L.block, &L.ckpt);
-  double s_local = (double)t->seq_len / l->cp;
-  guint64 sbh
-      = (guint64)llround (s_local * (double)l->micro_batch * (double)m->hidden);
-  guint64 spdiv = l->sp ? l->tp : 1;
-  stow_mem_end_sizes (m, t, l, &L.input_bytes, &L.logits_bytes,
-                      &L.loss_grad_bytes);
-  L.sbh_send = 2 * sbh / spdiv;
-  L.gather = l->zero >= 3;
-  L.off_opt = l->offload_optimizer != STOW_OFFLOAD_NONE;
-  L.off_par = l->offload_params != STOW_OFFLOAD_NONE;
-  L.nvme_opt = l->offload_optimizer == STOW_OFFLOAD_NVME;
-  L.nvme_par = l->offload_params == STOW_OFFLOAD_NVME;
-  L.xevents = g_hash_table_new_full (g_str_hash, g_str_equal, g_free, NULL);
-
-  /* The device budget: what the memory model leaves of the capacity,
-   * counted in tensor bytes (the allocator's slack grows with them). */
+  lower_init (&L, m, c, t, l, mo_in, so_in);
   StowProgram *p = L.p;
-  p->fragmentation = mo_in->fragmentation;
-  p->overhead_bytes = mem->total_bytes - mem->allocated_peak_bytes;
-  guint64 non_tensor = mem->total_bytes - mem->reserved_bytes;
-  guint64 cap
-      = mem->capacity_bytes > non_tensor ? mem->capacity_bytes - non_tensor : 0;
-  p->device_capacity_bytes
-      = (guint64)((double)cap / (1.0 + mo_in->fragmentation));
-  /* Layer-major accumulation keeps every micro-batch's activations (and
-   * logits) at once: (m - 1) micro-batches more than the memory model's
-   * 1F1B count.  It must come out of the budget before resident layers. */
+  set_device_budget (&L, mem);
   guint64 extra = 0;
-  if (so_in->layer_major)
+  if ((so_in->layer_major && !layer_major_extra (&L, mem, &extra, error))
+      || (L.off_par && !choose_k_resident (&L, mem, extra, error)))
     {
-      if (!L.off_par || l->pp > 1)
-        {
-          g_set_error (error, STOW_PLAN_ERROR, STOW_PLAN_ERROR_INVALID,
-                       "--layer-major needs streamed layers on one stage "
-                       "(--offload-params cpu or nvme, --pp 1)");
-          g_hash_table_unref (L.xevents);
-          stow_program_free (L.p);
-          return NULL;
-        }
-      guint64 n_rec = 0;
-      if (l->recompute == STOW_RECOMPUTE_FULL)
-        n_rec = l->recompute_layers ? MIN (l->recompute_layers, m->n_layers)
-                                    : m->n_layers;
-      guint64 per_mb = (m->n_layers - n_rec) * L.full + n_rec * L.ckpt
-                       + L.input_bytes + L.logits_bytes;
-      extra = (l->grad_accum - 1) * per_mb;
-      if (mem->allocated_peak_bytes + extra > p->device_capacity_bytes)
-        {
-          g_set_error (error, STOW_PLAN_ERROR, STOW_PLAN_ERROR_INVALID,
-                       "--layer-major keeps %" G_GUINT64_FORMAT
-                       " micro-batches of activations: %" G_GUINT64_FORMAT
-                       " B more than the device budget of %" G_GUINT64_FORMAT
-                       " B allows",
-                       l->grad_accum,
-                       mem->allocated_peak_bytes + extra
-                           - p->device_capacity_bytes,
-                       p->device_capacity_bytes);
-          g_hash_table_unref (L.xevents);
-          stow_program_free (L.p);
-          return NULL;
-        }
-    }
-  if (L.off_par)
-    {
-      guint64 layer_bytes = 0;
-      for (guint64 i = 0; i < m->n_layers; i++)
-        layer_bytes
-            = MAX (layer_bytes,
-                   stow_bytes (stow_mem_layer_params_on_gpu (m, l, i), L.wg));
-      if (so_in->resident_layers != G_MAXUINT)
-        L.k_resident = so_in->resident_layers;
-      else if (l->resident_layers != STOW_RESIDENT_AUTO)
-        L.k_resident = l->resident_layers; /* as the plan decided it */
-      else if (!so_in->layer_major)
-        {
-          StowLayout r = *l;
-          if (!stow_layout_resolve_resident (m, c, t, &r, mo_in, error))
-            {
-              g_hash_table_unref (L.xevents);
-              stow_program_free (L.p);
-              return NULL;
-            }
-          L.k_resident = r.resident_layers;
-        }
-      else
-        {
-          /* Layer-major keeps every micro-batch's activations: what they
-           * take beyond the memory model comes out of the budget first. */
-          guint64 used = mem->allocated_peak_bytes + extra;
-          guint64 free_b = p->device_capacity_bytes > used
-                               ? p->device_capacity_bytes - used
-                               : 0;
-          L.k_resident = layer_bytes ? (guint)(free_b / layer_bytes) : 0;
-        }
+      g_hash_table_unref (L.xevents);
+      stow_program_free (L.p);
+      return NULL;
     }
 
   g_autofree guint64 *counts = g_new0 (guint64, l->pp);
