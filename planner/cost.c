@@ -346,10 +346,35 @@ tp_hidden_exposed (const StowCostOptions *o, double comm, double gemm)
   return edge + MAX (0.0, rest - gemm) + o->overlap_slowdown * MIN (rest, gemm);
 }
 
+/* One layer on one GPU for one micro-batch: its dimensions, the shapes of
+ * its GEMMs after tensor-parallel splitting and their FLOPs, what the
+ * pieces of layer_cost price. */
+typedef struct
+{
+  const StowModel *m;
+  const StowCluster *c;
+  const StowTraining *t;
+  const StowLayout *l;
+  const StowCostOptions *o;
+  const Rates *r;
+  gboolean moe;
+  double s, sl, b;
+  double T; /* tokens of a micro-batch on this GPU */
+  double h, a, kv, dq, dv, tp;
+  double eb, hbm;
+  /* GEMM shapes (Megatron: column-parallel QKV and MLP-up, row-parallel
+   * output and MLP-down) */
+  double qkv_n, o_k, f, mlp_T, n_mlp, mlp_tp, up_n, down_k;
+  /* FLOPs on this GPU: each GEMM's, the attention core's */
+  double fl_qkv, fl_o, fl_up, fl_down, fl_shared, fl_router, fl_attn;
+  guint etp;        /* the routed experts' tensor parallelism */
+  gboolean own_etp; /* ... apart from --tp */
+} LayerShape;
+
 static void
-layer_cost (const StowModel *m, const StowCluster *c, const StowTraining *t,
-            const StowLayout *l, const StowCostOptions *o, gboolean moe,
-            const Rates *r, LayerCost *lc)
+layer_shape_init (LayerShape *x, const StowModel *m, const StowCluster *c,
+                  const StowTraining *t, const StowLayout *l,
+                  const StowCostOptions *o, gboolean moe, const Rates *r)
 {
   double s = (double)t->seq_len, sl = s / l->cp;
   double b = (double)l->micro_batch;
@@ -357,9 +382,6 @@ layer_cost (const StowModel *m, const StowCluster *c, const StowTraining *t,
   double h = (double)m->hidden, a = (double)m->n_heads;
   double kv = (double)m->n_kv_heads, d = (double)m->head_dim;
   double tp = (double)l->tp;
-  double eb = elem_bytes (t->precision);
-  double hbm = c->node.gpu.hbm_bw * o->hbm_eff;
-  gboolean lora = t->finetune != STOW_FINETUNE_FULL;
   double dq = d, dv = d;
   if (m->qk_nope_head_dim + m->qk_rope_head_dim > 0)
     {
@@ -367,7 +389,6 @@ layer_cost (const StowModel *m, const StowCluster *c, const StowTraining *t,
       dv = (double)m->v_head_dim;
       kv = a;
     }
-  memset (lc, 0, sizeof *lc);
 
   /* GEMM shapes after tensor-parallel splitting (Megatron: column-parallel
    * QKV and MLP-up, row-parallel output and MLP-down). */
@@ -398,6 +419,38 @@ layer_cost (const StowModel *m, const StowCluster *c, const StowTraining *t,
     fl_shared = 2 * T * h * (double)m->n_shared_experts
                 * (m->gated_mlp ? 3.0 : 2.0) * f / tp;
   double fl_router = moe ? 2 * T * h * (double)m->n_experts : 0;
+  /* The attention core: Q K^T and A V, 4 s_local s a d per sequence,
+   * counted in full as the papers count it. */
+  double fl_attn = 2 * b * sl * s * a * (dq + dv) / tp;
+  guint etp = stow_layout_etp (l);
+
+  x->m = m, x->c = c, x->t = t, x->l = l, x->o = o, x->r = r, x->moe = moe;
+  x->s = s, x->sl = sl, x->b = b, x->T = T;
+  x->h = h, x->a = a, x->kv = kv, x->dq = dq, x->dv = dv, x->tp = tp;
+  x->eb = elem_bytes (t->precision);
+  x->hbm = c->node.gpu.hbm_bw * o->hbm_eff;
+  x->qkv_n = qkv_n, x->o_k = o_k, x->f = f, x->mlp_T = mlp_T;
+  x->n_mlp = n_mlp, x->mlp_tp = mlp_tp, x->up_n = up_n, x->down_k = down_k;
+  x->fl_qkv = fl_qkv, x->fl_o = fl_o, x->fl_up = fl_up, x->fl_down = fl_down;
+  x->fl_shared = fl_shared, x->fl_router = fl_router, x->fl_attn = fl_attn;
+  x->etp = etp;
+  x->own_etp = moe && m->n_experts > 0 && etp != l->tp;
+}
+
+/* The GEMMs, forward and backward. */
+static void
+layer_gemm_seconds (const LayerShape *x, LayerCost *lc)
+{
+  const StowModel *m = x->m;
+  const StowLayout *l = x->l;
+  const Rates *r = x->r;
+  gboolean moe = x->moe;
+  double T = x->T, h = x->h, tp = x->tp, f = x->f;
+  double qkv_n = x->qkv_n, o_k = x->o_k, mlp_T = x->mlp_T;
+  double up_n = x->up_n, down_k = x->down_k;
+  double fl_qkv = x->fl_qkv, fl_o = x->fl_o, fl_up = x->fl_up;
+  double fl_down = x->fl_down, fl_shared = x->fl_shared;
+  double fl_router = x->fl_router;
   /* Shared experts are dense MLPs split by --tp. */
   double t_rest
       = gemm_s (r, fl_shared, T, (m->gated_mlp ? 2.0 : 1.0) * f / tp, h);
@@ -408,7 +461,7 @@ layer_cost (const StowModel *m, const StowCluster *c, const StowTraining *t,
                 + gemm_s (r, fl_down, mlp_T, h, down_k) + t_rest;
   lc->fwd_gemm_s = full;
   lc->bwd_gemm_s = 2.0 * full; /* the input gradients, then the weights' */
-  if (tp_overlapped (o, l))
+  if (tp_overlapped (x->o, l))
     {
       /* Transformer Engine overlaps TP traffic by splitting the GEMM next
        * to it along the tokens (transformer_engine/pytorch/module/base.py,
@@ -432,19 +485,24 @@ layer_cost (const StowModel *m, const StowCluster *c, const StowTraining *t,
                        + gemm_s (r, fl_up, mlp_T, up_n, h)
                        + gemm_s (r, fl_down, mlp_ring, h, down_k) + t_rest;
     }
+}
 
-  /* Attention core: Q K^T and A V, 4 s_local s a d per sequence, counted
-   * in full as the papers count it, in bf16 under fp8 (Transformer
-   * Engine's DotProductAttention; torchao leaves it alone too).  Flash
-   * kernels skip the masked half of a causal mask and recompute the
-   * scores in backward, which does 2.5x the forward's FLOPs
-   * (FlashAttention-2, Dao 2023, §3.1); their rates grow with the keys a
-   * kernel sees (a chunk of s / cp under context parallelism).  The
-   * unfused path computes all of it as batched GEMMs with a short inner
-   * dimension (d), backward twice the forward. */
-  double fl_attn = 2 * b * sl * s * a * (dq + dv) / tp;
+/* Attention core: Q K^T and A V, 4 s_local s a d per sequence, counted
+ * in full as the papers count it, in bf16 under fp8 (Transformer
+ * Engine's DotProductAttention; torchao leaves it alone too).  Flash
+ * kernels skip the masked half of a causal mask and recompute the
+ * scores in backward, which does 2.5x the forward's FLOPs
+ * (FlashAttention-2, Dao 2023, §3.1); their rates grow with the keys a
+ * kernel sees (a chunk of s / cp under context parallelism).  The
+ * unfused path computes all of it as batched GEMMs with a short inner
+ * dimension (d), backward twice the forward. */
+static void
+layer_attention_seconds (const LayerShape *x, LayerCost *lc)
+{
+  const Rates *r = x->r;
+  double s = x->s, sl = x->sl, dq = x->dq, fl_attn = x->fl_attn;
   double peak_attn = r->peak_bf16;
-  if (t->flash_attention)
+  if (x->t->flash_attention)
     {
       double seq
           = r->e.attn_half_seq > 0 ? dim_share (sl, r->e.attn_half_seq) : 1.0;
@@ -459,79 +517,101 @@ layer_cost (const StowModel *m, const StowCluster *c, const StowTraining *t,
             / (peak_attn * gemm_eff_at (r, r->e.gemm_eff_max, sl, s, dq));
       lc->bwd_attn_s = 2.0 * lc->fwd_attn_s;
     }
+}
 
-  /* Memory-bound kernels (norms, activations, dropout, residuals, softmax):
-   * every tensor saved for backward is written by one kernel and read by
-   * the next, so a forward moves about twice the layer's activation bytes
-   * (Korthikanti et al. Table 2, as the memory model counts them). */
-  StowLayout nl = *l;
+/* Memory-bound kernels (norms, activations, dropout, residuals, softmax):
+ * every tensor saved for backward is written by one kernel and read by
+ * the next, so a forward moves about twice the layer's activation bytes
+ * (Korthikanti et al. Table 2, as the memory model counts them). */
+static void
+layer_memory_bound_seconds (const LayerShape *x, LayerCost *lc)
+{
+  const StowModel *m = x->m;
+  const StowTraining *t = x->t;
+  double hbm = x->hbm;
+  StowLayout nl = *x->l;
   nl.recompute = STOW_RECOMPUTE_NONE;
   double act = (double)stow_memory_layer_activations (m, t, &nl);
   nl.recompute = STOW_RECOMPUTE_SELECTIVE;
   double act_sel = (double)stow_memory_layer_activations (m, t, &nl);
-  lc->fwd_elem_s = 2.0 * act / hbm + o->kernel_overhead_s;
+  lc->fwd_elem_s = 2.0 * act / hbm + x->o->kernel_overhead_s;
   lc->core_elem_s = 2.0 * (act - act_sel) / hbm;
+}
 
-  /* fp8: a GEMM operand is cast to fp8 and transposed (read 2 B, write
-   * 1 B twice) unless the kernel that makes it does so.  Transformer
-   * Engine (Megatron) fuses the cast into the layer norms, the
-   * activation and its gradient (LayerNormLinear, LayerNormMLP): what is
-   * left is the input of the attention's output projection forward, and
-   * backward the output gradients of QKV, the output projection and the
-   * MLP's down projection.  Others (torchao's Float8Linear, te.Linear
-   * alone) cast every linear's input and output gradient. */
-  if (r->fp8)
+/* fp8: a GEMM operand is cast to fp8 and transposed (read 2 B, write 1 B
+ * twice) unless the kernel that makes it does so.  Transformer Engine
+ * (Megatron) fuses the cast into the layer norms, the activation and its
+ * gradient (LayerNormLinear, LayerNormMLP): what is left is the input of
+ * the attention's output projection forward, and backward the output
+ * gradients of QKV, the output projection and the MLP's down projection.
+ * Others (torchao's Float8Linear, te.Linear alone) cast every linear's
+ * input and output gradient. */
+static void
+layer_fp8_cast_seconds (const LayerShape *x, LayerCost *lc)
+{
+  const StowLayout *l = x->l;
+  double T = x->T, h = x->h, hbm = x->hbm;
+  double qkv_n = x->qkv_n, o_k = x->o_k, mlp_T = x->mlp_T, n_mlp = x->n_mlp;
+  double up_n = x->up_n, down_k = x->down_k;
+  if (!x->r->fp8)
+    return;
+  const double cast = 4.0;
+  double fwd_el, bwd_el;
+  if (stow_engine_is_mcore (l->engine))
     {
-      const double cast = 4.0;
-      double fwd_el, bwd_el;
-      if (stow_engine_is_mcore (l->engine))
-        {
-          fwd_el = T * o_k;
-          bwd_el = T * (qkv_n + h) + mlp_T * n_mlp * h;
-        }
-      else
-        {
-          fwd_el = T * (h + o_k) + mlp_T * n_mlp * (h + down_k);
-          bwd_el = T * (qkv_n + h) + mlp_T * n_mlp * (up_n + h);
-        }
-      lc->fwd_cast_s = cast * fwd_el / hbm;
-      lc->bwd_cast_s = cast * bwd_el / hbm;
+      fwd_el = T * o_k;
+      bwd_el = T * (qkv_n + h) + mlp_T * n_mlp * h;
     }
-
-  /* Selective op checkpointing (--recompute selective-op, torchtitan's
-   * policy; stow_mem_op_checkpoint_bytes in planner/activations.c) keeps
-   * the outputs of the 1st, 3rd, ... matmul and the attention's; backward
-   * reruns the others and every element-wise op of the forward. */
-  if (l->recompute == STOW_RECOMPUTE_OP)
+  else
     {
-      StowMatmul mm[STOW_MAX_LAYER_MATMULS];
-      guint n = stow_mem_layer_matmuls (m, mm);
-      for (guint i = 1; i < n; i += 2) /* the 2nd, 4th, ... */
-        {
-          double in = mm[i].row_parallel ? mm[i].in / tp : mm[i].in;
-          double out = mm[i].row_parallel ? mm[i].out : mm[i].out / tp;
-          double fl = 2 * T * in * out;
-          lc->op_rec_s += gemm_s (r, fl, T, out, in);
-          lc->op_rec_flops += fl * tp;
-        }
-      lc->op_rec_s += lc->fwd_elem_s + lc->fwd_cast_s;
+      fwd_el = T * (h + o_k) + mlp_T * n_mlp * (h + down_k);
+      bwd_el = T * (qkv_n + h) + mlp_T * n_mlp * (up_n + h);
     }
+  lc->fwd_cast_s = cast * fwd_el / hbm;
+  lc->bwd_cast_s = cast * bwd_el / hbm;
+}
 
-  /* A forward's compute, and its backward's: two forwards of GEMMs and
-   * memory-bound work (one under LoRA: frozen weights need no weight
-   * gradient), the attention's own backward. */
-  double w = lora ? 1.0 : 2.0;
-  double bwd_gemm = lora ? 0.5 * lc->bwd_gemm_s : lc->bwd_gemm_s;
-  lc->fwd_s = lc->fwd_gemm_s + lc->fwd_attn_s + lc->fwd_elem_s + lc->fwd_cast_s;
-  lc->bwd_s = bwd_gemm + w * lc->fwd_elem_s + lc->bwd_attn_s + lc->bwd_cast_s;
+/* Selective op checkpointing (--recompute selective-op, torchtitan's
+ * policy; stow_mem_op_checkpoint_bytes in planner/activations.c) keeps the
+ * outputs of the 1st, 3rd, ... matmul and the attention's; backward reruns
+ * the others and every element-wise op of the forward. */
+static void
+layer_op_recompute_seconds (const LayerShape *x, LayerCost *lc)
+{
+  const StowModel *m = x->m;
+  const Rates *r = x->r;
+  double T = x->T, tp = x->tp;
+  if (x->l->recompute != STOW_RECOMPUTE_OP)
+    return;
+  StowMatmul mm[STOW_MAX_LAYER_MATMULS];
+  guint n = stow_mem_layer_matmuls (m, mm);
+  for (guint i = 1; i < n; i += 2) /* the 2nd, 4th, ... */
+    {
+      double in = mm[i].row_parallel ? mm[i].in / tp : mm[i].in;
+      double out = mm[i].row_parallel ? mm[i].out : mm[i].out / tp;
+      double fl = 2 * T * in * out;
+      lc->op_rec_s += gemm_s (r, fl, T, out, in);
+      lc->op_rec_flops += fl * tp;
+    }
+  lc->op_rec_s += lc->fwd_elem_s + lc->fwd_cast_s;
+}
 
-  /* Tensor parallelism: two all-reduces of the layer's output per pass
-   * (attention and MLP), or with sequence parallelism an all-gather and a
-   * reduce-scatter each: the same bytes (Korthikanti et al. §4.2.2).
-   * Megatron-core overlaps them chunk by chunk with the GEMMs beside them
-   * (Transformer Engine userbuffers); Megatron-LM 2021-22 did not. */
-  guint etp = stow_layout_etp (l);
-  gboolean own_etp = moe && m->n_experts > 0 && etp != l->tp;
+/* Tensor parallelism: two all-reduces of the layer's output per pass
+ * (attention and MLP), or with sequence parallelism an all-gather and a
+ * reduce-scatter each: the same bytes (Korthikanti et al. §4.2.2).
+ * Megatron-core overlaps them chunk by chunk with the GEMMs beside them
+ * (Transformer Engine userbuffers); Megatron-LM 2021-22 did not.
+ * @bwd_gemm: the backward's GEMM seconds. */
+static void
+layer_tp_seconds (const LayerShape *x, LayerCost *lc, double bwd_gemm)
+{
+  const StowModel *m = x->m;
+  const StowCluster *c = x->c;
+  const StowLayout *l = x->l;
+  const StowCostOptions *o = x->o;
+  double T = x->T, h = x->h, tp = x->tp, eb = x->eb;
+  guint etp = x->etp;
+  gboolean own_etp = x->own_etp;
   if (l->tp > 1)
     {
       StowLink tl = stow_comm_link (c, o, l->tp, 1);
@@ -561,38 +641,83 @@ layer_cost (const StowModel *m, const StowCluster *c, const StowTraining *t,
       lc->tp_fwd_s += pass;
       lc->tp_bwd_s += pass;
     }
+}
 
-  /* Context parallelism: a ring passes each rank's K and V to the others
-   * (cp - 1 steps), overlapped with the attention of the chunk in hand. */
-  if (l->cp > 1)
-    {
-      StowLink cl = stow_comm_link (c, o, l->cp, l->tp);
-      double kvb = T * kv * (dq + dv) * eb / MAX (1.0, tp > kv ? kv : tp);
-      double comm = (double)(l->cp - 1) * (kvb / cl.bw + cl.lat);
-      lc->cp_fwd_s = MAX (0.0, comm - lc->fwd_attn_s)
-                     + o->overlap_slowdown * MIN (comm, lc->fwd_attn_s);
-    }
+/* Context parallelism: a ring passes each rank's K and V to the others
+ * (cp - 1 steps), overlapped with the attention of the chunk in hand. */
+static void
+layer_cp_seconds (const LayerShape *x, LayerCost *lc)
+{
+  const StowLayout *l = x->l;
+  const StowCostOptions *o = x->o;
+  double T = x->T, kv = x->kv, dq = x->dq, dv = x->dv, tp = x->tp;
+  double eb = x->eb;
+  if (l->cp < 2)
+    return;
+  StowLink cl = stow_comm_link (x->c, o, l->cp, l->tp);
+  double kvb = T * kv * (dq + dv) * eb / MAX (1.0, tp > kv ? kv : tp);
+  double comm = (double)(l->cp - 1) * (kvb / cl.bw + cl.lat);
+  lc->cp_fwd_s = MAX (0.0, comm - lc->fwd_attn_s)
+                 + o->overlap_slowdown * MIN (comm, lc->fwd_attn_s);
+}
 
-  /* Expert parallelism: dispatch and combine all-to-alls, each moving
-   * the routed tokens' hidden states, (ep-1)/ep of them off the GPU. */
-  if (moe && l->ep > 1)
-    {
-      /* ep is carved out of dp x cp (stride tp x cp) while etp = tp;
-       * Megatron-core's own expert grid (tp-ep-dp-pp order, parallel_
-       * state.py) puts it next to the etp ranks otherwise. */
-      guint64 ep_stride = own_etp ? etp : (guint64)l->tp * l->cp;
-      StowLink el = stow_comm_link (c, o, l->ep, ep_stride);
-      double bytes = T * (double)m->experts_per_token * h * eb / tp;
-      lc->ep_fwd_s = 2.0
-                     * ((double)(l->ep - 1) / (double)l->ep * bytes / el.bw
-                        + el.lat * (double)(l->ep - 1));
-    }
+/* Expert parallelism: dispatch and combine all-to-alls, each moving the
+ * routed tokens' hidden states, (ep-1)/ep of them off the GPU. */
+static void
+layer_ep_seconds (const LayerShape *x, LayerCost *lc)
+{
+  const StowModel *m = x->m;
+  const StowLayout *l = x->l;
+  double T = x->T, h = x->h, tp = x->tp, eb = x->eb;
+  guint etp = x->etp;
+  if (!x->moe || l->ep < 2)
+    return;
+  /* ep is carved out of dp x cp (stride tp x cp) while etp = tp;
+   * Megatron-core's own expert grid (tp-ep-dp-pp order, parallel_
+   * state.py) puts it next to the etp ranks otherwise. */
+  guint64 ep_stride = x->own_etp ? etp : (guint64)l->tp * l->cp;
+  StowLink el = stow_comm_link (x->c, x->o, l->ep, ep_stride);
+  double bytes = T * (double)m->experts_per_token * h * eb / tp;
+  lc->ep_fwd_s = 2.0
+                 * ((double)(l->ep - 1) / (double)l->ep * bytes / el.bw
+                    + el.lat * (double)(l->ep - 1));
+}
+
+static void
+layer_cost (const StowModel *m, const StowCluster *c, const StowTraining *t,
+            const StowLayout *l, const StowCostOptions *o, gboolean moe,
+            const Rates *r, LayerCost *lc)
+{
+  LayerShape x;
+  layer_shape_init (&x, m, c, t, l, o, moe, r);
+  gboolean lora = t->finetune != STOW_FINETUNE_FULL;
+  memset (lc, 0, sizeof *lc);
+  layer_gemm_seconds (&x, lc);
+  layer_attention_seconds (&x, lc);
+  layer_memory_bound_seconds (&x, lc);
+  layer_fp8_cast_seconds (&x, lc);
+  layer_op_recompute_seconds (&x, lc);
+
+  /* A forward's compute, and its backward's: two forwards of GEMMs and
+   * memory-bound work (one under LoRA: frozen weights need no weight
+   * gradient), the attention's own backward. */
+  double w = lora ? 1.0 : 2.0;
+  double bwd_gemm = lora ? 0.5 * lc->bwd_gemm_s : lc->bwd_gemm_s;
+  lc->fwd_s = lc->fwd_gemm_s + lc->fwd_attn_s + lc->fwd_elem_s + lc->fwd_cast_s;
+  lc->bwd_s = bwd_gemm + w * lc->fwd_elem_s + lc->bwd_attn_s + lc->bwd_cast_s;
+
+  layer_tp_seconds (&x, lc, bwd_gemm);
+  layer_cp_seconds (&x, lc);
+  layer_ep_seconds (&x, lc);
 
   /* Model FLOPs of the forward for the whole layer (Narayanan et al.
    * eq. 3 counting: 2 x active linear params x tokens + attention). */
-  lc->flops_fwd = (fl_qkv + fl_o + fl_up + fl_down + fl_shared + fl_router) * tp
-                  + fl_attn * tp;
-  lc->attn_flops_fwd = fl_attn * tp;
+  double tp = x.tp;
+  lc->flops_fwd
+      = (x.fl_qkv + x.fl_o + x.fl_up + x.fl_down + x.fl_shared + x.fl_router)
+            * tp
+        + x.fl_attn * tp;
+  lc->attn_flops_fwd = x.fl_attn * tp;
 }
 
 /* One layer's forward and backward for one micro-batch, compute and the
@@ -654,262 +779,344 @@ ends_cost (const StowModel *m, const StowCluster *c, const StowTraining *t,
   out->head_bwd_s = 2.0 * g + To * vn * ce_bwd / hbm;
 }
 
-void
-stow_cost_estimate (const StowModel *m, const StowCluster *c,
-                    const StowTraining *t, const StowLayout *l,
-                    const StowCostOptions *options, StowCost *out)
+/* What the terms of one step's estimate share: the plan, the rates its
+ * kernels run at, the prices of one layer's and of the ends' passes, and
+ * what the stages add up to for one micro-batch (the slowest stage's
+ * where a name ends in _max). */
+typedef struct
 {
-  StowCostOptions defaults;
-  const StowCostOptions *o = options;
-  if (o == NULL)
-    {
-      stow_cost_options_init (&defaults);
-      o = &defaults;
-    }
-  memset (out, 0, sizeof *out);
-  g_return_if_fail (m != NULL && c != NULL && t != NULL && l != NULL);
-
-  const StowGpu *gpu = &c->node.gpu;
+  const StowModel *m;
+  const StowCluster *c;
+  const StowTraining *t;
+  const StowLayout *l;
+  const StowCostOptions *o;
+  const StowGpu *gpu;
   Rates rates;
-  rates_init (gpu, t, o, &rates);
-  double peak = rates.peak;
-  double eb = elem_bytes (t->precision);
-  double hbm = gpu->hbm_bw * o->hbm_eff;
-  guint per_node = MAX (c->node.gpus_per_node, 1);
-  guint64 mb = MAX (l->grad_accum, 1);
-  double v = l->schedule == STOW_SCHEDULE_INTERLEAVED ? MAX (l->vpp, 1) : 1;
-  double s = (double)t->seq_len, sl = s / l->cp;
-  double T = sl * (double)l->micro_batch;
-  double h = (double)m->hidden, V = (double)m->vocab;
-  gboolean lora = t->finetune != STOW_FINETUNE_FULL;
-  gboolean any_moe = m->n_experts > 0;
-
+  double eb;  /* bytes per element of the activations and weights */
+  double hbm; /* memory-bound kernels' bandwidth, bytes/s */
+  guint per_node;
+  guint64 mb; /* micro-batches per step */
+  double v;   /* model chunks per stage: interleaving shortens the bubble */
+  double s, T, h, V; /* sequence, a micro-batch's tokens on a GPU, hidden,
+                        vocabulary */
+  gboolean lora;
+  guint64 n_shard; /* ZeRO's shard degree */
   StowEndsSeconds ends;
-  ends_cost (m, c, t, l, o, &rates, &ends);
   LayerCost dense, moe;
-  layer_cost (m, c, t, l, o, FALSE, &rates, &dense);
-  if (any_moe)
-    layer_cost (m, c, t, l, o, TRUE, &rates, &moe);
-  else
-    moe = dense;
-
-  /* Recomputation: full repeats a layer's forward (with its TP
-   * communication) for the recomputed layers; selective repeats the
-   * attention core only (Korthikanti et al. §5). */
-  guint64 counts_stack[512];
-  g_autofree guint64 *counts_heap = NULL;
-  guint64 *counts = counts_stack;
-  if (l->pp > G_N_ELEMENTS (counts_stack))
-    counts = counts_heap = g_new0 (guint64, l->pp);
-  stow_layout_stage_layers (l, m->n_layers, counts);
+  const guint64 *counts; /* layers per stage */
 
   /* Per stage, one micro-batch: components of forward + backward. */
-  double t_max = 0, t_sum = 0;
-  double comp_max[STOW_N_COSTS] = { 0 };
-  double tp_total_max = 0; /* the slowest stage's TP traffic, hidden or not */
-  double stage_fwd_max = 0, stage_bwd_max = 0, stage_params_max = 0;
-  guint64 stage_layers_max = 0;
-  double expert_params_max = 0;
-  double model_fwd_flops = 0; /* one micro-batch of one replica, all layers */
-  double recompute_flops = 0;
-  double act_offload_s = 0;
-  double param_stream_s = 0, param_stream_total_s = 0;
-  guint64 first = 0;
+  double t_max, t_sum;
+  double comp_max[STOW_N_COSTS];
+  double tp_total_max; /* the slowest stage's TP traffic, hidden or not */
+  double stage_fwd_max, stage_bwd_max, stage_params_max;
+  guint64 stage_layers_max;
+  double expert_params_max;
+  double model_fwd_flops; /* one micro-batch of one replica, all layers */
+  double recompute_flops;
+  double act_offload_s;
+  double param_stream_s, param_stream_total_s;
+  double pp_time; /* the pipeline: steady state and bubble */
+
+  /* The model states' bytes per parameter (state_bytes) and the
+   * parameters the gradients and the optimizer step cover. */
+  double w_b, g_b, master, states, grad_b;
+  double trainable, ex_trainable;
+} Estimate;
+
+/* One stage, one micro-batch. */
+typedef struct
+{
+  double comp[STOW_N_COSTS];
+  double tp_total;
+  double fwd, bwd, params, expert_params;
+} StageCost;
+
+static void
+estimate_init (Estimate *E, const StowModel *m, const StowCluster *c,
+               const StowTraining *t, const StowLayout *l,
+               const StowCostOptions *o)
+{
+  memset (E, 0, sizeof *E);
+  E->m = m, E->c = c, E->t = t, E->l = l, E->o = o;
+  E->gpu = &c->node.gpu;
+  rates_init (E->gpu, t, o, &E->rates);
+  E->eb = elem_bytes (t->precision);
+  E->hbm = E->gpu->hbm_bw * o->hbm_eff;
+  E->per_node = MAX (c->node.gpus_per_node, 1);
+  E->mb = MAX (l->grad_accum, 1);
+  E->v = l->schedule == STOW_SCHEDULE_INTERLEAVED ? MAX (l->vpp, 1) : 1;
+  double s = (double)t->seq_len, sl = s / l->cp;
+  E->s = s;
+  E->T = sl * (double)l->micro_batch;
+  E->h = (double)m->hidden, E->V = (double)m->vocab;
+  E->lora = t->finetune != STOW_FINETUNE_FULL;
+  gboolean any_moe = m->n_experts > 0;
+
+  ends_cost (m, c, t, l, o, &E->rates, &E->ends);
+  layer_cost (m, c, t, l, o, FALSE, &E->rates, &E->dense);
+  if (any_moe)
+    layer_cost (m, c, t, l, o, TRUE, &E->rates, &E->moe);
+  else
+    E->moe = E->dense;
+
+  guint per_node = E->per_node;
   guint64 n_shard = (guint64)l->dp * l->cp;
   if (l->hybrid_shard) /* shards inside a node, as the memory model has it */
     n_shard = MIN ((guint64)l->dp, MAX (1, per_node / ((guint64)l->tp * l->cp)))
               * l->cp;
-  for (guint st = 0; st < l->pp; st++)
+  E->n_shard = n_shard;
+}
+
+/* Stage @st's layers by kind (0 dense, 1 MoE): how many, how many of them
+ * recomputed (the first @n_rec), their parameters. */
+static void
+stage_layer_kinds (const Estimate *E, guint st, guint64 first, guint64 n_rec,
+                   guint64 nk[2], guint64 nr[2], double lpk[2])
+{
+  const StowModel *m = E->m;
+  const guint64 *counts = E->counts;
+  const StowCostPrep *pr = E->o->prep;
+  if (pr != NULL && pr->model == m && pr->n_layers == m->n_layers)
     {
-      double comp[STOW_N_COSTS] = { 0 };
-      double tp_total = 0;
-      double fwd = 0, bwd = 0, params = 0, expert_params = 0;
-      guint64 n_rec = 0;
-      if (l->recompute == STOW_RECOMPUTE_FULL)
-        n_rec = stow_layout_recomputed_layers (l, m->n_layers, counts[st]);
-      /* Count the stage's layers by kind (recomputed ones are the first
-       * n_rec), then price each kind once. */
-      guint64 nk[2] = { 0, 0 }, nr[2] = { 0, 0 };
-      double lpk[2] = { 0, 0 };
-      const StowCostPrep *pr = o->prep;
-      if (pr != NULL && pr->model == m && pr->n_layers == m->n_layers)
+      guint64 a = first, z = first + counts[st], r = first + n_rec;
+      nk[1] = pr->moe_prefix[z] - pr->moe_prefix[a];
+      nk[0] = counts[st] - nk[1];
+      nr[1] = pr->moe_prefix[r] - pr->moe_prefix[a];
+      nr[0] = n_rec - nr[1];
+      lpk[1] = pr->moe_params_prefix[z] - pr->moe_params_prefix[a];
+      lpk[0] = pr->params_prefix[z] - pr->params_prefix[a] - lpk[1];
+    }
+  else
+    for (guint64 i = first; i < first + counts[st]; i++)
+      {
+        int k = m->layers[i].is_moe ? 1 : 0;
+        nk[k]++;
+        nr[k] += (i - first) < n_rec;
+        lpk[k] += (double)m->layers[i].params;
+      }
+}
+
+/* ZeRO-Infinity parameter streaming: each rank fetches its shard of the
+ * layer over PCIe (or from NVMe) once per forward and once per backward;
+ * two layers prefetched, so only a layer whose transfer outlasts its
+ * compute is exposed.  Layers the plan keeps resident (planner/
+ * resident.c) are not fetched.  @n layers of stage @st priced @lc, with
+ * @lp parameters. */
+static void
+param_stream (Estimate *E, const LayerCost *lc, guint st, double n, double lp)
+{
+  const StowCluster *c = E->c;
+  const StowLayout *l = E->l;
+  const StowCostOptions *o = E->o;
+  const guint64 *counts = E->counts;
+  double f = lc->fwd_s;
+  guint64 kept = l->resident_layers == STOW_RESIDENT_AUTO
+                         || l->engine != STOW_ENGINE_STOWAGE
+                     ? 0
+                     : MIN ((guint64)l->resident_layers, counts[st]);
+  double streamed = n * (double)(counts[st] - kept) / (double)counts[st];
+  double bw = E->gpu->pcie_bw;
+  if (l->offload_params == STOW_OFFLOAD_NVME)
+    {
+      double rd = 0;
+      for (guint q = 0; q < c->node.n_nvme; q++)
+        rd += c->node.nvme[q].read_bw;
+      bw = MIN (bw, rd > 0 ? rd / E->per_node : 1e9);
+    }
+  double shard = lp / n / l->tp / (double)MAX (E->n_shard, 1) * E->eb;
+  double x = shard / bw;
+  double fetch = l->offload_params == STOW_OFFLOAD_NVME ? o->nvme_fetch_s
+                                                        : o->offload_fetch_s;
+  E->param_stream_total_s += streamed * 2.0 * (x + fetch);
+  E->param_stream_s
+      += streamed * (MAX (0.0, x - f) + MAX (0.0, x - lc->bwd_s) + 2.0 * fetch);
+}
+
+/* Stage @st's layers (the model's from @first), each kind priced once. */
+static void
+stage_layers (Estimate *E, guint st, guint64 first, StageCost *S)
+{
+  const StowModel *m = E->m;
+  const StowLayout *l = E->l;
+  const guint64 *counts = E->counts;
+  double *comp = S->comp;
+  guint64 n_rec = 0;
+  if (l->recompute == STOW_RECOMPUTE_FULL)
+    n_rec = stow_layout_recomputed_layers (l, m->n_layers, counts[st]);
+  /* Count the stage's layers by kind (recomputed ones are the first
+   * n_rec), then price each kind once. */
+  guint64 nk[2] = { 0, 0 }, nr[2] = { 0, 0 };
+  double lpk[2] = { 0, 0 };
+  stage_layer_kinds (E, st, first, n_rec, nk, nr, lpk);
+  for (int k = 0; k < 2; k++)
+    {
+      if (nk[k] == 0)
+        continue;
+      const LayerCost *lc = k ? &E->moe : &E->dense;
+      double n = (double)nk[k], n_full = (double)nr[k];
+      double f = lc->fwd_s;
+      comp[STOW_COST_COMPUTE] += n * (lc->fwd_s + lc->bwd_s);
+      comp[STOW_COST_TP] += n * (lc->tp_fwd_s + lc->tp_bwd_s);
+      S->tp_total += (2.0 * n + n_full) * lc->tp_pass_s;
+      comp[STOW_COST_CP] += n * 3.0 * lc->cp_fwd_s;
+      comp[STOW_COST_EP] += n * 2.0 * lc->ep_fwd_s;
+      E->model_fwd_flops += n * lc->flops_fwd;
+      /* Recomputation: full repeats a layer's forward (with its TP
+       * communication) for the recomputed layers; selective repeats the
+       * attention core only (Korthikanti et al. §5). */
+      comp[STOW_COST_RECOMPUTE] += n_full * f;
+      comp[STOW_COST_TP] += n_full * lc->tp_fwd_s;
+      comp[STOW_COST_CP] += n_full * lc->cp_fwd_s;
+      comp[STOW_COST_EP] += n_full * lc->ep_fwd_s;
+      E->recompute_flops += n_full * lc->flops_fwd;
+      if (l->recompute == STOW_RECOMPUTE_SELECTIVE)
         {
-          guint64 a = first, z = first + counts[st], r = first + n_rec;
-          nk[1] = pr->moe_prefix[z] - pr->moe_prefix[a];
-          nk[0] = counts[st] - nk[1];
-          nr[1] = pr->moe_prefix[r] - pr->moe_prefix[a];
-          nr[0] = n_rec - nr[1];
-          lpk[1] = pr->moe_params_prefix[z] - pr->moe_params_prefix[a];
-          lpk[0] = pr->params_prefix[z] - pr->params_prefix[a] - lpk[1];
+          comp[STOW_COST_RECOMPUTE] += n * (lc->fwd_attn_s + lc->core_elem_s);
+          E->recompute_flops += n * lc->attn_flops_fwd;
+        }
+      if (l->recompute == STOW_RECOMPUTE_OP)
+        {
+          comp[STOW_COST_RECOMPUTE] += n * lc->op_rec_s;
+          E->recompute_flops += n * lc->op_rec_flops;
+        }
+      double pass_fwd, pass_bwd;
+      layer_pass_seconds (lc, &pass_fwd, &pass_bwd);
+      S->fwd += n * pass_fwd;
+      S->bwd += n * pass_bwd;
+      /* Parameters on this GPU: experts split over ep and tp. */
+      double lp = lpk[k];
+      if (k == 1 && m->n_experts > 0)
+        {
+          double ex = (double)m->by_role[STOW_ROLE_EXPERT]
+                      / (double)MAX (m->n_layers - m->first_dense_layers, 1)
+                      * n;
+          ex = MIN (ex, lp);
+          S->params += (lp - ex) / l->tp;
+          S->expert_params
+              += ex / ((double)l->ep * (double)stow_layout_etp (l));
         }
       else
-        for (guint64 i = first; i < first + counts[st]; i++)
-          {
-            int k = m->layers[i].is_moe ? 1 : 0;
-            nk[k]++;
-            nr[k] += (i - first) < n_rec;
-            lpk[k] += (double)m->layers[i].params;
-          }
-      for (int k = 0; k < 2; k++)
+        S->params += lp / l->tp;
+      /* Activation checkpoints to the host: down in forward, up in
+       * backward, overlapped with the layer's compute (exposed only
+       * when the copy outlasts it). */
+      if (l->offload_activations && n_full > 0)
         {
-          if (nk[k] == 0)
-            continue;
-          const LayerCost *lc = k ? &moe : &dense;
-          double n = (double)nk[k], n_full = (double)nr[k];
-          double f = lc->fwd_s;
-          comp[STOW_COST_COMPUTE] += n * (lc->fwd_s + lc->bwd_s);
-          comp[STOW_COST_TP] += n * (lc->tp_fwd_s + lc->tp_bwd_s);
-          tp_total += (2.0 * n + n_full) * lc->tp_pass_s;
-          comp[STOW_COST_CP] += n * 3.0 * lc->cp_fwd_s;
-          comp[STOW_COST_EP] += n * 2.0 * lc->ep_fwd_s;
-          model_fwd_flops += n * lc->flops_fwd;
-          comp[STOW_COST_RECOMPUTE] += n_full * f;
-          comp[STOW_COST_TP] += n_full * lc->tp_fwd_s;
-          comp[STOW_COST_CP] += n_full * lc->cp_fwd_s;
-          comp[STOW_COST_EP] += n_full * lc->ep_fwd_s;
-          recompute_flops += n_full * lc->flops_fwd;
-          if (l->recompute == STOW_RECOMPUTE_SELECTIVE)
-            {
-              comp[STOW_COST_RECOMPUTE]
-                  += n * (lc->fwd_attn_s + lc->core_elem_s);
-              recompute_flops += n * lc->attn_flops_fwd;
-            }
-          if (l->recompute == STOW_RECOMPUTE_OP)
-            {
-              comp[STOW_COST_RECOMPUTE] += n * lc->op_rec_s;
-              recompute_flops += n * lc->op_rec_flops;
-            }
-          double pass_fwd, pass_bwd;
-          layer_pass_seconds (lc, &pass_fwd, &pass_bwd);
-          fwd += n * pass_fwd;
-          bwd += n * pass_bwd;
-          /* Parameters on this GPU: experts split over ep and tp. */
-          double lp = lpk[k];
-          if (k == 1 && m->n_experts > 0)
-            {
-              double ex = (double)m->by_role[STOW_ROLE_EXPERT]
-                          / (double)MAX (m->n_layers - m->first_dense_layers, 1)
-                          * n;
-              ex = MIN (ex, lp);
-              params += (lp - ex) / l->tp;
-              expert_params
-                  += ex / ((double)l->ep * (double)stow_layout_etp (l));
-            }
-          else
-            params += lp / l->tp;
-          /* Activation checkpoints to the host: down in forward, up in
-           * backward, overlapped with the layer's compute (exposed only
-           * when the copy outlasts it). */
-          if (l->offload_activations && n_full > 0)
-            {
-              double ck = 2.0 * T * h / (l->sp ? l->tp : 1);
-              act_offload_s += n_full * 2.0 * MAX (0.0, ck / gpu->pcie_bw - f);
-            }
-          /* ZeRO-Infinity parameter streaming: each rank fetches its shard
-           * of the layer over PCIe (or from NVMe) once per forward and once
-           * per backward; two layers prefetched, so only a layer whose
-           * transfer outlasts its compute is exposed.  Layers the plan
-           * keeps resident (planner/resident.c) are not fetched. */
-          if (l->offload_params != STOW_OFFLOAD_NONE)
-            {
-              guint64 kept = l->resident_layers == STOW_RESIDENT_AUTO
-                                     || l->engine != STOW_ENGINE_STOWAGE
-                                 ? 0
-                                 : MIN ((guint64)l->resident_layers,
-                                        counts[st]);
-              double streamed
-                  = n * (double)(counts[st] - kept) / (double)counts[st];
-              double bw = gpu->pcie_bw;
-              if (l->offload_params == STOW_OFFLOAD_NVME)
-                {
-                  double rd = 0;
-                  for (guint q = 0; q < c->node.n_nvme; q++)
-                    rd += c->node.nvme[q].read_bw;
-                  bw = MIN (bw, rd > 0 ? rd / per_node : 1e9);
-                }
-              double shard = lp / n / l->tp / (double)MAX (n_shard, 1) * eb;
-              double x = shard / bw;
-              double fetch = l->offload_params == STOW_OFFLOAD_NVME
-                                 ? o->nvme_fetch_s
-                                 : o->offload_fetch_s;
-              param_stream_total_s += streamed * 2.0 * (x + fetch);
-              param_stream_s += streamed
-                                * (MAX (0.0, x - f) + MAX (0.0, x - lc->bwd_s)
-                                   + 2.0 * fetch);
-            }
+          double ck = 2.0 * E->T * E->h / (l->sp ? l->tp : 1);
+          E->act_offload_s
+              += n_full * 2.0 * MAX (0.0, ck / E->gpu->pcie_bw - f);
         }
-      /* Embedding (first stage) and output layer + loss (last stage). */
-      if (st == 0)
-        {
-          comp[STOW_COST_COMPUTE]
-              += ends.embedding_fwd_s + ends.embedding_bwd_s;
-          fwd += ends.embedding_fwd_s, bwd += ends.embedding_bwd_s;
-          params += (double)m->embedding_params / l->tp;
-          comp[STOW_COST_TP] += ends.embedding_tp_s;
-          tp_total += ends.embedding_tp_s;
-        }
-      if (st + 1 == l->pp)
-        {
-          comp[STOW_COST_COMPUTE] += ends.head_fwd_s + ends.head_bwd_s;
-          fwd += ends.head_fwd_s, bwd += ends.head_bwd_s;
-          model_fwd_flops += 2.0 * T * h * V;
-          params += (double)(m->head_params
-                                 ? m->head_params
-                                 : (l->pp > 1 ? m->vocab * m->hidden : 0))
-                    / l->tp;
-        }
+      if (l->offload_params != STOW_OFFLOAD_NONE)
+        param_stream (E, lc, st, n, lp);
+    }
+}
+
+/* Embedding (first stage) and output layer + loss (last stage). */
+static void
+stage_ends (Estimate *E, guint st, StageCost *S)
+{
+  const StowModel *m = E->m;
+  const StowLayout *l = E->l;
+  const StowEndsSeconds *ends = &E->ends;
+  double *comp = S->comp;
+  if (st == 0)
+    {
+      comp[STOW_COST_COMPUTE] += ends->embedding_fwd_s + ends->embedding_bwd_s;
+      S->fwd += ends->embedding_fwd_s, S->bwd += ends->embedding_bwd_s;
+      S->params += (double)m->embedding_params / l->tp;
+      comp[STOW_COST_TP] += ends->embedding_tp_s;
+      S->tp_total += ends->embedding_tp_s;
+    }
+  if (st + 1 == l->pp)
+    {
+      comp[STOW_COST_COMPUTE] += ends->head_fwd_s + ends->head_bwd_s;
+      S->fwd += ends->head_fwd_s, S->bwd += ends->head_bwd_s;
+      E->model_fwd_flops += 2.0 * E->T * E->h * E->V;
+      S->params
+          += (double)(m->head_params ? m->head_params
+                                     : (l->pp > 1 ? m->vocab * m->hidden : 0))
+             / l->tp;
+    }
+}
+
+/* Every stage's micro-batch; the slowest one's terms. */
+static void
+price_stages (Estimate *E)
+{
+  const StowLayout *l = E->l;
+  const guint64 *counts = E->counts;
+  guint64 first = 0;
+  for (guint st = 0; st < l->pp; st++)
+    {
+      StageCost S = { { 0 } };
+      stage_layers (E, st, first, &S);
+      stage_ends (E, st, &S);
       double total = 0;
       for (int k = 0; k < STOW_N_COSTS; k++)
-        total += comp[k];
-      t_sum += total;
-      if (total > t_max)
+        total += S.comp[k];
+      E->t_sum += total;
+      if (total > E->t_max)
         {
-          t_max = total;
-          memcpy (comp_max, comp, sizeof comp);
-          tp_total_max = tp_total;
-          stage_fwd_max = fwd;
-          stage_bwd_max = bwd;
+          E->t_max = total;
+          memcpy (E->comp_max, S.comp, sizeof S.comp);
+          E->tp_total_max = S.tp_total;
+          E->stage_fwd_max = S.fwd;
+          E->stage_bwd_max = S.bwd;
         }
-      stage_params_max = MAX (stage_params_max, params);
-      stage_layers_max = MAX (stage_layers_max, counts[st]);
-      expert_params_max = MAX (expert_params_max, expert_params);
+      E->stage_params_max = MAX (E->stage_params_max, S.params);
+      E->stage_layers_max = MAX (E->stage_layers_max, counts[st]);
+      E->expert_params_max = MAX (E->expert_params_max, S.expert_params);
       first += counts[st];
     }
   /* model_fwd_flops summed every stage's layers once: the whole model. */
+}
 
-  /* Pipeline: m micro-batches through the slowest stage, plus the fill
-   * and drain through the others, shortened v-fold by interleaving
-   * (Narayanan et al. 2021: bubble (p-1)/(v m)). */
-  double steady = (double)mb * t_max;
-  double bubble = (t_sum - t_max) / v;
+/* Pipeline: m micro-batches through the slowest stage, plus the fill and
+ * drain through the others, shortened v-fold by interleaving (Narayanan
+ * et al. 2021: bubble (p-1)/(v m)). */
+static void
+pipeline_terms (Estimate *E, StowCost *out)
+{
+  const StowLayout *l = E->l;
+  guint64 mb = E->mb;
+  double steady = (double)mb * E->t_max;
+  double bubble = (E->t_sum - E->t_max) / E->v;
   if (l->schedule == STOW_SCHEDULE_GPIPE)
-    bubble = t_sum - t_max;
+    bubble = E->t_sum - E->t_max;
   for (int k = 0; k < STOW_N_COSTS; k++)
-    out->total_s[k] = out->exposed_s[k] = (double)mb * comp_max[k];
-  out->total_s[STOW_COST_TP] = (double)mb * tp_total_max;
+    out->total_s[k] = out->exposed_s[k] = (double)mb * E->comp_max[k];
+  out->total_s[STOW_COST_TP] = (double)mb * E->tp_total_max;
   out->total_s[STOW_COST_PP_BUBBLE] = out->exposed_s[STOW_COST_PP_BUBBLE]
       = bubble;
-  double pp_time = steady + bubble;
+  E->pp_time = steady + bubble;
+}
 
-  /* Point-to-point: the activation (or its gradient) of one micro-batch
-   * crosses each stage boundary; Megatron's scatter-gather sends 1/tp of
-   * it per rank.  Sends are blocking in Megatron's 1F1B steady state: two
-   * per micro-batch and chunk, plus the fill and drain hops.  Megatron-
-   * core's interleaved schedule posts them ahead and computes meanwhile
-   * (overlap_p2p_comm, on by default): only the fill and drain hops, on
-   * the critical path, show, and the slowdown of the rest.  Interleaved,
-   * the fill is the first micro-batch's forward through all v·p model
-   * chunks in turn and the drain the last one's backward back, each
-   * chunk waiting for its predecessor's send: 2 (v p - 1) hops, not
-   * 2 (p - 1) (interleaving multiplies the communication by v, Narayanan
-   * et al. 2021 §2.2; an event simulation of core_r0.8's
-   * forward_backward_pipelining_with_interleaving gives exactly this
-   * while a hop is shorter than a chunk's forward). */
+/* Point-to-point: the activation (or its gradient) of one micro-batch
+ * crosses each stage boundary; Megatron's scatter-gather sends 1/tp of
+ * it per rank.  Sends are blocking in Megatron's 1F1B steady state: two
+ * per micro-batch and chunk, plus the fill and drain hops.  Megatron-
+ * core's interleaved schedule posts them ahead and computes meanwhile
+ * (overlap_p2p_comm, on by default): only the fill and drain hops, on
+ * the critical path, show, and the slowdown of the rest.  Interleaved,
+ * the fill is the first micro-batch's forward through all v·p model
+ * chunks in turn and the drain the last one's backward back, each
+ * chunk waiting for its predecessor's send: 2 (v p - 1) hops, not
+ * 2 (p - 1) (interleaving multiplies the communication by v, Narayanan
+ * et al. 2021 §2.2; an event simulation of core_r0.8's
+ * forward_backward_pipelining_with_interleaving gives exactly this
+ * while a hop is shorter than a chunk's forward). */
+static void
+p2p_terms (const Estimate *E, StowCost *out)
+{
+  const StowLayout *l = E->l;
+  const StowCostOptions *o = E->o;
+  double v = E->v;
   if (l->pp > 1)
     {
-      double one = stow_cost_p2p_seconds (c, o, T * h * eb / l->tp,
+      double one = stow_cost_p2p_seconds (E->c, o, E->T * E->h * E->eb / l->tp,
                                           (guint64)l->tp * l->cp * l->dp);
-      double n = 2.0 * ((double)mb * v + (double)l->pp - 1.0);
+      double n = 2.0 * ((double)E->mb * v + (double)l->pp - 1.0);
       double total = n * one, exposed = total;
       gboolean overlap = v > 1 && mcore_default (o->p2p_overlap, l->engine);
       if (overlap)
@@ -920,21 +1127,39 @@ stow_cost_estimate (const StowModel *m, const StowCluster *c,
       out->total_s[STOW_COST_PP_P2P] = total;
       out->exposed_s[STOW_COST_PP_P2P] = exposed;
     }
+}
 
-  /* Data parallelism and ZeRO over the dp x cp replicas (stride tp). */
+/* The bytes per parameter of the model states under this engine, as
+ * memory.c holds them: the gradients are reduced in their own dtype
+ * (Megatron-LM's fp32 main grads, NeMo's at --zero 0 too; NeMo's
+ * distributed Adam's bf16; FSDP's and autocast's fp32), and the step
+ * reads and writes the engine's master and states. */
+static void
+state_bytes (Estimate *E)
+{
+  stow_mem_engine_state_bytes (E->m, E->t, E->l, &E->w_b, &E->g_b, &E->master,
+                               &E->states);
+  E->grad_b = E->lora ? E->eb : E->g_b;
+  E->trainable = E->lora ? 0.01 * E->stage_params_max : E->stage_params_max;
+  E->ex_trainable = E->lora ? 0 : E->expert_params_max;
+}
+
+/* Data parallelism and ZeRO over the dp x cp replicas (stride tp). */
+static void
+dp_terms (const Estimate *E, StowCost *out)
+{
+  const StowCluster *c = E->c;
+  const StowLayout *l = E->l;
+  const StowCostOptions *o = E->o;
+  guint64 mb = E->mb, n_shard = E->n_shard;
+  double v = E->v, eb = E->eb;
   guint64 ndp = (guint64)l->dp * l->cp;
   guint64 stride = l->tp;
-  /* The bytes per parameter of the model states under this engine, as
-   * memory.c holds them: the gradients are reduced in their own dtype
-   * (Megatron-LM's fp32 main grads, NeMo's at --zero 0 too; NeMo's
-   * distributed Adam's bf16; FSDP's and autocast's fp32), and the step
-   * reads and writes the engine's master and states. */
-  double w_b, g_b, master, states;
-  stow_mem_engine_state_bytes (m, t, l, &w_b, &g_b, &master, &states);
-  double grad_b = lora ? eb : g_b;
-  double trainable = lora ? 0.01 * stage_params_max : stage_params_max;
-  double ex_trainable = lora ? 0 : expert_params_max;
-  double mb_fwd = stage_fwd_max, mb_bwd = stage_bwd_max;
+  double grad_b = E->grad_b;
+  double trainable = E->trainable, ex_trainable = E->ex_trainable;
+  double stage_params_max = E->stage_params_max;
+  double expert_params_max = E->expert_params_max;
+  double mb_fwd = E->stage_fwd_max, mb_bwd = E->stage_bwd_max;
   double dp_total = 0, dp_exposed = 0;
   if (ndp > 1)
     {
@@ -944,7 +1169,7 @@ stow_cost_estimate (const StowModel *m, const StowCluster *c,
       guint64 ex_stride = (guint64)stow_layout_etp (l) * MAX (l->ep, 1);
       /* How many collectives carry them, each paying NCCL's latency: the
        * experts' go in buckets of their own, over their own group. */
-      guint64 nl = stage_layers_max;
+      guint64 nl = E->stage_layers_max;
       double n_g = stow_comm_dp_buckets (l, ndp, trainable, grad_b, v, nl);
       double n_w = stow_comm_dp_buckets (l, ndp, stage_params_max, eb, v, nl);
       double ne_g = stow_comm_dp_buckets (l, ex_n, ex_trainable, grad_b, v, nl);
@@ -1011,15 +1236,107 @@ stow_cost_estimate (const StowModel *m, const StowCluster *c,
   out->total_s[STOW_COST_DP] = dp_total;
   out->exposed_s[STOW_COST_DP]
       = dp_exposed + o->overlap_slowdown * (dp_total - dp_exposed);
+}
 
-  /* The optimizer step.  Each GPU updates its shard (ZeRO >= 1): the
-   * routed experts' only over their expert-data-parallel group, as the
-   * memory model holds them (planner/memory.c, sharded_params). */
+/* ZeRO-Offload: gradients go down as each micro-batch's backward
+ * produces them, updated parameters come up after the CPU step (and the
+ * states through the drives, from NVMe).  @opt_params: the parameters
+ * this GPU updates; @comp_step: the step's compute, under which a
+ * delayed update hides. */
+static void
+offload_optimizer_terms (const Estimate *E, StowCost *out, double opt_params,
+                         double comp_step)
+{
+  const StowModel *m = E->m;
+  const StowCluster *c = E->c;
+  const StowLayout *l = E->l;
+  const StowCostOptions *o = E->o;
+  const StowGpu *gpu = E->gpu;
+  guint per_node = E->per_node;
+  guint64 mb = E->mb, stage_layers_max = E->stage_layers_max;
+  double eb = E->eb, master = E->master, states = E->states;
+  double mb_bwd = E->stage_bwd_max, stage_params_max = E->stage_params_max;
+  double down = opt_params * eb / gpu->pcie_bw;
+  double up = opt_params * eb / gpu->pcie_bw;
+  double cpu = (double)per_node * opt_params
+               * (o->cpu_adam_bytes_per_param * (states + master) / 12.0)
+               / MAX (c->node.host_mem_bw, 1e9);
+  double nvme = 0, phase = cpu;
+  if (l->offload_optimizer == STOW_OFFLOAD_NVME)
+    {
+      /* master weights and states (12 B for Adam) read and written
+       * per step through the node's drives, pipelined with the CPU
+       * update (read i+1, update i, write i-1).  A drive's reads and
+       * writes share its queue, the busiest drive sets the pace, and
+       * the update overlaps: core/drives.h, the rule the simulator
+       * and `stowage bench swapper` use too. */
+      double bytes = (double)per_node * opt_params * (master + states);
+      StowDriveSeconds drives[MAX (c->node.n_nvme, 1)];
+      guint nd = stow_cost_nvme_drive_seconds (&c->node, bytes, bytes, drives);
+      nvme = stow_drives_io_s (drives, nd, NULL);
+      phase = stow_drives_step_bound_s (drives, nd, cpu, NULL);
+    }
+  out->total_s[STOW_COST_OFFLOAD_PCIE] = (double)mb * down + up;
+  out->total_s[STOW_COST_CPU_OPTIMIZER] = cpu;
+  out->total_s[STOW_COST_NVME] = nvme;
+  double down_exposed = (double)mb * MAX (0.0, down - mb_bwd);
+  if (o->delayed_update)
+    {
+      /* One-step delayed update (ZeRO-Offload §4.3): the CPU step and
+       * the upload run under the next step's forward and backward. */
+      double hidden = MAX (0.0, phase + up - comp_step);
+      out->exposed_s[STOW_COST_OFFLOAD_PCIE] = down_exposed;
+      out->exposed_s[STOW_COST_CPU_OPTIMIZER]
+          = phase > 0 ? hidden * cpu / (phase + up) : 0;
+      out->exposed_s[STOW_COST_NVME]
+          = phase > 0 ? hidden * (phase - cpu) / (phase + up) : 0;
+      out->exposed_s[STOW_COST_OFFLOAD_PCIE] += hidden * up / (phase + up);
+    }
+  else if (l->engine == STOW_ENGINE_STOWAGE
+           && l->offload_optimizer == STOW_OFFLOAD_CPU)
+    {
+      /* Our engine updates each layer's shard as soon as the last
+       * micro-batch's backward has brought its gradients down, and
+       * uploads it when done (the step program's lowering): the CPU
+       * step hides behind that backward, but not the update of the
+       * unit whose gradients come last (the first stage's embedding,
+       * a third of a small model), nor its upload. */
+      double units = (double)MAX (stage_layers_max, 1);
+      double window = mb_bwd * (1.0 - 1.0 / units);
+      double last = 1.0 / units;
+      if (stage_params_max > 0)
+        last = MAX (last,
+                    (double)m->embedding_params / l->tp / stage_params_max);
+      last = MIN (last, 1.0);
+      out->exposed_s[STOW_COST_OFFLOAD_PCIE] = down_exposed + up * last;
+      out->exposed_s[STOW_COST_CPU_OPTIMIZER] = MAX (cpu * last, cpu - window);
+    }
+  else
+    {
+      /* DeepSpeed (and our NVMe swapper) step after the backward:
+       * ZeRO-Infinity lists the optimizer states as not overlapped. */
+      out->exposed_s[STOW_COST_OFFLOAD_PCIE] = down_exposed + up;
+      out->exposed_s[STOW_COST_CPU_OPTIMIZER] = cpu;
+      out->exposed_s[STOW_COST_NVME] = phase - cpu;
+    }
+}
+
+/* The optimizer step.  Each GPU updates its shard (ZeRO >= 1): the
+ * routed experts' only over their expert-data-parallel group, as the
+ * memory model holds them (planner/memory.c, sharded_params). */
+static void
+optimizer_terms (const Estimate *E, StowCost *out)
+{
+  const StowLayout *l = E->l;
+  guint64 n_shard = E->n_shard;
+  double eb = E->eb, hbm = E->hbm, grad_b = E->grad_b;
+  double w_b = E->w_b, master = E->master, states = E->states;
+  double trainable = E->trainable, ex_trainable = E->ex_trainable;
   double shard_div = l->zero >= 1 ? (double)MAX (n_shard, 1) : 1.0;
   double ex_shard_div
       = l->zero >= 1 ? (double)stow_layout_expert_dp (l, n_shard) : 1.0;
   double opt_params = trainable / shard_div + ex_trainable / ex_shard_div;
-  double comp_step = pp_time + out->exposed_s[STOW_COST_PP_P2P];
+  double comp_step = E->pp_time + out->exposed_s[STOW_COST_PP_P2P];
   if (l->offload_optimizer == STOW_OFFLOAD_NONE)
     {
       /* master weights and states read and written, the gradient read,
@@ -1031,87 +1348,37 @@ stow_cost_estimate (const StowModel *m, const StowCluster *c,
           = opt_params * bytes / hbm;
     }
   else
-    {
-      /* ZeRO-Offload: gradients go down as each micro-batch's backward
-       * produces them, updated parameters come up after the CPU step. */
-      double down = opt_params * eb / gpu->pcie_bw;
-      double up = opt_params * eb / gpu->pcie_bw;
-      double cpu = (double)per_node * opt_params
-                   * (o->cpu_adam_bytes_per_param * (states + master) / 12.0)
-                   / MAX (c->node.host_mem_bw, 1e9);
-      double nvme = 0, phase = cpu;
-      if (l->offload_optimizer == STOW_OFFLOAD_NVME)
-        {
-          /* master weights and states (12 B for Adam) read and written
-           * per step through the node's drives, pipelined with the CPU
-           * update (read i+1, update i, write i-1).  A drive's reads and
-           * writes share its queue, the busiest drive sets the pace, and
-           * the update overlaps: core/drives.h, the rule the simulator
-           * and `stowage bench swapper` use too. */
-          double bytes = (double)per_node * opt_params * (master + states);
-          StowDriveSeconds drives[MAX (c->node.n_nvme, 1)];
-          guint nd
-              = stow_cost_nvme_drive_seconds (&c->node, bytes, bytes, drives);
-          nvme = stow_drives_io_s (drives, nd, NULL);
-          phase = stow_drives_step_bound_s (drives, nd, cpu, NULL);
-        }
-      out->total_s[STOW_COST_OFFLOAD_PCIE] = (double)mb * down + up;
-      out->total_s[STOW_COST_CPU_OPTIMIZER] = cpu;
-      out->total_s[STOW_COST_NVME] = nvme;
-      double down_exposed = (double)mb * MAX (0.0, down - mb_bwd);
-      if (o->delayed_update)
-        {
-          /* One-step delayed update (ZeRO-Offload §4.3): the CPU step and
-           * the upload run under the next step's forward and backward. */
-          double hidden = MAX (0.0, phase + up - comp_step);
-          out->exposed_s[STOW_COST_OFFLOAD_PCIE] = down_exposed;
-          out->exposed_s[STOW_COST_CPU_OPTIMIZER]
-              = phase > 0 ? hidden * cpu / (phase + up) : 0;
-          out->exposed_s[STOW_COST_NVME]
-              = phase > 0 ? hidden * (phase - cpu) / (phase + up) : 0;
-          out->exposed_s[STOW_COST_OFFLOAD_PCIE] += hidden * up / (phase + up);
-        }
-      else if (l->engine == STOW_ENGINE_STOWAGE
-               && l->offload_optimizer == STOW_OFFLOAD_CPU)
-        {
-          /* Our engine updates each layer's shard as soon as the last
-           * micro-batch's backward has brought its gradients down, and
-           * uploads it when done (the step program's lowering): the CPU
-           * step hides behind that backward, but not the update of the
-           * unit whose gradients come last (the first stage's embedding,
-           * a third of a small model), nor its upload. */
-          double units = (double)MAX (stage_layers_max, 1);
-          double window = mb_bwd * (1.0 - 1.0 / units);
-          double last = 1.0 / units;
-          if (stage_params_max > 0)
-            last = MAX (last,
-                        (double)m->embedding_params / l->tp / stage_params_max);
-          last = MIN (last, 1.0);
-          out->exposed_s[STOW_COST_OFFLOAD_PCIE] = down_exposed + up * last;
-          out->exposed_s[STOW_COST_CPU_OPTIMIZER]
-              = MAX (cpu * last, cpu - window);
-        }
-      else
-        {
-          /* DeepSpeed (and our NVMe swapper) step after the backward:
-           * ZeRO-Infinity lists the optimizer states as not overlapped. */
-          out->exposed_s[STOW_COST_OFFLOAD_PCIE] = down_exposed + up;
-          out->exposed_s[STOW_COST_CPU_OPTIMIZER] = cpu;
-          out->exposed_s[STOW_COST_NVME] = phase - cpu;
-        }
-    }
-  /* Parameter streaming and checkpoint offload, per micro-batch. */
-  out->total_s[STOW_COST_OFFLOAD_PCIE]
-      += (double)mb * (param_stream_total_s + act_offload_s);
-  out->exposed_s[STOW_COST_OFFLOAD_PCIE]
-      += (double)mb * (param_stream_s + act_offload_s);
+    offload_optimizer_terms (E, out, opt_params, comp_step);
+}
 
-  /* The step and the rates. */
+/* Parameter streaming and checkpoint offload, per micro-batch. */
+static void
+offload_traffic_terms (const Estimate *E, StowCost *out)
+{
+  double mb = (double)E->mb;
+  out->total_s[STOW_COST_OFFLOAD_PCIE]
+      += mb * (E->param_stream_total_s + E->act_offload_s);
+  out->exposed_s[STOW_COST_OFFLOAD_PCIE]
+      += mb * (E->param_stream_s + E->act_offload_s);
+}
+
+/* The step and the rates. */
+static void
+step_rates (const Estimate *E, StowCost *out)
+{
+  const StowCluster *c = E->c;
+  const StowTraining *t = E->t;
+  const StowLayout *l = E->l;
+  guint64 mb = E->mb;
+  double s = E->s, peak = E->rates.peak;
+  double model_fwd_flops = E->model_fwd_flops;
+  double recompute_flops = E->recompute_flops;
+  gboolean lora = E->lora;
   double step = 0;
   for (int k = 0; k < STOW_N_COSTS; k++)
     step += out->exposed_s[k];
   out->step_time_s = step;
-  out->microbatch_s = t_max;
+  out->microbatch_s = E->t_max;
   double replicas_tokens
       = t->global_batch
             ? (double)t->global_batch * s
@@ -1147,6 +1414,41 @@ stow_cost_estimate (const StowModel *m, const StowCluster *c,
       if (k != STOW_COST_COMPUTE && out->exposed_s[k] > best_over)
         best_over = out->exposed_s[k], out->dominant_overhead = k;
     }
+}
+
+void
+stow_cost_estimate (const StowModel *m, const StowCluster *c,
+                    const StowTraining *t, const StowLayout *l,
+                    const StowCostOptions *options, StowCost *out)
+{
+  StowCostOptions defaults;
+  const StowCostOptions *o = options;
+  if (o == NULL)
+    {
+      stow_cost_options_init (&defaults);
+      o = &defaults;
+    }
+  memset (out, 0, sizeof *out);
+  g_return_if_fail (m != NULL && c != NULL && t != NULL && l != NULL);
+
+  Estimate E;
+  estimate_init (&E, m, c, t, l, o);
+  guint64 counts_stack[512];
+  g_autofree guint64 *counts_heap = NULL;
+  guint64 *counts = counts_stack;
+  if (l->pp > G_N_ELEMENTS (counts_stack))
+    counts = counts_heap = g_new0 (guint64, l->pp);
+  stow_layout_stage_layers (l, m->n_layers, counts);
+  E.counts = counts;
+
+  price_stages (&E);
+  pipeline_terms (&E, out);
+  p2p_terms (&E, out);
+  state_bytes (&E);
+  dp_terms (&E, out);
+  optimizer_terms (&E, out);
+  offload_traffic_terms (&E, out);
+  step_rates (&E, out);
 }
 
 gboolean

@@ -359,14 +359,11 @@ stow_training_check_gpu (const StowTraining *t, const StowGpu *gpu,
   return TRUE;
 }
 
-gboolean
-stow_layout_validate (const StowLayout *l, const StowTraining *t,
-                      const StowModel *m, const StowCluster *c, GError **error)
+/* Every degree at least 1, every size within its bound. */
+static gboolean
+check_ranges (const StowLayout *l, const StowTraining *t, const StowModel *m,
+              const StowCluster *c, GError **error)
 {
-  g_return_val_if_fail (l && t && m && c, FALSE);
-  if (!stow_training_check_model (t, m, error)
-      || !stow_training_check_gpu (t, &c->node.gpu, NULL, error))
-    return FALSE;
   static const struct
   {
     const char *flag;
@@ -424,7 +421,15 @@ stow_layout_validate (const StowLayout *l, const StowTraining *t,
                     " x --seq %" G_GUINT64_FORMAT
                     ": at most 1,073,741,824 tokens per micro-batch",
                     l->micro_batch, MAX (t->seq_len, t->decoder_seq_len));
+  return TRUE;
+}
 
+/* The degrees against the model's heads and layers and the cluster's
+ * GPUs. */
+static gboolean
+check_shape (const StowLayout *l, const StowTraining *t, const StowModel *m,
+             const StowCluster *c, GError **error)
+{
   if (m->n_heads % l->tp != 0)
     return invalid (
         error, "--tp %u does not divide num_attention_heads %" G_GUINT64_FORMAT,
@@ -448,6 +453,14 @@ stow_layout_validate (const StowLayout *l, const StowTraining *t,
     return invalid (
         error, "--pp %u is more than the model's %" G_GUINT64_FORMAT " layers",
         l->pp, m->n_layers);
+  return TRUE;
+}
+
+/* --fused-loss is for the engines that run PyTorch's training code. */
+static gboolean
+check_loss_kernel (const StowLayout *l, const StowTraining *t,
+                   const StowModel *m, const StowCluster *c, GError **error)
+{
   if (t->fused_loss
       && (stow_engine_is_mcore (l->engine) || l->engine == STOW_ENGINE_STOWAGE))
     return invalid (error,
@@ -455,6 +468,15 @@ stow_layout_validate (const StowLayout *l, const StowTraining *t,
                     "PyTorch training code calls (--engine pytorch, "
                     "deepspeed or fsdp); --engine %s runs its own loss",
                     stow_engine_name (l->engine));
+  return TRUE;
+}
+
+/* The pipeline split: --pp-split-ends and interleaving against the
+ * model's layers. */
+static gboolean
+check_pipeline_split (const StowLayout *l, const StowTraining *t,
+                      const StowModel *m, const StowCluster *c, GError **error)
+{
   if (l->pp_split_ends)
     {
       /* Megatron-core's account_for_{embedding,loss}_in_pipeline_split
@@ -491,6 +513,14 @@ stow_layout_validate (const StowLayout *l, const StowTraining *t,
                   "--pp-split-ends, they would)"
                 : "");
     }
+  return TRUE;
+}
+
+/* Sequence and context parallelism against the sequence lengths. */
+static gboolean
+check_sequence (const StowLayout *l, const StowTraining *t, const StowModel *m,
+                const StowCluster *c, GError **error)
+{
   if (l->sp && l->tp == 1)
     return invalid (error, "--sp needs --tp > 1");
   if (t->seq_len == 0)
@@ -507,6 +537,14 @@ stow_layout_validate (const StowLayout *l, const StowTraining *t,
     return invalid (error,
                     "--cp %u does not divide --decoder-seq %" G_GUINT64_FORMAT,
                     l->cp, t->decoder_seq_len);
+  return TRUE;
+}
+
+/* Expert parallelism and the experts' own tensor parallelism. */
+static gboolean
+check_experts (const StowLayout *l, const StowTraining *t, const StowModel *m,
+               const StowCluster *c, GError **error)
+{
   if (m->n_experts > 0 && l->tp > 1 && l->engine == STOW_ENGINE_DEEPSPEED)
     /* deepspeed/moe/layer.py: MoE (..., enable_expert_tensor_parallelism
      * = False); with tensor parallelism each rank keeps its experts whole
@@ -568,6 +606,14 @@ stow_layout_validate (const StowLayout *l, const StowTraining *t,
                         "intermediate size %" G_GUINT64_FORMAT,
                         l->etp, f);
     }
+  return TRUE;
+}
+
+/* The ZeRO stage and the step's batch. */
+static gboolean
+check_step (const StowLayout *l, const StowTraining *t, const StowModel *m,
+            const StowCluster *c, GError **error)
+{
   if (l->zero > 3)
     return invalid (error, "--zero %u: the stages are 0, 1, 2 and 3", l->zero);
   if (l->micro_batch == 0)
@@ -587,6 +633,15 @@ stow_layout_validate (const StowLayout *l, const StowTraining *t,
     return invalid (error, "--optimizer-in-backward steps each parameter "
                            "during backward: it needs one micro-batch per "
                            "step and no ZeRO sharding or optimizer offload");
+  return TRUE;
+}
+
+/* What offloading needs: ZeRO 3 for the parameters, an engine that
+ * offloads under its pipeline or under LoRA. */
+static gboolean
+check_offload (const StowLayout *l, const StowTraining *t, const StowModel *m,
+               const StowCluster *c, GError **error)
+{
   if (l->offload_params != STOW_OFFLOAD_NONE && l->zero != 3)
     return invalid (error,
                     "--offload-params %s needs --zero 3 (parameters "
@@ -618,6 +673,15 @@ stow_layout_validate (const StowLayout *l, const StowTraining *t,
                     stow_offload_name (l->offload_optimizer != STOW_OFFLOAD_NONE
                                            ? l->offload_optimizer
                                            : l->offload_params));
+  return TRUE;
+}
+
+/* Recomputation: how many layers, checkpoint offload, torchtitan's
+ * selective op checkpointing. */
+static gboolean
+check_recompute (const StowLayout *l, const StowTraining *t, const StowModel *m,
+                 const StowCluster *c, GError **error)
+{
   if (l->recompute == STOW_RECOMPUTE_FULL && l->recompute_layers > 0
       && l->recompute_layers > stow_layout_recompute_run (l, m->n_layers))
     return invalid (error,
@@ -655,6 +719,14 @@ stow_layout_validate (const StowLayout *l, const StowTraining *t,
                             ? "grouped expert matmuls are not aten.mm"
                             : "an encoder-decoder model is not one");
     }
+  return TRUE;
+}
+
+/* The pipeline schedule against the virtual stages and the micro-batches. */
+static gboolean
+check_schedule (const StowLayout *l, const StowTraining *t, const StowModel *m,
+                const StowCluster *c, GError **error)
+{
   if (l->schedule == STOW_SCHEDULE_INTERLEAVED && l->vpp < 2)
     return invalid (error, "--schedule interleaved needs --vpp >= 2");
   if (l->schedule == STOW_SCHEDULE_INTERLEAVED && l->grad_accum % l->pp != 0)
@@ -670,7 +742,14 @@ stow_layout_validate (const StowLayout *l, const StowTraining *t,
     g_debug ("pp %u with only %" G_GUINT64_FORMAT
              " micro-batches per step: the pipeline never fills",
              l->pp, l->grad_accum);
+  return TRUE;
+}
 
+/* What each engine cannot run. */
+static gboolean
+check_engine (const StowLayout *l, const StowTraining *t, const StowModel *m,
+              const StowCluster *c, GError **error)
+{
   switch (l->engine)
     {
     case STOW_ENGINE_MEGATRON:
@@ -723,6 +802,40 @@ stow_layout_validate (const StowLayout *l, const StowTraining *t,
     case STOW_ENGINE_STOWAGE:
       break;
     }
+  return TRUE;
+}
+
+gboolean
+stow_layout_validate (const StowLayout *l, const StowTraining *t,
+                      const StowModel *m, const StowCluster *c, GError **error)
+{
+  g_return_val_if_fail (l && t && m && c, FALSE);
+  if (!stow_training_check_model (t, m, error)
+      || !stow_training_check_gpu (t, &c->node.gpu, NULL, error))
+    return FALSE;
+  /* In this order: the first check that fails names the problem. */
+  if (!check_ranges (l, t, m, c, error))
+    return FALSE;
+  if (!check_shape (l, t, m, c, error))
+    return FALSE;
+  if (!check_loss_kernel (l, t, m, c, error))
+    return FALSE;
+  if (!check_pipeline_split (l, t, m, c, error))
+    return FALSE;
+  if (!check_sequence (l, t, m, c, error))
+    return FALSE;
+  if (!check_experts (l, t, m, c, error))
+    return FALSE;
+  if (!check_step (l, t, m, c, error))
+    return FALSE;
+  if (!check_offload (l, t, m, c, error))
+    return FALSE;
+  if (!check_recompute (l, t, m, c, error))
+    return FALSE;
+  if (!check_schedule (l, t, m, c, error))
+    return FALSE;
+  if (!check_engine (l, t, m, c, error))
+    return FALSE;
   return TRUE;
 }
 
