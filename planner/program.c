@@ -128,6 +128,16 @@ stow_program_buffer (StowProgram *p, guint rank, StowTier tier, guint64 bytes,
   return p->buffers->len - 1;
 }
 
+void
+stow_program_buffer_role (StowProgram *p, guint b, StowBufferRole role,
+                          guint index)
+{
+  g_return_if_fail (p != NULL && b < p->buffers->len);
+  StowBuffer *buf = &g_array_index (p->buffers, StowBuffer, b);
+  buf->role = role;
+  buf->role_index = index;
+}
+
 guint
 stow_program_event (StowProgram *p, guint rank, const char *format, ...)
 {

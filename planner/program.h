@@ -151,6 +151,37 @@ guint64 stow_loss_scratch_bytes (guint64 vocab, guint64 hidden, guint64 n);
 
 /* ---- ops, buffers, events ------------------------------------------------ */
 
+/* What a copy moves, as the lowering emits it: a backend places the
+ * copy's ends by this (and its unit, range or chunk), never by guessing
+ * from the buffers it reads and writes. */
+typedef enum
+{
+  STOW_COPY_BYTES,          /* bytes only, for the sim to price */
+  STOW_COPY_GRADS_DOWN,     /* a unit's gradients of a micro-batch: its
+                               gradient slot to the host gradients */
+  STOW_COPY_GRADS_UP,       /* a unit's earlier micro-batches' gradients
+                               back into its gradient slot */
+  STOW_COPY_GRADS_ACCUMULATE, /* a gradient slot into the persistent
+                                 gradients (device to device) */
+  STOW_COPY_WEIGHTS_UP,     /* a unit's updated or streamed weights from
+                               the host (the host copy, or where CPU Adam
+                               wrote them) to the device */
+  STOW_COPY_WEIGHTS_DOWN,   /* a unit's updated shard to the host copy */
+  STOW_COPY_STAGED_UP,      /* a unit read from NVMe: its staging buffer
+                               to the device */
+  STOW_COPY_CHUNK_UP,       /* an optimizer chunk's updated weights, the
+                               flat parameters [first, first + count) */
+  STOW_COPY_STATES_READ,    /* an optimizer chunk's states from NVMe into
+                               its swap buffer */
+  STOW_COPY_STATES_WRITE,   /* a swap buffer's chunk back to NVMe */
+  STOW_COPY_PARAMS_READ,    /* a unit's weights from NVMe into its staging
+                               buffer */
+  STOW_COPY_PARAMS_WRITE,   /* a unit's updated weights through the write
+                               buffer to NVMe */
+  STOW_COPY_CHECKPOINT_DOWN, /* an activation checkpoint to the host */
+  STOW_COPY_CHECKPOINT_UP,   /* and back, before its backward */
+} StowCopyKind;
+
 typedef struct
 {
   StowOpKind kind;
@@ -167,6 +198,7 @@ typedef struct
   guint64 first, count; /* elements; optim_step: of the rank's flat
                            parameters (units concatenated in order) */
   StowTier src, dst;    /* copy */
+  StowCopyKind copy;    /* copy: what it moves */
   gboolean on_gpu;      /* optim_step */
   /* backward, loss: the parameter gradients this op writes are added to
    * what is there (TRUE) or overwrite it (FALSE: the first write of the
@@ -208,6 +240,22 @@ typedef enum
 
 const char *stow_buffer_kind_name (StowBufferKind k);
 
+/* A buffer the backends find by its part in the program (beside what its
+ * bytes are, StowBufferKind), with its index among its peers. */
+typedef enum
+{
+  STOW_ROLE_NONE,
+  STOW_ROLE_LAYER_SLOT,    /* a rotating layer slot's bytes: index 0, 1 */
+  STOW_ROLE_GRAD_SLOT,     /* a gradient slot's bytes: index 0, 1 */
+  STOW_ROLE_PARAM_STAGING, /* a pinned staging buffer of NVMe weights:
+                              index 0-3 */
+  STOW_ROLE_PARAM_WRITE,   /* where updated weights pass to NVMe */
+  STOW_ROLE_DELAYED_GRADS, /* the delayed update's second host copy of
+                              the gradients (STOW_DELAYED_GRADS_NAME) */
+  STOW_ROLE_SWAP,          /* an optimizer chunk on its way to and from
+                              NVMe: index 0-2, its ring buffer */
+} StowBufferRole;
+
 typedef struct
 {
   char *name;
@@ -227,6 +275,8 @@ typedef struct
   StowDtype dtype;
   gint layer;        /* activations and the like: the layer */
   guint micro_batch; /* and the micro-batch */
+  StowBufferRole role;
+  guint role_index;
 } StowBuffer;
 
 /* A slot's occupant: it has no bytes of its own, its slot's persistent
@@ -295,6 +345,9 @@ const StowUnitTensor *stow_program_unit_tensor (const StowProgram *p,
 guint stow_program_buffer (StowProgram *p, guint rank, StowTier tier,
                            guint64 bytes, gint slot, gboolean persistent,
                            const char *format, ...) G_GNUC_PRINTF (7, 8);
+/* Gives buffer @b its part in the program (see StowBufferRole). */
+void stow_program_buffer_role (StowProgram *p, guint b, StowBufferRole role,
+                               guint index);
 /* Says what buffer @b holds (kind, units, dtype, layer, micro-batch). */
 void stow_program_buffer_holds (StowProgram *p, guint b, StowBufferKind kind,
                                 guint unit_first, guint n_units,

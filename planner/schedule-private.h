@@ -138,8 +138,9 @@ guint stow_lower_free (StowLower *L, guint rank, StowStream s, guint buf,
 /* Adds reads @r0, @r1 and write @w0 (each unless STOW_NONE) to @op. */
 void stow_lower_op_io (StowOp *op, guint r0, guint r1, guint w0);
 /* A copy of @bytes of @layer from @src to @dst. */
-StowOp stow_lower_copy_op (guint rank, StowStream s, StowTier src, StowTier dst,
-                           guint64 bytes, gint layer);
+StowOp stow_lower_copy_op (guint rank, StowStream s, StowCopyKind what,
+                           StowTier src, StowTier dst, guint64 bytes,
+                           gint layer);
 /* A data-parallel collective of @bytes of @layer. */
 StowOp stow_lower_coll_op (StowLower *L, guint rank, StowCollective kind,
                            guint64 bytes, gint layer);

@@ -68,15 +68,17 @@ emit_load (StowLower *L, StowLowerRank *R, guint k)
           stow_lower_alloc (L, R->rank, STOW_STREAM_NVME_READ, staging, &sprev,
                             1);
           op = stow_lower_copy_op (R->rank, STOW_STREAM_NVME_READ,
-                                   STOW_TIER_NVME, STOW_TIER_PINNED, shard,
-                                   u->layer);
+                                   STOW_COPY_PARAMS_READ, STOW_TIER_NVME,
+                                   STOW_TIER_PINNED, shard, u->layer);
           op.unit = u->pu, op.count = stow_lower_div_ceil (u->gparams, L->n);
           stow_lower_op_io (&op, STOW_NONE, STOW_NONE, staging);
           ready = stow_lower_emit (L, &op, NULL, 0, TRUE, "staged");
         }
       stow_lower_alloc (L, R->rank, STOW_STREAM_H2D, use->buffer, &prev, 1);
-      op = stow_lower_copy_op (R->rank, STOW_STREAM_H2D, STOW_TIER_PINNED,
-                               STOW_TIER_DEVICE, shard, u->layer);
+      op = stow_lower_copy_op (
+          R->rank, STOW_STREAM_H2D,
+          staging != STOW_NONE ? STOW_COPY_STAGED_UP : STOW_COPY_WEIGHTS_UP,
+          STOW_TIER_PINNED, STOW_TIER_DEVICE, shard, u->layer);
       op.unit = u->pu, op.count = stow_lower_div_ceil (u->gparams, L->n);
       stow_lower_op_io (&op, staging, STOW_NONE, use->buffer);
       ready = stow_lower_emit (L, &op, &ready, 1, TRUE, "copied up");
@@ -155,8 +157,8 @@ emit_grad_slot (StowLower *L, StowLowerRank *R, StowLowerUnit *u, guint grad,
       return STOW_NONE;
     }
   stow_lower_alloc (L, R->rank, STOW_STREAM_H2D, grad, freed, 1);
-  StowOp op = stow_lower_copy_op (R->rank, STOW_STREAM_H2D, STOW_TIER_PINNED,
-                                  STOW_TIER_DEVICE,
+  StowOp op = stow_lower_copy_op (R->rank, STOW_STREAM_H2D, STOW_COPY_GRADS_UP,
+                                  STOW_TIER_PINNED, STOW_TIER_DEVICE,
                                   stow_bytes (u->params, L->g), u->layer);
   op.unit = u->pu;
   stow_lower_op_io (&op, R->host_grads_buf, STOW_NONE, grad);
@@ -202,7 +204,8 @@ emit_grad_path (StowLower *L, StowLowerRank *R, StowLowerUnit *u, guint slot,
   if (L->off_opt)
     {
       op = stow_lower_copy_op (
-          R->rank, STOW_STREAM_D2H, STOW_TIER_DEVICE, STOW_TIER_PINNED,
+          R->rank, STOW_STREAM_D2H, STOW_COPY_GRADS_DOWN, STOW_TIER_DEVICE,
+          STOW_TIER_PINNED,
           stow_bytes (stow_lower_div_ceil (u->params, L->n), L->g), u->layer);
       stow_lower_op_io (&op, slot, STOW_NONE, R->host_grads_buf);
       ev = stow_lower_emit (L, &op, &ev, 1, TRUE, "gradients down");
@@ -212,7 +215,8 @@ emit_grad_path (StowLower *L, StowLowerRank *R, StowLowerUnit *u, guint slot,
   else if (L->n == 1)
     {
       /* Accumulate the slot into the gradients (device to device). */
-      op = stow_lower_copy_op (R->rank, STOW_STREAM_COMPUTE, STOW_TIER_DEVICE,
+      op = stow_lower_copy_op (R->rank, STOW_STREAM_COMPUTE,
+                               STOW_COPY_GRADS_ACCUMULATE, STOW_TIER_DEVICE,
                                STOW_TIER_DEVICE, gbytes, u->layer);
       stow_lower_op_io (&op, slot, STOW_NONE, R->grads_buf);
       ev = stow_lower_emit (L, &op, &ev, 1, TRUE, "accumulated");
@@ -251,8 +255,8 @@ emit_param_refresh (StowLower *L, StowLowerRank *R, StowLowerUnit *u,
       if (L->nvme_par)
         {
           op = stow_lower_copy_op (R->rank, STOW_STREAM_NVME_WRITE,
-                                   STOW_TIER_PINNED, STOW_TIER_NVME,
-                                   shard_bytes, u->layer);
+                                   STOW_COPY_PARAMS_WRITE, STOW_TIER_PINNED,
+                                   STOW_TIER_NVME, shard_bytes, u->layer);
           if (from != STOW_NONE)
             {
               op.unit = u->pu, op.count = params;
@@ -262,8 +266,9 @@ emit_param_refresh (StowLower *L, StowLowerRank *R, StowLowerUnit *u,
         }
       if (u->resident == STOW_NONE)
         return;
-      op = stow_lower_copy_op (R->rank, STOW_STREAM_H2D, STOW_TIER_PINNED,
-                               STOW_TIER_DEVICE, shard_bytes, u->layer);
+      op = stow_lower_copy_op (R->rank, STOW_STREAM_H2D, STOW_COPY_WEIGHTS_UP,
+                               STOW_TIER_PINNED, STOW_TIER_DEVICE, shard_bytes,
+                               u->layer);
       op.unit = u->pu;
       stow_lower_op_io (&op, from, STOW_NONE, u->resident);
       ev = stow_lower_emit (L, &op, waits, nw, TRUE, "updated up");
@@ -278,8 +283,9 @@ emit_param_refresh (StowLower *L, StowLowerRank *R, StowLowerUnit *u,
     }
   if (up_stream == STOW_STREAM_H2D)
     {
-      op = stow_lower_copy_op (R->rank, STOW_STREAM_H2D, STOW_TIER_PINNED,
-                               STOW_TIER_DEVICE, shard_bytes, u->layer);
+      op = stow_lower_copy_op (R->rank, STOW_STREAM_H2D, STOW_COPY_WEIGHTS_UP,
+                               STOW_TIER_PINNED, STOW_TIER_DEVICE, shard_bytes,
+                               u->layer);
       stow_lower_op_io (&op, STOW_NONE, STOW_NONE, R->params_buf);
       ev = stow_lower_emit (L, &op, waits, nw, TRUE, "updated up");
       waits = &ev, nw = 1;
@@ -380,7 +386,10 @@ refresh_swap_chunk (StowLower *L, StowLowerRank *R, guint c, guint nchunks,
     {
       StowOp *e = &g_array_index (L->p->ops, StowOp, o);
       if (e->kind == STOW_OP_COPY)
-        e->first = (guint64)c * chunk, e->count = cp, e->shard = c;
+        {
+          e->copy = STOW_COPY_CHUNK_UP;
+          e->first = (guint64)c * chunk, e->count = cp, e->shard = c;
+        }
     }
 }
 
@@ -414,13 +423,15 @@ emit_swap_pipeline (StowLower *L, StowLowerRank *R, GArray *ready_order,
       guint buf = stow_program_buffer (L->p, R->rank, STOW_TIER_PINNED,
                                        stow_bytes (cp, per), -1, FALSE,
                                        "swap buffer %u", c % 3);
+      stow_program_buffer_role (L->p, buf, STOW_ROLE_SWAP, c % 3);
       /* A chunk of the states (master, if any, then m, then v of its
        * parameters), the rank's flat parameters [first, first + cp). */
       stow_lower_holds (L, buf, STOW_BUF_STATES, STOW_NONE, 0, STOW_DTYPE_F32,
                         STOW_LAYER_NONE, 0);
       guint prev = c >= 3 ? freed[c - 3] : STOW_NONE;
       stow_lower_alloc (L, R->rank, STOW_STREAM_NVME_READ, buf, &prev, 1);
-      op = stow_lower_copy_op (R->rank, STOW_STREAM_NVME_READ, STOW_TIER_NVME,
+      op = stow_lower_copy_op (R->rank, STOW_STREAM_NVME_READ,
+                               STOW_COPY_STATES_READ, STOW_TIER_NVME,
                                STOW_TIER_PINNED, stow_bytes (cp, per),
                                STOW_LAYER_NONE);
       op.shard = c;
@@ -435,8 +446,9 @@ emit_swap_pipeline (StowLower *L, StowLowerRank *R, GArray *ready_order,
       guint w3[3] = { rd, last_grads, norm };
       guint up = stow_lower_emit (L, &op, w3, 3, TRUE, "updated");
       op = stow_lower_copy_op (R->rank, STOW_STREAM_NVME_WRITE,
-                               STOW_TIER_PINNED, STOW_TIER_NVME,
-                               stow_bytes (cp, per), STOW_LAYER_NONE);
+                               STOW_COPY_STATES_WRITE, STOW_TIER_PINNED,
+                               STOW_TIER_NVME, stow_bytes (cp, per),
+                               STOW_LAYER_NONE);
       op.shard = c;
       stow_lower_op_io (&op, buf, STOW_NONE, STOW_NONE);
       guint wr = stow_lower_emit (L, &op, &up, 1, TRUE, "states written");
@@ -491,6 +503,7 @@ emit_delayed_update (StowLower *L, StowLowerRank *R, StowLowerUnit *u)
   guint both = STOW_NONE;
   StowOp join;
   stow_op_init (&join, STOW_OP_COPY, STOW_STREAM_H2D, R->rank);
+  join.copy = STOW_COPY_WEIGHTS_UP;
   join.src = STOW_TIER_PINNED, join.dst = STOW_TIER_DEVICE;
   join.bytes = stow_bytes (shard, L->w), join.layer = u->layer;
   if (!L->off_par)
@@ -529,7 +542,8 @@ emit_device_step (StowLower *L, StowLowerRank *R, StowLowerUnit *u, guint norm)
     {
       /* The updated shard goes back to the host copy. */
       op = stow_lower_copy_op (
-          R->rank, STOW_STREAM_D2H, STOW_TIER_DEVICE, STOW_TIER_PINNED,
+          R->rank, STOW_STREAM_D2H, STOW_COPY_WEIGHTS_DOWN, STOW_TIER_DEVICE,
+          STOW_TIER_PINNED,
           stow_bytes (stow_lower_div_ceil (u->params, L->n), L->w), u->layer);
       guint down = stow_lower_emit (L, &op, &up, 1, TRUE, "updated down");
       emit_param_refresh (L, R, u, &down, 1,
@@ -772,7 +786,8 @@ emit_checkpoint_down (StowLower *L, StowLowerRank *R, ItemCtx *X, guint done)
       = stow_program_buffer (L->p, rank, STOW_TIER_PINNED, L->ckpt, -1, FALSE,
                              "checkpoint L%d mb%u (host)", u->layer, it->mb);
   stow_lower_alloc (L, rank, STOW_STREAM_COMPUTE, hb, NULL, 0);
-  StowOp c = stow_lower_copy_op (rank, STOW_STREAM_D2H, STOW_TIER_DEVICE,
+  StowOp c = stow_lower_copy_op (rank, STOW_STREAM_D2H,
+                                 STOW_COPY_CHECKPOINT_DOWN, STOW_TIER_DEVICE,
                                  STOW_TIER_PINNED, L->ckpt, u->layer);
   c.micro_batch = it->mb;
   stow_lower_op_io (&c, R->acts[a], STOW_NONE, hb);
@@ -936,7 +951,8 @@ emit_checkpoint_up (StowLower *L, StowLowerRank *R, ItemCtx *X)
   guint gate[2] = { R->host_ready[a], R->last_compute };
   guint ngate = R->last_compute != STOW_NONE ? 2 : 1;
   stow_lower_alloc (L, rank, STOW_STREAM_H2D, R->acts[a], gate, ngate);
-  StowOp c = stow_lower_copy_op (rank, STOW_STREAM_H2D, STOW_TIER_PINNED,
+  StowOp c = stow_lower_copy_op (rank, STOW_STREAM_H2D,
+                                 STOW_COPY_CHECKPOINT_UP, STOW_TIER_PINNED,
                                  STOW_TIER_DEVICE, L->ckpt, u->layer);
   c.micro_batch = it->mb;
   stow_lower_op_io (&c, R->host_acts[a], STOW_NONE, R->acts[a]);

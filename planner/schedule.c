@@ -122,11 +122,12 @@ stow_lower_op_io (StowOp *op, guint r0, guint r1, guint w0)
 }
 
 StowOp
-stow_lower_copy_op (guint rank, StowStream s, StowTier src, StowTier dst,
-                    guint64 bytes, gint layer)
+stow_lower_copy_op (guint rank, StowStream s, StowCopyKind what, StowTier src,
+                    StowTier dst, guint64 bytes, gint layer)
 {
   StowOp op;
   stow_op_init (&op, STOW_OP_COPY, s, rank);
+  op.copy = what;
   op.src = src, op.dst = dst, op.bytes = bytes, op.layer = layer;
   return op;
 }
@@ -523,9 +524,12 @@ emit_host_states (StowLower *L, StowLowerRank *R, const StateSizes *z)
    * step's come down: a second host copy of them, which the backends
    * trade places with the first at each step's start. */
   if (L->so->delayed_update)
-    stow_program_buffer (p, rank, STOW_TIER_PINNED,
-                         stow_bytes (rank_shard (R, l, N, n), L->g), -1, TRUE,
-                         STOW_DELAYED_GRADS_NAME);
+    stow_program_buffer_role (
+        p,
+        stow_program_buffer (p, rank, STOW_TIER_PINNED,
+                             stow_bytes (rank_shard (R, l, N, n), L->g), -1,
+                             TRUE, STOW_DELAYED_GRADS_NAME),
+        STOW_ROLE_DELAYED_GRADS, 0);
   stow_lower_holds (
       L,
       stow_program_buffer (
@@ -663,22 +667,34 @@ emit_slots (StowLower *L, StowLowerRank *R, guint n_layer_units)
   for (guint j = 0; j < R->units->len; j++)
     big = MAX (big, g_array_index (R->units, StowLowerUnit, j).gparams);
   for (guint i = 0; L->nvme_par && wmax > 0 && i < 4; i++)
-    stow_program_buffer (p, rank, STOW_TIER_PINNED,
-                         stow_bytes (stow_lower_div_ceil (big, L->n), L->w), -1,
-                         TRUE, "parameter staging buffer %u", i);
+    stow_program_buffer_role (
+        p,
+        stow_program_buffer (p, rank, STOW_TIER_PINNED,
+                             stow_bytes (stow_lower_div_ceil (big, L->n), L->w),
+                             -1, TRUE, "parameter staging buffer %u", i),
+        STOW_ROLE_PARAM_STAGING, i);
   /* ... and one that the updated units pass through to the store. */
   R->write_buf = STOW_NONE;
   if (L->nvme_par && L->off_opt && t_full (L) && big > 0)
-    R->write_buf = stow_program_buffer (
-        p, rank, STOW_TIER_PINNED,
-        stow_bytes (stow_lower_div_ceil (big, L->n), L->w), -1, TRUE,
-        "parameter write buffer");
+    {
+      R->write_buf = stow_program_buffer (
+          p, rank, STOW_TIER_PINNED,
+          stow_bytes (stow_lower_div_ceil (big, L->n), L->w), -1, TRUE,
+          "parameter write buffer");
+      stow_program_buffer_role (p, R->write_buf, STOW_ROLE_PARAM_WRITE, 0);
+    }
   for (guint i = 0; wmax > 0 && i < n_slots; i++)
-    stow_program_buffer (p, rank, STOW_TIER_DEVICE, wmax, -1, TRUE,
-                         "layer slot %u", i);
+    stow_program_buffer_role (
+        p,
+        stow_program_buffer (p, rank, STOW_TIER_DEVICE, wmax, -1, TRUE,
+                             "layer slot %u", i),
+        STOW_ROLE_LAYER_SLOT, i);
   for (guint i = 0; stow_lower_uses_grad_slots (L) && i < n_slots; i++)
-    stow_program_buffer (p, rank, STOW_TIER_DEVICE, gmax, -1, TRUE,
-                         "gradient slot %u", i);
+    stow_program_buffer_role (
+        p,
+        stow_program_buffer (p, rank, STOW_TIER_DEVICE, gmax, -1, TRUE,
+                             "gradient slot %u", i),
+        STOW_ROLE_GRAD_SLOT, i);
 }
 
 /* The order of the rank's items, the uses of its streamed units, and

@@ -104,7 +104,7 @@ param_io (CpuBackend *b, const StowOp *op, GError **error)
 {
   StowTensorMap *m = &b->map;
   guint unit = op->unit;
-  if (unit == STOW_NONE || unit >= b->p->units->len
+  if (b->params == NULL || unit == STOW_NONE || unit >= b->p->units->len
       || op->bytes != unit_numel (b, unit) * m->esize)
     {
       g_set_error (error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_INVALID,
@@ -114,11 +114,11 @@ param_io (CpuBackend *b, const StowOp *op, GError **error)
                    unit == STOW_NONE ? -1 : (gint)unit);
       return FALSE;
     }
-  if (op->src == STOW_TIER_NVME && op->n_writes == 1
+  if (op->copy == STOW_COPY_PARAMS_READ && op->n_writes == 1
       && m->addr[op->writes[0]] != NULL)
     return stow_param_swap_read (b->params, unit, m->addr[op->writes[0]],
                                  error);
-  if (op->dst == STOW_TIER_NVME && op->n_reads == 2
+  if (op->copy == STOW_COPY_PARAMS_WRITE && op->n_reads == 2
       && op->reads[0] == m->host_grads_buf && m->addr[op->reads[1]] != NULL)
     {
       memcpy (m->addr[op->reads[1]], stow_tensor_map_host_weights (m, unit),
@@ -134,31 +134,49 @@ param_io (CpuBackend *b, const StowOp *op, GError **error)
   return FALSE;
 }
 
-/* A copy between the device arena and a host buffer, exactly the unit
- * range the op names: a unit's gradients down from its gradient slot
- * (after its backward of a micro-batch) into the host gradients, or a
- * unit's updated weights up from the host copy CPU Adam wrote. */
+/* An optimizer chunk's states between NVMe and its swap buffer. */
+static gboolean
+states_io (CpuBackend *b, const StowOp *op, GError **error)
+{
+  StowTensorMap *m = &b->map;
+  gboolean read = op->copy == STOW_COPY_STATES_READ;
+  guint buf = read ? (op->n_writes == 1 ? op->writes[0] : STOW_NONE)
+                   : (op->n_reads == 1 ? op->reads[0] : STOW_NONE);
+  if (b->swap == NULL || buf == STOW_NONE || !is_swap_buffer (buf_of (b, buf)))
+    {
+      g_set_error (error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_UNSUPPORTED,
+                   "a copy of optimizer chunk %u %s NVMe with no swap "
+                   "buffer or no states on NVMe",
+                   op->shard, read ? "from" : "to");
+      return FALSE;
+    }
+  return read ? stow_state_swap_read (b->swap, op->shard, m->addr[buf],
+                                      op->bytes, error)
+              : stow_state_swap_write (b->swap, op->shard, m->addr[buf],
+                                       op->bytes, error);
+}
+
+/* A copy, by what the program says it moves: the states or weights on
+ * NVMe, or exactly the unit range the op names between the device arena
+ * and a host buffer (stow_tensor_map_copy_ends). */
 static gboolean
 run_copy (CpuBackend *b, const StowOp *op, GError **error)
 {
-  StowTensorMap *m = &b->map;
-  guint dst = op->n_writes == 1 ? op->writes[0] : STOW_NONE;
-  guint src = op->n_reads == 1 ? op->reads[0] : STOW_NONE;
-  if (b->swap != NULL && op->src == STOW_TIER_NVME && dst != STOW_NONE
-      && is_swap_buffer (buf_of (b, dst)))
-    return stow_state_swap_read (b->swap, op->shard, m->addr[dst], op->bytes,
-                                 error);
-  if (b->swap != NULL && op->dst == STOW_TIER_NVME && src != STOW_NONE
-      && is_swap_buffer (buf_of (b, src)))
-    return stow_state_swap_write (b->swap, op->shard, m->addr[src], op->bytes,
-                                  error);
-  if (b->params != NULL && (op->src == STOW_TIER_NVME || op->dst == STOW_TIER_NVME))
-    return param_io (b, op, error);
+  switch (op->copy)
+    {
+    case STOW_COPY_STATES_READ:
+    case STOW_COPY_STATES_WRITE:
+      return states_io (b, op, error);
+    case STOW_COPY_PARAMS_READ:
+    case STOW_COPY_PARAMS_WRITE:
+      return param_io (b, op, error);
+    default:
+      break;
+    }
   const guint8 *from = NULL;
   guint8 *to = NULL;
   guint64 bytes = 0;
-  if (!stow_tensor_map_copy_ends (m, op, b->params != NULL, &from, &to,
-                                  &bytes, error))
+  if (!stow_tensor_map_copy_ends (&b->map, op, &from, &to, &bytes, error))
     return FALSE;
   memcpy (to, from, bytes);
   return TRUE;

@@ -141,8 +141,7 @@ in_pool (const CpuBackend *b, const StowBuffer *buf)
 static inline gboolean
 is_swap_buffer (const StowBuffer *buf)
 {
-  return buf->kind == STOW_BUF_STATES && !buf->persistent
-         && buf->tier != STOW_TIER_DEVICE && buf->tier != STOW_TIER_NVME;
+  return buf->role == STOW_ROLE_SWAP;
 }
 
 static inline void

@@ -272,40 +272,37 @@ index_buffers (StowTensorMap *m, const char *backend, GError **error)
             }
           break;
         case STOW_BUF_OTHER:
-          {
-            guint s = 0;
-            if (buf->persistent && buf->tier == STOW_TIER_DEVICE
-                && sscanf (buf->name, "gradient slot %u", &s) == 1 && s < 2)
-              {
-                ok = check_size (backend, buf, gmax, error);
-                m->slot_buf[2 + s] = i;
-              }
-            else if (buf->persistent && buf->tier == STOW_TIER_DEVICE
-                     && sscanf (buf->name, "layer slot %u", &s) == 1 && s < 2)
-              m->slot_buf[s] = i;
-            else if (buf->persistent && buf->tier != STOW_TIER_DEVICE
-                     && sscanf (buf->name, "parameter staging buffer %u", &s)
-                            == 1
-                     && s < 4)
-              {
-                ok = check_size (backend, buf, umax * m->esize, error);
-                m->slot_buf[4 + s] = i;
-              }
-            else if (buf->persistent && buf->tier != STOW_TIER_DEVICE
-                     && g_str_equal (buf->name, "parameter write buffer"))
-              {
-                ok = check_size (backend, buf, umax * m->esize, error);
-                m->write_buf = i;
-              }
-            else if (buf->persistent && buf->tier != STOW_TIER_DEVICE
-                     && g_str_equal (buf->name, STOW_DELAYED_GRADS_NAME))
-              {
-                ok = check_size (backend, buf,
-                                 m->numel * stow_dtype_size (p->grad_dtype),
-                                 error);
-                m->delayed_grads_buf = i;
-              }
-          }
+          if (!buf->persistent)
+            break;
+          if (buf->role == STOW_ROLE_GRAD_SLOT
+              && buf->tier == STOW_TIER_DEVICE && buf->role_index < 2)
+            {
+              ok = check_size (backend, buf, gmax, error);
+              m->slot_buf[2 + buf->role_index] = i;
+            }
+          else if (buf->role == STOW_ROLE_LAYER_SLOT
+                   && buf->tier == STOW_TIER_DEVICE && buf->role_index < 2)
+            m->slot_buf[buf->role_index] = i;
+          else if (buf->role == STOW_ROLE_PARAM_STAGING
+                   && buf->tier != STOW_TIER_DEVICE && buf->role_index < 4)
+            {
+              ok = check_size (backend, buf, umax * m->esize, error);
+              m->slot_buf[4 + buf->role_index] = i;
+            }
+          else if (buf->role == STOW_ROLE_PARAM_WRITE
+                   && buf->tier != STOW_TIER_DEVICE)
+            {
+              ok = check_size (backend, buf, umax * m->esize, error);
+              m->write_buf = i;
+            }
+          else if (buf->role == STOW_ROLE_DELAYED_GRADS
+                   && buf->tier != STOW_TIER_DEVICE)
+            {
+              ok = check_size (backend, buf,
+                               m->numel * stow_dtype_size (p->grad_dtype),
+                               error);
+              m->delayed_grads_buf = i;
+            }
           break;
         case STOW_BUF_INPUT:
           ok = check_size (backend, buf, 8 * n + x_bytes, error);
@@ -702,8 +699,8 @@ is_grad_slot (const StowBuffer *buf)
 
 gboolean
 stow_tensor_map_copy_ends (const StowTensorMap *m, const StowOp *op,
-                           gboolean params_nvme, const guint8 **from,
-                           guint8 **to, guint64 *bytes, GError **error)
+                           const guint8 **from, guint8 **to, guint64 *bytes,
+                           GError **error)
 {
   const StowProgram *p = m->p;
   guint dst = op->n_writes == 1 ? op->writes[0] : STOW_NONE;
@@ -714,12 +711,13 @@ stow_tensor_map_copy_ends (const StowTensorMap *m, const StowOp *op,
                                           : NULL;
   guint unit = STOW_NONE;
   gsize elem = 0;
-  if (dst != STOW_NONE && dst == m->weights_buf && src == STOW_NONE
-      && op->unit == STOW_NONE && op->layer == STOW_LAYER_NONE
-      && op->count > 0 && m->host_weights != NULL)
+  switch (op->copy)
     {
+    case STOW_COPY_CHUNK_UP:
       /* A chunk's updated weights up: flat parameters [first, first +
        * count), units contiguous in the weights as in the host copy. */
+      if (dst == STOW_NONE || dst != m->weights_buf || m->host_weights == NULL)
+        break;
       if (op->first + op->count > m->numel || op->bytes != op->count * m->esize)
         {
           g_set_error (error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_INVALID,
@@ -733,39 +731,44 @@ stow_tensor_map_copy_ends (const StowTensorMap *m, const StowOp *op,
       *to = stow_tensor_map_unit (m, dst, 0) + op->first * m->esize;
       *bytes = op->count * m->esize;
       return TRUE;
-    }
-  if (sb && src == m->host_grads_buf && db && is_grad_slot (db))
-    {
+    case STOW_COPY_GRADS_UP:
       /* A unit's earlier micro-batches' gradients back up into its
        * gradient slot, which the next write adds to. */
+      if (!sb || src != m->host_grads_buf || !db || !is_grad_slot (db))
+        break;
       unit = db->unit_first;
       elem = stow_dtype_size (p->grad_dtype);
       *from = stow_tensor_map_unit (m, src, unit);
       *to = stow_tensor_map_unit (m, dst, unit);
-    }
-  else if (db && dst == m->host_grads_buf && sb && is_grad_slot (sb))
-    {
+      break;
+    case STOW_COPY_GRADS_DOWN:
       /* A unit's gradients of a micro-batch down. */
+      if (!db || dst != m->host_grads_buf || !sb || !is_grad_slot (sb))
+        break;
       unit = sb->unit_first;
       elem = stow_dtype_size (p->grad_dtype);
       *from = stow_tensor_map_unit (m, src, unit);
       *to = stow_tensor_map_unit (m, dst, unit);
-    }
-  else if (db && db->kind == STOW_BUF_WEIGHTS && db->tier == STOW_TIER_DEVICE
-           && sb && stow_buffer_is_occupant (sb) && op->unit != STOW_NONE
-           && sb->tier != STOW_TIER_DEVICE)
-    {
+      break;
+    case STOW_COPY_STAGED_UP:
       /* A unit staged from NVMe, up into its slot. */
+      if (!db || db->kind != STOW_BUF_WEIGHTS || db->tier != STOW_TIER_DEVICE
+          || !sb || !stow_buffer_is_occupant (sb) || op->unit == STOW_NONE
+          || sb->tier == STOW_TIER_DEVICE)
+        break;
       unit = op->unit;
       elem = m->esize;
       *from = m->addr[src];
       *to = stow_tensor_map_unit (m, dst, unit);
-    }
-  else if (db && db->kind == STOW_BUF_WEIGHTS && db->tier == STOW_TIER_DEVICE
-           && (src == STOW_NONE || (params_nvme && src == m->host_grads_buf))
-           && op->src != STOW_TIER_DEVICE && m->host_weights != NULL)
-    {
-      /* A unit's updated (or streamed) weights up from the host. */
+      break;
+    case STOW_COPY_WEIGHTS_UP:
+      /* A unit's updated (or streamed) weights up from the host: the host
+       * copy, or, with the weights on NVMe, where CPU Adam wrote them
+       * over the host gradients (map->host_weights then points there). */
+      if (!db || db->kind != STOW_BUF_WEIGHTS || db->tier != STOW_TIER_DEVICE
+          || !(src == STOW_NONE || (m->params_nvme && src == m->host_grads_buf))
+          || op->src == STOW_TIER_DEVICE || m->host_weights == NULL)
+        break;
       unit = op->unit != STOW_NONE ? op->unit
                                    : stow_program_unit_of_layer (p, op->layer);
       if (unit == STOW_NONE)
@@ -778,8 +781,11 @@ stow_tensor_map_copy_ends (const StowTensorMap *m, const StowOp *op,
       elem = m->esize;
       *from = stow_tensor_map_host_weights (m, unit);
       *to = stow_tensor_map_unit (m, dst, unit);
+      break;
+    default:
+      break;
     }
-  else
+  if (unit == STOW_NONE)
     {
       g_set_error (error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_UNSUPPORTED,
                    "copies run are a unit's gradients down, its weights up "

@@ -135,15 +135,16 @@ void stow_tensor_map_head_in (const StowTensorMap *map, guint buffer,
  * writes, and its bytes, exactly the range the op names: a unit's
  * gradients down from its gradient slot into the host gradients, or back
  * up (partial gradients); a unit's weights up from the host copy CPU Adam
- * wrote (with @params_nvme, from the host gradients it wrote them over),
- * or from the staging buffer a load read it into; a chunk's updated
- * weights up (flat parameters [first, first + count)).  The addresses are
- * @map's; STOW_BACKEND_ERROR_INVALID when the op's bytes are not the
- * range's, _UNSUPPORTED for another copy. */
+ * wrote (with the weights on NVMe, from the host gradients it wrote them
+ * over), or from the staging buffer a load read it into; a chunk's
+ * updated weights up (flat parameters [first, first + count)): the op's
+ * StowCopyKind says which.  The addresses are @map's;
+ * STOW_BACKEND_ERROR_INVALID when the op's bytes are not the range's,
+ * _UNSUPPORTED for another copy. */
 gboolean stow_tensor_map_copy_ends (const StowTensorMap *map,
-                                    const StowOp *op, gboolean params_nvme,
-                                    const guint8 **from, guint8 **to,
-                                    guint64 *bytes, GError **error);
+                                    const StowOp *op, const guint8 **from,
+                                    guint8 **to, guint64 *bytes,
+                                    GError **error);
 
 /* The fp32 optimizer state of @unit: @which 0 the master weights, 1 m,
  * 2 v, wherever the program keeps them (device or host). */

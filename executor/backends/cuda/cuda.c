@@ -400,8 +400,7 @@ run_copy (CudaBackend *b, const StowOp *op, GError **error)
                    "the cuda backend does not run NVMe placements yet");
       return FALSE;
     }
-  if (!stow_tensor_map_copy_ends (&b->map, op, FALSE, &from, &to, &bytes,
-                                  error))
+  if (!stow_tensor_map_copy_ends (&b->map, op, &from, &to, &bytes, error))
     return FALSE;
   return cuda_ok (cudaMemcpyAsync (to, from, bytes, cudaMemcpyDefault,
                                    stream_of (b, op)),
