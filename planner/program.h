@@ -256,16 +256,42 @@ typedef enum
                               NVMe: index 0-2, its ring buffer */
 } StowBufferRole;
 
+/* The rotating slots a buffer may occupy (StowBuffer.slot): two layer
+ * slots of weights, two gradient slots, four staging buffers of weights
+ * read from NVMe. */
+#define STOW_SLOT_LAYER   0 /* 0, 1 */
+#define STOW_SLOT_GRADS   2 /* 2, 3 */
+#define STOW_SLOT_STAGING 4 /* 4-7 */
+#define STOW_N_SLOTS      8
+
+/* Where a micro-batch's STOW_BUF_INPUT buffer keeps what it holds, in
+ * bytes from its start, for n tokens: the token ids (n int32), the
+ * targets (the next tokens, n int32), the embedding's output x (n, h) of
+ * @x_bytes; @bytes in all. */
+typedef struct
+{
+  guint64 tokens, targets, x, bytes;
+} StowInputLayout;
+
+static inline StowInputLayout
+stow_input_layout (guint64 n_tokens, guint64 x_bytes)
+{
+  return (StowInputLayout){ .tokens = 0,
+                            .targets = 4 * n_tokens,
+                            .x = 8 * n_tokens,
+                            .bytes = 8 * n_tokens + x_bytes };
+}
+
 typedef struct
 {
   char *name;
   StowTier tier;
   guint64 bytes;
   guint rank;
-  /* Rotating slots: 0 and 1 hold layers' weights, 2 and 3 their
-   * gradients, 4-7 NVMe staging.  A buffer with a slot names the slot's
+  /* Rotating slots (STOW_SLOT_*): a buffer with a slot names the slot's
    * occupant for one use and has no bytes of its own: the bytes are the
-   * persistent "layer slot" and "gradient slot" buffers.  -1: not a slot. */
+   * persistent buffer of that role (STOW_ROLE_LAYER_SLOT, _GRAD_SLOT,
+   * _PARAM_STAGING).  -1: not a slot. */
   gint slot;
   gboolean persistent; /* lives for the whole step, ready at the start */
   StowBufferKind kind;

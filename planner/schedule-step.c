@@ -46,7 +46,8 @@ emit_load (StowLower *L, StowLowerRank *R, guint k)
   /* The slot's bytes are the persistent slot buffer's; this buffer names
    * its occupant, so that reuse and loads can be checked. */
   use->buffer = stow_program_buffer (L->p, R->rank, STOW_TIER_DEVICE, 0,
-                                     (gint)slot, FALSE, "slot %u: %s%d", slot,
+                                     STOW_SLOT_LAYER + (gint)slot, FALSE,
+                                     "slot %u: %s%d", slot,
                                      u->layer >= 0 ? "L" : "unit ", u->layer);
   stow_lower_holds (L, use->buffer, STOW_BUF_WEIGHTS, u->pu, 1, L->wdt,
                     u->layer, 0);
@@ -63,7 +64,8 @@ emit_load (StowLower *L, StowLowerRank *R, guint k)
                     ? g_array_index (R->uses, StowLowerUse, k - 4).staging_freed
                     : STOW_NONE;
           staging = stow_program_buffer (L->p, R->rank, STOW_TIER_PINNED, 0,
-                                         4 + (gint)(k % 4), FALSE,
+                                         STOW_SLOT_STAGING + (gint)(k % 4),
+                                         FALSE,
                                          "staging %u: %d", k % 4, u->layer);
           stow_lower_alloc (L, R->rank, STOW_STREAM_NVME_READ, staging, &sprev,
                             1);
@@ -674,8 +676,9 @@ item_begin (StowLower *L, StowLowerRank *R, guint i, ItemCtx *X)
                                   : g_strdup_printf ("L%d", u->layer);
       X->grad = stow_lower_holds (
           L,
-          stow_program_buffer (p, rank, STOW_TIER_DEVICE, 0, 2 + (gint)sl,
-                               FALSE, "gradient slot %u: %s", sl, what),
+          stow_program_buffer (p, rank, STOW_TIER_DEVICE, 0,
+                               STOW_SLOT_GRADS + (gint)sl, FALSE,
+                               "gradient slot %u: %s", sl, what),
           STOW_BUF_GRADS, u->pu, 1, L->gdt, u->layer, it->mb);
       X->up = emit_grad_slot (L, R, u, X->grad, sl);
     }

@@ -192,8 +192,9 @@ stow_cpu_run_op (CpuBackend *b, guint i, GError **error)
       {
         guint8 *in = b->map.addr[b->map.input_of[op->micro_batch]];
         guint64 n = b->map.n_tokens;
-        stow_batches_fill (b->data, b->step, op->micro_batch, (gint32 *)in,
-                           (gint32 *)(in + 4 * n), n);
+        stow_batches_fill (b->data, b->step, op->micro_batch,
+                           (gint32 *)(in + b->map.input.tokens),
+                           (gint32 *)(in + b->map.input.targets), n);
         return TRUE;
       }
     case STOW_OP_FORWARD:

@@ -15,8 +15,8 @@ grads_of (const StowTensorMap *m, const StowOp *op)
   return g != STOW_NONE ? g : m->grads_buf;
 }
 
-/* The micro-batch's INPUT buffer: tokens (n int32), targets (n int32),
- * then the embedding's output. */
+/* The micro-batch's INPUT buffer (m->input says where it keeps its
+ * tokens, targets and the embedding's output). */
 static guint8 *
 input_of (const StowTensorMap *m, const StowOp *op)
 {
@@ -31,8 +31,8 @@ run_forward (const StowDecoder *d, const StowTensorMap *m, const StowOp *op)
   if (op->layer == STOW_LAYER_EMBEDDING)
     {
       guint8 *in = input_of (m, op);
-      stow_decoder_embed_forward (d, w, (gint32 *)in, m->n_tokens,
-                                  in + 8 * m->n_tokens);
+      stow_decoder_embed_forward (d, w, (gint32 *)(in + m->input.tokens),
+                                  m->n_tokens, in + m->input.x);
       return;
     }
   StowLlamaLayerWeights lw;
@@ -59,7 +59,8 @@ run_loss (const StowDecoder *d, const StowTensorMap *m, const StowOp *op,
   g_assert (logits != STOW_NONE);
   guint8 *x = stow_tensor_map_layer_output (m, (gint)m->model->n_layers - 1,
                                             op->micro_batch);
-  stow_decoder_head_loss (d, n, norm, lm, x, (gint32 *)(in + 4 * n),
+  stow_decoder_head_loss (d, n, norm, lm, x,
+                          (gint32 *)(in + m->input.targets),
                           m->p->loss_scale, dnorm, dlm, op->accumulate, x,
                           m->addr[logits], m->chunk, loss_sum);
 }
@@ -71,8 +72,8 @@ run_backward (const StowDecoder *d, const StowTensorMap *m, const StowOp *op)
   if (op->layer == STOW_LAYER_EMBEDDING)
     {
       guint8 *in = input_of (m, op);
-      stow_decoder_embed_backward (d, (gint32 *)in, m->n_tokens,
-                                   in + 8 * m->n_tokens,
+      stow_decoder_embed_backward (d, (gint32 *)(in + m->input.tokens),
+                                   m->n_tokens, in + m->input.x,
                                    stow_tensor_map_unit (m, gbuf, op->unit),
                                    op->accumulate);
       return;

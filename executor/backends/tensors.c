@@ -144,7 +144,7 @@ index_buffers (StowTensorMap *m, const char *backend, GError **error)
   guint nm = (guint)p->grad_accum;
   guint64 n = m->n_tokens;
   guint64 h = m->model->hidden;
-  guint64 x_bytes = n * h * m->esize;
+  m->input = stow_input_layout (n, n * h * m->esize);
   guint L = (guint)m->model->n_layers;
   m->act_of = g_new (guint, (gsize)L * nm);
   m->input_of = g_new (guint, nm);
@@ -181,7 +181,7 @@ index_buffers (StowTensorMap *m, const char *backend, GError **error)
       switch (buf->kind)
         {
         case STOW_BUF_GRADS:
-          if (!buf->persistent && buf->slot >= 2)
+          if (!buf->persistent && buf->slot >= STOW_SLOT_GRADS)
             {
               /* A gradient slot's occupant: one unit's gradients of one
                * micro-batch. */
@@ -278,16 +278,16 @@ index_buffers (StowTensorMap *m, const char *backend, GError **error)
               && buf->tier == STOW_TIER_DEVICE && buf->role_index < 2)
             {
               ok = check_size (backend, buf, gmax, error);
-              m->slot_buf[2 + buf->role_index] = i;
+              m->slot_buf[STOW_SLOT_GRADS + buf->role_index] = i;
             }
           else if (buf->role == STOW_ROLE_LAYER_SLOT
                    && buf->tier == STOW_TIER_DEVICE && buf->role_index < 2)
-            m->slot_buf[buf->role_index] = i;
+            m->slot_buf[STOW_SLOT_LAYER + buf->role_index] = i;
           else if (buf->role == STOW_ROLE_PARAM_STAGING
                    && buf->tier != STOW_TIER_DEVICE && buf->role_index < 4)
             {
               ok = check_size (backend, buf, umax * m->esize, error);
-              m->slot_buf[4 + buf->role_index] = i;
+              m->slot_buf[STOW_SLOT_STAGING + buf->role_index] = i;
             }
           else if (buf->role == STOW_ROLE_PARAM_WRITE
                    && buf->tier != STOW_TIER_DEVICE)
@@ -305,7 +305,7 @@ index_buffers (StowTensorMap *m, const char *backend, GError **error)
             }
           break;
         case STOW_BUF_INPUT:
-          ok = check_size (backend, buf, 8 * n + x_bytes, error);
+          ok = check_size (backend, buf, m->input.bytes, error);
           if (buf->micro_batch < nm)
             m->input_of[buf->micro_batch] = i;
           break;
@@ -337,11 +337,13 @@ index_buffers (StowTensorMap *m, const char *backend, GError **error)
     }
   for (guint s = 0; s < 2; s++)
     if (wmax > 0
-        && (m->slot_buf[s] == STOW_NONE
-            || !check_size (backend, stow_tensor_map_buffer (m, m->slot_buf[s]),
+        && (m->slot_buf[STOW_SLOT_LAYER + s] == STOW_NONE
+            || !check_size (backend,
+                            stow_tensor_map_buffer (
+                                m, m->slot_buf[STOW_SLOT_LAYER + s]),
                             wmax, error)))
       {
-        if (m->slot_buf[s] == STOW_NONE)
+        if (m->slot_buf[STOW_SLOT_LAYER + s] == STOW_NONE)
           g_set_error (error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_INVALID,
                        "the program streams layers through slot %u but has "
                        "no \"layer slot %u\"",
@@ -353,7 +355,8 @@ index_buffers (StowTensorMap *m, const char *backend, GError **error)
   if ((offloaded && m->host_weights_buf == STOW_NONE
        && !(m->params_nvme && m->write_buf != STOW_NONE))
       || m->states_buf == STOW_NONE || (streamed && !offloaded)
-      || (offloaded ? m->grads_buf != STOW_NONE || m->slot_buf[2] == STOW_NONE
+      || (offloaded ? m->grads_buf != STOW_NONE
+                        || m->slot_buf[STOW_SLOT_GRADS] == STOW_NONE
                     : m->grads_buf == STOW_NONE)
       || (p->master_weights && !m->states_master && m->master_buf == STOW_NONE))
     {
@@ -430,7 +433,7 @@ stow_tensor_map_layer_output (const StowTensorMap *m, gint layer, guint mb)
 {
   guint nm = (guint)m->p->grad_accum;
   if (layer < 0)
-    return (guint8 *)m->addr[m->input_of[mb]] + 8 * m->n_tokens;
+    return (guint8 *)m->addr[m->input_of[mb]] + m->input.x;
   guint bi = m->act_of[layer * nm + mb];
   guint8 *base = m->addr[bi];
   if (stow_tensor_map_buffer (m, bi)->kind == STOW_BUF_CHECKPOINT)
@@ -694,7 +697,7 @@ stow_tensor_map_grad_norm (const StowTensorMap *m, StowAdam *adam,
 static gboolean
 is_grad_slot (const StowBuffer *buf)
 {
-  return buf->kind == STOW_BUF_GRADS && buf->slot >= 2;
+  return buf->kind == STOW_BUF_GRADS && buf->slot >= STOW_SLOT_GRADS;
 }
 
 gboolean

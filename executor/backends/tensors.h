@@ -37,6 +37,7 @@ typedef struct
   guint emb_unit, head_unit;
   guint *act_of;   /* [layer * m + mb]: its ACTIVATIONS or CHECKPOINT buffer */
   guint *input_of; /* [mb]: its INPUT buffer (tokens, targets, x) */
+  StowInputLayout input; /* where an INPUT buffer keeps them */
   guint weights_buf, grads_buf, master_buf, states_buf;
   /* An offloaded optimizer (ZeRO-Offload): the host copy of the gradients
    * (grads_buf is then STOW_NONE: backward writes gradient slots), and
@@ -63,10 +64,9 @@ typedef struct
   /* The delayed update's second host copy of the gradients
    * (STOW_DELAYED_GRADS_NAME), or STOW_NONE. */
   guint delayed_grads_buf;
-  /* [slot]: the persistent buffer whose bytes a slot's occupant uses
-   * (0, 1: "layer slot N"; 2, 3: "gradient slot N"; 4-7: "parameter
-   * staging buffer N"), STOW_NONE: none */
-  guint slot_buf[8];
+  /* [slot] (STOW_SLOT_*): the persistent buffer whose bytes a slot's
+   * occupant uses, STOW_NONE: none */
+  guint slot_buf[STOW_N_SLOTS];
   /* The host copy of the weights CPU Adam writes and the "updated up"
    * copies read (unit layout as weights_buf); NULL: Adam writes the
    * device weights.  Set by the backend. */

@@ -61,7 +61,8 @@ struct _CudaBackend
   gboolean *op_timed;          /* [op]: its events were recorded this step */
   cudaEvent_t t0;              /* the step's origin, on the compute stream */
   /* host side */
-  gint32 *staging;             /* pinned: m micro-batches of 2 n tokens */
+  gint32 *staging; /* pinned: m micro-batches' tokens and targets, each as
+                     the INPUT buffer holds them (input.x bytes) */
   StowCudaOptimState *state_h; /* pinned */
   StowCudaOptimState *state_d;
   double *loss_h, *loss_d;     /* pinned / device: the step's loss sum */
@@ -274,11 +275,14 @@ run_data (CudaBackend *b, const StowOp *op, GError **error)
 {
   StowTensorMap *m = &b->map;
   guint64 n = m->n_tokens;
-  gint32 *host = b->staging + (gsize)op->micro_batch * 2 * n;
-  stow_batches_fill (b->data, b->step, op->micro_batch, host, host + n, n);
-  /* tokens then targets, as the INPUT buffer holds them */
+  /* Tokens then targets, laid out as the INPUT buffer holds them: one
+   * copy up. */
+  guint8 *host = (guint8 *)b->staging + (gsize)op->micro_batch * m->input.x;
+  stow_batches_fill (b->data, b->step, op->micro_batch,
+                     (gint32 *)(host + m->input.tokens),
+                     (gint32 *)(host + m->input.targets), n);
   return cuda_ok (cudaMemcpyAsync (m->addr[m->input_of[op->micro_batch]],
-                                   host, 8 * n, cudaMemcpyHostToDevice,
+                                   host, m->input.x, cudaMemcpyHostToDevice,
                                    stream_of (b, op)),
                   "tokens to the device", error);
 }
@@ -1004,14 +1008,13 @@ stow_backend_cuda_new (const StowBackendSetup *setup, GError **error)
   if (!stow_tensor_map_init (&b->map, p, b->model, "cuda", error)
       || !make_events (b, error))
     goto fail;
-  guint64 n = b->map.n_tokens;
   guint m = (guint)p->grad_accum;
   guint64 cap = (setup->device_capacity_bytes + STOW_ARENA_ALIGN - 1)
                 / STOW_ARENA_ALIGN * STOW_ARENA_ALIGN;
   if (!cuda_ok (cudaMalloc (&b->dev_base, MAX (cap, STOW_ARENA_ALIGN)),
                 "cudaMalloc of the device tier (--device-memory)", error)
       || !cuda_ok (cudaMallocHost ((void **)&b->staging,
-                                   (gsize)m * 8 * n),
+                                   (gsize)m * b->map.input.x),
                    "cudaMallocHost", error)
       || !cuda_ok (cudaMallocHost ((void **)&b->state_h,
                                    sizeof (StowCudaOptimState)),
@@ -1025,7 +1028,8 @@ stow_backend_cuda_new (const StowBackendSetup *setup, GError **error)
                    "cudaMalloc", error))
     goto fail;
   b->arena = stow_arena_new_over (b->dev_base, setup->device_capacity_bytes);
-  b->llama = stow_llama_cuda_new (&b->map.config, b->map.ftype, n, p->seq_len,
+  b->llama = stow_llama_cuda_new (&b->map.config, b->map.ftype, b->map.n_tokens,
+                                  p->seq_len,
                                   b->streams[STOW_STREAM_COMPUTE], error);
   if (b->llama == NULL)
     goto fail;
