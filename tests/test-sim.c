@@ -788,6 +788,9 @@ test_agrees_with_cost (void)
       g_assert_cmpfloat (ratio, >=, cases[i].lo);
       g_assert_cmpfloat (ratio, <=, cases[i].hi);
       worst = MAX (worst, fabs (ratio - 1.0));
+      g_autofree char *claim
+          = g_strdup_printf ("sim.agrees-with-cost.case-%u.ratio", i + 1);
+      stow_test_claim (claim, ratio);
     }
   /* The figure README.md and docs/simulator.md quote. */
   stow_test_claim ("sim.agrees-with-cost.worst-pct", 100 * worst);
