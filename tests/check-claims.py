@@ -48,6 +48,29 @@ BENCH = {
     "bench.gpu-h100-1101.ratio": (
         "gpu-h100-20261126-1101/gpu-train-bf16.md",
         r"stowage / PyTorch tokens/s: ([\d.]+)x"),
+    "bench.gpu-h200-1112.stowage-tokens": (
+        "gpu-h200-20261126-1112/gpu-train-bf16.md",
+        r"\| stowage train --backend cuda \| [\d.]+ \| (\d+) \|"),
+    "bench.gpu-h200-1112.torch-tokens": (
+        "gpu-h200-20261126-1112/gpu-train-bf16.md",
+        r"\| PyTorch eager \| [\d.]+ \| (\d+) \|"),
+    "bench.gpu-h200-1120.stowage-tokens": (
+        "gpu-h200-20261126-1120/gpu-train-bf16.md",
+        r"\| stowage train --backend cuda \| [\d.]+ \| (\d+) \|"),
+    "bench.gpu-h200-1120.torch-tokens": (
+        "gpu-h200-20261126-1120/gpu-train-bf16.md",
+        r"\| PyTorch eager \| [\d.]+ \| (\d+) \|"),
+    "bench.gpu-h100-1101.stowage-tokens": (
+        "gpu-h100-20261126-1101/gpu-train-bf16.md",
+        r"\| stowage train --backend cuda \| [\d.]+ \| (\d+) \|"),
+    "bench.gpu-h100-1101.torch-tokens": (
+        "gpu-h100-20261126-1101/gpu-train-bf16.md",
+        r"\| PyTorch eager \| [\d.]+ \| (\d+) \|"),
+    # The cuda backend against PyTorch (tests/oracle/, --backend cuda),
+    # as the GPU suite printed it in that run.
+    "bench.gpu-h200-1112.oracle-weights-worst": (
+        "gpu-h200-20261126-1112/gpu.log",
+        r"tied-qkv-bias-recompute: worst relative error ([\d.e+-]+)"),
     "bench.search-1255.llama-65b.seconds": (
         "search-vm-20261122-1255.md",
         r"\| LLaMA-65B, 1024xA100-80GB, batch 2048 \| \d+ \| \d+ \| ([\d.]+) \|"),
