@@ -24,8 +24,8 @@
  * hbm_eff were fitted on its s/iter rows.  Narayanan Table 1 was not used
  * to fit anything. */
 #define KORTHIKANTI_STEP_BOUND 0.11 /* s/iter: 8.7% (22B, SP + selective) */
-#define KORTHIKANTI_MFU_BOUND 0.13  /* MFU and HFU: 10.0% (22B MFU) */
-#define NARAYANAN_BOUND 0.14        /* TFLOP/s: 10.7% (1.7B) */
+#define KORTHIKANTI_MFU_BOUND  0.13 /* MFU and HFU: 10.0% (22B MFU) */
+#define NARAYANAN_BOUND        0.14 /* TFLOP/s: 10.7% (1.7B) */
 
 static StowCluster *
 cluster (guint gpus)
@@ -207,8 +207,7 @@ test_narayanan (gconstpointer data)
 {
   const NarayananRow *r = data;
   double err = narayanan_error (r);
-  g_autofree char *claim
-      = g_strdup_printf ("cost.narayanan.%s-pct", r->model);
+  g_autofree char *claim = g_strdup_printf ("cost.narayanan.%s-pct", r->model);
   stow_test_claim (claim, 100 * err);
   g_assert_cmpfloat (fabs (err), <=, NARAYANAN_BOUND);
 }
@@ -258,8 +257,7 @@ test_flops_formula (void)
   g_assert_cmpfloat (fabs (cost.model_flops_per_step / expect - 1), <, 1e-3);
   /* Published MFU for this row: 51.4% (Megatron README); the table's
    * bound, as for /cost/korthikanti-table5. */
-  g_assert_cmpfloat (fabs (cost.mfu - 0.514), <,
-                     KORTHIKANTI_MFU_BOUND * 0.514);
+  g_assert_cmpfloat (fabs (cost.mfu - 0.514), <, KORTHIKANTI_MFU_BOUND * 0.514);
 }
 
 /* Exposed never exceeds total; the step is the sum of exposed terms;

@@ -753,9 +753,8 @@ test_calibration_peft_t0 (void)
         g_autofree char *what = g_strdup_printf (
             "T0_3B %s, longest tweet %" G_GUINT64_FORMAT " tokens",
             rows[i].column, seq);
-        worst = MAX (worst,
-                     check_gb (what, got, rows[i].measured_gb, 0.10, FALSE,
-                               NULL));
+        worst = MAX (worst, check_gb (what, got, rows[i].measured_gb, 0.10,
+                                      FALSE, NULL));
         double host = (double)mem->host_total_bytes;
         if (rows[i].deepspeed)
           {
@@ -1822,7 +1821,7 @@ test_selective_op (void)
  * furthest (-20.0% when issue 42 set them) and a quarter to the nearest
  * (-11.2%) less a quarter, so that neither a worse prediction nor one
  * that is no longer low passes unnoticed. */
-#define TORCHTITAN_LOWEST -0.25
+#define TORCHTITAN_LOWEST  -0.25
 #define TORCHTITAN_HIGHEST -0.084
 
 static void

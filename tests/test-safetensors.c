@@ -311,8 +311,8 @@ test_reference_reader (Fixture *f, gconstpointer data)
   g_assert_true (g_file_get_contents (path, &ours, &n_ours, &error));
   g_autofree char *bytes_path
       = stow_test_fixture ("safetensors", "writer-output.safetensors", NULL);
-  g_autofree char *json_path = stow_test_fixture (
-      "safetensors", "writer-output.reference.json", NULL);
+  g_autofree char *json_path
+      = stow_test_fixture ("safetensors", "writer-output.reference.json", NULL);
   const char *python = g_getenv ("STOW_SAFETENSORS_PYTHON");
   if (python != NULL)
     {
@@ -320,9 +320,8 @@ test_reference_reader (Fixture *f, gconstpointer data)
           = stow_test_fixture ("safetensors", "check-reference.py", NULL);
       const char *argv[] = { python, script, path, NULL };
       int status = 0;
-      g_assert_true (g_spawn_sync (NULL, (char **)argv, NULL,
-                                   G_SPAWN_DEFAULT, NULL, NULL, &out, NULL,
-                                   &status, &error));
+      g_assert_true (g_spawn_sync (NULL, (char **)argv, NULL, G_SPAWN_DEFAULT,
+                                   NULL, NULL, &out, NULL, &status, &error));
       g_assert_true (g_spawn_check_wait_status (status, &error));
       g_assert_no_error (error);
       g_assert_true (g_file_set_contents (bytes_path, ours, n_ours, &error));
