@@ -4,8 +4,10 @@
  * Korthikanti et al. 2022 Table 5 (seconds per iteration, full recompute
  * and sequence parallelism + selective recompute, A100-80GB Selene) and
  * Narayanan et al. 2021 Table 1 (TFLOP/s per GPU with recomputation).
- * Within 15% of every row; plus properties (more GPUs never slower per
- * token on a comm-free layout, bubble formula, exposed <= total).
+ * Each table's rows within its bound (below); a summary prints each
+ * table's worst as the claim README.md and docs/time-model.md quote.
+ * Plus properties (more GPUs never slower per token on a comm-free
+ * layout, bubble formula, exposed <= total).
  */
 #include <math.h>
 #include <string.h>
@@ -13,7 +15,17 @@
 #include "planner/cost.h"
 #include "planner/memory.h"
 #include "planner/search.h"
+#include "tests/testutil-claim.h"
 #include "tests/testutil-planner.h"
+
+/* Each table's worst |error| when issue 42 set these (docs/time-model.md,
+ * "Calibration and checks"), times 1.25, rounded up to a whole percent.
+ * Korthikanti Table 5 is in-sample: gemm_eff_max, gemm_half_dim and
+ * hbm_eff were fitted on its s/iter rows.  Narayanan Table 1 was not used
+ * to fit anything. */
+#define KORTHIKANTI_STEP_BOUND 0.11 /* s/iter: 8.7% (22B, SP + selective) */
+#define KORTHIKANTI_MFU_BOUND  0.13 /* MFU and HFU: 10.0% (22B MFU) */
+#define NARAYANAN_BOUND        0.14 /* TFLOP/s: 10.7% (1.7B) */
 
 static StowCluster *
 cluster (guint gpus)
@@ -76,19 +88,20 @@ static const KorthikantiRow korthikanti[] = {
   { "korthikanti-1t", 512, 8, 64, 1, 512, 1, 94.42, 71.49, 0.563, 0.570 },
 };
 
-static void
-check_close (const char *what, double predicted, double published)
+static double
+rel_err (const char *what, double predicted, double published)
 {
   double err = (predicted - published) / published;
   g_test_message ("%s: predicted %.4g, published %.4g (%+.1f%%)", what,
                   predicted, published, 100 * err);
-  g_assert_cmpfloat (fabs (err), <=, 0.15);
+  return err;
 }
 
+/* The row's errors: full recompute s/iter, SP + selective s/iter, its MFU
+ * and its HFU. */
 static void
-test_korthikanti (gconstpointer data)
+korthikanti_errors (const KorthikantiRow *r, double err[4])
 {
-  const KorthikantiRow *r = data;
   g_autoptr (StowModel) m = stow_test_model (r->model);
   g_autoptr (StowCluster) c = cluster (r->gpus);
   StowTraining t;
@@ -104,20 +117,38 @@ test_korthikanti (gconstpointer data)
   g_assert_true (stow_cost_estimate_checked (m, c, &t, &l, &o, &cost, &error));
   g_assert_no_error (error);
   g_autofree char *w1 = g_strdup_printf ("%s full recompute s/iter", r->model);
-  check_close (w1, cost.step_time_s, r->full_s);
+  err[0] = rel_err (w1, cost.step_time_s, r->full_s);
   double full_hfu = cost.hfu;
 
   layout (&l, r->gpus, r->tp, r->pp, r->vpp, r->gb, r->mbs,
           STOW_RECOMPUTE_SELECTIVE, TRUE);
   g_assert_true (stow_cost_estimate_checked (m, c, &t, &l, &o, &cost, &error));
   g_autofree char *w2 = g_strdup_printf ("%s SP+selective s/iter", r->model);
-  check_close (w2, cost.step_time_s, r->sel_s);
+  err[1] = rel_err (w2, cost.step_time_s, r->sel_s);
   g_autofree char *w3 = g_strdup_printf ("%s SP+selective MFU", r->model);
-  check_close (w3, cost.mfu, r->mfu);
+  err[2] = rel_err (w3, cost.mfu, r->mfu);
   g_autofree char *w4 = g_strdup_printf ("%s SP+selective HFU", r->model);
-  check_close (w4, cost.hfu, r->hfu);
+  err[3] = rel_err (w4, cost.hfu, r->hfu);
   /* Full recompute does more hardware work per model FLOP. */
   g_assert_cmpfloat (cost.hfu - cost.mfu, <, full_hfu);
+}
+
+static void
+test_korthikanti (gconstpointer data)
+{
+  const KorthikantiRow *r = data;
+  double err[4];
+  korthikanti_errors (r, err);
+  static const char *const what[] = { "full", "selective", "mfu", "hfu" };
+  for (int k = 0; k < 4; k++)
+    {
+      g_autofree char *claim
+          = g_strdup_printf ("cost.korthikanti.%s.%s-pct", r->model, what[k]);
+      stow_test_claim (claim, 100 * err[k]);
+      g_assert_cmpfloat (fabs (err[k]), <=,
+                         k < 2 ? KORTHIKANTI_STEP_BOUND
+                               : KORTHIKANTI_MFU_BOUND);
+    }
 }
 
 typedef struct
@@ -139,10 +170,9 @@ static const NarayananRow narayanan[] = {
 /* Table 1 does not give the micro-batch size: the row's layout is pinned
  * (tp, pp, dp, full recompute, 1F1B) and the search picks the micro-batch,
  * as the authors picked the largest that ran well. */
-static void
-test_narayanan (gconstpointer data)
+static double
+narayanan_error (const NarayananRow *r)
 {
-  const NarayananRow *r = data;
   g_autoptr (StowModel) m = stow_test_model (r->model);
   g_autoptr (StowCluster) c = cluster (r->gpus);
   StowTraining t;
@@ -169,7 +199,44 @@ test_narayanan (gconstpointer data)
   g_autofree char *w = g_strdup_printf ("%s (micro-batch %" G_GUINT64_FORMAT
                                         ") TFLOP/s per GPU",
                                         r->model, best->layout.micro_batch);
-  check_close (w, best->cost.hw_tflops_per_gpu, r->tflops);
+  return rel_err (w, best->cost.hw_tflops_per_gpu, r->tflops);
+}
+
+static void
+test_narayanan (gconstpointer data)
+{
+  const NarayananRow *r = data;
+  double err = narayanan_error (r);
+  g_autofree char *claim = g_strdup_printf ("cost.narayanan.%s-pct", r->model);
+  stow_test_claim (claim, 100 * err);
+  g_assert_cmpfloat (fabs (err), <=, NARAYANAN_BOUND);
+}
+
+/* Each table's worst |error| (every row again: this case may run alone),
+ * the figures README.md quotes. */
+static void
+test_tables_summary (void)
+{
+  double step = 0, ratio = 0, tflops = 0;
+  for (gsize i = 0; i < G_N_ELEMENTS (korthikanti); i++)
+    {
+      double err[4];
+      korthikanti_errors (&korthikanti[i], err);
+      step = MAX (step, MAX (fabs (err[0]), fabs (err[1])));
+      ratio = MAX (ratio, MAX (fabs (err[2]), fabs (err[3])));
+    }
+  for (gsize i = 0; i < G_N_ELEMENTS (narayanan); i++)
+    tflops = MAX (tflops, fabs (narayanan_error (&narayanan[i])));
+  stow_test_claim ("cost.korthikanti.step.worst-pct", 100 * step);
+  stow_test_claim ("cost.korthikanti.mfu-hfu.worst-pct", 100 * ratio);
+  stow_test_claim ("cost.narayanan.worst-pct", 100 * tflops);
+  g_assert_cmpfloat (step, <=, KORTHIKANTI_STEP_BOUND);
+  g_assert_cmpfloat (ratio, <=, KORTHIKANTI_MFU_BOUND);
+  g_assert_cmpfloat (tflops, <=, NARAYANAN_BOUND);
+  /* No bound wider than twice what it holds. */
+  g_assert_cmpfloat (KORTHIKANTI_STEP_BOUND, <=, 2 * step);
+  g_assert_cmpfloat (KORTHIKANTI_MFU_BOUND, <=, 2 * ratio);
+  g_assert_cmpfloat (NARAYANAN_BOUND, <=, 2 * tflops);
 }
 
 /* Model FLOPs: 72 B s L h^2 (1 + s/6h + V/12hL) for GPT (Narayanan et al.
@@ -188,8 +255,9 @@ test_flops_formula (void)
   double B = 64, s = 2048, L = 96, h = 12288, V = 51200;
   double expect = 72 * B * s * L * h * h * (1 + s / (6 * h) + V / (12 * h * L));
   g_assert_cmpfloat (fabs (cost.model_flops_per_step / expect - 1), <, 1e-3);
-  /* Published MFU for this row: 51.4% (Megatron README). */
-  g_assert_cmpfloat (fabs (cost.mfu - 0.514), <, 0.15 * 0.514);
+  /* Published MFU for this row: 51.4% (Megatron README); the table's
+   * bound, as for /cost/korthikanti-table5. */
+  g_assert_cmpfloat (fabs (cost.mfu - 0.514), <, KORTHIKANTI_MFU_BOUND * 0.514);
 }
 
 /* Exposed never exceeds total; the step is the sum of exposed terms;
@@ -769,6 +837,8 @@ main (int argc, char **argv)
           = g_strdup_printf ("/cost/narayanan-table1/%s", narayanan[i].model);
       g_test_add_data_func (p, &narayanan[i], test_narayanan);
     }
+  /* A sub-suite registered after the two tables runs after them. */
+  g_test_add_func ("/cost/summary/tables", test_tables_summary);
   g_test_add_func ("/cost/nvme-bound-rule", test_nvme_bound_rule);
   g_test_add_func ("/cost/flops-formula", test_flops_formula);
   g_test_add_func ("/cost/properties", test_properties);

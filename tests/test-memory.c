@@ -2,8 +2,11 @@
  *
  * tests/test-memory.c: the memory model against published numbers (the
  * ZeRO paper's Table 1, DeepSpeed's estimator outputs, Megatron's worked
- * LLaMA-65B example, Korthikanti et al. Table 2 and Figure 1), then
- * properties over random layouts.
+ * LLaMA-65B example, Korthikanti et al. Table 2 and Figure 1), against
+ * measured runs (the /memory/calibration cases: each row within a bound
+ * its case states, on both sides, and the figures README.md quotes
+ * printed as claims; docs/testing.md), then properties over random
+ * layouts.
  */
 #include <math.h>
 #include <string.h>
@@ -13,6 +16,7 @@
 #include "hw/hw.h"
 #include "models/model.h"
 #include "planner/memory.h"
+#include "tests/testutil-claim.h"
 #include "tests/testutil-planner.h"
 
 #define GiB 1073741824.0
@@ -445,6 +449,7 @@ test_calibration_bert_large (void)
   g_autoptr (StowModel) m = stow_test_model ("bert-large-uncased");
   g_autoptr (StowCluster) c = stow_test_cluster ("1xV100-16GB");
   double total[G_N_ELEMENTS (rows)];
+  double worst = 0; /* the rows held to 10% */
   for (gsize i = 0; i < G_N_ELEMENTS (rows); i++)
     {
       StowTraining t;
@@ -464,6 +469,10 @@ test_calibration_bert_large (void)
                       "measured %.0f MiB: %+.1f%%",
                       rows[i].row, total[i], rows[i].measured_mib, 100 * err);
       g_assert_cmpfloat (fabs (err), <=, rows[i].tolerance);
+      if (rows[i].precision == STOW_PRECISION_FP16 && rows[i].grad_accum == 1)
+        stow_test_claim ("memory.bert-large.fp16-batch-4-pct", 100 * err);
+      else
+        worst = MAX (worst, fabs (err));
       if (i == 0)
         {
           /* "after weights 2,631 MB": the context plus fp32 weights. */
@@ -474,6 +483,7 @@ test_calibration_bert_large (void)
                              0.01);
         }
     }
+  stow_test_claim ("memory.bert-large.worst-pct", 100 * worst);
   /* What Adam8bit saves over AdamW at batch 4 (rows 0 and 7). */
   double saved = total[0] - total[7], measured = 14949.0 - 13085.0;
   g_test_message ("Adam8bit saves %.0f MiB, measured %.0f MiB", saved,
@@ -505,7 +515,7 @@ test_calibration_bert_large (void)
  * gap is not in them.  Nor is it torchao's step: its one fp32 buffer the
  * size of the parameter (bench/torchao-step.py) is largest for the tied
  * embedding, which steps after backward, below the peak.  It is checked
- * within 20% until a GPU run says what it is. */
+ * within 18% (its -14.3% and a quarter) until a GPU run says what it is. */
 static void
 test_calibration_torchtune (void)
 {
@@ -528,8 +538,9 @@ test_calibration_torchtune (void)
       23.1, 0.10 },
     { "+ act. offload", TRUE, TRUE, TRUE, TRUE, TRUE, FALSE, STOW_FINETUNE_FULL,
       21.8, 0.10 },
+    /* -14.3% when issue 42 set the bound: 1.25 times that, rounded up. */
     { "+ 8-bit AdamW", TRUE, TRUE, TRUE, TRUE, TRUE, TRUE, STOW_FINETUNE_FULL,
-      17.6, 0.20 },
+      17.6, 0.18 },
     { "LoRA", TRUE, TRUE, TRUE, FALSE, TRUE, FALSE, STOW_FINETUNE_LORA, 8.5,
       0.10 },
     { "QLoRA", TRUE, TRUE, TRUE, FALSE, TRUE, FALSE, STOW_FINETUNE_QLORA, 4.6,
@@ -537,6 +548,7 @@ test_calibration_torchtune (void)
   };
   g_autoptr (StowModel) m = stow_test_model ("llama-3.2-3b");
   g_autoptr (StowCluster) c = stow_test_cluster ("1xA100-80GB");
+  double worst = 0; /* the rows held to 10% */
   for (gsize i = 0; i < G_N_ELEMENTS (rows); i++)
     {
       StowTraining t;
@@ -569,7 +581,12 @@ test_calibration_torchtune (void)
                       "%+.1f%%",
                       rows[i].row, got, rows[i].measured_gib, 100 * err);
       g_assert_cmpfloat (fabs (err), <=, rows[i].tolerance);
+      if (rows[i].adam8)
+        stow_test_claim ("memory.torchtune.adamw-8bit-pct", 100 * err);
+      else
+        worst = MAX (worst, fabs (err));
     }
+  stow_test_claim ("memory.torchtune.worst-pct", 100 * worst);
 }
 
 /* A model from tests/data/hf/@file. */
@@ -583,24 +600,33 @@ hf_fixture (const char *file)
 
 /* A source's "GB" that may be the printed MiB over 1024 (GiB) or over
  * 1000 (PEFT's and torchao's tables do not say): prints the error in both
- * readings and checks both within 10%, or with @lower_bound (a miss not
- * yet explained) only that @got is below both. */
-static void
-check_gb (const char *what, double got, double measured_gb,
-          gboolean lower_bound)
+ * readings and holds both within @tolerance, on either side.  A miss not
+ * yet explained is checked with the tolerance its case states (its error
+ * when issue 42 bounded it, and a quarter) and @is_short: below both
+ * readings, as documented.  With @claim, prints the error in each reading
+ * as the claims @claim.gib-pct and @claim.gb-pct.  Returns the larger
+ * |error| of the two readings. */
+static double
+check_gb (const char *what, double got, double measured_gb, double tolerance,
+          gboolean is_short, const char *claim)
 {
   double gib = measured_gb * GiB, gb = measured_gb * 1000.0 * 1048576.0;
   g_test_message ("%s: predicted %.2f GiB, measured %.2f GB: %+.1f%% (GiB) / "
                   "%+.1f%% (1000 MiB)",
                   what, got / GiB, measured_gb, 100 * (got - gib) / gib,
                   100 * (got - gb) / gb);
-  if (lower_bound)
+  if (claim != NULL)
     {
-      g_assert_cmpfloat (got, <, gb);
-      return;
+      g_autofree char *a = g_strdup_printf ("%s.gib-pct", claim);
+      g_autofree char *b = g_strdup_printf ("%s.gb-pct", claim);
+      stow_test_claim (a, 100 * (got - gib) / gib);
+      stow_test_claim (b, 100 * (got - gb) / gb);
     }
-  g_assert_cmpfloat (fabs (got - gib) / gib, <=, 0.10);
-  g_assert_cmpfloat (fabs (got - gb) / gb, <=, 0.10);
+  if (is_short)
+    g_assert_cmpfloat (got, <, gb);
+  g_assert_cmpfloat (fabs (got - gib) / gib, <=, tolerance);
+  g_assert_cmpfloat (fabs (got - gb) / gb, <=, tolerance);
+  return MAX (fabs (got - gib) / gib, fabs (got - gb) / gb);
 }
 
 /* torchao's low-bit optimizer README (PR #812): Llama-2-7B fine-tuned
@@ -643,7 +669,7 @@ test_calibration_torchao_llama2 (void)
           "the drop",
           seq, peak[0] / GiB, peak[1] / GiB);
       for (gsize i = 0; i < G_N_ELEMENTS (drops); i++)
-        check_gb (what, peak[0] - peak[1], drops[i], FALSE);
+        check_gb (what, peak[0] - peak[1], drops[i], 0.10, FALSE, NULL);
     }
 }
 
@@ -695,7 +721,9 @@ peft_run (const StowModel *m, guint64 seq, gboolean deepspeed, StowTraining *t,
  * characters at most).  It is taken as 84 and 92 T5 tokens, inside the
  * band where all three columns, in both readings, hold within 10% (81 to 95
  * tokens; at 80 the DeepSpeed column leaves it, at 96 the LoRA one).  That
- * fits one number to six. */
+ * fits one number to six, so the GPU columns keep the 10% the length was
+ * fitted in (their worst is 8.9%).  The host columns without offload
+ * (+1.4%, +3.8%) and the log's run (-1.6%, +3.8%) are held within 5%. */
 static void
 test_calibration_peft_t0 (void)
 {
@@ -711,6 +739,7 @@ test_calibration_peft_t0 (void)
   } rows[] = { { "full", STOW_FINETUNE_FULL, FALSE, 47.14 },
                { "lora", STOW_FINETUNE_LORA, FALSE, 14.4 },
                { "lora + ZeRO-3 offload", STOW_FINETUNE_LORA, TRUE, 9.8 } };
+  double worst = 0;
   for (gsize i = 0; i < G_N_ELEMENTS (rows); i++)
     for (guint64 seq = 84; seq <= 92; seq += 8)
       {
@@ -724,7 +753,8 @@ test_calibration_peft_t0 (void)
         g_autofree char *what = g_strdup_printf (
             "T0_3B %s, longest tweet %" G_GUINT64_FORMAT " tokens",
             rows[i].column, seq);
-        check_gb (what, got, rows[i].measured_gb, FALSE);
+        worst = MAX (worst, check_gb (what, got, rows[i].measured_gb, 0.10,
+                                      FALSE, NULL));
         double host = (double)mem->host_total_bytes;
         if (rows[i].deepspeed)
           {
@@ -734,7 +764,7 @@ test_calibration_peft_t0 (void)
                             "measured 9404 MiB: %+.1f%%",
                             rows[i].column, got / 1048576.0,
                             100 * (got - log) / log);
-            g_assert_cmpfloat (fabs (got - log) / log, <=, 0.10);
+            g_assert_cmpfloat (fabs (got - log) / log, <=, 0.05);
             /* Its 1,916 MiB before training: the reduce bucket, 5e8 fp32
              * elements (1,907 MiB), and the persistent small parameters. */
             guint64 bucket
@@ -745,9 +775,10 @@ test_calibration_peft_t0 (void)
              * MiB of resident memory at the start of training).  The model
              * accounts for the offloaded fp32 weights (10.6 GiB), the
              * adapters' states, DeepSpeedCPUAdam's pinned buffers (1 GiB)
-             * and the process's own 3 GiB: 14.7 GiB, 15 to 23% short.
-             * What holds the rest is not known, so the prediction is
-             * checked as a lower bound.  The candidate has the right size:
+             * and the process's own 3 GiB: 14.7 GiB, 15.5 to 17.5% short
+             * of the table (22.5% of the log).  What holds the rest is not
+             * known, so the prediction is checked short, within 22% (its
+             * -17.5% and a quarter).  The candidate has the right size:
              * the log's 4,372 MiB missing against the checkpoint's 4,608
              * MiB of 16 MiB attention matrices, which glibc's heap can keep
              * after the load (bench/load-residue.py).  The same column for
@@ -755,7 +786,8 @@ test_calibration_peft_t0 (void)
              * 3% (peft-mt0-bloomz below). */
             g_autofree char *host_what = g_strdup_printf (
                 "T0_3B %s host (the log: 19411 MiB)", rows[i].column);
-            check_gb (host_what, host, 17.8, TRUE);
+            check_gb (host_what, host, 17.8, 0.22, TRUE,
+                      "memory.peft-t0.offload-host");
             g_assert_cmpfloat (host, >, (double)m->params * 4.0);
             continue;
           }
@@ -764,8 +796,9 @@ test_calibration_peft_t0 (void)
          * memory is all of it. */
         g_autofree char *host_what
             = g_strdup_printf ("T0_3B %s host", rows[i].column);
-        check_gb (host_what, host, 2.96, FALSE);
+        check_gb (host_what, host, 2.96, 0.05, FALSE, NULL);
       }
+  stow_test_claim ("memory.peft-t0.gpu.worst-pct", 100 * worst);
 }
 
 /* The same README table's other two models, one A100-80GB (not in
@@ -783,10 +816,13 @@ test_calibration_peft_t0 (void)
  * modeling/peft_lora_clm_accelerate_ds_zero3_offload.py): every sequence
  * padded to max_length 64, batch 8, fp32; BLOOM's configs set no dropout.
  * LoRA: "32GB GPU / 3.8GB CPU"; DeepSpeed: "18.1GB GPU / 35GB CPU".  The
- * LoRA column's GPU memory holds.  Three numbers are short and not explained:
- * the DeepSpeed column's GPU (by 22 to 23%) and host (11 to 13%), and the
- * LoRA column's host (19 to 21%, against 2.96 and 3 GB for the other two
- * models), so they are checked as lower bounds. */
+ * LoRA column's GPU memory holds (within 10%, -5.1% today).  Three numbers
+ * are short and not explained: the DeepSpeed column's GPU (by 21.5 to
+ * 23.4%) and host (11.1 to 13.2%), and the LoRA column's host (19.2 to
+ * 21.1%, against 2.96 and 3 GB for the other two models).  They are
+ * checked short, each within its worst reading's miss and a quarter (30%,
+ * 17% and 27%), so that a prediction that falls further (or to nothing)
+ * fails.  mt0-xxl's host columns (+2.4% and +2.9% at worst) within 4%. */
 static void
 test_calibration_peft_mt0_bloomz (void)
 {
@@ -797,12 +833,18 @@ test_calibration_peft_mt0_bloomz (void)
     guint64 seq;
     gboolean dropout, deepspeed;
     double gpu_gb, host_gb; /* 0: not checked */
+    double gpu_tolerance, host_tolerance;
     gboolean gpu_short, host_short;
+    const char *gpu_claim, *host_claim;
   } rows[] = {
-    { "mt0-xxl.json", 84, TRUE, FALSE, 0, 3.0, FALSE, FALSE },
-    { "mt0-xxl.json", 84, TRUE, TRUE, 0, 52.0, FALSE, FALSE },
-    { "bloom-7b1", 64, FALSE, FALSE, 32.0, 3.8, FALSE, TRUE },
-    { "bloom-7b1", 64, FALSE, TRUE, 18.1, 35.0, TRUE, TRUE },
+    { "mt0-xxl.json", 84, TRUE, FALSE, 0, 3.0, 0, 0.04, FALSE, FALSE, NULL,
+      NULL },
+    { "mt0-xxl.json", 84, TRUE, TRUE, 0, 52.0, 0, 0.04, FALSE, FALSE, NULL,
+      NULL },
+    { "bloom-7b1", 64, FALSE, FALSE, 32.0, 3.8, 0.10, 0.27, FALSE, TRUE,
+      "memory.peft-bloom.lora-gpu", "memory.peft-bloom.lora-host" },
+    { "bloom-7b1", 64, FALSE, TRUE, 18.1, 35.0, 0.30, 0.17, TRUE, TRUE,
+      "memory.peft-bloom.offload-gpu", "memory.peft-bloom.offload-host" },
   };
   for (gsize i = 0; i < G_N_ELEMENTS (rows); i++)
     {
@@ -826,6 +868,9 @@ test_calibration_peft_mt0_bloomz (void)
       const double got[2] = { (double)mem->allocated_peak_bytes,
                               (double)mem->host_total_bytes };
       const gboolean shorts[2] = { rows[i].gpu_short, rows[i].host_short };
+      const double tolerances[2]
+          = { rows[i].gpu_tolerance, rows[i].host_tolerance };
+      const char *const claims[2] = { rows[i].gpu_claim, rows[i].host_claim };
       for (int k = 0; k < 2; k++)
         {
           if (measured[k] == 0)
@@ -834,7 +879,8 @@ test_calibration_peft_mt0_bloomz (void)
               "%s %s %s", m->name,
               rows[i].deepspeed ? "lora + ZeRO-3 offload" : "lora",
               k ? "host" : "GPU");
-          check_gb (what, got[k], measured[k], shorts[k]);
+          check_gb (what, got[k], measured[k], tolerances[k], shorts[k],
+                    claims[k]);
         }
     }
 }
@@ -1095,6 +1141,10 @@ test_fsdp_sharding (void)
  * the issue does not say what it used.  Compared with the allocated peak,
  * both readings of "MB" (10^6 and 2^20 B) are checked, and so is the
  * per-head rise that fixed the precision. */
+/* The ten rows' worst reading was +5.8% when issue 42 set this: 1.25
+ * times that, rounded up (the rises' worst is -4.9%). */
+#define BIGCODE_BOUND 0.08
+
 static void
 test_calibration_bigcode_gpt (void)
 {
@@ -1111,6 +1161,7 @@ test_calibration_bigcode_gpt (void)
   };
   g_autoptr (StowCluster) c = stow_test_cluster ("1xA100-80GB");
   double predicted[G_N_ELEMENTS (rows)];
+  double worst = 0;
   for (gsize i = 0; i < G_N_ELEMENTS (rows); i++)
     {
       g_autoptr (StowModel) m
@@ -1134,9 +1185,12 @@ test_calibration_bigcode_gpt (void)
           rows[i].heads, rows[i].layers, rows[i].h, predicted[i] / 1e6,
           predicted[i] / 1048576.0, rows[i].measured_mb,
           100 * (predicted[i] - mb) / mb, 100 * (predicted[i] - mib) / mib);
-      g_assert_cmpfloat (fabs (predicted[i] - mb) / mb, <=, 0.10);
-      g_assert_cmpfloat (fabs (predicted[i] - mib) / mib, <=, 0.10);
+      g_assert_cmpfloat (fabs (predicted[i] - mb) / mb, <=, BIGCODE_BOUND);
+      g_assert_cmpfloat (fabs (predicted[i] - mib) / mib, <=, BIGCODE_BOUND);
+      worst = MAX (worst, fabs (predicted[i] - mb) / mb);
+      worst = MAX (worst, fabs (predicted[i] - mib) / mib);
     }
+  stow_test_claim ("memory.bigcode.worst-pct", 100 * worst);
   /* The rise from 6 to 12 heads at 6, 12 and 24 layers (rows 0/1, 3/4, 8/9). */
   static const gsize pairs[][2] = { { 0, 1 }, { 3, 4 }, { 8, 9 } };
   for (gsize k = 0; k < G_N_ELEMENTS (pairs); k++)
@@ -1151,9 +1205,10 @@ test_calibration_bigcode_gpt (void)
                       rows[a].layers, got / 1e6, rise,
                       100 * (got - rise * 1e6) / (rise * 1e6),
                       100 * (got - rise * 1048576.0) / (rise * 1048576.0));
-      g_assert_cmpfloat (fabs (got - rise * 1e6) / (rise * 1e6), <=, 0.10);
+      g_assert_cmpfloat (fabs (got - rise * 1e6) / (rise * 1e6), <=,
+                         BIGCODE_BOUND);
       g_assert_cmpfloat (fabs (got - rise * 1048576.0) / (rise * 1048576.0), <=,
-                         0.10);
+                         BIGCODE_BOUND);
     }
 }
 
@@ -1761,11 +1816,18 @@ test_selective_op (void)
  * eager and compiled runs alike (the peak is the loss's, which neither
  * compiles), and torchtitan's loss over fp32 logits (the model returns
  * output(h).float()) and FSDP2's unsharded output-layer gradient are not
- * in it; the bound holds it to that gap until a measurement on a GPU
- * splits it (docs/memory-model.md). */
+ * in it; the bounds hold it to that gap, on both sides, until a
+ * measurement on a GPU splits it (docs/memory-model.md): from the
+ * furthest (-20.0% when issue 42 set them) and a quarter to the nearest
+ * (-11.2%) less a quarter, so that neither a worse prediction nor one
+ * that is no longer low passes unnoticed. */
+#define TORCHTITAN_LOWEST  -0.25
+#define TORCHTITAN_HIGHEST -0.084
+
 static void
 test_calibration_torchtitan (void)
 {
+  double lowest = 0, highest = -1;
   g_autoptr (StowModel) m = stow_test_model ("llama-3.1-8b");
   static const struct
   {
@@ -1809,8 +1871,13 @@ test_calibration_torchtitan (void)
                       rows[i].fp8 ? ", Float8" : "", got, rows[i].published_gib,
                       100 * err);
       g_assert_true (mem->fits_device);
-      g_assert_cmpfloat (fabs (err), <=, 0.22);
+      g_assert_cmpfloat (err, >=, TORCHTITAN_LOWEST);
+      g_assert_cmpfloat (err, <=, TORCHTITAN_HIGHEST);
+      lowest = MIN (lowest, err);
+      highest = MAX (highest, err);
     }
+  stow_test_claim ("memory.torchtitan.lowest-pct", 100 * lowest);
+  stow_test_claim ("memory.torchtitan.highest-pct", 100 * highest);
 }
 
 /* llm-foundry's MPT benchmark runs (mosaicml/llm-foundry scripts/train/

@@ -6,8 +6,11 @@
  * engine's config with the case's --engine set to that engine.  Any
  * change of output fails here; regenerate on purpose with
  *   STOW_UPDATE_GOLDEN=1 meson test -C build reports-golden
- * and review the diff (docs/reports.md).  Charts are cut out of the HTML
- * before comparing: their glyph paths depend on the machine's fonts.
+ * and review the diff (docs/reports.md).  This checks for change, not for
+ * correctness: a golden file holds what stowage printed when it was last
+ * regenerated, so no documented figure may rest on it (docs/testing.md).
+ * Charts are cut out of the HTML before comparing: their glyph paths
+ * depend on the machine's fonts.
  * Plan files an earlier stowage wrote (tests/data/plan-files/) must still
  * read and give the same memory.
  */

@@ -1,9 +1,10 @@
 /* SPDX-License-Identifier: MIT
  *
  * tests/test-safetensors.c: the safetensors reader against a file the
- * reference implementation wrote, the writer against the reference reader
- * (when Python has it), a round trip streamed in odd pieces, and every
- * malformed header refused with the file, the tensor and the field named.
+ * reference implementation wrote, the writer against what the reference
+ * reader read from its output (both committed: Debian has no package of
+ * safetensors), a round trip streamed in odd pieces, and every malformed
+ * header refused with the file, the tensor and the field named.
  */
 #include "config.h"
 
@@ -265,17 +266,16 @@ test_reference_fixture (void)
   g_assert_no_error (error);
 }
 
-/* The Python that may have the reference reader: $STOW_PYTHON, else
- * Debian's (torch is python3-torch; safetensors is not packaged). */
-static const char *
-reference_python (void)
-{
-  const char *py = g_getenv ("STOW_PYTHON");
-  return py ? py : "/usr/bin/python3";
-}
-
-/* Our writer's output loaded by safetensors' own reader (safe_open, the
- * code under transformers' from_pretrained). */
+/* Our writer's output as safetensors' own reader (safe_open, the code
+ * under transformers' from_pretrained) loaded it.  Debian packages no
+ * safetensors, so the reader is not run here: data/safetensors/
+ * writer-output.safetensors is what the writer wrote when it was, and
+ * writer-output.reference.json what check-reference.py printed for that
+ * file with safetensors 0.8.0 and torch 1.13.  The writer must still write
+ * those bytes, and the values the reference read are checked below.
+ * After a deliberate change of the writer, STOW_SAFETENSORS_PYTHON set to
+ * a Python with torch and safetensors rewrites both files from the
+ * reference reader (docs/testing.md); without it nothing is skipped. */
 static void
 test_reference_reader (Fixture *f, gconstpointer data)
 {
@@ -306,28 +306,34 @@ test_reference_reader (Fixture *f, gconstpointer data)
   g_assert_true (stow_safetensors_writer_finish (w, &error));
   g_assert_no_error (error);
 
-  g_autofree char *script
-      = stow_test_fixture ("safetensors", "check-reference.py", NULL);
-  const char *argv[] = { reference_python (), script, path, NULL };
-  g_autofree char *out = NULL, *err = NULL;
-  int status = 0;
-  if (!g_spawn_sync (NULL, (char **)argv, NULL, G_SPAWN_DEFAULT, NULL, NULL,
-                     &out, &err, &status, NULL))
+  g_autofree char *ours = NULL, *committed = NULL, *out = NULL;
+  gsize n_ours = 0, n_committed = 0;
+  g_assert_true (g_file_get_contents (path, &ours, &n_ours, &error));
+  g_autofree char *bytes_path
+      = stow_test_fixture ("safetensors", "writer-output.safetensors", NULL);
+  g_autofree char *json_path
+      = stow_test_fixture ("safetensors", "writer-output.reference.json", NULL);
+  const char *python = g_getenv ("STOW_SAFETENSORS_PYTHON");
+  if (python != NULL)
     {
-      g_autofree char *why = g_strdup_printf ("%s cannot be run", argv[0]);
-      g_test_skip (why);
-      return;
+      g_autofree char *script
+          = stow_test_fixture ("safetensors", "check-reference.py", NULL);
+      const char *argv[] = { python, script, path, NULL };
+      int status = 0;
+      g_assert_true (g_spawn_sync (NULL, (char **)argv, NULL, G_SPAWN_DEFAULT,
+                                   NULL, NULL, &out, NULL, &status, &error));
+      g_assert_true (g_spawn_check_wait_status (status, &error));
+      g_assert_no_error (error);
+      g_assert_true (g_file_set_contents (bytes_path, ours, n_ours, &error));
+      g_assert_true (g_file_set_contents (json_path, out, -1, &error));
+      g_assert_no_error (error);
     }
-  if (WIFEXITED (status) && WEXITSTATUS (status) == 77)
-    {
-      g_autofree char *why = g_strdup_printf (
-          "%s has no reference reader (pip install safetensors, or set "
-          "STOW_PYTHON): %s",
-          argv[0], g_strstrip (err));
-      g_test_skip (why);
-      return;
-    }
-  g_assert_true (g_spawn_check_wait_status (status, &error));
+  g_assert_true (
+      g_file_get_contents (bytes_path, &committed, &n_committed, &error));
+  g_assert_no_error (error);
+  g_assert_cmpmem (ours, n_ours, committed, n_committed);
+  g_clear_pointer (&out, g_free);
+  g_assert_true (g_file_get_contents (json_path, &out, NULL, &error));
   g_assert_no_error (error);
 
   g_autoptr (JsonParser) parser = json_parser_new ();

@@ -12,6 +12,7 @@
 #include <time.h>
 
 #include "planner/search.h"
+#include "tests/testutil-claim.h"
 #include "tests/testutil-planner.h"
 
 /* Every candidate of a small search, re-estimated the full way. */
@@ -327,7 +328,10 @@ test_published (gconstpointer data)
 
 /* The issue's bound: LLaMA-65B on 1024 A100s, every dimension, in under a
  * second on one core.  The machine running the tests may be shared, so
- * the assertion allows 3x; bench/search.sh measures it properly. */
+ * the assertion allows 3x; bench/search.sh measures it properly.  The
+ * number of layouts it evaluates is the claim README.md quotes beside the
+ * benchmark's time: 141,867 when issue 42 counted them (168,744 when the
+ * benchmark ran), held within a quarter either way. */
 static void
 quiet (const char *domain, GLogLevelFlags level, const char *message,
        gpointer data)
@@ -372,7 +376,9 @@ test_speed (void)
                   "(%.0f per CPU second)",
                   s->evaluated, s->search_time_s, cpu,
                   (double)s->evaluated / cpu);
-  g_assert_cmpuint (s->evaluated, >, 100000);
+  stow_test_claim ("search.llama-65b-1024.layouts", (double)s->evaluated);
+  g_assert_cmpuint (s->evaluated, >=, 141867 * 4 / 5);
+  g_assert_cmpuint (s->evaluated, <=, 141867 * 5 / 4);
   g_assert_cmpuint (s->fits->len, ==, 10);
   g_assert_cmpfloat (cpu, <, 3.0);
   g_log_remove_handler ("stowage", h);

@@ -7,7 +7,10 @@
 # with torch.optim.AdamW (weight decay on tensors of 2+ dimensions),
 # torch.nn.utils.clip_grad_norm_ and the same learning-rate schedule, data
 # windows and loss (the mean token cross-entropy of the global batch).
-# Each step's loss and every final weight are compared (TOL below).
+# Each step's loss and every final weight are compared (TOL_LOSS and
+# TOL_WEIGHT below), and the worst of each over all cases is printed as a
+# claim ("claim oracle.cpu.losses-worst 2.42e-08"), the figures README.md
+# quotes (tests/check-claims.py, docs/testing.md).
 #
 # usage: train_oracle.py --stowage PATH --workdir DIR [--case NAME] [--list]
 #                        [--backend cpu|cuda]
@@ -25,11 +28,20 @@ import llama_oracle as lo  # exits 77 when torch is missing
 import torch
 
 # Losses: |a - ref| / |ref|; weights: ||a - ref|| / ||ref|| per tensor.
+# Both depend on the machine (OpenBLAS picks its kernels, and so its order
+# of summation, by CPU): on the cpu backend the worst weight was 4.42e-5
+# (layers.2.bk of tied-qkv-bias-recompute) on the machine of issue 42 and
+# 3.08e-5 (layers.1.bk) on an Intel Xeon VM, the worst loss 3e-8 and
+# 2.68e-8; on the cuda backend 6.03e-5 and 9.7e-9 (H100 and H200,
+# bench/results/gpu-*-20261126-*/gpu.log).  Each tolerance is the worst
+# seen and a quarter, rounded up.
+TOL_LOSS = 4e-8
+TOL_WEIGHT = {"cpu": 5.6e-5, "cuda": 7.6e-5}
 # Each element is also held to max |a - ref| / max |ref| <= TOL_MAX: AdamW's
 # first update of an element is lr sign(g) once |g| passes eps, so an
 # element whose gradient is within fp32 rounding of zero can move by lr
-# in one run and not the other (seen: 1.0e-4 in one tensor of 10 steps).
-TOL = 1e-4
+# in one run and not the other (seen: 1.0e-4 in one tensor of 10 steps,
+# 1.64e-4 on the Xeon), which is why this one is wider than the worst seen.
 TOL_MAX = 1e-3
 STEPS = 10
 
@@ -137,7 +149,8 @@ def lr_at(case, step):
     return case["min_lr"] + (lr - case["min_lr"]) * k
 
 
-def run_case(name, stowage, work, backend="cpu"):
+def run_case(name, stowage, work, backend="cpu", worsts=None):
+    """Runs one case; adds its worst loss and weight errors to @worsts."""
     case = CASES[name]
     if case.get("delayed") and backend != "cpu":
         print("%s: skipped (the delayed update runs on the cpu backend)" %
@@ -233,20 +246,25 @@ def run_case(name, stowage, work, backend="cpu"):
         print("%s: step %d loss %.8f, torch %.8f (%.2e)" %
               (name, step, got[step - 1], total, err))
     final = read_safetensors(os.path.join(out, "latest", "model.safetensors"))
-    status = 0 if worst <= TOL else 1
+    status = 0 if worst <= TOL_LOSS else 1
+    worst_loss, worst = worst, 0.0
     worst_max = 0.0
     for short, p in ps.items():
         a, ref = final[hf_name(short, c)].double(), p.detach().double()
         e = ((a - ref).norm() / ref.norm()).item()
         m = lo.rel_err(a, ref)
-        if e > TOL or m > TOL_MAX:
+        if e > TOL_WEIGHT[backend] or m > TOL_MAX:
             status = 1
         worst, worst_max = max(worst, e), max(worst_max, m)
         print("%s: %-20s %.2e (max-element %.2e)" % (name, short, e, m))
-    print("%s: worst relative error %.2e (tolerance %.0e), worst max-element "
-          "%.2e (tolerance %.0e) %s" %
-          (name, worst, TOL, worst_max, TOL_MAX,
+    print("%s: worst loss error %.2e (tolerance %.1e), worst weight %.2e "
+          "(tolerance %.1e), worst max-element %.2e (tolerance %.0e) %s" %
+          (name, worst_loss, TOL_LOSS, worst, TOL_WEIGHT[backend], worst_max,
+           TOL_MAX,
            "ok" if status == 0 else "MISMATCH"))
+    if worsts is not None:
+        worsts["losses"] = max(worsts.get("losses", 0.0), worst_loss)
+        worsts["weights"] = max(worsts.get("weights", 0.0), worst)
     return status
 
 
@@ -264,9 +282,13 @@ def main():
     if not a.stowage or not a.workdir:
         ap.error("--stowage and --workdir are required")
     status = 0
+    worsts = {}
     for name in a.case or list(CASES):
         status = max(status, run_case(name, a.stowage, a.workdir,
-                                      a.backend))
+                                      a.backend, worsts))
+    if not a.case:
+        for what, value in sorted(worsts.items()):
+            print("claim oracle.%s.%s-worst %.3g" % (a.backend, what, value))
     return status
 
 

@@ -4,7 +4,12 @@
 # Loads a .safetensors file with the reference implementation and prints
 # what it found as JSON: {"metadata": {...}, "tensors": {name: {"dtype",
 # "shape", "values"}}}.  tests/test-safetensors.c runs it on a file our
-# writer produced.  Exit 77 (skip) when torch or safetensors is missing.
+# writer produced when STOW_SAFETENSORS_PYTHON names a Python that has
+# torch and safetensors, and keeps the file and this output as
+# writer-output.safetensors and writer-output.reference.json; without it,
+# the test checks the writer against those.  Debian has python3-torch but
+# no safetensors: make a venv with --system-site-packages and pip install
+# safetensors.  Exit 77 when torch or safetensors is missing.
 import json
 import sys
 
