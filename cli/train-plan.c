@@ -11,9 +11,9 @@
 #include <unistd.h>
 
 #include "executor/backends/registry.h"
-#include "executor/backends/sim.h"
+#include "planner/sim.h"
 #include "executor/backends/tensors.h"
-#include "executor/driver.h"
+#include "program/driver.h"
 #include "executor/preflight.h"
 #include "offload/adam.h"
 #include "planner/plan-file.h"

@@ -2,7 +2,7 @@
  *
  * core/drives.h: the one rule for the pipelined NVMe optimizer step's bound,
  * shared by the time model (planner/cost.c), the simulator
- * (executor/backends/sim.c) and `stowage bench swapper`.  A drive's reads
+ * (planner/sim.c) and `stowage bench swapper`.  A drive's reads
  * and writes share its queue (on the virtio disk we measured, 1 GiB read
  * and 1 GiB written at once take the sum of the two alone), so a drive is
  * busy for its read time plus its write time; data striped evenly over

@@ -4,13 +4,13 @@
  * checkpoint's files: the weights as safetensors (executor/model-io.h),
  * the optimizer states (and the delayed update's pending gradients) as
  * optimizer.stow (executor/optim-state.h), from wherever the backend keeps
- * them (its table's real-tensor entries, executor/backend.h).  Not here:
+ * them (its table's real-tensor entries, program/backend.h).  Not here:
  * the checkpoint directory (executor/checkpoint.h) and what a run checks
  * before it resumes (executor/train.c).
  */
 #pragma once
 
-#include "executor/backend.h"
+#include "program/backend.h"
 #include "executor/optim-state.h"
 
 G_BEGIN_DECLS

@@ -12,7 +12,7 @@
 
 #include <string.h>
 
-#include "planner/program.h" /* the fused loss's chunk rule */
+#include "program/program.h" /* the fused loss's chunk rule */
 
 /* clang-format off */
 G_DEFINE_QUARK (stow-llama-error-quark, stow_llama_error)
@@ -385,7 +385,7 @@ guint64
 stow_llama_loss_chunk_tokens (guint64 vocab, guint64 hidden, guint64 n)
 {
   g_return_val_if_fail (vocab > 0, 1);
-  /* The planner's rule (planner/program.h), which sizes the buffer. */
+  /* The planner's rule (program/program.h), which sizes the buffer. */
   return stow_loss_chunk_tokens (vocab, n);
 }
 

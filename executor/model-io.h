@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT
  *
  * executor/model-io.h: a model's weights between safetensors files and the
- * step program's units (planner/program.h): loading with every name, shape
+ * step program's units (program/program.h): loading with every name, shape
  * and dtype checked against the units' flat layouts, saving unit by unit
  * (a model streams through one unit's worth of memory), and the random
  * initialisation `stowage init-model` writes.
@@ -10,7 +10,7 @@
 
 #include <glib.h>
 
-#include "planner/program.h"
+#include "program/program.h"
 
 G_BEGIN_DECLS
 

@@ -9,8 +9,8 @@
  */
 #pragma once
 
-#include "executor/trace.h"
-#include "planner/program.h"
+#include "program/trace.h"
+#include "program/program.h"
 
 G_BEGIN_DECLS
 

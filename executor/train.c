@@ -19,7 +19,7 @@
 #include "executor/backends/registry.h"
 #include "executor/checkpoint-io.h"
 #include "executor/checkpoint.h"
-#include "executor/driver.h"
+#include "program/driver.h"
 #include "executor/llama.h"
 #include "executor/backends/tensors.h"
 

@@ -13,7 +13,7 @@
 
 #include "executor/data.h"
 #include "offload/nvme.h"
-#include "planner/program.h"
+#include "program/program.h"
 
 G_BEGIN_DECLS
 
@@ -88,7 +88,7 @@ typedef struct
   guint64 pinned_peak_bytes;
   /* Of the last step run (all 0 when none ran): per stream seconds busy,
    * and busy while the compute stream is idle (exposed, as
-   * executor/trace.h defines it); the step from its first op's start to
+   * program/trace.h defines it); the step from its first op's start to
    * its last op's end. */
   double busy_s[STOW_N_STREAMS], exposed_s[STOW_N_STREAMS];
   double step_s;

@@ -517,7 +517,7 @@ stow_mem_end_sizes (const StowModel *m, const StowTraining *t,
   if (stow_mem_fused_head_loss (t, l))
     {
       /* stowage's output layer runs fused with the loss, a chunk of tokens
-       * at a time (planner/program.h), and hands the last layer its
+       * at a time (program/program.h), and hands the last layer its
        * gradient in the place of that layer's output. */
       *logits = stow_loss_scratch_bytes (m->vocab / l->tp, m->hidden,
                                          (guint64)llround (s_out * b));

@@ -13,7 +13,7 @@
 #include "hw/hw.h"
 #include "models/model.h"
 #include "planner/layout.h"
-#include "planner/program.h" /* StowTier */
+#include "program/program.h" /* StowTier */
 
 G_BEGIN_DECLS
 

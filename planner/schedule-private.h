@@ -25,7 +25,7 @@ typedef enum
 typedef struct
 {
   gint layer;        /* model layer or STOW_LAYER_EMBEDDING / _HEAD */
-  guint pu;          /* the program's unit (planner/program.h) */
+  guint pu;          /* the program's unit (program/program.h) */
   gboolean grad_written; /* a gradient write of this step has happened */
   guint64 params;    /* owned on this GPU: gradients and updates */
   guint64 gparams;   /* gathered for compute (tied head: the embedding) */

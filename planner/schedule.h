@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT
  *
  * planner/schedule.h: the lowering of a plan (model, cluster, training,
- * layout) to its step program (planner/program.h), one program rank per
+ * layout) to its step program (program/program.h), one program rank per
  * pipeline stage, each standing for its data- and tensor-parallel peers.
  * The lowering never looks at time, only at bytes and order; backends in
  * executor/ run the program.
@@ -14,7 +14,7 @@
 #include "models/model.h"
 #include "planner/layout.h"
 #include "planner/memory.h"
-#include "planner/program.h"
+#include "program/program.h"
 
 G_BEGIN_DECLS
 
@@ -30,7 +30,7 @@ typedef struct
   /* ZeRO-Offload's one-step delayed parameter update. */
   gboolean delayed_update;
   /* What the program carries for real training: optimizer, schedule of
-   * the learning rate, clipping, seed (planner/program.h's defaults). */
+   * the learning rate, clipping, seed (program/program.h's defaults). */
   StowOptimSettings optim;
 } StowScheduleOptions;
 

@@ -6,7 +6,7 @@
  */
 #pragma once
 
-#include "executor/trace.h"
+#include "program/trace.h"
 #include "planner/schedule.h"
 
 G_BEGIN_DECLS

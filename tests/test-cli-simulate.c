@@ -133,7 +133,7 @@ test_trace_file (void)
  * of its last occupant, a pipeline stage on its neighbour's send): under
  * the sim's clocks every op starts exactly when the last of them ends, or
  * at 0 without any.  A rank's two NVMe streams also take turns on its
- * drive (executor/backends/sim.c), so those may start later. */
+ * drive (planner/sim.c), so those may start later. */
 static void
 check_trace_deps (const char *const *flags)
 {

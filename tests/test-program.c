@@ -9,7 +9,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "planner/program.h"
+#include "program/program.h"
 #include "planner/schedule.h"
 
 static StowModel *

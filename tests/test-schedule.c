@@ -13,9 +13,9 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "executor/backend.h"
-#include "executor/backends/sim.h"
-#include "executor/driver.h"
+#include "program/backend.h"
+#include "planner/sim.h"
+#include "program/driver.h"
 #include "planner/memory-private.h"
 #include "planner/schedule.h"
 #include "planner/search.h"

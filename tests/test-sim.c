@@ -14,9 +14,9 @@
 #include <json-glib/json-glib.h>
 
 #include "core/json.h"
-#include "executor/backend.h"
-#include "executor/backends/sim.h"
-#include "executor/driver.h"
+#include "program/backend.h"
+#include "planner/sim.h"
+#include "program/driver.h"
 #include "planner/cost.h"
 #include "planner/schedule.h"
 #include "tests/testutil-claim.h"
@@ -250,7 +250,7 @@ test_never_recorded (void)
   g_autoptr (GError) error = NULL;
   g_autoptr (StowTrace) tr = run (p, c, &t, NULL, &error);
   g_assert_null (tr);
-  g_assert_error (error, STOW_PLAN_ERROR, STOW_PLAN_ERROR_INVALID);
+  g_assert_error (error, STOW_PROGRAM_ERROR, STOW_PROGRAM_ERROR_INVALID);
   g_assert_nonnull (strstr (error->message, "#0 forward"));
   g_assert_nonnull (strstr (error->message, "\"weights loaded\""));
 }
@@ -519,7 +519,7 @@ test_layer_major (void)
   g_assert_cmpuint (loads_lm, ==, 66);
   g_assert_cmpfloat (tlm->step_time_s, <, 0.8 * tmb->step_time_s);
   /* Each further micro-batch's activations, input and fused-loss
-   * scratch (planner/program.h). */
+   * scratch (program/program.h). */
   double sbh = 2048.0 * 4096.0, sb = 2048.0;
   guint64 extra = (guint64)(3
                             * (32 * 2 * sbh + 8 * sb + 2 * sbh

@@ -13,7 +13,7 @@
 #include <math.h>
 #include <string.h>
 
-#include "executor/trace.h"
+#include "program/trace.h"
 
 /* ---- buffers ------------------------------------------------------------- */
 

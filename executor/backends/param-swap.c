@@ -8,7 +8,7 @@
 #include <string.h>
 #include <xxhash.h>
 
-#include "executor/backend.h"
+#include "program/backend.h"
 
 struct _StowParamSwap
 {

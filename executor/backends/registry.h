@@ -4,11 +4,11 @@
  * name ("cpu", "cuda"), and the one setup they are made from.  The only
  * place that knows whether this build has CUDA (the one #if); everything
  * else asks here.  The sim is made by the planner's side
- * (executor/backends/sim.h): it prices a plan rather than running it.
+ * (planner/sim.h): it prices a plan rather than running it.
  */
 #pragma once
 
-#include "executor/backend.h"
+#include "program/backend.h"
 #include "executor/backends/swap.h"
 #include "executor/data.h"
 

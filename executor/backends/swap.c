@@ -7,7 +7,7 @@
 
 #include <string.h>
 
-#include "executor/backend.h"
+#include "program/backend.h"
 #include "offload/swapper.h"
 
 typedef struct

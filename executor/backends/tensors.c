@@ -9,7 +9,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "executor/backend.h"
+#include "program/backend.h"
 
 /* The slots of a layer's weights, in StowLlamaLayerWeights order. */
 static const char *const layer_names[] = {

@@ -15,7 +15,7 @@
 #include "executor/llama.h"
 #include "offload/adam.h"
 #include "offload/pinned.h"
-#include "planner/program.h"
+#include "program/program.h"
 
 G_BEGIN_DECLS
 

@@ -138,7 +138,7 @@ def hf_name(short, c):
 
 
 def lr_at(case, step):
-    """planner/program.c's stow_optim_lr_at."""
+    """program/program.c's stow_optim_lr_at."""
     lr, warm = case["lr"], case["warmup"]
     if warm and step <= warm:
         return lr * step / warm

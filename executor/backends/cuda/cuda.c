@@ -18,7 +18,7 @@
 #include "executor/backends/cuda/llama-cuda.h"
 #include "executor/backends/decoder-ops.h"
 #include "executor/backends/tensors.h"
-#include "executor/trace.h"
+#include "program/trace.h"
 #include "offload/adam.h"
 #include "offload/pinned.h"
 

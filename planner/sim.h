@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT
  *
- * executor/backends/sim.h: the simulator backend.  Virtual time: each op
+ * planner/sim.h: the simulator backend.  Virtual time: each op
  * is priced from the cluster's FLOP rates and bandwidths and, for the ops
  * of a lowered plan, from the time model (planner/cost.c), so simulated
  * and predicted steps price the same work alike.  No data: buffers only
@@ -8,7 +8,7 @@
  */
 #pragma once
 
-#include "executor/backend.h"
+#include "program/backend.h"
 #include "hw/hw.h"
 #include "planner/layout.h"
 

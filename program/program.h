@@ -1,11 +1,12 @@
 /* SPDX-License-Identifier: MIT
  *
- * planner/program.h: the step program, the contract between the lowering
- * (planner/schedule.c) and the backends that run it (executor/): ops on
- * streams, ordered in each stream and joined across streams only by
- * events, over buffers that say which units' tensors and which byte ranges
- * they hold.  No seconds and no FLOPs: pricing belongs to the sim backend.
- * Depends on GLib and models/ only.
+ * program/program.h: the step program, the contract between the lowering
+ * (planner/schedule.c) and the backends that run it (planner/sim.c,
+ * executor/backends/): ops on streams, ordered in each stream and joined
+ * across streams only by events, over buffers that say which units'
+ * tensors and which byte ranges they hold and what part they play.  No
+ * seconds and no FLOPs: pricing belongs to the sim backend.  Depends on
+ * core/ and models/ only.
  */
 #pragma once
 
@@ -15,6 +16,14 @@
 #include "models/model.h"
 
 G_BEGIN_DECLS
+
+#define STOW_PROGRAM_ERROR (stow_program_error_quark ())
+GQuark stow_program_error_quark (void);
+
+typedef enum
+{
+  STOW_PROGRAM_ERROR_INVALID, /* a malformed program, or a name unknown */
+} StowProgramError;
 
 typedef enum
 {

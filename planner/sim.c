@@ -1,13 +1,13 @@
 /* SPDX-License-Identifier: MIT
  *
- * executor/backends/sim.c: the simulator backend (executor/backends/sim.h).
+ * planner/sim.c: the simulator backend (planner/sim.h).
  * Each (rank, stream) has a virtual clock; an op starts when its stream is
  * free and its events are recorded, and a rank's NVMe read and write
  * streams share its drives.  Layer, embedding, loss, collective and send
  * ops of a lowered plan are priced by the time model (planner/cost.c);
  * copies, Adam and hand-built ops from the cluster's rates here.
  */
-#include "executor/backends/sim.h"
+#include "planner/sim.h"
 
 #include <math.h>
 

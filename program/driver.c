@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT
  *
- * executor/driver.c: the step-program interpreter.  Each (rank, stream) is
+ * program/driver.c: the step-program interpreter.  Each (rank, stream) is
  * a queue issued in program order; an op is issued to its backend once
  * every event it waits on has been issued, with an event_wait per event,
  * so real backends run the streams concurrently and the driver never
@@ -9,7 +9,7 @@
  * (slot reuse, reads of buffers not loaded, frees under a running op, a
  * wait that can never be satisfied) names the op at fault.
  */
-#include "executor/driver.h"
+#include "program/driver.h"
 
 typedef struct
 {

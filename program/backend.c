@@ -1,9 +1,9 @@
 /* SPDX-License-Identifier: MIT
  *
- * executor/backend.c: what all backends share: the error domain and the
+ * program/backend.c: what all backends share: the error domain and the
  * generic destructor.
  */
-#include "executor/backend.h"
+#include "program/backend.h"
 
 /* clang-format off */
 G_DEFINE_QUARK (stow-backend-error-quark, stow_backend_error)

@@ -1,13 +1,13 @@
 /* SPDX-License-Identifier: MIT
  *
- * executor/backend.h: the table of functions a backend gives the driver
+ * program/backend.h: the table of functions a backend gives the driver
  * (in the style of ggml's backend interface): stream-ordered buffers from
  * an arena with a hard capacity per tier, ops issued on streams, events
  * recorded on one stream and waited on by another, synchronize, a clock.
- * The driver (executor/driver.c) issues each rank's ops in program order
+ * The driver (program/driver.c) issues each rank's ops in program order
  * per stream; only events order work across streams.  Backends:
  *   sim   virtual time from the cluster's numbers and the time model; no
- *         data (executor/backends/sim.c);
+ *         data (planner/sim.c);
  *   cpu   real tensors in a capacity-limited arena of host RAM, one worker
  *         thread per stream (executor/backends/cpu.c);
  *   cuda  real tensors in a cudaMalloc'd arena, one CUDA stream per
@@ -21,7 +21,7 @@
 
 #include <glib.h>
 
-#include "planner/program.h"
+#include "program/program.h"
 
 G_BEGIN_DECLS
 

@@ -1,11 +1,11 @@
 /* SPDX-License-Identifier: MIT
  *
- * executor/trace.c: a trace as Chrome trace-event JSON (the format
+ * program/trace.c: a trace as Chrome trace-event JSON (the format
  * chrome://tracing and ui.perfetto.dev open: "X" complete events in
  * microseconds, "M" metadata naming processes and threads, "C" counters)
  * and the critical path summarised in a few lines.
  */
-#include "executor/trace.h"
+#include "program/trace.h"
 
 #include <json-glib/json-glib.h>
 

@@ -1,17 +1,19 @@
 /* SPDX-License-Identifier: MIT
  *
- * planner/program.c: the step program's building blocks, names and static
+ * program/program.c: the step program's building blocks, names and static
  * checks, the model's units (one flat layout of tensors each), and the
  * optimizer settings' learning-rate schedule.  The lowering of a plan into
- * a program is planner/schedule.c; running one is executor/.
+ * a program is planner/schedule.c; running one is program/driver.c on a backend.
  */
-#include "planner/program.h"
+#include "program/program.h"
 
 #include <math.h>
 #include <stdarg.h>
 #include <string.h>
 
-#include "planner/layout.h" /* STOW_PLAN_ERROR */
+/* clang-format off */
+G_DEFINE_QUARK (stow-program-error-quark, stow_program_error)
+/* clang-format on */
 
 const char *
 stow_tier_name (StowTier tier)
@@ -261,7 +263,7 @@ stow_program_validate (const StowProgram *p, GError **error)
       if (bad)
         {
           what = stow_op_describe (p, i);
-          g_set_error (error, STOW_PLAN_ERROR, STOW_PLAN_ERROR_INVALID,
+          g_set_error (error, STOW_PROGRAM_ERROR, STOW_PROGRAM_ERROR_INVALID,
                        "step program: op %s names a stream, rank, buffer, "
                        "unit or event that does not exist",
                        what);
@@ -270,7 +272,7 @@ stow_program_validate (const StowProgram *p, GError **error)
       if (op->record != STOW_NONE && recorded[op->record]++ > 0)
         {
           what = stow_op_describe (p, i);
-          g_set_error (error, STOW_PLAN_ERROR, STOW_PLAN_ERROR_INVALID,
+          g_set_error (error, STOW_PROGRAM_ERROR, STOW_PROGRAM_ERROR_INVALID,
                        "step program: op %s records event \"%s\" a second "
                        "time",
                        what,
@@ -280,14 +282,14 @@ stow_program_validate (const StowProgram *p, GError **error)
       if (op->kind == STOW_OP_ALLOC && allocs[op->buffer]++ > 0)
         {
           what = stow_op_describe (p, i);
-          g_set_error (error, STOW_PLAN_ERROR, STOW_PLAN_ERROR_INVALID,
+          g_set_error (error, STOW_PROGRAM_ERROR, STOW_PROGRAM_ERROR_INVALID,
                        "step program: op %s allocates a buffer twice", what);
           return FALSE;
         }
       if (op->kind == STOW_OP_FREE && frees[op->buffer]++ > 0)
         {
           what = stow_op_describe (p, i);
-          g_set_error (error, STOW_PLAN_ERROR, STOW_PLAN_ERROR_INVALID,
+          g_set_error (error, STOW_PROGRAM_ERROR, STOW_PROGRAM_ERROR_INVALID,
                        "step program: op %s frees a buffer twice", what);
           return FALSE;
         }
@@ -301,7 +303,7 @@ stow_program_validate (const StowProgram *p, GError **error)
           if (!recorded[e])
             {
               g_autofree char *what = stow_op_describe (p, i);
-              g_set_error (error, STOW_PLAN_ERROR, STOW_PLAN_ERROR_INVALID,
+              g_set_error (error, STOW_PROGRAM_ERROR, STOW_PROGRAM_ERROR_INVALID,
                            "step program: op %s waits on event \"%s\", which "
                            "no op records",
                            what, g_array_index (p->events, StowEvent, e).name);
@@ -447,7 +449,7 @@ stow_lr_schedule_parse (const char *s, StowLrSchedule *out, GError **error)
         *out = k;
         return TRUE;
       }
-  g_set_error (error, STOW_PLAN_ERROR, STOW_PLAN_ERROR_INVALID,
+  g_set_error (error, STOW_PROGRAM_ERROR, STOW_PROGRAM_ERROR_INVALID,
                "--lr-schedule \"%s\": expected constant, cosine or linear",
                s ? s : "");
   return FALSE;

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT
  *
- * executor/trace.h: what running a step program produced: each op's start
+ * program/trace.h: what running a step program produced: each op's start
  * and end, memory per rank and tier over time with the op at each peak,
  * time per stream (busy and exposed behind compute), the critical path.
  * Written as Chrome trace-event JSON (chrome://tracing, ui.perfetto.dev).
@@ -9,8 +9,8 @@
 
 #include <glib.h>
 
-#include "executor/backend.h"
-#include "planner/program.h"
+#include "program/backend.h"
+#include "program/program.h"
 
 G_BEGIN_DECLS
 

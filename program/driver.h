@@ -1,13 +1,13 @@
 /* SPDX-License-Identifier: MIT
  *
- * executor/driver.h: the step-program interpreter: a program run on a
- * backend (executor/backend.h) gives the trace of what ran
- * (executor/trace.h).  Not here: what an op does (the backend's).
+ * program/driver.h: the step-program interpreter: a program run on a
+ * backend (program/backend.h) gives the trace of what ran
+ * (program/trace.h).  Not here: what an op does (the backend's).
  */
 #pragma once
 
-#include "executor/backend.h"
-#include "executor/trace.h"
+#include "program/backend.h"
+#include "program/trace.h"
 
 G_BEGIN_DECLS
 
