@@ -19,7 +19,7 @@
 #include "planner/sim.h"
 #include "program/driver.h"
 #include "planner/cost.h"
-#include "planner/schedule.h"
+#include "planner/lower.h"
 #include "reports/memory-report.h"
 #include "reports/report.h"
 #include "reports/sim-report.h"
@@ -180,14 +180,14 @@ run (SimOptions *so, int argc, char **argv)
           stow_format_grouped_into (b, sizeof b, STOW_SIM_MAX_LAYER_PASSES));
     }
 
-  StowScheduleOptions sched;
-  stow_schedule_options_init (&sched);
+  StowLowerOptions sched;
+  stow_lower_options_init (&sched);
   sched.layer_major = so->layer_major;
   sched.delayed_update = so->delayed_update;
 
   gint64 t0 = g_get_monotonic_time ();
   g_autoptr (StowProgram) prog
-      = stow_schedule_lower (po->model, po->cluster_obj, &po->training,
+      = stow_lower (po->model, po->cluster_obj, &po->training,
                              &po->layout, &po->mem, &sched, &error);
   if (prog == NULL)
     return stow_cli_fail (error, NULL);

@@ -17,7 +17,7 @@
 #include "executor/preflight.h"
 #include "offload/adam.h"
 #include "planner/plan-file.h"
-#include "planner/schedule.h"
+#include "planner/lower.h"
 #include "planner/search.h"
 
 static void note (StowTrainPlan *c, const char *format, ...)
@@ -337,7 +337,7 @@ time_at_host_rate (StowTrainPlan *r)
   StowNode node;
   memset (&node, 0, sizeof node);
   stow_node_copy (&r->cluster->node, &node);
-  node.host_mem_bw = rate * STOW_SCHED_ADAM_BYTES_PER_PARAM
+  node.host_mem_bw = rate * STOW_SIM_ADAM_BYTES_PER_PARAM
                      * MAX (node.gpus_per_node, 1);
   g_autoptr (StowCluster) at
       = stow_cluster_new (&node, r->cluster->n_nodes, r->cluster->spec);
@@ -361,14 +361,14 @@ time_at_host_rate (StowTrainPlan *r)
 static gboolean
 lower (StowTrainPlan *tp, GError **error)
 {
-  StowScheduleOptions so;
-  stow_schedule_options_init (&so);
+  StowLowerOptions so;
+  stow_lower_options_init (&so);
   so.optim = tp->optim;
   so.delayed_update = tp->delayed_update;
   if (!stow_layout_resolve_resident (tp->model, tp->cluster, &tp->training,
                                      &tp->planned, &tp->mo, error))
     return FALSE;
-  tp->prog = stow_schedule_lower (tp->model, tp->cluster, &tp->training,
+  tp->prog = stow_lower (tp->model, tp->cluster, &tp->training,
                                   &tp->planned, &tp->mo, &so, error);
   if (tp->prog == NULL)
     return FALSE;

@@ -464,7 +464,7 @@ stow_memory_layer_activations (const StowModel *m, const StowTraining *t,
 }
 
 /* The per-layer sizes activations() charges, shared with the step program
- * (planner/schedule.c) so that both count the same tensors: @full is what a
+ * (planner/lower.c) so that both count the same tensors: @full is what a
  * layer keeps for backward (the larger of a dense and an MoE layer, so
  * every layer is charged alike), @block its activation gradients during
  * backward, @ckpt the input a fully recomputed layer keeps (2 s b h; split

@@ -71,7 +71,7 @@ guint stow_mem_layer_matmuls (const StowModel *m, StowMatmul *mm);
 guint64 stow_mem_op_checkpoint_bytes (const StowModel *m, const StowTraining *t,
                                       const StowLayout *l);
 
-/* Shared with the step program (planner/schedule.c), so that the program
+/* Shared with the step program (planner/lower.c), so that the program
  * allocates exactly the tensors the memory model counts. */
 
 /* Parameters one GPU of a pipeline stage holds, before ZeRO sharding. */

@@ -505,7 +505,7 @@ stage_params (const StowModel *m, const StowTraining *t, const StowLayout *l,
     {
       /* What is neither a layer, the embedding nor the output layer: the
        * final norm, replicated under TP.  Counted on one stage, where the
-       * step program holds each unit's exact tensors (planner/schedule.c);
+       * step program holds each unit's exact tensors (planner/lower.c);
        * with several stages the program shares this count, which leaves
        * it out (a few kB). */
       if (l->pp == 1)

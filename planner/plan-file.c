@@ -24,7 +24,7 @@
 #define IO_BLOCK_BYTES     ((guint64)1 << 20)
 
 void
-stow_plan_schedule_init (StowPlanSchedule *s, const StowModel *model,
+stow_plan_streaming_init (StowPlanStreaming *s, const StowModel *model,
                          const StowCluster *cluster, const StowLayout *l,
                          const StowMemory *mem, const char *nvme_path)
 {
@@ -78,7 +78,7 @@ stow_plan_schedule_init (StowPlanSchedule *s, const StowModel *model,
 }
 
 void
-stow_plan_schedule_clear (StowPlanSchedule *s)
+stow_plan_streaming_clear (StowPlanStreaming *s)
 {
   g_clear_pointer (&s->nvme_paths, g_strfreev);
 }
@@ -102,7 +102,7 @@ stow_plan_file_new (StowModel *model, StowCluster *cluster,
       && !stow_layout_resolve_resident (model, cluster, training, &p->layout,
                                         options, NULL))
     p->layout.resident_layers = 0;
-  stow_plan_schedule_init (&p->schedule, model, cluster, &p->layout, mem,
+  stow_plan_streaming_init (&p->streaming, model, cluster, &p->layout, mem,
                            nvme_path);
   p->predicted_device_bytes = mem->total_bytes;
   p->predicted_host_bytes = mem->host_total_bytes;
@@ -117,7 +117,7 @@ stow_plan_file_free (StowPlanFile *p)
     return;
   g_clear_pointer (&p->model, stow_model_unref);
   g_clear_pointer (&p->cluster, stow_cluster_unref);
-  stow_plan_schedule_clear (&p->schedule);
+  stow_plan_streaming_clear (&p->streaming);
   g_free (p);
 }
 
@@ -244,7 +244,7 @@ stow_plan_file_to_json (const StowPlanFile *p, const StowMemory *mem)
   const StowLayout *l = &p->layout;
   const StowTraining *t = &p->training;
   const StowMemOptions *o = &p->mem_options;
-  const StowPlanSchedule *s = &p->schedule;
+  const StowPlanStreaming *s = &p->streaming;
   g_autoptr (JsonBuilder) b = json_builder_new ();
 
   json_builder_begin_object (b);
@@ -825,7 +825,7 @@ read_schedule (StowPlanFile *p, JsonObject *root, const char *name,
                GError **error)
 {
   g_autofree char *w = g_strdup_printf ("%s: schedule", name);
-  StowPlanSchedule *s = &p->schedule;
+  StowPlanStreaming *s = &p->streaming;
   JsonObject *o = NULL;
   JsonArray *paths = NULL;
   if (!stow_json_get_object (root, name, "schedule", TRUE, &o, error)
@@ -954,19 +954,19 @@ stow_plan_file_from_json (JsonNode *root_node, const char *name, GError **error)
                    "%s: layout: %s", name, local->message);
       return NULL;
     }
-  if (p->schedule.resident_layers > (p->model ? p->model->n_layers : G_MAXUINT))
+  if (p->streaming.resident_layers > (p->model ? p->model->n_layers : G_MAXUINT))
     {
       g_set_error (error, STOW_PLAN_ERROR, STOW_PLAN_ERROR_INVALID,
                    "%s: schedule: resident_layers: %" G_GUINT64_FORMAT
                    " is more than the model's %" G_GUINT64_FORMAT " layers",
-                   name, p->schedule.resident_layers, p->model->n_layers);
+                   name, p->streaming.resident_layers, p->model->n_layers);
       return NULL;
     }
   /* The plan's resident layers are the layout's: every command that
    * reads the plan keeps the same ones. */
   if (p->layout.offload_params != STOW_OFFLOAD_NONE
       && p->layout.engine == STOW_ENGINE_STOWAGE)
-    p->layout.resident_layers = (guint)p->schedule.resident_layers;
+    p->layout.resident_layers = (guint)p->streaming.resident_layers;
   return g_steal_pointer (&p);
 }
 
@@ -991,7 +991,7 @@ stow_plan_file_read (const char *path, GError **error)
 }
 
 gboolean
-stow_plan_schedule_nvme_placeholder (const StowPlanSchedule *s)
+stow_plan_streaming_nvme_placeholder (const StowPlanStreaming *s)
 {
   return s->nvme_paths != NULL && s->nvme_paths[0] != NULL
          && g_str_equal (s->nvme_paths[0], STOW_PLAN_NVME_PLACEHOLDER);

@@ -3,7 +3,7 @@
  * planner/plan-file.h: stowage's own plan file ("format": "stowage-plan",
  * "version": 1): the model (enough to reload it), the cluster (as a
  * cluster.json object), training, layout, memory options, the predicted
- * memory and the schedule parameters the executor needs.  Written and read
+ * memory and the streaming parameters the executor needs.  Written and read
  * by this one module, so the planner and the executor cannot disagree on it.
  */
 #pragma once
@@ -17,8 +17,9 @@ G_BEGIN_DECLS
 #define STOW_PLAN_FILE_FORMAT  "stowage-plan"
 #define STOW_PLAN_FILE_VERSION 1
 
-/* How the executor runs the layout: what stays on the GPU, how far ahead
- * layers are fetched, the swap buffers and the NVMe I/O shape. */
+/* How the executor streams and swaps the layout (the plan file's
+ * "schedule" section): what stays on the GPU, how far ahead layers are
+ * fetched, the swap buffers and the NVMe I/O shape. */
 typedef struct
 {
   guint64 resident_layers;      /* per pipeline rank, kept on the GPU; the
@@ -30,26 +31,27 @@ typedef struct
   char **nvme_paths;            /* NULL-terminated; empty without NVMe */
   guint io_queue_depth;         /* io_uring submission queue depth */
   guint64 io_block_bytes;       /* bytes per NVMe request */
-} StowPlanSchedule;
+} StowPlanStreaming;
 
 /* Where NVMe swap files go when neither the cluster nor --nvme-path names
  * a directory (DeepSpeed's own examples use it): a placeholder the user
  * must replace, which emitted configs warn about. */
 #define STOW_PLAN_NVME_PLACEHOLDER "/local_nvme"
 
-/* TRUE when @schedule's swap directory is the placeholder (written so, or
+/* TRUE when @streaming's swap directory is the placeholder (written so, or
  * read back from a plan that was). */
-gboolean stow_plan_schedule_nvme_placeholder (const StowPlanSchedule *schedule);
+gboolean
+stow_plan_streaming_nvme_placeholder (const StowPlanStreaming *streaming);
 
-/* Derives the schedule of @layout from its memory: resident layers fill
+/* Derives the streaming of @layout from its memory: resident layers fill
  * the peak stage's headroom, buffer counts and I/O shape follow DeepSpeed's
  * defaults (offload_config.py, aio).  @nvme_path (may be NULL) overrides
  * the cluster's drive paths. */
-void stow_plan_schedule_init (StowPlanSchedule *s, const StowModel *model,
+void stow_plan_streaming_init (StowPlanStreaming *s, const StowModel *model,
                               const StowCluster *cluster,
                               const StowLayout *layout, const StowMemory *mem,
                               const char *nvme_path);
-void stow_plan_schedule_clear (StowPlanSchedule *s);
+void stow_plan_streaming_clear (StowPlanStreaming *s);
 
 typedef struct
 {
@@ -58,13 +60,13 @@ typedef struct
   StowTraining training;
   StowLayout layout;
   StowMemOptions mem_options;
-  StowPlanSchedule schedule;
+  StowPlanStreaming streaming; /* the file's "schedule" section */
   /* From a file that was read: the totals it predicted (0 if absent). */
   guint64 predicted_device_bytes, predicted_host_bytes, predicted_nvme_bytes;
 } StowPlanFile;
 
 /* A plan for @layout: copies the settings and refs @model and @cluster;
- * the schedule comes from stow_plan_schedule_init on @mem. */
+ * the streaming comes from stow_plan_streaming_init on @mem. */
 StowPlanFile *stow_plan_file_new (StowModel *model, StowCluster *cluster,
                                   const StowTraining *training,
                                   const StowLayout *layout,

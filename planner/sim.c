@@ -17,8 +17,8 @@
 /* Achieved fraction of the tensor-core peak for transformer GEMMs: a
  * planning default (Megatron-LM reports 40-55% MFU at scale, Narayanan et
  * al. 2021, Table 1). */
-#define STOW_SCHED_MFU 0.5
-#define STOW_SCHED_INTRA_LATENCY_S      10e-6
+#define STOW_SIM_MFU 0.5
+#define STOW_SIM_INTRA_LATENCY_S      10e-6
 
 typedef struct
 {
@@ -72,7 +72,7 @@ collective_seconds (const StowCluster *c, const StowOp *op)
   if (op->intra_node)
     {
       bw = node->gpu.nvlink_bw > 0 ? node->gpu.nvlink_bw : node->gpu.pcie_bw;
-      lat = STOW_SCHED_INTRA_LATENCY_S;
+      lat = STOW_SIM_INTRA_LATENCY_S;
     }
   else
     {
@@ -250,7 +250,7 @@ stow_sim_op_seconds (StowBackend *b, const StowProgram *p, guint i,
       {
         double sec = flops
                      / (stow_cost_peak_flops (&node->gpu, s->training.precision)
-                        * STOW_SCHED_MFU);
+                        * STOW_SIM_MFU);
         /* Tensor-parallel all-reduces sit inside the layer, on its
          * critical path. */
         if (op->bytes > 0 && op->group_size > 1)
@@ -263,7 +263,7 @@ stow_sim_op_seconds (StowBackend *b, const StowProgram *p, guint i,
       }
     case STOW_OP_OPTIM_STEP:
       {
-        double bytes = (double)op->count * STOW_SCHED_ADAM_BYTES_PER_PARAM;
+        double bytes = (double)op->count * STOW_SIM_ADAM_BYTES_PER_PARAM;
         if (op->on_gpu)
           return bytes / node->gpu.hbm_bw;
         /* The node's memory bandwidth is shared by its GPUs' ranks. */

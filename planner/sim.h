@@ -30,7 +30,7 @@ typedef struct
  * master, exp_avg, exp_avg_sq and write them back (24), read the gradient
  * and write the low-precision weight (2 + 2).  CPU Adam streams at about
  * STREAM-triad speed (bench/results/adam-vm-*.md). */
-#define STOW_SCHED_ADAM_BYTES_PER_PARAM 28.0
+#define STOW_SIM_ADAM_BYTES_PER_PARAM 28.0
 
 /* The sim for @setup (everything in it is copied or referenced). */
 StowBackend *stow_backend_sim_new (const StowSimSetup *setup);

@@ -3,7 +3,7 @@
  * program/program.c: the step program's building blocks, names and static
  * checks, the model's units (one flat layout of tensors each), and the
  * optimizer settings' learning-rate schedule.  The lowering of a plan into
- * a program is planner/schedule.c; running one is program/driver.c on a backend.
+ * a program is planner/lower.c; running one is program/driver.c on a backend.
  */
 #include "program/program.h"
 

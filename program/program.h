@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT
  *
  * program/program.h: the step program, the contract between the lowering
- * (planner/schedule.c) and the backends that run it (planner/sim.c,
+ * (planner/lower.c) and the backends that run it (planner/sim.c,
  * executor/backends/): ops on streams, ordered in each stream and joined
  * across streams only by events, over buffers that say which units'
  * tensors and which byte ranges they hold and what part they play.  No

@@ -94,8 +94,8 @@ global_batch (const StowLayout *l)
 static const char *
 nvme_path (const StowPlanFile *p)
 {
-  return p->schedule.nvme_paths && p->schedule.nvme_paths[0]
-             ? p->schedule.nvme_paths[0]
+  return p->streaming.nvme_paths && p->streaming.nvme_paths[0]
+             ? p->streaming.nvme_paths[0]
              : STOW_PLAN_NVME_PLACEHOLDER;
 }
 
@@ -192,7 +192,7 @@ stow_emit_deepspeed (const StowPlanFile *p, GError **error)
   if (!precision_check (p, "deepspeed", error))
     return NULL;
   const StowLayout *l = &p->layout;
-  const StowPlanSchedule *s = &p->schedule;
+  const StowPlanStreaming *s = &p->streaming;
   if (!deepspeed_check (p, "deepspeed", error))
     return NULL;
 
@@ -1118,7 +1118,7 @@ stow_emit_warnings (StowEmitKind kind, const StowPlanFile *p)
                   || l->offload_params == STOW_OFFLOAD_NVME;
   /* DeepSpeed's swapper writes where nvme_path says; a placeholder on a
    * machine without it fails at start-up or fills the root disk. */
-  if (nvme && stow_plan_schedule_nvme_placeholder (&p->schedule)
+  if (nvme && stow_plan_streaming_nvme_placeholder (&p->streaming)
       && (kind == STOW_EMIT_DEEPSPEED || kind == STOW_EMIT_ACCELERATE
           || kind == STOW_EMIT_PLAN))
     g_ptr_array_add (

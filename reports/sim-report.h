@@ -7,7 +7,7 @@
 #pragma once
 
 #include "program/trace.h"
-#include "planner/schedule.h"
+#include "planner/lower.h"
 
 G_BEGIN_DECLS
 

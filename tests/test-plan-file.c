@@ -128,17 +128,17 @@ test_round_trip (gconstpointer data)
   g_assert_cmpuint (q->cluster->node.host_ram_bytes, ==,
                     p->cluster->node.host_ram_bytes);
   g_assert_cmpuint (q->cluster->node.n_nvme, ==, p->cluster->node.n_nvme);
-  g_assert_cmpuint (q->schedule.resident_layers, ==,
-                    p->schedule.resident_layers);
-  g_assert_cmpuint (q->schedule.prefetch_depth, ==, p->schedule.prefetch_depth);
-  g_assert_cmpuint (q->schedule.optimizer_swap_buffers, ==,
-                    p->schedule.optimizer_swap_buffers);
-  g_assert_cmpuint (q->schedule.param_buffer_elems, ==,
-                    p->schedule.param_buffer_elems);
-  g_assert_cmpuint (q->schedule.io_queue_depth, ==, p->schedule.io_queue_depth);
-  g_assert_cmpuint (q->schedule.io_block_bytes, ==, p->schedule.io_block_bytes);
-  g_assert_cmpuint (g_strv_length (q->schedule.nvme_paths), ==,
-                    g_strv_length (p->schedule.nvme_paths));
+  g_assert_cmpuint (q->streaming.resident_layers, ==,
+                    p->streaming.resident_layers);
+  g_assert_cmpuint (q->streaming.prefetch_depth, ==, p->streaming.prefetch_depth);
+  g_assert_cmpuint (q->streaming.optimizer_swap_buffers, ==,
+                    p->streaming.optimizer_swap_buffers);
+  g_assert_cmpuint (q->streaming.param_buffer_elems, ==,
+                    p->streaming.param_buffer_elems);
+  g_assert_cmpuint (q->streaming.io_queue_depth, ==, p->streaming.io_queue_depth);
+  g_assert_cmpuint (q->streaming.io_block_bytes, ==, p->streaming.io_block_bytes);
+  g_assert_cmpuint (g_strv_length (q->streaming.nvme_paths), ==,
+                    g_strv_length (p->streaming.nvme_paths));
   g_assert_cmpuint (q->predicted_device_bytes, ==, mem->total_bytes);
 
   /* The numbers come back: every term of every stage, host and NVMe. */
@@ -254,23 +254,23 @@ test_schedule (void)
 {
   StowMemory *mem = NULL;
   g_autoptr (StowPlanFile) p = make_plan (&cases[0], &mem);
-  g_assert_cmpuint (p->schedule.prefetch_depth, ==, 2);
-  g_assert_cmpuint (p->schedule.resident_layers, <=, 32);
-  g_assert_cmpuint (p->schedule.optimizer_swap_buffers, ==, 3);
-  g_assert_cmpuint (p->schedule.param_swap_buffers, ==, 5);
-  g_assert_cmpuint (p->schedule.io_block_bytes, ==, 1 << 20);
-  g_assert_cmpuint (p->schedule.io_queue_depth, ==, 8);
-  g_assert_cmpuint (g_strv_length (p->schedule.nvme_paths), ==, 1);
+  g_assert_cmpuint (p->streaming.prefetch_depth, ==, 2);
+  g_assert_cmpuint (p->streaming.resident_layers, <=, 32);
+  g_assert_cmpuint (p->streaming.optimizer_swap_buffers, ==, 3);
+  g_assert_cmpuint (p->streaming.param_swap_buffers, ==, 5);
+  g_assert_cmpuint (p->streaming.io_block_bytes, ==, 1 << 20);
+  g_assert_cmpuint (p->streaming.io_queue_depth, ==, 8);
+  g_assert_cmpuint (g_strv_length (p->streaming.nvme_paths), ==, 1);
   /* The largest parameter fits a swap buffer (DeepSpeed's requirement). */
-  g_assert_cmpuint (p->schedule.param_buffer_elems, >=,
+  g_assert_cmpuint (p->streaming.param_buffer_elems, >=,
                     p->model->largest_module_params);
   stow_memory_free (mem);
 
   g_autoptr (StowPlanFile) q = make_plan (&cases[2], &mem);
-  g_assert_cmpuint (q->schedule.prefetch_depth, ==, 0);
-  g_assert_cmpuint (q->schedule.resident_layers, ==,
+  g_assert_cmpuint (q->streaming.prefetch_depth, ==, 0);
+  g_assert_cmpuint (q->streaming.resident_layers, ==,
                     mem->stages[mem->peak_stage].layers);
-  g_assert_cmpuint (g_strv_length (q->schedule.nvme_paths), ==, 0);
+  g_assert_cmpuint (g_strv_length (q->streaming.nvme_paths), ==, 0);
   stow_memory_free (mem);
 }
 

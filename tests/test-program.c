@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "program/program.h"
-#include "planner/schedule.h"
+#include "planner/lower.h"
 
 static StowModel *
 model (const char *name)
@@ -95,10 +95,10 @@ lower_small (guint64 grad_accum, double max_grad_norm, StowRecompute rec)
   StowLayout l;
   stow_layout_init (&l);
   l.micro_batch = 2, l.grad_accum = grad_accum, l.recompute = rec;
-  StowScheduleOptions so;
-  stow_schedule_options_init (&so);
+  StowLowerOptions so;
+  stow_lower_options_init (&so);
   so.optim.max_grad_norm = max_grad_norm;
-  StowProgram *p = stow_schedule_lower (m, c, &t, &l, NULL, &so, &error);
+  StowProgram *p = stow_lower (m, c, &t, &l, NULL, &so, &error);
   g_assert_no_error (error);
   return p;
 }

@@ -98,9 +98,9 @@ check_deepspeed (const StowPlanFile *p, guint *ok, guint *refused)
       if (off[i].where == STOW_OFFLOAD_NVME)
         {
           g_assert_cmpstr (json_object_get_string_member (d, "nvme_path"), ==,
-                           p->schedule.nvme_paths[0]);
+                           p->streaming.nvme_paths[0]);
           g_assert_cmpint (obj_int (d, "buffer_count"), >=,
-                           i == 0 ? 4 : (gint64)p->schedule.param_swap_buffers);
+                           i == 0 ? 4 : (gint64)p->streaming.param_swap_buffers);
         }
     }
   gboolean nvme = l->offload_optimizer == STOW_OFFLOAD_NVME
@@ -110,9 +110,9 @@ check_deepspeed (const StowPlanFile *p, guint *ok, guint *refused)
     {
       JsonObject *aio = json_object_get_object_member (o, "aio");
       g_assert_cmpint (obj_int (aio, "block_size"), ==,
-                       (gint64)p->schedule.io_block_bytes);
+                       (gint64)p->streaming.io_block_bytes);
       g_assert_cmpint (obj_int (aio, "queue_depth"), ==,
-                       (gint64)p->schedule.io_queue_depth);
+                       (gint64)p->streaming.io_queue_depth);
     }
   g_assert_cmpint (json_object_has_member (o, "activation_checkpointing"), ==,
                    l->recompute == STOW_RECOMPUTE_FULL);

@@ -18,7 +18,7 @@
 #include "planner/sim.h"
 #include "program/driver.h"
 #include "planner/cost.h"
-#include "planner/schedule.h"
+#include "planner/lower.h"
 #include "tests/testutil-claim.h"
 
 static StowCluster *
@@ -99,13 +99,13 @@ pricing_of (const StowProgram *p)
   return pr;
 }
 
-/* stow_schedule_lower, remembering what the sim prices the program by. */
+/* stow_lower, remembering what the sim prices the program by. */
 static StowProgram *
 lower (const StowModel *m, const StowCluster *c, const StowTraining *t,
        const StowLayout *l, const StowMemOptions *mo,
-       const StowScheduleOptions *so, GError **error)
+       const StowLowerOptions *so, GError **error)
 {
-  StowProgram *p = stow_schedule_lower (m, c, t, l, mo, so, error);
+  StowProgram *p = stow_lower (m, c, t, l, mo, so, error);
   if (p != NULL)
     {
       Pricing *pr = pricing_of (p);
@@ -362,8 +362,8 @@ streamed_program (const StowCluster *c, const StowTraining *t, guint resident,
   stow_layout_init (&l);
   l.zero = 3, l.grad_accum = grad_accum;
   l.offload_params = l.offload_optimizer = STOW_OFFLOAD_CPU;
-  StowScheduleOptions so;
-  stow_schedule_options_init (&so);
+  StowLowerOptions so;
+  stow_lower_options_init (&so);
   so.resident_layers = resident;
   StowProgram *p = lower (m, c, t, &l, NULL, &so, &error);
   g_assert_no_error (error);
@@ -489,8 +489,8 @@ test_layer_major (void)
   stow_layout_init (&l);
   l.zero = 3, l.grad_accum = 4, l.recompute = STOW_RECOMPUTE_FULL;
   l.offload_params = l.offload_optimizer = STOW_OFFLOAD_CPU;
-  StowScheduleOptions so;
-  stow_schedule_options_init (&so);
+  StowLowerOptions so;
+  stow_lower_options_init (&so);
   so.resident_layers = 0;
   g_autoptr (StowProgram) mb
       = lower (m, c, &t, &l, NULL, &so, &error);
@@ -774,8 +774,8 @@ test_agrees_with_cost (void)
       g_assert_true (
           stow_cost_estimate_checked (m, c, &t, &l, NULL, &cost, &error));
       g_assert_no_error (error);
-      StowScheduleOptions so;
-      stow_schedule_options_init (&so);
+      StowLowerOptions so;
+      stow_lower_options_init (&so);
       so.resident_layers = 0; /* the time model streams every layer */
       g_autoptr (StowProgram) p
           = lower (m, c, &t, &l, NULL, &so, &error);

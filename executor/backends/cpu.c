@@ -370,7 +370,7 @@ cpu_alloc_persistent (StowBackend *bb, GError **error)
   if (b->map.host_weights_buf != STOW_NONE)
     b->map.host_weights = b->map.addr[b->map.host_weights_buf];
   /* With the weights on NVMe CPU Adam writes the updated ones over the
-   * gradients they came from (planner/schedule.c, adam_out). */
+   * gradients they came from (planner/lower.c, adam_out). */
   if (b->params != NULL)
     b->map.host_weights = b->map.addr[b->map.host_grads_buf];
   return TRUE;

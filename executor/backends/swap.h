@@ -3,7 +3,7 @@
  * executor/backends/swap.h: the optimizer states on NVMe (ZeRO-Infinity)
  * for a backend that runs a step program: the glue between the program and
  * the optimizer-state swapper (offload/swapper.h).  The lowering cuts the
- * rank's flat parameters into chunks (planner/schedule.c: "states read",
+ * rank's flat parameters into chunks (planner/lower.c: "states read",
  * "updated", "states written"); each chunk's states are one shard of the
  * swapper (in an NVMe store, offload/nvme.h: striped over the directories
  * given, O_DIRECT through io_uring, XXH3 per block), laid out as the

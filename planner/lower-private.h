@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT
  *
- * planner/schedule-private.h: what the two halves of the lowering share.
+ * planner/lower-private.h: what the two halves of the lowering share.
  * schedule.c sets each rank up (its units, the order of its items, its
  * persistent state and slots); schedule-step.c emits the rank's step
  * (loads, the item loop, the gradients' path, the optimizer).  Nothing
@@ -9,7 +9,7 @@
 #pragma once
 
 #include "planner/memory-private.h"
-#include "planner/schedule.h"
+#include "planner/lower.h"
 
 G_BEGIN_DECLS
 
@@ -70,7 +70,7 @@ typedef struct
   const StowTraining *t;
   const StowLayout *l;
   const StowMemOptions *mo;
-  const StowScheduleOptions *so;
+  const StowLowerOptions *so;
   StowProgram *p;
   double w, g, master, opt, wg; /* bytes per parameter; wg gathered */
   guint64 n;                    /* ZeRO shard degree */

@@ -1,9 +1,9 @@
 /* SPDX-License-Identifier: MIT
  *
- * tests/test-schedule.c: the lowering of plans to step programs.  Every
+ * tests/test-lower.c: the lowering of plans to step programs.  Every
  * layout the search keeps, simulated, peaks at the memory model's
  * allocated bytes (within 2%: a sample here, all 48,046 in the slow
- * suite's schedule-every-layout, which prints the count and the largest
+ * suite's lower-every-layout, which prints the count and the largest
  * difference as claims); random plans keep the invariants (a buffer is
  * resident before each read, a slot holds one layer, every wait has a
  * record, memory stays within the budget the plan was made for); layouts
@@ -17,7 +17,7 @@
 #include "planner/sim.h"
 #include "program/driver.h"
 #include "planner/memory-private.h"
-#include "planner/schedule.h"
+#include "planner/lower.h"
 #include "planner/search.h"
 #include "tests/testutil-claim.h"
 
@@ -31,11 +31,11 @@ training_init (StowTraining *t, guint64 seq, guint64 batch)
 
 static StowTrace *
 simulate (const StowModel *m, const StowCluster *c, const StowTraining *t,
-          const StowLayout *l, const StowScheduleOptions *so,
+          const StowLayout *l, const StowLowerOptions *so,
           StowProgram **prog_out)
 {
   g_autoptr (GError) error = NULL;
-  StowProgram *prog = stow_schedule_lower (m, c, t, l, NULL, so, &error);
+  StowProgram *prog = stow_lower (m, c, t, l, NULL, so, &error);
   g_assert_no_error (error);
   g_assert_nonnull (prog);
   StowSimSetup setup = { m, c, t, l, NULL };
@@ -47,7 +47,7 @@ simulate (const StowModel *m, const StowCluster *c, const StowTraining *t,
   return tr;
 }
 
-/* What the /schedule/search cases checked, for /schedule/search/summary. */
+/* What the /lower/search cases checked, for /lower/search/summary. */
 static guint64 search_kept, search_checked;
 static double search_worst;
 
@@ -90,16 +90,16 @@ check_search_pinned (const char *model_name, const char *spec, guint64 seq,
   stow_mem_options_init (&mo);
   g_autoptr (StowSearch) s = stow_search_run (m, c, &t, &base, pins, &mo, 0);
   g_assert_cmpuint (s->fits->len, >, 0);
-  /* STOW_SCHEDULE_ALL=1 checks every layout: 48,046 of them, 56 s of CPU
+  /* STOW_LOWER_ALL=1 checks every layout: 48,046 of them, 56 s of CPU
    * on an Intel Xeon VM (94-163 s of wall time on loaded machines) against
    * about 2 s for the sample. */
-  if (g_getenv ("STOW_SCHEDULE_ALL"))
+  if (g_getenv ("STOW_LOWER_ALL"))
     max_checked = G_MAXUINT;
   guint step = MAX (1, s->fits->len / max_checked);
   guint checked = 0;
   double worst = 0;
-  StowScheduleOptions so;
-  stow_schedule_options_init (&so);
+  StowLowerOptions so;
+  stow_lower_options_init (&so);
   /* The layout carries its resident layers, as the search decided them:
    * the memory model and the program keep the same ones. */
   for (guint i = 0; i < s->fits->len; i += step)
@@ -170,8 +170,8 @@ check_search_pinned (const char *model_name, const char *spec, guint64 seq,
 }
 
 /* The layout count and the largest difference over the cases before it
- * (registered last in /schedule/search, so it runs after them).  With
- * STOW_SCHEDULE_ALL, the figures README.md and docs/simulator.md quote:
+ * (registered last in /lower/search, so it runs after them).  With
+ * STOW_LOWER_ALL, the figures README.md and docs/simulator.md quote:
  * 48,046 layouts when issue 42 counted them, held within a quarter either
  * way (the search's space changes with the model; check-claims holds the
  * quoted count exactly). */
@@ -180,20 +180,20 @@ test_search_summary (void)
 {
   if (search_kept == 0)
     {
-      g_test_skip ("run it with the /schedule/search cases before it");
+      g_test_skip ("run it with the /lower/search cases before it");
       return;
     }
   g_test_message ("%" G_GUINT64_FORMAT " of %" G_GUINT64_FORMAT
                   " layouts checked, largest difference %.4f%%",
                   search_checked, search_kept, 100 * search_worst);
   g_assert_cmpfloat (search_worst, <=, 0.02);
-  if (!g_getenv ("STOW_SCHEDULE_ALL"))
+  if (!g_getenv ("STOW_LOWER_ALL"))
     {
       g_assert_cmpuint (search_checked, <, search_kept);
       return;
     }
-  stow_test_claim ("schedule.every-layout.checked", (double)search_checked);
-  stow_test_claim ("schedule.every-layout.worst-pct", 100 * search_worst);
+  stow_test_claim ("lower.every-layout.checked", (double)search_checked);
+  stow_test_claim ("lower.every-layout.worst-pct", 100 * search_worst);
   g_assert_cmpuint (search_checked, ==, search_kept);
   g_assert_cmpuint (search_checked, >=, 48046 * 4 / 5);
   g_assert_cmpuint (search_checked, <=, 48046 * 5 / 4);
@@ -269,11 +269,11 @@ test_search_lora (void)
 
 static gboolean
 random_layout (GRand *r, const StowModel *m, const StowCluster *c,
-               StowTraining *t, StowLayout *l, StowScheduleOptions *so)
+               StowTraining *t, StowLayout *l, StowLowerOptions *so)
 {
   static const guint degrees[] = { 1, 2, 4, 8 };
   stow_layout_init (l);
-  stow_schedule_options_init (so);
+  stow_lower_options_init (so);
   l->tp = degrees[g_rand_int_range (r, 0, 3)];
   l->pp = degrees[g_rand_int_range (r, 0, 4)];
   if (c->n_gpus % (l->tp * l->pp) != 0)
@@ -415,7 +415,7 @@ test_random_plans (void)
       StowTraining t;
       training_init (&t, 1 << g_rand_int_range (r, 9, 12), 0);
       StowLayout l;
-      StowScheduleOptions so;
+      StowLowerOptions so;
       if (!random_layout (r, m, c, &t, &l, &so))
         continue;
       g_autoptr (StowMemory) mem
@@ -425,7 +425,7 @@ test_random_plans (void)
         {
           /* Refused, by name, when its activations do not fit. */
           g_autoptr (StowProgram) lm
-              = stow_schedule_lower (m, c, &t, &l, NULL, &so, &error);
+              = stow_lower (m, c, &t, &l, NULL, &so, &error);
           if (lm == NULL)
             {
               g_assert_nonnull (strstr (error->message, "--layer-major"));
@@ -472,8 +472,8 @@ test_resident_from_budget (void)
   stow_layout_init (&l);
   l.dp = 8, l.zero = 3, l.grad_accum = 1;
   l.offload_optimizer = l.offload_params = STOW_OFFLOAD_CPU;
-  StowScheduleOptions so;
-  stow_schedule_options_init (&so);
+  StowLowerOptions so;
+  stow_lower_options_init (&so);
   StowProgram *prog = NULL;
   g_autoptr (StowTrace) tr = simulate (m, c, &t, &l, &so, &prog);
   g_assert_cmpuint (prog->resident_layers, >, 0);
@@ -503,11 +503,11 @@ test_streamed_spread (void)
   stow_layout_init (&l);
   l.zero = 3, l.grad_accum = 1;
   l.offload_optimizer = l.offload_params = STOW_OFFLOAD_CPU;
-  StowScheduleOptions so;
-  stow_schedule_options_init (&so);
+  StowLowerOptions so;
+  stow_lower_options_init (&so);
   so.resident_layers = 20; /* 12 streamed of 32 */
   g_autoptr (StowProgram) p
-      = stow_schedule_lower (m, c, &t, &l, NULL, &so, &error);
+      = stow_lower (m, c, &t, &l, NULL, &so, &error);
   g_assert_no_error (error);
   g_assert_cmpuint (p->streamed_layers, ==, 12);
   gboolean streamed[32] = { FALSE };
@@ -543,7 +543,7 @@ test_refused (void)
   stow_layout_init (&l);
   l.dp = 8, l.grad_accum = 1, l.zero = 2;
   l.engine = STOW_ENGINE_DEEPSPEED;
-  StowProgram *p = stow_schedule_lower (m, c, &t, &l, NULL, NULL, &error);
+  StowProgram *p = stow_lower (m, c, &t, &l, NULL, NULL, &error);
   g_assert_null (p);
   g_assert_error (error, STOW_PLAN_ERROR, STOW_PLAN_ERROR_INVALID);
   g_assert_nonnull (strstr (error->message, "--engine deepspeed"));
@@ -551,7 +551,7 @@ test_refused (void)
   l.engine = STOW_ENGINE_STOWAGE;
   t.finetune = STOW_FINETUNE_QLORA, t.lora_rank = 16;
   l.offload_optimizer = STOW_OFFLOAD_CPU;
-  p = stow_schedule_lower (m, c, &t, &l, NULL, NULL, &error);
+  p = stow_lower (m, c, &t, &l, NULL, NULL, &error);
   g_assert_null (p);
   g_assert_error (error, STOW_PLAN_ERROR, STOW_PLAN_ERROR_INVALID);
   g_assert_nonnull (
@@ -560,7 +560,7 @@ test_refused (void)
   t.finetune = STOW_FINETUNE_FULL;
   l.offload_optimizer = STOW_OFFLOAD_NONE;
   l.tp = 3, l.dp = 1; /* does not multiply to 8 */
-  p = stow_schedule_lower (m, c, &t, &l, NULL, NULL, &error);
+  p = stow_lower (m, c, &t, &l, NULL, NULL, &error);
   g_assert_null (p);
   g_assert_error (error, STOW_PLAN_ERROR, STOW_PLAN_ERROR_INVALID);
 }
@@ -581,7 +581,7 @@ test_zero_offload_shape (void)
   l.dp = 8, l.grad_accum = 4, l.zero = 2;
   l.offload_optimizer = STOW_OFFLOAD_CPU;
   g_autoptr (StowProgram) p
-      = stow_schedule_lower (m, c, &t, &l, NULL, NULL, &error);
+      = stow_lower (m, c, &t, &l, NULL, NULL, &error);
   g_assert_no_error (error);
   guint d2h = 0, adam = 0, rs = 0;
   for (guint i = 0; i < p->ops->len; i++)
@@ -632,8 +632,8 @@ test_resident_decided_once (void)
   g_autoptr (StowMemory) mem = stow_memory_estimate (m, c, &t, &l, &mo, &error);
   g_assert_no_error (error);
   g_assert_true (mem->fits_device);
-  StowScheduleOptions so;
-  stow_schedule_options_init (&so);
+  StowLowerOptions so;
+  stow_lower_options_init (&so);
   StowProgram *prog = NULL;
   g_autoptr (StowTrace) tr = simulate (m, c, &t, &l, &so, &prog);
   g_assert_cmpuint (prog->resident_layers, ==, l.resident_layers);
@@ -663,21 +663,21 @@ int
 main (int argc, char **argv)
 {
   g_test_init (&argc, &argv, NULL);
-  g_test_add_func ("/schedule/search/llama-7b", test_search_llama_7b);
-  g_test_add_func ("/schedule/resident-decided-once",
+  g_test_add_func ("/lower/search/llama-7b", test_search_llama_7b);
+  g_test_add_func ("/lower/resident-decided-once",
                    test_resident_decided_once);
-  g_test_add_func ("/schedule/search/gpt2", test_search_gpt2);
-  g_test_add_func ("/schedule/search/llama-3-8b", test_search_llama3_gqa);
-  g_test_add_func ("/schedule/search/llama-65b", test_search_llama_65b);
-  g_test_add_func ("/schedule/search/mixtral", test_search_mixtral);
-  g_test_add_func ("/schedule/search/lora", test_search_lora);
-  g_test_add_func ("/schedule/search/pinned-schedules",
+  g_test_add_func ("/lower/search/gpt2", test_search_gpt2);
+  g_test_add_func ("/lower/search/llama-3-8b", test_search_llama3_gqa);
+  g_test_add_func ("/lower/search/llama-65b", test_search_llama_65b);
+  g_test_add_func ("/lower/search/mixtral", test_search_mixtral);
+  g_test_add_func ("/lower/search/lora", test_search_lora);
+  g_test_add_func ("/lower/search/pinned-schedules",
                    test_search_pinned_schedules);
-  g_test_add_func ("/schedule/search/summary", test_search_summary);
-  g_test_add_func ("/schedule/random-plans", test_random_plans);
-  g_test_add_func ("/schedule/resident-from-budget", test_resident_from_budget);
-  g_test_add_func ("/schedule/streamed-spread", test_streamed_spread);
-  g_test_add_func ("/schedule/refused", test_refused);
-  g_test_add_func ("/schedule/zero-offload-shape", test_zero_offload_shape);
+  g_test_add_func ("/lower/search/summary", test_search_summary);
+  g_test_add_func ("/lower/random-plans", test_random_plans);
+  g_test_add_func ("/lower/resident-from-budget", test_resident_from_budget);
+  g_test_add_func ("/lower/streamed-spread", test_streamed_spread);
+  g_test_add_func ("/lower/refused", test_refused);
+  g_test_add_func ("/lower/zero-offload-shape", test_zero_offload_shape);
   return g_test_run ();
 }

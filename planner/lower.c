@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT
  *
- * planner/schedule.c: the step program and the lowering of a plan into it.
+ * planner/lower.c: the step program and the lowering of a plan into it.
  * One program per pipeline stage; its buffers are exactly the tensors the
  * memory model (planner/memory.c) counts, sized by the same functions, so
  * that a simulated peak can be compared with the predicted one.  Rules:
@@ -11,19 +11,19 @@
  * the order of its items, its persistent state and slots);
  * schedule-step.c emits its step.
  */
-#include "planner/schedule.h"
+#include "planner/lower.h"
 
 #include <math.h>
 #include <stdarg.h>
 #include <string.h>
 
 #include "planner/memory-private.h"
-#include "planner/schedule-private.h"
+#include "planner/lower-private.h"
 
 #define MiB ((guint64)1 << 20)
 
 void
-stow_schedule_options_init (StowScheduleOptions *o)
+stow_lower_options_init (StowLowerOptions *o)
 {
   memset (o, 0, sizeof *o);
   o->resident_layers = G_MAXUINT;
@@ -765,7 +765,7 @@ lower_rank (StowLower *L, StowLowerRank *R)
 static void
 lower_init (StowLower *L, const StowModel *m, const StowCluster *c,
             const StowTraining *t, const StowLayout *l,
-            const StowMemOptions *mo, const StowScheduleOptions *so)
+            const StowMemOptions *mo, const StowLowerOptions *so)
 {
   L->m = m, L->c = c, L->t = t, L->l = l, L->mo = mo, L->so = so;
   L->p = stow_program_new (l->pp);
@@ -911,18 +911,18 @@ choose_k_resident (StowLower *L, const StowMemory *mem, guint64 extra,
 }
 
 StowProgram *
-stow_schedule_lower (const StowModel *m, const StowCluster *c,
+stow_lower (const StowModel *m, const StowCluster *c,
                      const StowTraining *t, const StowLayout *l,
                      const StowMemOptions *mo_in,
-                     const StowScheduleOptions *so_in, GError **error)
+                     const StowLowerOptions *so_in, GError **error)
 {
   StowMemOptions mo_default;
-  StowScheduleOptions so_default;
+  StowLowerOptions so_default;
   g_return_val_if_fail (m != NULL && c != NULL && t != NULL && l != NULL, NULL);
   if (mo_in == NULL)
     stow_mem_options_init (&mo_default), mo_in = &mo_default;
   if (so_in == NULL)
-    stow_schedule_options_init (&so_default), so_in = &so_default;
+    stow_lower_options_init (&so_default), so_in = &so_default;
   if (!stow_layout_validate (l, t, m, c, error))
     return NULL;
   if (l->engine != STOW_ENGINE_STOWAGE)

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: MIT
  *
- * planner/schedule.h: the lowering of a plan (model, cluster, training,
+ * planner/lower.h: the lowering of a plan (model, cluster, training,
  * layout) to its step program (program/program.h), one program rank per
  * pipeline stage, each standing for its data- and tensor-parallel peers.
  * The lowering never looks at time, only at bytes and order; backends in
@@ -32,17 +32,17 @@ typedef struct
   /* What the program carries for real training: optimizer, schedule of
    * the learning rate, clipping, seed (program/program.h's defaults). */
   StowOptimSettings optim;
-} StowScheduleOptions;
+} StowLowerOptions;
 
-void stow_schedule_options_init (StowScheduleOptions *o);
+void stow_lower_options_init (StowLowerOptions *o);
 
 /* Lowers a plan.  Fails (STOW_PLAN_ERROR_INVALID) for a layout that does
  * not validate, or one the lowering does not cover yet (engines other
  * than stowage; LoRA with ZeRO 3 or offload), naming it. */
 StowProgram *
-stow_schedule_lower (const StowModel *model, const StowCluster *cluster,
+stow_lower (const StowModel *model, const StowCluster *cluster,
                      const StowTraining *training, const StowLayout *layout,
                      const StowMemOptions *mem_options,
-                     const StowScheduleOptions *options, GError **error);
+                     const StowLowerOptions *options, GError **error);
 
 G_END_DECLS

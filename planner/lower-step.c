@@ -1,13 +1,13 @@
 /* SPDX-License-Identifier: MIT
  *
- * planner/schedule-step.c: one rank's step, op by op: the loads of
+ * planner/lower-step.c: one rank's step, op by op: the loads of
  * streamed units into their slots, the item loop (forward, loss and
  * backward of each unit and micro-batch, with recomputation and
  * checkpoint offload), the gradients' path (slots, reductions, copies
  * down) and the optimizer (on the GPU, CPU Adam, the NVMe swap).  The
  * rank's set-up is schedule.c's.
  */
-#include "planner/schedule-private.h"
+#include "planner/lower-private.h"
 
 #include <math.h>
 
