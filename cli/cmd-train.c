@@ -16,6 +16,7 @@
 #include "cli/commands.h"
 #include "core/json.h"
 #include "core/units.h"
+#include "cli/plan-options.h"
 #include "cli/train-plan.h"
 #include "executor/backends/registry.h"
 #include "executor/backends/tensors.h"
@@ -25,12 +26,15 @@
 
 typedef struct
 {
-  char *model, *data, *plan, *steps, *seq, *micro_batch, *global_batch,
-      *precision, *lr, *min_lr, *warmup, *lr_schedule, *weight_decay, *beta1,
-      *beta2, *eps, *max_grad_norm, *seed, *out, *save_every, *log_json,
-      *trace, *backend, *device_memory, *tokenizer, *threads, *recompute,
-      *offload_optimizer, *offload_params, *resident_layers,
-      *test_copy_delay_us, *test_nvme_fault, *test_memlock_limit;
+  /* The layout and shape flags train shares with fit, mem, plan and
+   * simulate (--seq, --micro-batch, --global-batch, --precision,
+   * --recompute, --offload-optimizer, --offload-params,
+   * --resident-layers): parsed by the same code (cli/plan-options.c). */
+  StowPlanOptions po;
+  char *model, *data, *plan, *steps, *lr, *min_lr, *warmup, *lr_schedule,
+      *weight_decay, *beta1, *beta2, *eps, *max_grad_norm, *seed, *out,
+      *save_every, *log_json, *trace, *backend, *device_memory, *tokenizer,
+      *threads, *test_copy_delay_us, *test_nvme_fault, *test_memlock_limit;
   char **nvme_dirs;
   gboolean resume, shuffle, delayed_update, stream_times, allow_unpinned;
 } TrainOptions;
@@ -153,10 +157,6 @@ resolve (TrainOptions *o, StowTrainPlan *c, StowTrainConfig *run,
   run->backend = c->backend;
   guint64 threads = 0;
   if (!parse_u64 ("--steps", o->steps, FALSE, &run->steps, error)
-      || !parse_u64 ("--micro-batch", o->micro_batch, FALSE, &c->micro_batch,
-                     error)
-      || !parse_u64 ("--global-batch", o->global_batch, FALSE,
-                     &c->global_batch, error)
       || !parse_u64 ("--warmup", o->warmup, TRUE, &c->optim.warmup_steps,
                      error)
       || !parse_u64 ("--seed", o->seed, TRUE, &c->optim.seed, error)
@@ -219,34 +219,27 @@ resolve (TrainOptions *o, StowTrainPlan *c, StowTrainConfig *run,
         }
       run->copy_delay_us = (guint)us;
     }
-  if (o->seq)
-    {
-      g_autoptr (GError) local = NULL;
-      if (!stow_parse_tokens (o->seq, &c->seq, &local) || c->seq == 0
-          || c->seq > (1u << 20))
-        {
-          g_set_error (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
-                       "--seq \"%s\": expected a length of 1 to 1M tokens",
-                       o->seq);
-          return FALSE;
-        }
-    }
   if (o->lr_schedule
       && !stow_lr_schedule_parse (o->lr_schedule, &c->optim.schedule, error))
     return FALSE;
-  if (o->precision)
+  /* The shape and placement flags, as every planning command parses
+   * them; train's own defaults (--seq 256, fp32) where not given. */
+  StowPlanOptions *po = &o->po;
+  if (!stow_plan_options_parse_shape (po, error))
+    return FALSE;
+  c->layout = po->layout;
+  c->pins = po->pins;
+  c->seq = po->seq ? po->training.seq_len : 256;
+  c->micro_batch = po->layout.micro_batch;
+  c->global_batch = po->training.global_batch;
+  c->precision = po->precision ? po->training.precision : STOW_PRECISION_FP32;
+  if (c->precision != STOW_PRECISION_FP32
+      && c->precision != STOW_PRECISION_BF16)
     {
-      if (!stow_precision_parse (o->precision, "--precision", &c->precision,
-                                 error))
-        return FALSE;
-      if (c->precision != STOW_PRECISION_FP32
-          && c->precision != STOW_PRECISION_BF16)
-        {
-          g_set_error (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
-                       "--precision %s: stowage train runs fp32 or bf16",
-                       o->precision);
-          return FALSE;
-        }
+      g_set_error (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
+                   "--precision %s: stowage train runs fp32 or bf16",
+                   po->precision);
+      return FALSE;
     }
   if (o->device_memory)
     {
@@ -275,53 +268,25 @@ resolve (TrainOptions *o, StowTrainPlan *c, StowTrainConfig *run,
           return FALSE;
         }
     }
-  if (o->recompute)
+  if (c->layout.offload_params != STOW_OFFLOAD_NONE)
     {
-      if (!stow_recompute_parse (o->recompute, "--recompute",
-                                 &c->layout.recompute,
-                                 &c->layout.recompute_layers, error))
-        return FALSE;
-      c->pins |= STOW_PIN_RECOMPUTE;
-    }
-  if (o->offload_optimizer)
-    {
-      /* train.c pins the placement: the search keeps the one given. */
-      if (!stow_offload_parse (o->offload_optimizer, "--offload-optimizer",
-                               &c->layout.offload_optimizer, error))
-        return FALSE;
-    }
-  if (o->offload_params)
-    {
-      if (!stow_offload_parse (o->offload_params, "--offload-params",
-                               &c->layout.offload_params, error))
-        return FALSE;
-      if (c->layout.offload_params != STOW_OFFLOAD_NONE)
+      if (c->layout.offload_optimizer == STOW_OFFLOAD_NONE)
         {
-          if (c->layout.offload_optimizer == STOW_OFFLOAD_NONE)
-            {
-              g_set_error_literal (
-                  error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
-                  "--offload-params needs --offload-optimizer cpu or nvme: "
-                  "the weights are updated where they live");
-              return FALSE;
-            }
-          /* Parameters off the device are ZeRO stage 3's. */
-          c->layout.zero = 3;
-        }
-    }
-  if (o->resident_layers)
-    {
-      guint64 k = 0;
-      if (!parse_u64 ("--resident-layers", o->resident_layers, TRUE, &k, error))
-        return FALSE;
-      if (c->layout.offload_params == STOW_OFFLOAD_NONE)
-        {
-          g_set_error_literal (error, STOW_TRAIN_ERROR,
-                               STOW_TRAIN_ERROR_INVALID,
-                               "--resident-layers is for --offload-params");
+          g_set_error_literal (
+              error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
+              "--offload-params needs --offload-optimizer cpu or nvme: "
+              "the weights are updated where they live");
           return FALSE;
         }
-      c->layout.resident_layers = (guint)MIN (k, G_MAXUINT - 1);
+      /* Parameters off the device are ZeRO stage 3's. */
+      c->layout.zero = 3;
+    }
+  if (po->resident_layers
+      && c->layout.offload_params == STOW_OFFLOAD_NONE)
+    {
+      g_set_error_literal (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
+                           "--resident-layers is for --offload-params");
+      return FALSE;
     }
   if (o->delayed_update)
     {
@@ -353,10 +318,8 @@ resolve (TrainOptions *o, StowTrainPlan *c, StowTrainConfig *run,
           g_ptr_array_add (dirs, g_strdup (parts[j]));
         }
     }
-  gboolean nvme_opt = o->offload_optimizer
-                      && c->layout.offload_optimizer == STOW_OFFLOAD_NVME;
-  gboolean nvme_par = o->offload_params
-                      && c->layout.offload_params == STOW_OFFLOAD_NVME;
+  gboolean nvme_opt = c->layout.offload_optimizer == STOW_OFFLOAD_NVME;
+  gboolean nvme_par = c->layout.offload_params == STOW_OFFLOAD_NVME;
   if ((nvme_opt || nvme_par) != (dirs->len > 0))
     {
       g_set_error_literal (
@@ -531,14 +494,14 @@ stow_cmd_train (int argc, char **argv)
       NULL },
     { "plan", 0, 0, G_OPTION_ARG_FILENAME, &o.plan,
       "Run the layout of a plan file (stowage fit --emit plan)", "FILE" },
-    { "recompute", 0, 0, G_OPTION_ARG_STRING, &o.recompute,
+    { "recompute", 0, 0, G_OPTION_ARG_STRING, &o.po.recompute,
       "none, full or full:K (default: what fits fastest)", "MODE" },
-    { "offload-optimizer", 0, 0, G_OPTION_ARG_STRING, &o.offload_optimizer,
+    { "offload-optimizer", 0, 0, G_OPTION_ARG_STRING, &o.po.offload_optimizer,
       "none (default), cpu: fp32 master weights, Adam states and a copy "
       "of the gradients in host memory, CPU Adam (ZeRO-Offload), or nvme: "
       "the master weights and Adam states in swap files (ZeRO-Infinity)",
       "WHERE" },
-    { "offload-params", 0, 0, G_OPTION_ARG_STRING, &o.offload_params,
+    { "offload-params", 0, 0, G_OPTION_ARG_STRING, &o.po.offload_params,
       "none (default), cpu or nvme: the weights live in host memory or "
       "on NVMe (--nvme-dir, with --precision bf16) and stream through two "
       "layer slots on the device, but --resident-layers (ZeRO-3 with "
@@ -549,7 +512,7 @@ stow_cmd_train (int argc, char **argv)
       "previous step's gradients while this step computes (ZeRO-Offload's "
       "one-step delayed update; no clipping)",
       NULL },
-    { "resident-layers", 0, 0, G_OPTION_ARG_STRING, &o.resident_layers,
+    { "resident-layers", 0, 0, G_OPTION_ARG_STRING, &o.po.resident_layers,
       "With --offload-params: layers kept on the device (default: as "
       "many as fit, the plan's choice)",
       "K" },
@@ -560,13 +523,13 @@ stow_cmd_train (int argc, char **argv)
       "repeated, are striped",
       "DIR[,DIR...]" },
     { "steps", 0, 0, G_OPTION_ARG_STRING, &o.steps, "Optimizer steps", "N" },
-    { "seq", 0, 0, G_OPTION_ARG_STRING, &o.seq,
+    { "seq", 0, 0, G_OPTION_ARG_STRING, &o.po.seq,
       "Sequence length in tokens (default 256)", "T" },
-    { "micro-batch", 0, 0, G_OPTION_ARG_STRING, &o.micro_batch,
+    { "micro-batch", 0, 0, G_OPTION_ARG_STRING, &o.po.micro_batch,
       "Sequences per micro-batch (default 1)", "B" },
-    { "global-batch", 0, 0, G_OPTION_ARG_STRING, &o.global_batch,
+    { "global-batch", 0, 0, G_OPTION_ARG_STRING, &o.po.global_batch,
       "Sequences per optimizer step (default: one micro-batch)", "G" },
-    { "precision", 0, 0, G_OPTION_ARG_STRING, &o.precision,
+    { "precision", 0, 0, G_OPTION_ARG_STRING, &o.po.precision,
       "fp32 (default) or bf16 (bf16 weights, gradients and activations, "
       "fp32 master weights and Adam states)",
       "P" },
@@ -641,17 +604,15 @@ stow_cmd_train (int argc, char **argv)
   g_strfreev (tp.nvme_dirs);
   stow_train_plan_clear (&tp);
   g_strfreev (o.nvme_dirs);
+  stow_plan_options_clear (&o.po);
   char **strings[] = { &o.model,      &o.data,          &o.plan,
-                       &o.steps,      &o.seq,           &o.micro_batch,
-                       &o.global_batch, &o.precision,   &o.lr,
+                       &o.steps,      &o.lr,
                        &o.min_lr,     &o.warmup,        &o.lr_schedule,
                        &o.weight_decay, &o.beta1,       &o.beta2,
                        &o.eps,        &o.max_grad_norm, &o.seed,
                        &o.out,        &o.save_every,    &o.log_json,
                        &o.trace,      &o.backend,       &o.device_memory,
-                       &o.tokenizer,  &o.threads,       &o.recompute,
-                       &o.offload_optimizer, &o.offload_params,
-                       &o.resident_layers, &o.test_copy_delay_us,
+                       &o.tokenizer,  &o.threads,       &o.test_copy_delay_us,
                        &o.test_nvme_fault, &o.test_memlock_limit };
   for (gsize i = 0; i < G_N_ELEMENTS (strings); i++)
     g_free (*strings[i]);

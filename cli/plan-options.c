@@ -303,19 +303,12 @@ apply_host_flags (StowPlanOptions *po, GError **error)
   return TRUE;
 }
 
-gboolean
-stow_plan_options_resolve (StowPlanOptions *po, const char *model_arg,
-                           GError **error)
+/* The memory model's flags (convention, overheads, buckets). */
+static gboolean
+parse_mem_options (StowPlanOptions *po, GError **error)
 {
-  StowLayout *l = &po->layout;
-  StowTraining *t = &po->training;
   StowMemOptions *o = &po->mem;
-
-  stow_training_init (t);
-  stow_layout_init (l);
   stow_mem_options_init (o);
-  po->pins = 0;
-
   if (po->convention
       && !stow_convention_parse (po->convention, "--convention", &o->convention,
                                  error))
@@ -388,6 +381,16 @@ stow_plan_options_resolve (StowPlanOptions *po, const char *model_arg,
       o->fragmentation = f;
     }
 
+  return TRUE;
+}
+
+/* The model (argument @model_arg) and the cluster (--gpus, --cluster,
+ * --host-ram, --nvme). */
+static gboolean
+resolve_model_cluster (StowPlanOptions *po, const char *model_arg,
+                       GError **error)
+{
+  StowMemOptions *o = &po->mem;
   /* The model: a catalog name or a config.json; --params alone only
    * under a peer convention. */
   if (model_arg != NULL)
@@ -430,7 +433,17 @@ stow_plan_options_resolve (StowPlanOptions *po, const char *model_arg,
     }
   if (po->cluster_obj == NULL || !apply_host_flags (po, error))
     return FALSE;
+  return TRUE;
+}
 
+gboolean
+stow_plan_options_parse_shape (StowPlanOptions *po, GError **error)
+{
+  StowLayout *l = &po->layout;
+  StowTraining *t = &po->training;
+  stow_training_init (t);
+  stow_layout_init (l);
+  po->pins = 0;
   if (!parse_degree ("--dp", po->dp, &l->dp, &po->pins, STOW_PIN_DP, error)
       || !parse_degree ("--tp", po->tp, &l->tp, &po->pins, STOW_PIN_TP, error)
       || !parse_degree ("--pp", po->pp, &l->pp, &po->pins, STOW_PIN_PP, error)
@@ -542,8 +555,6 @@ stow_plan_options_resolve (StowPlanOptions *po, const char *model_arg,
   if (po->finetune
       && !stow_finetune_parse (po->finetune, "--finetune", &t->finetune, error))
     return FALSE;
-  if (po->model && !stow_training_check_model (t, po->model, error))
-    return FALSE;
   if (po->engine
       && !stow_engine_parse (po->engine, "--engine", &l->engine, error))
     return FALSE;
@@ -571,6 +582,20 @@ stow_plan_options_resolve (StowPlanOptions *po, const char *model_arg,
   if (po->lora_targets
       && !stow_lora_targets_parse (po->lora_targets, "--lora-targets",
                                    &t->lora_targets, error))
+    return FALSE;
+  return TRUE;
+}
+
+gboolean
+stow_plan_options_resolve (StowPlanOptions *po, const char *model_arg,
+                           GError **error)
+{
+  StowTraining *t = &po->training;
+  if (!parse_mem_options (po, error)
+      || !resolve_model_cluster (po, model_arg, error)
+      || !stow_plan_options_parse_shape (po, error))
+    return FALSE;
+  if (po->model && !stow_training_check_model (t, po->model, error))
     return FALSE;
   /* The default precision is bf16, or fp16 on a GPU without bf16 tensor
    * cores (V100, T4), where bf16 is only emulated. */

@@ -55,6 +55,12 @@ void stow_plan_options_add (GOptionContext *ctx, StowPlanOptions *po);
  * the flag. */
 gboolean stow_plan_options_resolve (StowPlanOptions *po, const char *model_arg,
                                     GError **error);
+/* The layout and training-shape flags alone (degrees, ZeRO, offloads,
+ * recomputation, batch and sequence, precision, optimizer, fine-tuning,
+ * engine, pipeline schedule, loss kernels) into po->layout, po->training
+ * and po->pins, from their defaults: no model or GPU is consulted (what
+ * `stowage train` shares with the planner's commands). */
+gboolean stow_plan_options_parse_shape (StowPlanOptions *po, GError **error);
 /* Fills the dimensions the user left out (dp fills the GPUs). */
 void stow_plan_options_default_layout (StowPlanOptions *po);
 /* Fills the dimensions the flags leave open the way `fit` chooses them: a
