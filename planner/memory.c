@@ -1356,10 +1356,15 @@ interleaved_chunk_in_flight (const StowLayout *l, guint stage, guint chunk)
                     q + pv,
                     q + pv + fwd_at,
                     q + pv + fwd_at + p };
-  for (guint i = 0; i < G_N_ELEMENTS (ends); i++)
-    if (ends[i] >= 0 && ends[i] <= last)
-      best = MAX (best,
-                  chunk_forwards_ahead (w, ends[i], p, pv, fwd_at, bwd_at));
+  /* A period no longer than the list of ends is cheaper walked. */
+  if (last < (gint64)G_N_ELEMENTS (ends))
+    for (gint64 k = 0; k <= last; k++)
+      best = MAX (best, chunk_forwards_ahead (w, k, p, pv, fwd_at, bwd_at));
+  else
+    for (guint i = 0; i < G_N_ELEMENTS (ends); i++)
+      if (ends[i] >= 0 && ends[i] <= last)
+        best = MAX (best,
+                    chunk_forwards_ahead (w, ends[i], p, pv, fwd_at, bwd_at));
   return (guint64)MIN (best, m);
 }
 
