@@ -398,6 +398,227 @@ stow_mem_gathered_weight_bytes (const StowTraining *t, double w)
   return t->precision == STOW_PRECISION_FP32 ? MIN (w, 4.0) : MIN (w, 2.0);
 }
 
+/* NVMe swapping (ZeRO-Infinity): parameters pass through four pinned
+ * staging buffers of the largest layer (or unit); DeepSpeed's optimizer
+ * swaps through four buffers of at most sub_group_size (1e9) parameters
+ * each, stowage's through three. */
+#define PARAM_STAGING_BUFFERS 4
+#define DS_SWAP_BUFFERS 4
+#define DS_SUB_GROUP_PARAMS ((guint64)1000000000)
+
+/* How an engine keeps the model states (weights, gradients, master
+ * weights, optimizer states), for the version it names: what departs from
+ * the precision's bytes per parameter (full_bpp), which of them ZeRO
+ * shards, which buffers hold them, and the text its formulas add.  One row
+ * per engine (engine_states); engine_bpp and model_states read the rows
+ * instead of branching on the engine. */
+typedef struct
+{
+  /* Under 16-bit compute over fp32 weights (stow_mem_mixed_over_fp32) the
+   * weights are fp32 and are themselves the master copy: 4 B weights and
+   * gradients, no separate master. */
+  gboolean weights_are_master;
+  /* Bytes per parameter of the gradients whatever the precision (fp32
+   * main grads); 0: the precision's. */
+  double grad_bytes;
+  /* The gradient buffer stays full size whatever the ZeRO stage. */
+  gboolean full_grad_buffer;
+  /* From --zero 1 in mixed precision, a distributed optimizer keeping the
+   * gradients and each bucket's reduce-scattered shard in grad_bytes, and
+   * the master as the 16-bit weights plus remainders of master_bytes (not
+   * under fp16); the notes close the two terms' formulas.  grad_bytes 0:
+   * none. */
+  struct
+  {
+    double grad_bytes, master_bytes;
+    const char *grad_shards_note, *master_note;
+  } distributed_adam;
+  /* The ZeRO stage from which the weights are sharded. */
+  guint weights_sharded_from;
+  /* Gradients pass through the engine's reduce buckets (engine_buffers)
+   * rather than two layer slots. */
+  gboolean reduce_buckets;
+  /* Non-NULL: gradients are upcast into an fp32 partition, sharded as the
+   * optimizer states, before the step; the note closes its formula. */
+  const char *fp32_grad_partition_note;
+  /* The gradient slots and the parameter staging buffers hold any unit
+   * (the embedding and the output layer too), and each rank stages its
+   * own shard of a unit, not a whole layer. */
+  gboolean unit_slots;
+  /* An offloaded optimizer: the CPU optimizer's pinned buffers (non-NULL:
+   * what the formula calls them); the bytes per parameter of the
+   * gradients it reads (0: the gradients' own); whether those and the
+   * states sit in pageable rather than pinned host memory; and whether it
+   * writes the updated weights back through host memory. */
+  const char *cpu_optimizer_buffers;
+  double offloaded_grad_bytes;
+  gboolean offloaded_pageable;
+  gboolean cpu_optimizer_writes_weights;
+  /* An optimizer swapped to NVMe: the buffers in flight, each of
+   * swap_chunk_params parameters at most (0: the options'
+   * swap_shard_params), fewer and no larger than the shard needs when
+   * swap_trims. */
+  guint swap_buffers;
+  guint64 swap_chunk_params;
+  gboolean swap_trims;
+  /* Gradients freed between steps unless --free-grads says otherwise. */
+  gboolean frees_gradients;
+} EngineStates;
+
+static const EngineStates engine_states[] = {
+  [STOW_ENGINE_STOWAGE] = {
+    .weights_sharded_from = 3,
+    /* stowage gathers and reduces the embedding and the output layer
+     * through the same slots as the layers, and its ranks each read their
+     * own shard of a unit (then all-gather it on the GPUs), so a staging
+     * buffer holds 1/n of the largest unit (found by the simulator). */
+    .unit_slots = TRUE,
+    /* Its CPU Adam writes the updated weights (with fp32 training:
+     * updates the parameters) in host memory, from where they are copied
+     * up; on NVMe, in the host gradients' place, each unit going to the
+     * store through one aligned buffer (O_DIRECT). */
+    .cpu_optimizer_writes_weights = TRUE,
+    /* It cuts the shard into chunks and keeps at most three in flight
+     * (read i+1, update i, write i-1): a shard of one or two chunks needs
+     * only those (found by the simulator). */
+    .swap_buffers = 3,
+    .swap_trims = TRUE,
+  },
+  [STOW_ENGINE_PYTORCH] = {
+    /* Trainer-style autocast: fp32 parameters and gradients, the 16-bit
+     * copies autocast makes are charged with the activations.  PyTorch
+     * frees gradients between steps (zero_grad(set_to_none=True), its
+     * default since 2.0). */
+    .weights_are_master = TRUE,
+    .weights_sharded_from = 3,
+    .swap_buffers = 3,
+    .frees_gradients = TRUE,
+  },
+  [STOW_ENGINE_DEEPSPEED] = {
+    .weights_sharded_from = 3,
+    /* DeepSpeed reduces gradients through its reduce buckets, and upcasts
+     * them into an fp32 partition before the step (stage_1_and_2.py; PR
+     * #5099 counts 4 B). */
+    .reduce_buckets = TRUE,
+    .fp32_grad_partition_note
+    = " (DeepSpeed upcasts gradients before the step)",
+    /* It steps an offloaded optimizer with its CPU optimizer (accelerate
+     * swaps torch's AdamW for DeepSpeedCPUAdam), which pins two copy
+     * buffers of TILE (128 Mi) floats when it is built
+     * (csrc/includes/cpu_adam.h), whatever the model's size, and reads
+     * fp32 gradients from pageable host memory. */
+    .cpu_optimizer_buffers = "DeepSpeedCPUAdam's 2 pinned copy buffers",
+    .offloaded_grad_bytes = 4,
+    .offloaded_pageable = TRUE,
+    .swap_buffers = DS_SWAP_BUFFERS,
+    .swap_chunk_params = DS_SUB_GROUP_PARAMS,
+  },
+  [STOW_ENGINE_MEGATRON] = {
+    /* Megatron-LM core_r0.8.0 turns --accumulate-allreduce-grads-in-fp32
+     * on for --bf16 (megatron/training/arguments.py), which its DDP takes
+     * as grad_reduce_in_fp32: the grad buffer holds fp32 main grads
+     * (megatron/core/distributed/distributed_data_parallel.py), full size
+     * with the distributed optimizer too, which reduce-scatters inside
+     * it. */
+    .grad_bytes = 4,
+    .full_grad_buffer = TRUE,
+    .weights_sharded_from = 3,
+    .swap_buffers = 3,
+  },
+  [STOW_ENGINE_FSDP] = {
+    /* FSDP mixed precision keeps the sharded parameters in fp32 (they are
+     * the master copy) and reduces gradients into fp32 shards.  Its
+     * SHARD_GRAD_OP (--zero 2) keeps the fp32 flat parameters sharded
+     * outside forward and backward like FULL_SHARD; only the 16-bit
+     * unsharded copy lives from forward to backward (engine_buffers). */
+    .weights_are_master = TRUE,
+    .weights_sharded_from = 2,
+    .swap_buffers = 3,
+    .frees_gradients = TRUE,
+  },
+  [STOW_ENGINE_NEMO] = {
+    /* Without distributed Adam, megatron_amp_O2 wraps the optimizer in
+     * MainParamsOptimizerWrapper with fp32_grad_accum for bf16 (NeMo
+     * 2.0.0rc1, megatron_base_model.py configure_optimizers): fp32 main
+     * grads, as Megatron-LM, full size. */
+    .grad_bytes = 4,
+    .full_grad_buffer = TRUE,
+    /* --zero 1 is NeMo's distributed_fused_adam, Apex's
+     * DistributedFusedAdam (nemo/core/optim/distributed_adam.py; apex
+     * 810ffae, the commit NeMo 2.0.0rc1's Dockerfile.ci pins).  Every GPT
+     * and Llama recipe of NeMo-Framework-Launcher 24.07 (the scripts in
+     * examples/training/gpt/h100 and llama/h100, and
+     * conf/training/gpt3/175b_fp8.yaml) sets optim.grad_sync_dtype=bf16
+     * and contiguous_grad_buffer: the whole model's gradients sit in one
+     * bf16 buffer (_init_grad_buffer), and each bucket's reduce-scattered
+     * shard is kept, in bf16 too, until the step (grads_shard).  For a
+     * bf16 model under an fp32 optimizer NeMo turns store_params off and
+     * store_param_remainders on (megatron_base_model.py
+     * setup_optimization): the fp32 master is the bf16 weight plus an
+     * int16 remainder, 2 B a parameter, sharded with the Adam moments. */
+    .distributed_adam = {
+      .grad_bytes = 2,
+      .master_bytes = 2,
+      .grad_shards_note = " (Apex DistributedFusedAdam keeps each bucket's "
+                          "reduce-scattered shard for the step)",
+      .master_note = " (int16 remainders of the bf16 weights: Apex's "
+                     "store_param_remainders)",
+    },
+    .weights_sharded_from = 3,
+    .swap_buffers = 3,
+  },
+};
+
+/* A row for every engine. */
+G_STATIC_ASSERT (G_N_ELEMENTS (engine_states) == STOW_ENGINE_NEMO + 1);
+
+static const EngineStates *
+engine_states_of (StowEngine e)
+{
+  g_assert ((guint)e < G_N_ELEMENTS (engine_states));
+  return &engine_states[e];
+}
+
+/* Whether @l runs @es's distributed optimizer. */
+static gboolean
+runs_distributed_adam (const EngineStates *es, const StowTraining *t,
+                       const StowLayout *l)
+{
+  return es->distributed_adam.grad_bytes > 0 && l->zero >= 1
+         && stow_mem_mixed_over_fp32 (t);
+}
+
+/* The bytes per parameter of the weights, gradients, master and optimizer
+ * states under @l's engine (its row of engine_states, on top of full_bpp's
+ * precision rules).  @full_grads: the gradient buffer stays full size
+ * whatever the ZeRO stage; @dfa: a distributed optimizer keeps gradient
+ * shards until the step. */
+static Bpp
+engine_bpp (const StowModel *m, const StowTraining *t, const StowLayout *l,
+            gboolean *full_grads, gboolean *dfa)
+{
+  const EngineStates *es = engine_states_of (l->engine);
+  Bpp b = full_bpp (m, t);
+  *full_grads = es->full_grad_buffer;
+  *dfa = runs_distributed_adam (es, t, l);
+  if (es->weights_are_master && stow_mem_mixed_over_fp32 (t))
+    b.w = 4, b.g = 4, b.master = 0;
+  if (es->grad_bytes > 0)
+    b.g = es->grad_bytes;
+  if (*dfa)
+    {
+      b.g = es->distributed_adam.grad_bytes;
+      if (t->precision != STOW_PRECISION_FP16)
+        b.master = es->distributed_adam.master_bytes;
+    }
+  /* Megatron-core keeps its parameters in bf16 under fp8 (no
+   * --fp8-param-gather); Transformer Engine's fp8 copies are charged
+   * apart (te_fp8_state). */
+  if (stow_mem_te_fp8_layers (t, l))
+    b.w = 2;
+  return b;
+}
+
 /* LoRA adapter parameters of one layer on one TP rank: r (in + out) per
  * targeted matrix.  A decoder layer of an encoder-decoder model has its
  * attention matrices twice: PEFT's names ("q", "v") match the
@@ -756,8 +977,9 @@ typedef struct
   /* What depends on the layout alone, computed once per estimate
    * (model_init) whatever the number of stages. */
   LayerSizes sizes; /* one micro-batch (layer_sizes_init) */
-  Bpp bpp;          /* the precision's bytes per parameter (full_bpp) */
-  Bpp eng;          /* the engine's (engine_bpp), and its flags: */
+  const EngineStates *es; /* the engine's rules */
+  Bpp bpp;                /* the precision's bytes per parameter (full_bpp) */
+  Bpp eng_bpp;            /* the engine's (engine_bpp), and its flags: */
   gboolean full_grads, dfa;
   guint64 n; /* shard degree */
   /* per-GPU host and NVMe bytes, summed over the worst stage */
@@ -821,299 +1043,197 @@ te_fp8_state (Model *ms, const StageParams *p, GArray *dev)
                 gemms, hist);
 }
 
-/* The bytes per parameter of the weights, gradients, master and optimizer
- * states under @l's engine and its defaults for the version it names (on
- * top of full_bpp's precision rules).  @full_grads: the gradient buffer
- * stays full size whatever the ZeRO stage; @dfa: NeMo's distributed Adam
- * keeps bf16 gradient shards until the step. */
-static Bpp
-engine_bpp (const StowModel *m, const StowTraining *t, const StowLayout *l,
-            gboolean *full_grads, gboolean *dfa)
+/* One stage's model states, as the steps of model_states share them. */
+typedef struct
 {
-  Bpp b = full_bpp (m, t);
-  guint z = l->zero;
-  *full_grads = *dfa = FALSE;
-  switch (l->engine)
-    {
-    case STOW_ENGINE_FSDP:
-      /* FSDP mixed precision keeps the sharded parameters in fp32 (they
-       * are the master copy) and reduces gradients into fp32 shards. */
-    case STOW_ENGINE_PYTORCH:
-      /* Trainer-style autocast: fp32 parameters and gradients, the 16-bit
-       * copies autocast makes are charged with the activations. */
-      if (stow_mem_mixed_over_fp32 (t))
-        b.w = 4, b.g = 4, b.master = 0;
-      break;
-    case STOW_ENGINE_MEGATRON:
-      /* Megatron-LM core_r0.8.0 turns --accumulate-allreduce-grads-in-fp32
-       * on for --bf16 (megatron/training/arguments.py), which its DDP
-       * takes as grad_reduce_in_fp32: the grad buffer holds fp32 main
-       * grads (megatron/core/distributed/distributed_data_parallel.py),
-       * full size with the distributed optimizer too, which
-       * reduce-scatters inside it. */
-      b.g = 4;
-      *full_grads = TRUE;
-      break;
-    case STOW_ENGINE_NEMO:
-      *full_grads = TRUE;
-      if (z == 0 || !stow_mem_mixed_over_fp32 (t))
-        {
-          /* Without distributed Adam, megatron_amp_O2 wraps the optimizer
-           * in MainParamsOptimizerWrapper with fp32_grad_accum for bf16
-           * (NeMo 2.0.0rc1, megatron_base_model.py configure_optimizers):
-           * fp32 main grads, as Megatron-LM. */
-          b.g = 4;
-          break;
-        }
-      /* --zero 1 is NeMo's distributed_fused_adam, Apex's
-       * DistributedFusedAdam (nemo/core/optim/distributed_adam.py; apex
-       * 810ffae, the commit NeMo 2.0.0rc1's Dockerfile.ci pins).  Every
-       * GPT and Llama recipe of NeMo-Framework-Launcher 24.07 (the
-       * scripts in examples/training/gpt/h100 and llama/h100, and
-       * conf/training/gpt3/175b_fp8.yaml) sets optim.grad_sync_dtype=bf16
-       * and contiguous_grad_buffer: the whole model's gradients sit in
-       * one bf16 buffer (_init_grad_buffer), and each bucket's
-       * reduce-scattered shard is kept, in bf16 too, until the step
-       * (grads_shard).  For a bf16 model under an fp32 optimizer NeMo
-       * turns store_params off and store_param_remainders on
-       * (megatron_base_model.py setup_optimization): the fp32 master is
-       * the bf16 weight plus an int16 remainder, 2 B a parameter, sharded
-       * with the Adam moments. */
-      b.g = 2;
-      *dfa = TRUE;
-      if (t->precision != STOW_PRECISION_FP16)
-        b.master = 2;
-      break;
-    case STOW_ENGINE_DEEPSPEED:
-      /* DeepSpeed upcasts gradients into an fp32 partition before the
-       * step (stage_1_and_2.py; PR #5099 counts 4 B). */
-      break;
-    case STOW_ENGINE_STOWAGE:
-      break;
-    }
-  /* Megatron-core keeps its parameters in bf16 under fp8 (no
-   * --fp8-param-gather); Transformer Engine's fp8 copies are charged
-   * apart (te_fp8_state). */
-  if (stow_mem_te_fp8_layers (t, l))
-    b.w = 2;
-  return b;
-}
+  Model *ms;
+  const StageParams *p;
+  const EngineStates *es;
+  Bpp b; /* bytes per parameter */
+  /* Parameters, trainable ones (LoRA's adapters, or all), and routed
+   * experts, which are sharded over their expert-data-parallel group
+   * (sharded_params); a dense model has none. */
+  guint64 N, T, E;
+  /* The ways ZeRO shards the weights, gradients and optimizer states (1:
+   * not at all). */
+  guint64 wdiv, gdiv, odiv;
+  gboolean off_opt, off_par;
+  GArray *dev, *host, *nvme; /* host and nvme NULL: not charged here */
+} States;
 
-/* NVMe swapping (ZeRO-Infinity): parameters pass through four pinned
- * staging buffers of the largest layer (or unit); DeepSpeed's optimizer
- * swaps through four buffers of at most sub_group_size (1e9) parameters
- * each, stowage's through three. */
-#define PARAM_STAGING_BUFFERS 4
-#define DS_SWAP_BUFFERS 4
-#define DS_SUB_GROUP_PARAMS ((guint64)1000000000)
-
-/* Model states of one stage: weights, gradients, master weights and
- * optimizer states on the device, or offloaded. */
+/* LoRA: frozen weights, the adapters and their gradients and states. */
 static void
-model_states (Model *ms, const StageParams *p, GArray *dev,
-              gboolean charge_host)
+lora_states (States *s)
 {
+  Model *ms = s->ms;
   const StowLayout *l = ms->l;
   const StowTraining *t = ms->t;
-  Bpp b = ms->bpp;
-  guint64 n = ms->n;
-  guint64 N = p->params, T = p->trainable;
-  /* Routed experts are sharded over their expert-data-parallel group
-   * (sharded_params); a dense model has none. */
-  guint64 E = p->experts;
-  gboolean lora = t->finetune != STOW_FINETUNE_FULL;
-  guint z = l->zero;
-  /* FSDP's SHARD_GRAD_OP (--zero 2) keeps its fp32 flat parameters
-   * sharded outside forward and backward like FULL_SHARD; only the 16-bit
-   * unsharded copy lives from forward to backward (engine_buffers). */
-  gboolean fsdp_sharded = l->engine == STOW_ENGINE_FSDP && z == 2;
-  guint64 wdiv = z >= 3 || fsdp_sharded ? n : 1, gdiv = z >= 2 ? n : 1,
-          odiv = z >= 1 ? n : 1;
-  gboolean off_opt = l->offload_optimizer != STOW_OFFLOAD_NONE;
-  gboolean off_par = l->offload_params != STOW_OFFLOAD_NONE;
-  gboolean dfa_grad_shards = FALSE; /* NeMo's distributed Adam */
-  GArray *host = charge_host ? ms->host : NULL;
-  GArray *nvme = charge_host ? ms->nvme : NULL;
+  const StageParams *p = s->p;
+  Bpp b = s->b;
+  guint64 N = s->N, T = s->T, E = s->E;
+  GArray *dev = s->dev, *host = s->host, *nvme = s->nvme;
   char sbuf[48], pbuf[160];
 
-  /* DeepSpeed steps an offloaded optimizer with its CPU optimizer
-   * (accelerate swaps torch's AdamW for DeepSpeedCPUAdam), which pins two
-   * copy buffers of TILE (128 Mi) floats when it is built
-   * (csrc/includes/cpu_adam.h), whatever the model's size. */
-  if (host && off_opt && l->engine == STOW_ENGINE_DEEPSPEED)
-    mem_add_term (host, "CPU optimizer buffers",
-                  ms->o->cpu_optimizer_buffer_bytes, STOW_TIER_PINNED,
-                  "DeepSpeedCPUAdam's 2 pinned copy buffers: %" G_GUINT64_FORMAT
-                  " B",
-                  ms->o->cpu_optimizer_buffer_bytes);
-
-  /* Weights. */
-  if (lora)
+  /* DeepSpeed (the one engine that offloads under LoRA) moves the frozen
+   * weights' shards to the host with --offload-params, and the adapters'
+   * gradients and states with --offload-optimizer. */
+  gboolean par_nvme = l->offload_params == STOW_OFFLOAD_NVME;
+  gboolean opt_nvme = l->offload_optimizer == STOW_OFFLOAD_NVME;
+  GArray *wdev = s->off_par ? (par_nvme ? nvme : host) : dev;
+  GArray *odev = s->off_opt ? host : dev;
+  StowTier wtier = s->off_par ? (par_nvme ? STOW_TIER_NVME : STOW_TIER_PINNED)
+                              : STOW_TIER_DEVICE;
+  StowTier otier = s->off_opt ? STOW_TIER_HOST : STOW_TIER_DEVICE;
+  double wb = stow_mem_frozen_weight_bytes (ms->m, t, b.w);
+  guint64 linear = p->linear;
+  guint64 frozen = stow_mem_frozen_linear_bytes (l, linear, E, wb, s->wdiv);
+  if (wdev && E == 0)
+    mem_add_term (wdev, s->off_par ? "offloaded parameters" : "parameters",
+                  frozen, wtier,
+                  "%.4g B x %" G_GUINT64_FORMAT " frozen linear params%s", wb,
+                  linear, shards (dev, sbuf, sizeof sbuf, s->wdiv));
+  else if (wdev)
+    mem_add_term (wdev, s->off_par ? "offloaded parameters" : "parameters",
+                  frozen, wtier, "%.4g B x %s, frozen linear", wb,
+                  params_desc (dev, pbuf, sizeof pbuf, l, linear, E, s->wdiv,
+                               SHARDS_IF_SPLIT));
+  /* Embeddings and norms stay in the model's dtype; QLoRA's in bf16, its
+   * compute dtype. */
+  double nb = stow_mem_frozen_other_bytes (ms->m, t, b.w);
+  if (wdev)
+    mem_add_term (wdev,
+                  s->off_par ? "offloaded parameters (non-linear)"
+                             : "parameters (non-linear)",
+                  stow_bytes (N - linear, nb) / s->wdiv, wtier,
+                  "%.4g B x %" G_GUINT64_FORMAT
+                  " embedding and norm params (frozen)",
+                  nb, N - linear);
+  /* Adapters train in fp32 (PEFT's default under autocast): weights,
+   * gradients and optimizer states, no separate master.  Pure bf16
+   * (torchtune) keeps them in bf16 like the rest of the model. */
+  double ab = t->precision == STOW_PRECISION_BF16_PURE ? 2.0 : 4.0;
+  if (wdev)
+    mem_add_term (wdev, "lora adapters", stow_bytes (T, ab) / s->wdiv, wtier,
+                  "%.4g B x %" G_GUINT64_FORMAT
+                  " adapter params (rank %" G_GUINT64_FORMAT ")",
+                  ab, T, t->lora_rank);
+  /* Swapped to NVMe (ZeRO-Infinity), the frozen weights pass through
+   * pinned staging buffers as in full training. */
+  if (s->off_par && par_nvme && host)
+    mem_add_term (
+        host, "parameter staging buffers",
+        PARAM_STAGING_BUFFERS * stow_bytes (p->max_layer, wb), STOW_TIER_PINNED,
+        "%d x %.4g B x %" G_GUINT64_FORMAT " params (the largest layer)",
+        PARAM_STAGING_BUFFERS, wb, p->max_layer);
+  if (odev == NULL)
+    return;
+  mem_add_term (odev, s->off_opt ? "offloaded gradients" : "gradients",
+                stow_bytes (T, ab) / s->gdiv, otier,
+                "%.4g B x %" G_GUINT64_FORMAT " adapter params", ab, T);
+  /* On NVMe the adapters' states are swapped through DeepSpeed's four
+   * buffers of them, at most sub_group_size each. */
+  GArray *sdev = opt_nvme ? nvme : odev;
+  if (sdev)
+    mem_add_term (
+        sdev,
+        s->off_opt ? "master weights and optimizer states" : "optimizer states",
+        stow_bytes (T, b.opt) / s->odiv, opt_nvme ? STOW_TIER_NVME : otier,
+        "%.4g B x %" G_GUINT64_FORMAT " adapter params (%s)", b.opt, T,
+        stow_optimizer_name (t->optimizer));
+  if (opt_nvme)
     {
-      /* DeepSpeed (the one engine that offloads under LoRA) moves the
-       * frozen weights' shards to the host with --offload-params, and the
-       * adapters' gradients and states with --offload-optimizer. */
-      gboolean par_nvme = l->offload_params == STOW_OFFLOAD_NVME;
-      gboolean opt_nvme = l->offload_optimizer == STOW_OFFLOAD_NVME;
-      GArray *wdev = off_par ? (par_nvme ? nvme : host) : dev;
-      GArray *odev = off_opt ? host : dev;
-      StowTier wtier = off_par ? (par_nvme ? STOW_TIER_NVME : STOW_TIER_PINNED)
-                               : STOW_TIER_DEVICE;
-      StowTier otier = off_opt ? STOW_TIER_HOST : STOW_TIER_DEVICE;
-      double wb = stow_mem_frozen_weight_bytes (ms->m, t, b.w);
-      guint64 linear = p->linear;
-      guint64 frozen = stow_mem_frozen_linear_bytes (l, linear, E, wb, wdiv);
-      if (wdev && E == 0)
-        mem_add_term (wdev, off_par ? "offloaded parameters" : "parameters",
-                      frozen, wtier,
-                      "%.4g B x %" G_GUINT64_FORMAT " frozen linear params%s",
-                      wb, linear, shards (dev, sbuf, sizeof sbuf, wdiv));
-      else if (wdev)
-        mem_add_term (wdev, off_par ? "offloaded parameters" : "parameters",
-                      frozen, wtier, "%.4g B x %s, frozen linear", wb,
-                      params_desc (dev, pbuf, sizeof pbuf, l, linear, E, wdiv,
-                                   SHARDS_IF_SPLIT));
-      /* Embeddings and norms stay in the model's dtype; QLoRA's in bf16,
-       * its compute dtype. */
-      double nb = stow_mem_frozen_other_bytes (ms->m, t, b.w);
-      if (wdev)
-        mem_add_term (wdev,
-                      off_par ? "offloaded parameters (non-linear)"
-                              : "parameters (non-linear)",
-                      stow_bytes (N - linear, nb) / wdiv, wtier,
-                      "%.4g B x %" G_GUINT64_FORMAT
-                      " embedding and norm params (frozen)",
-                      nb, N - linear);
-      /* Adapters train in fp32 (PEFT's default under autocast): weights,
-       * gradients and optimizer states, no separate master.  Pure bf16
-       * (torchtune) keeps them in bf16 like the rest of the model. */
-      double ab = t->precision == STOW_PRECISION_BF16_PURE ? 2.0 : 4.0;
-      if (wdev)
-        mem_add_term (wdev, "lora adapters", stow_bytes (T, ab) / wdiv, wtier,
-                      "%.4g B x %" G_GUINT64_FORMAT
-                      " adapter params (rank %" G_GUINT64_FORMAT ")",
-                      ab, T, t->lora_rank);
-      /* Swapped to NVMe (ZeRO-Infinity), the frozen weights pass through
-       * pinned staging buffers as in full training. */
-      if (off_par && par_nvme && host)
-        mem_add_term (host, "parameter staging buffers",
-                      PARAM_STAGING_BUFFERS * stow_bytes (p->max_layer, wb),
-                      STOW_TIER_PINNED,
-                      "%d x %.4g B x %" G_GUINT64_FORMAT
-                      " params (the largest layer)",
-                      PARAM_STAGING_BUFFERS, wb, p->max_layer);
-      if (odev)
-        {
-          mem_add_term (odev, off_opt ? "offloaded gradients" : "gradients",
-                        stow_bytes (T, ab) / gdiv, otier,
-                        "%.4g B x %" G_GUINT64_FORMAT " adapter params", ab, T);
-          /* On NVMe the adapters' states are swapped through DeepSpeed's
-           * four buffers of them, at most sub_group_size each. */
-          GArray *sdev = opt_nvme ? nvme : odev;
-          if (sdev)
-            mem_add_term (sdev,
-                          off_opt ? "master weights and optimizer states"
-                                  : "optimizer states",
-                          stow_bytes (T, b.opt) / odiv,
-                          opt_nvme ? STOW_TIER_NVME : otier,
-                          "%.4g B x %" G_GUINT64_FORMAT
-                          " adapter params (%s)",
-                          b.opt, T, stow_optimizer_name (t->optimizer));
-          if (opt_nvme)
-            {
-              guint64 sp = MIN (T / odiv, DS_SUB_GROUP_PARAMS);
-              mem_add_term (odev, "optimizer swap buffers",
-                            DS_SWAP_BUFFERS * stow_bytes (sp, b.opt),
-                            STOW_TIER_PINNED,
-                            "%d buffers x %.4g B x %" G_GUINT64_FORMAT
-                            " adapter params",
-                            DS_SWAP_BUFFERS, b.opt, sp);
-            }
-        }
+      guint64 sp = MIN (T / s->odiv, DS_SUB_GROUP_PARAMS);
+      mem_add_term (odev, "optimizer swap buffers",
+                    DS_SWAP_BUFFERS * stow_bytes (sp, b.opt), STOW_TIER_PINNED,
+                    "%d buffers x %.4g B x %" G_GUINT64_FORMAT
+                    " adapter params",
+                    DS_SWAP_BUFFERS, b.opt, sp);
+    }
+}
+
+/* Weights: on the device, or offloaded.  Offloaded parameters keep no
+ * resident copy: the working set they are gathered into is the engine's
+ * buffer. */
+static void
+weight_states (States *s)
+{
+  Model *ms = s->ms;
+  const StowLayout *l = ms->l;
+  const StowTraining *t = ms->t;
+  const StageParams *p = s->p;
+  const EngineStates *es = s->es;
+  Bpp b = s->b;
+  guint64 N = s->N, E = s->E, n = ms->n;
+  GArray *dev = s->dev, *host = s->host, *nvme = s->nvme;
+  char pbuf[160];
+
+  if (!s->off_par)
+    {
+      mem_add_term (dev, "parameters",
+                    stow_bytes (sharded_params (l, N, E, s->wdiv), b.w),
+                    STOW_TIER_DEVICE, "%.4g B x %s", b.w,
+                    params_desc (dev, pbuf, sizeof pbuf, l, N, E, s->wdiv,
+                                 SHARDS_IF_SPLIT));
+      if (s->off_opt && host && es->cpu_optimizer_writes_weights
+          && t->finetune == STOW_FINETUNE_FULL)
+        mem_add_term (
+            host, "host copy of the weights",
+            stow_bytes (sharded_params (l, N, E, n), b.w), STOW_TIER_PINNED,
+            "%.4g B x %s", b.w,
+            params_desc (host, pbuf, sizeof pbuf, l, N, E, n, SHARDS_ALWAYS));
       return;
     }
-
-  b = ms->eng;
-  dfa_grad_shards = ms->dfa;
-  if (ms->full_grads)
-    gdiv = 1;
-
-  /* Weights on the device.  Offloaded parameters keep no resident copy:
-   * the working set they are gathered into is the engine's buffer. */
-  if (off_par)
+  guint64 shard = stow_bytes (sharded_params (l, N, E, n), b.w);
+  if (l->offload_params == STOW_OFFLOAD_CPU)
     {
-      guint64 shard = stow_bytes (sharded_params (l, N, E, n), b.w);
-      if (l->offload_params == STOW_OFFLOAD_CPU)
-        {
-          if (host)
-            mem_add_term (host, "offloaded parameters", shard, STOW_TIER_PINNED,
-                          "%.4g B x %s", b.w,
-                          params_desc (host, pbuf, sizeof pbuf, l, N, E, n,
-                                       SHARDS_ALWAYS));
-        }
-      else
-        {
-          if (nvme)
-            mem_add_term (nvme, "offloaded parameters", shard, STOW_TIER_NVME,
-                          "%.4g B x %s", b.w,
-                          params_desc (nvme, pbuf, sizeof pbuf, l, N, E, n,
-                                       SHARDS_ALWAYS));
-          /* stowage's ranks each read their own shard of a unit (then
-           * all-gather it on the GPUs), so a staging buffer holds 1/n of
-           * the largest unit (found by the simulator). */
-          guint64 staged = l->engine == STOW_ENGINE_STOWAGE
-                               ? div_ceil (p->max_unit, n)
-                               : p->max_layer;
-          if (host)
-            mem_add_term (host, "parameter staging buffers",
-                          PARAM_STAGING_BUFFERS * stow_bytes (staged, b.w),
-                          STOW_TIER_PINNED,
-                          "%d x %.4g B x %" G_GUINT64_FORMAT
-                          " params (the largest unit's shard)",
-                          PARAM_STAGING_BUFFERS, b.w, staged);
-          /* stowage's CPU Adam leaves the updated weights in the host
-           * gradients' place; each unit goes to the store through one
-           * aligned buffer (O_DIRECT). */
-          if (host && off_opt && l->engine == STOW_ENGINE_STOWAGE
-              && t->finetune == STOW_FINETUNE_FULL)
-            mem_add_term (host, "parameter write buffer",
-                          stow_bytes (staged, b.w), STOW_TIER_PINNED,
-                          "%.4g B x %" G_GUINT64_FORMAT
-                          " params (the largest unit's shard)",
-                          b.w, staged);
-        }
+      if (host)
+        mem_add_term (
+            host, "offloaded parameters", shard, STOW_TIER_PINNED,
+            "%.4g B x %s", b.w,
+            params_desc (host, pbuf, sizeof pbuf, l, N, E, n, SHARDS_ALWAYS));
+      return;
     }
-  else
-    {
-      mem_add_term (
-          dev, "parameters", stow_bytes (sharded_params (l, N, E, wdiv), b.w),
-          STOW_TIER_DEVICE, "%.4g B x %s", b.w,
-          params_desc (dev, pbuf, sizeof pbuf, l, N, E, wdiv, SHARDS_IF_SPLIT));
-      /* stowage's CPU Adam writes the updated weights (with fp32 training:
-       * updates the parameters) in host memory, from where they are
-       * copied up: the optimizer's shard of them in the training dtype. */
-      if (off_opt && host && l->engine == STOW_ENGINE_STOWAGE
-          && t->finetune == STOW_FINETUNE_FULL)
-        mem_add_term (host, "host copy of the weights",
-                      stow_bytes (sharded_params (l, N, E, n), b.w),
-                      STOW_TIER_PINNED, "%.4g B x %s", b.w,
-                      params_desc (host, pbuf, sizeof pbuf, l, N, E, n,
-                                   SHARDS_ALWAYS));
-    }
-  if (stow_mem_te_fp8_layers (t, l))
-    te_fp8_state (ms, p, dev);
+  if (nvme)
+    mem_add_term (
+        nvme, "offloaded parameters", shard, STOW_TIER_NVME, "%.4g B x %s", b.w,
+        params_desc (nvme, pbuf, sizeof pbuf, l, N, E, n, SHARDS_ALWAYS));
+  guint64 staged = es->unit_slots ? div_ceil (p->max_unit, n) : p->max_layer;
+  if (host)
+    mem_add_term (
+        host, "parameter staging buffers",
+        PARAM_STAGING_BUFFERS * stow_bytes (staged, b.w), STOW_TIER_PINNED,
+        "%d x %.4g B x %" G_GUINT64_FORMAT " params (the largest unit's shard)",
+        PARAM_STAGING_BUFFERS, b.w, staged);
+  if (host && s->off_opt && es->cpu_optimizer_writes_weights
+      && t->finetune == STOW_FINETUNE_FULL)
+    mem_add_term (host, "parameter write buffer", stow_bytes (staged, b.w),
+                  STOW_TIER_PINNED,
+                  "%.4g B x %" G_GUINT64_FORMAT
+                  " params (the largest unit's shard)",
+                  b.w, staged);
+}
 
-  /* Gradients on the device.  A layer's full gradients exist before they
-   * are reduce-scattered (ZeRO >= 2) or copied to the host (offload): two
-   * layer slots, one being produced and one in flight.  DeepSpeed uses its
-   * reduce buckets instead (charged with the engine's buffers). */
-  /* stowage gathers and reduces the embedding and the output layer
-   * through the same slots as the layers. */
-  guint64 slot_params
-      = l->engine == STOW_ENGINE_STOWAGE ? p->max_unit : p->max_layer;
+/* Gradients on the device.  A layer's full gradients exist before they
+ * are reduce-scattered (ZeRO >= 2) or copied to the host (offload): two
+ * layer slots, one being produced and one in flight, unless the engine
+ * reduces through its buckets (charged with the engine's buffers). */
+static void
+gradient_states (States *s)
+{
+  Model *ms = s->ms;
+  const StowLayout *l = ms->l;
+  const StowTraining *t = ms->t;
+  const StageParams *p = s->p;
+  const EngineStates *es = s->es;
+  Bpp b = s->b;
+  guint64 N = s->N, E = s->E, gdiv = s->gdiv, odiv = s->odiv;
+  GArray *dev = s->dev;
+  char pbuf[160];
+
+  guint64 slot_params = es->unit_slots ? p->max_unit : p->max_layer;
   guint64 slots = MIN (2, MAX (p->layers, 1)) * stow_bytes (slot_params, b.g);
-  gboolean bucketed = l->engine == STOW_ENGINE_DEEPSPEED;
-  if (off_opt || off_par)
+  gboolean bucketed = es->reduce_buckets;
+  if (s->off_opt || s->off_par)
     {
       if (!bucketed)
         mem_add_term (dev, "gradient slots", slots, STOW_TIER_DEVICE,
@@ -1124,7 +1244,7 @@ model_states (Model *ms, const StageParams *p, GArray *dev,
       /* Parameters offloaded but the optimizer on the GPU: the reduced
        * gradient shard stays on the device for the step (found by the
        * simulator: nothing else held it). */
-      if (!off_opt)
+      if (!s->off_opt)
         mem_add_term (dev, "gradients",
                       stow_bytes (sharded_params (l, N, E, gdiv), b.g),
                       STOW_TIER_DEVICE, "%.4g B x %s", b.g,
@@ -1154,87 +1274,134 @@ model_states (Model *ms, const StageParams *p, GArray *dev,
                       " params before reduce-scatter",
                       MIN (2, MAX (p->layers, 1)), b.g, slot_params);
     }
-  if (l->engine == STOW_ENGINE_DEEPSPEED && t->precision != STOW_PRECISION_FP32
-      && !off_opt)
+  if (es->fp32_grad_partition_note && t->precision != STOW_PRECISION_FP32
+      && !s->off_opt)
     mem_add_term (
         dev, "fp32 gradient partition", sharded_params (l, N, E, odiv) * 4,
-        STOW_TIER_DEVICE,
-        "4 B x %s (DeepSpeed upcasts gradients before the step)",
-        params_desc (dev, pbuf, sizeof pbuf, l, N, E, odiv, SHARDS_BARE));
-  if (dfa_grad_shards && !off_opt)
+        STOW_TIER_DEVICE, "4 B x %s%s",
+        params_desc (dev, pbuf, sizeof pbuf, l, N, E, odiv, SHARDS_BARE),
+        es->fp32_grad_partition_note);
+  if (ms->dfa && !s->off_opt)
     mem_add_term (
         dev, "gradient shards",
         stow_bytes (sharded_params (l, N, E, odiv), b.g), STOW_TIER_DEVICE,
-        "%.4g B x %s (Apex DistributedFusedAdam keeps each "
-        "bucket's reduce-scattered shard for the step)",
-        b.g, params_desc (dev, pbuf, sizeof pbuf, l, N, E, odiv, SHARDS_BARE));
+        "%.4g B x %s%s", b.g,
+        params_desc (dev, pbuf, sizeof pbuf, l, N, E, odiv, SHARDS_BARE),
+        es->distributed_adam.grad_shards_note);
+}
 
-  /* Master weights and optimizer states. */
-  if (!off_opt)
+/* Master weights and optimizer states: on the device, or with the CPU
+ * optimizer in host memory (and the gradients it reads), or swapped to
+ * NVMe through pinned buffers. */
+static void
+optimizer_states (States *s)
+{
+  Model *ms = s->ms;
+  const StowLayout *l = ms->l;
+  const StowTraining *t = ms->t;
+  const EngineStates *es = s->es;
+  Bpp b = s->b;
+  guint64 N = s->N, E = s->E, n = ms->n;
+  GArray *dev = s->dev, *host = s->host, *nvme = s->nvme;
+  char pbuf[160];
+
+  if (!s->off_opt)
     {
-      guint64 sharded = sharded_params (l, N, E, odiv);
-      params_desc (dev, pbuf, sizeof pbuf, l, N, E, odiv, SHARDS_IF_SPLIT);
+      guint64 sharded = sharded_params (l, N, E, s->odiv);
+      params_desc (dev, pbuf, sizeof pbuf, l, N, E, s->odiv, SHARDS_IF_SPLIT);
       mem_add_term (dev, "master weights", stow_bytes (sharded, b.master),
                     STOW_TIER_DEVICE, "%.4g B x %s%s", b.master, pbuf,
-                    dfa_grad_shards && b.master < 4
-                        ? " (int16 remainders of the bf16 weights: Apex's "
-                          "store_param_remainders)"
-                        : "");
+                    ms->dfa && b.master < 4 ? es->distributed_adam.master_note
+                                            : "");
       mem_add_term (dev, "optimizer states", stow_bytes (sharded, b.opt),
                     STOW_TIER_DEVICE, "%.4g B x %s (%s)", b.opt, pbuf,
                     stow_optimizer_name (t->optimizer));
+      return;
     }
-  else
+  guint64 shard = sharded_params (l, N, E, n);
+  params_desc (host ? host : dev, pbuf, sizeof pbuf, l, N, E, n, SHARDS_ALWAYS);
+  double gb = es->offloaded_grad_bytes > 0 ? es->offloaded_grad_bytes : b.g;
+  StowTier tier = es->offloaded_pageable ? STOW_TIER_HOST : STOW_TIER_PINNED;
+  if (host)
+    mem_add_term (host, "offloaded gradients", stow_bytes (shard, gb), tier,
+                  "%.4g B x %s", gb, pbuf);
+  if (l->offload_optimizer == STOW_OFFLOAD_CPU)
     {
-      guint64 shard = sharded_params (l, N, E, n);
-      params_desc (host ? host : dev, pbuf, sizeof pbuf, l, N, E, n,
-                   SHARDS_ALWAYS);
-      /* The CPU optimizer reads the gradients from host memory: bf16 for
-       * stowage's CPU Adam, fp32 for DeepSpeed's. */
-      double gb = l->engine == STOW_ENGINE_DEEPSPEED ? 4.0 : b.g;
-      StowTier tier = l->engine == STOW_ENGINE_DEEPSPEED ? STOW_TIER_HOST
-                                                         : STOW_TIER_PINNED;
       if (host)
-        mem_add_term (host, "offloaded gradients", stow_bytes (shard, gb), tier,
-                      "%.4g B x %s", gb, pbuf);
-      if (l->offload_optimizer == STOW_OFFLOAD_CPU)
-        {
-          if (host)
-            mem_add_term (host, "master weights and optimizer states",
-                          stow_bytes (shard, b.master + b.opt), tier,
-                          "%.4g B x %s", b.master + b.opt, pbuf);
-        }
-      else
-        {
-          if (nvme)
-            mem_add_term (nvme, "master weights and optimizer states",
-                          stow_bytes (shard, b.master + b.opt), STOW_TIER_NVME,
-                          "%.4g B x %s", b.master + b.opt,
-                          params_desc (nvme, pbuf, sizeof pbuf, l, N, E, n,
-                                       SHARDS_ALWAYS));
-          /* Three swap buffers: read i+1, update i, write i-1. */
-          guint64 sp = MIN (shard, ms->o->swap_shard_params);
-          if (l->engine == STOW_ENGINE_DEEPSPEED)
-            sp = MIN (shard, DS_SUB_GROUP_PARAMS);
-          guint64 nbuf = l->engine == STOW_ENGINE_DEEPSPEED ? DS_SWAP_BUFFERS : 3;
-          /* stowage cuts the shard into chunks of sp and keeps at most
-           * three in flight: a shard of one or two chunks needs only those
-           * (found by the simulator). */
-          guint64 swapped = nbuf * sp;
-          if (l->engine == STOW_ENGINE_STOWAGE)
-            {
-              nbuf = MIN (nbuf, div_ceil (shard, sp));
-              swapped = MIN (shard, nbuf * sp);
-            }
-          if (host)
-            mem_add_term (
-                host, "optimizer swap buffers",
-                stow_bytes (swapped, b.master + b.opt), STOW_TIER_PINNED,
-                "%" G_GUINT64_FORMAT " buffers x %.4g B, %" G_GUINT64_FORMAT
-                " params in flight (chunks of %" G_GUINT64_FORMAT ")",
-                nbuf, b.master + b.opt, swapped, sp);
-        }
+        mem_add_term (host, "master weights and optimizer states",
+                      stow_bytes (shard, b.master + b.opt), tier, "%.4g B x %s",
+                      b.master + b.opt, pbuf);
+      return;
     }
+  if (nvme)
+    mem_add_term (
+        nvme, "master weights and optimizer states",
+        stow_bytes (shard, b.master + b.opt), STOW_TIER_NVME, "%.4g B x %s",
+        b.master + b.opt,
+        params_desc (nvme, pbuf, sizeof pbuf, l, N, E, n, SHARDS_ALWAYS));
+  guint64 sp = MIN (shard, es->swap_chunk_params ? es->swap_chunk_params
+                                                 : ms->o->swap_shard_params);
+  guint64 nbuf = es->swap_buffers, swapped = nbuf * sp;
+  if (es->swap_trims)
+    {
+      nbuf = MIN (nbuf, div_ceil (shard, sp));
+      swapped = MIN (shard, nbuf * sp);
+    }
+  if (host)
+    mem_add_term (host, "optimizer swap buffers",
+                  stow_bytes (swapped, b.master + b.opt), STOW_TIER_PINNED,
+                  "%" G_GUINT64_FORMAT " buffers x %.4g B, %" G_GUINT64_FORMAT
+                  " params in flight (chunks of %" G_GUINT64_FORMAT ")",
+                  nbuf, b.master + b.opt, swapped, sp);
+}
+
+/* Model states of one stage: weights, gradients, master weights and
+ * optimizer states on the device, or offloaded, by the engine's rules
+ * (engine_states). */
+static void
+model_states (Model *ms, const StageParams *p, GArray *dev,
+              gboolean charge_host)
+{
+  const StowLayout *l = ms->l;
+  guint z = l->zero;
+  const EngineStates *es = ms->es;
+  guint64 n = ms->n;
+  States s = {
+    .ms = ms,
+    .p = p,
+    .es = es,
+    .b = ms->bpp,
+    .N = p->params,
+    .T = p->trainable,
+    .E = p->experts,
+    .wdiv = z >= es->weights_sharded_from ? n : 1,
+    .gdiv = z >= 2 ? n : 1,
+    .odiv = z >= 1 ? n : 1,
+    .off_opt = l->offload_optimizer != STOW_OFFLOAD_NONE,
+    .off_par = l->offload_params != STOW_OFFLOAD_NONE,
+    .dev = dev,
+    .host = charge_host ? ms->host : NULL,
+    .nvme = charge_host ? ms->nvme : NULL,
+  };
+
+  if (s.host && s.off_opt && es->cpu_optimizer_buffers)
+    mem_add_term (s.host, "CPU optimizer buffers",
+                  ms->o->cpu_optimizer_buffer_bytes, STOW_TIER_PINNED,
+                  "%s: %" G_GUINT64_FORMAT " B", es->cpu_optimizer_buffers,
+                  ms->o->cpu_optimizer_buffer_bytes);
+  if (ms->t->finetune != STOW_FINETUNE_FULL)
+    {
+      lora_states (&s);
+      return;
+    }
+  s.b = ms->eng_bpp;
+  if (ms->full_grads)
+    s.gdiv = 1;
+  weight_states (&s);
+  if (stow_mem_te_fp8_layers (ms->t, l))
+    te_fp8_state (ms, p, dev);
+  gradient_states (&s);
+  optimizer_states (&s);
 }
 
 /* What one micro-batch of the layout keeps, whatever the stage: each
@@ -1577,10 +1744,8 @@ static gboolean
 frees_gradients (const Model *ms)
 {
   const StowLayout *l = ms->l;
-  gboolean enabled = ms->o->free_grads >= 0
-                         ? ms->o->free_grads
-                         : (l->engine == STOW_ENGINE_PYTORCH
-                            || l->engine == STOW_ENGINE_FSDP);
+  gboolean enabled = ms->o->free_grads >= 0 ? ms->o->free_grads
+                                            : ms->es->frees_gradients;
   return enabled && l->grad_accum <= 1 && !ms->t->optimizer_in_backward;
 }
 
@@ -1721,8 +1886,7 @@ engine_buffers (Model *ms, const StageParams *p, GArray *dev)
       /* What passes through the two slots: every unit, or with every
        * layer of the stage resident, only the embedding and output
        * layer. */
-      guint64 slot_unit
-          = l->engine == STOW_ENGINE_STOWAGE ? p->max_unit : p->max_layer;
+      guint64 slot_unit = ms->es->unit_slots ? p->max_unit : p->max_layer;
       double gw = stow_mem_gathered_weight_bytes (ms->t, b.w);
       if (l->engine == STOW_ENGINE_STOWAGE
           && l->offload_params != STOW_OFFLOAD_NONE
@@ -1819,7 +1983,8 @@ model_init (Model *ms, const StowModel *m, const StowCluster *c,
   ms->n = shard_degree (l, c);
   layer_sizes_init (&ms->sizes, m, t, l);
   ms->bpp = full_bpp (m, t);
-  ms->eng = engine_bpp (m, t, l, &ms->full_grads, &ms->dfa);
+  ms->es = engine_states_of (l->engine);
+  ms->eng_bpp = engine_bpp (m, t, l, &ms->full_grads, &ms->dfa);
 }
 
 static StowMemory *
