@@ -10,12 +10,20 @@
 #
 #   ninja -C build && bench/search.sh [RUNS]
 #
+# With STOWAGE_BASE=path/to/another/stowage (a build of an older commit),
+# each case runs both binaries in turn, RUNS times each, and the table
+# gives the median search time and wall time of each, their ratio, and
+# whether the two answer alike (the --json plans without search_time_s):
+#
+#   STOWAGE_BASE=../f9da909/build/cli/stowage bench/search.sh 9
+#
 # Calculon is looked for as bench/.work/calculon (a checkout of
 # calculon-ai/calculon with bin/calculon) run by bench/venv/bin/python.
 set -euo pipefail
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(dirname "$HERE")
 STOWAGE=${STOWAGE:-$ROOT/build/cli/stowage}
+STOWAGE_BASE=${STOWAGE_BASE:-}
 RUNS=${1:-5}
 PY=${PYTHON:-python3}
 host=$(hostname -s)
@@ -41,6 +49,88 @@ run_stowage () { # label, then the plan arguments
   printf '| %s | %s | %s | %.3f | %s | %s |\n' "$label" "$n" "$best_rate" "$best_t" "${rates[*]}" "$best" >> "$out"
   echo "$label: $n layouts, best $best_rate layouts/s (${best_t}s); runs: ${rates[*]}"
 }
+
+timed_run () { # binary, then the plan arguments: layouts, search s, wall s
+  local bin=$1; shift
+  local start end j
+  start=$(date +%s.%N)
+  j=$(taskset -c 0 "$bin" plan "$@" --top 1 --json)
+  end=$(date +%s.%N)
+  echo "$j" | $PY -c "import json,sys; o=json.load(sys.stdin); print(o['candidates_evaluated'], o['search_time_s'], $end - $start)"
+}
+
+answers () { # binary, then the plan arguments: the --json plans, untimed
+  local bin=$1; shift
+  taskset -c 0 "$bin" plan "$@" --json | $PY -c 'import json,sys; o=json.load(sys.stdin); o.pop("search_time_s", None); print(json.dumps(o, sort_keys=True))'
+}
+
+median () {
+  $PY -c 'import statistics,sys; print("%.4f" % statistics.median(float(x) for x in sys.argv[1:]))' "$@"
+}
+
+ratio () {
+  $PY -c 'import sys; print("%.2f" % (float(sys.argv[1]) / float(sys.argv[2])))' "$1" "$2"
+}
+
+compare_stowage () { # label, then the plan arguments; this binary against STOWAGE_BASE
+  local label=$1; shift
+  local n=0 t w searches=() walls=() base_searches=() base_walls=()
+  for i in $(seq "$RUNS"); do
+    read -r n t w < <(timed_run "$STOWAGE_BASE" "$@")
+    base_searches+=("$t"); base_walls+=("$w")
+    read -r n t w < <(timed_run "$STOWAGE" "$@")
+    searches+=("$t"); walls+=("$w")
+  done
+  local s b sw bw same=no
+  s=$(median "${searches[@]}"); b=$(median "${base_searches[@]}")
+  sw=$(median "${walls[@]}"); bw=$(median "${base_walls[@]}")
+  if [ "$(answers "$STOWAGE" "$@")" = "$(answers "$STOWAGE_BASE" "$@")" ]; then same=yes; fi
+  printf '| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n' "$label" "$n" "$s" "$b" "$(ratio "$s" "$b")" "$sw" "$bw" "$(ratio "$sw" "$bw")" "$same" >> "$out"
+  echo "$label: $n layouts; search $s s against $b s, wall $sw s against $bw s; same answers: $same"
+  echo "  search s, this: ${searches[*]}"
+  echo "  search s, base: ${base_searches[*]}"
+  {
+    echo "- $label, this: ${searches[*]}"
+    echo "- $label, base: ${base_searches[*]}"
+  } >> "$out.runs"
+}
+
+if [ -n "$STOWAGE_BASE" ]; then
+  base_rev=$(git -C "$(dirname "$STOWAGE_BASE")" rev-parse --short HEAD 2>/dev/null || echo '?')
+  {
+    echo "# stowage plan search speed against $base_rev ($host, $(date -u +%Y-%m-%dT%H:%MZ))"
+    echo
+    echo "CPU: $(lscpu | sed -n 's/^Model name: *//p'), one core (taskset -c 0);"
+    echo "stowage $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?') (this) against $base_rev (base: $STOWAGE_BASE),"
+    echo "$RUNS runs each, the two binaries in turn; medians.  Ratio: this / base."
+    echo "Same answers: the two binaries' \`--json\` plans (top 10) are identical but for search_time_s."
+    echo
+    echo "| case | layouts evaluated | search s, this | search s, base | ratio | wall s, this | wall s, base | ratio | same answers |"
+    echo "|---|---|---|---|---|---|---|---|---|"
+  } > "$out"
+  : > "$out.runs"
+  compare_stowage "LLaMA-65B, 1024xA100-80GB (issue 35's case)" \
+    llama-65b --gpus 1024xA100-80GB
+  compare_stowage "LLaMA-65B, 1024xA100-80GB, batch 2048" \
+    llama-65b --gpus 1024xA100-80GB --global-batch 2048
+  compare_stowage "1T (korthikanti-1t), 4096xA100-80GB, batch 4096" \
+    korthikanti-1t --gpus 4096xA100-80GB --global-batch 4096
+  compare_stowage "MT-NLG 530B, 2240xA100-80GB, batch 2240 (fp16, no flash)" \
+    mt-nlg-530b --gpus 2240xA100-80GB --global-batch 2240 --precision fp16 --no-flash
+  {
+    echo
+    echo "Commands: \`taskset -c 0 STOWAGE plan MODEL --gpus SPEC [--global-batch N] --top 1 --json\`,"
+    echo "for STOWAGE this and base in turn (search_time_s is the search alone; wall s the"
+    echo "whole process, start-up included)."
+    echo
+    echo "Search s, every run:"
+    echo
+    cat "$out.runs"
+  } >> "$out"
+  rm -f "$out.runs"
+  echo "wrote $out"
+  exit 0
+fi
 
 {
   echo "# stowage plan search speed ($host, $(date -u +%Y-%m-%dT%H:%MZ))"

@@ -360,21 +360,21 @@ stow_mem_layer_activation_parts (const StowModel *m, const StowTraining *t,
       replicated += (double)n_adapters * e * (double)t->lora_rank;
     }
   double sb = s * b;
-  *block = (guint64)llround (sb * (replicated / rep + split / tp) + enc_side);
+  *block = stow_mem_round (sb * (replicated / rep + split / tp) + enc_side);
 
   if (t->flash_attention)
-    *core = (guint64)llround (scores * 4.0 * sb * a / tp); /* fp32 lse */
+    *core = stow_mem_round (scores * 4.0 * sb * a / tp); /* fp32 lse */
   else if (ac)
     /* Autocast: the fp32 softmax output (4 B), with dropout its mask, and
      * the 16-bit copy of the probabilities the PV product casts and keeps
      * (7 B a score with dropout, against 5 B in Korthikanti et al.). */
-    *core = (guint64)llround ((4.0 + drop + e) * a * s * score_cols * b / tp);
+    *core = stow_mem_round ((4.0 + drop + e) * a * s * score_cols * b / tp);
   else
     /* The softmax output, and with dropout its mask (1 B) and output:
      * 5 a s^2 b at 16 bits in Korthikanti et al.; a decoder layer's self-
      * and cross-attention scores have s and s_enc columns. */
-    *core = (guint64)llround ((e + drop * (1.0 + e)) * a * s * score_cols * b
-                              / tp);
+    *core
+        = stow_mem_round ((e + drop * (1.0 + e)) * a * s * score_cols * b / tp);
 }
 
 /* What full recompute keeps of a layer: its input, s b h elements of the
@@ -385,8 +385,8 @@ stow_mem_checkpoint_bytes (const StowModel *m, const StowTraining *t,
 {
   double s_local = (double)t->seq_len / l->cp;
   guint64 sbh
-      = (guint64)llround (s_local * (double)l->micro_batch * (double)m->hidden);
-  return (guint64)llround (stow_mem_residual_bytes (t, l) * (double)sbh)
+      = stow_mem_round (s_local * (double)l->micro_batch * (double)m->hidden);
+  return stow_mem_round (stow_mem_residual_bytes (t, l) * (double)sbh)
          / (l->sp ? l->tp : 1);
 }
 
@@ -441,7 +441,7 @@ stow_mem_op_checkpoint_bytes (const StowModel *m, const StowTraining *t,
   double e = activation_bytes (t);
   double s = (double)t->seq_len / l->cp, b = (double)l->micro_batch;
   double per_token = (e * (saved + a * d) + 4.0 * a) / tp;
-  return (guint64)llround (s * b * per_token)
+  return stow_mem_round (s * b * per_token)
          + stow_mem_checkpoint_bytes (m, t, l);
 }
 
@@ -508,19 +508,19 @@ stow_mem_end_sizes (const StowModel *m, const StowTraining *t,
   double s_out = (double)stow_mem_decoder_seq (m, t) / l->cp;
   double b = (double)l->micro_batch, h = (double)m->hidden;
   guint64 spdiv = l->sp ? l->tp : 1;
-  guint64 sbh = (guint64)llround (s_in * b * h);
-  *input = (guint64)llround (8.0 * s_in * b)
-           + (guint64)llround (r * (double)sbh / spdiv);
-  guint64 sbv = (guint64)llround (s_out * b * (double)m->vocab / l->tp);
+  guint64 sbh = stow_mem_round (s_in * b * h);
+  *input = stow_mem_round (8.0 * s_in * b)
+           + stow_mem_round (r * (double)sbh / spdiv);
+  guint64 sbv = stow_mem_round (s_out * b * (double)m->vocab / l->tp);
   *logits = stow_bytes (sbv, stow_mem_logits_element_bytes (t, l));
-  *loss_grad = (guint64)llround (r * s_out * b * h) / spdiv;
+  *loss_grad = stow_mem_round (r * s_out * b * h) / spdiv;
   if (stow_mem_fused_head_loss (t, l))
     {
       /* stowage's output layer runs fused with the loss, a chunk of tokens
        * at a time (program/program.h), and hands the last layer its
        * gradient in the place of that layer's output. */
       *logits = stow_loss_scratch_bytes (m->vocab / l->tp, m->hidden,
-                                         (guint64)llround (s_out * b));
+                                         stow_mem_round (s_out * b));
       *loss_grad = 0;
     }
 }

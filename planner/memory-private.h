@@ -6,7 +6,23 @@
  */
 #pragma once
 
+#include <math.h>
+
 #include "planner/memory.h"
+
+/* (guint64) llround (@v), rounding halves away from zero, without libm's
+ * call where that is exact: a non-negative @v below 2^63 has an exact
+ * integer part and fraction.  The search rounds a few million counts. */
+static inline guint64
+stow_mem_round (double v)
+{
+  if (v >= 0 && v < 0x1p63)
+    {
+      guint64 whole = (guint64)v;
+      return v - (double)whole >= 0.5 ? whole + 1 : whole;
+    }
+  return (guint64)llround (v);
+}
 
 GArray *stow_mem_terms_new (void);
 GArray *stow_mem_sink_new (void);
@@ -95,9 +111,16 @@ StowStageParams stow_mem_stage_params (const StowModel *m,
                                        const StowLayout *l,
                                        const StowMemOptions *o, guint stage,
                                        guint64 first_layer, guint64 n_layers);
-/* Layer @layer's parameters on one GPU (TP and EP splits). */
+/* Layer @layer's parameters on one GPU (TP and EP splits).  Walks the
+ * model's layers: a caller asking for every layer wants
+ * stow_mem_largest_layer_params_on_gpu. */
 guint64 stow_mem_layer_params_on_gpu (const StowModel *m, const StowLayout *l,
                                       guint64 layer);
+/* The largest of those over the model's layers, from @scratch's layer
+ * table when it was made for @m (else built for the call). */
+guint64 stow_mem_largest_layer_params_on_gpu (const StowModel *m,
+                                              const StowLayout *l,
+                                              StowMemScratch *scratch);
 /* Data-parallel ranks ZeRO shards over. */
 guint64 stow_mem_shard_degree (const StowLayout *l, const StowCluster *c);
 /* Of @params parameters (@experts of them routed experts, as in
@@ -116,12 +139,11 @@ guint64 stow_mem_frozen_linear_bytes (const StowLayout *l, guint64 linear,
 double stow_mem_gathered_weight_bytes (const StowTraining *t, double w);
 
 /* The resident layers of @l given the totals @mt of the same layout with
- * none resident (planner/resident.c). */
-guint64 stow_mem_resident_from_totals (const StowModel *m,
-                                       const StowTraining *t,
-                                       const StowLayout *l,
-                                       const StowMemOptions *o,
-                                       const StowMemTotals *mt);
+ * none resident (planner/resident.c); @scratch (may be NULL) as for
+ * stow_memory_estimate_totals_with. */
+guint64 stow_mem_resident_from_totals (
+    const StowModel *m, const StowTraining *t, const StowLayout *l,
+    const StowMemOptions *o, const StowMemTotals *mt, StowMemScratch *scratch);
 /* Bytes per parameter: compute weights, gradients, fp32 master, optimizer
  * states (stowage engine, full fine-tuning). */
 void stow_mem_state_bytes (const StowModel *m, const StowTraining *t, double *w,

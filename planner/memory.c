@@ -129,11 +129,14 @@ named (const char *name, const char *const *names, gsize n)
  * totals-only path (stow_memory_estimate_totals) runs the same arithmetic
  * through it without formatting a formula or allocating per term.  Two
  * more sums follow the tiers: the activation and the gradient terms, which
- * free_gradients weighs against each other. */
+ * free_gradients weighs against each other.  They are kept only when the
+ * last slot says so (sink_clear): telling them apart compares names, which
+ * cost the search more than the arithmetic when done for every term. */
 enum
 {
   SINK_ACTS = STOW_N_TIERS,
   SINK_GRADS,
+  SINK_CLASSIFY,
   SINK_LEN
 };
 
@@ -151,10 +154,24 @@ is_sink (GArray *terms)
   return g_array_get_element_size (terms) == sizeof (guint64);
 }
 
+/* Zeroes @sink; @classify: keep the activation and gradient sums. */
 static inline void
-sink_clear (GArray *sink)
+sink_clear (GArray *sink, gboolean classify)
 {
   memset (sink->data, 0, sizeof (guint64) * sink->len);
+  g_array_index (sink, guint64, SINK_CLASSIFY) = classify;
+}
+
+static inline void
+sink_add (GArray *sink, const char *name, guint64 bytes, StowTier tier)
+{
+  g_array_index (sink, guint64, tier) += bytes;
+  if (bytes == 0 || !g_array_index (sink, guint64, SINK_CLASSIFY))
+    return;
+  if (named (name, act_names, G_N_ELEMENTS (act_names)))
+    g_array_index (sink, guint64, SINK_ACTS) += bytes;
+  else if (named (name, grad_names, G_N_ELEMENTS (grad_names)))
+    g_array_index (sink, guint64, SINK_GRADS) += bytes;
 }
 
 void
@@ -167,11 +184,7 @@ stow_mem_add (GArray *terms, const char *name, guint64 bytes, StowTier tier,
     return;
   if (is_sink (terms))
     {
-      g_array_index (terms, guint64, tier) += bytes;
-      if (named (name, act_names, G_N_ELEMENTS (act_names)))
-        g_array_index (terms, guint64, SINK_ACTS) += bytes;
-      else if (named (name, grad_names, G_N_ELEMENTS (grad_names)))
-        g_array_index (terms, guint64, SINK_GRADS) += bytes;
+      sink_add (terms, name, bytes, tier);
       return;
     }
   va_start (ap, format);
@@ -180,15 +193,24 @@ stow_mem_add (GArray *terms, const char *name, guint64 bytes, StowTier tier,
   g_array_append_val (terms, t);
 }
 
+/* stow_mem_add for this file's terms: into a sink the sum is taken without
+ * the variadic call, and the formula's arguments are never evaluated (the
+ * search's totals add about a million terms).  @terms is read twice. */
+#define mem_add_term(terms, name, bytes, tier, ...)                            \
+  (is_sink (terms)                                                             \
+       ? sink_add ((terms), (name), (bytes), (tier))                           \
+       : stow_mem_add ((terms), (name), (bytes), (tier), __VA_ARGS__))
+
 guint64
 stow_mem_sum (GArray *terms, int tier)
 {
   guint64 s = 0;
+  if (is_sink (terms) && tier >= 0)
+    return g_array_index (terms, guint64, tier);
   if (is_sink (terms))
     {
       for (int i = 0; i < STOW_N_TIERS; i++)
-        if (tier < 0 || i == tier)
-          s += g_array_index (terms, guint64, i);
+        s += g_array_index (terms, guint64, i);
       return s;
     }
   for (guint i = 0; i < terms->len; i++)
@@ -207,7 +229,7 @@ stow_bytes (guint64 count, double bytes_per)
   double v = (double)count * bytes_per;
   if (v >= 1.8e19)
     return G_MAXUINT64 / 4; /* saturate far beyond any real cluster */
-  return (guint64)llround (v);
+  return stow_mem_round (v);
 }
 
 StowMemory *
@@ -376,6 +398,227 @@ stow_mem_gathered_weight_bytes (const StowTraining *t, double w)
   return t->precision == STOW_PRECISION_FP32 ? MIN (w, 4.0) : MIN (w, 2.0);
 }
 
+/* NVMe swapping (ZeRO-Infinity): parameters pass through four pinned
+ * staging buffers of the largest layer (or unit); DeepSpeed's optimizer
+ * swaps through four buffers of at most sub_group_size (1e9) parameters
+ * each, stowage's through three. */
+#define PARAM_STAGING_BUFFERS 4
+#define DS_SWAP_BUFFERS 4
+#define DS_SUB_GROUP_PARAMS ((guint64)1000000000)
+
+/* How an engine keeps the model states (weights, gradients, master
+ * weights, optimizer states), for the version it names: what departs from
+ * the precision's bytes per parameter (full_bpp), which of them ZeRO
+ * shards, which buffers hold them, and the text its formulas add.  One row
+ * per engine (engine_states); engine_bpp and model_states read the rows
+ * instead of branching on the engine. */
+typedef struct
+{
+  /* Under 16-bit compute over fp32 weights (stow_mem_mixed_over_fp32) the
+   * weights are fp32 and are themselves the master copy: 4 B weights and
+   * gradients, no separate master. */
+  gboolean weights_are_master;
+  /* Bytes per parameter of the gradients whatever the precision (fp32
+   * main grads); 0: the precision's. */
+  double grad_bytes;
+  /* The gradient buffer stays full size whatever the ZeRO stage. */
+  gboolean full_grad_buffer;
+  /* From --zero 1 in mixed precision, a distributed optimizer keeping the
+   * gradients and each bucket's reduce-scattered shard in grad_bytes, and
+   * the master as the 16-bit weights plus remainders of master_bytes (not
+   * under fp16); the notes close the two terms' formulas.  grad_bytes 0:
+   * none. */
+  struct
+  {
+    double grad_bytes, master_bytes;
+    const char *grad_shards_note, *master_note;
+  } distributed_adam;
+  /* The ZeRO stage from which the weights are sharded. */
+  guint weights_sharded_from;
+  /* Gradients pass through the engine's reduce buckets (engine_buffers)
+   * rather than two layer slots. */
+  gboolean reduce_buckets;
+  /* Non-NULL: gradients are upcast into an fp32 partition, sharded as the
+   * optimizer states, before the step; the note closes its formula. */
+  const char *fp32_grad_partition_note;
+  /* The gradient slots and the parameter staging buffers hold any unit
+   * (the embedding and the output layer too), and each rank stages its
+   * own shard of a unit, not a whole layer. */
+  gboolean unit_slots;
+  /* An offloaded optimizer: the CPU optimizer's pinned buffers (non-NULL:
+   * what the formula calls them); the bytes per parameter of the
+   * gradients it reads (0: the gradients' own); whether those and the
+   * states sit in pageable rather than pinned host memory; and whether it
+   * writes the updated weights back through host memory. */
+  const char *cpu_optimizer_buffers;
+  double offloaded_grad_bytes;
+  gboolean offloaded_pageable;
+  gboolean cpu_optimizer_writes_weights;
+  /* An optimizer swapped to NVMe: the buffers in flight, each of
+   * swap_chunk_params parameters at most (0: the options'
+   * swap_shard_params), fewer and no larger than the shard needs when
+   * swap_trims. */
+  guint swap_buffers;
+  guint64 swap_chunk_params;
+  gboolean swap_trims;
+  /* Gradients freed between steps unless --free-grads says otherwise. */
+  gboolean frees_gradients;
+} EngineStates;
+
+static const EngineStates engine_states[] = {
+  [STOW_ENGINE_STOWAGE] = {
+    .weights_sharded_from = 3,
+    /* stowage gathers and reduces the embedding and the output layer
+     * through the same slots as the layers, and its ranks each read their
+     * own shard of a unit (then all-gather it on the GPUs), so a staging
+     * buffer holds 1/n of the largest unit (found by the simulator). */
+    .unit_slots = TRUE,
+    /* Its CPU Adam writes the updated weights (with fp32 training:
+     * updates the parameters) in host memory, from where they are copied
+     * up; on NVMe, in the host gradients' place, each unit going to the
+     * store through one aligned buffer (O_DIRECT). */
+    .cpu_optimizer_writes_weights = TRUE,
+    /* It cuts the shard into chunks and keeps at most three in flight
+     * (read i+1, update i, write i-1): a shard of one or two chunks needs
+     * only those (found by the simulator). */
+    .swap_buffers = 3,
+    .swap_trims = TRUE,
+  },
+  [STOW_ENGINE_PYTORCH] = {
+    /* Trainer-style autocast: fp32 parameters and gradients, the 16-bit
+     * copies autocast makes are charged with the activations.  PyTorch
+     * frees gradients between steps (zero_grad(set_to_none=True), its
+     * default since 2.0). */
+    .weights_are_master = TRUE,
+    .weights_sharded_from = 3,
+    .swap_buffers = 3,
+    .frees_gradients = TRUE,
+  },
+  [STOW_ENGINE_DEEPSPEED] = {
+    .weights_sharded_from = 3,
+    /* DeepSpeed reduces gradients through its reduce buckets, and upcasts
+     * them into an fp32 partition before the step (stage_1_and_2.py; PR
+     * #5099 counts 4 B). */
+    .reduce_buckets = TRUE,
+    .fp32_grad_partition_note
+    = " (DeepSpeed upcasts gradients before the step)",
+    /* It steps an offloaded optimizer with its CPU optimizer (accelerate
+     * swaps torch's AdamW for DeepSpeedCPUAdam), which pins two copy
+     * buffers of TILE (128 Mi) floats when it is built
+     * (csrc/includes/cpu_adam.h), whatever the model's size, and reads
+     * fp32 gradients from pageable host memory. */
+    .cpu_optimizer_buffers = "DeepSpeedCPUAdam's 2 pinned copy buffers",
+    .offloaded_grad_bytes = 4,
+    .offloaded_pageable = TRUE,
+    .swap_buffers = DS_SWAP_BUFFERS,
+    .swap_chunk_params = DS_SUB_GROUP_PARAMS,
+  },
+  [STOW_ENGINE_MEGATRON] = {
+    /* Megatron-LM core_r0.8.0 turns --accumulate-allreduce-grads-in-fp32
+     * on for --bf16 (megatron/training/arguments.py), which its DDP takes
+     * as grad_reduce_in_fp32: the grad buffer holds fp32 main grads
+     * (megatron/core/distributed/distributed_data_parallel.py), full size
+     * with the distributed optimizer too, which reduce-scatters inside
+     * it. */
+    .grad_bytes = 4,
+    .full_grad_buffer = TRUE,
+    .weights_sharded_from = 3,
+    .swap_buffers = 3,
+  },
+  [STOW_ENGINE_FSDP] = {
+    /* FSDP mixed precision keeps the sharded parameters in fp32 (they are
+     * the master copy) and reduces gradients into fp32 shards.  Its
+     * SHARD_GRAD_OP (--zero 2) keeps the fp32 flat parameters sharded
+     * outside forward and backward like FULL_SHARD; only the 16-bit
+     * unsharded copy lives from forward to backward (engine_buffers). */
+    .weights_are_master = TRUE,
+    .weights_sharded_from = 2,
+    .swap_buffers = 3,
+    .frees_gradients = TRUE,
+  },
+  [STOW_ENGINE_NEMO] = {
+    /* Without distributed Adam, megatron_amp_O2 wraps the optimizer in
+     * MainParamsOptimizerWrapper with fp32_grad_accum for bf16 (NeMo
+     * 2.0.0rc1, megatron_base_model.py configure_optimizers): fp32 main
+     * grads, as Megatron-LM, full size. */
+    .grad_bytes = 4,
+    .full_grad_buffer = TRUE,
+    /* --zero 1 is NeMo's distributed_fused_adam, Apex's
+     * DistributedFusedAdam (nemo/core/optim/distributed_adam.py; apex
+     * 810ffae, the commit NeMo 2.0.0rc1's Dockerfile.ci pins).  Every GPT
+     * and Llama recipe of NeMo-Framework-Launcher 24.07 (the scripts in
+     * examples/training/gpt/h100 and llama/h100, and
+     * conf/training/gpt3/175b_fp8.yaml) sets optim.grad_sync_dtype=bf16
+     * and contiguous_grad_buffer: the whole model's gradients sit in one
+     * bf16 buffer (_init_grad_buffer), and each bucket's reduce-scattered
+     * shard is kept, in bf16 too, until the step (grads_shard).  For a
+     * bf16 model under an fp32 optimizer NeMo turns store_params off and
+     * store_param_remainders on (megatron_base_model.py
+     * setup_optimization): the fp32 master is the bf16 weight plus an
+     * int16 remainder, 2 B a parameter, sharded with the Adam moments. */
+    .distributed_adam = {
+      .grad_bytes = 2,
+      .master_bytes = 2,
+      .grad_shards_note = " (Apex DistributedFusedAdam keeps each bucket's "
+                          "reduce-scattered shard for the step)",
+      .master_note = " (int16 remainders of the bf16 weights: Apex's "
+                     "store_param_remainders)",
+    },
+    .weights_sharded_from = 3,
+    .swap_buffers = 3,
+  },
+};
+
+/* A row for every engine. */
+G_STATIC_ASSERT (G_N_ELEMENTS (engine_states) == STOW_ENGINE_NEMO + 1);
+
+static const EngineStates *
+engine_states_of (StowEngine e)
+{
+  g_assert ((guint)e < G_N_ELEMENTS (engine_states));
+  return &engine_states[e];
+}
+
+/* Whether @l runs @es's distributed optimizer. */
+static gboolean
+runs_distributed_adam (const EngineStates *es, const StowTraining *t,
+                       const StowLayout *l)
+{
+  return es->distributed_adam.grad_bytes > 0 && l->zero >= 1
+         && stow_mem_mixed_over_fp32 (t);
+}
+
+/* The bytes per parameter of the weights, gradients, master and optimizer
+ * states under @l's engine (its row of engine_states, on top of full_bpp's
+ * precision rules).  @full_grads: the gradient buffer stays full size
+ * whatever the ZeRO stage; @dfa: a distributed optimizer keeps gradient
+ * shards until the step. */
+static Bpp
+engine_bpp (const StowModel *m, const StowTraining *t, const StowLayout *l,
+            gboolean *full_grads, gboolean *dfa)
+{
+  const EngineStates *es = engine_states_of (l->engine);
+  Bpp b = full_bpp (m, t);
+  *full_grads = es->full_grad_buffer;
+  *dfa = runs_distributed_adam (es, t, l);
+  if (es->weights_are_master && stow_mem_mixed_over_fp32 (t))
+    b.w = 4, b.g = 4, b.master = 0;
+  if (es->grad_bytes > 0)
+    b.g = es->grad_bytes;
+  if (*dfa)
+    {
+      b.g = es->distributed_adam.grad_bytes;
+      if (t->precision != STOW_PRECISION_FP16)
+        b.master = es->distributed_adam.master_bytes;
+    }
+  /* Megatron-core keeps its parameters in bf16 under fp8 (no
+   * --fp8-param-gather); Transformer Engine's fp8 copies are charged
+   * apart (te_fp8_state). */
+  if (stow_mem_te_fp8_layers (t, l))
+    b.w = 2;
+  return b;
+}
+
 /* LoRA adapter parameters of one layer on one TP rank: r (in + out) per
  * targeted matrix.  A decoder layer of an encoder-decoder model has its
  * attention matrices twice: PEFT's names ("q", "v") match the
@@ -418,77 +661,167 @@ padded_vocab (const StowModel *m, const StowLayout *l, const StowMemOptions *o)
   return (m->vocab + mult - 1) / mult * mult;
 }
 
-/* Parameters of layer @i on one GPU: TP splits the linears, EP x ETP the
- * routed experts (--etp, Megatron-core's --expert-tensor-parallel-size,
- * which defaults to --tp; megatron/training/theoretical_memory_usage.py
- * divides the routed experts by etp x ep); norms are replicated.
- * @experts_out: of which routed experts. */
+/* What the memory model needs from the model's layer stack, which
+ * depends on the model alone: the per-layer shares of the experts and the
+ * norms, and the stack as runs of consecutive identical layers (the same
+ * parameters, routed experts and kind).  Built once per model (a search's
+ * scratch keeps one, stow_mem_scratch_new), so that a layout's stages are
+ * summed a run at a time instead of a layer at a time, and no layout walks
+ * the whole stack. */
+typedef struct
+{
+  guint64 first, count; /* layers [first, first + count) */
+  guint64 params;       /* of one layer */
+  gboolean is_moe;
+  StowLayerKind kind;
+} LayerRun;
+
+typedef struct
+{
+  const StowModel *m;
+  guint64 n_moe;            /* layers with routed experts */
+  guint64 expert_per_layer; /* routed-expert parameters of one of them */
+  guint64 norm_per_layer;
+  guint64 in_layers; /* parameters of every layer together */
+  LayerRun *runs;    /* in layer order */
+  guint64 n_runs;
+} LayerTable;
+
+static void
+layer_table_init (LayerTable *lt, const StowModel *m)
+{
+  memset (lt, 0, sizeof *lt);
+  lt->m = m;
+  lt->runs = g_new (LayerRun, MAX (m->n_layers, 1));
+  for (guint64 i = 0; i < m->n_layers; i++)
+    {
+      const StowLayerInfo *li = &m->layers[i];
+      StowLayerKind kind = stow_mem_layer_kind (m, i);
+      LayerRun *r = lt->n_runs ? &lt->runs[lt->n_runs - 1] : NULL;
+      lt->n_moe += li->is_moe ? 1 : 0;
+      lt->in_layers += li->params;
+      if (r != NULL && r->params == li->params && r->is_moe == li->is_moe
+          && r->kind == kind)
+        r->count++;
+      else
+        lt->runs[lt->n_runs++] = (LayerRun){ .first = i,
+                                             .count = 1,
+                                             .params = li->params,
+                                             .is_moe = li->is_moe,
+                                             .kind = kind };
+    }
+  lt->expert_per_layer
+      = lt->n_moe ? m->by_role[STOW_ROLE_EXPERT] / lt->n_moe : 0;
+  lt->norm_per_layer = m->by_role[STOW_ROLE_NORM] / MAX (m->n_layers, 1);
+}
+
+static void
+layer_table_clear (LayerTable *lt)
+{
+  g_clear_pointer (&lt->runs, g_free);
+}
+
+/* The run holding layer @i (< n_layers). */
+static const LayerRun *
+layer_run_at (const LayerTable *lt, guint64 i)
+{
+  guint64 lo = 0, hi = lt->n_runs;
+  while (hi - lo > 1)
+    {
+      guint64 mid = lo + (hi - lo) / 2;
+      if (lt->runs[mid].first <= i)
+        lo = mid;
+      else
+        hi = mid;
+    }
+  return &lt->runs[lo];
+}
+
+/* The runs holding layers [@first, @first + @n): [*@begin, *@end). */
+static void
+layer_runs_of (const LayerTable *lt, guint64 first, guint64 n,
+               const LayerRun **begin, const LayerRun **end)
+{
+  if (n == 0)
+    {
+      *begin = *end = lt->runs;
+      return;
+    }
+  *begin = layer_run_at (lt, first);
+  *end = layer_run_at (lt, first + n - 1) + 1;
+}
+
+/* Of @r's layers, those in [@a, @b). */
 static guint64
-layer_on_gpu (const StowModel *m, const StowLayout *l, guint64 i, guint64 n_moe,
-              guint64 expert_per_layer, guint64 norm_per_layer,
+run_overlap (const LayerRun *r, guint64 a, guint64 b)
+{
+  guint64 lo = MAX (r->first, a), hi = MIN (r->first + r->count, b);
+  return hi > lo ? hi - lo : 0;
+}
+
+/* Parameters of a layer of run @r on one GPU: TP splits the linears, EP x
+ * ETP the routed experts (--etp, Megatron-core's
+ * --expert-tensor-parallel-size, which defaults to --tp;
+ * megatron/training/theoretical_memory_usage.py divides the routed experts
+ * by etp x ep); norms are replicated.  @experts_out: of which routed
+ * experts. */
+static guint64
+layer_on_gpu (const LayerTable *lt, const StowLayout *l, const LayerRun *r,
               guint64 *norms_out, guint64 *experts_out)
 {
-  const StowLayerInfo *li = &m->layers[i];
-  guint64 experts = li->is_moe && n_moe ? expert_per_layer : 0;
-  guint64 norms = MIN (norm_per_layer, li->params - experts);
-  guint64 shardable = li->params - experts - norms;
+  guint64 experts = r->is_moe && lt->n_moe ? lt->expert_per_layer : 0;
+  guint64 norms = MIN (lt->norm_per_layer, r->params - experts);
+  guint64 shardable = r->params - experts - norms;
   *norms_out = norms;
   *experts_out = experts / ((guint64)l->ep * stow_layout_etp (l));
   return shardable / l->tp + norms + *experts_out;
-}
-
-static guint64
-count_moe_layers (const StowModel *m)
-{
-  guint64 n_moe = 0;
-  for (guint64 i = 0; i < m->n_layers; i++)
-    n_moe += m->layers[i].is_moe ? 1 : 0;
-  return n_moe;
 }
 
 guint64
 stow_mem_layer_params_on_gpu (const StowModel *m, const StowLayout *l,
                               guint64 layer)
 {
-  guint64 n_moe = count_moe_layers (m), norms, experts;
-  guint64 expert_per_layer = n_moe ? m->by_role[STOW_ROLE_EXPERT] / n_moe : 0;
-  guint64 norm_per_layer = m->by_role[STOW_ROLE_NORM] / MAX (m->n_layers, 1);
-  return layer_on_gpu (m, l, layer, n_moe, expert_per_layer, norm_per_layer,
-                       &norms, &experts);
+  LayerTable lt;
+  guint64 norms, experts;
+  layer_table_init (&lt, m);
+  guint64 on_gpu
+      = layer_on_gpu (&lt, l, layer_run_at (&lt, layer), &norms, &experts);
+  layer_table_clear (&lt);
+  return on_gpu;
 }
 
-/* @n_moe: count_moe_layers (m), counted once per estimate. */
-static StageParams
-stage_params (const StowModel *m, const StowTraining *t, const StowLayout *l,
-              const StowMemOptions *o, guint stage, guint64 first_layer,
-              guint64 n_layers, guint64 n_moe)
+static guint64
+largest_layer_on_gpu (const LayerTable *lt, const StowLayout *l)
 {
+  guint64 most = 0, norms, experts;
+  for (guint64 r = 0; r < lt->n_runs; r++)
+    most = MAX (most, layer_on_gpu (lt, l, &lt->runs[r], &norms, &experts));
+  return most;
+}
+
+static StageParams
+stage_params (const LayerTable *lt, const StowTraining *t, const StowLayout *l,
+              const StowMemOptions *o, guint stage, guint64 first_layer,
+              guint64 n_layers)
+{
+  const StowModel *m = lt->m;
   StageParams p = { 0 };
-  guint64 expert_per_layer = n_moe ? m->by_role[STOW_ROLE_EXPERT] / n_moe : 0;
-  guint64 norm_per_layer = m->by_role[STOW_ROLE_NORM] / MAX (m->n_layers, 1);
 
   p.first_layer = first_layer;
   p.layers = n_layers;
   p.first = stage == 0;
   p.last = stage + 1 == l->pp;
-  /* Layers repeat: the previous layer's split is reused when its count
-   * and kind match (the divisions dominate the search's time). */
-  guint64 prev_params = G_MAXUINT64, on_gpu = 0, norms = 0, experts = 0;
-  guint64 cross = 0;
-  gboolean prev_moe = FALSE;
-  for (guint64 i = first_layer; i < first_layer + n_layers; i++)
+  guint64 cross = 0, end = first_layer + n_layers;
+  const LayerRun *rb, *re;
+  layer_runs_of (lt, first_layer, n_layers, &rb, &re);
+  for (const LayerRun *r = rb; r < re; r++)
     {
-      const StowLayerInfo *li = &m->layers[i];
-      cross += stow_mem_layer_kind (m, i) == STOW_LAYER_CROSS;
-      if (li->params != prev_params || li->is_moe != prev_moe)
-        {
-          on_gpu = layer_on_gpu (m, l, i, n_moe, expert_per_layer,
-                                 norm_per_layer, &norms, &experts);
-          prev_params = li->params, prev_moe = li->is_moe;
-        }
-      p.params += on_gpu;
-      p.experts += experts;
-      p.linear += on_gpu - norms;
+      guint64 k = run_overlap (r, first_layer, end), norms, experts;
+      guint64 on_gpu = layer_on_gpu (lt, l, r, &norms, &experts);
+      cross += r->kind == STOW_LAYER_CROSS ? k : 0;
+      p.params += k * on_gpu;
+      p.experts += k * experts;
+      p.linear += k * (on_gpu - norms);
       p.max_layer = MAX (p.max_layer, on_gpu);
     }
   guint64 emb = m->embedding_params;
@@ -510,10 +843,8 @@ stage_params (const StowModel *m, const StowTraining *t, const StowLayout *l,
        * it out (a few kB). */
       if (l->pp == 1)
         {
-          guint64 in_layers = 0;
-          for (guint64 i = 0; i < m->n_layers; i++)
-            in_layers += m->layers[i].params;
-          guint64 outside = m->embedding_params + m->head_params + in_layers;
+          guint64 outside
+              = m->embedding_params + m->head_params + lt->in_layers;
           p.params += m->params > outside ? m->params - outside : 0;
         }
       guint64 head = 0;
@@ -625,6 +956,16 @@ params_desc (GArray *terms, char *buf, gsize size, const StowLayout *l,
   return buf;
 }
 
+/* What one micro-batch of a layout keeps, whatever the stage. */
+typedef struct
+{
+  guint64 kind_bytes[STOW_N_LAYER_KINDS]; /* a layer's activations */
+  guint64 kind_block[STOW_N_LAYER_KINDS]; /* its backward working set */
+  guint64 input, logits, loss_grad;       /* stow_mem_end_sizes */
+  guint64 ckpt;     /* what full recompute keeps of a layer */
+  guint64 op_bytes; /* what selective op checkpointing keeps, or 0 */
+} LayerSizes;
+
 typedef struct
 {
   const StowModel *m;
@@ -632,6 +973,14 @@ typedef struct
   const StowTraining *t;
   const StowLayout *l;
   const StowMemOptions *o;
+  const LayerTable *lt; /* m's */
+  /* What depends on the layout alone, computed once per estimate
+   * (model_init) whatever the number of stages. */
+  LayerSizes sizes; /* one micro-batch (layer_sizes_init) */
+  const EngineStates *es; /* the engine's rules */
+  Bpp bpp;                /* the precision's bytes per parameter (full_bpp) */
+  Bpp eng_bpp;            /* the engine's (engine_bpp), and its flags: */
+  gboolean full_grads, dfa;
   guint64 n; /* shard degree */
   /* per-GPU host and NVMe bytes, summed over the worst stage */
   GArray *host;
@@ -669,24 +1018,24 @@ te_fp8_state (Model *ms, const StageParams *p, GArray *dev)
 {
   const StowModel *m = ms->m;
   const StowLayout *l = ms->l;
-  stow_mem_add (dev, "fp8 weight caches", stow_bytes (p->linear, 2.0),
+  mem_add_term (dev, "fp8 weight caches", stow_bytes (p->linear, 2.0),
                 STOW_TIER_DEVICE,
                 "(1 B fp8 + 1 B fp8 transpose) x %" G_GUINT64_FORMAT
                 " linear params (Transformer Engine's cached casts)",
                 p->linear);
   /* GEMMs in the stage's TE modules: qkv, proj, fc1, fc2 per layer; an
    * MoE layer's fc1 and fc2 per local and shared expert. */
-  guint64 gemms = 0;
-  for (guint64 i = p->first_layer; i < p->first_layer + p->layers; i++)
-    {
-      guint64 local = MAX (m->n_experts / MAX (l->ep, 1), 1);
-      if (m->layers[i].is_moe && m->n_experts > 0)
-        gemms += 2 + 2 * (local + m->n_shared_experts);
-      else
-        gemms += 4;
-    }
+  guint64 gemms = 0, end = p->first_layer + p->layers;
+  guint64 local = MAX (m->n_experts / MAX (l->ep, 1), 1);
+  const LayerRun *rb, *re;
+  layer_runs_of (ms->lt, p->first_layer, p->layers, &rb, &re);
+  for (const LayerRun *r = rb; r < re; r++)
+    gemms += run_overlap (r, p->first_layer, end)
+             * (r->is_moe && m->n_experts > 0
+                    ? 2 + 2 * (local + m->n_shared_experts)
+                    : 4);
   guint64 hist = l->engine == STOW_ENGINE_NEMO ? 1024 : 1;
-  stow_mem_add (dev, "fp8 scaling state", gemms * 5 * (hist + 2) * 4,
+  mem_add_term (dev, "fp8 scaling state", gemms * 5 * (hist + 2) * 4,
                 STOW_TIER_DEVICE,
                 "%" G_GUINT64_FORMAT
                 " GEMMs x 5 fp8 tensors x (amax history %" G_GUINT64_FORMAT
@@ -694,302 +1043,200 @@ te_fp8_state (Model *ms, const StageParams *p, GArray *dev)
                 gemms, hist);
 }
 
-/* The bytes per parameter of the weights, gradients, master and optimizer
- * states under @l's engine and its defaults for the version it names (on
- * top of full_bpp's precision rules).  @full_grads: the gradient buffer
- * stays full size whatever the ZeRO stage; @dfa: NeMo's distributed Adam
- * keeps bf16 gradient shards until the step. */
-static Bpp
-engine_bpp (const StowModel *m, const StowTraining *t, const StowLayout *l,
-            gboolean *full_grads, gboolean *dfa)
+/* One stage's model states, as the steps of model_states share them. */
+typedef struct
 {
-  Bpp b = full_bpp (m, t);
-  guint z = l->zero;
-  *full_grads = *dfa = FALSE;
-  switch (l->engine)
-    {
-    case STOW_ENGINE_FSDP:
-      /* FSDP mixed precision keeps the sharded parameters in fp32 (they
-       * are the master copy) and reduces gradients into fp32 shards. */
-    case STOW_ENGINE_PYTORCH:
-      /* Trainer-style autocast: fp32 parameters and gradients, the 16-bit
-       * copies autocast makes are charged with the activations. */
-      if (stow_mem_mixed_over_fp32 (t))
-        b.w = 4, b.g = 4, b.master = 0;
-      break;
-    case STOW_ENGINE_MEGATRON:
-      /* Megatron-LM core_r0.8.0 turns --accumulate-allreduce-grads-in-fp32
-       * on for --bf16 (megatron/training/arguments.py), which its DDP
-       * takes as grad_reduce_in_fp32: the grad buffer holds fp32 main
-       * grads (megatron/core/distributed/distributed_data_parallel.py),
-       * full size with the distributed optimizer too, which
-       * reduce-scatters inside it. */
-      b.g = 4;
-      *full_grads = TRUE;
-      break;
-    case STOW_ENGINE_NEMO:
-      *full_grads = TRUE;
-      if (z == 0 || !stow_mem_mixed_over_fp32 (t))
-        {
-          /* Without distributed Adam, megatron_amp_O2 wraps the optimizer
-           * in MainParamsOptimizerWrapper with fp32_grad_accum for bf16
-           * (NeMo 2.0.0rc1, megatron_base_model.py configure_optimizers):
-           * fp32 main grads, as Megatron-LM. */
-          b.g = 4;
-          break;
-        }
-      /* --zero 1 is NeMo's distributed_fused_adam, Apex's
-       * DistributedFusedAdam (nemo/core/optim/distributed_adam.py; apex
-       * 810ffae, the commit NeMo 2.0.0rc1's Dockerfile.ci pins).  Every
-       * GPT and Llama recipe of NeMo-Framework-Launcher 24.07 (the
-       * scripts in examples/training/gpt/h100 and llama/h100, and
-       * conf/training/gpt3/175b_fp8.yaml) sets optim.grad_sync_dtype=bf16
-       * and contiguous_grad_buffer: the whole model's gradients sit in
-       * one bf16 buffer (_init_grad_buffer), and each bucket's
-       * reduce-scattered shard is kept, in bf16 too, until the step
-       * (grads_shard).  For a bf16 model under an fp32 optimizer NeMo
-       * turns store_params off and store_param_remainders on
-       * (megatron_base_model.py setup_optimization): the fp32 master is
-       * the bf16 weight plus an int16 remainder, 2 B a parameter, sharded
-       * with the Adam moments. */
-      b.g = 2;
-      *dfa = TRUE;
-      if (t->precision != STOW_PRECISION_FP16)
-        b.master = 2;
-      break;
-    case STOW_ENGINE_DEEPSPEED:
-      /* DeepSpeed upcasts gradients into an fp32 partition before the
-       * step (stage_1_and_2.py; PR #5099 counts 4 B). */
-      break;
-    case STOW_ENGINE_STOWAGE:
-      break;
-    }
-  /* Megatron-core keeps its parameters in bf16 under fp8 (no
-   * --fp8-param-gather); Transformer Engine's fp8 copies are charged
-   * apart (te_fp8_state). */
-  if (stow_mem_te_fp8_layers (t, l))
-    b.w = 2;
-  return b;
-}
+  Model *ms;
+  const StageParams *p;
+  const EngineStates *es;
+  Bpp b; /* bytes per parameter */
+  /* Parameters, trainable ones (LoRA's adapters, or all), and routed
+   * experts, which are sharded over their expert-data-parallel group
+   * (sharded_params); a dense model has none. */
+  guint64 N, T, E;
+  /* The ways ZeRO shards the weights, gradients and optimizer states (1:
+   * not at all). */
+  guint64 wdiv, gdiv, odiv;
+  gboolean off_opt, off_par;
+  GArray *dev, *host, *nvme; /* host and nvme NULL: not charged here */
+} States;
 
-/* NVMe swapping (ZeRO-Infinity): parameters pass through four pinned
- * staging buffers of the largest layer (or unit); DeepSpeed's optimizer
- * swaps through four buffers of at most sub_group_size (1e9) parameters
- * each, stowage's through three. */
-#define PARAM_STAGING_BUFFERS 4
-#define DS_SWAP_BUFFERS 4
-#define DS_SUB_GROUP_PARAMS ((guint64)1000000000)
-
-/* Model states of one stage: weights, gradients, master weights and
- * optimizer states on the device, or offloaded. */
+/* LoRA: frozen weights, the adapters and their gradients and states. */
 static void
-model_states (Model *ms, const StageParams *p, GArray *dev,
-              gboolean charge_host)
+lora_states (States *s)
 {
+  Model *ms = s->ms;
   const StowLayout *l = ms->l;
   const StowTraining *t = ms->t;
-  Bpp b = full_bpp (ms->m, t);
-  guint64 n = ms->n;
-  guint64 N = p->params, T = p->trainable;
-  /* Routed experts are sharded over their expert-data-parallel group
-   * (sharded_params); a dense model has none. */
-  guint64 E = p->experts;
-  gboolean lora = t->finetune != STOW_FINETUNE_FULL;
-  guint z = l->zero;
-  /* FSDP's SHARD_GRAD_OP (--zero 2) keeps its fp32 flat parameters
-   * sharded outside forward and backward like FULL_SHARD; only the 16-bit
-   * unsharded copy lives from forward to backward (engine_buffers). */
-  gboolean fsdp_sharded = l->engine == STOW_ENGINE_FSDP && z == 2;
-  guint64 wdiv = z >= 3 || fsdp_sharded ? n : 1, gdiv = z >= 2 ? n : 1,
-          odiv = z >= 1 ? n : 1;
-  gboolean off_opt = l->offload_optimizer != STOW_OFFLOAD_NONE;
-  gboolean off_par = l->offload_params != STOW_OFFLOAD_NONE;
-  gboolean dfa_grad_shards = FALSE; /* NeMo's distributed Adam */
-  GArray *host = charge_host ? ms->host : NULL;
-  GArray *nvme = charge_host ? ms->nvme : NULL;
+  const StageParams *p = s->p;
+  Bpp b = s->b;
+  guint64 N = s->N, T = s->T, E = s->E;
+  GArray *dev = s->dev, *host = s->host, *nvme = s->nvme;
   char sbuf[48], pbuf[160];
 
-  /* DeepSpeed steps an offloaded optimizer with its CPU optimizer
-   * (accelerate swaps torch's AdamW for DeepSpeedCPUAdam), which pins two
-   * copy buffers of TILE (128 Mi) floats when it is built
-   * (csrc/includes/cpu_adam.h), whatever the model's size. */
-  if (host && off_opt && l->engine == STOW_ENGINE_DEEPSPEED)
-    stow_mem_add (host, "CPU optimizer buffers",
-                  ms->o->cpu_optimizer_buffer_bytes, STOW_TIER_PINNED,
-                  "DeepSpeedCPUAdam's 2 pinned copy buffers: %" G_GUINT64_FORMAT
-                  " B",
-                  ms->o->cpu_optimizer_buffer_bytes);
-
-  /* Weights. */
-  if (lora)
+  /* DeepSpeed (the one engine that offloads under LoRA) moves the frozen
+   * weights' shards to the host with --offload-params, and the adapters'
+   * gradients and states with --offload-optimizer. */
+  gboolean par_nvme = l->offload_params == STOW_OFFLOAD_NVME;
+  gboolean opt_nvme = l->offload_optimizer == STOW_OFFLOAD_NVME;
+  GArray *wdev = s->off_par ? (par_nvme ? nvme : host) : dev;
+  GArray *odev = s->off_opt ? host : dev;
+  StowTier wtier = s->off_par ? (par_nvme ? STOW_TIER_NVME : STOW_TIER_PINNED)
+                              : STOW_TIER_DEVICE;
+  StowTier otier = s->off_opt ? STOW_TIER_HOST : STOW_TIER_DEVICE;
+  double wb = stow_mem_frozen_weight_bytes (ms->m, t, b.w);
+  guint64 linear = p->linear;
+  guint64 frozen = stow_mem_frozen_linear_bytes (l, linear, E, wb, s->wdiv);
+  if (wdev && E == 0)
+    mem_add_term (wdev, s->off_par ? "offloaded parameters" : "parameters",
+                  frozen, wtier,
+                  "%.4g B x %" G_GUINT64_FORMAT " frozen linear params%s", wb,
+                  linear, shards (dev, sbuf, sizeof sbuf, s->wdiv));
+  else if (wdev)
+    mem_add_term (wdev, s->off_par ? "offloaded parameters" : "parameters",
+                  frozen, wtier, "%.4g B x %s, frozen linear", wb,
+                  params_desc (dev, pbuf, sizeof pbuf, l, linear, E, s->wdiv,
+                               SHARDS_IF_SPLIT));
+  /* Embeddings and norms stay in the model's dtype; QLoRA's in bf16, its
+   * compute dtype. */
+  double nb = stow_mem_frozen_other_bytes (ms->m, t, b.w);
+  if (wdev)
+    mem_add_term (wdev,
+                  s->off_par ? "offloaded parameters (non-linear)"
+                             : "parameters (non-linear)",
+                  stow_bytes (N - linear, nb) / s->wdiv, wtier,
+                  "%.4g B x %" G_GUINT64_FORMAT
+                  " embedding and norm params (frozen)",
+                  nb, N - linear);
+  /* Adapters train in fp32 (PEFT's default under autocast): weights,
+   * gradients and optimizer states, no separate master.  Pure bf16
+   * (torchtune) keeps them in bf16 like the rest of the model. */
+  double ab = t->precision == STOW_PRECISION_BF16_PURE ? 2.0 : 4.0;
+  if (wdev)
+    mem_add_term (wdev, "lora adapters", stow_bytes (T, ab) / s->wdiv, wtier,
+                  "%.4g B x %" G_GUINT64_FORMAT
+                  " adapter params (rank %" G_GUINT64_FORMAT ")",
+                  ab, T, t->lora_rank);
+  /* Swapped to NVMe (ZeRO-Infinity), the frozen weights pass through
+   * pinned staging buffers as in full training. */
+  if (s->off_par && par_nvme && host)
+    mem_add_term (
+        host, "parameter staging buffers",
+        PARAM_STAGING_BUFFERS * stow_bytes (p->max_layer, wb), STOW_TIER_PINNED,
+        "%d x %.4g B x %" G_GUINT64_FORMAT " params (the largest layer)",
+        PARAM_STAGING_BUFFERS, wb, p->max_layer);
+  if (odev == NULL)
+    return;
+  mem_add_term (odev, s->off_opt ? "offloaded gradients" : "gradients",
+                stow_bytes (T, ab) / s->gdiv, otier,
+                "%.4g B x %" G_GUINT64_FORMAT " adapter params", ab, T);
+  /* On NVMe the adapters' states are swapped through DeepSpeed's four
+   * buffers of them, at most sub_group_size each. */
+  GArray *sdev = opt_nvme ? nvme : odev;
+  if (sdev)
+    mem_add_term (
+        sdev,
+        s->off_opt ? "master weights and optimizer states" : "optimizer states",
+        stow_bytes (T, b.opt) / s->odiv, opt_nvme ? STOW_TIER_NVME : otier,
+        "%.4g B x %" G_GUINT64_FORMAT " adapter params (%s)", b.opt, T,
+        stow_optimizer_name (t->optimizer));
+  if (opt_nvme)
     {
-      /* DeepSpeed (the one engine that offloads under LoRA) moves the
-       * frozen weights' shards to the host with --offload-params, and the
-       * adapters' gradients and states with --offload-optimizer. */
-      gboolean par_nvme = l->offload_params == STOW_OFFLOAD_NVME;
-      gboolean opt_nvme = l->offload_optimizer == STOW_OFFLOAD_NVME;
-      GArray *wdev = off_par ? (par_nvme ? nvme : host) : dev;
-      GArray *odev = off_opt ? host : dev;
-      StowTier wtier = off_par ? (par_nvme ? STOW_TIER_NVME : STOW_TIER_PINNED)
-                               : STOW_TIER_DEVICE;
-      StowTier otier = off_opt ? STOW_TIER_HOST : STOW_TIER_DEVICE;
-      double wb = stow_mem_frozen_weight_bytes (ms->m, t, b.w);
-      guint64 linear = p->linear;
-      guint64 frozen = stow_mem_frozen_linear_bytes (l, linear, E, wb, wdiv);
-      if (wdev && E == 0)
-        stow_mem_add (wdev, off_par ? "offloaded parameters" : "parameters",
-                      frozen, wtier,
-                      "%.4g B x %" G_GUINT64_FORMAT " frozen linear params%s",
-                      wb, linear, shards (dev, sbuf, sizeof sbuf, wdiv));
-      else if (wdev)
-        stow_mem_add (wdev, off_par ? "offloaded parameters" : "parameters",
-                      frozen, wtier, "%.4g B x %s, frozen linear", wb,
-                      params_desc (dev, pbuf, sizeof pbuf, l, linear, E, wdiv,
-                                   SHARDS_IF_SPLIT));
-      /* Embeddings and norms stay in the model's dtype; QLoRA's in bf16,
-       * its compute dtype. */
-      double nb = stow_mem_frozen_other_bytes (ms->m, t, b.w);
-      if (wdev)
-        stow_mem_add (wdev,
-                      off_par ? "offloaded parameters (non-linear)"
-                              : "parameters (non-linear)",
-                      stow_bytes (N - linear, nb) / wdiv, wtier,
-                      "%.4g B x %" G_GUINT64_FORMAT
-                      " embedding and norm params (frozen)",
-                      nb, N - linear);
-      /* Adapters train in fp32 (PEFT's default under autocast): weights,
-       * gradients and optimizer states, no separate master.  Pure bf16
-       * (torchtune) keeps them in bf16 like the rest of the model. */
-      double ab = t->precision == STOW_PRECISION_BF16_PURE ? 2.0 : 4.0;
-      if (wdev)
-        stow_mem_add (wdev, "lora adapters", stow_bytes (T, ab) / wdiv, wtier,
-                      "%.4g B x %" G_GUINT64_FORMAT
-                      " adapter params (rank %" G_GUINT64_FORMAT ")",
-                      ab, T, t->lora_rank);
-      /* Swapped to NVMe (ZeRO-Infinity), the frozen weights pass through
-       * pinned staging buffers as in full training. */
-      if (off_par && par_nvme && host)
-        stow_mem_add (host, "parameter staging buffers",
-                      PARAM_STAGING_BUFFERS * stow_bytes (p->max_layer, wb),
-                      STOW_TIER_PINNED,
-                      "%d x %.4g B x %" G_GUINT64_FORMAT
-                      " params (the largest layer)",
-                      PARAM_STAGING_BUFFERS, wb, p->max_layer);
-      if (odev)
-        {
-          stow_mem_add (odev, off_opt ? "offloaded gradients" : "gradients",
-                        stow_bytes (T, ab) / gdiv, otier,
-                        "%.4g B x %" G_GUINT64_FORMAT " adapter params", ab, T);
-          /* On NVMe the adapters' states are swapped through DeepSpeed's
-           * four buffers of them, at most sub_group_size each. */
-          GArray *sdev = opt_nvme ? nvme : odev;
-          if (sdev)
-            stow_mem_add (sdev,
-                          off_opt ? "master weights and optimizer states"
-                                  : "optimizer states",
-                          stow_bytes (T, b.opt) / odiv,
-                          opt_nvme ? STOW_TIER_NVME : otier,
-                          "%.4g B x %" G_GUINT64_FORMAT
-                          " adapter params (%s)",
-                          b.opt, T, stow_optimizer_name (t->optimizer));
-          if (opt_nvme)
-            {
-              guint64 sp = MIN (T / odiv, DS_SUB_GROUP_PARAMS);
-              stow_mem_add (odev, "optimizer swap buffers",
-                            DS_SWAP_BUFFERS * stow_bytes (sp, b.opt),
-                            STOW_TIER_PINNED,
-                            "%d buffers x %.4g B x %" G_GUINT64_FORMAT
-                            " adapter params",
-                            DS_SWAP_BUFFERS, b.opt, sp);
-            }
-        }
+      guint64 sp = MIN (T / s->odiv, DS_SUB_GROUP_PARAMS);
+      mem_add_term (odev, "optimizer swap buffers",
+                    DS_SWAP_BUFFERS * stow_bytes (sp, b.opt), STOW_TIER_PINNED,
+                    "%d buffers x %.4g B x %" G_GUINT64_FORMAT
+                    " adapter params",
+                    DS_SWAP_BUFFERS, b.opt, sp);
+    }
+}
+
+/* Weights: on the device, or offloaded.  Offloaded parameters keep no
+ * resident copy: the working set they are gathered into is the engine's
+ * buffer. */
+static void
+weight_states (States *s)
+{
+  Model *ms = s->ms;
+  const StowLayout *l = ms->l;
+  const StowTraining *t = ms->t;
+  const StageParams *p = s->p;
+  const EngineStates *es = s->es;
+  Bpp b = s->b;
+  guint64 N = s->N, E = s->E, n = ms->n;
+  GArray *dev = s->dev, *host = s->host, *nvme = s->nvme;
+  char pbuf[160];
+
+  if (!s->off_par)
+    {
+      mem_add_term (dev, "parameters",
+                    stow_bytes (sharded_params (l, N, E, s->wdiv), b.w),
+                    STOW_TIER_DEVICE, "%.4g B x %s", b.w,
+                    params_desc (dev, pbuf, sizeof pbuf, l, N, E, s->wdiv,
+                                 SHARDS_IF_SPLIT));
+      if (s->off_opt && host && es->cpu_optimizer_writes_weights
+          && t->finetune == STOW_FINETUNE_FULL)
+        mem_add_term (
+            host, "host copy of the weights",
+            stow_bytes (sharded_params (l, N, E, n), b.w), STOW_TIER_PINNED,
+            "%.4g B x %s", b.w,
+            params_desc (host, pbuf, sizeof pbuf, l, N, E, n, SHARDS_ALWAYS));
       return;
     }
-
-  gboolean full_grads = FALSE;
-  b = engine_bpp (ms->m, t, l, &full_grads, &dfa_grad_shards);
-  if (full_grads)
-    gdiv = 1;
-
-  /* Weights on the device.  Offloaded parameters keep no resident copy:
-   * the working set they are gathered into is the engine's buffer. */
-  if (off_par)
+  guint64 shard = stow_bytes (sharded_params (l, N, E, n), b.w);
+  if (l->offload_params == STOW_OFFLOAD_CPU)
     {
-      guint64 shard = stow_bytes (sharded_params (l, N, E, n), b.w);
-      if (l->offload_params == STOW_OFFLOAD_CPU)
-        {
-          if (host)
-            stow_mem_add (host, "offloaded parameters", shard, STOW_TIER_PINNED,
-                          "%.4g B x %s", b.w,
-                          params_desc (host, pbuf, sizeof pbuf, l, N, E, n,
-                                       SHARDS_ALWAYS));
-        }
-      else
-        {
-          if (nvme)
-            stow_mem_add (nvme, "offloaded parameters", shard, STOW_TIER_NVME,
-                          "%.4g B x %s", b.w,
-                          params_desc (nvme, pbuf, sizeof pbuf, l, N, E, n,
-                                       SHARDS_ALWAYS));
-          /* stowage's ranks each read their own shard of a unit (then
-           * all-gather it on the GPUs), so a staging buffer holds 1/n of
-           * the largest unit (found by the simulator). */
-          guint64 staged = l->engine == STOW_ENGINE_STOWAGE
-                               ? div_ceil (p->max_unit, n)
-                               : p->max_layer;
-          if (host)
-            stow_mem_add (host, "parameter staging buffers",
-                          PARAM_STAGING_BUFFERS * stow_bytes (staged, b.w),
-                          STOW_TIER_PINNED,
-                          "%d x %.4g B x %" G_GUINT64_FORMAT
-                          " params (the largest unit's shard)",
-                          PARAM_STAGING_BUFFERS, b.w, staged);
-          /* stowage's CPU Adam leaves the updated weights in the host
-           * gradients' place; each unit goes to the store through one
-           * aligned buffer (O_DIRECT). */
-          if (host && off_opt && l->engine == STOW_ENGINE_STOWAGE
-              && t->finetune == STOW_FINETUNE_FULL)
-            stow_mem_add (host, "parameter write buffer",
-                          stow_bytes (staged, b.w), STOW_TIER_PINNED,
-                          "%.4g B x %" G_GUINT64_FORMAT
-                          " params (the largest unit's shard)",
-                          b.w, staged);
-        }
+      if (host)
+        mem_add_term (
+            host, "offloaded parameters", shard, STOW_TIER_PINNED,
+            "%.4g B x %s", b.w,
+            params_desc (host, pbuf, sizeof pbuf, l, N, E, n, SHARDS_ALWAYS));
+      return;
     }
-  else
-    {
-      stow_mem_add (
-          dev, "parameters", stow_bytes (sharded_params (l, N, E, wdiv), b.w),
-          STOW_TIER_DEVICE, "%.4g B x %s", b.w,
-          params_desc (dev, pbuf, sizeof pbuf, l, N, E, wdiv, SHARDS_IF_SPLIT));
-      /* stowage's CPU Adam writes the updated weights (with fp32 training:
-       * updates the parameters) in host memory, from where they are
-       * copied up: the optimizer's shard of them in the training dtype. */
-      if (off_opt && host && l->engine == STOW_ENGINE_STOWAGE
-          && t->finetune == STOW_FINETUNE_FULL)
-        stow_mem_add (host, "host copy of the weights",
-                      stow_bytes (sharded_params (l, N, E, n), b.w),
-                      STOW_TIER_PINNED, "%.4g B x %s", b.w,
-                      params_desc (host, pbuf, sizeof pbuf, l, N, E, n,
-                                   SHARDS_ALWAYS));
-    }
-  if (stow_mem_te_fp8_layers (t, l))
-    te_fp8_state (ms, p, dev);
+  if (nvme)
+    mem_add_term (
+        nvme, "offloaded parameters", shard, STOW_TIER_NVME, "%.4g B x %s", b.w,
+        params_desc (nvme, pbuf, sizeof pbuf, l, N, E, n, SHARDS_ALWAYS));
+  guint64 staged = es->unit_slots ? div_ceil (p->max_unit, n) : p->max_layer;
+  if (host)
+    mem_add_term (
+        host, "parameter staging buffers",
+        PARAM_STAGING_BUFFERS * stow_bytes (staged, b.w), STOW_TIER_PINNED,
+        "%d x %.4g B x %" G_GUINT64_FORMAT " params (the largest unit's shard)",
+        PARAM_STAGING_BUFFERS, b.w, staged);
+  if (host && s->off_opt && es->cpu_optimizer_writes_weights
+      && t->finetune == STOW_FINETUNE_FULL)
+    mem_add_term (host, "parameter write buffer", stow_bytes (staged, b.w),
+                  STOW_TIER_PINNED,
+                  "%.4g B x %" G_GUINT64_FORMAT
+                  " params (the largest unit's shard)",
+                  b.w, staged);
+}
 
-  /* Gradients on the device.  A layer's full gradients exist before they
-   * are reduce-scattered (ZeRO >= 2) or copied to the host (offload): two
-   * layer slots, one being produced and one in flight.  DeepSpeed uses its
-   * reduce buckets instead (charged with the engine's buffers). */
-  /* stowage gathers and reduces the embedding and the output layer
-   * through the same slots as the layers. */
-  guint64 slot_params
-      = l->engine == STOW_ENGINE_STOWAGE ? p->max_unit : p->max_layer;
+/* Gradients on the device.  A layer's full gradients exist before they
+ * are reduce-scattered (ZeRO >= 2) or copied to the host (offload): two
+ * layer slots, one being produced and one in flight, unless the engine
+ * reduces through its buckets (charged with the engine's buffers). */
+static void
+gradient_states (States *s)
+{
+  Model *ms = s->ms;
+  const StowLayout *l = ms->l;
+  const StowTraining *t = ms->t;
+  const StageParams *p = s->p;
+  const EngineStates *es = s->es;
+  Bpp b = s->b;
+  guint64 N = s->N, E = s->E, gdiv = s->gdiv, odiv = s->odiv;
+  GArray *dev = s->dev;
+  char pbuf[160];
+
+  guint64 slot_params = es->unit_slots ? p->max_unit : p->max_layer;
   guint64 slots = MIN (2, MAX (p->layers, 1)) * stow_bytes (slot_params, b.g);
-  gboolean bucketed = l->engine == STOW_ENGINE_DEEPSPEED;
-  if (off_opt || off_par)
+  gboolean bucketed = es->reduce_buckets;
+  if (s->off_opt || s->off_par)
     {
       if (!bucketed)
-        stow_mem_add (dev, "gradient slots", slots, STOW_TIER_DEVICE,
+        mem_add_term (dev, "gradient slots", slots, STOW_TIER_DEVICE,
                       "%" G_GUINT64_FORMAT
                       " layers x %.4g B x %" G_GUINT64_FORMAT
                       " params of the largest layer",
@@ -997,8 +1244,8 @@ model_states (Model *ms, const StageParams *p, GArray *dev,
       /* Parameters offloaded but the optimizer on the GPU: the reduced
        * gradient shard stays on the device for the step (found by the
        * simulator: nothing else held it). */
-      if (!off_opt)
-        stow_mem_add (dev, "gradients",
+      if (!s->off_opt)
+        mem_add_term (dev, "gradients",
                       stow_bytes (sharded_params (l, N, E, gdiv), b.g),
                       STOW_TIER_DEVICE, "%.4g B x %s", b.g,
                       params_desc (dev, pbuf, sizeof pbuf, l, N, E, gdiv,
@@ -1009,105 +1256,198 @@ model_states (Model *ms, const StageParams *p, GArray *dev,
       /* Each parameter is stepped and its gradient freed as soon as it is
        * produced: one tensor's gradient at a time, the largest module's. */
       guint64 ll = MIN (N, ms->m->largest_module_params / l->tp);
-      stow_mem_add (dev, "gradients", stow_bytes (ll, b.g), STOW_TIER_DEVICE,
+      mem_add_term (dev, "gradients", stow_bytes (ll, b.g), STOW_TIER_DEVICE,
                     "%.4g B x %" G_GUINT64_FORMAT
                     " params of the largest module (optimizer in backward)",
                     b.g, ll);
     }
   else
     {
-      stow_mem_add (
+      mem_add_term (
           dev, "gradients", stow_bytes (sharded_params (l, N, E, gdiv), b.g),
           STOW_TIER_DEVICE, "%.4g B x %s", b.g,
           params_desc (dev, pbuf, sizeof pbuf, l, N, E, gdiv, SHARDS_IF_SPLIT));
       if (gdiv > 1 && !bucketed)
-        stow_mem_add (dev, "gradient slots", slots, STOW_TIER_DEVICE,
+        mem_add_term (dev, "gradient slots", slots, STOW_TIER_DEVICE,
                       "%" G_GUINT64_FORMAT
                       " layers x %.4g B x %" G_GUINT64_FORMAT
                       " params before reduce-scatter",
                       MIN (2, MAX (p->layers, 1)), b.g, slot_params);
     }
-  if (l->engine == STOW_ENGINE_DEEPSPEED && t->precision != STOW_PRECISION_FP32
-      && !off_opt)
-    stow_mem_add (
+  if (es->fp32_grad_partition_note && t->precision != STOW_PRECISION_FP32
+      && !s->off_opt)
+    mem_add_term (
         dev, "fp32 gradient partition", sharded_params (l, N, E, odiv) * 4,
-        STOW_TIER_DEVICE,
-        "4 B x %s (DeepSpeed upcasts gradients before the step)",
-        params_desc (dev, pbuf, sizeof pbuf, l, N, E, odiv, SHARDS_BARE));
-  if (dfa_grad_shards && !off_opt)
-    stow_mem_add (
+        STOW_TIER_DEVICE, "4 B x %s%s",
+        params_desc (dev, pbuf, sizeof pbuf, l, N, E, odiv, SHARDS_BARE),
+        es->fp32_grad_partition_note);
+  if (ms->dfa && !s->off_opt)
+    mem_add_term (
         dev, "gradient shards",
         stow_bytes (sharded_params (l, N, E, odiv), b.g), STOW_TIER_DEVICE,
-        "%.4g B x %s (Apex DistributedFusedAdam keeps each "
-        "bucket's reduce-scattered shard for the step)",
-        b.g, params_desc (dev, pbuf, sizeof pbuf, l, N, E, odiv, SHARDS_BARE));
+        "%.4g B x %s%s", b.g,
+        params_desc (dev, pbuf, sizeof pbuf, l, N, E, odiv, SHARDS_BARE),
+        es->distributed_adam.grad_shards_note);
+}
 
-  /* Master weights and optimizer states. */
-  if (!off_opt)
+/* Master weights and optimizer states: on the device, or with the CPU
+ * optimizer in host memory (and the gradients it reads), or swapped to
+ * NVMe through pinned buffers. */
+static void
+optimizer_states (States *s)
+{
+  Model *ms = s->ms;
+  const StowLayout *l = ms->l;
+  const StowTraining *t = ms->t;
+  const EngineStates *es = s->es;
+  Bpp b = s->b;
+  guint64 N = s->N, E = s->E, n = ms->n;
+  GArray *dev = s->dev, *host = s->host, *nvme = s->nvme;
+  char pbuf[160];
+
+  if (!s->off_opt)
     {
-      guint64 sharded = sharded_params (l, N, E, odiv);
-      params_desc (dev, pbuf, sizeof pbuf, l, N, E, odiv, SHARDS_IF_SPLIT);
-      stow_mem_add (dev, "master weights", stow_bytes (sharded, b.master),
+      guint64 sharded = sharded_params (l, N, E, s->odiv);
+      params_desc (dev, pbuf, sizeof pbuf, l, N, E, s->odiv, SHARDS_IF_SPLIT);
+      mem_add_term (dev, "master weights", stow_bytes (sharded, b.master),
                     STOW_TIER_DEVICE, "%.4g B x %s%s", b.master, pbuf,
-                    dfa_grad_shards && b.master < 4
-                        ? " (int16 remainders of the bf16 weights: Apex's "
-                          "store_param_remainders)"
-                        : "");
-      stow_mem_add (dev, "optimizer states", stow_bytes (sharded, b.opt),
+                    ms->dfa && b.master < 4 ? es->distributed_adam.master_note
+                                            : "");
+      mem_add_term (dev, "optimizer states", stow_bytes (sharded, b.opt),
                     STOW_TIER_DEVICE, "%.4g B x %s (%s)", b.opt, pbuf,
                     stow_optimizer_name (t->optimizer));
+      return;
     }
-  else
+  guint64 shard = sharded_params (l, N, E, n);
+  params_desc (host ? host : dev, pbuf, sizeof pbuf, l, N, E, n, SHARDS_ALWAYS);
+  double gb = es->offloaded_grad_bytes > 0 ? es->offloaded_grad_bytes : b.g;
+  StowTier tier = es->offloaded_pageable ? STOW_TIER_HOST : STOW_TIER_PINNED;
+  if (host)
+    mem_add_term (host, "offloaded gradients", stow_bytes (shard, gb), tier,
+                  "%.4g B x %s", gb, pbuf);
+  if (l->offload_optimizer == STOW_OFFLOAD_CPU)
     {
-      guint64 shard = sharded_params (l, N, E, n);
-      params_desc (host ? host : dev, pbuf, sizeof pbuf, l, N, E, n,
-                   SHARDS_ALWAYS);
-      /* The CPU optimizer reads the gradients from host memory: bf16 for
-       * stowage's CPU Adam, fp32 for DeepSpeed's. */
-      double gb = l->engine == STOW_ENGINE_DEEPSPEED ? 4.0 : b.g;
-      StowTier tier = l->engine == STOW_ENGINE_DEEPSPEED ? STOW_TIER_HOST
-                                                         : STOW_TIER_PINNED;
       if (host)
-        stow_mem_add (host, "offloaded gradients", stow_bytes (shard, gb), tier,
-                      "%.4g B x %s", gb, pbuf);
-      if (l->offload_optimizer == STOW_OFFLOAD_CPU)
-        {
-          if (host)
-            stow_mem_add (host, "master weights and optimizer states",
-                          stow_bytes (shard, b.master + b.opt), tier,
-                          "%.4g B x %s", b.master + b.opt, pbuf);
-        }
-      else
-        {
-          if (nvme)
-            stow_mem_add (nvme, "master weights and optimizer states",
-                          stow_bytes (shard, b.master + b.opt), STOW_TIER_NVME,
-                          "%.4g B x %s", b.master + b.opt,
-                          params_desc (nvme, pbuf, sizeof pbuf, l, N, E, n,
-                                       SHARDS_ALWAYS));
-          /* Three swap buffers: read i+1, update i, write i-1. */
-          guint64 sp = MIN (shard, ms->o->swap_shard_params);
-          if (l->engine == STOW_ENGINE_DEEPSPEED)
-            sp = MIN (shard, DS_SUB_GROUP_PARAMS);
-          guint64 nbuf = l->engine == STOW_ENGINE_DEEPSPEED ? DS_SWAP_BUFFERS : 3;
-          /* stowage cuts the shard into chunks of sp and keeps at most
-           * three in flight: a shard of one or two chunks needs only those
-           * (found by the simulator). */
-          guint64 swapped = nbuf * sp;
-          if (l->engine == STOW_ENGINE_STOWAGE)
-            {
-              nbuf = MIN (nbuf, div_ceil (shard, sp));
-              swapped = MIN (shard, nbuf * sp);
-            }
-          if (host)
-            stow_mem_add (
-                host, "optimizer swap buffers",
-                stow_bytes (swapped, b.master + b.opt), STOW_TIER_PINNED,
-                "%" G_GUINT64_FORMAT " buffers x %.4g B, %" G_GUINT64_FORMAT
-                " params in flight (chunks of %" G_GUINT64_FORMAT ")",
-                nbuf, b.master + b.opt, swapped, sp);
-        }
+        mem_add_term (host, "master weights and optimizer states",
+                      stow_bytes (shard, b.master + b.opt), tier, "%.4g B x %s",
+                      b.master + b.opt, pbuf);
+      return;
     }
+  if (nvme)
+    mem_add_term (
+        nvme, "master weights and optimizer states",
+        stow_bytes (shard, b.master + b.opt), STOW_TIER_NVME, "%.4g B x %s",
+        b.master + b.opt,
+        params_desc (nvme, pbuf, sizeof pbuf, l, N, E, n, SHARDS_ALWAYS));
+  guint64 sp = MIN (shard, es->swap_chunk_params ? es->swap_chunk_params
+                                                 : ms->o->swap_shard_params);
+  guint64 nbuf = es->swap_buffers, swapped = nbuf * sp;
+  if (es->swap_trims)
+    {
+      nbuf = MIN (nbuf, div_ceil (shard, sp));
+      swapped = MIN (shard, nbuf * sp);
+    }
+  if (host)
+    mem_add_term (host, "optimizer swap buffers",
+                  stow_bytes (swapped, b.master + b.opt), STOW_TIER_PINNED,
+                  "%" G_GUINT64_FORMAT " buffers x %.4g B, %" G_GUINT64_FORMAT
+                  " params in flight (chunks of %" G_GUINT64_FORMAT ")",
+                  nbuf, b.master + b.opt, swapped, sp);
+}
+
+/* Model states of one stage: weights, gradients, master weights and
+ * optimizer states on the device, or offloaded, by the engine's rules
+ * (engine_states). */
+static void
+model_states (Model *ms, const StageParams *p, GArray *dev,
+              gboolean charge_host)
+{
+  const StowLayout *l = ms->l;
+  guint z = l->zero;
+  const EngineStates *es = ms->es;
+  guint64 n = ms->n;
+  States s = {
+    .ms = ms,
+    .p = p,
+    .es = es,
+    .b = ms->bpp,
+    .N = p->params,
+    .T = p->trainable,
+    .E = p->experts,
+    .wdiv = z >= es->weights_sharded_from ? n : 1,
+    .gdiv = z >= 2 ? n : 1,
+    .odiv = z >= 1 ? n : 1,
+    .off_opt = l->offload_optimizer != STOW_OFFLOAD_NONE,
+    .off_par = l->offload_params != STOW_OFFLOAD_NONE,
+    .dev = dev,
+    .host = charge_host ? ms->host : NULL,
+    .nvme = charge_host ? ms->nvme : NULL,
+  };
+
+  if (s.host && s.off_opt && es->cpu_optimizer_buffers)
+    mem_add_term (s.host, "CPU optimizer buffers",
+                  ms->o->cpu_optimizer_buffer_bytes, STOW_TIER_PINNED,
+                  "%s: %" G_GUINT64_FORMAT " B", es->cpu_optimizer_buffers,
+                  ms->o->cpu_optimizer_buffer_bytes);
+  if (ms->t->finetune != STOW_FINETUNE_FULL)
+    {
+      lora_states (&s);
+      return;
+    }
+  s.b = ms->eng_bpp;
+  if (ms->full_grads)
+    s.gdiv = 1;
+  weight_states (&s);
+  if (stow_mem_te_fp8_layers (ms->t, l))
+    te_fp8_state (ms, p, dev);
+  gradient_states (&s);
+  optimizer_states (&s);
+}
+
+/* What one micro-batch of the layout keeps, whatever the stage: each
+ * layer kind's activations and backward working set, the ends' tensors and
+ * the checkpoints.  Computed once per estimate (layer_sizes_init), not per
+ * stage. */
+static void
+layer_sizes_init (LayerSizes *z, const StowModel *m, const StowTraining *t,
+                  const StowLayout *l)
+{
+  guint64 *kind_bytes = z->kind_bytes, *kind_block = z->kind_block;
+  /* Per-layer activations by kind (dense, MoE, decoder with
+   * cross-attention); a stage sums its own layers.  Kinds the model does
+   * not have cost nothing to skip. */
+  for (int k = 0; k < STOW_N_LAYER_KINDS; k++)
+    {
+      if ((k == STOW_LAYER_MOE && m->n_experts == 0)
+          || (k == STOW_LAYER_CROSS && m->n_encoder_layers == 0))
+        {
+          kind_block[k] = kind_block[STOW_LAYER_DENSE];
+          kind_bytes[k] = kind_bytes[STOW_LAYER_DENSE];
+          continue;
+        }
+      guint64 block, core;
+      stow_mem_layer_activation_parts (m, t, l, (StowLayerKind)k, &block,
+                                       &core);
+      if (l->recompute == STOW_RECOMPUTE_SELECTIVE && !t->flash_attention)
+        core = 0;
+      kind_block[k] = block;
+      if (stow_mem_te_fp8_layers (t, l))
+        {
+          /* The gradients of the activations are 16-bit where TE saved
+           * fp8 copies of them: size the working set as in bf16. */
+          StowTraining t16 = *t;
+          guint64 core16;
+          t16.precision = STOW_PRECISION_BF16;
+          stow_mem_layer_activation_parts (m, &t16, l, (StowLayerKind)k,
+                                           &kind_block[k], &core16);
+        }
+      kind_bytes[k] = block + core;
+    }
+  stow_mem_end_sizes (m, t, l, &z->input, &z->logits, &z->loss_grad);
+  z->ckpt = stow_mem_checkpoint_bytes (m, t, l);
+  z->op_bytes = l->recompute == STOW_RECOMPUTE_OP
+                    ? stow_mem_op_checkpoint_bytes (m, t, l)
+                    : 0;
 }
 
 /* Interleaved 1F1B: the model chunks @stage has run forward when its
@@ -1141,13 +1481,28 @@ in_flight (const StowLayout *l, guint stage)
   return (double)MIN (m, p - stage); /* 1F1B: stage i holds p - i */
 }
 
+/* Before backward k (< p v) of a stage that has run w + k forwards: the
+ * micro-batches whose forward through the chunk placed at @fwd_at of a
+ * period has run, less those whose backward through it (at @bwd_at) has. */
+static gint64
+chunk_forwards_ahead (gint64 w, gint64 k, gint64 p, gint64 pv, gint64 fwd_at,
+                      gint64 bwd_at)
+{
+  gint64 f = (w + k) / pv * p + CLAMP ((w + k) % pv - fwd_at, 0, p);
+  gint64 b = k / pv * p + CLAMP (k % pv - bwd_at, 0, p);
+  return f - b;
+}
+
 /* Interleaved 1F1B: the most micro-batches whose forward through model
  * chunk @chunk has run on @stage and whose backward has not.  Megatron's
  * order runs groups of p micro-batches through the chunks in turn, and
  * backward the same with the chunks reversed; before backward k the stage
- * has run w + k forwards (w: interleaved_warmup).  Both
- * counts grow by p every p v steps, so one period of the steady state
- * holds the largest difference. */
+ * has run w + k forwards (w: interleaved_warmup).  Both counts grow by p
+ * every p v steps, so one period of the steady state holds the largest
+ * difference.  In k the difference is piecewise linear: each count is flat,
+ * grows by one a step, or (the forwards, at a period's end) jumps.  So its
+ * largest value is at an end of a piece, and those ends are all the k the
+ * search needs to look at, not the p v of a period. */
 static guint64
 interleaved_chunk_in_flight (const StowLayout *l, guint stage, guint chunk)
 {
@@ -1155,13 +1510,38 @@ interleaved_chunk_in_flight (const StowLayout *l, guint stage, guint chunk)
   gint64 n = m * v, pv = p * v;
   gint64 w = (gint64)interleaved_warmup (l, stage);
   gint64 fwd_at = (gint64)chunk * p, bwd_at = (v - 1 - chunk) * p, best = 0;
-  for (gint64 k = 0; k <= n - w && k < pv; k++)
-    {
-      gint64 f = (w + k) / pv * p + CLAMP ((w + k) % pv - fwd_at, 0, p);
-      gint64 b = k / pv * p + CLAMP (k % pv - bwd_at, 0, p);
-      best = MAX (best, f - b);
-    }
+  gint64 last = MIN (n - w, pv - 1);
+  /* k where the forwards' period holding w + 0 begins (<= 0) */
+  gint64 q = w / pv * pv - w;
+  gint64 ends[] = { 0,
+                    last,
+                    bwd_at,
+                    bwd_at + p,
+                    q + fwd_at,
+                    q + fwd_at + p,
+                    q + pv - 1,
+                    q + pv,
+                    q + pv + fwd_at,
+                    q + pv + fwd_at + p };
+  /* A period no longer than the list of ends is cheaper walked. */
+  if (last < (gint64)G_N_ELEMENTS (ends))
+    for (gint64 k = 0; k <= last; k++)
+      best = MAX (best, chunk_forwards_ahead (w, k, p, pv, fwd_at, bwd_at));
+  else
+    for (guint i = 0; i < G_N_ELEMENTS (ends); i++)
+      if (ends[i] >= 0 && ends[i] <= last)
+        best = MAX (best,
+                    chunk_forwards_ahead (w, ends[i], p, pv, fwd_at, bwd_at));
   return (guint64)MIN (best, m);
+}
+
+/* Of a stage's first @x layers, those that store their activations when
+ * the first @k of every @run are recomputed. */
+static guint64
+stored_layers (guint64 x, guint64 run, guint64 k)
+{
+  guint64 kept = k < run ? run - k : 0, rest = x % run;
+  return x / run * kept + (rest > k ? rest - k : 0);
 }
 
 static void
@@ -1171,41 +1551,10 @@ activations (Model *ms, const StageParams *p, guint stage, GArray *dev,
   const StowModel *m = ms->m;
   const StowTraining *t = ms->t;
   const StowLayout *l = ms->l;
-  /* Per-layer activations by kind (dense, MoE, decoder with
-   * cross-attention); the stage sums its own layers.  Kinds the model does
-   * not have cost nothing to skip (the search calls this per layout). */
-  guint64 kind_bytes[STOW_N_LAYER_KINDS], kind_block[STOW_N_LAYER_KINDS];
-  for (int k = 0; k < STOW_N_LAYER_KINDS; k++)
-    {
-      if ((k == STOW_LAYER_MOE && m->n_experts == 0)
-          || (k == STOW_LAYER_CROSS && m->n_encoder_layers == 0))
-        {
-          kind_block[k] = kind_block[STOW_LAYER_DENSE];
-          kind_bytes[k] = kind_bytes[STOW_LAYER_DENSE];
-          continue;
-        }
-      guint64 block, core;
-      stow_mem_layer_activation_parts (m, t, l, (StowLayerKind)k, &block,
-                                       &core);
-      if (l->recompute == STOW_RECOMPUTE_SELECTIVE && !t->flash_attention)
-        core = 0;
-      kind_block[k] = block;
-      if (stow_mem_te_fp8_layers (t, l))
-        {
-          /* The gradients of the activations are 16-bit where TE saved
-           * fp8 copies of them: size the working set as in bf16. */
-          StowTraining t16 = *t;
-          guint64 core16;
-          t16.precision = STOW_PRECISION_BF16;
-          stow_mem_layer_activation_parts (m, &t16, l, (StowLayerKind)k,
-                                           &kind_block[k], &core16);
-        }
-      kind_bytes[k] = block + core;
-    }
+  const LayerSizes *z = &ms->sizes;
   double mb = in_flight (l, stage);
-  guint64 input, lg, dh;
-  stow_mem_end_sizes (m, t, l, &input, &lg, &dh);
-  guint64 ckpt = stow_mem_checkpoint_bytes (m, t, l);
+  guint64 input = z->input, lg = z->logits, dh = z->loss_grad;
+  guint64 ckpt = z->ckpt;
   guint64 n_full_recompute
       = stow_layout_recomputed_layers (l, m->n_layers, p->layers);
   guint64 n_stored = p->layers - n_full_recompute;
@@ -1221,22 +1570,27 @@ activations (Model *ms, const StageParams *p, guint stage, GArray *dev,
   guint64 ckpt_prefetch = 0;
   /* Selective op checkpointing stores what its policy saves of every
    * layer and rebuilds the rest of one layer at a time in backward. */
-  guint64 op_bytes = l->recompute == STOW_RECOMPUTE_OP
-                         ? stow_mem_op_checkpoint_bytes (m, t, l)
-                         : 0;
-  for (guint64 i = p->first_layer; i < p->first_layer + p->layers; i++)
+  guint64 op_bytes = z->op_bytes;
+  guint64 end = p->first_layer + p->layers;
+  const LayerRun *rb, *re;
+  layer_runs_of (ms->lt, p->first_layer, p->layers, &rb, &re);
+  for (const LayerRun *r = rb; r < re; r++)
     {
-      StowLayerKind k = stow_mem_layer_kind (m, i);
-      if ((i - p->first_layer) % MAX (run, 1) >= k_run)
-        stored_bytes
-            += op_bytes ? MIN (op_bytes, kind_bytes[k]) : kind_bytes[k];
-      full = MAX (full, kind_bytes[k]);
-      block = MAX (block, kind_block[k]);
+      StowLayerKind k = r->kind;
+      guint64 lo = MAX (r->first, p->first_layer) - p->first_layer;
+      guint64 hi = MIN (r->first + r->count, end) - p->first_layer;
+      guint64 stored = stored_layers (hi, MAX (run, 1), k_run)
+                       - stored_layers (lo, MAX (run, 1), k_run);
+      stored_bytes
+          += stored
+             * (op_bytes ? MIN (op_bytes, z->kind_bytes[k]) : z->kind_bytes[k]);
+      full = MAX (full, z->kind_bytes[k]);
+      block = MAX (block, z->kind_block[k]);
     }
 
   if (n_stored > 0)
-    stow_mem_add (
-        dev, "activations", (guint64)llround ((double)stored_bytes * mb),
+    mem_add_term (
+        dev, "activations", stow_mem_round ((double)stored_bytes * mb),
         STOW_TIER_DEVICE,
         "%.4g micro-batches in flight x %" G_GUINT64_FORMAT
         " layers, %" G_GUINT64_FORMAT " B per micro-batch (%s%s%s)",
@@ -1252,7 +1606,7 @@ activations (Model *ms, const StageParams *p, guint stage, GArray *dev,
       /* Backward rebuilds one layer's unsaved tensors beside its saved
        * ones. */
       rebuilt_extra = full - MIN (op_bytes, full);
-      stow_mem_add (dev, "recomputed layer", rebuilt_extra, STOW_TIER_DEVICE,
+      mem_add_term (dev, "recomputed layer", rebuilt_extra, STOW_TIER_DEVICE,
                     "one layer's activations rebuilt during backward: "
                     "%" G_GUINT64_FORMAT " B less the %" G_GUINT64_FORMAT
                     " B selective op checkpointing kept",
@@ -1260,7 +1614,7 @@ activations (Model *ms, const StageParams *p, guint stage, GArray *dev,
     }
   if (n_full_recompute > 0)
     {
-      guint64 bytes = (guint64)llround ((double)(ckpt * n_full_recompute) * mb);
+      guint64 bytes = stow_mem_round ((double)(ckpt * n_full_recompute) * mb);
       if (l->offload_activations)
         {
           /* Checkpoints go to pinned host memory; the device keeps two
@@ -1273,20 +1627,20 @@ activations (Model *ms, const StageParams *p, guint stage, GArray *dev,
            * stage). */
           guint64 kept = l->engine == STOW_ENGINE_STOWAGE ? 1 : 2;
           ckpt_prefetch = MIN (kept * ckpt, bytes) - MIN (ckpt, bytes);
-          stow_mem_add (dev, "activation checkpoints",
+          mem_add_term (dev, "activation checkpoints",
                         MIN (kept * ckpt, bytes), STOW_TIER_DEVICE,
                         "%" G_GUINT64_FORMAT " layers x %" G_GUINT64_FORMAT
                         " B (rest offloaded)",
                         kept, ckpt);
           if (charge_host)
-            stow_mem_add (ms->host, "activation checkpoints", bytes,
+            mem_add_term (ms->host, "activation checkpoints", bytes,
                           STOW_TIER_PINNED,
                           "%.4g micro-batches x %" G_GUINT64_FORMAT
                           " layers x %" G_GUINT64_FORMAT " B",
                           mb, n_full_recompute, ckpt);
         }
       else
-        stow_mem_add (dev, "activation checkpoints", bytes, STOW_TIER_DEVICE,
+        mem_add_term (dev, "activation checkpoints", bytes, STOW_TIER_DEVICE,
                       "%.4g micro-batches in flight x %" G_GUINT64_FORMAT
                       " layers x s b h elements = %" G_GUINT64_FORMAT " B",
                       mb, n_full_recompute, ckpt);
@@ -1296,7 +1650,7 @@ activations (Model *ms, const StageParams *p, guint stage, GArray *dev,
        * adds what it exceeds them by (found by the simulator). */
       guint64 rebuilt = full - MIN (ckpt, full);
       rebuilt_extra = rebuilt > stored_bytes ? rebuilt - stored_bytes : 0;
-      stow_mem_add (
+      mem_add_term (
           dev, "recomputed layer", rebuilt_extra, STOW_TIER_DEVICE,
           "one layer's activations rebuilt during backward: %" G_GUINT64_FORMAT
           " B less its checkpoint, less the %" G_GUINT64_FORMAT
@@ -1305,7 +1659,7 @@ activations (Model *ms, const StageParams *p, guint stage, GArray *dev,
     }
   /* Backward of a layer holds the gradients of its activations while the
    * saved ones are still alive: about one layer's worth. */
-  stow_mem_add (dev, "backward working set", block, STOW_TIER_DEVICE,
+  mem_add_term (dev, "backward working set", block, STOW_TIER_DEVICE,
                 "gradients of one layer's activations: %" G_GUINT64_FORMAT " B",
                 block);
   ms->after_forward = block + rebuilt_extra;
@@ -1319,8 +1673,8 @@ activations (Model *ms, const StageParams *p, guint stage, GArray *dev,
       double mb_in = mb;
       if (l->schedule == STOW_SCHEDULE_INTERLEAVED)
         mb_in = (double)interleaved_chunk_in_flight (l, stage, 0);
-      stow_mem_add (dev, "input ids and embeddings",
-                    (guint64)llround ((double)input * mb_in), STOW_TIER_DEVICE,
+      mem_add_term (dev, "input ids and embeddings",
+                    stow_mem_round ((double)input * mb_in), STOW_TIER_DEVICE,
                     "%.4g micro-batches x (8 s b + %.0f s b h)", mb_in,
                     stow_mem_residual_bytes (t, l));
     }
@@ -1345,7 +1699,7 @@ activations (Model *ms, const StageParams *p, guint stage, GArray *dev,
       guint64 last = lg > bwd ? lg - others : dh;
       ms->after_forward += last;
       if (stow_mem_fused_head_loss (t, l))
-        stow_mem_add (dev, "logits and loss", (nlog - 1) * lg + last,
+        mem_add_term (dev, "logits and loss", (nlog - 1) * lg + last,
                       STOW_TIER_DEVICE,
                       "%" G_GUINT64_FORMAT " micro-batches x %" G_GUINT64_FORMAT
                       " B (the fused loss's chunk: 4 B x %" G_GUINT64_FORMAT
@@ -1356,11 +1710,11 @@ activations (Model *ms, const StageParams *p, guint stage, GArray *dev,
                       nlog, lg,
                       stow_loss_chunk_tokens (
                           m->vocab / l->tp,
-                          (guint64)llround ((double)stow_mem_decoder_seq (m, t)
-                                            / l->cp * (double)l->micro_batch)),
+                          stow_mem_round ((double)stow_mem_decoder_seq (m, t)
+                                          / l->cp * (double)l->micro_batch)),
                       bwd, lg, bwd, others);
       else
-        stow_mem_add (dev, "logits and loss", (nlog - 1) * lg + last,
+        mem_add_term (dev, "logits and loss", (nlog - 1) * lg + last,
                       STOW_TIER_DEVICE,
                       "%" G_GUINT64_FORMAT " micro-batches x %" G_GUINT64_FORMAT
                       " B (%.4g B x s b V / tp%s), the last only beyond its "
@@ -1375,7 +1729,7 @@ activations (Model *ms, const StageParams *p, guint stage, GArray *dev,
                       bwd, lg, bwd, others);
     }
   if (stow_mem_autocast (t, l) && t->finetune == STOW_FINETUNE_FULL)
-    stow_mem_add (
+    mem_add_term (
         dev, "autocast weight copies", 2 * p->params, STOW_TIER_DEVICE,
         "2 B x %" G_GUINT64_FORMAT " params: 16-bit casts saved for backward",
         p->params);
@@ -1386,15 +1740,19 @@ activations (Model *ms, const StageParams *p, guint stage, GArray *dev,
  * layer's activations as it creates that layer's gradients, so the peak
  * holds max(A, G) of the two, not A + G.  The "gradients" term keeps only
  * what G adds beyond the activations it replaces. */
+static gboolean
+frees_gradients (const Model *ms)
+{
+  const StowLayout *l = ms->l;
+  gboolean enabled = ms->o->free_grads >= 0 ? ms->o->free_grads
+                                            : ms->es->frees_gradients;
+  return enabled && l->grad_accum <= 1 && !ms->t->optimizer_in_backward;
+}
+
 static void
 free_gradients (Model *ms, GArray *dev)
 {
-  const StowLayout *l = ms->l;
-  gboolean enabled = ms->o->free_grads >= 0
-                         ? ms->o->free_grads
-                         : (l->engine == STOW_ENGINE_PYTORCH
-                            || l->engine == STOW_ENGINE_FSDP);
-  if (!enabled || l->grad_accum > 1 || ms->t->optimizer_in_backward)
+  if (!frees_gradients (ms))
     return;
   if (is_sink (dev))
     {
@@ -1441,7 +1799,7 @@ engine_buffers (Model *ms, const StageParams *p, GArray *dev)
   const StowModel *m = ms->m;
   guint64 N = p->params;
   gboolean multi = ms->n > 1;
-  Bpp b = full_bpp (m, ms->t);
+  Bpp b = ms->bpp;
   guint64 slots = MIN (2, MAX (p->layers, 1));
 
   switch (l->engine)
@@ -1459,7 +1817,7 @@ engine_buffers (Model *ms, const StageParams *p, GArray *dev)
         guint64 nreduce = l->zero <= 2 && overlap ? 2 : 1;
         guint64 reduce = ms->o->reduce_bucket_elements;
         if (l->zero >= 1)
-          stow_mem_add (dev, "reduce buckets",
+          mem_add_term (dev, "reduce buckets",
                         stow_bytes (nreduce * reduce, wb), STOW_TIER_DEVICE,
                         "%" G_GUINT64_FORMAT
                         " x reduce_bucket_size %" G_GUINT64_FORMAT
@@ -1482,7 +1840,7 @@ engine_buffers (Model *ms, const StageParams *p, GArray *dev)
             guint64 prefetch = ms->o->prefetch_bucket_elements;
             guint64 reuse = ms->o->reuse_distance_elements / 2;
             guint64 live = MIN (N, MAX (reuse, turn) + prefetch);
-            stow_mem_add (
+            mem_add_term (
                 dev, "gathered parameters", stow_bytes (live, wb),
                 STOW_TIER_DEVICE,
                 "%.4g B x min(%" G_GUINT64_FORMAT
@@ -1505,7 +1863,7 @@ engine_buffers (Model *ms, const StageParams *p, GArray *dev)
                 && staged > ms->after_forward)
               extra = staged - ms->after_forward;
             if (l->offload_params != STOW_OFFLOAD_NONE)
-              stow_mem_add (dev, "gather transients", MAX (copy, extra),
+              mem_add_term (dev, "gather transients", MAX (copy, extra),
                             STOW_TIER_DEVICE,
                             "max(%" G_GUINT64_FORMAT
                             " B: the prefetch bucket cut out of its flat "
@@ -1515,7 +1873,7 @@ engine_buffers (Model *ms, const StageParams *p, GArray *dev)
                             " B that exist only after the forward)",
                             copy, staged, ms->after_forward);
             else
-              stow_mem_add (dev, "gather transients", copy, STOW_TIER_DEVICE,
+              mem_add_term (dev, "gather transients", copy, STOW_TIER_DEVICE,
                             "prefetch bucket %" G_GUINT64_FORMAT
                             " x %.4g B cut out of its flat buffer",
                             prefetch, wb);
@@ -1528,8 +1886,7 @@ engine_buffers (Model *ms, const StageParams *p, GArray *dev)
       /* What passes through the two slots: every unit, or with every
        * layer of the stage resident, only the embedding and output
        * layer. */
-      guint64 slot_unit
-          = l->engine == STOW_ENGINE_STOWAGE ? p->max_unit : p->max_layer;
+      guint64 slot_unit = ms->es->unit_slots ? p->max_unit : p->max_layer;
       double gw = stow_mem_gathered_weight_bytes (ms->t, b.w);
       if (l->engine == STOW_ENGINE_STOWAGE
           && l->offload_params != STOW_OFFLOAD_NONE
@@ -1544,7 +1901,7 @@ engine_buffers (Model *ms, const StageParams *p, GArray *dev)
            * (planner/resident.c): each a whole layer in compute
            * precision. */
           guint64 k = MIN ((guint64)l->resident_layers, p->layers);
-          stow_mem_add (dev, "resident layers",
+          mem_add_term (dev, "resident layers",
                         k * stow_bytes (p->max_layer, gw),
                         STOW_TIER_DEVICE,
                         "%" G_GUINT64_FORMAT " layers x %.4g B x %" G_GUINT64_FORMAT
@@ -1554,19 +1911,19 @@ engine_buffers (Model *ms, const StageParams *p, GArray *dev)
       if (l->zero >= 3)
         /* The layer in use and the one prefetched, gathered (or, with
          * parameter offload, streamed) in compute precision. */
-        stow_mem_add (dev, "gathered parameters",
+        mem_add_term (dev, "gathered parameters",
                       slots * stow_bytes (slot_unit, gw),
                       STOW_TIER_DEVICE,
                       "%" G_GUINT64_FORMAT " layers x %.4g B x %" G_GUINT64_FORMAT
                       " params (in use and prefetched)",
                       slots, gw, slot_unit);
       else if (l->engine == STOW_ENGINE_FSDP && l->zero == 2)
-        stow_mem_add (dev, "unsharded parameters", 2 * N, STOW_TIER_DEVICE,
+        mem_add_term (dev, "unsharded parameters", 2 * N, STOW_TIER_DEVICE,
                       "2 B x %" G_GUINT64_FORMAT
                       " params kept between forward and backward",
                       N);
       if (l->zero < 2 && multi)
-        stow_mem_add (dev, "gradient buckets", 2 * 25 * MiB, STOW_TIER_DEVICE,
+        mem_add_term (dev, "gradient buckets", 2 * 25 * MiB, STOW_TIER_DEVICE,
                       "2 x bucket_cap_mb 25 MiB");
       break;
       }
@@ -1601,19 +1958,33 @@ overheads (Model *ms, StowStageMemory *s)
   guint64 frag = stow_bytes (allocated, o->fragmentation);
   s->allocated_bytes = allocated;
   s->reserved_bytes = allocated + frag;
-  stow_mem_add (s->terms, "allocator fragmentation", frag, STOW_TIER_DEVICE,
+  mem_add_term (s->terms, "allocator fragmentation", frag, STOW_TIER_DEVICE,
                 "%.3g x %" G_GUINT64_FORMAT " B allocated "
                 "(reserved but unallocated)",
                 o->fragmentation, allocated);
-  stow_mem_add (s->terms, "cuda context", o->cuda_context_bytes,
+  mem_add_term (s->terms, "cuda context", o->cuda_context_bytes,
                 STOW_TIER_DEVICE, "per process (lazy module loading)");
-  stow_mem_add (s->terms, "library workspaces", o->workspace_bytes,
+  mem_add_term (s->terms, "library workspaces", o->workspace_bytes,
                 STOW_TIER_DEVICE, "cuBLAS / cuBLASLt");
   guint groups = communicators (ms->l);
-  stow_mem_add (s->terms, "nccl buffers",
+  mem_add_term (s->terms, "nccl buffers",
                 (guint64)groups * o->nccl_bytes_per_group, STOW_TIER_DEVICE,
                 "%u communicators x %" G_GUINT64_FORMAT " B", groups,
                 o->nccl_bytes_per_group);
+}
+
+static void
+model_init (Model *ms, const StowModel *m, const StowCluster *c,
+            const StowTraining *t, const StowLayout *l, const StowMemOptions *o,
+            const LayerTable *lt)
+{
+  memset (ms, 0, sizeof *ms);
+  ms->m = m, ms->c = c, ms->t = t, ms->l = l, ms->o = o, ms->lt = lt;
+  ms->n = shard_degree (l, c);
+  layer_sizes_init (&ms->sizes, m, t, l);
+  ms->bpp = full_bpp (m, t);
+  ms->es = engine_states_of (l->engine);
+  ms->eng_bpp = engine_bpp (m, t, l, &ms->full_grads, &ms->dfa);
 }
 
 static StowMemory *
@@ -1625,15 +1996,17 @@ estimate_stowage (const StowModel *m, const StowCluster *c,
   g_autofree guint64 *counts = g_new0 (guint64, l->pp);
   guint64 first = 0, worst = 0;
   guint worst_stage = 0;
-  Model ms = { m, c, t, l, o, shard_degree (l, c), NULL, NULL };
-  guint64 n_moe = count_moe_layers (m);
+  LayerTable lt;
+  layer_table_init (&lt, m);
+  Model ms;
+  model_init (&ms, m, c, t, l, o, &lt);
 
   stow_layout_stage_layers (l, m->n_layers, counts);
   /* Host and NVMe are charged per GPU for the stage holding the most
    * parameters, then multiplied by the GPUs of a node. */
   for (guint s = 0; s < l->pp; s++)
     {
-      StageParams p = stage_params (m, t, l, o, s, first, counts[s], n_moe);
+      StageParams p = stage_params (&lt, t, l, o, s, first, counts[s]);
       if (p.params > worst)
         worst = p.params, worst_stage = s;
       first += counts[s];
@@ -1644,7 +2017,7 @@ estimate_stowage (const StowModel *m, const StowCluster *c,
   for (guint s = 0; s < l->pp; s++)
     {
       StowStageMemory *st = &mem->stages[s];
-      StageParams p = stage_params (m, t, l, o, s, first, counts[s], n_moe);
+      StageParams p = stage_params (&lt, t, l, o, s, first, counts[s]);
       gboolean charge = s == worst_stage;
       ms.host = host;
       ms.nvme = nvme;
@@ -1664,19 +2037,20 @@ estimate_stowage (const StowModel *m, const StowCluster *c,
   for (guint i = 0; i < host->len; i++)
     {
       StowMemTerm *h = &g_array_index (host, StowMemTerm, i);
-      stow_mem_add (mem->host_terms, h->name, h->bytes * g, h->tier,
+      mem_add_term (mem->host_terms, h->name, h->bytes * g, h->tier,
                     "%u GPUs x (%s)", g, h->formula);
     }
-  stow_mem_add (mem->host_terms, "framework processes",
+  mem_add_term (mem->host_terms, "framework processes",
                 o->host_process_bytes * g, STOW_TIER_HOST,
                 "%u ranks x %" G_GUINT64_FORMAT " B", g, o->host_process_bytes);
   for (guint i = 0; i < nvme->len; i++)
     {
       StowMemTerm *n = &g_array_index (nvme, StowMemTerm, i);
-      stow_mem_add (mem->nvme_terms, n->name, n->bytes * g, n->tier,
+      mem_add_term (mem->nvme_terms, n->name, n->bytes * g, n->tier,
                     "%u GPUs x (%s)", g, n->formula);
     }
   stow_memory_finish (mem, c, o);
+  layer_table_clear (&lt);
   return mem;
 }
 
@@ -1684,19 +2058,23 @@ estimate_stowage (const StowModel *m, const StowCluster *c,
  * write into sinks (tier sums).  A stage that repeats the one before it
  * (same layer count and parameters, neither first nor last) never holds
  * more, since the micro-batches in flight do not grow with the stage index
- * (in_flight), so only the first stage of each run is evaluated. */
+ * (in_flight), so only the first stage of each run of stages is evaluated;
+ * the scratch keeps the sinks and the model's layer table (LayerTable). */
 struct _StowMemScratch
 {
   GArray *dev, *host, *nvme;
+  LayerTable lt; /* lt.m NULL: made without a model */
 };
 
 StowMemScratch *
-stow_mem_scratch_new (void)
+stow_mem_scratch_new (const StowModel *m)
 {
   StowMemScratch *s = g_new0 (StowMemScratch, 1);
   s->dev = stow_mem_sink_new ();
   s->host = stow_mem_sink_new ();
   s->nvme = stow_mem_sink_new ();
+  if (m != NULL)
+    layer_table_init (&s->lt, m);
   return s;
 }
 
@@ -1708,6 +2086,7 @@ stow_mem_scratch_free (StowMemScratch *s)
   g_array_unref (s->dev);
   g_array_unref (s->host);
   g_array_unref (s->nvme);
+  layer_table_clear (&s->lt);
   g_free (s);
 }
 
@@ -1720,50 +2099,76 @@ estimate_stowage_totals (const StowModel *m, const StowCluster *c,
   guint64 counts_stack[256];
   g_autofree guint64 *counts_heap = NULL;
   guint64 *counts = counts_stack;
-  guint64 first = 0, worst = 0, n_moe = count_moe_layers (m);
+  guint64 first = 0, worst = 0;
   guint worst_stage = 0;
-  Model ms = { m, c, t, l, o, shard_degree (l, c), NULL, NULL };
+  Model ms;
+  model_init (&ms, m, c, t, l, o, &scratch->lt);
 
   if (l->pp > G_N_ELEMENTS (counts_stack))
     counts = counts_heap = g_new0 (guint64, l->pp);
   stow_layout_stage_layers (l, m->n_layers, counts);
-  StageParams params_stack[256];
-  g_autofree StageParams *params_heap = NULL;
-  StageParams *sp = params_stack;
-  if (l->pp > G_N_ELEMENTS (params_stack))
-    sp = params_heap = g_new0 (StageParams, l->pp);
+  /* The stages to evaluate, each with its parameters and whether it
+   * repeats the stage before it (the same layer count and parameters). */
+  typedef struct
+  {
+    guint stage;
+    gboolean same_as_before;
+    StageParams p;
+  } Eval;
+  Eval eval_stack[256];
+  g_autofree Eval *eval_heap = NULL;
+  Eval *eval = eval_stack;
+  guint n_eval = 0;
+  if (l->pp > G_N_ELEMENTS (eval_stack))
+    eval = eval_heap = g_new0 (Eval, l->pp);
+  /* The run holding the first layer of the last stage whose parameters
+   * were counted. */
+  const LayerRun *run = NULL;
   for (guint s = 0; s < l->pp; s++)
     {
-      sp[s] = stage_params (m, t, l, o, s, first, counts[s], n_moe);
-      if (sp[s].params > worst)
-        worst = sp[s].params, worst_stage = s;
+      /* A middle stage as long as the one before it, both inside one run
+       * of identical layers, holds what that one holds: a repeat, which
+       * is neither counted nor evaluated. */
+      if (s > 1 && s + 1 < l->pp && counts[s] > 0 && counts[s] == counts[s - 1]
+          && first + counts[s] <= run->first + run->count)
+        {
+          first += counts[s];
+          continue;
+        }
+      Eval *e = &eval[n_eval++];
+      const StageParams *before = n_eval > 1 ? &eval[n_eval - 2].p : NULL;
+      e->stage = s;
+      e->p = stage_params (&scratch->lt, t, l, o, s, first, counts[s]);
+      e->same_as_before = s > 0 && s + 1 < l->pp && counts[s] == counts[s - 1]
+                          && e->p.params == before->params
+                          && e->p.experts == before->experts
+                          && e->p.max_layer == before->max_layer
+                          && e->p.linear == before->linear;
+      run = counts[s] > 0 ? layer_run_at (&scratch->lt, first) : NULL;
+      if (e->p.params > worst)
+        worst = e->p.params, worst_stage = s;
       first += counts[s];
     }
   GArray *dev = scratch->dev, *host = scratch->host, *nvme = scratch->nvme;
-  sink_clear (host);
-  sink_clear (nvme);
-  StageParams prev = { 0 };
+  sink_clear (host, FALSE);
+  sink_clear (nvme, FALSE);
   memset (out, 0, sizeof *out);
   ms.host = host;
   ms.nvme = nvme;
-  for (guint s = 0; s < l->pp; s++)
+  gboolean classify = frees_gradients (&ms);
+  for (guint i = 0; i < n_eval; i++)
     {
-      StageParams p = sp[s];
-      gboolean repeat = s > 0 && s + 1 < l->pp && s != worst_stage
-                        && counts[s] == counts[s - 1] && p.params == prev.params
-                        && p.experts == prev.experts
-                        && p.max_layer == prev.max_layer
-                        && p.linear == prev.linear;
-      prev = p;
-      if (repeat)
+      guint s = eval[i].stage;
+      const StageParams *p = &eval[i].p;
+      if (eval[i].same_as_before && s != worst_stage)
         continue;
       StowStageMemory st = { 0 };
-      sink_clear (dev);
+      sink_clear (dev, classify);
       st.terms = dev;
-      model_states (&ms, &p, dev, s == worst_stage);
-      activations (&ms, &p, s, dev, s == worst_stage);
+      model_states (&ms, p, dev, s == worst_stage);
+      activations (&ms, p, s, dev, s == worst_stage);
       free_gradients (&ms, dev);
-      engine_buffers (&ms, &p, dev);
+      engine_buffers (&ms, p, dev);
       overheads (&ms, &st);
       guint64 total = stow_mem_sum (dev, STOW_TIER_DEVICE);
       if (s == 0 || total > out->total_bytes)
@@ -1837,13 +2242,14 @@ stow_memory_estimate_totals_with (const StowModel *m, const StowCluster *c,
       out->fits = mem->fits;
       return TRUE;
     }
+  g_return_val_if_fail (scratch == NULL || scratch->lt.m == m, FALSE);
   if (!stow_layout_validate (l, t, m, c, error))
     return FALSE;
   if (scratch != NULL)
     estimate_stowage_totals (m, c, t, l, o, scratch, out);
   else
     {
-      g_autoptr (StowMemScratch) own = stow_mem_scratch_new ();
+      g_autoptr (StowMemScratch) own = stow_mem_scratch_new (m);
       estimate_stowage_totals (m, c, t, l, o, own, out);
     }
   return TRUE;
@@ -1882,8 +2288,24 @@ stow_mem_stage_params (const StowModel *m, const StowTraining *t,
                        const StowLayout *l, const StowMemOptions *o,
                        guint stage, guint64 first_layer, guint64 n_layers)
 {
-  return stage_params (m, t, l, o, stage, first_layer, n_layers,
-                       count_moe_layers (m));
+  LayerTable lt;
+  layer_table_init (&lt, m);
+  StageParams p = stage_params (&lt, t, l, o, stage, first_layer, n_layers);
+  layer_table_clear (&lt);
+  return p;
+}
+
+guint64
+stow_mem_largest_layer_params_on_gpu (const StowModel *m, const StowLayout *l,
+                                      StowMemScratch *scratch)
+{
+  if (scratch != NULL && scratch->lt.m == m)
+    return largest_layer_on_gpu (&scratch->lt, l);
+  LayerTable lt;
+  layer_table_init (&lt, m);
+  guint64 most = largest_layer_on_gpu (&lt, l);
+  layer_table_clear (&lt);
+  return most;
 }
 
 guint64

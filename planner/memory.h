@@ -135,13 +135,17 @@ gboolean stow_memory_estimate_totals (const StowModel *model,
                                       const StowMemOptions *options,
                                       StowMemTotals *out, GError **error);
 
-/* Sinks the totals path reuses across calls (a search holds one), so it
- * allocates nothing per layout. */
+/* What the totals path reuses across calls for one model (a search holds
+ * one): its sinks, so that it allocates nothing per layout, and the
+ * model's layer table, built once, so that no layout walks the layers.
+ * @model may be NULL (a peer convention's --params), and must outlive the
+ * scratch; the scratch serves estimates of @model only. */
 typedef struct _StowMemScratch StowMemScratch;
-StowMemScratch *stow_mem_scratch_new (void);
+StowMemScratch *stow_mem_scratch_new (const StowModel *model);
 void stow_mem_scratch_free (StowMemScratch *scratch);
 G_DEFINE_AUTOPTR_CLEANUP_FUNC (StowMemScratch, stow_mem_scratch_free)
-/* stow_memory_estimate_totals with @scratch (may be NULL). */
+/* stow_memory_estimate_totals with @scratch (may be NULL), made for
+ * @model. */
 gboolean stow_memory_estimate_totals_with (const StowModel *model,
                                            const StowCluster *cluster,
                                            const StowTraining *training,

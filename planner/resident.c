@@ -33,14 +33,14 @@ stow_layout_resolve_resident (const StowModel *m, const StowCluster *c,
   if (!stow_memory_estimate_totals (m, c, t, &none, o, &mt, error))
     return FALSE;
   l->resident_layers
-      = (guint)stow_mem_resident_from_totals (m, t, l, o, &mt);
+      = (guint)stow_mem_resident_from_totals (m, t, l, o, &mt, NULL);
   return TRUE;
 }
 
 guint64
 stow_mem_resident_from_totals (const StowModel *m, const StowTraining *t,
                                const StowLayout *l, const StowMemOptions *o,
-                               const StowMemTotals *mt)
+                               const StowMemTotals *mt, StowMemScratch *scratch)
 {
   /* The device's tensor budget: the capacity less what is not tensors
    * (context, workspaces, NCCL), less the allocator's slack on what the
@@ -61,11 +61,9 @@ stow_mem_resident_from_totals (const StowModel *m, const StowTraining *t,
    * "resident layers" hold it. */
   double w, g, master, opt;
   stow_mem_state_bytes (m, t, &w, &g, &master, &opt);
-  guint64 layer_bytes = 0, most = 0;
-  for (guint64 i = 0; i < m->n_layers; i++)
-    layer_bytes = MAX (layer_bytes, stow_bytes (stow_mem_layer_params_on_gpu (
-                                                    m, l, i),
-                                                MIN (w, 2.0)));
+  guint64 layer_bytes = stow_bytes (
+      stow_mem_largest_layer_params_on_gpu (m, l, scratch), MIN (w, 2.0));
+  guint64 most = 0;
   g_autofree guint64 *counts = g_new0 (guint64, l->pp);
   stow_layout_stage_layers (l, m->n_layers, counts);
   for (guint s = 0; s < l->pp; s++)

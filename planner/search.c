@@ -136,8 +136,8 @@ evaluate (Ctx *x, const StowLayout *l_in)
       && l->engine == STOW_ENGINE_STOWAGE
       && l->resident_layers == STOW_RESIDENT_AUTO)
     {
-      resolved.resident_layers
-          = (guint)stow_mem_resident_from_totals (x->m, x->t, l, x->mo, &mt);
+      resolved.resident_layers = (guint)stow_mem_resident_from_totals (
+          x->m, x->t, l, x->mo, &mt, x->scratch);
       if (!stow_memory_estimate_totals_with (x->m, x->c, x->t, l, x->mo,
                                              x->scratch, &mt, NULL))
         {
@@ -441,7 +441,7 @@ stow_search_run_with (const StowModel *m, const StowCluster *c,
     stow_cost_options_init (&co);
   g_autoptr (StowCostPrep) prep = stow_cost_prepare (m);
   co.prep = prep;
-  g_autoptr (StowMemScratch) scratch = stow_mem_scratch_new ();
+  g_autoptr (StowMemScratch) scratch = stow_mem_scratch_new (m);
   Ctx x = {
     m, c, t, o, &co, r, so->max_keep, scratch, pins, so->accept, so->accept_data
   };
