@@ -29,14 +29,18 @@ typedef struct
 static void
 run_row (const StowPlanOptions *po, Row *row)
 {
-  StowLayout base = po->layout;
+  StowLayout base = po->plan.layout;
   base.zero = row->zero;
   base.offload_optimizer = row->opt;
   base.offload_params = row->params;
   StowPins pins = po->pins | STOW_PIN_ZERO | STOW_PIN_OFFLOAD_OPTIMIZER
                   | STOW_PIN_OFFLOAD_PARAMS;
-  g_autoptr (StowSearch) s = stow_search_run (
-      po->model, po->cluster_obj, &po->training, &base, pins, &po->mem, 1);
+  StowPlan plan = po->plan;
+  plan.layout = base;
+  StowSearchOptions so;
+  stow_search_options_init (&so);
+  so.max_keep = 1;
+  g_autoptr (StowSearch) s = stow_search_run (&plan, pins, &so);
   row->same_lower = s->evaluated == 0 && s->same_as_lower_zero > 0;
   row->valid = s->evaluated > 0;
   row->fits = s->fits->len > 0;
@@ -78,15 +82,15 @@ deepspeed_rows (StowPlanOptions *po)
   };
   const StowCluster *c = po->cluster_obj;
   guint64 P
-      = po->mem.params_override ? po->mem.params_override : po->model->params;
-  guint64 LL = po->mem.largest_layer_override
-                   ? po->mem.largest_layer_override
+      = po->plan.mem.params_override ? po->plan.mem.params_override : po->model->params;
+  guint64 LL = po->plan.mem.largest_layer_override
+                   ? po->plan.mem.largest_layer_override
                    : (po->model ? po->model->largest_module_params : 0);
   gboolean any_fits = FALSE;
   g_autoptr (JsonBuilder) b = json_builder_new ();
   json_builder_begin_object (b);
   stow_json_set_string (b, "convention",
-                        stow_convention_name (po->mem.convention));
+                        stow_convention_name (po->plan.mem.convention));
   stow_json_set_u64 (b, "params", P);
   stow_json_set_u64 (b, "largest_layer_params", LL);
   stow_json_set_u64 (b, "nodes", c->n_nodes);
@@ -96,14 +100,13 @@ deepspeed_rows (StowPlanOptions *po)
   for (gsize i = 0; i < G_N_ELEMENTS (rows); i++)
     {
       g_autoptr (GError) error = NULL;
-      StowLayout l = po->layout;
-      StowMemOptions o = po->mem;
-      l.zero = rows[i].zero;
-      l.offload_params = rows[i].params;
-      l.offload_optimizer = rows[i].opt;
-      o.zero_init = rows[i].zero_init;
-      g_autoptr (StowMemory) mem
-          = stow_memory_estimate (po->model, c, &po->training, &l, &o, &error);
+      StowPlan plan = po->plan;
+      plan.cluster = c;
+      plan.layout.zero = rows[i].zero;
+      plan.layout.offload_params = rows[i].params;
+      plan.layout.offload_optimizer = rows[i].opt;
+      plan.mem.zero_init = rows[i].zero_init;
+      g_autoptr (StowMemory) mem = stow_memory_estimate (&plan, &error);
       if (mem == NULL)
         return stow_cli_fail (error, NULL);
       any_fits |= mem->fits;
@@ -156,15 +159,15 @@ deepspeed_rows (StowPlanOptions *po)
 int
 stow_all_offloads_run (StowPlanOptions *po)
 {
-  if (po->mem.convention == STOW_CONVENTION_DEEPSPEED_ESTIMATOR
-      || po->mem.convention == STOW_CONVENTION_DEEPSPEED_ESTIMATOR_DOCS)
+  if (po->plan.mem.convention == STOW_CONVENTION_DEEPSPEED_ESTIMATOR
+      || po->plan.mem.convention == STOW_CONVENTION_DEEPSPEED_ESTIMATOR_DOCS)
     return deepspeed_rows (po);
-  if (po->mem.convention != STOW_CONVENTION_STOWAGE)
+  if (po->plan.mem.convention != STOW_CONVENTION_STOWAGE)
     return stow_cli_failf (NULL,
                            "--all-offloads: --convention %s has no offload "
                            "choices; use stowage (default) or "
                            "deepspeed-estimator",
-                           stow_convention_name (po->mem.convention));
+                           stow_convention_name (po->plan.mem.convention));
   if (po->model == NULL)
     return stow_cli_failf (NULL, "--all-offloads needs a model (--params "
                                  "stands in only under --convention "

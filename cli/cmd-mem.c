@@ -47,13 +47,12 @@ run_mem (StowPlanOptions *po, StowReportOptions *ro, int argc, char **argv)
    * everywhere reported 1,065 GiB for llama-65b on 8 A100s). */
   g_auto (GStrv) filled
       = ro->plan == NULL ? stow_plan_options_fill_like_fit (po) : NULL;
-  g_autoptr (StowMemory) mem = stow_memory_estimate (
-      po->model, po->cluster_obj, &po->training, &po->layout, &po->mem, &error);
+  g_autoptr (StowMemory) mem = stow_memory_estimate (&po->plan, &error);
   if (mem == NULL)
     return stow_cli_fail (error, NULL);
   stow_report_options_check_plan (ro, mem);
-  StowMemoryReport r = { po->model,   po->cluster_obj, &po->training,
-                         &po->layout, &po->mem,        mem,
+  StowMemoryReport r = { po->model,   po->cluster_obj, &po->plan.training,
+                         &po->plan.layout, &po->plan.mem,        mem,
                          (const char *const *)filled };
   StowReport report = { .mem = r, .command = "mem", .fits = mem->fits };
   g_autoptr (JsonNode) node = stow_memory_report_json (&r);
@@ -159,7 +158,7 @@ alternatives (StowPlanOptions *po, gboolean host_limited, Alternatives *out)
           stow_json_set_i64 (jb, "total_bytes", (gint64)cand->total_bytes);
           json_builder_set_member_name (jb, "layout");
           json_builder_add_value (
-              jb, stow_layout_to_json (&cand->layout, &po->training));
+              jb, stow_layout_to_json (&cand->layout, &po->plan.training));
           json_builder_end_object (jb);
         }
     }
@@ -172,7 +171,7 @@ alternatives (StowPlanOptions *po, gboolean host_limited, Alternatives *out)
           = g_strdup_printf ("%" G_GUINT64_FORMAT "x%s", n, gpu->name);
       g_autoptr (StowCluster) bigger = stow_cluster_new_from_spec (spec, NULL);
       if (bigger != NULL
-          && try_alternative (po, bigger, &po->training,
+          && try_alternative (po, bigger, &po->plan.training,
                               po->pins & ~(StowPins)STOW_PIN_DP, "more_gpus",
                               "gpus", spec, spec, out))
         break;
@@ -186,7 +185,7 @@ alternatives (StowPlanOptions *po, gboolean host_limited, Alternatives *out)
     {
       /* Larger, and able to run the precision (no fp8 on an A100). */
       if ((double)cat[i]->total_bytes < 1.02 * (double)gpu->total_bytes
-          || !stow_training_check_gpu (&po->training, cat[i], NULL, NULL))
+          || !stow_training_check_gpu (&po->plan.training, cat[i], NULL, NULL))
         continue;
       StowNode node;
       stow_node_copy (&c->node, &node);
@@ -198,7 +197,7 @@ alternatives (StowPlanOptions *po, gboolean host_limited, Alternatives *out)
           = stow_cluster_new (&node, c->n_nodes, spec);
       stow_node_clear (&node);
       g_autofree char *label = g_strdup_printf ("%s in the same nodes", spec);
-      try_alternative (po, other, &po->training, po->pins, "larger_gpu", "gpus",
+      try_alternative (po, other, &po->plan.training, po->pins, "larger_gpu", "gpus",
                        spec, label, out);
     }
 
@@ -206,10 +205,10 @@ alternatives (StowPlanOptions *po, gboolean host_limited, Alternatives *out)
   static const StowFinetune modes[]
       = { STOW_FINETUNE_LORA, STOW_FINETUNE_QLORA };
   for (gsize i = 0;
-       po->training.finetune == STOW_FINETUNE_FULL && i < G_N_ELEMENTS (modes);
+       po->plan.training.finetune == STOW_FINETUNE_FULL && i < G_N_ELEMENTS (modes);
        i++)
     {
-      StowTraining t = po->training;
+      StowTraining t = po->plan.training;
       t.finetune = modes[i];
       const char *name = stow_finetune_name (modes[i]);
       g_autofree char *label = g_strdup_printf (
@@ -282,7 +281,7 @@ run_fit (StowPlanOptions *po, StowReportOptions *ro, int argc, char **argv)
                            "fit searches layouts of a real model; use "
                            "'stowage mem --params N --convention ...' for a "
                            "peer's formula");
-  if (po->mem.convention != STOW_CONVENTION_STOWAGE)
+  if (po->plan.mem.convention != STOW_CONVENTION_STOWAGE)
     return stow_cli_failf ("use 'stowage mem --convention ...'",
                            "fit uses stowage's own memory model");
   if (ro->plan == NULL)
@@ -297,13 +296,13 @@ run_fit (StowPlanOptions *po, StowReportOptions *ro, int argc, char **argv)
                              : (search->have_miss ? &search->best_miss : NULL);
   if (best == NULL)
     return stow_report_options_fail_no_layout (ro, po);
-  g_autoptr (StowMemory) mem
-      = stow_memory_estimate (po->model, po->cluster_obj, &po->training,
-                              &best->layout, &po->mem, &error);
+  StowPlan plan = po->plan;
+  plan.layout = best->layout;
+  g_autoptr (StowMemory) mem = stow_memory_estimate (&plan, &error);
   if (mem == NULL)
     return stow_cli_fail (error, NULL);
-  StowMemoryReport r = { po->model,     po->cluster_obj, &po->training,
-                         &best->layout, &po->mem,        mem };
+  StowMemoryReport r = { po->model,     po->cluster_obj, &po->plan.training,
+                         &best->layout, &po->plan.mem,        mem };
 
   g_autoptr (JsonBuilder) jb = json_builder_new ();
   g_autoptr (GPtrArray) alt_lines = g_ptr_array_new_with_free_func (g_free);

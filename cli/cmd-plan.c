@@ -175,7 +175,7 @@ run_plan (PlanArgs *a, int argc, char **argv)
   if (po->model == NULL)
     return stow_cli_failf (NULL, "plan needs a model: name one from "
                                  "'stowage models' or a config.json");
-  if (po->mem.convention != STOW_CONVENTION_STOWAGE)
+  if (po->plan.mem.convention != STOW_CONVENTION_STOWAGE)
     return stow_cli_failf ("use 'stowage mem --convention ...'",
                            "plan uses stowage's own memory model");
   stow_plan_options_default_layout (po);
@@ -191,9 +191,7 @@ run_plan (PlanArgs *a, int argc, char **argv)
   /* --explain compares the winner with the runner-up. */
   if (po->explain && so.max_keep < 2)
     so.max_keep = 2;
-  g_autoptr (StowSearch) s
-      = stow_search_run_with (po->model, po->cluster_obj, &po->training,
-                              &po->layout, po->pins, &po->mem, &so);
+  g_autoptr (StowSearch) s = stow_search_run (&po->plan, po->pins, &so);
   guint shown = MIN (s->fits->len, (guint)top);
 
   /* Everything pinned and nothing valid: say why that layout is invalid. */
@@ -201,7 +199,7 @@ run_plan (PlanArgs *a, int argc, char **argv)
    * show which rule (a pinned flag, or the global batch). */
   if (s->evaluated == 0)
     {
-      if (!stow_layout_validate (&po->layout, &po->training, po->model,
+      if (!stow_layout_validate (&po->plan.layout, &po->plan.training, po->model,
                                  po->cluster_obj, &error))
         return stow_cli_fail (
             error, strstr (error->message, "--global-batch")
@@ -237,15 +235,16 @@ run_plan (PlanArgs *a, int argc, char **argv)
       const StowLayout *chosen
           = s->fits->len ? &g_array_index (s->fits, StowCandidate, 0).layout
                          : &s->best_miss.layout;
-      g_autoptr (StowMemory) mem = stow_memory_estimate (
-          po->model, po->cluster_obj, &po->training, chosen, &po->mem, &error);
+      StowPlan plan = po->plan;
+      plan.layout = *chosen;
+      g_autoptr (StowMemory) mem = stow_memory_estimate (&plan, &error);
       if (mem == NULL)
         return stow_cli_fail (error, NULL);
       g_autofree double *tput = g_new0 (double, MAX (s->fits->len, 1));
       for (guint i = 0; i < s->fits->len; i++)
         tput[i] = g_array_index (s->fits, StowCandidate, i).cost.tokens_per_s;
-      StowReport r = { { po->model, po->cluster_obj, &po->training, chosen,
-                         &po->mem, mem },
+      StowReport r = { { po->model, po->cluster_obj, &po->plan.training, chosen,
+                         &po->plan.mem, mem },
                        "plan",
                        s,
                        s->fits->len > 0,
@@ -281,7 +280,7 @@ run_plan (PlanArgs *a, int argc, char **argv)
           stow_json_set_i64 (b, "rank", i + 1);
           json_builder_set_member_name (b, "layout");
           json_builder_add_value (
-              b, stow_layout_to_json (&c->layout, &po->training));
+              b, stow_layout_to_json (&c->layout, &po->plan.training));
           stow_json_set_i64 (b, "total_bytes", (gint64)c->total_bytes);
           stow_json_set_i64 (b, "headroom_bytes", c->headroom_bytes);
           stow_json_set_double (b, "step_time_s", c->cost.step_time_s);
@@ -318,10 +317,10 @@ run_plan (PlanArgs *a, int argc, char **argv)
   g_autoptr (GString) out = g_string_new (NULL);
   g_string_append_printf (out, "%s on %s: seq %" G_GUINT64_FORMAT,
                           po->model->name, po->cluster_obj->spec,
-                          po->training.seq_len);
-  if (po->training.global_batch)
+                          po->plan.training.seq_len);
+  if (po->plan.training.global_batch)
     g_string_append_printf (out, ", global batch %" G_GUINT64_FORMAT "\n",
-                            po->training.global_batch);
+                            po->plan.training.global_batch);
   else
     g_string_append (out, ", no --global-batch (micro-batch 1, "
                           "accumulation = pp)\n");

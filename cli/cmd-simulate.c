@@ -165,8 +165,8 @@ run (SimOptions *so, int argc, char **argv)
   /* The step program holds a few ops per layer per micro-batch: bound it
    * before lowering allocates it (--global-batch 1G at --seq 7 asked for
    * 125 million micro-batches and ran out of memory). */
-  guint64 passes = po->layout.grad_accum * (po->model->n_layers + 2);
-  if (po->layout.grad_accum > STOW_SIM_MAX_LAYER_PASSES
+  guint64 passes = po->plan.layout.grad_accum * (po->model->n_layers + 2);
+  if (po->plan.layout.grad_accum > STOW_SIM_MAX_LAYER_PASSES
       || passes > STOW_SIM_MAX_LAYER_PASSES)
     {
       char a[STOW_FORMAT_BUF], b[STOW_FORMAT_BUF];
@@ -175,27 +175,19 @@ run (SimOptions *so, int argc, char **argv)
           "simulate: %s micro-batches per step through %" G_GUINT64_FORMAT
           " layers: over the simulator's limit of %s micro-batch x layer "
           "passes (about 850,000 ops)",
-          stow_format_grouped_into (a, sizeof a, po->layout.grad_accum),
+          stow_format_grouped_into (a, sizeof a, po->plan.layout.grad_accum),
           po->model->n_layers,
           stow_format_grouped_into (b, sizeof b, STOW_SIM_MAX_LAYER_PASSES));
     }
 
-  StowLowerOptions sched;
-  stow_lower_options_init (&sched);
-  sched.layer_major = so->layer_major;
-  sched.delayed_update = so->delayed_update;
+  po->plan.lower.layer_major = so->layer_major;
+  po->plan.lower.delayed_update = so->delayed_update;
 
   gint64 t0 = g_get_monotonic_time ();
-  g_autoptr (StowProgram) prog
-      = stow_lower (po->model, po->cluster_obj, &po->training,
-                             &po->layout, &po->mem, &sched, &error);
+  g_autoptr (StowProgram) prog = stow_lower (&po->plan, &error);
   if (prog == NULL)
     return stow_cli_fail (error, NULL);
-  StowSimSetup setup = { .model = po->model,
-                         .cluster = po->cluster_obj,
-                         .training = &po->training,
-                         .layout = &po->layout };
-  g_autoptr (StowBackend) sim = stow_backend_sim_new (&setup);
+  g_autoptr (StowBackend) sim = stow_backend_sim_new (&po->plan, NULL);
   g_autoptr (StowTrace) tr = stow_program_run (prog, sim, &error);
   if (tr == NULL)
     return stow_cli_fail (error, NULL);
@@ -203,10 +195,9 @@ run (SimOptions *so, int argc, char **argv)
   /* The planner's closed-form step for the same layout, side by side. */
   StowCostOptions co;
   stow_cost_options_init (&co);
-  co.delayed_update = sched.delayed_update;
+  co.delayed_update = po->plan.lower.delayed_update;
   StowCost cost;
-  stow_cost_estimate (po->model, po->cluster_obj, &po->training, &po->layout,
-                      &co, &cost);
+  stow_cost_estimate (&po->plan, &co, &cost);
 
   /* As fit: 1 when the step does not fit the device budget. */
   gboolean exceeded

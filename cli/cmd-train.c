@@ -227,12 +227,12 @@ resolve (TrainOptions *o, StowTrainPlan *c, StowTrainConfig *run,
   StowPlanOptions *po = &o->po;
   if (!stow_plan_options_parse_shape (po, error))
     return FALSE;
-  c->layout = po->layout;
+  c->layout = po->plan.layout;
   c->pins = po->pins;
-  c->seq = po->seq ? po->training.seq_len : 256;
-  c->micro_batch = po->layout.micro_batch;
-  c->global_batch = po->training.global_batch;
-  c->precision = po->precision ? po->training.precision : STOW_PRECISION_FP32;
+  c->seq = po->seq ? po->plan.training.seq_len : 256;
+  c->micro_batch = po->plan.layout.micro_batch;
+  c->global_batch = po->plan.training.global_batch;
+  c->precision = po->precision ? po->plan.training.precision : STOW_PRECISION_FP32;
   if (c->precision != STOW_PRECISION_FP32
       && c->precision != STOW_PRECISION_BF16)
     {

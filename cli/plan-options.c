@@ -307,7 +307,7 @@ apply_host_flags (StowPlanOptions *po, GError **error)
 static gboolean
 parse_mem_options (StowPlanOptions *po, GError **error)
 {
-  StowMemOptions *o = &po->mem;
+  StowMemOptions *o = &po->plan.mem;
   stow_mem_options_init (o);
   if (po->convention
       && !stow_convention_parse (po->convention, "--convention", &o->convention,
@@ -390,7 +390,7 @@ static gboolean
 resolve_model_cluster (StowPlanOptions *po, const char *model_arg,
                        GError **error)
 {
-  StowMemOptions *o = &po->mem;
+  StowMemOptions *o = &po->plan.mem;
   /* The model: a catalog name or a config.json; --params alone only
    * under a peer convention. */
   if (model_arg != NULL)
@@ -439,8 +439,8 @@ resolve_model_cluster (StowPlanOptions *po, const char *model_arg,
 gboolean
 stow_plan_options_parse_shape (StowPlanOptions *po, GError **error)
 {
-  StowLayout *l = &po->layout;
-  StowTraining *t = &po->training;
+  StowLayout *l = &po->plan.layout;
+  StowTraining *t = &po->plan.training;
   stow_training_init (t);
   stow_layout_init (l);
   po->pins = 0;
@@ -590,11 +590,14 @@ gboolean
 stow_plan_options_resolve (StowPlanOptions *po, const char *model_arg,
                            GError **error)
 {
-  StowTraining *t = &po->training;
+  StowTraining *t = &po->plan.training;
+  stow_plan_init (&po->plan, NULL, NULL);
   if (!parse_mem_options (po, error)
       || !resolve_model_cluster (po, model_arg, error)
       || !stow_plan_options_parse_shape (po, error))
     return FALSE;
+  po->plan.model = po->model;
+  po->plan.cluster = po->cluster_obj;
   if (po->model && !stow_training_check_model (t, po->model, error))
     return FALSE;
   /* The default precision is bf16, or fp16 on a GPU without bf16 tensor
@@ -614,7 +617,7 @@ stow_plan_options_resolve (StowPlanOptions *po, const char *model_arg,
 void
 stow_plan_options_default_layout (StowPlanOptions *po)
 {
-  StowLayout *l = &po->layout;
+  StowLayout *l = &po->plan.layout;
   const StowCluster *c = po->cluster_obj;
   if (!(po->pins & STOW_PIN_DP))
     {
@@ -625,19 +628,18 @@ stow_plan_options_default_layout (StowPlanOptions *po)
     l->sp = l->tp > 1;
   if (!(po->pins & STOW_PIN_SCHEDULE) && l->vpp > 1)
     l->schedule = STOW_SCHEDULE_INTERLEAVED;
-  if (po->training.global_batch && po->grad_accum == NULL)
+  if (po->plan.training.global_batch && po->grad_accum == NULL)
     {
       guint64 per = l->micro_batch * l->dp;
-      if (per && po->training.global_batch % per == 0)
-        l->grad_accum = po->training.global_batch / per;
+      if (per && po->plan.training.global_batch % per == 0)
+        l->grad_accum = po->plan.training.global_batch / per;
     }
   else if (po->grad_accum == NULL)
     l->grad_accum = l->pp; /* enough micro-batches to fill the pipeline */
   /* Streamed layers kept resident: decided once, here, for the layout
    * every later stage (memory, time, lowering) reads. */
   if (po->model != NULL)
-    stow_layout_resolve_resident (po->model, c, &po->training, l, &po->mem,
-                                  NULL);
+    stow_plan_resolve_resident (&po->plan, NULL);
 }
 
 StowSearch *
@@ -651,9 +653,12 @@ stow_plan_options_search (const StowPlanOptions *po, const StowCluster *cluster,
   so.engines = po->search_engines;
   so.accept = po->search_accept;
   so.accept_data = po->search_accept_data;
-  return stow_search_run_with (po->model, cluster ? cluster : po->cluster_obj,
-                               training ? training : &po->training, &po->layout,
-                               pins, &po->mem, &so);
+  StowPlan plan = po->plan;
+  if (cluster != NULL)
+    plan.cluster = cluster;
+  if (training != NULL)
+    plan.training = *training;
+  return stow_search_run (&plan, pins, &so);
 }
 
 char **
@@ -685,7 +690,7 @@ stow_plan_options_fill_like_fit (StowPlanOptions *po)
   /* Several engines (--emit accelerate): the search picks one even when
    * every dimension is given. */
   gboolean engine_open = (po->search_engines & (po->search_engines - 1)) != 0;
-  if (po->model == NULL || po->mem.convention != STOW_CONVENTION_STOWAGE
+  if (po->model == NULL || po->plan.mem.convention != STOW_CONVENTION_STOWAGE
       || ((po->pins & STOW_PIN_ALL) == STOW_PIN_ALL && !engine_open))
     return NULL;
   g_autoptr (StowSearch) s
@@ -695,14 +700,14 @@ stow_plan_options_fill_like_fit (StowPlanOptions *po)
                      : (s->have_miss ? &s->best_miss : NULL);
   if (best == NULL)
     return NULL;
-  po->layout = best->layout;
+  po->plan.layout = best->layout;
   GPtrArray *names = g_ptr_array_new_with_free_func (g_free);
   for (gsize i = 0; i < G_N_ELEMENTS (dims); i++)
     {
       if (po->pins & dims[i].pin)
         continue;
       /* dimensions that had only one value to take here */
-      const StowLayout *l = &po->layout;
+      const StowLayout *l = &po->plan.layout;
       StowPins p = dims[i].pin;
       if ((p & (STOW_PIN_DP | STOW_PIN_TP | STOW_PIN_PP | STOW_PIN_CP)
            && po->cluster_obj->n_gpus == 1)
@@ -716,7 +721,7 @@ stow_plan_options_fill_like_fit (StowPlanOptions *po)
           || (p == STOW_PIN_OFFLOAD_PARAMS && l->zero != 3)
           || (p == STOW_PIN_OFFLOAD_ACTIVATIONS
               && l->recompute != STOW_RECOMPUTE_FULL)
-          || (p == STOW_PIN_MICRO_BATCH && po->training.global_batch == 0))
+          || (p == STOW_PIN_MICRO_BATCH && po->plan.training.global_batch == 0))
         continue;
       g_ptr_array_add (names, g_strdup (dims[i].name));
     }
@@ -792,8 +797,7 @@ int
 stow_plan_options_fail_no_layout (const StowPlanOptions *po)
 {
   g_autoptr (GError) error = NULL;
-  g_autoptr (StowMemory) m = stow_memory_estimate (
-      po->model, po->cluster_obj, &po->training, &po->layout, &po->mem, &error);
+  g_autoptr (StowMemory) m = stow_memory_estimate (&po->plan, &error);
   if (m == NULL)
     return stow_cli_fail (error, NULL);
   return stow_cli_failf (NULL, "no valid layout of %s on %s", po->model->name,

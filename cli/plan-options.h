@@ -11,6 +11,7 @@
 #include "hw/hw.h"
 #include "models/model.h"
 #include "planner/memory.h"
+#include "planner/plan.h"
 #include "planner/search.h"
 
 G_BEGIN_DECLS
@@ -30,21 +31,18 @@ typedef struct
   gboolean sp, no_sp, pp_split_ends, no_flash, chunked_loss, fused_loss,
       dropout, lora_dropout, json, explain, overlap_comm, opt_in_bwd, compile;
 
-  /* results */
+  /* results: the plan every stage of the command takes, built here once
+   * (its model and cluster are the two below, which own them) */
   StowModel *model; /* NULL only under --params */
   StowCluster *cluster_obj;
-  StowTraining training;
-  StowLayout layout;
+  StowPlan plan;
   StowPins pins;
-  StowMemOptions mem;
   /* What every search of the command searches besides the layout flags,
    * set by --emit (cli/report-options.c): the engines whose memory models
    * are searched, a bit set of 1 << StowEngine (0: the layout's), and the
    * filter of layouts the config can express (NULL: none). */
   guint search_engines;
-  gboolean (*search_accept) (const StowModel *model, const StowCluster *cluster,
-                             const StowTraining *training,
-                             const StowLayout *layout, gpointer data);
+  gboolean (*search_accept) (const StowPlan *candidate, gpointer data);
   gpointer search_accept_data;
 } StowPlanOptions;
 
@@ -57,9 +55,9 @@ gboolean stow_plan_options_resolve (StowPlanOptions *po, const char *model_arg,
                                     GError **error);
 /* The layout and training-shape flags alone (degrees, ZeRO, offloads,
  * recomputation, batch and sequence, precision, optimizer, fine-tuning,
- * engine, pipeline schedule, loss kernels) into po->layout, po->training
- * and po->pins, from their defaults: no model or GPU is consulted (what
- * `stowage train` shares with the planner's commands). */
+ * engine, pipeline schedule, loss kernels) into po->plan's layout and
+ * training and po->pins, from their defaults: no model or GPU is
+ * consulted (what `stowage train` shares with the planner's commands). */
 gboolean stow_plan_options_parse_shape (StowPlanOptions *po, GError **error);
 /* Fills the dimensions the user left out (dp fills the GPUs). */
 void stow_plan_options_default_layout (StowPlanOptions *po);
@@ -72,9 +70,9 @@ void stow_plan_options_default_layout (StowPlanOptions *po);
  * --params, or no valid layout, and then the layout holds
  * stow_plan_options_default_layout's plain defaults. */
 char **stow_plan_options_fill_like_fit (StowPlanOptions *po);
-/* A search from po->layout with @pins, keeping the @max_keep fastest (0:
- * all), on @cluster with @training (po's own when NULL), over the engines
- * and through the filter --emit set. */
+/* A search from po->plan's layout with @pins, keeping the @max_keep
+ * fastest (0: all), on @cluster with @training (po's own when NULL), over
+ * the engines and through the filter --emit set. */
 StowSearch *stow_plan_options_search (const StowPlanOptions *po,
                                       const StowCluster *cluster,
                                       const StowTraining *training,

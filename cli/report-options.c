@@ -104,12 +104,11 @@ engine_title (StowEngine e)
 
 /* The search's filter: layouts the --emit config can express. */
 static gboolean
-emit_accepts (const StowModel *model, const StowCluster *cluster,
-              const StowTraining *training, const StowLayout *layout,
-              gpointer data)
+emit_accepts (const StowPlan *candidate, gpointer data)
 {
   const StowEmitKind *kind = data;
-  return stow_emit_check (*kind, model, cluster, training, layout, NULL);
+  return stow_emit_check (*kind, candidate->model, candidate->cluster,
+                          &candidate->training, &candidate->layout, NULL);
 }
 
 gboolean
@@ -120,7 +119,7 @@ stow_report_options_plan_engine (StowReportOptions *ro, StowPlanOptions *po,
     return TRUE;
   const char *kind = stow_emit_kind_name (ro->emit_v);
   guint engines = stow_emit_kind_engines (ro->emit_v);
-  StowEngine given = po->layout.engine;
+  StowEngine given = po->plan.layout.engine;
   gboolean runs_given = (engines & (1u << given)) != 0;
   if (ro->plan != NULL && !runs_given)
     {
@@ -159,7 +158,7 @@ stow_report_options_plan_engine (StowReportOptions *ro, StowPlanOptions *po,
   if (ro->plan != NULL || po->engine != NULL)
     engines = 1u << given;
   else if ((engines & (engines - 1)) == 0)
-    po->layout.engine = (StowEngine)g_bit_nth_lsf (engines, -1);
+    po->plan.layout.engine = (StowEngine)g_bit_nth_lsf (engines, -1);
   po->search_engines = engines;
   po->search_accept = emit_accepts;
   po->search_accept_data = &ro->emit_v;
@@ -173,7 +172,7 @@ stow_report_options_fail_no_layout (const StowReportOptions *ro,
   g_autoptr (GError) error = NULL;
   if (ro->have_emit && po->model != NULL
       && !stow_emit_check (ro->emit_v, po->model, po->cluster_obj,
-                           &po->training, &po->layout, &error))
+                           &po->plan.training, &po->plan.layout, &error))
     return stow_cli_fail (error, NULL);
   return stow_plan_options_fail_no_layout (po);
 }
@@ -259,12 +258,13 @@ stow_report_options_load_plan (StowReportOptions *ro, StowPlanOptions *po,
     return FALSE;
   po->model = plan->model ? stow_model_ref (plan->model) : NULL;
   po->cluster_obj = stow_cluster_ref (plan->cluster);
-  po->training = plan->training;
-  po->layout = plan->layout;
-  po->mem = plan->mem_options;
+  stow_plan_init (&po->plan, po->model, po->cluster_obj);
+  po->plan.training = plan->training;
+  po->plan.layout = plan->layout;
+  po->plan.mem = plan->mem_options;
   po->pins = (StowPins)((STOW_PIN_SCHEDULE << 1) - 1);
   g_autofree char *warning = NULL;
-  if (!stow_training_check_gpu (&po->training, &po->cluster_obj->node.gpu,
+  if (!stow_training_check_gpu (&po->plan.training, &po->cluster_obj->node.gpu,
                                 &warning, error))
     return FALSE;
   if (warning != NULL)

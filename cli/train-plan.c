@@ -226,16 +226,20 @@ static gboolean
 plan (StowTrainPlan *r, GError **error)
 {
   StowTrainPlan *c = r;
-  stow_mem_options_init (&r->mo);
+  StowPlan *plan = &r->plan;
+  stow_plan_init (plan, r->model, r->cluster);
   /* The arena holds tensors only: no CUDA context, library workspaces or
    * communicators, and no caching allocator's slack. */
-  r->mo.cuda_context_bytes = r->mo.workspace_bytes = 0;
-  r->mo.nccl_bytes_per_group = 0;
-  r->mo.fragmentation = 0;
-  r->mo.safety_margin_bytes = 0;
-  r->mo.host_process_bytes = 0;
-  stow_training_init (&r->training);
-  StowTraining *t = &r->training;
+  StowMemOptions *mo = &plan->mem;
+  mo->cuda_context_bytes = mo->workspace_bytes = 0;
+  mo->nccl_bytes_per_group = 0;
+  mo->fragmentation = 0;
+  mo->safety_margin_bytes = 0;
+  mo->host_process_bytes = 0;
+  /* What the program carries for real training. */
+  plan->lower.optim = c->optim;
+  plan->lower.delayed_update = c->delayed_update;
+  StowTraining *t = &plan->training;
   t->seq_len = c->seq;
   t->global_batch = c->global_batch;
   t->precision = c->precision;
@@ -244,14 +248,14 @@ plan (StowTrainPlan *r, GError **error)
       g_autoptr (StowPlanFile) pf = stow_plan_file_read (c->plan_path, error);
       if (pf == NULL)
         return FALSE;
-      r->planned = pf->layout;
+      plan->layout = pf->layout;
       /* --resident-layers pins k over the plan's (streamed layouts). */
       if (c->layout.resident_layers != STOW_RESIDENT_AUTO
-          && r->planned.offload_params != STOW_OFFLOAD_NONE)
-        r->planned.resident_layers = c->layout.resident_layers;
+          && plan->layout.offload_params != STOW_OFFLOAD_NONE)
+        plan->layout.resident_layers = c->layout.resident_layers;
       /* The plan's training shape; the model is the directory's. */
       *t = pf->training;
-      r->mo = pf->mem_options;
+      plan->mem = pf->mem_options;
       if (pf->model && pf->model->params != r->model->params)
         {
           g_set_error (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_MISMATCH,
@@ -271,10 +275,10 @@ plan (StowTrainPlan *r, GError **error)
                    c->global_batch, c->micro_batch);
       return FALSE;
     }
-  StowLayout base = c->layout;
-  base.micro_batch = c->micro_batch;
-  base.grad_accum = c->global_batch / c->micro_batch;
-  base.engine = STOW_ENGINE_STOWAGE;
+  plan->layout = c->layout;
+  plan->layout.micro_batch = c->micro_batch;
+  plan->layout.grad_accum = c->global_batch / c->micro_batch;
+  plan->layout.engine = STOW_ENGINE_STOWAGE;
   /* One device: everything but recomputation (and the offloads, where
    * the backend runs them) is fixed by it. */
   StowPins pins = (StowPins)c->pins | STOW_PIN_DP | STOW_PIN_TP | STOW_PIN_PP
@@ -282,8 +286,10 @@ plan (StowTrainPlan *r, GError **error)
                   | STOW_PIN_SP | STOW_PIN_ZERO | STOW_PIN_MICRO_BATCH
                   | STOW_PIN_SCHEDULE | STOW_PIN_OFFLOAD_OPTIMIZER
                   | STOW_PIN_OFFLOAD_PARAMS | STOW_PIN_OFFLOAD_ACTIVATIONS;
-  g_autoptr (StowSearch) s = stow_search_run (r->model, r->cluster, t, &base,
-                                              pins, &r->mo, 1);
+  StowSearchOptions so;
+  stow_search_options_init (&so);
+  so.max_keep = 1;
+  g_autoptr (StowSearch) s = stow_search_run (plan, pins, &so);
   if (s->fits->len == 0)
     {
       g_autofree char *cap = g_format_size_full (
@@ -299,7 +305,7 @@ plan (StowTrainPlan *r, GError **error)
                    r->model->name, cap, need);
       return FALSE;
     }
-  r->planned = g_array_index (s->fits, StowCandidate, 0).layout;
+  plan->layout = g_array_index (s->fits, StowCandidate, 0).layout;
   return TRUE;
 }
 
@@ -342,8 +348,9 @@ time_at_host_rate (StowTrainPlan *r)
   g_autoptr (StowCluster) at
       = stow_cluster_new (&node, r->cluster->n_nodes, r->cluster->spec);
   stow_node_clear (&node);
-  StowSimSetup setup = { r->model, at, &r->training, &r->planned, NULL };
-  g_autoptr (StowBackend) sim = stow_backend_sim_new (&setup);
+  StowPlan on_host = r->plan;
+  on_host.cluster = at;
+  g_autoptr (StowBackend) sim = stow_backend_sim_new (&on_host, NULL);
   g_autoptr (StowTrace) tr = stow_program_run (r->prog, sim, NULL);
   if (tr == NULL)
     return;
@@ -361,28 +368,20 @@ time_at_host_rate (StowTrainPlan *r)
 static gboolean
 lower (StowTrainPlan *tp, GError **error)
 {
-  StowLowerOptions so;
-  stow_lower_options_init (&so);
-  so.optim = tp->optim;
-  so.delayed_update = tp->delayed_update;
-  if (!stow_layout_resolve_resident (tp->model, tp->cluster, &tp->training,
-                                     &tp->planned, &tp->mo, error))
+  if (!stow_plan_resolve_resident (&tp->plan, error))
     return FALSE;
-  tp->prog = stow_lower (tp->model, tp->cluster, &tp->training,
-                                  &tp->planned, &tp->mo, &so, error);
+  tp->prog = stow_lower (&tp->plan, error);
   if (tp->prog == NULL)
     return FALSE;
   gboolean cuda = !g_str_equal (tp->backend, "cpu");
-  StowSimSetup setup
-      = { tp->model, tp->cluster, &tp->training, &tp->planned, NULL };
-  g_autoptr (StowBackend) sim = stow_backend_sim_new (&setup);
+  g_autoptr (StowBackend) sim = stow_backend_sim_new (&tp->plan, NULL);
   g_autoptr (StowTrace) tr = stow_program_run (tp->prog, sim, error);
   if (tr == NULL)
     return FALSE;
   tp->predicted_peak_bytes = tr->peak_bytes[STOW_TIER_DEVICE];
   tp->predicted_pinned_bytes = tr->peak_bytes[STOW_TIER_PINNED];
   keep_timeline (tp, tr);
-  if (cuda && tp->planned.offload_optimizer != STOW_OFFLOAD_NONE)
+  if (cuda && tp->plan.layout.offload_optimizer != STOW_OFFLOAD_NONE)
     time_at_host_rate (tp);
   g_autofree char *unpinned = NULL;
   if (!stow_preflight_host (tr, cuda, error)

@@ -14,6 +14,7 @@
 #include "hw/hw.h"
 #include "planner/layout.h"
 #include "planner/memory.h"
+#include "planner/plan.h"
 
 G_BEGIN_DECLS
 
@@ -41,12 +42,12 @@ typedef struct
   StowTrainNotice notice;
   gpointer notice_user;
 
-  /* Out: what was decided. */
+  /* Out: what was decided.  The plan's model and cluster are the two
+   * below, which own them; its layout is the one planned (the plan
+   * file's, or the search's). */
   StowModel *model;
   StowCluster *cluster;
-  StowTraining training;
-  StowLayout planned;
-  StowMemOptions mo;
+  StowPlan plan;
   StowProgram *prog;
   guint64 device_bytes;
   gboolean no_pin; /* RLIMIT_MEMLOCK too low, --allow-unpinned */

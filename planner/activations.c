@@ -10,6 +10,7 @@
 #include <math.h>
 
 #include "planner/memory-private.h"
+#include "planner/plan.h"
 
 /* Bytes one GPU keeps for backward for one layer and one micro-batch, when
  * nothing is recomputed.  Korthikanti et al. 2022 count 34 sbh + 5 a s^2 b
@@ -446,8 +447,8 @@ stow_mem_op_checkpoint_bytes (const StowModel *m, const StowTraining *t,
 }
 
 guint64
-stow_memory_layer_activations (const StowModel *m, const StowTraining *t,
-                               const StowLayout *l)
+stow_mem_layer_activations (const StowModel *m, const StowTraining *t,
+                            const StowLayout *l)
 {
   guint64 block, core;
   /* The time model reads this as the layer's element-wise traffic, which
@@ -523,4 +524,11 @@ stow_mem_end_sizes (const StowModel *m, const StowTraining *t,
                                          stow_mem_round (s_out * b));
       *loss_grad = 0;
     }
+}
+
+guint64
+stow_memory_layer_activations (const StowPlan *p)
+{
+  g_return_val_if_fail (p != NULL && p->model != NULL, 0);
+  return stow_mem_layer_activations (p->model, &p->training, &p->layout);
 }

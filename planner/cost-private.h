@@ -33,3 +33,9 @@ double stow_comm_dp_n (const StowCluster *c, const StowCostOptions *o,
  * in all. */
 double stow_comm_dp_buckets (const StowLayout *l, guint64 ndp, double params,
                              double elem, double v, guint64 layers);
+
+/* stow_cost_estimate on a plan's parts: the search's hot path varies one
+ * layout in place rather than copying a plan per candidate. */
+void stow_cost_estimate_parts (const StowModel *m, const StowCluster *c,
+                               const StowTraining *t, const StowLayout *l,
+                               const StowCostOptions *options, StowCost *out);

@@ -17,6 +17,7 @@
 
 #include "planner/cost-private.h"
 #include "planner/memory-private.h"
+#include "planner/plan.h"
 
 const char *
 stow_cost_kind_name (StowCostKind kind)
@@ -531,9 +532,9 @@ layer_memory_bound_seconds (const LayerShape *x, LayerCost *lc)
   double hbm = x->hbm;
   StowLayout nl = *x->l;
   nl.recompute = STOW_RECOMPUTE_NONE;
-  double act = (double)stow_memory_layer_activations (m, t, &nl);
+  double act = (double)stow_mem_layer_activations (m, t, &nl);
   nl.recompute = STOW_RECOMPUTE_SELECTIVE;
-  double act_sel = (double)stow_memory_layer_activations (m, t, &nl);
+  double act_sel = (double)stow_mem_layer_activations (m, t, &nl);
   lc->fwd_elem_s = 2.0 * act / hbm + x->o->kernel_overhead_s;
   lc->core_elem_s = 2.0 * (act - act_sel) / hbm;
 }
@@ -1417,9 +1418,9 @@ step_rates (const Estimate *E, StowCost *out)
 }
 
 void
-stow_cost_estimate (const StowModel *m, const StowCluster *c,
-                    const StowTraining *t, const StowLayout *l,
-                    const StowCostOptions *options, StowCost *out)
+stow_cost_estimate_parts (const StowModel *m, const StowCluster *c,
+                          const StowTraining *t, const StowLayout *l,
+                          const StowCostOptions *options, StowCost *out)
 {
   StowCostOptions defaults;
   const StowCostOptions *o = options;
@@ -1452,17 +1453,26 @@ stow_cost_estimate (const StowModel *m, const StowCluster *c,
 }
 
 gboolean
-stow_cost_estimate_checked (const StowModel *m, const StowCluster *c,
-                            const StowTraining *t, const StowLayout *l,
-                            const StowCostOptions *o, StowCost *out,
-                            GError **error)
+stow_cost_estimate_checked (const StowPlan *p, const StowCostOptions *o,
+                            StowCost *out, GError **error)
 {
-  g_return_val_if_fail (
-      m != NULL && c != NULL && t != NULL && l != NULL && out != NULL, FALSE);
-  if (!stow_layout_validate (l, t, m, c, error))
+  g_return_val_if_fail (p != NULL && p->model != NULL && p->cluster != NULL
+                            && out != NULL,
+                        FALSE);
+  if (!stow_layout_validate (&p->layout, &p->training, p->model, p->cluster,
+                             error))
     return FALSE;
-  stow_cost_estimate (m, c, t, l, o, out);
+  stow_cost_estimate (p, o, out);
   return TRUE;
+}
+
+void
+stow_cost_estimate (const StowPlan *p, const StowCostOptions *options,
+                    StowCost *out)
+{
+  g_return_if_fail (p != NULL);
+  stow_cost_estimate_parts (p->model, p->cluster, &p->training, &p->layout,
+                            options, out);
 }
 
 /* ---- explaining a ranking ---------------------------------------------- */
@@ -1561,10 +1571,13 @@ stow_cost_explain_difference (GString *out, const StowLayout *a,
 }
 
 void
-stow_cost_ends_seconds (const StowModel *m, const StowCluster *c,
-                        const StowTraining *t, const StowLayout *l,
-                        StowEndsSeconds *out)
+stow_cost_ends_seconds (const StowPlan *p, StowEndsSeconds *out)
 {
+  g_return_if_fail (p != NULL && p->model != NULL);
+  const StowModel *m = p->model;
+  const StowCluster *c = p->cluster;
+  const StowTraining *t = &p->training;
+  const StowLayout *l = &p->layout;
   StowCostOptions o;
   Rates r;
   stow_cost_options_init (&o);
@@ -1573,10 +1586,14 @@ stow_cost_ends_seconds (const StowModel *m, const StowCluster *c,
 }
 
 void
-stow_cost_layer_seconds (const StowModel *m, const StowCluster *c,
-                         const StowTraining *t, const StowLayout *l,
-                         gboolean moe, StowLayerSeconds *out)
+stow_cost_layer_seconds (const StowPlan *p, gboolean moe,
+                         StowLayerSeconds *out)
 {
+  g_return_if_fail (p != NULL && p->model != NULL);
+  const StowModel *m = p->model;
+  const StowCluster *c = p->cluster;
+  const StowTraining *t = &p->training;
+  const StowLayout *l = &p->layout;
   StowCostOptions o;
   LayerCost lc;
   Rates r;

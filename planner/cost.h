@@ -16,6 +16,7 @@
 #include "hw/hw.h"
 #include "models/model.h"
 #include "planner/layout.h"
+#include "planner/memory.h" /* StowPlan (planner/plan.h) */
 
 G_BEGIN_DECLS
 
@@ -130,19 +131,15 @@ typedef struct
   StowCostKind dominant_overhead; /* the largest exposed term but compute */
 } StowCost;
 
-/* Predicts @layout.  The layout must be valid (stow_layout_validate): the
- * search calls this after the memory model has checked it.  @options may
- * be NULL for the defaults. */
-void stow_cost_estimate (const StowModel *model, const StowCluster *cluster,
-                         const StowTraining *training, const StowLayout *layout,
-                         const StowCostOptions *options, StowCost *out);
+/* Predicts @plan's step.  Its layout must be valid
+ * (stow_layout_validate): the search calls this after the memory model
+ * has checked it.  @options may be NULL for the defaults. */
+void stow_cost_estimate (const StowPlan *plan, const StowCostOptions *options,
+                         StowCost *out);
 
-/* The same after validating @layout; FALSE with STOW_PLAN_ERROR_INVALID
+/* The same after validating the layout; FALSE with STOW_PLAN_ERROR_INVALID
  * naming the field when it cannot run. */
-gboolean stow_cost_estimate_checked (const StowModel *model,
-                                     const StowCluster *cluster,
-                                     const StowTraining *training,
-                                     const StowLayout *layout,
+gboolean stow_cost_estimate_checked (const StowPlan *plan,
                                      const StowCostOptions *options,
                                      StowCost *out, GError **error);
 
@@ -161,10 +158,7 @@ typedef struct
   double selective_s; /* what selective recomputation repeats: the core */
 } StowLayerSeconds;
 
-void stow_cost_layer_seconds (const StowModel *model,
-                              const StowCluster *cluster,
-                              const StowTraining *training,
-                              const StowLayout *layout, gboolean moe,
+void stow_cost_layer_seconds (const StowPlan *plan, gboolean moe,
                               StowLayerSeconds *out);
 
 /* A data-parallel collective as stow_cost_estimate prices it: @bytes over
@@ -201,9 +195,7 @@ typedef struct
   double head_fwd_s, head_bwd_s;
 } StowEndsSeconds;
 
-void stow_cost_ends_seconds (const StowModel *model, const StowCluster *cluster,
-                             const StowTraining *training,
-                             const StowLayout *layout, StowEndsSeconds *out);
+void stow_cost_ends_seconds (const StowPlan *plan, StowEndsSeconds *out);
 
 /* Appends to @out why @a is predicted faster (or slower) than @b: the
  * layout fields that differ and the exposed terms that moved, largest

@@ -22,14 +22,6 @@
 
 #define MiB ((guint64)1 << 20)
 
-void
-stow_lower_options_init (StowLowerOptions *o)
-{
-  memset (o, 0, sizeof *o);
-  o->resident_layers = G_MAXUINT;
-  stow_optim_settings_init (&o->optim);
-}
-
 /* ---- lowering ----------------------------------------------------------- */
 
 /* Says what buffer @b holds. */
@@ -893,7 +885,7 @@ choose_k_resident (StowLower *L, const StowMemory *mem, guint64 extra,
   else if (!L->so->layer_major)
     {
       StowLayout r = *l;
-      if (!stow_layout_resolve_resident (m, L->c, L->t, &r, L->mo, error))
+      if (!stow_mem_resolve_resident (m, L->c, L->t, &r, L->mo, error))
         return FALSE;
       L->k_resident = r.resident_layers;
     }
@@ -911,18 +903,17 @@ choose_k_resident (StowLower *L, const StowMemory *mem, guint64 extra,
 }
 
 StowProgram *
-stow_lower (const StowModel *m, const StowCluster *c,
-                     const StowTraining *t, const StowLayout *l,
-                     const StowMemOptions *mo_in,
-                     const StowLowerOptions *so_in, GError **error)
+stow_lower (const StowPlan *plan, GError **error)
 {
-  StowMemOptions mo_default;
-  StowLowerOptions so_default;
-  g_return_val_if_fail (m != NULL && c != NULL && t != NULL && l != NULL, NULL);
-  if (mo_in == NULL)
-    stow_mem_options_init (&mo_default), mo_in = &mo_default;
-  if (so_in == NULL)
-    stow_lower_options_init (&so_default), so_in = &so_default;
+  g_return_val_if_fail (plan != NULL && plan->model != NULL
+                            && plan->cluster != NULL,
+                        NULL);
+  const StowModel *m = plan->model;
+  const StowCluster *c = plan->cluster;
+  const StowTraining *t = &plan->training;
+  const StowLayout *l = &plan->layout;
+  const StowMemOptions *mo_in = &plan->mem;
+  const StowLowerOptions *so_in = &plan->lower;
   if (!stow_layout_validate (l, t, m, c, error))
     return NULL;
   if (l->engine != STOW_ENGINE_STOWAGE)
@@ -933,7 +924,7 @@ stow_lower (const StowModel *m, const StowCluster *c,
                    stow_engine_name (l->engine));
       return NULL;
     }
-  g_autoptr (StowMemory) mem = stow_memory_estimate (m, c, t, l, mo_in, error);
+  g_autoptr (StowMemory) mem = stow_memory_estimate (plan, error);
   if (mem == NULL)
     return NULL;
 

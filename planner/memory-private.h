@@ -176,3 +176,21 @@ guint64 stow_mem_decoder_seq (const StowModel *m, const StowTraining *t);
 void stow_mem_end_sizes (const StowModel *m, const StowTraining *t,
                          const StowLayout *l, guint64 *input, guint64 *logits,
                          guint64 *loss_grad);
+
+/* ---- the memory model on a plan's parts -------------------------------------
+ * What the public entry points (memory.h, on a StowPlan) run, for the
+ * planner's own hot paths (the search varies one layout in place) and
+ * callers that hold the parts.  @o may be NULL (the defaults). */
+StowMemory *stow_mem_estimate (const StowModel *m, const StowCluster *c,
+                               const StowTraining *t, const StowLayout *l,
+                               const StowMemOptions *o, GError **error);
+gboolean stow_mem_estimate_totals (const StowModel *m, const StowCluster *c,
+                                   const StowTraining *t, const StowLayout *l,
+                                   const StowMemOptions *o,
+                                   StowMemScratch *scratch, StowMemTotals *out,
+                                   GError **error);
+guint64 stow_mem_layer_activations (const StowModel *m, const StowTraining *t,
+                                    const StowLayout *l);
+gboolean stow_mem_resolve_resident (const StowModel *m, const StowCluster *c,
+                                    const StowTraining *t, StowLayout *l,
+                                    const StowMemOptions *o, GError **error);

@@ -17,6 +17,7 @@
 
 #include "core/units.h"
 #include "planner/memory-private.h"
+#include "planner/plan.h"
 
 #define MiB ((guint64)1 << 20)
 #define GiB ((guint64)1 << 30)
@@ -2199,20 +2200,10 @@ estimate_stowage_totals (const StowModel *m, const StowCluster *c,
 }
 
 gboolean
-stow_memory_estimate_totals (const StowModel *m, const StowCluster *c,
-                             const StowTraining *t, const StowLayout *l,
-                             const StowMemOptions *o, StowMemTotals *out,
-                             GError **error)
-{
-  return stow_memory_estimate_totals_with (m, c, t, l, o, NULL, out, error);
-}
-
-gboolean
-stow_memory_estimate_totals_with (const StowModel *m, const StowCluster *c,
-                                  const StowTraining *t, const StowLayout *l,
-                                  const StowMemOptions *o,
-                                  StowMemScratch *scratch, StowMemTotals *out,
-                                  GError **error)
+stow_mem_estimate_totals (const StowModel *m, const StowCluster *c,
+                          const StowTraining *t, const StowLayout *l,
+                          const StowMemOptions *o, StowMemScratch *scratch,
+                          StowMemTotals *out, GError **error)
 {
   StowMemOptions defaults;
   g_return_val_if_fail (c != NULL && t != NULL && l != NULL && out != NULL,
@@ -2225,7 +2216,7 @@ stow_memory_estimate_totals_with (const StowModel *m, const StowCluster *c,
   if (o->convention != STOW_CONVENTION_STOWAGE || m == NULL)
     {
       /* Peer conventions are single formulas: the full path is cheap. */
-      g_autoptr (StowMemory) mem = stow_memory_estimate (m, c, t, l, o, error);
+      g_autoptr (StowMemory) mem = stow_mem_estimate (m, c, t, l, o, error);
       if (mem == NULL)
         return FALSE;
       out->total_bytes = mem->total_bytes;
@@ -2256,9 +2247,9 @@ stow_memory_estimate_totals_with (const StowModel *m, const StowCluster *c,
 }
 
 StowMemory *
-stow_memory_estimate (const StowModel *m, const StowCluster *c,
-                      const StowTraining *t, const StowLayout *l,
-                      const StowMemOptions *o, GError **error)
+stow_mem_estimate (const StowModel *m, const StowCluster *c,
+                   const StowTraining *t, const StowLayout *l,
+                   const StowMemOptions *o, GError **error)
 {
   StowMemOptions defaults;
   g_return_val_if_fail (c != NULL && t != NULL && l != NULL, NULL);
@@ -2279,6 +2270,23 @@ stow_memory_estimate (const StowModel *m, const StowCluster *c,
   if (!stow_layout_validate (l, t, m, c, error))
     return NULL;
   return estimate_stowage (m, c, t, l, o);
+}
+
+gboolean
+stow_memory_estimate_totals (const StowPlan *p, StowMemScratch *scratch,
+                             StowMemTotals *out, GError **error)
+{
+  g_return_val_if_fail (p != NULL, FALSE);
+  return stow_mem_estimate_totals (p->model, p->cluster, &p->training,
+                                   &p->layout, &p->mem, scratch, out, error);
+}
+
+StowMemory *
+stow_memory_estimate (const StowPlan *p, GError **error)
+{
+  g_return_val_if_fail (p != NULL, NULL);
+  return stow_mem_estimate (p->model, p->cluster, &p->training, &p->layout,
+                            &p->mem, error);
 }
 
 /* ---- exports for the step program (memory-private.h) ------------------- */

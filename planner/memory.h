@@ -17,6 +17,9 @@
 
 G_BEGIN_DECLS
 
+/* planner/plan.h */
+typedef struct StowPlan StowPlan;
+
 typedef enum
 {
   STOW_CONVENTION_STOWAGE,
@@ -107,10 +110,7 @@ typedef struct
  * options->params_override set.  Fails with STOW_PLAN_ERROR_INVALID for a
  * layout that cannot run (see stow_layout_validate) or a convention that
  * does not cover it (e.g. ZeRO-1 under deepspeed-estimator). */
-StowMemory *
-stow_memory_estimate (const StowModel *model, const StowCluster *cluster,
-                      const StowTraining *training, const StowLayout *layout,
-                      const StowMemOptions *options, GError **error);
+StowMemory *stow_memory_estimate (const StowPlan *plan, GError **error);
 void stow_memory_free (StowMemory *mem);
 G_DEFINE_AUTOPTR_CLEANUP_FUNC (StowMemory, stow_memory_free)
 
@@ -128,12 +128,6 @@ typedef struct
   gboolean fits_device, fits_host, fits_nvme, fits;
 } StowMemTotals;
 
-gboolean stow_memory_estimate_totals (const StowModel *model,
-                                      const StowCluster *cluster,
-                                      const StowTraining *training,
-                                      const StowLayout *layout,
-                                      const StowMemOptions *options,
-                                      StowMemTotals *out, GError **error);
 
 /* What the totals path reuses across calls for one model (a search holds
  * one): its sinks, so that it allocates nothing per layout, and the
@@ -144,15 +138,10 @@ typedef struct _StowMemScratch StowMemScratch;
 StowMemScratch *stow_mem_scratch_new (const StowModel *model);
 void stow_mem_scratch_free (StowMemScratch *scratch);
 G_DEFINE_AUTOPTR_CLEANUP_FUNC (StowMemScratch, stow_mem_scratch_free)
-/* stow_memory_estimate_totals with @scratch (may be NULL), made for
- * @model. */
-gboolean stow_memory_estimate_totals_with (const StowModel *model,
-                                           const StowCluster *cluster,
-                                           const StowTraining *training,
-                                           const StowLayout *layout,
-                                           const StowMemOptions *options,
-                                           StowMemScratch *scratch,
-                                           StowMemTotals *out, GError **error);
+/* The totals of @plan, with @scratch (may be NULL), made for its model. */
+gboolean stow_memory_estimate_totals (const StowPlan *plan,
+                                      StowMemScratch *scratch,
+                                      StowMemTotals *out, GError **error);
 
 /* The per-layer activation bytes of one micro-batch (Korthikanti et al.
  * 2022, Table 2, generalised to GQA, gated MLPs and flash attention), for
@@ -160,20 +149,14 @@ gboolean stow_memory_estimate_totals_with (const StowModel *model,
  * Transformer Engine fp8 (--engine megatron or nemo) it counts the
  * tensors as a bf16 run saves them; the memory totals charge TE's 1-byte
  * copies of the linear inputs instead. */
-guint64 stow_memory_layer_activations (const StowModel *model,
-                                       const StowTraining *training,
-                                       const StowLayout *layout);
+guint64 stow_memory_layer_activations (const StowPlan *plan);
 
 /* With --offload-params and resident_layers STOW_RESIDENT_AUTO: decides
  * how many layers per stage stay on the device (the device budget left
- * after the peak with none, in whole layers) and sets it in @layout.
- * Otherwise leaves @layout as it is.  Fails as stow_memory_estimate. */
-gboolean stow_layout_resolve_resident (const StowModel *model,
-                                       const StowCluster *cluster,
-                                       const StowTraining *training,
-                                       StowLayout *layout,
-                                       const StowMemOptions *options,
-                                       GError **error);
+ * after the peak with none, in whole layers) and sets it in @plan's
+ * layout.  Otherwise leaves the layout as it is.  Fails as
+ * stow_memory_estimate. */
+gboolean stow_plan_resolve_resident (StowPlan *plan, GError **error);
 
 /* accelerate's `estimate-memory` table (src/accelerate/commands/estimate.py
  * gather_data and estimate_training_usage; utils/modeling.py

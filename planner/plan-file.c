@@ -13,6 +13,7 @@
 #include "core/json.h"
 #include "core/strutil.h"
 #include "planner/memory-json.h"
+#include "planner/memory-private.h"
 
 /* DeepSpeed's defaults (offload_config.py, aio constants; see
  * docs/plan-file.md): 4 optimizer swap buffers (at least Adam's states),
@@ -99,8 +100,8 @@ stow_plan_file_new (StowModel *model, StowCluster *cluster,
   /* A plan carries its resident layers decided (a layout from the search
    * already has them). */
   if (model != NULL
-      && !stow_layout_resolve_resident (model, cluster, training, &p->layout,
-                                        options, NULL))
+      && !stow_mem_resolve_resident (model, cluster, training, &p->layout,
+                                     options, NULL))
     p->layout.resident_layers = 0;
   stow_plan_streaming_init (&p->streaming, model, cluster, &p->layout, mem,
                            nvme_path);

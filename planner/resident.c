@@ -10,11 +10,12 @@
 #include "planner/memory.h"
 
 #include "planner/memory-private.h"
+#include "planner/plan.h"
 
 gboolean
-stow_layout_resolve_resident (const StowModel *m, const StowCluster *c,
-                              const StowTraining *t, StowLayout *l,
-                              const StowMemOptions *o, GError **error)
+stow_mem_resolve_resident (const StowModel *m, const StowCluster *c,
+                           const StowTraining *t, StowLayout *l,
+                           const StowMemOptions *o, GError **error)
 {
   g_return_val_if_fail (m != NULL && c != NULL && t != NULL && l != NULL,
                         FALSE);
@@ -30,11 +31,19 @@ stow_layout_resolve_resident (const StowModel *m, const StowCluster *c,
   StowLayout none = *l;
   none.resident_layers = 0;
   StowMemTotals mt;
-  if (!stow_memory_estimate_totals (m, c, t, &none, o, &mt, error))
+  if (!stow_mem_estimate_totals (m, c, t, &none, o, NULL, &mt, error))
     return FALSE;
   l->resident_layers
       = (guint)stow_mem_resident_from_totals (m, t, l, o, &mt, NULL);
   return TRUE;
+}
+
+gboolean
+stow_plan_resolve_resident (StowPlan *p, GError **error)
+{
+  g_return_val_if_fail (p != NULL, FALSE);
+  return stow_mem_resolve_resident (p->model, p->cluster, &p->training,
+                                    &p->layout, &p->mem, error);
 }
 
 guint64

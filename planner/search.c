@@ -11,7 +11,9 @@
 
 #include <string.h>
 
+#include "planner/cost-private.h"
 #include "planner/memory-private.h"
+#include "planner/plan.h"
 
 void
 stow_search_options_init (StowSearchOptions *o)
@@ -76,10 +78,9 @@ typedef struct
   guint max_keep;
   StowMemScratch *scratch;
   StowPins pins;
-  gboolean (*accept) (const StowModel *model, const StowCluster *cluster,
-                      const StowTraining *training, const StowLayout *layout,
-                      gpointer data);
+  gboolean (*accept) (const StowPlan *candidate, gpointer data);
   gpointer accept_data;
+  StowPlan cand; /* the base plan, its layout set to the candidate's */
 } Ctx;
 
 /* ZeRO 1 and 2 shard over the data-parallel ranks: over one rank they are
@@ -96,15 +97,15 @@ same_as_lower_zero (Ctx *x, const StowLayout *l, const StowMemTotals *mt)
   StowLayout lower = *l;
   lower.zero--;
   StowMemTotals lt;
-  if (!stow_memory_estimate_totals_with (x->m, x->c, x->t, &lower, x->mo,
-                                         x->scratch, &lt, NULL)
+  if (!stow_mem_estimate_totals (x->m, x->c, x->t, &lower, x->mo, x->scratch,
+                                 &lt, NULL)
       || lt.total_bytes != mt->total_bytes
       || lt.host_total_bytes != mt->host_total_bytes
       || lt.nvme_bytes != mt->nvme_bytes || lt.fits != mt->fits)
     return FALSE;
   StowCost a, b;
-  stow_cost_estimate (x->m, x->c, x->t, l, x->co, &a);
-  stow_cost_estimate (x->m, x->c, x->t, &lower, x->co, &b);
+  stow_cost_estimate_parts (x->m, x->c, x->t, l, x->co, &a);
+  stow_cost_estimate_parts (x->m, x->c, x->t, &lower, x->co, &b);
   return a.step_time_s == b.step_time_s;
 }
 
@@ -118,13 +119,17 @@ evaluate (Ctx *x, const StowLayout *l_in)
   const StowLayout *l = &resolved;
   /* What the caller cannot use (a config an engine cannot express) is
    * rejected before it is priced, like a layout that breaks a rule. */
-  if (x->accept != NULL && !x->accept (x->m, x->c, x->t, l, x->accept_data))
+  if (x->accept != NULL)
     {
-      r->invalid++;
-      return FALSE;
+      x->cand.layout = *l;
+      if (!x->accept (&x->cand, x->accept_data))
+        {
+          r->invalid++;
+          return FALSE;
+        }
     }
-  if (!stow_memory_estimate_totals_with (x->m, x->c, x->t, l, x->mo, x->scratch,
-                                         &mt, NULL))
+  if (!stow_mem_estimate_totals (x->m, x->c, x->t, l, x->mo, x->scratch, &mt,
+                                 NULL))
     {
       r->invalid++;
       return FALSE;
@@ -138,7 +143,7 @@ evaluate (Ctx *x, const StowLayout *l_in)
     {
       resolved.resident_layers = (guint)stow_mem_resident_from_totals (
           x->m, x->t, l, x->mo, &mt, x->scratch);
-      if (!stow_memory_estimate_totals_with (x->m, x->c, x->t, l, x->mo,
+      if (!stow_mem_estimate_totals (x->m, x->c, x->t, l, x->mo,
                                              x->scratch, &mt, NULL))
         {
           r->invalid++;
@@ -166,14 +171,14 @@ evaluate (Ctx *x, const StowLayout *l_in)
         r->host_or_nvme++;
       if (!r->have_miss || cand.headroom_bytes > r->best_miss.headroom_bytes)
         {
-          stow_cost_estimate (x->m, x->c, x->t, l, x->co, &cand.cost);
+          stow_cost_estimate_parts (x->m, x->c, x->t, l, x->co, &cand.cost);
           cand.score = cand.cost.tokens_per_s > 0 ? 1.0 / cand.cost.tokens_per_s
                                                   : G_MAXDOUBLE;
           r->best_miss = cand, r->have_miss = TRUE;
         }
       return FALSE;
     }
-  stow_cost_estimate (x->m, x->c, x->t, l, x->co, &cand.cost);
+  stow_cost_estimate_parts (x->m, x->c, x->t, l, x->co, &cand.cost);
   /* Seconds per token: the step time when the global batch is fixed,
    * and comparable across layouts when it is not. */
   cand.score
@@ -200,7 +205,7 @@ partial_recompute (Ctx *x, StowLayout l)
       guint mid = lo + (hi - lo) / 2;
       StowMemTotals mt;
       l.recompute_layers = mid;
-      if (stow_memory_estimate_totals_with (x->m, x->c, x->t, &l, x->mo,
+      if (stow_mem_estimate_totals (x->m, x->c, x->t, &l, x->mo,
                                             x->scratch, &mt, NULL)
           && mt.fits)
         found = mid, hi = mid - 1;
@@ -417,11 +422,17 @@ enumerate (Ctx *x, const StowLayout *base, const Dims *d)
 }
 
 StowSearch *
-stow_search_run_with (const StowModel *m, const StowCluster *c,
-                      const StowTraining *t, const StowLayout *base,
-                      StowPins pins, const StowMemOptions *o,
-                      const StowSearchOptions *so)
+stow_search_run (const StowPlan *plan, StowPins pins,
+                 const StowSearchOptions *so)
 {
+  g_return_val_if_fail (plan != NULL && plan->model != NULL
+                            && plan->cluster != NULL,
+                        NULL);
+  const StowModel *m = plan->model;
+  const StowCluster *c = plan->cluster;
+  const StowTraining *t = &plan->training;
+  const StowLayout *base = &plan->layout;
+  const StowMemOptions *o = &plan->mem;
   StowSearchOptions sdef;
   if (so == NULL)
     {
@@ -443,7 +454,9 @@ stow_search_run_with (const StowModel *m, const StowCluster *c,
   co.prep = prep;
   g_autoptr (StowMemScratch) scratch = stow_mem_scratch_new (m);
   Ctx x = {
-    m, c, t, o, &co, r, so->max_keep, scratch, pins, so->accept, so->accept_data
+    m,      c,      t,           o,
+    &co,    r,      so->max_keep, scratch,
+    pins,   so->accept, so->accept_data, *plan,
   };
 
   r->fits = g_array_new (FALSE, FALSE, sizeof (StowCandidate));
@@ -485,17 +498,6 @@ stow_search_run_with (const StowModel *m, const StowCluster *c,
     g_array_sort (r->fits, compare_candidates);
   r->search_time_s = (double)(g_get_monotonic_time () - t0) / 1e6;
   return r;
-}
-
-StowSearch *
-stow_search_run (const StowModel *m, const StowCluster *c,
-                 const StowTraining *t, const StowLayout *base, StowPins pins,
-                 const StowMemOptions *o, guint max_keep)
-{
-  StowSearchOptions so;
-  stow_search_options_init (&so);
-  so.max_keep = max_keep;
-  return stow_search_run_with (m, c, t, base, pins, o, &so);
 }
 
 void

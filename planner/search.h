@@ -73,33 +73,23 @@ typedef struct
    * 1 << StowEngine; their layouts are ranked together.  0: the base
    * layout's engine alone. */
   guint engines;
-  /* Called for each layout before its memory is priced, with the model,
-   * cluster and training searched (NULL: every valid layout is priced).
-   * A layout it returns FALSE for, such as one an engine's config cannot
-   * express, is counted as invalid.  It runs for every candidate, so it
-   * should be cheap. */
-  gboolean (*accept) (const StowModel *model, const StowCluster *cluster,
-                      const StowTraining *training, const StowLayout *layout,
-                      gpointer data);
+  /* Called for each layout before its memory is priced, with the base
+   * plan holding the candidate's layout (NULL: every valid layout is
+   * priced).  A layout it returns FALSE for, such as one an engine's
+   * config cannot express, is counted as invalid.  It runs for every
+   * candidate, so it should be cheap. */
+  gboolean (*accept) (const StowPlan *candidate, gpointer data);
   gpointer accept_data;
 } StowSearchOptions;
 
 void stow_search_options_init (StowSearchOptions *options);
 
-/* Searches the layouts of @base that are not pinned in @pins.  @base
- * carries the pinned values and the engine (unless the options name
- * engines). */
-StowSearch *stow_search_run (const StowModel *model, const StowCluster *cluster,
-                             const StowTraining *training,
-                             const StowLayout *base, StowPins pins,
-                             const StowMemOptions *options, guint max_keep);
-/* The same with search options (@options may be NULL). */
-StowSearch *stow_search_run_with (const StowModel *model,
-                                  const StowCluster *cluster,
-                                  const StowTraining *training,
-                                  const StowLayout *base, StowPins pins,
-                                  const StowMemOptions *mem_options,
-                                  const StowSearchOptions *options);
+/* Searches the layouts of @plan's layout that are not pinned in @pins,
+ * for its model, cluster and training under its memory options.  The
+ * layout carries the pinned values and the engine (unless @options name
+ * engines).  @options may be NULL (keep every layout that fits). */
+StowSearch *stow_search_run (const StowPlan *plan, StowPins pins,
+                             const StowSearchOptions *options);
 void stow_search_free (StowSearch *search);
 G_DEFINE_AUTOPTR_CLEANUP_FUNC (StowSearch, stow_search_free)
 

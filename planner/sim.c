@@ -13,6 +13,7 @@
 
 #include "planner/cost.h"
 #include "planner/memory.h"
+#include "planner/plan.h"
 
 /* Achieved fraction of the tensor-core peak for transformer GEMMs: a
  * planning default (Megatron-LM reports 40-55% MFU at scale, Narayanan et
@@ -510,31 +511,25 @@ static const StowBackendVtable sim_vtable = {
 };
 
 StowBackend *
-stow_backend_sim_new (const StowSimSetup *setup)
+stow_backend_sim_new (const StowPlan *plan, const guint64 *capacity_bytes)
 {
-  g_return_val_if_fail (setup != NULL && setup->cluster != NULL
-                            && setup->training != NULL,
-                        NULL);
+  g_return_val_if_fail (plan != NULL && plan->cluster != NULL, NULL);
   SimBackend *s = g_new0 (SimBackend, 1);
   s->parent.vt = &sim_vtable;
-  s->cluster = stow_cluster_ref ((StowCluster *)setup->cluster);
-  s->training = *setup->training;
-  if (setup->model)
-    s->model = stow_model_ref ((StowModel *)setup->model);
+  s->cluster = stow_cluster_ref ((StowCluster *)plan->cluster);
+  s->training = plan->training;
   stow_cost_options_init (&s->co);
-  if (setup->layout && setup->model)
+  if (plan->model)
     {
-      s->layout = *setup->layout;
+      s->model = stow_model_ref ((StowModel *)plan->model);
+      s->layout = plan->layout;
       s->have_layout = TRUE;
-      stow_cost_layer_seconds (s->model, s->cluster, &s->training, &s->layout,
-                               FALSE, &s->ls[0]);
-      stow_cost_layer_seconds (s->model, s->cluster, &s->training, &s->layout,
-                               TRUE, &s->ls[1]);
-      stow_cost_ends_seconds (s->model, s->cluster, &s->training, &s->layout,
-                              &s->ends);
+      stow_cost_layer_seconds (plan, FALSE, &s->ls[0]);
+      stow_cost_layer_seconds (plan, TRUE, &s->ls[1]);
+      stow_cost_ends_seconds (plan, &s->ends);
     }
-  for (guint i = 0; setup->capacity_bytes && i < STOW_N_TIERS; i++)
-    s->capacity[i] = setup->capacity_bytes[i];
+  for (guint i = 0; capacity_bytes && i < STOW_N_TIERS; i++)
+    s->capacity[i] = capacity_bytes[i];
   s->used = g_hash_table_new_full (g_direct_hash, g_direct_equal, NULL, g_free);
   s->fixed
       = g_hash_table_new_full (g_direct_hash, g_direct_equal, NULL, g_free);

@@ -11,19 +11,10 @@
 #include "program/backend.h"
 #include "hw/hw.h"
 #include "planner/layout.h"
+#include "planner/plan.h"
 
 G_BEGIN_DECLS
 
-typedef struct
-{
-  const StowModel *model;       /* NULL: a hand-built program */
-  const StowCluster *cluster;   /* required */
-  const StowTraining *training; /* required */
-  const StowLayout *layout;     /* NULL: a hand-built program */
-  /* [STOW_N_TIERS] bytes each rank may hold per tier; 0 unlimited; the
-   * array may be NULL. */
-  const guint64 *capacity_bytes;
-} StowSimSetup;
 
 /* Bytes of memory traffic per parameter of an Adam update, which the
  * simulator divides by the host's or the GPU's memory bandwidth: read fp32
@@ -32,8 +23,13 @@ typedef struct
  * STREAM-triad speed (bench/results/adam-vm-*.md). */
 #define STOW_SIM_ADAM_BYTES_PER_PARAM 28.0
 
-/* The sim for @setup (everything in it is copied or referenced). */
-StowBackend *stow_backend_sim_new (const StowSimSetup *setup);
+/* The sim of @plan (copied; its model and cluster referenced): its ops
+ * priced by the time model for its layout.  A plan with no model prices
+ * a hand-built program's ops from the cluster alone (its layout is not
+ * read).  @capacity_bytes, [STOW_N_TIERS] bytes each rank may hold per
+ * tier (0 unlimited), may be NULL. */
+StowBackend *stow_backend_sim_new (const StowPlan *plan,
+                                   const guint64 *capacity_bytes);
 /* Hand-built programs in tests: op @op takes @seconds, whatever it is. */
 void stow_backend_sim_set_op_seconds (StowBackend *sim, guint op,
                                       double seconds);

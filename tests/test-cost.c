@@ -114,7 +114,7 @@ korthikanti_errors (const KorthikantiRow *r, double err[4])
 
   layout (&l, r->gpus, r->tp, r->pp, r->vpp, r->gb, r->mbs, STOW_RECOMPUTE_FULL,
           FALSE);
-  g_assert_true (stow_cost_estimate_checked (m, c, &t, &l, &o, &cost, &error));
+  g_assert_true (stow_cost_estimate_checked (TEST_PLAN (m, c, &t, &l, NULL), &o, &cost, &error));
   g_assert_no_error (error);
   g_autofree char *w1 = g_strdup_printf ("%s full recompute s/iter", r->model);
   err[0] = rel_err (w1, cost.step_time_s, r->full_s);
@@ -122,7 +122,7 @@ korthikanti_errors (const KorthikantiRow *r, double err[4])
 
   layout (&l, r->gpus, r->tp, r->pp, r->vpp, r->gb, r->mbs,
           STOW_RECOMPUTE_SELECTIVE, TRUE);
-  g_assert_true (stow_cost_estimate_checked (m, c, &t, &l, &o, &cost, &error));
+  g_assert_true (stow_cost_estimate_checked (TEST_PLAN (m, c, &t, &l, NULL), &o, &cost, &error));
   g_autofree char *w2 = g_strdup_printf ("%s SP+selective s/iter", r->model);
   err[1] = rel_err (w2, cost.step_time_s, r->sel_s);
   g_autofree char *w3 = g_strdup_printf ("%s SP+selective MFU", r->model);
@@ -193,7 +193,7 @@ narayanan_error (const NarayananRow *r)
   so.max_keep = 1;
   so.cost = &o;
   g_autoptr (StowSearch) s
-      = stow_search_run_with (m, c, &t, &l, pins, &mo, &so);
+      = stow_search_run (TEST_PLAN (m, c, &t, &l, &mo), pins, &so);
   g_assert_cmpuint (s->fits->len, ==, 1);
   const StowCandidate *best = &g_array_index (s->fits, StowCandidate, 0);
   g_autofree char *w = g_strdup_printf ("%s (micro-batch %" G_GUINT64_FORMAT
@@ -251,7 +251,7 @@ test_flops_formula (void)
   StowCost cost;
   training (&t, 64);
   layout (&l, 64, 8, 8, 3, 64, 1, STOW_RECOMPUTE_SELECTIVE, TRUE);
-  stow_cost_estimate (m, c, &t, &l, NULL, &cost);
+  stow_cost_estimate (TEST_PLAN (m, c, &t, &l, NULL), NULL, &cost);
   double B = 64, s = 2048, L = 96, h = 12288, V = 51200;
   double expect = 72 * B * s * L * h * h * (1 + s / (6 * h) + V / (12 * h * L));
   g_assert_cmpfloat (fabs (cost.model_flops_per_step / expect - 1), <, 1e-3);
@@ -274,7 +274,7 @@ test_properties (void)
   layout (&l, 64, 8, 4, 1, 256, 1, STOW_RECOMPUTE_SELECTIVE, TRUE);
   l.engine = STOW_ENGINE_STOWAGE;
   StowCost one, two;
-  stow_cost_estimate (m, c, &t, &l, NULL, &one);
+  stow_cost_estimate (TEST_PLAN (m, c, &t, &l, NULL), NULL, &one);
   double sum = 0;
   for (int k = 0; k < STOW_N_COSTS; k++)
     {
@@ -296,7 +296,7 @@ test_properties (void)
   /* interleaving with v = 2 halves it */
   l.vpp = 2;
   l.schedule = STOW_SCHEDULE_INTERLEAVED;
-  stow_cost_estimate (m, c, &t, &l, NULL, &two);
+  stow_cost_estimate (TEST_PLAN (m, c, &t, &l, NULL), NULL, &two);
   g_assert_cmpfloat (fabs (two.exposed_s[STOW_COST_PP_BUBBLE] * 2
                            - one.exposed_s[STOW_COST_PP_BUBBLE]),
                      <, 1e-9 + 1e-6 * one.exposed_s[STOW_COST_PP_BUBBLE]);
@@ -304,9 +304,9 @@ test_properties (void)
   layout (&l, 64, 1, 1, 1, 64, 1, STOW_RECOMPUTE_FULL, FALSE);
   l.engine = STOW_ENGINE_STOWAGE;
   l.zero = 1;
-  stow_cost_estimate (m, c, &t, &l, NULL, &one);
+  stow_cost_estimate (TEST_PLAN (m, c, &t, &l, NULL), NULL, &one);
   l.zero = 3;
-  stow_cost_estimate (m, c, &t, &l, NULL, &two);
+  stow_cost_estimate (TEST_PLAN (m, c, &t, &l, NULL), NULL, &two);
   g_assert_cmpfloat (
       fabs (two.total_s[STOW_COST_DP] / one.total_s[STOW_COST_DP] - 1.5), <,
       0.01);
@@ -317,15 +317,15 @@ test_properties (void)
   l.engine = STOW_ENGINE_DEEPSPEED;
   StowCost ds, ds_off;
   l.offload_optimizer = STOW_OFFLOAD_NONE;
-  stow_cost_estimate (m, c, &t, &l, NULL, &ds);
+  stow_cost_estimate (TEST_PLAN (m, c, &t, &l, NULL), NULL, &ds);
   l.offload_optimizer = STOW_OFFLOAD_CPU;
-  stow_cost_estimate (m, c, &t, &l, NULL, &ds_off);
+  stow_cost_estimate (TEST_PLAN (m, c, &t, &l, NULL), NULL, &ds_off);
   g_assert_cmpfloat (ds_off.step_time_s, >, ds.step_time_s);
   g_assert_cmpfloat (ds_off.exposed_s[STOW_COST_CPU_OPTIMIZER], ==,
                      ds_off.total_s[STOW_COST_CPU_OPTIMIZER]);
   l.engine = STOW_ENGINE_STOWAGE;
   StowCost off;
-  stow_cost_estimate (m, c, &t, &l, NULL, &off);
+  stow_cost_estimate (TEST_PLAN (m, c, &t, &l, NULL), NULL, &off);
   g_assert_cmpfloat (off.total_s[STOW_COST_CPU_OPTIMIZER], >, 0);
   g_assert_cmpfloat (off.exposed_s[STOW_COST_CPU_OPTIMIZER], <,
                      off.total_s[STOW_COST_CPU_OPTIMIZER]);
@@ -335,7 +335,7 @@ test_properties (void)
   stow_cost_options_init (&o);
   o.delayed_update = TRUE;
   StowCost del;
-  stow_cost_estimate (m, c, &t, &l, &o, &del);
+  stow_cost_estimate (TEST_PLAN (m, c, &t, &l, NULL), &o, &del);
   g_assert_cmpfloat (del.step_time_s, <, ds_off.step_time_s);
   g_assert_cmpfloat (del.step_time_s, <=, off.step_time_s + 1e-12);
 }
@@ -354,10 +354,10 @@ test_gemm_efficiency (void)
   StowCost one, eight;
   layout (&l, 8, 1, 1, 1, 8, 1, STOW_RECOMPUTE_NONE, FALSE);
   l.engine = STOW_ENGINE_STOWAGE;
-  stow_cost_estimate (m, c, &t, &l, NULL, &one);
+  stow_cost_estimate (TEST_PLAN (m, c, &t, &l, NULL), NULL, &one);
   layout (&l, 8, 8, 1, 1, 8, 1, STOW_RECOMPUTE_NONE, TRUE);
   l.engine = STOW_ENGINE_STOWAGE;
-  stow_cost_estimate (m, c, &t, &l, NULL, &eight);
+  stow_cost_estimate (TEST_PLAN (m, c, &t, &l, NULL), NULL, &eight);
   /* per micro-batch compute: tp 8 has 1/8 of the FLOPs per GPU but 8
    * micro-batches per GPU ... compare per-sequence compute */
   double per_seq_1 = one.exposed_s[STOW_COST_COMPUTE] / 1.0;
@@ -381,7 +381,7 @@ test_terms (void)
   layout (&l, 32, 1, 1, 1, 64, 1, STOW_RECOMPUTE_FULL, FALSE);
   l.engine = STOW_ENGINE_STOWAGE;
   l.ep = 8;
-  stow_cost_estimate (mx, c, &t, &l, NULL, &k);
+  stow_cost_estimate (TEST_PLAN (mx, c, &t, &l, NULL), NULL, &k);
   g_assert_cmpfloat (k.exposed_s[STOW_COST_EP], >, 0);
   /* context parallelism over 4 ranks of a dense model */
   StowCost cpc;
@@ -391,7 +391,7 @@ test_terms (void)
   l.cp = 4;
   l.dp = 8;
   l.grad_accum = 64 / 8;
-  stow_cost_estimate (ll, c, &t, &l, NULL, &cpc);
+  stow_cost_estimate (TEST_PLAN (ll, c, &t, &l, NULL), NULL, &cpc);
   g_assert_cmpfloat (cpc.total_s[STOW_COST_CP], >, 0);
   g_assert_cmpfloat (cpc.exposed_s[STOW_COST_CP], <=,
                      cpc.total_s[STOW_COST_CP]);
@@ -400,14 +400,14 @@ test_terms (void)
   l.engine = STOW_ENGINE_STOWAGE;
   l.zero = 3;
   l.offload_optimizer = STOW_OFFLOAD_CPU;
-  stow_cost_estimate (ll, c, &t, &l, NULL, &k);
+  stow_cost_estimate (TEST_PLAN (ll, c, &t, &l, NULL), NULL, &k);
   l.offload_optimizer = STOW_OFFLOAD_NVME;
-  stow_cost_estimate (ll, c, &t, &l, NULL, &n);
+  stow_cost_estimate (TEST_PLAN (ll, c, &t, &l, NULL), NULL, &n);
   g_assert_cmpfloat (n.step_time_s, >=, k.step_time_s);
   g_assert_cmpfloat (n.total_s[STOW_COST_NVME], >, 0);
   l.offload_params = STOW_OFFLOAD_CPU;
   StowCost p;
-  stow_cost_estimate (ll, c, &t, &l, NULL, &p);
+  stow_cost_estimate (TEST_PLAN (ll, c, &t, &l, NULL), NULL, &p);
   g_assert_cmpfloat (p.total_s[STOW_COST_OFFLOAD_PCIE], >,
                      n.total_s[STOW_COST_OFFLOAD_PCIE]);
 }
@@ -428,9 +428,9 @@ test_decoder_seq_head (void)
   t.seq_len = 512;
   l.micro_batch = 8;
   StowEndsSeconds full, dec;
-  stow_cost_ends_seconds (m, c, &t, &l, &full);
+  stow_cost_ends_seconds (TEST_PLAN (m, c, &t, &l, NULL), &full);
   t.decoder_seq_len = 16;
-  stow_cost_ends_seconds (m, c, &t, &l, &dec);
+  stow_cost_ends_seconds (TEST_PLAN (m, c, &t, &l, NULL), &dec);
   g_assert_cmpfloat (dec.head_fwd_s * 8.0, <, full.head_fwd_s);
   g_assert_cmpfloat (dec.head_bwd_s * 8.0, <, full.head_bwd_s);
   g_assert_cmpfloat (dec.embedding_fwd_s, ==, full.embedding_fwd_s);
@@ -486,11 +486,11 @@ test_fp8 (void)
   StowLayerSeconds bf16, fp8;
   StowEndsSeconds ebf16, efp8;
   t.precision = STOW_PRECISION_BF16;
-  stow_cost_layer_seconds (m, c, &t, &l, FALSE, &bf16);
-  stow_cost_ends_seconds (m, c, &t, &l, &ebf16);
+  stow_cost_layer_seconds (TEST_PLAN (m, c, &t, &l, NULL), FALSE, &bf16);
+  stow_cost_ends_seconds (TEST_PLAN (m, c, &t, &l, NULL), &ebf16);
   t.precision = STOW_PRECISION_FP8;
-  stow_cost_layer_seconds (m, c, &t, &l, FALSE, &fp8);
-  stow_cost_ends_seconds (m, c, &t, &l, &efp8);
+  stow_cost_layer_seconds (TEST_PLAN (m, c, &t, &l, NULL), FALSE, &fp8);
+  stow_cost_ends_seconds (TEST_PLAN (m, c, &t, &l, NULL), &efp8);
   g_assert_cmpfloat (fabs (fp8.selective_s - bf16.selective_s), <,
                      1e-12 + 1e-9 * bf16.selective_s);
   g_assert_cmpfloat (fabs (efp8.head_fwd_s - ebf16.head_fwd_s), <,
@@ -518,9 +518,9 @@ test_megatron_overlap (void)
   stow_training_init (&t);
   t.global_batch = 64;
   layout (&l, 64, 8, 4, 2, 64, 1, STOW_RECOMPUTE_NONE, TRUE);
-  stow_cost_estimate (m, c, &t, &l, NULL, &on);
+  stow_cost_estimate (TEST_PLAN (m, c, &t, &l, NULL), NULL, &on);
   megatron_2022 (&o);
-  stow_cost_estimate (m, c, &t, &l, &o, &off);
+  stow_cost_estimate (TEST_PLAN (m, c, &t, &l, NULL), &o, &off);
   g_assert_cmpfloat (on.exposed_s[STOW_COST_TP], <,
                      0.5 * on.total_s[STOW_COST_TP]);
   g_assert_cmpfloat (off.exposed_s[STOW_COST_TP], ==,
@@ -534,7 +534,7 @@ test_megatron_overlap (void)
   g_assert_cmpfloat (on.exposed_s[STOW_COST_COMPUTE], >,
                      off.exposed_s[STOW_COST_COMPUTE]);
   l.engine = STOW_ENGINE_STOWAGE;
-  stow_cost_estimate (m, c, &t, &l, NULL, &on);
+  stow_cost_estimate (TEST_PLAN (m, c, &t, &l, NULL), NULL, &on);
   g_assert_cmpfloat (on.exposed_s[STOW_COST_TP], ==, on.total_s[STOW_COST_TP]);
 }
 
@@ -562,7 +562,7 @@ test_interleaved_p2p_fill (void)
       guint v = vs[i];
       layout (&l, 64, 8, 4, v, 64, 1, STOW_RECOMPUTE_NONE, TRUE);
       StowCost cost;
-      stow_cost_estimate (m, c, &t, &l, NULL, &cost);
+      stow_cost_estimate (TEST_PLAN (m, c, &t, &l, NULL), NULL, &cost);
       /* One send: the micro-batch's activation, split tp ways (SP). */
       double one = stow_cost_p2p_seconds (
           c, NULL, (double)t.seq_len * (double)m->hidden * 2.0 / l.tp,
@@ -631,10 +631,10 @@ test_nccl_ring_latency (void)
   stow_layout_init (&l);
   l.dp = 16, l.zero = 3, l.engine = STOW_ENGINE_FSDP;
   l.micro_batch = 1, l.grad_accum = 1;
-  stow_cost_estimate (m, c16, &t, &l, NULL, &with);
+  stow_cost_estimate (TEST_PLAN (m, c16, &t, &l, NULL), NULL, &with);
   stow_cost_options_init (&o);
   o.nccl_ring_base_s = o.nccl_intra_step_s = o.nccl_inter_step_s = 0;
-  stow_cost_estimate (m, c16, &t, &l, &o, &without);
+  stow_cost_estimate (TEST_PLAN (m, c16, &t, &l, NULL), &o, &without);
   double lat = stow_cost_dp_collective_seconds (c16, NULL, 1.0, 16, 1, TRUE);
   double added = with.total_s[STOW_COST_DP] - without.total_s[STOW_COST_DP];
   g_test_message ("FSDP latency: %.3f ms, %.0f collectives", added * 1e3,
@@ -644,8 +644,8 @@ test_nccl_ring_latency (void)
   /* Megatron-core's distributed optimizer: a reduce-scatter and an
    * all-gather per bucket of max(40M, 1M x dp) parameters (core_r0.8). */
   l.engine = STOW_ENGINE_MEGATRON, l.zero = 1;
-  stow_cost_estimate (m, c16, &t, &l, NULL, &with);
-  stow_cost_estimate (m, c16, &t, &l, &o, &without);
+  stow_cost_estimate (TEST_PLAN (m, c16, &t, &l, NULL), NULL, &with);
+  stow_cost_estimate (TEST_PLAN (m, c16, &t, &l, NULL), &o, &without);
   added = with.total_s[STOW_COST_DP] - without.total_s[STOW_COST_DP];
   double buckets = ceil ((double)m->params / 40e6);
   g_test_message ("Megatron latency: %.3f ms, %.1f collectives, %.0f buckets",
@@ -657,9 +657,9 @@ test_nccl_ring_latency (void)
    * four times one's traffic. */
   l.engine = STOW_ENGINE_FSDP, l.zero = 2;
   StowCost one, four;
-  stow_cost_estimate (m, c16, &t, &l, NULL, &one);
+  stow_cost_estimate (TEST_PLAN (m, c16, &t, &l, NULL), NULL, &one);
   t.global_batch = 64, l.grad_accum = 4;
-  stow_cost_estimate (m, c16, &t, &l, NULL, &four);
+  stow_cost_estimate (TEST_PLAN (m, c16, &t, &l, NULL), NULL, &four);
   g_assert_cmpfloat (fabs (four.total_s[STOW_COST_DP]
                            - 4.0 * one.total_s[STOW_COST_DP]),
                      <, 1e-9 * four.total_s[STOW_COST_DP]);
@@ -801,10 +801,10 @@ test_uneven_interleaved (void)
   /* The stages' work is the same either way, so the bubble is the 1F1B
    * one over v = 8 (Narayanan et al. 2021: (p - 1) / (v m)). */
   StowCost one, eight;
-  stow_cost_estimate (m, c, &t, &l, NULL, &eight);
+  stow_cost_estimate (TEST_PLAN (m, c, &t, &l, NULL), NULL, &eight);
   StowLayout l1 = l;
   l1.vpp = 1, l1.schedule = STOW_SCHEDULE_1F1B;
-  stow_cost_estimate (m, c, &t, &l1, NULL, &one);
+  stow_cost_estimate (TEST_PLAN (m, c, &t, &l1, NULL), NULL, &one);
   g_assert_cmpfloat (one.exposed_s[STOW_COST_PP_BUBBLE], >, 0);
   g_assert_cmpfloat_with_epsilon (eight.exposed_s[STOW_COST_PP_BUBBLE] * 8,
                                   one.exposed_s[STOW_COST_PP_BUBBLE],
@@ -812,7 +812,7 @@ test_uneven_interleaved (void)
   g_assert_cmpfloat (eight.step_time_s, <, one.step_time_s);
 
   /* Memory: a middle stage (8 layers) is the peak, not the first. */
-  g_autoptr (StowMemory) mem = stow_memory_estimate (m, c, &t, &l, &mo, &error);
+  g_autoptr (StowMemory) mem = stow_memory_estimate (TEST_PLAN (m, c, &t, &l, &mo), &error);
   g_assert_no_error (error);
   guint peak = mem->peak_stage;
   g_assert_cmpuint (mem->n_stages, ==, 16);

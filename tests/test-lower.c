@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "program/backend.h"
+#include "tests/testutil-planner.h"
 #include "planner/sim.h"
 #include "program/driver.h"
 #include "planner/memory-private.h"
@@ -35,11 +36,12 @@ simulate (const StowModel *m, const StowCluster *c, const StowTraining *t,
           StowProgram **prog_out)
 {
   g_autoptr (GError) error = NULL;
-  StowProgram *prog = stow_lower (m, c, t, l, NULL, so, &error);
+  StowProgram *prog
+      = stow_lower (test_lower_plan (TEST_PLAN (m, c, t, l, NULL), so), &error);
   g_assert_no_error (error);
   g_assert_nonnull (prog);
-  StowSimSetup setup = { m, c, t, l, NULL };
-  g_autoptr (StowBackend) sim = stow_backend_sim_new (&setup);
+  g_autoptr (StowBackend) sim
+      = stow_backend_sim_new (TEST_PLAN (m, c, t, l, NULL), NULL);
   StowTrace *tr = stow_program_run (prog, sim, &error);
   g_assert_no_error (error);
   g_assert_nonnull (tr);
@@ -88,7 +90,7 @@ check_search_pinned (const char *model_name, const char *spec, guint64 seq,
     base = *base_in;
   StowMemOptions mo;
   stow_mem_options_init (&mo);
-  g_autoptr (StowSearch) s = stow_search_run (m, c, &t, &base, pins, &mo, 0);
+  g_autoptr (StowSearch) s = test_search (TEST_PLAN (m, c, &t, &base, &mo), pins, 0);
   g_assert_cmpuint (s->fits->len, >, 0);
   /* STOW_LOWER_ALL=1 checks every layout: 48,046 of them, 56 s of CPU
    * on an Intel Xeon VM (94-163 s of wall time on loaded machines) against
@@ -106,7 +108,7 @@ check_search_pinned (const char *model_name, const char *spec, guint64 seq,
     {
       StowLayout *l = &g_array_index (s->fits, StowCandidate, i).layout;
       g_autoptr (StowMemory) mem
-          = stow_memory_estimate (m, c, &t, l, &mo, &error);
+          = stow_memory_estimate (TEST_PLAN (m, c, &t, l, &mo), &error);
       g_assert_no_error (error);
       StowProgram *prog = NULL;
       g_autoptr (StowTrace) tr = simulate (m, c, &t, l, &so, &prog);
@@ -419,13 +421,13 @@ test_random_plans (void)
       if (!random_layout (r, m, c, &t, &l, &so))
         continue;
       g_autoptr (StowMemory) mem
-          = stow_memory_estimate (m, c, &t, &l, NULL, &error);
+          = stow_memory_estimate (TEST_PLAN (m, c, &t, &l, NULL), &error);
       g_assert_no_error (error);
       if (so.layer_major)
         {
           /* Refused, by name, when its activations do not fit. */
           g_autoptr (StowProgram) lm
-              = stow_lower (m, c, &t, &l, NULL, &so, &error);
+              = stow_lower (test_lower_plan (TEST_PLAN (m, c, &t, &l, NULL), &so), &error);
           if (lm == NULL)
             {
               g_assert_nonnull (strstr (error->message, "--layer-major"));
@@ -507,7 +509,7 @@ test_streamed_spread (void)
   stow_lower_options_init (&so);
   so.resident_layers = 20; /* 12 streamed of 32 */
   g_autoptr (StowProgram) p
-      = stow_lower (m, c, &t, &l, NULL, &so, &error);
+      = stow_lower (test_lower_plan (TEST_PLAN (m, c, &t, &l, NULL), &so), &error);
   g_assert_no_error (error);
   g_assert_cmpuint (p->streamed_layers, ==, 12);
   gboolean streamed[32] = { FALSE };
@@ -543,7 +545,7 @@ test_refused (void)
   stow_layout_init (&l);
   l.dp = 8, l.grad_accum = 1, l.zero = 2;
   l.engine = STOW_ENGINE_DEEPSPEED;
-  StowProgram *p = stow_lower (m, c, &t, &l, NULL, NULL, &error);
+  StowProgram *p = stow_lower (test_lower_plan (TEST_PLAN (m, c, &t, &l, NULL), NULL), &error);
   g_assert_null (p);
   g_assert_error (error, STOW_PLAN_ERROR, STOW_PLAN_ERROR_INVALID);
   g_assert_nonnull (strstr (error->message, "--engine deepspeed"));
@@ -551,7 +553,7 @@ test_refused (void)
   l.engine = STOW_ENGINE_STOWAGE;
   t.finetune = STOW_FINETUNE_QLORA, t.lora_rank = 16;
   l.offload_optimizer = STOW_OFFLOAD_CPU;
-  p = stow_lower (m, c, &t, &l, NULL, NULL, &error);
+  p = stow_lower (test_lower_plan (TEST_PLAN (m, c, &t, &l, NULL), NULL), &error);
   g_assert_null (p);
   g_assert_error (error, STOW_PLAN_ERROR, STOW_PLAN_ERROR_INVALID);
   g_assert_nonnull (
@@ -560,7 +562,7 @@ test_refused (void)
   t.finetune = STOW_FINETUNE_FULL;
   l.offload_optimizer = STOW_OFFLOAD_NONE;
   l.tp = 3, l.dp = 1; /* does not multiply to 8 */
-  p = stow_lower (m, c, &t, &l, NULL, NULL, &error);
+  p = stow_lower (test_lower_plan (TEST_PLAN (m, c, &t, &l, NULL), NULL), &error);
   g_assert_null (p);
   g_assert_error (error, STOW_PLAN_ERROR, STOW_PLAN_ERROR_INVALID);
 }
@@ -581,7 +583,7 @@ test_zero_offload_shape (void)
   l.dp = 8, l.grad_accum = 4, l.zero = 2;
   l.offload_optimizer = STOW_OFFLOAD_CPU;
   g_autoptr (StowProgram) p
-      = stow_lower (m, c, &t, &l, NULL, NULL, &error);
+      = stow_lower (test_lower_plan (TEST_PLAN (m, c, &t, &l, NULL), NULL), &error);
   g_assert_no_error (error);
   guint d2h = 0, adam = 0, rs = 0;
   for (guint i = 0; i < p->ops->len; i++)
@@ -626,10 +628,10 @@ test_resident_decided_once (void)
   l.offload_optimizer = l.offload_params = STOW_OFFLOAD_CPU;
   StowMemOptions mo;
   stow_mem_options_init (&mo);
-  g_assert_true (stow_layout_resolve_resident (m, c, &t, &l, &mo, &error));
+  g_assert_true (test_resolve_resident (m, c, &t, &l, &mo, &error));
   g_assert_no_error (error);
   g_assert_cmpuint (l.resident_layers, ==, 32);
-  g_autoptr (StowMemory) mem = stow_memory_estimate (m, c, &t, &l, &mo, &error);
+  g_autoptr (StowMemory) mem = stow_memory_estimate (TEST_PLAN (m, c, &t, &l, &mo), &error);
   g_assert_no_error (error);
   g_assert_true (mem->fits_device);
   StowLowerOptions so;
@@ -644,17 +646,17 @@ test_resident_decided_once (void)
   g_assert_cmpfloat (fabs (sim - model) / model, <, 0.02);
   /* The time model fetches none of the resident layers. */
   StowCost kept, streamed;
-  stow_cost_estimate (m, c, &t, &l, NULL, &kept);
+  stow_cost_estimate (TEST_PLAN (m, c, &t, &l, NULL), NULL, &kept);
   StowLayout all = l;
   all.resident_layers = 0;
-  stow_cost_estimate (m, c, &t, &all, NULL, &streamed);
+  stow_cost_estimate (TEST_PLAN (m, c, &t, &all, NULL), NULL, &streamed);
   g_assert_cmpfloat (kept.total_s[STOW_COST_OFFLOAD_PCIE], <,
                      streamed.total_s[STOW_COST_OFFLOAD_PCIE]);
   g_assert_cmpfloat (kept.step_time_s, <, streamed.step_time_s);
   /* A pinned count is kept as given, and costs what it streams. */
   StowLayout half = l;
   half.resident_layers = 16;
-  g_assert_true (stow_layout_resolve_resident (m, c, &t, &half, &mo, &error));
+  g_assert_true (test_resolve_resident (m, c, &t, &half, &mo, &error));
   g_assert_cmpuint (half.resident_layers, ==, 16);
   stow_program_free (prog);
 }

@@ -70,7 +70,7 @@ estimate (const StowModel *m, const StowCluster *c, const StowTraining *t,
           const StowLayout *l, const StowMemOptions *o)
 {
   g_autoptr (GError) error = NULL;
-  StowMemory *mem = stow_memory_estimate (m, c, t, l, o, &error);
+  StowMemory *mem = stow_memory_estimate (TEST_PLAN (m, c, t, l, o), &error);
   g_assert_no_error (error);
   g_assert_nonnull (mem);
   return mem;
@@ -84,7 +84,7 @@ assert_refused (const StowModel *m, const StowCluster *c, const StowTraining *t,
                 const char *fragment)
 {
   g_autoptr (GError) error = NULL;
-  g_assert_null (stow_memory_estimate (m, c, t, l, o, &error));
+  g_assert_null (stow_memory_estimate (TEST_PLAN (m, c, t, l, o), &error));
   g_assert_error (error, STOW_PLAN_ERROR, STOW_PLAN_ERROR_INVALID);
   g_test_message ("%s", error->message);
   if (strstr (error->message, fragment) == NULL)
@@ -360,7 +360,7 @@ test_korthikanti_table2 (void)
           l.tp = cases[k].tp;
           l.sp = cases[k].sp;
           l.recompute = cases[k].rc;
-          guint64 got = stow_memory_layer_activations (m, &t, &l);
+          guint64 got = stow_memory_layer_activations (TEST_PLAN (m, NULL, &t, &l, NULL));
           g_test_message ("model %" G_GSIZE_FORMAT " case %" G_GSIZE_FORMAT
                           ": %" G_GUINT64_FORMAT " vs %.1f",
                           i, k, got, cases[k].expected);
@@ -1047,7 +1047,7 @@ test_lora_frozen_inputs (void)
   l.dp = 8;
   l.engine = STOW_ENGINE_FSDP;
   g_autoptr (GError) error = NULL;
-  g_assert_null (stow_memory_estimate (m, c, &t, &l, &o, &error));
+  g_assert_null (stow_memory_estimate (TEST_PLAN (m, c, &t, &l, &o), &error));
   g_assert_nonnull (strstr (error->message, "only --engine deepspeed"));
   l.engine = STOW_ENGINE_DEEPSPEED;
   g_autoptr (StowMemory) off = estimate (m, c, &t, &l, &o);
@@ -1987,7 +1987,7 @@ test_mcore_fp8_transformer_engine (void)
       StowMemOptions o;
       llama3_8b_run (&t, &l, &o, rows[i].engine, STOW_PRECISION_BF16);
       g_autoptr (StowMemory) bf16 = estimate (m, c, &t, &l, &o);
-      guint64 layer16 = stow_memory_layer_activations (m, &t, &l);
+      guint64 layer16 = stow_memory_layer_activations (TEST_PLAN (m, NULL, &t, &l, NULL));
       t.precision = STOW_PRECISION_FP8;
       g_autoptr (StowMemory) fp8 = estimate (m, c, &t, &l, &o);
       GArray *terms = fp8->stages[0].terms;
@@ -2004,7 +2004,7 @@ test_mcore_fp8_transformer_engine (void)
       g_assert_cmpuint (term_bytes (terms, "activations"), ==, act_fp8);
       /* The time model reads a layer's activations as its element-wise
        * traffic, which the fp8 copies do not shrink. */
-      g_assert_cmpuint (stow_memory_layer_activations (m, &t, &l), ==, layer16);
+      g_assert_cmpuint (stow_memory_layer_activations (TEST_PLAN (m, NULL, &t, &l, NULL)), ==, layer16);
       /* The backward's working set holds 16-bit activation gradients. */
       g_assert_cmpuint (
           term_bytes (terms, "backward working set"), ==,
@@ -2152,7 +2152,7 @@ test_properties (void)
        * (`plan` and `fit` rank by it, `mem` prints the other). */
       StowMemTotals tot;
       g_assert_true (
-          stow_memory_estimate_totals (m, c, &t, &l, &o, &tot, NULL));
+          stow_memory_estimate_totals (TEST_PLAN (m, c, &t, &l, &o), NULL, &tot, NULL));
       g_assert_cmpuint (tot.total_bytes, ==, mem->total_bytes);
       g_assert_cmpuint (tot.allocated_peak_bytes, ==,
                         mem->allocated_peak_bytes);
@@ -2287,7 +2287,7 @@ test_validation_errors (void)
       stow_layout_init (&l);
       l.dp = bad[i].dp, l.tp = bad[i].tp, l.pp = bad[i].pp;
       g_autoptr (GError) error = NULL;
-      g_assert_null (stow_memory_estimate (m, c, &t, &l, NULL, &error));
+      g_assert_null (stow_memory_estimate (TEST_PLAN (m, c, &t, &l, NULL), &error));
       g_assert_error (error, STOW_PLAN_ERROR, STOW_PLAN_ERROR_INVALID);
       g_test_message ("%s", error->message);
       if (bad[i].fragment)
@@ -2307,13 +2307,13 @@ test_validation_errors (void)
   l.micro_batch = 1, l.grad_accum = 8;
   l.recompute = STOW_RECOMPUTE_FULL, l.recompute_layers = 4;
   g_autoptr (GError) error = NULL;
-  g_autoptr (StowMemory) ok = stow_memory_estimate (m, c, &t, &l, NULL, &error);
+  g_autoptr (StowMemory) ok = stow_memory_estimate (TEST_PLAN (m, c, &t, &l, NULL), &error);
   g_assert_no_error (error);
   g_assert_cmpuint (stow_layout_recomputed_layers (&l, 80, 20), ==, 20);
   l.recompute_layers = 1;
   g_assert_cmpuint (stow_layout_recomputed_layers (&l, 80, 20), ==, 5);
   l.recompute_layers = 5;
-  g_assert_null (stow_memory_estimate (m, c, &t, &l, NULL, &error));
+  g_assert_null (stow_memory_estimate (TEST_PLAN (m, c, &t, &l, NULL), &error));
   g_assert_error (error, STOW_PLAN_ERROR, STOW_PLAN_ERROR_INVALID);
   g_assert_nonnull (strstr (error->message, "--recompute full:5 is more than "
                                             "the 4 layers of a model chunk"));

@@ -77,8 +77,8 @@ make_plan (const Case *c, StowMemory **mem_out)
   /* As every command does: the resident layers decided before the memory
    * is estimated, so the plan's terms include them. */
   g_assert_true (
-      stow_layout_resolve_resident (model, cluster, &t, &l, &o, &error));
-  StowMemory *mem = stow_memory_estimate (model, cluster, &t, &l, &o, &error);
+      test_resolve_resident (model, cluster, &t, &l, &o, &error));
+  StowMemory *mem = stow_memory_estimate (TEST_PLAN (model, cluster, &t, &l, &o), &error);
   g_assert_no_error (error);
   *mem_out = mem;
   return stow_plan_file_new (model, cluster, &t, &l, &o, mem, NULL);
@@ -142,8 +142,7 @@ test_round_trip (gconstpointer data)
   g_assert_cmpuint (q->predicted_device_bytes, ==, mem->total_bytes);
 
   /* The numbers come back: every term of every stage, host and NVMe. */
-  g_autoptr (StowMemory) m2 = stow_memory_estimate (
-      q->model, q->cluster, &q->training, &q->layout, &q->mem_options, &error);
+  g_autoptr (StowMemory) m2 = stow_memory_estimate (TEST_PLAN (q->model, q->cluster, &q->training, &q->layout, &q->mem_options), &error);
   g_assert_no_error (error);
   g_assert_cmpuint (m2->n_stages, ==, mem->n_stages);
   for (guint i = 0; i < mem->n_stages; i++)
@@ -458,7 +457,7 @@ test_embedded_config (void)
   stow_test_defaults (&t, &l, &o);
   l.dp = 8, l.zero = 2;
   g_autoptr (StowMemory) mem
-      = stow_memory_estimate (model, cluster, &t, &l, &o, &error);
+      = stow_memory_estimate (TEST_PLAN (model, cluster, &t, &l, &o), &error);
   g_assert_no_error (error);
   g_autoptr (StowPlanFile) p
       = stow_plan_file_new (model, cluster, &t, &l, &o, mem, NULL);
@@ -469,8 +468,7 @@ test_embedded_config (void)
   g_assert_no_error (error);
   g_assert_cmpstr (q->model->name, ==, model->name);
   g_assert_cmpuint (q->model->params, ==, model->params);
-  g_autoptr (StowMemory) m2 = stow_memory_estimate (
-      q->model, q->cluster, &q->training, &q->layout, &q->mem_options, &error);
+  g_autoptr (StowMemory) m2 = stow_memory_estimate (TEST_PLAN (q->model, q->cluster, &q->training, &q->layout, &q->mem_options), &error);
   g_assert_no_error (error);
   g_assert_cmpuint (m2->total_bytes, ==, mem->total_bytes);
   g_assert_cmpuint (m2->host_total_bytes, ==, mem->host_total_bytes);

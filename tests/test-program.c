@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "program/program.h"
+#include "tests/testutil-planner.h"
 #include "planner/lower.h"
 
 static StowModel *
@@ -98,7 +99,7 @@ lower_small (guint64 grad_accum, double max_grad_norm, StowRecompute rec)
   StowLowerOptions so;
   stow_lower_options_init (&so);
   so.optim.max_grad_norm = max_grad_norm;
-  StowProgram *p = stow_lower (m, c, &t, &l, NULL, &so, &error);
+  StowProgram *p = stow_lower (test_lower_plan (TEST_PLAN (m, c, &t, &l, NULL), &so), &error);
   g_assert_no_error (error);
   return p;
 }

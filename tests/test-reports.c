@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "core/json.h"
+#include "tests/testutil-planner.h"
 #include "planner/search.h"
 #include "reports/emit.h"
 #include "reports/report.h"
@@ -349,12 +350,11 @@ over_search (CheckFn check, StowEmitKind kind, const char *what)
         stow_mem_options_init (&o);
         base.engine = engines[e];
         g_autoptr (StowSearch) search
-            = stow_search_run (model, cluster, &t, &base, 0, &o, 64);
+            = test_search (TEST_PLAN (model, cluster, &t, &base, &o), 0, 64);
         for (guint i = 0; i < search->fits->len; i++)
           {
             StowCandidate *c = &g_array_index (search->fits, StowCandidate, i);
-            g_autoptr (StowMemory) mem = stow_memory_estimate (
-                model, cluster, &t, &c->layout, &o, &error);
+            g_autoptr (StowMemory) mem = stow_memory_estimate (TEST_PLAN (model, cluster, &t, &c->layout, &o), &error);
             g_assert_no_error (error);
             g_autoptr (StowPlanFile) plan = stow_plan_file_new (
                 model, cluster, &t, &c->layout, &o, mem, NULL);
@@ -405,7 +405,7 @@ plan_for (const char *model_name, const char *gpus, StowLayout *l,
   StowMemOptions o;
   stow_training_init (&t);
   stow_mem_options_init (&o);
-  StowMemory *mem = stow_memory_estimate (model, cluster, &t, l, &o, &error);
+  StowMemory *mem = stow_memory_estimate (TEST_PLAN (model, cluster, &t, l, &o), &error);
   g_assert_no_error (error);
   StowPlanFile *p
       = stow_plan_file_new (model, cluster, &t, l, &o, mem, "/mnt/nvme0");

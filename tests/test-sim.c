@@ -15,6 +15,7 @@
 
 #include "core/json.h"
 #include "program/backend.h"
+#include "tests/testutil-planner.h"
 #include "planner/sim.h"
 #include "program/driver.h"
 #include "planner/cost.h"
@@ -105,7 +106,7 @@ lower (const StowModel *m, const StowCluster *c, const StowTraining *t,
        const StowLayout *l, const StowMemOptions *mo,
        const StowLowerOptions *so, GError **error)
 {
-  StowProgram *p = stow_lower (m, c, t, l, mo, so, error);
+  StowProgram *p = stow_lower (test_lower_plan (TEST_PLAN (m, c, t, l, mo), so), error);
   if (p != NULL)
     {
       Pricing *pr = pricing_of (p);
@@ -120,9 +121,8 @@ sim_for (const StowProgram *p, const StowCluster *c, const StowTraining *t,
          const guint64 *caps)
 {
   Pricing *pr = pricing_of (p);
-  StowSimSetup setup = { pr->model, c, t, pr->model ? &pr->layout : NULL,
-                         caps };
-  StowBackend *sim = stow_backend_sim_new (&setup);
+  StowBackend *sim = stow_backend_sim_new (
+      TEST_PLAN (pr->model, c, t, pr->model ? &pr->layout : NULL, NULL), caps);
   for (guint i = 0; i + 1 < pr->fixed->len; i += 2)
     stow_backend_sim_set_op_seconds (
         sim, (guint)g_array_index (pr->fixed, double, i),
@@ -397,7 +397,7 @@ layer_forward_s (const StowCluster *c, const StowTraining *t)
   /* Lowering prices layer ops from the planner's cost model; so does
    * this probe, so the synthetic link is set against the real forward. */
   StowLayerSeconds ls;
-  stow_cost_layer_seconds (m, c, t, &l, FALSE, &ls);
+  stow_cost_layer_seconds (TEST_PLAN (m, c, t, &l, NULL), FALSE, &ls);
   return ls.forward_s;
 }
 
@@ -772,7 +772,7 @@ test_agrees_with_cost (void)
       t.global_batch = l.dp * l.micro_batch * l.grad_accum;
       StowCost cost;
       g_assert_true (
-          stow_cost_estimate_checked (m, c, &t, &l, NULL, &cost, &error));
+          stow_cost_estimate_checked (TEST_PLAN (m, c, &t, &l, NULL), NULL, &cost, &error));
       g_assert_no_error (error);
       StowLowerOptions so;
       stow_lower_options_init (&so);
@@ -813,7 +813,7 @@ nvme_phase_ratio (StowCluster *c, const StowModel *m, double *predicted,
   t.global_batch = 8;
   StowCost cost;
   g_assert_true (
-      stow_cost_estimate_checked (m, c, &t, &l, NULL, &cost, &error));
+      stow_cost_estimate_checked (TEST_PLAN (m, c, &t, &l, NULL), NULL, &cost, &error));
   g_autoptr (StowProgram) p = lower (m, c, &t, &l, NULL, NULL, &error);
   g_assert_no_error (error);
   g_autoptr (StowTrace) tr = run (p, c, &t, NULL, &error);

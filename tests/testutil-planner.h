@@ -9,6 +9,8 @@
 #include "hw/hw.h"
 #include "models/model.h"
 #include "planner/memory.h"
+#include "planner/search.h"
+#include "planner/plan.h"
 
 G_BEGIN_DECLS
 
@@ -56,6 +58,54 @@ stow_test_eager_run (StowTraining *t, StowLayout *l, StowMemOptions *o,
   t->dropout = TRUE;
   l->engine = engine;
   l->micro_batch = micro_batch;
+}
+
+/* @p as the plan of these parts (NULL: a part's defaults), for tests that
+ * hold the parts apart: TEST_PLAN (m, c, &t, &l, &o) is a pointer to a
+ * plan that lives until the end of the enclosing block. */
+static inline const StowPlan *
+stow_test_plan (StowPlan *p, const StowModel *m, const StowCluster *c,
+                const StowTraining *t, const StowLayout *l,
+                const StowMemOptions *o)
+{
+  *p = stow_plan_of (m, c, t, l, o);
+  return p;
+}
+#define TEST_PLAN(m, c, t, l, o)                                               \
+  stow_test_plan (&(StowPlan){ 0 }, (m), (c), (t), (l), (o))
+
+/* A search of @plan keeping the @max_keep fastest (0: all). */
+static inline StowSearch *
+test_search (const StowPlan *plan, StowPins pins, guint max_keep)
+{
+  StowSearchOptions so;
+  stow_search_options_init (&so);
+  so.max_keep = max_keep;
+  return stow_search_run (plan, pins, &so);
+}
+
+/* @plan (a TEST_PLAN's) with the lowering's options @lower (NULL: the
+ * defaults). */
+static inline const StowPlan *
+test_lower_plan (const StowPlan *plan, const StowLowerOptions *lower)
+{
+  if (lower != NULL)
+    ((StowPlan *)plan)->lower = *lower;
+  return plan;
+}
+
+/* stow_plan_resolve_resident on these parts, the resident count written
+ * back into @l. */
+static inline gboolean
+test_resolve_resident (const StowModel *m, const StowCluster *c,
+                       const StowTraining *t, StowLayout *l,
+                       const StowMemOptions *o, GError **error)
+{
+  StowPlan p = stow_plan_of (m, c, t, l, o);
+  if (!stow_plan_resolve_resident (&p, error))
+    return FALSE;
+  *l = p.layout;
+  return TRUE;
 }
 
 G_END_DECLS
