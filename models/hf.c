@@ -333,6 +333,489 @@ in_int_array (JsonArray *a, guint64 v)
   return FALSE;
 }
 
+/* ---- how a family is described ------------------------------------------ */
+
+/* A family is one entry of the table at the end of this file: the
+ * model_type values it serves, its config fields (every alias of each size,
+ * in the order the family's importer always read them, so the first error
+ * a config gets stays the same), its defaults and switches (flags), and its
+ * inventory as a recipe of slots.  One reader and one builder serve every
+ * family; what no table says (Falcon's kv heads, MPT's attn_config, T5's
+ * second stack, the experts of DeepSeek and Qwen-MoE) is a hook named for
+ * what it does. */
+
+/* The sizes fields fill and recipes name.  SZ_NONE is 0 everywhere: a 1-D
+ * tensor's missing second dimension. */
+typedef enum
+{
+  SZ_NONE,
+  SZ_HIDDEN,
+  SZ_LAYERS, /* the layer stack (T5: the encoder's) */
+  SZ_HEADS,
+  SZ_KV_HEADS,
+  SZ_HEAD_DIM, /* 0 unless a field or a hook gives it; then hidden / heads */
+  SZ_FFN,
+  SZ_VOCAB,
+  SZ_POSITIONS,      /* learned position embeddings */
+  SZ_TOKEN_TYPES,    /* BERT's token_type_embeddings */
+  SZ_EMBED_WIDTH,    /* OPT's word_embed_proj_dim */
+  SZ_DECODER_LAYERS, /* T5's second stack */
+  SZ_BUCKETS,        /* T5's relative position buckets */
+  SZ_EXPERTS,        /* routed experts per MoE layer */
+  SZ_TOP_K,
+  SZ_MOE_FFN, /* one routed expert's width */
+  SZ_SHARED_EXPERTS,
+  SZ_FIRST_DENSE, /* DeepSeek's first_k_dense_replace */
+  SZ_MOE_EVERY,   /* DeepSeek's moe_layer_freq, Qwen's decoder_sparse_step */
+  SZ_Q_LORA,      /* DeepSeek's multi-head latent attention (MLA) */
+  SZ_KV_LORA,
+  SZ_QK_NOPE,
+  SZ_QK_ROPE,
+  SZ_V_HEAD_DIM,
+  /* Derived once the checks passed (derive_sizes). */
+  SZ_Q,             /* heads x head_dim */
+  SZ_KV,            /* kv heads x head_dim */
+  SZ_QKV,           /* (heads + 2 kv heads) x head_dim: fused q, k, v */
+  SZ_FFN_X2,        /* fused gate and up projections */
+  SZ_POSITION_ROWS, /* positions + the family's position_offset */
+  SZ_SHARED_FFN,    /* shared experts x expert width: one MLP */
+  SZ_MLA_KV_A,      /* kv_lora_rank + qk_rope_head_dim */
+  SZ_MLA_KV_B,      /* heads x (qk_nope_head_dim + v_head_dim) */
+  SZ_MLA_O,         /* heads x v_head_dim */
+  SZ_COUNT
+} Size;
+
+/* Switches: a family's defaults, flipped by its boolean fields and hooks;
+ * a slot is present or has a bias according to them. */
+enum
+{
+  F_TIED = 1u << 0,         /* lm_head shares the token embedding */
+  F_BIAS = 1u << 1,         /* biases on every linear (GPT-2, BLOOM, ...) */
+  F_QKV_BIAS = 1u << 2,     /* q, k, v biases the code always has (qwen2) */
+  F_ATTN_BIAS = 1u << 3,    /* attention_bias: q, k, v and o */
+  F_MLP_BIAS = 1u << 4,     /* mlp_bias */
+  F_NO_BIAS = 1u << 5,      /* MPT's no_bias: not even on the norms */
+  F_GATED = 1u << 6,        /* a gated MLP (SwiGLU, GeGLU) */
+  F_FUSED = 1u << 7,        /* phi3: qkv_proj and gate_up_proj */
+  F_QK_NORM = 1u << 8,      /* a norm on q and on k */
+  F_SANDWICH = 1u << 9,     /* Gemma 2: norms before and after each block */
+  F_MOE = 1u << 10,         /* routed experts, in the layers moe_layer picks */
+  F_MOE_LAYER = 1u << 11,   /* (per layer) this one has them */
+  F_FIRST = 1u << 12,       /* (per layer) the first of its stack */
+  F_LEARNED_POS = 1u << 13, /* a learned position table */
+  F_ROPE_FREE = 1u << 14,   /* no rotary embedding (ALiBi, none) */
+  F_NO_LM_HEAD = 1u << 15,  /* an encoder: no vocabulary logits */
+  F_FFN_DROPOUT = 1u << 16,
+  F_GELU_NEW = 1u << 17,
+  F_NEW_ARCH = 1u << 18, /* Falcon's new_decoder_architecture */
+  F_MULTI_QUERY = 1u << 19,
+  F_PARALLEL_ATTN = 1u << 20,
+  F_TWO_NORMS = 1u << 21,     /* Falcon: ln_attn and ln_mlp */
+  F_LN_BEFORE = 1u << 22,     /* OPT's do_layer_norm_before */
+  F_NO_FINAL_NORM = 1u << 23, /* OPT's _remove_final_layer_norm */
+  F_PROJECT_EMBED = 1u << 24, /* OPT: word_embed_proj_dim != hidden_size */
+  F_Q_LORA = 1u << 25,        /* MLA: q through q_a_proj and q_b_proj */
+  F_SCORE_BIAS = 1u << 26,    /* DeepSeek-V3's e_score_correction_bias */
+  F_SHARED_EXPERTS = 1u << 27,
+};
+
+/* String fields a hook interprets. */
+typedef enum
+{
+  TX_NONE,
+  TX_ACTIVATION, /* GPT-2's activation_function, T5's feed_forward_proj */
+  TX_TOPK_METHOD,
+  TX_COUNT
+} Text;
+
+/* One config field, read into a size, a flag, a string or (Qwen-MoE's
+ * mlp_only_layers) the layer list; or a list of them to read in its place. When
+ * absent a size takes @fallback, or @times x the size @fallback_of; a flag
+ * keeps the family's default. */
+typedef struct Field Field;
+struct Field
+{
+  Size size;
+  guint flag;
+  Text text;
+  gboolean layer_list;
+  const char *names[4]; /* aliases, first present wins; errors name [0] */
+  gboolean required;
+  gboolean zero_ok;
+  guint64 fallback;
+  Size fallback_of;
+  guint64 times;
+  const char *fallback_text;
+  guint when;           /* read only when all these flags are set */
+  const Field *include; /* read that list here */
+};
+
+typedef enum
+{
+  SLOT_END,
+  SLOT_TENSOR,  /* a plain tensor, named in full */
+  SLOT_LINEAR,  /* NAME.weight (rows x cols), NAME.bias */
+  SLOT_CONV1D,  /* GPT-2's Conv1D: NAME.weight stored in x out, NAME.bias */
+  SLOT_NORM,    /* NAME.weight, and NAME.bias for a LayerNorm */
+  SLOT_HEAD,    /* the lm_head: vocab x cols, tied when F_TIED */
+  SLOT_GROUP,   /* @each under NAME. */
+  SLOT_LAYERS,  /* @each under NAME.i. for each layer i of @count */
+  SLOT_EXPERTS, /* @each under NAME.e. for each routed expert */
+  SLOT_MOE,     /* the family's MoE block, in this layer */
+} SlotKind;
+
+typedef struct Slot Slot;
+struct Slot
+{
+  SlotKind kind;
+  const char *name;
+  StowTensorRole role;
+  Size rows, cols; /* as stored; a norm's width (default hidden) */
+  guint bias;      /* a linear's bias is there when any of these is set */
+  gboolean tied;   /* shares the token embedding's storage (T5's copies) */
+  Size count;      /* SLOT_LAYERS: how many */
+  Size first;      /* SLOT_LAYERS: the first one's index in the model */
+  const Slot *each;
+  guint when, unless; /* there only with all of @when and none of @unless */
+};
+
+/* Slots as designated initializers; optional members follow by name. */
+/* clang-format off */
+#define TENSOR(n, r, rows_, cols_, ...)                                        \
+  { .kind = SLOT_TENSOR, .name = n, .role = STOW_ROLE_##r, .rows = rows_,      \
+    .cols = cols_, __VA_ARGS__ }
+#define LINEAR(n, r, rows_, cols_, ...)                                        \
+  { .kind = SLOT_LINEAR, .name = n, .role = STOW_ROLE_##r, .rows = rows_,      \
+    .cols = cols_, __VA_ARGS__ }
+#define CONV1D(n, r, rows_, cols_, ...)                                        \
+  { .kind = SLOT_CONV1D, .name = n, .role = STOW_ROLE_##r, .rows = rows_,      \
+    .cols = cols_, __VA_ARGS__ }
+#define NORM(n, ...) { .kind = SLOT_NORM, .name = n, __VA_ARGS__ }
+#define HEAD(n, cols_, ...)                                                    \
+  { .kind = SLOT_HEAD, .name = n, .cols = cols_, __VA_ARGS__ }
+#define GROUP(n, recipe, ...)                                                  \
+  { .kind = SLOT_GROUP, .name = n, .each = recipe, __VA_ARGS__ }
+#define LAYERS(n, count_, recipe, ...)                                         \
+  { .kind = SLOT_LAYERS, .name = n, .count = count_, .each = recipe,           \
+    __VA_ARGS__ }
+#define EXPERTS(n, recipe, ...)                                                \
+  { .kind = SLOT_EXPERTS, .name = n, .each = recipe, __VA_ARGS__ }
+#define MOE(...) { .kind = SLOT_MOE, __VA_ARGS__ }
+#define END { .kind = SLOT_END }
+/* clang-format on */
+
+typedef struct Import Import;
+typedef gboolean (*ImportHook) (Import *c, GError **error);
+
+typedef struct
+{
+  const char *types[3];        /* the model_type values, as advertised */
+  const char *legacy_types[3]; /* also accepted, never advertised */
+  const Field *fields;         /* read first, in this order */
+  guint flags;                 /* defaults */
+  StowNormKind norm;
+  guint64 position_offset; /* extra rows in the position table */
+  /* Also read what running the model needs (read_runtime). */
+  gboolean runtime;
+  ImportHook derive; /* before the layer and head checks */
+  /* The experts' fields, read after the checks when F_MOE is set. */
+  const Field *expert_fields;
+  ImportHook finish; /* after them */
+  /* Whether stack layer @i has the routed experts (all when NULL). */
+  gboolean (*moe_layer) (const Import *c, guint64 i);
+  const Slot *inventory;
+  const Slot *moe; /* what SLOT_MOE builds */
+} Family;
+
+/* One config.json as a family reads and builds it. */
+struct Import
+{
+  StowModelBuilder *b;
+  JsonObject *o;
+  const Family *family;
+  guint flags;
+  StowNormKind norm;
+  guint64 size[SZ_COUNT];
+  const char *field[SZ_COUNT]; /* the config field each size came from */
+  const char *text[TX_COUNT];
+  JsonArray *layer_list;
+};
+
+/* ---- the generic reader and builder ------------------------------------- */
+
+static gboolean
+field_end (const Field *f)
+{
+  return !f->size && !f->flag && !f->text && !f->layer_list && !f->include;
+}
+
+static gboolean
+read_fields (Import *c, const Field *f, GError **error)
+{
+  const char *where = c->b->where;
+  for (; !field_end (f); f++)
+    {
+      if ((c->flags & f->when) != f->when)
+        continue;
+      if (f->include)
+        {
+          if (!read_fields (c, f->include, error))
+            return FALSE;
+        }
+      else if (f->flag)
+        {
+          gboolean on = (c->flags & f->flag) != 0;
+          if (!get_bool (c->o, where, f->names[0], &on, error))
+            return FALSE;
+          c->flags = on ? c->flags | f->flag : c->flags & ~f->flag;
+        }
+      else if (f->text)
+        {
+          c->text[f->text] = f->fallback_text;
+          if (!stow_json_get_string (c->o, where, f->names[0], FALSE,
+                                     &c->text[f->text], error))
+            return FALSE;
+        }
+      else if (f->layer_list)
+        {
+          if (!stow_json_get_array (c->o, where, f->names[0], FALSE,
+                                    &c->layer_list, error))
+            return FALSE;
+        }
+      else
+        {
+          guint64 *v = &c->size[f->size];
+          *v = f->fallback_of ? c->size[f->fallback_of] * MAX (f->times, 1)
+                              : f->fallback;
+          if (f->names[0] == NULL)
+            continue;
+          c->field[f->size] = f->names[0];
+          if (!get_u64 (c->o, where, f->names, f->required, !f->zero_ok, v,
+                        error))
+            return FALSE;
+        }
+    }
+  return TRUE;
+}
+
+/* The layer count, and the heads against the hidden size; messages name
+ * the fields the sizes came from (kv heads default to one per head). */
+static gboolean
+check_shape (Import *c, GError **error)
+{
+  const guint64 *s = c->size;
+  const char *kv_field
+      = c->field[SZ_KV_HEADS] ? c->field[SZ_KV_HEADS] : c->field[SZ_HEADS];
+  if (s[SZ_KV_HEADS] == 0)
+    c->size[SZ_KV_HEADS] = s[SZ_HEADS];
+  if (!check_layers (c->b, c->field[SZ_LAYERS], s[SZ_LAYERS], error)
+      || !check_heads (c->b, s[SZ_HIDDEN], c->field[SZ_HIDDEN], s[SZ_HEADS],
+                       c->field[SZ_HEADS], s[SZ_KV_HEADS], kv_field,
+                       s[SZ_HEAD_DIM] != 0, error))
+    return FALSE;
+  if (s[SZ_HEAD_DIM] == 0)
+    c->size[SZ_HEAD_DIM] = s[SZ_HIDDEN] / s[SZ_HEADS];
+  return TRUE;
+}
+
+/* The expert fields, then how many experts and how many route each token. */
+static gboolean
+read_experts (Import *c, GError **error)
+{
+  const guint64 *s = c->size;
+  if (!read_fields (c, c->family->expert_fields, error)
+      || !check_experts (c->b, c->field[SZ_EXPERTS], s[SZ_EXPERTS],
+                         s[SZ_LAYERS], error))
+    return FALSE;
+  if (s[SZ_TOP_K] > s[SZ_EXPERTS])
+    return E_INVALID (error,
+                      "%s: %s (%" G_GUINT64_FORMAT
+                      ") exceeds %s (%" G_GUINT64_FORMAT ")",
+                      c->b->where, c->field[SZ_TOP_K], s[SZ_TOP_K],
+                      c->field[SZ_EXPERTS], s[SZ_EXPERTS]);
+  return TRUE;
+}
+
+/* Every size is at most STOW_MODEL_MAX_DIM (get_u64) and shared experts
+ * at most STOW_MODEL_MAX_EXPERTS, so these products stay far inside 64
+ * bits; tensor sizes are checked again as they are added. */
+static void
+derive_sizes (Import *c)
+{
+  guint64 *s = c->size;
+  s[SZ_Q] = s[SZ_HEADS] * s[SZ_HEAD_DIM];
+  s[SZ_KV] = s[SZ_KV_HEADS] * s[SZ_HEAD_DIM];
+  s[SZ_QKV] = s[SZ_Q] + 2 * s[SZ_KV];
+  s[SZ_FFN_X2] = 2 * s[SZ_FFN];
+  s[SZ_POSITION_ROWS] = s[SZ_POSITIONS] + c->family->position_offset;
+  s[SZ_SHARED_FFN] = s[SZ_SHARED_EXPERTS] * s[SZ_MOE_FFN];
+  s[SZ_MLA_KV_A] = s[SZ_KV_LORA] + s[SZ_QK_ROPE];
+  s[SZ_MLA_KV_B] = s[SZ_HEADS] * (s[SZ_QK_NOPE] + s[SZ_V_HEAD_DIM]);
+  s[SZ_MLA_O] = s[SZ_HEADS] * s[SZ_V_HEAD_DIM];
+}
+
+/* The model's shape fields from the sizes and flags (T5's n_layers counts
+ * both stacks). */
+static void
+set_model (const Import *c)
+{
+  StowModel *m = c->b->model;
+  const guint64 *s = c->size;
+  guint f = c->flags;
+  m->hidden = s[SZ_HIDDEN];
+  m->n_layers = s[SZ_LAYERS] + s[SZ_DECODER_LAYERS];
+  m->n_encoder_layers = s[SZ_DECODER_LAYERS] ? s[SZ_LAYERS] : 0;
+  m->n_heads = s[SZ_HEADS];
+  m->n_kv_heads = s[SZ_KV_HEADS];
+  m->head_dim = s[SZ_HEAD_DIM];
+  m->ffn = s[SZ_FFN];
+  m->vocab = s[SZ_VOCAB];
+  m->max_positions = (f & F_LEARNED_POS) ? s[SZ_POSITIONS] : 0;
+  m->rope_free = (f & F_ROPE_FREE) != 0;
+  m->gated_mlp = (f & F_GATED) != 0;
+  m->linear_bias = (f & (F_BIAS | F_ATTN_BIAS | F_MLP_BIAS)) != 0;
+  m->tied_embeddings = (f & F_TIED) != 0;
+  m->no_lm_head = (f & F_NO_LM_HEAD) != 0;
+  m->ffn_dropout = (f & F_FFN_DROPOUT) != 0;
+  m->gelu_new = (f & F_GELU_NEW) != 0;
+  m->norm = c->norm;
+  m->qkv_bias = (f & (F_QKV_BIAS | F_ATTN_BIAS)) != 0;
+  m->o_bias = (f & F_ATTN_BIAS) != 0;
+  m->mlp_bias = (f & F_MLP_BIAS) != 0;
+  m->n_experts = s[SZ_EXPERTS];
+  m->experts_per_token = s[SZ_TOP_K];
+  m->n_shared_experts = s[SZ_SHARED_EXPERTS];
+  m->moe_ffn = s[SZ_MOE_FFN];
+  m->q_lora_rank = s[SZ_Q_LORA];
+  m->kv_lora_rank = s[SZ_KV_LORA];
+  m->qk_nope_head_dim = s[SZ_QK_NOPE];
+  m->qk_rope_head_dim = s[SZ_QK_ROPE];
+  m->v_head_dim = s[SZ_V_HEAD_DIM];
+}
+
+#define NAME_MAX_LEN 192
+
+/* Adds the slots of @recipe that @flags select, named under @scope ("" or
+ * "model.layers.3."), in order. */
+static void
+build (const Import *c, const Slot *s, const char *scope, gint layer,
+       guint flags)
+{
+  StowModelBuilder *b = c->b;
+  for (; s->kind != SLOT_END; s++)
+    {
+      char name[NAME_MAX_LEN], inner[NAME_MAX_LEN];
+      guint64 rows = c->size[s->rows], cols = c->size[s->cols];
+      if ((flags & s->when) != s->when || (flags & s->unless) != 0)
+        continue;
+      g_snprintf (name, sizeof name, "%s%s", scope, s->name ? s->name : "");
+      switch (s->kind)
+        {
+        case SLOT_TENSOR:
+          stow_model_add_tensor (b, s->role, layer, s->tied, s->cols ? 2 : 1,
+                                 rows, cols, "%s", name);
+          break;
+        case SLOT_LINEAR:
+          add_linear (b, s->role, layer, rows, cols, (flags & s->bias) != 0,
+                      "%s", name);
+          break;
+        case SLOT_CONV1D:
+          add_conv1d (b, s->role, layer, rows, cols, "%s", name);
+          break;
+        case SLOT_NORM:
+          rows = s->rows ? rows : c->size[SZ_HIDDEN];
+          stow_model_add_tensor (b, STOW_ROLE_NORM, layer, FALSE, 1, rows, 0,
+                                 "%s.weight", name);
+          if (c->norm == STOW_NORM_LAYERNORM && !(flags & F_NO_BIAS))
+            stow_model_add_tensor (b, STOW_ROLE_NORM, layer, FALSE, 1, rows, 0,
+                                   "%s.bias", name);
+          break;
+        case SLOT_HEAD:
+          add_lm_head (b, name, c->size[SZ_VOCAB], cols, (flags & F_TIED) != 0);
+          break;
+        case SLOT_GROUP:
+          g_snprintf (inner, sizeof inner, "%s.", name);
+          build (c, s->each, inner, layer, flags);
+          break;
+        case SLOT_LAYERS:
+          for (guint64 i = 0; i < c->size[s->count]; i++)
+            {
+              guint lf = flags | (i == 0 ? F_FIRST : 0);
+              if ((flags & F_MOE)
+                  && (!c->family->moe_layer || c->family->moe_layer (c, i)))
+                lf |= F_MOE_LAYER;
+              g_snprintf (inner, sizeof inner, "%s.%u.", name, (guint)i);
+              build (c, s->each, inner, (gint)(c->size[s->first] + i), lf);
+            }
+          break;
+        case SLOT_EXPERTS:
+          for (guint64 e = 0; e < c->size[SZ_EXPERTS]; e++)
+            {
+              g_snprintf (inner, sizeof inner, "%s.%u.", name, (guint)e);
+              build (c, s->each, inner, layer, flags);
+            }
+          break;
+        case SLOT_MOE:
+          build (c, c->family->moe, scope, layer, flags);
+          break;
+        case SLOT_END:
+          break;
+        }
+    }
+}
+
+/* The one importer: fields, the family's derivations, the checks, the
+ * runtime fields, the experts, the family's remaining fields, then the
+ * inventory.  @prefix goes before every tensor name (""; a multimodal
+ * wrapper's "language_model."). */
+static gboolean
+import_family (StowModelBuilder *b, JsonObject *o, const Family *family,
+               const char *prefix, GError **error)
+{
+  Import c = { .b = b,
+               .o = o,
+               .family = family,
+               .flags = family->flags,
+               .norm = family->norm };
+  if (!read_fields (&c, family->fields, error))
+    return FALSE;
+  if (c.size[SZ_EXPERTS] > 0)
+    c.flags |= F_MOE;
+  if ((family->derive && !family->derive (&c, error))
+      || !check_shape (&c, error))
+    return FALSE;
+  if (family->runtime && !read_runtime (b, o, error))
+    return FALSE;
+  if ((c.flags & F_MOE) && family->expert_fields && !read_experts (&c, error))
+    return FALSE;
+  if (family->finish && !family->finish (&c, error))
+    return FALSE;
+  derive_sizes (&c);
+  set_model (&c);
+  build (&c, family->inventory, prefix, -1, c.flags);
+  return TRUE;
+}
+
+/* ---- recipes several families share ------------------------------------- */
+
+/* The names most transformers configs use, in the order the importers have
+ * always read them. */
+static const Field common_fields[] = {
+  { .size = SZ_HIDDEN, .names = { "hidden_size" }, .required = TRUE },
+  { .size = SZ_LAYERS, .names = { "num_hidden_layers" }, .required = TRUE },
+  { .size = SZ_HEADS, .names = { "num_attention_heads" }, .required = TRUE },
+  { .size = SZ_FFN, .names = { "intermediate_size" }, .required = TRUE },
+  { .size = SZ_VOCAB, .names = { "vocab_size" }, .required = TRUE },
+  { 0 },
+};
+
+/* The MLP of GPT-NeoX, Falcon and BLOOM. */
+static const Slot h_to_4h_mlp[] = {
+  LINEAR ("dense_h_to_4h", MLP, SZ_FFN, SZ_HIDDEN, .bias = F_BIAS),
+  LINEAR ("dense_4h_to_h", MLP, SZ_HIDDEN, SZ_FFN, .bias = F_BIAS),
+  END,
+};
+
 /* The llama-like decoders.  @prefix goes before every tensor name (""; a
  * multimodal wrapper's "language_model."). */
 static gboolean
@@ -581,41 +1064,30 @@ import_gpt2 (StowModelBuilder *b, JsonObject *o, GError **error)
 
 /* ---- gpt_neox (Pythia, GPT-NeoX-20B) ------------------------------------ */
 
-static gboolean
-import_gpt_neox (StowModelBuilder *b, JsonObject *o, GError **error)
-{
-  StowModel *m = b->model;
-  guint64 h = 0, L = 0, a = 0, V = 0, f = 0;
-  gboolean tied = FALSE;
+static const Field gpt_neox_fields[] = {
+  { .include = common_fields },
+  { .flag = F_TIED, .names = { "tie_word_embeddings" } },
+  { 0 },
+};
 
-  if (!read_dims (b, o, "intermediate_size", &h, &L, &a, &f, &V, error)
-      || !get_bool (o, b->where, "tie_word_embeddings", &tied, error))
-    return FALSE;
-  if (!check_dims (b, h, L, a, a, "num_attention_heads", FALSE, error))
-    return FALSE;
+/* Both norms first (parallel residual), then the fused attention. */
+static const Slot gpt_neox_layer[] = {
+  NORM ("input_layernorm"),
+  NORM ("post_attention_layernorm"),
+  LINEAR ("attention.query_key_value", ATTENTION, SZ_QKV, SZ_HIDDEN,
+          .bias = F_BIAS),
+  LINEAR ("attention.dense", ATTENTION, SZ_HIDDEN, SZ_HIDDEN, .bias = F_BIAS),
+  GROUP ("mlp", h_to_4h_mlp),
+  END,
+};
 
-  set_dims (m, h, L, a, a, h / a, f, V);
-  m->linear_bias = TRUE;
-  m->tied_embeddings = tied;
-  m->norm = STOW_NORM_LAYERNORM;
-
-  stow_model_add_tensor (b, STOW_ROLE_EMBEDDING, -1, FALSE, 2, V, h,
-                         "gpt_neox.embed_in.weight");
-  for (guint64 i = 0; i < L; i++)
-    {
-      gint l = (gint)i;
-      char p[96];
-      g_snprintf (p, sizeof p, "gpt_neox.layers.%d", l);
-      add_norm (b, l, h, "%s.input_layernorm", p);
-      add_norm (b, l, h, "%s.post_attention_layernorm", p);
-      add_fused_attention (b, l, h, 3 * h, TRUE, "%s.attention", p);
-      add_h_to_4h_mlp (b, l, h, f, TRUE, p);
-    }
-  add_norm (b, -1, h, "gpt_neox.final_layer_norm");
-  /* embed_out has no bias. */
-  add_lm_head (b, "embed_out.weight", V, h, tied);
-  return TRUE;
-}
+static const Slot gpt_neox_inventory[] = {
+  TENSOR ("gpt_neox.embed_in.weight", EMBEDDING, SZ_VOCAB, SZ_HIDDEN),
+  LAYERS ("gpt_neox.layers", SZ_LAYERS, gpt_neox_layer),
+  NORM ("gpt_neox.final_layer_norm"),
+  HEAD ("embed_out.weight", SZ_HIDDEN), /* no bias */
+  END,
+};
 
 /* ---- mpt (MosaicML MPT: llm-foundry's MPTConfig) ----------------------- */
 
@@ -871,45 +1343,41 @@ import_falcon (StowModelBuilder *b, JsonObject *o, const char *type,
 
 /* ---- bloom -------------------------------------------------------------- */
 
-static gboolean
-import_bloom (StowModelBuilder *b, JsonObject *o, GError **error)
-{
-  StowModel *m = b->model;
-  guint64 h = 0, L = 0, a = 0, V = 0;
+static const Field bloom_fields[] = {
+  { .size = SZ_HIDDEN,
+    .names = { "hidden_size", "n_embed" },
+    .required = TRUE },
+  { .size = SZ_LAYERS,
+    .names = { "n_layer", "num_hidden_layers" },
+    .required = TRUE },
+  { .size = SZ_HEADS,
+    .names = { "n_head", "num_attention_heads" },
+    .required = TRUE },
+  { .size = SZ_VOCAB, .names = { "vocab_size" }, .required = TRUE },
+  /* BloomMLP's width is fixed. */
+  { .size = SZ_FFN, .fallback_of = SZ_HIDDEN, .times = 4 },
+  { 0 },
+};
 
-  if (!REQ (o, b, &h, "hidden_size", "n_embed")
-      || !REQ (o, b, &L, "n_layer", "num_hidden_layers")
-      || !REQ (o, b, &a, "n_head", "num_attention_heads")
-      || !REQ (o, b, &V, "vocab_size"))
-    return FALSE;
-  if (!check_layers (b, "n_layer", L, error)
-      || !check_heads (b, h, "hidden_size", a, "n_head", a, "n_head", FALSE,
-                       error))
-    return FALSE;
+static const Slot bloom_layer[] = {
+  NORM ("input_layernorm"),
+  LINEAR ("self_attention.query_key_value", ATTENTION, SZ_QKV, SZ_HIDDEN,
+          .bias = F_BIAS),
+  LINEAR ("self_attention.dense", ATTENTION, SZ_HIDDEN, SZ_HIDDEN,
+          .bias = F_BIAS),
+  NORM ("post_attention_layernorm"),
+  GROUP ("mlp", h_to_4h_mlp),
+  END,
+};
 
-  set_dims (m, h, L, a, a, h / a, 4 * h, V); /* ffn fixed in BloomMLP */
-  m->rope_free = TRUE;                       /* ALiBi */
-  m->linear_bias = TRUE;
-  m->tied_embeddings = TRUE;
-  m->norm = STOW_NORM_LAYERNORM;
-
-  stow_model_add_tensor (b, STOW_ROLE_EMBEDDING, -1, FALSE, 2, V, h,
-                         "transformer.word_embeddings.weight");
-  add_norm (b, -1, h, "transformer.word_embeddings_layernorm");
-  for (guint64 i = 0; i < L; i++)
-    {
-      gint l = (gint)i;
-      char p[96];
-      g_snprintf (p, sizeof p, "transformer.h.%d", l);
-      add_norm (b, l, h, "%s.input_layernorm", p);
-      add_fused_attention (b, l, h, 3 * h, TRUE, "%s.self_attention", p);
-      add_norm (b, l, h, "%s.post_attention_layernorm", p);
-      add_h_to_4h_mlp (b, l, h, 4 * h, TRUE, p);
-    }
-  add_norm (b, -1, h, "transformer.ln_f");
-  add_lm_head (b, "lm_head.weight", V, h, TRUE);
-  return TRUE;
-}
+static const Slot bloom_inventory[] = {
+  TENSOR ("transformer.word_embeddings.weight", EMBEDDING, SZ_VOCAB, SZ_HIDDEN),
+  NORM ("transformer.word_embeddings_layernorm"),
+  LAYERS ("transformer.h", SZ_LAYERS, bloom_layer),
+  NORM ("transformer.ln_f"),
+  HEAD ("lm_head.weight", SZ_HIDDEN),
+  END,
+};
 
 /* ---- opt ---------------------------------------------------------------- */
 
@@ -1234,57 +1702,48 @@ import_deepseek (StowModelBuilder *b, JsonObject *o, const char *type,
 
 /* ---- bert (encoder only) ------------------------------------------------- */
 
+static const Field bert_fields[] = {
+  { .include = common_fields },
+  { .size = SZ_POSITIONS,
+    .names = { "max_position_embeddings" },
+    .fallback = 512 },
+  { .size = SZ_TOKEN_TYPES, .names = { "type_vocab_size" }, .fallback = 2 },
+  { 0 },
+};
+
+/* Post-norm layers with biases everywhere. */
+static const Slot bert_layer[] = {
+  LINEAR ("attention.self.query", ATTENTION, SZ_HIDDEN, SZ_HIDDEN,
+          .bias = F_BIAS),
+  LINEAR ("attention.self.key", ATTENTION, SZ_HIDDEN, SZ_HIDDEN,
+          .bias = F_BIAS),
+  LINEAR ("attention.self.value", ATTENTION, SZ_HIDDEN, SZ_HIDDEN,
+          .bias = F_BIAS),
+  LINEAR ("attention.output.dense", ATTENTION, SZ_HIDDEN, SZ_HIDDEN,
+          .bias = F_BIAS),
+  NORM ("attention.output.LayerNorm"),
+  LINEAR ("intermediate.dense", MLP, SZ_FFN, SZ_HIDDEN, .bias = F_BIAS),
+  LINEAR ("output.dense", MLP, SZ_HIDDEN, SZ_FFN, .bias = F_BIAS),
+  NORM ("output.LayerNorm"),
+  END,
+};
+
 /* BertModel as the BertFor* heads save it ("bert." prefix): word, position
- * and token-type embeddings with a LayerNorm, post-norm layers with biases
- * everywhere, and the pooler.  No language-model head: the classification
- * heads are a few thousand parameters and the MLM head is tied. */
-static gboolean
-import_bert (StowModelBuilder *b, JsonObject *o, GError **error)
-{
-  StowModel *m = b->model;
-  guint64 h = 0, L = 0, a = 0, V = 0, f = 0, P = 512, T = 2;
-
-  if (!read_dims (b, o, "intermediate_size", &h, &L, &a, &f, &V, error)
-      || !OPT (o, b, &P, "max_position_embeddings")
-      || !OPT (o, b, &T, "type_vocab_size"))
-    return FALSE;
-  if (!check_dims (b, h, L, a, a, "num_attention_heads", FALSE, error))
-    return FALSE;
-
-  set_dims (m, h, L, a, a, h / a, f, V);
-  m->max_positions = P;
-  m->linear_bias = TRUE;
-  m->no_lm_head = TRUE;
-  m->norm = STOW_NORM_LAYERNORM;
-
-  stow_model_add_tensor (b, STOW_ROLE_EMBEDDING, -1, FALSE, 2, V, h,
-                         "bert.embeddings.word_embeddings.weight");
-  stow_model_add_tensor (b, STOW_ROLE_EMBEDDING, -1, FALSE, 2, P, h,
-                         "bert.embeddings.position_embeddings.weight");
-  stow_model_add_tensor (b, STOW_ROLE_EMBEDDING, -1, FALSE, 2, T, h,
-                         "bert.embeddings.token_type_embeddings.weight");
-  add_norm (b, -1, h, "bert.embeddings.LayerNorm");
-  for (guint64 i = 0; i < L; i++)
-    {
-      gint l = (gint)i;
-      char p[96];
-      static const char *const qkv[] = { "query", "key", "value" };
-      g_snprintf (p, sizeof p, "bert.encoder.layer.%d", l);
-      for (guint k = 0; k < 3; k++)
-        {
-          add_linear (b, STOW_ROLE_ATTENTION, l, h, h, TRUE,
-                      "%s.attention.self.%s", p, qkv[k]);
-        }
-      add_linear (b, STOW_ROLE_ATTENTION, l, h, h, TRUE,
-                  "%s.attention.output.dense", p);
-      add_norm (b, l, h, "%s.attention.output.LayerNorm", p);
-      add_linear (b, STOW_ROLE_MLP, l, f, h, TRUE, "%s.intermediate.dense", p);
-      add_linear (b, STOW_ROLE_MLP, l, h, f, TRUE, "%s.output.dense", p);
-      add_norm (b, l, h, "%s.output.LayerNorm", p);
-    }
-  add_linear (b, STOW_ROLE_HEAD, -1, h, h, TRUE, "bert.pooler.dense");
-  return TRUE;
-}
+ * and token-type embeddings with a LayerNorm, the layers, and the pooler.
+ * No language-model head: the classification heads are a few thousand
+ * parameters and the MLM head is tied. */
+static const Slot bert_inventory[] = {
+  TENSOR ("bert.embeddings.word_embeddings.weight", EMBEDDING, SZ_VOCAB,
+          SZ_HIDDEN),
+  TENSOR ("bert.embeddings.position_embeddings.weight", EMBEDDING,
+          SZ_POSITION_ROWS, SZ_HIDDEN),
+  TENSOR ("bert.embeddings.token_type_embeddings.weight", EMBEDDING,
+          SZ_TOKEN_TYPES, SZ_HIDDEN),
+  NORM ("bert.embeddings.LayerNorm"),
+  LAYERS ("bert.encoder.layer", SZ_LAYERS, bert_layer),
+  LINEAR ("bert.pooler.dense", HEAD, SZ_HIDDEN, SZ_HIDDEN, .bias = F_BIAS),
+  END,
+};
 
 /* ---- gemma3 (Gemma3ForConditionalGeneration) ----------------------------- */
 
@@ -1419,6 +1878,39 @@ import_gemma3 (StowModelBuilder *b, JsonObject *o, GError **error)
   return TRUE;
 }
 
+/* ---- the families ------------------------------------------------------- */
+
+static const Family families[] = {
+  { .types = { "gpt_neox" },
+    .fields = gpt_neox_fields,
+    .flags = F_BIAS,
+    .norm = STOW_NORM_LAYERNORM,
+    .inventory = gpt_neox_inventory },
+  { .types = { "bloom" },
+    .fields = bloom_fields,
+    .flags = F_BIAS | F_TIED | F_ROPE_FREE, /* ALiBi */
+    .norm = STOW_NORM_LAYERNORM,
+    .inventory = bloom_inventory },
+  { .types = { "bert" },
+    .fields = bert_fields,
+    .flags = F_BIAS | F_LEARNED_POS | F_NO_LM_HEAD,
+    .norm = STOW_NORM_LAYERNORM,
+    .inventory = bert_inventory },
+};
+
+/* The family serving @type, or NULL. */
+static const Family *
+find_family (const char *type)
+{
+  for (guint i = 0; i < G_N_ELEMENTS (families); i++)
+    for (guint j = 0; j < G_N_ELEMENTS (families[i].types); j++)
+      if ((families[i].types[j] && g_str_equal (type, families[i].types[j]))
+          || (families[i].legacy_types[j]
+              && g_str_equal (type, families[i].legacy_types[j])))
+        return &families[i];
+  return NULL;
+}
+
 /* ---- dispatch ----------------------------------------------------------- */
 
 static const char *const llama_like[]
@@ -1429,6 +1921,9 @@ gboolean
 stow_model_import (StowModelBuilder *b, JsonObject *o, const char *type,
                    GError **error)
 {
+  const Family *family = find_family (type);
+  if (family)
+    return import_family (b, o, family, "", error);
   for (guint i = 0; i < G_N_ELEMENTS (llama_like); i++)
     if (g_str_equal (type, llama_like[i]))
       return import_llama_like (b, o, type, "", error);
@@ -1436,13 +1931,9 @@ stow_model_import (StowModelBuilder *b, JsonObject *o, const char *type,
     return import_gemma3 (b, o, error);
   if (g_str_equal (type, "gpt2"))
     return import_gpt2 (b, o, error);
-  if (g_str_equal (type, "gpt_neox"))
-    return import_gpt_neox (b, o, error);
   if (g_str_equal (type, "falcon") || g_str_equal (type, "RefinedWeb")
       || g_str_equal (type, "RefinedWebModel"))
     return import_falcon (b, o, type, error);
-  if (g_str_equal (type, "bloom"))
-    return import_bloom (b, o, error);
   if (g_str_equal (type, "mpt"))
     return import_mpt (b, o, error);
   if (g_str_equal (type, "opt"))
@@ -1451,8 +1942,6 @@ stow_model_import (StowModelBuilder *b, JsonObject *o, const char *type,
    * tie_word_embeddings defaults to false. */
   if (g_str_equal (type, "t5") || g_str_equal (type, "mt5"))
     return import_t5 (b, o, g_str_equal (type, "t5"), error);
-  if (g_str_equal (type, "bert"))
-    return import_bert (b, o, error);
   if (g_str_equal (type, "deepseek_v2") || g_str_equal (type, "deepseek_v3"))
     return import_deepseek (b, o, type, error);
 
