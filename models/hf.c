@@ -128,26 +128,12 @@ add_lm_head (StowModelBuilder *b, const char *name, guint64 vocab,
   g_vsnprintf (prefix, sizeof prefix, fmt, ap);                                \
   va_end (ap)
 
-static void add_norm (StowModelBuilder *b, gint layer, guint64 n,
-                      const char *fmt, ...) G_GNUC_PRINTF (4, 5);
 static void add_linear (StowModelBuilder *b, StowTensorRole role, gint layer,
                         guint64 out, guint64 in, gboolean bias, const char *fmt,
                         ...) G_GNUC_PRINTF (7, 8);
 static void add_conv1d (StowModelBuilder *b, StowTensorRole role, gint layer,
                         guint64 in, guint64 out, const char *fmt, ...)
     G_GNUC_PRINTF (6, 7);
-
-/* A LayerNorm (weight and bias) or RMSNorm (weight) named by @fmt. */
-static void
-add_norm (StowModelBuilder *b, gint layer, guint64 n, const char *fmt, ...)
-{
-  FORMAT_PREFIX (prefix, fmt);
-  stow_model_add_tensor (b, STOW_ROLE_NORM, layer, FALSE, 1, n, 0, "%s.weight",
-                         prefix);
-  if (b->model->norm == STOW_NORM_LAYERNORM)
-    stow_model_add_tensor (b, STOW_ROLE_NORM, layer, FALSE, 1, n, 0, "%s.bias",
-                           prefix);
-}
 
 /* A linear layer out x in, with an optional bias. */
 static void
@@ -239,30 +225,6 @@ add_gated_mlp (StowModelBuilder *b, StowTensorRole role, gint l, guint64 h,
   add_linear (b, role, l, f, h, bias, "%s.gate_proj", prefix);
   add_linear (b, role, l, f, h, bias, "%s.up_proj", prefix);
   add_linear (b, role, l, h, f, bias, "%s.down_proj", prefix);
-}
-
-/* The fused attention of gpt_neox, falcon and bloom: query_key_value
- * (@qkv rows) and the dense output projection. */
-static void add_fused_attention (StowModelBuilder *b, gint l, guint64 h,
-                                 guint64 qkv, gboolean bias, const char *fmt,
-                                 ...) G_GNUC_PRINTF (6, 7);
-static void
-add_fused_attention (StowModelBuilder *b, gint l, guint64 h, guint64 qkv,
-                     gboolean bias, const char *fmt, ...)
-{
-  FORMAT_PREFIX (prefix, fmt);
-  add_linear (b, STOW_ROLE_ATTENTION, l, qkv, h, bias, "%s.query_key_value",
-              prefix);
-  add_linear (b, STOW_ROLE_ATTENTION, l, h, h, bias, "%s.dense", prefix);
-}
-
-/* Their MLP: @layer.mlp.dense_h_to_4h and dense_4h_to_h, of width @f. */
-static void
-add_h_to_4h_mlp (StowModelBuilder *b, gint l, guint64 h, guint64 f,
-                 gboolean bias, const char *layer)
-{
-  add_linear (b, STOW_ROLE_MLP, l, f, h, bias, "%s.mlp.dense_h_to_4h", layer);
-  add_linear (b, STOW_ROLE_MLP, l, h, f, bias, "%s.mlp.dense_4h_to_h", layer);
 }
 
 /* ---- llama, mistral, mixtral, qwen2, gemma, gemma2, phi3 ---------------- */
@@ -539,6 +501,9 @@ struct Import
   const char *field[SZ_COUNT]; /* the config field each size came from */
   const char *text[TX_COUNT];
   JsonArray *layer_list;
+  /* MPT's, between its hooks. */
+  double expansion_ratio;
+  JsonObject *ffn_config;
 };
 
 /* ---- the generic reader and builder ------------------------------------- */
@@ -800,10 +765,15 @@ import_family (StowModelBuilder *b, JsonObject *o, const Family *family,
 
 /* The names most transformers configs use, in the order the importers have
  * always read them. */
-static const Field common_fields[] = {
+static const Field shape_fields[] = {
   { .size = SZ_HIDDEN, .names = { "hidden_size" }, .required = TRUE },
   { .size = SZ_LAYERS, .names = { "num_hidden_layers" }, .required = TRUE },
   { .size = SZ_HEADS, .names = { "num_attention_heads" }, .required = TRUE },
+  { 0 },
+};
+
+static const Field common_fields[] = {
+  { .include = shape_fields },
   { .size = SZ_FFN, .names = { "intermediate_size" }, .required = TRUE },
   { .size = SZ_VOCAB, .names = { "vocab_size" }, .required = TRUE },
   { 0 },
@@ -1012,55 +982,53 @@ import_llama_like (StowModelBuilder *b, JsonObject *o, const char *type,
 
 /* ---- gpt2 (also GPT-3 and the Megatron GPT shapes) ---------------------- */
 
+static const Field gpt2_fields[] = {
+  { .size = SZ_HIDDEN, .names = { "n_embd" }, .required = TRUE },
+  { .size = SZ_LAYERS, .names = { "n_layer" }, .required = TRUE },
+  { .size = SZ_HEADS, .names = { "n_head" }, .required = TRUE },
+  { .size = SZ_VOCAB, .names = { "vocab_size" }, .required = TRUE },
+  { .size = SZ_POSITIONS,
+    .names = { "n_positions", "n_ctx" },
+    .required = TRUE },
+  { .text = TX_ACTIVATION,
+    .names = { "activation_function" },
+    .fallback_text = "gelu_new" }, /* GPT2Config's default */
+  { .size = SZ_FFN,
+    .names = { "n_inner" },
+    .fallback_of = SZ_HIDDEN,
+    .times = 4 },
+  { 0 },
+};
+
 static gboolean
-import_gpt2 (StowModelBuilder *b, JsonObject *o, GError **error)
+gpt2_activation (Import *c, GError **error)
 {
-  StowModel *m = b->model;
-  guint64 h = 0, L = 0, a = 0, V = 0, P = 0, f = 0;
-  const char *act = "gelu_new"; /* GPT2Config's default */
-
-  if (!REQ (o, b, &h, "n_embd") || !REQ (o, b, &L, "n_layer")
-      || !REQ (o, b, &a, "n_head") || !REQ (o, b, &V, "vocab_size")
-      || !REQ (o, b, &P, "n_positions", "n_ctx")
-      || !stow_json_get_string (o, b->where, "activation_function", FALSE, &act,
-                                error))
-    return FALSE;
-  if (!mul_checked (b, 4, h, &f, "4 x n_embd", error)
-      || !OPT (o, b, &f, "n_inner"))
-    return FALSE;
-  if (!check_layers (b, "n_layer", L, error)
-      || !check_heads (b, h, "n_embd", a, "n_head", a, "n_head", FALSE, error))
-    return FALSE;
-
-  set_dims (m, h, L, a, a, h / a, f, V);
-  m->max_positions = P;
-  m->linear_bias = TRUE;
-  m->tied_embeddings = TRUE;
-  m->norm = STOW_NORM_LAYERNORM;
-  m->gelu_new = g_str_equal (act, "gelu_new");
-
-  /* Names as GPT2LMHeadModel saves them ("transformer." prefix; the
-   * original hub files omit it). */
-  stow_model_add_tensor (b, STOW_ROLE_EMBEDDING, -1, FALSE, 2, V, h,
-                         "transformer.wte.weight");
-  stow_model_add_tensor (b, STOW_ROLE_EMBEDDING, -1, FALSE, 2, P, h,
-                         "transformer.wpe.weight");
-  for (guint64 i = 0; i < L; i++)
-    {
-      gint l = (gint)i;
-      char p[96];
-      g_snprintf (p, sizeof p, "transformer.h.%d", l);
-      add_norm (b, l, h, "%s.ln_1", p);
-      add_conv1d (b, STOW_ROLE_ATTENTION, l, h, 3 * h, "%s.attn.c_attn", p);
-      add_conv1d (b, STOW_ROLE_ATTENTION, l, h, h, "%s.attn.c_proj", p);
-      add_norm (b, l, h, "%s.ln_2", p);
-      add_conv1d (b, STOW_ROLE_MLP, l, h, f, "%s.mlp.c_fc", p);
-      add_conv1d (b, STOW_ROLE_MLP, l, f, h, "%s.mlp.c_proj", p);
-    }
-  add_norm (b, -1, h, "transformer.ln_f");
-  add_lm_head (b, "lm_head.weight", V, h, TRUE);
+  if (g_str_equal (c->text[TX_ACTIVATION], "gelu_new"))
+    c->flags |= F_GELU_NEW;
   return TRUE;
 }
+
+/* Conv1D weights as stored: in x out. */
+static const Slot gpt2_block[] = {
+  NORM ("ln_1"),
+  CONV1D ("attn.c_attn", ATTENTION, SZ_HIDDEN, SZ_QKV),
+  CONV1D ("attn.c_proj", ATTENTION, SZ_HIDDEN, SZ_HIDDEN),
+  NORM ("ln_2"),
+  CONV1D ("mlp.c_fc", MLP, SZ_HIDDEN, SZ_FFN),
+  CONV1D ("mlp.c_proj", MLP, SZ_FFN, SZ_HIDDEN),
+  END,
+};
+
+/* Names as GPT2LMHeadModel saves them ("transformer." prefix; the
+ * original hub files omit it). */
+static const Slot gpt2_inventory[] = {
+  TENSOR ("transformer.wte.weight", EMBEDDING, SZ_VOCAB, SZ_HIDDEN),
+  TENSOR ("transformer.wpe.weight", EMBEDDING, SZ_POSITION_ROWS, SZ_HIDDEN),
+  LAYERS ("transformer.h", SZ_LAYERS, gpt2_block),
+  NORM ("transformer.ln_f"),
+  HEAD ("lm_head.weight", SZ_HIDDEN),
+  END,
+};
 
 /* ---- gpt_neox (Pythia, GPT-NeoX-20B) ------------------------------------ */
 
@@ -1091,19 +1059,6 @@ static const Slot gpt_neox_inventory[] = {
 
 /* ---- mpt (MosaicML MPT: llm-foundry's MPTConfig) ----------------------- */
 
-/* A norm of width @n under MPT's norm_type: LayerNorms have a bias unless
- * no_bias (llm-foundry drops every bias parameter then), RMSNorms never. */
-static void
-add_mpt_norm (StowModelBuilder *b, gint layer, guint64 n, gboolean bias,
-              const char *name, const char *prefix)
-{
-  stow_model_add_tensor (b, STOW_ROLE_NORM, layer, FALSE, 1, n, 0,
-                         "%s%s.weight", prefix, name);
-  if (bias && b->model->norm == STOW_NORM_LAYERNORM)
-    stow_model_add_tensor (b, STOW_ROLE_NORM, layer, FALSE, 1, n, 0,
-                           "%s%s.bias", prefix, name);
-}
-
 /* Field names and defaults are llm-foundry's MPTConfig (llmfoundry/models/
  * mpt/configuration_mpt.py, the configuration_mpt.py the mosaicml/mpt-*
  * repositories ship): d_model, n_heads, n_layers, expansion_ratio 4 (or
@@ -1115,31 +1070,40 @@ add_mpt_norm (StowModelBuilder *b, gint layer, guint64 n, gboolean bias,
  * mptmlp (up_proj, down_proj) or mptglu (gate_proj too).  transformers'
  * own MptConfig defaults differ (no_bias and alibi true), but a config.json
  * either writes carries every field. */
+static const Field mpt_fields[] = {
+  { .size = SZ_HIDDEN, .names = { "d_model" }, .required = TRUE },
+  { .size = SZ_LAYERS, .names = { "n_layers" }, .required = TRUE },
+  { .size = SZ_HEADS, .names = { "n_heads" }, .required = TRUE },
+  { .size = SZ_VOCAB, .names = { "vocab_size" }, .fallback = 50368 },
+  { .size = SZ_POSITIONS, .names = { "max_seq_len" }, .fallback = 2048 },
+  { 0 },
+};
+
+/* MPT's switches, attn_config (the kv heads) and norm_type; ffn_config's
+ * type here, its width after the checks (mpt_ffn_width). */
 static gboolean
-import_mpt (StowModelBuilder *b, JsonObject *o, GError **error)
+mpt_config (Import *c, GError **error)
 {
-  StowModel *m = b->model;
-  guint64 h = 0, L = 0, a = 0, k = 0, f = 0, V = 50368, P = 2048;
-  double ratio = 4.0;
+  JsonObject *o = c->o, *attn = NULL;
+  const char *where = c->b->where;
   gboolean no_bias = FALSE, learned = TRUE, tied = TRUE, alibi = FALSE,
-           rope = FALSE, qk_ln = FALSE, glu = FALSE;
+           rope = FALSE, qk_ln = FALSE;
   const char *norm = "low_precision_layernorm",
              *attn_type = "multihead_attention", *ffn_type = "mptmlp";
-  JsonObject *attn = NULL, *ffn = NULL;
-  g_autofree char *attn_where = g_strdup_printf ("%s: attn_config", b->where);
-  g_autofree char *ffn_where = g_strdup_printf ("%s: ffn_config", b->where);
+  g_autofree char *attn_where = g_strdup_printf ("%s: attn_config", where);
+  g_autofree char *ffn_where = g_strdup_printf ("%s: ffn_config", where);
+  guint64 k = 0;
 
-  if (!REQ (o, b, &h, "d_model") || !REQ (o, b, &L, "n_layers")
-      || !REQ (o, b, &a, "n_heads") || !OPT (o, b, &V, "vocab_size")
-      || !OPT (o, b, &P, "max_seq_len")
-      || !stow_json_get_double (o, b->where, "expansion_ratio", FALSE, &ratio,
-                                error)
-      || !get_bool (o, b->where, "no_bias", &no_bias, error)
-      || !get_bool (o, b->where, "learned_pos_emb", &learned, error)
-      || !get_bool (o, b->where, "tie_word_embeddings", &tied, error)
-      || !stow_json_get_string (o, b->where, "norm_type", FALSE, &norm, error)
-      || !stow_json_get_object (o, b->where, "attn_config", FALSE, &attn, error)
-      || !stow_json_get_object (o, b->where, "ffn_config", FALSE, &ffn, error))
+  c->expansion_ratio = 4.0;
+  if (!stow_json_get_double (o, where, "expansion_ratio", FALSE,
+                             &c->expansion_ratio, error)
+      || !get_bool (o, where, "no_bias", &no_bias, error)
+      || !get_bool (o, where, "learned_pos_emb", &learned, error)
+      || !get_bool (o, where, "tie_word_embeddings", &tied, error)
+      || !stow_json_get_string (o, where, "norm_type", FALSE, &norm, error)
+      || !stow_json_get_object (o, where, "attn_config", FALSE, &attn, error)
+      || !stow_json_get_object (o, where, "ffn_config", FALSE, &c->ffn_config,
+                                error))
     return FALSE;
   if (attn
       && (!stow_json_get_string (attn, attn_where, "attn_type", FALSE,
@@ -1148,13 +1112,13 @@ import_mpt (StowModelBuilder *b, JsonObject *o, GError **error)
           || !get_bool (attn, attn_where, "rope", &rope, error)
           || !get_bool (attn, attn_where, "qk_ln", &qk_ln, error)))
     return FALSE;
-  if (ffn
-      && !stow_json_get_string (ffn, ffn_where, "ffn_type", FALSE, &ffn_type,
-                                error))
+  if (c->ffn_config
+      && !stow_json_get_string (c->ffn_config, ffn_where, "ffn_type", FALSE,
+                                &ffn_type, error))
     return FALSE;
 
   if (g_str_equal (attn_type, "multihead_attention"))
-    k = a;
+    k = c->size[SZ_HEADS];
   else if (g_str_equal (attn_type, "multiquery_attention"))
     k = 1;
   else if (g_str_equal (attn_type, "grouped_query_attention"))
@@ -1175,7 +1139,7 @@ import_mpt (StowModelBuilder *b, JsonObject *o, GError **error)
                         attn_where, esc);
     }
   if (g_str_equal (ffn_type, "mptglu"))
-    glu = TRUE;
+    c->flags |= F_GATED;
   else if (!g_str_equal (ffn_type, "mptmlp"))
     {
       g_autofree char *esc = g_strescape (ffn_type, NULL);
@@ -1185,161 +1149,157 @@ import_mpt (StowModelBuilder *b, JsonObject *o, GError **error)
                         ffn_where, esc);
     }
   if (g_str_has_suffix (norm, "rmsnorm"))
-    m->norm = STOW_NORM_RMSNORM;
+    c->norm = STOW_NORM_RMSNORM;
   else if (g_str_has_suffix (norm, "layernorm"))
-    m->norm = STOW_NORM_LAYERNORM;
+    c->norm = STOW_NORM_LAYERNORM;
   else
     {
       g_autofree char *esc = g_strescape (norm, NULL);
       return E_INVALID (error,
                         "%s: norm_type \"%.60s\" is not supported (expected a "
                         "layernorm or an rmsnorm kind)",
-                        b->where, esc);
+                        where, esc);
     }
-  if (!check_layers (b, "n_layers", L, error)
-      || !check_heads (b, h, "d_model", a, "n_heads", k, "kv_n_heads", FALSE,
-                       error))
-    return FALSE;
-  /* resolve_ffn_hidden_size: an explicit width wins over the ratio. */
-  if (ffn && stow_json_has (ffn, "ffn_hidden_size"))
-    {
-      if (!get_u64 (ffn, ffn_where, NAMES ("ffn_hidden_size"), TRUE, TRUE, &f,
-                    error))
-        return FALSE;
-    }
-  else
-    {
-      if (!(ratio > 0) || ratio * (double)h > (double)STOW_MODEL_MAX_DIM)
-        return E_INVALID (error,
-                          "%s: expansion_ratio (%g) must be positive and keep "
-                          "d_model x expansion_ratio at most %u",
-                          b->where, ratio, STOW_MODEL_MAX_DIM);
-      f = (guint64)(ratio * (double)h); /* int(d_model * expansion_ratio) */
-      if (f == 0)
-        return E_INVALID (
-            error,
-            "%s: expansion_ratio (%g) x d_model (%" G_GUINT64_FORMAT
-            ") leaves no MLP",
-            b->where, ratio, h);
-    }
-
-  guint64 d = h / a;
-  set_dims (m, h, L, a, k, d, f, V);
-  m->max_positions = learned ? P : 0;
-  m->rope_free = !rope;
-  m->gated_mlp = glu;
-  m->linear_bias = !no_bias;
-  m->tied_embeddings = tied;
+  c->size[SZ_KV_HEADS] = k;
+  c->field[SZ_KV_HEADS] = "kv_n_heads";
+  /* llm-foundry drops every bias parameter with no_bias, the norms' too. */
+  c->flags |= no_bias ? F_NO_BIAS : F_BIAS;
+  c->flags |= (learned ? F_LEARNED_POS : 0) | (tied ? F_TIED : 0)
+              | (rope ? 0 : F_ROPE_FREE) | (qk_ln ? F_QK_NORM : 0);
   (void)alibi; /* a bias on the scores: no parameters, no rotary products */
-
-  stow_model_add_tensor (b, STOW_ROLE_EMBEDDING, -1, FALSE, 2, V, h,
-                         "transformer.wte.weight");
-  if (learned)
-    stow_model_add_tensor (b, STOW_ROLE_EMBEDDING, -1, FALSE, 2, P, h,
-                           "transformer.wpe.weight");
-  for (guint64 i = 0; i < L; i++)
-    {
-      gint l = (gint)i;
-      char p[96];
-      g_snprintf (p, sizeof p, "transformer.blocks.%d", l);
-      add_mpt_norm (b, l, h, !no_bias, ".norm_1", p);
-      add_linear (b, STOW_ROLE_ATTENTION, l, h + 2 * k * d, h, !no_bias,
-                  "%s.attn.Wqkv", p);
-      if (qk_ln)
-        {
-          add_mpt_norm (b, l, h, !no_bias, ".attn.q_ln", p);
-          add_mpt_norm (b, l, k * d, !no_bias, ".attn.k_ln", p);
-        }
-      add_linear (b, STOW_ROLE_ATTENTION, l, h, h, !no_bias, "%s.attn.out_proj",
-                  p);
-      add_mpt_norm (b, l, h, !no_bias, ".norm_2", p);
-      if (glu)
-        add_linear (b, STOW_ROLE_MLP, l, f, h, !no_bias, "%s.ffn.gate_proj", p);
-      add_linear (b, STOW_ROLE_MLP, l, f, h, !no_bias, "%s.ffn.up_proj", p);
-      add_linear (b, STOW_ROLE_MLP, l, h, f, !no_bias, "%s.ffn.down_proj", p);
-    }
-  add_mpt_norm (b, -1, h, !no_bias, ".norm_f", "transformer");
-  add_lm_head (b, "lm_head.weight", V, h, tied);
   return TRUE;
 }
+
+/* resolve_ffn_hidden_size: an explicit width wins over the ratio. */
+static gboolean
+mpt_ffn_width (Import *c, GError **error)
+{
+  double ratio = c->expansion_ratio;
+  guint64 h = c->size[SZ_HIDDEN];
+  if (c->ffn_config && stow_json_has (c->ffn_config, "ffn_hidden_size"))
+    {
+      g_autofree char *ffn_where
+          = g_strdup_printf ("%s: ffn_config", c->b->where);
+      return get_u64 (c->ffn_config, ffn_where, NAMES ("ffn_hidden_size"), TRUE,
+                      TRUE, &c->size[SZ_FFN], error);
+    }
+  if (!(ratio > 0) || ratio * (double)h > (double)STOW_MODEL_MAX_DIM)
+    return E_INVALID (error,
+                      "%s: expansion_ratio (%g) must be positive and keep "
+                      "d_model x expansion_ratio at most %u",
+                      c->b->where, ratio, STOW_MODEL_MAX_DIM);
+  c->size[SZ_FFN] = (guint64)(ratio * (double)h); /* int(d_model * ratio) */
+  if (c->size[SZ_FFN] == 0)
+    return E_INVALID (error,
+                      "%s: expansion_ratio (%g) x d_model (%" G_GUINT64_FORMAT
+                      ") leaves no MLP",
+                      c->b->where, ratio, h);
+  return TRUE;
+}
+
+static const Slot mpt_block[] = {
+  NORM ("norm_1"),
+  LINEAR ("attn.Wqkv", ATTENTION, SZ_QKV, SZ_HIDDEN, .bias = F_BIAS),
+  NORM ("attn.q_ln", .when = F_QK_NORM),
+  NORM ("attn.k_ln", .rows = SZ_KV, .when = F_QK_NORM),
+  LINEAR ("attn.out_proj", ATTENTION, SZ_HIDDEN, SZ_HIDDEN, .bias = F_BIAS),
+  NORM ("norm_2"),
+  LINEAR ("ffn.gate_proj", MLP, SZ_FFN, SZ_HIDDEN, .bias = F_BIAS,
+          .when = F_GATED),
+  LINEAR ("ffn.up_proj", MLP, SZ_FFN, SZ_HIDDEN, .bias = F_BIAS),
+  LINEAR ("ffn.down_proj", MLP, SZ_HIDDEN, SZ_FFN, .bias = F_BIAS),
+  END,
+};
+
+static const Slot mpt_inventory[] = {
+  TENSOR ("transformer.wte.weight", EMBEDDING, SZ_VOCAB, SZ_HIDDEN),
+  TENSOR ("transformer.wpe.weight", EMBEDDING, SZ_POSITION_ROWS, SZ_HIDDEN,
+          .when = F_LEARNED_POS),
+  LAYERS ("transformer.blocks", SZ_LAYERS, mpt_block),
+  NORM ("transformer.norm_f"),
+  HEAD ("lm_head.weight", SZ_HIDDEN),
+  END,
+};
 
 /* ---- falcon ------------------------------------------------------------- */
 
+static const Field falcon_fields[] = {
+  { .size = SZ_HIDDEN,
+    .names = { "hidden_size", "n_embed" },
+    .required = TRUE },
+  { .size = SZ_LAYERS,
+    .names = { "num_hidden_layers", "n_layer" },
+    .required = TRUE },
+  { .size = SZ_HEADS,
+    .names = { "num_attention_heads", "n_head" },
+    .required = TRUE },
+  { .size = SZ_VOCAB, .names = { "vocab_size" }, .required = TRUE },
+  { .flag = F_NEW_ARCH, .names = { "new_decoder_architecture" } },
+  { .flag = F_MULTI_QUERY, .names = { "multi_query" } },
+  { .flag = F_PARALLEL_ATTN, .names = { "parallel_attn" } },
+  { .flag = F_BIAS, .names = { "bias" } },
+  { .flag = F_TIED, .names = { "tie_word_embeddings" } },
+  { .size = SZ_FFN,
+    .names = { "ffn_hidden_size" },
+    .fallback_of = SZ_HIDDEN,
+    .times = 4 },
+  /* Only the new decoder architecture reads num_kv_heads. */
+  { .size = SZ_KV_HEADS,
+    .names = { "num_kv_heads", "n_head_kv" },
+    .fallback_of = SZ_HEADS,
+    .when = F_NEW_ARCH },
+  { 0 },
+};
+
+/* The old architecture's kv heads (FalconAttention): one with
+ * multi_query, else one per query head. */
 static gboolean
-import_falcon (StowModelBuilder *b, JsonObject *o, const char *type,
-               GError **error)
+falcon_kv_heads (Import *c, GError **error)
 {
-  StowModel *m = b->model;
-  guint64 h = 0, L = 0, a = 0, V = 0, f = 0, k = 0, n_ln = 0;
-  /* Legacy RefinedWeb (40B-style) configs imply the new architecture. */
-  gboolean new_arch = g_str_equal (type, "RefinedWeb");
-  gboolean multi_query = TRUE, parallel_attn = TRUE, bias = FALSE;
-  gboolean tied = TRUE;
-
-  if (!REQ (o, b, &h, "hidden_size", "n_embed")
-      || !REQ (o, b, &L, "num_hidden_layers", "n_layer")
-      || !REQ (o, b, &a, "num_attention_heads", "n_head")
-      || !REQ (o, b, &V, "vocab_size")
-      || !get_bool (o, b->where, "new_decoder_architecture", &new_arch, error)
-      || !get_bool (o, b->where, "multi_query", &multi_query, error)
-      || !get_bool (o, b->where, "parallel_attn", &parallel_attn, error)
-      || !get_bool (o, b->where, "bias", &bias, error)
-      || !get_bool (o, b->where, "tie_word_embeddings", &tied, error))
-    return FALSE;
-  if (!mul_checked (b, 4, h, &f, "4 x hidden_size", error)
-      || !OPT (o, b, &f, "ffn_hidden_size"))
-    return FALSE;
-  /* Three ways to count kv heads (FalconAttention): the new decoder
-   * architecture reads num_kv_heads, multi-query has one, else one per
-   * query head. */
-  if (new_arch)
-    {
-      k = a;
-      if (!OPT (o, b, &k, "num_kv_heads", "n_head_kv"))
-        return FALSE;
-    }
-  else
-    k = multi_query ? 1 : a;
-  if (!check_dims (b, h, L, a, k, "num_kv_heads", FALSE, error))
-    return FALSE;
-  n_ln = new_arch ? 2 : 1;
-  if (new_arch && !OPT (o, b, &n_ln, "num_ln_in_parallel_attn"))
-    return FALSE;
-
-  guint64 d = h / a;
-  set_dims (m, h, L, a, k, d, f, V);
-  m->linear_bias = bias;
-  m->tied_embeddings = tied;
-  m->norm = STOW_NORM_LAYERNORM;
-
-  stow_model_add_tensor (b, STOW_ROLE_EMBEDDING, -1, FALSE, 2, V, h,
-                         "transformer.word_embeddings.weight");
-  for (guint64 i = 0; i < L; i++)
-    {
-      gint l = (gint)i;
-      char p[96];
-      g_snprintf (p, sizeof p, "transformer.h.%d", l);
-      if (new_arch && n_ln == 2)
-        {
-          add_norm (b, l, h, "%s.ln_attn", p);
-          add_norm (b, l, h, "%s.ln_mlp", p);
-        }
-      else
-        {
-          add_norm (b, l, h, "%s.input_layernorm", p);
-        }
-      add_fused_attention (b, l, h, (a + 2 * k) * d, bias, "%s.self_attention",
-                           p);
-      if (!new_arch && !parallel_attn)
-        {
-          add_norm (b, l, h, "%s.post_attention_layernorm", p);
-        }
-      add_h_to_4h_mlp (b, l, h, f, bias, p);
-    }
-  add_norm (b, -1, h, "transformer.ln_f");
-  add_lm_head (b, "lm_head.weight", V, h, tied);
+  if (!(c->flags & F_NEW_ARCH))
+    c->size[SZ_KV_HEADS] = (c->flags & F_MULTI_QUERY) ? 1 : c->size[SZ_HEADS];
   return TRUE;
 }
+
+/* The new architecture norms the attention's and the MLP's input apart
+ * (ln_attn, ln_mlp) unless num_ln_in_parallel_attn says one. */
+static gboolean
+falcon_input_norms (Import *c, GError **error)
+{
+  guint64 n = 2;
+  if (!(c->flags & F_NEW_ARCH))
+    return TRUE;
+  if (!get_u64 (c->o, c->b->where, NAMES ("num_ln_in_parallel_attn"), FALSE,
+                TRUE, &n, error))
+    return FALSE;
+  if (n == 2)
+    c->flags |= F_TWO_NORMS;
+  return TRUE;
+}
+
+/* BLOOM's block, and Falcon's: two input norms or one under the new
+ * decoder architecture; one under the old, and a second before the MLP
+ * unless parallel_attn (BLOOM's layout). */
+static const Slot fused_qkv_block[] = {
+  NORM ("ln_attn", .when = F_TWO_NORMS),
+  NORM ("ln_mlp", .when = F_TWO_NORMS),
+  NORM ("input_layernorm", .unless = F_TWO_NORMS),
+  LINEAR ("self_attention.query_key_value", ATTENTION, SZ_QKV, SZ_HIDDEN,
+          .bias = F_BIAS),
+  LINEAR ("self_attention.dense", ATTENTION, SZ_HIDDEN, SZ_HIDDEN,
+          .bias = F_BIAS),
+  NORM ("post_attention_layernorm", .unless = F_NEW_ARCH | F_PARALLEL_ATTN),
+  GROUP ("mlp", h_to_4h_mlp),
+  END,
+};
+
+static const Slot falcon_inventory[] = {
+  TENSOR ("transformer.word_embeddings.weight", EMBEDDING, SZ_VOCAB, SZ_HIDDEN),
+  LAYERS ("transformer.h", SZ_LAYERS, fused_qkv_block),
+  NORM ("transformer.ln_f"),
+  HEAD ("lm_head.weight", SZ_HIDDEN),
+  END,
+};
 
 /* ---- bloom -------------------------------------------------------------- */
 
@@ -1359,21 +1319,10 @@ static const Field bloom_fields[] = {
   { 0 },
 };
 
-static const Slot bloom_layer[] = {
-  NORM ("input_layernorm"),
-  LINEAR ("self_attention.query_key_value", ATTENTION, SZ_QKV, SZ_HIDDEN,
-          .bias = F_BIAS),
-  LINEAR ("self_attention.dense", ATTENTION, SZ_HIDDEN, SZ_HIDDEN,
-          .bias = F_BIAS),
-  NORM ("post_attention_layernorm"),
-  GROUP ("mlp", h_to_4h_mlp),
-  END,
-};
-
 static const Slot bloom_inventory[] = {
   TENSOR ("transformer.word_embeddings.weight", EMBEDDING, SZ_VOCAB, SZ_HIDDEN),
   NORM ("transformer.word_embeddings_layernorm"),
-  LAYERS ("transformer.h", SZ_LAYERS, bloom_layer),
+  LAYERS ("transformer.h", SZ_LAYERS, fused_qkv_block),
   NORM ("transformer.ln_f"),
   HEAD ("lm_head.weight", SZ_HIDDEN),
   END,
@@ -1381,71 +1330,64 @@ static const Slot bloom_inventory[] = {
 
 /* ---- opt ---------------------------------------------------------------- */
 
+static const Field opt_fields[] = {
+  { .include = shape_fields },
+  { .size = SZ_FFN, .names = { "ffn_dim" }, .required = TRUE },
+  { .size = SZ_VOCAB, .names = { "vocab_size" }, .required = TRUE },
+  { .size = SZ_POSITIONS,
+    .names = { "max_position_embeddings" },
+    .required = TRUE },
+  { .size = SZ_EMBED_WIDTH,
+    .names = { "word_embed_proj_dim" },
+    .fallback_of = SZ_HIDDEN },
+  { .flag = F_LN_BEFORE, .names = { "do_layer_norm_before" } },
+  { .flag = F_NO_FINAL_NORM, .names = { "_remove_final_layer_norm" } },
+  { .flag = F_BIAS, .names = { "enable_bias" } },
+  { .flag = F_TIED, .names = { "tie_word_embeddings" } },
+  { 0 },
+};
+
+/* opt-350m's embeddings are narrower than its layers: projected in and
+ * out. */
 static gboolean
-import_opt (StowModelBuilder *b, JsonObject *o, GError **error)
+opt_projection (Import *c, GError **error)
 {
-  StowModel *m = b->model;
-  guint64 h = 0, L = 0, a = 0, V = 0, P = 0, f = 0, p = 0;
-  gboolean ln_before = TRUE, remove_final = FALSE, bias = TRUE, tied = TRUE;
-
-  if (!read_dims (b, o, "ffn_dim", &h, &L, &a, &f, &V, error)
-      || !REQ (o, b, &P, "max_position_embeddings"))
-    return FALSE;
-  p = h;
-  if (!OPT (o, b, &p, "word_embed_proj_dim")
-      || !get_bool (o, b->where, "do_layer_norm_before", &ln_before, error)
-      || !get_bool (o, b->where, "_remove_final_layer_norm", &remove_final,
-                    error)
-      || !get_bool (o, b->where, "enable_bias", &bias, error)
-      || !get_bool (o, b->where, "tie_word_embeddings", &tied, error))
-    return FALSE;
-  if (!check_dims (b, h, L, a, a, "num_attention_heads", FALSE, error))
-    return FALSE;
-  if (P > G_MAXUINT64 - 2)
-    return E_INVALID (error, "%s: max_position_embeddings is absurd", b->where);
-
-  set_dims (m, h, L, a, a, h / a, f, V);
-  m->max_positions = P;
-  m->linear_bias = bias;
-  m->tied_embeddings = tied;
-  m->norm = STOW_NORM_LAYERNORM;
-
-  stow_model_add_tensor (b, STOW_ROLE_EMBEDDING, -1, FALSE, 2, V, p,
-                         "model.decoder.embed_tokens.weight");
-  /* OPTLearnedPositionalEmbedding keeps 2 extra rows (a fairseq offset). */
-  stow_model_add_tensor (b, STOW_ROLE_EMBEDDING, -1, FALSE, 2, P + 2, h,
-                         "model.decoder.embed_positions.weight");
-  /* The final LayerNorm exists only with pre-LN (opt-350m is post-LN). */
-  if (ln_before && !remove_final)
-    add_norm (b, -1, h, "model.decoder.final_layer_norm");
-  if (p != h)
-    {
-      stow_model_add_tensor (b, STOW_ROLE_EMBEDDING, -1, FALSE, 2, p, h,
-                             "model.decoder.project_out.weight");
-      stow_model_add_tensor (b, STOW_ROLE_EMBEDDING, -1, FALSE, 2, h, p,
-                             "model.decoder.project_in.weight");
-    }
-  for (guint64 i = 0; i < L; i++)
-    {
-      gint l = (gint)i;
-      char pre[96];
-      g_snprintf (pre, sizeof pre, "model.decoder.layers.%d", l);
-      add_linear (b, STOW_ROLE_ATTENTION, l, h, h, bias, "%s.self_attn.k_proj",
-                  pre);
-      add_linear (b, STOW_ROLE_ATTENTION, l, h, h, bias, "%s.self_attn.v_proj",
-                  pre);
-      add_linear (b, STOW_ROLE_ATTENTION, l, h, h, bias, "%s.self_attn.q_proj",
-                  pre);
-      add_linear (b, STOW_ROLE_ATTENTION, l, h, h, bias,
-                  "%s.self_attn.out_proj", pre);
-      add_norm (b, l, h, "%s.self_attn_layer_norm", pre);
-      add_linear (b, STOW_ROLE_MLP, l, f, h, bias, "%s.fc1", pre);
-      add_linear (b, STOW_ROLE_MLP, l, h, f, bias, "%s.fc2", pre);
-      add_norm (b, l, h, "%s.final_layer_norm", pre);
-    }
-  add_lm_head (b, "lm_head.weight", V, p, tied);
+  if (c->size[SZ_EMBED_WIDTH] != c->size[SZ_HIDDEN])
+    c->flags |= F_PROJECT_EMBED;
   return TRUE;
 }
+
+static const Slot opt_layer[] = {
+  LINEAR ("self_attn.k_proj", ATTENTION, SZ_HIDDEN, SZ_HIDDEN, .bias = F_BIAS),
+  LINEAR ("self_attn.v_proj", ATTENTION, SZ_HIDDEN, SZ_HIDDEN, .bias = F_BIAS),
+  LINEAR ("self_attn.q_proj", ATTENTION, SZ_HIDDEN, SZ_HIDDEN, .bias = F_BIAS),
+  LINEAR ("self_attn.out_proj", ATTENTION, SZ_HIDDEN, SZ_HIDDEN,
+          .bias = F_BIAS),
+  NORM ("self_attn_layer_norm"),
+  LINEAR ("fc1", MLP, SZ_FFN, SZ_HIDDEN, .bias = F_BIAS),
+  LINEAR ("fc2", MLP, SZ_HIDDEN, SZ_FFN, .bias = F_BIAS),
+  NORM ("final_layer_norm"),
+  END,
+};
+
+/* OPTLearnedPositionalEmbedding keeps 2 extra rows (a fairseq offset: the
+ * family's position_offset). */
+static const Slot opt_inventory[] = {
+  TENSOR ("model.decoder.embed_tokens.weight", EMBEDDING, SZ_VOCAB,
+          SZ_EMBED_WIDTH),
+  TENSOR ("model.decoder.embed_positions.weight", EMBEDDING, SZ_POSITION_ROWS,
+          SZ_HIDDEN),
+  /* The final LayerNorm exists only with pre-LN (opt-350m is post-LN). */
+  NORM ("model.decoder.final_layer_norm", .when = F_LN_BEFORE,
+        .unless = F_NO_FINAL_NORM),
+  TENSOR ("model.decoder.project_out.weight", EMBEDDING, SZ_EMBED_WIDTH,
+          SZ_HIDDEN, .when = F_PROJECT_EMBED),
+  TENSOR ("model.decoder.project_in.weight", EMBEDDING, SZ_HIDDEN,
+          SZ_EMBED_WIDTH, .when = F_PROJECT_EMBED),
+  LAYERS ("model.decoder.layers", SZ_LAYERS, opt_layer),
+  HEAD ("lm_head.weight", SZ_EMBED_WIDTH),
+  END,
+};
 
 /* ---- t5 ----------------------------------------------------------------- */
 
@@ -1880,17 +1822,46 @@ import_gemma3 (StowModelBuilder *b, JsonObject *o, GError **error)
 
 /* ---- the families ------------------------------------------------------- */
 
+/* clang-format off */
+#define FALCON(flags_)                                                         \
+  .fields = falcon_fields,                                                     \
+  .flags = F_MULTI_QUERY | F_PARALLEL_ATTN | F_TIED | (flags_),                \
+  .norm = STOW_NORM_LAYERNORM, .derive = falcon_kv_heads,                      \
+  .finish = falcon_input_norms, .inventory = falcon_inventory
+/* clang-format on */
+
 static const Family families[] = {
+  { .types = { "gpt2" },
+    .fields = gpt2_fields,
+    .flags = F_BIAS | F_TIED | F_LEARNED_POS,
+    .norm = STOW_NORM_LAYERNORM,
+    .finish = gpt2_activation,
+    .inventory = gpt2_inventory },
   { .types = { "gpt_neox" },
     .fields = gpt_neox_fields,
     .flags = F_BIAS,
     .norm = STOW_NORM_LAYERNORM,
     .inventory = gpt_neox_inventory },
+  { .types = { "falcon" }, .legacy_types = { "RefinedWebModel" }, FALCON (0) },
+  /* Legacy RefinedWeb (40B-style) configs imply the new architecture. */
+  { .legacy_types = { "RefinedWeb" }, FALCON (F_NEW_ARCH) },
   { .types = { "bloom" },
     .fields = bloom_fields,
     .flags = F_BIAS | F_TIED | F_ROPE_FREE, /* ALiBi */
     .norm = STOW_NORM_LAYERNORM,
     .inventory = bloom_inventory },
+  { .types = { "mpt" },
+    .fields = mpt_fields,
+    .derive = mpt_config,
+    .finish = mpt_ffn_width,
+    .inventory = mpt_inventory },
+  { .types = { "opt" },
+    .fields = opt_fields,
+    .flags = F_LN_BEFORE | F_BIAS | F_TIED | F_LEARNED_POS,
+    .norm = STOW_NORM_LAYERNORM,
+    .position_offset = 2,
+    .finish = opt_projection,
+    .inventory = opt_inventory },
   { .types = { "bert" },
     .fields = bert_fields,
     .flags = F_BIAS | F_LEARNED_POS | F_NO_LM_HEAD,
@@ -1929,15 +1900,6 @@ stow_model_import (StowModelBuilder *b, JsonObject *o, const char *type,
       return import_llama_like (b, o, type, "", error);
   if (g_str_equal (type, "gemma3"))
     return import_gemma3 (b, o, error);
-  if (g_str_equal (type, "gpt2"))
-    return import_gpt2 (b, o, error);
-  if (g_str_equal (type, "falcon") || g_str_equal (type, "RefinedWeb")
-      || g_str_equal (type, "RefinedWebModel"))
-    return import_falcon (b, o, type, error);
-  if (g_str_equal (type, "mpt"))
-    return import_mpt (b, o, error);
-  if (g_str_equal (type, "opt"))
-    return import_opt (b, o, error);
   /* mT5 (mt0) is T5 v1.1 with its own config class, whose
    * tie_word_embeddings defaults to false. */
   if (g_str_equal (type, "t5") || g_str_equal (type, "mt5"))
