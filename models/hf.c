@@ -468,8 +468,9 @@ struct Slot
 
 typedef struct Import Import;
 typedef gboolean (*ImportHook) (Import *c, GError **error);
+typedef struct Family Family;
 
-typedef struct
+struct Family
 {
   const char *types[3];        /* the model_type values, as advertised */
   const char *legacy_types[3]; /* also accepted, never advertised */
@@ -487,7 +488,9 @@ typedef struct
   gboolean (*moe_layer) (const Import *c, guint64 i);
   const Slot *inventory;
   const Slot *moe; /* what SLOT_MOE builds */
-} Family;
+};
+
+static const Family *find_family (const char *type);
 
 /* One config.json as a family reads and builds it. */
 struct Import
@@ -786,199 +789,140 @@ static const Slot h_to_4h_mlp[] = {
   END,
 };
 
-/* The llama-like decoders.  @prefix goes before every tensor name (""; a
- * multimodal wrapper's "language_model."). */
+/* LlamaMLP and its kin: gate_proj and up_proj (ffn x hidden), then
+ * down_proj; each routed expert of Qwen-MoE and DeepSeek is one of
+ * moe_intermediate_size. */
+static const Slot gated_mlp[] = {
+  LINEAR ("gate_proj", MLP, SZ_FFN, SZ_HIDDEN, .bias = F_MLP_BIAS),
+  LINEAR ("up_proj", MLP, SZ_FFN, SZ_HIDDEN, .bias = F_MLP_BIAS),
+  LINEAR ("down_proj", MLP, SZ_HIDDEN, SZ_FFN, .bias = F_MLP_BIAS),
+  END,
+};
+
+static const Slot gated_expert[] = {
+  LINEAR ("gate_proj", EXPERT, SZ_MOE_FFN, SZ_HIDDEN),
+  LINEAR ("up_proj", EXPERT, SZ_MOE_FFN, SZ_HIDDEN),
+  LINEAR ("down_proj", EXPERT, SZ_HIDDEN, SZ_MOE_FFN),
+  END,
+};
+
+/* The llama-like decoders: llama, mistral, mixtral, qwen2, qwen3,
+ * qwen3_moe, gemma, gemma2, gemma3_text, phi3. */
+static const Field llama_fields[] = {
+  { .include = common_fields },
+  { .size = SZ_KV_HEADS,
+    .names = { "num_key_value_heads" },
+    .fallback_of = SZ_HEADS },
+  { .size = SZ_HEAD_DIM, .names = { "head_dim" } },
+  { .flag = F_TIED, .names = { "tie_word_embeddings" } },
+  { .flag = F_ATTN_BIAS, .names = { "attention_bias" } },
+  { .flag = F_MLP_BIAS, .names = { "mlp_bias" } },
+  { 0 },
+};
+
+/* LlamaDecoderLayer, with the switches its descendants add: phi3 fuses
+ * q, k, v and gate, up (the same counts); qwen3 and gemma3 RMS-normalise
+ * each head's queries and keys (q_norm, k_norm: head_dim weights each);
+ * gemma2 and gemma3 norm both sides of each block; mixtral and qwen3_moe
+ * route some layers' MLPs to experts.  The qwen2 q/k/v biases are built
+ * into its modeling code (no config flag); attention_bias puts biases on
+ * all four projections. */
+static const Slot llama_layer[] = {
+  NORM ("input_layernorm"),
+  LINEAR ("self_attn.q_proj", ATTENTION, SZ_Q, SZ_HIDDEN,
+          .bias = F_QKV_BIAS | F_ATTN_BIAS, .unless = F_FUSED),
+  LINEAR ("self_attn.k_proj", ATTENTION, SZ_KV, SZ_HIDDEN,
+          .bias = F_QKV_BIAS | F_ATTN_BIAS, .unless = F_FUSED),
+  LINEAR ("self_attn.v_proj", ATTENTION, SZ_KV, SZ_HIDDEN,
+          .bias = F_QKV_BIAS | F_ATTN_BIAS, .unless = F_FUSED),
+  LINEAR ("self_attn.qkv_proj", ATTENTION, SZ_QKV, SZ_HIDDEN, .when = F_FUSED),
+  LINEAR ("self_attn.o_proj", ATTENTION, SZ_HIDDEN, SZ_Q, .bias = F_ATTN_BIAS),
+  NORM ("self_attn.q_norm", .rows = SZ_HEAD_DIM, .when = F_QK_NORM),
+  NORM ("self_attn.k_norm", .rows = SZ_HEAD_DIM, .when = F_QK_NORM),
+  NORM ("post_attention_layernorm"),
+  NORM ("pre_feedforward_layernorm", .when = F_SANDWICH),
+  NORM ("post_feedforward_layernorm", .when = F_SANDWICH),
+  MOE (.when = F_MOE_LAYER),
+  LINEAR ("mlp.gate_up_proj", MLP, SZ_FFN_X2, SZ_HIDDEN, .when = F_FUSED),
+  LINEAR ("mlp.down_proj", MLP, SZ_HIDDEN, SZ_FFN, .when = F_FUSED),
+  GROUP ("mlp", gated_mlp, .unless = F_MOE_LAYER | F_FUSED),
+  END,
+};
+
+static const Slot llama_inventory[] = {
+  TENSOR ("model.embed_tokens.weight", EMBEDDING, SZ_VOCAB, SZ_HIDDEN),
+  LAYERS ("model.layers", SZ_LAYERS, llama_layer),
+  NORM ("model.norm"),
+  HEAD ("lm_head.weight", SZ_HIDDEN),
+  END,
+};
+
+/* Mixtral: every layer routes to num_local_experts full-width experts. */
+static const Field mixtral_expert_fields[] = {
+  { .size = SZ_EXPERTS, .names = { "num_local_experts" }, .required = TRUE },
+  { .size = SZ_TOP_K, .names = { "num_experts_per_tok" }, .required = TRUE },
+  { .size = SZ_MOE_FFN, .fallback_of = SZ_FFN },
+  { 0 },
+};
+
+static const Slot mixtral_expert[] = {
+  LINEAR ("w1", EXPERT, SZ_MOE_FFN, SZ_HIDDEN),
+  LINEAR ("w2", EXPERT, SZ_HIDDEN, SZ_MOE_FFN),
+  LINEAR ("w3", EXPERT, SZ_MOE_FFN, SZ_HIDDEN),
+  END,
+};
+
+static const Slot mixtral_moe[] = {
+  LINEAR ("block_sparse_moe.gate", ROUTER, SZ_EXPERTS, SZ_HIDDEN),
+  EXPERTS ("block_sparse_moe.experts", mixtral_expert),
+  END,
+};
+
+/* Qwen3-MoE: routed experts of moe_intermediate_size in every
+ * decoder_sparse_step-th layer not listed in mlp_only_layers, no shared
+ * experts (configuration_qwen3_moe.py). */
+static const Field qwen3_moe_expert_fields[] = {
+  { .size = SZ_EXPERTS, .names = { "num_experts" }, .required = TRUE },
+  { .size = SZ_TOP_K, .names = { "num_experts_per_tok" }, .required = TRUE },
+  { .size = SZ_MOE_FFN,
+    .names = { "moe_intermediate_size" },
+    .required = TRUE },
+  { .size = SZ_MOE_EVERY, .names = { "decoder_sparse_step" }, .fallback = 1 },
+  { .layer_list = TRUE, .names = { "mlp_only_layers" } },
+  { 0 },
+};
+
 static gboolean
-import_llama_like (StowModelBuilder *b, JsonObject *o, const char *type,
-                   const char *prefix, GError **error)
+qwen3_moe_check_mlp_only (Import *c, GError **error)
 {
-  StowModel *m = b->model;
-  guint64 h = 0, L = 0, a = 0, k = 0, d = 0, f = 0, V = 0, qd;
-  gboolean explicit_d = stow_json_has (o, "head_dim");
-  gboolean is_gemma = g_str_equal (type, "gemma");
-  gboolean is_gemma3 = g_str_equal (type, "gemma3_text");
-  /* Gemma-2 and Gemma-3 norm both sides of each block. */
-  gboolean is_gemma2 = g_str_equal (type, "gemma2") || is_gemma3;
-  gboolean is_phi3 = g_str_equal (type, "phi3");
-  gboolean is_qwen2 = g_str_equal (type, "qwen2");
-  gboolean is_qwen3_moe = g_str_equal (type, "qwen3_moe");
-  /* Qwen3 and Gemma-3 RMS-normalise each head's queries and keys
-   * (q_norm, k_norm: head_dim weights each). */
-  gboolean qk_norm = g_str_equal (type, "qwen3") || is_qwen3_moe || is_gemma3;
-  gboolean is_mixtral = g_str_equal (type, "mixtral");
-  /* The gemma families tie by default; the others default to untied. */
-  gboolean tied = is_gemma || is_gemma2;
-  guint64 sparse_step = 1;
-  JsonArray *mlp_only = NULL;
-  gboolean attn_bias = FALSE, mlp_bias = FALSE;
-
-  if (!read_dims (b, o, "intermediate_size", &h, &L, &a, &f, &V, error))
-    return FALSE;
-  k = a;
-  if (!OPT (o, b, &k, "num_key_value_heads") || !OPT (o, b, &d, "head_dim")
-      || !get_bool (o, b->where, "tie_word_embeddings", &tied, error)
-      || !get_bool (o, b->where, "attention_bias", &attn_bias, error)
-      || !get_bool (o, b->where, "mlp_bias", &mlp_bias, error))
-    return FALSE;
-  if (!check_dims (b, h, L, a, k, "num_key_value_heads", explicit_d, error))
-    return FALSE;
-  if (!explicit_d)
-    d = h / a;
-  if (!mul_checked (b, a, d, &qd, "num_attention_heads x head_dim", error))
-    return FALSE;
-
-  set_dims (m, h, L, a, k, d, f, V);
-  m->gated_mlp = TRUE;
-  m->linear_bias = attn_bias || mlp_bias;
-  m->tied_embeddings = tied;
-  m->norm = STOW_NORM_RMSNORM;
-  if (!read_runtime (b, o, error))
-    return FALSE;
-  m->qkv_bias = is_qwen2 || attn_bias;
-  m->o_bias = attn_bias;
-  m->mlp_bias = mlp_bias;
-
-  if (is_qwen3_moe)
+  JsonArray *a = c->layer_list;
+  for (guint i = 0; a && i < json_array_get_length (a); i++)
     {
-      /* Qwen3-MoE: routed experts of moe_intermediate_size in every
-       * decoder_sparse_step-th layer not listed in mlp_only_layers, no
-       * shared experts (configuration_qwen3_moe.py). */
-      guint64 E = 0, topk = 0, fe = 0;
-      if (!REQ (o, b, &E, "num_experts")
-          || !REQ (o, b, &topk, "num_experts_per_tok")
-          || !REQ (o, b, &fe, "moe_intermediate_size")
-          || !OPT (o, b, &sparse_step, "decoder_sparse_step")
-          || !stow_json_get_array (o, b->where, "mlp_only_layers", FALSE,
-                                   &mlp_only, error)
-          || !check_experts (b, "num_experts", E, L, error))
-        return FALSE;
-      if (topk > E)
+      JsonNode *n = json_array_get_element (a, i);
+      if (json_node_get_value_type (n) != G_TYPE_INT64
+          || json_node_get_int (n) < 0
+          || (guint64)json_node_get_int (n) >= c->size[SZ_LAYERS])
         return E_INVALID (error,
-                          "%s: num_experts_per_tok (%" G_GUINT64_FORMAT
-                          ") exceeds num_experts (%" G_GUINT64_FORMAT ")",
-                          b->where, topk, E);
-      if (mlp_only)
-        for (guint i = 0; i < json_array_get_length (mlp_only); i++)
-          {
-            JsonNode *n = json_array_get_element (mlp_only, i);
-            if (json_node_get_value_type (n) != G_TYPE_INT64
-                || json_node_get_int (n) < 0
-                || (guint64)json_node_get_int (n) >= L)
-              return E_INVALID (
-                  error,
-                  "%s: mlp_only_layers[%u]: expected a layer "
-                  "index below num_hidden_layers (%" G_GUINT64_FORMAT ")",
-                  b->where, i, L);
-          }
-      m->n_experts = E;
-      m->experts_per_token = topk;
-      m->moe_ffn = fe;
+                          "%s: mlp_only_layers[%u]: expected a layer "
+                          "index below num_hidden_layers (%" G_GUINT64_FORMAT
+                          ")",
+                          c->b->where, i, c->size[SZ_LAYERS]);
     }
-  if (is_mixtral)
-    {
-      guint64 E = 0, topk = 0;
-      if (!REQ (o, b, &E, "num_local_experts")
-          || !REQ (o, b, &topk, "num_experts_per_tok")
-          || !check_experts (b, "num_local_experts", E, L, error))
-        return FALSE;
-      if (topk > E)
-        return E_INVALID (error,
-                          "%s: num_experts_per_tok (%" G_GUINT64_FORMAT
-                          ") exceeds num_local_experts (%" G_GUINT64_FORMAT ")",
-                          b->where, topk, E);
-      m->n_experts = E;
-      m->experts_per_token = topk;
-      m->moe_ffn = f;
-    }
-
-  /* The qwen2 q/k/v biases are built into the modeling code (no config
-   * flag); llama's attention_bias puts biases on all four projections. */
-  gboolean qkv_bias = is_qwen2 || attn_bias;
-  stow_model_add_tensor (b, STOW_ROLE_EMBEDDING, -1, FALSE, 2, V, h,
-                         "%smodel.embed_tokens.weight", prefix);
-  for (guint64 i = 0; i < L; i++)
-    {
-      gint l = (gint)i;
-      char p[96];
-      g_snprintf (p, sizeof p, "%smodel.layers.%d", prefix, l);
-      stow_model_add_tensor (b, STOW_ROLE_NORM, l, FALSE, 1, h, 0,
-                             "%s.input_layernorm.weight", p);
-      if (is_phi3)
-        {
-          /* Fused q, k, v: the same count as three projections. */
-          stow_model_add_tensor (b, STOW_ROLE_ATTENTION, l, FALSE, 2,
-                                 (a + 2 * k) * d, h,
-                                 "%s.self_attn.qkv_proj.weight", p);
-        }
-      else
-        {
-          add_linear (b, STOW_ROLE_ATTENTION, l, a * d, h, qkv_bias,
-                      "%s.self_attn.q_proj", p);
-          add_linear (b, STOW_ROLE_ATTENTION, l, k * d, h, qkv_bias,
-                      "%s.self_attn.k_proj", p);
-          add_linear (b, STOW_ROLE_ATTENTION, l, k * d, h, qkv_bias,
-                      "%s.self_attn.v_proj", p);
-        }
-      add_linear (b, STOW_ROLE_ATTENTION, l, h, a * d, attn_bias,
-                  "%s.self_attn.o_proj", p);
-      if (qk_norm)
-        {
-          stow_model_add_tensor (b, STOW_ROLE_NORM, l, FALSE, 1, d, 0,
-                                 "%s.self_attn.q_norm.weight", p);
-          stow_model_add_tensor (b, STOW_ROLE_NORM, l, FALSE, 1, d, 0,
-                                 "%s.self_attn.k_norm.weight", p);
-        }
-      stow_model_add_tensor (b, STOW_ROLE_NORM, l, FALSE, 1, h, 0,
-                             "%s.post_attention_layernorm.weight", p);
-      if (is_gemma2)
-        {
-          /* Gemma-2 norms both sides of each block: four per layer. */
-          stow_model_add_tensor (b, STOW_ROLE_NORM, l, FALSE, 1, h, 0,
-                                 "%s.pre_feedforward_layernorm.weight", p);
-          stow_model_add_tensor (b, STOW_ROLE_NORM, l, FALSE, 1, h, 0,
-                                 "%s.post_feedforward_layernorm.weight", p);
-        }
-      if (is_mixtral)
-        {
-          stow_model_add_tensor (b, STOW_ROLE_ROUTER, l, FALSE, 2, m->n_experts,
-                                 h, "%s.block_sparse_moe.gate.weight", p);
-          for (guint64 e = 0; e < m->n_experts; e++)
-            {
-#define EXPERT_W "%s.block_sparse_moe.experts.%u.w%d.weight"
-              stow_model_add_tensor (b, STOW_ROLE_EXPERT, l, FALSE, 2, f, h,
-                                     EXPERT_W, p, (guint)e, 1);
-              stow_model_add_tensor (b, STOW_ROLE_EXPERT, l, FALSE, 2, h, f,
-                                     EXPERT_W, p, (guint)e, 2);
-              stow_model_add_tensor (b, STOW_ROLE_EXPERT, l, FALSE, 2, f, h,
-                                     EXPERT_W, p, (guint)e, 3);
-#undef EXPERT_W
-            }
-        }
-      else if (is_qwen3_moe && (i + 1) % sparse_step == 0
-               && !in_int_array (mlp_only, i))
-        {
-          stow_model_add_tensor (b, STOW_ROLE_ROUTER, l, FALSE, 2, m->n_experts,
-                                 h, "%s.mlp.gate.weight", p);
-          for (guint64 e = 0; e < m->n_experts; e++)
-            add_gated_mlp (b, STOW_ROLE_EXPERT, l, h, m->moe_ffn, FALSE,
-                           "%s.mlp.experts.%u", p, (guint)e);
-        }
-      else if (is_phi3)
-        {
-          stow_model_add_tensor (b, STOW_ROLE_MLP, l, FALSE, 2, 2 * f, h,
-                                 "%s.mlp.gate_up_proj.weight", p);
-          stow_model_add_tensor (b, STOW_ROLE_MLP, l, FALSE, 2, h, f,
-                                 "%s.mlp.down_proj.weight", p);
-        }
-      else
-        add_gated_mlp (b, STOW_ROLE_MLP, l, h, f, mlp_bias, "%s.mlp", p);
-    }
-  stow_model_add_tensor (b, STOW_ROLE_NORM, -1, FALSE, 1, h, 0,
-                         "%smodel.norm.weight", prefix);
-  g_autofree char *head = g_strconcat (prefix, "lm_head.weight", NULL);
-  add_lm_head (b, head, V, h, tied);
   return TRUE;
 }
+
+static gboolean
+qwen3_moe_layer (const Import *c, guint64 i)
+{
+  return (i + 1) % c->size[SZ_MOE_EVERY] == 0
+         && !in_int_array (c->layer_list, i);
+}
+
+static const Slot qwen3_moe_block[] = {
+  LINEAR ("mlp.gate", ROUTER, SZ_EXPERTS, SZ_HIDDEN),
+  EXPERTS ("mlp.experts", gated_expert),
+  END,
+};
 
 /* ---- gpt2 (also GPT-3 and the Megatron GPT shapes) ---------------------- */
 
@@ -1746,8 +1690,8 @@ import_gemma3 (StowModelBuilder *b, JsonObject *o, GError **error)
   g_autofree char *vw = g_strdup_printf ("%s: vision_config", b->where);
   const char *where = b->where;
   b->where = tw;
-  gboolean ok
-      = import_llama_like (b, text, "gemma3_text", "language_model.", error);
+  gboolean ok = import_family (b, text, find_family ("gemma3_text"),
+                               "language_model.", error);
   b->where = where;
   if (!ok)
     return FALSE;
@@ -1823,6 +1767,9 @@ import_gemma3 (StowModelBuilder *b, JsonObject *o, GError **error)
 /* ---- the families ------------------------------------------------------- */
 
 /* clang-format off */
+#define LLAMA(flags_)                                                          \
+  .fields = llama_fields, .flags = F_GATED | (flags_),                         \
+  .norm = STOW_NORM_RMSNORM, .runtime = TRUE, .inventory = llama_inventory
 #define FALCON(flags_)                                                         \
   .fields = falcon_fields,                                                     \
   .flags = F_MULTI_QUERY | F_PARALLEL_ATTN | F_TIED | (flags_),                \
@@ -1831,6 +1778,24 @@ import_gemma3 (StowModelBuilder *b, JsonObject *o, GError **error)
 /* clang-format on */
 
 static const Family families[] = {
+  { .types = { "llama", "mistral" }, LLAMA (0) },
+  { .types = { "mixtral" },
+    LLAMA (F_MOE),
+    .expert_fields = mixtral_expert_fields,
+    .moe = mixtral_moe },
+  { .types = { "qwen2" }, LLAMA (F_QKV_BIAS) },
+  { .types = { "qwen3" }, LLAMA (F_QK_NORM) },
+  { .types = { "qwen3_moe" },
+    LLAMA (F_QK_NORM | F_MOE),
+    .expert_fields = qwen3_moe_expert_fields,
+    .finish = qwen3_moe_check_mlp_only,
+    .moe_layer = qwen3_moe_layer,
+    .moe = qwen3_moe_block },
+  /* The gemma families tie by default. */
+  { .types = { "gemma" }, LLAMA (F_TIED) },
+  { .types = { "gemma2" }, LLAMA (F_TIED | F_SANDWICH) },
+  { .types = { "gemma3_text" }, LLAMA (F_TIED | F_SANDWICH | F_QK_NORM) },
+  { .types = { "phi3" }, LLAMA (F_FUSED) },
   { .types = { "gpt2" },
     .fields = gpt2_fields,
     .flags = F_BIAS | F_TIED | F_LEARNED_POS,
@@ -1884,10 +1849,6 @@ find_family (const char *type)
 
 /* ---- dispatch ----------------------------------------------------------- */
 
-static const char *const llama_like[]
-    = { "llama",     "mistral", "mixtral", "qwen2",       "qwen3",
-        "qwen3_moe", "gemma",   "gemma2",  "gemma3_text", "phi3" };
-
 gboolean
 stow_model_import (StowModelBuilder *b, JsonObject *o, const char *type,
                    GError **error)
@@ -1895,9 +1856,6 @@ stow_model_import (StowModelBuilder *b, JsonObject *o, const char *type,
   const Family *family = find_family (type);
   if (family)
     return import_family (b, o, family, "", error);
-  for (guint i = 0; i < G_N_ELEMENTS (llama_like); i++)
-    if (g_str_equal (type, llama_like[i]))
-      return import_llama_like (b, o, type, "", error);
   if (g_str_equal (type, "gemma3"))
     return import_gemma3 (b, o, error);
   /* mT5 (mt0) is T5 v1.1 with its own config class, whose
@@ -1947,5 +1905,5 @@ stow_model_import (StowModelBuilder *b, JsonObject *o, const char *type,
                "llama-style decoder from its standard fields",
                b->where, esc);
   }
-  return import_llama_like (b, o, "llama", "", error);
+  return import_family (b, o, find_family ("llama"), "", error);
 }
