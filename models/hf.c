@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT
  *
- * models/hf.c: HuggingFace config.json -> tensor inventory, one importer per
- * model_type.  Field names, defaults and tensor names follow the
+ * models/hf.c: HuggingFace config.json -> tensor inventory, one table entry
+ * per model family (families[], at the end) read and built by one importer.
+ * Field names, defaults and tensor names follow the
  * transformers configuration and modeling code of each family (see
  * /work/shared/reference/ecosystem.md section 1.1 for the field table and
  * 1.2 for the count formulas the inventories reproduce).  Only shapes are
@@ -9,7 +10,6 @@
  */
 #include "models/model-private.h"
 
-#include <stdarg.h>
 #include <string.h>
 
 #include "core/json.h"
@@ -50,10 +50,6 @@ get_u64 (JsonObject *o, const char *where, const char *const *names,
 }
 
 #define NAMES(...) ((const char *const[]){ __VA_ARGS__, NULL })
-#define REQ(o, b, out, ...)                                                    \
-  get_u64 (o, (b)->where, NAMES (__VA_ARGS__), TRUE, TRUE, out, error)
-#define OPT(o, b, out, ...)                                                    \
-  get_u64 (o, (b)->where, NAMES (__VA_ARGS__), FALSE, TRUE, out, error)
 
 static gboolean
 get_bool (JsonObject *o, const char *where, const char *name, gboolean *out,
@@ -117,117 +113,28 @@ add_lm_head (StowModelBuilder *b, const char *name, guint64 vocab,
                          name);
 }
 
-/* The add_* helpers take their tensor-name prefix as a printf format, so a
- * builder names "%s.mlp.fc1" against its layer prefix in one call; every
- * name stays far below PREFIX_MAX. */
-#define PREFIX_MAX 192
-#define FORMAT_PREFIX(prefix, fmt)                                             \
-  char prefix[PREFIX_MAX];                                                     \
-  va_list ap;                                                                  \
-  va_start (ap, fmt);                                                          \
-  g_vsnprintf (prefix, sizeof prefix, fmt, ap);                                \
-  va_end (ap)
-
-static void add_linear (StowModelBuilder *b, StowTensorRole role, gint layer,
-                        guint64 out, guint64 in, gboolean bias, const char *fmt,
-                        ...) G_GNUC_PRINTF (7, 8);
-static void add_conv1d (StowModelBuilder *b, StowTensorRole role, gint layer,
-                        guint64 in, guint64 out, const char *fmt, ...)
-    G_GNUC_PRINTF (6, 7);
-
-/* A linear layer out x in, with an optional bias. */
+/* A linear layer out x in, with an optional bias (the router's counts as
+ * router). */
 static void
 add_linear (StowModelBuilder *b, StowTensorRole role, gint layer, guint64 out,
-            guint64 in, gboolean bias, const char *fmt, ...)
+            guint64 in, gboolean bias, const char *name)
 {
-  FORMAT_PREFIX (prefix, fmt);
-  stow_model_add_tensor (b, role, layer, FALSE, 2, out, in, "%s.weight",
-                         prefix);
+  stow_model_add_tensor (b, role, layer, FALSE, 2, out, in, "%s.weight", name);
   if (bias)
     stow_model_add_tensor (
         b, role == STOW_ROLE_ROUTER ? STOW_ROLE_ROUTER : STOW_ROLE_BIAS, layer,
-        FALSE, 1, out, 0, "%s.bias", prefix);
+        FALSE, 1, out, 0, "%s.bias", name);
 }
 
 /* GPT-2's Conv1D stores weights as in x out. */
 static void
 add_conv1d (StowModelBuilder *b, StowTensorRole role, gint layer, guint64 in,
-            guint64 out, const char *fmt, ...)
+            guint64 out, const char *name)
 {
-  FORMAT_PREFIX (prefix, fmt);
-  stow_model_add_tensor (b, role, layer, FALSE, 2, in, out, "%s.weight",
-                         prefix);
+  stow_model_add_tensor (b, role, layer, FALSE, 2, in, out, "%s.weight", name);
   stow_model_add_tensor (b, STOW_ROLE_BIAS, layer, FALSE, 1, out, 0, "%s.bias",
-                         prefix);
+                         name);
 }
-
-/* Shape products needed to validate before building (a*d and friends);
- * an overflow here is reported like any other. */
-static gboolean
-mul_checked (StowModelBuilder *b, guint64 x, guint64 y, guint64 *out,
-             const char *what, GError **error)
-{
-  if (!g_uint64_checked_mul (out, x, y))
-    return E_INVALID (error, "%s: sizes are absurd: %s overflows 64-bit counts",
-                      b->where, what);
-  return TRUE;
-}
-
-/* The dense-transformer sizes under their usual names, in this order;
- * @ffn_field names the MLP width (intermediate_size, or OPT's ffn_dim). */
-static gboolean
-read_dims (StowModelBuilder *b, JsonObject *o, const char *ffn_field,
-           guint64 *h, guint64 *L, guint64 *a, guint64 *f, guint64 *V,
-           GError **error)
-{
-  return REQ (o, b, h, "hidden_size") && REQ (o, b, L, "num_hidden_layers")
-         && REQ (o, b, a, "num_attention_heads") && REQ (o, b, f, ffn_field)
-         && REQ (o, b, V, "vocab_size");
-}
-
-/* check_layers and check_heads for a config whose errors name
- * num_hidden_layers, hidden_size and num_attention_heads (whatever legacy
- * spelling it was read from); @kv_field names the kv heads @k. */
-static gboolean
-check_dims (StowModelBuilder *b, guint64 h, guint64 L, guint64 a, guint64 k,
-            const char *kv_field, gboolean explicit_head_dim, GError **error)
-{
-  return check_layers (b, "num_hidden_layers", L, error)
-         && check_heads (b, h, "hidden_size", a, "num_attention_heads", k,
-                         kv_field, explicit_head_dim, error);
-}
-
-/* The shape fields every family sets: hidden size, layers, query and kv
- * heads, head dimension, MLP width and vocabulary. */
-static void
-set_dims (StowModel *m, guint64 h, guint64 L, guint64 a, guint64 k, guint64 d,
-          guint64 f, guint64 V)
-{
-  m->hidden = h;
-  m->n_layers = L;
-  m->n_heads = a;
-  m->n_kv_heads = k;
-  m->head_dim = d;
-  m->ffn = f;
-  m->vocab = V;
-}
-
-/* A gated MLP (llama's and deepseek's mlp, each deepseek expert and the
- * shared experts): gate_proj and up_proj (f x h), then down_proj. */
-static void add_gated_mlp (StowModelBuilder *b, StowTensorRole role, gint l,
-                           guint64 h, guint64 f, gboolean bias, const char *fmt,
-                           ...) G_GNUC_PRINTF (7, 8);
-static void
-add_gated_mlp (StowModelBuilder *b, StowTensorRole role, gint l, guint64 h,
-               guint64 f, gboolean bias, const char *fmt, ...)
-{
-  FORMAT_PREFIX (prefix, fmt);
-  add_linear (b, role, l, f, h, bias, "%s.gate_proj", prefix);
-  add_linear (b, role, l, f, h, bias, "%s.up_proj", prefix);
-  add_linear (b, role, l, h, f, bias, "%s.down_proj", prefix);
-}
-
-/* ---- llama, mistral, mixtral, qwen2, gemma, gemma2, phi3 ---------------- */
 
 /* What running a llama-like model needs: rope_theta, rms_norm_eps,
  * hidden_act, initializer_range (HF LlamaConfig's defaults) and Llama 3's
@@ -334,6 +241,9 @@ typedef enum
   SZ_QK_NOPE,
   SZ_QK_ROPE,
   SZ_V_HEAD_DIM,
+  SZ_CHANNELS, /* Gemma 3's SigLIP vision tower */
+  SZ_IMAGE,
+  SZ_PATCH,
   /* Derived once the checks passed (derive_sizes). */
   SZ_Q,             /* heads x head_dim */
   SZ_KV,            /* kv heads x head_dim */
@@ -367,18 +277,18 @@ enum
   F_LEARNED_POS = 1u << 13, /* a learned position table */
   F_ROPE_FREE = 1u << 14,   /* no rotary embedding (ALiBi, none) */
   F_NO_LM_HEAD = 1u << 15,  /* an encoder: no vocabulary logits */
-  F_FFN_DROPOUT = 1u << 16,
-  F_GELU_NEW = 1u << 17,
-  F_NEW_ARCH = 1u << 18, /* Falcon's new_decoder_architecture */
-  F_MULTI_QUERY = 1u << 19,
-  F_PARALLEL_ATTN = 1u << 20,
-  F_TWO_NORMS = 1u << 21,     /* Falcon: ln_attn and ln_mlp */
-  F_LN_BEFORE = 1u << 22,     /* OPT's do_layer_norm_before */
-  F_NO_FINAL_NORM = 1u << 23, /* OPT's _remove_final_layer_norm */
-  F_PROJECT_EMBED = 1u << 24, /* OPT: word_embed_proj_dim != hidden_size */
-  F_Q_LORA = 1u << 25,        /* MLA: q through q_a_proj and q_b_proj */
-  F_SCORE_BIAS = 1u << 26,    /* DeepSeek-V3's e_score_correction_bias */
-  F_SHARED_EXPERTS = 1u << 27,
+  F_FFN_DROPOUT = 1u << 16, /* T5: dropout inside the MLP */
+  F_GELU_NEW = 1u << 17,    /* HF's NewGELUActivation */
+  F_NEW_ARCH = 1u << 18,    /* Falcon's new_decoder_architecture */
+  F_MULTI_QUERY = 1u << 19, /* Falcon's multi_query: one kv head */
+  F_PARALLEL_ATTN = 1u << 20,  /* Falcon's parallel_attn */
+  F_TWO_NORMS = 1u << 21,      /* Falcon: ln_attn and ln_mlp */
+  F_LN_BEFORE = 1u << 22,      /* OPT's do_layer_norm_before */
+  F_NO_FINAL_NORM = 1u << 23,  /* OPT's _remove_final_layer_norm */
+  F_PROJECT_EMBED = 1u << 24,  /* OPT: word_embed_proj_dim != hidden_size */
+  F_Q_LORA = 1u << 25,         /* MLA: q through q_a_proj and q_b_proj */
+  F_SCORE_BIAS = 1u << 26,     /* DeepSeek-V3's e_score_correction_bias */
+  F_SHARED_EXPERTS = 1u << 27, /* DeepSeek's n_shared_experts */
 };
 
 /* String fields a hook interprets. */
@@ -391,9 +301,10 @@ typedef enum
 } Text;
 
 /* One config field, read into a size, a flag, a string or (Qwen-MoE's
- * mlp_only_layers) the layer list; or a list of them to read in its place. When
- * absent a size takes @fallback, or @times x the size @fallback_of; a flag
- * keeps the family's default. */
+ * mlp_only_layers) the layer list; or @include, a list read in its place.
+ * When absent a size takes @fallback, or @times x the size @fallback_of
+ * (none of them: it is not in the config at all); a flag keeps the
+ * family's default. */
 typedef struct Field Field;
 struct Field
 {
@@ -488,6 +399,8 @@ struct Family
   gboolean (*moe_layer) (const Import *c, guint64 i);
   const Slot *inventory;
   const Slot *moe; /* what SLOT_MOE builds */
+  /* A multimodal wrapper imports itself instead. */
+  gboolean (*import) (StowModelBuilder *b, JsonObject *o, GError **error);
 };
 
 static const Family *find_family (const char *type);
@@ -663,14 +576,14 @@ set_model (const Import *c)
 
 #define NAME_MAX_LEN 192
 
-/* Adds the slots of @recipe that @flags select, named under @scope ("" or
- * "model.layers.3."), in order. */
+/* Adds the slots of @recipe that @flags select, in order, named under
+ * @scope ("", "model.layers.3."); @layer is -1 outside the layer stack. */
 static void
-build (const Import *c, const Slot *s, const char *scope, gint layer,
+build (const Import *c, const Slot *recipe, const char *scope, gint layer,
        guint flags)
 {
   StowModelBuilder *b = c->b;
-  for (; s->kind != SLOT_END; s++)
+  for (const Slot *s = recipe; s->kind != SLOT_END; s++)
     {
       char name[NAME_MAX_LEN], inner[NAME_MAX_LEN];
       guint64 rows = c->size[s->rows], cols = c->size[s->cols];
@@ -685,10 +598,10 @@ build (const Import *c, const Slot *s, const char *scope, gint layer,
           break;
         case SLOT_LINEAR:
           add_linear (b, s->role, layer, rows, cols, (flags & s->bias) != 0,
-                      "%s", name);
+                      name);
           break;
         case SLOT_CONV1D:
-          add_conv1d (b, s->role, layer, rows, cols, "%s", name);
+          add_conv1d (b, s->role, layer, rows, cols, name);
           break;
         case SLOT_NORM:
           rows = s->rows ? rows : c->size[SZ_HIDDEN];
@@ -806,8 +719,9 @@ static const Slot gated_expert[] = {
   END,
 };
 
-/* The llama-like decoders: llama, mistral, mixtral, qwen2, qwen3,
- * qwen3_moe, gemma, gemma2, gemma3_text, phi3. */
+/* ---- llama, mistral, mixtral, qwen2, qwen3, qwen3_moe, gemma, gemma2,
+ * gemma3_text, phi3 ----------------------------------------------------- */
+
 static const Field llama_fields[] = {
   { .include = common_fields },
   { .size = SZ_KV_HEADS,
@@ -1335,256 +1249,218 @@ static const Slot opt_inventory[] = {
 
 /* ---- t5 ----------------------------------------------------------------- */
 
-static void
-add_t5_attention (StowModelBuilder *b, gint l, guint64 d, guint64 inner,
-                  const char *prefix)
-{
-  stow_model_add_tensor (b, STOW_ROLE_ATTENTION, l, FALSE, 2, inner, d,
-                         "%s.q.weight", prefix);
-  stow_model_add_tensor (b, STOW_ROLE_ATTENTION, l, FALSE, 2, inner, d,
-                         "%s.k.weight", prefix);
-  stow_model_add_tensor (b, STOW_ROLE_ATTENTION, l, FALSE, 2, inner, d,
-                         "%s.v.weight", prefix);
-  stow_model_add_tensor (b, STOW_ROLE_ATTENTION, l, FALSE, 2, d, inner,
-                         "%s.o.weight", prefix);
-}
+/* T5 heads need not divide d_model: the inner width is heads x d_kv. */
+static const Field t5_fields[] = {
+  { .size = SZ_HIDDEN, .names = { "d_model" }, .required = TRUE },
+  { .size = SZ_HEAD_DIM, .names = { "d_kv" }, .fallback = 64 },
+  { .size = SZ_HEADS, .names = { "num_heads" }, .required = TRUE },
+  { .size = SZ_FFN, .names = { "d_ff" }, .required = TRUE },
+  { .size = SZ_VOCAB, .names = { "vocab_size" }, .required = TRUE },
+  { .size = SZ_LAYERS, .names = { "num_layers" }, .required = TRUE },
+  { .size = SZ_DECODER_LAYERS,
+    .names = { "num_decoder_layers" },
+    .fallback_of = SZ_LAYERS },
+  { .size = SZ_BUCKETS,
+    .names = { "relative_attention_num_buckets" },
+    .fallback = 32 },
+  { .text = TX_ACTIVATION,
+    .names = { "feed_forward_proj" },
+    .fallback_text = "relu" },
+  { .flag = F_TIED, .names = { "tie_word_embeddings" } },
+  { 0 },
+};
 
-static void
-add_t5_ff (StowModelBuilder *b, gint l, guint64 d, guint64 ff, gboolean gated,
-           const char *prefix)
-{
-  if (gated)
-    {
-      stow_model_add_tensor (b, STOW_ROLE_MLP, l, FALSE, 2, ff, d,
-                             "%s.DenseReluDense.wi_0.weight", prefix);
-      stow_model_add_tensor (b, STOW_ROLE_MLP, l, FALSE, 2, ff, d,
-                             "%s.DenseReluDense.wi_1.weight", prefix);
-    }
-  else
-    stow_model_add_tensor (b, STOW_ROLE_MLP, l, FALSE, 2, ff, d,
-                           "%s.DenseReluDense.wi.weight", prefix);
-  stow_model_add_tensor (b, STOW_ROLE_MLP, l, FALSE, 2, d, ff,
-                         "%s.DenseReluDense.wo.weight", prefix);
-  stow_model_add_tensor (b, STOW_ROLE_NORM, l, FALSE, 1, d, 0,
-                         "%s.layer_norm.weight", prefix);
-}
-
+/* The decoder stack's size, and the MLP: "gated-gelu" (v1.1, flan-T5) has
+ * two input projections (GeGLU), and T5Config maps it to the "gelu_new"
+ * activation. */
 static gboolean
-import_t5 (StowModelBuilder *b, JsonObject *o, gboolean tied, GError **error)
+t5_decoder_and_mlp (Import *c, GError **error)
 {
-  StowModel *m = b->model;
-  guint64 d = 0, dkv = 64, a = 0, ff = 0, V = 0, Le = 0, Ld = 0, B = 32, inner;
-  const char *proj = "relu";
-
-  if (!REQ (o, b, &d, "d_model") || !OPT (o, b, &dkv, "d_kv")
-      || !REQ (o, b, &a, "num_heads") || !REQ (o, b, &ff, "d_ff")
-      || !REQ (o, b, &V, "vocab_size") || !REQ (o, b, &Le, "num_layers"))
+  const char *proj = c->text[TX_ACTIVATION];
+  const guint64 *s = c->size;
+  if (!check_layers (c->b, c->field[SZ_DECODER_LAYERS], s[SZ_DECODER_LAYERS],
+                     error)
+      || !check_layers (c->b, "num_layers + num_decoder_layers",
+                        s[SZ_LAYERS] + s[SZ_DECODER_LAYERS], error))
     return FALSE;
-  Ld = Le;
-  if (!OPT (o, b, &Ld, "num_decoder_layers")
-      || !OPT (o, b, &B, "relative_attention_num_buckets")
-      || !stow_json_get_string (o, b->where, "feed_forward_proj", FALSE, &proj,
-                                error)
-      || !get_bool (o, b->where, "tie_word_embeddings", &tied, error))
-    return FALSE;
-  if (!check_layers (b, "num_layers", Le, error)
-      || !check_layers (b, "num_decoder_layers", Ld, error)
-      || !check_layers (b, "num_layers + num_decoder_layers", Le + Ld, error))
-    return FALSE;
-  /* T5 heads need not divide d_model: the inner width is heads x d_kv. */
-  if (!mul_checked (b, a, dkv, &inner, "num_heads x d_kv", error))
-    return FALSE;
-  /* "gated-gelu" (v1.1, flan-T5) has two input projections (GeGLU). */
-  gboolean gated = g_str_has_prefix (proj, "gated-");
-
-  set_dims (m, d, Le + Ld, a, a, dkv, ff, V);
-  m->n_encoder_layers = Le;
-  m->gated_mlp = gated;
-  m->ffn_dropout = TRUE; /* T5DenseActDense: wi, act, dropout, wo */
-  /* T5Config maps "gated-gelu" to the "gelu_new" activation. */
-  m->gelu_new = g_str_equal (proj, "gated-gelu");
-  m->tied_embeddings = tied;
-  m->norm = STOW_NORM_RMSNORM;
-
-  stow_model_add_tensor (b, STOW_ROLE_EMBEDDING, -1, FALSE, 2, V, d,
-                         "shared.weight");
-  stow_model_add_tensor (b, STOW_ROLE_EMBEDDING, -1, TRUE, 2, V, d,
-                         "encoder.embed_tokens.weight");
-  for (guint64 i = 0; i < Le; i++)
-    {
-      gint l = (gint)i;
-      char p[96], q[128];
-      g_snprintf (p, sizeof p, "encoder.block.%d.layer", l);
-      g_snprintf (q, sizeof q, "%s.0.SelfAttention", p);
-      add_t5_attention (b, l, d, inner, q);
-      /* Relative position buckets: one table per stack, in block 0. */
-      if (i == 0)
-        stow_model_add_tensor (b, STOW_ROLE_EMBEDDING, l, FALSE, 2, B, a,
-                               "%s.relative_attention_bias.weight", q);
-      stow_model_add_tensor (b, STOW_ROLE_NORM, l, FALSE, 1, d, 0,
-                             "%s.0.layer_norm.weight", p);
-      g_snprintf (q, sizeof q, "%s.1", p);
-      add_t5_ff (b, l, d, ff, gated, q);
-    }
-  stow_model_add_tensor (b, STOW_ROLE_NORM, -1, FALSE, 1, d, 0,
-                         "encoder.final_layer_norm.weight");
-  stow_model_add_tensor (b, STOW_ROLE_EMBEDDING, -1, TRUE, 2, V, d,
-                         "decoder.embed_tokens.weight");
-  for (guint64 i = 0; i < Ld; i++)
-    {
-      gint l = (gint)(Le + i);
-      char p[96], q[128];
-      g_snprintf (p, sizeof p, "decoder.block.%u.layer", (guint)i);
-      g_snprintf (q, sizeof q, "%s.0.SelfAttention", p);
-      add_t5_attention (b, l, d, inner, q);
-      if (i == 0)
-        stow_model_add_tensor (b, STOW_ROLE_EMBEDDING, l, FALSE, 2, B, a,
-                               "%s.relative_attention_bias.weight", q);
-      stow_model_add_tensor (b, STOW_ROLE_NORM, l, FALSE, 1, d, 0,
-                             "%s.0.layer_norm.weight", p);
-      g_snprintf (q, sizeof q, "%s.1.EncDecAttention", p);
-      add_t5_attention (b, l, d, inner, q);
-      stow_model_add_tensor (b, STOW_ROLE_NORM, l, FALSE, 1, d, 0,
-                             "%s.1.layer_norm.weight", p);
-      g_snprintf (q, sizeof q, "%s.2", p);
-      add_t5_ff (b, l, d, ff, gated, q);
-    }
-  stow_model_add_tensor (b, STOW_ROLE_NORM, -1, FALSE, 1, d, 0,
-                         "decoder.final_layer_norm.weight");
-  add_lm_head (b, "lm_head.weight", V, d, tied);
+  if (g_str_has_prefix (proj, "gated-"))
+    c->flags |= F_GATED;
+  if (g_str_equal (proj, "gated-gelu"))
+    c->flags |= F_GELU_NEW;
   return TRUE;
 }
+
+static const Slot t5_attention[] = {
+  LINEAR ("q", ATTENTION, SZ_Q, SZ_HIDDEN),
+  LINEAR ("k", ATTENTION, SZ_Q, SZ_HIDDEN),
+  LINEAR ("v", ATTENTION, SZ_Q, SZ_HIDDEN),
+  LINEAR ("o", ATTENTION, SZ_HIDDEN, SZ_Q),
+  END,
+};
+
+/* T5DenseActDense or T5DenseGatedActDense, then the sublayer's norm. */
+static const Slot t5_ff[] = {
+  LINEAR ("DenseReluDense.wi_0", MLP, SZ_FFN, SZ_HIDDEN, .when = F_GATED),
+  LINEAR ("DenseReluDense.wi_1", MLP, SZ_FFN, SZ_HIDDEN, .when = F_GATED),
+  LINEAR ("DenseReluDense.wi", MLP, SZ_FFN, SZ_HIDDEN, .unless = F_GATED),
+  LINEAR ("DenseReluDense.wo", MLP, SZ_HIDDEN, SZ_FFN),
+  NORM ("layer_norm"),
+  END,
+};
+
+/* Relative position buckets: one table per stack, in its first block. */
+static const Slot t5_encoder_block[] = {
+  GROUP ("layer.0.SelfAttention", t5_attention),
+  TENSOR ("layer.0.SelfAttention.relative_attention_bias.weight", EMBEDDING,
+          SZ_BUCKETS, SZ_HEADS, .when = F_FIRST),
+  NORM ("layer.0.layer_norm"),
+  GROUP ("layer.1", t5_ff),
+  END,
+};
+
+static const Slot t5_decoder_block[] = {
+  GROUP ("layer.0.SelfAttention", t5_attention),
+  TENSOR ("layer.0.SelfAttention.relative_attention_bias.weight", EMBEDDING,
+          SZ_BUCKETS, SZ_HEADS, .when = F_FIRST),
+  NORM ("layer.0.layer_norm"),
+  GROUP ("layer.1.EncDecAttention", t5_attention),
+  NORM ("layer.1.layer_norm"),
+  GROUP ("layer.2", t5_ff),
+  END,
+};
+
+/* The decoder's layers follow the encoder's in the model's layer stack. */
+static const Slot t5_inventory[] = {
+  TENSOR ("shared.weight", EMBEDDING, SZ_VOCAB, SZ_HIDDEN),
+  TENSOR ("encoder.embed_tokens.weight", EMBEDDING, SZ_VOCAB, SZ_HIDDEN,
+          .tied = TRUE),
+  LAYERS ("encoder.block", SZ_LAYERS, t5_encoder_block),
+  NORM ("encoder.final_layer_norm"),
+  TENSOR ("decoder.embed_tokens.weight", EMBEDDING, SZ_VOCAB, SZ_HIDDEN,
+          .tied = TRUE),
+  LAYERS ("decoder.block", SZ_DECODER_LAYERS, t5_decoder_block,
+          .first = SZ_LAYERS),
+  NORM ("decoder.final_layer_norm"),
+  HEAD ("lm_head.weight", SZ_HIDDEN),
+  END,
+};
 
 /* ---- deepseek_v2 / deepseek_v3 (MLA + MoE) ----------------------------- */
 
-static gboolean
-import_deepseek (StowModelBuilder *b, JsonObject *o, const char *type,
-                 GError **error)
-{
-  StowModel *m = b->model;
-  guint64 h = 0, L = 0, a = 0, f = 0, V = 0, k = 0;
-  guint64 E = 0, topk = 0, shared = 0, moe_f = 0, first_dense = 0, freq = 1;
-  guint64 rq = 0, rkv = 0, nope = 0, rope = 0, vd = 0, qh, kvb, ov;
-  const char *topk_method = NULL;
-  gboolean tied = FALSE;
-
-  if (!read_dims (b, o, "intermediate_size", &h, &L, &a, &f, &V, error)
-      || !REQ (o, b, &rkv, "kv_lora_rank")
-      || !REQ (o, b, &nope, "qk_nope_head_dim")
-      || !REQ (o, b, &rope, "qk_rope_head_dim")
-      || !REQ (o, b, &vd, "v_head_dim"))
-    return FALSE;
-  k = a;
+static const Field deepseek_fields[] = {
+  { .include = common_fields },
+  { .size = SZ_KV_LORA, .names = { "kv_lora_rank" }, .required = TRUE },
+  { .size = SZ_QK_NOPE, .names = { "qk_nope_head_dim" }, .required = TRUE },
+  { .size = SZ_QK_ROPE, .names = { "qk_rope_head_dim" }, .required = TRUE },
+  { .size = SZ_V_HEAD_DIM, .names = { "v_head_dim" }, .required = TRUE },
+  { .size = SZ_KV_HEADS,
+    .names = { "num_key_value_heads" },
+    .fallback_of = SZ_HEADS },
   /* q_lora_rank null (V2-Lite) means a plain q_proj. */
-  if (!OPT (o, b, &k, "num_key_value_heads") || !OPT (o, b, &rq, "q_lora_rank")
-      || !OPT (o, b, &E, "n_routed_experts", "num_local_experts")
-      || !get_bool (o, b->where, "tie_word_embeddings", &tied, error)
-      || !stow_json_get_string (o, b->where, "topk_method", FALSE, &topk_method,
-                                error))
-    return FALSE;
-  if (!check_dims (b, h, L, a, k, "num_key_value_heads", TRUE, error))
-    return FALSE;
-  if (E > 0)
-    {
-      if (!REQ (o, b, &topk, "num_experts_per_tok")
-          || !REQ (o, b, &moe_f, "moe_intermediate_size")
-          || !get_u64 (o, b->where, NAMES ("n_shared_experts"), FALSE, FALSE,
-                       &shared, error)
-          || !get_u64 (o, b->where, NAMES ("first_k_dense_replace"), FALSE,
-                       FALSE, &first_dense, error)
-          || !OPT (o, b, &freq, "moe_layer_freq")
-          || !check_experts (b, "n_routed_experts", E, L, error))
-        return FALSE;
-      if (topk > E)
-        return E_INVALID (error,
-                          "%s: num_experts_per_tok (%" G_GUINT64_FORMAT
-                          ") exceeds n_routed_experts (%" G_GUINT64_FORMAT ")",
-                          b->where, topk, E);
-      if (shared > STOW_MODEL_MAX_EXPERTS)
-        return check_experts (b, "n_shared_experts", shared, 1, error);
-    }
-  if (!mul_checked (b, a, nope + rope, &qh, "heads x q head dim", error)
-      || !mul_checked (b, a, nope + vd, &kvb, "heads x kv head dim", error)
-      || !mul_checked (b, a, vd, &ov, "heads x v_head_dim", error)
-      || !mul_checked (b, shared, moe_f, &shared, "shared expert width", error))
-    return FALSE;
+  { .size = SZ_Q_LORA, .names = { "q_lora_rank" } },
+  { .size = SZ_EXPERTS, .names = { "n_routed_experts", "num_local_experts" } },
+  { .flag = F_TIED, .names = { "tie_word_embeddings" } },
+  { .text = TX_TOPK_METHOD, .names = { "topk_method" } },
+  { 0 },
+};
 
-  set_dims (m, h, L, a, k, nope + rope, f, V);
-  m->gated_mlp = TRUE;
-  m->tied_embeddings = tied;
-  m->norm = STOW_NORM_RMSNORM;
-  m->n_experts = E;
-  m->experts_per_token = topk;
-  m->n_shared_experts = moe_f ? shared / moe_f : 0;
-  m->moe_ffn = moe_f;
-  m->first_dense_layers = E ? MIN (first_dense, L) : L;
-  m->q_lora_rank = rq;
-  m->kv_lora_rank = rkv;
-  m->qk_nope_head_dim = nope;
-  m->qk_rope_head_dim = rope;
-  m->v_head_dim = vd;
-  /* V3's aux-loss-free routing keeps a per-expert score correction in the
-   * checkpoint (gate.e_score_correction_bias); it is in the published
-   * 671,026,419,200. */
-  gboolean score_bias
-      = (topk_method && g_str_equal (topk_method, "noaux_tc"))
-        || (topk_method == NULL && g_str_equal (type, "deepseek_v3"));
+/* Read when n_routed_experts is set. */
+static const Field deepseek_expert_fields[] = {
+  { .size = SZ_TOP_K, .names = { "num_experts_per_tok" }, .required = TRUE },
+  { .size = SZ_MOE_FFN,
+    .names = { "moe_intermediate_size" },
+    .required = TRUE },
+  { .size = SZ_SHARED_EXPERTS,
+    .names = { "n_shared_experts" },
+    .zero_ok = TRUE },
+  { .size = SZ_FIRST_DENSE,
+    .names = { "first_k_dense_replace" },
+    .zero_ok = TRUE },
+  { .size = SZ_MOE_EVERY, .names = { "moe_layer_freq" }, .fallback = 1 },
+  { 0 },
+};
 
-  stow_model_add_tensor (b, STOW_ROLE_EMBEDDING, -1, FALSE, 2, V, h,
-                         "model.embed_tokens.weight");
-  for (guint64 i = 0; i < L; i++)
-    {
-      gint l = (gint)i;
-      char p[96];
-      gboolean moe = E > 0 && i >= first_dense && i % freq == 0;
-      g_snprintf (p, sizeof p, "model.layers.%d", l);
-      if (rq > 0)
-        {
-          stow_model_add_tensor (b, STOW_ROLE_ATTENTION, l, FALSE, 2, rq, h,
-                                 "%s.self_attn.q_a_proj.weight", p);
-          stow_model_add_tensor (b, STOW_ROLE_NORM, l, FALSE, 1, rq, 0,
-                                 "%s.self_attn.q_a_layernorm.weight", p);
-          stow_model_add_tensor (b, STOW_ROLE_ATTENTION, l, FALSE, 2, qh, rq,
-                                 "%s.self_attn.q_b_proj.weight", p);
-        }
-      else
-        stow_model_add_tensor (b, STOW_ROLE_ATTENTION, l, FALSE, 2, qh, h,
-                               "%s.self_attn.q_proj.weight", p);
-      stow_model_add_tensor (b, STOW_ROLE_ATTENTION, l, FALSE, 2, rkv + rope, h,
-                             "%s.self_attn.kv_a_proj_with_mqa.weight", p);
-      stow_model_add_tensor (b, STOW_ROLE_NORM, l, FALSE, 1, rkv, 0,
-                             "%s.self_attn.kv_a_layernorm.weight", p);
-      stow_model_add_tensor (b, STOW_ROLE_ATTENTION, l, FALSE, 2, kvb, rkv,
-                             "%s.self_attn.kv_b_proj.weight", p);
-      stow_model_add_tensor (b, STOW_ROLE_ATTENTION, l, FALSE, 2, h, ov,
-                             "%s.self_attn.o_proj.weight", p);
-      if (!moe)
-        add_gated_mlp (b, STOW_ROLE_MLP, l, h, f, FALSE, "%s.mlp", p);
-      else
-        {
-          for (guint64 e = 0; e < E; e++)
-            add_gated_mlp (b, STOW_ROLE_EXPERT, l, h, moe_f, FALSE,
-                           "%s.mlp.experts.%u", p, (guint)e);
-          stow_model_add_tensor (b, STOW_ROLE_ROUTER, l, FALSE, 2, E, h,
-                                 "%s.mlp.gate.weight", p);
-          if (score_bias)
-            stow_model_add_tensor (b, STOW_ROLE_ROUTER, l, FALSE, 1, E, 0,
-                                   "%s.mlp.gate.e_score_correction_bias", p);
-          /* Shared experts are one MLP of width n_shared x moe_f. */
-          if (shared > 0)
-            add_gated_mlp (b, STOW_ROLE_MLP, l, h, shared, FALSE,
-                           "%s.mlp.shared_experts", p);
-        }
-      stow_model_add_tensor (b, STOW_ROLE_NORM, l, FALSE, 1, h, 0,
-                             "%s.input_layernorm.weight", p);
-      stow_model_add_tensor (b, STOW_ROLE_NORM, l, FALSE, 1, h, 0,
-                             "%s.post_attention_layernorm.weight", p);
-    }
-  stow_model_add_tensor (b, STOW_ROLE_NORM, -1, FALSE, 1, h, 0,
-                         "model.norm.weight");
-  add_lm_head (b, "lm_head.weight", V, h, tied);
+/* A head's query and key: the part without and the part with rotary. */
+static gboolean
+deepseek_head_dim (Import *c, GError **error)
+{
+  c->size[SZ_HEAD_DIM] = c->size[SZ_QK_NOPE] + c->size[SZ_QK_ROPE];
   return TRUE;
 }
+
+static gboolean
+deepseek_switches (Import *c, GError **error)
+{
+  const guint64 *s = c->size;
+  const char *topk_method = c->text[TX_TOPK_METHOD];
+  if (s[SZ_SHARED_EXPERTS] > STOW_MODEL_MAX_EXPERTS)
+    return check_experts (c->b, c->field[SZ_SHARED_EXPERTS],
+                          s[SZ_SHARED_EXPERTS], 1, error);
+  /* V3's aux-loss-free routing keeps a per-expert score correction in the
+   * checkpoint (gate.e_score_correction_bias); it is in the published
+   * 671,026,419,200.  V3 routes so unless topk_method says otherwise. */
+  if (topk_method)
+    c->flags = g_str_equal (topk_method, "noaux_tc") ? c->flags | F_SCORE_BIAS
+                                                     : c->flags & ~F_SCORE_BIAS;
+  if (s[SZ_Q_LORA] > 0)
+    c->flags |= F_Q_LORA;
+  if (s[SZ_SHARED_EXPERTS] > 0)
+    c->flags |= F_SHARED_EXPERTS;
+  c->b->model->first_dense_layers
+      = s[SZ_EXPERTS] ? MIN (s[SZ_FIRST_DENSE], s[SZ_LAYERS]) : s[SZ_LAYERS];
+  return TRUE;
+}
+
+static gboolean
+deepseek_moe_layer (const Import *c, guint64 i)
+{
+  return i >= c->size[SZ_FIRST_DENSE] && i % c->size[SZ_MOE_EVERY] == 0;
+}
+
+/* Multi-head latent attention: q through a low-rank q_a/q_b pair (or a
+ * plain q_proj), k and v from one compressed kv_a projection. */
+static const Slot deepseek_layer[] = {
+  LINEAR ("self_attn.q_a_proj", ATTENTION, SZ_Q_LORA, SZ_HIDDEN,
+          .when = F_Q_LORA),
+  NORM ("self_attn.q_a_layernorm", .rows = SZ_Q_LORA, .when = F_Q_LORA),
+  LINEAR ("self_attn.q_b_proj", ATTENTION, SZ_Q, SZ_Q_LORA, .when = F_Q_LORA),
+  LINEAR ("self_attn.q_proj", ATTENTION, SZ_Q, SZ_HIDDEN, .unless = F_Q_LORA),
+  LINEAR ("self_attn.kv_a_proj_with_mqa", ATTENTION, SZ_MLA_KV_A, SZ_HIDDEN),
+  NORM ("self_attn.kv_a_layernorm", .rows = SZ_KV_LORA),
+  LINEAR ("self_attn.kv_b_proj", ATTENTION, SZ_MLA_KV_B, SZ_KV_LORA),
+  LINEAR ("self_attn.o_proj", ATTENTION, SZ_HIDDEN, SZ_MLA_O),
+  GROUP ("mlp", gated_mlp, .unless = F_MOE_LAYER),
+  MOE (.when = F_MOE_LAYER),
+  NORM ("input_layernorm"),
+  NORM ("post_attention_layernorm"),
+  END,
+};
+
+/* The shared experts are one MLP of width n_shared_experts x
+ * moe_intermediate_size. */
+static const Slot shared_experts[] = {
+  LINEAR ("gate_proj", MLP, SZ_SHARED_FFN, SZ_HIDDEN),
+  LINEAR ("up_proj", MLP, SZ_SHARED_FFN, SZ_HIDDEN),
+  LINEAR ("down_proj", MLP, SZ_HIDDEN, SZ_SHARED_FFN),
+  END,
+};
+
+static const Slot deepseek_moe[] = {
+  EXPERTS ("mlp.experts", gated_expert),
+  LINEAR ("mlp.gate", ROUTER, SZ_EXPERTS, SZ_HIDDEN),
+  TENSOR ("mlp.gate.e_score_correction_bias", ROUTER, SZ_EXPERTS, SZ_NONE,
+          .when = F_SCORE_BIAS),
+  GROUP ("mlp.shared_experts", shared_experts, .when = F_SHARED_EXPERTS),
+  END,
+};
+
+static const Slot deepseek_inventory[] = {
+  TENSOR ("model.embed_tokens.weight", EMBEDDING, SZ_VOCAB, SZ_HIDDEN),
+  LAYERS ("model.layers", SZ_LAYERS, deepseek_layer),
+  NORM ("model.norm"),
+  HEAD ("lm_head.weight", SZ_HIDDEN),
+  END,
+};
 
 /* ---- bert (encoder only) ------------------------------------------------- */
 
@@ -1653,6 +1529,17 @@ with_defaults (JsonObject *o, const char *const *names, const gint64 *values)
   return c;
 }
 
+static const Field siglip_fields[] = {
+  { .size = SZ_HIDDEN, .names = { "hidden_size" }, .required = TRUE },
+  { .size = SZ_FFN, .names = { "intermediate_size" }, .required = TRUE },
+  { .size = SZ_LAYERS, .names = { "num_hidden_layers" }, .required = TRUE },
+  { .size = SZ_HEADS, .names = { "num_attention_heads" }, .required = TRUE },
+  { .size = SZ_CHANNELS, .names = { "num_channels" }, .required = TRUE },
+  { .size = SZ_IMAGE, .names = { "image_size" }, .required = TRUE },
+  { .size = SZ_PATCH, .names = { "patch_size" }, .required = TRUE },
+  { 0 },
+};
+
 /* Gemma 3 (4B, 12B, 27B): the gemma3_text decoder under
  * "language_model.", a SigLIP vision tower and the projector between
  * them (modeling_gemma3.py, modeling_siglip.py).  Absent fields take the
@@ -1678,7 +1565,7 @@ import_gemma3 (StowModelBuilder *b, JsonObject *o, GError **error)
           "patch_size",        NULL };
   static const gint64 vision_values[] = { 768, 3072, 12, 12, 3, 224, 16 };
   JsonObject *tc = NULL, *vc = NULL;
-  guint64 vh = 0, vf = 0, vL = 0, va = 0, ch = 0, img = 0, patch = 0, th = 0;
+  guint64 vh, vf, vL, ch, img, patch, th;
   if (!stow_json_get_object (o, b->where, "text_config", FALSE, &tc, error)
       || !stow_json_get_object (o, b->where, "vision_config", FALSE, &vc,
                                 error))
@@ -1697,17 +1584,15 @@ import_gemma3 (StowModelBuilder *b, JsonObject *o, GError **error)
     return FALSE;
   th = b->model->hidden;
 
+  Import v = { .b = b, .o = vision };
   b->where = vw;
-  ok = REQ (vision, b, &vh, "hidden_size")
-       && REQ (vision, b, &vf, "intermediate_size")
-       && REQ (vision, b, &vL, "num_hidden_layers")
-       && REQ (vision, b, &va, "num_attention_heads")
-       && REQ (vision, b, &ch, "num_channels")
-       && REQ (vision, b, &img, "image_size")
-       && REQ (vision, b, &patch, "patch_size")
-       && check_layers (b, "num_hidden_layers", vL, error)
-       && check_heads (b, vh, "hidden_size", va, "num_attention_heads", va,
-                       "num_attention_heads", FALSE, error);
+  ok = read_fields (&v, siglip_fields, error) && check_shape (&v, error);
+  vh = v.size[SZ_HIDDEN];
+  vf = v.size[SZ_FFN];
+  vL = v.size[SZ_LAYERS];
+  ch = v.size[SZ_CHANNELS];
+  img = v.size[SZ_IMAGE];
+  patch = v.size[SZ_PATCH];
   if (ok && img % patch != 0)
     ok = E_INVALID (error,
                     "%s: patch_size (%" G_GUINT64_FORMAT
@@ -1770,6 +1655,16 @@ import_gemma3 (StowModelBuilder *b, JsonObject *o, GError **error)
 #define LLAMA(flags_)                                                          \
   .fields = llama_fields, .flags = F_GATED | (flags_),                         \
   .norm = STOW_NORM_RMSNORM, .runtime = TRUE, .inventory = llama_inventory
+#define T5(flags_)                                                             \
+  .fields = t5_fields, .flags = F_FFN_DROPOUT | (flags_),                      \
+  .norm = STOW_NORM_RMSNORM, .finish = t5_decoder_and_mlp,                     \
+  .inventory = t5_inventory
+#define DEEPSEEK(flags_)                                                       \
+  .fields = deepseek_fields, .flags = F_GATED | (flags_),                      \
+  .norm = STOW_NORM_RMSNORM, .derive = deepseek_head_dim,                      \
+  .expert_fields = deepseek_expert_fields, .finish = deepseek_switches,        \
+  .moe_layer = deepseek_moe_layer, .inventory = deepseek_inventory,            \
+  .moe = deepseek_moe
 #define FALCON(flags_)                                                         \
   .fields = falcon_fields,                                                     \
   .flags = F_MULTI_QUERY | F_PARALLEL_ATTN | F_TIED | (flags_),                \
@@ -1794,6 +1689,7 @@ static const Family families[] = {
   /* The gemma families tie by default. */
   { .types = { "gemma" }, LLAMA (F_TIED) },
   { .types = { "gemma2" }, LLAMA (F_TIED | F_SANDWICH) },
+  { .types = { "gemma3" }, .import = import_gemma3 },
   { .types = { "gemma3_text" }, LLAMA (F_TIED | F_SANDWICH | F_QK_NORM) },
   { .types = { "phi3" }, LLAMA (F_FUSED) },
   { .types = { "gpt2" },
@@ -1827,11 +1723,17 @@ static const Family families[] = {
     .position_offset = 2,
     .finish = opt_projection,
     .inventory = opt_inventory },
+  { .types = { "t5" }, T5 (F_TIED) },
+  /* mT5 (mt0) is T5 v1.1 with its own config class, whose
+   * tie_word_embeddings defaults to false. */
+  { .types = { "mt5" }, T5 (0) },
   { .types = { "bert" },
     .fields = bert_fields,
     .flags = F_BIAS | F_LEARNED_POS | F_NO_LM_HEAD,
     .norm = STOW_NORM_LAYERNORM,
     .inventory = bert_inventory },
+  { .types = { "deepseek_v2" }, DEEPSEEK (0) },
+  { .types = { "deepseek_v3" }, DEEPSEEK (F_SCORE_BIAS) },
 };
 
 /* The family serving @type, or NULL. */
@@ -1849,41 +1751,58 @@ find_family (const char *type)
 
 /* ---- dispatch ----------------------------------------------------------- */
 
+/* "llama, mistral, ...": every family's advertised model_type values. */
+static char *
+advertised_types (void)
+{
+  GString *s = g_string_new (NULL);
+  for (guint i = 0; i < G_N_ELEMENTS (families); i++)
+    for (guint j = 0; j < G_N_ELEMENTS (families[i].types); j++)
+      if (families[i].types[j])
+        g_string_append_printf (s, "%s%s", s->len ? ", " : "",
+                                families[i].types[j]);
+  return g_string_free (s, FALSE);
+}
+
+/* The first of @f's fields (aliases aside) that @o lacks, or NULL. */
+static const char *
+first_missing (JsonObject *o, const Field *f)
+{
+  for (; !field_end (f); f++)
+    {
+      const char *missing = f->include ? first_missing (o, f->include)
+                            : f->names[0] && !stow_json_has (o, f->names[0])
+                                ? f->names[0]
+                                : NULL;
+      if (missing)
+        return missing;
+    }
+  return NULL;
+}
+
 gboolean
 stow_model_import (StowModelBuilder *b, JsonObject *o, const char *type,
                    GError **error)
 {
   const Family *family = find_family (type);
+  if (family && family->import)
+    return family->import (b, o, error);
   if (family)
     return import_family (b, o, family, "", error);
-  if (g_str_equal (type, "gemma3"))
-    return import_gemma3 (b, o, error);
-  /* mT5 (mt0) is T5 v1.1 with its own config class, whose
-   * tie_word_embeddings defaults to false. */
-  if (g_str_equal (type, "t5") || g_str_equal (type, "mt5"))
-    return import_t5 (b, o, g_str_equal (type, "t5"), error);
-  if (g_str_equal (type, "deepseek_v2") || g_str_equal (type, "deepseek_v3"))
-    return import_deepseek (b, o, type, error);
 
   /* Many newer decoders are llama with a new name; count them as llama
    * when they carry llama's fields, and say so. */
-  static const char *const fields[]
-      = { "hidden_size", "num_hidden_layers", "num_attention_heads",
-          "intermediate_size", "vocab_size" };
-  for (guint i = 0; i < G_N_ELEMENTS (fields); i++)
-    if (!stow_json_has (o, fields[i]))
-      {
-        g_autofree char *esc = g_strescape (type, NULL);
-        g_set_error (error, STOW_MODEL_ERROR, STOW_MODEL_ERROR_UNSUPPORTED,
-                     "%s: model_type \"%.60s\" is not supported (and has no "
-                     "%s for a llama-like import); supported: llama, "
-                     "mistral, mixtral, qwen2, qwen3, qwen3_moe, gemma, "
-                     "gemma2, gemma3, gemma3_text, phi3, gpt2, "
-                     "gpt_neox, falcon, bloom, mpt, opt, t5, mt5, bert, "
-                     "deepseek_v2, deepseek_v3",
-                     b->where, esc, fields[i]);
-        return FALSE;
-      }
+  const char *missing = first_missing (o, common_fields);
+  if (missing)
+    {
+      g_autofree char *esc = g_strescape (type, NULL);
+      g_autofree char *supported = advertised_types ();
+      g_set_error (error, STOW_MODEL_ERROR, STOW_MODEL_ERROR_UNSUPPORTED,
+                   "%s: model_type \"%.60s\" is not supported (and has no "
+                   "%s for a llama-like import); supported: %s",
+                   b->where, esc, missing, supported);
+      return FALSE;
+    }
   /* A llama-like import would drop the experts of an unknown MoE. */
   static const char *const moe_fields[]
       = { "num_experts", "num_local_experts", "n_routed_experts",
