@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: MIT
  *
- * models/hf.c: HuggingFace config.json -> tensor inventory, one importer per
- * model_type.  Field names, defaults and tensor names follow the
+ * models/hf.c: HuggingFace config.json -> tensor inventory, one table entry
+ * per model family (families[], at the end) read and built by one importer.
+ * Field names, defaults and tensor names follow the
  * transformers configuration and modeling code of each family (see
  * /work/shared/reference/ecosystem.md section 1.1 for the field table and
  * 1.2 for the count formulas the inventories reproduce).  Only shapes are
@@ -9,7 +10,6 @@
  */
 #include "models/model-private.h"
 
-#include <stdarg.h>
 #include <string.h>
 
 #include "core/json.h"
@@ -50,10 +50,6 @@ get_u64 (JsonObject *o, const char *where, const char *const *names,
 }
 
 #define NAMES(...) ((const char *const[]){ __VA_ARGS__, NULL })
-#define REQ(o, b, out, ...)                                                    \
-  get_u64 (o, (b)->where, NAMES (__VA_ARGS__), TRUE, TRUE, out, error)
-#define OPT(o, b, out, ...)                                                    \
-  get_u64 (o, (b)->where, NAMES (__VA_ARGS__), FALSE, TRUE, out, error)
 
 static gboolean
 get_bool (JsonObject *o, const char *where, const char *name, gboolean *out,
@@ -117,155 +113,28 @@ add_lm_head (StowModelBuilder *b, const char *name, guint64 vocab,
                          name);
 }
 
-/* The add_* helpers take their tensor-name prefix as a printf format, so a
- * builder names "%s.mlp.fc1" against its layer prefix in one call; every
- * name stays far below PREFIX_MAX. */
-#define PREFIX_MAX 192
-#define FORMAT_PREFIX(prefix, fmt)                                             \
-  char prefix[PREFIX_MAX];                                                     \
-  va_list ap;                                                                  \
-  va_start (ap, fmt);                                                          \
-  g_vsnprintf (prefix, sizeof prefix, fmt, ap);                                \
-  va_end (ap)
-
-static void add_norm (StowModelBuilder *b, gint layer, guint64 n,
-                      const char *fmt, ...) G_GNUC_PRINTF (4, 5);
-static void add_linear (StowModelBuilder *b, StowTensorRole role, gint layer,
-                        guint64 out, guint64 in, gboolean bias, const char *fmt,
-                        ...) G_GNUC_PRINTF (7, 8);
-static void add_conv1d (StowModelBuilder *b, StowTensorRole role, gint layer,
-                        guint64 in, guint64 out, const char *fmt, ...)
-    G_GNUC_PRINTF (6, 7);
-
-/* A LayerNorm (weight and bias) or RMSNorm (weight) named by @fmt. */
-static void
-add_norm (StowModelBuilder *b, gint layer, guint64 n, const char *fmt, ...)
-{
-  FORMAT_PREFIX (prefix, fmt);
-  stow_model_add_tensor (b, STOW_ROLE_NORM, layer, FALSE, 1, n, 0, "%s.weight",
-                         prefix);
-  if (b->model->norm == STOW_NORM_LAYERNORM)
-    stow_model_add_tensor (b, STOW_ROLE_NORM, layer, FALSE, 1, n, 0, "%s.bias",
-                           prefix);
-}
-
-/* A linear layer out x in, with an optional bias. */
+/* A linear layer out x in, with an optional bias (the router's counts as
+ * router). */
 static void
 add_linear (StowModelBuilder *b, StowTensorRole role, gint layer, guint64 out,
-            guint64 in, gboolean bias, const char *fmt, ...)
+            guint64 in, gboolean bias, const char *name)
 {
-  FORMAT_PREFIX (prefix, fmt);
-  stow_model_add_tensor (b, role, layer, FALSE, 2, out, in, "%s.weight",
-                         prefix);
+  stow_model_add_tensor (b, role, layer, FALSE, 2, out, in, "%s.weight", name);
   if (bias)
     stow_model_add_tensor (
         b, role == STOW_ROLE_ROUTER ? STOW_ROLE_ROUTER : STOW_ROLE_BIAS, layer,
-        FALSE, 1, out, 0, "%s.bias", prefix);
+        FALSE, 1, out, 0, "%s.bias", name);
 }
 
 /* GPT-2's Conv1D stores weights as in x out. */
 static void
 add_conv1d (StowModelBuilder *b, StowTensorRole role, gint layer, guint64 in,
-            guint64 out, const char *fmt, ...)
+            guint64 out, const char *name)
 {
-  FORMAT_PREFIX (prefix, fmt);
-  stow_model_add_tensor (b, role, layer, FALSE, 2, in, out, "%s.weight",
-                         prefix);
+  stow_model_add_tensor (b, role, layer, FALSE, 2, in, out, "%s.weight", name);
   stow_model_add_tensor (b, STOW_ROLE_BIAS, layer, FALSE, 1, out, 0, "%s.bias",
-                         prefix);
+                         name);
 }
-
-/* Shape products needed to validate before building (a*d and friends);
- * an overflow here is reported like any other. */
-static gboolean
-mul_checked (StowModelBuilder *b, guint64 x, guint64 y, guint64 *out,
-             const char *what, GError **error)
-{
-  if (!g_uint64_checked_mul (out, x, y))
-    return E_INVALID (error, "%s: sizes are absurd: %s overflows 64-bit counts",
-                      b->where, what);
-  return TRUE;
-}
-
-/* The dense-transformer sizes under their usual names, in this order;
- * @ffn_field names the MLP width (intermediate_size, or OPT's ffn_dim). */
-static gboolean
-read_dims (StowModelBuilder *b, JsonObject *o, const char *ffn_field,
-           guint64 *h, guint64 *L, guint64 *a, guint64 *f, guint64 *V,
-           GError **error)
-{
-  return REQ (o, b, h, "hidden_size") && REQ (o, b, L, "num_hidden_layers")
-         && REQ (o, b, a, "num_attention_heads") && REQ (o, b, f, ffn_field)
-         && REQ (o, b, V, "vocab_size");
-}
-
-/* check_layers and check_heads for a config whose errors name
- * num_hidden_layers, hidden_size and num_attention_heads (whatever legacy
- * spelling it was read from); @kv_field names the kv heads @k. */
-static gboolean
-check_dims (StowModelBuilder *b, guint64 h, guint64 L, guint64 a, guint64 k,
-            const char *kv_field, gboolean explicit_head_dim, GError **error)
-{
-  return check_layers (b, "num_hidden_layers", L, error)
-         && check_heads (b, h, "hidden_size", a, "num_attention_heads", k,
-                         kv_field, explicit_head_dim, error);
-}
-
-/* The shape fields every family sets: hidden size, layers, query and kv
- * heads, head dimension, MLP width and vocabulary. */
-static void
-set_dims (StowModel *m, guint64 h, guint64 L, guint64 a, guint64 k, guint64 d,
-          guint64 f, guint64 V)
-{
-  m->hidden = h;
-  m->n_layers = L;
-  m->n_heads = a;
-  m->n_kv_heads = k;
-  m->head_dim = d;
-  m->ffn = f;
-  m->vocab = V;
-}
-
-/* A gated MLP (llama's and deepseek's mlp, each deepseek expert and the
- * shared experts): gate_proj and up_proj (f x h), then down_proj. */
-static void add_gated_mlp (StowModelBuilder *b, StowTensorRole role, gint l,
-                           guint64 h, guint64 f, gboolean bias, const char *fmt,
-                           ...) G_GNUC_PRINTF (7, 8);
-static void
-add_gated_mlp (StowModelBuilder *b, StowTensorRole role, gint l, guint64 h,
-               guint64 f, gboolean bias, const char *fmt, ...)
-{
-  FORMAT_PREFIX (prefix, fmt);
-  add_linear (b, role, l, f, h, bias, "%s.gate_proj", prefix);
-  add_linear (b, role, l, f, h, bias, "%s.up_proj", prefix);
-  add_linear (b, role, l, h, f, bias, "%s.down_proj", prefix);
-}
-
-/* The fused attention of gpt_neox, falcon and bloom: query_key_value
- * (@qkv rows) and the dense output projection. */
-static void add_fused_attention (StowModelBuilder *b, gint l, guint64 h,
-                                 guint64 qkv, gboolean bias, const char *fmt,
-                                 ...) G_GNUC_PRINTF (6, 7);
-static void
-add_fused_attention (StowModelBuilder *b, gint l, guint64 h, guint64 qkv,
-                     gboolean bias, const char *fmt, ...)
-{
-  FORMAT_PREFIX (prefix, fmt);
-  add_linear (b, STOW_ROLE_ATTENTION, l, qkv, h, bias, "%s.query_key_value",
-              prefix);
-  add_linear (b, STOW_ROLE_ATTENTION, l, h, h, bias, "%s.dense", prefix);
-}
-
-/* Their MLP: @layer.mlp.dense_h_to_4h and dense_4h_to_h, of width @f. */
-static void
-add_h_to_4h_mlp (StowModelBuilder *b, gint l, guint64 h, guint64 f,
-                 gboolean bias, const char *layer)
-{
-  add_linear (b, STOW_ROLE_MLP, l, f, h, bias, "%s.mlp.dense_h_to_4h", layer);
-  add_linear (b, STOW_ROLE_MLP, l, h, f, bias, "%s.mlp.dense_4h_to_h", layer);
-}
-
-/* ---- llama, mistral, mixtral, qwen2, gemma, gemma2, phi3 ---------------- */
 
 /* What running a llama-like model needs: rope_theta, rms_norm_eps,
  * hidden_act, initializer_range (HF LlamaConfig's defaults) and Llama 3's
@@ -333,304 +202,720 @@ in_int_array (JsonArray *a, guint64 v)
   return FALSE;
 }
 
-/* The llama-like decoders.  @prefix goes before every tensor name (""; a
- * multimodal wrapper's "language_model."). */
-static gboolean
-import_llama_like (StowModelBuilder *b, JsonObject *o, const char *type,
-                   const char *prefix, GError **error)
+/* ---- how a family is described ------------------------------------------ */
+
+/* A family is one entry of the table at the end of this file: the
+ * model_type values it serves, its config fields (every alias of each size,
+ * in the order the family's importer always read them, so the first error
+ * a config gets stays the same), its defaults and switches (flags), and its
+ * inventory as a recipe of slots.  One reader and one builder serve every
+ * family; what no table says (Falcon's kv heads, MPT's attn_config, T5's
+ * second stack, the experts of DeepSeek and Qwen-MoE) is a hook named for
+ * what it does. */
+
+/* The sizes fields fill and recipes name.  SZ_NONE is 0 everywhere: a 1-D
+ * tensor's missing second dimension. */
+typedef enum
 {
-  StowModel *m = b->model;
-  guint64 h = 0, L = 0, a = 0, k = 0, d = 0, f = 0, V = 0, qd;
-  gboolean explicit_d = stow_json_has (o, "head_dim");
-  gboolean is_gemma = g_str_equal (type, "gemma");
-  gboolean is_gemma3 = g_str_equal (type, "gemma3_text");
-  /* Gemma-2 and Gemma-3 norm both sides of each block. */
-  gboolean is_gemma2 = g_str_equal (type, "gemma2") || is_gemma3;
-  gboolean is_phi3 = g_str_equal (type, "phi3");
-  gboolean is_qwen2 = g_str_equal (type, "qwen2");
-  gboolean is_qwen3_moe = g_str_equal (type, "qwen3_moe");
-  /* Qwen3 and Gemma-3 RMS-normalise each head's queries and keys
-   * (q_norm, k_norm: head_dim weights each). */
-  gboolean qk_norm = g_str_equal (type, "qwen3") || is_qwen3_moe || is_gemma3;
-  gboolean is_mixtral = g_str_equal (type, "mixtral");
-  /* The gemma families tie by default; the others default to untied. */
-  gboolean tied = is_gemma || is_gemma2;
-  guint64 sparse_step = 1;
-  JsonArray *mlp_only = NULL;
-  gboolean attn_bias = FALSE, mlp_bias = FALSE;
+  SZ_NONE,
+  SZ_HIDDEN,
+  SZ_LAYERS, /* the layer stack (T5: the encoder's) */
+  SZ_HEADS,
+  SZ_KV_HEADS,
+  SZ_HEAD_DIM, /* 0 unless a field or a hook gives it; then hidden / heads */
+  SZ_FFN,
+  SZ_VOCAB,
+  SZ_POSITIONS,      /* learned position embeddings */
+  SZ_TOKEN_TYPES,    /* BERT's token_type_embeddings */
+  SZ_EMBED_WIDTH,    /* OPT's word_embed_proj_dim */
+  SZ_DECODER_LAYERS, /* T5's second stack */
+  SZ_BUCKETS,        /* T5's relative position buckets */
+  SZ_EXPERTS,        /* routed experts per MoE layer */
+  SZ_TOP_K,
+  SZ_MOE_FFN, /* one routed expert's width */
+  SZ_SHARED_EXPERTS,
+  SZ_FIRST_DENSE, /* DeepSeek's first_k_dense_replace */
+  SZ_MOE_EVERY,   /* DeepSeek's moe_layer_freq, Qwen's decoder_sparse_step */
+  SZ_Q_LORA,      /* DeepSeek's multi-head latent attention (MLA) */
+  SZ_KV_LORA,
+  SZ_QK_NOPE,
+  SZ_QK_ROPE,
+  SZ_V_HEAD_DIM,
+  SZ_CHANNELS, /* Gemma 3's SigLIP vision tower */
+  SZ_IMAGE,
+  SZ_PATCH,
+  /* Derived once the checks passed (derive_sizes). */
+  SZ_Q,             /* heads x head_dim */
+  SZ_KV,            /* kv heads x head_dim */
+  SZ_QKV,           /* (heads + 2 kv heads) x head_dim: fused q, k, v */
+  SZ_FFN_X2,        /* fused gate and up projections */
+  SZ_POSITION_ROWS, /* positions + the family's position_offset */
+  SZ_SHARED_FFN,    /* shared experts x expert width: one MLP */
+  SZ_MLA_KV_A,      /* kv_lora_rank + qk_rope_head_dim */
+  SZ_MLA_KV_B,      /* heads x (qk_nope_head_dim + v_head_dim) */
+  SZ_MLA_O,         /* heads x v_head_dim */
+  SZ_COUNT
+} Size;
 
-  if (!read_dims (b, o, "intermediate_size", &h, &L, &a, &f, &V, error))
-    return FALSE;
-  k = a;
-  if (!OPT (o, b, &k, "num_key_value_heads") || !OPT (o, b, &d, "head_dim")
-      || !get_bool (o, b->where, "tie_word_embeddings", &tied, error)
-      || !get_bool (o, b->where, "attention_bias", &attn_bias, error)
-      || !get_bool (o, b->where, "mlp_bias", &mlp_bias, error))
-    return FALSE;
-  if (!check_dims (b, h, L, a, k, "num_key_value_heads", explicit_d, error))
-    return FALSE;
-  if (!explicit_d)
-    d = h / a;
-  if (!mul_checked (b, a, d, &qd, "num_attention_heads x head_dim", error))
-    return FALSE;
+/* Switches: a family's defaults, flipped by its boolean fields and hooks;
+ * a slot is present or has a bias according to them. */
+enum
+{
+  F_TIED = 1u << 0,         /* lm_head shares the token embedding */
+  F_BIAS = 1u << 1,         /* biases on every linear (GPT-2, BLOOM, ...) */
+  F_QKV_BIAS = 1u << 2,     /* q, k, v biases the code always has (qwen2) */
+  F_ATTN_BIAS = 1u << 3,    /* attention_bias: q, k, v and o */
+  F_MLP_BIAS = 1u << 4,     /* mlp_bias */
+  F_NO_BIAS = 1u << 5,      /* MPT's no_bias: not even on the norms */
+  F_GATED = 1u << 6,        /* a gated MLP (SwiGLU, GeGLU) */
+  F_FUSED = 1u << 7,        /* phi3: qkv_proj and gate_up_proj */
+  F_QK_NORM = 1u << 8,      /* a norm on q and on k */
+  F_SANDWICH = 1u << 9,     /* Gemma 2: norms before and after each block */
+  F_MOE = 1u << 10,         /* routed experts, in the layers moe_layer picks */
+  F_MOE_LAYER = 1u << 11,   /* (per layer) this one has them */
+  F_FIRST = 1u << 12,       /* (per layer) the first of its stack */
+  F_LEARNED_POS = 1u << 13, /* a learned position table */
+  F_ROPE_FREE = 1u << 14,   /* no rotary embedding (ALiBi, none) */
+  F_NO_LM_HEAD = 1u << 15,  /* an encoder: no vocabulary logits */
+  F_FFN_DROPOUT = 1u << 16, /* T5: dropout inside the MLP */
+  F_GELU_NEW = 1u << 17,    /* HF's NewGELUActivation */
+  F_NEW_ARCH = 1u << 18,    /* Falcon's new_decoder_architecture */
+  F_MULTI_QUERY = 1u << 19, /* Falcon's multi_query: one kv head */
+  F_PARALLEL_ATTN = 1u << 20,  /* Falcon's parallel_attn */
+  F_TWO_NORMS = 1u << 21,      /* Falcon: ln_attn and ln_mlp */
+  F_LN_BEFORE = 1u << 22,      /* OPT's do_layer_norm_before */
+  F_NO_FINAL_NORM = 1u << 23,  /* OPT's _remove_final_layer_norm */
+  F_PROJECT_EMBED = 1u << 24,  /* OPT: word_embed_proj_dim != hidden_size */
+  F_Q_LORA = 1u << 25,         /* MLA: q through q_a_proj and q_b_proj */
+  F_SCORE_BIAS = 1u << 26,     /* DeepSeek-V3's e_score_correction_bias */
+  F_SHARED_EXPERTS = 1u << 27, /* DeepSeek's n_shared_experts */
+};
 
-  set_dims (m, h, L, a, k, d, f, V);
-  m->gated_mlp = TRUE;
-  m->linear_bias = attn_bias || mlp_bias;
-  m->tied_embeddings = tied;
-  m->norm = STOW_NORM_RMSNORM;
-  if (!read_runtime (b, o, error))
-    return FALSE;
-  m->qkv_bias = is_qwen2 || attn_bias;
-  m->o_bias = attn_bias;
-  m->mlp_bias = mlp_bias;
+/* String fields a hook interprets. */
+typedef enum
+{
+  TX_NONE,
+  TX_ACTIVATION, /* GPT-2's activation_function, T5's feed_forward_proj */
+  TX_TOPK_METHOD,
+  TX_COUNT
+} Text;
 
-  if (is_qwen3_moe)
+/* One config field, read into a size, a flag, a string or (Qwen-MoE's
+ * mlp_only_layers) the layer list; or @include, a list read in its place.
+ * When absent a size takes @fallback, or @times x the size @fallback_of
+ * (none of them: it is not in the config at all); a flag keeps the
+ * family's default. */
+typedef struct Field Field;
+struct Field
+{
+  Size size;
+  guint flag;
+  Text text;
+  gboolean layer_list;
+  const char *names[4]; /* aliases, first present wins; errors name [0] */
+  gboolean required;
+  gboolean zero_ok;
+  guint64 fallback;
+  Size fallback_of;
+  guint64 times;
+  const char *fallback_text;
+  guint when;           /* read only when all these flags are set */
+  const Field *include; /* read that list here */
+};
+
+typedef enum
+{
+  SLOT_END,
+  SLOT_TENSOR,  /* a plain tensor, named in full */
+  SLOT_LINEAR,  /* NAME.weight (rows x cols), NAME.bias */
+  SLOT_CONV1D,  /* GPT-2's Conv1D: NAME.weight stored in x out, NAME.bias */
+  SLOT_NORM,    /* NAME.weight, and NAME.bias for a LayerNorm */
+  SLOT_HEAD,    /* the lm_head: vocab x cols, tied when F_TIED */
+  SLOT_GROUP,   /* @each under NAME. */
+  SLOT_LAYERS,  /* @each under NAME.i. for each layer i of @count */
+  SLOT_EXPERTS, /* @each under NAME.e. for each routed expert */
+  SLOT_MOE,     /* the family's MoE block, in this layer */
+} SlotKind;
+
+typedef struct Slot Slot;
+struct Slot
+{
+  SlotKind kind;
+  const char *name;
+  StowTensorRole role;
+  Size rows, cols; /* as stored; a norm's width (default hidden) */
+  guint bias;      /* a linear's bias is there when any of these is set */
+  gboolean tied;   /* shares the token embedding's storage (T5's copies) */
+  Size count;      /* SLOT_LAYERS: how many */
+  Size first;      /* SLOT_LAYERS: the first one's index in the model */
+  const Slot *each;
+  guint when, unless; /* there only with all of @when and none of @unless */
+};
+
+/* Slots as designated initializers; optional members follow by name. */
+/* clang-format off */
+#define TENSOR(n, r, rows_, cols_, ...)                                        \
+  { .kind = SLOT_TENSOR, .name = n, .role = STOW_ROLE_##r, .rows = rows_,      \
+    .cols = cols_, __VA_ARGS__ }
+#define LINEAR(n, r, rows_, cols_, ...)                                        \
+  { .kind = SLOT_LINEAR, .name = n, .role = STOW_ROLE_##r, .rows = rows_,      \
+    .cols = cols_, __VA_ARGS__ }
+#define CONV1D(n, r, rows_, cols_, ...)                                        \
+  { .kind = SLOT_CONV1D, .name = n, .role = STOW_ROLE_##r, .rows = rows_,      \
+    .cols = cols_, __VA_ARGS__ }
+#define NORM(n, ...) { .kind = SLOT_NORM, .name = n, __VA_ARGS__ }
+#define HEAD(n, cols_, ...)                                                    \
+  { .kind = SLOT_HEAD, .name = n, .cols = cols_, __VA_ARGS__ }
+#define GROUP(n, recipe, ...)                                                  \
+  { .kind = SLOT_GROUP, .name = n, .each = recipe, __VA_ARGS__ }
+#define LAYERS(n, count_, recipe, ...)                                         \
+  { .kind = SLOT_LAYERS, .name = n, .count = count_, .each = recipe,           \
+    __VA_ARGS__ }
+#define EXPERTS(n, recipe, ...)                                                \
+  { .kind = SLOT_EXPERTS, .name = n, .each = recipe, __VA_ARGS__ }
+#define MOE(...) { .kind = SLOT_MOE, __VA_ARGS__ }
+#define END { .kind = SLOT_END }
+/* clang-format on */
+
+typedef struct Import Import;
+typedef gboolean (*ImportHook) (Import *c, GError **error);
+typedef struct Family Family;
+
+struct Family
+{
+  const char *types[3];        /* the model_type values, as advertised */
+  const char *legacy_types[3]; /* also accepted, never advertised */
+  const Field *fields;         /* read first, in this order */
+  guint flags;                 /* defaults */
+  StowNormKind norm;
+  guint64 position_offset; /* extra rows in the position table */
+  /* Also read what running the model needs (read_runtime). */
+  gboolean runtime;
+  ImportHook derive; /* before the layer and head checks */
+  /* The experts' fields, read after the checks when F_MOE is set. */
+  const Field *expert_fields;
+  ImportHook finish; /* after them */
+  /* Whether stack layer @i has the routed experts (all when NULL). */
+  gboolean (*moe_layer) (const Import *c, guint64 i);
+  const Slot *inventory;
+  const Slot *moe; /* what SLOT_MOE builds */
+  /* A multimodal wrapper imports itself instead. */
+  gboolean (*import) (StowModelBuilder *b, JsonObject *o, GError **error);
+};
+
+static const Family *find_family (const char *type);
+
+/* One config.json as a family reads and builds it. */
+struct Import
+{
+  StowModelBuilder *b;
+  JsonObject *o;
+  const Family *family;
+  guint flags;
+  StowNormKind norm;
+  guint64 size[SZ_COUNT];
+  const char *field[SZ_COUNT]; /* the config field each size came from */
+  const char *text[TX_COUNT];
+  JsonArray *layer_list;
+  /* MPT's, between its hooks. */
+  double expansion_ratio;
+  JsonObject *ffn_config;
+};
+
+/* ---- the generic reader and builder ------------------------------------- */
+
+static gboolean
+field_end (const Field *f)
+{
+  return !f->size && !f->flag && !f->text && !f->layer_list && !f->include;
+}
+
+static gboolean
+read_fields (Import *c, const Field *f, GError **error)
+{
+  const char *where = c->b->where;
+  for (; !field_end (f); f++)
     {
-      /* Qwen3-MoE: routed experts of moe_intermediate_size in every
-       * decoder_sparse_step-th layer not listed in mlp_only_layers, no
-       * shared experts (configuration_qwen3_moe.py). */
-      guint64 E = 0, topk = 0, fe = 0;
-      if (!REQ (o, b, &E, "num_experts")
-          || !REQ (o, b, &topk, "num_experts_per_tok")
-          || !REQ (o, b, &fe, "moe_intermediate_size")
-          || !OPT (o, b, &sparse_step, "decoder_sparse_step")
-          || !stow_json_get_array (o, b->where, "mlp_only_layers", FALSE,
-                                   &mlp_only, error)
-          || !check_experts (b, "num_experts", E, L, error))
-        return FALSE;
-      if (topk > E)
-        return E_INVALID (error,
-                          "%s: num_experts_per_tok (%" G_GUINT64_FORMAT
-                          ") exceeds num_experts (%" G_GUINT64_FORMAT ")",
-                          b->where, topk, E);
-      if (mlp_only)
-        for (guint i = 0; i < json_array_get_length (mlp_only); i++)
-          {
-            JsonNode *n = json_array_get_element (mlp_only, i);
-            if (json_node_get_value_type (n) != G_TYPE_INT64
-                || json_node_get_int (n) < 0
-                || (guint64)json_node_get_int (n) >= L)
-              return E_INVALID (
-                  error,
-                  "%s: mlp_only_layers[%u]: expected a layer "
-                  "index below num_hidden_layers (%" G_GUINT64_FORMAT ")",
-                  b->where, i, L);
-          }
-      m->n_experts = E;
-      m->experts_per_token = topk;
-      m->moe_ffn = fe;
-    }
-  if (is_mixtral)
-    {
-      guint64 E = 0, topk = 0;
-      if (!REQ (o, b, &E, "num_local_experts")
-          || !REQ (o, b, &topk, "num_experts_per_tok")
-          || !check_experts (b, "num_local_experts", E, L, error))
-        return FALSE;
-      if (topk > E)
-        return E_INVALID (error,
-                          "%s: num_experts_per_tok (%" G_GUINT64_FORMAT
-                          ") exceeds num_local_experts (%" G_GUINT64_FORMAT ")",
-                          b->where, topk, E);
-      m->n_experts = E;
-      m->experts_per_token = topk;
-      m->moe_ffn = f;
-    }
-
-  /* The qwen2 q/k/v biases are built into the modeling code (no config
-   * flag); llama's attention_bias puts biases on all four projections. */
-  gboolean qkv_bias = is_qwen2 || attn_bias;
-  stow_model_add_tensor (b, STOW_ROLE_EMBEDDING, -1, FALSE, 2, V, h,
-                         "%smodel.embed_tokens.weight", prefix);
-  for (guint64 i = 0; i < L; i++)
-    {
-      gint l = (gint)i;
-      char p[96];
-      g_snprintf (p, sizeof p, "%smodel.layers.%d", prefix, l);
-      stow_model_add_tensor (b, STOW_ROLE_NORM, l, FALSE, 1, h, 0,
-                             "%s.input_layernorm.weight", p);
-      if (is_phi3)
+      if ((c->flags & f->when) != f->when)
+        continue;
+      if (f->include)
         {
-          /* Fused q, k, v: the same count as three projections. */
-          stow_model_add_tensor (b, STOW_ROLE_ATTENTION, l, FALSE, 2,
-                                 (a + 2 * k) * d, h,
-                                 "%s.self_attn.qkv_proj.weight", p);
+          if (!read_fields (c, f->include, error))
+            return FALSE;
+        }
+      else if (f->flag)
+        {
+          gboolean on = (c->flags & f->flag) != 0;
+          if (!get_bool (c->o, where, f->names[0], &on, error))
+            return FALSE;
+          c->flags = on ? c->flags | f->flag : c->flags & ~f->flag;
+        }
+      else if (f->text)
+        {
+          c->text[f->text] = f->fallback_text;
+          if (!stow_json_get_string (c->o, where, f->names[0], FALSE,
+                                     &c->text[f->text], error))
+            return FALSE;
+        }
+      else if (f->layer_list)
+        {
+          if (!stow_json_get_array (c->o, where, f->names[0], FALSE,
+                                    &c->layer_list, error))
+            return FALSE;
         }
       else
         {
-          add_linear (b, STOW_ROLE_ATTENTION, l, a * d, h, qkv_bias,
-                      "%s.self_attn.q_proj", p);
-          add_linear (b, STOW_ROLE_ATTENTION, l, k * d, h, qkv_bias,
-                      "%s.self_attn.k_proj", p);
-          add_linear (b, STOW_ROLE_ATTENTION, l, k * d, h, qkv_bias,
-                      "%s.self_attn.v_proj", p);
+          guint64 *v = &c->size[f->size];
+          *v = f->fallback_of ? c->size[f->fallback_of] * MAX (f->times, 1)
+                              : f->fallback;
+          if (f->names[0] == NULL)
+            continue;
+          c->field[f->size] = f->names[0];
+          if (!get_u64 (c->o, where, f->names, f->required, !f->zero_ok, v,
+                        error))
+            return FALSE;
         }
-      add_linear (b, STOW_ROLE_ATTENTION, l, h, a * d, attn_bias,
-                  "%s.self_attn.o_proj", p);
-      if (qk_norm)
-        {
-          stow_model_add_tensor (b, STOW_ROLE_NORM, l, FALSE, 1, d, 0,
-                                 "%s.self_attn.q_norm.weight", p);
-          stow_model_add_tensor (b, STOW_ROLE_NORM, l, FALSE, 1, d, 0,
-                                 "%s.self_attn.k_norm.weight", p);
-        }
-      stow_model_add_tensor (b, STOW_ROLE_NORM, l, FALSE, 1, h, 0,
-                             "%s.post_attention_layernorm.weight", p);
-      if (is_gemma2)
-        {
-          /* Gemma-2 norms both sides of each block: four per layer. */
-          stow_model_add_tensor (b, STOW_ROLE_NORM, l, FALSE, 1, h, 0,
-                                 "%s.pre_feedforward_layernorm.weight", p);
-          stow_model_add_tensor (b, STOW_ROLE_NORM, l, FALSE, 1, h, 0,
-                                 "%s.post_feedforward_layernorm.weight", p);
-        }
-      if (is_mixtral)
-        {
-          stow_model_add_tensor (b, STOW_ROLE_ROUTER, l, FALSE, 2, m->n_experts,
-                                 h, "%s.block_sparse_moe.gate.weight", p);
-          for (guint64 e = 0; e < m->n_experts; e++)
-            {
-#define EXPERT_W "%s.block_sparse_moe.experts.%u.w%d.weight"
-              stow_model_add_tensor (b, STOW_ROLE_EXPERT, l, FALSE, 2, f, h,
-                                     EXPERT_W, p, (guint)e, 1);
-              stow_model_add_tensor (b, STOW_ROLE_EXPERT, l, FALSE, 2, h, f,
-                                     EXPERT_W, p, (guint)e, 2);
-              stow_model_add_tensor (b, STOW_ROLE_EXPERT, l, FALSE, 2, f, h,
-                                     EXPERT_W, p, (guint)e, 3);
-#undef EXPERT_W
-            }
-        }
-      else if (is_qwen3_moe && (i + 1) % sparse_step == 0
-               && !in_int_array (mlp_only, i))
-        {
-          stow_model_add_tensor (b, STOW_ROLE_ROUTER, l, FALSE, 2, m->n_experts,
-                                 h, "%s.mlp.gate.weight", p);
-          for (guint64 e = 0; e < m->n_experts; e++)
-            add_gated_mlp (b, STOW_ROLE_EXPERT, l, h, m->moe_ffn, FALSE,
-                           "%s.mlp.experts.%u", p, (guint)e);
-        }
-      else if (is_phi3)
-        {
-          stow_model_add_tensor (b, STOW_ROLE_MLP, l, FALSE, 2, 2 * f, h,
-                                 "%s.mlp.gate_up_proj.weight", p);
-          stow_model_add_tensor (b, STOW_ROLE_MLP, l, FALSE, 2, h, f,
-                                 "%s.mlp.down_proj.weight", p);
-        }
-      else
-        add_gated_mlp (b, STOW_ROLE_MLP, l, h, f, mlp_bias, "%s.mlp", p);
     }
-  stow_model_add_tensor (b, STOW_ROLE_NORM, -1, FALSE, 1, h, 0,
-                         "%smodel.norm.weight", prefix);
-  g_autofree char *head = g_strconcat (prefix, "lm_head.weight", NULL);
-  add_lm_head (b, head, V, h, tied);
   return TRUE;
 }
+
+/* The layer count, and the heads against the hidden size; messages name
+ * the fields the sizes came from (kv heads default to one per head). */
+static gboolean
+check_shape (Import *c, GError **error)
+{
+  const guint64 *s = c->size;
+  const char *kv_field
+      = c->field[SZ_KV_HEADS] ? c->field[SZ_KV_HEADS] : c->field[SZ_HEADS];
+  if (s[SZ_KV_HEADS] == 0)
+    c->size[SZ_KV_HEADS] = s[SZ_HEADS];
+  if (!check_layers (c->b, c->field[SZ_LAYERS], s[SZ_LAYERS], error)
+      || !check_heads (c->b, s[SZ_HIDDEN], c->field[SZ_HIDDEN], s[SZ_HEADS],
+                       c->field[SZ_HEADS], s[SZ_KV_HEADS], kv_field,
+                       s[SZ_HEAD_DIM] != 0, error))
+    return FALSE;
+  if (s[SZ_HEAD_DIM] == 0)
+    c->size[SZ_HEAD_DIM] = s[SZ_HIDDEN] / s[SZ_HEADS];
+  return TRUE;
+}
+
+/* The expert fields, then how many experts and how many route each token. */
+static gboolean
+read_experts (Import *c, GError **error)
+{
+  const guint64 *s = c->size;
+  if (!read_fields (c, c->family->expert_fields, error)
+      || !check_experts (c->b, c->field[SZ_EXPERTS], s[SZ_EXPERTS],
+                         s[SZ_LAYERS], error))
+    return FALSE;
+  if (s[SZ_TOP_K] > s[SZ_EXPERTS])
+    return E_INVALID (error,
+                      "%s: %s (%" G_GUINT64_FORMAT
+                      ") exceeds %s (%" G_GUINT64_FORMAT ")",
+                      c->b->where, c->field[SZ_TOP_K], s[SZ_TOP_K],
+                      c->field[SZ_EXPERTS], s[SZ_EXPERTS]);
+  return TRUE;
+}
+
+/* Every size is at most STOW_MODEL_MAX_DIM (get_u64) and shared experts
+ * at most STOW_MODEL_MAX_EXPERTS, so these products stay far inside 64
+ * bits; tensor sizes are checked again as they are added. */
+static void
+derive_sizes (Import *c)
+{
+  guint64 *s = c->size;
+  s[SZ_Q] = s[SZ_HEADS] * s[SZ_HEAD_DIM];
+  s[SZ_KV] = s[SZ_KV_HEADS] * s[SZ_HEAD_DIM];
+  s[SZ_QKV] = s[SZ_Q] + 2 * s[SZ_KV];
+  s[SZ_FFN_X2] = 2 * s[SZ_FFN];
+  s[SZ_POSITION_ROWS] = s[SZ_POSITIONS] + c->family->position_offset;
+  s[SZ_SHARED_FFN] = s[SZ_SHARED_EXPERTS] * s[SZ_MOE_FFN];
+  s[SZ_MLA_KV_A] = s[SZ_KV_LORA] + s[SZ_QK_ROPE];
+  s[SZ_MLA_KV_B] = s[SZ_HEADS] * (s[SZ_QK_NOPE] + s[SZ_V_HEAD_DIM]);
+  s[SZ_MLA_O] = s[SZ_HEADS] * s[SZ_V_HEAD_DIM];
+}
+
+/* The model's shape fields from the sizes and flags (T5's n_layers counts
+ * both stacks). */
+static void
+set_model (const Import *c)
+{
+  StowModel *m = c->b->model;
+  const guint64 *s = c->size;
+  guint f = c->flags;
+  m->hidden = s[SZ_HIDDEN];
+  m->n_layers = s[SZ_LAYERS] + s[SZ_DECODER_LAYERS];
+  m->n_encoder_layers = s[SZ_DECODER_LAYERS] ? s[SZ_LAYERS] : 0;
+  m->n_heads = s[SZ_HEADS];
+  m->n_kv_heads = s[SZ_KV_HEADS];
+  m->head_dim = s[SZ_HEAD_DIM];
+  m->ffn = s[SZ_FFN];
+  m->vocab = s[SZ_VOCAB];
+  m->max_positions = (f & F_LEARNED_POS) ? s[SZ_POSITIONS] : 0;
+  m->rope_free = (f & F_ROPE_FREE) != 0;
+  m->gated_mlp = (f & F_GATED) != 0;
+  m->linear_bias = (f & (F_BIAS | F_ATTN_BIAS | F_MLP_BIAS)) != 0;
+  m->tied_embeddings = (f & F_TIED) != 0;
+  m->no_lm_head = (f & F_NO_LM_HEAD) != 0;
+  m->ffn_dropout = (f & F_FFN_DROPOUT) != 0;
+  m->gelu_new = (f & F_GELU_NEW) != 0;
+  m->norm = c->norm;
+  m->qkv_bias = (f & (F_QKV_BIAS | F_ATTN_BIAS)) != 0;
+  m->o_bias = (f & F_ATTN_BIAS) != 0;
+  m->mlp_bias = (f & F_MLP_BIAS) != 0;
+  m->n_experts = s[SZ_EXPERTS];
+  m->experts_per_token = s[SZ_TOP_K];
+  m->n_shared_experts = s[SZ_SHARED_EXPERTS];
+  m->moe_ffn = s[SZ_MOE_FFN];
+  m->q_lora_rank = s[SZ_Q_LORA];
+  m->kv_lora_rank = s[SZ_KV_LORA];
+  m->qk_nope_head_dim = s[SZ_QK_NOPE];
+  m->qk_rope_head_dim = s[SZ_QK_ROPE];
+  m->v_head_dim = s[SZ_V_HEAD_DIM];
+}
+
+#define NAME_MAX_LEN 192
+
+/* Adds the slots of @recipe that @flags select, in order, named under
+ * @scope ("", "model.layers.3."); @layer is -1 outside the layer stack. */
+static void
+build (const Import *c, const Slot *recipe, const char *scope, gint layer,
+       guint flags)
+{
+  StowModelBuilder *b = c->b;
+  for (const Slot *s = recipe; s->kind != SLOT_END; s++)
+    {
+      char name[NAME_MAX_LEN], inner[NAME_MAX_LEN];
+      guint64 rows = c->size[s->rows], cols = c->size[s->cols];
+      if ((flags & s->when) != s->when || (flags & s->unless) != 0)
+        continue;
+      g_snprintf (name, sizeof name, "%s%s", scope, s->name ? s->name : "");
+      switch (s->kind)
+        {
+        case SLOT_TENSOR:
+          stow_model_add_tensor (b, s->role, layer, s->tied, s->cols ? 2 : 1,
+                                 rows, cols, "%s", name);
+          break;
+        case SLOT_LINEAR:
+          add_linear (b, s->role, layer, rows, cols, (flags & s->bias) != 0,
+                      name);
+          break;
+        case SLOT_CONV1D:
+          add_conv1d (b, s->role, layer, rows, cols, name);
+          break;
+        case SLOT_NORM:
+          rows = s->rows ? rows : c->size[SZ_HIDDEN];
+          stow_model_add_tensor (b, STOW_ROLE_NORM, layer, FALSE, 1, rows, 0,
+                                 "%s.weight", name);
+          if (c->norm == STOW_NORM_LAYERNORM && !(flags & F_NO_BIAS))
+            stow_model_add_tensor (b, STOW_ROLE_NORM, layer, FALSE, 1, rows, 0,
+                                   "%s.bias", name);
+          break;
+        case SLOT_HEAD:
+          add_lm_head (b, name, c->size[SZ_VOCAB], cols, (flags & F_TIED) != 0);
+          break;
+        case SLOT_GROUP:
+          g_snprintf (inner, sizeof inner, "%s.", name);
+          build (c, s->each, inner, layer, flags);
+          break;
+        case SLOT_LAYERS:
+          for (guint64 i = 0; i < c->size[s->count]; i++)
+            {
+              guint lf = flags | (i == 0 ? F_FIRST : 0);
+              if ((flags & F_MOE)
+                  && (!c->family->moe_layer || c->family->moe_layer (c, i)))
+                lf |= F_MOE_LAYER;
+              g_snprintf (inner, sizeof inner, "%s.%u.", name, (guint)i);
+              build (c, s->each, inner, (gint)(c->size[s->first] + i), lf);
+            }
+          break;
+        case SLOT_EXPERTS:
+          for (guint64 e = 0; e < c->size[SZ_EXPERTS]; e++)
+            {
+              g_snprintf (inner, sizeof inner, "%s.%u.", name, (guint)e);
+              build (c, s->each, inner, layer, flags);
+            }
+          break;
+        case SLOT_MOE:
+          build (c, c->family->moe, scope, layer, flags);
+          break;
+        case SLOT_END:
+          break;
+        }
+    }
+}
+
+/* The one importer: fields, the family's derivations, the checks, the
+ * runtime fields, the experts, the family's remaining fields, then the
+ * inventory.  @prefix goes before every tensor name (""; a multimodal
+ * wrapper's "language_model."). */
+static gboolean
+import_family (StowModelBuilder *b, JsonObject *o, const Family *family,
+               const char *prefix, GError **error)
+{
+  Import c = { .b = b,
+               .o = o,
+               .family = family,
+               .flags = family->flags,
+               .norm = family->norm };
+  if (!read_fields (&c, family->fields, error))
+    return FALSE;
+  if (c.size[SZ_EXPERTS] > 0)
+    c.flags |= F_MOE;
+  if ((family->derive && !family->derive (&c, error))
+      || !check_shape (&c, error))
+    return FALSE;
+  if (family->runtime && !read_runtime (b, o, error))
+    return FALSE;
+  if ((c.flags & F_MOE) && family->expert_fields && !read_experts (&c, error))
+    return FALSE;
+  if (family->finish && !family->finish (&c, error))
+    return FALSE;
+  derive_sizes (&c);
+  set_model (&c);
+  build (&c, family->inventory, prefix, -1, c.flags);
+  return TRUE;
+}
+
+/* ---- recipes several families share ------------------------------------- */
+
+/* The names most transformers configs use, in the order the importers have
+ * always read them. */
+static const Field shape_fields[] = {
+  { .size = SZ_HIDDEN, .names = { "hidden_size" }, .required = TRUE },
+  { .size = SZ_LAYERS, .names = { "num_hidden_layers" }, .required = TRUE },
+  { .size = SZ_HEADS, .names = { "num_attention_heads" }, .required = TRUE },
+  { 0 },
+};
+
+static const Field common_fields[] = {
+  { .include = shape_fields },
+  { .size = SZ_FFN, .names = { "intermediate_size" }, .required = TRUE },
+  { .size = SZ_VOCAB, .names = { "vocab_size" }, .required = TRUE },
+  { 0 },
+};
+
+/* The MLP of GPT-NeoX, Falcon and BLOOM. */
+static const Slot h_to_4h_mlp[] = {
+  LINEAR ("dense_h_to_4h", MLP, SZ_FFN, SZ_HIDDEN, .bias = F_BIAS),
+  LINEAR ("dense_4h_to_h", MLP, SZ_HIDDEN, SZ_FFN, .bias = F_BIAS),
+  END,
+};
+
+/* LlamaMLP and its kin: gate_proj and up_proj (ffn x hidden), then
+ * down_proj; each routed expert of Qwen-MoE and DeepSeek is one of
+ * moe_intermediate_size. */
+static const Slot gated_mlp[] = {
+  LINEAR ("gate_proj", MLP, SZ_FFN, SZ_HIDDEN, .bias = F_MLP_BIAS),
+  LINEAR ("up_proj", MLP, SZ_FFN, SZ_HIDDEN, .bias = F_MLP_BIAS),
+  LINEAR ("down_proj", MLP, SZ_HIDDEN, SZ_FFN, .bias = F_MLP_BIAS),
+  END,
+};
+
+static const Slot gated_expert[] = {
+  LINEAR ("gate_proj", EXPERT, SZ_MOE_FFN, SZ_HIDDEN),
+  LINEAR ("up_proj", EXPERT, SZ_MOE_FFN, SZ_HIDDEN),
+  LINEAR ("down_proj", EXPERT, SZ_HIDDEN, SZ_MOE_FFN),
+  END,
+};
+
+/* ---- llama, mistral, mixtral, qwen2, qwen3, qwen3_moe, gemma, gemma2,
+ * gemma3_text, phi3 ----------------------------------------------------- */
+
+static const Field llama_fields[] = {
+  { .include = common_fields },
+  { .size = SZ_KV_HEADS,
+    .names = { "num_key_value_heads" },
+    .fallback_of = SZ_HEADS },
+  { .size = SZ_HEAD_DIM, .names = { "head_dim" } },
+  { .flag = F_TIED, .names = { "tie_word_embeddings" } },
+  { .flag = F_ATTN_BIAS, .names = { "attention_bias" } },
+  { .flag = F_MLP_BIAS, .names = { "mlp_bias" } },
+  { 0 },
+};
+
+/* LlamaDecoderLayer, with the switches its descendants add: phi3 fuses
+ * q, k, v and gate, up (the same counts); qwen3 and gemma3 RMS-normalise
+ * each head's queries and keys (q_norm, k_norm: head_dim weights each);
+ * gemma2 and gemma3 norm both sides of each block; mixtral and qwen3_moe
+ * route some layers' MLPs to experts.  The qwen2 q/k/v biases are built
+ * into its modeling code (no config flag); attention_bias puts biases on
+ * all four projections. */
+static const Slot llama_layer[] = {
+  NORM ("input_layernorm"),
+  LINEAR ("self_attn.q_proj", ATTENTION, SZ_Q, SZ_HIDDEN,
+          .bias = F_QKV_BIAS | F_ATTN_BIAS, .unless = F_FUSED),
+  LINEAR ("self_attn.k_proj", ATTENTION, SZ_KV, SZ_HIDDEN,
+          .bias = F_QKV_BIAS | F_ATTN_BIAS, .unless = F_FUSED),
+  LINEAR ("self_attn.v_proj", ATTENTION, SZ_KV, SZ_HIDDEN,
+          .bias = F_QKV_BIAS | F_ATTN_BIAS, .unless = F_FUSED),
+  LINEAR ("self_attn.qkv_proj", ATTENTION, SZ_QKV, SZ_HIDDEN, .when = F_FUSED),
+  LINEAR ("self_attn.o_proj", ATTENTION, SZ_HIDDEN, SZ_Q, .bias = F_ATTN_BIAS),
+  NORM ("self_attn.q_norm", .rows = SZ_HEAD_DIM, .when = F_QK_NORM),
+  NORM ("self_attn.k_norm", .rows = SZ_HEAD_DIM, .when = F_QK_NORM),
+  NORM ("post_attention_layernorm"),
+  NORM ("pre_feedforward_layernorm", .when = F_SANDWICH),
+  NORM ("post_feedforward_layernorm", .when = F_SANDWICH),
+  MOE (.when = F_MOE_LAYER),
+  LINEAR ("mlp.gate_up_proj", MLP, SZ_FFN_X2, SZ_HIDDEN, .when = F_FUSED),
+  LINEAR ("mlp.down_proj", MLP, SZ_HIDDEN, SZ_FFN, .when = F_FUSED),
+  GROUP ("mlp", gated_mlp, .unless = F_MOE_LAYER | F_FUSED),
+  END,
+};
+
+static const Slot llama_inventory[] = {
+  TENSOR ("model.embed_tokens.weight", EMBEDDING, SZ_VOCAB, SZ_HIDDEN),
+  LAYERS ("model.layers", SZ_LAYERS, llama_layer),
+  NORM ("model.norm"),
+  HEAD ("lm_head.weight", SZ_HIDDEN),
+  END,
+};
+
+/* Mixtral: every layer routes to num_local_experts full-width experts. */
+static const Field mixtral_expert_fields[] = {
+  { .size = SZ_EXPERTS, .names = { "num_local_experts" }, .required = TRUE },
+  { .size = SZ_TOP_K, .names = { "num_experts_per_tok" }, .required = TRUE },
+  { .size = SZ_MOE_FFN, .fallback_of = SZ_FFN },
+  { 0 },
+};
+
+static const Slot mixtral_expert[] = {
+  LINEAR ("w1", EXPERT, SZ_MOE_FFN, SZ_HIDDEN),
+  LINEAR ("w2", EXPERT, SZ_HIDDEN, SZ_MOE_FFN),
+  LINEAR ("w3", EXPERT, SZ_MOE_FFN, SZ_HIDDEN),
+  END,
+};
+
+static const Slot mixtral_moe[] = {
+  LINEAR ("block_sparse_moe.gate", ROUTER, SZ_EXPERTS, SZ_HIDDEN),
+  EXPERTS ("block_sparse_moe.experts", mixtral_expert),
+  END,
+};
+
+/* Qwen3-MoE: routed experts of moe_intermediate_size in every
+ * decoder_sparse_step-th layer not listed in mlp_only_layers, no shared
+ * experts (configuration_qwen3_moe.py). */
+static const Field qwen3_moe_expert_fields[] = {
+  { .size = SZ_EXPERTS, .names = { "num_experts" }, .required = TRUE },
+  { .size = SZ_TOP_K, .names = { "num_experts_per_tok" }, .required = TRUE },
+  { .size = SZ_MOE_FFN,
+    .names = { "moe_intermediate_size" },
+    .required = TRUE },
+  { .size = SZ_MOE_EVERY, .names = { "decoder_sparse_step" }, .fallback = 1 },
+  { .layer_list = TRUE, .names = { "mlp_only_layers" } },
+  { 0 },
+};
+
+static gboolean
+qwen3_moe_check_mlp_only (Import *c, GError **error)
+{
+  JsonArray *a = c->layer_list;
+  for (guint i = 0; a && i < json_array_get_length (a); i++)
+    {
+      JsonNode *n = json_array_get_element (a, i);
+      if (json_node_get_value_type (n) != G_TYPE_INT64
+          || json_node_get_int (n) < 0
+          || (guint64)json_node_get_int (n) >= c->size[SZ_LAYERS])
+        return E_INVALID (error,
+                          "%s: mlp_only_layers[%u]: expected a layer "
+                          "index below num_hidden_layers (%" G_GUINT64_FORMAT
+                          ")",
+                          c->b->where, i, c->size[SZ_LAYERS]);
+    }
+  return TRUE;
+}
+
+static gboolean
+qwen3_moe_layer (const Import *c, guint64 i)
+{
+  return (i + 1) % c->size[SZ_MOE_EVERY] == 0
+         && !in_int_array (c->layer_list, i);
+}
+
+static const Slot qwen3_moe_block[] = {
+  LINEAR ("mlp.gate", ROUTER, SZ_EXPERTS, SZ_HIDDEN),
+  EXPERTS ("mlp.experts", gated_expert),
+  END,
+};
 
 /* ---- gpt2 (also GPT-3 and the Megatron GPT shapes) ---------------------- */
 
+static const Field gpt2_fields[] = {
+  { .size = SZ_HIDDEN, .names = { "n_embd" }, .required = TRUE },
+  { .size = SZ_LAYERS, .names = { "n_layer" }, .required = TRUE },
+  { .size = SZ_HEADS, .names = { "n_head" }, .required = TRUE },
+  { .size = SZ_VOCAB, .names = { "vocab_size" }, .required = TRUE },
+  { .size = SZ_POSITIONS,
+    .names = { "n_positions", "n_ctx" },
+    .required = TRUE },
+  { .text = TX_ACTIVATION,
+    .names = { "activation_function" },
+    .fallback_text = "gelu_new" }, /* GPT2Config's default */
+  { .size = SZ_FFN,
+    .names = { "n_inner" },
+    .fallback_of = SZ_HIDDEN,
+    .times = 4 },
+  { 0 },
+};
+
 static gboolean
-import_gpt2 (StowModelBuilder *b, JsonObject *o, GError **error)
+gpt2_activation (Import *c, GError **error)
 {
-  StowModel *m = b->model;
-  guint64 h = 0, L = 0, a = 0, V = 0, P = 0, f = 0;
-  const char *act = "gelu_new"; /* GPT2Config's default */
-
-  if (!REQ (o, b, &h, "n_embd") || !REQ (o, b, &L, "n_layer")
-      || !REQ (o, b, &a, "n_head") || !REQ (o, b, &V, "vocab_size")
-      || !REQ (o, b, &P, "n_positions", "n_ctx")
-      || !stow_json_get_string (o, b->where, "activation_function", FALSE, &act,
-                                error))
-    return FALSE;
-  if (!mul_checked (b, 4, h, &f, "4 x n_embd", error)
-      || !OPT (o, b, &f, "n_inner"))
-    return FALSE;
-  if (!check_layers (b, "n_layer", L, error)
-      || !check_heads (b, h, "n_embd", a, "n_head", a, "n_head", FALSE, error))
-    return FALSE;
-
-  set_dims (m, h, L, a, a, h / a, f, V);
-  m->max_positions = P;
-  m->linear_bias = TRUE;
-  m->tied_embeddings = TRUE;
-  m->norm = STOW_NORM_LAYERNORM;
-  m->gelu_new = g_str_equal (act, "gelu_new");
-
-  /* Names as GPT2LMHeadModel saves them ("transformer." prefix; the
-   * original hub files omit it). */
-  stow_model_add_tensor (b, STOW_ROLE_EMBEDDING, -1, FALSE, 2, V, h,
-                         "transformer.wte.weight");
-  stow_model_add_tensor (b, STOW_ROLE_EMBEDDING, -1, FALSE, 2, P, h,
-                         "transformer.wpe.weight");
-  for (guint64 i = 0; i < L; i++)
-    {
-      gint l = (gint)i;
-      char p[96];
-      g_snprintf (p, sizeof p, "transformer.h.%d", l);
-      add_norm (b, l, h, "%s.ln_1", p);
-      add_conv1d (b, STOW_ROLE_ATTENTION, l, h, 3 * h, "%s.attn.c_attn", p);
-      add_conv1d (b, STOW_ROLE_ATTENTION, l, h, h, "%s.attn.c_proj", p);
-      add_norm (b, l, h, "%s.ln_2", p);
-      add_conv1d (b, STOW_ROLE_MLP, l, h, f, "%s.mlp.c_fc", p);
-      add_conv1d (b, STOW_ROLE_MLP, l, f, h, "%s.mlp.c_proj", p);
-    }
-  add_norm (b, -1, h, "transformer.ln_f");
-  add_lm_head (b, "lm_head.weight", V, h, TRUE);
+  if (g_str_equal (c->text[TX_ACTIVATION], "gelu_new"))
+    c->flags |= F_GELU_NEW;
   return TRUE;
 }
+
+/* Conv1D weights as stored: in x out. */
+static const Slot gpt2_block[] = {
+  NORM ("ln_1"),
+  CONV1D ("attn.c_attn", ATTENTION, SZ_HIDDEN, SZ_QKV),
+  CONV1D ("attn.c_proj", ATTENTION, SZ_HIDDEN, SZ_HIDDEN),
+  NORM ("ln_2"),
+  CONV1D ("mlp.c_fc", MLP, SZ_HIDDEN, SZ_FFN),
+  CONV1D ("mlp.c_proj", MLP, SZ_FFN, SZ_HIDDEN),
+  END,
+};
+
+/* Names as GPT2LMHeadModel saves them ("transformer." prefix; the
+ * original hub files omit it). */
+static const Slot gpt2_inventory[] = {
+  TENSOR ("transformer.wte.weight", EMBEDDING, SZ_VOCAB, SZ_HIDDEN),
+  TENSOR ("transformer.wpe.weight", EMBEDDING, SZ_POSITION_ROWS, SZ_HIDDEN),
+  LAYERS ("transformer.h", SZ_LAYERS, gpt2_block),
+  NORM ("transformer.ln_f"),
+  HEAD ("lm_head.weight", SZ_HIDDEN),
+  END,
+};
 
 /* ---- gpt_neox (Pythia, GPT-NeoX-20B) ------------------------------------ */
 
-static gboolean
-import_gpt_neox (StowModelBuilder *b, JsonObject *o, GError **error)
-{
-  StowModel *m = b->model;
-  guint64 h = 0, L = 0, a = 0, V = 0, f = 0;
-  gboolean tied = FALSE;
+static const Field gpt_neox_fields[] = {
+  { .include = common_fields },
+  { .flag = F_TIED, .names = { "tie_word_embeddings" } },
+  { 0 },
+};
 
-  if (!read_dims (b, o, "intermediate_size", &h, &L, &a, &f, &V, error)
-      || !get_bool (o, b->where, "tie_word_embeddings", &tied, error))
-    return FALSE;
-  if (!check_dims (b, h, L, a, a, "num_attention_heads", FALSE, error))
-    return FALSE;
+/* Both norms first (parallel residual), then the fused attention. */
+static const Slot gpt_neox_layer[] = {
+  NORM ("input_layernorm"),
+  NORM ("post_attention_layernorm"),
+  LINEAR ("attention.query_key_value", ATTENTION, SZ_QKV, SZ_HIDDEN,
+          .bias = F_BIAS),
+  LINEAR ("attention.dense", ATTENTION, SZ_HIDDEN, SZ_HIDDEN, .bias = F_BIAS),
+  GROUP ("mlp", h_to_4h_mlp),
+  END,
+};
 
-  set_dims (m, h, L, a, a, h / a, f, V);
-  m->linear_bias = TRUE;
-  m->tied_embeddings = tied;
-  m->norm = STOW_NORM_LAYERNORM;
-
-  stow_model_add_tensor (b, STOW_ROLE_EMBEDDING, -1, FALSE, 2, V, h,
-                         "gpt_neox.embed_in.weight");
-  for (guint64 i = 0; i < L; i++)
-    {
-      gint l = (gint)i;
-      char p[96];
-      g_snprintf (p, sizeof p, "gpt_neox.layers.%d", l);
-      add_norm (b, l, h, "%s.input_layernorm", p);
-      add_norm (b, l, h, "%s.post_attention_layernorm", p);
-      add_fused_attention (b, l, h, 3 * h, TRUE, "%s.attention", p);
-      add_h_to_4h_mlp (b, l, h, f, TRUE, p);
-    }
-  add_norm (b, -1, h, "gpt_neox.final_layer_norm");
-  /* embed_out has no bias. */
-  add_lm_head (b, "embed_out.weight", V, h, tied);
-  return TRUE;
-}
+static const Slot gpt_neox_inventory[] = {
+  TENSOR ("gpt_neox.embed_in.weight", EMBEDDING, SZ_VOCAB, SZ_HIDDEN),
+  LAYERS ("gpt_neox.layers", SZ_LAYERS, gpt_neox_layer),
+  NORM ("gpt_neox.final_layer_norm"),
+  HEAD ("embed_out.weight", SZ_HIDDEN), /* no bias */
+  END,
+};
 
 /* ---- mpt (MosaicML MPT: llm-foundry's MPTConfig) ----------------------- */
-
-/* A norm of width @n under MPT's norm_type: LayerNorms have a bias unless
- * no_bias (llm-foundry drops every bias parameter then), RMSNorms never. */
-static void
-add_mpt_norm (StowModelBuilder *b, gint layer, guint64 n, gboolean bias,
-              const char *name, const char *prefix)
-{
-  stow_model_add_tensor (b, STOW_ROLE_NORM, layer, FALSE, 1, n, 0,
-                         "%s%s.weight", prefix, name);
-  if (bias && b->model->norm == STOW_NORM_LAYERNORM)
-    stow_model_add_tensor (b, STOW_ROLE_NORM, layer, FALSE, 1, n, 0,
-                           "%s%s.bias", prefix, name);
-}
 
 /* Field names and defaults are llm-foundry's MPTConfig (llmfoundry/models/
  * mpt/configuration_mpt.py, the configuration_mpt.py the mosaicml/mpt-*
@@ -643,31 +928,40 @@ add_mpt_norm (StowModelBuilder *b, gint layer, guint64 n, gboolean bias,
  * mptmlp (up_proj, down_proj) or mptglu (gate_proj too).  transformers'
  * own MptConfig defaults differ (no_bias and alibi true), but a config.json
  * either writes carries every field. */
+static const Field mpt_fields[] = {
+  { .size = SZ_HIDDEN, .names = { "d_model" }, .required = TRUE },
+  { .size = SZ_LAYERS, .names = { "n_layers" }, .required = TRUE },
+  { .size = SZ_HEADS, .names = { "n_heads" }, .required = TRUE },
+  { .size = SZ_VOCAB, .names = { "vocab_size" }, .fallback = 50368 },
+  { .size = SZ_POSITIONS, .names = { "max_seq_len" }, .fallback = 2048 },
+  { 0 },
+};
+
+/* MPT's switches, attn_config (the kv heads) and norm_type; ffn_config's
+ * type here, its width after the checks (mpt_ffn_width). */
 static gboolean
-import_mpt (StowModelBuilder *b, JsonObject *o, GError **error)
+mpt_config (Import *c, GError **error)
 {
-  StowModel *m = b->model;
-  guint64 h = 0, L = 0, a = 0, k = 0, f = 0, V = 50368, P = 2048;
-  double ratio = 4.0;
+  JsonObject *o = c->o, *attn = NULL;
+  const char *where = c->b->where;
   gboolean no_bias = FALSE, learned = TRUE, tied = TRUE, alibi = FALSE,
-           rope = FALSE, qk_ln = FALSE, glu = FALSE;
+           rope = FALSE, qk_ln = FALSE;
   const char *norm = "low_precision_layernorm",
              *attn_type = "multihead_attention", *ffn_type = "mptmlp";
-  JsonObject *attn = NULL, *ffn = NULL;
-  g_autofree char *attn_where = g_strdup_printf ("%s: attn_config", b->where);
-  g_autofree char *ffn_where = g_strdup_printf ("%s: ffn_config", b->where);
+  g_autofree char *attn_where = g_strdup_printf ("%s: attn_config", where);
+  g_autofree char *ffn_where = g_strdup_printf ("%s: ffn_config", where);
+  guint64 k = 0;
 
-  if (!REQ (o, b, &h, "d_model") || !REQ (o, b, &L, "n_layers")
-      || !REQ (o, b, &a, "n_heads") || !OPT (o, b, &V, "vocab_size")
-      || !OPT (o, b, &P, "max_seq_len")
-      || !stow_json_get_double (o, b->where, "expansion_ratio", FALSE, &ratio,
-                                error)
-      || !get_bool (o, b->where, "no_bias", &no_bias, error)
-      || !get_bool (o, b->where, "learned_pos_emb", &learned, error)
-      || !get_bool (o, b->where, "tie_word_embeddings", &tied, error)
-      || !stow_json_get_string (o, b->where, "norm_type", FALSE, &norm, error)
-      || !stow_json_get_object (o, b->where, "attn_config", FALSE, &attn, error)
-      || !stow_json_get_object (o, b->where, "ffn_config", FALSE, &ffn, error))
+  c->expansion_ratio = 4.0;
+  if (!stow_json_get_double (o, where, "expansion_ratio", FALSE,
+                             &c->expansion_ratio, error)
+      || !get_bool (o, where, "no_bias", &no_bias, error)
+      || !get_bool (o, where, "learned_pos_emb", &learned, error)
+      || !get_bool (o, where, "tie_word_embeddings", &tied, error)
+      || !stow_json_get_string (o, where, "norm_type", FALSE, &norm, error)
+      || !stow_json_get_object (o, where, "attn_config", FALSE, &attn, error)
+      || !stow_json_get_object (o, where, "ffn_config", FALSE, &c->ffn_config,
+                                error))
     return FALSE;
   if (attn
       && (!stow_json_get_string (attn, attn_where, "attn_type", FALSE,
@@ -676,13 +970,13 @@ import_mpt (StowModelBuilder *b, JsonObject *o, GError **error)
           || !get_bool (attn, attn_where, "rope", &rope, error)
           || !get_bool (attn, attn_where, "qk_ln", &qk_ln, error)))
     return FALSE;
-  if (ffn
-      && !stow_json_get_string (ffn, ffn_where, "ffn_type", FALSE, &ffn_type,
-                                error))
+  if (c->ffn_config
+      && !stow_json_get_string (c->ffn_config, ffn_where, "ffn_type", FALSE,
+                                &ffn_type, error))
     return FALSE;
 
   if (g_str_equal (attn_type, "multihead_attention"))
-    k = a;
+    k = c->size[SZ_HEADS];
   else if (g_str_equal (attn_type, "multiquery_attention"))
     k = 1;
   else if (g_str_equal (attn_type, "grouped_query_attention"))
@@ -703,7 +997,7 @@ import_mpt (StowModelBuilder *b, JsonObject *o, GError **error)
                         attn_where, esc);
     }
   if (g_str_equal (ffn_type, "mptglu"))
-    glu = TRUE;
+    c->flags |= F_GATED;
   else if (!g_str_equal (ffn_type, "mptmlp"))
     {
       g_autofree char *esc = g_strescape (ffn_type, NULL);
@@ -713,578 +1007,505 @@ import_mpt (StowModelBuilder *b, JsonObject *o, GError **error)
                         ffn_where, esc);
     }
   if (g_str_has_suffix (norm, "rmsnorm"))
-    m->norm = STOW_NORM_RMSNORM;
+    c->norm = STOW_NORM_RMSNORM;
   else if (g_str_has_suffix (norm, "layernorm"))
-    m->norm = STOW_NORM_LAYERNORM;
+    c->norm = STOW_NORM_LAYERNORM;
   else
     {
       g_autofree char *esc = g_strescape (norm, NULL);
       return E_INVALID (error,
                         "%s: norm_type \"%.60s\" is not supported (expected a "
                         "layernorm or an rmsnorm kind)",
-                        b->where, esc);
+                        where, esc);
     }
-  if (!check_layers (b, "n_layers", L, error)
-      || !check_heads (b, h, "d_model", a, "n_heads", k, "kv_n_heads", FALSE,
-                       error))
-    return FALSE;
-  /* resolve_ffn_hidden_size: an explicit width wins over the ratio. */
-  if (ffn && stow_json_has (ffn, "ffn_hidden_size"))
-    {
-      if (!get_u64 (ffn, ffn_where, NAMES ("ffn_hidden_size"), TRUE, TRUE, &f,
-                    error))
-        return FALSE;
-    }
-  else
-    {
-      if (!(ratio > 0) || ratio * (double)h > (double)STOW_MODEL_MAX_DIM)
-        return E_INVALID (error,
-                          "%s: expansion_ratio (%g) must be positive and keep "
-                          "d_model x expansion_ratio at most %u",
-                          b->where, ratio, STOW_MODEL_MAX_DIM);
-      f = (guint64)(ratio * (double)h); /* int(d_model * expansion_ratio) */
-      if (f == 0)
-        return E_INVALID (
-            error,
-            "%s: expansion_ratio (%g) x d_model (%" G_GUINT64_FORMAT
-            ") leaves no MLP",
-            b->where, ratio, h);
-    }
-
-  guint64 d = h / a;
-  set_dims (m, h, L, a, k, d, f, V);
-  m->max_positions = learned ? P : 0;
-  m->rope_free = !rope;
-  m->gated_mlp = glu;
-  m->linear_bias = !no_bias;
-  m->tied_embeddings = tied;
+  c->size[SZ_KV_HEADS] = k;
+  c->field[SZ_KV_HEADS] = "kv_n_heads";
+  /* llm-foundry drops every bias parameter with no_bias, the norms' too. */
+  c->flags |= no_bias ? F_NO_BIAS : F_BIAS;
+  c->flags |= (learned ? F_LEARNED_POS : 0) | (tied ? F_TIED : 0)
+              | (rope ? 0 : F_ROPE_FREE) | (qk_ln ? F_QK_NORM : 0);
   (void)alibi; /* a bias on the scores: no parameters, no rotary products */
-
-  stow_model_add_tensor (b, STOW_ROLE_EMBEDDING, -1, FALSE, 2, V, h,
-                         "transformer.wte.weight");
-  if (learned)
-    stow_model_add_tensor (b, STOW_ROLE_EMBEDDING, -1, FALSE, 2, P, h,
-                           "transformer.wpe.weight");
-  for (guint64 i = 0; i < L; i++)
-    {
-      gint l = (gint)i;
-      char p[96];
-      g_snprintf (p, sizeof p, "transformer.blocks.%d", l);
-      add_mpt_norm (b, l, h, !no_bias, ".norm_1", p);
-      add_linear (b, STOW_ROLE_ATTENTION, l, h + 2 * k * d, h, !no_bias,
-                  "%s.attn.Wqkv", p);
-      if (qk_ln)
-        {
-          add_mpt_norm (b, l, h, !no_bias, ".attn.q_ln", p);
-          add_mpt_norm (b, l, k * d, !no_bias, ".attn.k_ln", p);
-        }
-      add_linear (b, STOW_ROLE_ATTENTION, l, h, h, !no_bias, "%s.attn.out_proj",
-                  p);
-      add_mpt_norm (b, l, h, !no_bias, ".norm_2", p);
-      if (glu)
-        add_linear (b, STOW_ROLE_MLP, l, f, h, !no_bias, "%s.ffn.gate_proj", p);
-      add_linear (b, STOW_ROLE_MLP, l, f, h, !no_bias, "%s.ffn.up_proj", p);
-      add_linear (b, STOW_ROLE_MLP, l, h, f, !no_bias, "%s.ffn.down_proj", p);
-    }
-  add_mpt_norm (b, -1, h, !no_bias, ".norm_f", "transformer");
-  add_lm_head (b, "lm_head.weight", V, h, tied);
   return TRUE;
 }
+
+/* resolve_ffn_hidden_size: an explicit width wins over the ratio. */
+static gboolean
+mpt_ffn_width (Import *c, GError **error)
+{
+  double ratio = c->expansion_ratio;
+  guint64 h = c->size[SZ_HIDDEN];
+  if (c->ffn_config && stow_json_has (c->ffn_config, "ffn_hidden_size"))
+    {
+      g_autofree char *ffn_where
+          = g_strdup_printf ("%s: ffn_config", c->b->where);
+      return get_u64 (c->ffn_config, ffn_where, NAMES ("ffn_hidden_size"), TRUE,
+                      TRUE, &c->size[SZ_FFN], error);
+    }
+  if (!(ratio > 0) || ratio * (double)h > (double)STOW_MODEL_MAX_DIM)
+    return E_INVALID (error,
+                      "%s: expansion_ratio (%g) must be positive and keep "
+                      "d_model x expansion_ratio at most %u",
+                      c->b->where, ratio, STOW_MODEL_MAX_DIM);
+  c->size[SZ_FFN] = (guint64)(ratio * (double)h); /* int(d_model * ratio) */
+  if (c->size[SZ_FFN] == 0)
+    return E_INVALID (error,
+                      "%s: expansion_ratio (%g) x d_model (%" G_GUINT64_FORMAT
+                      ") leaves no MLP",
+                      c->b->where, ratio, h);
+  return TRUE;
+}
+
+static const Slot mpt_block[] = {
+  NORM ("norm_1"),
+  LINEAR ("attn.Wqkv", ATTENTION, SZ_QKV, SZ_HIDDEN, .bias = F_BIAS),
+  NORM ("attn.q_ln", .when = F_QK_NORM),
+  NORM ("attn.k_ln", .rows = SZ_KV, .when = F_QK_NORM),
+  LINEAR ("attn.out_proj", ATTENTION, SZ_HIDDEN, SZ_HIDDEN, .bias = F_BIAS),
+  NORM ("norm_2"),
+  LINEAR ("ffn.gate_proj", MLP, SZ_FFN, SZ_HIDDEN, .bias = F_BIAS,
+          .when = F_GATED),
+  LINEAR ("ffn.up_proj", MLP, SZ_FFN, SZ_HIDDEN, .bias = F_BIAS),
+  LINEAR ("ffn.down_proj", MLP, SZ_HIDDEN, SZ_FFN, .bias = F_BIAS),
+  END,
+};
+
+static const Slot mpt_inventory[] = {
+  TENSOR ("transformer.wte.weight", EMBEDDING, SZ_VOCAB, SZ_HIDDEN),
+  TENSOR ("transformer.wpe.weight", EMBEDDING, SZ_POSITION_ROWS, SZ_HIDDEN,
+          .when = F_LEARNED_POS),
+  LAYERS ("transformer.blocks", SZ_LAYERS, mpt_block),
+  NORM ("transformer.norm_f"),
+  HEAD ("lm_head.weight", SZ_HIDDEN),
+  END,
+};
 
 /* ---- falcon ------------------------------------------------------------- */
 
+static const Field falcon_fields[] = {
+  { .size = SZ_HIDDEN,
+    .names = { "hidden_size", "n_embed" },
+    .required = TRUE },
+  { .size = SZ_LAYERS,
+    .names = { "num_hidden_layers", "n_layer" },
+    .required = TRUE },
+  { .size = SZ_HEADS,
+    .names = { "num_attention_heads", "n_head" },
+    .required = TRUE },
+  { .size = SZ_VOCAB, .names = { "vocab_size" }, .required = TRUE },
+  { .flag = F_NEW_ARCH, .names = { "new_decoder_architecture" } },
+  { .flag = F_MULTI_QUERY, .names = { "multi_query" } },
+  { .flag = F_PARALLEL_ATTN, .names = { "parallel_attn" } },
+  { .flag = F_BIAS, .names = { "bias" } },
+  { .flag = F_TIED, .names = { "tie_word_embeddings" } },
+  { .size = SZ_FFN,
+    .names = { "ffn_hidden_size" },
+    .fallback_of = SZ_HIDDEN,
+    .times = 4 },
+  /* Only the new decoder architecture reads num_kv_heads. */
+  { .size = SZ_KV_HEADS,
+    .names = { "num_kv_heads", "n_head_kv" },
+    .fallback_of = SZ_HEADS,
+    .when = F_NEW_ARCH },
+  { 0 },
+};
+
+/* The old architecture's kv heads (FalconAttention): one with
+ * multi_query, else one per query head. */
 static gboolean
-import_falcon (StowModelBuilder *b, JsonObject *o, const char *type,
-               GError **error)
+falcon_kv_heads (Import *c, GError **error)
 {
-  StowModel *m = b->model;
-  guint64 h = 0, L = 0, a = 0, V = 0, f = 0, k = 0, n_ln = 0;
-  /* Legacy RefinedWeb (40B-style) configs imply the new architecture. */
-  gboolean new_arch = g_str_equal (type, "RefinedWeb");
-  gboolean multi_query = TRUE, parallel_attn = TRUE, bias = FALSE;
-  gboolean tied = TRUE;
-
-  if (!REQ (o, b, &h, "hidden_size", "n_embed")
-      || !REQ (o, b, &L, "num_hidden_layers", "n_layer")
-      || !REQ (o, b, &a, "num_attention_heads", "n_head")
-      || !REQ (o, b, &V, "vocab_size")
-      || !get_bool (o, b->where, "new_decoder_architecture", &new_arch, error)
-      || !get_bool (o, b->where, "multi_query", &multi_query, error)
-      || !get_bool (o, b->where, "parallel_attn", &parallel_attn, error)
-      || !get_bool (o, b->where, "bias", &bias, error)
-      || !get_bool (o, b->where, "tie_word_embeddings", &tied, error))
-    return FALSE;
-  if (!mul_checked (b, 4, h, &f, "4 x hidden_size", error)
-      || !OPT (o, b, &f, "ffn_hidden_size"))
-    return FALSE;
-  /* Three ways to count kv heads (FalconAttention): the new decoder
-   * architecture reads num_kv_heads, multi-query has one, else one per
-   * query head. */
-  if (new_arch)
-    {
-      k = a;
-      if (!OPT (o, b, &k, "num_kv_heads", "n_head_kv"))
-        return FALSE;
-    }
-  else
-    k = multi_query ? 1 : a;
-  if (!check_dims (b, h, L, a, k, "num_kv_heads", FALSE, error))
-    return FALSE;
-  n_ln = new_arch ? 2 : 1;
-  if (new_arch && !OPT (o, b, &n_ln, "num_ln_in_parallel_attn"))
-    return FALSE;
-
-  guint64 d = h / a;
-  set_dims (m, h, L, a, k, d, f, V);
-  m->linear_bias = bias;
-  m->tied_embeddings = tied;
-  m->norm = STOW_NORM_LAYERNORM;
-
-  stow_model_add_tensor (b, STOW_ROLE_EMBEDDING, -1, FALSE, 2, V, h,
-                         "transformer.word_embeddings.weight");
-  for (guint64 i = 0; i < L; i++)
-    {
-      gint l = (gint)i;
-      char p[96];
-      g_snprintf (p, sizeof p, "transformer.h.%d", l);
-      if (new_arch && n_ln == 2)
-        {
-          add_norm (b, l, h, "%s.ln_attn", p);
-          add_norm (b, l, h, "%s.ln_mlp", p);
-        }
-      else
-        {
-          add_norm (b, l, h, "%s.input_layernorm", p);
-        }
-      add_fused_attention (b, l, h, (a + 2 * k) * d, bias, "%s.self_attention",
-                           p);
-      if (!new_arch && !parallel_attn)
-        {
-          add_norm (b, l, h, "%s.post_attention_layernorm", p);
-        }
-      add_h_to_4h_mlp (b, l, h, f, bias, p);
-    }
-  add_norm (b, -1, h, "transformer.ln_f");
-  add_lm_head (b, "lm_head.weight", V, h, tied);
+  if (!(c->flags & F_NEW_ARCH))
+    c->size[SZ_KV_HEADS] = (c->flags & F_MULTI_QUERY) ? 1 : c->size[SZ_HEADS];
   return TRUE;
 }
+
+/* The new architecture norms the attention's and the MLP's input apart
+ * (ln_attn, ln_mlp) unless num_ln_in_parallel_attn says one. */
+static gboolean
+falcon_input_norms (Import *c, GError **error)
+{
+  guint64 n = 2;
+  if (!(c->flags & F_NEW_ARCH))
+    return TRUE;
+  if (!get_u64 (c->o, c->b->where, NAMES ("num_ln_in_parallel_attn"), FALSE,
+                TRUE, &n, error))
+    return FALSE;
+  if (n == 2)
+    c->flags |= F_TWO_NORMS;
+  return TRUE;
+}
+
+/* BLOOM's block, and Falcon's: two input norms or one under the new
+ * decoder architecture; one under the old, and a second before the MLP
+ * unless parallel_attn (BLOOM's layout). */
+static const Slot fused_qkv_block[] = {
+  NORM ("ln_attn", .when = F_TWO_NORMS),
+  NORM ("ln_mlp", .when = F_TWO_NORMS),
+  NORM ("input_layernorm", .unless = F_TWO_NORMS),
+  LINEAR ("self_attention.query_key_value", ATTENTION, SZ_QKV, SZ_HIDDEN,
+          .bias = F_BIAS),
+  LINEAR ("self_attention.dense", ATTENTION, SZ_HIDDEN, SZ_HIDDEN,
+          .bias = F_BIAS),
+  NORM ("post_attention_layernorm", .unless = F_NEW_ARCH | F_PARALLEL_ATTN),
+  GROUP ("mlp", h_to_4h_mlp),
+  END,
+};
+
+static const Slot falcon_inventory[] = {
+  TENSOR ("transformer.word_embeddings.weight", EMBEDDING, SZ_VOCAB, SZ_HIDDEN),
+  LAYERS ("transformer.h", SZ_LAYERS, fused_qkv_block),
+  NORM ("transformer.ln_f"),
+  HEAD ("lm_head.weight", SZ_HIDDEN),
+  END,
+};
 
 /* ---- bloom -------------------------------------------------------------- */
 
-static gboolean
-import_bloom (StowModelBuilder *b, JsonObject *o, GError **error)
-{
-  StowModel *m = b->model;
-  guint64 h = 0, L = 0, a = 0, V = 0;
+static const Field bloom_fields[] = {
+  { .size = SZ_HIDDEN,
+    .names = { "hidden_size", "n_embed" },
+    .required = TRUE },
+  { .size = SZ_LAYERS,
+    .names = { "n_layer", "num_hidden_layers" },
+    .required = TRUE },
+  { .size = SZ_HEADS,
+    .names = { "n_head", "num_attention_heads" },
+    .required = TRUE },
+  { .size = SZ_VOCAB, .names = { "vocab_size" }, .required = TRUE },
+  /* BloomMLP's width is fixed. */
+  { .size = SZ_FFN, .fallback_of = SZ_HIDDEN, .times = 4 },
+  { 0 },
+};
 
-  if (!REQ (o, b, &h, "hidden_size", "n_embed")
-      || !REQ (o, b, &L, "n_layer", "num_hidden_layers")
-      || !REQ (o, b, &a, "n_head", "num_attention_heads")
-      || !REQ (o, b, &V, "vocab_size"))
-    return FALSE;
-  if (!check_layers (b, "n_layer", L, error)
-      || !check_heads (b, h, "hidden_size", a, "n_head", a, "n_head", FALSE,
-                       error))
-    return FALSE;
-
-  set_dims (m, h, L, a, a, h / a, 4 * h, V); /* ffn fixed in BloomMLP */
-  m->rope_free = TRUE;                       /* ALiBi */
-  m->linear_bias = TRUE;
-  m->tied_embeddings = TRUE;
-  m->norm = STOW_NORM_LAYERNORM;
-
-  stow_model_add_tensor (b, STOW_ROLE_EMBEDDING, -1, FALSE, 2, V, h,
-                         "transformer.word_embeddings.weight");
-  add_norm (b, -1, h, "transformer.word_embeddings_layernorm");
-  for (guint64 i = 0; i < L; i++)
-    {
-      gint l = (gint)i;
-      char p[96];
-      g_snprintf (p, sizeof p, "transformer.h.%d", l);
-      add_norm (b, l, h, "%s.input_layernorm", p);
-      add_fused_attention (b, l, h, 3 * h, TRUE, "%s.self_attention", p);
-      add_norm (b, l, h, "%s.post_attention_layernorm", p);
-      add_h_to_4h_mlp (b, l, h, 4 * h, TRUE, p);
-    }
-  add_norm (b, -1, h, "transformer.ln_f");
-  add_lm_head (b, "lm_head.weight", V, h, TRUE);
-  return TRUE;
-}
+static const Slot bloom_inventory[] = {
+  TENSOR ("transformer.word_embeddings.weight", EMBEDDING, SZ_VOCAB, SZ_HIDDEN),
+  NORM ("transformer.word_embeddings_layernorm"),
+  LAYERS ("transformer.h", SZ_LAYERS, fused_qkv_block),
+  NORM ("transformer.ln_f"),
+  HEAD ("lm_head.weight", SZ_HIDDEN),
+  END,
+};
 
 /* ---- opt ---------------------------------------------------------------- */
 
+static const Field opt_fields[] = {
+  { .include = shape_fields },
+  { .size = SZ_FFN, .names = { "ffn_dim" }, .required = TRUE },
+  { .size = SZ_VOCAB, .names = { "vocab_size" }, .required = TRUE },
+  { .size = SZ_POSITIONS,
+    .names = { "max_position_embeddings" },
+    .required = TRUE },
+  { .size = SZ_EMBED_WIDTH,
+    .names = { "word_embed_proj_dim" },
+    .fallback_of = SZ_HIDDEN },
+  { .flag = F_LN_BEFORE, .names = { "do_layer_norm_before" } },
+  { .flag = F_NO_FINAL_NORM, .names = { "_remove_final_layer_norm" } },
+  { .flag = F_BIAS, .names = { "enable_bias" } },
+  { .flag = F_TIED, .names = { "tie_word_embeddings" } },
+  { 0 },
+};
+
+/* opt-350m's embeddings are narrower than its layers: projected in and
+ * out. */
 static gboolean
-import_opt (StowModelBuilder *b, JsonObject *o, GError **error)
+opt_projection (Import *c, GError **error)
 {
-  StowModel *m = b->model;
-  guint64 h = 0, L = 0, a = 0, V = 0, P = 0, f = 0, p = 0;
-  gboolean ln_before = TRUE, remove_final = FALSE, bias = TRUE, tied = TRUE;
-
-  if (!read_dims (b, o, "ffn_dim", &h, &L, &a, &f, &V, error)
-      || !REQ (o, b, &P, "max_position_embeddings"))
-    return FALSE;
-  p = h;
-  if (!OPT (o, b, &p, "word_embed_proj_dim")
-      || !get_bool (o, b->where, "do_layer_norm_before", &ln_before, error)
-      || !get_bool (o, b->where, "_remove_final_layer_norm", &remove_final,
-                    error)
-      || !get_bool (o, b->where, "enable_bias", &bias, error)
-      || !get_bool (o, b->where, "tie_word_embeddings", &tied, error))
-    return FALSE;
-  if (!check_dims (b, h, L, a, a, "num_attention_heads", FALSE, error))
-    return FALSE;
-  if (P > G_MAXUINT64 - 2)
-    return E_INVALID (error, "%s: max_position_embeddings is absurd", b->where);
-
-  set_dims (m, h, L, a, a, h / a, f, V);
-  m->max_positions = P;
-  m->linear_bias = bias;
-  m->tied_embeddings = tied;
-  m->norm = STOW_NORM_LAYERNORM;
-
-  stow_model_add_tensor (b, STOW_ROLE_EMBEDDING, -1, FALSE, 2, V, p,
-                         "model.decoder.embed_tokens.weight");
-  /* OPTLearnedPositionalEmbedding keeps 2 extra rows (a fairseq offset). */
-  stow_model_add_tensor (b, STOW_ROLE_EMBEDDING, -1, FALSE, 2, P + 2, h,
-                         "model.decoder.embed_positions.weight");
-  /* The final LayerNorm exists only with pre-LN (opt-350m is post-LN). */
-  if (ln_before && !remove_final)
-    add_norm (b, -1, h, "model.decoder.final_layer_norm");
-  if (p != h)
-    {
-      stow_model_add_tensor (b, STOW_ROLE_EMBEDDING, -1, FALSE, 2, p, h,
-                             "model.decoder.project_out.weight");
-      stow_model_add_tensor (b, STOW_ROLE_EMBEDDING, -1, FALSE, 2, h, p,
-                             "model.decoder.project_in.weight");
-    }
-  for (guint64 i = 0; i < L; i++)
-    {
-      gint l = (gint)i;
-      char pre[96];
-      g_snprintf (pre, sizeof pre, "model.decoder.layers.%d", l);
-      add_linear (b, STOW_ROLE_ATTENTION, l, h, h, bias, "%s.self_attn.k_proj",
-                  pre);
-      add_linear (b, STOW_ROLE_ATTENTION, l, h, h, bias, "%s.self_attn.v_proj",
-                  pre);
-      add_linear (b, STOW_ROLE_ATTENTION, l, h, h, bias, "%s.self_attn.q_proj",
-                  pre);
-      add_linear (b, STOW_ROLE_ATTENTION, l, h, h, bias,
-                  "%s.self_attn.out_proj", pre);
-      add_norm (b, l, h, "%s.self_attn_layer_norm", pre);
-      add_linear (b, STOW_ROLE_MLP, l, f, h, bias, "%s.fc1", pre);
-      add_linear (b, STOW_ROLE_MLP, l, h, f, bias, "%s.fc2", pre);
-      add_norm (b, l, h, "%s.final_layer_norm", pre);
-    }
-  add_lm_head (b, "lm_head.weight", V, p, tied);
+  if (c->size[SZ_EMBED_WIDTH] != c->size[SZ_HIDDEN])
+    c->flags |= F_PROJECT_EMBED;
   return TRUE;
 }
+
+static const Slot opt_layer[] = {
+  LINEAR ("self_attn.k_proj", ATTENTION, SZ_HIDDEN, SZ_HIDDEN, .bias = F_BIAS),
+  LINEAR ("self_attn.v_proj", ATTENTION, SZ_HIDDEN, SZ_HIDDEN, .bias = F_BIAS),
+  LINEAR ("self_attn.q_proj", ATTENTION, SZ_HIDDEN, SZ_HIDDEN, .bias = F_BIAS),
+  LINEAR ("self_attn.out_proj", ATTENTION, SZ_HIDDEN, SZ_HIDDEN,
+          .bias = F_BIAS),
+  NORM ("self_attn_layer_norm"),
+  LINEAR ("fc1", MLP, SZ_FFN, SZ_HIDDEN, .bias = F_BIAS),
+  LINEAR ("fc2", MLP, SZ_HIDDEN, SZ_FFN, .bias = F_BIAS),
+  NORM ("final_layer_norm"),
+  END,
+};
+
+/* OPTLearnedPositionalEmbedding keeps 2 extra rows (a fairseq offset: the
+ * family's position_offset). */
+static const Slot opt_inventory[] = {
+  TENSOR ("model.decoder.embed_tokens.weight", EMBEDDING, SZ_VOCAB,
+          SZ_EMBED_WIDTH),
+  TENSOR ("model.decoder.embed_positions.weight", EMBEDDING, SZ_POSITION_ROWS,
+          SZ_HIDDEN),
+  /* The final LayerNorm exists only with pre-LN (opt-350m is post-LN). */
+  NORM ("model.decoder.final_layer_norm", .when = F_LN_BEFORE,
+        .unless = F_NO_FINAL_NORM),
+  TENSOR ("model.decoder.project_out.weight", EMBEDDING, SZ_EMBED_WIDTH,
+          SZ_HIDDEN, .when = F_PROJECT_EMBED),
+  TENSOR ("model.decoder.project_in.weight", EMBEDDING, SZ_HIDDEN,
+          SZ_EMBED_WIDTH, .when = F_PROJECT_EMBED),
+  LAYERS ("model.decoder.layers", SZ_LAYERS, opt_layer),
+  HEAD ("lm_head.weight", SZ_EMBED_WIDTH),
+  END,
+};
 
 /* ---- t5 ----------------------------------------------------------------- */
 
-static void
-add_t5_attention (StowModelBuilder *b, gint l, guint64 d, guint64 inner,
-                  const char *prefix)
-{
-  stow_model_add_tensor (b, STOW_ROLE_ATTENTION, l, FALSE, 2, inner, d,
-                         "%s.q.weight", prefix);
-  stow_model_add_tensor (b, STOW_ROLE_ATTENTION, l, FALSE, 2, inner, d,
-                         "%s.k.weight", prefix);
-  stow_model_add_tensor (b, STOW_ROLE_ATTENTION, l, FALSE, 2, inner, d,
-                         "%s.v.weight", prefix);
-  stow_model_add_tensor (b, STOW_ROLE_ATTENTION, l, FALSE, 2, d, inner,
-                         "%s.o.weight", prefix);
-}
+/* T5 heads need not divide d_model: the inner width is heads x d_kv. */
+static const Field t5_fields[] = {
+  { .size = SZ_HIDDEN, .names = { "d_model" }, .required = TRUE },
+  { .size = SZ_HEAD_DIM, .names = { "d_kv" }, .fallback = 64 },
+  { .size = SZ_HEADS, .names = { "num_heads" }, .required = TRUE },
+  { .size = SZ_FFN, .names = { "d_ff" }, .required = TRUE },
+  { .size = SZ_VOCAB, .names = { "vocab_size" }, .required = TRUE },
+  { .size = SZ_LAYERS, .names = { "num_layers" }, .required = TRUE },
+  { .size = SZ_DECODER_LAYERS,
+    .names = { "num_decoder_layers" },
+    .fallback_of = SZ_LAYERS },
+  { .size = SZ_BUCKETS,
+    .names = { "relative_attention_num_buckets" },
+    .fallback = 32 },
+  { .text = TX_ACTIVATION,
+    .names = { "feed_forward_proj" },
+    .fallback_text = "relu" },
+  { .flag = F_TIED, .names = { "tie_word_embeddings" } },
+  { 0 },
+};
 
-static void
-add_t5_ff (StowModelBuilder *b, gint l, guint64 d, guint64 ff, gboolean gated,
-           const char *prefix)
-{
-  if (gated)
-    {
-      stow_model_add_tensor (b, STOW_ROLE_MLP, l, FALSE, 2, ff, d,
-                             "%s.DenseReluDense.wi_0.weight", prefix);
-      stow_model_add_tensor (b, STOW_ROLE_MLP, l, FALSE, 2, ff, d,
-                             "%s.DenseReluDense.wi_1.weight", prefix);
-    }
-  else
-    stow_model_add_tensor (b, STOW_ROLE_MLP, l, FALSE, 2, ff, d,
-                           "%s.DenseReluDense.wi.weight", prefix);
-  stow_model_add_tensor (b, STOW_ROLE_MLP, l, FALSE, 2, d, ff,
-                         "%s.DenseReluDense.wo.weight", prefix);
-  stow_model_add_tensor (b, STOW_ROLE_NORM, l, FALSE, 1, d, 0,
-                         "%s.layer_norm.weight", prefix);
-}
-
+/* The decoder stack's size, and the MLP: "gated-gelu" (v1.1, flan-T5) has
+ * two input projections (GeGLU), and T5Config maps it to the "gelu_new"
+ * activation. */
 static gboolean
-import_t5 (StowModelBuilder *b, JsonObject *o, gboolean tied, GError **error)
+t5_decoder_and_mlp (Import *c, GError **error)
 {
-  StowModel *m = b->model;
-  guint64 d = 0, dkv = 64, a = 0, ff = 0, V = 0, Le = 0, Ld = 0, B = 32, inner;
-  const char *proj = "relu";
-
-  if (!REQ (o, b, &d, "d_model") || !OPT (o, b, &dkv, "d_kv")
-      || !REQ (o, b, &a, "num_heads") || !REQ (o, b, &ff, "d_ff")
-      || !REQ (o, b, &V, "vocab_size") || !REQ (o, b, &Le, "num_layers"))
+  const char *proj = c->text[TX_ACTIVATION];
+  const guint64 *s = c->size;
+  if (!check_layers (c->b, c->field[SZ_DECODER_LAYERS], s[SZ_DECODER_LAYERS],
+                     error)
+      || !check_layers (c->b, "num_layers + num_decoder_layers",
+                        s[SZ_LAYERS] + s[SZ_DECODER_LAYERS], error))
     return FALSE;
-  Ld = Le;
-  if (!OPT (o, b, &Ld, "num_decoder_layers")
-      || !OPT (o, b, &B, "relative_attention_num_buckets")
-      || !stow_json_get_string (o, b->where, "feed_forward_proj", FALSE, &proj,
-                                error)
-      || !get_bool (o, b->where, "tie_word_embeddings", &tied, error))
-    return FALSE;
-  if (!check_layers (b, "num_layers", Le, error)
-      || !check_layers (b, "num_decoder_layers", Ld, error)
-      || !check_layers (b, "num_layers + num_decoder_layers", Le + Ld, error))
-    return FALSE;
-  /* T5 heads need not divide d_model: the inner width is heads x d_kv. */
-  if (!mul_checked (b, a, dkv, &inner, "num_heads x d_kv", error))
-    return FALSE;
-  /* "gated-gelu" (v1.1, flan-T5) has two input projections (GeGLU). */
-  gboolean gated = g_str_has_prefix (proj, "gated-");
-
-  set_dims (m, d, Le + Ld, a, a, dkv, ff, V);
-  m->n_encoder_layers = Le;
-  m->gated_mlp = gated;
-  m->ffn_dropout = TRUE; /* T5DenseActDense: wi, act, dropout, wo */
-  /* T5Config maps "gated-gelu" to the "gelu_new" activation. */
-  m->gelu_new = g_str_equal (proj, "gated-gelu");
-  m->tied_embeddings = tied;
-  m->norm = STOW_NORM_RMSNORM;
-
-  stow_model_add_tensor (b, STOW_ROLE_EMBEDDING, -1, FALSE, 2, V, d,
-                         "shared.weight");
-  stow_model_add_tensor (b, STOW_ROLE_EMBEDDING, -1, TRUE, 2, V, d,
-                         "encoder.embed_tokens.weight");
-  for (guint64 i = 0; i < Le; i++)
-    {
-      gint l = (gint)i;
-      char p[96], q[128];
-      g_snprintf (p, sizeof p, "encoder.block.%d.layer", l);
-      g_snprintf (q, sizeof q, "%s.0.SelfAttention", p);
-      add_t5_attention (b, l, d, inner, q);
-      /* Relative position buckets: one table per stack, in block 0. */
-      if (i == 0)
-        stow_model_add_tensor (b, STOW_ROLE_EMBEDDING, l, FALSE, 2, B, a,
-                               "%s.relative_attention_bias.weight", q);
-      stow_model_add_tensor (b, STOW_ROLE_NORM, l, FALSE, 1, d, 0,
-                             "%s.0.layer_norm.weight", p);
-      g_snprintf (q, sizeof q, "%s.1", p);
-      add_t5_ff (b, l, d, ff, gated, q);
-    }
-  stow_model_add_tensor (b, STOW_ROLE_NORM, -1, FALSE, 1, d, 0,
-                         "encoder.final_layer_norm.weight");
-  stow_model_add_tensor (b, STOW_ROLE_EMBEDDING, -1, TRUE, 2, V, d,
-                         "decoder.embed_tokens.weight");
-  for (guint64 i = 0; i < Ld; i++)
-    {
-      gint l = (gint)(Le + i);
-      char p[96], q[128];
-      g_snprintf (p, sizeof p, "decoder.block.%u.layer", (guint)i);
-      g_snprintf (q, sizeof q, "%s.0.SelfAttention", p);
-      add_t5_attention (b, l, d, inner, q);
-      if (i == 0)
-        stow_model_add_tensor (b, STOW_ROLE_EMBEDDING, l, FALSE, 2, B, a,
-                               "%s.relative_attention_bias.weight", q);
-      stow_model_add_tensor (b, STOW_ROLE_NORM, l, FALSE, 1, d, 0,
-                             "%s.0.layer_norm.weight", p);
-      g_snprintf (q, sizeof q, "%s.1.EncDecAttention", p);
-      add_t5_attention (b, l, d, inner, q);
-      stow_model_add_tensor (b, STOW_ROLE_NORM, l, FALSE, 1, d, 0,
-                             "%s.1.layer_norm.weight", p);
-      g_snprintf (q, sizeof q, "%s.2", p);
-      add_t5_ff (b, l, d, ff, gated, q);
-    }
-  stow_model_add_tensor (b, STOW_ROLE_NORM, -1, FALSE, 1, d, 0,
-                         "decoder.final_layer_norm.weight");
-  add_lm_head (b, "lm_head.weight", V, d, tied);
+  if (g_str_has_prefix (proj, "gated-"))
+    c->flags |= F_GATED;
+  if (g_str_equal (proj, "gated-gelu"))
+    c->flags |= F_GELU_NEW;
   return TRUE;
 }
+
+static const Slot t5_attention[] = {
+  LINEAR ("q", ATTENTION, SZ_Q, SZ_HIDDEN),
+  LINEAR ("k", ATTENTION, SZ_Q, SZ_HIDDEN),
+  LINEAR ("v", ATTENTION, SZ_Q, SZ_HIDDEN),
+  LINEAR ("o", ATTENTION, SZ_HIDDEN, SZ_Q),
+  END,
+};
+
+/* T5DenseActDense or T5DenseGatedActDense, then the sublayer's norm. */
+static const Slot t5_ff[] = {
+  LINEAR ("DenseReluDense.wi_0", MLP, SZ_FFN, SZ_HIDDEN, .when = F_GATED),
+  LINEAR ("DenseReluDense.wi_1", MLP, SZ_FFN, SZ_HIDDEN, .when = F_GATED),
+  LINEAR ("DenseReluDense.wi", MLP, SZ_FFN, SZ_HIDDEN, .unless = F_GATED),
+  LINEAR ("DenseReluDense.wo", MLP, SZ_HIDDEN, SZ_FFN),
+  NORM ("layer_norm"),
+  END,
+};
+
+/* Relative position buckets: one table per stack, in its first block. */
+static const Slot t5_encoder_block[] = {
+  GROUP ("layer.0.SelfAttention", t5_attention),
+  TENSOR ("layer.0.SelfAttention.relative_attention_bias.weight", EMBEDDING,
+          SZ_BUCKETS, SZ_HEADS, .when = F_FIRST),
+  NORM ("layer.0.layer_norm"),
+  GROUP ("layer.1", t5_ff),
+  END,
+};
+
+static const Slot t5_decoder_block[] = {
+  GROUP ("layer.0.SelfAttention", t5_attention),
+  TENSOR ("layer.0.SelfAttention.relative_attention_bias.weight", EMBEDDING,
+          SZ_BUCKETS, SZ_HEADS, .when = F_FIRST),
+  NORM ("layer.0.layer_norm"),
+  GROUP ("layer.1.EncDecAttention", t5_attention),
+  NORM ("layer.1.layer_norm"),
+  GROUP ("layer.2", t5_ff),
+  END,
+};
+
+/* The decoder's layers follow the encoder's in the model's layer stack. */
+static const Slot t5_inventory[] = {
+  TENSOR ("shared.weight", EMBEDDING, SZ_VOCAB, SZ_HIDDEN),
+  TENSOR ("encoder.embed_tokens.weight", EMBEDDING, SZ_VOCAB, SZ_HIDDEN,
+          .tied = TRUE),
+  LAYERS ("encoder.block", SZ_LAYERS, t5_encoder_block),
+  NORM ("encoder.final_layer_norm"),
+  TENSOR ("decoder.embed_tokens.weight", EMBEDDING, SZ_VOCAB, SZ_HIDDEN,
+          .tied = TRUE),
+  LAYERS ("decoder.block", SZ_DECODER_LAYERS, t5_decoder_block,
+          .first = SZ_LAYERS),
+  NORM ("decoder.final_layer_norm"),
+  HEAD ("lm_head.weight", SZ_HIDDEN),
+  END,
+};
 
 /* ---- deepseek_v2 / deepseek_v3 (MLA + MoE) ----------------------------- */
 
-static gboolean
-import_deepseek (StowModelBuilder *b, JsonObject *o, const char *type,
-                 GError **error)
-{
-  StowModel *m = b->model;
-  guint64 h = 0, L = 0, a = 0, f = 0, V = 0, k = 0;
-  guint64 E = 0, topk = 0, shared = 0, moe_f = 0, first_dense = 0, freq = 1;
-  guint64 rq = 0, rkv = 0, nope = 0, rope = 0, vd = 0, qh, kvb, ov;
-  const char *topk_method = NULL;
-  gboolean tied = FALSE;
-
-  if (!read_dims (b, o, "intermediate_size", &h, &L, &a, &f, &V, error)
-      || !REQ (o, b, &rkv, "kv_lora_rank")
-      || !REQ (o, b, &nope, "qk_nope_head_dim")
-      || !REQ (o, b, &rope, "qk_rope_head_dim")
-      || !REQ (o, b, &vd, "v_head_dim"))
-    return FALSE;
-  k = a;
+static const Field deepseek_fields[] = {
+  { .include = common_fields },
+  { .size = SZ_KV_LORA, .names = { "kv_lora_rank" }, .required = TRUE },
+  { .size = SZ_QK_NOPE, .names = { "qk_nope_head_dim" }, .required = TRUE },
+  { .size = SZ_QK_ROPE, .names = { "qk_rope_head_dim" }, .required = TRUE },
+  { .size = SZ_V_HEAD_DIM, .names = { "v_head_dim" }, .required = TRUE },
+  { .size = SZ_KV_HEADS,
+    .names = { "num_key_value_heads" },
+    .fallback_of = SZ_HEADS },
   /* q_lora_rank null (V2-Lite) means a plain q_proj. */
-  if (!OPT (o, b, &k, "num_key_value_heads") || !OPT (o, b, &rq, "q_lora_rank")
-      || !OPT (o, b, &E, "n_routed_experts", "num_local_experts")
-      || !get_bool (o, b->where, "tie_word_embeddings", &tied, error)
-      || !stow_json_get_string (o, b->where, "topk_method", FALSE, &topk_method,
-                                error))
-    return FALSE;
-  if (!check_dims (b, h, L, a, k, "num_key_value_heads", TRUE, error))
-    return FALSE;
-  if (E > 0)
-    {
-      if (!REQ (o, b, &topk, "num_experts_per_tok")
-          || !REQ (o, b, &moe_f, "moe_intermediate_size")
-          || !get_u64 (o, b->where, NAMES ("n_shared_experts"), FALSE, FALSE,
-                       &shared, error)
-          || !get_u64 (o, b->where, NAMES ("first_k_dense_replace"), FALSE,
-                       FALSE, &first_dense, error)
-          || !OPT (o, b, &freq, "moe_layer_freq")
-          || !check_experts (b, "n_routed_experts", E, L, error))
-        return FALSE;
-      if (topk > E)
-        return E_INVALID (error,
-                          "%s: num_experts_per_tok (%" G_GUINT64_FORMAT
-                          ") exceeds n_routed_experts (%" G_GUINT64_FORMAT ")",
-                          b->where, topk, E);
-      if (shared > STOW_MODEL_MAX_EXPERTS)
-        return check_experts (b, "n_shared_experts", shared, 1, error);
-    }
-  if (!mul_checked (b, a, nope + rope, &qh, "heads x q head dim", error)
-      || !mul_checked (b, a, nope + vd, &kvb, "heads x kv head dim", error)
-      || !mul_checked (b, a, vd, &ov, "heads x v_head_dim", error)
-      || !mul_checked (b, shared, moe_f, &shared, "shared expert width", error))
-    return FALSE;
+  { .size = SZ_Q_LORA, .names = { "q_lora_rank" } },
+  { .size = SZ_EXPERTS, .names = { "n_routed_experts", "num_local_experts" } },
+  { .flag = F_TIED, .names = { "tie_word_embeddings" } },
+  { .text = TX_TOPK_METHOD, .names = { "topk_method" } },
+  { 0 },
+};
 
-  set_dims (m, h, L, a, k, nope + rope, f, V);
-  m->gated_mlp = TRUE;
-  m->tied_embeddings = tied;
-  m->norm = STOW_NORM_RMSNORM;
-  m->n_experts = E;
-  m->experts_per_token = topk;
-  m->n_shared_experts = moe_f ? shared / moe_f : 0;
-  m->moe_ffn = moe_f;
-  m->first_dense_layers = E ? MIN (first_dense, L) : L;
-  m->q_lora_rank = rq;
-  m->kv_lora_rank = rkv;
-  m->qk_nope_head_dim = nope;
-  m->qk_rope_head_dim = rope;
-  m->v_head_dim = vd;
-  /* V3's aux-loss-free routing keeps a per-expert score correction in the
-   * checkpoint (gate.e_score_correction_bias); it is in the published
-   * 671,026,419,200. */
-  gboolean score_bias
-      = (topk_method && g_str_equal (topk_method, "noaux_tc"))
-        || (topk_method == NULL && g_str_equal (type, "deepseek_v3"));
+/* Read when n_routed_experts is set. */
+static const Field deepseek_expert_fields[] = {
+  { .size = SZ_TOP_K, .names = { "num_experts_per_tok" }, .required = TRUE },
+  { .size = SZ_MOE_FFN,
+    .names = { "moe_intermediate_size" },
+    .required = TRUE },
+  { .size = SZ_SHARED_EXPERTS,
+    .names = { "n_shared_experts" },
+    .zero_ok = TRUE },
+  { .size = SZ_FIRST_DENSE,
+    .names = { "first_k_dense_replace" },
+    .zero_ok = TRUE },
+  { .size = SZ_MOE_EVERY, .names = { "moe_layer_freq" }, .fallback = 1 },
+  { 0 },
+};
 
-  stow_model_add_tensor (b, STOW_ROLE_EMBEDDING, -1, FALSE, 2, V, h,
-                         "model.embed_tokens.weight");
-  for (guint64 i = 0; i < L; i++)
-    {
-      gint l = (gint)i;
-      char p[96];
-      gboolean moe = E > 0 && i >= first_dense && i % freq == 0;
-      g_snprintf (p, sizeof p, "model.layers.%d", l);
-      if (rq > 0)
-        {
-          stow_model_add_tensor (b, STOW_ROLE_ATTENTION, l, FALSE, 2, rq, h,
-                                 "%s.self_attn.q_a_proj.weight", p);
-          stow_model_add_tensor (b, STOW_ROLE_NORM, l, FALSE, 1, rq, 0,
-                                 "%s.self_attn.q_a_layernorm.weight", p);
-          stow_model_add_tensor (b, STOW_ROLE_ATTENTION, l, FALSE, 2, qh, rq,
-                                 "%s.self_attn.q_b_proj.weight", p);
-        }
-      else
-        stow_model_add_tensor (b, STOW_ROLE_ATTENTION, l, FALSE, 2, qh, h,
-                               "%s.self_attn.q_proj.weight", p);
-      stow_model_add_tensor (b, STOW_ROLE_ATTENTION, l, FALSE, 2, rkv + rope, h,
-                             "%s.self_attn.kv_a_proj_with_mqa.weight", p);
-      stow_model_add_tensor (b, STOW_ROLE_NORM, l, FALSE, 1, rkv, 0,
-                             "%s.self_attn.kv_a_layernorm.weight", p);
-      stow_model_add_tensor (b, STOW_ROLE_ATTENTION, l, FALSE, 2, kvb, rkv,
-                             "%s.self_attn.kv_b_proj.weight", p);
-      stow_model_add_tensor (b, STOW_ROLE_ATTENTION, l, FALSE, 2, h, ov,
-                             "%s.self_attn.o_proj.weight", p);
-      if (!moe)
-        add_gated_mlp (b, STOW_ROLE_MLP, l, h, f, FALSE, "%s.mlp", p);
-      else
-        {
-          for (guint64 e = 0; e < E; e++)
-            add_gated_mlp (b, STOW_ROLE_EXPERT, l, h, moe_f, FALSE,
-                           "%s.mlp.experts.%u", p, (guint)e);
-          stow_model_add_tensor (b, STOW_ROLE_ROUTER, l, FALSE, 2, E, h,
-                                 "%s.mlp.gate.weight", p);
-          if (score_bias)
-            stow_model_add_tensor (b, STOW_ROLE_ROUTER, l, FALSE, 1, E, 0,
-                                   "%s.mlp.gate.e_score_correction_bias", p);
-          /* Shared experts are one MLP of width n_shared x moe_f. */
-          if (shared > 0)
-            add_gated_mlp (b, STOW_ROLE_MLP, l, h, shared, FALSE,
-                           "%s.mlp.shared_experts", p);
-        }
-      stow_model_add_tensor (b, STOW_ROLE_NORM, l, FALSE, 1, h, 0,
-                             "%s.input_layernorm.weight", p);
-      stow_model_add_tensor (b, STOW_ROLE_NORM, l, FALSE, 1, h, 0,
-                             "%s.post_attention_layernorm.weight", p);
-    }
-  stow_model_add_tensor (b, STOW_ROLE_NORM, -1, FALSE, 1, h, 0,
-                         "model.norm.weight");
-  add_lm_head (b, "lm_head.weight", V, h, tied);
+/* A head's query and key: the part without and the part with rotary. */
+static gboolean
+deepseek_head_dim (Import *c, GError **error)
+{
+  c->size[SZ_HEAD_DIM] = c->size[SZ_QK_NOPE] + c->size[SZ_QK_ROPE];
   return TRUE;
 }
+
+static gboolean
+deepseek_switches (Import *c, GError **error)
+{
+  const guint64 *s = c->size;
+  const char *topk_method = c->text[TX_TOPK_METHOD];
+  if (s[SZ_SHARED_EXPERTS] > STOW_MODEL_MAX_EXPERTS)
+    return check_experts (c->b, c->field[SZ_SHARED_EXPERTS],
+                          s[SZ_SHARED_EXPERTS], 1, error);
+  /* V3's aux-loss-free routing keeps a per-expert score correction in the
+   * checkpoint (gate.e_score_correction_bias); it is in the published
+   * 671,026,419,200.  V3 routes so unless topk_method says otherwise. */
+  if (topk_method)
+    c->flags = g_str_equal (topk_method, "noaux_tc") ? c->flags | F_SCORE_BIAS
+                                                     : c->flags & ~F_SCORE_BIAS;
+  if (s[SZ_Q_LORA] > 0)
+    c->flags |= F_Q_LORA;
+  if (s[SZ_SHARED_EXPERTS] > 0)
+    c->flags |= F_SHARED_EXPERTS;
+  c->b->model->first_dense_layers
+      = s[SZ_EXPERTS] ? MIN (s[SZ_FIRST_DENSE], s[SZ_LAYERS]) : s[SZ_LAYERS];
+  return TRUE;
+}
+
+static gboolean
+deepseek_moe_layer (const Import *c, guint64 i)
+{
+  return i >= c->size[SZ_FIRST_DENSE] && i % c->size[SZ_MOE_EVERY] == 0;
+}
+
+/* Multi-head latent attention: q through a low-rank q_a/q_b pair (or a
+ * plain q_proj), k and v from one compressed kv_a projection. */
+static const Slot deepseek_layer[] = {
+  LINEAR ("self_attn.q_a_proj", ATTENTION, SZ_Q_LORA, SZ_HIDDEN,
+          .when = F_Q_LORA),
+  NORM ("self_attn.q_a_layernorm", .rows = SZ_Q_LORA, .when = F_Q_LORA),
+  LINEAR ("self_attn.q_b_proj", ATTENTION, SZ_Q, SZ_Q_LORA, .when = F_Q_LORA),
+  LINEAR ("self_attn.q_proj", ATTENTION, SZ_Q, SZ_HIDDEN, .unless = F_Q_LORA),
+  LINEAR ("self_attn.kv_a_proj_with_mqa", ATTENTION, SZ_MLA_KV_A, SZ_HIDDEN),
+  NORM ("self_attn.kv_a_layernorm", .rows = SZ_KV_LORA),
+  LINEAR ("self_attn.kv_b_proj", ATTENTION, SZ_MLA_KV_B, SZ_KV_LORA),
+  LINEAR ("self_attn.o_proj", ATTENTION, SZ_HIDDEN, SZ_MLA_O),
+  GROUP ("mlp", gated_mlp, .unless = F_MOE_LAYER),
+  MOE (.when = F_MOE_LAYER),
+  NORM ("input_layernorm"),
+  NORM ("post_attention_layernorm"),
+  END,
+};
+
+/* The shared experts are one MLP of width n_shared_experts x
+ * moe_intermediate_size. */
+static const Slot shared_experts[] = {
+  LINEAR ("gate_proj", MLP, SZ_SHARED_FFN, SZ_HIDDEN),
+  LINEAR ("up_proj", MLP, SZ_SHARED_FFN, SZ_HIDDEN),
+  LINEAR ("down_proj", MLP, SZ_HIDDEN, SZ_SHARED_FFN),
+  END,
+};
+
+static const Slot deepseek_moe[] = {
+  EXPERTS ("mlp.experts", gated_expert),
+  LINEAR ("mlp.gate", ROUTER, SZ_EXPERTS, SZ_HIDDEN),
+  TENSOR ("mlp.gate.e_score_correction_bias", ROUTER, SZ_EXPERTS, SZ_NONE,
+          .when = F_SCORE_BIAS),
+  GROUP ("mlp.shared_experts", shared_experts, .when = F_SHARED_EXPERTS),
+  END,
+};
+
+static const Slot deepseek_inventory[] = {
+  TENSOR ("model.embed_tokens.weight", EMBEDDING, SZ_VOCAB, SZ_HIDDEN),
+  LAYERS ("model.layers", SZ_LAYERS, deepseek_layer),
+  NORM ("model.norm"),
+  HEAD ("lm_head.weight", SZ_HIDDEN),
+  END,
+};
 
 /* ---- bert (encoder only) ------------------------------------------------- */
 
+static const Field bert_fields[] = {
+  { .include = common_fields },
+  { .size = SZ_POSITIONS,
+    .names = { "max_position_embeddings" },
+    .fallback = 512 },
+  { .size = SZ_TOKEN_TYPES, .names = { "type_vocab_size" }, .fallback = 2 },
+  { 0 },
+};
+
+/* Post-norm layers with biases everywhere. */
+static const Slot bert_layer[] = {
+  LINEAR ("attention.self.query", ATTENTION, SZ_HIDDEN, SZ_HIDDEN,
+          .bias = F_BIAS),
+  LINEAR ("attention.self.key", ATTENTION, SZ_HIDDEN, SZ_HIDDEN,
+          .bias = F_BIAS),
+  LINEAR ("attention.self.value", ATTENTION, SZ_HIDDEN, SZ_HIDDEN,
+          .bias = F_BIAS),
+  LINEAR ("attention.output.dense", ATTENTION, SZ_HIDDEN, SZ_HIDDEN,
+          .bias = F_BIAS),
+  NORM ("attention.output.LayerNorm"),
+  LINEAR ("intermediate.dense", MLP, SZ_FFN, SZ_HIDDEN, .bias = F_BIAS),
+  LINEAR ("output.dense", MLP, SZ_HIDDEN, SZ_FFN, .bias = F_BIAS),
+  NORM ("output.LayerNorm"),
+  END,
+};
+
 /* BertModel as the BertFor* heads save it ("bert." prefix): word, position
- * and token-type embeddings with a LayerNorm, post-norm layers with biases
- * everywhere, and the pooler.  No language-model head: the classification
- * heads are a few thousand parameters and the MLM head is tied. */
-static gboolean
-import_bert (StowModelBuilder *b, JsonObject *o, GError **error)
-{
-  StowModel *m = b->model;
-  guint64 h = 0, L = 0, a = 0, V = 0, f = 0, P = 512, T = 2;
-
-  if (!read_dims (b, o, "intermediate_size", &h, &L, &a, &f, &V, error)
-      || !OPT (o, b, &P, "max_position_embeddings")
-      || !OPT (o, b, &T, "type_vocab_size"))
-    return FALSE;
-  if (!check_dims (b, h, L, a, a, "num_attention_heads", FALSE, error))
-    return FALSE;
-
-  set_dims (m, h, L, a, a, h / a, f, V);
-  m->max_positions = P;
-  m->linear_bias = TRUE;
-  m->no_lm_head = TRUE;
-  m->norm = STOW_NORM_LAYERNORM;
-
-  stow_model_add_tensor (b, STOW_ROLE_EMBEDDING, -1, FALSE, 2, V, h,
-                         "bert.embeddings.word_embeddings.weight");
-  stow_model_add_tensor (b, STOW_ROLE_EMBEDDING, -1, FALSE, 2, P, h,
-                         "bert.embeddings.position_embeddings.weight");
-  stow_model_add_tensor (b, STOW_ROLE_EMBEDDING, -1, FALSE, 2, T, h,
-                         "bert.embeddings.token_type_embeddings.weight");
-  add_norm (b, -1, h, "bert.embeddings.LayerNorm");
-  for (guint64 i = 0; i < L; i++)
-    {
-      gint l = (gint)i;
-      char p[96];
-      static const char *const qkv[] = { "query", "key", "value" };
-      g_snprintf (p, sizeof p, "bert.encoder.layer.%d", l);
-      for (guint k = 0; k < 3; k++)
-        {
-          add_linear (b, STOW_ROLE_ATTENTION, l, h, h, TRUE,
-                      "%s.attention.self.%s", p, qkv[k]);
-        }
-      add_linear (b, STOW_ROLE_ATTENTION, l, h, h, TRUE,
-                  "%s.attention.output.dense", p);
-      add_norm (b, l, h, "%s.attention.output.LayerNorm", p);
-      add_linear (b, STOW_ROLE_MLP, l, f, h, TRUE, "%s.intermediate.dense", p);
-      add_linear (b, STOW_ROLE_MLP, l, h, f, TRUE, "%s.output.dense", p);
-      add_norm (b, l, h, "%s.output.LayerNorm", p);
-    }
-  add_linear (b, STOW_ROLE_HEAD, -1, h, h, TRUE, "bert.pooler.dense");
-  return TRUE;
-}
+ * and token-type embeddings with a LayerNorm, the layers, and the pooler.
+ * No language-model head: the classification heads are a few thousand
+ * parameters and the MLM head is tied. */
+static const Slot bert_inventory[] = {
+  TENSOR ("bert.embeddings.word_embeddings.weight", EMBEDDING, SZ_VOCAB,
+          SZ_HIDDEN),
+  TENSOR ("bert.embeddings.position_embeddings.weight", EMBEDDING,
+          SZ_POSITION_ROWS, SZ_HIDDEN),
+  TENSOR ("bert.embeddings.token_type_embeddings.weight", EMBEDDING,
+          SZ_TOKEN_TYPES, SZ_HIDDEN),
+  NORM ("bert.embeddings.LayerNorm"),
+  LAYERS ("bert.encoder.layer", SZ_LAYERS, bert_layer),
+  LINEAR ("bert.pooler.dense", HEAD, SZ_HIDDEN, SZ_HIDDEN, .bias = F_BIAS),
+  END,
+};
 
 /* ---- gemma3 (Gemma3ForConditionalGeneration) ----------------------------- */
 
@@ -1307,6 +1528,17 @@ with_defaults (JsonObject *o, const char *const *names, const gint64 *values)
       json_object_set_int_member (c, names[i], values[i]);
   return c;
 }
+
+static const Field siglip_fields[] = {
+  { .size = SZ_HIDDEN, .names = { "hidden_size" }, .required = TRUE },
+  { .size = SZ_FFN, .names = { "intermediate_size" }, .required = TRUE },
+  { .size = SZ_LAYERS, .names = { "num_hidden_layers" }, .required = TRUE },
+  { .size = SZ_HEADS, .names = { "num_attention_heads" }, .required = TRUE },
+  { .size = SZ_CHANNELS, .names = { "num_channels" }, .required = TRUE },
+  { .size = SZ_IMAGE, .names = { "image_size" }, .required = TRUE },
+  { .size = SZ_PATCH, .names = { "patch_size" }, .required = TRUE },
+  { 0 },
+};
 
 /* Gemma 3 (4B, 12B, 27B): the gemma3_text decoder under
  * "language_model.", a SigLIP vision tower and the projector between
@@ -1333,7 +1565,7 @@ import_gemma3 (StowModelBuilder *b, JsonObject *o, GError **error)
           "patch_size",        NULL };
   static const gint64 vision_values[] = { 768, 3072, 12, 12, 3, 224, 16 };
   JsonObject *tc = NULL, *vc = NULL;
-  guint64 vh = 0, vf = 0, vL = 0, va = 0, ch = 0, img = 0, patch = 0, th = 0;
+  guint64 vh, vf, vL, ch, img, patch, th;
   if (!stow_json_get_object (o, b->where, "text_config", FALSE, &tc, error)
       || !stow_json_get_object (o, b->where, "vision_config", FALSE, &vc,
                                 error))
@@ -1345,24 +1577,22 @@ import_gemma3 (StowModelBuilder *b, JsonObject *o, GError **error)
   g_autofree char *vw = g_strdup_printf ("%s: vision_config", b->where);
   const char *where = b->where;
   b->where = tw;
-  gboolean ok
-      = import_llama_like (b, text, "gemma3_text", "language_model.", error);
+  gboolean ok = import_family (b, text, find_family ("gemma3_text"),
+                               "language_model.", error);
   b->where = where;
   if (!ok)
     return FALSE;
   th = b->model->hidden;
 
+  Import v = { .b = b, .o = vision };
   b->where = vw;
-  ok = REQ (vision, b, &vh, "hidden_size")
-       && REQ (vision, b, &vf, "intermediate_size")
-       && REQ (vision, b, &vL, "num_hidden_layers")
-       && REQ (vision, b, &va, "num_attention_heads")
-       && REQ (vision, b, &ch, "num_channels")
-       && REQ (vision, b, &img, "image_size")
-       && REQ (vision, b, &patch, "patch_size")
-       && check_layers (b, "num_hidden_layers", vL, error)
-       && check_heads (b, vh, "hidden_size", va, "num_attention_heads", va,
-                       "num_attention_heads", FALSE, error);
+  ok = read_fields (&v, siglip_fields, error) && check_shape (&v, error);
+  vh = v.size[SZ_HIDDEN];
+  vf = v.size[SZ_FFN];
+  vL = v.size[SZ_LAYERS];
+  ch = v.size[SZ_CHANNELS];
+  img = v.size[SZ_IMAGE];
+  patch = v.size[SZ_PATCH];
   if (ok && img % patch != 0)
     ok = E_INVALID (error,
                     "%s: patch_size (%" G_GUINT64_FORMAT
@@ -1419,62 +1649,160 @@ import_gemma3 (StowModelBuilder *b, JsonObject *o, GError **error)
   return TRUE;
 }
 
+/* ---- the families ------------------------------------------------------- */
+
+/* clang-format off */
+#define LLAMA(flags_)                                                          \
+  .fields = llama_fields, .flags = F_GATED | (flags_),                         \
+  .norm = STOW_NORM_RMSNORM, .runtime = TRUE, .inventory = llama_inventory
+#define T5(flags_)                                                             \
+  .fields = t5_fields, .flags = F_FFN_DROPOUT | (flags_),                      \
+  .norm = STOW_NORM_RMSNORM, .finish = t5_decoder_and_mlp,                     \
+  .inventory = t5_inventory
+#define DEEPSEEK(flags_)                                                       \
+  .fields = deepseek_fields, .flags = F_GATED | (flags_),                      \
+  .norm = STOW_NORM_RMSNORM, .derive = deepseek_head_dim,                      \
+  .expert_fields = deepseek_expert_fields, .finish = deepseek_switches,        \
+  .moe_layer = deepseek_moe_layer, .inventory = deepseek_inventory,            \
+  .moe = deepseek_moe
+#define FALCON(flags_)                                                         \
+  .fields = falcon_fields,                                                     \
+  .flags = F_MULTI_QUERY | F_PARALLEL_ATTN | F_TIED | (flags_),                \
+  .norm = STOW_NORM_LAYERNORM, .derive = falcon_kv_heads,                      \
+  .finish = falcon_input_norms, .inventory = falcon_inventory
+/* clang-format on */
+
+static const Family families[] = {
+  { .types = { "llama", "mistral" }, LLAMA (0) },
+  { .types = { "mixtral" },
+    LLAMA (F_MOE),
+    .expert_fields = mixtral_expert_fields,
+    .moe = mixtral_moe },
+  { .types = { "qwen2" }, LLAMA (F_QKV_BIAS) },
+  { .types = { "qwen3" }, LLAMA (F_QK_NORM) },
+  { .types = { "qwen3_moe" },
+    LLAMA (F_QK_NORM | F_MOE),
+    .expert_fields = qwen3_moe_expert_fields,
+    .finish = qwen3_moe_check_mlp_only,
+    .moe_layer = qwen3_moe_layer,
+    .moe = qwen3_moe_block },
+  /* The gemma families tie by default. */
+  { .types = { "gemma" }, LLAMA (F_TIED) },
+  { .types = { "gemma2" }, LLAMA (F_TIED | F_SANDWICH) },
+  { .types = { "gemma3" }, .import = import_gemma3 },
+  { .types = { "gemma3_text" }, LLAMA (F_TIED | F_SANDWICH | F_QK_NORM) },
+  { .types = { "phi3" }, LLAMA (F_FUSED) },
+  { .types = { "gpt2" },
+    .fields = gpt2_fields,
+    .flags = F_BIAS | F_TIED | F_LEARNED_POS,
+    .norm = STOW_NORM_LAYERNORM,
+    .finish = gpt2_activation,
+    .inventory = gpt2_inventory },
+  { .types = { "gpt_neox" },
+    .fields = gpt_neox_fields,
+    .flags = F_BIAS,
+    .norm = STOW_NORM_LAYERNORM,
+    .inventory = gpt_neox_inventory },
+  { .types = { "falcon" }, .legacy_types = { "RefinedWebModel" }, FALCON (0) },
+  /* Legacy RefinedWeb (40B-style) configs imply the new architecture. */
+  { .legacy_types = { "RefinedWeb" }, FALCON (F_NEW_ARCH) },
+  { .types = { "bloom" },
+    .fields = bloom_fields,
+    .flags = F_BIAS | F_TIED | F_ROPE_FREE, /* ALiBi */
+    .norm = STOW_NORM_LAYERNORM,
+    .inventory = bloom_inventory },
+  { .types = { "mpt" },
+    .fields = mpt_fields,
+    .derive = mpt_config,
+    .finish = mpt_ffn_width,
+    .inventory = mpt_inventory },
+  { .types = { "opt" },
+    .fields = opt_fields,
+    .flags = F_LN_BEFORE | F_BIAS | F_TIED | F_LEARNED_POS,
+    .norm = STOW_NORM_LAYERNORM,
+    .position_offset = 2,
+    .finish = opt_projection,
+    .inventory = opt_inventory },
+  { .types = { "t5" }, T5 (F_TIED) },
+  /* mT5 (mt0) is T5 v1.1 with its own config class, whose
+   * tie_word_embeddings defaults to false. */
+  { .types = { "mt5" }, T5 (0) },
+  { .types = { "bert" },
+    .fields = bert_fields,
+    .flags = F_BIAS | F_LEARNED_POS | F_NO_LM_HEAD,
+    .norm = STOW_NORM_LAYERNORM,
+    .inventory = bert_inventory },
+  { .types = { "deepseek_v2" }, DEEPSEEK (0) },
+  { .types = { "deepseek_v3" }, DEEPSEEK (F_SCORE_BIAS) },
+};
+
+/* The family serving @type, or NULL. */
+static const Family *
+find_family (const char *type)
+{
+  for (guint i = 0; i < G_N_ELEMENTS (families); i++)
+    for (guint j = 0; j < G_N_ELEMENTS (families[i].types); j++)
+      if ((families[i].types[j] && g_str_equal (type, families[i].types[j]))
+          || (families[i].legacy_types[j]
+              && g_str_equal (type, families[i].legacy_types[j])))
+        return &families[i];
+  return NULL;
+}
+
 /* ---- dispatch ----------------------------------------------------------- */
 
-static const char *const llama_like[]
-    = { "llama",     "mistral", "mixtral", "qwen2",       "qwen3",
-        "qwen3_moe", "gemma",   "gemma2",  "gemma3_text", "phi3" };
+/* "llama, mistral, ...": every family's advertised model_type values. */
+static char *
+advertised_types (void)
+{
+  GString *s = g_string_new (NULL);
+  for (guint i = 0; i < G_N_ELEMENTS (families); i++)
+    for (guint j = 0; j < G_N_ELEMENTS (families[i].types); j++)
+      if (families[i].types[j])
+        g_string_append_printf (s, "%s%s", s->len ? ", " : "",
+                                families[i].types[j]);
+  return g_string_free (s, FALSE);
+}
+
+/* The first of @f's fields (aliases aside) that @o lacks, or NULL. */
+static const char *
+first_missing (JsonObject *o, const Field *f)
+{
+  for (; !field_end (f); f++)
+    {
+      const char *missing = f->include ? first_missing (o, f->include)
+                            : f->names[0] && !stow_json_has (o, f->names[0])
+                                ? f->names[0]
+                                : NULL;
+      if (missing)
+        return missing;
+    }
+  return NULL;
+}
 
 gboolean
 stow_model_import (StowModelBuilder *b, JsonObject *o, const char *type,
                    GError **error)
 {
-  for (guint i = 0; i < G_N_ELEMENTS (llama_like); i++)
-    if (g_str_equal (type, llama_like[i]))
-      return import_llama_like (b, o, type, "", error);
-  if (g_str_equal (type, "gemma3"))
-    return import_gemma3 (b, o, error);
-  if (g_str_equal (type, "gpt2"))
-    return import_gpt2 (b, o, error);
-  if (g_str_equal (type, "gpt_neox"))
-    return import_gpt_neox (b, o, error);
-  if (g_str_equal (type, "falcon") || g_str_equal (type, "RefinedWeb")
-      || g_str_equal (type, "RefinedWebModel"))
-    return import_falcon (b, o, type, error);
-  if (g_str_equal (type, "bloom"))
-    return import_bloom (b, o, error);
-  if (g_str_equal (type, "mpt"))
-    return import_mpt (b, o, error);
-  if (g_str_equal (type, "opt"))
-    return import_opt (b, o, error);
-  /* mT5 (mt0) is T5 v1.1 with its own config class, whose
-   * tie_word_embeddings defaults to false. */
-  if (g_str_equal (type, "t5") || g_str_equal (type, "mt5"))
-    return import_t5 (b, o, g_str_equal (type, "t5"), error);
-  if (g_str_equal (type, "bert"))
-    return import_bert (b, o, error);
-  if (g_str_equal (type, "deepseek_v2") || g_str_equal (type, "deepseek_v3"))
-    return import_deepseek (b, o, type, error);
+  const Family *family = find_family (type);
+  if (family && family->import)
+    return family->import (b, o, error);
+  if (family)
+    return import_family (b, o, family, "", error);
 
   /* Many newer decoders are llama with a new name; count them as llama
    * when they carry llama's fields, and say so. */
-  static const char *const fields[]
-      = { "hidden_size", "num_hidden_layers", "num_attention_heads",
-          "intermediate_size", "vocab_size" };
-  for (guint i = 0; i < G_N_ELEMENTS (fields); i++)
-    if (!stow_json_has (o, fields[i]))
-      {
-        g_autofree char *esc = g_strescape (type, NULL);
-        g_set_error (error, STOW_MODEL_ERROR, STOW_MODEL_ERROR_UNSUPPORTED,
-                     "%s: model_type \"%.60s\" is not supported (and has no "
-                     "%s for a llama-like import); supported: llama, "
-                     "mistral, mixtral, qwen2, qwen3, qwen3_moe, gemma, "
-                     "gemma2, gemma3, gemma3_text, phi3, gpt2, "
-                     "gpt_neox, falcon, bloom, mpt, opt, t5, mt5, bert, "
-                     "deepseek_v2, deepseek_v3",
-                     b->where, esc, fields[i]);
-        return FALSE;
-      }
+  const char *missing = first_missing (o, common_fields);
+  if (missing)
+    {
+      g_autofree char *esc = g_strescape (type, NULL);
+      g_autofree char *supported = advertised_types ();
+      g_set_error (error, STOW_MODEL_ERROR, STOW_MODEL_ERROR_UNSUPPORTED,
+                   "%s: model_type \"%.60s\" is not supported (and has no "
+                   "%s for a llama-like import); supported: %s",
+                   b->where, esc, missing, supported);
+      return FALSE;
+    }
   /* A llama-like import would drop the experts of an unknown MoE. */
   static const char *const moe_fields[]
       = { "num_experts", "num_local_experts", "n_routed_experts",
@@ -1496,5 +1824,5 @@ stow_model_import (StowModelBuilder *b, JsonObject *o, const char *type,
                "llama-style decoder from its standard fields",
                b->where, esc);
   }
-  return import_llama_like (b, o, "llama", "", error);
+  return import_family (b, o, find_family ("llama"), "", error);
 }

@@ -1190,6 +1190,61 @@ test_quantization (void)
                     plain->params * stow_dtype_bytes (plain->torch_dtype));
 }
 
+/* Qwen3-0.6B (Qwen/Qwen3-0.6B config.json: hidden_size 1024,
+ * intermediate_size 3072, num_hidden_layers 28, num_attention_heads 16,
+ * num_key_value_heads 8, head_dim 128, vocab_size 151936,
+ * tie_word_embeddings true, no attention_bias) counted by hand:
+ *   per layer: q 2048x1024 + k, v 1024x1024 each + o 1024x2048 = 6,291,456;
+ *              q_norm, k_norm 128 each = 256; two norms of 1024 = 2,048;
+ *              gate, up, down 3 x 3072x1024 = 9,437,184: 15,730,944
+ *   28 layers 440,466,432 + embed 151936x1024 = 155,582,464 + final norm
+ *   1,024 = 596,049,920, the published count (tied).  Untied, lm_head adds
+ *   another 155,582,464: 751,632,384. */
+static void
+test_qwen3_by_hand (void)
+{
+#define QWEN3_06B                                                              \
+  "\"model_type\": \"qwen3\", \"hidden_size\": 1024, "                         \
+  "\"intermediate_size\": 3072, \"num_hidden_layers\": 28, "                   \
+  "\"num_attention_heads\": 16, \"num_key_value_heads\": 8, "                  \
+  "\"head_dim\": 128, \"vocab_size\": 151936, \"attention_bias\": false, "     \
+  "\"rms_norm_eps\": 1e-6, \"rope_theta\": 1000000, "                          \
+  "\"max_position_embeddings\": 40960"
+  g_autoptr (GError) error = NULL;
+  g_autoptr (StowModel) tied
+      = from_text ("{" QWEN3_06B ", \"tie_word_embeddings\": true}", &error);
+  g_assert_no_error (error);
+  g_assert_cmpuint (tied->params, ==, 596049920ull);
+  g_assert_cmpuint (tied->layers[27].params, ==, 15730944ull);
+  assert_shape (tied, "model.layers.27.self_attn.k_norm.weight", 128, 0,
+                STOW_ROLE_NORM);
+  g_assert_null (find_tensor (tied, "model.layers.0.self_attn.q_proj.bias"));
+  check_consistent (tied);
+
+  g_autoptr (StowModel) untied
+      = from_text ("{" QWEN3_06B ", \"tie_word_embeddings\": false}", &error);
+  g_assert_no_error (error);
+  g_assert_cmpuint (untied->params, ==, 751632384ull);
+#undef QWEN3_06B
+}
+
+/* The families' model_type values, in the table's order, are what an
+ * unsupported type's error offers. */
+static void
+test_supported_types (void)
+{
+  g_autoptr (GError) error = NULL;
+  g_autoptr (StowModel) m
+      = from_text ("{\"model_type\": \"mamba\", \"d_model\": 768}", &error);
+  g_assert_null (m);
+  g_assert_error (error, STOW_MODEL_ERROR, STOW_MODEL_ERROR_UNSUPPORTED);
+  g_assert_cmpstr (
+      strstr (error->message, "supported: "), ==,
+      "supported: llama, mistral, mixtral, qwen2, qwen3, qwen3_moe, gemma, "
+      "gemma2, gemma3, gemma3_text, phi3, gpt2, gpt_neox, falcon, bloom, "
+      "mpt, opt, t5, mt5, bert, deepseek_v2, deepseek_v3");
+}
+
 /* Issue 25's families: qwen3's and gemma3's q_norm / k_norm, qwen3_moe's
  * sparse layers, gemma3's vision tower and projector under their
  * checkpoint names (modeling_qwen3.py, modeling_qwen3_moe.py,
@@ -1453,6 +1508,8 @@ main (int argc, char **argv)
   g_test_add_func ("/models/input-linears", test_input_linears);
   g_test_add_func ("/models/quantization", test_quantization);
   g_test_add_func ("/models/new-families", test_new_families);
+  g_test_add_func ("/models/qwen3-by-hand", test_qwen3_by_hand);
+  g_test_add_func ("/models/supported-types", test_supported_types);
   g_test_add_func ("/models/mpt", test_mpt);
   g_test_add_func ("/models/malformed-values", test_malformed_values);
   g_test_add_func ("/models/malformed-files", test_malformed_files);
