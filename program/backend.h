@@ -158,6 +158,13 @@ struct _StowBackend
 };
 
 void stow_backend_free (StowBackend *b);
+
+/* Sets @error to STOW_BACKEND_ERROR_UNSUPPORTED for op @op of @p, which
+ * backend @backend does not run ("op #12 collective ...: the cpu backend
+ * does not run collective ops yet (@why)"); returns FALSE. */
+gboolean stow_backend_unsupported_op (const StowProgram *p, guint op,
+                                      const char *backend, const char *why,
+                                      GError **error);
 G_DEFINE_AUTOPTR_CLEANUP_FUNC (StowBackend, stow_backend_free)
 
 G_END_DECLS

@@ -218,14 +218,8 @@ stow_cpu_run_op (CpuBackend *b, guint i, GError **error)
     case STOW_OP_COPY:
       return run_copy (b, op, error);
     default:
-      {
-        g_autofree char *what = stow_op_describe (b->p, i);
-        g_set_error (error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_UNSUPPORTED,
-                     "op %s: the cpu backend does not run %s ops yet "
-                     "(multi-device layouts)",
-                     what, stow_op_kind_name (op->kind));
-        return FALSE;
-      }
+      return stow_backend_unsupported_op (b->p, i, "cpu",
+                                          "multi-device layouts", error);
     }
 }
 

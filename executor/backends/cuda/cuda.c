@@ -459,14 +459,8 @@ run_op (CudaBackend *b, guint i, GError **error)
     case STOW_OP_COPY:
       return run_copy (b, op, error);
     default:
-      {
-        g_autofree char *what = stow_op_describe (b->p, i);
-        g_set_error (error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_UNSUPPORTED,
-                     "op %s: the cuda backend does not run %s ops yet "
-                     "(offloaded and multi-device layouts)",
-                     what, stow_op_kind_name (op->kind));
-        return FALSE;
-      }
+      return stow_backend_unsupported_op (
+          b->p, i, "cuda", "offloaded and multi-device layouts", error);
     }
 }
 
