@@ -33,10 +33,12 @@ import torch
 # (layers.2.bk of tied-qkv-bias-recompute) on the machine of issue 42 and
 # 3.08e-5 (layers.1.bk) on an Intel Xeon VM, the worst loss 3e-8 and
 # 2.68e-8; on the cuda backend 6.03e-5 and 9.7e-9 (H100 and H200,
-# bench/results/gpu-*-20261126-*/gpu.log).  Each tolerance is the worst
-# seen and a quarter, rounded up.
+# bench/results/gpu-*-20261126-*/gpu.log).  The sanitizer build CI also
+# runs (AddressSanitizer + UBSan) vectorises less, so it sums in another
+# order: 5.93e-5 on the same Xeon VM.  Each tolerance is the worst seen
+# (over both builds) and a quarter, rounded up.
 TOL_LOSS = 4e-8
-TOL_WEIGHT = {"cpu": 5.6e-5, "cuda": 7.6e-5}
+TOL_WEIGHT = {"cpu": 7.5e-5, "cuda": 7.6e-5}
 # Each element is also held to max |a - ref| / max |ref| <= TOL_MAX: AdamW's
 # first update of an element is lr sign(g) once |g| passes eps, so an
 # element whose gradient is within fp32 rounding of zero can move by lr
