@@ -160,6 +160,10 @@ gboolean stow_tokenizer_fail (GError **error, StowTokenizerError code,
                               const char *name, const char *format, ...)
     G_GNUC_PRINTF (4, 5);
 
+/* data/regex.c: @pattern, written for Oniguruma, compiled by GRegex to
+ * match what Oniguruma matches. */
+GRegex *stow_onig_regex_new (const char *pattern, GError **error);
+
 /* data/encode.c */
 void stow_matcher_build (Matcher *m, GPtrArray *added, gboolean normalized);
 void stow_matcher_clear (Matcher *m);

@@ -133,8 +133,7 @@ pattern_clear (Pattern *p)
 }
 
 /* {"String": s} or {"Regex": r}; the regex through GRegex (PCRE2 with
- * Unicode properties, JIT-compiled): the patterns tokenizer.json files
- * carry are Oniguruma's, whose syntax they share. */
+ * Unicode properties, JIT-compiled), as Oniguruma reads it (data/regex.c). */
 static gboolean
 read_pattern (Reader *r, JsonObject *o, const char *path, Pattern *out)
 {
@@ -158,7 +157,7 @@ read_pattern (Reader *r, JsonObject *o, const char *path, Pattern *out)
   if (!get_string (r, po, ppath, "Regex", TRUE, &s))
     return FALSE;
   g_autoptr (GError) local = NULL;
-  out->regex = g_regex_new (s, G_REGEX_OPTIMIZE, 0, &local);
+  out->regex = stow_onig_regex_new (s, &local);
   if (out->regex == NULL)
     return stow_tokenizer_fail (r->error, STOW_TOKENIZER_ERROR_PARSE, r->name,
                                 "%s.Regex: not a regex GRegex reads: %s", ppath,
@@ -358,7 +357,7 @@ read_pre_tokenizer (Reader *r, JsonNode *node, const char *path, GArray *out)
         return FALSE;
       if (p.use_regex)
         {
-          p.pattern.regex = g_regex_new (GPT2_REGEX, G_REGEX_OPTIMIZE, 0, NULL);
+          p.pattern.regex = stow_onig_regex_new (GPT2_REGEX, NULL);
           g_assert (p.pattern.regex != NULL);
           p.behavior = SPLIT_ISOLATED;
         }

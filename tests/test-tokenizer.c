@@ -103,6 +103,23 @@ apply_patch (JsonObject *root, JsonArray *patch)
           json_object_set_array_member (model, "merges", strings);
           continue;
         }
+      if (strcmp (kind, "add_vocab") == 0)
+        {
+          JsonObject *vocab = json_object_get_object_member (
+              json_object_get_object_member (root, "model"), "vocab");
+          gint64 next = 0;
+          g_autoptr (GList) members = json_object_get_members (vocab);
+          for (GList *l = members; l; l = l->next)
+            next = MAX (next, json_object_get_int_member (vocab, l->data) + 1);
+          JsonArray *tokens = json_object_get_array_member (op, "tokens");
+          for (guint k = 0; k < json_array_get_length (tokens); k++)
+            {
+              const char *tok = json_array_get_string_element (tokens, k);
+              if (!json_object_has_member (vocab, tok))
+                json_object_set_int_member (vocab, tok, next++);
+            }
+          continue;
+        }
       JsonArray *path = json_object_get_array_member (op, "path");
       JsonObject *obj = root;
       guint n = json_array_get_length (path);
@@ -772,9 +789,16 @@ int
 main (int argc, char **argv)
 {
   g_test_init (&argc, &argv, NULL);
-  static const char *variants[]
-      = { "gpt2",        "qwen2",          "phi3",
-          "gpt2-llama3", "phi3-metaspace", "phi3-metaspace-split" };
+  static const char *variants[] = {
+    "gpt2",
+    "qwen2",
+    "phi3",
+    "gpt2-llama3",
+    "phi3-metaspace",
+    "phi3-metaspace-split",
+    "probe-qwen2-regex",
+    "probe-gpt2-regex",
+  };
   for (guint i = 0; i < G_N_ELEMENTS (variants); i++)
     {
       g_autofree char *path = g_strdup_printf ("/tokenizer/hf/%s", variants[i]);

@@ -73,6 +73,16 @@ OURS = [
     "a \u00a0 b", "   \u3000  x", "x\t\t\t", "\n\n\n\n\n", " \n \n ",
     "tab\there", "    four", "        eight spaces", "\r\n\r\n",
     "trailing   ", "  a  b  ",
+    # runs where \s decides the split: PCRE2 and Oniguruma must agree
+    "x\u180e\u180e\u180ey", "\u0085\u0085x", "a \u00a0\u00a0b",
+    "\u2028\u2028x", "\u200b\u200bx", "\u3000\u3000x", "\x0b\x0bx",
+    "\x1c\x1d\x1ex", "\ufeff\ufeffx", "\u202f\u205f x", "\u1680\u1680x",
+    "a\u180e\u180e\u180e!b", "ab \u180e\u180e cd", "\u180e\u180e\u180e",
+    # letters and digits new in Unicode 15 (Oniguruma knows them, PCRE2
+    # 10.42 does not): Kawi, CJK Extension H, Nag Mundari
+    "Kawi \U00011f04\U00011f05\U00011f06 \U00011f50\U00011f51\U00011f52",
+    "\U00031350\U00031351\U00031352x", " \U0001e4d0\U0001e4d1 \U0001e4f0\U0001e4f1",
+    "x\U0001e4f0\U0001e4f1\U0001e4f2y",
     # controls
     "a\x00b", "\x01\x02\x7f", "\x1c\x1d\x1e\x1f",
     # apostrophes and case folding
@@ -144,7 +154,7 @@ def long_document(seed):
 # The variants: a shipped file, and the changes made to its JSON before
 # loading (applied the same way by tests/test-tokenizer.c): "set" a member
 # at a path, "append" to an array, "merges_to_strings" (["a", "b"] pairs to
-# "a b").  They reach configurations no shipped file has: Llama 3's
+# "a b"), "add_vocab" (tokens with the next ids).  They reach configurations no shipped file has: Llama 3's
 # ignore_merges and Split regex over GPT-2's vocabulary, Metaspace.
 LLAMA3_RE = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}|"
              r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
@@ -239,6 +249,14 @@ def apply_patch(d, patch):
             d["model"]["merges"] = [m if isinstance(m, str) else " ".join(m)
                                     for m in d["model"]["merges"]]
             continue
+        if op["op"] == "add_vocab":
+            vocab = d["model"]["vocab"]
+            n = max(vocab.values()) + 1
+            for t in op["tokens"]:
+                if t not in vocab:
+                    vocab[t] = n
+                    n += 1
+            continue
         obj = d
         for key in op["path"][:-1]:
             obj = obj[key]
@@ -287,8 +305,45 @@ def b64(s):
     return base64.b64encode(s.encode()).decode()
 
 
+QWEN2_RE = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"
+            r" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+
+
+def add_probes(inputs):
+    """The split-probe variants: GPT-2's vocabulary with ignore_merges and
+    every piece that HF's pre-tokenizer cuts the short test strings into
+    added as a token, so that each piece encodes to one id and the ids show
+    the cuts themselves: the regexes through GRegex (PCRE2) against HF's
+    Oniguruma, where the two differ (\\s and U+180E, letters and digits new
+    in Unicode 15)."""
+    short = [s for s in LLAMA_CPP + OURS if len(s) < 200]
+    for name, pre in {
+        "probe-qwen2-regex": {
+            "type": "Sequence", "pretokenizers": [
+                {"type": "Split", "pattern": {"Regex": QWEN2_RE},
+                 "behavior": "Isolated", "invert": False},
+                {"type": "ByteLevel", "add_prefix_space": False,
+                 "trim_offsets": True, "use_regex": False}]},
+        "probe-gpt2-regex": {"type": "ByteLevel", "add_prefix_space": False,
+                             "trim_offsets": True, "use_regex": True},
+    }.items():
+        patch = [{"op": "set", "path": ["model", "ignore_merges"],
+                  "value": True},
+                 {"op": "set", "path": ["pre_tokenizer"], "value": pre}]
+        d = apply_patch(load_json("gpt2/tokenizer.json"), patch)
+        tok = Tokenizer.from_str(json.dumps(d))
+        pieces = []
+        for s in short:
+            for p, _ in tok.pre_tokenizer.pre_tokenize_str(s):
+                if p not in pieces:
+                    pieces.append(p)
+        patch.append({"op": "add_vocab", "tokens": pieces})
+        VARIANTS[name] = {"file": "gpt2/tokenizer.json", "patch": patch}
+
+
 def main():
     inputs = LLAMA_CPP + OURS + random_strings(150, 37) + [long_document(7)]
+    add_probes(inputs)
     # "text" is for the reader; the tests take "b64" (a NUL survives it).
     cases = [{"text": s, "b64": b64(s)} if len(s) < 120 else {"b64": b64(s)}
              for s in inputs]
