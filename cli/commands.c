@@ -27,6 +27,8 @@ static const StowCommand commands[] = {
     stow_cmd_train },
   { "init-model", "Write a randomly initialised checkpoint of a config.json",
     stow_cmd_init_model },
+  { "tokenize", "Text and JSONL to token shards, with the model's tokenizer",
+    stow_cmd_tokenize },
   { "models", "List the built-in model catalog", stow_cmd_models },
   { "model", "Show one model: exact parameter counts, per layer and role",
     stow_cmd_model },

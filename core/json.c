@@ -99,6 +99,14 @@ JsonNode *
 stow_json_parse_data (const char *data, gssize len, const char *name,
                       GError **error)
 {
+  return stow_json_parse_data_limit (data, len, name, STOW_JSON_MAX_BYTES,
+                                     error);
+}
+
+JsonNode *
+stow_json_parse_data_limit (const char *data, gssize len, const char *name,
+                            gsize max_bytes, GError **error)
+{
   g_autoptr (JsonParser) parser = json_parser_new_immutable ();
   g_autoptr (GError) local = NULL;
   g_return_val_if_fail (data != NULL, NULL);
@@ -110,12 +118,12 @@ stow_json_parse_data (const char *data, gssize len, const char *name,
                    "%s: empty input, expected JSON", name);
       return NULL;
     }
-  if ((gsize)len > STOW_JSON_MAX_BYTES)
+  if ((gsize)len > max_bytes)
     {
       g_set_error (error, STOW_CORE_ERROR, STOW_CORE_ERROR_TOO_LARGE,
                    "%s: %" G_GSIZE_FORMAT " bytes of JSON, over the limit of "
                    "%" G_GSIZE_FORMAT " bytes",
-                   name, (gsize)len, STOW_JSON_MAX_BYTES);
+                   name, (gsize)len, max_bytes);
       return NULL;
     }
   if (!prescan (data, (gsize)len, name, error))

@@ -33,6 +33,12 @@ JsonNode *stow_json_parse_file (const char *path, gsize max_bytes,
  * line and column. */
 JsonNode *stow_json_parse_data (const char *data, gssize len, const char *name,
                                 GError **error);
+/* stow_json_parse_data with another size limit than STOW_JSON_MAX_BYTES:
+ * for the few inputs that are large by nature (a tokenizer.json holds a
+ * vocabulary of up to a few hundred thousand entries and their merges). */
+JsonNode *stow_json_parse_data_limit (const char *data, gssize len,
+                                      const char *name, gsize max_bytes,
+                                      GError **error);
 /* The root as an object, or STOW_CORE_ERROR_JSON naming @name. */
 JsonObject *stow_json_root_object (JsonNode *root, const char *name,
                                    GError **error);
