@@ -143,12 +143,13 @@ main (int argc, char **argv)
     {
       memcpy (x, x0, out_b);
       gint64 t0 = g_get_monotonic_time ();
-      stow_decoder_layer_forward (stow_llama_decoder (L), (guint64)batch, (guint64)seq, &lw, x, &s);
+      stow_decoder_layer_forward (stow_llama_decoder (L), (guint64)batch,
+                                  (guint64)seq, &lw, x, &s);
       gint64 t1 = g_get_monotonic_time ();
       memcpy (out, dout, out_b); /* dL/d(out), where backward reads it */
       gint64 t2 = g_get_monotonic_time ();
-      stow_decoder_layer_backward (stow_llama_decoder (L), (guint64)batch, (guint64)seq, &lw, x, &s,
-                                 &lg, FALSE, ws, x);
+      stow_decoder_layer_backward (stow_llama_decoder (L), (guint64)batch,
+                                   (guint64)seq, &lw, x, &s, &lg, FALSE, ws, x);
       gint64 t3 = g_get_monotonic_time ();
       tf[it] = (double)(t1 - t0) / 1e6;
       tb[it] = (double)(t3 - t2) / 1e6;

@@ -27,15 +27,15 @@ main (int argc, char **argv)
           continue;
         }
       long m, n, k;
-      if (sscanf (argv[i], "%ldx%ldx%ld", &m, &n, &k) != 3 || m <= 0
-          || n <= 0 || k <= 0)
+      if (sscanf (argv[i], "%ldx%ldx%ld", &m, &n, &k) != 3 || m <= 0 || n <= 0
+          || k <= 0)
         {
           fprintf (stderr, "sgemm-shapes: \"%s\": expected MxNxK\n", argv[i]);
           return 2;
         }
       openblas_set_num_threads (threads);
-      float *a = g_new (float, m * k), *b = g_new (float, k * n),
-            *c = g_new (float, m * n);
+      float *a = g_new (float, m *k), *b = g_new (float, k *n),
+            *c = g_new (float, m *n);
       for (long j = 0; j < m * k; j++)
         a[j] = (float)(j % 7) * 0.1f;
       for (long j = 0; j < k * n; j++)

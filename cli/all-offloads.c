@@ -81,8 +81,8 @@ deepspeed_rows (StowPlanOptions *po)
     { 2, STOW_OFFLOAD_NONE, STOW_OFFLOAD_NONE, 1 },
   };
   const StowCluster *c = po->cluster_obj;
-  guint64 P
-      = po->plan.mem.params_override ? po->plan.mem.params_override : po->model->params;
+  guint64 P = po->plan.mem.params_override ? po->plan.mem.params_override
+                                           : po->model->params;
   guint64 LL = po->plan.mem.largest_layer_override
                    ? po->plan.mem.largest_layer_override
                    : (po->model ? po->model->largest_module_params : 0);

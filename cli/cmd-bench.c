@@ -318,8 +318,7 @@ bench_adam (int argc, char **argv)
       g_autofree char *bw = stow_format_bandwidth (bytes_per_s);
       g_autofree char *dur = stow_format_duration (best);
       printf ("adam: %s params, grad %s, out %s, %s, %u threads (%u bound)\n",
-              count, stow_dtype_nick (grad_type),
-              stow_dtype_nick (out_type),
+              count, stow_dtype_nick (grad_type), stow_dtype_nick (out_type),
               stow_isa_name (stow_adam_get_isa (adam)),
               stow_adam_get_n_threads (adam), stow_cpu_pool_n_bound (pool));
       printf ("step: %s (best of %d), %u bytes/param, %s, %.3g params/s\n", dur,

@@ -51,8 +51,12 @@ run_mem (StowPlanOptions *po, StowReportOptions *ro, int argc, char **argv)
   if (mem == NULL)
     return stow_cli_fail (error, NULL);
   stow_report_options_check_plan (ro, mem);
-  StowMemoryReport r = { po->model,   po->cluster_obj, &po->plan.training,
-                         &po->plan.layout, &po->plan.mem,        mem,
+  StowMemoryReport r = { po->model,
+                         po->cluster_obj,
+                         &po->plan.training,
+                         &po->plan.layout,
+                         &po->plan.mem,
+                         mem,
                          (const char *const *)filled };
   StowReport report = { .mem = r, .command = "mem", .fits = mem->fits };
   g_autoptr (JsonNode) node = stow_memory_report_json (&r);
@@ -142,13 +146,13 @@ alternatives (StowPlanOptions *po, gboolean host_limited, Alternatives *out)
           g_autofree char *host = stow_format_bytes (cand->host_bytes);
           g_autofree char *have = stow_format_bytes (c->node.host_ram_bytes);
           g_autofree char *nv = stow_format_bytes (cand->nvme_bytes);
-          g_ptr_array_add (out->lines,
-                           g_strdup_printf ("%s host RAM per node (it has "
-                                            "%s)%s%s: %s",
-                                            host, have,
-                                            cand->nvme_bytes ? " and NVMe of "
-                                                             : "",
-                                            cand->nvme_bytes ? nv : "", d));
+          g_ptr_array_add (
+              out->lines,
+              g_strdup_printf ("%s host RAM per node (it has "
+                               "%s)%s%s: %s",
+                               host, have,
+                               cand->nvme_bytes ? " and NVMe of " : "",
+                               cand->nvme_bytes ? nv : "", d));
           g_ptr_array_add (out->kinds, "more_host_memory");
           JsonBuilder *jb = out->jb;
           json_builder_begin_object (jb);
@@ -197,15 +201,15 @@ alternatives (StowPlanOptions *po, gboolean host_limited, Alternatives *out)
           = stow_cluster_new (&node, c->n_nodes, spec);
       stow_node_clear (&node);
       g_autofree char *label = g_strdup_printf ("%s in the same nodes", spec);
-      try_alternative (po, other, &po->plan.training, po->pins, "larger_gpu", "gpus",
-                       spec, label, out);
+      try_alternative (po, other, &po->plan.training, po->pins, "larger_gpu",
+                       "gpus", spec, label, out);
     }
 
   /* LoRA, then QLoRA, on the same GPUs. */
   static const StowFinetune modes[]
       = { STOW_FINETUNE_LORA, STOW_FINETUNE_QLORA };
-  for (gsize i = 0;
-       po->plan.training.finetune == STOW_FINETUNE_FULL && i < G_N_ELEMENTS (modes);
+  for (gsize i = 0; po->plan.training.finetune == STOW_FINETUNE_FULL
+                    && i < G_N_ELEMENTS (modes);
        i++)
     {
       StowTraining t = po->plan.training;
@@ -302,7 +306,7 @@ run_fit (StowPlanOptions *po, StowReportOptions *ro, int argc, char **argv)
   if (mem == NULL)
     return stow_cli_fail (error, NULL);
   StowMemoryReport r = { po->model,     po->cluster_obj, &po->plan.training,
-                         &best->layout, &po->plan.mem,        mem };
+                         &best->layout, &po->plan.mem,   mem };
 
   g_autoptr (JsonBuilder) jb = json_builder_new ();
   g_autoptr (GPtrArray) alt_lines = g_ptr_array_new_with_free_func (g_free);
@@ -373,15 +377,15 @@ run_fit (StowPlanOptions *po, StowReportOptions *ro, int argc, char **argv)
   g_autofree double *tput = g_new0 (double, MAX (search->fits->len, 1));
   for (guint i = 0; i < search->fits->len; i++)
     tput[i] = g_array_index (search->fits, StowCandidate, i).cost.tokens_per_s;
-  StowReport report = { .mem = r,
-                        .command = "fit",
-                        .search = search,
-                        .fits = fits,
-                        .throughput = fits ? tput : NULL,
-                        .n_throughput = search->fits->len,
-                        .alternatives = (const char *const *)alt_lines->pdata,
-                        .alternative_kinds
-                        = (const char *const *)alt_kinds->pdata };
+  StowReport report
+      = { .mem = r,
+          .command = "fit",
+          .search = search,
+          .fits = fits,
+          .throughput = fits ? tput : NULL,
+          .n_throughput = search->fits->len,
+          .alternatives = (const char *const *)alt_lines->pdata,
+          .alternative_kinds = (const char *const *)alt_kinds->pdata };
   return stow_report_options_finish (ro, po, &report, text->str, node,
                                      fits ? STOW_EXIT_OK : STOW_EXIT_NO);
 }

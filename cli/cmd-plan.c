@@ -199,8 +199,8 @@ run_plan (PlanArgs *a, int argc, char **argv)
    * show which rule (a pinned flag, or the global batch). */
   if (s->evaluated == 0)
     {
-      if (!stow_layout_validate (&po->plan.layout, &po->plan.training, po->model,
-                                 po->cluster_obj, &error))
+      if (!stow_layout_validate (&po->plan.layout, &po->plan.training,
+                                 po->model, po->cluster_obj, &error))
         return stow_cli_fail (
             error, strstr (error->message, "--global-batch")
                        ? "no layout divides the batch: --global-batch must "

@@ -15,11 +15,11 @@
 #include "cli/report-options.h"
 #include "core/json.h"
 #include "core/units.h"
-#include "program/backend.h"
-#include "planner/sim.h"
-#include "program/driver.h"
 #include "planner/cost.h"
 #include "planner/lower.h"
+#include "planner/sim.h"
+#include "program/backend.h"
+#include "program/driver.h"
 #include "reports/memory-report.h"
 #include "reports/report.h"
 #include "reports/sim-report.h"
@@ -333,8 +333,7 @@ run (SimOptions *so, int argc, char **argv)
   g_string_append_printf (out,
                           "device tensor budget: %s (capacity less context, "
                           "workspaces, NCCL and allocator slack)%s\n",
-                          budget,
-                          exceeded ? "  EXCEEDED" : "");
+                          budget, exceeded ? "  EXCEEDED" : "");
   return emit_output (so, out->str, rc);
 }
 

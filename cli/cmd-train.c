@@ -14,10 +14,10 @@
 
 #include "cli/cli.h"
 #include "cli/commands.h"
-#include "core/json.h"
-#include "core/units.h"
 #include "cli/plan-options.h"
 #include "cli/train-plan.h"
+#include "core/json.h"
+#include "core/units.h"
 #include "executor/backends/registry.h"
 #include "executor/backends/tensors.h"
 #include "executor/model-io.h"
@@ -157,8 +157,7 @@ resolve (TrainOptions *o, StowTrainPlan *c, StowTrainConfig *run,
   run->backend = c->backend;
   guint64 threads = 0;
   if (!parse_u64 ("--steps", o->steps, FALSE, &run->steps, error)
-      || !parse_u64 ("--warmup", o->warmup, TRUE, &c->optim.warmup_steps,
-                     error)
+      || !parse_u64 ("--warmup", o->warmup, TRUE, &c->optim.warmup_steps, error)
       || !parse_u64 ("--seed", o->seed, TRUE, &c->optim.seed, error)
       || !parse_u64 ("--save-every", o->save_every, TRUE, &run->save_every,
                      error)
@@ -197,8 +196,7 @@ resolve (TrainOptions *o, StowTrainPlan *c, StowTrainConfig *run,
           || c->test_memlock_limit == 0)
         {
           g_set_error (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
-                       "--test-memlock-limit \"%s\": %s",
-                       o->test_memlock_limit,
+                       "--test-memlock-limit \"%s\": %s", o->test_memlock_limit,
                        local ? local->message : "a size above 0");
           return FALSE;
         }
@@ -232,7 +230,8 @@ resolve (TrainOptions *o, StowTrainPlan *c, StowTrainConfig *run,
   c->seq = po->seq ? po->plan.training.seq_len : 256;
   c->micro_batch = po->plan.layout.micro_batch;
   c->global_batch = po->plan.training.global_batch;
-  c->precision = po->precision ? po->plan.training.precision : STOW_PRECISION_FP32;
+  c->precision
+      = po->precision ? po->plan.training.precision : STOW_PRECISION_FP32;
   if (c->precision != STOW_PRECISION_FP32
       && c->precision != STOW_PRECISION_BF16)
     {
@@ -281,8 +280,7 @@ resolve (TrainOptions *o, StowTrainPlan *c, StowTrainConfig *run,
       /* Parameters off the device are ZeRO stage 3's. */
       c->layout.zero = 3;
     }
-  if (po->resident_layers
-      && c->layout.offload_params == STOW_OFFLOAD_NONE)
+  if (po->resident_layers && c->layout.offload_params == STOW_OFFLOAD_NONE)
     {
       g_set_error_literal (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
                            "--resident-layers is for --offload-params");
@@ -415,22 +413,24 @@ print_peaks (const StowTrainPlan *tp, const StowTrainResult *m)
 {
   g_autofree char *pred = stow_format_bytes (tp->predicted_peak_bytes);
   g_autofree char *meas = stow_format_bytes (m->peak_bytes);
-  fprintf (stderr, "device peak: %s measured, %s simulated (%+.2f%%)\n",
-           meas, pred,
+  fprintf (stderr, "device peak: %s measured, %s simulated (%+.2f%%)\n", meas,
+           pred,
            tp->predicted_peak_bytes
-               ? 100.0 * ((double)m->peak_bytes
-                              / (double)tp->predicted_peak_bytes
-                          - 1.0)
+               ? 100.0
+                     * ((double)m->peak_bytes / (double)tp->predicted_peak_bytes
+                        - 1.0)
                : 0.0);
   if (tp->predicted_pinned_bytes > 0 && m->pinned_peak_bytes > 0)
     {
       g_autofree char *hp = stow_format_bytes (tp->predicted_pinned_bytes);
       g_autofree char *hm = stow_format_bytes (m->pinned_peak_bytes);
-      fprintf (stderr, "pinned host peak: %s measured, %s simulated (%+.2f%%)\n",
-               hm, hp,
-               100.0 * ((double)m->pinned_peak_bytes
-                            / (double)tp->predicted_pinned_bytes
-                        - 1.0));
+      fprintf (stderr,
+               "pinned host peak: %s measured, %s simulated (%+.2f%%)\n", hm,
+               hp,
+               100.0
+                   * ((double)m->pinned_peak_bytes
+                          / (double)tp->predicted_pinned_bytes
+                      - 1.0));
     }
 }
 
@@ -487,8 +487,7 @@ stow_cmd_train (int argc, char **argv)
       "text file with --tokenizer bytes",
       "FILES" },
     { "tokenizer", 0, 0, G_OPTION_ARG_STRING, &o.tokenizer,
-      "bytes: read --data as text, one token per byte (vocab >= 256)",
-      "KIND" },
+      "bytes: read --data as text, one token per byte (vocab >= 256)", "KIND" },
     { "shuffle", 0, 0, G_OPTION_ARG_NONE, &o.shuffle,
       "Permute the micro-batch windows of each pass over the data (seeded)",
       NULL },
@@ -605,21 +604,38 @@ stow_cmd_train (int argc, char **argv)
   stow_train_plan_clear (&tp);
   g_strfreev (o.nvme_dirs);
   stow_plan_options_clear (&o.po);
-  char **strings[] = { &o.model,      &o.data,          &o.plan,
-                       &o.steps,      &o.lr,
-                       &o.min_lr,     &o.warmup,        &o.lr_schedule,
-                       &o.weight_decay, &o.beta1,       &o.beta2,
-                       &o.eps,        &o.max_grad_norm, &o.seed,
-                       &o.out,        &o.save_every,    &o.log_json,
-                       &o.trace,      &o.backend,       &o.device_memory,
-                       &o.tokenizer,  &o.threads,       &o.test_copy_delay_us,
-                       &o.test_nvme_fault, &o.test_memlock_limit };
+  char **strings[] = { &o.model,
+                       &o.data,
+                       &o.plan,
+                       &o.steps,
+                       &o.lr,
+                       &o.min_lr,
+                       &o.warmup,
+                       &o.lr_schedule,
+                       &o.weight_decay,
+                       &o.beta1,
+                       &o.beta2,
+                       &o.eps,
+                       &o.max_grad_norm,
+                       &o.seed,
+                       &o.out,
+                       &o.save_every,
+                       &o.log_json,
+                       &o.trace,
+                       &o.backend,
+                       &o.device_memory,
+                       &o.tokenizer,
+                       &o.threads,
+                       &o.test_copy_delay_us,
+                       &o.test_nvme_fault,
+                       &o.test_memlock_limit };
   for (gsize i = 0; i < G_N_ELEMENTS (strings); i++)
     g_free (*strings[i]);
   return status;
 }
 
-/* ---- init-model ------------------------------------------------------------ */
+/* ---- init-model ------------------------------------------------------------
+ */
 
 typedef struct
 {
@@ -686,16 +702,17 @@ init_main (const char *config_path, const char *out, const char *seed_s,
   InitCtx x = { p, m->initializer_range, seed, dtype, NULL };
   x.scratch = g_try_malloc (MAX (largest, 1) * stow_dtype_size (dtype));
   if (x.scratch == NULL)
-    return stow_cli_failf (NULL, "init-model: out of memory for a unit of "
-                                 "%" G_GUINT64_FORMAT " parameters",
+    return stow_cli_failf (NULL,
+                           "init-model: out of memory for a unit of "
+                           "%" G_GUINT64_FORMAT " parameters",
                            largest);
   gboolean ok = stow_model_io_save (p, st, dtype, init_unit, &x, &error)
                 && stow_file_write_atomic (cfg, cfg_text, -1, &error);
   g_free (x.scratch);
   if (!ok)
     return stow_cli_fail (error, NULL);
-  printf ("%s: %s, %" G_GUINT64_FORMAT " parameters, %s, seed %" G_GUINT64_FORMAT
-          "\n",
+  printf ("%s: %s, %" G_GUINT64_FORMAT
+          " parameters, %s, seed %" G_GUINT64_FORMAT "\n",
           out, m->name, m->params, dtype == STOW_DTYPE_F32 ? "fp32" : "bf16",
           seed);
   return STOW_EXIT_OK;
@@ -709,8 +726,8 @@ stow_cmd_init_model (int argc, char **argv)
     { "output", 'o', 0, G_OPTION_ARG_FILENAME, &out,
       "Directory for config.json and model.safetensors", "DIR" },
     { "seed", 0, 0, G_OPTION_ARG_STRING, &seed_s, "Random seed (0)", "S" },
-    { "dtype", 0, 0, G_OPTION_ARG_STRING, &dtype_s,
-      "fp32 (default) or bf16", "D" },
+    { "dtype", 0, 0, G_OPTION_ARG_STRING, &dtype_s, "fp32 (default) or bf16",
+      "D" },
     { NULL },
   };
   g_autoptr (GOptionContext) ctx = stow_cli_context_new (

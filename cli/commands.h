@@ -14,13 +14,13 @@ int stow_cmd_model (int argc, char **argv);
 int stow_cmd_bench (int argc, char **argv);
 int stow_cmd_hw (int argc, char **argv);   /* cli/cmd-hw.c */
 int stow_cmd_gpus (int argc, char **argv); /* cli/cmd-hw.c */
-int stow_cmd_mem (int argc, char **argv);   /* cli/cmd-mem.c */
-int stow_cmd_fit (int argc, char **argv);   /* cli/cmd-mem.c */
+int stow_cmd_mem (int argc, char **argv);  /* cli/cmd-mem.c */
+int stow_cmd_fit (int argc, char **argv);  /* cli/cmd-mem.c */
 /* cli/cmd-bench-io.c: I/O benchmarks, under "stowage bench". */
 int stow_bench_nvme (int argc, char **argv);
 int stow_bench_swapper (int argc, char **argv);
-int stow_cmd_plan (int argc, char **argv);  /* cli/cmd-plan.c */
-int stow_cmd_simulate (int argc, char **argv); /* cli/cmd-simulate.c */
+int stow_cmd_plan (int argc, char **argv);       /* cli/cmd-plan.c */
+int stow_cmd_simulate (int argc, char **argv);   /* cli/cmd-simulate.c */
 int stow_cmd_train (int argc, char **argv);      /* cli/cmd-train.c */
 int stow_cmd_init_model (int argc, char **argv); /* cli/cmd-train.c */
 int stow_cmd_tokenize (int argc, char **argv);   /* cli/cmd-tokenize.c */

@@ -192,8 +192,8 @@ over_limit (const char *flag, const char *v, guint64 max, const char *unit,
 /* A count of at least 1 and at most @max (a number too large for 64 bits
  * is over @max too, and said so). */
 static gboolean
-parse_count_flag (const char *flag, const char *v, gboolean tokens,
-                  guint64 max, const char *unit, guint64 *out, GError **error)
+parse_count_flag (const char *flag, const char *v, gboolean tokens, guint64 max,
+                  const char *unit, guint64 *out, GError **error)
 {
   g_autoptr (GError) local = NULL;
   if (v == NULL)
@@ -241,8 +241,7 @@ parse_size_flag (const char *flag, const char *v, guint64 *out, GError **error)
 
 /* --nvme: "none" or "0", "SIZE" (one drive) or "COUNTxSIZE". */
 static gboolean
-parse_nvme_flag (const char *v, guint *count, guint64 *capacity,
-                 GError **error)
+parse_nvme_flag (const char *v, guint *count, guint64 *capacity, GError **error)
 {
   g_autoptr (GError) local = NULL;
   *count = 1;
@@ -330,8 +329,8 @@ parse_mem_options (StowPlanOptions *po, GError **error)
       o->zero_init = po->zero_init[0] == '1';
     }
   if (!parse_count_flag ("--reduce-bucket", po->reduce_bucket, FALSE,
-                         MAX_COUNT_FLAG, "elements",
-                         &o->reduce_bucket_elements, error)
+                         MAX_COUNT_FLAG, "elements", &o->reduce_bucket_elements,
+                         error)
       || !parse_count_flag ("--prefetch-bucket", po->prefetch_bucket, FALSE,
                             MAX_COUNT_FLAG, "elements",
                             &o->prefetch_bucket_elements, error)
@@ -525,8 +524,8 @@ stow_plan_options_parse_shape (StowPlanOptions *po, GError **error)
   if (po->micro_batch)
     {
       if (!parse_count_flag ("--micro-batch", po->micro_batch, FALSE,
-                             STOW_MAX_MICRO_BATCH, "sequences",
-                             &l->micro_batch, error))
+                             STOW_MAX_MICRO_BATCH, "sequences", &l->micro_batch,
+                             error))
         return FALSE;
       po->pins |= STOW_PIN_MICRO_BATCH;
     }
@@ -539,8 +538,8 @@ stow_plan_options_parse_shape (StowPlanOptions *po, GError **error)
       || !parse_count_flag ("--seq", po->seq, TRUE, STOW_MAX_SEQ_TOKENS,
                             "tokens", &t->seq_len, error)
       || !parse_count_flag ("--decoder-seq", po->decoder_seq, TRUE,
-                            STOW_MAX_SEQ_TOKENS, "tokens",
-                            &t->decoder_seq_len, error)
+                            STOW_MAX_SEQ_TOKENS, "tokens", &t->decoder_seq_len,
+                            error)
       || !parse_count_flag ("--lora-rank", po->lora_rank, FALSE,
                             STOW_MAX_LORA_RANK, "", &t->lora_rank, error))
     return FALSE;
@@ -695,9 +694,9 @@ stow_plan_options_fill_like_fit (StowPlanOptions *po)
     return NULL;
   g_autoptr (StowSearch) s
       = stow_plan_options_search (po, NULL, NULL, po->pins, 1);
-  const StowCandidate *best
-      = s->fits->len ? &g_array_index (s->fits, StowCandidate, 0)
-                     : (s->have_miss ? &s->best_miss : NULL);
+  const StowCandidate *best = s->fits->len
+                                  ? &g_array_index (s->fits, StowCandidate, 0)
+                                  : (s->have_miss ? &s->best_miss : NULL);
   if (best == NULL)
     return NULL;
   po->plan.layout = best->layout;

@@ -11,14 +11,14 @@
 #include <unistd.h>
 
 #include "executor/backends/registry.h"
-#include "planner/sim.h"
 #include "executor/backends/tensors.h"
-#include "program/driver.h"
 #include "executor/preflight.h"
 #include "offload/adam.h"
-#include "planner/plan-file.h"
 #include "planner/lower.h"
+#include "planner/plan-file.h"
 #include "planner/search.h"
+#include "planner/sim.h"
+#include "program/driver.h"
 
 static void note (StowTrainPlan *c, const char *format, ...)
     G_GNUC_PRINTF (2, 3);
@@ -56,7 +56,8 @@ stow_train_plan_clear (StowTrainPlan *tp)
   g_clear_pointer (&tp->cluster, stow_cluster_unref);
 }
 
-/* ---- the device ------------------------------------------------------------ */
+/* ---- the device ------------------------------------------------------------
+ */
 
 /* The cluster standing for this host's cpu backend: one "device" of
  * @device_bytes (an arena of host RAM) with the host's RAM and cores.
@@ -189,8 +190,8 @@ device_cluster (StowTrainPlan *tp, GError **error)
           g_autofree char *have
               = g_format_size_full (usable, G_FORMAT_SIZE_IEC_UNITS);
           g_set_error (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
-                       "--device-memory %s: %s has %s free for tensors",
-                       want, gpu_name, have);
+                       "--device-memory %s: %s has %s free for tensors", want,
+                       gpu_name, have);
           return FALSE;
         }
     }
@@ -207,7 +208,8 @@ device_cluster (StowTrainPlan *tp, GError **error)
   return tp->nvme_dirs == NULL || with_nvme_dirs (tp, error);
 }
 
-/* ---- the model and the layout ---------------------------------------------- */
+/* ---- the model and the layout ----------------------------------------------
+ */
 
 static gboolean
 open_model (StowTrainPlan *tp, GError **error)
@@ -294,10 +296,10 @@ plan (StowTrainPlan *r, GError **error)
     {
       g_autofree char *cap = g_format_size_full (
           r->cluster->node.gpu.total_bytes, G_FORMAT_SIZE_IEC_UNITS);
-      g_autofree char *need = s->have_miss ? g_format_size_full (
-                                  s->best_miss.total_bytes,
-                                  G_FORMAT_SIZE_IEC_UNITS)
-                                           : g_strdup ("?");
+      g_autofree char *need
+          = s->have_miss ? g_format_size_full (s->best_miss.total_bytes,
+                                               G_FORMAT_SIZE_IEC_UNITS)
+                         : g_strdup ("?");
       g_set_error (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
                    "%s does not fit a device of %s (--device-memory): the "
                    "closest layout needs %s; lower --micro-batch or --seq, "
@@ -316,8 +318,7 @@ keep_timeline (StowTrainPlan *c, const StowTrace *tr)
 {
   c->predicted_step_s = tr->step_time_s;
   memcpy (c->simulated_busy_s, tr->busy_s, sizeof c->simulated_busy_s);
-  memcpy (c->simulated_exposed_s, tr->exposed_s,
-          sizeof c->simulated_exposed_s);
+  memcpy (c->simulated_exposed_s, tr->exposed_s, sizeof c->simulated_exposed_s);
 }
 
 /* The simulated timeline of a GPU run whose optimizer steps on the host,
@@ -335,16 +336,17 @@ time_at_host_rate (StowTrainPlan *r)
   g_clear_pointer (&adam, stow_adam_free);
   if (rate <= 0)
     {
-      note (c, "CPU Adam's rate: %s; the simulated cpu_optim stream keeps "
-               "the nominal host bandwidth",
+      note (c,
+            "CPU Adam's rate: %s; the simulated cpu_optim stream keeps "
+            "the nominal host bandwidth",
             e ? e->message : "not measured");
       return;
     }
   StowNode node;
   memset (&node, 0, sizeof node);
   stow_node_copy (&r->cluster->node, &node);
-  node.host_mem_bw = rate * STOW_SIM_ADAM_BYTES_PER_PARAM
-                     * MAX (node.gpus_per_node, 1);
+  node.host_mem_bw
+      = rate * STOW_SIM_ADAM_BYTES_PER_PARAM * MAX (node.gpus_per_node, 1);
   g_autoptr (StowCluster) at
       = stow_cluster_new (&node, r->cluster->n_nodes, r->cluster->spec);
   stow_node_clear (&node);
@@ -354,13 +356,15 @@ time_at_host_rate (StowTrainPlan *r)
   g_autoptr (StowTrace) tr = stow_program_run (r->prog, sim, NULL);
   if (tr == NULL)
     return;
-  note (c, "CPU Adam on this host: %.2f G parameters/s (the simulated "
-           "cpu_optim stream's rate)",
+  note (c,
+        "CPU Adam on this host: %.2f G parameters/s (the simulated "
+        "cpu_optim stream's rate)",
         rate / 1e9);
   keep_timeline (c, tr);
 }
 
-/* ---- the program and its simulated step ------------------------------------ */
+/* ---- the program and its simulated step ------------------------------------
+ */
 
 /* Lowers the layout and simulates the program once: it is validated, and
  * the predicted peaks and step are there to compare with the run's; then
@@ -405,8 +409,8 @@ stow_train_plan (StowTrainPlan *tp, GError **error)
     return FALSE;
   g_autofree char *cap
       = g_format_size_full (tp->device_bytes, G_FORMAT_SIZE_IEC_UNITS);
-  g_autofree char *peak = g_format_size_full (tp->predicted_peak_bytes,
-                                              G_FORMAT_SIZE_IEC_UNITS);
+  g_autofree char *peak
+      = g_format_size_full (tp->predicted_peak_bytes, G_FORMAT_SIZE_IEC_UNITS);
   note (tp, "%s layout: %s; device %s (--device-memory), predicted peak %s",
         tp->plan_path ? "plan file's" : "planned", tp->prog->description, cap,
         peak);

@@ -27,7 +27,8 @@ integer_fits (const char *digits, gsize len, gboolean negative)
   if (len != sizeof max - 1)
     return len < sizeof max - 1;
   int c = memcmp (digits, max, len);
-  return c <= 0 || (negative && memcmp (digits, "9223372036854775808", len) == 0);
+  return c <= 0
+         || (negative && memcmp (digits, "9223372036854775808", len) == 0);
 }
 
 /* One pass over the text before json-glib sees it: the nesting depth (its
@@ -73,7 +74,8 @@ prescan (const char *data, gsize len, const char *name, GError **error)
           while (j < len && g_ascii_isdigit (data[j]))
             j++;
           gboolean integer
-              = j >= len || (data[j] != '.' && data[j] != 'e' && data[j] != 'E');
+              = j >= len
+                || (data[j] != '.' && data[j] != 'e' && data[j] != 'E');
           if (integer && j > d0 && !integer_fits (data + d0, j - d0, ch == '-'))
             {
               g_set_error (error, STOW_CORE_ERROR, STOW_CORE_ERROR_JSON,
@@ -86,8 +88,9 @@ prescan (const char *data, gsize len, const char *name, GError **error)
               return FALSE;
             }
           /* the rest of a number (fraction, exponent) holds no brackets */
-          while (j < len && (g_ascii_isalnum (data[j]) || data[j] == '.'
-                             || data[j] == '+' || data[j] == '-'))
+          while (j < len
+                 && (g_ascii_isalnum (data[j]) || data[j] == '.'
+                     || data[j] == '+' || data[j] == '-'))
             j++;
           i = j - 1;
         }

@@ -63,8 +63,8 @@ stow_arena_new_over (void *base, guint64 capacity_bytes)
   a->free_runs = g_array_new (FALSE, FALSE, sizeof (Run));
   Run all = { 0, cap };
   g_array_append_val (a->free_runs, all);
-  a->blocks = g_hash_table_new_full (g_int64_hash, g_int64_equal, g_free,
-                                     g_free);
+  a->blocks
+      = g_hash_table_new_full (g_int64_hash, g_int64_equal, g_free, g_free);
   return a;
 }
 
@@ -83,7 +83,8 @@ stow_arena_free (StowArena *a)
 void *
 stow_arena_alloc (StowArena *a, guint64 bytes, gboolean *fragmented)
 {
-  static guint8 empty[STOW_ARENA_ALIGN] __attribute__ ((aligned (STOW_ARENA_ALIGN)));
+  static guint8 empty[STOW_ARENA_ALIGN]
+      __attribute__ ((aligned (STOW_ARENA_ALIGN)));
   if (fragmented)
     *fragmented = FALSE;
   if (bytes == 0)

@@ -94,7 +94,6 @@ pending_rw (Io *r, StowOptimStateWriter *ow, StowOptimState *os, guint unit,
   return TRUE;
 }
 
-
 /* State @which (0 master, 1 m, 2 v) of @unit where the backend keeps it
  * in memory, or NULL (on NVMe: stow's states accessor instead). */
 static float *
@@ -125,9 +124,8 @@ state_rw (Io *r, gboolean write, guint unit, guint which, guint64 first,
  * backend's memory in one piece; on NVMe a piece (*@piece, allocated on
  * first use) at a time, so no copy of the states is made. */
 static gboolean
-state_section (Io *r, StowOptimStateWriter *ow, StowOptimState *os,
-               guint unit, const StowUnitTensor *t, guint q, float **piece,
-               GError **error)
+state_section (Io *r, StowOptimStateWriter *ow, StowOptimState *os, guint unit,
+               const StowUnitTensor *t, guint q, float **piece, GError **error)
 {
   static const char *const sec[3] = { "master", "m", "v" };
   float *mem = state_ptr (r, unit, q);
@@ -239,10 +237,9 @@ stow_checkpoint_save_tensors (StowBackend *be, const StowProgram *p,
     return FALSE;
   g_autofree char *st = g_build_filename (dir, "model.safetensors", NULL);
   g_autofree char *opt = g_build_filename (dir, "optimizer.stow", NULL);
-  if (!access_checked (r,
-                       stow_model_io_save (p, st, p->weight_dtype, weights_of,
-                                           r, error),
-                       error))
+  if (!access_checked (
+          r, stow_model_io_save (p, st, p->weight_dtype, weights_of, r, error),
+          error))
     return FALSE;
   /* The optimizer's state, tensor by tensor (no copy of it in RAM). */
   g_autoptr (GArray) specs

@@ -10,8 +10,8 @@
  */
 #pragma once
 
-#include "program/backend.h"
 #include "executor/optim-state.h"
+#include "program/backend.h"
 
 G_BEGIN_DECLS
 
@@ -35,7 +35,6 @@ gboolean stow_checkpoint_load_tensors (StowBackend *be, const StowProgram *p,
  * master straight from the file and the training copy rounded from it,
  * one unit at a time when the master lives on NVMe. */
 gboolean stow_checkpoint_load_initial (StowBackend *be, const StowProgram *p,
-                                       const char *safetensors,
-                                       GError **error);
+                                       const char *safetensors, GError **error);
 
 G_END_DECLS

@@ -385,13 +385,14 @@ stow_token_data_read (const StowTokenData *d, guint64 start, guint64 count,
     }
 }
 
-/* ---- micro-batches -------------------------------------------------------- */
+/* ---- micro-batches --------------------------------------------------------
+ */
 
 struct _StowBatches
 {
   const StowTokenData *data;
-  guint64 window;     /* tokens per micro-batch: B T */
-  guint64 n_windows;  /* whole windows in the stream (shuffle) */
+  guint64 window;    /* tokens per micro-batch: B T */
+  guint64 n_windows; /* whole windows in the stream (shuffle) */
   guint64 grad_accum;
   gboolean shuffle;
   guint64 seed;
@@ -401,8 +402,8 @@ struct _StowBatches
 };
 
 StowBatches *
-stow_batches_new (const StowTokenData *data, guint64 window,
-                  guint64 grad_accum, gboolean shuffle, guint64 seed)
+stow_batches_new (const StowTokenData *data, guint64 window, guint64 grad_accum,
+                  gboolean shuffle, guint64 seed)
 {
   g_return_val_if_fail (data != NULL && window > 0 && grad_accum > 0, NULL);
   g_return_val_if_fail (stow_token_data_n_tokens (data) >= window + 1, NULL);

@@ -54,8 +54,8 @@ typedef struct
 
   /* y (n, h) = w * x / sqrt (mean (x^2) + eps), HF's order (w times the
    * normalised x); y fp32 when @y_f32, else the dtype. */
-  void (*rmsnorm) (void *ctx, guint64 n, const void *x, const void *w,
-                   void *y, gboolean y_f32);
+  void (*rmsnorm) (void *ctx, guint64 n, const void *x, const void *w, void *y,
+                   gboolean y_f32);
   /* rstd (n) fp32 = 1 / sqrt (mean (x^2) + eps) of each row of x (n, h). */
   void (*rms_rstd) (void *ctx, guint64 n, const void *x, float *rstd);
   /* dx (n, h) = dres + RMSNorm's input gradient from dy (fp32 when
@@ -73,8 +73,8 @@ typedef struct
   void (*swiglu) (void *ctx, guint64 n, const void *gate, const void *up,
                   void *act);
   /* From dact, gate and up (n, f): dL/dgate over gate, dL/dup over up. */
-  void (*swiglu_backward) (void *ctx, guint64 n, const void *dact,
-                           void *gate, void *up);
+  void (*swiglu_backward) (void *ctx, guint64 n, const void *dact, void *gate,
+                           void *up);
   /* g (cols) (+)= the sum over the n rows of y (n, cols) [* x * rstd of
    * the row]: a bias gradient when @x is NULL, a norm weight's otherwise.
    * y fp32 when @y_f32; sums in double, rows in an order fixed by n. */
@@ -102,9 +102,8 @@ typedef struct
    * and the forward's q, k, v, o and lse. */
   void (*attention_backward) (void *ctx, guint64 batch, guint64 seq,
                               const void *q, const void *k, const void *v,
-                              const void *o, const float *lse,
-                              const void *dout, void *dq, void *dk,
-                              void *dv);
+                              const void *o, const float *lse, const void *dout,
+                              void *dq, void *dk, void *dv);
 
   /* x (n, h) = embed (V, h) [tokens (n) int32]. */
   void (*embed_forward) (void *ctx, const void *embed, const gint32 *tokens,

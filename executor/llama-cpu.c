@@ -110,7 +110,8 @@ embed_backward (void *ctx, const gint32 *tokens, guint64 n, const void *dx,
   }
 }
 
-/* ---- the loss ------------------------------------------------------------- */
+/* ---- the loss -------------------------------------------------------------
+ */
 
 /* Softmax cross-entropy of rows [0, cn) of logits (cn, V), in place: each
  * row becomes scale (softmax - onehot (target)) and loss[i] gets
@@ -157,8 +158,8 @@ xent (void *ctx, guint64 n, float *logits, const gint32 *targets, float scale,
     *loss_sum += loss[i];
 }
 
-
-/* ---- the table ------------------------------------------------------------ */
+/* ---- the table ------------------------------------------------------------
+ */
 
 static void
 gemm (void *ctx, guint64 M, guint64 N, guint64 K, float alpha, StowMat A,
@@ -262,8 +263,8 @@ attention_backward (void *ctx, guint64 batch, guint64 seq, const void *q,
                     const float *lse, const void *dout, void *dq, void *dk,
                     void *dv)
 {
-  stow_llama_attention_backward (ctx, batch, seq, q, k, v, o, lse, dout, dq,
-                                 dk, dv);
+  stow_llama_attention_backward (ctx, batch, seq, q, k, v, o, lse, dout, dq, dk,
+                                 dv);
 }
 
 static void
@@ -293,7 +294,8 @@ static const StowKernels cpu_kernels = {
   .zero = zero,
 };
 
-/* ---- the runtime ---------------------------------------------------------- */
+/* ---- the runtime ----------------------------------------------------------
+ */
 
 static gboolean
 check_config (const StowLlamaConfig *c, StowDtype dtype, guint64 max_seq,
@@ -410,8 +412,8 @@ rope_inv_freq (const StowLlamaConfig *c, guint64 i)
 }
 
 StowLlama *
-stow_llama_new (const StowLlamaConfig *config, StowDtype dtype,
-                guint64 max_seq, guint n_threads, GError **error)
+stow_llama_new (const StowLlamaConfig *config, StowDtype dtype, guint64 max_seq,
+                guint n_threads, GError **error)
 {
   g_return_val_if_fail (config != NULL, NULL);
   g_return_val_if_fail (error == NULL || *error == NULL, NULL);

@@ -188,8 +188,8 @@ tiled_sgemm (const StowLlama *L, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb,
 
 void
 stow_llama_gemm (StowLlama *L, guint64 M, guint64 N, guint64 K, float alpha,
-                 StowMat A, StowMat B, void *C, gboolean c_bf16,
-                 guint64 ldc, gboolean accumulate, const void *R, guint64 ldr,
+                 StowMat A, StowMat B, void *C, gboolean c_bf16, guint64 ldc,
+                 gboolean accumulate, const void *R, guint64 ldr,
                  const void *bias)
 {
   if (M == 0 || N == 0)

@@ -91,7 +91,8 @@ float *stow_llama_thread_ws (const StowLlama *L, guint t);
 /* Sets OpenBLAS's thread count (global to the process) when it differs. */
 void stow_llama_blas_threads (guint n);
 
-/* ---- GEMM ----------------------------------------------------------------- */
+/* ---- GEMM -----------------------------------------------------------------
+ */
 
 /* C (M, N) = R + bias + alpha op(A) op(B) when !@accumulate (R and bias
  * may be NULL: zero), C += alpha op(A) op(B) when @accumulate.  R has C's

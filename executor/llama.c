@@ -18,7 +18,8 @@
 G_DEFINE_QUARK (stow-llama-error-quark, stow_llama_error)
 /* clang-format on */
 
-/* ---- the config a model runs with ----------------------------------------- */
+/* ---- the config a model runs with -----------------------------------------
+ */
 
 gboolean
 stow_llama_config_from_model (const StowModel *m, StowLlamaConfig *c,
@@ -118,9 +119,8 @@ stow_llama_config_backward_ws_bytes (const StowLlamaConfig *c, guint64 esize,
 }
 
 void
-stow_llama_config_saved_carve (const StowLlamaConfig *c, guint64 e,
-                               guint64 n, void *rest, void *out,
-                               StowLlamaSaved *s)
+stow_llama_config_saved_carve (const StowLlamaConfig *c, guint64 e, guint64 n,
+                               void *rest, void *out, StowLlamaSaved *s)
 {
   g_return_if_fail (c != NULL && s != NULL);
   g_return_if_fail (((guintptr)rest & 3) == 0);
@@ -199,8 +199,8 @@ mat_loss (const StowDecoder *d, const void *p, guint64 ld, gboolean trans)
 
 /* y (n, out) = x (n, in) W^T (+ b) (+ R): a linear layer, W (out, in). */
 static void
-linear (const StowDecoder *d, guint64 n, guint64 in, guint64 out,
-        const void *x, const void *W, const void *b, const void *R, void *y)
+linear (const StowDecoder *d, guint64 n, guint64 in, guint64 out, const void *x,
+        const void *W, const void *b, const void *R, void *y)
 {
   d->k->gemm (d->ctx, n, out, in, 1.0f, mat (d, x, in, FALSE),
               mat (d, W, in, TRUE), y, d->bf16, out, FALSE, R, out, b);
@@ -286,10 +286,9 @@ stow_decoder_layer_forward (const StowDecoder *d, guint64 batch, guint64 seq,
 }
 
 void
-stow_decoder_layer_backward (const StowDecoder *d, guint64 batch,
-                             guint64 seq, const StowLlamaLayerWeights *w,
-                             const void *x, StowLlamaSaved *s,
-                             const StowLlamaLayerWeights *gr,
+stow_decoder_layer_backward (const StowDecoder *d, guint64 batch, guint64 seq,
+                             const StowLlamaLayerWeights *w, const void *x,
+                             StowLlamaSaved *s, const StowLlamaLayerWeights *gr,
                              gboolean accumulate, void *ws, void *dx)
 {
   g_return_if_fail (d != NULL && w != NULL && x != NULL && s != NULL
@@ -348,8 +347,7 @@ stow_decoder_layer_backward (const StowDecoder *d, guint64 batch,
    * RMSNorm' (dxn2) over dout. */
   k->rms_rstd (ctx, n, s->h1, rstd);
   k->colsum (ctx, n, h, dxn, TRUE, s->h1, rstd, gr->mlp_norm, acc);
-  k->rmsnorm_backward (ctx, n, dxn, TRUE, s->h1, w->mlp_norm, rstd, dout,
-                       dout);
+  k->rmsnorm_backward (ctx, n, dxn, TRUE, s->h1, w->mlp_norm, rstd, dout, dout);
 
   /* Attention: h1 = x + o_proj (o) (+ bo). */
   input_grad (d, n, ad, h, dout, w->wo, dout_attn, FALSE, FALSE);

@@ -58,22 +58,22 @@ typedef struct
   /* Llama 3 rope_scaling ("rope_type": "llama3"); rope_factor 0: none. */
   double rope_factor, rope_low_freq_factor, rope_high_freq_factor;
   guint64 rope_original_max_positions;
-  gboolean qkv_bias;     /* q, k and v projections have biases (qwen2) */
-  gboolean o_bias;       /* o_proj has a bias (llama attention_bias) */
-  gboolean mlp_bias;     /* gate, up and down have biases (mlp_bias) */
-  gboolean tied;         /* lm_head is embed_tokens */
+  gboolean qkv_bias; /* q, k and v projections have biases (qwen2) */
+  gboolean o_bias;   /* o_proj has a bias (llama attention_bias) */
+  gboolean mlp_bias; /* gate, up and down have biases (mlp_bias) */
+  gboolean tied;     /* lm_head is embed_tokens */
 } StowLlamaConfig;
 
 /* One layer's weights (or gradients: the same shapes), each of the
  * runtime's dtype.  Biases are NULL when the config has none. */
 typedef struct
 {
-  void *attn_norm;          /* (h)         input_layernorm */
-  void *wq, *wk, *wv, *wo;  /* (a d, h), (k d, h), (k d, h), (h, a d) */
-  void *bq, *bk, *bv, *bo;  /* (a d), (k d), (k d), (h) */
-  void *mlp_norm;           /* (h)         post_attention_layernorm */
-  void *wg, *wu, *wd;       /* (f, h), (f, h), (h, f) */
-  void *bg, *bu, *bd;       /* (f), (f), (h) */
+  void *attn_norm;         /* (h)         input_layernorm */
+  void *wq, *wk, *wv, *wo; /* (a d, h), (k d, h), (k d, h), (h, a d) */
+  void *bq, *bk, *bv, *bo; /* (a d), (k d), (k d), (h) */
+  void *mlp_norm;          /* (h)         post_attention_layernorm */
+  void *wg, *wu, *wd;      /* (f, h), (f, h), (h, f) */
+  void *bg, *bu, *bd;      /* (f), (f), (h) */
 } StowLlamaLayerWeights;
 
 /* What a layer's forward keeps for its backward, for one micro-batch of n
@@ -129,22 +129,22 @@ guint64 stow_llama_config_backward_ws_bytes (const StowLlamaConfig *config,
  * h, a d, k d, f: true for every released model's shapes and n a multiple
  * of 16).  @rest may be NULL (then only `out` is set). */
 void stow_llama_config_saved_carve (const StowLlamaConfig *config,
-                                    guint64 esize, guint64 n_tokens,
-                                    void *rest, void *out,
-                                    StowLlamaSaved *saved);
+                                    guint64 esize, guint64 n_tokens, void *rest,
+                                    void *out, StowLlamaSaved *saved);
 
 /* Tokens of the fused loss's chunk for @n tokens: the largest count whose
  * fp32 logits stay within STOW_LLAMA_LOSS_CHUNK_BYTES, at least 1, at most
  * @n.  The planner sizes the "logits" buffer from the same rule. */
-#define STOW_LLAMA_LOSS_CHUNK_BYTES ((guint64)32 << 20) /* = STOW_LOSS_CHUNK_BYTES */
-guint64 stow_llama_loss_chunk_tokens (guint64 vocab, guint64 hidden,
-                                      guint64 n);
+#define STOW_LLAMA_LOSS_CHUNK_BYTES                                            \
+  ((guint64)32 << 20) /* = STOW_LOSS_CHUNK_BYTES */
+guint64 stow_llama_loss_chunk_tokens (guint64 vocab, guint64 hidden, guint64 n);
 /* Floats of the loss scratch for @chunk tokens: normed input, logits and
  * the input's gradient, chunk (2 h + V). */
 guint64 stow_llama_loss_scratch_floats (guint64 vocab, guint64 hidden,
                                         guint64 chunk);
 
-/* ---- the decoder: the recipe over a kernel table --------------------------- */
+/* ---- the decoder: the recipe over a kernel table ---------------------------
+ */
 
 /* A decoder on one device: its config and element type, the bounds its
  * provider runs, and the provider's kernels with their runtime.  Filled
@@ -155,11 +155,11 @@ typedef struct
   const StowKernels *k;
   void *ctx; /* the provider's runtime, the kernels' first argument */
   StowLlamaConfig config;
-  gboolean bf16;       /* the dtype: bf16 storage (else fp32) */
-  guint64 esize;       /* bytes of one element of the dtype */
-  guint64 max_seq;     /* the longest sequence */
-  guint64 max_tokens;  /* the most tokens in one call; 0: any */
-  guint64 max_batch;   /* the most sequences in one call; 0: any */
+  gboolean bf16;      /* the dtype: bf16 storage (else fp32) */
+  guint64 esize;      /* bytes of one element of the dtype */
+  guint64 max_seq;    /* the longest sequence */
+  guint64 max_tokens; /* the most tokens in one call; 0: any */
+  guint64 max_batch;  /* the most sequences in one call; 0: any */
   /* The fused loss stages its normed input and the logits' gradient in
    * the dtype (tensor-core GEMMs) rather than fp32: see xent's contract. */
   gboolean loss_lowp;
@@ -207,8 +207,8 @@ void stow_decoder_layer_backward (const StowDecoder *d, guint64 batch,
  * (n, h) may alias @x.  With a tied head, @head is the embedding and
  * @dhead its gradient.  @scratch holds stow_llama_loss_scratch_floats (V,
  * h, chunk) floats.  Targets must be in [0, V) (the data loader checks). */
-void stow_decoder_head_loss (const StowDecoder *d, guint64 n,
-                             const void *norm, const void *head, const void *x,
+void stow_decoder_head_loss (const StowDecoder *d, guint64 n, const void *norm,
+                             const void *head, const void *x,
                              const gint32 *targets, double scale, void *dnorm,
                              void *dhead, gboolean accumulate, void *dx,
                              float *scratch, guint64 chunk, double *loss_sum);
@@ -219,7 +219,8 @@ void stow_decoder_head_logits (const StowDecoder *d, guint64 n,
                                const void *norm, const void *head,
                                const void *x, float *logits, float *xn);
 
-/* ---- the cpu runtime: the cpu provider of the kernels ---------------------- */
+/* ---- the cpu runtime: the cpu provider of the kernels ----------------------
+ */
 
 typedef struct StowLlama StowLlama;
 
@@ -248,8 +249,7 @@ const float *stow_llama_rope_table (const StowLlama *llama, gboolean sin);
 /* The sizes above at the runtime's config and dtype. */
 guint64 stow_llama_saved_bytes (const StowLlama *llama, guint64 n_tokens);
 guint64 stow_llama_out_bytes (const StowLlama *llama, guint64 n_tokens);
-guint64 stow_llama_backward_ws_bytes (const StowLlama *llama,
-                                      guint64 n_tokens);
+guint64 stow_llama_backward_ws_bytes (const StowLlama *llama, guint64 n_tokens);
 void stow_llama_saved_carve (const StowLlama *llama, guint64 n_tokens,
                              void *rest, void *out, StowLlamaSaved *saved);
 

@@ -21,8 +21,7 @@ tensor_at (const StowProgram *p, const StowUnit *u, guint k)
 }
 
 static void
-convert (const void *src, const char *sdt, void *dst, StowDtype ddt,
-         guint64 n)
+convert (const void *src, const char *sdt, void *dst, StowDtype ddt, guint64 n)
 {
   for (guint64 i = 0; i < n; i++)
     {
@@ -119,7 +118,8 @@ stow_model_io_load (const StowProgram *p, const char *path, StowDtype dtype,
           for (guint64 i = 0; i < t->numel; i += PIECE)
             {
               guint64 c = MIN (PIECE, t->numel - i);
-              if (!stow_safetensors_read (st, s, i * ssz, stage, c * ssz, error))
+              if (!stow_safetensors_read (st, s, i * ssz, stage, c * ssz,
+                                          error))
                 return FALSE;
               convert (stage, s->dtype, out + i * esz, dtype, c);
             }
@@ -138,8 +138,8 @@ stow_model_io_save (const StowProgram *p, const char *path, StowDtype dtype,
     {
       const StowUnitTensor *t
           = &g_array_index (p->unit_tensors, StowUnitTensor, i);
-      StowSafetensorSpec s = { t->name, stow_dtype_name (dtype), { 0 },
-                               t->n_dims };
+      StowSafetensorSpec s
+          = { t->name, stow_dtype_name (dtype), { 0 }, t->n_dims };
       for (guint d = 0; d < t->n_dims; d++)
         s.shape[d] = t->shape[d];
       g_array_append_val (specs, s);
@@ -157,8 +157,7 @@ stow_model_io_save (const StowProgram *p, const char *path, StowDtype dtype,
         {
           g_set_error (error, STOW_SAFETENSORS_ERROR,
                        STOW_SAFETENSORS_ERROR_INVALID,
-                       "%s: the weights of unit %u are not at hand", path,
-                       ui);
+                       "%s: the weights of unit %u are not at hand", path, ui);
           return FALSE;
         }
       if (!stow_safetensors_writer_write (w, src, u->numel * esz, error))
@@ -167,7 +166,8 @@ stow_model_io_save (const StowProgram *p, const char *path, StowDtype dtype,
   return stow_safetensors_writer_finish (w, error);
 }
 
-/* ---- initialisation ------------------------------------------------------- */
+/* ---- initialisation -------------------------------------------------------
+ */
 
 typedef struct
 {

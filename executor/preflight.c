@@ -49,8 +49,7 @@ stow_preflight_host (const StowTrace *tr, gboolean cuda, GError **error)
   g_autofree char *pi = stow_format_bytes (pinned);
   g_autofree char *pa = stow_format_bytes (pageable);
   g_autofree char *ar = stow_format_bytes (arena);
-  g_set_error (error, STOW_PREFLIGHT_ERROR,
-               STOW_PREFLIGHT_ERROR_HOST_MEMORY,
+  g_set_error (error, STOW_PREFLIGHT_ERROR, STOW_PREFLIGHT_ERROR_HOST_MEMORY,
                "host memory: the planned step holds %s at its peak (pinned "
                "buffers %s, pageable %s%s%s) and this host has %s available "
                "(MemAvailable); put the optimizer on NVMe "
@@ -92,8 +91,8 @@ stow_preflight_memlock (const StowProgram *p, const StowTrace *tr,
     return TRUE;
   guint n_pinned = 0;
   for (guint i = 0; i < p->buffers->len; i++)
-    n_pinned += g_array_index (p->buffers, StowBuffer, i).tier
-                == STOW_TIER_PINNED;
+    n_pinned
+        += g_array_index (p->buffers, StowBuffer, i).tier == STOW_TIER_PINNED;
   need += (guint64)n_pinned * 4096;
   struct rlimit rl = { RLIM_INFINITY, RLIM_INFINITY };
   gboolean any = FALSE;
@@ -106,8 +105,7 @@ stow_preflight_memlock (const StowProgram *p, const StowTrace *tr,
     }
   if (any || rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur >= need)
     return TRUE;
-  if (!test_limit
-      && (rl.rlim_max == RLIM_INFINITY || rl.rlim_max >= need))
+  if (!test_limit && (rl.rlim_max == RLIM_INFINITY || rl.rlim_max >= need))
     {
       struct rlimit up = { rl.rlim_max, rl.rlim_max };
       if (setrlimit (RLIMIT_MEMLOCK, &up) == 0)

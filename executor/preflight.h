@@ -9,8 +9,8 @@
  */
 #pragma once
 
-#include "program/trace.h"
 #include "program/program.h"
+#include "program/trace.h"
 
 G_BEGIN_DECLS
 

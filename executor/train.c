@@ -17,11 +17,11 @@
 
 #include "core/json.h"
 #include "executor/backends/registry.h"
+#include "executor/backends/tensors.h"
 #include "executor/checkpoint-io.h"
 #include "executor/checkpoint.h"
-#include "program/driver.h"
 #include "executor/llama.h"
-#include "executor/backends/tensors.h"
+#include "program/driver.h"
 
 /* clang-format off */
 G_DEFINE_QUARK (stow-train-error-quark, stow_train_error)
@@ -76,8 +76,8 @@ open_inputs (Run *r, GError **error)
                    cfg, c->model->vocab);
       return FALSE;
     }
-  r->data = stow_token_data_open (c->data, c->tokenizer, c->model->vocab,
-                                  error);
+  r->data
+      = stow_token_data_open (c->data, c->tokenizer, c->model->vocab, error);
   if (r->data == NULL)
     return FALSE;
   guint64 window = p->micro_batch * p->seq_len;
@@ -94,7 +94,8 @@ open_inputs (Run *r, GError **error)
   return TRUE;
 }
 
-/* ---- checkpoints ---------------------------------------------------------- */
+/* ---- checkpoints ----------------------------------------------------------
+ */
 
 /* The training precision as the run's flags name it. */
 static const char *
@@ -156,8 +157,8 @@ state_u64 (JsonObject *s, const char *where, const char *name, guint64 *out,
 }
 
 static gboolean
-same_str (const char *dir, const char *field, const char *was,
-          const char *now, GError **error)
+same_str (const char *dir, const char *field, const char *was, const char *now,
+          GError **error)
 {
   if (g_strcmp0 (was, now) == 0)
     return TRUE;
@@ -214,14 +215,15 @@ load_checkpoint (Run *r, const char *dir, guint64 *done, GError **error)
   if (!same_str (dir, "--delayed-update", delayed ? "on" : "off",
                  c->delayed_update ? "on" : "off", error))
     return FALSE;
-  if (!stow_checkpoint_load_tensors (r->be, r->prog, st, os, opt, delayed,
-                                     step, error))
+  if (!stow_checkpoint_load_tensors (r->be, r->prog, st, os, opt, delayed, step,
+                                     error))
     return FALSE;
   *done = step;
   return TRUE;
 }
 
-/* ---- the loop --------------------------------------------------------------- */
+/* ---- the loop ---------------------------------------------------------------
+ */
 
 /* The last step's busy and exposed seconds per stream, from its trace. */
 static void
@@ -450,8 +452,7 @@ load_start (Run *r, guint64 *done, GError **error)
 }
 
 gboolean
-stow_train_run (const StowTrainConfig *c, StowTrainResult *out,
-                GError **error)
+stow_train_run (const StowTrainConfig *c, StowTrainResult *out, GError **error)
 {
   g_return_val_if_fail (c != NULL && out != NULL, FALSE);
   memset (out, 0, sizeof *out);

@@ -22,8 +22,8 @@ GQuark stow_train_error_quark (void);
 
 typedef enum
 {
-  STOW_TRAIN_ERROR_INVALID,  /* settings that cannot run: names the flag */
-  STOW_TRAIN_ERROR_MISMATCH, /* a checkpoint of another model or run */
+  STOW_TRAIN_ERROR_INVALID,   /* settings that cannot run: names the flag */
+  STOW_TRAIN_ERROR_MISMATCH,  /* a checkpoint of another model or run */
   STOW_TRAIN_ERROR_NONFINITE, /* the loss itself is not finite */
 } StowTrainError;
 
@@ -50,8 +50,8 @@ typedef struct
   const char *model_dir; /* config.json and model.safetensors */
   const char *data;      /* a token shard, a glob, or a text file */
   StowTokenizer tokenizer;
-  gboolean shuffle;      /* the data order; seeded by program->optim.seed */
-  guint64 steps;         /* the last step to run (program->optim's total) */
+  gboolean shuffle; /* the data order; seeded by program->optim.seed */
+  guint64 steps;    /* the last step to run (program->optim's total) */
   const char *out_dir;
   guint64 save_every; /* 0: only the last step */
   gboolean resume;
@@ -63,13 +63,13 @@ typedef struct
   double simulated_busy_s[STOW_N_STREAMS];
   double simulated_exposed_s[STOW_N_STREAMS];
   /* Where: a backend of executor/backends/registry.h and its setup. */
-  const char *backend;    /* "cpu" or "cuda" */
-  guint64 device_memory;  /* the device arena's bytes */
-  guint threads;          /* 0: one per core */
-  char **nvme_dirs;       /* where states and weights on NVMe go, or NULL */
+  const char *backend;     /* "cpu" or "cuda" */
+  guint64 device_memory;   /* the device arena's bytes */
+  guint threads;           /* 0: one per core */
+  char **nvme_dirs;        /* where states and weights on NVMe go, or NULL */
   gboolean delayed_update; /* ZeRO-Offload's one-step delayed update */
-  gboolean no_pin;        /* leave the pinned buffers pageable */
-  guint copy_delay_us;    /* the cpu backend's test knob */
+  gboolean no_pin;         /* leave the pinned buffers pageable */
+  guint copy_delay_us;     /* the cpu backend's test knob */
   /* Test knob: the Nth I/O request to the optimizer's swap files from the
    * first step on fails so (StowSwapSetup); STOW_NVME_FAULT_NONE: none. */
   StowNvmeFault nvme_fault;

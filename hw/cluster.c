@@ -23,14 +23,14 @@
 /* Rates and sizes past these are typos too (the fastest GPU in the catalog
  * does 2,250 bf16 TFLOP/s and 7.7 TB/s): refused, the limit named, so
  * that no product of them overflows into nonsense. */
-#define STOW_HW_MAX_TFLOPS   1e6          /* 1 EFLOP/s per GPU */
-#define STOW_HW_MAX_BW       1e15         /* 1 PB/s */
-#define STOW_HW_MAX_BYTES    ((guint64)1 << 60) /* 1 EiB */
-#define STOW_HW_MAX_SECONDS  60.0
+#define STOW_HW_MAX_TFLOPS  1e6                /* 1 EFLOP/s per GPU */
+#define STOW_HW_MAX_BW      1e15               /* 1 PB/s */
+#define STOW_HW_MAX_BYTES   ((guint64)1 << 60) /* 1 EiB */
+#define STOW_HW_MAX_SECONDS 60.0
 /* ... and rates so small that a step would take longer than a double can
  * count (1e-320 TFLOP/s made the step time infinite). */
-#define STOW_HW_MIN_TFLOPS   1e-3         /* 1 GFLOP/s */
-#define STOW_HW_MIN_BW       1e6          /* 1 MB/s */
+#define STOW_HW_MIN_TFLOPS 1e-3 /* 1 GFLOP/s */
+#define STOW_HW_MIN_BW     1e6  /* 1 MB/s */
 
 /* ---- values of cluster.json and preset files ---------------------------- */
 
@@ -172,9 +172,9 @@ get_qty (JsonObject *obj, const char *where, const char *name, Quantity q,
   static const double max[] = { [QTY_SIZE] = (double)STOW_HW_MAX_BYTES,
                                 [QTY_BANDWIDTH] = STOW_HW_MAX_BW,
                                 [QTY_DURATION] = STOW_HW_MAX_SECONDS };
-  static const char *const max_text[] = { [QTY_SIZE] = "1 EiB",
-                                          [QTY_BANDWIDTH] = "1 PB/s",
-                                          [QTY_DURATION] = "60 s" };
+  static const char *const max_text[] = {
+    [QTY_SIZE] = "1 EiB", [QTY_BANDWIDTH] = "1 PB/s", [QTY_DURATION] = "60 s"
+  };
   if (v > max[q])
     {
       g_autofree char *desc = describe (n);

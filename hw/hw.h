@@ -24,27 +24,27 @@ typedef enum
 
 typedef struct
 {
-  char *name;               /* canonical: "A100-80GB", "H100-SXM" */
-  char **aliases;           /* NULL-terminated */
-  char *vendor;             /* "nvidia", "amd" */
-  guint64 marketing_bytes;  /* the "80GB" on the box, as bytes (80e9) */
-  guint64 total_bytes;      /* what torch's total_memory reports */
-  double bf16_flops;        /* dense tensor-core FLOP/s; 0 = unsupported */
+  char *name;              /* canonical: "A100-80GB", "H100-SXM" */
+  char **aliases;          /* NULL-terminated */
+  char *vendor;            /* "nvidia", "amd" */
+  guint64 marketing_bytes; /* the "80GB" on the box, as bytes (80e9) */
+  guint64 total_bytes;     /* what torch's total_memory reports */
+  double bf16_flops;       /* dense tensor-core FLOP/s; 0 = unsupported */
   double fp16_flops;
-  double fp32_flops;        /* non-tensor fp32 */
+  double fp32_flops; /* non-tensor fp32 */
   double tf32_flops;
   double fp8_flops;
-  double hbm_bw;            /* bytes/s */
-  double nvlink_bw;         /* per GPU, per direction, bytes/s; 0 = none */
-  guint nvlink_domain;      /* GPUs per NVLink domain (8 on HGX); 1 = none */
+  double hbm_bw;       /* bytes/s */
+  double nvlink_bw;    /* per GPU, per direction, bytes/s; 0 = none */
+  guint nvlink_domain; /* GPUs per NVLink domain (8 on HGX); 1 = none */
   guint pcie_gen;
-  double pcie_bw;           /* practical pinned host<->device, per direction */
+  double pcie_bw; /* practical pinned host<->device, per direction */
   /* Added beside the planner's contract: */
-  char *description;        /* "NVIDIA H100 SXM5 80GB (HBM3)" */
-  char *preset;             /* the node preset a bare spec uses ("dgx-h100") */
-  guint64 smi_bytes;        /* nvidia-smi memory.total; 0 = not published */
-  guint defaulted;          /* STOW_GPU_DEFAULT_* bits: rates a cluster
-                             * file left out, filled by stow_gpu_fill_defaults */
+  char *description; /* "NVIDIA H100 SXM5 80GB (HBM3)" */
+  char *preset;      /* the node preset a bare spec uses ("dgx-h100") */
+  guint64 smi_bytes; /* nvidia-smi memory.total; 0 = not published */
+  guint defaulted;   /* STOW_GPU_DEFAULT_* bits: rates a cluster
+                      * file left out, filled by stow_gpu_fill_defaults */
 } StowGpu;
 
 /* Which of a GPU's rates are stowage's defaults rather than given. */
@@ -69,40 +69,40 @@ double stow_pcie_practical_bw (guint gen);
 
 typedef struct
 {
-  char *path;               /* mount point or directory, NULL in presets */
+  char *path; /* mount point or directory, NULL in presets */
   guint64 capacity_bytes;
-  double read_bw;           /* bytes/s, sequential at large blocks */
+  double read_bw; /* bytes/s, sequential at large blocks */
   double write_bw;
 } StowNvme;
 
 typedef struct
 {
-  char *name;               /* preset name ("dgx-a100") or "custom" */
-  StowGpu gpu;              /* every GPU of a node is this kind */
+  char *name;  /* preset name ("dgx-a100") or "custom" */
+  StowGpu gpu; /* every GPU of a node is this kind */
   guint gpus_per_node;
   guint64 host_ram_bytes;
-  double host_mem_bw;       /* bytes/s, STREAM-triad class, whole node */
-  guint cpu_cores;          /* physical cores per node */
+  double host_mem_bw; /* bytes/s, STREAM-triad class, whole node */
+  guint cpu_cores;    /* physical cores per node */
   guint numa_nodes;
-  StowNvme *nvme;           /* n_nvme drives */
+  StowNvme *nvme; /* n_nvme drives */
   guint n_nvme;
-  double net_bw_per_gpu;    /* inter-node, per GPU, per direction, bytes/s */
+  double net_bw_per_gpu; /* inter-node, per GPU, per direction, bytes/s */
   double net_latency_s;
   /* Added beside the planner's contract: */
-  char *description;        /* one line for tables */
+  char *description; /* one line for tables */
   guint sockets;
-  char *net_kind;           /* "8x 400 Gb/s NDR InfiniBand" */
-  char *profile;            /* the probe profile the host numbers came from */
+  char *net_kind; /* "8x 400 Gb/s NDR InfiniBand" */
+  char *profile;  /* the probe profile the host numbers came from */
 } StowNode;
 
 typedef struct _StowCluster StowCluster;
 struct _StowCluster
 {
   gint ref_count;
-  char *spec;               /* what the user typed, for messages */
+  char *spec; /* what the user typed, for messages */
   StowNode node;
   guint n_nodes;
-  guint n_gpus;             /* n_nodes * node.gpus_per_node */
+  guint n_gpus; /* n_nodes * node.gpus_per_node */
   /* TRUE when the host RAM, or the NVMe drives, are a node preset's
    * guess rather than given (a bare --gpus spec, a cluster file without
    * them): reports say so, since offload answers depend on them. */

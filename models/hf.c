@@ -155,7 +155,8 @@ read_runtime (StowModelBuilder *b, JsonObject *o, GError **error)
                                 &m->initializer_range, error)
       || !stow_json_get_string (o, b->where, "hidden_act", FALSE, &act, error))
     return FALSE;
-  if (!(m->rope_theta > 0) || !(m->norm_eps > 0) || !(m->initializer_range >= 0))
+  if (!(m->rope_theta > 0) || !(m->norm_eps > 0)
+      || !(m->initializer_range >= 0))
     return E_INVALID (error,
                       "%s: rope_theta (%g), rms_norm_eps (%g) and "
                       "initializer_range (%g) must be positive",
@@ -178,8 +179,7 @@ read_runtime (StowModelBuilder *b, JsonObject *o, GError **error)
       m->rope_low_freq_factor = 1.0;
       m->rope_high_freq_factor = 4.0;
       m->rope_original_max_positions = 8192;
-      if (!stow_json_get_double (rs, w, "factor", FALSE, &m->rope_factor,
-                                 error)
+      if (!stow_json_get_double (rs, w, "factor", FALSE, &m->rope_factor, error)
           || !stow_json_get_double (rs, w, "low_freq_factor", FALSE,
                                     &m->rope_low_freq_factor, error)
           || !stow_json_get_double (rs, w, "high_freq_factor", FALSE,

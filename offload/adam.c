@@ -154,8 +154,7 @@ stow_adam_bytes_per_param (StowDtype grad_type, StowDtype out_type,
                            gboolean grads_verified)
 {
   guint g = stow_dtype_size (grad_type);
-  return 12 + g + 12 + stow_dtype_size (out_type)
-         + (grads_verified ? 0 : g);
+  return 12 + g + 12 + stow_dtype_size (out_type) + (grads_verified ? 0 : g);
 }
 
 /* ---- kernels ----------------------------------------------------------- */
@@ -378,8 +377,7 @@ adam_range_avx2 (const AdamArgs *a, guint64 i, guint64 end)
 }
 
 __attribute__ ((target (AVX2_TARGET))) static guint64
-check_range_avx2 (const void *g, StowDtype t, float gs, guint64 i,
-                  guint64 end)
+check_range_avx2 (const void *g, StowDtype t, float gs, guint64 i, guint64 end)
 {
   const __m256 vgs = _mm256_set1_ps (gs);
   const __m256 limit = _mm256_set1_ps ((float)STOW_ADAM_GRAD_LIMIT);
@@ -928,8 +926,8 @@ stow_adam_measure (StowAdam *adam, guint64 n, guint reps, GError **error)
     h[i] = 0x3c00 + (guint16)(i & 0xff); /* bf16 gradients near 0.008 */
   StowAdamConfig cfg;
   stow_adam_config_init (&cfg);
-  StowAdamTensor t = { f, f + n, f + 2 * n, h, STOW_DTYPE_BF16, h + n,
-                       STOW_DTYPE_BF16, n };
+  StowAdamTensor t
+      = { f, f + n, f + 2 * n, h, STOW_DTYPE_BF16, h + n, STOW_DTYPE_BF16, n };
   double best = G_MAXDOUBLE;
   for (guint r = 0; r <= reps; r++) /* the first touches the pages */
     {

@@ -67,12 +67,12 @@ void stow_adam_config_init (StowAdamConfig *config);
  * not alias @param. */
 typedef struct
 {
-  float *param;            /* (n) fp32 master weights, updated in place */
-  float *m;                /* (n) first moment, updated in place */
-  float *v;                /* (n) second moment, updated in place */
-  const void *grad;        /* (n) gradients, scaled by the loss scale */
+  float *param;        /* (n) fp32 master weights, updated in place */
+  float *m;            /* (n) first moment, updated in place */
+  float *v;            /* (n) second moment, updated in place */
+  const void *grad;    /* (n) gradients, scaled by the loss scale */
   StowDtype grad_type; /* F32, BF16 or F16 */
-  void *param_out;         /* (n) updated weights in @out_type, or NULL */
+  void *param_out;     /* (n) updated weights in @out_type, or NULL */
   StowDtype out_type;  /* NONE when @param_out is NULL */
   guint64 n;
 } StowAdamTensor;
@@ -146,9 +146,8 @@ double stow_adam_measure (StowAdam *adam, guint64 n, guint reps,
  * same bits for any thread count and any ISA.  NaN or Inf when a gradient
  * is not finite.  Returns 0 or -EINVAL.  For the global norm of a model,
  * add the tensors' sums in a fixed order and take sqrt(sum) / loss_scale. */
-int stow_adam_grad_sumsq (StowAdam *adam, const void *grad,
-                          StowDtype grad_type, guint64 n,
-                          double *out_sumsq);
+int stow_adam_grad_sumsq (StowAdam *adam, const void *grad, StowDtype grad_type,
+                          guint64 n, double *out_sumsq);
 
 /* PyTorch's clip_grad_norm_ coefficient: min(1, max_norm / (norm + 1e-6)).
  * @max_norm <= 0 means no clipping (1). */
@@ -163,8 +162,7 @@ gboolean stow_adam_grads_ok (double sumsq, double loss_scale, double clip_coef);
  * m, v and the output copy; plus one more read of the gradients for the
  * checking pass unless @grads_verified.  AdamW with bf16 grads and a bf16
  * copy: 14 read + 14 written = 28. */
-guint stow_adam_bytes_per_param (StowDtype grad_type,
-                                 StowDtype out_type,
+guint stow_adam_bytes_per_param (StowDtype grad_type, StowDtype out_type,
                                  gboolean grads_verified);
 
 G_DEFINE_AUTOPTR_CLEANUP_FUNC (StowAdam, stow_adam_free)

@@ -55,9 +55,9 @@ typedef struct _StowNvmeRequest StowNvmeRequest;
 /* Creates a private 0700 directory under each of @opts->dirs
  * ("stowage-PID-XXXXXX") and one 0600 file in each; first removes the
  * private directories of processes that are gone (a run killed with
- * SIGKILL), saying so in stow_nvme_store_get_note.  Sets STOW_IO_ERROR_INVALID on bad options, _UNSUPPORTED when
- * engine is IO_URING and the kernel refuses it, G_FILE_ERROR on a directory
- * that cannot be used. */
+ * SIGKILL), saying so in stow_nvme_store_get_note.  Sets STOW_IO_ERROR_INVALID
+ * on bad options, _UNSUPPORTED when engine is IO_URING and the kernel refuses
+ * it, G_FILE_ERROR on a directory that cannot be used. */
 StowNvmeStore *stow_nvme_store_new (const StowNvmeOptions *opts,
                                     GError **error);
 /* "removed DIR (its process N is gone)", or NULL. */

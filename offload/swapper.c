@@ -65,12 +65,13 @@ cut_shards (const StowSwapperOptions *opts, guint *n_out, GError **error)
     {
       guint64 least = total / STOW_SWAPPER_MAX_SHARDS
                       + (total % STOW_SWAPPER_MAX_SHARDS != 0);
-      g_set_error (error, STOW_IO_ERROR, STOW_IO_ERROR_INVALID,
-                   "swapper: %" G_GUINT64_FORMAT " bytes in shards of %"
-                   G_GUINT64_FORMAT " bytes is %" G_GUINT64_FORMAT
-                   " shards, over the limit of %u (shards of at least %"
-                   G_GUINT64_FORMAT " bytes)",
-                   total, shard, n, STOW_SWAPPER_MAX_SHARDS, least);
+      g_set_error (
+          error, STOW_IO_ERROR, STOW_IO_ERROR_INVALID,
+          "swapper: %" G_GUINT64_FORMAT " bytes in shards of %" G_GUINT64_FORMAT
+          " bytes is %" G_GUINT64_FORMAT
+          " shards, over the limit of %u (shards of at least %" G_GUINT64_FORMAT
+          " bytes)",
+          total, shard, n, STOW_SWAPPER_MAX_SHARDS, least);
       return NULL;
     }
   guint64 *bytes = g_new (guint64, n);

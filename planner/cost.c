@@ -619,7 +619,8 @@ layer_tp_seconds (const LayerShape *x, LayerCost *lc, double bwd_gemm)
       double bytes = T * h * eb;
       /* With experts split apart from --tp (--etp), an MoE layer's MLP
        * leaves the tp group: only the attention's pair stays on it. */
-      lc->tp_pass_s = (own_etp ? 1.0 : 2.0) * stow_comm_ring_allreduce (bytes, l->tp, tl);
+      lc->tp_pass_s
+          = (own_etp ? 1.0 : 2.0) * stow_comm_ring_allreduce (bytes, l->tp, tl);
       if (tp_overlapped (o, l))
         {
           lc->tp_fwd_s = tp_hidden_exposed (o, lc->tp_pass_s, lc->fwd_gemm_s);
@@ -1174,7 +1175,8 @@ dp_terms (const Estimate *E, StowCost *out)
       double n_g = stow_comm_dp_buckets (l, ndp, trainable, grad_b, v, nl);
       double n_w = stow_comm_dp_buckets (l, ndp, stage_params_max, eb, v, nl);
       double ne_g = stow_comm_dp_buckets (l, ex_n, ex_trainable, grad_b, v, nl);
-      double ne_w = stow_comm_dp_buckets (l, ex_n, expert_params_max, eb, v, nl);
+      double ne_w
+          = stow_comm_dp_buckets (l, ex_n, expert_params_max, eb, v, nl);
       double g_bytes = trainable * grad_b, ge_bytes = ex_trainable * grad_b;
       double w_bytes = stage_params_max * eb, we_bytes = expert_params_max * eb;
       double ar
@@ -1343,8 +1345,8 @@ optimizer_terms (const Estimate *E, StowCost *out)
       /* master weights and states read and written, the gradient read,
        * the low-precision weights written; without a master (fp32
        * parameters) the weights themselves read and written */
-      double bytes = 2.0 * (master + states) + grad_b
-                     + (master > 0 ? eb : 2.0 * w_b);
+      double bytes
+          = 2.0 * (master + states) + grad_b + (master > 0 ? eb : 2.0 * w_b);
       out->total_s[STOW_COST_OPTIMIZER] = out->exposed_s[STOW_COST_OPTIMIZER]
           = opt_params * bytes / hbm;
     }
@@ -1586,8 +1588,7 @@ stow_cost_ends_seconds (const StowPlan *p, StowEndsSeconds *out)
 }
 
 void
-stow_cost_layer_seconds (const StowPlan *p, gboolean moe,
-                         StowLayerSeconds *out)
+stow_cost_layer_seconds (const StowPlan *p, gboolean moe, StowLayerSeconds *out)
 {
   g_return_if_fail (p != NULL && p->model != NULL);
   const StowModel *m = p->model;

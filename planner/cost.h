@@ -56,7 +56,7 @@ typedef struct
   double hbm_eff;        /* memory-bound kernels, fraction of HBM bandwidth */
   double nvlink_eff;     /* NCCL bus bandwidth / link bandwidth */
   double net_eff;        /* the same across nodes */
-  double nvlink_latency_s;         /* per ring step */
+  double nvlink_latency_s; /* per ring step */
   /* Data-parallel rings as NCCL's own cost model prices one (tuning.cc,
    * Ring/Simple): a launch, then a latency per step, a step that crosses
    * nodes dearer than one inside a node. */

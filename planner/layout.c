@@ -399,14 +399,14 @@ check_ranges (const StowLayout *l, const StowTraining *t, const StowModel *m,
       STOW_MAX_LORA_RANK },
     { "--micro-batch", "sequences", G_STRUCT_OFFSET (StowLayout, micro_batch),
       FALSE, STOW_MAX_MICRO_BATCH },
-    { "--grad-accum", "micro-batches",
-      G_STRUCT_OFFSET (StowLayout, grad_accum), FALSE, STOW_MAX_GRAD_ACCUM },
+    { "--grad-accum", "micro-batches", G_STRUCT_OFFSET (StowLayout, grad_accum),
+      FALSE, STOW_MAX_GRAD_ACCUM },
   };
   for (gsize i = 0; i < G_N_ELEMENTS (bounds); i++)
     {
-      guint64 v = G_STRUCT_MEMBER (guint64, bounds[i].training ? (gconstpointer)t
-                                                              : (gconstpointer)l,
-                                   bounds[i].offset);
+      guint64 v = G_STRUCT_MEMBER (
+          guint64, bounds[i].training ? (gconstpointer)t : (gconstpointer)l,
+          bounds[i].offset);
       if (v > bounds[i].max)
         return invalid (error,
                         "%s %" G_GUINT64_FORMAT ": at most %" G_GUINT64_FORMAT
@@ -483,11 +483,10 @@ check_pipeline_split (const StowLayout *l, const StowTraining *t,
        * (transformer_block.py, get_num_layers_to_build): layers + 2 divide
        * into pp stages, each stage's share into vpp chunks. */
       if (!stow_engine_is_mcore (l->engine))
-        return invalid (error,
-                        "--pp-split-ends is Megatron-core's "
-                        "--account-for-embedding-in-pipeline-split and "
-                        "--account-for-loss-in-pipeline-split: it needs "
-                        "--engine megatron or nemo");
+        return invalid (error, "--pp-split-ends is Megatron-core's "
+                               "--account-for-embedding-in-pipeline-split and "
+                               "--account-for-loss-in-pipeline-split: it needs "
+                               "--engine megatron or nemo");
       if (l->pp < 2)
         return invalid (error, "--pp-split-ends needs --pp > 1");
       if ((m->n_layers + 2) % ((guint64)l->pp * l->vpp) != 0)

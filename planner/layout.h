@@ -89,12 +89,12 @@ typedef enum
  * (the s^2 attention scores of a micro-batch fit with room to spare).
  * stow_layout_validate and the command-line flags refuse values beyond
  * them, naming the limit. */
-#define STOW_MAX_SEQ_TOKENS ((guint64)1 << 24)    /* 16,777,216 per sequence */
-#define STOW_MAX_MICRO_BATCH ((guint64)1 << 16)   /* 65,536 sequences */
+#define STOW_MAX_SEQ_TOKENS         ((guint64)1 << 24) /* 16,777,216 per sequence */
+#define STOW_MAX_MICRO_BATCH        ((guint64)1 << 16) /* 65,536 sequences */
 #define STOW_MAX_MICRO_BATCH_TOKENS ((guint64)1 << 30) /* 1,073,741,824 */
-#define STOW_MAX_GLOBAL_BATCH ((guint64)1 << 24)  /* 16,777,216 sequences */
-#define STOW_MAX_GRAD_ACCUM ((guint64)1 << 24)    /* micro-batches per step */
-#define STOW_MAX_LORA_RANK ((guint64)1 << 16)
+#define STOW_MAX_GLOBAL_BATCH       ((guint64)1 << 24) /* 16,777,216 sequences */
+#define STOW_MAX_GRAD_ACCUM         ((guint64)1 << 24) /* micro-batches per step */
+#define STOW_MAX_LORA_RANK          ((guint64)1 << 16)
 
 typedef struct
 {
@@ -150,8 +150,8 @@ typedef struct
    * divide the layers + 2, and interleaving is allowed where the layers
    * alone do not divide. */
   gboolean pp_split_ends;
-  guint zero;                    /* 0..3 */
-  gboolean hybrid_shard;         /* HSDP: shard inside a node only */
+  guint zero;            /* 0..3 */
+  gboolean hybrid_shard; /* HSDP: shard inside a node only */
   StowOffload offload_optimizer;
   StowOffload offload_params;
   gboolean offload_activations; /* checkpoints to pinned host memory */

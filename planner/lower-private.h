@@ -8,8 +8,8 @@
  */
 #pragma once
 
-#include "planner/memory-private.h"
 #include "planner/lower.h"
+#include "planner/memory-private.h"
 
 G_BEGIN_DECLS
 
@@ -24,13 +24,13 @@ typedef enum
  * a layer, the output layer. */
 typedef struct
 {
-  gint layer;        /* model layer or STOW_LAYER_EMBEDDING / _HEAD */
-  guint pu;          /* the program's unit (program/program.h) */
+  gint layer;            /* model layer or STOW_LAYER_EMBEDDING / _HEAD */
+  guint pu;              /* the program's unit (program/program.h) */
   gboolean grad_written; /* a gradient write of this step has happened */
-  guint64 params;    /* owned on this GPU: gradients and updates */
-  guint64 gparams;   /* gathered for compute (tied head: the embedding) */
-  gboolean streamed; /* gathered per use into a rotating slot */
-  guint resident;    /* persistent gathered buffer, or STOW_NONE */
+  guint64 params;        /* owned on this GPU: gradients and updates */
+  guint64 gparams;       /* gathered for compute (tied head: the embedding) */
+  gboolean streamed;     /* gathered per use into a rotating slot */
+  guint resident;        /* persistent gathered buffer, or STOW_NONE */
   gboolean recompute;
   guint last_grad_item; /* item index of its last gradient */
   guint grads_ready;    /* event: its gradients are complete */

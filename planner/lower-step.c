@@ -45,10 +45,9 @@ emit_load (StowLower *L, StowLowerRank *R, guint k)
   StowOp op;
   /* The slot's bytes are the persistent slot buffer's; this buffer names
    * its occupant, so that reuse and loads can be checked. */
-  use->buffer = stow_program_buffer (L->p, R->rank, STOW_TIER_DEVICE, 0,
-                                     STOW_SLOT_LAYER + (gint)slot, FALSE,
-                                     "slot %u: %s%d", slot,
-                                     u->layer >= 0 ? "L" : "unit ", u->layer);
+  use->buffer = stow_program_buffer (
+      L->p, R->rank, STOW_TIER_DEVICE, 0, STOW_SLOT_LAYER + (gint)slot, FALSE,
+      "slot %u: %s%d", slot, u->layer >= 0 ? "L" : "unit ", u->layer);
   stow_lower_holds (L, use->buffer, STOW_BUF_WEIGHTS, u->pu, 1, L->wdt,
                     u->layer, 0);
   guint ready = STOW_NONE;
@@ -63,10 +62,10 @@ emit_load (StowLower *L, StowLowerRank *R, guint k)
               = k >= 4
                     ? g_array_index (R->uses, StowLowerUse, k - 4).staging_freed
                     : STOW_NONE;
-          staging = stow_program_buffer (L->p, R->rank, STOW_TIER_PINNED, 0,
-                                         STOW_SLOT_STAGING + (gint)(k % 4),
-                                         FALSE,
-                                         "staging %u: %d", k % 4, u->layer);
+          staging
+              = stow_program_buffer (L->p, R->rank, STOW_TIER_PINNED, 0,
+                                     STOW_SLOT_STAGING + (gint)(k % 4), FALSE,
+                                     "staging %u: %d", k % 4, u->layer);
           stow_lower_alloc (L, R->rank, STOW_STREAM_NVME_READ, staging, &sprev,
                             1);
           op = stow_lower_copy_op (R->rank, STOW_STREAM_NVME_READ,
@@ -432,10 +431,9 @@ emit_swap_pipeline (StowLower *L, StowLowerRank *R, GArray *ready_order,
                         STOW_LAYER_NONE, 0);
       guint prev = c >= 3 ? freed[c - 3] : STOW_NONE;
       stow_lower_alloc (L, R->rank, STOW_STREAM_NVME_READ, buf, &prev, 1);
-      op = stow_lower_copy_op (R->rank, STOW_STREAM_NVME_READ,
-                               STOW_COPY_STATES_READ, STOW_TIER_NVME,
-                               STOW_TIER_PINNED, stow_bytes (cp, per),
-                               STOW_LAYER_NONE);
+      op = stow_lower_copy_op (
+          R->rank, STOW_STREAM_NVME_READ, STOW_COPY_STATES_READ, STOW_TIER_NVME,
+          STOW_TIER_PINNED, stow_bytes (cp, per), STOW_LAYER_NONE);
       op.shard = c;
       stow_lower_op_io (&op, STOW_NONE, STOW_NONE, buf);
       guint rd = stow_lower_emit (L, &op, NULL, 0, TRUE, "states read");
@@ -594,7 +592,7 @@ typedef struct
   StowLowerItem *it;
   StowLowerUnit *u;
   StowLowerUse *use; /* the load of its weights, or NULL */
-  guint vs; /* its virtual stage */
+  guint vs;          /* its virtual stage */
   gboolean first_of_chunk, last_layer_of_chunk;
   guint waits[6]; /* what its compute op waits for */
   guint nw;
@@ -954,9 +952,9 @@ emit_checkpoint_up (StowLower *L, StowLowerRank *R, ItemCtx *X)
   guint gate[2] = { R->host_ready[a], R->last_compute };
   guint ngate = R->last_compute != STOW_NONE ? 2 : 1;
   stow_lower_alloc (L, rank, STOW_STREAM_H2D, R->acts[a], gate, ngate);
-  StowOp c = stow_lower_copy_op (rank, STOW_STREAM_H2D,
-                                 STOW_COPY_CHECKPOINT_UP, STOW_TIER_PINNED,
-                                 STOW_TIER_DEVICE, L->ckpt, u->layer);
+  StowOp c = stow_lower_copy_op (rank, STOW_STREAM_H2D, STOW_COPY_CHECKPOINT_UP,
+                                 STOW_TIER_PINNED, STOW_TIER_DEVICE, L->ckpt,
+                                 u->layer);
   c.micro_batch = it->mb;
   stow_lower_op_io (&c, R->host_acts[a], STOW_NONE, R->acts[a]);
   guint ck = stow_lower_emit (L, &c, gate, ngate, TRUE, "checkpoint up");

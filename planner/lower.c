@@ -17,8 +17,8 @@
 #include <stdarg.h>
 #include <string.h>
 
-#include "planner/memory-private.h"
 #include "planner/lower-private.h"
+#include "planner/memory-private.h"
 
 #define MiB ((guint64)1 << 20)
 
@@ -676,17 +676,17 @@ emit_slots (StowLower *L, StowLowerRank *R, guint n_layer_units)
       stow_program_buffer_role (p, R->write_buf, STOW_ROLE_PARAM_WRITE, 0);
     }
   for (guint i = 0; wmax > 0 && i < n_slots; i++)
-    stow_program_buffer_role (
-        p,
-        stow_program_buffer (p, rank, STOW_TIER_DEVICE, wmax, -1, TRUE,
-                             "layer slot %u", i),
-        STOW_ROLE_LAYER_SLOT, i);
+    stow_program_buffer_role (p,
+                              stow_program_buffer (p, rank, STOW_TIER_DEVICE,
+                                                   wmax, -1, TRUE,
+                                                   "layer slot %u", i),
+                              STOW_ROLE_LAYER_SLOT, i);
   for (guint i = 0; stow_lower_uses_grad_slots (L) && i < n_slots; i++)
-    stow_program_buffer_role (
-        p,
-        stow_program_buffer (p, rank, STOW_TIER_DEVICE, gmax, -1, TRUE,
-                             "gradient slot %u", i),
-        STOW_ROLE_GRAD_SLOT, i);
+    stow_program_buffer_role (p,
+                              stow_program_buffer (p, rank, STOW_TIER_DEVICE,
+                                                   gmax, -1, TRUE,
+                                                   "gradient slot %u", i),
+                              STOW_ROLE_GRAD_SLOT, i);
 }
 
 /* The order of the rank's items, the uses of its streamed units, and
@@ -905,9 +905,8 @@ choose_k_resident (StowLower *L, const StowMemory *mem, guint64 extra,
 StowProgram *
 stow_lower (const StowPlan *plan, GError **error)
 {
-  g_return_val_if_fail (plan != NULL && plan->model != NULL
-                            && plan->cluster != NULL,
-                        NULL);
+  g_return_val_if_fail (
+      plan != NULL && plan->model != NULL && plan->cluster != NULL, NULL);
   const StowModel *m = plan->model;
   const StowCluster *c = plan->cluster;
   const StowTraining *t = &plan->training;

@@ -404,8 +404,8 @@ stow_mem_gathered_weight_bytes (const StowTraining *t, double w)
  * swaps through four buffers of at most sub_group_size (1e9) parameters
  * each, stowage's through three. */
 #define PARAM_STAGING_BUFFERS 4
-#define DS_SWAP_BUFFERS 4
-#define DS_SUB_GROUP_PARAMS ((guint64)1000000000)
+#define DS_SWAP_BUFFERS       4
+#define DS_SUB_GROUP_PARAMS   ((guint64)1000000000)
 
 /* How an engine keeps the model states (weights, gradients, master
  * weights, optimizer states), for the version it names: what departs from
@@ -977,7 +977,7 @@ typedef struct
   const LayerTable *lt; /* m's */
   /* What depends on the layout alone, computed once per estimate
    * (model_init) whatever the number of stages. */
-  LayerSizes sizes; /* one micro-batch (layer_sizes_init) */
+  LayerSizes sizes;       /* one micro-batch (layer_sizes_init) */
   const EngineStates *es; /* the engine's rules */
   Bpp bpp;                /* the precision's bytes per parameter (full_bpp) */
   Bpp eng_bpp;            /* the engine's (engine_bpp), and its flags: */
@@ -1628,8 +1628,8 @@ activations (Model *ms, const StageParams *p, guint stage, GArray *dev,
            * stage). */
           guint64 kept = l->engine == STOW_ENGINE_STOWAGE ? 1 : 2;
           ckpt_prefetch = MIN (kept * ckpt, bytes) - MIN (ckpt, bytes);
-          mem_add_term (dev, "activation checkpoints",
-                        MIN (kept * ckpt, bytes), STOW_TIER_DEVICE,
+          mem_add_term (dev, "activation checkpoints", MIN (kept * ckpt, bytes),
+                        STOW_TIER_DEVICE,
                         "%" G_GUINT64_FORMAT " layers x %" G_GUINT64_FORMAT
                         " B (rest offloaded)",
                         kept, ckpt);
@@ -1700,20 +1700,19 @@ activations (Model *ms, const StageParams *p, guint stage, GArray *dev,
       guint64 last = lg > bwd ? lg - others : dh;
       ms->after_forward += last;
       if (stow_mem_fused_head_loss (t, l))
-        mem_add_term (dev, "logits and loss", (nlog - 1) * lg + last,
-                      STOW_TIER_DEVICE,
-                      "%" G_GUINT64_FORMAT " micro-batches x %" G_GUINT64_FORMAT
-                      " B (the fused loss's chunk: 4 B x %" G_GUINT64_FORMAT
-                      " tokens x (V / tp + 2 h)), the last only beyond its "
-                      "backward's %" G_GUINT64_FORMAT
-                      " B: max(%" G_GUINT64_FORMAT ", %" G_GUINT64_FORMAT
-                      ") - %" G_GUINT64_FORMAT,
-                      nlog, lg,
-                      stow_loss_chunk_tokens (
-                          m->vocab / l->tp,
-                          stow_mem_round ((double)stow_mem_decoder_seq (m, t)
-                                          / l->cp * (double)l->micro_batch)),
-                      bwd, lg, bwd, others);
+        mem_add_term (
+            dev, "logits and loss", (nlog - 1) * lg + last, STOW_TIER_DEVICE,
+            "%" G_GUINT64_FORMAT " micro-batches x %" G_GUINT64_FORMAT
+            " B (the fused loss's chunk: 4 B x %" G_GUINT64_FORMAT
+            " tokens x (V / tp + 2 h)), the last only beyond its "
+            "backward's %" G_GUINT64_FORMAT " B: max(%" G_GUINT64_FORMAT
+            ", %" G_GUINT64_FORMAT ") - %" G_GUINT64_FORMAT,
+            nlog, lg,
+            stow_loss_chunk_tokens (
+                m->vocab / l->tp,
+                stow_mem_round ((double)stow_mem_decoder_seq (m, t) / l->cp
+                                * (double)l->micro_batch)),
+            bwd, lg, bwd, others);
       else
         mem_add_term (dev, "logits and loss", (nlog - 1) * lg + last,
                       STOW_TIER_DEVICE,
@@ -1745,8 +1744,8 @@ static gboolean
 frees_gradients (const Model *ms)
 {
   const StowLayout *l = ms->l;
-  gboolean enabled = ms->o->free_grads >= 0 ? ms->o->free_grads
-                                            : ms->es->frees_gradients;
+  gboolean enabled
+      = ms->o->free_grads >= 0 ? ms->o->free_grads : ms->es->frees_gradients;
   return enabled && l->grad_accum <= 1 && !ms->t->optimizer_in_backward;
 }
 
@@ -1884,49 +1883,50 @@ engine_buffers (Model *ms, const StageParams *p, GArray *dev)
     case STOW_ENGINE_FSDP:
     case STOW_ENGINE_STOWAGE:
       {
-      /* What passes through the two slots: every unit, or with every
-       * layer of the stage resident, only the embedding and output
-       * layer. */
-      guint64 slot_unit = ms->es->unit_slots ? p->max_unit : p->max_layer;
-      double gw = stow_mem_gathered_weight_bytes (ms->t, b.w);
-      if (l->engine == STOW_ENGINE_STOWAGE
-          && l->offload_params != STOW_OFFLOAD_NONE
-          && l->resident_layers != STOW_RESIDENT_AUTO
-          && l->resident_layers >= p->layers)
-        slot_unit = p->max_end;
-      if (l->engine == STOW_ENGINE_STOWAGE
-          && l->offload_params != STOW_OFFLOAD_NONE
-          && l->resident_layers != STOW_RESIDENT_AUTO && l->resident_layers > 0)
-        {
-          /* Streamed layers kept on the device, as the plan decided them
-           * (planner/resident.c): each a whole layer in compute
-           * precision. */
-          guint64 k = MIN ((guint64)l->resident_layers, p->layers);
-          mem_add_term (dev, "resident layers",
-                        k * stow_bytes (p->max_layer, gw),
-                        STOW_TIER_DEVICE,
-                        "%" G_GUINT64_FORMAT " layers x %.4g B x %" G_GUINT64_FORMAT
-                        " params kept on the device",
-                        k, gw, p->max_layer);
-        }
-      if (l->zero >= 3)
-        /* The layer in use and the one prefetched, gathered (or, with
-         * parameter offload, streamed) in compute precision. */
-        mem_add_term (dev, "gathered parameters",
-                      slots * stow_bytes (slot_unit, gw),
-                      STOW_TIER_DEVICE,
-                      "%" G_GUINT64_FORMAT " layers x %.4g B x %" G_GUINT64_FORMAT
-                      " params (in use and prefetched)",
-                      slots, gw, slot_unit);
-      else if (l->engine == STOW_ENGINE_FSDP && l->zero == 2)
-        mem_add_term (dev, "unsharded parameters", 2 * N, STOW_TIER_DEVICE,
-                      "2 B x %" G_GUINT64_FORMAT
-                      " params kept between forward and backward",
-                      N);
-      if (l->zero < 2 && multi)
-        mem_add_term (dev, "gradient buckets", 2 * 25 * MiB, STOW_TIER_DEVICE,
-                      "2 x bucket_cap_mb 25 MiB");
-      break;
+        /* What passes through the two slots: every unit, or with every
+         * layer of the stage resident, only the embedding and output
+         * layer. */
+        guint64 slot_unit = ms->es->unit_slots ? p->max_unit : p->max_layer;
+        double gw = stow_mem_gathered_weight_bytes (ms->t, b.w);
+        if (l->engine == STOW_ENGINE_STOWAGE
+            && l->offload_params != STOW_OFFLOAD_NONE
+            && l->resident_layers != STOW_RESIDENT_AUTO
+            && l->resident_layers >= p->layers)
+          slot_unit = p->max_end;
+        if (l->engine == STOW_ENGINE_STOWAGE
+            && l->offload_params != STOW_OFFLOAD_NONE
+            && l->resident_layers != STOW_RESIDENT_AUTO
+            && l->resident_layers > 0)
+          {
+            /* Streamed layers kept on the device, as the plan decided them
+             * (planner/resident.c): each a whole layer in compute
+             * precision. */
+            guint64 k = MIN ((guint64)l->resident_layers, p->layers);
+            mem_add_term (dev, "resident layers",
+                          k * stow_bytes (p->max_layer, gw), STOW_TIER_DEVICE,
+                          "%" G_GUINT64_FORMAT
+                          " layers x %.4g B x %" G_GUINT64_FORMAT
+                          " params kept on the device",
+                          k, gw, p->max_layer);
+          }
+        if (l->zero >= 3)
+          /* The layer in use and the one prefetched, gathered (or, with
+           * parameter offload, streamed) in compute precision. */
+          mem_add_term (dev, "gathered parameters",
+                        slots * stow_bytes (slot_unit, gw), STOW_TIER_DEVICE,
+                        "%" G_GUINT64_FORMAT
+                        " layers x %.4g B x %" G_GUINT64_FORMAT
+                        " params (in use and prefetched)",
+                        slots, gw, slot_unit);
+        else if (l->engine == STOW_ENGINE_FSDP && l->zero == 2)
+          mem_add_term (dev, "unsharded parameters", 2 * N, STOW_TIER_DEVICE,
+                        "2 B x %" G_GUINT64_FORMAT
+                        " params kept between forward and backward",
+                        N);
+        if (l->zero < 2 && multi)
+          mem_add_term (dev, "gradient buckets", 2 * 25 * MiB, STOW_TIER_DEVICE,
+                        "2 x bucket_cap_mb 25 MiB");
+        break;
       }
     case STOW_ENGINE_MEGATRON:
       /* The fp32 main-grad buffer is the bucket; nothing more. */

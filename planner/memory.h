@@ -128,7 +128,6 @@ typedef struct
   gboolean fits_device, fits_host, fits_nvme, fits;
 } StowMemTotals;
 
-
 /* What the totals path reuses across calls for one model (a search holds
  * one): its sinks, so that it allocates nothing per layout, and the
  * model's layer table, built once, so that no layout walks the layers.

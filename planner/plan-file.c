@@ -26,8 +26,8 @@
 
 void
 stow_plan_streaming_init (StowPlanStreaming *s, const StowModel *model,
-                         const StowCluster *cluster, const StowLayout *l,
-                         const StowMemory *mem, const char *nvme_path)
+                          const StowCluster *cluster, const StowLayout *l,
+                          const StowMemory *mem, const char *nvme_path)
 {
   memset (s, 0, sizeof *s);
   const StowStageMemory *peak = &mem->stages[mem->peak_stage];
@@ -104,7 +104,7 @@ stow_plan_file_new (StowModel *model, StowCluster *cluster,
                                      options, NULL))
     p->layout.resident_layers = 0;
   stow_plan_streaming_init (&p->streaming, model, cluster, &p->layout, mem,
-                           nvme_path);
+                            nvme_path);
   p->predicted_device_bytes = mem->total_bytes;
   p->predicted_host_bytes = mem->host_total_bytes;
   p->predicted_nvme_bytes = mem->nvme_bytes;
@@ -955,7 +955,8 @@ stow_plan_file_from_json (JsonNode *root_node, const char *name, GError **error)
                    "%s: layout: %s", name, local->message);
       return NULL;
     }
-  if (p->streaming.resident_layers > (p->model ? p->model->n_layers : G_MAXUINT))
+  if (p->streaming.resident_layers
+      > (p->model ? p->model->n_layers : G_MAXUINT))
     {
       g_set_error (error, STOW_PLAN_ERROR, STOW_PLAN_ERROR_INVALID,
                    "%s: schedule: resident_layers: %" G_GUINT64_FORMAT

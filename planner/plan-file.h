@@ -48,9 +48,9 @@ stow_plan_streaming_nvme_placeholder (const StowPlanStreaming *streaming);
  * defaults (offload_config.py, aio).  @nvme_path (may be NULL) overrides
  * the cluster's drive paths. */
 void stow_plan_streaming_init (StowPlanStreaming *s, const StowModel *model,
-                              const StowCluster *cluster,
-                              const StowLayout *layout, const StowMemory *mem,
-                              const char *nvme_path);
+                               const StowCluster *cluster,
+                               const StowLayout *layout, const StowMemory *mem,
+                               const char *nvme_path);
 void stow_plan_streaming_clear (StowPlanStreaming *s);
 
 typedef struct

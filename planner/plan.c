@@ -15,8 +15,7 @@ stow_lower_options_init (StowLowerOptions *o)
 }
 
 void
-stow_plan_init (StowPlan *p, const StowModel *model,
-                const StowCluster *cluster)
+stow_plan_init (StowPlan *p, const StowModel *model, const StowCluster *cluster)
 {
   g_return_if_fail (p != NULL);
   memset (p, 0, sizeof *p);

@@ -21,8 +21,7 @@ stow_mem_resolve_resident (const StowModel *m, const StowCluster *c,
                         FALSE);
   /* Only stowage's own engine keeps streamed layers resident; DeepSpeed
    * and FSDP fetch every offloaded layer. */
-  if (l->offload_params == STOW_OFFLOAD_NONE
-      || l->engine != STOW_ENGINE_STOWAGE
+  if (l->offload_params == STOW_OFFLOAD_NONE || l->engine != STOW_ENGINE_STOWAGE
       || l->resident_layers != STOW_RESIDENT_AUTO)
     return TRUE;
   StowMemOptions defaults;
@@ -54,14 +53,12 @@ stow_mem_resident_from_totals (const StowModel *m, const StowTraining *t,
   /* The device's tensor budget: the capacity less what is not tensors
    * (context, workspaces, NCCL), less the allocator's slack on what the
    * tensors take; the same budget the lowering checks against. */
-  guint64 reserved
-      = mt->allocated_peak_bytes
-        + stow_bytes (mt->allocated_peak_bytes, o->fragmentation);
+  guint64 reserved = mt->allocated_peak_bytes
+                     + stow_bytes (mt->allocated_peak_bytes, o->fragmentation);
   guint64 non_tensor
       = mt->total_bytes > reserved ? mt->total_bytes - reserved : 0;
-  guint64 cap = mt->capacity_bytes > non_tensor
-                    ? mt->capacity_bytes - non_tensor
-                    : 0;
+  guint64 cap
+      = mt->capacity_bytes > non_tensor ? mt->capacity_bytes - non_tensor : 0;
   guint64 budget = (guint64)((double)cap / (1.0 + o->fragmentation));
   guint64 free_b = budget > mt->allocated_peak_bytes
                        ? budget - mt->allocated_peak_bytes

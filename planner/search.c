@@ -143,8 +143,8 @@ evaluate (Ctx *x, const StowLayout *l_in)
     {
       resolved.resident_layers = (guint)stow_mem_resident_from_totals (
           x->m, x->t, l, x->mo, &mt, x->scratch);
-      if (!stow_mem_estimate_totals (x->m, x->c, x->t, l, x->mo,
-                                             x->scratch, &mt, NULL))
+      if (!stow_mem_estimate_totals (x->m, x->c, x->t, l, x->mo, x->scratch,
+                                     &mt, NULL))
         {
           r->invalid++;
           return FALSE;
@@ -205,8 +205,8 @@ partial_recompute (Ctx *x, StowLayout l)
       guint mid = lo + (hi - lo) / 2;
       StowMemTotals mt;
       l.recompute_layers = mid;
-      if (stow_mem_estimate_totals (x->m, x->c, x->t, &l, x->mo,
-                                            x->scratch, &mt, NULL)
+      if (stow_mem_estimate_totals (x->m, x->c, x->t, &l, x->mo, x->scratch,
+                                    &mt, NULL)
           && mt.fits)
         found = mid, hi = mid - 1;
       else
@@ -275,8 +275,8 @@ enumerate (Ctx *x, const StowLayout *base, const Dims *d)
             guint nv = 0;
             gboolean ends = (pins & STOW_PIN_PP_SPLIT_ENDS)
                                 ? base->pp_split_ends
-                                : (stow_engine_is_mcore (base->engine)
-                                   && pp > 1 && m->n_layers % pp != 0
+                                : (stow_engine_is_mcore (base->engine) && pp > 1
+                                   && m->n_layers % pp != 0
                                    && (m->n_layers + 2) % pp == 0);
             guint64 slots = m->n_layers + (ends ? 2 : 0);
             if (pins & STOW_PIN_VPP)
@@ -425,9 +425,8 @@ StowSearch *
 stow_search_run (const StowPlan *plan, StowPins pins,
                  const StowSearchOptions *so)
 {
-  g_return_val_if_fail (plan != NULL && plan->model != NULL
-                            && plan->cluster != NULL,
-                        NULL);
+  g_return_val_if_fail (
+      plan != NULL && plan->model != NULL && plan->cluster != NULL, NULL);
   const StowModel *m = plan->model;
   const StowCluster *c = plan->cluster;
   const StowTraining *t = &plan->training;
@@ -454,9 +453,18 @@ stow_search_run (const StowPlan *plan, StowPins pins,
   co.prep = prep;
   g_autoptr (StowMemScratch) scratch = stow_mem_scratch_new (m);
   Ctx x = {
-    m,      c,      t,           o,
-    &co,    r,      so->max_keep, scratch,
-    pins,   so->accept, so->accept_data, *plan,
+    m,
+    c,
+    t,
+    o,
+    &co,
+    r,
+    so->max_keep,
+    scratch,
+    pins,
+    so->accept,
+    so->accept_data,
+    *plan,
   };
 
   r->fits = g_array_new (FALSE, FALSE, sizeof (StowCandidate));

@@ -18,8 +18,8 @@
 /* Achieved fraction of the tensor-core peak for transformer GEMMs: a
  * planning default (Megatron-LM reports 40-55% MFU at scale, Narayanan et
  * al. 2021, Table 1). */
-#define STOW_SIM_MFU 0.5
-#define STOW_SIM_INTRA_LATENCY_S      10e-6
+#define STOW_SIM_MFU             0.5
+#define STOW_SIM_INTRA_LATENCY_S 10e-6
 
 typedef struct
 {
@@ -38,12 +38,12 @@ typedef struct
   GHashTable *fixed; /* op -> double seconds, boxed (tests) */
   /* virtual clocks */
   guint n_ranks;
-  double *qtime;     /* [rank * streams + stream] */
-  guint *qlast;      /* the last op on each queue */
+  double *qtime;      /* [rank * streams + stream] */
+  guint *qlast;       /* the last op on each queue */
   double *drive_time; /* [rank] */
   guint *drive_last;
-  GArray *ev_time;    /* double per event, -1 before it is recorded */
-  GArray *ev_op;      /* guint */
+  GArray *ev_time; /* double per event, -1 before it is recorded */
+  GArray *ev_op;   /* guint */
   GArray *op_start, *op_end, *op_flops; /* double per op */
 } SimBackend;
 
@@ -161,8 +161,8 @@ compute_flops (const SimBackend *s, const StowOp *op)
       if (l->recompute == STOW_RECOMPUTE_SELECTIVE)
         /* Rebuild the attention core: the 4 s^2 h part. */
         f += 4.0 * (double)t->seq_len / l->cp * (double)l->micro_batch
-             * (double)t->seq_len / l->cp
-             * (double)(m->n_heads * m->head_dim) / l->tp;
+             * (double)t->seq_len / l->cp * (double)(m->n_heads * m->head_dim)
+             / l->tp;
     }
   return op->kind == STOW_OP_FORWARD || op->kind == STOW_OP_RECOMPUTE
                  || op->kind == STOW_OP_BACKWARD

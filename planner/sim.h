@@ -8,13 +8,12 @@
  */
 #pragma once
 
-#include "program/backend.h"
 #include "hw/hw.h"
 #include "planner/layout.h"
 #include "planner/plan.h"
+#include "program/backend.h"
 
 G_BEGIN_DECLS
-
 
 /* Bytes of memory traffic per parameter of an Adam update, which the
  * simulator divides by the host's or the GPU's memory bandwidth: read fp32

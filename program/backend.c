@@ -15,11 +15,10 @@ stow_backend_unsupported_op (const StowProgram *p, guint op,
                              GError **error)
 {
   g_autofree char *what = stow_op_describe (p, op);
-  g_set_error (error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_UNSUPPORTED,
-               "op %s: the %s backend does not run %s ops yet (%s)", what,
-               backend,
-               stow_op_kind_name (g_array_index (p->ops, StowOp, op).kind),
-               why);
+  g_set_error (
+      error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_UNSUPPORTED,
+      "op %s: the %s backend does not run %s ops yet (%s)", what, backend,
+      stow_op_kind_name (g_array_index (p->ops, StowOp, op).kind), why);
   return FALSE;
 }
 

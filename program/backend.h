@@ -73,8 +73,8 @@ typedef struct
    * ordered by the alloc op @op (STOW_NONE: a persistent buffer, there
    * when the step begins).  Fails with _OUT_OF_MEMORY naming the buffer
    * and the figures; a real backend may report it from synchronize. */
-  gboolean (*buffer_alloc) (StowBackend *b, const StowProgram *p,
-                            guint buffer, guint op, GError **error);
+  gboolean (*buffer_alloc) (StowBackend *b, const StowProgram *p, guint buffer,
+                            guint op, GError **error);
   void (*buffer_free) (StowBackend *b, const StowProgram *p, guint buffer,
                        guint op);
   /* Issues op @op: copy, forward, backward, recompute, loss, optim_step,

@@ -394,8 +394,8 @@ stow_program_run (const StowProgram *p, StowBackend *backend, GError **error)
             continue;
           guint pred = STOW_NONE;
           double start = virt ? vt->start_time (backend, p, i, &pred) : 0;
-          gboolean better = best_q == STOW_NONE
-                            || (virt ? start < best_start : i < best_i);
+          gboolean better
+              = best_q == STOW_NONE || (virt ? start < best_start : i < best_i);
           if (better)
             best_q = q, best_i = i, best_start = start, best_pred = pred;
         }
@@ -407,8 +407,7 @@ stow_program_run (const StowProgram *p, StowBackend *backend, GError **error)
         }
       guint i = best_i;
       const StowOp *op = &g_array_index (p->ops, StowOp, i);
-      if (virt
-          && !check_virtual (p, i, best_start, bs, slots, error))
+      if (virt && !check_virtual (p, i, best_start, bs, slots, error))
         {
           ok = FALSE;
           break;

@@ -28,10 +28,9 @@ const char *
 stow_buffer_kind_name (StowBufferKind k)
 {
   static const char *const names[]
-      = { "other",       "weights",    "gradients",   "master",
-          "opt_states",  "states",     "input",       "activations",
-          "checkpoint",  "recomputed", "workspace",   "logits",
-          "loss_grad" };
+      = { "other",     "weights", "gradients",   "master",     "opt_states",
+          "states",    "input",   "activations", "checkpoint", "recomputed",
+          "workspace", "logits",  "loss_grad" };
   g_return_val_if_fail (k < STOW_N_BUF_KINDS, "?");
   return names[k];
 }
@@ -52,9 +51,9 @@ const char *
 stow_op_kind_name (StowOpKind k)
 {
   static const char *const names[]
-      = { "alloc",     "free", "copy",       "forward",    "backward",
-          "recompute", "loss", "optim_step", "collective", "data",
-          "grad_norm" };
+      = { "alloc",      "free",      "copy",     "forward",
+          "backward",   "recompute", "loss",     "optim_step",
+          "collective", "data",      "grad_norm" };
   g_return_val_if_fail (k < STOW_N_OP_KINDS, "?");
   return names[k];
 }
@@ -303,7 +302,8 @@ stow_program_validate (const StowProgram *p, GError **error)
           if (!recorded[e])
             {
               g_autofree char *what = stow_op_describe (p, i);
-              g_set_error (error, STOW_PROGRAM_ERROR, STOW_PROGRAM_ERROR_INVALID,
+              g_set_error (error, STOW_PROGRAM_ERROR,
+                           STOW_PROGRAM_ERROR_INVALID,
                            "step program: op %s waits on event \"%s\", which "
                            "no op records",
                            what, g_array_index (p->events, StowEvent, e).name);
@@ -314,8 +314,8 @@ stow_program_validate (const StowProgram *p, GError **error)
   return TRUE;
 }
 
-
-/* ---- units ---------------------------------------------------------------- */
+/* ---- units ----------------------------------------------------------------
+ */
 
 static guint
 unit_index_of (GArray *units, gint layer)
@@ -350,8 +350,8 @@ add_unit (StowProgram *p, const StowModel *m, gint layer)
         mine = t->layer < 0 && t->role != STOW_ROLE_EMBEDDING;
       if (!mine)
         continue;
-      StowUnitTensor ut = { t->name, { 0 }, t->n_dims, t->numel, u.numel,
-                            t->role };
+      StowUnitTensor ut
+          = { t->name, { 0 }, t->n_dims, t->numel, u.numel, t->role };
       memcpy (ut.shape, t->shape, sizeof ut.shape);
       g_array_append_val (p->unit_tensors, ut);
       u.n_tensors++;
@@ -391,9 +391,8 @@ stow_program_unit_tensor (const StowProgram *p, guint unit, const char *name)
   const StowUnit *u = stow_program_unit (p, unit);
   for (guint i = 0; u && i < u->n_tensors; i++)
     {
-      const StowUnitTensor *t
-          = &g_array_index (p->unit_tensors, StowUnitTensor,
-                            u->first_tensor + i);
+      const StowUnitTensor *t = &g_array_index (p->unit_tensors, StowUnitTensor,
+                                                u->first_tensor + i);
       if (g_str_equal (t->name, name))
         return t;
     }
@@ -415,7 +414,8 @@ stow_program_buffer_holds (StowProgram *p, guint b, StowBufferKind kind,
   buf->micro_batch = mb;
 }
 
-/* ---- the fused loss -------------------------------------------------------- */
+/* ---- the fused loss --------------------------------------------------------
+ */
 
 guint64
 stow_loss_chunk_tokens (guint64 vocab, guint64 n)
@@ -477,9 +477,8 @@ stow_optim_lr_at (const StowOptimSettings *o, guint64 step)
   if (o->schedule == STOW_LR_CONSTANT)
     return o->lr;
   /* Decay from the end of warmup to the last step. */
-  guint64 span = o->total_steps > o->warmup_steps
-                     ? o->total_steps - o->warmup_steps
-                     : 1;
+  guint64 span
+      = o->total_steps > o->warmup_steps ? o->total_steps - o->warmup_steps : 1;
   double frac = MIN (1.0, (double)(step - o->warmup_steps) / (double)span);
   double k = o->schedule == STOW_LR_COSINE ? 0.5 * (1.0 + cos (G_PI * frac))
                                            : 1.0 - frac;

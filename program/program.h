@@ -165,30 +165,30 @@ guint64 stow_loss_scratch_bytes (guint64 vocab, guint64 hidden, guint64 n);
  * from the buffers it reads and writes. */
 typedef enum
 {
-  STOW_COPY_BYTES,          /* bytes only, for the sim to price */
-  STOW_COPY_GRADS_DOWN,     /* a unit's gradients of a micro-batch: its
-                               gradient slot to the host gradients */
-  STOW_COPY_GRADS_UP,       /* a unit's earlier micro-batches' gradients
-                               back into its gradient slot */
+  STOW_COPY_BYTES,            /* bytes only, for the sim to price */
+  STOW_COPY_GRADS_DOWN,       /* a unit's gradients of a micro-batch: its
+                                 gradient slot to the host gradients */
+  STOW_COPY_GRADS_UP,         /* a unit's earlier micro-batches' gradients
+                                 back into its gradient slot */
   STOW_COPY_GRADS_ACCUMULATE, /* a gradient slot into the persistent
                                  gradients (device to device) */
-  STOW_COPY_WEIGHTS_UP,     /* a unit's updated or streamed weights from
-                               the host (the host copy, or where CPU Adam
-                               wrote them) to the device */
-  STOW_COPY_WEIGHTS_DOWN,   /* a unit's updated shard to the host copy */
-  STOW_COPY_STAGED_UP,      /* a unit read from NVMe: its staging buffer
-                               to the device */
-  STOW_COPY_CHUNK_UP,       /* an optimizer chunk's updated weights, the
-                               flat parameters [first, first + count) */
-  STOW_COPY_STATES_READ,    /* an optimizer chunk's states from NVMe into
-                               its swap buffer */
-  STOW_COPY_STATES_WRITE,   /* a swap buffer's chunk back to NVMe */
-  STOW_COPY_PARAMS_READ,    /* a unit's weights from NVMe into its staging
-                               buffer */
-  STOW_COPY_PARAMS_WRITE,   /* a unit's updated weights through the write
-                               buffer to NVMe */
-  STOW_COPY_CHECKPOINT_DOWN, /* an activation checkpoint to the host */
-  STOW_COPY_CHECKPOINT_UP,   /* and back, before its backward */
+  STOW_COPY_WEIGHTS_UP,       /* a unit's updated or streamed weights from
+                                 the host (the host copy, or where CPU Adam
+                                 wrote them) to the device */
+  STOW_COPY_WEIGHTS_DOWN,     /* a unit's updated shard to the host copy */
+  STOW_COPY_STAGED_UP,        /* a unit read from NVMe: its staging buffer
+                                 to the device */
+  STOW_COPY_CHUNK_UP,         /* an optimizer chunk's updated weights, the
+                                 flat parameters [first, first + count) */
+  STOW_COPY_STATES_READ,      /* an optimizer chunk's states from NVMe into
+                                 its swap buffer */
+  STOW_COPY_STATES_WRITE,     /* a swap buffer's chunk back to NVMe */
+  STOW_COPY_PARAMS_READ,      /* a unit's weights from NVMe into its staging
+                                 buffer */
+  STOW_COPY_PARAMS_WRITE,     /* a unit's updated weights through the write
+                                 buffer to NVMe */
+  STOW_COPY_CHECKPOINT_DOWN,  /* an activation checkpoint to the host */
+  STOW_COPY_CHECKPOINT_UP,    /* and back, before its backward */
 } StowCopyKind;
 
 typedef struct

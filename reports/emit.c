@@ -1038,10 +1038,9 @@ stow_emit_accelerate (const StowPlanFile *p, GError **error)
           l->grad_accum);
       g_string_append_printf (s, "  megatron_lm_sequence_parallelism: %s\n",
                               l->sp ? "true" : "false");
-      g_string_append_printf (s, "  megatron_lm_recompute_activations: %s\n",
-                              l->recompute == STOW_RECOMPUTE_SELECTIVE
-                                  ? "true"
-                                  : "false");
+      g_string_append_printf (
+          s, "  megatron_lm_recompute_activations: %s\n",
+          l->recompute == STOW_RECOMPUTE_SELECTIVE ? "true" : "false");
       g_string_append_printf (s,
                               "  megatron_lm_use_distributed_optimizer: %s\n",
                               l->zero == 1 ? "true" : "false");

@@ -342,7 +342,8 @@ stow_report_md (GString *out, const StowReport *r)
           const StowCandidate *cand
               = &g_array_index (r->search->fits, StowCandidate, i);
           g_autofree char *d = stow_layout_describe (&cand->layout);
-          g_autofree char *step = stow_report_format_step (cand->cost.step_time_s);
+          g_autofree char *step
+              = stow_report_format_step (cand->cost.step_time_s);
           g_string_append_printf (out, "| %u | ", i + 1);
           md_escape (out, d);
           g_string_append (out, " | ");
@@ -351,8 +352,8 @@ stow_report_md (GString *out, const StowReport *r)
           md_gib (out, (guint64)MAX (cand->headroom_bytes, 0));
           g_string_append_printf (
               out, " | %s | %s | %.1f%%", step,
-              stow_format_grouped_into (buf, sizeof buf,
-                                        (guint64)(cand->cost.tokens_per_s + 0.5)),
+              stow_format_grouped_into (
+                  buf, sizeof buf, (guint64)(cand->cost.tokens_per_s + 0.5)),
               100 * cand->cost.mfu);
           g_string_append (out, " |\n");
         }

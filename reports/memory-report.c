@@ -121,7 +121,7 @@ stow_memory_report_filled_note (const char *const *filled)
   if (filled == NULL || filled[0] == NULL)
     return NULL;
   GString *s = g_string_new ("as 'stowage fit' would (the fastest layout "
-                              "that fits): ");
+                             "that fits): ");
   for (guint i = 0; filled[i]; i++)
     g_string_append_printf (s, "%s--%s", i == 0 ? "" : " ", filled[i]);
   g_string_append (s, "; give a flag to pin it");

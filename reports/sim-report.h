@@ -6,8 +6,8 @@
  */
 #pragma once
 
-#include "program/trace.h"
 #include "planner/lower.h"
+#include "program/trace.h"
 
 G_BEGIN_DECLS
 

@@ -337,8 +337,7 @@ check_against_reference (const Problem *before, const Problem *after,
             "grad %s, mode %d)",
             i, (double)after->p[i], (double)after->m[i], (double)after->v[i], p,
             m, v, g, (double)before->p[i], (double)before->m[i],
-            (double)before->v[i], stow_dtype_nick (before->gt),
-            (int)c->mode);
+            (double)before->v[i], stow_dtype_nick (before->gt), (int)c->mode);
       /* The low-precision copy is the kernel's own fp32 result, rounded. */
       switch (after->ot)
         {
@@ -391,8 +390,7 @@ test_isa (gconstpointer data)
   if (adam == NULL)
     return;
   g_autoptr (StowAdam) oracle = stow_adam_new (1, STOW_ISA_SCALAR, NULL);
-  const StowDtype gts[]
-      = { STOW_DTYPE_F32, STOW_DTYPE_BF16, STOW_DTYPE_F16 };
+  const StowDtype gts[] = { STOW_DTYPE_F32, STOW_DTYPE_BF16, STOW_DTYPE_F16 };
   const StowDtype ots[]
       = { STOW_DTYPE_NONE, STOW_DTYPE_F32, STOW_DTYPE_BF16, STOW_DTYPE_F16 };
   for (int mode = 0; mode < 2; mode++)
@@ -441,7 +439,9 @@ test_isa_out_over_grad (gconstpointer data)
         StowAdamConfig c;
         stow_adam_config_init (&c);
         c.weight_decay = 0.1;
-        StowAdamStep s = { .step = 3, .loss_scale = 1, .clip_coef = 0.5,
+        StowAdamStep s = { .step = 3,
+                           .loss_scale = 1,
+                           .clip_coef = 0.5,
                            .grads_verified = verified };
         StowAdamTensor t = tensor_of (pb);
         g_assert_cmpint (stow_adam_step_raw (adam, &c, &s, &t), ==, 0);
@@ -844,7 +844,8 @@ test_pool (void)
   StowAdamConfig c;
   stow_adam_config_init (&c);
   StowAdamStep s = { .step = 1, .loss_scale = 1, .clip_coef = 1 };
-  StowAdamTensor t = { .grad_type = STOW_DTYPE_BF16, .out_type = STOW_DTYPE_NONE };
+  StowAdamTensor t
+      = { .grad_type = STOW_DTYPE_BF16, .out_type = STOW_DTYPE_NONE };
   g_assert_true (stow_adam_step (adam, &c, &s, &t, &error));
   g_assert_no_error (error);
 }
@@ -870,8 +871,8 @@ test_measure (void)
     h[i] = 0x3c00;
   StowAdamConfig cfg;
   stow_adam_config_init (&cfg);
-  StowAdamTensor t = { f, f + n, f + 2 * n, h, STOW_DTYPE_BF16, h + n,
-                       STOW_DTYPE_BF16, n };
+  StowAdamTensor t
+      = { f, f + n, f + 2 * n, h, STOW_DTYPE_BF16, h + n, STOW_DTYPE_BF16, n };
   double best = G_MAXDOUBLE;
   for (guint r = 0; r < 4; r++)
     {
@@ -906,8 +907,8 @@ main (int argc, char **argv)
       g_test_add_data_func (p1, GINT_TO_POINTER (isa), test_isa);
       g_test_add_data_func (p2, GINT_TO_POINTER (isa),
                             test_isa_output_rounding);
-      g_autofree char *p3 = g_strdup_printf ("/adam/isa/%s/out-over-grad",
-                                             stow_isa_name (isa));
+      g_autofree char *p3
+          = g_strdup_printf ("/adam/isa/%s/out-over-grad", stow_isa_name (isa));
       g_test_add_data_func (p3, GINT_TO_POINTER (isa), test_isa_out_over_grad);
     }
   g_test_add_func ("/adam/edge-values", test_edge_values);

@@ -209,10 +209,11 @@ test_bad_input (void)
   stow_assert_usage_error (zero, "--block-size 0: must be a multiple of 4 KiB");
   const char *empty[] = { "bench", "nvme", "--dir", "", NULL };
   stow_assert_usage_error (empty, "--dir \"\": an empty directory name");
-  const char *empty2[] = { "bench", "swapper", "--dir", dir, "--dir", "", NULL };
+  const char *empty2[]
+      = { "bench", "swapper", "--dir", dir, "--dir", "", NULL };
   stow_assert_usage_error (empty2, "--dir \"\": an empty directory name");
-  const char *tiny[] = { "bench", "swapper", "--dir", dir, "--shard-size",
-                         "1", NULL };
+  const char *tiny[]
+      = { "bench", "swapper", "--dir", dir, "--shard-size", "1", NULL };
   stow_assert_usage_error (tiny, "shards, over the limit of 65536 (shards of "
                                  "at least 16384 bytes)");
   const char *tiny_host[]

@@ -475,11 +475,11 @@ test_megatron_rope (void)
                                 "--emit", "megatron",   NULL };
   stow_assert_usage_error (bloom, "neither learned positions nor rotary");
   /* MPT's learned position table keeps its size (max_seq_len). */
-  g_autofree char *mpt
-      = g_test_build_filename (G_TEST_DIST, "data", "hf", "mpt-760m.json", NULL);
+  g_autofree char *mpt = g_test_build_filename (G_TEST_DIST, "data", "hf",
+                                                "mpt-760m.json", NULL);
   g_auto (StowRun) m = { 0 };
-  stow_run (&m, "fit", mpt, "--gpus", "8xH100-SXM", "--seq", "2048",
-            "--emit", "megatron", NULL);
+  stow_run (&m, "fit", mpt, "--gpus", "8xH100-SXM", "--seq", "2048", "--emit",
+            "megatron", NULL);
   g_assert_cmpint (m.status, ==, 0);
   g_autofree char *kind = arg_value (m.out, "--position-embedding-type");
   g_autofree char *positions = arg_value (m.out, "--max-position-embeddings");
@@ -744,16 +744,26 @@ test_megatron_pp_split_ends (void)
   g_assert_cmpstr (emb, ==, "");
   g_assert_cmpstr (loss, ==, "");
 
-  const char *const stowage[]
-      = { "mem",  "llama-3.1-405b", "--gpus",         "128xH100-SXM",
-          "--tp", "8",              "--pp",           "16",
-          "--dp", "1",              "--pp-split-ends", NULL };
+  const char *const stowage[] = {
+    "mem", "llama-3.1-405b", "--gpus", "128xH100-SXM",    "--tp", "8", "--pp",
+    "16",  "--dp",           "1",      "--pp-split-ends", NULL
+  };
   stow_assert_usage_error (stowage, "--pp-split-ends is Megatron-core's");
-  const char *const uneven[] = { "mem",      "llama-3.1-405b", "--gpus",
-                                 "128xH100-SXM", "--engine",   "megatron",
-                                 "--tp",     "8",              "--pp",
-                                 "16",       "--vpp",          "3",
-                                 "--dp",     "1",              "--pp-split-ends",
+  const char *const uneven[] = { "mem",
+                                 "llama-3.1-405b",
+                                 "--gpus",
+                                 "128xH100-SXM",
+                                 "--engine",
+                                 "megatron",
+                                 "--tp",
+                                 "8",
+                                 "--pp",
+                                 "16",
+                                 "--vpp",
+                                 "3",
+                                 "--dp",
+                                 "1",
+                                 "--pp-split-ends",
                                  NULL };
   stow_assert_usage_error (uneven, "--pp 16 x --vpp 3");
 }

@@ -108,8 +108,8 @@ test_output_targets (Tmp *t, gconstpointer data)
       g_assert_true (g_file_test (out_link, G_FILE_TEST_IS_SYMLINK));
 
       g_auto (StowRun) m = { 0 };
-      stow_run (&m, cmds[i][0], "llama-7b", "--gpus", "8xA100-80GB",
-                "--format", "md", "-o", file_link, NULL);
+      stow_run (&m, cmds[i][0], "llama-7b", "--gpus", "8xA100-80GB", "--format",
+                "md", "-o", file_link, NULL);
       g_assert_cmpint (m.status, ==, 0);
       g_assert_cmpstr (m.out, ==, "");
       g_assert_true (g_file_test (file_link, G_FILE_TEST_IS_SYMLINK));
@@ -121,8 +121,8 @@ test_output_targets (Tmp *t, gconstpointer data)
       stow_run (&d, cmds[i][0], "llama-7b", "--gpus", "8xA100-80GB", "-o",
                 t->dir, NULL);
       g_assert_cmpint (d.status, ==, 2);
-      g_autofree char *want = g_strdup_printf ("stowage: %s: is a directory",
-                                               t->dir);
+      g_autofree char *want
+          = g_strdup_printf ("stowage: %s: is a directory", t->dir);
       g_assert_true (g_str_has_prefix (d.err, want));
     }
   /* Nothing but the three files: no temporaries left behind. */
@@ -188,33 +188,41 @@ test_limits (Tmp *t, gconstpointer data)
   {
     const char *cmd, *flags[4], *message;
   } cases[] = {
-    { "simulate", { "--global-batch", "1G", "--seq", "7" },
+    { "simulate",
+      { "--global-batch", "1G", "--seq", "7" },
       "stowage: --global-batch 1G: at most 16,777,216 sequences\n" },
-    { "simulate", { "--grad-accum", "1000000000" },
+    { "simulate",
+      { "--grad-accum", "1000000000" },
       "stowage: --grad-accum 1000000000: at most 16,777,216 micro-batches\n" },
-    { "simulate", { "--grad-accum", "1000000" },
+    { "simulate",
+      { "--grad-accum", "1000000" },
       "stowage: simulate: 1,000,000 micro-batches per step through 32 "
       "layers: over the simulator's limit of 131,072 micro-batch x layer "
       "passes (about 850,000 ops)\nhint: lower --global-batch or "
       "--grad-accum, or raise --micro-batch\n" },
-    { "plan", { "--seq", "4294967296" },
+    { "plan",
+      { "--seq", "4294967296" },
       "stowage: --seq 4294967296: at most 16,777,216 tokens\n" },
-    { "fit", { "--micro-batch=4294967296" },
+    { "fit",
+      { "--micro-batch=4294967296" },
       "stowage: --micro-batch 4294967296: at most 65,536 sequences\n" },
-    { "mem", { "--micro-batch", "18446744073709551616" },
+    { "mem",
+      { "--micro-batch", "18446744073709551616" },
       "stowage: --micro-batch 18446744073709551616: at most 65,536 "
       "sequences\n" },
-    { "fit", { "--micro-batch", "128", "--seq", "16M" },
+    { "fit",
+      { "--micro-batch", "128", "--seq", "16M" },
       "stowage: --micro-batch 128 x --seq 16777216: at most 1,073,741,824 "
       "tokens per micro-batch\n" },
-    { "plan", { "--context-memory", "2EiB" },
+    { "plan",
+      { "--context-memory", "2EiB" },
       "stowage: --context-memory 2EiB: at most 1,125,899,906,842,624 bytes "
       "(1 PiB)\n" },
   };
   for (gsize i = 0; i < G_N_ELEMENTS (cases); i++)
     {
-      const char *args[12] = { cases[i].cmd, "llama-7b", "--gpus",
-                               "8xA100-80GB" };
+      const char *args[12]
+          = { cases[i].cmd, "llama-7b", "--gpus", "8xA100-80GB" };
       for (gsize k = 0; k < 4 && cases[i].flags[k]; k++)
         args[4 + k] = cases[i].flags[k];
       g_auto (StowRun) r = { 0 };
@@ -258,11 +266,12 @@ json_object_of (const char *text, JsonNode **root)
 static void
 test_mem_simulate_like_fit (void)
 {
-  const char *zero0[] = { "--zero", "0", "--offload-optimizer", "none",
-                          "--recompute", "none", NULL };
+  const char *zero0[]
+      = { "--zero", "0", "--offload-optimizer", "none", "--recompute",
+          "none",   NULL };
   g_auto (StowRun) m = { 0 };
-  stow_run (&m, "mem", "llama-65b", "--gpus", "8xA100-80GB", zero0[0],
-            zero0[1], zero0[2], zero0[3], zero0[4], zero0[5], NULL);
+  stow_run (&m, "mem", "llama-65b", "--gpus", "8xA100-80GB", zero0[0], zero0[1],
+            zero0[2], zero0[3], zero0[4], zero0[5], NULL);
   g_assert_cmpint (m.status, ==, 1);
   g_assert_nonnull (strstr (m.out, "DOES NOT FIT: GPU memory\n"));
   g_auto (StowRun) s = { 0 };
@@ -413,21 +422,22 @@ test_words_and_numbers (Tmp *t, gconstpointer data)
       }
 
   /* What is short, in words. */
-  g_autofree char *small = tmp_file (
-      t, "small-host.json",
-      "{\"gpu\": \"A100-80GB\", \"gpus_per_node\": 1, "
-      "\"host_ram\": \"16GiB\"}");
-  const char *shown[][2] = { { "text", "DOES NOT FIT: GPU memory and host "
-                                       "RAM\n" },
-                             { "md", "**DOES NOT FIT**: short of GPU memory "
-                                     "and host RAM\n" },
-                             { "html", "short of GPU memory and host RAM</p>" } };
+  g_autofree char *small
+      = tmp_file (t, "small-host.json",
+                  "{\"gpu\": \"A100-80GB\", \"gpus_per_node\": 1, "
+                  "\"host_ram\": \"16GiB\"}");
+  const char *shown[][2]
+      = { { "text", "DOES NOT FIT: GPU memory and host "
+                    "RAM\n" },
+          { "md", "**DOES NOT FIT**: short of GPU memory "
+                  "and host RAM\n" },
+          { "html", "short of GPU memory and host RAM</p>" } };
   for (gsize i = 0; i < G_N_ELEMENTS (shown); i++)
     {
       g_auto (StowRun) m = { 0 };
       stow_run (&m, "mem", "llama-65b", "--cluster", small, "--zero", "0",
-                "--offload-optimizer", "cpu", "--recompute", "none",
-                "--format", shown[i][0], NULL);
+                "--offload-optimizer", "cpu", "--recompute", "none", "--format",
+                shown[i][0], NULL);
       g_assert_cmpint (m.status, ==, 1);
       g_assert_nonnull (strstr (m.out, shown[i][1]));
     }
@@ -485,8 +495,8 @@ test_host_flags (Tmp *t, gconstpointer data)
                                    "3.49 TiB per node (the drives are "
                                    "assumed"));
   g_auto (StowRun) sim = { 0 };
-  stow_run (&sim, "simulate", "llama-7b", "--gpus", "1xL40S", "--nvme",
-            "2x1TB", NULL);
+  stow_run (&sim, "simulate", "llama-7b", "--gpus", "1xL40S", "--nvme", "2x1TB",
+            NULL);
   g_assert_cmpint (sim.status, ==, 0);
   g_assert_nonnull (strstr (sim.out, "host: 1.00 TiB RAM and 2 NVMe drives "
                                      "of 931.32 GiB per node (the RAM is "
@@ -518,7 +528,7 @@ test_host_flags (Tmp *t, gconstpointer data)
   };
   for (gsize i = 0; i < G_N_ELEMENTS (bad); i++)
     {
-      const char *args[] = { "fit", "llama-7b", "--gpus", "1xL40S",
+      const char *args[] = { "fit",       "llama-7b",   "--gpus", "1xL40S",
                              bad[i].flag, bad[i].value, NULL };
       stow_assert_usage_error (args, bad[i].message);
     }
@@ -541,8 +551,7 @@ test_every_json_parses (Tmp *t, gconstpointer data)
     { "fit", "llama-13b", "--gpus", "8xA100-80GB", "--emit", "plan", NULL },
     { "fit", "llama-13b", "--gpus", "8xA100-80GB", "--emit", "deepspeed",
       NULL },
-    { "mem", "llama-7b", "--gpus", "1xA100-80GB", "--emit", "deepspeed",
-      NULL },
+    { "mem", "llama-7b", "--gpus", "1xA100-80GB", "--emit", "deepspeed", NULL },
     { "fit", "llama-65b", "--gpus", "1xA100-80GB", "--json", NULL },
     { "plan", "mixtral-8x7b", "--gpus", "16xH100-SXM", "--json", "--top", "3",
       "--explain", NULL },

@@ -192,9 +192,9 @@ test_bad_input (void)
       = { "fit", "llama-65b", "--gpus", "8xA100-80GB", "--tp", "3", NULL };
   stow_assert_usage_error (c, "--tp 3 does not divide num_attention_heads 64");
   /* --pp and --cp given too: left open, they are filled as fit fills them. */
-  const char *const d[] = { "mem", "llama-65b", "--gpus", "8xA100-80GB",
-                            "--dp", "2", "--tp", "2", "--pp", "1", "--cp", "1",
-                            NULL };
+  const char *const d[]
+      = { "mem", "llama-65b", "--gpus", "8xA100-80GB", "--dp", "2", "--tp",
+          "2",   "--pp",      "1",      "--cp",        "1",    NULL };
   stow_assert_usage_error (d, "--dp 2 x --tp 2 x --pp 1 x --cp 1 = 4 GPUs");
   const char *const e[] = { "fit", "llama-65b", NULL };
   stow_assert_usage_error (e, "--gpus");

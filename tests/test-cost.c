@@ -114,7 +114,8 @@ korthikanti_errors (const KorthikantiRow *r, double err[4])
 
   layout (&l, r->gpus, r->tp, r->pp, r->vpp, r->gb, r->mbs, STOW_RECOMPUTE_FULL,
           FALSE);
-  g_assert_true (stow_cost_estimate_checked (TEST_PLAN (m, c, &t, &l, NULL), &o, &cost, &error));
+  g_assert_true (stow_cost_estimate_checked (TEST_PLAN (m, c, &t, &l, NULL), &o,
+                                             &cost, &error));
   g_assert_no_error (error);
   g_autofree char *w1 = g_strdup_printf ("%s full recompute s/iter", r->model);
   err[0] = rel_err (w1, cost.step_time_s, r->full_s);
@@ -122,7 +123,8 @@ korthikanti_errors (const KorthikantiRow *r, double err[4])
 
   layout (&l, r->gpus, r->tp, r->pp, r->vpp, r->gb, r->mbs,
           STOW_RECOMPUTE_SELECTIVE, TRUE);
-  g_assert_true (stow_cost_estimate_checked (TEST_PLAN (m, c, &t, &l, NULL), &o, &cost, &error));
+  g_assert_true (stow_cost_estimate_checked (TEST_PLAN (m, c, &t, &l, NULL), &o,
+                                             &cost, &error));
   g_autofree char *w2 = g_strdup_printf ("%s SP+selective s/iter", r->model);
   err[1] = rel_err (w2, cost.step_time_s, r->sel_s);
   g_autofree char *w3 = g_strdup_printf ("%s SP+selective MFU", r->model);
@@ -660,9 +662,9 @@ test_nccl_ring_latency (void)
   stow_cost_estimate (TEST_PLAN (m, c16, &t, &l, NULL), NULL, &one);
   t.global_batch = 64, l.grad_accum = 4;
   stow_cost_estimate (TEST_PLAN (m, c16, &t, &l, NULL), NULL, &four);
-  g_assert_cmpfloat (fabs (four.total_s[STOW_COST_DP]
-                           - 4.0 * one.total_s[STOW_COST_DP]),
-                     <, 1e-9 * four.total_s[STOW_COST_DP]);
+  g_assert_cmpfloat (
+      fabs (four.total_s[STOW_COST_DP] - 4.0 * one.total_s[STOW_COST_DP]), <,
+      1e-9 * four.total_s[STOW_COST_DP]);
 }
 
 /* Properties of a data-parallel collective's time over random groups and
@@ -679,12 +681,12 @@ test_collective_properties (void)
       for (int it = 0; it < 2000; it++)
         {
           guint64 stride = 1u << g_test_rand_int_range (0, 4);
-          guint64 n = (guint64)g_test_rand_int_range (1, (gint)(world / stride)
-                                                             + 1);
+          guint64 n
+              = (guint64)g_test_rand_int_range (1, (gint)(world / stride) + 1);
           double bytes = exp (g_test_rand_double_range (0, 30));
           gboolean half = g_test_rand_bit ();
-          double t = stow_cost_dp_collective_seconds (c, NULL, bytes, n,
-                                                      stride, half);
+          double t = stow_cost_dp_collective_seconds (c, NULL, bytes, n, stride,
+                                                      half);
           g_assert_true (isfinite (t) && t >= 0);
           if (n == 1)
             g_assert_cmpfloat (t, ==, 0);
@@ -812,7 +814,8 @@ test_uneven_interleaved (void)
   g_assert_cmpfloat (eight.step_time_s, <, one.step_time_s);
 
   /* Memory: a middle stage (8 layers) is the peak, not the first. */
-  g_autoptr (StowMemory) mem = stow_memory_estimate (TEST_PLAN (m, c, &t, &l, &mo), &error);
+  g_autoptr (StowMemory) mem
+      = stow_memory_estimate (TEST_PLAN (m, c, &t, &l, &mo), &error);
   g_assert_no_error (error);
   guint peak = mem->peak_stage;
   g_assert_cmpuint (mem->n_stages, ==, 16);
@@ -851,7 +854,6 @@ main (int argc, char **argv)
   g_test_add_func ("/cost/interleaved-p2p-fill", test_interleaved_p2p_fill);
   g_test_add_func ("/cost/uneven-interleaved", test_uneven_interleaved);
   g_test_add_func ("/cost/nccl-ring-latency", test_nccl_ring_latency);
-  g_test_add_func ("/cost/collective-properties",
-                   test_collective_properties);
+  g_test_add_func ("/cost/collective-properties", test_collective_properties);
   return g_test_run ();
 }

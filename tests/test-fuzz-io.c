@@ -22,8 +22,8 @@
 #include <xxhash.h>
 
 #include "executor/checkpoint.h"
-#include "executor/optim-state.h"
 #include "executor/data.h"
+#include "executor/optim-state.h"
 #include "executor/safetensors.h"
 #include "testutil-io.h"
 

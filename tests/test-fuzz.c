@@ -149,8 +149,8 @@ run_case (const char *const *argv, const char *input, Outcome *o)
   g_assert_cmpint (err_fd, >=, 0);
   g_autofree char *cmdline = g_strjoinv (" ", (char **)argv);
   g_free (current_case);
-  current_case = g_strdup_printf ("seed %u: stowage %s\n  input: %.2000s",
-                                  seed, cmdline, input ? input : "(none)");
+  current_case = g_strdup_printf ("seed %u: stowage %s\n  input: %.2000s", seed,
+                                  cmdline, input ? input : "(none)");
   fflush (stdout);
   fflush (stderr);
   if (!use_fork)
@@ -297,12 +297,11 @@ static const char *const numbers[] = {
 };
 
 static const char *const values[] = {
-  "\"\"",      "\"4k\"",         "\"80GB\"",   "\"-5GB/s\"",
-  "\"1e400GB\"", "\"16EiB\"",    "\"2us\"",    "\"llama\"",
-  "\"t5\"",    "\"mixtral\"",    "\"\\u0000\"", "\"\xff\xfe\"",
-  "[]",        "{}",             "null",       "true",
-  "false",     "[1, 2]",         "{\"a\": 1}", "\"0x10\"",
-  "\"A100\"",  "\"dgx-h100\"",
+  "\"\"",        "\"4k\"",       "\"80GB\"",  "\"-5GB/s\"", "\"1e400GB\"",
+  "\"16EiB\"",   "\"2us\"",      "\"llama\"", "\"t5\"",     "\"mixtral\"",
+  "\"\\u0000\"", "\"\xff\xfe\"", "[]",        "{}",         "null",
+  "true",        "false",        "[1, 2]",    "{\"a\": 1}", "\"0x10\"",
+  "\"A100\"",    "\"dgx-h100\"",
 };
 
 static const char *
@@ -357,9 +356,9 @@ mutate_json (GRand *r, const char *text)
         {
           /* a number scaled, or made small: values that pass the checks
            * and reach the models behind them */
-          gsize *sp = &g_array_index (spans, gsize,
-                                      2 * (gsize)g_rand_int_range (
-                                              r, 0, (gint32)spans->len));
+          gsize *sp = &g_array_index (
+              spans, gsize,
+              2 * (gsize)g_rand_int_range (r, 0, (gint32)spans->len));
           if (!g_ascii_isdigit (s->str[sp[0]]))
             continue;
           static const double factors[]
@@ -369,31 +368,30 @@ mutate_json (GRand *r, const char *text)
           if (g_rand_boolean (r))
             g_snprintf (buf, sizeof buf, "%d", g_rand_int_range (r, 1, 17));
           else
-            g_ascii_dtostr (buf, sizeof buf,
-                            v * factors[g_rand_int_range (
-                                    r, 0, G_N_ELEMENTS (factors))]);
+            g_ascii_dtostr (
+                buf, sizeof buf,
+                v * factors[g_rand_int_range (r, 0, G_N_ELEMENTS (factors))]);
           g_string_erase (s, (gssize)sp[0], (gssize)(sp[1] - sp[0]));
           g_string_insert (s, (gssize)sp[0], buf);
         }
       else if (op < 6 && spans->len > 0)
         {
-          gsize *sp = &g_array_index (spans, gsize,
-                                      2 * (gsize)g_rand_int_range (
-                                              r, 0, (gint32)spans->len));
+          gsize *sp = &g_array_index (
+              spans, gsize,
+              2 * (gsize)g_rand_int_range (r, 0, (gint32)spans->len));
           gboolean is_number = s->str[sp[0]] != '"';
-          const char *with
-              = (is_number && g_rand_boolean (r)) || op < 3
-                    ? pick (r, numbers, G_N_ELEMENTS (numbers))
-                    : pick (r, values, G_N_ELEMENTS (values));
+          const char *with = (is_number && g_rand_boolean (r)) || op < 3
+                                 ? pick (r, numbers, G_N_ELEMENTS (numbers))
+                                 : pick (r, values, G_N_ELEMENTS (values));
           g_string_erase (s, (gssize)sp[0], (gssize)(sp[1] - sp[0]));
           g_string_insert (s, (gssize)sp[0], with);
         }
       else if (op == 6 && spans->len > 0)
         {
           /* nest a value 60 to 70 deep, either side of the limit */
-          gsize *sp = &g_array_index (spans, gsize,
-                                      2 * (gsize)g_rand_int_range (
-                                              r, 0, (gint32)spans->len));
+          gsize *sp = &g_array_index (
+              spans, gsize,
+              2 * (gsize)g_rand_int_range (r, 0, (gint32)spans->len));
           int depth = g_rand_int_range (r, 60, 71);
           for (int d = 0; d < depth; d++)
             g_string_insert_c (s, (gssize)sp[1] + d, ']');
@@ -425,15 +423,38 @@ static char *
 numeric_value (GRand *r)
 {
   static const char *const special[] = {
-    "0",     "-1",   "",      " ",    "1e400",  "4294967296",
-    "18446744073709551616", "9223372036854775808", "nan",  "inf",
-    "0x10",  "1.5",  "0.0001", "+8",  "8 ",     " 8",
-    "1G",    "1T",   "16M",   "64k",  "1EiB",   "2PB",
-    "1e9",   "1e30", "3.99999999999999999999", "007", "١٢", "8\xff",
+    "0",
+    "-1",
+    "",
+    " ",
+    "1e400",
+    "4294967296",
+    "18446744073709551616",
+    "9223372036854775808",
+    "nan",
+    "inf",
+    "0x10",
+    "1.5",
+    "0.0001",
+    "+8",
+    "8 ",
+    " 8",
+    "1G",
+    "1T",
+    "16M",
+    "64k",
+    "1EiB",
+    "2PB",
+    "1e9",
+    "1e30",
+    "3.99999999999999999999",
+    "007",
+    "١٢",
+    "8\xff",
   };
   static const char *const units[] = {
-    "",    "",    "",    "k",   "K",   "M",   "G",   "B",   "T",   "KiB",
-    "MiB", "GiB", "TiB", "PiB", "EiB", "TB",  "GB",  "e3",  "e30", "%",
+    "",    "",    "",    "k",   "K",   "M",  "G",  "B",  "T",   "KiB",
+    "MiB", "GiB", "TiB", "PiB", "EiB", "TB", "GB", "e3", "e30", "%",
   };
   int kind = g_rand_int_range (r, 0, 4);
   if (kind == 0)
@@ -471,8 +492,8 @@ compare_names (gconstpointer a, gconstpointer b)
 static GPtrArray *
 seed_texts (const char *subdir, const char *suffix, const char *skip_prefix)
 {
-  g_autofree char *dir = g_test_build_filename (G_TEST_DIST, "data", subdir,
-                                                NULL);
+  g_autofree char *dir
+      = g_test_build_filename (G_TEST_DIST, "data", subdir, NULL);
   g_autoptr (GDir) d = g_dir_open (dir, 0, NULL);
   g_assert_nonnull (d);
   GPtrArray *texts = g_ptr_array_new_with_free_func (g_free);
@@ -521,8 +542,8 @@ fuzz_files (const char *parser, const char *subdir, const char *suffix,
   gint64 t0 = g_get_monotonic_time ();
   for (guint i = 0; i < n_cases; i++)
     {
-      const char *orig = seeds->pdata[g_rand_int_range (
-          r, 0, (gint32)seeds->len)];
+      const char *orig
+          = seeds->pdata[g_rand_int_range (r, 0, (gint32)seeds->len)];
       g_autofree char *text = mutate_json (r, orig);
       g_autofree char *path = write_input (file_name, text);
       run (r, i, path, text);
@@ -537,8 +558,7 @@ fuzz_files (const char *parser, const char *subdir, const char *suffix,
   /* The mutations must reach past the parser, not only into its errors. */
   g_assert_cmpuint (n_status[0] + n_status[1], >, n_cases / 5);
   if (n_failed)
-    g_test_fail_printf ("%u failures (the FUZZ FAILURE notes above)",
-                        n_failed);
+    g_test_fail_printf ("%u failures (the FUZZ FAILURE notes above)", n_failed);
   n_failed = 0;
 }
 
@@ -578,8 +598,8 @@ config_case (GRand *r, guint i, const char *path, const char *input)
   if (g_rand_int_range (r, 0, 8) == 0)
     {
       const char *sim[]
-          = { "simulate", path, "--gpus", "1xA100-80GB", "--grad-accum", "2",
-              "--format", "md", NULL };
+          = { "simulate", path,       "--gpus", "1xA100-80GB", "--grad-accum",
+              "2",        "--format", "md",     NULL };
       check_case ("config.json", i, sim, input);
     }
 }
@@ -600,8 +620,7 @@ cluster_case (GRand *r, guint i, const char *path, const char *input)
   const char *gpus[] = { "gpus", "--cluster", path, "--json", NULL };
   if (check_case ("cluster", i, gpus, input) != 0)
     return;
-  const char *mem[]
-      = { "mem", "llama-7b", "--cluster", path, "--json", NULL };
+  const char *mem[] = { "mem", "llama-7b", "--cluster", path, "--json", NULL };
   check_case ("cluster", i, mem, input);
   if (g_rand_int_range (r, 0, 4) == 0)
     {
@@ -659,8 +678,8 @@ test_fuzz_flags (void)
     const char *args[10];
   } bases[] = {
     { { "mem", "llama-7b", "--gpus", "8xA100-80GB", NULL } },
-    { { "mem", "llama-7b", "--gpus", "8xA100-80GB", "--zero", "3", "--tp",
-        "1", NULL } },
+    { { "mem", "llama-7b", "--gpus", "8xA100-80GB", "--zero", "3", "--tp", "1",
+        NULL } },
     { { "plan", "gpt2", "--gpus", "8xA100-80GB", "--top", "3", NULL } },
     { { "simulate", "gpt2", "--gpus", "4xA100-80GB", NULL } },
     { { "mem", "flan-t5-base", "--gpus", "2xA100-80GB", NULL } },
@@ -670,16 +689,37 @@ test_fuzz_flags (void)
     { { "fit", "gpt2", "--gpus", "1xA100-80GB", NULL } },
   };
   static const char *const flags[] = {
-    "--seq",          "--micro-batch",      "--global-batch", "--grad-accum",
-    "--dp",           "--tp",               "--pp",           "--vpp",
-    "--cp",           "--ep",               "--lora-rank",    "--host-ram",
-    "--nvme",         "--context-memory",   "--fragmentation", "--safety-margin",
-    "--nccl-reserve", "--workspace-memory", "--reduce-bucket", "--decoder-seq",
-    "--params",       "--largest-layer",    "--top",          "--resident-layers",
-    "--recompute",    "--zero",             "--gpus",         "--host-process-memory",
+    "--seq",
+    "--micro-batch",
+    "--global-batch",
+    "--grad-accum",
+    "--dp",
+    "--tp",
+    "--pp",
+    "--vpp",
+    "--cp",
+    "--ep",
+    "--lora-rank",
+    "--host-ram",
+    "--nvme",
+    "--context-memory",
+    "--fragmentation",
+    "--safety-margin",
+    "--nccl-reserve",
+    "--workspace-memory",
+    "--reduce-bucket",
+    "--decoder-seq",
+    "--params",
+    "--largest-layer",
+    "--top",
+    "--resident-layers",
+    "--recompute",
+    "--zero",
+    "--gpus",
+    "--host-process-memory",
   };
   static const char *const outputs[][2] = {
-    { NULL, NULL }, { "--json", NULL }, { "--format", "csv" },
+    { NULL, NULL },       { "--json", NULL },     { "--format", "csv" },
     { "--format", "md" }, { "--format", "html" }, { "--format", "json" },
   };
   GRand *r = g_rand_new_with_seed (seed ^ 0x5eed);
@@ -716,8 +756,8 @@ test_fuzz_flags (void)
       for (guint k = 0; k < 2 && out[k]; k++)
         g_ptr_array_add (argv, g_strdup (out[k]));
       g_ptr_array_add (argv, NULL);
-      int status = check_case ("flags", i, (const char *const *)argv->pdata,
-                               NULL);
+      int status
+          = check_case ("flags", i, (const char *const *)argv->pdata, NULL);
       if (status >= 0 && status <= 2)
         by_status[status]++;
     }
@@ -730,8 +770,7 @@ test_fuzz_flags (void)
    * errors. */
   g_assert_cmpuint (by_status[0] + by_status[1], >, n_cases / 10);
   if (n_failed)
-    g_test_fail_printf ("%u failures (the FUZZ FAILURE notes above)",
-                        n_failed);
+    g_test_fail_printf ("%u failures (the FUZZ FAILURE notes above)", n_failed);
   n_failed = 0;
 }
 
@@ -784,10 +823,10 @@ main (int argc, char **argv)
   signal (SIGBUS, last_words);
   signal (SIGFPE, last_words);
   signal (SIGALRM, last_words);
-  quiet_handler = g_log_set_handler (
-      "stowage", G_LOG_LEVEL_WARNING | G_LOG_LEVEL_MESSAGE | G_LOG_LEVEL_INFO
-                     | G_LOG_LEVEL_DEBUG,
-      quiet, NULL);
+  quiet_handler = g_log_set_handler ("stowage",
+                                     G_LOG_LEVEL_WARNING | G_LOG_LEVEL_MESSAGE
+                                         | G_LOG_LEVEL_INFO | G_LOG_LEVEL_DEBUG,
+                                     quiet, NULL);
   tmp_dir = g_dir_make_tmp ("stow-fuzz-XXXXXX", NULL);
   g_assert_nonnull (tmp_dir);
 

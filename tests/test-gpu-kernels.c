@@ -15,7 +15,7 @@
 #include "executor/backends/cuda/llama-cuda.h"
 #include "tests/testutil-llama.h"
 
-#define TOL_F32 1e-5
+#define TOL_F32  1e-5
 #define TOL_BF16 2e-2
 
 /* ---- device helpers ------------------------------------------------------ */
@@ -78,7 +78,8 @@ runtime_ok (StowLlamaCuda *g)
   g_assert_true (ok);
 }
 
-/* ---- comparisons ----------------------------------------------------------- */
+/* ---- comparisons -----------------------------------------------------------
+ */
 
 static float
 load (const void *p, gboolean bf16, guint64 i)
@@ -145,7 +146,8 @@ fill (void *p, guint64 n, gboolean bf16, GRand *rng, double scale)
     }
 }
 
-/* ---- cases ----------------------------------------------------------------- */
+/* ---- cases -----------------------------------------------------------------
+ */
 
 typedef struct
 {
@@ -157,39 +159,80 @@ typedef struct
 static const CaseDesc cases[] = {
   /* GQA, no biases, untied; seq odd on purpose (a partial tile). */
   { "base",
-    { .hidden = 64, .n_layers = 1, .n_heads = 4, .n_kv_heads = 2,
-      .head_dim = 16, .ffn = 160, .vocab = 300, .rope_theta = 10000,
+    { .hidden = 64,
+      .n_layers = 1,
+      .n_heads = 4,
+      .n_kv_heads = 2,
+      .head_dim = 16,
+      .ffn = 160,
+      .vocab = 300,
+      .rope_theta = 10000,
       .rms_norm_eps = 1e-5 },
-    2, 33 },
+    2,
+    33 },
   /* Every bias, tied, llama3 rope scaling (wavelengths of d = 16 fall in
    * all three bands of an original 16 positions). */
   { "bias-tied-llama3",
-    { .hidden = 64, .n_layers = 1, .n_heads = 4, .n_kv_heads = 2,
-      .head_dim = 16, .ffn = 160, .vocab = 300, .rope_theta = 10000,
-      .rms_norm_eps = 1e-5, .rope_factor = 8, .rope_low_freq_factor = 1,
-      .rope_high_freq_factor = 4, .rope_original_max_positions = 16,
-      .qkv_bias = TRUE, .o_bias = TRUE, .mlp_bias = TRUE, .tied = TRUE },
-    2, 33 },
+    { .hidden = 64,
+      .n_layers = 1,
+      .n_heads = 4,
+      .n_kv_heads = 2,
+      .head_dim = 16,
+      .ffn = 160,
+      .vocab = 300,
+      .rope_theta = 10000,
+      .rms_norm_eps = 1e-5,
+      .rope_factor = 8,
+      .rope_low_freq_factor = 1,
+      .rope_high_freq_factor = 4,
+      .rope_original_max_positions = 16,
+      .qkv_bias = TRUE,
+      .o_bias = TRUE,
+      .mlp_bias = TRUE,
+      .tied = TRUE },
+    2,
+    33 },
   /* head_dim 160 > 128: the attention's 16-token tiles, 7 of them, and a
    * group of 4 query heads per kv head. */
   { "wide-head",
-    { .hidden = 96, .n_layers = 1, .n_heads = 4, .n_kv_heads = 1,
-      .head_dim = 160, .ffn = 128, .vocab = 77, .rope_theta = 500000,
+    { .hidden = 96,
+      .n_layers = 1,
+      .n_heads = 4,
+      .n_kv_heads = 1,
+      .head_dim = 160,
+      .ffn = 128,
+      .vocab = 77,
+      .rope_theta = 500000,
       .rms_norm_eps = 1e-6 },
-    1, 100 },
+    1,
+    100 },
   /* Realistic heads for the bf16 runtime's tensor-core attention: d 128
    * (64-row tiles, 4 of them, a group of 2), and d 64 with seq 200 (not
    * a multiple of the tile). */
   { "head128",
-    { .hidden = 256, .n_layers = 1, .n_heads = 2, .n_kv_heads = 1,
-      .head_dim = 128, .ffn = 256, .vocab = 64, .rope_theta = 10000,
+    { .hidden = 256,
+      .n_layers = 1,
+      .n_heads = 2,
+      .n_kv_heads = 1,
+      .head_dim = 128,
+      .ffn = 256,
+      .vocab = 64,
+      .rope_theta = 10000,
       .rms_norm_eps = 1e-5 },
-    2, 256 },
+    2,
+    256 },
   { "head64-seq200",
-    { .hidden = 256, .n_layers = 1, .n_heads = 4, .n_kv_heads = 2,
-      .head_dim = 64, .ffn = 256, .vocab = 64, .rope_theta = 10000,
+    { .hidden = 256,
+      .n_layers = 1,
+      .n_heads = 4,
+      .n_kv_heads = 2,
+      .head_dim = 64,
+      .ffn = 256,
+      .vocab = 64,
+      .rope_theta = 10000,
       .rms_norm_eps = 1e-5 },
-    1, 200 },
+    1,
+    200 },
 };
 
 typedef struct
@@ -223,8 +266,8 @@ case_new (const CaseData *cd)
   c->n = cd->desc->batch * cd->desc->seq;
   c->h = c->cfg.hidden;
   c->V = c->cfg.vocab;
-  c->name = g_strdup_printf ("%s/%s", cd->desc->name,
-                             stow_dtype_nick (cd->dtype));
+  c->name
+      = g_strdup_printf ("%s/%s", cd->desc->name, stow_dtype_nick (cd->dtype));
   g_autoptr (GError) error = NULL;
   c->m = test_llama_model_new (&c->cfg, cd->dtype, cd->desc->batch,
                                cd->desc->seq, 2, 0, &error);
@@ -326,7 +369,8 @@ layer_first (void)
   return 1;
 }
 
-/* ---- embedding ------------------------------------------------------------- */
+/* ---- embedding -------------------------------------------------------------
+ */
 
 static void
 test_embed (gconstpointer data)
@@ -339,9 +383,10 @@ test_embed (gconstpointer data)
   g_autofree void *x_cpu = g_malloc (n * h * e);
   g_autofree void *x_gpu = g_malloc (n * h * e);
   void *dx_dev = dev_alloc (n * h * e);
-  stow_decoder_embed_forward (stow_llama_decoder (c->m->rt), param (c, ie)->w, c->m->tokens, n,
-                            x_cpu);
-  stow_decoder_embed_forward (stow_llama_cuda_decoder (c->g), c->dw[ie], c->dtokens, n, dx_dev);
+  stow_decoder_embed_forward (stow_llama_decoder (c->m->rt), param (c, ie)->w,
+                              c->m->tokens, n, x_cpu);
+  stow_decoder_embed_forward (stow_llama_cuda_decoder (c->g), c->dw[ie],
+                              c->dtokens, n, dx_dev);
   download (x_gpu, dx_dev, n * h * e);
   runtime_ok (c->g);
   report (&r, "forward x", x_cpu, x_gpu, n * h, c->bf16, 0);
@@ -358,12 +403,14 @@ test_embed (gconstpointer data)
     {
       memcpy (d_cpu, d0, V * h * e);
       upload (dd, d0, V * h * e);
-      stow_decoder_embed_backward (stow_llama_decoder (c->m->rt), c->m->tokens, n, dxh, d_cpu, acc);
-      stow_decoder_embed_backward (stow_llama_cuda_decoder (c->g), c->dtokens, n, dx_dev, dd, acc);
+      stow_decoder_embed_backward (stow_llama_decoder (c->m->rt), c->m->tokens,
+                                   n, dxh, d_cpu, acc);
+      stow_decoder_embed_backward (stow_llama_cuda_decoder (c->g), c->dtokens,
+                                   n, dx_dev, dd, acc);
       download (d_gpu, dd, V * h * e);
       runtime_ok (c->g);
-      report (&r, acc ? "dembed +=" : "dembed =", d_cpu, d_gpu, V * h,
-              c->bf16, c->bf16 ? TOL_BF16 : TOL_F32);
+      report (&r, acc ? "dembed +=" : "dembed =", d_cpu, d_gpu, V * h, c->bf16,
+              c->bf16 ? TOL_BF16 : TOL_F32);
     }
   cudaFree (dx_dev);
   cudaFree (dd);
@@ -372,7 +419,8 @@ test_embed (gconstpointer data)
   case_free (c);
 }
 
-/* ---- layer forward ----------------------------------------------------------- */
+/* ---- layer forward
+ * ----------------------------------------------------------- */
 
 typedef struct
 {
@@ -422,14 +470,14 @@ test_layer_forward (gconstpointer data)
   g_autofree void *x = g_malloc (n * h * e);
   fill (x, n * h, c->bf16, c->rng, 1);
   void *xd = dev_dup (x, n * h * e);
-  stow_decoder_layer_forward (stow_llama_decoder (rt), c->desc->batch, c->desc->seq, &lw, x,
-                            &c->m->saved[0]);
+  stow_decoder_layer_forward (stow_llama_decoder (rt), c->desc->batch,
+                              c->desc->seq, &lw, x, &c->m->saved[0]);
 
   void *rest_d = dev_alloc (rest_b), *out_d = dev_alloc (out_b);
   StowLlamaSaved sd, sh;
   stow_llama_saved_carve (rt, n, rest_d, out_d, &sd);
-  stow_decoder_layer_forward (stow_llama_cuda_decoder (c->g), c->desc->batch, c->desc->seq, &lwd, xd,
-                                 &sd);
+  stow_decoder_layer_forward (stow_llama_cuda_decoder (c->g), c->desc->batch,
+                              c->desc->seq, &lwd, xd, &sd);
   g_autofree void *rest_h = g_malloc (rest_b);
   g_autofree void *out_h = g_malloc (out_b);
   download (rest_h, rest_d, rest_b);
@@ -452,8 +500,8 @@ test_layer_forward (gconstpointer data)
   stow_llama_saved_carve (rt, n, rest_d, NULL, &sd2);
   cuda_check (cudaMemset (rest_d, 0xff, rest_b), "memset");
   cuda_check (cudaDeviceSynchronize (), "memset: cudaDeviceSynchronize");
-  stow_decoder_layer_forward (stow_llama_cuda_decoder (c->g), c->desc->batch, c->desc->seq, &lwd, xd,
-                                 &sd2);
+  stow_decoder_layer_forward (stow_llama_cuda_decoder (c->g), c->desc->batch,
+                              c->desc->seq, &lwd, xd, &sd2);
   download (rest_h2, rest_d, rest_b);
   runtime_ok (c->g);
   gboolean same = memcmp (rest_h, rest_h2, rest_b) == 0;
@@ -470,16 +518,16 @@ test_layer_forward (gconstpointer data)
   case_free (c);
 }
 
-/* ---- layer backward ------------------------------------------------------------ */
+/* ---- layer backward
+ * ------------------------------------------------------------ */
 
 /* One backward on both runtimes from the same saved tensors (the cpu
  * forward's, uploaded), the same dout and the same starting gradients
  * @g0 (per parameter of layer 0).  The GPU's dx goes to @x_dev itself when
  * @alias.  Leaves the GPU's dx in @dx_gpu and its gradients in c->dg. */
 static void
-backward_once (Case *c, const void *x, void *x_dev, const void *dout,
-               void **g0, gboolean acc, gboolean alias, void *dx_cpu,
-               void *dx_gpu)
+backward_once (Case *c, const void *x, void *x_dev, const void *dout, void **g0,
+               gboolean acc, gboolean alias, void *dx_cpu, void *dx_gpu)
 {
   guint64 n = c->n, h = c->h, e = c->e;
   StowLlama *rt = c->m->rt;
@@ -489,8 +537,8 @@ backward_once (Case *c, const void *x, void *x_dev, const void *dout,
   layer_pair (c, FALSE, &lw, &lwd);
   layer_pair (c, TRUE, &lg, &lgd);
 
-  stow_decoder_layer_forward (stow_llama_decoder (rt), c->desc->batch, c->desc->seq, &lw, x,
-                            &c->m->saved[0]);
+  stow_decoder_layer_forward (stow_llama_decoder (rt), c->desc->batch,
+                              c->desc->seq, &lw, x, &c->m->saved[0]);
   memcpy (c->m->outs[0], dout, out_b);
   void *rest_d = dev_dup (c->m->rest[0], rest_b);
   void *out_d = dev_dup (dout, out_b);
@@ -504,10 +552,12 @@ backward_once (Case *c, const void *x, void *x_dev, const void *dout,
   void *ws_d = dev_alloc (stow_llama_backward_ws_bytes (rt, n));
   void *dxd = alias ? x_dev : dev_alloc (n * h * e);
 
-  stow_decoder_layer_backward (stow_llama_decoder (rt), c->desc->batch, c->desc->seq, &lw, x,
-                             &c->m->saved[0], &lg, acc, c->m->ws, dx_cpu);
-  stow_decoder_layer_backward (stow_llama_cuda_decoder (c->g), c->desc->batch, c->desc->seq, &lwd,
-                                  x_dev, &sd, &lgd, acc, ws_d, dxd);
+  stow_decoder_layer_backward (stow_llama_decoder (rt), c->desc->batch,
+                               c->desc->seq, &lw, x, &c->m->saved[0], &lg, acc,
+                               c->m->ws, dx_cpu);
+  stow_decoder_layer_backward (stow_llama_cuda_decoder (c->g), c->desc->batch,
+                               c->desc->seq, &lwd, x_dev, &sd, &lgd, acc, ws_d,
+                               dxd);
   download (dx_gpu, dxd, n * h * e);
   runtime_ok (c->g);
   if (!alias)
@@ -549,16 +599,16 @@ test_layer_backward (gconstpointer data)
        * written over x (aliasing). */
       upload (xd, x, n * h * e);
       backward_once (c, x, xd, dout, g0, acc, acc, dx_cpu, dx_gpu);
-      g_autofree char *what = g_strdup_printf ("dx (%s)", acc ? "+=, aliased"
-                                                              : "=");
+      g_autofree char *what
+          = g_strdup_printf ("dx (%s)", acc ? "+=, aliased" : "=");
       report (&r, what, dx_cpu, dx_gpu, n * h, c->bf16, tol);
       for (guint i = layer_first (); i < layer_first () + c->m->per_layer; i++)
         {
           download (gg[i], c->dg[i], param_elems (c, i) * e);
           g_autofree char *name = g_strdup_printf ("d%s %s", param (c, i)->name,
                                                    acc ? "+=" : "=");
-          report (&r, name, param (c, i)->g, gg[i], param_elems (c, i),
-                  c->bf16, tol);
+          report (&r, name, param (c, i)->g, gg[i], param_elems (c, i), c->bf16,
+                  tol);
         }
     }
 
@@ -590,7 +640,8 @@ test_layer_backward (gconstpointer data)
   case_free (c);
 }
 
-/* ---- attention alone: tensor cores against the fp32 kernels -------------------- */
+/* ---- attention alone: tensor cores against the fp32 kernels
+ * -------------------- */
 
 typedef struct
 {
@@ -608,15 +659,19 @@ test_attention_tc (gconstpointer data)
   const AttnShape *sh = data;
   guint64 B = sh->batch, T = sh->seq, a = sh->a, kv = sh->kv, d = sh->d;
   guint64 n = B * T, nq = n * a * d, nk = n * kv * d, nl = n * a;
-  StowLlamaConfig cfg = { .hidden = a * d, .n_layers = 1, .n_heads = a,
-                          .n_kv_heads = kv, .head_dim = d, .ffn = 64,
-                          .vocab = 64, .rope_theta = 10000,
+  StowLlamaConfig cfg = { .hidden = a * d,
+                          .n_layers = 1,
+                          .n_heads = a,
+                          .n_kv_heads = kv,
+                          .head_dim = d,
+                          .ffn = 64,
+                          .vocab = 64,
+                          .rope_theta = 10000,
                           .rms_norm_eps = 1e-5 };
-  g_autofree char *name
-      = g_strdup_printf ("attention-tc/b%" G_GUINT64_FORMAT "-t%" G_GUINT64_FORMAT
-                         "-a%" G_GUINT64_FORMAT "-kv%" G_GUINT64_FORMAT
-                         "-d%" G_GUINT64_FORMAT,
-                         B, T, a, kv, d);
+  g_autofree char *name = g_strdup_printf (
+      "attention-tc/b%" G_GUINT64_FORMAT "-t%" G_GUINT64_FORMAT
+      "-a%" G_GUINT64_FORMAT "-kv%" G_GUINT64_FORMAT "-d%" G_GUINT64_FORMAT,
+      B, T, a, kv, d);
   Report r = { name, 0, 0 };
   g_autoptr (GError) error = NULL;
   g_autoptr (StowLlamaCuda) g16
@@ -663,9 +718,8 @@ test_attention_tc (gconstpointer data)
   /* fp32 oracle. */
   stow_llama_cuda_attention_forward (g32, B, T, d32[0], d32[1], d32[2], o32[0],
                                      lse32);
-  stow_llama_cuda_attention_backward (g32, B, T, d32[0], d32[1], d32[2],
-                                      o32[0], lse32, d32[3], o32[1], o32[2],
-                                      o32[3]);
+  stow_llama_cuda_attention_backward (g32, B, T, d32[0], d32[1], d32[2], o32[0],
+                                      lse32, d32[3], o32[1], o32[2], o32[3]);
   float *ref[4];
   g_autofree float *lse_ref = g_new (float, nl);
   for (guint t = 0; t < 4; t++)
@@ -691,8 +745,8 @@ test_attention_tc (gconstpointer data)
       stow_llama_cuda_attention_forward (g16, B, T, d16[0], d16[1], d16[2],
                                          o16[0], lse16);
       stow_llama_cuda_attention_backward (g16, B, T, d16[0], d16[1], d16[2],
-                                          o16[0], lse16, d16[3], o16[1],
-                                          o16[2], o16[3]);
+                                          o16[0], lse16, d16[3], o16[1], o16[2],
+                                          o16[3]);
       guint slot = run == 0 ? 0 : 1;
       for (guint t = 0; t < 4; t++)
         {
@@ -709,8 +763,10 @@ test_attention_tc (gconstpointer data)
               g_free (dst);
             }
         }
-      download (run == 0 ? lse_got : run == 1 ? lse_again : lse_cc, lse16,
-                4 * nl);
+      download (run == 0   ? lse_got
+                : run == 1 ? lse_again
+                           : lse_cc,
+                lse16, 4 * nl);
       runtime_ok (g16);
     }
   gboolean lse_same = memcmp (lse_got, lse_again, 4 * nl) == 0;
@@ -729,8 +785,8 @@ test_attention_tc (gconstpointer data)
         }
       g_autofree char *what = g_strdup_printf ("%s tc", onames[t]);
       report (&r, what, ref[t], f, osz[t], FALSE, TOL_BF16);
-      g_printerr ("  %-36s %-12s (bf16 CUDA cores: max rel err %.3e)\n",
-                  r.test, onames[t], rel_err (ref[t], fc, osz[t], FALSE));
+      g_printerr ("  %-36s %-12s (bf16 CUDA cores: max rel err %.3e)\n", r.test,
+                  onames[t], rel_err (ref[t], fc, osz[t], FALSE));
     }
   report (&r, "lse tc", lse_ref, lse_got, nl, FALSE, TOL_BF16);
   g_printerr ("  %-36s %-12s (bf16 CUDA cores: max rel err %.3e)\n", r.test,
@@ -753,7 +809,8 @@ test_attention_tc (gconstpointer data)
   report_done (&r);
 }
 
-/* ---- output layer and loss ------------------------------------------------------- */
+/* ---- output layer and loss
+ * ------------------------------------------------------- */
 
 static void
 test_head_loss (gconstpointer data)
@@ -800,10 +857,9 @@ test_head_loss (gconstpointer data)
           c->m->targets, scale, dn_c, dh_c, acc, dx_c, scratch, chunk);
       /* "+=" writes dx over x. */
       void *dxg = acc ? xd : dx_d;
-      stow_decoder_head_loss (stow_llama_cuda_decoder (c->g), n,
-                              c->dw[inorm], c->dw[ihead], xd, c->dtargets,
-                              scale, dn_d, dh_d, acc, dxg, scratch_d, chunk,
-                              loss_d);
+      stow_decoder_head_loss (stow_llama_cuda_decoder (c->g), n, c->dw[inorm],
+                              c->dw[ihead], xd, c->dtargets, scale, dn_d, dh_d,
+                              acc, dxg, scratch_d, chunk, loss_d);
       double loss_g;
       download (&loss_g, loss_d, sizeof loss_g);
       download (dn_g, dn_d, h * e);
@@ -818,19 +874,18 @@ test_head_loss (gconstpointer data)
                   ok ? "ok" : "FAIL", loss_c, loss_g - start);
       r.failures += !ok;
       r.worst = MAX (r.worst, lerr);
-      report (&r, acc ? "dx (aliased)" : "dx", dx_c, dx_g, n * h, c->bf16,
-              tol);
+      report (&r, acc ? "dx (aliased)" : "dx", dx_c, dx_g, n * h, c->bf16, tol);
       report (&r, acc ? "dnorm +=" : "dnorm =", dn_c, dn_g, h, c->bf16, tol);
       report (&r, acc ? "dhead +=" : "dhead =", dh_c, dh_g, V * h, c->bf16,
               tol);
     }
 
   /* The logits alone. */
-  g_autofree float *lg_c = g_new (float, n * V);
-  g_autofree float *lg_g = g_new (float, n * V);
+  g_autofree float *lg_c = g_new (float, n *V);
+  g_autofree float *lg_g = g_new (float, n *V);
   float *lg_d = dev_alloc (4 * n * V);
-  test_llama_head_logits (c->m->rt, n, param (c, inorm)->w,
-                          param (c, ihead)->w, x, lg_c);
+  test_llama_head_logits (c->m->rt, n, param (c, inorm)->w, param (c, ihead)->w,
+                          x, lg_c);
   upload (xd, x, n * h * e);
   float *xn_d = dev_alloc (4 * n * h);
   stow_decoder_head_logits (stow_llama_cuda_decoder (c->g), n, c->dw[inorm],
@@ -852,7 +907,8 @@ test_head_loss (gconstpointer data)
   case_free (c);
 }
 
-/* ---- optimizer --------------------------------------------------------------------- */
+/* ---- optimizer
+ * --------------------------------------------------------------------- */
 
 static StowLlamaCuda *
 optim_runtime (void)
@@ -889,8 +945,7 @@ test_sumsq (void)
   StowCudaOptimState *sd = dev_alloc (sizeof *sd);
   /* Past 4096 * 8192 elements the blocks grow beyond the minimum. */
   const guint64 sizes[] = { 5, 100003, 34000001 };
-  const StowDtype types[]
-      = { STOW_DTYPE_F32, STOW_DTYPE_BF16, STOW_DTYPE_F16 };
+  const StowDtype types[] = { STOW_DTYPE_F32, STOW_DTYPE_BF16, STOW_DTYPE_F16 };
   guint failures = 0;
   for (guint si = 0; si < G_N_ELEMENTS (sizes); si++)
     for (guint ti = 0; ti < G_N_ELEMENTS (types); ti++)
@@ -992,7 +1047,8 @@ adam_case (StowLlamaCuda *g, StowAdam *adam, GRand *rng, StowDtype gt,
   if (!skip)
     {
       StowAdamStep cs = { 3, loss_scale, coef, FALSE };
-      StowAdamTensor tc = { p, m, v, gr, gt, ot != STOW_DTYPE_NONE ? out : NULL, ot, n };
+      StowAdamTensor tc
+          = { p, m, v, gr, gt, ot != STOW_DTYPE_NONE ? out : NULL, ot, n };
       g_autoptr (GError) error = NULL;
       stow_adam_step (adam, &cfg, &cs, &tc, &error);
       g_assert_no_error (error);
@@ -1003,11 +1059,11 @@ adam_case (StowLlamaCuda *g, StowAdam *adam, GRand *rng, StowDtype gt,
   gboolean same = memcmp (p, pg, 4 * n) == 0 && memcmp (m, mg, 4 * n) == 0
                   && memcmp (v, vg, 4 * n) == 0
                   && (ot == STOW_DTYPE_NONE || memcmp (out, og, ob) == 0);
-  gboolean untouched = !skip
-                       || (memcmp (p0, pg, 4 * n) == 0
-                           && memcmp (m0, mg, 4 * n) == 0
-                           && memcmp (v0, vg, 4 * n) == 0
-                           && (ot == STOW_DTYPE_NONE || memcmp (o0, og, ob) == 0));
+  gboolean untouched
+      = !skip
+        || (memcmp (p0, pg, 4 * n) == 0 && memcmp (m0, mg, 4 * n) == 0
+            && memcmp (v0, vg, 4 * n) == 0
+            && (ot == STOW_DTYPE_NONE || memcmp (o0, og, ob) == 0));
   double perr = 0;
   for (guint64 i = 0; i < n; i++)
     perr = MAX (perr, fabs ((double)pg[i] - p[i]));
@@ -1034,10 +1090,9 @@ test_adam (void)
   g_autoptr (StowLlamaCuda) g = optim_runtime ();
   g_autoptr (StowAdam) adam = stow_adam_new (2, STOW_ISA_SCALAR, NULL);
   g_autoptr (GRand) rng = g_rand_new_with_seed (11);
-  const StowDtype gts[]
-      = { STOW_DTYPE_F32, STOW_DTYPE_BF16, STOW_DTYPE_F16 };
-  const StowDtype ots[] = { STOW_DTYPE_NONE, STOW_DTYPE_F32,
-                                STOW_DTYPE_BF16, STOW_DTYPE_F16 };
+  const StowDtype gts[] = { STOW_DTYPE_F32, STOW_DTYPE_BF16, STOW_DTYPE_F16 };
+  const StowDtype ots[]
+      = { STOW_DTYPE_NONE, STOW_DTYPE_F32, STOW_DTYPE_BF16, STOW_DTYPE_F16 };
   const struct
   {
     StowAdamMode mode;
@@ -1072,8 +1127,8 @@ main (int argc, char **argv)
   struct cudaDeviceProp prop;
   cuda_check (cudaGetDevice (&dev), "cudaGetDevice");
   cuda_check (cudaGetDeviceProperties (&prop, dev), "cudaGetDeviceProperties");
-  g_printerr ("# device %d: %s, sm_%d%d, %d SMs\n", dev, prop.name,
-              prop.major, prop.minor, prop.multiProcessorCount);
+  g_printerr ("# device %d: %s, sm_%d%d, %d SMs\n", dev, prop.name, prop.major,
+              prop.minor, prop.multiProcessorCount);
   cuda_check (cudaStreamCreate (&stream), "cudaStreamCreate");
 
   static CaseData data[G_N_ELEMENTS (cases) * 2];

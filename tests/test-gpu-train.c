@@ -11,8 +11,8 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <sys/wait.h>
 #include <string.h>
+#include <sys/wait.h>
 
 #include <glib/gstdio.h>
 #include <json-glib/json-glib.h>
@@ -78,10 +78,10 @@ read_floats (StowSafetensors *st, const StowSafetensor *t)
 static double
 weights_rel (const char *a_dir, const char *b_dir, double *max_element)
 {
-  g_autofree char *pa = g_build_filename (a_dir, "latest", "model.safetensors",
-                                          NULL);
-  g_autofree char *pb = g_build_filename (b_dir, "latest", "model.safetensors",
-                                          NULL);
+  g_autofree char *pa
+      = g_build_filename (a_dir, "latest", "model.safetensors", NULL);
+  g_autofree char *pb
+      = g_build_filename (b_dir, "latest", "model.safetensors", NULL);
   StowSafetensors *a = stow_safetensors_open (pa, NULL);
   StowSafetensors *b = stow_safetensors_open (pb, NULL);
   g_assert_nonnull (a);
@@ -107,8 +107,8 @@ weights_rel (const char *a_dir, const char *b_dir, double *max_element)
         }
       double rel = n > 0 ? sqrt (d / n) : sqrt (d);
       double mrel = bmax > 0 ? emax / bmax : emax;
-      g_test_message ("  %-40s |a - b| / |b| %.3e, max-element %.3e",
-                      tb->name, rel, mrel);
+      g_test_message ("  %-40s |a - b| / |b| %.3e, max-element %.3e", tb->name,
+                      rel, mrel);
       worst = MAX (worst, rel);
       *max_element = MAX (*max_element, mrel);
     }
@@ -131,11 +131,12 @@ against_cpu (const char *precision, double loss_tol, double weight_tol,
   g_autofree char *gpu = g_build_filename (f.dir, "gpu", NULL);
   g_autofree char *cpu_log = g_build_filename (f.dir, "cpu.jsonl", NULL);
   g_autofree char *gpu_log = g_build_filename (f.dir, "gpu.jsonl", NULL);
-  const char *const on_cpu[] = { "--steps", "10", "--precision", precision,
-                                 "--log-json", cpu_log, NULL };
-  const char *const on_gpu[] = { "--steps", "10", "--precision", precision,
-                                 "--log-json", gpu_log, "--backend", "cuda",
+  const char *const on_cpu[] = { "--steps", "10",         "--precision",
+                                 precision, "--log-json", cpu_log,
                                  NULL };
+  const char *const on_gpu[]
+      = { "--steps", "10",        "--precision", precision, "--log-json",
+          gpu_log,   "--backend", "cuda",        NULL };
   g_autoptr (GPtrArray) ac = args_join (on_cpu, extra);
   g_autoptr (GPtrArray) ag = args_join (on_gpu, extra);
   g_auto (StowRun) rc = { 0 };
@@ -204,8 +205,8 @@ test_bf16 (void)
 static void
 test_delayed_update (void)
 {
-  const char *const flags[] = { "--offload-optimizer", "cpu",
-                                "--delayed-update", NULL };
+  const char *const flags[]
+      = { "--offload-optimizer", "cpu", "--delayed-update", NULL };
   against_cpu ("fp32", 1e-5, 1e-3, flags);
   if (!have_gpu ())
     return;
@@ -237,8 +238,8 @@ test_oracle (void)
   if (!have_gpu ())
     return;
   /* The GPU machine's python3 has torch; Debian's is the fallback. */
-  stow_train_oracle ("cuda", (const char *const[]){ "python3",
-                                                    "/usr/bin/python3", NULL });
+  stow_train_oracle (
+      "cuda", (const char *const[]){ "python3", "/usr/bin/python3", NULL });
 }
 
 /* Two GPU runs, and a run with full recomputation, give the same bytes;
@@ -257,8 +258,8 @@ test_bit_identical (void)
   g_auto (StowRun) r0 = { 0 }, r1 = { 0 }, r2 = { 0 }, r3 = { 0 }, r4 = { 0 };
   train (&r0, &f, dirs[0], "--steps", "6", "--backend", "cuda", NULL);
   train (&r1, &f, dirs[1], "--steps", "6", "--backend", "cuda", NULL);
-  train (&r2, &f, dirs[2], "--steps", "6", "--backend", "cuda",
-         "--recompute", "full", NULL);
+  train (&r2, &f, dirs[2], "--steps", "6", "--backend", "cuda", "--recompute",
+         "full", NULL);
   train (&r3, &f, dirs[3], "--steps", "3", "--backend", "cuda", NULL);
   train (&r4, &f, dirs[3], "--steps", "6", "--backend", "cuda", "--resume",
          NULL);
@@ -292,16 +293,15 @@ test_offload_optimizer (void)
   const char *const precisions[] = { "fp32", "bf16" };
   for (guint i = 0; i < G_N_ELEMENTS (precisions); i++)
     {
-      g_autofree char *dev = g_strdup_printf ("%s/dev-%s", f.dir,
-                                              precisions[i]);
-      g_autofree char *off = g_strdup_printf ("%s/off-%s", f.dir,
-                                              precisions[i]);
+      g_autofree char *dev
+          = g_strdup_printf ("%s/dev-%s", f.dir, precisions[i]);
+      g_autofree char *off
+          = g_strdup_printf ("%s/off-%s", f.dir, precisions[i]);
       g_auto (StowRun) rd = { 0 }, ro = { 0 };
-      train (&rd, &f, dev, "--steps", "4", "--backend", "cuda",
-             "--precision", precisions[i], NULL);
-      train (&ro, &f, off, "--steps", "4", "--backend", "cuda",
-             "--precision", precisions[i], "--offload-optimizer", "cpu",
-             NULL);
+      train (&rd, &f, dev, "--steps", "4", "--backend", "cuda", "--precision",
+             precisions[i], NULL);
+      train (&ro, &f, off, "--steps", "4", "--backend", "cuda", "--precision",
+             precisions[i], "--offload-optimizer", "cpu", NULL);
       g_assert_cmpint (rd.status, ==, 0);
       g_assert_cmpint (ro.status, ==, 0);
       g_test_message ("%s: optimizer in host memory against on the GPU:",
@@ -330,8 +330,8 @@ test_offload_params (void)
       const char *prec = precisions[i];
       g_autofree char *dev = g_strdup_printf ("%s/dev-%s", f.dir, prec);
       g_auto (StowRun) rd = { 0 };
-      train (&rd, &f, dev, "--steps", "3", "--backend", "cuda",
-             "--precision", prec, NULL);
+      train (&rd, &f, dev, "--steps", "3", "--backend", "cuda", "--precision",
+             prec, NULL);
       g_assert_cmpint (rd.status, ==, 0);
       const char *const ks[] = { "0", "1", NULL };
       for (guint k = 0; k < G_N_ELEMENTS (ks); k++)

@@ -564,8 +564,7 @@ test_file_defaults (void)
   g_assert_cmpfloat (g->pcie_bw, ==, 25e9);
   g_assert_cmpuint (g->defaulted, ==,
                     STOW_GPU_DEFAULT_FP16 | STOW_GPU_DEFAULT_HBM
-                        | STOW_GPU_DEFAULT_PCIE_GEN
-                        | STOW_GPU_DEFAULT_PCIE_BW);
+                        | STOW_GPU_DEFAULT_PCIE_GEN | STOW_GPU_DEFAULT_PCIE_BW);
 
   /* A generation given: its practical rate. */
   g_autoptr (StowCluster) c5 = cluster_text (

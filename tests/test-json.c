@@ -167,7 +167,7 @@ test_parse_bounds (void)
     { "{\"h\": 9223372036854775807}", TRUE },
     { "{\"h\": -9223372036854775808}", TRUE },
     { "{\"h\": 000009223372036854775807}", FALSE }, /* json-glib: junk */
-    { "{\"h\": 18446744073709551616.0}", TRUE },     /* a double */
+    { "{\"h\": 18446744073709551616.0}", TRUE },    /* a double */
     { "{\"h\": 1.8e19}", TRUE },
     { "{\"h\": 9223372036854775808}", FALSE },
     { "{\"h\": -9223372036854775809}", FALSE },
@@ -516,14 +516,13 @@ test_to_string_valid (void)
   g_autofree char *pretty = stow_json_to_string (root, TRUE);
   g_autofree char *compact = stow_json_to_string (root, FALSE);
   g_test_message ("%s", pretty);
-  g_assert_cmpstr (
-      compact, ==,
-      "{\"nan\":null,\"inf\":null,\"ninf\":null,\"big\":1e+42,"
-      "\"tiny\":1e-300,\"three\":3.0,\"zero\":-0.0,"
-      "\"ctl\":\"a\\u001f\\u0001\\u007f\\\"\\\\/b\\n\","
-      "\"bad\\ufffd\":\"x\\ufffdy\\ufffd\\ufffd\","
-      "\"utf8\":\"\xc3\xa9\xe2\x80\xa8\","
-      "\"empty_obj\":{},\"empty_arr\":[]}");
+  g_assert_cmpstr (compact, ==,
+                   "{\"nan\":null,\"inf\":null,\"ninf\":null,\"big\":1e+42,"
+                   "\"tiny\":1e-300,\"three\":3.0,\"zero\":-0.0,"
+                   "\"ctl\":\"a\\u001f\\u0001\\u007f\\\"\\\\/b\\n\","
+                   "\"bad\\ufffd\":\"x\\ufffdy\\ufffd\\ufffd\","
+                   "\"utf8\":\"\xc3\xa9\xe2\x80\xa8\","
+                   "\"empty_obj\":{},\"empty_arr\":[]}");
   const char *texts[] = { pretty, compact };
   for (gsize i = 0; i < G_N_ELEMENTS (texts); i++)
     {
@@ -556,7 +555,8 @@ test_to_string_layout (void)
   for (gsize i = 0; i < G_N_ELEMENTS (docs); i++)
     for (int pretty = 0; pretty < 2; pretty++)
       {
-        g_autoptr (JsonNode) root = stow_json_parse_data (docs[i], -1, "l", NULL);
+        g_autoptr (JsonNode) root
+            = stow_json_parse_data (docs[i], -1, "l", NULL);
         g_assert_nonnull (root);
         g_autoptr (JsonGenerator) gen = json_generator_new ();
         json_generator_set_root (gen, root);

@@ -444,7 +444,8 @@ layer_init (Layer *y, StowLlamaConfig c, StowDtype dt, guint64 B, guint64 T,
   /* The layer's input: the embedding of the random tokens. */
   y->x = g_malloc (y->out_bytes);
   TestLlamaParam *e = &g_array_index (y->m->params, TestLlamaParam, 0);
-  stow_decoder_embed_forward (stow_llama_decoder (y->m->rt), e->w, y->m->tokens, y->n, y->x);
+  stow_decoder_embed_forward (stow_llama_decoder (y->m->rt), e->w, y->m->tokens,
+                              y->n, y->x);
 }
 
 static void
@@ -461,7 +462,8 @@ layer_forward (Layer *y, guint8 *rest, guint8 *out)
   StowLlamaLayerWeights w;
   stow_llama_saved_carve (y->m->rt, y->n, rest, out, &s);
   test_llama_model_layer (y->m, 0, FALSE, &w);
-  stow_decoder_layer_forward (stow_llama_decoder (y->m->rt), y->m->batch, y->m->seq, &w, y->x, &s);
+  stow_decoder_layer_forward (stow_llama_decoder (y->m->rt), y->m->batch,
+                              y->m->seq, &w, y->x, &s);
 }
 
 /* A seeded dL/d(out) in @out. */
@@ -500,7 +502,8 @@ test_recompute (void)
       StowLlamaLayerWeights w;
       stow_llama_saved_carve (y.m->rt, y.n, r2, NULL, &s);
       test_llama_model_layer (y.m, 0, FALSE, &w);
-      stow_decoder_layer_forward (stow_llama_decoder (y.m->rt), 2, 9, &w, y.x, &s);
+      stow_decoder_layer_forward (stow_llama_decoder (y.m->rt), 2, 9, &w, y.x,
+                                  &s);
       g_assert_cmpint (memcmp (r1, r2, y.rest_bytes), ==, 0);
       /* And a full forward again: the output too. */
       layer_forward (&y, r2, o2);
@@ -542,8 +545,8 @@ layer_backward (Layer *y, gboolean alias, gboolean accumulate,
   test_llama_model_layer (m, 0, FALSE, &w);
   test_llama_model_layer (m, 0, TRUE, &g);
   g_autofree guint8 *ws = g_malloc (stow_llama_backward_ws_bytes (m->rt, y->n));
-  stow_decoder_layer_backward (stow_llama_decoder (m->rt), m->batch, m->seq, &w, x, &s, &g, accumulate,
-                             ws, alias ? x : dx);
+  stow_decoder_layer_backward (stow_llama_decoder (m->rt), m->batch, m->seq, &w,
+                               x, &s, &g, accumulate, ws, alias ? x : dx);
   guint64 nh = y->n * m->cfg.hidden;
   float *all = g_new (float, k + nh);
   k = 0;
@@ -652,7 +655,8 @@ test_head_loss (void)
   TestLlamaParam *head = &g_array_index (m->params, TestLlamaParam, 2);
   TestLlamaParam *emb = &g_array_index (m->params, TestLlamaParam, 0);
   g_autofree float *x = g_new (float, n *h);
-  stow_decoder_embed_forward (stow_llama_decoder (m->rt), emb->w, m->tokens, n, x);
+  stow_decoder_embed_forward (stow_llama_decoder (m->rt), emb->w, m->tokens, n,
+                              x);
   double loss1 = 0;
   g_autofree float *dn1 = g_new (float, h);
   g_autofree float *dh1 = g_new (float, V *h);
@@ -746,8 +750,8 @@ test_ws_bound (void)
         stow_llama_saved_carve (y.m->rt, y.n, rest, out, &s);
         test_llama_model_layer (y.m, 0, FALSE, &w);
         test_llama_model_layer (y.m, 0, TRUE, &g);
-        stow_decoder_layer_backward (stow_llama_decoder (y.m->rt), 1, 3, &w, y.x, &s, &g, FALSE, ws,
-                                   y.x);
+        stow_decoder_layer_backward (stow_llama_decoder (y.m->rt), 1, 3, &w,
+                                     y.x, &s, &g, FALSE, ws, y.x);
         for (guint j = 0; j < 256; j++)
           g_assert_cmpuint (ws[wsb + j], ==, 0x5a);
         layer_clear (&y);

@@ -13,14 +13,14 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "program/backend.h"
-#include "tests/testutil-planner.h"
-#include "planner/sim.h"
-#include "program/driver.h"
-#include "planner/memory-private.h"
 #include "planner/lower.h"
+#include "planner/memory-private.h"
 #include "planner/search.h"
+#include "planner/sim.h"
+#include "program/backend.h"
+#include "program/driver.h"
 #include "tests/testutil-claim.h"
+#include "tests/testutil-planner.h"
 
 static void
 training_init (StowTraining *t, guint64 seq, guint64 batch)
@@ -90,7 +90,8 @@ check_search_pinned (const char *model_name, const char *spec, guint64 seq,
     base = *base_in;
   StowMemOptions mo;
   stow_mem_options_init (&mo);
-  g_autoptr (StowSearch) s = test_search (TEST_PLAN (m, c, &t, &base, &mo), pins, 0);
+  g_autoptr (StowSearch) s
+      = test_search (TEST_PLAN (m, c, &t, &base, &mo), pins, 0);
   g_assert_cmpuint (s->fits->len, >, 0);
   /* STOW_LOWER_ALL=1 checks every layout: 48,046 of them, 56 s of CPU
    * on an Intel Xeon VM (94-163 s of wall time on loaded machines) against
@@ -426,8 +427,8 @@ test_random_plans (void)
       if (so.layer_major)
         {
           /* Refused, by name, when its activations do not fit. */
-          g_autoptr (StowProgram) lm
-              = stow_lower (test_lower_plan (TEST_PLAN (m, c, &t, &l, NULL), &so), &error);
+          g_autoptr (StowProgram) lm = stow_lower (
+              test_lower_plan (TEST_PLAN (m, c, &t, &l, NULL), &so), &error);
           if (lm == NULL)
             {
               g_assert_nonnull (strstr (error->message, "--layer-major"));
@@ -508,8 +509,8 @@ test_streamed_spread (void)
   StowLowerOptions so;
   stow_lower_options_init (&so);
   so.resident_layers = 20; /* 12 streamed of 32 */
-  g_autoptr (StowProgram) p
-      = stow_lower (test_lower_plan (TEST_PLAN (m, c, &t, &l, NULL), &so), &error);
+  g_autoptr (StowProgram) p = stow_lower (
+      test_lower_plan (TEST_PLAN (m, c, &t, &l, NULL), &so), &error);
   g_assert_no_error (error);
   g_assert_cmpuint (p->streamed_layers, ==, 12);
   gboolean streamed[32] = { FALSE };
@@ -545,7 +546,8 @@ test_refused (void)
   stow_layout_init (&l);
   l.dp = 8, l.grad_accum = 1, l.zero = 2;
   l.engine = STOW_ENGINE_DEEPSPEED;
-  StowProgram *p = stow_lower (test_lower_plan (TEST_PLAN (m, c, &t, &l, NULL), NULL), &error);
+  StowProgram *p = stow_lower (
+      test_lower_plan (TEST_PLAN (m, c, &t, &l, NULL), NULL), &error);
   g_assert_null (p);
   g_assert_error (error, STOW_PLAN_ERROR, STOW_PLAN_ERROR_INVALID);
   g_assert_nonnull (strstr (error->message, "--engine deepspeed"));
@@ -553,7 +555,8 @@ test_refused (void)
   l.engine = STOW_ENGINE_STOWAGE;
   t.finetune = STOW_FINETUNE_QLORA, t.lora_rank = 16;
   l.offload_optimizer = STOW_OFFLOAD_CPU;
-  p = stow_lower (test_lower_plan (TEST_PLAN (m, c, &t, &l, NULL), NULL), &error);
+  p = stow_lower (test_lower_plan (TEST_PLAN (m, c, &t, &l, NULL), NULL),
+                  &error);
   g_assert_null (p);
   g_assert_error (error, STOW_PLAN_ERROR, STOW_PLAN_ERROR_INVALID);
   g_assert_nonnull (
@@ -562,7 +565,8 @@ test_refused (void)
   t.finetune = STOW_FINETUNE_FULL;
   l.offload_optimizer = STOW_OFFLOAD_NONE;
   l.tp = 3, l.dp = 1; /* does not multiply to 8 */
-  p = stow_lower (test_lower_plan (TEST_PLAN (m, c, &t, &l, NULL), NULL), &error);
+  p = stow_lower (test_lower_plan (TEST_PLAN (m, c, &t, &l, NULL), NULL),
+                  &error);
   g_assert_null (p);
   g_assert_error (error, STOW_PLAN_ERROR, STOW_PLAN_ERROR_INVALID);
 }
@@ -582,8 +586,8 @@ test_zero_offload_shape (void)
   stow_layout_init (&l);
   l.dp = 8, l.grad_accum = 4, l.zero = 2;
   l.offload_optimizer = STOW_OFFLOAD_CPU;
-  g_autoptr (StowProgram) p
-      = stow_lower (test_lower_plan (TEST_PLAN (m, c, &t, &l, NULL), NULL), &error);
+  g_autoptr (StowProgram) p = stow_lower (
+      test_lower_plan (TEST_PLAN (m, c, &t, &l, NULL), NULL), &error);
   g_assert_no_error (error);
   guint d2h = 0, adam = 0, rs = 0;
   for (guint i = 0; i < p->ops->len; i++)
@@ -631,7 +635,8 @@ test_resident_decided_once (void)
   g_assert_true (test_resolve_resident (m, c, &t, &l, &mo, &error));
   g_assert_no_error (error);
   g_assert_cmpuint (l.resident_layers, ==, 32);
-  g_autoptr (StowMemory) mem = stow_memory_estimate (TEST_PLAN (m, c, &t, &l, &mo), &error);
+  g_autoptr (StowMemory) mem
+      = stow_memory_estimate (TEST_PLAN (m, c, &t, &l, &mo), &error);
   g_assert_no_error (error);
   g_assert_true (mem->fits_device);
   StowLowerOptions so;
@@ -666,8 +671,7 @@ main (int argc, char **argv)
 {
   g_test_init (&argc, &argv, NULL);
   g_test_add_func ("/lower/search/llama-7b", test_search_llama_7b);
-  g_test_add_func ("/lower/resident-decided-once",
-                   test_resident_decided_once);
+  g_test_add_func ("/lower/resident-decided-once", test_resident_decided_once);
   g_test_add_func ("/lower/search/gpt2", test_search_gpt2);
   g_test_add_func ("/lower/search/llama-3-8b", test_search_llama3_gqa);
   g_test_add_func ("/lower/search/llama-65b", test_search_llama_65b);

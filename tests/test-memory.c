@@ -360,7 +360,8 @@ test_korthikanti_table2 (void)
           l.tp = cases[k].tp;
           l.sp = cases[k].sp;
           l.recompute = cases[k].rc;
-          guint64 got = stow_memory_layer_activations (TEST_PLAN (m, NULL, &t, &l, NULL));
+          guint64 got = stow_memory_layer_activations (
+              TEST_PLAN (m, NULL, &t, &l, NULL));
           g_test_message ("model %" G_GSIZE_FORMAT " case %" G_GSIZE_FORMAT
                           ": %" G_GUINT64_FORMAT " vs %.1f",
                           i, k, got, cases[k].expected);
@@ -1068,10 +1069,9 @@ test_lora_frozen_inputs (void)
                     frozen);
   g_assert_cmpuint (term_bytes (nv->host_terms, "offloaded parameters"), ==, 0);
   g_assert_cmpuint (
-      term_bytes (nv->nvme_terms, "master weights and optimizer states"), >,
-      0);
-  g_assert_cmpuint (term_bytes (nv->host_terms, "parameter staging buffers"),
-                    >, 0);
+      term_bytes (nv->nvme_terms, "master weights and optimizer states"), >, 0);
+  g_assert_cmpuint (term_bytes (nv->host_terms, "parameter staging buffers"), >,
+                    0);
   g_assert_cmpuint (nv->host_total_bytes, <, off->host_total_bytes);
   g_autoptr (StowCluster) bare = stow_test_cluster ("8xA100-80GB");
   bare->node.n_nvme = 0;
@@ -1115,8 +1115,8 @@ test_fsdp_sharding (void)
       g_assert_cmpfloat (
           fabs ((double)term_bytes (terms, "parameters") - rows[i].params * N),
           <=, 8.0);
-      g_assert_cmpfloat ((double)term_bytes (terms, "unsharded parameters"),
-                         ==, rows[i].unsharded * N);
+      g_assert_cmpfloat ((double)term_bytes (terms, "unsharded parameters"), ==,
+                         rows[i].unsharded * N);
       g_assert_cmpfloat (fabs ((double)term_bytes (terms, "optimizer states")
                                - rows[i].opt * N),
                          <=, 8.0);
@@ -1987,7 +1987,8 @@ test_mcore_fp8_transformer_engine (void)
       StowMemOptions o;
       llama3_8b_run (&t, &l, &o, rows[i].engine, STOW_PRECISION_BF16);
       g_autoptr (StowMemory) bf16 = estimate (m, c, &t, &l, &o);
-      guint64 layer16 = stow_memory_layer_activations (TEST_PLAN (m, NULL, &t, &l, NULL));
+      guint64 layer16
+          = stow_memory_layer_activations (TEST_PLAN (m, NULL, &t, &l, NULL));
       t.precision = STOW_PRECISION_FP8;
       g_autoptr (StowMemory) fp8 = estimate (m, c, &t, &l, &o);
       GArray *terms = fp8->stages[0].terms;
@@ -2004,7 +2005,9 @@ test_mcore_fp8_transformer_engine (void)
       g_assert_cmpuint (term_bytes (terms, "activations"), ==, act_fp8);
       /* The time model reads a layer's activations as its element-wise
        * traffic, which the fp8 copies do not shrink. */
-      g_assert_cmpuint (stow_memory_layer_activations (TEST_PLAN (m, NULL, &t, &l, NULL)), ==, layer16);
+      g_assert_cmpuint (
+          stow_memory_layer_activations (TEST_PLAN (m, NULL, &t, &l, NULL)), ==,
+          layer16);
       /* The backward's working set holds 16-bit activation gradients. */
       g_assert_cmpuint (
           term_bytes (terms, "backward working set"), ==,
@@ -2151,8 +2154,8 @@ test_properties (void)
       /* The search's totals-only path says what the full estimate says
        * (`plan` and `fit` rank by it, `mem` prints the other). */
       StowMemTotals tot;
-      g_assert_true (
-          stow_memory_estimate_totals (TEST_PLAN (m, c, &t, &l, &o), NULL, &tot, NULL));
+      g_assert_true (stow_memory_estimate_totals (TEST_PLAN (m, c, &t, &l, &o),
+                                                  NULL, &tot, NULL));
       g_assert_cmpuint (tot.total_bytes, ==, mem->total_bytes);
       g_assert_cmpuint (tot.allocated_peak_bytes, ==,
                         mem->allocated_peak_bytes);
@@ -2287,7 +2290,8 @@ test_validation_errors (void)
       stow_layout_init (&l);
       l.dp = bad[i].dp, l.tp = bad[i].tp, l.pp = bad[i].pp;
       g_autoptr (GError) error = NULL;
-      g_assert_null (stow_memory_estimate (TEST_PLAN (m, c, &t, &l, NULL), &error));
+      g_assert_null (
+          stow_memory_estimate (TEST_PLAN (m, c, &t, &l, NULL), &error));
       g_assert_error (error, STOW_PLAN_ERROR, STOW_PLAN_ERROR_INVALID);
       g_test_message ("%s", error->message);
       if (bad[i].fragment)
@@ -2307,7 +2311,8 @@ test_validation_errors (void)
   l.micro_batch = 1, l.grad_accum = 8;
   l.recompute = STOW_RECOMPUTE_FULL, l.recompute_layers = 4;
   g_autoptr (GError) error = NULL;
-  g_autoptr (StowMemory) ok = stow_memory_estimate (TEST_PLAN (m, c, &t, &l, NULL), &error);
+  g_autoptr (StowMemory) ok
+      = stow_memory_estimate (TEST_PLAN (m, c, &t, &l, NULL), &error);
   g_assert_no_error (error);
   g_assert_cmpuint (stow_layout_recomputed_layers (&l, 80, 20), ==, 20);
   l.recompute_layers = 1;

@@ -485,11 +485,10 @@ test_stale (Fixture *f, gconstpointer data)
   g_autofree char *dead
       = g_build_filename (f->dirs[0], "stowage-99999999-Ab12Cd", NULL);
   g_autofree char *dead_file = g_build_filename (dead, "store.swp", NULL);
-  g_autofree char *alive_name = g_strdup_printf ("stowage-%ld-Xy34Zw",
-                                                 (long)getppid ());
+  g_autofree char *alive_name
+      = g_strdup_printf ("stowage-%ld-Xy34Zw", (long)getppid ());
   g_autofree char *alive = g_build_filename (f->dirs[0], alive_name, NULL);
-  g_autofree char *other
-      = g_build_filename (f->dirs[0], "stowage-notes", NULL);
+  g_autofree char *other = g_build_filename (f->dirs[0], "stowage-notes", NULL);
   g_autofree char *link
       = g_build_filename (f->dirs[0], "stowage-99999998-Ab12Cd", NULL);
   g_assert_cmpint (g_mkdir (dead, 0700), ==, 0);
@@ -507,8 +506,7 @@ test_stale (Fixture *f, gconstpointer data)
     g_assert_nonnull (strstr (note, "process 99999999 is gone"));
     g_assert_null (strstr (note, alive));
     /* its own directory carries its PID */
-    g_autofree char *mine
-        = g_strdup_printf ("/stowage-%ld-", (long)getpid ());
+    g_autofree char *mine = g_strdup_printf ("/stowage-%ld-", (long)getpid ());
     g_assert_nonnull (
         strstr (stow_nvme_store_get_private_dir (store, 0), mine));
   }

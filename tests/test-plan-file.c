@@ -76,9 +76,9 @@ make_plan (const Case *c, StowMemory **mem_out)
   c->set (&l, &t);
   /* As every command does: the resident layers decided before the memory
    * is estimated, so the plan's terms include them. */
-  g_assert_true (
-      test_resolve_resident (model, cluster, &t, &l, &o, &error));
-  StowMemory *mem = stow_memory_estimate (TEST_PLAN (model, cluster, &t, &l, &o), &error);
+  g_assert_true (test_resolve_resident (model, cluster, &t, &l, &o, &error));
+  StowMemory *mem
+      = stow_memory_estimate (TEST_PLAN (model, cluster, &t, &l, &o), &error);
   g_assert_no_error (error);
   *mem_out = mem;
   return stow_plan_file_new (model, cluster, &t, &l, &o, mem, NULL);
@@ -130,19 +130,25 @@ test_round_trip (gconstpointer data)
   g_assert_cmpuint (q->cluster->node.n_nvme, ==, p->cluster->node.n_nvme);
   g_assert_cmpuint (q->streaming.resident_layers, ==,
                     p->streaming.resident_layers);
-  g_assert_cmpuint (q->streaming.prefetch_depth, ==, p->streaming.prefetch_depth);
+  g_assert_cmpuint (q->streaming.prefetch_depth, ==,
+                    p->streaming.prefetch_depth);
   g_assert_cmpuint (q->streaming.optimizer_swap_buffers, ==,
                     p->streaming.optimizer_swap_buffers);
   g_assert_cmpuint (q->streaming.param_buffer_elems, ==,
                     p->streaming.param_buffer_elems);
-  g_assert_cmpuint (q->streaming.io_queue_depth, ==, p->streaming.io_queue_depth);
-  g_assert_cmpuint (q->streaming.io_block_bytes, ==, p->streaming.io_block_bytes);
+  g_assert_cmpuint (q->streaming.io_queue_depth, ==,
+                    p->streaming.io_queue_depth);
+  g_assert_cmpuint (q->streaming.io_block_bytes, ==,
+                    p->streaming.io_block_bytes);
   g_assert_cmpuint (g_strv_length (q->streaming.nvme_paths), ==,
                     g_strv_length (p->streaming.nvme_paths));
   g_assert_cmpuint (q->predicted_device_bytes, ==, mem->total_bytes);
 
   /* The numbers come back: every term of every stage, host and NVMe. */
-  g_autoptr (StowMemory) m2 = stow_memory_estimate (TEST_PLAN (q->model, q->cluster, &q->training, &q->layout, &q->mem_options), &error);
+  g_autoptr (StowMemory) m2
+      = stow_memory_estimate (TEST_PLAN (q->model, q->cluster, &q->training,
+                                         &q->layout, &q->mem_options),
+                              &error);
   g_assert_no_error (error);
   g_assert_cmpuint (m2->n_stages, ==, mem->n_stages);
   for (guint i = 0; i < mem->n_stages; i++)
@@ -468,7 +474,10 @@ test_embedded_config (void)
   g_assert_no_error (error);
   g_assert_cmpstr (q->model->name, ==, model->name);
   g_assert_cmpuint (q->model->params, ==, model->params);
-  g_autoptr (StowMemory) m2 = stow_memory_estimate (TEST_PLAN (q->model, q->cluster, &q->training, &q->layout, &q->mem_options), &error);
+  g_autoptr (StowMemory) m2
+      = stow_memory_estimate (TEST_PLAN (q->model, q->cluster, &q->training,
+                                         &q->layout, &q->mem_options),
+                              &error);
   g_assert_no_error (error);
   g_assert_cmpuint (m2->total_bytes, ==, mem->total_bytes);
   g_assert_cmpuint (m2->host_total_bytes, ==, mem->host_total_bytes);

@@ -9,9 +9,9 @@
 #include <math.h>
 #include <string.h>
 
+#include "planner/lower.h"
 #include "program/program.h"
 #include "tests/testutil-planner.h"
-#include "planner/lower.h"
 
 static StowModel *
 model (const char *name)
@@ -57,8 +57,9 @@ test_units (void)
   g_assert_cmpuint (stow_program_unit (p, head)->numel, ==,
                     4096 + 32000ULL * 4096);
   g_assert_nonnull (stow_program_unit_tensor (p, head, "lm_head.weight"));
-  const StowUnitTensor *q = stow_program_unit_tensor (
-      p, stow_program_unit_of_layer (p, 3), "model.layers.3.self_attn.q_proj.weight");
+  const StowUnitTensor *q
+      = stow_program_unit_tensor (p, stow_program_unit_of_layer (p, 3),
+                                  "model.layers.3.self_attn.q_proj.weight");
   g_assert_nonnull (q);
   g_assert_cmpuint (q->n_dims, ==, 2);
   g_assert_cmpuint (q->shape[0], ==, 4096);
@@ -87,7 +88,8 @@ lower_small (guint64 grad_accum, double max_grad_norm, StowRecompute rec)
 {
   g_autoptr (GError) error = NULL;
   g_autoptr (StowModel) m = model ("llama-3.2-1b");
-  g_autoptr (StowCluster) c = stow_cluster_new_from_spec ("1xA100-80GB", &error);
+  g_autoptr (StowCluster) c
+      = stow_cluster_new_from_spec ("1xA100-80GB", &error);
   g_assert_no_error (error);
   StowTraining t;
   stow_training_init (&t);
@@ -99,7 +101,8 @@ lower_small (guint64 grad_accum, double max_grad_norm, StowRecompute rec)
   StowLowerOptions so;
   stow_lower_options_init (&so);
   so.optim.max_grad_norm = max_grad_norm;
-  StowProgram *p = stow_lower (test_lower_plan (TEST_PLAN (m, c, &t, &l, NULL), &so), &error);
+  StowProgram *p = stow_lower (
+      test_lower_plan (TEST_PLAN (m, c, &t, &l, NULL), &so), &error);
   g_assert_no_error (error);
   return p;
 }
@@ -195,8 +198,8 @@ test_grad_norm (void)
         {
           gboolean waits_norm = FALSE;
           for (guint w = 0; w < op->n_waits; w++)
-            waits_norm
-                |= g_array_index (p->waits, guint, op->wait_first + w) == norm_ev;
+            waits_norm |= g_array_index (p->waits, guint, op->wait_first + w)
+                          == norm_ev;
           g_assert_true (waits_norm);
         }
     }

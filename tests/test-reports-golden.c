@@ -130,9 +130,10 @@ test_case (gconstpointer data)
                                 || g_str_equal (o->value, "megatron")
                                 || g_str_equal (o->value, "fsdp"));
       for (; c->args[n]; n++)
-        args[n] = own_engine && n > 0 && g_str_equal (c->args[n - 1], "--engine")
-                      ? o->value
-                      : c->args[n];
+        args[n]
+            = own_engine && n > 0 && g_str_equal (c->args[n - 1], "--engine")
+                  ? o->value
+                  : c->args[n];
       if (o->flag)
         {
           args[n++] = o->flag;
@@ -215,9 +216,8 @@ test_plan_round_trip (gconstpointer data)
    * the plan's "memory" gained the figures only the reports had (kept as
    * it was in tests/data/plan-files/). */
   g_autofree char *file = g_strdup_printf ("%s.plan.json", c->name);
-  g_autofree char *previous
-      = g_test_build_filename (G_TEST_DIST, "data", "plan-files",
-                               "before-memory-figures", file, NULL);
+  g_autofree char *previous = g_test_build_filename (
+      G_TEST_DIST, "data", "plan-files", "before-memory-figures", file, NULL);
   g_auto (StowRun) prev = { 0 };
   stow_run (&prev, "mem", "--plan", previous, "--json", NULL);
   g_assert_cmpint (prev.status, ==, 0);

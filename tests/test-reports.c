@@ -11,10 +11,10 @@
 #include <string.h>
 
 #include "core/json.h"
-#include "tests/testutil-planner.h"
 #include "planner/search.h"
 #include "reports/emit.h"
 #include "reports/report.h"
+#include "tests/testutil-planner.h"
 
 typedef struct
 {
@@ -101,7 +101,8 @@ check_deepspeed (const StowPlanFile *p, guint *ok, guint *refused)
           g_assert_cmpstr (json_object_get_string_member (d, "nvme_path"), ==,
                            p->streaming.nvme_paths[0]);
           g_assert_cmpint (obj_int (d, "buffer_count"), >=,
-                           i == 0 ? 4 : (gint64)p->streaming.param_swap_buffers);
+                           i == 0 ? 4
+                                  : (gint64)p->streaming.param_swap_buffers);
         }
     }
   gboolean nvme = l->offload_optimizer == STOW_OFFLOAD_NVME
@@ -354,7 +355,8 @@ over_search (CheckFn check, StowEmitKind kind, const char *what)
         for (guint i = 0; i < search->fits->len; i++)
           {
             StowCandidate *c = &g_array_index (search->fits, StowCandidate, i);
-            g_autoptr (StowMemory) mem = stow_memory_estimate (TEST_PLAN (model, cluster, &t, &c->layout, &o), &error);
+            g_autoptr (StowMemory) mem = stow_memory_estimate (
+                TEST_PLAN (model, cluster, &t, &c->layout, &o), &error);
             g_assert_no_error (error);
             g_autoptr (StowPlanFile) plan = stow_plan_file_new (
                 model, cluster, &t, &c->layout, &o, mem, NULL);
@@ -405,7 +407,8 @@ plan_for (const char *model_name, const char *gpus, StowLayout *l,
   StowMemOptions o;
   stow_training_init (&t);
   stow_mem_options_init (&o);
-  StowMemory *mem = stow_memory_estimate (TEST_PLAN (model, cluster, &t, l, &o), &error);
+  StowMemory *mem
+      = stow_memory_estimate (TEST_PLAN (model, cluster, &t, l, &o), &error);
   g_assert_no_error (error);
   StowPlanFile *p
       = stow_plan_file_new (model, cluster, &t, l, &o, mem, "/mnt/nvme0");

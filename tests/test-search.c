@@ -31,7 +31,8 @@ test_totals_match_full (void)
       t.global_batch = 64;
       stow_layout_init (&base);
       stow_mem_options_init (&mo);
-      g_autoptr (StowSearch) s = test_search (TEST_PLAN (m, c, &t, &base, &mo), 0, 0);
+      g_autoptr (StowSearch) s
+          = test_search (TEST_PLAN (m, c, &t, &base, &mo), 0, 0);
       g_assert_cmpuint (s->fits->len, >, 0);
       g_assert_cmpuint (s->fits->len, ==, s->fitting);
       for (guint k = 0; k < s->fits->len; k += 7)
@@ -39,8 +40,8 @@ test_totals_match_full (void)
           const StowCandidate *cand
               = &g_array_index (s->fits, StowCandidate, k);
           g_autoptr (GError) error = NULL;
-          g_autoptr (StowMemory) full
-              = stow_memory_estimate (TEST_PLAN (m, c, &t, &cand->layout, &mo), &error);
+          g_autoptr (StowMemory) full = stow_memory_estimate (
+              TEST_PLAN (m, c, &t, &cand->layout, &mo), &error);
           g_assert_no_error (error);
           g_assert_cmpuint (full->total_bytes, ==, cand->total_bytes);
           g_assert_cmpuint (full->host_total_bytes, ==, cand->host_bytes);
@@ -74,7 +75,8 @@ test_pinned_evaluates_one (void)
                  | STOW_PIN_OFFLOAD_OPTIMIZER | STOW_PIN_OFFLOAD_PARAMS
                  | STOW_PIN_OFFLOAD_ACTIVATIONS | STOW_PIN_RECOMPUTE
                  | STOW_PIN_MICRO_BATCH | STOW_PIN_SCHEDULE;
-  g_autoptr (StowSearch) s = test_search (TEST_PLAN (m, c, &t, &l, &mo), all, 1);
+  g_autoptr (StowSearch) s
+      = test_search (TEST_PLAN (m, c, &t, &l, &mo), all, 1);
   g_assert_cmpuint (s->evaluated, ==, 1);
   g_assert_cmpuint (s->fitting, ==, 1);
   const StowCandidate *cand = &g_array_index (s->fits, StowCandidate, 0);
@@ -185,14 +187,16 @@ test_precision_gpu (void)
   StowMemOptions mo;
   stow_test_defaults (&t, &base, &mo);
   t.precision = STOW_PRECISION_FP8;
-  g_autoptr (StowSearch) none = test_search (TEST_PLAN (m, a100, &t, &base, &mo), 0, 1);
+  g_autoptr (StowSearch) none
+      = test_search (TEST_PLAN (m, a100, &t, &base, &mo), 0, 1);
   g_assert_cmpuint (none->evaluated, ==, 0);
   g_assert_cmpuint (none->invalid, >, 0);
   g_autoptr (GError) error = NULL;
   g_assert_false (stow_training_check_gpu (&t, &a100->node.gpu, NULL, &error));
   g_assert_error (error, STOW_PLAN_ERROR, STOW_PLAN_ERROR_INVALID);
   g_assert_nonnull (strstr (error->message, "A100-80GB"));
-  g_autoptr (StowSearch) some = test_search (TEST_PLAN (m, h100, &t, &base, &mo), 0, 1);
+  g_autoptr (StowSearch) some
+      = test_search (TEST_PLAN (m, h100, &t, &base, &mo), 0, 1);
   g_assert_cmpuint (some->fitting, >, 0);
 
   /* bf16 on a V100: allowed, with the reason in a warning. */
@@ -228,7 +232,8 @@ test_partial_recompute (void)
                   | STOW_PIN_ZERO | STOW_PIN_OFFLOAD_OPTIMIZER
                   | STOW_PIN_OFFLOAD_PARAMS | STOW_PIN_OFFLOAD_ACTIVATIONS
                   | STOW_PIN_MICRO_BATCH;
-  g_autoptr (StowSearch) s = test_search (TEST_PLAN (m, c, &t, &l, &mo), pins, 0);
+  g_autoptr (StowSearch) s
+      = test_search (TEST_PLAN (m, c, &t, &l, &mo), pins, 0);
   gboolean partial = FALSE;
   for (guint k = 0; k < s->fits->len; k++)
     {
@@ -242,8 +247,8 @@ test_partial_recompute (void)
           StowMemTotals mt;
           if (y.recompute_layers > 0)
             {
-              g_assert_true (
-                  stow_memory_estimate_totals (TEST_PLAN (m, c, &t, &y, &mo), NULL, &mt, NULL));
+              g_assert_true (stow_memory_estimate_totals (
+                  TEST_PLAN (m, c, &t, &y, &mo), NULL, &mt, NULL));
               g_assert_false (mt.fits);
             }
         }
@@ -301,13 +306,14 @@ test_published (gconstpointer data)
   pub.recompute = p->rc;
   pub.schedule = p->vpp > 1 ? STOW_SCHEDULE_INTERLEAVED : STOW_SCHEDULE_1F1B;
 
-  g_autoptr (StowSearch) s = test_search (TEST_PLAN (m, c, &t, &base, &mo), 0, 1);
+  g_autoptr (StowSearch) s
+      = test_search (TEST_PLAN (m, c, &t, &base, &mo), 0, 1);
   g_assert_cmpuint (s->fits->len, ==, 1);
   const StowCandidate *best = &g_array_index (s->fits, StowCandidate, 0);
   StowCost pc;
   g_autoptr (GError) error = NULL;
-  g_assert_true (
-      stow_cost_estimate_checked (TEST_PLAN (m, c, &t, &pub, NULL), NULL, &pc, &error));
+  g_assert_true (stow_cost_estimate_checked (TEST_PLAN (m, c, &t, &pub, NULL),
+                                             NULL, &pc, &error));
   g_autoptr (GString) why = g_string_new (NULL);
   stow_cost_explain_difference (why, &best->layout, &best->cost, &pub, &pc);
   g_test_message ("%s: best %.4g s vs published layout %.4g s: %s", p->model,
@@ -367,7 +373,8 @@ test_speed (void)
    * development VM alone). */
   struct timespec c0, c1;
   clock_gettime (CLOCK_PROCESS_CPUTIME_ID, &c0);
-  g_autoptr (StowSearch) s = test_search (TEST_PLAN (m, c, &t, &base, &mo), 0, 10);
+  g_autoptr (StowSearch) s
+      = test_search (TEST_PLAN (m, c, &t, &base, &mo), 0, 10);
   clock_gettime (CLOCK_PROCESS_CPUTIME_ID, &c1);
   double cpu = (double)(c1.tv_sec - c0.tv_sec)
                + (double)(c1.tv_nsec - c0.tv_nsec) / 1e9;

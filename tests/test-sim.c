@@ -14,13 +14,13 @@
 #include <json-glib/json-glib.h>
 
 #include "core/json.h"
-#include "program/backend.h"
-#include "tests/testutil-planner.h"
-#include "planner/sim.h"
-#include "program/driver.h"
 #include "planner/cost.h"
 #include "planner/lower.h"
+#include "planner/sim.h"
+#include "program/backend.h"
+#include "program/driver.h"
 #include "tests/testutil-claim.h"
+#include "tests/testutil-planner.h"
 
 static StowCluster *
 one_gpu (void)
@@ -106,7 +106,8 @@ lower (const StowModel *m, const StowCluster *c, const StowTraining *t,
        const StowLayout *l, const StowMemOptions *mo,
        const StowLowerOptions *so, GError **error)
 {
-  StowProgram *p = stow_lower (test_lower_plan (TEST_PLAN (m, c, t, l, mo), so), error);
+  StowProgram *p
+      = stow_lower (test_lower_plan (TEST_PLAN (m, c, t, l, mo), so), error);
   if (p != NULL)
     {
       Pricing *pr = pricing_of (p);
@@ -492,12 +493,10 @@ test_layer_major (void)
   StowLowerOptions so;
   stow_lower_options_init (&so);
   so.resident_layers = 0;
-  g_autoptr (StowProgram) mb
-      = lower (m, c, &t, &l, NULL, &so, &error);
+  g_autoptr (StowProgram) mb = lower (m, c, &t, &l, NULL, &so, &error);
   g_assert_no_error (error);
   so.layer_major = TRUE;
-  g_autoptr (StowProgram) lm
-      = lower (m, c, &t, &l, NULL, &so, &error);
+  g_autoptr (StowProgram) lm = lower (m, c, &t, &l, NULL, &so, &error);
   g_assert_no_error (error);
   g_autoptr (StowTrace) tmb = run (mb, c, &t, NULL, &error);
   g_assert_no_error (error);
@@ -521,10 +520,10 @@ test_layer_major (void)
   /* Each further micro-batch's activations, input and fused-loss
    * scratch (program/program.h). */
   double sbh = 2048.0 * 4096.0, sb = 2048.0;
-  guint64 extra = (guint64)(3
-                            * (32 * 2 * sbh + 8 * sb + 2 * sbh
-                               + (double)stow_loss_scratch_bytes (32000, 4096,
-                                                                  2048)));
+  guint64 extra
+      = (guint64)(3
+                  * (32 * 2 * sbh + 8 * sb + 2 * sbh
+                     + (double)stow_loss_scratch_bytes (32000, 4096, 2048)));
   g_assert_cmpuint (tlm->peak_bytes[STOW_TIER_DEVICE], ==,
                     tmb->peak_bytes[STOW_TIER_DEVICE] + extra);
 }
@@ -544,8 +543,7 @@ test_pipeline_bubble (void)
   StowLayout l;
   stow_layout_init (&l);
   l.pp = 4, l.grad_accum = 8;
-  g_autoptr (StowProgram) p
-      = lower (m, c, &t, &l, NULL, NULL, &error);
+  g_autoptr (StowProgram) p = lower (m, c, &t, &l, NULL, NULL, &error);
   g_assert_no_error (error);
   g_autoptr (StowTrace) tr = run (p, c, &t, NULL, &error);
   g_assert_no_error (error);
@@ -571,8 +569,7 @@ test_pipeline_bubble (void)
   g_assert_cmpfloat (tr->step_time_s, <=, 1.10 * expect);
 
   l.vpp = 2, l.schedule = STOW_SCHEDULE_INTERLEAVED;
-  g_autoptr (StowProgram) pi
-      = lower (m, c, &t, &l, NULL, NULL, &error);
+  g_autoptr (StowProgram) pi = lower (m, c, &t, &l, NULL, NULL, &error);
   g_assert_no_error (error);
   g_autoptr (StowTrace) ti = run (pi, c, &t, NULL, &error);
   g_assert_no_error (error);
@@ -601,8 +598,7 @@ test_nvme_swap_pipeline (void)
   stow_layout_init (&l);
   l.dp = 8, l.zero = 3, l.grad_accum = 1;
   l.offload_optimizer = STOW_OFFLOAD_NVME;
-  g_autoptr (StowProgram) p
-      = lower (m, c, &t, &l, NULL, NULL, &error);
+  g_autoptr (StowProgram) p = lower (m, c, &t, &l, NULL, NULL, &error);
   g_assert_no_error (error);
   g_autoptr (StowTrace) tr = run (p, c, &t, NULL, &error);
   g_assert_no_error (error);
@@ -771,14 +767,13 @@ test_agrees_with_cost (void)
       l.offload_optimizer = cases[i].opt, l.offload_params = cases[i].par;
       t.global_batch = l.dp * l.micro_batch * l.grad_accum;
       StowCost cost;
-      g_assert_true (
-          stow_cost_estimate_checked (TEST_PLAN (m, c, &t, &l, NULL), NULL, &cost, &error));
+      g_assert_true (stow_cost_estimate_checked (TEST_PLAN (m, c, &t, &l, NULL),
+                                                 NULL, &cost, &error));
       g_assert_no_error (error);
       StowLowerOptions so;
       stow_lower_options_init (&so);
       so.resident_layers = 0; /* the time model streams every layer */
-      g_autoptr (StowProgram) p
-          = lower (m, c, &t, &l, NULL, &so, &error);
+      g_autoptr (StowProgram) p = lower (m, c, &t, &l, NULL, &so, &error);
       g_assert_no_error (error);
       g_autoptr (StowTrace) tr = run (p, c, &t, NULL, &error);
       g_assert_no_error (error);
@@ -812,8 +807,8 @@ nvme_phase_ratio (StowCluster *c, const StowModel *m, double *predicted,
   l.offload_optimizer = STOW_OFFLOAD_NVME;
   t.global_batch = 8;
   StowCost cost;
-  g_assert_true (
-      stow_cost_estimate_checked (TEST_PLAN (m, c, &t, &l, NULL), NULL, &cost, &error));
+  g_assert_true (stow_cost_estimate_checked (TEST_PLAN (m, c, &t, &l, NULL),
+                                             NULL, &cost, &error));
   g_autoptr (StowProgram) p = lower (m, c, &t, &l, NULL, NULL, &error);
   g_assert_no_error (error);
   g_autoptr (StowTrace) tr = run (p, c, &t, NULL, &error);

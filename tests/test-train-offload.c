@@ -96,7 +96,8 @@ test_offload_optimizer_resume (void)
   fixture_clear (&f);
 }
 
-/* ---- ZeRO-Infinity's optimizer: the states on NVMe ------------------------ */
+/* ---- ZeRO-Infinity's optimizer: the states on NVMe ------------------------
+ */
 
 /* Entries in @dir (the swap files' parent): none once a run has ended. */
 static guint
@@ -128,16 +129,15 @@ nvme_plan_with (const Fixture *f, const char *precision, guint chunk,
                                 chunk, params);
   g_auto (StowRun) r = { 0 };
   stow_run (&r, "fit", f->config, "--gpus", "1xH100-SXM", "--zero",
-            g_str_equal (params, "none") ? "0" : "3",
-            "--offload-optimizer", "nvme", "--offload-params", params,
-            "--recompute", "none", "--seq", "16", "--micro-batch", "2",
-            "--global-batch", "4", "--precision", precision, "--emit", "plan",
-            "-o", path, NULL);
+            g_str_equal (params, "none") ? "0" : "3", "--offload-optimizer",
+            "nvme", "--offload-params", params, "--recompute", "none", "--seq",
+            "16", "--micro-batch", "2", "--global-batch", "4", "--precision",
+            precision, "--emit", "plan", "-o", path, NULL);
   g_assert_cmpint (r.status, ==, 0);
   g_autofree char *text = NULL;
   g_assert_true (g_file_get_contents (path, &text, NULL, NULL));
-  g_autoptr (GRegex) re = g_regex_new ("\"swap_shard_params\" : [0-9]+", 0, 0,
-                                       NULL);
+  g_autoptr (GRegex) re
+      = g_regex_new ("\"swap_shard_params\" : [0-9]+", 0, 0, NULL);
   g_autofree char *with = g_strdup_printf ("\"swap_shard_params\" : %u", chunk);
   g_autofree char *edited
       = g_regex_replace_literal (re, text, -1, 0, with, 0, NULL);
@@ -202,8 +202,8 @@ test_nvme (void)
  * @straight's bytes, and no swap file left. */
 static void
 assert_resumes_across (Fixture *f, const char *swap, const char *straight,
-                       const char *flag, const char *const (*legs)[2],
-                       guint n, const char *first, const char *total,
+                       const char *flag, const char *const (*legs)[2], guint n,
+                       const char *first, const char *total,
                        const char *const *extra)
 {
   for (guint i = 0; i < n; i++)
@@ -212,9 +212,9 @@ assert_resumes_across (Fixture *f, const char *swap, const char *straight,
       for (guint k = 0; k < 2; k++)
         {
           g_autoptr (GPtrArray) a = g_ptr_array_new ();
-          const char *const head[] = { "--steps", k ? total : first,
-                                       "--precision", "bf16", flag,
-                                       legs[i][k], NULL };
+          const char *const head[]
+              = { "--steps", k ? total : first, "--precision", "bf16",
+                  flag,      legs[i][k],        NULL };
           for (guint j = 0; head[j]; j++)
             g_ptr_array_add (a, (char *)head[j]);
           for (guint j = 0; extra[j]; j++)
@@ -276,12 +276,12 @@ test_nvme_resume (void)
  * gives @straight's bytes. */
 static void
 assert_fault_recovers (Fixture *f, const char *swap, const char *straight,
-                       const char *out, const char *fault,
-                       const char *message, const char *latest,
-                       const char *const *flags)
+                       const char *out, const char *fault, const char *message,
+                       const char *latest, const char *const *flags)
 {
-  const char *const first[] = { "--steps", "3", "--save-every", "1",
-                                "--test-nvme-fault", fault, NULL };
+  const char *const first[] = {
+    "--steps", "3", "--save-every", "1", "--test-nvme-fault", fault, NULL
+  };
   g_autoptr (GPtrArray) a = args_join (first, flags);
   g_auto (StowRun) r1 = { 0 };
   trainv (&r1, f, out, (const char *const *)a->pdata);
@@ -354,15 +354,16 @@ test_nvme_flags (void)
   g_auto (StowRun) r2 = { 0 };
   train (&r2, &f, out, "--nvme-dir", f.dir, NULL);
   g_assert_cmpint (r2.status, ==, 2);
-  g_assert_nonnull (strstr (r2.err, "--nvme-dir is for --offload-optimizer nvme"));
+  g_assert_nonnull (
+      strstr (r2.err, "--nvme-dir is for --offload-optimizer nvme"));
   g_auto (StowRun) r5 = { 0 };
-  train (&r5, &f, out, "--offload-optimizer", "cpu", "--offload-params",
-         "nvme", NULL);
+  train (&r5, &f, out, "--offload-optimizer", "cpu", "--offload-params", "nvme",
+         NULL);
   g_assert_cmpint (r5.status, ==, 2);
   g_assert_nonnull (strstr (r5.err, "--offload-params nvme needs --nvme-dir"));
   g_auto (StowRun) r6 = { 0 };
-  train (&r6, &f, out, "--offload-optimizer", "cpu", "--offload-params",
-         "nvme", "--nvme-dir", f.dir, "--precision", "fp32", NULL);
+  train (&r6, &f, out, "--offload-optimizer", "cpu", "--offload-params", "nvme",
+         "--nvme-dir", f.dir, "--precision", "fp32", NULL);
   g_assert_cmpint (r6.status, !=, 0);
   g_assert_nonnull (strstr (r6.err, "--offload-params nvme runs with "
                                     "--precision bf16"));
@@ -397,18 +398,31 @@ assert_kill_resumes (const char *const *flags, guint stores)
   g_assert_cmpint (r1.status, ==, 0);
   /* the run's flags after the fixture's, the same for both runs */
   g_autoptr (GPtrArray) run = g_ptr_array_new ();
-  const char *const own[] = { "--steps", steps, "--save-every", "1",
-                              "--precision", "bf16", "--nvme-dir", swap,
-                              NULL };
+  const char *const own[]
+      = { "--steps", steps,        "--save-every", "1", "--precision",
+          "bf16",    "--nvme-dir", swap,           NULL };
   for (guint i = 0; own[i]; i++)
     g_ptr_array_add (run, (char *)own[i]);
   for (guint i = 0; flags[i]; i++)
     g_ptr_array_add (run, (char *)flags[i]);
   g_autoptr (GPtrArray) a = g_ptr_array_new ();
-  const char *const head[] = { g_getenv ("STOWAGE"), "train", "--model",
-                               f.model, "--data", f.shard, "--seq", "16",
-                               "--micro-batch", "2", "--global-batch", "4",
-                               "--lr", "0.003", "--out", killed, NULL };
+  const char *const head[] = { g_getenv ("STOWAGE"),
+                               "train",
+                               "--model",
+                               f.model,
+                               "--data",
+                               f.shard,
+                               "--seq",
+                               "16",
+                               "--micro-batch",
+                               "2",
+                               "--global-batch",
+                               "4",
+                               "--lr",
+                               "0.003",
+                               "--out",
+                               killed,
+                               NULL };
   for (guint i = 0; head[i]; i++)
     g_ptr_array_add (a, (char *)head[i]);
   for (guint i = 0; i < run->len; i++)
@@ -446,9 +460,13 @@ test_nvme_kill (void)
 static void
 test_params_nvme_kill (void)
 {
-  const char *const flags[] = { "--offload-optimizer", "nvme",
-                                "--offload-params", "nvme",
-                                "--resident-layers", "1", NULL };
+  const char *const flags[] = { "--offload-optimizer",
+                                "nvme",
+                                "--offload-params",
+                                "nvme",
+                                "--resident-layers",
+                                "1",
+                                NULL };
   assert_kill_resumes (flags, 2);
 }
 
@@ -481,9 +499,10 @@ test_preflight (void)
             "bf16", "--emit", "plan", "-o", plan, NULL);
   g_assert_cmpint (r1.status, ==, 0);
   g_auto (StowRun) r2 = { 0 };
-  const char *argv[] = { "train", "--model", big, "--data", f.shard, "--plan",
-                         plan, "--out", out, "--offload-optimizer", "cpu",
-                         NULL };
+  const char *argv[]
+      = { "train",  "--model", big,     "--data", f.shard,
+          "--plan", plan,      "--out", out,      "--offload-optimizer",
+          "cpu",    NULL };
   stow_runv (&r2, argv);
   if (r2.status == 0 || strstr (r2.err, "host memory") == NULL)
     {
@@ -523,11 +542,17 @@ test_preflight_memlock (void)
   train (&r0, &f, dev, "--steps", "2", NULL);
   g_assert_cmpint (r0.status, ==, 0);
   g_auto (StowRun) r1 = { 0 };
-  const char *argv[]
-      = { "train", "--model", f.model, "--data", f.shard, "--seq", "16",
-          "--micro-batch", "2", "--global-batch", "4", "--lr", "0.003",
-          "--out", out, "--steps", "2", "--offload-optimizer", "cpu",
-          "--test-memlock-limit", "64KiB", NULL };
+  const char *argv[] = { "train", "--model",
+                         f.model, "--data",
+                         f.shard, "--seq",
+                         "16",    "--micro-batch",
+                         "2",     "--global-batch",
+                         "4",     "--lr",
+                         "0.003", "--out",
+                         out,     "--steps",
+                         "2",     "--offload-optimizer",
+                         "cpu",   "--test-memlock-limit",
+                         "64KiB", NULL };
   stow_runv (&r1, argv);
   if (strstr (r1.err, "--allow-unpinned") != NULL && r1.status == 0)
     {
@@ -564,11 +589,26 @@ test_nvme_signal (void)
   const int sigs[] = { SIGTERM, SIGINT };
   for (guint i = 0; i < G_N_ELEMENTS (sigs); i++)
     {
-      const char *argv[] = { g_getenv ("STOWAGE"), "train", "--model", f.model,
-                             "--data", f.shard, "--seq", "16",
-                             "--micro-batch", "2", "--global-batch", "4",
-                             "--out", out, "--steps", "100000",
-                             "--offload-optimizer", "nvme", "--nvme-dir", swap,
+      const char *argv[] = { g_getenv ("STOWAGE"),
+                             "train",
+                             "--model",
+                             f.model,
+                             "--data",
+                             f.shard,
+                             "--seq",
+                             "16",
+                             "--micro-batch",
+                             "2",
+                             "--global-batch",
+                             "4",
+                             "--out",
+                             out,
+                             "--steps",
+                             "100000",
+                             "--offload-optimizer",
+                             "nvme",
+                             "--nvme-dir",
+                             swap,
                              NULL };
       GPid pid = spawn_quiet (argv);
       g_autofree char *priv = NULL;
@@ -597,7 +637,8 @@ test_nvme_signal (void)
   fixture_clear (&f);
 }
 
-/* ---- the delayed update ---------------------------------------------------- */
+/* ---- the delayed update ----------------------------------------------------
+ */
 
 /* --delayed-update against PyTorch is tests/oracle/train_oracle.py's case
  * gqa-untied-delayed (test-train's /train/oracle).  Here: stopped and
@@ -623,8 +664,8 @@ test_delayed (void)
   for (guint leg = 0; leg < 2; leg++)
     {
       g_auto (StowRun) r = { 0 };
-      train (&r, &f, stopped, "--steps", leg ? "5" : "2", "--precision",
-             "bf16", "--offload-optimizer", "cpu", "--delayed-update",
+      train (&r, &f, stopped, "--steps", leg ? "5" : "2", "--precision", "bf16",
+             "--offload-optimizer", "cpu", "--delayed-update",
              leg ? "--resume" : NULL, NULL);
       g_assert_cmpint (r.status, ==, 0);
     }
@@ -648,8 +689,8 @@ test_delayed (void)
   for (guint i = 0; i < G_N_ELEMENTS (bad); i++)
     {
       g_auto (StowRun) r = { 0 };
-      train (&r, &f, plain, "--delayed-update", bad[i][0], bad[i][1],
-             bad[i][2], bad[i][3], NULL);
+      train (&r, &f, plain, "--delayed-update", bad[i][0], bad[i][1], bad[i][2],
+             bad[i][3], NULL);
       g_assert_cmpint (r.status, ==, 2);
       g_assert_nonnull (strstr (r.err, "--delayed-update is ZeRO-Offload's"));
     }
@@ -702,9 +743,8 @@ test_params (void)
       const char *const ks[] = { "0", "1", NULL };
       for (guint k = 0; k < G_N_ELEMENTS (ks); k++)
         {
-          g_autofree char *out
-              = g_strdup_printf ("%s/params-%s-%s", f.dir, prec,
-                                 ks[k] ? ks[k] : "default");
+          g_autofree char *out = g_strdup_printf (
+              "%s/params-%s-%s", f.dir, prec, ks[k] ? ks[k] : "default");
           g_auto (StowRun) r = { 0 };
           /* the optimizer's flags last: --nvme-dir only with nvme, and
            * --resident-layers left out for the plan's choice */
@@ -752,8 +792,11 @@ test_params_nvme (void)
   const struct
   {
     const char *opt, *k;
-  } cases[] = { { "cpu", "0" },  { "cpu", "1" }, { "cpu", NULL },
-                { "nvme", "0" }, { "nvme", "1" } };
+  } cases[] = { { "cpu", "0" },
+                { "cpu", "1" },
+                { "cpu", NULL },
+                { "nvme", "0" },
+                { "nvme", "1" } };
   for (guint i = 0; i < G_N_ELEMENTS (cases); i++)
     {
       const char *k = cases[i].k;
@@ -767,8 +810,8 @@ test_params_nvme (void)
       else if (k)
         train (&r, &f, out, "--steps", "3", "--precision", "bf16",
                "--recompute", "none", "--offload-optimizer", "cpu",
-               "--offload-params", "nvme", "--resident-layers", k,
-               "--nvme-dir", swap, NULL);
+               "--offload-params", "nvme", "--resident-layers", k, "--nvme-dir",
+               swap, NULL);
       else
         train (&r, &f, out, "--steps", "3", "--precision", "bf16",
                "--recompute", "none", "--offload-optimizer", "cpu",
@@ -802,8 +845,8 @@ test_params_nvme_resume (void)
   g_assert_cmpint (r0.status, ==, 0);
   const char *const legs[][2]
       = { { "nvme", "nvme" }, { "nvme", "cpu" }, { "cpu", "nvme" } };
-  const char *const extra[] = { "--offload-optimizer", "cpu",
-                                "--resident-layers", "0", NULL };
+  const char *const extra[]
+      = { "--offload-optimizer", "cpu", "--resident-layers", "0", NULL };
   assert_resumes_across (&f, swap, straight, "--offload-params", legs,
                          G_N_ELEMENTS (legs), "2", "4", extra);
   fixture_clear (&f);
@@ -829,10 +872,17 @@ test_params_nvme_faults (void)
     { "eio:50", "read failed: Input/output error" },
     { "enospc:66", "write failed: No space left on device" },
   };
-  const char *const flags[]
-      = { "--precision",       "bf16", "--offload-optimizer", "cpu",
-          "--offload-params",  "nvme", "--resident-layers",   "0",
-          "--nvme-dir",        swap,   NULL };
+  const char *const flags[] = { "--precision",
+                                "bf16",
+                                "--offload-optimizer",
+                                "cpu",
+                                "--offload-params",
+                                "nvme",
+                                "--resident-layers",
+                                "0",
+                                "--nvme-dir",
+                                swap,
+                                NULL };
   for (guint i = 0; i < G_N_ELEMENTS (faults); i++)
     {
       g_autofree char *out = g_strdup_printf ("%s/faulted%u", f.dir, i);
@@ -870,10 +920,10 @@ test_params_small_device (void)
   g_autofree char *swap = make_dir (&f, "swap");
   g_autofree char *big = g_build_filename (f.dir, "big", NULL);
   g_autofree char *small = g_build_filename (f.dir, "small", NULL);
-  const char *common[] = { "train", "--model", model, "--data", f.shard,
-                           "--seq", "16", "--micro-batch", "2",
-                           "--global-batch", "4", "--lr", "0.003",
-                           "--precision", "bf16", NULL };
+  const char *common[] = { "train", "--model",        model,  "--data",
+                           f.shard, "--seq",          "16",   "--micro-batch",
+                           "2",     "--global-batch", "4",    "--lr",
+                           "0.003", "--precision",    "bf16", NULL };
   g_autoptr (GPtrArray) a = g_ptr_array_new ();
   for (guint i = 0; common[i]; i++)
     g_ptr_array_add (a, (char *)common[i]);
@@ -895,11 +945,22 @@ test_params_small_device (void)
       for (guint leg = 0; leg < 2; leg++)
         {
           g_ptr_array_set_size (a, base);
-          const char *streamed[]
-              = { "--out", out, "--steps", leg ? "4" : "2", "--device-memory",
-                  "400KiB", "--offload-params", where[w], "--resident-layers",
-                  "0", "--offload-optimizer", "nvme", "--nvme-dir", swap,
-                  leg ? "--resume" : NULL, NULL };
+          const char *streamed[] = { "--out",
+                                     out,
+                                     "--steps",
+                                     leg ? "4" : "2",
+                                     "--device-memory",
+                                     "400KiB",
+                                     "--offload-params",
+                                     where[w],
+                                     "--resident-layers",
+                                     "0",
+                                     "--offload-optimizer",
+                                     "nvme",
+                                     "--nvme-dir",
+                                     swap,
+                                     leg ? "--resume" : NULL,
+                                     NULL };
           for (guint i = 0; streamed[i]; i++)
             g_ptr_array_add (a, (char *)streamed[i]);
           g_ptr_array_add (a, NULL);
@@ -911,8 +972,8 @@ test_params_small_device (void)
           assert_pinned_as_simulated (&r);
         }
       assert_same_checkpoint (big, out);
-      g_autofree char *st = g_build_filename (out, "latest",
-                                              "model.safetensors", NULL);
+      g_autofree char *st
+          = g_build_filename (out, "latest", "model.safetensors", NULL);
       GStatBuf sb;
       g_assert_cmpint (g_stat (st, &sb), ==, 0);
       g_assert_cmpint (sb.st_size, >, 400 * 1024);
@@ -935,8 +996,7 @@ main (int argc, char **argv)
   g_test_add_func ("/train-offload/nvme-signal", test_nvme_signal);
   g_test_add_func ("/train-offload/nvme-kill", test_nvme_kill);
   g_test_add_func ("/train-offload/preflight", test_preflight);
-  g_test_add_func ("/train-offload/preflight-memlock",
-                   test_preflight_memlock);
+  g_test_add_func ("/train-offload/preflight-memlock", test_preflight_memlock);
   g_test_add_func ("/train-offload/delayed-update", test_delayed);
   g_test_add_func ("/train-offload/params", test_params);
   g_test_add_func ("/train-offload/params-nvme", test_params_nvme);

@@ -27,12 +27,12 @@
 static void
 test_oracle (void)
 {
-  stow_train_oracle ("cpu",
-                     (const char *const[]){ "/usr/bin/python3", "python3",
-                                            NULL });
+  stow_train_oracle (
+      "cpu", (const char *const[]){ "/usr/bin/python3", "python3", NULL });
 }
 
-/* ---- determinism and resumption --------------------------------------------- */
+/* ---- determinism and resumption ---------------------------------------------
+ */
 
 static void
 test_deterministic (void)
@@ -107,11 +107,28 @@ test_kill_resume (void)
   guint killed_at[3] = { 0 };
   for (guint round = 0; round < 3; round++)
     {
-      const char *argv[] = { g_getenv ("STOWAGE"), "train", "--model", f.model,
-                             "--data", f.shard, "--seq", "16",
-                             "--micro-batch", "2", "--global-batch", "4",
-                             "--lr", "0.003", "--out", killed, "--steps", steps,
-                             "--save-every", "1", "--resume", NULL };
+      const char *argv[] = { g_getenv ("STOWAGE"),
+                             "train",
+                             "--model",
+                             f.model,
+                             "--data",
+                             f.shard,
+                             "--seq",
+                             "16",
+                             "--micro-batch",
+                             "2",
+                             "--global-batch",
+                             "4",
+                             "--lr",
+                             "0.003",
+                             "--out",
+                             killed,
+                             "--steps",
+                             steps,
+                             "--save-every",
+                             "1",
+                             "--resume",
+                             NULL };
       GPid pid = spawn_quiet (argv);
       /* Wait for a checkpoint newer than the last kill's, then a little
        * more, into the next step or its checkpoint. */
@@ -123,8 +140,8 @@ test_kill_resume (void)
       g_assert_true (WIFSIGNALED (kill_and_wait (pid, SIGKILL)));
       killed_at[round] = latest_step (killed);
     }
-  g_test_message ("killed with latest at steps %u, %u, %u of %s",
-                  killed_at[0], killed_at[1], killed_at[2], steps);
+  g_test_message ("killed with latest at steps %u, %u, %u of %s", killed_at[0],
+                  killed_at[1], killed_at[2], steps);
   g_assert_cmpuint (killed_at[2], <, 40);
   g_auto (StowRun) r2 = { 0 };
   train (&r2, &f, killed, "--steps", steps, "--save-every", "1", "--resume",
@@ -134,7 +151,8 @@ test_kill_resume (void)
   fixture_clear (&f);
 }
 
-/* ---- memory and output ------------------------------------------------------- */
+/* ---- memory and output
+ * ------------------------------------------------------- */
 
 static void
 test_peak_and_log (void)
@@ -159,9 +177,9 @@ test_peak_and_log (void)
   for (guint i = 0; lines[i]; i++)
     {
       stow_assert_json_valid (lines[i], "--log-json line");
-      for (const char *const *k = (const char *const[]){
-               "\"step\"", "\"loss\"", "\"grad_norm\"", "\"lr\"",
-               "\"tokens_per_s\"", NULL };
+      for (const char *const *k
+           = (const char *const[]){ "\"step\"", "\"loss\"", "\"grad_norm\"",
+                                    "\"lr\"", "\"tokens_per_s\"", NULL };
            *k; k++)
         g_assert_nonnull (strstr (lines[i], *k));
     }
@@ -207,7 +225,8 @@ test_bytes (void)
   fixture_clear (&f);
 }
 
-/* ---- bad input ------------------------------------------------------------ */
+/* ---- bad input ------------------------------------------------------------
+ */
 
 static void
 expect_fail (Fixture *f, const char *data, const char *fragment)
@@ -268,18 +287,18 @@ test_bad_input (void)
 
   /* Flags. */
   g_auto (StowRun) r1 = { 0 };
-  stow_run (&r1, "train", "--model", f.model, "--data", f.shard, "--out",
-            f.dir, "--micro-batch", "3", "--global-batch", "4", NULL);
+  stow_run (&r1, "train", "--model", f.model, "--data", f.shard, "--out", f.dir,
+            "--micro-batch", "3", "--global-batch", "4", NULL);
   g_assert_cmpint (r1.status, ==, 2);
   g_assert_nonnull (strstr (r1.err, "--global-batch 4 is not a multiple"));
   g_auto (StowRun) r2 = { 0 };
-  stow_run (&r2, "train", "--model", f.model, "--data", f.shard, "--out",
-            f.dir, "--lr", "fast", NULL);
+  stow_run (&r2, "train", "--model", f.model, "--data", f.shard, "--out", f.dir,
+            "--lr", "fast", NULL);
   g_assert_cmpint (r2.status, ==, 2);
   g_assert_nonnull (strstr (r2.err, "--lr \"fast\""));
   g_auto (StowRun) r3 = { 0 };
-  stow_run (&r3, "train", "--model", f.model, "--data", f.shard, "--out",
-            f.dir, "--device-memory", "1MiB", NULL);
+  stow_run (&r3, "train", "--model", f.model, "--data", f.shard, "--out", f.dir,
+            "--device-memory", "1MiB", NULL);
   g_assert_cmpint (r3.status, ==, 2);
   g_assert_nonnull (strstr (r3.err, "--device-memory"));
   g_auto (StowRun) r4 = { 0 };

@@ -258,13 +258,15 @@ static double
 forward_and_loss (TestLlamaModel *m, gboolean logits)
 {
   guint64 n = m->n, L = m->cfg.n_layers;
-  stow_decoder_embed_forward (stow_llama_decoder (m->rt), param (m, 0)->w, m->tokens, n, m->x0);
+  stow_decoder_embed_forward (stow_llama_decoder (m->rt), param (m, 0)->w,
+                              m->tokens, n, m->x0);
   for (guint64 l = 0; l < L; l++)
     {
       StowLlamaLayerWeights lw;
       test_llama_model_layer (m, l, FALSE, &lw);
-      stow_decoder_layer_forward (stow_llama_decoder (m->rt), m->batch, m->seq, &lw,
-                                l ? m->outs[l - 1] : m->x0, &m->saved[l]);
+      stow_decoder_layer_forward (stow_llama_decoder (m->rt), m->batch, m->seq,
+                                  &lw, l ? m->outs[l - 1] : m->x0,
+                                  &m->saved[l]);
     }
   void *last = L ? m->outs[L - 1] : m->x0;
   TestLlamaParam *norm = norm_param (m), *head = head_param (m);
@@ -294,11 +296,11 @@ test_llama_model_step (TestLlamaModel *m, gboolean logits)
       test_llama_model_layer (m, l, FALSE, &lw);
       test_llama_model_layer (m, l, TRUE, &lg);
       void *x = l ? m->outs[l - 1] : m->x0;
-      stow_decoder_layer_backward (stow_llama_decoder (m->rt), m->batch, m->seq, &lw, x, &m->saved[l],
-                                 &lg, FALSE, m->ws, x);
+      stow_decoder_layer_backward (stow_llama_decoder (m->rt), m->batch, m->seq,
+                                   &lw, x, &m->saved[l], &lg, FALSE, m->ws, x);
     }
-  stow_decoder_embed_backward (stow_llama_decoder (m->rt), m->tokens, m->n, m->x0, param (m, 0)->g,
-                             m->cfg.tied);
+  stow_decoder_embed_backward (stow_llama_decoder (m->rt), m->tokens, m->n,
+                               m->x0, param (m, 0)->g, m->cfg.tied);
   return loss;
 }
 

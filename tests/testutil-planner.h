@@ -9,8 +9,8 @@
 #include "hw/hw.h"
 #include "models/model.h"
 #include "planner/memory.h"
-#include "planner/search.h"
 #include "planner/plan.h"
+#include "planner/search.h"
 
 G_BEGIN_DECLS
 

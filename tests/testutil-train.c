@@ -34,7 +34,8 @@ write_shard (const char *path, guint32 magic, guint32 version, guint32 count,
       g_byte_array_append (b, (const guint8 *)&t, 2);
     }
   g_rand_free (r);
-  g_assert_true (g_file_set_contents (path, (const char *)b->data, b->len, NULL));
+  g_assert_true (
+      g_file_set_contents (path, (const char *)b->data, b->len, NULL));
 }
 
 void
@@ -47,7 +48,8 @@ fixture_init (Fixture *f)
   f->model = g_build_filename (f->dir, "model", NULL);
   f->shard = g_build_filename (f->dir, "train.bin", NULL);
   f->text = g_build_filename (f->dir, "train.txt", NULL);
-  g_assert_true (g_file_set_contents (f->config, stow_train_small_config, -1, NULL));
+  g_assert_true (
+      g_file_set_contents (f->config, stow_train_small_config, -1, NULL));
   write_shard (f->shard, 20240520, 1, 20000, 20000, 300);
   g_auto (StowRun) r = { 0 };
   stow_run (&r, "init-model", f->config, "-o", f->model, "--seed", "3", NULL);
@@ -81,12 +83,10 @@ args_join (const char *const *first, const char *const *second)
 void
 trainv (StowRun *r, Fixture *f, const char *out, const char *const *extra)
 {
-  const char *base[] = { "train",    "--model",        f->model,
-                         "--data",   f->shard,         "--seq",
-                         "16",       "--micro-batch",  "2",
-                         "--global-batch", "4",        "--lr",
-                         "0.003",    "--out",          out,
-                         NULL };
+  const char *base[] = { "train",  "--model",        f->model, "--data",
+                         f->shard, "--seq",          "16",     "--micro-batch",
+                         "2",      "--global-batch", "4",      "--lr",
+                         "0.003",  "--out",          out,      NULL };
   g_autoptr (GPtrArray) a = args_join (base, extra);
   stow_runv (r, (const char *const *)a->pdata);
 }
@@ -130,7 +130,6 @@ same_file (const char *a_dir, const char *b_dir, const char *file)
   return na == nb && memcmp (a, b, na) == 0;
 }
 
-
 void
 stow_train_oracle (const char *backend, const char *const *pythons)
 {
@@ -146,9 +145,15 @@ stow_train_oracle (const char *backend, const char *const *pythons)
     g_ptr_array_add (pys, (char *)pythons[i]);
   for (guint i = 0; i < pys->len; i++)
     {
-      const char *argv[] = { g_ptr_array_index (pys, i), script, "--stowage",
-                             g_getenv ("STOWAGE"), "--workdir", work,
-                             "--backend", backend, NULL };
+      const char *argv[] = { g_ptr_array_index (pys, i),
+                             script,
+                             "--stowage",
+                             g_getenv ("STOWAGE"),
+                             "--workdir",
+                             work,
+                             "--backend",
+                             backend,
+                             NULL };
       g_autofree char *out = NULL, *err = NULL;
       int status = 0;
       if (!g_spawn_sync (NULL, (char **)argv, NULL, G_SPAWN_SEARCH_PATH, NULL,

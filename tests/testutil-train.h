@@ -31,11 +31,10 @@ void fixture_clear (Fixture *f);
 GPtrArray *args_join (const char *const *first, const char *const *second);
 /* Runs train on the fixture (seq 16, micro-batch 2, global batch 4, lr
  * 0.003) with @out and the extra flags (NULL ended). */
-void train (StowRun *r, Fixture *f, const char *out, ...)
-    G_GNUC_NULL_TERMINATED;
+void train (StowRun *r, Fixture *f, const char *out,
+            ...) G_GNUC_NULL_TERMINATED;
 /* The same with the extra flags in @extra (NULL ended). */
-void trainv (StowRun *r, Fixture *f, const char *out,
-             const char *const *extra);
+void trainv (StowRun *r, Fixture *f, const char *out, const char *const *extra);
 /* The contents of @file in @dir's latest checkpoint. */
 char *contents (const char *dir, const char *file);
 /* Whether two runs' latest checkpoints hold the same bytes of @file. */

@@ -126,9 +126,9 @@ stow_run_to_file (const char *file_name, const char *first_arg, ...)
 
 /* Members whose value may be null: strings stowage does not know. */
 static const char *const nullable[] = {
-  "cuda_driver", "model", "hostname", "cpu_model", "profile", "net_kind",
-  "description", "path", "preset", "source", "pci_busid", "catalog",
-  "name", "vendor", "reference", NULL,
+  "cuda_driver", "model",  "hostname",  "cpu_model", "profile",   "net_kind",
+  "description", "path",   "preset",    "source",    "pci_busid", "catalog",
+  "name",        "vendor", "reference", NULL,
 };
 
 /* The first null outside the nullable members, or NULL. */
@@ -149,8 +149,8 @@ find_null (JsonNode *n, const char *key)
         g_autoptr (GList) names = json_object_get_members (o);
         for (GList *l = names; l; l = l->next)
           {
-            char *why = find_null (json_object_get_member (o, l->data),
-                                   l->data);
+            char *why
+                = find_null (json_object_get_member (o, l->data), l->data);
             if (why)
               return why;
           }

@@ -12,7 +12,8 @@
 #include <math.h>
 #include <string.h>
 
-/* ---- the ops ---------------------------------------------------------------- */
+/* ---- the ops ----------------------------------------------------------------
+ */
 
 /* The global L2 norm of every unit's gradients (sums of squares in
  * double, in unit order: the same bits for any thread count), the clip
@@ -222,4 +223,3 @@ stow_cpu_run_op (CpuBackend *b, guint i, GError **error)
                                           "multi-device layouts", error);
     }
 }
-

@@ -14,7 +14,8 @@
 
 G_BEGIN_DECLS
 
-/* ---- the backend ---------------------------------------------------------- */
+/* ---- the backend ----------------------------------------------------------
+ */
 
 typedef enum
 {
@@ -43,7 +44,6 @@ typedef struct
   GThread *thread;
   GAsyncQueue *queue;
 } Worker;
-
 
 struct _CpuBackend
 {
@@ -134,7 +134,6 @@ in_pool (const CpuBackend *b, const StowBuffer *buf)
   return b->pinned_pool != NULL && buf->persistent
          && buf->tier == STOW_TIER_PINNED;
 }
-
 
 /* A "swap buffer": one chunk of the states on their way to and from NVMe
  * (a ring buffer of the swap's pinned pool). */

@@ -23,7 +23,8 @@ alloc_buffer (CpuBackend *b, guint bi, GError **error)
   const StowBuffer *buf = buf_of (b, bi);
   if (b->map.addr[bi] != NULL)
     return TRUE; /* persistent, from an earlier step */
-  if (stow_buffer_is_occupant (buf) && (gsize)buf->slot < G_N_ELEMENTS (b->map.slot_buf)
+  if (stow_buffer_is_occupant (buf)
+      && (gsize)buf->slot < G_N_ELEMENTS (b->map.slot_buf)
       && b->map.slot_buf[buf->slot] != STOW_NONE)
     {
       /* A slot's occupant: the slot buffer's bytes (persistent). */
@@ -64,10 +65,10 @@ alloc_buffer (CpuBackend *b, guint bi, GError **error)
       b->map.addr[bi] = host_alloc (buf->bytes);
       if (b->map.addr[bi] == NULL)
         {
-          g_set_error (error, STOW_BACKEND_ERROR,
-                       STOW_BACKEND_ERROR_OUT_OF_MEMORY,
-                       "%s \"%s\" (%" G_GUINT64_FORMAT " B): out of host memory",
-                       stow_tier_name (buf->tier), buf->name, buf->bytes);
+          g_set_error (
+              error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_OUT_OF_MEMORY,
+              "%s \"%s\" (%" G_GUINT64_FORMAT " B): out of host memory",
+              stow_tier_name (buf->tier), buf->name, buf->bytes);
           return FALSE;
         }
       count_pinned (b, buf, TRUE);
@@ -80,15 +81,17 @@ alloc_buffer (CpuBackend *b, guint bi, GError **error)
   g_mutex_unlock (&b->lock);
   if (p == NULL)
     {
-      g_autofree char *need = g_format_size_full (buf->bytes, G_FORMAT_SIZE_IEC_UNITS);
-      g_autofree char *used = g_format_size_full (in_use, G_FORMAT_SIZE_IEC_UNITS);
+      g_autofree char *need
+          = g_format_size_full (buf->bytes, G_FORMAT_SIZE_IEC_UNITS);
+      g_autofree char *used
+          = g_format_size_full (in_use, G_FORMAT_SIZE_IEC_UNITS);
       g_autofree char *cap = g_format_size_full (stow_arena_capacity (b->arena),
                                                  G_FORMAT_SIZE_IEC_UNITS);
       g_set_error (error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_OUT_OF_MEMORY,
                    "device memory: \"%s\" (%s) does not fit%s: %s in use of "
                    "%s (--device-memory)",
-                   buf->name, need,
-                   frag ? " in one free run (fragmented)" : "", used, cap);
+                   buf->name, need, frag ? " in one free run (fragmented)" : "",
+                   used, cap);
       return FALSE;
     }
   b->map.addr[bi] = p;
@@ -124,7 +127,8 @@ free_buffer (CpuBackend *b, guint bi)
   b->map.addr[bi] = NULL;
 }
 
-/* ---- workers -------------------------------------------------------------- */
+/* ---- workers --------------------------------------------------------------
+ */
 
 static void
 push (CpuBackend *b, StowStream s, TaskKind kind, guint index, guint op)
@@ -209,7 +213,8 @@ worker_main (gpointer data)
   return NULL;
 }
 
-/* ---- the table ------------------------------------------------------------ */
+/* ---- the table ------------------------------------------------------------
+ */
 
 static void
 cpu_event_wait (StowBackend *bb, guint rank, StowStream s, guint event)
@@ -320,7 +325,8 @@ cpu_destroy (StowBackend *bb)
   stow_delayed_restore (&b->delayed, &b->map);
   for (guint i = 0; b->map.addr && i < b->n_buffers; i++)
     if (b->map.addr[i] && buf_of (b, i)->tier != STOW_TIER_DEVICE
-        && !stow_buffer_is_occupant (buf_of (b, i)) && !in_pool (b, buf_of (b, i))
+        && !stow_buffer_is_occupant (buf_of (b, i))
+        && !in_pool (b, buf_of (b, i))
         && !(is_swap_buffer (buf_of (b, i)) && b->swap != NULL))
       g_aligned_free (b->map.addr[i]);
   if (b->pinned_pool)
@@ -446,8 +452,9 @@ cpu_weights (StowBackend *bb, guint unit)
     }
   if (m->weights_buf == STOW_NONE)
     return m->host_weights ? stow_tensor_map_host_weights (m, unit) : NULL;
-  return m->addr[m->weights_buf] ? stow_tensor_map_unit (m, m->weights_buf, unit)
-                                 : NULL;
+  return m->addr[m->weights_buf]
+             ? stow_tensor_map_unit (m, m->weights_buf, unit)
+             : NULL;
 }
 
 static float *
@@ -472,9 +479,8 @@ cpu_moment (StowBackend *bb, guint unit, guint which)
 }
 
 static gboolean
-cpu_states (StowBackend *bb, gboolean write, guint unit,
-                         guint which, guint64 first, guint64 n, float *data,
-                         GError **error)
+cpu_states (StowBackend *bb, gboolean write, guint unit, guint which,
+            guint64 first, guint64 n, float *data, GError **error)
 {
   CpuBackend *b = (CpuBackend *)bb;
   if (b->swap == NULL)
@@ -562,7 +568,8 @@ cpu_push (StowBackend *bb, GError **error)
   return TRUE;
 }
 
-/* ---- the table ------------------------------------------------------------ */
+/* ---- the table ------------------------------------------------------------
+ */
 
 static const StowBackendVtable cpu_vtable = {
   .name = "cpu",

@@ -26,8 +26,8 @@ input_of (const StowTensorMap *m, const StowOp *op)
 static void
 run_forward (const StowDecoder *d, const StowTensorMap *m, const StowOp *op)
 {
-  guint8 *w = stow_tensor_map_unit (m, stow_tensor_map_weights_of (m, op),
-                                    op->unit);
+  guint8 *w
+      = stow_tensor_map_unit (m, stow_tensor_map_weights_of (m, op), op->unit);
   if (op->layer == STOW_LAYER_EMBEDDING)
     {
       guint8 *in = input_of (m, op);
@@ -59,8 +59,7 @@ run_loss (const StowDecoder *d, const StowTensorMap *m, const StowOp *op,
   g_assert (logits != STOW_NONE);
   guint8 *x = stow_tensor_map_layer_output (m, (gint)m->model->n_layers - 1,
                                             op->micro_batch);
-  stow_decoder_head_loss (d, n, norm, lm, x,
-                          (gint32 *)(in + m->input.targets),
+  stow_decoder_head_loss (d, n, norm, lm, x, (gint32 *)(in + m->input.targets),
                           m->p->loss_scale, dnorm, dlm, op->accumulate, x,
                           m->addr[logits], m->chunk, loss_sum);
 }
@@ -72,10 +71,9 @@ run_backward (const StowDecoder *d, const StowTensorMap *m, const StowOp *op)
   if (op->layer == STOW_LAYER_EMBEDDING)
     {
       guint8 *in = input_of (m, op);
-      stow_decoder_embed_backward (d, (gint32 *)(in + m->input.tokens),
-                                   m->n_tokens, in + m->input.x,
-                                   stow_tensor_map_unit (m, gbuf, op->unit),
-                                   op->accumulate);
+      stow_decoder_embed_backward (
+          d, (gint32 *)(in + m->input.tokens), m->n_tokens, in + m->input.x,
+          stow_tensor_map_unit (m, gbuf, op->unit), op->accumulate);
       return;
     }
   StowLlamaLayerWeights lw, lg;

@@ -15,9 +15,9 @@ struct _StowParamSwap
   const StowTensorMap *map;
   StowNvmeStore *store;
   guint n_units;
-  guint64 *bytes;     /* [unit] */
-  gboolean *written;  /* [unit]: stored at least once */
-  char *dirs;         /* for messages */
+  guint64 *bytes;    /* [unit] */
+  gboolean *written; /* [unit]: stored at least once */
+  char *dirs;        /* for messages */
   GMutex lock;
   StowNvmeFault fault;
   guint64 fault_nth;
@@ -100,8 +100,7 @@ check_unit (StowParamSwap *ps, guint unit, GError **error)
 }
 
 gboolean
-stow_param_swap_read (StowParamSwap *ps, guint unit, void *buf,
-                      GError **error)
+stow_param_swap_read (StowParamSwap *ps, guint unit, void *buf, GError **error)
 {
   if (!check_unit (ps, unit, error))
     return FALSE;
@@ -162,7 +161,8 @@ stow_param_swap_flush (StowParamSwap *ps, GError **error)
     return TRUE;
   guint u = ps->cached;
   ps->cached = G_MAXUINT;
-  if (ps->written[u] && XXH3_64bits (ps->cache, ps->bytes[u]) == ps->cached_hash)
+  if (ps->written[u]
+      && XXH3_64bits (ps->cache, ps->bytes[u]) == ps->cached_hash)
     return TRUE;
   return stow_param_swap_write (ps, u, ps->cache, error);
 }

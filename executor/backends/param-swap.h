@@ -26,8 +26,7 @@ typedef struct _StowParamSwap StowParamSwap;
  * directory, the bytes needed and free).  @setup's fault, if any, is armed
  * at the first read from it. */
 StowParamSwap *stow_param_swap_new (const StowTensorMap *map,
-                                    const StowSwapSetup *setup,
-                                    GError **error);
+                                    const StowSwapSetup *setup, GError **error);
 void stow_param_swap_free (StowParamSwap *ps);
 
 /* "weights on NVMe: 14 units in /a,/b (io_uring, O_DIRECT)" */
@@ -37,8 +36,8 @@ char *stow_param_swap_describe (const StowParamSwap *ps);
  * holding the unit's bytes); errors name the file and offset. */
 gboolean stow_param_swap_read (StowParamSwap *ps, guint unit, void *buf,
                                GError **error);
-gboolean stow_param_swap_write (StowParamSwap *ps, guint unit,
-                                const void *buf, GError **error);
+gboolean stow_param_swap_write (StowParamSwap *ps, guint unit, const void *buf,
+                                GError **error);
 
 /* Outside a step: @unit's weights, to read or change in place until the
  * next call or stow_param_swap_flush (a unit never stored reads as

@@ -8,9 +8,9 @@
  */
 #pragma once
 
-#include "program/backend.h"
 #include "executor/backends/swap.h"
 #include "executor/data.h"
+#include "program/backend.h"
 
 G_BEGIN_DECLS
 

@@ -7,8 +7,8 @@
 
 #include <string.h>
 
-#include "program/backend.h"
 #include "offload/swapper.h"
+#include "program/backend.h"
 
 typedef struct
 {
@@ -63,11 +63,12 @@ find_chunks (StowStateSwap *sw, GError **error)
       const Chunk *c = chunk_at (sw, i);
       if (c->count == 0 || c->first != next)
         {
-          g_set_error (error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_INVALID,
-                       "the program's optimizer chunks do not cover the "
-                       "parameters in order (chunk %u starts at %" G_GUINT64_FORMAT
-                       ", expected %" G_GUINT64_FORMAT ")",
-                       i, c->first, next);
+          g_set_error (
+              error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_INVALID,
+              "the program's optimizer chunks do not cover the "
+              "parameters in order (chunk %u starts at %" G_GUINT64_FORMAT
+              ", expected %" G_GUINT64_FORMAT ")",
+              i, c->first, next);
           return FALSE;
         }
       next += c->count;
@@ -202,7 +203,8 @@ stow_state_swap_give (StowStateSwap *sw, void *buf)
   stow_swapper_give_buffer (sw->swapper, buf);
 }
 
-/* ---- I/O ------------------------------------------------------------------- */
+/* ---- I/O -------------------------------------------------------------------
+ */
 
 static gboolean
 check_chunk (StowStateSwap *sw, guint chunk, guint64 bytes, GError **error)
@@ -250,7 +252,8 @@ stow_state_swap_write (StowStateSwap *sw, guint chunk, const void *buf,
   return stow_swapper_write (sw->swapper, chunk, buf, error);
 }
 
-/* ---- the update -------------------------------------------------------------- */
+/* ---- the update
+ * -------------------------------------------------------------- */
 
 gboolean
 stow_state_swap_update (StowStateSwap *sw, StowAdam *adam,
@@ -306,7 +309,8 @@ stow_state_swap_update (StowStateSwap *sw, StowAdam *adam,
   return TRUE;
 }
 
-/* ---- outside a step -------------------------------------------------------- */
+/* ---- outside a step --------------------------------------------------------
+ */
 
 gboolean
 stow_state_swap_access (StowStateSwap *sw, gboolean write, guint unit,
@@ -314,8 +318,7 @@ stow_state_swap_access (StowStateSwap *sw, gboolean write, guint unit,
                         GError **error)
 {
   const StowProgram *p = sw->map->p;
-  g_return_val_if_fail (which < 3 && (which > 0 || sw->n_sections == 3),
-                        FALSE);
+  g_return_val_if_fail (which < 3 && (which > 0 || sw->n_sections == 3), FALSE);
   guint64 at = g_array_index (p->units, StowUnit, unit).offset
                - g_array_index (p->units, StowUnit, 0).offset + first;
   guint sec = which - (3 - sw->n_sections);

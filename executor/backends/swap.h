@@ -45,8 +45,7 @@ typedef struct _StowStateSwap StowStateSwap;
  * preflight: STOW_IO_ERROR_NO_SPACE names the directory, the bytes needed
  * and free) and the ring of swap buffers.  Every chunk starts as zeros. */
 StowStateSwap *stow_state_swap_new (const StowTensorMap *map,
-                                    const StowSwapSetup *setup,
-                                    GError **error);
+                                    const StowSwapSetup *setup, GError **error);
 void stow_state_swap_free (StowStateSwap *sw);
 
 /* "swap files: 2 in /a,/b (io_uring, O_DIRECT), 3 buffers of 1.2 MiB" */
@@ -63,9 +62,8 @@ void stow_state_swap_give (StowStateSwap *sw, void *buf);
  * errors name the file and offset (offload/nvme.h). */
 gboolean stow_state_swap_read (StowStateSwap *sw, guint chunk, void *buf,
                                guint64 bytes, GError **error);
-gboolean stow_state_swap_write (StowStateSwap *sw, guint chunk,
-                                const void *buf, guint64 bytes,
-                                GError **error);
+gboolean stow_state_swap_write (StowStateSwap *sw, guint chunk, const void *buf,
+                                guint64 bytes, GError **error);
 /* AdamW on the chunk of parameters [@first, @first + @count) whose states
  * are in @buf: tensor by tensor, the gradients and the weights from the
  * map's host copies, the same stow_adam_step calls (element for element)
@@ -77,9 +75,9 @@ gboolean stow_state_swap_update (StowStateSwap *sw, StowAdam *adam,
 
 /* Outside a step: floats [@first, @first + @n) of state @which (0 master,
  * 1 m, 2 v) of @unit, read into or written from @data. */
-gboolean stow_state_swap_access (StowStateSwap *sw, gboolean write,
-                                 guint unit, guint which, guint64 first,
-                                 guint64 n, float *data, GError **error);
+gboolean stow_state_swap_access (StowStateSwap *sw, gboolean write, guint unit,
+                                 guint which, guint64 first, guint64 n,
+                                 float *data, GError **error);
 /* Writes back the cached chunk if it changed.  Call after writing states
  * and before the next step. */
 gboolean stow_state_swap_flush (StowStateSwap *sw, GError **error);

@@ -13,14 +13,14 @@
 
 /* The slots of a layer's weights, in StowLlamaLayerWeights order. */
 static const char *const layer_names[] = {
-  "input_layernorm.weight",          "self_attn.q_proj.weight",
-  "self_attn.k_proj.weight",         "self_attn.v_proj.weight",
-  "self_attn.o_proj.weight",         "self_attn.q_proj.bias",
-  "self_attn.k_proj.bias",           "self_attn.v_proj.bias",
-  "self_attn.o_proj.bias",           "post_attention_layernorm.weight",
-  "mlp.gate_proj.weight",            "mlp.up_proj.weight",
-  "mlp.down_proj.weight",            "mlp.gate_proj.bias",
-  "mlp.up_proj.bias",                "mlp.down_proj.bias",
+  "input_layernorm.weight",  "self_attn.q_proj.weight",
+  "self_attn.k_proj.weight", "self_attn.v_proj.weight",
+  "self_attn.o_proj.weight", "self_attn.q_proj.bias",
+  "self_attn.k_proj.bias",   "self_attn.v_proj.bias",
+  "self_attn.o_proj.bias",   "post_attention_layernorm.weight",
+  "mlp.gate_proj.weight",    "mlp.up_proj.weight",
+  "mlp.down_proj.weight",    "mlp.gate_proj.bias",
+  "mlp.up_proj.bias",        "mlp.down_proj.bias",
 };
 G_STATIC_ASSERT (G_N_ELEMENTS (layer_names) == STOW_LAYER_SLOTS);
 G_STATIC_ASSERT (sizeof (StowLlamaLayerWeights)
@@ -64,7 +64,8 @@ stow_tensor_map_unit (const StowTensorMap *m, guint bi, guint unit)
   const StowBuffer *buf = stow_tensor_map_buffer (m, bi);
   g_assert (buf->unit_first != STOW_NONE && unit >= buf->unit_first
             && unit < buf->unit_first + buf->n_units);
-  guint64 off = unit_of (m, unit)->offset - unit_of (m, buf->unit_first)->offset;
+  guint64 off
+      = unit_of (m, unit)->offset - unit_of (m, buf->unit_first)->offset;
   return (guint8 *)m->addr[bi] + off * stow_tensor_map_kind_elem (m, buf->kind);
 }
 
@@ -111,7 +112,8 @@ stow_tensor_map_layer (const StowTensorMap *m, guint8 *base, guint unit,
     }
 }
 
-/* ---- checks and layout ---------------------------------------------------- */
+/* ---- checks and layout ----------------------------------------------------
+ */
 
 static gboolean
 check_size (const char *backend, const StowBuffer *buf, guint64 need,
@@ -166,8 +168,8 @@ index_buffers (StowTensorMap *m, const char *backend, GError **error)
   guint64 gmax = 0, umax = 0;
   for (guint u = 0; u < p->units->len; u++)
     {
-      gmax = MAX (gmax,
-                  unit_of (m, u)->numel * stow_dtype_size (p->grad_dtype));
+      gmax
+          = MAX (gmax, unit_of (m, u)->numel * stow_dtype_size (p->grad_dtype));
       umax = MAX (umax, unit_of (m, u)->numel);
     }
   guint64 saved = m->saved_bytes;
@@ -222,9 +224,8 @@ index_buffers (StowTensorMap *m, const char *backend, GError **error)
               break;
             }
           if (buf->kind == STOW_BUF_WEIGHTS && buf->persistent
-              && buf->tier != STOW_TIER_DEVICE
-              && buf->tier != STOW_TIER_NVME && buf->unit_first == 0
-              && buf->n_units == p->units->len)
+              && buf->tier != STOW_TIER_DEVICE && buf->tier != STOW_TIER_NVME
+              && buf->unit_first == 0 && buf->n_units == p->units->len)
             {
               /* The offloaded parameters, or the host copy CPU Adam
                * writes. */
@@ -253,7 +254,9 @@ index_buffers (StowTensorMap *m, const char *backend, GError **error)
             }
           if (buf->kind == STOW_BUF_MASTER && !p->master_weights)
             break;
-          ok = check_size (backend, buf, units_numel (m, buf) * stow_tensor_map_kind_elem (m, buf->kind),
+          ok = check_size (backend, buf,
+                           units_numel (m, buf)
+                               * stow_tensor_map_kind_elem (m, buf->kind),
                            error);
           if (buf->kind == STOW_BUF_WEIGHTS)
             m->weights_buf = i;
@@ -274,8 +277,8 @@ index_buffers (StowTensorMap *m, const char *backend, GError **error)
         case STOW_BUF_OTHER:
           if (!buf->persistent)
             break;
-          if (buf->role == STOW_ROLE_GRAD_SLOT
-              && buf->tier == STOW_TIER_DEVICE && buf->role_index < 2)
+          if (buf->role == STOW_ROLE_GRAD_SLOT && buf->tier == STOW_TIER_DEVICE
+              && buf->role_index < 2)
             {
               ok = check_size (backend, buf, gmax, error);
               m->slot_buf[STOW_SLOT_GRADS + buf->role_index] = i;
@@ -311,7 +314,8 @@ index_buffers (StowTensorMap *m, const char *backend, GError **error)
           break;
         case STOW_BUF_ACTIVATIONS:
         case STOW_BUF_CHECKPOINT:
-          ok = check_size (backend, buf, buf->kind == STOW_BUF_ACTIVATIONS ? saved : out,
+          ok = check_size (backend, buf,
+                           buf->kind == STOW_BUF_ACTIVATIONS ? saved : out,
                            error);
           if (buf->layer >= 0 && (guint)buf->layer < L && buf->micro_batch < nm)
             m->act_of[buf->layer * nm + buf->micro_batch] = i;
@@ -320,14 +324,16 @@ index_buffers (StowTensorMap *m, const char *backend, GError **error)
           ok = check_size (backend, buf, saved - out, error);
           break;
         case STOW_BUF_WORKSPACE:
-          ok = check_size (backend, buf, stow_llama_config_backward_ws_bytes (&m->config, m->esize, n),
-                           error);
+          ok = check_size (
+              backend, buf,
+              stow_llama_config_backward_ws_bytes (&m->config, m->esize, n),
+              error);
           break;
         case STOW_BUF_LOGITS:
-          ok = check_size (backend, buf,
-                           4 * stow_llama_loss_scratch_floats (
-                                   m->model->vocab, h, m->chunk),
-                           error);
+          ok = check_size (
+              backend, buf,
+              4 * stow_llama_loss_scratch_floats (m->model->vocab, h, m->chunk),
+              error);
           break;
         default:
           break;
@@ -338,10 +344,10 @@ index_buffers (StowTensorMap *m, const char *backend, GError **error)
   for (guint s = 0; s < 2; s++)
     if (wmax > 0
         && (m->slot_buf[STOW_SLOT_LAYER + s] == STOW_NONE
-            || !check_size (backend,
-                            stow_tensor_map_buffer (
-                                m, m->slot_buf[STOW_SLOT_LAYER + s]),
-                            wmax, error)))
+            || !check_size (
+                backend,
+                stow_tensor_map_buffer (m, m->slot_buf[STOW_SLOT_LAYER + s]),
+                wmax, error)))
       {
         if (m->slot_buf[STOW_SLOT_LAYER + s] == STOW_NONE)
           g_set_error (error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_INVALID,
@@ -356,7 +362,7 @@ index_buffers (StowTensorMap *m, const char *backend, GError **error)
        && !(m->params_nvme && m->write_buf != STOW_NONE))
       || m->states_buf == STOW_NONE || (streamed && !offloaded)
       || (offloaded ? m->grads_buf != STOW_NONE
-                        || m->slot_buf[STOW_SLOT_GRADS] == STOW_NONE
+                          || m->slot_buf[STOW_SLOT_GRADS] == STOW_NONE
                     : m->grads_buf == STOW_NONE)
       || (p->master_weights && !m->states_master && m->master_buf == STOW_NONE))
     {
@@ -442,8 +448,8 @@ stow_tensor_map_layer_output (const StowTensorMap *m, gint layer, guint mb)
 }
 
 guint
-stow_tensor_map_io (const StowTensorMap *m, const StowOp *op,
-                    gboolean writes, StowBufferKind kind)
+stow_tensor_map_io (const StowTensorMap *m, const StowOp *op, gboolean writes,
+                    StowBufferKind kind)
 {
   const guint *io = writes ? op->writes : op->reads;
   guint n = writes ? op->n_writes : op->n_reads;
@@ -537,12 +543,11 @@ stow_tensor_map_adam (const StowTensorMap *m, guint unit, guint k, double lr,
 {
   const StowProgram *p = m->p;
   const StowUnit *u = unit_of (m, unit);
-  const StowUnitTensor *t = &g_array_index (p->unit_tensors, StowUnitTensor,
-                                            u->first_tensor + k);
+  const StowUnitTensor *t
+      = &g_array_index (p->unit_tensors, StowUnitTensor, u->first_tensor + k);
   g_assert (!m->states_nvme);
-  guint8 *w
-      = m->host_weights ? stow_tensor_map_host_weights (m, unit)
-                        : stow_tensor_map_unit (m, m->weights_buf, unit);
+  guint8 *w = m->host_weights ? stow_tensor_map_host_weights (m, unit)
+                              : stow_tensor_map_unit (m, m->weights_buf, unit);
   guint8 *g = stow_tensor_map_unit (
       m, m->host_grads_buf != STOW_NONE ? m->host_grads_buf : m->grads_buf,
       unit);
@@ -649,8 +654,8 @@ stow_delayed_restore (StowDelayed *d, StowTensorMap *m)
 }
 
 void *
-stow_delayed_pending (const StowDelayed *d, const StowTensorMap *m,
-                      guint unit, gboolean *pending)
+stow_delayed_pending (const StowDelayed *d, const StowTensorMap *m, guint unit,
+                      gboolean *pending)
 {
   if (!d->on || m->host_grads_buf == STOW_NONE
       || m->addr[m->host_grads_buf] == NULL)
@@ -673,9 +678,8 @@ stow_delayed_apply (const StowDelayed *d, const StowTensorMap *m,
 }
 
 double
-stow_tensor_map_grad_norm (const StowTensorMap *m, StowAdam *adam,
-                           guint buffer, double max_norm, double *clip,
-                           gboolean *skip)
+stow_tensor_map_grad_norm (const StowTensorMap *m, StowAdam *adam, guint buffer,
+                           double max_norm, double *clip, gboolean *skip)
 {
   StowDtype gt = m->p->grad_dtype;
   double total = 0;
@@ -708,10 +712,10 @@ stow_tensor_map_copy_ends (const StowTensorMap *m, const StowOp *op,
   const StowProgram *p = m->p;
   guint dst = op->n_writes == 1 ? op->writes[0] : STOW_NONE;
   guint src = op->n_reads == 1 ? op->reads[0] : STOW_NONE;
-  const StowBuffer *db = dst != STOW_NONE ? stow_tensor_map_buffer (m, dst)
-                                          : NULL;
-  const StowBuffer *sb = src != STOW_NONE ? stow_tensor_map_buffer (m, src)
-                                          : NULL;
+  const StowBuffer *db
+      = dst != STOW_NONE ? stow_tensor_map_buffer (m, dst) : NULL;
+  const StowBuffer *sb
+      = src != STOW_NONE ? stow_tensor_map_buffer (m, src) : NULL;
   guint unit = STOW_NONE;
   gsize elem = 0;
   switch (op->copy)
@@ -845,7 +849,8 @@ stow_tensor_map_init (StowTensorMap *m, const StowProgram *p,
                                            m->n_tokens);
   m->saved_bytes
       = stow_llama_config_saved_bytes (&m->config, m->esize, m->n_tokens);
-  m->out_bytes = stow_llama_config_out_bytes (&m->config, m->esize, m->n_tokens);
+  m->out_bytes
+      = stow_llama_config_out_bytes (&m->config, m->esize, m->n_tokens);
   m->addr = g_new0 (void *, MAX (p->buffers->len, 1));
   return index_units (m, error) && index_buffers (m, backend, error);
 }

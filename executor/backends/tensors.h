@@ -26,13 +26,13 @@ typedef struct
   StowLlamaConfig config;
   StowDtype ftype; /* weights and activations */
   gsize esize;
-  guint64 n_tokens; /* per micro-batch: B T */
-  guint64 numel;    /* every unit's parameters, in unit order */
-  guint64 chunk;    /* the fused loss's tokens per chunk */
+  guint64 n_tokens;               /* per micro-batch: B T */
+  guint64 numel;                  /* every unit's parameters, in unit order */
+  guint64 chunk;                  /* the fused loss's tokens per chunk */
   guint64 saved_bytes, out_bytes; /* a layer's activations, its output */
   /* per unit of a layer: element offsets of its tensors within the unit
    * in StowLlamaLayerWeights order, G_MAXUINT64 when absent */
-  guint64 *slot_offset; /* [unit * STOW_LAYER_SLOTS + slot] */
+  guint64 *slot_offset;       /* [unit * STOW_LAYER_SLOTS + slot] */
   guint64 head_norm, head_lm; /* offsets in the head unit; lm: MAXUINT64 tied */
   guint emb_unit, head_unit;
   guint *act_of;   /* [layer * m + mb]: its ACTIVATIONS or CHECKPOINT buffer */
@@ -89,8 +89,7 @@ void stow_tensor_map_clear (StowTensorMap *map);
 const StowBuffer *stow_tensor_map_buffer (const StowTensorMap *map,
                                           guint buffer);
 /* Bytes per element of what a persistent buffer of @kind holds. */
-gsize stow_tensor_map_kind_elem (const StowTensorMap *map,
-                                 StowBufferKind kind);
+gsize stow_tensor_map_kind_elem (const StowTensorMap *map, StowBufferKind kind);
 /* Where @unit starts in persistent buffer @buffer (a run of units). */
 guint8 *stow_tensor_map_unit (const StowTensorMap *map, guint buffer,
                               guint unit);
@@ -106,8 +105,8 @@ StowPinnedPool *stow_tensor_map_pinned_pool (const StowTensorMap *map,
 guint8 *stow_tensor_map_host_weights (const StowTensorMap *map, guint unit);
 /* The tensors of layer unit @unit whose storage starts at @base, elements
  * of @elem bytes. */
-void stow_tensor_map_layer (const StowTensorMap *map, guint8 *base,
-                            guint unit, gsize elem, StowLlamaLayerWeights *w);
+void stow_tensor_map_layer (const StowTensorMap *map, guint8 *base, guint unit,
+                            gsize elem, StowLlamaLayerWeights *w);
 /* The output of layer @layer for micro-batch @mb (the next layer's
  * input); for layer -1 the embedding's. */
 guint8 *stow_tensor_map_layer_output (const StowTensorMap *map, gint layer,
@@ -141,10 +140,9 @@ void stow_tensor_map_head_in (const StowTensorMap *map, guint buffer,
  * StowCopyKind says which.  The addresses are @map's;
  * STOW_BACKEND_ERROR_INVALID when the op's bytes are not the range's,
  * _UNSUPPORTED for another copy. */
-gboolean stow_tensor_map_copy_ends (const StowTensorMap *map,
-                                    const StowOp *op, const guint8 **from,
-                                    guint8 **to, guint64 *bytes,
-                                    GError **error);
+gboolean stow_tensor_map_copy_ends (const StowTensorMap *map, const StowOp *op,
+                                    const guint8 **from, guint8 **to,
+                                    guint64 *bytes, GError **error);
 
 /* The fp32 optimizer state of @unit: @which 0 the master weights, 1 m,
  * 2 v, wherever the program keeps them (device or host). */
@@ -174,8 +172,7 @@ typedef struct
 gboolean stow_delayed_init (StowDelayed *d, const StowTensorMap *map,
                             GError **error);
 /* At step @step's start: trades the host gradients with prev_grads. */
-void stow_delayed_begin_step (StowDelayed *d, StowTensorMap *map,
-                              guint64 step);
+void stow_delayed_begin_step (StowDelayed *d, StowTensorMap *map, guint64 step);
 /* Before the buffers are freed: the host gradients back in their own slot
  * (stow_delayed_begin_step trades them with prev_grads each step). */
 void stow_delayed_restore (StowDelayed *d, StowTensorMap *map);
@@ -202,8 +199,8 @@ double stow_tensor_map_grad_norm (const StowTensorMap *map, StowAdam *adam,
 
 /* Tensor @k of @unit's AdamW settings at learning rate @lr (weight decay
  * on tensors of two or more dimensions only). */
-void stow_tensor_map_adam_config (const StowTensorMap *map, guint unit,
-                                  guint k, double lr, StowAdamConfig *config);
+void stow_tensor_map_adam_config (const StowTensorMap *map, guint unit, guint k,
+                                  double lr, StowAdamConfig *config);
 
 /* The optimizer's view of tensor @k of @unit: its AdamW settings (weight
  * decay on tensors of two or more dimensions only, as nanoGPT and HF's

@@ -18,9 +18,9 @@
 #include "executor/backends/cuda/llama-cuda.h"
 #include "executor/backends/decoder-ops.h"
 #include "executor/backends/tensors.h"
-#include "program/trace.h"
 #include "offload/adam.h"
 #include "offload/pinned.h"
+#include "program/trace.h"
 
 /* A block freed on @stream: a later alloc of bytes in [lo, hi) on another
  * stream waits for @event. */
@@ -56,18 +56,18 @@ struct _CudaBackend
   GArray *pending; /* PendingFree */
   GPtrArray *spare_events;
   cudaStream_t streams[STOW_N_STREAMS];
-  cudaEvent_t *events;         /* [program event] */
-  cudaEvent_t *op_ev;          /* [2 op]: start, end of each op */
-  gboolean *op_timed;          /* [op]: its events were recorded this step */
-  cudaEvent_t t0;              /* the step's origin, on the compute stream */
+  cudaEvent_t *events; /* [program event] */
+  cudaEvent_t *op_ev;  /* [2 op]: start, end of each op */
+  gboolean *op_timed;  /* [op]: its events were recorded this step */
+  cudaEvent_t t0;      /* the step's origin, on the compute stream */
   /* host side */
   gint32 *staging; /* pinned: m micro-batches' tokens and targets, each as
                      the INPUT buffer holds them (input.x bytes) */
   StowCudaOptimState *state_h; /* pinned */
   StowCudaOptimState *state_d;
-  double *loss_h, *loss_d;     /* pinned / device: the step's loss sum */
-  void **shadow;               /* [buffer]: host copies of persistent ones */
-  GError *error;               /* the first failure at issue time */
+  double *loss_h, *loss_d; /* pinned / device: the step's loss sum */
+  void **shadow;           /* [buffer]: host copies of persistent ones */
+  GError *error;           /* the first failure at issue time */
   guint64 step;
   double lr;
   /* ZeRO-Offload: the program's pinned buffers (registered with CUDA),
@@ -228,15 +228,15 @@ alloc_buffer (CudaBackend *b, guint bi, StowStream stream, GError **error)
     {
       g_autofree char *need
           = g_format_size_full (buf->bytes, G_FORMAT_SIZE_IEC_UNITS);
-      g_autofree char *used = g_format_size_full (
-          stow_arena_in_use (b->arena), G_FORMAT_SIZE_IEC_UNITS);
-      g_autofree char *cap = g_format_size_full (
-          stow_arena_capacity (b->arena), G_FORMAT_SIZE_IEC_UNITS);
+      g_autofree char *used = g_format_size_full (stow_arena_in_use (b->arena),
+                                                  G_FORMAT_SIZE_IEC_UNITS);
+      g_autofree char *cap = g_format_size_full (stow_arena_capacity (b->arena),
+                                                 G_FORMAT_SIZE_IEC_UNITS);
       g_set_error (error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_OUT_OF_MEMORY,
                    "device memory: \"%s\" (%s) does not fit%s: %s in use of "
                    "%s (--device-memory)",
-                   buf->name, need,
-                   frag ? " in one free run (fragmented)" : "", used, cap);
+                   buf->name, need, frag ? " in one free run (fragmented)" : "",
+                   used, cap);
       return FALSE;
     }
   if (buf->bytes > 0)
@@ -281,8 +281,8 @@ run_data (CudaBackend *b, const StowOp *op, GError **error)
   stow_batches_fill (b->data, b->step, op->micro_batch,
                      (gint32 *)(host + m->input.tokens),
                      (gint32 *)(host + m->input.targets), n);
-  return cuda_ok (cudaMemcpyAsync (m->addr[m->input_of[op->micro_batch]],
-                                   host, m->input.x, cudaMemcpyHostToDevice,
+  return cuda_ok (cudaMemcpyAsync (m->addr[m->input_of[op->micro_batch]], host,
+                                   m->input.x, cudaMemcpyHostToDevice,
                                    stream_of (b, op)),
                   "tokens to the device", error);
 }
@@ -294,8 +294,9 @@ run_grad_norm (CudaBackend *b)
 {
   StowTensorMap *m = &b->map;
   StowDtype gt = b->p->grad_dtype;
-  check (b, cudaMemsetAsync (&b->state_d->sumsq, 0, sizeof (double),
-                             b->streams[STOW_STREAM_COMPUTE]),
+  check (b,
+         cudaMemsetAsync (&b->state_d->sumsq, 0, sizeof (double),
+                          b->streams[STOW_STREAM_COMPUTE]),
          "cudaMemsetAsync");
   for (guint u = 0; u < b->p->units->len; u++)
     stow_llama_cuda_grad_sumsq (
@@ -304,7 +305,8 @@ run_grad_norm (CudaBackend *b)
   stow_llama_cuda_clip (b->llama, 1.0, b->p->optim.max_grad_norm, b->state_d);
 }
 
-/* ---- host ops (ZeRO-Offload) ---------------------------------------------- */
+/* ---- host ops (ZeRO-Offload) ----------------------------------------------
+ */
 
 static void
 host_fail (CudaBackend *b, GError *e)
@@ -328,9 +330,8 @@ host_grad_norm (CudaBackend *b, const StowOp *op)
     gbuf = m->host_grads_buf;
   double clip = 1.0;
   gboolean skip = FALSE;
-  double norm = stow_tensor_map_grad_norm (m, b->adam, gbuf,
-                                           b->p->optim.max_grad_norm, &clip,
-                                           &skip);
+  double norm = stow_tensor_map_grad_norm (
+      m, b->adam, gbuf, b->p->optim.max_grad_norm, &clip, &skip);
   g_mutex_lock (&b->host_lock);
   b->host_norm = norm, b->host_clip = clip, b->host_skip = skip;
   g_mutex_unlock (&b->host_lock);
@@ -406,9 +407,9 @@ run_copy (CudaBackend *b, const StowOp *op, GError **error)
     }
   if (!stow_tensor_map_copy_ends (&b->map, op, &from, &to, &bytes, error))
     return FALSE;
-  return cuda_ok (cudaMemcpyAsync (to, from, bytes, cudaMemcpyDefault,
-                                   stream_of (b, op)),
-                  "cudaMemcpyAsync (copy op)", error);
+  return cuda_ok (
+      cudaMemcpyAsync (to, from, bytes, cudaMemcpyDefault, stream_of (b, op)),
+      "cudaMemcpyAsync (copy op)", error);
 }
 
 static gboolean
@@ -430,9 +431,9 @@ static gboolean
 run_op (CudaBackend *b, guint i, GError **error)
 {
   const StowOp *op = &g_array_index (b->p->ops, StowOp, i);
-  gboolean host = !op->on_gpu
-                  && (op->kind == STOW_OP_GRAD_NORM
-                      || op->kind == STOW_OP_OPTIM_STEP);
+  gboolean host
+      = !op->on_gpu
+        && (op->kind == STOW_OP_GRAD_NORM || op->kind == STOW_OP_OPTIM_STEP);
   if (host)
     return run_host (b, i, error);
   if (op->stream != STOW_STREAM_COMPUTE && op->kind != STOW_OP_COPY)
@@ -464,7 +465,8 @@ run_op (CudaBackend *b, guint i, GError **error)
     }
 }
 
-/* ---- the table ------------------------------------------------------------ */
+/* ---- the table ------------------------------------------------------------
+ */
 
 static void
 mark (CudaBackend *b, guint op, guint which)
@@ -594,7 +596,8 @@ cuda_op_times (StowBackend *bb, guint op, double *start, double *end)
 static void
 cuda_fill_memory (StowBackend *bb, const StowProgram *p, StowTrace *t)
 {
-  t->peak_bytes[STOW_TIER_DEVICE] = stow_arena_peak (((CudaBackend *)bb)->arena);
+  t->peak_bytes[STOW_TIER_DEVICE]
+      = stow_arena_peak (((CudaBackend *)bb)->arena);
 }
 
 static void
@@ -660,16 +663,15 @@ cuda_destroy (StowBackend *bb)
   g_free (b);
 }
 
-
 static gboolean
 make_events (CudaBackend *b, GError **error)
 {
   const StowProgram *p = b->p;
   b->events = g_new0 (cudaEvent_t, MAX (p->events->len, 1));
   for (guint i = 0; i < p->events->len; i++)
-    if (!cuda_ok (cudaEventCreateWithFlags (&b->events[i],
-                                            cudaEventDisableTiming),
-                  "cudaEventCreate", error))
+    if (!cuda_ok (
+            cudaEventCreateWithFlags (&b->events[i], cudaEventDisableTiming),
+            "cudaEventCreate", error))
       return FALSE;
   b->op_ev = g_new0 (cudaEvent_t, MAX (2 * p->ops->len, 1));
   b->op_timed = g_new0 (gboolean, MAX (p->ops->len, 1));
@@ -679,13 +681,12 @@ make_events (CudaBackend *b, GError **error)
   if (!cuda_ok (cudaEventCreate (&b->t0), "cudaEventCreate", error))
     return FALSE;
   for (guint s = 0; s < STOW_N_STREAMS; s++)
-    if (!cuda_ok (cudaStreamCreateWithFlags (&b->streams[s],
-                                             cudaStreamNonBlocking),
-                  "cudaStreamCreate", error))
+    if (!cuda_ok (
+            cudaStreamCreateWithFlags (&b->streams[s], cudaStreamNonBlocking),
+            "cudaStreamCreate", error))
       return FALSE;
   return TRUE;
 }
-
 
 static gboolean
 cuda_alloc_persistent (StowBackend *bb, GError **error)
@@ -706,8 +707,8 @@ cuda_alloc_persistent (StowBackend *bb, GError **error)
       /* The moments start at zero (and so does everything else that a
        * load does not fill): cudaMalloc'd memory holds anything. */
       if (buf->bytes > 0 && buf->tier == STOW_TIER_DEVICE
-          && !cuda_ok (cudaMemset (b->map.addr[i], 0, buf->bytes),
-                       "cudaMemset", error))
+          && !cuda_ok (cudaMemset (b->map.addr[i], 0, buf->bytes), "cudaMemset",
+                       error))
         return FALSE;
     }
   if (b->map.host_weights_buf != STOW_NONE)
@@ -740,8 +741,9 @@ cuda_begin_step (StowBackend *bb, guint64 step)
    * step's come down where they were.  The last step has been
    * synchronized: no copy or host function still uses either. */
   stow_delayed_begin_step (&b->delayed, &b->map, step);
-  check (b, cudaMemcpyAsync (b->state_d, b->state_h, sizeof *b->state_h,
-                             cudaMemcpyHostToDevice, cs),
+  check (b,
+         cudaMemcpyAsync (b->state_d, b->state_h, sizeof *b->state_h,
+                          cudaMemcpyHostToDevice, cs),
          "cudaMemcpyAsync");
   check (b, cudaMemsetAsync (b->loss_d, 0, sizeof (double), cs),
          "cudaMemsetAsync");
@@ -754,8 +756,7 @@ cuda_begin_step (StowBackend *bb, guint64 step)
 }
 
 static gboolean
-cuda_step_stats (StowBackend *bb, StowStepStats *out,
-                              GError **error)
+cuda_step_stats (StowBackend *bb, StowStepStats *out, GError **error)
 {
   CudaBackend *b = (CudaBackend *)bb;
   cudaStream_t cs = b->streams[STOW_STREAM_COMPUTE];
@@ -765,8 +766,7 @@ cuda_step_stats (StowBackend *bb, StowStepStats *out,
       || !cuda_ok (cudaMemcpyAsync (b->loss_h, b->loss_d, sizeof (double),
                                     cudaMemcpyDeviceToHost, cs),
                    "cudaMemcpyAsync", error)
-      || !cuda_ok (cudaStreamSynchronize (cs), "cudaStreamSynchronize",
-                   error))
+      || !cuda_ok (cudaStreamSynchronize (cs), "cudaStreamSynchronize", error))
     return FALSE;
   out->loss = *b->loss_h * b->p->loss_scale;
   out->grad_norm = b->state_h->norm; /* NaN when no grad_norm op ran */
@@ -796,7 +796,8 @@ cuda_reset_peak (StowBackend *bb)
   stow_arena_reset_peak (((CudaBackend *)bb)->arena);
 }
 
-/* ---- host copies of the persistent state ---------------------------------- */
+/* ---- host copies of the persistent state ----------------------------------
+ */
 
 static guint8 *
 shadow_unit (CudaBackend *b, guint bi, guint unit)
@@ -859,8 +860,9 @@ cuda_master (StowBackend *bb, guint unit)
   if (!b->p->master_weights)
     return NULL;
   if (states_on_host (b))
-    return b->map.addr[b->map.states_buf] ? stow_tensor_map_state (&b->map, unit, 0)
-                                          : NULL;
+    return b->map.addr[b->map.states_buf]
+               ? stow_tensor_map_state (&b->map, unit, 0)
+               : NULL;
   return (float *)shadow_unit (b, b->map.master_buf, unit);
 }
 
@@ -931,25 +933,26 @@ cuda_push (StowBackend *bb, GError **error)
        * host weights; the others go up in each step. */
       for (guint u = 0; u < b->p->units->len; u++)
         if (m->unit_weights[u] != STOW_NONE
-            && !cuda_ok (cudaMemcpy (m->addr[m->unit_weights[u]],
-                                     stow_tensor_map_host_weights (m, u),
-                                     g_array_index (b->p->units, StowUnit, u)
-                                             .numel
-                                         * m->esize,
-                                     cudaMemcpyHostToDevice),
-                         "resident weights to the device", error))
+            && !cuda_ok (
+                cudaMemcpy (m->addr[m->unit_weights[u]],
+                            stow_tensor_map_host_weights (m, u),
+                            g_array_index (b->p->units, StowUnit, u).numel
+                                * m->esize,
+                            cudaMemcpyHostToDevice),
+                "resident weights to the device", error))
           return FALSE;
       return copy_persistent (b, TRUE, error);
     }
   /* CPU Adam's host copy of the weights starts as the loaded weights. */
   if (m->host_weights != NULL && m->weights_buf != STOW_NONE
       && b->shadow[m->weights_buf] != NULL)
-    memcpy (m->host_weights,
-            shadow_unit (b, m->weights_buf, 0), m->numel * m->esize);
+    memcpy (m->host_weights, shadow_unit (b, m->weights_buf, 0),
+            m->numel * m->esize);
   return copy_persistent (b, TRUE, error);
 }
 
-/* ---- the table ------------------------------------------------------------ */
+/* ---- the table ------------------------------------------------------------
+ */
 
 static const StowBackendVtable cuda_vtable = {
   .name = "cuda",
@@ -1007,24 +1010,24 @@ stow_backend_cuda_new (const StowBackendSetup *setup, GError **error)
                 / STOW_ARENA_ALIGN * STOW_ARENA_ALIGN;
   if (!cuda_ok (cudaMalloc (&b->dev_base, MAX (cap, STOW_ARENA_ALIGN)),
                 "cudaMalloc of the device tier (--device-memory)", error)
-      || !cuda_ok (cudaMallocHost ((void **)&b->staging,
-                                   (gsize)m * b->map.input.x),
-                   "cudaMallocHost", error)
-      || !cuda_ok (cudaMallocHost ((void **)&b->state_h,
-                                   sizeof (StowCudaOptimState)),
-                   "cudaMallocHost", error)
+      || !cuda_ok (
+          cudaMallocHost ((void **)&b->staging, (gsize)m * b->map.input.x),
+          "cudaMallocHost", error)
+      || !cuda_ok (
+          cudaMallocHost ((void **)&b->state_h, sizeof (StowCudaOptimState)),
+          "cudaMallocHost", error)
       || !cuda_ok (cudaMallocHost ((void **)&b->loss_h, sizeof (double)),
                    "cudaMallocHost", error)
-      || !cuda_ok (cudaMalloc ((void **)&b->state_d,
-                               sizeof (StowCudaOptimState)),
-                   "cudaMalloc", error)
+      || !cuda_ok (
+          cudaMalloc ((void **)&b->state_d, sizeof (StowCudaOptimState)),
+          "cudaMalloc", error)
       || !cuda_ok (cudaMalloc ((void **)&b->loss_d, sizeof (double)),
                    "cudaMalloc", error))
     goto fail;
   b->arena = stow_arena_new_over (b->dev_base, setup->device_capacity_bytes);
   b->llama = stow_llama_cuda_new (&b->map.config, b->map.ftype, b->map.n_tokens,
-                                  p->seq_len,
-                                  b->streams[STOW_STREAM_COMPUTE], error);
+                                  p->seq_len, b->streams[STOW_STREAM_COMPUTE],
+                                  error);
   if (b->llama == NULL)
     goto fail;
   if (b->map.host_grads_buf != STOW_NONE)

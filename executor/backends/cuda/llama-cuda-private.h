@@ -69,9 +69,9 @@ const StowCublas *stow_cublas_load (GError **error);
 #define STOW_CUDA_CUBLAS_WS_BYTES ((guint64)32 << 20)
 /* The gradient norm's partition, as offload/adam.c's SUMSQ_MIN_BLOCK,
  * SUMSQ_MAX_BLOCKS and SUMSQ_LANES: the same blocks give the same bits. */
-#define STOW_CUDA_SUMSQ_MIN_BLOCK 8192
+#define STOW_CUDA_SUMSQ_MIN_BLOCK  8192
 #define STOW_CUDA_SUMSQ_MAX_BLOCKS 4096
-#define STOW_CUDA_SUMSQ_LANES 16
+#define STOW_CUDA_SUMSQ_LANES      16
 
 struct StowLlamaCuda
 {
@@ -154,7 +154,8 @@ stow_cuda_smem_opt_in (StowLlamaCuda *L, F kernel, guint64 bytes,
       what);
 }
 
-/* ---- elements ------------------------------------------------------------- */
+/* ---- elements -------------------------------------------------------------
+ */
 
 /* Bit-identical to stow_f32_to_bf16 / stow_bf16_to_f32 (offload/adam.c). */
 static __device__ __forceinline__ float
@@ -192,7 +193,8 @@ st_el (void *p, guint64 i, float x)
     ((float *)p)[i] = x;
 }
 
-/* ---- GEMM ----------------------------------------------------------------- */
+/* ---- GEMM -----------------------------------------------------------------
+ */
 
 /* Row-major C (M, N) = alpha op(A) op(B) + beta C, as cblas_sgemm with
  * CblasRowMajor: A is stored (M, K) with @lda, or (K, M) when @ta; B is
@@ -210,28 +212,26 @@ void stow_cuda_gemm_rm (StowLlamaCuda *L, bool ta, bool tb, guint64 M,
  * runtime's head_dim and tile need (once, in stow_llama_cuda_new); a
  * failure is recorded in L->error. */
 gboolean stow_cuda_attention_init (StowLlamaCuda *L);
-void stow_cuda_attention_forward (StowLlamaCuda *L, guint64 batch,
-                                  guint64 seq, const void *q, const void *k,
-                                  const void *v, void *o, float *lse);
-void stow_cuda_attention_backward (StowLlamaCuda *L, guint64 batch,
-                                   guint64 seq, const void *q, const void *k,
-                                   const void *v, const void *o,
-                                   const float *lse, const void *dout,
-                                   void *dq, void *dk, void *dv);
+void stow_cuda_attention_forward (StowLlamaCuda *L, guint64 batch, guint64 seq,
+                                  const void *q, const void *k, const void *v,
+                                  void *o, float *lse);
+void stow_cuda_attention_backward (StowLlamaCuda *L, guint64 batch, guint64 seq,
+                                   const void *q, const void *k, const void *v,
+                                   const void *o, const float *lse,
+                                   const void *dout, void *dq, void *dk,
+                                   void *dv);
 
 /* The mma.sync path (attention-mma.cu), tried first by the tensor-core
  * path: init decides L->attn_mma from the compute capability @major and
  * the opt-in shared memory per block @limit (FALSE and L->error only when
  * CUDA fails); takes says whether these tensors can go through it. */
-gboolean stow_cuda_attention_mma_init (StowLlamaCuda *L, int major,
-                                       int limit);
+gboolean stow_cuda_attention_mma_init (StowLlamaCuda *L, int major, int limit);
 bool stow_cuda_attention_mma_takes (const StowLlamaCuda *L, const void *q,
                                     const void *k, const void *v,
                                     const void *o);
 void stow_cuda_attention_mma_forward (StowLlamaCuda *L, guint64 batch,
-                                      guint64 seq, const void *q,
-                                      const void *k, const void *v, void *o,
-                                      float *lse);
+                                      guint64 seq, const void *q, const void *k,
+                                      const void *v, void *o, float *lse);
 void stow_cuda_attention_mma_backward (StowLlamaCuda *L, guint64 batch,
                                        guint64 seq, const void *q,
                                        const void *k, const void *v,
@@ -247,8 +247,7 @@ void stow_cuda_attention_tc_forward (StowLlamaCuda *L, guint64 batch,
                                      guint64 seq, const void *q, const void *k,
                                      const void *v, void *o, float *lse);
 void stow_cuda_attention_tc_backward (StowLlamaCuda *L, guint64 batch,
-                                      guint64 seq, const void *q,
-                                      const void *k, const void *v,
-                                      const float *lse, const float *D,
-                                      const void *dout, void *dq, void *dk,
-                                      void *dv);
+                                      guint64 seq, const void *q, const void *k,
+                                      const void *v, const float *lse,
+                                      const float *D, const void *dout,
+                                      void *dq, void *dk, void *dv);

@@ -100,8 +100,8 @@ void stow_llama_cuda_grad_sumsq (StowLlamaCuda *L, const void *grad,
                                  StowCudaOptimState *state);
 /* From state->sumsq: norm, clip_coef (max_norm <= 0: 1) and skip (as
  * stow_adam_grads_ok says), on the device. */
-void stow_llama_cuda_clip (StowLlamaCuda *L, double loss_scale,
-                           double max_norm, StowCudaOptimState *state);
+void stow_llama_cuda_clip (StowLlamaCuda *L, double loss_scale, double max_norm,
+                           StowCudaOptimState *state);
 /* One AdamW step on one tensor, all pointers device memory, unless
  * state->skip: the arithmetic of offload/adam.c's scalar path operation
  * for operation (the float multiplier clip_coef / loss_scale, the fp32
