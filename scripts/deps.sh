@@ -14,6 +14,7 @@ packages=(
   libopenblas-dev  # cblas_sgemm for the cpu backend's decoder (executor/llama.c)
   python3-torch python3-numpy  # the executor's PyTorch oracle (tests/oracle/)
   libglib2.0-dev-bin  # glib-compile-resources: the hw catalog is a GResource
+  clang-format-14  # tests/check-format.sh: the one code format, version pinned
 )
 # Optional tools the test setups and benchmarks use when present.
 if [ "${STOW_DEPS_EXTRA:-}" = 1 ]; then
