@@ -34,9 +34,11 @@ typedef struct
   char *model, *data, *plan, *steps, *lr, *min_lr, *warmup, *lr_schedule,
       *weight_decay, *beta1, *beta2, *eps, *max_grad_norm, *seed, *out,
       *save_every, *log_json, *trace, *backend, *device_memory, *tokenizer,
-      *threads, *test_copy_delay_us, *test_nvme_fault, *test_memlock_limit;
+      *threads, *test_copy_delay_us, *test_nvme_fault, *test_memlock_limit,
+      *save_dtype, *max_shard_size, *keep_last;
   char **nvme_dirs;
-  gboolean resume, shuffle, delayed_update, stream_times, allow_unpinned;
+  gboolean resume, shuffle, delayed_update, stream_times, allow_unpinned,
+      ignore_extra_tensors;
 } TrainOptions;
 
 static gboolean
@@ -104,6 +106,43 @@ parse_u64 (const char *flag, const char *v, gboolean zero_ok, guint64 *out,
   return TRUE;
 }
 
+/* --save-dtype, --max-shard-size, --keep-last: how checkpoints are
+ * written and how many stay. */
+static gboolean
+parse_save (const TrainOptions *o, StowTrainConfig *run, GError **error)
+{
+  if (o->save_dtype != NULL)
+    {
+      StowDtype *d = &run->save_format.dtype;
+      if (!stow_dtype_from_nick (o->save_dtype, d)
+          || (*d != STOW_DTYPE_F32 && *d != STOW_DTYPE_BF16))
+        {
+          g_set_error (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
+                       "--save-dtype \"%s\": expected fp32 or bf16",
+                       o->save_dtype);
+          return FALSE;
+        }
+    }
+  if (o->max_shard_size != NULL)
+    {
+      g_autoptr (GError) local = NULL;
+      if (!stow_parse_size (o->max_shard_size,
+                            &run->save_format.max_shard_bytes, &local))
+        {
+          g_set_error (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
+                       "--max-shard-size \"%s\": %s", o->max_shard_size,
+                       local->message);
+          return FALSE;
+        }
+    }
+  guint64 keep = 0;
+  if (!parse_u64 ("--keep-last", o->keep_last, TRUE, &keep, error))
+    return FALSE;
+  run->keep_last = (guint)MIN (keep, G_MAXUINT);
+  run->ignore_extra_tensors = o->ignore_extra_tensors;
+  return TRUE;
+}
+
 /* The flags a run cannot do without, checked before anything is planned;
  * the optimizer's schedule ends at the last step. */
 static gboolean
@@ -156,7 +195,8 @@ resolve (TrainOptions *o, StowTrainPlan *c, StowTrainConfig *run,
     c->backend = o->backend;
   run->backend = c->backend;
   guint64 threads = 0;
-  if (!parse_u64 ("--steps", o->steps, FALSE, &run->steps, error)
+  if (!parse_save (o, run, error)
+      || !parse_u64 ("--steps", o->steps, FALSE, &run->steps, error)
       || !parse_u64 ("--warmup", o->warmup, TRUE, &c->optim.warmup_steps, error)
       || !parse_u64 ("--seed", o->seed, TRUE, &c->optim.seed, error)
       || !parse_u64 ("--save-every", o->save_every, TRUE, &run->save_every,
@@ -556,6 +596,21 @@ stow_cmd_train (int argc, char **argv)
       "Checkpoints go to DIR/step-NNNNNN, DIR/latest the newest", "DIR" },
     { "save-every", 0, 0, G_OPTION_ARG_STRING, &o.save_every,
       "Checkpoint every K steps (the last step is always saved)", "K" },
+    { "save-dtype", 0, 0, G_OPTION_ARG_STRING, &o.save_dtype,
+      "Checkpoints' weights in fp32 or bf16 (default: the training dtype; "
+      "fp32 beside a master is the master)",
+      "D" },
+    { "max-shard-size", 0, 0, G_OPTION_ARG_STRING, &o.max_shard_size,
+      "Checkpoints' safetensors shards of at most SIZE, as save_pretrained "
+      "(5GB)",
+      "SIZE" },
+    { "keep-last", 0, 0, G_OPTION_ARG_STRING, &o.keep_last,
+      "Remove all but the N newest checkpoints after each save (0: keep all)",
+      "N" },
+    { "ignore-extra-tensors", 0, 0, G_OPTION_ARG_NONE, &o.ignore_extra_tensors,
+      "Drop, with a notice, tensors in --model the config does not make "
+      "(refused by default)",
+      NULL },
     { "resume", 0, 0, G_OPTION_ARG_NONE, &o.resume,
       "Continue from DIR/latest bit for bit (from step 0 when there is none)",
       NULL },
@@ -598,7 +653,10 @@ stow_cmd_train (int argc, char **argv)
   };
   StowTrainPlan tp;
   stow_train_plan_init (&tp);
-  StowTrainConfig c = { .backend = "cpu", .steps = 1 };
+  StowTrainConfig c
+      = { .backend = "cpu",
+          .steps = 1,
+          .save_format = { STOW_DTYPE_NONE, STOW_DEFAULT_MAX_SHARD_BYTES } };
   int status = train_main (&o, &tp, &c, entries, argc, argv);
   g_strfreev (tp.nvme_dirs);
   stow_train_plan_clear (&tp);
@@ -628,7 +686,10 @@ stow_cmd_train (int argc, char **argv)
                        &o.threads,
                        &o.test_copy_delay_us,
                        &o.test_nvme_fault,
-                       &o.test_memlock_limit };
+                       &o.test_memlock_limit,
+                       &o.save_dtype,
+                       &o.max_shard_size,
+                       &o.keep_last };
   for (gsize i = 0; i < G_N_ELEMENTS (strings); i++)
     g_free (*strings[i]);
   return status;
@@ -657,12 +718,15 @@ init_unit (gpointer user, guint unit)
 /* init-model after its options: @out the directory. */
 static int
 init_main (const char *config_path, const char *out, const char *seed_s,
-           const char *dtype_s)
+           const char *dtype_s, const char *shard_s)
 {
   g_autoptr (GError) error = NULL;
-  guint64 seed = 0;
+  guint64 seed = 0, max_shard = STOW_DEFAULT_MAX_SHARD_BYTES;
   if (seed_s && !stow_parse_count (seed_s, &seed, &error))
     return stow_cli_failf (NULL, "--seed \"%s\": expected a count", seed_s);
+  if (shard_s && !stow_parse_size (shard_s, &max_shard, &error))
+    return stow_cli_failf (NULL, "--max-shard-size \"%s\": %s", shard_s,
+                           error->message);
   StowDtype dtype = STOW_DTYPE_F32;
   if (dtype_s && g_str_equal (dtype_s, "bf16"))
     dtype = STOW_DTYPE_BF16;
@@ -681,19 +745,6 @@ init_main (const char *config_path, const char *out, const char *seed_s,
       int e = errno;
       return stow_cli_failf (NULL, "-o %s: %s", out, g_strerror (e));
     }
-  /* config.json as given, with the dtype the weights are stored in. */
-  g_autoptr (JsonNode) root
-      = stow_json_parse_data (text, (gssize)len, config_path, &error);
-  if (root == NULL)
-    return stow_cli_fail (error, NULL);
-  if (!JSON_NODE_HOLDS_OBJECT (root))
-    return stow_cli_failf (NULL, "%s: not a JSON object", config_path);
-  json_object_set_string_member (json_node_get_object (root), "torch_dtype",
-                                 dtype == STOW_DTYPE_F32 ? "float32"
-                                                         : "bfloat16");
-  g_autofree char *cfg_text = stow_json_to_string (root, TRUE);
-  g_autofree char *cfg = g_build_filename (out, "config.json", NULL);
-  g_autofree char *st = g_build_filename (out, "model.safetensors", NULL);
   g_autoptr (StowProgram) p = stow_program_new (1);
   stow_program_set_units (p, m);
   guint64 largest = 0;
@@ -706,8 +757,11 @@ init_main (const char *config_path, const char *out, const char *seed_s,
                            "init-model: out of memory for a unit of "
                            "%" G_GUINT64_FORMAT " parameters",
                            largest);
-  gboolean ok = stow_model_io_save (p, st, dtype, init_unit, &x, &error)
-                && stow_file_write_atomic (cfg, cfg_text, -1, &error);
+  /* config.json as given, with the dtype the weights are stored in. */
+  gboolean ok
+      = stow_model_io_save (p, out, dtype, max_shard, init_unit, &x, &error)
+        && stow_checkpoint_save_model_files (out, NULL, text, len, dtype,
+                                             &error);
   g_free (x.scratch);
   if (!ok)
     return stow_cli_fail (error, NULL);
@@ -721,10 +775,12 @@ init_main (const char *config_path, const char *out, const char *seed_s,
 int
 stow_cmd_init_model (int argc, char **argv)
 {
-  char *out = NULL, *seed_s = NULL, *dtype_s = NULL;
+  char *out = NULL, *seed_s = NULL, *dtype_s = NULL, *shard_s = NULL;
   const GOptionEntry entries[] = {
     { "output", 'o', 0, G_OPTION_ARG_FILENAME, &out,
-      "Directory for config.json and model.safetensors", "DIR" },
+      "Directory for config.json and the safetensors", "DIR" },
+    { "max-shard-size", 0, 0, G_OPTION_ARG_STRING, &shard_s,
+      "Safetensors shards of at most SIZE, as save_pretrained (5GB)", "SIZE" },
     { "seed", 0, 0, G_OPTION_ARG_STRING, &seed_s, "Random seed (0)", "S" },
     { "dtype", 0, 0, G_OPTION_ARG_STRING, &dtype_s, "fp32 (default) or bf16",
       "D" },
@@ -743,8 +799,9 @@ stow_cmd_init_model (int argc, char **argv)
     status = stow_cli_failf ("see 'stowage init-model --help'",
                              "init-model: expected CONFIG.json and -o DIR");
   else
-    status = init_main (argv[1], out, seed_s, dtype_s);
+    status = init_main (argv[1], out, seed_s, dtype_s, shard_s);
   g_free (out);
+  g_free (shard_s);
   g_free (seed_s);
   g_free (dtype_s);
   return status;

@@ -413,3 +413,46 @@ stow_checkpoint_latest (const char *out_dir, GError **error)
     }
   return g_steal_pointer (&path);
 }
+
+static int
+by_step (gconstpointer a, gconstpointer b)
+{
+  guint64 x = g_ascii_strtoull (*(char *const *)a + 5, NULL, 10);
+  guint64 y = g_ascii_strtoull (*(char *const *)b + 5, NULL, 10);
+  return x < y ? 1 : x > y ? -1 : 0; /* newest first */
+}
+
+gboolean
+stow_checkpoint_prune (const char *out_dir, guint keep, GError **error)
+{
+  g_return_val_if_fail (out_dir != NULL, FALSE);
+  g_autofree char *latest = stow_checkpoint_latest (out_dir, error);
+  if (latest == NULL && error != NULL && *error != NULL)
+    return FALSE;
+  g_autofree char *latest_name = latest ? g_path_get_basename (latest) : NULL;
+  g_autoptr (GDir) d = g_dir_open (out_dir, 0, NULL);
+  if (d == NULL)
+    return fail (error, STOW_CHECKPOINT_ERROR_IO, out_dir, "%s",
+                 g_strerror (errno));
+  g_autoptr (GPtrArray) steps = g_ptr_array_new_with_free_func (g_free);
+  const char *name;
+  while ((name = g_dir_read_name (d)) != NULL)
+    if (is_step_name (name, strlen (name)))
+      g_ptr_array_add (steps, g_strdup (name));
+  g_ptr_array_sort (steps, by_step);
+  for (guint i = keep; i < steps->len; i++)
+    {
+      name = steps->pdata[i];
+      if (g_strcmp0 (name, latest_name) == 0)
+        continue;
+      g_autofree char *path = g_build_filename (out_dir, name, NULL);
+      g_autofree char *aside
+          = g_strdup_printf ("%s/.%s.tmp-%08x", out_dir, name, g_random_int ());
+      int rc = rename (path, aside) < 0 ? -errno : rm_rf (aside);
+      if (rc < 0 && rc != -ENOENT)
+        return fail (error, STOW_CHECKPOINT_ERROR_IO, path,
+                     "removing an old checkpoint (--keep-last): %s",
+                     g_strerror (-rc));
+    }
+  return TRUE;
+}

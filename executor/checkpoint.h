@@ -62,6 +62,13 @@ void stow_checkpoint_writer_free (StowCheckpointWriter *w);
  * STOW_CHECKPOINT_ERROR_INVALID naming it. */
 char *stow_checkpoint_latest (const char *out_dir, GError **error);
 
+/* Removes the step directories of @out_dir but the @keep newest and the
+ * one `latest` names (--keep-last): each is renamed to a temporary name
+ * first, so a crash midway leaves no half-removed step-N (the next begin
+ * clears the rest). */
+gboolean stow_checkpoint_prune (const char *out_dir, guint keep,
+                                GError **error);
+
 G_DEFINE_AUTOPTR_CLEANUP_FUNC (StowCheckpointWriter,
                                stow_checkpoint_writer_free)
 

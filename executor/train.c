@@ -140,13 +140,17 @@ save_checkpoint (Run *r, guint64 step, GError **error)
   if (w == NULL)
     return FALSE;
   const char *dir = stow_checkpoint_writer_dir (w);
-  g_autofree char *cfg = g_build_filename (dir, "config.json", NULL);
+  const StowWeightsFormat *f = &r->c->save_format;
   g_autoptr (JsonObject) state = state_object (r, step);
-  if (!g_file_set_contents (cfg, r->config_json, (gssize)r->config_len, error)
+  if (!stow_checkpoint_save_model_files (
+          dir, r->c->model_dir, r->config_json, r->config_len,
+          f->dtype == STOW_DTYPE_NONE ? r->prog->weight_dtype : f->dtype, error)
       || !stow_checkpoint_save_tensors (r->be, r->prog, dir, state,
-                                        r->c->delayed_update, error))
+                                        r->c->delayed_update, f, error)
+      || !stow_checkpoint_commit (w, error))
     return FALSE;
-  return stow_checkpoint_commit (w, error);
+  return r->c->keep_last == 0
+         || stow_checkpoint_prune (r->c->out_dir, r->c->keep_last, error);
 }
 
 static gboolean
@@ -184,7 +188,6 @@ load_checkpoint (Run *r, const char *dir, guint64 *done, GError **error)
 {
   const StowTrainConfig *c = r->c;
   const StowProgram *p = r->prog;
-  g_autofree char *st = g_build_filename (dir, "model.safetensors", NULL);
   g_autofree char *opt = g_build_filename (dir, "optimizer.stow", NULL);
   g_autoptr (StowOptimState) os = stow_optim_state_open (opt, error);
   if (os == NULL)
@@ -215,8 +218,8 @@ load_checkpoint (Run *r, const char *dir, guint64 *done, GError **error)
   if (!same_str (dir, "--delayed-update", delayed ? "on" : "off",
                  c->delayed_update ? "on" : "off", error))
     return FALSE;
-  if (!stow_checkpoint_load_tensors (r->be, r->prog, st, os, opt, delayed, step,
-                                     error))
+  if (!stow_checkpoint_load_tensors (r->be, r->prog, dir, os, opt, delayed,
+                                     step, error))
     return FALSE;
   *done = step;
   return TRUE;
@@ -443,10 +446,14 @@ load_start (Run *r, guint64 *done, GError **error)
       if (c->resume)
         note (c, "--resume: no checkpoint in %s; starting from step 0",
               c->out_dir);
-      g_autofree char *st
-          = g_build_filename (c->model_dir, "model.safetensors", NULL);
-      if (!stow_checkpoint_load_initial (r->be, r->prog, st, error))
+      g_autofree char *dropped = NULL;
+      if (!stow_checkpoint_load_initial (r->be, r->prog, c->model_dir,
+                                         c->ignore_extra_tensors, &dropped,
+                                         error))
         return FALSE;
+      if (dropped != NULL)
+        note (c, "--ignore-extra-tensors: %s: dropped %s", c->model_dir,
+              dropped);
     }
   return r->ops->push == NULL || r->ops->push (r->be, error);
 }

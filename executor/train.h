@@ -11,6 +11,7 @@
 
 #include <glib.h>
 
+#include "executor/checkpoint-io.h"
 #include "executor/data.h"
 #include "offload/nvme.h"
 #include "program/program.h"
@@ -47,13 +48,18 @@ typedef struct
    * and simulates; cli/train-plan.c), and the model it was lowered for. */
   const StowProgram *program;
   const StowModel *model;
-  const char *model_dir; /* config.json and model.safetensors */
-  const char *data;      /* a token shard, a glob, or a text file */
+  const char *model_dir; /* config.json and the weights (model-io.h) */
+  /* Tensors in model_dir the model does not have: dropped with a notice
+   * instead of refused. */
+  gboolean ignore_extra_tensors;
+  const char *data; /* a token shard, a glob, or a text file */
   StowTokenizer tokenizer;
   gboolean shuffle; /* the data order; seeded by program->optim.seed */
   guint64 steps;    /* the last step to run (program->optim's total) */
   const char *out_dir;
-  guint64 save_every; /* 0: only the last step */
+  guint64 save_every;            /* 0: only the last step */
+  StowWeightsFormat save_format; /* the checkpoints' weights */
+  guint keep_last; /* older step-N removed after a save; 0: keep all */
   gboolean resume;
   const char *log_json;   /* one JSON object per step, or NULL */
   const char *trace_path; /* Chrome trace of the last step, or NULL */

@@ -3,6 +3,7 @@
  * tests/testutil-train.c: see testutil-train.h.
  */
 #include "testutil-train.h"
+#include "testutil-io.h"
 
 #include <signal.h>
 #include <stdarg.h>
@@ -175,12 +176,19 @@ stow_train_oracle (const char *backend, const char *const *pythons)
 void
 assert_same_checkpoint (const char *a, const char *b)
 {
-  gboolean w = same_file (a, b, "model.safetensors");
-  gboolean o = same_file (a, b, "optimizer.stow");
-  g_test_message ("%s against %s: weights %s, optimizer %s", b, a,
-                  w ? "same" : "DIFFER", o ? "same" : "DIFFER");
-  g_assert_true (w);
-  g_assert_true (o);
+  g_autofree char *la = g_build_filename (a, "latest", NULL);
+  g_autofree char *lb = g_build_filename (b, "latest", NULL);
+  g_autofree char *files = stow_test_list_dir (la);
+  g_autofree char *files_b = stow_test_list_dir (lb);
+  g_assert_cmpstr (files, ==, files_b);
+  g_auto (GStrv) names = g_strsplit (files, " ", -1);
+  for (guint i = 0; names[i] != NULL; i++)
+    {
+      gboolean same = same_file (a, b, names[i]);
+      g_test_message ("%s against %s: %s %s", b, a, names[i],
+                      same ? "same" : "DIFFER");
+      g_assert_true (same);
+    }
 }
 
 /* The run's "@what peak:" line within 2% of the simulation. */
