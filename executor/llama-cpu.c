@@ -12,11 +12,14 @@
 
 /* ---- embedding ----------------------------------------------------------- */
 
+/* Every token in [0, V); with @targets, negative ones (ignored) too. */
 static gboolean
-tokens_ok (const StowLlama *L, const gint32 *tokens, guint64 n)
+tokens_ok (const StowLlama *L, const gint32 *tokens, guint64 n,
+           gboolean targets)
 {
   for (guint64 i = 0; i < n; i++)
-    if (tokens[i] < 0 || (guint64)tokens[i] >= L->config.vocab)
+    if ((tokens[i] < 0 && !targets)
+        || (tokens[i] >= 0 && (guint64)tokens[i] >= L->config.vocab))
       {
         g_critical ("llama: token %" G_GUINT64_FORMAT " is %d, outside the "
                     "vocabulary [0, %" G_GUINT64_FORMAT ")",
@@ -32,7 +35,7 @@ embed_forward (void *ctx, const void *embed, const gint32 *tokens, guint64 n,
 {
   StowLlama *L = ctx;
   g_return_if_fail (embed != NULL && tokens != NULL && x != NULL);
-  g_return_if_fail (tokens_ok (L, tokens, n));
+  g_return_if_fail (tokens_ok (L, tokens, n, FALSE));
   guint64 row = L->esize * L->config.hidden;
 #pragma omp parallel for schedule(static) num_threads(L->n_threads)
   for (guint64 r = 0; r < n; r++)
@@ -62,7 +65,7 @@ embed_backward (void *ctx, const gint32 *tokens, guint64 n, const void *dx,
   StowLlama *L = ctx;
   g_return_if_fail (tokens != NULL && dx != NULL && dembed != NULL);
   g_return_if_fail (n <= G_MAXUINT32);
-  g_return_if_fail (tokens_ok (L, tokens, n));
+  g_return_if_fail (tokens_ok (L, tokens, n, FALSE));
   guint64 h = L->config.hidden, V = L->config.vocab, e = L->esize;
   if (!accumulate)
     {
@@ -115,7 +118,8 @@ embed_backward (void *ctx, const gint32 *tokens, guint64 n, const void *dx,
 
 /* Softmax cross-entropy of rows [0, cn) of logits (cn, V), in place: each
  * row becomes scale (softmax - onehot (target)) and loss[i] gets
- * logsumexp - logit[target]. */
+ * logsumexp - logit[target]; a row whose target is negative (ignored)
+ * becomes 0 and its loss 0. */
 static void
 softmax_xent (StowLlama *L, guint64 cn, float *logits, const gint32 *targets,
               float scale, float *loss)
@@ -125,6 +129,12 @@ softmax_xent (StowLlama *L, guint64 cn, float *logits, const gint32 *targets,
   for (guint64 i = 0; i < cn; i++)
     {
       float *l = logits + i * V;
+      if (targets[i] < 0)
+        {
+          memset (l, 0, V * sizeof (float));
+          loss[i] = 0;
+          continue;
+        }
       guint64 t = (guint64)targets[i];
       float lt = l[t], m = l[0];
 #pragma omp simd reduction(max : m)
@@ -152,7 +162,7 @@ xent (void *ctx, guint64 n, float *logits, const gint32 *targets, float scale,
       float *loss, double *loss_sum)
 {
   StowLlama *L = ctx;
-  g_return_if_fail (tokens_ok (L, targets, n));
+  g_return_if_fail (tokens_ok (L, targets, n, TRUE));
   softmax_xent (L, n, logits, targets, scale, loss);
   for (guint64 i = 0; i < n; i++)
     *loss_sum += loss[i];

@@ -342,8 +342,6 @@ typedef struct
   /* Training that real backends need beside the ops. */
   guint64 seq_len, micro_batch, grad_accum; /* per rank */
   guint64 global_batch;                     /* sequences per step */
-  double loss_scale; /* 1 / tokens of the global batch: the loss is the
-                        mean token cross-entropy */
   StowOptimSettings optim;
   gboolean master_weights; /* fp32 master copy beside 16-bit weights */
   /* what the lowering chose, for reports */

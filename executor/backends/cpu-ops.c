@@ -202,13 +202,14 @@ stow_cpu_run_op (CpuBackend *b, guint i, GError **error)
     case STOW_OP_RECOMPUTE:
     case STOW_OP_BACKWARD:
       return stow_decoder_run_op (stow_llama_decoder (b->llama), &b->map, op,
-                                  NULL);
+                                  b->loss_scale, NULL);
     case STOW_OP_LOSS:
       {
         /* This op's sum, then the step's: the order the step's loss has
          * always been summed in. */
         double sum = 0;
-        stow_decoder_run_op (stow_llama_decoder (b->llama), &b->map, op, &sum);
+        stow_decoder_run_op (stow_llama_decoder (b->llama), &b->map, op,
+                             b->loss_scale, &sum);
         b->loss_sum += sum;
         return TRUE;
       }

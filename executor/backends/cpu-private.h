@@ -69,7 +69,8 @@ struct _CpuBackend
   double *op_start, *op_end;
   /* the step */
   guint64 step;
-  double loss_sum; /* sum of token losses, scaled at the end */
+  double loss_sum;   /* sum of token losses, scaled at the end */
+  double loss_scale; /* the step's: 1 / its targets (stow_batches_loss_scale) */
   double grad_norm, clip_coef, lr;
   gboolean skip;
   /* ZeRO-Infinity: the optimizer states on NVMe, in chunks. */

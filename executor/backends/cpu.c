@@ -388,6 +388,7 @@ cpu_begin_step (StowBackend *bb, guint64 step)
   CpuBackend *b = (CpuBackend *)bb;
   b->step = step;
   b->loss_sum = 0;
+  b->loss_scale = stow_batches_loss_scale (b->data, step);
   b->grad_norm = NAN;
   b->clip_coef = 1.0;
   b->skip = FALSE;
@@ -404,7 +405,7 @@ static gboolean
 cpu_step_stats (StowBackend *bb, StowStepStats *out, GError **error)
 {
   CpuBackend *b = (CpuBackend *)bb;
-  out->loss = b->loss_sum * b->p->loss_scale;
+  out->loss = b->loss_sum * b->loss_scale;
   out->grad_norm = b->grad_norm;
   out->skipped = b->skip;
   out->lr = b->lr;

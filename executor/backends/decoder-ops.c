@@ -48,7 +48,7 @@ run_forward (const StowDecoder *d, const StowTensorMap *m, const StowOp *op)
 
 static void
 run_loss (const StowDecoder *d, const StowTensorMap *m, const StowOp *op,
-          double *loss_sum)
+          double scale, double *loss_sum)
 {
   guint64 n = m->n_tokens;
   guint8 *in = input_of (m, op);
@@ -60,8 +60,8 @@ run_loss (const StowDecoder *d, const StowTensorMap *m, const StowOp *op,
   guint8 *x = stow_tensor_map_layer_output (m, (gint)m->model->n_layers - 1,
                                             op->micro_batch);
   stow_decoder_head_loss (d, n, norm, lm, x, (gint32 *)(in + m->input.targets),
-                          m->p->loss_scale, dnorm, dlm, op->accumulate, x,
-                          m->addr[logits], m->chunk, loss_sum);
+                          scale, dnorm, dlm, op->accumulate, x, m->addr[logits],
+                          m->chunk, loss_sum);
 }
 
 static void
@@ -93,7 +93,7 @@ run_backward (const StowDecoder *d, const StowTensorMap *m, const StowOp *op)
 
 gboolean
 stow_decoder_run_op (const StowDecoder *d, const StowTensorMap *m,
-                     const StowOp *op, double *loss_sum)
+                     const StowOp *op, double loss_scale, double *loss_sum)
 {
   g_return_val_if_fail (d != NULL && m != NULL && op != NULL, FALSE);
   switch (op->kind)
@@ -104,7 +104,7 @@ stow_decoder_run_op (const StowDecoder *d, const StowTensorMap *m,
       return TRUE;
     case STOW_OP_LOSS:
       g_return_val_if_fail (loss_sum != NULL, FALSE);
-      run_loss (d, m, op, loss_sum);
+      run_loss (d, m, op, loss_scale, loss_sum);
       return TRUE;
     case STOW_OP_BACKWARD:
       run_backward (d, m, op);

@@ -10,7 +10,10 @@
 # Each step's loss and every final weight are compared (TOL_LOSS and
 # TOL_WEIGHT below), and the worst of each over all cases is printed as a
 # claim ("claim oracle.cpu.losses-worst 2.42e-08"), the figures README.md
-# quotes (tests/check-claims.py, docs/testing.md).
+# quotes (tests/check-claims.py, docs/testing.md).  The same steps are run
+# in fp32 by PyTorch too, and its distance from the float64 run printed
+# beside stowage's (the "torch32" claims): the yardstick of "as close as
+# PyTorch fp32", which the supervised fine-tuning case is held to.
 #
 # usage: train_oracle.py --stowage PATH --workdir DIR [--case NAME] [--list]
 #                        [--backend cpu|cuda]
@@ -75,7 +78,20 @@ CASES = {
         B=2, T=16, G=4, lr=3e-3, warmup=2, schedule="cosine", min_lr=3e-4,
         wd=0.1, clip=0.0, recompute=None, delayed=True,
         flags=["--offload-optimizer", "cpu", "--delayed-update"]),
+    # Supervised fine-tuning: a loss mask beside the shard (data/shards.h's
+    # format) leaves the prompts' targets out; the loss is the sum over
+    # the unmasked targets of the global batch over their count (as
+    # transformers' loss with num_items_in_batch).
+    "gqa-untied-sft": dict(
+        config=dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                    num_key_value_heads=2, intermediate_size=96,
+                    vocab_size=300, rope_theta=500000.0, rms_norm_eps=1e-6,
+                    tie_word_embeddings=False, initializer_range=0.05),
+        B=2, T=16, G=4, lr=3e-3, warmup=2, schedule="cosine", min_lr=3e-4,
+        wd=0.1, clip=1.0, recompute=None, mask=True),
 }
+
+MASK_MAGIC = 20261127  # data/shards.h's STOW_MASK_MAGIC
 
 
 def read_safetensors(path):
@@ -95,8 +111,8 @@ def read_safetensors(path):
     return out
 
 
-def oracle_params(hf, c):
-    """The oracle's names for HF's tensors, float64 leaves."""
+def oracle_params(hf, c, dt=torch.float64):
+    """The oracle's names for HF's tensors, leaves of @dt."""
     ps = {"embed": hf["model.embed_tokens.weight"],
           "norm": hf["model.norm.weight"]}
     if not c["tied"]:
@@ -115,7 +131,6 @@ def oracle_params(hf, c):
             key = "model.layers.%d.%s" % (l, long)
             if key in hf:
                 ps["layers.%d.%s" % (l, short)] = hf[key]
-    dt = torch.float32 if os.environ.get("ORACLE_F32") else torch.float64
     return {k: v.to(dt).clone().requires_grad_(True) for k, v in ps.items()}
 
 
@@ -179,6 +194,17 @@ def run_case(name, stowage, work, backend="cpu", worsts=None):
     with open(shard, "wb") as f:
         f.write(struct.pack("<256i", 20240520, 1, n_tok, *([0] * 253)))
         f.write(toks.numpy().astype("<u2").tobytes())
+    # Prompt/completion pairs of random lengths: prompts masked (0).
+    keep = torch.ones(n_tok, dtype=torch.uint8)
+    if case.get("mask"):
+        i, prompt = 0, True
+        while i < n_tok:
+            n = int(torch.randint(2, 12, (1,), generator=gen))
+            keep[i:i + n] = 0 if prompt else 1
+            i, prompt = i + n, not prompt
+        with open(os.path.join(d, "train.mask"), "wb") as f:
+            f.write(struct.pack("<256i", MASK_MAGIC, 1, n_tok, *([0] * 253)))
+            f.write(keep.numpy().tobytes())
     out = os.path.join(d, "out")
     log = os.path.join(d, "log.jsonl")
     cmd = [stowage, "train", "--model", model, "--data", shard,
@@ -207,15 +233,60 @@ def run_case(name, stowage, work, backend="cpu", worsts=None):
              vocab=V, rope_theta=cfg["rope_theta"],
              rms_norm_eps=cfg["rms_norm_eps"], rope_factor=0.0,
              tied=1 if cfg["tie_word_embeddings"] else 0)
-    ps = oracle_params(read_safetensors(os.path.join(model,
-                                                     "model.safetensors")), c)
+    hf = read_safetensors(os.path.join(model, "model.safetensors"))
+    ref, ps = torch_run(case, c, hf, toks, keep, torch.float64)
+    final = read_safetensors(os.path.join(out, "latest", "model.safetensors"))
+    stow = losses_and_weights(got, final, ref, ps, c)
+    # PyTorch in fp32 against the same float64 run: how close fp32 gets.
+    ref32, ps32 = torch_run(case, c, hf, toks, keep, torch.float32)
+    final32 = {hf_name(k, c): p.detach() for k, p in ps32.items()}
+    peer = losses_and_weights(ref32, final32, ref, ps, c)
+    for step in range(STEPS):
+        print("%s: step %d loss %.8f, torch %.8f (%.2e; torch fp32 %.2e)" %
+              (name, step + 1, got[step], ref[step], stow["step"][step],
+               peer["step"][step]))
+    for short in ps:
+        print("%s: %-20s %.2e (max-element %.2e; torch fp32 %.2e)" %
+              (name, short, stow["tensor"][short][0],
+               stow["tensor"][short][1], peer["tensor"][short][0]))
+    # The fixed bounds (docs/testing.md), calibrated on the unmasked cases.
+    # A masked case (fewer targets, so each step's mean moves more with the
+    # rounding of a few) is held to issue 37's own rule: as close to the
+    # float64 run as PyTorch fp32 gets on the same case, and a quarter.
+    tol_loss, tol_weight = TOL_LOSS, TOL_WEIGHT[backend]
+    if case.get("mask"):
+        tol_loss = max(tol_loss, 1.25 * peer["loss"])
+        tol_weight = max(tol_weight, 1.25 * peer["weight"])
+    ok = (stow["loss"] <= tol_loss and stow["weight"] <= tol_weight
+          and stow["max"] <= TOL_MAX)
+    print("%s: worst loss error %.2e (tolerance %.1e; torch fp32 %.2e), "
+          "worst weight %.2e (tolerance %.1e; torch fp32 %.2e), worst "
+          "max-element %.2e (tolerance %.0e) %s" %
+          (name, stow["loss"], tol_loss, peer["loss"], stow["weight"],
+           tol_weight, peer["weight"], stow["max"], TOL_MAX,
+           "ok" if ok else "MISMATCH"))
+    if worsts is not None:
+        key = "sft-" if case.get("mask") else ""
+        for what, v in (("losses", stow["loss"]), ("weights", stow["weight"]),
+                         ("torch32-losses", peer["loss"]),
+                         ("torch32-weights", peer["weight"])):
+            worsts[key + what] = max(worsts.get(key + what, 0.0), v)
+    return 0 if ok else 1
+
+
+def torch_run(case, c, hf, toks, keep, dt):
+    """The case's steps by the reference decoder in @dt: each step's loss
+    (the mean over the global batch's unmasked targets) and the final
+    parameters."""
+    B, T, G = case["B"], case["T"], case["G"]
+    ps = oracle_params(hf, c, dt)
     decay = [p for k, p in ps.items() if p.dim() >= 2]
     no_decay = [p for k, p in ps.items() if p.dim() < 2]
     opt = torch.optim.AdamW([dict(params=decay, weight_decay=case["wd"]),
                              dict(params=no_decay, weight_decay=0.0)],
                             lr=case["lr"], betas=(0.9, 0.999), eps=1e-8)
     accum = G // B
-    worst = 0.0
+    losses = []
     delayed = case.get("delayed", False)
     prev = None  # the delayed update's gradients of the step before
     for step in range(1, STEPS + 1):
@@ -223,13 +294,18 @@ def run_case(name, stowage, work, backend="cpu", worsts=None):
             g["lr"] = lr_at(case, step)
         opt.zero_grad(set_to_none=True)
         total = 0.0
+        first = (step - 1) * accum * B * T
+        n_targets = int(keep[first + 1:first + accum * B * T + 1].sum())
         for mb in range(accum):
             i = ((step - 1) * accum + mb) * B * T
             x = toks[i:i + B * T].reshape(B, T)
-            y = toks[i + 1:i + B * T + 1].reshape(B, T)
-            _, loss = lo.reference(c, ps, x, y)
-            (loss / accum).backward()
-            total += loss.item() / accum
+            y = toks[i + 1:i + B * T + 1].clone()
+            y[keep[i + 1:i + B * T + 1] == 0] = -100
+            logits, _ = lo.reference(c, ps, x, y.reshape(B, T))
+            loss = torch.nn.functional.cross_entropy(
+                logits, y, ignore_index=-100, reduction="sum") / n_targets
+            loss.backward()
+            total += loss.item()
         if delayed:
             now = [p.grad.clone() for p in ps.values()]
             if prev is not None:
@@ -243,31 +319,23 @@ def run_case(name, stowage, work, backend="cpu", worsts=None):
             if case["clip"] > 0:
                 torch.nn.utils.clip_grad_norm_(list(ps.values()), case["clip"])
             opt.step()
-        err = abs(got[step - 1] - total) / abs(total)
-        worst = max(worst, err)
-        print("%s: step %d loss %.8f, torch %.8f (%.2e)" %
-              (name, step, got[step - 1], total, err))
-    final = read_safetensors(os.path.join(out, "latest", "model.safetensors"))
-    status = 0 if worst <= TOL_LOSS else 1
-    worst_loss, worst = worst, 0.0
-    worst_max = 0.0
+        losses.append(total)
+    return losses, ps
+
+
+def losses_and_weights(got, final, ref, ps, c):
+    """@got's losses and @final's weights (HF names) against the float64
+    run's @ref and @ps: per step and per tensor, and the worsts."""
+    r = dict(step=[abs(a - b) / abs(b) for a, b in zip(got, ref)], tensor={})
+    r["loss"] = max(r["step"])
+    r["weight"] = r["max"] = 0.0
     for short, p in ps.items():
-        a, ref = final[hf_name(short, c)].double(), p.detach().double()
-        e = ((a - ref).norm() / ref.norm()).item()
-        m = lo.rel_err(a, ref)
-        if e > TOL_WEIGHT[backend] or m > TOL_MAX:
-            status = 1
-        worst, worst_max = max(worst, e), max(worst_max, m)
-        print("%s: %-20s %.2e (max-element %.2e)" % (name, short, e, m))
-    print("%s: worst loss error %.2e (tolerance %.1e), worst weight %.2e "
-          "(tolerance %.1e), worst max-element %.2e (tolerance %.0e) %s" %
-          (name, worst_loss, TOL_LOSS, worst, TOL_WEIGHT[backend], worst_max,
-           TOL_MAX,
-           "ok" if status == 0 else "MISMATCH"))
-    if worsts is not None:
-        worsts["losses"] = max(worsts.get("losses", 0.0), worst_loss)
-        worsts["weights"] = max(worsts.get("weights", 0.0), worst)
-    return status
+        a, b = final[hf_name(short, c)].double(), p.detach().double()
+        e = ((a - b).norm() / b.norm()).item()
+        m = lo.rel_err(a, b)
+        r["tensor"][short] = (e, m)
+        r["weight"], r["max"] = max(r["weight"], e), max(r["max"], m)
+    return r
 
 
 def main():

@@ -69,6 +69,7 @@ struct _CudaBackend
   void **shadow;           /* [buffer]: host copies of persistent ones */
   GError *error;           /* the first failure at issue time */
   guint64 step;
+  double loss_scale; /* the step's: 1 / its targets */
   double lr;
   /* ZeRO-Offload: the program's pinned buffers (registered with CUDA),
    * CPU Adam, and what the host ops found, under host_lock (they run on
@@ -451,7 +452,7 @@ run_op (CudaBackend *b, guint i, GError **error)
     case STOW_OP_LOSS:
     case STOW_OP_BACKWARD:
       return stow_decoder_run_op (stow_llama_cuda_decoder (b->llama), &b->map,
-                                  op, b->loss_d);
+                                  op, b->loss_scale, b->loss_d);
     case STOW_OP_GRAD_NORM:
       run_grad_norm (b);
       return TRUE;
@@ -726,6 +727,7 @@ cuda_begin_step (StowBackend *bb, guint64 step)
   CudaBackend *b = (CudaBackend *)bb;
   cudaStream_t cs = b->streams[STOW_STREAM_COMPUTE];
   b->step = step;
+  b->loss_scale = stow_batches_loss_scale (b->data, step);
   b->lr = stow_optim_lr_at (&b->p->optim, step);
   memset (b->op_timed, 0, sizeof (gboolean) * MAX (b->p->ops->len, 1));
   /* No clipping and no skip unless the grad_norm op says otherwise. */
@@ -768,7 +770,7 @@ cuda_step_stats (StowBackend *bb, StowStepStats *out, GError **error)
                    "cudaMemcpyAsync", error)
       || !cuda_ok (cudaStreamSynchronize (cs), "cudaStreamSynchronize", error))
     return FALSE;
-  out->loss = *b->loss_h * b->p->loss_scale;
+  out->loss = *b->loss_h * b->loss_scale;
   out->grad_norm = b->state_h->norm; /* NaN when no grad_norm op ran */
   out->skipped = b->state_h->skip != 0;
   out->lr = b->lr;
