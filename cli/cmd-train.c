@@ -35,7 +35,8 @@ typedef struct
       *weight_decay, *beta1, *beta2, *eps, *max_grad_norm, *seed, *out,
       *save_every, *log_json, *trace, *backend, *device_memory, *tokenizer,
       *threads, *test_copy_delay_us, *test_nvme_fault, *test_memlock_limit,
-      *save_dtype, *max_shard_size, *keep_last;
+      *save_dtype, *max_shard_size, *keep_last, *val_data, *eval_every,
+      *eval_batches;
   char **nvme_dirs;
   gboolean resume, shuffle, delayed_update, stream_times, allow_unpinned,
       ignore_extra_tensors;
@@ -140,6 +141,18 @@ parse_save (const TrainOptions *o, StowTrainConfig *run, GError **error)
     return FALSE;
   run->keep_last = (guint)MIN (keep, G_MAXUINT);
   run->ignore_extra_tensors = o->ignore_extra_tensors;
+  run->val_data = o->val_data;
+  if (!parse_u64 ("--eval-every", o->eval_every, TRUE, &run->eval_every, error)
+      || !parse_u64 ("--eval-batches", o->eval_batches, TRUE,
+                     &run->eval_batches, error))
+    return FALSE;
+  if ((o->eval_every || o->eval_batches) && o->val_data == NULL)
+    {
+      g_set_error (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
+                   "%s needs --val-data FILES",
+                   o->eval_every ? "--eval-every" : "--eval-batches");
+      return FALSE;
+    }
   return TRUE;
 }
 
@@ -413,6 +426,9 @@ progress (const StowTrainStep *s, gpointer user)
       s->step, s->steps, s->loss, s->grad_norm, s->lr, s->tokens_per_s, eta,
       s->skipped ? "  (non-finite gradients: step skipped)" : "",
       s->saved ? "  saved" : "");
+  if (!isnan (s->val_loss))
+    g_string_append_printf (line, "  val loss %.4f  ppl %.4g", s->val_loss,
+                            exp (s->val_loss));
   fprintf (stderr, "%s\n", line->str);
   g_string_free (line, TRUE);
 }
@@ -512,6 +528,12 @@ train_main (TrainOptions *o, StowTrainPlan *tp, StowTrainConfig *c,
   print_peaks (tp, &m);
   if (c->stream_times)
     print_stream_times (tp, &m);
+  if (!isnan (m.val_loss))
+    fprintf (stderr,
+             "validation: loss %.4f, perplexity %.4g (%" G_GUINT64_FORMAT
+             " batches, %" G_GUINT64_FORMAT " targets of %s)\n",
+             m.val_loss, exp (m.val_loss), m.val_batches, m.val_targets,
+             c->val_data);
   return STOW_EXIT_OK;
 }
 
@@ -611,6 +633,16 @@ stow_cmd_train (int argc, char **argv)
       "Drop, with a notice, tensors in --model the config does not make "
       "(refused by default)",
       NULL },
+    { "val-data", 0, 0, G_OPTION_ARG_FILENAME, &o.val_data,
+      "Validation tokens, as --data: the loss and perplexity at the end "
+      "(and every --eval-every steps)",
+      "FILES" },
+    { "eval-every", 0, 0, G_OPTION_ARG_STRING, &o.eval_every,
+      "Evaluate every N steps (0, the default: at the end only)", "N" },
+    { "eval-batches", 0, 0, G_OPTION_ARG_STRING, &o.eval_batches,
+      "Global batches per evaluation (default: every whole one in "
+      "--val-data)",
+      "K" },
     { "resume", 0, 0, G_OPTION_ARG_NONE, &o.resume,
       "Continue from DIR/latest bit for bit (from step 0 when there is none)",
       NULL },
@@ -689,7 +721,10 @@ stow_cmd_train (int argc, char **argv)
                        &o.test_memlock_limit,
                        &o.save_dtype,
                        &o.max_shard_size,
-                       &o.keep_last };
+                       &o.keep_last,
+                       &o.val_data,
+                       &o.eval_every,
+                       &o.eval_batches };
   for (gsize i = 0; i < G_N_ELEMENTS (strings); i++)
     g_free (*strings[i]);
   return status;

@@ -604,21 +604,34 @@ stow_batches_fill (StowBatches *b, guint64 step, guint mb, gint32 *tokens,
       targets[i] = STOW_TARGET_IGNORE;
 }
 
+guint64
+stow_batches_targets (StowBatches *b, guint64 step)
+{
+  g_return_val_if_fail (b != NULL && step >= 1, 0);
+  if (b->mask == NULL)
+    return b->grad_accum * b->window;
+  guint64 targets = 0;
+  for (guint mb = 0; mb < b->grad_accum; mb++)
+    {
+      guint64 start = window_start (b, step, mb);
+      stow_token_data_read_mask (b->data, start + 1, b->window, b->mask);
+      for (guint64 i = 0; i < b->window; i++)
+        targets += b->mask[i];
+    }
+  return targets;
+}
+
 double
 stow_batches_loss_scale (StowBatches *b, guint64 step)
 {
-  g_return_val_if_fail (b != NULL && step >= 1, NAN);
-  guint64 targets = b->grad_accum * b->window;
-  if (b->mask != NULL)
-    {
-      targets = 0;
-      for (guint mb = 0; mb < b->grad_accum; mb++)
-        {
-          guint64 start = window_start (b, step, mb);
-          stow_token_data_read_mask (b->data, start + 1, b->window, b->mask);
-          for (guint64 i = 0; i < b->window; i++)
-            targets += b->mask[i];
-        }
-    }
+  guint64 targets = stow_batches_targets (b, step);
   return targets > 0 ? 1.0 / (double)targets : NAN;
+}
+
+guint64
+stow_batches_n_steps (const StowBatches *b)
+{
+  g_return_val_if_fail (b != NULL, 0);
+  guint64 per_step = b->window * b->grad_accum;
+  return (stow_token_data_n_tokens (b->data) - 1) / per_step;
 }

@@ -96,6 +96,11 @@ void stow_batches_free (StowBatches *b);
  * Never fails (the stream was validated at open). */
 void stow_batches_fill (StowBatches *b, guint64 step, guint micro_batch,
                         gint32 *tokens, gint32 *targets, guint64 n);
+/* The targets of step @step's whole global batch that count (mask 1;
+ * without masks every one: grad_accum x window). */
+guint64 stow_batches_targets (StowBatches *b, guint64 step);
+/* The whole steps the stream holds without wrapping (0 when less). */
+guint64 stow_batches_n_steps (const StowBatches *b);
 /* The step's loss scale: 1 / the targets of its whole global batch (the
  * loss is the mean over them; without masks 1 / (global batch x seq)),
  * NaN when every target of the step is masked (the step is then skipped

@@ -447,6 +447,34 @@ stow_decoder_head_loss (const StowDecoder *d, guint64 n, const void *norm,
 }
 
 void
+stow_decoder_head_eval_loss (const StowDecoder *d, guint64 n, const void *norm,
+                             const void *head, const void *x,
+                             const gint32 *targets, float *scratch,
+                             guint64 chunk, double *loss_sum)
+{
+  g_return_if_fail (d != NULL && norm != NULL && head != NULL);
+  g_return_if_fail (x != NULL && targets != NULL && scratch != NULL);
+  g_return_if_fail (chunk > 0 && loss_sum != NULL);
+  g_return_if_fail (d->max_tokens == 0 || n <= d->max_tokens);
+  if (failed (d))
+    return;
+  const StowKernels *k = d->k;
+  guint64 h = d->config.hidden, V = d->config.vocab;
+  /* scratch as stow_decoder_head_loss lays it out. */
+  float *xn = scratch, *logits = xn + chunk * h, *dxn = logits + chunk * V;
+  for (guint64 c0 = 0; c0 < n && !failed (d); c0 += chunk)
+    {
+      guint64 cn = MIN (chunk, n - c0);
+      const guint8 *xc = (const guint8 *)x + c0 * h * d->esize;
+      k->rmsnorm (d->ctx, cn, xc, norm, xn, !d->loss_lowp);
+      k->gemm (d->ctx, cn, V, h, 1.0f, mat_loss (d, xn, h, FALSE),
+               mat (d, head, h, TRUE), logits, FALSE, V, FALSE, NULL, 0, NULL);
+      /* The rows' gradients it leaves in the logits are not used. */
+      k->xent (d->ctx, cn, logits, targets + c0, 1.0f, dxn, loss_sum);
+    }
+}
+
+void
 stow_decoder_head_logits (const StowDecoder *d, guint64 n, const void *norm,
                           const void *head, const void *x, float *logits,
                           float *xn)

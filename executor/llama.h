@@ -206,12 +206,22 @@ void stow_decoder_layer_backward (const StowDecoder *d, guint64 batch,
  * global batch): dnorm (h) and dhead (V, h) (= when !@accumulate, +=); dx
  * (n, h) may alias @x.  With a tied head, @head is the embedding and
  * @dhead its gradient.  @scratch holds stow_llama_loss_scratch_floats (V,
- * h, chunk) floats.  Targets must be in [0, V) (the data loader checks). */
+ * h, chunk) floats.  Targets are in [0, V) (the data loader checks) or
+ * negative: ignored, no loss and no gradient (executor/kernels.h's xent). */
 void stow_decoder_head_loss (const StowDecoder *d, guint64 n, const void *norm,
                              const void *head, const void *x,
                              const gint32 *targets, double scale, void *dnorm,
                              void *dhead, gboolean accumulate, void *dx,
                              float *scratch, guint64 chunk, double *loss_sum);
+
+/* The loss alone, for evaluation: *@loss_sum += sum_i loss_i as
+ * stow_decoder_head_loss adds it (the same chunks, so the same bits), and
+ * no gradient is written anywhere but @scratch. */
+void stow_decoder_head_eval_loss (const StowDecoder *d, guint64 n,
+                                  const void *norm, const void *head,
+                                  const void *x, const gint32 *targets,
+                                  float *scratch, guint64 chunk,
+                                  double *loss_sum);
 
 /* For tests: the fp32 logits (n, V) of the output layer over @x; @xn is
  * staging of n h floats. */

@@ -11,6 +11,7 @@
 #include "executor/train.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -20,6 +21,7 @@
 #include "executor/backends/tensors.h"
 #include "executor/checkpoint-io.h"
 #include "executor/checkpoint.h"
+#include "executor/eval.h"
 #include "executor/llama.h"
 #include "program/driver.h"
 
@@ -40,6 +42,7 @@ typedef struct
   const StowBackendVtable *ops; /* be's table */
   StowTokenData *data;
   StowBatches *batches;
+  StowEval *eval;    /* or NULL */
   char *config_json; /* the model's config.json, verbatim */
   gsize config_len;
   FILE *log;
@@ -54,6 +57,8 @@ run_clear (Run *r)
     stow_batches_free (r->batches);
   if (r->data)
     stow_token_data_free (r->data);
+  if (r->eval)
+    stow_eval_free (r->eval);
   if (r->log)
     fclose (r->log);
   g_free (r->config_json);
@@ -91,6 +96,14 @@ open_inputs (Run *r, GError **error)
     }
   r->batches = stow_batches_new (r->data, window, p->grad_accum, c->shuffle,
                                  p->optim.seed);
+  if (c->val_data == NULL)
+    return TRUE;
+  r->eval = stow_eval_open (c->val_data, c->tokenizer, c->model->vocab, p,
+                            c->eval_batches, error);
+  if (r->eval == NULL)
+    return FALSE;
+  r->out->val_batches = stow_eval_n_batches (r->eval);
+  r->out->val_targets = stow_eval_n_targets (r->eval);
   return TRUE;
 }
 
@@ -283,6 +296,8 @@ log_step (Run *r, const StowTrainStep *s)
   json_builder_set_member_name (b, "skipped");
   json_builder_add_boolean_value (b, s->skipped);
   stow_json_set_i64 (b, "peak_device_bytes", (gint64)s->peak_device_bytes);
+  if (!isnan (s->val_loss))
+    stow_json_set_double (b, "val_loss", s->val_loss);
   if (r->c->stream_times && s->step == s->steps)
     log_stream_times (b, r->c, r->out);
   json_builder_end_object (b);
@@ -322,6 +337,14 @@ train_loop (Run *r, guint64 first, GError **error)
       s.eta_s = s.elapsed_s / (double)(step - first + 1)
                 * (double)(c->steps - step);
       s.peak_device_bytes = r->ops->peak_bytes (r->be);
+      s.val_loss = NAN;
+      if (r->eval != NULL
+          && ((c->eval_every && step % c->eval_every == 0) || step == c->steps))
+        {
+          if (!stow_eval_run (r->eval, r->prog, r->be, &s.val_loss, error))
+            return FALSE;
+          r->out->val_loss = s.val_loss;
+        }
       if ((c->save_every && step % c->save_every == 0) || step == c->steps)
         {
           if (!save_checkpoint (r, step, error))
@@ -398,6 +421,7 @@ make_backend (Run *r, GError **error)
     .device_capacity_bytes = c->device_memory,
     .n_threads = c->threads,
     .data = r->batches,
+    .eval_data = r->eval ? stow_eval_batches (r->eval) : NULL,
     .delayed_update = c->delayed_update,
     .swap = { .dirs = (const char *const *)c->nvme_dirs,
               .fault = c->nvme_fault,
@@ -463,6 +487,7 @@ stow_train_run (const StowTrainConfig *c, StowTrainResult *out, GError **error)
 {
   g_return_val_if_fail (c != NULL && out != NULL, FALSE);
   memset (out, 0, sizeof *out);
+  out->val_loss = NAN;
   if (!check_config (c, error))
     return FALSE;
   Run r = { .c = c, .out = out, .prog = c->program };

@@ -36,6 +36,9 @@ typedef struct
   double step_s, tokens_per_s, elapsed_s, eta_s;
   guint64 peak_device_bytes;
   gboolean saved; /* a checkpoint was written after this step */
+  /* The validation loss after this step (mean token cross-entropy over
+   * the evaluation batches' targets), NaN when none ran. */
+  double val_loss;
 } StowTrainStep;
 
 typedef void (*StowTrainProgress) (const StowTrainStep *s, gpointer user);
@@ -55,7 +58,12 @@ typedef struct
   const char *data; /* a token shard, a glob, or a text file */
   StowTokenizer tokenizer;
   gboolean shuffle; /* the data order; seeded by program->optim.seed */
-  guint64 steps;    /* the last step to run (program->optim's total) */
+  /* Validation: the data (as @data, same tokenizer; NULL: none), a loss
+   * every @eval_every steps (0: at the end only) over @eval_batches
+   * global batches (0: every whole one the data holds). */
+  const char *val_data;
+  guint64 eval_every, eval_batches;
+  guint64 steps; /* the last step to run (program->optim's total) */
   const char *out_dir;
   guint64 save_every;            /* 0: only the last step */
   StowWeightsFormat save_format; /* the checkpoints' weights */
@@ -98,6 +106,10 @@ typedef struct
    * its last op's end. */
   double busy_s[STOW_N_STREAMS], exposed_s[STOW_N_STREAMS];
   double step_s;
+  /* The last validation loss, NaN without --val-data; over that many
+   * batches and targets. */
+  double val_loss;
+  guint64 val_batches, val_targets;
 } StowTrainResult;
 
 /* Runs the training: @config is only read.  Errors name the flag, file

@@ -395,6 +395,12 @@ guint stow_program_add (StowProgram *p, const StowOp *op, const guint *waits,
 void stow_op_init (StowOp *op, StowOpKind kind, StowStream stream, guint rank);
 /* "backward L12 mb3 (rank 0 compute)" */
 char *stow_op_describe (const StowProgram *p, guint index);
+/* Whether an evaluation run issues @op (stow_program_run_eval): buffer
+ * allocs and frees, the data, the forward and the loss, and the copies
+ * that bring weights to where the forward reads them (streamed up,
+ * staged from NVMe); not the backward, recompute, norm, optimizer,
+ * collectives or any copy of gradients, states or checkpoints. */
+gboolean stow_op_in_eval (const StowOp *op);
 
 /* Static checks: every waited event is recorded exactly once by some op,
  * every buffer is allocated and freed at most once, every op names valid

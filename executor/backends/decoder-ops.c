@@ -64,6 +64,23 @@ run_loss (const StowDecoder *d, const StowTensorMap *m, const StowOp *op,
                           m->chunk, loss_sum);
 }
 
+void
+stow_decoder_run_eval_loss (const StowDecoder *d, const StowTensorMap *m,
+                            const StowOp *op, double *loss_sum)
+{
+  g_return_if_fail (op->kind == STOW_OP_LOSS && loss_sum != NULL);
+  guint8 *in = input_of (m, op);
+  void *norm, *lm;
+  stow_tensor_map_head_in (m, stow_tensor_map_weights_of (m, op), &norm, &lm);
+  guint logits = stow_tensor_map_io (m, op, TRUE, STOW_BUF_LOGITS);
+  g_assert (logits != STOW_NONE);
+  guint8 *x = stow_tensor_map_layer_output (m, (gint)m->model->n_layers - 1,
+                                            op->micro_batch);
+  stow_decoder_head_eval_loss (d, m->n_tokens, norm, lm, x,
+                               (gint32 *)(in + m->input.targets),
+                               m->addr[logits], m->chunk, loss_sum);
+}
+
 static void
 run_backward (const StowDecoder *d, const StowTensorMap *m, const StowOp *op)
 {

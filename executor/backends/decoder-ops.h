@@ -22,4 +22,11 @@ gboolean stow_decoder_run_op (const StowDecoder *decoder,
                               const StowTensorMap *map, const StowOp *op,
                               double loss_scale, double *loss_sum);
 
+/* Loss op @op for evaluation: its tokens' losses (unscaled) added to
+ * *@loss_sum as stow_decoder_run_op adds them, and no gradient written
+ * (stow_decoder_head_eval_loss). */
+void stow_decoder_run_eval_loss (const StowDecoder *decoder,
+                                 const StowTensorMap *map, const StowOp *op,
+                                 double *loss_sum);
+
 G_END_DECLS

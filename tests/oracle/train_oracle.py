@@ -6,7 +6,9 @@
 # backend) and here, by the reference decoder of llama_oracle.py in float64
 # with torch.optim.AdamW (weight decay on tensors of 2+ dimensions),
 # torch.nn.utils.clip_grad_norm_ and the same learning-rate schedule, data
-# windows and loss (the mean token cross-entropy of the global batch).
+# windows and loss (the mean token cross-entropy of the global batch), and
+# where a case evaluates, the validation loss (--val-data) after the same
+# steps on the same batches.
 # Each step's loss and every final weight are compared (TOL_LOSS and
 # TOL_WEIGHT below), and the worst of each over all cases is printed as a
 # claim ("claim oracle.cpu.losses-worst 2.42e-08"), the figures README.md
@@ -58,7 +60,7 @@ CASES = {
                     vocab_size=300, rope_theta=500000.0, rms_norm_eps=1e-6,
                     tie_word_embeddings=False, initializer_range=0.05),
         B=2, T=16, G=4, lr=3e-3, warmup=2, schedule="cosine", min_lr=3e-4,
-        wd=0.1, clip=1.0, recompute=None),
+        wd=0.1, clip=1.0, recompute=None, eval=(5, 2)),
     "tied-qkv-bias-recompute": dict(
         config=dict(hidden_size=48, num_hidden_layers=3, num_attention_heads=6,
                     num_key_value_heads=2, intermediate_size=80,
@@ -88,10 +90,33 @@ CASES = {
                     vocab_size=300, rope_theta=500000.0, rms_norm_eps=1e-6,
                     tie_word_embeddings=False, initializer_range=0.05),
         B=2, T=16, G=4, lr=3e-3, warmup=2, schedule="cosine", min_lr=3e-4,
-        wd=0.1, clip=1.0, recompute=None, mask=True),
+        wd=0.1, clip=1.0, recompute=None, mask=True, eval=(5, 2)),
 }
 
 MASK_MAGIC = 20261127  # data/shards.h's STOW_MASK_MAGIC
+
+
+def write_tokens(d, name, toks, keep, masked):
+    """llm.c's shard of @toks (uint16) and, when @masked, its loss mask."""
+    n = len(toks)
+    with open(os.path.join(d, name + ".bin"), "wb") as f:
+        f.write(struct.pack("<256i", 20240520, 1, n, *([0] * 253)))
+        f.write(toks.numpy().astype("<u2").tobytes())
+    if masked:
+        with open(os.path.join(d, name + ".mask"), "wb") as f:
+            f.write(struct.pack("<256i", MASK_MAGIC, 1, n, *([0] * 253)))
+            f.write(keep.numpy().tobytes())
+
+
+def prompt_mask(n, gen):
+    """Prompt/completion pairs of random lengths: prompts 0."""
+    keep = torch.ones(n, dtype=torch.uint8)
+    i, prompt = 0, True
+    while i < n:
+        k = int(torch.randint(2, 12, (1,), generator=gen))
+        keep[i:i + k] = 0 if prompt else 1
+        i, prompt = i + k, not prompt
+    return keep
 
 
 def read_safetensors(path):
@@ -191,20 +216,19 @@ def run_case(name, stowage, work, backend="cpu", worsts=None):
     n_tok = B * T * (G // B) * STEPS + 1 + 17
     toks = torch.randint(0, V, (n_tok,), generator=gen)
     shard = os.path.join(d, "train.bin")
-    with open(shard, "wb") as f:
-        f.write(struct.pack("<256i", 20240520, 1, n_tok, *([0] * 253)))
-        f.write(toks.numpy().astype("<u2").tobytes())
-    # Prompt/completion pairs of random lengths: prompts masked (0).
-    keep = torch.ones(n_tok, dtype=torch.uint8)
-    if case.get("mask"):
-        i, prompt = 0, True
-        while i < n_tok:
-            n = int(torch.randint(2, 12, (1,), generator=gen))
-            keep[i:i + n] = 0 if prompt else 1
-            i, prompt = i + n, not prompt
-        with open(os.path.join(d, "train.mask"), "wb") as f:
-            f.write(struct.pack("<256i", MASK_MAGIC, 1, n_tok, *([0] * 253)))
-            f.write(keep.numpy().tobytes())
+    masked = case.get("mask", False)
+    keep = prompt_mask(n_tok, gen) if masked else \
+        torch.ones(n_tok, dtype=torch.uint8)
+    write_tokens(d, "train", toks, keep, masked)
+    # Validation: batches of their own, evaluated every EVERY steps.
+    val = vkeep = None
+    if case.get("eval"):
+        every, k = case["eval"]
+        n_val = B * T * (G // B) * k + 1 + 5
+        val = torch.randint(0, V, (n_val,), generator=gen)
+        vkeep = prompt_mask(n_val, gen) if masked else \
+            torch.ones(n_val, dtype=torch.uint8)
+        write_tokens(d, "val", val, vkeep, masked)
     out = os.path.join(d, "out")
     log = os.path.join(d, "log.jsonl")
     cmd = [stowage, "train", "--model", model, "--data", shard,
@@ -218,13 +242,18 @@ def run_case(name, stowage, work, backend="cpu", worsts=None):
     if case["recompute"]:
         cmd += ["--recompute", case["recompute"]]
     cmd += case.get("flags", [])
+    if val is not None:
+        cmd += ["--val-data", os.path.join(d, "val.bin"), "--eval-every",
+                str(case["eval"][0]), "--eval-batches", str(case["eval"][1])]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
         print("%s: stowage train failed (%d): %s" % (name, r.returncode,
                                                      r.stderr))
         return 2
     with open(log) as f:
-        got = [json.loads(line)["loss"] for line in f]
+        lines = [json.loads(line) for line in f]
+    got = [x["loss"] for x in lines]
+    got_val = {x["step"]: x["val_loss"] for x in lines if "val_loss" in x}
 
     c = dict(hidden=cfg["hidden_size"], n_layers=cfg["num_hidden_layers"],
              n_heads=cfg["num_attention_heads"],
@@ -234,17 +263,29 @@ def run_case(name, stowage, work, backend="cpu", worsts=None):
              rms_norm_eps=cfg["rms_norm_eps"], rope_factor=0.0,
              tied=1 if cfg["tie_word_embeddings"] else 0)
     hf = read_safetensors(os.path.join(model, "model.safetensors"))
-    ref, ps = torch_run(case, c, hf, toks, keep, torch.float64)
+    ref, ps, ref_val = torch_run(case, c, hf, toks, keep, torch.float64,
+                                 val, vkeep)
     final = read_safetensors(os.path.join(out, "latest", "model.safetensors"))
     stow = losses_and_weights(got, final, ref, ps, c)
     # PyTorch in fp32 against the same float64 run: how close fp32 gets.
-    ref32, ps32 = torch_run(case, c, hf, toks, keep, torch.float32)
+    ref32, ps32, _ = torch_run(case, c, hf, toks, keep, torch.float32)
     final32 = {hf_name(k, c): p.detach() for k, p in ps32.items()}
     peer = losses_and_weights(ref32, final32, ref, ps, c)
     for step in range(STEPS):
         print("%s: step %d loss %.8f, torch %.8f (%.2e; torch fp32 %.2e)" %
               (name, step + 1, got[step], ref[step], stow["step"][step],
                peer["step"][step]))
+    # The validation losses, held as the step losses are.
+    if sorted(got_val) != sorted(ref_val):
+        print("%s: evaluated after steps %s, expected %s" %
+              (name, sorted(got_val), sorted(ref_val)))
+        return 1
+    for step in sorted(ref_val):
+        e = abs(got_val[step] - ref_val[step]) / abs(ref_val[step])
+        stow["step"].append(e)
+        stow["loss"] = max(stow["loss"], e)
+        print("%s: validation after step %d: %.8f, torch %.8f (%.2e)" %
+              (name, step, got_val[step], ref_val[step], e))
     for short in ps:
         print("%s: %-20s %.2e (max-element %.2e; torch fp32 %.2e)" %
               (name, short, stow["tensor"][short][0],
@@ -274,10 +315,43 @@ def run_case(name, stowage, work, backend="cpu", worsts=None):
     return 0 if ok else 1
 
 
-def torch_run(case, c, hf, toks, keep, dt):
+def batch_loss(case, c, ps, toks, keep, k, n_targets=None):
+    """Global batch @k (1-based) of @toks: its micro-batches' summed
+    cross-entropy over the unmasked targets, over @n_targets (default:
+    the batch's own), as a graph to backpropagate."""
+    B, T, G = case["B"], case["T"], case["G"]
+    accum = G // B
+    first = (k - 1) * accum * B * T
+    if n_targets is None:
+        n_targets = int(keep[first + 1:first + accum * B * T + 1].sum())
+    out = []
+    for mb in range(accum):
+        i = ((k - 1) * accum + mb) * B * T
+        x = toks[i:i + B * T].reshape(B, T)
+        y = toks[i + 1:i + B * T + 1].clone()
+        y[keep[i + 1:i + B * T + 1] == 0] = -100
+        logits, _ = lo.reference(c, ps, x, y.reshape(B, T))
+        out.append(torch.nn.functional.cross_entropy(
+            logits, y, ignore_index=-100, reduction="sum") / n_targets)
+    return out
+
+
+def val_loss(case, c, ps, val, vkeep):
+    """The mean cross-entropy over the first K validation batches'
+    unmasked targets (stowage's --eval-batches K)."""
+    B, T, G = case["B"], case["T"], case["G"]
+    k = case["eval"][1]
+    n = int(vkeep[1:k * G * T + 1].sum())
+    with torch.no_grad():
+        return sum(l.item() for b in range(1, k + 1)
+                   for l in batch_loss(case, c, ps, val, vkeep, b, n))
+
+
+def torch_run(case, c, hf, toks, keep, dt, val=None, vkeep=None):
     """The case's steps by the reference decoder in @dt: each step's loss
-    (the mean over the global batch's unmasked targets) and the final
-    parameters."""
+    (the mean over the global batch's unmasked targets), the final
+    parameters, and with @val the validation loss after every step the
+    case evaluates at."""
     B, T, G = case["B"], case["T"], case["G"]
     ps = oracle_params(hf, c, dt)
     decay = [p for k, p in ps.items() if p.dim() >= 2]
@@ -285,8 +359,7 @@ def torch_run(case, c, hf, toks, keep, dt):
     opt = torch.optim.AdamW([dict(params=decay, weight_decay=case["wd"]),
                              dict(params=no_decay, weight_decay=0.0)],
                             lr=case["lr"], betas=(0.9, 0.999), eps=1e-8)
-    accum = G // B
-    losses = []
+    losses, vals = [], {}
     delayed = case.get("delayed", False)
     prev = None  # the delayed update's gradients of the step before
     for step in range(1, STEPS + 1):
@@ -294,16 +367,7 @@ def torch_run(case, c, hf, toks, keep, dt):
             g["lr"] = lr_at(case, step)
         opt.zero_grad(set_to_none=True)
         total = 0.0
-        first = (step - 1) * accum * B * T
-        n_targets = int(keep[first + 1:first + accum * B * T + 1].sum())
-        for mb in range(accum):
-            i = ((step - 1) * accum + mb) * B * T
-            x = toks[i:i + B * T].reshape(B, T)
-            y = toks[i + 1:i + B * T + 1].clone()
-            y[keep[i + 1:i + B * T + 1] == 0] = -100
-            logits, _ = lo.reference(c, ps, x, y.reshape(B, T))
-            loss = torch.nn.functional.cross_entropy(
-                logits, y, ignore_index=-100, reduction="sum") / n_targets
+        for loss in batch_loss(case, c, ps, toks, keep, step):
             loss.backward()
             total += loss.item()
         if delayed:
@@ -320,7 +384,9 @@ def torch_run(case, c, hf, toks, keep, dt):
                 torch.nn.utils.clip_grad_norm_(list(ps.values()), case["clip"])
             opt.step()
         losses.append(total)
-    return losses, ps
+        if val is not None and (step % case["eval"][0] == 0 or step == STEPS):
+            vals[step] = val_loss(case, c, ps, val, vkeep)
+    return losses, ps, vals
 
 
 def losses_and_weights(got, final, ref, ps, c):
