@@ -104,6 +104,33 @@ parse_u64 (const char *flag, const char *v, gboolean zero_ok, guint64 *out,
   return TRUE;
 }
 
+/* An output file @flag names can be written when the run gets there:
+ * its directory exists and takes new files (the trace is written
+ * atomically, a new file renamed over the path), and the path is not a
+ * directory.  Checked before anything is planned, so that a run never
+ * fails after its last step for a typo. */
+static gboolean
+check_writable (const char *flag, const char *path, GError **error)
+{
+  if (path == NULL)
+    return TRUE;
+  g_autofree char *dir = g_path_get_dirname (path);
+  const char *why = NULL;
+  int e = 0;
+  if (path[0] == '\0')
+    why = "an empty path";
+  else if (g_file_test (path, G_FILE_TEST_IS_DIR))
+    why = "a directory";
+  else if (access (dir, W_OK | X_OK) != 0)
+    e = errno;
+  if (why == NULL && e == 0)
+    return TRUE;
+  g_set_error (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
+               "%s %s: %s%s%s", flag, path, why ? why : dir, why ? "" : ": ",
+               why ? "" : g_strerror (e));
+  return FALSE;
+}
+
 /* The flags a run cannot do without, checked before anything is planned;
  * the optimizer's schedule ends at the last step. */
 static gboolean
@@ -117,8 +144,8 @@ check_required (const TrainOptions *o, StowTrainPlan *c,
     bad = "--data FILES is required";
   else if (run->out_dir == NULL)
     bad = "--out DIR is required";
-  else if (run->steps == 0)
-    bad = "--steps must be at least 1";
+  else if (o->steps == NULL)
+    bad = "--steps N is required: the optimizer steps the run ends at";
   else if (!c->plan_path && (c->seq == 0 || c->micro_batch == 0))
     bad = "--seq and --micro-batch must be at least 1";
   if (bad)
@@ -179,12 +206,28 @@ resolve (TrainOptions *o, StowTrainPlan *c, StowTrainConfig *run,
                    c->optim.beta1, c->optim.beta2);
       return FALSE;
     }
-  if (threads > 1024)
+  if (!(c->optim.eps > 0))
     {
       g_set_error (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
-                   "--threads %" G_GUINT64_FORMAT ": at most 1024", threads);
+                   "--eps %s: Adam's epsilon must be above 0 (it divides "
+                   "by sqrt(v) + eps)",
+                   o->eps);
       return FALSE;
     }
+  /* More compute threads than processors only take turns, and each holds
+   * its own scratch. */
+  guint procs = MAX (1u, g_get_num_processors ());
+  if (threads > procs)
+    {
+      g_set_error (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
+                   "--threads %" G_GUINT64_FORMAT
+                   ": this process may run on %u processors; 1 to %u",
+                   threads, procs, procs);
+      return FALSE;
+    }
+  if (!check_writable ("--trace", o->trace, error)
+      || !check_writable ("--log-json", o->log_json, error))
+    return FALSE;
   c->threads = run->threads = (guint)threads;
   if (o->test_nvme_fault && !parse_nvme_fault (o->test_nvme_fault, run, error))
     return FALSE;
@@ -521,7 +564,10 @@ stow_cmd_train (int argc, char **argv)
       "directory in each, removed at exit); several, joined by ',' or "
       "repeated, are striped",
       "DIR[,DIR...]" },
-    { "steps", 0, 0, G_OPTION_ARG_STRING, &o.steps, "Optimizer steps", "N" },
+    { "steps", 0, 0, G_OPTION_ARG_STRING, &o.steps,
+      "The step the run ends at (required; with --resume, counted from "
+      "the run's start)",
+      "N" },
     { "seq", 0, 0, G_OPTION_ARG_STRING, &o.po.seq,
       "Sequence length in tokens (default 256)", "T" },
     { "micro-batch", 0, 0, G_OPTION_ARG_STRING, &o.po.micro_batch,
@@ -598,7 +644,7 @@ stow_cmd_train (int argc, char **argv)
   };
   StowTrainPlan tp;
   stow_train_plan_init (&tp);
-  StowTrainConfig c = { .backend = "cpu", .steps = 1 };
+  StowTrainConfig c = { .backend = "cpu" };
   int status = train_main (&o, &tp, &c, entries, argc, argv);
   g_strfreev (tp.nvme_dirs);
   stow_train_plan_clear (&tp);
@@ -669,12 +715,13 @@ init_main (const char *config_path, const char *out, const char *seed_s,
   else if (dtype_s && !g_str_equal (dtype_s, "fp32"))
     return stow_cli_failf (NULL, "--dtype \"%s\": expected fp32 or bf16",
                            dtype_s);
-  g_autoptr (StowModel) m = stow_model_new_from_file (config_path, &error);
+  /* The rules train applies to the config (stow_llama_model_open). */
   StowLlamaConfig lc;
+  g_autoptr (StowModel) m
+      = stow_llama_model_open (config_path, &lc, NULL, &error);
   g_autofree char *text = NULL;
   gsize len = 0;
-  if (m == NULL || !stow_llama_config_from_model (m, &lc, &error)
-      || !g_file_get_contents (config_path, &text, &len, &error))
+  if (m == NULL || !g_file_get_contents (config_path, &text, &len, &error))
     return stow_cli_fail (error, NULL);
   if (g_mkdir_with_parents (out, 0755) != 0)
     {

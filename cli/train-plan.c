@@ -12,6 +12,7 @@
 
 #include "executor/backends/registry.h"
 #include "executor/backends/tensors.h"
+#include "executor/llama.h"
 #include "executor/preflight.h"
 #include "offload/adam.h"
 #include "planner/lower.h"
@@ -215,11 +216,26 @@ static gboolean
 open_model (StowTrainPlan *tp, GError **error)
 {
   g_autofree char *cfg = g_build_filename (tp->model_dir, "config.json", NULL);
-  tp->model = stow_model_new_from_file (cfg, error);
-  if (tp->model == NULL)
-    return FALSE;
   StowLlamaConfig lc;
-  return stow_llama_config_from_model (tp->model, &lc, error);
+  tp->model = stow_llama_model_open (cfg, &lc, &tp->max_positions, error);
+  return tp->model != NULL;
+}
+
+/* A sequence the model was not made for: rotary models would run it, but
+ * past max_position_embeddings their positions were never trained. */
+static gboolean
+check_seq (StowTrainPlan *tp, GError **error)
+{
+  guint64 seq = tp->plan.training.seq_len;
+  if (tp->max_positions == 0 || seq <= tp->max_positions)
+    return TRUE;
+  g_set_error (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
+               "%s %" G_GUINT64_FORMAT
+               ": above max_position_embeddings (%" G_GUINT64_FORMAT
+               ") of %s/config.json",
+               tp->plan_path ? "the plan file's seq_len" : "--seq", seq,
+               tp->max_positions, tp->model_dir);
+  return FALSE;
 }
 
 /* The layout: a plan file's, or the fastest that fits the device with
@@ -405,7 +421,7 @@ stow_train_plan (StowTrainPlan *tp, GError **error)
   if (tp->global_batch == 0)
     tp->global_batch = tp->micro_batch;
   if (!device_cluster (tp, error) || !open_model (tp, error)
-      || !plan (tp, error) || !lower (tp, error))
+      || !plan (tp, error) || !check_seq (tp, error) || !lower (tp, error))
     return FALSE;
   g_autofree char *cap
       = g_format_size_full (tp->device_bytes, G_FORMAT_SIZE_IEC_UNITS);

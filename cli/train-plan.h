@@ -46,6 +46,7 @@ typedef struct
    * below, which own them; its layout is the one planned (the plan
    * file's, or the search's). */
   StowModel *model;
+  guint64 max_positions; /* config.json's max_position_embeddings; 0 */
   StowCluster *cluster;
   StowPlan plan;
   StowProgram *prog;

@@ -362,14 +362,15 @@ test_nvme_flags (void)
   g_assert_cmpint (r5.status, ==, 2);
   g_assert_nonnull (strstr (r5.err, "--offload-params nvme needs --nvme-dir"));
   g_auto (StowRun) r6 = { 0 };
-  train (&r6, &f, out, "--offload-optimizer", "cpu", "--offload-params", "nvme",
-         "--nvme-dir", f.dir, "--precision", "fp32", NULL);
+  train (&r6, &f, out, "--steps", "1", "--offload-optimizer", "cpu",
+         "--offload-params", "nvme", "--nvme-dir", f.dir, "--precision", "fp32",
+         NULL);
   g_assert_cmpint (r6.status, !=, 0);
   g_assert_nonnull (strstr (r6.err, "--offload-params nvme runs with "
                                     "--precision bf16"));
   g_auto (StowRun) r3 = { 0 };
-  train (&r3, &f, out, "--offload-optimizer", "nvme", "--nvme-dir", missing,
-         NULL);
+  train (&r3, &f, out, "--steps", "1", "--offload-optimizer", "nvme",
+         "--nvme-dir", missing, NULL);
   g_assert_cmpint (r3.status, !=, 0);
   g_assert_nonnull (strstr (r3.err, missing));
   g_auto (StowRun) r4 = { 0 };
@@ -500,9 +501,9 @@ test_preflight (void)
   g_assert_cmpint (r1.status, ==, 0);
   g_auto (StowRun) r2 = { 0 };
   const char *argv[]
-      = { "train",  "--model", big,     "--data", f.shard,
-          "--plan", plan,      "--out", out,      "--offload-optimizer",
-          "cpu",    NULL };
+      = { "train", "--model", big, "--data",  f.shard, "--plan",
+          plan,    "--out",   out, "--steps", "1",     "--offload-optimizer",
+          "cpu",   NULL };
   stow_runv (&r2, argv);
   if (r2.status == 0 || strstr (r2.err, "host memory") == NULL)
     {
