@@ -34,7 +34,8 @@ typedef struct
   char *model, *data, *plan, *steps, *lr, *min_lr, *warmup, *lr_schedule,
       *weight_decay, *beta1, *beta2, *eps, *max_grad_norm, *seed, *out,
       *save_every, *log_json, *trace, *backend, *device_memory, *tokenizer,
-      *threads, *test_copy_delay_us, *test_nvme_fault, *test_memlock_limit;
+      *threads, *test_copy_delay_us, *test_nvme_fault, *test_memlock_limit,
+      *test_nvme_free;
   char **nvme_dirs;
   gboolean resume, shuffle, delayed_update, stream_times, allow_unpinned;
 } TrainOptions;
@@ -240,6 +241,18 @@ resolve (TrainOptions *o, StowTrainPlan *c, StowTrainConfig *run,
         {
           g_set_error (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
                        "--test-memlock-limit \"%s\": %s", o->test_memlock_limit,
+                       local ? local->message : "a size above 0");
+          return FALSE;
+        }
+    }
+  if (o->test_nvme_free)
+    {
+      g_autoptr (GError) local = NULL;
+      if (!stow_parse_size (o->test_nvme_free, &c->test_nvme_free_bytes, &local)
+          || c->test_nvme_free_bytes == 0)
+        {
+          g_set_error (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
+                       "--test-nvme-free \"%s\": %s", o->test_nvme_free,
                        local ? local->message : "a size above 0");
           return FALSE;
         }
@@ -640,6 +653,10 @@ stow_cmd_train (int argc, char **argv)
       "Test knob: the preflight takes SIZE as RLIMIT_MEMLOCK (and no "
       "CAP_IPC_LOCK)",
       "SIZE" },
+    { "test-nvme-free", 0, G_OPTION_FLAG_HIDDEN, G_OPTION_ARG_STRING,
+      &o.test_nvme_free,
+      "Test knob: the planner takes SIZE as each --nvme-dir's free space",
+      "SIZE" },
     { NULL },
   };
   StowTrainPlan tp;
@@ -674,7 +691,8 @@ stow_cmd_train (int argc, char **argv)
                        &o.threads,
                        &o.test_copy_delay_us,
                        &o.test_nvme_fault,
-                       &o.test_memlock_limit };
+                       &o.test_memlock_limit,
+                       &o.test_nvme_free };
   for (gsize i = 0; i < G_N_ELEMENTS (strings); i++)
     g_free (*strings[i]);
   return status;

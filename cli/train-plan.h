@@ -37,7 +37,8 @@ typedef struct
   StowPrecision precision;
   StowOptimSettings optim;
   gboolean delayed_update;
-  guint64 test_memlock_limit; /* see stow_preflight_memlock */
+  guint64 test_memlock_limit;   /* see stow_preflight_memlock */
+  guint64 test_nvme_free_bytes; /* test knob: each --nvme-dir's free space */
   gboolean allow_unpinned;
   StowTrainNotice notice;
   gpointer notice_user;
@@ -51,6 +52,9 @@ typedef struct
   StowPlan plan;
   StowProgram *prog;
   guint64 device_bytes;
+  /* The --nvme-dir with the least free space, and that space. */
+  const char *nvme_least_dir;
+  guint64 nvme_least_bytes;
   gboolean no_pin; /* RLIMIT_MEMLOCK too low, --allow-unpinned */
   guint64 predicted_peak_bytes, predicted_pinned_bytes;
   double predicted_step_s;

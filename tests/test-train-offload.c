@@ -381,6 +381,31 @@ test_nvme_flags (void)
   fixture_clear (&f);
 }
 
+/* An --nvme-dir without the room for the swap files: the directory, the
+ * bytes needed and the bytes free, not "raise --device-memory" (issue 36,
+ * item 9; a test knob stands for a small file system). */
+static void
+test_nvme_space (void)
+{
+  Fixture f;
+  fixture_init (&f);
+  g_autofree char *swap = make_dir (&f, "swap");
+  g_autofree char *out = g_build_filename (f.dir, "out", NULL);
+  g_auto (StowRun) r = { 0 };
+  train (&r, &f, out, "--steps", "1", "--offload-optimizer", "nvme",
+         "--nvme-dir", swap, "--test-nvme-free", "64KiB", NULL);
+  g_test_message ("%s", r.err);
+  g_assert_cmpint (r.status, ==, 2);
+  g_autofree char *named = g_strdup_printf ("--nvme-dir %s: the swap files "
+                                            "need ",
+                                            swap);
+  g_assert_nonnull (strstr (r.err, named));
+  g_assert_nonnull (strstr (r.err, "has 64.00 KiB free"));
+  g_assert_null (strstr (r.err, "--device-memory"));
+  g_assert_false (g_file_test (out, G_FILE_TEST_EXISTS));
+  fixture_clear (&f);
+}
+
 /* kill -9 in the middle of a run with @flags (NULL ended; the states on
  * NVMe, or the weights too), after a checkpoint: the @stores private swap
  * directories are left (nothing runs at SIGKILL), the next run removes
@@ -994,6 +1019,7 @@ main (int argc, char **argv)
   g_test_add_func ("/train-offload/nvme-resume", test_nvme_resume);
   g_test_add_func ("/train-offload/nvme-faults", test_nvme_faults);
   g_test_add_func ("/train-offload/nvme-flags", test_nvme_flags);
+  g_test_add_func ("/train-offload/nvme-space", test_nvme_space);
   g_test_add_func ("/train-offload/nvme-signal", test_nvme_signal);
   g_test_add_func ("/train-offload/nvme-kill", test_nvme_kill);
   g_test_add_func ("/train-offload/preflight", test_preflight);

@@ -421,6 +421,35 @@ test_validate (void)
   fixture_clear (&f);
 }
 
+/* Messages that name the real cause (issue 36, items 10 and 11). */
+static void
+test_messages (void)
+{
+  Fixture f;
+  fixture_init (&f);
+  /* A text file without --tokenizer bytes: not "header[0] (magic) is
+   * 1953701923". */
+  g_assert_true (g_file_set_contents (
+      f.text, "the quick brown fox jumps over the lazy dog\n", -1, NULL));
+  g_autofree char *out = g_build_filename (f.dir, "out", NULL);
+  g_auto (StowRun) rt = { 0 };
+  stow_run (&rt, "train", "--model", f.model, "--data", f.text, "--out", out,
+            "--steps", "1", "--seq", "16", NULL);
+  g_assert_cmpint (rt.status, ==, 2);
+  g_assert_nonnull (strstr (rt.err, "train.txt: this looks like text"));
+  g_assert_nonnull (strstr (rt.err, "--tokenizer bytes"));
+  g_assert_null (strstr (rt.err, "magic"));
+  g_assert_false (g_file_test (out, G_FILE_TEST_EXISTS));
+  /* --recompute full:K past the model's layers: not "the closest layout
+   * needs ?". */
+  expect_refused (
+      &f,
+      "--recompute full:99 is more than the 2 layers of a stage: K runs "
+      "from 1 to 2",
+      (const char *const[]){ "--steps", "1", "--recompute", "full:99", NULL });
+  fixture_clear (&f);
+}
+
 /* ---- the measured timeline ----------------------------------------- */
 
 /* Each copy of the cpu backend sleeps this long first (the test knob), and
@@ -621,6 +650,7 @@ main (int argc, char **argv)
   g_test_add_func ("/train/bytes", test_bytes);
   g_test_add_func ("/train/bad-input", test_bad_input);
   g_test_add_func ("/train/validate", test_validate);
+  g_test_add_func ("/train/messages", test_messages);
   g_test_add_func ("/train/init-model", test_init_model);
   g_test_add_func ("/train/timeline", test_timeline);
   return g_test_run ();
