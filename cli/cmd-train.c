@@ -34,10 +34,11 @@ typedef struct
   char *model, *data, *plan, *steps, *lr, *min_lr, *warmup, *lr_schedule,
       *weight_decay, *beta1, *beta2, *eps, *max_grad_norm, *seed, *out,
       *save_every, *log_json, *trace, *backend, *device_memory, *tokenizer,
-      *threads, *test_copy_delay_us, *test_nvme_fault, *test_memlock_limit,
-      *test_nvme_free;
+      *resume_from, *threads, *test_copy_delay_us, *test_nvme_fault,
+      *test_memlock_limit, *test_nvme_free;
   char **nvme_dirs;
-  gboolean resume, shuffle, delayed_update, stream_times, allow_unpinned;
+  gboolean resume, overwrite, shuffle, delayed_update, stream_times,
+      allow_unpinned;
 } TrainOptions;
 
 static gboolean
@@ -106,28 +107,44 @@ parse_u64 (const char *flag, const char *v, gboolean zero_ok, guint64 *out,
 }
 
 /* An output file @flag names can be written when the run gets there:
- * its directory exists and takes new files (the trace is written
- * atomically, a new file renamed over the path), and the path is not a
- * directory.  Checked before anything is planned, so that a run never
- * fails after its last step for a typo. */
+ * its directory takes new files (the trace is written atomically, a new
+ * file renamed over the path), and the path is not a directory.  The
+ * directory may be --out (@out), which the run creates.  Checked before
+ * anything is planned, so that a run never fails after its last step
+ * for a typo. */
 static gboolean
-check_writable (const char *flag, const char *path, GError **error)
+check_writable (const char *flag, const char *path, const char *out,
+                GError **error)
 {
   if (path == NULL)
     return TRUE;
   g_autofree char *dir = g_path_get_dirname (path);
+  g_autofree char *dir_c = g_canonicalize_filename (dir, NULL);
+  g_autofree char *out_c = out ? g_canonicalize_filename (out, NULL) : NULL;
+  /* --out's nearest existing ancestor stands for it. */
+  g_autofree char *probe = g_strdup (dir);
+  while (out_c && g_str_equal (dir_c, out_c)
+         && !g_file_test (probe, G_FILE_TEST_EXISTS))
+    {
+      char *up = g_path_get_dirname (probe);
+      gboolean top = g_str_equal (up, probe);
+      g_free (probe);
+      probe = up;
+      if (top)
+        break;
+    }
   const char *why = NULL;
   int e = 0;
   if (path[0] == '\0')
     why = "an empty path";
   else if (g_file_test (path, G_FILE_TEST_IS_DIR))
     why = "a directory";
-  else if (access (dir, W_OK | X_OK) != 0)
+  else if (access (probe, W_OK | X_OK) != 0)
     e = errno;
   if (why == NULL && e == 0)
     return TRUE;
   g_set_error (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
-               "%s %s: %s%s%s", flag, path, why ? why : dir, why ? "" : ": ",
+               "%s %s: %s%s%s", flag, path, why ? why : probe, why ? "" : ": ",
                why ? "" : g_strerror (e));
   return FALSE;
 }
@@ -175,6 +192,23 @@ resolve (TrainOptions *o, StowTrainPlan *c, StowTrainConfig *run,
   c->plan_path = o->plan;
   run->out_dir = o->out;
   run->resume = o->resume;
+  run->resume_from = o->resume_from;
+  run->overwrite = o->overwrite;
+  if (o->overwrite && o->resume)
+    {
+      g_set_error_literal (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
+                           "--overwrite and --resume: --resume continues "
+                           "OUT's run, --overwrite replaces it; choose one");
+      return FALSE;
+    }
+  if (o->resume_from && o->resume_from[0] == '\0')
+    {
+      g_set_error_literal (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
+                           "--resume-from \"\": expected a checkpoint "
+                           "directory or a step of --out");
+      return FALSE;
+    }
+
   run->shuffle = o->shuffle;
   run->log_json = o->log_json;
   run->trace_path = o->trace;
@@ -226,8 +260,8 @@ resolve (TrainOptions *o, StowTrainPlan *c, StowTrainConfig *run,
                    threads, procs, procs);
       return FALSE;
     }
-  if (!check_writable ("--trace", o->trace, error)
-      || !check_writable ("--log-json", o->log_json, error))
+  if (!check_writable ("--trace", o->trace, o->out, error)
+      || !check_writable ("--log-json", o->log_json, o->out, error))
     return FALSE;
   c->threads = run->threads = (guint)threads;
   if (o->test_nvme_fault && !parse_nvme_fault (o->test_nvme_fault, run, error))
@@ -525,6 +559,8 @@ train_main (TrainOptions *o, StowTrainPlan *tp, StowTrainConfig *c,
   StowTrainResult m;
   if (!stow_train_run (c, &m, &error))
     return stow_cli_fail (error, NULL);
+  if (m.last_step < m.first_step)
+    return STOW_EXIT_OK; /* no step ran: no peaks to compare */
   print_peaks (tp, &m);
   if (c->stream_times)
     print_stream_times (tp, &m);
@@ -616,10 +652,21 @@ stow_cmd_train (int argc, char **argv)
     { "save-every", 0, 0, G_OPTION_ARG_STRING, &o.save_every,
       "Checkpoint every K steps (the last step is always saved)", "K" },
     { "resume", 0, 0, G_OPTION_ARG_NONE, &o.resume,
-      "Continue from DIR/latest bit for bit (from step 0 when there is none)",
+      "Continue from DIR/latest bit for bit (its newest checkpoint when the "
+      "link is gone; from step 0 when there is none); the flags that change "
+      "the arithmetic or the data order must be the checkpoint's",
+      NULL },
+    { "resume-from", 0, 0, G_OPTION_ARG_FILENAME, &o.resume_from,
+      "Continue from this checkpoint: a directory, or a step of --out "
+      "(12: DIR/step-000012) (default: none)",
+      "DIR|STEP" },
+    { "overwrite", 0, 0, G_OPTION_ARG_NONE, &o.overwrite,
+      "Train into a --out holding another run's checkpoints, removing them "
+      "once this run has saved its first (default: refuse)",
       NULL },
     { "log-json", 0, 0, G_OPTION_ARG_FILENAME, &o.log_json,
-      "One JSON object per step (step, loss, grad_norm, lr, tokens_per_s)",
+      "One JSON object per step (step, loss, grad_norm, lr, tokens_per_s); "
+      "a resume cuts it to the checkpoint's step",
       "FILE" },
     { "trace", 0, 0, G_OPTION_ARG_FILENAME, &o.trace,
       "Chrome trace of the last step as it ran (ui.perfetto.dev)", "FILE" },
@@ -692,7 +739,8 @@ stow_cmd_train (int argc, char **argv)
                        &o.test_copy_delay_us,
                        &o.test_nvme_fault,
                        &o.test_memlock_limit,
-                       &o.test_nvme_free };
+                       &o.test_nvme_free,
+                       &o.resume_from };
   for (gsize i = 0; i < G_N_ELEMENTS (strings); i++)
     g_free (*strings[i]);
   return status;

@@ -25,6 +25,8 @@ typedef enum
   STOW_TRAIN_ERROR_INVALID,   /* settings that cannot run: names the flag */
   STOW_TRAIN_ERROR_MISMATCH,  /* a checkpoint of another model or run */
   STOW_TRAIN_ERROR_NONFINITE, /* the loss itself is not finite */
+  STOW_TRAIN_ERROR_EXISTS,    /* OUT holds checkpoints this run would
+                                 replace (without --overwrite) */
 } StowTrainError;
 
 typedef struct
@@ -54,7 +56,17 @@ typedef struct
   guint64 steps;    /* the last step to run (program->optim's total) */
   const char *out_dir;
   guint64 save_every; /* 0: only the last step */
+  /* Where the run starts.  @resume: OUT/latest, or OUT's newest
+   * checkpoint when the link is gone, or step 0 when OUT holds none.
+   * @resume_from: a checkpoint directory, or a step of OUT ("12":
+   * OUT/step-000012).  Neither: step 0, and OUT must hold no checkpoint
+   * unless @overwrite (they are removed once this run's first checkpoint
+   * is committed).  A resumed checkpoint must have run with every setting
+   * that changes the arithmetic or the data order as this run has it
+   * (STOW_TRAIN_ERROR_MISMATCH names the flag and both values). */
   gboolean resume;
+  const char *resume_from;
+  gboolean overwrite;
   const char *log_json;   /* one JSON object per step, or NULL */
   const char *trace_path; /* Chrome trace of the last step, or NULL */
   gboolean stream_times;  /* the last --log-json line gets "streams" */
@@ -83,7 +95,12 @@ typedef struct
 typedef struct
 {
   guint64 first_step; /* 1 unless resumed */
-  guint64 peak_bytes; /* the device arena's peak */
+  guint64 last_step;  /* the last step run; first_step - 1 when none ran */
+  /* The step of the newest checkpoint in OUT when the run ended (this
+   * run's or the one it resumed); 0: none. */
+  guint64 saved_step;
+  gboolean nothing_to_do; /* resumed at or past --steps: no step ran */
+  guint64 peak_bytes;     /* the device arena's peak */
   /* The program's pinned host buffers' peak; 0 where not measured. */
   guint64 pinned_peak_bytes;
   /* Of the last step run (all 0 when none ran): per stream seconds busy,

@@ -4,11 +4,13 @@
  */
 #include "testutil-train.h"
 
+#include <fcntl.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <glib/gstdio.h>
 
@@ -80,15 +82,34 @@ args_join (const char *const *first, const char *const *second)
   return a;
 }
 
+GPtrArray *
+train_argv (Fixture *f, const char *out, const char *const *extra)
+{
+  const char *base[] = { g_getenv ("STOWAGE"),
+                         "train",
+                         "--model",
+                         f->model,
+                         "--data",
+                         f->shard,
+                         "--seq",
+                         "16",
+                         "--micro-batch",
+                         "2",
+                         "--global-batch",
+                         "4",
+                         "--lr",
+                         "0.003",
+                         "--out",
+                         out,
+                         NULL };
+  return args_join (base, extra);
+}
+
 void
 trainv (StowRun *r, Fixture *f, const char *out, const char *const *extra)
 {
-  const char *base[] = { "train",  "--model",        f->model, "--data",
-                         f->shard, "--seq",          "16",     "--micro-batch",
-                         "2",      "--global-batch", "4",      "--lr",
-                         "0.003",  "--out",          out,      NULL };
-  g_autoptr (GPtrArray) a = args_join (base, extra);
-  stow_runv (r, (const char *const *)a->pdata);
+  g_autoptr (GPtrArray) a = train_argv (f, out, extra);
+  stow_runv (r, (const char *const *)a->pdata + 1);
 }
 
 /* Runs train on the fixture with @out and the extra flags (NULL ended). */
@@ -233,6 +254,35 @@ spawn_quiet (const char *const *argv)
                                 NULL, NULL, &pid, &error));
   g_assert_no_error (error);
   return pid;
+}
+
+GPid
+spawn_logged (const char *const *argv, const char *err_path)
+{
+  int fd = open (err_path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  g_assert_cmpint (fd, >=, 0);
+  GPid pid;
+  g_autoptr (GError) error = NULL;
+  g_assert_true (g_spawn_async_with_fds (NULL, (char **)argv, NULL,
+                                         G_SPAWN_DO_NOT_REAP_CHILD
+                                             | G_SPAWN_STDOUT_TO_DEV_NULL,
+                                         NULL, NULL, &pid, -1, -1, fd, &error));
+  g_assert_no_error (error);
+  close (fd);
+  return pid;
+}
+
+gboolean
+wait_for_text (const char *path, const char *text, guint timeout_ms)
+{
+  for (guint waited = 0; waited <= timeout_ms; waited++)
+    {
+      g_autofree char *c = NULL;
+      if (g_file_get_contents (path, &c, NULL, NULL) && strstr (c, text))
+        return TRUE;
+      g_usleep (1000);
+    }
+  return FALSE;
 }
 
 int

@@ -56,5 +56,12 @@ void assert_pinned_as_simulated (const StowRun *r);
 guint latest_step (const char *out);
 /* Starts @argv (argv[0] a path), its output discarded, not reaped. */
 GPid spawn_quiet (const char *const *argv);
+/* The same with its stderr into the file @err_path. */
+GPid spawn_logged (const char *const *argv, const char *err_path);
+/* Waits up to @timeout_ms for the file @path to hold @text. */
+gboolean wait_for_text (const char *path, const char *text, guint timeout_ms);
+/* $STOWAGE train with the fixture's flags (as trainv), @out and @extra
+ * (NULL ended): an argv for the spawn helpers, borrowing the strings. */
+GPtrArray *train_argv (Fixture *f, const char *out, const char *const *extra);
 /* Sends @sig to @pid, waits for it and returns its wait status. */
 int kill_and_wait (GPid pid, int sig);
