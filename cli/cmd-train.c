@@ -8,6 +8,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -22,6 +23,7 @@
 #include "executor/backends/tensors.h"
 #include "executor/model-io.h"
 #include "executor/train.h"
+#include "offload/nvme.h"
 #include "planner/search.h"
 
 typedef struct
@@ -34,8 +36,8 @@ typedef struct
   char *model, *data, *plan, *steps, *lr, *min_lr, *warmup, *lr_schedule,
       *weight_decay, *beta1, *beta2, *eps, *max_grad_norm, *seed, *out,
       *save_every, *log_json, *trace, *backend, *device_memory, *tokenizer,
-      *resume_from, *threads, *test_copy_delay_us, *test_nvme_fault,
-      *test_memlock_limit, *test_nvme_free;
+      *resume_from, *save_on_signal, *threads, *test_copy_delay_us,
+      *test_nvme_fault, *test_memlock_limit, *test_nvme_free;
   char **nvme_dirs;
   gboolean resume, overwrite, shuffle, delayed_update, stream_times,
       allow_unpinned;
@@ -208,7 +210,14 @@ resolve (TrainOptions *o, StowTrainPlan *c, StowTrainConfig *run,
                            "directory or a step of --out");
       return FALSE;
     }
-
+  if (o->save_on_signal && !g_str_equal (o->save_on_signal, "on")
+      && !g_str_equal (o->save_on_signal, "off"))
+    {
+      g_set_error (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
+                   "--save-on-signal \"%s\": expected on or off",
+                   o->save_on_signal);
+      return FALSE;
+    }
   run->shuffle = o->shuffle;
   run->log_json = o->log_json;
   run->trace_path = o->trace;
@@ -436,6 +445,54 @@ resolve (TrainOptions *o, StowTrainPlan *c, StowTrainConfig *run,
   return check_required (o, c, run, error);
 }
 
+/* ---- preemption ---------------------------------------------------------
+ * SIGTERM (what Slurm and Kubernetes send before a kill) and SIGUSR1
+ * (Slurm's --signal) ask the run to stop at the next step boundary with a
+ * checkpoint: the handler only records the signal (async-signal-safe);
+ * the loop finishes the step in flight, saves it and returns, everything
+ * is freed (the NVMe swap files, OUT's lock), and then the signal is
+ * raised again with its default action, so that the exit status is the
+ * signal's.  A second signal ends the process at once, as main.c's
+ * handler would (the swap files removed, the last complete checkpoint in
+ * place). */
+
+static volatile sig_atomic_t stop_signal;
+
+static void
+on_stop_signal (int sig)
+{
+  if (stop_signal != 0)
+    {
+      stow_nvme_remove_files_on_signal ();
+      signal (sig, SIG_DFL);
+      raise (sig);
+      return;
+    }
+  stop_signal = sig;
+  static const char msg[]
+      = "stowage: stopping after this step with a checkpoint (a second "
+        "signal stops at once)\n";
+  ssize_t n = write (2, msg, sizeof msg - 1);
+  (void)n;
+}
+
+static void
+catch_stop_signals (void)
+{
+  static const int sigs[] = { SIGTERM, SIGUSR1 };
+  for (gsize i = 0; i < G_N_ELEMENTS (sigs); i++)
+    {
+      struct sigaction sa, old;
+      memset (&sa, 0, sizeof sa);
+      sa.sa_handler = on_stop_signal;
+      sa.sa_flags = SA_RESTART;
+      sigemptyset (&sa.sa_mask);
+      if (sigaction (sigs[i], NULL, &old) == 0 && old.sa_handler == SIG_IGN)
+        continue;
+      sigaction (sigs[i], &sa, NULL);
+    }
+}
+
 typedef struct
 {
   gboolean tty;
@@ -526,7 +583,7 @@ print_peaks (const StowTrainPlan *tp, const StowTrainResult *m)
 
 static int
 train_main (TrainOptions *o, StowTrainPlan *tp, StowTrainConfig *c,
-            const GOptionEntry *entries, int argc, char **argv)
+            const GOptionEntry *entries, int argc, char **argv, int *stopped_by)
 {
   g_autoptr (GOptionContext) ctx = stow_cli_context_new (
       "train", NULL,
@@ -542,6 +599,11 @@ train_main (TrainOptions *o, StowTrainPlan *tp, StowTrainConfig *c,
                            "train: unexpected argument \"%s\"", argv[1]);
   if (!resolve (o, tp, c, &error))
     return stow_cli_fail (error, "see 'stowage train --help'");
+  if (g_strcmp0 (o->save_on_signal, "off") != 0)
+    {
+      catch_stop_signals ();
+      c->stop_signal = &stop_signal;
+    }
   Progress pr = { isatty (2) };
   c->progress = progress;
   c->notice = tp->notice = notice;
@@ -559,6 +621,17 @@ train_main (TrainOptions *o, StowTrainPlan *tp, StowTrainConfig *c,
   StowTrainResult m;
   if (!stow_train_run (c, &m, &error))
     return stow_cli_fail (error, NULL);
+  if (m.stopped_by != 0)
+    {
+      if (m.saved_step > 0)
+        fprintf (stderr,
+                 "stopped at step %" G_GUINT64_FORMAT
+                 "; continue with --resume\n",
+                 m.saved_step);
+      else
+        fprintf (stderr, "stopped before step 1; nothing to save\n");
+      *stopped_by = m.stopped_by;
+    }
   if (m.last_step < m.first_step)
     return STOW_EXIT_OK; /* no step ran: no peaks to compare */
   print_peaks (tp, &m);
@@ -664,6 +737,11 @@ stow_cmd_train (int argc, char **argv)
       "Train into a --out holding another run's checkpoints, removing them "
       "once this run has saved its first (default: refuse)",
       NULL },
+    { "save-on-signal", 0, 0, G_OPTION_ARG_STRING, &o.save_on_signal,
+      "on (default): SIGTERM or SIGUSR1 stops the run after the step in "
+      "flight with a checkpoint, and the exit status is the signal's; off: "
+      "they stop it at once",
+      "on|off" },
     { "log-json", 0, 0, G_OPTION_ARG_FILENAME, &o.log_json,
       "One JSON object per step (step, loss, grad_norm, lr, tokens_per_s); "
       "a resume cuts it to the checkpoint's step",
@@ -709,7 +787,8 @@ stow_cmd_train (int argc, char **argv)
   StowTrainPlan tp;
   stow_train_plan_init (&tp);
   StowTrainConfig c = { .backend = "cpu" };
-  int status = train_main (&o, &tp, &c, entries, argc, argv);
+  int stopped_by = 0;
+  int status = train_main (&o, &tp, &c, entries, argc, argv, &stopped_by);
   g_strfreev (tp.nvme_dirs);
   stow_train_plan_clear (&tp);
   g_strfreev (o.nvme_dirs);
@@ -740,9 +819,17 @@ stow_cmd_train (int argc, char **argv)
                        &o.test_nvme_fault,
                        &o.test_memlock_limit,
                        &o.test_nvme_free,
-                       &o.resume_from };
+                       &o.resume_from,
+                       &o.save_on_signal };
   for (gsize i = 0; i < G_N_ELEMENTS (strings); i++)
     g_free (*strings[i]);
+  if (stopped_by != 0)
+    {
+      /* Everything is freed and OUT unlocked: end as the signal would. */
+      fflush (NULL);
+      signal (stopped_by, SIG_DFL);
+      raise (stopped_by);
+    }
   return status;
 }
 

@@ -571,6 +571,12 @@ log_step (Run *r, const StowTrainStep *s)
   fflush (r->log);
 }
 
+static int
+stop_requested (const StowTrainConfig *c)
+{
+  return c->stop_signal ? (int)*c->stop_signal : 0;
+}
+
 static gboolean
 train_loop (Run *r, guint64 first, GError **error)
 {
@@ -581,6 +587,16 @@ train_loop (Run *r, guint64 first, GError **error)
   r->out->last_step = first - 1;
   for (guint64 step = first; step <= c->steps; step++)
     {
+      /* A stop asked for between steps: the last step is saved (the
+       * check after it may have come just before the signal), or none
+       * ran since the start. */
+      if (stop_requested (c))
+        {
+          if (r->out->last_step > r->out->saved_step
+              && !save_checkpoint (r, r->out->last_step, error))
+            return FALSE;
+          break;
+        }
       gint64 t0 = g_get_monotonic_time ();
       r->ops->begin_step (r->be, step);
       g_clear_pointer (&last, stow_trace_free);
@@ -607,7 +623,9 @@ train_loop (Run *r, guint64 first, GError **error)
        * has a line past it, which the resume drops (truncate_log); one
        * killed after it has the line. */
       log_step (r, &s);
-      if ((c->save_every && step % c->save_every == 0) || step == c->steps)
+      gboolean stop = stop_requested (c) != 0;
+      if ((c->save_every && step % c->save_every == 0) || step == c->steps
+          || stop)
         {
           if (!save_checkpoint (r, step, error))
             return FALSE;
@@ -616,6 +634,8 @@ train_loop (Run *r, guint64 first, GError **error)
       if (c->progress)
         c->progress (&s, c->progress_user);
     }
+  if (r->out->last_step < c->steps)
+    r->out->stopped_by = stop_requested (c);
   r->out->peak_bytes = r->ops->peak_bytes (r->be);
   if (r->ops->pinned_peak_bytes)
     r->out->pinned_peak_bytes = r->ops->pinned_peak_bytes (r->be);

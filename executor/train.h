@@ -10,6 +10,7 @@
 #pragma once
 
 #include <glib.h>
+#include <signal.h>
 
 #include "executor/data.h"
 #include "offload/nvme.h"
@@ -67,6 +68,10 @@ typedef struct
   gboolean resume;
   const char *resume_from;
   gboolean overwrite;
+  /* Set by the caller's signal handler (to the signal's number): the loop
+   * finishes the step in flight, saves it and stops (StowTrainResult's
+   * stopped_by).  NULL: never. */
+  const volatile sig_atomic_t *stop_signal;
   const char *log_json;   /* one JSON object per step, or NULL */
   const char *trace_path; /* Chrome trace of the last step, or NULL */
   gboolean stream_times;  /* the last --log-json line gets "streams" */
@@ -100,6 +105,7 @@ typedef struct
    * run's or the one it resumed); 0: none. */
   guint64 saved_step;
   gboolean nothing_to_do; /* resumed at or past --steps: no step ran */
+  int stopped_by;         /* the signal *stop_signal said; 0: not stopped */
   guint64 peak_bytes;     /* the device arena's peak */
   /* The program's pinned host buffers' peak; 0 where not measured. */
   guint64 pinned_peak_bytes;

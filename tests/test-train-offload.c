@@ -611,10 +611,12 @@ test_nvme_signal (void)
   Fixture f;
   fixture_init (&f);
   g_autofree char *swap = make_dir (&f, "swap");
-  g_autofree char *out = g_build_filename (f.dir, "out", NULL);
   const int sigs[] = { SIGTERM, SIGINT };
   for (guint i = 0; i < G_N_ELEMENTS (sigs); i++)
     {
+      /* A run of its own each: SIGTERM leaves a checkpoint. */
+      g_autofree char *out_name = g_strdup_printf ("out-%u", i);
+      g_autofree char *out = g_build_filename (f.dir, out_name, NULL);
       const char *argv[] = { g_getenv ("STOWAGE"),
                              "train",
                              "--model",

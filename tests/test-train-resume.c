@@ -5,8 +5,9 @@
  * naming the first, two started at once leave one run's bytes), a run
  * that would replace another's checkpoints refused without --overwrite,
  * --resume and --resume-from refusing every change that would break the
- * bit-identity promise and allowing the rest, and the log after a
- * resume.
+ * bit-identity promise and allowing the rest, SIGTERM and SIGUSR1
+ * stopping with a checkpoint that resumes to the uninterrupted bytes, and
+ * the log after a resume.
  */
 #include <errno.h>
 #include <signal.h>
@@ -26,6 +27,16 @@ make_dir (const Fixture *f, const char *name)
   char *d = g_build_filename (f->dir, name, NULL);
   g_assert_cmpint (g_mkdir_with_parents (d, 0755), ==, 0);
   return d;
+}
+
+static guint
+entries (const char *dir)
+{
+  g_autoptr (GDir) d = g_dir_open (dir, 0, NULL);
+  guint n = 0;
+  while (d && g_dir_read_name (d))
+    n++;
+  return n;
 }
 
 static gboolean
@@ -83,11 +94,17 @@ test_one_writer (void)
       g_assert_nonnull (strstr (r.err, "wait for it or use another --out"));
       g_assert_null (strstr (r.err, "step 1/"));
     }
-  /* The first run was not disturbed: it goes on. */
+  /* The first run was not disturbed: it goes on, and stops as asked. */
   g_autofree char *later = g_strdup_printf ("step %u/", latest_step (out) + 6);
   g_assert_true (wait_for_text (log, later, 20000));
   int st = kill_and_wait (pid, SIGTERM);
   g_assert_true (WIFSIGNALED (st));
+  g_assert_cmpint (WTERMSIG (st), ==, SIGTERM);
+  g_autofree char *err = read_all (log);
+  g_autofree char *stopped = g_strdup_printf (
+      "stopped at step %u; continue with --resume", latest_step (out));
+  g_assert_nonnull (strstr (err, stopped));
+  g_assert_false (has (out, ".lock"));
   fixture_clear (&f);
 }
 
@@ -450,6 +467,120 @@ test_log_after_resume (void)
   fixture_clear (&f);
 }
 
+/* ---- preemption ------------------------------------------------------------
+ */
+
+/* @sig after a random step of a 40-step run with @flags (NULL ended,
+ * checkpoints only at the end): the step in flight finishes and is saved,
+ * "stopped at step N; continue with --resume", the exit status is the
+ * signal's, the swap files and OUT's lock are gone; --resume gives the
+ * uninterrupted run's bytes. */
+static void
+assert_signal_resumes (const char *const *flags, int sig)
+{
+  Fixture f;
+  fixture_init (&f);
+  g_autofree char *swap = make_dir (&f, "swap");
+  g_autofree char *straight = g_build_filename (f.dir, "straight", NULL);
+  g_autofree char *out = g_build_filename (f.dir, "out", NULL);
+  g_autofree char *log = g_build_filename (f.dir, "run.err", NULL);
+  g_autoptr (GPtrArray) own = g_ptr_array_new ();
+  for (guint i = 0; flags[i]; i++)
+    g_ptr_array_add (own,
+                     g_str_equal (flags[i], "SWAP") ? swap : (char *)flags[i]);
+  g_ptr_array_add (own, "--steps");
+  g_ptr_array_add (own, "40");
+  g_ptr_array_add (own, NULL);
+  g_auto (StowRun) r0 = { 0 };
+  trainv (&r0, &f, straight, (const char *const *)own->pdata);
+  g_assert_cmpint (r0.status, ==, 0);
+  g_autoptr (GPtrArray) argv
+      = train_argv (&f, out, (const char *const *)own->pdata);
+  GPid pid = spawn_logged ((const char *const *)argv->pdata, log);
+  gint32 k = g_test_rand_int_range (1, 20);
+  g_autofree char *after = g_strdup_printf ("step %d/", k);
+  g_assert_true (wait_for_text (log, after, 20000));
+  g_usleep ((gulong)g_test_rand_int_range (0, 3000));
+  int st = kill_and_wait (pid, sig);
+  g_autofree char *err = read_all (log);
+  g_test_message ("%s after step %d:\n%s", g_strsignal (sig), k, err);
+  g_assert_true (WIFSIGNALED (st));
+  g_assert_cmpint (WTERMSIG (st), ==, sig);
+  guint at = latest_step (out);
+  g_assert_cmpuint (at, >=, (guint)k);
+  g_assert_cmpuint (at, <, 40);
+  g_autofree char *said
+      = g_strdup_printf ("stopped at step %u; continue with --resume", at);
+  g_assert_nonnull (strstr (err, said));
+  g_assert_cmpuint (entries (swap), ==, 0);
+  g_assert_false (has (out, ".lock"));
+  g_ptr_array_remove_index (own, own->len - 1);
+  g_ptr_array_add (own, "--resume");
+  g_ptr_array_add (own, NULL);
+  g_auto (StowRun) r1 = { 0 };
+  trainv (&r1, &f, out, (const char *const *)own->pdata);
+  g_assert_cmpint (r1.status, ==, 0);
+  g_autofree char *from = g_strdup_printf ("resuming from step %u", at);
+  g_assert_nonnull (strstr (r1.err, from));
+  assert_same_checkpoint (straight, out);
+  fixture_clear (&f);
+}
+
+static void
+test_sigterm_fp32 (void)
+{
+  assert_signal_resumes ((const char *const[]){ NULL }, SIGTERM);
+}
+
+static void
+test_sigusr1_bf16_host (void)
+{
+  assert_signal_resumes ((const char *const[]){ "--precision", "bf16",
+                                                "--offload-optimizer", "cpu",
+                                                NULL },
+                         SIGUSR1);
+}
+
+static void
+test_sigterm_bf16_nvme (void)
+{
+  assert_signal_resumes ((const char *const[]){ "--precision", "bf16",
+                                                "--offload-optimizer", "nvme",
+                                                "--nvme-dir", "SWAP", NULL },
+                         SIGTERM);
+}
+
+static void
+test_sigusr1_fp32_nvme (void)
+{
+  assert_signal_resumes ((const char *const[]){ "--offload-optimizer", "nvme",
+                                                "--nvme-dir", "SWAP", NULL },
+                         SIGUSR1);
+}
+
+/* --save-on-signal off: SIGTERM ends the run at once, as before. */
+static void
+test_no_save_on_signal (void)
+{
+  Fixture f;
+  fixture_init (&f);
+  g_autofree char *out = g_build_filename (f.dir, "out", NULL);
+  g_autofree char *log = g_build_filename (f.dir, "run.err", NULL);
+  g_autoptr (GPtrArray) argv
+      = train_argv (&f, out,
+                    (const char *const[]){ "--steps", "100000",
+                                           "--save-on-signal", "off", NULL });
+  GPid pid = spawn_logged ((const char *const *)argv->pdata, log);
+  g_assert_true (wait_for_text (log, "step 3/", 20000));
+  int st = kill_and_wait (pid, SIGTERM);
+  g_assert_true (WIFSIGNALED (st));
+  g_assert_cmpint (WTERMSIG (st), ==, SIGTERM);
+  g_assert_cmpuint (latest_step (out), ==, 0);
+  g_autofree char *err = read_all (log);
+  g_assert_null (strstr (err, "stopped at step"));
+  fixture_clear (&f);
+}
+
 int
 main (int argc, char **argv)
 {
@@ -461,5 +592,10 @@ main (int argc, char **argv)
   g_test_add_func ("/train-resume/refused-changes", test_refused_changes);
   g_test_add_func ("/train-resume/allowed-changes", test_allowed_changes);
   g_test_add_func ("/train-resume/log", test_log_after_resume);
+  g_test_add_func ("/train-resume/sigterm-fp32", test_sigterm_fp32);
+  g_test_add_func ("/train-resume/sigusr1-bf16-host", test_sigusr1_bf16_host);
+  g_test_add_func ("/train-resume/sigterm-bf16-nvme", test_sigterm_bf16_nvme);
+  g_test_add_func ("/train-resume/sigusr1-fp32-nvme", test_sigusr1_fp32_nvme);
+  g_test_add_func ("/train-resume/no-save-on-signal", test_no_save_on_signal);
   return g_test_run ();
 }
