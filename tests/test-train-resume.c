@@ -6,8 +6,9 @@
  * that would replace another's checkpoints refused without --overwrite,
  * --resume and --resume-from refusing every change that would break the
  * bit-identity promise and allowing the rest, SIGTERM and SIGUSR1
- * stopping with a checkpoint that resumes to the uninterrupted bytes, and
- * the log after a resume.
+ * stopping with a checkpoint that resumes to the uninterrupted bytes, the
+ * log after a resume, and kill -9 at every syscall of the checkpoint
+ * protocol (tests/checkpoint-killer.c, preloaded).
  */
 #include <errno.h>
 #include <signal.h>
@@ -581,6 +582,113 @@ test_no_save_on_signal (void)
   fixture_clear (&f);
 }
 
+/* ---- kill -9 at every syscall of a save ---------------------------------- */
+
+/* Runs @argv under the killer, dying at call @at (0: never); the count of
+ * calls into *@count when it lived. */
+static int
+run_killed (const char *const *argv, const char *out, guint at, guint *count)
+{
+  g_autofree char *count_path = g_strdup_printf ("%s.count", out);
+  g_auto (GStrv) env = g_get_environ ();
+  const char *asan = g_environ_getenv (env, "ASAN_OPTIONS");
+  /* The killer comes before the sanitizer's runtime in the link order. */
+  g_autofree char *asan_opts = g_strdup_printf (
+      "%s%sverify_asan_link_order=0", asan ? asan : "", asan ? ":" : "");
+  g_autofree char *at_s = g_strdup_printf ("%u", at);
+  env = g_environ_setenv (env, "LD_PRELOAD", g_getenv ("STOW_KILLER"), TRUE);
+  env = g_environ_setenv (env, "ASAN_OPTIONS", asan_opts, TRUE);
+  env = g_environ_setenv (env, "STOW_KILL_DIR", out, TRUE);
+  env = g_environ_setenv (env, "STOW_KILL_AT", at_s, TRUE);
+  env = g_environ_setenv (env, "STOW_KILL_COUNT", count_path, TRUE);
+  int st = 0;
+  g_autoptr (GError) error = NULL;
+  g_assert_true (
+      g_spawn_sync (NULL, (char **)argv, env,
+                    G_SPAWN_STDOUT_TO_DEV_NULL | G_SPAWN_STDERR_TO_DEV_NULL,
+                    NULL, NULL, NULL, NULL, &st, &error));
+  g_assert_no_error (error);
+  if (count != NULL)
+    {
+      g_autofree char *text = read_all (count_path);
+      *count = (guint)g_ascii_strtoull (text, NULL, 10);
+    }
+  g_unlink (count_path);
+  return st;
+}
+
+/* kill -9 at every call that changes OUT (-m slow: the slow suite's
+ * train-kill-every-syscall) or at a seeded sample of them, in a run of 3 steps
+ * saving each: after each kill `latest` is absent (no checkpoint yet) or names
+ * a complete checkpoint, and --resume gives the uninterrupted bytes. */
+static void
+test_kill_every_syscall (void)
+{
+  if (g_getenv ("STOW_KILLER") == NULL)
+    {
+      g_test_skip ("STOW_KILLER (tests/checkpoint-killer.c) not set");
+      return;
+    }
+  Fixture f;
+  fixture_init (&f);
+  g_autofree char *straight = g_build_filename (f.dir, "straight", NULL);
+  g_autofree char *out = g_build_filename (f.dir, "out", NULL);
+  const char *const flags[]
+      = { "--steps", "3", "--save-every", "1", "--threads", "1", NULL };
+  g_auto (StowRun) r0 = { 0 };
+  trainv (&r0, &f, straight, flags);
+  g_assert_cmpint (r0.status, ==, 0);
+  g_autoptr (GPtrArray) argv = train_argv (&f, out, flags);
+  guint total = 0;
+  int st = run_killed ((const char *const *)argv->pdata, out, 0, &total);
+  g_assert_true (WIFEXITED (st) && WEXITSTATUS (st) == 0);
+  assert_same_checkpoint (straight, out);
+  g_test_message ("%u calls change OUT in a run of 3 checkpoints", total);
+  /* The lock, three begins and commits, the files in between. */
+  g_assert_cmpuint (total, >, 30);
+  gboolean all = g_test_slow ();
+  g_autoptr (GArray) points = g_array_new (FALSE, FALSE, sizeof (guint));
+  for (guint k = 1; k <= total; k++)
+    if (all || k == 1 || k == total
+        || g_test_rand_int_range (0, (gint32)total) < 12)
+      g_array_append_val (points, k);
+  g_autoptr (GPtrArray) resume_flags
+      = args_join (flags, (const char *const[]){ "--resume", NULL });
+  for (guint i = 0; i < points->len; i++)
+    {
+      guint k = g_array_index (points, guint, i);
+      g_autofree char *cmd = g_strdup_printf ("rm -rf '%s'", out);
+      g_assert_cmpint (system (cmd), ==, 0);
+      st = run_killed ((const char *const *)argv->pdata, out, k, NULL);
+      g_assert_true (WIFSIGNALED (st));
+      g_assert_cmpint (WTERMSIG (st), ==, SIGKILL);
+      guint at = latest_step (out);
+      if (at > 0)
+        {
+          /* Complete: the files a checkpoint has, whole. */
+          const char *files[] = { "config.json", "model.safetensors",
+                                  "optimizer.stow", "run.json" };
+          for (guint j = 0; j < G_N_ELEMENTS (files); j++)
+            {
+              g_autofree char *p
+                  = g_build_filename (out, "latest", files[j], NULL);
+              g_assert_true (g_file_test (p, G_FILE_TEST_IS_REGULAR));
+            }
+        }
+      g_auto (StowRun) r = { 0 };
+      trainv (&r, &f, out, (const char *const *)resume_flags->pdata);
+      if (r.status != 0)
+        g_test_message ("killed at call %u of %u (latest at step %u): %s", k,
+                        total, at, r.err);
+      g_assert_cmpint (r.status, ==, 0);
+      assert_same_checkpoint (straight, out);
+    }
+  g_test_message ("killed at %u of the %u calls; each resumed to the same "
+                  "bytes",
+                  points->len, total);
+  fixture_clear (&f);
+}
+
 int
 main (int argc, char **argv)
 {
@@ -597,5 +705,6 @@ main (int argc, char **argv)
   g_test_add_func ("/train-resume/sigterm-bf16-nvme", test_sigterm_bf16_nvme);
   g_test_add_func ("/train-resume/sigusr1-fp32-nvme", test_sigusr1_fp32_nvme);
   g_test_add_func ("/train-resume/no-save-on-signal", test_no_save_on_signal);
+  g_test_add_func ("/train-resume/kill-every-syscall", test_kill_every_syscall);
   return g_test_run ();
 }
