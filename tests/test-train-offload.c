@@ -99,25 +99,6 @@ test_offload_optimizer_resume (void)
 /* ---- ZeRO-Infinity's optimizer: the states on NVMe ------------------------
  */
 
-/* Entries in @dir (the swap files' parent): none once a run has ended. */
-static guint
-entries (const char *dir)
-{
-  g_autoptr (GDir) d = g_dir_open (dir, 0, NULL);
-  guint n = 0;
-  while (d && g_dir_read_name (d))
-    n++;
-  return n;
-}
-
-static char *
-make_dir (const Fixture *f, const char *name)
-{
-  char *d = g_build_filename (f->dir, name, NULL);
-  g_assert_cmpint (g_mkdir_with_parents (d, 0755), ==, 0);
-  return d;
-}
-
 /* A plan file for the fixture's model with the optimizer on NVMe in
  * chunks of @chunk parameters, so that chunks cut through tensors, and the
  * parameters where @params says (ZeRO 3 when off the device). */
@@ -431,29 +412,10 @@ assert_kill_resumes (const char *const *flags, guint stores)
     g_ptr_array_add (run, (char *)own[i]);
   for (guint i = 0; flags[i]; i++)
     g_ptr_array_add (run, (char *)flags[i]);
-  g_autoptr (GPtrArray) a = g_ptr_array_new ();
-  const char *const head[] = { g_getenv ("STOWAGE"),
-                               "train",
-                               "--model",
-                               f.model,
-                               "--data",
-                               f.shard,
-                               "--seq",
-                               "16",
-                               "--micro-batch",
-                               "2",
-                               "--global-batch",
-                               "4",
-                               "--lr",
-                               "0.003",
-                               "--out",
-                               killed,
-                               NULL };
-  for (guint i = 0; head[i]; i++)
-    g_ptr_array_add (a, (char *)head[i]);
-  for (guint i = 0; i < run->len; i++)
-    g_ptr_array_add (a, run->pdata[i]);
-  g_ptr_array_add (a, NULL);
+  g_ptr_array_add (run, NULL);
+  g_autoptr (GPtrArray) a
+      = train_argv (&f, killed, (const char *const *)run->pdata);
+  g_ptr_array_remove_index (run, run->len - 1);
   GPid pid = spawn_quiet ((const char *const *)a->pdata);
   for (guint i = 0; i < 20000 && latest_step (killed) < 2; i++)
     g_usleep (500);
@@ -617,28 +579,11 @@ test_nvme_signal (void)
       /* A run of its own each: SIGTERM leaves a checkpoint. */
       g_autofree char *out_name = g_strdup_printf ("out-%u", i);
       g_autofree char *out = g_build_filename (f.dir, out_name, NULL);
-      const char *argv[] = { g_getenv ("STOWAGE"),
-                             "train",
-                             "--model",
-                             f.model,
-                             "--data",
-                             f.shard,
-                             "--seq",
-                             "16",
-                             "--micro-batch",
-                             "2",
-                             "--global-batch",
-                             "4",
-                             "--out",
-                             out,
-                             "--steps",
-                             "100000",
-                             "--offload-optimizer",
-                             "nvme",
-                             "--nvme-dir",
-                             swap,
-                             NULL };
-      GPid pid = spawn_quiet (argv);
+      g_autoptr (GPtrArray) argv = train_argv (
+          &f, out,
+          (const char *const[]){ "--steps", "100000", "--offload-optimizer",
+                                 "nvme", "--nvme-dir", swap, NULL });
+      GPid pid = spawn_quiet ((const char *const *)argv->pdata);
       g_autofree char *priv = NULL;
       for (guint k = 0; k < 20000 && priv == NULL; k++)
         {

@@ -22,24 +22,6 @@
 #include "core/json.h"
 #include "testutil-train.h"
 
-static char *
-make_dir (const Fixture *f, const char *name)
-{
-  char *d = g_build_filename (f->dir, name, NULL);
-  g_assert_cmpint (g_mkdir_with_parents (d, 0755), ==, 0);
-  return d;
-}
-
-static guint
-entries (const char *dir)
-{
-  g_autoptr (GDir) d = g_dir_open (dir, 0, NULL);
-  guint n = 0;
-  while (d && g_dir_read_name (d))
-    n++;
-  return n;
-}
-
 static gboolean
 has (const char *out, const char *name)
 {

@@ -107,29 +107,11 @@ test_kill_resume (void)
   guint killed_at[3] = { 0 };
   for (guint round = 0; round < 3; round++)
     {
-      const char *argv[] = { g_getenv ("STOWAGE"),
-                             "train",
-                             "--model",
-                             f.model,
-                             "--data",
-                             f.shard,
-                             "--seq",
-                             "16",
-                             "--micro-batch",
-                             "2",
-                             "--global-batch",
-                             "4",
-                             "--lr",
-                             "0.003",
-                             "--out",
-                             killed,
-                             "--steps",
-                             steps,
-                             "--save-every",
-                             "1",
-                             "--resume",
-                             NULL };
-      GPid pid = spawn_quiet (argv);
+      g_autoptr (GPtrArray) argv
+          = train_argv (&f, killed,
+                        (const char *const[]){ "--steps", steps, "--save-every",
+                                               "1", "--resume", NULL });
+      GPid pid = spawn_quiet ((const char *const *)argv->pdata);
       /* Wait for a checkpoint newer than the last kill's, then a little
        * more, into the next step or its checkpoint. */
       guint before = latest_step (killed);

@@ -242,6 +242,24 @@ latest_step (const char *out)
   return dash ? (guint)g_ascii_strtoull (dash + 1, NULL, 10) : 0;
 }
 
+char *
+make_dir (const Fixture *f, const char *name)
+{
+  char *d = g_build_filename (f->dir, name, NULL);
+  g_assert_cmpint (g_mkdir_with_parents (d, 0755), ==, 0);
+  return d;
+}
+
+guint
+entries (const char *dir)
+{
+  g_autoptr (GDir) d = g_dir_open (dir, 0, NULL);
+  guint n = 0;
+  while (d && g_dir_read_name (d))
+    n++;
+  return n;
+}
+
 GPid
 spawn_quiet (const char *const *argv)
 {

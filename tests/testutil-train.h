@@ -54,6 +54,10 @@ void assert_peak_as_simulated (const StowRun *r);
 void assert_pinned_as_simulated (const StowRun *r);
 /* The step OUT/latest names, 0 without one. */
 guint latest_step (const char *out);
+/* A new directory @name in the fixture's. */
+char *make_dir (const Fixture *f, const char *name);
+/* Entries in @dir (a swap directory: none once a run has ended). */
+guint entries (const char *dir);
 /* Starts @argv (argv[0] a path), its output discarded, not reaped. */
 GPid spawn_quiet (const char *const *argv);
 /* The same with its stderr into the file @err_path. */
