@@ -35,9 +35,10 @@ typedef struct
   StowPlanOptions po;
   char *model, *data, *plan, *steps, *lr, *min_lr, *warmup, *lr_schedule,
       *weight_decay, *beta1, *beta2, *eps, *max_grad_norm, *seed, *out,
-      *save_every, *log_json, *trace, *backend, *device_memory, *tokenizer,
-      *resume_from, *save_on_signal, *threads, *test_copy_delay_us,
-      *test_nvme_fault, *test_memlock_limit, *test_nvme_free;
+      *save_every, *max_skipped_steps, *log_json, *trace, *backend,
+      *device_memory, *tokenizer, *resume_from, *save_on_signal, *threads,
+      *test_copy_delay_us, *test_nvme_fault, *test_memlock_limit,
+      *test_nvme_free;
   char **nvme_dirs;
   gboolean resume, overwrite, shuffle, delayed_update, stream_times,
       allow_unpinned;
@@ -230,6 +231,8 @@ resolve (TrainOptions *o, StowTrainPlan *c, StowTrainConfig *run,
   if (!parse_u64 ("--steps", o->steps, FALSE, &run->steps, error)
       || !parse_u64 ("--warmup", o->warmup, TRUE, &c->optim.warmup_steps, error)
       || !parse_u64 ("--seed", o->seed, TRUE, &c->optim.seed, error)
+      || !parse_u64 ("--max-skipped-steps", o->max_skipped_steps, TRUE,
+                     &run->max_skipped_steps, error)
       || !parse_u64 ("--save-every", o->save_every, TRUE, &run->save_every,
                      error)
       || !parse_u64 ("--threads", o->threads, TRUE, &threads, error)
@@ -724,6 +727,10 @@ stow_cmd_train (int argc, char **argv)
       "Checkpoints go to DIR/step-NNNNNN, DIR/latest the newest", "DIR" },
     { "save-every", 0, 0, G_OPTION_ARG_STRING, &o.save_every,
       "Checkpoint every K steps (the last step is always saved)", "K" },
+    { "max-skipped-steps", 0, 0, G_OPTION_ARG_STRING, &o.max_skipped_steps,
+      "Stop the run (exit 2) after N steps in a row skipped for non-finite "
+      "gradients (5; 0: never)",
+      "N" },
     { "resume", 0, 0, G_OPTION_ARG_NONE, &o.resume,
       "Continue from DIR/latest bit for bit (its newest checkpoint when the "
       "link is gone; from step 0 when there is none); the flags that change "
@@ -786,7 +793,7 @@ stow_cmd_train (int argc, char **argv)
   };
   StowTrainPlan tp;
   stow_train_plan_init (&tp);
-  StowTrainConfig c = { .backend = "cpu" };
+  StowTrainConfig c = { .backend = "cpu", .max_skipped_steps = 5 };
   int stopped_by = 0;
   int status = train_main (&o, &tp, &c, entries, argc, argv, &stopped_by);
   g_strfreev (tp.nvme_dirs);
@@ -809,6 +816,7 @@ stow_cmd_train (int argc, char **argv)
                        &o.seed,
                        &o.out,
                        &o.save_every,
+                       &o.max_skipped_steps,
                        &o.log_json,
                        &o.trace,
                        &o.backend,

@@ -585,6 +585,7 @@ train_loop (Run *r, guint64 first, GError **error)
   gint64 t_start = g_get_monotonic_time ();
   g_autoptr (StowTrace) last = NULL;
   r->out->last_step = first - 1;
+  guint64 skipped_in_a_row = 0;
   for (guint64 step = first; step <= c->steps; step++)
     {
       /* A stop asked for between steps: the last step is saved (the
@@ -633,6 +634,21 @@ train_loop (Run *r, guint64 first, GError **error)
         }
       if (c->progress)
         c->progress (&s, c->progress_user);
+      skipped_in_a_row = st.skipped ? skipped_in_a_row + 1 : 0;
+      if (c->max_skipped_steps && skipped_in_a_row >= c->max_skipped_steps)
+        {
+          /* Skipped steps leave the weights as they were: no use going
+           * on, and the checkpoints are what they were. */
+          g_set_error (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_NONFINITE,
+                       "steps %" G_GUINT64_FORMAT " to %" G_GUINT64_FORMAT
+                       ": %" G_GUINT64_FORMAT
+                       " steps in a row skipped for non-finite gradients "
+                       "(--max-skipped-steps %" G_GUINT64_FORMAT
+                       "); lower --lr or check the data and the weights",
+                       step - skipped_in_a_row + 1, step, skipped_in_a_row,
+                       c->max_skipped_steps);
+          return FALSE;
+        }
     }
   if (r->out->last_step < c->steps)
     r->out->stopped_by = stop_requested (c);

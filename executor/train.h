@@ -57,6 +57,10 @@ typedef struct
   guint64 steps;    /* the last step to run (program->optim's total) */
   const char *out_dir;
   guint64 save_every; /* 0: only the last step */
+  /* Steps in a row skipped for non-finite gradients after which the run
+   * stops with STOW_TRAIN_ERROR_NONFINITE (its checkpoints as they were);
+   * 0: never. */
+  guint64 max_skipped_steps;
   /* Where the run starts.  @resume: OUT/latest, or OUT's newest
    * checkpoint when the link is gone, or step 0 when OUT holds none.
    * @resume_from: a checkpoint directory, or a step of OUT ("12":

@@ -403,6 +403,40 @@ test_validate (void)
   fixture_clear (&f);
 }
 
+/* Weights that overflow (lr 1e30) make every later gradient non-finite:
+ * those steps are skipped, and the run stops after --max-skipped-steps of
+ * them in a row (default 5) with exit 2 instead of skipping to the end
+ * (issue 36, item 7's loop part); 0 never stops it. */
+static void
+test_max_skipped_steps (void)
+{
+  Fixture f;
+  fixture_init (&f);
+  g_autofree char *a = g_build_filename (f.dir, "a", NULL);
+  g_autofree char *b = g_build_filename (f.dir, "b", NULL);
+  g_autofree char *c = g_build_filename (f.dir, "c", NULL);
+  g_auto (StowRun) r1 = { 0 };
+  train (&r1, &f, a, "--steps", "20", "--lr", "1e30", "--max-skipped-steps",
+         "3", NULL);
+  g_test_message ("%s", r1.err);
+  g_assert_cmpint (r1.status, ==, 2);
+  g_assert_nonnull (strstr (r1.err, "(non-finite gradients: step skipped)"));
+  g_assert_nonnull (strstr (r1.err, ": 3 steps in a row skipped for "
+                                    "non-finite gradients "
+                                    "(--max-skipped-steps 3)"));
+  g_assert_null (strstr (r1.err, "step 20/20"));
+  g_auto (StowRun) r2 = { 0 };
+  train (&r2, &f, b, "--steps", "20", "--lr", "1e30", NULL);
+  g_assert_cmpint (r2.status, ==, 2);
+  g_assert_nonnull (strstr (r2.err, ": 5 steps in a row skipped"));
+  g_auto (StowRun) r3 = { 0 };
+  train (&r3, &f, c, "--steps", "20", "--lr", "1e30", "--max-skipped-steps",
+         "0", NULL);
+  g_assert_cmpint (r3.status, ==, 0);
+  g_assert_nonnull (strstr (r3.err, "step 20/20"));
+  fixture_clear (&f);
+}
+
 /* Messages that name the real cause (issue 36, items 10 and 11). */
 static void
 test_messages (void)
@@ -633,6 +667,7 @@ main (int argc, char **argv)
   g_test_add_func ("/train/bad-input", test_bad_input);
   g_test_add_func ("/train/validate", test_validate);
   g_test_add_func ("/train/messages", test_messages);
+  g_test_add_func ("/train/max-skipped-steps", test_max_skipped_steps);
   g_test_add_func ("/train/init-model", test_init_model);
   g_test_add_func ("/train/timeline", test_timeline);
   return g_test_run ();
