@@ -976,6 +976,12 @@ stow_train_run (const StowTrainConfig *c, StowTrainResult *out, GError **error)
       ok = TRUE;
       goto out;
     }
+  /* Stopped while it planned or looked at OUT: nothing to load or save. */
+  if ((out->stopped_by = stop_requested (c)) != 0)
+    {
+      ok = TRUE;
+      goto out;
+    }
   if (!make_backend (&r, error) || !load_start (&r, done, error)
       || !open_outputs (&r, done, error))
     goto out;

@@ -11,9 +11,11 @@
  * protocol (tests/checkpoint-killer.c, preloaded).
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -541,6 +543,42 @@ test_sigusr1_fp32_nvme (void)
                          SIGUSR1);
 }
 
+/* SIGTERM before the first step (the run held at opening its --log-json,
+ * a FIFO nobody reads yet): no step runs, nothing is saved, the run says
+ * so and ends by the signal, and the OUT it created is gone again. */
+static void
+test_stop_before_first_step (void)
+{
+  Fixture f;
+  fixture_init (&f);
+  g_autofree char *out = g_build_filename (f.dir, "out", NULL);
+  g_autofree char *log = g_build_filename (f.dir, "run.err", NULL);
+  g_autofree char *fifo = g_build_filename (f.dir, "log.fifo", NULL);
+  g_assert_cmpint (mkfifo (fifo, 0600), ==, 0);
+  g_autoptr (GPtrArray) argv = train_argv (
+      &f, out,
+      (const char *const[]){ "--steps", "5", "--log-json", fifo, NULL });
+  GPid pid = spawn_logged ((const char *const *)argv->pdata, log);
+  g_assert_true (wait_for_text (log, "planned layout: ", 20000));
+  g_usleep (300000); /* into the open of the FIFO */
+  kill (pid, SIGTERM);
+  int fd = open (fifo, O_RDONLY);
+  g_assert_cmpint (fd, >=, 0);
+  char buf[256];
+  while (read (fd, buf, sizeof buf) > 0)
+    ;
+  close (fd);
+  int st = kill_and_wait (pid, 0);
+  g_autofree char *err = read_all (log);
+  g_test_message ("%s", err);
+  g_assert_true (WIFSIGNALED (st));
+  g_assert_cmpint (WTERMSIG (st), ==, SIGTERM);
+  g_assert_nonnull (strstr (err, "stopped before step 1; nothing to save"));
+  g_assert_null (strstr (err, "step 1/5"));
+  g_assert_false (g_file_test (out, G_FILE_TEST_EXISTS));
+  fixture_clear (&f);
+}
+
 /* --save-on-signal off: SIGTERM ends the run at once, as before. */
 static void
 test_no_save_on_signal (void)
@@ -686,6 +724,8 @@ main (int argc, char **argv)
   g_test_add_func ("/train-resume/sigusr1-bf16-host", test_sigusr1_bf16_host);
   g_test_add_func ("/train-resume/sigterm-bf16-nvme", test_sigterm_bf16_nvme);
   g_test_add_func ("/train-resume/sigusr1-fp32-nvme", test_sigusr1_fp32_nvme);
+  g_test_add_func ("/train-resume/stop-before-first-step",
+                   test_stop_before_first_step);
   g_test_add_func ("/train-resume/no-save-on-signal", test_no_save_on_signal);
   g_test_add_func ("/train-resume/kill-every-syscall", test_kill_every_syscall);
   return g_test_run ();
