@@ -8,6 +8,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -22,6 +23,7 @@
 #include "executor/backends/tensors.h"
 #include "executor/model-io.h"
 #include "executor/train.h"
+#include "offload/nvme.h"
 #include "planner/search.h"
 
 typedef struct
@@ -33,13 +35,14 @@ typedef struct
   StowPlanOptions po;
   char *model, *data, *plan, *steps, *lr, *min_lr, *warmup, *lr_schedule,
       *weight_decay, *beta1, *beta2, *eps, *max_grad_norm, *seed, *out,
-      *save_every, *log_json, *trace, *backend, *device_memory, *tokenizer,
-      *threads, *test_copy_delay_us, *test_nvme_fault, *test_memlock_limit,
-      *save_dtype, *max_shard_size, *keep_last, *val_data, *eval_every,
-      *eval_batches;
+      *save_every, *max_skipped_steps, *log_json, *trace, *backend,
+      *device_memory, *tokenizer, *resume_from, *save_on_signal, *threads,
+      *test_copy_delay_us, *test_nvme_fault, *test_memlock_limit,
+      *test_nvme_free, *save_dtype, *max_shard_size, *keep_last, *val_data,
+      *eval_every, *eval_batches;
   char **nvme_dirs;
-  gboolean resume, shuffle, delayed_update, stream_times, allow_unpinned,
-      ignore_extra_tensors;
+  gboolean resume, overwrite, shuffle, delayed_update, stream_times,
+      allow_unpinned, ignore_extra_tensors;
 } TrainOptions;
 
 static gboolean
@@ -156,6 +159,49 @@ parse_save (const TrainOptions *o, StowTrainConfig *run, GError **error)
   return TRUE;
 }
 
+/* An output file @flag names can be written when the run gets there:
+ * its directory takes new files (the trace is written atomically, a new
+ * file renamed over the path), and the path is not a directory.  The
+ * directory may be --out (@out), which the run creates.  Checked before
+ * anything is planned, so that a run never fails after its last step
+ * for a typo. */
+static gboolean
+check_writable (const char *flag, const char *path, const char *out,
+                GError **error)
+{
+  if (path == NULL)
+    return TRUE;
+  g_autofree char *dir = g_path_get_dirname (path);
+  g_autofree char *dir_c = g_canonicalize_filename (dir, NULL);
+  g_autofree char *out_c = out ? g_canonicalize_filename (out, NULL) : NULL;
+  /* --out's nearest existing ancestor stands for it. */
+  g_autofree char *probe = g_strdup (dir);
+  while (out_c && g_str_equal (dir_c, out_c)
+         && !g_file_test (probe, G_FILE_TEST_EXISTS))
+    {
+      char *up = g_path_get_dirname (probe);
+      gboolean top = g_str_equal (up, probe);
+      g_free (probe);
+      probe = up;
+      if (top)
+        break;
+    }
+  const char *why = NULL;
+  int e = 0;
+  if (path[0] == '\0')
+    why = "an empty path";
+  else if (g_file_test (path, G_FILE_TEST_IS_DIR))
+    why = "a directory";
+  else if (access (probe, W_OK | X_OK) != 0)
+    e = errno;
+  if (why == NULL && e == 0)
+    return TRUE;
+  g_set_error (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
+               "%s %s: %s%s%s", flag, path, why ? why : probe, why ? "" : ": ",
+               why ? "" : g_strerror (e));
+  return FALSE;
+}
+
 /* The flags a run cannot do without, checked before anything is planned;
  * the optimizer's schedule ends at the last step. */
 static gboolean
@@ -169,8 +215,8 @@ check_required (const TrainOptions *o, StowTrainPlan *c,
     bad = "--data FILES is required";
   else if (run->out_dir == NULL)
     bad = "--out DIR is required";
-  else if (run->steps == 0)
-    bad = "--steps must be at least 1";
+  else if (o->steps == NULL)
+    bad = "--steps N is required: the optimizer steps the run ends at";
   else if (!c->plan_path && (c->seq == 0 || c->micro_batch == 0))
     bad = "--seq and --micro-batch must be at least 1";
   if (bad)
@@ -199,6 +245,30 @@ resolve (TrainOptions *o, StowTrainPlan *c, StowTrainConfig *run,
   c->plan_path = o->plan;
   run->out_dir = o->out;
   run->resume = o->resume;
+  run->resume_from = o->resume_from;
+  run->overwrite = o->overwrite;
+  if (o->overwrite && o->resume)
+    {
+      g_set_error_literal (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
+                           "--overwrite and --resume: --resume continues "
+                           "OUT's run, --overwrite replaces it; choose one");
+      return FALSE;
+    }
+  if (o->resume_from && o->resume_from[0] == '\0')
+    {
+      g_set_error_literal (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
+                           "--resume-from \"\": expected a checkpoint "
+                           "directory or a step of --out");
+      return FALSE;
+    }
+  if (o->save_on_signal && !g_str_equal (o->save_on_signal, "on")
+      && !g_str_equal (o->save_on_signal, "off"))
+    {
+      g_set_error (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
+                   "--save-on-signal \"%s\": expected on or off",
+                   o->save_on_signal);
+      return FALSE;
+    }
   run->shuffle = o->shuffle;
   run->log_json = o->log_json;
   run->trace_path = o->trace;
@@ -212,6 +282,8 @@ resolve (TrainOptions *o, StowTrainPlan *c, StowTrainConfig *run,
       || !parse_u64 ("--steps", o->steps, FALSE, &run->steps, error)
       || !parse_u64 ("--warmup", o->warmup, TRUE, &c->optim.warmup_steps, error)
       || !parse_u64 ("--seed", o->seed, TRUE, &c->optim.seed, error)
+      || !parse_u64 ("--max-skipped-steps", o->max_skipped_steps, TRUE,
+                     &run->max_skipped_steps, error)
       || !parse_u64 ("--save-every", o->save_every, TRUE, &run->save_every,
                      error)
       || !parse_u64 ("--threads", o->threads, TRUE, &threads, error)
@@ -232,12 +304,28 @@ resolve (TrainOptions *o, StowTrainPlan *c, StowTrainConfig *run,
                    c->optim.beta1, c->optim.beta2);
       return FALSE;
     }
-  if (threads > 1024)
+  if (!(c->optim.eps > 0))
     {
       g_set_error (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
-                   "--threads %" G_GUINT64_FORMAT ": at most 1024", threads);
+                   "--eps %s: Adam's epsilon must be above 0 (it divides "
+                   "by sqrt(v) + eps)",
+                   o->eps);
       return FALSE;
     }
+  /* More compute threads than processors only take turns, and each holds
+   * its own scratch. */
+  guint procs = MAX (1u, g_get_num_processors ());
+  if (threads > procs)
+    {
+      g_set_error (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
+                   "--threads %" G_GUINT64_FORMAT
+                   ": this process may run on %u processors; 1 to %u",
+                   threads, procs, procs);
+      return FALSE;
+    }
+  if (!check_writable ("--trace", o->trace, o->out, error)
+      || !check_writable ("--log-json", o->log_json, o->out, error))
+    return FALSE;
   c->threads = run->threads = (guint)threads;
   if (o->test_nvme_fault && !parse_nvme_fault (o->test_nvme_fault, run, error))
     return FALSE;
@@ -250,6 +338,18 @@ resolve (TrainOptions *o, StowTrainPlan *c, StowTrainConfig *run,
         {
           g_set_error (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
                        "--test-memlock-limit \"%s\": %s", o->test_memlock_limit,
+                       local ? local->message : "a size above 0");
+          return FALSE;
+        }
+    }
+  if (o->test_nvme_free)
+    {
+      g_autoptr (GError) local = NULL;
+      if (!stow_parse_size (o->test_nvme_free, &c->test_nvme_free_bytes, &local)
+          || c->test_nvme_free_bytes == 0)
+        {
+          g_set_error (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
+                       "--test-nvme-free \"%s\": %s", o->test_nvme_free,
                        local ? local->message : "a size above 0");
           return FALSE;
         }
@@ -399,6 +499,54 @@ resolve (TrainOptions *o, StowTrainPlan *c, StowTrainConfig *run,
   return check_required (o, c, run, error);
 }
 
+/* ---- preemption ---------------------------------------------------------
+ * SIGTERM (what Slurm and Kubernetes send before a kill) and SIGUSR1
+ * (Slurm's --signal) ask the run to stop at the next step boundary with a
+ * checkpoint: the handler only records the signal (async-signal-safe);
+ * the loop finishes the step in flight, saves it and returns, everything
+ * is freed (the NVMe swap files, OUT's lock), and then the signal is
+ * raised again with its default action, so that the exit status is the
+ * signal's.  A second signal ends the process at once, as main.c's
+ * handler would (the swap files removed, the last complete checkpoint in
+ * place). */
+
+static volatile sig_atomic_t stop_signal;
+
+static void
+on_stop_signal (int sig)
+{
+  if (stop_signal != 0)
+    {
+      stow_nvme_remove_files_on_signal ();
+      signal (sig, SIG_DFL);
+      raise (sig);
+      return;
+    }
+  stop_signal = sig;
+  static const char msg[]
+      = "stowage: stopping after this step with a checkpoint (a second "
+        "signal stops at once)\n";
+  ssize_t n = write (2, msg, sizeof msg - 1);
+  (void)n;
+}
+
+static void
+catch_stop_signals (void)
+{
+  static const int sigs[] = { SIGTERM, SIGUSR1 };
+  for (gsize i = 0; i < G_N_ELEMENTS (sigs); i++)
+    {
+      struct sigaction sa, old;
+      memset (&sa, 0, sizeof sa);
+      sa.sa_handler = on_stop_signal;
+      sa.sa_flags = SA_RESTART;
+      sigemptyset (&sa.sa_mask);
+      if (sigaction (sigs[i], NULL, &old) == 0 && old.sa_handler == SIG_IGN)
+        continue;
+      sigaction (sigs[i], &sa, NULL);
+    }
+}
+
 typedef struct
 {
   gboolean tty;
@@ -492,7 +640,7 @@ print_peaks (const StowTrainPlan *tp, const StowTrainResult *m)
 
 static int
 train_main (TrainOptions *o, StowTrainPlan *tp, StowTrainConfig *c,
-            const GOptionEntry *entries, int argc, char **argv)
+            const GOptionEntry *entries, int argc, char **argv, int *stopped_by)
 {
   g_autoptr (GOptionContext) ctx = stow_cli_context_new (
       "train", NULL,
@@ -508,6 +656,11 @@ train_main (TrainOptions *o, StowTrainPlan *tp, StowTrainConfig *c,
                            "train: unexpected argument \"%s\"", argv[1]);
   if (!resolve (o, tp, c, &error))
     return stow_cli_fail (error, "see 'stowage train --help'");
+  if (g_strcmp0 (o->save_on_signal, "off") != 0)
+    {
+      catch_stop_signals ();
+      c->stop_signal = &stop_signal;
+    }
   Progress pr = { isatty (2) };
   c->progress = progress;
   c->notice = tp->notice = notice;
@@ -525,6 +678,19 @@ train_main (TrainOptions *o, StowTrainPlan *tp, StowTrainConfig *c,
   StowTrainResult m;
   if (!stow_train_run (c, &m, &error))
     return stow_cli_fail (error, NULL);
+  if (m.stopped_by != 0)
+    {
+      if (m.saved_step > 0)
+        fprintf (stderr,
+                 "stopped at step %" G_GUINT64_FORMAT
+                 "; continue with --resume\n",
+                 m.saved_step);
+      else
+        fprintf (stderr, "stopped before step 1; nothing to save\n");
+      *stopped_by = m.stopped_by;
+    }
+  if (m.last_step < m.first_step)
+    return STOW_EXIT_OK; /* no step ran: no peaks to compare */
   print_peaks (tp, &m);
   if (c->stream_times)
     print_stream_times (tp, &m);
@@ -583,7 +749,10 @@ stow_cmd_train (int argc, char **argv)
       "directory in each, removed at exit); several, joined by ',' or "
       "repeated, are striped",
       "DIR[,DIR...]" },
-    { "steps", 0, 0, G_OPTION_ARG_STRING, &o.steps, "Optimizer steps", "N" },
+    { "steps", 0, 0, G_OPTION_ARG_STRING, &o.steps,
+      "The step the run ends at (required; with --resume, counted from "
+      "the run's start)",
+      "N" },
     { "seq", 0, 0, G_OPTION_ARG_STRING, &o.po.seq,
       "Sequence length in tokens (default 256)", "T" },
     { "micro-batch", 0, 0, G_OPTION_ARG_STRING, &o.po.micro_batch,
@@ -643,11 +812,31 @@ stow_cmd_train (int argc, char **argv)
       "Global batches per evaluation (default: every whole one in "
       "--val-data)",
       "K" },
+    { "max-skipped-steps", 0, 0, G_OPTION_ARG_STRING, &o.max_skipped_steps,
+      "Stop the run (exit 2) after N steps in a row skipped for non-finite "
+      "gradients (5; 0: never)",
+      "N" },
     { "resume", 0, 0, G_OPTION_ARG_NONE, &o.resume,
-      "Continue from DIR/latest bit for bit (from step 0 when there is none)",
+      "Continue from DIR/latest bit for bit (its newest checkpoint when the "
+      "link is gone; from step 0 when there is none); the flags that change "
+      "the arithmetic or the data order must be the checkpoint's",
       NULL },
+    { "resume-from", 0, 0, G_OPTION_ARG_FILENAME, &o.resume_from,
+      "Continue from this checkpoint: a directory, or a step of --out "
+      "(12: DIR/step-000012) (default: none)",
+      "DIR|STEP" },
+    { "overwrite", 0, 0, G_OPTION_ARG_NONE, &o.overwrite,
+      "Train into a --out holding another run's checkpoints, removing them "
+      "once this run has saved its first (default: refuse)",
+      NULL },
+    { "save-on-signal", 0, 0, G_OPTION_ARG_STRING, &o.save_on_signal,
+      "on (default): SIGTERM or SIGUSR1 stops the run after the step in "
+      "flight with a checkpoint, and the exit status is the signal's; off: "
+      "they stop it at once",
+      "on|off" },
     { "log-json", 0, 0, G_OPTION_ARG_FILENAME, &o.log_json,
-      "One JSON object per step (step, loss, grad_norm, lr, tokens_per_s)",
+      "One JSON object per step (step, loss, grad_norm, lr, tokens_per_s); "
+      "a resume cuts it to the checkpoint's step",
       "FILE" },
     { "trace", 0, 0, G_OPTION_ARG_FILENAME, &o.trace,
       "Chrome trace of the last step as it ran (ui.perfetto.dev)", "FILE" },
@@ -681,15 +870,20 @@ stow_cmd_train (int argc, char **argv)
       "Test knob: the preflight takes SIZE as RLIMIT_MEMLOCK (and no "
       "CAP_IPC_LOCK)",
       "SIZE" },
+    { "test-nvme-free", 0, G_OPTION_FLAG_HIDDEN, G_OPTION_ARG_STRING,
+      &o.test_nvme_free,
+      "Test knob: the planner takes SIZE as each --nvme-dir's free space",
+      "SIZE" },
     { NULL },
   };
   StowTrainPlan tp;
   stow_train_plan_init (&tp);
   StowTrainConfig c
       = { .backend = "cpu",
-          .steps = 1,
+          .max_skipped_steps = 5,
           .save_format = { STOW_DTYPE_NONE, STOW_DEFAULT_MAX_SHARD_BYTES } };
-  int status = train_main (&o, &tp, &c, entries, argc, argv);
+  int stopped_by = 0;
+  int status = train_main (&o, &tp, &c, entries, argc, argv, &stopped_by);
   g_strfreev (tp.nvme_dirs);
   stow_train_plan_clear (&tp);
   g_strfreev (o.nvme_dirs);
@@ -710,6 +904,7 @@ stow_cmd_train (int argc, char **argv)
                        &o.seed,
                        &o.out,
                        &o.save_every,
+                       &o.max_skipped_steps,
                        &o.log_json,
                        &o.trace,
                        &o.backend,
@@ -719,6 +914,9 @@ stow_cmd_train (int argc, char **argv)
                        &o.test_copy_delay_us,
                        &o.test_nvme_fault,
                        &o.test_memlock_limit,
+                       &o.test_nvme_free,
+                       &o.resume_from,
+                       &o.save_on_signal,
                        &o.save_dtype,
                        &o.max_shard_size,
                        &o.keep_last,
@@ -727,6 +925,13 @@ stow_cmd_train (int argc, char **argv)
                        &o.eval_batches };
   for (gsize i = 0; i < G_N_ELEMENTS (strings); i++)
     g_free (*strings[i]);
+  if (stopped_by != 0)
+    {
+      /* Everything is freed and OUT unlocked: end as the signal would. */
+      fflush (NULL);
+      signal (stopped_by, SIG_DFL);
+      raise (stopped_by);
+    }
   return status;
 }
 
@@ -768,12 +973,13 @@ init_main (const char *config_path, const char *out, const char *seed_s,
   else if (dtype_s && !g_str_equal (dtype_s, "fp32"))
     return stow_cli_failf (NULL, "--dtype \"%s\": expected fp32 or bf16",
                            dtype_s);
-  g_autoptr (StowModel) m = stow_model_new_from_file (config_path, &error);
+  /* The rules train applies to the config (stow_llama_model_open). */
   StowLlamaConfig lc;
+  g_autoptr (StowModel) m
+      = stow_llama_model_open (config_path, &lc, NULL, &error);
   g_autofree char *text = NULL;
   gsize len = 0;
-  if (m == NULL || !stow_llama_config_from_model (m, &lc, &error)
-      || !g_file_get_contents (config_path, &text, &len, &error))
+  if (m == NULL || !g_file_get_contents (config_path, &text, &len, &error))
     return stow_cli_fail (error, NULL);
   if (g_mkdir_with_parents (out, 0755) != 0)
     {

@@ -84,10 +84,50 @@ header_int (const guint8 *map, guint i)
   return GINT32_FROM_LE (v);
 }
 
+/* Whether the first bytes of a file read as UTF-8 text without control
+ * characters but tab, newline, form feed and carriage return (an llm.c
+ * header's magic has a 0x01 among its bytes). */
+static gboolean
+looks_like_text (const guint8 *p, gsize size)
+{
+  gsize n = MIN (size, (gsize)HEADER_BYTES);
+  if (n == 0)
+    return FALSE;
+  const char *end = NULL;
+  gsize good = n;
+  if (!g_utf8_validate ((const char *)p, (gssize)n, &end))
+    {
+      /* Only a character cut by the end of the sample is still text: a
+       * lead byte, then continuation bytes to the end. */
+      good = (gsize)(end - (const char *)p);
+      if (n == size || n - good >= 4 || p[good] < 0xc2 || p[good] > 0xf4)
+        return FALSE;
+      for (gsize i = good + 1; i < n; i++)
+        if ((p[i] & 0xc0) != 0x80)
+          return FALSE;
+    }
+  for (gsize i = 0; i < good; i++)
+    if (p[i] < 0x20 && p[i] != '\t' && p[i] != '\n' && p[i] != '\r'
+        && p[i] != '\f')
+      return FALSE;
+  return TRUE;
+}
+
+static gboolean
+refuse_text (const Shard *s, GError **error)
+{
+  return fail (error, STOW_DATA_ERROR_INVALID, s->path,
+               "this looks like text, not an llm.c token shard; train on it "
+               "one token per byte with --tokenizer bytes, or make token "
+               "shards with the model's tokenizer (stowage tokenize)");
+}
+
 /* An llm.c shard's header against its size: magic, version, count. */
 static gboolean
 check_shard_header (Shard *s, GError **error)
 {
+  if (looks_like_text (s->map, s->map_bytes))
+    return refuse_text (s, error);
   if (s->map_bytes < HEADER_BYTES)
     return fail (error, STOW_DATA_ERROR_INVALID, s->path,
                  "%" G_GSIZE_FORMAT " bytes is shorter than the %d-byte "

@@ -311,81 +311,15 @@ static gboolean
 check_config (const StowLlamaConfig *c, StowDtype dtype, guint64 max_seq,
               GError **error)
 {
-  struct
-  {
-    const char *name;
-    guint64 v;
-  } sizes[] = {
-    { "hidden", c->hidden },
-    { "n_heads", c->n_heads },
-    { "n_kv_heads", c->n_kv_heads },
-    { "head_dim", c->head_dim },
-    { "ffn", c->ffn },
-    { "vocab", c->vocab },
-    { "max_seq", max_seq },
-  };
-  for (guint i = 0; i < G_N_ELEMENTS (sizes); i++)
-    if (sizes[i].v == 0)
-      {
-        g_set_error (error, STOW_LLAMA_ERROR, STOW_LLAMA_ERROR_INVALID,
-                     "llama config: %s is 0", sizes[i].name);
-        return FALSE;
-      }
-  if (c->n_heads % c->n_kv_heads != 0)
-    {
-      g_set_error (error, STOW_LLAMA_ERROR, STOW_LLAMA_ERROR_INVALID,
-                   "llama config: n_kv_heads (%" G_GUINT64_FORMAT
-                   ") must divide n_heads (%" G_GUINT64_FORMAT ")",
-                   c->n_kv_heads, c->n_heads);
-      return FALSE;
-    }
-  if (c->head_dim % 2 != 0)
-    {
-      g_set_error (error, STOW_LLAMA_ERROR, STOW_LLAMA_ERROR_INVALID,
-                   "llama config: head_dim (%" G_GUINT64_FORMAT
-                   ") must be even (rotary embeddings rotate pairs)",
-                   c->head_dim);
-      return FALSE;
-    }
+  if (!stow_llama_config_check (c, error))
+    return FALSE;
   /* cblas takes int sizes: every GEMM dimension must fit one. */
-  guint64 big = MAX (MAX (c->hidden, c->ffn), MAX (c->vocab, max_seq));
-  if (big > G_MAXINT || c->n_heads * c->head_dim > G_MAXINT)
-    {
-      g_set_error (
-          error, STOW_LLAMA_ERROR, STOW_LLAMA_ERROR_INVALID,
-          "llama config: a dimension above %d (hidden %" G_GUINT64_FORMAT
-          ", ffn %" G_GUINT64_FORMAT ", vocab %" G_GUINT64_FORMAT
-          ", max_seq %" G_GUINT64_FORMAT ")",
-          G_MAXINT, c->hidden, c->ffn, c->vocab, max_seq);
-      return FALSE;
-    }
-  if (!(c->rope_theta > 0))
+  if (max_seq == 0 || max_seq > G_MAXINT)
     {
       g_set_error (error, STOW_LLAMA_ERROR, STOW_LLAMA_ERROR_INVALID,
-                   "llama config: rope_theta (%g) must be positive",
-                   c->rope_theta);
-      return FALSE;
-    }
-  if (!(c->rms_norm_eps >= 0))
-    {
-      g_set_error (error, STOW_LLAMA_ERROR, STOW_LLAMA_ERROR_INVALID,
-                   "llama config: rms_norm_eps (%g) must not be negative",
-                   c->rms_norm_eps);
-      return FALSE;
-    }
-  if (c->rope_factor != 0
-      && (!(c->rope_factor > 0)
-          || !(c->rope_high_freq_factor > c->rope_low_freq_factor)
-          || !(c->rope_low_freq_factor > 0)
-          || c->rope_original_max_positions == 0))
-    {
-      g_set_error (error, STOW_LLAMA_ERROR, STOW_LLAMA_ERROR_INVALID,
-                   "llama config: rope_scaling (llama3) needs rope_factor > "
-                   "0, 0 < rope_low_freq_factor < rope_high_freq_factor and "
-                   "rope_original_max_positions > 0 (got %g, %g, %g, "
-                   "%" G_GUINT64_FORMAT ")",
-                   c->rope_factor, c->rope_low_freq_factor,
-                   c->rope_high_freq_factor, c->rope_original_max_positions);
+                   "llama runtime: max_seq (%" G_GUINT64_FORMAT
+                   ") must be 1 to %d",
+                   max_seq, G_MAXINT);
       return FALSE;
     }
   if (dtype != STOW_DTYPE_F32 && dtype != STOW_DTYPE_BF16)

@@ -107,6 +107,20 @@ typedef struct
  * hidden_act, rope_type, a fused projection). */
 gboolean stow_llama_config_from_model (const StowModel *model,
                                        StowLlamaConfig *out, GError **error);
+/* The rules a config must meet to run, whatever the sequence (sizes above
+ * 0, n_kv_heads divides n_heads, head_dim even, the GEMM dimensions an
+ * int, rope_theta > 0, rms_norm_eps >= 0, a valid llama3 rope_scaling):
+ * the one check init-model, train (through stow_llama_config_from_model)
+ * and the runtimes apply.  STOW_LLAMA_ERROR_INVALID names the field. */
+gboolean stow_llama_config_check (const StowLlamaConfig *config,
+                                  GError **error);
+/* A model the runtime runs, from @config_path: model_type checked first
+ * (a family the runtime does not run is refused as such, before the
+ * importer asks for that family's fields), then imported and
+ * stow_llama_config_from_model.  *@max_positions gets the config's
+ * max_position_embeddings, 0 when absent. */
+StowModel *stow_llama_model_open (const char *config_path, StowLlamaConfig *out,
+                                  guint64 *max_positions, GError **error);
 
 /* ---- sizes ----------------------------------------------------------------
  * From a config and an element size @esize alone: the carving is pointer
