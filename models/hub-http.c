@@ -261,11 +261,11 @@ CURL *
 stow_hub_curl_new (const StowHubEnv *h, const char *url, gboolean with_token,
                    struct curl_slist **headers, char *errbuf)
 {
+  errbuf[0] = '\0';
   curl_init_once ();
   CURL *c = curl_easy_init ();
   if (c == NULL)
     return NULL;
-  errbuf[0] = '\0';
   if (with_token && h->token)
     {
       g_autofree char *auth
