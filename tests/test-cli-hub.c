@@ -1085,7 +1085,9 @@ test_download (void)
 }
 
 /* A snapshot `huggingface-cli download` left (plain files, no .no_exist
- * marks) serves offline; without a shard it is refused by name. */
+ * marks) is used as it is: online with no request for what it has,
+ * offline with none at all; without a shard, offline, it is refused by
+ * name. */
 static void
 test_download_offline (void)
 {
@@ -1108,9 +1110,24 @@ test_download_offline (void)
       if (f->lfs)
         shard = f->name;
     }
+  /* Online, only the optional files it may lack are asked about (a HEAD
+   * each, at the snapshot's commit), then marked absent. */
+  gint before = g_atomic_int_get (&srv.requests);
+  gint cdn = g_atomic_int_get (&srv.cdn_requests);
+  gint by_branch = g_atomic_int_get (&srv.by_branch);
+  g_auto (StowRun) online = { 0 };
+  g_autofree char *out0 = train_hub (&online, "acme/train", NULL);
+  g_assert_cmpint (online.status, ==, 0);
+  g_assert_cmpint (g_atomic_int_get (&srv.requests) - before, ==, 3);
+  g_assert_cmpint (g_atomic_int_get (&srv.cdn_requests), ==, cdn);
+  g_assert_cmpint (g_atomic_int_get (&srv.by_branch), ==, by_branch);
+  g_autofree char *mark
+      = repo_path (repo->repo, ".no_exist", COMMIT, "tokenizer.model", NULL);
+  g_assert_true (g_file_test (mark, G_FILE_TEST_IS_REGULAR));
+
   g_setenv ("HF_HUB_OFFLINE", "1", TRUE);
   g_setenv ("HF_ENDPOINT", "http://127.0.0.1:1", TRUE);
-  gint before = g_atomic_int_get (&srv.requests);
+  before = g_atomic_int_get (&srv.requests);
   g_auto (StowRun) r = { 0 };
   g_autofree char *out = train_hub (&r, "acme/train", NULL);
   g_assert_cmpint (r.status, ==, 0);
