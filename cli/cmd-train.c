@@ -15,6 +15,7 @@
 
 #include "cli/cli.h"
 #include "cli/commands.h"
+#include "cli/model-source.h"
 #include "cli/plan-options.h"
 #include "cli/train-plan.h"
 #include "core/json.h"
@@ -41,6 +42,7 @@ typedef struct
       *test_nvme_free, *save_dtype, *max_shard_size, *keep_last, *val_data,
       *eval_every, *eval_batches;
   char **nvme_dirs;
+  char *revision; /* --revision: of a Hub id --model */
   gboolean resume, overwrite, shuffle, delayed_update, stream_times,
       allow_unpinned, ignore_extra_tensors;
 } TrainOptions;
@@ -656,6 +658,11 @@ train_main (TrainOptions *o, StowTrainPlan *tp, StowTrainConfig *c,
                            "train: unexpected argument \"%s\"", argv[1]);
   if (!resolve (o, tp, c, &error))
     return stow_cli_fail (error, "see 'stowage train --help'");
+  g_autofree char *model_dir
+      = stow_cli_model_dir (o->model, o->revision, &error);
+  if (model_dir == NULL)
+    return stow_cli_fail (error, NULL);
+  tp->model_dir = c->model_dir = model_dir;
   if (g_strcmp0 (o->save_on_signal, "off") != 0)
     {
       catch_stop_signals ();
@@ -709,7 +716,13 @@ stow_cmd_train (int argc, char **argv)
   TrainOptions o = { 0 };
   const GOptionEntry entries[] = {
     { "model", 0, 0, G_OPTION_ARG_FILENAME, &o.model,
-      "Model directory: config.json and model.safetensors", "DIR" },
+      "Model directory (config.json and the safetensors: one file, or "
+      "shards and their index), or a Hub id, whose files are downloaded "
+      "into the Hugging Face cache (HF_HUB_CACHE or HF_HOME/hub) unless "
+      "there already",
+      "DIR|ORG/NAME" },
+    { "revision", 0, 0, G_OPTION_ARG_STRING, &o.revision,
+      "With a Hub id: a branch, tag or commit (main)", "REV" },
     { "data", 0, 0, G_OPTION_ARG_FILENAME, &o.data,
       "llm.c token shards (a file, a glob, or several joined by ','), or a "
       "text file with --tokenizer bytes",
@@ -889,6 +902,7 @@ stow_cmd_train (int argc, char **argv)
   g_strfreev (o.nvme_dirs);
   stow_plan_options_clear (&o.po);
   char **strings[] = { &o.model,
+                       &o.revision,
                        &o.data,
                        &o.plan,
                        &o.steps,
@@ -957,10 +971,14 @@ init_unit (gpointer user, guint unit)
 
 /* init-model after its options: @out the directory. */
 static int
-init_main (const char *config_path, const char *out, const char *seed_s,
-           const char *dtype_s, const char *shard_s)
+init_main (const char *model, const char *revision, const char *out,
+           const char *seed_s, const char *dtype_s, const char *shard_s)
 {
   g_autoptr (GError) error = NULL;
+  g_autofree char *config_path
+      = stow_cli_model_config (model, revision, &error);
+  if (config_path == NULL)
+    return stow_cli_fail (error, NULL);
   guint64 seed = 0, max_shard = STOW_DEFAULT_MAX_SHARD_BYTES;
   if (seed_s && !stow_parse_count (seed_s, &seed, &error))
     return stow_cli_failf (NULL, "--seed \"%s\": expected a count", seed_s);
@@ -1017,6 +1035,7 @@ int
 stow_cmd_init_model (int argc, char **argv)
 {
   char *out = NULL, *seed_s = NULL, *dtype_s = NULL, *shard_s = NULL;
+  char *revision = NULL;
   const GOptionEntry entries[] = {
     { "output", 'o', 0, G_OPTION_ARG_FILENAME, &out,
       "Directory for config.json and the safetensors", "DIR" },
@@ -1025,10 +1044,12 @@ stow_cmd_init_model (int argc, char **argv)
     { "seed", 0, 0, G_OPTION_ARG_STRING, &seed_s, "Random seed (0)", "S" },
     { "dtype", 0, 0, G_OPTION_ARG_STRING, &dtype_s, "fp32 (default) or bf16",
       "D" },
+    { "revision", 0, 0, G_OPTION_ARG_STRING, &revision,
+      "With a Hub id: a branch, tag or commit (main)", "REV" },
     { NULL },
   };
   g_autoptr (GOptionContext) ctx = stow_cli_context_new (
-      "init-model", "CONFIG.json",
+      "init-model", "CONFIG.json|ORG/NAME",
       "Write a randomly initialised checkpoint of a LLaMA-family config: "
       "linear weights and embeddings normal(0, initializer_range), norms 1, "
       "biases 0, as HF transformers initialises them.");
@@ -1040,7 +1061,8 @@ stow_cmd_init_model (int argc, char **argv)
     status = stow_cli_failf ("see 'stowage init-model --help'",
                              "init-model: expected CONFIG.json and -o DIR");
   else
-    status = init_main (argv[1], out, seed_s, dtype_s, shard_s);
+    status = init_main (argv[1], revision, out, seed_s, dtype_s, shard_s);
+  g_free (revision);
   g_free (out);
   g_free (shard_s);
   g_free (seed_s);
