@@ -220,6 +220,8 @@ request_argv (StowCliCall *call, const char *command, GError **error)
   if (!named (call, "json") && !named (call, "format") && !named (call, "emit")
       && find_entry (call, "json") != NULL)
     g_ptr_array_add (argv, g_strdup ("--json"));
+  if (model == NULL && call->model != NULL)
+    model = call->model->name;
   if (model != NULL)
     {
       /* After "--" a model that starts with a dash is not a flag. */
@@ -254,14 +256,27 @@ stow_cli_call_parse (StowCliCall *call, GOptionContext *ctx, const char *name,
       stow_cli_call_fail (call, error, NULL);
       return FALSE;
     }
+  /* GOption leaves the "--" before the model in place. */
+  for (int i = 1; i < *argc; i++)
+    if (strcmp ((*argv)[i], "--") == 0)
+      {
+        memmove (*argv + i, *argv + i + 1,
+                 (gsize)(*argc - i) * sizeof (char *));
+        (*argc)--;
+        break;
+      }
   return TRUE;
 }
 
 /* The parameter an error is about: the first --FLAG in its message that is
- * one of the command's flags, or the model for the model room's errors. */
+ * one of the command's flags; the model (or its revision) for the model
+ * room's errors, whose messages may quote a name that looks like a flag. */
 static char *
 field_of (const StowCliCall *call, const GError *error)
 {
+  if (error->domain == STOW_MODEL_ERROR)
+    return g_strdup (strstr (error->message, "--revision") ? "revision"
+                                                           : "model");
   for (const char *p = strstr (error->message, "--"); p != NULL;
        p = strstr (p + 2, "--"))
     {
@@ -270,8 +285,6 @@ field_of (const StowCliCall *call, const GError *error)
       if (len > 0 && find_entry (call, flag) != NULL)
         return g_steal_pointer (&flag);
     }
-  if (error->domain == STOW_MODEL_ERROR)
-    return g_strdup ("model");
   return NULL;
 }
 
@@ -411,9 +424,9 @@ stow_cli_call_model (StowCliCall *call, const char *name, const char *revision,
 }
 
 guint64
-stow_cli_call_max_sim_passes (StowCliCall *call, guint64 cli_max)
+stow_cli_call_bound (StowCliCall *call, guint64 cli_max, guint64 server_max)
 {
-  if (call == NULL || call->max_sim_passes == 0)
+  if (call == NULL || server_max == 0)
     return cli_max;
-  return MIN (cli_max, call->max_sim_passes);
+  return MIN (cli_max, server_max);
 }

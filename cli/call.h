@@ -40,8 +40,9 @@ typedef struct
   gboolean takes_model;
   StowModel *model;
   /* Bounds on one answer: micro-batch x layer passes of one simulated
-   * step, and the answer's bytes. */
+   * step, plan's --top, and the answer's bytes (0: the CLI's). */
   guint64 max_sim_passes;
+  guint max_top;
   gsize max_answer_bytes;
 
   /* What the command answered: the answer, or the failure (@error, with
@@ -120,8 +121,9 @@ int stow_cli_call_answer_json (StowCliCall *call, JsonNode *node, int ok_code);
 StowModel *stow_cli_call_model (StowCliCall *call, const char *name,
                                 const char *revision, GError **error);
 
-/* The simulator's bound on micro-batch x layer passes for @call: the CLI's
- * @cli_max, or the server's smaller one. */
-guint64 stow_cli_call_max_sim_passes (StowCliCall *call, guint64 cli_max);
+/* A bound for @call: the CLI's @cli_max, or the server's @server_max
+ * when it is smaller (0: none of its own). */
+guint64 stow_cli_call_bound (StowCliCall *call, guint64 cli_max,
+                             guint64 server_max);
 
 G_END_DECLS

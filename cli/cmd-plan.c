@@ -152,12 +152,14 @@ run_plan (PlanArgs *a, int argc, char **argv)
     return stow_cli_call_failf (po->call, "see 'stowage plan --help'",
                                 "plan: unexpected argument \"%s\"", argv[2]);
   guint64 top = 10;
-  if (a->top && !g_ascii_string_to_unsigned (a->top, 10, 1, 100000, &top, NULL))
-    return stow_cli_call_failf (
-        po->call, NULL,
-        "--top \"%s\": expected a whole number from 1 to "
-        "100000",
-        a->top);
+  guint64 max_top = stow_cli_call_bound (po->call, 100000,
+                                         po->call ? po->call->max_top : 0);
+  if (a->top
+      && !g_ascii_string_to_unsigned (a->top, 10, 1, max_top, &top, NULL))
+    return stow_cli_call_failf (po->call, NULL,
+                                "--top \"%s\": expected a whole number from 1 "
+                                "to %" G_GUINT64_FORMAT,
+                                a->top, max_top);
   StowFormat format = po->json ? STOW_FORMAT_JSON : STOW_FORMAT_TEXT;
   if (a->format && !stow_format_parse (a->format, "--format", &format, &error))
     return stow_cli_call_fail (po->call, error, NULL);

@@ -162,7 +162,8 @@ run (SimOptions *so, int argc, char **argv)
    * 125 million micro-batches and ran out of memory). */
   guint64 passes = po->plan.layout.grad_accum * (po->model->n_layers + 2);
   guint64 max_passes
-      = stow_cli_call_max_sim_passes (po->call, STOW_SIM_MAX_LAYER_PASSES);
+      = stow_cli_call_bound (po->call, STOW_SIM_MAX_LAYER_PASSES,
+                             po->call ? po->call->max_sim_passes : 0);
   if (po->plan.layout.grad_accum > max_passes || passes > max_passes)
     {
       char a[STOW_FORMAT_BUF], b[STOW_FORMAT_BUF];

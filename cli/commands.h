@@ -37,5 +37,6 @@ int stow_cmd_simulate (int argc, char **argv);   /* cli/cmd-simulate.c */
 int stow_cmd_train (int argc, char **argv);      /* cli/cmd-train.c */
 int stow_cmd_init_model (int argc, char **argv); /* cli/cmd-train.c */
 int stow_cmd_tokenize (int argc, char **argv);   /* cli/cmd-tokenize.c */
+int stow_cmd_serve (int argc, char **argv);      /* cli/cmd-serve.c */
 
 G_END_DECLS
