@@ -37,7 +37,7 @@ typedef struct
   GSource *timeout;
   gboolean responded; /* a reply (the answer or a 503) was set */
   gboolean gone;      /* the message finished without us (client left) */
-  gulong finished_id;
+  gulong finished_id, disconnected_id;
 } Job;
 
 /* What every response carries: no caching of answers that depend on the
@@ -126,6 +126,8 @@ job_free (Job *job)
     }
   if (job->finished_id)
     g_signal_handler_disconnect (job->msg, job->finished_id);
+  if (job->disconnected_id)
+    g_signal_handler_disconnect (job->msg, job->disconnected_id);
   g_object_unref (job->msg);
   g_free (job->method);
   g_free (job->path);
@@ -226,8 +228,12 @@ serve_api (StowServer *s, SoupServerMessage *msg, const char *path)
   job->start_us = g_get_monotonic_time ();
   stow_serve_reply_init (&job->reply);
   g_hash_table_add (s->jobs, job);
+  /* A client that leaves (a page that asks again aborts its fetches)
+   * takes the message's connection with it: never unpaused after. */
   job->finished_id = g_signal_connect (msg, "finished",
                                        G_CALLBACK (job_message_finished), job);
+  job->disconnected_id = g_signal_connect (
+      msg, "disconnected", G_CALLBACK (job_message_finished), job);
   s->in_flight++;
   soup_server_message_pause (msg);
   job->timeout = g_timeout_source_new ((guint)(s->options.timeout_s * 1000));

@@ -53,6 +53,10 @@ serve_start (Serve *s, const char *const *extra)
   g_autoptr (GSubprocessLauncher) l
       = g_subprocess_launcher_new (G_SUBPROCESS_FLAGS_STDOUT_PIPE);
   g_subprocess_launcher_set_child_setup (l, die_with_parent, NULL, NULL);
+  /* A critical (a libsoup call on a message whose client left) is a bug:
+   * the server aborts, and the next request here fails. */
+  g_subprocess_launcher_setenv (l, "G_DEBUG", "gc-friendly,fatal-criticals",
+                                TRUE);
   s->proc = g_subprocess_launcher_spawnv (l, (const char *const *)argv->pdata,
                                           &error);
   g_assert_no_error (error);
@@ -668,10 +672,70 @@ shoot (gpointer data)
   return NULL;
 }
 
+/* Searches on every worker (one per processor, some 0.3 s each): the page
+ * is served meanwhile, by the main loop, before any search is done. */
+static void
+test_page_while_searching (void)
+{
+  g_autofree char *heavy = g_strdup_printf (
+      "%sapi/plan?model=deepseek-v3&gpus=4096xH800&top=1000", server.url);
+  guint n = MAX (1, g_get_num_processors ());
+  g_autofree Shot *shots = g_new0 (Shot, n);
+  g_autofree GThread **threads = g_new0 (GThread *, n);
+  for (guint i = 0; i < n; i++)
+    {
+      shots[i] = (Shot){ .url = heavy };
+      threads[i] = g_thread_new ("shot", shoot, &shots[i]);
+    }
+  g_usleep (20000);
+  g_auto (Reply) page = { 0 };
+  get ("", &page);
+  gint64 page_us = g_get_monotonic_time ();
+  g_assert_cmpuint (page.status, ==, 200);
+  for (guint i = 0; i < n; i++)
+    {
+      g_thread_join (threads[i]);
+      g_assert_cmpuint (shots[i].status, ==, 200);
+      g_assert_cmpint (page_us, <, shots[i].done_us);
+      g_free (shots[i].body);
+    }
+}
+
+/* A connection that has sent @req (raw HTTP) and not read the answer. */
+static GSocketConnection *
+ask_raw (guint port, const char *req)
+{
+  g_autoptr (GSocketClient) sc = g_socket_client_new ();
+  g_autoptr (GError) error = NULL;
+  GSocketConnection *c = g_socket_client_connect_to_host (
+      sc, "127.0.0.1", (guint16)port, NULL, &error);
+  g_assert_no_error (error);
+  GOutputStream *out = g_io_stream_get_output_stream (G_IO_STREAM (c));
+  g_assert_true (
+      g_output_stream_write_all (out, req, strlen (req), NULL, NULL, &error));
+  g_assert_no_error (error);
+  return c;
+}
+
+/* Stopped while a client waits for an answer: its connection closes, the
+ * search finishes, nothing is answered into it, and the exit is clean. */
+static void
+test_stop_while_answering (void)
+{
+  Serve s = { 0 };
+  serve_start (&s, NULL);
+  guint port = (guint)g_ascii_strtoull (strrchr (s.url, ':') + 1, NULL, 10);
+  GSocketConnection *c
+      = ask_raw (port, "GET /api/plan?model=deepseek-v3&gpus=4096xH800&"
+                       "top=1000 HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n");
+  g_usleep (50000); /* its question taken up: some 0.3 s of search */
+  serve_stop (&s);
+  g_object_unref (c);
+}
+
 /* One worker, one place in the queue, 50 ms per answer: of six searches
  * that each take longer, the ones past the queue are answered busy at
- * once, the one running is answered 503 at its time bound; and the page
- * is served all the while. */
+ * once, the one running is answered 503 at its time bound. */
 static void
 test_busy_and_timeout (void)
 {
@@ -689,14 +753,8 @@ test_busy_and_timeout (void)
       shots[i] = (Shot){ .url = heavy };
       threads[i] = g_thread_new ("shot", shoot, &shots[i]);
     }
-  g_usleep (20000);
   g_autoptr (SoupSession) ses = session_new ();
-  g_auto (Reply) page = { 0 };
-  http (ses, "GET", small.url, NULL, NULL, 0, &page);
-  gint64 page_us = g_get_monotonic_time ();
-  g_assert_cmpuint (page.status, ==, 200);
   guint busy = 0, timed_out = 0;
-  gint64 last_us = 0;
   for (gsize i = 0; i < G_N_ELEMENTS (shots); i++)
     {
       g_thread_join (threads[i]);
@@ -704,14 +762,24 @@ test_busy_and_timeout (void)
       g_assert_cmpuint (shots[i].status, ==, 503);
       busy += strstr (shots[i].body, "every worker is busy") != NULL;
       timed_out += strstr (shots[i].body, "no answer within") != NULL;
-      last_us = MAX (last_us, shots[i].done_us);
       g_free (shots[i].body);
     }
   g_assert_cmpuint (busy, >=, 1);
   g_assert_cmpuint (timed_out, >=, 1);
   g_assert_cmpuint (busy + timed_out, ==, G_N_ELEMENTS (shots));
-  /* The page came back while the searches were still running. */
-  g_assert_cmpint (page_us, <, last_us);
+  /* Clients that ask and leave before their answer: the server never
+   * answers into a closed connection. */
+  guint port = (guint)g_ascii_strtoull (strrchr (small.url, ':') + 1, NULL, 10);
+  const char *path = strstr (heavy + strlen ("http://"), "/");
+  g_autofree char *req
+      = g_strdup_printf ("GET %s HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", path);
+  for (int i = 0; i < 3; i++)
+    {
+      GSocketConnection *c = ask_raw (port, req);
+      g_usleep (20000); /* its question taken up */
+      g_io_stream_close (G_IO_STREAM (c), NULL, NULL);
+      g_object_unref (c);
+    }
   /* Still answering, and a clean exit with searches in flight. */
   g_auto (Reply) again = { 0 };
   g_autofree char *models = g_strdup_printf ("%sapi/models", small.url);
@@ -855,7 +923,9 @@ main (int argc, char **argv)
   g_test_add_func ("/serve/pasted-config", test_api_pasted_config);
   g_test_add_func ("/serve/errors", test_errors);
   g_test_add_func ("/serve/page", test_page);
+  g_test_add_func ("/serve/page-while-searching", test_page_while_searching);
   g_test_add_func ("/serve/busy-and-timeout", test_busy_and_timeout);
+  g_test_add_func ("/serve/stop-while-answering", test_stop_while_answering);
   g_test_add_func ("/serve/load", test_load);
   int rc = g_test_run ();
   g_object_unref (session);
