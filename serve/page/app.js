@@ -322,6 +322,7 @@ async function ask(params, config) {
     $('download-status').textContent = '';
     $('answer').hidden = false;
     waiting = `Ranking the layouts of ${what}`;
+    tick();
   } catch (e) {
     if (e.name === 'AbortError') return;
     done('error');
