@@ -92,12 +92,11 @@ respond (SoupServerMessage *msg, const StowServeReply *r)
 }
 
 /* A failure answered at once, on the main thread. */
-static void respond_error (StowServer *s, SoupServerMessage *msg, int code,
-                           const char *format, ...) G_GNUC_PRINTF (4, 5);
+static void respond_error (SoupServerMessage *msg, int code, const char *format,
+                           ...) G_GNUC_PRINTF (3, 4);
 
 static void
-respond_error (StowServer *s, SoupServerMessage *msg, int code,
-               const char *format, ...)
+respond_error (SoupServerMessage *msg, int code, const char *format, ...)
 {
   va_list ap;
   va_start (ap, format);
@@ -183,7 +182,7 @@ job_timeout (gpointer data)
   if (!job->responded && !job->gone)
     {
       job->responded = TRUE;
-      respond_error (job->server, job->msg, STOW_SERVE_ERROR_TIMEOUT,
+      respond_error (job->msg, STOW_SERVE_ERROR_TIMEOUT,
                      "no answer within the server's bound of %.0f s; ask "
                      "for less (fewer GPUs or open dimensions), or run the "
                      "stowage command",
@@ -206,7 +205,7 @@ serve_api (StowServer *s, SoupServerMessage *msg, const char *path)
 {
   if (s->in_flight >= s->options.workers + s->options.queue)
     {
-      respond_error (s, msg, STOW_SERVE_ERROR_BUSY,
+      respond_error (msg, STOW_SERVE_ERROR_BUSY,
                      "every worker is busy and %u questions wait; ask again "
                      "in a moment",
                      s->options.queue);
@@ -297,7 +296,7 @@ respond_too_large (StowServer *s, SoupServerMessage *msg)
 {
   soup_message_headers_replace (soup_server_message_get_response_headers (msg),
                                 "Connection", "close");
-  respond_error (s, msg, STOW_SERVE_ERROR_TOO_LARGE,
+  respond_error (msg, STOW_SERVE_ERROR_TOO_LARGE,
                  "the body is over the server's bound of %" G_GSIZE_FORMAT
                  " bytes",
                  s->options.max_body_bytes);
@@ -365,7 +364,7 @@ handler (SoupServer *soup, SoupServerMessage *msg, const char *path,
     {
       soup_message_headers_replace (
           soup_server_message_get_response_headers (msg), "Allow", "GET, HEAD");
-      respond_error (s, msg, STOW_SERVE_ERROR_METHOD,
+      respond_error (msg, STOW_SERVE_ERROR_METHOD,
                      "the page takes GET and HEAD");
       return;
     }

@@ -460,6 +460,40 @@ test_api_pasted_config (void)
   g_rmdir (tmp);
 }
 
+/* What the CLI warns on stderr beside an answer comes back as a header. */
+static void
+test_warnings (void)
+{
+  g_autofree char *url = g_strdup_printf (
+      "%sapi/mem?model=llama-7b&gpus=1xA100-80GB&zero=3&offload-optimizer="
+      "nvme&offload-params=nvme&emit=deepspeed",
+      server.url);
+  g_auto (Reply) r = { 0 };
+  http (session, "GET", url, NULL, NULL, 0, &r);
+  const char *args[] = { "mem",
+                         "llama-7b",
+                         "--gpus",
+                         "1xA100-80GB",
+                         "--zero",
+                         "3",
+                         "--offload-optimizer",
+                         "nvme",
+                         "--offload-params",
+                         "nvme",
+                         "--emit",
+                         "deepspeed",
+                         NULL };
+  g_auto (StowRun) run = { 0 };
+  stow_runv (&run, args);
+  g_assert_cmpuint (r.status, ==, 200);
+  check_same (&r, &run, url, "application/json");
+  g_assert_nonnull (strstr (run.err, "a placeholder"));
+  const char *w = header (&r, "X-Stowage-Warning");
+  g_assert_nonnull (w);
+  g_assert_nonnull (strstr (w, "the NVMe swap directory (nvme_path) is "
+                               "/local_nvme, a placeholder"));
+}
+
 /* ---- failures --------------------------------------------------------------
  */
 
@@ -926,6 +960,7 @@ main (int argc, char **argv)
   g_test_add_func ("/serve/api-vs-cli", test_api_vs_cli);
   g_test_add_func ("/serve/json-body", test_api_json_body);
   g_test_add_func ("/serve/pasted-config", test_api_pasted_config);
+  g_test_add_func ("/serve/warnings", test_warnings);
   g_test_add_func ("/serve/errors", test_errors);
   g_test_add_func ("/serve/page", test_page);
   g_test_add_func ("/serve/page-while-searching", test_page_while_searching);
