@@ -8,6 +8,7 @@
 
 #include <glib.h>
 
+#include "cli/call.h"
 #include "hw/hw.h"
 #include "models/model.h"
 #include "planner/memory.h"
@@ -18,6 +19,9 @@ G_BEGIN_DECLS
 
 typedef struct
 {
+  /* The run of the command these options are for (NULL: the terminal):
+   * where its flags come from and where its answer and failures go. */
+  StowCliCall *call;
   /* raw option strings (NULL when not given) */
   char *gpus, *cluster;
   char *dp, *tp, *pp, *vpp, *cp, *ep, *etp, *zero, *offload_optimizer,
