@@ -1091,6 +1091,57 @@ random_value (void)
   return n;
 }
 
+/* transformers 5 writes rope_theta and the rope's scaling into one
+ * rope_parameters object, and dtype for torch_dtype: Llama-3.1-8B's
+ * published config (rope_theta 500000; rope_scaling llama3, factor 8,
+ * low_freq_factor 1, high_freq_factor 4, original_max_position_embeddings
+ * 8192) reads the same in both forms. */
+static void
+test_rope_parameters (void)
+{
+#define LLAMA31                                                                \
+  "{\"model_type\": \"llama\", \"hidden_size\": 4096, "                        \
+  "\"num_hidden_layers\": 32, \"num_attention_heads\": 32, "                   \
+  "\"num_key_value_heads\": 8, \"intermediate_size\": 14336, "                 \
+  "\"vocab_size\": 128256, "
+  static const char *const v4 = LLAMA31
+      "\"rope_theta\": 500000.0, \"torch_dtype\": \"bfloat16\", "
+      "\"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8.0, "
+      "\"low_freq_factor\": 1.0, \"high_freq_factor\": 4.0, "
+      "\"original_max_position_embeddings\": 8192}}";
+  static const char *const v5
+      = LLAMA31 "\"dtype\": \"bfloat16\", \"rope_parameters\": {"
+                "\"rope_theta\": 500000.0, \"rope_type\": \"llama3\", "
+                "\"factor\": 8.0, \"low_freq_factor\": 1.0, "
+                "\"high_freq_factor\": 4.0, "
+                "\"original_max_position_embeddings\": 8192}}";
+  /* An unscaled rope in the new form: rope_type default, no scaling. */
+  static const char *const plain
+      = LLAMA31 "\"rope_parameters\": {\"rope_theta\": 250000.0, "
+                "\"rope_type\": \"default\"}}";
+#undef LLAMA31
+  g_autoptr (GError) error = NULL;
+  g_autoptr (StowModel) a = from_text (v4, &error);
+  g_assert_no_error (error);
+  g_autoptr (StowModel) b = from_text (v5, &error);
+  g_assert_no_error (error);
+  g_autoptr (StowModel) c = from_text (plain, &error);
+  g_assert_no_error (error);
+  for (guint i = 0; i < 2; i++)
+    {
+      const StowModel *m = i ? b : a;
+      g_assert_cmpfloat (m->rope_theta, ==, 500000.0);
+      g_assert_cmpstr (m->rope_type, ==, "llama3");
+      g_assert_cmpfloat (m->rope_factor, ==, 8.0);
+      g_assert_cmpfloat (m->rope_low_freq_factor, ==, 1.0);
+      g_assert_cmpfloat (m->rope_high_freq_factor, ==, 4.0);
+      g_assert_cmpuint (m->rope_original_max_positions, ==, 8192);
+      g_assert_cmpstr (m->torch_dtype, ==, "bfloat16");
+    }
+  g_assert_cmpfloat (c->rope_theta, ==, 250000.0);
+  g_assert_null (c->rope_type);
+}
+
 static void
 test_fuzz (void)
 {
@@ -1620,5 +1671,6 @@ main (int argc, char **argv)
   g_test_add_func ("/models/lookup-named", test_lookup_named);
   g_test_add_func ("/models/catalog-files", test_catalog_files);
   g_test_add_func ("/models/fuzz", test_fuzz);
+  g_test_add_func ("/models/rope-parameters", test_rope_parameters);
   return g_test_run ();
 }
