@@ -15,6 +15,7 @@
 
 #include "cli/cli.h"
 #include "cli/commands.h"
+#include "cli/corpus.h"
 #include "cli/model-source.h"
 #include "cli/plan-options.h"
 #include "cli/train-plan.h"
@@ -413,11 +414,12 @@ resolve (TrainOptions *o, StowTrainPlan *c, StowTrainConfig *run,
         run->tokenizer = STOW_TOKENIZER_BYTES;
       else if (g_str_equal (o->tokenizer, "none"))
         run->tokenizer = STOW_TOKENIZER_NONE;
-      else
+      else if (!g_file_test (o->tokenizer, G_FILE_TEST_EXISTS))
         {
           g_set_error (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
-                       "--tokenizer \"%s\": expected bytes (a plain text "
-                       "file) or none (llm.c token shards)",
+                       "--tokenizer \"%s\": expected a model directory or a "
+                       "tokenizer.json, bytes (a plain text file, one token "
+                       "per byte) or none (llm.c token shards)",
                        o->tokenizer);
           return FALSE;
         }
@@ -663,6 +665,25 @@ train_main (TrainOptions *o, StowTrainPlan *tp, StowTrainConfig *c,
   if (model_dir == NULL)
     return stow_cli_fail (error, NULL);
   tp->model_dir = c->model_dir = model_dir;
+  /* Text and JSONL: tokenized first, with the model's tokenizer. */
+  g_autofree char *tokens = NULL, *val_tokens = NULL;
+  if (c->tokenizer == STOW_TOKENIZER_NONE)
+    {
+      const char *tok = o->tokenizer && !g_str_equal (o->tokenizer, "none")
+                            ? o->tokenizer
+                            : NULL;
+      tokens = stow_cli_train_tokens ("--data", c->data, tok, model_dir,
+                                      c->threads, &error);
+      if (tokens == NULL && error != NULL)
+        return stow_cli_fail (error, NULL);
+      if (c->val_data != NULL)
+        val_tokens = stow_cli_train_tokens ("--val-data", c->val_data, tok,
+                                            model_dir, c->threads, &error);
+      if (val_tokens == NULL && error != NULL)
+        return stow_cli_fail (error, NULL);
+      c->data = tokens ? tokens : c->data;
+      c->val_data = val_tokens ? val_tokens : c->val_data;
+    }
   if (g_strcmp0 (o->save_on_signal, "off") != 0)
     {
       catch_stop_signals ();
@@ -724,11 +745,16 @@ stow_cmd_train (int argc, char **argv)
     { "revision", 0, 0, G_OPTION_ARG_STRING, &o.revision,
       "With a Hub id: a branch, tag or commit (main)", "REV" },
     { "data", 0, 0, G_OPTION_ARG_FILENAME, &o.data,
-      "llm.c token shards (a file, a glob, or several joined by ','), or a "
-      "text file with --tokenizer bytes",
+      "llm.c token shards (*.bin: a file, a glob, or several joined by ','), "
+      "or text and JSONL files, tokenized first with the model's tokenizer "
+      "(JSONL: a text field, or prompt and completion, trained on the "
+      "completions)",
       "FILES" },
     { "tokenizer", 0, 0, G_OPTION_ARG_STRING, &o.tokenizer,
-      "bytes: read --data as text, one token per byte (vocab >= 256)", "KIND" },
+      "For text and JSONL --data: a model directory or tokenizer.json "
+      "(default: --model's tokenizer.json), or bytes: one token per byte "
+      "(vocab >= 256)",
+      "DIR|FILE|bytes" },
     { "shuffle", 0, 0, G_OPTION_ARG_NONE, &o.shuffle,
       "Permute the micro-batch windows of each pass over the data (seeded)",
       NULL },

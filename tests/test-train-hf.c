@@ -380,6 +380,182 @@ test_nonfinite_weight (void)
   fixture_clear (&f);
 }
 
+/* ---- text and JSONL handed to train ------------------------------------
+ */
+
+/* tests/data/hf-tiny (transformers' bf16 shards) with Phi-3-mini's
+ * tokenizer, in @dir/model. */
+static char *
+hf_tiny_model (const char *dir)
+{
+  char *model = g_build_filename (dir, "model", NULL);
+  g_assert_cmpint (g_mkdir_with_parents (model, 0755), ==, 0);
+  const char *const files[][2] = {
+    { "hf-tiny", "config.json" },
+    { "hf-tiny", "generation_config.json" },
+    { "hf-tiny", "model.safetensors.index.json" },
+    { "hf-tiny", "model-00001-of-00002.safetensors" },
+    { "hf-tiny", "model-00002-of-00002.safetensors" },
+    { "tokenizers/phi3-mini", "tokenizer.json" },
+    { "tokenizers/phi3-mini", "tokenizer_config.json" },
+  };
+  for (guint i = 0; i < G_N_ELEMENTS (files); i++)
+    {
+      g_auto (GStrv) parts = g_strsplit (files[i][0], "/", -1);
+      g_autofree char *src
+          = parts[1] ? stow_test_fixture (parts[0], parts[1], files[i][1], NULL)
+                     : stow_test_fixture (parts[0], files[i][1], NULL);
+      g_autoptr (GBytes) b = stow_test_read_file (src);
+      g_autofree char *dst = g_build_filename (model, files[i][1], NULL);
+      stow_test_write_file (dst, g_bytes_get_data (b, NULL),
+                            g_bytes_get_size (b));
+    }
+  return model;
+}
+
+/* @n JSONL records: {"text": ...}, or (@sft) prompt and completion. */
+static char *
+write_jsonl (const char *dir, const char *name, guint n, gboolean sft)
+{
+  static const char *const words[]
+      = { "the", "model", "fits",      "on",     "eight",  "GPUs",
+          "and", "its",   "optimizer", "states", "stream", "from NVMe" };
+  GString *s = g_string_new (NULL);
+  for (guint i = 0; i < n; i++)
+    {
+      GString *a = g_string_new (NULL), *b = g_string_new (NULL);
+      for (guint k = 0; k < 6 + i % 7; k++)
+        g_string_append_printf (k % 2 ? a : b, "%s%s", k > 1 ? " " : "",
+                                words[(i * 7 + k * 3) % G_N_ELEMENTS (words)]);
+      if (sft)
+        g_string_append_printf (s,
+                                "{\"prompt\": \"%s?\", \"completion\": "
+                                "\" %s.\"}\n",
+                                a->str, b->str);
+      else
+        g_string_append_printf (s, "{\"text\": \"%s, %s.\"}\n", a->str, b->str);
+      g_string_free (a, TRUE);
+      g_string_free (b, TRUE);
+    }
+  char *path = g_build_filename (dir, name, NULL);
+  stow_test_write_file (path, s->str, s->len);
+  g_string_free (s, TRUE);
+  return path;
+}
+
+static void
+train_on (StowRun *r, const char *model, const char *data, const char *out,
+          const char *tokenizer)
+{
+  const char *const args[] = { "train",   "--model",
+                               model,     "--data",
+                               data,      "--out",
+                               out,       "--steps",
+                               "3",       "--seq",
+                               "32",      "--micro-batch",
+                               "2",       "--global-batch",
+                               "4",       "--threads",
+                               "2",       tokenizer ? "--tokenizer" : NULL,
+                               tokenizer, NULL };
+  stow_runv (r, args);
+}
+
+/* JSONL handed to train is tokenized with the model's own tokenizer into
+ * the cache: the same bytes as `stowage tokenize` then train on its shard;
+ * a second run takes the cached tokens; prompt/completion records train
+ * with their prompts masked. */
+static void
+test_jsonl_data (void)
+{
+  g_autofree char *dir = stow_test_tmpdir ("stow-jsonl-XXXXXX");
+  g_autofree char *cache = g_build_filename (dir, "cache", NULL);
+  g_setenv ("XDG_CACHE_HOME", cache, TRUE);
+  g_autofree char *model = hf_tiny_model (dir);
+  g_autofree char *data = write_jsonl (dir, "data.jsonl", 120, FALSE);
+  g_autofree char *a = g_build_filename (dir, "a", NULL);
+  g_auto (StowRun) ra = { 0 };
+  train_on (&ra, model, data, a, NULL);
+  g_test_message ("%s", ra.err);
+  g_assert_cmpint (ra.status, ==, 0);
+  g_assert_nonnull (strstr (ra.err, "tokenized with"));
+  g_autofree char *tokens = g_build_filename (cache, "stowage", "tokens", NULL);
+  g_autofree char *keys = stow_test_list_dir (tokens);
+  g_assert_cmpuint (strlen (keys), ==, 16); /* one entry */
+
+  g_autofree char *prefix = g_build_filename (dir, "tok", NULL);
+  g_auto (StowRun) rt = { 0 };
+  stow_run (&rt, "tokenize", "--tokenizer", model, "--out", prefix, data, NULL);
+  g_assert_cmpint (rt.status, ==, 0);
+  g_autofree char *shard = g_strconcat (prefix, "_train.bin", NULL);
+  g_autofree char *b = g_build_filename (dir, "b", NULL);
+  g_auto (StowRun) rb = { 0 };
+  train_on (&rb, model, shard, b, NULL);
+  g_assert_cmpint (rb.status, ==, 0);
+  assert_same_checkpoint (a, b);
+
+  g_autofree char *c = g_build_filename (dir, "c", NULL);
+  g_auto (StowRun) rc = { 0 };
+  train_on (&rc, model, data, c, NULL);
+  g_assert_cmpint (rc.status, ==, 0);
+  g_assert_nonnull (strstr (rc.err, "tokenized before"));
+  assert_same_checkpoint (a, c);
+
+  /* The tokenizer named on its own: the same tokens. */
+  g_autofree char *tok = g_build_filename (model, "tokenizer.json", NULL);
+  g_autofree char *e = g_build_filename (dir, "e", NULL);
+  g_auto (StowRun) re = { 0 };
+  train_on (&re, model, data, e, tok);
+  g_assert_cmpint (re.status, ==, 0);
+  assert_same_checkpoint (a, e);
+
+  g_autofree char *sft = write_jsonl (dir, "sft.jsonl", 120, TRUE);
+  g_autofree char *s = g_build_filename (dir, "s", NULL);
+  g_auto (StowRun) rs = { 0 };
+  train_on (&rs, model, sft, s, NULL);
+  g_assert_cmpint (rs.status, ==, 0);
+  g_assert_nonnull (strstr (rs.err, "prompts masked"));
+  stow_test_rm_rf (dir);
+  g_unsetenv ("XDG_CACHE_HOME");
+}
+
+/* A bad record stops the run before it starts: the file and line named,
+ * exit 2, no run directory and nothing left in the cache. */
+static void
+test_jsonl_bad (void)
+{
+  g_autofree char *dir = stow_test_tmpdir ("stow-jsonl-XXXXXX");
+  g_autofree char *cache = g_build_filename (dir, "cache", NULL);
+  g_setenv ("XDG_CACHE_HOME", cache, TRUE);
+  g_autofree char *model = hf_tiny_model (dir);
+  const char *const cases[][2] = {
+    { "{\"text\": \"one\"}\n{\"text\": \"two\"}\n{\"text\": \"thr\n", ":3" },
+    { "{\"text\": \"one\"}\n{\"body\": \"two\"}\n", ":2" },
+    { "{\"text\": \"one\"}\n{\"text\": \"\"}\n", ":2" },
+  };
+  for (guint i = 0; i < G_N_ELEMENTS (cases); i++)
+    {
+      g_autofree char *data = g_strdup_printf ("%s/bad%u.jsonl", dir, i);
+      stow_test_write_file (data, cases[i][0], strlen (cases[i][0]));
+      g_autofree char *out = g_strdup_printf ("%s/out%u", dir, i);
+      g_auto (StowRun) r = { 0 };
+      train_on (&r, model, data, out, NULL);
+      g_test_message ("%s", r.err);
+      g_assert_cmpint (r.status, ==, 2);
+      g_autofree char *where
+          = g_strdup_printf ("bad%u.jsonl%s", i, cases[i][1]);
+      g_assert_nonnull (strstr (r.err, where));
+      g_assert_false (g_file_test (out, G_FILE_TEST_EXISTS));
+      g_autofree char *tokens
+          = g_build_filename (cache, "stowage", "tokens", NULL);
+      g_autofree char *left = g_file_test (tokens, G_FILE_TEST_IS_DIR)
+                                  ? stow_test_list_dir (tokens)
+                                  : g_strdup ("");
+      g_assert_cmpstr (left, ==, "");
+    }
+  stow_test_rm_rf (dir);
+  g_unsetenv ("XDG_CACHE_HOME");
+}
+
 int
 main (int argc, char **argv)
 {
@@ -390,5 +566,7 @@ main (int argc, char **argv)
   g_test_add_func ("/train-hf/keep-last", test_keep_last);
   g_test_add_func ("/train-hf/extra-tensor", test_extra_tensor);
   g_test_add_func ("/train-hf/nonfinite-weight", test_nonfinite_weight);
+  g_test_add_func ("/train-hf/jsonl-data", test_jsonl_data);
+  g_test_add_func ("/train-hf/jsonl-bad", test_jsonl_bad);
   return g_test_run ();
 }
