@@ -128,6 +128,8 @@ test_kill_resume (void)
                              "--save-every",
                              "1",
                              "--resume",
+                             "--precision",
+                             "fp32",
                              NULL };
       GPid pid = spawn_quiet (argv);
       /* Wait for a checkpoint newer than the last kill's, then a little
