@@ -390,6 +390,10 @@ stow_report_options_finish (StowReportOptions *ro, StowPlanOptions *po,
       g_auto (GStrv) warnings = stow_emit_warnings (ro->emit_v, plan);
       for (char **w = warnings; *w; w++)
         g_warning ("%s", *w);
+      /* What the config cannot carry of the run's optimizer settings. */
+      g_auto (GStrv) notes = stow_emit_notes (ro->emit_v, plan);
+      for (char **n = notes; *n; n++)
+        g_message ("note: %s", *n);
     }
   else
     {
