@@ -23,19 +23,32 @@ stow_lr_schedule_name (StowLrSchedule s)
   return schedule_names[s];
 }
 
-gboolean
-stow_lr_schedule_parse (const char *s, StowLrSchedule *out, GError **error)
+/* @s among @names (@n of them): its index in @out, or FALSE naming @flag
+ * and what it expects. */
+static gboolean
+parse_name (const char *const *names, guint n, const char *flag,
+            const char *expected, const char *s, guint *out, GError **error)
 {
-  for (guint k = 0; k < G_N_ELEMENTS (schedule_names); k++)
-    if (g_strcmp0 (s, schedule_names[k]) == 0)
+  for (guint k = 0; k < n; k++)
+    if (g_strcmp0 (s, names[k]) == 0)
       {
-        *out = (StowLrSchedule)k;
+        *out = k;
         return TRUE;
       }
   g_set_error (error, STOW_CORE_ERROR, STOW_CORE_ERROR_PARSE,
-               "--lr-schedule \"%s\": expected constant, cosine or linear",
-               s ? s : "");
+               "%s \"%s\": expected %s", flag, s ? s : "", expected);
   return FALSE;
+}
+
+gboolean
+stow_lr_schedule_parse (const char *s, StowLrSchedule *out, GError **error)
+{
+  guint k;
+  if (!parse_name (schedule_names, G_N_ELEMENTS (schedule_names),
+                   "--lr-schedule", "constant, cosine or linear", s, &k, error))
+    return FALSE;
+  *out = (StowLrSchedule)k;
+  return TRUE;
 }
 
 static const char *const decay_names[] = {
@@ -53,17 +66,12 @@ stow_decay_scope_name (StowDecayScope s)
 gboolean
 stow_decay_scope_parse (const char *s, StowDecayScope *out, GError **error)
 {
-  for (guint k = 0; k < G_N_ELEMENTS (decay_names); k++)
-    if (g_strcmp0 (s, decay_names[k]) == 0)
-      {
-        *out = (StowDecayScope)k;
-        return TRUE;
-      }
-  g_set_error (error, STOW_CORE_ERROR, STOW_CORE_ERROR_PARSE,
-               "--weight-decay-on \"%s\": expected matrices (tensors of 2+ "
-               "dimensions) or all",
-               s ? s : "");
-  return FALSE;
+  guint k;
+  if (!parse_name (decay_names, G_N_ELEMENTS (decay_names), "--weight-decay-on",
+                   "matrices (tensors of 2+ dimensions) or all", s, &k, error))
+    return FALSE;
+  *out = (StowDecayScope)k;
+  return TRUE;
 }
 
 void
