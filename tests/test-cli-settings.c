@@ -3,13 +3,15 @@
  * tests/test-cli-settings.c: one set of training settings (issue 43): the
  * optimizer's flags read the same, with the same defaults and the same
  * errors, in fit, mem, plan, simulate and train; precision defaults to bf16
- * in each; a plan file carries the settings into `train --plan`; and
- * train's progress line says "clipping off" when it does not clip.
+ * in each; a plan file carries the settings into `train --plan`;
+ * --weight-decay-on says which tensors decay; and train's progress line
+ * says "clipping off" when it does not clip.
  */
 #include <math.h>
 #include <string.h>
 
 #include "core/json.h"
+#include "executor/safetensors.h"
 #include "testutil-train.h"
 
 static const char *const commands[]
@@ -199,6 +201,50 @@ test_train (void)
   fixture_clear (&f);
 }
 
+/* The first element of @name in @out's latest checkpoint (fp32). */
+static float
+first_element (const char *out, const char *name)
+{
+  g_autoptr (GError) error = NULL;
+  g_autofree char *path
+      = g_build_filename (out, "latest", "model.safetensors", NULL);
+  g_autoptr (StowSafetensors) st = stow_safetensors_open (path, &error);
+  g_assert_no_error (error);
+  const StowSafetensor *t = stow_safetensors_find (st, name);
+  g_assert_nonnull (t);
+  g_assert_cmpstr (t->dtype, ==, "F32");
+  float v = 0;
+  g_assert_true (stow_safetensors_read (st, t, 0, &v, sizeof v, &error));
+  return v;
+}
+
+/* --weight-decay-on all decays the norms' weights too: after one step of
+ * AdamW (decoupled decay, p (1 - lr wd) beside the same Adam update) a norm
+ * weight, initialised to 1, is lr wd lower than with the default
+ * (matrices), and a matrix is the same. */
+static void
+test_decay_on (void)
+{
+  Fixture f;
+  fixture_init (&f);
+  g_autofree char *mat = g_build_filename (f.dir, "matrices", NULL);
+  g_autofree char *all = g_build_filename (f.dir, "all", NULL);
+  g_auto (StowRun) r1 = { 0 };
+  train (&r1, &f, mat, "--steps", "1", "--lr", "0.01", "--weight-decay", "0.5",
+         "--max-grad-norm", "0", NULL);
+  g_assert_cmpint (r1.status, ==, 0);
+  g_auto (StowRun) r2 = { 0 };
+  train (&r2, &f, all, "--steps", "1", "--lr", "0.01", "--weight-decay", "0.5",
+         "--max-grad-norm", "0", "--weight-decay-on", "all", NULL);
+  g_assert_cmpint (r2.status, ==, 0);
+  const char *norm = "model.norm.weight";
+  g_assert_cmpfloat_with_epsilon (
+      first_element (mat, norm) - first_element (all, norm), 0.01 * 0.5, 1e-6);
+  const char *q = "model.layers.0.self_attn.q_proj.weight";
+  g_assert_cmpfloat (first_element (mat, q), ==, first_element (all, q));
+  fixture_clear (&f);
+}
+
 int
 main (int argc, char **argv)
 {
@@ -206,5 +252,6 @@ main (int argc, char **argv)
   g_test_add_func ("/cli-settings/help", test_help);
   g_test_add_func ("/cli-settings/errors", test_errors);
   g_test_add_func ("/cli-settings/train", test_train);
+  g_test_add_func ("/cli-settings/decay-on", test_decay_on);
   return g_test_run ();
 }
