@@ -163,6 +163,7 @@ def stowage_run(stowage, work, name, model, shard, flags, steps):
          "--log-json", log] + flags)
     with open(log) as f:
         rows = [json.loads(l) for l in f if l.strip()]
+    stowage_run.norms = [r["grad_norm"] for r in rows]
     return ([r["loss"] for r in rows], [r["lr"] for r in rows],
             os.path.join(out, "latest", "model.safetensors"))
 
@@ -296,7 +297,13 @@ def main():
                 f"{max(diffs):.2e} | {'yes' if lr_same else 'NO'} | "
                 f"{allw:.2e} | {worst:.2e} ({wname}) | "
                 f"{'ok' if ok else 'MISMATCH'} |")
-    lines += ["", f"Tolerance: losses within {TOL_LOSS:g} relative at every "
+    norms = stowage_run.norms
+    lines += ["", f"gradient_clipping as DeepSpeed read it: "
+              f"{ds['gradient_clipping']}; stowage's global norms before "
+              f"clipping: {', '.join(f'{x:.3f}' for x in norms)} (clipping "
+              f"binds at {sum(x > 1.0 for x in norms)} of {len(norms)} "
+              "steps).", "",
+              f"Tolerance: losses within {TOL_LOSS:g} relative at every "
               "step, the same lr at every step, every tensor present in "
               "both. Per-step losses of the last case, stowage then "
               "DeepSpeed:", "",
