@@ -8,12 +8,14 @@
 
 #include <errno.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "cli/cli.h"
 #include "cli/commands.h"
+#include "cli/model-source.h"
 #include "cli/plan-options.h"
 #include "cli/train-plan.h"
 #include "core/json.h"
@@ -22,6 +24,7 @@
 #include "executor/backends/tensors.h"
 #include "executor/model-io.h"
 #include "executor/train.h"
+#include "offload/nvme.h"
 #include "planner/search.h"
 
 typedef struct
@@ -32,13 +35,15 @@ typedef struct
    * and --lr ... --steps in po.optim): parsed by the same code
    * (cli/plan-options.c). */
   StowPlanOptions po;
-  char *model, *data, *plan, *seed, *out, *save_every, *log_json, *trace,
-      *backend, *device_memory, *tokenizer, *threads, *test_copy_delay_us,
-      *test_nvme_fault, *test_memlock_limit, *save_dtype, *max_shard_size,
-      *keep_last;
+  char *model, *data, *plan, *seed, *out, *save_every, *max_skipped_steps,
+      *log_json, *trace, *backend, *device_memory, *tokenizer, *resume_from,
+      *save_on_signal, *threads, *test_copy_delay_us, *test_nvme_fault,
+      *test_memlock_limit, *test_nvme_free, *save_dtype, *max_shard_size,
+      *keep_last, *val_data, *eval_every, *eval_batches;
   char **nvme_dirs;
-  gboolean resume, shuffle, delayed_update, stream_times, allow_unpinned,
-      ignore_extra_tensors;
+  char *revision; /* --revision: of a Hub id --model */
+  gboolean resume, overwrite, shuffle, delayed_update, stream_times,
+      allow_unpinned, ignore_extra_tensors;
 } TrainOptions;
 
 /* --test-nvme-fault KIND:N: the Nth I/O request to the optimizer's swap
@@ -122,7 +127,62 @@ parse_save (const TrainOptions *o, StowTrainConfig *run, GError **error)
     return FALSE;
   run->keep_last = (guint)MIN (keep, G_MAXUINT);
   run->ignore_extra_tensors = o->ignore_extra_tensors;
+  run->val_data = o->val_data;
+  if (!parse_u64 ("--eval-every", o->eval_every, TRUE, &run->eval_every, error)
+      || !parse_u64 ("--eval-batches", o->eval_batches, TRUE,
+                     &run->eval_batches, error))
+    return FALSE;
+  if ((o->eval_every || o->eval_batches) && o->val_data == NULL)
+    {
+      g_set_error (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
+                   "%s needs --val-data FILES",
+                   o->eval_every ? "--eval-every" : "--eval-batches");
+      return FALSE;
+    }
   return TRUE;
+}
+
+/* An output file @flag names can be written when the run gets there:
+ * its directory takes new files (the trace is written atomically, a new
+ * file renamed over the path), and the path is not a directory.  The
+ * directory may be --out (@out), which the run creates.  Checked before
+ * anything is planned, so that a run never fails after its last step
+ * for a typo. */
+static gboolean
+check_writable (const char *flag, const char *path, const char *out,
+                GError **error)
+{
+  if (path == NULL)
+    return TRUE;
+  g_autofree char *dir = g_path_get_dirname (path);
+  g_autofree char *dir_c = g_canonicalize_filename (dir, NULL);
+  g_autofree char *out_c = out ? g_canonicalize_filename (out, NULL) : NULL;
+  /* --out's nearest existing ancestor stands for it. */
+  g_autofree char *probe = g_strdup (dir);
+  while (out_c && g_str_equal (dir_c, out_c)
+         && !g_file_test (probe, G_FILE_TEST_EXISTS))
+    {
+      char *up = g_path_get_dirname (probe);
+      gboolean top = g_str_equal (up, probe);
+      g_free (probe);
+      probe = up;
+      if (top)
+        break;
+    }
+  const char *why = NULL;
+  int e = 0;
+  if (path[0] == '\0')
+    why = "an empty path";
+  else if (g_file_test (path, G_FILE_TEST_IS_DIR))
+    why = "a directory";
+  else if (access (probe, W_OK | X_OK) != 0)
+    e = errno;
+  if (why == NULL && e == 0)
+    return TRUE;
+  g_set_error (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
+               "%s %s: %s%s%s", flag, path, why ? why : probe, why ? "" : ": ",
+               why ? "" : g_strerror (e));
+  return FALSE;
 }
 
 /* The flags a run cannot do without, checked before anything is planned;
@@ -138,8 +198,8 @@ check_required (const TrainOptions *o, StowTrainPlan *c,
     bad = "--data FILES is required";
   else if (run->out_dir == NULL)
     bad = "--out DIR is required";
-  else if (run->steps == 0)
-    bad = "--steps must be at least 1";
+  else if (o->po.optim.steps == NULL)
+    bad = "--steps N is required: the optimizer steps the run ends at";
   else if (!c->plan_path && (c->seq == 0 || c->micro_batch == 0))
     bad = "--seq and --micro-batch must be at least 1";
   if (bad)
@@ -168,6 +228,30 @@ resolve (TrainOptions *o, StowTrainPlan *c, StowTrainConfig *run,
   c->plan_path = o->plan;
   run->out_dir = o->out;
   run->resume = o->resume;
+  run->resume_from = o->resume_from;
+  run->overwrite = o->overwrite;
+  if (o->overwrite && o->resume)
+    {
+      g_set_error_literal (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
+                           "--overwrite and --resume: --resume continues "
+                           "OUT's run, --overwrite replaces it; choose one");
+      return FALSE;
+    }
+  if (o->resume_from && o->resume_from[0] == '\0')
+    {
+      g_set_error_literal (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
+                           "--resume-from \"\": expected a checkpoint "
+                           "directory or a step of --out");
+      return FALSE;
+    }
+  if (o->save_on_signal && !g_str_equal (o->save_on_signal, "on")
+      && !g_str_equal (o->save_on_signal, "off"))
+    {
+      g_set_error (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
+                   "--save-on-signal \"%s\": expected on or off",
+                   o->save_on_signal);
+      return FALSE;
+    }
   run->shuffle = o->shuffle;
   run->log_json = o->log_json;
   run->trace_path = o->trace;
@@ -180,16 +264,26 @@ resolve (TrainOptions *o, StowTrainPlan *c, StowTrainConfig *run,
   guint64 seed = 0;
   if (!parse_save (o, run, error)
       || !parse_u64 ("--seed", o->seed, TRUE, &seed, error)
+      || !parse_u64 ("--max-skipped-steps", o->max_skipped_steps, TRUE,
+                     &run->max_skipped_steps, error)
       || !parse_u64 ("--save-every", o->save_every, TRUE, &run->save_every,
                      error)
       || !parse_u64 ("--threads", o->threads, TRUE, &threads, error))
     return FALSE;
-  if (threads > 1024)
+  /* More compute threads than processors only take turns, and each holds
+   * its own scratch. */
+  guint procs = MAX (1u, g_get_num_processors ());
+  if (threads > procs)
     {
       g_set_error (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
-                   "--threads %" G_GUINT64_FORMAT ": at most 1024", threads);
+                   "--threads %" G_GUINT64_FORMAT
+                   ": this process may run on %u processors; 1 to %u",
+                   threads, procs, procs);
       return FALSE;
     }
+  if (!check_writable ("--trace", o->trace, o->out, error)
+      || !check_writable ("--log-json", o->log_json, o->out, error))
+    return FALSE;
   c->threads = run->threads = (guint)threads;
   if (o->test_nvme_fault && !parse_nvme_fault (o->test_nvme_fault, run, error))
     return FALSE;
@@ -202,6 +296,18 @@ resolve (TrainOptions *o, StowTrainPlan *c, StowTrainConfig *run,
         {
           g_set_error (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
                        "--test-memlock-limit \"%s\": %s", o->test_memlock_limit,
+                       local ? local->message : "a size above 0");
+          return FALSE;
+        }
+    }
+  if (o->test_nvme_free)
+    {
+      g_autoptr (GError) local = NULL;
+      if (!stow_parse_size (o->test_nvme_free, &c->test_nvme_free_bytes, &local)
+          || c->test_nvme_free_bytes == 0)
+        {
+          g_set_error (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
+                       "--test-nvme-free \"%s\": %s", o->test_nvme_free,
                        local ? local->message : "a size above 0");
           return FALSE;
         }
@@ -231,7 +337,7 @@ resolve (TrainOptions *o, StowTrainPlan *c, StowTrainConfig *run,
   c->optim = po->plan.training.optim;
   c->optim.seed = seed;
   c->optim_flags = &po->optim;
-  run->steps = MAX (c->optim.total_steps, 1);
+  run->steps = c->optim.total_steps;
   c->layout = po->plan.layout;
   c->pins = po->pins;
   c->seq = po->seq ? po->plan.training.seq_len : 256;
@@ -345,6 +451,54 @@ resolve (TrainOptions *o, StowTrainPlan *c, StowTrainConfig *run,
   return check_required (o, c, run, error);
 }
 
+/* ---- preemption ---------------------------------------------------------
+ * SIGTERM (what Slurm and Kubernetes send before a kill) and SIGUSR1
+ * (Slurm's --signal) ask the run to stop at the next step boundary with a
+ * checkpoint: the handler only records the signal (async-signal-safe);
+ * the loop finishes the step in flight, saves it and returns, everything
+ * is freed (the NVMe swap files, OUT's lock), and then the signal is
+ * raised again with its default action, so that the exit status is the
+ * signal's.  A second signal ends the process at once, as main.c's
+ * handler would (the swap files removed, the last complete checkpoint in
+ * place). */
+
+static volatile sig_atomic_t stop_signal;
+
+static void
+on_stop_signal (int sig)
+{
+  if (stop_signal != 0)
+    {
+      stow_nvme_remove_files_on_signal ();
+      signal (sig, SIG_DFL);
+      raise (sig);
+      return;
+    }
+  stop_signal = sig;
+  static const char msg[]
+      = "stowage: stopping after this step with a checkpoint (a second "
+        "signal stops at once)\n";
+  ssize_t n = write (2, msg, sizeof msg - 1);
+  (void)n;
+}
+
+static void
+catch_stop_signals (void)
+{
+  static const int sigs[] = { SIGTERM, SIGUSR1 };
+  for (gsize i = 0; i < G_N_ELEMENTS (sigs); i++)
+    {
+      struct sigaction sa, old;
+      memset (&sa, 0, sizeof sa);
+      sa.sa_handler = on_stop_signal;
+      sa.sa_flags = SA_RESTART;
+      sigemptyset (&sa.sa_mask);
+      if (sigaction (sigs[i], NULL, &old) == 0 && old.sa_handler == SIG_IGN)
+        continue;
+      sigaction (sigs[i], &sa, NULL);
+    }
+}
+
 typedef struct
 {
   gboolean tty;
@@ -376,6 +530,9 @@ progress (const StowTrainStep *s, gpointer user)
       s->step, s->steps, s->loss, norm, s->lr, s->tokens_per_s, eta,
       s->skipped ? "  (non-finite gradients: step skipped)" : "",
       s->saved ? "  saved" : "");
+  if (!isnan (s->val_loss))
+    g_string_append_printf (line, "  val loss %.4f  ppl %.4g", s->val_loss,
+                            exp (s->val_loss));
   fprintf (stderr, "%s\n", line->str);
   g_string_free (line, TRUE);
 }
@@ -439,7 +596,7 @@ print_peaks (const StowTrainPlan *tp, const StowTrainResult *m)
 
 static int
 train_main (TrainOptions *o, StowTrainPlan *tp, StowTrainConfig *c,
-            const GOptionEntry *entries, int argc, char **argv)
+            const GOptionEntry *entries, int argc, char **argv, int *stopped_by)
 {
   g_autoptr (GOptionContext) ctx = stow_cli_context_new (
       "train", NULL,
@@ -456,6 +613,16 @@ train_main (TrainOptions *o, StowTrainPlan *tp, StowTrainConfig *c,
                            "train: unexpected argument \"%s\"", argv[1]);
   if (!resolve (o, tp, c, &error))
     return stow_cli_fail (error, "see 'stowage train --help'");
+  g_autofree char *model_dir
+      = stow_cli_model_dir (o->model, o->revision, &error);
+  if (model_dir == NULL)
+    return stow_cli_fail (error, NULL);
+  tp->model_dir = c->model_dir = model_dir;
+  if (g_strcmp0 (o->save_on_signal, "off") != 0)
+    {
+      catch_stop_signals ();
+      c->stop_signal = &stop_signal;
+    }
   Progress pr = { isatty (2) };
   c->progress = progress;
   c->notice = tp->notice = notice;
@@ -477,9 +644,28 @@ train_main (TrainOptions *o, StowTrainPlan *tp, StowTrainConfig *c,
   StowTrainResult m;
   if (!stow_train_run (c, &m, &error))
     return stow_cli_fail (error, NULL);
+  if (m.stopped_by != 0)
+    {
+      if (m.saved_step > 0)
+        fprintf (stderr,
+                 "stopped at step %" G_GUINT64_FORMAT
+                 "; continue with --resume\n",
+                 m.saved_step);
+      else
+        fprintf (stderr, "stopped before step 1; nothing to save\n");
+      *stopped_by = m.stopped_by;
+    }
+  if (m.last_step < m.first_step)
+    return STOW_EXIT_OK; /* no step ran: no peaks to compare */
   print_peaks (tp, &m);
   if (c->stream_times)
     print_stream_times (tp, &m);
+  if (!isnan (m.val_loss))
+    fprintf (stderr,
+             "validation: loss %.4f, perplexity %.4g (%" G_GUINT64_FORMAT
+             " batches, %" G_GUINT64_FORMAT " targets of %s)\n",
+             m.val_loss, exp (m.val_loss), m.val_batches, m.val_targets,
+             c->val_data);
   return STOW_EXIT_OK;
 }
 
@@ -489,7 +675,13 @@ stow_cmd_train (int argc, char **argv)
   TrainOptions o = { 0 };
   const GOptionEntry entries[] = {
     { "model", 0, 0, G_OPTION_ARG_FILENAME, &o.model,
-      "Model directory: config.json and model.safetensors", "DIR" },
+      "Model directory (config.json and the safetensors: one file, or "
+      "shards and their index), or a Hub id, whose files are downloaded "
+      "into the Hugging Face cache (HF_HUB_CACHE or HF_HOME/hub) unless "
+      "there already",
+      "DIR|ORG/NAME" },
+    { "revision", 0, 0, G_OPTION_ARG_STRING, &o.revision,
+      "With a Hub id: a branch, tag or commit (main)", "REV" },
     { "data", 0, 0, G_OPTION_ARG_FILENAME, &o.data,
       "llm.c token shards (a file, a glob, or several joined by ','), or a "
       "text file with --tokenizer bytes",
@@ -560,11 +752,41 @@ stow_cmd_train (int argc, char **argv)
       "Drop, with a notice, tensors in --model the config does not make "
       "(refused by default)",
       NULL },
+    { "val-data", 0, 0, G_OPTION_ARG_FILENAME, &o.val_data,
+      "Validation tokens, as --data: the loss and perplexity at the end "
+      "(and every --eval-every steps)",
+      "FILES" },
+    { "eval-every", 0, 0, G_OPTION_ARG_STRING, &o.eval_every,
+      "Evaluate every N steps (0, the default: at the end only)", "N" },
+    { "eval-batches", 0, 0, G_OPTION_ARG_STRING, &o.eval_batches,
+      "Global batches per evaluation (default: every whole one in "
+      "--val-data)",
+      "K" },
+    { "max-skipped-steps", 0, 0, G_OPTION_ARG_STRING, &o.max_skipped_steps,
+      "Stop the run (exit 2) after N steps in a row skipped for non-finite "
+      "gradients (5; 0: never)",
+      "N" },
     { "resume", 0, 0, G_OPTION_ARG_NONE, &o.resume,
-      "Continue from DIR/latest bit for bit (from step 0 when there is none)",
+      "Continue from DIR/latest bit for bit (its newest checkpoint when the "
+      "link is gone; from step 0 when there is none); the flags that change "
+      "the arithmetic or the data order must be the checkpoint's",
       NULL },
+    { "resume-from", 0, 0, G_OPTION_ARG_FILENAME, &o.resume_from,
+      "Continue from this checkpoint: a directory, or a step of --out "
+      "(12: DIR/step-000012) (default: none)",
+      "DIR|STEP" },
+    { "overwrite", 0, 0, G_OPTION_ARG_NONE, &o.overwrite,
+      "Train into a --out holding another run's checkpoints, removing them "
+      "once this run has saved its first (default: refuse)",
+      NULL },
+    { "save-on-signal", 0, 0, G_OPTION_ARG_STRING, &o.save_on_signal,
+      "on (default): SIGTERM or SIGUSR1 stops the run after the step in "
+      "flight with a checkpoint, and the exit status is the signal's; off: "
+      "they stop it at once",
+      "on|off" },
     { "log-json", 0, 0, G_OPTION_ARG_FILENAME, &o.log_json,
-      "One JSON object per step (step, loss, grad_norm, lr, tokens_per_s)",
+      "One JSON object per step (step, loss, grad_norm, lr, tokens_per_s); "
+      "a resume cuts it to the checkpoint's step",
       "FILE" },
     { "trace", 0, 0, G_OPTION_ARG_FILENAME, &o.trace,
       "Chrome trace of the last step as it ran (ui.perfetto.dev)", "FILE" },
@@ -598,25 +820,32 @@ stow_cmd_train (int argc, char **argv)
       "Test knob: the preflight takes SIZE as RLIMIT_MEMLOCK (and no "
       "CAP_IPC_LOCK)",
       "SIZE" },
+    { "test-nvme-free", 0, G_OPTION_FLAG_HIDDEN, G_OPTION_ARG_STRING,
+      &o.test_nvme_free,
+      "Test knob: the planner takes SIZE as each --nvme-dir's free space",
+      "SIZE" },
     { NULL },
   };
   StowTrainPlan tp;
   stow_train_plan_init (&tp);
   StowTrainConfig c
       = { .backend = "cpu",
-          .steps = 1,
+          .max_skipped_steps = 5,
           .save_format = { STOW_DTYPE_NONE, STOW_DEFAULT_MAX_SHARD_BYTES } };
-  int status = train_main (&o, &tp, &c, entries, argc, argv);
+  int stopped_by = 0;
+  int status = train_main (&o, &tp, &c, entries, argc, argv, &stopped_by);
   g_strfreev (tp.nvme_dirs);
   stow_train_plan_clear (&tp);
   g_strfreev (o.nvme_dirs);
   stow_plan_options_clear (&o.po);
   char **strings[] = { &o.model,
+                       &o.revision,
                        &o.data,
                        &o.plan,
                        &o.seed,
                        &o.out,
                        &o.save_every,
+                       &o.max_skipped_steps,
                        &o.log_json,
                        &o.trace,
                        &o.backend,
@@ -626,11 +855,24 @@ stow_cmd_train (int argc, char **argv)
                        &o.test_copy_delay_us,
                        &o.test_nvme_fault,
                        &o.test_memlock_limit,
+                       &o.test_nvme_free,
+                       &o.resume_from,
+                       &o.save_on_signal,
                        &o.save_dtype,
                        &o.max_shard_size,
-                       &o.keep_last };
+                       &o.keep_last,
+                       &o.val_data,
+                       &o.eval_every,
+                       &o.eval_batches };
   for (gsize i = 0; i < G_N_ELEMENTS (strings); i++)
     g_free (*strings[i]);
+  if (stopped_by != 0)
+    {
+      /* Everything is freed and OUT unlocked: end as the signal would. */
+      fflush (NULL);
+      signal (stopped_by, SIG_DFL);
+      raise (stopped_by);
+    }
   return status;
 }
 
@@ -656,10 +898,14 @@ init_unit (gpointer user, guint unit)
 
 /* init-model after its options: @out the directory. */
 static int
-init_main (const char *config_path, const char *out, const char *seed_s,
-           const char *dtype_s, const char *shard_s)
+init_main (const char *model, const char *revision, const char *out,
+           const char *seed_s, const char *dtype_s, const char *shard_s)
 {
   g_autoptr (GError) error = NULL;
+  g_autofree char *config_path
+      = stow_cli_model_config (model, revision, &error);
+  if (config_path == NULL)
+    return stow_cli_fail (error, NULL);
   guint64 seed = 0, max_shard = STOW_DEFAULT_MAX_SHARD_BYTES;
   if (seed_s && !stow_parse_count (seed_s, &seed, &error))
     return stow_cli_failf (NULL, "--seed \"%s\": expected a count", seed_s);
@@ -672,12 +918,13 @@ init_main (const char *config_path, const char *out, const char *seed_s,
   else if (dtype_s && !g_str_equal (dtype_s, "fp32"))
     return stow_cli_failf (NULL, "--dtype \"%s\": expected fp32 or bf16",
                            dtype_s);
-  g_autoptr (StowModel) m = stow_model_new_from_file (config_path, &error);
+  /* The rules train applies to the config (stow_llama_model_open). */
   StowLlamaConfig lc;
+  g_autoptr (StowModel) m
+      = stow_llama_model_open (config_path, &lc, NULL, &error);
   g_autofree char *text = NULL;
   gsize len = 0;
-  if (m == NULL || !stow_llama_config_from_model (m, &lc, &error)
-      || !g_file_get_contents (config_path, &text, &len, &error))
+  if (m == NULL || !g_file_get_contents (config_path, &text, &len, &error))
     return stow_cli_fail (error, NULL);
   if (g_mkdir_with_parents (out, 0755) != 0)
     {
@@ -715,6 +962,7 @@ int
 stow_cmd_init_model (int argc, char **argv)
 {
   char *out = NULL, *seed_s = NULL, *dtype_s = NULL, *shard_s = NULL;
+  char *revision = NULL;
   const GOptionEntry entries[] = {
     { "output", 'o', 0, G_OPTION_ARG_FILENAME, &out,
       "Directory for config.json and the safetensors", "DIR" },
@@ -723,10 +971,12 @@ stow_cmd_init_model (int argc, char **argv)
     { "seed", 0, 0, G_OPTION_ARG_STRING, &seed_s, "Random seed (0)", "S" },
     { "dtype", 0, 0, G_OPTION_ARG_STRING, &dtype_s, "fp32 (default) or bf16",
       "D" },
+    { "revision", 0, 0, G_OPTION_ARG_STRING, &revision,
+      "With a Hub id: a branch, tag or commit (main)", "REV" },
     { NULL },
   };
   g_autoptr (GOptionContext) ctx = stow_cli_context_new (
-      "init-model", "CONFIG.json",
+      "init-model", "CONFIG.json|ORG/NAME",
       "Write a randomly initialised checkpoint of a LLaMA-family config: "
       "linear weights and embeddings normal(0, initializer_range), norms 1, "
       "biases 0, as HF transformers initialises them.");
@@ -738,7 +988,8 @@ stow_cmd_init_model (int argc, char **argv)
     status = stow_cli_failf ("see 'stowage init-model --help'",
                              "init-model: expected CONFIG.json and -o DIR");
   else
-    status = init_main (argv[1], out, seed_s, dtype_s, shard_s);
+    status = init_main (argv[1], revision, out, seed_s, dtype_s, shard_s);
+  g_free (revision);
   g_free (out);
   g_free (shard_s);
   g_free (seed_s);

@@ -51,8 +51,9 @@ stow_optim_flags_add (GOptionContext *ctx, StowOptimFlags *f)
     OPT ("max-grad-norm", max_grad_norm,
          "Clip by the global L2 norm (default 1.0; 0: no clipping)", "C"),
     OPT ("steps", steps,
-         "Optimizer steps of the run, where cosine and linear end (needed "
-         "by them; train runs 1 without it)",
+         "Optimizer steps of the run, where cosine and linear end (train, "
+         "cosine and linear need it; with --resume, counted from the run's "
+         "start)",
          "N"),
     { NULL },
   };

@@ -42,7 +42,8 @@ typedef struct
   StowOptimSettings optim;
   const StowOptimFlags *optim_flags;
   gboolean delayed_update;
-  guint64 test_memlock_limit; /* see stow_preflight_memlock */
+  guint64 test_memlock_limit;   /* see stow_preflight_memlock */
+  guint64 test_nvme_free_bytes; /* test knob: each --nvme-dir's free space */
   gboolean allow_unpinned;
   StowTrainNotice notice;
   gpointer notice_user;
@@ -51,10 +52,14 @@ typedef struct
    * below, which own them; its layout is the one planned (the plan
    * file's, or the search's). */
   StowModel *model;
+  guint64 max_positions; /* config.json's max_position_embeddings; 0 */
   StowCluster *cluster;
   StowPlan plan;
   StowProgram *prog;
   guint64 device_bytes;
+  /* The --nvme-dir with the least free space, and that space. */
+  const char *nvme_least_dir;
+  guint64 nvme_least_bytes;
   gboolean no_pin; /* RLIMIT_MEMLOCK too low, --allow-unpinned */
   guint64 predicted_peak_bytes, predicted_pinned_bytes;
   double predicted_step_s;

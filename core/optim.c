@@ -97,6 +97,14 @@ stow_optim_settings_check (const StowOptimSettings *o, GError **error)
                    o->beta2);
       return FALSE;
     }
+  if (!(o->eps > 0))
+    {
+      g_set_error (error, STOW_CORE_ERROR, STOW_CORE_ERROR_RANGE,
+                   "--eps %g: Adam's epsilon must be above 0 (it divides by "
+                   "sqrt(v) + eps)",
+                   o->eps);
+      return FALSE;
+    }
   if (o->min_lr > o->lr)
     {
       g_set_error (error, STOW_CORE_ERROR, STOW_CORE_ERROR_RANGE,

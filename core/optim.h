@@ -66,7 +66,8 @@ typedef struct
  * no length given, seed 0. */
 void stow_optim_settings_init (StowOptimSettings *o);
 /* Settings that cannot train, as the flags that set them: betas outside
- * [0, 1), a min lr above the lr, a decaying schedule without a length.
+ * [0, 1), an eps of 0, a min lr above the lr, a decaying schedule without
+ * a length.
  * FALSE with STOW_CORE_ERROR_RANGE naming the flags and values. */
 gboolean stow_optim_settings_check (const StowOptimSettings *o, GError **error);
 /* The learning rate of 1-based step @step: linear warmup over

@@ -23,6 +23,7 @@ typedef enum
   STOW_MODEL_ERROR_UNSUPPORTED, /* a model_type we cannot count */
   STOW_MODEL_ERROR_ACCESS,      /* a gated or private Hub repository */
   STOW_MODEL_ERROR_NETWORK,     /* the Hub did not answer, or not usefully */
+  STOW_MODEL_ERROR_IO,          /* the model cache could not be written */
 } StowModelError;
 
 typedef enum

@@ -192,6 +192,25 @@ describe_layer (GString *s, gint layer)
     g_string_append_printf (s, " L%d", layer);
 }
 
+gboolean
+stow_op_in_eval (const StowOp *op)
+{
+  switch (op->kind)
+    {
+    case STOW_OP_ALLOC:
+    case STOW_OP_FREE:
+    case STOW_OP_DATA:
+    case STOW_OP_FORWARD:
+    case STOW_OP_LOSS:
+      return TRUE;
+    case STOW_OP_COPY:
+      return op->copy == STOW_COPY_WEIGHTS_UP || op->copy == STOW_COPY_STAGED_UP
+             || op->copy == STOW_COPY_PARAMS_READ;
+    default:
+      return FALSE;
+    }
+}
+
 char *
 stow_op_describe (const StowProgram *p, guint index)
 {

@@ -313,8 +313,6 @@ typedef struct
   /* Training that real backends need beside the ops. */
   guint64 seq_len, micro_batch, grad_accum; /* per rank */
   guint64 global_batch;                     /* sequences per step */
-  double loss_scale; /* 1 / tokens of the global batch: the loss is the
-                        mean token cross-entropy */
   StowOptimSettings optim;
   gboolean master_weights; /* fp32 master copy beside 16-bit weights */
   /* what the lowering chose, for reports */
@@ -368,6 +366,12 @@ guint stow_program_add (StowProgram *p, const StowOp *op, const guint *waits,
 void stow_op_init (StowOp *op, StowOpKind kind, StowStream stream, guint rank);
 /* "backward L12 mb3 (rank 0 compute)" */
 char *stow_op_describe (const StowProgram *p, guint index);
+/* Whether an evaluation run issues @op (stow_program_run_eval): buffer
+ * allocs and frees, the data, the forward and the loss, and the copies
+ * that bring weights to where the forward reads them (streamed up,
+ * staged from NVMe); not the backward, recompute, norm, optimizer,
+ * collectives or any copy of gradients, states or checkpoints. */
+gboolean stow_op_in_eval (const StowOp *op);
 
 /* Static checks: every waited event is recorded exactly once by some op,
  * every buffer is allocated and freed at most once, every op names valid

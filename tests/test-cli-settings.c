@@ -141,8 +141,9 @@ logged_lrs (const char *path)
 
 /* train defaults to bf16 as the planner does; --max-grad-norm 0 prints
  * "clipping off", not a NaN norm; a plan file from fit carries the
- * settings into train --plan (its schedule, its length, no clipping), and
- * the optimizer's flags beside --plan replace the plan's. */
+ * settings into train --plan (its schedule, no clipping; train's own
+ * --steps is required), and the optimizer's flags beside --plan replace
+ * the plan's. */
 static void
 test_train (void)
 {
@@ -176,7 +177,7 @@ test_train (void)
   g_autofree char *log = g_build_filename (f.dir, "run.jsonl", NULL);
   g_auto (StowRun) t = { 0 };
   stow_run (&t, "train", "--model", f.model, "--data", f.shard, "--plan", plan,
-            "--out", run, "--log-json", log, NULL);
+            "--steps", "3", "--out", run, "--log-json", log, NULL);
   g_assert_cmpint (t.status, ==, 0);
   g_assert_nonnull (strstr (t.err, "step 3/3  loss "));
   g_assert_nonnull (strstr (t.err, "clipping off"));

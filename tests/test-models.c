@@ -834,6 +834,20 @@ test_malformed_files (void)
   g_assert_cmpuint (m->params, ==, 6738415616ull);
   g_assert_cmpstr (m->source, ==, cfg);
 
+  /* One in a Hugging Face cache snapshot is named after its repository. */
+  g_autofree char *snap
+      = g_build_filename (dir, "models--acme--Tiny-1.5B", "snapshots",
+                          "0123456789abcdef0123456789abcdef01234567", NULL);
+  g_assert_cmpint (g_mkdir_with_parents (snap, 0700), ==, 0);
+  g_autofree char *snap_cfg = write_temp (snap, "config.json", full);
+  g_autoptr (StowModel) hm = stow_model_lookup (snap, &error);
+  g_assert_no_error (error);
+  g_assert_cmpstr (hm->name, ==, "acme/Tiny-1.5B");
+  g_unlink (snap_cfg);
+  g_autofree char *rm
+      = g_strdup_printf ("rm -rf '%s/models--acme--Tiny-1.5B'", dir);
+  g_assert_true (g_spawn_command_line_sync (rm, NULL, NULL, NULL, NULL));
+
   const char *files[] = { notjson, empty, array, trunc, big, cfg };
   for (gsize i = 0; i < G_N_ELEMENTS (files); i++)
     g_unlink (files[i]);

@@ -244,8 +244,8 @@ test_model_files_copied (void)
   g_autofree char *listing = stow_test_list_dir (latest);
   g_assert_cmpstr (listing, ==,
                    "config.json generation_config.json model.safetensors "
-                   "optimizer.stow special_tokens_map.json tokenizer.json "
-                   "tokenizer_config.json");
+                   "optimizer.stow run.json special_tokens_map.json "
+                   "tokenizer.json tokenizer_config.json");
   fixture_clear (&f);
 }
 

@@ -48,7 +48,7 @@ run_forward (const StowDecoder *d, const StowTensorMap *m, const StowOp *op)
 
 static void
 run_loss (const StowDecoder *d, const StowTensorMap *m, const StowOp *op,
-          double *loss_sum)
+          double scale, double *loss_sum)
 {
   guint64 n = m->n_tokens;
   guint8 *in = input_of (m, op);
@@ -60,8 +60,25 @@ run_loss (const StowDecoder *d, const StowTensorMap *m, const StowOp *op,
   guint8 *x = stow_tensor_map_layer_output (m, (gint)m->model->n_layers - 1,
                                             op->micro_batch);
   stow_decoder_head_loss (d, n, norm, lm, x, (gint32 *)(in + m->input.targets),
-                          m->p->loss_scale, dnorm, dlm, op->accumulate, x,
-                          m->addr[logits], m->chunk, loss_sum);
+                          scale, dnorm, dlm, op->accumulate, x, m->addr[logits],
+                          m->chunk, loss_sum);
+}
+
+void
+stow_decoder_run_eval_loss (const StowDecoder *d, const StowTensorMap *m,
+                            const StowOp *op, double *loss_sum)
+{
+  g_return_if_fail (op->kind == STOW_OP_LOSS && loss_sum != NULL);
+  guint8 *in = input_of (m, op);
+  void *norm, *lm;
+  stow_tensor_map_head_in (m, stow_tensor_map_weights_of (m, op), &norm, &lm);
+  guint logits = stow_tensor_map_io (m, op, TRUE, STOW_BUF_LOGITS);
+  g_assert (logits != STOW_NONE);
+  guint8 *x = stow_tensor_map_layer_output (m, (gint)m->model->n_layers - 1,
+                                            op->micro_batch);
+  stow_decoder_head_eval_loss (d, m->n_tokens, norm, lm, x,
+                               (gint32 *)(in + m->input.targets),
+                               m->addr[logits], m->chunk, loss_sum);
 }
 
 static void
@@ -93,7 +110,7 @@ run_backward (const StowDecoder *d, const StowTensorMap *m, const StowOp *op)
 
 gboolean
 stow_decoder_run_op (const StowDecoder *d, const StowTensorMap *m,
-                     const StowOp *op, double *loss_sum)
+                     const StowOp *op, double loss_scale, double *loss_sum)
 {
   g_return_val_if_fail (d != NULL && m != NULL && op != NULL, FALSE);
   switch (op->kind)
@@ -104,7 +121,7 @@ stow_decoder_run_op (const StowDecoder *d, const StowTensorMap *m,
       return TRUE;
     case STOW_OP_LOSS:
       g_return_val_if_fail (loss_sum != NULL, FALSE);
-      run_loss (d, m, op, loss_sum);
+      run_loss (d, m, op, loss_scale, loss_sum);
       return TRUE;
     case STOW_OP_BACKWARD:
       run_backward (d, m, op);
