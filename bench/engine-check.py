@@ -22,9 +22,10 @@
 #   bench/venv-ds/bin/python bench/engine-check.py [--steps 6] [--no-save]
 #
 # Writes bench/results/engine-check-<host>-<date>.md (with the DeepSpeed,
-# torch and transformers versions).  Runs in a few minutes on 2 cores,
-# after DeepSpeed's first build of its CPU optimizers.  Megatron-LM and
-# torchtitan are not run: see the results file.
+# torch and transformers versions).  On a shared 2-core machine under load
+# 11 it took 35 minutes, after DeepSpeed's first build of its CPU
+# optimizers (another 15).  Megatron-LM and torchtitan are
+# not run: see the results file.
 
 import argparse
 import importlib.util
@@ -342,11 +343,13 @@ def main():
               f"note said {noted}; from step 5 (after the warmup) the same: "
               f"{'yes' if after else 'NO'}. {'ok' if ok else 'MISMATCH'}.", "",
               "## Not run", "",
-              "Megatron-LM: its training loop needs CUDA (initialize.py sets "
-              "a CUDA device per rank, and its fused optimizers and "
-              "Transformer Engine layers are GPU kernels); it has no CPU "
-              "path to run here. Its emitted schedule is checked against "
-              "its OptimizerParamScheduler.get_lr, transcribed, in "
+              "Megatron-LM: the trainer that reads the flags stowage emits "
+              "(pretrain_gpt.py, megatron/training/arguments.py) is not on "
+              "PyPI, the only index this machine reaches: the megatron-core "
+              "wheel (0.16.1) holds megatron/core alone. Its emitted "
+              "schedule is checked against its "
+              "OptimizerParamScheduler.get_lr (megatron/core/"
+              "optimizer_param_scheduler.py), transcribed, in "
               "tests/test-cli-emit.c (/cli-emit/optim-megatron).",
               "torchtitan: stowage emits no torchtitan config (its "
               "--recompute selective-op is carried by --emit plan only), "
