@@ -604,7 +604,7 @@ train_main (TrainOptions *o, StowTrainPlan *tp, StowTrainConfig *c,
       "the fastest layout that fits the device) lowered to its step program "
       "and run for real, with checkpoints that survive any crash.");
   g_option_context_add_main_entries (ctx, entries, NULL);
-  stow_optim_flags_add (ctx, &o->po.optim);
+  stow_optim_flags_add (NULL, ctx, &o->po.optim);
   g_autoptr (GError) error = NULL;
   if (!stow_cli_parse (ctx, "train", &argc, &argv))
     return STOW_EXIT_FAILURE;

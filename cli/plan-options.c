@@ -25,7 +25,7 @@
   }
 
 void
-stow_optim_flags_add (GOptionContext *ctx, StowOptimFlags *f)
+stow_optim_flags_add (StowCliCall *call, GOptionContext *ctx, StowOptimFlags *f)
 {
   /* The defaults are stow_optim_settings_init's (core/optim.h). */
   const GOptionEntry entries[] = {
@@ -57,7 +57,7 @@ stow_optim_flags_add (GOptionContext *ctx, StowOptimFlags *f)
          "N"),
     { NULL },
   };
-  g_option_context_add_main_entries (ctx, entries, NULL);
+  stow_cli_add_entries (call, ctx, entries);
 }
 
 /* A finite number of at least @lo, or FALSE naming the flag. */
@@ -277,8 +277,8 @@ stow_plan_options_add (GOptionContext *ctx, StowPlanOptions *po)
     { NULL },
   };
   /* GLib copies the entries; their targets live in @po. */
-  g_option_context_add_main_entries (ctx, entries, NULL);
-  stow_optim_flags_add (ctx, &po->optim);
+  stow_cli_add_entries (po->call, ctx, entries);
+  stow_optim_flags_add (po->call, ctx, &po->optim);
 }
 
 static gboolean
@@ -518,7 +518,8 @@ resolve_model_cluster (StowPlanOptions *po, const char *model_arg,
    * under a peer convention. */
   if (model_arg != NULL)
     {
-      po->model = stow_model_lookup_revision (model_arg, po->revision, error);
+      po->model
+          = stow_cli_call_model (po->call, model_arg, po->revision, error);
       if (po->model == NULL)
         return FALSE;
     }
@@ -735,7 +736,7 @@ stow_plan_options_resolve (StowPlanOptions *po, const char *model_arg,
   if (!stow_training_check_gpu (t, gpu, &warning, error))
     return FALSE;
   if (warning != NULL)
-    g_warning ("%s", warning);
+    stow_cli_call_log_warning (po->call, warning);
   return TRUE;
 }
 
@@ -925,7 +926,7 @@ stow_plan_options_fail_no_layout (const StowPlanOptions *po)
   g_autoptr (GError) error = NULL;
   g_autoptr (StowMemory) m = stow_memory_estimate (&po->plan, &error);
   if (m == NULL)
-    return stow_cli_fail (error, NULL);
-  return stow_cli_failf (NULL, "no valid layout of %s on %s", po->model->name,
-                         po->cluster_obj->spec);
+    return stow_cli_call_fail (po->call, error, NULL);
+  return stow_cli_call_failf (po->call, NULL, "no valid layout of %s on %s",
+                              po->model->name, po->cluster_obj->spec);
 }

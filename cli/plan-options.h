@@ -10,6 +10,7 @@
 
 #include <glib.h>
 
+#include "cli/call.h"
 #include "hw/hw.h"
 #include "models/model.h"
 #include "planner/memory.h"
@@ -27,8 +28,10 @@ typedef struct
       *beta1, *beta2, *eps, *max_grad_norm, *steps;
 } StowOptimFlags;
 
-/* Adds the flags to @ctx's main group, each with its default in --help. */
-void stow_optim_flags_add (GOptionContext *ctx, StowOptimFlags *f);
+/* Adds the flags to @ctx's main group, each with its default in --help,
+ * as flags @call's request may name (stow_cli_add_entries). */
+void stow_optim_flags_add (StowCliCall *call, GOptionContext *ctx,
+                           StowOptimFlags *f);
 /* The flags given in @f over the settings in @o (the defaults, or a plan
  * file's), then stow_optim_settings_check; errors name the flag and the
  * value. */
@@ -41,6 +44,9 @@ typedef struct
   /* The training settings' flags, over the defaults into
    * plan.training.optim (over a plan file's with --plan). */
   StowOptimFlags optim;
+  /* The run of the command these options are for (NULL: the terminal):
+   * where its flags come from and where its answer and failures go. */
+  StowCliCall *call;
   /* raw option strings (NULL when not given) */
   char *gpus, *cluster;
   char *dp, *tp, *pp, *vpp, *cp, *ep, *etp, *zero, *offload_optimizer,

@@ -395,3 +395,30 @@ stow_model_new_from_file (const char *path, GError **error)
     }
   return m;
 }
+
+StowModel *
+stow_model_new_from_data (const char *data, gssize len, const char *name,
+                          GError **error)
+{
+  g_autoptr (JsonNode) root = NULL;
+  JsonObject *obj;
+
+  g_return_val_if_fail (data != NULL, NULL);
+  g_return_val_if_fail (name != NULL, NULL);
+  g_return_val_if_fail (error == NULL || *error == NULL, NULL);
+  /* A file's bounds: stow_json_parse_file reads at most this much. */
+  root = stow_json_parse_data_limit (data, len, name,
+                                     STOW_MODEL_MAX_CONFIG_BYTES, error);
+  if (root == NULL || (obj = stow_json_root_object (root, name, error)) == NULL)
+    {
+      to_model_error (error);
+      return NULL;
+    }
+  StowModel *m = stow_model_new_from_json (obj, name, error);
+  if (m != NULL)
+    {
+      g_free (m->name);
+      m->name = g_strdup (name);
+    }
+  return m;
+}
