@@ -7,8 +7,8 @@
 # DeepSpeed trains is LlamaForCausalLM from stowage's checkpoint) and
 # DeepSpeed 0.19.8, published as source only and built here with no ops:
 # it compiles its CPU Adam and CPU fused Adam on first use (with g++ and
-# ninja, into ~/.cache/torch_extensions).  Takes a while; not part of the
-# test suite.
+# ninja, into ~/.cache/torch_extensions); and megatron-core, for
+# Megatron-LM's scheduler.  Takes a while; not part of the test suite.
 #
 #   bench/engine-check-venv.sh && bench/venv-ds/bin/python bench/engine-check.py
 set -eu
@@ -23,6 +23,9 @@ pip="$venv/bin/pip"
 "$pip" install -q torch==2.15.0 numpy transformers==5.24.0 safetensors==0.8.0
 # DeepSpeed's setup.py imports torch: built against the one above.
 DS_BUILD_OPS=0 "$pip" install -q --no-build-isolation deepspeed==0.19.8
+# megatron-core for its OptimizerParamScheduler alone (pure Python; its
+# CUDA extras are not needed for that).
+"$pip" install -q --no-deps megatron-core==0.16.1
 "$venv/bin/python" -c 'import deepspeed, torch, transformers
 print("deepspeed", deepspeed.__version__, "torch", torch.__version__,
       "transformers", transformers.__version__)'
