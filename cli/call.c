@@ -363,6 +363,15 @@ stow_cli_call_log_warning (StowCliCall *call, const char *message)
     g_ptr_array_add (call->warnings, g_strdup (message));
 }
 
+void
+stow_cli_call_log_note (StowCliCall *call, const char *message)
+{
+  if (call == NULL)
+    g_message ("note: %s", message);
+  else
+    g_ptr_array_add (call->warnings, g_strdup_printf ("note: %s", message));
+}
+
 int
 stow_cli_call_answer (StowCliCall *call, const char *output, const char *data,
                       int ok_code)

@@ -103,6 +103,9 @@ void stow_cli_call_warning (StowCliCall *call, const char *format, ...)
     G_GNUC_PRINTF (2, 3);
 /* The same through g_warning for the terminal (so --quiet silences it). */
 void stow_cli_call_log_warning (StowCliCall *call, const char *message);
+/* "note: MESSAGE" through g_message for the terminal (--quiet silences
+ * it), or one of the call's warnings for the server. */
+void stow_cli_call_log_note (StowCliCall *call, const char *message);
 
 /* The answer @data: to @output (-o FILE; NULL or "-" is standard output)
  * for the terminal, into the call's answer for the server.  Returns

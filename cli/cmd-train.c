@@ -30,41 +30,22 @@
 
 typedef struct
 {
-  /* The layout and shape flags train shares with fit, mem, plan and
-   * simulate (--seq, --micro-batch, --global-batch, --precision,
-   * --recompute, --offload-optimizer, --offload-params,
-   * --resident-layers): parsed by the same code (cli/plan-options.c). */
+  /* The layout, shape and optimizer flags train shares with fit, mem,
+   * plan and simulate (--seq, --micro-batch, --global-batch, --precision,
+   * --recompute, --offload-optimizer, --offload-params, --resident-layers,
+   * and --lr ... --steps in po.optim): parsed by the same code
+   * (cli/plan-options.c). */
   StowPlanOptions po;
-  char *model, *data, *plan, *steps, *lr, *min_lr, *warmup, *lr_schedule,
-      *weight_decay, *beta1, *beta2, *eps, *max_grad_norm, *seed, *out,
-      *save_every, *max_skipped_steps, *log_json, *trace, *backend,
-      *device_memory, *tokenizer, *resume_from, *save_on_signal, *threads,
-      *test_copy_delay_us, *test_nvme_fault, *test_memlock_limit,
-      *test_nvme_free, *save_dtype, *max_shard_size, *keep_last, *val_data,
-      *eval_every, *eval_batches;
+  char *model, *data, *plan, *seed, *out, *save_every, *max_skipped_steps,
+      *log_json, *trace, *backend, *device_memory, *tokenizer, *resume_from,
+      *save_on_signal, *threads, *test_copy_delay_us, *test_nvme_fault,
+      *test_memlock_limit, *test_nvme_free, *save_dtype, *max_shard_size,
+      *keep_last, *val_data, *eval_every, *eval_batches;
   char **nvme_dirs;
   char *revision; /* --revision: of a Hub id --model */
   gboolean resume, overwrite, shuffle, delayed_update, stream_times,
       allow_unpinned, ignore_extra_tensors;
 } TrainOptions;
-
-static gboolean
-parse_double (const char *flag, const char *v, double lo, double *out,
-              GError **error)
-{
-  if (v == NULL)
-    return TRUE;
-  char *end = NULL;
-  double x = g_ascii_strtod (v, &end);
-  if (end == v || *end != '\0' || !isfinite (x) || x < lo)
-    {
-      g_set_error (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
-                   "%s \"%s\": expected a number >= %g", flag, v, lo);
-      return FALSE;
-    }
-  *out = x;
-  return TRUE;
-}
 
 /* --test-nvme-fault KIND:N: the Nth I/O request to the optimizer's swap
  * files from the first step on fails as KIND, so that tests can check a
@@ -218,7 +199,7 @@ check_required (const TrainOptions *o, StowTrainPlan *c,
     bad = "--data FILES is required";
   else if (run->out_dir == NULL)
     bad = "--out DIR is required";
-  else if (o->steps == NULL)
+  else if (o->po.optim.steps == NULL)
     bad = "--steps N is required: the optimizer steps the run ends at";
   else if (!c->plan_path && (c->seq == 0 || c->micro_batch == 0))
     bad = "--seq and --micro-batch must be at least 1";
@@ -281,40 +262,15 @@ resolve (TrainOptions *o, StowTrainPlan *c, StowTrainConfig *run,
     c->backend = o->backend;
   run->backend = c->backend;
   guint64 threads = 0;
+  guint64 seed = 0;
   if (!parse_save (o, run, error)
-      || !parse_u64 ("--steps", o->steps, FALSE, &run->steps, error)
-      || !parse_u64 ("--warmup", o->warmup, TRUE, &c->optim.warmup_steps, error)
-      || !parse_u64 ("--seed", o->seed, TRUE, &c->optim.seed, error)
+      || !parse_u64 ("--seed", o->seed, TRUE, &seed, error)
       || !parse_u64 ("--max-skipped-steps", o->max_skipped_steps, TRUE,
                      &run->max_skipped_steps, error)
       || !parse_u64 ("--save-every", o->save_every, TRUE, &run->save_every,
                      error)
-      || !parse_u64 ("--threads", o->threads, TRUE, &threads, error)
-      || !parse_double ("--lr", o->lr, 0, &c->optim.lr, error)
-      || !parse_double ("--min-lr", o->min_lr, 0, &c->optim.min_lr, error)
-      || !parse_double ("--weight-decay", o->weight_decay, 0,
-                        &c->optim.weight_decay, error)
-      || !parse_double ("--beta1", o->beta1, 0, &c->optim.beta1, error)
-      || !parse_double ("--beta2", o->beta2, 0, &c->optim.beta2, error)
-      || !parse_double ("--eps", o->eps, 0, &c->optim.eps, error)
-      || !parse_double ("--max-grad-norm", o->max_grad_norm, 0,
-                        &c->optim.max_grad_norm, error))
+      || !parse_u64 ("--threads", o->threads, TRUE, &threads, error))
     return FALSE;
-  if (c->optim.beta1 >= 1 || c->optim.beta2 >= 1)
-    {
-      g_set_error (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
-                   "--beta1 %g, --beta2 %g: each must be below 1",
-                   c->optim.beta1, c->optim.beta2);
-      return FALSE;
-    }
-  if (!(c->optim.eps > 0))
-    {
-      g_set_error (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
-                   "--eps %s: Adam's epsilon must be above 0 (it divides "
-                   "by sqrt(v) + eps)",
-                   o->eps);
-      return FALSE;
-    }
   /* More compute threads than processors only take turns, and each holds
    * its own scratch. */
   guint procs = MAX (1u, g_get_num_processors ());
@@ -373,21 +329,22 @@ resolve (TrainOptions *o, StowTrainPlan *c, StowTrainConfig *run,
         }
       run->copy_delay_us = (guint)us;
     }
-  if (o->lr_schedule
-      && !stow_lr_schedule_parse (o->lr_schedule, &c->optim.schedule, error))
-    return FALSE;
-  /* The shape and placement flags, as every planning command parses
-   * them; train's own defaults (--seq 256, fp32) where not given. */
+  /* The shape, placement and optimizer flags, as every planning command
+   * parses them; train's own default --seq 256 where not given, one step
+   * without --steps, and --seed (the data order). */
   StowPlanOptions *po = &o->po;
   if (!stow_plan_options_parse_shape (po, error))
     return FALSE;
+  c->optim = po->plan.training.optim;
+  c->optim.seed = seed;
+  c->optim_flags = &po->optim;
+  run->steps = c->optim.total_steps;
   c->layout = po->plan.layout;
   c->pins = po->pins;
   c->seq = po->seq ? po->plan.training.seq_len : 256;
   c->micro_batch = po->plan.layout.micro_batch;
   c->global_batch = po->plan.training.global_batch;
-  c->precision
-      = po->precision ? po->plan.training.precision : STOW_PRECISION_FP32;
+  c->precision = po->plan.training.precision;
   if (c->precision != STOW_PRECISION_FP32
       && c->precision != STOW_PRECISION_BF16)
     {
@@ -493,13 +450,6 @@ resolve (TrainOptions *o, StowTrainPlan *c, StowTrainConfig *run,
       c->nvme_dirs = run->nvme_dirs
           = (char **)g_ptr_array_free (g_steal_pointer (&dirs), FALSE);
     }
-  if (c->optim.min_lr > c->optim.lr)
-    {
-      g_set_error (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
-                   "--min-lr %g is above --lr %g", c->optim.min_lr,
-                   c->optim.lr);
-      return FALSE;
-    }
   return check_required (o, c, run, error);
 }
 
@@ -554,6 +504,7 @@ catch_stop_signals (void)
 typedef struct
 {
   gboolean tty;
+  gboolean clipping; /* else the norm is not computed: "clipping off" */
 } Progress;
 
 static void
@@ -571,11 +522,14 @@ progress (const StowTrainStep *s, gpointer user)
         g_string_append_c (line, i < filled ? '#' : '.');
       g_string_append (line, "] ");
     }
+  g_autofree char *norm = p->clipping
+                              ? g_strdup_printf ("grad norm %.4g", s->grad_norm)
+                              : g_strdup ("clipping off");
   g_string_append_printf (
       line,
       "step %" G_GUINT64_FORMAT "/%" G_GUINT64_FORMAT
-      "  loss %.4f  grad norm %.4g  lr %.3g  %.0f tokens/s  ETA %s%s%s",
-      s->step, s->steps, s->loss, s->grad_norm, s->lr, s->tokens_per_s, eta,
+      "  loss %.4f  %s  lr %.3g  %.0f tokens/s  ETA %s%s%s",
+      s->step, s->steps, s->loss, norm, s->lr, s->tokens_per_s, eta,
       s->skipped ? "  (non-finite gradients: step skipped)" : "",
       s->saved ? "  saved" : "");
   if (!isnan (s->val_loss))
@@ -652,6 +606,7 @@ train_main (TrainOptions *o, StowTrainPlan *tp, StowTrainConfig *c,
       "the fastest layout that fits the device) lowered to its step program "
       "and run for real, with checkpoints that survive any crash.");
   g_option_context_add_main_entries (ctx, entries, NULL);
+  stow_optim_flags_add (NULL, ctx, &o->po.optim);
   g_autoptr (GError) error = NULL;
   if (!stow_cli_parse (ctx, "train", &argc, &argv))
     return STOW_EXIT_FAILURE;
@@ -695,6 +650,10 @@ train_main (TrainOptions *o, StowTrainPlan *tp, StowTrainConfig *c,
   c->progress_user = tp->notice_user = &pr;
   if (!stow_train_plan (tp, &error))
     return stow_cli_fail (error, NULL);
+  /* The run's settings as planned (a plan file's, with the flags over). */
+  c->steps = tp->plan.training.optim.total_steps;
+  pr.clipping
+      = tp->plan.training.optim.max_grad_norm > 0 && !tp->delayed_update;
   c->program = tp->prog;
   c->model = tp->model;
   c->device_memory = tp->device_bytes;
@@ -788,10 +747,6 @@ stow_cmd_train (int argc, char **argv)
       "directory in each, removed at exit); several, joined by ',' or "
       "repeated, are striped",
       "DIR[,DIR...]" },
-    { "steps", 0, 0, G_OPTION_ARG_STRING, &o.steps,
-      "The step the run ends at (required; with --resume, counted from "
-      "the run's start)",
-      "N" },
     { "seq", 0, 0, G_OPTION_ARG_STRING, &o.po.seq,
       "Sequence length in tokens (default 256)", "T" },
     { "micro-batch", 0, 0, G_OPTION_ARG_STRING, &o.po.micro_batch,
@@ -799,27 +754,9 @@ stow_cmd_train (int argc, char **argv)
     { "global-batch", 0, 0, G_OPTION_ARG_STRING, &o.po.global_batch,
       "Sequences per optimizer step (default: one micro-batch)", "G" },
     { "precision", 0, 0, G_OPTION_ARG_STRING, &o.po.precision,
-      "fp32 (default) or bf16 (bf16 weights, gradients and activations, "
-      "fp32 master weights and Adam states)",
+      "bf16 (default, as every command: bf16 weights, gradients and "
+      "activations, fp32 master weights and Adam states) or fp32",
       "P" },
-    { "lr", 0, 0, G_OPTION_ARG_STRING, &o.lr, "Peak learning rate (1e-3)",
-      "X" },
-    { "min-lr", 0, 0, G_OPTION_ARG_STRING, &o.min_lr,
-      "Learning rate at the last step for cosine and linear (0)", "X" },
-    { "warmup", 0, 0, G_OPTION_ARG_STRING, &o.warmup,
-      "Steps of linear warmup (0)", "N" },
-    { "lr-schedule", 0, 0, G_OPTION_ARG_STRING, &o.lr_schedule,
-      "constant (default), cosine or linear", "S" },
-    { "weight-decay", 0, 0, G_OPTION_ARG_STRING, &o.weight_decay,
-      "AdamW's decoupled weight decay on tensors of 2+ dimensions (0.01)",
-      "W" },
-    { "beta1", 0, 0, G_OPTION_ARG_STRING, &o.beta1, "Adam's beta1 (0.9)",
-      "B1" },
-    { "beta2", 0, 0, G_OPTION_ARG_STRING, &o.beta2, "Adam's beta2 (0.999)",
-      "B2" },
-    { "eps", 0, 0, G_OPTION_ARG_STRING, &o.eps, "Adam's epsilon (1e-8)", "E" },
-    { "max-grad-norm", 0, 0, G_OPTION_ARG_STRING, &o.max_grad_norm,
-      "Clip by the global L2 norm (1.0; 0: no clipping)", "C" },
     { "seed", 0, 0, G_OPTION_ARG_STRING, &o.seed,
       "Seed of the data order (--shuffle) (0)", "S" },
     { "out", 0, 0, G_OPTION_ARG_FILENAME, &o.out,
@@ -931,16 +868,6 @@ stow_cmd_train (int argc, char **argv)
                        &o.revision,
                        &o.data,
                        &o.plan,
-                       &o.steps,
-                       &o.lr,
-                       &o.min_lr,
-                       &o.warmup,
-                       &o.lr_schedule,
-                       &o.weight_decay,
-                       &o.beta1,
-                       &o.beta2,
-                       &o.eps,
-                       &o.max_grad_norm,
                        &o.seed,
                        &o.out,
                        &o.save_every,

@@ -183,7 +183,8 @@ stow_report_options_load_plan (StowReportOptions *ro, StowPlanOptions *po,
                                const char *model_arg, GError **error)
 {
   /* The plan is the whole question; a flag beside it would be ignored or
-   * would silently change the answer. */
+   * would silently change the answer.  (The optimizer's flags, which
+   * change neither memory nor time, go over the plan's settings.) */
   struct
   {
     const char *flag;
@@ -263,6 +264,10 @@ stow_report_options_load_plan (StowReportOptions *ro, StowPlanOptions *po,
   po->plan.training = plan->training;
   po->plan.layout = plan->layout;
   po->plan.mem = plan->mem_options;
+  /* The optimizer's settings change no byte or second of the plan: the
+   * flags given replace the plan's (as `train --plan` takes them). */
+  if (!stow_optim_flags_apply (&po->optim, &po->plan.training.optim, error))
+    return FALSE;
   po->pins = (StowPins)((STOW_PIN_SCHEDULE << 1) - 1);
   g_autofree char *warning = NULL;
   if (!stow_training_check_gpu (&po->plan.training, &po->cluster_obj->node.gpu,
@@ -383,6 +388,10 @@ stow_report_options_finish (StowReportOptions *ro, StowPlanOptions *po,
       g_auto (GStrv) warnings = stow_emit_warnings (ro->emit_v, plan);
       for (char **w = warnings; *w; w++)
         stow_cli_call_log_warning (po->call, *w);
+      /* What the config cannot carry of the run's optimizer settings. */
+      g_auto (GStrv) notes = stow_emit_notes (ro->emit_v, plan);
+      for (char **n = notes; *n; n++)
+        stow_cli_call_log_note (po->call, *n);
     }
   else
     {

@@ -33,7 +33,8 @@ gboolean stow_report_options_resolve (StowReportOptions *ro,
 
 /* --plan FILE: fills @po's model, cluster, training, layout, memory
  * options and pins every layout field.  A model argument or a model,
- * cluster or layout flag beside it is an error. */
+ * cluster or layout flag beside it is an error; the optimizer settings'
+ * flags (po->optim) go over the plan's. */
 gboolean stow_report_options_load_plan (StowReportOptions *ro,
                                         StowPlanOptions *po,
                                         const char *model_arg, GError **error);

@@ -42,9 +42,10 @@ stow_train_plan_init (StowTrainPlan *tp)
 {
   memset (tp, 0, sizeof *tp);
   stow_layout_init (&tp->layout);
-  stow_optim_settings_init (&tp->optim);
-  tp->optim.max_grad_norm = 1.0; /* as the HF Trainer */
-  tp->precision = STOW_PRECISION_FP32;
+  StowTraining t;
+  stow_training_init (&t); /* every command's defaults */
+  tp->optim = t.optim;
+  tp->precision = t.precision;
   tp->seq = 256;
   tp->micro_batch = 1;
   tp->backend = "cpu";
@@ -299,9 +300,9 @@ plan (StowTrainPlan *r, GError **error)
   mo->safety_margin_bytes = 0;
   mo->host_process_bytes = 0;
   /* What the program carries for real training. */
-  plan->lower.optim = c->optim;
   plan->lower.delayed_update = c->delayed_update;
   StowTraining *t = &plan->training;
+  t->optim = c->optim;
   t->seq_len = c->seq;
   t->global_batch = c->global_batch;
   t->precision = c->precision;
@@ -315,8 +316,14 @@ plan (StowTrainPlan *r, GError **error)
       if (c->layout.resident_layers != STOW_RESIDENT_AUTO
           && plan->layout.offload_params != STOW_OFFLOAD_NONE)
         plan->layout.resident_layers = c->layout.resident_layers;
-      /* The plan's training shape; the model is the directory's. */
+      /* The plan's training shape and optimizer settings, the optimizer
+       * flags given over them; the model is the directory's. */
       *t = pf->training;
+      if (c->optim_flags
+          && !stow_optim_flags_apply (c->optim_flags, &t->optim, error))
+        return FALSE;
+      t->optim.seed = c->optim.seed;
+      t->optim.total_steps = MAX (t->optim.total_steps, 1);
       plan->mem = pf->mem_options;
       if (pf->model && pf->model->params != r->model->params)
         {

@@ -10,6 +10,7 @@
  */
 #pragma once
 
+#include "cli/plan-options.h"
 #include "executor/train.h"
 #include "hw/hw.h"
 #include "planner/layout.h"
@@ -35,7 +36,11 @@ typedef struct
   guint pins; /* StowPins */
   guint64 seq, micro_batch, global_batch;
   StowPrecision precision;
+  /* The optimizer settings from the flags over the defaults, with the
+   * run's length and seed; with a plan file, the flags given
+   * (@optim_flags, borrowed; NULL: none) go over the plan's instead. */
   StowOptimSettings optim;
+  const StowOptimFlags *optim_flags;
   gboolean delayed_update;
   guint64 test_memlock_limit;   /* see stow_preflight_memlock */
   guint64 test_nvme_free_bytes; /* test knob: each --nvme-dir's free space */

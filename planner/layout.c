@@ -24,6 +24,7 @@ stow_training_init (StowTraining *t)
   t->finetune = STOW_FINETUNE_FULL;
   t->lora_rank = 8;
   t->flash_attention = TRUE;
+  stow_optim_settings_init (&t->optim);
 }
 
 void

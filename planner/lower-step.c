@@ -343,7 +343,7 @@ flush_refreshes (StowLower *L, StowLowerRank *R)
 static gboolean
 clipping (const StowLower *L)
 {
-  return L->so->optim.max_grad_norm > 0 && !L->so->delayed_update;
+  return L->t->optim.max_grad_norm > 0 && !L->so->delayed_update;
 }
 
 /* The global norm of the step's gradients, once every unit's are in

@@ -778,7 +778,7 @@ lower_init (StowLower *L, const StowModel *m, const StowCluster *c,
   L->p->micro_batch = l->micro_batch;
   L->p->grad_accum = l->grad_accum;
   L->p->global_batch = t->global_batch;
-  L->p->optim = so->optim;
+  L->p->optim = t->optim;
   stow_mem_state_bytes (m, t, &L->w, &L->g, &L->master, &L->opt);
   L->wg = stow_mem_gathered_weight_bytes (t, L->w);
   if (t->finetune != STOW_FINETUNE_FULL)

@@ -488,10 +488,64 @@ test_warnings (void)
   g_assert_cmpuint (r.status, ==, 200);
   check_same (&r, &run, url, "application/json");
   g_assert_nonnull (strstr (run.err, "a placeholder"));
-  const char *w = header (&r, "X-Stowage-Warning");
+  /* One header each, the warnings before the notes. */
+  const char *w
+      = soup_message_headers_get_list (r.headers, "X-Stowage-Warning");
   g_assert_nonnull (w);
   g_assert_nonnull (strstr (w, "the NVMe swap directory (nvme_path) is "
                                "/local_nvme, a placeholder"));
+  /* What the config cannot carry of the optimizer settings (issue 43):
+   * "note: ..." on the CLI's stderr, a header here. */
+  const char *decay = "note: --emit deepspeed: ds_config.json cannot say "
+                      "which tensors decay";
+  g_assert_nonnull (strstr (run.err, decay));
+  g_assert_nonnull (strstr (w, decay));
+  g_assert_cmpstr (header (&r, "X-Stowage-Warning"), !=, w);
+}
+
+/* The training settings' flags (issue 43) are the API's parameters too:
+ * the same config as the CLI's (their refusals: /serve/errors). */
+static void
+test_optim_params (void)
+{
+  g_autofree char *url = g_strdup_printf (
+      "%sapi/fit?model=llama-7b&gpus=8xA100-80GB&engine=deepspeed&emit="
+      "deepspeed&lr=3e-4&warmup=10&lr-schedule=cosine&min-lr=3e-5&steps="
+      "100&max-grad-norm=0.5&weight-decay-on=all",
+      server.url);
+  g_auto (Reply) r = { 0 };
+  http (session, "GET", url, NULL, NULL, 0, &r);
+  const char *args[] = { "fit",
+                         "llama-7b",
+                         "--gpus",
+                         "8xA100-80GB",
+                         "--engine",
+                         "deepspeed",
+                         "--emit",
+                         "deepspeed",
+                         "--lr",
+                         "3e-4",
+                         "--warmup",
+                         "10",
+                         "--lr-schedule",
+                         "cosine",
+                         "--min-lr",
+                         "3e-5",
+                         "--steps",
+                         "100",
+                         "--max-grad-norm",
+                         "0.5",
+                         "--weight-decay-on",
+                         "all",
+                         NULL };
+  g_auto (StowRun) run = { 0 };
+  stow_runv (&run, args);
+  g_assert_cmpint (run.status, ==, 0);
+  g_assert_cmpuint (r.status, ==, 200);
+  check_same (&r, &run, url, "application/json");
+  g_autofree char *body = reply_string (&r);
+  g_assert_nonnull (strstr (body, "\"gradient_clipping\" : 0.5"));
+  g_assert_nonnull (strstr (body, "\"WarmupCosineLR\""));
 }
 
 /* ---- failures --------------------------------------------------------------
@@ -563,6 +617,10 @@ test_errors (void)
     { "api/simulate?model=gpt2&gpus=1xA100-80GB&trace=/tmp/t.json", 400,
       "trace", "no files" },
     { "api/fit?model=llama-65b&gpus=local", 400, "gpus", "local" },
+    { "api/fit?model=llama-65b&gpus=8xA100-80GB&lr=fast", 400, "lr",
+      "expected a number" },
+    { "api/mem?model=llama-65b&gpus=8xA100-80GB&lr-schedule=cosine", 400,
+      "lr-schedule", "give --steps N" },
     { "api/fit?model=--output=/tmp/x&gpus=8xA100-80GB", 404, "model",
       "unknown model" },
     { "api/fit?model=llama-65b&model=llama-7b&gpus=8xA100-80GB", 400, NULL,
@@ -961,6 +1019,7 @@ main (int argc, char **argv)
   g_test_add_func ("/serve/json-body", test_api_json_body);
   g_test_add_func ("/serve/pasted-config", test_api_pasted_config);
   g_test_add_func ("/serve/warnings", test_warnings);
+  g_test_add_func ("/serve/optim-params", test_optim_params);
   g_test_add_func ("/serve/errors", test_errors);
   g_test_add_func ("/serve/page", test_page);
   g_test_add_func ("/serve/page-while-searching", test_page_while_searching);

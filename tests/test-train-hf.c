@@ -66,9 +66,10 @@ test_sharded_in_and_out (void)
   g_assert_cmpint (r1.status, ==, 0);
   g_auto (StowRun) r2 = { 0 };
   const char *from_shards[]
-      = { "train", "--model",       sharded, "--data",         f.shard, "--seq",
-          "16",    "--micro-batch", "2",     "--global-batch", "4",     "--lr",
-          "0.003", "--out",         b,       "--steps",        "2",     NULL };
+      = { "train",   "--model", sharded,         "--data", f.shard,
+          "--seq",   "16",      "--micro-batch", "2",      "--global-batch",
+          "4",       "--lr",    "0.003",         "--out",  b,
+          "--steps", "2",       "--precision",   "fp32",   NULL };
   stow_runv (&r2, from_shards);
   g_assert_cmpint (r2.status, ==, 0);
   assert_same_checkpoint (a, b);
@@ -153,10 +154,11 @@ test_save_dtype (void)
   g_assert_cmpint (init.status, ==, 0);
   g_autofree char *out = g_build_filename (f.dir, "fp32-run", NULL);
   g_auto (StowRun) r0 = { 0 };
-  const char *args[]
-      = { "train", "--model",       bf,  "--data",         f.shard, "--seq",
-          "16",    "--micro-batch", "2", "--global-batch", "4",     "--lr",
-          "0.003", "--out",         out, "--steps",        "1",     NULL };
+  const char *args[] = { "train", "--model",        bf,     "--data",
+                         f.shard, "--seq",          "16",   "--micro-batch",
+                         "2",     "--global-batch", "4",    "--lr",
+                         "0.003", "--out",          out,    "--steps",
+                         "1",     "--precision",    "fp32", NULL };
   stow_runv (&r0, args);
   g_assert_cmpint (r0.status, ==, 0);
   g_autofree char *t0 = torch_dtype_of (out);

@@ -603,7 +603,8 @@ test_preflight_memlock (void)
                          out,     "--steps",
                          "2",     "--offload-optimizer",
                          "cpu",   "--test-memlock-limit",
-                         "64KiB", NULL };
+                         "64KiB", "--precision",
+                         "fp32",  NULL };
   stow_runv (&r1, argv);
   if (strstr (r1.err, "--allow-unpinned") != NULL && r1.status == 0)
     {

@@ -347,7 +347,8 @@ test_refused_changes (void)
   g_auto (StowRun) rm = { 0 };
   stow_run (&rm, "train", "--model", f.model, "--data", moved, "--seq", "16",
             "--micro-batch", "2", "--global-batch", "4", "--lr", "0.003",
-            "--out", out, "--steps", "3", "--resume", NULL);
+            "--out", out, "--steps", "3", "--resume", "--precision", "fp32",
+            NULL);
   g_assert_cmpint (rm.status, ==, 0);
   g_assert_nonnull (strstr (rm.err, "the same tokens"));
   fixture_clear (&f);

@@ -103,7 +103,19 @@ train_argv (Fixture *f, const char *out, const char *const *extra)
                          "--out",
                          out,
                          NULL };
-  return args_join (base, extra);
+  GPtrArray *a = args_join (base, extra);
+  /* fp32 unless the test names a precision: the figures these tests hold
+   * (the oracle's tolerances, faults counted in I/O requests) are fp32's,
+   * which is no longer train's default (bf16, as every command). */
+  gboolean named = FALSE;
+  for (guint i = 0; extra && extra[i]; i++)
+    named |= g_str_equal (extra[i], "--precision");
+  if (!named)
+    {
+      g_ptr_array_insert (a, (gint)a->len - 1, (gpointer) "--precision");
+      g_ptr_array_insert (a, (gint)a->len - 1, (gpointer) "fp32");
+    }
+  return a;
 }
 
 void

@@ -30,7 +30,8 @@ void fixture_clear (Fixture *f);
  * NULL-ended array borrowing their strings. */
 GPtrArray *args_join (const char *const *first, const char *const *second);
 /* Runs train on the fixture (seq 16, micro-batch 2, global batch 4, lr
- * 0.003) with @out and the extra flags (NULL ended). */
+ * 0.003, fp32 unless the extra flags give --precision) with @out and the
+ * extra flags (NULL ended). */
 void train (StowRun *r, Fixture *f, const char *out,
             ...) G_GNUC_NULL_TERMINATED;
 /* The same with the extra flags in @extra (NULL ended). */

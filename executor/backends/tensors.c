@@ -553,7 +553,7 @@ stow_tensor_map_adam_config (const StowTensorMap *m, guint unit, guint k,
   cfg->lr = lr;
   cfg->beta1 = p->optim.beta1, cfg->beta2 = p->optim.beta2;
   cfg->eps = p->optim.eps;
-  cfg->weight_decay = t->n_dims >= 2 ? p->optim.weight_decay : 0.0;
+  cfg->weight_decay = stow_optim_decay_of (&p->optim, t->n_dims);
 }
 
 void

@@ -345,7 +345,8 @@ def run_case(name, stowage, work, backend="cpu", worsts=None):
            "--lr-schedule", case["schedule"],
            "--weight-decay", repr(case["wd"]),
            "--max-grad-norm", repr(case["clip"]), "--out", out,
-           "--log-json", log, "--threads", "2", "--backend", backend]
+           "--log-json", log, "--threads", "2", "--backend", backend,
+           "--precision", "fp32"]  # the oracle runs fp32; train's default is bf16
     if case["recompute"]:
         cmd += ["--recompute", case["recompute"]]
     cmd += [nvme if f == "NVME" else f for f in case.get("flags", [])]
