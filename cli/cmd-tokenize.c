@@ -5,10 +5,13 @@
  * `stowage train --data`.  Prints what it wrote on stdout; a progress bar
  * on stderr when stderr is a terminal.
  */
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
+
+#include <glib/gstdio.h>
 
 #include "cli/cli.h"
 #include "cli/commands.h"
@@ -193,12 +196,23 @@ stow_cmd_tokenize (int argc, char **argv)
   Progress pr = { .tty = isatty (2), .start_us = g_get_monotonic_time () };
   job.progress = progress;
   job.user = &pr;
+  /* --out data/qa: the folder made for it, and taken away again when
+   * nothing was written there. */
+  g_autofree char *out_dir = g_path_get_dirname (out);
+  gboolean made = !g_file_test (out_dir, G_FILE_TEST_IS_DIR);
+  if (made && g_mkdir_with_parents (out_dir, 0755) != 0)
+    return stow_cli_failf (NULL, "tokenize: --out \"%s\": %s", out,
+                           g_strerror (errno));
   StowTokenizeResult r;
   gboolean ok = stow_tokenize_corpus (&job, &r, &error);
   if (pr.tty)
     fprintf (stderr, "\r\033[K");
   if (!ok)
-    return stow_cli_fail (error, NULL);
+    {
+      if (made)
+        g_rmdir (out_dir);
+      return stow_cli_fail (error, NULL);
+    }
 
   char count[STOW_FORMAT_BUF], docs[STOW_FORMAT_BUF];
   printf ("tokenizer: %s, %u ids: uint%u tokens; each document: ",
