@@ -155,6 +155,22 @@ stow_llama_model_open (const char *config_path, StowLlamaConfig *out,
       refuse_type (config_path, type, error);
       return NULL;
     }
+  /* Qwen2's and Qwen3's sliding-window attention (off in every released
+   * config): the runtime's attention is full causal, so refuse rather
+   * than run other math. */
+  gboolean sliding = FALSE;
+  if (json_object_has_member (cfg, "use_sliding_window")
+      && !stow_json_get_bool (cfg, config_path, "use_sliding_window", FALSE,
+                              &sliding, error))
+    return NULL;
+  if (sliding)
+    {
+      g_set_error (error, STOW_LLAMA_ERROR, STOW_LLAMA_ERROR_INVALID,
+                   "%s: use_sliding_window true: the executor runs full "
+                   "causal attention",
+                   config_path);
+      return NULL;
+    }
   guint64 max_pos = 0;
   if (!stow_json_get_u64 (cfg, config_path, "max_position_embeddings", FALSE,
                           &max_pos, error))
