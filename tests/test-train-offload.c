@@ -60,6 +60,19 @@ test_offload_optimizer (void)
   fixture_clear (&f);
 }
 
+/* Three steps at @prec with @placement's flags (NULL ended) into @out,
+ * which must succeed. */
+static void
+train_placed (StowRun *r, Fixture *f, const char *out, const char *prec,
+              const char *const *placement)
+{
+  const char *const common[] = { "--steps", "3", "--precision", prec, NULL };
+  g_autoptr (GPtrArray) extra = args_join (common, placement);
+  trainv (r, f, out, (const char *const *)extra->pdata);
+  g_test_message ("%s %s %s: %s", prec, placement[0], placement[1], r->err);
+  g_assert_cmpint (r->status, ==, 0);
+}
+
 /* A model whose output layer is its embedding (Qwen2.5-0.5B, Llama 3.2,
  * Gemma): the loss writes the embedding's gradient, which the embedding's
  * backward adds to, so with the optimizer off the device that gradient
@@ -98,13 +111,8 @@ test_offload_tied (void)
         {
           g_autofree char *out
               = g_strdup_printf ("%s/tied-%s-%u", f.dir, prec, k);
-          const char *const common[]
-              = { "--steps", "3", "--precision", prec, NULL };
-          g_autoptr (GPtrArray) extra = args_join (common, placements[k]);
           g_auto (StowRun) r = { 0 };
-          trainv (&r, &f, out, (const char *const *)extra->pdata);
-          g_test_message ("%s %s: %s", prec, placements[k][1], r.err);
-          g_assert_cmpint (r.status, ==, 0);
+          train_placed (&r, &f, out, prec, placements[k]);
           static const char *const layouts[]
               = { "optimizer cpu", "optimizer nvme" };
           g_assert_nonnull (strstr (r.err, layouts[k]));
@@ -170,14 +178,8 @@ test_offload_qwen3 (void)
         {
           g_autofree char *out
               = g_strdup_printf ("%s/qwen3-%s-%u", f.dir, prec, k);
-          const char *const common[]
-              = { "--steps", "3", "--precision", prec, NULL };
-          g_autoptr (GPtrArray) extra = args_join (common, placements[k]);
           g_auto (StowRun) r = { 0 };
-          trainv (&r, &f, out, (const char *const *)extra->pdata);
-          g_test_message ("%s %s %s: %s", prec, placements[k][0],
-                          placements[k][1], r.err);
-          g_assert_cmpint (r.status, ==, 0);
+          train_placed (&r, &f, out, prec, placements[k]);
           assert_same_checkpoint (dev, out);
           assert_peak_as_simulated (&r);
         }
