@@ -1036,7 +1036,6 @@ main (int argc, char **argv)
                                  "llama3-rope-scaling",
                                  "qwen2-qkv-bias",
                                  "qwen3-qk-norm",
-                                 "qwen3-qk-norm-tied-mha",
                                  "qwen3-bf16",
                                  "llama-all-biases-tied",
                                  "long-seq-chunked-loss",
