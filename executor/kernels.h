@@ -52,16 +52,22 @@ typedef struct
                 gboolean accumulate, const void *R, guint64 ldr,
                 const void *bias);
 
-  /* y (n, h) = w * x / sqrt (mean (x^2) + eps), HF's order (w times the
-   * normalised x); y fp32 when @y_f32, else the dtype. */
-  void (*rmsnorm) (void *ctx, guint64 n, const void *x, const void *w, void *y,
-                   gboolean y_f32);
-  /* rstd (n) fp32 = 1 / sqrt (mean (x^2) + eps) of each row of x (n, h). */
-  void (*rms_rstd) (void *ctx, guint64 n, const void *x, float *rstd);
-  /* dx (n, h) = dres + RMSNorm's input gradient from dy (fp32 when
+  /* y (n, cols) = w * x / sqrt (mean (x^2) + eps), HF's order (w times
+   * the normalised x); y fp32 when @y_f32, else the dtype.  @cols is the
+   * row width: hidden for the decoder's norms, head_dim for Qwen3's
+   * per-head q/k norms (n = tokens times heads), at most max (hidden,
+   * ffn, heads head_dim). */
+  void (*rmsnorm) (void *ctx, guint64 n, guint64 cols, const void *x,
+                   const void *w, void *y, gboolean y_f32);
+  /* rstd (n) fp32 = 1 / sqrt (mean (x^2) + eps) of each row of x (n,
+   * cols). */
+  void (*rms_rstd) (void *ctx, guint64 n, guint64 cols, const void *x,
+                    float *rstd);
+  /* dx (n, cols) = dres + RMSNorm's input gradient from dy (fp32 when
    * @dy_f32), x, w and the rows' rstd; @dres (the dtype) may be NULL.  dx
-   * may alias x or dres: each row is read whole before it is written. */
-  void (*rmsnorm_backward) (void *ctx, guint64 n, const void *dy,
+   * may alias dy, x or dres: each row is read whole before it is
+   * written. */
+  void (*rmsnorm_backward) (void *ctx, guint64 n, guint64 cols, const void *dy,
                             gboolean dy_f32, const void *x, const void *w,
                             const float *rstd, const void *dres, void *dx);
   /* Rotary embeddings in place on p (n, heads d), HF's rotate-half

@@ -181,24 +181,24 @@ gemm (void *ctx, guint64 M, guint64 N, guint64 K, float alpha, StowMat A,
 }
 
 static void
-rmsnorm (void *ctx, guint64 n, const void *x, const void *w, void *y,
-         gboolean y_f32)
+rmsnorm (void *ctx, guint64 n, guint64 cols, const void *x, const void *w,
+         void *y, gboolean y_f32)
 {
-  stow_llama_rmsnorm (ctx, n, x, w, y, y_f32, NULL);
+  stow_llama_rmsnorm (ctx, n, cols, x, w, y, y_f32, NULL);
 }
 
 static void
-rms_rstd (void *ctx, guint64 n, const void *x, float *rstd)
+rms_rstd (void *ctx, guint64 n, guint64 cols, const void *x, float *rstd)
 {
-  stow_llama_rms_rstd (ctx, n, x, rstd);
+  stow_llama_rms_rstd (ctx, n, cols, x, rstd);
 }
 
 static void
-rmsnorm_backward (void *ctx, guint64 n, const void *dy, gboolean dy_f32,
-                  const void *x, const void *w, const float *rstd,
-                  const void *dres, void *dx)
+rmsnorm_backward (void *ctx, guint64 n, guint64 cols, const void *dy,
+                  gboolean dy_f32, const void *x, const void *w,
+                  const float *rstd, const void *dres, void *dx)
 {
-  stow_llama_rmsnorm_backward (ctx, n, dy, dy_f32, x, w, rstd, dres, dx);
+  stow_llama_rmsnorm_backward (ctx, n, cols, dy, dy_f32, x, w, rstd, dres, dx);
 }
 
 static void

@@ -263,9 +263,9 @@ row_rstd (const float *x, guint64 h, float eps)
 }
 
 void
-stow_llama_rms_rstd (StowLlama *L, guint64 n, const void *x, float *rstd)
+stow_llama_rms_rstd (StowLlama *L, guint64 n, guint64 h, const void *x,
+                     float *rstd)
 {
-  guint64 h = L->config.hidden;
   float eps = (float)L->config.rms_norm_eps;
 #pragma omp parallel num_threads(L->n_threads)
   {
@@ -277,10 +277,11 @@ stow_llama_rms_rstd (StowLlama *L, guint64 n, const void *x, float *rstd)
 }
 
 void
-stow_llama_rmsnorm (StowLlama *L, guint64 n, const void *x, const void *w,
-                    void *y, gboolean y_f32, float *rstd)
+stow_llama_rmsnorm (StowLlama *L, guint64 n, guint64 h, const void *x,
+                    const void *w, void *y, gboolean y_f32, float *rstd)
 {
-  guint64 h = L->config.hidden, W = L->row_floats;
+  guint64 W = L->row_floats;
+  g_assert (h <= W);
   float eps = (float)L->config.rms_norm_eps;
 #pragma omp parallel num_threads(L->n_threads)
   {
@@ -306,11 +307,12 @@ stow_llama_rmsnorm (StowLlama *L, guint64 n, const void *x, const void *w,
 }
 
 void
-stow_llama_rmsnorm_backward (StowLlama *L, guint64 n, const void *dy,
+stow_llama_rmsnorm_backward (StowLlama *L, guint64 n, guint64 h, const void *dy,
                              gboolean dy_f32, const void *x, const void *w,
                              const float *rstd, const void *dres, void *dx)
 {
-  guint64 h = L->config.hidden, W = L->row_floats;
+  guint64 W = L->row_floats;
+  g_assert (h <= W);
 #pragma omp parallel num_threads(L->n_threads)
   {
     float *ws = stow_llama_thread_ws (L, (guint)omp_get_thread_num ());

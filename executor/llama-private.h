@@ -108,17 +108,20 @@ void stow_llama_gemm (StowLlama *L, guint64 M, guint64 N, guint64 K,
 
 /* ---- row kernels (n rows, each independent; any thread count) ------------ */
 
-/* y (n, h) = RMSNorm (x; w); @rstd (n, may be NULL) gets 1/rms of each
+/* y (n, h) = RMSNorm (x; w) over rows of @h elements (the hidden size, or
+ * head_dim for per-head norms); @rstd (n, may be NULL) gets 1/rms of each
  * row.  @y_f32: y is fp32 (else the runtime's dtype). */
-void stow_llama_rmsnorm (StowLlama *L, guint64 n, const void *x, const void *w,
-                         void *y, gboolean y_f32, float *rstd);
+void stow_llama_rmsnorm (StowLlama *L, guint64 n, guint64 h, const void *x,
+                         const void *w, void *y, gboolean y_f32, float *rstd);
 /* 1 / sqrt (mean (x^2) + eps) of each row of x (n, h) into @rstd (n). */
-void stow_llama_rms_rstd (StowLlama *L, guint64 n, const void *x, float *rstd);
+void stow_llama_rms_rstd (StowLlama *L, guint64 n, guint64 h, const void *x,
+                          float *rstd);
 /* dx (n, h) = @dres + d/dx of RMSNorm given dy (fp32 when @dy_f32),
  * x, w and the rows' @rstd; @dres (the runtime's dtype) may be NULL.  dx
- * may alias x or dres: each row is read whole before it is written. */
-void stow_llama_rmsnorm_backward (StowLlama *L, guint64 n, const void *dy,
-                                  gboolean dy_f32, const void *x, const void *w,
+ * may alias dy, x or dres: each row is read whole before it is written. */
+void stow_llama_rmsnorm_backward (StowLlama *L, guint64 n, guint64 h,
+                                  const void *dy, gboolean dy_f32,
+                                  const void *x, const void *w,
                                   const float *rstd, const void *dres,
                                   void *dx);
 /* Rotary embeddings in place on p (n, heads d), row r at position r % seq;

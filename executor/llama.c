@@ -28,7 +28,8 @@ G_DEFINE_QUARK (stow-llama-error-quark, stow_llama_error)
 
 /* The model types the runtime runs (the families of
  * stow_llama_config_from_model). */
-static const char *const runtime_types[] = { "llama", "mistral", "qwen2" };
+static const char *const runtime_types[]
+    = { "llama", "mistral", "qwen2", "qwen3" };
 
 static gboolean
 runs_type (const char *type)
@@ -44,8 +45,8 @@ refuse_type (const char *where, const char *type, GError **error)
 {
   g_set_error (error, STOW_LLAMA_ERROR, STOW_LLAMA_ERROR_INVALID,
                "%s: model_type \"%s\": the executor runs LLaMA-family "
-               "decoders (llama, mistral, qwen2); stowage fit and plan "
-               "count it",
+               "decoders (llama, mistral, qwen2, qwen3); stowage fit and "
+               "plan count it",
                where, type);
   return FALSE;
 }
@@ -154,6 +155,22 @@ stow_llama_model_open (const char *config_path, StowLlamaConfig *out,
       refuse_type (config_path, type, error);
       return NULL;
     }
+  /* Qwen2's and Qwen3's sliding-window attention (off in every released
+   * config): the runtime's attention is full causal, so refuse rather
+   * than run other math. */
+  gboolean sliding = FALSE;
+  if (json_object_has_member (cfg, "use_sliding_window")
+      && !stow_json_get_bool (cfg, config_path, "use_sliding_window", FALSE,
+                              &sliding, error))
+    return NULL;
+  if (sliding)
+    {
+      g_set_error (error, STOW_LLAMA_ERROR, STOW_LLAMA_ERROR_INVALID,
+                   "%s: use_sliding_window true: the executor runs full "
+                   "causal attention",
+                   config_path);
+      return NULL;
+    }
   guint64 max_pos = 0;
   if (!stow_json_get_u64 (cfg, config_path, "max_position_embeddings", FALSE,
                           &max_pos, error))
@@ -218,6 +235,7 @@ stow_llama_config_from_model (const StowModel *m, StowLlamaConfig *c,
   c->qkv_bias = m->qkv_bias;
   c->o_bias = m->o_bias;
   c->mlp_bias = m->mlp_bias;
+  c->qk_norm = m->qk_norm;
   c->tied = m->tied_embeddings;
   if (!stow_llama_config_check (c, error))
     {
@@ -231,12 +249,13 @@ stow_llama_config_from_model (const StowModel *m, StowLlamaConfig *c,
 
 /* Elements per token of the saved tensors of the runtime's dtype:
  * 4 h + 2 a d + 2 k d + 3 f (xn1, q, k, v, o, h1, xn2, gate, up, act,
- * out). */
+ * out), and a d + k d (qr, kr) with qk_norm. */
 static guint64
 saved_elems_per_token (const StowLlamaConfig *c)
 {
   guint64 ad = c->n_heads * c->head_dim, kd = c->n_kv_heads * c->head_dim;
-  return 4 * c->hidden + 2 * ad + 2 * kd + 3 * c->ffn;
+  return 4 * c->hidden + 2 * ad + 2 * kd + 3 * c->ffn
+         + (c->qk_norm ? ad + kd : 0);
 }
 
 guint64
@@ -287,6 +306,11 @@ stow_llama_config_saved_carve (const StowLlamaConfig *c, guint64 e, guint64 n,
   s->gate = p, p += e * n * f;
   s->up = p, p += e * n * f;
   s->act = p, p += e * n * f;
+  if (c->qk_norm)
+    {
+      s->qr = p, p += e * n * ad;
+      s->kr = p, p += e * n * kd;
+    }
   g_assert ((guint64)(p - (guint8 *)rest)
             == stow_llama_config_saved_bytes (c, e, n)
                    - stow_llama_config_out_bytes (c, e, n));
@@ -389,6 +413,8 @@ layer_args_ok (const StowDecoder *d, guint64 batch, guint64 seq,
     return FALSE;
   if (c->mlp_bias && (!w->bg || !w->bu || !w->bd))
     return FALSE;
+  if (c->qk_norm && (!w->q_norm || !w->k_norm))
+    return FALSE;
   return TRUE;
 }
 
@@ -401,6 +427,7 @@ stow_decoder_layer_forward (const StowDecoder *d, guint64 batch, guint64 seq,
   g_return_if_fail (layer_args_ok (d, batch, seq, w));
   g_return_if_fail (s->xn1 && s->q && s->k && s->v && s->o && s->lse && s->h1
                     && s->xn2 && s->gate && s->up && s->act);
+  g_return_if_fail (!d->config.qk_norm || (s->qr && s->kr));
   if (failed (d))
     return;
   const StowKernels *k = d->k;
@@ -409,16 +436,27 @@ stow_decoder_layer_forward (const StowDecoder *d, guint64 batch, guint64 seq,
   guint64 n = batch * seq, h = c->hidden, f = c->ffn;
   guint64 ad = c->n_heads * c->head_dim, kd = c->n_kv_heads * c->head_dim;
 
-  k->rmsnorm (ctx, n, x, w->attn_norm, s->xn1, FALSE);
-  linear (d, n, h, ad, s->xn1, w->wq, c->qkv_bias ? w->bq : NULL, NULL, s->q);
-  linear (d, n, h, kd, s->xn1, w->wk, c->qkv_bias ? w->bk : NULL, NULL, s->k);
+  k->rmsnorm (ctx, n, h, x, w->attn_norm, s->xn1, FALSE);
+  /* Qwen3 (modeling_qwen3.py, Qwen3Attention.forward): q_norm (q_proj (x))
+   * over each head's head_dim, likewise k, then the rotary embedding; the
+   * projections go to qr and kr, which the norms' backward reads. */
+  void *qp = c->qk_norm ? s->qr : s->q, *kp = c->qk_norm ? s->kr : s->k;
+  linear (d, n, h, ad, s->xn1, w->wq, c->qkv_bias ? w->bq : NULL, NULL, qp);
+  linear (d, n, h, kd, s->xn1, w->wk, c->qkv_bias ? w->bk : NULL, NULL, kp);
   linear (d, n, h, kd, s->xn1, w->wv, c->qkv_bias ? w->bv : NULL, NULL, s->v);
+  if (c->qk_norm)
+    {
+      k->rmsnorm (ctx, n * c->n_heads, c->head_dim, s->qr, w->q_norm, s->q,
+                  FALSE);
+      k->rmsnorm (ctx, n * c->n_kv_heads, c->head_dim, s->kr, w->k_norm, s->k,
+                  FALSE);
+    }
   k->rope (ctx, n, seq, c->n_heads, s->q, FALSE);
   k->rope (ctx, n, seq, c->n_kv_heads, s->k, FALSE);
   k->attention_forward (ctx, batch, seq, s->q, s->k, s->v, s->o, s->lse);
   /* h1 = x + o_proj (o) */
   linear (d, n, ad, h, s->o, w->wo, c->o_bias ? w->bo : NULL, x, s->h1);
-  k->rmsnorm (ctx, n, s->h1, w->mlp_norm, s->xn2, FALSE);
+  k->rmsnorm (ctx, n, h, s->h1, w->mlp_norm, s->xn2, FALSE);
   linear (d, n, h, f, s->xn2, w->wg, c->mlp_bias ? w->bg : NULL, NULL, s->gate);
   linear (d, n, h, f, s->xn2, w->wu, c->mlp_bias ? w->bu : NULL, NULL, s->up);
   k->swiglu (ctx, n, s->gate, s->up, s->act);
@@ -450,13 +488,18 @@ stow_decoder_layer_backward (const StowDecoder *d, guint64 batch, guint64 seq,
   gboolean acc = accumulate;
 
   /* The working set: fp32 parts first so that each part is aligned to its
-   * element type.  In all 4 n (h + 1) + e n (f + 2 a d + 2 k d) bytes,
-   * within stow_llama_config_backward_ws_bytes for any shape. */
+   * element type.  In all 4 n (h + 1) + e n (f + 2 a d + 2 k d) bytes, and
+   * 4 n (a + k) more with qk_norm, within
+   * stow_llama_config_backward_ws_bytes for any shape (which has e n (a d
+   * + k d) more with qk_norm, and d >= 2). */
   guint8 *p = ws;
   float *dxn = (float *)p; /* (n, h) fp32: dL/d(norm output) */
   p += 4 * n * h;
   float *rstd = (float *)p; /* (n) */
   p += 4 * n;
+  float *qk_rstd = (float *)p; /* (n (a + k)) with qk_norm */
+  if (c->qk_norm)
+    p += 4 * n * (c->n_heads + c->n_kv_heads);
   void *dact = p; /* (n, f) */
   p += e * n * f;
   void *dout_attn = p; /* (n, a d): dL/do */
@@ -488,9 +531,10 @@ stow_decoder_layer_backward (const StowDecoder *d, guint64 batch, guint64 seq,
     }
   /* xn2 = RMSNorm (h1): the norm's weight gradient, then dh1 = dout +
    * RMSNorm' (dxn2) over dout. */
-  k->rms_rstd (ctx, n, s->h1, rstd);
+  k->rms_rstd (ctx, n, h, s->h1, rstd);
   k->colsum (ctx, n, h, dxn, TRUE, s->h1, rstd, gr->mlp_norm, acc);
-  k->rmsnorm_backward (ctx, n, dxn, TRUE, s->h1, w->mlp_norm, rstd, dout, dout);
+  k->rmsnorm_backward (ctx, n, h, dxn, TRUE, s->h1, w->mlp_norm, rstd, dout,
+                       dout);
 
   /* Attention: h1 = x + o_proj (o) (+ bo). */
   input_grad (d, n, ad, h, dout, w->wo, dout_attn, FALSE, FALSE);
@@ -501,6 +545,23 @@ stow_decoder_layer_backward (const StowDecoder *d, guint64 batch, guint64 seq,
                          dout_attn, dq, dk, dv);
   k->rope (ctx, n, seq, c->n_heads, dq, TRUE);
   k->rope (ctx, n, seq, c->n_kv_heads, dk, TRUE);
+  if (c->qk_norm)
+    {
+      /* Qwen3's per-head norms: rows of head_dim, n a of q's and n k of
+       * k's.  Each weight's gradient sums over heads and tokens (the
+       * colsum's rows, in a fixed order); dq and dk become the
+       * projections' output gradients in place. */
+      guint64 nq = n * c->n_heads, nk = n * c->n_kv_heads, hd = c->head_dim;
+      float *rq = qk_rstd, *rk = qk_rstd + nq;
+      k->rms_rstd (ctx, nq, hd, s->qr, rq);
+      k->colsum (ctx, nq, hd, dq, FALSE, s->qr, rq, gr->q_norm, acc);
+      k->rmsnorm_backward (ctx, nq, hd, dq, FALSE, s->qr, w->q_norm, rq, NULL,
+                           dq);
+      k->rms_rstd (ctx, nk, hd, s->kr, rk);
+      k->colsum (ctx, nk, hd, dk, FALSE, s->kr, rk, gr->k_norm, acc);
+      k->rmsnorm_backward (ctx, nk, hd, dk, FALSE, s->kr, w->k_norm, rk, NULL,
+                           dk);
+    }
   if (c->qkv_bias)
     {
       k->colsum (ctx, n, ad, dq, FALSE, NULL, NULL, gr->bq, acc);
@@ -515,9 +576,9 @@ stow_decoder_layer_backward (const StowDecoder *d, guint64 batch, guint64 seq,
   weight_grad (d, n, h, kd, dv, s->xn1, gr->wv, acc);
   /* xn1 = RMSNorm (x): every read of x happens before dx (which may be x)
    * is written, row by row, last. */
-  k->rms_rstd (ctx, n, x, rstd);
+  k->rms_rstd (ctx, n, h, x, rstd);
   k->colsum (ctx, n, h, dxn, TRUE, x, rstd, gr->attn_norm, acc);
-  k->rmsnorm_backward (ctx, n, dxn, TRUE, x, w->attn_norm, rstd, dout, dx);
+  k->rmsnorm_backward (ctx, n, h, dxn, TRUE, x, w->attn_norm, rstd, dout, dx);
 }
 
 /* ---- output layer and loss ----------------------------------------------- */
@@ -566,7 +627,7 @@ stow_decoder_head_loss (const StowDecoder *d, guint64 n, const void *norm,
     {
       guint64 cn = MIN (chunk, n - c0);
       const guint8 *xc = (const guint8 *)x + c0 * h * e;
-      k->rmsnorm (ctx, cn, xc, norm, xn, !d->loss_lowp);
+      k->rmsnorm (ctx, cn, h, xc, norm, xn, !d->loss_lowp);
       k->gemm (ctx, cn, V, h, 1.0f, mat_loss (d, xn, h, FALSE),
                mat (d, head, h, TRUE), logits, FALSE, V, FALSE, NULL, 0, NULL);
       /* Token losses go to dxn's first floats, free until dxn is. */
@@ -581,9 +642,9 @@ stow_decoder_head_loss (const StowDecoder *d, guint64 n, const void *norm,
        * x's rows are read (norm gradient, then each row's own dx) before
        * dx, which may be x, overwrites them. */
       float *rstd = logits;
-      k->rms_rstd (ctx, cn, xc, rstd);
+      k->rms_rstd (ctx, cn, h, xc, rstd);
       k->colsum_acc (ctx, cn, h, dxn, TRUE, xc, rstd);
-      k->rmsnorm_backward (ctx, cn, dxn, TRUE, xc, norm, rstd, NULL,
+      k->rmsnorm_backward (ctx, cn, h, dxn, TRUE, xc, norm, rstd, NULL,
                            (guint8 *)dx + c0 * h * e);
     }
   k->colsum_acc_store (ctx, h, dnorm, accumulate);
@@ -609,7 +670,7 @@ stow_decoder_head_eval_loss (const StowDecoder *d, guint64 n, const void *norm,
     {
       guint64 cn = MIN (chunk, n - c0);
       const guint8 *xc = (const guint8 *)x + c0 * h * d->esize;
-      k->rmsnorm (d->ctx, cn, xc, norm, xn, !d->loss_lowp);
+      k->rmsnorm (d->ctx, cn, h, xc, norm, xn, !d->loss_lowp);
       k->gemm (d->ctx, cn, V, h, 1.0f, mat_loss (d, xn, h, FALSE),
                mat (d, head, h, TRUE), logits, FALSE, V, FALSE, NULL, 0, NULL);
       /* The rows' gradients it leaves in the logits are not used. */
@@ -627,7 +688,7 @@ stow_decoder_head_logits (const StowDecoder *d, guint64 n, const void *norm,
   if (failed (d) || n == 0)
     return;
   guint64 h = d->config.hidden, V = d->config.vocab;
-  d->k->rmsnorm (d->ctx, n, x, norm, xn, !d->loss_lowp);
+  d->k->rmsnorm (d->ctx, n, h, x, norm, xn, !d->loss_lowp);
   d->k->gemm (d->ctx, n, V, h, 1.0f, mat_loss (d, xn, h, FALSE),
               mat (d, head, h, TRUE), logits, FALSE, V, FALSE, NULL, 0, NULL);
 }

@@ -9,12 +9,15 @@
  * where tensors live, the optimizer, the order of the ops (the step
  * program decides all three).
  *
- * Conventions (HF transformers' LlamaForCausalLM / Qwen2ForCausalLM):
+ * Conventions (HF transformers' LlamaForCausalLM / Qwen2ForCausalLM /
+ * Qwen3ForCausalLM):
  * weights are row-major [out, in] as the checkpoint stores them; a
  * micro-batch is B sequences of T tokens, n = B T rows, token-major
  * (row r = b T + t); each sequence is causal on its own and its positions
  * are 0 .. T-1.  RMSNorm y = w * x / sqrt(mean(x^2) + eps); rotary
- * embeddings in HF's rotate-half convention; SwiGLU down(silu(gate) * up).
+ * embeddings in HF's rotate-half convention; SwiGLU down(silu(gate) * up);
+ * Qwen3 RMS-normalises each head's query and key (over head_dim, weights
+ * q_norm and k_norm) between the projection and the rotary embedding.
  *
  * Element types: every tensor the caller passes is of the runtime's
  * @dtype (fp32, or bf16 storage), except token ids (int32), the saved
@@ -61,11 +64,13 @@ typedef struct
   gboolean qkv_bias; /* q, k and v projections have biases (qwen2) */
   gboolean o_bias;   /* o_proj has a bias (llama attention_bias) */
   gboolean mlp_bias; /* gate, up and down have biases (mlp_bias) */
+  gboolean qk_norm;  /* per-head RMSNorm of q and k before rotary (qwen3) */
   gboolean tied;     /* lm_head is embed_tokens */
 } StowLlamaConfig;
 
 /* One layer's weights (or gradients: the same shapes), each of the
- * runtime's dtype.  Biases are NULL when the config has none. */
+ * runtime's dtype.  Biases and the q/k norms are NULL when the config has
+ * none. */
 typedef struct
 {
   void *attn_norm;         /* (h)         input_layernorm */
@@ -74,13 +79,14 @@ typedef struct
   void *mlp_norm;          /* (h)         post_attention_layernorm */
   void *wg, *wu, *wd;      /* (f, h), (f, h), (h, f) */
   void *bg, *bu, *bd;      /* (f), (f), (h) */
+  void *q_norm, *k_norm;   /* (d), (d)    self_attn.q_norm, k_norm (qwen3) */
 } StowLlamaLayerWeights;
 
 /* What a layer's forward keeps for its backward, for one micro-batch of n
  * tokens.  Sizes, e = the dtype's bytes:
  *   xn1 (n, h)    attention RMSNorm output (q/k/v's input)
- *   q   (n, a d)  after rotary embeddings
- *   k   (n, k d)  after rotary embeddings
+ *   q   (n, a d)  after rotary embeddings (and qwen3's q norm)
+ *   k   (n, k d)  after rotary embeddings (and qwen3's k norm)
  *   v   (n, k d)
  *   o   (n, a d)  attention output, o_proj's input
  *   lse (n, a)    fp32: logsumexp of each query's scaled scores (flash
@@ -92,13 +98,17 @@ typedef struct
  *   out (n, h)    the layer's output, h1 + down(act): the next layer's
  *                 input (and, during backward, the gradient with respect
  *                 to it: see stow_decoder_layer_backward)
- * In all e n (4 h + 2 a d + 2 k d + 3 f) + 4 n a bytes: the memory model's
- * "activations" for the stowage engine (planner/memory.c). */
+ *   qr  (n, a d)  qwen3 only (qk_norm; else NULL): q and k as projected,
+ *   kr  (n, k d)  the per-head norms' inputs
+ * In all e n (4 h + 2 a d + 2 k d + 3 f) + 4 n a bytes, and e n (a d + k d)
+ * more with qk_norm: the memory model's "activations" for the stowage
+ * engine (planner/activations.c). */
 typedef struct
 {
   void *xn1, *q, *k, *v, *o;
   float *lse;
   void *h1, *xn2, *gate, *up, *act;
+  void *qr, *kr;
   void *out;
 } StowLlamaSaved;
 
@@ -131,17 +141,19 @@ guint64 stow_llama_config_saved_bytes (const StowLlamaConfig *config,
                                        guint64 esize, guint64 n_tokens);
 guint64 stow_llama_config_out_bytes (const StowLlamaConfig *config,
                                      guint64 esize, guint64 n_tokens);
-/* Bytes of the backward working set: e n (4 h + 2 a d + 2 k d + 3 f), the
- * memory model's "backward working set". */
+/* Bytes of the backward working set: e n (4 h + 2 a d + 2 k d + 3 f), and
+ * e n (a d + k d) more with qk_norm (the saved tensors' elements but lse):
+ * the memory model's "backward working set". */
 guint64 stow_llama_config_backward_ws_bytes (const StowLlamaConfig *config,
                                              guint64 esize, guint64 n_tokens);
 /* Points @saved into @rest (saved_bytes - out_bytes) and @out (out_bytes).
  * @rest is packed with no padding: lse first, then the others in the order
- * of the struct, so each tensor is aligned to its element type whenever
- * @rest is 4-byte aligned (required), and 64-byte aligned when @rest is
- * and the sizes before it are multiples of 64 bytes (4 n a, and e n times
- * h, a d, k d, f: true for every released model's shapes and n a multiple
- * of 16).  @rest may be NULL (then only `out` is set). */
+ * of the struct (qr and kr with qk_norm only), so each tensor is aligned
+ * to its element type whenever @rest is 4-byte aligned (required), and
+ * 64-byte aligned when @rest is and the sizes before it are multiples of
+ * 64 bytes (4 n a, and e n times h, a d, k d, f: true for every released
+ * model's shapes and n a multiple of 16).  @rest may be NULL (then only `out`
+ * is set). */
 void stow_llama_config_saved_carve (const StowLlamaConfig *config,
                                     guint64 esize, guint64 n_tokens, void *rest,
                                     void *out, StowLlamaSaved *saved);

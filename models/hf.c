@@ -581,6 +581,7 @@ set_model (const Import *c)
   m->qkv_bias = (f & (F_QKV_BIAS | F_ATTN_BIAS)) != 0;
   m->o_bias = (f & F_ATTN_BIAS) != 0;
   m->mlp_bias = (f & F_MLP_BIAS) != 0;
+  m->qk_norm = (f & F_QK_NORM) != 0;
   m->n_experts = s[SZ_EXPERTS];
   m->experts_per_token = s[SZ_TOP_K];
   m->n_shared_experts = s[SZ_SHARED_EXPERTS];

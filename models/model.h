@@ -159,7 +159,7 @@ struct _StowModel
   guint attn_input_linears, mlp_input_linears;
 
   /* What running the model needs beyond counting it, from config.json
-   * (llama, mistral, qwen2; HF's defaults where absent).  The executor
+   * (llama, mistral, qwen2, qwen3; HF's defaults where absent).  The executor
    * refuses families it does not run by name. */
   double rope_theta;        /* 10000 */
   double norm_eps;          /* rms_norm_eps: 1e-6 */
@@ -168,6 +168,7 @@ struct _StowModel
   gboolean qkv_bias;        /* q, k, v biases (qwen2; attention_bias) */
   gboolean o_bias;          /* o_proj bias (attention_bias) */
   gboolean mlp_bias;        /* gate, up, down biases (mlp_bias) */
+  gboolean qk_norm;         /* a norm on each head's q and k (qwen3) */
   /* rope_scaling: rope_type "llama3" and its numbers; NULL when none. */
   char *rope_type;
   double rope_factor, rope_low_freq_factor, rope_high_freq_factor;

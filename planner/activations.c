@@ -279,6 +279,12 @@ stow_mem_layer_activation_parts (const StowModel *m, const StowTraining *t,
   /* Split by TP: Q, K, V, the attention output feeding o_proj, and the
    * MLP's inner tensors. */
   double split = e * (a * dq + k * dq + k * dv) + e * a * dv + mlp_inner;
+  if (m->qk_norm && l->engine == STOW_ENGINE_STOWAGE)
+    /* Qwen3's per-head q and k norms: the stowage executor keeps their
+     * inputs, q and k as projected, beside the normed and rotated ones
+     * (executor/llama.h's qr and kr).  The other engines' counts leave
+     * them out, as their sources do. */
+    split += e * (a * dq + k * dq);
   if (te_fp8)
     split += a * dv; /* o_proj's fp8 copy of the attention output */
   if (m->ffn_dropout && drop > 0)

@@ -12,7 +12,7 @@
  * o_bias, mlp_bias, tied, batch, seq, dtype 0 fp32 / 1 bf16, loss chunk or
  * 0 for the runtime's rule), 8 doubles (rope_theta, rms_norm_eps,
  * rope_factor, rope_low_freq_factor, rope_high_freq_factor, 3 unused),
- * int32 n_threads and 4 unused bytes, then tokens and targets (n int32
+ * int32 n_threads and int32 qk_norm (qwen3), then tokens and targets (n int32
  * each) and the parameters in fp32, in param_order () order.  Output:
  * "STOWOUT1", the mean loss (double), logits (n, V) fp32, the gradients in
  * the same order, fp32.
@@ -41,7 +41,7 @@ main (int argc, char **argv)
     }
   gint64 iv[16];
   double dv[8];
-  gint32 n_threads;
+  gint32 n_threads, qk_norm;
   if (len < 8 + sizeof iv + sizeof dv + 8 || memcmp (buf, "STOWLLM1", 8) != 0)
     {
       fprintf (stderr, "llama-oracle-run: %s: not an oracle input\n", argv[1]);
@@ -50,6 +50,7 @@ main (int argc, char **argv)
   memcpy (iv, buf + 8, sizeof iv);
   memcpy (dv, buf + 8 + sizeof iv, sizeof dv);
   memcpy (&n_threads, buf + 8 + sizeof iv + sizeof dv, 4);
+  memcpy (&qk_norm, buf + 8 + sizeof iv + sizeof dv + 4, 4);
   const char *p = buf + 8 + sizeof iv + sizeof dv + 8;
   StowLlamaConfig cfg = {
     .hidden = (guint64)iv[0],
@@ -63,6 +64,7 @@ main (int argc, char **argv)
     .qkv_bias = iv[8] != 0,
     .o_bias = iv[9] != 0,
     .mlp_bias = iv[10] != 0,
+    .qk_norm = qk_norm != 0,
     .tied = iv[11] != 0,
     .rope_theta = dv[0],
     .rms_norm_eps = dv[1],

@@ -192,6 +192,21 @@ static const CaseDesc cases[] = {
       .tied = TRUE },
     2,
     33 },
+  /* Qwen3: per-head q/k RMSNorm (rows of head_dim 24, tokens x heads of
+   * them; hidden / heads is 16), GQA. */
+  { "qwen3-qk-norm",
+    { .hidden = 64,
+      .n_layers = 1,
+      .n_heads = 4,
+      .n_kv_heads = 2,
+      .head_dim = 24,
+      .ffn = 160,
+      .vocab = 300,
+      .rope_theta = 1000000,
+      .rms_norm_eps = 1e-6,
+      .qk_norm = TRUE },
+    2,
+    33 },
   /* head_dim 160 > 128: the attention's 16-token tiles, 7 of them, and a
    * group of 4 query heads per kv head. */
   { "wide-head",
@@ -450,9 +465,12 @@ saved_tensors (const Case *c, const StowLlamaSaved *s, Tensor *t)
     { "up", s->up, n * f, FALSE },
     { "act", s->act, n * f, FALSE },
     { "out", s->out, n * h, FALSE },
+    /* Qwen3's q/k norm inputs, last: absent without qk_norm. */
+    { "qr", s->qr, n * ad, FALSE },
+    { "kr", s->kr, n * kd, FALSE },
   };
   memcpy (t, all, sizeof all);
-  return G_N_ELEMENTS (all);
+  return G_N_ELEMENTS (all) - (c->cfg.qk_norm ? 0 : 2);
 }
 
 static void

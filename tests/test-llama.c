@@ -60,6 +60,31 @@ tiny_tied (void)
   };
 }
 
+/* Qwen3: per-head q/k norms, head_dim 6 against hidden / heads 4, GQA. */
+static StowLlamaConfig
+tiny_qwen3 (void)
+{
+  return (StowLlamaConfig){
+    .hidden = 16,
+    .n_layers = 2,
+    .n_heads = 4,
+    .n_kv_heads = 2,
+    .head_dim = 6,
+    .ffn = 24,
+    .vocab = 19,
+    .rope_theta = 1000000,
+    .rms_norm_eps = 1e-6,
+    .qk_norm = TRUE,
+  };
+}
+
+static StowLlamaConfig
+qk_norm (StowLlamaConfig c)
+{
+  c.qk_norm = TRUE;
+  return c;
+}
+
 static StowLlamaConfig
 shape (guint64 h, guint64 a, guint64 k, guint64 d, guint64 f, guint64 V)
 {
@@ -90,8 +115,8 @@ rel_err (const float *a, const float *b, guint64 n)
 /* ---- sizes
  * ------------------------------------------------------------------- */
 
-/* e n (4 h + 2 a d + 2 k d + 3 f) + 4 n a, worked by hand for three
- * published shapes. */
+/* e n (4 h + 2 a d + 2 k d + 3 f) + 4 n a, and e n (a d + k d) more with
+ * Qwen3's q/k norms, worked by hand for four published shapes. */
 static void
 test_saved_bytes (void)
 {
@@ -111,6 +136,10 @@ test_saved_bytes (void)
     /* Qwen2-0.5B: 1000 (3584 + 1792 + 256 + 14592) 2 + 4 1000 14 */
     { "qwen2-0.5b bf16", shape (896, 14, 2, 64, 4864, 151936), STOW_DTYPE_BF16,
       1000, 40504000, 1792000 },
+    /* Qwen3-0.6B (head_dim 128, not 1024 / 16): 1000 (4096 + 4096 + 2048
+     * + 9216 + 2048 + 1024) 2 + 4 1000 16 */
+    { "qwen3-0.6b bf16", qk_norm (shape (1024, 16, 8, 128, 3072, 151936)),
+      STOW_DTYPE_BF16, 1000, 45120000, 2048000 },
   };
   for (guint i = 0; i < G_N_ELEMENTS (cases); i++)
     {
@@ -133,45 +162,53 @@ test_saved_bytes (void)
 static void
 test_carve (void)
 {
-  StowLlamaConfig c = tiny_all ();
-  for (int bf = 0; bf < 2; bf++)
-    for (guint64 n = 1; n < 40; n += 3)
-      {
-        g_autoptr (StowLlama) L = stow_llama_new (
-            &c, bf ? STOW_DTYPE_BF16 : STOW_DTYPE_F32, 8, 1, NULL);
-        guint64 e = bf ? 2 : 4, h = c.hidden, f = c.ffn;
-        guint64 ad = c.n_heads * c.head_dim, kd = c.n_kv_heads * c.head_dim;
-        guint64 rest
-            = stow_llama_saved_bytes (L, n) - stow_llama_out_bytes (L, n);
-        g_autofree guint8 *buf = g_malloc (rest);
-        guint8 out;
-        StowLlamaSaved s;
-        stow_llama_saved_carve (L, n, buf, &out, &s);
-        g_assert_true (s.out == &out);
-        struct
+  for (int qk = 0; qk < 2; qk++)
+    for (int bf = 0; bf < 2; bf++)
+      for (guint64 n = 1; n < 40; n += 3)
         {
-          void *p;
-          guint64 bytes, align;
-        } t[] = {
-          { s.lse, 4 * n * c.n_heads, 4 }, { s.xn1, e * n * h, e },
-          { s.q, e * n * ad, e },          { s.k, e * n * kd, e },
-          { s.v, e * n * kd, e },          { s.o, e * n * ad, e },
-          { s.h1, e * n * h, e },          { s.xn2, e * n * h, e },
-          { s.gate, e * n * f, e },        { s.up, e * n * f, e },
-          { s.act, e * n * f, e },
-        };
-        guint8 *at = buf;
-        for (guint i = 0; i < G_N_ELEMENTS (t); i++)
+          StowLlamaConfig c = tiny_all ();
+          c.qk_norm = qk;
+          g_autoptr (StowLlama) L = stow_llama_new (
+              &c, bf ? STOW_DTYPE_BF16 : STOW_DTYPE_F32, 8, 1, NULL);
+          guint64 e = bf ? 2 : 4, h = c.hidden, f = c.ffn;
+          guint64 ad = c.n_heads * c.head_dim, kd = c.n_kv_heads * c.head_dim;
+          guint64 rest
+              = stow_llama_saved_bytes (L, n) - stow_llama_out_bytes (L, n);
+          g_autofree guint8 *buf = g_malloc (rest);
+          guint8 out;
+          StowLlamaSaved s;
+          stow_llama_saved_carve (L, n, buf, &out, &s);
+          g_assert_true (s.out == &out);
+          struct
           {
-            g_assert_true ((guint8 *)t[i].p == at);
-            g_assert_cmpuint ((guintptr)t[i].p % t[i].align, ==, 0);
-            at += t[i].bytes;
-          }
-        g_assert_cmpuint (at - buf, ==, rest);
-        stow_llama_saved_carve (L, n, NULL, &out, &s);
-        g_assert_null (s.q);
-        g_assert_true (s.out == &out);
-      }
+            void *p;
+            guint64 bytes, align;
+          } t[] = {
+            { s.lse, 4 * n * c.n_heads, 4 },  { s.xn1, e * n * h, e },
+            { s.q, e * n * ad, e },           { s.k, e * n * kd, e },
+            { s.v, e * n * kd, e },           { s.o, e * n * ad, e },
+            { s.h1, e * n * h, e },           { s.xn2, e * n * h, e },
+            { s.gate, e * n * f, e },         { s.up, e * n * f, e },
+            { s.act, e * n * f, e },          { s.qr, qk ? e * n * ad : 0, e },
+            { s.kr, qk ? e * n * kd : 0, e },
+          };
+          if (!qk)
+            {
+              g_assert_null (s.qr);
+              g_assert_null (s.kr);
+            }
+          guint8 *at = buf;
+          for (guint i = 0; i < G_N_ELEMENTS (t) - (qk ? 0 : 2); i++)
+            {
+              g_assert_true ((guint8 *)t[i].p == at);
+              g_assert_cmpuint ((guintptr)t[i].p % t[i].align, ==, 0);
+              at += t[i].bytes;
+            }
+          g_assert_cmpuint (at - buf, ==, rest);
+          stow_llama_saved_carve (L, n, NULL, &out, &s);
+          g_assert_null (s.q);
+          g_assert_true (s.out == &out);
+        }
 }
 
 static void
@@ -419,6 +456,12 @@ test_gradcheck_tied (void)
   gradcheck (tiny_tied (), 1, 7, 12);
 }
 
+static void
+test_gradcheck_qwen3 (void)
+{
+  gradcheck (tiny_qwen3 (), 2, 5, 13);
+}
+
 /* ---- one layer's contracts
  * ----------------------------------------------------- */
 
@@ -487,30 +530,31 @@ fill_dout (Layer *y, guint8 *out, guint32 seed)
 static void
 test_recompute (void)
 {
-  for (int bf = 0; bf < 2; bf++)
-    {
-      Layer y;
-      layer_init (&y, tiny_all (), bf ? STOW_DTYPE_BF16 : STOW_DTYPE_F32, 2, 9,
-                  2, 21);
-      g_autofree guint8 *r1 = g_malloc (y.rest_bytes);
-      g_autofree guint8 *r2 = g_malloc (y.rest_bytes);
-      g_autofree guint8 *o1 = g_malloc (y.out_bytes);
-      g_autofree guint8 *o2 = g_malloc (y.out_bytes);
-      memset (r2, 0xa5, y.rest_bytes);
-      layer_forward (&y, r1, o1);
-      StowLlamaSaved s;
-      StowLlamaLayerWeights w;
-      stow_llama_saved_carve (y.m->rt, y.n, r2, NULL, &s);
-      test_llama_model_layer (y.m, 0, FALSE, &w);
-      stow_decoder_layer_forward (stow_llama_decoder (y.m->rt), 2, 9, &w, y.x,
-                                  &s);
-      g_assert_cmpint (memcmp (r1, r2, y.rest_bytes), ==, 0);
-      /* And a full forward again: the output too. */
-      layer_forward (&y, r2, o2);
-      g_assert_cmpint (memcmp (r1, r2, y.rest_bytes), ==, 0);
-      g_assert_cmpint (memcmp (o1, o2, y.out_bytes), ==, 0);
-      layer_clear (&y);
-    }
+  for (int qk = 0; qk < 2; qk++)
+    for (int bf = 0; bf < 2; bf++)
+      {
+        Layer y;
+        layer_init (&y, qk ? tiny_qwen3 () : tiny_all (),
+                    bf ? STOW_DTYPE_BF16 : STOW_DTYPE_F32, 2, 9, 2, 21);
+        g_autofree guint8 *r1 = g_malloc (y.rest_bytes);
+        g_autofree guint8 *r2 = g_malloc (y.rest_bytes);
+        g_autofree guint8 *o1 = g_malloc (y.out_bytes);
+        g_autofree guint8 *o2 = g_malloc (y.out_bytes);
+        memset (r2, 0xa5, y.rest_bytes);
+        layer_forward (&y, r1, o1);
+        StowLlamaSaved s;
+        StowLlamaLayerWeights w;
+        stow_llama_saved_carve (y.m->rt, y.n, r2, NULL, &s);
+        test_llama_model_layer (y.m, 0, FALSE, &w);
+        stow_decoder_layer_forward (stow_llama_decoder (y.m->rt), 2, 9, &w, y.x,
+                                    &s);
+        g_assert_cmpint (memcmp (r1, r2, y.rest_bytes), ==, 0);
+        /* And a full forward again: the output too. */
+        layer_forward (&y, r2, o2);
+        g_assert_cmpint (memcmp (r1, r2, y.rest_bytes), ==, 0);
+        g_assert_cmpint (memcmp (o1, o2, y.out_bytes), ==, 0);
+        layer_clear (&y);
+      }
 }
 
 /* Gradients of a layer's backward into fresh (zero or @init) buffers;
@@ -732,7 +776,8 @@ test_ws_bound (void)
 {
   StowLlamaConfig cs[]
       = { shape (8, 8, 8, 16, 8, 5), shape (8, 2, 1, 2, 200, 5),
-          shape (96, 2, 1, 2, 2, 5) };
+          shape (96, 2, 1, 2, 2, 5), qk_norm (shape (8, 8, 8, 2, 8, 5)),
+          qk_norm (shape (96, 2, 1, 2, 2, 5)) };
   for (guint i = 0; i < G_N_ELEMENTS (cs); i++)
     for (int bf = 0; bf < 2; bf++)
       {
@@ -792,6 +837,7 @@ test_threads (void)
 {
   StowLlamaConfig cs[2] = { tiny_all (), shape (256, 4, 2, 64, 512, 300) };
   cs[1].qkv_bias = TRUE;
+  cs[1].qk_norm = TRUE; /* q/k norm rows: tokens times heads */
   guint64 seqs[2] = { 150, 200 };
   /* The many-tile model takes minutes under valgrind: the tiny one there. */
   guint n_cases = g_getenv ("STOW_VALGRIND") ? 1 : 2;
@@ -974,6 +1020,7 @@ main (int argc, char **argv)
   g_test_add_func ("/llama/expf", test_expf);
   g_test_add_func ("/llama/gradcheck/all-features", test_gradcheck_all);
   g_test_add_func ("/llama/gradcheck/tied", test_gradcheck_tied);
+  g_test_add_func ("/llama/gradcheck/qwen3", test_gradcheck_qwen3);
   g_test_add_func ("/llama/recompute", test_recompute);
   g_test_add_func ("/llama/alias", test_alias);
   g_test_add_func ("/llama/accumulate", test_accumulate);
@@ -988,6 +1035,8 @@ main (int argc, char **argv)
                                  "mha-tied-theta500k",
                                  "llama3-rope-scaling",
                                  "qwen2-qkv-bias",
+                                 "qwen3-qk-norm",
+                                 "qwen3-bf16",
                                  "llama-all-biases-tied",
                                  "long-seq-chunked-loss",
                                  "one-thread",

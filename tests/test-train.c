@@ -400,6 +400,20 @@ test_validate (void)
   stow_run (&rgi, "init-model", gpt2_json, "-o", odd_out, NULL);
   g_assert_cmpint (rgi.status, ==, 2);
   g_assert_nonnull (strstr (rgi.err, "model_type \"gpt2\": the executor runs"));
+
+  /* Qwen3 with its sliding window on: not the attention the runtime runs. */
+  g_autofree char *swa
+      = config_only (&f, "qwen3-swa",
+                     "{\"model_type\":\"qwen3\",\"hidden_size\":64,"
+                     "\"num_hidden_layers\":2,\"num_attention_heads\":4,"
+                     "\"num_key_value_heads\":2,\"head_dim\":32,"
+                     "\"intermediate_size\":96,\"vocab_size\":300,"
+                     "\"use_sliding_window\":true,\"sliding_window\":8}");
+  g_auto (StowRun) rw = { 0 };
+  stow_run (&rw, "train", "--model", swa, "--data", f.shard, "--out", out,
+            "--steps", "1", NULL);
+  g_assert_cmpint (rw.status, ==, 2);
+  g_assert_nonnull (strstr (rw.err, "use_sliding_window true"));
   fixture_clear (&f);
 }
 

@@ -18,8 +18,8 @@ add (TestLlamaModel *m, const char *name, guint64 rows, guint64 cols)
   g_array_append_val (m->params, p);
 }
 
-/* embed, per layer (attn_norm, wq, wk, wv, [bq, bk, bv], wo, [bo],
- * mlp_norm, wg, wu, wd, [bg, bu, bd]), norm, [lm_head]: the order of
+/* embed, per layer (attn_norm, wq, wk, wv, [bq, bk, bv], [q_norm, k_norm],
+ * wo, [bo], mlp_norm, wg, wu, wd, [bg, bu, bd]), norm, [lm_head]: the order of
  * tests/oracle/llama_oracle.py's param_shapes. */
 static void
 add_params (TestLlamaModel *m)
@@ -40,6 +40,11 @@ add_params (TestLlamaModel *m)
           add (m, "bq", ad, 1);
           add (m, "bk", kd, 1);
           add (m, "bv", kd, 1);
+        }
+      if (c->qk_norm)
+        {
+          add (m, "q_norm", c->head_dim, 1);
+          add (m, "k_norm", c->head_dim, 1);
         }
       add (m, "wo", h, ad);
       if (c->o_bias)
@@ -219,6 +224,11 @@ test_llama_model_layer (const TestLlamaModel *m, guint64 l, gboolean grads,
       lw->bq = NEXT ();
       lw->bk = NEXT ();
       lw->bv = NEXT ();
+    }
+  if (c->qk_norm)
+    {
+      lw->q_norm = NEXT ();
+      lw->k_norm = NEXT ();
     }
   lw->wo = NEXT ();
   if (c->o_bias)

@@ -21,6 +21,7 @@ static const char *const layer_names[] = {
   "mlp.gate_proj.weight",    "mlp.up_proj.weight",
   "mlp.down_proj.weight",    "mlp.gate_proj.bias",
   "mlp.up_proj.bias",        "mlp.down_proj.bias",
+  "self_attn.q_norm.weight", "self_attn.k_norm.weight",
 };
 G_STATIC_ASSERT (G_N_ELEMENTS (layer_names) == STOW_LAYER_SLOTS);
 G_STATIC_ASSERT (sizeof (StowLlamaLayerWeights)

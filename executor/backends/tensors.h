@@ -75,7 +75,7 @@ typedef struct
   void **addr;
 } StowTensorMap;
 
-#define STOW_LAYER_SLOTS 16 /* the pointers of StowLlamaLayerWeights */
+#define STOW_LAYER_SLOTS 18 /* the pointers of StowLlamaLayerWeights */
 
 /* Indexes @program for @model and checks every buffer's size; @backend
  * names the backend in messages.  STOW_BACKEND_ERROR_INVALID names a

@@ -1,10 +1,13 @@
 # SPDX-License-Identifier: MIT
 #
 # tests/oracle/llama_oracle.py: the PyTorch oracle of the decoder runtime
-# (executor/llama.h).  A LLaMA / Qwen2 decoder written here in plain torch
-# after HF transformers' modeling_llama.py (LlamaRMSNorm, rotate_half,
-# apply_rotary_pos_emb, repeat_kv, eager attention with a causal mask,
-# LlamaMLP, _compute_llama3_parameters), run in float64 as the reference;
+# (executor/llama.h).  A LLaMA / Qwen2 / Qwen3 decoder written here in
+# plain torch after HF transformers' modeling_llama.py (LlamaRMSNorm,
+# rotate_half, apply_rotary_pos_emb, repeat_kv, eager attention with a
+# causal mask, LlamaMLP, _compute_llama3_parameters) and modeling_qwen3.py
+# (Qwen3Attention: q_norm and k_norm, a Qwen3RMSNorm over head_dim, on each
+# head's q and k as projected and before apply_rotary_pos_emb; read in
+# transformers 5.24), run in float64 as the reference;
 # the same model and tokens go through tests/llama-oracle-run (the C
 # runtime) and the loss, the logits and every parameter gradient are
 # compared.  Relative error of a tensor: max |c - ref| / max |ref|.
@@ -29,15 +32,16 @@ except ImportError:
 # Each case: a config (the runtime's field names), B, T and the tolerance.
 # Sizes are tiny so that each case runs in well under a second; together
 # they cover GQA, MHA, tied and untied heads, rope_theta 500000, llama3
-# rope_scaling, qwen2 q/k/v biases, llama attention_bias / mlp_bias,
+# rope_scaling, qwen2 q/k/v biases, qwen3 q/k norms (head_dim != h / a),
+# llama attention_bias / mlp_bias,
 # B > 1, T not a power of two, T past one attention tile (128 queries),
 # a loss split into chunks, and bf16 storage.
 BASE = dict(hidden=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16,
             ffn=96, vocab=101, rope_theta=10000.0, rms_norm_eps=1e-6,
             rope_factor=0.0, rope_low_freq_factor=0.0,
             rope_high_freq_factor=0.0, rope_original_max_positions=0,
-            qkv_bias=0, o_bias=0, mlp_bias=0, tied=0, dtype=0, chunk=0,
-            threads=2)
+            qkv_bias=0, o_bias=0, mlp_bias=0, qk_norm=0, tied=0, dtype=0,
+            chunk=0, threads=2)
 CASES = {
     "gqa-untied": dict(B=2, T=7),
     "mha-tied-theta500k": dict(n_heads=4, n_kv_heads=4, tied=1,
@@ -50,6 +54,13 @@ CASES = {
     "qwen2-qkv-bias": dict(hidden=48, n_heads=6, n_kv_heads=2, head_dim=8,
                            ffn=80, qkv_bias=1, rope_theta=1000000.0,
                            rms_norm_eps=1e-5, B=2, T=9),
+    # Qwen3: head_dim 24 against hidden / heads 12, GQA (tied: the train
+    # oracle's qwen3 case).
+    "qwen3-qk-norm": dict(hidden=48, n_heads=4, n_kv_heads=2, head_dim=24,
+                          ffn=80, qk_norm=1, rope_theta=1000000.0,
+                          B=2, T=9),
+    "qwen3-bf16": dict(hidden=48, n_heads=4, n_kv_heads=2, head_dim=24,
+                       ffn=80, qk_norm=1, dtype=1, B=2, T=7, tol=3e-2),
     "llama-all-biases-tied": dict(qkv_bias=1, o_bias=1, mlp_bias=1, tied=1,
                                   B=2, T=6),
     "long-seq-chunked-loss": dict(hidden=32, n_heads=2, n_kv_heads=1,
@@ -80,6 +91,9 @@ def param_shapes(c):
                 (p + "wk", (kd, h)), (p + "wv", (kd, h))]
         if c["qkv_bias"]:
             out += [(p + "bq", (ad,)), (p + "bk", (kd,)), (p + "bv", (kd,))]
+        if c.get("qk_norm"):
+            out += [(p + "q_norm", (c["head_dim"],)),
+                    (p + "k_norm", (c["head_dim"],))]
         out += [(p + "wo", (h, ad))]
         if c["o_bias"]:
             out += [(p + "bo", (h,))]
@@ -172,8 +186,15 @@ def reference(c, ps, tokens, targets):
         q = torch.nn.functional.linear(hs, p("wq"), bias("bq"))
         k = torch.nn.functional.linear(hs, p("wk"), bias("bk"))
         v = torch.nn.functional.linear(hs, p("wv"), bias("bv"))
-        q = q.view(B, T, a, d).transpose(1, 2)
-        k = k.view(B, T, kvh, d).transpose(1, 2)
+        q = q.view(B, T, a, d)
+        k = k.view(B, T, kvh, d)
+        if c.get("qk_norm"):
+            # Qwen3Attention: self.q_norm (self.q_proj (x).view (..., d)),
+            # likewise k: Qwen3RMSNorm (eps rms_norm_eps) over head_dim.
+            q = rms_norm(q, p("q_norm"), eps)
+            k = rms_norm(k, p("k_norm"), eps)
+        q = q.transpose(1, 2)
+        k = k.transpose(1, 2)
         v = v.view(B, T, kvh, d).transpose(1, 2)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
@@ -210,7 +231,7 @@ def write_input(path, c, ps, tokens, targets):
         f.write(b"STOWLLM1")
         f.write(struct.pack("<16q", *iv))
         f.write(struct.pack("<8d", *dv))
-        f.write(struct.pack("<ii", c["threads"], 0))
+        f.write(struct.pack("<ii", c["threads"], c.get("qk_norm", 0)))
         f.write(tokens.to(torch.int32).numpy().tobytes())
         f.write(targets.to(torch.int32).numpy().tobytes())
         for name, _ in param_shapes(c):

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: MIT
 #
 # tests/oracle/train_oracle.py: `stowage train` against PyTorch.  A small
-# LLaMA config is initialised by `stowage init-model`, a token shard written
+# LLaMA (or Qwen3) config is initialised by `stowage init-model`, a token shard written
 # in llm.c's format, and 10 steps run twice: by `stowage train` (the cpu
 # backend) and here, by the reference decoder of llama_oracle.py in float64
 # with torch.optim.AdamW (weight decay on tensors of 2+ dimensions),
@@ -69,6 +69,23 @@ CASES = {
                     initializer_range=0.05),
         B=1, T=24, G=3, lr=2e-3, warmup=0, schedule="linear", min_lr=0.0,
         wd=0.01, clip=0.5, recompute="full"),
+    # Qwen3 (model_type qwen3): per-head q/k RMSNorm, head_dim 16 where
+    # hidden / heads is 12, GQA, tied; the reference follows transformers'
+    # Qwen3Attention (llama_oracle.py).  Normed queries and keys make the
+    # attention sharp from the first step (the LLaMA cases' start near
+    # uniform), and the float64 run parts from every fp32 one sooner:
+    # PyTorch's own fp32 run is 1.5e-7 off in loss here (4e-8 is the
+    # LLaMA cases' bound; stowage 1.3e-7, and after step 2 both are 1.1e-7
+    # off), so the case is held to issue 37's rule, as the masked and hf
+    # cases are: as close as PyTorch fp32 gets, and a quarter.
+    "qwen3-qk-norm-tied": dict(
+        config=dict(model_type="qwen3", hidden_size=48, num_hidden_layers=2,
+                    num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                    intermediate_size=80, vocab_size=280,
+                    rope_theta=1000000.0, rms_norm_eps=1e-6,
+                    tie_word_embeddings=True, initializer_range=0.05),
+        B=2, T=16, G=4, lr=3e-3, warmup=2, schedule="cosine", min_lr=3e-4,
+        wd=0.1, clip=1.0, recompute=None, peer=True),
     # ZeRO-Offload's delayed parameter update (Ren et al. 2021, 5.2): step
     # s applies step s - 1's gradients (its learning rate, Adam's t = s - 1)
     # while it computes its own on weights that lack them; no clipping.
@@ -238,6 +255,8 @@ def oracle_params(hf, c, dt=torch.float64):
                  wv="self_attn.v_proj.weight", wo="self_attn.o_proj.weight",
                  bq="self_attn.q_proj.bias", bk="self_attn.k_proj.bias",
                  bv="self_attn.v_proj.bias", bo="self_attn.o_proj.bias",
+                 q_norm="self_attn.q_norm.weight",
+                 k_norm="self_attn.k_norm.weight",
                  mlp_norm="post_attention_layernorm.weight",
                  wg="mlp.gate_proj.weight", wu="mlp.up_proj.weight",
                  wd="mlp.down_proj.weight", bg="mlp.gate_proj.bias",
@@ -263,7 +282,8 @@ def hf_name(short, c):
                  wk="self_attn.k_proj.weight", wv="self_attn.v_proj.weight",
                  wo="self_attn.o_proj.weight", bq="self_attn.q_proj.bias",
                  bk="self_attn.k_proj.bias", bv="self_attn.v_proj.bias",
-                 bo="self_attn.o_proj.bias",
+                 bo="self_attn.o_proj.bias", q_norm="self_attn.q_norm.weight",
+                 k_norm="self_attn.k_norm.weight",
                  mlp_norm="post_attention_layernorm.weight",
                  wg="mlp.gate_proj.weight", wu="mlp.up_proj.weight",
                  wd="mlp.down_proj.weight")
@@ -307,7 +327,8 @@ def run_case(name, stowage, work, backend="cpu", worsts=None):
         env["XDG_CACHE_HOME"] = os.path.join(d, "cache")
         V = cfg["vocab_size"]
     else:
-        cfg = dict(model_type="llama", **case["config"])
+        cfg = dict(model_type="llama")
+        cfg.update(case["config"])
         cfg_path = os.path.join(d, "config.json")
         with open(cfg_path, "w") as f:
             json.dump(cfg, f)
@@ -382,7 +403,9 @@ def run_case(name, stowage, work, backend="cpu", worsts=None):
     c = dict(hidden=cfg["hidden_size"], n_layers=cfg["num_hidden_layers"],
              n_heads=cfg["num_attention_heads"],
              n_kv_heads=cfg["num_key_value_heads"],
-             head_dim=cfg["hidden_size"] // cfg["num_attention_heads"],
+             head_dim=cfg.get("head_dim") or
+             cfg["hidden_size"] // cfg["num_attention_heads"],
+             qk_norm=1 if cfg.get("model_type") == "qwen3" else 0,
              vocab=V, rope_theta=cfg["rope_theta"],
              rms_norm_eps=cfg["rms_norm_eps"], rope_factor=0.0,
              tied=1 if cfg["tie_word_embeddings"] else 0)
@@ -435,7 +458,7 @@ def run_case(name, stowage, work, backend="cpu", worsts=None):
     # rounding of a few) is held to issue 37's own rule: as close to the
     # float64 run as PyTorch fp32 gets on the same case, and a quarter.
     tol_loss, tol_weight = TOL_LOSS, TOL_WEIGHT[backend]
-    if case.get("mask") or case.get("hf"):
+    if case.get("mask") or case.get("hf") or case.get("peer"):
         tol_loss = max(tol_loss, 1.25 * peer["loss"])
         tol_weight = max(tol_weight, 1.25 * peer["weight"])
     ok = (stow["loss"] <= tol_loss and stow["weight"] <= tol_weight
@@ -447,7 +470,8 @@ def run_case(name, stowage, work, backend="cpu", worsts=None):
            tol_weight, peer["weight"], stow["max"], TOL_MAX,
            "ok" if ok else "MISMATCH"))
     if worsts is not None:
-        key = "hf-" if case.get("hf") else "sft-" if case.get("mask") else ""
+        key = "hf-" if case.get("hf") else "sft-" if case.get("mask") else \
+            "qwen3-" if case.get("peer") else ""
         for what, v in (("losses", stow["loss"]), ("weights", stow["weight"]),
                          ("torch32-losses", peer["loss"]),
                          ("torch32-weights", peer["weight"])):

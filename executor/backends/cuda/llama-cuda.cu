@@ -187,13 +187,12 @@ rmsnorm_kernel (guint64 h, float eps, const void *x, const void *w, void *y,
 }
 
 static void
-rmsnorm (void *ctx, guint64 n, const void *x, const void *w, void *y,
+rmsnorm (void *ctx, guint64 n, guint64 h, const void *x, const void *w, void *y,
          gboolean y_f32)
 {
   StowLlamaCuda *L = (StowLlamaCuda *)ctx;
   if (n == 0)
     return;
-  guint64 h = L->config.hidden;
   float eps = (float)L->config.rms_norm_eps;
   DISPATCH_BF (L->bf16, if (y_f32) rmsnorm_kernel<BF, true>
                <<<(unsigned)n, ROW_T, 0, L->stream>>> (h, eps, x, w, y, NULL);
@@ -221,12 +220,11 @@ rms_rstd_kernel (guint64 h, float eps, const void *x, float *rstd)
 }
 
 static void
-rms_rstd (void *ctx, guint64 n, const void *x, float *rstd)
+rms_rstd (void *ctx, guint64 n, guint64 h, const void *x, float *rstd)
 {
   StowLlamaCuda *L = (StowLlamaCuda *)ctx;
   if (n == 0)
     return;
-  guint64 h = L->config.hidden;
   float eps = (float)L->config.rms_norm_eps;
   DISPATCH_BF (L->bf16, rms_rstd_kernel<BF>
                <<<(unsigned)n, ROW_T, 0, L->stream>>> (h, eps, x, rstd));
@@ -235,7 +233,7 @@ rms_rstd (void *ctx, guint64 n, const void *x, float *rstd)
 
 /* dx = dres + rstd (w dy) - x rstd^3 / h sum_i w_i dy_i x_i; dy fp32 when
  * DYF32.  Each thread reads and writes its own columns only, after the
- * block's reduction: dx may alias x or dres. */
+ * block's reduction: dx may alias dy, x or dres. */
 template <bool BF, bool DYF32>
 static __global__ void
 rmsnorm_backward_kernel (guint64 h, const void *dy, const void *x,
@@ -267,14 +265,13 @@ rmsnorm_backward_kernel (guint64 h, const void *dy, const void *x,
 }
 
 static void
-rmsnorm_backward (void *ctx, guint64 n, const void *dy, gboolean dy_f32,
-                  const void *x, const void *w, const float *rstd,
-                  const void *dres, void *dx)
+rmsnorm_backward (void *ctx, guint64 n, guint64 h, const void *dy,
+                  gboolean dy_f32, const void *x, const void *w,
+                  const float *rstd, const void *dres, void *dx)
 {
   StowLlamaCuda *L = (StowLlamaCuda *)ctx;
   if (n == 0)
     return;
-  guint64 h = L->config.hidden;
   DISPATCH_BF (L->bf16, if (dy_f32) rmsnorm_backward_kernel<BF, true>
                <<<(unsigned)n, ROW_T, 0, L->stream>>> (h, dy, x, w, rstd, dres,
                                                        dx);
@@ -389,25 +386,29 @@ colsum_part_kernel (guint64 n, guint64 cols, const void *y, const void *x,
                     const float *rstd, double *part)
 {
   guint64 c = (guint64)blockIdx.x * blockDim.x + threadIdx.x;
-  guint64 rc = blockIdx.y;
   if (c >= cols)
     return;
-  guint64 r0 = rc * STOW_CUDA_COL_ROWS;
-  guint64 r1 = MIN (n, r0 + STOW_CUDA_COL_ROWS);
-  double acc = 0;
-  for (guint64 r = r0; r < r1; r++)
+  /* A part per COL_ROWS rows; the grid's y (at most 65535) strides over
+   * them when there are more (Qwen3's q/k norms: tokens times heads). */
+  for (guint64 rc = blockIdx.y; rc * STOW_CUDA_COL_ROWS < n; rc += gridDim.y)
     {
-      guint64 o = r * cols + c;
-      float yv = YF32 ? ((const float *)y)[o] : ld_el<BF> (y, o);
-      if (x != NULL)
+      guint64 r0 = rc * STOW_CUDA_COL_ROWS;
+      guint64 r1 = MIN (n, r0 + STOW_CUDA_COL_ROWS);
+      double acc = 0;
+      for (guint64 r = r0; r < r1; r++)
         {
-          float xs = ld_el<BF> (x, o) * rstd[r];
-          acc = __dadd_rn (acc, __dmul_rn ((double)yv, (double)xs));
+          guint64 o = r * cols + c;
+          float yv = YF32 ? ((const float *)y)[o] : ld_el<BF> (y, o);
+          if (x != NULL)
+            {
+              float xs = ld_el<BF> (x, o) * rstd[r];
+              acc = __dadd_rn (acc, __dmul_rn ((double)yv, (double)xs));
+            }
+          else
+            acc = __dadd_rn (acc, (double)yv);
         }
-      else
-        acc = __dadd_rn (acc, (double)yv);
+      part[rc * cols + c] = acc;
     }
-  part[rc * cols + c] = acc;
 }
 
 /* Stage 2: the parts of each column in order; then either g (+)= the sum,
@@ -443,7 +444,8 @@ colsum_any (StowLlamaCuda *L, guint64 n, guint64 cols, const void *y,
   guint64 n_parts = (n + STOW_CUDA_COL_ROWS - 1) / STOW_CUDA_COL_ROWS;
   if (n_parts > 0)
     {
-      dim3 grid ((unsigned)((cols + 127) / 128), (unsigned)n_parts);
+      dim3 grid ((unsigned)((cols + 127) / 128),
+                 (unsigned)MIN (n_parts, (guint64)65535));
       DISPATCH_BF (L->bf16, if (y_f32) colsum_part_kernel<BF, true>
                    <<<grid, 128, 0, L->stream>>> (n, cols, y, x, rstd,
                                                   L->col_part);
