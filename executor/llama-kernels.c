@@ -13,7 +13,7 @@
 
 /* ---- staging ------------------------------------------------------------- */
 
-static void
+STOW_LLAMA_VEC static void
 bf16_to_f32_n (const guint16 *src, float *dst, guint64 n)
 {
 #pragma omp simd
@@ -21,7 +21,7 @@ bf16_to_f32_n (const guint16 *src, float *dst, guint64 n)
     dst[i] = stow_llama_bf16_load (src[i]);
 }
 
-static void
+STOW_LLAMA_VEC static void
 f32_to_bf16_n (const float *src, guint16 *dst, guint64 n)
 {
 #pragma omp simd
@@ -326,6 +326,35 @@ row_rstd (const float *x, guint64 h, float eps)
   return 1.0f / sqrtf (ss / (float)h + eps);
 }
 
+/* y = w * (x * rs), in HF's order. */
+STOW_LLAMA_VEC static void
+norm_row (const float *w, const float *x, float rs, float *y, guint64 h)
+{
+#pragma omp simd
+  for (guint64 j = 0; j < h; j++)
+    y[j] = w[j] * (x[j] * rs);
+}
+
+/* out = [dres +] rs (w dy) - x coef. */
+STOW_LLAMA_VEC static void
+norm_backward_row (const float *w, const float *dy, const float *x,
+                   const float *dres, float rs, float coef, float *out,
+                   guint64 h)
+{
+  if (dres != NULL)
+    {
+#pragma omp simd
+      for (guint64 j = 0; j < h; j++)
+        out[j] = dres[j] + (rs * (w[j] * dy[j]) - x[j] * coef);
+    }
+  else
+    {
+#pragma omp simd
+      for (guint64 j = 0; j < h; j++)
+        out[j] = rs * (w[j] * dy[j]) - x[j] * coef;
+    }
+}
+
 void
 stow_llama_rms_rstd (StowLlama *L, guint64 n, const void *x, float *rstd)
 {
@@ -357,10 +386,7 @@ stow_llama_rmsnorm (StowLlama *L, guint64 n, const void *x, const void *w,
         float rs = row_rstd (xr, h, eps);
         gboolean direct = y_f32 || !L->bf16;
         float *yr = direct ? (float *)y + r * h : ws + 2 * W;
-        /* weight * (x * rstd), in HF's order. */
-#pragma omp simd
-        for (guint64 j = 0; j < h; j++)
-          yr[j] = wf[j] * (xr[j] * rs);
+        norm_row (wf, xr, rs, yr, h);
         if (!direct)
           stow_llama_store (L, yr, (guint16 *)y + r * h, h);
         if (rstd != NULL)
@@ -394,21 +420,11 @@ stow_llama_rmsnorm_backward (StowLlama *L, guint64 n, const void *dy,
          * r w_j dy_j - x_j r^3 / h sum_i w_i dy_i x_i. */
         float coef = dot * rs * rs * rs / (float)h;
         float *out = L->bf16 ? ws + 3 * W : (float *)dx + r * h;
+        const float *dr = NULL;
         if (dres != NULL)
-          {
-            const float *dr = L->bf16
-                                  ? stow_llama_row_in (L, dres, h, r, h, out)
-                                  : (const float *)dres + r * h;
-#pragma omp simd
-            for (guint64 j = 0; j < h; j++)
-              out[j] = dr[j] + (rs * (wf[j] * dyr[j]) - xr[j] * coef);
-          }
-        else
-          {
-#pragma omp simd
-            for (guint64 j = 0; j < h; j++)
-              out[j] = rs * (wf[j] * dyr[j]) - xr[j] * coef;
-          }
+          dr = L->bf16 ? stow_llama_row_in (L, dres, h, r, h, out)
+                       : (const float *)dres + r * h;
+        norm_backward_row (wf, dyr, xr, dr, rs, coef, out, h);
         if (L->bf16)
           stow_llama_store (L, out, (guint16 *)dx + r * h, h);
       }
@@ -420,7 +436,7 @@ stow_llama_rmsnorm_backward (StowLlama *L, guint64 n, const void *dy,
 /* HF's rotate-half: for i < d/2, out_i = x_i cos - x_{i+d/2} sin and
  * out_{i+d/2} = x_{i+d/2} cos + x_i sin; the inverse rotates by -angle,
  * which is also the rotation's transpose (its backward). */
-static void
+STOW_LLAMA_VEC static void
 rope_row (float *x, const float *cs, const float *sn, guint64 heads, guint64 d,
           gboolean inverse)
 {
@@ -464,6 +480,30 @@ stow_llama_rope (StowLlama *L, guint64 n, guint64 seq, guint64 heads, void *p,
 
 /* ---- SwiGLU -------------------------------------------------------------- */
 
+/* a = silu (g) u, silu (g) = g / (1 + exp (-g)) as torch computes it. */
+STOW_LLAMA_VEC static void
+swiglu_row (const float *g, const float *u, float *a, guint64 f)
+{
+#pragma omp simd
+  for (guint64 j = 0; j < f; j++)
+    a[j] = g[j] / (1.0f + stow_llama_expf (-g[j])) * u[j];
+}
+
+/* From da: g becomes dL/dgate and u dL/dup, with s = sigmoid (g) and
+ * d silu/dg = s (1 + g (1 - s)). */
+STOW_LLAMA_VEC static void
+swiglu_backward_row (const float *da, float *g, float *u, guint64 f)
+{
+#pragma omp simd
+  for (guint64 j = 0; j < f; j++)
+    {
+      float s = 1.0f / (1.0f + stow_llama_expf (-g[j]));
+      float dg = da[j] * u[j] * (s * (1.0f + g[j] * (1.0f - s)));
+      u[j] = da[j] * (g[j] * s);
+      g[j] = dg;
+    }
+}
+
 void
 stow_llama_swiglu (StowLlama *L, guint64 n, const void *gate, const void *up,
                    void *act)
@@ -478,10 +518,7 @@ stow_llama_swiglu (StowLlama *L, guint64 n, const void *gate, const void *up,
         const float *g = stow_llama_row_in (L, gate, f, r, f, ws);
         const float *u = stow_llama_row_in (L, up, f, r, f, ws + W);
         float *a = L->bf16 ? ws + 2 * W : (float *)act + r * f;
-        /* silu (g) = g / (1 + exp (-g)), as torch computes it. */
-#pragma omp simd
-        for (guint64 j = 0; j < f; j++)
-          a[j] = g[j] / (1.0f + stow_llama_expf (-g[j])) * u[j];
+        swiglu_row (g, u, a, f);
         if (L->bf16)
           stow_llama_store (L, a, (guint16 *)act + r * f, f);
       }
@@ -507,15 +544,7 @@ stow_llama_swiglu_backward (StowLlama *L, guint64 n, const void *dact,
             stow_llama_row_in (L, gate, f, r, f, g);
             stow_llama_row_in (L, up, f, r, f, u);
           }
-          /* s = sigmoid (g): d silu/dg = s (1 + g (1 - s)). */
-#pragma omp simd
-        for (guint64 j = 0; j < f; j++)
-          {
-            float s = 1.0f / (1.0f + stow_llama_expf (-g[j]));
-            float dg = da[j] * u[j] * (s * (1.0f + g[j] * (1.0f - s)));
-            u[j] = da[j] * (g[j] * s);
-            g[j] = dg;
-          }
+        swiglu_backward_row (da, g, u, f);
         if (L->bf16)
           {
             stow_llama_store (L, g, (guint16 *)gate + r * f, f);

@@ -63,6 +63,15 @@ struct StowLlama
   guint64 ws_bytes; /* everything above, as stow_llama_workspace_bytes says */
 };
 
+/* Element-wise row loops built for AVX-512, AVX2 and the baseline, one
+ * picked when the program loads (an ifunc).  Every width gives the same
+ * bits: the build contracts no multiply-add (-ffp-contract=off) and each
+ * element is the same IEEE operations at any width.  Loops that sum (the
+ * norms' dot products, softmax) are not cloned: their order of addition
+ * follows the vector width. */
+#define STOW_LLAMA_VEC                                                         \
+  __attribute__ ((target_clones ("avx512f", "avx2", "default")))
+
 /* ---- element conversions --------------------------------------------------
  * Bit-identical to stow_f32_to_bf16 / stow_bf16_to_f32 (offload/adam.c),
  * written so that gcc vectorises the loops that call them. */

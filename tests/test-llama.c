@@ -301,6 +301,88 @@ test_bf16_conversions (void)
     }
 }
 
+/* The element-wise row loops run as the widest clone this CPU has
+ * (STOW_LLAMA_VEC: AVX-512, AVX2 or the baseline); each must give the bits
+ * of the same operations one element at a time, or the bytes would depend
+ * on the CPU.  The references are scalar and contract nothing. */
+__attribute__ ((optimize ("fp-contract=off", "no-tree-vectorize"))) static void
+widths_reference (guint64 n, guint64 h, guint64 f, guint64 heads, guint64 d,
+                  const float *x, const float *w, const float *rstd,
+                  float *norm, const float *g, const float *u, const float *da,
+                  float *act, float *dg, float *du, float *rot, const float *cs,
+                  const float *sn, guint64 seq)
+{
+  for (guint64 r = 0; r < n; r++)
+    for (guint64 j = 0; j < h; j++)
+      norm[r * h + j] = w[j] * (x[r * h + j] * rstd[r]);
+  for (guint64 j = 0; j < n * f; j++)
+    {
+      act[j] = g[j] / (1.0f + stow_llama_expf (-g[j])) * u[j];
+      float s = 1.0f / (1.0f + stow_llama_expf (-g[j]));
+      dg[j] = da[j] * u[j] * (s * (1.0f + g[j] * (1.0f - s)));
+      du[j] = da[j] * (g[j] * s);
+    }
+  for (guint64 r = 0; r < n; r++)
+    for (guint64 hd = 0; hd < heads; hd++)
+      for (guint64 i = 0; i < d / 2; i++)
+        {
+          float *a = rot + r * heads * d + hd * d, *b = a + d / 2;
+          float c = cs[r % seq * (d / 2) + i], sv = sn[r % seq * (d / 2) + i];
+          float x1 = a[i], x2 = b[i];
+          a[i] = x1 * c - x2 * sv;
+          b[i] = x2 * c + x1 * sv;
+        }
+}
+
+static void
+test_vector_widths (void)
+{
+  /* Odd widths: every clone's remainder loop runs too. */
+  guint64 n = 5, h = 75, f = 203, heads = 3, d = 22, seq = 4;
+  StowLlamaConfig c = shape (h, heads, heads, d, f, 101);
+  g_autoptr (StowLlama) L = stow_llama_new (&c, STOW_DTYPE_F32, 8, 2, NULL);
+  g_assert_nonnull (L);
+  GRand *rng = g_rand_new_with_seed (40);
+  float *x = g_new (float, n *h), *w = g_new (float, h);
+  float *g = g_new (float, n *f), *u = g_new (float, n *f);
+  float *da = g_new (float, n *f), *rot = g_new (float, n *heads *d);
+  for (guint64 i = 0; i < n * h; i++)
+    x[i] = (float)g_rand_double_range (rng, -3, 3);
+  for (guint64 i = 0; i < h; i++)
+    w[i] = (float)g_rand_double_range (rng, 0.5, 1.5);
+  for (guint64 i = 0; i < n * f; i++)
+    {
+      /* Past exp's clamps at both ends too. */
+      g[i] = (float)g_rand_double_range (rng, -100, 100);
+      g[i] = i % 3 ? g[i] / 20 : g[i];
+      u[i] = (float)g_rand_double_range (rng, -2, 2);
+      da[i] = (float)g_rand_double_range (rng, -1, 1);
+    }
+  for (guint64 i = 0; i < n * heads * d; i++)
+    rot[i] = (float)g_rand_double_range (rng, -2, 2);
+  float *rstd = g_new (float, n), *norm = g_new (float, n *h);
+  float *act = g_new (float, n *f), *rot_k = g_memdup2 (rot, n * heads * d * 4);
+  float *gk = g_memdup2 (g, n * f * 4), *uk = g_memdup2 (u, n * f * 4);
+  stow_llama_rmsnorm (L, n, x, w, norm, TRUE, rstd);
+  stow_llama_swiglu (L, n, g, u, act);
+  stow_llama_swiglu_backward (L, n, da, gk, uk);
+  stow_llama_rope (L, n, seq, heads, rot_k, FALSE);
+
+  float *norm_r = g_new (float, n *h), *act_r = g_new (float, n *f);
+  float *dg_r = g_new (float, n *f), *du_r = g_new (float, n *f);
+  widths_reference (n, h, f, heads, d, x, w, rstd, norm_r, g, u, da, act_r,
+                    dg_r, du_r, rot, L->rope_cos, L->rope_sin, seq);
+  g_assert_cmpmem (norm, n * h * 4, norm_r, n * h * 4);
+  g_assert_cmpmem (act, n * f * 4, act_r, n * f * 4);
+  g_assert_cmpmem (gk, n * f * 4, dg_r, n * f * 4);
+  g_assert_cmpmem (uk, n * f * 4, du_r, n * f * 4);
+  g_assert_cmpmem (rot_k, n * heads * d * 4, rot, n * heads * d * 4);
+  g_rand_free (rng);
+  g_free (x), g_free (w), g_free (g), g_free (u), g_free (da), g_free (rot);
+  g_free (rstd), g_free (norm), g_free (act), g_free (rot_k), g_free (gk);
+  g_free (uk), g_free (norm_r), g_free (act_r), g_free (dg_r), g_free (du_r);
+}
+
 static void
 test_expf (void)
 {
@@ -932,6 +1014,7 @@ main (int argc, char **argv)
   g_test_add_func ("/llama/errors", test_errors);
   g_test_add_func ("/llama/bf16-conversions", test_bf16_conversions);
   g_test_add_func ("/llama/expf", test_expf);
+  g_test_add_func ("/llama/vector-widths", test_vector_widths);
   g_test_add_func ("/llama/gradcheck/all-features", test_gradcheck_all);
   g_test_add_func ("/llama/gradcheck/tied", test_gradcheck_tied);
   g_test_add_func ("/llama/recompute", test_recompute);
