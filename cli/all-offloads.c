@@ -7,8 +7,6 @@
  * fits with that choice (else the closest), its per-GPU memory, host RAM
  * and NVMe per node, and its predicted step.
  */
-#include <stdio.h>
-
 #include "cli/all-offloads.h"
 #include "cli/cli.h"
 #include "core/json.h"
@@ -87,6 +85,7 @@ deepspeed_rows (StowPlanOptions *po)
                    ? po->plan.mem.largest_layer_override
                    : (po->model ? po->model->largest_module_params : 0);
   gboolean any_fits = FALSE;
+  g_autoptr (GString) text = g_string_new (NULL);
   g_autoptr (JsonBuilder) b = json_builder_new ();
   json_builder_begin_object (b);
   stow_json_set_string (b, "convention",
@@ -108,34 +107,41 @@ deepspeed_rows (StowPlanOptions *po)
       plan.mem.zero_init = rows[i].zero_init;
       g_autoptr (StowMemory) mem = stow_memory_estimate (&plan, &error);
       if (mem == NULL)
-        return stow_cli_fail (error, NULL);
+        return stow_cli_call_fail (po->call, error, NULL);
       any_fits |= mem->fits;
       if (i == 0 || rows[i].zero != rows[i - 1].zero)
         {
           if (!po->json)
-            printf ("%sEstimated memory needed for params, optim states and "
-                    "gradients for a:\n"
-                    "HW: Setup with %u node%s, %u GPU%s per node.\n"
-                    "SW: Model with %" G_GUINT64_FORMAT "M total params%s",
-                    i ? "\n" : "", c->n_nodes, c->n_nodes > 1 ? "s" : "",
-                    c->node.gpus_per_node, c->node.gpus_per_node > 1 ? "s" : "",
-                    P / 1000000, rows[i].zero == 3 ? ", " : ".\n");
+            g_string_append_printf (
+                text,
+                "%sEstimated memory needed for params, optim states and "
+                "gradients for a:\n"
+                "HW: Setup with %u node%s, %u GPU%s per node.\n"
+                "SW: Model with %" G_GUINT64_FORMAT "M total params%s",
+                i ? "\n" : "", c->n_nodes, c->n_nodes > 1 ? "s" : "",
+                c->node.gpus_per_node, c->node.gpus_per_node > 1 ? "s" : "",
+                P / 1000000, rows[i].zero == 3 ? ", " : ".\n");
           if (!po->json && rows[i].zero == 3)
-            printf ("%" G_GUINT64_FORMAT "M largest layer params.\n",
-                    LL / 1000000);
+            g_string_append_printf (
+                text, "%" G_GUINT64_FORMAT "M largest layer params.\n",
+                LL / 1000000);
           if (!po->json)
-            printf ("  per CPU  |  per GPU |   Options\n");
+            g_string_append_printf (text,
+                                    "  per CPU  |  per GPU |   Options\n");
         }
       double cpu = (double)mem->host_total_bytes / (double)(1ull << 30);
       double gpu = (double)mem->total_bytes / (double)(1ull << 30);
       if (!po->json && rows[i].zero == 3)
-        printf (" %7.2fGB | %6.2fGB | offload_param=%-4s, "
-                "offload_optimizer=%-4s, zero_init=%d\n",
-                cpu, gpu, stow_offload_name (rows[i].params),
-                stow_offload_name (rows[i].opt), rows[i].zero_init);
+        g_string_append_printf (text,
+                                " %7.2fGB | %6.2fGB | offload_param=%-4s, "
+                                "offload_optimizer=%-4s, zero_init=%d\n",
+                                cpu, gpu, stow_offload_name (rows[i].params),
+                                stow_offload_name (rows[i].opt),
+                                rows[i].zero_init);
       else if (!po->json)
-        printf (" %7.2fGB | %6.2fGB | offload_optimizer=%-4s\n", cpu, gpu,
-                stow_offload_name (rows[i].opt));
+        g_string_append_printf (text,
+                                " %7.2fGB | %6.2fGB | offload_optimizer=%-4s\n",
+                                cpu, gpu, stow_offload_name (rows[i].opt));
       json_builder_begin_object (b);
       stow_json_set_u64 (b, "zero", rows[i].zero);
       stow_json_set_string (b, "offload_params",
@@ -151,9 +157,11 @@ deepspeed_rows (StowPlanOptions *po)
   json_builder_end_array (b);
   stow_json_set_bool (b, "fits", any_fits);
   json_builder_end_object (b);
+  int code = any_fits ? STOW_EXIT_OK : STOW_EXIT_NO;
   if (po->json)
-    stow_cli_print_json (json_builder_get_root (b));
-  return any_fits ? STOW_EXIT_OK : STOW_EXIT_NO;
+    return stow_cli_call_answer_json (po->call, json_builder_get_root (b),
+                                      code);
+  return stow_cli_call_answer (po->call, NULL, text->str, code);
 }
 
 int
@@ -163,15 +171,17 @@ stow_all_offloads_run (StowPlanOptions *po)
       || po->plan.mem.convention == STOW_CONVENTION_DEEPSPEED_ESTIMATOR_DOCS)
     return deepspeed_rows (po);
   if (po->plan.mem.convention != STOW_CONVENTION_STOWAGE)
-    return stow_cli_failf (NULL,
-                           "--all-offloads: --convention %s has no offload "
-                           "choices; use stowage (default) or "
-                           "deepspeed-estimator",
-                           stow_convention_name (po->plan.mem.convention));
+    return stow_cli_call_failf (
+        po->call, NULL,
+        "--all-offloads: --convention %s has no offload "
+        "choices; use stowage (default) or "
+        "deepspeed-estimator",
+        stow_convention_name (po->plan.mem.convention));
   if (po->model == NULL)
-    return stow_cli_failf (NULL, "--all-offloads needs a model (--params "
-                                 "stands in only under --convention "
-                                 "deepspeed-estimator)");
+    return stow_cli_call_failf (po->call, NULL,
+                                "--all-offloads needs a model (--params "
+                                "stands in only under --convention "
+                                "deepspeed-estimator)");
 
   static const StowOffload offloads[]
       = { STOW_OFFLOAD_NONE, STOW_OFFLOAD_CPU, STOW_OFFLOAD_NVME };
@@ -237,49 +247,60 @@ stow_all_offloads_run (StowPlanOptions *po)
         }
       json_builder_end_array (b);
       json_builder_end_object (b);
-      stow_cli_print_json (json_builder_get_root (b));
-      return any_fits ? STOW_EXIT_OK : STOW_EXIT_NO;
+      return stow_cli_call_answer_json (po->call, json_builder_get_root (b),
+                                        any_fits ? STOW_EXIT_OK : STOW_EXIT_NO);
     }
 
+  g_autoptr (GString) text = g_string_new (NULL);
   char g[STOW_FORMAT_BUF];
   g_autofree char *shortp = stow_format_count_short (po->model->params);
   g_autofree char *shortl
       = stow_format_count_short (po->model->largest_module_params);
-  printf ("Memory of every ZeRO stage and offload choice, in GiB (DeepSpeed's "
-          "estimate_zero3_model_states_mem_needs_all_live, with activations, "
-          "buffers and time):\n");
-  printf ("HW: %s, %u node%s of %u GPUs (%s GiB each)\n", po->cluster_obj->spec,
-          po->cluster_obj->n_nodes, po->cluster_obj->n_nodes == 1 ? "" : "s",
-          po->cluster_obj->node.gpus_per_node,
-          gib (g, sizeof g, po->cluster_obj->node.gpu.total_bytes));
-  printf ("SW: %s, %s total params, %s largest layer params\n", po->model->name,
-          shortp, shortl);
-  printf ("  %4s  %-8s %-8s %9s %13s %13s  %-4s  %10s  %s\n", "ZeRO", "optim",
-          "params", "per GPU", "RAM per node", "NVMe per node", "fits", "step",
-          "layout (fastest that fits, else closest)");
+  g_string_append_printf (
+      text,
+      "Memory of every ZeRO stage and offload choice, in GiB (DeepSpeed's "
+      "estimate_zero3_model_states_mem_needs_all_live, with activations, "
+      "buffers and time):\n");
+  g_string_append_printf (
+      text, "HW: %s, %u node%s of %u GPUs (%s GiB each)\n",
+      po->cluster_obj->spec, po->cluster_obj->n_nodes,
+      po->cluster_obj->n_nodes == 1 ? "" : "s",
+      po->cluster_obj->node.gpus_per_node,
+      gib (g, sizeof g, po->cluster_obj->node.gpu.total_bytes));
+  g_string_append_printf (text,
+                          "SW: %s, %s total params, %s largest layer params\n",
+                          po->model->name, shortp, shortl);
+  g_string_append_printf (
+      text, "  %4s  %-8s %-8s %9s %13s %13s  %-4s  %10s  %s\n", "ZeRO", "optim",
+      "params", "per GPU", "RAM per node", "NVMe per node", "fits", "step",
+      "layout (fastest that fits, else closest)");
   for (guint i = 0; i < rows->len; i++)
     {
       const Row *r = &g_array_index (rows, Row, i);
       char a[32], h[32], n[32];
       if (r->same_lower)
         {
-          printf ("  %4u  %-8s %-8s  same as ZeRO %u: one data-parallel "
-                  "rank\n",
-                  r->zero, stow_offload_name (r->opt),
-                  stow_offload_name (r->params), r->zero - 1);
+          g_string_append_printf (
+              text,
+              "  %4u  %-8s %-8s  same as ZeRO %u: one data-parallel "
+              "rank\n",
+              r->zero, stow_offload_name (r->opt),
+              stow_offload_name (r->params), r->zero - 1);
           continue;
         }
       g_autofree char *step = stow_format_duration (r->cand.cost.step_time_s);
-      printf ("  %4u  %-8s %-8s %9s %13s %13s  %-4s  %10s  dp %u tp %u pp "
-              "%u, micro-batch %" G_GUINT64_FORMAT ", recompute %s\n",
-              r->zero, stow_offload_name (r->opt),
-              stow_offload_name (r->params),
-              gib (a, sizeof a, r->cand.total_bytes),
-              gib (h, sizeof h, r->cand.host_bytes),
-              gib (n, sizeof n, r->cand.nvme_bytes), r->fits ? "yes" : "no",
-              step, r->cand.layout.dp, r->cand.layout.tp, r->cand.layout.pp,
-              r->cand.layout.micro_batch,
-              stow_recompute_name (r->cand.layout.recompute));
+      g_string_append_printf (
+          text,
+          "  %4u  %-8s %-8s %9s %13s %13s  %-4s  %10s  dp %u tp %u pp "
+          "%u, micro-batch %" G_GUINT64_FORMAT ", recompute %s\n",
+          r->zero, stow_offload_name (r->opt), stow_offload_name (r->params),
+          gib (a, sizeof a, r->cand.total_bytes),
+          gib (h, sizeof h, r->cand.host_bytes),
+          gib (n, sizeof n, r->cand.nvme_bytes), r->fits ? "yes" : "no", step,
+          r->cand.layout.dp, r->cand.layout.tp, r->cand.layout.pp,
+          r->cand.layout.micro_batch,
+          stow_recompute_name (r->cand.layout.recompute));
     }
-  return any_fits ? STOW_EXIT_OK : STOW_EXIT_NO;
+  return stow_cli_call_answer (po->call, NULL, text->str,
+                               any_fits ? STOW_EXIT_OK : STOW_EXIT_NO);
 }

@@ -9,7 +9,7 @@
 
 G_BEGIN_DECLS
 
-/* Prints the table (text, or JSON under --json) for the resolved @po; the
+/* Answers the table (text, or JSON under --json) for the resolved @po; the
  * flags must leave --zero and both --offload flags open.  Under --convention
  * deepspeed-estimator (or -docs) the rows and format are DeepSpeed's own
  * (model states only; --params and --largest-layer may stand in for a

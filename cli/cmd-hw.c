@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "cli/call.h"
 #include "cli/cli.h"
 #include "cli/commands.h"
 #include "core/json.h"
@@ -355,56 +356,66 @@ stow_cmd_hw (int argc, char **argv)
 }
 
 static void
-print_cluster (const StowCluster *c)
+print_cluster (GString *out, const StowCluster *c)
 {
   char b1[STOW_FORMAT_BUF], b2[STOW_FORMAT_BUF];
   const StowNode *n = &c->node;
-  printf ("Cluster \"%s\": %u node%s x %u GPU%s = %u %s\n", c->spec, c->n_nodes,
-          c->n_nodes == 1 ? "" : "s", n->gpus_per_node,
-          n->gpus_per_node == 1 ? "" : "s", c->n_gpus, n->gpu.name);
-  printf ("  Node: %s%s%s%s\n", n->name, n->description ? " (" : "",
-          n->description ? n->description : "", n->description ? ")" : "");
+  g_string_append_printf (out, "Cluster \"%s\": %u node%s x %u GPU%s = %u %s\n",
+                          c->spec, c->n_nodes, c->n_nodes == 1 ? "" : "s",
+                          n->gpus_per_node, n->gpus_per_node == 1 ? "" : "s",
+                          c->n_gpus, n->gpu.name);
+  g_string_append_printf (
+      out, "  Node: %s%s%s%s\n", n->name, n->description ? " (" : "",
+      n->description ? n->description : "", n->description ? ")" : "");
   const StowGpu *g = &n->gpu;
-  printf ("  GPU: %s, %s usable (torch total_memory), bf16 %.1f TFLOP/s, "
-          "HBM %.0f GB/s%s\n",
-          g->name, stow_format_bytes_into (b1, sizeof b1, g->total_bytes),
-          g->bf16_flops / 1e12, g->hbm_bw / 1e9,
-          g->defaulted & STOW_GPU_DEFAULT_HBM
-              ? " (default: 5 GB/s per bf16 TFLOP/s; set hbm_bw)"
-              : "");
+  g_string_append_printf (
+      out,
+      "  GPU: %s, %s usable (torch total_memory), bf16 %.1f TFLOP/s, "
+      "HBM %.0f GB/s%s\n",
+      g->name, stow_format_bytes_into (b1, sizeof b1, g->total_bytes),
+      g->bf16_flops / 1e12, g->hbm_bw / 1e9,
+      g->defaulted & STOW_GPU_DEFAULT_HBM
+          ? " (default: 5 GB/s per bf16 TFLOP/s; set hbm_bw)"
+          : "");
   if (g->defaulted & STOW_GPU_DEFAULT_FP16)
-    printf ("  fp16: %.1f TFLOP/s (default: the bf16 rate; set "
-            "fp16_tflops)\n",
-            g->fp16_flops / 1e12);
+    g_string_append_printf (out,
+                            "  fp16: %.1f TFLOP/s (default: the bf16 rate; set "
+                            "fp16_tflops)\n",
+                            g->fp16_flops / 1e12);
   if (g->nvlink_bw > 0)
-    printf ("  GPU link: %.1f GB/s per direction, domain of %u; ",
-            g->nvlink_bw / 1e9, g->nvlink_domain);
+    g_string_append_printf (
+        out, "  GPU link: %.1f GB/s per direction, domain of %u; ",
+        g->nvlink_bw / 1e9, g->nvlink_domain);
   else
-    printf ("  GPU link: none (GPUs exchange data over PCIe); ");
-  printf ("PCIe Gen%u%s %.0f GB/s pinned%s\n", g->pcie_gen,
-          g->defaulted & STOW_GPU_DEFAULT_PCIE_GEN ? " (default)" : "",
-          g->pcie_bw / 1e9,
-          g->defaulted & STOW_GPU_DEFAULT_PCIE_BW
-              ? " (default for the generation; set pcie_bw)"
-              : "");
-  printf ("  Host: %s RAM, %.0f GB/s memory, %u cores, %u NUMA node%s%s%s\n",
-          stow_format_bytes_into (b1, sizeof b1, n->host_ram_bytes),
-          n->host_mem_bw / 1e9, n->cpu_cores, n->numa_nodes,
-          n->numa_nodes == 1 ? "" : "s", n->profile ? ", measured in " : "",
-          n->profile ? n->profile : "");
+    g_string_append_printf (
+        out, "  GPU link: none (GPUs exchange data over PCIe); ");
+  g_string_append_printf (
+      out, "PCIe Gen%u%s %.0f GB/s pinned%s\n", g->pcie_gen,
+      g->defaulted & STOW_GPU_DEFAULT_PCIE_GEN ? " (default)" : "",
+      g->pcie_bw / 1e9,
+      g->defaulted & STOW_GPU_DEFAULT_PCIE_BW
+          ? " (default for the generation; set pcie_bw)"
+          : "");
+  g_string_append_printf (
+      out, "  Host: %s RAM, %.0f GB/s memory, %u cores, %u NUMA node%s%s%s\n",
+      stow_format_bytes_into (b1, sizeof b1, n->host_ram_bytes),
+      n->host_mem_bw / 1e9, n->cpu_cores, n->numa_nodes,
+      n->numa_nodes == 1 ? "" : "s", n->profile ? ", measured in " : "",
+      n->profile ? n->profile : "");
   for (guint i = 0; i < n->n_nvme; i++)
-    printf ("  NVMe %u: %s%s%s, read %.1f GB/s, write %.1f GB/s\n", i,
-            stow_format_bytes_into (b2, sizeof b2, n->nvme[i].capacity_bytes),
-            n->nvme[i].path ? " at " : "",
-            n->nvme[i].path ? n->nvme[i].path : "", n->nvme[i].read_bw / 1e9,
-            n->nvme[i].write_bw / 1e9);
-  printf ("  Network: %.2f GB/s per GPU per direction, %.1f us%s%s\n",
-          n->net_bw_per_gpu / 1e9, n->net_latency_s * 1e6,
-          n->net_kind ? "; " : "", n->net_kind ? n->net_kind : "");
+    g_string_append_printf (
+        out, "  NVMe %u: %s%s%s, read %.1f GB/s, write %.1f GB/s\n", i,
+        stow_format_bytes_into (b2, sizeof b2, n->nvme[i].capacity_bytes),
+        n->nvme[i].path ? " at " : "", n->nvme[i].path ? n->nvme[i].path : "",
+        n->nvme[i].read_bw / 1e9, n->nvme[i].write_bw / 1e9);
+  g_string_append_printf (
+      out, "  Network: %.2f GB/s per GPU per direction, %.1f us%s%s\n",
+      n->net_bw_per_gpu / 1e9, n->net_latency_s * 1e6, n->net_kind ? "; " : "",
+      n->net_kind ? n->net_kind : "");
 }
 
 int
-stow_cmd_gpus (int argc, char **argv)
+stow_gpus_run (StowCliCall *call, int argc, char **argv)
 {
   gboolean json = FALSE;
   g_autofree char *spec = NULL, *cluster_file = NULL;
@@ -418,20 +429,22 @@ stow_cmd_gpus (int argc, char **argv)
       "Show what a cluster.json resolves to", "FILE" },
     { NULL },
   };
-  g_autoptr (GOptionContext) ctx = stow_cli_context_new (
-      "gpus", NULL,
+  g_autoptr (GOptionContext) ctx = stow_cli_call_context_new (
+      call, "gpus", NULL,
       "List the GPU catalog and the node presets (memory is what torch's "
       "total_memory reports; TFLOP/s are dense), or resolve a --gpus spec "
       "or a --cluster file.");
-  g_option_context_add_main_entries (ctx, entries, NULL);
-  if (!stow_cli_parse (ctx, "gpus", &argc, &argv))
+  stow_cli_add_entries (call, ctx, entries);
+  if (!stow_cli_call_parse (call, ctx, "gpus", &argc, &argv))
     return STOW_EXIT_FAILURE;
   if (argc > 1)
-    return stow_cli_failf ("see 'stowage gpus --help'",
-                           "gpus: unexpected argument \"%s\"", argv[1]);
+    return stow_cli_call_failf (call, "see 'stowage gpus --help'",
+                                "gpus: unexpected argument \"%s\"", argv[1]);
   if (spec && cluster_file)
-    return stow_cli_failf (NULL, "gpus: --gpus and --cluster exclude each "
-                                 "other");
+    return stow_cli_call_failf (call, NULL,
+                                "gpus: --gpus and --cluster exclude each "
+                                "other");
+  g_autoptr (GString) out = g_string_new (NULL);
 
   if (spec || cluster_file)
     {
@@ -440,17 +453,17 @@ stow_cmd_gpus (int argc, char **argv)
           = spec ? stow_cluster_new_from_spec (spec, &error)
                  : stow_cluster_new_from_file (cluster_file, &error);
       if (c == NULL)
-        return stow_cli_fail (
-            error,
+        return stow_cli_call_fail (
+            call, error,
             g_error_matches (error, STOW_HW_ERROR, STOW_HW_ERROR_NOT_FOUND)
                     && spec && g_ascii_strcasecmp (spec, "local") != 0
                 ? "see 'stowage gpus' for the names"
                 : NULL);
       if (json)
-        stow_cli_print_json (stow_cluster_to_json (c));
-      else
-        print_cluster (c);
-      return STOW_EXIT_OK;
+        return stow_cli_call_answer_json (call, stow_cluster_to_json (c),
+                                          STOW_EXIT_OK);
+      print_cluster (out, c);
+      return stow_cli_call_answer (call, NULL, out->str, STOW_EXIT_OK);
     }
 
   gsize n_gpus, n_nodes;
@@ -471,27 +484,29 @@ stow_cmd_gpus (int argc, char **argv)
         json_builder_add_value (b, stow_node_to_json (nodes[i]));
       json_builder_end_array (b);
       json_builder_end_object (b);
-      stow_cli_print_json (json_builder_get_root (b));
-      return STOW_EXIT_OK;
+      return stow_cli_call_answer_json (call, json_builder_get_root (b),
+                                        STOW_EXIT_OK);
     }
 
-  printf ("%-15s %11s %9s %9s %9s %10s %10s %-6s %s\n", "GPU", "MEMORY",
-          "BF16 TF", "FP8 TF", "FP32 TF", "HBM GB/s", "LINK GB/s", "PCIE",
-          "PRESET");
+  g_string_append_printf (out, "%-15s %11s %9s %9s %9s %10s %10s %-6s %s\n",
+                          "GPU", "MEMORY", "BF16 TF", "FP8 TF", "FP32 TF",
+                          "HBM GB/s", "LINK GB/s", "PCIE", "PRESET");
   for (gsize i = 0; i < n_gpus; i++)
     {
       const StowGpu *g = gpus[i];
       g_autofree char *mem = stow_format_bytes (g->total_bytes);
       g_autofree char *pcie = g_strdup_printf ("Gen%u", g->pcie_gen);
-      printf ("%-15s %11s %9.1f %9.1f %9.1f %10.0f %10.1f %-6s %s\n", g->name,
-              mem, g->bf16_flops / 1e12, g->fp8_flops / 1e12,
-              g->fp32_flops / 1e12, g->hbm_bw / 1e9, g->nvlink_bw / 1e9, pcie,
-              g->preset);
+      g_string_append_printf (
+          out, "%-15s %11s %9.1f %9.1f %9.1f %10.0f %10.1f %-6s %s\n", g->name,
+          mem, g->bf16_flops / 1e12, g->fp8_flops / 1e12, g->fp32_flops / 1e12,
+          g->hbm_bw / 1e9, g->nvlink_bw / 1e9, pcie, g->preset);
     }
-  printf ("\nMEMORY is torch's total_memory; TF are dense; LINK is NVLink "
-          "(or bridge/fabric) per direction.\n\n");
-  printf ("%-12s %-10s %5s %10s %9s %6s %-20s %s\n", "PRESET", "GPU", "GPUS",
-          "HOST RAM", "MEM GB/s", "CORES", "NVME", "NETWORK/GPU");
+  g_string_append_printf (
+      out, "\nMEMORY is torch's total_memory; TF are dense; LINK is NVLink "
+           "(or bridge/fabric) per direction.\n\n");
+  g_string_append_printf (out, "%-12s %-10s %5s %10s %9s %6s %-20s %s\n",
+                          "PRESET", "GPU", "GPUS", "HOST RAM", "MEM GB/s",
+                          "CORES", "NVME", "NETWORK/GPU");
   for (gsize i = 0; i < n_nodes; i++)
     {
       const StowNode *n = nodes[i];
@@ -505,9 +520,16 @@ stow_cmd_gpus (int argc, char **argv)
               stow_format_bytes_into (cap, sizeof cap,
                                       n->nvme[0].capacity_bytes));
         }
-      printf ("%-12s %-10s %5u %10s %9.0f %6u %-20s %.1f Gb/s\n", n->name,
-              n->gpu.name, n->gpus_per_node, ram, n->host_mem_bw / 1e9,
-              n->cpu_cores, nvme ? nvme : "none", n->net_bw_per_gpu * 8 / 1e9);
+      g_string_append_printf (
+          out, "%-12s %-10s %5u %10s %9.0f %6u %-20s %.1f Gb/s\n", n->name,
+          n->gpu.name, n->gpus_per_node, ram, n->host_mem_bw / 1e9,
+          n->cpu_cores, nvme ? nvme : "none", n->net_bw_per_gpu * 8 / 1e9);
     }
-  return STOW_EXIT_OK;
+  return stow_cli_call_answer (call, NULL, out->str, STOW_EXIT_OK);
+}
+
+int
+stow_cmd_gpus (int argc, char **argv)
+{
+  return stow_gpus_run (NULL, argc, argv);
 }

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "cli/all-offloads.h"
+#include "cli/call.h"
 #include "cli/cli.h"
 #include "cli/commands.h"
 #include "cli/plan-options.h"
@@ -20,8 +21,8 @@ static int
 run_mem (StowPlanOptions *po, StowReportOptions *ro, int argc, char **argv)
 {
   g_autoptr (GError) error = NULL;
-  g_autoptr (GOptionContext) ctx = stow_cli_context_new (
-      "mem", "MODEL",
+  g_autoptr (GOptionContext) ctx = stow_cli_call_context_new (
+      po->call, "mem", "MODEL",
       "The memory of one layout, per GPU (each pipeline stage), per host and "
       "per node's NVMe, term by term.  Dimensions left out are filled in as "
       "'stowage fit' chooses them (the fastest layout that fits), and the "
@@ -29,27 +30,27 @@ run_mem (StowPlanOptions *po, StowReportOptions *ro, int argc, char **argv)
       "and the rest stay off.  Exit status: 0 it fits, 1 it does not, 2 bad "
       "input.");
   stow_plan_options_add (ctx, po);
-  stow_report_options_add (ctx, ro);
-  if (!stow_cli_parse (ctx, "mem", &argc, &argv))
+  stow_report_options_add (ctx, ro, po->call);
+  if (!stow_cli_call_parse (po->call, ctx, "mem", &argc, &argv))
     return STOW_EXIT_FAILURE;
   if (argc > 2)
-    return stow_cli_failf ("see 'stowage mem --help'",
-                           "mem: unexpected argument \"%s\"", argv[2]);
+    return stow_cli_call_failf (po->call, "see 'stowage mem --help'",
+                                "mem: unexpected argument \"%s\"", argv[2]);
   if (ro->plan != NULL
           ? !stow_report_options_load_plan (ro, po, argc > 1 ? argv[1] : NULL,
                                             &error)
           : !stow_plan_options_resolve (po, argc > 1 ? argv[1] : NULL, &error))
-    return stow_cli_fail (error, NULL);
+    return stow_cli_call_fail (po->call, error, NULL);
   if (!stow_report_options_resolve (ro, po, &error)
       || !stow_report_options_plan_engine (ro, po, &error))
-    return stow_cli_fail (error, NULL);
+    return stow_cli_call_fail (po->call, error, NULL);
   /* What the flags leave open is filled as fit fills it (issue 24: ZeRO 0
    * everywhere reported 1,065 GiB for llama-65b on 8 A100s). */
   g_auto (GStrv) filled
       = ro->plan == NULL ? stow_plan_options_fill_like_fit (po) : NULL;
   g_autoptr (StowMemory) mem = stow_memory_estimate (&po->plan, &error);
   if (mem == NULL)
-    return stow_cli_fail (error, NULL);
+    return stow_cli_call_fail (po->call, error, NULL);
   stow_report_options_check_plan (ro, mem);
   StowMemoryReport r = { po->model,
                          po->cluster_obj,
@@ -68,9 +69,9 @@ run_mem (StowPlanOptions *po, StowReportOptions *ro, int argc, char **argv)
 }
 
 int
-stow_cmd_mem (int argc, char **argv)
+stow_mem_run (StowCliCall *call, int argc, char **argv)
 {
-  StowPlanOptions po = { 0 };
+  StowPlanOptions po = { .call = call };
   StowReportOptions ro = { 0 };
   int rc = run_mem (&po, &ro, argc, argv);
   stow_plan_options_clear (&po);
@@ -236,16 +237,16 @@ run_fit (StowPlanOptions *po, StowReportOptions *ro, int argc, char **argv)
       NULL },
     { NULL },
   };
-  g_autoptr (GOptionContext) ctx = stow_cli_context_new (
-      "fit", "MODEL",
+  g_autoptr (GOptionContext) ctx = stow_cli_call_context_new (
+      po->call, "fit", "MODEL",
       "Does MODEL train on these GPUs?  Searches the layouts (parallel "
       "degrees, ZeRO stage, offload, recomputation, micro-batch) that the "
       "flags leave open and shows the best that fits, term by term.  Exit "
       "status: 0 it fits, 1 it does not, 2 bad input.");
   stow_plan_options_add (ctx, po);
-  stow_report_options_add (ctx, ro);
-  g_option_context_add_main_entries (ctx, extra, NULL);
-  if (!stow_cli_parse (ctx, "fit", &argc, &argv))
+  stow_report_options_add (ctx, ro, po->call);
+  stow_cli_add_entries (po->call, ctx, extra);
+  if (!stow_cli_call_parse (po->call, ctx, "fit", &argc, &argv))
     return STOW_EXIT_FAILURE;
   if (all_offloads)
     {
@@ -259,35 +260,36 @@ run_fit (StowPlanOptions *po, StowReportOptions *ro, int argc, char **argv)
                           : ro->plan              ? "--plan"
                                                   : NULL;
       if (clash)
-        return stow_cli_failf ("see 'stowage fit --help'",
-                               "--all-offloads shows every ZeRO stage and "
-                               "offload choice as text or --json; drop %s",
-                               clash);
+        return stow_cli_call_failf (po->call, "see 'stowage fit --help'",
+                                    "--all-offloads shows every ZeRO stage and "
+                                    "offload choice as text or --json; drop %s",
+                                    clash);
     }
   if (argc > 2)
-    return stow_cli_failf ("see 'stowage fit --help'",
-                           "fit: unexpected argument \"%s\"", argv[2]);
+    return stow_cli_call_failf (po->call, "see 'stowage fit --help'",
+                                "fit: unexpected argument \"%s\"", argv[2]);
   if (ro->plan != NULL
           ? !stow_report_options_load_plan (ro, po, argc > 1 ? argv[1] : NULL,
                                             &error)
           : !stow_plan_options_resolve (po, argc > 1 ? argv[1] : NULL, &error))
-    return stow_cli_fail (error, NULL);
+    return stow_cli_call_fail (po->call, error, NULL);
   if (!stow_report_options_resolve (ro, po, &error)
       || !stow_report_options_plan_engine (ro, po, &error))
-    return stow_cli_fail (error, NULL);
+    return stow_cli_call_fail (po->call, error, NULL);
   if (all_offloads)
     {
       stow_plan_options_default_layout (po);
       return stow_all_offloads_run (po);
     }
   if (po->model == NULL)
-    return stow_cli_failf (NULL,
-                           "fit searches layouts of a real model; use "
-                           "'stowage mem --params N --convention ...' for a "
-                           "peer's formula");
+    return stow_cli_call_failf (
+        po->call, NULL,
+        "fit searches layouts of a real model; use "
+        "'stowage mem --params N --convention ...' for a "
+        "peer's formula");
   if (po->plan.mem.convention != STOW_CONVENTION_STOWAGE)
-    return stow_cli_failf ("use 'stowage mem --convention ...'",
-                           "fit uses stowage's own memory model");
+    return stow_cli_call_failf (po->call, "use 'stowage mem --convention ...'",
+                                "fit uses stowage's own memory model");
   if (ro->plan == NULL)
     stow_plan_options_default_layout (po);
 
@@ -304,7 +306,7 @@ run_fit (StowPlanOptions *po, StowReportOptions *ro, int argc, char **argv)
   plan.layout = best->layout;
   g_autoptr (StowMemory) mem = stow_memory_estimate (&plan, &error);
   if (mem == NULL)
-    return stow_cli_fail (error, NULL);
+    return stow_cli_call_fail (po->call, error, NULL);
   StowMemoryReport r = { po->model,     po->cluster_obj, &po->plan.training,
                          &best->layout, &po->plan.mem,   mem };
 
@@ -391,12 +393,24 @@ run_fit (StowPlanOptions *po, StowReportOptions *ro, int argc, char **argv)
 }
 
 int
-stow_cmd_fit (int argc, char **argv)
+stow_fit_run (StowCliCall *call, int argc, char **argv)
 {
-  StowPlanOptions po = { 0 };
+  StowPlanOptions po = { .call = call };
   StowReportOptions ro = { 0 };
   int rc = run_fit (&po, &ro, argc, argv);
   stow_plan_options_clear (&po);
   stow_report_options_clear (&ro);
   return rc;
+}
+
+int
+stow_cmd_mem (int argc, char **argv)
+{
+  return stow_mem_run (NULL, argc, argv);
+}
+
+int
+stow_cmd_fit (int argc, char **argv)
+{
+  return stow_fit_run (NULL, argc, argv);
 }

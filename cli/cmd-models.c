@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "cli/call.h"
 #include "cli/cli.h"
 #include "cli/commands.h"
 #include "core/json.h"
@@ -41,23 +42,23 @@ add_aliases (JsonBuilder *b, const StowModel *m)
 }
 
 int
-stow_cmd_models (int argc, char **argv)
+stow_models_run (StowCliCall *call, int argc, char **argv)
 {
   gboolean opt_json = FALSE;
   const GOptionEntry entries[] = {
     { "json", 0, 0, G_OPTION_ARG_NONE, &opt_json, "Print JSON", NULL },
     { NULL },
   };
-  g_autoptr (GOptionContext) ctx = stow_cli_context_new (
-      "models", NULL,
+  g_autoptr (GOptionContext) ctx = stow_cli_call_context_new (
+      call, "models", NULL,
       "List the built-in model catalog: name, family, exact parameter "
       "count, layers, hidden size, heads / kv heads and vocabulary.");
-  g_option_context_add_main_entries (ctx, entries, NULL);
-  if (!stow_cli_parse (ctx, "models", &argc, &argv))
+  stow_cli_add_entries (call, ctx, entries);
+  if (!stow_cli_call_parse (call, ctx, "models", &argc, &argv))
     return STOW_EXIT_FAILURE;
   if (argc > 1)
-    return stow_cli_failf ("see 'stowage models --help'",
-                           "models: unexpected argument \"%s\"", argv[1]);
+    return stow_cli_call_failf (call, "see 'stowage models --help'",
+                                "models: unexpected argument \"%s\"", argv[1]);
 
   gsize n;
   const char *const *names = stow_model_catalog_names (&n);
@@ -68,7 +69,7 @@ stow_cmd_models (int argc, char **argv)
       g_autoptr (GError) error = NULL;
       StowModel *m = stow_model_lookup (names[i], &error);
       if (m == NULL)
-        return stow_cli_fail (error, NULL);
+        return stow_cli_call_fail (call, error, NULL);
       g_ptr_array_add (models, m);
     }
 
@@ -88,12 +89,14 @@ stow_cmd_models (int argc, char **argv)
         }
       json_builder_end_array (b);
       json_builder_end_object (b);
-      stow_cli_print_json (json_builder_get_root (b));
-      return STOW_EXIT_OK;
+      return stow_cli_call_answer_json (call, json_builder_get_root (b),
+                                        STOW_EXIT_OK);
     }
 
-  printf ("%-20s %-12s %18s %6s %7s %9s %7s\n", "NAME", "FAMILY", "PARAMS",
-          "LAYERS", "HIDDEN", "HEADS/KV", "VOCAB");
+  g_autoptr (GString) out = g_string_new (NULL);
+  g_string_append_printf (out, "%-20s %-12s %18s %6s %7s %9s %7s\n", "NAME",
+                          "FAMILY", "PARAMS", "LAYERS", "HIDDEN", "HEADS/KV",
+                          "VOCAB");
   for (guint i = 0; i < models->len; i++)
     {
       const StowModel *m = g_ptr_array_index (models, i);
@@ -101,13 +104,21 @@ stow_cmd_models (int argc, char **argv)
       g_snprintf (heads, sizeof heads,
                   "%" G_GUINT64_FORMAT "/%" G_GUINT64_FORMAT, m->n_heads,
                   m->n_kv_heads);
-      printf ("%-20s %-12s %18s %6" G_GUINT64_FORMAT " %7" G_GUINT64_FORMAT
-              " %9s %7" G_GUINT64_FORMAT "\n",
-              m->name, m->family,
-              stow_format_grouped_into (params, sizeof params, m->params),
-              m->n_layers, m->hidden, heads, m->vocab);
+      g_string_append_printf (
+          out,
+          "%-20s %-12s %18s %6" G_GUINT64_FORMAT " %7" G_GUINT64_FORMAT
+          " %9s %7" G_GUINT64_FORMAT "\n",
+          m->name, m->family,
+          stow_format_grouped_into (params, sizeof params, m->params),
+          m->n_layers, m->hidden, heads, m->vocab);
     }
-  return STOW_EXIT_OK;
+  return stow_cli_call_answer (call, NULL, out->str, STOW_EXIT_OK);
+}
+
+int
+stow_cmd_models (int argc, char **argv)
+{
+  return stow_models_run (NULL, argc, argv);
 }
 
 /* The checkpoint as stored: dtype, quantization, bytes. */
@@ -138,15 +149,15 @@ add_checkpoint_json (JsonBuilder *b, const StowModel *m)
 /* "bf16, 2.30 GiB (from its safetensors index)" and, quantized, "GPTQ
  * 4-bit, group 128 (0.5195 B per linear weight); bf16 elsewhere". */
 static void
-print_checkpoint (const StowModel *m)
+print_checkpoint (GString *out, const StowModel *m)
 {
   char by[STOW_FORMAT_BUF];
   const char *dtype = m->torch_dtype ? m->torch_dtype : "unknown dtype";
   stow_format_bytes_into (by, sizeof by, m->checkpoint_bytes);
   if (m->quant.method == STOW_QUANT_NONE)
-    printf ("  checkpoint:  %s, %s%s\n", dtype, by,
-            m->checkpoint_bytes_measured ? " (its safetensors)"
-                                         : " (from the count)");
+    g_string_append_printf (out, "  checkpoint:  %s, %s%s\n", dtype, by,
+                            m->checkpoint_bytes_measured ? " (its safetensors)"
+                                                         : " (from the count)");
   else
     {
       char group[48] = "";
@@ -156,14 +167,16 @@ print_checkpoint (const StowModel *m)
       else if (m->quant.method == STOW_QUANT_GPTQ
                || m->quant.method == STOW_QUANT_AWQ)
         g_snprintf (group, sizeof group, ", per row");
-      printf ("  checkpoint:  %s %u-bit %s%s%s (%.4g B per linear weight), "
-              "%s elsewhere; %s%s\n",
-              stow_quant_method_name (m->quant.method), m->quant.bits,
-              m->quant.type ? m->quant.type : "", group,
-              m->quant.double_quant ? ", double quant" : "",
-              m->quant.linear_bytes_per_param, dtype, by,
-              m->checkpoint_bytes_measured ? " (its safetensors)"
-                                           : " (from the count)");
+      g_string_append_printf (
+          out,
+          "  checkpoint:  %s %u-bit %s%s%s (%.4g B per linear weight), "
+          "%s elsewhere; %s%s\n",
+          stow_quant_method_name (m->quant.method), m->quant.bits,
+          m->quant.type ? m->quant.type : "", group,
+          m->quant.double_quant ? ", double quant" : "",
+          m->quant.linear_bytes_per_param, dtype, by,
+          m->checkpoint_bytes_measured ? " (its safetensors)"
+                                       : " (from the count)");
     }
 }
 
@@ -177,23 +190,24 @@ bytes16 (char *buf, gsize size, guint64 params)
 
 /* accelerate estimate-memory's table, in GiB. */
 static void
-print_accelerate (const StowModel *m)
+print_accelerate (GString *out, const StowModel *m)
 {
   StowAccelerateRow rows[STOW_ACCELERATE_ROWS];
   const double gib = (double)(1ull << 30);
   stow_accelerate_estimate (m, rows);
-  printf ("\n  accelerate estimate-memory (GiB; training with Adam, before "
-          "activations):\n");
-  printf ("    %-8s %14s %12s %16s\n", "dtype", "largest layer", "total size",
-          "training (Adam)");
+  g_string_append_printf (
+      out, "\n  accelerate estimate-memory (GiB; training with Adam, before "
+           "activations):\n");
+  g_string_append_printf (out, "    %-8s %14s %12s %16s\n", "dtype",
+                          "largest layer", "total size", "training (Adam)");
   for (int i = 0; i < STOW_ACCELERATE_ROWS; i++)
     {
       char train[32] = "-";
       if (rows[i].training_bytes >= 0)
         g_snprintf (train, sizeof train, "%.2f", rows[i].training_bytes / gib);
-      printf ("    %-8s %14.2f %12.2f %16s\n", rows[i].dtype,
-              rows[i].largest_layer_bytes / gib, rows[i].total_bytes / gib,
-              train);
+      g_string_append_printf (out, "    %-8s %14.2f %12.2f %16s\n",
+                              rows[i].dtype, rows[i].largest_layer_bytes / gib,
+                              rows[i].total_bytes / gib, train);
     }
 }
 
@@ -221,59 +235,69 @@ add_accelerate_json (JsonBuilder *b, const StowModel *m)
 }
 
 static void
-print_text (const StowModel *m, gboolean tensors)
+print_text (GString *out, const StowModel *m, gboolean tensors)
 {
   char g[STOW_FORMAT_BUF], by[STOW_FORMAT_BUF];
   g_autofree char *shortp = stow_format_count_short (m->params);
 
-  printf ("%s (%s)\n", m->name, m->family);
+  g_string_append_printf (out, "%s (%s)\n", m->name, m->family);
   if (m->aliases && m->aliases[0])
     {
       g_autofree char *al = g_strjoinv (", ", m->aliases);
-      printf ("  aliases:     %s\n", al);
+      g_string_append_printf (out, "  aliases:     %s\n", al);
     }
   if (m->hub_id)
-    printf ("  hub:         %s@%s\n", m->hub_id, m->revision);
-  printf ("  source:      %s\n", m->source);
+    g_string_append_printf (out, "  hub:         %s@%s\n", m->hub_id,
+                            m->revision);
+  g_string_append_printf (out, "  source:      %s\n", m->source);
   if (m->reference)
-    printf ("  reference:   %s\n", m->reference);
-  printf ("  shape:       %" G_GUINT64_FORMAT " layers", m->n_layers);
+    g_string_append_printf (out, "  reference:   %s\n", m->reference);
+  g_string_append_printf (out, "  shape:       %" G_GUINT64_FORMAT " layers",
+                          m->n_layers);
   if (m->n_encoder_layers)
-    printf (" (%" G_GUINT64_FORMAT " encoder + %" G_GUINT64_FORMAT " decoder)",
-            m->n_encoder_layers, m->n_layers - m->n_encoder_layers);
-  printf (", hidden %" G_GUINT64_FORMAT ", %" G_GUINT64_FORMAT
-          " heads / %" G_GUINT64_FORMAT " kv heads of %" G_GUINT64_FORMAT
-          ", ffn %" G_GUINT64_FORMAT ", vocab %" G_GUINT64_FORMAT "\n",
-          m->hidden, m->n_heads, m->n_kv_heads, m->head_dim, m->ffn, m->vocab);
+    g_string_append_printf (
+        out, " (%" G_GUINT64_FORMAT " encoder + %" G_GUINT64_FORMAT " decoder)",
+        m->n_encoder_layers, m->n_layers - m->n_encoder_layers);
+  g_string_append_printf (
+      out,
+      ", hidden %" G_GUINT64_FORMAT ", %" G_GUINT64_FORMAT
+      " heads / %" G_GUINT64_FORMAT " kv heads of %" G_GUINT64_FORMAT
+      ", ffn %" G_GUINT64_FORMAT ", vocab %" G_GUINT64_FORMAT "\n",
+      m->hidden, m->n_heads, m->n_kv_heads, m->head_dim, m->ffn, m->vocab);
   if (m->n_experts)
-    printf ("  experts:     %" G_GUINT64_FORMAT
-            " routed (top %" G_GUINT64_FORMAT ") + %" G_GUINT64_FORMAT
-            " shared\n",
-            m->n_experts, m->experts_per_token, m->n_shared_experts);
-  printf ("  parameters:  %s (%s)\n",
-          stow_format_grouped_into (g, sizeof g, m->params), shortp);
+    g_string_append_printf (
+        out,
+        "  experts:     %" G_GUINT64_FORMAT " routed (top %" G_GUINT64_FORMAT
+        ") + %" G_GUINT64_FORMAT " shared\n",
+        m->n_experts, m->experts_per_token, m->n_shared_experts);
+  g_string_append_printf (out, "  parameters:  %s (%s)\n",
+                          stow_format_grouped_into (g, sizeof g, m->params),
+                          shortp);
   if (m->active_params != m->params)
     {
       g_autofree char *s = stow_format_count_short (m->active_params);
-      printf ("  active:      %s (%s) per token\n",
-              stow_format_grouped_into (g, sizeof g, m->active_params), s);
+      g_string_append_printf (
+          out, "  active:      %s (%s) per token\n",
+          stow_format_grouped_into (g, sizeof g, m->active_params), s);
     }
-  printf ("  at 16 bits:  %s\n", bytes16 (by, sizeof by, m->params));
-  print_checkpoint (m);
+  g_string_append_printf (out, "  at 16 bits:  %s\n",
+                          bytes16 (by, sizeof by, m->params));
+  print_checkpoint (out, m);
 
-  printf ("\n  by role:\n");
+  g_string_append_printf (out, "\n  by role:\n");
   for (int r = 0; r < STOW_N_ROLES; r++)
     {
       if (m->by_role[r] == 0)
         continue;
-      printf ("    %-10s %18s  %12s  %5.1f%%\n", stow_tensor_role_name (r),
-              stow_format_grouped_into (g, sizeof g, m->by_role[r]),
-              bytes16 (by, sizeof by, m->by_role[r]),
-              100.0 * (double)m->by_role[r] / (double)m->params);
+      g_string_append_printf (
+          out, "    %-10s %18s  %12s  %5.1f%%\n", stow_tensor_role_name (r),
+          stow_format_grouped_into (g, sizeof g, m->by_role[r]),
+          bytes16 (by, sizeof by, m->by_role[r]),
+          100.0 * (double)m->by_role[r] / (double)m->params);
     }
 
   /* Runs of identical layers print as one line. */
-  printf ("\n  per layer (16-bit):\n");
+  g_string_append_printf (out, "\n  per layer (16-bit):\n");
   for (guint64 i = 0; i < m->n_layers;)
     {
       guint64 j = i + 1;
@@ -290,27 +314,32 @@ print_text (const StowModel *m, gboolean tensors)
         g_snprintf (range, sizeof range,
                     "layers %" G_GUINT64_FORMAT "-%" G_GUINT64_FORMAT, i,
                     j - 1);
-      printf ("    %-16s %18s params  %12s each", range,
-              stow_format_grouped_into (g, sizeof g, li->params),
-              bytes16 (by, sizeof by, li->params));
+      g_string_append_printf (
+          out, "    %-16s %18s params  %12s each", range,
+          stow_format_grouped_into (g, sizeof g, li->params),
+          bytes16 (by, sizeof by, li->params));
       if (li->is_moe)
-        printf ("  (MoE, %s active)",
-                stow_format_grouped_into (g, sizeof g, li->active_params));
+        g_string_append_printf (
+            out, "  (MoE, %s active)",
+            stow_format_grouped_into (g, sizeof g, li->active_params));
       if (m->n_encoder_layers)
-        printf ("  %s", li->is_decoder ? "decoder" : "encoder");
-      printf ("\n");
+        g_string_append_printf (out, "  %s",
+                                li->is_decoder ? "decoder" : "encoder");
+      g_string_append_printf (out, "\n");
       i = j;
     }
-  printf ("\n  largest module: %s, %s params (%s at 16 bits)\n",
-          m->largest_module ? m->largest_module : "-",
-          stow_format_grouped_into (g, sizeof g, m->largest_module_params),
-          bytes16 (by, sizeof by, m->largest_module_params));
-  printf ("  tensors:     %u\n", m->tensors->len);
-  print_accelerate (m);
+  g_string_append_printf (
+      out, "\n  largest module: %s, %s params (%s at 16 bits)\n",
+      m->largest_module ? m->largest_module : "-",
+      stow_format_grouped_into (g, sizeof g, m->largest_module_params),
+      bytes16 (by, sizeof by, m->largest_module_params));
+  g_string_append_printf (out, "  tensors:     %u\n", m->tensors->len);
+  print_accelerate (out, m);
 
   if (tensors)
     {
-      printf ("\n  %-64s %-24s %s\n", "TENSOR", "SHAPE", "ROLE");
+      g_string_append_printf (out, "\n  %-64s %-24s %s\n", "TENSOR", "SHAPE",
+                              "ROLE");
       for (guint i = 0; i < m->tensors->len; i++)
         {
           const StowTensor *t = g_ptr_array_index (m->tensors, i);
@@ -322,14 +351,15 @@ print_text (const StowModel *m, gboolean tensors)
             g_snprintf (shape, sizeof shape,
                         "[%" G_GUINT64_FORMAT ", %" G_GUINT64_FORMAT "]",
                         t->shape[0], t->shape[1]);
-          printf ("  %-64s %-24s %s%s\n", t->name, shape,
-                  stow_tensor_role_name (t->role), t->tied ? " (tied)" : "");
+          g_string_append_printf (out, "  %-64s %-24s %s%s\n", t->name, shape,
+                                  stow_tensor_role_name (t->role),
+                                  t->tied ? " (tied)" : "");
         }
     }
 }
 
-static void
-print_model_json (const StowModel *m, gboolean tensors)
+static JsonNode *
+model_json (const StowModel *m, gboolean tensors)
 {
   g_autoptr (JsonBuilder) b = json_builder_new ();
   json_builder_begin_object (b);
@@ -399,11 +429,11 @@ print_model_json (const StowModel *m, gboolean tensors)
       json_builder_end_array (b);
     }
   json_builder_end_object (b);
-  stow_cli_print_json (json_builder_get_root (b));
+  return json_builder_get_root (b);
 }
 
 int
-stow_cmd_model (int argc, char **argv)
+stow_model_run (StowCliCall *call, int argc, char **argv)
 {
   gboolean opt_json = FALSE, opt_tensors = FALSE;
   g_autofree char *opt_revision = NULL;
@@ -416,32 +446,40 @@ stow_cmd_model (int argc, char **argv)
       "Also list every tensor (checkpoint name, shape, role)", NULL },
     { NULL },
   };
-  g_autoptr (GOptionContext) ctx = stow_cli_context_new (
-      "model", "NAME|PATH|ORG/NAME",
+  g_autoptr (GOptionContext) ctx = stow_cli_call_context_new (
+      call, "model", "NAME|PATH|ORG/NAME",
       "Show one model from the catalog (see 'stowage models'), from a "
       "HuggingFace config.json (or a folder holding one), or by its Hub id "
       "(from the Hugging Face cache, stowage's cache or HF_ENDPOINT): the "
       "exact "
       "parameter count, active parameters per token, the breakdown by "
       "role, the size of each layer at 16 bits and the largest module.");
-  g_option_context_add_main_entries (ctx, entries, NULL);
-  if (!stow_cli_parse (ctx, "model", &argc, &argv))
+  stow_cli_add_entries (call, ctx, entries);
+  if (!stow_cli_call_parse (call, ctx, "model", &argc, &argv))
     return STOW_EXIT_FAILURE;
   if (argc < 2)
-    return stow_cli_failf ("see 'stowage models' for the catalog",
-                           "model: expected a model name or a config.json");
+    return stow_cli_call_failf (call, "see 'stowage models' for the catalog",
+                                "model: expected a model name or a "
+                                "config.json");
   if (argc > 2)
-    return stow_cli_failf ("see 'stowage model --help'",
-                           "model: unexpected argument \"%s\"", argv[2]);
+    return stow_cli_call_failf (call, "see 'stowage model --help'",
+                                "model: unexpected argument \"%s\"", argv[2]);
 
   g_autoptr (GError) error = NULL;
   g_autoptr (StowModel) m
-      = stow_model_lookup_revision (argv[1], opt_revision, &error);
+      = stow_cli_call_model (call, argv[1], opt_revision, &error);
   if (m == NULL)
-    return stow_cli_fail (error, NULL);
+    return stow_cli_call_fail (call, error, NULL);
   if (opt_json)
-    print_model_json (m, opt_tensors);
-  else
-    print_text (m, opt_tensors);
-  return STOW_EXIT_OK;
+    return stow_cli_call_answer_json (call, model_json (m, opt_tensors),
+                                      STOW_EXIT_OK);
+  g_autoptr (GString) out = g_string_new (NULL);
+  print_text (out, m, opt_tensors);
+  return stow_cli_call_answer (call, NULL, out->str, STOW_EXIT_OK);
+}
+
+int
+stow_cmd_model (int argc, char **argv)
+{
+  return stow_model_run (NULL, argc, argv);
 }

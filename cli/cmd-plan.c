@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "cli/call.h"
 #include "cli/cli.h"
 #include "cli/commands.h"
 #include "cli/plan-options.h"
@@ -27,20 +28,12 @@ typedef struct
 } PlanArgs;
 
 /* Writes @text to -o FILE (atomically: a temporary, then rename) or to
- * standard output; returns @ok_code, or STOW_EXIT_FAILURE after saying why
- * the file could not be written. */
+ * standard output, or for the server into the answer; returns @ok_code, or
+ * STOW_EXIT_FAILURE after saying why it could not be written. */
 static int
 emit_output (const PlanArgs *a, const char *text, int ok_code)
 {
-  g_autoptr (GError) error = NULL;
-  if (a->output == NULL)
-    {
-      fputs (text, stdout);
-      return ok_code;
-    }
-  if (!stow_file_write_atomic (a->output, text, -1, &error))
-    return stow_cli_fail (error, NULL);
-  return ok_code;
+  return stow_cli_call_answer (a->po.call, a->output, text, ok_code);
 }
 
 /* "tp 8 pp 8/3 dp 1 z1 mb 1x64 sel" */
@@ -131,8 +124,8 @@ run_plan (PlanArgs *a, int argc, char **argv)
 {
   StowPlanOptions *po = &a->po;
   g_autoptr (GError) error = NULL;
-  g_autoptr (GOptionContext) ctx = stow_cli_context_new (
-      "plan", "MODEL",
+  g_autoptr (GOptionContext) ctx = stow_cli_call_context_new (
+      po->call, "plan", "MODEL",
       "Every layout of MODEL on these GPUs (tp, pp, vpp, cp, ep, dp, ZeRO "
       "stage, offload, recomputation, micro-batch) that the flags leave "
       "open, pruned by memory and ranked by predicted throughput.  Layout "
@@ -152,32 +145,36 @@ run_plan (PlanArgs *a, int argc, char **argv)
     { NULL },
   };
   stow_plan_options_add (ctx, po);
-  g_option_context_add_main_entries (ctx, extra, NULL);
-  if (!stow_cli_parse (ctx, "plan", &argc, &argv))
+  stow_cli_add_entries (po->call, ctx, extra);
+  if (!stow_cli_call_parse (po->call, ctx, "plan", &argc, &argv))
     return STOW_EXIT_FAILURE;
   if (argc > 2)
-    return stow_cli_failf ("see 'stowage plan --help'",
-                           "plan: unexpected argument \"%s\"", argv[2]);
+    return stow_cli_call_failf (po->call, "see 'stowage plan --help'",
+                                "plan: unexpected argument \"%s\"", argv[2]);
   guint64 top = 10;
-  if (a->top && !g_ascii_string_to_unsigned (a->top, 10, 1, 100000, &top, NULL))
-    return stow_cli_failf (NULL,
-                           "--top \"%s\": expected a whole number from 1 to "
-                           "100000",
-                           a->top);
+  guint64 max_top = stow_cli_call_bound (po->call, 100000,
+                                         po->call ? po->call->max_top : 0);
+  if (a->top
+      && !g_ascii_string_to_unsigned (a->top, 10, 1, max_top, &top, NULL))
+    return stow_cli_call_failf (po->call, NULL,
+                                "--top \"%s\": expected a whole number from 1 "
+                                "to %" G_GUINT64_FORMAT,
+                                a->top, max_top);
   StowFormat format = po->json ? STOW_FORMAT_JSON : STOW_FORMAT_TEXT;
   if (a->format && !stow_format_parse (a->format, "--format", &format, &error))
-    return stow_cli_fail (error, NULL);
+    return stow_cli_call_fail (po->call, error, NULL);
   if (po->json && format != STOW_FORMAT_JSON)
-    return stow_cli_failf (NULL, "--json and --format %s both given",
-                           a->format);
+    return stow_cli_call_failf (po->call, NULL,
+                                "--json and --format %s both given", a->format);
   if (!stow_plan_options_resolve (po, argc > 1 ? argv[1] : NULL, &error))
-    return stow_cli_fail (error, NULL);
+    return stow_cli_call_fail (po->call, error, NULL);
   if (po->model == NULL)
-    return stow_cli_failf (NULL, "plan needs a model: name one from "
-                                 "'stowage models' or a config.json");
+    return stow_cli_call_failf (po->call, NULL,
+                                "plan needs a model: name one from "
+                                "'stowage models' or a config.json");
   if (po->plan.mem.convention != STOW_CONVENTION_STOWAGE)
-    return stow_cli_failf ("use 'stowage mem --convention ...'",
-                           "plan uses stowage's own memory model");
+    return stow_cli_call_failf (po->call, "use 'stowage mem --convention ...'",
+                                "plan uses stowage's own memory model");
   stow_plan_options_default_layout (po);
 
   StowCostOptions co;
@@ -201,15 +198,16 @@ run_plan (PlanArgs *a, int argc, char **argv)
     {
       if (!stow_layout_validate (&po->plan.layout, &po->plan.training,
                                  po->model, po->cluster_obj, &error))
-        return stow_cli_fail (
-            error, strstr (error->message, "--global-batch")
-                       ? "no layout divides the batch: --global-batch must "
-                         "be a multiple of dp x micro-batch, dp = GPUs / (tp "
-                         "x pp x cp)"
-                       : "no layout is valid (the dimensions left open were "
-                         "searched too)");
-      return stow_cli_failf (
-          NULL,
+        return stow_cli_call_fail (
+            po->call, error,
+            strstr (error->message, "--global-batch")
+                ? "no layout divides the batch: --global-batch must "
+                  "be a multiple of dp x micro-batch, dp = GPUs / (tp "
+                  "x pp x cp)"
+                : "no layout is valid (the dimensions left open were "
+                  "searched too)");
+      return stow_cli_call_failf (
+          po->call, NULL,
           "no valid layout of %s on %s: all %" G_GUINT64_FORMAT
           " combinations break a divisibility rule",
           po->model->name, po->cluster_obj->spec, s->invalid);
@@ -239,7 +237,7 @@ run_plan (PlanArgs *a, int argc, char **argv)
       plan.layout = *chosen;
       g_autoptr (StowMemory) mem = stow_memory_estimate (&plan, &error);
       if (mem == NULL)
-        return stow_cli_fail (error, NULL);
+        return stow_cli_call_fail (po->call, error, NULL);
       g_autofree double *tput = g_new0 (double, MAX (s->fits->len, 1));
       for (guint i = 0; i < s->fits->len; i++)
         tput[i] = g_array_index (s->fits, StowCandidate, i).cost.tokens_per_s;
@@ -392,14 +390,21 @@ run_plan (PlanArgs *a, int argc, char **argv)
 }
 
 int
-stow_cmd_plan (int argc, char **argv)
+stow_plan_run (StowCliCall *call, int argc, char **argv)
 {
   PlanArgs a;
   memset (&a, 0, sizeof a);
+  a.po.call = call;
   int rc = run_plan (&a, argc, argv);
   g_free (a.top);
   g_free (a.format);
   g_free (a.output);
   stow_plan_options_clear (&a.po);
   return rc;
+}
+
+int
+stow_cmd_plan (int argc, char **argv)
+{
+  return stow_plan_run (NULL, argc, argv);
 }

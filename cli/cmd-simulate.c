@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "cli/call.h"
 #include "cli/cli.h"
 #include "cli/commands.h"
 #include "cli/plan-options.h"
@@ -38,20 +39,12 @@ typedef struct
   gboolean layer_major, delayed_update;
 } SimOptions;
 
-/* To -o FILE (core/json.h's writer) or standard output; @ok_code on
- * success. */
+/* To -o FILE (core/json.h's writer) or standard output, or for the
+ * server into the answer; @ok_code on success. */
 static int
 emit_output (const SimOptions *so, const char *text, int ok_code)
 {
-  g_autoptr (GError) error = NULL;
-  if (so->output == NULL)
-    {
-      fputs (text, stdout);
-      return ok_code;
-    }
-  if (!stow_file_write_atomic (so->output, text, -1, &error))
-    return stow_cli_fail (error, NULL);
-  return ok_code;
+  return stow_cli_call_answer (so->po.call, so->output, text, ok_code);
 }
 
 static void
@@ -108,32 +101,33 @@ run (SimOptions *so, int argc, char **argv)
       "Write to FILE (atomically) instead of standard output", "FILE" },
     { NULL },
   };
-  g_autoptr (GOptionContext) ctx = stow_cli_context_new (
-      "simulate", "MODEL",
+  g_autoptr (GOptionContext) ctx = stow_cli_call_context_new (
+      po->call, "simulate", "MODEL",
       "Lower one layout to its per-rank step program and run it in virtual "
       "time: step time, exposed time per stream, the critical path and peak "
       "memory per tier.  Dimensions left out are filled in as by 'mem' (as "
       "'stowage fit' chooses them).  Exit status: 0 the step stays within "
       "the device budget, 1 it exceeds it, 2 bad input.");
-  g_option_context_add_main_entries (ctx, entries, NULL);
+  stow_cli_add_entries (po->call, ctx, entries);
   stow_plan_options_add (ctx, po);
-  if (!stow_cli_parse (ctx, "simulate", &argc, &argv))
+  if (!stow_cli_call_parse (po->call, ctx, "simulate", &argc, &argv))
     return STOW_EXIT_FAILURE;
   if (argc > 2)
-    return stow_cli_failf ("see 'stowage simulate --help'",
-                           "simulate: unexpected argument \"%s\"", argv[2]);
+    return stow_cli_call_failf (po->call, "see 'stowage simulate --help'",
+                                "simulate: unexpected argument \"%s\"",
+                                argv[2]);
   if (argc < 2 && so->plan == NULL)
-    return stow_cli_failf ("see 'stowage simulate --help'",
-                           "simulate: which model? (e.g. llama-7b, or "
-                           "--plan FILE)");
+    return stow_cli_call_failf (po->call, "see 'stowage simulate --help'",
+                                "simulate: which model? (e.g. llama-7b, or "
+                                "--plan FILE)");
   g_auto (GStrv) filled = NULL;
   StowFormat format = po->json ? STOW_FORMAT_JSON : STOW_FORMAT_TEXT;
   if (so->format
       && !stow_format_parse (so->format, "--format", &format, &error))
-    return stow_cli_fail (error, NULL);
+    return stow_cli_call_fail (po->call, error, NULL);
   if (po->json && format != STOW_FORMAT_JSON)
-    return stow_cli_failf (NULL, "--json and --format %s both given",
-                           so->format);
+    return stow_cli_call_failf (
+        po->call, NULL, "--json and --format %s both given", so->format);
   if (so->plan != NULL)
     {
       /* The plan fixes model, cluster, training and layout; the loader
@@ -145,20 +139,21 @@ run (SimOptions *so, int argc, char **argv)
       ro.plan = NULL; /* borrowed from so */
       stow_report_options_clear (&ro);
       if (!ok)
-        return stow_cli_fail (error, NULL);
+        return stow_cli_call_fail (po->call, error, NULL);
       if (po->model == NULL)
-        return stow_cli_failf (NULL,
-                               "--plan %s: the plan has no model (a "
-                               "peer convention's --params plan)",
-                               so->plan);
+        return stow_cli_call_failf (po->call, NULL,
+                                    "--plan %s: the plan has no model (a "
+                                    "peer convention's --params plan)",
+                                    so->plan);
     }
   else
     {
       if (!stow_plan_options_resolve (po, argv[1], &error))
-        return stow_cli_fail (error, NULL);
+        return stow_cli_call_fail (po->call, error, NULL);
       if (po->model == NULL)
-        return stow_cli_failf (NULL, "simulate needs a model: name one from "
-                                     "'stowage models' or a config.json");
+        return stow_cli_call_failf (po->call, NULL,
+                                    "simulate needs a model: name one from "
+                                    "'stowage models' or a config.json");
       filled = stow_plan_options_fill_like_fit (po);
     }
 
@@ -166,18 +161,21 @@ run (SimOptions *so, int argc, char **argv)
    * before lowering allocates it (--global-batch 1G at --seq 7 asked for
    * 125 million micro-batches and ran out of memory). */
   guint64 passes = po->plan.layout.grad_accum * (po->model->n_layers + 2);
-  if (po->plan.layout.grad_accum > STOW_SIM_MAX_LAYER_PASSES
-      || passes > STOW_SIM_MAX_LAYER_PASSES)
+  guint64 max_passes
+      = stow_cli_call_bound (po->call, STOW_SIM_MAX_LAYER_PASSES,
+                             po->call ? po->call->max_sim_passes : 0);
+  if (po->plan.layout.grad_accum > max_passes || passes > max_passes)
     {
       char a[STOW_FORMAT_BUF], b[STOW_FORMAT_BUF];
-      return stow_cli_failf (
+      return stow_cli_call_failf (
+          po->call,
           "lower --global-batch or --grad-accum, or raise --micro-batch",
           "simulate: %s micro-batches per step through %" G_GUINT64_FORMAT
           " layers: over the simulator's limit of %s micro-batch x layer "
           "passes (about 850,000 ops)",
           stow_format_grouped_into (a, sizeof a, po->plan.layout.grad_accum),
           po->model->n_layers,
-          stow_format_grouped_into (b, sizeof b, STOW_SIM_MAX_LAYER_PASSES));
+          stow_format_grouped_into (b, sizeof b, max_passes));
     }
 
   po->plan.lower.layer_major = so->layer_major;
@@ -186,11 +184,11 @@ run (SimOptions *so, int argc, char **argv)
   gint64 t0 = g_get_monotonic_time ();
   g_autoptr (StowProgram) prog = stow_lower (&po->plan, &error);
   if (prog == NULL)
-    return stow_cli_fail (error, NULL);
+    return stow_cli_call_fail (po->call, error, NULL);
   g_autoptr (StowBackend) sim = stow_backend_sim_new (&po->plan, NULL);
   g_autoptr (StowTrace) tr = stow_program_run (prog, sim, &error);
   if (tr == NULL)
-    return stow_cli_fail (error, NULL);
+    return stow_cli_call_fail (po->call, error, NULL);
   double wall = (double)(g_get_monotonic_time () - t0) / 1e6;
   /* The planner's closed-form step for the same layout, side by side. */
   StowCostOptions co;
@@ -210,7 +208,7 @@ run (SimOptions *so, int argc, char **argv)
     {
       g_autofree char *js = stow_trace_to_chrome_json (tr, prog);
       if (!stow_file_write_atomic (so->trace, js, -1, &error))
-        return stow_cli_fail (error, NULL);
+        return stow_cli_call_fail (po->call, error, NULL);
     }
 
   if (format == STOW_FORMAT_CSV || format == STOW_FORMAT_MD
@@ -338,9 +336,9 @@ run (SimOptions *so, int argc, char **argv)
 }
 
 int
-stow_cmd_simulate (int argc, char **argv)
+stow_simulate_run (StowCliCall *call, int argc, char **argv)
 {
-  SimOptions so = { 0 };
+  SimOptions so = { .po.call = call };
   int rc = run (&so, argc, argv);
   stow_plan_options_clear (&so.po);
   g_free (so.trace);
@@ -348,4 +346,10 @@ stow_cmd_simulate (int argc, char **argv)
   g_free (so.output);
   g_free (so.plan);
   return rc;
+}
+
+int
+stow_cmd_simulate (int argc, char **argv)
+{
+  return stow_simulate_run (NULL, argc, argv);
 }

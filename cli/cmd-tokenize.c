@@ -12,6 +12,7 @@
 
 #include "cli/cli.h"
 #include "cli/commands.h"
+#include "cli/corpus.h"
 #include "core/units.h"
 #include "data/shards.h"
 #include "data/tokenize.h"
@@ -65,22 +66,6 @@ static gboolean
 parse_u64 (const char *text, guint64 *out)
 {
   return g_ascii_string_to_unsigned (text, 10, 0, G_MAXUINT64, out, NULL);
-}
-
-/* The only special added token, which ends documents when no config names
- * an EOS (a bare tokenizer.json such as GPT-2's with <|endoftext|>). */
-static gint64
-sole_special (StowHfTokenizer *t)
-{
-  gint64 found = -1;
-  for (guint32 id = 0; id < stow_hf_tokenizer_n_ids (t); id++)
-    if (stow_hf_tokenizer_is_special (t, id))
-      {
-        if (found >= 0)
-          return -1;
-        found = id;
-      }
-  return found;
 }
 
 int
@@ -200,30 +185,10 @@ stow_cmd_tokenize (int argc, char **argv)
         tok_path);
   g_autoptr (GError) error = NULL;
   g_autoptr (StowHfTokenizer) t
-      = stow_hf_tokenizer_new_from_path (tok_path, &error);
+      = stow_cli_tokenizer_open (tok_path, &job.bos_id, &job.eos_id, &error);
   if (t == NULL)
     return stow_cli_fail (error, NULL);
   job.tokenizer = t;
-  job.bos_id
-      = stow_hf_tokenizer_adds_bos (t) ? stow_hf_tokenizer_bos_id (t) : -1;
-  job.eos_id = stow_hf_tokenizer_eos_id (t);
-  if (job.eos_id < 0)
-    {
-      job.eos_id = sole_special (t);
-      if (job.eos_id < 0)
-        return stow_cli_failf (
-            "pass a model directory whose tokenizer_config.json names "
-            "eos_token",
-            "%s names no EOS token, and documents need one to end with",
-            stow_hf_tokenizer_name (t));
-      fprintf (
-          stderr,
-          "stowage: %s names no EOS token (no tokenizer_config.json): "
-          "documents end with its only special token \"%s\" (%" G_GINT64_FORMAT
-          ")\n",
-          stow_hf_tokenizer_name (t),
-          stow_hf_tokenizer_id_to_token (t, (guint32)job.eos_id), job.eos_id);
-    }
 
   Progress pr = { .tty = isatty (2), .start_us = g_get_monotonic_time () };
   job.progress = progress;

@@ -8,12 +8,15 @@
 
 #include <errno.h>
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "cli/cli.h"
 #include "cli/commands.h"
+#include "cli/corpus.h"
+#include "cli/model-source.h"
 #include "cli/plan-options.h"
 #include "cli/train-plan.h"
 #include "core/json.h"
@@ -22,40 +25,27 @@
 #include "executor/backends/tensors.h"
 #include "executor/model-io.h"
 #include "executor/train.h"
+#include "offload/nvme.h"
 #include "planner/search.h"
 
 typedef struct
 {
-  /* The layout and shape flags train shares with fit, mem, plan and
-   * simulate (--seq, --micro-batch, --global-batch, --precision,
-   * --recompute, --offload-optimizer, --offload-params,
-   * --resident-layers): parsed by the same code (cli/plan-options.c). */
+  /* The layout, shape and optimizer flags train shares with fit, mem,
+   * plan and simulate (--seq, --micro-batch, --global-batch, --precision,
+   * --recompute, --offload-optimizer, --offload-params, --resident-layers,
+   * and --lr ... --steps in po.optim): parsed by the same code
+   * (cli/plan-options.c). */
   StowPlanOptions po;
-  char *model, *data, *plan, *steps, *lr, *min_lr, *warmup, *lr_schedule,
-      *weight_decay, *beta1, *beta2, *eps, *max_grad_norm, *seed, *out,
-      *save_every, *log_json, *trace, *backend, *device_memory, *tokenizer,
-      *threads, *test_copy_delay_us, *test_nvme_fault, *test_memlock_limit;
+  char *model, *data, *plan, *seed, *out, *save_every, *max_skipped_steps,
+      *log_json, *trace, *backend, *device_memory, *tokenizer, *resume_from,
+      *save_on_signal, *threads, *test_copy_delay_us, *test_nvme_fault,
+      *test_memlock_limit, *test_nvme_free, *save_dtype, *max_shard_size,
+      *keep_last, *val_data, *eval_every, *eval_batches;
   char **nvme_dirs;
-  gboolean resume, shuffle, delayed_update, stream_times, allow_unpinned;
+  char *revision; /* --revision: of a Hub id --model */
+  gboolean resume, overwrite, shuffle, delayed_update, stream_times,
+      allow_unpinned, ignore_extra_tensors;
 } TrainOptions;
-
-static gboolean
-parse_double (const char *flag, const char *v, double lo, double *out,
-              GError **error)
-{
-  if (v == NULL)
-    return TRUE;
-  char *end = NULL;
-  double x = g_ascii_strtod (v, &end);
-  if (end == v || *end != '\0' || !isfinite (x) || x < lo)
-    {
-      g_set_error (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
-                   "%s \"%s\": expected a number >= %g", flag, v, lo);
-      return FALSE;
-    }
-  *out = x;
-  return TRUE;
-}
 
 /* --test-nvme-fault KIND:N: the Nth I/O request to the optimizer's swap
  * files from the first step on fails as KIND, so that tests can check a
@@ -104,6 +94,98 @@ parse_u64 (const char *flag, const char *v, gboolean zero_ok, guint64 *out,
   return TRUE;
 }
 
+/* --save-dtype, --max-shard-size, --keep-last: how checkpoints are
+ * written and how many stay. */
+static gboolean
+parse_save (const TrainOptions *o, StowTrainConfig *run, GError **error)
+{
+  if (o->save_dtype != NULL)
+    {
+      StowDtype *d = &run->save_format.dtype;
+      if (!stow_dtype_from_nick (o->save_dtype, d)
+          || (*d != STOW_DTYPE_F32 && *d != STOW_DTYPE_BF16))
+        {
+          g_set_error (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
+                       "--save-dtype \"%s\": expected fp32 or bf16",
+                       o->save_dtype);
+          return FALSE;
+        }
+    }
+  if (o->max_shard_size != NULL)
+    {
+      g_autoptr (GError) local = NULL;
+      if (!stow_parse_size (o->max_shard_size,
+                            &run->save_format.max_shard_bytes, &local))
+        {
+          g_set_error (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
+                       "--max-shard-size \"%s\": %s", o->max_shard_size,
+                       local->message);
+          return FALSE;
+        }
+    }
+  guint64 keep = 0;
+  if (!parse_u64 ("--keep-last", o->keep_last, TRUE, &keep, error))
+    return FALSE;
+  run->keep_last = (guint)MIN (keep, G_MAXUINT);
+  run->ignore_extra_tensors = o->ignore_extra_tensors;
+  run->val_data = o->val_data;
+  if (!parse_u64 ("--eval-every", o->eval_every, TRUE, &run->eval_every, error)
+      || !parse_u64 ("--eval-batches", o->eval_batches, TRUE,
+                     &run->eval_batches, error))
+    return FALSE;
+  if ((o->eval_every || o->eval_batches) && o->val_data == NULL)
+    {
+      g_set_error (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
+                   "%s needs --val-data FILES",
+                   o->eval_every ? "--eval-every" : "--eval-batches");
+      return FALSE;
+    }
+  return TRUE;
+}
+
+/* An output file @flag names can be written when the run gets there:
+ * its directory takes new files (the trace is written atomically, a new
+ * file renamed over the path), and the path is not a directory.  The
+ * directory may be --out (@out), which the run creates.  Checked before
+ * anything is planned, so that a run never fails after its last step
+ * for a typo. */
+static gboolean
+check_writable (const char *flag, const char *path, const char *out,
+                GError **error)
+{
+  if (path == NULL)
+    return TRUE;
+  g_autofree char *dir = g_path_get_dirname (path);
+  g_autofree char *dir_c = g_canonicalize_filename (dir, NULL);
+  g_autofree char *out_c = out ? g_canonicalize_filename (out, NULL) : NULL;
+  /* --out's nearest existing ancestor stands for it. */
+  g_autofree char *probe = g_strdup (dir);
+  while (out_c && g_str_equal (dir_c, out_c)
+         && !g_file_test (probe, G_FILE_TEST_EXISTS))
+    {
+      char *up = g_path_get_dirname (probe);
+      gboolean top = g_str_equal (up, probe);
+      g_free (probe);
+      probe = up;
+      if (top)
+        break;
+    }
+  const char *why = NULL;
+  int e = 0;
+  if (path[0] == '\0')
+    why = "an empty path";
+  else if (g_file_test (path, G_FILE_TEST_IS_DIR))
+    why = "a directory";
+  else if (access (probe, W_OK | X_OK) != 0)
+    e = errno;
+  if (why == NULL && e == 0)
+    return TRUE;
+  g_set_error (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
+               "%s %s: %s%s%s", flag, path, why ? why : probe, why ? "" : ": ",
+               why ? "" : g_strerror (e));
+  return FALSE;
+}
+
 /* The flags a run cannot do without, checked before anything is planned;
  * the optimizer's schedule ends at the last step. */
 static gboolean
@@ -117,8 +199,8 @@ check_required (const TrainOptions *o, StowTrainPlan *c,
     bad = "--data FILES is required";
   else if (run->out_dir == NULL)
     bad = "--out DIR is required";
-  else if (run->steps == 0)
-    bad = "--steps must be at least 1";
+  else if (o->po.optim.steps == NULL)
+    bad = "--steps N is required: the optimizer steps the run ends at";
   else if (!c->plan_path && (c->seq == 0 || c->micro_batch == 0))
     bad = "--seq and --micro-batch must be at least 1";
   if (bad)
@@ -147,6 +229,30 @@ resolve (TrainOptions *o, StowTrainPlan *c, StowTrainConfig *run,
   c->plan_path = o->plan;
   run->out_dir = o->out;
   run->resume = o->resume;
+  run->resume_from = o->resume_from;
+  run->overwrite = o->overwrite;
+  if (o->overwrite && o->resume)
+    {
+      g_set_error_literal (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
+                           "--overwrite and --resume: --resume continues "
+                           "OUT's run, --overwrite replaces it; choose one");
+      return FALSE;
+    }
+  if (o->resume_from && o->resume_from[0] == '\0')
+    {
+      g_set_error_literal (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
+                           "--resume-from \"\": expected a checkpoint "
+                           "directory or a step of --out");
+      return FALSE;
+    }
+  if (o->save_on_signal && !g_str_equal (o->save_on_signal, "on")
+      && !g_str_equal (o->save_on_signal, "off"))
+    {
+      g_set_error (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
+                   "--save-on-signal \"%s\": expected on or off",
+                   o->save_on_signal);
+      return FALSE;
+    }
   run->shuffle = o->shuffle;
   run->log_json = o->log_json;
   run->trace_path = o->trace;
@@ -156,35 +262,29 @@ resolve (TrainOptions *o, StowTrainPlan *c, StowTrainConfig *run,
     c->backend = o->backend;
   run->backend = c->backend;
   guint64 threads = 0;
-  if (!parse_u64 ("--steps", o->steps, FALSE, &run->steps, error)
-      || !parse_u64 ("--warmup", o->warmup, TRUE, &c->optim.warmup_steps, error)
-      || !parse_u64 ("--seed", o->seed, TRUE, &c->optim.seed, error)
+  guint64 seed = 0;
+  if (!parse_save (o, run, error)
+      || !parse_u64 ("--seed", o->seed, TRUE, &seed, error)
+      || !parse_u64 ("--max-skipped-steps", o->max_skipped_steps, TRUE,
+                     &run->max_skipped_steps, error)
       || !parse_u64 ("--save-every", o->save_every, TRUE, &run->save_every,
                      error)
-      || !parse_u64 ("--threads", o->threads, TRUE, &threads, error)
-      || !parse_double ("--lr", o->lr, 0, &c->optim.lr, error)
-      || !parse_double ("--min-lr", o->min_lr, 0, &c->optim.min_lr, error)
-      || !parse_double ("--weight-decay", o->weight_decay, 0,
-                        &c->optim.weight_decay, error)
-      || !parse_double ("--beta1", o->beta1, 0, &c->optim.beta1, error)
-      || !parse_double ("--beta2", o->beta2, 0, &c->optim.beta2, error)
-      || !parse_double ("--eps", o->eps, 0, &c->optim.eps, error)
-      || !parse_double ("--max-grad-norm", o->max_grad_norm, 0,
-                        &c->optim.max_grad_norm, error))
+      || !parse_u64 ("--threads", o->threads, TRUE, &threads, error))
     return FALSE;
-  if (c->optim.beta1 >= 1 || c->optim.beta2 >= 1)
+  /* More compute threads than processors only take turns, and each holds
+   * its own scratch. */
+  guint procs = MAX (1u, g_get_num_processors ());
+  if (threads > procs)
     {
       g_set_error (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
-                   "--beta1 %g, --beta2 %g: each must be below 1",
-                   c->optim.beta1, c->optim.beta2);
+                   "--threads %" G_GUINT64_FORMAT
+                   ": this process may run on %u processors; 1 to %u",
+                   threads, procs, procs);
       return FALSE;
     }
-  if (threads > 1024)
-    {
-      g_set_error (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
-                   "--threads %" G_GUINT64_FORMAT ": at most 1024", threads);
-      return FALSE;
-    }
+  if (!check_writable ("--trace", o->trace, o->out, error)
+      || !check_writable ("--log-json", o->log_json, o->out, error))
+    return FALSE;
   c->threads = run->threads = (guint)threads;
   if (o->test_nvme_fault && !parse_nvme_fault (o->test_nvme_fault, run, error))
     return FALSE;
@@ -197,6 +297,18 @@ resolve (TrainOptions *o, StowTrainPlan *c, StowTrainConfig *run,
         {
           g_set_error (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
                        "--test-memlock-limit \"%s\": %s", o->test_memlock_limit,
+                       local ? local->message : "a size above 0");
+          return FALSE;
+        }
+    }
+  if (o->test_nvme_free)
+    {
+      g_autoptr (GError) local = NULL;
+      if (!stow_parse_size (o->test_nvme_free, &c->test_nvme_free_bytes, &local)
+          || c->test_nvme_free_bytes == 0)
+        {
+          g_set_error (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
+                       "--test-nvme-free \"%s\": %s", o->test_nvme_free,
                        local ? local->message : "a size above 0");
           return FALSE;
         }
@@ -217,21 +329,22 @@ resolve (TrainOptions *o, StowTrainPlan *c, StowTrainConfig *run,
         }
       run->copy_delay_us = (guint)us;
     }
-  if (o->lr_schedule
-      && !stow_lr_schedule_parse (o->lr_schedule, &c->optim.schedule, error))
-    return FALSE;
-  /* The shape and placement flags, as every planning command parses
-   * them; train's own defaults (--seq 256, fp32) where not given. */
+  /* The shape, placement and optimizer flags, as every planning command
+   * parses them; train's own default --seq 256 where not given, one step
+   * without --steps, and --seed (the data order). */
   StowPlanOptions *po = &o->po;
   if (!stow_plan_options_parse_shape (po, error))
     return FALSE;
+  c->optim = po->plan.training.optim;
+  c->optim.seed = seed;
+  c->optim_flags = &po->optim;
+  run->steps = c->optim.total_steps;
   c->layout = po->plan.layout;
   c->pins = po->pins;
   c->seq = po->seq ? po->plan.training.seq_len : 256;
   c->micro_batch = po->plan.layout.micro_batch;
   c->global_batch = po->plan.training.global_batch;
-  c->precision
-      = po->precision ? po->plan.training.precision : STOW_PRECISION_FP32;
+  c->precision = po->plan.training.precision;
   if (c->precision != STOW_PRECISION_FP32
       && c->precision != STOW_PRECISION_BF16)
     {
@@ -258,11 +371,12 @@ resolve (TrainOptions *o, StowTrainPlan *c, StowTrainConfig *run,
         run->tokenizer = STOW_TOKENIZER_BYTES;
       else if (g_str_equal (o->tokenizer, "none"))
         run->tokenizer = STOW_TOKENIZER_NONE;
-      else
+      else if (!g_file_test (o->tokenizer, G_FILE_TEST_EXISTS))
         {
           g_set_error (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
-                       "--tokenizer \"%s\": expected bytes (a plain text "
-                       "file) or none (llm.c token shards)",
+                       "--tokenizer \"%s\": expected a model directory or a "
+                       "tokenizer.json, bytes (a plain text file, one token "
+                       "per byte) or none (llm.c token shards)",
                        o->tokenizer);
           return FALSE;
         }
@@ -336,19 +450,61 @@ resolve (TrainOptions *o, StowTrainPlan *c, StowTrainConfig *run,
       c->nvme_dirs = run->nvme_dirs
           = (char **)g_ptr_array_free (g_steal_pointer (&dirs), FALSE);
     }
-  if (c->optim.min_lr > c->optim.lr)
-    {
-      g_set_error (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
-                   "--min-lr %g is above --lr %g", c->optim.min_lr,
-                   c->optim.lr);
-      return FALSE;
-    }
   return check_required (o, c, run, error);
+}
+
+/* ---- preemption ---------------------------------------------------------
+ * SIGTERM (what Slurm and Kubernetes send before a kill) and SIGUSR1
+ * (Slurm's --signal) ask the run to stop at the next step boundary with a
+ * checkpoint: the handler only records the signal (async-signal-safe);
+ * the loop finishes the step in flight, saves it and returns, everything
+ * is freed (the NVMe swap files, OUT's lock), and then the signal is
+ * raised again with its default action, so that the exit status is the
+ * signal's.  A second signal ends the process at once, as main.c's
+ * handler would (the swap files removed, the last complete checkpoint in
+ * place). */
+
+static volatile sig_atomic_t stop_signal;
+
+static void
+on_stop_signal (int sig)
+{
+  if (stop_signal != 0)
+    {
+      stow_nvme_remove_files_on_signal ();
+      signal (sig, SIG_DFL);
+      raise (sig);
+      return;
+    }
+  stop_signal = sig;
+  static const char msg[]
+      = "stowage: stopping after this step with a checkpoint (a second "
+        "signal stops at once)\n";
+  ssize_t n = write (2, msg, sizeof msg - 1);
+  (void)n;
+}
+
+static void
+catch_stop_signals (void)
+{
+  static const int sigs[] = { SIGTERM, SIGUSR1 };
+  for (gsize i = 0; i < G_N_ELEMENTS (sigs); i++)
+    {
+      struct sigaction sa, old;
+      memset (&sa, 0, sizeof sa);
+      sa.sa_handler = on_stop_signal;
+      sa.sa_flags = SA_RESTART;
+      sigemptyset (&sa.sa_mask);
+      if (sigaction (sigs[i], NULL, &old) == 0 && old.sa_handler == SIG_IGN)
+        continue;
+      sigaction (sigs[i], &sa, NULL);
+    }
 }
 
 typedef struct
 {
   gboolean tty;
+  gboolean clipping; /* else the norm is not computed: "clipping off" */
 } Progress;
 
 static void
@@ -366,13 +522,19 @@ progress (const StowTrainStep *s, gpointer user)
         g_string_append_c (line, i < filled ? '#' : '.');
       g_string_append (line, "] ");
     }
+  g_autofree char *norm = p->clipping
+                              ? g_strdup_printf ("grad norm %.4g", s->grad_norm)
+                              : g_strdup ("clipping off");
   g_string_append_printf (
       line,
       "step %" G_GUINT64_FORMAT "/%" G_GUINT64_FORMAT
-      "  loss %.4f  grad norm %.4g  lr %.3g  %.0f tokens/s  ETA %s%s%s",
-      s->step, s->steps, s->loss, s->grad_norm, s->lr, s->tokens_per_s, eta,
+      "  loss %.4f  %s  lr %.3g  %.0f tokens/s  ETA %s%s%s",
+      s->step, s->steps, s->loss, norm, s->lr, s->tokens_per_s, eta,
       s->skipped ? "  (non-finite gradients: step skipped)" : "",
       s->saved ? "  saved" : "");
+  if (!isnan (s->val_loss))
+    g_string_append_printf (line, "  val loss %.4f  ppl %.4g", s->val_loss,
+                            exp (s->val_loss));
   fprintf (stderr, "%s\n", line->str);
   g_string_free (line, TRUE);
 }
@@ -436,7 +598,7 @@ print_peaks (const StowTrainPlan *tp, const StowTrainResult *m)
 
 static int
 train_main (TrainOptions *o, StowTrainPlan *tp, StowTrainConfig *c,
-            const GOptionEntry *entries, int argc, char **argv)
+            const GOptionEntry *entries, int argc, char **argv, int *stopped_by)
 {
   g_autoptr (GOptionContext) ctx = stow_cli_context_new (
       "train", NULL,
@@ -444,6 +606,7 @@ train_main (TrainOptions *o, StowTrainPlan *tp, StowTrainConfig *c,
       "the fastest layout that fits the device) lowered to its step program "
       "and run for real, with checkpoints that survive any crash.");
   g_option_context_add_main_entries (ctx, entries, NULL);
+  stow_optim_flags_add (NULL, ctx, &o->po.optim);
   g_autoptr (GError) error = NULL;
   if (!stow_cli_parse (ctx, "train", &argc, &argv))
     return STOW_EXIT_FAILURE;
@@ -452,12 +615,45 @@ train_main (TrainOptions *o, StowTrainPlan *tp, StowTrainConfig *c,
                            "train: unexpected argument \"%s\"", argv[1]);
   if (!resolve (o, tp, c, &error))
     return stow_cli_fail (error, "see 'stowage train --help'");
+  g_autofree char *model_dir
+      = stow_cli_model_dir (o->model, o->revision, &error);
+  if (model_dir == NULL)
+    return stow_cli_fail (error, NULL);
+  tp->model_dir = c->model_dir = model_dir;
+  /* Text and JSONL: tokenized first, with the model's tokenizer. */
+  g_autofree char *tokens = NULL, *val_tokens = NULL;
+  if (c->tokenizer == STOW_TOKENIZER_NONE)
+    {
+      const char *tok = o->tokenizer && !g_str_equal (o->tokenizer, "none")
+                            ? o->tokenizer
+                            : NULL;
+      tokens = stow_cli_train_tokens ("--data", c->data, tok, model_dir,
+                                      c->threads, &error);
+      if (tokens == NULL && error != NULL)
+        return stow_cli_fail (error, NULL);
+      if (c->val_data != NULL)
+        val_tokens = stow_cli_train_tokens ("--val-data", c->val_data, tok,
+                                            model_dir, c->threads, &error);
+      if (val_tokens == NULL && error != NULL)
+        return stow_cli_fail (error, NULL);
+      c->data = tokens ? tokens : c->data;
+      c->val_data = val_tokens ? val_tokens : c->val_data;
+    }
+  if (g_strcmp0 (o->save_on_signal, "off") != 0)
+    {
+      catch_stop_signals ();
+      c->stop_signal = &stop_signal;
+    }
   Progress pr = { isatty (2) };
   c->progress = progress;
   c->notice = tp->notice = notice;
   c->progress_user = tp->notice_user = &pr;
   if (!stow_train_plan (tp, &error))
     return stow_cli_fail (error, NULL);
+  /* The run's settings as planned (a plan file's, with the flags over). */
+  c->steps = tp->plan.training.optim.total_steps;
+  pr.clipping
+      = tp->plan.training.optim.max_grad_norm > 0 && !tp->delayed_update;
   c->program = tp->prog;
   c->model = tp->model;
   c->device_memory = tp->device_bytes;
@@ -469,9 +665,28 @@ train_main (TrainOptions *o, StowTrainPlan *tp, StowTrainConfig *c,
   StowTrainResult m;
   if (!stow_train_run (c, &m, &error))
     return stow_cli_fail (error, NULL);
+  if (m.stopped_by != 0)
+    {
+      if (m.saved_step > 0)
+        fprintf (stderr,
+                 "stopped at step %" G_GUINT64_FORMAT
+                 "; continue with --resume\n",
+                 m.saved_step);
+      else
+        fprintf (stderr, "stopped before step 1; nothing to save\n");
+      *stopped_by = m.stopped_by;
+    }
+  if (m.last_step < m.first_step)
+    return STOW_EXIT_OK; /* no step ran: no peaks to compare */
   print_peaks (tp, &m);
   if (c->stream_times)
     print_stream_times (tp, &m);
+  if (!isnan (m.val_loss))
+    fprintf (stderr,
+             "validation: loss %.4f, perplexity %.4g (%" G_GUINT64_FORMAT
+             " batches, %" G_GUINT64_FORMAT " targets of %s)\n",
+             m.val_loss, exp (m.val_loss), m.val_batches, m.val_targets,
+             c->val_data);
   return STOW_EXIT_OK;
 }
 
@@ -481,13 +696,24 @@ stow_cmd_train (int argc, char **argv)
   TrainOptions o = { 0 };
   const GOptionEntry entries[] = {
     { "model", 0, 0, G_OPTION_ARG_FILENAME, &o.model,
-      "Model directory: config.json and model.safetensors", "DIR" },
+      "Model directory (config.json and the safetensors: one file, or "
+      "shards and their index), or a Hub id, whose files are downloaded "
+      "into the Hugging Face cache (HF_HUB_CACHE or HF_HOME/hub) unless "
+      "there already",
+      "DIR|ORG/NAME" },
+    { "revision", 0, 0, G_OPTION_ARG_STRING, &o.revision,
+      "With a Hub id: a branch, tag or commit (main)", "REV" },
     { "data", 0, 0, G_OPTION_ARG_FILENAME, &o.data,
-      "llm.c token shards (a file, a glob, or several joined by ','), or a "
-      "text file with --tokenizer bytes",
+      "llm.c token shards (*.bin: a file, a glob, or several joined by ','), "
+      "or text and JSONL files, tokenized first with the model's tokenizer "
+      "(JSONL: a text field, or prompt and completion, trained on the "
+      "completions)",
       "FILES" },
     { "tokenizer", 0, 0, G_OPTION_ARG_STRING, &o.tokenizer,
-      "bytes: read --data as text, one token per byte (vocab >= 256)", "KIND" },
+      "For text and JSONL --data: a model directory or tokenizer.json "
+      "(default: --model's tokenizer.json), or bytes: one token per byte "
+      "(vocab >= 256)",
+      "DIR|FILE|bytes" },
     { "shuffle", 0, 0, G_OPTION_ARG_NONE, &o.shuffle,
       "Permute the micro-batch windows of each pass over the data (seeded)",
       NULL },
@@ -521,7 +747,6 @@ stow_cmd_train (int argc, char **argv)
       "directory in each, removed at exit); several, joined by ',' or "
       "repeated, are striped",
       "DIR[,DIR...]" },
-    { "steps", 0, 0, G_OPTION_ARG_STRING, &o.steps, "Optimizer steps", "N" },
     { "seq", 0, 0, G_OPTION_ARG_STRING, &o.po.seq,
       "Sequence length in tokens (default 256)", "T" },
     { "micro-batch", 0, 0, G_OPTION_ARG_STRING, &o.po.micro_batch,
@@ -529,38 +754,65 @@ stow_cmd_train (int argc, char **argv)
     { "global-batch", 0, 0, G_OPTION_ARG_STRING, &o.po.global_batch,
       "Sequences per optimizer step (default: one micro-batch)", "G" },
     { "precision", 0, 0, G_OPTION_ARG_STRING, &o.po.precision,
-      "fp32 (default) or bf16 (bf16 weights, gradients and activations, "
-      "fp32 master weights and Adam states)",
+      "bf16 (default, as every command: bf16 weights, gradients and "
+      "activations, fp32 master weights and Adam states) or fp32",
       "P" },
-    { "lr", 0, 0, G_OPTION_ARG_STRING, &o.lr, "Peak learning rate (1e-3)",
-      "X" },
-    { "min-lr", 0, 0, G_OPTION_ARG_STRING, &o.min_lr,
-      "Learning rate at the last step for cosine and linear (0)", "X" },
-    { "warmup", 0, 0, G_OPTION_ARG_STRING, &o.warmup,
-      "Steps of linear warmup (0)", "N" },
-    { "lr-schedule", 0, 0, G_OPTION_ARG_STRING, &o.lr_schedule,
-      "constant (default), cosine or linear", "S" },
-    { "weight-decay", 0, 0, G_OPTION_ARG_STRING, &o.weight_decay,
-      "AdamW's decoupled weight decay on tensors of 2+ dimensions (0.01)",
-      "W" },
-    { "beta1", 0, 0, G_OPTION_ARG_STRING, &o.beta1, "Adam's beta1 (0.9)",
-      "B1" },
-    { "beta2", 0, 0, G_OPTION_ARG_STRING, &o.beta2, "Adam's beta2 (0.999)",
-      "B2" },
-    { "eps", 0, 0, G_OPTION_ARG_STRING, &o.eps, "Adam's epsilon (1e-8)", "E" },
-    { "max-grad-norm", 0, 0, G_OPTION_ARG_STRING, &o.max_grad_norm,
-      "Clip by the global L2 norm (1.0; 0: no clipping)", "C" },
     { "seed", 0, 0, G_OPTION_ARG_STRING, &o.seed,
       "Seed of the data order (--shuffle) (0)", "S" },
     { "out", 0, 0, G_OPTION_ARG_FILENAME, &o.out,
       "Checkpoints go to DIR/step-NNNNNN, DIR/latest the newest", "DIR" },
     { "save-every", 0, 0, G_OPTION_ARG_STRING, &o.save_every,
       "Checkpoint every K steps (the last step is always saved)", "K" },
-    { "resume", 0, 0, G_OPTION_ARG_NONE, &o.resume,
-      "Continue from DIR/latest bit for bit (from step 0 when there is none)",
+    { "save-dtype", 0, 0, G_OPTION_ARG_STRING, &o.save_dtype,
+      "Checkpoints' weights in fp32 or bf16 (default: the training dtype; "
+      "fp32 beside a master is the master)",
+      "D" },
+    { "max-shard-size", 0, 0, G_OPTION_ARG_STRING, &o.max_shard_size,
+      "Checkpoints' safetensors shards of at most SIZE, as save_pretrained "
+      "(5GB)",
+      "SIZE" },
+    { "keep-last", 0, 0, G_OPTION_ARG_STRING, &o.keep_last,
+      "Remove all but the N newest checkpoints after each save (0: keep all)",
+      "N" },
+    { "ignore-extra-tensors", 0, 0, G_OPTION_ARG_NONE, &o.ignore_extra_tensors,
+      "Drop, with a notice, tensors in --model the config does not make "
+      "(refused by default)",
       NULL },
+    { "val-data", 0, 0, G_OPTION_ARG_FILENAME, &o.val_data,
+      "Validation tokens, as --data: the loss and perplexity at the end "
+      "(and every --eval-every steps)",
+      "FILES" },
+    { "eval-every", 0, 0, G_OPTION_ARG_STRING, &o.eval_every,
+      "Evaluate every N steps (0, the default: at the end only)", "N" },
+    { "eval-batches", 0, 0, G_OPTION_ARG_STRING, &o.eval_batches,
+      "Global batches per evaluation (default: every whole one in "
+      "--val-data)",
+      "K" },
+    { "max-skipped-steps", 0, 0, G_OPTION_ARG_STRING, &o.max_skipped_steps,
+      "Stop the run (exit 2) after N steps in a row skipped for non-finite "
+      "gradients (5; 0: never)",
+      "N" },
+    { "resume", 0, 0, G_OPTION_ARG_NONE, &o.resume,
+      "Continue from DIR/latest bit for bit (its newest checkpoint when the "
+      "link is gone; from step 0 when there is none); the flags that change "
+      "the arithmetic or the data order must be the checkpoint's",
+      NULL },
+    { "resume-from", 0, 0, G_OPTION_ARG_FILENAME, &o.resume_from,
+      "Continue from this checkpoint: a directory, or a step of --out "
+      "(12: DIR/step-000012) (default: none)",
+      "DIR|STEP" },
+    { "overwrite", 0, 0, G_OPTION_ARG_NONE, &o.overwrite,
+      "Train into a --out holding another run's checkpoints, removing them "
+      "once this run has saved its first (default: refuse)",
+      NULL },
+    { "save-on-signal", 0, 0, G_OPTION_ARG_STRING, &o.save_on_signal,
+      "on (default): SIGTERM or SIGUSR1 stops the run after the step in "
+      "flight with a checkpoint, and the exit status is the signal's; off: "
+      "they stop it at once",
+      "on|off" },
     { "log-json", 0, 0, G_OPTION_ARG_FILENAME, &o.log_json,
-      "One JSON object per step (step, loss, grad_norm, lr, tokens_per_s)",
+      "One JSON object per step (step, loss, grad_norm, lr, tokens_per_s); "
+      "a resume cuts it to the checkpoint's step",
       "FILE" },
     { "trace", 0, 0, G_OPTION_ARG_FILENAME, &o.trace,
       "Chrome trace of the last step as it ran (ui.perfetto.dev)", "FILE" },
@@ -594,32 +846,32 @@ stow_cmd_train (int argc, char **argv)
       "Test knob: the preflight takes SIZE as RLIMIT_MEMLOCK (and no "
       "CAP_IPC_LOCK)",
       "SIZE" },
+    { "test-nvme-free", 0, G_OPTION_FLAG_HIDDEN, G_OPTION_ARG_STRING,
+      &o.test_nvme_free,
+      "Test knob: the planner takes SIZE as each --nvme-dir's free space",
+      "SIZE" },
     { NULL },
   };
   StowTrainPlan tp;
   stow_train_plan_init (&tp);
-  StowTrainConfig c = { .backend = "cpu", .steps = 1 };
-  int status = train_main (&o, &tp, &c, entries, argc, argv);
+  StowTrainConfig c
+      = { .backend = "cpu",
+          .max_skipped_steps = 5,
+          .save_format = { STOW_DTYPE_NONE, STOW_DEFAULT_MAX_SHARD_BYTES } };
+  int stopped_by = 0;
+  int status = train_main (&o, &tp, &c, entries, argc, argv, &stopped_by);
   g_strfreev (tp.nvme_dirs);
   stow_train_plan_clear (&tp);
   g_strfreev (o.nvme_dirs);
   stow_plan_options_clear (&o.po);
   char **strings[] = { &o.model,
+                       &o.revision,
                        &o.data,
                        &o.plan,
-                       &o.steps,
-                       &o.lr,
-                       &o.min_lr,
-                       &o.warmup,
-                       &o.lr_schedule,
-                       &o.weight_decay,
-                       &o.beta1,
-                       &o.beta2,
-                       &o.eps,
-                       &o.max_grad_norm,
                        &o.seed,
                        &o.out,
                        &o.save_every,
+                       &o.max_skipped_steps,
                        &o.log_json,
                        &o.trace,
                        &o.backend,
@@ -628,9 +880,25 @@ stow_cmd_train (int argc, char **argv)
                        &o.threads,
                        &o.test_copy_delay_us,
                        &o.test_nvme_fault,
-                       &o.test_memlock_limit };
+                       &o.test_memlock_limit,
+                       &o.test_nvme_free,
+                       &o.resume_from,
+                       &o.save_on_signal,
+                       &o.save_dtype,
+                       &o.max_shard_size,
+                       &o.keep_last,
+                       &o.val_data,
+                       &o.eval_every,
+                       &o.eval_batches };
   for (gsize i = 0; i < G_N_ELEMENTS (strings); i++)
     g_free (*strings[i]);
+  if (stopped_by != 0)
+    {
+      /* Everything is freed and OUT unlocked: end as the signal would. */
+      fflush (NULL);
+      signal (stopped_by, SIG_DFL);
+      raise (stopped_by);
+    }
   return status;
 }
 
@@ -656,44 +924,39 @@ init_unit (gpointer user, guint unit)
 
 /* init-model after its options: @out the directory. */
 static int
-init_main (const char *config_path, const char *out, const char *seed_s,
-           const char *dtype_s)
+init_main (const char *model, const char *revision, const char *out,
+           const char *seed_s, const char *dtype_s, const char *shard_s)
 {
   g_autoptr (GError) error = NULL;
-  guint64 seed = 0;
+  g_autofree char *config_path
+      = stow_cli_model_config (model, revision, &error);
+  if (config_path == NULL)
+    return stow_cli_fail (error, NULL);
+  guint64 seed = 0, max_shard = STOW_DEFAULT_MAX_SHARD_BYTES;
   if (seed_s && !stow_parse_count (seed_s, &seed, &error))
     return stow_cli_failf (NULL, "--seed \"%s\": expected a count", seed_s);
+  if (shard_s && !stow_parse_size (shard_s, &max_shard, &error))
+    return stow_cli_failf (NULL, "--max-shard-size \"%s\": %s", shard_s,
+                           error->message);
   StowDtype dtype = STOW_DTYPE_F32;
   if (dtype_s && g_str_equal (dtype_s, "bf16"))
     dtype = STOW_DTYPE_BF16;
   else if (dtype_s && !g_str_equal (dtype_s, "fp32"))
     return stow_cli_failf (NULL, "--dtype \"%s\": expected fp32 or bf16",
                            dtype_s);
-  g_autoptr (StowModel) m = stow_model_new_from_file (config_path, &error);
+  /* The rules train applies to the config (stow_llama_model_open). */
   StowLlamaConfig lc;
+  g_autoptr (StowModel) m
+      = stow_llama_model_open (config_path, &lc, NULL, &error);
   g_autofree char *text = NULL;
   gsize len = 0;
-  if (m == NULL || !stow_llama_config_from_model (m, &lc, &error)
-      || !g_file_get_contents (config_path, &text, &len, &error))
+  if (m == NULL || !g_file_get_contents (config_path, &text, &len, &error))
     return stow_cli_fail (error, NULL);
   if (g_mkdir_with_parents (out, 0755) != 0)
     {
       int e = errno;
       return stow_cli_failf (NULL, "-o %s: %s", out, g_strerror (e));
     }
-  /* config.json as given, with the dtype the weights are stored in. */
-  g_autoptr (JsonNode) root
-      = stow_json_parse_data (text, (gssize)len, config_path, &error);
-  if (root == NULL)
-    return stow_cli_fail (error, NULL);
-  if (!JSON_NODE_HOLDS_OBJECT (root))
-    return stow_cli_failf (NULL, "%s: not a JSON object", config_path);
-  json_object_set_string_member (json_node_get_object (root), "torch_dtype",
-                                 dtype == STOW_DTYPE_F32 ? "float32"
-                                                         : "bfloat16");
-  g_autofree char *cfg_text = stow_json_to_string (root, TRUE);
-  g_autofree char *cfg = g_build_filename (out, "config.json", NULL);
-  g_autofree char *st = g_build_filename (out, "model.safetensors", NULL);
   g_autoptr (StowProgram) p = stow_program_new (1);
   stow_program_set_units (p, m);
   guint64 largest = 0;
@@ -706,8 +969,11 @@ init_main (const char *config_path, const char *out, const char *seed_s,
                            "init-model: out of memory for a unit of "
                            "%" G_GUINT64_FORMAT " parameters",
                            largest);
-  gboolean ok = stow_model_io_save (p, st, dtype, init_unit, &x, &error)
-                && stow_file_write_atomic (cfg, cfg_text, -1, &error);
+  /* config.json as given, with the dtype the weights are stored in. */
+  gboolean ok
+      = stow_model_io_save (p, out, dtype, max_shard, init_unit, &x, &error)
+        && stow_checkpoint_save_model_files (out, NULL, text, len, dtype,
+                                             &error);
   g_free (x.scratch);
   if (!ok)
     return stow_cli_fail (error, NULL);
@@ -721,17 +987,22 @@ init_main (const char *config_path, const char *out, const char *seed_s,
 int
 stow_cmd_init_model (int argc, char **argv)
 {
-  char *out = NULL, *seed_s = NULL, *dtype_s = NULL;
+  char *out = NULL, *seed_s = NULL, *dtype_s = NULL, *shard_s = NULL;
+  char *revision = NULL;
   const GOptionEntry entries[] = {
     { "output", 'o', 0, G_OPTION_ARG_FILENAME, &out,
-      "Directory for config.json and model.safetensors", "DIR" },
+      "Directory for config.json and the safetensors", "DIR" },
+    { "max-shard-size", 0, 0, G_OPTION_ARG_STRING, &shard_s,
+      "Safetensors shards of at most SIZE, as save_pretrained (5GB)", "SIZE" },
     { "seed", 0, 0, G_OPTION_ARG_STRING, &seed_s, "Random seed (0)", "S" },
     { "dtype", 0, 0, G_OPTION_ARG_STRING, &dtype_s, "fp32 (default) or bf16",
       "D" },
+    { "revision", 0, 0, G_OPTION_ARG_STRING, &revision,
+      "With a Hub id: a branch, tag or commit (main)", "REV" },
     { NULL },
   };
   g_autoptr (GOptionContext) ctx = stow_cli_context_new (
-      "init-model", "CONFIG.json",
+      "init-model", "CONFIG.json|ORG/NAME",
       "Write a randomly initialised checkpoint of a LLaMA-family config: "
       "linear weights and embeddings normal(0, initializer_range), norms 1, "
       "biases 0, as HF transformers initialises them.");
@@ -743,8 +1014,10 @@ stow_cmd_init_model (int argc, char **argv)
     status = stow_cli_failf ("see 'stowage init-model --help'",
                              "init-model: expected CONFIG.json and -o DIR");
   else
-    status = init_main (argv[1], out, seed_s, dtype_s);
+    status = init_main (argv[1], revision, out, seed_s, dtype_s, shard_s);
+  g_free (revision);
   g_free (out);
+  g_free (shard_s);
   g_free (seed_s);
   g_free (dtype_s);
   return status;

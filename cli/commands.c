@@ -29,6 +29,7 @@ static const StowCommand commands[] = {
     stow_cmd_init_model },
   { "tokenize", "Text and JSONL to token shards, with the model's tokenizer",
     stow_cmd_tokenize },
+  { "serve", "The planner as a web page and a JSON API", stow_cmd_serve },
   { "models", "List the built-in model catalog", stow_cmd_models },
   { "model", "Show one model: exact parameter counts, per layer and role",
     stow_cmd_model },

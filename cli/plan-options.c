@@ -4,6 +4,7 @@
  */
 #include "cli/plan-options.h"
 
+#include <math.h>
 #include <string.h>
 
 #include "cli/cli.h"
@@ -14,6 +15,128 @@
   {                                                                            \
     name, 0, 0, G_OPTION_ARG_STRING, &po->var, desc, arg                       \
   }
+
+/* ---- the optimizer settings ---------------------------------------------
+ */
+
+#define OPT(name, var, desc, arg)                                              \
+  {                                                                            \
+    name, 0, 0, G_OPTION_ARG_STRING, &f->var, desc, arg                        \
+  }
+
+void
+stow_optim_flags_add (StowCliCall *call, GOptionContext *ctx, StowOptimFlags *f)
+{
+  /* The defaults are stow_optim_settings_init's (core/optim.h). */
+  const GOptionEntry entries[] = {
+    OPT ("lr", lr, "Peak learning rate (default 1e-3, torch AdamW's)", "X"),
+    OPT ("min-lr", min_lr,
+         "Learning rate at the last step for cosine and linear (default 0)",
+         "X"),
+    OPT ("warmup", warmup,
+         "Steps of linear warmup, step k at lr k/N (default 0)", "N"),
+    OPT ("lr-schedule", lr_schedule,
+         "constant (default), cosine or linear: after the warmup, from --lr "
+         "to --min-lr at the last step (--steps)",
+         "S"),
+    OPT ("weight-decay", weight_decay,
+         "AdamW's decoupled weight decay (default 0.01)", "W"),
+    OPT ("weight-decay-on", weight_decay_on,
+         "matrices (default: tensors of 2+ dimensions, not norms or biases, "
+         "as Megatron-LM) or all",
+         "WHICH"),
+    OPT ("beta1", beta1, "Adam's beta1 (default 0.9)", "B1"),
+    OPT ("beta2", beta2, "Adam's beta2 (default 0.999)", "B2"),
+    OPT ("eps", eps, "Adam's epsilon (default 1e-8)", "E"),
+    OPT ("max-grad-norm", max_grad_norm,
+         "Clip by the global L2 norm (default 1.0; 0: no clipping)", "C"),
+    OPT ("steps", steps,
+         "Optimizer steps of the run, where cosine and linear end (train, "
+         "cosine and linear need it; with --resume, counted from the run's "
+         "start)",
+         "N"),
+    { NULL },
+  };
+  stow_cli_add_entries (call, ctx, entries);
+}
+
+/* A finite number of at least @lo, or FALSE naming the flag. */
+static gboolean
+parse_number_flag (const char *flag, const char *v, double lo, double *out,
+                   GError **error)
+{
+  if (v == NULL)
+    return TRUE;
+  char *end = NULL;
+  double x = g_ascii_strtod (v, &end);
+  if (end == v || *end != '\0' || !isfinite (x) || x < lo)
+    {
+      g_set_error (error, STOW_PLAN_ERROR, STOW_PLAN_ERROR_PARSE,
+                   "%s \"%s\": expected a number >= %g", flag, v, lo);
+      return FALSE;
+    }
+  *out = x;
+  return TRUE;
+}
+
+/* A count (of at least 1 unless @zero_ok), or FALSE naming the flag. */
+static gboolean
+parse_steps_flag (const char *flag, const char *v, gboolean zero_ok,
+                  guint64 *out, GError **error)
+{
+  if (v == NULL)
+    return TRUE;
+  guint64 n = 0;
+  if (!stow_parse_count (v, &n, NULL) || (n == 0 && !zero_ok))
+    {
+      g_set_error (error, STOW_PLAN_ERROR, STOW_PLAN_ERROR_PARSE,
+                   "%s \"%s\": expected a count%s", flag, v,
+                   zero_ok ? "" : " of at least 1");
+      return FALSE;
+    }
+  *out = n;
+  return TRUE;
+}
+
+gboolean
+stow_optim_flags_apply (const StowOptimFlags *f, StowOptimSettings *o,
+                        GError **error)
+{
+  if (!parse_number_flag ("--lr", f->lr, 0, &o->lr, error)
+      || !parse_number_flag ("--min-lr", f->min_lr, 0, &o->min_lr, error)
+      || !parse_steps_flag ("--warmup", f->warmup, TRUE, &o->warmup_steps,
+                            error)
+      || !parse_number_flag ("--weight-decay", f->weight_decay, 0,
+                             &o->weight_decay, error)
+      || !parse_number_flag ("--beta1", f->beta1, 0, &o->beta1, error)
+      || !parse_number_flag ("--beta2", f->beta2, 0, &o->beta2, error)
+      || !parse_number_flag ("--eps", f->eps, 0, &o->eps, error)
+      || !parse_number_flag ("--max-grad-norm", f->max_grad_norm, 0,
+                             &o->max_grad_norm, error)
+      || !parse_steps_flag ("--steps", f->steps, FALSE, &o->total_steps, error))
+    return FALSE;
+  if (f->lr_schedule
+      && !stow_lr_schedule_parse (f->lr_schedule, &o->schedule, error))
+    return FALSE;
+  if (f->weight_decay_on
+      && !stow_decay_scope_parse (f->weight_decay_on, &o->decay_on, error))
+    return FALSE;
+  return stow_optim_settings_check (o, error);
+}
+
+void
+stow_optim_flags_clear (StowOptimFlags *f)
+{
+  char **strings[]
+      = { &f->lr,           &f->min_lr,          &f->warmup, &f->lr_schedule,
+          &f->weight_decay, &f->weight_decay_on, &f->beta1,  &f->beta2,
+          &f->eps,          &f->max_grad_norm,   &f->steps };
+  for (gsize i = 0; i < G_N_ELEMENTS (strings); i++)
+    g_clear_pointer (strings[i], g_free);
+}
+
+/* ---- the planner's flags --------------------------------------------------
+ */
 
 void
 stow_plan_options_add (GOptionContext *ctx, StowPlanOptions *po)
@@ -154,7 +277,8 @@ stow_plan_options_add (GOptionContext *ctx, StowPlanOptions *po)
     { NULL },
   };
   /* GLib copies the entries; their targets live in @po. */
-  g_option_context_add_main_entries (ctx, entries, NULL);
+  stow_cli_add_entries (po->call, ctx, entries);
+  stow_optim_flags_add (po->call, ctx, &po->optim);
 }
 
 static gboolean
@@ -394,7 +518,8 @@ resolve_model_cluster (StowPlanOptions *po, const char *model_arg,
    * under a peer convention. */
   if (model_arg != NULL)
     {
-      po->model = stow_model_lookup_revision (model_arg, po->revision, error);
+      po->model
+          = stow_cli_call_model (po->call, model_arg, po->revision, error);
       if (po->model == NULL)
         return FALSE;
     }
@@ -554,6 +679,8 @@ stow_plan_options_parse_shape (StowPlanOptions *po, GError **error)
   if (po->finetune
       && !stow_finetune_parse (po->finetune, "--finetune", &t->finetune, error))
     return FALSE;
+  if (!stow_optim_flags_apply (&po->optim, &t->optim, error))
+    return FALSE;
   if (po->engine
       && !stow_engine_parse (po->engine, "--engine", &l->engine, error))
     return FALSE;
@@ -609,7 +736,7 @@ stow_plan_options_resolve (StowPlanOptions *po, const char *model_arg,
   if (!stow_training_check_gpu (t, gpu, &warning, error))
     return FALSE;
   if (warning != NULL)
-    g_warning ("%s", warning);
+    stow_cli_call_log_warning (po->call, warning);
   return TRUE;
 }
 
@@ -788,6 +915,7 @@ stow_plan_options_clear (StowPlanOptions *po)
   };
   for (gsize i = 0; i < G_N_ELEMENTS (strings); i++)
     g_clear_pointer (strings[i], g_free);
+  stow_optim_flags_clear (&po->optim);
   g_clear_pointer (&po->model, stow_model_unref);
   g_clear_pointer (&po->cluster_obj, stow_cluster_unref);
 }
@@ -798,7 +926,7 @@ stow_plan_options_fail_no_layout (const StowPlanOptions *po)
   g_autoptr (GError) error = NULL;
   g_autoptr (StowMemory) m = stow_memory_estimate (&po->plan, &error);
   if (m == NULL)
-    return stow_cli_fail (error, NULL);
-  return stow_cli_failf (NULL, "no valid layout of %s on %s", po->model->name,
-                         po->cluster_obj->spec);
+    return stow_cli_call_fail (po->call, error, NULL);
+  return stow_cli_call_failf (po->call, NULL, "no valid layout of %s on %s",
+                              po->model->name, po->cluster_obj->spec);
 }

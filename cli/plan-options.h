@@ -1,13 +1,16 @@
 /* SPDX-License-Identifier: MIT
  *
  * cli/plan-options.h: the model, cluster, training and layout flags shared
- * by `mem`, `fit` and `plan`, and their conversion into planner types with
- * errors that name the flag and the value.
+ * by `mem`, `fit`, `plan` and `simulate`, and their conversion into planner
+ * types with errors that name the flag and the value; and the training
+ * settings' flags (the optimizer, its schedule, clipping and the run's
+ * length), which `train` shares with them.
  */
 #pragma once
 
 #include <glib.h>
 
+#include "cli/call.h"
 #include "hw/hw.h"
 #include "models/model.h"
 #include "planner/memory.h"
@@ -16,8 +19,34 @@
 
 G_BEGIN_DECLS
 
+/* The optimizer settings' flags (core/optim.h), raw (NULL when not given):
+ * --lr, --min-lr, --warmup, --lr-schedule, --weight-decay,
+ * --weight-decay-on, --beta1, --beta2, --eps, --max-grad-norm, --steps. */
 typedef struct
 {
+  char *lr, *min_lr, *warmup, *lr_schedule, *weight_decay, *weight_decay_on,
+      *beta1, *beta2, *eps, *max_grad_norm, *steps;
+} StowOptimFlags;
+
+/* Adds the flags to @ctx's main group, each with its default in --help,
+ * as flags @call's request may name (stow_cli_add_entries). */
+void stow_optim_flags_add (StowCliCall *call, GOptionContext *ctx,
+                           StowOptimFlags *f);
+/* The flags given in @f over the settings in @o (the defaults, or a plan
+ * file's), then stow_optim_settings_check; errors name the flag and the
+ * value. */
+gboolean stow_optim_flags_apply (const StowOptimFlags *f, StowOptimSettings *o,
+                                 GError **error);
+void stow_optim_flags_clear (StowOptimFlags *f);
+
+typedef struct
+{
+  /* The training settings' flags, over the defaults into
+   * plan.training.optim (over a plan file's with --plan). */
+  StowOptimFlags optim;
+  /* The run of the command these options are for (NULL: the terminal):
+   * where its flags come from and where its answer and failures go. */
+  StowCliCall *call;
   /* raw option strings (NULL when not given) */
   char *gpus, *cluster;
   char *dp, *tp, *pp, *vpp, *cp, *ep, *etp, *zero, *offload_optimizer,
@@ -46,18 +75,19 @@ typedef struct
   gpointer search_accept_data;
 } StowPlanOptions;
 
-/* Adds the flags to @ctx (one group). */
+/* Adds the flags to @ctx (one group), the optimizer settings' with them. */
 void stow_plan_options_add (GOptionContext *ctx, StowPlanOptions *po);
 /* Resolves the model (argument @model_arg, may be NULL under --params),
  * the cluster and every flag; on error returns FALSE with @error naming
  * the flag. */
 gboolean stow_plan_options_resolve (StowPlanOptions *po, const char *model_arg,
                                     GError **error);
-/* The layout and training-shape flags alone (degrees, ZeRO, offloads,
- * recomputation, batch and sequence, precision, optimizer, fine-tuning,
- * engine, pipeline schedule, loss kernels) into po->plan's layout and
- * training and po->pins, from their defaults: no model or GPU is
- * consulted (what `stowage train` shares with the planner's commands). */
+/* The layout and training flags alone (degrees, ZeRO, offloads,
+ * recomputation, batch and sequence, precision, optimizer and its
+ * settings, fine-tuning, engine, pipeline schedule, loss kernels) into
+ * po->plan's layout and training and po->pins, from their defaults: no
+ * model or GPU is consulted (what `stowage train` shares with the
+ * planner's commands). */
 gboolean stow_plan_options_parse_shape (StowPlanOptions *po, GError **error);
 /* Fills the dimensions the user left out (dp fills the GPUs). */
 void stow_plan_options_default_layout (StowPlanOptions *po);

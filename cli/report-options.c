@@ -16,7 +16,8 @@
 #include "reports/memory-report.h"
 
 void
-stow_report_options_add (GOptionContext *ctx, StowReportOptions *ro)
+stow_report_options_add (GOptionContext *ctx, StowReportOptions *ro,
+                         StowCliCall *call)
 {
   const GOptionEntry entries[] = {
     { "format", 0, 0, G_OPTION_ARG_STRING, &ro->format,
@@ -35,7 +36,7 @@ stow_report_options_add (GOptionContext *ctx, StowReportOptions *ro)
       "Read the model, cluster and layout from a plan file", "FILE" },
     { NULL },
   };
-  g_option_context_add_main_entries (ctx, entries, NULL);
+  stow_cli_add_entries (call, ctx, entries);
 }
 
 gboolean
@@ -173,7 +174,7 @@ stow_report_options_fail_no_layout (const StowReportOptions *ro,
   if (ro->have_emit && po->model != NULL
       && !stow_emit_check (ro->emit_v, po->model, po->cluster_obj,
                            &po->plan.training, &po->plan.layout, &error))
-    return stow_cli_fail (error, NULL);
+    return stow_cli_call_fail (po->call, error, NULL);
   return stow_plan_options_fail_no_layout (po);
 }
 
@@ -182,7 +183,8 @@ stow_report_options_load_plan (StowReportOptions *ro, StowPlanOptions *po,
                                const char *model_arg, GError **error)
 {
   /* The plan is the whole question; a flag beside it would be ignored or
-   * would silently change the answer. */
+   * would silently change the answer.  (The optimizer's flags, which
+   * change neither memory nor time, go over the plan's settings.) */
   struct
   {
     const char *flag;
@@ -262,6 +264,10 @@ stow_report_options_load_plan (StowReportOptions *ro, StowPlanOptions *po,
   po->plan.training = plan->training;
   po->plan.layout = plan->layout;
   po->plan.mem = plan->mem_options;
+  /* The optimizer's settings change no byte or second of the plan: the
+   * flags given replace the plan's (as `train --plan` takes them). */
+  if (!stow_optim_flags_apply (&po->optim, &po->plan.training.optim, error))
+    return FALSE;
   po->pins = (StowPins)((STOW_PIN_SCHEDULE << 1) - 1);
   g_autofree char *warning = NULL;
   if (!stow_training_check_gpu (&po->plan.training, &po->cluster_obj->node.gpu,
@@ -295,15 +301,6 @@ stow_report_options_check_plan (const StowReportOptions *ro,
              mem->nvme_bytes);
 }
 
-static gboolean
-write_out (const StowReportOptions *ro, const char *data, GError **error)
-{
-  if (ro->output && strcmp (ro->output, "-") != 0)
-    return stow_file_write_atomic (ro->output, data, -1, error);
-  fputs (data, stdout);
-  return TRUE;
-}
-
 int
 stow_report_options_finish (StowReportOptions *ro, StowPlanOptions *po,
                             const StowReport *report, const char *text,
@@ -313,7 +310,7 @@ stow_report_options_finish (StowReportOptions *ro, StowPlanOptions *po,
   g_autofree char *data = NULL;
 
   if (ro->chart && !stow_chart_write (ro->chart, report, &error))
-    return stow_cli_fail (error, NULL);
+    return stow_cli_call_fail (po->call, error, NULL);
 
   if (ro->have_emit)
     {
@@ -326,18 +323,19 @@ stow_report_options_finish (StowReportOptions *ro, StowPlanOptions *po,
           g_autofree char *need = stow_format_bytes (mem->total_bytes);
           g_autofree char *have = stow_format_bytes (mem->capacity_bytes);
           const char *kind = stow_emit_kind_name (ro->emit_v);
-          fprintf (stderr,
-                   "stowage: no layout fits, so there is nothing to emit "
-                   "for %s (searched with %s's memory model; closest: %s, "
-                   "%s per GPU of %s usable%s)\n",
-                   kind,
-                   ro->emit_v == STOW_EMIT_ACCELERATE
-                       ? "DeepSpeed's, FSDP's and Megatron-LM"
-                       : engine_title (report->mem.layout->engine),
-                   d, need, have,
-                   mem->fits_device ? ", but not the host RAM or NVMe" : "");
+          g_autofree char *msg = g_strdup_printf (
+              "no layout fits, so there is nothing to emit for %s (searched "
+              "with %s's memory model; closest: %s, %s per GPU of %s "
+              "usable%s)",
+              kind,
+              ro->emit_v == STOW_EMIT_ACCELERATE
+                  ? "DeepSpeed's, FSDP's and Megatron-LM"
+                  : engine_title (report->mem.layout->engine),
+              d, need, have,
+              mem->fits_device ? ", but not the host RAM or NVMe" : "");
           /* One larger GPU is enough to make the point; 'fit' without
            * --emit lists them all. */
+          g_autoptr (GPtrArray) hints = g_ptr_array_new_with_free_func (g_free);
           guint larger = 0;
           for (guint i = 0; report->alternatives && report->alternatives[i];
                i++)
@@ -346,24 +344,29 @@ stow_report_options_finish (StowReportOptions *ro, StowPlanOptions *po,
                                          ? report->alternative_kinds[i]
                                          : NULL;
               if (g_strcmp0 (alt_kind, "larger_gpu") != 0 || larger++ == 0)
-                fprintf (stderr, "hint: would fit: %s\n",
-                         report->alternatives[i]);
+                g_ptr_array_add (
+                    hints,
+                    g_strdup_printf ("would fit: %s", report->alternatives[i]));
             }
           if (larger > 1)
-            fprintf (stderr,
-                     "hint: %u other GPUs would fit too: 'stowage fit' with "
-                     "--engine %s in place of --emit lists them\n",
-                     larger - 1,
-                     ro->emit_v == STOW_EMIT_ACCELERATE
-                         ? "deepspeed, fsdp or megatron"
-                         : stow_engine_name (report->mem.layout->engine));
-          return STOW_EXIT_NO;
+            g_ptr_array_add (
+                hints,
+                g_strdup_printf (
+                    "%u other GPUs would fit too: 'stowage fit' with "
+                    "--engine %s in place of --emit lists them",
+                    larger - 1,
+                    ro->emit_v == STOW_EMIT_ACCELERATE
+                        ? "deepspeed, fsdp or megatron"
+                        : stow_engine_name (report->mem.layout->engine)));
+          g_ptr_array_add (hints, NULL);
+          return stow_cli_call_no_answer (po->call, msg,
+                                          (const char *const *)hints->pdata);
         }
       if (!mem->fits)
-        fprintf (stderr,
-                 "stowage: warning: this layout does not fit; the %s config "
-                 "is written anyway\n",
-                 stow_emit_kind_name (ro->emit_v));
+        stow_cli_call_warning (po->call,
+                               "this layout does not fit; the %s config is "
+                               "written anyway",
+                               stow_emit_kind_name (ro->emit_v));
       /* -v: the layout the config carries and its memory, under the
        * engine the config runs (what the search planned with). */
       if (report->mem.layout != NULL)
@@ -381,10 +384,14 @@ stow_report_options_finish (StowReportOptions *ro, StowPlanOptions *po,
           report->mem.options, mem, ro->nvme_path);
       data = stow_emit (ro->emit_v, plan, mem, &error);
       if (data == NULL)
-        return stow_cli_fail (error, NULL);
+        return stow_cli_call_fail (po->call, error, NULL);
       g_auto (GStrv) warnings = stow_emit_warnings (ro->emit_v, plan);
       for (char **w = warnings; *w; w++)
-        g_warning ("%s", *w);
+        stow_cli_call_log_warning (po->call, *w);
+      /* What the config cannot carry of the run's optimizer settings. */
+      g_auto (GStrv) notes = stow_emit_notes (ro->emit_v, plan);
+      for (char **n = notes; *n; n++)
+        stow_cli_call_log_note (po->call, *n);
     }
   else
     {
@@ -415,9 +422,7 @@ stow_report_options_finish (StowReportOptions *ro, StowPlanOptions *po,
         }
       data = g_string_free (g_steal_pointer (&s), FALSE);
     }
-  if (!write_out (ro, data, &error))
-    return stow_cli_fail (error, NULL);
-  return ok_code;
+  return stow_cli_call_answer (po->call, ro->output, data, ok_code);
 }
 
 void

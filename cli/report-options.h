@@ -23,7 +23,9 @@ typedef struct
   guint64 plan_device_bytes, plan_host_bytes, plan_nvme_bytes;
 } StowReportOptions;
 
-void stow_report_options_add (GOptionContext *ctx, StowReportOptions *ro);
+/* Adds the flags to @ctx for the run @call (NULL: the terminal). */
+void stow_report_options_add (GOptionContext *ctx, StowReportOptions *ro,
+                              StowCliCall *call);
 /* Parses the flags; --json (po->json) is --format json. */
 gboolean stow_report_options_resolve (StowReportOptions *ro,
                                       const StowPlanOptions *po,
@@ -31,7 +33,8 @@ gboolean stow_report_options_resolve (StowReportOptions *ro,
 
 /* --plan FILE: fills @po's model, cluster, training, layout, memory
  * options and pins every layout field.  A model argument or a model,
- * cluster or layout flag beside it is an error. */
+ * cluster or layout flag beside it is an error; the optimizer settings'
+ * flags (po->optim) go over the plan's. */
 gboolean stow_report_options_load_plan (StowReportOptions *ro,
                                         StowPlanOptions *po,
                                         const char *model_arg, GError **error);
@@ -55,7 +58,8 @@ void stow_report_options_check_plan (const StowReportOptions *ro,
 
 /* Writes the answer: the --emit config, or the report in --format (@text
  * and @json are the text and JSON renderings the command made), to -o
- * FILE (atomically) or stdout, plus the --chart file.  Returns an exit
+ * FILE (atomically) or stdout, plus the --chart file; for the server, into
+ * po->call's answer.  Returns an exit
  * code: @ok_code on success, STOW_EXIT_NO when --emit asks for a layout
  * that does not fit under `fit`, STOW_EXIT_FAILURE after printing the
  * error. */

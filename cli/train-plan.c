@@ -10,8 +10,10 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
+#include "core/units.h"
 #include "executor/backends/registry.h"
 #include "executor/backends/tensors.h"
+#include "executor/llama.h"
 #include "executor/preflight.h"
 #include "offload/adam.h"
 #include "planner/lower.h"
@@ -40,9 +42,10 @@ stow_train_plan_init (StowTrainPlan *tp)
 {
   memset (tp, 0, sizeof *tp);
   stow_layout_init (&tp->layout);
-  stow_optim_settings_init (&tp->optim);
-  tp->optim.max_grad_norm = 1.0; /* as the HF Trainer */
-  tp->precision = STOW_PRECISION_FP32;
+  StowTraining t;
+  stow_training_init (&t); /* every command's defaults */
+  tp->optim = t.optim;
+  tp->precision = t.precision;
   tp->seq = 256;
   tp->micro_batch = 1;
   tp->backend = "cpu";
@@ -147,8 +150,13 @@ with_nvme_dirs (StowTrainPlan *r, GError **error)
                        "--nvme-dir %s: %s", d, g_strerror (e));
           return FALSE;
         }
-      least = MIN (least, (guint64)sv.f_bavail * (guint64)sv.f_frsize);
+      guint64 free_b = r->test_nvme_free_bytes
+                           ? r->test_nvme_free_bytes
+                           : (guint64)sv.f_bavail * (guint64)sv.f_frsize;
+      if (free_b < least)
+        least = free_b, r->nvme_least_dir = d;
     }
+  r->nvme_least_bytes = least;
   StowCluster *with = stow_cluster_with_host (r->cluster, 0, TRUE, n, least);
   stow_cluster_unref (r->cluster);
   r->cluster = with;
@@ -215,11 +223,64 @@ static gboolean
 open_model (StowTrainPlan *tp, GError **error)
 {
   g_autofree char *cfg = g_build_filename (tp->model_dir, "config.json", NULL);
-  tp->model = stow_model_new_from_file (cfg, error);
-  if (tp->model == NULL)
-    return FALSE;
   StowLlamaConfig lc;
-  return stow_llama_config_from_model (tp->model, &lc, error);
+  tp->model = stow_llama_model_open (cfg, &lc, &tp->max_positions, error);
+  return tp->model != NULL;
+}
+
+/* A sequence the model was not made for: rotary models would run it, but
+ * past max_position_embeddings their positions were never trained. */
+static gboolean
+check_seq (StowTrainPlan *tp, GError **error)
+{
+  guint64 seq = tp->plan.training.seq_len;
+  if (tp->max_positions == 0 || seq <= tp->max_positions)
+    return TRUE;
+  g_set_error (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
+               "%s %" G_GUINT64_FORMAT
+               ": above max_position_embeddings (%" G_GUINT64_FORMAT
+               ") of %s/config.json",
+               tp->plan_path ? "the plan file's seq_len" : "--seq", seq,
+               tp->max_positions, tp->model_dir);
+  return FALSE;
+}
+
+/* Why a layout that fits the device does not fit this host: its host
+ * buffers or its swap files, with the bytes needed and the bytes there
+ * (the device's size is then beside the point). */
+static gboolean
+explain_host_or_nvme (const StowTrainPlan *r, const StowCandidate *miss,
+                      GError **error)
+{
+  const StowNode *node = &r->cluster->node;
+  guint64 nvme_cap = 0;
+  for (guint i = 0; i < node->n_nvme; i++)
+    nvme_cap += node->nvme[i].capacity_bytes;
+  if (miss->nvme_bytes > nvme_cap && r->nvme_dirs != NULL)
+    {
+      guint n = g_strv_length (r->nvme_dirs);
+      g_autofree char *need = stow_format_bytes (miss->nvme_bytes);
+      g_autofree char *each = stow_format_bytes (miss->nvme_bytes / MAX (n, 1));
+      g_autofree char *have = stow_format_bytes (r->nvme_least_bytes);
+      g_autofree char *in_each
+          = n > 1 ? g_strdup_printf (" (%s in each of %u directories)", each, n)
+                  : g_strdup ("");
+      g_set_error (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
+                   "--nvme-dir %s: the swap files need %s%s and %s has %s "
+                   "free; free space there, stripe them over more "
+                   "directories (--nvme-dir A,B), or keep the optimizer in "
+                   "host memory (--offload-optimizer cpu)",
+                   r->nvme_least_dir, need, in_each, r->nvme_least_dir, have);
+      return FALSE;
+    }
+  g_autofree char *need = stow_format_bytes (miss->host_bytes);
+  g_autofree char *have = stow_format_bytes (node->host_ram_bytes);
+  g_set_error (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
+               "host memory: %s's layout fits the device but needs %s of "
+               "host buffers and this host has %s of RAM; put the optimizer "
+               "on NVMe (--offload-optimizer nvme --nvme-dir DIR)",
+               r->model->name, need, have);
+  return FALSE;
 }
 
 /* The layout: a plan file's, or the fastest that fits the device with
@@ -239,9 +300,9 @@ plan (StowTrainPlan *r, GError **error)
   mo->safety_margin_bytes = 0;
   mo->host_process_bytes = 0;
   /* What the program carries for real training. */
-  plan->lower.optim = c->optim;
   plan->lower.delayed_update = c->delayed_update;
   StowTraining *t = &plan->training;
+  t->optim = c->optim;
   t->seq_len = c->seq;
   t->global_batch = c->global_batch;
   t->precision = c->precision;
@@ -255,8 +316,14 @@ plan (StowTrainPlan *r, GError **error)
       if (c->layout.resident_layers != STOW_RESIDENT_AUTO
           && plan->layout.offload_params != STOW_OFFLOAD_NONE)
         plan->layout.resident_layers = c->layout.resident_layers;
-      /* The plan's training shape; the model is the directory's. */
+      /* The plan's training shape and optimizer settings, the optimizer
+       * flags given over them; the model is the directory's. */
       *t = pf->training;
+      if (c->optim_flags
+          && !stow_optim_flags_apply (c->optim_flags, &t->optim, error))
+        return FALSE;
+      t->optim.seed = c->optim.seed;
+      t->optim.total_steps = MAX (t->optim.total_steps, 1);
       plan->mem = pf->mem_options;
       if (pf->model && pf->model->params != r->model->params)
         {
@@ -294,6 +361,16 @@ plan (StowTrainPlan *r, GError **error)
   g_autoptr (StowSearch) s = stow_search_run (plan, pins, &so);
   if (s->fits->len == 0)
     {
+      /* The device is not always what is short. */
+      if (s->have_miss && s->best_miss.headroom_bytes >= 0)
+        return explain_host_or_nvme (r, &s->best_miss, error);
+      if (!s->have_miss)
+        {
+          StowLayout pinned = plan->layout;
+          if (!stow_layout_validate (&pinned, &plan->training, r->model,
+                                     r->cluster, error))
+            return FALSE;
+        }
       g_autofree char *cap = g_format_size_full (
           r->cluster->node.gpu.total_bytes, G_FORMAT_SIZE_IEC_UNITS);
       g_autofree char *need
@@ -405,7 +482,7 @@ stow_train_plan (StowTrainPlan *tp, GError **error)
   if (tp->global_batch == 0)
     tp->global_batch = tp->micro_batch;
   if (!device_cluster (tp, error) || !open_model (tp, error)
-      || !plan (tp, error) || !lower (tp, error))
+      || !plan (tp, error) || !check_seq (tp, error) || !lower (tp, error))
     return FALSE;
   g_autofree char *cap
       = g_format_size_full (tp->device_bytes, G_FORMAT_SIZE_IEC_UNITS);

@@ -10,6 +10,7 @@
  */
 #pragma once
 
+#include "cli/plan-options.h"
 #include "executor/train.h"
 #include "hw/hw.h"
 #include "planner/layout.h"
@@ -35,9 +36,14 @@ typedef struct
   guint pins; /* StowPins */
   guint64 seq, micro_batch, global_batch;
   StowPrecision precision;
+  /* The optimizer settings from the flags over the defaults, with the
+   * run's length and seed; with a plan file, the flags given
+   * (@optim_flags, borrowed; NULL: none) go over the plan's instead. */
   StowOptimSettings optim;
+  const StowOptimFlags *optim_flags;
   gboolean delayed_update;
-  guint64 test_memlock_limit; /* see stow_preflight_memlock */
+  guint64 test_memlock_limit;   /* see stow_preflight_memlock */
+  guint64 test_nvme_free_bytes; /* test knob: each --nvme-dir's free space */
   gboolean allow_unpinned;
   StowTrainNotice notice;
   gpointer notice_user;
@@ -46,10 +52,14 @@ typedef struct
    * below, which own them; its layout is the one planned (the plan
    * file's, or the search's). */
   StowModel *model;
+  guint64 max_positions; /* config.json's max_position_embeddings; 0 */
   StowCluster *cluster;
   StowPlan plan;
   StowProgram *prog;
   guint64 device_bytes;
+  /* The --nvme-dir with the least free space, and that space. */
+  const char *nvme_least_dir;
+  guint64 nvme_least_bytes;
   gboolean no_pin; /* RLIMIT_MEMLOCK too low, --allow-unpinned */
   guint64 predicted_peak_bytes, predicted_pinned_bytes;
   double predicted_step_s;

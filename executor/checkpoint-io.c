@@ -9,6 +9,7 @@
 
 #include <string.h>
 
+#include "core/json.h"
 #include "executor/model-io.h"
 #include "offload/adam.h"
 
@@ -168,7 +169,7 @@ one_unit (gpointer user, guint unit)
 /* load_initial with the master on NVMe: one unit at a time through a
  * staging buffer of the largest unit's fp32 weights. */
 static gboolean
-load_initial_staged (Io *r, const char *st, GError **error)
+load_initial_staged (Io *r, const StowWeightFiles *st, GError **error)
 {
   const StowProgram *p = r->p;
   guint64 most = 0;
@@ -199,13 +200,16 @@ load_initial_staged (Io *r, const char *st, GError **error)
   return TRUE;
 }
 
-/* Fresh weights from the model directory: the fp32 master straight from
- * the file, the training copy rounded from it. */
 gboolean
 stow_checkpoint_load_initial (StowBackend *be, const StowProgram *p,
-                              const char *st, GError **error)
+                              const char *dir, gboolean ignore_extra,
+                              char **dropped, GError **error)
 {
   Io io = { be, be->vt, p }, *r = &io;
+  g_autoptr (StowWeightFiles) st = stow_weight_files_open (dir, error);
+  if (st == NULL
+      || !stow_model_io_check_extra (p, st, ignore_extra, dropped, error))
+    return FALSE;
   if (!p->master_weights)
     return access_checked (
         r, stow_model_io_load (p, st, p->weight_dtype, weights_of, r, error),
@@ -227,19 +231,117 @@ stow_checkpoint_load_initial (StowBackend *be, const StowProgram *p,
   return TRUE;
 }
 
+/* The weights of a unit in a dtype other than the training weights',
+ * for a save: the fp32 master as it is, or the weights converted into
+ * @scratch (one unit's worth). */
+typedef struct
+{
+  Io *r;
+  StowDtype dtype;
+  guint8 *scratch;
+  GError *error; /* why a unit was not at hand */
+} Converted;
+
+static void *
+converted_of (gpointer user, guint unit)
+{
+  Converted *c = user;
+  Io *r = c->r;
+  const StowProgram *p = r->p;
+  const StowUnit *u = &g_array_index (p->units, StowUnit, unit);
+  if (p->master_weights && c->dtype == STOW_DTYPE_F32)
+    {
+      float *m = state_ptr (r, unit, 0);
+      if (m != NULL)
+        return m;
+      return state_rw (r, FALSE, unit, 0, 0, u->numel, (float *)c->scratch,
+                       &c->error)
+                 ? c->scratch
+                 : NULL;
+    }
+  const void *w = r->ops->weights (r->be, unit);
+  if (w == NULL)
+    return NULL;
+  if (p->weight_dtype == STOW_DTYPE_BF16 && c->dtype == STOW_DTYPE_F32)
+    for (guint64 i = 0; i < u->numel; i++)
+      ((float *)c->scratch)[i] = stow_bf16_to_f32 (((const guint16 *)w)[i]);
+  else if (p->weight_dtype == STOW_DTYPE_F32 && c->dtype == STOW_DTYPE_BF16)
+    for (guint64 i = 0; i < u->numel; i++)
+      ((guint16 *)c->scratch)[i] = stow_f32_to_bf16 (((const float *)w)[i]);
+  else
+    g_return_val_if_reached (NULL);
+  return c->scratch;
+}
+
+/* The weights into @dir in @dtype, converted unit by unit when that is
+ * not the training weights' dtype. */
+static gboolean
+save_weights (Io *r, const char *dir, StowDtype dtype, guint64 max_shard,
+              GError **error)
+{
+  const StowProgram *p = r->p;
+  if (dtype == p->weight_dtype)
+    return access_checked (
+        r, stow_model_io_save (p, dir, dtype, max_shard, weights_of, r, error),
+        error);
+  guint64 most = 0;
+  for (guint ui = 0; ui < p->units->len; ui++)
+    most = MAX (most, g_array_index (p->units, StowUnit, ui).numel);
+  Converted c = { r, dtype, g_try_malloc (MAX (most, 1) * 4), NULL };
+  if (c.scratch == NULL)
+    {
+      g_set_error (error, G_FILE_ERROR, G_FILE_ERROR_NOMEM,
+                   "out of host memory converting %" G_GUINT64_FORMAT
+                   " weights for the checkpoint",
+                   most);
+      return FALSE;
+    }
+  gboolean ok = access_checked (
+      r, stow_model_io_save (p, dir, dtype, max_shard, converted_of, &c, error),
+      error);
+  g_free (c.scratch);
+  if (c.error != NULL)
+    {
+      g_clear_error (error);
+      g_propagate_error (error, c.error);
+      return FALSE;
+    }
+  return ok;
+}
+
+/* The exact fp32 weights of tensor @t of @unit, between the backend and
+ * optimizer.stow's "weights" section: kept there when the safetensors
+ * hold them in fewer bits. */
+static gboolean
+exact_weights_rw (Io *r, StowOptimStateWriter *ow, StowOptimState *os,
+                  guint unit, const StowUnitTensor *t, GError **error)
+{
+  float *w = r->ops->weights (r->be, unit);
+  if (w == NULL)
+    return access_checked (r, FALSE, error);
+  w += t->offset;
+  return ow ? stow_optim_state_writer_write (ow, w, t->numel, error)
+            : stow_optim_state_read (os, t->name, "weights", 0, t->numel, w,
+                                     error);
+}
+
 gboolean
 stow_checkpoint_save_tensors (StowBackend *be, const StowProgram *p,
                               const char *dir, JsonObject *state,
-                              gboolean delayed, GError **error)
+                              gboolean delayed, const StowWeightsFormat *fmt,
+                              GError **error)
 {
   Io io = { be, be->vt, p }, *r = &io;
   if (r->ops->pull && !r->ops->pull (r->be, error))
     return FALSE;
-  g_autofree char *st = g_build_filename (dir, "model.safetensors", NULL);
+  StowDtype dtype
+      = fmt->dtype == STOW_DTYPE_NONE ? p->weight_dtype : fmt->dtype;
+  /* Fewer bits than the weights train in (and no master holding them). */
+  gboolean exact
+      = !p->master_weights
+        && stow_dtype_size (dtype) < stow_dtype_size (p->weight_dtype);
   g_autofree char *opt = g_build_filename (dir, "optimizer.stow", NULL);
-  if (!access_checked (
-          r, stow_model_io_save (p, st, p->weight_dtype, weights_of, r, error),
-          error))
+  if (!save_weights (r, dir, dtype, fmt->max_shard_bytes, error))
     return FALSE;
   /* The optimizer's state, tensor by tensor (no copy of it in RAM). */
   g_autoptr (GArray) specs
@@ -251,6 +353,8 @@ stow_checkpoint_save_tensors (StowBackend *be, const StowProgram *p,
       StowOptimStateSpec s = { t->name, t->numel, 0, { NULL } };
       if (p->master_weights)
         s.sections[s.n_sections++] = "master";
+      else if (exact)
+        s.sections[s.n_sections++] = "weights";
       s.sections[s.n_sections++] = "m";
       s.sections[s.n_sections++] = "v";
       if (delayed)
@@ -269,6 +373,8 @@ stow_checkpoint_save_tensors (StowBackend *be, const StowProgram *p,
         {
           const StowUnitTensor *t = &g_array_index (
               p->unit_tensors, StowUnitTensor, u->first_tensor + k);
+          if (exact && !exact_weights_rw (r, ow, NULL, ui, t, error))
+            return FALSE;
           for (guint q = p->master_weights ? 0 : 1; q < 3; q++)
             if (!state_section (r, ow, NULL, ui, t, q, &piece, error))
               return FALSE;
@@ -281,12 +387,14 @@ stow_checkpoint_save_tensors (StowBackend *be, const StowProgram *p,
 
 gboolean
 stow_checkpoint_load_tensors (StowBackend *be, const StowProgram *p,
-                              const char *st, StowOptimState *os,
+                              const char *dir, StowOptimState *os,
                               const char *opt, gboolean delayed, guint64 step,
                               GError **error)
 {
   Io io = { be, be->vt, p }, *r = &io;
-  if (!access_checked (
+  g_autoptr (StowWeightFiles) st = stow_weight_files_open (dir, error);
+  if (st == NULL || !stow_model_io_check_extra (p, st, FALSE, NULL, error)
+      || !access_checked (
           r, stow_model_io_load (p, st, p->weight_dtype, weights_of, r, error),
           error))
     return FALSE;
@@ -308,6 +416,10 @@ stow_checkpoint_load_tensors (StowBackend *be, const StowProgram *p,
                            stow_optim_state_tensor_n (os, t->name), t->numel);
               return FALSE;
             }
+          if (!p->master_weights
+              && stow_optim_state_has_section (os, t->name, "weights")
+              && !exact_weights_rw (r, NULL, os, ui, t, error))
+            return FALSE;
           for (guint q = p->master_weights ? 0 : 1; q < 3; q++)
             if (!state_section (r, NULL, os, ui, t, q, &piece, error))
               return FALSE;
@@ -317,5 +429,71 @@ stow_checkpoint_load_tensors (StowBackend *be, const StowProgram *p,
     }
   if (delayed)
     r->ops->set_pending (r->be, step > 0);
+  return TRUE;
+}
+
+/* The files of a model directory that are not its weights or config:
+ * what generate() and AutoTokenizer read, copied into a checkpoint. */
+static const char *const model_files[] = {
+  "generation_config.json",
+  "tokenizer.json",
+  "tokenizer_config.json",
+  "special_tokens_map.json",
+  "tokenizer.model",
+  "added_tokens.json",
+  "vocab.json",
+  "merges.txt",
+  "chat_template.jinja",
+};
+
+static const char *
+torch_dtype_name (StowDtype dtype)
+{
+  switch (dtype)
+    {
+    case STOW_DTYPE_F32:
+      return "float32";
+    case STOW_DTYPE_BF16:
+      return "bfloat16";
+    case STOW_DTYPE_F16:
+      return "float16";
+    default:
+      g_return_val_if_reached (NULL);
+    }
+}
+
+gboolean
+stow_checkpoint_save_model_files (const char *dir, const char *model_dir,
+                                  const char *config, gsize len,
+                                  StowDtype dtype, GError **error)
+{
+  g_autoptr (JsonNode) root
+      = stow_json_parse_data (config, (gssize)len, "config.json", error);
+  JsonObject *o
+      = root ? stow_json_root_object (root, "config.json", error) : NULL;
+  if (o == NULL)
+    return FALSE;
+  /* transformers reads torch_dtype (and, from 4.56, dtype) to choose the
+   * dtype "auto" loads in: it must be the one the safetensors hold. */
+  json_object_set_string_member (o, "torch_dtype", torch_dtype_name (dtype));
+  if (json_object_has_member (o, "dtype"))
+    json_object_set_string_member (o, "dtype", torch_dtype_name (dtype));
+  g_autofree char *text = stow_json_to_string (root, TRUE);
+  g_autofree char *cfg = g_build_filename (dir, "config.json", NULL);
+  if (!stow_file_write_atomic (cfg, text, -1, error))
+    return FALSE;
+  for (guint i = 0; model_dir != NULL && i < G_N_ELEMENTS (model_files); i++)
+    {
+      g_autofree char *from
+          = g_build_filename (model_dir, model_files[i], NULL);
+      if (!g_file_test (from, G_FILE_TEST_IS_REGULAR))
+        continue;
+      g_autofree char *data = NULL;
+      gsize n = 0;
+      g_autofree char *to = g_build_filename (dir, model_files[i], NULL);
+      if (!g_file_get_contents (from, &data, &n, error)
+          || !stow_file_write_atomic (to, data, (gssize)n, error))
+        return FALSE;
+    }
   return TRUE;
 }

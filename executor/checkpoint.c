@@ -13,6 +13,7 @@
 #include <ftw.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -412,4 +413,247 @@ stow_checkpoint_latest (const char *out_dir, GError **error)
       return NULL;
     }
   return g_steal_pointer (&path);
+}
+
+/* ---- the committed checkpoints ------------------------------------------- */
+
+guint64
+stow_checkpoint_name_step (const char *name)
+{
+  g_return_val_if_fail (name != NULL, 0);
+  return g_ascii_strtoull (name + 5, NULL, 10);
+}
+
+static gint
+by_step (gconstpointer a, gconstpointer b)
+{
+  guint64 x = stow_checkpoint_name_step (*(const char *const *)a);
+  guint64 y = stow_checkpoint_name_step (*(const char *const *)b);
+  return x < y ? -1 : x > y;
+}
+
+char **
+stow_checkpoint_list (const char *out_dir, GError **error)
+{
+  g_return_val_if_fail (out_dir != NULL, NULL);
+  g_autoptr (GPtrArray) names = g_ptr_array_new_with_free_func (g_free);
+  DIR *d = opendir (out_dir);
+  if (d == NULL && errno != ENOENT && errno != ENOTDIR)
+    {
+      fail (error, STOW_CHECKPOINT_ERROR_IO, out_dir, "%s", g_strerror (errno));
+      return NULL;
+    }
+  struct dirent *e;
+  while (d != NULL && (e = readdir (d)) != NULL)
+    {
+      if (!is_step_name (e->d_name, strlen (e->d_name)))
+        continue;
+      g_autofree char *path = g_build_filename (out_dir, e->d_name, NULL);
+      struct stat sb;
+      if (lstat (path, &sb) == 0 && S_ISDIR (sb.st_mode))
+        g_ptr_array_add (names, g_strdup (e->d_name));
+    }
+  if (d != NULL)
+    closedir (d);
+  g_ptr_array_sort (names, by_step);
+  g_ptr_array_add (names, NULL);
+  return (char **)g_ptr_array_free (g_steal_pointer (&names), FALSE);
+}
+
+/* Removes committed checkpoint @name of @out_dir: renamed to a temporary
+ * name first (which the next begin clears), so that a crash midway never
+ * leaves a half-removed step-N that would pass for a committed one. */
+static gboolean
+remove_step (const char *out_dir, const char *name, const char *why,
+             GError **error)
+{
+  g_autofree char *path = g_build_filename (out_dir, name, NULL);
+  g_autofree char *aside
+      = g_strdup_printf ("%s/.%s.tmp-%08x", out_dir, name, g_random_int ());
+  int rc = rename (path, aside) < 0 ? -errno : rm_rf (aside);
+  if (rc < 0 && rc != -ENOENT)
+    return fail (error, STOW_CHECKPOINT_ERROR_IO, path, "removing it (%s): %s",
+                 why, g_strerror (-rc));
+  return TRUE;
+}
+
+gboolean
+stow_checkpoint_prune (const char *out_dir, guint keep, GError **error)
+{
+  g_return_val_if_fail (out_dir != NULL, FALSE);
+  g_autofree char *latest = stow_checkpoint_latest (out_dir, error);
+  if (latest == NULL && error != NULL && *error != NULL)
+    return FALSE;
+  g_autofree char *latest_name = latest ? g_path_get_basename (latest) : NULL;
+  g_auto (GStrv) names = stow_checkpoint_list (out_dir, error);
+  if (names == NULL)
+    return FALSE;
+  guint n = g_strv_length (names);
+  for (guint i = 0; i + keep < n; i++)
+    if (g_strcmp0 (names[i], latest_name) != 0
+        && !remove_step (out_dir, names[i], "--keep-last", error))
+      return FALSE;
+  return TRUE;
+}
+
+gboolean
+stow_checkpoint_remove_others (const char *out_dir, const char *keep,
+                               GError **error)
+{
+  g_return_val_if_fail (out_dir != NULL && keep != NULL, FALSE);
+  g_auto (GStrv) names = stow_checkpoint_list (out_dir, error);
+  if (names == NULL)
+    return FALSE;
+  for (guint i = 0; names[i]; i++)
+    if (!g_str_equal (names[i], keep)
+        && !remove_step (out_dir, names[i], "--overwrite", error))
+      return FALSE;
+  int rc = stow_fsync_path (out_dir);
+  if (rc < 0)
+    return fail (error, STOW_CHECKPOINT_ERROR_IO, out_dir, "fsync: %s",
+                 g_strerror (-rc));
+  return TRUE;
+}
+
+/* ---- one writer per run directory -----------------------------------------
+ */
+
+struct _StowRunLock
+{
+  char *out_dir;
+  char *path; /* OUT/.lock */
+  int fd;
+  gboolean created_dir;
+};
+
+/* The holder's line for a refusal, from what it wrote into the file (a
+ * holder that has just taken the lock writes it within microseconds: a
+ * moment is given). */
+static char *
+describe_holder (const char *path)
+{
+  g_autofree char *text = NULL;
+  for (guint i = 0; i < 50; i++)
+    {
+      g_clear_pointer (&text, g_free);
+      if (g_file_get_contents (path, &text, NULL, NULL)
+          && strstr (text, "started ") != NULL)
+        break;
+      g_usleep (2000);
+    }
+  if (text == NULL || text[0] == '\0')
+    return g_strdup ("another process");
+  g_auto (GStrv) lines = g_strsplit (text, "\n", -1);
+  const char *pid = NULL, *host = NULL, *started = NULL;
+  for (guint i = 0; lines[i]; i++)
+    {
+      if (g_str_has_prefix (lines[i], "pid "))
+        pid = lines[i] + 4;
+      else if (g_str_has_prefix (lines[i], "host "))
+        host = lines[i] + 5;
+      else if (g_str_has_prefix (lines[i], "started "))
+        started = lines[i] + 8;
+    }
+  if (pid == NULL)
+    return g_strdup ("another process");
+  return g_strdup_printf ("pid %s%s%s%s%s%s", pid, host ? " on " : "",
+                          host ? host : "", started ? " (started " : "",
+                          started ? started : "", started ? ")" : "");
+}
+
+/* pid, host and start time, for the refusal another run prints. */
+static void
+write_holder (int fd)
+{
+  g_autoptr (GDateTime) now = g_date_time_new_now_local ();
+  g_autofree char *when = g_date_time_format (now, "%Y-%m-%d %H:%M:%S %z");
+  g_autofree char *text
+      = g_strdup_printf ("pid %d\nhost %s\nstarted %s\n", (int)getpid (),
+                         g_get_host_name (), when);
+  if (ftruncate (fd, 0) == 0)
+    (void)stow_fd_write_all (fd, text, strlen (text));
+}
+
+StowRunLock *
+stow_run_lock_take (const char *out_dir, GError **error)
+{
+  g_return_val_if_fail (out_dir != NULL, NULL);
+  gboolean created = !g_file_test (out_dir, G_FILE_TEST_EXISTS);
+  if (g_mkdir_with_parents (out_dir, 0755) < 0)
+    {
+      fail (error, STOW_CHECKPOINT_ERROR_IO, out_dir, "creating it: %s",
+            g_strerror (errno));
+      return NULL;
+    }
+  g_autofree char *path = g_build_filename (out_dir, ".lock", NULL);
+  /* The file may be removed by its holder as it releases it (run_lock_
+   * release): a lock taken on a file no longer at the path is no lock. */
+  for (guint attempt = 0;; attempt++)
+    {
+      int fd = open (path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+      if (fd < 0)
+        {
+          fail (error, STOW_CHECKPOINT_ERROR_IO, path, "%s",
+                g_strerror (errno));
+          return NULL;
+        }
+      if (flock (fd, LOCK_EX | LOCK_NB) < 0)
+        {
+          int e = errno;
+          close (fd);
+          if (e == EWOULDBLOCK)
+            {
+              g_autofree char *who = describe_holder (path);
+              g_set_error (error, STOW_CHECKPOINT_ERROR,
+                           STOW_CHECKPOINT_ERROR_BUSY,
+                           "%s is being trained by %s; wait for it or use "
+                           "another --out",
+                           out_dir, who);
+            }
+          else
+            fail (error, STOW_CHECKPOINT_ERROR_IO, path,
+                  "locking it (one run per directory): %s", g_strerror (e));
+          return NULL;
+        }
+      struct stat held, named;
+      if (fstat (fd, &held) == 0 && stat (path, &named) == 0
+          && held.st_dev == named.st_dev && held.st_ino == named.st_ino)
+        {
+          write_holder (fd);
+          StowRunLock *l = g_new0 (StowRunLock, 1);
+          l->out_dir = g_strdup (out_dir);
+          l->path = g_steal_pointer (&path);
+          l->fd = fd;
+          l->created_dir = created;
+          return l;
+        }
+      close (fd);
+      if (attempt == 100)
+        {
+          fail (error, STOW_CHECKPOINT_ERROR_IO, path,
+                "replaced 100 times while locking it");
+          return NULL;
+        }
+    }
+}
+
+gboolean
+stow_run_lock_created_dir (const StowRunLock *lock)
+{
+  g_return_val_if_fail (lock != NULL, FALSE);
+  return lock->created_dir;
+}
+
+void
+stow_run_lock_release (StowRunLock *lock, gboolean remove_dir)
+{
+  if (lock == NULL)
+    return;
+  unlink (lock->path);
+  close (lock->fd);
+  if (remove_dir && lock->created_dir)
+    rmdir (lock->out_dir);
+  g_free (lock->path);
+  g_free (lock->out_dir);
+  g_free (lock);
 }

@@ -6,9 +6,12 @@
  */
 #include "executor/data.h"
 
+#include "data/shards.h" /* the loss mask's magic */
+
 #include <errno.h>
 #include <fcntl.h>
 #include <glob.h>
+#include <math.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -34,6 +37,12 @@ typedef struct
   guint64 n_tokens;
   guint token_bytes; /* 1 (bytes), 2 or 4 */
   guint64 first;     /* the stream index of its first token */
+  /* The loss mask beside a shard X.bin, X.mask (data/shards.h), or NULL:
+   * every token a target. */
+  char *mask_path;
+  void *mask_map;
+  gsize mask_bytes;
+  const guint8 *mask; /* into mask_map, past the header */
 } Shard;
 
 struct _StowTokenData
@@ -49,7 +58,10 @@ shard_clear (gpointer p)
   Shard *s = p;
   if (s->map != NULL)
     munmap (s->map, s->map_bytes);
+  if (s->mask_map != NULL)
+    munmap (s->mask_map, s->mask_bytes);
   g_free (s->path);
+  g_free (s->mask_path);
 }
 
 static gboolean G_GNUC_PRINTF (4, 5)
@@ -72,10 +84,50 @@ header_int (const guint8 *map, guint i)
   return GINT32_FROM_LE (v);
 }
 
+/* Whether the first bytes of a file read as UTF-8 text without control
+ * characters but tab, newline, form feed and carriage return (an llm.c
+ * header's magic has a 0x01 among its bytes). */
+static gboolean
+looks_like_text (const guint8 *p, gsize size)
+{
+  gsize n = MIN (size, (gsize)HEADER_BYTES);
+  if (n == 0)
+    return FALSE;
+  const char *end = NULL;
+  gsize good = n;
+  if (!g_utf8_validate ((const char *)p, (gssize)n, &end))
+    {
+      /* Only a character cut by the end of the sample is still text: a
+       * lead byte, then continuation bytes to the end. */
+      good = (gsize)(end - (const char *)p);
+      if (n == size || n - good >= 4 || p[good] < 0xc2 || p[good] > 0xf4)
+        return FALSE;
+      for (gsize i = good + 1; i < n; i++)
+        if ((p[i] & 0xc0) != 0x80)
+          return FALSE;
+    }
+  for (gsize i = 0; i < good; i++)
+    if (p[i] < 0x20 && p[i] != '\t' && p[i] != '\n' && p[i] != '\r'
+        && p[i] != '\f')
+      return FALSE;
+  return TRUE;
+}
+
+static gboolean
+refuse_text (const Shard *s, GError **error)
+{
+  return fail (error, STOW_DATA_ERROR_INVALID, s->path,
+               "this looks like text, not an llm.c token shard; train on it "
+               "one token per byte with --tokenizer bytes, or make token "
+               "shards with the model's tokenizer (stowage tokenize)");
+}
+
 /* An llm.c shard's header against its size: magic, version, count. */
 static gboolean
 check_shard_header (Shard *s, GError **error)
 {
+  if (looks_like_text (s->map, s->map_bytes))
+    return refuse_text (s, error);
   if (s->map_bytes < HEADER_BYTES)
     return fail (error, STOW_DATA_ERROR_INVALID, s->path,
                  "%" G_GSIZE_FORMAT " bytes is shorter than the %d-byte "
@@ -161,48 +213,109 @@ check_tokens (const Shard *s, guint64 vocab, GError **error)
   return TRUE;
 }
 
+/* Maps @path read-only (*@map NULL for an empty file). */
 static gboolean
-open_shard (Shard *s, StowTokenizer tokenizer, guint64 vocab, GError **error)
+map_file (const char *path, void **map, gsize *bytes, GError **error)
 {
-  int fd = open (s->path, O_RDONLY | O_CLOEXEC);
+  int fd = open (path, O_RDONLY | O_CLOEXEC);
   if (fd < 0)
-    return fail (error, STOW_DATA_ERROR_IO, s->path, "%s", g_strerror (errno));
+    return fail (error, STOW_DATA_ERROR_IO, path, "%s", g_strerror (errno));
   struct stat sb;
   if (fstat (fd, &sb) < 0)
     {
       int e = errno;
       close (fd);
-      return fail (error, STOW_DATA_ERROR_IO, s->path, "%s", g_strerror (e));
+      return fail (error, STOW_DATA_ERROR_IO, path, "%s", g_strerror (e));
     }
   if (!S_ISREG (sb.st_mode))
     {
       close (fd);
-      return fail (error, STOW_DATA_ERROR_IO, s->path, "not a regular file");
+      return fail (error, STOW_DATA_ERROR_IO, path, "not a regular file");
     }
-  s->map_bytes = (gsize)sb.st_size;
-  if (s->map_bytes > 0)
+  *bytes = (gsize)sb.st_size;
+  *map = NULL;
+  if (*bytes > 0)
     {
-      s->map = mmap (NULL, s->map_bytes, PROT_READ, MAP_PRIVATE, fd, 0);
-      if (s->map == MAP_FAILED)
+      *map = mmap (NULL, *bytes, PROT_READ, MAP_PRIVATE, fd, 0);
+      if (*map == MAP_FAILED)
         {
           int e = errno;
-          s->map = NULL;
+          *map = NULL;
           close (fd);
-          return fail (error, STOW_DATA_ERROR_IO, s->path, "mmap: %s",
+          return fail (error, STOW_DATA_ERROR_IO, path, "mmap: %s",
                        g_strerror (e));
         }
+      madvise (*map, *bytes, MADV_SEQUENTIAL);
     }
   close (fd); /* the mapping keeps the file */
+  return TRUE;
+}
+
+/* X.mask beside shard X.bin, when there is one: its header (magic,
+ * version, the shard's token count) against its size, and every byte 0
+ * or 1. */
+static gboolean
+open_mask (Shard *s, GError **error)
+{
+  if (!g_str_has_suffix (s->path, ".bin"))
+    return TRUE;
+  g_autofree char *stem = g_strndup (s->path, strlen (s->path) - 4);
+  g_autofree char *path = g_strconcat (stem, ".mask", NULL);
+  if (!g_file_test (path, G_FILE_TEST_EXISTS))
+    return TRUE;
+  s->mask_path = g_steal_pointer (&path);
+  if (!map_file (s->mask_path, &s->mask_map, &s->mask_bytes, error))
+    return FALSE;
+  const char *p = s->mask_path;
+  if (s->mask_bytes < HEADER_BYTES)
+    return fail (error, STOW_DATA_ERROR_INVALID, p,
+                 "%" G_GSIZE_FORMAT " bytes is shorter than the %d-byte "
+                 "header of a loss mask",
+                 s->mask_bytes, HEADER_BYTES);
+  gint32 magic = header_int (s->mask_map, 0);
+  gint32 version = header_int (s->mask_map, 1);
+  gint32 count = header_int (s->mask_map, 2);
+  if (magic != STOW_MASK_MAGIC)
+    return fail (error, STOW_DATA_ERROR_INVALID, p,
+                 "header[0] (magic) is %d, expected %d (a loss mask)", magic,
+                 STOW_MASK_MAGIC);
+  if (version != STOW_MASK_VERSION)
+    return fail (error, STOW_DATA_ERROR_INVALID, p,
+                 "header[1] (version) is %d, expected %d", version,
+                 STOW_MASK_VERSION);
+  if (count < 0 || (guint64)count != s->n_tokens)
+    return fail (
+        error, STOW_DATA_ERROR_INVALID, p,
+        "header[2] (token count) is %d; its shard %s holds %" G_GUINT64_FORMAT
+        " tokens",
+        count, s->path, s->n_tokens);
+  if (s->mask_bytes != HEADER_BYTES + (guint64)count)
+    return fail (error, STOW_DATA_ERROR_INVALID, p,
+                 "%" G_GSIZE_FORMAT " bytes; a mask of %d tokens has %d + %d",
+                 s->mask_bytes, count, HEADER_BYTES, count);
+  s->mask = (const guint8 *)s->mask_map + HEADER_BYTES;
+  for (guint64 i = 0; i < s->n_tokens; i++)
+    if (s->mask[i] > 1)
+      return fail (error, STOW_DATA_ERROR_INVALID, p,
+                   "token %" G_GUINT64_FORMAT " (byte %" G_GUINT64_FORMAT
+                   ") is %u; a mask holds 0 or 1",
+                   i, HEADER_BYTES + i, s->mask[i]);
+  return TRUE;
+}
+
+static gboolean
+open_shard (Shard *s, StowTokenizer tokenizer, guint64 vocab, GError **error)
+{
+  if (!map_file (s->path, &s->map, &s->map_bytes, error))
+    return FALSE;
   if (tokenizer == STOW_TOKENIZER_BYTES)
     {
       s->tokens = s->map;
       s->n_tokens = s->map_bytes;
       s->token_bytes = 1;
     }
-  else if (!check_shard_header (s, error))
+  else if (!check_shard_header (s, error) || !open_mask (s, error))
     return FALSE;
-  if (s->map != NULL)
-    madvise (s->map, s->map_bytes, MADV_SEQUENTIAL);
   return check_tokens (s, vocab, error);
 }
 
@@ -357,22 +470,34 @@ find_shard (const StowTokenData *d, guint64 i)
   return lo;
 }
 
-void
-stow_token_data_read (const StowTokenData *d, guint64 start, guint64 count,
-                      gint32 *out)
+gboolean
+stow_token_data_has_mask (const StowTokenData *d)
 {
-  g_return_if_fail (d != NULL && (out != NULL || count == 0));
-  guint64 pos = start % d->n_tokens;
+  g_return_val_if_fail (d != NULL, FALSE);
+  for (guint k = 0; k < d->shards->len; k++)
+    if (g_array_index (d->shards, Shard, k).mask != NULL)
+      return TRUE;
+  return FALSE;
+}
+
+/* Tokens [@start, @start + @count) of the stream, wrapping past its end,
+ * as pieces within one shard each: @piece (@s, @in: the piece's first
+ * index in @s, @n, @done: tokens before it, @out). */
+static void
+walk (const StowTokenData *d, guint64 start, guint64 count,
+      void (*piece) (const Shard *s, guint64 in, guint64 n, guint64 done,
+                     gpointer out),
+      gpointer out)
+{
+  guint64 pos = start % d->n_tokens, done = 0;
   guint k = find_shard (d, pos);
-  while (count > 0)
+  while (done < count)
     {
       const Shard *s = &g_array_index (d->shards, Shard, k);
       guint64 in = pos - s->first;
-      guint64 take = MIN (count, s->n_tokens - in);
-      for (guint64 j = 0; j < take; j++)
-        out[j] = (gint32)shard_token (s, in + j);
-      out += take;
-      count -= take;
+      guint64 take = MIN (count - done, s->n_tokens - in);
+      piece (s, in, take, done, out);
+      done += take;
       pos += take;
       if (pos == s->first + s->n_tokens)
         {
@@ -383,6 +508,40 @@ stow_token_data_read (const StowTokenData *d, guint64 start, guint64 count,
           pos = g_array_index (d->shards, Shard, k).first;
         }
     }
+}
+
+static void
+tokens_piece (const Shard *s, guint64 in, guint64 n, guint64 done, gpointer out)
+{
+  gint32 *o = (gint32 *)out + done;
+  for (guint64 j = 0; j < n; j++)
+    o[j] = (gint32)shard_token (s, in + j);
+}
+
+static void
+mask_piece (const Shard *s, guint64 in, guint64 n, guint64 done, gpointer out)
+{
+  guint8 *o = (guint8 *)out + done;
+  if (s->mask != NULL)
+    memcpy (o, s->mask + in, n);
+  else
+    memset (o, 1, n);
+}
+
+void
+stow_token_data_read (const StowTokenData *d, guint64 start, guint64 count,
+                      gint32 *out)
+{
+  g_return_if_fail (d != NULL && (out != NULL || count == 0));
+  walk (d, start, count, tokens_piece, out);
+}
+
+void
+stow_token_data_read_mask (const StowTokenData *d, guint64 start, guint64 count,
+                           guint8 *out)
+{
+  g_return_if_fail (d != NULL && (out != NULL || count == 0));
+  walk (d, start, count, mask_piece, out);
 }
 
 /* ---- micro-batches --------------------------------------------------------
@@ -397,6 +556,7 @@ struct _StowBatches
   gboolean shuffle;
   guint64 seed;
   gint32 *scratch; /* window + 1 tokens */
+  guint8 *mask;    /* window + 1 mask bytes; NULL when the data has none */
   guint64 perm_epoch;
   guint64 *perm;
 };
@@ -415,6 +575,8 @@ stow_batches_new (const StowTokenData *data, guint64 window, guint64 grad_accum,
   b->shuffle = shuffle;
   b->seed = seed;
   b->scratch = g_new (gint32, window + 1);
+  if (stow_token_data_has_mask (data))
+    b->mask = g_new (guint8, window + 1);
   return b;
 }
 
@@ -424,6 +586,7 @@ stow_batches_free (StowBatches *b)
   if (b == NULL)
     return;
   g_free (b->scratch);
+  g_free (b->mask);
   g_free (b->perm);
   g_free (b);
 }
@@ -453,19 +616,62 @@ make_perm (StowBatches *b, guint64 epoch)
   b->perm_epoch = epoch;
 }
 
+/* The stream index of micro-batch @mb of step @step's first token. */
+static guint64
+window_start (StowBatches *b, guint64 step, guint mb)
+{
+  guint64 g = (step - 1) * b->grad_accum + mb;
+  if (!b->shuffle)
+    return g * b->window;
+  make_perm (b, g / b->n_windows);
+  return b->perm[g % b->n_windows] * b->window;
+}
+
 void
 stow_batches_fill (StowBatches *b, guint64 step, guint mb, gint32 *tokens,
                    gint32 *targets, guint64 n)
 {
   g_return_if_fail (b != NULL && step >= 1 && n <= b->window);
-  guint64 g = (step - 1) * b->grad_accum + mb;
-  guint64 start = g * b->window;
-  if (b->shuffle)
-    {
-      make_perm (b, g / b->n_windows);
-      start = b->perm[g % b->n_windows] * b->window;
-    }
+  guint64 start = window_start (b, step, mb);
   stow_token_data_read (b->data, start, n + 1, b->scratch);
   memcpy (tokens, b->scratch, n * sizeof (gint32));
   memcpy (targets, b->scratch + 1, n * sizeof (gint32));
+  if (b->mask == NULL)
+    return;
+  stow_token_data_read_mask (b->data, start + 1, n, b->mask);
+  for (guint64 i = 0; i < n; i++)
+    if (!b->mask[i])
+      targets[i] = STOW_TARGET_IGNORE;
+}
+
+guint64
+stow_batches_targets (StowBatches *b, guint64 step)
+{
+  g_return_val_if_fail (b != NULL && step >= 1, 0);
+  if (b->mask == NULL)
+    return b->grad_accum * b->window;
+  guint64 targets = 0;
+  for (guint mb = 0; mb < b->grad_accum; mb++)
+    {
+      guint64 start = window_start (b, step, mb);
+      stow_token_data_read_mask (b->data, start + 1, b->window, b->mask);
+      for (guint64 i = 0; i < b->window; i++)
+        targets += b->mask[i];
+    }
+  return targets;
+}
+
+double
+stow_batches_loss_scale (StowBatches *b, guint64 step)
+{
+  guint64 targets = stow_batches_targets (b, step);
+  return targets > 0 ? 1.0 / (double)targets : NAN;
+}
+
+guint64
+stow_batches_n_steps (const StowBatches *b)
+{
+  g_return_val_if_fail (b != NULL, 0);
+  guint64 per_step = b->window * b->grad_accum;
+  return (stow_token_data_n_tokens (b->data) - 1) / per_step;
 }

@@ -62,6 +62,14 @@ const char *const *stow_token_data_files (const StowTokenData *d);
  * the stream was validated at open. */
 void stow_token_data_read (const StowTokenData *d, guint64 start, guint64 count,
                            gint32 *out);
+/* Whether a shard has a loss mask beside it: X.mask for X.bin
+ * (data/shards.h; supervised fine-tuning), checked at open: magic,
+ * version, the shard's token count, every byte 0 or 1. */
+gboolean stow_token_data_has_mask (const StowTokenData *d);
+/* The mask bytes of tokens [@start, @start + @count), as read does (1 for
+ * the tokens of shards without a mask). */
+void stow_token_data_read_mask (const StowTokenData *d, guint64 start,
+                                guint64 count, guint8 *out);
 
 /* ---- micro-batches --------------------------------------------------------
  * The data convention (docs/executor.md): micro-batch g of the run (g =
@@ -78,11 +86,26 @@ StowBatches *stow_batches_new (const StowTokenData *data, guint64 window,
                                guint64 grad_accum, gboolean shuffle,
                                guint64 seed);
 void stow_batches_free (StowBatches *b);
+/* A target the loss leaves out (its mask byte is 0): no loss, no
+ * gradient (executor/kernels.h's xent). */
+#define STOW_TARGET_IGNORE (-1)
+
 /* The tokens and targets (@n each, at most the window) of micro-batch
- * @micro_batch of step @step (1-based).  Not thread-safe: one stream's
- * worker calls it.  Never fails (the stream was validated at open). */
+ * @micro_batch of step @step (1-based); a target whose mask byte is 0 is
+ * STOW_TARGET_IGNORE.  Not thread-safe: one stream's worker calls it.
+ * Never fails (the stream was validated at open). */
 void stow_batches_fill (StowBatches *b, guint64 step, guint micro_batch,
                         gint32 *tokens, gint32 *targets, guint64 n);
+/* The targets of step @step's whole global batch that count (mask 1;
+ * without masks every one: grad_accum x window). */
+guint64 stow_batches_targets (StowBatches *b, guint64 step);
+/* The whole steps the stream holds without wrapping (0 when less). */
+guint64 stow_batches_n_steps (const StowBatches *b);
+/* The step's loss scale: 1 / the targets of its whole global batch (the
+ * loss is the mean over them; without masks 1 / (global batch x seq)),
+ * NaN when every target of the step is masked (the step is then skipped
+ * as a non-finite one). */
+double stow_batches_loss_scale (StowBatches *b, guint64 step);
 
 G_DEFINE_AUTOPTR_CLEANUP_FUNC (StowTokenData, stow_token_data_free)
 G_DEFINE_AUTOPTR_CLEANUP_FUNC (StowBatches, stow_batches_free)

@@ -118,7 +118,9 @@ typedef struct
    * decoder's loss_lowp says so, in the dtype in the first half of its own
    * row (ld 2 V elements).  loss (n) fp32 gets logsumexp - logit[target]
    * of each row, and *@loss_sum (a double of the provider's) += their sum,
-   * in an order fixed by n.  Targets must be in [0, V). */
+   * in an order fixed by n.  Targets are in [0, V), or negative: an
+   * ignored target (a masked one, executor/data.h), whose row becomes 0
+   * and loss 0. */
   void (*xent) (void *ctx, guint64 n, float *logits, const gint32 *targets,
                 float scale, float *loss, double *loss_sum);
 

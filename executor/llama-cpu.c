@@ -12,11 +12,14 @@
 
 /* ---- embedding ----------------------------------------------------------- */
 
+/* Every token in [0, V); with @targets, negative ones (ignored) too. */
 static gboolean
-tokens_ok (const StowLlama *L, const gint32 *tokens, guint64 n)
+tokens_ok (const StowLlama *L, const gint32 *tokens, guint64 n,
+           gboolean targets)
 {
   for (guint64 i = 0; i < n; i++)
-    if (tokens[i] < 0 || (guint64)tokens[i] >= L->config.vocab)
+    if ((tokens[i] < 0 && !targets)
+        || (tokens[i] >= 0 && (guint64)tokens[i] >= L->config.vocab))
       {
         g_critical ("llama: token %" G_GUINT64_FORMAT " is %d, outside the "
                     "vocabulary [0, %" G_GUINT64_FORMAT ")",
@@ -32,7 +35,7 @@ embed_forward (void *ctx, const void *embed, const gint32 *tokens, guint64 n,
 {
   StowLlama *L = ctx;
   g_return_if_fail (embed != NULL && tokens != NULL && x != NULL);
-  g_return_if_fail (tokens_ok (L, tokens, n));
+  g_return_if_fail (tokens_ok (L, tokens, n, FALSE));
   guint64 row = L->esize * L->config.hidden;
 #pragma omp parallel for schedule(static) num_threads(L->n_threads)
   for (guint64 r = 0; r < n; r++)
@@ -62,7 +65,7 @@ embed_backward (void *ctx, const gint32 *tokens, guint64 n, const void *dx,
   StowLlama *L = ctx;
   g_return_if_fail (tokens != NULL && dx != NULL && dembed != NULL);
   g_return_if_fail (n <= G_MAXUINT32);
-  g_return_if_fail (tokens_ok (L, tokens, n));
+  g_return_if_fail (tokens_ok (L, tokens, n, FALSE));
   guint64 h = L->config.hidden, V = L->config.vocab, e = L->esize;
   if (!accumulate)
     {
@@ -115,7 +118,8 @@ embed_backward (void *ctx, const gint32 *tokens, guint64 n, const void *dx,
 
 /* Softmax cross-entropy of rows [0, cn) of logits (cn, V), in place: each
  * row becomes scale (softmax - onehot (target)) and loss[i] gets
- * logsumexp - logit[target]. */
+ * logsumexp - logit[target]; a row whose target is negative (ignored)
+ * becomes 0 and its loss 0. */
 static void
 softmax_xent (StowLlama *L, guint64 cn, float *logits, const gint32 *targets,
               float scale, float *loss)
@@ -125,6 +129,12 @@ softmax_xent (StowLlama *L, guint64 cn, float *logits, const gint32 *targets,
   for (guint64 i = 0; i < cn; i++)
     {
       float *l = logits + i * V;
+      if (targets[i] < 0)
+        {
+          memset (l, 0, V * sizeof (float));
+          loss[i] = 0;
+          continue;
+        }
       guint64 t = (guint64)targets[i];
       float lt = l[t], m = l[0];
 #pragma omp simd reduction(max : m)
@@ -152,7 +162,7 @@ xent (void *ctx, guint64 n, float *logits, const gint32 *targets, float scale,
       float *loss, double *loss_sum)
 {
   StowLlama *L = ctx;
-  g_return_if_fail (tokens_ok (L, targets, n));
+  g_return_if_fail (tokens_ok (L, targets, n, TRUE));
   softmax_xent (L, n, logits, targets, scale, loss);
   for (guint64 i = 0; i < n; i++)
     *loss_sum += loss[i];
@@ -301,81 +311,15 @@ static gboolean
 check_config (const StowLlamaConfig *c, StowDtype dtype, guint64 max_seq,
               GError **error)
 {
-  struct
-  {
-    const char *name;
-    guint64 v;
-  } sizes[] = {
-    { "hidden", c->hidden },
-    { "n_heads", c->n_heads },
-    { "n_kv_heads", c->n_kv_heads },
-    { "head_dim", c->head_dim },
-    { "ffn", c->ffn },
-    { "vocab", c->vocab },
-    { "max_seq", max_seq },
-  };
-  for (guint i = 0; i < G_N_ELEMENTS (sizes); i++)
-    if (sizes[i].v == 0)
-      {
-        g_set_error (error, STOW_LLAMA_ERROR, STOW_LLAMA_ERROR_INVALID,
-                     "llama config: %s is 0", sizes[i].name);
-        return FALSE;
-      }
-  if (c->n_heads % c->n_kv_heads != 0)
-    {
-      g_set_error (error, STOW_LLAMA_ERROR, STOW_LLAMA_ERROR_INVALID,
-                   "llama config: n_kv_heads (%" G_GUINT64_FORMAT
-                   ") must divide n_heads (%" G_GUINT64_FORMAT ")",
-                   c->n_kv_heads, c->n_heads);
-      return FALSE;
-    }
-  if (c->head_dim % 2 != 0)
-    {
-      g_set_error (error, STOW_LLAMA_ERROR, STOW_LLAMA_ERROR_INVALID,
-                   "llama config: head_dim (%" G_GUINT64_FORMAT
-                   ") must be even (rotary embeddings rotate pairs)",
-                   c->head_dim);
-      return FALSE;
-    }
+  if (!stow_llama_config_check (c, error))
+    return FALSE;
   /* cblas takes int sizes: every GEMM dimension must fit one. */
-  guint64 big = MAX (MAX (c->hidden, c->ffn), MAX (c->vocab, max_seq));
-  if (big > G_MAXINT || c->n_heads * c->head_dim > G_MAXINT)
-    {
-      g_set_error (
-          error, STOW_LLAMA_ERROR, STOW_LLAMA_ERROR_INVALID,
-          "llama config: a dimension above %d (hidden %" G_GUINT64_FORMAT
-          ", ffn %" G_GUINT64_FORMAT ", vocab %" G_GUINT64_FORMAT
-          ", max_seq %" G_GUINT64_FORMAT ")",
-          G_MAXINT, c->hidden, c->ffn, c->vocab, max_seq);
-      return FALSE;
-    }
-  if (!(c->rope_theta > 0))
+  if (max_seq == 0 || max_seq > G_MAXINT)
     {
       g_set_error (error, STOW_LLAMA_ERROR, STOW_LLAMA_ERROR_INVALID,
-                   "llama config: rope_theta (%g) must be positive",
-                   c->rope_theta);
-      return FALSE;
-    }
-  if (!(c->rms_norm_eps >= 0))
-    {
-      g_set_error (error, STOW_LLAMA_ERROR, STOW_LLAMA_ERROR_INVALID,
-                   "llama config: rms_norm_eps (%g) must not be negative",
-                   c->rms_norm_eps);
-      return FALSE;
-    }
-  if (c->rope_factor != 0
-      && (!(c->rope_factor > 0)
-          || !(c->rope_high_freq_factor > c->rope_low_freq_factor)
-          || !(c->rope_low_freq_factor > 0)
-          || c->rope_original_max_positions == 0))
-    {
-      g_set_error (error, STOW_LLAMA_ERROR, STOW_LLAMA_ERROR_INVALID,
-                   "llama config: rope_scaling (llama3) needs rope_factor > "
-                   "0, 0 < rope_low_freq_factor < rope_high_freq_factor and "
-                   "rope_original_max_positions > 0 (got %g, %g, %g, "
-                   "%" G_GUINT64_FORMAT ")",
-                   c->rope_factor, c->rope_low_freq_factor,
-                   c->rope_high_freq_factor, c->rope_original_max_positions);
+                   "llama runtime: max_seq (%" G_GUINT64_FORMAT
+                   ") must be 1 to %d",
+                   max_seq, G_MAXINT);
       return FALSE;
     }
   if (dtype != STOW_DTYPE_F32 && dtype != STOW_DTYPE_BF16)

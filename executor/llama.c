@@ -12,6 +12,8 @@
 
 #include <string.h>
 
+#include "core/json.h"
+
 #include "program/program.h" /* the fused loss's chunk rule */
 
 /* clang-format off */
@@ -21,21 +23,157 @@ G_DEFINE_QUARK (stow-llama-error-quark, stow_llama_error)
 /* ---- the config a model runs with -----------------------------------------
  */
 
+/* The most of a config.json read, as models/ reads one. */
+#define CONFIG_MAX_BYTES ((gsize)4 << 20)
+
+/* The model types the runtime runs (the families of
+ * stow_llama_config_from_model). */
+static const char *const runtime_types[] = { "llama", "mistral", "qwen2" };
+
+static gboolean
+runs_type (const char *type)
+{
+  for (guint i = 0; i < G_N_ELEMENTS (runtime_types); i++)
+    if (g_strcmp0 (type, runtime_types[i]) == 0)
+      return TRUE;
+  return FALSE;
+}
+
+static gboolean
+refuse_type (const char *where, const char *type, GError **error)
+{
+  g_set_error (error, STOW_LLAMA_ERROR, STOW_LLAMA_ERROR_INVALID,
+               "%s: model_type \"%s\": the executor runs LLaMA-family "
+               "decoders (llama, mistral, qwen2); stowage fit and plan "
+               "count it",
+               where, type);
+  return FALSE;
+}
+
+gboolean
+stow_llama_config_check (const StowLlamaConfig *c, GError **error)
+{
+  struct
+  {
+    const char *name;
+    guint64 v;
+  } sizes[] = {
+    { "hidden", c->hidden },
+    { "n_heads", c->n_heads },
+    { "n_kv_heads", c->n_kv_heads },
+    { "head_dim", c->head_dim },
+    { "ffn", c->ffn },
+    { "vocab", c->vocab },
+  };
+  for (guint i = 0; i < G_N_ELEMENTS (sizes); i++)
+    if (sizes[i].v == 0)
+      {
+        g_set_error (error, STOW_LLAMA_ERROR, STOW_LLAMA_ERROR_INVALID,
+                     "llama config: %s is 0", sizes[i].name);
+        return FALSE;
+      }
+  if (c->n_heads % c->n_kv_heads != 0)
+    {
+      g_set_error (error, STOW_LLAMA_ERROR, STOW_LLAMA_ERROR_INVALID,
+                   "llama config: n_kv_heads (%" G_GUINT64_FORMAT
+                   ") must divide n_heads (%" G_GUINT64_FORMAT ")",
+                   c->n_kv_heads, c->n_heads);
+      return FALSE;
+    }
+  if (c->head_dim % 2 != 0)
+    {
+      g_set_error (error, STOW_LLAMA_ERROR, STOW_LLAMA_ERROR_INVALID,
+                   "llama config: head_dim (%" G_GUINT64_FORMAT
+                   ") must be even (rotary embeddings rotate pairs)",
+                   c->head_dim);
+      return FALSE;
+    }
+  /* cblas takes int sizes: every GEMM dimension must fit one. */
+  guint64 big = MAX (MAX (c->hidden, c->ffn), c->vocab);
+  if (big > G_MAXINT || c->n_heads * c->head_dim > G_MAXINT)
+    {
+      g_set_error (error, STOW_LLAMA_ERROR, STOW_LLAMA_ERROR_INVALID,
+                   "llama config: a dimension above %d (hidden "
+                   "%" G_GUINT64_FORMAT ", ffn %" G_GUINT64_FORMAT
+                   ", vocab %" G_GUINT64_FORMAT ")",
+                   G_MAXINT, c->hidden, c->ffn, c->vocab);
+      return FALSE;
+    }
+  if (!(c->rope_theta > 0))
+    {
+      g_set_error (error, STOW_LLAMA_ERROR, STOW_LLAMA_ERROR_INVALID,
+                   "llama config: rope_theta (%g) must be positive",
+                   c->rope_theta);
+      return FALSE;
+    }
+  if (!(c->rms_norm_eps >= 0))
+    {
+      g_set_error (error, STOW_LLAMA_ERROR, STOW_LLAMA_ERROR_INVALID,
+                   "llama config: rms_norm_eps (%g) must not be negative",
+                   c->rms_norm_eps);
+      return FALSE;
+    }
+  if (c->rope_factor != 0
+      && (!(c->rope_factor > 0)
+          || !(c->rope_high_freq_factor > c->rope_low_freq_factor)
+          || !(c->rope_low_freq_factor > 0)
+          || c->rope_original_max_positions == 0))
+    {
+      g_set_error (error, STOW_LLAMA_ERROR, STOW_LLAMA_ERROR_INVALID,
+                   "llama config: rope_scaling (llama3) needs rope_factor > "
+                   "0, 0 < rope_low_freq_factor < rope_high_freq_factor and "
+                   "rope_original_max_positions > 0 (got %g, %g, %g, "
+                   "%" G_GUINT64_FORMAT ")",
+                   c->rope_factor, c->rope_low_freq_factor,
+                   c->rope_high_freq_factor, c->rope_original_max_positions);
+      return FALSE;
+    }
+  return TRUE;
+}
+
+StowModel *
+stow_llama_model_open (const char *config_path, StowLlamaConfig *out,
+                       guint64 *max_positions, GError **error)
+{
+  g_return_val_if_fail (config_path != NULL && out != NULL, NULL);
+  /* model_type first: a family the runtime does not run is named as such,
+   * not by the first of its own fields the importer misses. */
+  g_autoptr (JsonNode) root
+      = stow_json_parse_file (config_path, CONFIG_MAX_BYTES, error);
+  JsonObject *cfg
+      = root ? stow_json_root_object (root, config_path, error) : NULL;
+  if (cfg == NULL)
+    return NULL;
+  const char *type = NULL;
+  if (json_object_has_member (cfg, "model_type")
+      && !stow_json_get_string (cfg, config_path, "model_type", FALSE, &type,
+                                error))
+    return NULL;
+  if (type != NULL && !runs_type (type))
+    {
+      refuse_type (config_path, type, error);
+      return NULL;
+    }
+  guint64 max_pos = 0;
+  if (!stow_json_get_u64 (cfg, config_path, "max_position_embeddings", FALSE,
+                          &max_pos, error))
+    return NULL;
+  g_autoptr (StowModel) m = stow_model_new_from_file (config_path, error);
+  if (m == NULL || !stow_llama_config_from_model (m, out, error))
+    return NULL;
+  if (max_positions)
+    *max_positions = max_pos;
+  return g_steal_pointer (&m);
+}
+
 gboolean
 stow_llama_config_from_model (const StowModel *m, StowLlamaConfig *c,
                               GError **error)
 {
   memset (c, 0, sizeof *c);
   const char *fam = m->family ? m->family : "?";
-  if (!g_str_equal (fam, "llama") && !g_str_equal (fam, "mistral")
-      && !g_str_equal (fam, "qwen2"))
-    {
-      g_set_error (error, STOW_LLAMA_ERROR, STOW_LLAMA_ERROR_INVALID,
-                   "%s: model_type \"%s\": the executor runs LLaMA-family "
-                   "decoders (llama, mistral, qwen2)",
-                   m->name, fam);
-      return FALSE;
-    }
+  if (!runs_type (fam))
+    return refuse_type (m->name, fam, error);
   if (m->n_experts > 0 || !m->gated_mlp || m->norm != STOW_NORM_RMSNORM
       || m->n_encoder_layers > 0)
     {
@@ -81,6 +219,11 @@ stow_llama_config_from_model (const StowModel *m, StowLlamaConfig *c,
   c->o_bias = m->o_bias;
   c->mlp_bias = m->mlp_bias;
   c->tied = m->tied_embeddings;
+  if (!stow_llama_config_check (c, error))
+    {
+      g_prefix_error (error, "%s: ", m->source ? m->source : m->name);
+      return FALSE;
+    }
   return TRUE;
 }
 
@@ -444,6 +587,34 @@ stow_decoder_head_loss (const StowDecoder *d, guint64 n, const void *norm,
                            (guint8 *)dx + c0 * h * e);
     }
   k->colsum_acc_store (ctx, h, dnorm, accumulate);
+}
+
+void
+stow_decoder_head_eval_loss (const StowDecoder *d, guint64 n, const void *norm,
+                             const void *head, const void *x,
+                             const gint32 *targets, float *scratch,
+                             guint64 chunk, double *loss_sum)
+{
+  g_return_if_fail (d != NULL && norm != NULL && head != NULL);
+  g_return_if_fail (x != NULL && targets != NULL && scratch != NULL);
+  g_return_if_fail (chunk > 0 && loss_sum != NULL);
+  g_return_if_fail (d->max_tokens == 0 || n <= d->max_tokens);
+  if (failed (d))
+    return;
+  const StowKernels *k = d->k;
+  guint64 h = d->config.hidden, V = d->config.vocab;
+  /* scratch as stow_decoder_head_loss lays it out. */
+  float *xn = scratch, *logits = xn + chunk * h, *dxn = logits + chunk * V;
+  for (guint64 c0 = 0; c0 < n && !failed (d); c0 += chunk)
+    {
+      guint64 cn = MIN (chunk, n - c0);
+      const guint8 *xc = (const guint8 *)x + c0 * h * d->esize;
+      k->rmsnorm (d->ctx, cn, xc, norm, xn, !d->loss_lowp);
+      k->gemm (d->ctx, cn, V, h, 1.0f, mat_loss (d, xn, h, FALSE),
+               mat (d, head, h, TRUE), logits, FALSE, V, FALSE, NULL, 0, NULL);
+      /* The rows' gradients it leaves in the logits are not used. */
+      k->xent (d->ctx, cn, logits, targets + c0, 1.0f, dxn, loss_sum);
+    }
 }
 
 void

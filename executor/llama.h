@@ -108,6 +108,20 @@ typedef struct
  * hidden_act, rope_type, a fused projection). */
 gboolean stow_llama_config_from_model (const StowModel *model,
                                        StowLlamaConfig *out, GError **error);
+/* The rules a config must meet to run, whatever the sequence (sizes above
+ * 0, n_kv_heads divides n_heads, head_dim even, the GEMM dimensions an
+ * int, rope_theta > 0, rms_norm_eps >= 0, a valid llama3 rope_scaling):
+ * the one check init-model, train (through stow_llama_config_from_model)
+ * and the runtimes apply.  STOW_LLAMA_ERROR_INVALID names the field. */
+gboolean stow_llama_config_check (const StowLlamaConfig *config,
+                                  GError **error);
+/* A model the runtime runs, from @config_path: model_type checked first
+ * (a family the runtime does not run is refused as such, before the
+ * importer asks for that family's fields), then imported and
+ * stow_llama_config_from_model.  *@max_positions gets the config's
+ * max_position_embeddings, 0 when absent. */
+StowModel *stow_llama_model_open (const char *config_path, StowLlamaConfig *out,
+                                  guint64 *max_positions, GError **error);
 
 /* ---- sizes ----------------------------------------------------------------
  * From a config and an element size @esize alone: the carving is pointer
@@ -207,12 +221,22 @@ void stow_decoder_layer_backward (const StowDecoder *d, guint64 batch,
  * global batch): dnorm (h) and dhead (V, h) (= when !@accumulate, +=); dx
  * (n, h) may alias @x.  With a tied head, @head is the embedding and
  * @dhead its gradient.  @scratch holds stow_llama_loss_scratch_floats (V,
- * h, chunk) floats.  Targets must be in [0, V) (the data loader checks). */
+ * h, chunk) floats.  Targets are in [0, V) (the data loader checks) or
+ * negative: ignored, no loss and no gradient (executor/kernels.h's xent). */
 void stow_decoder_head_loss (const StowDecoder *d, guint64 n, const void *norm,
                              const void *head, const void *x,
                              const gint32 *targets, double scale, void *dnorm,
                              void *dhead, gboolean accumulate, void *dx,
                              float *scratch, guint64 chunk, double *loss_sum);
+
+/* The loss alone, for evaluation: *@loss_sum += sum_i loss_i as
+ * stow_decoder_head_loss adds it (the same chunks, so the same bits), and
+ * no gradient is written anywhere but @scratch. */
+void stow_decoder_head_eval_loss (const StowDecoder *d, guint64 n,
+                                  const void *norm, const void *head,
+                                  const void *x, const gint32 *targets,
+                                  float *scratch, guint64 chunk,
+                                  double *loss_sum);
 
 /* For tests: the fp32 logits (n, V) of the output layer over @x; @xn is
  * staging of n h floats. */

@@ -11,15 +11,19 @@
 #include "executor/train.h"
 
 #include <errno.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "core/json.h"
 #include "executor/backends/registry.h"
 #include "executor/backends/tensors.h"
 #include "executor/checkpoint-io.h"
 #include "executor/checkpoint.h"
+#include "executor/eval.h"
 #include "executor/llama.h"
 #include "program/driver.h"
 
@@ -40,9 +44,19 @@ typedef struct
   const StowBackendVtable *ops; /* be's table */
   StowTokenData *data;
   StowBatches *batches;
+  StowEval *eval;    /* or NULL */
   char *config_json; /* the model's config.json, verbatim */
   gsize config_len;
+  /* What identifies the run's inputs in its checkpoints' state: SHA-256 of
+   * the config.json, and of the token count and a sample of the tokens. */
+  char *config_sha256, *data_sha256;
   FILE *log;
+  StowRunLock *lock;
+  /* The checkpoint the run continues (resume_dir's optimizer.stow, its
+   * header checked); NULL when it starts from the model. */
+  char *resume_dir;
+  StowOptimState *resume_os;
+  guint commits; /* checkpoints this run committed */
 } Run;
 
 static void
@@ -54,9 +68,47 @@ run_clear (Run *r)
     stow_batches_free (r->batches);
   if (r->data)
     stow_token_data_free (r->data);
+  if (r->eval)
+    stow_eval_free (r->eval);
   if (r->log)
     fclose (r->log);
+  if (r->resume_os)
+    stow_optim_state_close (r->resume_os);
+  /* After the backend: its swap files are gone before another run may
+   * take the directory. */
+  stow_run_lock_release (r->lock, TRUE);
+  g_free (r->resume_dir);
   g_free (r->config_json);
+  g_free (r->config_sha256);
+  g_free (r->data_sha256);
+}
+
+/* SHA-256 of the stream's token count and of 64 runs of 64 tokens spread
+ * evenly over it: cheap at any size, and another file, another order of
+ * the shards or an edit of more than a few tokens changes it. */
+static char *
+data_digest (const StowTokenData *d)
+{
+  enum
+  {
+    RUNS = 64,
+    RUN_TOKENS = 64
+  };
+  GChecksum *sum = g_checksum_new (G_CHECKSUM_SHA256);
+  guint64 n = stow_token_data_n_tokens (d);
+  guint64 n_le = GUINT64_TO_LE (n);
+  g_checksum_update (sum, (const guchar *)&n_le, sizeof n_le);
+  gint32 run[RUN_TOKENS];
+  for (guint i = 0; i < RUNS; i++)
+    {
+      stow_token_data_read (d, n / RUNS * i, RUN_TOKENS, run);
+      for (guint j = 0; j < RUN_TOKENS; j++)
+        run[j] = GINT32_TO_LE (run[j]);
+      g_checksum_update (sum, (const guchar *)run, sizeof run);
+    }
+  char *hex = g_strdup (g_checksum_get_string (sum));
+  g_checksum_free (sum);
+  return hex;
 }
 
 /* The model's config.json (copied into every checkpoint) and the data. */
@@ -91,6 +143,17 @@ open_inputs (Run *r, GError **error)
     }
   r->batches = stow_batches_new (r->data, window, p->grad_accum, c->shuffle,
                                  p->optim.seed);
+  r->config_sha256 = g_compute_checksum_for_data (
+      G_CHECKSUM_SHA256, (const guchar *)r->config_json, r->config_len);
+  r->data_sha256 = data_digest (r->data);
+  if (c->val_data == NULL)
+    return TRUE;
+  r->eval = stow_eval_open (c->val_data, c->tokenizer, c->model->vocab, p,
+                            c->eval_batches, error);
+  if (r->eval == NULL)
+    return FALSE;
+  r->out->val_batches = stow_eval_n_batches (r->eval);
+  r->out->val_targets = stow_eval_n_targets (r->eval);
   return TRUE;
 }
 
@@ -132,6 +195,48 @@ state_object (Run *r, guint64 step)
   return s;
 }
 
+/* run.json beside optimizer.stow: the rest of what a resume compares
+ * (settings the state header never held, what identifies the inputs) and
+ * what it may change (the run's length, the placement, the data's name).
+ * Apart from the header, so that optimizer.stow stays the same bytes as
+ * before it existed, and under every placement. */
+#define RUN_FILE   "run.json"
+#define RUN_FORMAT "stowage-train-run"
+
+static JsonObject *
+run_object (Run *r, guint64 step)
+{
+  const StowTrainConfig *c = r->c;
+  const StowProgram *p = r->prog;
+  const StowOptimSettings *o = &p->optim;
+  JsonObject *s = json_object_new ();
+  json_object_set_string_member (s, "format", RUN_FORMAT);
+  json_object_set_int_member (s, "version", 1);
+  json_object_set_int_member (s, "step", (gint64)step);
+  json_object_set_double_member (s, "min_lr", o->min_lr);
+  json_object_set_int_member (s, "warmup", (gint64)o->warmup_steps);
+  json_object_set_string_member (s, "lr_schedule",
+                                 stow_lr_schedule_name (o->schedule));
+  json_object_set_double_member (s, "beta1", o->beta1);
+  json_object_set_double_member (s, "beta2", o->beta2);
+  json_object_set_double_member (s, "eps", o->eps);
+  json_object_set_string_member (
+      s, "tokenizer", c->tokenizer == STOW_TOKENIZER_BYTES ? "bytes" : "none");
+  json_object_set_int_member (s, "data_tokens",
+                              (gint64)stow_token_data_n_tokens (r->data));
+  json_object_set_string_member (s, "data_sha256", r->data_sha256);
+  json_object_set_int_member (s, "model_params", (gint64)c->model->params);
+  json_object_set_string_member (s, "model_config_sha256", r->config_sha256);
+  json_object_set_int_member (s, "total_steps", (gint64)c->steps);
+  /* "dp 1 tp 1 ... recompute none, micro-batch 2 x 1, ...", without the
+   * model's name before it. */
+  const char *colon = p->description ? strstr (p->description, ": ") : NULL;
+  json_object_set_string_member (s, "placement",
+                                 colon ? colon + 2 : p->description);
+  json_object_set_string_member (s, "data", c->data);
+  return s;
+}
+
 static gboolean
 save_checkpoint (Run *r, guint64 step, GError **error)
 {
@@ -140,86 +245,278 @@ save_checkpoint (Run *r, guint64 step, GError **error)
   if (w == NULL)
     return FALSE;
   const char *dir = stow_checkpoint_writer_dir (w);
-  g_autofree char *cfg = g_build_filename (dir, "config.json", NULL);
+  const StowWeightsFormat *f = &r->c->save_format;
+  g_autofree char *run = g_build_filename (dir, RUN_FILE, NULL);
   g_autoptr (JsonObject) state = state_object (r, step);
-  if (!g_file_set_contents (cfg, r->config_json, (gssize)r->config_len, error)
+  g_autoptr (JsonNode) run_node = json_node_new (JSON_NODE_OBJECT);
+  json_node_take_object (run_node, run_object (r, step));
+  g_autofree char *run_text = stow_json_to_string (run_node, TRUE);
+  if (!stow_checkpoint_save_model_files (
+          dir, r->c->model_dir, r->config_json, r->config_len,
+          f->dtype == STOW_DTYPE_NONE ? r->prog->weight_dtype : f->dtype, error)
+      || !g_file_set_contents (run, run_text, -1, error)
       || !stow_checkpoint_save_tensors (r->be, r->prog, dir, state,
-                                        r->c->delayed_update, error))
+                                        r->c->delayed_update, f, error)
+      || !stow_checkpoint_commit (w, error))
     return FALSE;
-  return stow_checkpoint_commit (w, error);
+  r->out->saved_step = step;
+  /* --overwrite: the checkpoints this run replaces go only now that it has
+   * one of its own, so that a run that fails or is stopped before then
+   * loses nothing (OUT/latest still names the old run's newest). */
+  if (r->commits++ == 0 && r->c->overwrite)
+    {
+      g_autofree char *name
+          = g_strdup_printf ("step-%06" G_GUINT64_FORMAT, step);
+      if (!stow_checkpoint_remove_others (r->c->out_dir, name, error))
+        return FALSE;
+    }
+  return r->c->keep_last == 0
+         || stow_checkpoint_prune (r->c->out_dir, r->c->keep_last, error);
 }
 
-static gboolean
-state_u64 (JsonObject *s, const char *where, const char *name, guint64 *out,
-           GError **error)
+/* ---- what a resume checks ---------------------------------------------------
+ */
+
+/* A setting of the state header: @key, the flag that sets it, and whether
+ * a resumed run may change it (logged) or must keep it (refused). */
+typedef struct
 {
-  return stow_json_get_u64 (s, where, name, TRUE, out, error);
+  const char *key, *flag;
+  gboolean may_change;
+  /* Around a value as a message shows it: "20000" " tokens". */
+  const char *before, *after;
+} ResumeRule;
+
+/* Everything that changes the arithmetic or the data order must stay; the
+ * run's length and its placement (the same bytes under every placement,
+ * docs/executor.md) may change. */
+static const ResumeRule resume_rules[] = {
+  { .key = "seed", .flag = "--seed" },
+  { .key = "shuffle", .flag = "--shuffle" },
+  { .key = "tokenizer", .flag = "--tokenizer" },
+  { .key = "data_tokens", .flag = "--data", .after = " tokens" },
+  { .key = "data_sha256",
+    .flag = "--data",
+    .before = "tokens whose sample has " },
+  { .key = "model_params", .flag = "--model", .after = " parameters" },
+  { .key = "model_config_sha256",
+    .flag = "--model",
+    .before = "a config.json of " },
+  { .key = "precision", .flag = "--precision" },
+  { .key = "seq", .flag = "--seq" },
+  { .key = "micro_batch", .flag = "--micro-batch" },
+  { .key = "global_batch", .flag = "--global-batch" },
+  { .key = "lr", .flag = "--lr" },
+  { .key = "min_lr", .flag = "--min-lr" },
+  { .key = "warmup", .flag = "--warmup" },
+  { .key = "lr_schedule", .flag = "--lr-schedule" },
+  { .key = "weight_decay", .flag = "--weight-decay" },
+  { .key = "beta1", .flag = "--beta1" },
+  { .key = "beta2", .flag = "--beta2" },
+  { .key = "eps", .flag = "--eps" },
+  { .key = "max_grad_norm", .flag = "--max-grad-norm" },
+  { .key = "delayed_update", .flag = "--delayed-update" },
+  { .key = "total_steps", .flag = "--steps", .may_change = TRUE },
+  { .key = "placement", .flag = "the layout", .may_change = TRUE },
+};
+
+/* A header value as the user reads it: strings as they are (a digest
+ * shortened), booleans as on and off, numbers in their shortest exact
+ * form. */
+static char *
+value_text (JsonNode *n, const char *key)
+{
+  if (n == NULL || !JSON_NODE_HOLDS_VALUE (n))
+    return g_strdup ("?");
+  switch (json_node_get_value_type (n) == G_TYPE_STRING    ? 's'
+          : json_node_get_value_type (n) == G_TYPE_BOOLEAN ? 'b'
+          : json_node_get_value_type (n) == G_TYPE_INT64   ? 'i'
+                                                           : 'd')
+    {
+    case 's':
+      return g_str_has_suffix (key, "_sha256")
+                 ? g_strdup_printf ("sha256 %.12s...", json_node_get_string (n))
+                 : g_strdup (json_node_get_string (n));
+    case 'b':
+      return g_strdup (json_node_get_boolean (n) ? "on" : "off");
+    case 'i':
+      return g_strdup_printf ("%" G_GINT64_FORMAT, json_node_get_int (n));
+    default:
+      {
+        /* The fewest digits that read back as the same double: 0.003,
+         * not 0.0030000000000000001. */
+        double x = json_node_get_double (n);
+        char buf[G_ASCII_DTOSTR_BUF_SIZE];
+        for (int digits = 1; digits <= 17; digits++)
+          {
+            char fmt[8];
+            g_snprintf (fmt, sizeof fmt, "%%.%dg", digits);
+            g_ascii_formatd (buf, sizeof buf, fmt, x);
+            if (g_ascii_strtod (buf, NULL) == x)
+              break;
+          }
+        return g_strdup (buf);
+      }
+    }
 }
 
-static gboolean
-same_str (const char *dir, const char *field, const char *was, const char *now,
-          GError **error)
-{
-  if (g_strcmp0 (was, now) == 0)
-    return TRUE;
-  g_set_error (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_MISMATCH,
-               "%s: the checkpoint ran with %s %s; this run has %s (--resume "
-               "continues the same run)",
-               dir, field, was, now);
-  return FALSE;
-}
+/* Notes what a resumed run changes that it may: a longer or shorter run
+ * (with a decaying schedule, the learning rates from here follow the new
+ * end), another placement. */
+static void note (const StowTrainConfig *c, const char *format, ...)
+    G_GNUC_PRINTF (2, 3);
 
-static gboolean
-same_u64 (const char *dir, const char *field, guint64 was, guint64 now,
-          GError **error)
+static void
+note_change (Run *r, const ResumeRule *rule, const char *was, const char *now)
 {
-  g_autofree char *a = g_strdup_printf ("%" G_GUINT64_FORMAT, was);
-  g_autofree char *b = g_strdup_printf ("%" G_GUINT64_FORMAT, now);
-  return same_str (dir, field, a, b, error);
-}
-
-/* The weights and optimizer state of checkpoint @dir; the steps done. */
-static gboolean
-load_checkpoint (Run *r, const char *dir, guint64 *done, GError **error)
-{
-  const StowTrainConfig *c = r->c;
   const StowProgram *p = r->prog;
-  g_autofree char *st = g_build_filename (dir, "model.safetensors", NULL);
+  if (g_str_equal (rule->key, "total_steps"))
+    note (r->c, "--steps %s: the checkpoint's run was for %s steps%s%s%s", now,
+          was, p->optim.schedule != STOW_LR_CONSTANT ? "; the " : "",
+          p->optim.schedule != STOW_LR_CONSTANT
+              ? stow_lr_schedule_name (p->optim.schedule)
+              : "",
+          p->optim.schedule != STOW_LR_CONSTANT
+              ? " schedule now decays to the new last step"
+              : "");
+  else
+    note (r->c, "the layout is now %s (the checkpoint ran %s)", now, was);
+}
+
+/* @key from @a, else from @b (either NULL); delayed_update, which the
+ * header holds only when on, is off when absent from both. */
+static JsonNode *
+setting (JsonObject *a, JsonObject *b, const char *key, JsonNode **off)
+{
+  JsonNode *n = a ? json_object_get_member (a, key) : NULL;
+  if (n == NULL && b != NULL)
+    n = json_object_get_member (b, key);
+  if (n == NULL && g_str_equal (key, "delayed_update"))
+    {
+      *off = json_node_new (JSON_NODE_VALUE);
+      json_node_set_boolean (*off, FALSE);
+      n = *off;
+    }
+  return n;
+}
+
+/* The checkpoint's settings (its header @s and its run.json @run, NULL for
+ * a checkpoint from before run.json) against this run's: every rule's
+ * value, or for a key the checkpoint does not hold, a note of what was
+ * not compared. */
+static gboolean
+check_resume_settings (Run *r, const char *dir, JsonObject *s, JsonObject *run,
+                       guint64 step, GError **error)
+{
+  g_autoptr (JsonObject) now_state = state_object (r, step);
+  g_autoptr (JsonObject) now_run = run_object (r, step);
+  g_autoptr (GString) unrecorded = g_string_new (NULL);
+  for (guint i = 0; i < G_N_ELEMENTS (resume_rules); i++)
+    {
+      const ResumeRule *rule = &resume_rules[i];
+      g_autoptr (JsonNode) off_was = NULL, off_now = NULL;
+      JsonNode *was_node = setting (s, run, rule->key, &off_was);
+      if (was_node == NULL)
+        {
+          if (!rule->may_change && strstr (unrecorded->str, rule->flag) == NULL)
+            g_string_append_printf (unrecorded, "%s%s",
+                                    unrecorded->len ? ", " : "", rule->flag);
+          continue;
+        }
+      g_autofree char *was = value_text (was_node, rule->key);
+      g_autofree char *is = value_text (
+          setting (now_state, now_run, rule->key, &off_now), rule->key);
+      if (g_str_equal (was, is))
+        continue;
+      if (rule->may_change)
+        {
+          note_change (r, rule, was, is);
+          continue;
+        }
+      const char *b = rule->before ? rule->before : "";
+      const char *a = rule->after ? rule->after : "";
+      g_set_error (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_MISMATCH,
+                   "%s: the checkpoint ran with %s %s%s%s; this run has "
+                   "%s%s%s. A resume continues the same run, with the same "
+                   "flags; start a new one with --overwrite or another --out",
+                   dir, rule->flag, b, was, a, b, is, a);
+      return FALSE;
+    }
+  if (unrecorded->len > 0)
+    note (r->c,
+          "%s predates the record of %s: not compared (pass them as that "
+          "run did)",
+          dir, unrecorded->str);
+  /* The same tokens under another name: said, not refused. */
+  const char *was_data = NULL;
+  if (run != NULL && json_object_has_member (run, "data")
+      && stow_json_get_string (run, dir, "data", FALSE, &was_data, NULL)
+      && was_data && g_strcmp0 (was_data, r->c->data) != 0)
+    note (r->c, "--data %s: the checkpoint ran on %s, the same tokens",
+          r->c->data, was_data);
+  return TRUE;
+}
+
+/* Opens checkpoint @dir's optimizer.stow and run.json and checks them
+ * against this run (r->resume_os); *@done gets its step. */
+static gboolean
+inspect_checkpoint (Run *r, const char *dir, guint64 *done, GError **error)
+{
   g_autofree char *opt = g_build_filename (dir, "optimizer.stow", NULL);
-  g_autoptr (StowOptimState) os = stow_optim_state_open (opt, error);
-  if (os == NULL)
+  r->resume_os = stow_optim_state_open (opt, error);
+  if (r->resume_os == NULL)
     return FALSE;
-  JsonObject *s = stow_optim_state_get_state (os);
-  guint64 step = 0, seq = 0, mb = 0, gb = 0;
-  const char *prec = NULL, *seed = NULL, *fmt = NULL;
+  JsonObject *s = stow_optim_state_get_state (r->resume_os);
+  const char *fmt = NULL;
+  guint64 step = 0;
   if (!stow_json_get_string (s, opt, "format", TRUE, &fmt, error)
-      || !state_u64 (s, opt, "step", &step, error)
-      || !state_u64 (s, opt, "seq", &seq, error)
-      || !state_u64 (s, opt, "micro_batch", &mb, error)
-      || !state_u64 (s, opt, "global_batch", &gb, error)
-      || !stow_json_get_string (s, opt, "precision", TRUE, &prec, error)
-      || !stow_json_get_string (s, opt, "seed", TRUE, &seed, error))
+      || !stow_json_get_u64 (s, opt, "step", TRUE, &step, error))
     return FALSE;
-  /* A run continues only as itself: the same data order and shapes. */
-  g_autofree char *now_seed
-      = g_strdup_printf ("%" G_GUINT64_FORMAT, p->optim.seed);
-  if (!same_u64 (dir, "seq", seq, p->seq_len, error)
-      || !same_u64 (dir, "micro_batch", mb, p->micro_batch, error)
-      || !same_u64 (dir, "global_batch", gb, p->global_batch, error)
-      || !same_str (dir, "precision", prec, precision_name (p), error)
-      || !same_str (dir, "seed", seed, now_seed, error))
-    return FALSE;
-  gboolean delayed = FALSE;
-  if (json_object_has_member (s, "delayed_update"))
-    delayed = json_object_get_boolean_member (s, "delayed_update");
-  if (!same_str (dir, "--delayed-update", delayed ? "on" : "off",
-                 c->delayed_update ? "on" : "off", error))
-    return FALSE;
-  if (!stow_checkpoint_load_tensors (r->be, r->prog, st, os, opt, delayed, step,
-                                     error))
+  if (!g_str_equal (fmt, STATE_FORMAT))
+    {
+      g_set_error (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_MISMATCH,
+                   "%s: state format \"%s\", expected \"%s\"", opt, fmt,
+                   STATE_FORMAT);
+      return FALSE;
+    }
+  g_autofree char *run_path = g_build_filename (dir, RUN_FILE, NULL);
+  g_autoptr (JsonNode) run_root = NULL;
+  JsonObject *run = NULL;
+  if (g_file_test (run_path, G_FILE_TEST_EXISTS))
+    {
+      guint64 run_step = 0;
+      const char *run_fmt = NULL;
+      run_root = stow_json_parse_file (run_path, 1 << 20, error);
+      run = run_root ? stow_json_root_object (run_root, run_path, error) : NULL;
+      if (run == NULL
+          || !stow_json_get_string (run, run_path, "format", TRUE, &run_fmt,
+                                    error)
+          || !stow_json_get_u64 (run, run_path, "step", TRUE, &run_step, error))
+        return FALSE;
+      if (!g_str_equal (run_fmt, RUN_FORMAT) || run_step != step)
+        {
+          g_set_error (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_MISMATCH,
+                       "%s: format \"%s\" of step %" G_GUINT64_FORMAT
+                       ", expected \"%s\" of step %" G_GUINT64_FORMAT " (%s)",
+                       run_path, run_fmt, run_step, RUN_FORMAT, step, opt);
+          return FALSE;
+        }
+    }
+  if (!check_resume_settings (r, dir, s, run, step, error))
     return FALSE;
   *done = step;
   return TRUE;
+}
+
+/* The weights and optimizer state of the inspected checkpoint. */
+static gboolean
+load_checkpoint (Run *r, guint64 step, GError **error)
+{
+  g_autofree char *opt
+      = g_build_filename (r->resume_dir, "optimizer.stow", NULL);
+  return stow_checkpoint_load_tensors (r->be, r->prog, r->resume_dir,
+                                       r->resume_os, opt, r->c->delayed_update,
+                                       step, error);
 }
 
 /* ---- the loop ---------------------------------------------------------------
@@ -280,6 +577,8 @@ log_step (Run *r, const StowTrainStep *s)
   json_builder_set_member_name (b, "skipped");
   json_builder_add_boolean_value (b, s->skipped);
   stow_json_set_i64 (b, "peak_device_bytes", (gint64)s->peak_device_bytes);
+  if (!isnan (s->val_loss))
+    stow_json_set_double (b, "val_loss", s->val_loss);
   if (r->c->stream_times && s->step == s->steps)
     log_stream_times (b, r->c, r->out);
   json_builder_end_object (b);
@@ -289,6 +588,12 @@ log_step (Run *r, const StowTrainStep *s)
   fflush (r->log);
 }
 
+static int
+stop_requested (const StowTrainConfig *c)
+{
+  return c->stop_signal ? (int)*c->stop_signal : 0;
+}
+
 static gboolean
 train_loop (Run *r, guint64 first, GError **error)
 {
@@ -296,8 +601,20 @@ train_loop (Run *r, guint64 first, GError **error)
   double tokens = (double)r->prog->global_batch * (double)r->prog->seq_len;
   gint64 t_start = g_get_monotonic_time ();
   g_autoptr (StowTrace) last = NULL;
+  r->out->last_step = first - 1;
+  guint64 skipped_in_a_row = 0;
   for (guint64 step = first; step <= c->steps; step++)
     {
+      /* A stop asked for between steps: the last step is saved (the
+       * check after it may have come just before the signal), or none
+       * ran since the start. */
+      if (stop_requested (c))
+        {
+          if (r->out->last_step > r->out->saved_step
+              && !save_checkpoint (r, r->out->last_step, error))
+            return FALSE;
+          break;
+        }
       gint64 t0 = g_get_monotonic_time ();
       r->ops->begin_step (r->be, step);
       g_clear_pointer (&last, stow_trace_free);
@@ -308,6 +625,7 @@ train_loop (Run *r, guint64 first, GError **error)
       StowStepStats st;
       if (!r->ops->step_stats (r->be, &st, error))
         return FALSE;
+      r->out->last_step = step;
       double step_s = (double)(g_get_monotonic_time () - t0) / 1e6;
       StowTrainStep s = { 0 };
       s.step = step, s.steps = c->steps;
@@ -319,16 +637,46 @@ train_loop (Run *r, guint64 first, GError **error)
       s.eta_s = s.elapsed_s / (double)(step - first + 1)
                 * (double)(c->steps - step);
       s.peak_device_bytes = r->ops->peak_bytes (r->be);
-      if ((c->save_every && step % c->save_every == 0) || step == c->steps)
+      s.val_loss = NAN;
+      if (r->eval != NULL
+          && ((c->eval_every && step % c->eval_every == 0) || step == c->steps))
+        {
+          if (!stow_eval_run (r->eval, r->prog, r->be, &s.val_loss, error))
+            return FALSE;
+          r->out->val_loss = s.val_loss;
+        }
+      /* The log first: a run killed before the checkpoint is committed
+       * has a line past it, which the resume drops (truncate_log); one
+       * killed after it has the line. */
+      log_step (r, &s);
+      gboolean stop = stop_requested (c) != 0;
+      if ((c->save_every && step % c->save_every == 0) || step == c->steps
+          || stop)
         {
           if (!save_checkpoint (r, step, error))
             return FALSE;
           s.saved = TRUE;
         }
-      log_step (r, &s);
       if (c->progress)
         c->progress (&s, c->progress_user);
+      skipped_in_a_row = st.skipped ? skipped_in_a_row + 1 : 0;
+      if (c->max_skipped_steps && skipped_in_a_row >= c->max_skipped_steps)
+        {
+          /* Skipped steps leave the weights as they were: no use going
+           * on, and the checkpoints are what they were. */
+          g_set_error (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_NONFINITE,
+                       "steps %" G_GUINT64_FORMAT " to %" G_GUINT64_FORMAT
+                       ": %" G_GUINT64_FORMAT
+                       " steps in a row skipped for non-finite gradients "
+                       "(--max-skipped-steps %" G_GUINT64_FORMAT
+                       "); lower --lr or check the data and the weights",
+                       step - skipped_in_a_row + 1, step, skipped_in_a_row,
+                       c->max_skipped_steps);
+          return FALSE;
+        }
     }
+  if (r->out->last_step < c->steps)
+    r->out->stopped_by = stop_requested (c);
   r->out->peak_bytes = r->ops->peak_bytes (r->be);
   if (r->ops->pinned_peak_bytes)
     r->out->pinned_peak_bytes = r->ops->pinned_peak_bytes (r->be);
@@ -340,9 +688,6 @@ train_loop (Run *r, guint64 first, GError **error)
     }
   return TRUE;
 }
-
-static void note (const StowTrainConfig *c, const char *format, ...)
-    G_GNUC_PRINTF (2, 3);
 
 static void
 note (const StowTrainConfig *c, const char *format, ...)
@@ -395,6 +740,7 @@ make_backend (Run *r, GError **error)
     .device_capacity_bytes = c->device_memory,
     .n_threads = c->threads,
     .data = r->batches,
+    .eval_data = r->eval ? stow_eval_batches (r->eval) : NULL,
     .delayed_update = c->delayed_update,
     .swap = { .dirs = (const char *const *)c->nvme_dirs,
               .fault = c->nvme_fault,
@@ -419,36 +765,212 @@ make_backend (Run *r, GError **error)
   return TRUE;
 }
 
-/* The weights and states the run starts from: the newest checkpoint with
- * --resume, else the model's; the steps already done. */
+/* Whether directory @a is @dir_b or directly inside it. */
 static gboolean
-load_start (Run *r, guint64 *done, GError **error)
+inside (const char *a, const char *dir_b)
+{
+  g_autofree char *parent = g_path_get_dirname (a);
+  char *x = realpath (parent, NULL), *y = realpath (dir_b, NULL);
+  char *z = realpath (a, NULL);
+  gboolean in = y != NULL
+                && ((x != NULL && g_str_equal (x, y))
+                    || (z != NULL && g_str_equal (z, y)));
+  free (x);
+  free (y);
+  free (z);
+  return in;
+}
+
+/* "step-000003 to step-000006" or "step-000003": what OUT holds. */
+static char *
+describe_held (char **names)
+{
+  guint n = g_strv_length (names);
+  if (n == 1)
+    return g_strdup (names[0]);
+  return g_strdup_printf ("%u checkpoints, %s to %s", n, names[0],
+                          names[n - 1]);
+}
+
+/* The checkpoint the run continues (r->resume_dir), or none: --resume-from,
+ * or with --resume OUT/latest, else OUT's newest committed checkpoint (a
+ * link removed by hand), else none. */
+static gboolean
+find_resume (Run *r, char **held, GError **error)
 {
   const StowTrainConfig *c = r->c;
-  g_autofree char *latest = NULL;
-  if (c->resume)
+  if (c->resume_from != NULL)
     {
-      latest = stow_checkpoint_latest (c->out_dir, error);
-      if (latest == NULL && error && *error)
-        return FALSE;
+      const char *f = c->resume_from;
+      gboolean step = f[0] != '\0' && strspn (f, "0123456789") == strlen (f);
+      g_autofree char *dir
+          = step ? g_strdup_printf ("%s/step-%06" G_GUINT64_FORMAT, c->out_dir,
+                                    g_ascii_strtoull (f, NULL, 10))
+                 : g_strdup (f);
+      g_autofree char *opt = g_build_filename (dir, "optimizer.stow", NULL);
+      if (!g_file_test (opt, G_FILE_TEST_IS_REGULAR))
+        {
+          g_autofree char *have
+              = held[0] ? describe_held (held) : g_strdup ("no checkpoint");
+          g_set_error (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
+                       "--resume-from %s: %s is not a checkpoint (no "
+                       "optimizer.stow); %s holds %s",
+                       f, dir, c->out_dir, have);
+          return FALSE;
+        }
+      r->resume_dir = g_steal_pointer (&dir);
+      return TRUE;
     }
-  if (latest != NULL)
+  if (!c->resume)
+    return TRUE;
+  r->resume_dir = stow_checkpoint_latest (c->out_dir, error);
+  if (r->resume_dir == NULL && error && *error)
+    return FALSE;
+  guint n = g_strv_length (held);
+  if (r->resume_dir == NULL && n > 0)
     {
-      if (!load_checkpoint (r, latest, done, error))
+      r->resume_dir = g_build_filename (c->out_dir, held[n - 1], NULL);
+      note (c,
+            "--resume: %s/latest is missing; resuming from the newest "
+            "complete checkpoint, %s",
+            c->out_dir, r->resume_dir);
+    }
+  else if (r->resume_dir == NULL)
+    note (c, "--resume: no checkpoint in %s; starting from step 0", c->out_dir);
+  return TRUE;
+}
+
+/* Under OUT's lock: where the run starts (*@done: the steps done), and
+ * whether OUT may take its checkpoints.  A run that does not continue
+ * OUT's checkpoints would replace them: refused without --overwrite. */
+static gboolean
+choose_start (Run *r, guint64 *done, GError **error)
+{
+  const StowTrainConfig *c = r->c;
+  g_auto (GStrv) held = stow_checkpoint_list (c->out_dir, error);
+  if (held == NULL || !find_resume (r, held, error))
+    return FALSE;
+  gboolean continues = r->resume_dir && inside (r->resume_dir, c->out_dir);
+  if (held[0] != NULL && !continues && !c->overwrite)
+    {
+      g_autofree char *have = describe_held (held);
+      g_set_error (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_EXISTS,
+                   "--out %s already holds checkpoints (%s)%s; continue "
+                   "that run with --resume, replace them with --overwrite "
+                   "(removed once this run has a checkpoint of its own), or "
+                   "use another --out",
+                   c->out_dir, have,
+                   r->resume_dir ? ", not --resume-from's run" : "");
+      return FALSE;
+    }
+  *done = 0;
+  if (r->resume_dir == NULL)
+    return TRUE;
+  if (!inspect_checkpoint (r, r->resume_dir, done, error))
+    return FALSE;
+  note (c, "resuming from step %" G_GUINT64_FORMAT " (%s)", *done,
+        r->resume_dir);
+  return TRUE;
+}
+
+/* The weights and states the run starts from: the chosen checkpoint's, or
+ * the model's. */
+static gboolean
+load_start (Run *r, guint64 done, GError **error)
+{
+  const StowTrainConfig *c = r->c;
+  if (r->resume_dir != NULL)
+    {
+      if (!load_checkpoint (r, done, error))
         return FALSE;
-      note (c, "resuming from step %" G_GUINT64_FORMAT " (%s)", *done, latest);
     }
   else
     {
-      if (c->resume)
-        note (c, "--resume: no checkpoint in %s; starting from step 0",
-              c->out_dir);
-      g_autofree char *st
-          = g_build_filename (c->model_dir, "model.safetensors", NULL);
-      if (!stow_checkpoint_load_initial (r->be, r->prog, st, error))
+      g_autofree char *dropped = NULL;
+      if (!stow_checkpoint_load_initial (r->be, r->prog, c->model_dir,
+                                         c->ignore_extra_tensors, &dropped,
+                                         error))
         return FALSE;
+      if (dropped != NULL)
+        note (c, "--ignore-extra-tensors: %s: dropped %s", c->model_dir,
+              dropped);
     }
   return r->ops->push == NULL || r->ops->push (r->be, error);
+}
+
+/* --log-json after a resume: the lines of the steps the checkpoint has
+ * seen, so that the log says what the weights saw (a run stopped after
+ * its last checkpoint logged steps the resume runs again).  Lines that do
+ * not parse (a write cut by a kill) go too. */
+static gboolean
+truncate_log (const char *path, guint64 done, GError **error)
+{
+  g_autofree char *text = NULL;
+  gsize len = 0;
+  g_autoptr (GError) local = NULL;
+  if (!g_file_get_contents (path, &text, &len, &local))
+    {
+      if (g_error_matches (local, G_FILE_ERROR, G_FILE_ERROR_NOENT))
+        return TRUE;
+      g_propagate_prefixed_error (error, g_steal_pointer (&local),
+                                  "--log-json: ");
+      return FALSE;
+    }
+  g_autoptr (GString) kept = g_string_sized_new (len);
+  g_auto (GStrv) lines = g_strsplit (text, "\n", -1);
+  for (guint i = 0; lines[i]; i++)
+    {
+      g_autoptr (JsonNode) n
+          = lines[i][0] ? stow_json_parse_data (lines[i], -1, path, NULL)
+                        : NULL;
+      JsonObject *o
+          = n && JSON_NODE_HOLDS_OBJECT (n) ? json_node_get_object (n) : NULL;
+      guint64 step = 0;
+      if (o && stow_json_get_u64 (o, path, "step", TRUE, &step, NULL)
+          && step <= done)
+        g_string_append_printf (kept, "%s\n", lines[i]);
+    }
+  if (kept->len == len)
+    return TRUE;
+  if (!stow_file_write_atomic (path, kept->str, (gssize)kept->len, error))
+    {
+      g_prefix_error (error, "--log-json: ");
+      return FALSE;
+    }
+  return TRUE;
+}
+
+/* The files the run writes outside OUT, checked before the first step:
+ * --log-json opened (cut to the resumed step), --trace's directory. */
+static gboolean
+open_outputs (Run *r, guint64 done, GError **error)
+{
+  const StowTrainConfig *c = r->c;
+  if (c->trace_path)
+    {
+      g_autofree char *dir = g_path_get_dirname (c->trace_path);
+      if (access (dir, W_OK | X_OK) != 0)
+        {
+          int e = errno;
+          g_set_error (error, G_FILE_ERROR, g_file_error_from_errno (e),
+                       "--trace %s: %s: %s", c->trace_path, dir,
+                       g_strerror (e));
+          return FALSE;
+        }
+    }
+  if (c->log_json == NULL)
+    return TRUE;
+  if (done > 0 && !truncate_log (c->log_json, done, error))
+    return FALSE;
+  r->log = fopen (c->log_json, done > 0 ? "a" : "w");
+  if (r->log == NULL)
+    {
+      int e = errno;
+      g_set_error (error, G_FILE_ERROR, g_file_error_from_errno (e),
+                   "--log-json %s: %s", c->log_json, g_strerror (e));
+      return FALSE;
+    }
+  return TRUE;
 }
 
 gboolean
@@ -456,6 +978,7 @@ stow_train_run (const StowTrainConfig *c, StowTrainResult *out, GError **error)
 {
   g_return_val_if_fail (c != NULL && out != NULL, FALSE);
   memset (out, 0, sizeof *out);
+  out->val_loss = NAN;
   if (!check_config (c, error))
     return FALSE;
   Run r = { .c = c, .out = out, .prog = c->program };
@@ -464,28 +987,35 @@ stow_train_run (const StowTrainConfig *c, StowTrainResult *out, GError **error)
   if (c->delayed_update && c->program->optim.max_grad_norm > 0)
     note (c, "--delayed-update: no gradient clipping (the norm would wait "
              "for the whole backward, which the delay overlaps)");
-  if (!open_inputs (&r, error) || !make_backend (&r, error)
-      || !load_start (&r, &done, error))
+  /* The inputs first (a bad file is refused before OUT exists), then OUT's
+   * lock before anything in it is read. */
+  if (!open_inputs (&r, error))
+    goto out;
+  r.lock = stow_run_lock_take (c->out_dir, error);
+  if (r.lock == NULL || !choose_start (&r, &done, error))
     goto out;
   out->first_step = done + 1;
-  if (g_mkdir_with_parents (c->out_dir, 0755) != 0)
+  out->last_step = done;
+  out->saved_step = done;
+  if (done >= c->steps)
     {
-      int e = errno;
-      g_set_error (error, G_FILE_ERROR, g_file_error_from_errno (e),
-                   "--out %s: %s", c->out_dir, g_strerror (e));
+      note (c,
+            "%s is at step %" G_GUINT64_FORMAT "; --steps %" G_GUINT64_FORMAT
+            ": nothing to do",
+            r.resume_dir, done, c->steps);
+      out->nothing_to_do = TRUE;
+      ok = TRUE;
       goto out;
     }
-  if (c->log_json)
+  /* Stopped while it planned or looked at OUT: nothing to load or save. */
+  if ((out->stopped_by = stop_requested (c)) != 0)
     {
-      r.log = fopen (c->log_json, done > 0 ? "a" : "w");
-      if (r.log == NULL)
-        {
-          int e = errno;
-          g_set_error (error, G_FILE_ERROR, g_file_error_from_errno (e),
-                       "--log-json %s: %s", c->log_json, g_strerror (e));
-          goto out;
-        }
+      ok = TRUE;
+      goto out;
     }
+  if (!make_backend (&r, error) || !load_start (&r, done, error)
+      || !open_outputs (&r, done, error))
+    goto out;
   r.ops->reset_peak (r.be);
   ok = train_loop (&r, done + 1, error);
 out:

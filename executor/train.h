@@ -10,7 +10,9 @@
 #pragma once
 
 #include <glib.h>
+#include <signal.h>
 
+#include "executor/checkpoint-io.h"
 #include "executor/data.h"
 #include "offload/nvme.h"
 #include "program/program.h"
@@ -25,6 +27,8 @@ typedef enum
   STOW_TRAIN_ERROR_INVALID,   /* settings that cannot run: names the flag */
   STOW_TRAIN_ERROR_MISMATCH,  /* a checkpoint of another model or run */
   STOW_TRAIN_ERROR_NONFINITE, /* the loss itself is not finite */
+  STOW_TRAIN_ERROR_EXISTS,    /* OUT holds checkpoints this run would
+                                 replace (without --overwrite) */
 } StowTrainError;
 
 typedef struct
@@ -35,6 +39,9 @@ typedef struct
   double step_s, tokens_per_s, elapsed_s, eta_s;
   guint64 peak_device_bytes;
   gboolean saved; /* a checkpoint was written after this step */
+  /* The validation loss after this step (mean token cross-entropy over
+   * the evaluation batches' targets), NaN when none ran. */
+  double val_loss;
 } StowTrainStep;
 
 typedef void (*StowTrainProgress) (const StowTrainStep *s, gpointer user);
@@ -47,14 +54,42 @@ typedef struct
    * and simulates; cli/train-plan.c), and the model it was lowered for. */
   const StowProgram *program;
   const StowModel *model;
-  const char *model_dir; /* config.json and model.safetensors */
-  const char *data;      /* a token shard, a glob, or a text file */
+  const char *model_dir; /* config.json and the weights (model-io.h) */
+  /* Tensors in model_dir the model does not have: dropped with a notice
+   * instead of refused. */
+  gboolean ignore_extra_tensors;
+  const char *data; /* a token shard, a glob, or a text file */
   StowTokenizer tokenizer;
   gboolean shuffle; /* the data order; seeded by program->optim.seed */
-  guint64 steps;    /* the last step to run (program->optim's total) */
+  /* Validation: the data (as @data, same tokenizer; NULL: none), a loss
+   * every @eval_every steps (0: at the end only) over @eval_batches
+   * global batches (0: every whole one the data holds). */
+  const char *val_data;
+  guint64 eval_every, eval_batches;
+  guint64 steps; /* the last step to run (program->optim's total) */
   const char *out_dir;
-  guint64 save_every; /* 0: only the last step */
+  guint64 save_every;            /* 0: only the last step */
+  StowWeightsFormat save_format; /* the checkpoints' weights */
+  guint keep_last; /* older step-N removed after a save; 0: keep all */
+  /* Steps in a row skipped for non-finite gradients after which the run
+   * stops with STOW_TRAIN_ERROR_NONFINITE (its checkpoints as they were);
+   * 0: never. */
+  guint64 max_skipped_steps;
+  /* Where the run starts.  @resume: OUT/latest, or OUT's newest
+   * checkpoint when the link is gone, or step 0 when OUT holds none.
+   * @resume_from: a checkpoint directory, or a step of OUT ("12":
+   * OUT/step-000012).  Neither: step 0, and OUT must hold no checkpoint
+   * unless @overwrite (they are removed once this run's first checkpoint
+   * is committed).  A resumed checkpoint must have run with every setting
+   * that changes the arithmetic or the data order as this run has it
+   * (STOW_TRAIN_ERROR_MISMATCH names the flag and both values). */
   gboolean resume;
+  const char *resume_from;
+  gboolean overwrite;
+  /* Set by the caller's signal handler (to the signal's number): the loop
+   * finishes the step in flight, saves it and stops (StowTrainResult's
+   * stopped_by).  NULL: never. */
+  const volatile sig_atomic_t *stop_signal;
   const char *log_json;   /* one JSON object per step, or NULL */
   const char *trace_path; /* Chrome trace of the last step, or NULL */
   gboolean stream_times;  /* the last --log-json line gets "streams" */
@@ -83,7 +118,13 @@ typedef struct
 typedef struct
 {
   guint64 first_step; /* 1 unless resumed */
-  guint64 peak_bytes; /* the device arena's peak */
+  guint64 last_step;  /* the last step run; first_step - 1 when none ran */
+  /* The step of the newest checkpoint in OUT when the run ended (this
+   * run's or the one it resumed); 0: none. */
+  guint64 saved_step;
+  gboolean nothing_to_do; /* resumed at or past --steps: no step ran */
+  int stopped_by;         /* the signal *stop_signal said; 0: not stopped */
+  guint64 peak_bytes;     /* the device arena's peak */
   /* The program's pinned host buffers' peak; 0 where not measured. */
   guint64 pinned_peak_bytes;
   /* Of the last step run (all 0 when none ran): per stream seconds busy,
@@ -92,6 +133,10 @@ typedef struct
    * its last op's end. */
   double busy_s[STOW_N_STREAMS], exposed_s[STOW_N_STREAMS];
   double step_s;
+  /* The last validation loss, NaN without --val-data; over that many
+   * batches and targets. */
+  double val_loss;
+  guint64 val_batches, val_targets;
 } StowTrainResult;
 
 /* Runs the training: @config is only read.  Errors name the flag, file

@@ -215,6 +215,40 @@ looks_like_hub_id (const char *s)
          && !g_file_test (s, G_FILE_TEST_EXISTS);
 }
 
+/* "unknown model ...", with a did-you-mean from the catalog's names and
+ * aliases; @files says whether a file was a possible reading. */
+static void
+set_unknown (const char *name, gboolean files, GError **error)
+{
+  const Catalog *c = catalog_get ();
+  const char *hint = stow_suggest (name, c->candidates, c->n_candidates);
+  g_autofree char *esc = g_strescape (name, NULL);
+  if (hint != NULL)
+    g_set_error (error, STOW_MODEL_ERROR, STOW_MODEL_ERROR_NOT_FOUND,
+                 "unknown model \"%.80s\"; did you mean \"%s\"? (see "
+                 "'stowage models')",
+                 esc, hint);
+  else
+    g_set_error (error, STOW_MODEL_ERROR, STOW_MODEL_ERROR_NOT_FOUND,
+                 "unknown model \"%.80s\": not in the catalog%s (see "
+                 "'stowage models')",
+                 esc, files ? " and not a file" : " nor a Hub id (ORG/NAME)");
+}
+
+static gboolean
+revision_applies (const char *name, gboolean hub_id, const char *revision,
+                  GError **error)
+{
+  if (revision == NULL || hub_id)
+    return TRUE;
+  g_autofree char *esc = g_strescape (name, NULL);
+  g_set_error (error, STOW_MODEL_ERROR, STOW_MODEL_ERROR_INVALID,
+               "--revision applies to Hub ids (ORG/NAME); \"%.80s\" is "
+               "a catalog name or a file",
+               esc);
+  return FALSE;
+}
+
 StowModel *
 stow_model_lookup_revision (const char *name_or_path, const char *revision,
                             GError **error)
@@ -224,15 +258,9 @@ stow_model_lookup_revision (const char *name_or_path, const char *revision,
   g_return_val_if_fail (name_or_path != NULL, NULL);
   g_return_val_if_fail (error == NULL || *error == NULL, NULL);
 
-  if (revision != NULL && !looks_like_hub_id (name_or_path))
-    {
-      g_autofree char *esc = g_strescape (name_or_path, NULL);
-      g_set_error (error, STOW_MODEL_ERROR, STOW_MODEL_ERROR_INVALID,
-                   "--revision applies to Hub ids (ORG/NAME); \"%.80s\" is "
-                   "a catalog name or a file",
-                   esc);
-      return NULL;
-    }
+  if (!revision_applies (name_or_path, looks_like_hub_id (name_or_path),
+                         revision, error))
+    return NULL;
   if (name_or_path[0] != '\0' && looks_like_hub_id (name_or_path))
     return stow_hub_load_model (name_or_path, revision, error);
 
@@ -260,19 +288,30 @@ stow_model_lookup_revision (const char *name_or_path, const char *revision,
       return stow_model_new_from_file (name_or_path, error);
     }
 
-  const Catalog *c = catalog_get ();
-  const char *hint
-      = stow_suggest (name_or_path, c->candidates, c->n_candidates);
-  g_autofree char *esc = g_strescape (name_or_path, NULL);
-  if (hint != NULL)
+  set_unknown (name_or_path, TRUE, error);
+  return NULL;
+}
+
+StowModel *
+stow_model_lookup_named (const char *name, const char *revision, GError **error)
+{
+  g_return_val_if_fail (name != NULL, NULL);
+  g_return_val_if_fail (error == NULL || *error == NULL, NULL);
+
+  /* The catalog first: no catalog name has a '/', so a Hub id never
+   * shadows one. */
+  const CatalogEntry *e = name[0] ? catalog_find (name) : NULL;
+  gboolean hub_id = e == NULL && stow_hub_is_repo_id (name);
+  if (!revision_applies (name, hub_id, revision, error))
+    return NULL;
+  if (e != NULL)
+    return catalog_load (e, error);
+  if (hub_id)
+    return stow_hub_load_model (name, revision, error);
+  if (name[0] == '\0')
     g_set_error (error, STOW_MODEL_ERROR, STOW_MODEL_ERROR_NOT_FOUND,
-                 "unknown model \"%.80s\"; did you mean \"%s\"? (see "
-                 "'stowage models')",
-                 esc, hint);
+                 "model name is empty (see 'stowage models')");
   else
-    g_set_error (error, STOW_MODEL_ERROR, STOW_MODEL_ERROR_NOT_FOUND,
-                 "unknown model \"%.80s\": not in the catalog and not a "
-                 "file (see 'stowage models')",
-                 esc);
+    set_unknown (name, FALSE, error);
   return NULL;
 }

@@ -138,7 +138,9 @@ add_conv1d (StowModelBuilder *b, StowTensorRole role, gint layer, guint64 in,
 
 /* What running a llama-like model needs: rope_theta, rms_norm_eps,
  * hidden_act, initializer_range (HF LlamaConfig's defaults) and Llama 3's
- * rope_scaling. */
+ * rope_scaling.  transformers 5 writes rope_theta and the scaling into one
+ * rope_parameters object instead ({"rope_theta": ..., "rope_type":
+ * "llama3", "factor": ...}); either form is read, the top level's first. */
 static gboolean
 read_runtime (StowModelBuilder *b, JsonObject *o, GError **error)
 {
@@ -147,6 +149,14 @@ read_runtime (StowModelBuilder *b, JsonObject *o, GError **error)
   m->rope_theta = 10000.0;
   m->norm_eps = 1e-6;
   m->initializer_range = 0.02;
+  JsonObject *rp = NULL;
+  g_autofree char *rpw = g_strdup_printf ("%s: rope_parameters", b->where);
+  if (stow_json_has (o, "rope_parameters")
+      && (!stow_json_get_object (o, b->where, "rope_parameters", FALSE, &rp,
+                                 error)
+          || !stow_json_get_double (rp, rpw, "rope_theta", FALSE,
+                                    &m->rope_theta, error)))
+    return FALSE;
   if (!stow_json_get_double (o, b->where, "rope_theta", FALSE, &m->rope_theta,
                              error)
       || !stow_json_get_double (o, b->where, "rms_norm_eps", FALSE,
@@ -164,11 +174,19 @@ read_runtime (StowModelBuilder *b, JsonObject *o, GError **error)
                       m->initializer_range);
   m->hidden_act = g_strdup (act);
   JsonObject *rs = NULL;
-  if (stow_json_has (o, "rope_scaling"))
+  const char *rp_type = NULL;
+  if (rp != NULL
+      && !stow_json_get_string (rp, rpw, "rope_type", FALSE, &rp_type, error))
+    return FALSE;
+  /* rope_parameters of a scaled rope stand for rope_scaling. */
+  gboolean scaled_rp = !stow_json_has (o, "rope_scaling") && rp_type != NULL
+                       && !g_str_equal (rp_type, "default");
+  if (stow_json_has (o, "rope_scaling") || scaled_rp)
     {
-      g_autofree char *w = g_strdup_printf ("%s: rope_scaling", b->where);
+      const char *key = scaled_rp ? "rope_parameters" : "rope_scaling";
+      g_autofree char *w = g_strdup_printf ("%s: %s", b->where, key);
       const char *type = NULL;
-      if (!stow_json_get_object (o, b->where, "rope_scaling", FALSE, &rs, error)
+      if (!stow_json_get_object (o, b->where, key, FALSE, &rs, error)
           || !stow_json_get_string (rs, w, "rope_type", FALSE, &type, error))
         return FALSE;
       if (type == NULL

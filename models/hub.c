@@ -5,9 +5,11 @@
  * huggingface_hub writes), then in stowage's own cache, then fetches
  * {HF_ENDPOINT}/ORG/NAME/resolve/REV/FILE through libcurl.  Fetches only
  * configs, safetensors indices and safetensors headers (by HTTP Range),
- * never weights.
+ * never weights (hub-download.c does).  The environment and the HTTP
+ * errors are hub-http.c's.
  */
 #include "models/hub.h"
+#include "models/hub-private.h"
 
 #include "config.h"
 
@@ -73,214 +75,6 @@ stow_hub_is_revision (const char *rev)
   return TRUE;
 }
 
-static gboolean
-is_commit_hash (const char *rev)
-{
-  if (strlen (rev) != 40)
-    return FALSE;
-  for (const char *p = rev; *p; p++)
-    if (!g_ascii_isxdigit (*p) || g_ascii_isupper (*p))
-      return FALSE;
-  return TRUE;
-}
-
-static gboolean hub_fail (GError **error, int code, const char *fmt, ...)
-    G_GNUC_PRINTF (3, 4);
-
-static gboolean
-hub_fail (GError **error, int code, const char *fmt, ...)
-{
-  va_list ap;
-  va_start (ap, fmt);
-  if (error != NULL)
-    *error = g_error_new_valist (STOW_MODEL_ERROR, code, fmt, ap);
-  va_end (ap);
-  return FALSE;
-}
-
-#define E(code, ...) hub_fail (error, STOW_MODEL_ERROR_##code, __VA_ARGS__)
-
-/* ---- the environment ---------------------------------------------------- */
-
-typedef struct
-{
-  const char *repo; /* ORG/NAME */
-  const char *rev;  /* "main" unless given */
-  char *repo_dir;   /* models--ORG--NAME */
-  char *endpoint;   /* no trailing '/' */
-  char *token;      /* NULL without one */
-  double timeout_s;
-  gboolean offline;
-  char *hf_cache;   /* the Hugging Face hub cache */
-  char *stow_cache; /* stowage's cache folder of this repo and revision */
-} Hub;
-
-static void
-hub_clear (Hub *h)
-{
-  g_free (h->repo_dir);
-  g_free (h->endpoint);
-  if (h->token)
-    memset (h->token, 0, strlen (h->token));
-  g_free (h->token);
-  g_free (h->hf_cache);
-  g_free (h->stow_cache);
-}
-
-G_DEFINE_AUTO_CLEANUP_CLEAR_FUNC (Hub, hub_clear)
-
-/* huggingface_hub's reading of a boolean variable (constants._is_true). */
-static gboolean
-env_true (const char *name)
-{
-  const char *v = g_getenv (name);
-  return v != NULL
-         && (g_ascii_strcasecmp (v, "1") == 0
-             || g_ascii_strcasecmp (v, "true") == 0
-             || g_ascii_strcasecmp (v, "yes") == 0
-             || g_ascii_strcasecmp (v, "on") == 0);
-}
-
-static const char *
-env_nonempty (const char *name)
-{
-  const char *v = g_getenv (name);
-  return v != NULL && v[0] != '\0' ? v : NULL;
-}
-
-/* HF_HOME, else ~/.cache/huggingface (huggingface_hub's constants.py; it
- * also honours XDG_CACHE_HOME for the default). */
-static char *
-hf_home (void)
-{
-  const char *v = env_nonempty ("HF_HOME");
-  if (v)
-    return g_strdup (v);
-  const char *xdg = env_nonempty ("XDG_CACHE_HOME");
-  if (xdg)
-    return g_build_filename (xdg, "huggingface", NULL);
-  return g_build_filename (g_get_home_dir (), ".cache", "huggingface", NULL);
-}
-
-/* A token without whitespace around it; NULL when it holds a control
- * character (it would end the Authorization header early). */
-static char *
-clean_token (const char *raw)
-{
-  g_autofree char *t = g_strstrip (g_strdup (raw));
-  if (t[0] == '\0')
-    return NULL;
-  for (const char *p = t; *p; p++)
-    if ((unsigned char)*p < 0x20 || *p == 0x7f)
-      return NULL;
-  return g_steal_pointer (&t);
-}
-
-static gboolean
-read_token (Hub *h, GError **error)
-{
-  const char *v = g_getenv ("HF_TOKEN");
-  if (v != NULL && v[0] != '\0')
-    {
-      h->token = clean_token (v);
-      if (h->token == NULL)
-        return E (INVALID, "HF_TOKEN: holds a control character or only "
-                           "spaces; set it to the token alone");
-      return TRUE;
-    }
-  /* The file huggingface-cli login writes. */
-  g_autofree char *home = hf_home ();
-  g_autofree char *path = env_nonempty ("HF_TOKEN_PATH")
-                              ? g_strdup (g_getenv ("HF_TOKEN_PATH"))
-                              : g_build_filename (home, "token", NULL);
-  g_autofree char *text = NULL;
-  gsize len = 0;
-  if (g_file_get_contents (path, &text, &len, NULL) && len < 4096)
-    h->token = clean_token (text);
-  return TRUE;
-}
-
-static gboolean
-hub_init (Hub *h, const char *repo, const char *rev, GError **error)
-{
-  const char *slash = strchr (repo, '/');
-  h->repo = repo;
-  h->rev = rev;
-  h->repo_dir = g_strdup_printf ("models--%.*s--%s", (int)(slash - repo), repo,
-                                 slash + 1);
-  h->offline = env_true ("HF_HUB_OFFLINE");
-
-  const char *ep = env_nonempty ("HF_ENDPOINT");
-  h->endpoint = g_strdup (ep ? ep : "https://huggingface.co");
-  while (g_str_has_suffix (h->endpoint, "/"))
-    h->endpoint[strlen (h->endpoint) - 1] = '\0';
-  if (!g_str_has_prefix (h->endpoint, "https://")
-      && !g_str_has_prefix (h->endpoint, "http://"))
-    return E (INVALID,
-              "HF_ENDPOINT \"%.100s\": expected an http:// or https:// URL",
-              h->endpoint);
-  for (const char *p = h->endpoint; *p; p++)
-    if ((unsigned char)*p <= 0x20 || *p == 0x7f)
-      return E (INVALID, "HF_ENDPOINT: holds a space or control character");
-
-  h->timeout_s = STOW_HUB_DEFAULT_TIMEOUT_S;
-  const char *to = env_nonempty ("STOW_HUB_TIMEOUT");
-  if (to)
-    {
-      char *end = NULL;
-      double v = g_ascii_strtod (to, &end);
-      if (end == to || *end != '\0' || !(v > 0 && v <= 3600))
-        return E (INVALID,
-                  "STOW_HUB_TIMEOUT \"%.40s\": expected seconds, more than 0 "
-                  "and at most 3600",
-                  to);
-      h->timeout_s = v;
-    }
-  if (!read_token (h, error))
-    return FALSE;
-
-  const char *hc = env_nonempty ("HF_HUB_CACHE");
-  if (hc)
-    h->hf_cache = g_strdup (hc);
-  else
-    {
-      g_autofree char *home = hf_home ();
-      h->hf_cache = g_build_filename (home, "hub", NULL);
-    }
-  /* A revision may hold '/' (refs/pr/1): one folder level per revision. */
-  g_autofree char *rev_dir = g_strdup (rev);
-  g_strdelimit (rev_dir, "/", '+');
-  h->stow_cache = g_build_filename (g_get_user_cache_dir (), "stowage", "hub",
-                                    h->repo_dir, rev_dir, NULL);
-  return TRUE;
-}
-
-/* ---- the Hugging Face cache --------------------------------------------- */
-
-/* The snapshot folder of the revision in the HF cache, or NULL. */
-static char *
-hf_snapshot (const Hub *h)
-{
-  g_autofree char *commit = NULL;
-  if (is_commit_hash (h->rev))
-    commit = g_strdup (h->rev);
-  else
-    {
-      g_autofree char *ref
-          = g_build_filename (h->hf_cache, h->repo_dir, "refs", h->rev, NULL);
-      gsize len = 0;
-      if (!g_file_get_contents (ref, &commit, &len, NULL) || len > 256)
-        return NULL;
-      g_strstrip (commit);
-      if (!is_commit_hash (commit))
-        return NULL;
-    }
-  g_autofree char *snap
-      = g_build_filename (h->hf_cache, h->repo_dir, "snapshots", commit, NULL);
-  return g_file_test (snap, G_FILE_TEST_IS_DIR) ? g_steal_pointer (&snap)
-                                                : NULL;
-}
-
 /* ---- HTTP -----------------------------------------------------------------
  */
 
@@ -318,17 +112,6 @@ on_body (char *data, size_t size, size_t n, void *user)
   return len;
 }
 
-static char *
-header_value (const char *line, gsize len, const char *name)
-{
-  gsize n = strlen (name);
-  if (len <= n + 1 || g_ascii_strncasecmp (line, name, n) != 0
-      || line[n] != ':')
-    return NULL;
-  g_autofree char *v = g_strndup (line + n + 1, len - n - 1);
-  return g_strdup (g_strstrip (v));
-}
-
 static size_t
 on_header (char *data, size_t size, size_t n, void *user)
 {
@@ -341,12 +124,12 @@ on_header (char *data, size_t size, size_t n, void *user)
       g_clear_pointer (&r->error_code, g_free);
       return len;
     }
-  if ((v = header_value (data, len, "X-Error-Code")) != NULL)
+  if ((v = stow_hub_header_value (data, len, "X-Error-Code")) != NULL)
     {
       g_free (r->error_code);
       r->error_code = v;
     }
-  else if ((v = header_value (data, len, "X-Repo-Commit")) != NULL)
+  else if ((v = stow_hub_header_value (data, len, "X-Repo-Commit")) != NULL)
     {
       g_free (r->commit);
       r->commit = v;
@@ -354,66 +137,30 @@ on_header (char *data, size_t size, size_t n, void *user)
   return len;
 }
 
-static void
-curl_init_once (void)
-{
-  static gsize done;
-  if (g_once_init_enter (&done))
-    {
-      curl_global_init (CURL_GLOBAL_DEFAULT);
-      g_once_init_leave (&done, 1);
-    }
-}
-
-static char *
-file_url (const Hub *h, const char *file)
-{
-  /* huggingface_hub quotes the revision with no safe characters. */
-  g_autofree char *rev = g_uri_escape_string (h->rev, NULL, FALSE);
-  return g_strdup_printf ("%s/%s/resolve/%s/%s", h->endpoint, h->repo, rev,
-                          file);
-}
-
 /* GETs @file of the repository (@range: "0-7" or NULL).  Returns the HTTP
  * status (0 when no answer came), or FALSE with @error on a transport
  * failure (timeout, no connection) that a caller reports as is. */
 static gboolean
-hub_get (const Hub *h, const char *file, const char *range, gsize max_bytes,
-         Response *r, long *status, GError **error)
+hub_get (const StowHubEnv *h, const char *file, const char *range,
+         gsize max_bytes, Response *r, long *status, GError **error)
 {
-  g_autofree char *url = file_url (h, file);
-  g_autofree char *auth = NULL;
-  char errbuf[CURL_ERROR_SIZE] = "";
+  g_autofree char *url = stow_hub_file_url (h, h->rev, file);
+  char errbuf[CURL_ERROR_SIZE];
   struct curl_slist *headers = NULL;
-  CURL *c;
   CURLcode rc;
 
-  curl_init_once ();
   r->body = g_byte_array_new ();
   r->max_bytes = max_bytes;
   *status = 0;
-  c = curl_easy_init ();
+  CURL *c = stow_hub_curl_new (h, url, TRUE, &headers, errbuf);
   if (c == NULL)
     return E (NETWORK, "%s: libcurl could not start a transfer", h->repo);
-  if (h->token)
-    {
-      auth = g_strdup_printf ("Authorization: Bearer %s", h->token);
-      headers = curl_slist_append (headers, auth);
-    }
-  curl_easy_setopt (c, CURLOPT_URL, url);
-  curl_easy_setopt (c, CURLOPT_HTTPHEADER, headers);
-  curl_easy_setopt (c, CURLOPT_USERAGENT, "stowage/" STOW_VERSION);
   /* The Hub redirects renamed repositories and LFS files (to a CDN, with
    * a signed URL); libcurl keeps custom headers such as Authorization to
    * the first host only. */
   curl_easy_setopt (c, CURLOPT_FOLLOWLOCATION, 1L);
   curl_easy_setopt (c, CURLOPT_MAXREDIRS, 10L);
-  curl_easy_setopt (c, CURLOPT_PROTOCOLS_STR, "http,https");
-  curl_easy_setopt (c, CURLOPT_REDIR_PROTOCOLS_STR, "http,https");
-  curl_easy_setopt (c, CURLOPT_NOSIGNAL, 1L);
   curl_easy_setopt (c, CURLOPT_TIMEOUT_MS, (long)(h->timeout_s * 1000));
-  curl_easy_setopt (c, CURLOPT_CONNECTTIMEOUT_MS, (long)(h->timeout_s * 1000));
-  curl_easy_setopt (c, CURLOPT_ERRORBUFFER, errbuf);
   curl_easy_setopt (c, CURLOPT_WRITEFUNCTION, on_body);
   curl_easy_setopt (c, CURLOPT_WRITEDATA, r);
   curl_easy_setopt (c, CURLOPT_HEADERFUNCTION, on_header);
@@ -424,92 +171,13 @@ hub_get (const Hub *h, const char *file, const char *range, gsize max_bytes,
   curl_easy_getinfo (c, CURLINFO_RESPONSE_CODE, status);
   curl_easy_cleanup (c);
   curl_slist_free_all (headers);
-  if (auth)
-    memset (auth, 0, strlen (auth));
 
   if (rc == CURLE_OK)
     return TRUE;
   if (rc == CURLE_WRITE_ERROR && r->too_large)
     return E (NETWORK, "%s: %s is larger than %" G_GSIZE_FORMAT " bytes",
               h->repo, file, max_bytes);
-  if (rc == CURLE_OPERATION_TIMEDOUT)
-    return E (NETWORK,
-              "%s: %s did not answer within %g s: try again, raise "
-              "STOW_HUB_TIMEOUT, or pass a local config.json",
-              h->repo, h->endpoint, h->timeout_s);
-  if (rc == CURLE_COULDNT_RESOLVE_HOST || rc == CURLE_COULDNT_CONNECT
-      || rc == CURLE_COULDNT_RESOLVE_PROXY || rc == CURLE_SEND_ERROR
-      || rc == CURLE_RECV_ERROR || rc == CURLE_GOT_NOTHING)
-    return E (NETWORK,
-              "%s: cannot reach %s (%s): check the network or HF_ENDPOINT, "
-              "or download the model once (huggingface-cli download %s "
-              "config.json) and use HF_HUB_OFFLINE=1, or pass a local "
-              "config.json",
-              h->repo, h->endpoint,
-              errbuf[0] ? errbuf : curl_easy_strerror (rc), h->repo);
-  return E (NETWORK, "%s: fetching %s failed: %s", h->repo, url,
-            errbuf[0] ? errbuf : curl_easy_strerror (rc));
-}
-
-/* The one-line error for an HTTP status other than 200 on config.json. */
-static gboolean
-status_error (const Hub *h, long status, const Response *r, GError **error)
-{
-  const char *code = r->error_code ? r->error_code : "";
-  g_autofree char *page = g_strdup_printf ("%s/%s", h->endpoint, h->repo);
-
-  if (g_str_equal (code, "GatedRepo"))
-    {
-      if (h->token == NULL)
-        return E (ACCESS,
-                  "%s is gated (HTTP %ld): accept its license at %s, then "
-                  "set HF_TOKEN (or run huggingface-cli login), or pass a "
-                  "local config.json",
-                  h->repo, status, page);
-      return E (ACCESS,
-                "%s is gated and your token has no access to it (HTTP %ld): "
-                "request access at %s, or pass a local config.json",
-                h->repo, status, page);
-    }
-  if (g_str_equal (code, "RevisionNotFound"))
-    return E (NOT_FOUND,
-              "%s has no revision \"%s\" (HTTP %ld): check --revision (a "
-              "branch, tag or commit of %s)",
-              h->repo, h->rev, status, page);
-  if (g_str_equal (code, "EntryNotFound"))
-    return E (NOT_FOUND,
-              "%s@%s has no config.json (HTTP %ld): is it a model "
-              "repository? pass a local config.json",
-              h->repo, h->rev, status);
-  if (status == 401 || status == 403)
-    {
-      if (h->token == NULL)
-        return E (ACCESS,
-                  "%s: not found, private or gated (HTTP %ld): check the id; "
-                  "if it is private or gated, set HF_TOKEN (or run "
-                  "huggingface-cli login); or pass a local config.json",
-                  h->repo, status);
-      if (status == 401)
-        return E (ACCESS,
-                  "%s: HF_TOKEN was refused (HTTP 401): check the token, or "
-                  "pass a local config.json",
-                  h->repo);
-      return E (ACCESS,
-                "%s: not found, or your token cannot read it (HTTP %ld): "
-                "check the id and the token's access, or pass a local "
-                "config.json",
-                h->repo, status);
-    }
-  if (status == 404)
-    return E (NOT_FOUND,
-              "%s: no such model on %s (HTTP %ld)%s: check the id and "
-              "--revision, or pass a local config.json",
-              h->repo, h->endpoint, status,
-              h->token ? "" : " (or it is private: set HF_TOKEN)");
-  return E (NETWORK,
-            "%s: %s answered HTTP %ld for config.json: try again later, or "
-            "pass a local config.json",
-            h->repo, h->endpoint, status);
+  return stow_hub_transport_error (h, rc, errbuf, url, error);
 }
 
 /* ---- checking the count against the checkpoint -------------------------- */
@@ -708,7 +376,7 @@ cache_write (const char *dir, const char *file, const guint8 *data, gsize len)
 /* Fetches the index, or else the single file's header, caches it beside
  * the config and checks the count.  Failures only mean no check. */
 static void
-check_remote (StowModel *m, const Hub *h)
+check_remote (StowModel *m, const StowHubEnv *h)
 {
   g_auto (Response) r = { 0 };
   long status = 0;
@@ -758,7 +426,7 @@ check_remote (StowModel *m, const Hub *h)
  */
 
 static void
-set_hub_fields (StowModel *m, const Hub *h)
+set_hub_fields (StowModel *m, const StowHubEnv *h)
 {
   g_free (m->name);
   m->name = g_strdup (h->repo);
@@ -770,7 +438,7 @@ set_hub_fields (StowModel *m, const Hub *h)
 
 /* Reads a cached config.json; a model error names the file. */
 static StowModel *
-load_cached (const Hub *h, const char *dir, GError **error)
+load_cached (const StowHubEnv *h, const char *dir, GError **error)
 {
   g_autofree char *cfg = g_build_filename (dir, "config.json", NULL);
   StowModel *m = stow_model_new_from_file (cfg, error);
@@ -784,35 +452,17 @@ load_cached (const Hub *h, const char *dir, GError **error)
 StowModel *
 stow_hub_load_model (const char *repo_id, const char *revision, GError **error)
 {
-  g_auto (Hub) h = { 0 };
+  g_auto (StowHubEnv) h = { 0 };
 
   g_return_val_if_fail (repo_id != NULL, NULL);
   g_return_val_if_fail (error == NULL || *error == NULL, NULL);
 
-  if (!stow_hub_is_repo_id (repo_id))
-    {
-      g_autofree char *esc = g_strescape (repo_id, NULL);
-      E (INVALID,
-         "\"%.100s\" is not a Hub id (ORG/NAME of letters, digits, '-', "
-         "'_' and '.') nor a file",
-         esc);
-      return NULL;
-    }
-  if (revision != NULL && !stow_hub_is_revision (revision))
-    {
-      g_autofree char *esc = g_strescape (revision, NULL);
-      E (INVALID,
-         "--revision \"%.100s\": expected a branch, tag or commit (letters, "
-         "digits, '-', '_', '.', '/')",
-         esc);
-      return NULL;
-    }
-  if (!hub_init (&h, repo_id, revision ? revision : "main", error))
+  if (!stow_hub_env_init (&h, repo_id, revision, error))
     return NULL;
 
   /* 1. The Hugging Face cache: what the user has downloaded works
    * offline. */
-  g_autofree char *snap = hf_snapshot (&h);
+  g_autofree char *snap = stow_hub_hf_snapshot (&h);
   if (snap != NULL)
     {
       g_autofree char *cfg = g_build_filename (snap, "config.json", NULL);
@@ -849,7 +499,7 @@ stow_hub_load_model (const char *repo_id, const char *revision, GError **error)
     return NULL;
   if (status != 200)
     {
-      status_error (&h, status, &r, error);
+      stow_hub_status_error (&h, status, r.error_code, "config.json", error);
       return NULL;
     }
 
@@ -876,7 +526,7 @@ stow_hub_load_model (const char *repo_id, const char *revision, GError **error)
   g_free (m->source);
   m->source = g_file_test (cached, G_FILE_TEST_IS_REGULAR)
                   ? g_strdup (cached)
-                  : file_url (&h, "config.json");
+                  : stow_hub_file_url (&h, h.rev, "config.json");
   set_hub_fields (m, &h);
   check_remote (m, &h);
   return g_steal_pointer (&m);

@@ -5,6 +5,7 @@
  * role, largest module) is a sum over the inventory with overflow-checked
  * arithmetic; the family-specific shapes live in hf.c.
  */
+#include "models/hub.h"
 #include "models/model-private.h"
 
 #include <string.h>
@@ -332,9 +333,29 @@ stow_model_new_from_json (JsonObject *config, const char *where, GError **error)
   return g_steal_pointer (&m);
 }
 
+/* ORG/NAME for a snapshot of the Hugging Face cache,
+ * models--ORG--NAME/snapshots/COMMIT (huggingface_hub's layout; neither
+ * part of an id holds "--"), else NULL. */
+static char *
+hf_cache_repo (const char *snapshot)
+{
+  g_autofree char *snapshots = g_path_get_dirname (snapshot);
+  g_autofree char *repo_dir = g_path_get_dirname (snapshots);
+  g_autofree char *s = g_path_get_basename (snapshots);
+  g_autofree char *r = g_path_get_basename (repo_dir);
+  const char *sep;
+  if (!g_str_equal (s, "snapshots") || !g_str_has_prefix (r, "models--")
+      || (sep = strstr (r + 8, "--")) == NULL)
+    return NULL;
+  g_autofree char *id
+      = g_strdup_printf ("%.*s/%s", (int)(sep - (r + 8)), r + 8, sep + 2);
+  return stow_hub_is_repo_id (id) ? g_steal_pointer (&id) : NULL;
+}
+
 /* A model read from a file is named after its directory when the file is
- * called config.json (HF layout: Llama-2-7b-hf/config.json), else after
- * the file itself. */
+ * called config.json (HF layout: Llama-2-7b-hf/config.json), or after its
+ * repository when that directory is a Hugging Face cache snapshot; else
+ * after the file itself. */
 static char *
 name_from_path (const char *path)
 {
@@ -343,7 +364,8 @@ name_from_path (const char *path)
     {
       g_autofree char *dir = g_path_get_dirname (path);
       g_autofree char *abs = g_canonicalize_filename (dir, NULL);
-      return g_path_get_basename (abs);
+      char *repo = hf_cache_repo (abs);
+      return repo ? repo : g_path_get_basename (abs);
     }
   if (g_str_has_suffix (base, ".json"))
     base[strlen (base) - 5] = '\0';
@@ -370,6 +392,33 @@ stow_model_new_from_file (const char *path, GError **error)
     {
       g_free (m->name);
       m->name = name_from_path (path);
+    }
+  return m;
+}
+
+StowModel *
+stow_model_new_from_data (const char *data, gssize len, const char *name,
+                          GError **error)
+{
+  g_autoptr (JsonNode) root = NULL;
+  JsonObject *obj;
+
+  g_return_val_if_fail (data != NULL, NULL);
+  g_return_val_if_fail (name != NULL, NULL);
+  g_return_val_if_fail (error == NULL || *error == NULL, NULL);
+  /* A file's bounds: stow_json_parse_file reads at most this much. */
+  root = stow_json_parse_data_limit (data, len, name,
+                                     STOW_MODEL_MAX_CONFIG_BYTES, error);
+  if (root == NULL || (obj = stow_json_root_object (root, name, error)) == NULL)
+    {
+      to_model_error (error);
+      return NULL;
+    }
+  StowModel *m = stow_model_new_from_json (obj, name, error);
+  if (m != NULL)
+    {
+      g_free (m->name);
+      m->name = g_strdup (name);
     }
   return m;
 }

@@ -23,6 +23,7 @@ typedef enum
   STOW_MODEL_ERROR_UNSUPPORTED, /* a model_type we cannot count */
   STOW_MODEL_ERROR_ACCESS,      /* a gated or private Hub repository */
   STOW_MODEL_ERROR_NETWORK,     /* the Hub did not answer, or not usefully */
+  STOW_MODEL_ERROR_IO,          /* the model cache could not be written */
 } StowModelError;
 
 typedef enum
@@ -193,6 +194,11 @@ StowModel *stow_model_new_from_json (JsonObject *config, const char *where,
                                      GError **error);
 /* From a config.json file (size-limited read). */
 StowModel *stow_model_new_from_file (const char *path, GError **error);
+/* From a config.json's text (@len bytes, -1: NUL-terminated), with the
+ * limits of a file (size, nesting); @name names it in errors and becomes
+ * the model's name and source. */
+StowModel *stow_model_new_from_data (const char *data, gssize len,
+                                     const char *name, GError **error);
 /* A catalog name or alias (case-insensitive), or a path to a config.json
  * (or a directory holding one).  Unknown names get a did-you-mean hint. */
 StowModel *stow_model_lookup (const char *name_or_path, GError **error);
@@ -202,6 +208,11 @@ StowModel *stow_model_lookup (const char *name_or_path, GError **error);
  * STOW_MODEL_ERROR_INVALID. */
 StowModel *stow_model_lookup_revision (const char *name_or_path,
                                        const char *revision, GError **error);
+/* A catalog name or alias, or a Hub id at @revision, and never a file: for
+ * names that come from someone other than the user at this machine (the
+ * server's requests).  Errors as stow_model_lookup_revision's. */
+StowModel *stow_model_lookup_named (const char *name, const char *revision,
+                                    GError **error);
 /* Bytes per parameter of a torch_dtype name ("bfloat16": 2), 0 when
  * unknown. */
 guint stow_dtype_bytes (const char *torch_dtype);

@@ -169,7 +169,11 @@ stow_model_read_quant (StowModel *m, JsonObject *config, const char *where,
   const char *method = NULL, *dtype = NULL;
   StowQuant *qt = &m->quant;
 
+  /* transformers 5 writes "dtype" where 4 wrote "torch_dtype". */
   if (!stow_json_get_string (config, where, "torch_dtype", FALSE, &dtype, error)
+      || (dtype == NULL
+          && !stow_json_get_string (config, where, "dtype", FALSE, &dtype,
+                                    error))
       || !stow_json_get_object (config, where, "quantization_config", FALSE, &q,
                                 error))
     return FALSE;

@@ -24,6 +24,7 @@ stow_training_init (StowTraining *t)
   t->finetune = STOW_FINETUNE_FULL;
   t->lora_rank = 8;
   t->flash_attention = TRUE;
+  stow_optim_settings_init (&t->optim);
 }
 
 void
@@ -685,10 +686,12 @@ check_recompute (const StowLayout *l, const StowTraining *t, const StowModel *m,
       && l->recompute_layers > stow_layout_recompute_run (l, m->n_layers))
     return invalid (error,
                     "--recompute full:%u is more than the %" G_GUINT64_FORMAT
-                    " layers of a %s",
+                    " layers of a %s: K runs from 1 to %" G_GUINT64_FORMAT
+                    " (full alone recomputes them all)",
                     l->recompute_layers,
                     stow_layout_recompute_run (l, m->n_layers),
-                    l->vpp > 1 ? "model chunk (--pp x --vpp)" : "stage");
+                    l->vpp > 1 ? "model chunk (--pp x --vpp)" : "stage",
+                    stow_layout_recompute_run (l, m->n_layers));
   if (l->offload_activations && l->recompute != STOW_RECOMPUTE_FULL)
     return invalid (error, "--offload-activations cpu moves activation "
                            "checkpoints, so it needs --recompute full");

@@ -10,6 +10,7 @@
 
 #include <glib.h>
 
+#include "core/optim.h"
 #include "hw/hw.h"
 #include "models/model.h"
 
@@ -121,6 +122,10 @@ typedef struct
                                      arrives; gradients never all live */
   gboolean compiled; /* torch.compile: eager modules' elementwise ops fused,
                         so they keep what fused kernels keep */
+  /* The optimizer's hyperparameters, schedule, clipping and length: what
+   * the lowering puts in the program and the engine configs write out
+   * (memory and time do not depend on them). */
+  StowOptimSettings optim;
 } StowTraining;
 
 typedef enum

@@ -100,7 +100,16 @@ typedef struct
   guint write_buf;
   guint grad_slot_freed[2]; /* events of the last two gradient slots */
   guint grad_slot_count;
-  GArray *pending; /* guint units whose updated weights wait to go up */
+  /* A tied head's loss writes the embedding's gradient, which the
+   * embedding's backward then adds to.  With gradient slots, that
+   * gradient has a buffer of its own from the loss to the backward, per
+   * micro-batch (tied_grad), which behaves as a slot does (brought up,
+   * copied down).  tied_unit: the embedding's index in units, or
+   * STOW_NONE when the rank has no tied head or no gradient slots. */
+  guint tied_unit;
+  guint *tied_grad;
+  guint tied_freed; /* event: the last of them freed */
+  GArray *pending;  /* guint units whose updated weights wait to go up */
   /* The item loop's state (items_init).  Per (unit, micro-batch): */
   guint *acts;            /* activations or checkpoint on the device */
   guint *host_acts;       /* checkpoints moved to pinned host memory
@@ -153,6 +162,10 @@ gboolean stow_lower_needs_weights (const StowLowerUnit *u,
 /* Whether gradients pass through the two gradient slots
  * (schedule-step.c). */
 gboolean stow_lower_uses_grad_slots (StowLower *L);
+/* The index in @R's units of the embedding whose gradient a tied head on
+ * the same rank writes, when gradients pass through slots; else
+ * STOW_NONE (lower-step.c). */
+guint stow_lower_tied_unit (StowLower *L, const StowLowerRank *R);
 /* Emits @R's step: its items in order, then the optimizer
  * (schedule-step.c). */
 void stow_lower_step (StowLower *L, StowLowerRank *R);

@@ -133,6 +133,23 @@ stow_lower_uses_grad_slots (StowLower *L)
   return L->off_opt || L->off_par || gdiv > 1;
 }
 
+guint
+stow_lower_tied_unit (StowLower *L, const StowLowerRank *R)
+{
+  guint emb = STOW_NONE;
+  gboolean tied = FALSE;
+  for (guint k = 0; k < R->units->len; k++)
+    {
+      const StowLowerUnit *u = &g_array_index (R->units, StowLowerUnit, k);
+      emb = u->layer == STOW_LAYER_EMBEDDING ? k : emb;
+      tied = tied || (u->layer == STOW_LAYER_HEAD && u->params < u->gparams);
+    }
+  /* Several ranks (not run by the executor yet) keep the schedule of
+   * before, whose loss leaves the tied write out: its timing and memory
+   * are what the memory model's search was checked against. */
+  return tied && L->n == 1 && stow_lower_uses_grad_slots (L) ? emb : STOW_NONE;
+}
+
 /* Allocates gradient slot @grad for @u's next gradient write.  With the
  * optimizer on the host and one rank, the unit's earlier micro-batches
  * of the step are on the host: they go back up into the slot (on the
@@ -144,9 +161,8 @@ stow_lower_uses_grad_slots (StowLower *L)
  * STOW_NONE (the write starts the slot afresh). */
 static guint
 emit_grad_slot (StowLower *L, StowLowerRank *R, StowLowerUnit *u, guint grad,
-                guint slot_index)
+                guint *freed)
 {
-  guint *freed = &R->grad_slot_freed[slot_index];
   /* Layer-major accumulation (simulate --layer-major) runs a unit's
    * micro-batches back to back, where a copy up behind each copy down
    * would serialise them: its program accumulates on the host (priced,
@@ -168,11 +184,12 @@ emit_grad_slot (StowLower *L, StowLowerRank *R, StowLowerUnit *u, guint grad,
 }
 
 /* After the backward (or loss) op of @u wrote its gradient to @slot (or to
- * the persistent gradients): reduce, copy down, free the slot.  Returns the
+ * the persistent gradients): reduce, copy down, free the slot (@tied: the
+ * tied embedding's own buffer rather than a rotating slot).  Returns the
  * event after which the gradient of this micro-batch is in place. */
 static guint
 emit_grad_path (StowLower *L, StowLowerRank *R, StowLowerUnit *u, guint slot,
-                guint done, gboolean last_mb)
+                gboolean tied, guint done, gboolean last_mb)
 {
   StowOp op;
   guint64 gbytes = stow_bytes (u->params, L->g);
@@ -223,8 +240,13 @@ emit_grad_path (StowLower *L, StowLowerRank *R, StowLowerUnit *u, guint slot,
       ev = stow_lower_emit (L, &op, &ev, 1, TRUE, "accumulated");
     }
   guint fr = stow_lower_free (L, R->rank, free_on, slot, &ev, 1, TRUE);
-  R->grad_slot_freed[R->grad_slot_count % 2] = fr;
-  R->grad_slot_count++;
+  if (tied)
+    R->tied_freed = fr;
+  else
+    {
+      R->grad_slot_freed[R->grad_slot_count % 2] = fr;
+      R->grad_slot_count++;
+    }
   return ev;
 }
 
@@ -321,7 +343,7 @@ flush_refreshes (StowLower *L, StowLowerRank *R)
 static gboolean
 clipping (const StowLower *L)
 {
-  return L->so->optim.max_grad_norm > 0 && !L->so->delayed_update;
+  return L->t->optim.max_grad_norm > 0 && !L->so->delayed_update;
 }
 
 /* The global norm of the step's gradients, once every unit's are in
@@ -600,6 +622,11 @@ typedef struct
   /* The gradient slot it writes and the copy of the unit's earlier
    * micro-batches into it (emit_grad_slot), or STOW_NONE. */
   guint grad, up;
+  /* A tied head's loss: the embedding's gradient buffer it writes too and
+   * the copy up into it (R->tied_grad).  The embedding's backward: TRUE
+   * when it adds to that buffer (grad). */
+  guint tied_grad, tied_up;
+  gboolean tied;
   guint act_idx; /* (unit, micro-batch) in R->acts */
 } ItemCtx;
 
@@ -623,6 +650,11 @@ items_init (StowLower *L, StowLowerRank *R)
     R->acts[i] = R->host_acts[i] = STOW_NONE;
   for (guint j = 0; j < m; j++)
     R->inputs[j] = R->logits[j] = STOW_NONE;
+  /* The tied head and the embedding on this rank (emit_loss). */
+  R->tied_grad = g_new (guint, m);
+  for (guint j = 0; j < m; j++)
+    R->tied_grad[j] = STOW_NONE;
+  R->tied_unit = stow_lower_tied_unit (L, R);
   /* Two all-reduces of the s b h activations per layer and pass under
    * tensor parallelism (Shoeybi et al. 2019); reduce-scatter plus
    * all-gather under sequence parallelism move the same bytes. */
@@ -662,10 +694,13 @@ item_begin (StowLower *L, StowLowerRank *R, guint i, ItemCtx *X)
    * the embedding's backward), set up before the next use's prefetch
    * so that bringing earlier micro-batches up (emit_grad_slot) is not
    * queued behind it on the h2d stream. */
-  X->grad = X->up = STOW_NONE;
-  if (stow_lower_uses_grad_slots (L) && u->params > 0
-      && (it->pass == STOW_PASS_F ? u->layer == STOW_LAYER_HEAD
-                                  : u->layer != STOW_LAYER_HEAD))
+  X->grad = X->up = X->tied_grad = X->tied_up = STOW_NONE;
+  X->tied = R->tied_unit == it->unit && it->pass == STOW_PASS_B;
+  if (X->tied)
+    X->grad = R->tied_grad[it->mb]; /* the loss started it */
+  else if (stow_lower_uses_grad_slots (L) && u->params > 0
+           && (it->pass == STOW_PASS_F ? u->layer == STOW_LAYER_HEAD
+                                       : u->layer != STOW_LAYER_HEAD))
     {
       guint sl = R->grad_slot_count % 2;
       g_autofree char *what = u->layer == STOW_LAYER_HEAD ? g_strdup ("head")
@@ -678,7 +713,23 @@ item_begin (StowLower *L, StowLowerRank *R, guint i, ItemCtx *X)
                                STOW_SLOT_GRADS + (gint)sl, FALSE,
                                "gradient slot %u: %s", sl, what),
           STOW_BUF_GRADS, u->pu, 1, L->gdt, u->layer, it->mb);
-      X->up = emit_grad_slot (L, R, u, X->grad, sl);
+      X->up = emit_grad_slot (L, R, u, X->grad, &R->grad_slot_freed[sl]);
+    }
+  if (R->tied_unit != STOW_NONE && it->pass == STOW_PASS_F
+      && u->layer == STOW_LAYER_HEAD)
+    {
+      /* The embedding's gradient of this micro-batch, from the loss that
+       * writes it first to the embedding's backward that adds to it: the
+       * order in which the run that keeps the gradients on the device
+       * sums them. */
+      StowLowerUnit *e = &g_array_index (R->units, StowLowerUnit, R->tied_unit);
+      X->tied_grad = R->tied_grad[it->mb] = stow_lower_holds (
+          L,
+          stow_program_buffer (p, rank, STOW_TIER_DEVICE,
+                               stow_bytes (e->params, L->g), -1, FALSE,
+                               "embedding gradients mb%u (tied head)", it->mb),
+          STOW_BUF_GRADS, e->pu, 1, L->gdt, e->layer, it->mb);
+      X->tied_up = emit_grad_slot (L, R, e, X->tied_grad, &R->tied_freed);
     }
   if (X->use)
     {
@@ -700,7 +751,8 @@ static void
 item_grads (StowLower *L, StowLowerRank *R, ItemCtx *X, guint done)
 {
   StowLowerUnit *u = X->u;
-  guint ev = emit_grad_path (L, R, u, X->grad, done, X->i == u->last_grad_item);
+  guint ev = emit_grad_path (L, R, u, X->grad, X->tied, done,
+                             X->i == u->last_grad_item);
   if (X->i == u->last_grad_item)
     u->grads_ready = ev;
 }
@@ -761,13 +813,23 @@ emit_loss (StowLower *L, StowLowerRank *R, ItemCtx *X)
           == STOW_LAYER_EMBEDDING)
         tied = &g_array_index (R->units, StowLowerUnit, k);
   op.accumulate = grad_write (u, tied);
+  if (X->tied_up != STOW_NONE)
+    X->waits[X->nw++] = X->tied_up;
+  /* Slots start afresh or add to the earlier micro-batches brought up;
+   * a tied head's two buffers do the same at the same micro-batches. */
   if (grad != STOW_NONE)
     op.accumulate = up != STOW_NONE;
+  else if (X->tied_grad != STOW_NONE)
+    op.accumulate = X->tied_up != STOW_NONE;
+  g_assert (grad == STOW_NONE || X->tied_grad == STOW_NONE
+            || (up != STOW_NONE) == (X->tied_up != STOW_NONE));
   stow_lower_op_io (&op, X->wbuf, STOW_NONE, R->logits[it->mb]);
   if (grad != STOW_NONE)
     op.writes[op.n_writes++] = grad;
   else if (R->grads_buf != STOW_NONE && u->params > 0)
     op.writes[op.n_writes++] = R->grads_buf;
+  if (X->tied_grad != STOW_NONE)
+    op.writes[op.n_writes++] = X->tied_grad;
   guint done = stow_lower_emit (L, &op, X->waits, X->nw, TRUE, "loss");
   if (u->params > 0)
     item_grads (L, R, X, done);
@@ -892,7 +954,7 @@ emit_embedding_backward (StowLower *L, StowLowerRank *R, ItemCtx *X)
   op.layer = u->layer, op.unit = u->pu, op.micro_batch = it->mb;
   op.accumulate = grad_write (u, NULL);
   if (grad != STOW_NONE)
-    op.accumulate = up != STOW_NONE;
+    op.accumulate = X->tied || up != STOW_NONE; /* tied: onto the loss's */
   stow_lower_op_io (&op, R->inputs[it->mb], STOW_NONE,
                     grad != STOW_NONE ? grad : R->grads_buf);
   guint done = stow_lower_emit (L, &op, X->waits, X->nw, TRUE, "backward");
@@ -1124,4 +1186,5 @@ stow_lower_step (StowLower *L, StowLowerRank *R)
   g_free (R->host_ready);
   g_free (R->inputs);
   g_free (R->logits);
+  g_clear_pointer (&R->tied_grad, g_free);
 }

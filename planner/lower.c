@@ -561,6 +561,8 @@ emit_persistent_state (StowLower *L, StowLowerRank *R)
   R->params_buf = R->grads_buf = R->host_grads_buf = STOW_NONE;
   R->bucket_buf[0] = R->bucket_buf[1] = STOW_NONE;
   R->grad_slot_freed[0] = R->grad_slot_freed[1] = STOW_NONE;
+  R->tied_unit = R->tied_freed = STOW_NONE;
+  R->tied_grad = NULL;
   if (L->lora)
     emit_lora_states (L, R, &z);
   else
@@ -645,12 +647,15 @@ emit_slots (StowLower *L, StowLowerRank *R, guint n_layer_units)
   StowProgram *p = L->p;
   guint rank = R->rank;
   guint64 wmax = 0, gmax = 0;
+  /* A tied embedding's gradients have a buffer of their own. */
+  guint tied = stow_lower_tied_unit (L, R);
   for (guint i = 0; i < R->units->len; i++)
     {
       StowLowerUnit *u = &g_array_index (R->units, StowLowerUnit, i);
       if (u->streamed)
         wmax = MAX (wmax, stow_bytes (u->gparams, L->wg));
-      gmax = MAX (gmax, stow_bytes (u->params, L->g));
+      if (i != tied)
+        gmax = MAX (gmax, stow_bytes (u->params, L->g));
     }
   guint n_slots = MIN (2, MAX (n_layer_units, 1));
   /* Four pinned staging buffers for NVMe parameters, each one rank's
@@ -773,10 +778,7 @@ lower_init (StowLower *L, const StowModel *m, const StowCluster *c,
   L->p->micro_batch = l->micro_batch;
   L->p->grad_accum = l->grad_accum;
   L->p->global_batch = t->global_batch;
-  L->p->loss_scale = 1.0
-                     / ((double)MAX (t->global_batch, 1)
-                        * (double)stow_mem_decoder_seq (m, t));
-  L->p->optim = so->optim;
+  L->p->optim = t->optim;
   stow_mem_state_bytes (m, t, &L->w, &L->g, &L->master, &L->opt);
   L->wg = stow_mem_gathered_weight_bytes (t, L->w);
   if (t->finetune != STOW_FINETUNE_FULL)

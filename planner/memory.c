@@ -1231,9 +1231,30 @@ gradient_states (States *s)
   GArray *dev = s->dev;
   char pbuf[160];
 
-  guint64 slot_params = es->unit_slots ? p->max_unit : p->max_layer;
-  guint64 slots = MIN (2, MAX (p->layers, 1)) * stow_bytes (slot_params, b.g);
   gboolean bucketed = es->reduce_buckets;
+  /* A tied output layer on the embedding's stage writes the embedding's
+   * gradient in its loss, and the embedding's backward adds to it: that
+   * gradient has a buffer of its own from one to the other (the step
+   * program's "embedding gradients (tied head)"), the slots hold the
+   * rest.  The program does so on one rank whose units are exact
+   * (planner/lower.c, build_units), as the executor runs it; with more,
+   * it keeps the simpler schedule of before, which leaves that write out
+   * (stow_lower_tied_unit). */
+  gboolean tied = es->unit_slots && !bucketed && p->first && p->last
+                  && ms->n == 1 && l->tp == 1 && l->ep == 1 && l->pp == 1
+                  && l->vpp == 1 && t->finetune == STOW_FINETUNE_FULL
+                  && ms->m->head_params == 0;
+  guint64 tied_params = tied ? ms->m->embedding_params / l->tp : 0;
+  guint64 slot_params = !es->unit_slots ? p->max_layer
+                        : tied          ? p->max_layer
+                                        : p->max_unit;
+  guint64 slots = MIN (2, MAX (p->layers, 1)) * stow_bytes (slot_params, b.g);
+  if ((s->off_opt || s->off_par || gdiv > 1) && tied)
+    mem_add_term (dev, "tied embedding gradients",
+                  stow_bytes (tied_params, b.g), STOW_TIER_DEVICE,
+                  "%.4g B x %" G_GUINT64_FORMAT
+                  " params of the embedding, from the loss to its backward",
+                  b.g, tied_params);
   if (s->off_opt || s->off_par)
     {
       if (!bucketed)

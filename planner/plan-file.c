@@ -239,6 +239,29 @@ stow_layout_json_members (JsonBuilder *b, const StowLayout *l)
   stow_json_set_u64 (b, "grad_accum", l->grad_accum);
 }
 
+/* The optimizer settings (core/optim.h) as training.optim: what the run
+ * trains with, which the engine configs write out.  Not the data order's
+ * seed, which is the run's (`stowage train --seed`). */
+static void
+optim_json (JsonBuilder *b, const StowOptimSettings *o)
+{
+  json_builder_set_member_name (b, "optim");
+  json_builder_begin_object (b);
+  stow_json_set_double (b, "lr", o->lr);
+  stow_json_set_double (b, "min_lr", o->min_lr);
+  stow_json_set_u64 (b, "warmup_steps", o->warmup_steps);
+  stow_json_set_string (b, "lr_schedule", stow_lr_schedule_name (o->schedule));
+  stow_json_set_u64 (b, "steps", o->total_steps);
+  stow_json_set_double (b, "weight_decay", o->weight_decay);
+  stow_json_set_string (b, "weight_decay_on",
+                        stow_decay_scope_name (o->decay_on));
+  stow_json_set_double (b, "beta1", o->beta1);
+  stow_json_set_double (b, "beta2", o->beta2);
+  stow_json_set_double (b, "eps", o->eps);
+  stow_json_set_double (b, "max_grad_norm", o->max_grad_norm);
+  json_builder_end_object (b);
+}
+
 JsonNode *
 stow_plan_file_to_json (const StowPlanFile *p, const StowMemory *mem)
 {
@@ -304,6 +327,7 @@ stow_plan_file_to_json (const StowPlanFile *p, const StowMemory *mem)
   stow_json_set_bool (b, "lora_dropout", t->lora_dropout);
   stow_json_set_bool (b, "optimizer_in_backward", t->optimizer_in_backward);
   stow_json_set_bool (b, "compile", t->compiled);
+  optim_json (b, &t->optim);
   json_builder_end_object (b);
 
   json_builder_set_member_name (b, "layout");
@@ -467,12 +491,27 @@ static const char *const top_fields[]
 static const char *const model_fields[]
     = { "name", "params", "source", "path", "config", NULL };
 static const char *const cluster_fields[] = { "spec", "gpus", "config", NULL };
-static const char *const training_fields[] = {
-  "seq_len",         "decoder_seq_len", "global_batch", "precision",
-  "optimizer",       "finetune",        "lora_rank",    "lora_targets",
-  "flash_attention", "chunked_loss",    "dropout",      "optimizer_in_backward",
-  "compile",         "lora_dropout",    "fused_loss",   NULL
-};
+static const char *const training_fields[] = { "seq_len",
+                                               "decoder_seq_len",
+                                               "global_batch",
+                                               "precision",
+                                               "optimizer",
+                                               "finetune",
+                                               "lora_rank",
+                                               "lora_targets",
+                                               "flash_attention",
+                                               "chunked_loss",
+                                               "dropout",
+                                               "optimizer_in_backward",
+                                               "compile",
+                                               "lora_dropout",
+                                               "fused_loss",
+                                               "optim",
+                                               NULL };
+static const char *const optim_fields[]
+    = { "lr",    "min_lr",       "warmup_steps",    "lr_schedule",
+        "steps", "weight_decay", "weight_decay_on", "beta1",
+        "beta2", "eps",          "max_grad_norm",   NULL };
 static const char *const layout_fields[] = { "dp",
                                              "tp",
                                              "pp",
@@ -608,6 +647,67 @@ read_cluster (StowPlanFile *p, JsonObject *root, const char *name,
   return TRUE;
 }
 
+/* A finite number of at least 0; absent leaves *out. */
+static gboolean
+get_nonneg (JsonObject *o, const char *where, const char *member, double *out,
+            GError **error)
+{
+  double v = *out;
+  if (!stow_json_get_double (o, where, member, FALSE, &v, error))
+    return FALSE;
+  if (v < 0)
+    {
+      g_set_error (error, STOW_PLAN_ERROR, STOW_PLAN_ERROR_INVALID,
+                   "%s: %s: %g is below 0", where, member, v);
+      return FALSE;
+    }
+  *out = v;
+  return TRUE;
+}
+
+/* training.optim (added within version 1): absent, or any member absent,
+ * is the default (stow_optim_settings_init). */
+static gboolean
+read_optim (JsonObject *training, const char *tw, StowOptimSettings *o,
+            GError **error)
+{
+  stow_optim_settings_init (o);
+  if (!stow_json_has (training, "optim"))
+    return TRUE;
+  g_autofree char *w = g_strdup_printf ("%s.optim", tw);
+  JsonObject *j = NULL;
+  const char *schedule = NULL, *decay_on = NULL;
+  GError *local = NULL;
+  if (!stow_json_get_object (training, tw, "optim", TRUE, &j, error)
+      || !check_members (j, w, optim_fields, error)
+      || !get_nonneg (j, w, "lr", &o->lr, error)
+      || !get_nonneg (j, w, "min_lr", &o->min_lr, error)
+      || !get_range (j, w, "warmup_steps", FALSE, 0, G_MAXINT64,
+                     &o->warmup_steps, error)
+      || !get_range (j, w, "steps", FALSE, 0, G_MAXINT64, &o->total_steps,
+                     error)
+      || !get_nonneg (j, w, "weight_decay", &o->weight_decay, error)
+      || !get_nonneg (j, w, "beta1", &o->beta1, error)
+      || !get_nonneg (j, w, "beta2", &o->beta2, error)
+      || !get_nonneg (j, w, "eps", &o->eps, error)
+      || !get_nonneg (j, w, "max_grad_norm", &o->max_grad_norm, error)
+      || !stow_json_get_string (j, w, "lr_schedule", FALSE, &schedule, error)
+      || !stow_json_get_string (j, w, "weight_decay_on", FALSE, &decay_on,
+                                error))
+    return FALSE;
+  if ((schedule && !stow_lr_schedule_parse (schedule, &o->schedule, &local))
+      || (decay_on && !stow_decay_scope_parse (decay_on, &o->decay_on, &local))
+      || !stow_optim_settings_check (o, &local))
+    {
+      /* The checks name the flags that set each field. */
+      g_set_error (error, STOW_PLAN_ERROR, STOW_PLAN_ERROR_INVALID, "%s: %s", w,
+                   local->message);
+      g_error_free (local);
+      return FALSE;
+    }
+  return TRUE;
+}
+
 static gboolean
 read_training (StowPlanFile *p, JsonObject *root, const char *name,
                GError **error)
@@ -644,7 +744,8 @@ read_training (StowPlanFile *p, JsonObject *root, const char *name,
       || !stow_json_get_bool (o, w, "compile", FALSE, &t->compiled, error)
       /* added within version 1: optional, off when absent */
       || !stow_json_get_bool (o, w, "lora_dropout", FALSE, &t->lora_dropout,
-                              error))
+                              error)
+      || !read_optim (o, w, &t->optim, error))
     return FALSE;
   if (t->chunked_loss && t->fused_loss)
     {

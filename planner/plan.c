@@ -11,7 +11,6 @@ stow_lower_options_init (StowLowerOptions *o)
 {
   memset (o, 0, sizeof *o);
   o->resident_layers = G_MAXUINT;
-  stow_optim_settings_init (&o->optim);
 }
 
 void

@@ -31,11 +31,9 @@ typedef struct
   /* Gradient accumulation over streamed layers: each streamed layer is
    * loaded once for all micro-batches (pp = 1 only). */
   gboolean layer_major;
-  /* ZeRO-Offload's one-step delayed parameter update. */
+  /* ZeRO-Offload's one-step delayed parameter update.  (The optimizer's
+   * settings the program carries are the training's: StowTraining.optim.) */
   gboolean delayed_update;
-  /* What the program carries for real training: optimizer, schedule of
-   * the learning rate, clipping, seed (program/program.h's defaults). */
-  StowOptimSettings optim;
 } StowLowerOptions;
 
 void stow_lower_options_init (StowLowerOptions *o);

@@ -45,6 +45,8 @@ typedef struct _StowTrace StowTrace;
 typedef struct
 {
   double loss;      /* mean token cross-entropy over the global batch */
+  double loss_sum;  /* the sum it is the mean of (loss = loss_sum x the
+                       step's scale, 1 / its targets) */
   double grad_norm; /* global L2 norm before clipping; NaN/Inf if so */
   gboolean skipped; /* a non-finite gradient: no weight was written */
   double lr;
@@ -109,6 +111,14 @@ typedef struct
   /* Before each run of the program: the 1-based step (Adam's t and the
    * learning rate); the step's sums start afresh. */
   void (*begin_step) (StowBackend *b, guint64 step);
+  /* Optional (NULL: no evaluation): before a run of the program in
+   * evaluation mode (stow_program_run_eval), instead of begin_step: the
+   * data ops read batch @batch (1-based, as a step) of the evaluation data
+   * the backend was made with, the run's loss sum starts afresh, and its
+   * loss ops compute the loss alone, writing no gradient.  step_stats
+   * then gives that batch's mean loss over its targets.  The next
+   * begin_step goes back to training. */
+  void (*begin_eval) (StowBackend *b, guint64 batch);
   /* After the step's synchronize: its loss, norm and learning rate. */
   gboolean (*step_stats) (StowBackend *b, StowStepStats *out, GError **error);
   /* The device arena's peak since the last reset_peak. */

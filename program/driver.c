@@ -309,10 +309,9 @@ summarise (const StowProgram *p, StowTrace *t, const guint *qops,
     }
 }
 
-StowTrace *
-stow_program_run (const StowProgram *p, StowBackend *backend, GError **error)
+static StowTrace *
+run (const StowProgram *p, StowBackend *backend, gboolean eval, GError **error)
 {
-  g_return_val_if_fail (p != NULL && backend != NULL, NULL);
   if (!stow_program_validate (p, error))
     return NULL;
   const StowBackendVtable *vt = backend->vt;
@@ -427,6 +426,8 @@ stow_program_run (const StowProgram *p, StowBackend *backend, GError **error)
         }
       else if (op->kind == STOW_OP_FREE)
         vt->buffer_free (backend, p, op->buffer, i);
+      else if (eval && !stow_op_in_eval (op))
+        ; /* not run: its event still marks its place in its stream */
       else if (!vt->issue (backend, p, i, error))
         {
           ok = FALSE;
@@ -466,4 +467,26 @@ stow_program_run (const StowProgram *p, StowBackend *backend, GError **error)
     vt->fill_memory (backend, p, t);
   summarise (p, t, qops, qstart, qlen);
   return g_steal_pointer (&t);
+}
+
+StowTrace *
+stow_program_run (const StowProgram *p, StowBackend *backend, GError **error)
+{
+  g_return_val_if_fail (p != NULL && backend != NULL, NULL);
+  return run (p, backend, FALSE, error);
+}
+
+StowTrace *
+stow_program_run_eval (const StowProgram *p, StowBackend *backend,
+                       GError **error)
+{
+  g_return_val_if_fail (p != NULL && backend != NULL, NULL);
+  if (backend->vt->begin_eval == NULL || backend->vt->virtual_time)
+    {
+      g_set_error_literal (error, STOW_BACKEND_ERROR,
+                           STOW_BACKEND_ERROR_UNSUPPORTED,
+                           "this backend does not run evaluation");
+      return NULL;
+    }
+  return run (p, backend, TRUE, error);
 }

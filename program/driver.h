@@ -22,4 +22,12 @@ G_BEGIN_DECLS
 StowTrace *stow_program_run (const StowProgram *p, StowBackend *backend,
                              GError **error);
 
+/* Runs @p's forward alone, for evaluation: after the backend's begin_eval,
+ * only the ops stow_op_in_eval keeps are issued (their events recorded as
+ * ever, the others' recorded where they stand), so the weights, the
+ * gradients and the optimizer are left as they were.  A backend without
+ * begin_eval, or one of virtual time, is STOW_BACKEND_ERROR_UNSUPPORTED. */
+StowTrace *stow_program_run_eval (const StowProgram *p, StowBackend *backend,
+                                  GError **error);
+
 G_END_DECLS

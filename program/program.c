@@ -1,13 +1,12 @@
 /* SPDX-License-Identifier: MIT
  *
  * program/program.c: the step program's building blocks, names and static
- * checks, the model's units (one flat layout of tensors each), and the
- * optimizer settings' learning-rate schedule.  The lowering of a plan into
- * a program is planner/lower.c; running one is program/driver.c on a backend.
+ * checks and the model's units (one flat layout of tensors each).  The
+ * lowering of a plan into a program is planner/lower.c; running one is
+ * program/driver.c on a backend.
  */
 #include "program/program.h"
 
-#include <math.h>
 #include <stdarg.h>
 #include <string.h>
 
@@ -191,6 +190,25 @@ describe_layer (GString *s, gint layer)
     g_string_append (s, " head");
   else if (layer >= 0)
     g_string_append_printf (s, " L%d", layer);
+}
+
+gboolean
+stow_op_in_eval (const StowOp *op)
+{
+  switch (op->kind)
+    {
+    case STOW_OP_ALLOC:
+    case STOW_OP_FREE:
+    case STOW_OP_DATA:
+    case STOW_OP_FORWARD:
+    case STOW_OP_LOSS:
+      return TRUE;
+    case STOW_OP_COPY:
+      return op->copy == STOW_COPY_WEIGHTS_UP || op->copy == STOW_COPY_STAGED_UP
+             || op->copy == STOW_COPY_PARAMS_READ;
+    default:
+      return FALSE;
+    }
 }
 
 char *
@@ -428,59 +446,4 @@ guint64
 stow_loss_scratch_bytes (guint64 vocab, guint64 hidden, guint64 n)
 {
   return 4 * stow_loss_chunk_tokens (vocab, n) * (vocab + 2 * hidden);
-}
-
-/* ---- optimizer settings ------------------------------------------------- */
-
-const char *
-stow_lr_schedule_name (StowLrSchedule s)
-{
-  static const char *const names[] = { "constant", "cosine", "linear" };
-  g_return_val_if_fail (s <= STOW_LR_LINEAR, "?");
-  return names[s];
-}
-
-gboolean
-stow_lr_schedule_parse (const char *s, StowLrSchedule *out, GError **error)
-{
-  for (StowLrSchedule k = STOW_LR_CONSTANT; k <= STOW_LR_LINEAR; k++)
-    if (g_strcmp0 (s, stow_lr_schedule_name (k)) == 0)
-      {
-        *out = k;
-        return TRUE;
-      }
-  g_set_error (error, STOW_PROGRAM_ERROR, STOW_PROGRAM_ERROR_INVALID,
-               "--lr-schedule \"%s\": expected constant, cosine or linear",
-               s ? s : "");
-  return FALSE;
-}
-
-void
-stow_optim_settings_init (StowOptimSettings *o)
-{
-  memset (o, 0, sizeof *o);
-  o->lr = 1e-3;
-  o->schedule = STOW_LR_CONSTANT;
-  o->weight_decay = 0.01;
-  o->beta1 = 0.9, o->beta2 = 0.999, o->eps = 1e-8;
-  o->max_grad_norm = 0; /* torch.optim.AdamW clips nothing */
-}
-
-double
-stow_optim_lr_at (const StowOptimSettings *o, guint64 step)
-{
-  g_return_val_if_fail (o != NULL, 0);
-  if (step == 0)
-    step = 1;
-  if (o->warmup_steps > 0 && step <= o->warmup_steps)
-    return o->lr * (double)step / (double)o->warmup_steps;
-  if (o->schedule == STOW_LR_CONSTANT)
-    return o->lr;
-  /* Decay from the end of warmup to the last step. */
-  guint64 span
-      = o->total_steps > o->warmup_steps ? o->total_steps - o->warmup_steps : 1;
-  double frac = MIN (1.0, (double)(step - o->warmup_steps) / (double)span);
-  double k = o->schedule == STOW_LR_COSINE ? 0.5 * (1.0 + cos (G_PI * frac))
-                                           : 1.0 - frac;
-  return o->min_lr + (o->lr - o->min_lr) * k;
 }

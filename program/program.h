@@ -13,6 +13,7 @@
 #include <glib.h>
 
 #include "core/dtype.h"
+#include "core/optim.h"
 #include "models/model.h"
 
 G_BEGIN_DECLS
@@ -113,37 +114,7 @@ typedef struct
 
 /* ---- optimizer settings: what a backend needs to update for real ------- */
 
-typedef enum
-{
-  STOW_LR_CONSTANT,
-  STOW_LR_COSINE, /* warmup, then cosine from lr to min_lr at the last step */
-  STOW_LR_LINEAR, /* warmup, then linear from lr to min_lr */
-} StowLrSchedule;
-
-const char *stow_lr_schedule_name (StowLrSchedule s);
-gboolean stow_lr_schedule_parse (const char *s, StowLrSchedule *out,
-                                 GError **error);
-
-typedef struct
-{
-  double lr, min_lr;
-  guint64 warmup_steps, total_steps;
-  StowLrSchedule schedule;
-  double weight_decay; /* decoupled (AdamW); tensors of 2+ dimensions only */
-  double beta1, beta2, eps;
-  double max_grad_norm; /* <= 0: no clipping */
-  guint64 seed;
-} StowOptimSettings;
-
-/* torch.optim.AdamW's defaults (lr 1e-3, betas 0.9/0.999, eps 1e-8, weight
- * decay 0.01), constant schedule, no clipping (`stowage train` clips at
- * 1.0 by default, as the HF Trainer does), seed 0. */
-void stow_optim_settings_init (StowOptimSettings *o);
-/* The learning rate of 1-based step @step: linear warmup over
- * warmup_steps from lr / warmup_steps, then the schedule (Megatron's and
- * nanoGPT's shape).  Computed in double from @step alone, so a resumed
- * run gets the same bits. */
-double stow_optim_lr_at (const StowOptimSettings *o, guint64 step);
+/* StowOptimSettings and the learning-rate schedule: core/optim.h. */
 
 /* ---- the fused output layer and loss ------------------------------------ */
 
@@ -342,8 +313,6 @@ typedef struct
   /* Training that real backends need beside the ops. */
   guint64 seq_len, micro_batch, grad_accum; /* per rank */
   guint64 global_batch;                     /* sequences per step */
-  double loss_scale; /* 1 / tokens of the global batch: the loss is the
-                        mean token cross-entropy */
   StowOptimSettings optim;
   gboolean master_weights; /* fp32 master copy beside 16-bit weights */
   /* what the lowering chose, for reports */
@@ -397,6 +366,12 @@ guint stow_program_add (StowProgram *p, const StowOp *op, const guint *waits,
 void stow_op_init (StowOp *op, StowOpKind kind, StowStream stream, guint rank);
 /* "backward L12 mb3 (rank 0 compute)" */
 char *stow_op_describe (const StowProgram *p, guint index);
+/* Whether an evaluation run issues @op (stow_program_run_eval): buffer
+ * allocs and frees, the data, the forward and the loss, and the copies
+ * that bring weights to where the forward reads them (streamed up,
+ * staged from NVMe); not the backward, recompute, norm, optimizer,
+ * collectives or any copy of gradients, states or checkpoints. */
+gboolean stow_op_in_eval (const StowOp *op);
 
 /* Static checks: every waited event is recorded exactly once by some op,
  * every buffer is allocated and freed at most once, every op names valid

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "core/json.h"
+#include "reports/emit-private.h"
 
 GQuark
 stow_emit_error_quark (void)
@@ -313,6 +314,7 @@ stow_emit_deepspeed (const StowPlanFile *p, GError **error)
       json_object_set_boolean_member (ac, "profile", FALSE);
       json_object_set_object_member (root, "activation_checkpointing", ac);
     }
+  stow_emit_deepspeed_optim (root, p);
   json_object_set_boolean_member (root, "wall_clock_breakdown", FALSE);
 
   JsonNode *node = json_node_new (JSON_NODE_OBJECT);
@@ -557,6 +559,7 @@ stow_emit_megatron (const StowPlanFile *p, GError **error)
     }
   flag_s (s, "--optimizer",
           t->optimizer == STOW_OPTIMIZER_SGD ? "sgd" : "adam");
+  stow_emit_megatron_optim (s, p);
   if (!t->dropout)
     {
       /* Megatron's defaults are 0.1; the plan counted no dropout masks. */
@@ -835,6 +838,7 @@ stow_emit_fsdp (const StowPlanFile *p, GError **error)
   g_string_append (s, "    backward_prefetch=BackwardPrefetch.BACKWARD_PRE,\n"
                       "    limit_all_gathers=True,\n"
                       "    use_orig_params=True,\n)\n");
+  stow_emit_fsdp_optim (s, p);
   return g_string_free (s, FALSE);
 }
 
@@ -1002,6 +1006,9 @@ stow_emit_accelerate (const StowPlanFile *p, GError **error)
                                 nvme_path (p));
       g_string_append_printf (s, "  zero3_init_flag: %s\n",
                               l->zero == 3 ? "true" : "false");
+      g_string_append (s, "  gradient_clipping: ");
+      stow_emit_append_double (s, MAX (p->training.optim.max_grad_norm, 0.0));
+      g_string_append_c (s, '\n');
       if (l->zero == 3)
         g_string_append (s, "  zero3_save_16bit_model: true\n");
       if (c->n_nodes > 1)
@@ -1044,6 +1051,9 @@ stow_emit_accelerate (const StowPlanFile *p, GError **error)
       g_string_append_printf (s,
                               "  megatron_lm_use_distributed_optimizer: %s\n",
                               l->zero == 1 ? "true" : "false");
+      g_string_append (s, "  megatron_lm_gradient_clipping: ");
+      stow_emit_append_double (s, MAX (p->training.optim.max_grad_norm, 0.0));
+      g_string_append_c (s, '\n');
     }
   return g_string_free (s, FALSE);
 }
@@ -1154,6 +1164,19 @@ stow_emit_warnings (StowEmitKind kind, const StowPlanFile *p)
                l->pp, l->pp));
   g_ptr_array_add (w, NULL);
   return (char **)g_ptr_array_free (w, FALSE);
+}
+
+char **
+stow_emit_notes (StowEmitKind kind, const StowPlanFile *p)
+{
+  GPtrArray *notes = g_ptr_array_new ();
+  const char *type = NULL, *label = NULL;
+  if (kind == STOW_EMIT_ACCELERATE && !accelerate_type (p, &type, &label, NULL))
+    type = NULL; /* not expressible: the emitter says so */
+  if (kind != STOW_EMIT_ACCELERATE || type != NULL)
+    stow_emit_optim_notes (kind, p, type, notes);
+  g_ptr_array_add (notes, NULL);
+  return (char **)g_ptr_array_free (notes, FALSE);
 }
 
 char *

@@ -69,6 +69,14 @@ guint stow_emit_kind_engines (StowEmitKind kind);
  * drive path was named. */
 char **stow_emit_warnings (StowEmitKind kind, const StowPlanFile *plan);
 
+/* What the config @kind writes for @plan cannot carry of the run's
+ * optimizer settings, and what the user must do about it, one sentence
+ * each, "--emit KIND: ..." (NULL-terminated; free with g_strfreev): a
+ * schedule the engine computes a step apart, the tensors weight decay
+ * skips, the run's length, an accelerate config's missing optimizer.
+ * Empty for a layout the config cannot express. */
+char **stow_emit_notes (StowEmitKind kind, const StowPlanFile *plan);
+
 /* Any kind as text ready to write; @mem is the plan's memory (the plan
  * file records its terms). */
 char *stow_emit (StowEmitKind kind, const StowPlanFile *plan,

@@ -16,10 +16,12 @@ packages=(
   python3-torch python3-numpy  # the executor's PyTorch oracle (tests/oracle/)
   libglib2.0-dev-bin  # glib-compile-resources: the hw catalog is a GResource
   clang-format-14  # tests/check-format.sh: the one code format, version pinned
+  libsoup-3.0-dev  # stowage serve: the HTTP server (serve/)
+  chromium  # the browser tests: serve's page, the HTML reports (tests/)
 )
 # Optional tools the test setups and benchmarks use when present.
 if [ "${STOW_DEPS_EXTRA:-}" = 1 ]; then
-  packages+=(valgrind fio chromium)  # chromium: tests/check-html.sh only
+  packages+=(valgrind fio)
 fi
 
 missing=()

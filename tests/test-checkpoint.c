@@ -800,6 +800,88 @@ test_optim_unfinished (Fixture *f, gconstpointer data)
   g_assert_false (g_file_test (path, G_FILE_TEST_EXISTS));
 }
 
+/* ---- one writer per directory, the committed checkpoints --------------- */
+
+/* The lock is the kernel's: a second taker is refused naming the first's
+ * pid (flock conflicts between two open file descriptions of one process
+ * as between two processes), a child that dies with it held leaves it
+ * free, and releasing it leaves OUT as it was. */
+static void
+test_run_lock (Fixture *f, gconstpointer data)
+{
+  g_autoptr (GError) error = NULL;
+  StowRunLock *a = stow_run_lock_take (f->out, &error);
+  g_assert_no_error (error);
+  g_assert_nonnull (a);
+  g_assert_true (stow_run_lock_created_dir (a));
+  g_autofree char *holder = read_text (f->out, ".lock");
+  g_autofree char *pid = g_strdup_printf ("pid %d\n", (int)getpid ());
+  g_assert_true (g_str_has_prefix (holder, pid));
+  g_assert_null (stow_run_lock_take (f->out, &error));
+  g_assert_error (error, STOW_CHECKPOINT_ERROR, STOW_CHECKPOINT_ERROR_BUSY);
+  g_autofree char *named = g_strdup_printf ("%s is being trained by pid %d on ",
+                                            f->out, (int)getpid ());
+  g_assert_true (g_str_has_prefix (error->message, named));
+  g_assert_nonnull (
+      strstr (error->message, "wait for it or use another --out"));
+  g_clear_error (&error);
+  stow_run_lock_release (a, TRUE);
+  /* Released: the file is gone, and so is the OUT it created. */
+  g_assert_false (g_file_test (f->out, G_FILE_TEST_EXISTS));
+
+  /* Held by a process killed with SIGKILL: free again at once. */
+  pid_t child = fork ();
+  g_assert_cmpint (child, >=, 0);
+  if (child == 0)
+    {
+      StowRunLock *c = stow_run_lock_take (f->out, NULL);
+      if (c == NULL)
+        _exit (3);
+      raise (SIGKILL);
+      _exit (4);
+    }
+  int st = 0;
+  g_assert_cmpint (waitpid (child, &st, 0), ==, child);
+  g_assert_true (WIFSIGNALED (st));
+  g_autofree char *lock = g_build_filename (f->out, ".lock", NULL);
+  g_assert_true (g_file_test (lock, G_FILE_TEST_EXISTS)); /* left, unlocked */
+  StowRunLock *b = stow_run_lock_take (f->out, &error);
+  g_assert_no_error (error);
+  g_assert_false (stow_run_lock_created_dir (b));
+  stow_run_lock_release (b, TRUE);
+  /* An OUT the lock did not create stays. */
+  g_assert_true (g_file_test (f->out, G_FILE_TEST_IS_DIR));
+  g_assert_false (g_file_test (lock, G_FILE_TEST_EXISTS));
+}
+
+static void
+test_list_and_remove (Fixture *f, gconstpointer data)
+{
+  g_autoptr (GError) error = NULL;
+  g_auto (GStrv) none = stow_checkpoint_list (f->out, &error);
+  g_assert_no_error (error);
+  g_assert_cmpuint (g_strv_length (none), ==, 0);
+  commit_step (f->out, 20, "a");
+  commit_step (f->out, 3, "b");
+  commit_step (f->out, 1000000, "c");
+  /* Neither a file named like a step nor a temporary directory counts. */
+  g_autofree char *file = g_build_filename (f->out, "step-000004", NULL);
+  stow_test_write_file (file, "x", 1);
+  g_autofree char *tmp
+      = g_build_filename (f->out, ".step-000005.tmp-AAAAAA", NULL);
+  g_assert_cmpint (g_mkdir (tmp, 0755), ==, 0);
+  g_auto (GStrv) names = stow_checkpoint_list (f->out, &error);
+  g_assert_no_error (error);
+  g_autofree char *joined = g_strjoinv (" ", names);
+  g_assert_cmpstr (joined, ==, "step-000003 step-000020 step-1000000");
+  g_assert_cmpuint (stow_checkpoint_name_step (names[2]), ==, 1000000);
+  g_assert_true (stow_checkpoint_remove_others (f->out, "step-000020", &error));
+  g_assert_no_error (error);
+  g_autofree char *listing = stow_test_list_dir (f->out);
+  g_assert_cmpstr (listing, ==,
+                   ".step-000005.tmp-AAAAAA latest step-000004 step-000020");
+}
+
 int
 main (int argc, char **argv)
 {
@@ -816,6 +898,8 @@ main (int argc, char **argv)
   ADD ("/checkpoint/kill-during-commits", test_kill_during_commits);
   ADD ("/checkpoint/latest-invalid", test_latest_invalid);
   ADD ("/checkpoint/commit-failure-rolls-back", test_commit_failure_rolls_back);
+  ADD ("/checkpoint/run-lock", test_run_lock);
+  ADD ("/checkpoint/list-and-remove", test_list_and_remove);
   ADD ("/optim/round-trip", test_optim_round_trip);
   ADD ("/optim/checksum", test_optim_checksum);
   ADD ("/optim/truncated-and-version", test_optim_truncated_and_version);

@@ -8,11 +8,13 @@
  */
 #include "config.h"
 
+#include <math.h>
 #include <string.h>
 
 #include <glib.h>
 #include <glib/gstdio.h>
 
+#include "data/shards.h"
 #include "executor/data.h"
 #include "testutil-io.h"
 
@@ -350,6 +352,119 @@ test_bytes (Fixture *f, gconstpointer data)
                   "no tokens");
 }
 
+/* Shard @name.bin of tokens 0 .. n-1 and, unless @mask is NULL, its
+ * loss mask @name.mask, written by data/'s writer as `stowage tokenize`
+ * writes them. */
+static char *
+write_masked (Fixture *f, const char *name, guint n, const guint8 *mask)
+{
+  g_autofree char *bin = g_strdup_printf ("%s/%s.bin", f->dir, name);
+  g_autofree char *mpath = g_strdup_printf ("%s/%s.mask", f->dir, name);
+  g_autofree guint32 *ids = g_new (guint32, n);
+  for (guint i = 0; i < n; i++)
+    ids[i] = i;
+  g_autoptr (GError) error = NULL;
+  g_autoptr (StowShardWriter) w
+      = stow_shard_writer_new (bin, mask ? mpath : NULL, 2, &error);
+  g_assert_no_error (error);
+  g_assert_true (stow_shard_writer_append (w, ids, mask, n, &error));
+  g_assert_true (stow_shard_writer_finish (w, &error));
+  g_assert_true (stow_shard_writer_commit (w, &error));
+  g_assert_no_error (error);
+  return g_steal_pointer (&bin);
+}
+
+/* Supervised fine-tuning's masks: a target whose mask byte is 0 is
+ * ignored, and the step's loss scale is 1 / the targets of its whole
+ * global batch (1 / (grad_accum x window) without masks); a shard with
+ * no mask beside it counts every token. */
+static void
+test_masks (Fixture *f, gconstpointer data)
+{
+  guint8 mask[40];
+  for (guint i = 0; i < 40; i++)
+    mask[i] = i % 3 != 0; /* 0, 3, 6, ... are prompt tokens */
+  g_autofree char *a = write_masked (f, "a", 40, mask);
+  g_autofree char *b = write_masked (f, "b", 40, NULL);
+  g_autoptr (StowTokenData) d = open_ok (a, STOW_TOKENIZER_NONE, 100);
+  g_assert_true (stow_token_data_has_mask (d));
+  g_autoptr (StowBatches) bt = stow_batches_new (d, 8, 2, FALSE, 0);
+  gint32 tokens[8], targets[8];
+  /* Step 2, micro-batch 1: window 3, tokens 24 .. 31, targets 25 .. 32. */
+  stow_batches_fill (bt, 2, 1, tokens, targets, 8);
+  for (guint i = 0; i < 8; i++)
+    {
+      g_assert_cmpint (tokens[i], ==, 24 + i);
+      gint32 t = 25 + i;
+      g_assert_cmpint (targets[i], ==, t % 3 ? t : STOW_TARGET_IGNORE);
+    }
+  /* Step 1 reads targets 1 .. 16: 11 of them are not multiples of 3. */
+  g_assert_cmpfloat (stow_batches_loss_scale (bt, 1), ==, 1.0 / 11.0);
+
+  g_autoptr (StowTokenData) u = open_ok (b, STOW_TOKENIZER_NONE, 100);
+  g_assert_false (stow_token_data_has_mask (u));
+  g_autoptr (StowBatches) ub = stow_batches_new (u, 8, 2, FALSE, 0);
+  g_assert_cmpfloat (stow_batches_loss_scale (ub, 1), ==, 1.0 / 16.0);
+  stow_batches_fill (ub, 1, 0, tokens, targets, 8);
+  for (guint i = 0; i < 8; i++)
+    g_assert_cmpint (targets[i], ==, 1 + i);
+
+  /* Both: b's tokens (40 .. 79 of the stream) count whole. */
+  g_autofree char *both = g_strdup_printf ("%s,%s", a, b);
+  g_autoptr (StowTokenData) m = open_ok (both, STOW_TOKENIZER_NONE, 100);
+  guint8 got[80];
+  stow_token_data_read_mask (m, 0, 80, got);
+  for (guint i = 0; i < 80; i++)
+    g_assert_cmpuint (got[i], ==, i < 40 ? mask[i] : 1);
+
+  /* A step whose every target is masked has no loss to take the mean of. */
+  guint8 none[40] = { 0 };
+  g_autofree char *z = write_masked (f, "z", 40, none);
+  g_autoptr (StowTokenData) zd = open_ok (z, STOW_TOKENIZER_NONE, 100);
+  g_autoptr (StowBatches) zb = stow_batches_new (zd, 8, 2, FALSE, 0);
+  g_assert_true (isnan (stow_batches_loss_scale (zb, 1)));
+}
+
+/* A mask that is not its shard's: refused naming the mask file and the
+ * field. */
+static void
+test_masks_malformed (Fixture *f, gconstpointer data)
+{
+  guint8 mask[10];
+  memset (mask, 1, sizeof mask);
+  g_autofree char *a = write_masked (f, "a", 10, mask);
+  g_autofree char *mpath = g_strdup_printf ("%s/a.mask", f->dir);
+  g_autoptr (GBytes) good = stow_test_read_file (mpath);
+  gsize len = 0;
+  const guint8 *orig = g_bytes_get_data (good, &len);
+  g_assert_cmpuint (len, ==, STOW_DATA_HEADER_INTS * 4 + 10);
+  static const struct
+  {
+    guint at;
+    guint8 value;
+    const char *says;
+  } cases[] = {
+    { 0, 0x01, "header[0] (magic)" },
+    { 4, 0x02, "header[1] (version)" },
+    { 8, 0x09, "header[2] (token count) is 9" },
+    { STOW_DATA_HEADER_INTS * 4 + 4, 2, "token 4 (byte 1028) is 2" },
+  };
+  for (guint i = 0; i < G_N_ELEMENTS (cases); i++)
+    {
+      g_autofree guint8 *bad = g_memdup2 (orig, len);
+      bad[cases[i].at] = cases[i].value;
+      stow_test_write_file (mpath, bad, len);
+      assert_refused (a, STOW_TOKENIZER_NONE, 100, STOW_DATA_ERROR_INVALID,
+                      mpath, cases[i].says);
+    }
+  stow_test_write_file (mpath, orig, len - 1);
+  assert_refused (a, STOW_TOKENIZER_NONE, 100, STOW_DATA_ERROR_INVALID, mpath,
+                  "a mask of 10 tokens has 1024 + 10");
+  stow_test_write_file (mpath, orig, 100);
+  assert_refused (a, STOW_TOKENIZER_NONE, 100, STOW_DATA_ERROR_INVALID, mpath,
+                  "shorter than the 1024-byte header");
+}
+
 int
 main (int argc, char **argv)
 {
@@ -363,6 +478,8 @@ main (int argc, char **argv)
   ADD ("/data/malformed", test_malformed);
   ADD ("/data/token-vocab", test_token_vocab);
   ADD ("/data/bytes", test_bytes);
+  ADD ("/data/masks", test_masks);
+  ADD ("/data/masks-malformed", test_masks_malformed);
 #undef ADD
   return g_test_run ();
 }

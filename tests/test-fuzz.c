@@ -3,12 +3,14 @@
  * tests/test-fuzz.c: the mutation fuzzer of issue 24, kept in the suite.
  * Every parser is fed mutations of real inputs from a fixed seed: HF
  * config.json files (tests/data/hf), cluster files (tests/data/cluster),
- * plan files (tests/data/golden/ *.plan.json) and the numeric flags of the
- * planning commands.  Each case runs the stowage command that reads it in
- * a forked child of this process (the commands are a library, cli/, so a
- * case costs a fork, not an exec and a catalog load) and fails on a crash
- * (a signal, a sanitizer report), a hang, an exit status other than 0, 1
- * or 2, "nan" or "inf" in the output, or JSON output that does not parse.
+ * plan files (tests/data/golden/ *.plan.json), the numeric flags of the
+ * planning commands, and the JSON API's queries and bodies (stowage serve,
+ * its requests answered in this process as its workers answer them).  Each case
+ * runs the stowage command that reads it in a forked child of this process (the
+ * commands are a library, cli/, so a case costs a fork, not an exec and a
+ * catalog load) and fails on a crash (a signal, a sanitizer report), a hang, an
+ * exit status other than 0, 1 or 2, "nan" or "inf" in the output, or JSON
+ * output that does not parse.
  *
  * STOW_FUZZ_CASES=N runs N cases per parser (default 2000, in the normal
  * and the ASan run alike), STOW_FUZZ_SEED another seed; bench/fuzz.sh
@@ -26,6 +28,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "cli/api.h"
 #include "cli/cli.h"
 #include "core/json.h"
 #include "core/log.h"
@@ -33,6 +36,7 @@
 #include "hw/hw.h"
 #include "models/model.h"
 #include "planner/plan-file.h"
+#include "serve/serve.h"
 #include "tests/testutil.h"
 
 /* A case that runs longer than this is a hang (the slowest legitimate
@@ -774,6 +778,355 @@ test_fuzz_flags (void)
   n_failed = 0;
 }
 
+/* ---- the JSON API -------------------------------------------------------- */
+
+/* What a request may be answered: never 500, never a crash; 403 and 502
+ * only come from the Hub, which the suite keeps offline. */
+static gboolean
+status_ok (guint status)
+{
+  static const guint ok[] = { 200, 400, 404, 405, 413, 414, 415, 422 };
+  for (gsize i = 0; i < G_N_ELEMENTS (ok); i++)
+    if (status == ok[i])
+      return TRUE;
+  return FALSE;
+}
+
+static guint serve_status[600];
+
+/* Answers one request in this process and checks the contract: a status
+ * from the list; a failure is a JSON object whose "error" is a message
+ * and whose "status" is the status; an answer has no NaN or infinity and,
+ * as JSON, parses. */
+static void
+check_request (guint i, const char *method, const char *path, const char *query,
+               const char *body, gsize len, const char *type)
+{
+  gsize n;
+  const StowServeEndpoint *eps = stow_cli_api_endpoints (&n);
+  StowServeReply r;
+  stow_serve_reply_init (&r);
+  g_free (current_case);
+  current_case = g_strdup_printf (
+      "seed %u: %s %s?%.2000s\n  body (%s): %.2000s", seed, method, path,
+      query ? query : "", type ? type : "-", body ? body : "");
+  alarm (HANG_S);
+  stow_serve_answer (eps, n, NULL, method, path, query, body, len, type, &r);
+  alarm (0);
+  const char *why = NULL;
+  g_autofree char *json_why = NULL;
+  if (!status_ok (r.status))
+    why = "a status outside the API's";
+  else if (r.body->len == 0 && r.status != 200)
+    why = "a failure without a body";
+  else if (r.status == 200 && r.exit_code > 1)
+    why = "an answer with exit status 2";
+  /* (a failure may quote the "inf" it was given) */
+  else if (r.status == 200 && stow_text_has_nonfinite (r.body->str))
+    why = "nan or inf in the answer";
+  else if (r.status == 200 && r.content_type
+           && g_str_has_prefix (r.content_type, "application/json"))
+    why = json_why = stow_json_problem (r.body->str);
+  else if (r.status != 200)
+    {
+      g_autoptr (JsonNode) root = json_from_string (r.body->str, NULL);
+      JsonObject *o = root && JSON_NODE_HOLDS_OBJECT (root)
+                          ? json_node_get_object (root)
+                          : NULL;
+      if (o == NULL || !json_object_has_member (o, "error")
+          || json_object_get_int_member_with_default (o, "status", 0)
+                 != (gint64)r.status
+          || strlen (
+                 json_object_get_string_member_with_default (o, "error", ""))
+                 == 0)
+        why = "a failure that is not the API's JSON error";
+    }
+  if (why)
+    {
+      g_test_message ("FUZZ FAILURE (%s): seed %u, request %u: %s\n  status "
+                      "%u, exit %d\n  answer: %.2000s",
+                      why, seed, i, current_case, r.status, r.exit_code,
+                      r.body->str);
+      n_failed++;
+    }
+  if (r.status < G_N_ELEMENTS (serve_status))
+    serve_status[r.status]++;
+  stow_serve_reply_clear (&r);
+}
+
+/* How the requests since @t0 were answered; fails the test on a failed
+ * contract, or when too few reached an answer (the mutations must reach
+ * past the parsers, not only into their errors). */
+static void
+api_summary (const char *what, gint64 t0)
+{
+  g_autoptr (GString) by = g_string_new (NULL);
+  for (guint st = 0; st < G_N_ELEMENTS (serve_status); st++)
+    if (serve_status[st])
+      g_string_append_printf (by, ", %u: %u", st, serve_status[st]);
+  g_test_message ("%s: %u in %.1f s%s; %u failures", what, n_cases,
+                  (g_get_monotonic_time () - t0) / 1e6, by->str, n_failed);
+  g_assert_cmpuint (serve_status[200], >, n_cases / 10);
+  if (n_failed)
+    g_test_fail_printf ("%u failures (the FUZZ FAILURE notes above)", n_failed);
+  n_failed = 0;
+}
+
+/* A query's value: an interesting one, as typed or escaped (or escaped
+ * badly). */
+static char *
+query_value (GRand *r)
+{
+  static const char *const words[] = {
+    "",
+    "llama-7b",
+    "gpt2",
+    "mixtral-8x7b",
+    "t5-3b",
+    "8xA100-80GB",
+    "1xA100-80GB",
+    "4x8xH100-SXM",
+    "local",
+    "LOCAL",
+    "cpu",
+    "nvme",
+    "none",
+    "full",
+    "selective",
+    "true",
+    "false",
+    "maybe",
+    "json",
+    "html",
+    "csv",
+    "md",
+    "text",
+    "deepspeed",
+    "megatron",
+    "fsdp",
+    "accelerate",
+    "plan",
+    "lora",
+    "qlora",
+    "bf16",
+    "fp8",
+    "zero-paper",
+    "/etc/passwd",
+    "../x.json",
+    "org/name",
+    "-x",
+    "--output=/tmp/x",
+    "\xc3\xa9",
+    "a&b=c",
+    "%",
+    "%4",
+    "%zz",
+    "%00",
+    "%c3%a9",
+    "%ff",
+    "+",
+    "a+b",
+    "=",
+    "1=2",
+  };
+  if (g_rand_int_range (r, 0, 3) == 0)
+    return numeric_value (r);
+  const char *w = pick (r, words, G_N_ELEMENTS (words));
+  /* Most go escaped as a client would; the rest as they are. */
+  if (g_rand_boolean (r) && strchr (w, '%') == NULL)
+    return g_uri_escape_string (w, NULL, FALSE);
+  return g_strdup (w);
+}
+
+static const char *const api_names[] = {
+  "model",
+  "gpus",
+  "seq",
+  "micro-batch",
+  "global-batch",
+  "grad-accum",
+  "tp",
+  "pp",
+  "dp",
+  "vpp",
+  "cp",
+  "ep",
+  "zero",
+  "offload-optimizer",
+  "offload-params",
+  "recompute",
+  "precision",
+  "optimizer",
+  "finetune",
+  "engine",
+  "json",
+  "format",
+  "emit",
+  "explain",
+  "top",
+  "all-offloads",
+  "tensors",
+  "revision",
+  "convention",
+  "params",
+  "host-ram",
+  "nvme",
+  "output",
+  "chart",
+  "plan",
+  "cluster",
+  "trace",
+  "config",
+  "verbose",
+  "help",
+  "micro_batch",
+  "GPUS",
+  "",
+  "x",
+  "sp",
+  "no-sp",
+  "layer-major",
+  "resident-layers",
+};
+
+/* Each endpoint with a real question to start from. */
+static const struct
+{
+  const char *path, *question;
+} api_bases[] = {
+  { "/api/fit", "model=llama-7b&gpus=8xA100-80GB" },
+  { "/api/fit", "model=gpt2&gpus=2xA100-80GB" },
+  { "/api/plan", "model=gpt2&gpus=4xA100-80GB&top=3" },
+  { "/api/mem", "model=llama-7b&gpus=8xA100-80GB" },
+  { "/api/mem", "model=flan-t5-base&gpus=2xA100-80GB" },
+  { "/api/simulate", "model=gpt2&gpus=2xA100-80GB" },
+  { "/api/model", "model=llama-7b" },
+  { "/api/models", "" },
+  { "/api/gpus", "gpus=8xA100-80GB" },
+  { "/api/nope", "model=llama-7b" },
+};
+
+static void
+test_fuzz_api_query (void)
+{
+  GRand *r = g_rand_new_with_seed (seed ^ 0xa91);
+  memset (serve_status, 0, sizeof serve_status);
+  gint64 t0 = g_get_monotonic_time ();
+  for (guint i = 0; i < n_cases; i++)
+    {
+      /* Most questions start as real ones, so that the mutations reach
+       * the planner and not only the parsers. */
+      int b = g_rand_int_range (r, 0, G_N_ELEMENTS (api_bases));
+      const char *path = api_bases[b].path;
+      GString *q = g_string_new (
+          g_rand_int_range (r, 0, 8) ? api_bases[b].question : NULL);
+      int extra = g_rand_int_range (r, 0, 4) ? g_rand_int_range (r, 0, 3)
+                                             : g_rand_int_range (r, 0, 6);
+      for (int k = 0; k < extra; k++)
+        {
+          g_autofree char *v = query_value (r);
+          const char *name = pick (r, api_names, G_N_ELEMENTS (api_names));
+          int shape = g_rand_int_range (r, 0, 16);
+          if (q->len)
+            g_string_append_c (q, '&');
+          if (shape == 0)
+            g_string_append (q, name); /* a switch without a value */
+          else if (shape == 1)
+            g_string_append_printf (q, "=%s", v);
+          else if (shape == 2)
+            g_string_append_printf (q, "%s==%s&&", name, v);
+          else
+            g_string_append_printf (q, "%s=%s", name, v);
+        }
+      if (g_rand_int_range (r, 0, 50) == 0)
+        {
+          /* long: past the query's bound, or nearly */
+          guint len = (guint)g_rand_int_range (r, 7000, 9000);
+          g_string_append (q, "&seq=");
+          while (q->len < len)
+            g_string_append_c (q, '9');
+        }
+      const char *method = g_rand_int_range (r, 0, 20) == 0 ? "PUT" : "GET";
+      check_request (i, method, path, q->str, NULL, 0, NULL);
+      g_string_free (q, TRUE);
+    }
+  g_rand_free (r);
+  api_summary ("api queries", t0);
+}
+
+/* JSON bodies: questions as objects, mutated as the file parsers' inputs
+ * are; and pasted config.json files, mutated from the same seeds as the
+ * config parser's. */
+static void
+test_fuzz_api_body (void)
+{
+  static const char *const bodies[] = {
+    "{\"model\": \"llama-7b\", \"gpus\": \"8xA100-80GB\", \"micro-batch\": 2, "
+    "\"json\": true}",
+    "{\"model\": \"gpt2\", \"gpus\": \"4xA100-80GB\", \"top\": 3, \"seq\": "
+    "\"4k\", \"explain\": null, \"zero\": 3}",
+    "{\"params\": 7.5e9, \"convention\": \"zero-paper\", \"gpus\": "
+    "\"64xA100-80GB\", \"zero\": 3}",
+    "{\"gpus\": \"8xA100-80GB\", \"all-offloads\": true, \"model\": "
+    "\"llama-13b\"}",
+    "{\"model\": \"llama-7b\", \"gpus\": \"8xA100-80GB\", \"emit\": "
+    "\"deepspeed\"}",
+  };
+  static const char *const types[] = {
+    "application/json", "application/json; charset=utf-8",
+    "APPLICATION/JSON", "application/x-www-form-urlencoded",
+    "text/plain",       NULL,
+  };
+  static const char *const paths[]
+      = { "/api/fit", "/api/mem", "/api/plan", "/api/model", "/api/gpus" };
+  g_autoptr (GPtrArray) configs = seed_texts ("hf", ".json", NULL);
+  GRand *r = g_rand_new_with_seed (seed ^ 0xb0d1);
+  memset (serve_status, 0, sizeof serve_status);
+  gint64 t0 = g_get_monotonic_time ();
+  for (guint i = 0; i < n_cases; i++)
+    {
+      g_autofree char *body = NULL;
+      const char *type = "application/json";
+      const char *path = pick (r, paths, G_N_ELEMENTS (paths));
+      int kind = g_rand_int_range (r, 0, 10);
+      if (kind < 5)
+        body = mutate_json (r, pick (r, bodies, G_N_ELEMENTS (bodies)));
+      else if (kind < 9)
+        {
+          /* a pasted config, mutated, as a string or as an object */
+          const char *orig
+              = configs->pdata[g_rand_int_range (r, 0, (gint32)configs->len)];
+          g_autofree char *cfg = mutate_json (r, orig);
+          g_autoptr (JsonBuilder) b = json_builder_new ();
+          json_builder_begin_object (b);
+          json_builder_set_member_name (b, "gpus");
+          json_builder_add_string_value (b, "8xA100-80GB");
+          json_builder_set_member_name (b, "config");
+          g_autoptr (JsonNode) obj = json_from_string (cfg, NULL);
+          if (obj != NULL && g_rand_boolean (r))
+            json_builder_add_value (b, g_steal_pointer (&obj));
+          else
+            json_builder_add_string_value (
+                b, g_utf8_validate (cfg, -1, NULL) ? cfg : "{}");
+          json_builder_end_object (b);
+          g_autoptr (JsonNode) root = json_builder_get_root (b);
+          body = json_to_string (root, FALSE);
+          path = g_rand_boolean (r) ? "/api/model" : "/api/mem";
+        }
+      else
+        {
+          type = pick (r, types, G_N_ELEMENTS (types));
+          body = g_rand_boolean (r)
+                     ? g_strdup ("model=gpt2&gpus=1xA100-80GB&json=1")
+                     : mutate_json (r, pick (r, bodies, G_N_ELEMENTS (bodies)));
+        }
+      /* The body's bytes as sent: the length, not the first NUL. */
+      check_request (i, "POST", path, NULL, body, strlen (body), type);
+    }
+  g_rand_free (r);
+  api_summary ("api bodies", t0);
+}
+
 /* The unit parsers themselves, in process, twenty times as many: every
  * input parses to a finite value or fails with a message quoting it. */
 static void
@@ -841,6 +1194,8 @@ main (int argc, char **argv)
   g_test_add_func ("/fuzz/plan-file", test_fuzz_plan);
   g_test_add_func ("/fuzz/numeric-flags", test_fuzz_flags);
   g_test_add_func ("/fuzz/units", test_fuzz_units);
+  g_test_add_func ("/fuzz/api-query", test_fuzz_api_query);
+  g_test_add_func ("/fuzz/api-body", test_fuzz_api_body);
   int rc = g_test_run ();
 
   const char *names[] = { "config.json", "cluster.json", "plan.json" };

@@ -834,6 +834,20 @@ test_malformed_files (void)
   g_assert_cmpuint (m->params, ==, 6738415616ull);
   g_assert_cmpstr (m->source, ==, cfg);
 
+  /* One in a Hugging Face cache snapshot is named after its repository. */
+  g_autofree char *snap
+      = g_build_filename (dir, "models--acme--Tiny-1.5B", "snapshots",
+                          "0123456789abcdef0123456789abcdef01234567", NULL);
+  g_assert_cmpint (g_mkdir_with_parents (snap, 0700), ==, 0);
+  g_autofree char *snap_cfg = write_temp (snap, "config.json", full);
+  g_autoptr (StowModel) hm = stow_model_lookup (snap, &error);
+  g_assert_no_error (error);
+  g_assert_cmpstr (hm->name, ==, "acme/Tiny-1.5B");
+  g_unlink (snap_cfg);
+  g_autofree char *rm
+      = g_strdup_printf ("rm -rf '%s/models--acme--Tiny-1.5B'", dir);
+  g_assert_true (g_spawn_command_line_sync (rm, NULL, NULL, NULL, NULL));
+
   const char *files[] = { notjson, empty, array, trunc, big, cfg };
   for (gsize i = 0; i < G_N_ELEMENTS (files); i++)
     g_unlink (files[i]);
@@ -895,6 +909,95 @@ test_lookup (void)
   double ms = (double)(g_get_monotonic_time () - t0) / 1000.0;
   g_test_message ("deepseek-v3: %u tensors in %.1f ms", v3->tensors->len, ms);
   g_assert_cmpuint (v3->tensors->len, >, 61 * 10 + 58 * 256 * 3);
+}
+
+/* The server's lookup: catalog names and Hub ids, never a file, even one
+ * that exists under the name given; and a pasted config.json counts as
+ * the same file would. */
+static void
+test_lookup_named (void)
+{
+  g_autoptr (GError) error = NULL;
+  g_autoptr (StowModel) cat
+      = stow_model_lookup_named ("LLaMA-65B", NULL, &error);
+  g_assert_no_error (error);
+  g_assert_cmpstr (cat->name, ==, "llama-65b");
+  g_assert_cmpuint (cat->params, ==, 65285660672);
+
+  /* An existing file by its absolute path, and relative as ORG/NAME (a
+   * Hub id's shape: offline in the suite, so not found, never read). */
+  g_autofree char *abs = g_test_build_filename (G_TEST_DIST, "data", "hf",
+                                                "llama-7b.json", NULL);
+  g_assert_true (g_file_test (abs, G_FILE_TEST_IS_REGULAR));
+  g_autoptr (StowModel) by_path = stow_model_lookup_named (abs, NULL, &error);
+  g_assert_null (by_path);
+  g_assert_error (error, STOW_MODEL_ERROR, STOW_MODEL_ERROR_NOT_FOUND);
+  g_assert_nonnull (strstr (error->message, "nor a Hub id"));
+  g_clear_error (&error);
+  g_autofree char *data_dir = g_test_build_filename (G_TEST_DIST, "data", NULL);
+  g_autofree char *cwd = g_get_current_dir ();
+  g_assert_cmpint (g_chdir (data_dir), ==, 0);
+  g_autoptr (StowModel) rel
+      = stow_model_lookup_named ("hf/llama-7b.json", NULL, &error);
+  g_assert_null (rel);
+  g_assert_nonnull (error);
+  g_assert_true (error->domain == STOW_MODEL_ERROR);
+  g_clear_error (&error);
+  /* ... which the user's own lookup reads. */
+  g_autoptr (StowModel) file
+      = stow_model_lookup_revision ("hf/llama-7b.json", NULL, &error);
+  g_assert_no_error (error);
+  g_assert_cmpint (g_chdir (cwd), ==, 0);
+
+  g_autoptr (StowModel) typo
+      = stow_model_lookup_named ("lama-65b", NULL, &error);
+  g_assert_null (typo);
+  g_assert_error (error, STOW_MODEL_ERROR, STOW_MODEL_ERROR_NOT_FOUND);
+  g_assert_nonnull (strstr (error->message, "did you mean \"llama-65b\""));
+  g_clear_error (&error);
+  g_autoptr (StowModel) rev
+      = stow_model_lookup_named ("llama-65b", "main", &error);
+  g_assert_null (rev);
+  g_assert_error (error, STOW_MODEL_ERROR, STOW_MODEL_ERROR_INVALID);
+  g_clear_error (&error);
+
+  /* Pasted: the file's text gives the file's counts, under the name
+   * given. */
+  g_autofree char *text = NULL;
+  gsize len = 0;
+  g_assert_true (g_file_get_contents (abs, &text, &len, NULL));
+  g_autoptr (StowModel) pasted = stow_model_new_from_data (
+      text, (gssize)len, "pasted config.json", &error);
+  g_assert_no_error (error);
+  g_assert_cmpuint (pasted->params, ==, file->params);
+  g_assert_cmpuint (pasted->params, ==, 6738415616);
+  g_assert_cmpstr (pasted->name, ==, "pasted config.json");
+  g_assert_cmpstr (pasted->source, ==, "pasted config.json");
+  /* The limits of a file: size, nesting, an object at the root. */
+  GString *big = g_string_new ("{\"pad\": \"");
+  while (big->len < 4 * 1024 * 1024 + 16)
+    g_string_append (big, "xxxxxxxxxxxxxxxx");
+  g_string_append (big, "\"}");
+  g_autoptr (StowModel) large
+      = stow_model_new_from_data (big->str, (gssize)big->len, "pasted", &error);
+  g_string_free (big, TRUE);
+  g_assert_null (large);
+  g_assert_error (error, STOW_MODEL_ERROR, STOW_MODEL_ERROR_INVALID);
+  g_assert_nonnull (strstr (error->message, "pasted"));
+  g_clear_error (&error);
+  GString *deep = g_string_new (NULL);
+  for (int i = 0; i < 100; i++)
+    g_string_append (deep, "[");
+  g_autoptr (StowModel) nested
+      = stow_model_new_from_data (deep->str, -1, "pasted", &error);
+  g_string_free (deep, TRUE);
+  g_assert_null (nested);
+  g_assert_error (error, STOW_MODEL_ERROR, STOW_MODEL_ERROR_INVALID);
+  g_clear_error (&error);
+  g_autoptr (StowModel) array
+      = stow_model_new_from_data ("[1, 2]", -1, "pasted", &error);
+  g_assert_null (array);
+  g_assert_error (error, STOW_MODEL_ERROR, STOW_MODEL_ERROR_INVALID);
 }
 
 /* Every catalog file is compiled in, is named after its "stowage.name",
@@ -986,6 +1089,57 @@ random_value (void)
       break;
     }
   return n;
+}
+
+/* transformers 5 writes rope_theta and the rope's scaling into one
+ * rope_parameters object, and dtype for torch_dtype: Llama-3.1-8B's
+ * published config (rope_theta 500000; rope_scaling llama3, factor 8,
+ * low_freq_factor 1, high_freq_factor 4, original_max_position_embeddings
+ * 8192) reads the same in both forms. */
+static void
+test_rope_parameters (void)
+{
+#define LLAMA31                                                                \
+  "{\"model_type\": \"llama\", \"hidden_size\": 4096, "                        \
+  "\"num_hidden_layers\": 32, \"num_attention_heads\": 32, "                   \
+  "\"num_key_value_heads\": 8, \"intermediate_size\": 14336, "                 \
+  "\"vocab_size\": 128256, "
+  static const char *const v4 = LLAMA31
+      "\"rope_theta\": 500000.0, \"torch_dtype\": \"bfloat16\", "
+      "\"rope_scaling\": {\"rope_type\": \"llama3\", \"factor\": 8.0, "
+      "\"low_freq_factor\": 1.0, \"high_freq_factor\": 4.0, "
+      "\"original_max_position_embeddings\": 8192}}";
+  static const char *const v5
+      = LLAMA31 "\"dtype\": \"bfloat16\", \"rope_parameters\": {"
+                "\"rope_theta\": 500000.0, \"rope_type\": \"llama3\", "
+                "\"factor\": 8.0, \"low_freq_factor\": 1.0, "
+                "\"high_freq_factor\": 4.0, "
+                "\"original_max_position_embeddings\": 8192}}";
+  /* An unscaled rope in the new form: rope_type default, no scaling. */
+  static const char *const plain
+      = LLAMA31 "\"rope_parameters\": {\"rope_theta\": 250000.0, "
+                "\"rope_type\": \"default\"}}";
+#undef LLAMA31
+  g_autoptr (GError) error = NULL;
+  g_autoptr (StowModel) a = from_text (v4, &error);
+  g_assert_no_error (error);
+  g_autoptr (StowModel) b = from_text (v5, &error);
+  g_assert_no_error (error);
+  g_autoptr (StowModel) c = from_text (plain, &error);
+  g_assert_no_error (error);
+  for (guint i = 0; i < 2; i++)
+    {
+      const StowModel *m = i ? b : a;
+      g_assert_cmpfloat (m->rope_theta, ==, 500000.0);
+      g_assert_cmpstr (m->rope_type, ==, "llama3");
+      g_assert_cmpfloat (m->rope_factor, ==, 8.0);
+      g_assert_cmpfloat (m->rope_low_freq_factor, ==, 1.0);
+      g_assert_cmpfloat (m->rope_high_freq_factor, ==, 4.0);
+      g_assert_cmpuint (m->rope_original_max_positions, ==, 8192);
+      g_assert_cmpstr (m->torch_dtype, ==, "bfloat16");
+    }
+  g_assert_cmpfloat (c->rope_theta, ==, 250000.0);
+  g_assert_null (c->rope_type);
 }
 
 static void
@@ -1514,7 +1668,9 @@ main (int argc, char **argv)
   g_test_add_func ("/models/malformed-values", test_malformed_values);
   g_test_add_func ("/models/malformed-files", test_malformed_files);
   g_test_add_func ("/models/lookup", test_lookup);
+  g_test_add_func ("/models/lookup-named", test_lookup_named);
   g_test_add_func ("/models/catalog-files", test_catalog_files);
   g_test_add_func ("/models/fuzz", test_fuzz);
+  g_test_add_func ("/models/rope-parameters", test_rope_parameters);
   return g_test_run ();
 }

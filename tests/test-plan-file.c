@@ -40,6 +40,12 @@ eight_zero3 (StowLayout *l, StowTraining *t)
   l->grad_accum = 4;
   t->global_batch = 64;
   t->precision = STOW_PRECISION_FP16;
+  /* Optimizer settings other than the defaults: each must survive. */
+  t->optim.lr = 3e-4, t->optim.min_lr = 3e-5;
+  t->optim.warmup_steps = 20, t->optim.total_steps = 1000;
+  t->optim.schedule = STOW_LR_COSINE;
+  t->optim.weight_decay = 0.1, t->optim.decay_on = STOW_DECAY_ALL;
+  t->optim.beta2 = 0.95, t->optim.eps = 1e-6, t->optim.max_grad_norm = 0.5;
 }
 
 static void
@@ -343,6 +349,20 @@ test_errors (void)
     { "\"chunked_loss\" : false,\n    \"fused_loss\" : false",
       "\"chunked_loss\" : true,\n    \"fused_loss\" : true",
       "training: chunked_loss and fused_loss" },
+    { "\"beta2\" : 0.94999999999999996", "\"beta2\" : 1.5",
+      "training.optim: --beta1 0.9, --beta2 1.5: each must be below 1" },
+    { "\"min_lr\" : 3.0000000000000001e-05", "\"min_lr\" : 0.01",
+      "training.optim: --min-lr 0.01 is above --lr 0.0003" },
+    { "\"steps\" : 1000", "\"steps\" : 0",
+      "training.optim: --lr-schedule cosine decays to --min-lr" },
+    { "\"lr_schedule\" : \"cosine\"", "\"lr_schedule\" : \"step\"",
+      "training.optim: --lr-schedule \"step\"" },
+    { "\"weight_decay_on\" : \"all\"", "\"weight_decay_on\" : \"norms\"",
+      "training.optim: --weight-decay-on \"norms\"" },
+    { "\"eps\" : 9.9999999999999995e-07", "\"eps\" : -1",
+      "training.optim: eps: -1 is below 0" },
+    { "\"max_grad_norm\" : 0.5", "\"max_grad_nrom\" : 0.5",
+      "unknown field \"max_grad_nrom\" (did you mean \"max_grad_norm\"?)" },
   };
   for (gsize i = 0; i < G_N_ELEMENTS (bad); i++)
     {
@@ -352,6 +372,29 @@ test_errors (void)
       expect_error (text, bad[i].needle);
     }
   expect_error ("[1, 2]", "object");
+
+  /* A plan without training.optim (written before it existed) trains
+   * with the defaults; so does one without some of its members. */
+  g_autoptr (JsonNode) root
+      = stow_json_parse_data (good, -1, "plan.json", NULL);
+  JsonObject *tr
+      = json_object_get_object_member (json_node_get_object (root), "training");
+  json_object_remove_member (json_object_get_object_member (tr, "optim"), "lr");
+  g_autofree char *no_lr = stow_json_to_string (root, TRUE);
+  json_object_remove_member (tr, "optim");
+  g_autofree char *no_optim = stow_json_to_string (root, TRUE);
+  StowOptimSettings def;
+  stow_optim_settings_init (&def);
+  g_autoptr (GError) e1 = NULL;
+  g_autoptr (StowPlanFile) p1
+      = stow_plan_file_from_data (no_lr, -1, "plan.json", &e1);
+  g_assert_no_error (e1);
+  g_assert_cmpfloat (p1->training.optim.lr, ==, def.lr);
+  g_assert_cmpfloat (p1->training.optim.beta2, ==, 0.95);
+  g_autoptr (StowPlanFile) p2
+      = stow_plan_file_from_data (no_optim, -1, "plan.json", &e1);
+  g_assert_no_error (e1);
+  g_assert_true (memcmp (&p2->training.optim, &def, sizeof def) == 0);
   expect_error ("{\"format\": \"stowage-plan\", \"version\": 1}", "model");
   g_autoptr (GError) error = NULL;
   g_assert_null (stow_plan_file_read ("/nonexistent/plan.json", &error));

@@ -198,7 +198,8 @@ stow_cpu_run_op (CpuBackend *b, guint i, GError **error)
       {
         guint8 *in = b->map.addr[b->map.input_of[op->micro_batch]];
         guint64 n = b->map.n_tokens;
-        stow_batches_fill (b->data, b->step, op->micro_batch,
+        stow_batches_fill (b->eval ? b->eval_data : b->data, b->step,
+                           op->micro_batch,
                            (gint32 *)(in + b->map.input.tokens),
                            (gint32 *)(in + b->map.input.targets), n);
         return TRUE;
@@ -207,13 +208,18 @@ stow_cpu_run_op (CpuBackend *b, guint i, GError **error)
     case STOW_OP_RECOMPUTE:
     case STOW_OP_BACKWARD:
       return stow_decoder_run_op (stow_llama_decoder (b->llama), &b->map, op,
-                                  NULL);
+                                  b->loss_scale, NULL);
     case STOW_OP_LOSS:
       {
         /* This op's sum, then the step's: the order the step's loss has
          * always been summed in. */
         double sum = 0;
-        stow_decoder_run_op (stow_llama_decoder (b->llama), &b->map, op, &sum);
+        if (b->eval)
+          stow_decoder_run_eval_loss (stow_llama_decoder (b->llama), &b->map,
+                                      op, &sum);
+        else
+          stow_decoder_run_op (stow_llama_decoder (b->llama), &b->map, op,
+                               b->loss_scale, &sum);
         b->loss_sum += sum;
         return TRUE;
       }

@@ -54,6 +54,7 @@ struct _CpuBackend
   StowAdam *adam;
   StowArena *arena;
   StowBatches *data;
+  StowBatches *eval_data; /* or NULL */
   guint copy_delay_us;
   StowTensorMap map; /* where each tensor is; map.addr: the buffers */
   guint n_buffers;
@@ -67,9 +68,11 @@ struct _CpuBackend
   /* timing */
   gint64 t0_us;
   double *op_start, *op_end;
-  /* the step */
+  /* the step, or with eval the evaluation batch (begin_eval) */
   guint64 step;
-  double loss_sum; /* sum of token losses, scaled at the end */
+  gboolean eval;
+  double loss_sum;   /* sum of token losses, scaled at the end */
+  double loss_scale; /* the step's: 1 / its targets (stow_batches_loss_scale) */
   double grad_norm, clip_coef, lr;
   gboolean skip;
   /* The step's norm covered every gradient and is small enough that

@@ -387,7 +387,9 @@ cpu_begin_step (StowBackend *bb, guint64 step)
 {
   CpuBackend *b = (CpuBackend *)bb;
   b->step = step;
+  b->eval = FALSE;
   b->loss_sum = 0;
+  b->loss_scale = stow_batches_loss_scale (b->data, step);
   b->grad_norm = NAN;
   b->clip_coef = 1.0;
   b->skip = FALSE;
@@ -401,11 +403,26 @@ cpu_begin_step (StowBackend *bb, guint64 step)
   memset (b->op_end, 0, sizeof (double) * MAX (b->p->ops->len, 1));
 }
 
+static void
+cpu_begin_eval (StowBackend *bb, guint64 batch)
+{
+  CpuBackend *b = (CpuBackend *)bb;
+  g_return_if_fail (b->eval_data != NULL && batch >= 1);
+  b->eval = TRUE;
+  b->step = batch;
+  b->loss_sum = 0;
+  b->loss_scale = stow_batches_loss_scale (b->eval_data, batch);
+  memset (b->recorded, 0, sizeof (gboolean) * MAX (b->p->events->len, 1));
+  memset (b->op_start, 0, sizeof (double) * MAX (b->p->ops->len, 1));
+  memset (b->op_end, 0, sizeof (double) * MAX (b->p->ops->len, 1));
+}
+
 static gboolean
 cpu_step_stats (StowBackend *bb, StowStepStats *out, GError **error)
 {
   CpuBackend *b = (CpuBackend *)bb;
-  out->loss = b->loss_sum * b->p->loss_scale;
+  out->loss = b->loss_sum * b->loss_scale;
+  out->loss_sum = b->loss_sum;
   out->grad_norm = b->grad_norm;
   out->skipped = b->skip;
   out->lr = b->lr;
@@ -587,6 +604,7 @@ static const StowBackendVtable cpu_vtable = {
   .destroy = cpu_destroy,
   .alloc_persistent = cpu_alloc_persistent,
   .begin_step = cpu_begin_step,
+  .begin_eval = cpu_begin_eval,
   .step_stats = cpu_step_stats,
   .peak_bytes = cpu_peak_bytes,
   .reset_peak = cpu_reset_peak,
@@ -617,6 +635,7 @@ stow_backend_cpu_new (const StowBackendSetup *setup, GError **error)
   b->p = p;
   b->model = stow_model_ref ((StowModel *)setup->model);
   b->data = setup->data;
+  b->eval_data = setup->eval_data;
   b->copy_delay_us = setup->copy_delay_us;
   b->delayed.on = setup->delayed_update;
   b->no_pin = setup->no_pin;

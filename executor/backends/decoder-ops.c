@@ -6,13 +6,20 @@
  */
 #include "executor/backends/decoder-ops.h"
 
-/* The gradients op @op writes: a gradient slot's occupant or the
- * persistent gradients. */
-static guint
-grads_of (const StowTensorMap *m, const StowOp *op)
+/* Where op @op writes the gradients of @unit: the gradient slot's
+ * occupant (or a tied embedding's buffer) holding it, or the persistent
+ * gradients. */
+static guint8 *
+grads_of (const StowTensorMap *m, const StowOp *op, guint unit)
 {
-  guint g = stow_tensor_map_io (m, op, TRUE, STOW_BUF_GRADS);
-  return g != STOW_NONE ? g : m->grads_buf;
+  for (guint i = 0; i < op->n_writes; i++)
+    {
+      const StowBuffer *b = stow_tensor_map_buffer (m, op->writes[i]);
+      if (b->kind == STOW_BUF_GRADS && unit >= b->unit_first
+          && unit < b->unit_first + b->n_units)
+        return stow_tensor_map_unit (m, op->writes[i], unit);
+    }
+  return stow_tensor_map_unit (m, m->grads_buf, unit);
 }
 
 /* The micro-batch's INPUT buffer (m->input says where it keeps its
@@ -48,40 +55,63 @@ run_forward (const StowDecoder *d, const StowTensorMap *m, const StowOp *op)
 
 static void
 run_loss (const StowDecoder *d, const StowTensorMap *m, const StowOp *op,
-          double *loss_sum)
+          double scale, double *loss_sum)
 {
   guint64 n = m->n_tokens;
   guint8 *in = input_of (m, op);
   void *norm, *lm, *dnorm, *dlm;
   stow_tensor_map_head_in (m, stow_tensor_map_weights_of (m, op), &norm, &lm);
-  stow_tensor_map_head_in (m, grads_of (m, op), &dnorm, &dlm);
+  /* The head's gradients, and a tied head's into the embedding's, which
+   * may sit in another buffer (a gradient slot holds one unit). */
+  gsize ge = stow_dtype_size (m->p->grad_dtype);
+  guint8 *head = grads_of (m, op, m->head_unit);
+  dnorm = head + m->head_norm * ge;
+  dlm = m->head_lm != G_MAXUINT64 ? head + m->head_lm * ge
+                                  : grads_of (m, op, m->emb_unit);
   guint logits = stow_tensor_map_io (m, op, TRUE, STOW_BUF_LOGITS);
   g_assert (logits != STOW_NONE);
   guint8 *x = stow_tensor_map_layer_output (m, (gint)m->model->n_layers - 1,
                                             op->micro_batch);
   stow_decoder_head_loss (d, n, norm, lm, x, (gint32 *)(in + m->input.targets),
-                          m->p->loss_scale, dnorm, dlm, op->accumulate, x,
-                          m->addr[logits], m->chunk, loss_sum);
+                          scale, dnorm, dlm, op->accumulate, x, m->addr[logits],
+                          m->chunk, loss_sum);
+}
+
+void
+stow_decoder_run_eval_loss (const StowDecoder *d, const StowTensorMap *m,
+                            const StowOp *op, double *loss_sum)
+{
+  g_return_if_fail (op->kind == STOW_OP_LOSS && loss_sum != NULL);
+  guint8 *in = input_of (m, op);
+  void *norm, *lm;
+  stow_tensor_map_head_in (m, stow_tensor_map_weights_of (m, op), &norm, &lm);
+  guint logits = stow_tensor_map_io (m, op, TRUE, STOW_BUF_LOGITS);
+  g_assert (logits != STOW_NONE);
+  guint8 *x = stow_tensor_map_layer_output (m, (gint)m->model->n_layers - 1,
+                                            op->micro_batch);
+  stow_decoder_head_eval_loss (d, m->n_tokens, norm, lm, x,
+                               (gint32 *)(in + m->input.targets),
+                               m->addr[logits], m->chunk, loss_sum);
 }
 
 static void
 run_backward (const StowDecoder *d, const StowTensorMap *m, const StowOp *op)
 {
-  guint gbuf = grads_of (m, op);
+  guint8 *g = grads_of (m, op, op->unit);
   if (op->layer == STOW_LAYER_EMBEDDING)
     {
       guint8 *in = input_of (m, op);
-      stow_decoder_embed_backward (
-          d, (gint32 *)(in + m->input.tokens), m->n_tokens, in + m->input.x,
-          stow_tensor_map_unit (m, gbuf, op->unit), op->accumulate);
+      stow_decoder_embed_backward (d, (gint32 *)(in + m->input.tokens),
+                                   m->n_tokens, in + m->input.x, g,
+                                   op->accumulate);
       return;
     }
   StowLlamaLayerWeights lw, lg;
   stow_tensor_map_layer (
       m, stow_tensor_map_unit (m, stow_tensor_map_weights_of (m, op), op->unit),
       op->unit, m->esize, &lw);
-  stow_tensor_map_layer (m, stow_tensor_map_unit (m, gbuf, op->unit), op->unit,
-                         stow_dtype_size (m->p->grad_dtype), &lg);
+  stow_tensor_map_layer (m, g, op->unit, stow_dtype_size (m->p->grad_dtype),
+                         &lg);
   StowLlamaSaved s;
   stow_tensor_map_saved (m, op, TRUE, &s);
   guint ws = stow_tensor_map_io (m, op, TRUE, STOW_BUF_WORKSPACE);
@@ -93,7 +123,7 @@ run_backward (const StowDecoder *d, const StowTensorMap *m, const StowOp *op)
 
 gboolean
 stow_decoder_run_op (const StowDecoder *d, const StowTensorMap *m,
-                     const StowOp *op, double *loss_sum)
+                     const StowOp *op, double loss_scale, double *loss_sum)
 {
   g_return_val_if_fail (d != NULL && m != NULL && op != NULL, FALSE);
   switch (op->kind)
@@ -104,7 +134,7 @@ stow_decoder_run_op (const StowDecoder *d, const StowTensorMap *m,
       return TRUE;
     case STOW_OP_LOSS:
       g_return_val_if_fail (loss_sum != NULL, FALSE);
-      run_loss (d, m, op, loss_sum);
+      run_loss (d, m, op, loss_scale, loss_sum);
       return TRUE;
     case STOW_OP_BACKWARD:
       run_backward (d, m, op);

@@ -15,10 +15,18 @@ G_BEGIN_DECLS
 
 /* Runs op @op of @map's program on @decoder, over the addresses in
  * @map->addr.  A loss op adds its tokens' losses (unscaled) to *@loss_sum,
- * a double in the decoder's memory.  Returns FALSE, touching nothing, for
- * an op of another kind. */
+ * a double in the decoder's memory, and its gradients are those of
+ * @loss_scale times that sum (the step's: stow_batches_loss_scale).
+ * Returns FALSE, touching nothing, for an op of another kind. */
 gboolean stow_decoder_run_op (const StowDecoder *decoder,
                               const StowTensorMap *map, const StowOp *op,
-                              double *loss_sum);
+                              double loss_scale, double *loss_sum);
+
+/* Loss op @op for evaluation: its tokens' losses (unscaled) added to
+ * *@loss_sum as stow_decoder_run_op adds them, and no gradient written
+ * (stow_decoder_head_eval_loss). */
+void stow_decoder_run_eval_loss (const StowDecoder *decoder,
+                                 const StowTensorMap *map, const StowOp *op,
+                                 double *loss_sum);
 
 G_END_DECLS

@@ -26,6 +26,8 @@ typedef struct
    * them on the compute stream's worker, the cuda backend on the host
    * when the op is issued. */
   StowBatches *data;
+  /* The batches evaluation runs read (borrowed), or NULL. */
+  StowBatches *eval_data;
   /* ZeRO-Offload's one-step delayed parameter update (the program lowered
    * with it): step s's host optimizer applies step s - 1's gradients,
    * kept aside when step s begins, while step s computes. */

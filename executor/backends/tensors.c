@@ -164,13 +164,18 @@ index_buffers (StowTensorMap *m, const char *backend, GError **error)
   guint64 wmax = 0; /* the largest unit a layer slot takes */
   for (guint s = 0; s < G_N_ELEMENTS (m->slot_buf); s++)
     m->slot_buf[s] = STOW_NONE;
-  /* A gradient slot holds the largest unit's gradients. */
+  /* A gradient slot holds the largest unit's gradients that pass through
+   * it (a tied embedding's have a buffer of their own). */
   guint64 gmax = 0, umax = 0;
   for (guint u = 0; u < p->units->len; u++)
+    umax = MAX (umax, unit_of (m, u)->numel);
+  for (guint i = 0; i < p->buffers->len; i++)
     {
-      gmax
-          = MAX (gmax, unit_of (m, u)->numel * stow_dtype_size (p->grad_dtype));
-      umax = MAX (umax, unit_of (m, u)->numel);
+      const StowBuffer *buf = stow_tensor_map_buffer (m, i);
+      if (buf->kind == STOW_BUF_GRADS && !buf->persistent
+          && buf->slot >= STOW_SLOT_GRADS && buf->unit_first != STOW_NONE)
+        gmax = MAX (gmax, unit_of (m, buf->unit_first)->numel
+                              * stow_dtype_size (p->grad_dtype));
     }
   guint64 saved = m->saved_bytes;
   guint64 out = m->out_bytes;
@@ -187,16 +192,16 @@ index_buffers (StowTensorMap *m, const char *backend, GError **error)
             {
               /* A gradient slot's occupant: one unit's gradients of one
                * micro-batch. */
-              if (m->model->tied_embeddings)
-                {
-                  g_set_error (error, STOW_BACKEND_ERROR,
-                               STOW_BACKEND_ERROR_UNSUPPORTED,
-                               "program buffer \"%s\": the %s backend does "
-                               "not run gradient slots with tied embeddings "
-                               "(the head writes the embedding's gradient)",
-                               buf->name, backend);
-                  return FALSE;
-                }
+              break;
+            }
+          if (!buf->persistent && buf->n_units == 1)
+            {
+              /* A tied embedding's gradients of one micro-batch, from the
+               * loss to the embedding's backward: a buffer of their own. */
+              ok = check_size (backend, buf,
+                               unit_of (m, buf->unit_first)->numel
+                                   * stow_dtype_size (p->grad_dtype),
+                               error);
               break;
             }
           /* fall through */
@@ -207,6 +212,20 @@ index_buffers (StowTensorMap *m, const char *backend, GError **error)
               /* One unit's weights: a resident streamed layer, or a
                * layer slot's occupant (its bytes are the slot's). */
               guint64 need = unit_of (m, buf->unit_first)->numel * m->esize;
+              if (m->model->tied_embeddings
+                  && buf->unit_first + 1 == p->units->len)
+                {
+                  /* Its copy would bring the embedding too. */
+                  g_set_error (error, STOW_BACKEND_ERROR,
+                               STOW_BACKEND_ERROR_UNSUPPORTED,
+                               "program buffer \"%s\": the %s backend does "
+                               "not stream the output layer of a model with "
+                               "tied embeddings (--offload-params with "
+                               "tie_word_embeddings); keep the parameters on "
+                               "the device",
+                               buf->name, backend);
+                  return FALSE;
+                }
               if (buf->persistent)
                 {
                   ok = check_size (backend, buf, need, error);
@@ -534,7 +553,7 @@ stow_tensor_map_adam_config (const StowTensorMap *m, guint unit, guint k,
   cfg->lr = lr;
   cfg->beta1 = p->optim.beta1, cfg->beta2 = p->optim.beta2;
   cfg->eps = p->optim.eps;
-  cfg->weight_decay = t->n_dims >= 2 ? p->optim.weight_decay : 0.0;
+  cfg->weight_decay = stow_optim_decay_of (&p->optim, t->n_dims);
 }
 
 void
@@ -698,10 +717,13 @@ stow_tensor_map_grad_norm (const StowTensorMap *m, StowAdam *adam, guint buffer,
 
 /* ---- copies ------------------------------------------------------------- */
 
+/* One unit's gradients of one micro-batch: a gradient slot's occupant or
+ * a tied embedding's own buffer. */
 static gboolean
 is_grad_slot (const StowBuffer *buf)
 {
-  return buf->kind == STOW_BUF_GRADS && buf->slot >= STOW_SLOT_GRADS;
+  return buf->kind == STOW_BUF_GRADS && !buf->persistent
+         && (buf->slot >= STOW_SLOT_GRADS || buf->n_units == 1);
 }
 
 gboolean

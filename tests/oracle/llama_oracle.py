@@ -161,8 +161,9 @@ def reference(c, ps, tokens, targets):
     x = ps["embed"][tokens]  # (B, T, h)
     freqs = torch.outer(torch.arange(T, dtype=torch.float64), inv_freq(c))
     emb = torch.cat((freqs, freqs), dim=-1)
-    cos, sin = emb.cos(), emb.sin()  # (T, d)
-    mask = torch.full((T, T), float("-inf"), dtype=torch.float64).triu(1)
+    dt = ps["embed"].dtype  # float64, or float32 (train_oracle's peer)
+    cos, sin = emb.cos().to(dt), emb.sin().to(dt)  # (T, d)
+    mask = torch.full((T, T), float("-inf"), dtype=dt).triu(1)
     for l in range(c["n_layers"]):
         p = lambda s: ps["layers.%d.%s" % (l, s)]
         bias = lambda s: p(s) if ("layers.%d.%s" % (l, s)) in ps else None

@@ -50,6 +50,7 @@ struct _CudaBackend
   StowTensorMap map; /* map.addr: device addresses of the buffers */
   StowLlamaCuda *llama;
   StowBatches *data;
+  StowBatches *eval_data; /* or NULL */
   /* the device tier */
   void *dev_base;
   StowArena *arena;
@@ -68,7 +69,9 @@ struct _CudaBackend
   double *loss_h, *loss_d; /* pinned / device: the step's loss sum */
   void **shadow;           /* [buffer]: host copies of persistent ones */
   GError *error;           /* the first failure at issue time */
-  guint64 step;
+  guint64 step;            /* or with eval the evaluation batch (begin_eval) */
+  gboolean eval;
+  double loss_scale; /* the step's: 1 / its targets */
   double lr;
   /* ZeRO-Offload: the program's pinned buffers (registered with CUDA),
    * CPU Adam, and what the host ops found, under host_lock (they run on
@@ -278,7 +281,7 @@ run_data (CudaBackend *b, const StowOp *op, GError **error)
   /* Tokens then targets, laid out as the INPUT buffer holds them: one
    * copy up. */
   guint8 *host = (guint8 *)b->staging + (gsize)op->micro_batch * m->input.x;
-  stow_batches_fill (b->data, b->step, op->micro_batch,
+  stow_batches_fill (b->eval ? b->eval_data : b->data, b->step, op->micro_batch,
                      (gint32 *)(host + m->input.tokens),
                      (gint32 *)(host + m->input.targets), n);
   return cuda_ok (cudaMemcpyAsync (m->addr[m->input_of[op->micro_batch]], host,
@@ -446,12 +449,18 @@ run_op (CudaBackend *b, guint i, GError **error)
     {
     case STOW_OP_DATA:
       return run_data (b, op, error);
+    case STOW_OP_LOSS:
+      if (!b->eval)
+        return stow_decoder_run_op (stow_llama_cuda_decoder (b->llama), &b->map,
+                                    op, b->loss_scale, b->loss_d);
+      stow_decoder_run_eval_loss (stow_llama_cuda_decoder (b->llama), &b->map,
+                                  op, b->loss_d);
+      return TRUE;
     case STOW_OP_FORWARD:
     case STOW_OP_RECOMPUTE:
-    case STOW_OP_LOSS:
     case STOW_OP_BACKWARD:
       return stow_decoder_run_op (stow_llama_cuda_decoder (b->llama), &b->map,
-                                  op, b->loss_d);
+                                  op, b->loss_scale, b->loss_d);
     case STOW_OP_GRAD_NORM:
       run_grad_norm (b);
       return TRUE;
@@ -720,12 +729,26 @@ cuda_alloc_persistent (StowBackend *bb, GError **error)
   return TRUE;
 }
 
+/* Every stream starts after this point on the compute stream. */
+static void
+start_streams (CudaBackend *b)
+{
+  cudaStream_t cs = b->streams[STOW_STREAM_COMPUTE];
+  check (b, cudaEventRecord (b->t0, cs), "cudaEventRecord");
+  for (guint s = 0; s < STOW_N_STREAMS; s++)
+    if (s != STOW_STREAM_COMPUTE)
+      check (b, cudaStreamWaitEvent (b->streams[s], b->t0, 0),
+             "cudaStreamWaitEvent");
+}
+
 static void
 cuda_begin_step (StowBackend *bb, guint64 step)
 {
   CudaBackend *b = (CudaBackend *)bb;
   cudaStream_t cs = b->streams[STOW_STREAM_COMPUTE];
   b->step = step;
+  b->eval = FALSE;
+  b->loss_scale = stow_batches_loss_scale (b->data, step);
   b->lr = stow_optim_lr_at (&b->p->optim, step);
   memset (b->op_timed, 0, sizeof (gboolean) * MAX (b->p->ops->len, 1));
   /* No clipping and no skip unless the grad_norm op says otherwise. */
@@ -748,11 +771,23 @@ cuda_begin_step (StowBackend *bb, guint64 step)
   check (b, cudaMemsetAsync (b->loss_d, 0, sizeof (double), cs),
          "cudaMemsetAsync");
   /* Every stream starts the step after this point. */
-  check (b, cudaEventRecord (b->t0, cs), "cudaEventRecord");
-  for (guint s = 0; s < STOW_N_STREAMS; s++)
-    if (s != STOW_STREAM_COMPUTE)
-      check (b, cudaStreamWaitEvent (b->streams[s], b->t0, 0),
-             "cudaStreamWaitEvent");
+  start_streams (b);
+}
+
+static void
+cuda_begin_eval (StowBackend *bb, guint64 batch)
+{
+  CudaBackend *b = (CudaBackend *)bb;
+  g_return_if_fail (b->eval_data != NULL && batch >= 1);
+  b->eval = TRUE;
+  b->step = batch;
+  b->loss_scale = stow_batches_loss_scale (b->eval_data, batch);
+  memset (b->op_timed, 0, sizeof (gboolean) * MAX (b->p->ops->len, 1));
+  check (b,
+         cudaMemsetAsync (b->loss_d, 0, sizeof (double),
+                          b->streams[STOW_STREAM_COMPUTE]),
+         "cudaMemsetAsync");
+  start_streams (b);
 }
 
 static gboolean
@@ -768,7 +803,8 @@ cuda_step_stats (StowBackend *bb, StowStepStats *out, GError **error)
                    "cudaMemcpyAsync", error)
       || !cuda_ok (cudaStreamSynchronize (cs), "cudaStreamSynchronize", error))
     return FALSE;
-  out->loss = *b->loss_h * b->p->loss_scale;
+  out->loss = *b->loss_h * b->loss_scale;
+  out->loss_sum = *b->loss_h;
   out->grad_norm = b->state_h->norm; /* NaN when no grad_norm op ran */
   out->skipped = b->state_h->skip != 0;
   out->lr = b->lr;
@@ -969,6 +1005,7 @@ static const StowBackendVtable cuda_vtable = {
   .destroy = cuda_destroy,
   .alloc_persistent = cuda_alloc_persistent,
   .begin_step = cuda_begin_step,
+  .begin_eval = cuda_begin_eval,
   .step_stats = cuda_step_stats,
   .peak_bytes = cuda_peak_bytes,
   .reset_peak = cuda_reset_peak,
@@ -996,6 +1033,7 @@ stow_backend_cuda_new (const StowBackendSetup *setup, GError **error)
   b->p = p;
   b->model = stow_model_ref ((StowModel *)setup->model);
   b->data = setup->data;
+  b->eval_data = setup->eval_data;
   b->delayed.on = setup->delayed_update;
   g_mutex_init (&b->host_lock);
   b->jobs = g_new0 (HostJob, MAX (p->ops->len, 1));

@@ -664,7 +664,8 @@ gemm (void *ctx, guint64 M, guint64 N, guint64 K, float alpha, StowMat A,
 /* ---- output layer and loss --------------------------------------------------- */
 
 /* One block per row of logits (cn, V), in place: the row becomes
- * scale (softmax - onehot (target)) and loss[i] = logsumexp - logit[t].
+ * scale (softmax - onehot (target)) and loss[i] = logsumexp - logit[t]
+ * (0 and 0 for a negative target, ignored).
  * At bf16 (BF) the row is stored as bf16 in the first half of its own
  * bytes (ld 2 V bf16 elements), a tile at a time: tile j0's 16-bit
  * results land on floats below j0 + ROW_T, all read before the barrier,
@@ -678,7 +679,18 @@ softmax_xent_kernel (guint64 V, float *logits, const gint32 *targets,
   guint64 i = blockIdx.x;
   float *l = logits + i * V;
   gint32 t32 = targets[i];
-  guint64 t = t32 < 0 || (guint64)t32 >= V ? 0 : (guint64)t32;
+  if (t32 < 0) /* ignored (a masked target): no loss, no gradient */
+    {
+      for (guint64 j = threadIdx.x; j < V; j += ROW_T)
+        if (BF)
+          ((uint16_t *)l)[j] = 0;
+        else
+          l[j] = 0;
+      if (threadIdx.x == 0)
+        loss[i] = 0;
+      return;
+    }
+  guint64 t = (guint64)t32 >= V ? 0 : (guint64)t32;
   float lt = l[t];
   float m = -INFINITY;
   for (guint64 j = threadIdx.x; j < V; j += ROW_T)
