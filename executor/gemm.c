@@ -556,26 +556,19 @@ scale_c (guint64 M, guint64 N, float beta, float *C, guint64 ldc)
       C[i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[i * ldc + j];
 }
 
-void
-stow_gemm_f32 (gboolean ta, gboolean tb, guint64 M, guint64 N, guint64 K,
-               float alpha, const float *A, guint64 lda, const float *B,
-               guint64 ldb, float beta, float *C, guint64 ldc)
+/* A product in oneDNN's matmul of data type @dt (its operands' type; C is
+ * fp32 either way). */
+static void
+dnnl_product (dnnl_data_type_t dt, gboolean ta, gboolean tb, guint64 M,
+              guint64 N, guint64 K, float alpha, const void *A, guint64 lda,
+              const void *B, guint64 ldb, float beta, float *C, guint64 ldc)
 {
-  g_return_if_fail (dn.engine != NULL || ob.sgemm != NULL);
-  if (M == 0 || N == 0)
-    return;
-  if (choice.f32 == STOW_GEMM_OPENBLAS)
-    {
-      ob.sgemm (101, ta ? 112 : 111, tb ? 112 : 111, (int)M, (int)N, (int)K,
-                alpha, A, (int)lda, B, (int)ldb, beta, C, (int)ldc);
-      return;
-    }
   if (K == 0)
     {
       scale_c (M, N, beta, C, ldc);
       return;
     }
-  MatmulKey k = { .dt = dnnl_f32,
+  MatmulKey k = { .dt = dt,
                   .ta = ta,
                   .tb = tb,
                   .M = M,
@@ -590,6 +583,23 @@ stow_gemm_f32 (gboolean ta, gboolean tb, guint64 M, guint64 N, guint64 K,
 }
 
 void
+stow_gemm_f32 (gboolean ta, gboolean tb, guint64 M, guint64 N, guint64 K,
+               float alpha, const float *A, guint64 lda, const float *B,
+               guint64 ldb, float beta, float *C, guint64 ldc)
+{
+  g_return_if_fail (dn.engine != NULL || ob.sgemm != NULL);
+  if (M == 0 || N == 0)
+    return;
+  if (choice.f32 == STOW_GEMM_OPENBLAS)
+    {
+      ob.sgemm (101, ta ? 112 : 111, tb ? 112 : 111, (int)M, (int)N, (int)K,
+                alpha, A, (int)lda, B, (int)ldb, beta, C, (int)ldc);
+      return;
+    }
+  dnnl_product (dnnl_f32, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+void
 stow_gemm_bf16 (gboolean ta, gboolean tb, guint64 M, guint64 N, guint64 K,
                 float alpha, const guint16 *A, guint64 lda, const guint16 *B,
                 guint64 ldb, float beta, float *C, guint64 ldc)
@@ -597,21 +607,6 @@ stow_gemm_bf16 (gboolean ta, gboolean tb, guint64 M, guint64 N, guint64 K,
   g_return_if_fail (choice.bf16_native);
   if (M == 0 || N == 0)
     return;
-  if (K == 0)
-    {
-      scale_c (M, N, beta, C, ldc);
-      return;
-    }
-  MatmulKey k = { .dt = dnnl_bf16,
-                  .ta = ta,
-                  .tb = tb,
-                  .M = M,
-                  .N = N,
-                  .K = K,
-                  .lda = lda,
-                  .ldb = ldb,
-                  .ldc = ldc,
-                  .alpha = alpha,
-                  .beta = beta };
-  matmul_run (&k, A, B, C);
+  dnnl_product (dnnl_bf16, ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C,
+                ldc);
 }

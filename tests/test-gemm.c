@@ -155,6 +155,19 @@ static const Shape shapes[] = {
 };
 
 /* @bf16: operands rounded to bf16 and multiplied by stow_gemm_bf16. */
+/* The kernel under test: bf16 operands (Ah, Bh) or fp32 (A, B). */
+static void
+product (gboolean bf16, gboolean ta, gboolean tb, guint64 M, guint64 N,
+         guint64 K, float alpha, const float *A, const guint16 *Ah, guint64 lda,
+         const float *B, const guint16 *Bh, guint64 ldb, float beta, float *C,
+         guint64 ldc)
+{
+  if (bf16)
+    stow_gemm_bf16 (ta, tb, M, N, K, alpha, Ah, lda, Bh, ldb, beta, C, ldc);
+  else
+    stow_gemm_f32 (ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
 static void
 check_products (gboolean bf16)
 {
@@ -201,12 +214,8 @@ check_products (gboolean bf16)
           memcpy (C, C0, M * ldc * sizeof (float));
           reference (ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C0, ldc,
                      want, mag);
-          if (bf16)
-            stow_gemm_bf16 (ta, tb, M, N, K, alpha, Ah, lda, Bh, ldb, beta, C,
-                            ldc);
-          else
-            stow_gemm_f32 (ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C,
-                           ldc);
+          product (bf16, ta, tb, M, N, K, alpha, A, Ah, lda, B, Bh, ldb, beta,
+                   C, ldc);
           for (guint64 i = 0; i < M; i++)
             for (guint64 j = 0; j < N; j++)
               {
@@ -235,12 +244,8 @@ check_products (gboolean bf16)
                              C0 + i * ldc + N, 2 * sizeof (float));
           /* The same call again: the same bits. */
           g_autofree float *C2 = g_memdup2 (C0, M * ldc * sizeof (float));
-          if (bf16)
-            stow_gemm_bf16 (ta, tb, M, N, K, alpha, Ah, lda, Bh, ldb, beta, C2,
-                            ldc);
-          else
-            stow_gemm_f32 (ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C2,
-                           ldc);
+          product (bf16, ta, tb, M, N, K, alpha, A, Ah, lda, B, Bh, ldb, beta,
+                   C2, ldc);
           g_assert_cmpmem (C, M * ldc * sizeof (float), C2,
                            M * ldc * sizeof (float));
         }
