@@ -5,14 +5,18 @@
  * `stowage train --data`.  Prints what it wrote on stdout; a progress bar
  * on stderr when stderr is a terminal.
  */
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 
+#include <glib/gstdio.h>
+
 #include "cli/cli.h"
 #include "cli/commands.h"
 #include "cli/corpus.h"
+#include "cli/model-source.h"
 #include "core/units.h"
 #include "data/shards.h"
 #include "data/tokenize.h"
@@ -79,8 +83,9 @@ stow_cmd_tokenize (int argc, char **argv)
   const GOptionEntry entries[] = {
     { "tokenizer", 0, 0, G_OPTION_ARG_FILENAME, &tok_path,
       "The model's directory (its tokenizer.json, tokenizer_config.json, "
-      "generation_config.json) or a tokenizer.json (required)",
-      "DIR|FILE" },
+      "generation_config.json), a tokenizer.json, or a Hub id whose "
+      "tokenizer files are fetched into the Hugging Face cache (required)",
+      "DIR|FILE|ORG/NAME" },
     { "out", 0, 0, G_OPTION_ARG_FILENAME, &out,
       "Write PREFIX_train.bin (and PREFIX_val.bin, PREFIX_*.mask) "
       "(required)",
@@ -176,16 +181,14 @@ stow_cmd_tokenize (int argc, char **argv)
     return stow_cli_failf (hint, "tokenize: --split-lines is for text files; "
                                  "JSONL is one document per line already");
 
-  if (!g_file_test (tok_path, G_FILE_TEST_EXISTS)
-      && stow_hub_is_repo_id (tok_path))
-    return stow_cli_failf (
-        "download it (huggingface-cli download ID) and pass its directory",
-        "tokenize: --tokenizer \"%s\": no such file or directory; Hub ids "
-        "are not resolved here yet",
-        tok_path);
   g_autoptr (GError) error = NULL;
+  /* A Hub id: its tokenizer files, fetched into the Hugging Face cache
+   * where `train --model` finds them (with the weights then). */
+  g_autofree char *tok_dir = stow_cli_tokenizer_source (tok_path, NULL, &error);
+  if (tok_dir == NULL)
+    return stow_cli_fail (error, NULL);
   g_autoptr (StowHfTokenizer) t
-      = stow_cli_tokenizer_open (tok_path, &job.bos_id, &job.eos_id, &error);
+      = stow_cli_tokenizer_open (tok_dir, &job.bos_id, &job.eos_id, &error);
   if (t == NULL)
     return stow_cli_fail (error, NULL);
   job.tokenizer = t;
@@ -193,12 +196,23 @@ stow_cmd_tokenize (int argc, char **argv)
   Progress pr = { .tty = isatty (2), .start_us = g_get_monotonic_time () };
   job.progress = progress;
   job.user = &pr;
+  /* --out data/qa: the folder made for it, and taken away again when
+   * nothing was written there. */
+  g_autofree char *out_dir = g_path_get_dirname (out);
+  gboolean made = !g_file_test (out_dir, G_FILE_TEST_IS_DIR);
+  if (made && g_mkdir_with_parents (out_dir, 0755) != 0)
+    return stow_cli_failf (NULL, "tokenize: --out \"%s\": %s", out,
+                           g_strerror (errno));
   StowTokenizeResult r;
   gboolean ok = stow_tokenize_corpus (&job, &r, &error);
   if (pr.tty)
     fprintf (stderr, "\r\033[K");
   if (!ok)
-    return stow_cli_fail (error, NULL);
+    {
+      if (made)
+        g_rmdir (out_dir);
+      return stow_cli_fail (error, NULL);
+    }
 
   char count[STOW_FORMAT_BUF], docs[STOW_FORMAT_BUF];
   printf ("tokenizer: %s, %u ids: uint%u tokens; each document: ",

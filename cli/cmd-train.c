@@ -710,10 +710,10 @@ stow_cmd_train (int argc, char **argv)
       "completions)",
       "FILES" },
     { "tokenizer", 0, 0, G_OPTION_ARG_STRING, &o.tokenizer,
-      "For text and JSONL --data: a model directory or tokenizer.json "
-      "(default: --model's tokenizer.json), or bytes: one token per byte "
-      "(vocab >= 256)",
-      "DIR|FILE|bytes" },
+      "For text and JSONL --data: a model directory, tokenizer.json or "
+      "Hub id (default: --model's tokenizer.json), or bytes: one token per "
+      "byte (vocab >= 256)",
+      "DIR|FILE|ORG/NAME|bytes" },
     { "shuffle", 0, 0, G_OPTION_ARG_NONE, &o.shuffle,
       "Permute the micro-batch windows of each pass over the data (seeded)",
       NULL },

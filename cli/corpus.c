@@ -3,6 +3,7 @@
  * cli/corpus.c: text and JSONL to token shards for train (corpus.h).
  */
 #include "cli/corpus.h"
+#include "cli/model-source.h"
 
 #include <errno.h>
 #include <glob.h>
@@ -174,7 +175,11 @@ stow_cli_train_tokens (const char *flag, const char *spec,
                    flag, spec);
       return NULL;
     }
-  const char *tok_path = tokenizer ? tokenizer : model_dir;
+  g_autofree char *named
+      = tokenizer ? stow_cli_tokenizer_source (tokenizer, NULL, error) : NULL;
+  if (tokenizer && named == NULL)
+    return NULL;
+  const char *tok_path = named ? named : model_dir;
   g_autofree char *tok_json
       = g_file_test (tok_path, G_FILE_TEST_IS_DIR)
             ? g_build_filename (tok_path, "tokenizer.json", NULL)

@@ -118,6 +118,26 @@ stow_cli_model_dir (const char *arg, const char *revision, GError **error)
   return stow_hub_download_model (arg, revision, &how, error);
 }
 
+char *
+stow_cli_tokenizer_source (const char *arg, const char *revision,
+                           GError **error)
+{
+  g_return_val_if_fail (arg != NULL, NULL);
+  if (g_file_test (arg, G_FILE_TEST_EXISTS) || !stow_hub_is_repo_id (arg))
+    {
+      if (revision != NULL)
+        return revision_needs_hub_id (arg, "a file or directory", error), NULL;
+      return g_strdup (arg);
+    }
+  Bar bar = { isatty (2), stow_log_get_level () == STOW_LOG_QUIET };
+  StowHubDownload how = {
+    .progress = on_progress,
+    .user = &bar,
+    .no_weights = TRUE,
+  };
+  return stow_hub_download_model (arg, revision, &how, error);
+}
+
 /* ---- init-model's config ------------------------------------------------ */
 
 char *

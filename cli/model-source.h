@@ -21,6 +21,13 @@ G_BEGIN_DECLS
 char *stow_cli_model_dir (const char *arg, const char *revision,
                           GError **error);
 
+/* The directory of the tokenizer files @arg names: an existing file or
+ * directory as it is, or a Hub id's snapshot holding its config and
+ * tokenizer files (no weights), downloaded as stow_cli_model_dir does.
+ * Errors name --tokenizer and the value. */
+char *stow_cli_tokenizer_source (const char *arg, const char *revision,
+                                 GError **error);
+
 /* The config.json file @arg names: a path as given (an existing one, or
  * anything that is not a Hub id: its reader says what is wrong), or a Hub
  * id's config.json from the caches or the Hub (models/hub.h; no weights).

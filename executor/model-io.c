@@ -551,11 +551,16 @@ write_index (const StowProgram *p, const char *dir, const guint *shard_of,
         = (NameShard){ g_array_index (p->unit_tensors, StowUnitTensor, i).name,
                        shard_of[i] };
   qsort (ns, nt, sizeof *ns, by_name);
+  /* transformers 5 writes the parameter count beside the bytes. */
+  guint64 params = 0;
+  for (guint i = 0; i < nt; i++)
+    params += g_array_index (p->unit_tensors, StowUnitTensor, i).numel;
   g_autoptr (GString) s = g_string_new (NULL);
   g_string_append_printf (s,
-                          "{\n  \"metadata\": {\n    \"total_size\": "
+                          "{\n  \"metadata\": {\n    \"total_parameters\": "
+                          "%" G_GUINT64_FORMAT ",\n    \"total_size\": "
                           "%" G_GUINT64_FORMAT "\n  },\n  \"weight_map\": {\n",
-                          total);
+                          params, total);
   for (guint i = 0; i < nt; i++)
     {
       g_autofree char *file = shard_name (ns[i].shard, n);

@@ -230,7 +230,9 @@ scan (const Dl *d, GPtrArray *missing, GPtrArray *unknown, GError **error)
 {
   if (!in_snapshot (d, "config.json"))
     g_ptr_array_add (missing, g_strdup ("config.json"));
-  if (!in_snapshot (d, SINGLE_FILE))
+  if (d->opts && d->opts->no_weights)
+    ; /* the tokenizer's files alone */
+  else if (!in_snapshot (d, SINGLE_FILE))
     {
       if (!in_snapshot (d, INDEX_FILE))
         g_ptr_array_add (missing, g_strdup (SINGLE_FILE " or " INDEX_FILE));
@@ -954,7 +956,8 @@ download (Dl *d, GError **error)
       && !fetch_file (d, "config.json", &m, error))
     return FALSE;
   return write_ref (d, error) && check_config (d, error)
-         && fetch_weights (d, error) && fetch_optional (d, error);
+         && (d->opts && d->opts->no_weights ? TRUE : fetch_weights (d, error))
+         && fetch_optional (d, error);
 }
 
 char *

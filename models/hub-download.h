@@ -40,6 +40,9 @@ typedef struct
   gboolean (*check_config) (const char *config_path, gpointer user,
                             GError **error);
   gpointer user;
+  /* The config and the optional files alone (a tokenizer's files for
+   * `stowage tokenize`), no weights. */
+  gboolean no_weights;
 } StowHubDownload;
 
 /* Returns the snapshot directory of @repo_id at @revision (NULL: "main")

@@ -18,6 +18,7 @@
 #include <glib/gstdio.h>
 #include <json-glib/json-glib.h>
 
+#include "tests/testutil-io.h"
 #include "tests/testutil-train.h"
 #include "tests/testutil.h"
 
@@ -1295,6 +1296,42 @@ test_init_model (void)
   check_error (&f, "--revision applies to Hub ids", NULL);
 }
 
+/* tokenize takes a Hub id: its config and tokenizer files come into the
+ * Hugging Face cache, the weights do not (train --model fetches them). */
+static void
+test_tokenize (void)
+{
+  fresh_env ();
+  gint cdn = g_atomic_int_get (&srv.cdn_requests);
+  g_autofree char *text = g_build_filename (srv.dir, "words.txt", NULL);
+  const char *words = "The model fits on one GPU with its optimizer offloaded.";
+  g_assert_true (g_file_set_contents (text, words, -1, NULL));
+  g_autofree char *prefix = g_build_filename (srv.dir, "tok-hub", NULL);
+  g_auto (StowRun) r = { 0 };
+  stow_run (&r, "tokenize", "--tokenizer", "acme/tok", "--out", prefix, text,
+            NULL);
+  g_test_message ("%s", r.err);
+  g_assert_cmpint (r.status, ==, 0);
+  g_assert_nonnull (strstr (r.err, "acme/tok: downloaded tokenizer.json"));
+  g_assert_cmpint (g_atomic_int_get (&srv.cdn_requests), ==, cdn);
+  g_autofree char *tok
+      = repo_path ("acme/tok", "snapshots", COMMIT, "tokenizer.json", NULL);
+  g_assert_true (g_file_test (tok, G_FILE_TEST_IS_REGULAR));
+  g_autofree char *st
+      = repo_path ("acme/tok", "snapshots", COMMIT, "model.safetensors", NULL);
+  g_assert_false (path_exists_no_follow (st));
+  /* The same tokens as from the tokenizer's own file. */
+  g_autofree char *prefix2 = g_build_filename (srv.dir, "tok-file", NULL);
+  g_auto (StowRun) r2 = { 0 };
+  stow_run (&r2, "tokenize", "--tokenizer", tok, "--out", prefix2, text, NULL);
+  g_assert_cmpint (r2.status, ==, 0);
+  g_autofree char *a = g_strconcat (prefix, "_train.bin", NULL);
+  g_autofree char *b = g_strconcat (prefix2, "_train.bin", NULL);
+  g_autoptr (GBytes) ba = stow_test_read_file (a);
+  g_autoptr (GBytes) bb = stow_test_read_file (b);
+  g_assert_true (g_bytes_equal (ba, bb));
+}
+
 int
 main (int argc, char **argv)
 {
@@ -1338,6 +1375,16 @@ main (int argc, char **argv)
                  "{\"bos_token_id\": 1, \"eos_token_id\": 2}");
   repo_new ("acme/damaged", out)->damaged = TRUE;
   repo_new ("acme/no-etag", out)->no_etag = TRUE;
+  /* A model whose tokenizer is real (Phi-3-mini's). */
+  Repo *tok = repo_new ("acme/tok", out);
+  const char *const tok_files[] = { "tokenizer.json", "tokenizer_config.json" };
+  for (guint i = 0; i < G_N_ELEMENTS (tok_files); i++)
+    {
+      g_autofree char *path
+          = stow_test_fixture ("tokenizers", "phi3-mini", tok_files[i], NULL);
+      g_autoptr (GBytes) bytes = stow_test_read_file (path);
+      repo_add_file (tok, tok_files[i], bytes);
+    }
   Repo *gelu = repo_new ("acme/gelu", out);
   for (guint i = 0; i < gelu->files->len; i++)
     if (g_str_equal (((RepoFile *)g_ptr_array_index (gelu->files, i))->name,
@@ -1365,6 +1412,7 @@ main (int argc, char **argv)
   g_test_add_func ("/hub/no-network", test_no_network);
   g_test_add_func ("/hub/bad-environment", test_bad_environment);
   g_test_add_func ("/hub/git-blob-sha1", test_git_blob_sha1);
+  g_test_add_func ("/hub/tokenize", test_tokenize);
   g_test_add_func ("/hub/download", test_download);
   g_test_add_func ("/hub/download-offline", test_download_offline);
   g_test_add_func ("/hub/download-resume", test_download_resume);
