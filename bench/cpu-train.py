@@ -2,48 +2,71 @@
 # SPDX-License-Identifier: MIT
 #
 # bench/cpu-train.py: training tokens/s of `stowage train` (the cpu backend)
-# against PyTorch eager on the same ~110M-parameter LLaMA (h 768, 12 layers
-# of 12 heads, f 2048, V 32000, tied), the same initial weights, tokens,
-# batch, threads, precision and optimizer (AdamW, clipping at 1.0).  The
-# torch step is the layer of bench/llama-layer.py (HF's modeling_llama
+# against PyTorch on the same ~110M-parameter LLaMA (h 768, 12 layers of 12
+# heads, f 2048, V 32000, tied), the same initial weights, tokens, batch,
+# threads and optimizer (AdamW, clipping at 1.0): stowage in fp32 and
+# --precision bf16; PyTorch from PyPI (a venv, bench/cpu-torch-venv.sh)
+# eager, torch.compile and eager under bf16 autocast; Debian's torch eager.
+# The torch step is the layer of bench/llama-layer.py (HF's modeling_llama
 # math written out) stacked, with the embedding, the final norm and the
-# tied head, in fp32, autograd and torch.optim.AdamW.  Both run the same
-# number of steps; the first (warm-up) is dropped and the median and best
-# of the rest compared.  Beside it, the step's GEMMs at OpenBLAS's own
-# rate on those shapes (bench/sgemm-shapes): how much of the step is
-# outside the BLAS.  Results go to bench/results/cpu-train-<host>-<date>.md.
+# tied head, autograd and torch.optim.AdamW, each system in its own process.
+# The systems take turns, --rounds runs of --steps each; the first --warmup
+# steps of each run are dropped (torch.compile compiles in them), and the
+# median of the kept steps is compared.  Beside it, the step's linear-layer GEMMs at
+# the runtime's own rate on those shapes (bench/sgemm-shapes, the kernel
+# executor/gemm.c chose): how much of the step is outside the GEMMs.
+# Results go to bench/results/cpu-train-<host>-<date>.md, naming the CPU,
+# its flags, the kernels and each torch's BLAS.
 #
 # Run with Debian's python (python3-torch) after building:
-#   /usr/bin/python3 bench/cpu-train.py --build build --threads 2
+#   bench/cpu-torch-venv.sh
+#   /usr/bin/python3 bench/cpu-train.py --build build --threads 2 \
+#     --peer-python bench/venv-torch/bin/python
 
 import argparse
-import importlib.util
 import json
-import math
 import os
+import platform
+import resource
 import statistics
 import struct
 import subprocess
+import sys
 import tempfile
 import time
 
-import torch
-
-from benchlib import read_safetensors, report, stamp
-
 HERE = os.path.dirname(os.path.abspath(__file__))
+# Not first on the path: bench/tokenize.py would stand for the standard
+# library's module (torch.compile imports it); the workers run with -P.
+if HERE in sys.path:
+    sys.path.remove(HERE)
+sys.path.append(HERE)
+from benchlib import read_safetensors, report, stamp  # noqa: E402
+
 ROOT = os.path.dirname(HERE)
-
-spec = importlib.util.spec_from_file_location(
-    "llama_layer", os.path.join(HERE, "llama-layer.py"))
-ll = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(ll)
+FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16")
 
 
-def torch_steps(a, model_dir, toks):
-    """Step times of PyTorch eager on the same model and data."""
+def load_layer():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        "llama_layer", os.path.join(HERE, "llama-layer.py"))
+    ll = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ll)
+    return ll
+
+
+def torch_worker(a):
+    """One run of PyTorch (--worker eager|compile|autocast) on the model
+    and tokens the parent wrote; prints its step times and losses."""
+    import torch
+    ll = load_layer()
     torch.set_num_threads(a.threads)
-    hf = read_safetensors(os.path.join(model_dir, "model.safetensors"))
+    hf = read_safetensors(os.path.join(a.model_dir, "model.safetensors"))
+    with open(a.tokens, "rb") as f:
+        toks = torch.tensor(list(struct.unpack(
+            "<%dH" % (os.path.getsize(a.tokens) // 2), f.read())),
+            dtype=torch.long)
     names = dict(attn_norm="input_layernorm", wq="self_attn.q_proj",
                  wk="self_attn.k_proj", wv="self_attn.v_proj",
                  wo="self_attn.o_proj", mlp_norm="post_attention_layernorm",
@@ -63,56 +86,90 @@ def torch_steps(a, model_dir, toks):
     e = torch.outer(torch.arange(T).float(), inv)
     e = torch.cat((e, e), dim=-1)
     cos, sin = e.cos(), e.sin()
-    times, losses = [], []
-    for step in range(a.steps):
-        i = step * B * T
-        x_ids = toks[i:i + B * T].reshape(B, T)
-        y = toks[i + 1:i + B * T + 1].reshape(B, T)
-        t0 = time.perf_counter()
-        opt.zero_grad(set_to_none=True)
+
+    def loss_of(x_ids, y):
         x = emb[x_ids]
         for p in layers:
             x = ll.layer(p, cos, sin, x, a.heads, a.heads)
         logits = torch.nn.functional.linear(ll.rms_norm(x, norm), emb)
-        loss = torch.nn.functional.cross_entropy(logits.view(B * T, -1),
-                                                 y.reshape(-1))
+        return torch.nn.functional.cross_entropy(
+            logits.view(B * T, -1).float(), y.reshape(-1))
+
+    fwd = torch.compile(loss_of) if a.worker == "compile" else loss_of
+    times, cpus, losses = [], [], []
+    for step in range(a.steps):
+        i = step * B * T
+        x_ids = toks[i:i + B * T].reshape(B, T)
+        y = toks[i + 1:i + B * T + 1].reshape(B, T)
+        t0, c0 = time.perf_counter(), time.process_time()
+        opt.zero_grad(set_to_none=True)
+        with torch.autocast("cpu", dtype=torch.bfloat16,
+                            enabled=a.worker == "autocast"):
+            loss = fwd(x_ids, y)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
-        times.append(time.perf_counter() - t0)
         losses.append(loss.item())
-    return times, losses
+        times.append(time.perf_counter() - t0)
+        cpus.append(time.process_time() - c0)
+    cfg = torch.__config__.show()
+    blas = [ln.strip(" -") for ln in cfg.splitlines()
+            if "Math Kernel" in ln or "MKL-DNN" in ln or "oneDNN" in ln
+            or "OpenBLAS" in ln or "BLAS_INFO" in ln]
+    print(json.dumps(dict(times=times, losses=losses,
+                          cpu=statistics.mean(cpus[a.warmup:]),
+                          version=torch.__version__,
+                          blas="; ".join(b.split(",")[0] for b in blas),
+                          isa=torch.backends.cpu.get_cpu_capability()
+                          if hasattr(torch.backends, "cpu") else "")))
 
 
-def gemm_seconds(a):
-    """The step's linear-layer GEMMs at OpenBLAS's rate on each shape:
+def gemm_seconds(a, bf16, env):
+    """The step's linear-layer GEMMs at the runtime's rate on each shape:
     forward X W^T, backward dY W and dY^T X, per layer and for the head."""
     n = a.batch * a.seq
     h, f, V = a.hidden, a.ffn, a.vocab
     shapes = [(n, h, h)] * 4 + [(n, f, h)] * 2 + [(n, h, f)]  # per layer
     per_layer = []
     for (m, o, i) in shapes:  # Y (m, o) = X (m, i) W^T
-        per_layer += [(m, o, i), (m, i, o), (o, i, m)]
-    head = [(n, V, h), (n, h, V), (V, h, n)]
+        per_layer += [("NT", m, o, i), ("NN", m, i, o), ("TN", o, i, m)]
+    head = [("NT", n, V, h), ("NN", n, h, V), ("TN", V, h, n)]
     exe = os.path.join(a.build, "bench", "sgemm-shapes")
-    args = [exe, "--threads", str(a.threads)]
-    for (m, nn, k) in per_layer + head:
-        args += ["%dx%dx%d" % (m, nn, k)]
+    args = [exe, "--threads", str(a.threads)] + (["--bf16"] if bf16 else [])
+    for (t, m, nn, k) in per_layer + head:
+        args += ["%s:%dx%dx%d" % (t, m, nn, k)]
     out = json.loads(subprocess.run(args, check=True, capture_output=True,
-                                    text=True).stdout)
-    secs = out["seconds"]
-    layer_s = sum(secs[:len(per_layer)])
-    head_s = sum(secs[len(per_layer):])
-    flops = sum(2.0 * m * nn * k for (m, nn, k) in per_layer) * a.layers \
-        + sum(2.0 * m * nn * k for (m, nn, k) in head)
-    return layer_s * a.layers + head_s, flops
+                                    text=True, env=env).stdout)
+
+    def total(secs):
+        return sum(secs[:len(per_layer)]) * a.layers \
+            + sum(secs[len(per_layer):])
+    flops = sum(2.0 * m * nn * k for (_, m, nn, k) in per_layer) * a.layers \
+        + sum(2.0 * m * nn * k for (_, m, nn, k) in head)
+    return (total(out["seconds"]), total(out["cpu_seconds"]), flops,
+            out["kernel"])
+
+
+def cpu_info():
+    model, flags = platform.processor(), set()
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+            elif line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                break
+    return model, [x for x in FLAGS if x in flags]
 
 
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--build", default=os.path.join(ROOT, "build"))
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--warmup", type=int, default=1,
+                    help="steps of each run left out of the times")
     ap.add_argument("--seq", type=int, default=512)
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--hidden", type=int, default=768)
@@ -120,8 +177,20 @@ def main():
     ap.add_argument("--heads", type=int, default=12)
     ap.add_argument("--ffn", type=int, default=2048)
     ap.add_argument("--vocab", type=int, default=32000)
+    ap.add_argument("--peer-python",
+                    default=os.path.join(HERE, "venv-torch", "bin", "python"),
+                    help="the python of PyTorch from PyPI "
+                    "(bench/cpu-torch-venv.sh)")
+    ap.add_argument("--debian-python", default="/usr/bin/python3",
+                    help="Debian's python3-torch; '' to leave it out")
     ap.add_argument("--no-save", action="store_true")
+    ap.add_argument("--worker", choices=("eager", "compile", "autocast"),
+                    help=argparse.SUPPRESS)
+    ap.add_argument("--model-dir", help=argparse.SUPPRESS)
+    ap.add_argument("--tokens", help=argparse.SUPPRESS)
     a = ap.parse_args()
+    if a.worker:
+        return torch_worker(a)
     stowage = os.path.join(a.build, "cli", "stowage")
     tmp = tempfile.mkdtemp(prefix="stow-bench-")
     cfg = dict(model_type="llama", hidden_size=a.hidden,
@@ -135,63 +204,170 @@ def main():
     subprocess.run([stowage, "init-model", os.path.join(tmp, "config.json"),
                     "-o", model, "--seed", "1"], check=True,
                    capture_output=True)
+    import random
+    rng = random.Random(2)
     n_tok = a.batch * a.seq * a.steps + 1
-    toks = torch.randint(0, a.vocab, (n_tok,),
-                         generator=torch.Generator().manual_seed(2))
+    toks = [rng.randrange(a.vocab) for _ in range(n_tok)]
+    raw = struct.pack("<%dH" % n_tok, *toks)
     shard = os.path.join(tmp, "train.bin")
     with open(shard, "wb") as f:
         f.write(struct.pack("<256i", 20240520, 1, n_tok, *([0] * 253)))
-        f.write(toks.numpy().astype("<u2").tobytes())
-    log = os.path.join(tmp, "log.jsonl")
-    cmd = [stowage, "train", "--model", model, "--data", shard,
-           "--steps", str(a.steps), "--seq", str(a.seq),
-           "--micro-batch", str(a.batch), "--lr", "1e-4",
-           "--threads", str(a.threads), "--out", os.path.join(tmp, "out"),
-           "--log-json", log]
-    r = subprocess.run(cmd, check=True, capture_output=True, text=True)
-    with open(log) as f:
-        rows = [json.loads(line) for line in f]
-    s_times = [row["step_time_s"] for row in rows][1:]
-    s_loss = [row["loss"] for row in rows]
-    t_times, t_loss = torch_steps(a, model, toks)
-    t_times = t_times[1:]
-    gemm_s, gemm_flops = gemm_seconds(a)
+        f.write(raw)
+    tok_file = os.path.join(tmp, "tokens.u16")
+    with open(tok_file, "wb") as f:
+        f.write(raw)
+    # Passive: a thread that waits sleeps, so that the CPU time is the work
+    # (and a waiting thread takes no core from a loaded machine's others).
+    env = dict(os.environ, OMP_NUM_THREADS=str(a.threads),
+               OMP_WAIT_POLICY="passive")
+    log, out = os.path.join(tmp, "log.jsonl"), os.path.join(tmp, "out")
+
+    def stowage_cpu(cmd):
+        r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        subprocess.run(cmd, check=True, capture_output=True, text=True,
+                       env=env)
+        r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime
+
+    def stowage_run(extra, steps=None):
+        cmd = [stowage, "train", "--model", model, "--data", shard,
+               "--steps", str(steps or a.steps), "--seq", str(a.seq),
+               "--micro-batch", str(a.batch), "--lr", "1e-4",
+               "--threads", str(a.threads), "--out", out, "--log-json",
+               log] + extra
+        subprocess.run(["rm", "-rf", out])
+        cpu = stowage_cpu(cmd)
+        with open(log) as f:
+            rows = [json.loads(line) for line in f]
+        if steps:
+            return cpu
+        # The CPU time of the kept steps: this run's less that of a run of
+        # the warm-up steps alone (loading, the first steps, saving).
+        subprocess.run(["rm", "-rf", out])
+        base = stowage_run(extra, a.warmup)
+        return dict(times=[r["step_time_s"] for r in rows],
+                    losses=[r["loss"] for r in rows],
+                    cpu=(cpu - base) / (a.steps - a.warmup))
+
+    def torch_run(python, mode):
+        cmd = [python, "-P", os.path.abspath(__file__), "--worker", mode,
+               "--model-dir", model, "--tokens", tok_file]
+        for k in ("threads", "steps", "seq", "batch", "hidden", "layers",
+                  "heads", "ffn", "vocab"):
+            cmd += ["--" + k, str(getattr(a, k))]
+        r = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        if r.returncode != 0:
+            sys.exit("%s --worker %s failed:\n%s" % (python, mode,
+                                                     r.stderr[-3000:]))
+        return json.loads(r.stdout.splitlines()[-1])
+
+    systems = [
+        ("stowage train, fp32", lambda: stowage_run([])),
+        ("stowage train --precision bf16",
+         lambda: stowage_run(["--precision", "bf16"])),
+        ("PyTorch eager, fp32", lambda: torch_run(a.peer_python, "eager")),
+        ("PyTorch torch.compile, fp32",
+         lambda: torch_run(a.peer_python, "compile")),
+        ("PyTorch eager, bf16 autocast",
+         lambda: torch_run(a.peer_python, "autocast")),
+    ]
+    if a.debian_python:
+        systems.append(("Debian's PyTorch eager, fp32",
+                        lambda: torch_run(a.debian_python, "eager")))
+    runs = {name: [] for name, _ in systems}
+    load0 = os.getloadavg()[0]
+    for rnd in range(a.rounds):
+        # Alternate the order too: no system always follows the same one.
+        order = systems if rnd % 2 == 0 else systems[::-1]
+        for name, fn in order:
+            runs[name].append(fn())
+            print("round %d: %s %s" % (rnd + 1, name, " ".join(
+                "%.3f" % t for t in runs[name][-1]["times"])),
+                file=sys.stderr, flush=True)
+    load1 = os.getloadavg()[0]
+    med = {n: statistics.median(t for r in rs for t in r["times"][a.warmup:])
+           for n, rs in runs.items()}
+    # The CPU seconds of a step over the threads: the step on a machine
+    # nothing else loads, were the threads always balanced.
+    cpu = {n: statistics.median(r["cpu"] for r in rs) / a.threads
+           for n, rs in runs.items()}
+    gemm32, gcpu32, flops, kernel = gemm_seconds(a, False, env)
+    gemm16, gcpu16, _, _ = gemm_seconds(a, True, env)
     tokens = a.batch * a.seq
     params = sum(x.numel() for x in read_safetensors(
         os.path.join(model, "model.safetensors")).values())
-    sm, tm = statistics.median(s_times), statistics.median(t_times)
+    cpu_model, flags = cpu_info()
     host, now = stamp()
+    peer = runs["PyTorch eager, fp32"][0]
+    deb = runs.get("Debian's PyTorch eager, fp32", [None])[0]
+    s32, s16 = med["stowage train, fp32"], med["stowage train --precision bf16"]
     lines = [
-        "# Training tokens/s: stowage train (cpu backend) vs PyTorch eager "
+        "# Training tokens/s: stowage train (cpu backend) vs PyTorch "
         "(%s, %s UTC)" % (host, now.strftime("%Y-%m-%d %H:%M")), "",
-        "Model: LLaMA h %d, %d layers, %d heads, f %d, V %d, tied: %s "
-        "parameters; seq %d, micro-batch %d, fp32, AdamW with clipping, "
-        "%d threads; torch %s eager (torch.set_num_threads(%d)); %d steps "
-        "each, the first dropped." % (
+        "CPU: %s, %d threads; flags: %s." % (cpu_model, a.threads, " ".join(flags)),
+        "stowage's GEMM kernel (executor/gemm.c): %s." % kernel,
+        "PyTorch from PyPI: torch %s (%s; CPU capability %s)." % (
+            peer["version"], peer["blas"], peer["isa"]),
+    ]
+    if deb:
+        lines.append("Debian's: torch %s (%s)." % (deb["version"],
+                                                  deb["blas"]))
+    lines += [
+        "", "Model: LLaMA h %d, %d layers, %d heads, f %d, V %d, tied: %s "
+        "parameters; seq %d, micro-batch %d, AdamW with clipping; "
+        "%d rounds of the systems in turn, %d steps each, the first %d of "
+        "each run dropped; the median of the rest." % (
             a.hidden, a.layers, a.heads, a.ffn, a.vocab, f"{params:,}", a.seq,
-            a.batch, a.threads, str(torch.__version__), a.threads,
-            a.steps), "",
-        "| | step median (s) | step best (s) | tokens/s (median) |",
-        "|---|---:|---:|---:|",
-        "| stowage train | %.3f | %.3f | %.0f |" % (sm, min(s_times),
-                                                   tokens / sm),
-        "| PyTorch eager | %.3f | %.3f | %.0f |" % (tm, min(t_times),
-                                                   tokens / tm), "",
-        "stowage / PyTorch tokens/s: median %.2fx, best %.2fx (above 1: "
-        "stowage is faster)." % (tm / sm, min(t_times) / min(s_times)), "",
-        "Losses of the first step: stowage %.4f, torch %.4f (same weights "
-        "and tokens)." % (s_loss[0], t_loss[0]), "",
-        "The step's linear-layer GEMMs (%.1f GFLOP) take %.3f s at "
-        "OpenBLAS's own rate on each shape (bench/sgemm-shapes, %d threads, "
-        "best of 3): %.0f%% of stowage's median step; the rest (%.0f%%) is "
-        "attention, the element-wise kernels, the loss and Adam." % (
-            gemm_flops / 1e9, gemm_s, a.threads,
-            100 * gemm_s / sm, 100 * (1 - gemm_s / sm)), "",
-        "Commands:", "",
+            a.batch, a.rounds, a.steps, a.warmup),
+        "The machine's 1-minute load average: %.1f at the start, %.1f at "
+        "the end (other work on a shared machine slows the runs that meet "
+        "it: the median, and the turns, are against that)." % (load0, load1),
+        "",
+        "| system | step median (s) | step best (s) | tokens/s (median) "
+        "| CPU s / step / thread | first loss |",
+        "|---|---:|---:|---:|---:|---:|"]
+    for name, rs in runs.items():
+        kept = [t for r in rs for t in r["times"][a.warmup:]]
+        lines.append("| %s | %.3f | %.3f | %.0f | %.3f | %.4f |" % (
+            name, med[name], min(kept), tokens / med[name], cpu[name],
+            rs[0]["losses"][0]))
+    ratio = [("fp32", "PyTorch eager, fp32", s32),
+             ("fp32", "PyTorch torch.compile, fp32", s32),
+             ("bf16", "PyTorch eager, bf16 autocast", s16)]
+    if deb:
+        ratio.append(("fp32", "Debian's PyTorch eager, fp32", s32))
+    c32 = cpu["stowage train, fp32"]
+    c16 = cpu["stowage train --precision bf16"]
+    lines += ["", "stowage / peer tokens/s (above 1: stowage is faster), from "
+              "the median steps and from the CPU seconds per step:", ""]
+    for prec, peer_name, s in ratio:
+        c = c32 if prec == "fp32" else c16
+        lines.append("- %s: %.2fx (CPU time %.2fx) %s" % (
+            prec, med[peer_name] / s, cpu[peer_name] / c, peer_name))
+    lines += [
+        "", "The step's linear-layer GEMMs (%.1f GFLOP) at the runtime's "
+        "own rate on each shape (bench/sgemm-shapes, %d threads, best of 3 "
+        "calls), against stowage's median step and its CPU seconds per step "
+        "per thread:" % (flops / 1e9, a.threads), "",
+        "| | GEMMs (s) | GFLOP/s | step (s) | GEMM share | the rest (s) |",
+        "|---|---:|---:|---:|---:|---:|"]
+    for label, g, st in (("fp32, wall", gemm32, s32),
+                         ("fp32, CPU time", gcpu32, c32),
+                         ("bf16, wall", gemm16, s16),
+                         ("bf16, CPU time", gcpu16, c16)):
+        lines.append("| %s | %.3f | %.0f | %.3f | %.0f%% | %.3f |" % (
+            label, g, flops / g / 1e9, st, 100 * g / st, st - g))
+    lines += [
+        "", "The rest is attention, the element-wise kernels, the loss and "
+        "Adam.", "",
+        "Command:", "",
         "    /usr/bin/python3 bench/cpu-train.py --build %s --threads %d "
-        "--steps %d" % (os.path.relpath(a.build, ROOT), a.threads, a.steps),
-        "    " + " ".join(os.path.relpath(c, ROOT) if c.startswith(ROOT)
-                          else c for c in cmd[:1]) + " train ...", ""]
+        "--steps %d --rounds %d --warmup %d --peer-python %s" % (
+            os.path.relpath(a.build, ROOT) if a.build.startswith(ROOT)
+            else a.build, a.threads, a.steps, a.rounds,
+            a.warmup,
+            os.path.relpath(a.peer_python, ROOT)
+            if a.peer_python.startswith(ROOT) else a.peer_python), ""]
     report("cpu-train", host, now, lines, save=not a.no_save)
     subprocess.run(["rm", "-rf", tmp])
 

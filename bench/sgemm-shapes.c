@@ -1,63 +1,134 @@
 /* SPDX-License-Identifier: MIT
  *
- * bench/sgemm-shapes.c: OpenBLAS's own rate on given GEMM shapes, for
- * bench/cpu-train.py: for each MxNxK, the best of 3 timed cblas_sgemm
- * calls (row-major C (M, N) = A (M, K) B (K, N)) on OpenBLAS's threads.
- * Prints {"seconds": [...], "gflops": [...]}.  Not a test.
+ * bench/sgemm-shapes.c: the cpu runtime's own rate on given GEMM shapes,
+ * for bench/cpu-train.py: for each [TT:]MxNxK, the best of 3 timed calls
+ * of the runtime's GEMM (stow_llama_gemm: tiles of C on OpenMP threads,
+ * each a call of the kernel executor/gemm.c chose), C (M, N) = op(A) op(B)
+ * with op(A) transposed when the prefix's first letter is T, op(B) when the
+ * second is (NN by default).  --bf16: bf16 operands and C.
+ * Prints {"kernel": "...", "seconds": [...], "gflops": [...], "cpu_seconds":
+ * [...]}: the best wall time of each, and the best CPU time of the process
+ * over the threads (what the wall time would be on a machine nothing else
+ * loads, with the threads balanced).  Not a test.
  *
- * usage: sgemm-shapes --threads 2 512x768x768 512x2048x768 ...
+ * usage: sgemm-shapes [--threads 2] [--bf16] NT:512x768x768 512x2048x768 ...
  */
-#include <cblas.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include <glib.h>
+
+#include "executor/llama-private.h"
 
 int
 main (int argc, char **argv)
 {
-  int threads = 2;
-  GString *secs = g_string_new ("["), *rates = g_string_new ("[");
-  for (int i = 1; i < argc; i++)
+  guint threads = 2;
+  gboolean bf16 = FALSE;
+  int first = 1;
+  for (; first < argc && argv[first][0] == '-'; first++)
     {
-      if (strcmp (argv[i], "--threads") == 0 && i + 1 < argc)
+      if (strcmp (argv[first], "--threads") == 0 && first + 1 < argc)
+        threads = (guint)atoi (argv[++first]);
+      else if (strcmp (argv[first], "--bf16") == 0)
+        bf16 = TRUE;
+      else
         {
-          threads = atoi (argv[++i]);
-          continue;
-        }
-      long m, n, k;
-      if (sscanf (argv[i], "%ldx%ldx%ld", &m, &n, &k) != 3 || m <= 0 || n <= 0
-          || k <= 0)
-        {
-          fprintf (stderr, "sgemm-shapes: \"%s\": expected MxNxK\n", argv[i]);
+          fprintf (stderr, "sgemm-shapes: unknown option %s\n", argv[first]);
           return 2;
         }
-      openblas_set_num_threads (threads);
-      float *a = g_new (float, m *k), *b = g_new (float, k *n),
-            *c = g_new (float, m *n);
+    }
+  /* A runtime only for its GEMM and workspace: the config is a stub. */
+  StowLlamaConfig c = { .hidden = 64,
+                        .n_layers = 1,
+                        .n_heads = 1,
+                        .n_kv_heads = 1,
+                        .head_dim = 64,
+                        .ffn = 64,
+                        .vocab = 64,
+                        .rope_theta = 1e4,
+                        .rms_norm_eps = 1e-6 };
+  GError *error = NULL;
+  StowLlama *L = stow_llama_new (&c, bf16 ? STOW_DTYPE_BF16 : STOW_DTYPE_F32,
+                                 64, threads, &error);
+  if (L == NULL)
+    {
+      fprintf (stderr, "sgemm-shapes: %s\n", error->message);
+      return 2;
+    }
+  g_autofree char *kernel = stow_gemm_describe ();
+  GString *secs = g_string_new ("["), *rates = g_string_new ("[");
+  GString *cpus = g_string_new ("[");
+  gsize esize = bf16 ? 2 : 4;
+  for (int i = first; i < argc; i++)
+    {
+      const char *spec = argv[i];
+      gboolean ta = FALSE, tb = FALSE;
+      if (strlen (spec) > 3 && spec[2] == ':')
+        {
+          ta = spec[0] == 'T';
+          tb = spec[1] == 'T';
+          spec += 3;
+        }
+      long m, n, k;
+      if (sscanf (spec, "%ldx%ldx%ld", &m, &n, &k) != 3 || m <= 0 || n <= 0
+          || k <= 0)
+        {
+          fprintf (stderr, "sgemm-shapes: \"%s\": expected [TT:]MxNxK\n",
+                   argv[i]);
+          return 2;
+        }
+      guint8 *a = g_malloc (esize * m * k), *b = g_malloc (esize * k * n);
+      guint8 *cc = g_malloc (esize * m * n);
       for (long j = 0; j < m * k; j++)
-        a[j] = (float)(j % 7) * 0.1f;
+        {
+          float v = (float)(j % 7) * 0.1f;
+          if (bf16)
+            ((guint16 *)a)[j] = stow_llama_bf16_round (v);
+          else
+            ((float *)a)[j] = v;
+        }
       for (long j = 0; j < k * n; j++)
-        b[j] = (float)(j % 5) * 0.1f;
-      double best = 1e30;
+        {
+          float v = (float)(j % 5) * 0.1f;
+          if (bf16)
+            ((guint16 *)b)[j] = stow_llama_bf16_round (v);
+          else
+            ((float *)b)[j] = v;
+        }
+      StowMat A = { .p = a, .bf16 = bf16, .ld = ta ? m : k, .trans = ta };
+      StowMat B = { .p = b, .bf16 = bf16, .ld = tb ? k : n, .trans = tb };
+      double best = 1e30, best_cpu = 1e30;
       for (int rep = 0; rep < 4; rep++)
         {
+          struct timespec c0, c1;
+          clock_gettime (CLOCK_PROCESS_CPUTIME_ID, &c0);
           gint64 t0 = g_get_monotonic_time ();
-          cblas_sgemm (CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)m,
-                       (int)n, (int)k, 1.0f, a, (int)k, b, (int)n, 0.0f, c,
-                       (int)n);
+          stow_llama_gemm (L, m, n, k, 1.0f, A, B, cc, bf16, n, FALSE, NULL, 0,
+                           NULL);
           double s = (double)(g_get_monotonic_time () - t0) / 1e6;
-          if (rep > 0 && s < best) /* the first warms up */
-            best = s;
+          clock_gettime (CLOCK_PROCESS_CPUTIME_ID, &c1);
+          double cs = ((double)(c1.tv_sec - c0.tv_sec)
+                       + (double)(c1.tv_nsec - c0.tv_nsec) / 1e9)
+                      / threads;
+          if (rep > 0) /* the first warms up */
+            best = MIN (best, s), best_cpu = MIN (best_cpu, cs);
         }
       g_string_append_printf (secs, "%s%.6g", secs->len > 1 ? ", " : "", best);
+      g_string_append_printf (cpus, "%s%.6g", cpus->len > 1 ? ", " : "",
+                              best_cpu);
       g_string_append_printf (rates, "%s%.4g", rates->len > 1 ? ", " : "",
                               2.0 * m * n * k / best / 1e9);
-      g_free (a), g_free (b), g_free (c);
+      g_free (a), g_free (b), g_free (cc);
     }
-  printf ("{\"seconds\": %s], \"gflops\": %s]}\n", secs->str, rates->str);
+  printf ("{\"kernel\": \"%s\", \"seconds\": %s], \"gflops\": %s], "
+          "\"cpu_seconds\": %s]}\n",
+          kernel, secs->str, rates->str, cpus->str);
   g_string_free (secs, TRUE);
+  g_string_free (cpus, TRUE);
   g_string_free (rates, TRUE);
+  stow_llama_free (L);
   return 0;
 }

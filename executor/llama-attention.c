@@ -8,7 +8,6 @@
  */
 #include "executor/llama-private.h"
 
-#include <cblas.h>
 #include <omp.h>
 
 guint64
@@ -64,9 +63,8 @@ scores (const float *Q, const float *K, guint64 q0, guint64 qn, guint64 d,
         float scale, float *S)
 {
   guint64 kend = q0 + qn;
-  cblas_sgemm (CblasRowMajor, CblasNoTrans, CblasTrans, (int)qn, (int)kend,
-               (int)d, scale, Q + q0 * d, (int)d, K, (int)d, 0.0f, S,
-               (int)kend);
+  stow_gemm_f32 (FALSE, TRUE, qn, kend, d, scale, Q + q0 * d, d, K, d, 0.0f, S,
+                 kend);
 }
 
 /* Query t sees keys 0..t: the rest of its row of S is zeroed (P = 0). */
@@ -112,9 +110,7 @@ stow_llama_attention_forward (StowLlama *L, guint64 batch, guint64 seq,
   guint64 items = batch * a;
 
   /* Each (sequence, query head) is one thread's, with single-threaded
-   * sgemm inside: the pthread OpenBLAS must not fan out from an OpenMP
-   * region. */
-  stow_llama_blas_threads (1);
+   * products inside. */
 #pragma omp parallel num_threads(L->n_threads)
   {
     float *ws = stow_llama_thread_ws (L, (guint)omp_get_thread_num ());
@@ -133,9 +129,8 @@ stow_llama_attention_forward (StowLlama *L, guint64 batch, guint64 seq,
             scores (Q, K, q0, qn, d, scale, S);
             softmax_rows (S, q0, qn, lse + (r0 + q0) * a + j, a);
             /* O (qn, d) = P (qn, kend) V (kend, d) */
-            cblas_sgemm (CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)qn,
-                         (int)d, (int)kend, 1.0f, S, (int)kend, V, (int)d, 0.0f,
-                         O, (int)d);
+            stow_gemm_f32 (FALSE, FALSE, qn, d, kend, 1.0f, S, kend, V, d, 0.0f,
+                           O, d);
             store_head (L, O, qn, d, o, a * d, r0 + q0, j * d);
           }
       }
@@ -156,7 +151,6 @@ stow_llama_attention_backward (StowLlama *L, guint64 batch, guint64 seq,
    * dK and dV sum the group's heads in head order with no sharing. */
   guint64 items = batch * kv;
 
-  stow_llama_blas_threads (1);
 #pragma omp parallel num_threads(L->n_threads)
   {
     float *ws = stow_llama_thread_ws (L, (guint)omp_get_thread_num ());
@@ -191,9 +185,8 @@ stow_llama_attention_backward (StowLlama *L, guint64 batch, guint64 seq,
                 guint64 qn = MIN (BQ, T - q0), kend = q0 + qn;
                 scores (Q, K, q0, qn, d, scale, P);
                 /* dP (qn, kend) = dO V^T */
-                cblas_sgemm (CblasRowMajor, CblasNoTrans, CblasTrans, (int)qn,
-                             (int)kend, (int)d, 1.0f, dO + q0 * d, (int)d, V,
-                             (int)d, 0.0f, dP, (int)kend);
+                stow_gemm_f32 (FALSE, TRUE, qn, kend, d, 1.0f, dO + q0 * d, d,
+                               V, d, 0.0f, dP, kend);
                 for (guint64 i = 0; i < qn; i++)
                   {
                     float *p = P + i * kend, *dp = dP + i * kend;
@@ -212,15 +205,12 @@ stow_llama_attention_backward (StowLlama *L, guint64 batch, guint64 seq,
                   }
                 /* dQ (qn, d) = scale dS K;  dK (kend, d) += scale dS^T Q;
                  * dV (kend, d) += P^T dO. */
-                cblas_sgemm (CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)qn,
-                             (int)d, (int)kend, scale, dP, (int)kend, K, (int)d,
-                             0.0f, dQ + q0 * d, (int)d);
-                cblas_sgemm (CblasRowMajor, CblasTrans, CblasNoTrans, (int)kend,
-                             (int)d, (int)qn, scale, dP, (int)kend, Q + q0 * d,
-                             (int)d, 1.0f, dK, (int)d);
-                cblas_sgemm (CblasRowMajor, CblasTrans, CblasNoTrans, (int)kend,
-                             (int)d, (int)qn, 1.0f, P, (int)kend, dO + q0 * d,
-                             (int)d, 1.0f, dV, (int)d);
+                stow_gemm_f32 (FALSE, FALSE, qn, d, kend, scale, dP, kend, K, d,
+                               0.0f, dQ + q0 * d, d);
+                stow_gemm_f32 (TRUE, FALSE, kend, d, qn, scale, dP, kend,
+                               Q + q0 * d, d, 1.0f, dK, d);
+                stow_gemm_f32 (TRUE, FALSE, kend, d, qn, 1.0f, P, kend,
+                               dO + q0 * d, d, 1.0f, dV, d);
               }
             store_head (L, dQ, T, d, dq, a * d, r0, j * d);
           }

@@ -1,19 +1,19 @@
 /* SPDX-License-Identifier: MIT
  *
  * executor/llama-kernels.c: the decoder runtime's building blocks: the GEMM
- * front end (cblas_sgemm, with bf16 operands staged to fp32 in bounded
- * blocks), the row kernels (RMSNorm, rotary, SwiGLU, forward and backward)
- * and the column reductions behind bias and norm-weight gradients.  Each
- * kernel's result depends on its inputs only, never on the thread count.
+ * front end (tiles of executor/gemm.h's kernels; bf16 operands in bf16
+ * where the kernel multiplies bf16, else staged to fp32 in bounded blocks), the
+ * row kernels (RMSNorm, rotary, SwiGLU, forward and backward) and the column
+ * reductions behind bias and norm-weight gradients.  Each kernel's result
+ * depends on its inputs only, never on the thread count.
  */
 #include "executor/llama-private.h"
 
-#include <cblas.h>
 #include <omp.h>
 
 /* ---- staging ------------------------------------------------------------- */
 
-static void
+STOW_LLAMA_VEC static void
 bf16_to_f32_n (const guint16 *src, float *dst, guint64 n)
 {
 #pragma omp simd
@@ -21,7 +21,7 @@ bf16_to_f32_n (const guint16 *src, float *dst, guint64 n)
     dst[i] = stow_llama_bf16_load (src[i]);
 }
 
-static void
+STOW_LLAMA_VEC static void
 f32_to_bf16_n (const float *src, guint16 *dst, guint64 n)
 {
 #pragma omp simd
@@ -61,13 +61,6 @@ stow_llama_thread_ws (const StowLlama *L, guint t)
   return L->thread_ws + (guint64)t * L->thread_floats;
 }
 
-void
-stow_llama_blas_threads (guint n)
-{
-  if (openblas_get_num_threads () != (int)n)
-    openblas_set_num_threads ((int)n);
-}
-
 /* ---- GEMM ---------------------------------------------------------------- */
 
 /* (rows, cols) of a stored matrix, from (r0, c0), to @dst (rows, cols)
@@ -88,6 +81,36 @@ stage_block (const StowLlama *L, const void *src, gboolean bf16, guint64 ld,
     }
 }
 
+/* Row @r of a C block, columns [c0, c0 + cols), fp32: R's row + bias, or
+ * zero when neither. */
+static void
+init_row (const StowLlama *L, float *c, const void *R, gboolean r_bf16,
+          guint64 ldr, guint64 r, guint64 c0, guint64 cols, const void *bias)
+{
+  if (R == NULL)
+    memset (c, 0, cols * sizeof (float));
+  else if (r_bf16)
+    bf16_to_f32_n ((const guint16 *)R + r * ldr + c0, c, cols);
+  else if ((const float *)R + r * ldr + c0 != c)
+    memcpy (c, (const float *)R + r * ldr + c0, cols * sizeof (float));
+  if (bias == NULL)
+    return;
+  if (L->bf16)
+    {
+      const guint16 *b = (const guint16 *)bias + c0;
+#pragma omp simd
+      for (guint64 j = 0; j < cols; j++)
+        c[j] += stow_llama_bf16_load (b[j]);
+    }
+  else
+    {
+      const float *b = (const float *)bias + c0;
+#pragma omp simd
+      for (guint64 j = 0; j < cols; j++)
+        c[j] += b[j];
+    }
+}
+
 /* C block (rows, cols) fp32 = R block + bias, or the old C when
  * @from_c; zero when neither. */
 static void
@@ -97,32 +120,7 @@ init_block (const StowLlama *L, float *cf, guint64 ldcf, guint64 rows,
 {
 #pragma omp parallel for schedule(static) num_threads(L->n_threads)
   for (guint64 i = 0; i < rows; i++)
-    {
-      float *c = cf + i * ldcf;
-      if (R == NULL)
-        memset (c, 0, cols * sizeof (float));
-      else if (r_bf16)
-        bf16_to_f32_n ((const guint16 *)R + (m0 + i) * ldr + n0, c, cols);
-      else if ((const float *)R + (m0 + i) * ldr + n0 != c)
-        memcpy (c, (const float *)R + (m0 + i) * ldr + n0,
-                cols * sizeof (float));
-      if (bias == NULL)
-        continue;
-      if (L->bf16)
-        {
-          const guint16 *b = (const guint16 *)bias + n0;
-#pragma omp simd
-          for (guint64 j = 0; j < cols; j++)
-            c[j] += stow_llama_bf16_load (b[j]);
-        }
-      else
-        {
-          const float *b = (const float *)bias + n0;
-#pragma omp simd
-          for (guint64 j = 0; j < cols; j++)
-            c[j] += b[j];
-        }
-    }
+    init_row (L, cf + i * ldcf, R, r_bf16, ldr, m0 + i, n0, cols, bias);
 }
 
 /* Operand @X's stored block for op(X) rows [r0, r0 + rows) and columns
@@ -144,46 +142,109 @@ operand_block (const StowLlama *L, StowMat X, guint64 r0, guint64 c0,
 }
 
 /* The tiles of a product (M, N) that one thread each computes with a
- * single-threaded sgemm: 128 rows by 1024 columns, narrower while the
- * product has fewer than 16 tiles so that a short one (the loss's chunk of
- * tokens) still spreads over the threads.  The tiling depends on the shape
- * alone: OpenBLAS's sums depend on how a product is split (and its own
- * threads split it by their count), so this keeps the bits independent of
- * the thread count, and keeps one thread pool (OpenMP's) busy instead of
- * two spinning against each other. */
+ * single-threaded kernel.  The tiling depends on the shape (and the
+ * kernel) alone: a library's sums depend on how a product is split (and
+ * its own threads split it by their count), so this keeps the bits
+ * independent of the thread count, and keeps one thread pool (OpenMP's)
+ * busy instead of two spinning against each other.
+ *
+ * OpenBLAS: 128 rows by 1024 columns, narrower while the product has
+ * fewer than 16 tiles so that a short one (the loss's chunk of tokens)
+ * still spreads over the threads.  oneDNN: up to 256 by 512, equal sizes
+ * in steps of 16 rows or 64 columns, split further while there are fewer
+ * than 4: its kernels pack B once per tile, so fewer, larger tiles run
+ * nearer its peak (on the bench model's twelve shapes, 2 threads, 6% less
+ * CPU time than splitting to 8); fewer tiles than threads would leave
+ * threads idle. */
 static void
 tile_shape (guint64 M, guint64 N, guint64 *tm, guint64 *tn)
 {
-  guint64 pm = 128, pn = 1024;
 #define TILES(a, b) (((M + (a)-1) / (a)) * ((N + (b)-1) / (b)))
-  while (pn > 128 && TILES (pm, pn) < 16)
+  if (stow_gemm_choice ()->f32 == STOW_GEMM_OPENBLAS)
+    {
+      guint64 pm = 128, pn = 1024;
+      while (pn > 128 && TILES (pm, pn) < 16)
+        pn /= 2;
+      while (pm > 32 && TILES (pm, pn) < 16)
+        pm /= 2;
+      *tm = pm, *tn = pn;
+      return;
+    }
+  guint64 pm = STOW_LLAMA_TILE_M, pn = STOW_LLAMA_TILE_N;
+  while (pn > 128 && TILES (pm, pn) < 4)
     pn /= 2;
-  while (pm > 32 && TILES (pm, pn) < 16)
+  while (pm > 64 && TILES (pm, pn) < 4)
     pm /= 2;
 #undef TILES
-  *tm = pm, *tn = pn;
+  /* The same count of tiles, of equal sizes: no sliver of a few rows. */
+  guint64 nm = (M + pm - 1) / pm, nn = (N + pn - 1) / pn;
+  *tm = MIN (pm, ((M + nm - 1) / nm + 15) / 16 * 16);
+  *tn = MIN (pn, ((N + nn - 1) / nn + 63) / 64 * 64);
 }
 
 static void
-tiled_sgemm (const StowLlama *L, CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb,
-             guint64 M, guint64 N, guint64 K, float alpha, const float *A,
-             guint64 lda, const float *B, guint64 ldb, float beta, float *C,
-             guint64 ldc)
+tiled_sgemm (const StowLlama *L, gboolean ta, gboolean tb, guint64 M, guint64 N,
+             guint64 K, float alpha, const float *A, guint64 lda,
+             const float *B, guint64 ldb, float beta, float *C, guint64 ldc)
 {
   guint64 tm, tn;
   tile_shape (M, N, &tm, &tn);
   guint64 n_m = (M + tm - 1) / tm, n_n = (N + tn - 1) / tn;
-  stow_llama_blas_threads (1);
 #pragma omp parallel for schedule(static) num_threads(L->n_threads)
   for (guint64 t = 0; t < n_m * n_n; t++)
     {
       guint64 m0 = t / n_n * tm, n0 = t % n_n * tn;
       guint64 mb = MIN (tm, M - m0), nb = MIN (tn, N - n0);
-      const float *a = A + (ta == CblasNoTrans ? m0 * lda : m0);
-      const float *b = B + (tb == CblasNoTrans ? n0 : n0 * ldb);
-      cblas_sgemm (CblasRowMajor, ta, tb, (int)mb, (int)nb, (int)K, alpha, a,
-                   (int)lda, b, (int)ldb, beta, C + m0 * ldc + n0, (int)ldc);
+      const float *a = A + (ta ? m0 : m0 * lda);
+      const float *b = B + (tb ? n0 * ldb : n0);
+      stow_gemm_f32 (ta, tb, mb, nb, K, alpha, a, lda, b, ldb, beta,
+                     C + m0 * ldc + n0, ldc);
     }
+}
+
+/* Both operands bf16 and a kernel that multiplies bf16: tiles of C, each
+ * one thread's, summed over the whole K in fp32 (in C when it is fp32,
+ * else in the thread's tile buffer, rounded once). */
+static void
+tiled_bf16 (StowLlama *L, guint64 M, guint64 N, guint64 K, float alpha,
+            StowMat A, StowMat B, void *C, gboolean c_bf16, guint64 ldc,
+            gboolean accumulate, gboolean init, const void *R, guint64 ldr,
+            const void *bias)
+{
+  guint64 tm, tn;
+  tile_shape (M, N, &tm, &tn);
+  g_assert (tm <= STOW_LLAMA_TILE_M && tn <= STOW_LLAMA_TILE_N);
+  guint64 n_m = (M + tm - 1) / tm, n_n = (N + tn - 1) / tn;
+  const guint16 *a = A.p, *b = B.p;
+#pragma omp parallel num_threads(L->n_threads)
+  {
+    float *tile = L->tile_ws
+                  + (guint64)omp_get_thread_num () * STOW_LLAMA_TILE_M
+                        * STOW_LLAMA_TILE_N;
+#pragma omp for schedule(static)
+    for (guint64 t = 0; t < n_m * n_n; t++)
+      {
+        guint64 m0 = t / n_n * tm, n0 = t % n_n * tn;
+        guint64 mb = MIN (tm, M - m0), nb = MIN (tn, N - n0);
+        float *cf = c_bf16 ? tile : (float *)C + m0 * ldc + n0;
+        guint64 ldcf = c_bf16 ? nb : ldc;
+        for (guint64 i = 0; i < mb; i++)
+          {
+            float *c = cf + i * ldcf;
+            if (accumulate && c_bf16)
+              bf16_to_f32_n ((const guint16 *)C + (m0 + i) * ldc + n0, c, nb);
+            else if (init)
+              init_row (L, c, R, c_bf16, ldr, m0 + i, n0, nb, bias);
+          }
+        stow_gemm_bf16 (A.trans, B.trans, mb, nb, K, alpha,
+                        a + (A.trans ? m0 : m0 * A.ld), A.ld,
+                        b + (B.trans ? n0 * B.ld : n0), B.ld,
+                        init || accumulate ? 1.0f : 0.0f, cf, ldcf);
+        if (c_bf16)
+          for (guint64 i = 0; i < mb; i++)
+            f32_to_bf16_n (cf + i * nb, (guint16 *)C + (m0 + i) * ldc + n0, nb);
+      }
+  }
 }
 
 void
@@ -194,8 +255,7 @@ stow_llama_gemm (StowLlama *L, guint64 M, guint64 N, guint64 K, float alpha,
 {
   if (M == 0 || N == 0)
     return;
-  CBLAS_TRANSPOSE ta = A.trans ? CblasTrans : CblasNoTrans;
-  CBLAS_TRANSPOSE tb = B.trans ? CblasTrans : CblasNoTrans;
+  gboolean ta = A.trans, tb = B.trans;
   gboolean init = !accumulate && (R != NULL || bias != NULL);
 
   if (!A.bf16 && !B.bf16 && !c_bf16)
@@ -211,6 +271,12 @@ stow_llama_gemm (StowLlama *L, guint64 M, guint64 N, guint64 K, float alpha,
         }
       tiled_sgemm (L, ta, tb, M, N, K, alpha, A.p, A.ld, B.p, B.ld,
                    init || accumulate ? 1.0f : 0.0f, c, ldc);
+      return;
+    }
+  if (A.bf16 && B.bf16 && K > 0 && stow_gemm_choice ()->bf16_native)
+    {
+      tiled_bf16 (L, M, N, K, alpha, A, B, C, c_bf16, ldc, accumulate, init, R,
+                  ldr, bias);
       return;
     }
 
@@ -262,6 +328,35 @@ row_rstd (const float *x, guint64 h, float eps)
   return 1.0f / sqrtf (ss / (float)h + eps);
 }
 
+/* y = w * (x * rs), in HF's order. */
+STOW_LLAMA_VEC static void
+norm_row (const float *w, const float *x, float rs, float *y, guint64 h)
+{
+#pragma omp simd
+  for (guint64 j = 0; j < h; j++)
+    y[j] = w[j] * (x[j] * rs);
+}
+
+/* out = [dres +] rs (w dy) - x coef. */
+STOW_LLAMA_VEC static void
+norm_backward_row (const float *w, const float *dy, const float *x,
+                   const float *dres, float rs, float coef, float *out,
+                   guint64 h)
+{
+  if (dres != NULL)
+    {
+#pragma omp simd
+      for (guint64 j = 0; j < h; j++)
+        out[j] = dres[j] + (rs * (w[j] * dy[j]) - x[j] * coef);
+    }
+  else
+    {
+#pragma omp simd
+      for (guint64 j = 0; j < h; j++)
+        out[j] = rs * (w[j] * dy[j]) - x[j] * coef;
+    }
+}
+
 void
 stow_llama_rms_rstd (StowLlama *L, guint64 n, guint64 h, const void *x,
                      float *rstd)
@@ -294,10 +389,7 @@ stow_llama_rmsnorm (StowLlama *L, guint64 n, guint64 h, const void *x,
         float rs = row_rstd (xr, h, eps);
         gboolean direct = y_f32 || !L->bf16;
         float *yr = direct ? (float *)y + r * h : ws + 2 * W;
-        /* weight * (x * rstd), in HF's order. */
-#pragma omp simd
-        for (guint64 j = 0; j < h; j++)
-          yr[j] = wf[j] * (xr[j] * rs);
+        norm_row (wf, xr, rs, yr, h);
         if (!direct)
           stow_llama_store (L, yr, (guint16 *)y + r * h, h);
         if (rstd != NULL)
@@ -332,21 +424,11 @@ stow_llama_rmsnorm_backward (StowLlama *L, guint64 n, guint64 h, const void *dy,
          * r w_j dy_j - x_j r^3 / h sum_i w_i dy_i x_i. */
         float coef = dot * rs * rs * rs / (float)h;
         float *out = L->bf16 ? ws + 3 * W : (float *)dx + r * h;
+        const float *dr = NULL;
         if (dres != NULL)
-          {
-            const float *dr = L->bf16
-                                  ? stow_llama_row_in (L, dres, h, r, h, out)
-                                  : (const float *)dres + r * h;
-#pragma omp simd
-            for (guint64 j = 0; j < h; j++)
-              out[j] = dr[j] + (rs * (wf[j] * dyr[j]) - xr[j] * coef);
-          }
-        else
-          {
-#pragma omp simd
-            for (guint64 j = 0; j < h; j++)
-              out[j] = rs * (wf[j] * dyr[j]) - xr[j] * coef;
-          }
+          dr = L->bf16 ? stow_llama_row_in (L, dres, h, r, h, out)
+                       : (const float *)dres + r * h;
+        norm_backward_row (wf, dyr, xr, dr, rs, coef, out, h);
         if (L->bf16)
           stow_llama_store (L, out, (guint16 *)dx + r * h, h);
       }
@@ -358,7 +440,7 @@ stow_llama_rmsnorm_backward (StowLlama *L, guint64 n, guint64 h, const void *dy,
 /* HF's rotate-half: for i < d/2, out_i = x_i cos - x_{i+d/2} sin and
  * out_{i+d/2} = x_{i+d/2} cos + x_i sin; the inverse rotates by -angle,
  * which is also the rotation's transpose (its backward). */
-static void
+STOW_LLAMA_VEC static void
 rope_row (float *x, const float *cs, const float *sn, guint64 heads, guint64 d,
           gboolean inverse)
 {
@@ -402,6 +484,30 @@ stow_llama_rope (StowLlama *L, guint64 n, guint64 seq, guint64 heads, void *p,
 
 /* ---- SwiGLU -------------------------------------------------------------- */
 
+/* a = silu (g) u, silu (g) = g / (1 + exp (-g)) as torch computes it. */
+STOW_LLAMA_VEC static void
+swiglu_row (const float *g, const float *u, float *a, guint64 f)
+{
+#pragma omp simd
+  for (guint64 j = 0; j < f; j++)
+    a[j] = g[j] / (1.0f + stow_llama_expf (-g[j])) * u[j];
+}
+
+/* From da: g becomes dL/dgate and u dL/dup, with s = sigmoid (g) and
+ * d silu/dg = s (1 + g (1 - s)). */
+STOW_LLAMA_VEC static void
+swiglu_backward_row (const float *da, float *g, float *u, guint64 f)
+{
+#pragma omp simd
+  for (guint64 j = 0; j < f; j++)
+    {
+      float s = 1.0f / (1.0f + stow_llama_expf (-g[j]));
+      float dg = da[j] * u[j] * (s * (1.0f + g[j] * (1.0f - s)));
+      u[j] = da[j] * (g[j] * s);
+      g[j] = dg;
+    }
+}
+
 void
 stow_llama_swiglu (StowLlama *L, guint64 n, const void *gate, const void *up,
                    void *act)
@@ -416,10 +522,7 @@ stow_llama_swiglu (StowLlama *L, guint64 n, const void *gate, const void *up,
         const float *g = stow_llama_row_in (L, gate, f, r, f, ws);
         const float *u = stow_llama_row_in (L, up, f, r, f, ws + W);
         float *a = L->bf16 ? ws + 2 * W : (float *)act + r * f;
-        /* silu (g) = g / (1 + exp (-g)), as torch computes it. */
-#pragma omp simd
-        for (guint64 j = 0; j < f; j++)
-          a[j] = g[j] / (1.0f + stow_llama_expf (-g[j])) * u[j];
+        swiglu_row (g, u, a, f);
         if (L->bf16)
           stow_llama_store (L, a, (guint16 *)act + r * f, f);
       }
@@ -445,15 +548,7 @@ stow_llama_swiglu_backward (StowLlama *L, guint64 n, const void *dact,
             stow_llama_row_in (L, gate, f, r, f, g);
             stow_llama_row_in (L, up, f, r, f, u);
           }
-          /* s = sigmoid (g): d silu/dg = s (1 + g (1 - s)). */
-#pragma omp simd
-        for (guint64 j = 0; j < f; j++)
-          {
-            float s = 1.0f / (1.0f + stow_llama_expf (-g[j]));
-            float dg = da[j] * u[j] * (s * (1.0f + g[j] * (1.0f - s)));
-            u[j] = da[j] * (g[j] * s);
-            g[j] = dg;
-          }
+        swiglu_backward_row (da, g, u, f);
         if (L->bf16)
           {
             stow_llama_store (L, g, (guint16 *)gate + r * f, f);

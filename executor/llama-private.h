@@ -2,7 +2,7 @@
  *
  * executor/llama-private.h: what the cpu runtime's files share (the
  * runtime's struct and workspace layout, the bf16 conversions, the GEMM
- * front end over cblas_sgemm, the row kernels and attention): the kernels
+ * front end over executor/gemm.h, the row kernels and attention): the kernels
  * behind its table (executor/kernels.h).  Not a public interface:
  * executor/llama.h is.
  */
@@ -11,6 +11,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "executor/gemm.h"
 #include "executor/llama-expf.h"
 #include "executor/llama.h"
 
@@ -23,6 +24,10 @@ G_BEGIN_DECLS
 /* Side of the square blocks a bf16 GEMM stages in fp32: three such blocks
  * (A, B, C) bound the staging at 3 MiB however large the operands are. */
 #define STOW_LLAMA_GEMM_BLOCK 512
+/* The largest tile of C one thread computes with oneDNN (llama-kernels.c's
+ * tile_shape); at bf16 each thread keeps one such fp32 tile. */
+#define STOW_LLAMA_TILE_M 256
+#define STOW_LLAMA_TILE_N 512
 /* Columns one thread sums over every row in the column reductions (bias
  * and norm-weight gradients): fixed, so the order of the additions never
  * depends on the thread count. */
@@ -49,10 +54,23 @@ struct StowLlama
   /* bf16 GEMM staging: three STOW_LLAMA_GEMM_BLOCK^2 blocks (NULL at
    * fp32, where operands go to cblas_sgemm as they are). */
   float *gemm_ws;
+  /* Per thread, a STOW_LLAMA_TILE_M x STOW_LLAMA_TILE_N fp32 tile: a bf16
+   * product's C summed before its one rounding (NULL unless the GEMM
+   * kernel multiplies bf16). */
+  float *tile_ws;
   /* Column accumulators of the fused loss's norm gradient: (h) doubles. */
   double *col_acc;
   guint64 ws_bytes; /* everything above, as stow_llama_workspace_bytes says */
 };
+
+/* Element-wise row loops built for AVX-512, AVX2 and the baseline, one
+ * picked when the program loads (an ifunc).  Every width gives the same
+ * bits: the build contracts no multiply-add (-ffp-contract=off) and each
+ * element is the same IEEE operations at any width.  Loops that sum (the
+ * norms' dot products, softmax) are not cloned: their order of addition
+ * follows the vector width. */
+#define STOW_LLAMA_VEC                                                         \
+  __attribute__ ((target_clones ("avx512f", "avx2", "default")))
 
 /* ---- element conversions --------------------------------------------------
  * Bit-identical to stow_f32_to_bf16 / stow_bf16_to_f32 (offload/adam.c),
@@ -88,8 +106,6 @@ float stow_llama_load1 (const StowLlama *L, const void *p, guint64 i);
 /* Per-thread staging of thread @t: L->thread_floats floats, of which the
  * row kernels use four slots of L->row_floats. */
 float *stow_llama_thread_ws (const StowLlama *L, guint t);
-/* Sets OpenBLAS's thread count (global to the process) when it differs. */
-void stow_llama_blas_threads (guint n);
 
 /* ---- GEMM -----------------------------------------------------------------
  */

@@ -45,6 +45,7 @@ GQuark stow_llama_error_quark (void);
 typedef enum
 {
   STOW_LLAMA_ERROR_INVALID, /* a shape or setting the runtime cannot run */
+  STOW_LLAMA_ERROR_KERNEL,  /* no matrix-product kernel (executor/gemm.h) */
 } StowLlamaError;
 
 typedef struct

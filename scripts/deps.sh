@@ -11,7 +11,8 @@ packages=(
   libglib2.0-dev libglib2.0-dev-bin libjson-glib-dev libhwloc-dev libxxhash-dev
   liburing-dev libcairo2-dev
   libcurl4-openssl-dev  # models/hub.c: config.json by Hub id over HTTPS
-  libopenblas-dev  # cblas_sgemm for the cpu backend's decoder (executor/llama.c)
+  libopenblas-dev  # sgemm for the cpu backend's decoder where oneDNN has no brgemm (executor/gemm.c)
+  libdnnl-dev  # oneDNN's matmul: the cpu backend's fp32 and bf16 (AMX) GEMMs on AVX-512 CPUs (executor/gemm.c)
   python3-torch python3-numpy  # the executor's PyTorch oracle (tests/oracle/)
   libglib2.0-dev-bin  # glib-compile-resources: the hw catalog is a GResource
   clang-format-14  # tests/check-format.sh: the one code format, version pinned

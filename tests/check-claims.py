@@ -35,10 +35,25 @@ SOURCES = ("cost", "memory", "published", "sim", "lower", "search",
 # what one run on one machine measured, and the record says which.
 BENCH = {
     "bench.cpu-train.ratio-median": (
-        "cpu-train-vm-20261124-1558.md",
-        r"stowage / PyTorch tokens/s: median ([\d.]+)x"),
+        "cpu-train-vm-20261128-2018.md",
+        r"- fp32: ([\d.]+)x \(CPU time [\d.]+x\) PyTorch eager, fp32"),
+    "bench.cpu-train.cpu-ratio": (
+        "cpu-train-vm-20261128-2018.md",
+        r"- fp32: [\d.]+x \(CPU time ([\d.]+)x\) PyTorch eager, fp32"),
+    "bench.cpu-train.compile-ratio": (
+        "cpu-train-vm-20261128-2018.md",
+        r"- fp32: ([\d.]+)x \(CPU time [\d.]+x\) PyTorch torch.compile"),
+    "bench.cpu-train.compile-cpu-ratio": (
+        "cpu-train-vm-20261128-2018.md",
+        r"- fp32: [\d.]+x \(CPU time ([\d.]+)x\) PyTorch torch.compile"),
+    "bench.cpu-train.bf16-ratio": (
+        "cpu-train-vm-20261128-2018.md",
+        r"- bf16: ([\d.]+)x \(CPU time [\d.]+x\) PyTorch eager, bf16 autocast"),
+    "bench.cpu-train.bf16-cpu-ratio": (
+        "cpu-train-vm-20261128-2018.md",
+        r"- bf16: [\d.]+x \(CPU time ([\d.]+)x\) PyTorch eager, bf16 autocast"),
     "bench.cpu-train.torch-version": (
-        "cpu-train-vm-20261124-1558.md", r"torch (\d+\.\d+)\.\d"),
+        "cpu-train-vm-20261128-2018.md", r"PyTorch from PyPI: torch (\d+\.\d+)\.\d"),
     "bench.gpu-h200-1112.ratio": (
         "gpu-h200-20261126-1112/gpu-train-bf16.md",
         r"stowage / PyTorch tokens/s: ([\d.]+)x"),

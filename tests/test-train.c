@@ -55,6 +55,18 @@ test_deterministic (void)
   /* One thread or two: the same bits (the runtime's GEMM tiles and Adam's
    * blocks do not depend on the thread count). */
   assert_same_checkpoint (a, c);
+  /* bf16, whose products run in bf16 on AMX or AVX512-BF16: the same. */
+  g_autofree char *d = g_build_filename (f.dir, "d", NULL);
+  g_autofree char *e = g_build_filename (f.dir, "e", NULL);
+  g_auto (StowRun) rd = { 0 };
+  g_auto (StowRun) re = { 0 };
+  train (&rd, &f, d, "--steps", "4", "--threads", "2", "--precision", "bf16",
+         NULL);
+  train (&re, &f, e, "--steps", "4", "--threads", "1", "--precision", "bf16",
+         NULL);
+  g_assert_cmpint (rd.status, ==, 0);
+  g_assert_cmpint (re.status, ==, 0);
+  assert_same_checkpoint (d, e);
   fixture_clear (&f);
 }
 

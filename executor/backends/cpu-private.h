@@ -75,6 +75,9 @@ struct _CpuBackend
   double loss_scale; /* the step's: 1 / its targets (stow_batches_loss_scale) */
   double grad_norm, clip_coef, lr;
   gboolean skip;
+  /* The step's norm covered every gradient and is small enough that
+   * Adam need not check them again (stow_adam_grads_ok). */
+  gboolean grads_ok;
   /* ZeRO-Infinity: the optimizer states on NVMe, in chunks. */
   StowStateSwap *swap;
   StowParamSwap *params; /* the weights on NVMe, or NULL */

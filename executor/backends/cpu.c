@@ -393,6 +393,7 @@ cpu_begin_step (StowBackend *bb, guint64 step)
   b->grad_norm = NAN;
   b->clip_coef = 1.0;
   b->skip = FALSE;
+  b->grads_ok = FALSE;
   b->lr = stow_optim_lr_at (&b->p->optim, step);
   /* The gradients the last step left go aside for this step's update;
    * this step's go where they were. */

@@ -33,10 +33,11 @@ import llama_oracle as lo  # exits 77 when torch is missing
 import torch
 
 # Losses: |a - ref| / |ref|; weights: ||a - ref|| / ||ref|| per tensor.
-# Both depend on the machine (OpenBLAS picks its kernels, and so its order
-# of summation, by CPU): on the cpu backend the worst weight was 4.42e-5
-# (layers.2.bk of tied-qkv-bias-recompute) on the machine of issue 42 and
-# 3.08e-5 (layers.1.bk) on an Intel Xeon VM, the worst loss 3e-8 and
+# Both depend on the machine (executor/gemm.c picks the GEMM kernels, and so
+# their order of summation, by CPU): on the cpu backend the worst weight was
+# 4.42e-5 (layers.2.bk of tied-qkv-bias-recompute) on the machine of issue
+# 42 and 3.08e-5 (layers.1.bk) on an Intel Xeon VM with OpenBLAS, 4.82e-5
+# on the AMX Xeon VM of issue 40 with oneDNN, the worst loss 3e-8 and
 # 2.68e-8; on the cuda backend 6.03e-5 and 9.7e-9 (H100 and H200,
 # bench/results/gpu-*-20261126-*/gpu.log).  The sanitizer build CI also
 # runs (AddressSanitizer + UBSan) vectorises less, so it sums in another

@@ -1,0 +1,350 @@
+/* SPDX-License-Identifier: MIT
+ *
+ * tests/test-gemm.c: the cpu backend's matrix-product kernels
+ * (executor/gemm.h).  The OpenBLAS core type each feature set gets; the
+ * feature probe against libgcc's; the kernel chosen here against a plain
+ * triple loop in double on odd shapes, every transpose, alpha and beta
+ * (run a second time with STOWAGE_GEMM=openblas, tests/meson.build); and
+ * what OpenBLAS's own threads do to the bits of one product, the reason
+ * the callers tile.
+ */
+#include <dlfcn.h>
+#include <math.h>
+#include <string.h>
+
+#include "executor/gemm.h"
+#include "executor/llama-private.h" /* the bf16 conversions */
+
+/* ---- the core type each CPU gets ------------------------------------------
+ */
+
+static void
+test_core_for (void)
+{
+  struct
+  {
+    const char *cpu;
+    StowCpuFeatures f;
+    const char *core;
+  } cases[] = {
+    /* Sapphire Rapids and later (the model 0.3.21 does not list falls back
+     * to Prescott): AVX-512 with BF16 and AMX. */
+    { "Xeon with AMX",
+      { .avx2 = 1, .avx512 = 1, .bf16 = 1, .amx = 1 },
+      "Cooperlake" },
+    { "Cooper Lake", { .avx2 = 1, .avx512 = 1, .bf16 = 1 }, "Cooperlake" },
+    { "Skylake-SP / Ice Lake", { .avx2 = 1, .avx512 = 1 }, "SkylakeX" },
+    { "Zen 4", { .amd = 1, .avx2 = 1, .avx512 = 1, .bf16 = 1 }, "Cooperlake" },
+    { "Haswell .. Alder Lake", { .avx2 = 1 }, "Haswell" },
+    { "Zen 1-3", { .amd = 1, .avx2 = 1 }, "Zen" },
+    { "no AVX2", { 0 }, NULL },
+  };
+  for (guint i = 0; i < G_N_ELEMENTS (cases); i++)
+    {
+      const char *got = stow_openblas_core_for (&cases[i].f);
+      g_test_message ("%s: %s", cases[i].cpu, got ? got : "(OpenBLAS's)");
+      g_assert_cmpstr (got, ==, cases[i].core);
+    }
+}
+
+/* The cpuid reading against libgcc's (which also checks XCR0). */
+static void
+test_features (void)
+{
+  StowCpuFeatures f;
+  stow_cpu_features_probe (&f);
+  g_autofree char *s = stow_cpu_features_string (&f);
+  g_test_message ("this CPU: %s", s);
+  __builtin_cpu_init ();
+  gboolean avx2
+      = __builtin_cpu_supports ("avx2") && __builtin_cpu_supports ("fma");
+  gboolean avx512 = __builtin_cpu_supports ("avx512f")
+                    && __builtin_cpu_supports ("avx512dq")
+                    && __builtin_cpu_supports ("avx512cd")
+                    && __builtin_cpu_supports ("avx512bw")
+                    && __builtin_cpu_supports ("avx512vl");
+  g_assert_cmpint (f.avx2, ==, avx2);
+  g_assert_cmpint (f.avx512, ==, avx512);
+  g_assert_cmpint (f.bf16, ==, avx512 && __builtin_cpu_supports ("avx512bf16"));
+}
+
+/* ---- the chosen kernel --------------------------------------------------- */
+
+static void
+test_choice (void)
+{
+  GError *error = NULL;
+  g_assert_true (stow_gemm_init (&error));
+  g_assert_no_error (error);
+  const StowGemmChoice *c = stow_gemm_choice ();
+  g_autofree char *d = stow_gemm_describe ();
+  g_test_message ("kernels: %s", d);
+  StowCpuFeatures f;
+  stow_cpu_features_probe (&f);
+  const char *force = g_getenv ("STOWAGE_GEMM");
+  if (c->f32 == STOW_GEMM_OPENBLAS)
+    {
+      /* OpenBLAS runs the core the features call for (unless the user
+       * set one): the variable reached its constructor. */
+      const char *want = g_getenv ("OPENBLAS_CORETYPE");
+      if (want == NULL)
+        want = stow_openblas_core_for (&f);
+      g_assert_true (g_str_has_prefix (c->f32_kernel, "OpenBLAS "));
+      if (want != NULL)
+        g_assert_nonnull (strstr (c->f32_kernel, want));
+      g_assert_false (c->bf16_native);
+    }
+  else
+    {
+      g_assert_true (g_str_has_prefix (c->f32_kernel, "oneDNN "));
+      /* Chosen by itself only where oneDNN has a brgemm kernel. */
+      if (force == NULL)
+        g_assert_nonnull (strstr (c->f32_kernel, "brg:"));
+    }
+  if (force != NULL && g_str_equal (force, "openblas"))
+    g_assert_cmpint (c->f32, ==, STOW_GEMM_OPENBLAS);
+}
+
+/* A deterministic pseudo-random fill in [-1, 1). */
+static void
+fill (float *x, guint64 n, guint32 seed)
+{
+  guint32 s = seed * 2654435761u + 1;
+  for (guint64 i = 0; i < n; i++)
+    {
+      s = s * 1664525u + 1013904223u;
+      x[i] = (float)((double)(s >> 8) / (double)(1u << 24) * 2.0 - 1.0);
+    }
+}
+
+/* C (M, N) = alpha op(A) op(B) + beta C0 in double, with each element's
+ * sum of |terms| (the scale of its rounding error) in @mag. */
+static void
+reference (gboolean ta, gboolean tb, guint64 M, guint64 N, guint64 K,
+           double alpha, const float *A, guint64 lda, const float *B,
+           guint64 ldb, double beta, const float *C0, guint64 ldc, double *C,
+           double *mag)
+{
+  for (guint64 i = 0; i < M; i++)
+    for (guint64 j = 0; j < N; j++)
+      {
+        double s = 0, m = 0;
+        for (guint64 k = 0; k < K; k++)
+          {
+            double a = ta ? A[k * lda + i] : A[i * lda + k];
+            double b = tb ? B[j * ldb + k] : B[k * ldb + j];
+            s += a * b;
+            m += fabs (a * b);
+          }
+        double c0 = C0[i * ldc + j];
+        C[i * N + j] = alpha * s + beta * c0;
+        mag[i * N + j] = fabs (alpha) * m + fabs (beta * c0);
+      }
+}
+
+typedef struct
+{
+  guint64 M, N, K;
+} Shape;
+
+/* Odd sizes: edges of every register block, a K past one cache block, a
+ * single row and column. */
+static const Shape shapes[] = {
+  { 1, 1, 1 },     { 7, 13, 5 },     { 1, 67, 300 },    { 33, 1, 129 },
+  { 33, 17, 129 }, { 130, 67, 300 }, { 257, 129, 771 },
+};
+
+/* @bf16: operands rounded to bf16 and multiplied by stow_gemm_bf16. */
+/* The kernel under test: bf16 operands (Ah, Bh) or fp32 (A, B). */
+static void
+product (gboolean bf16, gboolean ta, gboolean tb, guint64 M, guint64 N,
+         guint64 K, float alpha, const float *A, const guint16 *Ah, guint64 lda,
+         const float *B, const guint16 *Bh, guint64 ldb, float beta, float *C,
+         guint64 ldc)
+{
+  if (bf16)
+    stow_gemm_bf16 (ta, tb, M, N, K, alpha, Ah, lda, Bh, ldb, beta, C, ldc);
+  else
+    stow_gemm_f32 (ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+static void
+check_products (gboolean bf16)
+{
+  GError *error = NULL;
+  g_assert_true (stow_gemm_init (&error));
+  if (bf16 && !stow_gemm_choice ()->bf16_native)
+    {
+      g_test_skip ("the kernel chosen here does not multiply bf16");
+      return;
+    }
+  double worst = 0;
+  for (guint s = 0; s < G_N_ELEMENTS (shapes); s++)
+    for (guint t = 0; t < 4; t++)
+      for (guint ab = 0; ab < 2; ab++)
+        {
+          guint64 M = shapes[s].M, N = shapes[s].N, K = shapes[s].K;
+          gboolean ta = t & 1, tb = t >> 1;
+          /* Leading dimensions wider than the matrices: a tile of a
+           * larger operand, as the callers pass. */
+          guint64 lda = (ta ? M : K) + 3, ldb = (tb ? K : N) + 5, ldc = N + 2;
+          float alpha = ab ? 0.5f : 1.0f, beta = ab ? 1.0f : 0.0f;
+          guint64 na = (ta ? K : M) * lda, nb = (tb ? N : K) * ldb;
+          g_autofree float *A = g_new (float, na);
+          g_autofree float *B = g_new (float, nb);
+          g_autofree float *C = g_new (float, M *ldc);
+          g_autofree float *C0 = g_new (float, M *ldc);
+          g_autofree guint16 *Ah = g_new (guint16, na);
+          g_autofree guint16 *Bh = g_new (guint16, nb);
+          g_autofree double *want = g_new (double, M *N);
+          g_autofree double *mag = g_new (double, M *N);
+          fill (A, na, 3 * s + t + 1);
+          fill (B, nb, 5 * s + t + 2);
+          fill (C0, M * ldc, 7 * s + t + 3);
+          if (bf16)
+            {
+              /* The reference multiplies the values the kernel sees. */
+              for (guint64 i = 0; i < na; i++)
+                A[i] = stow_llama_bf16_load (Ah[i]
+                                             = stow_llama_bf16_round (A[i]));
+              for (guint64 i = 0; i < nb; i++)
+                B[i] = stow_llama_bf16_load (Bh[i]
+                                             = stow_llama_bf16_round (B[i]));
+            }
+          memcpy (C, C0, M * ldc * sizeof (float));
+          reference (ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C0, ldc,
+                     want, mag);
+          product (bf16, ta, tb, M, N, K, alpha, A, Ah, lda, B, Bh, ldb, beta,
+                   C, ldc);
+          for (guint64 i = 0; i < M; i++)
+            for (guint64 j = 0; j < N; j++)
+              {
+                /* An fp32 sum of K products, in any order, is within
+                 * (K + 2) u of the sum of their magnitudes (Higham,
+                 * Accuracy and Stability, 3.1), u = 2^-24. */
+                double err = fabs (C[i * ldc + j] - want[i * N + j]);
+                double bound
+                    = (double)(K + 2) * ldexp (1.0, -24) * mag[i * N + j];
+                if (mag[i * N + j] > 0)
+                  worst = MAX (worst, err / mag[i * N + j]);
+                if (err > bound)
+                  g_test_message ("%s %" G_GUINT64_FORMAT "x%" G_GUINT64_FORMAT
+                                  "x%" G_GUINT64_FORMAT
+                                  " %c%c alpha %g beta %g: "
+                                  "C[%" G_GUINT64_FORMAT ",%" G_GUINT64_FORMAT
+                                  "] = %.9g, double says %.9g (bound %.3g)",
+                                  bf16 ? "bf16" : "fp32", M, N, K,
+                                  ta ? 'T' : 'N', tb ? 'T' : 'N', alpha, beta,
+                                  i, j, C[i * ldc + j], want[i * N + j], bound);
+                g_assert_cmpfloat (err, <=, bound);
+              }
+          /* Columns past N are not the product's: untouched. */
+          for (guint64 i = 0; i < M; i++)
+            g_assert_cmpmem (C + i * ldc + N, 2 * sizeof (float),
+                             C0 + i * ldc + N, 2 * sizeof (float));
+          /* The same call again: the same bits. */
+          g_autofree float *C2 = g_memdup2 (C0, M * ldc * sizeof (float));
+          product (bf16, ta, tb, M, N, K, alpha, A, Ah, lda, B, Bh, ldb, beta,
+                   C2, ldc);
+          g_assert_cmpmem (C, M * ldc * sizeof (float), C2,
+                           M * ldc * sizeof (float));
+        }
+  g_autofree char *d = stow_gemm_describe ();
+  g_test_message ("%s: worst error %.3g of the terms' magnitude (%s)",
+                  bf16 ? "bf16" : "fp32", worst, d);
+}
+
+static void
+test_f32 (void)
+{
+  check_products (FALSE);
+}
+
+static void
+test_bf16 (void)
+{
+  check_products (TRUE);
+}
+
+/* ---- why the callers tile ------------------------------------------------ */
+
+/* What OpenBLAS's own threads do to the bits of one product (a
+ * measurement, reported in docs/executor.md; only the run-to-run
+ * determinism at a fixed count is asserted).  OpenBLAS is loaded here as
+ * executor/gemm.c loads it, with the core the features call for. */
+static void
+test_openblas_threads (void)
+{
+  guint64 M = 1024, N = 768, K = 768;
+  if (g_getenv ("STOW_VALGRIND"))
+    {
+      g_test_skip ("a measurement of OpenBLAS, not of this code: slow under "
+                   "valgrind");
+      return;
+    }
+  StowCpuFeatures f;
+  stow_cpu_features_probe (&f);
+  const char *core = stow_openblas_core_for (&f);
+  if (core != NULL && g_getenv ("OPENBLAS_CORETYPE") == NULL)
+    g_setenv ("OPENBLAS_CORETYPE", core, TRUE);
+  void *lib = dlopen ("libopenblas.so.0", RTLD_NOW | RTLD_LOCAL);
+  if (lib == NULL)
+    {
+      g_test_skip ("no libopenblas.so.0");
+      return;
+    }
+  typedef void (*SgemmFn) (int, int, int, int, int, int, float, const float *,
+                           int, const float *, int, float, float *, int);
+  SgemmFn sgemm = (SgemmFn)dlsym (lib, "cblas_sgemm");
+  void (*set_threads) (int)
+      = (void (*) (int))dlsym (lib, "openblas_set_num_threads");
+  char *(*corename) (void)
+      = (char *(*)(void))dlsym (lib, "openblas_get_corename");
+  g_assert_nonnull (sgemm);
+  g_assert_nonnull (set_threads);
+  g_assert_nonnull (corename);
+  g_autofree float *A = g_new (float, M *K);
+  g_autofree float *B = g_new (float, K *N);
+  g_autofree float *C1 = g_new (float, M *N);
+  g_autofree float *C2 = g_new (float, M *N);
+  g_autofree float *C3 = g_new (float, M *N);
+  fill (A, M * K, 9);
+  fill (B, K * N, 10);
+  float *out[3] = { C1, C2, C3 };
+  int threads[3] = { 1, 2, 2 };
+  for (guint i = 0; i < 3; i++)
+    {
+      set_threads (threads[i]);
+      sgemm (101, 111, 111, (int)M, (int)N, (int)K, 1.0f, A, (int)K, B, (int)N,
+             0.0f, out[i], (int)N);
+    }
+  set_threads (1);
+  guint64 differ = 0;
+  double worst = 0, top = 0;
+  for (guint64 i = 0; i < M * N; i++)
+    {
+      differ += memcmp (&C1[i], &C2[i], 4) != 0;
+      worst = MAX (worst, fabs ((double)C2[i] - C1[i]));
+      top = MAX (top, fabs ((double)C1[i]));
+    }
+  g_test_message (
+      "OpenBLAS %s sgemm (%" G_GUINT64_FORMAT " x %" G_GUINT64_FORMAT
+      " x %" G_GUINT64_FORMAT "), 1 vs 2 threads: %" G_GUINT64_FORMAT
+      " of %" G_GUINT64_FORMAT " elements differ, max relative %.2g",
+      corename (), M, N, K, differ, M * N, worst / top);
+  g_assert_cmpmem (C2, 4 * M * N, C3, 4 * M * N);
+  g_assert_cmpfloat (worst / top, <, 1e-5);
+}
+
+int
+main (int argc, char **argv)
+{
+  g_test_init (&argc, &argv, NULL);
+  g_test_add_func ("/gemm/core-for", test_core_for);
+  g_test_add_func ("/gemm/features", test_features);
+  g_test_add_func ("/gemm/choice", test_choice);
+  g_test_add_func ("/gemm/f32", test_f32);
+  g_test_add_func ("/gemm/bf16", test_bf16);
+  g_test_add_func ("/gemm/openblas-threads", test_openblas_threads);
+  return g_test_run ();
+}
