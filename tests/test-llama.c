@@ -400,7 +400,7 @@ test_vector_widths (void)
   float *rstd = g_new (float, n), *norm = g_new (float, n *h);
   float *act = g_new (float, n *f), *rot_k = g_memdup2 (rot, n * heads * d * 4);
   float *gk = g_memdup2 (g, n * f * 4), *uk = g_memdup2 (u, n * f * 4);
-  stow_llama_rmsnorm (L, n, x, w, norm, TRUE, rstd);
+  stow_llama_rmsnorm (L, n, h, x, w, norm, TRUE, rstd);
   stow_llama_swiglu (L, n, g, u, act);
   stow_llama_swiglu_backward (L, n, da, gk, uk);
   stow_llama_rope (L, n, seq, heads, rot_k, FALSE);
