@@ -8,7 +8,9 @@
 
 #include "offload/adam.h" /* stow_f32_to_bf16: the one rounding */
 
-G_DEFINE_QUARK (stow - comm - error - quark, stow_comm_error)
+/* clang-format off */
+G_DEFINE_QUARK (stow-comm-error-quark, stow_comm_error)
+/* clang-format on */
 
 guint64
 stow_comm_partition_numel (guint64 count, int world, guint align)
