@@ -84,8 +84,10 @@ reduce_scatter_det (MpiComm *m, const StowCommRequest *r, const void *send,
   int n = m->base.world, me = m->base.rank;
   guint es = stow_dtype_size (r->dtype);
   guint64 part = r->part, pb = part * es;
-  g_autofree guint8 *in = g_malloc0 (MAX (pb * (guint64)n, 1));
-  g_autofree guint8 *padded = g_malloc0 (MAX (pb * (guint64)n, 1));
+  g_autofree guint8 *in = g_malloc (MAX (pb * (guint64)n, 1));
+  /* Zeros past @count, only where a partition crosses it. */
+  g_autofree guint8 *padded
+      = part * (guint64)n == r->count ? NULL : g_malloc0 (pb * (guint64)n);
   g_autofree MPI_Request *reqs = g_new (MPI_Request, 2 * (guint)n);
   g_autofree const void **contrib = g_new (const void *, (guint)n);
   int nreq = 0;
