@@ -16,6 +16,7 @@
 
 #include "executor/comm/comm-private.h"
 #include "executor/comm/nccl-private.h"
+#include "executor/dl.h"
 
 /* nccl.h's ABI (stable since NCCL 2.0; send/recv since 2.7). */
 typedef struct ncclComm *ncclComm_t;
@@ -55,10 +56,8 @@ typedef struct
   ncclResult_t (*group_end) (void);
 } NcclFns;
 
-static GMutex nccl_lock;
+static StowDlOnce nccl_once;
 static NcclFns nccl;
-static gboolean nccl_loaded;
-static char *nccl_failure; /* why loading failed, kept for later calls */
 
 static gboolean
 load_locked (GError **error)
@@ -70,21 +69,11 @@ load_locked (GError **error)
     STOW_CUDA_LIBDIR "/libnccl.so.2",
 #endif
   };
-  void *lib = NULL;
-  g_autoptr (GString) tried = g_string_new (NULL);
-  for (guint i = 0; i < G_N_ELEMENTS (names) && lib == NULL; i++)
-    {
-      lib = dlopen (names[i], RTLD_NOW | RTLD_LOCAL);
-      if (lib == NULL)
-        g_string_append_printf (tried, "%s%s", tried->len ? "; " : "",
-                                dlerror ());
-    }
+  void *lib
+      = stow_dlopen_first (names, G_N_ELEMENTS (names), "NCCL", STOW_COMM_ERROR,
+                           STOW_COMM_ERROR_UNAVAILABLE, error);
   if (lib == NULL)
-    {
-      g_set_error (error, STOW_COMM_ERROR, STOW_COMM_ERROR_UNAVAILABLE,
-                   "NCCL not found: %s", tried->str);
-      return FALSE;
-    }
+    return FALSE;
   static const struct
   {
     const char *name;
@@ -128,26 +117,12 @@ load_locked (GError **error)
 gboolean
 stow_comm_nccl_load (int *version, GError **error)
 {
-  g_mutex_lock (&nccl_lock);
-  if (!nccl_loaded && nccl_failure == NULL)
-    {
-      GError *local = NULL;
-      if (load_locked (&local))
-        nccl_loaded = TRUE;
-      else
-        {
-          nccl_failure = g_strdup (local->message);
-          g_error_free (local);
-        }
-    }
-  gboolean ok = nccl_loaded;
-  if (!ok)
-    g_set_error_literal (error, STOW_COMM_ERROR, STOW_COMM_ERROR_UNAVAILABLE,
-                         nccl_failure);
-  g_mutex_unlock (&nccl_lock);
-  if (ok && version != NULL && nccl.get_version (version) != 0)
+  if (!stow_dl_once (&nccl_once, load_locked, STOW_COMM_ERROR,
+                     STOW_COMM_ERROR_UNAVAILABLE, error))
+    return FALSE;
+  if (version != NULL && nccl.get_version (version) != 0)
     *version = 0;
-  return ok;
+  return TRUE;
 }
 
 typedef struct
