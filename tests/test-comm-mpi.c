@@ -85,6 +85,15 @@ main (int argc, char **argv)
   mpirun = found;
   /* Idle ranks yield their core: four ranks share CI's two. */
   g_setenv ("OMPI_MCA_mpi_yield_when_idle", "1", TRUE);
+  /* Under the sanitizers (the asan setup): Open MPI keeps what MPI_Init
+   * allocates until exit, which LeakSanitizer would report in every rank
+   * (executor/comm/'s own leaks in the ranks go unchecked there). */
+  const char *asan = g_getenv ("ASAN_OPTIONS");
+  if (asan != NULL)
+    {
+      g_autofree char *opts = g_strconcat (asan, ":detect_leaks=0", NULL);
+      g_setenv ("ASAN_OPTIONS", opts, TRUE);
+    }
   for (int n = 2; n <= 4; n++)
     {
       g_autofree char *path = g_strdup_printf ("/comm-mpi/check/%d", n);
