@@ -23,6 +23,7 @@
 #include "core/units.h"
 #include "executor/backends/registry.h"
 #include "executor/backends/tensors.h"
+#include "executor/comm/launch.h"
 #include "executor/model-io.h"
 #include "executor/train.h"
 #include "offload/nvme.h"
@@ -40,7 +41,8 @@ typedef struct
       *log_json, *trace, *backend, *device_memory, *tokenizer, *resume_from,
       *save_on_signal, *threads, *test_copy_delay_us, *test_nvme_fault,
       *test_memlock_limit, *test_nvme_free, *save_dtype, *max_shard_size,
-      *keep_last, *val_data, *eval_every, *eval_batches;
+      *keep_last, *val_data, *eval_every, *eval_batches, *rank, *world_size,
+      *init;
   char **nvme_dirs;
   char *revision; /* --revision: of a Hub id --model */
   gboolean resume, overwrite, shuffle, delayed_update, stream_times,
@@ -613,6 +615,22 @@ train_main (TrainOptions *o, StowTrainPlan *tp, StowTrainConfig *c,
   if (argc > 1)
     return stow_cli_failf ("see 'stowage train --help'",
                            "train: unexpected argument \"%s\"", argv[1]);
+  /* Which rank of how many: the launcher's environment, the flags over
+   * it.  One rank runs (issue 38's collectives are executor/comm/; the
+   * training loop does not use them yet). */
+  g_auto (GStrv) env = g_get_environ ();
+  const StowLaunchFlags lf = { o->rank, o->world_size, o->init };
+  StowLaunch launch;
+  if (!stow_launch_resolve ((const char *const *)env, &lf, &launch, &error))
+    return stow_cli_fail (error, "see 'stowage train --help'");
+  int world = launch.world_size;
+  const char *from = stow_launch_source_name (launch.source);
+  stow_launch_clear (&launch);
+  if (world > 1)
+    return stow_cli_failf (NULL,
+                           "train: %d ranks (from %s): the trainer runs one "
+                           "rank yet; launch one process",
+                           world, from);
   if (!resolve (o, tp, c, &error))
     return stow_cli_fail (error, "see 'stowage train --help'");
   g_autofree char *model_dir
@@ -827,6 +845,18 @@ stow_cmd_train (int argc, char **argv)
       "last step, measured beside simulated (and add them to the last "
       "--log-json line)",
       NULL },
+    { "rank", 0, 0, G_OPTION_ARG_STRING, &o.rank,
+      "This process's rank (default: mpirun's OMPI_COMM_WORLD_RANK, "
+      "torchrun's RANK or Slurm's SLURM_PROCID, else 0)",
+      "R" },
+    { "world-size", 0, 0, G_OPTION_ARG_STRING, &o.world_size,
+      "Ranks in the job (default: the launcher's, else 1; one rank runs "
+      "yet)",
+      "N" },
+    { "init", 0, 0, G_OPTION_ARG_STRING, &o.init,
+      "How the ranks meet: mpi, env (torchrun's MASTER_ADDR and "
+      "MASTER_PORT) or tcp://HOST:PORT (default: the launcher's)",
+      "HOW" },
     { "allow-unpinned", 0, 0, G_OPTION_ARG_NONE, &o.allow_unpinned,
       "Where RLIMIT_MEMLOCK cannot cover the pinned host buffers, run them "
       "pageable instead of refusing (cpu backend)",
@@ -889,7 +919,10 @@ stow_cmd_train (int argc, char **argv)
                        &o.keep_last,
                        &o.val_data,
                        &o.eval_every,
-                       &o.eval_batches };
+                       &o.eval_batches,
+                       &o.rank,
+                       &o.world_size,
+                       &o.init };
   for (gsize i = 0; i < G_N_ELEMENTS (strings); i++)
     g_free (*strings[i]);
   if (stopped_by != 0)

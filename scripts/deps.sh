@@ -18,6 +18,7 @@ packages=(
   clang-format-14  # tests/check-format.sh: the one code format, version pinned
   libsoup-3.0-dev  # stowage serve: the HTTP server (serve/)
   chromium  # the browser tests: serve's page, the HTML reports (tests/)
+  libopenmpi-dev openmpi-bin  # several ranks: executor/comm/mpi.c, mpirun in tests
 )
 # Optional tools the test setups and benchmarks use when present.
 if [ "${STOW_DEPS_EXTRA:-}" = 1 ]; then

@@ -219,6 +219,49 @@ test_bytes (void)
   fixture_clear (&f);
 }
 
+/* Several ranks are refused, by launcher and by flag, until the trainer
+ * runs them (issue 38); one rank, however given, trains. */
+static void
+test_ranks (void)
+{
+  Fixture f;
+  fixture_init (&f);
+  g_autofree char *out = g_build_filename (f.dir, "out", NULL);
+  g_auto (StowRun) r1 = { 0 };
+  stow_run (&r1, "train", "--model", f.model, "--data", f.shard, "--out", out,
+            "--steps", "1", "--world-size", "2", "--rank", "1", NULL);
+  g_assert_cmpint (r1.status, ==, 2);
+  g_assert_nonnull (strstr (r1.err,
+                            "train: 2 ranks (from flags): the trainer runs one "
+                            "rank yet"));
+  g_assert_false (g_file_test (out, G_FILE_TEST_EXISTS));
+  g_auto (StowRun) r2 = { 0 };
+  stow_run (&r2, "train", "--model", f.model, "--data", f.shard, "--out", out,
+            "--steps", "1", "--rank", "one", NULL);
+  g_assert_cmpint (r2.status, ==, 2);
+  g_assert_nonnull (strstr (r2.err, "--rank: \"one\""));
+  g_setenv ("OMPI_COMM_WORLD_RANK", "0", TRUE);
+  g_setenv ("OMPI_COMM_WORLD_SIZE", "4", TRUE);
+  g_setenv ("OMPI_COMM_WORLD_LOCAL_RANK", "0", TRUE);
+  g_auto (StowRun) r3 = { 0 };
+  stow_run (&r3, "train", "--model", f.model, "--data", f.shard, "--out", out,
+            "--steps", "1", NULL);
+  g_assert_cmpint (r3.status, ==, 2);
+  g_assert_nonnull (strstr (r3.err, "train: 4 ranks (from mpirun)"));
+  /* mpirun -np 1: one rank, trained as without a launcher. */
+  g_setenv ("OMPI_COMM_WORLD_SIZE", "1", TRUE);
+  g_auto (StowRun) r4 = { 0 };
+  stow_run (&r4, "train", "--model", f.model, "--data", f.shard, "--out", out,
+            "--steps", "1", "--seq", "16", NULL);
+  g_unsetenv ("OMPI_COMM_WORLD_RANK");
+  g_unsetenv ("OMPI_COMM_WORLD_SIZE");
+  g_unsetenv ("OMPI_COMM_WORLD_LOCAL_RANK");
+  g_test_message ("%s", r4.err);
+  g_assert_cmpint (r4.status, ==, 0);
+  g_assert_nonnull (strstr (r4.err, "step 1/1"));
+  fixture_clear (&f);
+}
+
 /* ---- bad input ------------------------------------------------------------
  */
 
@@ -700,6 +743,7 @@ main (int argc, char **argv)
   g_test_add_func ("/train/peak-and-log", test_peak_and_log);
   g_test_add_func ("/train/bytes", test_bytes);
   g_test_add_func ("/train/bad-input", test_bad_input);
+  g_test_add_func ("/train/ranks", test_ranks);
   g_test_add_func ("/train/validate", test_validate);
   g_test_add_func ("/train/messages", test_messages);
   g_test_add_func ("/train/max-skipped-steps", test_max_skipped_steps);

@@ -8,11 +8,10 @@
 #include <dlfcn.h>
 
 #include "executor/backends/cuda/llama-cuda-private.h"
+#include "executor/dl.h"
 
-static GMutex cublas_lock;
+static StowDlOnce cublas_once;
 static StowCublas cublas_fns;
-static gboolean cublas_loaded;
-static char *cublas_failure; /* why loading failed, kept for later calls */
 
 static gboolean
 resolve (void *lib, const char *name, void **out, GError **error)
@@ -40,21 +39,11 @@ load_locked (GError **error)
     STOW_CUDA_LIBDIR "/libcublas.so.13",
 #endif
   };
-  void *lib = NULL;
-  g_autoptr (GString) tried = g_string_new (NULL);
-  for (guint i = 0; i < G_N_ELEMENTS (names) && lib == NULL; i++)
-    {
-      lib = dlopen (names[i], RTLD_NOW | RTLD_LOCAL);
-      if (lib == NULL)
-        g_string_append_printf (tried, "%s%s", tried->len ? "; " : "",
-                                dlerror ());
-    }
+  void *lib = stow_dlopen_first (names, G_N_ELEMENTS (names), "cuBLAS",
+                                 STOW_LLAMA_ERROR, STOW_LLAMA_ERROR_INVALID,
+                                 error);
   if (lib == NULL)
-    {
-      g_set_error (error, STOW_LLAMA_ERROR, STOW_LLAMA_ERROR_INVALID,
-                   "cuBLAS not found: %s", tried->str);
-      return FALSE;
-    }
+    return FALSE;
   StowCublas f;
   if (!resolve (lib, "cublasCreate_v2", (void **)&f.create, error)
       || !resolve (lib, "cublasDestroy_v2", (void **)&f.destroy, error)
@@ -76,22 +65,8 @@ load_locked (GError **error)
 const StowCublas *
 stow_cublas_load (GError **error)
 {
-  g_mutex_lock (&cublas_lock);
-  if (!cublas_loaded && cublas_failure == NULL)
-    {
-      GError *local = NULL;
-      if (load_locked (&local))
-        cublas_loaded = TRUE;
-      else
-        {
-          cublas_failure = g_strdup (local->message);
-          g_error_free (local);
-        }
-    }
-  const StowCublas *r = cublas_loaded ? &cublas_fns : NULL;
-  if (r == NULL)
-    g_set_error_literal (error, STOW_LLAMA_ERROR, STOW_LLAMA_ERROR_INVALID,
-                         cublas_failure);
-  g_mutex_unlock (&cublas_lock);
-  return r;
+  return stow_dl_once (&cublas_once, load_locked, STOW_LLAMA_ERROR,
+                       STOW_LLAMA_ERROR_INVALID, error)
+             ? &cublas_fns
+             : NULL;
 }

@@ -1,0 +1,206 @@
+/* SPDX-License-Identifier: MIT
+ *
+ * executor/comm/comm.c: the transport-independent half of comm.h: argument
+ * checks, the partition rule and the rank-order sum every deterministic
+ * reduction ends in.  The transports are mpi.c and nccl.c.
+ */
+#include "executor/comm/comm-private.h"
+
+#include "offload/adam.h" /* stow_f32_to_bf16: the one rounding */
+
+/* clang-format off */
+G_DEFINE_QUARK (stow-comm-error-quark, stow_comm_error)
+/* clang-format on */
+
+guint64
+stow_comm_partition_numel (guint64 count, int world, guint align)
+{
+  g_return_val_if_fail (world > 0, 0);
+  align = MAX (align, 1);
+  guint64 part = (count + (guint64)world - 1) / (guint64)world;
+  return (part + align - 1) / align * align;
+}
+
+int
+stow_comm_rank (const StowComm *c)
+{
+  return c->rank;
+}
+
+int
+stow_comm_world_size (const StowComm *c)
+{
+  return c->world;
+}
+
+const char *
+stow_comm_backend_name (const StowComm *c)
+{
+  return c->klass->name;
+}
+
+StowCommMode
+stow_comm_mode (const StowComm *c)
+{
+  return c->mode;
+}
+
+void
+stow_comm_set_mode (StowComm *c, StowCommMode mode)
+{
+  c->mode = mode;
+}
+
+static StowCommRequest *
+start (StowComm *c, StowCommOp op, const void *send, void *recv, guint64 count,
+       StowDtype dtype, int root, GError **error)
+{
+  static const char *const names[] = {
+    [STOW_COMM_OP_ALL_REDUCE] = "all-reduce",
+    [STOW_COMM_OP_REDUCE_SCATTER] = "reduce-scatter",
+    [STOW_COMM_OP_ALL_GATHER] = "all-gather",
+    [STOW_COMM_OP_BROADCAST] = "broadcast",
+    [STOW_COMM_OP_BARRIER] = "barrier",
+  };
+  if (op != STOW_COMM_OP_BARRIER && dtype != STOW_DTYPE_F32
+      && dtype != STOW_DTYPE_BF16)
+    {
+      g_set_error (error, STOW_COMM_ERROR, STOW_COMM_ERROR_INVALID,
+                   "%s: dtype %s (fp32 or bf16 only)", names[op],
+                   stow_dtype_nick (dtype));
+      return NULL;
+    }
+  if (op == STOW_COMM_OP_BROADCAST && (root < 0 || root >= c->world))
+    {
+      g_set_error (error, STOW_COMM_ERROR, STOW_COMM_ERROR_INVALID,
+                   "broadcast: root %d out of range (%d ranks)", root,
+                   c->world);
+      return NULL;
+    }
+  if (c->klass->max_count != 0 && count > c->klass->max_count)
+    {
+      g_set_error (error, STOW_COMM_ERROR, STOW_COMM_ERROR_INVALID,
+                   "%s: %" G_GUINT64_FORMAT
+                   " elements, over %s's limit of %" G_GUINT64_FORMAT,
+                   names[op], count, c->klass->name, c->klass->max_count);
+      return NULL;
+    }
+  StowCommRequest *r = g_new0 (StowCommRequest, 1);
+  *r = (StowCommRequest){
+    .op = op,
+    .mode = c->mode,
+    .send = send,
+    .recv = recv,
+    .count = count,
+    .part = stow_comm_partition_numel (count, c->world, 1),
+    .dtype = dtype,
+    .root = root,
+  };
+  if (!c->klass->start (c, r, error))
+    {
+      g_free (r);
+      return NULL;
+    }
+  return r;
+}
+
+StowCommRequest *
+stow_comm_all_reduce (StowComm *c, void *buf, guint64 count, StowDtype dtype,
+                      GError **error)
+{
+  g_return_val_if_fail (c != NULL && (buf != NULL || count == 0), NULL);
+  return start (c, STOW_COMM_OP_ALL_REDUCE, buf, buf, count, dtype, 0, error);
+}
+
+StowCommRequest *
+stow_comm_reduce_scatter (StowComm *c, const void *send, void *recv,
+                          guint64 count, StowDtype dtype, GError **error)
+{
+  g_return_val_if_fail (c != NULL, NULL);
+  g_return_val_if_fail (count == 0 || (send != NULL && recv != NULL), NULL);
+  return start (c, STOW_COMM_OP_REDUCE_SCATTER, send, recv, count, dtype, 0,
+                error);
+}
+
+StowCommRequest *
+stow_comm_all_gather (StowComm *c, const void *send, void *recv, guint64 count,
+                      StowDtype dtype, GError **error)
+{
+  g_return_val_if_fail (c != NULL, NULL);
+  g_return_val_if_fail (count == 0 || (send != NULL && recv != NULL), NULL);
+  return start (c, STOW_COMM_OP_ALL_GATHER, send, recv, count, dtype, 0, error);
+}
+
+StowCommRequest *
+stow_comm_broadcast (StowComm *c, void *buf, guint64 count, StowDtype dtype,
+                     int root, GError **error)
+{
+  g_return_val_if_fail (c != NULL && (buf != NULL || count == 0), NULL);
+  return start (c, STOW_COMM_OP_BROADCAST, buf, buf, count, dtype, root, error);
+}
+
+StowCommRequest *
+stow_comm_barrier (StowComm *c, GError **error)
+{
+  g_return_val_if_fail (c != NULL, NULL);
+  return start (c, STOW_COMM_OP_BARRIER, NULL, NULL, 0, STOW_DTYPE_F32, 0,
+                error);
+}
+
+gboolean
+stow_comm_wait (StowComm *c, StowCommRequest *r, GError **error)
+{
+  g_return_val_if_fail (c != NULL && r != NULL, FALSE);
+  gboolean ok = c->klass->wait (c, r, error);
+  g_free (r);
+  return ok;
+}
+
+gboolean
+stow_comm_wait_all (StowComm *c, StowCommRequest **r, guint n, GError **error)
+{
+  gboolean ok = TRUE;
+  for (guint i = 0; i < n; i++)
+    if (!stow_comm_wait (c, r[i], ok ? error : NULL))
+      ok = FALSE;
+  return ok;
+}
+
+void
+stow_comm_free (StowComm *c)
+{
+  if (c != NULL)
+    c->klass->free (c);
+}
+
+void
+stow_comm_sum_rank_order (void *out, const void *const *contributions, guint n,
+                          guint64 count, StowDtype dtype)
+{
+  g_return_if_fail (n > 0);
+  if (dtype == STOW_DTYPE_F32)
+    {
+      float *o = out;
+      const float *c0 = contributions[0];
+      for (guint64 i = 0; i < count; i++)
+        {
+          float acc = c0[i];
+          for (guint q = 1; q < n; q++)
+            acc = acc + ((const float *)contributions[q])[i];
+          o[i] = acc;
+        }
+      return;
+    }
+  g_return_if_fail (dtype == STOW_DTYPE_BF16);
+  guint16 *o = out;
+  const guint16 *c0 = contributions[0];
+  for (guint64 i = 0; i < count; i++)
+    {
+      guint16 acc = c0[i];
+      for (guint q = 1; q < n; q++)
+        acc = stow_f32_to_bf16 (
+            stow_bf16_to_f32 (acc)
+            + stow_bf16_to_f32 (((const guint16 *)contributions[q])[i]));
+      o[i] = acc;
+    }
+}
