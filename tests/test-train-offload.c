@@ -73,6 +73,19 @@ train_placed (StowRun *r, Fixture *f, const char *out, const char *prec,
   g_assert_cmpint (r->status, ==, 0);
 }
 
+/* The fixture's model replaced by one initialised (seed 3) from @config,
+ * in @name under the fixture's directory. */
+static void
+fixture_model (Fixture *f, const char *name, const char *config)
+{
+  g_assert_true (g_file_set_contents (f->config, config, -1, NULL));
+  g_free (f->model);
+  f->model = g_build_filename (f->dir, name, NULL);
+  g_auto (StowRun) r = { 0 };
+  stow_run (&r, "init-model", f->config, "-o", f->model, "--seed", "3", NULL);
+  g_assert_cmpint (r.status, ==, 0);
+}
+
 /* A model whose output layer is its embedding (Qwen2.5-0.5B, Llama 3.2,
  * Gemma): the loss writes the embedding's gradient, which the embedding's
  * backward adds to, so with the optimizer off the device that gradient
@@ -88,12 +101,7 @@ test_offload_tied (void)
   char *at = strstr (cfg, "\"tie_word_embeddings\":false");
   g_assert_nonnull (at);
   memcpy (at, "\"tie_word_embeddings\":true ", 27);
-  g_assert_true (g_file_set_contents (f.config, cfg, -1, NULL));
-  g_free (f.model);
-  f.model = g_build_filename (f.dir, "tied", NULL);
-  g_auto (StowRun) ri = { 0 };
-  stow_run (&ri, "init-model", f.config, "-o", f.model, "--seed", "3", NULL);
-  g_assert_cmpint (ri.status, ==, 0);
+  fixture_model (&f, "tied", cfg);
   g_autofree char *swap = make_dir (&f, "swap");
   const char *const precisions[] = { "fp32", "bf16" };
   for (guint i = 0; i < G_N_ELEMENTS (precisions); i++)
@@ -149,12 +157,7 @@ test_offload_qwen3 (void)
         "\"intermediate_size\":96,\"vocab_size\":300,"
         "\"rope_theta\":1000000.0,\"rms_norm_eps\":1e-6,"
         "\"tie_word_embeddings\":false,\"initializer_range\":0.05}";
-  g_assert_true (g_file_set_contents (f.config, qwen3, -1, NULL));
-  g_free (f.model);
-  f.model = g_build_filename (f.dir, "qwen3", NULL);
-  g_auto (StowRun) ri = { 0 };
-  stow_run (&ri, "init-model", f.config, "-o", f.model, "--seed", "3", NULL);
-  g_assert_cmpint (ri.status, ==, 0);
+  fixture_model (&f, "qwen3", qwen3);
   const char *const precisions[] = { "fp32", "bf16" };
   for (guint i = 0; i < G_N_ELEMENTS (precisions); i++)
     {
