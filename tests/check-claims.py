@@ -54,6 +54,16 @@ BENCH = {
         r"- bf16: [\d.]+x \(CPU time ([\d.]+)x\) PyTorch eager, bf16 autocast"),
     "bench.cpu-train.torch-version": (
         "cpu-train-vm-20261128-2018.md", r"PyTorch from PyPI: torch (\d+\.\d+)\.\d"),
+    # The same bench in a quiet moment of the VM (load 0.6 to 1.7).
+    "bench.cpu-train-quiet.ratio-median": (
+        "cpu-train-vm-20261128-2141.md",
+        r"- fp32: ([\d.]+)x \(CPU time [\d.]+x\) PyTorch eager, fp32"),
+    "bench.cpu-train-quiet.compile-ratio": (
+        "cpu-train-vm-20261128-2141.md",
+        r"- fp32: ([\d.]+)x \(CPU time [\d.]+x\) PyTorch torch.compile"),
+    "bench.cpu-train-quiet.bf16-ratio": (
+        "cpu-train-vm-20261128-2141.md",
+        r"- bf16: ([\d.]+)x \(CPU time [\d.]+x\) PyTorch eager, bf16 autocast"),
     "bench.gpu-h200-1112.ratio": (
         "gpu-h200-20261126-1112/gpu-train-bf16.md",
         r"stowage / PyTorch tokens/s: ([\d.]+)x"),
