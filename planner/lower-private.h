@@ -162,10 +162,6 @@ gboolean stow_lower_needs_weights (const StowLowerUnit *u,
 /* Whether gradients pass through the two gradient slots
  * (schedule-step.c). */
 gboolean stow_lower_uses_grad_slots (StowLower *L);
-/* The index in @R's units of the embedding whose gradient a tied head on
- * the same rank writes, when gradients pass through slots; else
- * STOW_NONE (lower-step.c). */
-guint stow_lower_tied_unit (StowLower *L, const StowLowerRank *R);
 /* Emits @R's step: its items in order, then the optimizer
  * (schedule-step.c). */
 void stow_lower_step (StowLower *L, StowLowerRank *R);

@@ -133,23 +133,6 @@ stow_lower_uses_grad_slots (StowLower *L)
   return L->off_opt || L->off_par || gdiv > 1;
 }
 
-guint
-stow_lower_tied_unit (StowLower *L, const StowLowerRank *R)
-{
-  guint emb = STOW_NONE;
-  gboolean tied = FALSE;
-  for (guint k = 0; k < R->units->len; k++)
-    {
-      const StowLowerUnit *u = &g_array_index (R->units, StowLowerUnit, k);
-      emb = u->layer == STOW_LAYER_EMBEDDING ? k : emb;
-      tied = tied || (u->layer == STOW_LAYER_HEAD && u->params < u->gparams);
-    }
-  /* Several ranks (not run by the executor yet) keep the schedule of
-   * before, whose loss leaves the tied write out: its timing and memory
-   * are what the memory model's search was checked against. */
-  return tied && L->n == 1 && stow_lower_uses_grad_slots (L) ? emb : STOW_NONE;
-}
-
 /* Allocates gradient slot @grad for @u's next gradient write.  With the
  * optimizer on the host and one rank, the unit's earlier micro-batches
  * of the step are on the host: they go back up into the slot (on the
@@ -654,7 +637,6 @@ items_init (StowLower *L, StowLowerRank *R)
   R->tied_grad = g_new (guint, m);
   for (guint j = 0; j < m; j++)
     R->tied_grad[j] = STOW_NONE;
-  R->tied_unit = stow_lower_tied_unit (L, R);
   /* Two all-reduces of the s b h activations per layer and pass under
    * tensor parallelism (Shoeybi et al. 2019); reduce-scatter plus
    * all-gather under sequence parallelism move the same bytes. */

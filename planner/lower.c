@@ -542,6 +542,26 @@ emit_host_states (StowLower *L, StowLowerRank *R, const StateSizes *z)
 }
 
 /* Persistent state, sized as the memory model sizes it. */
+/* The index in @R's units of the embedding whose gradient a tied head on
+ * the same rank writes, when gradients pass through slots; else
+ * STOW_NONE. */
+static guint
+tied_unit (StowLower *L, const StowLowerRank *R)
+{
+  guint emb = STOW_NONE;
+  gboolean tied = FALSE;
+  for (guint k = 0; k < R->units->len; k++)
+    {
+      const StowLowerUnit *u = &g_array_index (R->units, StowLowerUnit, k);
+      emb = u->layer == STOW_LAYER_EMBEDDING ? k : emb;
+      tied = tied || (u->layer == STOW_LAYER_HEAD && u->params < u->gparams);
+    }
+  /* Several ranks (not run by the executor yet) keep the schedule of
+   * before, whose loss leaves the tied write out: its timing and memory
+   * are what the memory model's search was checked against. */
+  return tied && L->n == 1 && stow_lower_uses_grad_slots (L) ? emb : STOW_NONE;
+}
+
 static void
 emit_persistent_state (StowLower *L, StowLowerRank *R)
 {
@@ -561,7 +581,8 @@ emit_persistent_state (StowLower *L, StowLowerRank *R)
   R->params_buf = R->grads_buf = R->host_grads_buf = STOW_NONE;
   R->bucket_buf[0] = R->bucket_buf[1] = STOW_NONE;
   R->grad_slot_freed[0] = R->grad_slot_freed[1] = STOW_NONE;
-  R->tied_unit = R->tied_freed = STOW_NONE;
+  R->tied_unit = tied_unit (L, R);
+  R->tied_freed = STOW_NONE;
   R->tied_grad = NULL;
   if (L->lora)
     emit_lora_states (L, R, &z);
@@ -648,7 +669,7 @@ emit_slots (StowLower *L, StowLowerRank *R, guint n_layer_units)
   guint rank = R->rank;
   guint64 wmax = 0, gmax = 0;
   /* A tied embedding's gradients have a buffer of their own. */
-  guint tied = stow_lower_tied_unit (L, R);
+  guint tied = R->tied_unit;
   for (guint i = 0; i < R->units->len; i++)
     {
       StowLowerUnit *u = &g_array_index (R->units, StowLowerUnit, i);

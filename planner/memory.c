@@ -1239,7 +1239,7 @@ gradient_states (States *s)
    * rest.  The program does so on one rank whose units are exact
    * (planner/lower.c, build_units), as the executor runs it; with more,
    * it keeps the simpler schedule of before, which leaves that write out
-   * (stow_lower_tied_unit). */
+   * (planner/lower.c, tied_unit). */
   gboolean tied = es->unit_slots && !bucketed && p->first && p->last
                   && ms->n == 1 && l->tp == 1 && l->ep == 1 && l->pp == 1
                   && l->vpp == 1 && t->finetune == STOW_FINETUNE_FULL
