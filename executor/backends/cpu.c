@@ -336,6 +336,7 @@ cpu_destroy (StowBackend *bb)
   if (b->params)
     stow_param_swap_free (b->params);
   g_clear_error (&b->access_error);
+  g_aligned_free (b->map.acc_scratch);
   stow_tensor_map_clear (&b->map);
   g_free (b->recorded);
   g_free (b->op_start);
@@ -621,6 +622,22 @@ static const StowBackendVtable cpu_vtable = {
   .describe_pinned = cpu_describe_pinned,
 };
 
+/* Room for an op's fresh gradients (tensors.h's acc_scratch): the
+ * largest unit's, plus the embedding's for a tied loss, which writes the
+ * head's and the embedding's.  Host memory beside the arena: what a
+ * device would keep in its gradient slot. */
+static void
+acc_scratch_init (StowTensorMap *m)
+{
+  guint64 most = 0;
+  for (guint u = 0; u < m->p->units->len; u++)
+    most = MAX (most, g_array_index (m->p->units, StowUnit, u).numel);
+  if (m->head_lm == G_MAXUINT64 && m->emb_unit != G_MAXUINT)
+    most += g_array_index (m->p->units, StowUnit, m->emb_unit).numel;
+  m->acc_scratch_bytes = most * stow_dtype_size (m->p->grad_dtype);
+  m->acc_scratch = g_aligned_alloc (MAX (m->acc_scratch_bytes, 1), 1, 64);
+}
+
 StowBackend *
 stow_backend_cpu_new (const StowBackendSetup *setup, GError **error)
 {
@@ -649,6 +666,7 @@ stow_backend_cpu_new (const StowBackendSetup *setup, GError **error)
       cpu_destroy (&b->parent);
       return NULL;
     }
+  acc_scratch_init (&b->map);
   if (b->map.params_nvme && !p->master_weights)
     {
       /* CPU Adam leaves the updated weights where the gradients were (no

@@ -6,6 +6,41 @@
  */
 #include "executor/backends/decoder-ops.h"
 
+#include "offload/adam.h" /* stow_f32_to_bf16 */
+
+static guint64
+unit_numel (const StowTensorMap *m, guint unit)
+{
+  return g_array_index (m->p->units, StowUnit, unit).numel;
+}
+
+/* Whether op @op's gradients go to the map's scratch first (tensors.h's
+ * acc_scratch): it adds to gradients, and the backend asks for addition. */
+static gboolean
+fresh_then_add (const StowTensorMap *m, const StowOp *op)
+{
+  return op->accumulate && m->acc_scratch != NULL;
+}
+
+/* @dst (@n gradients) += @src, each sum rounded to the gradient dtype. */
+static void
+grads_add (const StowTensorMap *m, guint8 *dst, const guint8 *src, guint64 n)
+{
+  if (m->p->grad_dtype == STOW_DTYPE_BF16)
+    {
+      guint16 *d = (guint16 *)dst;
+      const guint16 *s = (const guint16 *)src;
+      for (guint64 i = 0; i < n; i++)
+        d[i] = stow_f32_to_bf16 (stow_bf16_to_f32 (d[i])
+                                 + stow_bf16_to_f32 (s[i]));
+      return;
+    }
+  float *d = (float *)dst;
+  const float *s = (const float *)src;
+  for (guint64 i = 0; i < n; i++)
+    d[i] += s[i];
+}
+
 /* Where op @op writes the gradients of @unit: the gradient slot's
  * occupant (or a tied embedding's buffer) holding it, or the persistent
  * gradients. */
@@ -65,16 +100,30 @@ run_loss (const StowDecoder *d, const StowTensorMap *m, const StowOp *op,
    * may sit in another buffer (a gradient slot holds one unit). */
   gsize ge = stow_dtype_size (m->p->grad_dtype);
   guint8 *head = grads_of (m, op, m->head_unit);
-  dnorm = head + m->head_norm * ge;
-  dlm = m->head_lm != G_MAXUINT64 ? head + m->head_lm * ge
-                                  : grads_of (m, op, m->emb_unit);
+  guint8 *emb
+      = m->head_lm != G_MAXUINT64 ? NULL : grads_of (m, op, m->emb_unit);
+  /* Fresh into the scratch: the head unit, then a tied embedding. */
+  gboolean fresh = fresh_then_add (m, op);
+  guint64 nh = unit_numel (m, m->head_unit);
+  guint8 *h = fresh ? m->acc_scratch : head;
+  dnorm = h + m->head_norm * ge;
+  dlm = emb == NULL ? h + m->head_lm * ge
+        : fresh     ? m->acc_scratch + nh * ge
+                    : emb;
   guint logits = stow_tensor_map_io (m, op, TRUE, STOW_BUF_LOGITS);
   g_assert (logits != STOW_NONE);
   guint8 *x = stow_tensor_map_layer_output (m, (gint)m->model->n_layers - 1,
                                             op->micro_batch);
   stow_decoder_head_loss (d, n, norm, lm, x, (gint32 *)(in + m->input.targets),
-                          scale, dnorm, dlm, op->accumulate, x, m->addr[logits],
-                          m->chunk, loss_sum);
+                          scale, dnorm, dlm, op->accumulate && !fresh, x,
+                          m->addr[logits], m->chunk, loss_sum);
+  if (fresh)
+    {
+      grads_add (m, head, m->acc_scratch, nh);
+      if (emb)
+        grads_add (m, emb, m->acc_scratch + nh * ge,
+                   unit_numel (m, m->emb_unit));
+    }
 }
 
 void
@@ -94,18 +143,33 @@ stow_decoder_run_eval_loss (const StowDecoder *d, const StowTensorMap *m,
                                m->addr[logits], m->chunk, loss_sum);
 }
 
+static void run_layer_backward (const StowDecoder *d, const StowTensorMap *m,
+                                const StowOp *op, guint8 *g,
+                                gboolean accumulate);
+
 static void
 run_backward (const StowDecoder *d, const StowTensorMap *m, const StowOp *op)
 {
-  guint8 *g = grads_of (m, op, op->unit);
+  guint8 *into = grads_of (m, op, op->unit);
+  gboolean fresh = fresh_then_add (m, op);
+  guint8 *g = fresh ? m->acc_scratch : into;
   if (op->layer == STOW_LAYER_EMBEDDING)
     {
       guint8 *in = input_of (m, op);
       stow_decoder_embed_backward (d, (gint32 *)(in + m->input.tokens),
                                    m->n_tokens, in + m->input.x, g,
-                                   op->accumulate);
-      return;
+                                   op->accumulate && !fresh);
     }
+  else
+    run_layer_backward (d, m, op, g, op->accumulate && !fresh);
+  if (fresh)
+    grads_add (m, into, g, unit_numel (m, op->unit));
+}
+
+static void
+run_layer_backward (const StowDecoder *d, const StowTensorMap *m,
+                    const StowOp *op, guint8 *g, gboolean accumulate)
+{
   StowLlamaLayerWeights lw, lg;
   stow_tensor_map_layer (
       m, stow_tensor_map_unit (m, stow_tensor_map_weights_of (m, op), op->unit),
@@ -118,7 +182,7 @@ run_backward (const StowDecoder *d, const StowTensorMap *m, const StowOp *op)
   g_assert (ws != STOW_NONE);
   guint8 *x = stow_tensor_map_layer_output (m, op->layer - 1, op->micro_batch);
   stow_decoder_layer_backward (d, m->p->micro_batch, m->p->seq_len, &lw, x, &s,
-                               &lg, op->accumulate, m->addr[ws], x);
+                               &lg, accumulate, m->addr[ws], x);
 }
 
 gboolean

@@ -71,6 +71,17 @@ typedef struct
    * copies read (unit layout as weights_buf); NULL: Adam writes the
    * device weights.  Set by the backend. */
   guint8 *host_weights;
+  /* Gradient accumulation by addition (set by the cpu backend; NULL: the
+   * kernels add into the old gradients, as the cuda backend's do): an op
+   * that adds to a unit's gradients writes its micro-batch's gradients
+   * afresh here, then they are added in, element by element, rounded to
+   * the gradient dtype: the sum over micro-batches is then ((g0 + g1) +
+   * g2) + ..., which N ranks reproduce by adding their micro-batches'
+   * gradients in rank order (executor/comm/comm.h), and PyTorch forms
+   * (AccumulateGrad).  Room for the largest unit's gradients plus the
+   * embedding's (a tied loss writes both). */
+  guint8 *acc_scratch;
+  guint64 acc_scratch_bytes;
   /* [buffer]: base addresses while allocated, kept by the backend */
   void **addr;
 } StowTensorMap;
