@@ -17,6 +17,8 @@
 
 #include "offload/adam.h"
 
+#include "core/zero.h"
+
 /* clang-format off */
 G_DEFINE_QUARK (stow-adam-error-quark, stow_adam_error)
 /* clang-format on */
@@ -601,11 +603,10 @@ static const Kernels kernels[STOW_ISA_N] = {
 
 /* ---- the engine -------------------------------------------------------- */
 
-/* The grad norm's blocks: at least SUMSQ_MIN_BLOCK elements, a multiple of
- * 64, and never more than SUMSQ_MAX_BLOCKS of them, so the partial sums fit
- * in a buffer allocated once.  The block size depends on n only. */
-#define SUMSQ_MIN_BLOCK  8192
-#define SUMSQ_MAX_BLOCKS 4096
+/* The grad norm's blocks: core/zero.h's stow_norm_block, never more than
+ * SUMSQ_MAX_BLOCKS of them, so the partial sums fit in a buffer allocated
+ * once.  The block size depends on n only. */
+#define SUMSQ_MAX_BLOCKS STOW_NORM_MAX_BLOCKS
 
 struct StowAdam
 {
@@ -804,6 +805,7 @@ typedef struct
   guint64 n;
   guint64 block;
   guint64 n_blocks;
+  double *partials;
 } SumsqJob;
 
 static void
@@ -816,7 +818,7 @@ sumsq_job (gpointer data, guint index, guint n_threads)
     {
       guint64 begin = b * j->block;
       guint64 end = MIN (begin + j->block, j->n);
-      j->adam->partials[b] = j->adam->k->sumsq (j->grad, j->type, begin, end);
+      j->partials[b] = j->adam->k->sumsq (j->grad, j->type, begin, end);
     }
 }
 
@@ -831,20 +833,36 @@ stow_adam_grad_sumsq (StowAdam *adam, const void *grad, StowDtype grad_type,
   *out_sumsq = 0;
   if (n == 0)
     return 0;
-  guint64 block = (n + SUMSQ_MAX_BLOCKS - 1) / SUMSQ_MAX_BLOCKS;
-  block = (block + 63) / 64 * 64;
-  block = MAX (block, SUMSQ_MIN_BLOCK);
+  guint64 block = stow_norm_block (n), n_blocks = (n + block - 1) / block;
+  int rc = stow_adam_grad_sumsq_blocks (adam, grad, grad_type, n, block,
+                                        adam->partials);
+  double s = 0;
+  for (guint64 b = 0; rc == 0 && b < n_blocks; b++)
+    s += adam->partials[b];
+  *out_sumsq = s;
+  return rc;
+}
+
+int
+stow_adam_grad_sumsq_blocks (StowAdam *adam, const void *grad,
+                             StowDtype grad_type, guint64 n, guint64 block,
+                             double *partials)
+{
+  if (adam == NULL || (partials == NULL && n > 0) || (grad == NULL && n > 0)
+      || block == 0
+      || (grad_type != STOW_DTYPE_F32 && grad_type != STOW_DTYPE_BF16
+          && grad_type != STOW_DTYPE_F16))
+    return -EINVAL;
+  if (n == 0)
+    return 0;
   SumsqJob job = { .adam = adam,
                    .grad = grad,
                    .type = grad_type,
                    .n = n,
                    .block = block,
-                   .n_blocks = (n + block - 1) / block };
+                   .n_blocks = (n + block - 1) / block,
+                   .partials = partials };
   stow_cpu_pool_run (adam->pool, sumsq_job, &job);
-  double s = 0;
-  for (guint64 b = 0; b < job.n_blocks; b++)
-    s += adam->partials[b];
-  *out_sumsq = s;
   return 0;
 }
 

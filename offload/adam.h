@@ -148,6 +148,14 @@ double stow_adam_measure (StowAdam *adam, guint64 n, guint reps,
  * add the tensors' sums in a fixed order and take sqrt(sum) / loss_scale. */
 int stow_adam_grad_sumsq (StowAdam *adam, const void *grad, StowDtype grad_type,
                           guint64 n, double *out_sumsq);
+/* The per-block sums stow_adam_grad_sumsq adds, for blocks of @block
+ * elements (core/zero.h's stow_norm_block of the whole tensor): ceil(@n /
+ * @block) of them into @partials.  A rank holding blocks [k, k + j) of a
+ * tensor (ZeRO's partitions are aligned to them) gets the very sums one
+ * rank gets for them.  Returns 0 or -EINVAL. */
+int stow_adam_grad_sumsq_blocks (StowAdam *adam, const void *grad,
+                                 StowDtype grad_type, guint64 n, guint64 block,
+                                 double *partials);
 
 /* PyTorch's clip_grad_norm_ coefficient: min(1, max_norm / (norm + 1e-6)).
  * @max_norm <= 0 means no clipping (1). */

@@ -25,8 +25,9 @@ struct _StowCommRequest
   StowCommMode mode; /* the communicator's when started */
   const void *send;  /* == recv for the in-place ones */
   void *recv;
-  guint64 count; /* elements of the whole (unpartitioned) buffer */
-  guint64 part;  /* stow_comm_partition_numel (count, N, 1) */
+  guint64 count;       /* elements of the whole (unpartitioned) buffer */
+  guint64 part;        /* stow_comm_partition_numel (count, N, align) */
+  gboolean accumulate; /* reduce-scatter: recv's elements are added to */
   StowDtype dtype;
   int root;
   gpointer transport; /* the transport's own state for this request */

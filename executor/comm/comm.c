@@ -6,6 +6,7 @@
  */
 #include "executor/comm/comm-private.h"
 
+#include "core/zero.h"
 #include "offload/adam.h" /* stow_f32_to_bf16: the one rounding */
 
 /* clang-format off */
@@ -16,9 +17,7 @@ guint64
 stow_comm_partition_numel (guint64 count, int world, guint align)
 {
   g_return_val_if_fail (world > 0, 0);
-  align = MAX (align, 1);
-  guint64 part = (count + (guint64)world - 1) / (guint64)world;
-  return (part + align - 1) / align * align;
+  return stow_partition_numel (count, (guint)world, align);
 }
 
 int
@@ -52,8 +51,9 @@ stow_comm_set_mode (StowComm *c, StowCommMode mode)
 }
 
 static StowCommRequest *
-start (StowComm *c, StowCommOp op, const void *send, void *recv, guint64 count,
-       StowDtype dtype, int root, GError **error)
+start_ex (StowComm *c, StowCommOp op, const void *send, void *recv,
+          guint64 count, guint64 align, gboolean accumulate, StowDtype dtype,
+          int root, GError **error)
 {
   static const char *const names[] = {
     [STOW_COMM_OP_ALL_REDUCE] = "all-reduce",
@@ -92,7 +92,8 @@ start (StowComm *c, StowCommOp op, const void *send, void *recv, guint64 count,
     .send = send,
     .recv = recv,
     .count = count,
-    .part = stow_comm_partition_numel (count, c->world, 1),
+    .part = stow_partition_numel (count, (guint)c->world, align),
+    .accumulate = accumulate,
     .dtype = dtype,
     .root = root,
   };
@@ -102,6 +103,35 @@ start (StowComm *c, StowCommOp op, const void *send, void *recv, guint64 count,
       return NULL;
     }
   return r;
+}
+
+static StowCommRequest *
+start (StowComm *c, StowCommOp op, const void *send, void *recv, guint64 count,
+       StowDtype dtype, int root, GError **error)
+{
+  return start_ex (c, op, send, recv, count, 1, FALSE, dtype, root, error);
+}
+
+StowCommRequest *
+stow_comm_reduce_scatter_ex (StowComm *c, const void *send, void *recv,
+                             guint64 count, guint64 align, gboolean accumulate,
+                             StowDtype dtype, GError **error)
+{
+  g_return_val_if_fail (c != NULL, NULL);
+  g_return_val_if_fail (count == 0 || (send != NULL && recv != NULL), NULL);
+  return start_ex (c, STOW_COMM_OP_REDUCE_SCATTER, send, recv, count, align,
+                   accumulate, dtype, 0, error);
+}
+
+StowCommRequest *
+stow_comm_all_gather_ex (StowComm *c, const void *send, void *recv,
+                         guint64 count, guint64 align, StowDtype dtype,
+                         GError **error)
+{
+  g_return_val_if_fail (c != NULL, NULL);
+  g_return_val_if_fail (count == 0 || (send != NULL && recv != NULL), NULL);
+  return start_ex (c, STOW_COMM_OP_ALL_GATHER, send, recv, count, align, FALSE,
+                   dtype, 0, error);
 }
 
 StowCommRequest *

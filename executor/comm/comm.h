@@ -86,6 +86,22 @@ StowCommRequest *stow_comm_all_reduce (StowComm *c, void *buf, guint64 count,
 StowCommRequest *stow_comm_reduce_scatter (StowComm *c, const void *send,
                                            void *recv, guint64 count,
                                            StowDtype dtype, GError **error);
+/* ZeRO's form (core/zero.h): partitions of part = stow_comm_partition_numel
+ * (count, N, @align) elements, and with @accumulate the sum is added to
+ * what @recv holds: DETERMINISTIC, ((recv + c0) + c1) + ..., in rank
+ * order, which is how one rank adds N micro-batches' gradients to its
+ * accumulated ones (executor/backends/tensors.h's acc_scratch). */
+StowCommRequest *stow_comm_reduce_scatter_ex (StowComm *c, const void *send,
+                                              void *recv, guint64 count,
+                                              guint64 align,
+                                              gboolean accumulate,
+                                              StowDtype dtype, GError **error);
+/* stow_comm_all_gather with partitions of stow_comm_partition_numel (count,
+ * N, @align) elements. */
+StowCommRequest *stow_comm_all_gather_ex (StowComm *c, const void *send,
+                                          void *recv, guint64 count,
+                                          guint64 align, StowDtype dtype,
+                                          GError **error);
 /* The inverse: @send holds this rank's part elements (its partition of a
  * @count-element buffer, padded as above); @recv (@count elements) receives
  * every rank's partition, the padding dropped.  No arithmetic. */

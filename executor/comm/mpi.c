@@ -89,7 +89,11 @@ reduce_scatter_det (MpiComm *m, const StowCommRequest *r, const void *send,
   g_autofree guint8 *padded
       = part * (guint64)n == r->count ? NULL : g_malloc0 (pb * (guint64)n);
   g_autofree MPI_Request *reqs = g_new (MPI_Request, 2 * (guint)n);
-  g_autofree const void **contrib = g_new (const void *, (guint)n);
+  /* Accumulating: recv first, then the contributions. */
+  guint acc = r->accumulate ? 1 : 0;
+  g_autofree const void **contrib = g_new (const void *, (guint)n + acc);
+  if (acc)
+    contrib[0] = recv;
   int nreq = 0;
   /* Partitions crossing the end of @send are padded with zeros. */
   for (int q = 0; q < n; q++)
@@ -102,10 +106,10 @@ reduce_scatter_det (MpiComm *m, const StowCommRequest *r, const void *send,
         }
       if (q == me)
         {
-          contrib[q] = block;
+          contrib[q + acc] = block;
           continue;
         }
-      contrib[q] = in + (guint64)q * pb;
+      contrib[q + acc] = in + (guint64)q * pb;
       int rc
           = MPI_Irecv (in + (guint64)q * pb, (int)part, element_type (r->dtype),
                        q, 0, m->comm, &reqs[nreq++]);
@@ -118,7 +122,7 @@ reduce_scatter_det (MpiComm *m, const StowCommRequest *r, const void *send,
   int rc = MPI_Waitall (nreq, reqs, MPI_STATUSES_IGNORE);
   if (rc != MPI_SUCCESS)
     return mpi_message ("reduce-scatter: partition exchange", rc);
-  stow_comm_sum_rank_order (recv, contrib, (guint)n, part, r->dtype);
+  stow_comm_sum_rank_order (recv, contrib, (guint)n + acc, part, r->dtype);
   return NULL;
 }
 
@@ -177,8 +181,15 @@ run_native (MpiComm *m, const StowCommRequest *r)
             memcpy (staging, r->send, r->count * es);
             send = staging;
           }
-        rc = MPI_Reduce_scatter_block (send, r->recv, (int)r->part, t, sum,
-                                       m->comm);
+        g_autofree guint8 *mine
+            = r->accumulate ? g_malloc (MAX (r->part * es, 1)) : NULL;
+        rc = MPI_Reduce_scatter_block (send, mine ? mine : r->recv,
+                                       (int)r->part, t, sum, m->comm);
+        if (rc == MPI_SUCCESS && mine)
+          {
+            const void *two[2] = { r->recv, mine };
+            stow_comm_sum_rank_order (r->recv, two, 2, r->part, r->dtype);
+          }
         return rc == MPI_SUCCESS ? NULL : mpi_message ("reduce-scatter", rc);
       }
     case STOW_COMM_OP_ALL_GATHER:

@@ -332,6 +332,13 @@ nccl_start (StowComm *c, StowCommRequest *r, GError **error)
 {
   NcclComm *m = (NcclComm *)c;
   cudaEvent_t ev = NULL;
+  if (r->accumulate)
+    {
+      g_set_error_literal (error, STOW_COMM_ERROR, STOW_COMM_ERROR_INVALID,
+                           "reduce-scatter: accumulating into the partition "
+                           "runs on the mpi transport only");
+      return FALSE;
+    }
   if (!cuda_ok (cudaSetDevice (m->device), "cudaSetDevice", error)
       || !queue (m, r, error)
       || !cuda_ok (cudaEventCreateWithFlags (&ev, cudaEventDisableTiming),
