@@ -34,6 +34,7 @@ typedef struct
   gboolean recompute;
   guint last_grad_item; /* item index of its last gradient */
   guint grads_ready;    /* event: its gradients are complete */
+  gboolean reduced;     /* a reduction of this step added to its shard */
   guint last_down;      /* event: its last micro-batch's gradients are
                            down on the host (optimizer offload), or none */
   guint last_use;       /* event: its last compute in the step */
@@ -80,6 +81,11 @@ typedef struct
   gboolean lora;   /* frozen weights, fp32 adapters train */
   double wb;       /* frozen linear weights' bytes (QLoRA: NF4) */
   gboolean off_opt, off_par, nvme_opt, nvme_par;
+  /* One stage, no tensor, context or expert split, every parameter
+   * trained: units are exact (build_units), and with n > 1 the program
+   * is what the executor's ranks run: ZeRO partitions per unit
+   * (core/zero.h), each micro-batch's gradients reduced on their own. */
+  gboolean exact;
   GHashTable *xevents; /* "F vs mb" -> event id, across ranks */
   guint k_resident;
   StowDtype wdt, gdt; /* weights' and gradients' element types */

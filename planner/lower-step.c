@@ -99,6 +99,7 @@ emit_load (StowLower *L, StowLowerRank *R, guint k)
       stow_lower_alloc (L, R->rank, STOW_STREAM_COMM, use->buffer, &prev, 1);
       op = stow_lower_coll_op (L, R->rank, STOW_COLL_ALL_GATHER, bytes,
                                u->layer);
+      op.unit = u->pu, op.count = u->gparams;
       stow_lower_op_io (&op, R->params_buf, STOW_NONE, use->buffer);
       ready = stow_lower_emit (L, &op, NULL, 0, TRUE, "gathered");
     }
@@ -130,7 +131,9 @@ stow_lower_uses_grad_slots (StowLower *L)
   if (L->lora)
     return FALSE; /* adapters' gradients are small and persistent */
   guint64 gdiv = L->l->zero >= 2 ? L->n : 1;
-  return L->off_opt || L->off_par || gdiv > 1;
+  /* Exact units on several ranks: every micro-batch's gradients are
+   * reduced on their own, whatever the stage (emit_grad_path). */
+  return L->off_opt || L->off_par || gdiv > 1 || (L->exact && L->n > 1);
 }
 
 /* Allocates gradient slot @grad for @u's next gradient write.  With the
@@ -195,9 +198,15 @@ emit_grad_path (StowLower *L, StowLowerRank *R, StowLowerUnit *u, guint slot,
   StowStream free_on = STOW_STREAM_COMPUTE;
   if (L->n > 1)
     {
-      /* In place: each rank keeps its 1/n slice of the slot. */
+      /* Each rank's partition of the micro-batch's gradients, summed over
+       * the ranks, is added to its shard (the first of the step starts
+       * it): in rank order, the sum one rank forms over the global
+       * micro-batches (executor/comm/comm.h). */
       op = stow_lower_coll_op (L, R->rank, STOW_COLL_REDUCE_SCATTER, gbytes,
                                u->layer);
+      op.unit = u->pu, op.count = u->params, op.micro_batch = 0;
+      op.accumulate = u->reduced;
+      u->reduced = TRUE;
       stow_lower_op_io (&op, slot, STOW_NONE, L->off_opt ? slot : R->grads_buf);
       ev = stow_lower_emit (L, &op, &ev, 1, TRUE, "reduce-scattered");
       free_on = STOW_STREAM_COMM;
@@ -223,6 +232,16 @@ emit_grad_path (StowLower *L, StowLowerRank *R, StowLowerUnit *u, guint slot,
       ev = stow_lower_emit (L, &op, &ev, 1, TRUE, "accumulated");
     }
   guint fr = stow_lower_free (L, R->rank, free_on, slot, &ev, 1, TRUE);
+  if (L->exact && L->n > 1 && L->l->zero == 0 && !L->off_opt && last_mb)
+    {
+      /* ZeRO 0 keeps every gradient on every rank: the reduced
+       * partitions gathered into the unit's full gradients. */
+      op = stow_lower_coll_op (L, R->rank, STOW_COLL_ALL_GATHER, gbytes,
+                               u->layer);
+      op.unit = u->pu, op.count = u->params;
+      stow_lower_op_io (&op, R->grads_buf, STOW_NONE, R->grads_buf);
+      ev = stow_lower_emit (L, &op, &ev, 1, TRUE, "gradients gathered");
+    }
   if (tied)
     R->tied_freed = fr;
   else
@@ -301,6 +320,7 @@ emit_param_refresh (StowLower *L, StowLowerRank *R, StowLowerUnit *u,
     {
       op = stow_lower_coll_op (L, R->rank, STOW_COLL_ALL_GATHER,
                                stow_bytes (params * L->n, L->w), u->layer);
+      op.unit = u->pu, op.count = u->params;
       stow_lower_op_io (&op, R->params_buf, STOW_NONE, R->params_buf);
       stow_lower_emit (L, &op, waits, nw, FALSE, NULL);
     }

@@ -18,6 +18,8 @@
 #include <string.h>
 
 #include "planner/lower-private.h"
+
+#include "core/zero.h"
 #include "planner/memory-private.h"
 
 #define MiB ((guint64)1 << 20)
@@ -397,6 +399,31 @@ rank_shard (const StowLowerRank *R, const StowLayout *l, guint64 N, guint64 d)
   return stow_mem_sharded_params (l, N, R->sp.experts, d);
 }
 
+/* The elements a buffer of @R's state sharded @d ways holds: with exact
+ * units, each unit's ZeRO partition (core/zero.h) padded as the ranks
+ * keep it; else memory.c's share. */
+static guint64
+part_params (const StowLower *L, const StowLowerRank *R, guint64 N, guint64 d)
+{
+  if (!L->exact || d <= 1)
+    return rank_shard (R, L->l, N, d);
+  guint64 sum = 0;
+  for (guint i = 0; i < R->units->len; i++)
+    sum += stow_zero_part (g_array_index (R->units, StowLowerUnit, i).params,
+                           (guint)d);
+  return sum;
+}
+
+/* Buffer @b holds its units' partitions when sharded @d ways over exact
+ * units. */
+static guint
+partitioned (StowLower *L, guint b, guint64 d)
+{
+  if (L->exact && d > 1)
+    stow_program_buffer_partition (L->p, b, (guint)d);
+  return b;
+}
+
 /* What the persistent state buffers hold: the rank's parameters, their
  * ZeRO divisors, and the run of units they cover. */
 typedef struct
@@ -449,21 +476,27 @@ emit_weights (StowLower *L, StowLowerRank *R, const StateSizes *z)
   guint64 N = z->N, n = L->n;
   guint ufirst = z->ufirst, ucount = z->ucount;
   if (L->off_par)
-    stow_lower_holds (
+    partitioned (
         L,
-        stow_program_buffer (p, rank,
-                             L->nvme_par ? STOW_TIER_NVME : STOW_TIER_PINNED,
-                             stow_bytes (rank_shard (R, l, N, n), L->w), -1,
-                             TRUE, "offloaded parameters"),
-        STOW_BUF_WEIGHTS, ufirst, ucount, L->wdt, STOW_LAYER_NONE, 0);
+        stow_lower_holds (
+            L,
+            stow_program_buffer (
+                p, rank, L->nvme_par ? STOW_TIER_NVME : STOW_TIER_PINNED,
+                stow_bytes (part_params (L, R, N, n), L->w), -1, TRUE,
+                "offloaded parameters"),
+            STOW_BUF_WEIGHTS, ufirst, ucount, L->wdt, STOW_LAYER_NONE, 0),
+        n);
   else
-    R->params_buf = stow_lower_holds (
+    R->params_buf = partitioned (
         L,
-        stow_program_buffer (
-            p, rank, STOW_TIER_DEVICE,
-            stow_bytes (rank_shard (R, l, N, l->zero >= 3 ? n : 1), L->w), -1,
-            TRUE, l->zero >= 3 ? "parameter shard" : "parameters"),
-        STOW_BUF_WEIGHTS, ufirst, ucount, L->wdt, STOW_LAYER_NONE, 0);
+        stow_lower_holds (
+            L,
+            stow_program_buffer (
+                p, rank, STOW_TIER_DEVICE,
+                stow_bytes (part_params (L, R, N, l->zero >= 3 ? n : 1), L->w),
+                -1, TRUE, l->zero >= 3 ? "parameter shard" : "parameters"),
+            STOW_BUF_WEIGHTS, ufirst, ucount, L->wdt, STOW_LAYER_NONE, 0),
+        l->zero >= 3 ? n : 1);
 }
 
 /* Gradients, master weights and optimizer states on the device. */
@@ -471,29 +504,39 @@ static void
 emit_device_states (StowLower *L, StowLowerRank *R, const StateSizes *z)
 {
   StowProgram *p = L->p;
-  const StowLayout *l = L->l;
   guint rank = R->rank;
   guint64 N = z->N;
   guint64 odiv = z->odiv, gdiv = z->gdiv;
   guint ufirst = z->ufirst, ucount = z->ucount;
-  R->grads_buf = stow_lower_holds (
+  R->grads_buf = partitioned (
       L,
-      stow_program_buffer (p, rank, STOW_TIER_DEVICE,
-                           stow_bytes (rank_shard (R, l, N, gdiv), L->g), -1,
-                           TRUE, "gradients"),
-      STOW_BUF_GRADS, ufirst, ucount, L->gdt, STOW_LAYER_NONE, 0);
-  stow_lower_holds (
+      stow_lower_holds (
+          L,
+          stow_program_buffer (p, rank, STOW_TIER_DEVICE,
+                               stow_bytes (part_params (L, R, N, gdiv), L->g),
+                               -1, TRUE, "gradients"),
+          STOW_BUF_GRADS, ufirst, ucount, L->gdt, STOW_LAYER_NONE, 0),
+      gdiv);
+  partitioned (
       L,
-      stow_program_buffer (p, rank, STOW_TIER_DEVICE,
-                           stow_bytes (rank_shard (R, l, N, odiv), L->master),
-                           -1, TRUE, "master weights"),
-      STOW_BUF_MASTER, ufirst, ucount, STOW_DTYPE_F32, STOW_LAYER_NONE, 0);
-  stow_lower_holds (
+      stow_lower_holds (L,
+                        stow_program_buffer (
+                            p, rank, STOW_TIER_DEVICE,
+                            stow_bytes (part_params (L, R, N, odiv), L->master),
+                            -1, TRUE, "master weights"),
+                        STOW_BUF_MASTER, ufirst, ucount, STOW_DTYPE_F32,
+                        STOW_LAYER_NONE, 0),
+      odiv);
+  partitioned (
       L,
-      stow_program_buffer (p, rank, STOW_TIER_DEVICE,
-                           stow_bytes (rank_shard (R, l, N, odiv), L->opt), -1,
-                           TRUE, "optimizer states"),
-      STOW_BUF_OPT_STATES, ufirst, ucount, STOW_DTYPE_F32, STOW_LAYER_NONE, 0);
+      stow_lower_holds (
+          L,
+          stow_program_buffer (p, rank, STOW_TIER_DEVICE,
+                               stow_bytes (part_params (L, R, N, odiv), L->opt),
+                               -1, TRUE, "optimizer states"),
+          STOW_BUF_OPT_STATES, ufirst, ucount, STOW_DTYPE_F32, STOW_LAYER_NONE,
+          0),
+      odiv);
 }
 
 /* The offloaded optimizer's gradients, master weights and states on the
@@ -502,15 +545,14 @@ static void
 emit_host_states (StowLower *L, StowLowerRank *R, const StateSizes *z)
 {
   StowProgram *p = L->p;
-  const StowLayout *l = L->l;
   guint rank = R->rank;
   guint64 N = z->N, n = L->n;
   guint ufirst = z->ufirst, ucount = z->ucount;
   R->host_grads_buf = stow_lower_holds (
       L,
       stow_program_buffer (p, rank, STOW_TIER_PINNED,
-                           stow_bytes (rank_shard (R, l, N, n), L->g), -1, TRUE,
-                           "offloaded gradients"),
+                           stow_bytes (part_params (L, R, N, n), L->g), -1,
+                           TRUE, "offloaded gradients"),
       STOW_BUF_GRADS, ufirst, ucount, L->gdt, STOW_LAYER_NONE, 0);
   /* The delayed update applies the last step's gradients while this
    * step's come down: a second host copy of them, which the backends
@@ -519,26 +561,33 @@ emit_host_states (StowLower *L, StowLowerRank *R, const StateSizes *z)
     stow_program_buffer_role (
         p,
         stow_program_buffer (p, rank, STOW_TIER_PINNED,
-                             stow_bytes (rank_shard (R, l, N, n), L->g), -1,
+                             stow_bytes (part_params (L, R, N, n), L->g), -1,
                              TRUE, STOW_DELAYED_GRADS_NAME),
         STOW_ROLE_DELAYED_GRADS, 0);
-  stow_lower_holds (
+  partitioned (
       L,
-      stow_program_buffer (
-          p, rank, L->nvme_opt ? STOW_TIER_NVME : STOW_TIER_PINNED,
-          stow_bytes (rank_shard (R, l, N, n), L->master + L->opt), -1, TRUE,
-          "master weights and optimizer states"),
-      STOW_BUF_STATES, ufirst, ucount, STOW_DTYPE_F32, STOW_LAYER_NONE, 0);
+      stow_lower_holds (
+          L,
+          stow_program_buffer (
+              p, rank, L->nvme_opt ? STOW_TIER_NVME : STOW_TIER_PINNED,
+              stow_bytes (part_params (L, R, N, n), L->master + L->opt), -1,
+              TRUE, "master weights and optimizer states"),
+          STOW_BUF_STATES, ufirst, ucount, STOW_DTYPE_F32, STOW_LAYER_NONE, 0),
+      n);
+  partitioned (L, R->host_grads_buf, n);
   /* Where CPU Adam writes the updated weights, the "updated up"
    * copies' source (memory.c's "host copy of the weights"); with
    * offloaded parameters those are the weights themselves. */
   if (!L->off_par)
-    stow_lower_holds (
+    partitioned (
         L,
-        stow_program_buffer (p, rank, STOW_TIER_PINNED,
-                             stow_bytes (rank_shard (R, l, N, n), L->w), -1,
-                             TRUE, "host copy of the weights"),
-        STOW_BUF_WEIGHTS, ufirst, ucount, L->wdt, STOW_LAYER_NONE, 0);
+        stow_lower_holds (
+            L,
+            stow_program_buffer (p, rank, STOW_TIER_PINNED,
+                                 stow_bytes (part_params (L, R, N, n), L->w),
+                                 -1, TRUE, "host copy of the weights"),
+            STOW_BUF_WEIGHTS, ufirst, ucount, L->wdt, STOW_LAYER_NONE, 0),
+        n);
 }
 
 /* Persistent state, sized as the memory model sizes it. */
@@ -594,7 +643,7 @@ emit_persistent_state (StowLower *L, StowLowerRank *R)
       else
         emit_host_states (L, R, &z);
     }
-  if (l->zero < 2 && n > 1)
+  if (l->zero < 2 && n > 1 && !L->exact)
     for (guint i = 0; i < 2; i++)
       R->bucket_buf[i]
           = stow_program_buffer (L->p, R->rank, STOW_TIER_DEVICE, 25 * MiB, -1,
@@ -826,6 +875,10 @@ lower_init (StowLower *L, const StowModel *m, const StowCluster *c,
   L->off_par = l->offload_params != STOW_OFFLOAD_NONE;
   L->nvme_opt = l->offload_optimizer == STOW_OFFLOAD_NVME;
   L->nvme_par = l->offload_params == STOW_OFFLOAD_NVME;
+  L->exact = l->tp == 1 && l->ep == 1 && l->pp == 1 && l->vpp == 1 && l->cp == 1
+             && !L->lora;
+  L->p->dp = (guint)L->n;
+  L->p->zero = l->zero;
   L->xevents = g_hash_table_new_full (g_str_hash, g_str_equal, g_free, NULL);
 }
 

@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "core/units.h"
+#include "core/zero.h"
 #include "planner/memory-private.h"
 #include "planner/plan.h"
 
@@ -1214,6 +1215,18 @@ weight_states (States *s)
                   b.w, staged);
 }
 
+/* stowage's own ranks over exact units (planner/lower.c's exact): each
+ * micro-batch's gradients pass through the gradient slots and are reduced
+ * on their own, at every ZeRO stage, rather than through buckets. */
+static gboolean
+ranks_reduce_each_micro_batch (const Model *ms)
+{
+  const StowLayout *l = ms->l;
+  return l->engine == STOW_ENGINE_STOWAGE && ms->n > 1 && l->tp == 1
+         && l->ep == 1 && l->pp == 1 && l->vpp == 1 && l->cp == 1
+         && ms->t->finetune == STOW_FINETUNE_FULL;
+}
+
 /* Gradients on the device.  A layer's full gradients exist before they
  * are reduce-scattered (ZeRO >= 2) or copied to the host (offload): two
  * layer slots, one being produced and one in flight, unless the engine
@@ -1289,7 +1302,7 @@ gradient_states (States *s)
           dev, "gradients", stow_bytes (sharded_params (l, N, E, gdiv), b.g),
           STOW_TIER_DEVICE, "%.4g B x %s", b.g,
           params_desc (dev, pbuf, sizeof pbuf, l, N, E, gdiv, SHARDS_IF_SPLIT));
-      if (gdiv > 1 && !bucketed)
+      if ((gdiv > 1 || ranks_reduce_each_micro_batch (ms)) && !bucketed)
         mem_add_term (dev, "gradient slots", slots, STOW_TIER_DEVICE,
                       "%" G_GUINT64_FORMAT
                       " layers x %.4g B x %" G_GUINT64_FORMAT
@@ -1377,6 +1390,59 @@ optimizer_states (States *s)
                   nbuf, b.master + b.opt, swapped, sp);
 }
 
+/* stowage's ranks keep each unit's ZeRO partition whole and aligned to
+ * the gradient norm's blocks (core/zero.h): the partitioned states hold
+ * the padding beyond N / n, per tier, as the step program sizes them. */
+static void
+partition_padding (States *s)
+{
+  Model *ms = s->ms;
+  const StowLayout *l = ms->l;
+  guint64 n = ms->n;
+  if (!ranks_reduce_each_micro_batch (ms))
+    return;
+  g_autoptr (StowProgram) prog = stow_program_new (1);
+  stow_program_set_units (prog, ms->m);
+  guint64 padded = 0;
+  for (guint u = 0; u < prog->units->len; u++)
+    padded += stow_zero_part (stow_program_unit (prog, u)->numel, (guint)n);
+  guint64 even = sharded_params (l, s->N, s->E, n);
+  if (padded <= even)
+    return;
+  guint64 pad = padded - even;
+  Bpp b = s->b;
+  double dev = 0, host = 0, nvme = 0;
+  if (!s->off_par && s->wdiv > 1)
+    dev += b.w;
+  if (!s->off_opt)
+    dev += (s->gdiv > 1 ? b.g : 0) + (s->odiv > 1 ? b.master + b.opt : 0);
+  else
+    {
+      host += b.g + (s->off_par ? 0 : b.w);
+      if (l->offload_optimizer == STOW_OFFLOAD_CPU)
+        host += b.master + b.opt;
+      else
+        nvme += b.master + b.opt;
+    }
+  if (l->offload_params == STOW_OFFLOAD_CPU)
+    host += b.w;
+  else if (l->offload_params == STOW_OFFLOAD_NVME)
+    nvme += b.w;
+#define PADDING_WHY                                                            \
+  "%.4g B x %" G_GUINT64_FORMAT " params: each unit's partition aligned to "   \
+  "the gradient norm's blocks"
+  if (dev > 0)
+    mem_add_term (s->dev, "ZeRO partition padding", stow_bytes (pad, dev),
+                  STOW_TIER_DEVICE, PADDING_WHY, dev, pad);
+  if (host > 0 && s->host)
+    mem_add_term (s->host, "ZeRO partition padding", stow_bytes (pad, host),
+                  STOW_TIER_PINNED, PADDING_WHY, host, pad);
+  if (nvme > 0 && s->nvme)
+    mem_add_term (s->nvme, "ZeRO partition padding", stow_bytes (pad, nvme),
+                  STOW_TIER_NVME, PADDING_WHY, nvme, pad);
+#undef PADDING_WHY
+}
+
 /* Model states of one stage: weights, gradients, master weights and
  * optimizer states on the device, or offloaded, by the engine's rules
  * (engine_states). */
@@ -1424,6 +1490,7 @@ model_states (Model *ms, const StageParams *p, GArray *dev,
     te_fp8_state (ms, p, dev);
   gradient_states (&s);
   optimizer_states (&s);
+  partition_padding (&s);
 }
 
 /* What one micro-batch of the layout keeps, whatever the stage: each
@@ -1944,7 +2011,7 @@ engine_buffers (Model *ms, const StageParams *p, GArray *dev)
                         "2 B x %" G_GUINT64_FORMAT
                         " params kept between forward and backward",
                         N);
-        if (l->zero < 2 && multi)
+        if (l->zero < 2 && multi && !ranks_reduce_each_micro_batch (ms))
           mem_add_term (dev, "gradient buckets", 2 * 25 * MiB, STOW_TIER_DEVICE,
                         "2 x bucket_cap_mb 25 MiB");
         break;

@@ -84,6 +84,7 @@ stow_program_new (guint n_ranks)
 {
   StowProgram *p = g_new0 (StowProgram, 1);
   p->n_ranks = n_ranks;
+  p->dp = 1;
   p->ops = g_array_new (FALSE, TRUE, sizeof (StowOp));
   p->buffers = g_array_new (FALSE, TRUE, sizeof (StowBuffer));
   g_array_set_clear_func (p->buffers, clear_buffer);
@@ -430,6 +431,13 @@ stow_program_buffer_holds (StowProgram *p, guint b, StowBufferKind kind,
   buf->dtype = dtype;
   buf->layer = layer;
   buf->micro_batch = mb;
+}
+
+void
+stow_program_buffer_partition (StowProgram *p, guint b, guint n)
+{
+  g_return_if_fail (b < p->buffers->len);
+  g_array_index (p->buffers, StowBuffer, b).partitions = n > 1 ? n : 0;
 }
 
 /* ---- the fused loss --------------------------------------------------------

@@ -283,6 +283,10 @@ typedef struct
   guint micro_batch; /* and the micro-batch */
   StowBufferRole role;
   guint role_index;
+  /* ZeRO's partitions (core/zero.h): 0 or 1, each unit whole; N, each
+   * unit's one partition of stow_zero_part (numel, N) elements, the rank's
+   * own (the program is every data-parallel rank's). */
+  guint partitions;
 } StowBuffer;
 
 /* A slot's occupant: it has no bytes of its own, its slot's persistent
@@ -301,7 +305,11 @@ typedef struct
 
 typedef struct
 {
-  guint n_ranks;   /* pipeline stages */
+  guint n_ranks; /* pipeline stages */
+  /* Data-parallel ranks that each run this program on their own
+   * micro-batches (1: one), and its ZeRO stage: what its collectives,
+   * partitioned buffers and optimizer ops mean (docs/executor.md). */
+  guint dp, zero;
   GArray *ops;     /* StowOp, every rank's ops in emission order */
   GArray *buffers; /* StowBuffer */
   GArray *events;  /* StowEvent */
@@ -356,6 +364,8 @@ void stow_program_buffer_role (StowProgram *p, guint b, StowBufferRole role,
 void stow_program_buffer_holds (StowProgram *p, guint b, StowBufferKind kind,
                                 guint unit_first, guint n_units,
                                 StowDtype dtype, gint layer, guint mb);
+/* Marks buffer @b as holding its units' ZeRO partitions over @n ranks. */
+void stow_program_buffer_partition (StowProgram *p, guint b, guint n);
 guint stow_program_event (StowProgram *p, guint rank, const char *format, ...)
     G_GNUC_PRINTF (3, 4);
 /* Appends @op (copied; its wait range is set from @waits, @n_waits event
