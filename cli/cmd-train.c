@@ -24,6 +24,7 @@
 #include "executor/backends/registry.h"
 #include "executor/backends/tensors.h"
 #include "executor/comm/launch.h"
+#include "executor/comm/mpi.h"
 #include "executor/model-io.h"
 #include "executor/train.h"
 #include "offload/nvme.h"
@@ -40,9 +41,9 @@ typedef struct
   char *model, *data, *plan, *seed, *out, *save_every, *max_skipped_steps,
       *log_json, *trace, *backend, *device_memory, *tokenizer, *resume_from,
       *save_on_signal, *threads, *test_copy_delay_us, *test_nvme_fault,
-      *test_memlock_limit, *test_nvme_free, *save_dtype, *max_shard_size,
-      *keep_last, *val_data, *eval_every, *eval_batches, *rank, *world_size,
-      *init;
+      *test_die_at, *test_memlock_limit, *test_nvme_free, *save_dtype,
+      *max_shard_size, *keep_last, *val_data, *eval_every, *eval_batches, *rank,
+      *world_size, *init;
   char **nvme_dirs;
   char *revision; /* --revision: of a Hub id --model */
   gboolean resume, overwrite, shuffle, delayed_update, stream_times,
@@ -314,6 +315,24 @@ resolve (TrainOptions *o, StowTrainPlan *c, StowTrainConfig *run,
                        local ? local->message : "a size above 0");
           return FALSE;
         }
+    }
+  if (o->test_die_at)
+    {
+      /* RANK:STEP */
+      guint64 rank = 0, step = 0;
+      g_auto (GStrv) rs = g_strsplit (o->test_die_at, ":", 2);
+      if (g_strv_length (rs) != 2
+          || !parse_u64 ("--test-die-at", rs[0], TRUE, &rank, error)
+          || !parse_u64 ("--test-die-at", rs[1], FALSE, &step, error)
+          || rank > G_MAXINT)
+        {
+          if (error && *error == NULL)
+            g_set_error (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
+                         "--test-die-at \"%s\": expected RANK:STEP",
+                         o->test_die_at);
+          return FALSE;
+        }
+      run->test_die_rank = (guint)rank, run->test_die_step = step;
     }
   if (o->test_copy_delay_us)
     {
@@ -598,6 +617,72 @@ print_peaks (const StowTrainPlan *tp, const StowTrainResult *m)
     }
 }
 
+/* --log-json and --trace on rank @rank: "{rank}" in @path becomes the
+ * rank; a path without it is rank 0's alone (NULL elsewhere). */
+static const char *
+rank_path (const char *path, int rank, char **owned)
+{
+  if (path == NULL)
+    return NULL;
+  if (strstr (path, "{rank}") == NULL)
+    return rank == 0 ? path : NULL;
+  g_autofree char *r = g_strdup_printf ("%d", rank);
+  g_auto (GStrv) parts = g_strsplit (path, "{rank}", -1);
+  *owned = g_strjoinv (r, parts);
+  return *owned;
+}
+
+/* Several ranks: the cpu backend's, over MPI (mpirun, or srun with
+ * PMIx), whose rank and size must be the launcher's. */
+static gboolean
+join_ranks (StowTrainConfig *c, StowTrainPlan *tp, int world, int rank,
+            const char *from, const char *init, GError **error)
+{
+  if (g_strcmp0 (c->backend, "cpu") != 0)
+    {
+      g_set_error (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
+                   "train: %d ranks (from %s) with --backend %s: several "
+                   "ranks run on the cpu backend over MPI; the cuda "
+                   "backend's NCCL ranks are not run yet",
+                   world, from, c->backend);
+      return FALSE;
+    }
+  if (g_strcmp0 (from, "mpirun") != 0 && g_strcmp0 (from, "slurm") != 0
+      && g_strcmp0 (init, "mpi") == 0)
+    {
+      g_set_error (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
+                   "train: %d ranks (from %s): the cpu backend's ranks are "
+                   "MPI processes; launch them with mpirun -np %d (or srun)",
+                   world, from, world);
+      return FALSE;
+    }
+  if (g_strcmp0 (init, "mpi") != 0)
+    {
+      g_set_error (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
+                   "train: %d ranks (from %s) meeting at %s: the cpu "
+                   "backend's ranks meet over MPI; launch them with mpirun "
+                   "(or srun with PMIx), --init mpi",
+                   world, from, init);
+      return FALSE;
+    }
+  c->comm = stow_comm_mpi_new (error);
+  if (c->comm == NULL)
+    return FALSE;
+  if (stow_comm_world_size (c->comm) != world
+      || stow_comm_rank (c->comm) != rank)
+    {
+      g_set_error (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
+                   "train: rank %d of %d (from %s), but MPI says rank %d of "
+                   "%d; launch with mpirun -np %d, or leave --rank and "
+                   "--world-size to it",
+                   rank, world, from, stow_comm_rank (c->comm),
+                   stow_comm_world_size (c->comm), world);
+      return FALSE;
+    }
+  tp->ranks = (guint)world;
+  return TRUE;
+}
+
 static int
 train_main (TrainOptions *o, StowTrainPlan *tp, StowTrainConfig *c,
             const GOptionEntry *entries, int argc, char **argv, int *stopped_by)
@@ -623,16 +708,26 @@ train_main (TrainOptions *o, StowTrainPlan *tp, StowTrainConfig *c,
   StowLaunch launch;
   if (!stow_launch_resolve ((const char *const *)env, &lf, &launch, &error))
     return stow_cli_fail (error, "see 'stowage train --help'");
-  int world = launch.world_size;
-  const char *from = stow_launch_source_name (launch.source);
+  int world = launch.world_size, rank = launch.rank;
+  g_autofree char *from = g_strdup (stow_launch_source_name (launch.source));
+  g_autofree char *init = g_strdup (launch.init);
   stow_launch_clear (&launch);
-  if (world > 1)
-    return stow_cli_failf (NULL,
-                           "train: %d ranks (from %s): the trainer runs one "
-                           "rank yet; launch one process",
-                           world, from);
   if (!resolve (o, tp, c, &error))
     return stow_cli_fail (error, "see 'stowage train --help'");
+  if (world > 1 && !join_ranks (c, tp, world, rank, from, init, &error))
+    return stow_cli_fail (error, NULL);
+  if (rank > 0)
+    {
+      /* Rank 0 prints; the others write their own log and trace where
+       * the path says {rank}. */
+      c->log_json = rank_path (o->log_json, rank, &c->log_json_owned);
+      c->trace_path = rank_path (o->trace, rank, &c->trace_owned);
+    }
+  else
+    {
+      c->log_json = rank_path (o->log_json, 0, &c->log_json_owned);
+      c->trace_path = rank_path (o->trace, 0, &c->trace_owned);
+    }
   g_autofree char *model_dir
       = stow_cli_model_dir (o->model, o->revision, &error);
   if (model_dir == NULL)
@@ -663,8 +758,8 @@ train_main (TrainOptions *o, StowTrainPlan *tp, StowTrainConfig *c,
       c->stop_signal = &stop_signal;
     }
   Progress pr = { isatty (2) };
-  c->progress = progress;
-  c->notice = tp->notice = notice;
+  c->progress = rank == 0 ? progress : NULL;
+  c->notice = tp->notice = rank == 0 ? notice : NULL;
   c->progress_user = tp->notice_user = &pr;
   if (!stow_train_plan (tp, &error))
     return stow_cli_fail (error, NULL);
@@ -735,6 +830,14 @@ stow_cmd_train (int argc, char **argv)
     { "shuffle", 0, 0, G_OPTION_ARG_NONE, &o.shuffle,
       "Permute the micro-batch windows of each pass over the data (seeded)",
       NULL },
+    { "test-die-at", 0, G_OPTION_FLAG_HIDDEN, G_OPTION_ARG_STRING,
+      &o.test_die_at,
+      "Test knob: rank RANK kills itself (SIGKILL) after logging step STEP",
+      "RANK:STEP" },
+    { "zero", 0, 0, G_OPTION_ARG_STRING, &o.po.zero,
+      "ZeRO stage 0-3 over the ranks the run was launched with, as stowage "
+      "mem spells it (default: the plan's; one rank: 0)",
+      "0|1|2|3" },
     { "plan", 0, 0, G_OPTION_ARG_FILENAME, &o.plan,
       "Run the layout of a plan file (stowage fit --emit plan)", "FILE" },
     { "recompute", 0, 0, G_OPTION_ARG_STRING, &o.po.recompute,
@@ -890,6 +993,19 @@ stow_cmd_train (int argc, char **argv)
           .save_format = { STOW_DTYPE_NONE, STOW_DEFAULT_MAX_SHARD_BYTES } };
   int stopped_by = 0;
   int status = train_main (&o, &tp, &c, entries, argc, argv, &stopped_by);
+  if (c.comm != NULL)
+    {
+      /* A rank that failed must not leave the others in a collective:
+       * the whole job ends (its message is printed). */
+      if (status != STOW_EXIT_OK)
+        {
+          fflush (NULL);
+          stow_comm_mpi_abort (status);
+        }
+      stow_comm_free (c.comm);
+    }
+  g_free (c.log_json_owned);
+  g_free (c.trace_owned);
   g_strfreev (tp.nvme_dirs);
   stow_train_plan_clear (&tp);
   g_strfreev (o.nvme_dirs);
@@ -909,6 +1025,7 @@ stow_cmd_train (int argc, char **argv)
                        &o.tokenizer,
                        &o.threads,
                        &o.test_copy_delay_us,
+                       &o.test_die_at,
                        &o.test_nvme_fault,
                        &o.test_memlock_limit,
                        &o.test_nvme_free,

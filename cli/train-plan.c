@@ -67,7 +67,7 @@ stow_train_plan_clear (StowTrainPlan *tp)
  * Its FLOP and bandwidth figures are nominal: the sim uses them for a
  * step's shape, not its length. */
 static StowCluster *
-cpu_cluster (guint64 device_bytes, guint threads)
+cpu_cluster (guint64 device_bytes, guint threads, guint ranks)
 {
   StowNode node;
   memset (&node, 0, sizeof node);
@@ -88,7 +88,7 @@ cpu_cluster (guint64 device_bytes, guint threads)
   node.gpu.hbm_bw = 20e9;
   node.gpu.pcie_bw = 10e9;
   node.gpu.nvlink_domain = 1;
-  node.gpus_per_node = 1;
+  node.gpus_per_node = MAX (ranks, 1);
   node.host_ram_bytes = ram;
   node.host_mem_bw = 20e9;
   node.cpu_cores = cores;
@@ -105,7 +105,7 @@ cpu_cluster (guint64 device_bytes, guint threads)
 static StowCluster *
 gpu_cluster (guint64 device_bytes, guint threads, const char *device_name)
 {
-  StowCluster *cpu = cpu_cluster (device_bytes, threads);
+  StowCluster *cpu = cpu_cluster (device_bytes, threads, 1);
   const StowGpu *known
       = device_name ? stow_gpu_find_device (device_name) : NULL;
   StowNode node;
@@ -212,7 +212,7 @@ device_cluster (StowTrainPlan *tp, GError **error)
   tp->device_bytes = device;
   tp->cluster = kind->device_info != NULL
                     ? gpu_cluster (device, tp->threads, gpu_name)
-                    : cpu_cluster (device, tp->threads);
+                    : cpu_cluster (device, tp->threads, tp->ranks);
   return tp->nvme_dirs == NULL || with_nvme_dirs (tp, error);
 }
 
@@ -325,6 +325,20 @@ plan (StowTrainPlan *r, GError **error)
       t->optim.seed = c->optim.seed;
       t->optim.total_steps = MAX (t->optim.total_steps, 1);
       plan->mem = pf->mem_options;
+      guint ranks = MAX (r->ranks, 1);
+      if (plan->layout.dp != ranks || plan->layout.tp > 1 || plan->layout.pp > 1
+          || plan->layout.cp > 1 || plan->layout.ep > 1)
+        {
+          g_set_error (
+              error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
+              "--plan %s: dp %u tp %u pp %u cp %u ep %u; this run has %u "
+              "rank%s, and stowage train runs data parallelism alone (tp, "
+              "pp, cp and ep 1): launch dp ranks (mpirun -np %u)",
+              c->plan_path, plan->layout.dp, plan->layout.tp, plan->layout.pp,
+              plan->layout.cp, plan->layout.ep, ranks, ranks == 1 ? "" : "s",
+              plan->layout.dp);
+          return FALSE;
+        }
       if (pf->model && pf->model->params != r->model->params)
         {
           g_set_error (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_MISMATCH,
@@ -344,17 +358,37 @@ plan (StowTrainPlan *r, GError **error)
                    c->global_batch, c->micro_batch);
       return FALSE;
     }
+  guint ranks = MAX (c->ranks, 1);
+  if (c->global_batch % (c->micro_batch * ranks) != 0)
+    {
+      g_set_error (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
+                   "--global-batch %" G_GUINT64_FORMAT
+                   " is not a multiple of --micro-batch %" G_GUINT64_FORMAT
+                   " x %u ranks",
+                   c->global_batch, c->micro_batch, ranks);
+      return FALSE;
+    }
   plan->layout = c->layout;
+  plan->layout.dp = ranks;
   plan->layout.micro_batch = c->micro_batch;
-  plan->layout.grad_accum = c->global_batch / c->micro_batch;
+  plan->layout.grad_accum = c->global_batch / (c->micro_batch * ranks);
   plan->layout.engine = STOW_ENGINE_STOWAGE;
-  /* One device: everything but recomputation (and the offloads, where
-   * the backend runs them) is fixed by it. */
+  /* The devices the run was launched on: everything but recomputation,
+   * the ZeRO stage on several ranks (--zero pins it) and the offloads
+   * (where the backend runs them) is fixed by them. */
   StowPins pins = (StowPins)c->pins | STOW_PIN_DP | STOW_PIN_TP | STOW_PIN_PP
                   | STOW_PIN_VPP | STOW_PIN_CP | STOW_PIN_EP | STOW_PIN_ETP
-                  | STOW_PIN_SP | STOW_PIN_ZERO | STOW_PIN_MICRO_BATCH
-                  | STOW_PIN_SCHEDULE | STOW_PIN_OFFLOAD_OPTIMIZER
-                  | STOW_PIN_OFFLOAD_PARAMS | STOW_PIN_OFFLOAD_ACTIVATIONS;
+                  | STOW_PIN_SP | STOW_PIN_MICRO_BATCH | STOW_PIN_SCHEDULE
+                  | STOW_PIN_OFFLOAD_OPTIMIZER | STOW_PIN_OFFLOAD_PARAMS
+                  | STOW_PIN_OFFLOAD_ACTIVATIONS;
+  if (ranks == 1)
+    {
+      /* One rank: nothing to shard (ZeRO 3 stays with streamed
+       * parameters, --offload-params). */
+      pins |= STOW_PIN_ZERO;
+      if (plan->layout.offload_params == STOW_OFFLOAD_NONE)
+        plan->layout.zero = 0;
+    }
   StowSearchOptions so;
   stow_search_options_init (&so);
   so.max_keep = 1;
@@ -480,7 +514,7 @@ gboolean
 stow_train_plan (StowTrainPlan *tp, GError **error)
 {
   if (tp->global_batch == 0)
-    tp->global_batch = tp->micro_batch;
+    tp->global_batch = tp->micro_batch * MAX (tp->ranks, 1);
   if (!device_cluster (tp, error) || !open_model (tp, error)
       || !plan (tp, error) || !check_seq (tp, error) || !lower (tp, error))
     return FALSE;

@@ -45,6 +45,9 @@ typedef struct
   guint64 test_memlock_limit;   /* see stow_preflight_memlock */
   guint64 test_nvme_free_bytes; /* test knob: each --nvme-dir's free space */
   gboolean allow_unpinned;
+  /* Data-parallel ranks the run was launched with (0 or 1: one): each a
+   * device of --device-memory. */
+  guint ranks;
   StowTrainNotice notice;
   gpointer notice_user;
 

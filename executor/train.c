@@ -12,6 +12,7 @@
 
 #include <errno.h>
 #include <math.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -141,8 +142,11 @@ open_inputs (Run *r, GError **error)
                    c->data, stow_token_data_n_tokens (r->data), window + 1);
       return FALSE;
     }
-  r->batches = stow_batches_new (r->data, window, p->grad_accum, c->shuffle,
-                                 p->optim.seed);
+  /* Every rank reads the step's micro-batches as one rank with the
+   * global accumulation would: rank r those of index r, r + N, ... */
+  r->batches
+      = stow_batches_new (r->data, window, p->grad_accum * MAX (p->dp, 1),
+                          c->shuffle, p->optim.seed);
   r->config_sha256 = g_compute_checksum_for_data (
       G_CHECKSUM_SHA256, (const guchar *)r->config_json, r->config_len);
   r->data_sha256 = data_digest (r->data);
@@ -237,8 +241,30 @@ run_object (Run *r, guint64 step)
   return s;
 }
 
+static gboolean save_checkpoint_here (Run *r, guint64 step, GError **error);
+
+/* Rank 0 (or the one rank) writes the checkpoint; the other ranks take
+ * part in gathering the partitioned states for it (the backend's pull),
+ * and every rank waits for the commit, so that a rank never runs ahead
+ * of a checkpoint that may yet fail. */
 static gboolean
 save_checkpoint (Run *r, guint64 step, GError **error)
+{
+  if (r->c->comm == NULL)
+    return save_checkpoint_here (r, step, error);
+  gboolean ok = stow_comm_rank (r->c->comm) == 0
+                    ? save_checkpoint_here (r, step, error)
+                    : r->ops->pull == NULL || r->ops->pull (r->be, error);
+  if (!ok)
+    return FALSE;
+  if (stow_comm_rank (r->c->comm) != 0)
+    r->out->saved_step = step;
+  StowCommRequest *q = stow_comm_barrier (r->c->comm, error);
+  return q != NULL && stow_comm_wait (r->c->comm, q, error);
+}
+
+static gboolean
+save_checkpoint_here (Run *r, guint64 step, GError **error)
 {
   g_autoptr (StowCheckpointWriter) w
       = stow_checkpoint_begin (r->c->out_dir, step, error);
@@ -594,6 +620,22 @@ stop_requested (const StowTrainConfig *c)
   return c->stop_signal ? (int)*c->stop_signal : 0;
 }
 
+/* Several ranks stop after the same step: rank 0's word goes to all (a
+ * rank that stopped alone would leave the others in a collective). */
+static int
+stop_agreed (const StowTrainConfig *c, GError **error)
+{
+  int stop = stop_requested (c);
+  if (c->comm == NULL)
+    return stop;
+  float word = (float)stop;
+  StowCommRequest *q
+      = stow_comm_broadcast (c->comm, &word, 1, STOW_DTYPE_F32, 0, error);
+  if (q == NULL || !stow_comm_wait (c->comm, q, error))
+    return -1;
+  return (int)word;
+}
+
 static gboolean
 train_loop (Run *r, guint64 first, GError **error)
 {
@@ -608,7 +650,10 @@ train_loop (Run *r, guint64 first, GError **error)
       /* A stop asked for between steps: the last step is saved (the
        * check after it may have come just before the signal), or none
        * ran since the start. */
-      if (stop_requested (c))
+      int agreed = stop_agreed (c, error);
+      if (agreed < 0)
+        return FALSE;
+      if (agreed)
         {
           if (r->out->last_step > r->out->saved_step
               && !save_checkpoint (r, r->out->last_step, error))
@@ -649,7 +694,14 @@ train_loop (Run *r, guint64 first, GError **error)
        * has a line past it, which the resume drops (truncate_log); one
        * killed after it has the line. */
       log_step (r, &s);
-      gboolean stop = stop_requested (c) != 0;
+      if (c->test_die_step == step
+          && (c->comm ? (guint)stow_comm_rank (c->comm) : 0)
+                 == c->test_die_rank)
+        raise (SIGKILL);
+      int after = stop_agreed (c, error);
+      if (after < 0)
+        return FALSE;
+      gboolean stop = after != 0;
       if ((c->save_every && step % c->save_every == 0) || step == c->steps
           || stop)
         {
@@ -747,6 +799,7 @@ make_backend (Run *r, GError **error)
               .fault_nth = c->nvme_fault_nth },
     .no_pin = c->no_pin,
     .copy_delay_us = c->copy_delay_us,
+    .comm = c->comm,
   };
   r->be = kind->create (&setup, error);
   if (r->be == NULL)
@@ -973,6 +1026,50 @@ open_outputs (Run *r, guint64 done, GError **error)
   return TRUE;
 }
 
+/* OUT's lock (rank 0's alone: the other ranks never write there) and
+ * where the run starts, which every rank must agree on. */
+static gboolean
+lock_and_start (Run *r, guint64 *done, GError **error)
+{
+  const StowTrainConfig *c = r->c;
+  int rank = c->comm ? stow_comm_rank (c->comm) : 0;
+  if (rank == 0)
+    {
+      r->lock = stow_run_lock_take (c->out_dir, error);
+      if (r->lock == NULL)
+        return FALSE;
+    }
+  if (c->comm != NULL)
+    {
+      /* Rank 0 looked at OUT first (it may have cleared what a killed run
+       * left). */
+      StowCommRequest *q = stow_comm_barrier (c->comm, error);
+      if (q == NULL || !stow_comm_wait (c->comm, q, error))
+        return FALSE;
+    }
+  if (!choose_start (r, done, error))
+    return FALSE;
+  if (c->comm == NULL)
+    return TRUE;
+  float words[2] = { (float)(*done >> 24), (float)(*done & 0xffffff) };
+  float mine[2] = { words[0], words[1] };
+  StowCommRequest *q
+      = stow_comm_broadcast (c->comm, words, 2, STOW_DTYPE_F32, 0, error);
+  if (q == NULL || !stow_comm_wait (c->comm, q, error))
+    return FALSE;
+  if (words[0] != mine[0] || words[1] != mine[1])
+    {
+      g_set_error (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_MISMATCH,
+                   "rank %d of %d: starts at step %" G_GUINT64_FORMAT
+                   " and rank 0 at step %" G_GUINT64_FORMAT
+                   "; every rank must see the same --out %s",
+                   rank, stow_comm_world_size (c->comm), *done,
+                   ((guint64)words[0] << 24) | (guint64)words[1], c->out_dir);
+      return FALSE;
+    }
+  return TRUE;
+}
+
 gboolean
 stow_train_run (const StowTrainConfig *c, StowTrainResult *out, GError **error)
 {
@@ -991,8 +1088,7 @@ stow_train_run (const StowTrainConfig *c, StowTrainResult *out, GError **error)
    * lock before anything in it is read. */
   if (!open_inputs (&r, error))
     goto out;
-  r.lock = stow_run_lock_take (c->out_dir, error);
-  if (r.lock == NULL || !choose_start (&r, &done, error))
+  if (!lock_and_start (&r, &done, error))
     goto out;
   out->first_step = done + 1;
   out->last_step = done;

@@ -13,6 +13,7 @@
 #include <signal.h>
 
 #include "executor/checkpoint-io.h"
+#include "executor/comm/comm.h"
 #include "executor/data.h"
 #include "offload/nvme.h"
 #include "program/program.h"
@@ -109,6 +110,16 @@ typedef struct
    * first step on fails so (StowSwapSetup); STOW_NVME_FAULT_NONE: none. */
   StowNvmeFault nvme_fault;
   guint64 nvme_fault_nth;
+  /* Several ranks (the program's dp > 1): the communicator they run over
+   * (borrowed).  Every rank runs the loop on its micro-batches; rank 0
+   * alone holds OUT's lock and writes the checkpoints, the others take
+   * part in gathering the states for them and wait for each commit. */
+  StowComm *comm;
+  char *log_json_owned, *trace_owned; /* the caller's, for its paths */
+  /* Test knob: rank @test_die_rank kills itself (SIGKILL) once step
+   * @test_die_step is logged, before its checkpoint; 0: never. */
+  guint test_die_rank;
+  guint64 test_die_step;
   StowTrainProgress progress;
   StowTrainNotice notice;
   gpointer progress_user; /* of both */

@@ -219,8 +219,9 @@ test_bytes (void)
   fixture_clear (&f);
 }
 
-/* Several ranks are refused, by launcher and by flag, until the trainer
- * runs them (issue 38); one rank, however given, trains. */
+/* Several ranks are MPI processes (tests/test-train-ranks.c runs them
+ * under mpirun): flags alone, or a rendezvous other than MPI, are refused
+ * before anything starts; one rank, however given, trains. */
 static void
 test_ranks (void)
 {
@@ -231,9 +232,9 @@ test_ranks (void)
   stow_run (&r1, "train", "--model", f.model, "--data", f.shard, "--out", out,
             "--steps", "1", "--world-size", "2", "--rank", "1", NULL);
   g_assert_cmpint (r1.status, ==, 2);
-  g_assert_nonnull (strstr (r1.err,
-                            "train: 2 ranks (from flags): the trainer runs one "
-                            "rank yet"));
+  g_assert_nonnull (strstr (r1.err, "train: 2 ranks (from flags): the cpu "
+                                    "backend's ranks are MPI processes; "
+                                    "launch them with mpirun -np 2"));
   g_assert_false (g_file_test (out, G_FILE_TEST_EXISTS));
   g_auto (StowRun) r2 = { 0 };
   stow_run (&r2, "train", "--model", f.model, "--data", f.shard, "--out", out,
@@ -245,9 +246,11 @@ test_ranks (void)
   g_setenv ("OMPI_COMM_WORLD_LOCAL_RANK", "0", TRUE);
   g_auto (StowRun) r3 = { 0 };
   stow_run (&r3, "train", "--model", f.model, "--data", f.shard, "--out", out,
-            "--steps", "1", NULL);
+            "--steps", "1", "--init", "tcp://127.0.0.1:9", NULL);
   g_assert_cmpint (r3.status, ==, 2);
-  g_assert_nonnull (strstr (r3.err, "train: 4 ranks (from mpirun)"));
+  g_assert_nonnull (strstr (r3.err, "train: 4 ranks (from mpirun) meeting at "
+                                    "tcp://127.0.0.1:9: the cpu backend's "
+                                    "ranks meet over MPI"));
   /* mpirun -np 1: one rank, trained as without a launcher. */
   g_setenv ("OMPI_COMM_WORLD_SIZE", "1", TRUE);
   g_auto (StowRun) r4 = { 0 };

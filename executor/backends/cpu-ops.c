@@ -27,8 +27,14 @@ run_grad_norm (CpuBackend *b, const StowOp *op, GError **error)
   guint gbuf = stow_tensor_map_io (m, op, FALSE, STOW_BUF_GRADS);
   if (gbuf == STOW_NONE)
     gbuf = m->grads_buf;
-  b->grad_norm = stow_tensor_map_grad_norm (
-      m, b->adam, gbuf, b->p->optim.max_grad_norm, &b->clip_coef, &b->skip);
+  if (m->dp > 1)
+    {
+      if (!stow_cpu_ranks_grad_norm (b, gbuf, error))
+        return FALSE;
+    }
+  else
+    b->grad_norm = stow_tensor_map_grad_norm (
+        m, b->adam, gbuf, b->p->optim.max_grad_norm, &b->clip_coef, &b->skip);
   /* The norm read every gradient: Adam's own pass over them to check that
    * each is finite (a twelfth of its traffic) is then redundant. */
   b->grads_ok
@@ -198,8 +204,11 @@ stow_cpu_run_op (CpuBackend *b, guint i, GError **error)
       {
         guint8 *in = b->map.addr[b->map.input_of[op->micro_batch]];
         guint64 n = b->map.n_tokens;
-        stow_batches_fill (b->eval ? b->eval_data : b->data, b->step,
-                           op->micro_batch,
+        /* Rank r of N reads the step's micro-batches r, r + N, ...
+         * (docs/executor.md); evaluation reads every batch on each. */
+        guint mb = b->eval ? op->micro_batch
+                           : op->micro_batch * b->map.dp + b->map.dp_rank;
+        stow_batches_fill (b->eval ? b->eval_data : b->data, b->step, mb,
                            (gint32 *)(in + b->map.input.tokens),
                            (gint32 *)(in + b->map.input.targets), n);
         return TRUE;
@@ -221,6 +230,8 @@ stow_cpu_run_op (CpuBackend *b, guint i, GError **error)
           stow_decoder_run_op (stow_llama_decoder (b->llama), &b->map, op,
                                b->loss_scale, &sum);
         b->loss_sum += sum;
+        if (b->mb_loss != NULL && !b->eval)
+          b->mb_loss[op->micro_batch] += sum;
         return TRUE;
       }
     case STOW_OP_GRAD_NORM:
@@ -229,6 +240,8 @@ stow_cpu_run_op (CpuBackend *b, guint i, GError **error)
       return run_optim (b, op, error);
     case STOW_OP_COPY:
       return run_copy (b, op, error);
+    case STOW_OP_COLLECTIVE:
+      return stow_cpu_run_collective (b, op, error);
     default:
       return stow_backend_unsupported_op (b->p, i, "cpu",
                                           "multi-device layouts", error);

@@ -90,6 +90,14 @@ struct _CpuBackend
   /* Program buffers in the pinned tier: bytes held now and the peak (a
    * swap buffer counts as the ring buffer it takes). */
   guint64 pinned_in_use, pinned_peak;
+  /* Several ranks (cpu-ranks.c): the communicator, and per micro-batch
+   * of the rank its loss sum, which the step's loss adds in the one
+   * rank's order.  The mirror: whole copies of the partitioned states,
+   * which the checkpoint's accessors read and write (NULL until used). */
+  StowComm *comm;
+  double *mb_loss;
+  guint8 *mirror_weights;
+  float *mirror_states[3]; /* master, m, v */
 };
 
 static inline double
@@ -174,5 +182,19 @@ unit_numel (CpuBackend *b, guint unit)
 
 /* Runs op @i of the program on the calling stream's worker. */
 gboolean stow_cpu_run_op (CpuBackend *b, guint i, GError **error);
+
+/* cpu-ranks.c: what several ranks add to the backend. */
+gboolean stow_cpu_run_collective (CpuBackend *b, const StowOp *op,
+                                  GError **error);
+gboolean stow_cpu_ranks_grad_norm (CpuBackend *b, guint buffer, GError **error);
+gboolean stow_cpu_ranks_loss (CpuBackend *b, GError **error);
+/* The checkpoint's accessors over the mirror, and the gathers and
+ * scatters between it and the partitions.  NULL: not partitioned (the
+ * buffer itself is whole). */
+void *stow_cpu_ranks_weights (CpuBackend *b, guint unit);
+float *stow_cpu_ranks_state (CpuBackend *b, guint unit, guint which);
+gboolean stow_cpu_ranks_pull (CpuBackend *b, GError **error);
+void stow_cpu_ranks_push (CpuBackend *b);
+void stow_cpu_ranks_free (CpuBackend *b);
 
 G_END_DECLS

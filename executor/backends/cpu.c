@@ -337,6 +337,7 @@ cpu_destroy (StowBackend *bb)
     stow_param_swap_free (b->params);
   g_clear_error (&b->access_error);
   g_aligned_free (b->map.acc_scratch);
+  stow_cpu_ranks_free (b);
   stow_tensor_map_clear (&b->map);
   g_free (b->recorded);
   g_free (b->op_start);
@@ -390,6 +391,8 @@ cpu_begin_step (StowBackend *bb, guint64 step)
   b->step = step;
   b->eval = FALSE;
   b->loss_sum = 0;
+  if (b->mb_loss)
+    memset (b->mb_loss, 0, sizeof (double) * b->p->grad_accum);
   b->loss_scale = stow_batches_loss_scale (b->data, step);
   b->grad_norm = NAN;
   b->clip_coef = 1.0;
@@ -422,6 +425,8 @@ static gboolean
 cpu_step_stats (StowBackend *bb, StowStepStats *out, GError **error)
 {
   CpuBackend *b = (CpuBackend *)bb;
+  if (b->mb_loss != NULL && !b->eval && !stow_cpu_ranks_loss (b, error))
+    return FALSE;
   out->loss = b->loss_sum * b->loss_scale;
   out->loss_sum = b->loss_sum;
   out->grad_norm = b->grad_norm;
@@ -461,6 +466,9 @@ cpu_weights (StowBackend *bb, guint unit)
 {
   CpuBackend *b = (CpuBackend *)bb;
   StowTensorMap *m = &b->map;
+  void *whole = m->dp > 1 ? stow_cpu_ranks_weights (b, unit) : NULL;
+  if (whole != NULL)
+    return whole;
   if (b->params != NULL)
     {
       g_autoptr (GError) e = NULL;
@@ -484,7 +492,8 @@ cpu_master (StowBackend *bb, guint unit)
   if (!b->p->master_weights || m->states_nvme
       || m->addr[m->states_master ? m->states_buf : m->master_buf] == NULL)
     return NULL;
-  return stow_tensor_map_state (m, unit, 0);
+  float *whole = m->dp > 1 ? stow_cpu_ranks_state (b, unit, 0) : NULL;
+  return whole ? whole : stow_tensor_map_state (m, unit, 0);
 }
 
 static float *
@@ -494,7 +503,8 @@ cpu_moment (StowBackend *bb, guint unit, guint which)
   StowTensorMap *m = &b->map;
   if (m->states_nvme || m->addr[m->states_buf] == NULL)
     return NULL;
-  return stow_tensor_map_state (m, unit, 1 + which);
+  float *whole = m->dp > 1 ? stow_cpu_ranks_state (b, unit, 1 + which) : NULL;
+  return whole ? whole : stow_tensor_map_state (m, unit, 1 + which);
 }
 
 static gboolean
@@ -550,11 +560,22 @@ cpu_describe_swap (StowBackend *bb)
   return g_strdup (s ? s : w);
 }
 
+/* Several ranks: the partitioned states gathered whole for a checkpoint
+ * (every rank takes part; rank 0 writes them). */
+static gboolean
+cpu_pull (StowBackend *bb, GError **error)
+{
+  CpuBackend *b = (CpuBackend *)bb;
+  return b->map.dp <= 1 || stow_cpu_ranks_pull (b, error);
+}
+
 static gboolean
 cpu_push (StowBackend *bb, GError **error)
 {
   CpuBackend *b = (CpuBackend *)bb;
   StowTensorMap *m = &b->map;
+  if (m->dp > 1)
+    stow_cpu_ranks_push (b);
   if (b->swap != NULL && !stow_state_swap_flush (b->swap, error))
     return FALSE;
   if (b->params != NULL)
@@ -613,6 +634,7 @@ static const StowBackendVtable cpu_vtable = {
   .weights = cpu_weights,
   .master = cpu_master,
   .moment = cpu_moment,
+  .pull = cpu_pull,
   .push = cpu_push,
   .states = cpu_states,
   .take_access_error = cpu_take_access_error,
@@ -636,6 +658,42 @@ acc_scratch_init (StowTensorMap *m)
     most += g_array_index (m->p->units, StowUnit, m->emb_unit).numel;
   m->acc_scratch_bytes = most * stow_dtype_size (m->p->grad_dtype);
   m->acc_scratch = g_aligned_alloc (MAX (m->acc_scratch_bytes, 1), 1, 64);
+}
+
+/* Several ranks: this one's place among them, and what they run. */
+static gboolean
+ranks_init (CpuBackend *b, const StowBackendSetup *setup, GError **error)
+{
+  StowTensorMap *m = &b->map;
+  int world = setup->comm ? stow_comm_world_size (setup->comm) : 1;
+  if (m->dp <= 1 && world <= 1)
+    return TRUE;
+  if ((int)m->dp != world)
+    {
+      g_set_error (error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_INVALID,
+                   "the program is for %u data-parallel ranks; %d ran", m->dp,
+                   world);
+      return FALSE;
+    }
+  if (m->host_grads_buf != STOW_NONE || m->weights_buf == STOW_NONE
+      || m->states_nvme || m->params_nvme || b->delayed.on
+      || m->model->tied_embeddings)
+    {
+      g_set_error (error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_UNSUPPORTED,
+                   "%u ranks: the cpu backend runs ZeRO 0-3 with the weights "
+                   "and the optimizer on each rank's device and untied "
+                   "embeddings; %s",
+                   m->dp,
+                   m->model->tied_embeddings
+                       ? "this model ties its embeddings (tie_word_embeddings)"
+                       : "not --offload-optimizer, --offload-params or "
+                         "--delayed-update yet");
+      return FALSE;
+    }
+  b->comm = setup->comm;
+  m->dp_rank = (guint)stow_comm_rank (setup->comm);
+  b->mb_loss = g_new0 (double, MAX (b->p->grad_accum, 1));
+  return TRUE;
 }
 
 StowBackend *
@@ -667,6 +725,11 @@ stow_backend_cpu_new (const StowBackendSetup *setup, GError **error)
       return NULL;
     }
   acc_scratch_init (&b->map);
+  if (!ranks_init (b, setup, error))
+    {
+      cpu_destroy (&b->parent);
+      return NULL;
+    }
   if (b->map.params_nvme && !p->master_weights)
     {
       /* CPU Adam leaves the updated weights where the gradients were (no

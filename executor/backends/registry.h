@@ -9,6 +9,7 @@
 #pragma once
 
 #include "executor/backends/swap.h"
+#include "executor/comm/comm.h"
 #include "executor/data.h"
 #include "program/backend.h"
 
@@ -41,6 +42,9 @@ typedef struct
   /* cpu, tests: every copy sleeps this long first (0: none), so that
    * tests of overlap on a small machine can see it. */
   guint copy_delay_us;
+  /* cpu: the data-parallel ranks a program with dp > 1 runs over
+   * (borrowed; its world size is the program's dp), or NULL. */
+  StowComm *comm;
 } StowBackendSetup;
 
 typedef struct

@@ -5,6 +5,8 @@
  */
 #include "executor/backends/tensors.h"
 
+#include "core/zero.h"
+
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -66,7 +68,9 @@ stow_tensor_map_unit (const StowTensorMap *m, guint bi, guint unit)
   g_assert (buf->unit_first != STOW_NONE && unit >= buf->unit_first
             && unit < buf->unit_first + buf->n_units);
   guint64 off
-      = unit_of (m, unit)->offset - unit_of (m, buf->unit_first)->offset;
+      = buf->partitions > 1
+            ? m->part_off[unit] - m->part_off[buf->unit_first]
+            : unit_of (m, unit)->offset - unit_of (m, buf->unit_first)->offset;
   return (guint8 *)m->addr[bi] + off * stow_tensor_map_kind_elem (m, buf->kind);
 }
 
@@ -129,13 +133,41 @@ check_size (const char *backend, const StowBuffer *buf, guint64 need,
   return FALSE;
 }
 
+/* The elements @buf keeps of each of its units: all, or (ZeRO) the rank's
+ * partition. */
+static guint64
+unit_span (const StowTensorMap *m, const StowBuffer *buf, guint u)
+{
+  return buf->partitions > 1 ? stow_zero_part (unit_of (m, u)->numel, m->dp)
+                             : unit_of (m, u)->numel;
+}
+
 static guint64
 units_numel (const StowTensorMap *m, const StowBuffer *buf)
 {
   guint64 n = 0;
   for (guint u = buf->unit_first; u < buf->unit_first + buf->n_units; u++)
-    n += unit_of (m, u)->numel;
+    n += unit_span (m, buf, u);
   return n;
+}
+
+guint64
+stow_tensor_map_part (const StowTensorMap *m, guint unit, guint64 *first)
+{
+  return stow_zero_valid (unit_of (m, unit)->numel, m->dp, m->dp_rank, first);
+}
+
+guint8 *
+stow_tensor_map_elem (const StowTensorMap *m, guint buffer, guint unit,
+                      guint64 e)
+{
+  const StowBuffer *buf = stow_tensor_map_buffer (m, buffer);
+  guint64 first = 0;
+  if (buf->partitions > 1)
+    stow_tensor_map_part (m, unit, &first);
+  g_assert (e >= first);
+  return stow_tensor_map_unit (m, buffer, unit)
+         + (e - first) * stow_tensor_map_kind_elem (m, buf->kind);
 }
 
 /* Indexes the program's buffers and checks each holds what the runtime
@@ -531,7 +563,10 @@ stow_tensor_map_head_in (const StowTensorMap *m, guint bi, void **norm,
 float *
 stow_tensor_map_state (const StowTensorMap *m, guint unit, guint which)
 {
-  guint64 numel = unit_of (m, unit)->numel;
+  guint64 numel
+      = m->states_buf != STOW_NONE
+            ? unit_span (m, stow_tensor_map_buffer (m, m->states_buf), unit)
+            : unit_of (m, unit)->numel;
   if (m->states_master)
     return (float *)stow_tensor_map_unit (m, m->states_buf, unit)
            + which * numel;
@@ -557,7 +592,18 @@ stow_tensor_map_adam_config (const StowTensorMap *m, guint unit, guint k,
   cfg->weight_decay = stow_optim_decay_of (&p->optim, t->n_dims);
 }
 
-void
+/* Element @e of a unit in the optimizer's states, whose rank partition
+ * starts at @pf: partitioned states keep only the partition. */
+static guint64
+state_part (const StowTensorMap *m, guint64 e, guint64 pf)
+{
+  const StowBuffer *sb = m->states_buf != STOW_NONE
+                             ? stow_tensor_map_buffer (m, m->states_buf)
+                             : NULL;
+  return sb && sb->partitions > 1 ? e - pf : e;
+}
+
+gboolean
 stow_tensor_map_adam (const StowTensorMap *m, guint unit, guint k, double lr,
                       StowAdamConfig *cfg, StowAdamTensor *at)
 {
@@ -566,29 +612,42 @@ stow_tensor_map_adam (const StowTensorMap *m, guint unit, guint k, double lr,
   const StowUnitTensor *t
       = &g_array_index (p->unit_tensors, StowUnitTensor, u->first_tensor + k);
   g_assert (!m->states_nvme);
-  guint8 *w = m->host_weights ? stow_tensor_map_host_weights (m, unit)
-                              : stow_tensor_map_unit (m, m->weights_buf, unit);
-  guint8 *g = stow_tensor_map_unit (
-      m, m->host_grads_buf != STOW_NONE ? m->host_grads_buf : m->grads_buf,
-      unit);
+  /* The tensor's elements in this rank's partition of the unit when the
+   * states are partitioned (ZeRO 1-3; all of them on one rank, and under
+   * ZeRO 0 on every rank), in unit coordinates. */
+  const StowBuffer *sb = stow_tensor_map_buffer (m, m->states_buf);
+  guint64 pf = 0, pv = sb->partitions > 1 ? stow_tensor_map_part (m, unit, &pf)
+                                          : u->numel;
+  guint64 lo = MAX (t->offset, pf), hi = MIN (t->offset + t->numel, pf + pv);
   stow_tensor_map_adam_config (m, unit, k, lr, cfg);
   memset (at, 0, sizeof *at);
-  at->m = stow_tensor_map_state (m, unit, 1) + t->offset;
-  at->v = stow_tensor_map_state (m, unit, 2) + t->offset;
-  at->grad = g + t->offset * stow_dtype_size (p->grad_dtype);
+  if (lo >= hi)
+    return FALSE;
+  guint gbuf
+      = m->host_grads_buf != STOW_NONE ? m->host_grads_buf : m->grads_buf;
+  guint64 s0 = state_part (m, lo, pf);
+  at->m = stow_tensor_map_state (m, unit, 1) + s0;
+  at->v = stow_tensor_map_state (m, unit, 2) + s0;
+  at->grad = stow_tensor_map_elem (m, gbuf, unit, lo);
   at->grad_type = p->grad_dtype;
-  at->n = t->numel;
+  at->n = hi - lo;
+  guint8 *w;
+  if (m->host_weights)
+    w = stow_tensor_map_host_weights (m, unit) + lo * m->esize;
+  else
+    w = stow_tensor_map_elem (m, m->weights_buf, unit, lo);
   if (p->master_weights)
     {
-      at->param = stow_tensor_map_state (m, unit, 0) + t->offset;
-      at->param_out = w + t->offset * m->esize;
+      at->param = stow_tensor_map_state (m, unit, 0) + s0;
+      at->param_out = w;
       at->out_type = m->ftype;
     }
   else
     {
-      at->param = (float *)(w + t->offset * 4);
+      at->param = (float *)w;
       at->out_type = STOW_DTYPE_NONE;
     }
+  return TRUE;
 }
 
 /* CPU Adam over @unit's tensors, with the gradients of @grads (the whole
@@ -606,7 +665,8 @@ adam_unit (const StowTensorMap *m, StowAdam *adam, guint unit,
     {
       StowAdamConfig cfg;
       StowAdamTensor at;
-      stow_tensor_map_adam (m, unit, k, lr, &cfg, &at);
+      if (!stow_tensor_map_adam (m, unit, k, lr, &cfg, &at))
+        continue; /* none of it in this rank's partition */
       if (grads != NULL)
         {
           const StowUnitTensor *t = &g_array_index (
@@ -709,6 +769,68 @@ stow_tensor_map_grad_norm (const StowTensorMap *m, StowAdam *adam, guint buffer,
       stow_adam_grad_sumsq (adam, stow_tensor_map_unit (m, buffer, u), gt,
                             unit_of (m, u)->numel, &s);
       total += s;
+    }
+  double norm = sqrt (total);
+  *skip = !isfinite (norm);
+  *clip = stow_adam_clip_coef (norm, max_norm);
+  return norm;
+}
+
+/* Of @unit's gradient-norm blocks, each rank holds part / block (core/zero.h
+ * aligns the partitions to them). */
+static guint64
+unit_rank_blocks (const StowTensorMap *m, guint u)
+{
+  guint64 numel = unit_of (m, u)->numel;
+  return stow_zero_part (numel, m->dp) / stow_norm_block (numel);
+}
+
+guint64
+stow_tensor_map_norm_blocks (const StowTensorMap *m)
+{
+  guint64 n = 0;
+  for (guint u = 0; u < m->p->units->len; u++)
+    n += unit_rank_blocks (m, u);
+  return n;
+}
+
+void
+stow_tensor_map_norm_partials (const StowTensorMap *m, StowAdam *adam,
+                               guint buffer, double *out)
+{
+  for (guint u = 0; u < m->p->units->len; u++)
+    {
+      guint64 block = stow_norm_block (unit_of (m, u)->numel);
+      guint64 nb = unit_rank_blocks (m, u);
+      guint64 pf = 0, pv = stow_tensor_map_part (m, u, &pf);
+      for (guint64 j = 0; j < nb; j++)
+        out[j] = 0;
+      if (pv > 0)
+        stow_adam_grad_sumsq_blocks (adam,
+                                     stow_tensor_map_elem (m, buffer, u, pf),
+                                     m->p->grad_dtype, pv, block, out);
+      out += nb;
+    }
+}
+
+double
+stow_tensor_map_norm_combine (const StowTensorMap *m, const double *all,
+                              double max_norm, double *clip, gboolean *skip)
+{
+  guint64 per_rank = stow_tensor_map_norm_blocks (m), off = 0;
+  double total = 0;
+  for (guint u = 0; u < m->p->units->len; u++)
+    {
+      guint64 numel = unit_of (m, u)->numel;
+      guint64 block = stow_norm_block (numel);
+      guint64 nb = unit_rank_blocks (m, u);
+      guint64 real = (numel + block - 1) / block;
+      /* One rank's sum: block by block from 0 (stow_adam_grad_sumsq). */
+      double s = 0;
+      for (guint64 b = 0; b < real; b++)
+        s += all[(b / nb) * per_rank + off + b % nb];
+      total += s;
+      off += nb;
     }
   double norm = sqrt (total);
   *skip = !isfinite (norm);
@@ -875,6 +997,11 @@ stow_tensor_map_init (StowTensorMap *m, const StowProgram *p,
   m->out_bytes
       = stow_llama_config_out_bytes (&m->config, m->esize, m->n_tokens);
   m->addr = g_new0 (void *, MAX (p->buffers->len, 1));
+  m->dp = MAX (p->dp, 1), m->dp_rank = 0;
+  m->part_off = g_new0 (guint64, p->units->len + 1);
+  for (guint u = 0; u < p->units->len; u++)
+    m->part_off[u + 1]
+        = m->part_off[u] + stow_zero_part (unit_of (m, u)->numel, m->dp);
   return index_units (m, error) && index_buffers (m, backend, error);
 }
 
@@ -886,4 +1013,5 @@ stow_tensor_map_clear (StowTensorMap *m)
   g_clear_pointer (&m->input_of, g_free);
   g_clear_pointer (&m->slot_offset, g_free);
   g_clear_pointer (&m->unit_weights, g_free);
+  g_clear_pointer (&m->part_off, g_free);
 }

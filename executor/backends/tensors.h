@@ -82,6 +82,11 @@ typedef struct
    * embedding's (a tied loss writes both). */
   guint8 *acc_scratch;
   guint64 acc_scratch_bytes;
+  /* Data-parallel ranks (the program's dp) and this one's rank, set by
+   * the backend; part_off[u]: where unit u's partition starts in a
+   * partitioned buffer, in elements (core/zero.h). */
+  guint dp, dp_rank;
+  guint64 *part_off;
   /* [buffer]: base addresses while allocated, kept by the backend */
   void **addr;
 } StowTensorMap;
@@ -208,6 +213,17 @@ double stow_tensor_map_grad_norm (const StowTensorMap *map, StowAdam *adam,
                                   guint buffer, double max_norm, double *clip,
                                   gboolean *skip);
 
+/* Several ranks' gradient norm, the sum one rank forms: each rank's sums
+ * of squares of its blocks of each unit (stow_tensor_map_norm_blocks of
+ * them, unit by unit, zeros for padding blocks) into @out, then, every
+ * rank's gathered (rank 0's first), added in the one rank's order. */
+guint64 stow_tensor_map_norm_blocks (const StowTensorMap *map);
+void stow_tensor_map_norm_partials (const StowTensorMap *map, StowAdam *adam,
+                                    guint buffer, double *out);
+double stow_tensor_map_norm_combine (const StowTensorMap *map,
+                                     const double *all, double max_norm,
+                                     double *clip, gboolean *skip);
+
 /* Tensor @k of @unit's AdamW settings at learning rate @lr (weight decay
  * on tensors of two or more dimensions only). */
 void stow_tensor_map_adam_config (const StowTensorMap *map, guint unit, guint k,
@@ -216,9 +232,19 @@ void stow_tensor_map_adam_config (const StowTensorMap *map, guint unit, guint k,
 /* The optimizer's view of tensor @k of @unit: its AdamW settings (weight
  * decay on tensors of two or more dimensions only, as nanoGPT and HF's
  * Trainer do) at learning rate @lr, and its arrays in the persistent
- * buffers. */
-void stow_tensor_map_adam (const StowTensorMap *map, guint unit, guint k,
-                           double lr, StowAdamConfig *config,
-                           StowAdamTensor *tensor);
+ * buffers: the part of the tensor in this rank's partition of the unit
+ * (all of it on one rank).  FALSE when none of it is. */
+gboolean stow_tensor_map_adam (const StowTensorMap *map, guint unit, guint k,
+                               double lr, StowAdamConfig *config,
+                               StowAdamTensor *tensor);
+/* This rank's partition of @unit: its first element (in the unit) in
+ * *@first and the elements of the unit it holds (the rest of the
+ * partition is padding); the whole unit on one rank. */
+guint64 stow_tensor_map_part (const StowTensorMap *map, guint unit,
+                              guint64 *first);
+/* The address of element @e of @unit in persistent buffer @buffer, whole
+ * or this rank's partition (@e must then lie in it). */
+guint8 *stow_tensor_map_elem (const StowTensorMap *map, guint buffer,
+                              guint unit, guint64 e);
 
 G_END_DECLS

@@ -1,0 +1,285 @@
+/* SPDX-License-Identifier: MIT
+ *
+ * executor/backends/cpu-ranks.c: what the cpu backend does when a program
+ * runs on several data-parallel ranks (the program's dp > 1): its
+ * collective ops over the communicator (each micro-batch's gradients
+ * reduce-scattered into the rank's partitions, the partitions gathered),
+ * the global gradient norm and the step's loss summed in the one rank's
+ * order, and the whole copies of the partitioned states the checkpoints
+ * read and write.  The partitions are core/zero.h's.
+ */
+#include "executor/backends/cpu-private.h"
+
+#include <string.h>
+
+#include "core/zero.h"
+
+static guint64
+align_of (CpuBackend *b, guint unit)
+{
+  return stow_norm_block (unit_numel (b, unit));
+}
+
+static gboolean
+wait_one (CpuBackend *b, StowCommRequest *r, GError **error)
+{
+  return r != NULL && stow_comm_wait (b->comm, r, error);
+}
+
+/* Where the rank's partition of @unit is in persistent buffer @bi: a
+ * partitioned buffer holds it whole (padding included); a whole one
+ * holds its valid elements at their place, which @tmp (part elements,
+ * padding zero) stands in for when @copy_in brings them there. */
+static guint8 *
+partition_at (CpuBackend *b, guint bi, guint unit, guint8 *tmp,
+              gboolean copy_in, gsize esize)
+{
+  StowTensorMap *m = &b->map;
+  const StowBuffer *buf = buf_of (b, bi);
+  if (buf->partitions > 1)
+    return stow_tensor_map_unit (m, bi, unit);
+  guint64 pf = 0, pv = stow_tensor_map_part (m, unit, &pf);
+  guint64 part = stow_zero_part (unit_numel (b, unit), m->dp);
+  memset (tmp, 0, part * esize);
+  if (copy_in && pv > 0)
+    memcpy (tmp, stow_tensor_map_unit (m, bi, unit) + pf * esize, pv * esize);
+  return tmp;
+}
+
+/* The whole buffer's valid elements of the partition back from @tmp. */
+static void
+partition_back (CpuBackend *b, guint bi, guint unit, const guint8 *tmp,
+                gsize esize)
+{
+  StowTensorMap *m = &b->map;
+  if (buf_of (b, bi)->partitions > 1)
+    return;
+  guint64 pf = 0, pv = stow_tensor_map_part (m, unit, &pf);
+  if (pv > 0)
+    memcpy (stow_tensor_map_unit (m, bi, unit) + pf * esize, tmp, pv * esize);
+}
+
+/* A persistent buffer's unit, or a slot occupant's bytes. */
+static guint8 *
+whole_at (CpuBackend *b, guint bi, guint unit)
+{
+  const StowBuffer *buf = buf_of (b, bi);
+  if (buf->persistent && buf->n_units > 1)
+    return stow_tensor_map_unit (&b->map, bi, unit);
+  return b->map.addr[bi];
+}
+
+gboolean
+stow_cpu_run_collective (CpuBackend *b, const StowOp *op, GError **error)
+{
+  StowTensorMap *m = &b->map;
+  guint unit = op->unit;
+  if (b->comm == NULL || unit == STOW_NONE || op->n_reads != 1
+      || op->n_writes != 1 || op->group != STOW_GROUP_DP
+      || unit_numel (b, unit) != op->count)
+    {
+      g_set_error (error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_UNSUPPORTED,
+                   "the cpu backend runs the data-parallel collectives of a "
+                   "unit over several ranks (mpirun); not this one");
+      return FALSE;
+    }
+  guint rb = op->reads[0], wb = op->writes[0];
+  const StowBuffer *w = buf_of (b, wb);
+  StowDtype dt = w->kind == STOW_BUF_GRADS ? b->p->grad_dtype : m->ftype;
+  gsize es = stow_dtype_size (dt);
+  guint64 count = op->count, align = align_of (b, unit);
+  g_autofree guint8 *tmp
+      = g_malloc (MAX (stow_zero_part (count, m->dp) * es, 1));
+  switch (op->coll)
+    {
+    case STOW_COLL_REDUCE_SCATTER:
+      {
+        /* A micro-batch's gradients (the slot, whole) into this rank's
+         * partition of the step's, added to them after the first. */
+        guint8 *recv = partition_at (b, wb, unit, tmp, op->accumulate, es);
+        if (!wait_one (b,
+                       stow_comm_reduce_scatter_ex (b->comm, m->addr[rb], recv,
+                                                    count, align,
+                                                    op->accumulate, dt, error),
+                       error))
+          return FALSE;
+        partition_back (b, wb, unit, recv, es);
+        return TRUE;
+      }
+    case STOW_COLL_ALL_GATHER:
+      {
+        /* Every rank's partition of the unit (gradients, updated
+         * weights, a ZeRO-3 shard) into the whole unit. */
+        const guint8 *send = partition_at (b, rb, unit, tmp, TRUE, es);
+        guint8 *recv = whole_at (b, wb, unit);
+        if (buf_of (b, rb)->partitions > 1 && send == recv)
+          send = memcpy (tmp, send, stow_zero_part (count, m->dp) * es);
+        return wait_one (b,
+                         stow_comm_all_gather_ex (b->comm, send, recv, count,
+                                                  align, dt, error),
+                         error);
+      }
+    default:
+      g_set_error (error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_UNSUPPORTED,
+                   "the cpu backend runs reduce-scatters and all-gathers "
+                   "between data-parallel ranks; not a %s",
+                   stow_collective_name (op->coll));
+      return FALSE;
+    }
+}
+
+/* Doubles travel as pairs of fp32 words: an all-gather moves bytes. */
+static gboolean
+gather_doubles (CpuBackend *b, const double *mine, double *all, guint64 n,
+                GError **error)
+{
+  guint64 count = 2 * n * b->map.dp;
+  return wait_one (b,
+                   stow_comm_all_gather_ex (b->comm, mine, all, count, 1,
+                                            STOW_DTYPE_F32, error),
+                   error);
+}
+
+gboolean
+stow_cpu_ranks_grad_norm (CpuBackend *b, guint buffer, GError **error)
+{
+  StowTensorMap *m = &b->map;
+  guint64 n = stow_tensor_map_norm_blocks (m);
+  g_autofree double *mine = g_new0 (double, MAX (n, 1));
+  g_autofree double *all = g_new0 (double, MAX (n * m->dp, 1));
+  stow_tensor_map_norm_partials (m, b->adam, buffer, mine);
+  if (!gather_doubles (b, mine, all, n, error))
+    return FALSE;
+  b->grad_norm = stow_tensor_map_norm_combine (
+      m, all, b->p->optim.max_grad_norm, &b->clip_coef, &b->skip);
+  return TRUE;
+}
+
+gboolean
+stow_cpu_ranks_loss (CpuBackend *b, GError **error)
+{
+  StowTensorMap *m = &b->map;
+  guint64 a = b->p->grad_accum;
+  g_autofree double *all = g_new0 (double, a * m->dp);
+  if (!gather_doubles (b, b->mb_loss, all, a, error))
+    return FALSE;
+  /* Rank r's micro-batch j is the step's micro-batch j N + r: the one
+   * rank adds them in that order. */
+  double sum = 0;
+  for (guint64 g = 0; g < a * m->dp; g++)
+    sum += all[(g % m->dp) * a + g / m->dp];
+  b->loss_sum = sum;
+  return TRUE;
+}
+
+/* ---- the states, whole, for the checkpoints ---------------------------- */
+
+static gboolean
+partitioned (CpuBackend *b, guint bi)
+{
+  return bi != STOW_NONE && buf_of (b, bi)->partitions > 1;
+}
+
+/* The buffer holding state @which (0 master, 1 m, 2 v). */
+static guint
+state_buffer (CpuBackend *b, guint which)
+{
+  StowTensorMap *m = &b->map;
+  return which == 0 && !m->states_master ? m->master_buf : m->states_buf;
+}
+
+static guint64
+unit_offset (CpuBackend *b, guint unit)
+{
+  return g_array_index (b->p->units, StowUnit, unit).offset
+         - g_array_index (b->p->units, StowUnit, 0).offset;
+}
+
+void *
+stow_cpu_ranks_weights (CpuBackend *b, guint unit)
+{
+  StowTensorMap *m = &b->map;
+  if (!partitioned (b, m->weights_buf))
+    return NULL;
+  if (b->mirror_weights == NULL)
+    b->mirror_weights = g_malloc0 (MAX (m->numel * m->esize, 1));
+  return b->mirror_weights + unit_offset (b, unit) * m->esize;
+}
+
+float *
+stow_cpu_ranks_state (CpuBackend *b, guint unit, guint which)
+{
+  StowTensorMap *m = &b->map;
+  if (!partitioned (b, state_buffer (b, which)))
+    return NULL;
+  if (b->mirror_states[which] == NULL)
+    b->mirror_states[which] = g_new0 (float, MAX (m->numel, 1));
+  return b->mirror_states[which] + unit_offset (b, unit);
+}
+
+/* State @which's partition of @unit (master or a moment), or the
+ * weights' (@which 3). */
+static guint8 *
+own_partition (CpuBackend *b, guint unit, guint which)
+{
+  StowTensorMap *m = &b->map;
+  if (which == 3)
+    return stow_tensor_map_unit (m, m->weights_buf, unit);
+  return (guint8 *)stow_tensor_map_state (m, unit, which);
+}
+
+gboolean
+stow_cpu_ranks_pull (CpuBackend *b, GError **error)
+{
+  StowTensorMap *m = &b->map;
+  for (guint which = 0; which < 4; which++)
+    for (guint u = 0; u < b->p->units->len; u++)
+      {
+        guint8 *whole = which == 3
+                            ? stow_cpu_ranks_weights (b, u)
+                            : (guint8 *)stow_cpu_ranks_state (b, u, which);
+        if (whole == NULL || (which == 0 && !b->p->master_weights))
+          break;
+        StowDtype dt = which == 3 ? m->ftype : STOW_DTYPE_F32;
+        guint64 part = stow_zero_part (unit_numel (b, u), m->dp);
+        g_autofree guint8 *send = g_memdup2 (own_partition (b, u, which),
+                                             part * stow_dtype_size (dt));
+        if (!wait_one (b,
+                       stow_comm_all_gather_ex (b->comm, send, whole,
+                                                unit_numel (b, u),
+                                                align_of (b, u), dt, error),
+                       error))
+          return FALSE;
+      }
+  return TRUE;
+}
+
+void
+stow_cpu_ranks_push (CpuBackend *b)
+{
+  StowTensorMap *m = &b->map;
+  for (guint which = 0; which < 4; which++)
+    for (guint u = 0; u < b->p->units->len; u++)
+      {
+        const guint8 *whole
+            = which == 3 ? stow_cpu_ranks_weights (b, u)
+                         : (const guint8 *)stow_cpu_ranks_state (b, u, which);
+        if (whole == NULL || (which == 0 && !b->p->master_weights))
+          break;
+        gsize es = which == 3 ? m->esize : 4;
+        guint64 pf = 0, pv = stow_tensor_map_part (m, u, &pf);
+        guint64 part = stow_zero_part (unit_numel (b, u), m->dp);
+        guint8 *own = own_partition (b, u, which);
+        memset (own, 0, part * es);
+        memcpy (own, whole + pf * es, pv * es);
+      }
+}
+
+void
+stow_cpu_ranks_free (CpuBackend *b)
+{
+  g_clear_pointer (&b->mirror_weights, g_free);
+  for (guint i = 0; i < 3; i++)
+    g_clear_pointer (&b->mirror_states[i], g_free);
+  g_clear_pointer (&b->mb_loss, g_free);
+}

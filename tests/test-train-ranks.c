@@ -1,0 +1,292 @@
+/* SPDX-License-Identifier: MIT
+ *
+ * tests/test-train-ranks.c: `stowage train` on 2, 3 and 4 ranks under
+ * mpirun --oversubscribe, the cpu backend: every ZeRO stage gives the
+ * weights and optimizer states of the one rank that accumulates the same
+ * global batch, byte for byte; a resume across rank counts (4 -> 2 -> 1
+ * -> 3) gives the uninterrupted run's bytes; each rank's arena peak is the
+ * simulated one; a killed rank ends the job in bounded time with `latest`
+ * whole, and --resume continues bit for bit.  Exits 77 (skip) without
+ * mpirun or a build with MPI.
+ */
+#include <glib.h>
+#include <glib/gstdio.h>
+#include <string.h>
+#include <sys/wait.h>
+
+#include "testutil-train.h"
+
+static const char *mpirun;
+static Fixture fx;
+
+/* `mpirun -np @n stowage train` on the fixture (as trainv) with @extra,
+ * under timeout(1) (@limit_s): the exit status, the output in @out and
+ * the seconds it took in @seconds (each may be NULL). */
+static int
+run_ranks (int n, const char *out_dir, const char *const *extra, int limit_s,
+           char **out, double *seconds)
+{
+  g_autofree char *np = g_strdup_printf ("%d", n);
+  g_autofree char *limit = g_strdup_printf ("%d", limit_s);
+  const char *pre[] = { "timeout",
+                        "-k",
+                        "5",
+                        limit,
+                        mpirun,
+                        "--oversubscribe",
+                        "--allow-run-as-root",
+                        "-np",
+                        np,
+                        NULL };
+  g_autoptr (GPtrArray) train = train_argv (&fx, out_dir, extra);
+  g_autoptr (GPtrArray) argv
+      = args_join (pre, (const char *const *)train->pdata);
+  g_autoptr (GError) error = NULL;
+  int status = 0;
+  char *text = NULL;
+  gint64 t0 = g_get_monotonic_time ();
+  g_assert_true (g_spawn_sync (NULL, (char **)argv->pdata, NULL,
+                               G_SPAWN_SEARCH_PATH | G_SPAWN_STDOUT_TO_DEV_NULL,
+                               NULL, NULL, NULL, &text, &status, &error));
+  g_assert_no_error (error);
+  if (seconds)
+    *seconds = (g_get_monotonic_time () - t0) / 1e6;
+  if (out)
+    *out = text;
+  else
+    g_free (text);
+  return WIFEXITED (status) ? WEXITSTATUS (status) : 128 + WTERMSIG (status);
+}
+
+static char *
+out_dir (const char *name)
+{
+  return g_build_filename (fx.dir, name, NULL);
+}
+
+/* One rank, the reference: @extra as the ranks' runs have them. */
+static char *
+reference (const char *name, const char *const *extra)
+{
+  char *out = out_dir (name);
+  g_auto (StowRun) r = { 0 };
+  trainv (&r, &fx, out, extra);
+  if (r.status != 0)
+    g_printerr ("%s\n", r.err);
+  g_assert_cmpint (r.status, ==, 0);
+  return out;
+}
+
+/* Every "device peak:" line (one per rank) within 2% of the simulated. */
+static void
+assert_each_peak (const char *err, int n)
+{
+  int lines = 0;
+  for (const char *p = err; (p = strstr (p, "device peak: ")) != NULL; p++)
+    {
+      const char *pct = strstr (p, "simulated (");
+      g_assert_nonnull (pct);
+      double d = g_ascii_strtod (pct + strlen ("simulated ("), NULL);
+      g_assert_cmpfloat (ABS (d), <=, 2.0);
+      lines++;
+    }
+  g_assert_cmpint (lines, ==, n);
+}
+
+typedef struct
+{
+  int n;
+  const char *zero, *precision, *global;
+} Case;
+
+/* N ranks at one ZeRO stage against one rank with the same global
+ * batch: the same checkpoint, byte for byte. */
+static void
+test_same_bytes (gconstpointer data)
+{
+  const Case *c = data;
+  const char *extra[]
+      = { "--steps",        "3",       "--precision", c->precision,
+          "--global-batch", c->global, "--threads",   "1",
+          "--zero",         c->zero,   NULL };
+  g_autofree char *ref_name
+      = g_strdup_printf ("ref-%s-%s", c->precision, c->global);
+  g_autofree char *ref_dir = out_dir (ref_name);
+  if (!g_file_test (ref_dir, G_FILE_TEST_IS_DIR))
+    {
+      /* One rank, whose ZeRO stage shards nothing. */
+      extra[8] = NULL;
+      g_free (reference (ref_name, extra));
+      extra[8] = "--zero";
+    }
+  g_autofree char *name
+      = g_strdup_printf ("z%s-n%d-%s", c->zero, c->n, c->precision);
+  g_autofree char *dir = out_dir (name);
+  g_autofree char *err = NULL;
+  double s = 0;
+  int rc = run_ranks (c->n, dir, extra, 120, &err, &s);
+  g_test_message ("%d ranks, ZeRO %s, %s: %.1f s", c->n, c->zero, c->precision,
+                  s);
+  if (rc != 0)
+    g_printerr ("%s\n", err);
+  g_assert_cmpint (rc, ==, 0);
+  assert_same_checkpoint (ref_dir, dir);
+  assert_each_peak (err, c->n);
+}
+
+/* 4 ranks (ZeRO 3), 2 (ZeRO 2), 1, 3 (ZeRO 1), each resuming the last:
+ * the uninterrupted run's bytes. */
+static void
+test_resume_across_ranks (void)
+{
+  const char *base[] = { "--precision", "bf16",      "--global-batch",
+                         "24",          "--threads", "1",
+                         NULL };
+  const char *full[] = { "--steps", "4", NULL };
+  g_autoptr (GPtrArray) ref_args = args_join (base, full);
+  g_autofree char *ref
+      = reference ("ref-resume", (const char *const *)ref_args->pdata);
+  g_autofree char *dir = out_dir ("resumed");
+  struct
+  {
+    int n;
+    const char *zero, *steps;
+  } legs[]
+      = { { 4, "3", "1" }, { 2, "2", "2" }, { 1, "0", "3" }, { 3, "1", "4" } };
+  for (guint i = 0; i < G_N_ELEMENTS (legs); i++)
+    {
+      const char *more[] = { "--steps",
+                             legs[i].steps,
+                             "--zero",
+                             legs[i].zero,
+                             i > 0 ? "--resume" : NULL,
+                             NULL };
+      g_autoptr (GPtrArray) a = args_join (base, more);
+      g_autofree char *err = NULL;
+      int rc = run_ranks (legs[i].n, dir, (const char *const *)a->pdata, 120,
+                          &err, NULL);
+      if (rc != 0)
+        g_printerr ("%s\n", err);
+      g_assert_cmpint (rc, ==, 0);
+      g_assert_cmpuint (latest_step (dir), ==, i + 1);
+    }
+  assert_same_checkpoint (ref, dir);
+}
+
+/* --log-json with {rank}: one log per rank, the same steps and losses. */
+static void
+test_rank_logs (void)
+{
+  g_autofree char *dir = out_dir ("logs");
+  g_autofree char *log = g_build_filename (fx.dir, "log-{rank}.json", NULL);
+  const char *extra[] = { "--steps", "2",         "--zero", "2", "--log-json",
+                          log,       "--threads", "1",      NULL };
+  g_autofree char *err = NULL;
+  g_assert_cmpint (run_ranks (2, dir, extra, 120, &err, NULL), ==, 0);
+  /* Rank 0 alone prints the progress. */
+  g_assert_cmpint (stow_count_lines (err), >, 0);
+  g_autofree char *l0 = NULL, *l1 = NULL;
+  g_autofree char *p0 = g_build_filename (fx.dir, "log-0.json", NULL);
+  g_autofree char *p1 = g_build_filename (fx.dir, "log-1.json", NULL);
+  g_assert_true (g_file_get_contents (p0, &l0, NULL, NULL));
+  g_assert_true (g_file_get_contents (p1, &l1, NULL, NULL));
+  g_assert_cmpuint (stow_count_lines (l0), ==, 2);
+  g_assert_cmpuint (stow_count_lines (l1), ==, 2);
+  g_assert_nonnull (strstr (l0, "\"loss\""));
+  guint steps = 0;
+  for (const char *p = err; (p = strstr (p, "step ")) != NULL; p++)
+    steps
+        += g_str_has_prefix (p, "step 1/2") || g_str_has_prefix (p, "step 2/2");
+  g_assert_cmpuint (steps, ==, 2); /* not once per rank */
+}
+
+/* A rank killed (SIGKILL) after logging step 3, before its checkpoint:
+ * the job ends within seconds, `latest` names step 2, whole, and a resume
+ * gives the uninterrupted run's bytes. */
+static void
+test_killed_rank (void)
+{
+  const char *base[] = { "--steps",
+                         "4",
+                         "--save-every",
+                         "2",
+                         "--global-batch",
+                         "6",
+                         "--zero",
+                         "2",
+                         "--threads",
+                         "1",
+                         NULL };
+  g_autofree char *ref = reference ("ref-killed", base);
+  g_autofree char *dir = out_dir ("killed");
+  const char *die[] = { "--test-die-at", "1:3", NULL };
+  g_autoptr (GPtrArray) a = args_join (base, die);
+  g_autofree char *err = NULL;
+  double s = 0;
+  int rc = run_ranks (3, dir, (const char *const *)a->pdata, 60, &err, &s);
+  g_test_message ("rank 1 killed: mpirun exit %d after %.1f s: %s", rc, s, err);
+  g_assert_cmpint (rc, !=, 0);
+  /* Not timeout(1)'s end (124) of a job that hung: mpirun's own, with
+   * the killed rank's status (137), well before the limit. */
+  g_assert_cmpint (rc, !=, 124);
+  g_assert_cmpfloat (s, <, 45.0);
+  g_assert_cmpuint (latest_step (dir), ==, 2);
+  const char *resume[] = { "--resume", NULL };
+  g_autoptr (GPtrArray) b = args_join (base, resume);
+  g_autofree char *err2 = NULL;
+  g_assert_cmpint (
+      run_ranks (3, dir, (const char *const *)b->pdata, 120, &err2, NULL), ==,
+      0);
+  assert_same_checkpoint (ref, dir);
+}
+
+/* What several ranks do not run yet is refused by name on every rank. */
+static void
+test_refusals (void)
+{
+  g_autofree char *dir = out_dir ("refused");
+  const char *offload[]
+      = { "--steps", "1", "--offload-optimizer", "cpu", "--zero", "2", NULL };
+  g_autofree char *err = NULL;
+  g_assert_cmpint (run_ranks (2, dir, offload, 60, &err, NULL), !=, 0);
+  g_assert_nonnull (strstr (err, "--offload-optimizer"));
+  const char *odd[] = { "--steps", "1", "--global-batch", "6", NULL };
+  g_autofree char *err2 = NULL;
+  g_assert_cmpint (run_ranks (4, dir, odd, 60, &err2, NULL), !=, 0);
+  g_assert_nonnull (strstr (err2, "x 4 ranks"));
+}
+
+int
+main (int argc, char **argv)
+{
+  g_test_init (&argc, &argv, NULL);
+  g_autofree char *found = g_find_program_in_path ("mpirun");
+  if (found == NULL || g_strcmp0 (g_getenv ("STOW_HAVE_MPI"), "1") != 0)
+    {
+      g_printerr ("skipped: no mpirun or a build without MPI\n");
+      return 77;
+    }
+  mpirun = found;
+  fixture_init (&fx);
+  static const Case cases[] = {
+    { 2, "0", "fp32", "4" },  { 2, "1", "fp32", "4" },  { 2, "2", "fp32", "4" },
+    { 2, "3", "fp32", "4" },  { 4, "0", "fp32", "8" },  { 4, "3", "fp32", "8" },
+    { 3, "1", "fp32", "12" }, { 3, "2", "bf16", "12" }, { 4, "2", "bf16", "8" },
+    { 3, "3", "bf16", "12" },
+  };
+  for (guint i = 0; i < G_N_ELEMENTS (cases); i++)
+    {
+      g_autofree char *path
+          = g_strdup_printf ("/train-ranks/zero%s-%dranks-%s", cases[i].zero,
+                             cases[i].n, cases[i].precision);
+      g_test_add_data_func (path, &cases[i], test_same_bytes);
+    }
+  g_test_add_func ("/train-ranks/resume-across-ranks",
+                   test_resume_across_ranks);
+  g_test_add_func ("/train-ranks/rank-logs", test_rank_logs);
+  g_test_add_func ("/train-ranks/killed-rank", test_killed_rank);
+  g_test_add_func ("/train-ranks/refusals", test_refusals);
+  int rc = g_test_run ();
+  fixture_clear (&fx);
+  return rc;
+}
