@@ -409,6 +409,23 @@ test_rank_left (void)
                                       NULL });
   g_assert_cmpfloat (lone.elapsed_s, <, LONG_S / 2);
   g_clear_error (&lone.error);
+
+  /* Rank 0 leaves before the broadcast: rank 1 says so at once. */
+  g_autofree char *init3 = local_init (free_port ());
+  Rank r1b = {
+    .init = init3, .rank = 1, .world = 2, .timeout_s = LONG_S, .size = 8
+  };
+  GThread *t1 = g_thread_new ("rank 1", run_rank, &r1b);
+  StowRendezvous *r0b = stow_rendezvous_new (init3, 0, 2, LONG_S, &error);
+  g_assert_no_error (error);
+  stow_rendezvous_free (r0b);
+  g_thread_join (t1);
+  assert_error_has (
+      r1b.error, STOW_RENDEZVOUS_ERROR_FAILED,
+      (const char *[]){ init3, "rank 0 (", "closed the connection",
+                        "rank 1 waiting for its broadcast", NULL });
+  g_assert_cmpfloat (r1b.elapsed_s, <, LONG_S / 2);
+  g_clear_error (&r1b.error);
 }
 
 /* A rank whose preparation fails (no device, say): every rank fails at
