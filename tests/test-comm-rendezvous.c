@@ -56,6 +56,16 @@ typedef struct
   gint joined; /* set once stow_rendezvous_new returned */
 } Rank;
 
+static Rank
+rank_at (const char *init, int rank, int world, double timeout_s, gsize size)
+{
+  return (Rank){ .init = init,
+                 .rank = rank,
+                 .world = world,
+                 .timeout_s = timeout_s,
+                 .size = size };
+}
+
 static void
 fill (guint8 *blob, gsize size, guint seed)
 {
@@ -246,13 +256,11 @@ test_meet (void)
         g_autofree char *init = local_init (free_port ());
         Rank ranks[4];
         for (int q = 0; q < n; q++)
-          ranks[q] = (Rank){ .init = init,
-                             .rank = q,
-                             .world = n,
-                             .timeout_s = LONG_S,
-                             .delay_ms = q == 0 ? 200 : 0,
-                             .size = exchange ? 128 : 4096,
-                             .exchange = exchange };
+          {
+            ranks[q] = rank_at (init, q, n, LONG_S, exchange ? 128 : 4096);
+            ranks[q].delay_ms = q == 0 ? 200 : 0;
+            ranks[q].exchange = exchange;
+          }
         run_ranks (ranks, n);
         assert_all_got_rank0 (ranks, n);
         clear_ranks (ranks, n);
@@ -266,9 +274,7 @@ test_sizes (void)
   g_autofree char *init = local_init (free_port ());
   Rank ranks[2];
   for (int q = 0; q < 2; q++)
-    ranks[q] = (Rank){
-      .init = init, .rank = q, .world = 2, .timeout_s = LONG_S, .size = 0
-    };
+    ranks[q] = rank_at (init, q, 2, LONG_S, 0);
   run_ranks (ranks, 2);
   assert_all_got_rank0 (ranks, 2);
   clear_ranks (ranks, 2);
@@ -291,11 +297,7 @@ test_size_mismatch (void)
   g_autofree char *init = local_init (free_port ());
   Rank ranks[2];
   for (int q = 0; q < 2; q++)
-    ranks[q] = (Rank){ .init = init,
-                       .rank = q,
-                       .world = 2,
-                       .timeout_s = LONG_S,
-                       .size = q == 0 ? 128 : 64 };
+    ranks[q] = rank_at (init, q, 2, LONG_S, q == 0 ? 128 : 64);
   run_ranks (ranks, 2);
   assert_error_has (ranks[1].error, STOW_RENDEZVOUS_ERROR_FAILED,
                     (const char *[]){ init, "rank 0 broadcast 128 bytes",
@@ -314,9 +316,7 @@ test_missing_rank (void)
   g_autofree char *init = local_init (free_port ());
   Rank ranks[2];
   for (int q = 0; q < 2; q++)
-    ranks[q] = (Rank){
-      .init = init, .rank = q, .world = 3, .timeout_s = SHORT_S, .size = 128
-    };
+    ranks[q] = rank_at (init, q, 3, SHORT_S, 128);
   run_ranks (ranks, 2);
   assert_error_has (
       ranks[0].error, STOW_RENDEZVOUS_ERROR_TIMEOUT,
@@ -364,10 +364,8 @@ static void
 test_rank_left (void)
 {
   g_autofree char *init = local_init (free_port ());
-  Rank r0
-      = { .init = init, .rank = 0, .world = 4, .timeout_s = LONG_S, .size = 8 };
-  Rank r2
-      = { .init = init, .rank = 2, .world = 4, .timeout_s = LONG_S, .size = 8 };
+  Rank r0 = rank_at (init, 0, 4, LONG_S, 8);
+  Rank r2 = rank_at (init, 2, 4, LONG_S, 8);
   GThread *t0 = g_thread_new ("rank 0", run_rank, &r0);
   GThread *t2 = g_thread_new ("rank 2", run_rank, &r2);
   while (!g_atomic_int_get (&r2.joined))
@@ -392,9 +390,7 @@ test_rank_left (void)
 
   /* Rank 1 leaves after the broadcast: rank 0's barrier names it. */
   g_autofree char *init2 = local_init (free_port ());
-  Rank lone = {
-    .init = init2, .rank = 0, .world = 2, .timeout_s = LONG_S, .size = 8
-  };
+  Rank lone = rank_at (init2, 0, 2, LONG_S, 8);
   t0 = g_thread_new ("rank 0", run_rank, &lone);
   r1 = stow_rendezvous_new (init2, 1, 2, LONG_S, &error);
   g_assert_no_error (error);
@@ -412,9 +408,7 @@ test_rank_left (void)
 
   /* Rank 0 leaves before the broadcast: rank 1 says so at once. */
   g_autofree char *init3 = local_init (free_port ());
-  Rank r1b = {
-    .init = init3, .rank = 1, .world = 2, .timeout_s = LONG_S, .size = 8
-  };
+  Rank r1b = rank_at (init3, 1, 2, LONG_S, 8);
   GThread *t1 = g_thread_new ("rank 1", run_rank, &r1b);
   StowRendezvous *r0b = stow_rendezvous_new (init3, 0, 2, LONG_S, &error);
   g_assert_no_error (error);
@@ -438,13 +432,11 @@ test_prepare_fails (void)
       g_autofree char *init = local_init (free_port ());
       Rank ranks[3];
       for (int q = 0; q < 3; q++)
-        ranks[q] = (Rank){ .init = init,
-                           .rank = q,
-                           .world = 3,
-                           .timeout_s = LONG_S,
-                           .size = 128,
-                           .exchange = TRUE,
-                           .fail = q == bad ? "no CUDA device 7" : NULL };
+        {
+          ranks[q] = rank_at (init, q, 3, LONG_S, 128);
+          ranks[q].exchange = TRUE;
+          ranks[q].fail = q == bad ? "no CUDA device 7" : NULL;
+        }
       run_ranks (ranks, 3);
       g_autofree char *failed = g_strdup_printf ("rank %d failed", bad);
       for (int q = 0; q < 3; q++)
@@ -468,9 +460,7 @@ static void
 test_world_mismatch (void)
 {
   g_autofree char *init = local_init (free_port ());
-  Rank r0 = {
-    .init = init, .rank = 0, .world = 2, .timeout_s = LONG_S, .size = 16
-  };
+  Rank r0 = rank_at (init, 0, 2, LONG_S, 16);
   GThread *t0 = g_thread_new ("rank 0", run_rank, &r0);
   GError *error = NULL;
   gint64 t = g_get_monotonic_time ();
@@ -482,9 +472,7 @@ test_world_mismatch (void)
                      LONG_S / 2);
   g_clear_error (&error);
   /* Rank 0 still waits for its own rank 1. */
-  Rank r1 = {
-    .init = init, .rank = 1, .world = 2, .timeout_s = LONG_S, .size = 16
-  };
+  Rank r1 = rank_at (init, 1, 2, LONG_S, 16);
   GThread *t1 = g_thread_new ("rank 1", run_rank, &r1);
   g_thread_join (t0);
   g_thread_join (t1);
@@ -493,16 +481,9 @@ test_world_mismatch (void)
 
   /* Only the stray comes: rank 0's timeout names it. */
   g_autofree char *init2 = local_init (free_port ());
-  Rank lone = {
-    .init = init2, .rank = 0, .world = 2, .timeout_s = SHORT_S, .size = 16
-  };
-  Rank stray = { .init = init2,
-                 .rank = 1,
-                 .world = 2,
-                 .claimed_world = 5,
-                 .timeout_s = SHORT_S,
-                 .size = 16 };
-  Rank pair[2] = { lone, stray };
+  Rank pair[2] = { rank_at (init2, 0, 2, SHORT_S, 16),
+                   rank_at (init2, 1, 2, SHORT_S, 16) };
+  pair[1].claimed_world = 5;
   run_ranks (pair, 2);
   assert_error_has (pair[0].error, STOW_RENDEZVOUS_ERROR_TIMEOUT,
                     (const char *[]){ "rank 1 of 2 did not join", "refused",
@@ -519,9 +500,7 @@ test_duplicate_rank (void)
   g_autofree char *init = local_init (free_port ());
   Rank ranks[3];
   for (int q = 0; q < 3; q++)
-    ranks[q] = (Rank){
-      .init = init, .rank = q, .world = 3, .timeout_s = LONG_S, .size = 32
-    };
+    ranks[q] = rank_at (init, q, 3, LONG_S, 32);
   GThread *t[3];
   for (int q = 0; q < 2; q++)
     t[q] = g_thread_new ("rank", run_rank, &ranks[q]);
@@ -619,9 +598,7 @@ test_addresses (void)
           = g_strdup_printf ("tcp://%s:%u", forms[f], free_port ());
       Rank ranks[3];
       for (int q = 0; q < 3; q++)
-        ranks[q] = (Rank){
-          .init = init, .rank = q, .world = 3, .timeout_s = LONG_S, .size = 128
-        };
+        ranks[q] = rank_at (init, q, 3, LONG_S, 128);
       run_ranks (ranks, 3);
       assert_all_got_rank0 (ranks, 3);
     }
@@ -674,9 +651,7 @@ test_fuzz_rank0 (void)
 {
   guint16 port = free_port ();
   g_autofree char *init = local_init (port);
-  Rank r0 = {
-    .init = init, .rank = 0, .world = 2, .timeout_s = LONG_S, .size = 128
-  };
+  Rank r0 = rank_at (init, 0, 2, LONG_S, 128);
   GThread *t0 = g_thread_new ("rank 0", run_rank, &r0);
   guint n = g_test_slow () ? 2000 : 300;
   for (guint i = 0; i < n; i++)
@@ -745,12 +720,8 @@ test_fuzz_peer (void)
   guint n = g_test_slow () ? 1000 : 200, failed = 0;
   for (guint i = 0; i < n; i++)
     {
-      Rank r1 = { .init = init,
-                  .rank = 1,
-                  .world = 2,
-                  .timeout_s = 5.0,
-                  .size = 16,
-                  .exchange = TRUE };
+      Rank r1 = rank_at (init, 1, 2, 5.0, 16);
+      r1.exchange = TRUE;
       GThread *t = g_thread_new ("rank 1", run_rank, &r1);
       g_autoptr (GSocket) c = g_socket_accept (l, NULL, NULL);
       g_assert_nonnull (c);
