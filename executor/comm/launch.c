@@ -6,6 +6,8 @@
  */
 #include "executor/comm/launch.h"
 
+#include "executor/comm/rendezvous.h"
+
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -56,21 +58,17 @@ parse_int (const char *what, const char *s, int min, int *out, GError **error)
   return TRUE;
 }
 
+/* The rendezvous's own parser (rendezvous.h), so that what launch
+ * accepts the rendezvous can use. */
 static gboolean
 check_tcp (const char *what, const char *url, GError **error)
 {
-  const char *hostport = url + strlen ("tcp://");
-  const char *colon = strrchr (hostport, ':');
-  int port = 0;
-  if (colon == NULL || colon == hostport
-      || !parse_int (what, colon + 1, 1, &port, NULL) || port > 65535)
-    {
-      g_set_error (error, STOW_LAUNCH_ERROR, STOW_LAUNCH_ERROR_INVALID,
-                   "%s: \"%s\" is not tcp://HOST:PORT (port 1-65535)", what,
-                   url);
-      return FALSE;
-    }
-  return TRUE;
+  g_autoptr (GError) e = NULL;
+  if (stow_rendezvous_parse_init (url, NULL, NULL, &e))
+    return TRUE;
+  g_set_error (error, STOW_LAUNCH_ERROR, STOW_LAUNCH_ERROR_INVALID, "%s: %s",
+               what, e->message);
+  return FALSE;
 }
 
 /* torchrun's rendezvous, or NULL with an error naming what is missing. */
@@ -95,7 +93,18 @@ torchrun_init (const char *const *envp, GError **error)
                    "MASTER_PORT: \"%s\" is not a port (1-65535)", port);
       return NULL;
     }
-  return g_strdup_printf ("tcp://%s:%d", addr, p);
+  /* An IPv6 address in brackets (tcp://[fe80::1]:29500), as URLs write
+   * it; a name that is no host refused here, naming the variable. */
+  g_autofree char *init = strchr (addr, ':') && addr[0] != '['
+                              ? g_strdup_printf ("tcp://[%s]:%d", addr, p)
+                              : g_strdup_printf ("tcp://%s:%d", addr, p);
+  if (!stow_rendezvous_parse_init (init, NULL, NULL, NULL))
+    {
+      g_set_error (error, STOW_LAUNCH_ERROR, STOW_LAUNCH_ERROR_INVALID,
+                   "MASTER_ADDR: \"%s\" is not a host name or address", addr);
+      return NULL;
+    }
+  return g_steal_pointer (&init);
 }
 
 gboolean

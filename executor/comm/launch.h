@@ -42,7 +42,8 @@ typedef struct
   StowLaunchSource source; /* where rank and world size came from */
   /* How the ranks meet: "none" (one rank), "mpi" (MPI_Init: mpirun, srun
    * with PMIx) or "tcp://HOST:PORT" (torchrun's MASTER_ADDR and
-   * MASTER_PORT: rank 0 listens there and hands out the NCCL id). */
+   * MASTER_PORT: rank 0 listens there and hands out the NCCL id,
+   * rendezvous.h; an IPv6 MASTER_ADDR is written in brackets). */
   char *init;
 } StowLaunch;
 
@@ -57,7 +58,8 @@ typedef struct
  * (ranks >= 0, world size >= 1), a launcher's variables only partly set, a
  * rank or local rank not below the world size, a --rank without a world
  * size above it, torchrun's world above 1 without MASTER_ADDR and
- * MASTER_PORT, an --init other than mpi, env or tcp://HOST:PORT
+ * MASTER_PORT or with a MASTER_ADDR that is no host, an --init other
+ * than mpi, env or tcp://HOST:PORT as stow_rendezvous_parse_init reads it
  * (env: torchrun's MASTER_ADDR and MASTER_PORT).  Free with
  * stow_launch_clear. */
 gboolean stow_launch_resolve (const char *const *envp,

@@ -16,6 +16,7 @@
 
 #include "executor/comm/comm-private.h"
 #include "executor/comm/nccl-private.h"
+#include "executor/comm/rendezvous.h"
 #include "executor/dl.h"
 
 /* nccl.h's ABI (stable since NCCL 2.0; send/recv since 2.7). */
@@ -400,6 +401,20 @@ stow_comm_nccl_unique_id (guint8 id[STOW_COMM_NCCL_ID_BYTES], GError **error)
   return TRUE;
 }
 
+static gboolean
+device_ok (int device, GError **error)
+{
+  int devices = 0;
+  if (cudaGetDeviceCount (&devices) != cudaSuccess || device < 0
+      || device >= devices)
+    {
+      g_set_error (error, STOW_COMM_ERROR, STOW_COMM_ERROR_UNAVAILABLE,
+                   "NCCL: no CUDA device %d (%d here)", device, devices);
+      return FALSE;
+    }
+  return TRUE;
+}
+
 StowComm *
 stow_comm_nccl_new (int rank, int world,
                     const guint8 id[STOW_COMM_NCCL_ID_BYTES], int device,
@@ -411,16 +426,8 @@ stow_comm_nccl_new (int rank, int world,
                    "NCCL: rank %d of %d out of range", rank, world);
       return NULL;
     }
-  if (!stow_comm_nccl_load (NULL, error))
+  if (!stow_comm_nccl_load (NULL, error) || !device_ok (device, error))
     return NULL;
-  int devices = 0;
-  if (cudaGetDeviceCount (&devices) != cudaSuccess || device < 0
-      || device >= devices)
-    {
-      g_set_error (error, STOW_COMM_ERROR, STOW_COMM_ERROR_UNAVAILABLE,
-                   "NCCL: no CUDA device %d (%d here)", device, devices);
-      return NULL;
-    }
   NcclComm *m = g_new0 (NcclComm, 1);
   m->base = (StowComm){
     .klass = &nccl_class,
@@ -451,4 +458,46 @@ stow_comm_nccl_new (int rank, int world,
     }
   m->own_stream = stream == NULL;
   return &m->base;
+}
+
+/* Every rank: NCCL and the device are here; rank 0 also makes the id. */
+static gboolean
+prepare_id (int rank, void *blob, gsize size, gpointer data, GError **error)
+{
+  const int *device = data;
+  g_assert (size == STOW_COMM_NCCL_ID_BYTES);
+  if (!stow_comm_nccl_load (NULL, error) || !device_ok (*device, error))
+    return FALSE;
+  return rank != 0 || stow_comm_nccl_unique_id (blob, error);
+}
+
+StowComm *
+stow_comm_nccl_join (const StowLaunch *launch, int device, void *stream,
+                     double timeout_s, GError **error)
+{
+  g_return_val_if_fail (launch != NULL && launch->init != NULL, NULL);
+  guint8 id[STOW_COMM_NCCL_ID_BYTES];
+  if (g_str_has_prefix (launch->init, "tcp://"))
+    {
+      if (!stow_rendezvous_exchange (launch->init, launch->rank,
+                                     launch->world_size, timeout_s, prepare_id,
+                                     &device, id, sizeof id, error))
+        return NULL;
+    }
+  else if (g_str_equal (launch->init, "none") && launch->world_size == 1)
+    {
+      if (!prepare_id (0, id, sizeof id, &device, error))
+        return NULL;
+    }
+  else
+    {
+      g_set_error (error, STOW_COMM_ERROR, STOW_COMM_ERROR_INVALID,
+                   "NCCL: --init %s with %d ranks: NCCL's id is handed out by "
+                   "a tcp://HOST:PORT rendezvous (torchrun's MASTER_ADDR and "
+                   "MASTER_PORT, or --init tcp://HOST:PORT)",
+                   launch->init, launch->world_size);
+      return NULL;
+    }
+  return stow_comm_nccl_new (launch->rank, launch->world_size, id, device,
+                             stream, error);
 }
