@@ -55,12 +55,15 @@ typedef struct
   guint64 offset; /* from the start of the data, a multiple of 64 */
   guint64 bytes;
   XXH64_hash_t xxh3;
+  gboolean verified; /* read and checked by a set (reading only) */
 } OptSection;
 
 typedef struct
 {
   char *name;
   guint64 n;
+  guint64 first, total; /* elements [first, first + n) of total */
+  gboolean ranged;      /* the header says "first" and "total" */
   guint n_sections;
   OptSection sec[4];
 } OptTensor;
@@ -84,13 +87,21 @@ align_up (guint64 v)
 }
 
 /* The JSON header, with @final checksums or OPT_XXH3_PENDING, padded with
- * spaces so that the data begins right after it, at a multiple of 64. */
+ * spaces so that the data begins right after it, at a multiple of 64.
+ * "rank", "world", "first" and "total" only where they say something
+ * (several ranks, or a part of a tensor): a one-rank file of whole tensors
+ * stays the bytes it was before they existed. */
 static char *
-opt_header (JsonNode *state, const OptTensor *tensors, guint n_tensors,
-            gboolean final, gsize *len)
+opt_header (guint rank, guint world, JsonNode *state, const OptTensor *tensors,
+            guint n_tensors, gboolean final, gsize *len)
 {
   g_autoptr (JsonBuilder) b = json_builder_new ();
   json_builder_begin_object (b);
+  if (world > 1)
+    {
+      stow_json_set_u64 (b, "rank", rank);
+      stow_json_set_u64 (b, "world", world);
+    }
   json_builder_set_member_name (b, "state");
   json_builder_add_value (b, json_node_copy (state));
   json_builder_set_member_name (b, "tensors");
@@ -101,6 +112,11 @@ opt_header (JsonNode *state, const OptTensor *tensors, guint n_tensors,
       json_builder_begin_object (b);
       stow_json_set_string (b, "name", t->name);
       stow_json_set_u64 (b, "n", t->n);
+      if (t->ranged)
+        {
+          stow_json_set_u64 (b, "first", t->first);
+          stow_json_set_u64 (b, "total", t->total);
+        }
       json_builder_set_member_name (b, "sections");
       json_builder_begin_array (b);
       for (guint s = 0; s < t->n_sections; s++)
@@ -146,6 +162,7 @@ struct _StowOptimStateWriter
 {
   char *path;
   int fd;
+  guint rank, world;
   JsonNode *state;
   OptTensor *tensors;
   guint n_tensors;
@@ -204,6 +221,22 @@ writer_check_specs (StowOptimStateWriter *w, const StowOptimStateSpec *specs,
                             sp->name, sp->n);
       t->name = g_strdup (sp->name);
       t->n = sp->n;
+      t->first = sp->first;
+      t->total = sp->total == 0 ? sp->n : sp->total;
+      guint64 end_elem;
+      if (sp->total == 0 && sp->first != 0)
+        return writer_fail (w, error, STOW_CHECKPOINT_ERROR_INVALID,
+                            "tensor \"%s\": first %" G_GUINT64_FORMAT
+                            " without a total",
+                            sp->name, sp->first);
+      if (!g_uint64_checked_add (&end_elem, sp->first, sp->n)
+          || end_elem > t->total)
+        return writer_fail (w, error, STOW_CHECKPOINT_ERROR_INVALID,
+                            "tensor \"%s\": elements [%" G_GUINT64_FORMAT
+                            ", +%" G_GUINT64_FORMAT
+                            ") pass its total %" G_GUINT64_FORMAT,
+                            sp->name, sp->first, sp->n, t->total);
+      t->ranged = w->world > 1 || t->first != 0 || t->total != t->n;
       for (guint s = 0; s < sp->n_sections; s++)
         {
           const char *sn = sp->sections[s];
@@ -263,15 +296,37 @@ has_nonfinite (JsonObject *o)
   return has_nonfinite_node (n);
 }
 
+char *
+stow_optim_state_file_name (guint rank, guint world)
+{
+  g_return_val_if_fail (rank < world, NULL);
+  if (world == 1)
+    return g_strdup ("optimizer.stow");
+  return g_strdup_printf ("optimizer-rank%05u-of-%05u.stow", rank, world);
+}
+
 StowOptimStateWriter *
 stow_optim_state_writer_new (const char *path, const StowOptimStateSpec *specs,
                              guint n_specs, JsonObject *state, GError **error)
 {
+  return stow_optim_state_writer_new_rank (path, 0, 1, specs, n_specs, state,
+                                           error);
+}
+
+StowOptimStateWriter *
+stow_optim_state_writer_new_rank (const char *path, guint rank, guint world,
+                                  const StowOptimStateSpec *specs,
+                                  guint n_specs, JsonObject *state,
+                                  GError **error)
+{
   g_return_val_if_fail (path != NULL && state != NULL, NULL);
   g_return_val_if_fail (specs != NULL || n_specs == 0, NULL);
+  g_return_val_if_fail (rank < world, NULL);
   g_autoptr (StowOptimStateWriter) w = g_new0 (StowOptimStateWriter, 1);
   w->path = g_strdup (path);
   w->fd = -1;
+  w->rank = rank;
+  w->world = world;
   /* A deep copy through text: the header is generated twice (pending,
    * then final checksums) and must come out the same length, whatever the
    * caller does to @state in between. */
@@ -293,8 +348,8 @@ stow_optim_state_writer_new (const char *path, const StowOptimStateSpec *specs,
   if (!writer_check_specs (w, specs, n_specs, error))
     return NULL;
   gsize len;
-  g_autofree char *header
-      = opt_header (w->state, w->tensors, w->n_tensors, FALSE, &len);
+  g_autofree char *header = opt_header (w->rank, w->world, w->state, w->tensors,
+                                        w->n_tensors, FALSE, &len);
   w->data_start = OPT_PREFIX_BYTES + len;
   w->fd = open (path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (w->fd < 0)
@@ -414,8 +469,8 @@ stow_optim_state_writer_finish (StowOptimStateWriter *w, GError **error)
                           t->name, t->sec[w->s].name, w->done / 4, t->n);
     }
   gsize len;
-  g_autofree char *header
-      = opt_header (w->state, w->tensors, w->n_tensors, TRUE, &len);
+  g_autofree char *header = opt_header (w->rank, w->world, w->state, w->tensors,
+                                        w->n_tensors, TRUE, &len);
   /* Same members, same numbers, checksums of the same width. */
   g_assert (OPT_PREFIX_BYTES + len == w->data_start);
   guint8 prefix[OPT_PREFIX_BYTES];
@@ -463,6 +518,7 @@ struct _StowOptimState
 {
   char *path;
   int fd;
+  guint rank, world; /* the header's, or 0 of 1 */
   JsonNode *root;
   JsonObject *state; /* in root */
   OptTensor *tensors;
@@ -581,6 +637,19 @@ parse_tensor (StowOptimState *s, guint i, JsonNode *node, GError **error)
   if (!stow_json_get_u64 (o, where, "n", TRUE, &t->n, &local)
       || !stow_json_get_array (o, where, "sections", TRUE, &sections, &local))
     return rewrap (error, local);
+  /* A part of a tensor says where it lies; a whole one needs not. */
+  t->ranged = stow_json_has (o, "first") || stow_json_has (o, "total");
+  t->first = 0;
+  t->total = t->n;
+  if (t->ranged
+      && (!stow_json_get_u64 (o, where, "first", TRUE, &t->first, &local)
+          || !stow_json_get_u64 (o, where, "total", TRUE, &t->total, &local)))
+    return rewrap (error, local);
+  if (t->first > t->total || t->n > t->total - t->first)
+    return fail (error, STOW_CHECKPOINT_ERROR_INVALID, where,
+                 "first %" G_GUINT64_FORMAT " + n %" G_GUINT64_FORMAT
+                 " pass total %" G_GUINT64_FORMAT,
+                 t->first, t->n, t->total);
   guint n = json_array_get_length (sections);
   if (n == 0 || n > G_N_ELEMENTS (t->sec))
     return fail (error, STOW_CHECKPOINT_ERROR_INVALID, where,
@@ -666,10 +735,20 @@ parse_opt_header (StowOptimState *s, const char *text, gsize len,
     return rewrap (error, local);
   JsonObject *top = stow_json_root_object (s->root, name, &local);
   JsonArray *tensors = NULL;
+  guint64 rank = 0, world = 1;
   if (top == NULL
+      || !stow_json_get_u64 (top, name, "rank", FALSE, &rank, &local)
+      || !stow_json_get_u64 (top, name, "world", FALSE, &world, &local)
       || !stow_json_get_object (top, name, "state", TRUE, &s->state, &local)
       || !stow_json_get_array (top, name, "tensors", TRUE, &tensors, &local))
     return rewrap (error, local);
+  if (world == 0 || world > G_MAXUINT || rank >= world)
+    return fail (error, STOW_CHECKPOINT_ERROR_INVALID, name,
+                 "rank %" G_GUINT64_FORMAT " of world %" G_GUINT64_FORMAT
+                 ": expected a rank below a world of 1 to %u",
+                 rank, world, G_MAXUINT);
+  s->rank = (guint)rank;
+  s->world = (guint)world;
   s->n_tensors = json_array_get_length (tensors);
   s->tensors = g_new0 (OptTensor, s->n_tensors);
   for (guint i = 0; i < s->n_tensors; i++)
@@ -805,13 +884,70 @@ stow_optim_state_tensor_n (const StowOptimState *s, const char *name)
   return t ? t->n : 0;
 }
 
-static const OptSection *
+guint
+stow_optim_state_rank (const StowOptimState *s)
+{
+  g_return_val_if_fail (s != NULL, 0);
+  return s->rank;
+}
+
+guint
+stow_optim_state_world (const StowOptimState *s)
+{
+  g_return_val_if_fail (s != NULL, 1);
+  return s->world;
+}
+
+gboolean
+stow_optim_state_tensor_range (const StowOptimState *s, const char *name,
+                               guint64 *first, guint64 *total)
+{
+  g_return_val_if_fail (s != NULL && name != NULL, FALSE);
+  const OptTensor *t = g_hash_table_lookup (s->by_name, name);
+  if (t == NULL)
+    return FALSE;
+  if (first != NULL)
+    *first = t->first;
+  if (total != NULL)
+    *total = t->total;
+  return TRUE;
+}
+
+static OptSection *
 find_section (const OptTensor *t, const char *section)
 {
   for (guint k = 0; t != NULL && k < t->n_sections; k++)
     if (strcmp (t->sec[k].name, section) == 0)
-      return &t->sec[k];
+      return (OptSection *)&t->sec[k];
   return NULL;
+}
+
+/* @bytes of section @sec of @t from its byte @at into @dst. */
+static gboolean
+read_bytes (StowOptimState *s, const OptTensor *t, const OptSection *sec,
+            guint64 at, guint64 bytes, void *dst, GError **error)
+{
+  guint64 where = s->data_start + sec->offset + at;
+  gint64 got = stow_fd_pread_all (s->fd, dst, bytes, where);
+  if (got < 0 || (guint64)got != bytes)
+    return fail (error, STOW_CHECKPOINT_ERROR_IO, s->path,
+                 "tensor \"%s\": section \"%s\": reading at file offset "
+                 "%" G_GUINT64_FORMAT ": %s",
+                 t->name, sec->name, where,
+                 got < 0 ? g_strerror ((int)-got) : "short read");
+  return TRUE;
+}
+
+static gboolean
+checksum_fail (StowOptimState *s, const OptTensor *t, const OptSection *sec,
+               XXH64_hash_t actual, GError **error)
+{
+  return fail (error, STOW_CHECKPOINT_ERROR_CHECKSUM, s->path,
+               "tensor \"%s\": section \"%s\" (file offset %" G_GUINT64_FORMAT
+               ", %" G_GUINT64_FORMAT " bytes): xxh3 is %016" G_GINT64_MODIFIER
+               "x, the header says %016" G_GINT64_MODIFIER "x",
+               t->name, sec->name, s->data_start + sec->offset, sec->bytes,
+               (guint64)actual, (guint64)sec->xxh3);
 }
 
 gboolean
@@ -838,14 +974,8 @@ stow_optim_state_read (StowOptimState *s, const char *name, const char *section,
                  "tensor \"%s\": section \"%s\": floats [%" G_GUINT64_FORMAT
                  ", +%" G_GUINT64_FORMAT ") past its %" G_GUINT64_FORMAT,
                  name, section, first, n, t->n);
-  guint64 at = s->data_start + sec->offset + first * 4;
-  gint64 got = stow_fd_pread_all (s->fd, dst, n * 4, at);
-  if (got < 0 || (guint64)got != n * 4)
-    return fail (error, STOW_CHECKPOINT_ERROR_IO, s->path,
-                 "tensor \"%s\": section \"%s\": reading at file offset "
-                 "%" G_GUINT64_FORMAT ": %s",
-                 name, section, at,
-                 got < 0 ? g_strerror ((int)-got) : "short read");
+  if (!read_bytes (s, t, sec, first * 4, n * 4, dst, error))
+    return FALSE;
   /* Extend the chain of pieces, or start one at the section's start. */
   if (first == 0)
     {
@@ -865,12 +995,399 @@ stow_optim_state_read (StowOptimState *s, const char *name, const char *section,
   s->chain_s = NULL;
   XXH64_hash_t actual = XXH3_64bits_digest (s->xxh);
   if (actual != sec->xxh3)
-    return fail (error, STOW_CHECKPOINT_ERROR_CHECKSUM, s->path,
-                 "tensor \"%s\": section \"%s\" (file offset %" G_GUINT64_FORMAT
-                 ", %" G_GUINT64_FORMAT
-                 " bytes): xxh3 is %016" G_GINT64_MODIFIER
-                 "x, the header says %016" G_GINT64_MODIFIER "x",
-                 name, section, s->data_start + sec->offset, sec->bytes,
-                 (guint64)actual, (guint64)sec->xxh3);
+    return checksum_fail (s, t, sec, actual, error);
+  return TRUE;
+}
+
+/* ---- a checkpoint's files together --------------------------------------- */
+
+/* Verifying a section read in part passes the rest through this much. */
+#define SET_VERIFY_PIECE ((guint64)1 << 20)
+
+struct _StowOptimStateSet
+{
+  char *dir;
+  guint world;
+  StowOptimState **files; /* [world], by rank */
+  char **names;           /* [world + 1], the files' base names */
+};
+
+void
+stow_optim_state_set_close (StowOptimStateSet *set)
+{
+  if (set == NULL)
+    return;
+  for (guint r = 0; set->files != NULL && r < set->world; r++)
+    stow_optim_state_close (set->files[r]);
+  g_free (set->files);
+  g_strfreev (set->names);
+  g_free (set->dir);
+  g_free (set);
+}
+
+typedef struct
+{
+  guint rank, world;
+  char *name;
+} RankFile;
+
+static void
+rank_file_clear (gpointer p)
+{
+  g_free (((RankFile *)p)->name);
+}
+
+static gint
+by_rank (gconstpointer pa, gconstpointer pb)
+{
+  const RankFile *a = pa, *b = pb;
+  return a->rank < b->rank ? -1 : a->rank > b->rank;
+}
+
+/* The rank files in @dir, sorted by rank, all of one world (or an error);
+ * *@single when optimizer.stow is there too. */
+static GArray *
+list_rank_files (const char *dir, gboolean *single, GError **error)
+{
+  g_autoptr (GError) local = NULL;
+  g_autoptr (GDir) d = g_dir_open (dir, 0, &local);
+  if (d == NULL)
+    {
+      fail (error, STOW_CHECKPOINT_ERROR_IO, dir, "%s", local->message);
+      return NULL;
+    }
+  g_autoptr (GArray) files = g_array_new (FALSE, FALSE, sizeof (RankFile));
+  g_array_set_clear_func (files, rank_file_clear);
+  *single = FALSE;
+  const char *name;
+  while ((name = g_dir_read_name (d)) != NULL)
+    {
+      if (strcmp (name, "optimizer.stow") == 0)
+        *single = TRUE;
+      if (!g_str_has_prefix (name, "optimizer-rank"))
+        continue;
+      /* Only the names this build writes: a file renamed by hand or of
+       * another scheme is refused, not skipped, since skipping it could
+       * only surface later as a gap. */
+      RankFile f = { 0 };
+      int end = 0;
+      g_autofree char *want = NULL;
+      if (sscanf (name, "optimizer-rank%u-of-%u.stow%n", &f.rank, &f.world,
+                  &end)
+              == 2
+          && name[end] == '\0' && f.rank < f.world && f.world > 1)
+        want = stow_optim_state_file_name (f.rank, f.world);
+      if (want == NULL || strcmp (want, name) != 0)
+        {
+          fail (error, STOW_CHECKPOINT_ERROR_INVALID, dir,
+                "%s: not the name of a rank's optimizer file "
+                "(optimizer-rankRRRRR-of-NNNNN.stow, rank below N, N above 1)",
+                name);
+          return NULL;
+        }
+      if (files->len > 0 && g_array_index (files, RankFile, 0).world != f.world)
+        {
+          fail (error, STOW_CHECKPOINT_ERROR_INVALID, dir,
+                "%s and %s: the files of runs of %u and of %u ranks "
+                "(mixed N)",
+                g_array_index (files, RankFile, 0).name, name,
+                g_array_index (files, RankFile, 0).world, f.world);
+          return NULL;
+        }
+      f.name = g_strdup (name);
+      g_array_append_val (files, f);
+    }
+  g_array_sort (files, by_rank);
+  return g_steal_pointer (&files);
+}
+
+/* Tensor @t0 of rank 0 against the same tensor of rank @r. */
+static gboolean
+set_check_tensor (StowOptimStateSet *set, guint r, const OptTensor *t0,
+                  GError **error)
+{
+  const OptTensor *t = g_hash_table_lookup (set->files[r]->by_name, t0->name);
+  if (t == NULL)
+    return fail (error, STOW_CHECKPOINT_ERROR_INVALID, set->dir,
+                 "%s has no tensor \"%s\" (%s has)", set->names[r], t0->name,
+                 set->names[0]);
+  if (t->total != t0->total)
+    return fail (error, STOW_CHECKPOINT_ERROR_INVALID, set->dir,
+                 "tensor \"%s\": %s says %" G_GUINT64_FORMAT
+                 " elements in all, %s %" G_GUINT64_FORMAT,
+                 t0->name, set->names[r], t->total, set->names[0], t0->total);
+  for (guint k = 0; k < t0->n_sections; k++)
+    if (t->n_sections != t0->n_sections
+        || find_section (t, t0->sec[k].name) == NULL)
+      return fail (error, STOW_CHECKPOINT_ERROR_INVALID, set->dir,
+                   "tensor \"%s\": %s has %u sections, without \"%s\"; "
+                   "%s has %u",
+                   t0->name, set->names[r], t->n_sections, t0->sec[k].name,
+                   set->names[0], t0->n_sections);
+  return TRUE;
+}
+
+typedef struct
+{
+  guint64 first, n;
+  guint rank;
+} Part;
+
+static gint
+by_first (gconstpointer pa, gconstpointer pb)
+{
+  const Part *a = pa, *b = pb;
+  if (a->first != b->first)
+    return a->first < b->first ? -1 : 1;
+  return a->rank < b->rank ? -1 : a->rank > b->rank;
+}
+
+/* The ranks' parts of @t0's tensor cover [0, total) once: no element in
+ * no file, none in two. */
+static gboolean
+set_check_coverage (StowOptimStateSet *set, const OptTensor *t0, Part *parts,
+                    GError **error)
+{
+  for (guint r = 0; r < set->world; r++)
+    {
+      const OptTensor *t
+          = g_hash_table_lookup (set->files[r]->by_name, t0->name);
+      parts[r] = (Part){ .first = t->first, .n = t->n, .rank = r };
+    }
+  qsort (parts, set->world, sizeof *parts, by_first);
+  guint64 pos = 0;
+  const Part *prev = NULL; /* the last non-empty part before pos */
+  for (guint i = 0; i < set->world; i++)
+    {
+      const Part *p = &parts[i];
+      if (p->n == 0)
+        continue;
+      if (p->first > pos)
+        return fail (error, STOW_CHECKPOINT_ERROR_INVALID, set->dir,
+                     "tensor \"%s\": elements [%" G_GUINT64_FORMAT
+                     ", %" G_GUINT64_FORMAT ") of %" G_GUINT64_FORMAT
+                     " are in no file (a gap %s%s%s %s)",
+                     t0->name, pos, p->first, t0->total, prev ? "between " : "",
+                     prev ? set->names[prev->rank] : "",
+                     prev ? " and" : "before", set->names[p->rank]);
+      if (p->first < pos)
+        return fail (error, STOW_CHECKPOINT_ERROR_INVALID, set->dir,
+                     "tensor \"%s\": elements [%" G_GUINT64_FORMAT
+                     ", %" G_GUINT64_FORMAT ") are in both %s and %s "
+                     "(an overlap)",
+                     t0->name, p->first, MIN (pos, p->first + p->n),
+                     set->names[prev->rank], set->names[p->rank]);
+      pos = p->first + p->n;
+      prev = p;
+    }
+  if (pos != t0->total)
+    return fail (error, STOW_CHECKPOINT_ERROR_INVALID, set->dir,
+                 "tensor \"%s\": elements [%" G_GUINT64_FORMAT
+                 ", %" G_GUINT64_FORMAT ") of %" G_GUINT64_FORMAT
+                 " are in no file (a gap after %s)",
+                 t0->name, pos, t0->total, t0->total,
+                 prev ? set->names[prev->rank] : "the start");
+  return TRUE;
+}
+
+/* Every file's header against rank 0's, then the coverage. */
+static gboolean
+set_check (StowOptimStateSet *set, GError **error)
+{
+  const StowOptimState *s0 = set->files[0];
+  for (guint r = 0; r < set->world; r++)
+    {
+      const StowOptimState *s = set->files[r];
+      if (s->rank != r || s->world != set->world)
+        return fail (error, STOW_CHECKPOINT_ERROR_INVALID, set->dir,
+                     "%s: the header says rank %u of %u", set->names[r],
+                     s->rank, s->world);
+      if (s->n_tensors != s0->n_tensors)
+        return fail (error, STOW_CHECKPOINT_ERROR_INVALID, set->dir,
+                     "%s has %u tensors, %s %u", set->names[r], s->n_tensors,
+                     set->names[0], s0->n_tensors);
+    }
+  /* Same count and unique names: a tensor of rank 0 in every file is
+   * every tensor of every file. */
+  g_autofree Part *parts = g_new (Part, set->world);
+  for (guint i = 0; i < s0->n_tensors; i++)
+    {
+      for (guint r = 1; r < set->world; r++)
+        if (!set_check_tensor (set, r, &s0->tensors[i], error))
+          return FALSE;
+      if (!set_check_coverage (set, &s0->tensors[i], parts, error))
+        return FALSE;
+    }
+  return TRUE;
+}
+
+StowOptimStateSet *
+stow_optim_state_set_open (const char *dir, GError **error)
+{
+  g_return_val_if_fail (dir != NULL, NULL);
+  gboolean single = FALSE;
+  g_autoptr (GArray) ranks = list_rank_files (dir, &single, error);
+  if (ranks == NULL)
+    return NULL;
+  if (single && ranks->len > 0)
+    {
+      fail (error, STOW_CHECKPOINT_ERROR_INVALID, dir,
+            "both optimizer.stow (one rank's) and %s: which run wrote this "
+            "checkpoint?",
+            g_array_index (ranks, RankFile, 0).name);
+      return NULL;
+    }
+  if (!single && ranks->len == 0)
+    {
+      fail (error, STOW_CHECKPOINT_ERROR_IO, dir,
+            "neither optimizer.stow nor optimizer-rank*-of-*.stow");
+      return NULL;
+    }
+  g_autoptr (StowOptimStateSet) set = g_new0 (StowOptimStateSet, 1);
+  set->dir = g_strdup (dir);
+  set->world = single ? 1 : g_array_index (ranks, RankFile, 0).world;
+  /* Distinct ranks below N, sorted: the first rank not at its index is
+   * missing, or rank len when all below it are there. */
+  for (guint i = 0; i < set->world && !single; i++)
+    if (i == ranks->len || g_array_index (ranks, RankFile, i).rank != i)
+      {
+        g_autofree char *name = stow_optim_state_file_name (i, set->world);
+        fail (error, STOW_CHECKPOINT_ERROR_INVALID, dir,
+              "%s missing (%u of the %u ranks' files are here)", name,
+              ranks->len, set->world);
+        return NULL;
+      }
+  set->files = g_new0 (StowOptimState *, set->world);
+  set->names = g_new0 (char *, set->world + 1);
+  for (guint r = 0; r < set->world; r++)
+    {
+      set->names[r] = stow_optim_state_file_name (r, set->world);
+      g_autofree char *path = g_build_filename (dir, set->names[r], NULL);
+      set->files[r] = stow_optim_state_open (path, error);
+      if (set->files[r] == NULL)
+        return NULL;
+    }
+  if (!set_check (set, error))
+    return NULL;
+  return g_steal_pointer (&set);
+}
+
+guint
+stow_optim_state_set_world (const StowOptimStateSet *set)
+{
+  g_return_val_if_fail (set != NULL, 0);
+  return set->world;
+}
+
+JsonObject *
+stow_optim_state_set_get_state (const StowOptimStateSet *set)
+{
+  g_return_val_if_fail (set != NULL, NULL);
+  return set->files[0]->state;
+}
+
+guint
+stow_optim_state_set_n_tensors (const StowOptimStateSet *set)
+{
+  g_return_val_if_fail (set != NULL, 0);
+  return set->files[0]->n_tensors;
+}
+
+const char *
+stow_optim_state_set_tensor_name (const StowOptimStateSet *set, guint i)
+{
+  g_return_val_if_fail (set != NULL && i < set->files[0]->n_tensors, NULL);
+  return set->files[0]->tensors[i].name;
+}
+
+guint64
+stow_optim_state_set_tensor_total (const StowOptimStateSet *set,
+                                   const char *name)
+{
+  g_return_val_if_fail (set != NULL && name != NULL, 0);
+  const OptTensor *t = g_hash_table_lookup (set->files[0]->by_name, name);
+  return t ? t->total : 0;
+}
+
+gboolean
+stow_optim_state_set_has_section (const StowOptimStateSet *set,
+                                  const char *name, const char *section)
+{
+  g_return_val_if_fail (set != NULL, FALSE);
+  return stow_optim_state_has_section (set->files[0], name, section);
+}
+
+/* Floats [@lo, @lo + @n) of section @sec into @dst, hashing the whole
+ * section on the way: the part asked for lands in @dst, the rest passes
+ * through a bounded buffer. */
+static gboolean
+read_verifying (StowOptimState *s, const OptTensor *t, OptSection *sec,
+                guint64 lo, guint64 n, float *dst, GError **error)
+{
+  guint64 a = lo * 4, b = (lo + n) * 4;
+  g_autofree guint8 *buf = g_malloc (MIN (SET_VERIFY_PIECE, sec->bytes) + 1);
+  XXH3_state_t *xxh = XXH3_createState ();
+  XXH3_64bits_reset (xxh);
+  gboolean ok = TRUE;
+  for (guint64 pos = 0; ok && pos < sec->bytes;)
+    {
+      void *to = pos == a ? (void *)dst : buf;
+      guint64 take
+          = pos == a ? b - a
+                     : MIN (SET_VERIFY_PIECE, (pos < a ? a : sec->bytes) - pos);
+      ok = read_bytes (s, t, sec, pos, take, to, error);
+      XXH3_64bits_update (xxh, to, take);
+      pos += take;
+    }
+  XXH64_hash_t actual = XXH3_64bits_digest (xxh);
+  XXH3_freeState (xxh);
+  if (!ok)
+    return FALSE;
+  if (actual != sec->xxh3)
+    return checksum_fail (s, t, sec, actual, error);
+  sec->verified = TRUE;
+  return TRUE;
+}
+
+gboolean
+stow_optim_state_set_read (StowOptimStateSet *set, const char *name,
+                           const char *section, guint64 first, guint64 n,
+                           float *dst, GError **error)
+{
+  g_return_val_if_fail (set != NULL && name != NULL && section != NULL, FALSE);
+  g_return_val_if_fail (dst != NULL || n == 0, FALSE);
+  const OptTensor *t0 = g_hash_table_lookup (set->files[0]->by_name, name);
+  if (find_section (t0, section) == NULL)
+    return fail (error, STOW_CHECKPOINT_ERROR_MISMATCH, set->dir,
+                 "no tensor \"%s\" with a section \"%s\"", name, section);
+  if (first > t0->total || n > t0->total - first)
+    return fail (error, STOW_CHECKPOINT_ERROR_MISMATCH, set->dir,
+                 "tensor \"%s\": section \"%s\": elements [%" G_GUINT64_FORMAT
+                 ", +%" G_GUINT64_FORMAT ") past its %" G_GUINT64_FORMAT,
+                 name, section, first, n, t0->total);
+  /* The coverage check made the files' parts tile the tensor: each
+   * element of the range comes from exactly one of them. */
+  for (guint r = 0; r < set->world; r++)
+    {
+      StowOptimState *s = set->files[r];
+      const OptTensor *t = g_hash_table_lookup (s->by_name, name);
+      guint64 lo = MAX (first, t->first);
+      guint64 hi = MIN (first + n, t->first + t->n);
+      if (lo >= hi)
+        continue;
+      OptSection *sec = find_section (t, section);
+      float *to = dst + (lo - first);
+      gboolean whole = lo == t->first && hi == t->first + t->n;
+      if (sec->verified || whole)
+        {
+          /* A whole read is hashed by stow_optim_state_read itself. */
+          if (!stow_optim_state_read (s, name, section, lo - t->first, hi - lo,
+                                      to, error))
+            return FALSE;
+          sec->verified = TRUE;
+        }
+      else if (!read_verifying (s, t, sec, lo - t->first, hi - lo, to, error))
+        return FALSE;
+    }
   return TRUE;
 }
