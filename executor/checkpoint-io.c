@@ -19,7 +19,35 @@ typedef struct
   StowBackend *be;
   const StowBackendVtable *ops;
   const StowProgram *p;
+  /* Several ranks whose optimizer states are partitioned: this one's
+   * rank of @world (1: whole states, one file). */
+  guint rank, world;
 } Io;
+
+static void
+io_init (Io *r, StowBackend *be, const StowProgram *p)
+{
+  *r = (Io){ be, be->vt, p, 0, 1 };
+  if (r->ops->ranks)
+    r->ops->ranks (be, &r->rank, &r->world);
+}
+
+/* The elements [*lo, *hi) of tensor @t of @unit that this rank's states
+ * hold (all of it with whole states), in unit coordinates; FALSE when
+ * none. */
+static gboolean
+tensor_range (Io *r, guint unit, const StowUnitTensor *t, guint64 *lo,
+              guint64 *hi)
+{
+  guint64 first = 0, count = t->offset + t->numel;
+  if (r->world > 1)
+    count = r->ops->partition (r->be, unit, &first);
+  *lo = MAX (t->offset, first);
+  *hi = MIN (t->offset + t->numel, first + count);
+  if (*hi < *lo)
+    *hi = *lo;
+  return *hi > *lo;
+}
 
 static void *
 weights_of (gpointer user, guint unit)
@@ -59,7 +87,7 @@ access_checked (Io *r, gboolean ok, GError **error)
  * @ow as fp32 (the training dtype's values, exactly), or read from @os.
  * Zeros when there are none (the run's first step comes next). */
 static gboolean
-pending_rw (Io *r, StowOptimStateWriter *ow, StowOptimState *os, guint unit,
+pending_rw (Io *r, StowOptimStateWriter *ow, StowOptimStateSet *os, guint unit,
             const StowUnitTensor *t, float **piece, GError **error)
 {
   gboolean have = FALSE;
@@ -84,7 +112,7 @@ pending_rw (Io *r, StowOptimStateWriter *ow, StowOptimState *os, guint unit,
             return FALSE;
           continue;
         }
-      if (!stow_optim_state_read (os, t->name, "pending", i, n, f, error))
+      if (!stow_optim_state_set_read (os, t->name, "pending", i, n, f, error))
         return FALSE;
       for (guint64 j = 0; j < n; j++)
         if (dt == STOW_DTYPE_F32)
@@ -121,20 +149,24 @@ state_rw (Io *r, gboolean write, guint unit, guint which, guint64 first,
 }
 
 /* State @q (0 master, 1 m, 2 v) of tensor @t of @unit between the
- * backend and a checkpoint: written to @ow, or read from @os.  From the
- * backend's memory in one piece; on NVMe a piece (*@piece, allocated on
- * first use) at a time, so no copy of the states is made. */
+ * backend and a checkpoint: written to @ow, or read from @os, the
+ * elements this rank holds (tensor_range).  From the backend's memory in
+ * one piece; on NVMe a piece (*@piece, allocated on first use) at a time,
+ * so no copy of the states is made. */
 static gboolean
-state_section (Io *r, StowOptimStateWriter *ow, StowOptimState *os, guint unit,
-               const StowUnitTensor *t, guint q, float **piece, GError **error)
+state_section (Io *r, StowOptimStateWriter *ow, StowOptimStateSet *os,
+               guint unit, const StowUnitTensor *t, guint q, float **piece,
+               GError **error)
 {
   static const char *const sec[3] = { "master", "m", "v" };
+  guint64 lo = 0, hi = 0;
+  if (!tensor_range (r, unit, t, &lo, &hi))
+    return TRUE;
   float *mem = state_ptr (r, unit, q);
   if (mem != NULL)
-    return ow ? stow_optim_state_writer_write (ow, mem + t->offset, t->numel,
-                                               error)
-              : stow_optim_state_read (os, t->name, sec[q], 0, t->numel,
-                                       mem + t->offset, error);
+    return ow ? stow_optim_state_writer_write (ow, mem + lo, hi - lo, error)
+              : stow_optim_state_set_read (os, t->name, sec[q], lo - t->offset,
+                                           hi - lo, mem + lo, error);
   if (*piece == NULL)
     *piece = g_new (float, STATE_PIECE);
   for (guint64 i = 0; i < t->numel; i += STATE_PIECE)
@@ -143,8 +175,8 @@ state_section (Io *r, StowOptimStateWriter *ow, StowOptimState *os, guint unit,
       gboolean ok
           = ow ? state_rw (r, FALSE, unit, q, t->offset + i, n, *piece, error)
                      && stow_optim_state_writer_write (ow, *piece, n, error)
-               : stow_optim_state_read (os, t->name, sec[q], i, n, *piece,
-                                        error)
+               : stow_optim_state_set_read (os, t->name, sec[q], i, n, *piece,
+                                            error)
                      && state_rw (r, TRUE, unit, q, t->offset + i, n, *piece,
                                   error);
       if (!ok)
@@ -205,7 +237,8 @@ stow_checkpoint_load_initial (StowBackend *be, const StowProgram *p,
                               const char *dir, gboolean ignore_extra,
                               char **dropped, GError **error)
 {
-  Io io = { be, be->vt, p }, *r = &io;
+  Io io, *r = &io;
+  io_init (r, be, p);
   g_autoptr (StowWeightFiles) st = stow_weight_files_open (dir, error);
   if (st == NULL
       || !stow_model_io_check_extra (p, st, ignore_extra, dropped, error))
@@ -313,16 +346,18 @@ save_weights (Io *r, const char *dir, StowDtype dtype, guint64 max_shard,
  * optimizer.stow's "weights" section: kept there when the safetensors
  * hold them in fewer bits. */
 static gboolean
-exact_weights_rw (Io *r, StowOptimStateWriter *ow, StowOptimState *os,
+exact_weights_rw (Io *r, StowOptimStateWriter *ow, StowOptimStateSet *os,
                   guint unit, const StowUnitTensor *t, GError **error)
 {
+  guint64 lo = 0, hi = 0;
+  if (!tensor_range (r, unit, t, &lo, &hi))
+    return TRUE;
   float *w = r->ops->weights (r->be, unit);
   if (w == NULL)
     return access_checked (r, FALSE, error);
-  w += t->offset;
-  return ow ? stow_optim_state_writer_write (ow, w, t->numel, error)
-            : stow_optim_state_read (os, t->name, "weights", 0, t->numel, w,
-                                     error);
+  return ow ? stow_optim_state_writer_write (ow, w + lo, hi - lo, error)
+            : stow_optim_state_set_read (os, t->name, "weights", lo - t->offset,
+                                         hi - lo, w + lo, error);
 }
 
 gboolean
@@ -331,7 +366,8 @@ stow_checkpoint_save_tensors (StowBackend *be, const StowProgram *p,
                               gboolean delayed, const StowWeightsFormat *fmt,
                               GError **error)
 {
-  Io io = { be, be->vt, p }, *r = &io;
+  Io io, *r = &io;
+  io_init (r, be, p);
   if (r->ops->pull && !r->ops->pull (r->be, error))
     return FALSE;
   StowDtype dtype
@@ -340,29 +376,40 @@ stow_checkpoint_save_tensors (StowBackend *be, const StowProgram *p,
   gboolean exact
       = !p->master_weights
         && stow_dtype_size (dtype) < stow_dtype_size (p->weight_dtype);
-  g_autofree char *opt = g_build_filename (dir, "optimizer.stow", NULL);
-  if (!save_weights (r, dir, dtype, fmt->max_shard_bytes, error))
+  g_autofree char *name = stow_optim_state_file_name (r->rank, r->world);
+  g_autofree char *opt = g_build_filename (dir, name, NULL);
+  /* The weights once: rank 0's (every rank holds them whole after the
+   * pull). */
+  if (r->rank == 0
+      && !save_weights (r, dir, dtype, fmt->max_shard_bytes, error))
     return FALSE;
   /* The optimizer's state, tensor by tensor (no copy of it in RAM). */
   g_autoptr (GArray) specs
       = g_array_new (FALSE, TRUE, sizeof (StowOptimStateSpec));
-  for (guint i = 0; i < p->unit_tensors->len; i++)
-    {
-      const StowUnitTensor *t
-          = &g_array_index (p->unit_tensors, StowUnitTensor, i);
-      StowOptimStateSpec s = { t->name, t->numel, 0, { NULL } };
-      if (p->master_weights)
-        s.sections[s.n_sections++] = "master";
-      else if (exact)
-        s.sections[s.n_sections++] = "weights";
-      s.sections[s.n_sections++] = "m";
-      s.sections[s.n_sections++] = "v";
-      if (delayed)
-        s.sections[s.n_sections++] = "pending";
-      g_array_append_val (specs, s);
-    }
-  g_autoptr (StowOptimStateWriter) ow = stow_optim_state_writer_new (
-      opt, (StowOptimStateSpec *)specs->data, specs->len, state, error);
+  for (guint ui = 0; ui < p->units->len; ui++)
+    for (guint k = 0; k < g_array_index (p->units, StowUnit, ui).n_tensors; k++)
+      {
+        const StowUnitTensor *t = &g_array_index (
+            p->unit_tensors, StowUnitTensor,
+            g_array_index (p->units, StowUnit, ui).first_tensor + k);
+        guint64 lo = 0, hi = 0;
+        tensor_range (r, ui, t, &lo, &hi);
+        StowOptimStateSpec s = { t->name, hi - lo, 0, { NULL } };
+        s.first = MIN (lo - MIN (lo, t->offset), t->numel);
+        s.total = t->numel;
+        if (p->master_weights)
+          s.sections[s.n_sections++] = "master";
+        else if (exact)
+          s.sections[s.n_sections++] = "weights";
+        s.sections[s.n_sections++] = "m";
+        s.sections[s.n_sections++] = "v";
+        if (delayed)
+          s.sections[s.n_sections++] = "pending";
+        g_array_append_val (specs, s);
+      }
+  g_autoptr (StowOptimStateWriter) ow = stow_optim_state_writer_new_rank (
+      opt, r->rank, r->world, (StowOptimStateSpec *)specs->data, specs->len,
+      state, error);
   if (ow == NULL)
     return FALSE;
   g_autofree float *piece = NULL;
@@ -387,11 +434,12 @@ stow_checkpoint_save_tensors (StowBackend *be, const StowProgram *p,
 
 gboolean
 stow_checkpoint_load_tensors (StowBackend *be, const StowProgram *p,
-                              const char *dir, StowOptimState *os,
+                              const char *dir, StowOptimStateSet *os,
                               const char *opt, gboolean delayed, guint64 step,
                               GError **error)
 {
-  Io io = { be, be->vt, p }, *r = &io;
+  Io io, *r = &io;
+  io_init (r, be, p);
   g_autoptr (StowWeightFiles) st = stow_weight_files_open (dir, error);
   if (st == NULL || !stow_model_io_check_extra (p, st, FALSE, NULL, error)
       || !access_checked (
@@ -406,18 +454,18 @@ stow_checkpoint_load_tensors (StowBackend *be, const StowProgram *p,
         {
           const StowUnitTensor *t = &g_array_index (
               p->unit_tensors, StowUnitTensor, u->first_tensor + k);
-          if (stow_optim_state_tensor_n (os, t->name) != t->numel)
+          if (stow_optim_state_set_tensor_total (os, t->name) != t->numel)
             {
-              g_set_error (error, STOW_CHECKPOINT_ERROR,
-                           STOW_CHECKPOINT_ERROR_MISMATCH,
-                           "%s: tensor \"%s\": %" G_GUINT64_FORMAT
-                           " elements, the model has %" G_GUINT64_FORMAT,
-                           opt, t->name,
-                           stow_optim_state_tensor_n (os, t->name), t->numel);
+              g_set_error (
+                  error, STOW_CHECKPOINT_ERROR, STOW_CHECKPOINT_ERROR_MISMATCH,
+                  "%s: tensor \"%s\": %" G_GUINT64_FORMAT
+                  " elements, the model has %" G_GUINT64_FORMAT,
+                  opt, t->name, stow_optim_state_set_tensor_total (os, t->name),
+                  t->numel);
               return FALSE;
             }
           if (!p->master_weights
-              && stow_optim_state_has_section (os, t->name, "weights")
+              && stow_optim_state_set_has_section (os, t->name, "weights")
               && !exact_weights_rw (r, NULL, os, ui, t, error))
             return FALSE;
           for (guint q = p->master_weights ? 0 : 1; q < 3; q++)

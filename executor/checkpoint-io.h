@@ -45,7 +45,7 @@ gboolean stow_checkpoint_save_tensors (StowBackend *be, const StowProgram *p,
  * it), the pending gradients when @delayed, which are real when the
  * checkpoint's @step is past 0. */
 gboolean stow_checkpoint_load_tensors (StowBackend *be, const StowProgram *p,
-                                       const char *dir, StowOptimState *os,
+                                       const char *dir, StowOptimStateSet *os,
                                        const char *os_path, gboolean delayed,
                                        guint64 step, GError **error);
 /* Fresh weights from the model directory @dir: with master weights the

@@ -56,7 +56,7 @@ typedef struct
   /* The checkpoint the run continues (resume_dir's optimizer.stow, its
    * header checked); NULL when it starts from the model. */
   char *resume_dir;
-  StowOptimState *resume_os;
+  StowOptimStateSet *resume_os;
   guint commits; /* checkpoints this run committed */
 } Run;
 
@@ -74,7 +74,7 @@ run_clear (Run *r)
   if (r->log)
     fclose (r->log);
   if (r->resume_os)
-    stow_optim_state_close (r->resume_os);
+    stow_optim_state_set_close (r->resume_os);
   /* After the backend: its swap files are gone before another run may
    * take the directory. */
   stow_run_lock_release (r->lock, TRUE);
@@ -242,16 +242,113 @@ run_object (Run *r, guint64 step)
 }
 
 static gboolean save_checkpoint_here (Run *r, guint64 step, GError **error);
+static gboolean write_checkpoint (Run *r, const char *dir, guint64 step,
+                                  gboolean model, GError **error);
+static gboolean after_commit (Run *r, guint64 step, GError **error);
 
-/* Rank 0 (or the one rank) writes the checkpoint; the other ranks take
- * part in gathering the partitioned states for it (the backend's pull),
- * and every rank waits for the commit, so that a rank never runs ahead
- * of a checkpoint that may yet fail. */
+static gboolean
+comm_ok (StowComm *c, StowCommRequest *q, GError **error)
+{
+  return q != NULL && stow_comm_wait (c, q, error);
+}
+
+/* Whether every rank's @ok holds; the first rank that failed in *@bad. */
+static gboolean
+all_ok (StowComm *c, gboolean ok, int *bad, GError **error)
+{
+  int n = stow_comm_world_size (c);
+  float mine = ok ? 1.0f : 0.0f;
+  g_autofree float *all = g_new0 (float, n);
+  if (!comm_ok (c,
+                stow_comm_all_gather (c, &mine, all, n, STOW_DTYPE_F32, error),
+                error))
+    return FALSE;
+  for (int i = 0; i < n; i++)
+    if (all[i] == 0.0f)
+      {
+        *bad = i;
+        return FALSE;
+      }
+  return TRUE;
+}
+
+/* Several ranks whose optimizer states are partitioned: rank 0 makes the
+ * checkpoint's temporary directory and says where; every rank writes its
+ * own states' file there (rank 0 the weights, once, and the rest); once
+ * every rank has, rank 0 commits.  A rank that failed fails them all,
+ * and the checkpoint is not committed (its directory goes). */
+static gboolean
+save_checkpoint_ranks (Run *r, guint64 step, GError **error)
+{
+  StowComm *c = r->c->comm;
+  int rank = stow_comm_rank (c);
+  g_autoptr (StowCheckpointWriter) w = NULL;
+  g_autoptr (GError) local = NULL;
+  /* The directory's name, as 16-bit words (a broadcast moves bytes). */
+  guint16 words[2048] = { 0 };
+  if (rank == 0)
+    {
+      w = stow_checkpoint_begin (r->c->out_dir, step, &local);
+      if (w != NULL)
+        g_strlcpy ((char *)words, stow_checkpoint_writer_dir (w), sizeof words);
+    }
+  if (!comm_ok (c,
+                stow_comm_broadcast (c, words, G_N_ELEMENTS (words),
+                                     STOW_DTYPE_BF16, 0, error),
+                error))
+    return FALSE;
+  const char *dir = (const char *)words;
+  gboolean ok = dir[0] != '\0' && local == NULL
+                && write_checkpoint (r, dir, step, rank == 0, &local);
+  int bad = -1;
+  if (!all_ok (c, ok, &bad, error))
+    {
+      if (error && *error)
+        return FALSE;
+      if (local != NULL)
+        g_propagate_error (error, g_steal_pointer (&local));
+      else
+        g_set_error (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
+                     "step %" G_GUINT64_FORMAT
+                     ": rank %d could not write its part of the checkpoint",
+                     step, bad);
+      return FALSE;
+    }
+  ok = rank != 0
+       || (stow_checkpoint_commit (w, &local)
+           && after_commit (r, step, &local));
+  if (!all_ok (c, ok, &bad, error))
+    {
+      if (error && *error)
+        return FALSE;
+      if (local != NULL)
+        g_propagate_error (error, g_steal_pointer (&local));
+      else
+        g_set_error (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
+                     "step %" G_GUINT64_FORMAT
+                     ": rank 0 could not commit the checkpoint",
+                     step);
+      return FALSE;
+    }
+  r->out->saved_step = step;
+  return TRUE;
+}
+
+/* Rank 0 (or the one rank) writes the checkpoint.  With several ranks
+ * whose states are partitioned, each writes its own part
+ * (save_checkpoint_ranks); with whole states (ZeRO 0) rank 0 writes it
+ * all.  Every rank waits for the commit, so that none runs ahead of a
+ * checkpoint that may yet fail. */
 static gboolean
 save_checkpoint (Run *r, guint64 step, GError **error)
 {
   if (r->c->comm == NULL)
     return save_checkpoint_here (r, step, error);
+  guint rank = 0, world = 1;
+  if (r->ops->ranks)
+    r->ops->ranks (r->be, &rank, &world);
+  if (world > 1)
+    return save_checkpoint_ranks (r, step, error);
   gboolean ok = stow_comm_rank (r->c->comm) == 0
                     ? save_checkpoint_here (r, step, error)
                     : r->ops->pull == NULL || r->ops->pull (r->be, error);
@@ -259,8 +356,30 @@ save_checkpoint (Run *r, guint64 step, GError **error)
     return FALSE;
   if (stow_comm_rank (r->c->comm) != 0)
     r->out->saved_step = step;
-  StowCommRequest *q = stow_comm_barrier (r->c->comm, error);
-  return q != NULL && stow_comm_wait (r->c->comm, q, error);
+  return comm_ok (r->c->comm, stow_comm_barrier (r->c->comm, error), error);
+}
+
+/* Checkpoint @dir's files for @step: with @model the model's files and
+ * run.json too (the one rank, or rank 0); the states this rank holds. */
+static gboolean
+write_checkpoint (Run *r, const char *dir, guint64 step, gboolean model,
+                  GError **error)
+{
+  const StowWeightsFormat *f = &r->c->save_format;
+  g_autofree char *run = g_build_filename (dir, RUN_FILE, NULL);
+  g_autoptr (JsonObject) state = state_object (r, step);
+  g_autoptr (JsonNode) run_node = json_node_new (JSON_NODE_OBJECT);
+  json_node_take_object (run_node, run_object (r, step));
+  g_autofree char *run_text = stow_json_to_string (run_node, TRUE);
+  return (!model
+          || (stow_checkpoint_save_model_files (
+                  dir, r->c->model_dir, r->config_json, r->config_len,
+                  f->dtype == STOW_DTYPE_NONE ? r->prog->weight_dtype
+                                              : f->dtype,
+                  error)
+              && g_file_set_contents (run, run_text, -1, error)))
+         && stow_checkpoint_save_tensors (r->be, r->prog, dir, state,
+                                          r->c->delayed_update, f, error);
 }
 
 static gboolean
@@ -270,25 +389,20 @@ save_checkpoint_here (Run *r, guint64 step, GError **error)
       = stow_checkpoint_begin (r->c->out_dir, step, error);
   if (w == NULL)
     return FALSE;
-  const char *dir = stow_checkpoint_writer_dir (w);
-  const StowWeightsFormat *f = &r->c->save_format;
-  g_autofree char *run = g_build_filename (dir, RUN_FILE, NULL);
-  g_autoptr (JsonObject) state = state_object (r, step);
-  g_autoptr (JsonNode) run_node = json_node_new (JSON_NODE_OBJECT);
-  json_node_take_object (run_node, run_object (r, step));
-  g_autofree char *run_text = stow_json_to_string (run_node, TRUE);
-  if (!stow_checkpoint_save_model_files (
-          dir, r->c->model_dir, r->config_json, r->config_len,
-          f->dtype == STOW_DTYPE_NONE ? r->prog->weight_dtype : f->dtype, error)
-      || !g_file_set_contents (run, run_text, -1, error)
-      || !stow_checkpoint_save_tensors (r->be, r->prog, dir, state,
-                                        r->c->delayed_update, f, error)
+  if (!write_checkpoint (r, stow_checkpoint_writer_dir (w), step, TRUE, error)
       || !stow_checkpoint_commit (w, error))
     return FALSE;
   r->out->saved_step = step;
-  /* --overwrite: the checkpoints this run replaces go only now that it has
-   * one of its own, so that a run that fails or is stopped before then
-   * loses nothing (OUT/latest still names the old run's newest). */
+  return after_commit (r, step, error);
+}
+
+/* --overwrite: the checkpoints this run replaces go only now that it has
+ * one of its own, so that a run that fails or is stopped before then
+ * loses nothing (OUT/latest still names the old run's newest); then
+ * --keep-last. */
+static gboolean
+after_commit (Run *r, guint64 step, GError **error)
+{
   if (r->commits++ == 0 && r->c->overwrite)
     {
       g_autofree char *name
@@ -483,16 +597,41 @@ check_resume_settings (Run *r, const char *dir, JsonObject *s, JsonObject *run,
   return TRUE;
 }
 
-/* Opens checkpoint @dir's optimizer.stow and run.json and checks them
+/* Where checkpoint @dir's optimizer states are, for messages: its
+ * optimizer.stow, or the ranks' optimizer-rank*-of-N.stow. */
+static char *
+optimizer_state_path (const char *dir)
+{
+  g_autofree char *one = g_build_filename (dir, "optimizer.stow", NULL);
+  if (g_file_test (one, G_FILE_TEST_EXISTS))
+    return g_steal_pointer (&one);
+  return g_build_filename (dir, "optimizer-rank*.stow", NULL);
+}
+
+/* Whether @dir holds optimizer states, one rank's or several ranks'. */
+static gboolean
+has_optimizer_state (const char *dir)
+{
+  g_autofree char *one = g_build_filename (dir, "optimizer.stow", NULL);
+  if (g_file_test (one, G_FILE_TEST_IS_REGULAR))
+    return TRUE;
+  g_autoptr (GDir) d = g_dir_open (dir, 0, NULL);
+  for (const char *n; d && (n = g_dir_read_name (d)) != NULL;)
+    if (g_str_has_prefix (n, "optimizer-rank") && g_str_has_suffix (n, ".stow"))
+      return TRUE;
+  return FALSE;
+}
+
+/* Opens checkpoint @dir's optimizer states and run.json and checks them
  * against this run (r->resume_os); *@done gets its step. */
 static gboolean
 inspect_checkpoint (Run *r, const char *dir, guint64 *done, GError **error)
 {
-  g_autofree char *opt = g_build_filename (dir, "optimizer.stow", NULL);
-  r->resume_os = stow_optim_state_open (opt, error);
+  g_autofree char *opt = optimizer_state_path (dir);
+  r->resume_os = stow_optim_state_set_open (dir, error);
   if (r->resume_os == NULL)
     return FALSE;
-  JsonObject *s = stow_optim_state_get_state (r->resume_os);
+  JsonObject *s = stow_optim_state_set_get_state (r->resume_os);
   const char *fmt = NULL;
   guint64 step = 0;
   if (!stow_json_get_string (s, opt, "format", TRUE, &fmt, error)
@@ -538,8 +677,7 @@ inspect_checkpoint (Run *r, const char *dir, guint64 *done, GError **error)
 static gboolean
 load_checkpoint (Run *r, guint64 step, GError **error)
 {
-  g_autofree char *opt
-      = g_build_filename (r->resume_dir, "optimizer.stow", NULL);
+  g_autofree char *opt = optimizer_state_path (r->resume_dir);
   return stow_checkpoint_load_tensors (r->be, r->prog, r->resume_dir,
                                        r->resume_os, opt, r->c->delayed_update,
                                        step, error);
@@ -860,8 +998,7 @@ find_resume (Run *r, char **held, GError **error)
           = step ? g_strdup_printf ("%s/step-%06" G_GUINT64_FORMAT, c->out_dir,
                                     g_ascii_strtoull (f, NULL, 10))
                  : g_strdup (f);
-      g_autofree char *opt = g_build_filename (dir, "optimizer.stow", NULL);
-      if (!g_file_test (opt, G_FILE_TEST_IS_REGULAR))
+      if (!has_optimizer_state (dir))
         {
           g_autofree char *have
               = held[0] ? describe_held (held) : g_strdup ("no checkpoint");

@@ -148,6 +148,12 @@ typedef struct
                       guint64 first, guint64 n, float *data, GError **error);
   /* Optional: why weights() gave NULL (a read from the weights' NVMe store
    * failed), or NULL; the caller owns it. */
+  /* Several data-parallel ranks whose optimizer states are partitioned
+   * (ZeRO 1-3): this rank and their number (NULL, or *world 1: whole
+   * states), and the elements of @unit this rank's states hold: the
+   * count, and the first in *@first. */
+  void (*ranks) (StowBackend *b, guint *rank, guint *world);
+  guint64 (*partition) (StowBackend *b, guint unit, guint64 *first);
   GError *(*take_access_error) (StowBackend *b);
   /* The delayed update's pending gradients of @unit (the training dtype;
    * the next step applies them) and in @pending whether there are any;

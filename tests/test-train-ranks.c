@@ -3,7 +3,8 @@
  * tests/test-train-ranks.c: `stowage train` on 2, 3 and 4 ranks under
  * mpirun --oversubscribe, the cpu backend: every ZeRO stage gives the
  * weights and optimizer states of the one rank that accumulates the same
- * global batch, byte for byte; a resume across rank counts (4 -> 2 -> 1
+ * global batch, byte for byte (each rank writing its own partition of the
+ * states from ZeRO 1 on); a resume across rank counts (4 -> 2 -> 1
  * -> 3) gives the uninterrupted run's bytes; each rank's arena peak is the
  * simulated one; a killed rank ends the job in bounded time with `latest`
  * whole, and --resume continues bit for bit.  Exits 77 (skip) without
@@ -14,6 +15,7 @@
 #include <string.h>
 #include <sys/wait.h>
 
+#include "executor/optim-state.h"
 #include "testutil-train.h"
 
 static const char *mpirun;
@@ -77,6 +79,55 @@ reference (const char *name, const char *const *extra)
   return out;
 }
 
+/* The latest checkpoints of @a and @b: the same weights file, byte for
+ * byte, and the same optimizer states, every section of every tensor,
+ * whether one rank's optimizer.stow or the ranks' files hold them. */
+static void
+assert_same_run (const char *a, const char *b)
+{
+  g_assert_true (same_file (a, b, "model.safetensors"));
+  g_assert_true (same_file (a, b, "config.json"));
+  g_autofree char *da = g_build_filename (a, "latest", NULL);
+  g_autofree char *db = g_build_filename (b, "latest", NULL);
+  g_autoptr (GError) error = NULL;
+  g_autoptr (StowOptimStateSet) sa = stow_optim_state_set_open (da, &error);
+  g_assert_no_error (error);
+  g_autoptr (StowOptimStateSet) sb = stow_optim_state_set_open (db, &error);
+  g_assert_no_error (error);
+  guint n = stow_optim_state_set_n_tensors (sa);
+  g_assert_cmpuint (n, ==, stow_optim_state_set_n_tensors (sb));
+  g_assert_cmpuint (n, >, 0);
+  static const char *const sections[] = { "master", "weights", "m", "v" };
+  guint compared = 0;
+  for (guint i = 0; i < n; i++)
+    {
+      const char *name = stow_optim_state_set_tensor_name (sa, i);
+      guint64 total = stow_optim_state_set_tensor_total (sa, name);
+      g_assert_cmpuint (total, ==,
+                        stow_optim_state_set_tensor_total (sb, name));
+      for (guint k = 0; k < G_N_ELEMENTS (sections); k++)
+        {
+          gboolean has
+              = stow_optim_state_set_has_section (sa, name, sections[k]);
+          g_assert_cmpint (
+              has, ==,
+              stow_optim_state_set_has_section (sb, name, sections[k]));
+          if (!has)
+            continue;
+          g_autofree float *x = g_new (float, MAX (total, 1));
+          g_autofree float *y = g_new (float, MAX (total, 1));
+          g_assert_true (stow_optim_state_set_read (sa, name, sections[k], 0,
+                                                    total, x, &error));
+          g_assert_true (stow_optim_state_set_read (sb, name, sections[k], 0,
+                                                    total, y, &error));
+          g_assert_cmpmem (x, total * 4, y, total * 4);
+          compared++;
+        }
+    }
+  g_test_message ("%s against %s: weights and %u state sections the same", b, a,
+                  compared);
+}
+
 /* Every "device peak:" line (one per rank) within 2% of the simulated. */
 static void
 assert_each_peak (const char *err, int n)
@@ -130,8 +181,16 @@ test_same_bytes (gconstpointer data)
   if (rc != 0)
     g_printerr ("%s\n", err);
   g_assert_cmpint (rc, ==, 0);
-  assert_same_checkpoint (ref_dir, dir);
+  assert_same_run (ref_dir, dir);
   assert_each_peak (err, c->n);
+  /* From ZeRO 1 on each rank wrote its own partition of the states. */
+  for (int r = 0; r < c->n; r++)
+    {
+      g_autofree char *f = g_strdup_printf (
+          "%s/latest/optimizer-rank%05d-of-%05d.stow", dir, r, c->n);
+      g_assert_cmpint (g_file_test (f, G_FILE_TEST_IS_REGULAR), ==,
+                       !g_str_equal (c->zero, "0"));
+    }
 }
 
 /* 4 ranks (ZeRO 3), 2 (ZeRO 2), 1, 3 (ZeRO 1), each resuming the last:
@@ -170,7 +229,7 @@ test_resume_across_ranks (void)
       g_assert_cmpint (rc, ==, 0);
       g_assert_cmpuint (latest_step (dir), ==, i + 1);
     }
-  assert_same_checkpoint (ref, dir);
+  assert_same_run (ref, dir);
 }
 
 /* --log-json with {rank}: one log per rank, the same steps and losses. */
@@ -237,7 +296,7 @@ test_killed_rank (void)
   g_assert_cmpint (
       run_ranks (3, dir, (const char *const *)b->pdata, 120, &err2, NULL), ==,
       0);
-  assert_same_checkpoint (ref, dir);
+  assert_same_run (ref, dir);
 }
 
 /* What several ranks do not run yet is refused by name on every rank. */

@@ -196,5 +196,7 @@ float *stow_cpu_ranks_state (CpuBackend *b, guint unit, guint which);
 gboolean stow_cpu_ranks_pull (CpuBackend *b, GError **error);
 void stow_cpu_ranks_push (CpuBackend *b);
 void stow_cpu_ranks_free (CpuBackend *b);
+void stow_cpu_ranks_describe (CpuBackend *b, guint *rank, guint *world);
+guint64 stow_cpu_ranks_partition (CpuBackend *b, guint unit, guint64 *first);
 
 G_END_DECLS

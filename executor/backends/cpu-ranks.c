@@ -241,9 +241,19 @@ stow_cpu_ranks_pull (CpuBackend *b, GError **error)
         if (whole == NULL || (which == 0 && !b->p->master_weights))
           break;
         StowDtype dt = which == 3 ? m->ftype : STOW_DTYPE_F32;
+        gsize es = stow_dtype_size (dt);
+        guint64 pf = 0, pv = stow_tensor_map_part (m, u, &pf);
+        if (which < 3)
+          {
+            /* Each rank writes its own states' partition: only it is
+             * copied (the mirror's other pages are never touched). */
+            memcpy (whole + pf * es, own_partition (b, u, which), pv * es);
+            continue;
+          }
+        /* ZeRO 3's weights, written once by rank 0: gathered whole. */
         guint64 part = stow_zero_part (unit_numel (b, u), m->dp);
-        g_autofree guint8 *send = g_memdup2 (own_partition (b, u, which),
-                                             part * stow_dtype_size (dt));
+        g_autofree guint8 *send
+            = g_memdup2 (own_partition (b, u, which), part * es);
         if (!wait_one (b,
                        stow_comm_all_gather_ex (b->comm, send, whole,
                                                 unit_numel (b, u),
@@ -252,6 +262,26 @@ stow_cpu_ranks_pull (CpuBackend *b, GError **error)
           return FALSE;
       }
   return TRUE;
+}
+
+void
+stow_cpu_ranks_describe (CpuBackend *b, guint *rank, guint *world)
+{
+  StowTensorMap *m = &b->map;
+  *rank = m->dp_rank;
+  *world = partitioned (b, m->states_buf) ? m->dp : 1;
+}
+
+guint64
+stow_cpu_ranks_partition (CpuBackend *b, guint unit, guint64 *first)
+{
+  StowTensorMap *m = &b->map;
+  if (!partitioned (b, m->states_buf))
+    {
+      *first = 0;
+      return unit_numel (b, unit);
+    }
+  return stow_tensor_map_part (m, unit, first);
 }
 
 void

@@ -569,6 +569,18 @@ cpu_pull (StowBackend *bb, GError **error)
   return b->map.dp <= 1 || stow_cpu_ranks_pull (b, error);
 }
 
+static void
+cpu_ranks (StowBackend *bb, guint *rank, guint *world)
+{
+  stow_cpu_ranks_describe ((CpuBackend *)bb, rank, world);
+}
+
+static guint64
+cpu_partition (StowBackend *bb, guint unit, guint64 *first)
+{
+  return stow_cpu_ranks_partition ((CpuBackend *)bb, unit, first);
+}
+
 static gboolean
 cpu_push (StowBackend *bb, GError **error)
 {
@@ -636,6 +648,8 @@ static const StowBackendVtable cpu_vtable = {
   .moment = cpu_moment,
   .pull = cpu_pull,
   .push = cpu_push,
+  .ranks = cpu_ranks,
+  .partition = cpu_partition,
   .states = cpu_states,
   .take_access_error = cpu_take_access_error,
   .pending = cpu_pending,
