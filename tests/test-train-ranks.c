@@ -46,8 +46,19 @@ run_ranks (int n, const char *out_dir, const char *const *extra, int limit_s,
   g_autoptr (GError) error = NULL;
   int status = 0;
   char *text = NULL;
+  /* Under AddressSanitizer, leaks are not checked in the ranks: Open MPI's
+   * plugins, unloaded by MPI_Finalize, leave allocations no suppression
+   * can name.  Memory errors still abort them; the one-rank runs keep
+   * their leak check. */
+  g_auto (GStrv) env = g_get_environ ();
+  const char *asan = g_environ_getenv (env, "ASAN_OPTIONS");
+  if (asan != NULL)
+    {
+      g_autofree char *no_leaks = g_strconcat (asan, ":detect_leaks=0", NULL);
+      env = g_environ_setenv (env, "ASAN_OPTIONS", no_leaks, TRUE);
+    }
   gint64 t0 = g_get_monotonic_time ();
-  g_assert_true (g_spawn_sync (NULL, (char **)argv->pdata, NULL,
+  g_assert_true (g_spawn_sync (NULL, (char **)argv->pdata, env,
                                G_SPAWN_SEARCH_PATH | G_SPAWN_STDOUT_TO_DEV_NULL,
                                NULL, NULL, NULL, &text, &status, &error));
   g_assert_no_error (error);
