@@ -175,7 +175,7 @@ emit_grad_slot (StowLower *L, StowLowerRank *R, StowLowerUnit *u, guint grad,
  * event after which the gradient of this micro-batch is in place. */
 static guint
 emit_grad_path (StowLower *L, StowLowerRank *R, StowLowerUnit *u, guint slot,
-                gboolean tied, guint done, gboolean last_mb)
+                gboolean tied, guint pair, guint done, gboolean last_mb)
 {
   StowOp op;
   guint64 gbytes = stow_bytes (u->params, L->g);
@@ -208,8 +208,15 @@ emit_grad_path (StowLower *L, StowLowerRank *R, StowLowerUnit *u, guint slot,
       op.accumulate = u->reduced;
       u->reduced = TRUE;
       stow_lower_op_io (&op, slot, STOW_NONE, L->off_opt ? slot : R->grads_buf);
+      /* A tied embedding's: the loss's write (@pair), then the backward's,
+       * per rank, as one rank adds them. */
+      if (pair != STOW_NONE)
+        op.reads[op.n_reads++] = pair;
       ev = stow_lower_emit (L, &op, &ev, 1, TRUE, "reduce-scattered");
       free_on = STOW_STREAM_COMM;
+      if (pair != STOW_NONE)
+        R->tied_freed = stow_lower_free (L, R->rank, STOW_STREAM_COMM, pair,
+                                         &ev, 1, TRUE);
     }
   if (L->off_opt)
     {
@@ -698,7 +705,7 @@ item_begin (StowLower *L, StowLowerRank *R, guint i, ItemCtx *X)
    * queued behind it on the h2d stream. */
   X->grad = X->up = X->tied_grad = X->tied_up = STOW_NONE;
   X->tied = R->tied_unit == it->unit && it->pass == STOW_PASS_B;
-  if (X->tied)
+  if (X->tied && L->n == 1)
     X->grad = R->tied_grad[it->mb]; /* the loss started it */
   else if (stow_lower_uses_grad_slots (L) && u->params > 0
            && (it->pass == STOW_PASS_F ? u->layer == STOW_LAYER_HEAD
@@ -753,7 +760,10 @@ static void
 item_grads (StowLower *L, StowLowerRank *R, ItemCtx *X, guint done)
 {
   StowLowerUnit *u = X->u;
-  guint ev = emit_grad_path (L, R, u, X->grad, X->tied, done,
+  /* Several ranks: the tied embedding's backward wrote a slot of its own,
+   * reduced together with the loss's write of the same micro-batch. */
+  guint pair = X->tied && L->n > 1 ? R->tied_grad[X->it->mb] : STOW_NONE;
+  guint ev = emit_grad_path (L, R, u, X->grad, X->tied && L->n == 1, pair, done,
                              X->i == u->last_grad_item);
   if (X->i == u->last_grad_item)
     u->grads_ready = ev;
@@ -956,7 +966,8 @@ emit_embedding_backward (StowLower *L, StowLowerRank *R, ItemCtx *X)
   op.layer = u->layer, op.unit = u->pu, op.micro_batch = it->mb;
   op.accumulate = grad_write (u, NULL);
   if (grad != STOW_NONE)
-    op.accumulate = X->tied || up != STOW_NONE; /* tied: onto the loss's */
+    op.accumulate = (X->tied && L->n == 1) /* onto the loss's */
+                    || up != STOW_NONE;
   stow_lower_op_io (&op, R->inputs[it->mb], STOW_NONE,
                     grad != STOW_NONE ? grad : R->grads_buf);
   guint done = stow_lower_emit (L, &op, X->waits, X->nw, TRUE, "backward");

@@ -605,10 +605,14 @@ tied_unit (StowLower *L, const StowLowerRank *R)
       emb = u->layer == STOW_LAYER_EMBEDDING ? k : emb;
       tied = tied || (u->layer == STOW_LAYER_HEAD && u->params < u->gparams);
     }
-  /* Several ranks (not run by the executor yet) keep the schedule of
-   * before, whose loss leaves the tied write out: its timing and memory
-   * are what the memory model's search was checked against. */
-  return tied && L->n == 1 && stow_lower_uses_grad_slots (L) ? emb : STOW_NONE;
+  /* Several ranks over exact units reduce the loss's write and the
+   * embedding backward's apart (lower-step.c, emit_grad_path); other
+   * layouts of several ranks keep the schedule of before, whose loss
+   * leaves the tied write out: its timing and memory are what the memory
+   * model's search was checked against. */
+  return tied && (L->n == 1 || L->exact) && stow_lower_uses_grad_slots (L)
+             ? emb
+             : STOW_NONE;
 }
 
 static void
@@ -724,7 +728,8 @@ emit_slots (StowLower *L, StowLowerRank *R, guint n_layer_units)
       StowLowerUnit *u = &g_array_index (R->units, StowLowerUnit, i);
       if (u->streamed)
         wmax = MAX (wmax, stow_bytes (u->gparams, L->wg));
-      if (i != tied)
+      /* (On several ranks its backward uses the slots too.) */
+      if (i != tied || L->n > 1)
         gmax = MAX (gmax, stow_bytes (u->params, L->g));
     }
   guint n_slots = MIN (2, MAX (n_layer_units, 1));

@@ -1249,20 +1249,24 @@ gradient_states (States *s)
    * gradient in its loss, and the embedding's backward adds to it: that
    * gradient has a buffer of its own from one to the other (the step
    * program's "embedding gradients (tied head)"), the slots hold the
-   * rest.  The program does so on one rank whose units are exact
-   * (planner/lower.c, build_units), as the executor runs it; with more,
-   * it keeps the simpler schedule of before, which leaves that write out
-   * (planner/lower.c, tied_unit). */
+   * rest.  The program does so where its units are exact
+   * (planner/lower.c, build_units), as the executor runs it: on one rank,
+   * or on several, where the embedding's backward writes a slot and both
+   * are reduced together; other layouts keep the simpler schedule of
+   * before, which leaves that write out (planner/lower.c, tied_unit). */
+  gboolean ranks = ranks_reduce_each_micro_batch (ms);
   gboolean tied = es->unit_slots && !bucketed && p->first && p->last
-                  && ms->n == 1 && l->tp == 1 && l->ep == 1 && l->pp == 1
-                  && l->vpp == 1 && t->finetune == STOW_FINETUNE_FULL
+                  && (ms->n == 1 || ranks) && l->tp == 1 && l->ep == 1
+                  && l->pp == 1 && l->vpp == 1
+                  && t->finetune == STOW_FINETUNE_FULL
                   && ms->m->head_params == 0;
   guint64 tied_params = tied ? ms->m->embedding_params / l->tp : 0;
-  guint64 slot_params = !es->unit_slots ? p->max_layer
-                        : tied          ? p->max_layer
-                                        : p->max_unit;
+  /* (On several ranks the embedding's backward uses the slots too.) */
+  guint64 slot_params = !es->unit_slots      ? p->max_layer
+                        : tied && ms->n == 1 ? p->max_layer
+                                             : p->max_unit;
   guint64 slots = MIN (2, MAX (p->layers, 1)) * stow_bytes (slot_params, b.g);
-  if ((s->off_opt || s->off_par || gdiv > 1) && tied)
+  if ((s->off_opt || s->off_par || gdiv > 1 || ranks) && tied)
     mem_add_term (dev, "tied embedding gradients",
                   stow_bytes (tied_params, b.g), STOW_TIER_DEVICE,
                   "%.4g B x %" G_GUINT64_FORMAT

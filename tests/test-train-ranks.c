@@ -20,6 +20,27 @@
 
 static const char *mpirun;
 static Fixture fx;
+/* A model whose output layer is its embedding (tie_word_embeddings), the
+ * fixture's shape otherwise. */
+static char *tied_model;
+
+static void
+make_tied_model (void)
+{
+  g_autoptr (GError) error = NULL;
+  g_autofree char *cfg = g_build_filename (fx.dir, "tied.json", NULL);
+  const char *json
+      = "{\"model_type\":\"llama\",\"hidden_size\":64,"
+        "\"num_hidden_layers\":2,\"num_attention_heads\":4,"
+        "\"num_key_value_heads\":2,\"intermediate_size\":96,"
+        "\"vocab_size\":300,\"rope_theta\":10000.0,\"rms_norm_eps\":1e-5,"
+        "\"tie_word_embeddings\":true,\"initializer_range\":0.05}";
+  g_assert_true (g_file_set_contents (cfg, json, -1, &error));
+  tied_model = g_build_filename (fx.dir, "tied-model", NULL);
+  g_auto (StowRun) r = { 0 };
+  stow_run (&r, "init-model", cfg, "-o", tied_model, "--seed", "5", NULL);
+  g_assert_cmpint (r.status, ==, 0);
+}
 
 /* `mpirun -np @n stowage train` on the fixture (as trainv) with @extra,
  * under timeout(1) (@limit_s): the exit status, the output in @out and
@@ -159,6 +180,7 @@ typedef struct
 {
   int n;
   const char *zero, *precision, *global;
+  gboolean tied;
 } Case;
 
 /* N ranks at one ZeRO stage against one rank with the same global
@@ -167,22 +189,31 @@ static void
 test_same_bytes (gconstpointer data)
 {
   const Case *c = data;
-  const char *extra[]
-      = { "--steps",        "3",       "--precision", c->precision,
-          "--global-batch", c->global, "--threads",   "1",
-          "--zero",         c->zero,   NULL };
-  g_autofree char *ref_name
-      = g_strdup_printf ("ref-%s-%s", c->precision, c->global);
+  const char *extra[] = { "--steps",
+                          "3",
+                          "--precision",
+                          c->precision,
+                          "--global-batch",
+                          c->global,
+                          "--threads",
+                          "1",
+                          "--model",
+                          c->tied ? tied_model : fx.model,
+                          "--zero",
+                          c->zero,
+                          NULL };
+  g_autofree char *ref_name = g_strdup_printf (
+      "ref-%s-%s%s", c->precision, c->global, c->tied ? "-tied" : "");
   g_autofree char *ref_dir = out_dir (ref_name);
   if (!g_file_test (ref_dir, G_FILE_TEST_IS_DIR))
     {
       /* One rank, whose ZeRO stage shards nothing. */
-      extra[8] = NULL;
+      extra[10] = NULL;
       g_free (reference (ref_name, extra));
-      extra[8] = "--zero";
+      extra[10] = "--zero";
     }
-  g_autofree char *name
-      = g_strdup_printf ("z%s-n%d-%s", c->zero, c->n, c->precision);
+  g_autofree char *name = g_strdup_printf (
+      "z%s-n%d-%s%s", c->zero, c->n, c->precision, c->tied ? "-tied" : "");
   g_autofree char *dir = out_dir (name);
   g_autofree char *err = NULL;
   double s = 0;
@@ -320,6 +351,11 @@ test_refusals (void)
   g_autofree char *err = NULL;
   g_assert_cmpint (run_ranks (2, dir, offload, 60, &err, NULL), !=, 0);
   g_assert_nonnull (strstr (err, "--offload-optimizer"));
+  const char *tied3[]
+      = { "--steps", "1", "--zero", "3", "--model", tied_model, NULL };
+  g_autofree char *err3 = NULL;
+  g_assert_cmpint (run_ranks (2, dir, tied3, 60, &err3, NULL), !=, 0);
+  g_assert_nonnull (strstr (err3, "tie_word_embeddings"));
   const char *odd[] = { "--steps", "1", "--global-batch", "6", NULL };
   g_autofree char *err2 = NULL;
   g_assert_cmpint (run_ranks (4, dir, odd, 60, &err2, NULL), !=, 0);
@@ -338,17 +374,29 @@ main (int argc, char **argv)
     }
   mpirun = found;
   fixture_init (&fx);
+  make_tied_model ();
   static const Case cases[] = {
-    { 2, "0", "fp32", "4" },  { 2, "1", "fp32", "4" },  { 2, "2", "fp32", "4" },
-    { 2, "3", "fp32", "4" },  { 4, "0", "fp32", "8" },  { 4, "3", "fp32", "8" },
-    { 3, "1", "fp32", "12" }, { 3, "2", "bf16", "12" }, { 4, "2", "bf16", "8" },
+    { 2, "0", "fp32", "4" },
+    { 2, "1", "fp32", "4" },
+    { 2, "2", "fp32", "4" },
+    { 2, "3", "fp32", "4" },
+    { 4, "0", "fp32", "8" },
+    { 4, "3", "fp32", "8" },
+    { 3, "1", "fp32", "12" },
+    { 3, "2", "bf16", "12" },
+    { 4, "2", "bf16", "8" },
     { 3, "3", "bf16", "12" },
+    /* Tied embeddings: the loss's and the embedding's gradients of each
+     * micro-batch reduced as one rank adds them. */
+    { 2, "1", "fp32", "4", TRUE },
+    { 3, "2", "bf16", "12", TRUE },
+    { 4, "0", "bf16", "8", TRUE },
   };
   for (guint i = 0; i < G_N_ELEMENTS (cases); i++)
     {
-      g_autofree char *path
-          = g_strdup_printf ("/train-ranks/zero%s-%dranks-%s", cases[i].zero,
-                             cases[i].n, cases[i].precision);
+      g_autofree char *path = g_strdup_printf (
+          "/train-ranks/zero%s-%dranks-%s%s", cases[i].zero, cases[i].n,
+          cases[i].precision, cases[i].tied ? "-tied" : "");
       g_test_add_data_func (path, &cases[i], test_same_bytes);
     }
   g_test_add_func ("/train-ranks/resume-across-ranks",
@@ -358,5 +406,6 @@ main (int argc, char **argv)
   g_test_add_func ("/train-ranks/refusals", test_refusals);
   int rc = g_test_run ();
   fixture_clear (&fx);
+  g_free (tied_model);
   return rc;
 }

@@ -69,12 +69,53 @@ whole_at (CpuBackend *b, guint bi, guint unit)
   return b->map.addr[bi];
 }
 
+/* A tied embedding's micro-batch: the loss's write of its gradients
+ * (reads[1]) and the embedding backward's (reads[0]), every rank's pair
+ * added to this rank's partition as one rank adds them: loss_0, emb_0,
+ * loss_1, emb_1, ... (after what it holds, from the second micro-batch
+ * on). */
+static gboolean
+reduce_pair (CpuBackend *b, const StowOp *op, guint8 *tmp, StowDtype dt,
+             GError **error)
+{
+  StowTensorMap *m = &b->map;
+  guint unit = op->unit;
+  guint64 count = op->count, align = align_of (b, unit);
+  guint64 part = stow_zero_part (count, m->dp);
+  gsize es = stow_dtype_size (dt), pb = part * es;
+  g_autofree guint8 *in_loss = g_malloc (MAX (pb * m->dp, 1));
+  g_autofree guint8 *in_emb = g_malloc (MAX (pb * m->dp, 1));
+  if (!wait_one (b,
+                 stow_comm_all_to_all_ex (b->comm, m->addr[op->reads[1]],
+                                          in_loss, count, align, dt, error),
+                 error)
+      || !wait_one (b,
+                    stow_comm_all_to_all_ex (b->comm, m->addr[op->reads[0]],
+                                             in_emb, count, align, dt, error),
+                    error))
+    return FALSE;
+  guint8 *recv = partition_at (b, op->writes[0], unit, tmp, op->accumulate, es);
+  guint acc = op->accumulate ? 1 : 0;
+  g_autofree const void **c = g_new (const void *, 2 * m->dp + acc);
+  if (acc)
+    c[0] = recv;
+  for (guint q = 0; q < m->dp; q++)
+    {
+      c[acc + 2 * q] = in_loss + q * pb;
+      c[acc + 2 * q + 1] = in_emb + q * pb;
+    }
+  stow_comm_sum_rank_order (recv, c, 2 * m->dp + acc, part, dt);
+  partition_back (b, op->writes[0], unit, recv, es);
+  return TRUE;
+}
+
 gboolean
 stow_cpu_run_collective (CpuBackend *b, const StowOp *op, GError **error)
 {
   StowTensorMap *m = &b->map;
   guint unit = op->unit;
-  if (b->comm == NULL || unit == STOW_NONE || op->n_reads != 1
+  gboolean pair = op->coll == STOW_COLL_REDUCE_SCATTER && op->n_reads == 2;
+  if (b->comm == NULL || unit == STOW_NONE || (op->n_reads != 1 && !pair)
       || op->n_writes != 1 || op->group != STOW_GROUP_DP
       || unit_numel (b, unit) != op->count)
     {
@@ -93,6 +134,8 @@ stow_cpu_run_collective (CpuBackend *b, const StowOp *op, GError **error)
   switch (op->coll)
     {
     case STOW_COLL_REDUCE_SCATTER:
+      if (pair)
+        return reduce_pair (b, op, tmp, dt, error);
       {
         /* A micro-batch's gradients (the slot, whole) into this rank's
          * partition of the step's, added to them after the first. */

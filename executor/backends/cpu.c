@@ -690,18 +690,14 @@ ranks_init (CpuBackend *b, const StowBackendSetup *setup, GError **error)
       return FALSE;
     }
   if (m->host_grads_buf != STOW_NONE || m->weights_buf == STOW_NONE
-      || m->states_nvme || m->params_nvme || b->delayed.on
-      || m->model->tied_embeddings)
+      || m->states_nvme || m->params_nvme || b->delayed.on)
     {
       g_set_error (error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_UNSUPPORTED,
                    "%u ranks: the cpu backend runs ZeRO 0-3 with the weights "
-                   "and the optimizer on each rank's device and untied "
-                   "embeddings; %s",
-                   m->dp,
-                   m->model->tied_embeddings
-                       ? "this model ties its embeddings (tie_word_embeddings)"
-                       : "not --offload-optimizer, --offload-params or "
-                         "--delayed-update yet");
+                   "and the optimizer on each rank's device; not "
+                   "--offload-optimizer, --offload-params or "
+                   "--delayed-update yet",
+                   m->dp);
       return FALSE;
     }
   b->comm = setup->comm;

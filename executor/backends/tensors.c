@@ -253,9 +253,10 @@ index_buffers (StowTensorMap *m, const char *backend, GError **error)
                                STOW_BACKEND_ERROR_UNSUPPORTED,
                                "program buffer \"%s\": the %s backend does "
                                "not stream the output layer of a model with "
-                               "tied embeddings (--offload-params with "
-                               "tie_word_embeddings); keep the parameters on "
-                               "the device",
+                               "tied embeddings (tie_word_embeddings) through "
+                               "a layer slot: not with --offload-params, nor "
+                               "--zero 3 on several ranks; keep the "
+                               "parameters on the device (--zero 2)",
                                buf->name, backend);
                   return FALSE;
                 }

@@ -17,6 +17,7 @@ typedef enum
   STOW_COMM_OP_ALL_GATHER,
   STOW_COMM_OP_BROADCAST,
   STOW_COMM_OP_BARRIER,
+  STOW_COMM_OP_ALL_TO_ALL,
 } StowCommOp;
 
 struct _StowCommRequest

@@ -61,6 +61,7 @@ start_ex (StowComm *c, StowCommOp op, const void *send, void *recv,
     [STOW_COMM_OP_ALL_GATHER] = "all-gather",
     [STOW_COMM_OP_BROADCAST] = "broadcast",
     [STOW_COMM_OP_BARRIER] = "barrier",
+    [STOW_COMM_OP_ALL_TO_ALL] = "all-to-all",
   };
   if (op != STOW_COMM_OP_BARRIER && dtype != STOW_DTYPE_F32
       && dtype != STOW_DTYPE_BF16)
@@ -121,6 +122,17 @@ stow_comm_reduce_scatter_ex (StowComm *c, const void *send, void *recv,
   g_return_val_if_fail (count == 0 || (send != NULL && recv != NULL), NULL);
   return start_ex (c, STOW_COMM_OP_REDUCE_SCATTER, send, recv, count, align,
                    accumulate, dtype, 0, error);
+}
+
+StowCommRequest *
+stow_comm_all_to_all_ex (StowComm *c, const void *send, void *recv,
+                         guint64 count, guint64 align, StowDtype dtype,
+                         GError **error)
+{
+  g_return_val_if_fail (c != NULL, NULL);
+  g_return_val_if_fail (count == 0 || (send != NULL && recv != NULL), NULL);
+  return start_ex (c, STOW_COMM_OP_ALL_TO_ALL, send, recv, count, align, FALSE,
+                   dtype, 0, error);
 }
 
 StowCommRequest *

@@ -96,6 +96,15 @@ StowCommRequest *stow_comm_reduce_scatter_ex (StowComm *c, const void *send,
                                               guint64 align,
                                               gboolean accumulate,
                                               StowDtype dtype, GError **error);
+/* The partitions to their owners, unsummed: rank q's partition q of
+ * @send (@count elements, partitions as stow_comm_reduce_scatter_ex's)
+ * arrives in @recv (N x part elements) at q x part, so that the owner can
+ * add them in an order of its own (two gradients per rank, say).  No
+ * arithmetic; mpi only. */
+StowCommRequest *stow_comm_all_to_all_ex (StowComm *c, const void *send,
+                                          void *recv, guint64 count,
+                                          guint64 align, StowDtype dtype,
+                                          GError **error);
 /* stow_comm_all_gather with partitions of stow_comm_partition_numel (count,
  * N, @align) elements. */
 StowCommRequest *stow_comm_all_gather_ex (StowComm *c, const void *send,

@@ -74,28 +74,19 @@ valid_len (const StowCommRequest *r, int q)
   return start >= r->count ? 0 : MIN (r->part, r->count - start);
 }
 
-/* Every rank sends its partition q of @send to rank q; rank q receives the
- * N contributions to its partition and sums them in rank order into @recv
- * (part elements, padding included, as zeros). */
+/* Every rank sends its partition q of @send to rank q (zeros past
+ * @count); this rank's N contributions arrive in @in (N x part elements,
+ * rank order), its own among them. */
 static char *
-reduce_scatter_det (MpiComm *m, const StowCommRequest *r, const void *send,
-                    void *recv)
+exchange (MpiComm *m, const StowCommRequest *r, const void *send, guint8 *in)
 {
   int n = m->base.world, me = m->base.rank;
   guint es = stow_dtype_size (r->dtype);
   guint64 part = r->part, pb = part * es;
-  g_autofree guint8 *in = g_malloc (MAX (pb * (guint64)n, 1));
-  /* Zeros past @count, only where a partition crosses it. */
   g_autofree guint8 *padded
       = part * (guint64)n == r->count ? NULL : g_malloc0 (pb * (guint64)n);
   g_autofree MPI_Request *reqs = g_new (MPI_Request, 2 * (guint)n);
-  /* Accumulating: recv first, then the contributions. */
-  guint acc = r->accumulate ? 1 : 0;
-  g_autofree const void **contrib = g_new (const void *, (guint)n + acc);
-  if (acc)
-    contrib[0] = recv;
   int nreq = 0;
-  /* Partitions crossing the end of @send are padded with zeros. */
   for (int q = 0; q < n; q++)
     {
       const guint8 *block = (const guint8 *)send + (guint64)q * pb;
@@ -106,10 +97,9 @@ reduce_scatter_det (MpiComm *m, const StowCommRequest *r, const void *send,
         }
       if (q == me)
         {
-          contrib[q + acc] = block;
+          memcpy (in + (guint64)q * pb, block, pb);
           continue;
         }
-      contrib[q + acc] = in + (guint64)q * pb;
       int rc
           = MPI_Irecv (in + (guint64)q * pb, (int)part, element_type (r->dtype),
                        q, 0, m->comm, &reqs[nreq++]);
@@ -117,12 +107,32 @@ reduce_scatter_det (MpiComm *m, const StowCommRequest *r, const void *send,
         rc = MPI_Isend (block, (int)part, element_type (r->dtype), q, 0,
                         m->comm, &reqs[nreq++]);
       if (rc != MPI_SUCCESS)
-        return mpi_message ("reduce-scatter: partition exchange", rc);
+        return mpi_message ("partition exchange", rc);
     }
   int rc = MPI_Waitall (nreq, reqs, MPI_STATUSES_IGNORE);
-  if (rc != MPI_SUCCESS)
-    return mpi_message ("reduce-scatter: partition exchange", rc);
-  stow_comm_sum_rank_order (recv, contrib, (guint)n + acc, part, r->dtype);
+  return rc == MPI_SUCCESS ? NULL : mpi_message ("partition exchange", rc);
+}
+
+/* Rank q receives the N contributions to its partition and sums them in
+ * rank order into @recv (part elements, padding included, as zeros),
+ * after what @recv holds when accumulating. */
+static char *
+reduce_scatter_det (MpiComm *m, const StowCommRequest *r, const void *send,
+                    void *recv)
+{
+  int n = m->base.world;
+  guint64 pb = r->part * stow_dtype_size (r->dtype);
+  g_autofree guint8 *in = g_malloc (MAX (pb * (guint64)n, 1));
+  char *e = exchange (m, r, send, in);
+  if (e != NULL)
+    return e;
+  guint acc = r->accumulate ? 1 : 0;
+  g_autofree const void **contrib = g_new (const void *, (guint)n + acc);
+  if (acc)
+    contrib[0] = recv;
+  for (int q = 0; q < n; q++)
+    contrib[q + acc] = in + (guint64)q * pb;
+  stow_comm_sum_rank_order (recv, contrib, (guint)n + acc, r->part, r->dtype);
   return NULL;
 }
 
@@ -222,6 +232,8 @@ run (MpiComm *m, const StowCommRequest *r)
       rc = MPI_Bcast (r->recv, (int)r->count, element_type (r->dtype), r->root,
                       m->comm);
       return rc == MPI_SUCCESS ? NULL : mpi_message ("broadcast", rc);
+    case STOW_COMM_OP_ALL_TO_ALL:
+      return exchange (m, r, r->send, r->recv);
     default:
       break;
     }

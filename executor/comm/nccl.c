@@ -324,6 +324,8 @@ queue (NcclComm *m, const StowCommRequest *r, GError **error)
         return reduce_scatter_det (m, r, r->recv, mine, s, s + whole, error)
                && all_gather_det (m, r, mine, r->recv, error);
       }
+    case STOW_COMM_OP_ALL_TO_ALL:
+      break; /* refused by nccl_start */
     }
   g_assert_not_reached ();
 }
@@ -333,10 +335,10 @@ nccl_start (StowComm *c, StowCommRequest *r, GError **error)
 {
   NcclComm *m = (NcclComm *)c;
   cudaEvent_t ev = NULL;
-  if (r->accumulate)
+  if (r->accumulate || r->op == STOW_COMM_OP_ALL_TO_ALL)
     {
       g_set_error_literal (error, STOW_COMM_ERROR, STOW_COMM_ERROR_INVALID,
-                           "reduce-scatter: accumulating into the partition "
+                           "an accumulating reduce-scatter or an all-to-all "
                            "runs on the mpi transport only");
       return FALSE;
     }
