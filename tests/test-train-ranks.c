@@ -341,6 +341,39 @@ test_killed_rank (void)
   assert_same_run (ref, dir);
 }
 
+/* A plan file of 2 data-parallel ranks at ZeRO 2 (stowage fit --emit plan)
+ * runs on 2 ranks as the flags would: the one rank's bytes. */
+static void
+test_plan_file (void)
+{
+  g_autofree char *plan = g_build_filename (fx.dir, "plan.json", NULL);
+  g_auto (StowRun) fit = { 0 };
+  stow_run (&fit, "fit", fx.config, "--gpus", "2xA100-80GB", "--zero", "2",
+            "--tp", "1", "--pp", "1", "--seq", "16", "--micro-batch", "2",
+            "--global-batch", "4", "--precision", "fp32", "--emit", "plan",
+            "-o", plan, NULL);
+  g_assert_cmpint (fit.status, ==, 0);
+  const char *ref_extra[] = { "--steps", "3", "--threads", "1", NULL };
+  g_autofree char *ref = reference ("ref-plan", ref_extra);
+  g_autofree char *dir = out_dir ("planned");
+  const char *extra[]
+      = { "--plan", plan, "--steps", "3", "--threads", "1", NULL };
+  g_autofree char *err = NULL;
+  int rc = run_ranks (2, dir, extra, 120, &err, NULL);
+  if (rc != 0)
+    g_printerr ("%s\n", err);
+  g_assert_cmpint (rc, ==, 0);
+  g_assert_nonnull (strstr (err, "plan file's layout"));
+  g_assert_nonnull (strstr (err, "dp 2 tp 1 pp 1 zero 2"));
+  assert_same_run (ref, dir);
+  /* On one rank the plan's two are refused by name. */
+  g_auto (StowRun) one = { 0 };
+  g_autofree char *dir1 = out_dir ("planned-one");
+  trainv (&one, &fx, dir1, extra);
+  g_assert_cmpint (one.status, !=, 0);
+  g_assert_nonnull (strstr (one.err, "launch dp ranks (mpirun -np 2)"));
+}
+
 /* What several ranks do not run yet is refused by name on every rank. */
 static void
 test_refusals (void)
@@ -403,6 +436,7 @@ main (int argc, char **argv)
                    test_resume_across_ranks);
   g_test_add_func ("/train-ranks/rank-logs", test_rank_logs);
   g_test_add_func ("/train-ranks/killed-rank", test_killed_rank);
+  g_test_add_func ("/train-ranks/plan-file", test_plan_file);
   g_test_add_func ("/train-ranks/refusals", test_refusals);
   int rc = g_test_run ();
   fixture_clear (&fx);
