@@ -1,0 +1,95 @@
+#!/bin/bash
+# SPDX-License-Identifier: MIT
+#
+# bench/ranks.sh: the same training job on 1, 2 and 4 ranks of the cpu
+# backend (mpirun), each ZeRO stage given, with each rank's comm stream
+# busy and exposed seconds beside the simulated ones (--stream-times), and
+# whether the checkpoints are the one rank's bytes.  Prints a Markdown
+# record for bench/results/.
+#
+#   bench/ranks.sh [BUILD] [STEPS]      (default build/, 6 steps)
+#
+# The model: 4 layers, hidden 64, vocabulary 32,064 (Phi-3-mini's
+# tokenizer, ../shared/data/tokenizers), initialised here; the data: 6,000
+# prompt/completion lines, as the README's quick start writes them.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=${1:-build}
+steps=${2:-6}
+S=$PWD/$build/cli/stowage
+W=$(mktemp -d /tmp/stow-ranks-XXXXXX)
+trap 'rm -rf "$W"' EXIT
+root=()
+[ "$(id -u)" = 0 ] && root=(--allow-run-as-root)
+# Every run waits passively in OpenMP, as several ranks on one node do by
+# themselves (cli/cmd-train.c): on a shared machine the spinning default
+# makes one rank the slower by an order of magnitude.
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
+
+cat >"$W/config.json" <<'J'
+{"architectures":["LlamaForCausalLM"],"model_type":"llama","hidden_size":64,
+ "head_dim":16,"num_attention_heads":4,"num_key_value_heads":2,
+ "intermediate_size":176,"num_hidden_layers":4,"vocab_size":32064,
+ "max_position_embeddings":512,"rms_norm_eps":1e-5,"rope_theta":10000.0,
+ "tie_word_embeddings":false,"initializer_range":0.02,"bos_token_id":1,
+ "eos_token_id":32000}
+J
+"$S" init-model "$W/config.json" -o "$W/model" --seed 7 >/dev/null
+cp ../shared/data/tokenizers/phi3-mini.tokenizer.json "$W/model/tokenizer.json"
+for i in $(seq 1 6000); do
+  echo "{\"prompt\": \"How many GPUs does run $i use?\", \"completion\": \" Run $i uses $((i % 8 + 1)) GPUs.\"}"
+done >"$W/train.jsonl"
+
+job=(train --model "$W/model" --data "$W/train.jsonl" --precision bf16
+     --seq 256 --micro-batch 1 --global-batch 16 --steps "$steps" --lr 1e-4
+     --stream-times)
+
+echo "# Several ranks on the cpu backend: $(date -u +%Y-%m-%dT%H:%MZ)"
+echo
+echo "Host: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //');"
+echo "load average at the start: $(cut -d' ' -f1-3 /proc/loadavg);"
+echo "$($S --version 2>/dev/null | head -1); Open MPI $(mpirun --version | head -1 | awk '{print $NF}'); OMP_WAIT_POLICY=$OMP_WAIT_POLICY."
+echo "Job: ${job[*]#$W/} (global batch 16 x 256 tokens)."
+echo
+echo "| ranks | ZeRO | step (s, median) | tokens/s | rank | comm busy / exposed s (measured) | (simulated) | same bytes as 1 rank |"
+echo "|---:|---:|---:|---:|---:|---|---|---|"
+
+run () { # RANKS ZERO
+  local n=$1 z=$2 out="$W/out-$1-$2"
+  local pre=() zero=()
+  [ "$n" -gt 1 ] && pre=(mpirun "${root[@]}" --oversubscribe -np "$n")
+  [ "$n" -gt 1 ] && zero=(--zero "$z")
+  "${pre[@]}" "$S" "${job[@]}" "${zero[@]}" --out "$out" \
+      --log-json "$out-log-{rank}.jsonl" >"$out.err" 2>&1
+  local med
+  med=$(python3 - "$out-log-0.jsonl" <<'P'
+import json, statistics, sys
+t = [json.loads(l)["step_time_s"] for l in open(sys.argv[1])][1:]
+print(f"{statistics.median(t):.3f}")
+P
+)
+  local tps
+  tps=$(python3 -c "print(round(16 * 256 / $med))")
+  local same="(reference)"
+  if [ "$n" -gt 1 ]; then
+    cmp -s "$out/latest/model.safetensors" "$W/out-1-0/latest/model.safetensors" \
+        && same=yes || same=NO
+  fi
+  # Each rank's comm line of --stream-times, in rank order of appearance.
+  local r=0
+  if [ "$n" -gt 1 ]; then
+    (grep -E '^  comm ' "$out.err" || true) | while read -r _ b e _ sb se; do
+      echo "| $n | $z | $med | $tps | $r | $b / $e | $sb / $se | $same |"
+      r=$((r + 1))
+    done
+  else
+    echo "| $n | $z | $med | $tps | - | - | - | $same |"
+  fi
+}
+
+run 1 0
+for z in 1 2 3; do run 2 "$z"; done
+for z in 2 3; do run 4 "$z"; done
+echo
+echo "Busy: the comm stream's collectives, waits for the slowest rank"
+echo "included; exposed: the part no other stream overlapped."
