@@ -272,6 +272,26 @@ all_ok (StowComm *c, gboolean ok, int *bad, GError **error)
   return TRUE;
 }
 
+/* Whether every rank's @ok holds; else FALSE with this rank's own error
+ * (*@local), or one naming the first rank that failed to @what. */
+static gboolean
+agreed (StowComm *c, gboolean ok, GError **local, guint64 step,
+        const char *what, GError **error)
+{
+  int bad = -1;
+  if (all_ok (c, ok, &bad, error))
+    return TRUE;
+  if (error && *error)
+    return FALSE;
+  if (*local != NULL)
+    g_propagate_error (error, g_steal_pointer (local));
+  else
+    g_set_error (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
+                 "step %" G_GUINT64_FORMAT ": rank %d could not %s", step, bad,
+                 what);
+  return FALSE;
+}
+
 /* Several ranks whose optimizer states are partitioned: rank 0 makes the
  * checkpoint's temporary directory and says where; every rank writes its
  * own states' file there (rank 0 the weights, once, and the rest); once
@@ -300,36 +320,13 @@ save_checkpoint_ranks (Run *r, guint64 step, GError **error)
   const char *dir = (const char *)words;
   gboolean ok = dir[0] != '\0' && local == NULL
                 && write_checkpoint (r, dir, step, rank == 0, &local);
-  int bad = -1;
-  if (!all_ok (c, ok, &bad, error))
-    {
-      if (error && *error)
-        return FALSE;
-      if (local != NULL)
-        g_propagate_error (error, g_steal_pointer (&local));
-      else
-        g_set_error (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
-                     "step %" G_GUINT64_FORMAT
-                     ": rank %d could not write its part of the checkpoint",
-                     step, bad);
-      return FALSE;
-    }
+  if (!agreed (c, ok, &local, step, "write its part of the checkpoint", error))
+    return FALSE;
   ok = rank != 0
        || (stow_checkpoint_commit (w, &local)
            && after_commit (r, step, &local));
-  if (!all_ok (c, ok, &bad, error))
-    {
-      if (error && *error)
-        return FALSE;
-      if (local != NULL)
-        g_propagate_error (error, g_steal_pointer (&local));
-      else
-        g_set_error (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
-                     "step %" G_GUINT64_FORMAT
-                     ": rank 0 could not commit the checkpoint",
-                     step);
-      return FALSE;
-    }
+  if (!agreed (c, ok, &local, step, "commit the checkpoint", error))
+    return FALSE;
   r->out->saved_step = step;
   return TRUE;
 }
