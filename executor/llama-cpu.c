@@ -412,6 +412,16 @@ stow_llama_new (const StowLlamaConfig *config, StowDtype dtype, guint64 max_seq,
     .esize = L->esize,
     .max_seq = max_seq,
   };
+  /* A bench's hook: every kernel call timed (executor/kernel-times.h),
+   * the calls written out when the runtime is freed. */
+  const char *times_path = g_getenv ("STOWAGE_KERNEL_TIMES");
+  if (times_path != NULL && times_path[0] != '\0')
+    {
+      L->times = stow_kernel_times_new (&cpu_kernels, L);
+      L->times_path = g_strdup (times_path);
+      L->decoder.k = stow_kernel_times_table ();
+      L->decoder.ctx = L->times;
+    }
 
   /* Angles in double, rounded once: positions times frequencies stay
    * exact far past where an fp32 product would lose the phase. */
@@ -432,6 +442,19 @@ stow_llama_free (StowLlama *L)
 {
   if (L == NULL)
     return;
+  if (L->times != NULL)
+    {
+      g_autofree char *described = stow_gemm_describe ();
+      g_autofree char *kernel = g_strescape (described, NULL);
+      g_autofree char *header = g_strdup_printf (
+          "\"dtype\": \"%s\", \"threads\": %u, \"gemm\": \"%s\"",
+          stow_dtype_nick (L->dtype), L->n_threads, kernel);
+      g_autoptr (GError) error = NULL;
+      if (!stow_kernel_times_write (L->times, L->times_path, header, &error))
+        g_warning ("%s", error->message);
+      stow_kernel_times_free (L->times);
+      g_free (L->times_path);
+    }
   g_aligned_free (L->thread_ws);
   g_aligned_free (L->rope_cos);
   g_aligned_free (L->rope_sin);

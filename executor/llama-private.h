@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "executor/gemm.h"
+#include "executor/kernel-times.h"
 #include "executor/llama-expf.h"
 #include "executor/llama.h"
 
@@ -61,6 +62,10 @@ struct StowLlama
   /* Column accumulators of the fused loss's norm gradient: (h) doubles. */
   double *col_acc;
   guint64 ws_bytes; /* everything above, as stow_llama_workspace_bytes says */
+  /* STOWAGE_KERNEL_TIMES's timing table around this runtime's, and the
+   * file it is written to when the runtime is freed (NULL: untimed). */
+  StowKernelTimes *times;
+  char *times_path;
 };
 
 /* Element-wise row loops built for AVX-512, AVX2 and the baseline, one
