@@ -386,23 +386,23 @@ stow_llama_new (const StowLlamaConfig *config, StowDtype dtype, guint64 max_seq,
   L->rope_cos = g_aligned_alloc (max_seq * half, sizeof (float), 64);
   L->rope_sin = g_aligned_alloc (max_seq * half, sizeof (float), 64);
   L->col_acc = g_aligned_alloc (c->hidden, sizeof (double), 64);
-  guint64 gemm_floats = 0, tile_floats = 0;
+  guint64 tile_floats = 0, panel_floats = 0;
   if (L->bf16)
     {
-      /* The staging of products with an fp32 operand (the loss's) or a
-       * kernel without bf16; the tiles of bf16 products. */
-      gemm_floats = 3 * (guint64)STOW_LLAMA_GEMM_BLOCK * STOW_LLAMA_GEMM_BLOCK;
-      L->gemm_ws = g_aligned_alloc (gemm_floats, sizeof (float), 64);
-      if (stow_gemm_choice ()->bf16_native)
-        {
-          tile_floats
-              = (guint64)L->n_threads * STOW_LLAMA_TILE_M * STOW_LLAMA_TILE_N;
-          L->tile_ws = g_aligned_alloc (tile_floats, sizeof (float), 64);
-        }
+      /* The tiles of products with a bf16 C, the panels of products with
+       * one bf16 operand (the loss's) or two the kernel does not multiply
+       * (llama-kernels.c's tiled_product). */
+      tile_floats
+          = (guint64)L->n_threads * STOW_LLAMA_TILE_M * STOW_LLAMA_TILE_N;
+      panel_floats = (guint64)L->n_threads
+                     * (STOW_LLAMA_TILE_M + STOW_LLAMA_TILE_N)
+                     * STOW_LLAMA_STAGE_K;
+      L->tile_ws = g_aligned_alloc (tile_floats, sizeof (float), 64);
+      L->panel_ws = g_aligned_alloc (panel_floats, sizeof (float), 64);
     }
   L->ws_bytes = 4
                     * (L->thread_floats * L->n_threads + 2 * max_seq * half
-                       + gemm_floats + tile_floats)
+                       + tile_floats + panel_floats)
                 + 8 * c->hidden;
   L->decoder = (StowDecoder){
     .k = &cpu_kernels,
@@ -459,8 +459,8 @@ stow_llama_free (StowLlama *L)
   g_aligned_free (L->rope_cos);
   g_aligned_free (L->rope_sin);
   g_aligned_free (L->col_acc);
-  g_aligned_free (L->gemm_ws);
   g_aligned_free (L->tile_ws);
+  g_aligned_free (L->panel_ws);
   g_free (L);
 }
 
