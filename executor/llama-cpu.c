@@ -90,7 +90,7 @@ embed_backward (void *ctx, const gint32 *tokens, guint64 n, const void *dx,
 #pragma omp parallel num_threads(L->n_threads)
   {
     float *ws = stow_llama_thread_ws (L, (guint)omp_get_thread_num ());
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic, 16)
     for (guint64 gi = 0; gi < n_groups; gi++)
       {
         guint64 tok = (guint64)tp[starts[gi]].token;
@@ -125,7 +125,7 @@ softmax_xent (StowLlama *L, guint64 cn, float *logits, const gint32 *targets,
               float scale, float *loss)
 {
   guint64 V = L->config.vocab;
-#pragma omp parallel for schedule(static) num_threads(L->n_threads)
+#pragma omp parallel for schedule(dynamic) num_threads(L->n_threads)
   for (guint64 i = 0; i < cn; i++)
     {
       float *l = logits + i * V;

@@ -5,7 +5,11 @@
  * where the kernel multiplies bf16, else staged to fp32 in bounded blocks), the
  * row kernels (RMSNorm, rotary, SwiGLU, forward and backward) and the column
  * reductions behind bias and norm-weight gradients.  Each kernel's result
- * depends on its inputs only, never on the thread count.
+ * depends on its inputs only, never on the thread count nor on which
+ * thread runs which part: every loop's items (tiles, rows, column blocks)
+ * are computed whole by one thread each, handed out dynamically, so that
+ * a thread a loaded machine deschedules holds the others up for one item,
+ * not for its whole static share.
  */
 #include "executor/llama-private.h"
 
@@ -100,7 +104,7 @@ init_block (const StowLlama *L, float *cf, guint64 ldcf, guint64 rows,
             guint64 cols, const void *R, gboolean r_bf16, guint64 ldr,
             guint64 m0, guint64 n0, const void *bias)
 {
-#pragma omp parallel for schedule(static) num_threads(L->n_threads)
+#pragma omp parallel for schedule(dynamic, 16) num_threads(L->n_threads)
   for (guint64 i = 0; i < rows; i++)
     init_row (L, cf + i * ldcf, R, r_bf16, ldr, m0 + i, n0, cols, bias);
 }
@@ -154,7 +158,7 @@ tiled_sgemm (const StowLlama *L, gboolean ta, gboolean tb, guint64 M, guint64 N,
   guint64 tm, tn;
   tile_shape (M, N, &tm, &tn);
   guint64 n_m = (M + tm - 1) / tm, n_n = (N + tn - 1) / tn;
-#pragma omp parallel for schedule(static) num_threads(L->n_threads)
+#pragma omp parallel for schedule(dynamic) num_threads(L->n_threads)
   for (guint64 t = 0; t < n_m * n_n; t++)
     {
       guint64 m0 = t / n_n * tm, n0 = t % n_n * tn;
@@ -236,7 +240,7 @@ tiled_product (StowLlama *L, guint64 M, guint64 N, guint64 K, float alpha,
     float *tile = L->tile_ws + th * TILE;
     float *pa = L->panel_ws + th * PANEL;
     float *pb = pa + (guint64)STOW_LLAMA_TILE_M * STOW_LLAMA_STAGE_K;
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic)
     for (guint64 t = 0; t < n_m * n_n; t++)
       {
         guint64 m0 = t / n_n * tm, n0 = t % n_n * tn;
@@ -356,7 +360,7 @@ stow_llama_rms_rstd (StowLlama *L, guint64 n, guint64 h, const void *x,
 #pragma omp parallel num_threads(L->n_threads)
   {
     float *tmp = stow_llama_thread_ws (L, (guint)omp_get_thread_num ());
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic, 16)
     for (guint64 r = 0; r < n; r++)
       rstd[r] = row_rstd (stow_llama_row_in (L, x, h, r, h, tmp), h, eps);
   }
@@ -373,7 +377,7 @@ stow_llama_rmsnorm (StowLlama *L, guint64 n, guint64 h, const void *x,
   {
     float *ws = stow_llama_thread_ws (L, (guint)omp_get_thread_num ());
     const float *wf = stow_llama_row_in (L, w, 0, 0, h, ws);
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic, 16)
     for (guint64 r = 0; r < n; r++)
       {
         const float *xr = stow_llama_row_in (L, x, h, r, h, ws + W);
@@ -400,7 +404,7 @@ stow_llama_rmsnorm_backward (StowLlama *L, guint64 n, guint64 h, const void *dy,
   {
     float *ws = stow_llama_thread_ws (L, (guint)omp_get_thread_num ());
     const float *wf = stow_llama_row_in (L, w, 0, 0, h, ws);
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic, 16)
     for (guint64 r = 0; r < n; r++)
       {
         const float *dyr = dy_f32 ? (const float *)dy + r * h
@@ -458,7 +462,7 @@ stow_llama_rope (StowLlama *L, guint64 n, guint64 seq, guint64 heads, void *p,
 #pragma omp parallel num_threads(L->n_threads)
   {
     float *ws = stow_llama_thread_ws (L, (guint)omp_get_thread_num ());
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic, 16)
     for (guint64 r = 0; r < n; r++)
       {
         guint64 t = r % seq;
@@ -507,7 +511,7 @@ stow_llama_swiglu (StowLlama *L, guint64 n, const void *gate, const void *up,
 #pragma omp parallel num_threads(L->n_threads)
   {
     float *ws = stow_llama_thread_ws (L, (guint)omp_get_thread_num ());
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic, 16)
     for (guint64 r = 0; r < n; r++)
       {
         const float *g = stow_llama_row_in (L, gate, f, r, f, ws);
@@ -528,7 +532,7 @@ stow_llama_swiglu_backward (StowLlama *L, guint64 n, const void *dact,
 #pragma omp parallel num_threads(L->n_threads)
   {
     float *ws = stow_llama_thread_ws (L, (guint)omp_get_thread_num ());
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic, 16)
     for (guint64 r = 0; r < n; r++)
       {
         const float *da = stow_llama_row_in (L, dact, f, r, f, ws);
@@ -585,7 +589,7 @@ stow_llama_colsum_acc (StowLlama *L, guint64 n, guint64 cols, const void *y,
 {
   const guint64 CB = STOW_LLAMA_COL_BLOCK;
   guint64 n_blocks = (cols + CB - 1) / CB;
-#pragma omp parallel for schedule(static) num_threads(L->n_threads)
+#pragma omp parallel for schedule(dynamic) num_threads(L->n_threads)
   for (guint64 cb = 0; cb < n_blocks; cb++)
     colsum_block (L, n, cols, y, L->bf16 && !y_f32, x, rstd, cb * CB,
                   MIN (CB, cols - cb * CB), acc + cb * CB);
@@ -600,7 +604,7 @@ stow_llama_colsum (StowLlama *L, guint64 n, guint64 cols, const void *y,
   guint64 n_blocks = (cols + CB - 1) / CB;
   /* One thread sums a block of columns over every row, in row order: the
    * bits depend on n and cols only. */
-#pragma omp parallel for schedule(static) num_threads(L->n_threads)
+#pragma omp parallel for schedule(dynamic) num_threads(L->n_threads)
   for (guint64 cb = 0; cb < n_blocks; cb++)
     {
       double acc[STOW_LLAMA_COL_BLOCK] = { 0 };
