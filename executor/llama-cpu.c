@@ -116,15 +116,37 @@ embed_backward (void *ctx, const gint32 *tokens, guint64 n, const void *dx,
 /* ---- the loss -------------------------------------------------------------
  */
 
+/* Row @l (V floats) rounded to bf16 into its own first half, in place:
+ * each block is read whole before it is written, and a write reaches only
+ * floats read before it (element j's two bytes lie in float j / 2). */
+static void
+row_to_bf16_in_place (float *l, guint64 V)
+{
+  enum
+  {
+    BLK = 256
+  };
+  guint16 tmp[BLK];
+  for (guint64 j0 = 0; j0 < V; j0 += BLK)
+    {
+      guint64 nb = MIN ((guint64)BLK, V - j0);
+      for (guint64 j = 0; j < nb; j++)
+        tmp[j] = stow_llama_bf16_round (l[j0 + j]);
+      memcpy ((guint16 *)l + j0, tmp, nb * sizeof (guint16));
+    }
+}
+
 /* Softmax cross-entropy of rows [0, cn) of logits (cn, V), in place: each
  * row becomes scale (softmax - onehot (target)) and loss[i] gets
  * logsumexp - logit[target]; a row whose target is negative (ignored)
- * becomes 0 and its loss 0. */
+ * becomes 0 and its loss 0.  With the decoder's loss_lowp (bf16) the
+ * gradient row is rounded once to bf16 into the row's first half. */
 static void
 softmax_xent (StowLlama *L, guint64 cn, float *logits, const gint32 *targets,
               float scale, float *loss)
 {
   guint64 V = L->config.vocab;
+  gboolean lowp = L->decoder.loss_lowp;
 #pragma omp parallel for schedule(dynamic) num_threads(L->n_threads)
   for (guint64 i = 0; i < cn; i++)
     {
@@ -154,6 +176,8 @@ softmax_xent (StowLlama *L, guint64 cn, float *logits, const gint32 *targets,
       for (guint64 j = 0; j < V; j++)
         l[j] *= k;
       l[t] -= scale;
+      if (lowp)
+        row_to_bf16_in_place (l, V);
     }
 }
 
@@ -411,6 +435,12 @@ stow_llama_new (const StowLlamaConfig *config, StowDtype dtype, guint64 max_seq,
     .bf16 = L->bf16,
     .esize = L->esize,
     .max_seq = max_seq,
+    /* At bf16 the fused loss's products take bf16 operands, xn and the
+     * logits' gradient rounded once each (as the cuda runtime does, and
+     * PyTorch's autocast, whose lm_head runs in bf16): they run on the
+     * kernel's bf16 path (AMX), not staged to fp32 beside the bf16 head.
+     * The loss itself, the softmax and the logits stay fp32. */
+    .loss_lowp = L->bf16,
   };
   /* A bench's hook: every kernel call timed (executor/kernel-times.h),
    * the calls written out when the runtime is freed. */

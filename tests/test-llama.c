@@ -984,7 +984,8 @@ test_bf16 (void)
  * kernel call timed and written out when it is freed, with the same bits
  * as untimed; the GEMMs' FLOPs in the file those of the decoder worked by
  * hand: forward 2 n (h (a d + 2 k d) + a d h + 3 h f) per layer and
- * 2 n V h for the head, the backward twice the forward. */
+ * 2 n V h for the head, the backward twice the forward.  At bf16, no
+ * product has an fp32 operand. */
 static void
 test_kernel_times (void)
 {
@@ -1054,6 +1055,29 @@ test_kernel_times (void)
   g_assert_cmpuint (attention, ==, c.n_layers);
   g_assert_cmpuint (embed, ==, 1);
   g_assert_cmpuint (timed_ns, >, 0);
+  g_remove (path);
+
+  /* At bf16 every product, the fused loss's too (loss_lowp), has bf16
+   * operands: none is staged to fp32 beside the bf16 head. */
+  g_setenv ("STOWAGE_KERNEL_TIMES", path, TRUE);
+  TestLlamaModel *b
+      = test_llama_model_new (&c, STOW_DTYPE_BF16, 2, 9, 2, 0, NULL);
+  g_unsetenv ("STOWAGE_KERNEL_TIMES");
+  test_llama_model_randomize (b, 72);
+  test_llama_model_step (b, FALSE);
+  test_llama_model_free (b);
+  g_autofree char *text16 = NULL;
+  g_assert_true (g_file_get_contents (path, &text16, NULL, NULL));
+  g_auto (GStrv) lines16 = g_strsplit (text16, "\n", -1);
+  guint64 gemms16 = 0;
+  for (guint i = 1; lines16[i] != NULL && lines16[i][0] != '\0'; i++)
+    if (strstr (lines16[i], "\"entry\": \"gemm\""))
+      {
+        gemms16++;
+        g_assert_nonnull (strstr (lines16[i], "\"a_bf16\": true"));
+        g_assert_nonnull (strstr (lines16[i], "\"b_bf16\": true"));
+      }
+  g_assert_cmpuint (gemms16, ==, 21 * c.n_layers + 3);
   g_remove (path);
   g_rmdir (dir);
 }
