@@ -140,36 +140,57 @@ def torch_worker(a):
 
 def torch_peak(a):
     """PyTorch's torch.mm on 4096^3 in fp32 and bf16 (MKL, oneDNN on
-    AMX), best of 5 calls after one: the machine's GEMM peak as the best
-    library there reaches it."""
+    AMX), best of 5 calls after one, by wall time and by the process's CPU
+    time over the threads: the machine's GEMM peak as the best library
+    there reaches it."""
     import torch
     n, out = 4096, {}
     for name, dt in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
         x = torch.randn(n, n).to(dt)
         y = torch.randn(n, n).to(dt)
         torch.mm(x, y)
-        best = min(timed(lambda: torch.mm(x, y)) for _ in range(5))
-        out[name] = 2.0 * n ** 3 / best / 1e9
+        walls, cpus = [], []
+        for _ in range(5):
+            t0, c0 = time.perf_counter(), time.process_time()
+            torch.mm(x, y)
+            walls.append(time.perf_counter() - t0)
+            cpus.append((time.process_time() - c0) / a.threads)
+        out[name] = 2.0 * n ** 3 / min(walls) / 1e9
+        out[name + " cpu"] = 2.0 * n ** 3 / min(cpus) / 1e9
     print(json.dumps(dict(gflops=out, version=torch.__version__)))
-
-
-def timed(fn):
-    t0 = time.perf_counter()
-    fn()
-    return time.perf_counter() - t0
 
 
 def runtime_peak(a, env):
     """The runtime's own GEMM (bench/sgemm-shapes) on 4096^3, fp32 and
-    bf16: GFLOP/s."""
+    bf16: GFLOP/s by wall time and by CPU time over the threads."""
     exe = os.path.join(a.build, "bench", "sgemm-shapes")
-    out = {}
+    out, n = {}, 4096
     for name, extra in (("fp32", []), ("bf16", ["--bf16"])):
         r = subprocess.run([exe, "--threads", str(a.threads)] + extra
-                           + ["4096x4096x4096"], check=True,
+                           + ["%dx%dx%d" % (n, n, n)], check=True,
                            capture_output=True, text=True, env=env)
-        out[name] = json.loads(r.stdout)["gflops"][0]
+        d = json.loads(r.stdout)
+        out[name] = d["gflops"][0]
+        out[name + " cpu"] = 2.0 * n ** 3 / d["cpu_seconds"][0] / 1e9
     return out
+
+
+def torch_run_peak(a, env):
+    r = subprocess.run([a.peer_python, "-P", os.path.abspath(__file__),
+                        "--worker", "peak", "--threads", str(a.threads)],
+                       capture_output=True, text=True, env=env)
+    if r.returncode != 0:
+        sys.exit("%s --worker peak failed:\n%s" % (a.peer_python,
+                                                    r.stderr[-3000:]))
+    return json.loads(r.stdout.splitlines()[-1])["gflops"]
+
+
+def peaks(a, env):
+    """{"fp32", "bf16", "fp32 cpu", "bf16 cpu"}: the best of PyTorch's and
+    the runtime's GFLOP/s, and each one's."""
+    t = torch_run_peak(a, env)
+    r = runtime_peak(a, env)
+    return {k: max(t[k], r[k]) for k in t}, t, r
 
 
 def cpu_info():
@@ -307,6 +328,7 @@ def main():
                         lambda: torch_run(a.debian_python, "eager")))
     runs = {name: [] for name, _ in systems}
     load0 = os.getloadavg()[0]
+    peak0 = peaks(a, env)
     for rnd in range(a.rounds):
         # Alternate the order too: no system always follows the same one.
         order = systems if rnd % 2 == 0 else systems[::-1]
@@ -330,11 +352,12 @@ def main():
     # nothing else loads, were the threads always balanced.
     cpu = {n: statistics.median(r["cpu"] for r in rs) / a.threads
            for n, rs in runs.items()}
-    # The machine's GEMM peak after the runs, in the same (quiet or not)
-    # moment as their last round.
-    tpeak = torch_run(a.peer_python, "peak")["gflops"]
-    rpeak = runtime_peak(a, env)
-    peak = {p: max(tpeak[p], rpeak[p]) for p in ("fp32", "bf16")}
+    # The machine's GEMM peak, before and after the runs: the better of
+    # the two moments.
+    p1, p2 = peak0, peaks(a, env)
+    peak = {k: max(p1[0][k], p2[0][k]) for k in p1[0]}
+    tpeak = {k: max(p1[1][k], p2[1][k]) for k in p1[1]}
+    rpeak = {k: max(p1[2][k], p2[2][k]) for k in p1[2]}
     inside = {n: kernel_times.median([p for r in rs for p in r["parts"]])
               for n, rs in runs.items() if "parts" in rs[0]}
     kernel = runs["stowage train, fp32"][0]["gemm"]
@@ -390,24 +413,35 @@ def main():
         lines.append("- %s: %.2fx (CPU time %.2fx) %s" % (
             prec, med[peer_name] / s, cpu[peer_name] / c, peer_name))
     lines += [
-        "", "The machine's GEMM peak on 4096^3 (best of 5, %d threads): fp32 "
-        "%.0f GFLOP/s (PyTorch's torch.mm %.0f, the runtime's %.0f), bf16 "
-        "%.0f GFLOP/s (PyTorch %.0f, the runtime %.0f)." % (
-            a.threads, peak["fp32"], tpeak["fp32"], rpeak["fp32"],
-            peak["bf16"], tpeak["bf16"], rpeak["bf16"])]
+        "", "The machine's GEMM peak on 4096^3 (best of 5 calls, %d threads, "
+        "before and after the runs), by wall time and by CPU time over the "
+        "threads (what the calls take on cores of their own): fp32 %.0f and "
+        "%.0f GFLOP/s (PyTorch's torch.mm %.0f and %.0f, the runtime's %.0f "
+        "and %.0f), bf16 %.0f and %.0f GFLOP/s (PyTorch %.0f and %.0f, the "
+        "runtime %.0f and %.0f)." % (
+            a.threads, peak["fp32"], peak["fp32 cpu"], tpeak["fp32"],
+            tpeak["fp32 cpu"], rpeak["fp32"], rpeak["fp32 cpu"],
+            peak["bf16"], peak["bf16 cpu"], tpeak["bf16"], tpeak["bf16 cpu"],
+            rpeak["bf16"], rpeak["bf16 cpu"])]
     for name, prec in (("stowage train, fp32", "fp32"),
                        ("stowage train --precision bf16", "bf16")):
         m = inside[name]
         rate = m["gemm_flops"] / m["gemm"] / 1e9
+        rate_cpu = m["gemm_flops"] / m["gemm_cpu"] / 1e9
+        c = cpu[name]
         lines += [
             "", "Inside the steps of %s (every kernel call timed, "
             "STOWAGE_KERNEL_TIMES; the median of each part over the kept "
             "steps of every round): the GEMMs (%.1f GFLOP a step) at %.0f "
-            "GFLOP/s, %.2f of the %s peak; outside the GEMMs %.3f s, %.0f%% "
-            "of the step." % (
+            "GFLOP/s by wall time, %.2f of the %s peak, and %.0f GFLOP/s by "
+            "CPU time, %.2f of its peak; outside the GEMMs %.3f s, %.0f%% of "
+            "the step's wall time, and %.3f s, %.0f%% of its CPU time per "
+            "thread (%.3f s)." % (
                 name, m["gemm_flops"] / 1e9, rate, rate / peak[prec], prec,
+                rate_cpu, rate_cpu / peak[prec + " cpu"],
                 m["step"] - m["gemm"],
-                100 * (m["step"] - m["gemm"]) / m["step"]), ""]
+                100 * (m["step"] - m["gemm"]) / m["step"],
+                c - m["gemm_cpu"], 100 * (c - m["gemm_cpu"]) / c, c), ""]
         lines += kernel_times.table(m)
     lines += [
         "", "Command:", "",

@@ -31,8 +31,10 @@ GROUPS = {
 
 
 def read(path):
-    """(header, [step: {key: [calls, seconds, flops]}]) of the last runtime
-    in a STOWAGE_KERNEL_TIMES file; a GEMM's key says its operands:
+    """(header, [step: {key: [calls, seconds, flops, cpu seconds]}]) of the
+    last runtime in a STOWAGE_KERNEL_TIMES file (cpu seconds: the process's
+    CPU time over the calls, every thread's); a GEMM's key says its
+    operands:
     "gemm bf16" (both bf16: the kernel multiplies bf16 where it can) or
     "gemm fp32"."""
     header, steps = None, []
@@ -50,17 +52,20 @@ def read(path):
                 key = "gemm bf16" if r["a_bf16"] and r["b_bf16"] \
                     else "gemm fp32"
                 flops = 2.0 * r["m"] * r["n"] * r["k"]
-            acc = steps[-1].setdefault(key, [0, 0.0, 0.0])
+            acc = steps[-1].setdefault(key, [0, 0.0, 0.0, 0.0])
             acc[0] += 1
             acc[1] += r["ns"] * 1e-9
             acc[2] += flops
+            acc[3] += r["cpu_ns"] * 1e-9
     return header, steps
 
 
 def parts(kt_path, step_times):
     """Each step's parts, in seconds: {"step", "gemm", "gemm_flops",
     "gemm fp32", "gemm bf16", each group of GROUPS, "kernels",
-    "outside"}; with the file's header."""
+    "outside", "gemm_cpu"} ("gemm_cpu": the GEMMs' CPU seconds over the
+    threads, what they take where nothing else runs); with the file's
+    header."""
     header, steps = read(kt_path)
     if len(steps) != len(step_times):
         sys.exit("kernel-times: %d steps of kernels against %d step times"
@@ -75,6 +80,8 @@ def parts(kt_path, step_times):
                                 if k.startswith("gemm"))
         for g, entries in GROUPS.items():
             row[g] = sum(s.get(e, [0, 0.0])[1] for e in entries)
+        row["gemm_cpu"] = sum(v[3] for k, v in s.items()
+                              if k.startswith("gemm")) / header["threads"]
         row["kernels"] = sum(v[1] for v in s.values())
         row["outside"] = t - row["kernels"]
         rows.append(row)

@@ -68,7 +68,7 @@ typedef struct
 {
   guint32 entry, flags;
   guint64 m, n, k;
-  gint64 t0_ns, ns;
+  gint64 t0_ns, ns, cpu_ns;
 } Call;
 
 struct StowKernelTimes
@@ -80,18 +80,35 @@ struct StowKernelTimes
 };
 
 static gint64
-now_ns (void)
+clock_ns (clockid_t id)
 {
   struct timespec ts;
-  clock_gettime (CLOCK_MONOTONIC, &ts);
+  clock_gettime (id, &ts);
   return (gint64)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
+/* A call's start: the monotonic clock and the process's CPU time. */
+typedef struct
+{
+  gint64 wall, cpu;
+} Start;
+
+static Start
+start (void)
+{
+  return (Start){ clock_ns (CLOCK_MONOTONIC),
+                  clock_ns (CLOCK_PROCESS_CPUTIME_ID) };
+}
+
 static void
-record (StowKernelTimes *t, Entry e, gint64 t0, guint32 flags, guint64 m,
+record (StowKernelTimes *t, Entry e, Start t0, guint32 flags, guint64 m,
         guint64 n, guint64 k)
 {
-  Call c = { e, flags, m, n, k, t0, now_ns () - t0 };
+  gint64 cpu = clock_ns (CLOCK_PROCESS_CPUTIME_ID);
+  Call c = {
+    e,           flags, m, n, k, t0.wall, clock_ns (CLOCK_MONOTONIC) - t0.wall,
+    cpu - t0.cpu
+  };
   g_mutex_lock (&t->lock);
   g_array_append_val (t->calls, c);
   g_mutex_unlock (&t->lock);
@@ -104,7 +121,7 @@ record (StowKernelTimes *t, Entry e, gint64 t0, guint32 flags, guint64 m,
   do                                                                           \
     {                                                                          \
       StowKernelTimes *t = ctx;                                                \
-      gint64 t0 = now_ns ();                                                   \
+      Start t0 = start ();                                                     \
       t->inner->call;                                                          \
       record (t, e, t0, 0, 0, 0, 0);                                           \
     }                                                                          \
@@ -116,7 +133,7 @@ t_gemm (void *ctx, guint64 M, guint64 N, guint64 K, float alpha, StowMat A,
         const void *R, guint64 ldr, const void *bias)
 {
   StowKernelTimes *t = ctx;
-  gint64 t0 = now_ns ();
+  Start t0 = start ();
   t->inner->gemm (t->ctx, M, N, K, alpha, A, B, C, c_bf16, ldc, accumulate, R,
                   ldr, bias);
   guint32 flags
@@ -342,8 +359,8 @@ stow_kernel_times_write (const StowKernelTimes *t, const char *path,
       const Call *c = &g_array_index (t->calls, Call, i);
       fprintf (f,
                "{\"entry\": \"%s\", \"t0_ns\": %" G_GINT64_FORMAT
-               ", \"ns\": %" G_GINT64_FORMAT,
-               entry_names[c->entry], c->t0_ns, c->ns);
+               ", \"ns\": %" G_GINT64_FORMAT ", \"cpu_ns\": %" G_GINT64_FORMAT,
+               entry_names[c->entry], c->t0_ns, c->ns, c->cpu_ns);
       if (c->entry == E_GEMM)
         fprintf (f,
                  ", \"m\": %" G_GUINT64_FORMAT ", \"n\": %" G_GUINT64_FORMAT

@@ -43,9 +43,12 @@ gboolean stow_kernel_times_total (const StowKernelTimes *t, const char *entry,
 
 /* Appends to @path a line {"kernel_times": 1, @header's members} (@header:
  * "\"key\": value, ..." or NULL), then one line per call, in order:
- * {"entry": "gemm", "t0_ns": 12, "ns": 345, "m": 512, "n": 768, "k": 768,
- * "a_bf16": false, "b_bf16": false, "c_bf16": false} (the last five for
- * gemm only; t0_ns from the monotonic clock).  FALSE and @error (the
+ * {"entry": "gemm", "t0_ns": 12, "ns": 345, "cpu_ns": 678, "m": 512,
+ * "n": 768, "k": 768, "a_bf16": false, "b_bf16": false, "c_bf16": false}
+ * (the last six for gemm only; t0_ns from the monotonic clock, ns the
+ * call's wall time, cpu_ns the process's CPU time over the call, every
+ * thread's: on a machine other work loads, what the call would take on
+ * cores of its own, times the threads).  FALSE and @error (the
  * path) when the file cannot be written. */
 gboolean stow_kernel_times_write (const StowKernelTimes *t, const char *path,
                                   const char *header, GError **error);

@@ -1026,6 +1026,7 @@ test_kernel_times (void)
       const char *ns = strstr (lines[i], "\"ns\": ");
       g_assert_nonnull (ns);
       timed_ns += g_ascii_strtoull (ns + 6, NULL, 10);
+      g_assert_nonnull (strstr (lines[i], "\"cpu_ns\": "));
       if (strstr (lines[i], "\"entry\": \"attention_forward\""))
         attention++;
       if (strstr (lines[i], "\"entry\": \"embed_forward\""))
