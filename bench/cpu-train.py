@@ -12,9 +12,11 @@
 # tied head, autograd and torch.optim.AdamW, each system in its own process.
 # The systems take turns, --rounds runs of --steps each; the first --warmup
 # steps of each run are dropped (torch.compile compiles in them), and the
-# median of the kept steps is compared.  Beside it, the step's linear-layer GEMMs at
-# the runtime's own rate on those shapes (bench/sgemm-shapes, the kernel
-# executor/gemm.c chose): how much of the step is outside the GEMMs.
+# median of the kept steps is compared.  Inside stowage's steps, every
+# kernel call is timed (STOWAGE_KERNEL_TIMES, bench/kernel-times.py): the
+# GEMMs' GFLOP/s as they ran in the step, against the machine's peak (the
+# best of PyTorch's torch.mm and the runtime's own GEMM on 4096^3, fp32 and
+# bf16), and what the step spends outside them.
 # Results go to bench/results/cpu-train-<host>-<date>.md, naming the CPU,
 # its flags, the kernels and each torch's BLAS.
 #
@@ -43,25 +45,37 @@ if HERE in sys.path:
 sys.path.append(HERE)
 from benchlib import read_safetensors, report, stamp  # noqa: E402
 
+
+def load_module(name, file):
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        name, os.path.join(HERE, file))
+    m = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(m)
+    return m
+
+
+kernel_times = load_module("kernel_times", "kernel-times.py")
+
 ROOT = os.path.dirname(HERE)
 FLAGS = ("avx2", "fma", "avx512f", "avx512_bf16", "amx_tile", "amx_bf16")
+# The options that shape the model and the batch (the command line of a
+# result names those that differ from the defaults).
+MODEL = ("seq", "batch", "hidden", "layers", "heads", "ffn", "vocab")
 
 
 def load_layer():
-    import importlib.util
-    spec = importlib.util.spec_from_file_location(
-        "llama_layer", os.path.join(HERE, "llama-layer.py"))
-    ll = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(ll)
-    return ll
+    return load_module("llama_layer", "llama-layer.py")
 
 
 def torch_worker(a):
     """One run of PyTorch (--worker eager|compile|autocast) on the model
     and tokens the parent wrote; prints its step times and losses."""
     import torch
-    ll = load_layer()
     torch.set_num_threads(a.threads)
+    if a.worker == "peak":
+        return torch_peak(a)
+    ll = load_layer()
     hf = read_safetensors(os.path.join(a.model_dir, "model.safetensors"))
     with open(a.tokens, "rb") as f:
         toks = torch.tensor(list(struct.unpack(
@@ -124,30 +138,59 @@ def torch_worker(a):
                           if hasattr(torch.backends, "cpu") else "")))
 
 
-def gemm_seconds(a, bf16, env):
-    """The step's linear-layer GEMMs at the runtime's rate on each shape:
-    forward X W^T, backward dY W and dY^T X, per layer and for the head."""
-    n = a.batch * a.seq
-    h, f, V = a.hidden, a.ffn, a.vocab
-    shapes = [(n, h, h)] * 4 + [(n, f, h)] * 2 + [(n, h, f)]  # per layer
-    per_layer = []
-    for (m, o, i) in shapes:  # Y (m, o) = X (m, i) W^T
-        per_layer += [("NT", m, o, i), ("NN", m, i, o), ("TN", o, i, m)]
-    head = [("NT", n, V, h), ("NN", n, h, V), ("TN", V, h, n)]
-    exe = os.path.join(a.build, "bench", "sgemm-shapes")
-    args = [exe, "--threads", str(a.threads)] + (["--bf16"] if bf16 else [])
-    for (t, m, nn, k) in per_layer + head:
-        args += ["%s:%dx%dx%d" % (t, m, nn, k)]
-    out = json.loads(subprocess.run(args, check=True, capture_output=True,
-                                    text=True, env=env).stdout)
+def torch_peak(a):
+    """PyTorch's torch.mm on 4096^3 in fp32 and bf16 (MKL, oneDNN on
+    AMX), best of 5 calls after one, by wall time and by the process's CPU
+    time over the threads: the machine's GEMM peak as the best library
+    there reaches it."""
+    import torch
+    n, out = 4096, {}
+    for name, dt in (("fp32", torch.float32), ("bf16", torch.bfloat16)):
+        x = torch.randn(n, n).to(dt)
+        y = torch.randn(n, n).to(dt)
+        torch.mm(x, y)
+        walls, cpus = [], []
+        for _ in range(5):
+            t0, c0 = time.perf_counter(), time.process_time()
+            torch.mm(x, y)
+            walls.append(time.perf_counter() - t0)
+            cpus.append((time.process_time() - c0) / a.threads)
+        out[name] = 2.0 * n ** 3 / min(walls) / 1e9
+        out[name + " cpu"] = 2.0 * n ** 3 / min(cpus) / 1e9
+    print(json.dumps(dict(gflops=out, version=torch.__version__)))
 
-    def total(secs):
-        return sum(secs[:len(per_layer)]) * a.layers \
-            + sum(secs[len(per_layer):])
-    flops = sum(2.0 * m * nn * k for (_, m, nn, k) in per_layer) * a.layers \
-        + sum(2.0 * m * nn * k for (_, m, nn, k) in head)
-    return (total(out["seconds"]), total(out["cpu_seconds"]), flops,
-            out["kernel"])
+
+def runtime_peak(a, env):
+    """The runtime's own GEMM (bench/sgemm-shapes) on 4096^3, fp32 and
+    bf16: GFLOP/s by wall time and by CPU time over the threads."""
+    exe = os.path.join(a.build, "bench", "sgemm-shapes")
+    out, n = {}, 4096
+    for name, extra in (("fp32", []), ("bf16", ["--bf16"])):
+        r = subprocess.run([exe, "--threads", str(a.threads)] + extra
+                           + ["%dx%dx%d" % (n, n, n)], check=True,
+                           capture_output=True, text=True, env=env)
+        d = json.loads(r.stdout)
+        out[name] = d["gflops"][0]
+        out[name + " cpu"] = 2.0 * n ** 3 / d["cpu_seconds"][0] / 1e9
+    return out
+
+
+def torch_run_peak(a, env):
+    r = subprocess.run([a.peer_python, "-P", os.path.abspath(__file__),
+                        "--worker", "peak", "--threads", str(a.threads)],
+                       capture_output=True, text=True, env=env)
+    if r.returncode != 0:
+        sys.exit("%s --worker peak failed:\n%s" % (a.peer_python,
+                                                    r.stderr[-3000:]))
+    return json.loads(r.stdout.splitlines()[-1])["gflops"]
+
+
+def peaks(a, env):
+    """{"fp32", "bf16", "fp32 cpu", "bf16 cpu"}: the best of PyTorch's and
+    the runtime's GFLOP/s, and each one's."""
+    t = torch_run_peak(a, env)
+    r = runtime_peak(a, env)
+    return {k: max(t[k], r[k]) for k in t}, t, r
 
 
 def cpu_info():
@@ -184,7 +227,8 @@ def main():
     ap.add_argument("--debian-python", default="/usr/bin/python3",
                     help="Debian's python3-torch; '' to leave it out")
     ap.add_argument("--no-save", action="store_true")
-    ap.add_argument("--worker", choices=("eager", "compile", "autocast"),
+    ap.add_argument("--worker",
+                    choices=("eager", "compile", "autocast", "peak"),
                     help=argparse.SUPPRESS)
     ap.add_argument("--model-dir", help=argparse.SUPPRESS)
     ap.add_argument("--tokens", help=argparse.SUPPRESS)
@@ -219,7 +263,8 @@ def main():
     # Passive: a thread that waits sleeps, so that the CPU time is the work
     # (and a waiting thread takes no core from a loaded machine's others).
     env = dict(os.environ, OMP_NUM_THREADS=str(a.threads),
-               OMP_WAIT_POLICY="passive")
+               OMP_WAIT_POLICY="passive",
+               STOWAGE_KERNEL_TIMES=os.path.join(tmp, "kernel-times.jsonl"))
     log, out = os.path.join(tmp, "log.jsonl"), os.path.join(tmp, "out")
 
     def stowage_cpu(cmd):
@@ -229,25 +274,30 @@ def main():
         r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
         return r1.ru_utime + r1.ru_stime - r0.ru_utime - r0.ru_stime
 
+    kt = os.path.join(tmp, "kernel-times.jsonl")
+
     def stowage_run(extra, steps=None):
         cmd = [stowage, "train", "--model", model, "--data", shard,
                "--steps", str(steps or a.steps), "--seq", str(a.seq),
                "--micro-batch", str(a.batch), "--lr", "1e-4",
                "--threads", str(a.threads), "--out", out, "--log-json",
                log] + extra
-        subprocess.run(["rm", "-rf", out])
+        subprocess.run(["rm", "-rf", out, kt])
         cpu = stowage_cpu(cmd)
         with open(log) as f:
             rows = [json.loads(line) for line in f]
         if steps:
             return cpu
+        times = [r["step_time_s"] for r in rows]
+        header, parts = kernel_times.parts(kt, times)
         # The CPU time of the kept steps: this run's less that of a run of
         # the warm-up steps alone (loading, the first steps, saving).
         subprocess.run(["rm", "-rf", out])
         base = stowage_run(extra, a.warmup)
-        return dict(times=[r["step_time_s"] for r in rows],
-                    losses=[r["loss"] for r in rows],
-                    cpu=(cpu - base) / (a.steps - a.warmup))
+        return dict(times=times, losses=[r["loss"] for r in rows],
+                    cpu=(cpu - base) / (a.steps - a.warmup),
+                    dtype=header["dtype"], gemm=header["gemm"],
+                    parts=parts[a.warmup:])
 
     def torch_run(python, mode):
         cmd = [python, "-P", os.path.abspath(__file__), "--worker", mode,
@@ -262,7 +312,9 @@ def main():
         return json.loads(r.stdout.splitlines()[-1])
 
     systems = [
-        ("stowage train, fp32", lambda: stowage_run([])),
+        # --precision always: the command's default is bf16.
+        ("stowage train, fp32",
+         lambda: stowage_run(["--precision", "fp32"])),
         ("stowage train --precision bf16",
          lambda: stowage_run(["--precision", "bf16"])),
         ("PyTorch eager, fp32", lambda: torch_run(a.peer_python, "eager")),
@@ -276,6 +328,7 @@ def main():
                         lambda: torch_run(a.debian_python, "eager")))
     runs = {name: [] for name, _ in systems}
     load0 = os.getloadavg()[0]
+    peak0 = peaks(a, env)
     for rnd in range(a.rounds):
         # Alternate the order too: no system always follows the same one.
         order = systems if rnd % 2 == 0 else systems[::-1]
@@ -285,14 +338,29 @@ def main():
                 "%.3f" % t for t in runs[name][-1]["times"])),
                 file=sys.stderr, flush=True)
     load1 = os.getloadavg()[0]
+    # What each of stowage's rows ran as (the runtime's header): the
+    # command's default precision is bf16, and a row must not say fp32
+    # over a bf16 run.
+    for name, want in (("stowage train, fp32", "fp32"),
+                       ("stowage train --precision bf16", "bf16")):
+        got = {r["dtype"] for r in runs[name]}
+        if got != {want}:
+            sys.exit("%s ran as %s" % (name, ", ".join(sorted(got))))
     med = {n: statistics.median(t for r in rs for t in r["times"][a.warmup:])
            for n, rs in runs.items()}
     # The CPU seconds of a step over the threads: the step on a machine
     # nothing else loads, were the threads always balanced.
     cpu = {n: statistics.median(r["cpu"] for r in rs) / a.threads
            for n, rs in runs.items()}
-    gemm32, gcpu32, flops, kernel = gemm_seconds(a, False, env)
-    gemm16, gcpu16, _, _ = gemm_seconds(a, True, env)
+    # The machine's GEMM peak, before and after the runs: the better of
+    # the two moments.
+    p1, p2 = peak0, peaks(a, env)
+    peak = {k: max(p1[0][k], p2[0][k]) for k in p1[0]}
+    tpeak = {k: max(p1[1][k], p2[1][k]) for k in p1[1]}
+    rpeak = {k: max(p1[2][k], p2[2][k]) for k in p1[2]}
+    inside = {n: kernel_times.median([p for r in rs for p in r["parts"]])
+              for n, rs in runs.items() if "parts" in rs[0]}
+    kernel = runs["stowage train, fp32"][0]["gemm"]
     tokens = a.batch * a.seq
     params = sum(x.numel() for x in read_safetensors(
         os.path.join(model, "model.safetensors")).values())
@@ -345,29 +413,47 @@ def main():
         lines.append("- %s: %.2fx (CPU time %.2fx) %s" % (
             prec, med[peer_name] / s, cpu[peer_name] / c, peer_name))
     lines += [
-        "", "The step's linear-layer GEMMs (%.1f GFLOP) at the runtime's "
-        "own rate on each shape (bench/sgemm-shapes, %d threads, best of 3 "
-        "calls), against stowage's median step and its CPU seconds per step "
-        "per thread:" % (flops / 1e9, a.threads), "",
-        "| | GEMMs (s) | GFLOP/s | step (s) | GEMM share | the rest (s) |",
-        "|---|---:|---:|---:|---:|---:|"]
-    for label, g, st in (("fp32, wall", gemm32, s32),
-                         ("fp32, CPU time", gcpu32, c32),
-                         ("bf16, wall", gemm16, s16),
-                         ("bf16, CPU time", gcpu16, c16)):
-        lines.append("| %s | %.3f | %.0f | %.3f | %.0f%% | %.3f |" % (
-            label, g, flops / g / 1e9, st, 100 * g / st, st - g))
+        "", "The machine's GEMM peak on 4096^3 (best of 5 calls, %d threads, "
+        "before and after the runs), by wall time and by CPU time over the "
+        "threads (what the calls take on cores of their own): fp32 %.0f and "
+        "%.0f GFLOP/s (PyTorch's torch.mm %.0f and %.0f, the runtime's %.0f "
+        "and %.0f), bf16 %.0f and %.0f GFLOP/s (PyTorch %.0f and %.0f, the "
+        "runtime %.0f and %.0f)." % (
+            a.threads, peak["fp32"], peak["fp32 cpu"], tpeak["fp32"],
+            tpeak["fp32 cpu"], rpeak["fp32"], rpeak["fp32 cpu"],
+            peak["bf16"], peak["bf16 cpu"], tpeak["bf16"], tpeak["bf16 cpu"],
+            rpeak["bf16"], rpeak["bf16 cpu"])]
+    for name, prec in (("stowage train, fp32", "fp32"),
+                       ("stowage train --precision bf16", "bf16")):
+        m = inside[name]
+        rate = m["gemm_flops"] / m["gemm"] / 1e9
+        rate_cpu = m["gemm_flops"] / m["gemm_cpu"] / 1e9
+        c = cpu[name]
+        lines += [
+            "", "Inside the steps of %s (every kernel call timed, "
+            "STOWAGE_KERNEL_TIMES; the median of each part over the kept "
+            "steps of every round): the GEMMs (%.1f GFLOP a step) at %.0f "
+            "GFLOP/s by wall time, %.2f of the %s peak, and %.0f GFLOP/s by "
+            "CPU time, %.2f of its peak; outside the GEMMs %.3f s, %.0f%% of "
+            "the step's wall time, and %.3f s, %.0f%% of its CPU time per "
+            "thread (%.3f s)." % (
+                name, m["gemm_flops"] / 1e9, rate, rate / peak[prec], prec,
+                rate_cpu, rate_cpu / peak[prec + " cpu"],
+                m["step"] - m["gemm"],
+                100 * (m["step"] - m["gemm"]) / m["step"],
+                c - m["gemm_cpu"], 100 * (c - m["gemm_cpu"]) / c, c), ""]
+        lines += kernel_times.table(m)
     lines += [
-        "", "The rest is attention, the element-wise kernels, the loss and "
-        "Adam.", "",
-        "Command:", "",
+        "", "Command:", "",
         "    /usr/bin/python3 bench/cpu-train.py --build %s --threads %d "
-        "--steps %d --rounds %d --warmup %d --peer-python %s" % (
+        "--steps %d --rounds %d --warmup %d --peer-python %s%s" % (
             os.path.relpath(a.build, ROOT) if a.build.startswith(ROOT)
             else a.build, a.threads, a.steps, a.rounds,
             a.warmup,
             os.path.relpath(a.peer_python, ROOT)
-            if a.peer_python.startswith(ROOT) else a.peer_python), ""]
+            if a.peer_python.startswith(ROOT) else a.peer_python,
+            "".join(" --%s %s" % (k, getattr(a, k)) for k in MODEL
+                    if getattr(a, k) != ap.get_default(k))), ""]
     report("cpu-train", host, now, lines, save=not a.no_save)
     subprocess.run(["rm", "-rf", tmp])
 

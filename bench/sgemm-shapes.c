@@ -5,13 +5,15 @@
  * of the runtime's GEMM (stow_llama_gemm: tiles of C on OpenMP threads,
  * each a call of the kernel executor/gemm.c chose), C (M, N) = op(A) op(B)
  * with op(A) transposed when the prefix's first letter is T, op(B) when the
- * second is (NN by default).  --bf16: bf16 operands and C.
+ * second is (NN by default).  --bf16: bf16 operands and C, or as a suffix
+ * :ABC says, b or f for each of A, B and C (the loss's products at bf16
+ * have fp32 operands beside the bf16 head: "NT:512x32000x768:fbf").
  * Prints {"kernel": "...", "seconds": [...], "gflops": [...], "cpu_seconds":
  * [...]}: the best wall time of each, and the best CPU time of the process
  * over the threads (what the wall time would be on a machine nothing else
  * loads, with the threads balanced).  Not a test.
  *
- * usage: sgemm-shapes [--threads 2] [--bf16] NT:512x768x768 512x2048x768 ...
+ * usage: sgemm-shapes [--threads 2] [--bf16] NT:512x768x768 512x2048x768[:fbf]
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -61,7 +63,6 @@ main (int argc, char **argv)
   g_autofree char *kernel = stow_gemm_describe ();
   GString *secs = g_string_new ("["), *rates = g_string_new ("[");
   GString *cpus = g_string_new ("[");
-  gsize esize = bf16 ? 2 : 4;
   for (int i = first; i < argc; i++)
     {
       const char *spec = argv[i];
@@ -73,19 +74,28 @@ main (int argc, char **argv)
           spec += 3;
         }
       long m, n, k;
-      if (sscanf (spec, "%ldx%ldx%ld", &m, &n, &k) != 3 || m <= 0 || n <= 0
-          || k <= 0)
+      char types[4] = "";
+      int got = sscanf (spec, "%ldx%ldx%ld:%3[bf]", &m, &n, &k, types);
+      if (got < 3 || m <= 0 || n <= 0 || k <= 0
+          || (got == 4 && (strlen (types) != 3 || !bf16)))
         {
-          fprintf (stderr, "sgemm-shapes: \"%s\": expected [TT:]MxNxK\n",
+          fprintf (stderr,
+                   "sgemm-shapes: \"%s\": expected [TT:]MxNxK[:ABC] (ABC: "
+                   "b or f each, with --bf16)\n",
                    argv[i]);
           return 2;
         }
-      guint8 *a = g_malloc (esize * m * k), *b = g_malloc (esize * k * n);
-      guint8 *cc = g_malloc (esize * m * n);
+      /* Each operand's type: all the runtime's unless :ABC says. */
+      gboolean ab = got == 4 ? types[0] == 'b' : bf16;
+      gboolean bb = got == 4 ? types[1] == 'b' : bf16;
+      gboolean cb = got == 4 ? types[2] == 'b' : bf16;
+      guint8 *a = g_malloc ((ab ? 2 : 4) * m * k);
+      guint8 *b = g_malloc ((bb ? 2 : 4) * k * n);
+      guint8 *cc = g_malloc ((cb ? 2 : 4) * m * n);
       for (long j = 0; j < m * k; j++)
         {
           float v = (float)(j % 7) * 0.1f;
-          if (bf16)
+          if (ab)
             ((guint16 *)a)[j] = stow_llama_bf16_round (v);
           else
             ((float *)a)[j] = v;
@@ -93,20 +103,20 @@ main (int argc, char **argv)
       for (long j = 0; j < k * n; j++)
         {
           float v = (float)(j % 5) * 0.1f;
-          if (bf16)
+          if (bb)
             ((guint16 *)b)[j] = stow_llama_bf16_round (v);
           else
             ((float *)b)[j] = v;
         }
-      StowMat A = { .p = a, .bf16 = bf16, .ld = ta ? m : k, .trans = ta };
-      StowMat B = { .p = b, .bf16 = bf16, .ld = tb ? k : n, .trans = tb };
+      StowMat A = { .p = a, .bf16 = ab, .ld = ta ? m : k, .trans = ta };
+      StowMat B = { .p = b, .bf16 = bb, .ld = tb ? k : n, .trans = tb };
       double best = 1e30, best_cpu = 1e30;
       for (int rep = 0; rep < 4; rep++)
         {
           struct timespec c0, c1;
           clock_gettime (CLOCK_PROCESS_CPUTIME_ID, &c0);
           gint64 t0 = g_get_monotonic_time ();
-          stow_llama_gemm (L, m, n, k, 1.0f, A, B, cc, bf16, n, FALSE, NULL, 0,
+          stow_llama_gemm (L, m, n, k, 1.0f, A, B, cc, cb, n, FALSE, NULL, 0,
                            NULL);
           double s = (double)(g_get_monotonic_time () - t0) / 1e6;
           clock_gettime (CLOCK_PROCESS_CPUTIME_ID, &c1);

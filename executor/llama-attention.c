@@ -110,13 +110,13 @@ stow_llama_attention_forward (StowLlama *L, guint64 batch, guint64 seq,
   guint64 items = batch * a;
 
   /* Each (sequence, query head) is one thread's, with single-threaded
-   * products inside. */
+   * products inside; handed out dynamically (llama-kernels.c says why). */
 #pragma omp parallel num_threads(L->n_threads)
   {
     float *ws = stow_llama_thread_ws (L, (guint)omp_get_thread_num ());
     float *Q = ws, *K = Q + T * d, *V = K + T * d, *O = V + T * d;
     float *S = O + MIN (BQ, T) * d;
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic)
     for (guint64 it = 0; it < items; it++)
       {
         guint64 b = it / a, j = it % a, g = j / group, r0 = b * T;
@@ -157,7 +157,7 @@ stow_llama_attention_backward (StowLlama *L, guint64 batch, guint64 seq,
     float *K = ws, *V = K + T * d, *dK = V + T * d, *dV = dK + T * d;
     float *Q = dV + T * d, *dO = Q + T * d, *dQ = dO + T * d;
     float *D = dQ + T * d, *P = D + T, *dP = P + bq * T;
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic)
     for (guint64 it = 0; it < items; it++)
       {
         guint64 b = it / kv, g = it % kv, r0 = b * T;

@@ -90,7 +90,7 @@ embed_backward (void *ctx, const gint32 *tokens, guint64 n, const void *dx,
 #pragma omp parallel num_threads(L->n_threads)
   {
     float *ws = stow_llama_thread_ws (L, (guint)omp_get_thread_num ());
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic, 16)
     for (guint64 gi = 0; gi < n_groups; gi++)
       {
         guint64 tok = (guint64)tp[starts[gi]].token;
@@ -116,16 +116,38 @@ embed_backward (void *ctx, const gint32 *tokens, guint64 n, const void *dx,
 /* ---- the loss -------------------------------------------------------------
  */
 
+/* Row @l (V floats) rounded to bf16 into its own first half, in place:
+ * each block is read whole before it is written, and a write reaches only
+ * floats read before it (element j's two bytes lie in float j / 2). */
+static void
+row_to_bf16_in_place (float *l, guint64 V)
+{
+  enum
+  {
+    BLK = 256
+  };
+  guint16 tmp[BLK];
+  for (guint64 j0 = 0; j0 < V; j0 += BLK)
+    {
+      guint64 nb = MIN ((guint64)BLK, V - j0);
+      for (guint64 j = 0; j < nb; j++)
+        tmp[j] = stow_llama_bf16_round (l[j0 + j]);
+      memcpy ((guint16 *)l + j0, tmp, nb * sizeof (guint16));
+    }
+}
+
 /* Softmax cross-entropy of rows [0, cn) of logits (cn, V), in place: each
  * row becomes scale (softmax - onehot (target)) and loss[i] gets
  * logsumexp - logit[target]; a row whose target is negative (ignored)
- * becomes 0 and its loss 0. */
+ * becomes 0 and its loss 0.  With the decoder's loss_lowp (bf16) the
+ * gradient row is rounded once to bf16 into the row's first half. */
 static void
 softmax_xent (StowLlama *L, guint64 cn, float *logits, const gint32 *targets,
               float scale, float *loss)
 {
   guint64 V = L->config.vocab;
-#pragma omp parallel for schedule(static) num_threads(L->n_threads)
+  gboolean lowp = L->decoder.loss_lowp;
+#pragma omp parallel for schedule(dynamic) num_threads(L->n_threads)
   for (guint64 i = 0; i < cn; i++)
     {
       float *l = logits + i * V;
@@ -154,6 +176,8 @@ softmax_xent (StowLlama *L, guint64 cn, float *logits, const gint32 *targets,
       for (guint64 j = 0; j < V; j++)
         l[j] *= k;
       l[t] -= scale;
+      if (lowp)
+        row_to_bf16_in_place (l, V);
     }
 }
 
@@ -386,23 +410,23 @@ stow_llama_new (const StowLlamaConfig *config, StowDtype dtype, guint64 max_seq,
   L->rope_cos = g_aligned_alloc (max_seq * half, sizeof (float), 64);
   L->rope_sin = g_aligned_alloc (max_seq * half, sizeof (float), 64);
   L->col_acc = g_aligned_alloc (c->hidden, sizeof (double), 64);
-  guint64 gemm_floats = 0, tile_floats = 0;
+  guint64 tile_floats = 0, panel_floats = 0;
   if (L->bf16)
     {
-      /* The staging of products with an fp32 operand (the loss's) or a
-       * kernel without bf16; the tiles of bf16 products. */
-      gemm_floats = 3 * (guint64)STOW_LLAMA_GEMM_BLOCK * STOW_LLAMA_GEMM_BLOCK;
-      L->gemm_ws = g_aligned_alloc (gemm_floats, sizeof (float), 64);
-      if (stow_gemm_choice ()->bf16_native)
-        {
-          tile_floats
-              = (guint64)L->n_threads * STOW_LLAMA_TILE_M * STOW_LLAMA_TILE_N;
-          L->tile_ws = g_aligned_alloc (tile_floats, sizeof (float), 64);
-        }
+      /* The tiles of products with a bf16 C, the panels of products with
+       * one bf16 operand (the loss's) or two the kernel does not multiply
+       * (llama-kernels.c's tiled_product). */
+      tile_floats
+          = (guint64)L->n_threads * STOW_LLAMA_TILE_M * STOW_LLAMA_TILE_N;
+      panel_floats = (guint64)L->n_threads
+                     * (STOW_LLAMA_TILE_M + STOW_LLAMA_TILE_N)
+                     * STOW_LLAMA_STAGE_K;
+      L->tile_ws = g_aligned_alloc (tile_floats, sizeof (float), 64);
+      L->panel_ws = g_aligned_alloc (panel_floats, sizeof (float), 64);
     }
   L->ws_bytes = 4
                     * (L->thread_floats * L->n_threads + 2 * max_seq * half
-                       + gemm_floats + tile_floats)
+                       + tile_floats + panel_floats)
                 + 8 * c->hidden;
   L->decoder = (StowDecoder){
     .k = &cpu_kernels,
@@ -411,7 +435,23 @@ stow_llama_new (const StowLlamaConfig *config, StowDtype dtype, guint64 max_seq,
     .bf16 = L->bf16,
     .esize = L->esize,
     .max_seq = max_seq,
+    /* At bf16 the fused loss's products take bf16 operands, xn and the
+     * logits' gradient rounded once each (as the cuda runtime does, and
+     * PyTorch's autocast, whose lm_head runs in bf16): they run on the
+     * kernel's bf16 path (AMX), not staged to fp32 beside the bf16 head.
+     * The loss itself, the softmax and the logits stay fp32. */
+    .loss_lowp = L->bf16,
   };
+  /* A bench's hook: every kernel call timed (executor/kernel-times.h),
+   * the calls written out when the runtime is freed. */
+  const char *times_path = g_getenv ("STOWAGE_KERNEL_TIMES");
+  if (times_path != NULL && times_path[0] != '\0')
+    {
+      L->times = stow_kernel_times_new (&cpu_kernels, L);
+      L->times_path = g_strdup (times_path);
+      L->decoder.k = stow_kernel_times_table ();
+      L->decoder.ctx = L->times;
+    }
 
   /* Angles in double, rounded once: positions times frequencies stay
    * exact far past where an fp32 product would lose the phase. */
@@ -432,12 +472,25 @@ stow_llama_free (StowLlama *L)
 {
   if (L == NULL)
     return;
+  if (L->times != NULL)
+    {
+      g_autofree char *described = stow_gemm_describe ();
+      g_autofree char *kernel = g_strescape (described, NULL);
+      g_autofree char *header = g_strdup_printf (
+          "\"dtype\": \"%s\", \"threads\": %u, \"gemm\": \"%s\"",
+          stow_dtype_nick (L->dtype), L->n_threads, kernel);
+      g_autoptr (GError) error = NULL;
+      if (!stow_kernel_times_write (L->times, L->times_path, header, &error))
+        g_warning ("%s", error->message);
+      stow_kernel_times_free (L->times);
+      g_free (L->times_path);
+    }
   g_aligned_free (L->thread_ws);
   g_aligned_free (L->rope_cos);
   g_aligned_free (L->rope_sin);
   g_aligned_free (L->col_acc);
-  g_aligned_free (L->gemm_ws);
   g_aligned_free (L->tile_ws);
+  g_aligned_free (L->panel_ws);
   g_free (L);
 }
 

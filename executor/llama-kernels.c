@@ -5,7 +5,11 @@
  * where the kernel multiplies bf16, else staged to fp32 in bounded blocks), the
  * row kernels (RMSNorm, rotary, SwiGLU, forward and backward) and the column
  * reductions behind bias and norm-weight gradients.  Each kernel's result
- * depends on its inputs only, never on the thread count.
+ * depends on its inputs only, never on the thread count nor on which
+ * thread runs which part: every loop's items (tiles, rows, column blocks)
+ * are computed whole by one thread each, handed out dynamically, so that
+ * a thread a loaded machine deschedules holds the others up for one item,
+ * not for its whole static share.
  */
 #include "executor/llama-private.h"
 
@@ -63,24 +67,6 @@ stow_llama_thread_ws (const StowLlama *L, guint t)
 
 /* ---- GEMM ---------------------------------------------------------------- */
 
-/* (rows, cols) of a stored matrix, from (r0, c0), to @dst (rows, cols)
- * fp32; a bf16 source is converted. */
-static void
-stage_block (const StowLlama *L, const void *src, gboolean bf16, guint64 ld,
-             guint64 r0, guint64 c0, guint64 rows, guint64 cols, float *dst)
-{
-#pragma omp parallel for schedule(static) num_threads(L->n_threads)
-  for (guint64 i = 0; i < rows; i++)
-    {
-      if (bf16)
-        bf16_to_f32_n ((const guint16 *)src + (r0 + i) * ld + c0,
-                       dst + i * cols, cols);
-      else
-        memcpy (dst + i * cols, (const float *)src + (r0 + i) * ld + c0,
-                cols * sizeof (float));
-    }
-}
-
 /* Row @r of a C block, columns [c0, c0 + cols), fp32: R's row + bias, or
  * zero when neither. */
 static void
@@ -118,27 +104,9 @@ init_block (const StowLlama *L, float *cf, guint64 ldcf, guint64 rows,
             guint64 cols, const void *R, gboolean r_bf16, guint64 ldr,
             guint64 m0, guint64 n0, const void *bias)
 {
-#pragma omp parallel for schedule(static) num_threads(L->n_threads)
+#pragma omp parallel for schedule(dynamic, 16) num_threads(L->n_threads)
   for (guint64 i = 0; i < rows; i++)
     init_row (L, cf + i * ldcf, R, r_bf16, ldr, m0 + i, n0, cols, bias);
-}
-
-/* Operand @X's stored block for op(X) rows [r0, r0 + rows) and columns
- * [c0, c0 + cols), in fp32: a pointer into X (fp32) or staged in @tmp. */
-static const float *
-operand_block (const StowLlama *L, StowMat X, guint64 r0, guint64 c0,
-               guint64 rows, guint64 cols, float *tmp, guint64 *ld)
-{
-  guint64 sr = X.trans ? c0 : r0, sc = X.trans ? r0 : c0;
-  guint64 nr = X.trans ? cols : rows, nc = X.trans ? rows : cols;
-  if (!X.bf16)
-    {
-      *ld = X.ld;
-      return (const float *)X.p + sr * X.ld + sc;
-    }
-  stage_block (L, X.p, TRUE, X.ld, sr, sc, nr, nc, tmp);
-  *ld = nc;
-  return tmp;
 }
 
 /* The tiles of a product (M, N) that one thread each computes with a
@@ -190,7 +158,7 @@ tiled_sgemm (const StowLlama *L, gboolean ta, gboolean tb, guint64 M, guint64 N,
   guint64 tm, tn;
   tile_shape (M, N, &tm, &tn);
   guint64 n_m = (M + tm - 1) / tm, n_n = (N + tn - 1) / tn;
-#pragma omp parallel for schedule(static) num_threads(L->n_threads)
+#pragma omp parallel for schedule(dynamic) num_threads(L->n_threads)
   for (guint64 t = 0; t < n_m * n_n; t++)
     {
       guint64 m0 = t / n_n * tm, n0 = t % n_n * tn;
@@ -202,26 +170,77 @@ tiled_sgemm (const StowLlama *L, gboolean ta, gboolean tb, guint64 M, guint64 N,
     }
 }
 
-/* Both operands bf16 and a kernel that multiplies bf16: tiles of C, each
- * one thread's, summed over the whole K in fp32 (in C when it is fp32,
- * else in the thread's tile buffer, rounded once). */
+/* Rows [r0, r0 + rows) and columns [c0, c0 + cols) of a stored matrix
+ * (bf16 when @bf16) to @dst (rows, cols) fp32, on the calling thread. */
 static void
-tiled_bf16 (StowLlama *L, guint64 M, guint64 N, guint64 K, float alpha,
-            StowMat A, StowMat B, void *C, gboolean c_bf16, guint64 ldc,
-            gboolean accumulate, gboolean init, const void *R, guint64 ldr,
-            const void *bias)
+stage_panel (const void *src, gboolean bf16, guint64 ld, guint64 r0, guint64 c0,
+             guint64 rows, guint64 cols, float *dst)
 {
+  for (guint64 i = 0; i < rows; i++)
+    {
+      if (bf16)
+        bf16_to_f32_n ((const guint16 *)src + (r0 + i) * ld + c0,
+                       dst + i * cols, cols);
+      else
+        memcpy (dst + i * cols, (const float *)src + (r0 + i) * ld + c0,
+                cols * sizeof (float));
+    }
+}
+
+/* Operand @X's stored block for op(X) rows [r0, r0 + rows) and columns
+ * [c0, c0 + cols), in fp32: a pointer into X (fp32) or staged in @panel
+ * (bf16), with its row stride in *@ld. */
+static const float *
+operand_panel (StowMat X, guint64 r0, guint64 c0, guint64 rows, guint64 cols,
+               float *panel, guint64 *ld)
+{
+  guint64 sr = X.trans ? c0 : r0, sc = X.trans ? r0 : c0;
+  guint64 nr = X.trans ? cols : rows, nc = X.trans ? rows : cols;
+  if (!X.bf16)
+    {
+      *ld = X.ld;
+      return (const float *)X.p + sr * X.ld + sc;
+    }
+  stage_panel (X.p, TRUE, X.ld, sr, sc, nr, nc, panel);
+  *ld = nc;
+  return panel;
+}
+
+/* A product with a bf16 operand or C: tiles of C (tile_shape), each one
+ * thread's, in one parallel region.  A tile is summed in fp32 (in C when
+ * it is fp32, else in the thread's tile buffer, rounded once at the end):
+ * by one call of the bf16 kernel over the whole K when both operands are
+ * bf16 and the kernel multiplies bf16; else by the fp32 kernel, over the
+ * whole K when both operands are fp32 and over blocks of
+ * STOW_LLAMA_STAGE_K of K, staged to fp32 in the thread's panels, when one
+ * is bf16 (a bf16 value is exact in fp32).  Every sum's order follows the
+ * shape: the bits do not depend on the thread count. */
+static void
+tiled_product (StowLlama *L, guint64 M, guint64 N, guint64 K, float alpha,
+               StowMat A, StowMat B, void *C, gboolean c_bf16, guint64 ldc,
+               gboolean accumulate, gboolean init, const void *R, guint64 ldr,
+               const void *bias)
+{
+  gboolean native
+      = A.bf16 && B.bf16 && K > 0 && stow_gemm_choice ()->bf16_native;
+  guint64 kb_max = A.bf16 || B.bf16 ? STOW_LLAMA_STAGE_K : MAX (K, 1);
   guint64 tm, tn;
   tile_shape (M, N, &tm, &tn);
-  g_assert (tm <= STOW_LLAMA_TILE_M && tn <= STOW_LLAMA_TILE_N);
+  /* OpenBLAS's tiles are wider than the buffers: narrowed (still by the
+   * shape alone). */
+  tm = MIN (tm, STOW_LLAMA_TILE_M);
+  tn = MIN (tn, STOW_LLAMA_TILE_N);
   guint64 n_m = (M + tm - 1) / tm, n_n = (N + tn - 1) / tn;
-  const guint16 *a = A.p, *b = B.p;
+  const guint64 TILE = (guint64)STOW_LLAMA_TILE_M * STOW_LLAMA_TILE_N;
+  const guint64 PANEL
+      = (guint64)(STOW_LLAMA_TILE_M + STOW_LLAMA_TILE_N) * STOW_LLAMA_STAGE_K;
 #pragma omp parallel num_threads(L->n_threads)
   {
-    float *tile = L->tile_ws
-                  + (guint64)omp_get_thread_num () * STOW_LLAMA_TILE_M
-                        * STOW_LLAMA_TILE_N;
-#pragma omp for schedule(static)
+    guint64 th = (guint64)omp_get_thread_num ();
+    float *tile = L->tile_ws + th * TILE;
+    float *pa = L->panel_ws + th * PANEL;
+    float *pb = pa + (guint64)STOW_LLAMA_TILE_M * STOW_LLAMA_STAGE_K;
+#pragma omp for schedule(dynamic)
     for (guint64 t = 0; t < n_m * n_n; t++)
       {
         guint64 m0 = t / n_n * tm, n0 = t % n_n * tn;
@@ -233,13 +252,25 @@ tiled_bf16 (StowLlama *L, guint64 M, guint64 N, guint64 K, float alpha,
             float *c = cf + i * ldcf;
             if (accumulate && c_bf16)
               bf16_to_f32_n ((const guint16 *)C + (m0 + i) * ldc + n0, c, nb);
-            else if (init)
+            else if (init || (!accumulate && K == 0))
               init_row (L, c, R, c_bf16, ldr, m0 + i, n0, nb, bias);
           }
-        stow_gemm_bf16 (A.trans, B.trans, mb, nb, K, alpha,
-                        a + (A.trans ? m0 : m0 * A.ld), A.ld,
-                        b + (B.trans ? n0 * B.ld : n0), B.ld,
-                        init || accumulate ? 1.0f : 0.0f, cf, ldcf);
+        gboolean have = init || accumulate;
+        if (native)
+          stow_gemm_bf16 (A.trans, B.trans, mb, nb, K, alpha,
+                          (const guint16 *)A.p + (A.trans ? m0 : m0 * A.ld),
+                          A.ld,
+                          (const guint16 *)B.p + (B.trans ? n0 * B.ld : n0),
+                          B.ld, have ? 1.0f : 0.0f, cf, ldcf);
+        else
+          for (guint64 k0 = 0; k0 < K; k0 += kb_max)
+            {
+              guint64 kb = MIN (kb_max, K - k0), lda, ldb;
+              const float *ap = operand_panel (A, m0, k0, mb, kb, pa, &lda);
+              const float *bp = operand_panel (B, k0, n0, kb, nb, pb, &ldb);
+              stow_gemm_f32 (A.trans, B.trans, mb, nb, kb, alpha, ap, lda, bp,
+                             ldb, have || k0 > 0 ? 1.0f : 0.0f, cf, ldcf);
+            }
         if (c_bf16)
           for (guint64 i = 0; i < mb; i++)
             f32_to_bf16_n (cf + i * nb, (guint16 *)C + (m0 + i) * ldc + n0, nb);
@@ -273,46 +304,10 @@ stow_llama_gemm (StowLlama *L, guint64 M, guint64 N, guint64 K, float alpha,
                    init || accumulate ? 1.0f : 0.0f, c, ldc);
       return;
     }
-  if (A.bf16 && B.bf16 && K > 0 && stow_gemm_choice ()->bf16_native)
-    {
-      tiled_bf16 (L, M, N, K, alpha, A, B, C, c_bf16, ldc, accumulate, init, R,
-                  ldr, bias);
-      return;
-    }
-
-  /* Blocks of C, each summed over blocks of K in fp32 and rounded once. */
-  const guint64 BLK = STOW_LLAMA_GEMM_BLOCK;
-  float *sa = L->gemm_ws, *sb = sa + BLK * BLK, *sc = sb + BLK * BLK;
-  g_assert (sa != NULL);
-  for (guint64 m0 = 0; m0 < M; m0 += BLK)
-    for (guint64 n0 = 0; n0 < N; n0 += BLK)
-      {
-        guint64 mb = MIN (BLK, M - m0), nb = MIN (BLK, N - n0);
-        float *cf = c_bf16 ? sc : (float *)C + m0 * ldc + n0;
-        guint64 ldcf = c_bf16 ? nb : ldc;
-        gboolean have = init || accumulate;
-        if (accumulate && c_bf16)
-          init_block (L, cf, ldcf, mb, nb, C, TRUE, ldc, m0, n0, NULL);
-        else if (init)
-          init_block (L, cf, ldcf, mb, nb, R, c_bf16, ldr, m0, n0, bias);
-        else if (!accumulate && K == 0)
-          init_block (L, cf, ldcf, mb, nb, NULL, FALSE, 0, 0, 0, NULL);
-        for (guint64 k0 = 0; k0 < K; k0 += BLK)
-          {
-            guint64 kb = MIN (BLK, K - k0), lda, ldb;
-            const float *ap = operand_block (L, A, m0, k0, mb, kb, sa, &lda);
-            const float *bp = operand_block (L, B, k0, n0, kb, nb, sb, &ldb);
-            tiled_sgemm (L, ta, tb, mb, nb, kb, alpha, ap, lda, bp, ldb,
-                         have || k0 > 0 ? 1.0f : 0.0f, cf, ldcf);
-          }
-        if (c_bf16)
-          {
-#pragma omp parallel for schedule(static) num_threads(L->n_threads)
-            for (guint64 i = 0; i < mb; i++)
-              f32_to_bf16_n (sc + i * nb, (guint16 *)C + (m0 + i) * ldc + n0,
-                             nb);
-          }
-      }
+  if (K == 0 && accumulate)
+    return;
+  tiled_product (L, M, N, K, alpha, A, B, C, c_bf16, ldc, accumulate, init, R,
+                 ldr, bias);
 }
 
 /* ---- RMSNorm ------------------------------------------------------------- */
@@ -365,7 +360,7 @@ stow_llama_rms_rstd (StowLlama *L, guint64 n, guint64 h, const void *x,
 #pragma omp parallel num_threads(L->n_threads)
   {
     float *tmp = stow_llama_thread_ws (L, (guint)omp_get_thread_num ());
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic, 16)
     for (guint64 r = 0; r < n; r++)
       rstd[r] = row_rstd (stow_llama_row_in (L, x, h, r, h, tmp), h, eps);
   }
@@ -382,7 +377,7 @@ stow_llama_rmsnorm (StowLlama *L, guint64 n, guint64 h, const void *x,
   {
     float *ws = stow_llama_thread_ws (L, (guint)omp_get_thread_num ());
     const float *wf = stow_llama_row_in (L, w, 0, 0, h, ws);
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic, 16)
     for (guint64 r = 0; r < n; r++)
       {
         const float *xr = stow_llama_row_in (L, x, h, r, h, ws + W);
@@ -409,7 +404,7 @@ stow_llama_rmsnorm_backward (StowLlama *L, guint64 n, guint64 h, const void *dy,
   {
     float *ws = stow_llama_thread_ws (L, (guint)omp_get_thread_num ());
     const float *wf = stow_llama_row_in (L, w, 0, 0, h, ws);
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic, 16)
     for (guint64 r = 0; r < n; r++)
       {
         const float *dyr = dy_f32 ? (const float *)dy + r * h
@@ -467,7 +462,7 @@ stow_llama_rope (StowLlama *L, guint64 n, guint64 seq, guint64 heads, void *p,
 #pragma omp parallel num_threads(L->n_threads)
   {
     float *ws = stow_llama_thread_ws (L, (guint)omp_get_thread_num ());
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic, 16)
     for (guint64 r = 0; r < n; r++)
       {
         guint64 t = r % seq;
@@ -516,7 +511,7 @@ stow_llama_swiglu (StowLlama *L, guint64 n, const void *gate, const void *up,
 #pragma omp parallel num_threads(L->n_threads)
   {
     float *ws = stow_llama_thread_ws (L, (guint)omp_get_thread_num ());
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic, 16)
     for (guint64 r = 0; r < n; r++)
       {
         const float *g = stow_llama_row_in (L, gate, f, r, f, ws);
@@ -537,7 +532,7 @@ stow_llama_swiglu_backward (StowLlama *L, guint64 n, const void *dact,
 #pragma omp parallel num_threads(L->n_threads)
   {
     float *ws = stow_llama_thread_ws (L, (guint)omp_get_thread_num ());
-#pragma omp for schedule(static)
+#pragma omp for schedule(dynamic, 16)
     for (guint64 r = 0; r < n; r++)
       {
         const float *da = stow_llama_row_in (L, dact, f, r, f, ws);
@@ -594,7 +589,7 @@ stow_llama_colsum_acc (StowLlama *L, guint64 n, guint64 cols, const void *y,
 {
   const guint64 CB = STOW_LLAMA_COL_BLOCK;
   guint64 n_blocks = (cols + CB - 1) / CB;
-#pragma omp parallel for schedule(static) num_threads(L->n_threads)
+#pragma omp parallel for schedule(dynamic) num_threads(L->n_threads)
   for (guint64 cb = 0; cb < n_blocks; cb++)
     colsum_block (L, n, cols, y, L->bf16 && !y_f32, x, rstd, cb * CB,
                   MIN (CB, cols - cb * CB), acc + cb * CB);
@@ -609,7 +604,7 @@ stow_llama_colsum (StowLlama *L, guint64 n, guint64 cols, const void *y,
   guint64 n_blocks = (cols + CB - 1) / CB;
   /* One thread sums a block of columns over every row, in row order: the
    * bits depend on n and cols only. */
-#pragma omp parallel for schedule(static) num_threads(L->n_threads)
+#pragma omp parallel for schedule(dynamic) num_threads(L->n_threads)
   for (guint64 cb = 0; cb < n_blocks; cb++)
     {
       double acc[STOW_LLAMA_COL_BLOCK] = { 0 };

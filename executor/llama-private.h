@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "executor/gemm.h"
+#include "executor/kernel-times.h"
 #include "executor/llama-expf.h"
 #include "executor/llama.h"
 
@@ -21,9 +22,11 @@ G_BEGIN_DECLS
  * thread instead of (T, T), and causal blocks skip the keys past the
  * block's last query. */
 #define STOW_LLAMA_ATTN_BQ 128
-/* Side of the square blocks a bf16 GEMM stages in fp32: three such blocks
- * (A, B, C) bound the staging at 3 MiB however large the operands are. */
-#define STOW_LLAMA_GEMM_BLOCK 512
+/* Elements of K a product with one bf16 and one fp32 operand (the loss's,
+ * at bf16), or bf16 operands the kernel cannot multiply, stages to fp32 at
+ * a time: each thread's panels, (TILE_M + TILE_N) STAGE_K floats, bound
+ * the staging at 1.5 MiB a thread however large the operands are. */
+#define STOW_LLAMA_STAGE_K 512
 /* The largest tile of C one thread computes with oneDNN (llama-kernels.c's
  * tile_shape); at bf16 each thread keeps one such fp32 tile. */
 #define STOW_LLAMA_TILE_M 256
@@ -51,16 +54,18 @@ struct StowLlama
   float *thread_ws;
   guint64 thread_floats;
   guint64 row_floats; /* one row slot: max (h, f, a d) floats */
-  /* bf16 GEMM staging: three STOW_LLAMA_GEMM_BLOCK^2 blocks (NULL at
-   * fp32, where operands go to cblas_sgemm as they are). */
-  float *gemm_ws;
-  /* Per thread, a STOW_LLAMA_TILE_M x STOW_LLAMA_TILE_N fp32 tile: a bf16
-   * product's C summed before its one rounding (NULL unless the GEMM
-   * kernel multiplies bf16). */
-  float *tile_ws;
+  /* Per thread, at bf16 (NULL at fp32, where operands go to the kernel
+   * as they are): a STOW_LLAMA_TILE_M x STOW_LLAMA_TILE_N fp32 tile (a
+   * bf16 C summed before its one rounding), and the panels an operand is
+   * staged in, (TILE_M + TILE_N) STOW_LLAMA_STAGE_K floats. */
+  float *tile_ws, *panel_ws;
   /* Column accumulators of the fused loss's norm gradient: (h) doubles. */
   double *col_acc;
   guint64 ws_bytes; /* everything above, as stow_llama_workspace_bytes says */
+  /* STOWAGE_KERNEL_TIMES's timing table around this runtime's, and the
+   * file it is written to when the runtime is freed (NULL: untimed). */
+  StowKernelTimes *times;
+  char *times_path;
 };
 
 /* Element-wise row loops built for AVX-512, AVX2 and the baseline, one
@@ -112,10 +117,11 @@ float *stow_llama_thread_ws (const StowLlama *L, guint t);
 
 /* C (M, N) = R + bias + alpha op(A) op(B) when !@accumulate (R and bias
  * may be NULL: zero), C += alpha op(A) op(B) when @accumulate.  R has C's
- * element type and @ldr; bias (N) has the runtime's dtype.  A bf16 operand
- * is staged to fp32 in blocks; a bf16 C is rounded once, after the whole
- * K sum.  Tiles of C fixed by the shape run on L->n_threads threads,
- * each a single-threaded cblas_sgemm: the bits do not depend on the
+ * element type and @ldr; bias (N) has the runtime's dtype.  Two bf16
+ * operands go to the kernel as they are where it multiplies bf16; else a
+ * bf16 operand is staged to fp32 in panels; a bf16 C is rounded once,
+ * after the whole K sum.  Tiles of C fixed by the shape run on L->n_threads
+ * threads, each a single-threaded cblas_sgemm: the bits do not depend on the
  * thread count. */
 void stow_llama_gemm (StowLlama *L, guint64 M, guint64 N, guint64 K,
                       float alpha, StowMat A, StowMat B, void *C,

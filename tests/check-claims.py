@@ -34,36 +34,41 @@ SOURCES = ("cost", "memory", "published", "sim", "lower", "search",
 # group is the figure).  These are records, not tests: a figure there is
 # what one run on one machine measured, and the record says which.
 BENCH = {
-    "bench.cpu-train.ratio-median": (
-        "cpu-train-vm-20261128-2018.md",
+    # Issue 40's run: stowage in --precision fp32 and bf16 (the records
+    # above ran bf16 in their "fp32" rows), the GEMMs' share from inside
+    # the steps.
+    "bench.cpu-train-issue40.ratio-median": (
+        "cpu-train-vm-20261129-0002.md",
         r"- fp32: ([\d.]+)x \(CPU time [\d.]+x\) PyTorch eager, fp32"),
-    "bench.cpu-train.cpu-ratio": (
-        "cpu-train-vm-20261128-2018.md",
+    "bench.cpu-train-issue40.cpu-ratio": (
+        "cpu-train-vm-20261129-0002.md",
         r"- fp32: [\d.]+x \(CPU time ([\d.]+)x\) PyTorch eager, fp32"),
-    "bench.cpu-train.compile-ratio": (
-        "cpu-train-vm-20261128-2018.md",
+    "bench.cpu-train-issue40.compile-ratio": (
+        "cpu-train-vm-20261129-0002.md",
         r"- fp32: ([\d.]+)x \(CPU time [\d.]+x\) PyTorch torch.compile"),
-    "bench.cpu-train.compile-cpu-ratio": (
-        "cpu-train-vm-20261128-2018.md",
+    "bench.cpu-train-issue40.compile-cpu-ratio": (
+        "cpu-train-vm-20261129-0002.md",
         r"- fp32: [\d.]+x \(CPU time ([\d.]+)x\) PyTorch torch.compile"),
-    "bench.cpu-train.bf16-ratio": (
-        "cpu-train-vm-20261128-2018.md",
+    "bench.cpu-train-issue40.bf16-ratio": (
+        "cpu-train-vm-20261129-0002.md",
         r"- bf16: ([\d.]+)x \(CPU time [\d.]+x\) PyTorch eager, bf16 autocast"),
-    "bench.cpu-train.bf16-cpu-ratio": (
-        "cpu-train-vm-20261128-2018.md",
+    "bench.cpu-train-issue40.bf16-cpu-ratio": (
+        "cpu-train-vm-20261129-0002.md",
         r"- bf16: [\d.]+x \(CPU time ([\d.]+)x\) PyTorch eager, bf16 autocast"),
-    "bench.cpu-train.torch-version": (
-        "cpu-train-vm-20261128-2018.md", r"PyTorch from PyPI: torch (\d+\.\d+)\.\d"),
-    # The same bench in a quiet moment of the VM (load 0.6 to 1.7).
-    "bench.cpu-train-quiet.ratio-median": (
-        "cpu-train-vm-20261128-2141.md",
-        r"- fp32: ([\d.]+)x \(CPU time [\d.]+x\) PyTorch eager, fp32"),
-    "bench.cpu-train-quiet.compile-ratio": (
-        "cpu-train-vm-20261128-2141.md",
-        r"- fp32: ([\d.]+)x \(CPU time [\d.]+x\) PyTorch torch.compile"),
-    "bench.cpu-train-quiet.bf16-ratio": (
-        "cpu-train-vm-20261128-2141.md",
-        r"- bf16: ([\d.]+)x \(CPU time [\d.]+x\) PyTorch eager, bf16 autocast"),
+    "bench.cpu-train-issue40.torch-version": (
+        "cpu-train-vm-20261129-0002.md", r"PyTorch from PyPI: torch (\d+\.\d+)\.\d"),
+    "bench.cpu-train-issue40.gemm-peak-fp32": (
+        "cpu-train-vm-20261129-0002.md",
+        r"Inside the steps of stowage train, fp32 .*?GFLOP/s by CPU time, "
+        r"([\d.]+) of its peak"),
+    "bench.cpu-train-issue40.nongemm-cpu-fp32": (
+        "cpu-train-vm-20261129-0002.md",
+        r"Inside the steps of stowage train, fp32 .*?, (\d+)% of its CPU "
+        r"time per thread"),
+    "bench.cpu-train-issue40.nongemm-cpu-bf16": (
+        "cpu-train-vm-20261129-0002.md",
+        r"Inside the steps of stowage train --precision bf16 .*?, (\d+)% of "
+        r"its CPU time per thread"),
     "bench.gpu-h200-1112.ratio": (
         "gpu-h200-20261126-1112/gpu-train-bf16.md",
         r"stowage / PyTorch tokens/s: ([\d.]+)x"),

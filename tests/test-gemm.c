@@ -266,6 +266,144 @@ test_bf16 (void)
   check_products (TRUE);
 }
 
+/* ---- the runtime's products with bf16 in them ------------------------------
+ */
+
+/* One case of stow_llama_gemm in a bf16 runtime: which of A, B and C are
+ * bf16, whether A and B are transposed, and what C starts from. */
+typedef struct
+{
+  guint64 M, N, K;
+  gboolean a_bf16, b_bf16, c_bf16, ta, tb;
+  gboolean accumulate, with_r, with_bias;
+} Mixed;
+
+/* The bf16 runtime's product of @m on @threads threads; C (M, N + 2) of
+ * C's type, its last two columns not the product's. */
+static void *
+mixed_run (const Mixed *m, guint threads, const float *A, const guint16 *Ah,
+           guint64 lda, const float *B, const guint16 *Bh, guint64 ldb,
+           const void *C0, const void *R, const guint16 *bias)
+{
+  StowLlamaConfig c = { .hidden = 64,
+                        .n_layers = 1,
+                        .n_heads = 1,
+                        .n_kv_heads = 1,
+                        .head_dim = 64,
+                        .ffn = 64,
+                        .vocab = 64,
+                        .rope_theta = 1e4,
+                        .rms_norm_eps = 1e-6 };
+  GError *error = NULL;
+  g_autoptr (StowLlama) L
+      = stow_llama_new (&c, STOW_DTYPE_BF16, 64, threads, &error);
+  g_assert_no_error (error);
+  guint64 ldc = m->N + 2, csize = m->c_bf16 ? 2 : 4;
+  void *C = g_memdup2 (C0, m->M * ldc * csize);
+  StowMat a = { m->a_bf16 ? (const void *)Ah : A, m->a_bf16, lda, m->ta };
+  StowMat b = { m->b_bf16 ? (const void *)Bh : B, m->b_bf16, ldb, m->tb };
+  stow_llama_gemm (L, m->M, m->N, m->K, 0.5f, a, b, C, m->c_bf16, ldc,
+                   m->accumulate, m->with_r ? R : NULL, ldc,
+                   m->with_bias ? bias : NULL);
+  return C;
+}
+
+/* The products with a bf16 operand or C (the loss's at bf16: an fp32
+ * operand beside the bf16 head; every bf16 product where the kernel does
+ * not multiply bf16, as under STOWAGE_GEMM=openblas) against double, on
+ * shapes with ragged tiles and K past one staging panel (512); the same
+ * bits on 1 and 2 threads. */
+static void
+test_runtime_mixed (void)
+{
+  const Mixed cases[] = {
+    /* logits = xn head^T: fp32 xn, bf16 head */
+    { 250, 1100, 96, FALSE, TRUE, FALSE, FALSE, TRUE, FALSE, FALSE, FALSE },
+    /* dhead (+)= dlogits^T xn into bf16 */
+    { 700, 96, 250, FALSE, FALSE, TRUE, TRUE, FALSE, TRUE, FALSE, FALSE },
+    { 700, 96, 250, FALSE, FALSE, TRUE, TRUE, FALSE, FALSE, FALSE, FALSE },
+    /* dxn = dlogits head: K the vocabulary, past two panels */
+    { 250, 96, 1100, FALSE, TRUE, FALSE, FALSE, FALSE, FALSE, FALSE, FALSE },
+    /* bf16 throughout, from R and a bias, and accumulating */
+    { 300, 700, 600, TRUE, TRUE, TRUE, FALSE, TRUE, FALSE, TRUE, TRUE },
+    { 130, 67, 1030, TRUE, TRUE, TRUE, TRUE, FALSE, TRUE, FALSE, FALSE },
+    { 33, 17, 5, TRUE, FALSE, FALSE, TRUE, TRUE, FALSE, FALSE, TRUE },
+    { 1, 1, 0, TRUE, TRUE, TRUE, FALSE, FALSE, FALSE, TRUE, TRUE },
+  };
+  GError *error = NULL;
+  g_assert_true (stow_gemm_init (&error));
+  for (guint ci = 0; ci < G_N_ELEMENTS (cases); ci++)
+    {
+      const Mixed *m = &cases[ci];
+      guint64 M = m->M, N = m->N, K = m->K, ldc = N + 2;
+      guint64 lda = (m->ta ? M : K) + 3, ldb = (m->tb ? K : N) + 5;
+      guint64 na = (m->ta ? K : M) * lda, nb = (m->tb ? N : K) * ldb;
+      g_autofree float *A = g_new (float, MAX (na, 1));
+      g_autofree float *B = g_new (float, MAX (nb, 1));
+      g_autofree guint16 *Ah = g_new (guint16, MAX (na, 1));
+      g_autofree guint16 *Bh = g_new (guint16, MAX (nb, 1));
+      g_autofree float *Cf = g_new (float, M *ldc);
+      g_autofree guint16 *Ch = g_new (guint16, M * ldc);
+      g_autofree float *bf = g_new (float, N);
+      g_autofree guint16 *bh = g_new (guint16, N);
+      fill (A, na, 11 * ci + 1);
+      fill (B, nb, 11 * ci + 2);
+      fill (Cf, M * ldc, 11 * ci + 3);
+      fill (bf, N, 11 * ci + 4);
+      /* Every value bf16-exact: the reference sees what the kernel does
+       * whichever type an operand is passed as. */
+      for (guint64 i = 0; i < na; i++)
+        A[i] = stow_llama_bf16_load (Ah[i] = stow_llama_bf16_round (A[i]));
+      for (guint64 i = 0; i < nb; i++)
+        B[i] = stow_llama_bf16_load (Bh[i] = stow_llama_bf16_round (B[i]));
+      for (guint64 i = 0; i < M * ldc; i++)
+        Cf[i] = stow_llama_bf16_load (Ch[i] = stow_llama_bf16_round (Cf[i]));
+      for (guint64 i = 0; i < N; i++)
+        bf[i] = stow_llama_bf16_load (bh[i] = stow_llama_bf16_round (bf[i]));
+      const void *C0 = m->c_bf16 ? (const void *)Ch : Cf;
+      g_autofree void *c1
+          = mixed_run (m, 1, A, Ah, lda, B, Bh, ldb, C0, C0, bh);
+      g_autofree void *c2
+          = mixed_run (m, 2, A, Ah, lda, B, Bh, ldb, C0, C0, bh);
+      guint64 csize = m->c_bf16 ? 2 : 4;
+      g_assert_cmpmem (c1, M * ldc * csize, c2, M * ldc * csize);
+      g_autofree double *want = g_new (double, M *N);
+      g_autofree double *mag = g_new (double, M *N);
+      /* Starting from C0 (accumulate, or R: R is C0 here) plus the bias. */
+      gboolean from_c = m->accumulate || m->with_r;
+      reference (m->ta, m->tb, M, N, K, 0.5, A, lda, B, ldb, from_c ? 1.0 : 0.0,
+                 Cf, ldc, want, mag);
+      for (guint64 i = 0; i < M; i++)
+        for (guint64 j = 0; j < N; j++)
+          {
+            double w = want[i * N + j], bound;
+            double mg = mag[i * N + j];
+            if (m->with_bias && !m->accumulate)
+              {
+                w += bf[j];
+                mg += fabs (bf[j]);
+              }
+            /* fp32 sums (test_f32's bound), then one rounding to bf16. */
+            bound = (double)(K + 3) * ldexp (1.0, -24) * mg;
+            double got = m->c_bf16 ? stow_llama_bf16_load (
+                             ((const guint16 *)c1)[i * ldc + j])
+                                   : ((const float *)c1)[i * ldc + j];
+            if (m->c_bf16)
+              bound += ldexp (1.0, -8) * (fabs (w) + bound);
+            if (fabs (got - w) > bound)
+              g_test_message ("case %u: C[%" G_GUINT64_FORMAT
+                              ",%" G_GUINT64_FORMAT "] = %.9g, double says "
+                              "%.9g (bound %.3g)",
+                              ci, i, j, got, w, bound);
+            g_assert_cmpfloat (fabs (got - w), <=, bound);
+          }
+      /* Columns past N are not the product's: untouched. */
+      for (guint64 i = 0; i < M; i++)
+        g_assert_cmpmem ((const guint8 *)c1 + (i * ldc + N) * csize, 2 * csize,
+                         (const guint8 *)C0 + (i * ldc + N) * csize, 2 * csize);
+    }
+}
+
 /* ---- why the callers tile ------------------------------------------------ */
 
 /* What OpenBLAS's own threads do to the bits of one product (a
@@ -345,6 +483,7 @@ main (int argc, char **argv)
   g_test_add_func ("/gemm/choice", test_choice);
   g_test_add_func ("/gemm/f32", test_f32);
   g_test_add_func ("/gemm/bf16", test_bf16);
+  g_test_add_func ("/gemm/runtime-mixed", test_runtime_mixed);
   g_test_add_func ("/gemm/openblas-threads", test_openblas_threads);
   return g_test_run ();
 }

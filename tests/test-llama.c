@@ -11,6 +11,8 @@
 #include <math.h>
 #include <string.h>
 
+#include <glib/gstdio.h>
+
 #include "executor/llama-private.h"
 #include "tests/testutil-llama.h"
 
@@ -222,11 +224,10 @@ test_workspace_bytes (void)
    * (128 T floats). */
   g_assert_cmpuint (wa, >=, 4 * (100 * 16 + 100 * 100));
   g_assert_cmpuint (stow_llama_workspace_bytes (b), >, wa);
-  /* bf16 adds the GEMM staging: three 512 x 512 fp32 blocks, and where
-   * the kernel multiplies bf16, one 256 x 512 fp32 tile per thread. */
-  guint64 tile = stow_gemm_choice ()->bf16_native ? 256 * 512 * 4 : 0;
+  /* bf16 adds, per thread, one 256 x 512 fp32 tile (a bf16 C before its
+   * rounding) and the staging panels of 256 + 512 rows of 512 floats. */
   g_assert_cmpuint (stow_llama_workspace_bytes (s), ==,
-                    wa + 3 * 512 * 512 * 4 + tile);
+                    wa + 256 * 512 * 4 + (256 + 512) * 512 * 4);
   /* Linear in T, not quadratic: the scores are (128, T) tiles. */
   g_assert_cmpuint (stow_llama_workspace_bytes (t), <, 12 * wa);
   g_assert_cmpuint (stow_llama_get_n_threads (b), ==, 2);
@@ -979,6 +980,109 @@ test_bf16 (void)
     }
 }
 
+/* STOWAGE_KERNEL_TIMES (executor/kernel-times.h): the runtime's every
+ * kernel call timed and written out when it is freed, with the same bits
+ * as untimed; the GEMMs' FLOPs in the file those of the decoder worked by
+ * hand: forward 2 n (h (a d + 2 k d) + a d h + 3 h f) per layer and
+ * 2 n V h for the head, the backward twice the forward.  At bf16, no
+ * product has an fp32 operand. */
+static void
+test_kernel_times (void)
+{
+  StowLlamaConfig c = tiny_all ();
+  g_autofree char *dir = g_dir_make_tmp ("stow-kt-XXXXXX", NULL);
+  g_autofree char *path = g_build_filename (dir, "kt.jsonl", NULL);
+  g_autoptr (TestLlamaModel) plain
+      = test_llama_model_new (&c, STOW_DTYPE_F32, 2, 9, 2, 0, NULL);
+  g_setenv ("STOWAGE_KERNEL_TIMES", path, TRUE);
+  TestLlamaModel *timed
+      = test_llama_model_new (&c, STOW_DTYPE_F32, 2, 9, 2, 0, NULL);
+  g_unsetenv ("STOWAGE_KERNEL_TIMES");
+  g_assert_cmpstr (stow_llama_decoder (timed->rt)->k->name, ==, "timed");
+  g_assert_cmpstr (stow_llama_decoder (plain->rt)->k->name, ==, "cpu");
+  test_llama_model_randomize (plain, 71);
+  test_llama_model_copy_params (timed, plain);
+  double lp = test_llama_model_step (plain, FALSE);
+  double lt = test_llama_model_step (timed, FALSE);
+  g_assert_cmpmem (&lp, sizeof lp, &lt, sizeof lt);
+  for (guint i = 0; i < plain->params->len; i++)
+    {
+      TestLlamaParam *p = &g_array_index (plain->params, TestLlamaParam, i);
+      TestLlamaParam *q = &g_array_index (timed->params, TestLlamaParam, i);
+      g_assert_cmpmem (p->g, p->rows * p->cols * 4, q->g,
+                       q->rows * q->cols * 4);
+    }
+  test_llama_model_free (timed);
+
+  g_autofree char *text = NULL;
+  g_assert_true (g_file_get_contents (path, &text, NULL, NULL));
+  g_auto (GStrv) lines = g_strsplit (text, "\n", -1);
+  g_assert_nonnull (strstr (lines[0], "\"kernel_times\": 1"));
+  g_assert_nonnull (strstr (lines[0], "\"dtype\": \"fp32\""));
+  double flops = 0;
+  guint64 gemms = 0, attention = 0, embed = 0, timed_ns = 0;
+  for (guint i = 1; lines[i] != NULL && lines[i][0] != '\0'; i++)
+    {
+      const char *ns = strstr (lines[i], "\"ns\": ");
+      g_assert_nonnull (ns);
+      timed_ns += g_ascii_strtoull (ns + 6, NULL, 10);
+      g_assert_nonnull (strstr (lines[i], "\"cpu_ns\": "));
+      if (strstr (lines[i], "\"entry\": \"attention_forward\""))
+        attention++;
+      if (strstr (lines[i], "\"entry\": \"embed_forward\""))
+        embed++;
+      if (!strstr (lines[i], "\"entry\": \"gemm\""))
+        continue;
+      guint64 m = 0, n = 0, k = 0;
+      const char *at = strstr (lines[i], "\"m\": ");
+      g_assert_nonnull (at);
+      g_assert_cmpint (sscanf (at,
+                               "\"m\": %" G_GUINT64_FORMAT
+                               ", \"n\": %" G_GUINT64_FORMAT
+                               ", \"k\": %" G_GUINT64_FORMAT,
+                               &m, &n, &k),
+                       ==, 3);
+      flops += 2.0 * (double)m * (double)n * (double)k;
+      gemms++;
+    }
+  guint64 n = 2 * 9, h = c.hidden, f = c.ffn, V = c.vocab;
+  guint64 ad = c.n_heads * c.head_dim, kd = c.n_kv_heads * c.head_dim;
+  double layer = 2.0 * n * (h * (ad + 2 * kd) + ad * h + 3 * h * f);
+  double head = 2.0 * n * V * h;
+  g_assert_cmpfloat (flops, ==, 3 * (c.n_layers * layer + head));
+  /* Seven products a layer forward, fourteen backward; three for the
+   * head's one chunk. */
+  g_assert_cmpuint (gemms, ==, 21 * c.n_layers + 3);
+  g_assert_cmpuint (attention, ==, c.n_layers);
+  g_assert_cmpuint (embed, ==, 1);
+  g_assert_cmpuint (timed_ns, >, 0);
+  g_remove (path);
+
+  /* At bf16 every product, the fused loss's too (loss_lowp), has bf16
+   * operands: none is staged to fp32 beside the bf16 head. */
+  g_setenv ("STOWAGE_KERNEL_TIMES", path, TRUE);
+  TestLlamaModel *b
+      = test_llama_model_new (&c, STOW_DTYPE_BF16, 2, 9, 2, 0, NULL);
+  g_unsetenv ("STOWAGE_KERNEL_TIMES");
+  test_llama_model_randomize (b, 72);
+  test_llama_model_step (b, FALSE);
+  test_llama_model_free (b);
+  g_autofree char *text16 = NULL;
+  g_assert_true (g_file_get_contents (path, &text16, NULL, NULL));
+  g_auto (GStrv) lines16 = g_strsplit (text16, "\n", -1);
+  guint64 gemms16 = 0;
+  for (guint i = 1; lines16[i] != NULL && lines16[i][0] != '\0'; i++)
+    if (strstr (lines16[i], "\"entry\": \"gemm\""))
+      {
+        gemms16++;
+        g_assert_nonnull (strstr (lines16[i], "\"a_bf16\": true"));
+        g_assert_nonnull (strstr (lines16[i], "\"b_bf16\": true"));
+      }
+  g_assert_cmpuint (gemms16, ==, 21 * c.n_layers + 3);
+  g_remove (path);
+  g_rmdir (dir);
+}
+
 /* ---- the PyTorch oracle
  * ------------------------------------------------------ */
 
@@ -1072,6 +1176,7 @@ main (int argc, char **argv)
   g_test_add_func ("/llama/ws-bound", test_ws_bound);
   g_test_add_func ("/llama/threads", test_threads);
   g_test_add_func ("/llama/bf16", test_bf16);
+  g_test_add_func ("/llama/kernel-times", test_kernel_times);
   /* The cases of tests/oracle/llama_oracle.py (--list). */
   static const char *cases[] = { "gqa-untied",
                                  "mha-tied-theta500k",
