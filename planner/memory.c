@@ -1405,11 +1405,23 @@ partition_padding (States *s)
   guint64 n = ms->n;
   if (!ranks_reduce_each_micro_batch (ms))
     return;
-  g_autoptr (StowProgram) prog = stow_program_new (1);
-  stow_program_set_units (prog, ms->m);
+  /* The units' elements as program/program.c's stow_program_set_units
+   * groups the tensors (the embedding, each layer, the rest), in one pass. */
+  const StowModel *m = ms->m;
+  g_autofree guint64 *unit = g_new0 (guint64, m->n_layers + 2);
+  for (guint i = 0; i < m->tensors->len; i++)
+    {
+      const StowTensor *t = g_ptr_array_index (m->tensors, i);
+      if (t->tied || (t->layer >= 0 && (guint64)t->layer >= m->n_layers))
+        continue;
+      guint64 k = t->layer >= 0                    ? (guint64)t->layer + 1
+                  : t->role == STOW_ROLE_EMBEDDING ? 0
+                                                   : m->n_layers + 1;
+      unit[k] += t->numel;
+    }
   guint64 padded = 0;
-  for (guint u = 0; u < prog->units->len; u++)
-    padded += stow_zero_part (stow_program_unit (prog, u)->numel, (guint)n);
+  for (guint64 u = 0; u < m->n_layers + 2; u++)
+    padded += stow_zero_part (unit[u], (guint)n);
   guint64 even = sharded_params (l, s->N, s->E, n);
   if (padded <= even)
     return;
