@@ -7,7 +7,9 @@
  * renameat2, symlink, unlink and rmdir of a path there) and raises SIGKILL
  * in place of the $STOW_KILL_AT-th (1-based; 0 or unset: never).  At exit
  * the count goes to the file $STOW_KILL_COUNT, so that a sweep knows how
- * many points a run has.  Every checkpoint syscall goes through libc's
+ * many points a run has.  $STOW_FULL_AT=N: from the N-th write (write,
+ * pwrite) of a file there on, every write fails with ENOSPC, as on a disk
+ * that filled.  Every checkpoint syscall goes through libc's
  * symbols (executor/checkpoint.c, fileio.c, optim-state.c, safetensors.c
  * and GLib's g_file_set_contents), so every one is a point.
  */
@@ -32,7 +34,9 @@
 static const char *kill_dir;
 static size_t kill_dir_len;
 static long kill_at;
-static int trace; /* $STOW_KILL_TRACE: each point's call on stderr */
+static int trace;            /* $STOW_KILL_TRACE: each point's call on stderr */
+static long full_at;         /* $STOW_FULL_AT */
+static volatile long writes; /* writes of tracked files so far */
 static volatile long calls;
 static unsigned char tracked[MAX_FDS]; /* fds opened under kill_dir */
 
@@ -44,6 +48,19 @@ killer_init (void)
   const char *at = getenv ("STOW_KILL_AT");
   kill_at = at ? atol (at) : 0;
   trace = getenv ("STOW_KILL_TRACE") != NULL;
+  const char *full = getenv ("STOW_FULL_AT");
+  full_at = full ? atol (full) : 0;
+}
+
+/* A write of a tracked file on a disk that filled at $STOW_FULL_AT. */
+static int
+disk_full (void)
+{
+  if (full_at <= 0
+      || __atomic_add_fetch (&writes, 1, __ATOMIC_SEQ_CST) < full_at)
+    return 0;
+  errno = ENOSPC;
+  return 1;
 }
 
 __attribute__ ((destructor)) static void
@@ -173,7 +190,11 @@ ssize_t
 write (int fd, const void *buf, size_t n)
 {
   if (is_tracked (fd))
-    point ("write");
+    {
+      point ("write");
+      if (disk_full ())
+        return -1;
+    }
   return NEXT (write) (fd, buf, n);
 }
 
@@ -181,7 +202,11 @@ ssize_t
 pwrite (int fd, const void *buf, size_t n, off_t off)
 {
   if (is_tracked (fd))
-    point ("pwrite");
+    {
+      point ("pwrite");
+      if (disk_full ())
+        return -1;
+    }
   return NEXT (pwrite) (fd, buf, n, off);
 }
 
@@ -189,7 +214,11 @@ ssize_t
 pwrite64 (int fd, const void *buf, size_t n, off64_t off)
 {
   if (is_tracked (fd))
-    point ("pwrite64");
+    {
+      point ("pwrite64");
+      if (disk_full ())
+        return -1;
+    }
   return NEXT (pwrite64) (fd, buf, n, off);
 }
 

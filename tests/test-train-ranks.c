@@ -351,6 +351,98 @@ test_killed_rank (void)
   assert_same_run (ref, dir);
 }
 
+/* Rank 1 of 3 finds its disk full when it writes its part of the step-4
+ * checkpoint (tests/checkpoint-killer.c's $STOW_FULL_AT, on that rank
+ * only): every rank stops within seconds, the error names what filled,
+ * nothing of step 4 is committed (latest stays at step 2), and a resume
+ * gives the uninterrupted run's bytes. */
+static void
+test_disk_full (void)
+{
+  const char *killer = g_getenv ("STOW_KILLER");
+  if (killer == NULL || !g_file_test (killer, G_FILE_TEST_EXISTS))
+    {
+      g_test_skip ("no tests/checkpoint-killer library");
+      return;
+    }
+  const char *base[] = { "--steps",
+                         "4",
+                         "--save-every",
+                         "2",
+                         "--global-batch",
+                         "6",
+                         "--zero",
+                         "1",
+                         "--threads",
+                         "1",
+                         NULL };
+  g_autofree char *ref = reference ("ref-full", base);
+  g_autofree char *dir = out_dir ("full");
+  const char *two[] = { "--steps", "2", NULL };
+  g_autoptr (GPtrArray) a = args_join (base, two);
+  g_assert_cmpint (
+      run_ranks (3, dir, (const char *const *)a->pdata, 120, NULL, NULL), ==,
+      0);
+  g_assert_cmpuint (latest_step (dir), ==, 2);
+  /* mpirun's three app contexts, rank 1's under the library. */
+  const char *resume[] = { "--resume", NULL };
+  g_autoptr (GPtrArray) t = train_argv (&fx, dir, base);
+  g_ptr_array_insert (t, (gint)t->len - 1, (gpointer) "--resume");
+  g_autofree char *preload = g_strdup_printf ("LD_PRELOAD=%s", killer);
+  g_autofree char *kill_dir = g_strdup_printf ("STOW_KILL_DIR=%s", dir);
+  g_autoptr (GPtrArray) argv = g_ptr_array_new ();
+  const char *pre[] = { "timeout",
+                        "-k",
+                        "5",
+                        "60",
+                        mpirun,
+                        "--oversubscribe",
+                        "--allow-run-as-root",
+                        NULL };
+  for (guint i = 0; pre[i]; i++)
+    g_ptr_array_add (argv, (char *)pre[i]);
+  for (guint r = 0; r < 3; r++)
+    {
+      if (r > 0)
+        g_ptr_array_add (argv, (char *)":");
+      g_ptr_array_add (argv, (char *)"-np");
+      g_ptr_array_add (argv, (char *)"1");
+      if (r == 1)
+        {
+          g_ptr_array_add (argv, (char *)"env");
+          g_ptr_array_add (argv, preload);
+          g_ptr_array_add (argv, kill_dir);
+          g_ptr_array_add (argv, (char *)"STOW_FULL_AT=1");
+        }
+      for (guint i = 0; i + 1 < t->len; i++)
+        g_ptr_array_add (argv, g_ptr_array_index (t, i));
+    }
+  g_ptr_array_add (argv, NULL);
+  g_autofree char *err = NULL;
+  int status = 0;
+  g_autoptr (GError) error = NULL;
+  gint64 t0 = g_get_monotonic_time ();
+  g_assert_true (g_spawn_sync (NULL, (char **)argv->pdata, NULL,
+                               G_SPAWN_SEARCH_PATH | G_SPAWN_STDOUT_TO_DEV_NULL,
+                               NULL, NULL, NULL, &err, &status, &error));
+  g_assert_no_error (error);
+  double s = (g_get_monotonic_time () - t0) / 1e6;
+  g_test_message ("rank 1's disk full: exit %d after %.1f s: %s", status, s,
+                  err);
+  g_assert_false (WIFEXITED (status) && WEXITSTATUS (status) == 0);
+  g_assert_cmpfloat (s, <, 45.0);
+  g_assert_nonnull (strstr (err, "No space left on device"));
+  g_assert_cmpuint (latest_step (dir), ==, 2);
+  /* No step-4 directory, whole or half. */
+  g_autofree char *step4 = g_build_filename (dir, "step-000004", NULL);
+  g_assert_false (g_file_test (step4, G_FILE_TEST_EXISTS));
+  g_autoptr (GPtrArray) b = args_join (base, resume);
+  g_assert_cmpint (
+      run_ranks (3, dir, (const char *const *)b->pdata, 120, NULL, NULL), ==,
+      0);
+  assert_same_run (ref, dir);
+}
+
 /* A plan file of 2 data-parallel ranks at ZeRO 2 (stowage fit --emit plan)
  * runs on 2 ranks as the flags would: the one rank's bytes. */
 static void
@@ -446,6 +538,7 @@ main (int argc, char **argv)
                    test_resume_across_ranks);
   g_test_add_func ("/train-ranks/rank-logs", test_rank_logs);
   g_test_add_func ("/train-ranks/killed-rank", test_killed_rank);
+  g_test_add_func ("/train-ranks/disk-full", test_disk_full);
   g_test_add_func ("/train-ranks/plan-file", test_plan_file);
   g_test_add_func ("/train-ranks/refusals", test_refusals);
   int rc = g_test_run ();
