@@ -6,7 +6,7 @@
  */
 #include "executor/backends/decoder-ops.h"
 
-#include "offload/adam.h" /* stow_f32_to_bf16 */
+#include "executor/comm/comm.h" /* stow_comm_sum_rank_order */
 
 static guint64
 unit_numel (const StowTensorMap *m, guint unit)
@@ -22,23 +22,14 @@ fresh_then_add (const StowTensorMap *m, const StowOp *op)
   return op->accumulate && m->acc_scratch != NULL;
 }
 
-/* @dst (@n gradients) += @src, each sum rounded to the gradient dtype. */
+/* @dst (@n gradients) += @src, each sum rounded to the gradient dtype:
+ * the rank-order sum of the collectives (executor/comm/comm.h), so that
+ * one rank adds micro-batches as N ranks add them. */
 static void
 grads_add (const StowTensorMap *m, guint8 *dst, const guint8 *src, guint64 n)
 {
-  if (m->p->grad_dtype == STOW_DTYPE_BF16)
-    {
-      guint16 *d = (guint16 *)dst;
-      const guint16 *s = (const guint16 *)src;
-      for (guint64 i = 0; i < n; i++)
-        d[i] = stow_f32_to_bf16 (stow_bf16_to_f32 (d[i])
-                                 + stow_bf16_to_f32 (s[i]));
-      return;
-    }
-  float *d = (float *)dst;
-  const float *s = (const float *)src;
-  for (guint64 i = 0; i < n; i++)
-    d[i] += s[i];
+  const void *two[2] = { dst, src };
+  stow_comm_sum_rank_order (dst, two, 2, n, m->p->grad_dtype);
 }
 
 /* Where op @op writes the gradients of @unit: the gradient slot's
