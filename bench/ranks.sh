@@ -54,11 +54,11 @@ echo
 echo "| ranks | ZeRO | step (s, median) | tokens/s | rank | comm busy / exposed s (measured) | (simulated) | same bytes as 1 rank |"
 echo "|---:|---:|---:|---:|---:|---|---|---|"
 
-run () { # RANKS ZERO
-  local n=$1 z=$2 out="$W/out-$1-$2"
+run () { # RANKS ZERO [OFFLOAD...]
+  local n=$1 z=$2 out="$W/out-$1-$2${3:+-off}"
   local pre=() zero=()
   [ "$n" -gt 1 ] && pre=(mpirun "${root[@]}" --oversubscribe -np "$n")
-  [ "$n" -gt 1 ] && zero=(--zero "$z")
+  [ "$n" -gt 1 ] && zero=(--zero "$z" "${@:3}")
   "${pre[@]}" "$S" "${job[@]}" "${zero[@]}" --out "$out" \
       --log-json "$out-log-{rank}.jsonl" >"$out.err" 2>&1
   local med
@@ -79,7 +79,7 @@ P
   local r=0
   if [ "$n" -gt 1 ]; then
     (grep -E '^  comm ' "$out.err" || true) | while read -r _ b e _ sb se; do
-      echo "| $n | $z | $med | $tps | $r | $b / $e | $sb / $se | $same |"
+      echo "| $n | $z${3:+ (${*:3})} | $med | $tps | $r | $b / $e | $sb / $se | $same |"
       r=$((r + 1))
     done
   else
@@ -90,6 +90,9 @@ P
 run 1 0
 for z in 1 2 3; do run 2 "$z"; done
 for z in 2 3; do run 4 "$z"; done
+# ZeRO-Offload and ZeRO-Infinity on each rank.
+run 2 2 --offload-optimizer cpu
+run 2 3 --offload-optimizer cpu --offload-params cpu --resident-layers 0
 echo
 echo "Busy: the comm stream's collectives, waits for the slowest rank"
 echo "included; exposed: the part no other stream overlapped."

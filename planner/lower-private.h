@@ -168,6 +168,11 @@ gboolean stow_lower_needs_weights (const StowLowerUnit *u,
 /* Whether gradients pass through the two gradient slots
  * (schedule-step.c). */
 gboolean stow_lower_uses_grad_slots (StowLower *L);
+/* Several ranks over exact units with the optimizer on the host: a
+ * gradient slot holds, behind the unit's gradients, the rank's partition
+ * of the step's gradients so far (core/zero.h's, padding included), which
+ * comes up before each reduction that adds to it and goes down after. */
+gboolean stow_lower_slot_tail (const StowLower *L);
 /* Emits @R's step: its items in order, then the optimizer
  * (schedule-step.c). */
 void stow_lower_step (StowLower *L, StowLowerRank *R);

@@ -11,6 +11,8 @@
 
 #include <math.h>
 
+#include "core/zero.h"
+
 /* The accumulate flag of an op that writes @u's gradients (and @v's, the
  * tied embedding a loss writes, or NULL): the first write of the step
  * overwrites, which is the zero-grad. */
@@ -41,7 +43,11 @@ emit_load (StowLower *L, StowLowerRank *R, guint k)
   guint prev
       = k >= 2 ? g_array_index (R->uses, StowLowerUse, k - 2).freed : STOW_NONE;
   guint64 bytes = stow_bytes (u->gparams, L->wg);
-  guint64 shard = stow_bytes (stow_lower_div_ceil (u->gparams, L->n), L->w);
+  /* The rank's part of the unit: core/zero.h's partition where the units
+   * are exact on several ranks. */
+  guint64 part = L->exact && L->n > 1 ? stow_zero_part (u->gparams, (guint)L->n)
+                                      : stow_lower_div_ceil (u->gparams, L->n);
+  guint64 shard = stow_bytes (part, L->w);
   StowOp op;
   /* The slot's bytes are the persistent slot buffer's; this buffer names
    * its occupant, so that reuse and loads can be checked. */
@@ -71,7 +77,7 @@ emit_load (StowLower *L, StowLowerRank *R, guint k)
           op = stow_lower_copy_op (R->rank, STOW_STREAM_NVME_READ,
                                    STOW_COPY_PARAMS_READ, STOW_TIER_NVME,
                                    STOW_TIER_PINNED, shard, u->layer);
-          op.unit = u->pu, op.count = stow_lower_div_ceil (u->gparams, L->n);
+          op.unit = u->pu, op.count = part;
           stow_lower_op_io (&op, STOW_NONE, STOW_NONE, staging);
           ready = stow_lower_emit (L, &op, NULL, 0, TRUE, "staged");
         }
@@ -80,7 +86,7 @@ emit_load (StowLower *L, StowLowerRank *R, guint k)
           R->rank, STOW_STREAM_H2D,
           staging != STOW_NONE ? STOW_COPY_STAGED_UP : STOW_COPY_WEIGHTS_UP,
           STOW_TIER_PINNED, STOW_TIER_DEVICE, shard, u->layer);
-      op.unit = u->pu, op.count = stow_lower_div_ceil (u->gparams, L->n);
+      op.unit = u->pu, op.count = part;
       stow_lower_op_io (&op, staging, STOW_NONE, use->buffer);
       ready = stow_lower_emit (L, &op, &ready, 1, TRUE, "copied up");
       if (staging != STOW_NONE)
@@ -88,8 +94,10 @@ emit_load (StowLower *L, StowLowerRank *R, guint k)
                                               staging, NULL, 0, TRUE);
       if (L->n > 1)
         {
+          /* Every rank's part, copied up into its place, gathered. */
           op = stow_lower_coll_op (L, R->rank, STOW_COLL_ALL_GATHER, bytes,
                                    u->layer);
+          op.unit = u->pu, op.count = u->gparams;
           stow_lower_op_io (&op, use->buffer, STOW_NONE, use->buffer);
           ready = stow_lower_emit (L, &op, &ready, 1, TRUE, "gathered");
         }
@@ -126,6 +134,12 @@ weights_of (StowLower *L, StowLowerRank *R, const StowLowerUnit *u,
 /* ---- gradients and the optimizer ---------------------------------------- */
 
 gboolean
+stow_lower_slot_tail (const StowLower *L)
+{
+  return L->off_opt && L->exact && L->n > 1 && !L->lora;
+}
+
+gboolean
 stow_lower_uses_grad_slots (StowLower *L)
 {
   if (L->lora)
@@ -134,6 +148,16 @@ stow_lower_uses_grad_slots (StowLower *L)
   /* Exact units on several ranks: every micro-batch's gradients are
    * reduced on their own, whatever the stage (emit_grad_path). */
   return L->off_opt || L->off_par || gdiv > 1 || (L->exact && L->n > 1);
+}
+
+/* The rank's part of @u that an offloaded optimizer keeps on the host:
+ * core/zero.h's partition (padding included) where the units are exact,
+ * else the even share. */
+static guint64
+host_part (const StowLower *L, const StowLowerUnit *u)
+{
+  return stow_lower_slot_tail (L) ? stow_zero_part (u->params, (guint)L->n)
+                                  : stow_lower_div_ceil (u->params, L->n);
 }
 
 /* Allocates gradient slot @grad for @u's next gradient write.  With the
@@ -196,8 +220,26 @@ emit_grad_path (StowLower *L, StowLowerRank *R, StowLowerUnit *u, guint slot,
       return ev;
     }
   StowStream free_on = STOW_STREAM_COMPUTE;
+  gboolean tail = stow_lower_slot_tail (L);
+  guint64 down = host_part (L, u);
   if (L->n > 1)
     {
+      guint w2[2] = { ev, STOW_NONE };
+      if (tail && u->reduced)
+        {
+          /* The optimizer on the host: the rank's partition of the step's
+           * gradients so far comes up behind the unit's in the slot, and
+           * the reduction adds to it there (DeepSpeed's accumulation
+           * through the GPU), in the order one rank adds. */
+          op = stow_lower_copy_op (R->rank, STOW_STREAM_H2D, STOW_COPY_GRADS_UP,
+                                   STOW_TIER_PINNED, STOW_TIER_DEVICE,
+                                   stow_bytes (down, L->g), u->layer);
+          op.unit = u->pu, op.count = down;
+          stow_lower_op_io (&op, R->host_grads_buf, STOW_NONE, slot);
+          guint w[2] = { ev, u->last_down };
+          w2[0] = stow_lower_emit (L, &op, w, u->last_down != STOW_NONE ? 2 : 1,
+                                   TRUE, "partition up");
+        }
       /* Each rank's partition of the micro-batch's gradients, summed over
        * the ranks, is added to its shard (the first of the step starts
        * it): in rank order, the sum one rank forms over the global
@@ -212,7 +254,7 @@ emit_grad_path (StowLower *L, StowLowerRank *R, StowLowerUnit *u, guint slot,
        * per rank, as one rank adds them. */
       if (pair != STOW_NONE)
         op.reads[op.n_reads++] = pair;
-      ev = stow_lower_emit (L, &op, &ev, 1, TRUE, "reduce-scattered");
+      ev = stow_lower_emit (L, &op, w2, 1, TRUE, "reduce-scattered");
       free_on = STOW_STREAM_COMM;
       if (pair != STOW_NONE)
         R->tied_freed = stow_lower_free (L, R->rank, STOW_STREAM_COMM, pair,
@@ -220,10 +262,11 @@ emit_grad_path (StowLower *L, StowLowerRank *R, StowLowerUnit *u, guint slot,
     }
   if (L->off_opt)
     {
-      op = stow_lower_copy_op (
-          R->rank, STOW_STREAM_D2H, STOW_COPY_GRADS_DOWN, STOW_TIER_DEVICE,
-          STOW_TIER_PINNED,
-          stow_bytes (stow_lower_div_ceil (u->params, L->n), L->g), u->layer);
+      op = stow_lower_copy_op (R->rank, STOW_STREAM_D2H, STOW_COPY_GRADS_DOWN,
+                               STOW_TIER_DEVICE, STOW_TIER_PINNED,
+                               stow_bytes (down, L->g), u->layer);
+      if (tail)
+        op.unit = u->pu, op.count = down;
       stow_lower_op_io (&op, slot, STOW_NONE, R->host_grads_buf);
       ev = stow_lower_emit (L, &op, &ev, 1, TRUE, "gradients down");
       u->last_down = ev;
@@ -308,6 +351,7 @@ emit_param_refresh (StowLower *L, StowLowerRank *R, StowLowerUnit *u,
         {
           op = stow_lower_coll_op (L, R->rank, STOW_COLL_ALL_GATHER,
                                    stow_bytes (u->gparams, L->wg), u->layer);
+          op.unit = u->pu, op.count = u->gparams;
           stow_lower_op_io (&op, u->resident, STOW_NONE, u->resident);
           stow_lower_emit (L, &op, &ev, 1, FALSE, NULL);
         }
@@ -343,8 +387,7 @@ flush_refreshes (StowLower *L, StowLowerRank *R)
       StowLowerUnit *u = &g_array_index (R->units, StowLowerUnit,
                                          g_array_index (R->pending, guint, i));
       guint w2[2] = { u->grads_ready, u->last_use };
-      emit_param_refresh (L, R, u, w2, 2, stow_lower_div_ceil (u->params, L->n),
-                          STOW_STREAM_H2D);
+      emit_param_refresh (L, R, u, w2, 2, host_part (L, u), STOW_STREAM_H2D);
     }
   g_array_set_size (R->pending, 0);
 }
@@ -495,8 +538,7 @@ emit_swap_pipeline (StowLower *L, StowLowerRank *R, GArray *ready_order,
     {
       StowLowerUnit *u = &g_array_index (R->units, StowLowerUnit, i);
       if (u->resident != STOW_NONE)
-        emit_param_refresh (L, R, u, &freed[nchunks - 1], 1,
-                            stow_lower_div_ceil (u->params, L->n),
+        emit_param_refresh (L, R, u, &freed[nchunks - 1], 1, host_part (L, u),
                             STOW_STREAM_H2D);
     }
 }
@@ -510,14 +552,13 @@ emit_clipped_host_step (StowLower *L, StowLowerRank *R, StowLowerUnit *u,
 {
   StowOp op;
   stow_op_init (&op, STOW_OP_OPTIM_STEP, STOW_STREAM_CPU_OPTIM, R->rank);
-  op.count = stow_lower_div_ceil (u->params, L->n), op.layer = u->layer;
+  op.count = host_part (L, u), op.layer = u->layer;
   op.unit = u->pu;
   stow_lower_op_io (&op, R->host_grads_buf, STOW_NONE, adam_out (L, R));
   guint w2[2] = { u->grads_ready, norm };
   guint up = stow_lower_emit (L, &op, w2, 2, TRUE, "updated");
   guint w3[2] = { up, u->last_use };
-  emit_param_refresh (L, R, u, w3, 2, stow_lower_div_ceil (u->params, L->n),
-                      STOW_STREAM_H2D);
+  emit_param_refresh (L, R, u, w3, 2, host_part (L, u), STOW_STREAM_H2D);
 }
 
 /* One-step delayed update (ZeRO-Offload's DPU): the previous step's
@@ -1158,7 +1199,7 @@ item_end (StowLower *L, StowLowerRank *R, ItemCtx *X, guint done)
   if (L->off_opt && !L->nvme_opt && !L->so->delayed_update && !clipping (L))
     {
       StowOp op;
-      guint64 shard = stow_lower_div_ceil (u->params, L->n);
+      guint64 shard = host_part (L, u);
       stow_op_init (&op, STOW_OP_OPTIM_STEP, STOW_STREAM_CPU_OPTIM, R->rank);
       op.count = shard, op.layer = u->layer, op.unit = u->pu;
       stow_lower_op_io (&op, R->host_grads_buf, STOW_NONE, adam_out (L, R));

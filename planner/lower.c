@@ -730,7 +730,12 @@ emit_slots (StowLower *L, StowLowerRank *R, guint n_layer_units)
         wmax = MAX (wmax, stow_bytes (u->gparams, L->wg));
       /* (On several ranks its backward uses the slots too.) */
       if (i != tied || L->n > 1)
-        gmax = MAX (gmax, stow_bytes (u->params, L->g));
+        gmax = MAX (gmax, stow_bytes (u->params
+                                          + (stow_lower_slot_tail (L)
+                                                 ? stow_zero_part (u->params,
+                                                                   (guint)L->n)
+                                                 : 0),
+                                      L->g));
     }
   guint n_slots = MIN (2, MAX (n_layer_units, 1));
   /* Four pinned staging buffers for NVMe parameters, each one rank's

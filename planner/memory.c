@@ -1265,7 +1265,13 @@ gradient_states (States *s)
   guint64 slot_params = !es->unit_slots      ? p->max_layer
                         : tied && ms->n == 1 ? p->max_layer
                                              : p->max_unit;
-  guint64 slots = MIN (2, MAX (p->layers, 1)) * stow_bytes (slot_params, b.g);
+  /* On stowage's ranks with the optimizer on the host, each slot holds
+   * the rank's partition of the step's gradients behind the unit's
+   * (planner/lower-step.c, stow_lower_slot_tail). */
+  guint64 tail
+      = ranks && s->off_opt ? stow_zero_part (slot_params, (guint)ms->n) : 0;
+  guint64 slots
+      = MIN (2, MAX (p->layers, 1)) * stow_bytes (slot_params + tail, b.g);
   if ((s->off_opt || s->off_par || gdiv > 1 || ranks) && tied)
     mem_add_term (dev, "tied embedding gradients",
                   stow_bytes (tied_params, b.g), STOW_TIER_DEVICE,
@@ -1274,7 +1280,14 @@ gradient_states (States *s)
                   b.g, tied_params);
   if (s->off_opt || s->off_par)
     {
-      if (!bucketed)
+      if (!bucketed && tail > 0)
+        mem_add_term (dev, "gradient slots", slots, STOW_TIER_DEVICE,
+                      "%" G_GUINT64_FORMAT
+                      " layers x %.4g B x (%" G_GUINT64_FORMAT
+                      " params of the largest layer + its %" G_GUINT64_FORMAT
+                      "-param partition)",
+                      MIN (2, MAX (p->layers, 1)), b.g, slot_params, tail);
+      else if (!bucketed)
         mem_add_term (dev, "gradient slots", slots, STOW_TIER_DEVICE,
                       "%" G_GUINT64_FORMAT
                       " layers x %.4g B x %" G_GUINT64_FORMAT

@@ -176,12 +176,13 @@ assert_same_run (const char *a, const char *b)
                   compared);
 }
 
-/* Every "device peak:" line (one per rank) within 2% of the simulated. */
+/* Every @what line ("device peak: ", "pinned host peak: "; one per rank)
+ * within 2% of the simulated. */
 static void
-assert_each_peak (const char *err, int n)
+assert_each_peak (const char *err, const char *what, int n)
 {
   int lines = 0;
-  for (const char *p = err; (p = strstr (p, "device peak: ")) != NULL; p++)
+  for (const char *p = err; (p = strstr (p, what)) != NULL; p++)
     {
       const char *pct = strstr (p, "simulated (");
       g_assert_nonnull (pct);
@@ -197,6 +198,8 @@ typedef struct
   int n;
   const char *zero, *precision, *global;
   gboolean tied;
+  const char *offload; /* --offload-optimizer, or NULL */
+  const char *params;  /* --offload-params (then every layer streamed) */
 } Case;
 
 /* N ranks at one ZeRO stage against one rank with the same global
@@ -217,6 +220,12 @@ test_same_bytes (gconstpointer data)
                           c->tied ? tied_model : fx.model,
                           "--zero",
                           c->zero,
+                          c->offload ? "--offload-optimizer" : NULL,
+                          c->offload,
+                          c->params ? "--offload-params" : NULL,
+                          c->params,
+                          "--resident-layers",
+                          "0",
                           NULL };
   g_autofree char *ref_name = g_strdup_printf (
       "ref-%s-%s%s", c->precision, c->global, c->tied ? "-tied" : "");
@@ -229,18 +238,22 @@ test_same_bytes (gconstpointer data)
       extra[10] = "--zero";
     }
   g_autofree char *name = g_strdup_printf (
-      "z%s-n%d-%s%s", c->zero, c->n, c->precision, c->tied ? "-tied" : "");
+      "z%s-n%d-%s%s%s%s", c->zero, c->n, c->precision, c->tied ? "-tied" : "",
+      c->offload ? "-offload" : "", c->params ? "-params" : "");
   g_autofree char *dir = out_dir (name);
   g_autofree char *err = NULL;
   double s = 0;
   int rc = run_ranks (c->n, dir, extra, 120, &err, &s);
-  g_test_message ("%d ranks, ZeRO %s, %s: %.1f s", c->n, c->zero, c->precision,
-                  s);
+  g_test_message ("%d ranks, ZeRO %s, %s%s%s: %.1f s", c->n, c->zero,
+                  c->precision, c->offload ? ", optimizer offloaded" : "",
+                  c->params ? ", parameters streamed" : "", s);
   if (rc != 0)
     g_printerr ("%s\n", err);
   g_assert_cmpint (rc, ==, 0);
   assert_same_run (ref_dir, dir);
-  assert_each_peak (err, c->n);
+  assert_each_peak (err, "device peak: ", c->n);
+  if (c->offload)
+    assert_each_peak (err, "pinned host peak: ", c->n);
   /* From ZeRO 1 on each rank wrote its own partition of the states. */
   for (int r = 0; r < c->n; r++)
     {
@@ -264,19 +277,30 @@ test_resume_across_ranks (void)
   g_autofree char *ref
       = reference ("ref-resume", (const char *const *)ref_args->pdata);
   g_autofree char *dir = out_dir ("resumed");
+  /* The first leg's weights and states in each rank's host memory
+   * (ZeRO-Infinity, every layer streamed), the second's states there. */
   struct
   {
     int n;
-    const char *zero, *steps;
-  } legs[]
-      = { { 4, "3", "1" }, { 2, "2", "2" }, { 1, "0", "3" }, { 3, "1", "4" } };
+    const char *zero, *steps, *off_opt, *off_par;
+  } legs[] = { { 4, "3", "1", "cpu", "cpu" },
+               { 2, "2", "2", "cpu", "none" },
+               { 1, "0", "3", "none", "none" },
+               { 3, "1", "4", "none", "none" } };
   for (guint i = 0; i < G_N_ELEMENTS (legs); i++)
     {
+      gboolean streamed = !g_str_equal (legs[i].off_par, "none");
       const char *more[] = { "--steps",
                              legs[i].steps,
                              "--zero",
                              legs[i].zero,
-                             i > 0 ? "--resume" : NULL,
+                             "--offload-optimizer",
+                             legs[i].off_opt,
+                             "--offload-params",
+                             legs[i].off_par,
+                             i > 0 ? "--resume" : "--overwrite",
+                             streamed ? "--resident-layers" : NULL,
+                             "0",
                              NULL };
       g_autoptr (GPtrArray) a = args_join (base, more);
       g_autofree char *err = NULL;
@@ -488,11 +512,19 @@ static void
 test_refusals (void)
 {
   g_autofree char *dir = out_dir ("refused");
-  const char *offload[]
-      = { "--steps", "1", "--offload-optimizer", "cpu", "--zero", "2", NULL };
+  g_autofree char *nvme = out_dir ("refused-nvme");
+  g_assert_cmpint (g_mkdir_with_parents (nvme, 0700), ==, 0);
+  const char *offload[] = { "--steps",    "1",      "--offload-optimizer",
+                            "nvme",       "--zero", "2",
+                            "--nvme-dir", nvme,     NULL };
   g_autofree char *err = NULL;
   g_assert_cmpint (run_ranks (2, dir, offload, 60, &err, NULL), !=, 0);
-  g_assert_nonnull (strstr (err, "--offload-optimizer"));
+  g_assert_nonnull (strstr (err, "--offload-optimizer nvme"));
+  const char *delayed[] = { "--steps", "1", "--offload-optimizer", "cpu",
+                            "--zero",  "2", "--delayed-update",    NULL };
+  g_autofree char *errd = NULL;
+  g_assert_cmpint (run_ranks (2, dir, delayed, 60, &errd, NULL), !=, 0);
+  g_assert_nonnull (strstr (errd, "--delayed-update"));
   const char *tied3[]
       = { "--steps", "1", "--zero", "3", "--model", tied_model, NULL };
   g_autofree char *err3 = NULL;
@@ -533,12 +565,25 @@ main (int argc, char **argv)
     { 2, "1", "fp32", "4", TRUE },
     { 3, "2", "bf16", "12", TRUE },
     { 4, "0", "bf16", "8", TRUE },
+    /* ZeRO-Offload on each rank: CPU Adam over the rank's partition in
+     * host memory, the partition of the step's gradients brought up into
+     * the slot behind each micro-batch's and reduced into it. */
+    { 2, "1", "fp32", "8", FALSE, "cpu" },
+    { 3, "2", "bf16", "12", FALSE, "cpu" },
+    { 4, "3", "bf16", "16", FALSE, "cpu" },
+    { 2, "2", "bf16", "12", TRUE, "cpu" },
+    /* ZeRO-Infinity on each rank: the weights too in host memory, every
+     * layer's partitions copied up into a layer slot and gathered. */
+    { 2, "3", "fp32", "8", FALSE, "cpu", "cpu" },
+    { 3, "3", "bf16", "12", FALSE, "cpu", "cpu" },
   };
   for (guint i = 0; i < G_N_ELEMENTS (cases); i++)
     {
       g_autofree char *path = g_strdup_printf (
-          "/train-ranks/zero%s-%dranks-%s%s", cases[i].zero, cases[i].n,
-          cases[i].precision, cases[i].tied ? "-tied" : "");
+          "/train-ranks/zero%s-%dranks-%s%s%s%s", cases[i].zero, cases[i].n,
+          cases[i].precision, cases[i].tied ? "-tied" : "",
+          cases[i].offload ? "-offload-optimizer" : "",
+          cases[i].params ? "-offload-params" : "");
       g_test_add_data_func (path, &cases[i], test_same_bytes);
     }
   g_test_add_func ("/train-ranks/resume-across-ranks",

@@ -26,7 +26,18 @@ wait_one (CpuBackend *b, StowCommRequest *r, GError **error)
   return r != NULL && stow_comm_wait (b->comm, r, error);
 }
 
-/* Where the rank's partition of @unit is in persistent buffer @bi: a
+/* A gradient slot's occupant whose unit's partition waits behind it for
+ * the host (the optimizer there: stow_tensor_map_slot_tail). */
+static gboolean
+slot_tail (CpuBackend *b, guint bi)
+{
+  const StowBuffer *buf = buf_of (b, bi);
+  return b->map.host_grads_buf != STOW_NONE && buf->kind == STOW_BUF_GRADS
+         && !buf->persistent && buf->slot >= STOW_SLOT_GRADS;
+}
+
+/* Where the rank's partition of @unit is in persistent buffer @bi (or a
+ * gradient slot's tail, which holds the step's so far): a
  * partitioned buffer holds it whole (padding included); a whole one
  * holds its valid elements at their place, which @tmp (part elements,
  * padding zero) stands in for when @copy_in brings them there. */
@@ -38,6 +49,8 @@ partition_at (CpuBackend *b, guint bi, guint unit, guint8 *tmp,
   const StowBuffer *buf = buf_of (b, bi);
   if (buf->partitions > 1)
     return stow_tensor_map_unit (m, bi, unit);
+  if (slot_tail (b, bi))
+    return stow_tensor_map_slot_tail (m, bi);
   guint64 pf = 0, pv = stow_tensor_map_part (m, unit, &pf);
   guint64 part = stow_zero_part (unit_numel (b, unit), m->dp);
   memset (tmp, 0, part * esize);
@@ -52,7 +65,7 @@ partition_back (CpuBackend *b, guint bi, guint unit, const guint8 *tmp,
                 gsize esize)
 {
   StowTensorMap *m = &b->map;
-  if (buf_of (b, bi)->partitions > 1)
+  if (buf_of (b, bi)->partitions > 1 || slot_tail (b, bi))
     return;
   guint64 pf = 0, pv = stow_tensor_map_part (m, unit, &pf);
   if (pv > 0)
@@ -238,11 +251,22 @@ unit_offset (CpuBackend *b, guint unit)
          - g_array_index (b->p->units, StowUnit, 0).offset;
 }
 
+/* The weights are partitioned: a ZeRO-3 shard on the device, or the
+ * rank's part of them in host memory (--offload-params cpu). */
+static gboolean
+weights_partitioned (CpuBackend *b)
+{
+  StowTensorMap *m = &b->map;
+  return partitioned (b, m->weights_buf)
+         || (m->weights_buf == STOW_NONE
+             && partitioned (b, m->host_weights_buf));
+}
+
 void *
 stow_cpu_ranks_weights (CpuBackend *b, guint unit)
 {
   StowTensorMap *m = &b->map;
-  if (!partitioned (b, m->weights_buf))
+  if (!weights_partitioned (b))
     return NULL;
   if (b->mirror_weights == NULL)
     b->mirror_weights = g_malloc0 (MAX (m->numel * m->esize, 1));
@@ -267,7 +291,9 @@ own_partition (CpuBackend *b, guint unit, guint which)
 {
   StowTensorMap *m = &b->map;
   if (which == 3)
-    return stow_tensor_map_unit (m, m->weights_buf, unit);
+    return m->weights_buf != STOW_NONE
+               ? stow_tensor_map_unit (m, m->weights_buf, unit)
+               : stow_tensor_map_host_weights (m, unit);
   return (guint8 *)stow_tensor_map_state (m, unit, which);
 }
 

@@ -10,6 +10,8 @@
  */
 #include "executor/backends/cpu-private.h"
 
+#include "core/zero.h"
+
 #include <math.h>
 #include <string.h>
 
@@ -606,16 +608,32 @@ cpu_push (StowBackend *bb, GError **error)
     }
   if (m->weights_buf == STOW_NONE)
     {
-      /* The resident units take their weights from the host. */
+      /* The resident units take their weights from the host (on several
+       * ranks, whole from the copy the partitions came from). */
       for (guint u = 0; u < b->p->units->len; u++)
         if (m->unit_weights[u] != STOW_NONE)
           memcpy (m->addr[m->unit_weights[u]],
-                  stow_tensor_map_host_weights (m, u),
+                  m->dp > 1 ? stow_cpu_ranks_weights (b, u)
+                            : stow_tensor_map_host_weights (m, u),
                   unit_numel (b, u) * m->esize);
       return TRUE;
     }
   if (m->host_weights == NULL || m->addr[m->weights_buf] == NULL)
     return TRUE;
+  if (m->dp > 1)
+    {
+      /* The rank's partitions of the weights, padding zero. */
+      for (guint u = 0; u < b->p->units->len; u++)
+        {
+          guint64 pf = 0, pv = stow_tensor_map_part (m, u, &pf);
+          guint64 part = stow_zero_part (unit_numel (b, u), m->dp);
+          guint8 *own = stow_tensor_map_host_weights (m, u);
+          memset (own, 0, part * m->esize);
+          memcpy (own, stow_tensor_map_elem (m, m->weights_buf, u, pf),
+                  pv * m->esize);
+        }
+      return TRUE;
+    }
   memcpy (m->host_weights, m->addr[m->weights_buf], m->numel * m->esize);
   return TRUE;
 }
@@ -689,13 +707,14 @@ ranks_init (CpuBackend *b, const StowBackendSetup *setup, GError **error)
                    world);
       return FALSE;
     }
-  if (m->host_grads_buf != STOW_NONE || m->weights_buf == STOW_NONE
-      || m->states_nvme || m->params_nvme || b->delayed.on)
+  if (m->states_nvme || m->params_nvme || b->delayed.on)
     {
       g_set_error (error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_UNSUPPORTED,
-                   "%u ranks: the cpu backend runs ZeRO 0-3 with the weights "
-                   "and the optimizer on each rank's device; not "
-                   "--offload-optimizer, --offload-params or "
+                   "%u ranks: the cpu backend runs ZeRO 0-3 with the "
+                   "optimizer on each rank's device or in its host memory "
+                   "(--offload-optimizer cpu), the weights on the device or "
+                   "in host memory (--offload-params cpu); not "
+                   "--offload-optimizer nvme, --offload-params nvme or "
                    "--delayed-update yet",
                    m->dp);
       return FALSE;

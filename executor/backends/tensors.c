@@ -99,8 +99,32 @@ guint8 *
 stow_tensor_map_host_weights (const StowTensorMap *m, guint unit)
 {
   g_assert (m->host_weights != NULL && unit < m->p->units->len);
-  return m->host_weights
-         + (unit_of (m, unit)->offset - unit_of (m, 0)->offset) * m->esize;
+  /* On several ranks it holds the rank's partitions (planner/lower.c,
+   * emit_host_states). */
+  guint64 off = m->dp > 1 ? m->part_off[unit] - m->part_off[0]
+                          : unit_of (m, unit)->offset - unit_of (m, 0)->offset;
+  return m->host_weights + off * m->esize;
+}
+
+guint8 *
+stow_tensor_map_host_weight (const StowTensorMap *m, guint unit, guint64 e)
+{
+  guint64 first = 0;
+  if (m->dp > 1)
+    stow_tensor_map_part (m, unit, &first);
+  g_assert (e >= first);
+  return stow_tensor_map_host_weights (m, unit) + (e - first) * m->esize;
+}
+
+guint8 *
+stow_tensor_map_slot_tail (const StowTensorMap *m, guint buffer)
+{
+  const StowBuffer *buf = stow_tensor_map_buffer (m, buffer);
+  g_assert (buf->kind == STOW_BUF_GRADS && !buf->persistent && buf->n_units == 1
+            && m->dp > 1);
+  return (guint8 *)m->addr[buffer]
+         + unit_of (m, buf->unit_first)->numel
+               * stow_dtype_size (m->p->grad_dtype);
 }
 
 void
@@ -202,12 +226,25 @@ index_buffers (StowTensorMap *m, const char *backend, GError **error)
   guint64 gmax = 0, umax = 0;
   for (guint u = 0; u < p->units->len; u++)
     umax = MAX (umax, unit_of (m, u)->numel);
+  /* On several ranks with the gradients going to the host, the rank's
+   * partition of them follows the unit's (stow_tensor_map_slot_tail). */
+  gboolean tail = FALSE;
+  for (guint i = 0; i < p->buffers->len && m->dp > 1; i++)
+    {
+      const StowBuffer *buf = stow_tensor_map_buffer (m, i);
+      tail = tail
+             || (buf->kind == STOW_BUF_GRADS && buf->persistent
+                 && buf->tier != STOW_TIER_DEVICE);
+    }
   for (guint i = 0; i < p->buffers->len; i++)
     {
       const StowBuffer *buf = stow_tensor_map_buffer (m, i);
+      guint64 un = buf->unit_first != STOW_NONE
+                       ? unit_of (m, buf->unit_first)->numel
+                       : 0;
       if (buf->kind == STOW_BUF_GRADS && !buf->persistent
           && buf->slot >= STOW_SLOT_GRADS && buf->unit_first != STOW_NONE)
-        gmax = MAX (gmax, unit_of (m, buf->unit_first)->numel
+        gmax = MAX (gmax, (un + (tail ? stow_zero_part (un, m->dp) : 0))
                               * stow_dtype_size (p->grad_dtype));
     }
   guint64 saved = m->saved_bytes;
@@ -634,7 +671,7 @@ stow_tensor_map_adam (const StowTensorMap *m, guint unit, guint k, double lr,
   at->n = hi - lo;
   guint8 *w;
   if (m->host_weights)
-    w = stow_tensor_map_host_weights (m, unit) + lo * m->esize;
+    w = stow_tensor_map_host_weight (m, unit, lo);
   else
     w = stow_tensor_map_elem (m, m->weights_buf, unit, lo);
   if (p->master_weights)
@@ -850,6 +887,32 @@ is_grad_slot (const StowBuffer *buf)
          && (buf->slot >= STOW_SLOT_GRADS || buf->n_units == 1);
 }
 
+/* A copy of one rank's partition of @unit (core/zero.h's, padding
+ * included): the bytes the program says, or an error naming both. */
+static gboolean
+check_part_bytes (const StowOp *op, guint64 bytes, GError **error)
+{
+  if (op->bytes == bytes)
+    return TRUE;
+  g_set_error (error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_INVALID,
+               "the copy moves %" G_GUINT64_FORMAT
+               " B; the rank's partition of unit %u holds %" G_GUINT64_FORMAT
+               " B",
+               op->bytes, op->unit, bytes);
+  return FALSE;
+}
+
+static gboolean
+partition_ends (const StowTensorMap *m, const StowOp *op, guint unit,
+                const guint8 *src, guint8 *dst, const guint8 **from,
+                guint8 **to, guint64 *bytes, GError **error)
+{
+  *bytes = stow_zero_part (unit_of (m, unit)->numel, m->dp)
+           * stow_dtype_size (m->p->grad_dtype);
+  *from = src, *to = dst;
+  return check_part_bytes (op, *bytes, error);
+}
+
 gboolean
 stow_tensor_map_copy_ends (const StowTensorMap *m, const StowOp *op,
                            const guint8 **from, guint8 **to, guint64 *bytes,
@@ -886,9 +949,15 @@ stow_tensor_map_copy_ends (const StowTensorMap *m, const StowOp *op,
       return TRUE;
     case STOW_COPY_GRADS_UP:
       /* A unit's earlier micro-batches' gradients back up into its
-       * gradient slot, which the next write adds to. */
+       * gradient slot, which the next write adds to; on several ranks the
+       * rank's partition of them, behind the unit's. */
       if (!sb || src != m->host_grads_buf || !db || !is_grad_slot (db))
         break;
+      if (m->dp > 1)
+        return partition_ends (m, op, db->unit_first,
+                               stow_tensor_map_unit (m, src, db->unit_first),
+                               stow_tensor_map_slot_tail (m, dst), from, to,
+                               bytes, error);
       unit = db->unit_first;
       elem = stow_dtype_size (p->grad_dtype);
       *from = stow_tensor_map_unit (m, src, unit);
@@ -898,6 +967,11 @@ stow_tensor_map_copy_ends (const StowTensorMap *m, const StowOp *op,
       /* A unit's gradients of a micro-batch down. */
       if (!db || dst != m->host_grads_buf || !sb || !is_grad_slot (sb))
         break;
+      if (m->dp > 1)
+        return partition_ends (m, op, sb->unit_first,
+                               stow_tensor_map_slot_tail (m, src),
+                               stow_tensor_map_unit (m, dst, sb->unit_first),
+                               from, to, bytes, error);
       unit = sb->unit_first;
       elem = stow_dtype_size (p->grad_dtype);
       *from = stow_tensor_map_unit (m, src, unit);
@@ -934,6 +1008,20 @@ stow_tensor_map_copy_ends (const StowTensorMap *m, const StowOp *op,
       elem = m->esize;
       *from = stow_tensor_map_host_weights (m, unit);
       *to = stow_tensor_map_unit (m, dst, unit);
+      if (m->dp > 1)
+        {
+          /* The rank's updated partition: into the weights at its place,
+           * or into a ZeRO-3 shard whole. */
+          guint64 pf = 0, pv = stow_tensor_map_part (m, unit, &pf);
+          guint64 part = stow_zero_part (unit_of (m, unit)->numel, m->dp);
+          if (!check_part_bytes (op, part * elem, error))
+            return FALSE;
+          if (db->partitions > 1)
+            *bytes = part * elem;
+          else
+            *to = stow_tensor_map_elem (m, dst, unit, pf), *bytes = pv * elem;
+          return TRUE;
+        }
       break;
     default:
       break;

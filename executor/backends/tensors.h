@@ -119,6 +119,15 @@ StowPinnedPool *stow_tensor_map_pinned_pool (const StowTensorMap *map,
 /* Where @unit starts in the host copy of the weights CPU Adam writes
  * (map->host_weights, laid out as the units). */
 guint8 *stow_tensor_map_host_weights (const StowTensorMap *map, guint unit);
+/* Element @e (unit coordinates) of @unit there: in this rank's partition
+ * on several ranks. */
+guint8 *stow_tensor_map_host_weight (const StowTensorMap *map, guint unit,
+                                     guint64 e);
+/* Several ranks, the gradients going to the host: where gradient slot
+ * occupant @buffer keeps the rank's partition of its unit's step
+ * gradients, behind the unit's (planner/lower-private.h,
+ * stow_lower_slot_tail). */
+guint8 *stow_tensor_map_slot_tail (const StowTensorMap *map, guint buffer);
 /* The tensors of layer unit @unit whose storage starts at @base, elements
  * of @elem bytes. */
 void stow_tensor_map_layer (const StowTensorMap *map, guint8 *base, guint unit,
