@@ -169,16 +169,15 @@ state_section (Io *r, StowOptimStateWriter *ow, StowOptimStateSet *os,
                                            hi - lo, mem + lo, error);
   if (*piece == NULL)
     *piece = g_new (float, STATE_PIECE);
-  for (guint64 i = 0; i < t->numel; i += STATE_PIECE)
+  for (guint64 i = lo; i < hi; i += STATE_PIECE)
     {
-      guint64 n = MIN (STATE_PIECE, t->numel - i);
+      guint64 n = MIN (STATE_PIECE, hi - i);
       gboolean ok
-          = ow ? state_rw (r, FALSE, unit, q, t->offset + i, n, *piece, error)
+          = ow ? state_rw (r, FALSE, unit, q, i, n, *piece, error)
                      && stow_optim_state_writer_write (ow, *piece, n, error)
-               : stow_optim_state_set_read (os, t->name, sec[q], i, n, *piece,
-                                            error)
-                     && state_rw (r, TRUE, unit, q, t->offset + i, n, *piece,
-                                  error);
+               : stow_optim_state_set_read (os, t->name, sec[q], i - t->offset,
+                                            n, *piece, error)
+                     && state_rw (r, TRUE, unit, q, i, n, *piece, error);
       if (!ok)
         return FALSE;
     }
@@ -220,8 +219,14 @@ load_initial_staged (Io *r, const StowWeightFiles *st, GError **error)
     {
       const StowUnit *u = &g_array_index (p->units, StowUnit, ui);
       OneUnit o = { ui, stage };
+      /* The master: the part of the unit this rank's states hold. */
+      guint64 first = 0, count = u->numel;
+      if (r->world > 1)
+        count = r->ops->partition (r->be, ui, &first);
       if (!stow_model_io_load (p, st, STOW_DTYPE_F32, one_unit, &o, error)
-          || !state_rw (r, TRUE, ui, 0, 0, u->numel, stage, error))
+          || (count > 0
+              && !state_rw (r, TRUE, ui, 0, first, count, stage + first,
+                            error)))
         return FALSE;
       guint16 *w = r->ops->weights (r->be, ui);
       if (w == NULL)

@@ -425,6 +425,43 @@ emit_grad_norm (StowLower *L, StowLowerRank *R, GArray *ready_order)
   return stow_lower_emit (L, &op, waits, nw, TRUE, "gradient norm");
 }
 
+/* refresh_swap_chunk on several ranks over exact units, whose flat
+ * parameters are the rank's partitions of the units in order: the chunk's
+ * updated weights up into their places in the device weights (a ZeRO-3
+ * shard takes them as they are), and under ZeRO 1 and 2 each unit whose
+ * partition the chunk completes gathered.  With the weights in host
+ * memory nothing goes up here (resident layers after the pipeline). */
+static void
+refresh_swap_chunk_ranks (StowLower *L, StowLowerRank *R, guint c,
+                          guint nchunks, guint64 chunk, guint64 cp, guint up,
+                          guint *done_units, guint64 *unit_end)
+{
+  if (L->off_par)
+    return;
+  StowOp op = stow_lower_copy_op (R->rank, STOW_STREAM_H2D, STOW_COPY_CHUNK_UP,
+                                  STOW_TIER_PINNED, STOW_TIER_DEVICE,
+                                  stow_bytes (cp, L->w), STOW_LAYER_NONE);
+  op.first = (guint64)c * chunk, op.count = cp, op.shard = c;
+  stow_lower_op_io (&op, STOW_NONE, STOW_NONE, R->params_buf);
+  guint ev = stow_lower_emit (L, &op, &up, 1, TRUE, "updated up");
+  for (; L->l->zero < 3 && *done_units < R->units->len; (*done_units)++)
+    {
+      StowLowerUnit *u = &g_array_index (R->units, StowLowerUnit, *done_units);
+      guint64 end = *unit_end + host_part (L, u);
+      if (end > (guint64)c * chunk + cp && c + 1 < nchunks)
+        break;
+      *unit_end = end;
+      if (u->params == 0)
+        continue;
+      op = stow_lower_coll_op (L, R->rank, STOW_COLL_ALL_GATHER,
+                               stow_bytes (host_part (L, u) * L->n, L->w),
+                               u->layer);
+      op.unit = u->pu, op.count = u->params;
+      stow_lower_op_io (&op, R->params_buf, STOW_NONE, R->params_buf);
+      stow_lower_emit (L, &op, &ev, 1, FALSE, NULL);
+    }
+}
+
 /* The updated weights of swap chunk @c (@cp parameters from c * @chunk
  * of the rank's flat parameters, updated by the op recording @up) back
  * where they live.  With the parameters on NVMe each unit the chunk
@@ -453,6 +490,12 @@ refresh_swap_chunk (StowLower *L, StowLowerRank *R, guint c, guint nchunks,
         }
       return;
     }
+  if (stow_lower_slot_tail (L))
+    {
+      refresh_swap_chunk_ranks (L, R, c, nchunks, chunk, cp, up, done_units,
+                                unit_end);
+      return;
+    }
   /* The chunk's updated weights go back to where they live. */
   StowLowerUnit dummy = { .layer = STOW_LAYER_NONE, .resident = STOW_NONE };
   guint first_op = L->p->ops->len;
@@ -479,6 +522,13 @@ emit_swap_pipeline (StowLower *L, StowLowerRank *R, GArray *ready_order,
 {
   StowOp op;
   guint64 shard = stow_lower_div_ceil (R->sp.params, L->n);
+  if (stow_lower_slot_tail (L))
+    {
+      /* The rank's partitions of the units, padding included. */
+      shard = 0;
+      for (guint i = 0; i < R->units->len; i++)
+        shard += host_part (L, &g_array_index (R->units, StowLowerUnit, i));
+    }
   guint64 chunk = MAX (1, MIN (shard, L->mo->swap_shard_params));
   guint nchunks = (guint)stow_lower_div_ceil (shard, chunk);
   guint last_grads = STOW_NONE;

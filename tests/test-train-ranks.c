@@ -208,44 +208,59 @@ static void
 test_same_bytes (gconstpointer data)
 {
   const Case *c = data;
-  const char *extra[] = { "--steps",
-                          "3",
-                          "--precision",
-                          c->precision,
-                          "--global-batch",
-                          c->global,
-                          "--threads",
-                          "1",
-                          "--model",
-                          c->tied ? tied_model : fx.model,
-                          "--zero",
-                          c->zero,
-                          c->offload ? "--offload-optimizer" : NULL,
-                          c->offload,
-                          c->params ? "--offload-params" : NULL,
-                          c->params,
-                          "--resident-layers",
-                          "0",
-                          NULL };
+  const char *one[] = { "--steps",
+                        "3",
+                        "--precision",
+                        c->precision,
+                        "--global-batch",
+                        c->global,
+                        "--threads",
+                        "1",
+                        "--model",
+                        c->tied ? tied_model : fx.model,
+                        NULL };
   g_autofree char *ref_name = g_strdup_printf (
       "ref-%s-%s%s", c->precision, c->global, c->tied ? "-tied" : "");
   g_autofree char *ref_dir = out_dir (ref_name);
   if (!g_file_test (ref_dir, G_FILE_TEST_IS_DIR))
-    {
-      /* One rank, whose ZeRO stage shards nothing. */
-      extra[10] = NULL;
-      g_free (reference (ref_name, extra));
-      extra[10] = "--zero";
-    }
+    g_free (reference (ref_name, one)); /* one rank, nothing sharded */
   g_autofree char *name = g_strdup_printf (
-      "z%s-n%d-%s%s%s%s", c->zero, c->n, c->precision, c->tied ? "-tied" : "",
-      c->offload ? "-offload" : "", c->params ? "-params" : "");
+      "z%s-n%d-%s%s%s%s%s", c->zero, c->n, c->precision, c->tied ? "-tied" : "",
+      c->offload ? "-offload-" : "", c->offload ? c->offload : "",
+      c->params ? "-params" : "");
   g_autofree char *dir = out_dir (name);
+  g_autofree char *nvme = g_strconcat (dir, "-nvme", NULL);
+  g_autoptr (GPtrArray) more = g_ptr_array_new ();
+  g_ptr_array_add (more, (gpointer) "--zero");
+  g_ptr_array_add (more, (gpointer)c->zero);
+  if (c->offload)
+    {
+      g_ptr_array_add (more, (gpointer) "--offload-optimizer");
+      g_ptr_array_add (more, (gpointer)c->offload);
+    }
+  if (g_strcmp0 (c->offload, "nvme") == 0)
+    {
+      g_assert_cmpint (g_mkdir_with_parents (nvme, 0700), ==, 0);
+      g_ptr_array_add (more, (gpointer) "--nvme-dir");
+      g_ptr_array_add (more, nvme);
+    }
+  if (c->params)
+    {
+      g_ptr_array_add (more, (gpointer) "--offload-params");
+      g_ptr_array_add (more, (gpointer)c->params);
+      g_ptr_array_add (more, (gpointer) "--resident-layers");
+      g_ptr_array_add (more, (gpointer) "0");
+    }
+  g_ptr_array_add (more, NULL);
+  g_autoptr (GPtrArray) extra
+      = args_join (one, (const char *const *)more->pdata);
   g_autofree char *err = NULL;
   double s = 0;
-  int rc = run_ranks (c->n, dir, extra, 120, &err, &s);
-  g_test_message ("%d ranks, ZeRO %s, %s%s%s: %.1f s", c->n, c->zero,
-                  c->precision, c->offload ? ", optimizer offloaded" : "",
+  int rc
+      = run_ranks (c->n, dir, (const char *const *)extra->pdata, 120, &err, &s);
+  g_test_message ("%d ranks, ZeRO %s, %s%s%s%s: %.1f s", c->n, c->zero,
+                  c->precision, c->offload ? ", optimizer offloaded to " : "",
+                  c->offload ? c->offload : "",
                   c->params ? ", parameters streamed" : "", s);
   if (rc != 0)
     g_printerr ("%s\n", err);
@@ -278,7 +293,10 @@ test_resume_across_ranks (void)
       = reference ("ref-resume", (const char *const *)ref_args->pdata);
   g_autofree char *dir = out_dir ("resumed");
   /* The first leg's weights and states in each rank's host memory
-   * (ZeRO-Infinity, every layer streamed), the second's states there. */
+   * (ZeRO-Infinity, every layer streamed), the second's states there, the
+   * last's on NVMe. */
+  g_autofree char *swap = out_dir ("resumed-swap");
+  g_assert_cmpint (g_mkdir_with_parents (swap, 0700), ==, 0);
   struct
   {
     int n;
@@ -286,11 +304,14 @@ test_resume_across_ranks (void)
   } legs[] = { { 4, "3", "1", "cpu", "cpu" },
                { 2, "2", "2", "cpu", "none" },
                { 1, "0", "3", "none", "none" },
-               { 3, "1", "4", "none", "none" } };
+               { 3, "1", "4", "nvme", "none" } };
   for (guint i = 0; i < G_N_ELEMENTS (legs); i++)
     {
       gboolean streamed = !g_str_equal (legs[i].off_par, "none");
-      const char *more[] = { "--steps",
+      gboolean nvme = g_str_equal (legs[i].off_opt, "nvme");
+      const char *more[] = { nvme ? "--nvme-dir" : "--steps",
+                             nvme ? swap : legs[i].steps,
+                             "--steps",
                              legs[i].steps,
                              "--zero",
                              legs[i].zero,
@@ -507,6 +528,63 @@ test_plan_file (void)
   g_assert_nonnull (strstr (one.err, "launch dp ranks (mpirun -np 2)"));
 }
 
+/* The optimizer on NVMe in chunks of 3000 parameters (a plan file's
+ * swap_shard_params), so that chunks cut through the ranks' partitions
+ * and tensors: 3 ranks at ZeRO 2, bf16, the one rank's bytes; the swap
+ * files gone afterwards. */
+static void
+test_nvme_chunks (void)
+{
+  g_autofree char *plan = g_build_filename (fx.dir, "plan-nvme.json", NULL);
+  g_auto (StowRun) fit = { 0 };
+  stow_run (&fit, "fit", fx.config, "--gpus", "3xA100-80GB", "--zero", "2",
+            "--tp", "1", "--pp", "1", "--offload-optimizer", "nvme", "--seq",
+            "16", "--micro-batch", "2", "--global-batch", "12", "--precision",
+            "bf16", "--emit", "plan", "-o", plan, NULL);
+  g_assert_cmpint (fit.status, ==, 0);
+  g_autofree char *text = NULL;
+  g_assert_true (g_file_get_contents (plan, &text, NULL, NULL));
+  g_autoptr (GRegex) re
+      = g_regex_new ("\"swap_shard_params\" : [0-9]+", 0, 0, NULL);
+  g_autofree char *edited = g_regex_replace_literal (
+      re, text, -1, 0, "\"swap_shard_params\" : 3000", 0, NULL);
+  g_assert_cmpstr (edited, !=, text);
+  g_assert_true (g_file_set_contents (plan, edited, -1, NULL));
+  const char *one[] = { "--steps",        "3",      "--precision", "bf16",
+                        "--global-batch", "12",     "--threads",   "1",
+                        "--model",        fx.model, NULL };
+  g_autofree char *ref = reference ("ref-bf16-12", one);
+  g_autofree char *dir = out_dir ("nvme-chunks");
+  g_autofree char *swap = out_dir ("nvme-chunks-swap");
+  g_assert_cmpint (g_mkdir_with_parents (swap, 0700), ==, 0);
+  const char *extra[] = { "--plan",
+                          plan,
+                          "--steps",
+                          "3",
+                          "--threads",
+                          "1",
+                          "--offload-optimizer",
+                          "nvme",
+                          "--nvme-dir",
+                          swap,
+                          NULL };
+  g_autofree char *err = NULL;
+  int rc = run_ranks (3, dir, extra, 120, &err, NULL);
+  if (rc != 0)
+    g_printerr ("%s\n", err);
+  g_assert_cmpint (rc, ==, 0);
+  g_assert_nonnull (strstr (err, "optimizer nvme"));
+  const char *chunks = strstr (err, "optimizer states on NVMe: ");
+  g_assert_nonnull (chunks);
+  g_assert_cmpuint (g_ascii_strtoull (chunks + 26, NULL, 10), >=, 4);
+  assert_same_run (ref, dir);
+  assert_each_peak (err, "device peak: ", 3);
+  /* Each rank's private swap directory is gone with it. */
+  g_autoptr (GDir) d = g_dir_open (swap, 0, NULL);
+  g_assert_nonnull (d);
+  g_assert_null (g_dir_read_name (d));
+}
+
 /* What several ranks do not run yet is refused by name on every rank. */
 static void
 test_refusals (void)
@@ -514,12 +592,14 @@ test_refusals (void)
   g_autofree char *dir = out_dir ("refused");
   g_autofree char *nvme = out_dir ("refused-nvme");
   g_assert_cmpint (g_mkdir_with_parents (nvme, 0700), ==, 0);
-  const char *offload[] = { "--steps",    "1",      "--offload-optimizer",
-                            "nvme",       "--zero", "2",
-                            "--nvme-dir", nvme,     NULL };
+  const char *offload[]
+      = { "--steps",     "1",    "--offload-optimizer", "nvme",
+          "--zero",      "3",    "--offload-params",    "nvme",
+          "--precision", "bf16", "--nvme-dir",          nvme,
+          NULL };
   g_autofree char *err = NULL;
   g_assert_cmpint (run_ranks (2, dir, offload, 60, &err, NULL), !=, 0);
-  g_assert_nonnull (strstr (err, "--offload-optimizer nvme"));
+  g_assert_nonnull (strstr (err, "--offload-params nvme"));
   const char *delayed[] = { "--steps", "1", "--offload-optimizer", "cpu",
                             "--zero",  "2", "--delayed-update",    NULL };
   g_autofree char *errd = NULL;
@@ -576,13 +656,21 @@ main (int argc, char **argv)
      * layer's partitions copied up into a layer slot and gathered. */
     { 2, "3", "fp32", "8", FALSE, "cpu", "cpu" },
     { 3, "3", "bf16", "12", FALSE, "cpu", "cpu" },
+    /* The optimizer's states on NVMe, each rank's partitions in chunks
+     * of its own store. */
+    { 2, "2", "fp32", "8", FALSE, "nvme" },
+    { 3, "1", "bf16", "12", FALSE, "nvme" },
+    { 4, "3", "bf16", "16", FALSE, "nvme" },
   };
   for (guint i = 0; i < G_N_ELEMENTS (cases); i++)
     {
       g_autofree char *path = g_strdup_printf (
           "/train-ranks/zero%s-%dranks-%s%s%s%s", cases[i].zero, cases[i].n,
           cases[i].precision, cases[i].tied ? "-tied" : "",
-          cases[i].offload ? "-offload-optimizer" : "",
+          cases[i].offload ? (g_str_equal (cases[i].offload, "nvme")
+                                  ? "-offload-optimizer-nvme"
+                                  : "-offload-optimizer")
+                           : "",
           cases[i].params ? "-offload-params" : "");
       g_test_add_data_func (path, &cases[i], test_same_bytes);
     }
@@ -592,6 +680,7 @@ main (int argc, char **argv)
   g_test_add_func ("/train-ranks/killed-rank", test_killed_rank);
   g_test_add_func ("/train-ranks/disk-full", test_disk_full);
   g_test_add_func ("/train-ranks/plan-file", test_plan_file);
+  g_test_add_func ("/train-ranks/nvme-chunks", test_nvme_chunks);
   g_test_add_func ("/train-ranks/refusals", test_refusals);
   int rc = g_test_run ();
   fixture_clear (&fx);

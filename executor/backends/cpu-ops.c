@@ -185,6 +185,8 @@ run_copy (CpuBackend *b, const StowOp *op, GError **error)
     default:
       break;
     }
+  if (op->copy == STOW_COPY_CHUNK_UP && b->map.dp > 1)
+    return stow_tensor_map_chunk_up_ranks (&b->map, op, error);
   const guint8 *from = NULL;
   guint8 *to = NULL;
   guint64 bytes = 0;

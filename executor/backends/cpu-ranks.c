@@ -277,7 +277,8 @@ float *
 stow_cpu_ranks_state (CpuBackend *b, guint unit, guint which)
 {
   StowTensorMap *m = &b->map;
-  if (!partitioned (b, state_buffer (b, which)))
+  /* (States on NVMe are read and written in place, by range.) */
+  if (m->states_nvme || !partitioned (b, state_buffer (b, which)))
     return NULL;
   if (b->mirror_states[which] == NULL)
     b->mirror_states[which] = g_new0 (float, MAX (m->numel, 1));

@@ -692,6 +692,33 @@ acc_scratch_init (StowTensorMap *m)
   m->acc_scratch = g_aligned_alloc (MAX (m->acc_scratch_bytes, 1), 1, 64);
 }
 
+/* What several ranks do not run yet, refused before the program's
+ * buffers are laid out. */
+static gboolean
+ranks_supported (const StowProgram *p, const StowBackendSetup *setup,
+                 GError **error)
+{
+  if (p->dp <= 1)
+    return TRUE;
+  gboolean params_nvme = FALSE;
+  for (guint i = 0; i < p->buffers->len; i++)
+    {
+      const StowBuffer *buf = &g_array_index (p->buffers, StowBuffer, i);
+      params_nvme |= buf->kind == STOW_BUF_WEIGHTS && buf->persistent
+                     && buf->tier == STOW_TIER_NVME;
+    }
+  if (!params_nvme && !setup->delayed_update)
+    return TRUE;
+  g_set_error (error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_UNSUPPORTED,
+               "%u ranks: the cpu backend runs ZeRO 0-3 with the optimizer on "
+               "each rank's device, in its host memory or on NVMe "
+               "(--offload-optimizer cpu|nvme), the weights on the device or "
+               "in host memory (--offload-params cpu); not "
+               "--offload-params nvme or --delayed-update yet",
+               p->dp);
+  return FALSE;
+}
+
 /* Several ranks: this one's place among them, and what they run. */
 static gboolean
 ranks_init (CpuBackend *b, const StowBackendSetup *setup, GError **error)
@@ -705,18 +732,6 @@ ranks_init (CpuBackend *b, const StowBackendSetup *setup, GError **error)
       g_set_error (error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_INVALID,
                    "the program is for %u data-parallel ranks; %d ran", m->dp,
                    world);
-      return FALSE;
-    }
-  if (m->states_nvme || m->params_nvme || b->delayed.on)
-    {
-      g_set_error (error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_UNSUPPORTED,
-                   "%u ranks: the cpu backend runs ZeRO 0-3 with the "
-                   "optimizer on each rank's device or in its host memory "
-                   "(--offload-optimizer cpu), the weights on the device or "
-                   "in host memory (--offload-params cpu); not "
-                   "--offload-optimizer nvme, --offload-params nvme or "
-                   "--delayed-update yet",
-                   m->dp);
       return FALSE;
     }
   b->comm = setup->comm;
@@ -748,7 +763,8 @@ stow_backend_cpu_new (const StowBackendSetup *setup, GError **error)
   b->op_start = g_new0 (double, MAX (p->ops->len, 1));
   b->op_end = g_new0 (double, MAX (p->ops->len, 1));
   b->t0_us = g_get_monotonic_time ();
-  if (!stow_tensor_map_init (&b->map, p, b->model, "cpu", error))
+  if (!ranks_supported (p, setup, error)
+      || !stow_tensor_map_init (&b->map, p, b->model, "cpu", error))
     {
       cpu_destroy (&b->parent);
       return NULL;

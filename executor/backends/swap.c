@@ -46,7 +46,7 @@ static gboolean
 find_chunks (StowStateSwap *sw, GError **error)
 {
   const StowProgram *p = sw->map->p;
-  guint64 total = sw->map->numel;
+  guint64 total = stow_tensor_map_flat_numel (sw->map);
   for (guint i = 0; i < p->ops->len; i++)
     {
       const StowOp *op = &g_array_index (p->ops, StowOp, i);
@@ -262,7 +262,6 @@ stow_state_swap_update (StowStateSwap *sw, StowAdam *adam,
 {
   const StowTensorMap *m = sw->map;
   const StowProgram *p = m->p;
-  const guint64 base = g_array_index (p->units, StowUnit, 0).offset;
   const gsize gsz = stow_dtype_size (p->grad_dtype);
   const guint8 *grads = m->addr[m->host_grads_buf];
   float *f = buf;
@@ -272,15 +271,23 @@ stow_state_swap_update (StowStateSwap *sw, StowAdam *adam,
   for (guint ui = 0; ui < p->units->len; ui++)
     {
       const StowUnit *u = &g_array_index (p->units, StowUnit, ui);
-      guint64 u0 = u->offset - base;
-      if (u0 >= first + count || u0 + u->numel <= first)
+      /* Where the rank's elements [pf, pf + pv) of the unit are among its
+       * flat parameters (the host buffers' and the chunks' layout). */
+      guint64 pf = 0, pv = 0;
+      guint64 u0 = stow_tensor_map_flat_unit (m, ui, &pf, &pv);
+      if (u0 >= first + count || u0 + pv <= first)
         continue;
       for (guint k = 0; k < u->n_tensors; k++)
         {
           const StowUnitTensor *t = &g_array_index (
               p->unit_tensors, StowUnitTensor, u->first_tensor + k);
-          guint64 t0 = u0 + t->offset;
-          guint64 lo = MAX (t0, first), hi = MIN (t0 + t->numel, first + count);
+          guint64 e0 = MAX (t->offset, pf);
+          guint64 e1 = MIN (t->offset + t->numel, pf + pv);
+          if (e0 >= e1)
+            continue;
+          guint64 t0 = u0 + (e0 - pf);
+          guint64 lo = MAX (t0, first),
+                  hi = MIN (t0 + (e1 - e0), first + count);
           if (lo >= hi)
             continue;
           StowAdamConfig cfg;
@@ -317,10 +324,19 @@ stow_state_swap_access (StowStateSwap *sw, gboolean write, guint unit,
                         guint which, guint64 first, guint64 n, float *data,
                         GError **error)
 {
-  const StowProgram *p = sw->map->p;
   g_return_val_if_fail (which < 3 && (which > 0 || sw->n_sections == 3), FALSE);
-  guint64 at = g_array_index (p->units, StowUnit, unit).offset
-               - g_array_index (p->units, StowUnit, 0).offset + first;
+  guint64 pf = 0, pv = 0;
+  guint64 at = stow_tensor_map_flat_unit (sw->map, unit, &pf, &pv);
+  if (first < pf || first + n > pf + pv)
+    {
+      g_set_error (error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_INVALID,
+                   "optimizer states [%" G_GUINT64_FORMAT ", %" G_GUINT64_FORMAT
+                   ") of unit %u: this rank holds [%" G_GUINT64_FORMAT
+                   ", %" G_GUINT64_FORMAT ")",
+                   first, first + n, unit, pf, pf + pv);
+      return FALSE;
+    }
+  at += first - pf;
   guint sec = which - (3 - sw->n_sections);
   /* Chunks are in order: find the first that holds @at. */
   guint c = 0;

@@ -116,6 +116,64 @@ stow_tensor_map_host_weight (const StowTensorMap *m, guint unit, guint64 e)
   return stow_tensor_map_host_weights (m, unit) + (e - first) * m->esize;
 }
 
+guint64
+stow_tensor_map_flat_unit (const StowTensorMap *m, guint unit, guint64 *first,
+                           guint64 *count)
+{
+  if (m->dp > 1)
+    {
+      *count = stow_tensor_map_part (m, unit, first);
+      return m->part_off[unit] - m->part_off[0];
+    }
+  *first = 0, *count = unit_of (m, unit)->numel;
+  return unit_of (m, unit)->offset - unit_of (m, 0)->offset;
+}
+
+guint64
+stow_tensor_map_flat_numel (const StowTensorMap *m)
+{
+  return m->dp > 1 ? m->part_off[m->p->units->len] - m->part_off[0] : m->numel;
+}
+
+gboolean
+stow_tensor_map_chunk_up_ranks (const StowTensorMap *m, const StowOp *op,
+                                GError **error)
+{
+  guint dst = op->n_writes == 1 ? op->writes[0] : STOW_NONE;
+  if (dst == STOW_NONE || dst != m->weights_buf || m->host_weights == NULL
+      || op->first + op->count > stow_tensor_map_flat_numel (m)
+      || op->bytes != op->count * m->esize)
+    {
+      g_set_error (error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_INVALID,
+                   "a chunk's copy up of %" G_GUINT64_FORMAT
+                   " B from parameter %" G_GUINT64_FORMAT " (%" G_GUINT64_FORMAT
+                   " of the rank's %" G_GUINT64_FORMAT ")",
+                   op->bytes, op->first, op->count,
+                   stow_tensor_map_flat_numel (m));
+      return FALSE;
+    }
+  const StowBuffer *db = stow_tensor_map_buffer (m, dst);
+  guint64 lo = op->first, hi = op->first + op->count;
+  if (db->partitions > 1)
+    {
+      /* A ZeRO-3 shard: the same partitions, in the same order. */
+      memcpy (stow_tensor_map_unit (m, dst, 0) + lo * m->esize,
+              m->host_weights + lo * m->esize, (hi - lo) * m->esize);
+      return TRUE;
+    }
+  /* The whole weights: each unit's part of the chunk at its place. */
+  for (guint u = 0; u < m->p->units->len; u++)
+    {
+      guint64 pf = 0, pv = 0;
+      guint64 f0 = stow_tensor_map_flat_unit (m, u, &pf, &pv);
+      guint64 a = MAX (lo, f0), z = MIN (hi, f0 + pv);
+      if (a < z)
+        memcpy (stow_tensor_map_elem (m, dst, u, pf + (a - f0)),
+                m->host_weights + a * m->esize, (z - a) * m->esize);
+    }
+  return TRUE;
+}
+
 guint8 *
 stow_tensor_map_slot_tail (const StowTensorMap *m, guint buffer)
 {

@@ -128,6 +128,21 @@ guint8 *stow_tensor_map_host_weight (const StowTensorMap *map, guint unit,
  * gradients, behind the unit's (planner/lower-private.h,
  * stow_lower_slot_tail). */
 guint8 *stow_tensor_map_slot_tail (const StowTensorMap *map, guint buffer);
+/* The rank's flat parameters, which the host buffers and the optimizer's
+ * NVMe chunks lay out: the units in order, each whole on one rank, its
+ * partition (padding included) on several.  Returns where @unit starts
+ * there, and in *@first, *@count the elements of the unit that the rank
+ * holds (unit coordinates; the rest of its partition is padding). */
+guint64 stow_tensor_map_flat_unit (const StowTensorMap *map, guint unit,
+                                   guint64 *first, guint64 *count);
+/* Their number. */
+guint64 stow_tensor_map_flat_numel (const StowTensorMap *map);
+/* Several ranks: an optimizer chunk's updated weights (@op, a
+ * STOW_COPY_CHUNK_UP of the rank's flat parameters [first, first +
+ * count)) from the host copy into the device weights: each unit's part at
+ * its place, or a ZeRO-3 shard as it is. */
+gboolean stow_tensor_map_chunk_up_ranks (const StowTensorMap *map,
+                                         const StowOp *op, GError **error);
 /* The tensors of layer unit @unit whose storage starts at @base, elements
  * of @elem bytes. */
 void stow_tensor_map_layer (const StowTensorMap *map, guint8 *base, guint unit,
