@@ -93,14 +93,21 @@ pending_rw (Io *r, StowOptimStateWriter *ow, StowOptimStateSet *os, guint unit,
   gboolean have = FALSE;
   guint8 *g = r->ops->pending (r->be, unit, &have);
   g_return_val_if_fail (g != NULL, FALSE);
+  /* The elements [lo, hi) this rank holds, from its partition's start
+   * (the unit's on one rank). */
+  guint64 lo = 0, hi = 0, first = 0;
+  if (!tensor_range (r, unit, t, &lo, &hi))
+    return TRUE;
+  if (r->world > 1)
+    r->ops->partition (r->be, unit, &first);
   StowDtype dt = r->p->grad_dtype;
-  g += t->offset * stow_dtype_size (dt);
+  g += (lo - first) * stow_dtype_size (dt);
   if (*piece == NULL)
     *piece = g_new (float, STATE_PIECE);
   float *f = *piece;
-  for (guint64 i = 0; i < t->numel; i += STATE_PIECE)
+  for (guint64 i = 0; i < hi - lo; i += STATE_PIECE)
     {
-      guint64 n = MIN (STATE_PIECE, t->numel - i);
+      guint64 n = MIN (STATE_PIECE, hi - lo - i);
       if (ow != NULL)
         {
           for (guint64 j = 0; j < n; j++)
@@ -112,7 +119,8 @@ pending_rw (Io *r, StowOptimStateWriter *ow, StowOptimStateSet *os, guint unit,
             return FALSE;
           continue;
         }
-      if (!stow_optim_state_set_read (os, t->name, "pending", i, n, f, error))
+      if (!stow_optim_state_set_read (os, t->name, "pending",
+                                      lo - t->offset + i, n, f, error))
         return FALSE;
       for (guint64 j = 0; j < n; j++)
         if (dt == STOW_DTYPE_F32)

@@ -618,7 +618,7 @@ static void
 emit_delayed_update (StowLower *L, StowLowerRank *R, StowLowerUnit *u)
 {
   StowOp op;
-  guint64 shard = stow_lower_div_ceil (u->params, L->n);
+  guint64 shard = host_part (L, u);
   stow_op_init (&op, STOW_OP_OPTIM_STEP, STOW_STREAM_CPU_OPTIM, R->rank);
   op.count = shard, op.layer = u->layer, op.unit = u->pu;
   guint up = stow_lower_emit (L, &op, NULL, 0, TRUE, "updated (delayed)");
@@ -640,6 +640,7 @@ emit_delayed_update (StowLower *L, StowLowerRank *R, StowLowerUnit *u)
     {
       op = stow_lower_coll_op (L, R->rank, STOW_COLL_ALL_GATHER,
                                stow_bytes (shard * L->n, L->w), u->layer);
+      op.unit = u->pu, op.count = u->params;
       stow_lower_op_io (&op, R->params_buf, STOW_NONE, R->params_buf);
       stow_lower_emit (L, &op, &both, 1, FALSE, NULL);
     }

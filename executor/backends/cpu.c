@@ -695,8 +695,7 @@ acc_scratch_init (StowTensorMap *m)
 /* What several ranks do not run yet, refused before the program's
  * buffers are laid out. */
 static gboolean
-ranks_supported (const StowProgram *p, const StowBackendSetup *setup,
-                 GError **error)
+ranks_supported (const StowProgram *p, GError **error)
 {
   if (p->dp <= 1)
     return TRUE;
@@ -707,14 +706,14 @@ ranks_supported (const StowProgram *p, const StowBackendSetup *setup,
       params_nvme |= buf->kind == STOW_BUF_WEIGHTS && buf->persistent
                      && buf->tier == STOW_TIER_NVME;
     }
-  if (!params_nvme && !setup->delayed_update)
+  if (!params_nvme)
     return TRUE;
   g_set_error (error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_UNSUPPORTED,
                "%u ranks: the cpu backend runs ZeRO 0-3 with the optimizer on "
                "each rank's device, in its host memory or on NVMe "
                "(--offload-optimizer cpu|nvme), the weights on the device or "
                "in host memory (--offload-params cpu); not "
-               "--offload-params nvme or --delayed-update yet",
+               "--offload-params nvme yet",
                p->dp);
   return FALSE;
 }
@@ -763,7 +762,7 @@ stow_backend_cpu_new (const StowBackendSetup *setup, GError **error)
   b->op_start = g_new0 (double, MAX (p->ops->len, 1));
   b->op_end = g_new0 (double, MAX (p->ops->len, 1));
   b->t0_us = g_get_monotonic_time ();
-  if (!ranks_supported (p, setup, error)
+  if (!ranks_supported (p, error)
       || !stow_tensor_map_init (&b->map, p, b->model, "cpu", error))
     {
       cpu_destroy (&b->parent);

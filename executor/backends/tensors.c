@@ -450,7 +450,8 @@ index_buffers (StowTensorMap *m, const char *backend, GError **error)
                    && buf->tier != STOW_TIER_DEVICE)
             {
               ok = check_size (backend, buf,
-                               m->numel * stow_dtype_size (p->grad_dtype),
+                               stow_tensor_map_flat_numel (m)
+                                   * stow_dtype_size (p->grad_dtype),
                                error);
               m->delayed_grads_buf = i;
             }
@@ -755,7 +756,8 @@ adam_unit (const StowTensorMap *m, StowAdam *adam, guint unit,
            GError **error)
 {
   const StowUnit *u = unit_of (m, unit);
-  guint64 off = u->offset - unit_of (m, 0)->offset;
+  guint64 pf = 0, pv = 0;
+  guint64 off = stow_tensor_map_flat_unit (m, unit, &pf, &pv);
   gsize gsz = stow_dtype_size (m->p->grad_dtype);
   for (guint k = 0; k < u->n_tensors; k++)
     {
@@ -765,9 +767,10 @@ adam_unit (const StowTensorMap *m, StowAdam *adam, guint unit,
         continue; /* none of it in this rank's partition */
       if (grads != NULL)
         {
+          /* Laid out as the host gradients: the rank's flat parameters. */
           const StowUnitTensor *t = &g_array_index (
               m->p->unit_tensors, StowUnitTensor, u->first_tensor + k);
-          at.grad = grads + (off + t->offset) * gsz;
+          at.grad = grads + (off + MAX (t->offset, pf) - pf) * gsz;
         }
       if (!stow_adam_step (adam, &cfg, step, &at, error))
         return FALSE;
