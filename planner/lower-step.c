@@ -479,13 +479,12 @@ refresh_swap_chunk (StowLower *L, StowLowerRank *R, guint c, guint nchunks,
         {
           StowLowerUnit *u
               = &g_array_index (R->units, StowLowerUnit, *done_units);
-          guint64 end = *unit_end + stow_lower_div_ceil (u->params, L->n);
+          guint64 end = *unit_end + host_part (L, u);
           if (end > (guint64)c * chunk + cp && c + 1 < nchunks)
             break;
           *unit_end = end;
           if (u->params > 0)
-            emit_param_refresh (L, R, u, &up, 1,
-                                stow_lower_div_ceil (u->params, L->n),
+            emit_param_refresh (L, R, u, &up, 1, host_part (L, u),
                                 STOW_STREAM_H2D);
         }
       return;

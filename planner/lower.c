@@ -743,21 +743,23 @@ emit_slots (StowLower *L, StowLowerRank *R, guint n_layer_units)
   guint64 big = 0;
   for (guint j = 0; j < R->units->len; j++)
     big = MAX (big, g_array_index (R->units, StowLowerUnit, j).gparams);
+  /* A rank's part of it: core/zero.h's partition on exact units. */
+  guint64 staged = L->exact && L->n > 1 ? stow_zero_part (big, (guint)L->n)
+                                        : stow_lower_div_ceil (big, L->n);
   for (guint i = 0; L->nvme_par && wmax > 0 && i < 4; i++)
     stow_program_buffer_role (
         p,
         stow_program_buffer (p, rank, STOW_TIER_PINNED,
-                             stow_bytes (stow_lower_div_ceil (big, L->n), L->w),
-                             -1, TRUE, "parameter staging buffer %u", i),
+                             stow_bytes (staged, L->w), -1, TRUE,
+                             "parameter staging buffer %u", i),
         STOW_ROLE_PARAM_STAGING, i);
   /* ... and one that the updated units pass through to the store. */
   R->write_buf = STOW_NONE;
   if (L->nvme_par && L->off_opt && t_full (L) && big > 0)
     {
-      R->write_buf = stow_program_buffer (
-          p, rank, STOW_TIER_PINNED,
-          stow_bytes (stow_lower_div_ceil (big, L->n), L->w), -1, TRUE,
-          "parameter write buffer");
+      R->write_buf = stow_program_buffer (p, rank, STOW_TIER_PINNED,
+                                          stow_bytes (staged, L->w), -1, TRUE,
+                                          "parameter write buffer");
       stow_program_buffer_role (p, R->write_buf, STOW_ROLE_PARAM_WRITE, 0);
     }
   for (guint i = 0; wmax > 0 && i < n_slots; i++)

@@ -1153,6 +1153,8 @@ lora_states (States *s)
     }
 }
 
+static gboolean ranks_reduce_each_micro_batch (const Model *ms);
+
 /* Weights: on the device, or offloaded.  Offloaded parameters keep no
  * resident copy: the working set they are gathered into is the engine's
  * buffer. */
@@ -1199,7 +1201,11 @@ weight_states (States *s)
     mem_add_term (
         nvme, "offloaded parameters", shard, STOW_TIER_NVME, "%.4g B x %s", b.w,
         params_desc (nvme, pbuf, sizeof pbuf, l, N, E, n, SHARDS_ALWAYS));
-  guint64 staged = es->unit_slots ? div_ceil (p->max_unit, n) : p->max_layer;
+  /* (On stowage's ranks, the unit's ZeRO partition, padding included.) */
+  guint64 staged = !es->unit_slots ? p->max_layer
+                   : ranks_reduce_each_micro_batch (s->ms)
+                       ? stow_zero_part (p->max_unit, (guint)n)
+                       : div_ceil (p->max_unit, n);
   if (host)
     mem_add_term (
         host, "parameter staging buffers",

@@ -9,6 +9,8 @@
 #include "executor/backends/cpu-private.h"
 #include "executor/backends/decoder-ops.h"
 
+#include "core/zero.h"
+
 #include <math.h>
 #include <string.h>
 
@@ -117,7 +119,7 @@ param_io (CpuBackend *b, const StowOp *op, GError **error)
   StowTensorMap *m = &b->map;
   guint unit = op->unit;
   if (b->params == NULL || unit == STOW_NONE || unit >= b->p->units->len
-      || op->bytes != unit_numel (b, unit) * m->esize)
+      || op->bytes != stow_zero_part (unit_numel (b, unit), m->dp) * m->esize)
     {
       g_set_error (error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_INVALID,
                    "a copy of %" G_GUINT64_FORMAT " B %s NVMe names no "

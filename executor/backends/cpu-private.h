@@ -194,7 +194,7 @@ gboolean stow_cpu_ranks_loss (CpuBackend *b, GError **error);
 void *stow_cpu_ranks_weights (CpuBackend *b, guint unit);
 float *stow_cpu_ranks_state (CpuBackend *b, guint unit, guint which);
 gboolean stow_cpu_ranks_pull (CpuBackend *b, GError **error);
-void stow_cpu_ranks_push (CpuBackend *b);
+gboolean stow_cpu_ranks_push (CpuBackend *b, GError **error);
 void stow_cpu_ranks_free (CpuBackend *b);
 void stow_cpu_ranks_describe (CpuBackend *b, guint *rank, guint *world);
 guint64 stow_cpu_ranks_partition (CpuBackend *b, guint unit, guint64 *first);

@@ -259,7 +259,7 @@ weights_partitioned (CpuBackend *b)
   StowTensorMap *m = &b->map;
   return partitioned (b, m->weights_buf)
          || (m->weights_buf == STOW_NONE
-             && partitioned (b, m->host_weights_buf));
+             && (partitioned (b, m->host_weights_buf) || m->params_nvme));
 }
 
 void *
@@ -291,6 +291,16 @@ static guint8 *
 own_partition (CpuBackend *b, guint unit, guint which)
 {
   StowTensorMap *m = &b->map;
+  if (which == 3 && b->params != NULL)
+    {
+      /* From the rank's store (its partition, changed in place until the
+       * next unit's). */
+      g_autoptr (GError) e = NULL;
+      guint8 *w = stow_param_swap_unit (b->params, unit, &e);
+      if (w == NULL && b->access_error == NULL)
+        b->access_error = g_steal_pointer (&e);
+      return w;
+    }
   if (which == 3)
     return m->weights_buf != STOW_NONE
                ? stow_tensor_map_unit (m, m->weights_buf, unit)
@@ -322,8 +332,13 @@ stow_cpu_ranks_pull (CpuBackend *b, GError **error)
           }
         /* ZeRO 3's weights, written once by rank 0: gathered whole. */
         guint64 part = stow_zero_part (unit_numel (b, u), m->dp);
-        g_autofree guint8 *send
-            = g_memdup2 (own_partition (b, u, which), part * es);
+        const guint8 *own = own_partition (b, u, which);
+        if (own == NULL)
+          {
+            g_propagate_error (error, g_steal_pointer (&b->access_error));
+            return FALSE;
+          }
+        g_autofree guint8 *send = g_memdup2 (own, part * es);
         if (!wait_one (b,
                        stow_comm_all_gather_ex (b->comm, send, whole,
                                                 unit_numel (b, u),
@@ -354,8 +369,8 @@ stow_cpu_ranks_partition (CpuBackend *b, guint unit, guint64 *first)
   return stow_tensor_map_part (m, unit, first);
 }
 
-void
-stow_cpu_ranks_push (CpuBackend *b)
+gboolean
+stow_cpu_ranks_push (CpuBackend *b, GError **error)
 {
   StowTensorMap *m = &b->map;
   for (guint which = 0; which < 4; which++)
@@ -370,9 +385,15 @@ stow_cpu_ranks_push (CpuBackend *b)
         guint64 pf = 0, pv = stow_tensor_map_part (m, u, &pf);
         guint64 part = stow_zero_part (unit_numel (b, u), m->dp);
         guint8 *own = own_partition (b, u, which);
+        if (own == NULL)
+          {
+            g_propagate_error (error, g_steal_pointer (&b->access_error));
+            return FALSE;
+          }
         memset (own, 0, part * es);
         memcpy (own, whole + pf * es, pv * es);
       }
+  return TRUE;
 }
 
 void

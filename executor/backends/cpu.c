@@ -588,17 +588,19 @@ cpu_push (StowBackend *bb, GError **error)
 {
   CpuBackend *b = (CpuBackend *)bb;
   StowTensorMap *m = &b->map;
-  if (m->dp > 1)
-    stow_cpu_ranks_push (b);
+  if (m->dp > 1 && !stow_cpu_ranks_push (b, error))
+    return FALSE;
   if (b->swap != NULL && !stow_state_swap_flush (b->swap, error))
     return FALSE;
   if (b->params != NULL)
     {
-      /* The resident units take their weights from the store. */
+      /* The resident units take their weights from the store (on several
+       * ranks, whole from the copy the partitions came from). */
       for (guint u = 0; u < b->p->units->len; u++)
         if (m->unit_weights[u] != STOW_NONE)
           {
-            void *w = stow_param_swap_unit (b->params, u, error);
+            void *w = m->dp > 1 ? stow_cpu_ranks_weights (b, u)
+                                : stow_param_swap_unit (b->params, u, error);
             if (w == NULL)
               return FALSE;
             memcpy (m->addr[m->unit_weights[u]], w,
@@ -692,32 +694,6 @@ acc_scratch_init (StowTensorMap *m)
   m->acc_scratch = g_aligned_alloc (MAX (m->acc_scratch_bytes, 1), 1, 64);
 }
 
-/* What several ranks do not run yet, refused before the program's
- * buffers are laid out. */
-static gboolean
-ranks_supported (const StowProgram *p, GError **error)
-{
-  if (p->dp <= 1)
-    return TRUE;
-  gboolean params_nvme = FALSE;
-  for (guint i = 0; i < p->buffers->len; i++)
-    {
-      const StowBuffer *buf = &g_array_index (p->buffers, StowBuffer, i);
-      params_nvme |= buf->kind == STOW_BUF_WEIGHTS && buf->persistent
-                     && buf->tier == STOW_TIER_NVME;
-    }
-  if (!params_nvme)
-    return TRUE;
-  g_set_error (error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_UNSUPPORTED,
-               "%u ranks: the cpu backend runs ZeRO 0-3 with the optimizer on "
-               "each rank's device, in its host memory or on NVMe "
-               "(--offload-optimizer cpu|nvme), the weights on the device or "
-               "in host memory (--offload-params cpu); not "
-               "--offload-params nvme yet",
-               p->dp);
-  return FALSE;
-}
-
 /* Several ranks: this one's place among them, and what they run. */
 static gboolean
 ranks_init (CpuBackend *b, const StowBackendSetup *setup, GError **error)
@@ -762,8 +738,7 @@ stow_backend_cpu_new (const StowBackendSetup *setup, GError **error)
   b->op_start = g_new0 (double, MAX (p->ops->len, 1));
   b->op_end = g_new0 (double, MAX (p->ops->len, 1));
   b->t0_us = g_get_monotonic_time ();
-  if (!ranks_supported (p, error)
-      || !stow_tensor_map_init (&b->map, p, b->model, "cpu", error))
+  if (!stow_tensor_map_init (&b->map, p, b->model, "cpu", error))
     {
       cpu_destroy (&b->parent);
       return NULL;

@@ -5,6 +5,8 @@
  */
 #include "executor/backends/param-swap.h"
 
+#include "core/zero.h"
+
 #include <string.h>
 #include <xxhash.h>
 
@@ -49,7 +51,11 @@ stow_param_swap_new (const StowTensorMap *map, const StowSwapSetup *setup,
   for (guint u = 0; u < ps->n_units; u++)
     {
       const StowUnit *unit = &g_array_index (p->units, StowUnit, u);
-      ps->bytes[u] = unit->numel * map->esize;
+      /* On several ranks, the rank's partition of the unit (core/zero.h's,
+       * padding included). */
+      ps->bytes[u]
+          = (map->dp > 1 ? stow_zero_part (unit->numel, map->dp) : unit->numel)
+            * map->esize;
       most = MAX (most, ps->bytes[u]);
       g_autofree char *name = g_strdup_printf ("weights of unit %u", u);
       guint id = stow_nvme_store_add_tensor (ps->store, name, ps->bytes[u]);

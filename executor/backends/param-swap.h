@@ -7,7 +7,9 @@
  * through io_uring, XXH3 per block).  In a step the program's loads read a
  * unit into a pinned staging buffer ("staged") and its updated weights go
  * back through the "parameter write buffer" ("stored"); both are whole
- * units, so no read-modify-write of a block is ever needed.
+ * units, so no read-modify-write of a block is ever needed.  On several
+ * ranks each rank's store holds its partitions of the units (core/zero.h),
+ * and "a unit" below means the rank's partition of it.
  *
  * Outside a step (loading, checkpoints, the resident units' first copy)
  * one unit at a time is held in a cached buffer, written back only when

@@ -284,6 +284,9 @@ index_buffers (StowTensorMap *m, const char *backend, GError **error)
   guint64 gmax = 0, umax = 0;
   for (guint u = 0; u < p->units->len; u++)
     umax = MAX (umax, unit_of (m, u)->numel);
+  /* What a staging or write buffer of the weights on NVMe holds: the
+   * largest unit, or on several ranks its partition. */
+  guint64 upart = stow_zero_part (umax, m->dp);
   /* On several ranks with the gradients going to the host, the rank's
    * partition of them follows the unit's (stow_tensor_map_slot_tail). */
   gboolean tail = FALSE;
@@ -437,13 +440,13 @@ index_buffers (StowTensorMap *m, const char *backend, GError **error)
           else if (buf->role == STOW_ROLE_PARAM_STAGING
                    && buf->tier != STOW_TIER_DEVICE && buf->role_index < 4)
             {
-              ok = check_size (backend, buf, umax * m->esize, error);
+              ok = check_size (backend, buf, upart * m->esize, error);
               m->slot_buf[STOW_SLOT_STAGING + buf->role_index] = i;
             }
           else if (buf->role == STOW_ROLE_PARAM_WRITE
                    && buf->tier != STOW_TIER_DEVICE)
             {
-              ok = check_size (backend, buf, umax * m->esize, error);
+              ok = check_size (backend, buf, upart * m->esize, error);
               m->write_buf = i;
             }
           else if (buf->role == STOW_ROLE_DELAYED_GRADS
@@ -1048,6 +1051,18 @@ stow_tensor_map_copy_ends (const StowTensorMap *m, const StowOp *op,
       elem = m->esize;
       *from = m->addr[src];
       *to = stow_tensor_map_unit (m, dst, unit);
+      if (m->dp > 1)
+        {
+          /* The rank's partition, staged, into its place in the slot
+           * (gathered there next). */
+          guint64 pf = 0, pv = stow_tensor_map_part (m, unit, &pf);
+          if (!check_part_bytes (
+                  op, stow_zero_part (unit_of (m, unit)->numel, m->dp) * elem,
+                  error))
+            return FALSE;
+          *to = stow_tensor_map_elem (m, dst, unit, pf), *bytes = pv * elem;
+          return TRUE;
+        }
       break;
     case STOW_COPY_WEIGHTS_UP:
       /* A unit's updated (or streamed) weights up from the host: the host
