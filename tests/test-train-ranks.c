@@ -625,8 +625,17 @@ test_refusals (void)
 {
   g_autofree char *dir = out_dir ("refused");
 
-  const char *tied3[]
-      = { "--steps", "1", "--zero", "3", "--model", tied_model, NULL };
+  const char *tied3[] = { "--steps",
+                          "1",
+                          "--zero",
+                          "3",
+                          "--model",
+                          tied_model,
+                          "--offload-optimizer",
+                          "cpu",
+                          "--offload-params",
+                          "cpu",
+                          NULL };
   g_autofree char *err3 = NULL;
   g_assert_cmpint (run_ranks (2, dir, tied3, 60, &err3, NULL), !=, 0);
   g_assert_nonnull (strstr (err3, "tie_word_embeddings"));
@@ -665,6 +674,10 @@ main (int argc, char **argv)
     { 2, "1", "fp32", "4", TRUE },
     { 3, "2", "bf16", "12", TRUE },
     { 4, "0", "bf16", "8", TRUE },
+    /* ZeRO 3 of a tied model: the output layer's slot gathers the head
+     * and the embedding it reads. */
+    { 2, "3", "fp32", "8", TRUE },
+    { 3, "3", "bf16", "12", TRUE },
     /* ZeRO-Offload on each rank: CPU Adam over the rank's partition in
      * host memory, the partition of the step's gradients brought up into
      * the slot behind each micro-batch's and reduced into it. */

@@ -122,12 +122,57 @@ reduce_pair (CpuBackend *b, const StowOp *op, guint8 *tmp, StowDtype dt,
   return TRUE;
 }
 
+/* Unit @unit's partitions (persistent buffer @rb) gathered whole at @to. */
+static gboolean
+gather_unit (CpuBackend *b, guint rb, guint unit, guint8 *to, GError **error)
+{
+  StowTensorMap *m = &b->map;
+  guint64 count = unit_numel (b, unit);
+  g_autofree guint8 *tmp
+      = g_malloc (MAX (stow_zero_part (count, m->dp) * m->esize, 1));
+  const guint8 *send = partition_at (b, rb, unit, tmp, TRUE, m->esize);
+  return wait_one (b,
+                   stow_comm_all_gather_ex (b->comm, send, to, count,
+                                            align_of (b, unit), m->ftype,
+                                            error),
+                   error);
+}
+
+/* ZeRO 3 of a model whose output layer is its embedding: the head's
+ * slot takes the head's weights, then the embedding's
+ * (stow_tensor_map_head_in reads them there). */
+static gboolean
+gather_tied_head (CpuBackend *b, const StowOp *op, GError **error)
+{
+  StowTensorMap *m = &b->map;
+  if (b->comm == NULL || op->n_reads != 1 || op->n_writes != 1
+      || buf_of (b, op->writes[0])->n_units != 1)
+    {
+      g_set_error (error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_UNSUPPORTED,
+                   "the cpu backend gathers a tied output layer from the "
+                   "weights' partitions into one layer slot; not this op");
+      return FALSE;
+    }
+  guint8 *slot = m->addr[op->writes[0]];
+  return gather_unit (b, op->reads[0], m->head_unit, slot, error)
+         && gather_unit (b, op->reads[0], m->emb_unit,
+                         slot + unit_numel (b, m->head_unit) * m->esize, error);
+}
+
 gboolean
 stow_cpu_run_collective (CpuBackend *b, const StowOp *op, GError **error)
 {
   StowTensorMap *m = &b->map;
   guint unit = op->unit;
   gboolean pair = op->coll == STOW_COLL_REDUCE_SCATTER && op->n_reads == 2;
+  /* A tied output layer gathered into its slot: the head, then the
+   * embedding it reads (the lowering's gparams). */
+  gboolean tied_head
+      = op->coll == STOW_COLL_ALL_GATHER && unit != STOW_NONE
+        && unit == m->head_unit && m->head_lm == G_MAXUINT64
+        && op->count == unit_numel (b, unit) + unit_numel (b, m->emb_unit);
+  if (tied_head)
+    return gather_tied_head (b, op, error);
   if (b->comm == NULL || unit == STOW_NONE || (op->n_reads != 1 && !pair)
       || op->n_writes != 1 || op->group != STOW_GROUP_DP
       || unit_numel (b, unit) != op->count)

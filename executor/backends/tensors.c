@@ -284,6 +284,15 @@ index_buffers (StowTensorMap *m, const char *backend, GError **error)
   guint64 gmax = 0, umax = 0;
   for (guint u = 0; u < p->units->len; u++)
     umax = MAX (umax, unit_of (m, u)->numel);
+  /* The weights off the device (--offload-params): a tied output layer
+   * would have to bring the embedding from there too. */
+  gboolean offloaded_params = FALSE;
+  for (guint i = 0; i < p->buffers->len; i++)
+    {
+      const StowBuffer *buf = stow_tensor_map_buffer (m, i);
+      offloaded_params |= buf->kind == STOW_BUF_WEIGHTS && buf->persistent
+                          && buf->tier != STOW_TIER_DEVICE;
+    }
   /* What a staging or write buffer of the weights on NVMe holds: the
    * largest unit, or on several ranks its partition. */
   guint64 upart = stow_zero_part (umax, m->dp);
@@ -343,8 +352,17 @@ index_buffers (StowTensorMap *m, const char *backend, GError **error)
               /* One unit's weights: a resident streamed layer, or a
                * layer slot's occupant (its bytes are the slot's). */
               guint64 need = unit_of (m, buf->unit_first)->numel * m->esize;
-              if (m->model->tied_embeddings
-                  && buf->unit_first + 1 == p->units->len)
+              gboolean tied_head = m->model->tied_embeddings
+                                   && buf->unit_first + 1 == p->units->len;
+              if (tied_head && !offloaded_params && !buf->persistent)
+                {
+                  /* ZeRO 3 on several ranks: the output layer's slot
+                   * holds the head's weights, then the embedding's, both
+                   * gathered there (stow_cpu_run_collective). */
+                  need += unit_of (m, 0)->numel * m->esize;
+                  tied_head = FALSE;
+                }
+              if (tied_head)
                 {
                   /* Its copy would bring the embedding too. */
                   g_set_error (error, STOW_BACKEND_ERROR,
@@ -653,11 +671,16 @@ void
 stow_tensor_map_head_in (const StowTensorMap *m, guint bi, void **norm,
                          void **lm)
 {
-  gsize e = stow_tensor_map_kind_elem (m, stow_tensor_map_buffer (m, bi)->kind);
+  const StowBuffer *buf = stow_tensor_map_buffer (m, bi);
+  gsize e = stow_tensor_map_kind_elem (m, buf->kind);
   guint8 *head = stow_tensor_map_unit (m, bi, m->head_unit);
   *norm = head + m->head_norm * e;
-  *lm = m->head_lm != G_MAXUINT64 ? head + m->head_lm * e
-                                  : stow_tensor_map_unit (m, bi, m->emb_unit);
+  if (m->head_lm != G_MAXUINT64)
+    *lm = head + m->head_lm * e;
+  else if (buf->n_units == 1)
+    *lm = head + unit_of (m, m->head_unit)->numel * e; /* a slot: behind it */
+  else
+    *lm = stow_tensor_map_unit (m, bi, m->emb_unit);
 }
 
 float *
