@@ -977,7 +977,7 @@ is_grad_slot (const StowBuffer *buf)
 /* A copy of one rank's partition of @unit (core/zero.h's, padding
  * included): the bytes the program says, or an error naming both. */
 static gboolean
-check_part_bytes (const StowOp *op, guint64 bytes, GError **error)
+check_part_bytes (const StowOp *op, guint unit, guint64 bytes, GError **error)
 {
   if (op->bytes == bytes)
     return TRUE;
@@ -985,7 +985,7 @@ check_part_bytes (const StowOp *op, guint64 bytes, GError **error)
                "the copy moves %" G_GUINT64_FORMAT
                " B; the rank's partition of unit %u holds %" G_GUINT64_FORMAT
                " B",
-               op->bytes, op->unit, bytes);
+               op->bytes, unit, bytes);
   return FALSE;
 }
 
@@ -997,7 +997,7 @@ partition_ends (const StowTensorMap *m, const StowOp *op, guint unit,
   *bytes = stow_zero_part (unit_of (m, unit)->numel, m->dp)
            * stow_dtype_size (m->p->grad_dtype);
   *from = src, *to = dst;
-  return check_part_bytes (op, *bytes, error);
+  return check_part_bytes (op, unit, *bytes, error);
 }
 
 gboolean
@@ -1080,7 +1080,8 @@ stow_tensor_map_copy_ends (const StowTensorMap *m, const StowOp *op,
            * (gathered there next). */
           guint64 pf = 0, pv = stow_tensor_map_part (m, unit, &pf);
           if (!check_part_bytes (
-                  op, stow_zero_part (unit_of (m, unit)->numel, m->dp) * elem,
+                  op, unit,
+                  stow_zero_part (unit_of (m, unit)->numel, m->dp) * elem,
                   error))
             return FALSE;
           *to = stow_tensor_map_elem (m, dst, unit, pf), *bytes = pv * elem;
@@ -1113,7 +1114,7 @@ stow_tensor_map_copy_ends (const StowTensorMap *m, const StowOp *op,
            * or into a ZeRO-3 shard whole. */
           guint64 pf = 0, pv = stow_tensor_map_part (m, unit, &pf);
           guint64 part = stow_zero_part (unit_of (m, unit)->numel, m->dp);
-          if (!check_part_bytes (op, part * elem, error))
+          if (!check_part_bytes (op, unit, part * elem, error))
             return FALSE;
           if (db->partitions > 1)
             *bytes = part * elem;
