@@ -10,8 +10,9 @@
 #   bench/ranks.sh [BUILD] [STEPS]      (default build/, 6 steps)
 #
 # The model: 4 layers, hidden 64, vocabulary 32,064 (Phi-3-mini's
-# tokenizer, ../shared/data/tokenizers), initialised here; the data: 6,000
-# prompt/completion lines, as the README's quick start writes them.
+# tokenizer, ../shared/data/tokenizers or $STOW_TOKENIZER), initialised
+# here; the data: 6,000 prompt/completion lines, as the README's quick
+# start writes them (bench/ranks-common.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
@@ -19,26 +20,9 @@ steps=${2:-6}
 S=$PWD/$build/cli/stowage
 W=$(mktemp -d /tmp/stow-ranks-XXXXXX)
 trap 'rm -rf "$W"' EXIT
-root=()
-[ "$(id -u)" = 0 ] && root=(--allow-run-as-root)
-# Every run waits passively in OpenMP, as several ranks on one node do by
-# themselves (cli/cmd-train.c): on a shared machine the spinning default
-# makes one rank the slower by an order of magnitude.
-export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
-
-cat >"$W/config.json" <<'J'
-{"architectures":["LlamaForCausalLM"],"model_type":"llama","hidden_size":64,
- "head_dim":16,"num_attention_heads":4,"num_key_value_heads":2,
- "intermediate_size":176,"num_hidden_layers":4,"vocab_size":32064,
- "max_position_embeddings":512,"rms_norm_eps":1e-5,"rope_theta":10000.0,
- "tie_word_embeddings":false,"initializer_range":0.02,"bos_token_id":1,
- "eos_token_id":32000}
-J
-"$S" init-model "$W/config.json" -o "$W/model" --seed 7 >/dev/null
-cp ../shared/data/tokenizers/phi3-mini.tokenizer.json "$W/model/tokenizer.json"
-for i in $(seq 1 6000); do
-  echo "{\"prompt\": \"How many GPUs does run $i use?\", \"completion\": \" Run $i uses $((i % 8 + 1)) GPUs.\"}"
-done >"$W/train.jsonl"
+source bench/ranks-common.sh
+small_model "$S" "$W/model" 4
+prompt_lines "$W/train.jsonl"
 
 job=(train --model "$W/model" --data "$W/train.jsonl" --precision bf16
      --seq 256 --micro-batch 1 --global-batch 16 --steps "$steps" --lr 1e-4

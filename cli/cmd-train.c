@@ -43,7 +43,7 @@ typedef struct
       *save_on_signal, *threads, *test_copy_delay_us, *test_nvme_fault,
       *test_die_at, *test_memlock_limit, *test_nvme_free, *save_dtype,
       *max_shard_size, *keep_last, *val_data, *eval_every, *eval_batches, *rank,
-      *world_size, *init;
+      *world_size, *init, *reduction;
   char **nvme_dirs;
   char *revision; /* --revision: of a Hub id --model */
   gboolean resume, overwrite, shuffle, delayed_update, stream_times,
@@ -254,6 +254,15 @@ resolve (TrainOptions *o, StowTrainPlan *c, StowTrainConfig *run,
       g_set_error (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
                    "--save-on-signal \"%s\": expected on or off",
                    o->save_on_signal);
+      return FALSE;
+    }
+  if (o->reduction && g_str_equal (o->reduction, "native"))
+    run->reduction = STOW_COMM_NATIVE;
+  else if (o->reduction && !g_str_equal (o->reduction, "deterministic"))
+    {
+      g_set_error (error, STOW_TRAIN_ERROR, STOW_TRAIN_ERROR_INVALID,
+                   "--reduction \"%s\": expected deterministic or native",
+                   o->reduction);
       return FALSE;
     }
   run->shuffle = o->shuffle;
@@ -997,6 +1006,14 @@ stow_cmd_train (int argc, char **argv)
       "How the ranks meet: mpi, env (torchrun's MASTER_ADDR and "
       "MASTER_PORT) or tcp://HOST:PORT (default: the launcher's)",
       "HOW" },
+    { "reduction", 0, 0, G_OPTION_ARG_STRING, &o.reduction,
+      "How several ranks sum the gradients they reduce-scatter: "
+      "deterministic (default: in rank order, one rank's bytes) or native "
+      "(MPI's order: from 3 ranks on, or 2 accumulating micro-batches, the "
+      "bytes differ and the losses move in their last digits; "
+      "docs/executor.md).  The tied embedding's gradients, the norm and the "
+      "loss are summed in rank order either way; one rank sums nothing",
+      "HOW" },
     { "allow-unpinned", 0, 0, G_OPTION_ARG_NONE, &o.allow_unpinned,
       "Where RLIMIT_MEMLOCK cannot cover the pinned host buffers, run them "
       "pageable instead of refusing (cpu backend)",
@@ -1076,7 +1093,8 @@ stow_cmd_train (int argc, char **argv)
                        &o.eval_batches,
                        &o.rank,
                        &o.world_size,
-                       &o.init };
+                       &o.init,
+                       &o.reduction };
   for (gsize i = 0; i < G_N_ELEMENTS (strings); i++)
     g_free (*strings[i]);
   if (stopped_by != 0)

@@ -921,6 +921,15 @@ make_backend (Run *r, GError **error)
       g_prefix_error (error, "--backend ");
       return FALSE;
     }
+  if (c->comm != NULL)
+    {
+      stow_comm_set_mode (c->comm, c->reduction);
+      if (c->reduction == STOW_COMM_NATIVE
+          && stow_comm_world_size (c->comm) > 1)
+        note (c, "the gradients are reduce-scattered in MPI's order "
+                 "(--reduction native): not one rank's bytes from 3 ranks "
+                 "on, or 2 accumulating micro-batches");
+    }
   StowBackendSetup setup = {
     .program = r->prog,
     .model = c->model,

@@ -115,6 +115,12 @@ typedef struct
    * alone holds OUT's lock and writes the checkpoints, the others take
    * part in gathering the states for them and wait for each commit. */
   StowComm *comm;
+  /* How the ranks' gradient reduce-scatters add (--reduction), set on
+   * @comm for the run: DETERMINISTIC (0, the default) in rank order, one
+   * rank's bytes; NATIVE in MPI's order.  The tied embedding's pair and
+   * the norm's and loss's partial sums are added in rank order either
+   * way.  Nothing on one rank. */
+  StowCommMode reduction;
   char *log_json_owned, *trace_owned; /* the caller's, for its paths */
   /* Test knob: rank @test_die_rank kills itself (SIGKILL) once step
    * @test_die_step is logged, before its checkpoint; 0: never. */

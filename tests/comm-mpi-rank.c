@@ -183,6 +183,77 @@ check_one (guint64 count, StowDtype dtype)
     g_free (c[q]);
 }
 
+/* ZeRO's forms, in both modes, as executor/backends/cpu-ranks.c calls them
+ * for every gradient: partitions aligned to @align (a norm block there,
+ * so that the last ranks may own nothing but padding), the sum added
+ * after what the partition holds (@acc's slice: the earlier micro-batches'
+ * sum), and the all-gather of such partitions. */
+static void
+check_ex (guint64 count, guint64 align, StowDtype dtype)
+{
+  int n = stow_comm_world_size (comm), me = stow_comm_rank (comm);
+  guint es = stow_dtype_size (dtype);
+  guint64 part = stow_comm_partition_numel (count, n, (guint)align);
+  guint64 pb = part * es, whole = MAX (pb * n, 1);
+  /* c[0] is what the partitions hold before (the same on every rank),
+   * c[1 + q] rank q's contribution. */
+  g_autofree void **c = g_new0 (void *, (guint)n + 1);
+  for (int q = 0; q <= n; q++)
+    c[q] = contribution (q == 0 ? n : q - 1, count, dtype);
+  g_autofree guint8 *want = g_malloc0 (whole);
+  g_autofree guint8 *want_acc = g_malloc0 (whole);
+  stow_comm_sum_rank_order (want, (const void *const *)c + 1, (guint)n, count,
+                            dtype);
+  stow_comm_sum_rank_order (want_acc, (const void *const *)c, (guint)n + 1,
+                            count, dtype);
+  g_autofree char *tag = g_strdup_printf (
+      "%s count %" G_GUINT64_FORMAT " align %" G_GUINT64_FORMAT,
+      stow_dtype_nick (dtype), count, align);
+  guint64 mine = me * part >= count ? 0 : MIN (part, count - me * part);
+  g_autofree guint8 *rs = g_malloc (MAX (pb, 1));
+  g_autofree guint8 *ag = g_malloc (MAX (count * es, 1));
+  for (int mode = 0; mode < 2; mode++)
+    {
+      gboolean native = mode == STOW_COMM_NATIVE;
+      stow_comm_set_mode (comm, (StowCommMode)mode);
+      g_autofree char *what = g_strdup_printf (
+          "%s reduce-scatter-ex %s", native ? "native" : "deterministic", tag);
+
+      memset (rs, 0xa5, MAX (pb, 1));
+      wait_ok (stow_comm_reduce_scatter_ex (comm, c[me + 1], rs, count, align,
+                                            FALSE, dtype, NULL),
+               what);
+      if (native)
+        check_close (what, rs, (const void *const *)c + 1, n, me * part, mine,
+                     dtype);
+      else
+        check_bytes (what, rs, want + me * part * es, mine, dtype);
+      check_zero (what, rs, mine, part, dtype);
+
+      /* Accumulating: the partition holds its earlier sum, padding zero. */
+      memset (rs, 0, MAX (pb, 1));
+      memcpy (rs, (const guint8 *)c[0] + me * part * es, mine * es);
+      wait_ok (stow_comm_reduce_scatter_ex (comm, c[me + 1], rs, count, align,
+                                            TRUE, dtype, NULL),
+               what);
+      if (native)
+        check_close (what, rs, (const void *const *)c, n + 1, me * part, mine,
+                     dtype);
+      else
+        check_bytes (what, rs, want_acc + me * part * es, mine, dtype);
+      check_zero (what, rs, mine, part, dtype);
+
+      memcpy (rs, want + me * part * es, MAX (pb, 1));
+      memset (ag, 0, MAX (count * es, 1));
+      wait_ok (
+          stow_comm_all_gather_ex (comm, rs, ag, count, align, dtype, NULL),
+          what);
+      check_bytes ("all-gather-ex", ag, want, count, dtype);
+    }
+  for (int q = 0; q <= n; q++)
+    g_free (c[q]);
+}
+
 /* Several collectives in flight at once, waited on out of order. */
 static void
 check_async (void)
@@ -289,6 +360,12 @@ main (int argc, char **argv)
   for (guint d = 0; d < G_N_ELEMENTS (dtypes); d++)
     for (guint i = 0; i < G_N_ELEMENTS (counts); i++)
       check_one (counts[i], dtypes[d]);
+  const guint64 ex_counts[] = { 0, 1, 1000, 20000 };
+  const guint64 aligns[] = { 2, 8192 };
+  for (guint d = 0; d < G_N_ELEMENTS (dtypes); d++)
+    for (guint i = 0; i < G_N_ELEMENTS (ex_counts); i++)
+      for (guint a = 0; a < G_N_ELEMENTS (aligns); a++)
+        check_ex (ex_counts[i], aligns[a], dtypes[d]);
   check_async ();
   check_refusals ();
   wait_ok (stow_comm_barrier (comm, NULL), "barrier");

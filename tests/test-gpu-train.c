@@ -15,7 +15,6 @@
 #include <sys/wait.h>
 
 #include <glib/gstdio.h>
-#include <json-glib/json-glib.h>
 
 #include "executor/backends/cuda/cuda.h"
 #include "executor/safetensors.h"
@@ -30,27 +29,6 @@ have_gpu (void)
   g_autofree char *why = g_strdup (error->message);
   g_test_skip (why);
   return FALSE;
-}
-
-/* The losses of a --log-json file, in step order. */
-static GArray *
-losses (const char *log)
-{
-  g_autofree char *text = NULL;
-  GArray *a = g_array_new (FALSE, FALSE, sizeof (double));
-  g_assert_true (g_file_get_contents (log, &text, NULL, NULL));
-  if (text == NULL)
-    return a;
-  g_auto (GStrv) lines = g_strsplit (g_strstrip (text), "\n", -1);
-  for (guint i = 0; lines[i]; i++)
-    {
-      g_autoptr (JsonParser) p = json_parser_new ();
-      g_assert_true (json_parser_load_from_data (p, lines[i], -1, NULL));
-      double l = json_object_get_double_member (
-          json_node_get_object (json_parser_get_root (p)), "loss");
-      g_array_append_val (a, l);
-    }
-  return a;
 }
 
 static float *
@@ -147,8 +125,8 @@ against_cpu (const char *precision, double loss_tol, double weight_tol,
   if (rg.status != 0)
     g_test_message ("train --backend cuda: %s", rg.err);
   g_assert_cmpint (rg.status, ==, 0);
-  g_autoptr (GArray) lc = losses (cpu_log);
-  g_autoptr (GArray) lg = losses (gpu_log);
+  g_autoptr (GArray) lc = log_losses (cpu_log);
+  g_autoptr (GArray) lg = log_losses (gpu_log);
   g_assert_cmpuint (lc->len, ==, 10);
   g_assert_cmpuint (lg->len, ==, 10);
   double worst = 0;

@@ -7,11 +7,13 @@
  * states from ZeRO 1 on); a resume across rank counts (4 -> 2 -> 1
  * -> 3) gives the uninterrupted run's bytes; each rank's arena peak is the
  * simulated one; a killed rank ends the job in bounded time with `latest`
- * whole, and --resume continues bit for bit.  Exits 77 (skip) without
- * mpirun or a build with MPI.
+ * whole, and --resume continues bit for bit; --reduction native keeps the
+ * losses within a bound of the one rank's (how far they moved reported).
+ * Exits 77 (skip) without mpirun or a build with MPI.
  */
 #include <glib.h>
 #include <glib/gstdio.h>
+#include <math.h>
 #include <string.h>
 #include <sys/wait.h>
 
@@ -277,6 +279,124 @@ test_same_bytes (gconstpointer data)
       g_assert_cmpint (g_file_test (f, G_FILE_TEST_IS_REGULAR), ==,
                        !g_str_equal (c->zero, "0"));
     }
+}
+
+typedef struct
+{
+  int n;
+  const char *zero, *precision, *global;
+  /* One micro-batch per rank on 2 ranks: nothing accumulates, and a + b
+   * is b + a, so the native sums are the rank-order ones. */
+  gboolean same;
+} NativeCase;
+
+/* The native runs' flags: 4 steps of @global sequences at @precision. */
+static GPtrArray *
+native_args (const char *precision, const char *global)
+{
+  const char *a[]
+      = { "--steps", "4",         "--precision", precision, "--global-batch",
+          global,    "--threads", "1",           NULL };
+  return args_join (a, NULL);
+}
+
+/* One rank's run of native_args (the deterministic bytes of any number
+ * of ranks), its --log-json in @log. */
+static char *
+native_reference (const char *precision, const char *global, char **log)
+{
+  g_autofree char *name
+      = g_strdup_printf ("ref-native-%s-%s", precision, global);
+  *log = g_strdup_printf ("%s/%s.jsonl", fx.dir, name);
+  g_autoptr (GPtrArray) base = native_args (precision, global);
+  const char *more[] = { "--log-json", *log, NULL };
+  g_autoptr (GPtrArray) a = args_join ((const char *const *)base->pdata, more);
+  return reference (name, (const char *const *)a->pdata);
+}
+
+/* --reduction native: MPI_Reduce_scatter_block's order of summation in
+ * place of the rank order, and each micro-batch's sum added to the
+ * accumulated one after it rather than contribution by contribution.
+ * The run completes; step 1's loss, computed before any reduction, is the
+ * one rank's to the bit.  A reduced gradient moves by up to (N - 1) unit
+ * roundoffs of its terms (Higham 2002, 4.2), and so, Adam being
+ * scale-free, does each update, and the step's change of the loss (under
+ * 1e-2 relative here) by about that fraction: on 4 ranks some 2e-9 a
+ * step in fp32 (u = 2^-24) and 1.2e-4 in bf16 (the gradients' u = 2^-8).
+ * Over 4 steps: within 1e-6 (fp32) and 1e-3 (bf16) of the one rank's
+ * losses, twice the bf16 bound's sum (measured: 5e-9 and 7e-5).  How far
+ * they moved, and whether the weights' bytes did, is reported. */
+static void
+test_native (gconstpointer data)
+{
+  const NativeCase *c = data;
+  g_autofree char *ref_log = NULL;
+  g_autofree char *ref = native_reference (c->precision, c->global, &ref_log);
+  g_autoptr (GPtrArray) base = native_args (c->precision, c->global);
+  g_autofree char *name = g_strdup_printf ("native-n%d-%s-z%s-%s", c->n,
+                                           c->precision, c->zero, c->global);
+  g_autofree char *dir = out_dir (name);
+  g_autofree char *log = g_strdup_printf ("%s/%s.jsonl", fx.dir, name);
+  const char *more[]
+      = { "--reduction", "native", "--zero", c->zero, "--log-json", log, NULL };
+  g_autoptr (GPtrArray) args
+      = args_join ((const char *const *)base->pdata, more);
+  g_autofree char *err = NULL;
+  int rc = run_ranks (c->n, dir, (const char *const *)args->pdata, 120, &err,
+                      NULL);
+  if (rc != 0)
+    g_printerr ("%s\n", err);
+  g_assert_cmpint (rc, ==, 0);
+  g_assert_nonnull (strstr (err, "--reduction native"));
+  g_assert_cmpuint (latest_step (dir), ==, 4);
+  g_autoptr (GArray) want = log_losses (ref_log);
+  g_autoptr (GArray) got = log_losses (log);
+  g_assert_cmpuint (got->len, ==, 4);
+  g_assert_cmpuint (want->len, ==, got->len);
+  g_assert_cmpfloat (g_array_index (got, double, 0), ==,
+                     g_array_index (want, double, 0));
+  double tol = g_str_equal (c->precision, "fp32") ? 1e-6 : 1e-3;
+  double worst = 0;
+  guint worst_step = 0;
+  for (guint i = 0; i < got->len; i++)
+    {
+      double w = g_array_index (want, double, i);
+      double rel = fabs (g_array_index (got, double, i) - w) / fabs (w);
+      g_assert_cmpfloat (rel, <=, tol);
+      if (rel > worst)
+        worst = rel, worst_step = i + 1;
+    }
+  gboolean same = same_file (ref, dir, "model.safetensors");
+  g_test_message ("%d ranks, ZeRO %s, %s, global batch %s, --reduction "
+                  "native: largest relative loss difference %.3g (step %u) "
+                  "over %u steps; weights %s the one rank's bytes",
+                  c->n, c->zero, c->precision, c->global, worst, worst_step,
+                  got->len, same ? "are" : "are not");
+  if (c->same)
+    assert_same_run (ref, dir);
+}
+
+/* One rank adds nothing up: --reduction native is accepted and gives the
+ * same run; a value other than the two is refused by name. */
+static void
+test_native_one_rank (void)
+{
+  g_autofree char *ref_log = NULL;
+  g_autofree char *ref = native_reference ("fp32", "24", &ref_log);
+  g_autoptr (GPtrArray) base = native_args ("fp32", "24");
+  g_autofree char *dir = out_dir ("native-one-rank");
+  const char *native[] = { "--reduction", "native", NULL };
+  g_autoptr (GPtrArray) args
+      = args_join ((const char *const *)base->pdata, native);
+  g_auto (StowRun) r = { 0 };
+  trainv (&r, &fx, dir, (const char *const *)args->pdata);
+  g_assert_cmpint (r.status, ==, 0);
+  assert_same_run (ref, dir);
+  const char *bad[] = { "--reduction", "ring", NULL };
+  g_autoptr (GPtrArray) refused = train_argv (&fx, dir, bad);
+  stow_assert_usage_error ((const char *const *)refused->pdata + 1,
+                           "--reduction \"ring\": expected deterministic or "
+                           "native");
 }
 
 /* 4 ranks (ZeRO 3), 2 (ZeRO 2), 1, 3 (ZeRO 1), each resuming the last:
@@ -712,6 +832,21 @@ main (int argc, char **argv)
           cases[i].params ? "-offload-params" : "");
       g_test_add_data_func (path, &cases[i], test_same_bytes);
     }
+  /* 24 sequences: 6, 4 or 3 micro-batches of 2 on each rank. */
+  static const NativeCase natives[] = {
+    { 2, "1", "fp32", "24" },      { 3, "2", "fp32", "24" },
+    { 4, "3", "fp32", "24" },      { 2, "3", "bf16", "24" },
+    { 3, "2", "bf16", "24" },      { 4, "1", "bf16", "24" },
+    { 2, "2", "bf16", "4", TRUE },
+  };
+  for (guint i = 0; i < G_N_ELEMENTS (natives); i++)
+    {
+      g_autofree char *path = g_strdup_printf (
+          "/train-ranks/native-%dranks-%s%s", natives[i].n,
+          natives[i].precision, natives[i].same ? "-one-micro-batch" : "");
+      g_test_add_data_func (path, &natives[i], test_native);
+    }
+  g_test_add_func ("/train-ranks/native-one-rank", test_native_one_rank);
   g_test_add_func ("/train-ranks/resume-across-ranks",
                    test_resume_across_ranks);
   g_test_add_func ("/train-ranks/rank-logs", test_rank_logs);

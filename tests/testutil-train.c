@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include <glib/gstdio.h>
+#include <json-glib/json-glib.h>
 
 /* A small LLaMA (GQA, untied) and its vocabulary. */
 const char *const stow_train_small_config
@@ -334,4 +335,24 @@ kill_and_wait (GPid pid, int sig)
   waitpid (pid, &st, 0);
   g_spawn_close_pid (pid);
   return st;
+}
+
+GArray *
+log_losses (const char *log)
+{
+  g_autofree char *text = NULL;
+  GArray *a = g_array_new (FALSE, FALSE, sizeof (double));
+  g_assert_true (g_file_get_contents (log, &text, NULL, NULL));
+  if (text == NULL)
+    return a;
+  g_auto (GStrv) lines = g_strsplit (g_strstrip (text), "\n", -1);
+  for (guint i = 0; lines[i]; i++)
+    {
+      g_autoptr (JsonParser) p = json_parser_new ();
+      g_assert_true (json_parser_load_from_data (p, lines[i], -1, NULL));
+      double l = json_object_get_double_member (
+          json_node_get_object (json_parser_get_root (p)), "loss");
+      g_array_append_val (a, l);
+    }
+  return a;
 }

@@ -71,3 +71,5 @@ gboolean wait_for_text (const char *path, const char *text, guint timeout_ms);
 GPtrArray *train_argv (Fixture *f, const char *out, const char *const *extra);
 /* Sends @sig to @pid, waits for it and returns its wait status. */
 int kill_and_wait (GPid pid, int sig);
+/* The "loss" of each line of a --log-json file, in step order (doubles). */
+GArray *log_losses (const char *log);

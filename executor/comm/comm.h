@@ -90,7 +90,9 @@ StowCommRequest *stow_comm_reduce_scatter (StowComm *c, const void *send,
  * (count, N, @align) elements, and with @accumulate the sum is added to
  * what @recv holds: DETERMINISTIC, ((recv + c0) + c1) + ..., in rank
  * order, which is how one rank adds N micro-batches' gradients to its
- * accumulated ones (executor/backends/tensors.h's acc_scratch). */
+ * accumulated ones (executor/backends/tensors.h's acc_scratch); NATIVE,
+ * recv + (the transport's sum), so that from 2 ranks on the result is
+ * not the rank order's. */
 StowCommRequest *stow_comm_reduce_scatter_ex (StowComm *c, const void *send,
                                               void *recv, guint64 count,
                                               guint64 align,
