@@ -47,6 +47,13 @@ emit_load (StowLower *L, StowLowerRank *R, guint k)
    * are exact on several ranks. */
   guint64 part = L->exact && L->n > 1 ? stow_zero_part (u->gparams, (guint)L->n)
                                       : stow_lower_div_ceil (u->gparams, L->n);
+  if (L->exact && L->n > 1 && u->gparams > u->params)
+    {
+      /* A tied output layer brings the embedding's partition behind its
+       * own: two units' partitions. */
+      part = stow_zero_part (u->params, (guint)L->n)
+             + stow_zero_part (u->gparams - u->params, (guint)L->n);
+    }
   guint64 shard = stow_bytes (part, L->w);
   StowOp op;
   /* The slot's bytes are the persistent slot buffer's; this buffer names

@@ -743,9 +743,16 @@ emit_slots (StowLower *L, StowLowerRank *R, guint n_layer_units)
   guint64 big = 0;
   for (guint j = 0; j < R->units->len; j++)
     big = MAX (big, g_array_index (R->units, StowLowerUnit, j).gparams);
-  /* A rank's part of it: core/zero.h's partition on exact units. */
-  guint64 staged = L->exact && L->n > 1 ? stow_zero_part (big, (guint)L->n)
-                                        : stow_lower_div_ceil (big, L->n);
+  /* A rank's part of it: core/zero.h's partition on exact units (a tied
+   * output layer's: the head's and the embedding's). */
+  guint64 staged = stow_lower_div_ceil (big, L->n);
+  for (guint j = 0; L->exact && L->n > 1 && j < R->units->len; j++)
+    {
+      const StowLowerUnit *u = &g_array_index (R->units, StowLowerUnit, j);
+      guint n = (guint)L->n;
+      staged = MAX (staged, stow_zero_part (u->params, n)
+                                + stow_zero_part (u->gparams - u->params, n));
+    }
   for (guint i = 0; L->nvme_par && wmax > 0 && i < 4; i++)
     stow_program_buffer_role (
         p,

@@ -110,6 +110,25 @@ run_optim (CpuBackend *b, const StowOp *op, GError **error)
   return TRUE;
 }
 
+/* A tied output layer staged from NVMe: the head's part of its weights,
+ * then the embedding's (stow_tensor_map_tied_head_copy takes them up).
+ * The store reads into 4 KiB-aligned memory: the embedding's part comes
+ * through a buffer of its own. */
+static gboolean
+read_tied_head (CpuBackend *b, guint8 *staging, GError **error)
+{
+  StowTensorMap *m = &b->map;
+  gsize ph = stow_zero_part (unit_numel (b, m->head_unit), m->dp) * m->esize;
+  gsize pe = stow_zero_part (unit_numel (b, m->emb_unit), m->dp) * m->esize;
+  guint8 *emb = g_aligned_alloc (MAX (pe, 1), 1, STOW_NVME_ALIGN);
+  gboolean ok = stow_param_swap_read (b->params, m->head_unit, staging, error)
+                && stow_param_swap_read (b->params, m->emb_unit, emb, error);
+  if (ok)
+    memcpy (staging + ph, emb, pe);
+  g_aligned_free (emb);
+  return ok;
+}
+
 /* The weights on NVMe: a unit read into its staging buffer, or a unit's
  * updated weights (CPU Adam left them where its gradients were) through
  * the write buffer to the store. */
@@ -118,6 +137,11 @@ param_io (CpuBackend *b, const StowOp *op, GError **error)
 {
   StowTensorMap *m = &b->map;
   guint unit = op->unit;
+  if (b->params != NULL && op->copy == STOW_COPY_PARAMS_READ
+      && unit == m->head_unit && m->head_lm == G_MAXUINT64
+      && op->bytes == stow_tensor_map_tied_head_part (m) * m->esize
+      && op->n_writes == 1 && m->addr[op->writes[0]] != NULL)
+    return read_tied_head (b, m->addr[op->writes[0]], error);
   if (b->params == NULL || unit == STOW_NONE || unit >= b->p->units->len
       || op->bytes != stow_zero_part (unit_numel (b, unit), m->dp) * m->esize)
     {
@@ -189,6 +213,8 @@ run_copy (CpuBackend *b, const StowOp *op, GError **error)
     }
   if (op->copy == STOW_COPY_CHUNK_UP && b->map.dp > 1)
     return stow_tensor_map_chunk_up_ranks (&b->map, op, error);
+  if (stow_tensor_map_is_tied_head_copy (&b->map, op))
+    return stow_tensor_map_tied_head_copy (&b->map, op, error);
   const guint8 *from = NULL;
   guint8 *to = NULL;
   guint64 bytes = 0;

@@ -122,15 +122,24 @@ reduce_pair (CpuBackend *b, const StowOp *op, guint8 *tmp, StowDtype dt,
   return TRUE;
 }
 
-/* Unit @unit's partitions (persistent buffer @rb) gathered whole at @to. */
+/* Unit @unit's partitions gathered whole at @to: this rank's from the
+ * partitioned buffer @rb, or (@rb STOW_NONE) from its place in @to, where
+ * it was copied up. */
 static gboolean
 gather_unit (CpuBackend *b, guint rb, guint unit, guint8 *to, GError **error)
 {
   StowTensorMap *m = &b->map;
   guint64 count = unit_numel (b, unit);
-  g_autofree guint8 *tmp
-      = g_malloc (MAX (stow_zero_part (count, m->dp) * m->esize, 1));
-  const guint8 *send = partition_at (b, rb, unit, tmp, TRUE, m->esize);
+  gsize pb = stow_zero_part (count, m->dp) * m->esize;
+  g_autofree guint8 *tmp = g_malloc0 (MAX (pb, 1));
+  const guint8 *send = tmp;
+  if (rb != STOW_NONE)
+    send = partition_at (b, rb, unit, tmp, TRUE, m->esize);
+  else
+    {
+      guint64 pf = 0, pv = stow_tensor_map_part (m, unit, &pf);
+      memcpy (tmp, to + pf * m->esize, pv * m->esize);
+    }
   return wait_one (b,
                    stow_comm_all_gather_ex (b->comm, send, to, count,
                                             align_of (b, unit), m->ftype,
@@ -154,8 +163,11 @@ gather_tied_head (CpuBackend *b, const StowOp *op, GError **error)
       return FALSE;
     }
   guint8 *slot = m->addr[op->writes[0]];
-  return gather_unit (b, op->reads[0], m->head_unit, slot, error)
-         && gather_unit (b, op->reads[0], m->emb_unit,
+  /* From the ZeRO-3 shards, or in place (the parts copied up from the
+   * host or NVMe, stow_tensor_map_tied_head_copy). */
+  guint rb = op->reads[0] == op->writes[0] ? STOW_NONE : op->reads[0];
+  return gather_unit (b, rb, m->head_unit, slot, error)
+         && gather_unit (b, rb, m->emb_unit,
                          slot + unit_numel (b, m->head_unit) * m->esize, error);
 }
 

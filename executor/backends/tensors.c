@@ -284,18 +284,11 @@ index_buffers (StowTensorMap *m, const char *backend, GError **error)
   guint64 gmax = 0, umax = 0;
   for (guint u = 0; u < p->units->len; u++)
     umax = MAX (umax, unit_of (m, u)->numel);
-  /* The weights off the device (--offload-params): a tied output layer
-   * would have to bring the embedding from there too. */
-  gboolean offloaded_params = FALSE;
-  for (guint i = 0; i < p->buffers->len; i++)
-    {
-      const StowBuffer *buf = stow_tensor_map_buffer (m, i);
-      offloaded_params |= buf->kind == STOW_BUF_WEIGHTS && buf->persistent
-                          && buf->tier != STOW_TIER_DEVICE;
-    }
   /* What a staging or write buffer of the weights on NVMe holds: the
    * largest unit, or on several ranks its partition. */
   guint64 upart = stow_zero_part (umax, m->dp);
+  if (m->model->tied_embeddings && p->units->len > 1)
+    upart = MAX (upart, stow_tensor_map_tied_head_part (m));
   /* On several ranks with the gradients going to the host, the rank's
    * partition of them follows the unit's (stow_tensor_map_slot_tail). */
   gboolean tail = FALSE;
@@ -354,25 +347,25 @@ index_buffers (StowTensorMap *m, const char *backend, GError **error)
               guint64 need = unit_of (m, buf->unit_first)->numel * m->esize;
               gboolean tied_head = m->model->tied_embeddings
                                    && buf->unit_first + 1 == p->units->len;
-              if (tied_head && !offloaded_params && !buf->persistent)
+              if (tied_head && !buf->persistent)
                 {
-                  /* ZeRO 3 on several ranks: the output layer's slot
-                   * holds the head's weights, then the embedding's, both
-                   * gathered there (stow_cpu_run_collective). */
+                  /* The output layer's slot holds the head's weights, then
+                   * the embedding's (stow_tensor_map_head_in), brought
+                   * there together (stow_tensor_map_tied_head_copy,
+                   * stow_cpu_run_collective). */
                   need += unit_of (m, 0)->numel * m->esize;
                   tied_head = FALSE;
                 }
               if (tied_head)
                 {
-                  /* Its copy would bring the embedding too. */
+                  /* A resident copy would go stale when the embedding
+                   * is updated (the lowering keeps only layers resident). */
                   g_set_error (error, STOW_BACKEND_ERROR,
                                STOW_BACKEND_ERROR_UNSUPPORTED,
                                "program buffer \"%s\": the %s backend does "
-                               "not stream the output layer of a model with "
-                               "tied embeddings (tie_word_embeddings) through "
-                               "a layer slot: not with --offload-params, nor "
-                               "--zero 3 on several ranks; keep the "
-                               "parameters on the device (--zero 2)",
+                               "not keep the output layer of a model with "
+                               "tied embeddings (tie_word_embeddings) as a "
+                               "resident layer",
                                buf->name, backend);
                   return FALSE;
                 }
@@ -998,6 +991,60 @@ partition_ends (const StowTensorMap *m, const StowOp *op, guint unit,
            * stow_dtype_size (m->p->grad_dtype);
   *from = src, *to = dst;
   return check_part_bytes (op, unit, *bytes, error);
+}
+
+guint64
+stow_tensor_map_tied_head_part (const StowTensorMap *m)
+{
+  return stow_zero_part (unit_of (m, m->head_unit)->numel, m->dp)
+         + stow_zero_part (unit_of (m, m->emb_unit)->numel, m->dp);
+}
+
+gboolean
+stow_tensor_map_is_tied_head_copy (const StowTensorMap *m, const StowOp *op)
+{
+  if (m->head_lm != G_MAXUINT64 || op->n_writes != 1
+      || (op->copy != STOW_COPY_WEIGHTS_UP && op->copy != STOW_COPY_STAGED_UP))
+    return FALSE;
+  const StowBuffer *db = stow_tensor_map_buffer (m, op->writes[0]);
+  return db->kind == STOW_BUF_WEIGHTS && db->n_units == 1 && !db->persistent
+         && db->unit_first == m->head_unit;
+}
+
+gboolean
+stow_tensor_map_tied_head_copy (const StowTensorMap *m, const StowOp *op,
+                                GError **error)
+{
+  guint h = m->head_unit, e = m->emb_unit;
+  guint64 nh = unit_of (m, h)->numel;
+  guint64 ph = stow_zero_part (nh, m->dp);
+  guint64 want = stow_tensor_map_tied_head_part (m) * m->esize;
+  guint src = op->n_reads == 1 ? op->reads[0] : STOW_NONE;
+  gboolean staged = op->copy == STOW_COPY_STAGED_UP;
+  if (op->bytes != want || (staged && src == STOW_NONE)
+      || (!staged && m->host_weights == NULL))
+    {
+      g_set_error (error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_INVALID,
+                   "the tied output layer's copy up moves %" G_GUINT64_FORMAT
+                   " B; the head's and the embedding's parts hold "
+                   "%" G_GUINT64_FORMAT " B",
+                   op->bytes, want);
+      return FALSE;
+    }
+  guint8 *slot = m->addr[op->writes[0]];
+  /* The rank's part of each (all of it on one rank), from the host copy
+   * or the staging buffer (the head's part, then the embedding's), to
+   * its place: the head's at the slot's start, the embedding's behind. */
+  const guint units[2] = { h, e };
+  const guint8 *staging = staged ? m->addr[src] : NULL;
+  for (guint k = 0; k < 2; k++)
+    {
+      guint64 pf = 0, pv = stow_tensor_map_part (m, units[k], &pf);
+      const guint8 *from = staged ? staging + (k ? ph * m->esize : 0)
+                                  : stow_tensor_map_host_weights (m, units[k]);
+      memcpy (slot + ((k ? nh : 0) + pf) * m->esize, from, pv * m->esize);
+    }
+  return TRUE;
 }
 
 gboolean

@@ -143,6 +143,18 @@ guint64 stow_tensor_map_flat_numel (const StowTensorMap *map);
  * its place, or a ZeRO-3 shard as it is. */
 gboolean stow_tensor_map_chunk_up_ranks (const StowTensorMap *map,
                                          const StowOp *op, GError **error);
+/* A model whose output layer is its embedding, the weights off the device
+ * (--offload-params): the output layer's layer slot takes the head's
+ * weights and then the embedding's.  Their parts on this rank (the
+ * partitions of both, or both whole on one rank), in elements; whether
+ * @op is the copy up into such a slot (from the host copy, or staged from
+ * NVMe with the head's part first), and that copy, each part to its
+ * place (a gather follows on several ranks). */
+guint64 stow_tensor_map_tied_head_part (const StowTensorMap *map);
+gboolean stow_tensor_map_is_tied_head_copy (const StowTensorMap *map,
+                                            const StowOp *op);
+gboolean stow_tensor_map_tied_head_copy (const StowTensorMap *map,
+                                         const StowOp *op, GError **error);
 /* The tensors of layer unit @unit whose storage starts at @base, elements
  * of @elem bytes. */
 void stow_tensor_map_layer (const StowTensorMap *map, guint8 *base, guint unit,
