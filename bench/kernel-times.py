@@ -112,12 +112,46 @@ def table(med):
     return lines
 
 
+def shapes(path, warmup):
+    """Markdown lines: the GEMMs of the steps after @warmup grouped by
+    (m, n, k), calls and seconds per step and their rate, slowest first."""
+    steps = []
+    with open(path) as f:
+        for line in f:
+            r = json.loads(line)
+            if "kernel_times" in r:
+                steps = []
+                continue
+            if r["entry"] == "embed_forward" or not steps:
+                steps.append([])
+            steps[-1].append(r)
+    kept = steps[warmup:]
+    acc = {}
+    for s in kept:
+        for r in s:
+            if r["entry"] != "gemm":
+                continue
+            a = acc.setdefault((r["m"], r["n"], r["k"]), [0, 0.0, 0.0])
+            a[0] += 1
+            a[1] += r["ns"] * 1e-9
+            a[2] += 2.0 * r["m"] * r["n"] * r["k"]
+    lines = ["| m | n | k | calls / step | s / step | GFLOP/s |",
+             "|---:|---:|---:|---:|---:|---:|"]
+    for (m, n, k), a in sorted(acc.items(), key=lambda kv: -kv[1][1]):
+        lines.append("| %d | %d | %d | %d | %.3f | %.0f |"
+                     % (m, n, k, a[0] // len(kept), a[1] / len(kept),
+                        a[2] / a[1] / 1e9))
+    return lines
+
+
 def main():
     import argparse
     ap = argparse.ArgumentParser()
     ap.add_argument("kernel_times")
     ap.add_argument("log_json")
     ap.add_argument("--warmup", type=int, default=1)
+    ap.add_argument("--shapes", action="store_true",
+                    help="also each GEMM shape's rate in the steps")
     a = ap.parse_args()
     with open(a.log_json) as f:
         times = [json.loads(line)["step_time_s"] for line in f]
@@ -126,6 +160,9 @@ def main():
     print("%s, %d threads; GEMMs: %s" % (header["dtype"], header["threads"],
                                          header["gemm"]))
     print("\n".join(table(med)))
+    if a.shapes:
+        print()
+        print("\n".join(shapes(a.kernel_times, a.warmup)))
 
 
 if __name__ == "__main__":
