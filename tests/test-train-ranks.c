@@ -532,6 +532,99 @@ test_killed_rank (void)
   assert_same_run (ref, dir);
 }
 
+/* Entries in directory @path. */
+static guint
+count_entries (const char *path)
+{
+  g_autoptr (GDir) d = g_dir_open (path, 0, NULL);
+  g_assert_nonnull (d);
+  guint n = 0;
+  while (g_dir_read_name (d) != NULL)
+    n++;
+  return n;
+}
+
+/* Waits (up to 30 s) until no process that left a swap directory
+ * ("stowage-PID-XXXXXX") in @path runs any more: mpirun returns when a
+ * rank dies while the ranks it signals may still be ending. */
+static void
+wait_swap_owners (const char *path)
+{
+  for (int tries = 0; tries < 300; tries++)
+    {
+      gboolean alive = FALSE;
+      g_autoptr (GDir) d = g_dir_open (path, 0, NULL);
+      const char *name;
+      while (d && (name = g_dir_read_name (d)) != NULL)
+        {
+          long pid = 0;
+          if (sscanf (name, "stowage-%ld-", &pid) == 1 && pid > 0
+              && (kill ((pid_t)pid, 0) == 0 || errno != ESRCH))
+            alive = TRUE;
+        }
+      if (!alive)
+        return;
+      g_usleep (100000);
+    }
+  g_assert_not_reached ();
+}
+
+/* ZeRO-Infinity on 2 ranks with the weights and the optimizer's states on
+ * NVMe, rank 1 killed after logging step 3: the job ends within seconds
+ * with `latest` at step 2; a killed rank cannot remove its swap directory
+ * (nor can the rank mpirun ends with it), and the resume's stores remove
+ * what dead processes left there: after it the swap directory is empty
+ * and the weights and states are the uninterrupted run's. */
+static void
+test_killed_rank_nvme (void)
+{
+  const char *base[] = {
+    "--steps", "4",           "--save-every", "2",         "--global-batch",
+    "8",       "--precision", "bf16",         "--threads", "1",
+    NULL
+  };
+  g_autofree char *ref = reference ("ref-killed-nvme", base);
+  g_autofree char *dir = out_dir ("killed-nvme");
+  g_autofree char *swap = out_dir ("killed-nvme-swap");
+  g_assert_cmpint (g_mkdir_with_parents (swap, 0700), ==, 0);
+  const char *infinity[] = { "--zero",
+                             "3",
+                             "--offload-optimizer",
+                             "nvme",
+                             "--offload-params",
+                             "nvme",
+                             "--resident-layers",
+                             "0",
+                             "--nvme-dir",
+                             swap,
+                             NULL };
+  g_autoptr (GPtrArray) a = args_join (base, infinity);
+  g_autoptr (GPtrArray) die = g_ptr_array_copy (a, NULL, NULL);
+  g_ptr_array_insert (die, (gint)die->len - 1, (gpointer) "--test-die-at");
+  g_ptr_array_insert (die, (gint)die->len - 1, (gpointer) "1:3");
+  g_autofree char *err = NULL;
+  double s = 0;
+  int rc = run_ranks (2, dir, (const char *const *)die->pdata, 60, &err, &s);
+  guint left = count_entries (swap);
+  g_test_message ("rank 1 killed: mpirun exit %d after %.1f s, %u swap "
+                  "directories left",
+                  rc, s, left);
+  g_assert_cmpint (rc, !=, 0);
+  g_assert_cmpint (rc, !=, 124);
+  g_assert_cmpfloat (s, <, 45.0);
+  g_assert_cmpuint (latest_step (dir), ==, 2);
+  wait_swap_owners (swap);
+  g_autoptr (GPtrArray) b = g_ptr_array_copy (a, NULL, NULL);
+  g_ptr_array_insert (b, (gint)b->len - 1, (gpointer) "--resume");
+  g_autofree char *err2 = NULL;
+  rc = run_ranks (2, dir, (const char *const *)b->pdata, 120, &err2, NULL);
+  if (rc != 0)
+    g_printerr ("%s\n", err2);
+  g_assert_cmpint (rc, ==, 0);
+  assert_same_run (ref, dir);
+  g_assert_cmpuint (count_entries (swap), ==, 0);
+}
+
 /* Rank 1 of 3 finds its disk full when it writes its part of the step-4
  * checkpoint (tests/checkpoint-killer.c's $STOW_FULL_AT, on that rank
  * only): every rank stops within seconds, the error names what filled,
@@ -842,6 +935,7 @@ main (int argc, char **argv)
                    test_resume_across_ranks);
   g_test_add_func ("/train-ranks/rank-logs", test_rank_logs);
   g_test_add_func ("/train-ranks/killed-rank", test_killed_rank);
+  g_test_add_func ("/train-ranks/killed-rank-nvme", test_killed_rank_nvme);
   g_test_add_func ("/train-ranks/disk-full", test_disk_full);
   g_test_add_func ("/train-ranks/plan-file", test_plan_file);
   g_test_add_func ("/train-ranks/nvme-chunks", test_nvme_chunks);
