@@ -173,6 +173,34 @@ gboolean stow_lower_uses_grad_slots (StowLower *L);
  * of the step's gradients so far (core/zero.h's, padding included), which
  * comes up before each reduction that adds to it and goes down after. */
 gboolean stow_lower_slot_tail (const StowLower *L);
+
+/* ---- planner/lower-optim.c: the gradients' path and the optimizer ---- */
+
+/* The rank's part of @u that an offloaded optimizer keeps on the host:
+ * core/zero.h's partition where the units are exact, else the even
+ * share. */
+guint64 stow_lower_host_part (const StowLower *L, const StowLowerUnit *u);
+/* Clipping by the global gradient norm (every update waits for it). */
+gboolean stow_lower_clipping (const StowLower *L);
+/* What CPU Adam writes besides the states: the host gradients' place
+ * when the weights are on NVMe, else STOW_NONE. */
+guint stow_lower_adam_out (const StowLower *L, const StowLowerRank *R);
+/* Gradient slot @grad allocated for @u's next gradient write (and, with
+ * the optimizer on the host and one rank, the unit's earlier
+ * micro-batches brought back up into it): that copy's event, which the
+ * write waits for and accumulates onto, or STOW_NONE. */
+guint stow_lower_grad_slot (StowLower *L, StowLowerRank *R, StowLowerUnit *u,
+                            guint grad, guint *freed);
+/* After an op (event @done) wrote @u's gradients into @slot (or the
+ * persistent gradients): reduced, copied down, the slot freed; returns
+ * the event after which the micro-batch's gradients are in place. */
+guint stow_lower_grad_path (StowLower *L, StowLowerRank *R, StowLowerUnit *u,
+                            guint slot, gboolean tied, guint pair, guint done,
+                            gboolean last_mb);
+/* CPU Adam's updated weights of R->pending's units, up behind the loads. */
+void stow_lower_flush_refreshes (StowLower *L, StowLowerRank *R);
+/* The optimizer step of the units in @ready_order. */
+void stow_lower_optimizer (StowLower *L, StowLowerRank *R, GArray *ready_order);
 /* Emits @R's step: its items in order, then the optimizer
  * (schedule-step.c). */
 void stow_lower_step (StowLower *L, StowLowerRank *R);

@@ -606,7 +606,7 @@ tied_unit (StowLower *L, const StowLowerRank *R)
       tied = tied || (u->layer == STOW_LAYER_HEAD && u->params < u->gparams);
     }
   /* Several ranks over exact units reduce the loss's write and the
-   * embedding backward's apart (lower-step.c, emit_grad_path); other
+   * embedding backward's apart (lower-optim.c, stow_lower_grad_path); other
    * layouts of several ranks keep the schedule of before, whose loss
    * leaves the tied write out: its timing and memory are what the memory
    * model's search was checked against. */

@@ -1273,7 +1273,7 @@ gradient_states (States *s)
                                              : p->max_unit;
   /* On stowage's ranks with the optimizer on the host, each slot holds
    * the rank's partition of the step's gradients behind the unit's
-   * (planner/lower-step.c, stow_lower_slot_tail). */
+   * (planner/lower-optim.c, stow_lower_slot_tail). */
   guint64 tail
       = ranks && s->off_opt ? stow_zero_part (slot_params, (guint)ms->n) : 0;
   guint64 slots
