@@ -144,6 +144,11 @@ guint stow_lower_xevent (StowLower *L, guint rank, StowPass pass, guint vs,
 guint stow_lower_emit (StowLower *L, StowOp *op, const guint *waits, guint n,
                        gboolean want, const char *ename);
 /* Allocates buffer @buf on stream @s after @waits; returns the op. */
+/* The rank's part of @u's gathered weights (gparams) that a load brings
+ * from the host or NVMe: core/zero.h's partition on exact units of several
+ * ranks (a tied output layer: its own and the embedding's), else the even
+ * share. */
+guint64 stow_lower_load_part (const StowLower *L, const StowLowerUnit *u);
 guint stow_lower_alloc (StowLower *L, guint rank, StowStream s, guint buf,
                         const guint *waits, guint n);
 /* Frees buffer @buf on stream @s after @waits; when @want, returns the

@@ -40,17 +40,7 @@ emit_load (StowLower *L, StowLowerRank *R, guint k)
   guint prev
       = k >= 2 ? g_array_index (R->uses, StowLowerUse, k - 2).freed : STOW_NONE;
   guint64 bytes = stow_bytes (u->gparams, L->wg);
-  /* The rank's part of the unit: core/zero.h's partition where the units
-   * are exact on several ranks. */
-  guint64 part = L->exact && L->n > 1 ? stow_zero_part (u->gparams, (guint)L->n)
-                                      : stow_lower_div_ceil (u->gparams, L->n);
-  if (L->exact && L->n > 1 && u->gparams > u->params)
-    {
-      /* A tied output layer brings the embedding's partition behind its
-       * own: two units' partitions. */
-      part = stow_zero_part (u->params, (guint)L->n)
-             + stow_zero_part (u->gparams - u->params, (guint)L->n);
-    }
+  guint64 part = stow_lower_load_part (L, u);
   guint64 shard = stow_bytes (part, L->w);
   StowOp op;
   /* The slot's bytes are the persistent slot buffer's; this buffer names

@@ -83,6 +83,18 @@ stow_lower_emit (StowLower *L, StowOp *op, const guint *waits, guint n,
   return op->record;
 }
 
+guint64
+stow_lower_load_part (const StowLower *L, const StowLowerUnit *u)
+{
+  if (!L->exact || L->n <= 1)
+    return stow_lower_div_ceil (u->gparams, L->n);
+  /* Exact units on several ranks: core/zero.h's partition, padding
+   * included; a tied output layer's brings the embedding's partition
+   * behind its own. */
+  return stow_zero_part (u->params, (guint)L->n)
+         + stow_zero_part (u->gparams - u->params, (guint)L->n);
+}
+
 guint
 stow_lower_alloc (StowLower *L, guint rank, StowStream s, guint buf,
                   const guint *waits, guint n)
@@ -740,19 +752,10 @@ emit_slots (StowLower *L, StowLowerRank *R, guint n_layer_units)
   guint n_slots = MIN (2, MAX (n_layer_units, 1));
   /* Four pinned staging buffers for NVMe parameters, each one rank's
    * shard of the largest unit (slots 4-7). */
-  guint64 big = 0;
+  guint64 staged = 0; /* as the loads bring it */
   for (guint j = 0; j < R->units->len; j++)
-    big = MAX (big, g_array_index (R->units, StowLowerUnit, j).gparams);
-  /* A rank's part of it: core/zero.h's partition on exact units (a tied
-   * output layer's: the head's and the embedding's). */
-  guint64 staged = stow_lower_div_ceil (big, L->n);
-  for (guint j = 0; L->exact && L->n > 1 && j < R->units->len; j++)
-    {
-      const StowLowerUnit *u = &g_array_index (R->units, StowLowerUnit, j);
-      guint n = (guint)L->n;
-      staged = MAX (staged, stow_zero_part (u->params, n)
-                                + stow_zero_part (u->gparams - u->params, n));
-    }
+    staged = MAX (staged, stow_lower_load_part (
+                              L, &g_array_index (R->units, StowLowerUnit, j)));
   for (guint i = 0; L->nvme_par && wmax > 0 && i < 4; i++)
     stow_program_buffer_role (
         p,
@@ -762,7 +765,7 @@ emit_slots (StowLower *L, StowLowerRank *R, guint n_layer_units)
         STOW_ROLE_PARAM_STAGING, i);
   /* ... and one that the updated units pass through to the store. */
   R->write_buf = STOW_NONE;
-  if (L->nvme_par && L->off_opt && t_full (L) && big > 0)
+  if (L->nvme_par && L->off_opt && t_full (L) && staged > 0)
     {
       R->write_buf = stow_program_buffer (p, rank, STOW_TIER_PINNED,
                                           stow_bytes (staged, L->w), -1, TRUE,
