@@ -122,28 +122,31 @@ reduce_pair (CpuBackend *b, const StowOp *op, guint8 *tmp, StowDtype dt,
   return TRUE;
 }
 
-/* Unit @unit's partitions gathered whole at @to: this rank's from the
- * partitioned buffer @rb, or (@rb STOW_NONE) from its place in @to, where
- * it was copied up. */
+/* Unit @unit's partitions (@dt) gathered whole at @to: this rank's from
+ * buffer @rb (partitioned, or whole with the valid elements at their
+ * place), or, @rb STOW_NONE, from its place in @to, where it was copied
+ * up. */
 static gboolean
-gather_unit (CpuBackend *b, guint rb, guint unit, guint8 *to, GError **error)
+gather_unit (CpuBackend *b, guint rb, guint unit, guint8 *to, StowDtype dt,
+             GError **error)
 {
   StowTensorMap *m = &b->map;
   guint64 count = unit_numel (b, unit);
-  gsize pb = stow_zero_part (count, m->dp) * m->esize;
+  gsize es = stow_dtype_size (dt), pb = stow_zero_part (count, m->dp) * es;
   g_autofree guint8 *tmp = g_malloc0 (MAX (pb, 1));
   const guint8 *send = tmp;
   if (rb != STOW_NONE)
-    send = partition_at (b, rb, unit, tmp, TRUE, m->esize);
+    send = partition_at (b, rb, unit, tmp, TRUE, es);
   else
     {
       guint64 pf = 0, pv = stow_tensor_map_part (m, unit, &pf);
-      memcpy (tmp, to + pf * m->esize, pv * m->esize);
+      memcpy (tmp, to + pf * es, pv * es);
     }
+  if (send == to)
+    send = memcpy (tmp, send, pb); /* a partition gathered onto itself */
   return wait_one (b,
                    stow_comm_all_gather_ex (b->comm, send, to, count,
-                                            align_of (b, unit), m->ftype,
-                                            error),
+                                            align_of (b, unit), dt, error),
                    error);
 }
 
@@ -166,9 +169,10 @@ gather_tied_head (CpuBackend *b, const StowOp *op, GError **error)
   /* From the ZeRO-3 shards, or in place (the parts copied up from the
    * host or NVMe, stow_tensor_map_tied_head_copy). */
   guint rb = op->reads[0] == op->writes[0] ? STOW_NONE : op->reads[0];
-  return gather_unit (b, rb, m->head_unit, slot, error)
+  return gather_unit (b, rb, m->head_unit, slot, m->ftype, error)
          && gather_unit (b, rb, m->emb_unit,
-                         slot + unit_numel (b, m->head_unit) * m->esize, error);
+                         slot + unit_numel (b, m->head_unit) * m->esize,
+                         m->ftype, error);
 }
 
 gboolean
@@ -223,14 +227,7 @@ stow_cpu_run_collective (CpuBackend *b, const StowOp *op, GError **error)
       {
         /* Every rank's partition of the unit (gradients, updated
          * weights, a ZeRO-3 shard) into the whole unit. */
-        const guint8 *send = partition_at (b, rb, unit, tmp, TRUE, es);
-        guint8 *recv = whole_at (b, wb, unit);
-        if (buf_of (b, rb)->partitions > 1 && send == recv)
-          send = memcpy (tmp, send, stow_zero_part (count, m->dp) * es);
-        return wait_one (b,
-                         stow_comm_all_gather_ex (b->comm, send, recv, count,
-                                                  align, dt, error),
-                         error);
+        return gather_unit (b, rb, unit, whole_at (b, wb, unit), dt, error);
       }
     default:
       g_set_error (error, STOW_BACKEND_ERROR, STOW_BACKEND_ERROR_UNSUPPORTED,
