@@ -99,21 +99,21 @@ guint8 *
 stow_tensor_map_host_weights (const StowTensorMap *m, guint unit)
 {
   g_assert (m->host_weights != NULL && unit < m->p->units->len);
-  /* On several ranks it holds the rank's partitions (planner/lower.c,
-   * emit_host_states). */
-  guint64 off = m->dp > 1 ? m->part_off[unit] - m->part_off[0]
-                          : unit_of (m, unit)->offset - unit_of (m, 0)->offset;
-  return m->host_weights + off * m->esize;
+  /* Laid out as the rank's flat parameters (on several ranks, its
+   * partitions: planner/lower.c, emit_host_states). */
+  guint64 first = 0, count = 0;
+  return m->host_weights
+         + stow_tensor_map_flat_unit (m, unit, &first, &count) * m->esize;
 }
 
 guint8 *
 stow_tensor_map_host_weight (const StowTensorMap *m, guint unit, guint64 e)
 {
-  guint64 first = 0;
-  if (m->dp > 1)
-    stow_tensor_map_part (m, unit, &first);
+  g_assert (m->host_weights != NULL);
+  guint64 first = 0, count = 0;
+  guint64 at = stow_tensor_map_flat_unit (m, unit, &first, &count);
   g_assert (e >= first);
-  return stow_tensor_map_host_weights (m, unit) + (e - first) * m->esize;
+  return m->host_weights + (at + e - first) * m->esize;
 }
 
 guint64
