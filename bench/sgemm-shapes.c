@@ -9,11 +9,13 @@
  * :ABC says, b or f for each of A, B and C (the loss's products at bf16
  * have fp32 operands beside the bf16 head: "NT:512x32000x768:fbf").
  * Prints {"kernel": "...", "seconds": [...], "gflops": [...], "cpu_seconds":
- * [...]}: the best wall time of each, and the best CPU time of the process
+ * [...]}: the best wall time of each (of --reps calls, 4 by default, the
+ * first left out), and the best CPU time of the process
  * over the threads (what the wall time would be on a machine nothing else
  * loads, with the threads balanced).  Not a test.
  *
- * usage: sgemm-shapes [--threads 2] [--bf16] NT:512x768x768 512x2048x768[:fbf]
+ * usage: sgemm-shapes [--threads 2] [--reps 4] [--bf16] NT:512x768x768
+ * 512x2048x768[:fbf]
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -29,13 +31,18 @@ main (int argc, char **argv)
 {
   guint threads = 2;
   gboolean bf16 = FALSE;
-  int first = 1;
+  int first = 1, reps = 4;
   for (; first < argc && argv[first][0] == '-'; first++)
     {
       if (strcmp (argv[first], "--threads") == 0 && first + 1 < argc)
         threads = (guint)atoi (argv[++first]);
       else if (strcmp (argv[first], "--bf16") == 0)
         bf16 = TRUE;
+      else if (strcmp (argv[first], "--reps") == 0 && first + 1 < argc)
+        {
+          reps = atoi (argv[++first]);
+          reps = MAX (2, reps);
+        }
       else
         {
           fprintf (stderr, "sgemm-shapes: unknown option %s\n", argv[first]);
@@ -111,7 +118,7 @@ main (int argc, char **argv)
       StowMat A = { .p = a, .bf16 = ab, .ld = ta ? m : k, .trans = ta };
       StowMat B = { .p = b, .bf16 = bb, .ld = tb ? k : n, .trans = tb };
       double best = 1e30, best_cpu = 1e30;
-      for (int rep = 0; rep < 4; rep++)
+      for (int rep = 0; rep < reps; rep++)
         {
           struct timespec c0, c1;
           clock_gettime (CLOCK_PROCESS_CPUTIME_ID, &c0);
