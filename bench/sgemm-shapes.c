@@ -103,7 +103,7 @@ main (int argc, char **argv)
         {
           float v = (float)(j % 7) * 0.1f;
           if (ab)
-            ((guint16 *)a)[j] = stow_llama_bf16_round (v);
+            ((guint16 *)a)[j] = stow_f32_to_bf16 (v);
           else
             ((float *)a)[j] = v;
         }
@@ -111,7 +111,7 @@ main (int argc, char **argv)
         {
           float v = (float)(j % 5) * 0.1f;
           if (bb)
-            ((guint16 *)b)[j] = stow_llama_bf16_round (v);
+            ((guint16 *)b)[j] = stow_f32_to_bf16 (v);
           else
             ((float *)b)[j] = v;
         }

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <glib.h>
+#include <string.h>
 
 G_BEGIN_DECLS
 
@@ -27,5 +28,27 @@ const char *stow_dtype_nick (StowDtype d);
 gboolean stow_dtype_from_nick (const char *name, StowDtype *out);
 /* Bytes of one element: 4, 2, 2; 0 for NONE. */
 guint stow_dtype_size (StowDtype d);
+
+/* bf16 <-> fp32, inline so that the loops calling them vectorise.
+ * Widening is exact; narrowing rounds to nearest even on the 16 bits
+ * dropped (a carry into the exponent is the right answer, up to
+ * infinity), and a NaN becomes the quiet 0x7fc0. */
+static inline float
+stow_bf16_to_f32 (guint16 h)
+{
+  guint32 b = (guint32)h << 16;
+  float x;
+  memcpy (&x, &b, sizeof x);
+  return x;
+}
+
+static inline guint16
+stow_f32_to_bf16 (float x)
+{
+  guint32 b;
+  memcpy (&b, &x, sizeof b);
+  guint16 r = (guint16)((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
+  return (b & 0x7fffffffu) > 0x7f800000u ? (guint16)0x7fc0 : r;
+}
 
 G_END_DECLS

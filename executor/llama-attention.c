@@ -35,7 +35,7 @@ load_head (const StowLlama *L, const void *p, guint64 ld, guint64 r0, guint64 T,
           const guint16 *s = (const guint16 *)p + o;
 #pragma omp simd
           for (guint64 c = 0; c < d; c++)
-            dst[t * d + c] = stow_llama_bf16_load (s[c]);
+            dst[t * d + c] = stow_bf16_to_f32 (s[c]);
         }
       else
         memcpy (dst + t * d, (const float *)p + o, d * sizeof (float));

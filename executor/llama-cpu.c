@@ -131,7 +131,7 @@ row_to_bf16_in_place (float *l, guint64 V)
     {
       guint64 nb = MIN ((guint64)BLK, V - j0);
       for (guint64 j = 0; j < nb; j++)
-        tmp[j] = stow_llama_bf16_round (l[j0 + j]);
+        tmp[j] = stow_f32_to_bf16 (l[j0 + j]);
       memcpy ((guint16 *)l + j0, tmp, nb * sizeof (guint16));
     }
 }
@@ -278,7 +278,7 @@ colsum_acc_store (void *ctx, guint64 cols, void *g, gboolean accumulate)
       if (accumulate)
         v += stow_llama_load1 (L, g, j);
       if (L->bf16)
-        ((guint16 *)g)[j] = stow_llama_bf16_round ((float)v);
+        ((guint16 *)g)[j] = stow_f32_to_bf16 ((float)v);
       else
         ((float *)g)[j] = (float)v;
     }

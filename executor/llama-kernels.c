@@ -22,7 +22,7 @@ bf16_to_f32_n (const guint16 *src, float *dst, guint64 n)
 {
 #pragma omp simd
   for (guint64 i = 0; i < n; i++)
-    dst[i] = stow_llama_bf16_load (src[i]);
+    dst[i] = stow_bf16_to_f32 (src[i]);
 }
 
 STOW_LLAMA_VEC static void
@@ -30,7 +30,7 @@ f32_to_bf16_n (const float *src, guint16 *dst, guint64 n)
 {
 #pragma omp simd
   for (guint64 i = 0; i < n; i++)
-    dst[i] = stow_llama_bf16_round (src[i]);
+    dst[i] = stow_f32_to_bf16 (src[i]);
 }
 
 const float *
@@ -55,7 +55,7 @@ stow_llama_store (const StowLlama *L, const float *src, void *dst, guint64 n)
 float
 stow_llama_load1 (const StowLlama *L, const void *p, guint64 i)
 {
-  return L->bf16 ? stow_llama_bf16_load (((const guint16 *)p)[i])
+  return L->bf16 ? stow_bf16_to_f32 (((const guint16 *)p)[i])
                  : ((const float *)p)[i];
 }
 
@@ -86,7 +86,7 @@ init_row (const StowLlama *L, float *c, const void *R, gboolean r_bf16,
       const guint16 *b = (const guint16 *)bias + c0;
 #pragma omp simd
       for (guint64 j = 0; j < cols; j++)
-        c[j] += stow_llama_bf16_load (b[j]);
+        c[j] += stow_bf16_to_f32 (b[j]);
     }
   else
     {
@@ -566,7 +566,7 @@ colsum_block (const StowLlama *L, guint64 n, guint64 cols, const void *y,
     {
       guint64 o = r * cols + c0;
       for (guint64 c = 0; c < cw; c++)
-        ys[c] = y_bf16 ? stow_llama_bf16_load (((const guint16 *)y)[o + c])
+        ys[c] = y_bf16 ? stow_bf16_to_f32 (((const guint16 *)y)[o + c])
                        : ((const float *)y)[o + c];
       if (x != NULL)
         {
@@ -616,7 +616,7 @@ stow_llama_colsum (StowLlama *L, guint64 n, guint64 cols, const void *y,
           if (accumulate)
             v += stow_llama_load1 (L, g, c0 + c);
           if (L->bf16)
-            ((guint16 *)g)[c0 + c] = stow_llama_bf16_round ((float)v);
+            ((guint16 *)g)[c0 + c] = stow_f32_to_bf16 ((float)v);
           else
             ((float *)g)[c0 + c] = (float)v;
         }

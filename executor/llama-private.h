@@ -77,28 +77,6 @@ struct StowLlama
 #define STOW_LLAMA_VEC                                                         \
   __attribute__ ((target_clones ("avx512f", "avx2", "default")))
 
-/* ---- element conversions --------------------------------------------------
- * Bit-identical to stow_f32_to_bf16 / stow_bf16_to_f32 (offload/adam.c),
- * written so that gcc vectorises the loops that call them. */
-
-static inline float
-stow_llama_bf16_load (guint16 h)
-{
-  guint32 b = (guint32)h << 16;
-  float x;
-  memcpy (&x, &b, sizeof x);
-  return x;
-}
-
-static inline guint16
-stow_llama_bf16_round (float x)
-{
-  guint32 b;
-  memcpy (&b, &x, sizeof b);
-  guint16 r = (guint16)((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
-  return (b & 0x7fffffffu) > 0x7f800000u ? (guint16)0x7fc0 : r;
-}
-
 /* Row @r of a (rows, width) tensor of the runtime's dtype in fp32: a
  * pointer into @p at fp32, else converted into @tmp (width floats). */
 const float *stow_llama_row_in (const StowLlama *L, const void *p, guint64 ld,

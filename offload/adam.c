@@ -42,23 +42,6 @@ bits_f32 (guint32 b)
 }
 
 guint16
-stow_f32_to_bf16 (float x)
-{
-  guint32 b = f32_bits (x);
-  if ((b & 0x7fffffffu) > 0x7f800000u)
-    return 0x7fc0;
-  /* Round to nearest even on the 16 bits dropped; a carry into the exponent
-   * is the right answer, up to infinity. */
-  return (guint16)((b + 0x7fffu + ((b >> 16) & 1u)) >> 16);
-}
-
-float
-stow_bf16_to_f32 (guint16 h)
-{
-  return bits_f32 ((guint32)h << 16);
-}
-
-guint16
 stow_f32_to_f16 (float x)
 {
   guint32 b = f32_bits (x);

@@ -31,10 +31,9 @@ typedef enum
 } StowAdamError;
 
 /* Round-to-nearest-even conversions, the reference the kernels match bit
- * for bit.  A NaN becomes the quiet NaN 0x7fc0 (bf16) / 0x7e00 (fp16);
- * overflow becomes infinity; subnormals are kept, not flushed. */
-guint16 stow_f32_to_bf16 (float x);
-float stow_bf16_to_f32 (guint16 h);
+ * for bit (bf16's are core/dtype.h's).  A NaN becomes the quiet NaN 0x7fc0
+ * (bf16) / 0x7e00 (fp16); overflow becomes infinity; subnormals are kept,
+ * not flushed. */
 guint16 stow_f32_to_f16 (float x);
 float stow_f16_to_f32 (guint16 h);
 

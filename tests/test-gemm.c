@@ -205,11 +205,9 @@ check_products (gboolean bf16)
             {
               /* The reference multiplies the values the kernel sees. */
               for (guint64 i = 0; i < na; i++)
-                A[i] = stow_llama_bf16_load (Ah[i]
-                                             = stow_llama_bf16_round (A[i]));
+                A[i] = stow_bf16_to_f32 (Ah[i] = stow_f32_to_bf16 (A[i]));
               for (guint64 i = 0; i < nb; i++)
-                B[i] = stow_llama_bf16_load (Bh[i]
-                                             = stow_llama_bf16_round (B[i]));
+                B[i] = stow_bf16_to_f32 (Bh[i] = stow_f32_to_bf16 (B[i]));
             }
           memcpy (C, C0, M * ldc * sizeof (float));
           reference (ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C0, ldc,
@@ -353,13 +351,13 @@ test_runtime_mixed (void)
       /* Every value bf16-exact: the reference sees what the kernel does
        * whichever type an operand is passed as. */
       for (guint64 i = 0; i < na; i++)
-        A[i] = stow_llama_bf16_load (Ah[i] = stow_llama_bf16_round (A[i]));
+        A[i] = stow_bf16_to_f32 (Ah[i] = stow_f32_to_bf16 (A[i]));
       for (guint64 i = 0; i < nb; i++)
-        B[i] = stow_llama_bf16_load (Bh[i] = stow_llama_bf16_round (B[i]));
+        B[i] = stow_bf16_to_f32 (Bh[i] = stow_f32_to_bf16 (B[i]));
       for (guint64 i = 0; i < M * ldc; i++)
-        Cf[i] = stow_llama_bf16_load (Ch[i] = stow_llama_bf16_round (Cf[i]));
+        Cf[i] = stow_bf16_to_f32 (Ch[i] = stow_f32_to_bf16 (Cf[i]));
       for (guint64 i = 0; i < N; i++)
-        bf[i] = stow_llama_bf16_load (bh[i] = stow_llama_bf16_round (bf[i]));
+        bf[i] = stow_bf16_to_f32 (bh[i] = stow_f32_to_bf16 (bf[i]));
       const void *C0 = m->c_bf16 ? (const void *)Ch : Cf;
       g_autofree void *c1
           = mixed_run (m, 1, A, Ah, lda, B, Bh, ldb, C0, C0, bh);
@@ -385,9 +383,10 @@ test_runtime_mixed (void)
               }
             /* fp32 sums (test_f32's bound), then one rounding to bf16. */
             bound = (double)(K + 3) * ldexp (1.0, -24) * mg;
-            double got = m->c_bf16 ? stow_llama_bf16_load (
-                             ((const guint16 *)c1)[i * ldc + j])
-                                   : ((const float *)c1)[i * ldc + j];
+            double got
+                = m->c_bf16
+                      ? stow_bf16_to_f32 (((const guint16 *)c1)[i * ldc + j])
+                      : ((const float *)c1)[i * ldc + j];
             if (m->c_bf16)
               bound += ldexp (1.0, -8) * (fabs (w) + bound);
             if (fabs (got - w) > bound)
