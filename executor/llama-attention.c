@@ -4,28 +4,47 @@
  * backward, flash-style in what it keeps: the forward leaves o and the
  * fp32 logsumexp of each (token, head); the backward recomputes the
  * probabilities from q, k and the logsumexp.  Scores exist only as one
- * thread's (BQ, T) tile at a time.  Not here: the projections and rotary.
+ * thread's (BQ, T) tile at a time.  At bf16, where the GEMM kernel
+ * multiplies bf16 (L->attn_lowp), the products take q, k, v and dO as they
+ * are stored and P and dS rounded to bf16, as FlashAttention's bf16
+ * kernels and the cuda runtime's attention-mma.cu do; the softmax, the
+ * log-sum-exp, D and every sum stay fp32.  Not here: the projections and
+ * rotary.
  */
 #include "executor/llama-private.h"
 
 #include <omp.h>
 
-guint64
-stow_llama_attention_thread_floats (guint64 max_seq, guint64 head_dim)
+/* Floats of a region of @n elements of @esize bytes, in whole cache
+ * lines. */
+static guint64
+region (guint64 n, guint64 esize)
 {
+  return (n * esize + 63) / 64 * 16;
+}
+
+guint64
+stow_llama_attention_thread_floats (guint64 max_seq, guint64 head_dim,
+                                    gboolean lowp)
+{
+  guint64 T = max_seq, d = head_dim, e = lowp ? 2 : 4;
   guint64 bq = MIN ((guint64)STOW_LLAMA_ATTN_BQ, max_seq);
-  /* Forward: Q, K, V (T, d), O (BQ, d), S (BQ, T).  Backward: K, V, dK,
-   * dV, Q, dO, dQ (T, d), D (T), S/P and dP (BQ, T). */
-  guint64 fwd = 3 * max_seq * head_dim + bq * head_dim + bq * max_seq;
-  guint64 bwd = 7 * max_seq * head_dim + max_seq + 2 * bq * max_seq;
+  /* Forward: Q, K, V (T, d) of the products' type, O (BQ, d), S (BQ, T),
+   * and at bf16 P (BQ, T) rounded.  Backward: K, V, Q, dO of the
+   * products' type, dK, dV, dQ (T, d), D (T), S/P and dP (BQ, T), and at
+   * bf16 P and dS rounded. */
+  guint64 fwd = 3 * region (T * d, e) + region (bq * d, 4) + region (bq * T, 4)
+                + (lowp ? region (bq * T, 2) : 0);
+  guint64 bwd = 4 * region (T * d, e) + 3 * region (T * d, 4) + region (T, 4)
+                + 2 * region (bq * T, 4) + (lowp ? 2 * region (bq * T, 2) : 0);
   return MAX (fwd, bwd);
 }
 
 /* Head @col (width d) of rows [r0, r0 + T) of p (rows of @ld elements) to
  * dst (T, d) fp32. */
 static void
-load_head (const StowLlama *L, const void *p, guint64 ld, guint64 r0, guint64 T,
-           guint64 col, guint64 d, float *dst)
+load_head_f32 (const StowLlama *L, const void *p, guint64 ld, guint64 r0,
+               guint64 T, guint64 col, guint64 d, float *dst)
 {
   for (guint64 t = 0; t < T; t++)
     {
@@ -40,6 +59,53 @@ load_head (const StowLlama *L, const void *p, guint64 ld, guint64 r0, guint64 T,
       else
         memcpy (dst + t * d, (const float *)p + o, d * sizeof (float));
     }
+}
+
+/* The same in the products' type: as stored at bf16 with L->attn_lowp. */
+static void
+load_head (const StowLlama *L, const void *p, guint64 ld, guint64 r0, guint64 T,
+           guint64 col, guint64 d, void *dst)
+{
+  if (!L->attn_lowp)
+    {
+      load_head_f32 (L, p, ld, r0, T, col, d, dst);
+      return;
+    }
+  for (guint64 t = 0; t < T; t++)
+    memcpy ((guint16 *)dst + t * d, (const guint16 *)p + (r0 + t) * ld + col,
+            d * sizeof (guint16));
+}
+
+/* Element @i of a head in the products' type, in fp32. */
+static inline float
+head_at (const StowLlama *L, const void *h, guint64 i)
+{
+  return L->attn_lowp ? stow_bf16_to_f32 (((const guint16 *)h)[i])
+                      : ((const float *)h)[i];
+}
+
+/* C (M, N) = alpha op(A) op(B) + beta C, A and B heads or tiles of the
+ * products' type, one thread's kernel call. */
+static void
+product (const StowLlama *L, gboolean ta, gboolean tb, guint64 M, guint64 N,
+         guint64 K, float alpha, const void *A, guint64 lda, const void *B,
+         guint64 ldb, float beta, float *C, guint64 ldc)
+{
+  if (L->attn_lowp)
+    stow_gemm_bf16 (ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  else
+    stow_gemm_f32 (ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+/* An fp32 tile (rows, cols) as a product's operand: itself, or rounded to
+ * bf16 into @low. */
+static const void *
+operand (const StowLlama *L, const float *x, guint64 n, guint16 *low)
+{
+  if (!L->attn_lowp)
+    return x;
+  stow_llama_store (L, x, low, n);
+  return low;
 }
 
 static void
@@ -57,14 +123,14 @@ store_head (const StowLlama *L, const float *src, guint64 T, guint64 d, void *p,
 }
 
 /* Scores of queries [q0, q0 + qn) against keys [0, q0 + qn): S (qn, kend)
- * = scale Q K^T, one thread's sgemm. */
+ * = scale Q K^T, one thread's product. */
 static void
-scores (const float *Q, const float *K, guint64 q0, guint64 qn, guint64 d,
-        float scale, float *S)
+scores (const StowLlama *L, const void *Q, const void *K, guint64 q0,
+        guint64 qn, guint64 d, float scale, float *S)
 {
-  guint64 kend = q0 + qn;
-  stow_gemm_f32 (FALSE, TRUE, qn, kend, d, scale, Q + q0 * d, d, K, d, 0.0f, S,
-                 kend);
+  guint64 kend = q0 + qn, e = L->attn_lowp ? 2 : 4;
+  product (L, FALSE, TRUE, qn, kend, d, scale, (const guint8 *)Q + q0 * d * e,
+           d, K, d, 0.0f, S, kend);
 }
 
 /* Query t sees keys 0..t: the rest of its row of S is zeroed (P = 0). */
@@ -114,8 +180,10 @@ stow_llama_attention_forward (StowLlama *L, guint64 batch, guint64 seq,
 #pragma omp parallel num_threads(L->n_threads)
   {
     float *ws = stow_llama_thread_ws (L, (guint)omp_get_thread_num ());
-    float *Q = ws, *K = Q + T * d, *V = K + T * d, *O = V + T * d;
-    float *S = O + MIN (BQ, T) * d;
+    guint64 e = L->attn_lowp ? 2 : 4, bq = MIN (BQ, T);
+    float *Q = ws, *K = Q + region (T * d, e), *V = K + region (T * d, e);
+    float *O = V + region (T * d, e), *S = O + region (bq * d, 4);
+    guint16 *Pl = (guint16 *)(S + region (bq * T, 4));
 #pragma omp for schedule(dynamic)
     for (guint64 it = 0; it < items; it++)
       {
@@ -126,11 +194,11 @@ stow_llama_attention_forward (StowLlama *L, guint64 batch, guint64 seq,
         for (guint64 q0 = 0; q0 < T; q0 += BQ)
           {
             guint64 qn = MIN (BQ, T - q0), kend = q0 + qn;
-            scores (Q, K, q0, qn, d, scale, S);
+            scores (L, Q, K, q0, qn, d, scale, S);
             softmax_rows (S, q0, qn, lse + (r0 + q0) * a + j, a);
             /* O (qn, d) = P (qn, kend) V (kend, d) */
-            stow_gemm_f32 (FALSE, FALSE, qn, d, kend, 1.0f, S, kend, V, d, 0.0f,
-                           O, d);
+            product (L, FALSE, FALSE, qn, d, kend, 1.0f,
+                     operand (L, S, qn * kend, Pl), kend, V, d, 0.0f, O, d);
             store_head (L, O, qn, d, o, a * d, r0 + q0, j * d);
           }
       }
@@ -154,9 +222,13 @@ stow_llama_attention_backward (StowLlama *L, guint64 batch, guint64 seq,
 #pragma omp parallel num_threads(L->n_threads)
   {
     float *ws = stow_llama_thread_ws (L, (guint)omp_get_thread_num ());
-    float *K = ws, *V = K + T * d, *dK = V + T * d, *dV = dK + T * d;
-    float *Q = dV + T * d, *dO = Q + T * d, *dQ = dO + T * d;
-    float *D = dQ + T * d, *P = D + T, *dP = P + bq * T;
+    guint64 e = L->attn_lowp ? 2 : 4, he = region (T * d, e);
+    void *K = ws, *V = ws + he, *Q = ws + 2 * he, *dO = ws + 3 * he;
+    float *dK = ws + 4 * he, *dV = dK + region (T * d, 4);
+    float *dQ = dV + region (T * d, 4), *D = dQ + region (T * d, 4);
+    float *P = D + region (T, 4), *dP = P + region (bq * T, 4);
+    guint16 *Pl = (guint16 *)(dP + region (bq * T, 4));
+    guint16 *dSl = Pl + region (bq * T, 2) * 2;
 #pragma omp for schedule(dynamic)
     for (guint64 it = 0; it < items; it++)
       {
@@ -169,24 +241,25 @@ stow_llama_attention_backward (StowLlama *L, guint64 batch, guint64 seq,
           {
             load_head (L, q, a * d, r0, T, j * d, d, Q);
             load_head (L, dout, a * d, r0, T, j * d, d, dO);
-            /* D_i = rowsum (dO_i * O_i); O is read a row at a time into
-             * dQ, which is free until the first block writes it. */
-            load_head (L, o, a * d, r0, T, j * d, d, dQ);
+            /* D_i = rowsum (dO_i * O_i); O is read in fp32 into dQ, which
+             * is free until the first block writes it. */
+            load_head_f32 (L, o, a * d, r0, T, j * d, d, dQ);
             for (guint64 t = 0; t < T; t++)
               {
                 float s = 0;
 #pragma omp simd reduction(+ : s)
                 for (guint64 x = 0; x < d; x++)
-                  s += dO[t * d + x] * dQ[t * d + x];
+                  s += head_at (L, dO, t * d + x) * dQ[t * d + x];
                 D[t] = s;
               }
             for (guint64 q0 = 0; q0 < T; q0 += BQ)
               {
                 guint64 qn = MIN (BQ, T - q0), kend = q0 + qn;
-                scores (Q, K, q0, qn, d, scale, P);
+                scores (L, Q, K, q0, qn, d, scale, P);
                 /* dP (qn, kend) = dO V^T */
-                stow_gemm_f32 (FALSE, TRUE, qn, kend, d, 1.0f, dO + q0 * d, d,
-                               V, d, 0.0f, dP, kend);
+                product (L, FALSE, TRUE, qn, kend, d, 1.0f,
+                         (const guint8 *)dO + q0 * d * e, d, V, d, 0.0f, dP,
+                         kend);
                 for (guint64 i = 0; i < qn; i++)
                   {
                     float *p = P + i * kend, *dp = dP + i * kend;
@@ -205,12 +278,14 @@ stow_llama_attention_backward (StowLlama *L, guint64 batch, guint64 seq,
                   }
                 /* dQ (qn, d) = scale dS K;  dK (kend, d) += scale dS^T Q;
                  * dV (kend, d) += P^T dO. */
-                stow_gemm_f32 (FALSE, FALSE, qn, d, kend, scale, dP, kend, K, d,
-                               0.0f, dQ + q0 * d, d);
-                stow_gemm_f32 (TRUE, FALSE, kend, d, qn, scale, dP, kend,
-                               Q + q0 * d, d, 1.0f, dK, d);
-                stow_gemm_f32 (TRUE, FALSE, kend, d, qn, 1.0f, P, kend,
-                               dO + q0 * d, d, 1.0f, dV, d);
+                const void *dS = operand (L, dP, qn * kend, dSl);
+                const void *Pp = operand (L, P, qn * kend, Pl);
+                product (L, FALSE, FALSE, qn, d, kend, scale, dS, kend, K, d,
+                         0.0f, dQ + q0 * d, d);
+                product (L, TRUE, FALSE, kend, d, qn, scale, dS, kend,
+                         (const guint8 *)Q + q0 * d * e, d, 1.0f, dK, d);
+                product (L, TRUE, FALSE, kend, d, qn, 1.0f, Pp, kend,
+                         (const guint8 *)dO + q0 * d * e, d, 1.0f, dV, d);
               }
             store_head (L, dQ, T, d, dq, a * d, r0, j * d);
           }

@@ -395,14 +395,16 @@ stow_llama_new (const StowLlamaConfig *config, StowDtype dtype, guint64 max_seq,
   L->config = *config;
   L->dtype = dtype;
   L->bf16 = dtype == STOW_DTYPE_BF16;
+  L->attn_lowp = L->bf16 && stow_gemm_choice ()->bf16_native;
   L->esize = stow_dtype_size (dtype);
   L->max_seq = max_seq;
   L->n_threads = n_threads ? n_threads : g_get_num_processors ();
 
   guint64 d = c->head_dim, half = d / 2;
   L->row_floats = MAX (MAX (c->hidden, c->ffn), c->n_heads * d);
-  guint64 per_thread = MAX (4 * L->row_floats,
-                            stow_llama_attention_thread_floats (max_seq, d));
+  guint64 per_thread
+      = MAX (4 * L->row_floats,
+             stow_llama_attention_thread_floats (max_seq, d, L->attn_lowp));
   /* Whole cache lines per thread: no two threads share one. */
   L->thread_floats = (per_thread + 15) / 16 * 16;
   L->thread_ws

@@ -42,6 +42,9 @@ struct StowLlama
   StowLlamaConfig config;
   StowDtype dtype;
   gboolean bf16; /* storage is bf16 (else fp32) */
+  /* Attention's products in bf16 (llama-attention.c): storage is bf16 and
+   * the GEMM kernel multiplies it. */
+  gboolean attn_lowp;
   guint64 esize; /* bytes of one element of @dtype */
   guint64 max_seq;
   guint n_threads;
@@ -164,6 +167,7 @@ void stow_llama_attention_backward (StowLlama *L, guint64 batch, guint64 seq,
                                     const void *dout, void *dq, void *dk,
                                     void *dv);
 /* Floats of one thread's attention tiles for sequences of @max_seq. */
-guint64 stow_llama_attention_thread_floats (guint64 max_seq, guint64 head_dim);
+guint64 stow_llama_attention_thread_floats (guint64 max_seq, guint64 head_dim,
+                                            gboolean lowp);
 
 G_END_DECLS
