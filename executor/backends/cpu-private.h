@@ -98,6 +98,10 @@ struct _CpuBackend
   double *mb_loss;
   guint8 *mirror_weights;
   float *mirror_states[3]; /* master, m, v */
+  /* The collectives' working buffers (the comm stream's, one op at a
+   * time): a unit's partition, and what a tied embedding's pair of
+   * exchanges receives. */
+  StowScratch coll_part, coll_in[2];
 };
 
 static inline double

@@ -96,8 +96,8 @@ reduce_pair (CpuBackend *b, const StowOp *op, guint8 *tmp, StowDtype dt,
   guint64 count = op->count, align = align_of (b, unit);
   guint64 part = stow_zero_part (count, m->dp);
   gsize es = stow_dtype_size (dt), pb = part * es;
-  g_autofree guint8 *in_loss = g_malloc (MAX (pb * m->dp, 1));
-  g_autofree guint8 *in_emb = g_malloc (MAX (pb * m->dp, 1));
+  guint8 *in_loss = stow_scratch_get (&b->coll_in[0], pb * m->dp);
+  guint8 *in_emb = stow_scratch_get (&b->coll_in[1], pb * m->dp);
   if (!wait_one (b,
                  stow_comm_all_to_all_ex (b->comm, m->addr[op->reads[1]],
                                           in_loss, count, align, dt, error),
@@ -133,7 +133,7 @@ gather_unit (CpuBackend *b, guint rb, guint unit, guint8 *to, StowDtype dt,
   StowTensorMap *m = &b->map;
   guint64 count = unit_numel (b, unit);
   gsize es = stow_dtype_size (dt), pb = stow_zero_part (count, m->dp) * es;
-  g_autofree guint8 *tmp = g_malloc0 (MAX (pb, 1));
+  guint8 *tmp = stow_scratch_get0 (&b->coll_part, pb);
   const guint8 *send = tmp;
   if (rb != STOW_NONE)
     send = partition_at (b, rb, unit, tmp, TRUE, es);
@@ -203,11 +203,12 @@ stow_cpu_run_collective (CpuBackend *b, const StowOp *op, GError **error)
   StowDtype dt = w->kind == STOW_BUF_GRADS ? b->p->grad_dtype : m->ftype;
   gsize es = stow_dtype_size (dt);
   guint64 count = op->count, align = align_of (b, unit);
-  g_autofree guint8 *tmp
-      = g_malloc (MAX (stow_zero_part (count, m->dp) * es, 1));
+  guint8 *tmp;
   switch (op->coll)
     {
     case STOW_COLL_REDUCE_SCATTER:
+      tmp = stow_scratch_get (&b->coll_part,
+                              stow_zero_part (count, m->dp) * es);
       if (pair)
         return reduce_pair (b, op, tmp, dt, error);
       {
@@ -457,4 +458,7 @@ stow_cpu_ranks_free (CpuBackend *b)
   for (guint i = 0; i < 3; i++)
     g_clear_pointer (&b->mirror_states[i], g_free);
   g_clear_pointer (&b->mb_loss, g_free);
+  stow_scratch_clear (&b->coll_part);
+  stow_scratch_clear (&b->coll_in[0]);
+  stow_scratch_clear (&b->coll_in[1]);
 }

@@ -215,6 +215,31 @@ stow_comm_free (StowComm *c)
     c->klass->free (c);
 }
 
+guint8 *
+stow_scratch_get (StowScratch *s, gsize bytes)
+{
+  if (bytes > s->bytes || s->p == NULL)
+    {
+      g_free (s->p);
+      s->bytes = MAX (bytes, 1);
+      s->p = g_malloc (s->bytes);
+    }
+  return s->p;
+}
+
+guint8 *
+stow_scratch_get0 (StowScratch *s, gsize bytes)
+{
+  return memset (stow_scratch_get (s, bytes), 0, bytes);
+}
+
+void
+stow_scratch_clear (StowScratch *s)
+{
+  g_clear_pointer (&s->p, g_free);
+  s->bytes = 0;
+}
+
 void
 stow_comm_sum_rank_order (void *out, const void *const *contributions, guint n,
                           guint64 count, StowDtype dtype)

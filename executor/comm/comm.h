@@ -139,6 +139,22 @@ gboolean stow_comm_wait_all (StowComm *c, StowCommRequest **r, guint n,
 /* Waits for the queued collectives and releases the transport. */
 void stow_comm_free (StowComm *c);
 
+/* A grow-only working buffer of a transport's or a backend's collectives,
+ * kept between operations: a multi-megabyte malloc per collective comes
+ * from a fresh mmap whose every page faults in again (24,000 faults a
+ * step on each of 2 ranks of a 110M model).  One thread's at a time. */
+typedef struct
+{
+  guint8 *p;
+  gsize bytes;
+} StowScratch;
+
+/* @s's buffer of at least @bytes (what it held is lost when it grows). */
+guint8 *stow_scratch_get (StowScratch *s, gsize bytes);
+/* The same, its first @bytes zeroed. */
+guint8 *stow_scratch_get0 (StowScratch *s, gsize bytes);
+void stow_scratch_clear (StowScratch *s);
+
 /* The deterministic sum of @n contributions of @count elements each,
  * contributions[0] first: out = ((c0 + c1) + c2) + ...  (@out may be
  * contributions[0]).  What the owner of a partition computes; exposed as

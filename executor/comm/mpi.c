@@ -27,6 +27,11 @@ typedef struct
   GThread *thread;
   GAsyncQueue *queue;
   gboolean finalize; /* MPI was initialised here */
+  /* The worker's, kept between operations: the padded send of an
+   * exchange or a native reduce-scatter, the contributions received, and
+   * an accumulating operation's own result (an all-gather's staging
+   * too). */
+  StowScratch pad, in, mine;
 } MpiComm;
 
 typedef struct
@@ -83,8 +88,9 @@ exchange (MpiComm *m, const StowCommRequest *r, const void *send, guint8 *in)
   int n = m->base.world, me = m->base.rank;
   guint es = stow_dtype_size (r->dtype);
   guint64 part = r->part, pb = part * es;
-  g_autofree guint8 *padded
-      = part * (guint64)n == r->count ? NULL : g_malloc0 (pb * (guint64)n);
+  guint8 *padded = part * (guint64)n == r->count
+                       ? NULL
+                       : stow_scratch_get0 (&m->pad, pb * (guint64)n);
   g_autofree MPI_Request *reqs = g_new (MPI_Request, 2 * (guint)n);
   int nreq = 0;
   for (int q = 0; q < n; q++)
@@ -122,7 +128,7 @@ reduce_scatter_det (MpiComm *m, const StowCommRequest *r, const void *send,
 {
   int n = m->base.world;
   guint64 pb = r->part * stow_dtype_size (r->dtype);
-  g_autofree guint8 *in = g_malloc (MAX (pb * (guint64)n, 1));
+  guint8 *in = stow_scratch_get (&m->in, pb * (guint64)n);
   char *e = exchange (m, r, send, in);
   if (e != NULL)
     return e;
@@ -183,16 +189,15 @@ run_native (MpiComm *m, const StowCommRequest *r)
       return rc == MPI_SUCCESS ? NULL : mpi_message ("all-reduce", rc);
     case STOW_COMM_OP_REDUCE_SCATTER:
       {
-        g_autofree guint8 *staging = NULL;
         const void *send = r->send;
         if (padded != r->count)
           {
-            staging = g_malloc0 (MAX (padded * es, 1));
+            guint8 *staging = stow_scratch_get0 (&m->pad, padded * es);
             memcpy (staging, r->send, r->count * es);
             send = staging;
           }
-        g_autofree guint8 *mine
-            = r->accumulate ? g_malloc (MAX (r->part * es, 1)) : NULL;
+        guint8 *mine
+            = r->accumulate ? stow_scratch_get (&m->mine, r->part * es) : NULL;
         rc = MPI_Reduce_scatter_block (send, mine ? mine : r->recv,
                                        (int)r->part, t, sum, m->comm);
         if (rc == MPI_SUCCESS && mine)
@@ -204,10 +209,10 @@ run_native (MpiComm *m, const StowCommRequest *r)
       }
     case STOW_COMM_OP_ALL_GATHER:
       {
-        g_autofree guint8 *staging = NULL;
+        guint8 *staging = NULL;
         void *recv = r->recv;
         if (padded != r->count)
-          recv = staging = g_malloc (MAX (padded * es, 1));
+          recv = staging = stow_scratch_get (&m->mine, padded * es);
         rc = MPI_Allgather (r->send, (int)r->part, t, recv, (int)r->part, t,
                             m->comm);
         if (rc == MPI_SUCCESS && staging != NULL)
@@ -247,8 +252,8 @@ run (MpiComm *m, const StowCommRequest *r)
       return all_gather_det (m, r, r->send, r->recv);
     case STOW_COMM_OP_ALL_REDUCE:
       {
-        g_autofree void *mine
-            = g_malloc (MAX (r->part * stow_dtype_size (r->dtype), 1));
+        void *mine
+            = stow_scratch_get (&m->mine, r->part * stow_dtype_size (r->dtype));
         char *e = reduce_scatter_det (m, r, r->recv, mine);
         return e != NULL ? e : all_gather_det (m, r, mine, r->recv);
       }
@@ -319,6 +324,9 @@ mpi_free (StowComm *c)
   MPI_Comm_free (&m->comm);
   if (m->finalize)
     MPI_Finalize ();
+  stow_scratch_clear (&m->pad);
+  stow_scratch_clear (&m->in);
+  stow_scratch_clear (&m->mine);
   g_free (m);
 }
 
