@@ -25,26 +25,10 @@ G_DEFINE_QUARK (stow-adam-error-quark, stow_adam_error)
 
 /* ---- element types --------------------------------------------------- */
 
-static inline guint32
-f32_bits (float x)
-{
-  guint32 b;
-  memcpy (&b, &x, sizeof b);
-  return b;
-}
-
-static inline float
-bits_f32 (guint32 b)
-{
-  float x;
-  memcpy (&x, &b, sizeof x);
-  return x;
-}
-
 guint16
 stow_f32_to_f16 (float x)
 {
-  guint32 b = f32_bits (x);
+  guint32 b = stow_f32_bits (x);
   guint32 sign = (b >> 16) & 0x8000u;
   guint32 a = b & 0x7fffffffu;
 
@@ -80,13 +64,13 @@ stow_f16_to_f32 (guint16 h)
   guint32 e = (h >> 10) & 0x1fu;
   guint32 m = h & 0x3ffu;
   if (e == 0x1f)
-    return bits_f32 (sign | 0x7f800000u | (m << 13));
+    return stow_bits_f32 (sign | 0x7f800000u | (m << 13));
   if (e == 0)
     {
       float f = (float)m * 5.9604644775390625e-8f; /* m * 2^-24, exact */
       return sign ? -f : f;
     }
-  return bits_f32 (sign | ((e + 112) << 23) | (m << 13));
+  return stow_bits_f32 (sign | ((e + 112) << 23) | (m << 13));
 }
 
 /* ---- configuration ---------------------------------------------------- */
