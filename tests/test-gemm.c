@@ -151,9 +151,9 @@ typedef struct
  * single row and column; more columns than a tile of the callers (512)
  * and a K past 2048. */
 static const Shape shapes[] = {
-  { 1, 1, 1 },     { 7, 13, 5 },     { 1, 67, 300 },    { 33, 1, 129 },
-  { 33, 17, 129 }, { 130, 67, 300 }, { 257, 129, 771 }, { 35, 530, 70 },
-  { 19, 45, 2101 },
+  { 1, 1, 1 },       { 7, 13, 5 },    { 1, 67, 300 },
+  { 33, 1, 129 },    { 33, 17, 129 }, { 130, 67, 300 },
+  { 257, 129, 771 }, { 35, 530, 70 }, { 19, 45, 2101 },
 };
 
 /* @bf16: operands rounded to bf16 and multiplied by stow_gemm_bf16. */
