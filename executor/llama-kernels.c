@@ -555,8 +555,9 @@ stow_llama_swiglu_backward (StowLlama *L, guint64 n, const void *dact,
 
 /* ---- column reductions --------------------------------------------------- */
 
-/* Adds to acc (cw) the column sums of columns [c0, c0 + cw) of y. */
-static void
+/* Adds to acc (cw) the column sums of columns [c0, c0 + cw) of y.  Each
+ * column sums its rows in order, whatever the vector width. */
+STOW_LLAMA_VEC static void
 colsum_block (const StowLlama *L, guint64 n, guint64 cols, const void *y,
               gboolean y_bf16, const void *x, const float *rstd, guint64 c0,
               guint64 cw, double *acc)
@@ -565,18 +566,30 @@ colsum_block (const StowLlama *L, guint64 n, guint64 cols, const void *y,
   for (guint64 r = 0; r < n; r++)
     {
       guint64 o = r * cols + c0;
-      for (guint64 c = 0; c < cw; c++)
-        ys[c] = y_bf16 ? stow_bf16_to_f32 (((const guint16 *)y)[o + c])
-                       : ((const float *)y)[o + c];
+      if (y_bf16)
+#pragma omp simd
+        for (guint64 c = 0; c < cw; c++)
+          ys[c] = stow_bf16_to_f32 (((const guint16 *)y)[o + c]);
+      else
+        memcpy (ys, (const float *)y + o, cw * sizeof (float));
       if (x != NULL)
         {
           /* x * rstd rounded to fp32 as the forward's normalised x was. */
-          for (guint64 c = 0; c < cw; c++)
-            xs[c] = stow_llama_load1 (L, x, o + c) * rstd[r];
+          float rs = rstd[r];
+          if (L->bf16)
+#pragma omp simd
+            for (guint64 c = 0; c < cw; c++)
+              xs[c] = stow_bf16_to_f32 (((const guint16 *)x)[o + c]) * rs;
+          else
+#pragma omp simd
+            for (guint64 c = 0; c < cw; c++)
+              xs[c] = ((const float *)x)[o + c] * rs;
+#pragma omp simd
           for (guint64 c = 0; c < cw; c++)
             acc[c] += (double)ys[c] * (double)xs[c];
         }
       else
+#pragma omp simd
         for (guint64 c = 0; c < cw; c++)
           acc[c] += (double)ys[c];
     }

@@ -425,6 +425,24 @@ widths_reference (guint64 n, guint64 h, guint64 f, guint64 heads, guint64 d,
         }
 }
 
+/* The column sums of the norms' weight gradients: each column's rows in
+ * order, in double, of y times x rstd rounded to fp32. */
+__attribute__ ((optimize ("fp-contract=off", "no-tree-vectorize"))) static void
+colsum_reference (guint64 n, guint64 h, const float *y, const float *x,
+                  const float *rstd, float *out)
+{
+  for (guint64 c = 0; c < h; c++)
+    {
+      double acc = 0;
+      for (guint64 r = 0; r < n; r++)
+        {
+          float xs = x[r * h + c] * rstd[r];
+          acc += (double)y[r * h + c] * (double)xs;
+        }
+      out[c] = (float)acc;
+    }
+}
+
 static void
 test_vector_widths (void)
 {
@@ -468,6 +486,12 @@ test_vector_widths (void)
   g_assert_cmpmem (gk, n * f * 4, dg_r, n * f * 4);
   g_assert_cmpmem (uk, n * f * 4, du_r, n * f * 4);
   g_assert_cmpmem (rot_k, n * heads * d * 4, rot, n * heads * d * 4);
+  /* h 75: a block of 64 columns and one of 11. */
+  float *gw = g_new (float, h), *gw_r = g_new (float, h);
+  stow_llama_colsum (L, n, h, act, FALSE, x, rstd, gw, FALSE);
+  colsum_reference (n, h, act, x, rstd, gw_r);
+  g_assert_cmpmem (gw, h * 4, gw_r, h * 4);
+  g_free (gw), g_free (gw_r);
   g_rand_free (rng);
   g_free (x), g_free (w), g_free (g), g_free (u), g_free (da), g_free (rot);
   g_free (rstd), g_free (norm), g_free (act), g_free (rot_k), g_free (gk);
