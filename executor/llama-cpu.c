@@ -130,6 +130,7 @@ row_to_bf16_in_place (float *l, guint64 V)
   for (guint64 j0 = 0; j0 < V; j0 += BLK)
     {
       guint64 nb = MIN ((guint64)BLK, V - j0);
+#pragma omp simd
       for (guint64 j = 0; j < nb; j++)
         tmp[j] = stow_f32_to_bf16 (l[j0 + j]);
       memcpy ((guint16 *)l + j0, tmp, nb * sizeof (guint16));
