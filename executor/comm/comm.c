@@ -6,8 +6,8 @@
  */
 #include "executor/comm/comm-private.h"
 
+#include "core/dtype.h" /* stow_f32_to_bf16: the one rounding */
 #include "core/zero.h"
-#include "offload/adam.h" /* stow_f32_to_bf16: the one rounding */
 
 /* clang-format off */
 G_DEFINE_QUARK (stow-comm-error-quark, stow_comm_error)
@@ -240,11 +240,10 @@ stow_scratch_clear (StowScratch *s)
   s->bytes = 0;
 }
 
-/* acc += c element by element, each sum rounded to bf16; built for
- * AVX-512, AVX2 and the baseline, picked at load (element-wise: the same
- * bits at every width). */
-__attribute__ ((target_clones ("avx512f", "avx2", "default"))) static void
-add_bf16 (guint16 *acc, const guint16 *c, guint64 n)
+/* Built for AVX-512, AVX2 and the baseline, picked at load (element-wise:
+ * the same bits at every width). */
+__attribute__ ((target_clones ("avx512f", "avx2", "default"))) void
+stow_comm_add_bf16 (guint16 *acc, const guint16 *c, guint64 n)
 {
 #pragma omp simd
   for (guint64 i = 0; i < n; i++)
@@ -290,7 +289,7 @@ stow_comm_sum_rank_order (void *out, const void *const *contributions, guint n,
       guint64 nb = MIN ((guint64)BLOCK, count - i0);
       memcpy (acc, (const guint16 *)contributions[0] + i0, nb * 2);
       for (guint q = 1; q < n; q++)
-        add_bf16 (acc, (const guint16 *)contributions[q] + i0, nb);
+        stow_comm_add_bf16 (acc, (const guint16 *)contributions[q] + i0, nb);
       memcpy ((guint16 *)out + i0, acc, nb * 2);
     }
 }

@@ -155,6 +155,10 @@ guint8 *stow_scratch_get (StowScratch *s, gsize bytes);
 guint8 *stow_scratch_get0 (StowScratch *s, gsize bytes);
 void stow_scratch_clear (StowScratch *s);
 
+/* acc[i] += c[i] for @n bf16 elements, each sum rounded to bf16 (the
+ * one element rule of the rank-order sum and of MPI's native bf16 sum). */
+void stow_comm_add_bf16 (guint16 *acc, const guint16 *c, guint64 n);
+
 /* The deterministic sum of @n contributions of @count elements each,
  * contributions[0] first: out = ((c0 + c1) + c2) + ...  (@out may be
  * contributions[0]).  What the owner of a partition computes; exposed as
