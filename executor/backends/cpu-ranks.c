@@ -53,10 +53,9 @@ partition_at (CpuBackend *b, guint bi, guint unit, guint8 *tmp,
     return stow_tensor_map_slot_tail (m, bi);
   guint64 pf = 0, pv = stow_tensor_map_part (m, unit, &pf);
   guint64 part = stow_zero_part (unit_numel (b, unit), m->dp);
-  memset (tmp, 0, part * esize);
-  if (copy_in && pv > 0)
-    memcpy (tmp, stow_tensor_map_unit (m, bi, unit) + pf * esize, pv * esize);
-  return tmp;
+  return stow_comm_pad_copy (tmp,
+                             stow_tensor_map_unit (m, bi, unit) + pf * esize,
+                             copy_in ? pv * esize : 0, part * esize);
 }
 
 /* The whole buffer's valid elements of the partition back from @tmp. */
@@ -133,14 +132,14 @@ gather_unit (CpuBackend *b, guint rb, guint unit, guint8 *to, StowDtype dt,
   StowTensorMap *m = &b->map;
   guint64 count = unit_numel (b, unit);
   gsize es = stow_dtype_size (dt), pb = stow_zero_part (count, m->dp) * es;
-  guint8 *tmp = stow_scratch_get0 (&b->coll_part, pb);
-  const guint8 *send = tmp;
+  guint8 *tmp = stow_scratch_get (&b->coll_part, pb);
+  const guint8 *send;
   if (rb != STOW_NONE)
     send = partition_at (b, rb, unit, tmp, TRUE, es);
   else
     {
       guint64 pf = 0, pv = stow_tensor_map_part (m, unit, &pf);
-      memcpy (tmp, to + pf * es, pv * es);
+      send = stow_comm_pad_copy (tmp, to + pf * es, pv * es, pb);
     }
   if (send == to)
     send = memcpy (tmp, send, pb); /* a partition gathered onto itself */

@@ -228,9 +228,12 @@ stow_scratch_get (StowScratch *s, gsize bytes)
 }
 
 guint8 *
-stow_scratch_get0 (StowScratch *s, gsize bytes)
+stow_comm_pad_copy (guint8 *dst, const void *src, gsize valid, gsize bytes)
 {
-  return memset (stow_scratch_get (s, bytes), 0, bytes);
+  if (valid > 0)
+    memcpy (dst, src, valid);
+  memset (dst + valid, 0, bytes - valid);
+  return dst;
 }
 
 void

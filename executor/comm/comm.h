@@ -151,9 +151,12 @@ typedef struct
 
 /* @s's buffer of at least @bytes (what it held is lost when it grows). */
 guint8 *stow_scratch_get (StowScratch *s, gsize bytes);
-/* The same, its first @bytes zeroed. */
-guint8 *stow_scratch_get0 (StowScratch *s, gsize bytes);
 void stow_scratch_clear (StowScratch *s);
+
+/* A padded partition: @valid bytes of @src, then zeros up to @bytes; each
+ * byte written once.  Returns @dst. */
+guint8 *stow_comm_pad_copy (guint8 *dst, const void *src, gsize valid,
+                            gsize bytes);
 
 /* acc[i] += c[i] for @n bf16 elements, each sum rounded to bf16 (the
  * one element rule of the rank-order sum and of MPI's native bf16 sum). */

@@ -87,7 +87,7 @@ exchange (MpiComm *m, const StowCommRequest *r, const void *send, guint8 *in)
   guint64 part = r->part, pb = part * es;
   guint8 *padded = part * (guint64)n == r->count
                        ? NULL
-                       : stow_scratch_get0 (&m->pad, pb * (guint64)n);
+                       : stow_scratch_get (&m->pad, pb * (guint64)n);
   g_autofree MPI_Request *reqs = g_new (MPI_Request, 2 * (guint)n);
   int nreq = 0;
   for (int q = 0; q < n; q++)
@@ -95,8 +95,8 @@ exchange (MpiComm *m, const StowCommRequest *r, const void *send, guint8 *in)
       const guint8 *block = (const guint8 *)send + (guint64)q * pb;
       if (valid_len (r, q) < part)
         {
-          memcpy (padded + (guint64)q * pb, block, valid_len (r, q) * es);
-          block = padded + (guint64)q * pb;
+          block = stow_comm_pad_copy (padded + (guint64)q * pb, block,
+                                      valid_len (r, q) * es, pb);
         }
       if (q == me)
         {
@@ -189,9 +189,8 @@ run_native (MpiComm *m, const StowCommRequest *r)
         const void *send = r->send;
         if (padded != r->count)
           {
-            guint8 *staging = stow_scratch_get0 (&m->pad, padded * es);
-            memcpy (staging, r->send, r->count * es);
-            send = staging;
+            send = stow_comm_pad_copy (stow_scratch_get (&m->pad, padded * es),
+                                       r->send, r->count * es, padded * es);
           }
         guint8 *mine
             = r->accumulate ? stow_scratch_get (&m->mine, r->part * es) : NULL;
