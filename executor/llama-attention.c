@@ -15,29 +15,66 @@
 
 #include <omp.h>
 
-/* Floats of a region of @n elements of @esize bytes, in whole cache
- * lines. */
-static guint64
-region (guint64 n, guint64 esize)
+/* One thread's workspace, in floats from its start, each region in whole
+ * cache lines: the forward's Q, K, V (T, d) in the products' type, O (BQ,
+ * d), S (BQ, T) and, at bf16 products, P rounded (BQ, T); the backward's
+ * K, V, Q, dO in the products' type, dK, dV, dQ (T, d), D (T), S/P and dP
+ * (BQ, T) and, at bf16 products, P and dS rounded.  The sizing and the
+ * kernels read the same offsets. */
+typedef struct
 {
-  return (n * esize + 63) / 64 * 16;
+  guint64 q, k, v, o, s, pl, end;
+} FwdLayout;
+
+typedef struct
+{
+  guint64 k, v, q, dout, dk, dv, dq, d, p, dp, pl, dsl, end;
+} BwdLayout;
+
+/* @at's region of @n elements of @esize bytes: its offset, and @at moved
+ * past it. */
+static guint64
+take (guint64 *at, guint64 n, guint64 esize)
+{
+  guint64 o = *at;
+  *at += (n * esize + 63) / 64 * 16;
+  return o;
+}
+
+static FwdLayout
+fwd_layout (guint64 T, guint64 d, gboolean lowp)
+{
+  guint64 bq = MIN ((guint64)STOW_LLAMA_ATTN_BQ, T), e = lowp ? 2 : 4, at = 0;
+  FwdLayout w;
+  w.q = take (&at, T * d, e), w.k = take (&at, T * d, e);
+  w.v = take (&at, T * d, e), w.o = take (&at, bq * d, 4);
+  w.s = take (&at, bq * T, 4), w.pl = take (&at, lowp ? bq * T : 0, 2);
+  w.end = at;
+  return w;
+}
+
+static BwdLayout
+bwd_layout (guint64 T, guint64 d, gboolean lowp)
+{
+  guint64 bq = MIN ((guint64)STOW_LLAMA_ATTN_BQ, T), e = lowp ? 2 : 4, at = 0;
+  BwdLayout w;
+  w.k = take (&at, T * d, e), w.v = take (&at, T * d, e);
+  w.q = take (&at, T * d, e), w.dout = take (&at, T * d, e);
+  w.dk = take (&at, T * d, 4), w.dv = take (&at, T * d, 4);
+  w.dq = take (&at, T * d, 4), w.d = take (&at, T, 4);
+  w.p = take (&at, bq * T, 4), w.dp = take (&at, bq * T, 4);
+  w.pl = take (&at, lowp ? bq * T : 0, 2);
+  w.dsl = take (&at, lowp ? bq * T : 0, 2);
+  w.end = at;
+  return w;
 }
 
 guint64
 stow_llama_attention_thread_floats (guint64 max_seq, guint64 head_dim,
                                     gboolean lowp)
 {
-  guint64 T = max_seq, d = head_dim, e = lowp ? 2 : 4;
-  guint64 bq = MIN ((guint64)STOW_LLAMA_ATTN_BQ, max_seq);
-  /* Forward: Q, K, V (T, d) of the products' type, O (BQ, d), S (BQ, T),
-   * and at bf16 P (BQ, T) rounded.  Backward: K, V, Q, dO of the
-   * products' type, dK, dV, dQ (T, d), D (T), S/P and dP (BQ, T), and at
-   * bf16 P and dS rounded. */
-  guint64 fwd = 3 * region (T * d, e) + region (bq * d, 4) + region (bq * T, 4)
-                + (lowp ? region (bq * T, 2) : 0);
-  guint64 bwd = 4 * region (T * d, e) + 3 * region (T * d, 4) + region (T, 4)
-                + 2 * region (bq * T, 4) + (lowp ? 2 * region (bq * T, 2) : 0);
-  return MAX (fwd, bwd);
+  return MAX (fwd_layout (max_seq, head_dim, lowp).end,
+              bwd_layout (max_seq, head_dim, lowp).end);
 }
 
 /* Head @col (width d) of rows [r0, r0 + T) of p (rows of @ld elements) to
@@ -180,10 +217,10 @@ stow_llama_attention_forward (StowLlama *L, guint64 batch, guint64 seq,
 #pragma omp parallel num_threads(L->n_threads)
   {
     float *ws = stow_llama_thread_ws (L, (guint)omp_get_thread_num ());
-    guint64 e = L->attn_lowp ? 2 : 4, bq = MIN (BQ, T);
-    float *Q = ws, *K = Q + region (T * d, e), *V = K + region (T * d, e);
-    float *O = V + region (T * d, e), *S = O + region (bq * d, 4);
-    guint16 *Pl = (guint16 *)(S + region (bq * T, 4));
+    FwdLayout w = fwd_layout (T, d, L->attn_lowp);
+    void *Q = ws + w.q, *K = ws + w.k, *V = ws + w.v;
+    float *O = ws + w.o, *S = ws + w.s;
+    guint16 *Pl = (guint16 *)(ws + w.pl);
 #pragma omp for schedule(dynamic)
     for (guint64 it = 0; it < items; it++)
       {
@@ -213,7 +250,7 @@ stow_llama_attention_backward (StowLlama *L, guint64 batch, guint64 seq,
 {
   const StowLlamaConfig *c = &L->config;
   guint64 a = c->n_heads, kv = c->n_kv_heads, d = c->head_dim, T = seq;
-  guint64 group = a / kv, BQ = STOW_LLAMA_ATTN_BQ, bq = MIN (BQ, T);
+  guint64 group = a / kv, BQ = STOW_LLAMA_ATTN_BQ;
   float scale = 1.0f / sqrtf ((float)d);
   /* One thread owns a (sequence, kv head) and its whole query group, so
    * dK and dV sum the group's heads in head order with no sharing. */
@@ -222,13 +259,12 @@ stow_llama_attention_backward (StowLlama *L, guint64 batch, guint64 seq,
 #pragma omp parallel num_threads(L->n_threads)
   {
     float *ws = stow_llama_thread_ws (L, (guint)omp_get_thread_num ());
-    guint64 e = L->attn_lowp ? 2 : 4, he = region (T * d, e);
-    void *K = ws, *V = ws + he, *Q = ws + 2 * he, *dO = ws + 3 * he;
-    float *dK = ws + 4 * he, *dV = dK + region (T * d, 4);
-    float *dQ = dV + region (T * d, 4), *D = dQ + region (T * d, 4);
-    float *P = D + region (T, 4), *dP = P + region (bq * T, 4);
-    guint16 *Pl = (guint16 *)(dP + region (bq * T, 4));
-    guint16 *dSl = Pl + region (bq * T, 2) * 2;
+    BwdLayout w = bwd_layout (T, d, L->attn_lowp);
+    guint64 e = L->attn_lowp ? 2 : 4;
+    void *K = ws + w.k, *V = ws + w.v, *Q = ws + w.q, *dO = ws + w.dout;
+    float *dK = ws + w.dk, *dV = ws + w.dv, *dQ = ws + w.dq, *D = ws + w.d;
+    float *P = ws + w.p, *dP = ws + w.dp;
+    guint16 *Pl = (guint16 *)(ws + w.pl), *dSl = (guint16 *)(ws + w.dsl);
 #pragma omp for schedule(dynamic)
     for (guint64 it = 0; it < items; it++)
       {
