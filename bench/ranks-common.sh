@@ -38,3 +38,14 @@ prompt_lines () {
     echo "{\"prompt\": \"How many GPUs does run $i use?\", \"completion\": \" Run $i uses $((i % 8 + 1)) GPUs.\"}"
   done >"$1"
 }
+
+# job_files BUILD NAME LAYERS: sets S (BUILD's stowage) and W (a directory
+# /tmp/stow-NAME-*, removed when the script exits) holding model/
+# (small_model, LAYERS layers) and train.jsonl (prompt_lines).
+job_files () {
+  S=$PWD/$1/cli/stowage
+  W=$(mktemp -d "/tmp/stow-$2-XXXXXX")
+  trap 'rm -rf "$W"' EXIT
+  small_model "$S" "$W/model" "$3"
+  prompt_lines "$W/train.jsonl"
+}

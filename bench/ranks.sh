@@ -17,12 +17,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 build=${1:-build}
 steps=${2:-6}
-S=$PWD/$build/cli/stowage
-W=$(mktemp -d /tmp/stow-ranks-XXXXXX)
-trap 'rm -rf "$W"' EXIT
 source bench/ranks-common.sh
-small_model "$S" "$W/model" 4
-prompt_lines "$W/train.jsonl"
+job_files "$build" ranks 4
 
 job=(train --model "$W/model" --data "$W/train.jsonl" --precision bf16
      --seq 256 --micro-batch 1 --global-batch 16 --steps "$steps" --lr 1e-4

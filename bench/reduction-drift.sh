@@ -18,12 +18,8 @@ cd "$(dirname "$0")/.."
 build=${1:-build}
 steps=${2:-30}
 ranks=${3:-4}
-S=$PWD/$build/cli/stowage
-W=$(mktemp -d /tmp/stow-drift-XXXXXX)
-trap 'rm -rf "$W"' EXIT
 source bench/ranks-common.sh
-small_model "$S" "$W/model" 2
-prompt_lines "$W/train.jsonl"
+job_files "$build" drift 2
 
 # Two micro-batches a rank a step: the accumulation's order changes too.
 global=$((2 * ranks))
