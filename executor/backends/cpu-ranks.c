@@ -444,8 +444,7 @@ stow_cpu_ranks_push (CpuBackend *b, GError **error)
             g_propagate_error (error, g_steal_pointer (&b->access_error));
             return FALSE;
           }
-        memset (own, 0, part * es);
-        memcpy (own, whole + pf * es, pv * es);
+        stow_comm_pad_copy (own, whole + pf * es, pv * es, part * es);
       }
   return TRUE;
 }

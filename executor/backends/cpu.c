@@ -638,10 +638,9 @@ cpu_push (StowBackend *bb, GError **error)
         {
           guint64 pf = 0, pv = stow_tensor_map_part (m, u, &pf);
           guint64 part = stow_zero_part (unit_numel (b, u), m->dp);
-          guint8 *own = stow_tensor_map_host_weights (m, u);
-          memset (own, 0, part * m->esize);
-          memcpy (own, stow_tensor_map_elem (m, m->weights_buf, u, pf),
-                  pv * m->esize);
+          stow_comm_pad_copy (stow_tensor_map_host_weights (m, u),
+                              stow_tensor_map_elem (m, m->weights_buf, u, pf),
+                              pv * m->esize, part * m->esize);
         }
       return TRUE;
     }
