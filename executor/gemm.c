@@ -387,7 +387,18 @@ matmul_run (const MatmulKey *k, const void *A, const void *B, float *C)
       dnnl_memory_create (&ms, &m->scratch, dn.engine, t->scratch);
       args[n_args++] = (dnnl_exec_arg_t){ DNNL_ARG_SCRATCHPAD, ms };
     }
-  if (dnnl_primitive_execute (m->prim, t->stream, n_args, args) != dnnl_success)
+  /* oneDNN opens a parallel region of omp_get_max_threads () threads in
+   * a call unless OpenMP says it runs inside an active one, and a team of
+   * one thread (--threads 1) is not active: each call then made a nested
+   * team (a thread created and joined per call, a second core taken) and
+   * split some products otherwise (an fp32 512 x 768 x 2048 onto the
+   * residual: other bits on 1 thread than on 2, /gemm/thread-bits).  The
+   * primitive is the calling thread's alone: one thread while it runs. */
+  int threads = omp_get_max_threads ();
+  omp_set_num_threads (1);
+  dnnl_status_t st = dnnl_primitive_execute (m->prim, t->stream, n_args, args);
+  omp_set_num_threads (threads);
+  if (st != dnnl_success)
     g_error ("oneDNN: matmul %" G_GUINT64_FORMAT " x %" G_GUINT64_FORMAT
              " x %" G_GUINT64_FORMAT " failed",
              k->M, k->N, k->K);

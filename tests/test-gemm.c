@@ -405,6 +405,96 @@ test_runtime_mixed (void)
     }
 }
 
+/* The runtime's products on the shapes of a training step of a 768-wide
+ * model (a 32,000-token vocabulary, 512 tokens: the layers' and the loss's
+ * products, K up to the vocabulary), fp32 and bf16, give the same bits on 1
+ * thread as on 2.  The kernel runs whole on the calling thread: on 1
+ * thread, whose team OpenMP does not count as active, oneDNN used to open
+ * a team of its own inside some calls and split them differently (the
+ * vocabulary-long K among them). */
+static void
+test_thread_bits (void)
+{
+  const struct
+  {
+    guint64 M, N, K;
+    gboolean ta, tb, accumulate;
+  } steps[] = {
+    /* the layers' forward (x W^T, onto the residual), dX (dY W) and dW
+     * (dY^T x) */
+    { 512, 768, 768, FALSE, TRUE, FALSE },
+    { 512, 768, 2048, FALSE, TRUE, TRUE },
+    { 512, 2048, 768, FALSE, TRUE, FALSE },
+    { 512, 768, 2048, FALSE, FALSE, FALSE },
+    { 768, 768, 512, TRUE, FALSE, TRUE },
+    { 2048, 768, 512, TRUE, FALSE, TRUE },
+    /* the loss's: logits, dxn (K the vocabulary), the head's gradient */
+    { 262, 32000, 768, FALSE, TRUE, FALSE },
+    { 262, 768, 32000, FALSE, FALSE, FALSE },
+    { 32000, 768, 262, TRUE, FALSE, TRUE },
+  };
+  GError *error = NULL;
+  g_assert_true (stow_gemm_init (&error));
+  for (guint bf16 = 0; bf16 < 2; bf16++)
+    {
+      if (bf16 && !stow_gemm_choice ()->bf16_native)
+        continue;
+      StowLlamaConfig c = { .hidden = 64,
+                            .n_layers = 1,
+                            .n_heads = 1,
+                            .n_kv_heads = 1,
+                            .head_dim = 64,
+                            .ffn = 64,
+                            .vocab = 64,
+                            .rope_theta = 1e4,
+                            .rms_norm_eps = 1e-6 };
+      StowDtype dt = bf16 ? STOW_DTYPE_BF16 : STOW_DTYPE_F32;
+      g_autoptr (StowLlama) L1 = stow_llama_new (&c, dt, 64, 1, &error);
+      g_assert_no_error (error);
+      g_autoptr (StowLlama) L2 = stow_llama_new (&c, dt, 64, 2, &error);
+      g_assert_no_error (error);
+      for (guint si = 0; si < G_N_ELEMENTS (steps); si++)
+        {
+          guint64 M = steps[si].M, N = steps[si].N, K = steps[si].K;
+          guint64 esize = bf16 ? 2 : 4;
+          g_autofree float *A = g_new (float, M *K);
+          g_autofree float *B = g_new (float, K *N);
+          fill (A, M * K, 7 * si + 1);
+          fill (B, K * N, 7 * si + 2);
+          g_autofree guint16 *Ah = g_new (guint16, M * K);
+          g_autofree guint16 *Bh = g_new (guint16, K * N);
+          for (guint64 i = 0; i < M * K; i++)
+            Ah[i] = stow_f32_to_bf16 (A[i]);
+          for (guint64 i = 0; i < K * N; i++)
+            Bh[i] = stow_f32_to_bf16 (B[i]);
+          StowMat a = { bf16 ? (const void *)Ah : A, bf16, steps[si].ta ? M : K,
+                        steps[si].ta };
+          StowMat b = { bf16 ? (const void *)Bh : B, bf16, steps[si].tb ? K : N,
+                        steps[si].tb };
+          /* C from earlier values where the product adds to it. */
+          g_autofree float *C0 = g_new (float, M *N);
+          fill (C0, M * N, 7 * si + 3);
+          g_autofree void *c1 = g_malloc (M * N * esize);
+          for (guint64 i = 0; i < M * N; i++)
+            if (bf16)
+              ((guint16 *)c1)[i] = stow_f32_to_bf16 (C0[i]);
+            else
+              ((float *)c1)[i] = C0[i];
+          g_autofree void *c2 = g_memdup2 (c1, M * N * esize);
+          gboolean acc = steps[si].accumulate;
+          stow_llama_gemm (L1, M, N, K, 1.0f, a, b, c1, bf16, N, acc, NULL, 0,
+                           NULL);
+          stow_llama_gemm (L2, M, N, K, 1.0f, a, b, c2, bf16, N, acc, NULL, 0,
+                           NULL);
+          if (memcmp (c1, c2, M * N * esize) != 0)
+            g_test_message ("%s %" G_GUINT64_FORMAT " x %" G_GUINT64_FORMAT
+                            " x %" G_GUINT64_FORMAT ": 1 and 2 threads differ",
+                            bf16 ? "bf16" : "fp32", M, N, K);
+          g_assert_cmpmem (c1, M * N * esize, c2, M * N * esize);
+        }
+    }
+}
+
 /* ---- why the callers tile ------------------------------------------------ */
 
 /* What OpenBLAS's own threads do to the bits of one product (a
@@ -485,6 +575,7 @@ main (int argc, char **argv)
   g_test_add_func ("/gemm/f32", test_f32);
   g_test_add_func ("/gemm/bf16", test_bf16);
   g_test_add_func ("/gemm/runtime-mixed", test_runtime_mixed);
+  g_test_add_func ("/gemm/thread-bits", test_thread_bits);
   g_test_add_func ("/gemm/openblas-threads", test_openblas_threads);
   return g_test_run ();
 }
