@@ -12,10 +12,13 @@
  * [...]}: the best wall time of each (of --reps calls, 4 by default, the
  * first left out), and the best CPU time of the process
  * over the threads (what the wall time would be on a machine nothing else
- * loads, with the threads balanced).  Not a test.
+ * loads, with the threads balanced).  --flush MIB: before each call the
+ * threads write a buffer of MIB MiB, so the operands come from memory as
+ * in a training step, where the kernels before a product have evicted them
+ * (without it they stay in the caches between calls).  Not a test.
  *
- * usage: sgemm-shapes [--threads 2] [--reps 4] [--bf16] NT:512x768x768
- * 512x2048x768[:fbf]
+ * usage: sgemm-shapes [--threads 2] [--reps 4] [--flush 256] [--bf16]
+ * NT:512x768x768 512x2048x768[:fbf]
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -32,12 +35,15 @@ main (int argc, char **argv)
   guint threads = 2;
   gboolean bf16 = FALSE;
   int first = 1, reps = 4;
+  guint64 flush = 0;
   for (; first < argc && argv[first][0] == '-'; first++)
     {
       if (strcmp (argv[first], "--threads") == 0 && first + 1 < argc)
         threads = (guint)atoi (argv[++first]);
       else if (strcmp (argv[first], "--bf16") == 0)
         bf16 = TRUE;
+      else if (strcmp (argv[first], "--flush") == 0 && first + 1 < argc)
+        flush = (guint64)g_ascii_strtoull (argv[++first], NULL, 10) << 20;
       else if (strcmp (argv[first], "--reps") == 0 && first + 1 < argc)
         {
           reps = atoi (argv[++first]);
@@ -68,6 +74,7 @@ main (int argc, char **argv)
       return 2;
     }
   g_autofree char *kernel = stow_gemm_describe ();
+  guint8 *sweep = flush > 0 ? g_malloc (flush) : NULL;
   GString *secs = g_string_new ("["), *rates = g_string_new ("[");
   GString *cpus = g_string_new ("[");
   for (int i = first; i < argc; i++)
@@ -121,6 +128,12 @@ main (int argc, char **argv)
       for (int rep = 0; rep < reps; rep++)
         {
           struct timespec c0, c1;
+          if (sweep != NULL)
+            {
+#pragma omp parallel for num_threads(threads)
+              for (guint64 o = 0; o < flush; o += 4096)
+                memset (sweep + o, rep, MIN (4096, flush - o));
+            }
           clock_gettime (CLOCK_PROCESS_CPUTIME_ID, &c0);
           gint64 t0 = g_get_monotonic_time ();
           stow_llama_gemm (L, m, n, k, 1.0f, A, B, cc, cb, n, FALSE, NULL, 0,
@@ -147,5 +160,6 @@ main (int argc, char **argv)
   g_string_free (cpus, TRUE);
   g_string_free (rates, TRUE);
   stow_llama_free (L);
+  g_free (sweep);
   return 0;
 }
