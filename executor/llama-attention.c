@@ -134,17 +134,6 @@ product (const StowLlama *L, gboolean ta, gboolean tb, guint64 M, guint64 N,
     stow_gemm_f32 (ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
-/* An fp32 tile (rows, cols) as a product's operand: itself, or rounded to
- * bf16 into @low. */
-static const void *
-operand (const StowLlama *L, const float *x, guint64 n, guint16 *low)
-{
-  if (!L->attn_lowp)
-    return x;
-  stow_llama_store (L, x, low, n);
-  return low;
-}
-
 static void
 store_head (const StowLlama *L, const float *src, guint64 T, guint64 d, void *p,
             guint64 ld, guint64 r0, guint64 col)
@@ -170,9 +159,63 @@ scores (const StowLlama *L, const void *Q, const void *K, guint64 q0,
            d, K, d, 0.0f, S, kend);
 }
 
-/* Query t sees keys 0..t: the rest of its row of S is zeroed (P = 0). */
+/* The row's largest score.  A maximum is exact in any order, so this loop
+ * is built for every vector width (STOW_LLAMA_VEC) with the same result;
+ * at the baseline's width gcc kept its running maximum on the stack. */
+STOW_LLAMA_VEC static float
+row_max (const float *s, guint64 n)
+{
+  float m = s[0];
+#pragma omp simd reduction(max : m)
+  for (guint64 j = 0; j < n; j++)
+    m = s[j] > m ? s[j] : m;
+  return m;
+}
+
+/* s = exp (s - m), element by element: the same bits at any width. */
+STOW_LLAMA_VEC static void
+row_exp (float *s, guint64 n, float m)
+{
+#pragma omp simd
+  for (guint64 j = 0; j < n; j++)
+    s[j] = stow_llama_expf (s[j] - m);
+}
+
+/* Not built per width: the order of a sum's additions follows it. */
+static float
+row_sum (const float *s, guint64 n)
+{
+  float l = 0;
+#pragma omp simd reduction(+ : l)
+  for (guint64 j = 0; j < n; j++)
+    l += s[j];
+  return l;
+}
+
+/* The row's probabilities s[j] inv for j < n and zeros up to @width:
+ * over s in fp32, or rounded into @low (bf16 products; s is not read
+ * again). */
+STOW_LLAMA_VEC static void
+row_scale (float *s, guint64 n, guint64 width, float inv, guint16 *low)
+{
+  if (low == NULL)
+    {
+#pragma omp simd
+      for (guint64 j = 0; j < n; j++)
+        s[j] *= inv;
+      memset (s + n, 0, (width - n) * sizeof (float));
+      return;
+    }
+#pragma omp simd
+  for (guint64 j = 0; j < n; j++)
+    low[j] = stow_f32_to_bf16 (s[j] * inv);
+  memset (low + n, 0, (width - n) * sizeof (guint16));
+}
+
+/* Query t sees keys 0..t: the rest of its row of P is zero.  P (qn,
+ * kend) over S, or rounded into @Pl when it is not NULL. */
 static void
-softmax_rows (float *S, guint64 q0, guint64 qn, float *lse_out,
+softmax_rows (float *S, guint16 *Pl, guint64 q0, guint64 qn, float *lse_out,
               guint64 lse_stride)
 {
   guint64 kend = q0 + qn;
@@ -180,25 +223,44 @@ softmax_rows (float *S, guint64 q0, guint64 qn, float *lse_out,
     {
       float *s = S + i * kend;
       guint64 nk = q0 + i + 1;
-      float m = s[0];
-#pragma omp simd reduction(max : m)
-      for (guint64 j = 0; j < nk; j++)
-        m = s[j] > m ? s[j] : m;
-      float l = 0;
-#pragma omp simd reduction(+ : l)
-      for (guint64 j = 0; j < nk; j++)
-        {
-          float p = stow_llama_expf (s[j] - m);
-          s[j] = p;
-          l += p;
-        }
-      float inv = 1.0f / l;
-#pragma omp simd
-      for (guint64 j = 0; j < nk; j++)
-        s[j] *= inv;
-      memset (s + nk, 0, (kend - nk) * sizeof (float));
+      float m = row_max (s, nk);
+      row_exp (s, nk, m);
+      float l = row_sum (s, nk);
+      row_scale (s, nk, kend, 1.0f / l, Pl ? Pl + i * kend : NULL);
       lse_out[i * lse_stride] = m + logf (l);
     }
+}
+
+/* Row i of dS = P (dP - D) from S's row (P = exp (S - lse)) over dP's,
+ * zeros past @nk up to @width; P's row over S's.  With @pl and @dsl
+ * (bf16 products) both rounded there instead, the fp32 rows not written
+ * (not read again). */
+STOW_LLAMA_VEC static void
+row_ds (float *p, float *dp, guint64 nk, guint64 width, float lse, float Di,
+        guint16 *pl, guint16 *dsl)
+{
+  if (pl == NULL)
+    {
+#pragma omp simd
+      for (guint64 x = 0; x < nk; x++)
+        {
+          float pv = stow_llama_expf (p[x] - lse);
+          p[x] = pv;
+          dp[x] = pv * (dp[x] - Di);
+        }
+      memset (p + nk, 0, (width - nk) * sizeof (float));
+      memset (dp + nk, 0, (width - nk) * sizeof (float));
+      return;
+    }
+#pragma omp simd
+  for (guint64 x = 0; x < nk; x++)
+    {
+      float pv = stow_llama_expf (p[x] - lse);
+      pl[x] = stow_f32_to_bf16 (pv);
+      dsl[x] = stow_f32_to_bf16 (pv * (dp[x] - Di));
+    }
+  memset (pl + nk, 0, (width - nk) * sizeof (guint16));
+  memset (dsl + nk, 0, (width - nk) * sizeof (guint16));
 }
 
 void
@@ -232,10 +294,12 @@ stow_llama_attention_forward (StowLlama *L, guint64 batch, guint64 seq,
           {
             guint64 qn = MIN (BQ, T - q0), kend = q0 + qn;
             scores (L, Q, K, q0, qn, d, scale, S);
-            softmax_rows (S, q0, qn, lse + (r0 + q0) * a + j, a);
+            softmax_rows (S, L->attn_lowp ? Pl : NULL, q0, qn,
+                          lse + (r0 + q0) * a + j, a);
             /* O (qn, d) = P (qn, kend) V (kend, d) */
             product (L, FALSE, FALSE, qn, d, kend, 1.0f,
-                     operand (L, S, qn * kend, Pl), kend, V, d, 0.0f, O, d);
+                     L->attn_lowp ? (const void *)Pl : S, kend, V, d, 0.0f, O,
+                     d);
             store_head (L, O, qn, d, o, a * d, r0 + q0, j * d);
           }
       }
@@ -297,25 +361,14 @@ stow_llama_attention_backward (StowLlama *L, guint64 batch, guint64 seq,
                          (const guint8 *)dO + q0 * d * e, d, V, d, 0.0f, dP,
                          kend);
                 for (guint64 i = 0; i < qn; i++)
-                  {
-                    float *p = P + i * kend, *dp = dP + i * kend;
-                    guint64 nk = q0 + i + 1;
-                    float l = lse[(r0 + q0 + i) * a + j], Di = D[q0 + i];
-                    /* P = exp (S - lse); dS = P (dP - D). */
-#pragma omp simd
-                    for (guint64 x = 0; x < nk; x++)
-                      {
-                        float pv = stow_llama_expf (p[x] - l);
-                        p[x] = pv;
-                        dp[x] = pv * (dp[x] - Di);
-                      }
-                    memset (p + nk, 0, (kend - nk) * sizeof (float));
-                    memset (dp + nk, 0, (kend - nk) * sizeof (float));
-                  }
+                  row_ds (P + i * kend, dP + i * kend, q0 + i + 1, kend,
+                          lse[(r0 + q0 + i) * a + j], D[q0 + i],
+                          L->attn_lowp ? Pl + i * kend : NULL,
+                          L->attn_lowp ? dSl + i * kend : NULL);
                 /* dQ (qn, d) = scale dS K;  dK (kend, d) += scale dS^T Q;
                  * dV (kend, d) += P^T dO. */
-                const void *dS = operand (L, dP, qn * kend, dSl);
-                const void *Pp = operand (L, P, qn * kend, Pl);
+                const void *dS = L->attn_lowp ? (const void *)dSl : dP;
+                const void *Pp = L->attn_lowp ? (const void *)Pl : P;
                 product (L, FALSE, FALSE, qn, d, kend, scale, dS, kend, K, d,
                          0.0f, dQ + q0 * d, d);
                 product (L, TRUE, FALSE, kend, d, qn, scale, dS, kend,

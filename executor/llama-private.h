@@ -75,8 +75,8 @@ struct StowLlama
  * picked when the program loads (an ifunc).  Every width gives the same
  * bits: the build contracts no multiply-add (-ffp-contract=off) and each
  * element is the same IEEE operations at any width.  Loops that sum (the
- * norms' dot products, softmax) are not cloned: their order of addition
- * follows the vector width. */
+ * norms' dot products, softmax's denominator) are not cloned: their order
+ * of addition follows the vector width. */
 #define STOW_LLAMA_VEC                                                         \
   __attribute__ ((target_clones ("avx512f", "avx2", "default")))
 
