@@ -159,39 +159,6 @@ scores (const StowLlama *L, const void *Q, const void *K, guint64 q0,
            d, K, d, 0.0f, S, kend);
 }
 
-/* The row's largest score.  A maximum is exact in any order, so this loop
- * is built for every vector width (STOW_LLAMA_VEC) with the same result;
- * at the baseline's width gcc kept its running maximum on the stack. */
-STOW_LLAMA_VEC static float
-row_max (const float *s, guint64 n)
-{
-  float m = s[0];
-#pragma omp simd reduction(max : m)
-  for (guint64 j = 0; j < n; j++)
-    m = s[j] > m ? s[j] : m;
-  return m;
-}
-
-/* s = exp (s - m), element by element: the same bits at any width. */
-STOW_LLAMA_VEC static void
-row_exp (float *s, guint64 n, float m)
-{
-#pragma omp simd
-  for (guint64 j = 0; j < n; j++)
-    s[j] = stow_llama_expf (s[j] - m);
-}
-
-/* Not built per width: the order of a sum's additions follows it. */
-static float
-row_sum (const float *s, guint64 n)
-{
-  float l = 0;
-#pragma omp simd reduction(+ : l)
-  for (guint64 j = 0; j < n; j++)
-    l += s[j];
-  return l;
-}
-
 /* The row's probabilities s[j] inv for j < n and zeros up to @width:
  * over s in fp32, or rounded into @low (bf16 products; s is not read
  * again). */
@@ -223,9 +190,9 @@ softmax_rows (float *S, guint16 *Pl, guint64 q0, guint64 qn, float *lse_out,
     {
       float *s = S + i * kend;
       guint64 nk = q0 + i + 1;
-      float m = row_max (s, nk);
-      row_exp (s, nk, m);
-      float l = row_sum (s, nk);
+      float m = stow_llama_row_max (s, nk);
+      stow_llama_row_exp (s, nk, m);
+      float l = stow_llama_row_sum (s, nk);
       row_scale (s, nk, kend, 1.0f / l, Pl ? Pl + i * kend : NULL);
       lse_out[i * lse_stride] = m + logf (l);
     }

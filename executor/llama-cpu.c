@@ -119,7 +119,7 @@ embed_backward (void *ctx, const gint32 *tokens, guint64 n, const void *dx,
 /* Row @l (V floats) rounded to bf16 into its own first half, in place:
  * each block is read whole before it is written, and a write reaches only
  * floats read before it (element j's two bytes lie in float j / 2). */
-static void
+STOW_LLAMA_VEC static void
 row_to_bf16_in_place (float *l, guint64 V)
 {
   enum
@@ -135,6 +135,14 @@ row_to_bf16_in_place (float *l, guint64 V)
         tmp[j] = stow_f32_to_bf16 (l[j0 + j]);
       memcpy ((guint16 *)l + j0, tmp, nb * sizeof (guint16));
     }
+}
+
+STOW_LLAMA_VEC static void
+row_scale (float *l, guint64 n, float k)
+{
+#pragma omp simd
+  for (guint64 j = 0; j < n; j++)
+    l[j] *= k;
 }
 
 /* Softmax cross-entropy of rows [0, cn) of logits (cn, V), in place: each
@@ -159,23 +167,11 @@ softmax_xent (StowLlama *L, guint64 cn, float *logits, const gint32 *targets,
           continue;
         }
       guint64 t = (guint64)targets[i];
-      float lt = l[t], m = l[0];
-#pragma omp simd reduction(max : m)
-      for (guint64 j = 0; j < V; j++)
-        m = l[j] > m ? l[j] : m;
-      float sum = 0;
-#pragma omp simd reduction(+ : sum)
-      for (guint64 j = 0; j < V; j++)
-        {
-          float pj = stow_llama_expf (l[j] - m);
-          l[j] = pj;
-          sum += pj;
-        }
+      float lt = l[t], m = stow_llama_row_max (l, V);
+      stow_llama_row_exp (l, V, m);
+      float sum = stow_llama_row_sum (l, V);
       loss[i] = (m - lt) + logf (sum);
-      float k = scale / sum;
-#pragma omp simd
-      for (guint64 j = 0; j < V; j++)
-        l[j] *= k;
+      row_scale (l, V, scale / sum);
       l[t] -= scale;
       if (lowp)
         row_to_bf16_in_place (l, V);

@@ -310,6 +310,36 @@ stow_llama_gemm (StowLlama *L, guint64 M, guint64 N, guint64 K, float alpha,
                  ldr, bias);
 }
 
+/* ---- softmax rows -------------------------------------------------------- */
+
+float STOW_LLAMA_VEC
+stow_llama_row_max (const float *s, guint64 n)
+{
+  float m = s[0];
+#pragma omp simd reduction(max : m)
+  for (guint64 j = 0; j < n; j++)
+    m = s[j] > m ? s[j] : m;
+  return m;
+}
+
+void STOW_LLAMA_VEC
+stow_llama_row_exp (float *s, guint64 n, float m)
+{
+#pragma omp simd
+  for (guint64 j = 0; j < n; j++)
+    s[j] = stow_llama_expf (s[j] - m);
+}
+
+float
+stow_llama_row_sum (const float *s, guint64 n)
+{
+  float l = 0;
+#pragma omp simd reduction(+ : l)
+  for (guint64 j = 0; j < n; j++)
+    l += s[j];
+  return l;
+}
+
 /* ---- RMSNorm ------------------------------------------------------------- */
 
 static float

@@ -80,6 +80,15 @@ struct StowLlama
 #define STOW_LLAMA_VEC                                                         \
   __attribute__ ((target_clones ("avx512f", "avx2", "default")))
 
+/* A softmax row's parts: its largest element (exact in any order, so
+ * built per width: STOW_LLAMA_VEC), s = exp (s - m) element by element
+ * (per width too), and its sum, which is not: the order of its additions
+ * follows the width.  At the baseline's width gcc kept a fused loop's
+ * running maximum on the stack. */
+float stow_llama_row_max (const float *s, guint64 n);
+void stow_llama_row_exp (float *s, guint64 n, float m);
+float stow_llama_row_sum (const float *s, guint64 n);
+
 /* Row @r of a (rows, width) tensor of the runtime's dtype in fp32: a
  * pointer into @p at fp32, else converted into @tmp (width floats). */
 const float *stow_llama_row_in (const StowLlama *L, const void *p, guint64 ld,
