@@ -498,6 +498,41 @@ test_vector_widths (void)
   g_free (uk), g_free (norm_r), g_free (act_r), g_free (dg_r), g_free (du_r);
 }
 
+/* A softmax row's maximum and exp, one element at a time. */
+__attribute__ ((optimize ("fp-contract=off", "no-tree-vectorize"))) static float
+softmax_reference (const float *s, guint64 n, float *e)
+{
+  float m = s[0];
+  for (guint64 j = 0; j < n; j++)
+    m = s[j] > m ? s[j] : m;
+  for (guint64 j = 0; j < n; j++)
+    e[j] = stow_llama_expf (s[j] - m);
+  return m;
+}
+
+/* The softmax rows' parts built per width (attention's and the loss's):
+ * the maximum and exp of the clone this CPU runs give the scalar bits, on
+ * rows of every length up to 70 (each clone's remainder loop) with values
+ * past exp's clamps. */
+static void
+test_softmax_widths (void)
+{
+  GRand *rng = g_rand_new_with_seed (41);
+  float s[70], e[70], want[70];
+  for (guint64 n = 1; n <= G_N_ELEMENTS (s); n++)
+    {
+      for (guint64 j = 0; j < n; j++)
+        s[j] = (float)g_rand_double_range (rng, -150, 150)
+               / (j % 4 ? 30.0f : 1.0f);
+      float m = stow_llama_row_max (s, n);
+      g_assert_cmpfloat (m, ==, softmax_reference (s, n, want));
+      memcpy (e, s, n * sizeof (float));
+      stow_llama_row_exp (e, n, m);
+      g_assert_cmpmem (e, n * sizeof (float), want, n * sizeof (float));
+    }
+  g_rand_free (rng);
+}
+
 static void
 test_expf (void)
 {
@@ -1242,6 +1277,7 @@ main (int argc, char **argv)
   g_test_add_func ("/llama/bf16-conversions", test_bf16_conversions);
   g_test_add_func ("/llama/expf", test_expf);
   g_test_add_func ("/llama/vector-widths", test_vector_widths);
+  g_test_add_func ("/llama/softmax-widths", test_softmax_widths);
   g_test_add_func ("/llama/gradcheck/all-features", test_gradcheck_all);
   g_test_add_func ("/llama/gradcheck/tied", test_gradcheck_tied);
   g_test_add_func ("/llama/gradcheck/qwen3", test_gradcheck_qwen3);
