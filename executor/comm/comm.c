@@ -268,6 +268,31 @@ stow_comm_sum_rank_order (void *out, const void *const *contributions, guint n,
   {
     BLOCK = 1024
   };
+  gboolean in_place = out == contributions[0];
+  for (guint q = 1; q < n; q++)
+    in_place = in_place && contributions[q] != out;
+  if (in_place)
+    {
+      /* @out is the first contribution and no other: the sums go into it
+       * with no copy aside, still block by block in the same order. */
+      for (guint64 i0 = 0; i0 < count; i0 += BLOCK)
+        {
+          guint64 nb = MIN ((guint64)BLOCK, count - i0);
+          for (guint q = 1; q < n; q++)
+            if (dtype == STOW_DTYPE_F32)
+              {
+                float *acc = (float *)out + i0;
+                const float *c = (const float *)contributions[q] + i0;
+#pragma omp simd
+                for (guint64 i = 0; i < nb; i++)
+                  acc[i] = acc[i] + c[i];
+              }
+            else
+              stow_comm_add_bf16 ((guint16 *)out + i0,
+                                  (const guint16 *)contributions[q] + i0, nb);
+        }
+      return;
+    }
   if (dtype == STOW_DTYPE_F32)
     {
       float acc[BLOCK];
