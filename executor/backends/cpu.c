@@ -752,6 +752,7 @@ stow_backend_cpu_new (const StowBackendSetup *setup, GError **error)
       return NULL;
     }
   acc_scratch_init (&b->map);
+  b->map.add_threads = MAX (setup->n_threads, 1);
   if (!ranks_init (b, setup, error))
     {
       cpu_destroy (&b->parent);

@@ -82,6 +82,8 @@ typedef struct
    * embedding's (a tied loss writes both). */
   guint8 *acc_scratch;
   guint64 acc_scratch_bytes;
+  /* The threads that add them in (the backend's compute threads). */
+  guint add_threads;
   /* Data-parallel ranks (the program's dp) and this one's rank, set by
    * the backend; part_off[u]: where unit u's partition starts in a
    * partitioned buffer, in elements (core/zero.h). */
