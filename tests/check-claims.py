@@ -34,48 +34,49 @@ SOURCES = ("cost", "memory", "published", "sim", "lower", "search",
 # group is the figure).  These are records, not tests: a figure there is
 # what one run on one machine measured, and the record says which.
 BENCH = {
-    # Issue 40's run after the SwiGLU, attention and conversion changes
-    # (2026-11-29 04:07; the run at 04:10 is docs/executor.md's second):
+    # Issue 40's run after the softmax rows per width and the threaded
+    # accumulation (2026-11-29 06:09; the run at 06:04 is docs/executor.md's
+    # second, 04:07 and 04:10 the records before):
     # stowage in --precision fp32 and bf16, the GEMMs' share from inside
     # the steps.
     "bench.cpu-train-issue40.ratio-median": (
-        "cpu-train-vm-20261129-0407.md",
+        "cpu-train-vm-20261129-0609.md",
         r"- fp32: ([\d.]+)x \(CPU time [\d.]+x\) PyTorch eager, fp32"),
     "bench.cpu-train-issue40.cpu-ratio": (
-        "cpu-train-vm-20261129-0407.md",
+        "cpu-train-vm-20261129-0609.md",
         r"- fp32: [\d.]+x \(CPU time ([\d.]+)x\) PyTorch eager, fp32"),
     "bench.cpu-train-issue40.compile-ratio": (
-        "cpu-train-vm-20261129-0407.md",
+        "cpu-train-vm-20261129-0609.md",
         r"- fp32: ([\d.]+)x \(CPU time [\d.]+x\) PyTorch torch.compile"),
     "bench.cpu-train-issue40.compile-cpu-ratio": (
-        "cpu-train-vm-20261129-0407.md",
+        "cpu-train-vm-20261129-0609.md",
         r"- fp32: [\d.]+x \(CPU time ([\d.]+)x\) PyTorch torch.compile"),
     "bench.cpu-train-issue40.bf16-ratio": (
-        "cpu-train-vm-20261129-0407.md",
+        "cpu-train-vm-20261129-0609.md",
         r"- bf16: ([\d.]+)x \(CPU time [\d.]+x\) PyTorch eager, bf16 autocast"),
     "bench.cpu-train-issue40.bf16-cpu-ratio": (
-        "cpu-train-vm-20261129-0407.md",
+        "cpu-train-vm-20261129-0609.md",
         r"- bf16: [\d.]+x \(CPU time ([\d.]+)x\) PyTorch eager, bf16 autocast"),
     "bench.cpu-train-issue40.torch-version": (
-        "cpu-train-vm-20261129-0407.md", r"PyTorch from PyPI: torch (\d+\.\d+)\.\d"),
+        "cpu-train-vm-20261129-0609.md", r"PyTorch from PyPI: torch (\d+\.\d+)\.\d"),
     "bench.cpu-train-issue40.gemm-peak-fp32": (
-        "cpu-train-vm-20261129-0407.md",
+        "cpu-train-vm-20261129-0609.md",
         r"Inside the steps of stowage train, fp32 .*?GFLOP/s by CPU time, "
         r"([\d.]+) of its peak"),
     "bench.cpu-train-issue40.nongemm-cpu-fp32": (
-        "cpu-train-vm-20261129-0407.md",
+        "cpu-train-vm-20261129-0609.md",
         r"Inside the steps of stowage train, fp32 .*?, (\d+)% of its CPU "
         r"time per thread"),
     "bench.cpu-train-issue40.nongemm-wall-fp32": (
-        "cpu-train-vm-20261129-0407.md",
+        "cpu-train-vm-20261129-0609.md",
         r"Inside the steps of stowage train, fp32 .*?outside the GEMMs "
         r"[\d.]+ s, (\d+)% of the step's wall time"),
     "bench.cpu-train-issue40.nongemm-wall-bf16": (
-        "cpu-train-vm-20261129-0407.md",
+        "cpu-train-vm-20261129-0609.md",
         r"Inside the steps of stowage train --precision bf16 .*?outside the "
         r"GEMMs [\d.]+ s, (\d+)% of the step's wall time"),
     "bench.cpu-train-issue40.nongemm-cpu-bf16": (
-        "cpu-train-vm-20261129-0407.md",
+        "cpu-train-vm-20261129-0609.md",
         r"Inside the steps of stowage train --precision bf16 .*?, (\d+)% of "
         r"its CPU time per thread"),
     "bench.gpu-h200-1112.ratio": (
