@@ -8,6 +8,7 @@
  * (tests/oracle/llama_oracle.py), skipped where no python imports torch.
  */
 #include <float.h>
+#include <immintrin.h>
 #include <math.h>
 #include <string.h>
 
@@ -496,6 +497,56 @@ test_vector_widths (void)
   g_free (x), g_free (w), g_free (g), g_free (u), g_free (da), g_free (rot);
   g_free (rstd), g_free (norm), g_free (act), g_free (rot_k), g_free (gk);
   g_free (uk), g_free (norm_r), g_free (act_r), g_free (dg_r), g_free (du_r);
+}
+
+/* The streamed rounding of products' rows (non-temporal stores on
+ * AVX-512) gives core/dtype.h's bits: every bf16 code's neighbourhood
+ * (ties, NaN payloads, infinities, subnormals) and random patterns, at
+ * every alignment of the destination and lengths around the 16-wide body;
+ * bytes past the end untouched. */
+static void
+test_bf16_stream (void)
+{
+  enum
+  {
+    N = 1 << 17
+  };
+  g_autofree float *src = g_new (float, N);
+  g_autofree guint16 *got = g_new (guint16, N + 64);
+  g_autoptr (GRand) r = g_rand_new_with_seed (8);
+  for (guint32 i = 0; i < N; i++)
+    {
+      /* Half: a bf16 code with each low half that decides its rounding;
+       * half random. */
+      guint32 b = i < N / 2 ? (i << 16)
+                                  | (i % 3 == 0   ? 0x8000u
+                                     : i % 3 == 1 ? 0x7fffu
+                                                  : (i * 2654435761u) & 0xffffu)
+                            : g_rand_int (r);
+      memcpy (&src[i], &b, 4);
+    }
+  stow_llama_round_stream (src, got, N);
+  _mm_sfence ();
+  for (guint32 i = 0; i < N; i++)
+    if (got[i] != stow_f32_to_bf16 (src[i]))
+      {
+        g_test_message ("element %u: %04x, the rule says %04x", i, got[i],
+                        stow_f32_to_bf16 (src[i]));
+        g_assert_cmpuint (got[i], ==, stow_f32_to_bf16 (src[i]));
+      }
+  for (guint off = 0; off < 16; off++)
+    for (guint64 n = 0; n <= 70; n++)
+      {
+        memset (got, 0xab, (N + 64) * sizeof (guint16));
+        stow_llama_round_stream (src + 1000 + n, got + off, n);
+        _mm_sfence ();
+        for (guint64 i = 0; i < n; i++)
+          g_assert_cmpuint (got[off + i], ==,
+                            stow_f32_to_bf16 (src[1000 + n + i]));
+        g_assert_cmpuint (got[off + n], ==, 0xabab);
+        if (off > 0)
+          g_assert_cmpuint (got[off - 1], ==, 0xabab);
+      }
 }
 
 /* A softmax row's maximum and exp, one element at a time. */
@@ -1275,6 +1326,7 @@ main (int argc, char **argv)
   g_test_add_func ("/llama/sizes/loss-chunk", test_chunk);
   g_test_add_func ("/llama/errors", test_errors);
   g_test_add_func ("/llama/bf16-conversions", test_bf16_conversions);
+  g_test_add_func ("/llama/bf16-stream", test_bf16_stream);
   g_test_add_func ("/llama/expf", test_expf);
   g_test_add_func ("/llama/vector-widths", test_vector_widths);
   g_test_add_func ("/llama/softmax-widths", test_softmax_widths);
