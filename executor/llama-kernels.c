@@ -310,9 +310,16 @@ tiled_product (StowLlama *L, guint64 M, guint64 N, guint64 K, float alpha,
             }
         if (c_bf16)
           {
+            /* A C that was added to was read in above: stored in place;
+             * a fresh one goes past the caches. */
             for (guint64 i = 0; i < mb; i++)
-              stow_llama_round_stream (cf + i * nb,
-                                       (guint16 *)C + (m0 + i) * ldc + n0, nb);
+              {
+                guint16 *c = (guint16 *)C + (m0 + i) * ldc + n0;
+                if (accumulate)
+                  f32_to_bf16_n (cf + i * nb, c, nb);
+                else
+                  stow_llama_round_stream (cf + i * nb, c, nb);
+              }
             /* The streamed rows reach memory before any thread reads them
              * (non-temporal stores are not ordered with the others). */
             _mm_sfence ();
