@@ -278,12 +278,10 @@ typedef struct
   gboolean accumulate, with_r, with_bias;
 } Mixed;
 
-/* The bf16 runtime's product of @m on @threads threads; C (M, N + 2) of
- * C's type, its last two columns not the product's. */
-static void *
-mixed_run (const Mixed *m, guint threads, const float *A, const guint16 *Ah,
-           guint64 lda, const float *B, const guint16 *Bh, guint64 ldb,
-           const void *C0, const void *R, const guint16 *bias)
+/* A runtime of @dtype on @threads threads, only for its GEMM (the config
+ * is a stub). */
+static StowLlama *
+gemm_runtime (StowDtype dtype, guint threads)
 {
   StowLlamaConfig c = { .hidden = 64,
                         .n_layers = 1,
@@ -295,9 +293,19 @@ mixed_run (const Mixed *m, guint threads, const float *A, const guint16 *Ah,
                         .rope_theta = 1e4,
                         .rms_norm_eps = 1e-6 };
   GError *error = NULL;
-  g_autoptr (StowLlama) L
-      = stow_llama_new (&c, STOW_DTYPE_BF16, 64, threads, &error);
+  StowLlama *L = stow_llama_new (&c, dtype, 64, threads, &error);
   g_assert_no_error (error);
+  return L;
+}
+
+/* The bf16 runtime's product of @m on @threads threads; C (M, N + 2) of
+ * C's type, its last two columns not the product's. */
+static void *
+mixed_run (const Mixed *m, guint threads, const float *A, const guint16 *Ah,
+           guint64 lda, const float *B, const guint16 *Bh, guint64 ldb,
+           const void *C0, const void *R, const guint16 *bias)
+{
+  g_autoptr (StowLlama) L = gemm_runtime (STOW_DTYPE_BF16, threads);
   guint64 ldc = m->N + 2, csize = m->c_bf16 ? 2 : 4;
   void *C = g_memdup2 (C0, m->M * ldc * csize);
   StowMat a = { m->a_bf16 ? (const void *)Ah : A, m->a_bf16, lda, m->ta };
@@ -439,20 +447,9 @@ test_thread_bits (void)
     {
       if (bf16 && !stow_gemm_choice ()->bf16_native)
         continue;
-      StowLlamaConfig c = { .hidden = 64,
-                            .n_layers = 1,
-                            .n_heads = 1,
-                            .n_kv_heads = 1,
-                            .head_dim = 64,
-                            .ffn = 64,
-                            .vocab = 64,
-                            .rope_theta = 1e4,
-                            .rms_norm_eps = 1e-6 };
       StowDtype dt = bf16 ? STOW_DTYPE_BF16 : STOW_DTYPE_F32;
-      g_autoptr (StowLlama) L1 = stow_llama_new (&c, dt, 64, 1, &error);
-      g_assert_no_error (error);
-      g_autoptr (StowLlama) L2 = stow_llama_new (&c, dt, 64, 2, &error);
-      g_assert_no_error (error);
+      g_autoptr (StowLlama) L1 = gemm_runtime (dt, 1);
+      g_autoptr (StowLlama) L2 = gemm_runtime (dt, 2);
       for (guint si = 0; si < G_N_ELEMENTS (steps); si++)
         {
           guint64 M = steps[si].M, N = steps[si].N, K = steps[si].K;
