@@ -61,11 +61,51 @@ f32_to_bf16_stream_avx512 (const float *src, guint16 *dst, guint64 n)
     dst[i] = stow_f32_to_bf16 (src[i]);
 }
 
+/* Eight lanes of core/dtype.h's rule, in 32-bit lanes. */
+__attribute__ ((target ("avx2"))) static __m256i
+round_8_avx2 (__m256i b)
+{
+  __m256i odd
+      = _mm256_and_si256 (_mm256_srli_epi32 (b, 16), _mm256_set1_epi32 (1));
+  __m256i r = _mm256_srli_epi32 (
+      _mm256_add_epi32 (_mm256_add_epi32 (b, _mm256_set1_epi32 (0x7fff)), odd),
+      16);
+  /* |b| is at most 0x7fffffff: a signed comparison finds the NaNs. */
+  __m256i nan = _mm256_cmpgt_epi32 (
+      _mm256_and_si256 (b, _mm256_set1_epi32 (0x7fffffff)),
+      _mm256_set1_epi32 (0x7f800000));
+  return _mm256_blendv_epi8 (r, _mm256_set1_epi32 (0x7fc0), nan);
+}
+
+void __attribute__ ((target ("avx2")))
+stow_llama_round_stream_avx2 (const float *src, guint16 *dst, guint64 n)
+{
+  guint64 i = 0;
+  for (; i < n && ((guintptr)(dst + i) & 31) != 0; i++)
+    dst[i] = stow_f32_to_bf16 (src[i]);
+  for (; i + 16 <= n; i += 16)
+    {
+      __m256i lo
+          = round_8_avx2 (_mm256_loadu_si256 ((const __m256i *)(src + i)));
+      __m256i hi
+          = round_8_avx2 (_mm256_loadu_si256 ((const __m256i *)(src + i + 8)));
+      /* Each lane is at most 0xffff: the saturating pack is exact; it
+       * interleaves the 128-bit halves, which the permutation undoes. */
+      __m256i h = _mm256_permute4x64_epi64 (_mm256_packus_epi32 (lo, hi),
+                                            _MM_SHUFFLE (3, 1, 2, 0));
+      _mm256_stream_si256 ((__m256i *)(dst + i), h);
+    }
+  for (; i < n; i++)
+    dst[i] = stow_f32_to_bf16 (src[i]);
+}
+
 void
 stow_llama_round_stream (const float *src, guint16 *dst, guint64 n)
 {
   if (__builtin_cpu_supports ("avx512f"))
     f32_to_bf16_stream_avx512 (src, dst, n);
+  else if (__builtin_cpu_supports ("avx2"))
+    stow_llama_round_stream_avx2 (src, dst, n);
   else
     f32_to_bf16_n (src, dst, n);
 }

@@ -505,7 +505,7 @@ test_vector_widths (void)
  * every alignment of the destination and lengths around the 16-wide body;
  * bytes past the end untouched. */
 static void
-test_bf16_stream (void)
+check_bf16_stream (void (*round) (const float *, guint16 *, guint64))
 {
   enum
   {
@@ -525,7 +525,7 @@ test_bf16_stream (void)
                             : g_rand_int (r);
       memcpy (&src[i], &b, 4);
     }
-  stow_llama_round_stream (src, got, N);
+  round (src, got, N);
   _mm_sfence ();
   for (guint32 i = 0; i < N; i++)
     if (got[i] != stow_f32_to_bf16 (src[i]))
@@ -538,7 +538,7 @@ test_bf16_stream (void)
     for (guint64 n = 0; n <= 70; n++)
       {
         memset (got, 0xab, (N + 64) * sizeof (guint16));
-        stow_llama_round_stream (src + 1000 + n, got + off, n);
+        round (src + 1000 + n, got + off, n);
         _mm_sfence ();
         for (guint64 i = 0; i < n; i++)
           g_assert_cmpuint (got[off + i], ==,
@@ -547,6 +547,16 @@ test_bf16_stream (void)
         if (off > 0)
           g_assert_cmpuint (got[off - 1], ==, 0xabab);
       }
+}
+
+/* What this CPU runs, and the AVX2 body (CPUs without AVX-512) where it
+ * can run here. */
+static void
+test_bf16_stream (void)
+{
+  check_bf16_stream (stow_llama_round_stream);
+  if (__builtin_cpu_supports ("avx2"))
+    check_bf16_stream (stow_llama_round_stream_avx2);
 }
 
 /* A softmax row's maximum and exp, one element at a time. */
