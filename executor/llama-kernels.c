@@ -13,8 +13,9 @@
  */
 #include "executor/llama-private.h"
 
-#include <immintrin.h>
 #include <omp.h>
+
+#include "core/dtype-simd.h"
 
 /* ---- staging ------------------------------------------------------------- */
 
@@ -35,48 +36,22 @@ f32_to_bf16_n (const float *src, guint16 *dst, guint64 n)
 }
 
 /* @n floats rounded to bf16 at @dst with non-temporal stores on AVX-512,
- * 16 at a time (the scalar rule, core/dtype.h, in integer lanes: the same
- * bits), the ends through the plain rule. */
+ * 16 at a time (core/dtype-simd.h: the scalar rule's bits), the unaligned
+ * head and the tail through the plain rule. */
 __attribute__ ((target ("avx512f"))) static void
 f32_to_bf16_stream_avx512 (const float *src, guint16 *dst, guint64 n)
 {
   guint64 i = 0;
   for (; i < n && ((guintptr)(dst + i) & 31) != 0; i++)
     dst[i] = stow_f32_to_bf16 (src[i]);
-  const __m512i bias = _mm512_set1_epi32 (0x7fff), one = _mm512_set1_epi32 (1);
-  const __m512i mag = _mm512_set1_epi32 (0x7fffffff);
-  const __m512i inf = _mm512_set1_epi32 (0x7f800000);
-  const __m512i qnan = _mm512_set1_epi32 (0x7fc0);
   for (; i + 16 <= n; i += 16)
-    {
-      __m512i b = _mm512_loadu_si512 (src + i);
-      __m512i odd = _mm512_and_si512 (_mm512_srli_epi32 (b, 16), one);
-      __m512i r = _mm512_srli_epi32 (
-          _mm512_add_epi32 (_mm512_add_epi32 (b, bias), odd), 16);
-      __mmask16 nan = _mm512_cmpgt_epu32_mask (_mm512_and_si512 (b, mag), inf);
-      r = _mm512_mask_mov_epi32 (r, nan, qnan);
-      _mm256_stream_si256 ((__m256i *)(dst + i), _mm512_cvtepi32_epi16 (r));
-    }
+    _mm256_stream_si256 ((__m256i *)(dst + i),
+                         stow_bf16_round_16 (_mm512_loadu_ps (src + i)));
   for (; i < n; i++)
     dst[i] = stow_f32_to_bf16 (src[i]);
 }
 
-/* Eight lanes of core/dtype.h's rule, in 32-bit lanes. */
-__attribute__ ((target ("avx2"))) static __m256i
-round_8_avx2 (__m256i b)
-{
-  __m256i odd
-      = _mm256_and_si256 (_mm256_srli_epi32 (b, 16), _mm256_set1_epi32 (1));
-  __m256i r = _mm256_srli_epi32 (
-      _mm256_add_epi32 (_mm256_add_epi32 (b, _mm256_set1_epi32 (0x7fff)), odd),
-      16);
-  /* |b| is at most 0x7fffffff: a signed comparison finds the NaNs. */
-  __m256i nan = _mm256_cmpgt_epi32 (
-      _mm256_and_si256 (b, _mm256_set1_epi32 (0x7fffffff)),
-      _mm256_set1_epi32 (0x7f800000));
-  return _mm256_blendv_epi8 (r, _mm256_set1_epi32 (0x7fc0), nan);
-}
-
+/* The same 16 at a time with AVX2 (two vectors of 8, packed). */
 void __attribute__ ((target ("avx2")))
 stow_llama_round_stream_avx2 (const float *src, guint16 *dst, guint64 n)
 {
@@ -85,10 +60,8 @@ stow_llama_round_stream_avx2 (const float *src, guint16 *dst, guint64 n)
     dst[i] = stow_f32_to_bf16 (src[i]);
   for (; i + 16 <= n; i += 16)
     {
-      __m256i lo
-          = round_8_avx2 (_mm256_loadu_si256 ((const __m256i *)(src + i)));
-      __m256i hi
-          = round_8_avx2 (_mm256_loadu_si256 ((const __m256i *)(src + i + 8)));
+      __m256i lo = stow_bf16_round_8 (_mm256_loadu_ps (src + i));
+      __m256i hi = stow_bf16_round_8 (_mm256_loadu_ps (src + i + 8));
       /* Each lane is at most 0xffff: the saturating pack is exact; it
        * interleaves the 128-bit halves, which the permutation undoes. */
       __m256i h = _mm256_permute4x64_epi64 (_mm256_packus_epi32 (lo, hi),

@@ -17,6 +17,7 @@
 
 #include "offload/adam.h"
 
+#include "core/dtype-simd.h"
 #include "core/zero.h"
 
 /* clang-format off */
@@ -283,14 +284,7 @@ store_out_8 (void *out, StowDtype t, guint64 i, __m256 p)
       break;
     case STOW_DTYPE_BF16:
       {
-        __m256i b = _mm256_castps_si256 (p);
-        __m256i lsb = _mm256_and_si256 (_mm256_srli_epi32 (b, 16),
-                                        _mm256_set1_epi32 (1));
-        __m256i r = _mm256_add_epi32 (
-            _mm256_add_epi32 (b, _mm256_set1_epi32 (0x7fff)), lsb);
-        r = _mm256_srli_epi32 (r, 16);
-        r = _mm256_blendv_epi8 (r, _mm256_set1_epi32 (0x7fc0),
-                                _mm256_castps_si256 (nan));
+        __m256i r = stow_bf16_round_8 (p);
         /* packus works per 128-bit lane: [r0-3 r0-3 | r4-7 r4-7]; keep
          * quadwords 0 and 2. */
         __m256i packed = _mm256_packus_epi32 (r, r);
@@ -410,20 +404,6 @@ load_grad_16 (const void *g, StowDtype t, guint64 i)
     }
 }
 
-__attribute__ ((target (AVX512_TARGET))) static inline __m256i
-bf16_round_16 (__m512 p)
-{
-  __m512i b = _mm512_castps_si512 (p);
-  __m512i lsb
-      = _mm512_and_si512 (_mm512_srli_epi32 (b, 16), _mm512_set1_epi32 (1));
-  __m512i r = _mm512_add_epi32 (
-      _mm512_add_epi32 (b, _mm512_set1_epi32 (0x7fff)), lsb);
-  r = _mm512_srli_epi32 (r, 16);
-  __mmask16 nan = _mm512_cmp_ps_mask (p, p, _CMP_UNORD_Q);
-  r = _mm512_mask_mov_epi32 (r, nan, _mm512_set1_epi32 (0x7fc0));
-  return _mm512_cvtepi32_epi16 (r);
-}
-
 /* VCVTNEPS2BF16 rounds to nearest even but flushes subnormal inputs to
  * zero and keeps NaN payloads: whether no lane of @p holds either, so that
  * it gives the integer path's bits. */
@@ -453,7 +433,7 @@ store_out_16 (void *out, StowDtype t, guint64 i, __m512 p,
       {
         __m256i h = native_bf16 && G_LIKELY (cvtne_exact (p))
                         ? (__m256i)_mm512_cvtneps_pbh (p)
-                        : bf16_round_16 (p);
+                        : stow_bf16_round_16 (p);
         /* The copy is written, never read here: past the caches where it
          * is aligned (a plain store reads each line in first: 6% of the
          * update's time, `stowage bench adam -n 110M`).  The caller
