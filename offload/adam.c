@@ -289,8 +289,12 @@ store_out_8 (void *out, StowDtype t, guint64 i, __m256 p)
          * quadwords 0 and 2. */
         __m256i packed = _mm256_packus_epi32 (r, r);
         packed = _mm256_permute4x64_epi64 (packed, 0x08);
-        _mm_storeu_si128 ((__m128i *)((guint16 *)out + i),
-                          _mm256_castsi256_si128 (packed));
+        /* Past the caches where aligned, as the AVX-512 body does. */
+        __m128i *dst = (__m128i *)((guint16 *)out + i);
+        if (((guintptr)dst & 15) == 0)
+          _mm_stream_si128 (dst, _mm256_castsi256_si128 (packed));
+        else
+          _mm_storeu_si128 (dst, _mm256_castsi256_si128 (packed));
         break;
       }
     case STOW_DTYPE_F16:
@@ -336,6 +340,7 @@ adam_range_avx2 (const AdamArgs *a, guint64 i, guint64 end)
       _mm256_storeu_ps (a->v + i, v);
       store_out_8 (a->out, a->out_type, i, p);
     }
+  _mm_sfence (); /* the streamed copy before the pool reports the range done */
   adam_range_scalar (a, i, end);
 }
 
