@@ -91,11 +91,10 @@ float stow_llama_row_sum (const float *s, guint64 n);
 
 /* @n floats rounded to bf16 (core/dtype.h's rule, the same bits) at
  * @dst, past the caches where the CPU has AVX-512 or AVX2 (non-temporal
- * stores):
- * a bf16 product's C, which the next kernel reads once.  A plain store
- * first reads each line in; streaming cut the bf16 products' time on the
- * bench model by 9%.  The caller fences (_mm_sfence) before another
- * thread reads @dst. */
+ * stores): a bf16 product's C, which the next kernel reads once.  A plain
+ * store first reads each line in; streaming cut the bf16 products' time
+ * on the bench model by 9%.  The caller fences (_mm_sfence) before
+ * another thread reads @dst. */
 void stow_llama_round_stream (const float *src, guint16 *dst, guint64 n);
 /* Its AVX2 body, which CPUs without AVX-512 run (exposed for the tests). */
 void stow_llama_round_stream_avx2 (const float *src, guint16 *dst, guint64 n);
