@@ -254,16 +254,33 @@ stow_comm_add_bf16 (guint16 *acc, const guint16 *c, guint64 n)
                                + stow_bf16_to_f32 (c[i]));
 }
 
+/* acc[i] += c[i] for @n elements of @dtype, each sum rounded to it. */
+static void
+add_block (void *acc, const void *c, guint64 n, StowDtype dtype)
+{
+  if (dtype == STOW_DTYPE_BF16)
+    {
+      stow_comm_add_bf16 (acc, c, n);
+      return;
+    }
+  float *a = acc;
+  const float *b = c;
+#pragma omp simd
+  for (guint64 i = 0; i < n; i++)
+    a[i] = a[i] + b[i];
+}
+
 void
 stow_comm_sum_rank_order (void *out, const void *const *contributions, guint n,
                           guint64 count, StowDtype dtype)
 {
   g_return_if_fail (n > 0);
   g_return_if_fail (dtype == STOW_DTYPE_F32 || dtype == STOW_DTYPE_BF16);
-  /* Blocks summed aside: each element is still ((c0 + c1) + c2) + ...,
-   * rounded to @dtype after each addition, while every loop runs over
-   * contiguous elements (and vectorises), and @out may be any of the
-   * contributions. */
+  /* Block by block: each element is still ((c0 + c1) + c2) + ..., rounded
+   * to @dtype after each addition, while every loop runs over contiguous
+   * elements (and vectorises).  The sums go straight into @out when it is
+   * the first contribution and no other; else they are formed aside, so
+   * that @out may be any of the contributions. */
   enum
   {
     BLOCK = 1024
@@ -271,53 +288,22 @@ stow_comm_sum_rank_order (void *out, const void *const *contributions, guint n,
   gboolean in_place = out == contributions[0];
   for (guint q = 1; q < n; q++)
     in_place = in_place && contributions[q] != out;
-  if (in_place)
-    {
-      /* @out is the first contribution and no other: the sums go into it
-       * with no copy aside, still block by block in the same order. */
-      for (guint64 i0 = 0; i0 < count; i0 += BLOCK)
-        {
-          guint64 nb = MIN ((guint64)BLOCK, count - i0);
-          for (guint q = 1; q < n; q++)
-            if (dtype == STOW_DTYPE_F32)
-              {
-                float *acc = (float *)out + i0;
-                const float *c = (const float *)contributions[q] + i0;
-#pragma omp simd
-                for (guint64 i = 0; i < nb; i++)
-                  acc[i] = acc[i] + c[i];
-              }
-            else
-              stow_comm_add_bf16 ((guint16 *)out + i0,
-                                  (const guint16 *)contributions[q] + i0, nb);
-        }
-      return;
-    }
-  if (dtype == STOW_DTYPE_F32)
-    {
-      float acc[BLOCK];
-      for (guint64 i0 = 0; i0 < count; i0 += BLOCK)
-        {
-          guint64 nb = MIN ((guint64)BLOCK, count - i0);
-          memcpy (acc, (const float *)contributions[0] + i0, nb * 4);
-          for (guint q = 1; q < n; q++)
-            {
-              const float *c = (const float *)contributions[q] + i0;
-#pragma omp simd
-              for (guint64 i = 0; i < nb; i++)
-                acc[i] = acc[i] + c[i];
-            }
-          memcpy ((float *)out + i0, acc, nb * 4);
-        }
-      return;
-    }
-  guint16 acc[BLOCK];
+  gsize es = stow_dtype_size (dtype);
+  union
+  {
+    float f[BLOCK];
+    guint16 h[BLOCK];
+  } aside;
+  void *block = dtype == STOW_DTYPE_F32 ? (void *)aside.f : (void *)aside.h;
   for (guint64 i0 = 0; i0 < count; i0 += BLOCK)
     {
       guint64 nb = MIN ((guint64)BLOCK, count - i0);
-      memcpy (acc, (const guint16 *)contributions[0] + i0, nb * 2);
+      void *acc = in_place ? (guint8 *)out + i0 * es : block;
+      if (!in_place)
+        memcpy (acc, (const guint8 *)contributions[0] + i0 * es, nb * es);
       for (guint q = 1; q < n; q++)
-        stow_comm_add_bf16 (acc, (const guint16 *)contributions[q] + i0, nb);
-      memcpy ((guint16 *)out + i0, acc, nb * 2);
+        add_block (acc, (const guint8 *)contributions[q] + i0 * es, nb, dtype);
+      if (!in_place)
+        memcpy ((guint8 *)out + i0 * es, acc, nb * es);
     }
 }
