@@ -163,13 +163,11 @@ scores (const StowLlama *L, const void *Q, const void *K, guint64 q0,
  * over s in fp32, or rounded into @low (bf16 products; s is not read
  * again). */
 STOW_LLAMA_VEC static void
-row_scale (float *s, guint64 n, guint64 width, float inv, guint16 *low)
+row_probabilities (float *s, guint64 n, guint64 width, float inv, guint16 *low)
 {
   if (low == NULL)
     {
-#pragma omp simd
-      for (guint64 j = 0; j < n; j++)
-        s[j] *= inv;
+      stow_llama_row_scale (s, n, inv);
       memset (s + n, 0, (width - n) * sizeof (float));
       return;
     }
@@ -193,7 +191,7 @@ softmax_rows (float *S, guint16 *Pl, guint64 q0, guint64 qn, float *lse_out,
       float m = stow_llama_row_max (s, nk);
       stow_llama_row_exp (s, nk, m);
       float l = stow_llama_row_sum (s, nk);
-      row_scale (s, nk, kend, 1.0f / l, Pl ? Pl + i * kend : NULL);
+      row_probabilities (s, nk, kend, 1.0f / l, Pl ? Pl + i * kend : NULL);
       lse_out[i * lse_stride] = m + logf (l);
     }
 }

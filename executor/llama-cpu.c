@@ -137,14 +137,6 @@ row_to_bf16_in_place (float *l, guint64 V)
     }
 }
 
-STOW_LLAMA_VEC static void
-row_scale (float *l, guint64 n, float k)
-{
-#pragma omp simd
-  for (guint64 j = 0; j < n; j++)
-    l[j] *= k;
-}
-
 /* Softmax cross-entropy of rows [0, cn) of logits (cn, V), in place: each
  * row becomes scale (softmax - onehot (target)) and loss[i] gets
  * logsumexp - logit[target]; a row whose target is negative (ignored)
@@ -171,7 +163,7 @@ softmax_xent (StowLlama *L, guint64 cn, float *logits, const gint32 *targets,
       stow_llama_row_exp (l, V, m);
       float sum = stow_llama_row_sum (l, V);
       loss[i] = (m - lt) + logf (sum);
-      row_scale (l, V, scale / sum);
+      stow_llama_row_scale (l, V, scale / sum);
       l[t] -= scale;
       if (lowp)
         row_to_bf16_in_place (l, V);

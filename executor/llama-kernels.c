@@ -35,29 +35,24 @@ f32_to_bf16_n (const float *src, guint16 *dst, guint64 n)
     dst[i] = stow_f32_to_bf16 (src[i]);
 }
 
-/* @n floats rounded to bf16 at @dst with non-temporal stores on AVX-512,
- * 16 at a time (core/dtype-simd.h: the scalar rule's bits), the unaligned
- * head and the tail through the plain rule. */
-__attribute__ ((target ("avx512f"))) static void
-f32_to_bf16_stream_avx512 (const float *src, guint16 *dst, guint64 n)
+/* The whole 16-element blocks of @n floats, rounded to bf16 at @dst
+ * (32-byte aligned) with non-temporal stores (core/dtype-simd.h: the
+ * scalar rule's bits); the elements done. */
+__attribute__ ((target ("avx512f"))) static guint64
+stream_blocks_avx512 (const float *src, guint16 *dst, guint64 n)
 {
   guint64 i = 0;
-  for (; i < n && ((guintptr)(dst + i) & 31) != 0; i++)
-    dst[i] = stow_f32_to_bf16 (src[i]);
   for (; i + 16 <= n; i += 16)
     _mm256_stream_si256 ((__m256i *)(dst + i),
                          stow_bf16_round_16 (_mm512_loadu_ps (src + i)));
-  for (; i < n; i++)
-    dst[i] = stow_f32_to_bf16 (src[i]);
+  return i;
 }
 
-/* The same 16 at a time with AVX2 (two vectors of 8, packed). */
-void __attribute__ ((target ("avx2")))
-stow_llama_round_stream_avx2 (const float *src, guint16 *dst, guint64 n)
+/* The same with AVX2: two vectors of 8, packed into one. */
+__attribute__ ((target ("avx2"))) static guint64
+stream_blocks_avx2 (const float *src, guint16 *dst, guint64 n)
 {
   guint64 i = 0;
-  for (; i < n && ((guintptr)(dst + i) & 31) != 0; i++)
-    dst[i] = stow_f32_to_bf16 (src[i]);
   for (; i + 16 <= n; i += 16)
     {
       __m256i lo = stow_bf16_round_8 (_mm256_loadu_ps (src + i));
@@ -68,17 +63,35 @@ stow_llama_round_stream_avx2 (const float *src, guint16 *dst, guint64 n)
                                             _MM_SHUFFLE (3, 1, 2, 0));
       _mm256_stream_si256 ((__m256i *)(dst + i), h);
     }
+  return i;
+}
+
+/* @blocks between the plain rule's unaligned head and tail. */
+static void
+round_stream_with (guint64 (*blocks) (const float *, guint16 *, guint64),
+                   const float *src, guint16 *dst, guint64 n)
+{
+  guint64 i = 0;
+  for (; i < n && ((guintptr)(dst + i) & 31) != 0; i++)
+    dst[i] = stow_f32_to_bf16 (src[i]);
+  i += blocks (src + i, dst + i, n - i);
   for (; i < n; i++)
     dst[i] = stow_f32_to_bf16 (src[i]);
+}
+
+void
+stow_llama_round_stream_avx2 (const float *src, guint16 *dst, guint64 n)
+{
+  round_stream_with (stream_blocks_avx2, src, dst, n);
 }
 
 void
 stow_llama_round_stream (const float *src, guint16 *dst, guint64 n)
 {
   if (__builtin_cpu_supports ("avx512f"))
-    f32_to_bf16_stream_avx512 (src, dst, n);
+    round_stream_with (stream_blocks_avx512, src, dst, n);
   else if (__builtin_cpu_supports ("avx2"))
-    stow_llama_round_stream_avx2 (src, dst, n);
+    round_stream_with (stream_blocks_avx2, src, dst, n);
   else
     f32_to_bf16_n (src, dst, n);
 }
@@ -391,6 +404,14 @@ stow_llama_row_exp (float *s, guint64 n, float m)
 #pragma omp simd
   for (guint64 j = 0; j < n; j++)
     s[j] = stow_llama_expf (s[j] - m);
+}
+
+void STOW_LLAMA_VEC
+stow_llama_row_scale (float *s, guint64 n, float k)
+{
+#pragma omp simd
+  for (guint64 j = 0; j < n; j++)
+    s[j] *= k;
 }
 
 float

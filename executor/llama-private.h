@@ -81,12 +81,13 @@ struct StowLlama
   __attribute__ ((target_clones ("avx512f", "avx2", "default")))
 
 /* A softmax row's parts: its largest element (exact in any order, so
- * built per width: STOW_LLAMA_VEC), s = exp (s - m) element by element
- * (per width too), and its sum, which is not: the order of its additions
- * follows the width.  At the baseline's width gcc kept a fused loop's
- * running maximum on the stack. */
+ * built per width: STOW_LLAMA_VEC), s = exp (s - m) and s = k s element
+ * by element (per width too), and its sum, which is not: the order of its
+ * additions follows the width.  At the baseline's width gcc kept a fused
+ * loop's running maximum on the stack. */
 float stow_llama_row_max (const float *s, guint64 n);
 void stow_llama_row_exp (float *s, guint64 n, float m);
+void stow_llama_row_scale (float *s, guint64 n, float k);
 float stow_llama_row_sum (const float *s, guint64 n);
 
 /* @n floats rounded to bf16 (core/dtype.h's rule, the same bits) at

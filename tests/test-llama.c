@@ -500,7 +500,7 @@ test_vector_widths (void)
 }
 
 /* The streamed rounding of products' rows (non-temporal stores on
- * AVX-512) gives core/dtype.h's bits: every bf16 code's neighbourhood
+ * AVX-512 or AVX2) gives core/dtype.h's bits: every bf16 code's neighbourhood
  * (ties, NaN payloads, infinities, subnormals) and random patterns, at
  * every alignment of the destination and lengths around the 16-wide body;
  * bytes past the end untouched. */
@@ -559,6 +559,14 @@ test_bf16_stream (void)
     check_bf16_stream (stow_llama_round_stream_avx2);
 }
 
+/* A row times @k, one element at a time. */
+__attribute__ ((optimize ("fp-contract=off", "no-tree-vectorize"))) static void
+scale_reference (float *s, guint64 n, float k)
+{
+  for (guint64 j = 0; j < n; j++)
+    s[j] *= k;
+}
+
 /* A softmax row's maximum and exp, one element at a time. */
 __attribute__ ((optimize ("fp-contract=off", "no-tree-vectorize"))) static float
 softmax_reference (const float *s, guint64 n, float *e)
@@ -572,9 +580,9 @@ softmax_reference (const float *s, guint64 n, float *e)
 }
 
 /* The softmax rows' parts built per width (attention's and the loss's):
- * the maximum and exp of the clone this CPU runs give the scalar bits, on
- * rows of every length up to 70 (each clone's remainder loop) with values
- * past exp's clamps. */
+ * the maximum, exp and scaling of the clone this CPU runs give the scalar
+ * bits, on rows of every length up to 70 (each clone's remainder loop)
+ * with values past exp's clamps. */
 static void
 test_softmax_widths (void)
 {
@@ -589,6 +597,10 @@ test_softmax_widths (void)
       g_assert_cmpfloat (m, ==, softmax_reference (s, n, want));
       memcpy (e, s, n * sizeof (float));
       stow_llama_row_exp (e, n, m);
+      g_assert_cmpmem (e, n * sizeof (float), want, n * sizeof (float));
+      /* Scaled by 1 / 3, not exact in binary: each product rounds. */
+      stow_llama_row_scale (e, n, 1.0f / 3.0f);
+      scale_reference (want, n, 1.0f / 3.0f);
       g_assert_cmpmem (e, n * sizeof (float), want, n * sizeof (float));
     }
   g_rand_free (rng);
