@@ -440,9 +440,9 @@ store_out_16 (void *out, StowDtype t, guint64 i, __m512 p,
                         ? (__m256i)_mm512_cvtneps_pbh (p)
                         : stow_bf16_round_16 (p);
         /* The copy is written, never read here: past the caches where it
-         * is aligned (a plain store reads each line in first: 6% of the
-         * update's time, `stowage bench adam -n 110M`).  The caller
-         * fences. */
+         * is aligned (a plain store reads each line in first; `stowage
+         * bench adam -n 110M`, best of 7: 67-71 ms with plain stores,
+         * 65-66 streamed).  The caller fences. */
         if (((guintptr)dst16 & 31) == 0)
           _mm256_stream_si256 (dst16, h);
         else

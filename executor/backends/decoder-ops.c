@@ -25,9 +25,10 @@ fresh_then_add (const StowTensorMap *m, const StowOp *op)
 /* @dst (@n gradients) += @src, each sum rounded to the gradient dtype:
  * the rank-order sum of the collectives (executor/comm/comm.h), so that
  * one rank adds micro-batches as N ranks add them.  Element by element,
- * so the backend's threads take chunks of it with the same bits (one
- * thread left the others waiting: 8% of a step of the bench model
- * accumulating 4 micro-batches). */
+ * so the backend's threads take chunks of it with the same bits (on one
+ * thread it was 7.7% of a perf profile's samples of the bench model
+ * accumulating 4 micro-batches, the other thread waiting; threaded, its
+ * step went from 2.29-2.38 to 2.08-2.26 s). */
 static void
 grads_add (const StowTensorMap *m, guint8 *dst, const guint8 *src, guint64 n)
 {
