@@ -38,11 +38,6 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-# Not first on the path: bench/tokenize.py would stand for the standard
-# library's module (torch.compile imports it); the workers run with -P.
-if HERE in sys.path:
-    sys.path.remove(HERE)
-sys.path.append(HERE)
 from benchlib import read_safetensors, report, stamp  # noqa: E402
 
 
@@ -176,7 +171,7 @@ def runtime_peak(a, env):
 
 
 def torch_run_peak(a, env):
-    r = subprocess.run([a.peer_python, "-P", os.path.abspath(__file__),
+    r = subprocess.run([a.peer_python, os.path.abspath(__file__),
                         "--worker", "peak", "--threads", str(a.threads)],
                        capture_output=True, text=True, env=env)
     if r.returncode != 0:
@@ -300,7 +295,7 @@ def main():
                     parts=parts[a.warmup:])
 
     def torch_run(python, mode):
-        cmd = [python, "-P", os.path.abspath(__file__), "--worker", mode,
+        cmd = [python, os.path.abspath(__file__), "--worker", mode,
                "--model-dir", model, "--tokens", tok_file]
         for k in ("threads", "steps", "seq", "batch", "hidden", "layers",
                   "heads", "ffn", "vocab"):

@@ -49,7 +49,6 @@
 # is not run: see the results file.
 
 import argparse
-import importlib.util
 import json
 import math
 import os
@@ -59,15 +58,10 @@ import subprocess
 import sys
 import tempfile
 
+import benchlib
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-# bench/ is not a package path here: its tokenize.py would stand in for the
-# standard library's, which torch's imports reach (linecache).
-sys.path = [d for d in sys.path if os.path.abspath(d or ".") != HERE]
-_spec = importlib.util.spec_from_file_location(
-    "benchlib", os.path.join(HERE, "benchlib.py"))
-benchlib = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(benchlib)
 
 # The small LLaMA of tests/testutil-train.c (GQA, untied), vocabulary 300.
 CONFIG = {"model_type": "llama", "architectures": ["LlamaForCausalLM"],

@@ -23,10 +23,6 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-# Last on the path, as bench/cpu-train.py says why (the worker runs -P).
-if HERE in sys.path:
-    sys.path.remove(HERE)
-sys.path.append(HERE)
 from benchlib import report, stamp  # noqa: E402
 
 ROOT = os.path.dirname(HERE)
@@ -131,7 +127,7 @@ def main():
     for _ in range(a.rounds):
         o, kernel = runtime(a, env)
         ours.append(o)
-        r = subprocess.run([a.peer_python, "-P", os.path.abspath(__file__),
+        r = subprocess.run([a.peer_python, os.path.abspath(__file__),
                             "--worker", "--threads", str(a.threads),
                             "--reps", str(a.reps)],
                            capture_output=True, text=True, env=env)

@@ -23,8 +23,6 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
-# bench/tokenize.py would shadow the standard library's tokenize.
-sys.path = [p for p in sys.path if os.path.abspath(p or ".") != HERE]
 sys.path.insert(0, os.path.join(ROOT, "tests", "oracle"))
 
 import torch  # noqa: E402

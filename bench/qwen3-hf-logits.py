@@ -22,8 +22,6 @@ import sys
 import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-# bench/tokenize.py would shadow the standard library's tokenize.
-sys.path = [p for p in sys.path if os.path.abspath(p or ".") != HERE]
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "tests", "oracle"))
 import torch  # noqa: E402
 import transformers  # noqa: E402

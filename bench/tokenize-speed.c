@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: MIT
  *
  * bench/tokenize-speed.c: data/tokenizer.c's encoding speed on one thread,
- * for bench/tokenize.py to set beside HF tokenizers': reads a text file,
+ * for bench/tokenize-hf.py to set beside HF tokenizers': reads a text file,
  * encodes it (whole, or line by line with --lines, as documents), and
  * prints one JSON object: seconds to read the tokenizer, seconds to
  * encode, bytes, tokens, and a checksum of the ids so that the two

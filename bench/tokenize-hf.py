@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: MIT
 #
-# bench/tokenize.py: data/tokenizer.c against HF tokenizers on the same
+# bench/tokenize-hf.py: data/tokenizer.c against HF tokenizers on the same
 # text, in one run: each tokenizer encodes the same documents (the lines of
 # a text file) on one thread, best of --runs, and the checksums of the ids
 # say whether the two gave the same tokens; then `stowage tokenize` on all
@@ -11,7 +11,7 @@
 #
 # Run in the venv that has tokenizers (tests/oracle/tokenizer_expected.py
 # says how to make it), after building:
-#   bench/venv-tok/bin/python bench/tokenize.py [--text FILE] [--runs 3]
+#   bench/venv-tok/bin/python bench/tokenize-hf.py [--text FILE] [--runs 3]
 # Without --text it gathers ~10 MB of /usr/share/doc's changelogs and
 # copyright files (English prose and some code) into bench/.work/.
 
@@ -185,7 +185,7 @@ def main():
               f"{args.threads}.", "",
               "| tokenizer | HF s | HF MB/s | stowage tokenize s | MB/s | "
               "stowage / HF |", "|---|---|---|---|---|---|"] + multi
-    lines += ["", f"Command: `{' '.join([os.path.relpath(sys.executable, ROOT), 'bench/tokenize.py'] + sys.argv[1:])}`"]
+    lines += ["", f"Command: `{' '.join([os.path.relpath(sys.executable, ROOT), 'bench/tokenize-hf.py'] + sys.argv[1:])}`"]
     benchlib.report("tokenize", host, now, lines, save=not args.no_save)
 
 
