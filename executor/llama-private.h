@@ -45,6 +45,9 @@ struct StowLlama
   /* Attention's products in bf16 (llama-attention.c): storage is bf16 and
    * the GEMM kernel multiplies it. */
   gboolean attn_lowp;
+  /* The CPU has AVX-512 (gemm.h's StowCpuFeatures.avx512): the
+   * STOW_LLAMA_ZMM loops run. */
+  gboolean zmm;
   guint64 esize; /* bytes of one element of @dtype */
   guint64 max_seq;
   guint n_threads;
@@ -79,6 +82,15 @@ struct StowLlama
  * of addition follows the vector width. */
 #define STOW_LLAMA_VEC                                                         \
   __attribute__ ((target_clones ("avx512f", "avx2", "default")))
+/* The same loop at AVX-512's full width.  The avx512f clone above keeps
+ * gcc's generic tuning, which prefers 256-bit vectors (and a clone ignores
+ * -mprefer-vector-width): a loop that rounds fp32 to bf16 comes out 8
+ * lanes wide.  Such a loop, where the width pays, is built once more under
+ * this target and run where StowLlama.zmm says the CPU has AVX-512; the
+ * same bits, element by element. */
+#define STOW_LLAMA_ZMM                                                         \
+  __attribute__ ((target ("avx512f,avx512bw,avx512dq,avx512vl,"                \
+                          "prefer-vector-width=512")))
 
 /* A softmax row's parts: its largest element (exact in any order, so
  * built per width: STOW_LLAMA_VEC), s = exp (s - m) and s = k s element
@@ -89,6 +101,15 @@ float stow_llama_row_max (const float *s, guint64 n);
 void stow_llama_row_exp (float *s, guint64 n, float m);
 void stow_llama_row_scale (float *s, guint64 n, float k);
 float stow_llama_row_sum (const float *s, guint64 n);
+
+/* Row i of attention's dS = P (dP - D) from S's row @p (P = exp (S -
+ * lse)) over dP's @dp, zeros past @nk up to @width; P's row over S's.
+ * With @pl and @dsl (bf16 products) both rounded there instead, the fp32
+ * rows not written.  @zmm: the STOW_LLAMA_ZMM build (StowLlama.zmm; the
+ * tests run both). */
+void stow_llama_row_ds (gboolean zmm, float *p, float *dp, guint64 nk,
+                        guint64 width, float lse, float Di, guint16 *pl,
+                        guint16 *dsl);
 
 /* @n floats rounded to bf16 (core/dtype.h's rule, the same bits) at
  * @dst, past the caches where the CPU has AVX-512 or AVX2 (non-temporal

@@ -606,6 +606,64 @@ test_softmax_widths (void)
   g_rand_free (rng);
 }
 
+/* Attention's dS row, one element at a time: P = exp (s - lse) and P
+ * (dp - D), in fp32 (over s and dp) or rounded to bf16. */
+__attribute__ ((optimize ("fp-contract=off", "no-tree-vectorize"))) static void
+ds_reference (float *p, float *dp, guint64 nk, guint64 width, float lse,
+              float Di, guint16 *pl, guint16 *dsl)
+{
+  for (guint64 x = 0; x < width; x++)
+    {
+      float pv = x < nk ? stow_llama_expf (p[x] - lse) : 0.0f;
+      float ds = x < nk ? pv * (dp[x] - Di) : 0.0f;
+      if (pl == NULL)
+        p[x] = pv, dp[x] = ds;
+      else
+        pl[x] = stow_f32_to_bf16 (pv), dsl[x] = stow_f32_to_bf16 (ds);
+    }
+}
+
+/* stow_llama_row_ds at 8 lanes (the clone this CPU runs) and at 16 (where
+ * it has AVX-512) gives the scalar bits in fp32 and in bf16, on rows of
+ * every length up to 70 (each body's remainder loop) with zeros past
+ * them, scores past exp's clamps included. */
+static void
+test_ds_widths (void)
+{
+  StowCpuFeatures cpu;
+  stow_cpu_features_probe (&cpu);
+  GRand *rng = g_rand_new_with_seed (43);
+  enum
+  {
+    W = 80
+  };
+  float s[W], dp[W], p1[W], dp1[W], p2[W], dp2[W];
+  guint16 pl1[W], dsl1[W], pl2[W], dsl2[W];
+  for (int zmm = 0; zmm <= (cpu.avx512 ? 1 : 0); zmm++)
+    for (guint64 n = 1; n <= 70; n++)
+      {
+        guint64 width = n + (n % 11);
+        for (guint64 j = 0; j < W; j++)
+          {
+            s[j] = (float)g_rand_double_range (rng, -150, 150)
+                   / (j % 4 ? 30.0f : 1.0f);
+            dp[j] = (float)g_rand_double_range (rng, -3, 3);
+          }
+        float lse = (float)g_rand_double_range (rng, -2, 2), Di = 0.25f;
+        memcpy (p1, s, sizeof s), memcpy (dp1, dp, sizeof dp);
+        memcpy (p2, s, sizeof s), memcpy (dp2, dp, sizeof dp);
+        stow_llama_row_ds (zmm, p1, dp1, n, width, lse, Di, NULL, NULL);
+        ds_reference (p2, dp2, n, width, lse, Di, NULL, NULL);
+        g_assert_cmpmem (p1, width * 4, p2, width * 4);
+        g_assert_cmpmem (dp1, width * 4, dp2, width * 4);
+        stow_llama_row_ds (zmm, s, dp, n, width, lse, Di, pl1, dsl1);
+        ds_reference (s, dp, n, width, lse, Di, pl2, dsl2);
+        g_assert_cmpmem (pl1, width * 2, pl2, width * 2);
+        g_assert_cmpmem (dsl1, width * 2, dsl2, width * 2);
+      }
+  g_rand_free (rng);
+}
+
 static void
 test_expf (void)
 {
@@ -1352,6 +1410,7 @@ main (int argc, char **argv)
   g_test_add_func ("/llama/expf", test_expf);
   g_test_add_func ("/llama/vector-widths", test_vector_widths);
   g_test_add_func ("/llama/softmax-widths", test_softmax_widths);
+  g_test_add_func ("/llama/ds-widths", test_ds_widths);
   g_test_add_func ("/llama/gradcheck/all-features", test_gradcheck_all);
   g_test_add_func ("/llama/gradcheck/tied", test_gradcheck_tied);
   g_test_add_func ("/llama/gradcheck/qwen3", test_gradcheck_qwen3);
