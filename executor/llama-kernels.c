@@ -66,6 +66,30 @@ stream_blocks_avx2 (const float *src, guint16 *dst, guint64 n)
   return i;
 }
 
+/* The whole 16-float blocks of @n floats copied to @dst (64-byte
+ * aligned) with non-temporal stores; the elements done. */
+__attribute__ ((target ("avx512f"))) static guint64
+copy_blocks_avx512 (const float *src, float *dst, guint64 n)
+{
+  guint64 i = 0;
+  for (; i + 16 <= n; i += 16)
+    _mm512_stream_ps (dst + i, _mm512_loadu_ps (src + i));
+  return i;
+}
+
+void
+stow_llama_copy_stream (const float *src, float *dst, guint64 n)
+{
+  guint64 i = 0;
+  if (__builtin_cpu_supports ("avx512f"))
+    {
+      for (; i < n && ((guintptr)(dst + i) & 63) != 0; i++)
+        dst[i] = src[i];
+      i += copy_blocks_avx512 (src + i, dst + i, n - i);
+    }
+  memcpy (dst + i, src + i, (n - i) * sizeof (float));
+}
+
 /* @blocks between the plain rule's unaligned head and tail. */
 static void
 round_stream_with (guint64 (*blocks) (const float *, guint16 *, guint64),
@@ -271,7 +295,8 @@ operand_panel (StowMat X, guint64 r0, guint64 c0, guint64 rows, guint64 cols,
 
 /* A product with a bf16 operand or C: tiles of C (tile_shape), each one
  * thread's, in one parallel region.  A tile is summed in fp32 (in C when
- * it is fp32, else in the thread's tile buffer, rounded once at the end):
+ * it is fp32, else in the thread's tile buffer, rounded once at the end;
+ * a fresh fp32 C of the bf16 kernel in the tile too, copied out):
  * by one call of the bf16 kernel over the whole K when both operands are
  * bf16 and the kernel multiplies bf16; else by the fp32 kernel, over the
  * whole K when both operands are fp32 and over blocks of
@@ -286,6 +311,14 @@ tiled_product (StowLlama *L, guint64 M, guint64 N, guint64 K, float alpha,
 {
   gboolean native
       = A.bf16 && B.bf16 && K > 0 && stow_gemm_choice ()->bf16_native;
+  /* Summed in the thread's tile: a bf16 C, and a fresh fp32 C of the bf16
+   * kernel, which is then streamed past the caches (the loss's logits:
+   * oneDNN's plain stores read each line in first; 613-639 -> 953-1022
+   * GFLOP/s on 262 x 32000 x 768 with cold operands, and bf16 GEMMs
+   * 0.299-0.316 -> 0.289-0.296 s a step of the bench model in 3
+   * alternating runs, the softmax's read of the logits 1 ms slower; the
+   * same bits). */
+  gboolean in_tile = c_bf16 || (native && !accumulate && !init);
   guint64 kb_max = A.bf16 || B.bf16 ? STOW_LLAMA_STAGE_K : MAX (K, 1);
   guint64 tm, tn;
   tile_shape (M, N, &tm, &tn);
@@ -308,8 +341,8 @@ tiled_product (StowLlama *L, guint64 M, guint64 N, guint64 K, float alpha,
       {
         guint64 m0 = t / n_n * tm, n0 = t % n_n * tn;
         guint64 mb = MIN (tm, M - m0), nb = MIN (tn, N - n0);
-        float *cf = c_bf16 ? tile : (float *)C + m0 * ldc + n0;
-        guint64 ldcf = c_bf16 ? nb : ldc;
+        float *cf = in_tile ? tile : (float *)C + m0 * ldc + n0;
+        guint64 ldcf = in_tile ? nb : ldc;
         for (guint64 i = 0; i < mb; i++)
           {
             float *c = cf + i * ldcf;
@@ -334,6 +367,13 @@ tiled_product (StowLlama *L, guint64 M, guint64 N, guint64 K, float alpha,
               stow_gemm_f32 (A.trans, B.trans, mb, nb, kb, alpha, ap, lda, bp,
                              ldb, have || k0 > 0 ? 1.0f : 0.0f, cf, ldcf);
             }
+        if (in_tile && !c_bf16)
+          {
+            for (guint64 i = 0; i < mb; i++)
+              stow_llama_copy_stream (cf + i * nb,
+                                      (float *)C + (m0 + i) * ldc + n0, nb);
+            _mm_sfence ();
+          }
         if (c_bf16)
           {
             /* A C that was added to was read in above: stored in place;

@@ -120,6 +120,10 @@ void stow_llama_row_ds (gboolean zmm, float *p, float *dp, guint64 nk,
 void stow_llama_round_stream (const float *src, guint16 *dst, guint64 n);
 /* Its AVX2 body, which CPUs without AVX-512 run (exposed for the tests). */
 void stow_llama_round_stream_avx2 (const float *src, guint16 *dst, guint64 n);
+/* @n floats copied to @dst past the caches where the CPU has AVX-512 (a
+ * plain copy elsewhere): a bf16 product's fresh fp32 C, summed in the
+ * thread's tile (the loss's logits).  The caller fences. */
+void stow_llama_copy_stream (const float *src, float *dst, guint64 n);
 
 /* Row @r of a (rows, width) tensor of the runtime's dtype in fp32: a
  * pointer into @p at fp32, else converted into @tmp (width floats). */

@@ -327,6 +327,9 @@ test_runtime_mixed (void)
   const Mixed cases[] = {
     /* logits = xn head^T: fp32 xn, bf16 head */
     { 250, 1100, 96, FALSE, TRUE, FALSE, FALSE, TRUE, FALSE, FALSE, FALSE },
+    /* the same from a bf16 xn (loss_lowp): a fresh fp32 C of the bf16
+     * kernel, summed in the tile and streamed out */
+    { 250, 1100, 96, TRUE, TRUE, FALSE, FALSE, TRUE, FALSE, FALSE, FALSE },
     /* dhead (+)= dlogits^T xn into bf16 */
     { 700, 96, 250, FALSE, FALSE, TRUE, TRUE, FALSE, TRUE, FALSE, FALSE },
     { 700, 96, 250, FALSE, FALSE, TRUE, TRUE, FALSE, FALSE, FALSE, FALSE },
@@ -492,6 +495,63 @@ test_thread_bits (void)
     }
 }
 
+/* A fresh fp32 C of the bf16 kernel is summed in the thread's tile and
+ * copied out past the caches: the bits the kernel writes into C itself
+ * (the same product added onto zeros, which it sums in place), on every
+ * element of rows that start at every alignment, the columns past N
+ * untouched. */
+static void
+test_fresh_f32_tile (void)
+{
+  GError *error = NULL;
+  g_assert_true (stow_gemm_init (&error));
+  if (!stow_gemm_choice ()->bf16_native)
+    {
+      g_test_skip ("the GEMM kernel does not multiply bf16 here");
+      return;
+    }
+  const struct
+  {
+    guint64 M, N, K;
+    gboolean ta, tb;
+  } cases[] = { { 262, 1100, 96, FALSE, TRUE },
+                { 37, 515, 70, FALSE, FALSE },
+                { 130, 67, 1030, TRUE, FALSE } };
+  g_autoptr (StowLlama) L = gemm_runtime (STOW_DTYPE_BF16, 2);
+  for (guint ci = 0; ci < G_N_ELEMENTS (cases); ci++)
+    {
+      guint64 M = cases[ci].M, N = cases[ci].N, K = cases[ci].K;
+      guint64 ldc = N + 3; /* rows start at every alignment */
+      g_autofree float *A = g_new (float, M *K);
+      g_autofree float *B = g_new (float, K *N);
+      fill (A, M * K, 11 * ci + 1);
+      fill (B, K * N, 11 * ci + 2);
+      g_autofree guint16 *Ah = g_new (guint16, M * K);
+      g_autofree guint16 *Bh = g_new (guint16, K * N);
+      for (guint64 i = 0; i < M * K; i++)
+        Ah[i] = stow_f32_to_bf16 (A[i]);
+      for (guint64 i = 0; i < K * N; i++)
+        Bh[i] = stow_f32_to_bf16 (B[i]);
+      StowMat a = { Ah, TRUE, cases[ci].ta ? M : K, cases[ci].ta };
+      StowMat b = { Bh, TRUE, cases[ci].tb ? K : N, cases[ci].tb };
+      g_autofree float *fresh = g_new (float, M *ldc);
+      g_autofree float *added = g_new0 (float, M *ldc);
+      for (guint64 i = 0; i < M * ldc; i++)
+        fresh[i] = 1e30f; /* what the product must overwrite */
+      stow_llama_gemm (L, M, N, K, 0.5f, a, b, fresh, FALSE, ldc, FALSE, NULL,
+                       0, NULL);
+      stow_llama_gemm (L, M, N, K, 0.5f, a, b, added, FALSE, ldc, TRUE, NULL, 0,
+                       NULL);
+      for (guint64 i = 0; i < M; i++)
+        {
+          for (guint64 j = 0; j < N; j++)
+            g_assert_cmpfloat (fresh[i * ldc + j], ==, added[i * ldc + j]);
+          for (guint64 j = N; j < ldc; j++)
+            g_assert_cmpfloat (fresh[i * ldc + j], ==, 1e30f);
+        }
+    }
+}
+
 /* ---- why the callers tile ------------------------------------------------ */
 
 /* What OpenBLAS's own threads do to the bits of one product (a
@@ -572,6 +632,7 @@ main (int argc, char **argv)
   g_test_add_func ("/gemm/f32", test_f32);
   g_test_add_func ("/gemm/bf16", test_bf16);
   g_test_add_func ("/gemm/runtime-mixed", test_runtime_mixed);
+  g_test_add_func ("/gemm/fresh-f32-tile", test_fresh_f32_tile);
   g_test_add_func ("/gemm/thread-bits", test_thread_bits);
   g_test_add_func ("/gemm/openblas-threads", test_openblas_threads);
   return g_test_run ();
