@@ -318,7 +318,8 @@ tiled_product (StowLlama *L, guint64 M, guint64 N, guint64 K, float alpha,
    * 0.299-0.316 -> 0.289-0.296 s a step of the bench model in 3
    * alternating runs, the softmax's read of the logits 1 ms slower; the
    * same bits). */
-  gboolean in_tile = c_bf16 || (native && !accumulate && !init);
+  gboolean in_tile
+      = c_bf16 || (native && !accumulate && !init && L->tile_ws != NULL);
   guint64 kb_max = A.bf16 || B.bf16 ? STOW_LLAMA_STAGE_K : MAX (K, 1);
   guint64 tm, tn;
   tile_shape (M, N, &tm, &tn);
