@@ -368,24 +368,20 @@ tiled_product (StowLlama *L, guint64 M, guint64 N, guint64 K, float alpha,
               stow_gemm_f32 (A.trans, B.trans, mb, nb, kb, alpha, ap, lda, bp,
                              ldb, have || k0 > 0 ? 1.0f : 0.0f, cf, ldcf);
             }
-        if (in_tile && !c_bf16)
+        if (in_tile)
           {
-            for (guint64 i = 0; i < mb; i++)
-              stow_llama_copy_stream (cf + i * nb,
-                                      (float *)C + (m0 + i) * ldc + n0, nb);
-            _mm_sfence ();
-          }
-        if (c_bf16)
-          {
-            /* A C that was added to was read in above: stored in place;
-             * a fresh one goes past the caches. */
+            /* A bf16 C that was added to was read in above: stored in
+             * place; a fresh C goes past the caches. */
             for (guint64 i = 0; i < mb; i++)
               {
-                guint16 *c = (guint16 *)C + (m0 + i) * ldc + n0;
-                if (accumulate)
-                  f32_to_bf16_n (cf + i * nb, c, nb);
+                const float *row = cf + i * nb;
+                guint64 at = (m0 + i) * ldc + n0;
+                if (!c_bf16)
+                  stow_llama_copy_stream (row, (float *)C + at, nb);
+                else if (accumulate)
+                  f32_to_bf16_n (row, (guint16 *)C + at, nb);
                 else
-                  stow_llama_round_stream (cf + i * nb, c, nb);
+                  stow_llama_round_stream (row, (guint16 *)C + at, nb);
               }
             /* The streamed rows reach memory before any thread reads them
              * (non-temporal stores are not ordered with the others). */
