@@ -225,9 +225,9 @@ row_ds (float *p, float *dp, guint64 nk, guint64 width, float lse, float Di,
   memset (dsl + nk, 0, (width - nk) * sizeof (guint16));
 }
 
-STOW_LLAMA_VEC static void
-row_ds_vec (float *p, float *dp, guint64 nk, guint64 width, float lse, float Di,
-            guint16 *pl, guint16 *dsl)
+void STOW_LLAMA_VEC
+stow_llama_row_ds_vec (float *p, float *dp, guint64 nk, guint64 width,
+                       float lse, float Di, guint16 *pl, guint16 *dsl)
 {
   row_ds (p, dp, nk, width, lse, Di, pl, dsl);
 }
@@ -242,13 +242,14 @@ row_ds_zmm (float *p, float *dp, guint64 nk, guint64 width, float lse, float Di,
 }
 
 void
-stow_llama_row_ds (gboolean zmm, float *p, float *dp, guint64 nk, guint64 width,
-                   float lse, float Di, guint16 *pl, guint16 *dsl)
+stow_llama_row_ds (float *p, float *dp, guint64 nk, guint64 width, float lse,
+                   float Di, guint16 *pl, guint16 *dsl)
 {
-  if (zmm)
+  if (__builtin_cpu_supports ("avx512bw") && __builtin_cpu_supports ("avx512dq")
+      && __builtin_cpu_supports ("avx512vl"))
     row_ds_zmm (p, dp, nk, width, lse, Di, pl, dsl);
   else
-    row_ds_vec (p, dp, nk, width, lse, Di, pl, dsl);
+    stow_llama_row_ds_vec (p, dp, nk, width, lse, Di, pl, dsl);
 }
 
 void
@@ -349,9 +350,9 @@ stow_llama_attention_backward (StowLlama *L, guint64 batch, guint64 seq,
                          (const guint8 *)dO + q0 * d * e, d, V, d, 0.0f, dP,
                          kend);
                 for (guint64 i = 0; i < qn; i++)
-                  stow_llama_row_ds (L->zmm, P + i * kend, dP + i * kend,
-                                     q0 + i + 1, kend,
-                                     lse[(r0 + q0 + i) * a + j], D[q0 + i],
+                  stow_llama_row_ds (P + i * kend, dP + i * kend, q0 + i + 1,
+                                     kend, lse[(r0 + q0 + i) * a + j],
+                                     D[q0 + i],
                                      L->attn_lowp ? Pl + i * kend : NULL,
                                      L->attn_lowp ? dSl + i * kend : NULL);
                 /* dQ (qn, d) = scale dS K;  dK (kend, d) += scale dS^T Q;

@@ -385,9 +385,6 @@ stow_llama_new (const StowLlamaConfig *config, StowDtype dtype, guint64 max_seq,
   L->dtype = dtype;
   L->bf16 = dtype == STOW_DTYPE_BF16;
   L->attn_lowp = L->bf16 && stow_gemm_choice ()->bf16_native;
-  StowCpuFeatures cpu;
-  stow_cpu_features_probe (&cpu);
-  L->zmm = cpu.avx512;
   L->esize = stow_dtype_size (dtype);
   L->max_seq = max_seq;
   L->n_threads = n_threads ? n_threads : g_get_num_processors ();

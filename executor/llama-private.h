@@ -45,9 +45,6 @@ struct StowLlama
   /* Attention's products in bf16 (llama-attention.c): storage is bf16 and
    * the GEMM kernel multiplies it. */
   gboolean attn_lowp;
-  /* The CPU has AVX-512 (gemm.h's StowCpuFeatures.avx512): the
-   * STOW_LLAMA_ZMM loops run. */
-  gboolean zmm;
   guint64 esize; /* bytes of one element of @dtype */
   guint64 max_seq;
   guint n_threads;
@@ -86,8 +83,8 @@ struct StowLlama
  * gcc's generic tuning, which prefers 256-bit vectors (and a clone ignores
  * -mprefer-vector-width): a loop that rounds fp32 to bf16 comes out 8
  * lanes wide.  Such a loop, where the width pays, is built once more under
- * this target and run where StowLlama.zmm says the CPU has AVX-512; the
- * same bits, element by element. */
+ * this target and run where the CPU has these AVX-512 sets; the same
+ * bits, element by element. */
 #define STOW_LLAMA_ZMM                                                         \
   __attribute__ ((target ("avx512f,avx512bw,avx512dq,avx512vl,"                \
                           "prefer-vector-width=512")))
@@ -105,11 +102,12 @@ float stow_llama_row_sum (const float *s, guint64 n);
 /* Row i of attention's dS = P (dP - D) from S's row @p (P = exp (S -
  * lse)) over dP's @dp, zeros past @nk up to @width; P's row over S's.
  * With @pl and @dsl (bf16 products) both rounded there instead, the fp32
- * rows not written.  @zmm: the STOW_LLAMA_ZMM build (StowLlama.zmm; the
- * tests run both). */
-void stow_llama_row_ds (gboolean zmm, float *p, float *dp, guint64 nk,
-                        guint64 width, float lse, float Di, guint16 *pl,
-                        guint16 *dsl);
+ * rows not written.  The STOW_LLAMA_ZMM build where the CPU has it. */
+void stow_llama_row_ds (float *p, float *dp, guint64 nk, guint64 width,
+                        float lse, float Di, guint16 *pl, guint16 *dsl);
+/* Its STOW_LLAMA_VEC build, which other CPUs run (exposed for the tests). */
+void stow_llama_row_ds_vec (float *p, float *dp, guint64 nk, guint64 width,
+                            float lse, float Di, guint16 *pl, guint16 *dsl);
 
 /* @n floats rounded to bf16 (core/dtype.h's rule, the same bits) at
  * @dst, past the caches where the CPU has AVX-512 or AVX2 (non-temporal
