@@ -117,6 +117,16 @@ fill (float *x, guint64 n, guint32 seed)
     }
 }
 
+/* @n floats rounded to bf16, newly allocated. */
+static guint16 *
+to_bf16 (const float *x, guint64 n)
+{
+  guint16 *h = g_new (guint16, n);
+  for (guint64 i = 0; i < n; i++)
+    h[i] = stow_f32_to_bf16 (x[i]);
+  return h;
+}
+
 /* C (M, N) = alpha op(A) op(B) + beta C0 in double, with each element's
  * sum of |terms| (the scale of its rounding error) in @mag. */
 static void
@@ -461,12 +471,8 @@ test_thread_bits (void)
           g_autofree float *B = g_new (float, K *N);
           fill (A, M * K, 7 * si + 1);
           fill (B, K * N, 7 * si + 2);
-          g_autofree guint16 *Ah = g_new (guint16, M * K);
-          g_autofree guint16 *Bh = g_new (guint16, K * N);
-          for (guint64 i = 0; i < M * K; i++)
-            Ah[i] = stow_f32_to_bf16 (A[i]);
-          for (guint64 i = 0; i < K * N; i++)
-            Bh[i] = stow_f32_to_bf16 (B[i]);
+          g_autofree guint16 *Ah = to_bf16 (A, M * K);
+          g_autofree guint16 *Bh = to_bf16 (B, K * N);
           StowMat a = { bf16 ? (const void *)Ah : A, bf16, steps[si].ta ? M : K,
                         steps[si].ta };
           StowMat b = { bf16 ? (const void *)Bh : B, bf16, steps[si].tb ? K : N,
@@ -526,12 +532,8 @@ test_fresh_f32_tile (void)
       g_autofree float *B = g_new (float, K *N);
       fill (A, M * K, 11 * ci + 1);
       fill (B, K * N, 11 * ci + 2);
-      g_autofree guint16 *Ah = g_new (guint16, M * K);
-      g_autofree guint16 *Bh = g_new (guint16, K * N);
-      for (guint64 i = 0; i < M * K; i++)
-        Ah[i] = stow_f32_to_bf16 (A[i]);
-      for (guint64 i = 0; i < K * N; i++)
-        Bh[i] = stow_f32_to_bf16 (B[i]);
+      g_autofree guint16 *Ah = to_bf16 (A, M * K);
+      g_autofree guint16 *Bh = to_bf16 (B, K * N);
       StowMat a = { Ah, TRUE, cases[ci].ta ? M : K, cases[ci].ta };
       StowMat b = { Bh, TRUE, cases[ci].tb ? K : N, cases[ci].tb };
       g_autofree float *fresh = g_new (float, M *ldc);
